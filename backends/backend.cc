@@ -1,0 +1,76 @@
+#include "backends/backend.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+
+namespace meshtrain {
+
+namespace {
+[[noreturn]] void misuse(const std::string& what) {
+  std::fprintf(stderr, "meshtrain: backend misuse: %s\n", what.c_str());
+  std::abort();
+}
+}  // namespace
+
+std::size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::f32: return 4;
+    case DType::bf16: return 2;
+    case DType::f16: return 2;
+    case DType::i32: return 4;
+  }
+  return 0;
+}
+
+std::string_view dtype_name(DType t) {
+  switch (t) {
+    case DType::f32: return "fp32";
+    case DType::bf16: return "bf16";
+    case DType::f16: return "fp16";
+    case DType::i32: return "int32";
+  }
+  return "?";
+}
+
+std::int64_t Shape::numel() const {
+  std::int64_t n = 1;
+  for (auto d : dims_) n *= d;
+  return n;
+}
+
+std::string Shape::str() const { return fmt::format("({})", fmt::join(dims_, ", ")); }
+
+Tensor Tensor::view(Shape shape) const {
+  if (shape.numel() != numel())
+    misuse(fmt::format("view {} of a tensor {} changes the element count", shape.str(), shape_.str()));
+  return Tensor(storage_, std::move(shape), dtype_, offset_);
+}
+
+Tensor Tensor::slice(std::int64_t begin, std::int64_t count, Shape shape) const {
+  if (begin < 0 || count < 0 || begin + count > numel())
+    misuse(fmt::format("slice [{}, {}) of a tensor of {} elements", begin, begin + count, numel()));
+  if (shape.rank() == 0) shape = Shape{count};
+  if (shape.numel() != count)
+    misuse(fmt::format("slice of {} elements viewed as {}", count, shape.str()));
+  return Tensor(storage_, std::move(shape), dtype_, offset_ + begin);
+}
+
+Tensor Tensor::rows(std::int64_t begin, std::int64_t count) const {
+  if (shape_.rank() == 0) misuse("rows() of a tensor without dimensions");
+  std::int64_t row = shape_[0] == 0 ? 0 : numel() / shape_[0];
+  std::vector<std::int64_t> dims = shape_.dims();
+  dims[0] = count;
+  return slice(begin * row, count * row, Shape(std::move(dims)));
+}
+
+int Group::index_of(int global_rank) const {
+  auto it = std::lower_bound(ranks.begin(), ranks.end(), global_rank);
+  if (it == ranks.end() || *it != global_rank) return -1;
+  return static_cast<int>(it - ranks.begin());
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,334 @@
+// The backend interface: what one rank of a training job can ask of a device.
+//
+// The engine and the models issue work only through this header; the cpu
+// (reference), cuda and sim (shape-only, timed) backends implement it. This
+// header knows nothing of parallel plans, schedules or models, and names none
+// of its implementations.
+//
+// Contract shared by every implementation:
+//  * One Backend object serves one rank. It is NOT thread-safe: exactly one host
+//    thread issues work on it. Different ranks (threads of one process, or
+//    processes) each own their own Backend and may issue concurrently.
+//  * Every op is asynchronous with respect to the host: it is enqueued on the
+//    current stream (see set_stream) and may run later. Ops on one stream run
+//    in issue order; ops on different streams are ordered only by events.
+//    An implementation may run ops eagerly (the cpu backend does): callers must
+//    not rely on either behaviour. Only the methods marked BLOCKS wait for data.
+//  * Tensors are owned by the backend that created them; a Tensor is a shared
+//    handle, and the storage is freed when the last handle (or view) goes away,
+//    after every op already issued on it has finished. Passing a tensor of one
+//    backend to another is an error.
+//  * Inputs are `const Tensor&`, outputs `Tensor&`; outputs must be allocated by
+//    the caller with the documented shape. Outputs never alias inputs unless
+//    the op says "in place".
+//  * Gradient convention: gradients of parameters ACCUMULATE (+=) so that
+//    micro-batches sum into one gradient buffer; gradients of activations
+//    OVERWRITE.
+//  * Shapes in comments use one legend: N rows (tokens = B·T), B batch, T
+//    sequence, C model width, H query heads, G kv heads, D head dim, F ffn
+//    width, V vocabulary (or this rank's vocabulary shard), K inner dim.
+//    A tensor of rank > 2 passed where (N, X) is documented is viewed as
+//    (numel / X, X).
+//  * Misuse (wrong shapes, dtypes, foreign tensors) is a programming error and
+//    aborts with a message; user-facing validation happens before ops are issued.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace meshtrain {
+
+enum class DType : std::uint8_t { f32, bf16, f16, i32 };
+
+std::size_t dtype_size(DType t);
+std::string_view dtype_name(DType t);
+
+class Shape {
+ public:
+  Shape() = default;
+  Shape(std::initializer_list<std::int64_t> dims) : dims_(dims) {}
+  explicit Shape(std::vector<std::int64_t> dims) : dims_(std::move(dims)) {}
+  int rank() const { return static_cast<int>(dims_.size()); }
+  std::int64_t operator[](int i) const { return dims_[static_cast<std::size_t>(i)]; }
+  std::int64_t back() const { return dims_.back(); }
+  std::int64_t numel() const;
+  const std::vector<std::int64_t>& dims() const { return dims_; }
+  std::string str() const;  // "(2, 64, 128)"
+  bool operator==(const Shape&) const = default;
+
+ private:
+  std::vector<std::int64_t> dims_;
+};
+
+// Backend-owned storage. Each backend derives its own (host buffer, device
+// pointer, or nothing at all for sim) and downcasts handles it created.
+class Storage {
+ public:
+  virtual ~Storage() = default;
+};
+
+// A contiguous view of backend storage: `numel()` elements starting at
+// `offset()` elements into the storage. Cheap to copy (one shared_ptr).
+class Tensor {
+ public:
+  Tensor() = default;
+  Tensor(std::shared_ptr<Storage> storage, Shape shape, DType dtype, std::int64_t offset = 0)
+      : storage_(std::move(storage)), shape_(std::move(shape)), dtype_(dtype), offset_(offset) {}
+
+  bool defined() const { return storage_ != nullptr; }
+  const Shape& shape() const { return shape_; }
+  DType dtype() const { return dtype_; }
+  std::int64_t numel() const { return shape_.numel(); }
+  std::size_t bytes() const { return static_cast<std::size_t>(numel()) * dtype_size(dtype_); }
+  std::int64_t offset() const { return offset_; }
+  Storage* storage() const { return storage_.get(); }
+
+  // Same elements, another shape of equal numel.
+  Tensor view(Shape shape) const;
+  // Elements [begin, begin+count) of the flattened tensor, as `shape`
+  // (default: 1-D). Used for flat parameter/gradient buffers and buckets.
+  Tensor slice(std::int64_t begin, std::int64_t count, Shape shape = {}) const;
+  // Rows [begin, begin+count) along dimension 0.
+  Tensor rows(std::int64_t begin, std::int64_t count) const;
+
+ private:
+  std::shared_ptr<Storage> storage_;
+  Shape shape_;
+  DType dtype_ = DType::f32;
+  std::int64_t offset_ = 0;
+};
+
+// Streams and events are small handles issued by one backend.
+struct Stream {
+  int id = 0;
+  bool operator==(const Stream&) const = default;
+};
+struct Event {
+  std::int64_t id = -1;
+  bool valid() const { return id >= 0; }
+};
+
+// A group of global ranks taking part in a collective. `ranks` is sorted
+// ascending and includes the calling rank; `id` is unique per group within a
+// job, the same on every member (the mesh assigns it).
+struct Group {
+  int id = 0;
+  std::vector<int> ranks;
+  int size() const { return static_cast<int>(ranks.size()); }
+  int index_of(int global_rank) const;  // -1 if not a member
+};
+
+enum class ReduceOp : std::uint8_t { sum, max };
+
+struct GemmOp {
+  bool trans_a = false;
+  bool trans_b = false;
+  float alpha = 1.0f;
+  float beta = 0.0f;  // c = alpha * op(a) op(b) + beta * c
+  Tensor bias;        // optional (n): added to every row of the product
+};
+
+struct AttentionOp {
+  int heads = 0;      // H query heads on this rank
+  int kv_heads = 0;   // G kv heads on this rank; H % G == 0 (grouped-query)
+  int head_dim = 0;   // D
+  float scale = 0.f;  // usually 1/sqrt(D)
+};
+
+struct AdamWOp {
+  float lr = 0.f;
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  float weight_decay = 0.f;  // decoupled, multiplied by lr
+  std::int64_t step = 1;     // 1-based, for bias correction
+};
+
+// Counter-based dropout: the mask of element i is a pure function of
+// (seed, offset + i), so backward regenerates it instead of storing it and a
+// shard of a tensor (offset = its first element) draws the same mask as the
+// whole tensor would.
+struct DropoutOp {
+  float p = 0.f;
+  std::uint64_t seed = 0;
+  std::uint64_t offset = 0;
+};
+
+struct MemoryStats {
+  std::int64_t live_bytes = 0;  // bytes of live tensor storage now
+  std::int64_t peak_bytes = 0;  // max of live_bytes since the last reset_peak
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual std::string_view name() const = 0;
+  virtual int rank() const = 0;        // global rank of this backend
+  virtual int world_size() const = 0;
+
+  // ---- memory --------------------------------------------------------------
+  // Uninitialised storage of `shape` (sim: no storage, only bookkeeping).
+  virtual Tensor empty(const Shape& shape, DType dtype = DType::f32) = 0;
+  virtual MemoryStats memory_stats() const = 0;
+  virtual void reset_peak() = 0;
+
+  // ---- host transfer -------------------------------------------------------
+  // Enqueue a copy of host data into `dst` (converted to dst's dtype). The host
+  // span may be reused as soon as the call returns.
+  virtual void write(Tensor& dst, std::span<const float> host) = 0;
+  virtual void write(Tensor& dst, std::span<const std::int32_t> host) = 0;
+  // BLOCKS until every op issued so far on the current stream has finished,
+  // then copies `src` (converted to float) into `host` (size src.numel()).
+  // sim: fills zeros.
+  virtual void read(const Tensor& src, std::span<float> host) = 0;
+
+  // ---- streams and events --------------------------------------------------
+  // Stream 0 is the default compute stream; communication usually gets its own.
+  virtual Stream create_stream(std::string_view name) = 0;
+  virtual void set_stream(Stream s) = 0;
+  virtual Stream current_stream() const = 0;
+  // Records an event at the current position of stream `s`.
+  virtual Event record(Stream s) = 0;
+  // Later work on stream `s` waits until `e` has happened. Does not block the host.
+  virtual void wait(Stream s, Event e) = 0;
+  // BLOCKS until all work issued on every stream has finished.
+  virtual void synchronize() = 0;
+
+  // ---- elementwise and small ops (current stream) ----------------------------
+  virtual void fill(Tensor& x, float value) = 0;
+  virtual void copy(const Tensor& src, Tensor& dst) = 0;  // same dtype and numel
+  virtual void cast(const Tensor& src, Tensor& dst) = 0;  // same numel, any float dtypes
+  virtual void add(const Tensor& a, const Tensor& b, Tensor& out) = 0;  // out may alias a or b
+  virtual void scale(Tensor& x, float alpha) = 0;                        // in place
+  virtual void axpy(float alpha, const Tensor& x, Tensor& y) = 0;        // y += alpha * x
+  // out (1) = scale * sum(x), or += when accumulate.
+  virtual void sum(const Tensor& x, Tensor& out, float scale, bool accumulate) = 0;
+  // out (1) = sum(x^2) in fp32 (+= when accumulate). Building block of global norms.
+  virtual void sum_squares(const Tensor& x, Tensor& out, bool accumulate) = 0;
+
+  // ---- dense ---------------------------------------------------------------
+  // c (m, n) = alpha * op(a) op(b) + beta * c [+ bias]; a (m,k) or (k,m) when
+  // trans_a; b (k,n) or (n,k) when trans_b.
+  virtual void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp& op) = 0;
+  // The same for each of L matrices: a (L, m, k), b (L, k, n), c (L, m, n).
+  virtual void batched_gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp& op) = 0;
+  // db (n) += column sums of dy (m, n): the gradient of a fused bias.
+  virtual void bias_backward(const Tensor& dy, Tensor& db) = 0;
+
+  // ---- embedding -----------------------------------------------------------
+  // out (N, C) = table[ids - vocab_offset] for ids owned by this shard
+  // (vocab_offset <= id < vocab_offset + V), zero rows otherwise.
+  virtual void embedding_forward(const Tensor& table, const Tensor& ids, Tensor& out,
+                                 std::int64_t vocab_offset) = 0;
+  // dtable (V, C) += scatter of dout (N, C) by ids; deterministic (no float atomics).
+  virtual void embedding_backward(const Tensor& dout, const Tensor& ids, Tensor& dtable,
+                                  std::int64_t vocab_offset) = 0;
+
+  // ---- normalisation ---------------------------------------------------------
+  // x (N, C), weight/bias (C), out (N, C), mean/rstd (N) saved for backward.
+  virtual void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                 Tensor& out, Tensor& mean, Tensor& rstd, float eps) = 0;
+  virtual void layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight,
+                                  const Tensor& mean, const Tensor& rstd, Tensor& dx,
+                                  Tensor& dweight, Tensor& dbias) = 0;
+  virtual void rmsnorm_forward(const Tensor& x, const Tensor& weight, Tensor& out, Tensor& rstd,
+                               float eps) = 0;
+  virtual void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight,
+                                const Tensor& rstd, Tensor& dx, Tensor& dweight) = 0;
+
+  // ---- activations -----------------------------------------------------------
+  // GELU, tanh approximation (as GPT-2).
+  virtual void gelu_forward(const Tensor& x, Tensor& out) = 0;
+  virtual void gelu_backward(const Tensor& dout, const Tensor& x, Tensor& dx) = 0;
+  // x (N, 2F) = [gate | up] per row; out (N, F) = silu(gate) * up.
+  virtual void swiglu_forward(const Tensor& x, Tensor& out) = 0;
+  virtual void swiglu_backward(const Tensor& dout, const Tensor& x, Tensor& dx) = 0;
+  virtual void dropout_forward(const Tensor& x, Tensor& out, const DropoutOp& op) = 0;
+  virtual void dropout_backward(const Tensor& dout, Tensor& dx, const DropoutOp& op) = 0;
+
+  // ---- attention -------------------------------------------------------------
+  // Rotary position embedding, in place, on the first `rotate_heads` heads of
+  // x (B, T, heads_total, D): pairs (2i, 2i+1) of each head rotate by angle
+  // t · theta^(-2i/D). `inverse` rotates back: that is the backward of rope.
+  virtual void rope(Tensor& x, int heads_total, int rotate_heads, float theta, bool inverse) = 0;
+  // qkv (B, T, H + 2G, D) holds per token the H query heads, then G key heads,
+  // then G value heads. out (B, T, H, D) = softmax(q kᵀ · scale + causal mask) v,
+  // query head h reading kv head h / (H / G). lse (B, H, T) fp32: per-row
+  // log-sum-exp saved for backward.
+  virtual void attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse,
+                                 const AttentionOp& op) = 0;
+  // dqkv (B, T, H + 2G, D), overwritten.
+  virtual void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                                  const Tensor& lse, Tensor& dqkv, const AttentionOp& op) = 0;
+
+  // ---- softmax cross-entropy, vocab-parallel in phases -------------------------
+  // The vocabulary may be sharded over tensor-parallel ranks (this rank holds
+  // columns [vocab_offset, vocab_offset + V)). The caller combines row
+  // statistics across shards between phases (all-reduce max, then sum); with
+  // one shard the phases run back to back. The full logits are never gathered.
+  //   logits (N, V), targets (N) i32, row_max/sumexp/target_logit/losses (N).
+  virtual void cross_entropy_max(const Tensor& logits, Tensor& row_max) = 0;
+  // sumexp = Σ_v exp(logit - row_max); target_logit = logit[target] if this
+  // shard owns the target, else 0.
+  virtual void cross_entropy_partials(const Tensor& logits, const Tensor& targets,
+                                      const Tensor& row_max, std::int64_t vocab_offset,
+                                      Tensor& sumexp, Tensor& target_logit) = 0;
+  // losses = log(sumexp) + row_max - target_logit.
+  virtual void cross_entropy_loss(const Tensor& row_max, const Tensor& sumexp,
+                                  const Tensor& target_logit, Tensor& losses) = 0;
+  // dlogits = dloss · (softmax(logits) - onehot(target)), overwritten; the
+  // softmax uses the global row_max and sumexp.
+  virtual void cross_entropy_backward(const Tensor& logits, const Tensor& targets,
+                                      const Tensor& row_max, const Tensor& sumexp,
+                                      std::int64_t vocab_offset, float dloss,
+                                      Tensor& dlogits) = 0;
+
+  // ---- optimizer -------------------------------------------------------------
+  // coef (1) = min(1, max_norm / (sqrt(sumsq) + 1e-6)): the clip coefficient
+  // from a global sum of squares, computed on the device so the host need not wait.
+  virtual void clip_coefficient(const Tensor& sumsq, float max_norm, Tensor& coef) = 0;
+  // AdamW on fp32 param/m/v with grad · coef (coef (1) from clip_coefficient,
+  // undefined Tensor for no clipping). param, m, v in place.
+  virtual void adamw(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v,
+                     const Tensor& coef, const AdamWOp& op) = 0;
+
+  // ---- collectives (on the current stream; issued in the same order by every
+  // member of the group). Reductions combine contributions in ascending rank
+  // order, so results are bitwise deterministic. -----------------------------
+  virtual void all_reduce(Tensor& x, const Group& g, ReduceOp op) = 0;  // in place
+  // in (g.size() · n) -> out (n): this member's block of the reduction.
+  virtual void reduce_scatter(const Tensor& in, Tensor& out, const Group& g, ReduceOp op) = 0;
+  // in (n) -> out (g.size() · n), blocks in group order.
+  virtual void all_gather(const Tensor& in, Tensor& out, const Group& g) = 0;
+  virtual void broadcast(Tensor& x, const Group& g, int root_global_rank) = 0;  // in place
+  // Uneven all-to-all over flat tensors: send_counts[i] elements go to member
+  // i, recv_counts[i] arrive from member i, packed in member order.
+  virtual void all_to_all(const Tensor& in, std::span<const std::int64_t> send_counts,
+                          Tensor& out, std::span<const std::int64_t> recv_counts,
+                          const Group& g) = 0;
+  // Point to point; a send pairs with the recv of the same (peer, tag).
+  virtual void send(const Tensor& x, int peer_global_rank, int tag) = 0;
+  virtual void recv(Tensor& x, int peer_global_rank, int tag) = 0;
+  virtual void barrier(const Group& g) = 0;
+};
+
+// Issues work on `s` for the lifetime of the scope, then restores the stream.
+class StreamScope {
+ public:
+  StreamScope(Backend& b, Stream s) : b_(b), prev_(b.current_stream()) { b_.set_stream(s); }
+  ~StreamScope() { b_.set_stream(prev_); }
+  StreamScope(const StreamScope&) = delete;
+  StreamScope& operator=(const StreamScope&) = delete;
+
+ private:
+  Backend& b_;
+  Stream prev_;
+};
+
+}  // namespace meshtrain
