@@ -31,6 +31,10 @@
 //    (numel / X, X).
 //  * Misuse (wrong shapes, dtypes, foreign tensors) is a programming error and
 //    aborts with a message; user-facing validation happens before ops are issued.
+//  * Failures that happen while work runs (a collective that times out, a peer
+//    that died, a device error) are sticky, as CUDA's are: the failing op and
+//    every later op become no-ops and the error is returned by the next
+//    blocking call (read, synchronize). The error names the op, group and peers.
 #pragma once
 
 #include <cstdint>
@@ -40,6 +44,8 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "core/status.h"
 
 namespace meshtrain {
 
@@ -186,7 +192,7 @@ class Backend {
   // BLOCKS until every op issued so far on the current stream has finished,
   // then copies `src` (converted to float) into `host` (size src.numel()).
   // sim: fills zeros.
-  virtual void read(const Tensor& src, std::span<float> host) = 0;
+  virtual Status read(const Tensor& src, std::span<float> host) = 0;
 
   // ---- streams and events --------------------------------------------------
   // Stream 0 is the default compute stream; communication usually gets its own.
@@ -198,7 +204,7 @@ class Backend {
   // Later work on stream `s` waits until `e` has happened. Does not block the host.
   virtual void wait(Stream s, Event e) = 0;
   // BLOCKS until all work issued on every stream has finished.
-  virtual void synchronize() = 0;
+  virtual Status synchronize() = 0;
 
   // ---- elementwise and small ops (current stream) ----------------------------
   virtual void fill(Tensor& x, float value) = 0;
