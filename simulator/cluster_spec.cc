@@ -1,0 +1,238 @@
+#include "simulator/cluster_spec.h"
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+namespace meshtrain::sim {
+namespace {
+
+constexpr double kGB = 1e9;
+constexpr double kGbit = 1e9 / 8;
+constexpr double kTera = 1e12;
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+ClusterSpec dgx_h100() {
+  ClusterSpec s;
+  s.name = "dgx-h100";
+  s.gpus_per_node = 8;
+  s.gpus_per_pcie_switch = 2;
+  s.nvlink_bandwidth = 450 * kGB;
+  s.pcie_bandwidth = 64 * kGB;
+  s.nic_bandwidth = 400 * kGbit;
+  s.nodes_per_leaf = 32;
+  s.spines = 32;
+  s.oversubscription = 1.0;
+  s.nvlink_latency = 250 * kNanosecond;
+  s.pcie_latency = 250 * kNanosecond;
+  s.nic_latency = 600 * kNanosecond;
+  s.switch_latency = 300 * kNanosecond;
+  s.device = {"H100-SXM5-80GB", 989 * kTera, 67 * kTera, 80 * kGiB, 3.35e12};
+  return s;
+}
+
+ClusterSpec dgx_a100() {
+  ClusterSpec s = dgx_h100();
+  s.name = "dgx-a100";
+  s.nvlink_bandwidth = 300 * kGB;
+  s.pcie_bandwidth = 32 * kGB;
+  s.nic_bandwidth = 200 * kGbit;
+  s.nodes_per_leaf = 20;
+  s.spines = 20;
+  s.device = {"A100-SXM4-80GB", 312 * kTera, 19.5 * kTera, 80 * kGiB, 2.039e12};
+  return s;
+}
+
+ClusterSpec h200() {
+  ClusterSpec s = dgx_h100();
+  s.name = "h200";
+  s.device = {"H200-SXM-141GB", 989 * kTera, 67 * kTera, 141e9, 4.8e12};
+  return s;
+}
+
+using nlohmann::json;
+
+// Reads optional field `key` of `obj` into `out` scaled by `unit`; errors name
+// the field and the expected form.
+Status read_number(const json& obj, const char* key, double unit, double min_exclusive,
+                   double& out, const char* what) {
+  auto it = obj.find(key);
+  if (it == obj.end()) return ok_status();
+  if (!it->is_number())
+    return make_error("field '{}' must be a number ({}), got {}", key, what, it->dump());
+  double v = it->get<double>();
+  if (!(v > min_exclusive))
+    return make_error("field '{}' must be > {} ({}), got {}", key, min_exclusive, what, v);
+  out = v * unit;
+  return ok_status();
+}
+
+Status read_int(const json& obj, const char* key, int min, int& out, const char* what) {
+  auto it = obj.find(key);
+  if (it == obj.end()) return ok_status();
+  if (!it->is_number_integer())
+    return make_error("field '{}' must be an integer ({}), got {}", key, what, it->dump());
+  int64_t v = it->get<int64_t>();
+  if (v < min || v > 1'000'000)
+    return make_error("field '{}' must be an integer in [{}, 1000000] ({}), got {}", key, min,
+                      what, v);
+  out = static_cast<int>(v);
+  return ok_status();
+}
+
+Status read_latency(const json& obj, const char* key, Time& out) {
+  auto it = obj.find(key);
+  if (it == obj.end()) return ok_status();
+  if (!it->is_number() || !(it->get<double>() >= 0) || it->get<double>() > 1e12)
+    return make_error("field '{}' must be a number of nanoseconds >= 0, e.g. 300, got {}", key,
+                      it->dump());
+  out = static_cast<Time>(it->get<double>() * kNanosecond + 0.5);
+  return ok_status();
+}
+
+Status check_known(const json& obj, const std::vector<std::string>& known, const char* where) {
+  for (auto it = obj.begin(); it != obj.end(); ++it) {
+    bool found = false;
+    for (const auto& k : known) found = found || k == it.key();
+    if (!found) {
+      std::string list;
+      for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
+      return make_error("unknown field '{}' in {}; known fields: {}", it.key(), where, list);
+    }
+  }
+  return ok_status();
+}
+
+const std::vector<std::string> kTopFields = {
+    "base", "name", "gpus_per_node", "gpus_per_pcie_switch", "nvlink_GBps", "pcie_GBps",
+    "nic_Gbps", "nodes_per_leaf", "spines", "oversubscription", "nvlink_latency_ns",
+    "pcie_latency_ns", "nic_latency_ns", "switch_latency_ns", "device"};
+const std::vector<std::string> kDeviceFields = {"name", "bf16_TFLOPS", "fp32_TFLOPS",
+                                                "memory_GiB", "memory_GBps"};
+// Fields that must be given when there is no "base" preset to inherit from.
+const std::vector<std::string> kRequiredWithoutBase = {
+    "gpus_per_node", "nvlink_GBps", "pcie_GBps", "nic_Gbps", "nodes_per_leaf", "device"};
+const std::vector<std::string> kRequiredDeviceWithoutBase = {"bf16_TFLOPS", "fp32_TFLOPS",
+                                                             "memory_GiB", "memory_GBps"};
+
+}  // namespace
+
+const std::vector<std::string>& cluster_preset_names() {
+  static const std::vector<std::string> names = {"dgx-a100", "dgx-h100", "h200"};
+  return names;
+}
+
+Result<ClusterSpec> cluster_preset(std::string_view name) {
+  if (name == "dgx-a100") return dgx_a100();
+  if (name == "dgx-h100") return dgx_h100();
+  if (name == "h200") return h200();
+  return make_error("unknown cluster preset '{}'; known presets: dgx-a100, dgx-h100, h200", name);
+}
+
+Status validate(const ClusterSpec& s) {
+  if (s.gpus_per_node < 1) return make_error("gpus_per_node must be >= 1, got {}", s.gpus_per_node);
+  if (s.gpus_per_pcie_switch < 1 || s.gpus_per_node % s.gpus_per_pcie_switch != 0)
+    return make_error("gpus_per_pcie_switch ({}) must be >= 1 and divide gpus_per_node ({})",
+                      s.gpus_per_pcie_switch, s.gpus_per_node);
+  if (!(s.nvlink_bandwidth > 0) || !(s.pcie_bandwidth > 0) || !(s.nic_bandwidth > 0))
+    return make_error("link bandwidths must be > 0 (nvlink {}, pcie {}, nic {} bytes/s)",
+                      s.nvlink_bandwidth, s.pcie_bandwidth, s.nic_bandwidth);
+  if (s.nodes_per_leaf < 1) return make_error("nodes_per_leaf must be >= 1, got {}", s.nodes_per_leaf);
+  if (s.spines < 0) return make_error("spines must be >= 0, got {}", s.spines);
+  if (!(s.oversubscription >= 1.0))
+    return make_error("oversubscription must be >= 1 (1 = non-blocking), got {}",
+                      s.oversubscription);
+  if (s.nvlink_latency < 0 || s.pcie_latency < 0 || s.nic_latency < 0 || s.switch_latency < 0)
+    return make_error("latencies must be >= 0");
+  const DeviceSpec& d = s.device;
+  if (!(d.peak_bf16_flops > 0) || !(d.peak_fp32_flops > 0) || !(d.memory_bytes > 0) ||
+      !(d.memory_bandwidth > 0))
+    return make_error("device '{}': bf16/fp32 FLOP/s, memory and memory bandwidth must be > 0",
+                      d.name);
+  return ok_status();
+}
+
+Result<ClusterSpec> cluster_spec_from_json(std::string_view text) {
+  json j = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded())
+    return make_error("cluster JSON is not valid JSON (check commas and quotes)");
+  if (!j.is_object()) return make_error("cluster JSON must be an object {{...}}, got {}", j.type_name());
+  MT_TRY(check_known(j, kTopFields, "cluster"));
+
+  ClusterSpec s;
+  bool has_base = j.contains("base");
+  if (has_base) {
+    if (!j["base"].is_string())
+      return make_error("field 'base' must be a preset name string, e.g. \"dgx-a100\"");
+    MT_ASSIGN(s, cluster_preset(j["base"].get<std::string>()).context("field 'base'"));
+  } else {
+    for (const auto& k : kRequiredWithoutBase)
+      if (!j.contains(k))
+        return make_error("missing field '{}'; give it or set \"base\" to a preset (dgx-a100, "
+                          "dgx-h100, h200) to inherit it",
+                          k);
+    s.name = "custom";
+  }
+  if (j.contains("name")) {
+    if (!j["name"].is_string()) return make_error("field 'name' must be a string");
+    s.name = j["name"].get<std::string>();
+  }
+  MT_TRY(read_int(j, "gpus_per_node", 1, s.gpus_per_node, "GPUs per node, e.g. 8"));
+  MT_TRY(read_int(j, "gpus_per_pcie_switch", 1, s.gpus_per_pcie_switch, "e.g. 2"));
+  MT_TRY(read_number(j, "nvlink_GBps", kGB, 0, s.nvlink_bandwidth, "GB/s per GPU per direction, e.g. 300"));
+  MT_TRY(read_number(j, "pcie_GBps", kGB, 0, s.pcie_bandwidth, "GB/s per direction, e.g. 32"));
+  MT_TRY(read_number(j, "nic_Gbps", kGbit, 0, s.nic_bandwidth, "Gb/s line rate, e.g. 200"));
+  MT_TRY(read_int(j, "nodes_per_leaf", 1, s.nodes_per_leaf, "nodes per leaf switch, e.g. 20"));
+  MT_TRY(read_int(j, "spines", 0, s.spines, "spine switches, 0 = nodes_per_leaf"));
+  if (j.contains("oversubscription")) {
+    MT_TRY(read_number(j, "oversubscription", 1.0, 0, s.oversubscription, "ratio >= 1, e.g. 2"));
+    if (s.oversubscription < 1.0)
+      return make_error("field 'oversubscription' must be >= 1 (1 = non-blocking), got {}",
+                        s.oversubscription);
+  }
+  MT_TRY(read_latency(j, "nvlink_latency_ns", s.nvlink_latency));
+  MT_TRY(read_latency(j, "pcie_latency_ns", s.pcie_latency));
+  MT_TRY(read_latency(j, "nic_latency_ns", s.nic_latency));
+  MT_TRY(read_latency(j, "switch_latency_ns", s.switch_latency));
+
+  if (j.contains("device")) {
+    const json& d = j["device"];
+    if (!d.is_object()) return make_error("field 'device' must be an object {{\"bf16_TFLOPS\": ...}}");
+    MT_TRY(check_known(d, kDeviceFields, "device"));
+    if (!has_base)
+      for (const auto& k : kRequiredDeviceWithoutBase)
+        if (!d.contains(k)) return make_error("missing field 'device.{}'", k);
+    if (d.contains("name")) {
+      if (!d["name"].is_string()) return make_error("field 'device.name' must be a string");
+      s.device.name = d["name"].get<std::string>();
+    }
+    Status st = read_number(d, "bf16_TFLOPS", kTera, 0, s.device.peak_bf16_flops, "dense bf16 TFLOP/s, e.g. 312");
+    if (st.ok()) st = read_number(d, "fp32_TFLOPS", kTera, 0, s.device.peak_fp32_flops, "TFLOP/s, e.g. 19.5");
+    if (st.ok()) st = read_number(d, "memory_GiB", kGiB, 0, s.device.memory_bytes, "GiB, e.g. 80");
+    if (st.ok()) st = read_number(d, "memory_GBps", kGB, 0, s.device.memory_bandwidth, "GB/s, e.g. 2039");
+    MT_TRY(st.context("device"));
+  }
+  MT_TRY(validate(s));
+  return s;
+}
+
+Result<ClusterSpec> load_cluster_spec(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return make_error("cannot open cluster file '{}' (check the path)", path);
+  std::stringstream buf;
+  buf << in.rdbuf();
+  auto r = cluster_spec_from_json(buf.str());
+  r.context(fmt::format("cluster file '{}'", path));
+  return r;
+}
+
+Result<ClusterSpec> cluster_spec_by_name_or_file(const std::string& name_or_path) {
+  for (const auto& n : cluster_preset_names())
+    if (n == name_or_path) return cluster_preset(n);
+  if (name_or_path.find(".json") == std::string::npos && name_or_path.find('/') == std::string::npos)
+    return make_error("'{}' is neither a cluster preset (dgx-a100, dgx-h100, h200) nor a .json file",
+                      name_or_path);
+  return load_cluster_spec(name_or_path);
+}
+
+}  // namespace meshtrain::sim

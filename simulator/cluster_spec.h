@@ -1,0 +1,107 @@
+// What a cluster is made of: the device in each slot and the links between
+// them, as numbers with their sources. `Cluster` (topology.h) builds the
+// graph from a ClusterSpec and a GPU count.
+//
+// Shape every spec describes (rail-optimized two-level fat tree, as in the
+// NVIDIA DGX SuperPOD reference architectures):
+//
+//   node:  GPU ──NVLink── NVSwitch fabric (one switch vertex per node)
+//          GPU ──PCIe── PCIe switch ──PCIe── NIC   (one NIC per GPU: a "rail")
+//   net:   NIC of rail r on a node of group g ── leaf (g, r)
+//          every leaf ── every spine
+//
+// A group is `nodes_per_leaf` consecutive nodes. Leaf->spine bandwidth is
+// the leaf's downlink bandwidth divided by `oversubscription`, spread evenly
+// over `spines` uplinks. Real clusters past a few thousand GPUs add a third
+// tier; we keep two and let the spine count grow, which has the same
+// bisection bandwidth (documented simplification).
+//
+// Presets (bandwidths per direction unless said; 1 GB = 1e9 bytes):
+//
+// | preset   | device           | bf16 dense | fp32     | memory         | HBM bw    | NVLink/GPU     | NIC/GPU        | PCIe/GPU  | SU (nodes/leaf) |
+// |----------|------------------|------------|----------|----------------|-----------|----------------|----------------|-----------|-----------------|
+// | dgx-a100 | A100-SXM4-80GB   | 312 TF/s   | 19.5 TF/s| 80 GiB HBM2e   | 2.039 TB/s| 300 GB/s (NVL3: 600 bidir) | 200 Gb/s HDR | 32 GB/s Gen4 | 20 (QM8790: 20 down / 20 up) |
+// | dgx-h100 | H100-SXM5-80GB   | 989 TF/s   | 67 TF/s  | 80 GiB HBM3    | 3.35 TB/s | 450 GB/s (NVL4: 900 bidir) | 400 Gb/s NDR | 64 GB/s Gen5 | 32 (QM9700: 32 down / 32 up) |
+// | h200     | H200-SXM-141GB   | 989 TF/s   | 67 TF/s  | 141 GB HBM3e   | 4.8 TB/s  | 450 GB/s       | 400 Gb/s NDR   | 64 GB/s   | 32              |
+//
+// Sources: NVIDIA A100 datasheet (2021) and "NVIDIA A100 Tensor Core GPU
+// Architecture" whitepaper; NVIDIA H100 datasheet and "NVIDIA H100 Tensor
+// Core GPU Architecture" whitepaper (SXM5 figures, dense = half the sparse
+// number); NVIDIA H200 datasheet (141 GB, 4.8 TB/s); DGX A100 and DGX H100
+// user guides (8 single-port ConnectX-6 / ConnectX-7 compute NICs);
+// "NVIDIA DGX SuperPOD: Reference Architecture" for DGX A100 (20-node
+// scalable units, HDR QM8790 leaves) and DGX H100 (32-node SUs, NDR QM9700).
+// Latencies are estimates of one hop's wire + switch time (InfiniBand switch
+// port-to-port ~130-200 ns, NVSwitch hop a few hundred ns); software
+// overhead per collective step lives in CostConstants::collective_alpha.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/status.h"
+#include "simulator/event_queue.h"
+
+namespace meshtrain::sim {
+
+struct DeviceSpec {
+  std::string name;
+  double peak_bf16_flops = 0;    // dense bf16/fp16 tensor-core FLOP/s
+  double peak_fp32_flops = 0;    // fp32 (non-tensor-core) FLOP/s
+  double memory_bytes = 0;       // HBM capacity
+  double memory_bandwidth = 0;   // HBM bytes/s
+};
+
+struct ClusterSpec {
+  std::string name;
+  int gpus_per_node = 8;          // also the number of rails (one NIC per GPU)
+  int gpus_per_pcie_switch = 2;   // GPUs (and their NICs) behind one PCIe switch
+  double nvlink_bandwidth = 0;    // bytes/s per GPU per direction into the NVSwitch fabric
+  double pcie_bandwidth = 0;      // bytes/s per direction, GPU<->PCIe switch<->NIC
+  double nic_bandwidth = 0;       // bytes/s per direction, NIC<->leaf
+  int nodes_per_leaf = 1;         // nodes in one group (scalable unit)
+  int spines = 0;                 // spine switches; 0 = nodes_per_leaf (full-radix leaves)
+  double oversubscription = 1.0;  // leaf downlink bw / leaf uplink bw (>= 1 means thinner uplinks)
+  Time nvlink_latency = 0;        // per hop GPU<->NVSwitch
+  Time pcie_latency = 0;          // per hop on PCIe
+  Time nic_latency = 0;           // NIC<->leaf hop (NIC processing + cable)
+  Time switch_latency = 0;        // leaf<->spine hop
+  DeviceSpec device;
+};
+
+// Names accepted by cluster_preset(), in a fixed order.
+const std::vector<std::string>& cluster_preset_names();
+// A built-in preset, or an Error listing the known names.
+Result<ClusterSpec> cluster_preset(std::string_view name);
+
+// A cluster described as JSON text. All fields (units are in the names):
+//
+//   {
+//     "base": "dgx-h100",           // optional: start from a preset; then every other field is optional
+//     "name": "my-cluster",
+//     "gpus_per_node": 8,           // integer >= 1
+//     "gpus_per_pcie_switch": 2,    // integer >= 1, divides gpus_per_node
+//     "nvlink_GBps": 450,           // NVLink per GPU per direction, GB/s (1e9 B/s)
+//     "pcie_GBps": 64,              // PCIe per direction, GB/s
+//     "nic_Gbps": 400,              // NIC line rate per GPU, Gb/s (as marketed: 200 HDR, 400 NDR)
+//     "nodes_per_leaf": 32,         // integer >= 1
+//     "spines": 32,                 // integer >= 0 (0 = nodes_per_leaf)
+//     "oversubscription": 1.0,      // >= 1; 2 means leaf uplinks carry half the downlink bandwidth
+//     "nvlink_latency_ns": 250, "pcie_latency_ns": 250, "nic_latency_ns": 600, "switch_latency_ns": 300,
+//     "device": {"name": "H100", "bf16_TFLOPS": 989, "fp32_TFLOPS": 67,
+//                "memory_GiB": 80, "memory_GBps": 3350}
+//   }
+//
+// Unknown fields are errors (they are usually typos). Every error names the
+// field and says what a valid value looks like.
+Result<ClusterSpec> cluster_spec_from_json(std::string_view text);
+// Reads a file and parses it as above; the error names the path.
+Result<ClusterSpec> load_cluster_spec(const std::string& path);
+// A preset name, else a JSON file path: what a `--cluster NAME|FILE` flag wants.
+Result<ClusterSpec> cluster_spec_by_name_or_file(const std::string& name_or_path);
+
+// Checks the invariants build() relies on; errors name the field.
+Status validate(const ClusterSpec& spec);
+
+}  // namespace meshtrain::sim

@@ -1,0 +1,109 @@
+// The cluster as a graph: vertices are GPUs, NVSwitch fabrics, PCIe
+// switches, NICs, leaf and spine switches; edges are one direction of a
+// full-duplex link (so each physical cable is two edges with their own
+// bandwidth). The shape is described in cluster_spec.h.
+//
+// Links have dense integer ids (LinkId); the network model keeps its per-link
+// state in flat arrays indexed by them. The Boost.Graph `graph()` is the same
+// structure for algorithms that want a graph (tests check routes against its
+// breadth-first distances).
+//
+// Routing is deterministic up*/down* routing on the fat tree, which gives a
+// shortest path:
+//   same node:     GPU -> NVSwitch -> GPU                               (2 hops)
+//   same leaf:     GPU -> PCIe -> NIC -> leaf -> NIC -> PCIe -> GPU     (6 hops)
+//   otherwise:     ... -> leaf -> spine -> leaf -> ...                  (8 hops)
+// Between two leaves every spine is an equal-cost path; ECMP picks
+// spine = hash(src, dst) mod spines (splitmix64), the same every run, and
+// different pairs spread over the spines. Cross-rail traffic between nodes
+// goes over the spines (no PXN-style NVLink forwarding).
+//
+// Cost: a 16384-GPU cluster has ~43k vertices and ~160k links; routes are
+// computed arithmetically in O(hops) with no search and no per-pair cache.
+#pragma once
+
+#include <array>
+#include <boost/graph/adjacency_list.hpp>
+#include <cstdint>
+#include <vector>
+
+#include "core/status.h"
+#include "simulator/cluster_spec.h"
+
+namespace meshtrain::sim {
+
+enum class NodeKind : uint8_t { kGpu, kNvSwitch, kPcie, kNic, kLeaf, kSpine };
+const char* node_kind_name(NodeKind kind);
+
+using LinkId = uint32_t;
+
+struct Vertex {
+  NodeKind kind;
+  int32_t index;  // index among vertices of its kind (e.g. the global GPU id)
+};
+struct Edge {
+  LinkId id = 0;
+};
+using Graph = boost::adjacency_list<boost::vecS, boost::vecS, boost::directedS, Vertex, Edge>;
+
+struct Link {
+  double bandwidth;  // bytes/s in this direction
+  Time latency;      // one hop
+  uint32_t from;     // graph vertex ids
+  uint32_t to;
+};
+
+// A route is at most 8 hops (see above); fixed capacity keeps it off the heap.
+struct Route {
+  std::array<LinkId, 8> links{};
+  uint8_t size = 0;
+  const LinkId* begin() const { return links.data(); }
+  const LinkId* end() const { return links.data() + size; }
+  void push(LinkId l) { links[size++] = l; }
+};
+
+class Cluster {
+ public:
+  // A cluster of `num_gpus` GPUs: ceil(num_gpus / gpus_per_node) nodes, the
+  // last one partly filled. Leaves and spines exist only with >1 node.
+  static Result<Cluster> build(const ClusterSpec& spec, int num_gpus);
+
+  const ClusterSpec& spec() const { return spec_; }
+  int num_gpus() const { return num_gpus_; }
+  int num_nodes() const { return num_nodes_; }
+  int gpus_per_node() const { return spec_.gpus_per_node; }
+  int node_of(int gpu) const { return gpu / spec_.gpus_per_node; }
+  int local_rank(int gpu) const { return gpu % spec_.gpus_per_node; }
+  int num_leaves() const { return num_leaves_; }
+  int num_spines() const { return num_spines_; }
+  int count(NodeKind kind) const;
+
+  const Graph& graph() const { return graph_; }
+  const std::vector<Link>& links() const { return links_; }
+  const Link& link(LinkId id) const { return links_[id]; }
+  uint32_t gpu_vertex(int gpu) const { return static_cast<uint32_t>(gpu); }
+
+  // Shortest route src -> dst (empty when src == dst). Both must be valid
+  // GPU ids; callers check with valid_gpu() first.
+  Route route(int src_gpu, int dst_gpu) const;
+  bool valid_gpu(int gpu) const { return gpu >= 0 && gpu < num_gpus_; }
+  // Sum of hop latencies and the smallest link bandwidth along a route.
+  Time route_latency(const Route& r) const;
+  double route_bandwidth(const Route& r) const;
+
+ private:
+  uint32_t add_vertex(NodeKind kind, int index);
+  LinkId add_link(uint32_t from, uint32_t to, double bandwidth, Time latency);
+
+  ClusterSpec spec_;
+  int num_gpus_ = 0, num_nodes_ = 0, num_leaves_ = 0, num_spines_ = 0;
+  std::array<int, 6> counts_{};
+  Graph graph_;
+  std::vector<Link> links_;
+  // Link ids by role, indexed by GPU id (every GPU has its own NVLink port,
+  // PCIe lane group, NIC and leaf port) or by leaf * spines + spine.
+  std::vector<LinkId> gpu_nvs_, nvs_gpu_, gpu_pcie_, pcie_gpu_, pcie_nic_, nic_pcie_,
+      nic_leaf_, leaf_nic_, leaf_spine_, spine_leaf_;
+};
+
+}  // namespace meshtrain::sim
