@@ -1,0 +1,20 @@
+// The meshtrain subcommands. Each registers its flags on a CLI11 subcommand
+// and returns the function that runs it once the command line is parsed.
+#pragma once
+
+#include <functional>
+
+#include <CLI/CLI.hpp>
+
+#include "core/status.h"
+
+namespace meshtrain {
+
+struct Command {
+  CLI::App* app = nullptr;      // the registered subcommand
+  std::function<Status()> run;  // runs it; called after parsing
+};
+
+Command add_info_command(CLI::App& app);
+
+}  // namespace meshtrain

@@ -1,0 +1,111 @@
+// `meshtrain info`: the model, the plan, a rank's groups and its memory.
+#include <memory>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "engine/cli/commands.h"
+#include "engine/cli/plan_flags.h"
+#include "engine/memory_model.h"
+#include "engine/mesh.h"
+#include "models/flops.h"
+#include "models/parameters.h"
+
+namespace meshtrain {
+
+namespace {
+
+struct InfoFlags {
+  PlanFlags plan;
+  int rank = 0;
+  bool json = false;
+};
+
+std::string human_bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) b /= 1024, ++u;
+  return fmt::format("{:.2f} {}", b, units[u]);
+}
+
+Status run_info(const InfoFlags& f) {
+  MT_ASSIGN(ModelAndPlan mp, resolve_model_and_plan(f.plan));
+  const ModelSpec& m = mp.model;
+  const Plan& p = mp.plan;
+  if (f.rank < 0 || f.rank >= p.world_size())
+    return make_error("--rank {} is outside the world of {} ranks (tp·pp·dp·cp); use 0..{}", f.rank,
+                      p.world_size(), p.world_size() - 1);
+  const Mesh mesh(p);
+  const Coord c = mesh.coord_of(f.rank);
+  const ParamCount params = count_parameters(m);
+  const int seq = p.effective_seq_len(m);
+  const FlopCount flops = training_flops(m, p.effective_global_batch(), seq, p.recompute);
+  const MemoryBreakdown mem = memory_per_rank(m, p, c.pp, meshtrain_layout(p));
+
+  if (f.json) {
+    nlohmann::json groups = nlohmann::json::object();
+    for (int k = 0; k < kGroupKinds; ++k) {
+      const Group* g = mesh.group_of(static_cast<GroupKind>(k), f.rank);
+      groups[group_kind_name(static_cast<GroupKind>(k))] = g ? nlohmann::json(g->ranks) : nlohmann::json();
+    }
+    nlohmann::json j = {
+        {"model", model_to_json(m)},
+        {"parameters", params.total},
+        {"embedding_parameters", params.embedding},
+        {"flops_per_token", flops.per_token},
+        {"model_flops_per_iteration", flops.model},
+        {"hardware_flops_per_iteration", flops.hardware},
+        {"plan", plan_to_json(p)},
+        {"rank", f.rank},
+        {"coord", {{"tp", c.tp}, {"cp", c.cp}, {"dp", c.dp}, {"pp", c.pp}}},
+        {"groups", groups},
+        {"memory",
+         {{"parameter_count", mem.parameter_count},
+          {"parameters_bytes", mem.parameters},
+          {"gradients_bytes", mem.gradients},
+          {"optimizer_bytes", mem.optimizer},
+          {"zero3_working_bytes", mem.zero3_working},
+          {"activations_bytes", mem.activations},
+          {"inflight_microbatches", mem.inflight},
+          {"total_bytes", mem.total()}}}};
+    fmt::print("{}\n", j.dump(2));
+    return {};
+  }
+  fmt::print("model      {}: {} layers, hidden {}, heads {} (kv {}), ffn {}, vocab {}, seq {}\n", m.name, m.layers,
+             m.hidden, m.heads, m.kv_heads, m.ffn, m.vocab, m.seq_len);
+  fmt::print("parameters {} ({} without embeddings)\n", params.total, params.non_embedding());
+  fmt::print("FLOPs      {:.4g} per token, {:.4g} per iteration (hardware {:.4g} with recompute {})\n",
+             flops.per_token, flops.model, flops.hardware, recompute_name(p.recompute));
+  fmt::print("plan       tp {} pp {} dp {} cp {} ep {} vpp {} zero {}, {} ranks; micro-batch {} x {} = global "
+             "batch {}, seq {}; schedule {}, recompute {}, {}{}\n",
+             p.tp, p.pp, p.dp, p.cp, p.ep, p.vpp, p.zero, p.world_size(), p.micro_batch, p.microbatches() * p.dp,
+             p.effective_global_batch(), seq, schedule_name(p.schedule), recompute_name(p.recompute),
+             precision_name(p.precision), p.sequence_parallel ? ", sequence parallel" : "");
+  fmt::print("rank {}     tp {} cp {} dp {} pp {}\n", f.rank, c.tp, c.cp, c.dp, c.pp);
+  for (int k = 0; k < kGroupKinds; ++k) {
+    const Group* g = mesh.group_of(static_cast<GroupKind>(k), f.rank);
+    fmt::print("  {:<15} {}\n", group_kind_name(static_cast<GroupKind>(k)),
+               g ? fmt::format("[{}]", fmt::join(g->ranks, ",")) : std::string("(not a member)"));
+  }
+  fmt::print("memory of rank {} (stage {}, {} parameters):\n", f.rank, c.pp, mem.parameter_count);
+  fmt::print("  parameters      {:>12}\n", human_bytes(mem.parameters));
+  fmt::print("  gradients       {:>12}\n", human_bytes(mem.gradients));
+  fmt::print("  optimizer       {:>12}\n", human_bytes(mem.optimizer));
+  if (p.zero >= 3) fmt::print("  zero-3 gathered {:>12}\n", human_bytes(mem.zero3_working));
+  fmt::print("  activations     {:>12}  ({} micro-batches in flight)\n", human_bytes(mem.activations), mem.inflight);
+  fmt::print("  total           {:>12}\n", human_bytes(mem.total()));
+  return {};
+}
+
+}  // namespace
+
+Command add_info_command(CLI::App& app) {
+  auto flags = std::make_shared<InfoFlags>();
+  CLI::App* sub = app.add_subcommand("info", "model size, FLOPs, plan, process groups and memory per rank");
+  add_plan_flags(*sub, flags->plan, "gpt2-124m");
+  sub->add_option("--rank", flags->rank, "global rank whose groups and memory to show")->capture_default_str();
+  sub->add_flag("--json", flags->json, "print one JSON object");
+  return {sub, [flags] { return run_info(*flags); }};
+}
+
+}  // namespace meshtrain

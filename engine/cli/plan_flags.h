@@ -1,0 +1,30 @@
+// Command-line flags shared by the subcommands that take a model and a plan.
+#pragma once
+
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "engine/plan.h"
+#include "models/model_spec.h"
+
+namespace meshtrain {
+
+struct PlanFlags {
+  std::string model = "gpt2-124m";
+  std::string plan_file;
+  PlanOverrides overrides;
+};
+
+// Adds --model, --plan FILE and one flag per plan field (--tp, --pp, ...).
+void add_plan_flags(CLI::App& app, PlanFlags& flags, const std::string& default_model);
+
+struct ModelAndPlan {
+  ModelSpec model;
+  Plan plan;
+};
+// Loads the model, applies the plan file then the flags, and validates
+// against `world_size` (0: the plan's own).
+Result<ModelAndPlan> resolve_model_and_plan(const PlanFlags& flags, int world_size = 0);
+
+}  // namespace meshtrain

@@ -1,0 +1,75 @@
+// The analytic memory model: bytes per rank of parameters, gradients,
+// optimizer state and activations for a model under a plan.
+//
+// Model states follow Rajbhandari et al. 2020 (ZeRO): with mixed precision a
+// parameter costs 2 bytes, its gradient 2, and fp32 master weight, momentum
+// and variance 12 (K = 12); in fp32 there is no master copy (4 + 4 + 8).
+// ZeRO stage 1 divides the optimizer state by dp, stage 2 the gradients too,
+// stage 3 the parameters too, and stage 3 then holds one gathered layer being
+// used and the next being prefetched (with the first one's full gradient).
+//
+// Activations follow Korthikanti et al. 2022 ("Reducing Activation
+// Recomputation in Large Transformer Models", Sec. 4), written as the list of
+// tensors a layer saves for backward, in units of s·b·h elements:
+//   replicated over tp (split by sp):  the inputs and outputs of both norms: 4
+//   split over tp:  q, k, v ((H + 2G)·D / h), attention output (1), the MLP's
+//                   first output (ffn/h, twice for SwiGLU's gate|up) and the
+//                   second's input (ffn/h)
+//   dropout masks:  after attention and after the MLP (2, replicated) and on
+//                   the attention probabilities (a·s/h, split)
+//   materialised attention: softmax output and its dropout (2·a·s/h, split)
+// With 2-byte values, 1-byte masks and h = ffn/4 that is the paper's
+// s·b·h·(34 + 5·a·s/h) without parallelism and s·b·h·(10 + 24/t + 5·a·s/(h·t))
+// with tensor parallelism. Full recomputation keeps only each layer's input.
+// Selective recomputation drops the materialised attention terms.
+//
+// An implementation states what it really saves as an ActivationLayout: the
+// paper's (2-byte values, 1-byte masks, materialised attention) or
+// meshtrain's own (values at the plan's precision, masks regenerated from the
+// seed, flash-style attention that keeps only the per-row log-sum-exp, fp32
+// row statistics of the norms).
+#pragma once
+
+#include <cstdint>
+
+#include "engine/plan.h"
+#include "models/model_spec.h"
+
+namespace meshtrain {
+
+struct ActivationLayout {
+  int value_bytes = 2;
+  int mask_bytes = 1;                  // 0: masks regenerated, not stored
+  bool materialized_attention = true;  // the s×s probabilities are saved
+  bool row_stats = false;              // fp32 norm statistics and attention lse are saved
+};
+
+ActivationLayout korthikanti_layout();
+// What meshtrain's layers save when run with plan `p`.
+ActivationLayout meshtrain_layout(const Plan& p);
+
+// Bytes one transformer layer saves for one micro-batch of plan `p`.
+double layer_activation_bytes(const ModelSpec& m, const Plan& p, const ActivationLayout& a);
+// Bytes the last stage's final norm and vocabulary projection save for one
+// micro-batch: both norm tensors and this rank's logits shard (s·b·V/t).
+double head_activation_bytes(const ModelSpec& m, const Plan& p, const ActivationLayout& a);
+
+// Micro-batches (model chunks, for interleaving) whose activations a stage
+// holds at its peak: GPipe m; 1F1B min(p − stage, m); interleaved
+// min((p − stage − 1)·2 + (v − 1)·p + 1, m·v) chunks (Megatron's warm-up + 1).
+int inflight_microbatches(const Plan& p, int stage);
+
+struct MemoryBreakdown {
+  std::int64_t parameter_count = 0;  // parameters on this rank (tp/pp/ep shard)
+  double parameters = 0;             // bytes
+  double gradients = 0;
+  double optimizer = 0;
+  double zero3_working = 0;  // gathered layers under ZeRO-3
+  double activations = 0;
+  int inflight = 0;  // micro-batches (or chunks) of activations held
+  double total() const { return parameters + gradients + optimizer + zero3_working + activations; }
+};
+
+MemoryBreakdown memory_per_rank(const ModelSpec& m, const Plan& p, int stage, const ActivationLayout& a);
+
+}  // namespace meshtrain

@@ -1,0 +1,64 @@
+// Mesh: global ranks ↔ (tp, cp, dp, pp) coordinates, and every process group,
+// built once.
+//
+// Layout as Megatron-Core: tensor parallel fastest, then context, then data,
+// pipeline slowest, so a tensor-parallel group is a block of consecutive ranks
+// (one node, NVLink) and a pipeline group strides across nodes:
+//
+//     rank = tp + TP·(cp + CP·(dp + DP·pp))
+//
+// Expert parallelism is carved out of the data-parallel ranks: data index d
+// has expert rank d % EP and sits in the expert group of the EP consecutive
+// data indices [d - d % EP, d - d % EP + EP); the expert-data group links the
+// ranks with equal d % EP (they hold the same experts).
+#pragma once
+
+#include <array>
+#include <string>
+#include <vector>
+
+#include "backends/backend.h"
+#include "engine/plan.h"
+
+namespace meshtrain {
+
+struct Coord {
+  int tp = 0, cp = 0, dp = 0, pp = 0;
+  bool operator==(const Coord&) const = default;
+};
+
+enum class GroupKind { tensor, context, data, pipeline, embedding, model_parallel, expert, expert_data };
+inline constexpr int kGroupKinds = 8;
+std::string group_kind_name(GroupKind k);
+
+class Mesh {
+ public:
+  explicit Mesh(const Plan& plan);
+
+  int world_size() const { return world_; }
+  int tp() const { return tp_; }
+  int cp() const { return cp_; }
+  int dp() const { return dp_; }
+  int pp() const { return pp_; }
+  int ep() const { return ep_; }
+
+  int rank_of(Coord c) const { return c.tp + tp_ * (c.cp + cp_ * (c.dp + dp_ * c.pp)); }
+  Coord coord_of(int rank) const;
+
+  // Every group of a kind, in ascending order of their first rank.
+  const std::vector<Group>& groups(GroupKind k) const { return groups_[static_cast<std::size_t>(k)]; }
+  // The group of kind `k` that contains `rank`, or nullptr (only embedding
+  // groups leave ranks out: the middle pipeline stages).
+  const Group* group_of(GroupKind k, int rank) const;
+
+ private:
+  void add(GroupKind k, std::vector<int> ranks);
+
+  int tp_, cp_, dp_, pp_, ep_, world_;
+  int next_id_ = 0;
+  std::array<std::vector<Group>, kGroupKinds> groups_;
+  // membership_[k][rank]: index into groups_[k], or -1.
+  std::array<std::vector<int>, kGroupKinds> membership_;
+};
+
+}  // namespace meshtrain

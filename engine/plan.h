@@ -1,0 +1,74 @@
+// Plan: how one training job is parallelised, as a value.
+//
+// Read from a JSON file (field names as below) and from command-line flags,
+// flags overriding the file. `validate_plan` rejects every plan that does not
+// divide before anything runs, with a message that names the numbers and
+// what would fix them.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "core/status.h"
+#include "models/flops.h"
+#include "models/model_spec.h"
+
+namespace meshtrain {
+
+enum class ScheduleKind { gpipe, one_f_one_b, interleaved };
+enum class Precision { fp32, bf16, fp16 };
+
+struct Plan {
+  int tp = 1;   // tensor parallel
+  int pp = 1;   // pipeline parallel
+  int dp = 1;   // data parallel
+  int cp = 1;   // context parallel (sequence split across ranks)
+  int ep = 1;   // expert parallel, carved out of the data-parallel ranks
+  int vpp = 1;  // model chunks per pipeline stage (interleaving)
+  int zero = 0; // ZeRO stage 0..3 over the data-parallel group
+  int micro_batch = 1;
+  int global_batch = 0;  // 0: micro_batch · dp (one micro-batch per rank)
+  int seq_len = 0;       // 0: the model's seq_len
+  Recompute recompute = Recompute::none;
+  ScheduleKind schedule = ScheduleKind::one_f_one_b;
+  Precision precision = Precision::bf16;
+  bool sequence_parallel = false;
+
+  int world_size() const { return tp * pp * dp * cp; }
+  int effective_global_batch() const { return global_batch > 0 ? global_batch : micro_batch * dp; }
+  // Micro-batches each pipeline runs per iteration.
+  int microbatches() const { return effective_global_batch() / (micro_batch * dp); }
+  int effective_seq_len(const ModelSpec& m) const { return seq_len > 0 ? seq_len : m.seq_len; }
+};
+
+// Flags and file fields override the defaults only where given; a flag beats
+// the file. Kept as optionals so the merge can tell "given" from "default".
+struct PlanOverrides {
+  std::optional<int> tp, pp, dp, cp, ep, vpp, zero, micro_batch, global_batch, seq_len;
+  std::optional<std::string> recompute, schedule, precision;
+  std::optional<bool> sequence_parallel;
+};
+
+Result<PlanOverrides> plan_overrides_from_json(const nlohmann::json& j);
+Result<PlanOverrides> plan_overrides_from_file(const std::string& path);
+// Applies `o` on top of `base`; names are parsed here (unknown names suggest the nearest).
+Result<Plan> apply_overrides(Plan base, const PlanOverrides& o);
+
+// `world_size` 0 means "whatever the plan needs" (tp·pp·dp·cp).
+Status validate_plan(const Plan& p, const ModelSpec& m, int world_size = 0);
+
+std::string schedule_name(ScheduleKind s);
+std::string recompute_name(Recompute r);
+std::string precision_name(Precision p);
+Result<ScheduleKind> parse_schedule(const std::string& s);
+Result<Recompute> parse_recompute(const std::string& s);
+Result<Precision> parse_precision(const std::string& s);
+
+nlohmann::json plan_to_json(const Plan& p);
+// Bytes of one parameter, gradient or activation element at this precision.
+int element_bytes(Precision p);
+
+}  // namespace meshtrain

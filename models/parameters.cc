@@ -1,0 +1,130 @@
+#include "models/parameters.h"
+
+namespace meshtrain {
+
+std::int64_t ParamInfo::numel() const {
+  std::int64_t n = 1;
+  for (auto d : shape) n *= d;
+  return n;
+}
+
+namespace {
+
+struct TableBuilder {
+  std::vector<ParamInfo> params;
+
+  void add(std::string name, int layer, std::vector<std::int64_t> shape, TpSplit split = TpSplit::replicated,
+           int split_dim = 0, std::vector<std::int64_t> segments = {}, bool matmul = false, bool decay = false,
+           bool expert = false) {
+    ParamInfo p;
+    p.name = std::move(name);
+    p.layer = layer;
+    p.shape = std::move(shape);
+    p.split = split;
+    p.split_dim = split_dim;
+    std::size_t d = static_cast<std::size_t>(split_dim + (expert ? 1 : 0));
+    p.segments = segments.empty() ? std::vector<std::int64_t>{p.shape[d]} : std::move(segments);
+    p.matmul = matmul;
+    p.weight_decay = decay;
+    p.expert = expert;
+    params.push_back(std::move(p));
+  }
+  // A linear layer (in -> out), its weight split as `split`; the bias of a
+  // column-parallel layer is split with it, that of a row-parallel one is not.
+  void linear(const ModelSpec& m, const std::string& name, int layer, std::int64_t in, std::int64_t out,
+              TpSplit split, std::vector<std::int64_t> segments = {}) {
+    add(name + ".weight", layer, {in, out}, split, split == TpSplit::column ? 1 : 0, segments, true, true);
+    if (m.bias)
+      add(name + ".bias", layer, {out}, split == TpSplit::column ? TpSplit::column : TpSplit::replicated, 0,
+          split == TpSplit::column ? segments : std::vector<std::int64_t>{});
+  }
+  void norm(const ModelSpec& m, const std::string& name, int layer) {
+    add(name + ".weight", layer, {m.hidden});
+    if (m.norm == NormKind::layernorm && m.bias) add(name + ".bias", layer, {m.hidden});
+  }
+};
+
+}  // namespace
+
+std::vector<ParamInfo> parameter_table(const ModelSpec& m) {
+  TableBuilder b;
+  const std::int64_t C = m.hidden, D = m.head_dim(), H = m.heads, G = m.kv_heads, F = m.ffn;
+  b.add("embed.tokens", -1, {m.vocab, C}, TpSplit::vocab, 0);
+  if (m.position == PositionKind::learned) b.add("embed.positions", -1, {m.seq_len, C});
+  for (int l = 0; l < m.layers; ++l) {
+    std::string p = "layers." + std::to_string(l);
+    b.norm(m, p + ".norm1", l);
+    b.linear(m, p + ".attn.qkv", l, C, (H + 2 * G) * D, TpSplit::column, {H * D, G * D, G * D});
+    b.linear(m, p + ".attn.out", l, H * D, C, TpSplit::row);
+    b.norm(m, p + ".norm2", l);
+    const bool glu = m.activation == Activation::swiglu;
+    const std::int64_t up = glu ? 2 * F : F;
+    const std::vector<std::int64_t> up_segments = glu ? std::vector<std::int64_t>{F, F} : std::vector<std::int64_t>{F};
+    if (m.moe()) {
+      b.add(p + ".moe.router", l, {C, m.experts}, TpSplit::replicated, 0, {}, true, false);
+      b.add(p + ".moe.up", l, {m.experts, C, up}, TpSplit::column, 1, up_segments, true, true, true);
+      b.add(p + ".moe.down", l, {m.experts, F, C}, TpSplit::row, 0, {}, true, true, true);
+    } else {
+      b.linear(m, p + ".mlp.up", l, C, up, TpSplit::column, up_segments);
+      b.linear(m, p + ".mlp.down", l, F, C, TpSplit::row);
+    }
+  }
+  b.norm(m, "final_norm", m.layers);
+  if (!m.tied_embeddings) b.add("head", m.layers, {C, m.vocab}, TpSplit::vocab, 1, {}, true, true);
+  return b.params;
+}
+
+std::int64_t padded_vocab(const ModelSpec& m, int tp) {
+  return (static_cast<std::int64_t>(m.vocab) + tp - 1) / tp * tp;
+}
+
+StagePlacement place_layer(const ModelSpec& m, int layer, int pp, int vpp) {
+  const int virtual_stages = pp * vpp;
+  int vs;
+  if (layer < 0) vs = 0;
+  else if (layer >= m.layers) vs = virtual_stages - 1;
+  else vs = layer / (m.layers / virtual_stages);
+  return {vs % pp, vs / pp};
+}
+
+std::int64_t shard_numel(const ModelSpec& m, const ParamInfo& p, int tp, int ep) {
+  std::int64_t n = p.numel();
+  if (p.expert) n /= ep;
+  switch (p.split) {
+    case TpSplit::replicated: return n;
+    case TpSplit::column:
+    case TpSplit::row: return n / tp;
+    case TpSplit::vocab: return n / m.vocab * padded_vocab(m, tp) / tp;
+  }
+  return n;
+}
+
+ParamCount count_parameters(const ModelSpec& m) {
+  ParamCount c;
+  for (const auto& p : parameter_table(m)) {
+    c.total += p.numel();
+    if (p.split == TpSplit::vocab || p.name == "embed.positions") c.embedding += p.numel();
+  }
+  return c;
+}
+
+ShardCount count_shard_parameters(const ModelSpec& m, int tp, int pp, int vpp, int ep, int stage) {
+  ShardCount c;
+  for (const auto& p : parameter_table(m)) {
+    const bool embedding = p.split == TpSplit::vocab || p.name == "embed.positions";
+    std::int64_t n = shard_numel(m, p, tp, ep);
+    if (place_layer(m, p.layer, pp, vpp).stage == stage) {
+      c.total += n;
+      if (embedding) c.embedding += n;
+    }
+    // The tied head reuses the token embedding: a separate stage needs a copy.
+    if (p.name == "embed.tokens" && m.tied_embeddings && pp > 1 &&
+        place_layer(m, m.layers, pp, vpp).stage == stage) {
+      c.total += n;
+      c.embedding += n;
+    }
+  }
+  return c;
+}
+
+}  // namespace meshtrain
