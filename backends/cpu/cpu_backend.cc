@@ -1,0 +1,422 @@
+// CpuBackend: storage, host transfer, streams, small ops and collectives.
+// The compute kernels' wrappers are in cpu_ops.cc.
+#include "backends/cpu/cpu_backend.h"
+
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+
+#include "backends/cpu/kernels/elementwise.h"
+#include "backends/cpu/kernels/gemm.h"
+#include "backends/cpu/kernels/half.h"
+#include "backends/cpu/kernels/parallel.h"
+#include "backends/cpu/misuse.h"
+
+namespace meshtrain {
+
+using cpu::misuse;
+
+struct CpuBackend::Accounting {
+  std::atomic<std::int64_t> live{0};  // storage may be released on any thread
+  std::int64_t peak = 0;              // written by the issuing thread only
+};
+
+namespace {
+
+class CpuStorage final : public Storage {
+ public:
+  CpuStorage(std::shared_ptr<CpuBackend::Accounting> accounting, std::size_t bytes)
+      : accounting_(std::move(accounting)), bytes_(bytes) {
+    if (bytes_ > 0) {
+      constexpr std::size_t align = 64;
+      data_ = static_cast<std::byte*>(std::aligned_alloc(align, (bytes_ + align - 1) / align * align));
+      if (data_ == nullptr) misuse("out of host memory allocating {} bytes", bytes_);
+    }
+    accounting_->live += static_cast<std::int64_t>(bytes_);
+  }
+  ~CpuStorage() override {
+    std::free(data_);
+    accounting_->live -= static_cast<std::int64_t>(bytes_);
+  }
+  CpuStorage(const CpuStorage&) = delete;
+  CpuStorage& operator=(const CpuStorage&) = delete;
+
+  const CpuBackend::Accounting* owner() const { return accounting_.get(); }
+  std::byte* data() const { return data_; }
+  std::size_t bytes() const { return bytes_; }
+
+ private:
+  std::shared_ptr<CpuBackend::Accounting> accounting_;
+  std::size_t bytes_;
+  std::byte* data_ = nullptr;
+};
+
+bool is_float(DType t) { return t != DType::i32; }
+
+float load(DType t, const std::byte* p, std::int64_t i) {
+  switch (t) {
+    case DType::f32: return reinterpret_cast<const float*>(p)[i];
+    case DType::bf16: return cpu::bf16_to_float(reinterpret_cast<const std::uint16_t*>(p)[i]);
+    case DType::f16: return cpu::f16_to_float(reinterpret_cast<const std::uint16_t*>(p)[i]);
+    case DType::i32: return static_cast<float>(reinterpret_cast<const std::int32_t*>(p)[i]);
+  }
+  return 0.f;
+}
+
+void store(DType t, std::byte* p, std::int64_t i, float v) {
+  switch (t) {
+    case DType::f32: reinterpret_cast<float*>(p)[i] = v; return;
+    case DType::bf16: reinterpret_cast<std::uint16_t*>(p)[i] = cpu::float_to_bf16(v); return;
+    case DType::f16: reinterpret_cast<std::uint16_t*>(p)[i] = cpu::float_to_f16(v); return;
+    case DType::i32: reinterpret_cast<std::int32_t*>(p)[i] = static_cast<std::int32_t>(std::lround(v)); return;
+  }
+}
+
+// dst[i] = convert(src[i]) for n elements, dtype to dtype through float.
+void convert(DType from, const std::byte* src, DType to, std::byte* dst, std::int64_t n) {
+  cpu::for_chunks(n, cpu::kGrain, [&](std::int64_t b, std::int64_t e) {
+    for (std::int64_t i = b; i < e; ++i) store(to, dst, i, load(from, src, i));
+  });
+}
+
+void expect_same_numel(const Tensor& a, const Tensor& b, std::string_view op) {
+  if (a.numel() != b.numel())
+    misuse("{}: {} and {} differ in element count", op, a.shape().str(), b.shape().str());
+}
+
+}  // namespace
+
+CpuBackend::CpuBackend() : accounting_(std::make_shared<Accounting>()) {
+  cpu::ensure_single_threaded_blas();
+}
+
+CpuBackend::CpuBackend(Communicator& comm)
+    : comm_(&comm),
+      rank_(comm.rank()),
+      world_size_(comm.world_size()),
+      accounting_(std::make_shared<Accounting>()) {
+  cpu::ensure_single_threaded_blas();
+}
+
+CpuBackend::~CpuBackend() = default;
+
+// ---- memory ------------------------------------------------------------------
+
+Tensor CpuBackend::empty(const Shape& shape, DType dtype) {
+  for (auto d : shape.dims())
+    if (d < 0) misuse("empty: negative dimension in {}", shape.str());
+  const auto bytes = static_cast<std::size_t>(shape.numel()) * dtype_size(dtype);
+  auto storage = std::make_shared<CpuStorage>(accounting_, bytes);
+  accounting_->peak = std::max(accounting_->peak, accounting_->live.load());
+  return Tensor(std::move(storage), shape, dtype);
+}
+
+MemoryStats CpuBackend::memory_stats() const {
+  return MemoryStats{accounting_->live.load(), accounting_->peak};
+}
+
+void CpuBackend::reset_peak() { accounting_->peak = accounting_->live.load(); }
+
+std::byte* CpuBackend::bytes_of(const Tensor& t, std::string_view op) const {
+  if (!t.defined()) misuse("{}: undefined tensor", op);
+  auto* s = dynamic_cast<CpuStorage*>(t.storage());
+  if (s == nullptr || s->owner() != accounting_.get())
+    misuse("{}: tensor {} belongs to another backend", op, t.shape().str());
+  const std::size_t size = dtype_size(t.dtype());
+  if (static_cast<std::size_t>(t.offset() + t.numel()) * size > s->bytes())
+    misuse("{}: tensor view {} at offset {} runs past its storage", op, t.shape().str(), t.offset());
+  return s->data() + static_cast<std::size_t>(t.offset()) * size;
+}
+
+float* CpuBackend::f32(const Tensor& t, std::string_view op) const {
+  if (t.defined() && t.dtype() != DType::f32)
+    misuse("{}: needs fp32, got a {} tensor {}", op, dtype_name(t.dtype()), t.shape().str());
+  return reinterpret_cast<float*>(bytes_of(t, op));
+}
+
+const std::int32_t* CpuBackend::i32(const Tensor& t, std::string_view op) const {
+  if (t.defined() && t.dtype() != DType::i32)
+    misuse("{}: needs int32, got a {} tensor {}", op, dtype_name(t.dtype()), t.shape().str());
+  return reinterpret_cast<const std::int32_t*>(bytes_of(t, op));
+}
+
+// ---- host transfer -------------------------------------------------------------
+
+void CpuBackend::write(Tensor& dst, std::span<const float> host) {
+  std::byte* d = bytes_of(dst, "write");
+  if (static_cast<std::int64_t>(host.size()) != dst.numel())
+    misuse("write: {} host values into a tensor {}", host.size(), dst.shape().str());
+  if (error_) return;
+  convert(DType::f32, reinterpret_cast<const std::byte*>(host.data()), dst.dtype(), d, dst.numel());
+}
+
+void CpuBackend::write(Tensor& dst, std::span<const std::int32_t> host) {
+  std::byte* d = bytes_of(dst, "write");
+  if (static_cast<std::int64_t>(host.size()) != dst.numel())
+    misuse("write: {} host values into a tensor {}", host.size(), dst.shape().str());
+  if (error_) return;
+  if (dst.dtype() == DType::i32) {
+    std::memcpy(d, host.data(), host.size_bytes());
+    return;
+  }
+  convert(DType::i32, reinterpret_cast<const std::byte*>(host.data()), dst.dtype(), d, dst.numel());
+}
+
+Status CpuBackend::read(const Tensor& src, std::span<float> host) {
+  const std::byte* s = bytes_of(src, "read");
+  if (static_cast<std::int64_t>(host.size()) != src.numel())
+    misuse("read: a tensor {} into {} host values", src.shape().str(), host.size());
+  if (error_) return *error_;
+  convert(src.dtype(), s, DType::f32, reinterpret_cast<std::byte*>(host.data()), src.numel());
+  return ok_status();
+}
+
+// ---- streams and events ----------------------------------------------------------
+
+Stream CpuBackend::create_stream(std::string_view) { return Stream{streams_++}; }
+
+void CpuBackend::set_stream(Stream s) {
+  if (s.id < 0 || s.id >= streams_) misuse("set_stream: stream {} was not created here", s.id);
+  current_ = s;
+}
+
+Event CpuBackend::record(Stream s) {
+  if (s.id < 0 || s.id >= streams_) misuse("record: stream {} was not created here", s.id);
+  return Event{events_++};
+}
+
+void CpuBackend::wait(Stream s, Event e) {
+  if (s.id < 0 || s.id >= streams_) misuse("wait: stream {} was not created here", s.id);
+  if (!e.valid() || e.id >= events_) misuse("wait: event {} was not recorded here", e.id);
+}
+
+Status CpuBackend::synchronize() {
+  if (error_) return *error_;
+  return ok_status();
+}
+
+// ---- elementwise and small ops --------------------------------------------------------
+
+void CpuBackend::fill(Tensor& x, float value) {
+  std::byte* p = bytes_of(x, "fill");
+  if (error_) return;
+  switch (x.dtype()) {
+    case DType::f32: cpu::fill(x.numel(), reinterpret_cast<float*>(p), value); return;
+    case DType::bf16:
+      cpu::fill(x.numel(), reinterpret_cast<std::uint16_t*>(p), cpu::float_to_bf16(value));
+      return;
+    case DType::f16:
+      cpu::fill(x.numel(), reinterpret_cast<std::uint16_t*>(p), cpu::float_to_f16(value));
+      return;
+    case DType::i32:
+      cpu::fill(x.numel(), reinterpret_cast<std::int32_t*>(p), static_cast<std::int32_t>(std::lround(value)));
+      return;
+  }
+}
+
+void CpuBackend::copy(const Tensor& src, Tensor& dst) {
+  const std::byte* s = bytes_of(src, "copy");
+  std::byte* d = bytes_of(dst, "copy");
+  expect_same_numel(src, dst, "copy");
+  if (src.dtype() != dst.dtype())
+    misuse("copy: {} to {} (use cast)", dtype_name(src.dtype()), dtype_name(dst.dtype()));
+  if (error_) return;
+  const auto size = static_cast<std::int64_t>(dtype_size(src.dtype()));
+  cpu::for_chunks(src.numel() * size, cpu::kGrain * 4, [&](std::int64_t b, std::int64_t e) {
+    std::memmove(d + b, s + b, static_cast<std::size_t>(e - b));
+  });
+}
+
+void CpuBackend::cast(const Tensor& src, Tensor& dst) {
+  const std::byte* s = bytes_of(src, "cast");
+  std::byte* d = bytes_of(dst, "cast");
+  expect_same_numel(src, dst, "cast");
+  if (!is_float(src.dtype()) || !is_float(dst.dtype()))
+    misuse("cast: {} to {}; cast converts between float dtypes", dtype_name(src.dtype()),
+           dtype_name(dst.dtype()));
+  if (error_) return;
+  convert(src.dtype(), s, dst.dtype(), d, src.numel());
+}
+
+void CpuBackend::add(const Tensor& a, const Tensor& b, Tensor& out) {
+  const float* pa = f32(a, "add");
+  const float* pb = f32(b, "add");
+  float* po = f32(out, "add");
+  expect_same_numel(a, b, "add");
+  expect_same_numel(a, out, "add");
+  if (error_) return;
+  cpu::add(a.numel(), pa, pb, po);
+}
+
+void CpuBackend::scale(Tensor& x, float alpha) {
+  float* p = f32(x, "scale");
+  if (error_) return;
+  cpu::scale(x.numel(), p, alpha);
+}
+
+void CpuBackend::axpy(float alpha, const Tensor& x, Tensor& y) {
+  const float* px = f32(x, "axpy");
+  float* py = f32(y, "axpy");
+  expect_same_numel(x, y, "axpy");
+  if (error_) return;
+  cpu::axpy(x.numel(), alpha, px, py);
+}
+
+void CpuBackend::sum(const Tensor& x, Tensor& out, float scale, bool accumulate) {
+  const float* px = f32(x, "sum");
+  float* po = f32(out, "sum");
+  if (out.numel() != 1) misuse("sum: out {} must have one element", out.shape().str());
+  if (error_) return;
+  const double s = static_cast<double>(scale) * cpu::sum(x.numel(), px);
+  *po = static_cast<float>(accumulate ? static_cast<double>(*po) + s : s);
+}
+
+void CpuBackend::sum_squares(const Tensor& x, Tensor& out, bool accumulate) {
+  const float* px = f32(x, "sum_squares");
+  float* po = f32(out, "sum_squares");
+  if (out.numel() != 1) misuse("sum_squares: out {} must have one element", out.shape().str());
+  if (error_) return;
+  const double s = cpu::sum_squares(x.numel(), px);
+  *po = static_cast<float>(accumulate ? static_cast<double>(*po) + s : s);
+}
+
+// ---- collectives -------------------------------------------------------------------
+
+namespace {
+// Collectives move fp32, and ids (i32) bitwise through the same float spans.
+void expect_transportable(const Tensor& t, std::string_view op) {
+  if (t.dtype() != DType::f32 && t.dtype() != DType::i32)
+    misuse("{}: {} tensors are not transported; cast to fp32 first", op, dtype_name(t.dtype()));
+}
+}  // namespace
+
+void CpuBackend::check_member(const Group& g, std::string_view op) const {
+  if (g.index_of(rank_) < 0) misuse("{}: rank {} is not a member of group {}", op, rank_, g.id);
+}
+
+Communicator& CpuBackend::comm(std::string_view op) const {
+  if (comm_ == nullptr) misuse("{}: a group of more than one rank needs a communicator", op);
+  return *comm_;
+}
+
+void CpuBackend::note(Status status, std::string_view op, const Group& g) {
+  if (!status.ok()) note(std::move(status), fmt::format("{} on group {}", op, g.id));
+}
+
+void CpuBackend::note(Status status, std::string_view where) {
+  if (status.ok()) return;
+  Error e = std::move(status).error();
+  e.context(fmt::format("cpu rank {}: {}", rank_, where));
+  error_ = std::move(e);
+}
+
+void CpuBackend::all_reduce(Tensor& x, const Group& g, ReduceOp op) {
+  float* p = f32(x, "all_reduce");
+  check_member(g, "all_reduce");
+  if (error_ || g.size() == 1) return;
+  note(comm("all_reduce").all_reduce({p, static_cast<std::size_t>(x.numel())}, g, op), "all_reduce", g);
+}
+
+void CpuBackend::reduce_scatter(const Tensor& in, Tensor& out, const Group& g, ReduceOp op) {
+  const float* pi = f32(in, "reduce_scatter");
+  float* po = f32(out, "reduce_scatter");
+  check_member(g, "reduce_scatter");
+  if (in.numel() != out.numel() * g.size())
+    misuse("reduce_scatter: in {} is not {} blocks of out {}", in.shape().str(), g.size(), out.shape().str());
+  if (error_) return;
+  if (g.size() == 1) {
+    copy(in, out);
+    return;
+  }
+  note(comm("reduce_scatter")
+           .reduce_scatter({pi, static_cast<std::size_t>(in.numel())},
+                           {po, static_cast<std::size_t>(out.numel())}, g, op),
+       "reduce_scatter", g);
+}
+
+void CpuBackend::all_gather(const Tensor& in, Tensor& out, const Group& g) {
+  const auto* pi = reinterpret_cast<const float*>(bytes_of(in, "all_gather"));
+  auto* po = reinterpret_cast<float*>(bytes_of(out, "all_gather"));
+  expect_transportable(in, "all_gather");
+  if (in.dtype() != out.dtype()) misuse("all_gather: in and out dtypes differ");
+  check_member(g, "all_gather");
+  if (out.numel() != in.numel() * g.size())
+    misuse("all_gather: out {} is not {} blocks of in {}", out.shape().str(), g.size(), in.shape().str());
+  if (error_) return;
+  if (g.size() == 1) {
+    copy(in, out);
+    return;
+  }
+  note(comm("all_gather")
+           .all_gather({pi, static_cast<std::size_t>(in.numel())},
+                       {po, static_cast<std::size_t>(out.numel())}, g),
+       "all_gather", g);
+}
+
+void CpuBackend::broadcast(Tensor& x, const Group& g, int root_global_rank) {
+  auto* p = reinterpret_cast<float*>(bytes_of(x, "broadcast"));
+  expect_transportable(x, "broadcast");
+  check_member(g, "broadcast");
+  if (g.index_of(root_global_rank) < 0)
+    misuse("broadcast: root {} is not a member of group {}", root_global_rank, g.id);
+  if (error_ || g.size() == 1) return;
+  note(comm("broadcast").broadcast({p, static_cast<std::size_t>(x.numel())}, g, root_global_rank),
+       "broadcast", g);
+}
+
+void CpuBackend::all_to_all(const Tensor& in, std::span<const std::int64_t> send_counts, Tensor& out,
+                            std::span<const std::int64_t> recv_counts, const Group& g) {
+  const auto* pi = reinterpret_cast<const float*>(bytes_of(in, "all_to_all"));
+  auto* po = reinterpret_cast<float*>(bytes_of(out, "all_to_all"));
+  expect_transportable(in, "all_to_all");
+  if (in.dtype() != out.dtype()) misuse("all_to_all: in and out dtypes differ");
+  check_member(g, "all_to_all");
+  const auto members = static_cast<std::size_t>(g.size());
+  if (send_counts.size() != members || recv_counts.size() != members)
+    misuse("all_to_all: {} send and {} recv counts for a group of {}", send_counts.size(),
+           recv_counts.size(), members);
+  const std::int64_t sent = std::accumulate(send_counts.begin(), send_counts.end(), std::int64_t{0});
+  const std::int64_t got = std::accumulate(recv_counts.begin(), recv_counts.end(), std::int64_t{0});
+  if (sent != in.numel() || got != out.numel())
+    misuse("all_to_all: counts sum to {} sent, {} received, tensors hold {} and {}", sent, got,
+           in.numel(), out.numel());
+  if (error_) return;
+  if (g.size() == 1) {
+    copy(in, out);
+    return;
+  }
+  note(comm("all_to_all")
+           .all_to_all({pi, static_cast<std::size_t>(in.numel())}, send_counts,
+                       {po, static_cast<std::size_t>(out.numel())}, recv_counts, g),
+       "all_to_all", g);
+}
+
+void CpuBackend::send(const Tensor& x, int peer_global_rank, int tag) {
+  const auto* p = reinterpret_cast<const float*>(bytes_of(x, "send"));
+  expect_transportable(x, "send");
+  if (peer_global_rank < 0 || peer_global_rank >= world_size_ || peer_global_rank == rank_)
+    misuse("send: peer {} from rank {} of {}", peer_global_rank, rank_, world_size_);
+  if (error_) return;
+  note(comm("send").send({p, static_cast<std::size_t>(x.numel())}, peer_global_rank, tag), 
+       fmt::format("send to rank {} tag {}", peer_global_rank, tag));
+}
+
+void CpuBackend::recv(Tensor& x, int peer_global_rank, int tag) {
+  auto* p = reinterpret_cast<float*>(bytes_of(x, "recv"));
+  expect_transportable(x, "recv");
+  if (peer_global_rank < 0 || peer_global_rank >= world_size_ || peer_global_rank == rank_)
+    misuse("recv: peer {} at rank {} of {}", peer_global_rank, rank_, world_size_);
+  if (error_) return;
+  note(comm("recv").recv({p, static_cast<std::size_t>(x.numel())}, peer_global_rank, tag), 
+       fmt::format("recv from rank {} tag {}", peer_global_rank, tag));
+}
+
+void CpuBackend::barrier(const Group& g) {
+  check_member(g, "barrier");
+  if (error_ || g.size() == 1) return;
+  note(comm("barrier").barrier(g), "barrier", g);
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,154 @@
+// The cpu reference backend: real fp32 math on host buffers, the numerical
+// ground truth that the cuda backend and every parallel plan are checked
+// against.
+//
+// Beyond the contract of backends/backend.h:
+//  * Ops run eagerly on the issuing thread, parallel inside an op with oneTBB
+//    over fixed chunks, GEMM through single-threaded OpenBLAS. Results are
+//    bitwise identical run after run and for any TBB thread count.
+//  * Storage is a 64-byte aligned host buffer per tensor; memory_stats counts
+//    exactly the bytes of live storage (numel · dtype size).
+//  * bf16/f16 tensors hold 16-bit values (round to nearest even) for empty,
+//    fill, copy, cast, write and read; compute ops take fp32 and abort
+//    otherwise. i32 holds ids and targets.
+//  * Streams and events are bookkeeping only (eager execution satisfies every
+//    ordering), but the sticky-error rule holds: the first failed collective
+//    records its Error, every later op is a no-op, and read()/synchronize()
+//    return it.
+//  * Collectives on a group of size 1 are the identity and need no
+//    communicator; others go to the Communicator given at construction, i32
+//    tensors bitwise through its float spans (all-gather, broadcast,
+//    all-to-all, send, recv).
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "backends/backend.h"
+#include "backends/cpu/communicator.h"
+
+namespace meshtrain {
+
+class CpuBackend final : public Backend {
+ public:
+  // The only rank of a world of one: every group is {0}.
+  CpuBackend();
+  // Rank comm.rank() of comm.world_size(). `comm` must outlive the backend;
+  // only this backend's issuing thread calls it.
+  explicit CpuBackend(Communicator& comm);
+  ~CpuBackend() override;
+  CpuBackend(const CpuBackend&) = delete;
+  CpuBackend& operator=(const CpuBackend&) = delete;
+
+  std::string_view name() const override { return "cpu"; }
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_size_; }
+
+  Tensor empty(const Shape& shape, DType dtype = DType::f32) override;
+  MemoryStats memory_stats() const override;
+  void reset_peak() override;
+
+  void write(Tensor& dst, std::span<const float> host) override;
+  void write(Tensor& dst, std::span<const std::int32_t> host) override;
+  Status read(const Tensor& src, std::span<float> host) override;
+
+  Stream create_stream(std::string_view name) override;
+  void set_stream(Stream s) override;
+  Stream current_stream() const override { return current_; }
+  Event record(Stream s) override;
+  void wait(Stream s, Event e) override;
+  Status synchronize() override;
+
+  void fill(Tensor& x, float value) override;
+  void copy(const Tensor& src, Tensor& dst) override;
+  void cast(const Tensor& src, Tensor& dst) override;
+  void add(const Tensor& a, const Tensor& b, Tensor& out) override;
+  void scale(Tensor& x, float alpha) override;
+  void axpy(float alpha, const Tensor& x, Tensor& y) override;
+  void sum(const Tensor& x, Tensor& out, float scale, bool accumulate) override;
+  void sum_squares(const Tensor& x, Tensor& out, bool accumulate) override;
+
+  void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp& op) override;
+  void batched_gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp& op) override;
+  void bias_backward(const Tensor& dy, Tensor& db) override;
+
+  void embedding_forward(const Tensor& table, const Tensor& ids, Tensor& out,
+                         std::int64_t vocab_offset) override;
+  void embedding_backward(const Tensor& dout, const Tensor& ids, Tensor& dtable,
+                          std::int64_t vocab_offset) override;
+
+  void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& out,
+                         Tensor& mean, Tensor& rstd, float eps) override;
+  void layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight,
+                          const Tensor& mean, const Tensor& rstd, Tensor& dx, Tensor& dweight,
+                          Tensor& dbias) override;
+  void rmsnorm_forward(const Tensor& x, const Tensor& weight, Tensor& out, Tensor& rstd,
+                       float eps) override;
+  void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight,
+                        const Tensor& rstd, Tensor& dx, Tensor& dweight) override;
+
+  void gelu_forward(const Tensor& x, Tensor& out) override;
+  void gelu_backward(const Tensor& dout, const Tensor& x, Tensor& dx) override;
+  void swiglu_forward(const Tensor& x, Tensor& out) override;
+  void swiglu_backward(const Tensor& dout, const Tensor& x, Tensor& dx) override;
+  void dropout_forward(const Tensor& x, Tensor& out, const DropoutOp& op) override;
+  void dropout_backward(const Tensor& dout, Tensor& dx, const DropoutOp& op) override;
+
+  void rope(Tensor& x, int heads_total, int rotate_heads, float theta, bool inverse) override;
+  void attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse,
+                         const AttentionOp& op) override;
+  void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                          const Tensor& lse, Tensor& dqkv, const AttentionOp& op) override;
+
+  void cross_entropy_max(const Tensor& logits, Tensor& row_max) override;
+  void cross_entropy_partials(const Tensor& logits, const Tensor& targets, const Tensor& row_max,
+                              std::int64_t vocab_offset, Tensor& sumexp,
+                              Tensor& target_logit) override;
+  void cross_entropy_loss(const Tensor& row_max, const Tensor& sumexp, const Tensor& target_logit,
+                          Tensor& losses) override;
+  void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& row_max,
+                              const Tensor& sumexp, std::int64_t vocab_offset, float dloss,
+                              Tensor& dlogits) override;
+
+  void clip_coefficient(const Tensor& sumsq, float max_norm, Tensor& coef) override;
+  void adamw(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const Tensor& coef,
+             const AdamWOp& op) override;
+
+  void all_reduce(Tensor& x, const Group& g, ReduceOp op) override;
+  void reduce_scatter(const Tensor& in, Tensor& out, const Group& g, ReduceOp op) override;
+  void all_gather(const Tensor& in, Tensor& out, const Group& g) override;
+  void broadcast(Tensor& x, const Group& g, int root_global_rank) override;
+  void all_to_all(const Tensor& in, std::span<const std::int64_t> send_counts, Tensor& out,
+                  std::span<const std::int64_t> recv_counts, const Group& g) override;
+  void send(const Tensor& x, int peer_global_rank, int tag) override;
+  void recv(Tensor& x, int peer_global_rank, int tag) override;
+  void barrier(const Group& g) override;
+
+  struct Accounting;  // shared with every storage this backend allocated
+
+ private:
+  // Host bytes of t's first element; aborts on a foreign or undefined tensor.
+  std::byte* bytes_of(const Tensor& t, std::string_view op) const;
+  float* f32(const Tensor& t, std::string_view op) const;
+  const std::int32_t* i32(const Tensor& t, std::string_view op) const;
+  // Aborts unless this rank is a member of g.
+  void check_member(const Group& g, std::string_view op) const;
+  // The communicator for a group of more than one rank; aborts without one.
+  Communicator& comm(std::string_view op) const;
+  // Makes a failed collective's status the sticky error.
+  void note(Status status, std::string_view op, const Group& g);
+  void note(Status status, std::string_view where);
+
+  // Protected by nothing: one issuing thread (see backends/backend.h).
+  Communicator* comm_ = nullptr;
+  int rank_ = 0;
+  int world_size_ = 1;
+  std::shared_ptr<Accounting> accounting_;
+  int streams_ = 1;
+  Stream current_{};
+  std::int64_t events_ = 0;
+  std::optional<Error> error_;  // the sticky error of the first failed op
+};
+
+}  // namespace meshtrain

@@ -1,0 +1,381 @@
+// CpuBackend compute ops: shape checks, then the float instantiation of the
+// kernels in kernels/. Legend as backends/backend.h.
+#include <cmath>
+
+#include "backends/cpu/cpu_backend.h"
+#include "backends/cpu/kernels/activation.h"
+#include "backends/cpu/kernels/attention.h"
+#include "backends/cpu/kernels/cross_entropy.h"
+#include "backends/cpu/kernels/elementwise.h"
+#include "backends/cpu/kernels/embedding.h"
+#include "backends/cpu/kernels/gemm.h"
+#include "backends/cpu/kernels/norm.h"
+#include "backends/cpu/kernels/optimizer.h"
+#include "backends/cpu/kernels/rope.h"
+#include "backends/cpu/misuse.h"
+
+namespace meshtrain {
+
+using cpu::misuse;
+
+namespace {
+
+struct Matrix {
+  std::int64_t rows, cols;
+};
+
+// A tensor where (rows, X) is documented, X its last dimension.
+Matrix as_matrix(const Tensor& t, std::string_view op) {
+  if (t.shape().rank() == 0) misuse("{}: tensor without dimensions", op);
+  const std::int64_t cols = t.shape().back();
+  return Matrix{cols == 0 ? 0 : t.numel() / cols, cols};
+}
+
+// Rows of a tensor documented as (N, cols).
+std::int64_t rows_of(const Tensor& t, std::int64_t cols, std::string_view op) {
+  if (cols <= 0 || t.numel() % cols != 0)
+    misuse("{}: {} is not a whole number of rows of {}", op, t.shape().str(), cols);
+  return t.numel() / cols;
+}
+
+void expect_numel(const Tensor& t, std::int64_t n, std::string_view op, std::string_view what) {
+  if (t.numel() != n) misuse("{}: {} {} should have {} elements", op, what, t.shape().str(), n);
+}
+
+}  // namespace
+
+// ---- dense -----------------------------------------------------------------------
+
+void CpuBackend::gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp& op) {
+  const float* pa = f32(a, "gemm");
+  const float* pb = f32(b, "gemm");
+  float* pc = f32(c, "gemm");
+  const float* bias = op.bias.defined() ? f32(op.bias, "gemm bias") : nullptr;
+  const Matrix ma = as_matrix(a, "gemm"), mb = as_matrix(b, "gemm"), mc = as_matrix(c, "gemm");
+  const std::int64_t m = op.trans_a ? ma.cols : ma.rows, k = op.trans_a ? ma.rows : ma.cols;
+  const std::int64_t kb = op.trans_b ? mb.cols : mb.rows, n = op.trans_b ? mb.rows : mb.cols;
+  if (k != kb || mc.rows != m || mc.cols != n)
+    misuse("gemm: a {}{} b {}{} c {} do not fit", a.shape().str(), op.trans_a ? "ᵀ" : "",
+           b.shape().str(), op.trans_b ? "ᵀ" : "", c.shape().str());
+  if (bias) expect_numel(op.bias, n, "gemm", "bias");
+  if (error_) return;
+  cpu::gemm(op.trans_a, op.trans_b, m, n, k, op.alpha, pa, pb, op.beta, pc, bias);
+}
+
+void CpuBackend::batched_gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp& op) {
+  const float* pa = f32(a, "batched_gemm");
+  const float* pb = f32(b, "batched_gemm");
+  float* pc = f32(c, "batched_gemm");
+  const float* bias = op.bias.defined() ? f32(op.bias, "batched_gemm bias") : nullptr;
+  const Shape &sa = a.shape(), &sb = b.shape(), &sc = c.shape();
+  if (sa.rank() != 3 || sb.rank() != 3 || sc.rank() != 3 || sa[0] != sb[0] || sa[0] != sc[0])
+    misuse("batched_gemm: a {} b {} c {} must be (L, ·, ·) with one L", sa.str(), sb.str(), sc.str());
+  const std::int64_t m = op.trans_a ? sa[2] : sa[1], k = op.trans_a ? sa[1] : sa[2];
+  const std::int64_t kb = op.trans_b ? sb[2] : sb[1], n = op.trans_b ? sb[1] : sb[2];
+  if (k != kb || sc[1] != m || sc[2] != n)
+    misuse("batched_gemm: a {} b {} c {} do not fit", sa.str(), sb.str(), sc.str());
+  if (bias) expect_numel(op.bias, n, "batched_gemm", "bias");
+  if (error_) return;
+  const std::int64_t L = sa[0];
+  cpu::for_chunks(L, std::max<std::int64_t>(1, cpu::kGrain / std::max<std::int64_t>(m * n * k, 1)),
+                  [&](std::int64_t begin, std::int64_t end) {
+                    for (std::int64_t l = begin; l < end; ++l)
+                      cpu::gemm(op.trans_a, op.trans_b, m, n, k, op.alpha, pa + l * m * k,
+                                pb + l * k * n, op.beta, pc + l * m * n, bias);
+                  });
+}
+
+void CpuBackend::bias_backward(const Tensor& dy, Tensor& db) {
+  const float* pdy = f32(dy, "bias_backward");
+  float* pdb = f32(db, "bias_backward");
+  const std::int64_t n = db.numel(), m = rows_of(dy, n, "bias_backward");
+  if (error_) return;
+  cpu::bias_backward(m, n, pdy, pdb);
+}
+
+// ---- embedding ---------------------------------------------------------------------
+
+void CpuBackend::embedding_forward(const Tensor& table, const Tensor& ids, Tensor& out,
+                                   std::int64_t vocab_offset) {
+  const float* pt = f32(table, "embedding_forward");
+  const std::int32_t* pi = i32(ids, "embedding_forward");
+  float* po = f32(out, "embedding_forward");
+  const Matrix mt = as_matrix(table, "embedding_forward");
+  expect_numel(out, ids.numel() * mt.cols, "embedding_forward", "out");
+  if (error_) return;
+  cpu::embedding_forward(ids.numel(), mt.cols, mt.rows, vocab_offset, pt, pi, po);
+}
+
+void CpuBackend::embedding_backward(const Tensor& dout, const Tensor& ids, Tensor& dtable,
+                                    std::int64_t vocab_offset) {
+  const float* pd = f32(dout, "embedding_backward");
+  const std::int32_t* pi = i32(ids, "embedding_backward");
+  float* pt = f32(dtable, "embedding_backward");
+  const Matrix mt = as_matrix(dtable, "embedding_backward");
+  expect_numel(dout, ids.numel() * mt.cols, "embedding_backward", "dout");
+  if (error_) return;
+  cpu::embedding_backward(ids.numel(), mt.cols, mt.rows, vocab_offset, pd, pi, pt);
+}
+
+// ---- normalisation -------------------------------------------------------------------
+
+void CpuBackend::layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                   Tensor& out, Tensor& mean, Tensor& rstd, float eps) {
+  constexpr std::string_view op = "layernorm_forward";
+  const std::int64_t C = weight.numel(), N = rows_of(x, C, op);
+  expect_numel(bias, C, op, "bias");
+  expect_numel(out, N * C, op, "out");
+  expect_numel(mean, N, op, "mean");
+  expect_numel(rstd, N, op, "rstd");
+  const float *px = f32(x, op), *pw = f32(weight, op), *pb = f32(bias, op);
+  float *po = f32(out, op), *pm = f32(mean, op), *pr = f32(rstd, op);
+  if (error_) return;
+  cpu::layernorm_forward(N, C, px, pw, pb, po, pm, pr, eps);
+}
+
+void CpuBackend::layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight,
+                                    const Tensor& mean, const Tensor& rstd, Tensor& dx,
+                                    Tensor& dweight, Tensor& dbias) {
+  constexpr std::string_view op = "layernorm_backward";
+  const std::int64_t C = weight.numel(), N = rows_of(x, C, op);
+  expect_numel(dout, N * C, op, "dout");
+  expect_numel(dx, N * C, op, "dx");
+  expect_numel(mean, N, op, "mean");
+  expect_numel(rstd, N, op, "rstd");
+  expect_numel(dweight, C, op, "dweight");
+  expect_numel(dbias, C, op, "dbias");
+  const float *pd = f32(dout, op), *px = f32(x, op), *pw = f32(weight, op), *pm = f32(mean, op),
+              *pr = f32(rstd, op);
+  float *pdx = f32(dx, op), *pdw = f32(dweight, op), *pdb = f32(dbias, op);
+  if (error_) return;
+  cpu::layernorm_backward(N, C, pd, px, pw, pm, pr, pdx, pdw, pdb);
+}
+
+void CpuBackend::rmsnorm_forward(const Tensor& x, const Tensor& weight, Tensor& out, Tensor& rstd,
+                                 float eps) {
+  constexpr std::string_view op = "rmsnorm_forward";
+  const std::int64_t C = weight.numel(), N = rows_of(x, C, op);
+  expect_numel(out, N * C, op, "out");
+  expect_numel(rstd, N, op, "rstd");
+  const float *px = f32(x, op), *pw = f32(weight, op);
+  float *po = f32(out, op), *pr = f32(rstd, op);
+  if (error_) return;
+  cpu::rmsnorm_forward(N, C, px, pw, po, pr, eps);
+}
+
+void CpuBackend::rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight,
+                                  const Tensor& rstd, Tensor& dx, Tensor& dweight) {
+  constexpr std::string_view op = "rmsnorm_backward";
+  const std::int64_t C = weight.numel(), N = rows_of(x, C, op);
+  expect_numel(dout, N * C, op, "dout");
+  expect_numel(dx, N * C, op, "dx");
+  expect_numel(rstd, N, op, "rstd");
+  expect_numel(dweight, C, op, "dweight");
+  const float *pd = f32(dout, op), *px = f32(x, op), *pw = f32(weight, op), *pr = f32(rstd, op);
+  float *pdx = f32(dx, op), *pdw = f32(dweight, op);
+  if (error_) return;
+  cpu::rmsnorm_backward(N, C, pd, px, pw, pr, pdx, pdw);
+}
+
+// ---- activations -----------------------------------------------------------------------
+
+void CpuBackend::gelu_forward(const Tensor& x, Tensor& out) {
+  const float* px = f32(x, "gelu_forward");
+  float* po = f32(out, "gelu_forward");
+  expect_numel(out, x.numel(), "gelu_forward", "out");
+  if (error_) return;
+  cpu::gelu_forward(x.numel(), px, po);
+}
+
+void CpuBackend::gelu_backward(const Tensor& dout, const Tensor& x, Tensor& dx) {
+  const float *pd = f32(dout, "gelu_backward"), *px = f32(x, "gelu_backward");
+  float* pdx = f32(dx, "gelu_backward");
+  expect_numel(dout, x.numel(), "gelu_backward", "dout");
+  expect_numel(dx, x.numel(), "gelu_backward", "dx");
+  if (error_) return;
+  cpu::gelu_backward(x.numel(), pd, px, pdx);
+}
+
+void CpuBackend::swiglu_forward(const Tensor& x, Tensor& out) {
+  const float* px = f32(x, "swiglu_forward");
+  float* po = f32(out, "swiglu_forward");
+  const Matrix mx = as_matrix(x, "swiglu_forward");
+  if (mx.cols % 2 != 0) misuse("swiglu_forward: x {} must be (N, 2F)", x.shape().str());
+  expect_numel(out, x.numel() / 2, "swiglu_forward", "out");
+  if (error_) return;
+  cpu::swiglu_forward(mx.rows, mx.cols / 2, px, po);
+}
+
+void CpuBackend::swiglu_backward(const Tensor& dout, const Tensor& x, Tensor& dx) {
+  const float *pd = f32(dout, "swiglu_backward"), *px = f32(x, "swiglu_backward");
+  float* pdx = f32(dx, "swiglu_backward");
+  const Matrix mx = as_matrix(x, "swiglu_backward");
+  if (mx.cols % 2 != 0) misuse("swiglu_backward: x {} must be (N, 2F)", x.shape().str());
+  expect_numel(dout, x.numel() / 2, "swiglu_backward", "dout");
+  expect_numel(dx, x.numel(), "swiglu_backward", "dx");
+  if (error_) return;
+  cpu::swiglu_backward(mx.rows, mx.cols / 2, pd, px, pdx);
+}
+
+namespace {
+void expect_probability(float p, std::string_view op) {
+  if (!(p >= 0.f && p <= 1.f)) misuse("{}: p = {} is not a probability", op, p);
+}
+}  // namespace
+
+void CpuBackend::dropout_forward(const Tensor& x, Tensor& out, const DropoutOp& op) {
+  const float* px = f32(x, "dropout_forward");
+  float* po = f32(out, "dropout_forward");
+  expect_numel(out, x.numel(), "dropout_forward", "out");
+  expect_probability(op.p, "dropout_forward");
+  if (error_) return;
+  cpu::dropout(x.numel(), px, po, op.p, op.seed, op.offset);
+}
+
+void CpuBackend::dropout_backward(const Tensor& dout, Tensor& dx, const DropoutOp& op) {
+  const float* pd = f32(dout, "dropout_backward");
+  float* pdx = f32(dx, "dropout_backward");
+  expect_numel(dx, dout.numel(), "dropout_backward", "dx");
+  expect_probability(op.p, "dropout_backward");
+  if (error_) return;
+  cpu::dropout(dout.numel(), pd, pdx, op.p, op.seed, op.offset);
+}
+
+// ---- attention -------------------------------------------------------------------------
+
+void CpuBackend::rope(Tensor& x, int heads_total, int rotate_heads, float theta, bool inverse) {
+  float* px = f32(x, "rope");
+  const Shape& s = x.shape();
+  if (s.rank() != 4 || s[2] != heads_total || s[3] % 2 != 0 || rotate_heads < 0 ||
+      rotate_heads > heads_total)
+    misuse("rope: x {} must be (B, T, {}, D) with D even, rotating {} heads", s.str(), heads_total,
+           rotate_heads);
+  if (error_) return;
+  cpu::rope(s[0], s[1], heads_total, rotate_heads, s[3], theta, inverse, px);
+}
+
+namespace {
+cpu::AttentionDims attention_dims(const Tensor& qkv, const AttentionOp& op, std::string_view name) {
+  const Shape& s = qkv.shape();
+  if (op.heads <= 0 || op.kv_heads <= 0 || op.heads % op.kv_heads != 0 || s.rank() != 4 ||
+      s[2] != op.heads + 2 * op.kv_heads || s[3] != op.head_dim)
+    misuse("{}: qkv {} must be (B, T, H + 2G, D) with H = {}, G = {}, D = {}, H % G = 0", name,
+           s.str(), op.heads, op.kv_heads, op.head_dim);
+  return cpu::AttentionDims{s[0], s[1], op.heads, op.kv_heads, op.head_dim};
+}
+}  // namespace
+
+void CpuBackend::attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse,
+                                   const AttentionOp& op) {
+  constexpr std::string_view name = "attention_forward";
+  const cpu::AttentionDims d = attention_dims(qkv, op, name);
+  expect_numel(out, d.B * d.T * d.H * d.D, name, "out");
+  expect_numel(lse, d.B * d.H * d.T, name, "lse");
+  const float* pq = f32(qkv, name);
+  float *po = f32(out, name), *pl = f32(lse, name);
+  if (error_) return;
+  cpu::attention_forward(d, op.scale, pq, po, pl);
+}
+
+void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                                    const Tensor& lse, Tensor& dqkv, const AttentionOp& op) {
+  constexpr std::string_view name = "attention_backward";
+  const cpu::AttentionDims d = attention_dims(qkv, op, name);
+  expect_numel(dout, d.B * d.T * d.H * d.D, name, "dout");
+  expect_numel(out, d.B * d.T * d.H * d.D, name, "out");
+  expect_numel(lse, d.B * d.H * d.T, name, "lse");
+  expect_numel(dqkv, qkv.numel(), name, "dqkv");
+  const float *pd = f32(dout, name), *pq = f32(qkv, name), *po = f32(out, name),
+              *pl = f32(lse, name);
+  float* pdq = f32(dqkv, name);
+  if (error_) return;
+  cpu::attention_backward(d, op.scale, pd, pq, po, pl, pdq);
+}
+
+// ---- cross-entropy ---------------------------------------------------------------------
+
+void CpuBackend::cross_entropy_max(const Tensor& logits, Tensor& row_max) {
+  const float* pl = f32(logits, "cross_entropy_max");
+  float* pm = f32(row_max, "cross_entropy_max");
+  const Matrix ml = as_matrix(logits, "cross_entropy_max");
+  expect_numel(row_max, ml.rows, "cross_entropy_max", "row_max");
+  if (error_) return;
+  cpu::cross_entropy_max(ml.rows, ml.cols, pl, pm);
+}
+
+void CpuBackend::cross_entropy_partials(const Tensor& logits, const Tensor& targets,
+                                        const Tensor& row_max, std::int64_t vocab_offset,
+                                        Tensor& sumexp, Tensor& target_logit) {
+  constexpr std::string_view op = "cross_entropy_partials";
+  const Matrix ml = as_matrix(logits, op);
+  expect_numel(targets, ml.rows, op, "targets");
+  expect_numel(row_max, ml.rows, op, "row_max");
+  expect_numel(sumexp, ml.rows, op, "sumexp");
+  expect_numel(target_logit, ml.rows, op, "target_logit");
+  const float *pl = f32(logits, op), *pm = f32(row_max, op);
+  const std::int32_t* pt = i32(targets, op);
+  float *ps = f32(sumexp, op), *ptl = f32(target_logit, op);
+  if (error_) return;
+  cpu::cross_entropy_partials(ml.rows, ml.cols, pl, pt, pm, vocab_offset, ps, ptl);
+}
+
+void CpuBackend::cross_entropy_loss(const Tensor& row_max, const Tensor& sumexp,
+                                    const Tensor& target_logit, Tensor& losses) {
+  constexpr std::string_view op = "cross_entropy_loss";
+  const std::int64_t N = row_max.numel();
+  expect_numel(sumexp, N, op, "sumexp");
+  expect_numel(target_logit, N, op, "target_logit");
+  expect_numel(losses, N, op, "losses");
+  const float *pm = f32(row_max, op), *ps = f32(sumexp, op), *pt = f32(target_logit, op);
+  float* pl = f32(losses, op);
+  if (error_) return;
+  cpu::cross_entropy_loss(N, pm, ps, pt, pl);
+}
+
+void CpuBackend::cross_entropy_backward(const Tensor& logits, const Tensor& targets,
+                                        const Tensor& row_max, const Tensor& sumexp,
+                                        std::int64_t vocab_offset, float dloss, Tensor& dlogits) {
+  constexpr std::string_view op = "cross_entropy_backward";
+  const Matrix ml = as_matrix(logits, op);
+  expect_numel(targets, ml.rows, op, "targets");
+  expect_numel(row_max, ml.rows, op, "row_max");
+  expect_numel(sumexp, ml.rows, op, "sumexp");
+  expect_numel(dlogits, logits.numel(), op, "dlogits");
+  const float *pl = f32(logits, op), *pm = f32(row_max, op), *ps = f32(sumexp, op);
+  const std::int32_t* pt = i32(targets, op);
+  float* pd = f32(dlogits, op);
+  if (error_) return;
+  cpu::cross_entropy_backward(ml.rows, ml.cols, pl, pt, pm, ps, vocab_offset, dloss, pd);
+}
+
+// ---- optimizer -------------------------------------------------------------------------
+
+void CpuBackend::clip_coefficient(const Tensor& sumsq, float max_norm, Tensor& coef) {
+  const float* ps = f32(sumsq, "clip_coefficient");
+  float* pc = f32(coef, "clip_coefficient");
+  expect_numel(sumsq, 1, "clip_coefficient", "sumsq");
+  expect_numel(coef, 1, "clip_coefficient", "coef");
+  if (error_) return;
+  *pc = cpu::clip_coefficient(*ps, max_norm);
+}
+
+void CpuBackend::adamw(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const Tensor& coef,
+                       const AdamWOp& op) {
+  const std::int64_t n = param.numel();
+  expect_numel(grad, n, "adamw", "grad");
+  expect_numel(m, n, "adamw", "m");
+  expect_numel(v, n, "adamw", "v");
+  if (op.step < 1) misuse("adamw: step {} must be 1-based", op.step);
+  float *pp = f32(param, "adamw"), *pm = f32(m, "adamw"), *pv = f32(v, "adamw");
+  const float* pg = f32(grad, "adamw");
+  const float* pc = nullptr;
+  if (coef.defined()) {
+    expect_numel(coef, 1, "adamw", "coef");
+    pc = f32(coef, "adamw");
+  }
+  if (error_) return;
+  const cpu::AdamWParams p{op.lr, op.beta1, op.beta2, op.eps, op.weight_decay, op.step};
+  cpu::adamw(n, pp, pg, pm, pv, pc ? *pc : 1.0f, p);
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,115 @@
+// Causal grouped-query attention, forward and backward, with the softmax
+// statistics kept as a log-sum-exp so backward recomputes the probabilities
+// exactly (as flash attention does) instead of storing them.
+// Legend: B batch, T sequence, H query heads, G kv heads, D head dim,
+// W = (H + 2G)·D the width of one token's qkv row.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "backends/cpu/kernels/gemm.h"
+#include "backends/cpu/kernels/parallel.h"
+
+namespace meshtrain::cpu {
+
+struct AttentionDims {
+  std::int64_t B, T, H, G, D;
+  std::int64_t width() const { return (H + 2 * G) * D; }
+};
+
+namespace detail {
+
+// s (T, T) = scale · q kᵀ for one head; q, k strided by the token width.
+template <class T>
+void attention_scores(const AttentionDims& d, T scale, const T* q, const T* k, T* s) {
+  ensure_single_threaded_blas();
+  const std::int64_t W = d.width();
+  blas_gemm(false, true, d.T, d.T, d.D, scale, q, W, k, W, T(0), s, d.T);
+}
+
+}  // namespace detail
+
+// qkv (B, T, H + 2G, D) -> out (B, T, H, D), lse (B, H, T).
+template <class T>
+void attention_forward(const AttentionDims& d, T scale, const T* qkv, T* out, T* lse) {
+  const std::int64_t W = d.width(), R = d.H / d.G, Tn = d.T;
+  const std::int64_t per_task = Tn * Tn * d.D;
+  for_chunks(d.B * d.H, std::max<std::int64_t>(1, kGrain / std::max<std::int64_t>(per_task, 1)),
+             [&](std::int64_t begin, std::int64_t end) {
+               std::vector<T> p(static_cast<std::size_t>(Tn * Tn));
+               for (std::int64_t bh = begin; bh < end; ++bh) {
+                 const std::int64_t b = bh / d.H, h = bh % d.H, g = h / R;
+                 const T* base = qkv + b * Tn * W;
+                 detail::attention_scores(d, scale, base + h * d.D, base + (d.H + g) * d.D, p.data());
+                 for (std::int64_t t = 0; t < Tn; ++t) {
+                   T* row = p.data() + t * Tn;
+                   T m = row[0];
+                   for (std::int64_t j = 1; j <= t; ++j) m = row[j] > m ? row[j] : m;
+                   double z = 0.0;
+                   for (std::int64_t j = 0; j <= t; ++j) z += std::exp(static_cast<double>(row[j] - m));
+                   const T l = m + static_cast<T>(std::log(z));
+                   for (std::int64_t j = 0; j <= t; ++j) row[j] = std::exp(row[j] - l);
+                   for (std::int64_t j = t + 1; j < Tn; ++j) row[j] = T(0);
+                   lse[(b * d.H + h) * Tn + t] = l;
+                 }
+                 blas_gemm(false, false, Tn, d.D, Tn, T(1), p.data(), Tn,
+                           base + (d.H + d.G + g) * d.D, W, T(0), out + b * Tn * d.H * d.D + h * d.D,
+                           d.H * d.D);
+               }
+             });
+}
+
+// dqkv (B, T, H + 2G, D) overwritten from dout, out (B, T, H, D), lse (B, H, T).
+// One task per (b, kv head): the query heads sharing it add into its dk, dv
+// in head order, so the sums are deterministic without atomics.
+template <class T>
+void attention_backward(const AttentionDims& d, T scale, const T* dout, const T* qkv, const T* out,
+                        const T* lse, T* dqkv) {
+  const std::int64_t W = d.width(), R = d.H / d.G, Tn = d.T, OW = d.H * d.D;
+  for_chunks(d.B * d.G, 1, [&](std::int64_t begin, std::int64_t end) {
+    std::vector<T> p(static_cast<std::size_t>(Tn * Tn)), dp(static_cast<std::size_t>(Tn * Tn));
+    std::vector<T> di(static_cast<std::size_t>(Tn));
+    for (std::int64_t bg = begin; bg < end; ++bg) {
+      const std::int64_t b = bg / d.G, g = bg % d.G;
+      const T* base = qkv + b * Tn * W;
+      T* dbase = dqkv + b * Tn * W;
+      const T* k = base + (d.H + g) * d.D;
+      const T* v = base + (d.H + d.G + g) * d.D;
+      T* dk = dbase + (d.H + g) * d.D;
+      T* dv = dbase + (d.H + d.G + g) * d.D;
+      for (std::int64_t t = 0; t < Tn; ++t)
+        for (std::int64_t j = 0; j < d.D; ++j) dk[t * W + j] = dv[t * W + j] = T(0);
+      for (std::int64_t h = g * R; h < (g + 1) * R; ++h) {
+        const T* q = base + h * d.D;
+        const T* o = out + b * Tn * OW + h * d.D;
+        const T* dout_h = dout + b * Tn * OW + h * d.D;
+        const T* l = lse + (b * d.H + h) * Tn;
+        detail::attention_scores(d, scale, q, k, p.data());
+        for (std::int64_t t = 0; t < Tn; ++t) {
+          T* row = p.data() + t * Tn;
+          for (std::int64_t j = 0; j <= t; ++j) row[j] = std::exp(row[j] - l[t]);
+          for (std::int64_t j = t + 1; j < Tn; ++j) row[j] = T(0);
+          double s = 0.0;  // D_t = Σ_j P_tj dP_tj = dO_t · O_t
+          for (std::int64_t j = 0; j < d.D; ++j)
+            s += static_cast<double>(dout_h[t * OW + j]) * static_cast<double>(o[t * OW + j]);
+          di[static_cast<std::size_t>(t)] = static_cast<T>(s);
+        }
+        // dP (T, T) = dO vᵀ; dS = P ∘ (dP - D) (zero above the diagonal since P is).
+        blas_gemm(false, true, Tn, Tn, d.D, T(1), dout_h, OW, v, W, T(0), dp.data(), Tn);
+        for (std::int64_t t = 0; t < Tn; ++t) {
+          T* ds = dp.data() + t * Tn;
+          const T* pr = p.data() + t * Tn;
+          for (std::int64_t j = 0; j < Tn; ++j) ds[j] = pr[j] * (ds[j] - di[static_cast<std::size_t>(t)]);
+        }
+        blas_gemm(false, false, Tn, d.D, Tn, scale, dp.data(), Tn, k, W, T(0), dbase + h * d.D, W);
+        blas_gemm(true, false, Tn, d.D, Tn, scale, dp.data(), Tn, q, W, T(1), dk, W);
+        blas_gemm(true, false, Tn, d.D, Tn, T(1), p.data(), Tn, dout_h, OW, T(1), dv, W);
+      }
+    }
+  });
+}
+
+}  // namespace meshtrain::cpu

@@ -1,0 +1,87 @@
+// Fixed-partition parallel loops and reductions for the cpu kernels.
+//
+// Work is cut into chunks whose boundaries depend only on the problem size,
+// never on the number of threads; reductions sum per-chunk partials (in
+// double) sequentially in chunk order. That is what makes every kernel give
+// identical bits whatever tbb::global_control allows.
+#pragma once
+
+#include <oneapi/tbb/blocked_range.h>
+#include <oneapi/tbb/parallel_for.h>
+#include <oneapi/tbb/partitioner.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+namespace meshtrain::cpu {
+
+// Elements per task: large enough that TBB's overhead (~1 µs) is noise.
+inline constexpr std::int64_t kGrain = 16384;
+
+// Calls f(begin, end) for the fixed chunks [i·chunk, min(n, (i+1)·chunk)).
+template <class F>
+void for_chunks(std::int64_t n, std::int64_t chunk, F&& f) {
+  if (n <= 0) return;
+  chunk = std::max<std::int64_t>(chunk, 1);
+  const std::int64_t chunks = (n + chunk - 1) / chunk;
+  if (chunks == 1) {
+    f(std::int64_t{0}, n);
+    return;
+  }
+  tbb::parallel_for(
+      tbb::blocked_range<std::int64_t>(0, chunks, 1),
+      [&](const tbb::blocked_range<std::int64_t>& r) {
+        for (std::int64_t c = r.begin(); c != r.end(); ++c)
+          f(c * chunk, std::min(n, (c + 1) * chunk));
+      },
+      tbb::simple_partitioner());
+}
+
+// Rows of `cols` elements, grouped so that a task holds about kGrain elements.
+inline std::int64_t rows_per_chunk(std::int64_t cols) {
+  return std::max<std::int64_t>(1, kGrain / std::max<std::int64_t>(cols, 1));
+}
+
+template <class F>
+void for_rows(std::int64_t rows, std::int64_t cols, F&& f) {  // f(row)
+  for_chunks(rows, rows_per_chunk(cols), [&](std::int64_t b, std::int64_t e) {
+    for (std::int64_t r = b; r < e; ++r) f(r);
+  });
+}
+
+// Σ over [0, n) of partial(begin, end) -> double, in fixed chunk order.
+template <class F>
+double reduce_chunks(std::int64_t n, F&& partial) {
+  if (n <= 0) return 0.0;
+  const std::int64_t chunks = (n + kGrain - 1) / kGrain;
+  std::vector<double> parts(static_cast<std::size_t>(chunks));
+  for_chunks(n, kGrain, [&](std::int64_t b, std::int64_t e) {
+    parts[static_cast<std::size_t>(b / kGrain)] = partial(b, e);
+  });
+  double s = 0.0;
+  for (double p : parts) s += p;
+  return s;
+}
+
+// Column sums over rows: out (cols) += Σ_r contribution of row r, where
+// add_row(r, acc) adds row r's contribution into acc (cols doubles). Rows are
+// grouped in fixed chunks (at least 32 rows, bounding the scratch to
+// rows·cols/32 doubles); chunk partials are combined in chunk order.
+template <class F>
+void reduce_rows(std::int64_t rows, std::int64_t cols, F&& add_row, double* out) {
+  if (rows <= 0 || cols <= 0) return;
+  const std::int64_t chunk = std::max<std::int64_t>(32, rows_per_chunk(cols));
+  const std::int64_t chunks = (rows + chunk - 1) / chunk;
+  std::vector<double> parts(static_cast<std::size_t>(chunks * cols), 0.0);
+  for_chunks(rows, chunk, [&](std::int64_t b, std::int64_t e) {
+    double* acc = parts.data() + (b / chunk) * cols;
+    for (std::int64_t r = b; r < e; ++r) add_row(r, acc);
+  });
+  for (std::int64_t c = 0; c < chunks; ++c) {
+    const double* p = parts.data() + c * cols;
+    for (std::int64_t j = 0; j < cols; ++j) out[j] += p[j];
+  }
+}
+
+}  // namespace meshtrain::cpu
