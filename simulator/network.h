@@ -49,6 +49,7 @@ class Network : public EventHandler {
   // Current rate of an active flow, bytes/s (0 before its first allocation).
   double rate(FlowId id) const { return flows_[id].rate; }
   size_t active_flows() const { return active_; }
+  const Cluster& cluster() const { return cluster_; }
   uint64_t flows_started() const { return started_; }
   // Number of rate recomputations and the flows they touched: a measure of
   // the model's cost.

@@ -1,0 +1,425 @@
+#include "simulator/collective.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace meshtrain::sim {
+namespace {
+
+// NCCL's binary tree (src/graph/trees.cc, ncclGetBtree): rank r's parent is
+// found from its lowest set bit; rank 0 is the root with one child.
+int btree_parent(int n, int r) {
+  if (r == 0) return -1;
+  int bit = 1;
+  while (!(bit & r)) bit <<= 1;
+  int up = (r ^ bit) | (bit << 1);
+  if (up >= n) up = r ^ bit;
+  return up;
+}
+
+// The second tree (ncclGetDtree): mirrored for even n, shifted by one for odd
+// n, so that each rank is interior in at most one of the two trees.
+int dtree_parent(int n, int r) {
+  if (n % 2 == 1) {
+    const int p = btree_parent(n, (r - 1 + n) % n);
+    return p < 0 ? -1 : (p + 1) % n;
+  }
+  const int p = btree_parent(n, n - 1 - r);
+  return p < 0 ? -1 : n - 1 - p;
+}
+
+int tree_height(int n, int (*parent)(int, int)) {
+  int h = 0;
+  for (int r = 0; r < n; ++r) {
+    int d = 0;
+    for (int x = r; parent(n, x) >= 0; x = parent(n, x)) ++d;
+    h = std::max(h, d);
+  }
+  return h;
+}
+
+int pipeline_chunks(const CostConstants& c, double bytes) {
+  const double chunks = std::round(bytes / c.pipeline_chunk_bytes);
+  return static_cast<int>(std::clamp(chunks, 1.0, static_cast<double>(c.max_pipeline_chunks)));
+}
+
+bool fits(CollectiveKind kind, Algorithm a) {
+  switch (a) {
+    case Algorithm::kAuto: return true;
+    case Algorithm::kRing:
+      return kind == CollectiveKind::kAllReduce || kind == CollectiveKind::kReduceScatter ||
+             kind == CollectiveKind::kAllGather || kind == CollectiveKind::kBroadcast;
+    case Algorithm::kTree:
+    case Algorithm::kHierarchical: return kind == CollectiveKind::kAllReduce;
+    case Algorithm::kPairwise: return kind == CollectiveKind::kAllToAll;
+    case Algorithm::kDirect: return kind == CollectiveKind::kSendRecv;
+  }
+  return false;
+}
+
+// Members grouped by node, each group sorted by GPU id; Error unless every
+// node holds the same number of members on the same local ranks (so the
+// inter-node rings run rail by rail).
+Result<std::vector<std::vector<int>>> per_node_groups(const Cluster& cluster,
+                                                      const std::vector<int>& members) {
+  std::vector<int> sorted = members;
+  std::sort(sorted.begin(), sorted.end());
+  std::vector<std::vector<int>> groups;
+  for (int g : sorted) {
+    if (groups.empty() || cluster.node_of(groups.back().front()) != cluster.node_of(g))
+      groups.emplace_back();
+    groups.back().push_back(g);
+  }
+  if (groups.size() < 2)
+    return make_error("hierarchical all-reduce needs members on at least 2 nodes, got 1");
+  for (const auto& grp : groups) {
+    if (grp.size() != groups[0].size())
+      return make_error("hierarchical all-reduce needs the same number of members on every node; "
+                        "node {} has {}, node {} has {}",
+                        cluster.node_of(groups[0][0]), groups[0].size(), cluster.node_of(grp[0]),
+                        grp.size());
+    for (size_t i = 0; i < grp.size(); ++i)
+      if (cluster.local_rank(grp[i]) != cluster.local_rank(groups[0][i]))
+        return make_error("hierarchical all-reduce needs the same local GPUs on every node "
+                          "(rail-aligned); node {} differs from node {}",
+                          cluster.node_of(grp[0]), cluster.node_of(groups[0][0]));
+  }
+  return groups;
+}
+
+Result<CollectivePlan> expand(const Cluster& cluster, const CostConstants& c,
+                              const CollectiveRequest& req, Algorithm a) {
+  const int n = static_cast<int>(req.members.size());
+  const double S = req.bytes;
+  CollectivePlan p;
+  p.algorithm = a;
+  if (n < 2 || S <= 0) return p;  // nothing moves
+  using Step = CollectivePlan::Step;
+  const uint32_t un = static_cast<uint32_t>(n);
+  switch (a) {
+    case Algorithm::kRing:
+      if (req.kind == CollectiveKind::kBroadcast) {
+        std::vector<int> chain(req.members.begin() + req.root, req.members.end());
+        chain.insert(chain.end(), req.members.begin(), req.members.begin() + req.root);
+        p.orders.push_back(std::move(chain));
+        const int C = pipeline_chunks(c, S);
+        p.steps.push_back(Step{0, un, 1, true, S / C, n + C - 2});
+      } else {
+        p.orders.push_back(req.members);
+        const int reps = req.kind == CollectiveKind::kAllReduce ? 2 * (n - 1) : n - 1;
+        p.steps.push_back(Step{0, un, 1, false, S / n, reps});
+      }
+      return p;
+    case Algorithm::kTree: {
+      std::vector<int> pairs;
+      pairs.reserve(8 * static_cast<size_t>(n));
+      for (auto parent : {btree_parent, dtree_parent})
+        for (int r = 0; r < n; ++r) {
+          const int up = parent(n, r);
+          if (up < 0) continue;
+          pairs.insert(pairs.end(), {req.members[r], req.members[up], req.members[up], req.members[r]});
+        }
+      p.orders.push_back(std::move(pairs));
+      const int C = pipeline_chunks(c, S / 2);
+      const int h = std::max(tree_height(n, btree_parent), tree_height(n, dtree_parent));
+      p.steps.push_back(Step{0, 0, 0, false, S / (2.0 * C), 2 * h + C - 1});
+      return p;
+    }
+    case Algorithm::kHierarchical: {
+      MT_ASSIGN(auto groups, per_node_groups(cluster, req.members));
+      const int N = static_cast<int>(groups.size());
+      const int L = static_cast<int>(groups[0].size());
+      std::vector<int> intra, rails;
+      for (const auto& g : groups) intra.insert(intra.end(), g.begin(), g.end());
+      for (int j = 0; j < L; ++j)
+        for (const auto& g : groups) rails.push_back(g[j]);
+      p.orders.push_back(std::move(intra));
+      p.orders.push_back(std::move(rails));
+      if (L > 1) p.steps.push_back(Step{0, static_cast<uint32_t>(L), 1, false, S / L, L - 1});
+      p.steps.push_back(Step{1, static_cast<uint32_t>(N), 1, false, S / L / N, 2 * (N - 1)});
+      if (L > 1) p.steps.push_back(Step{0, static_cast<uint32_t>(L), 1, false, S / L, L - 1});
+      return p;
+    }
+    case Algorithm::kPairwise:
+      p.orders.push_back(req.members);
+      for (int k = 1; k < n; ++k) p.steps.push_back(Step{0, un, static_cast<uint32_t>(k), false, S / n, 1});
+      return p;
+    case Algorithm::kDirect:
+      p.orders.push_back({req.members[0], req.members[1]});
+      p.steps.push_back(Step{0, 0, 0, false, S, 1});
+      return p;
+    case Algorithm::kAuto: break;
+  }
+  return make_error("internal: unexpanded algorithm");
+}
+
+// Calls f(src, dst) for every flow of one repetition of `step`.
+template <class F>
+void for_each_flow(const CollectivePlan& plan, const CollectivePlan::Step& step, F&& f) {
+  const std::vector<int>& o = plan.orders[step.order];
+  if (step.group_size == 0) {
+    for (size_t i = 0; i + 1 < o.size(); i += 2) f(o[i], o[i + 1]);
+    return;
+  }
+  const size_t gs = step.group_size;
+  for (size_t g = 0; g + gs <= o.size(); g += gs)
+    for (size_t i = 0; i < gs; ++i) {
+      if (step.open && i == gs - 1) continue;
+      f(o[g + i], o[g + (i + step.shift) % gs]);
+    }
+}
+
+}  // namespace
+
+const char* collective_kind_name(CollectiveKind kind) {
+  switch (kind) {
+    case CollectiveKind::kAllReduce: return "all_reduce";
+    case CollectiveKind::kReduceScatter: return "reduce_scatter";
+    case CollectiveKind::kAllGather: return "all_gather";
+    case CollectiveKind::kAllToAll: return "all_to_all";
+    case CollectiveKind::kBroadcast: return "broadcast";
+    case CollectiveKind::kSendRecv: return "send_recv";
+  }
+  return "?";
+}
+
+const char* algorithm_name(Algorithm a) {
+  switch (a) {
+    case Algorithm::kAuto: return "auto";
+    case Algorithm::kRing: return "ring";
+    case Algorithm::kTree: return "tree";
+    case Algorithm::kHierarchical: return "hierarchical";
+    case Algorithm::kPairwise: return "pairwise";
+    case Algorithm::kDirect: return "direct";
+  }
+  return "?";
+}
+
+Result<CollectiveKind> parse_collective_kind(std::string_view name) {
+  for (int k = 0; k < kNumCollectiveKinds; ++k)
+    if (name == collective_kind_name(static_cast<CollectiveKind>(k))) return static_cast<CollectiveKind>(k);
+  return make_error("unknown collective kind '{}'; known: all_reduce, reduce_scatter, all_gather, "
+                    "all_to_all, broadcast, send_recv",
+                    name);
+}
+
+Result<Algorithm> parse_algorithm(std::string_view name) {
+  for (int a = 0; a <= static_cast<int>(Algorithm::kDirect); ++a)
+    if (name == algorithm_name(static_cast<Algorithm>(a))) return static_cast<Algorithm>(a);
+  return make_error("unknown collective algorithm '{}'; known: auto, ring, tree, hierarchical, "
+                    "pairwise, direct",
+                    name);
+}
+
+double busbw_factor(CollectiveKind kind, int n) {
+  if (n < 1) return 0;
+  switch (kind) {
+    case CollectiveKind::kAllReduce: return 2.0 * (n - 1) / n;
+    case CollectiveKind::kReduceScatter:
+    case CollectiveKind::kAllGather:
+    case CollectiveKind::kAllToAll: return static_cast<double>(n - 1) / n;
+    case CollectiveKind::kBroadcast:
+    case CollectiveKind::kSendRecv: return 1.0;
+  }
+  return 0;
+}
+
+int CollectivePlan::total_steps() const {
+  int t = 0;
+  for (const auto& s : steps) t += s.repeats;
+  return t;
+}
+
+Time analytic_time(const Cluster& cluster, const CostConstants& c, const CollectivePlan& plan) {
+  // Scratch load per link, cleared through the touched list.
+  std::vector<double> load(cluster.links().size(), 0.0);
+  std::vector<LinkId> touched;
+  Time total = 0;
+  for (const auto& step : plan.steps) {
+    Time max_latency = 0;
+    for_each_flow(plan, step, [&](int src, int dst) {
+      const Route r = cluster.route(src, dst);
+      max_latency = std::max(max_latency, cluster.route_latency(r));
+      for (LinkId l : r) {
+        if (load[l] == 0) touched.push_back(l);
+        load[l] += step.bytes;
+      }
+    });
+    double worst = 0;  // seconds
+    for (LinkId l : touched) {
+      worst = std::max(worst, load[l] / cluster.link(l).bandwidth);
+      load[l] = 0;
+    }
+    touched.clear();
+    total += step.repeats * (c.collective_alpha + max_latency + from_seconds(worst));
+  }
+  return total;
+}
+
+Result<CollectivePlan> plan_collective(const Cluster& cluster, const CostConstants& c,
+                                       const CollectiveRequest& req) {
+  const char* kind = collective_kind_name(req.kind);
+  if (!(req.bytes >= 0) || !std::isfinite(req.bytes))
+    return make_error("{}: bytes must be a finite number >= 0, got {}", kind, req.bytes);
+  if (req.members.empty()) return make_error("{}: no members", kind);
+  for (int g : req.members)
+    if (!cluster.valid_gpu(g))
+      return make_error("{}: member GPU {} is not in the cluster (0..{})", kind, g,
+                        cluster.num_gpus() - 1);
+  std::vector<int> sorted = req.members;
+  std::sort(sorted.begin(), sorted.end());
+  if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end())
+    return make_error("{}: member GPU {} appears twice", kind,
+                      *std::adjacent_find(sorted.begin(), sorted.end()));
+  if (req.kind == CollectiveKind::kSendRecv && req.members.size() != 2)
+    return make_error("send_recv: needs exactly 2 members (src, dst), got {}", req.members.size());
+  if (req.root < 0 || req.root >= static_cast<int>(req.members.size()))
+    return make_error("{}: root index {} is not a member index (0..{})", kind, req.root,
+                      req.members.size() - 1);
+  if (!fits(req.kind, req.algorithm))
+    return make_error("{}: algorithm '{}' does not apply (use auto)", kind,
+                      algorithm_name(req.algorithm));
+  if (req.algorithm != Algorithm::kAuto) return expand(cluster, c, req, req.algorithm);
+
+  std::vector<Algorithm> candidates;
+  switch (req.kind) {
+    case CollectiveKind::kAllReduce:
+      candidates = {Algorithm::kRing, Algorithm::kTree, Algorithm::kHierarchical};
+      break;
+    case CollectiveKind::kReduceScatter:
+    case CollectiveKind::kAllGather:
+    case CollectiveKind::kBroadcast: candidates = {Algorithm::kRing}; break;
+    case CollectiveKind::kAllToAll: candidates = {Algorithm::kPairwise}; break;
+    case CollectiveKind::kSendRecv: candidates = {Algorithm::kDirect}; break;
+  }
+  if (candidates.size() == 1) return expand(cluster, c, req, candidates[0]);
+  std::optional<CollectivePlan> best;
+  Time best_time = std::numeric_limits<Time>::max();
+  for (Algorithm a : candidates) {
+    auto plan = expand(cluster, c, req, a);
+    if (!plan.ok()) continue;  // e.g. hierarchical on one node: not applicable
+    const Time t = analytic_time(cluster, c, *plan);
+    if (t < best_time) {
+      best_time = t;
+      best = std::move(*plan);
+    }
+  }
+  return std::move(*best);  // ring always expands
+}
+
+CollectiveResult make_collective_result(const CollectiveRequest& req, Algorithm a, Time duration) {
+  CollectiveResult r;
+  r.algorithm = a;
+  r.duration = duration;
+  if (duration > 0) {
+    r.algbw = req.bytes / to_seconds(duration);
+    r.busbw = r.algbw * busbw_factor(req.kind, static_cast<int>(req.members.size()));
+  }
+  return r;
+}
+
+CollectiveEngine::CollectiveEngine(Simulator& sim, Network& network, const CostConstants& c)
+    : sim_(sim), network_(network), constants_(c), cache_(1024) {}
+
+Result<std::pair<Algorithm, Time>> CollectiveEngine::analytic(const CollectiveRequest& req) {
+  uint64_t h = static_cast<uint64_t>(req.kind) * 31 + static_cast<uint64_t>(req.algorithm);
+  h = h * 1000003 + static_cast<uint64_t>(req.bytes) + static_cast<uint64_t>(req.root) * 7;
+  for (int g : req.members) h = h * 1000003 + static_cast<uint64_t>(g);
+  auto& bucket = cache_[h % cache_.size()];
+  for (const auto& e : bucket)
+    if (e.kind == req.kind && e.requested == req.algorithm && e.bytes == req.bytes &&
+        e.root == req.root && e.members == req.members)
+      return std::make_pair(e.chosen, e.time);
+  MT_ASSIGN(CollectivePlan plan, plan_collective(network_.cluster(), constants_, req));
+  const Time t = analytic_time(network_.cluster(), constants_, plan);
+  bucket.push_back({req.kind, req.algorithm, req.bytes, req.root, req.members, plan.algorithm, t});
+  return std::make_pair(plan.algorithm, t);
+}
+
+Result<Algorithm> CollectiveEngine::start(const CollectiveRequest& req, CollectiveMode mode,
+                                          EventHandler* done, uint64_t tag) {
+  if (mode == CollectiveMode::kAnalytic) {
+    MT_ASSIGN(auto at, analytic(req));
+    sim_.schedule(sim_.now() + at.second, done, tag);
+    return at.first;
+  }
+  MT_ASSIGN(CollectivePlan plan, plan_collective(network_.cluster(), constants_, req));
+  uint32_t id;
+  if (!free_.empty()) {
+    id = free_.back();
+    free_.pop_back();
+  } else {
+    id = static_cast<uint32_t>(running_.size());
+    running_.emplace_back();
+  }
+  Running& r = running_[id];
+  const Algorithm a = plan.algorithm;
+  r.plan = std::move(plan);
+  r.step = 0;
+  r.repeat = 0;
+  r.outstanding = 0;
+  r.done = done;
+  r.tag = tag;
+  begin_step(id);
+  return a;
+}
+
+// Tags: (id << 1) | 0 = α elapsed, launch the step's flows; | 1 = a flow arrived.
+void CollectiveEngine::begin_step(uint32_t id) {
+  Running& r = running_[id];
+  while (r.step < r.plan.steps.size() && r.repeat >= r.plan.steps[r.step].repeats) {
+    ++r.step;
+    r.repeat = 0;
+  }
+  if (r.step == r.plan.steps.size()) {
+    sim_.schedule(sim_.now(), r.done, r.tag);
+    r.plan = {};
+    free_.push_back(id);
+    return;
+  }
+  sim_.schedule(sim_.now() + constants_.collective_alpha, this, static_cast<uint64_t>(id) << 1);
+}
+
+void CollectiveEngine::launch_flows(uint32_t id) {
+  Running& r = running_[id];
+  const auto& step = r.plan.steps[r.step];
+  const uint64_t tag = (static_cast<uint64_t>(id) << 1) | 1;
+  for_each_flow(r.plan, step, [&](int src, int dst) {
+    ++r.outstanding;
+    network_.start_flow(src, dst, step.bytes, this, tag);
+  });
+  if (r.outstanding == 0) {
+    ++r.repeat;
+    begin_step(id);
+  }
+}
+
+void CollectiveEngine::on_event(Simulator& sim, uint64_t tag) {
+  const uint32_t id = static_cast<uint32_t>(tag >> 1);
+  if ((tag & 1) == 0) {
+    launch_flows(id);
+    return;
+  }
+  Running& r = running_[id];
+  if (--r.outstanding == 0) {
+    ++r.repeat;
+    begin_step(id);
+  }
+}
+
+Result<CollectiveResult> simulate_collective(const Cluster& cluster, const CostConstants& c,
+                                             const CollectiveRequest& req, CollectiveMode mode) {
+  struct Done : EventHandler {
+    Time at = -1;
+    void on_event(Simulator& s, uint64_t) override { at = s.now(); }
+  } done;
+  Simulator sim;
+  Network net(sim, cluster);
+  CollectiveEngine engine(sim, net, c);
+  MT_ASSIGN(Algorithm a, engine.start(req, mode, &done, 0));
+  sim.run();
+  return make_collective_result(req, a, done.at);
+}
+
+}  // namespace meshtrain::sim

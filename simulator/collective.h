@@ -1,0 +1,173 @@
+// Collectives as algorithms expanded into flows.
+//
+// A collective over n member GPUs becomes a CollectivePlan: a list of steps,
+// each a pattern of point-to-point flows that all start together, repeated
+// `repeats` times. A step costs α (CostConstants::collective_alpha) and then
+// lasts until its slowest flow has arrived; the next step starts after that
+// (steps are globally synchronised: a simplification of NCCL's per-peer
+// pipelining that is exact when all members see the same links).
+//
+// Algorithms and the steps they expand into (S = bytes as nccl-tests counts
+// them, n members; per-step bytes are per flow):
+//
+// | kind           | algorithm     | steps                                                        |
+// |----------------|---------------|--------------------------------------------------------------|
+// | all-reduce     | ring          | 2(n-1) × (each member -> next, S/n)                          |
+// | all-reduce     | tree          | NCCL double binary tree, buffer halved over the two trees and |
+// |                |               | cut into C chunks; 2h+C-1 pipelined steps (h = tree height), |
+// |                |               | each: every tree edge up and down, S/(2C)                    |
+// | all-reduce     | hierarchical  | intra-node ring reduce-scatter: (L-1) × S/L;                 |
+// |                |               | per-rail inter-node ring all-reduce: 2(N-1) × S/(L·N);       |
+// |                |               | intra-node ring all-gather: (L-1) × S/L   (L per node, N nodes)|
+// | reduce-scatter | ring          | (n-1) × S/n                                                  |
+// | all-gather     | ring          | (n-1) × S/n                                                  |
+// | all-to-all     | pairwise      | for k = 1..n-1: member i -> member i+k, S/n                  |
+// | broadcast      | ring          | chain from the root, C chunks: n+C-2 steps of S/C            |
+// | send/recv      | direct        | 1 × S from members[0] to members[1]                          |
+//
+// C = clamp(round(S / pipeline_chunk_bytes), 1, max_pipeline_chunks).
+//
+// Choice (Algorithm::kAuto): like NCCL's tuner, predict every applicable
+// algorithm's time with the analytic model below and take the fastest
+// (ties: the earlier in the enum). Small all-reduces at scale pick the tree
+// (log n steps), large ones the ring or hierarchical.
+//
+// Two ways to time a plan:
+//  - CollectiveMode::kFlows: each step's flows go through the Network and
+//    share bandwidth max-min fairly with everything else running, so
+//    contention with other traffic shows. Cost: one flow per member per step.
+//  - CollectiveMode::kAnalytic: no flows. Each step costs
+//      α + max route latency + max over links (bytes on the link / bandwidth),
+//    computed once per step pattern. This equals the flow model when nothing
+//    else uses the members' links and a step's flows are equal-sized; use it
+//    for collectives known not to be contended (or when a big simulation
+//    must be fast), and kFlows when traffic of different groups overlaps.
+//    Cost: O(flows of one step × hops) per distinct step pattern.
+//
+// Bandwidths are reported as nccl-tests does (doc/PERFORMANCE.md there):
+// algbw = S / time; busbw = algbw · factor with factor 2(n-1)/n for
+// all-reduce, (n-1)/n for reduce-scatter, all-gather and all-to-all, and 1
+// for broadcast and send/recv.
+#pragma once
+
+#include <string_view>
+#include <vector>
+
+#include "core/status.h"
+#include "simulator/constants.h"
+#include "simulator/network.h"
+
+namespace meshtrain::sim {
+
+enum class CollectiveKind : uint8_t {
+  kAllReduce, kReduceScatter, kAllGather, kAllToAll, kBroadcast, kSendRecv
+};
+inline constexpr int kNumCollectiveKinds = 6;
+enum class Algorithm : uint8_t { kAuto, kRing, kTree, kHierarchical, kPairwise, kDirect };
+enum class CollectiveMode : uint8_t { kFlows, kAnalytic };
+
+const char* collective_kind_name(CollectiveKind kind);  // "all_reduce", ...
+const char* algorithm_name(Algorithm algorithm);        // "auto", "ring", ...
+Result<CollectiveKind> parse_collective_kind(std::string_view name);
+Result<Algorithm> parse_algorithm(std::string_view name);
+
+// nccl-tests bus bandwidth factor for n ranks.
+double busbw_factor(CollectiveKind kind, int n);
+
+struct CollectiveRequest {
+  CollectiveKind kind = CollectiveKind::kAllReduce;
+  std::vector<int> members;  // GPU ids in rank order; send/recv: {src, dst}
+  double bytes = 0;          // nccl-tests "size" (all-gather: the gathered output)
+  Algorithm algorithm = Algorithm::kAuto;
+  int root = 0;              // broadcast: index into members
+};
+
+struct CollectivePlan {
+  Algorithm algorithm = Algorithm::kRing;
+  // GPU id lists the steps refer to. A ring-form step reads its order as
+  // groups of `group_size` consecutive GPUs; member i of a group sends to
+  // member (i + shift) mod group_size (with `open`, the last member of each
+  // group sends nothing: a chain). group_size 0: the order is (src, dst) pairs.
+  std::vector<std::vector<int>> orders;
+  struct Step {
+    uint32_t order = 0;
+    uint32_t group_size = 0;
+    uint32_t shift = 1;
+    bool open = false;
+    double bytes = 0;  // per flow
+    int repeats = 1;
+  };
+  std::vector<Step> steps;
+  int total_steps() const;
+};
+
+// Validates the request (members distinct and valid, the algorithm fits the
+// kind and the layout) and expands it; kAuto resolves to the fastest.
+Result<CollectivePlan> plan_collective(const Cluster& cluster, const CostConstants& constants,
+                                       const CollectiveRequest& request);
+// The analytic time of a plan (see above).
+Time analytic_time(const Cluster& cluster, const CostConstants& constants,
+                   const CollectivePlan& plan);
+
+struct CollectiveResult {
+  Algorithm algorithm = Algorithm::kRing;
+  Time duration = 0;
+  double algbw = 0;  // bytes/s
+  double busbw = 0;  // bytes/s
+};
+// Fills algbw/busbw from the request and a measured or simulated duration.
+CollectiveResult make_collective_result(const CollectiveRequest& request, Algorithm algorithm,
+                                        Time duration);
+
+// Runs collectives in a Simulator. Plans are expanded once per start; in
+// kAnalytic mode the time of an identical request (same kind, algorithm,
+// members, bytes) is cached, since a training step repeats the same
+// collectives many times.
+class CollectiveEngine : public EventHandler {
+ public:
+  // All three must outlive the engine.
+  CollectiveEngine(Simulator& sim, Network& network, const CostConstants& constants);
+
+  // Starts `request` now; when it completes `done->on_event(sim, tag)` is
+  // scheduled. Returns the algorithm used, or an Error for a bad request.
+  Result<Algorithm> start(const CollectiveRequest& request, CollectiveMode mode,
+                          EventHandler* done, uint64_t tag);
+  // The analytic duration of a request (cached), without starting it.
+  Result<std::pair<Algorithm, Time>> analytic(const CollectiveRequest& request);
+
+  void on_event(Simulator& sim, uint64_t tag) override;
+
+ private:
+  struct Running {
+    CollectivePlan plan;
+    size_t step = 0;
+    int repeat = 0;
+    uint32_t outstanding = 0;
+    EventHandler* done = nullptr;
+    uint64_t tag = 0;
+  };
+  void begin_step(uint32_t id);
+  void launch_flows(uint32_t id);
+
+  Simulator& sim_;
+  Network& network_;
+  const CostConstants& constants_;
+  std::vector<Running> running_;
+  std::vector<uint32_t> free_;
+  struct CacheEntry {
+    CollectiveKind kind;
+    Algorithm requested;
+    double bytes;
+    int root;
+    std::vector<int> members;
+    Algorithm chosen;
+    Time time;
+  };
+  std::vector<std::vector<CacheEntry>> cache_;  // hashed buckets
+};
+
+// One collective alone on a fresh simulator: what nccl-tests would measure.
+Result<CollectiveResult> simulate_collective(const Cluster& cluster, const CostConstants& constants,
+                                             const CollectiveRequest& request, CollectiveMode mode);
+
+}  // namespace meshtrain::sim
