@@ -1,0 +1,102 @@
+#include <catch2/catch.hpp>
+
+#include "engine/memory_model.h"
+#include "models/parameters.h"
+
+using namespace meshtrain;
+
+namespace {
+Plan plan_for(int tp, bool sp, Recompute r) {
+  Plan p;
+  p.tp = tp, p.sequence_parallel = sp, p.recompute = r;
+  return p;
+}
+}  // namespace
+
+TEST_CASE("per-layer activations reproduce Korthikanti et al. 2022", "[memory]") {
+  // Sec. 4: s·b·h·(34 + 5as/h) unparallelised; with tensor parallelism
+  // s·b·h·(10 + 24/t + 5as/(ht)); with sequence parallelism s·b·h/t·(34 + 5as/h);
+  // selective recomputation with sp 34·s·b·h/t; full recomputation 2·s·b·h.
+  ModelSpec m = *model_preset("megatron-18.4b");
+  const double s = 2048, b = 1, h = 6144, a = 48;
+  const double sbh = s * b * h;
+  const ActivationLayout paper = korthikanti_layout();
+  CHECK(layer_activation_bytes(m, plan_for(1, false, Recompute::none), paper) ==
+        Approx(sbh * (34 + 5 * a * s / h)));
+  for (int t : {2, 4, 8}) {
+    INFO("t = " << t);
+    CHECK(layer_activation_bytes(m, plan_for(t, false, Recompute::none), paper) ==
+          Approx(sbh * (10 + 24.0 / t + 5 * a * s / (h * t))));
+    CHECK(layer_activation_bytes(m, plan_for(t, true, Recompute::none), paper) ==
+          Approx(sbh / t * (34 + 5 * a * s / h)));
+    CHECK(layer_activation_bytes(m, plan_for(t, true, Recompute::selective), paper) == Approx(sbh * 34 / t));
+  }
+  CHECK(layer_activation_bytes(m, plan_for(1, false, Recompute::full), paper) == Approx(2 * sbh));
+}
+
+TEST_CASE("meshtrain's own layout saves fp32 values, lse and norm statistics", "[memory]") {
+  ModelSpec m = *model_preset("tiny");  // s 64, h 64, a 4, ffn 256
+  Plan p;
+  p.precision = Precision::fp32;
+  // 4 replicated + (3 + 1 + 4 + 4) split s·b·h values at 4 bytes; layernorm mean
+  // and rstd of two norms and lse of 4 heads per row, fp32.
+  const double rows = 64, sbh = 64 * 64;
+  CHECK(layer_activation_bytes(m, p, meshtrain_layout(p)) == Approx(4 * 16 * sbh + 4 * (4 * rows + 4 * rows)));
+}
+
+TEST_CASE("ZeRO stages divide model states as in Rajbhandari et al. 2020", "[memory]") {
+  // Ψ = 124,439,808 (GPT-2 124M), dp 4, mixed precision: 2Ψ + 2Ψ + 12Ψ in all;
+  // stage 1 leaves 4Ψ + 12Ψ/4, stage 2 2Ψ + 14Ψ/4, stage 3 16Ψ/4.
+  ModelSpec m = *model_preset("gpt2-124m");
+  const double psi = 124'439'808.0;
+  Plan p;
+  p.dp = 4;
+  auto states = [&](int zero) {
+    p.zero = zero;
+    MemoryBreakdown b = memory_per_rank(m, p, 0, meshtrain_layout(p));
+    REQUIRE(b.parameter_count == 124'439'808);
+    return b.parameters + b.gradients + b.optimizer;
+  };
+  CHECK(states(0) == Approx(16 * psi));
+  CHECK(states(1) == Approx(7 * psi));
+  CHECK(states(2) == Approx(5.5 * psi));
+  CHECK(states(3) == Approx(4 * psi));
+  // fp32 training keeps no master copy: 4 + 4 + 8 bytes.
+  p.precision = Precision::fp32;
+  CHECK(states(0) == Approx(16 * psi));
+  CHECK(states(1) == Approx(8 * psi + 2 * psi));
+}
+
+TEST_CASE("ZeRO-3 holds the current and the prefetched layer", "[memory]") {
+  ModelSpec m = *model_preset("gpt2-124m");
+  Plan p;
+  p.dp = 4, p.zero = 3;
+  const double layer = 12.0 * 768 * 768 + 13 * 768;
+  CHECK(memory_per_rank(m, p, 0, meshtrain_layout(p)).zero3_working == Approx(layer * (2 + 2 + 2)));
+}
+
+TEST_CASE("in-flight micro-batches follow the schedule", "[memory]") {
+  Plan p;
+  p.pp = 4, p.global_batch = 8;  // m = 8
+  p.schedule = ScheduleKind::one_f_one_b;
+  CHECK(inflight_microbatches(p, 0) == 4);
+  CHECK(inflight_microbatches(p, 3) == 1);
+  p.schedule = ScheduleKind::gpipe;
+  CHECK(inflight_microbatches(p, 2) == 8);
+  p.schedule = ScheduleKind::interleaved, p.vpp = 2;
+  CHECK(inflight_microbatches(p, 0) == 11);  // (4-1)·2 + (2-1)·4 + 1
+  CHECK(inflight_microbatches(p, 3) == 5);
+}
+
+TEST_CASE("interleaving holds L·(1 + (p−1)/(p·v)) layers of activations on stage 0", "[memory]") {
+  // Korthikanti et al. 2022, Sec. 4.2.3.
+  ModelSpec m = *model_preset("tiny");
+  m.layers = 8;
+  Plan p;
+  p.pp = 4, p.vpp = 2, p.global_batch = 8, p.schedule = ScheduleKind::interleaved;
+  const ActivationLayout a = korthikanti_layout();
+  const double per_layer = layer_activation_bytes(m, p, a);
+  CHECK(memory_per_rank(m, p, 0, a).activations == Approx(8 * (1 + 3.0 / 8) * per_layer));
+  p.schedule = ScheduleKind::one_f_one_b, p.vpp = 1;
+  CHECK(memory_per_rank(m, p, 0, a).activations == Approx(8 * per_layer));  // p micro-batches × L/p layers
+}

@@ -1,0 +1,119 @@
+#include <catch2/catch.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/plan.h"
+
+using namespace meshtrain;
+
+namespace {
+ModelSpec tiny() { return *model_preset("tiny"); }
+
+std::string rejection(const Plan& p, const ModelSpec& m, int world = 0) {
+  auto s = validate_plan(p, m, world);
+  REQUIRE_FALSE(s.ok());
+  return s.error().message();
+}
+}  // namespace
+
+TEST_CASE("a valid hybrid plan passes", "[plan]") {
+  Plan p;
+  p.tp = 2, p.pp = 2, p.dp = 2, p.zero = 1, p.global_batch = 8;
+  CHECK(validate_plan(p, tiny(), 8).ok());
+  CHECK(p.microbatches() == 4);
+}
+
+TEST_CASE("plans that do not divide are rejected naming the numbers", "[plan]") {
+  ModelSpec m = tiny();
+  Plan p;
+  p.tp = 2, p.pp = 2, p.dp = 2;
+  CHECK_THAT(rejection(p, m, 6), Catch::Contains("world size 6 != tp·pp·dp·cp = 2·2·2·1 = 8"));
+
+  Plan tp3;
+  tp3.tp = 3;
+  CHECK_THAT(rejection(tp3, m), Catch::Contains("heads 4 are not divisible by tp 3"));
+
+  ModelSpec odd_ffn = m;
+  odd_ffn.ffn = 250;
+  Plan tp4;
+  tp4.tp = 4;
+  odd_ffn.heads = odd_ffn.kv_heads = 4;
+  CHECK_THAT(rejection(tp4, odd_ffn), Catch::Contains("ffn width 250 is not divisible by tp 4"));
+
+  Plan pp3;
+  pp3.pp = 3;
+  CHECK_THAT(rejection(pp3, m), Catch::Contains("layers 4 are not divisible by pp·vpp = 3·1 = 3"));
+
+  Plan batch;
+  batch.dp = 2, batch.micro_batch = 2, batch.global_batch = 6;
+  CHECK_THAT(rejection(batch, m), Catch::Contains("global batch 6 is not divisible by micro_batch·dp = 2·2 = 4"));
+
+  Plan zero;
+  zero.zero = 4;
+  CHECK_THAT(rejection(zero, m), Catch::Contains("zero stage must be 0, 1, 2 or 3, got 4"));
+
+  Plan negative;
+  negative.dp = 0;
+  CHECK_THAT(rejection(negative, m), Catch::Contains("dp must be positive, got 0"));
+}
+
+TEST_CASE("interleaving needs chunks and a multiple of pp micro-batches", "[plan]") {
+  ModelSpec m = tiny();
+  Plan p;
+  p.pp = 2, p.schedule = ScheduleKind::interleaved, p.global_batch = 4;
+  CHECK_THAT(rejection(p, m), Catch::Contains("needs vpp >= 2"));
+  p.vpp = 2, p.global_batch = 3;
+  CHECK_THAT(rejection(p, m), Catch::Contains("micro-batches (3 = global batch 3").Contains("multiple of pp 2"));
+  p.global_batch = 4;
+  CHECK(validate_plan(p, m).ok());
+  Plan chunks_without_interleaving;
+  chunks_without_interleaving.pp = 2, chunks_without_interleaving.vpp = 2;
+  CHECK_THAT(rejection(chunks_without_interleaving, m), Catch::Contains("vpp 2 needs the interleaved schedule"));
+}
+
+TEST_CASE("experts must divide by ep and ep by dp", "[plan]") {
+  ModelSpec m = tiny();
+  m.experts = 6, m.top_k = 2;
+  Plan p;
+  p.dp = 4, p.ep = 4;
+  CHECK_THAT(rejection(p, m), Catch::Contains("experts 6 are not divisible by ep 4"));
+  p.ep = 3, p.dp = 2;
+  CHECK_THAT(rejection(p, m), Catch::Contains("ep 3 must divide dp 2"));
+  p.ep = 2;
+  CHECK(validate_plan(p, m).ok());
+  Plan dense;
+  dense.ep = 2, dense.dp = 2;
+  CHECK_THAT(rejection(dense, tiny()), Catch::Contains("dense model"));
+}
+
+TEST_CASE("unknown names suggest the nearest valid one", "[plan]") {
+  auto s = parse_schedule("1f1f");
+  REQUIRE_FALSE(s.ok());
+  CHECK_THAT(s.error().message(), Catch::Contains("did you mean '1f1b'"));
+  auto r = parse_recompute("ful");
+  REQUIRE_FALSE(r.ok());
+  CHECK_THAT(r.error().message(), Catch::Contains("did you mean 'full'"));
+  auto f = plan_overrides_from_json({{"tpp", 2}});
+  REQUIRE_FALSE(f.ok());
+  CHECK_THAT(f.error().message(), Catch::Contains("did you mean 'tp'"));
+}
+
+TEST_CASE("flags override the plan file field by field", "[plan]") {
+  auto file = plan_overrides_from_json({{"tp", 2}, {"pp", 2}, {"schedule", "gpipe"}, {"zero", 1}});
+  REQUIRE(file.ok());
+  auto from_file = apply_overrides(Plan{}, *file);
+  REQUIRE(from_file.ok());
+  PlanOverrides flags;
+  flags.pp = 4;
+  flags.schedule = "1f1b";
+  auto merged = apply_overrides(*from_file, flags);
+  REQUIRE(merged.ok());
+  CHECK(merged->tp == 2);
+  CHECK(merged->pp == 4);
+  CHECK(merged->zero == 1);
+  CHECK(merged->schedule == ScheduleKind::one_f_one_b);
+
+  auto bad_type = plan_overrides_from_json({{"tp", "two"}});
+  REQUIRE_FALSE(bad_type.ok());
+  CHECK_THAT(bad_type.error().message(), Catch::Contains("'tp' must be an integer"));
+}
