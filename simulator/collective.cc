@@ -1,5 +1,7 @@
 #include "simulator/collective.h"
 
+#include "simulator/calibration.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -332,7 +334,11 @@ Result<std::pair<Algorithm, Time>> CollectiveEngine::analytic(const CollectiveRe
         e.root == req.root && e.members == req.members)
       return std::make_pair(e.chosen, e.time);
   MT_ASSIGN(CollectivePlan plan, plan_collective(network_.cluster(), constants_, req));
-  const Time t = analytic_time(network_.cluster(), constants_, plan);
+  Time t = analytic_time(network_.cluster(), constants_, plan);
+  const int n = static_cast<int>(req.members.size());
+  if (calibration_ && n > 1 && req.bytes > 0)
+    if (auto busbw = calibration_->collective_busbw(req.kind, n, req.bytes))
+      t = from_seconds(req.bytes * busbw_factor(req.kind, n) / *busbw);
   bucket.push_back({req.kind, req.algorithm, req.bytes, req.root, req.members, plan.algorithm, t});
   return std::make_pair(plan.algorithm, t);
 }

@@ -59,6 +59,8 @@
 
 namespace meshtrain::sim {
 
+struct Calibration;
+
 enum class CollectiveKind : uint8_t {
   kAllReduce, kReduceScatter, kAllGather, kAllToAll, kBroadcast, kSendRecv
 };
@@ -134,6 +136,11 @@ class CollectiveEngine : public EventHandler {
                           EventHandler* done, uint64_t tag);
   // The analytic duration of a request (cached), without starting it.
   Result<std::pair<Algorithm, Time>> analytic(const CollectiveRequest& request);
+  // With a calibration holding measured bus bandwidth for the request's kind
+  // and member count, analytic mode uses time = bytes · busbw_factor / busbw
+  // (measured busbw already includes per-step costs). May be null; must
+  // outlive the engine.
+  void set_calibration(const Calibration* calibration) { calibration_ = calibration; }
 
   void on_event(Simulator& sim, uint64_t tag) override;
 
@@ -152,6 +159,7 @@ class CollectiveEngine : public EventHandler {
   Simulator& sim_;
   Network& network_;
   const CostConstants& constants_;
+  const Calibration* calibration_ = nullptr;
   std::vector<Running> running_;
   std::vector<uint32_t> free_;
   struct CacheEntry {

@@ -1,0 +1,265 @@
+#include "simulator/calibration.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+namespace meshtrain::sim {
+namespace {
+
+using nlohmann::json;
+
+struct Point {
+  double work;        // FLOPs or bytes
+  double throughput;  // work per second
+};
+
+// Piecewise linear in log(work) of the throughput, clamped at the ends.
+std::optional<double> interpolate(std::vector<Point> pts, double work) {
+  if (pts.empty() || !(work > 0)) return std::nullopt;
+  std::sort(pts.begin(), pts.end(), [](const Point& a, const Point& b) {
+    return a.work != b.work ? a.work < b.work : a.throughput < b.throughput;
+  });
+  double thr;
+  if (work <= pts.front().work) {
+    thr = pts.front().throughput;
+  } else if (work >= pts.back().work) {
+    thr = pts.back().throughput;
+  } else {
+    size_t i = 1;
+    while (pts[i].work < work) ++i;
+    const Point& a = pts[i - 1];
+    const Point& b = pts[i];
+    const double t = (std::log(work) - std::log(a.work)) / (std::log(b.work) - std::log(a.work));
+    thr = a.throughput + t * (b.throughput - a.throughput);
+  }
+  return work / thr;
+}
+
+Status need(const json& e, const char* key, const char* where, size_t i) {
+  if (!e.contains(key)) return make_error("{}[{}]: missing field '{}'", where, i, key);
+  return ok_status();
+}
+
+Result<double> positive(const json& e, const char* key, const char* where, size_t i) {
+  MT_TRY(need(e, key, where, i));
+  const json& v = e[key];
+  if (!v.is_number() || !(v.get<double>() > 0))
+    return make_error("{}[{}]: field '{}' must be a number > 0, got {}", where, i, key, v.dump());
+  return v.get<double>();
+}
+
+Result<int64_t> positive_int(const json& e, const char* key, const char* where, size_t i) {
+  MT_TRY(need(e, key, where, i));
+  const json& v = e[key];
+  if (!v.is_number_integer() || v.get<int64_t>() < 1)
+    return make_error("{}[{}]: field '{}' must be an integer >= 1, got {}", where, i, key, v.dump());
+  return v.get<int64_t>();
+}
+
+Result<const json*> list(const json& j, const char* key) {
+  if (!j.contains(key)) return static_cast<const json*>(nullptr);
+  if (!j[key].is_array()) return make_error("field '{}' must be a list [...]", key);
+  for (size_t i = 0; i < j[key].size(); ++i)
+    if (!j[key][i].is_object()) return make_error("{}[{}] must be an object {{...}}", key, i);
+  return &j[key];
+}
+
+}  // namespace
+
+const char* dtype_name(DType d) { return d == DType::kBf16 ? "bf16" : "fp32"; }
+
+double gemm_flops(int64_t m, int64_t n, int64_t k) {
+  return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+}
+
+double attention_flops(int64_t bh, int64_t seq, int64_t d, bool causal) {
+  const double f = 4.0 * static_cast<double>(bh) * static_cast<double>(seq) *
+                   static_cast<double>(seq) * static_cast<double>(d);
+  return causal ? f / 2 : f;
+}
+
+std::optional<double> Calibration::gemm_time(int64_t m, int64_t n, int64_t k, DType dtype) const {
+  std::vector<Point> pts;
+  for (const auto& g : gemm) {
+    if (g.dtype != dtype) continue;
+    if (g.m == m && g.n == n && g.k == k) return g.time_us * 1e-6;
+    pts.push_back({gemm_flops(g.m, g.n, g.k), gemm_flops(g.m, g.n, g.k) / (g.time_us * 1e-6)});
+  }
+  return interpolate(std::move(pts), gemm_flops(m, n, k));
+}
+
+std::optional<double> Calibration::attention_time(int64_t bh, int64_t seq, int64_t d,
+                                                  bool causal) const {
+  std::vector<Point> pts;
+  for (const auto& a : attention) {
+    if (a.causal != causal) continue;
+    if (a.batch_heads == bh && a.seq == seq && a.head_dim == d) return a.time_us * 1e-6;
+    const double f = attention_flops(a.batch_heads, a.seq, a.head_dim, a.causal);
+    pts.push_back({f, f / (a.time_us * 1e-6)});
+  }
+  return interpolate(std::move(pts), attention_flops(bh, seq, d, causal));
+}
+
+std::optional<double> Calibration::memory_time(double bytes) const {
+  std::vector<Point> pts;
+  for (const auto& m : memory) {
+    if (m.bytes == bytes) return m.time_us * 1e-6;
+    pts.push_back({m.bytes, m.bytes / (m.time_us * 1e-6)});
+  }
+  return interpolate(std::move(pts), bytes);
+}
+
+std::optional<double> Calibration::collective_busbw(CollectiveKind kind, int members,
+                                                    double bytes) const {
+  // Interpolating time of a "busbw-work" then converting back gives busbw.
+  std::vector<Point> pts;
+  for (const auto& c : collectives)
+    if (c.kind == kind && c.members == members) pts.push_back({c.bytes, c.busbw_GBps * 1e9});
+  auto t = interpolate(std::move(pts), bytes);
+  if (!t) return std::nullopt;
+  return bytes / *t;
+}
+
+Result<Calibration> calibration_from_json(std::string_view text) {
+  json j = json::parse(text.begin(), text.end(), nullptr, false);
+  if (j.is_discarded()) return make_error("calibration is not valid JSON (check commas and quotes)");
+  if (!j.is_object()) return make_error("calibration must be a JSON object {{...}}");
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    static const char* known[] = {"version", "device", "gemm", "attention", "memory", "links",
+                                  "collectives"};
+    if (std::find_if(std::begin(known), std::end(known),
+                     [&](const char* k) { return it.key() == k; }) == std::end(known))
+      return make_error("unknown calibration field '{}'; known: version, device, gemm, attention, "
+                        "memory, links, collectives",
+                        it.key());
+  }
+  if (!j.contains("version") || !j["version"].is_number_integer())
+    return make_error("calibration needs an integer field 'version' (this build reads {})",
+                      Calibration::kVersion);
+  Calibration c;
+  c.version = j["version"].get<int>();
+  if (c.version != Calibration::kVersion)
+    return make_error("calibration version {} is not supported (this build reads {}); "
+                      "re-run the calibration",
+                      c.version, Calibration::kVersion);
+  if (j.contains("device")) {
+    if (!j["device"].is_string()) return make_error("field 'device' must be a string");
+    c.device = j["device"].get<std::string>();
+  }
+  MT_ASSIGN(const json* gemm, list(j, "gemm"));
+  for (size_t i = 0; gemm && i < gemm->size(); ++i) {
+    const json& e = (*gemm)[i];
+    MT_ASSIGN(int64_t m, positive_int(e, "m", "gemm", i));
+    MT_ASSIGN(int64_t n, positive_int(e, "n", "gemm", i));
+    MT_ASSIGN(int64_t k, positive_int(e, "k", "gemm", i));
+    MT_ASSIGN(double us, positive(e, "time_us", "gemm", i));
+    DType dt = DType::kBf16;
+    if (e.contains("dtype")) {
+      const std::string s = e["dtype"].is_string() ? e["dtype"].get<std::string>() : "";
+      if (s == "fp32") dt = DType::kFp32;
+      else if (s != "bf16" && s != "fp16")
+        return make_error("gemm[{}]: field 'dtype' must be \"bf16\", \"fp16\" or \"fp32\", got {}", i,
+                          e["dtype"].dump());
+    }
+    c.gemm.push_back({m, n, k, dt, us});
+  }
+  MT_ASSIGN(const json* att, list(j, "attention"));
+  for (size_t i = 0; att && i < att->size(); ++i) {
+    const json& e = (*att)[i];
+    MT_ASSIGN(int64_t bh, positive_int(e, "batch_heads", "attention", i));
+    MT_ASSIGN(int64_t s, positive_int(e, "seq", "attention", i));
+    MT_ASSIGN(int64_t d, positive_int(e, "head_dim", "attention", i));
+    MT_ASSIGN(double us, positive(e, "time_us", "attention", i));
+    bool causal = false;
+    if (e.contains("causal")) {
+      if (!e["causal"].is_boolean()) return make_error("attention[{}]: field 'causal' must be true or false", i);
+      causal = e["causal"].get<bool>();
+    }
+    c.attention.push_back({bh, s, d, causal, us});
+  }
+  MT_ASSIGN(const json* mem, list(j, "memory"));
+  for (size_t i = 0; mem && i < mem->size(); ++i) {
+    MT_ASSIGN(double bytes, positive((*mem)[i], "bytes", "memory", i));
+    MT_ASSIGN(double us, positive((*mem)[i], "time_us", "memory", i));
+    c.memory.push_back({bytes, us});
+  }
+  MT_ASSIGN(const json* links, list(j, "links"));
+  for (size_t i = 0; links && i < links->size(); ++i) {
+    const json& e = (*links)[i];
+    MT_TRY(need(e, "kind", "links", i));
+    const std::string kind = e["kind"].is_string() ? e["kind"].get<std::string>() : "";
+    if (kind != "nvlink" && kind != "pcie" && kind != "nic")
+      return make_error("links[{}]: field 'kind' must be \"nvlink\", \"pcie\" or \"nic\", got {}", i,
+                        e["kind"].dump());
+    MT_ASSIGN(double gbps, positive(e, "GBps", "links", i));
+    c.links.push_back({kind, gbps});
+  }
+  MT_ASSIGN(const json* coll, list(j, "collectives"));
+  for (size_t i = 0; coll && i < coll->size(); ++i) {
+    const json& e = (*coll)[i];
+    MT_TRY(need(e, "kind", "collectives", i));
+    if (!e["kind"].is_string()) return make_error("collectives[{}]: field 'kind' must be a string", i);
+    MT_ASSIGN(CollectiveKind kind,
+              parse_collective_kind(e["kind"].get<std::string>())
+                  .context(fmt::format("collectives[{}]", i)));
+    MT_ASSIGN(int64_t members, positive_int(e, "members", "collectives", i));
+    MT_ASSIGN(double bytes, positive(e, "bytes", "collectives", i));
+    MT_ASSIGN(double busbw, positive(e, "busbw_GBps", "collectives", i));
+    c.collectives.push_back({kind, static_cast<int>(members), bytes, busbw});
+  }
+  return c;
+}
+
+std::string calibration_to_json(const Calibration& c) {
+  // nlohmann prints doubles with enough digits to read back the same value.
+  json j = json::object();
+  j["version"] = c.version;
+  if (!c.device.empty()) j["device"] = c.device;
+  json& g = j["gemm"] = json::array();
+  for (const auto& e : c.gemm)
+    g.push_back({{"m", e.m}, {"n", e.n}, {"k", e.k}, {"dtype", dtype_name(e.dtype)}, {"time_us", e.time_us}});
+  json& a = j["attention"] = json::array();
+  for (const auto& e : c.attention)
+    a.push_back({{"batch_heads", e.batch_heads}, {"seq", e.seq}, {"head_dim", e.head_dim},
+                 {"causal", e.causal}, {"time_us", e.time_us}});
+  json& m = j["memory"] = json::array();
+  for (const auto& e : c.memory) m.push_back({{"bytes", e.bytes}, {"time_us", e.time_us}});
+  json& l = j["links"] = json::array();
+  for (const auto& e : c.links) l.push_back({{"kind", e.kind}, {"GBps", e.GBps}});
+  json& k = j["collectives"] = json::array();
+  for (const auto& e : c.collectives)
+    k.push_back({{"kind", collective_kind_name(e.kind)}, {"members", e.members}, {"bytes", e.bytes},
+                 {"busbw_GBps", e.busbw_GBps}});
+  return j.dump(2) + "\n";
+}
+
+Result<Calibration> load_calibration(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return make_error("cannot open calibration file '{}' (check the path)", path);
+  std::stringstream buf;
+  buf << in.rdbuf();
+  auto r = calibration_from_json(buf.str());
+  r.context(fmt::format("calibration file '{}'", path));
+  return r;
+}
+
+Status save_calibration(const Calibration& c, const std::string& path) {
+  std::ofstream out(path, std::ios::binary);
+  if (!out) return make_error("cannot write calibration file '{}'", path);
+  out << calibration_to_json(c);
+  if (!out) return make_error("writing calibration file '{}' failed", path);
+  return ok_status();
+}
+
+void apply_link_calibration(const Calibration& c, ClusterSpec& spec) {
+  for (const auto& l : c.links) {
+    if (l.kind == "nvlink") spec.nvlink_bandwidth = l.GBps * 1e9;
+    if (l.kind == "pcie") spec.pcie_bandwidth = l.GBps * 1e9;
+    if (l.kind == "nic") spec.nic_bandwidth = l.GBps * 1e9;
+  }
+}
+
+}  // namespace meshtrain::sim

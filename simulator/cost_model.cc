@@ -1,0 +1,71 @@
+#include "simulator/cost_model.h"
+
+#include <algorithm>
+
+namespace meshtrain::sim {
+namespace {
+
+double saturate(double x, double half) { return x / (x + half); }
+double elem_bytes(DType d) { return d == DType::kBf16 ? 2.0 : 4.0; }
+
+}  // namespace
+
+CostModel::CostModel(DeviceSpec device, CostConstants constants, const Calibration* calibration)
+    : device_(std::move(device)), constants_(constants), calibration_(calibration) {}
+
+double CostModel::peak_flops(DType dtype) const {
+  return dtype == DType::kBf16 ? device_.peak_bf16_flops : device_.peak_fp32_flops;
+}
+
+double CostModel::gemm_efficiency(int64_t m, int64_t n, int64_t k) const {
+  const auto& c = constants_;
+  return c.gemm_efficiency_max * saturate(static_cast<double>(m), c.gemm_m_half) *
+         saturate(static_cast<double>(n), c.gemm_n_half) *
+         saturate(static_cast<double>(k), c.gemm_k_half);
+}
+
+double CostModel::attention_efficiency(int64_t seq, int64_t head_dim) const {
+  const auto& c = constants_;
+  return c.attention_efficiency_max * saturate(static_cast<double>(seq), c.attention_seq_half) *
+         saturate(static_cast<double>(head_dim), c.attention_head_dim_half);
+}
+
+Time CostModel::roofline(double flops, double bytes, double efficiency, DType dtype) const {
+  const double compute = flops > 0 ? flops / (peak_flops(dtype) * efficiency) : 0;
+  const double memory = bytes > 0 ? bytes / (device_.memory_bandwidth * constants_.memory_efficiency) : 0;
+  return from_seconds(std::max(compute, memory)) + constants_.kernel_overhead;
+}
+
+Time CostModel::gemm(int64_t m, int64_t n, int64_t k, DType dtype, int64_t batch) const {
+  if (m <= 0 || n <= 0 || k <= 0 || batch <= 0) return 0;
+  const double b = static_cast<double>(batch);
+  if (calibration_)
+    if (auto t = calibration_->gemm_time(m, n, k, dtype)) return from_seconds(*t * b);
+  const double bytes = b * elem_bytes(dtype) *
+                       static_cast<double>(m * k + k * n + m * n);
+  return roofline(b * gemm_flops(m, n, k), bytes, gemm_efficiency(m, n, k), dtype);
+}
+
+Time CostModel::attention(int64_t bh, int64_t seq, int64_t d, bool causal, bool backward,
+                          DType dtype) const {
+  if (bh <= 0 || seq <= 0 || d <= 0) return 0;
+  const double factor = backward ? 2.5 : 1.0;
+  if (calibration_)
+    if (auto t = calibration_->attention_time(bh, seq, d, causal)) return from_seconds(*t * factor);
+  // Fused attention reads q, k, v and writes o (backward: also reads o, do and
+  // writes dq, dk, dv): about 4 (backward 7) tensors of bh·s·d.
+  const double tensors = backward ? 7.0 : 4.0;
+  const double bytes = tensors * elem_bytes(dtype) * static_cast<double>(bh) *
+                       static_cast<double>(seq) * static_cast<double>(d);
+  return roofline(factor * attention_flops(bh, seq, d, causal), bytes,
+                  attention_efficiency(seq, d), dtype);
+}
+
+Time CostModel::memory_bound(double bytes) const {
+  if (!(bytes > 0)) return 0;
+  if (calibration_)
+    if (auto t = calibration_->memory_time(bytes)) return from_seconds(*t);
+  return roofline(0, bytes, 1.0, DType::kBf16);
+}
+
+}  // namespace meshtrain::sim

@@ -1,0 +1,57 @@
+// Kernel times from a roofline with shape-dependent efficiency, replaced by
+// measured times from a calibration where it has them.
+//
+//   time = max(flops / (peak(dtype) · eff(shape)), bytes / (mem_bw · memory_efficiency))
+//          + kernel_overhead
+//
+// with, for a GEMM C(m×n) = A(m×k)·B(k×n) (2mnk FLOPs, bytes = (mk + kn + mn)·elem):
+//   eff(m,n,k) = gemm_efficiency_max · m/(m+m_half) · n/(n+n_half) · k/(k+k_half)
+// a saturating function: large GEMMs approach gemm_efficiency_max, a
+// dimension equal to its half-size halves its factor. For attention
+// (4·bh·s²·d FLOPs, half when causal; backward 2.5× forward as in
+// FlashAttention-2: five matmuls instead of two):
+//   eff = attention_efficiency_max · s/(s+seq_half) · d/(d+head_dim_half)
+// All constants are in CostConstants (constants.h).
+//
+// With a calibration, a measured (or interpolated, see calibration.h) time
+// replaces the roofline for GEMM, attention and memory-bound kernels; the
+// roofline stays the fallback for kinds with no measurements.
+#pragma once
+
+#include <cstdint>
+
+#include "simulator/calibration.h"
+#include "simulator/cluster_spec.h"
+#include "simulator/constants.h"
+
+namespace meshtrain::sim {
+
+class CostModel {
+ public:
+  // `calibration` may be null; when not, it must outlive the model.
+  CostModel(DeviceSpec device, CostConstants constants, const Calibration* calibration = nullptr);
+
+  const CostConstants& constants() const { return constants_; }
+  const DeviceSpec& device() const { return device_; }
+
+  double peak_flops(DType dtype) const;
+  double gemm_efficiency(int64_t m, int64_t n, int64_t k) const;
+  double attention_efficiency(int64_t seq, int64_t head_dim) const;
+
+  // One GEMM of `batch` independent (m,n,k) products.
+  Time gemm(int64_t m, int64_t n, int64_t k, DType dtype, int64_t batch = 1) const;
+  // Fused attention over batch·heads sequences of `seq` with head size `head_dim`.
+  Time attention(int64_t batch_heads, int64_t seq, int64_t head_dim, bool causal, bool backward,
+                 DType dtype) const;
+  // A memory-bound kernel (element-wise, norm, softmax, copy, optimizer) moving `bytes`.
+  Time memory_bound(double bytes) const;
+  // The bare roofline for given work, for kernels with their own FLOP count.
+  Time roofline(double flops, double bytes, double efficiency, DType dtype) const;
+
+ private:
+  DeviceSpec device_;
+  CostConstants constants_;
+  const Calibration* calibration_;
+};
+
+}  // namespace meshtrain::sim
