@@ -1,0 +1,46 @@
+// Schedule builders: pure functions from a layout to the compute actions of
+// every pipeline rank (no sends or receives; see communication.h). Each
+// rejects a layout it cannot run with an Error naming the numbers and the fix.
+#pragma once
+
+#include "engine/schedule/schedule.h"
+
+#include <string_view>
+
+namespace meshtrain::schedule {
+
+enum class ScheduleKind { gpipe, one_f_one_b, interleaved_1f1b };
+
+// "gpipe", "1f1b", "interleaved" (the --schedule spellings).
+Result<ScheduleKind> parse_schedule_kind(std::string_view name);
+std::string_view schedule_kind_name(ScheduleKind kind);
+
+// GPipe: every rank runs F0..F(m-1), then B0..B(m-1) (PyTorch ScheduleGPipe
+// order). Needs v = 1. Every rank holds all m microbatches at the peak.
+Result<Schedule> build_gpipe(const PipelineLayout& layout);
+
+// 1F1B, as Megatron's forward_backward_pipelining_without_interleaving: rank r
+// runs w = min(p-r-1, m) warm-up forwards, then m-w pairs (forward w+i,
+// backward i), then the w remaining backwards. Needs v = 1. At most
+// min(p-r, m) microbatches are in flight on rank r.
+Result<Schedule> build_1f1b(const PipelineLayout& layout);
+
+// Interleaved 1F1B, as Megatron's forward_backward_pipelining_with_interleaving.
+// The k-th forward (k = 0..m·v-1) of a rank runs
+//   chunk      (k mod p·v) / p                  (get_model_chunk_id)
+//   microbatch (k / (p·v))·p + k mod p          (get_microbatch_id_in_model_chunk)
+// and the k-th backward the same microbatch on chunk v-1-(k mod p·v)/p, so
+// microbatches move through the chunks in groups of p. Rank r warms up with
+//   w = min((p-r-1)·2 + (v-1)·p, m·v)
+// forwards, then alternates forward w+i / backward i, then drains the
+// backwards. When m = p Megatron runs all forwards first (w = m·v) and so do
+// we. Needs v >= 2 and m a multiple of p (the groups of p must be whole).
+Result<Schedule> build_interleaved_1f1b(const PipelineLayout& layout);
+
+// Warm-up forwards of rank r in the interleaved schedule (w above), so
+// callers can size activation memory without building the schedule.
+int interleaved_warmup(const PipelineLayout& layout, int rank);
+
+Result<Schedule> build_schedule(ScheduleKind kind, const PipelineLayout& layout);
+
+}  // namespace meshtrain::schedule
