@@ -1,0 +1,105 @@
+// Helpers of the cpu backend tests: seeded data, moving vectors to and from
+// the backend, and central finite differences on fp64 kernels.
+#pragma once
+
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <random>
+#include <string_view>
+#include <vector>
+
+#include "backends/cpu/cpu_backend.h"
+
+namespace meshtrain::testing {
+
+using Vec = std::vector<double>;
+
+// A fixed seed per test, printed so a failure can be replayed.
+inline std::uint64_t seed_for(std::string_view test) {
+  std::uint64_t h = 1469598103934665603ull;  // FNV-1a of the test name
+  for (char c : test) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  std::printf("seed %llu for %.*s\n", static_cast<unsigned long long>(h),
+              static_cast<int>(test.size()), test.data());
+  return h;
+}
+
+inline Vec random_vec(std::mt19937_64& rng, std::size_t n, double scale = 1.0) {
+  std::normal_distribution<double> d(0.0, scale);
+  Vec v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+inline double norm(const Vec& v) {
+  double s = 0;
+  for (double x : v) s += x * x;
+  return std::sqrt(s);
+}
+
+// ||a - b|| / ||b|| (absolute when b is zero).
+inline double rel_err(const Vec& a, const Vec& b) {
+  REQUIRE(a.size() == b.size());
+  double d = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) d += (a[i] - b[i]) * (a[i] - b[i]);
+  const double nb = norm(b);
+  return std::sqrt(d) / (nb > 0 ? nb : 1.0);
+}
+
+inline double dot(const Vec& a, const Vec& b) {
+  double s = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
+  return s;
+}
+
+// Central differences of the scalar loss() with respect to every element of x
+// (perturbed in place and restored).
+inline Vec numeric_grad(Vec& x, const std::function<double()>& loss, double h = 1e-5) {
+  Vec g(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const double x0 = x[i];
+    x[i] = x0 + h;
+    const double up = loss();
+    x[i] = x0 - h;
+    const double down = loss();
+    x[i] = x0;
+    g[i] = (up - down) / (2 * h);
+  }
+  return g;
+}
+
+inline Tensor upload(Backend& b, const Shape& s, const Vec& v) {
+  REQUIRE(static_cast<std::int64_t>(v.size()) == s.numel());
+  Tensor t = b.empty(s);
+  std::vector<float> f(v.begin(), v.end());
+  b.write(t, f);
+  return t;
+}
+
+inline Tensor upload_ids(Backend& b, const std::vector<std::int32_t>& ids) {
+  Tensor t = b.empty({static_cast<std::int64_t>(ids.size())}, DType::i32);
+  b.write(t, ids);
+  return t;
+}
+
+inline Vec download(Backend& b, const Tensor& t) {
+  std::vector<float> f(static_cast<std::size_t>(t.numel()));
+  REQUIRE(b.read(t, f).ok());
+  return Vec(f.begin(), f.end());
+}
+
+inline std::vector<float> download_f32(Backend& b, const Tensor& t) {
+  std::vector<float> f(static_cast<std::size_t>(t.numel()));
+  REQUIRE(b.read(t, f).ok());
+  return f;
+}
+
+// Tolerances: fp64 kernels against finite differences, and the fp32 backend
+// against the fp64 kernels.
+inline constexpr double kFdTol = 1e-6;
+inline constexpr double kF32Tol = 1e-3;
+
+}  // namespace meshtrain::testing

@@ -1,0 +1,129 @@
+// RoPE and causal grouped-query attention.
+#include "backends/cpu/kernels/attention.h"
+#include "backends/cpu/kernels/rope.h"
+#include "tests/cpu/cpu_test_util.h"
+
+namespace meshtrain {
+namespace {
+
+using testing::download;
+using testing::kF32Tol;
+using testing::kFdTol;
+using testing::rel_err;
+using testing::upload;
+using testing::Vec;
+
+TEST_CASE("cpu rope: angles, inverse, backward", "[cpu]") {
+  std::mt19937_64 rng(testing::seed_for("rope"));
+  const std::int64_t B = 2, T = 3, Ht = 3, Hr = 2, D = 4;
+  const double theta = 10000;
+  Vec x = testing::random_vec(rng, B * T * Ht * D);
+  auto rotate = [&](Vec v, bool inverse) {
+    cpu::rope<double>(B, T, Ht, Hr, D, theta, inverse, v.data());
+    return v;
+  };
+  const Vec y = rotate(x, false);
+  // Batch 1, token 2, head 1, pair 1 turns by 2 · theta^(-2/4).
+  const std::int64_t at = ((1 * T + 2) * Ht + 1) * D + 2;
+  const double a = 2 * std::pow(theta, -0.5);
+  CHECK(y[at] == Approx(x[at] * std::cos(a) - x[at + 1] * std::sin(a)).epsilon(1e-14));
+  CHECK(y[at + 1] == Approx(x[at] * std::sin(a) + x[at + 1] * std::cos(a)).epsilon(1e-14));
+  // Token 0 and the heads beyond rotate_heads are untouched.
+  for (std::int64_t row = 0; row < B * T; ++row)
+    for (std::int64_t h = 0; h < Ht; ++h)
+      for (std::int64_t d = 0; d < D; ++d) {
+        const std::int64_t i = (row * Ht + h) * D + d;
+        if (h >= Hr || row % T == 0) REQUIRE(y[i] == x[i]);
+      }
+  CHECK(rel_err(rotate(y, true), x) < 1e-15);
+  // The backward of a rotation is the inverse rotation of the gradient.
+  const Vec w = testing::random_vec(rng, x.size());
+  const Vec fd = testing::numeric_grad(x, [&] { return testing::dot(w, rotate(x, false)); });
+  CHECK(rel_err(rotate(w, true), fd) < kFdTol);
+
+  CpuBackend be;
+  Tensor tx = upload(be, {B, T, Ht, D}, x);
+  be.rope(tx, Ht, Hr, static_cast<float>(theta), false);
+  CHECK(rel_err(download(be, tx), y) < 1e-6);
+  be.rope(tx, Ht, Hr, static_cast<float>(theta), true);
+  CHECK(rel_err(download(be, tx), x) < 1e-6);
+}
+
+struct AttentionCase {
+  std::int64_t B, T, H, G, D;
+};
+
+// Softmax attention written out loop by loop, straight from backend.h.
+void naive_attention(const AttentionCase& c, double scale, const Vec& qkv, Vec& out, Vec& lse) {
+  const std::int64_t W = (c.H + 2 * c.G) * c.D;
+  for (std::int64_t b = 0; b < c.B; ++b)
+    for (std::int64_t h = 0; h < c.H; ++h) {
+      const std::int64_t g = h / (c.H / c.G);
+      for (std::int64_t t = 0; t < c.T; ++t) {
+        Vec s(static_cast<std::size_t>(t + 1));
+        double m = -1e300;
+        for (std::int64_t j = 0; j <= t; ++j) {
+          double d = 0;
+          for (std::int64_t k = 0; k < c.D; ++k)
+            d += qkv[(b * c.T + t) * W + h * c.D + k] * qkv[(b * c.T + j) * W + (c.H + g) * c.D + k];
+          s[j] = scale * d;
+          m = std::max(m, s[j]);
+        }
+        double z = 0;
+        for (double v : s) z += std::exp(v - m);
+        lse[(b * c.H + h) * c.T + t] = m + std::log(z);
+        for (std::int64_t k = 0; k < c.D; ++k) {
+          double o = 0;
+          for (std::int64_t j = 0; j <= t; ++j)
+            o += std::exp(s[j] - m) / z * qkv[(b * c.T + j) * W + (c.H + c.G + g) * c.D + k];
+          out[((b * c.T + t) * c.H + h) * c.D + k] = o;
+        }
+      }
+    }
+}
+
+TEST_CASE("cpu attention forward and backward, grouped-query and full", "[cpu]") {
+  std::mt19937_64 rng(testing::seed_for("attention"));
+  for (const AttentionCase c : {AttentionCase{2, 5, 4, 2, 4}, AttentionCase{1, 6, 2, 2, 3},
+                                AttentionCase{2, 4, 4, 1, 2}}) {
+    INFO("B " << c.B << " T " << c.T << " H " << c.H << " G " << c.G << " D " << c.D);
+    const cpu::AttentionDims d{c.B, c.T, c.H, c.G, c.D};
+    const double scale = 1 / std::sqrt(static_cast<double>(c.D));
+    const std::int64_t nq = c.B * c.T * (c.H + 2 * c.G) * c.D, no = c.B * c.T * c.H * c.D;
+    const std::int64_t nl = c.B * c.H * c.T;
+    Vec qkv = testing::random_vec(rng, nq);
+    auto forward = [&] {
+      Vec out(static_cast<std::size_t>(no)), lse(static_cast<std::size_t>(nl));
+      cpu::attention_forward<double>(d, scale, qkv.data(), out.data(), lse.data());
+      return std::pair{out, lse};
+    };
+    const auto [out, lse] = forward();
+    Vec want_out(out.size()), want_lse(lse.size());
+    naive_attention(c, scale, qkv, want_out, want_lse);
+    CHECK(rel_err(out, want_out) < 1e-13);
+    CHECK(rel_err(lse, want_lse) < 1e-13);
+
+    const Vec dout = testing::random_vec(rng, no);
+    Vec dqkv(qkv.size(), std::nan(""));  // overwritten, every element
+    cpu::attention_backward<double>(d, scale, dout.data(), qkv.data(), out.data(), lse.data(),
+                                    dqkv.data());
+    const Vec fd = testing::numeric_grad(qkv, [&] { return testing::dot(dout, forward().first); });
+    CHECK(rel_err(dqkv, fd) < kFdTol);
+
+    CpuBackend be;
+    const AttentionOp op{static_cast<int>(c.H), static_cast<int>(c.G), static_cast<int>(c.D),
+                         static_cast<float>(scale)};
+    Tensor tq = upload(be, {c.B, c.T, c.H + 2 * c.G, c.D}, qkv);
+    Tensor to = be.empty({c.B, c.T, c.H, c.D}), tl = be.empty({c.B, c.H, c.T});
+    be.attention_forward(tq, to, tl, op);
+    CHECK(rel_err(download(be, to), out) < 1e-5);
+    CHECK(rel_err(download(be, tl), lse) < 1e-5);
+    Tensor tdq = be.empty(tq.shape());
+    be.fill(tdq, std::nanf(""));
+    be.attention_backward(upload(be, to.shape(), dout), tq, to, tl, tdq, op);
+    CHECK(rel_err(download(be, tdq), dqkv) < kF32Tol);
+  }
+}
+
+}  // namespace
+}  // namespace meshtrain
