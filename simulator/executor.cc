@@ -1,0 +1,351 @@
+#include "simulator/executor.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace meshtrain::sim {
+namespace {
+
+constexpr uint64_t kComputeDone = 0, kCollectiveDone = 1, kP2PDone = 2;
+uint64_t tag_of(uint64_t type, uint64_t id, uint64_t gen = 0) {
+  return (type << 62) | ((gen & 0x3fffffffULL) << 32) | id;
+}
+
+}  // namespace
+
+Executor::Executor(const Cluster& cluster, const CostConstants& constants, ExecutorOptions options)
+    : cluster_(cluster),
+      constants_(constants),
+      options_(options),
+      network_(std::make_unique<Network>(sim_, cluster)),
+      collectives_(std::make_unique<CollectiveEngine>(sim_, *network_, constants)),
+      device_streams_(cluster.num_gpus()),
+      comm_active_(cluster.num_gpus(), 0) {}
+
+Executor::~Executor() = default;
+
+Result<StreamId> Executor::stream(int device, std::string_view name) {
+  if (!cluster_.valid_gpu(device))
+    return make_error("device {} is not in the cluster (0..{})", device, cluster_.num_gpus() - 1);
+  const NameId n = names_.intern(name);
+  for (StreamId s : device_streams_[device])
+    if (streams_[s].name == n) return s;
+  const StreamId id = static_cast<StreamId>(streams_.size());
+  Stream st;
+  st.device = device;
+  st.name = n;
+  st.tid = static_cast<int>(device_streams_[device].size());
+  streams_.push_back(std::move(st));
+  device_streams_[device].push_back(id);
+  return id;
+}
+
+Status Executor::check_stream(StreamId s) const {
+  if (ran_) return make_error("executor already ran; build a new one for another run");
+  if (s >= streams_.size()) return make_error("stream id {} does not exist (use stream())", s);
+  return ok_status();
+}
+
+Status Executor::compute(StreamId s, NameId name, Time duration) {
+  MT_TRY(check_stream(s));
+  if (duration < 0) return make_error("compute '{}': duration must be >= 0, got {} ps", names_.name(name), duration);
+  streams_[s].tasks.push_back({Kind::kCompute, name, 0, 0, duration});
+  return ok_status();
+}
+
+Result<CollectiveId> Executor::add_collective(const CollectiveRequest& request, NameId name) {
+  MT_TRY(plan_collective(cluster_, constants_, request).context(names_.name(name)));
+  colls_.push_back({request, name, {}, 0, 0});
+  return static_cast<CollectiveId>(colls_.size() - 1);
+}
+
+Status Executor::join_collective(StreamId s, CollectiveId c) {
+  MT_TRY(check_stream(s));
+  if (c >= colls_.size()) return make_error("collective id {} does not exist (use add_collective())", c);
+  Collective& col = colls_[c];
+  const int dev = streams_[s].device;
+  if (std::find(col.request.members.begin(), col.request.members.end(), dev) == col.request.members.end())
+    return make_error("collective '{}': device {} is not a member", names_.name(col.name), dev);
+  ++col.submitted_joins;
+  streams_[s].tasks.push_back({Kind::kJoin, col.name, static_cast<int32_t>(c), 0, 0});
+  return ok_status();
+}
+
+Status Executor::send(StreamId s, int peer, double bytes, NameId name) {
+  MT_TRY(check_stream(s));
+  const int dev = streams_[s].device;
+  if (!cluster_.valid_gpu(peer) || peer == dev)
+    return make_error("send '{}' on device {}: peer {} must be another device of the cluster",
+                      names_.name(name), dev, peer);
+  if (!(bytes >= 0) || !std::isfinite(bytes))
+    return make_error("send '{}': bytes must be finite and >= 0, got {}", names_.name(name), bytes);
+  PairState& ps = p2p_by_pair_[{dev, peer}];
+  const size_t k = ps.sends++;
+  if (k == ps.entries.size()) {
+    ps.entries.push_back(static_cast<uint32_t>(p2p_.size()));
+    p2p_.push_back({dev, peer, 0, name});
+  }
+  P2P& p = p2p_[ps.entries[k]];
+  p.bytes = bytes;
+  p.name = name;
+  p.send_submitted = true;
+  streams_[s].tasks.push_back({Kind::kSend, name, static_cast<int32_t>(ps.entries[k]), 0, 0});
+  return ok_status();
+}
+
+Status Executor::recv(StreamId s, int peer, NameId name) {
+  MT_TRY(check_stream(s));
+  const int dev = streams_[s].device;
+  if (!cluster_.valid_gpu(peer) || peer == dev)
+    return make_error("recv '{}' on device {}: peer {} must be another device of the cluster",
+                      names_.name(name), dev, peer);
+  PairState& ps = p2p_by_pair_[{peer, dev}];
+  const size_t k = ps.recvs++;
+  if (k == ps.entries.size()) {
+    ps.entries.push_back(static_cast<uint32_t>(p2p_.size()));
+    p2p_.push_back({peer, dev, 0, name});
+  }
+  p2p_[ps.entries[k]].recv_submitted = true;
+  streams_[s].tasks.push_back({Kind::kRecv, name, static_cast<int32_t>(ps.entries[k]), 0, 0});
+  return ok_status();
+}
+
+Status Executor::record(StreamId s, NameId event) {
+  MT_TRY(check_stream(s));
+  auto [it, inserted] = event_slots_.try_emplace({streams_[s].device, event},
+                                                 static_cast<uint32_t>(events_submitted_.size()));
+  if (inserted) {
+    events_submitted_.push_back(0);
+    events_recorded_.push_back(0);
+  }
+  const uint32_t slot = it->second;
+  const uint32_t nth = ++events_submitted_[slot];
+  streams_[s].tasks.push_back({Kind::kRecord, event, static_cast<int32_t>(slot), nth, 0});
+  return ok_status();
+}
+
+Status Executor::wait(StreamId s, NameId event) {
+  MT_TRY(check_stream(s));
+  auto it = event_slots_.find({streams_[s].device, event});
+  if (it == event_slots_.end()) return ok_status();  // nothing recorded yet: a no-op, as in CUDA
+  streams_[s].tasks.push_back(
+      {Kind::kWait, event, static_cast<int32_t>(it->second), events_submitted_[it->second], 0});
+  return ok_status();
+}
+
+void Executor::schedule_compute(StreamId s) {
+  Stream& st = streams_[s];
+  const double speed = comm_active_[st.device] > 0 ? 1.0 / (1.0 + constants_.comm_compute_slowdown) : 1.0;
+  ++st.generation;
+  const Time left = static_cast<Time>(std::ceil(st.work_left / speed - 1e-3));
+  sim_.schedule(sim_.now() + std::max<Time>(left, 0), this, tag_of(kComputeDone, s, st.generation));
+}
+
+void Executor::set_comm_active(int device, int delta) {
+  const bool before = comm_active_[device] > 0;
+  comm_active_[device] += delta;
+  const bool after = comm_active_[device] > 0;
+  if (before == after) return;
+  // The speed of running compute on this device changes: bank the progress
+  // at the old speed and reschedule.
+  const double old_speed = before ? 1.0 / (1.0 + constants_.comm_compute_slowdown) : 1.0;
+  for (StreamId s : device_streams_[device]) {
+    Stream& st = streams_[s];
+    if (!st.running || st.tasks[st.head].kind != Kind::kCompute) continue;
+    st.work_left -= static_cast<double>(sim_.now() - st.updated) * old_speed;
+    if (st.work_left < 0) st.work_left = 0;
+    st.updated = sim_.now();
+    schedule_compute(s);
+  }
+}
+
+void Executor::try_start(StreamId s) {
+  Stream& st = streams_[s];
+  while (!st.running && st.head < st.tasks.size()) {
+    const Task& t = st.tasks[st.head];
+    switch (t.kind) {
+      case Kind::kCompute:
+        st.running = true;
+        st.started = sim_.now();
+        st.updated = sim_.now();
+        st.work_left = static_cast<double>(t.value);
+        schedule_compute(s);
+        return;
+      case Kind::kJoin: {
+        st.running = true;
+        st.started = sim_.now();
+        Collective& c = colls_[t.a];
+        c.joined.push_back(s);
+        if (c.joined.size() == c.request.members.size()) {
+          // Busy time and trace slices start when the collective does, not
+          // when each member arrived (waiting is idle time).
+          c.started = sim_.now();
+          for (StreamId m : c.joined) {
+            streams_[m].started = sim_.now();
+            set_comm_active(streams_[m].device, +1);
+          }
+          auto r = collectives_->start(c.request, options_.mode, this, tag_of(kCollectiveDone, t.a));
+          if (!r.ok() && !error_) error_ = r.error();
+        }
+        return;
+      }
+      case Kind::kSend:
+      case Kind::kRecv: {
+        st.running = true;
+        st.started = sim_.now();
+        P2P& p = p2p_[t.a];
+        if (t.kind == Kind::kSend) {
+          p.send_ready = true;
+          p.send_stream = s;
+        } else {
+          p.recv_ready = true;
+          p.recv_stream = s;
+        }
+        if (p.send_ready && p.recv_ready) start_p2p(static_cast<uint32_t>(t.a));
+        return;
+      }
+      case Kind::kRecord: {
+        events_recorded_[t.a] = std::max(events_recorded_[t.a], t.b);
+        ++st.head;
+        // A record can release waits on the other streams of this device.
+        for (StreamId o : device_streams_[st.device])
+          if (o != s) try_start(o);
+        break;
+      }
+      case Kind::kWait:
+        if (events_recorded_[t.a] < t.b) return;  // released by the record
+        ++st.head;
+        break;
+    }
+  }
+}
+
+void Executor::start_p2p(uint32_t index) {
+  P2P& p = p2p_[index];
+  p.started = sim_.now();
+  streams_[p.send_stream].started = sim_.now();
+  streams_[p.recv_stream].started = sim_.now();
+  set_comm_active(p.src, +1);
+  set_comm_active(p.dst, +1);
+  network_->start_flow(p.src, p.dst, p.bytes, this, tag_of(kP2PDone, index));
+}
+
+void Executor::finish_head(StreamId s) {
+  Stream& st = streams_[s];
+  const Task& t = st.tasks[st.head];
+  const Time dur = sim_.now() - st.started;
+  st.busy += dur;
+  if (options_.trace) {
+    const char* cat = t.kind == Kind::kCompute ? "compute"
+                      : t.kind == Kind::kJoin ? collective_kind_name(colls_[t.a].request.kind)
+                                              : (t.kind == Kind::kSend ? "send" : "recv");
+    trace_.complete(st.device, st.tid, names_.name(t.name), cat, st.started, dur);
+  }
+  st.running = false;
+  ++st.head;
+  report_.makespan = std::max(report_.makespan, sim_.now());
+  try_start(s);
+}
+
+void Executor::on_event(Simulator& sim, uint64_t tag) {
+  const uint64_t type = tag >> 62;
+  const uint32_t id = static_cast<uint32_t>(tag);
+  if (type == kComputeDone) {
+    const Stream& st = streams_[id];
+    if (((tag >> 32) & 0x3fffffffULL) != (st.generation & 0x3fffffffULL)) return;  // rescheduled
+    finish_head(id);
+  } else if (type == kCollectiveDone) {
+    Collective& c = colls_[id];
+    const int k = static_cast<int>(c.request.kind);
+    report_.collective_time[k] += sim.now() - c.started;
+    ++report_.collective_count[k];
+    for (StreamId m : c.joined) set_comm_active(streams_[m].device, -1);
+    for (StreamId m : c.joined) finish_head(m);
+  } else if (type == kP2PDone) {
+    P2P& p = p2p_[id];
+    const int k = static_cast<int>(CollectiveKind::kSendRecv);
+    report_.collective_time[k] += sim.now() - p.started;
+    ++report_.collective_count[k];
+    set_comm_active(p.src, -1);
+    set_comm_active(p.dst, -1);
+    if (options_.trace) {
+      const Stream& snd = streams_[p.send_stream];
+      const Stream& rcv = streams_[p.recv_stream];
+      trace_.flow_start(snd.device, snd.tid, id, p.started);
+      // Inside the recv slice so viewers bind the arrow to it.
+      trace_.flow_end(rcv.device, rcv.tid, id, std::max(p.started, sim.now() - 1));
+    }
+    finish_head(p.send_stream);
+    finish_head(p.recv_stream);
+  }
+}
+
+Error Executor::deadlock_error() const {
+  std::string what;
+  size_t stuck = 0;
+  for (StreamId s = 0; s < streams_.size(); ++s) {
+    const Stream& st = streams_[s];
+    if (st.head >= st.tasks.size()) continue;
+    if (++stuck > 16) continue;
+    const Task& t = st.tasks[st.head];
+    std::string why;
+    switch (t.kind) {
+      case Kind::kJoin: {
+        const Collective& c = colls_[t.a];
+        std::vector<int> missing;
+        for (int m : c.request.members) {
+          bool in = false;
+          for (StreamId j : c.joined) in = in || streams_[j].device == m;
+          if (!in) missing.push_back(m);
+        }
+        why = fmt::format("{} waiting for devices [{}] to join", collective_kind_name(c.request.kind),
+                          fmt::join(missing, ", "));
+        if (c.submitted_joins < c.request.members.size())
+          why += fmt::format(" ({} of {} members ever joined)", c.submitted_joins, c.request.members.size());
+        break;
+      }
+      case Kind::kSend:
+      case Kind::kRecv: {
+        const P2P& p = p2p_[t.a];
+        const bool is_send = t.kind == Kind::kSend;
+        const bool other_submitted = is_send ? p.recv_submitted : p.send_submitted;
+        why = is_send ? fmt::format("send to device {} waiting for its recv", p.dst)
+                      : fmt::format("recv from device {} waiting for its send", p.src);
+        if (!other_submitted) why += " (never submitted)";
+        break;
+      }
+      case Kind::kWait: why = "wait for an event record that cannot run"; break;
+      case Kind::kCompute:
+      case Kind::kRecord: why = "blocked"; break;
+    }
+    what += fmt::format("\n  device {} stream '{}' task {} '{}': {}", st.device, names_.name(st.name),
+                        st.head, names_.name(t.name), why);
+  }
+  if (stuck > 16) what += fmt::format("\n  ... and {} more streams", stuck - 16);
+  return make_error("deadlock: {} streams have tasks left but none can run:{}", stuck, what);
+}
+
+Result<RunReport> Executor::run() {
+  if (ran_) return make_error("executor already ran; build a new one for another run");
+  ran_ = true;
+  if (options_.trace) {
+    for (int d = 0; d < cluster_.num_gpus(); ++d) {
+      if (device_streams_[d].empty()) continue;
+      trace_.name_process(d, fmt::format("gpu {}", d));
+      for (StreamId s : device_streams_[d]) trace_.name_thread(d, streams_[s].tid, names_.name(streams_[s].name));
+    }
+  }
+  for (StreamId s = 0; s < streams_.size(); ++s) try_start(s);
+  sim_.run();
+  if (error_) return *error_;
+  for (const Stream& st : streams_)
+    if (st.head < st.tasks.size()) return deadlock_error();
+  report_.events = sim_.events_processed();
+  for (const Stream& st : streams_)
+    report_.streams.push_back({st.device, names_.name(st.name), st.busy, st.tasks.size()});
+  std::stable_sort(report_.streams.begin(), report_.streams.end(),
+                   [](const StreamReport& a, const StreamReport& b) { return a.device < b.device; });
+  return report_;
+}
+
+}  // namespace meshtrain::sim
