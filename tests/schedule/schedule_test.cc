@@ -183,6 +183,25 @@ TEST_CASE("one rank with several chunks hands data over in memory") {
   CHECK(must(insert_communication(s)) == s);
   require_ok(check_invariants(s));
   require_ok(dry_run(s));
+  s.ranks[0].insert(s.ranks[0].begin() + 1, Action{Action::send_act, 0, 0, 0});
+  Status st = check_invariants(s);
+  REQUIRE_FALSE(st.ok());
+  CHECK(st.error().message() ==
+        "0SA0 on a single-rank pipeline: its chunks share the rank and exchange data in memory");
+}
+
+TEST_CASE("peers follow the virtual stage order across the ring of ranks") {
+  const PipelineLayout layout{4, 2, 8};
+  // Rank 3 chunk 0 is virtual stage 3; its activation goes to stage 4 = rank 0
+  // chunk 1, and that stage's gradient comes back from rank 1 chunk 1.
+  const Action send{Action::send_act, 3, 0, 5};
+  CHECK(peer_rank(layout, send) == 0);
+  CHECK(matching_action(layout, send) == Action{Action::recv_act, 0, 1, 5});
+  const Action recv_grad{Action::recv_grad, 0, 1, 5};
+  CHECK(peer_rank(layout, recv_grad) == 1);
+  CHECK(matching_action(layout, recv_grad) == Action{Action::send_grad, 1, 1, 5});
+  CHECK(matching_action(layout, Action{Action::send_grad, 0, 1, 2}) ==
+        Action{Action::recv_grad, 3, 0, 2});
 }
 
 TEST_CASE("a swapped send and receive deadlocks and the error shows the grid") {
