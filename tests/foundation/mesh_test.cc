@@ -1,5 +1,7 @@
 #include <catch2/catch.hpp>
 
+#include <set>
+
 #include "engine/mesh.h"
 
 using namespace meshtrain;

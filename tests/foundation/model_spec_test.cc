@@ -60,7 +60,8 @@ TEST_CASE("Megatron presets carry Table 1 of Narayanan et al. 2021", "[model]") 
     CHECK(m.layers == r.layers);
     CHECK(m.vocab == 51200);
     CHECK(m.seq_len == 2048);
-    CHECK(static_cast<double>(count_parameters(m).total) / 1e9 == Approx(r.billions).epsilon(0.01));
+    // The table rounds to one decimal (1.65B is printed as 1.7).
+    CHECK(static_cast<double>(count_parameters(m).total) / 1e9 == Approx(r.billions).margin(0.05 + 1e-9));
   }
 }
 

@@ -63,7 +63,7 @@ TEST_CASE("interleaving needs chunks and a multiple of pp micro-batches", "[plan
   p.pp = 2, p.schedule = ScheduleKind::interleaved, p.global_batch = 4;
   CHECK_THAT(rejection(p, m), Catch::Contains("needs vpp >= 2"));
   p.vpp = 2, p.global_batch = 3;
-  CHECK_THAT(rejection(p, m), Catch::Contains("micro-batches (3 = global batch 3").Contains("multiple of pp 2"));
+  CHECK_THAT(rejection(p, m), Catch::Contains("micro-batches (3 = global batch 3") && Catch::Contains("multiple of pp 2"));
   p.global_batch = 4;
   CHECK(validate_plan(p, m).ok());
   Plan chunks_without_interleaving;
