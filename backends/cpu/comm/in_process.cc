@@ -89,12 +89,14 @@ InProcessHub::InProcessHub(int world_size, CommOptions options)
 
 InProcessHub::~InProcessHub() = default;
 
+void InProcessHub::record_failure(const Error& error) {
+  std::lock_guard lock(failure_mu_);
+  if (!failure_) failure_ = error;
+  poisoned_.store(true, std::memory_order_release);
+}
+
 void InProcessHub::poison(const Error& error) {
-  {
-    std::lock_guard lock(failure_mu_);
-    if (!failure_) failure_ = error;
-    poisoned_.store(true, std::memory_order_release);
-  }
+  record_failure(error);
   wake_all();
 }
 
@@ -134,6 +136,14 @@ Result<InProcessHub::GroupState*> InProcessHub::group_state(const Group& g, std:
 
 InProcessCommunicator::InProcessCommunicator(std::shared_ptr<InProcessHub> hub, int rank)
     : hub_(std::move(hub)), rank_(rank) {}
+
+// Takes this member's post back, so that no peer can see a complete group
+// that includes buffers of a rank that has returned.
+void InProcessCommunicator::withdraw_locked(InProcessHub::GroupState& gs, std::size_t member) {
+  gs.posted[member] = 0;
+  gs.calls[member] = nullptr;
+  --gs.arrived;
+}
 
 Error InProcessCommunicator::fail(Error e) {
   hub_->poison(e);
@@ -187,19 +197,24 @@ Status InProcessCommunicator::collective(const Group& g, InProcessHub::Call& cal
   gs->cv.wait_until(lock, deadline,
                     [&] { return gs->arrived == G || hub_->poisoned() || missing_exited(); });
   if (gs->arrived != G) {
-    // Withdraw under the lock, so no member can see a complete group that
-    // includes this rank's buffers once it has returned.
-    const std::vector<int> absent = missing();
-    gs->posted[me] = 0;
-    gs->calls[me] = nullptr;
-    --gs->arrived;
-    lock.unlock();
-    if (hub_->poisoned())
+    if (hub_->poisoned()) {
+      withdraw_locked(*gs, me);
+      lock.unlock();
       return make_error("{}: aborted, another rank failed: {}", where, hub_->failure()->message());
-    if (missing_exited())
-      return fail(make_error("{}: {} returned without joining it", where, comm::describe_ranks(absent)));
-    return fail(make_error("{}: timed out after {} ms; still waiting for {}", where,
-                           hub_->options().timeout.count(), comm::describe_ranks(absent)));
+    }
+    // The failure is recorded before this rank withdraws, under the group's
+    // lock, so a peer timing out at the same moment reads it as the cause
+    // instead of naming this rank as missing.
+    const std::vector<int> absent = missing();
+    Error e = missing_exited()
+                  ? make_error("{}: {} returned without joining it", where, comm::describe_ranks(absent))
+                  : make_error("{}: timed out after {} ms; still waiting for {}", where,
+                               hub_->options().timeout.count(), comm::describe_ranks(absent));
+    hub_->record_failure(e);
+    withdraw_locked(*gs, me);
+    lock.unlock();
+    hub_->wake_all();
+    return e;
   }
   const std::vector<const InProcessHub::Call*> calls = gs->calls;
   lock.unlock();

@@ -68,6 +68,9 @@ class InProcessHub {
   // member list was used with the same id.
   Result<GroupState*> group_state(const Group& g, std::string_view op);
   bool poisoned() const { return poisoned_.load(std::memory_order_acquire); }
+  // poison() without the wake-up: callable while holding a GroupState::mu
+  // (failure_mu_ is a leaf lock), which poison() is not.
+  void record_failure(const Error& error);
   bool exited(int rank) const { return exited_[static_cast<std::size_t>(rank)].load(); }
   // Locks and notifies every group and mailbox so that waiters re-check.
   void wake_all();
@@ -81,8 +84,8 @@ class InProcessHub {
 
   std::unique_ptr<std::atomic<bool>[]> exited_;  // by rank; set once, never cleared
 
-  // Lock order: groups_mu_ before any GroupState::mu; nothing is locked while
-  // a GroupState::mu or Mailbox::mu is held.
+  // Lock order: groups_mu_ before any GroupState::mu; failure_mu_ is taken
+  // last and nothing is locked while holding it or a Mailbox::mu.
   std::mutex groups_mu_;  // guards the map groups_ (not the states it owns)
   std::map<int, std::unique_ptr<GroupState>> groups_;
 
@@ -114,6 +117,8 @@ class InProcessCommunicator final : public Communicator {
   // Posts this rank's part of a collective, waits for the group, does this
   // member's share of the data movement, waits for the group to finish.
   Status collective(const Group& g, InProcessHub::Call& call);
+  // With gs.mu held.
+  void withdraw_locked(InProcessHub::GroupState& gs, std::size_t member);
   // Poisons the hub with `e` and returns it.
   Error fail(Error e);
   // Fails at once when the hub is poisoned.

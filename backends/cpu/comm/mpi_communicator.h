@@ -1,0 +1,121 @@
+// Ranks as MPI processes: the "mpi" communicator. One per process; global
+// ranks are MPI_COMM_WORLD ranks.
+//
+// Collectives are built from non-blocking point-to-point messages, not from
+// MPI's collectives, for two reasons: MPI_Allreduce may combine in any order,
+// and a per-peer request is what lets a timeout name the peers that have not
+// arrived. Reductions use the same ordered fold as the in-process communicator
+// (comm::combine over contributions in ascending group order), so the two agree
+// bit for bit:
+//   all_reduce     member k receives block k of every contribution, folds
+//                  them in group order and sends the result to every member
+//                  (reduce-scatter then all-gather, 2(G-1)/G of the data per rank);
+//   reduce_scatter member k receives block k of every input and folds it;
+//   all_gather, broadcast, all_to_all  direct sends to each member;
+//   barrier        an empty message between every pair of members.
+// Each group gets its own MPI communicator, made once per Group id (after a
+// timed handshake among the members, so that creating it cannot hang) and
+// cached. Point-to-point send/recv use a duplicate of MPI_COMM_WORLD of their
+// own; a send copies the data and returns at once.
+//
+// Waiting polls MPI_Test until the deadline (MPI has no timed wait). On a
+// timeout or an MPI error the call returns an Error naming the op, group and
+// the peers whose messages are incomplete, cancels what it can, and the
+// communicator is poisoned. The peers cannot be told: the program must then
+// call abort_job (mpi_environment.h), which stops every rank. Until it does,
+// sends that could not be cancelled may still read the caller's buffers.
+#pragma once
+
+#include <mpi.h>
+
+#include <list>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "backends/cpu/communicator.h"
+
+namespace meshtrain {
+
+class MpiCommunicator final : public Communicator {
+ public:
+  // Needs an initialised MPI (MpiEnvironment). Collective over MPI_COMM_WORLD
+  // (it duplicates it): every process creates its communicator at start-up.
+  static Result<std::unique_ptr<MpiCommunicator>> create(CommOptions options = {});
+  // Waits (up to the timeout) for buffered sends to leave, then frees the
+  // communicators. Must run before MPI_Finalize.
+  ~MpiCommunicator() override;
+  MpiCommunicator(const MpiCommunicator&) = delete;
+  MpiCommunicator& operator=(const MpiCommunicator&) = delete;
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_; }
+  std::string_view kind() const override { return "mpi"; }
+
+  Status all_reduce(std::span<float> data, const Group& g, ReduceOp op) override;
+  Status reduce_scatter(std::span<const float> in, std::span<float> out, const Group& g,
+                        ReduceOp op) override;
+  Status all_gather(std::span<const float> in, std::span<float> out, const Group& g) override;
+  Status broadcast(std::span<float> data, const Group& g, int root_global_rank) override;
+  Status all_to_all(std::span<const float> in, std::span<const std::int64_t> send_counts,
+                    std::span<float> out, std::span<const std::int64_t> recv_counts,
+                    const Group& g) override;
+  Status send(std::span<const float> data, int peer_global_rank, int tag) override;
+  Status recv(std::span<float> data, int peer_global_rank, int tag) override;
+  Status barrier(const Group& g) override;
+
+ private:
+  // One outstanding message of the call in progress.
+  struct Pending {
+    MPI_Request request = MPI_REQUEST_NULL;
+    int peer = -1;              // global rank
+    bool is_recv = false;
+    std::size_t expected = 0;   // recv: elements the peer must send
+    MPI_Datatype type = MPI_FLOAT;
+  };
+  struct BufferedSend {
+    std::vector<float> data;  // owned copy; MPI reads it until the request completes
+    MPI_Request request = MPI_REQUEST_NULL;
+  };
+  struct SubComm {
+    std::vector<int> ranks;
+    MPI_Comm comm = MPI_COMM_NULL;
+  };
+
+  explicit MpiCommunicator(CommOptions options) : options_(options) {}
+
+  // Checks liveness, the group and that `largest` elements fit an MPI count;
+  // returns the group's communicator.
+  Result<MPI_Comm> begin(const Group& g, const std::string& where, std::string_view op,
+                         std::size_t largest);
+  // Post one message of a call on group communicator `comm`; `member` is a
+  // group index.
+  void post_recv(std::vector<Pending>& pending, MPI_Comm comm, const Group& g, int member,
+                 float* buf, std::size_t n, int tag);
+  void post_send(std::vector<Pending>& pending, MPI_Comm comm, const Group& g, int member,
+                 const float* buf, std::size_t n, int tag);
+  // "rank 0: all_reduce on group 3 (ranks [0, 2])": the prefix of every error.
+  std::string where(std::string_view op, const Group& g) const;
+  Result<MPI_Comm> sub_comm(const Group& g, const std::string& where);
+  // Polls until every request completes or the deadline passes.
+  Status wait_all(std::vector<Pending>& pending, const std::string& where);
+  void reap_sends();
+  Error fail(Error e);
+  Status check_alive(const std::string& where) const;
+
+  CommOptions options_;
+  int rank_ = 0;
+  int world_ = 1;
+  int tag_ub_ = 32767;  // the standard's minimum until MPI tells us
+  MPI_Comm p2p_ = MPI_COMM_NULL;     // send/recv
+  MPI_Comm setup_ = MPI_COMM_NULL;   // handshakes before a group's communicator is made
+  MPI_Comm parent_ = MPI_COMM_NULL;  // parent of the group communicators
+  std::map<int, SubComm> groups_;    // by Group id
+  std::list<BufferedSend> sends_;    // in flight; a list, so entries never move
+  std::vector<float> scratch_;       // received contributions, reused across calls
+  std::optional<Error> failure_;     // set by the first failure: poisons every later call
+};
+
+}  // namespace meshtrain

@@ -1,0 +1,21 @@
+// abort_job must stop every rank of the job with a non-zero exit. Rank 1 fails
+// at once; rank 0 waits on it with a long timeout and exits 0 if it is still
+// alive when that runs out, so the CTest (WILL_FAIL) passes only through the abort.
+#include <chrono>
+
+#include "backends/cpu/comm/mpi_communicator.h"
+#include "backends/cpu/comm/mpi_environment.h"
+
+using namespace meshtrain;
+
+int main(int argc, char** argv) {
+  auto env = MpiEnvironment::init(&argc, &argv);
+  if (!env.ok()) abort_job(env.error());
+  CommOptions opt;
+  opt.timeout = std::chrono::seconds(20);
+  auto comm = MpiCommunicator::create(opt);
+  if (!comm.ok()) abort_job(comm.error());
+  if ((*comm)->rank() == 1) abort_job(make_error("rank 1: injected failure"));
+  Status st = (*comm)->barrier(Group{0, {0, 1}});
+  return st.ok() ? 1 : 0;
+}
