@@ -41,9 +41,12 @@ Result<ScheduleKind> parse_schedule_kind(std::string_view name) {
 
 std::string_view schedule_kind_name(ScheduleKind kind) {
   switch (kind) {
-    case ScheduleKind::gpipe: return "gpipe";
-    case ScheduleKind::one_f_one_b: return "1f1b";
-    case ScheduleKind::interleaved_1f1b: return "interleaved";
+    case ScheduleKind::gpipe:
+      return "gpipe";
+    case ScheduleKind::one_f_one_b:
+      return "1f1b";
+    case ScheduleKind::interleaved_1f1b:
+      return "interleaved";
   }
   return "?";
 }
@@ -54,8 +57,7 @@ Result<Schedule> build_gpipe(const PipelineLayout& layout) {
   for (int r = 0; r < layout.stages; ++r) {
     auto& row = s.ranks[static_cast<size_t>(r)];
     for (int j = 0; j < layout.microbatches; ++j) row.push_back(compute(Action::forward, r, 0, j));
-    for (int j = 0; j < layout.microbatches; ++j)
-      row.push_back(compute(Action::backward, r, 0, j));
+    for (int j = 0; j < layout.microbatches; ++j) row.push_back(compute(Action::backward, r, 0, j));
   }
   return s;
 }
@@ -92,9 +94,9 @@ Result<Schedule> build_interleaved_1f1b(const PipelineLayout& layout) {
         "chunks_per_stage={}; set chunks_per_stage>=2 or use 1f1b",
         v);
   if (m % p != 0) {
-    const std::string fix = m < p ? fmt::format("use {} microbatches", p)
-                                  : fmt::format("use {} or {} microbatches", m / p * p,
-                                                (m / p + 1) * p);
+    const std::string fix =
+        m < p ? fmt::format("use {} microbatches", p)
+              : fmt::format("use {} or {} microbatches", m / p * p, (m / p + 1) * p);
     return make_error(
         "the interleaved schedule needs microbatches to be a multiple of stages, got "
         "microbatches={} stages={}; {}",
@@ -130,9 +132,12 @@ Result<Schedule> build_interleaved_1f1b(const PipelineLayout& layout) {
 
 Result<Schedule> build_schedule(ScheduleKind kind, const PipelineLayout& layout) {
   switch (kind) {
-    case ScheduleKind::gpipe: return build_gpipe(layout);
-    case ScheduleKind::one_f_one_b: return build_1f1b(layout);
-    case ScheduleKind::interleaved_1f1b: return build_interleaved_1f1b(layout);
+    case ScheduleKind::gpipe:
+      return build_gpipe(layout);
+    case ScheduleKind::one_f_one_b:
+      return build_1f1b(layout);
+    case ScheduleKind::interleaved_1f1b:
+      return build_interleaved_1f1b(layout);
   }
   return make_error("unknown schedule kind {}", static_cast<int>(kind));
 }

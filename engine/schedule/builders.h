@@ -3,9 +3,9 @@
 // rejects a layout it cannot run with an Error naming the numbers and the fix.
 #pragma once
 
-#include "engine/schedule/schedule.h"
-
 #include <string_view>
+
+#include "engine/schedule/schedule.h"
 
 namespace meshtrain::schedule {
 

@@ -9,23 +9,31 @@ int peer_virtual_stage(const PipelineLayout& layout, const Action& a) {
   const int s = virtual_stage(layout, a);
   switch (a.kind) {
     case Action::send_act:
-    case Action::recv_grad: return s + 1;
+    case Action::recv_grad:
+      return s + 1;
     case Action::recv_act:
-    case Action::send_grad: return s - 1;
+    case Action::send_grad:
+      return s - 1;
     case Action::forward:
-    case Action::backward: break;
+    case Action::backward:
+      break;
   }
   return s;
 }
 
 Action::Kind matching_kind(Action::Kind kind) {
   switch (kind) {
-    case Action::send_act: return Action::recv_act;
-    case Action::recv_act: return Action::send_act;
-    case Action::send_grad: return Action::recv_grad;
-    case Action::recv_grad: return Action::send_grad;
+    case Action::send_act:
+      return Action::recv_act;
+    case Action::recv_act:
+      return Action::send_act;
+    case Action::send_grad:
+      return Action::recv_grad;
+    case Action::recv_grad:
+      return Action::send_grad;
     case Action::forward:
-    case Action::backward: break;
+    case Action::backward:
+      break;
   }
   return kind;
 }

@@ -1,12 +1,12 @@
 #include "engine/schedule/dry_run.h"
 
-#include "engine/schedule/communication.h"
-#include "engine/schedule/validate.h"
-
 #include <fmt/format.h>
 
 #include <string>
 #include <vector>
+
+#include "engine/schedule/communication.h"
+#include "engine/schedule/validate.h"
 
 namespace meshtrain::schedule {
 
@@ -33,8 +33,14 @@ class Flags {
 // What the ranks have done so far; sends are keyed by the sender's action.
 struct State {
   explicit State(const PipelineLayout& l)
-      : forwarded(l), backwarded(l), act_in(l), grad_in(l), act_sent(l), grad_sent(l),
-        act_taken(l), grad_taken(l) {}
+      : forwarded(l),
+        backwarded(l),
+        act_in(l),
+        grad_in(l),
+        act_sent(l),
+        grad_sent(l),
+        act_taken(l),
+        grad_taken(l) {}
   Flags forwarded, backwarded;  // compute done
   Flags act_in, grad_in;        // received on the consumer side
   Flags act_sent, grad_sent;    // issued by the sender (visible from the next step)
@@ -76,7 +82,8 @@ Result<Outcome> step_action(const PipelineLayout& layout, State& st, const Actio
       if (peer < 0 || peer > last)
         return make_error("{} sends to virtual stage {}, which does not exist", format_action(a),
                           peer);
-      if ((act ? st.act_sent : st.grad_sent)(a)) return make_error("{} is sent twice", format_action(a));
+      if ((act ? st.act_sent : st.grad_sent)(a))
+        return make_error("{} is sent twice", format_action(a));
       sends_this_step.push_back(a);
       return Outcome::ran;
     }
@@ -153,7 +160,8 @@ Status dry_run(const Schedule& schedule) {
       return make_error("pipeline deadlock at step {}: {}\n{}", step, waits,
                         format_grid(labels, grid));
     }
-    for (const Action& a : sends) (a.kind == Action::send_act ? st.act_sent : st.grad_sent)(a) = true;
+    for (const Action& a : sends)
+      (a.kind == Action::send_act ? st.act_sent : st.grad_sent)(a) = true;
     for (size_t r = 0; r < ranks; ++r) cells[r].push_back(std::move(column[r]));
     ++step;
   }

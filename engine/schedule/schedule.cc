@@ -49,8 +49,7 @@ Result<Action> parse_cell_body(std::string_view token, std::string_view rest, in
       break;
     }
   }
-  if (!found)
-    return make_error("action '{}': expected a kind F, B, SA, RA, SG or RG", token);
+  if (!found) return make_error("action '{}': expected a kind F, B, SA, RA, SG or RG", token);
   if (!take_number(rest, a.microbatch))
     return make_error("action '{}': expected a microbatch number after the kind", token);
   if (rest.starts_with('.')) {
@@ -58,8 +57,7 @@ Result<Action> parse_cell_body(std::string_view token, std::string_view rest, in
     if (!take_number(rest, a.chunk))
       return make_error("action '{}': expected a chunk number after '.'", token);
   }
-  if (!rest.empty())
-    return make_error("action '{}': unexpected '{}' at the end", token, rest);
+  if (!rest.empty()) return make_error("action '{}': unexpected '{}' at the end", token, rest);
   return a;
 }
 
@@ -68,8 +66,8 @@ Status check_in_layout(const PipelineLayout& layout, const Action& a, std::strin
     return make_error("action '{}': stage {} is outside the {} stages", token, a.stage,
                       layout.stages);
   if (a.chunk >= layout.chunks_per_stage)
-    return make_error("action '{}': chunk {} is outside the {} chunks per stage", token,
-                      a.chunk, layout.chunks_per_stage);
+    return make_error("action '{}': chunk {} is outside the {} chunks per stage", token, a.chunk,
+                      layout.chunks_per_stage);
   if (a.microbatch >= layout.microbatches)
     return make_error("action '{}': microbatch {} is outside the {} microbatches", token,
                       a.microbatch, layout.microbatches);
@@ -104,9 +102,7 @@ std::string format_cell(const Action& a) {
   return fmt::format("{}{}.{}", kind_name(a.kind), a.microbatch, a.chunk);
 }
 
-std::string format_action(const Action& a) {
-  return fmt::format("{}{}", a.stage, format_cell(a));
-}
+std::string format_action(const Action& a) { return fmt::format("{}{}", a.stage, format_cell(a)); }
 
 Result<Action> parse_action(std::string_view token) {
   std::string_view rest = token;
@@ -168,8 +164,8 @@ Result<Schedule> parse_schedule(const PipelineLayout& layout, std::string_view t
     int rank = 0;
     std::string_view label = tokens.size() > 1 ? tokens[1] : std::string_view();
     if (tokens[0] != "rank" || !take_number(label, rank) || label != ":")
-      return make_error("schedule line {}: expected 'rank R:' at the start, got '{}'",
-                        line_no, line);
+      return make_error("schedule line {}: expected 'rank R:' at the start, got '{}'", line_no,
+                        line);
     if (rank >= layout.stages)
       return make_error("schedule line {}: rank {} is outside the {} stages", line_no, rank,
                         layout.stages);

@@ -12,11 +12,11 @@
 // blocks r, r+p, r+2p, ... so activations hop rank 0 → 1 → ... → p-1 → 0 ...
 #pragma once
 
-#include "core/status.h"
-
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "core/status.h"
 
 namespace meshtrain::schedule {
 

@@ -1,11 +1,11 @@
 #include "engine/schedule/timing.h"
 
-#include "engine/schedule/validate.h"
-
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <string>
+
+#include "engine/schedule/validate.h"
 
 namespace meshtrain::schedule {
 

@@ -26,16 +26,16 @@
 // interleaved) and b/f from 0.25 to 3.
 #pragma once
 
-#include "engine/schedule/schedule.h"
-
 #include <vector>
+
+#include "engine/schedule/schedule.h"
 
 namespace meshtrain::schedule {
 
 struct Timing {
-  double makespan = 0;        // T
-  std::vector<double> busy;   // [r] compute time of rank r
-  double bubble_fraction = 0; // (p·T - Σ busy) / (p·T)
+  double makespan = 0;         // T
+  std::vector<double> busy;    // [r] compute time of rank r
+  double bubble_fraction = 0;  // (p·T - Σ busy) / (p·T)
 };
 
 // forward, backward: time of one microbatch through one chunk (> 0). An

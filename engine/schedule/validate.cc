@@ -1,8 +1,8 @@
 #include "engine/schedule/validate.h"
 
-#include "engine/schedule/communication.h"
-
 #include <algorithm>
+
+#include "engine/schedule/communication.h"
 
 namespace meshtrain::schedule {
 

@@ -2,9 +2,9 @@
 // memory. dry_run.h checks what only execution shows (deadlock, causality).
 #pragma once
 
-#include "engine/schedule/schedule.h"
-
 #include <vector>
+
+#include "engine/schedule/schedule.h"
 
 namespace meshtrain::schedule {
 

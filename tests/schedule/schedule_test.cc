@@ -1,20 +1,20 @@
 // Pipeline schedules as data: builders against hand-derived Megatron
 // schedules, the communication pass, the invariants, the dry run, the timing
 // model against its closed forms, and the text form.
-#include "engine/schedule/builders.h"
-#include "engine/schedule/communication.h"
-#include "engine/schedule/dry_run.h"
 #include "engine/schedule/schedule.h"
-#include "engine/schedule/timing.h"
-#include "engine/schedule/validate.h"
-
-#include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
+
+#include "engine/schedule/builders.h"
+#include "engine/schedule/communication.h"
+#include "engine/schedule/dry_run.h"
+#include "engine/schedule/timing.h"
+#include "engine/schedule/validate.h"
 
 using namespace meshtrain;
 using namespace meshtrain::schedule;
@@ -156,8 +156,10 @@ TEST_CASE("every layout runs without deadlock and keeps the in-flight bound") {
     for (int v = 1; v <= 4; ++v) {
       for (int m : {1, 2, p, p + 1, 2 * p, 3 * p}) {
         std::vector<ScheduleKind> kinds;
-        if (v == 1) kinds = {ScheduleKind::gpipe, ScheduleKind::one_f_one_b};
-        else if (m % p == 0) kinds = {ScheduleKind::interleaved_1f1b};
+        if (v == 1)
+          kinds = {ScheduleKind::gpipe, ScheduleKind::one_f_one_b};
+        else if (m % p == 0)
+          kinds = {ScheduleKind::interleaved_1f1b};
         for (ScheduleKind kind : kinds) {
           INFO("schedule " << schedule_kind_name(kind) << " p=" << p << " v=" << v << " m=" << m);
           Schedule compute = must(build_schedule(kind, {p, v, m}));
@@ -268,8 +270,8 @@ TEST_CASE("a deadlock in a larger schedule marks every stuck rank") {
        "15", "stuck"},
       {"rank", "0:", "F0", "SA0", "F1", "SA1", "F2", ".", ".", ".", ".", ".", ".", ".", ".", ".",
        ".", ".", "[RG0]"},
-      {"rank", "1:", ".", ".", "RA0", "F0", "SA0", "RA1", "F1", "SA1", ".", ".", ".", ".", ".",
-       ".", ".", ".", "[RA2]"},
+      {"rank", "1:", ".", ".", "RA0", "F0", "SA0", "RA1", "F1", "SA1", ".", ".", ".", ".", ".", ".",
+       ".", ".", "[RA2]"},
       {"rank", "2:", ".", ".", ".", ".", ".", "RA0", "F0", "SA0", "RA1", "F1", "SA1", ".", "RG0",
        "B0", "SG0", ".", "[RA2]"},
       {"rank", "3:", ".", ".", ".", ".", ".", ".", ".", ".", "RA0", "F0", "B0", "SG0", "RA1", "F1",
@@ -336,7 +338,9 @@ TEST_CASE("invariant violations name the action") {
 }
 
 TEST_CASE("bad layouts are errors that name the numbers and the fix") {
-  auto message = [](Result<Schedule> r) { return r.ok() ? std::string("ok") : r.error().message(); };
+  auto message = [](Result<Schedule> r) {
+    return r.ok() ? std::string("ok") : r.error().message();
+  };
   CHECK(message(build_interleaved_1f1b({4, 2, 6})) ==
         "the interleaved schedule needs microbatches to be a multiple of stages, got "
         "microbatches=6 stages=4; use 4 or 8 microbatches");
@@ -372,8 +376,8 @@ TEST_CASE("schedule kinds parse by their --schedule names") {
 
 TEST_CASE("actions print and parse back") {
   const std::vector<std::pair<Action, std::string>> cases = {
-      {{Action::forward, 2, 0, 3}, "2F3"},       {{Action::backward, 1, 1, 3}, "1B3.1"},
-      {{Action::send_act, 0, 1, 5}, "0SA5.1"},   {{Action::recv_act, 3, 0, 12}, "3RA12"},
+      {{Action::forward, 2, 0, 3}, "2F3"},        {{Action::backward, 1, 1, 3}, "1B3.1"},
+      {{Action::send_act, 0, 1, 5}, "0SA5.1"},    {{Action::recv_act, 3, 0, 12}, "3RA12"},
       {{Action::send_grad, 10, 2, 0}, "10SG0.2"}, {{Action::recv_grad, 1, 0, 7}, "1RG7"},
   };
   for (const auto& [action, text] : cases) {
@@ -464,8 +468,8 @@ TEST_CASE("simulated makespan equals the closed-form bubble") {
             }
             for (int k = 0; k < n; ++k) {
               PipelineLayout layout{p, v, m};
-              INFO(schedule_kind_name(kinds[k]) << " p=" << p << " v=" << v << " m=" << m
-                                                << " b=" << b);
+              INFO(schedule_kind_name(kinds[k])
+                   << " p=" << p << " v=" << v << " m=" << m << " b=" << b);
               auto t = simulate_timing(must(build_schedule(kinds[k], layout)), 1.0, b);
               REQUIRE(t.ok());
               CHECK(t->makespan == Approx((m * v + p - 1) * (1.0 + b)).epsilon(1e-12));
@@ -486,7 +490,8 @@ TEST_CASE("timing rejects what it cannot time") {
   Schedule cycle = must(parse_schedule({2, 1, 1}, "rank 0: B0 F0\nrank 1: F0 B0\n"));
   auto stuck = simulate_timing(cycle, 1, 2);
   REQUIRE_FALSE(stuck.ok());
-  CHECK(stuck.error().message() == "timing: these actions wait on work that never finishes: 0B0 1F0");
+  CHECK(stuck.error().message() ==
+        "timing: these actions wait on work that never finishes: 0B0 1F0");
 
   auto bad = simulate_timing(must(build_gpipe({2, 1, 2})), 0, 2);
   REQUIRE_FALSE(bad.ok());
