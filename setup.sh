@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Sets up a fresh Debian machine for meshtrain, builds it, then runs one job.
+#
+#   ./setup.sh          install dependencies, build, run the default job
+#   ./setup.sh test     install dependencies, build, run the whole test suite
+#
+# Dependencies come from Debian's packages only. The CUDA Toolkit and NCCL are
+# not installed here: the cuda backend is built when they are found (as under
+# /usr/local/cuda) and skipped, with a configure message, when they are not.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+packages=(cmake ninja-build g++ pkg-config catch2 libtbb-dev libboost-graph-dev libopenmpi-dev openmpi-bin
+          nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev libopenblas-dev)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  sudo_cmd=""
+  [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+jobs=$(nproc)
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release
+cmake --build build -j "$jobs"
+
+case "${1:-run}" in
+  run)
+    ./build/engine/meshtrain info --model gpt2-124m --tp 2 --pp 2 --dp 2 --zero 1
+    ;;
+  test)
+    # Open MPI refuses to run as root without these; CI runs as root.
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+    ctest --test-dir build --output-on-failure -j "$jobs"
+    ;;
+  *)
+    echo "usage: ./setup.sh [run|test]" >&2
+    exit 2
+    ;;
+esac
