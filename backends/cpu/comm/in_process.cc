@@ -190,12 +190,14 @@ Status InProcessCommunicator::collective(const Group& g, InProcessHub::Call& cal
     return m;
   };
   auto missing_exited = [&] {
+    std::vector<int> m;
     for (std::size_t i = 0; i < gs->ranks.size(); ++i)
-      if (gs->posted[i] != seq && hub_->exited(gs->ranks[i])) return true;
-    return false;
+      if (gs->posted[i] != seq && hub_->exited(gs->ranks[i])) m.push_back(gs->ranks[i]);
+    return m;
   };
-  gs->cv.wait_until(lock, deadline,
-                    [&] { return gs->arrived == G || hub_->poisoned() || missing_exited(); });
+  gs->cv.wait_until(lock, deadline, [&] {
+    return gs->arrived == G || hub_->poisoned() || !missing_exited().empty();
+  });
   if (gs->arrived != G) {
     if (hub_->poisoned()) {
       withdraw_locked(*gs, me);
@@ -205,11 +207,11 @@ Status InProcessCommunicator::collective(const Group& g, InProcessHub::Call& cal
     // The failure is recorded before this rank withdraws, under the group's
     // lock, so a peer timing out at the same moment reads it as the cause
     // instead of naming this rank as missing.
-    const std::vector<int> absent = missing();
-    Error e = missing_exited()
-                  ? make_error("{}: {} returned without joining it", where, comm::describe_ranks(absent))
+    const std::vector<int> gone = missing_exited();
+    Error e = !gone.empty()
+                  ? make_error("{}: {} returned without joining it", where, comm::describe_ranks(gone))
                   : make_error("{}: timed out after {} ms; still waiting for {}", where,
-                               hub_->options().timeout.count(), comm::describe_ranks(absent));
+                               hub_->options().timeout.count(), comm::describe_ranks(missing()));
     hub_->record_failure(e);
     withdraw_locked(*gs, me);
     lock.unlock();
