@@ -1,0 +1,199 @@
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <numeric>
+
+#include "simulator/collective.h"
+
+using namespace meshtrain::sim;
+
+namespace {
+
+Cluster make(const std::string& preset, int gpus) {
+  auto c = Cluster::build(*cluster_preset(preset), gpus);
+  REQUIRE(c.ok());
+  return std::move(c).value();
+}
+
+std::vector<int> iota(int n) {
+  std::vector<int> v(n);
+  std::iota(v.begin(), v.end(), 0);
+  return v;
+}
+
+CollectiveResult sim(const Cluster& c, CollectiveKind kind, std::vector<int> members, double bytes,
+                     Algorithm a, CollectiveMode mode = CollectiveMode::kFlows) {
+  CostConstants k;
+  CollectiveRequest req{kind, std::move(members), bytes, a, 0};
+  auto r = simulate_collective(c, k, req, mode);
+  REQUIRE(r.ok());
+  return *r;
+}
+
+const double kGiB = 1024.0 * 1024 * 1024;
+
+}  // namespace
+
+TEST_CASE("busbw factors are nccl-tests'", "[simulator][collective]") {
+  CHECK(busbw_factor(CollectiveKind::kAllReduce, 8) == 2.0 * 7 / 8);
+  CHECK(busbw_factor(CollectiveKind::kReduceScatter, 8) == 7.0 / 8);
+  CHECK(busbw_factor(CollectiveKind::kAllGather, 4) == 3.0 / 4);
+  CHECK(busbw_factor(CollectiveKind::kAllToAll, 16) == 15.0 / 16);
+  CHECK(busbw_factor(CollectiveKind::kBroadcast, 8) == 1.0);
+  CHECK(busbw_factor(CollectiveKind::kSendRecv, 2) == 1.0);
+}
+
+TEST_CASE("ring all-reduce on one switch: 2(n-1)/n S/B + 2(n-1) alpha", "[simulator][collective]") {
+  Cluster c = make("dgx-h100", 8);
+  const CostConstants k;
+  const double B = 450e9, S = kGiB;
+  for (int n : {2, 4, 8}) {
+    CollectiveResult r = sim(c, CollectiveKind::kAllReduce, iota(n), S, Algorithm::kRing);
+    const double want = 2.0 * (n - 1) / n * S / B + 2.0 * (n - 1) * to_seconds(k.collective_alpha);
+    CHECK(to_seconds(r.duration) == Approx(want).epsilon(0.01));
+    // nccl-tests: algbw = S / t, busbw = algbw · 2(n-1)/n, which for a ring
+    // approaches the link bandwidth.
+    CHECK(r.algbw == Approx(S / to_seconds(r.duration)));
+    CHECK(r.busbw == Approx(r.algbw * 2.0 * (n - 1) / n));
+    CHECK(r.busbw == Approx(B).epsilon(0.02));
+  }
+}
+
+TEST_CASE("analytic mode agrees with flows when nothing contends", "[simulator][collective]") {
+  Cluster c = make("dgx-a100", 32);
+  for (auto [kind, a] : {std::pair{CollectiveKind::kAllReduce, Algorithm::kRing},
+                         std::pair{CollectiveKind::kAllReduce, Algorithm::kHierarchical},
+                         std::pair{CollectiveKind::kAllGather, Algorithm::kRing},
+                         std::pair{CollectiveKind::kAllToAll, Algorithm::kPairwise}}) {
+    const Time f = sim(c, kind, iota(32), 256e6, a).duration;
+    const Time an = sim(c, kind, iota(32), 256e6, a, CollectiveMode::kAnalytic).duration;
+    INFO(collective_kind_name(kind) << " " << algorithm_name(a));
+    CHECK(to_seconds(an) == Approx(to_seconds(f)).epsilon(0.02));
+  }
+}
+
+TEST_CASE("hierarchical all-reduce matches its three-phase formula", "[simulator][collective]") {
+  Cluster c = make("dgx-h100", 16);
+  const CostConstants k;
+  const double S = kGiB, Bnv = 450e9, Bnic = 50e9;
+  const int L = 8, N = 2;
+  const double alpha = to_seconds(k.collective_alpha);
+  const double lat_nv = 500e-9;   // 2 NVLink hops
+  const double lat_net = 2.2e-6;  // PCIe, PCIe, NIC, NIC, PCIe, PCIe: 250+250+600+600+250+250 ns
+  const double intra = (L - 1) * (alpha + lat_nv + S / L / Bnv);
+  const double inter = 2 * (N - 1) * (alpha + lat_net + S / L / N / Bnic);
+  CollectiveResult r = sim(c, CollectiveKind::kAllReduce, iota(16), S, Algorithm::kHierarchical);
+  CHECK(to_seconds(r.duration) == Approx(2 * intra + inter).epsilon(0.01));
+  // A flat ring crosses the NICs with S/n per step on 2(n-1) steps, so it
+  // is slower than the hierarchy, whose network phase moves S/L per rail.
+  CHECK(sim(c, CollectiveKind::kAllReduce, iota(16), S, Algorithm::kRing).duration > r.duration);
+  // Hierarchical needs the same GPUs on every node.
+  CostConstants kk;
+  auto bad = plan_collective(c, kk, {CollectiveKind::kAllReduce, {0, 1, 2, 8}, S, Algorithm::kHierarchical, 0});
+  REQUIRE_FALSE(bad.ok());
+  CHECK_THAT(bad.error().message(), Catch::Contains("same number of members"));
+}
+
+TEST_CASE("double binary tree: structure, log latency, and the auto choice", "[simulator][collective]") {
+  Cluster c = make("dgx-a100", 64);
+  const CostConstants k;
+  for (int n : {2, 5, 8, 13, 64}) {
+    auto plan = plan_collective(c, k, {CollectiveKind::kAllReduce, iota(n), 1e6, Algorithm::kTree, 0});
+    REQUIRE(plan.ok());
+    const auto& pairs = plan->orders[0];
+    // Two trees, each n-1 edges, each edge up and down: 4(n-1) flows.
+    REQUIRE(pairs.size() == 8u * (n - 1));
+    // Every member has a parent in each tree except the two roots.
+    std::vector<int> ups(n, 0);
+    for (size_t i = 0; i < pairs.size(); i += 4) ++ups[pairs[i]];
+    int roots = 0;
+    for (int u : ups) {
+      CHECK(u <= 2);
+      roots += 2 - u;
+    }
+    CHECK(roots == 2);
+  }
+  // A tiny message is latency bound: 2h + C - 1 steps with C = 1 and
+  // h = ceil(log2 64) = 6 is 12 steps, against 126 for the ring.
+  const double tiny = 8192;
+  const Time tree = sim(c, CollectiveKind::kAllReduce, iota(64), tiny, Algorithm::kTree).duration;
+  const Time ring = sim(c, CollectiveKind::kAllReduce, iota(64), tiny, Algorithm::kRing).duration;
+  CHECK(tree < ring);
+  CHECK(to_seconds(tree) >= 12 * to_seconds(k.collective_alpha));
+  CHECK(to_seconds(tree) <= 12 * (to_seconds(k.collective_alpha) + 10e-6));
+  CHECK(sim(c, CollectiveKind::kAllReduce, iota(64), tiny, Algorithm::kAuto).algorithm == Algorithm::kTree);
+  // A large message is bandwidth bound, where tree loses.
+  const CollectiveResult big = sim(c, CollectiveKind::kAllReduce, iota(64), kGiB, Algorithm::kAuto,
+                                   CollectiveMode::kAnalytic);
+  CHECK(big.algorithm != Algorithm::kTree);
+  CHECK(big.duration < sim(c, CollectiveKind::kAllReduce, iota(64), kGiB, Algorithm::kTree,
+                           CollectiveMode::kAnalytic).duration);
+}
+
+TEST_CASE("pairwise all-to-all, ring reduce-scatter, broadcast and send/recv", "[simulator][collective]") {
+  Cluster c = make("dgx-h100", 8);
+  const CostConstants k;
+  const double B = 450e9, S = kGiB, alpha = to_seconds(k.collective_alpha), lat = 500e-9;
+  const int n = 8;
+  // all-to-all: n-1 steps, each member sends S/n to one peer.
+  CollectiveResult a2a = sim(c, CollectiveKind::kAllToAll, iota(n), S, Algorithm::kAuto);
+  CHECK(a2a.algorithm == Algorithm::kPairwise);
+  CHECK(to_seconds(a2a.duration) == Approx((n - 1) * (alpha + lat + S / n / B)).epsilon(0.001));
+  CHECK(a2a.busbw == Approx(a2a.algbw * (n - 1) / n));
+  // reduce-scatter: n-1 ring steps of S/n.
+  CollectiveResult rs = sim(c, CollectiveKind::kReduceScatter, iota(n), S, Algorithm::kRing);
+  CHECK(to_seconds(rs.duration) == Approx((n - 1) * (alpha + lat + S / n / B)).epsilon(0.001));
+  // broadcast: a chain, C = 64 chunks of S/64, n + C - 2 steps.
+  CollectiveResult bc = sim(c, CollectiveKind::kBroadcast, iota(n), S, Algorithm::kRing);
+  CHECK(to_seconds(bc.duration) == Approx((n + 64 - 2) * (alpha + lat + S / 64 / B)).epsilon(0.001));
+  CHECK(bc.busbw == Approx(bc.algbw));
+  // send/recv: one flow.
+  CollectiveResult sr = sim(c, CollectiveKind::kSendRecv, {2, 5}, S, Algorithm::kAuto);
+  CHECK(to_seconds(sr.duration) == Approx(alpha + lat + S / B).epsilon(1e-6));
+  CHECK(sr.busbw == Approx(sr.algbw));
+}
+
+TEST_CASE("bad collective requests are errors", "[simulator][collective]") {
+  Cluster c = make("dgx-h100", 8);
+  const CostConstants k;
+  auto msg = [&](CollectiveRequest r) {
+    auto p = plan_collective(c, k, r);
+    REQUIRE_FALSE(p.ok());
+    return p.error().message();
+  };
+  CHECK_THAT(msg({CollectiveKind::kAllReduce, {0, 9}, 1, Algorithm::kRing, 0}), Catch::Contains("GPU 9"));
+  CHECK_THAT(msg({CollectiveKind::kAllReduce, {0, 0}, 1, Algorithm::kRing, 0}), Catch::Contains("twice"));
+  CHECK_THAT(msg({CollectiveKind::kAllToAll, {0, 1}, 1, Algorithm::kRing, 0}), Catch::Contains("does not apply"));
+  CHECK_THAT(msg({CollectiveKind::kSendRecv, {0, 1, 2}, 1, Algorithm::kAuto, 0}), Catch::Contains("exactly 2"));
+  CHECK_THAT(msg({CollectiveKind::kAllReduce, {0, 1}, -1, Algorithm::kAuto, 0}), Catch::Contains("bytes"));
+  CHECK_FALSE(parse_algorithm("rings").ok());
+  CHECK(*parse_algorithm("hierarchical") == Algorithm::kHierarchical);
+}
+
+TEST_CASE("1024-member ring all-reduce at scale", "[simulator][collective][scale]") {
+  Cluster c = make("dgx-a100", 1024);
+  // NCCL keeps a ring's node-to-node hops on one rail: nodes alternate
+  // GPU order 0..7 and 7..0, so every inter-node hop uses rail 0 or rail 7.
+  std::vector<int> snake;
+  for (int node = 0; node < 128; ++node)
+    for (int i = 0; i < 8; ++i) snake.push_back(node * 8 + (node % 2 == 0 ? i : 7 - i));
+  auto t0 = std::chrono::steady_clock::now();
+  CollectiveResult an = sim(c, CollectiveKind::kAllReduce, snake, kGiB, Algorithm::kRing,
+                            CollectiveMode::kAnalytic);
+  auto t1 = std::chrono::steady_clock::now();
+  CollectiveResult fl = sim(c, CollectiveKind::kAllReduce, snake, kGiB, Algorithm::kRing);
+  auto t2 = std::chrono::steady_clock::now();
+  using S = std::chrono::duration<double>;
+  WARN("1024-GPU rail-aligned ring all-reduce of 1 GiB: simulated " << to_seconds(fl.duration) * 1e3
+       << " ms, busbw " << fl.busbw / 1e9 << " GB/s; wall: analytic " << S(t1 - t0).count() * 1e3
+       << " ms, flows " << S(t2 - t1).count() * 1e3 << " ms (2046 steps x 1024 flows)");
+  CHECK(to_seconds(an.duration) == Approx(to_seconds(fl.duration)).epsilon(0.02));
+  // The NIC (25 GB/s) is the bottleneck; α and latency per 1 MiB step cost ~10%.
+  CHECK(fl.busbw < 25e9);
+  CHECK(fl.busbw == Approx(25e9).epsilon(0.15));
+  // In GPU-id order every node boundary goes rail 7 -> rail 0 through the
+  // spines, where ECMP hashing collides flows on uplinks: slower.
+  CollectiveResult naive = sim(c, CollectiveKind::kAllReduce, iota(1024), kGiB, Algorithm::kRing,
+                               CollectiveMode::kAnalytic);
+  CHECK(naive.duration > an.duration);
+}

@@ -1,0 +1,129 @@
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdio>
+
+#include "simulator/cost_model.h"
+
+using namespace meshtrain::sim;
+
+namespace {
+const DeviceSpec kA100 = cluster_preset("dgx-a100")->device;
+}
+
+TEST_CASE("roofline kernel times", "[simulator][cost]") {
+  const CostConstants k;
+  CostModel m(kA100, k);
+  const double oh = to_seconds(k.kernel_overhead);
+  SECTION("large GEMM is compute bound at the saturated efficiency") {
+    const double n = 8192;
+    const double eff = 0.85 * std::pow(n / (n + 64), 3);
+    CHECK(m.gemm_efficiency(8192, 8192, 8192) == Approx(eff));
+    const double want = 2 * n * n * n / (312e12 * eff) + oh;
+    CHECK(to_seconds(m.gemm(8192, 8192, 8192, DType::kBf16)) == Approx(want).epsilon(1e-6));
+    // fp32 uses the fp32 peak.
+    CHECK(to_seconds(m.gemm(8192, 8192, 8192, DType::kFp32)) ==
+          Approx(2 * n * n * n / (19.5e12 * eff) + oh).epsilon(1e-6));
+  }
+  SECTION("small GEMMs are less efficient") {
+    CHECK(m.gemm_efficiency(64, 64, 64) == Approx(0.85 / 8));
+    CHECK(m.gemm_efficiency(128, 8192, 8192) < m.gemm_efficiency(1024, 8192, 8192));
+  }
+  SECTION("a skinny GEMM is memory bound") {
+    // k = 1: 2·8192² FLOPs but (8192 + 8192 + 8192²)·2 bytes.
+    const double bytes = (8192.0 + 8192 + 8192.0 * 8192) * 2;
+    CHECK(to_seconds(m.gemm(8192, 8192, 1, DType::kBf16)) ==
+          Approx(bytes / (2.039e12 * 0.8) + oh).epsilon(1e-6));
+  }
+  SECTION("memory-bound kernels and attention") {
+    CHECK(to_seconds(m.memory_bound(1e9)) == Approx(1e9 / (2.039e12 * 0.8) + oh).epsilon(1e-6));
+    const double f = 4.0 * 256 * 2048.0 * 2048 * 128 / 2;  // causal
+    const double eff = 0.6 * 2048.0 / (2048 + 256) * 128.0 / (128 + 32);
+    CHECK(to_seconds(m.attention(256, 2048, 128, true, false, DType::kBf16)) ==
+          Approx(f / (312e12 * eff) + oh).epsilon(1e-6));
+    CHECK(to_seconds(m.attention(256, 2048, 128, true, true, DType::kBf16)) ==
+          Approx(2.5 * f / (312e12 * eff) + oh).epsilon(1e-6));
+  }
+}
+
+TEST_CASE("calibration replaces and interpolates", "[simulator][cost]") {
+  Calibration cal;
+  cal.gemm = {{1024, 1024, 1024, DType::kBf16, 100}, {4096, 4096, 4096, DType::kBf16, 4000}};
+  cal.memory = {{1e6, 5}, {1e9, 600}};
+  CostModel m(kA100, CostConstants{}, &cal);
+  // Exact shapes: the measured time.
+  CHECK(m.gemm(1024, 1024, 1024, DType::kBf16) == 100 * kMicrosecond);
+  CHECK(m.gemm(4096, 4096, 4096, DType::kBf16, 3) == 3 * 4000 * kMicrosecond);
+  // 2048³ lies halfway in log FLOPs between them (8× and 64×): throughput is
+  // the mean of the two measured throughputs.
+  const double f1 = 2.0 * 1024 * 1024 * 1024, f2 = 2.0 * 4096 * 4096 * 4096, fq = 2.0 * 2048 * 2048 * 2048;
+  const double thr = (f1 / 100e-6 + f2 / 4000e-6) / 2;
+  CHECK(to_seconds(m.gemm(2048, 2048, 2048, DType::kBf16)) == Approx(fq / thr).epsilon(1e-6));
+  // Beyond the ends the throughput is held.
+  CHECK(to_seconds(m.gemm(512, 512, 512, DType::kBf16)) == Approx(2.0 * 512 * 512 * 512 / (f1 / 100e-6)));
+  // No fp32 measurements: the roofline.
+  CostModel plain(kA100, CostConstants{});
+  CHECK(m.gemm(1024, 1024, 1024, DType::kFp32) == plain.gemm(1024, 1024, 1024, DType::kFp32));
+  CHECK(to_seconds(m.memory_bound(1e9)) == Approx(600e-6));
+}
+
+TEST_CASE("calibration file round-trips and rejects bad input", "[simulator][cost]") {
+  Calibration cal;
+  cal.device = "A100-SXM4-80GB";
+  cal.gemm = {{4096, 1024, 512, DType::kBf16, 12.345678901234}, {64, 64, 64, DType::kFp32, 3.1}};
+  cal.attention = {{256, 2048, 128, true, 1830.25}};
+  cal.memory = {{67108864, 41.5}};
+  cal.links = {{"nvlink", 270.5}, {"nic", 23.1}};
+  cal.collectives = {{CollectiveKind::kAllReduce, 8, 1073741824, 230.7}};
+  const std::string text = calibration_to_json(cal);
+  auto back = calibration_from_json(text);
+  REQUIRE(back.ok());
+  CHECK(calibration_to_json(*back) == text);
+  CHECK(back->gemm[0].time_us == cal.gemm[0].time_us);
+  CHECK(back->gemm[1].dtype == DType::kFp32);
+  CHECK(back->attention[0].causal);
+  CHECK(back->collectives[0].busbw_GBps == 230.7);
+  const std::string path = "test_simulator_calibration.json";
+  REQUIRE(save_calibration(cal, path).ok());
+  auto loaded = load_calibration(path);
+  REQUIRE(loaded.ok());
+  CHECK(calibration_to_json(*loaded) == text);
+  std::remove(path.c_str());
+
+  auto spec = *cluster_preset("dgx-a100");
+  apply_link_calibration(*back, spec);
+  CHECK(spec.nvlink_bandwidth == 270.5e9);
+  CHECK(spec.nic_bandwidth == 23.1e9);
+  CHECK(back->collective_busbw(CollectiveKind::kAllReduce, 8, 1 << 20) == Approx(230.7e9));
+  CHECK_FALSE(back->collective_busbw(CollectiveKind::kAllReduce, 16, 1 << 20).has_value());
+
+  auto err = [](const char* t) {
+    auto r = calibration_from_json(t);
+    REQUIRE_FALSE(r.ok());
+    return r.error().message();
+  };
+  CHECK_THAT(err(R"({"gemm": []})"), Catch::Contains("'version'"));
+  CHECK_THAT(err(R"({"version": 2})"), Catch::Contains("version 2 is not supported"));
+  CHECK_THAT(err(R"({"version": 1, "gemm": [{"m": 1, "n": 1, "time_us": 1}]})"),
+             Catch::Contains("gemm[0]: missing field 'k'"));
+  CHECK_THAT(err(R"({"version": 1, "memory": [{"bytes": 10, "time_us": -1}]})"),
+             Catch::Contains("'time_us' must be a number > 0"));
+  CHECK_THAT(err(R"({"version": 1, "links": [{"kind": "ethernet", "GBps": 1}]})"),
+             Catch::Contains("'kind' must be"));
+  CHECK_THAT(err(R"({"version": 1, "kernels": []})"), Catch::Contains("unknown calibration field 'kernels'"));
+}
+
+TEST_CASE("calibrated collective busbw drives analytic collectives", "[simulator][cost]") {
+  auto c = Cluster::build(*cluster_preset("dgx-h100"), 8);
+  REQUIRE(c.ok());
+  Calibration cal;
+  cal.collectives = {{CollectiveKind::kAllReduce, 8, 1e6, 100}, {CollectiveKind::kAllReduce, 8, 1e9, 400}};
+  CostConstants k;
+  Simulator sim;
+  Network net(sim, *c);
+  CollectiveEngine eng(sim, net, k);
+  eng.set_calibration(&cal);
+  auto r = eng.analytic({CollectiveKind::kAllReduce, {0, 1, 2, 3, 4, 5, 6, 7}, 1e9, Algorithm::kRing, 0});
+  REQUIRE(r.ok());
+  CHECK(to_seconds(r->second) == Approx(1e9 * 2 * 7 / 8 / 400e9));
+}
