@@ -50,19 +50,20 @@ class BackendWrapper : public Backend {
   }
   void bias_backward(const Tensor& dy, Tensor& db) override { target_.bias_backward(dy, db); }
   void embedding_forward(const Tensor& table, const Tensor& ids, Tensor& out,
-      std::int64_t vocab_offset) override {
+                         std::int64_t vocab_offset) override {
     target_.embedding_forward(table, ids, out, vocab_offset);
   }
   void embedding_backward(const Tensor& dout, const Tensor& ids, Tensor& dtable,
-      std::int64_t vocab_offset) override {
+                          std::int64_t vocab_offset) override {
     target_.embedding_backward(dout, ids, dtable, vocab_offset);
   }
   void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& out,
-      Tensor& mean, Tensor& rstd, float eps) override {
+                         Tensor& mean, Tensor& rstd, float eps) override {
     target_.layernorm_forward(x, weight, bias, out, mean, rstd, eps);
   }
   void layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight,
-      const Tensor& mean, const Tensor& rstd, Tensor& dx, Tensor& dweight, Tensor& dbias) override {
+                          const Tensor& mean, const Tensor& rstd, Tensor& dx, Tensor& dweight,
+                          Tensor& dbias) override {
     target_.layernorm_backward(dout, x, weight, mean, rstd, dx, dweight, dbias);
   }
   void rmsnorm_forward(const Tensor& x, const Tensor& weight, Tensor& out, Tensor& rstd,
@@ -70,7 +71,7 @@ class BackendWrapper : public Backend {
     target_.rmsnorm_forward(x, weight, out, rstd, eps);
   }
   void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight,
-      const Tensor& rstd, Tensor& dx, Tensor& dweight) override {
+                        const Tensor& rstd, Tensor& dx, Tensor& dweight) override {
     target_.rmsnorm_backward(dout, x, weight, rstd, dx, dweight);
   }
   void gelu_forward(const Tensor& x, Tensor& out) override { target_.gelu_forward(x, out); }
@@ -95,29 +96,31 @@ class BackendWrapper : public Backend {
     target_.attention_forward(qkv, out, lse, op);
   }
   void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
-      const Tensor& lse, Tensor& dqkv, const AttentionOp& op) override {
+                          const Tensor& lse, Tensor& dqkv, const AttentionOp& op) override {
     target_.attention_backward(dout, qkv, out, lse, dqkv, op);
   }
   void cross_entropy_max(const Tensor& logits, Tensor& row_max) override {
     target_.cross_entropy_max(logits, row_max);
   }
   void cross_entropy_partials(const Tensor& logits, const Tensor& targets, const Tensor& row_max,
-      std::int64_t vocab_offset, Tensor& sumexp, Tensor& target_logit) override {
+                              std::int64_t vocab_offset, Tensor& sumexp,
+                              Tensor& target_logit) override {
     target_.cross_entropy_partials(logits, targets, row_max, vocab_offset, sumexp, target_logit);
   }
   void cross_entropy_loss(const Tensor& row_max, const Tensor& sumexp, const Tensor& target_logit,
-      Tensor& losses) override {
+                          Tensor& losses) override {
     target_.cross_entropy_loss(row_max, sumexp, target_logit, losses);
   }
   void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& row_max,
-      const Tensor& sumexp, std::int64_t vocab_offset, float dloss, Tensor& dlogits) override {
+                              const Tensor& sumexp, std::int64_t vocab_offset, float dloss,
+                              Tensor& dlogits) override {
     target_.cross_entropy_backward(logits, targets, row_max, sumexp, vocab_offset, dloss, dlogits);
   }
   void clip_coefficient(const Tensor& sumsq, float max_norm, Tensor& coef) override {
     target_.clip_coefficient(sumsq, max_norm, coef);
   }
   void adamw(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const Tensor& coef,
-      const AdamWOp& op) override {
+             const AdamWOp& op) override {
     target_.adamw(param, grad, m, v, coef, op);
   }
   void all_reduce(Tensor& x, const Group& g, ReduceOp op) override { target_.all_reduce(x, g, op); }
@@ -131,7 +134,7 @@ class BackendWrapper : public Backend {
     target_.broadcast(x, g, root_global_rank);
   }
   void all_to_all(const Tensor& in, std::span<const std::int64_t> send_counts, Tensor& out,
-      std::span<const std::int64_t> recv_counts, const Group& g) override {
+                  std::span<const std::int64_t> recv_counts, const Group& g) override {
     target_.all_to_all(in, send_counts, out, recv_counts, g);
   }
   void send(const Tensor& x, int peer_global_rank, int tag) override {

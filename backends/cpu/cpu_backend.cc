@@ -31,7 +31,8 @@ class CpuStorage final : public Storage {
       : accounting_(std::move(accounting)), bytes_(bytes) {
     if (bytes_ > 0) {
       constexpr std::size_t align = 64;
-      data_ = static_cast<std::byte*>(std::aligned_alloc(align, (bytes_ + align - 1) / align * align));
+      data_ =
+          static_cast<std::byte*>(std::aligned_alloc(align, (bytes_ + align - 1) / align * align));
       if (data_ == nullptr) misuse("out of host memory allocating {} bytes", bytes_);
     }
     accounting_->live += static_cast<std::int64_t>(bytes_);
@@ -57,20 +58,32 @@ bool is_float(DType t) { return t != DType::i32; }
 
 float load(DType t, const std::byte* p, std::int64_t i) {
   switch (t) {
-    case DType::f32: return reinterpret_cast<const float*>(p)[i];
-    case DType::bf16: return cpu::bf16_to_float(reinterpret_cast<const std::uint16_t*>(p)[i]);
-    case DType::f16: return cpu::f16_to_float(reinterpret_cast<const std::uint16_t*>(p)[i]);
-    case DType::i32: return static_cast<float>(reinterpret_cast<const std::int32_t*>(p)[i]);
+    case DType::f32:
+      return reinterpret_cast<const float*>(p)[i];
+    case DType::bf16:
+      return cpu::bf16_to_float(reinterpret_cast<const std::uint16_t*>(p)[i]);
+    case DType::f16:
+      return cpu::f16_to_float(reinterpret_cast<const std::uint16_t*>(p)[i]);
+    case DType::i32:
+      return static_cast<float>(reinterpret_cast<const std::int32_t*>(p)[i]);
   }
   return 0.f;
 }
 
 void store(DType t, std::byte* p, std::int64_t i, float v) {
   switch (t) {
-    case DType::f32: reinterpret_cast<float*>(p)[i] = v; return;
-    case DType::bf16: reinterpret_cast<std::uint16_t*>(p)[i] = cpu::float_to_bf16(v); return;
-    case DType::f16: reinterpret_cast<std::uint16_t*>(p)[i] = cpu::float_to_f16(v); return;
-    case DType::i32: reinterpret_cast<std::int32_t*>(p)[i] = static_cast<std::int32_t>(std::lround(v)); return;
+    case DType::f32:
+      reinterpret_cast<float*>(p)[i] = v;
+      return;
+    case DType::bf16:
+      reinterpret_cast<std::uint16_t*>(p)[i] = cpu::float_to_bf16(v);
+      return;
+    case DType::f16:
+      reinterpret_cast<std::uint16_t*>(p)[i] = cpu::float_to_f16(v);
+      return;
+    case DType::i32:
+      reinterpret_cast<std::int32_t*>(p)[i] = static_cast<std::int32_t>(std::lround(v));
+      return;
   }
 }
 
@@ -126,7 +139,8 @@ std::byte* CpuBackend::bytes_of(const Tensor& t, std::string_view op) const {
     misuse("{}: tensor {} belongs to another backend", op, t.shape().str());
   const std::size_t size = dtype_size(t.dtype());
   if (static_cast<std::size_t>(t.offset() + t.numel()) * size > s->bytes())
-    misuse("{}: tensor view {} at offset {} runs past its storage", op, t.shape().str(), t.offset());
+    misuse("{}: tensor view {} at offset {} runs past its storage", op, t.shape().str(),
+           t.offset());
   return s->data() + static_cast<std::size_t>(t.offset()) * size;
 }
 
@@ -203,7 +217,9 @@ void CpuBackend::fill(Tensor& x, float value) {
   std::byte* p = bytes_of(x, "fill");
   if (error_) return;
   switch (x.dtype()) {
-    case DType::f32: cpu::fill(x.numel(), reinterpret_cast<float*>(p), value); return;
+    case DType::f32:
+      cpu::fill(x.numel(), reinterpret_cast<float*>(p), value);
+      return;
     case DType::bf16:
       cpu::fill(x.numel(), reinterpret_cast<std::uint16_t*>(p), cpu::float_to_bf16(value));
       return;
@@ -211,7 +227,8 @@ void CpuBackend::fill(Tensor& x, float value) {
       cpu::fill(x.numel(), reinterpret_cast<std::uint16_t*>(p), cpu::float_to_f16(value));
       return;
     case DType::i32:
-      cpu::fill(x.numel(), reinterpret_cast<std::int32_t*>(p), static_cast<std::int32_t>(std::lround(value)));
+      cpu::fill(x.numel(), reinterpret_cast<std::int32_t*>(p),
+                static_cast<std::int32_t>(std::lround(value)));
       return;
   }
 }
@@ -316,7 +333,8 @@ void CpuBackend::all_reduce(Tensor& x, const Group& g, ReduceOp op) {
   float* p = f32(x, "all_reduce");
   check_member(g, "all_reduce");
   if (error_ || g.size() == 1) return;
-  note(comm("all_reduce").all_reduce({p, static_cast<std::size_t>(x.numel())}, g, op), "all_reduce", g);
+  note(comm("all_reduce").all_reduce({p, static_cast<std::size_t>(x.numel())}, g, op), "all_reduce",
+       g);
 }
 
 void CpuBackend::reduce_scatter(const Tensor& in, Tensor& out, const Group& g, ReduceOp op) {
@@ -324,7 +342,8 @@ void CpuBackend::reduce_scatter(const Tensor& in, Tensor& out, const Group& g, R
   float* po = f32(out, "reduce_scatter");
   check_member(g, "reduce_scatter");
   if (in.numel() != out.numel() * g.size())
-    misuse("reduce_scatter: in {} is not {} blocks of out {}", in.shape().str(), g.size(), out.shape().str());
+    misuse("reduce_scatter: in {} is not {} blocks of out {}", in.shape().str(), g.size(),
+           out.shape().str());
   if (error_) return;
   if (g.size() == 1) {
     copy(in, out);
@@ -343,7 +362,8 @@ void CpuBackend::all_gather(const Tensor& in, Tensor& out, const Group& g) {
   if (in.dtype() != out.dtype()) misuse("all_gather: in and out dtypes differ");
   check_member(g, "all_gather");
   if (out.numel() != in.numel() * g.size())
-    misuse("all_gather: out {} is not {} blocks of in {}", out.shape().str(), g.size(), in.shape().str());
+    misuse("all_gather: out {} is not {} blocks of in {}", out.shape().str(), g.size(),
+           in.shape().str());
   if (error_) return;
   if (g.size() == 1) {
     copy(in, out);
@@ -366,8 +386,9 @@ void CpuBackend::broadcast(Tensor& x, const Group& g, int root_global_rank) {
        "broadcast", g);
 }
 
-void CpuBackend::all_to_all(const Tensor& in, std::span<const std::int64_t> send_counts, Tensor& out,
-                            std::span<const std::int64_t> recv_counts, const Group& g) {
+void CpuBackend::all_to_all(const Tensor& in, std::span<const std::int64_t> send_counts,
+                            Tensor& out, std::span<const std::int64_t> recv_counts,
+                            const Group& g) {
   const auto* pi = reinterpret_cast<const float*>(bytes_of(in, "all_to_all"));
   auto* po = reinterpret_cast<float*>(bytes_of(out, "all_to_all"));
   expect_transportable(in, "all_to_all");
@@ -377,7 +398,8 @@ void CpuBackend::all_to_all(const Tensor& in, std::span<const std::int64_t> send
   if (send_counts.size() != members || recv_counts.size() != members)
     misuse("all_to_all: {} send and {} recv counts for a group of {}", send_counts.size(),
            recv_counts.size(), members);
-  const std::int64_t sent = std::accumulate(send_counts.begin(), send_counts.end(), std::int64_t{0});
+  const std::int64_t sent =
+      std::accumulate(send_counts.begin(), send_counts.end(), std::int64_t{0});
   const std::int64_t got = std::accumulate(recv_counts.begin(), recv_counts.end(), std::int64_t{0});
   if (sent != in.numel() || got != out.numel())
     misuse("all_to_all: counts sum to {} sent, {} received, tensors hold {} and {}", sent, got,
@@ -399,7 +421,7 @@ void CpuBackend::send(const Tensor& x, int peer_global_rank, int tag) {
   if (peer_global_rank < 0 || peer_global_rank >= world_size_ || peer_global_rank == rank_)
     misuse("send: peer {} from rank {} of {}", peer_global_rank, rank_, world_size_);
   if (error_) return;
-  note(comm("send").send({p, static_cast<std::size_t>(x.numel())}, peer_global_rank, tag), 
+  note(comm("send").send({p, static_cast<std::size_t>(x.numel())}, peer_global_rank, tag),
        fmt::format("send to rank {} tag {}", peer_global_rank, tag));
 }
 
@@ -409,7 +431,7 @@ void CpuBackend::recv(Tensor& x, int peer_global_rank, int tag) {
   if (peer_global_rank < 0 || peer_global_rank >= world_size_ || peer_global_rank == rank_)
     misuse("recv: peer {} at rank {} of {}", peer_global_rank, rank_, world_size_);
   if (error_) return;
-  note(comm("recv").recv({p, static_cast<std::size_t>(x.numel())}, peer_global_rank, tag), 
+  note(comm("recv").recv({p, static_cast<std::size_t>(x.numel())}, peer_global_rank, tag),
        fmt::format("recv from rank {} tag {}", peer_global_rank, tag));
 }
 

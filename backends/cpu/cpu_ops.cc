@@ -69,7 +69,8 @@ void CpuBackend::batched_gemm(const Tensor& a, const Tensor& b, Tensor& c, const
   const float* bias = op.bias.defined() ? f32(op.bias, "batched_gemm bias") : nullptr;
   const Shape &sa = a.shape(), &sb = b.shape(), &sc = c.shape();
   if (sa.rank() != 3 || sb.rank() != 3 || sc.rank() != 3 || sa[0] != sb[0] || sa[0] != sc[0])
-    misuse("batched_gemm: a {} b {} c {} must be (L, ·, ·) with one L", sa.str(), sb.str(), sc.str());
+    misuse("batched_gemm: a {} b {} c {} must be (L, ·, ·) with one L", sa.str(), sb.str(),
+           sc.str());
   const std::int64_t m = op.trans_a ? sa[2] : sa[1], k = op.trans_a ? sa[1] : sa[2];
   const std::int64_t kb = op.trans_b ? sb[2] : sb[1], n = op.trans_b ? sb[1] : sb[2];
   if (k != kb || sc[1] != m || sc[2] != n)

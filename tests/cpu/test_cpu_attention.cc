@@ -65,7 +65,8 @@ void naive_attention(const AttentionCase& c, double scale, const Vec& qkv, Vec& 
         for (std::int64_t j = 0; j <= t; ++j) {
           double d = 0;
           for (std::int64_t k = 0; k < c.D; ++k)
-            d += qkv[(b * c.T + t) * W + h * c.D + k] * qkv[(b * c.T + j) * W + (c.H + g) * c.D + k];
+            d +=
+                qkv[(b * c.T + t) * W + h * c.D + k] * qkv[(b * c.T + j) * W + (c.H + g) * c.D + k];
           s[j] = scale * d;
           m = std::max(m, s[j]);
         }
@@ -84,8 +85,8 @@ void naive_attention(const AttentionCase& c, double scale, const Vec& qkv, Vec& 
 
 TEST_CASE("cpu attention forward and backward, grouped-query and full", "[cpu]") {
   std::mt19937_64 rng(testing::seed_for("attention"));
-  for (const AttentionCase c : {AttentionCase{2, 5, 4, 2, 4}, AttentionCase{1, 6, 2, 2, 3},
-                                AttentionCase{2, 4, 4, 1, 2}}) {
+  for (const AttentionCase c :
+       {AttentionCase{2, 5, 4, 2, 4}, AttentionCase{1, 6, 2, 2, 3}, AttentionCase{2, 4, 4, 1, 2}}) {
     INFO("B " << c.B << " T " << c.T << " H " << c.H << " G " << c.G << " D " << c.D);
     const cpu::AttentionDims d{c.B, c.T, c.H, c.G, c.D};
     const double scale = 1 / std::sqrt(static_cast<double>(c.D));

@@ -21,8 +21,8 @@ struct GemmGrads {
   Vec da, db, dc0, dbias;
 };
 
-GemmGrads gemm_backward(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, double alpha,
-                        double beta, const Vec& a, const Vec& b, const Vec& w) {
+GemmGrads gemm_backward(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k,
+                        double alpha, double beta, const Vec& a, const Vec& b, const Vec& w) {
   GemmGrads g{Vec(a.size()), Vec(b.size()), Vec(w.size()), Vec(static_cast<std::size_t>(n), 0.0)};
   // da: (m, k) = alpha w op(b)ᵀ, or (k, m) = alpha op(b) wᵀ when ta.
   if (!ta)
@@ -47,7 +47,8 @@ GemmOp transposed(bool ta, bool tb, double alpha) {
   return op;
 }
 
-TEST_CASE("cpu gemm: every transpose with bias and beta, gradients by finite differences", "[cpu]") {
+TEST_CASE("cpu gemm: every transpose with bias and beta, gradients by finite differences",
+          "[cpu]") {
   std::mt19937_64 rng(testing::seed_for("gemm"));
   const std::int64_t m = 3, n = 4, k = 5;
   const double alpha = 0.75, beta = 0.5;
@@ -70,7 +71,8 @@ TEST_CASE("cpu gemm: every transpose with bias and beta, gradients by finite dif
           double s = 0;
           for (std::int64_t p = 0; p < k; ++p)
             s += a[ta ? p * m + i : i * k + p] * b[tb ? j * k + p : p * n + j];
-          REQUIRE(c[i * n + j] == Approx(alpha * s + beta * c0[i * n + j] + bias[j]).epsilon(1e-12));
+          REQUIRE(c[i * n + j] ==
+                  Approx(alpha * s + beta * c0[i * n + j] + bias[j]).epsilon(1e-12));
         }
       const auto loss = [&] { return testing::dot(w, forward()); };
       const GemmGrads g = gemm_backward(ta, tb, m, n, k, alpha, beta, a, b, w);
@@ -86,10 +88,14 @@ TEST_CASE("cpu gemm: every transpose with bias and beta, gradients by finite dif
       be.gemm(ta_, tb_, tc, op);
       CHECK(rel_err(download(be, tc), c) < 1e-6);
       Tensor tw = upload(be, {m, n}, w), da = be.empty(sa), db = be.empty(sb);
-      if (!ta) be.gemm(tw, tb_, da, transposed(false, !tb, alpha));
-      else be.gemm(tb_, tw, da, transposed(tb, true, alpha));
-      if (!tb) be.gemm(ta_, tw, db, transposed(!ta, false, alpha));
-      else be.gemm(tw, ta_, db, transposed(true, ta, alpha));
+      if (!ta)
+        be.gemm(tw, tb_, da, transposed(false, !tb, alpha));
+      else
+        be.gemm(tb_, tw, da, transposed(tb, true, alpha));
+      if (!tb)
+        be.gemm(ta_, tw, db, transposed(!ta, false, alpha));
+      else
+        be.gemm(tw, ta_, db, transposed(true, ta, alpha));
       CHECK(rel_err(download(be, da), g.da) < testing::kF32Tol);
       CHECK(rel_err(download(be, db), g.db) < testing::kF32Tol);
     }
@@ -189,7 +195,8 @@ TEST_CASE("cpu embedding forward/backward with a vocabulary shard", "[cpu]") {
   cpu::embedding_backward<double>(N, C, V, 0, w.data(), ids.data(), dtable.data());
   Vec delta(dtable.size());
   for (std::size_t i = 0; i < delta.size(); ++i) delta[i] = dtable[i] - start[i];
-  const Vec fd = testing::numeric_grad(table, [&] { return testing::dot(w, forward(table, V, 0)); });
+  const Vec fd =
+      testing::numeric_grad(table, [&] { return testing::dot(w, forward(table, V, 0)); });
   CHECK(rel_err(delta, fd) < testing::kFdTol);
 
   CpuBackend be;
@@ -209,7 +216,8 @@ TEST_CASE("cpu embedding forward/backward with a vocabulary shard", "[cpu]") {
     const Vec got = download(be, out);
     for (std::int64_t i = 0; i < N; ++i) {
       const bool owned = ids[i] >= s * half && ids[i] < (s + 1) * half;
-      for (std::int64_t j = 0; j < C; ++j) REQUIRE(got[i * C + j] == (owned ? full[i * C + j] : 0.0));
+      for (std::int64_t j = 0; j < C; ++j)
+        REQUIRE(got[i * C + j] == (owned ? full[i * C + j] : 0.0));
     }
     Vec shard_start(start.begin() + s * half * C, start.begin() + (s + 1) * half * C);
     Tensor tds = upload(be, {half, C}, shard_start);

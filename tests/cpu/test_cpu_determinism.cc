@@ -52,7 +52,8 @@ std::vector<float> reductions(std::uint64_t seed) {
   keep(table);
   // Attention over (B=4, T=32, H=4, G=2, D=12) = the same x, reshaped.
   const AttentionOp op{4, 2, 12, 0.25f};
-  Tensor qkv = tx.slice(0, 4 * 32 * 8 * 12, {4, 32, 8, 12}), ao = be.empty({4, 32, 4, 12}), lse = be.empty({4, 4, 32});
+  Tensor qkv = tx.slice(0, 4 * 32 * 8 * 12, {4, 32, 8, 12}), ao = be.empty({4, 32, 4, 12}),
+         lse = be.empty({4, 4, 32});
   Tensor dq = be.empty(qkv.shape());
   be.attention_forward(qkv, ao, lse, op);
   be.attention_backward(tdy.slice(0, ao.numel(), ao.shape()), qkv, ao, lse, dq, op);

@@ -14,10 +14,12 @@ using testing::upload;
 using testing::Vec;
 
 // losses (N) of one unsharded shard, phases back to back.
-Vec ce_losses(std::int64_t N, std::int64_t V, const Vec& logits, const std::vector<std::int32_t>& t) {
+Vec ce_losses(std::int64_t N, std::int64_t V, const Vec& logits,
+              const std::vector<std::int32_t>& t) {
   Vec mx(N), se(N), tl(N), loss(N);
   cpu::cross_entropy_max<double>(N, V, logits.data(), mx.data());
-  cpu::cross_entropy_partials<double>(N, V, logits.data(), t.data(), mx.data(), 0, se.data(), tl.data());
+  cpu::cross_entropy_partials<double>(N, V, logits.data(), t.data(), mx.data(), 0, se.data(),
+                                      tl.data());
   cpu::cross_entropy_loss<double>(N, mx.data(), se.data(), tl.data(), loss.data());
   return loss;
 }
@@ -36,7 +38,8 @@ TEST_CASE("cpu cross-entropy: loss, backward, and a 2-shard vocabulary", "[cpu]"
   const double dloss = 0.2;  // the mean over N rows
   Vec mx(N), se(N), tl(N), dlogits(logits.size());
   cpu::cross_entropy_max<double>(N, V, logits.data(), mx.data());
-  cpu::cross_entropy_partials<double>(N, V, logits.data(), targets.data(), mx.data(), 0, se.data(), tl.data());
+  cpu::cross_entropy_partials<double>(N, V, logits.data(), targets.data(), mx.data(), 0, se.data(),
+                                      tl.data());
   cpu::cross_entropy_backward<double>(N, V, logits.data(), targets.data(), mx.data(), se.data(), 0,
                                       dloss, dlogits.data());
   const Vec fd = testing::numeric_grad(logits, [&] {
@@ -128,7 +131,8 @@ TEST_CASE("cpu adamw: one step against a hand-written reference", "[cpu]") {
       const double gi = g[i] * (clipped ? coef : 1.0);
       want_m[i] = b1 * m0[i] + (1 - b1) * gi;
       want_v[i] = b2 * v0[i] + (1 - b2) * gi * gi;
-      const double mhat = want_m[i] / (1 - std::pow(b1, 3)), vhat = want_v[i] / (1 - std::pow(b2, 3));
+      const double mhat = want_m[i] / (1 - std::pow(b1, 3)),
+                   vhat = want_v[i] / (1 - std::pow(b2, 3));
       want_p[i] = p0[i] - lr * wd * p0[i] - lr * mhat / (std::sqrt(vhat) + op.eps);
     }
     CHECK(rel_err(download(be, tm), want_m) < 1e-6);

@@ -65,10 +65,14 @@ TEST_CASE("cpu bf16 and f16 conversions round to nearest even", "[cpu]") {
   for (std::uint32_t u = 0; u < 65536; ++u) {
     const auto h = static_cast<std::uint16_t>(u);
     const float fb = bf16_to_float(h), fh = f16_to_float(h);
-    if (std::isnan(fb)) CHECK(std::isnan(bf16_to_float(float_to_bf16(fb))));
-    else if (float_to_bf16(fb) != h) FAIL("bf16 round trip of " << u);
-    if (std::isnan(fh)) CHECK(std::isnan(f16_to_float(float_to_f16(fh))));
-    else if (float_to_f16(fh) != h) FAIL("f16 round trip of " << u);
+    if (std::isnan(fb))
+      CHECK(std::isnan(bf16_to_float(float_to_bf16(fb))));
+    else if (float_to_bf16(fb) != h)
+      FAIL("bf16 round trip of " << u);
+    if (std::isnan(fh))
+      CHECK(std::isnan(f16_to_float(float_to_f16(fh))));
+    else if (float_to_f16(fh) != h)
+      FAIL("f16 round trip of " << u);
   }
   // Ties go to the even neighbour.
   CHECK(bf16_to_float(float_to_bf16(1.f + 0x1p-8f)) == 1.f);
@@ -77,9 +81,9 @@ TEST_CASE("cpu bf16 and f16 conversions round to nearest even", "[cpu]") {
   CHECK(f16_to_float(float_to_f16(1.f + 3 * 0x1p-11f)) == 1.f + 0x1p-9f);
   CHECK(f16_to_float(float_to_f16(65519.f)) == 65504.f);
   CHECK(std::isinf(f16_to_float(float_to_f16(65520.f))));
-  CHECK(f16_to_float(float_to_f16(0x1p-24f)) == 0x1p-24f);        // smallest subnormal
-  CHECK(f16_to_float(float_to_f16(0x1p-25f)) == 0.f);             // tie to even zero
-  CHECK(f16_to_float(float_to_f16(3 * 0x1p-25f)) == 0x1p-23f);    // tie to even 2
+  CHECK(f16_to_float(float_to_f16(0x1p-24f)) == 0x1p-24f);      // smallest subnormal
+  CHECK(f16_to_float(float_to_f16(0x1p-25f)) == 0.f);           // tie to even zero
+  CHECK(f16_to_float(float_to_f16(3 * 0x1p-25f)) == 0x1p-23f);  // tie to even 2
   CHECK(std::isinf(bf16_to_float(float_to_bf16(std::numeric_limits<float>::max()))));
 #if defined(__FLT16_MAX__)
   // Against the compiler's own conversion on random floats of every magnitude.
@@ -198,10 +202,13 @@ class LoopbackCommunicator final : public Communicator {
   }
   Status all_gather(std::span<const float> in, std::span<float> out, const Group& g) override {
     return call("all_gather", g, [&] {
-      for (int i = 0; i < g.size(); ++i) std::memcpy(out.data() + i * in.size(), in.data(), in.size_bytes());
+      for (int i = 0; i < g.size(); ++i)
+        std::memcpy(out.data() + i * in.size(), in.data(), in.size_bytes());
     });
   }
-  Status broadcast(std::span<float>, const Group& g, int) override { return call("broadcast", g, [] {}); }
+  Status broadcast(std::span<float>, const Group& g, int) override {
+    return call("broadcast", g, [] {});
+  }
   Status all_to_all(std::span<const float> in, std::span<const std::int64_t>, std::span<float> out,
                     std::span<const std::int64_t>, const Group& g) override {
     return call("all_to_all", g, [&] { std::memcpy(out.data(), in.data(), out.size_bytes()); });
@@ -210,9 +217,12 @@ class LoopbackCommunicator final : public Communicator {
     return call("send", Group{}, [&] { sent_.assign(data.begin(), data.end()); });
   }
   Status recv(std::span<float> data, int, int) override {
-    return call("recv", Group{}, [&] { std::memcpy(data.data(), sent_.data(), data.size_bytes()); });
+    return call("recv", Group{},
+                [&] { std::memcpy(data.data(), sent_.data(), data.size_bytes()); });
   }
-  Status barrier(const Group& g) override { return call("barrier", g, [] {}); }
+  Status barrier(const Group& g) override {
+    return call("barrier", g, [] {});
+  }
 
   int calls = 0;
   int fail_at_call = -1;  // 0-based index of the call that times out
@@ -220,7 +230,8 @@ class LoopbackCommunicator final : public Communicator {
  private:
   template <class F>
   Status call(std::string_view op, const Group& g, F&& f) {
-    if (calls++ == fail_at_call) return make_error("{} on group {} timed out waiting for rank 1", op, g.id);
+    if (calls++ == fail_at_call)
+      return make_error("{} on group {} timed out waiting for rank 1", op, g.id);
     f();
     return ok_status();
   }

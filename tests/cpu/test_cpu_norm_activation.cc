@@ -112,7 +112,9 @@ TEST_CASE("cpu gelu backward", "[cpu]") {
   };
   const Vec out = forward();
   const double v = x[3];
-  REQUIRE(out[3] == Approx(0.5 * v * (1 + std::tanh(std::sqrt(2 / std::numbers::pi) * (v + 0.044715 * v * v * v)))));
+  REQUIRE(out[3] ==
+          Approx(0.5 * v *
+                 (1 + std::tanh(std::sqrt(2 / std::numbers::pi) * (v + 0.044715 * v * v * v)))));
   Vec dx(x.size());
   cpu::gelu_backward<double>(n, dout.data(), x.data(), dx.data());
   CHECK(rel_err(dx, numeric_grad(x, [&] { return testing::dot(dout, forward()); })) < kFdTol);
@@ -178,8 +180,10 @@ TEST_CASE("cpu dropout: counter-based mask, shards, backward", "[cpu]") {
   be.dropout_backward(upload(be, {n}, dout), dx, op);
   const Vec got = download(be, dx);
   for (std::int64_t i = 0; i < n; ++i) {
-    if (full[i] == 0) REQUIRE(got[i] == 0);
-    else REQUIRE(got[i] == Approx(static_cast<float>(dout[i]) / 0.7f).epsilon(1e-6));
+    if (full[i] == 0)
+      REQUIRE(got[i] == 0);
+    else
+      REQUIRE(got[i] == Approx(static_cast<float>(dout[i]) / 0.7f).epsilon(1e-6));
   }
   // Another seed draws another mask; p = 0 keeps everything unchanged.
   Tensor other = be.empty({n});

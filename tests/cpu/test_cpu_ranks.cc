@@ -62,14 +62,16 @@ TEST_CASE("cpu ranks: collectives and int32 ids through the communicator", "[cpu
   CHECK(received == Vec{f(snan_bits), 7});
 }
 
-TEST_CASE("cpu ranks: a data-parallel layernorm gradient equals the single-rank one", "[cpu][ranks]") {
+TEST_CASE("cpu ranks: a data-parallel layernorm gradient equals the single-rank one",
+          "[cpu][ranks]") {
   std::mt19937_64 rng(testing::seed_for("ranks layernorm"));
   const std::int64_t N = 64, C = 16;
   const Vec x = testing::random_vec(rng, N * C), dout = testing::random_vec(rng, N * C);
   const Vec w = testing::random_vec(rng, C), b = testing::random_vec(rng, C);
   auto grads = [&](Backend& be, std::int64_t begin, std::int64_t rows) {
     Tensor tx = put(be, {rows, C}, Vec(x.begin() + begin * C, x.begin() + (begin + rows) * C));
-    Tensor td = put(be, {rows, C}, Vec(dout.begin() + begin * C, dout.begin() + (begin + rows) * C));
+    Tensor td =
+        put(be, {rows, C}, Vec(dout.begin() + begin * C, dout.begin() + (begin + rows) * C));
     Tensor tw = put(be, {C}, w), tb = put(be, {C}, b);
     Tensor out = be.empty({rows, C}), mean = be.empty({rows}), rstd = be.empty({rows});
     Tensor dx = be.empty({rows, C}), dw = be.empty({C}), db = be.empty({C});

@@ -80,7 +80,8 @@ inline bool dropout_keep(std::uint64_t seed, std::uint64_t counter, float p) {
 // out = x / (1 - p) where kept, else 0; element i draws counter offset + i.
 // In place (out == x) is allowed.
 template <class T>
-void dropout(std::int64_t n, const T* x, T* out, float p, std::uint64_t seed, std::uint64_t offset) {
+void dropout(std::int64_t n, const T* x, T* out, float p, std::uint64_t seed,
+             std::uint64_t offset) {
   const T s = p < 1.0f ? T(1) / (T(1) - static_cast<T>(p)) : T(0);
   for_chunks(n, kGrain, [&](std::int64_t b, std::int64_t e) {
     for (std::int64_t i = b; i < e; ++i)

@@ -37,29 +37,29 @@ template <class T>
 void attention_forward(const AttentionDims& d, T scale, const T* qkv, T* out, T* lse) {
   const std::int64_t W = d.width(), R = d.H / d.G, Tn = d.T;
   const std::int64_t per_task = Tn * Tn * d.D;
-  for_chunks(d.B * d.H, std::max<std::int64_t>(1, kGrain / std::max<std::int64_t>(per_task, 1)),
-             [&](std::int64_t begin, std::int64_t end) {
-               std::vector<T> p(static_cast<std::size_t>(Tn * Tn));
-               for (std::int64_t bh = begin; bh < end; ++bh) {
-                 const std::int64_t b = bh / d.H, h = bh % d.H, g = h / R;
-                 const T* base = qkv + b * Tn * W;
-                 detail::attention_scores(d, scale, base + h * d.D, base + (d.H + g) * d.D, p.data());
-                 for (std::int64_t t = 0; t < Tn; ++t) {
-                   T* row = p.data() + t * Tn;
-                   T m = row[0];
-                   for (std::int64_t j = 1; j <= t; ++j) m = row[j] > m ? row[j] : m;
-                   double z = 0.0;
-                   for (std::int64_t j = 0; j <= t; ++j) z += std::exp(static_cast<double>(row[j] - m));
-                   const T l = m + static_cast<T>(std::log(z));
-                   for (std::int64_t j = 0; j <= t; ++j) row[j] = std::exp(row[j] - l);
-                   for (std::int64_t j = t + 1; j < Tn; ++j) row[j] = T(0);
-                   lse[(b * d.H + h) * Tn + t] = l;
-                 }
-                 blas_gemm(false, false, Tn, d.D, Tn, T(1), p.data(), Tn,
-                           base + (d.H + d.G + g) * d.D, W, T(0), out + b * Tn * d.H * d.D + h * d.D,
-                           d.H * d.D);
-               }
-             });
+  for_chunks(
+      d.B * d.H, std::max<std::int64_t>(1, kGrain / std::max<std::int64_t>(per_task, 1)),
+      [&](std::int64_t begin, std::int64_t end) {
+        std::vector<T> p(static_cast<std::size_t>(Tn * Tn));
+        for (std::int64_t bh = begin; bh < end; ++bh) {
+          const std::int64_t b = bh / d.H, h = bh % d.H, g = h / R;
+          const T* base = qkv + b * Tn * W;
+          detail::attention_scores(d, scale, base + h * d.D, base + (d.H + g) * d.D, p.data());
+          for (std::int64_t t = 0; t < Tn; ++t) {
+            T* row = p.data() + t * Tn;
+            T m = row[0];
+            for (std::int64_t j = 1; j <= t; ++j) m = row[j] > m ? row[j] : m;
+            double z = 0.0;
+            for (std::int64_t j = 0; j <= t; ++j) z += std::exp(static_cast<double>(row[j] - m));
+            const T l = m + static_cast<T>(std::log(z));
+            for (std::int64_t j = 0; j <= t; ++j) row[j] = std::exp(row[j] - l);
+            for (std::int64_t j = t + 1; j < Tn; ++j) row[j] = T(0);
+            lse[(b * d.H + h) * Tn + t] = l;
+          }
+          blas_gemm(false, false, Tn, d.D, Tn, T(1), p.data(), Tn, base + (d.H + d.G + g) * d.D, W,
+                    T(0), out + b * Tn * d.H * d.D + h * d.D, d.H * d.D);
+        }
+      });
 }
 
 // dqkv (B, T, H + 2G, D) overwritten from dout, out (B, T, H, D), lse (B, H, T).
@@ -102,7 +102,8 @@ void attention_backward(const AttentionDims& d, T scale, const T* dout, const T*
         for (std::int64_t t = 0; t < Tn; ++t) {
           T* ds = dp.data() + t * Tn;
           const T* pr = p.data() + t * Tn;
-          for (std::int64_t j = 0; j < Tn; ++j) ds[j] = pr[j] * (ds[j] - di[static_cast<std::size_t>(t)]);
+          for (std::int64_t j = 0; j < Tn; ++j)
+            ds[j] = pr[j] * (ds[j] - di[static_cast<std::size_t>(t)]);
         }
         blas_gemm(false, false, Tn, d.D, Tn, scale, dp.data(), Tn, k, W, T(0), dbase + h * d.D, W);
         blas_gemm(true, false, Tn, d.D, Tn, scale, dp.data(), Tn, q, W, T(1), dk, W);

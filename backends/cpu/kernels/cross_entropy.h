@@ -40,7 +40,8 @@ template <class T>
 void cross_entropy_loss(std::int64_t N, const T* row_max, const T* sumexp, const T* target_logit,
                         T* losses) {
   for_chunks(N, kGrain, [&](std::int64_t b, std::int64_t e) {
-    for (std::int64_t r = b; r < e; ++r) losses[r] = std::log(sumexp[r]) + row_max[r] - target_logit[r];
+    for (std::int64_t r = b; r < e; ++r)
+      losses[r] = std::log(sumexp[r]) + row_max[r] - target_logit[r];
   });
 }
 

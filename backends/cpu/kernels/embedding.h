@@ -36,7 +36,8 @@ void embedding_backward(std::int64_t N, std::int64_t C, std::int64_t V, std::int
     const std::int64_t v = static_cast<std::int64_t>(ids[n]) - vocab_offset;
     if (v >= 0 && v < V) ++start[static_cast<std::size_t>(v + 1)];
   }
-  for (std::int64_t v = 0; v < V; ++v) start[static_cast<std::size_t>(v + 1)] += start[static_cast<std::size_t>(v)];
+  for (std::int64_t v = 0; v < V; ++v)
+    start[static_cast<std::size_t>(v + 1)] += start[static_cast<std::size_t>(v)];
   std::vector<std::int64_t> order(static_cast<std::size_t>(start[static_cast<std::size_t>(V)]));
   std::vector<std::int64_t> fill(start.begin(), start.end() - 1);
   for (std::int64_t n = 0; n < N; ++n) {
@@ -45,19 +46,24 @@ void embedding_backward(std::int64_t N, std::int64_t C, std::int64_t V, std::int
   }
   std::vector<std::int64_t> touched;  // vocabulary rows with at least one token
   for (std::int64_t v = 0; v < V; ++v)
-    if (start[static_cast<std::size_t>(v + 1)] > start[static_cast<std::size_t>(v)]) touched.push_back(v);
+    if (start[static_cast<std::size_t>(v + 1)] > start[static_cast<std::size_t>(v)])
+      touched.push_back(v);
   const auto rows = static_cast<std::int64_t>(touched.size());
   for_chunks(rows, rows_per_chunk(C), [&](std::int64_t b, std::int64_t e) {
     std::vector<double> acc(static_cast<std::size_t>(C));
     for (std::int64_t i = b; i < e; ++i) {
       const std::int64_t v = touched[static_cast<std::size_t>(i)];
       T* row = dtable + v * C;
-      for (std::int64_t j = 0; j < C; ++j) acc[static_cast<std::size_t>(j)] = static_cast<double>(row[j]);
-      for (std::int64_t s = start[static_cast<std::size_t>(v)]; s < start[static_cast<std::size_t>(v + 1)]; ++s) {
+      for (std::int64_t j = 0; j < C; ++j)
+        acc[static_cast<std::size_t>(j)] = static_cast<double>(row[j]);
+      for (std::int64_t s = start[static_cast<std::size_t>(v)];
+           s < start[static_cast<std::size_t>(v + 1)]; ++s) {
         const T* d = dout + order[static_cast<std::size_t>(s)] * C;
-        for (std::int64_t j = 0; j < C; ++j) acc[static_cast<std::size_t>(j)] += static_cast<double>(d[j]);
+        for (std::int64_t j = 0; j < C; ++j)
+          acc[static_cast<std::size_t>(j)] += static_cast<double>(d[j]);
       }
-      for (std::int64_t j = 0; j < C; ++j) row[j] = static_cast<T>(acc[static_cast<std::size_t>(j)]);
+      for (std::int64_t j = 0; j < C; ++j)
+        row[j] = static_cast<T>(acc[static_cast<std::size_t>(j)]);
     }
   });
 }

@@ -19,17 +19,17 @@ inline void ensure_single_threaded_blas() {
 }
 
 inline void blas_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
-                      const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta,
-                      float* c, std::int64_t ldc) {
+                      const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
+                      float beta, float* c, std::int64_t ldc) {
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
               static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
               static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c,
               static_cast<blasint>(ldc));
 }
 
-inline void blas_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, double alpha,
-                      const double* a, std::int64_t lda, const double* b, std::int64_t ldb,
-                      double beta, double* c, std::int64_t ldc) {
+inline void blas_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k,
+                      double alpha, const double* a, std::int64_t lda, const double* b,
+                      std::int64_t ldb, double beta, double* c, std::int64_t ldc) {
   cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
               static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
               static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c,

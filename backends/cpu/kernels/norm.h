@@ -28,8 +28,9 @@ void layernorm_forward(std::int64_t N, std::int64_t C, const T* x, const T* weig
     const double rs = 1.0 / std::sqrt(v / static_cast<double>(C) + eps);
     T* o = out + r * C;
     for (std::int64_t j = 0; j < C; ++j)
-      o[j] = static_cast<T>((static_cast<double>(xr[j]) - mu) * rs * static_cast<double>(weight[j]) +
-                            static_cast<double>(bias[j]));
+      o[j] =
+          static_cast<T>((static_cast<double>(xr[j]) - mu) * rs * static_cast<double>(weight[j]) +
+                         static_cast<double>(bias[j]));
     mean[r] = static_cast<T>(mu);
     rstd[r] = static_cast<T>(rs);
   });
@@ -89,7 +90,8 @@ void rmsnorm_forward(std::int64_t N, std::int64_t C, const T* x, const T* weight
   for_rows(N, C, [&](std::int64_t r) {
     const T* xr = x + r * C;
     double ss = 0.0;
-    for (std::int64_t j = 0; j < C; ++j) ss += static_cast<double>(xr[j]) * static_cast<double>(xr[j]);
+    for (std::int64_t j = 0; j < C; ++j)
+      ss += static_cast<double>(xr[j]) * static_cast<double>(xr[j]);
     const double rs = 1.0 / std::sqrt(ss / static_cast<double>(C) + eps);
     T* o = out + r * C;
     for (std::int64_t j = 0; j < C; ++j)

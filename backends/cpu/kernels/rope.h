@@ -22,7 +22,8 @@ void rope(std::int64_t B, std::int64_t Tn, std::int64_t heads_total, std::int64_
     for (std::int64_t t = 0; t < Tn; ++t) {
       const double a = static_cast<double>(t) * freq;
       cs[static_cast<std::size_t>(t * P + i)] = static_cast<T>(std::cos(a));
-      sn[static_cast<std::size_t>(t * P + i)] = static_cast<T>(inverse ? -std::sin(a) : std::sin(a));
+      sn[static_cast<std::size_t>(t * P + i)] =
+          static_cast<T>(inverse ? -std::sin(a) : std::sin(a));
     }
   }
   for_rows(B * Tn, rotate_heads * D, [&](std::int64_t row) {
