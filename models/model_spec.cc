@@ -248,6 +248,9 @@ Status validate_model(const ModelSpec& m) {
     return make_error("model '{}': top_k must be in 1..experts ({}), got {}", m.name, m.experts, m.top_k);
   if (m.experts == 0 && m.top_k != 0)
     return make_error("model '{}': top_k {} given without experts; set experts or drop top_k", m.name, m.top_k);
+  if (m.norm == NormKind::layernorm && !m.bias)
+    return make_error("model '{}': layernorm without bias is not supported; use \"norm\": \"rmsnorm\" or \"bias\": true",
+                      m.name);
   if (!(m.norm_eps > 0)) return make_error("model '{}': norm_eps must be positive", m.name);
   return {};
 }

@@ -99,6 +99,48 @@ std::int64_t shard_numel(const ModelSpec& m, const ParamInfo& p, int tp, int ep)
   return n;
 }
 
+std::vector<std::int64_t> shard_shape(const ModelSpec& m, const ParamInfo& p, const ShardCoord& c) {
+  std::vector<std::int64_t> shape = p.shape;
+  const std::size_t base = p.expert ? 1 : 0;
+  if (p.expert) shape[0] /= c.ep;
+  const std::size_t d = base + static_cast<std::size_t>(p.split_dim);
+  if (p.split == TpSplit::vocab) shape[d] = padded_vocab(m, c.tp) / c.tp;
+  else if (p.split != TpSplit::replicated) shape[d] /= c.tp;
+  return shape;
+}
+
+std::int64_t full_index(const ModelSpec& m, const ParamInfo& p, const ShardCoord& c, std::int64_t local) {
+  const std::vector<std::int64_t> shape = shard_shape(m, p, c);
+  // Unravel `local` over the shard's shape, map each coordinate, ravel over the full shape.
+  std::vector<std::int64_t> idx(shape.size());
+  for (std::size_t i = shape.size(); i-- > 0;) {
+    idx[i] = local % shape[i];
+    local /= shape[i];
+  }
+  const std::size_t base = p.expert ? 1 : 0;
+  if (p.expert) idx[0] += c.ep_rank * shape[0];
+  const std::size_t d = base + static_cast<std::size_t>(p.split_dim);
+  if (p.split == TpSplit::vocab) {
+    idx[d] += c.tp_rank * shape[d];
+    if (idx[d] >= p.shape[d]) return -1;
+  } else if (p.split != TpSplit::replicated) {
+    // The shard is the concatenation of this rank's piece of every segment.
+    std::int64_t j = idx[d], segment_start = 0;
+    for (std::int64_t seg : p.segments) {
+      const std::int64_t piece = seg / c.tp;
+      if (j < piece) {
+        idx[d] = segment_start + c.tp_rank * piece + j;
+        break;
+      }
+      j -= piece;
+      segment_start += seg;
+    }
+  }
+  std::int64_t flat = 0;
+  for (std::size_t i = 0; i < idx.size(); ++i) flat = flat * p.shape[i] + idx[i];
+  return flat;
+}
+
 ParamCount count_parameters(const ModelSpec& m) {
   ParamCount c;
   for (const auto& p : parameter_table(m)) {

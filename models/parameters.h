@@ -55,6 +55,21 @@ StagePlacement place_layer(const ModelSpec& m, int layer, int pp, int vpp);
 // parameters are held whole. Vocab-split tensors count padded rows.
 std::int64_t shard_numel(const ModelSpec& m, const ParamInfo& p, int tp, int ep);
 
+// A rank's position in the (tp, ep) split of a parameter.
+struct ShardCoord {
+  int tp_rank = 0, tp = 1;
+  int ep_rank = 0, ep = 1;
+};
+
+// The shape of a rank's shard of `p` (vocab-split dimensions padded).
+std::vector<std::int64_t> shard_shape(const ModelSpec& m, const ParamInfo& p, const ShardCoord& c);
+
+// Flat index into the full tensor of element `local` (flat, row-major) of the
+// rank's shard; -1 for the padding rows of a vocab-split tensor. Every
+// element of the full tensor is held by exactly one tp rank of an ep shard,
+// or by every rank if replicated: init, gather and checkpoints all use this.
+std::int64_t full_index(const ModelSpec& m, const ParamInfo& p, const ShardCoord& c, std::int64_t local);
+
 struct ParamCount {
   std::int64_t total = 0;      // every parameter once (tied embeddings once)
   std::int64_t embedding = 0;  // token and position embeddings (and an untied head)
