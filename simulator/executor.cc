@@ -53,9 +53,10 @@ Status Executor::compute(StreamId s, NameId name, Time duration) {
   return ok_status();
 }
 
-Result<CollectiveId> Executor::add_collective(const CollectiveRequest& request, NameId name) {
+Result<CollectiveId> Executor::add_collective(const CollectiveRequest& request, NameId name,
+                                              std::optional<CollectiveMode> mode) {
   MT_TRY(plan_collective(cluster_, constants_, request).context(names_.name(name)));
-  colls_.push_back({request, name, {}, 0, 0});
+  colls_.push_back({request, name, mode.value_or(options_.mode), {}, 0, 0});
   return static_cast<CollectiveId>(colls_.size() - 1);
 }
 
@@ -184,7 +185,7 @@ void Executor::try_start(StreamId s) {
             streams_[m].started = sim_.now();
             set_comm_active(streams_[m].device, +1);
           }
-          auto r = collectives_->start(c.request, options_.mode, this, tag_of(kCollectiveDone, t.a));
+          auto r = collectives_->start(c.request, c.mode, this, tag_of(kCollectiveDone, t.a));
           if (!r.ok() && !error_) error_ = r.error();
         }
         return;

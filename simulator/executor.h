@@ -33,6 +33,7 @@
 #include <array>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -86,7 +87,10 @@ class Executor : public EventHandler {
 
   Status compute(StreamId stream, NameId name, Time duration);
   // Validates the request now; members then join on their own streams.
-  Result<CollectiveId> add_collective(const CollectiveRequest& request, NameId name);
+  // `mode` overrides ExecutorOptions::mode for this collective (e.g. analytic
+  // for groups known to be uncontended, flows for the rest).
+  Result<CollectiveId> add_collective(const CollectiveRequest& request, NameId name,
+                                      std::optional<CollectiveMode> mode = std::nullopt);
   Status join_collective(StreamId stream, CollectiveId collective);
   Status send(StreamId stream, int peer, double bytes, NameId name);
   Status recv(StreamId stream, int peer, NameId name);
@@ -124,6 +128,7 @@ class Executor : public EventHandler {
   struct Collective {
     CollectiveRequest request;
     NameId name;
+    CollectiveMode mode;
     std::vector<StreamId> joined;
     uint32_t submitted_joins = 0;
     Time started = 0;

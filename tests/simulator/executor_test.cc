@@ -108,6 +108,22 @@ TEST_CASE("executor: communication slows concurrent compute on the same GPU", "[
   CHECK(to_seconds(report_of(*r, 0, "compute").busy) == Approx(want).epsilon(1e-9));
 }
 
+TEST_CASE("executor: a collective can be timed analytically", "[simulator][executor]") {
+  Cluster c = make(8);
+  CostConstants k;
+  const CollectiveRequest req{CollectiveKind::kAllGather, {0, 1, 2, 3}, 64e6, Algorithm::kRing, 0};
+  Executor e(c, k);  // flows by default, analytic for this one
+  auto ag = e.add_collective(req, e.intern("ag"), CollectiveMode::kAnalytic);
+  REQUIRE(ag.ok());
+  for (int d = 0; d < 4; ++d) REQUIRE(e.join_collective(st(e, d, "comm"), *ag).ok());
+  auto r = e.run();
+  REQUIRE(r.ok());
+  auto plan = plan_collective(c, k, req);
+  REQUIRE(plan.ok());
+  CHECK(r->collective_time[static_cast<int>(CollectiveKind::kAllGather)] == analytic_time(c, k, *plan));
+  CHECK(r->makespan == analytic_time(c, k, *plan));
+}
+
 TEST_CASE("executor: deadlock is an error naming the stuck streams", "[simulator][executor]") {
   Cluster c = make(8);
   CostConstants k;
