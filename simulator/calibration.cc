@@ -55,7 +55,8 @@ Result<int64_t> positive_int(const json& e, const char* key, const char* where, 
   MT_TRY(need(e, key, where, i));
   const json& v = e[key];
   if (!v.is_number_integer() || v.get<int64_t>() < 1)
-    return make_error("{}[{}]: field '{}' must be an integer >= 1, got {}", where, i, key, v.dump());
+    return make_error("{}[{}]: field '{}' must be an integer >= 1, got {}", where, i, key,
+                      v.dump());
   return v.get<int64_t>();
 }
 
@@ -125,16 +126,18 @@ std::optional<double> Calibration::collective_busbw(CollectiveKind kind, int mem
 
 Result<Calibration> calibration_from_json(std::string_view text) {
   json j = json::parse(text.begin(), text.end(), nullptr, false);
-  if (j.is_discarded()) return make_error("calibration is not valid JSON (check commas and quotes)");
+  if (j.is_discarded())
+    return make_error("calibration is not valid JSON (check commas and quotes)");
   if (!j.is_object()) return make_error("calibration must be a JSON object {{...}}");
   for (auto it = j.begin(); it != j.end(); ++it) {
-    static const char* known[] = {"version", "device", "gemm", "attention", "memory", "links",
-                                  "collectives"};
+    static const char* known[] = {"version", "device", "gemm",       "attention",
+                                  "memory",  "links",  "collectives"};
     if (std::find_if(std::begin(known), std::end(known),
                      [&](const char* k) { return it.key() == k; }) == std::end(known))
-      return make_error("unknown calibration field '{}'; known: version, device, gemm, attention, "
-                        "memory, links, collectives",
-                        it.key());
+      return make_error(
+          "unknown calibration field '{}'; known: version, device, gemm, attention, "
+          "memory, links, collectives",
+          it.key());
   }
   if (!j.contains("version") || !j["version"].is_number_integer())
     return make_error("calibration needs an integer field 'version' (this build reads {})",
@@ -142,9 +145,10 @@ Result<Calibration> calibration_from_json(std::string_view text) {
   Calibration c;
   c.version = j["version"].get<int>();
   if (c.version != Calibration::kVersion)
-    return make_error("calibration version {} is not supported (this build reads {}); "
-                      "re-run the calibration",
-                      c.version, Calibration::kVersion);
+    return make_error(
+        "calibration version {} is not supported (this build reads {}); "
+        "re-run the calibration",
+        c.version, Calibration::kVersion);
   if (j.contains("device")) {
     if (!j["device"].is_string()) return make_error("field 'device' must be a string");
     c.device = j["device"].get<std::string>();
@@ -159,10 +163,11 @@ Result<Calibration> calibration_from_json(std::string_view text) {
     DType dt = DType::kBf16;
     if (e.contains("dtype")) {
       const std::string s = e["dtype"].is_string() ? e["dtype"].get<std::string>() : "";
-      if (s == "fp32") dt = DType::kFp32;
+      if (s == "fp32")
+        dt = DType::kFp32;
       else if (s != "bf16" && s != "fp16")
-        return make_error("gemm[{}]: field 'dtype' must be \"bf16\", \"fp16\" or \"fp32\", got {}", i,
-                          e["dtype"].dump());
+        return make_error("gemm[{}]: field 'dtype' must be \"bf16\", \"fp16\" or \"fp32\", got {}",
+                          i, e["dtype"].dump());
     }
     c.gemm.push_back({m, n, k, dt, us});
   }
@@ -175,7 +180,8 @@ Result<Calibration> calibration_from_json(std::string_view text) {
     MT_ASSIGN(double us, positive(e, "time_us", "attention", i));
     bool causal = false;
     if (e.contains("causal")) {
-      if (!e["causal"].is_boolean()) return make_error("attention[{}]: field 'causal' must be true or false", i);
+      if (!e["causal"].is_boolean())
+        return make_error("attention[{}]: field 'causal' must be true or false", i);
       causal = e["causal"].get<bool>();
     }
     c.attention.push_back({bh, s, d, causal, us});
@@ -192,8 +198,8 @@ Result<Calibration> calibration_from_json(std::string_view text) {
     MT_TRY(need(e, "kind", "links", i));
     const std::string kind = e["kind"].is_string() ? e["kind"].get<std::string>() : "";
     if (kind != "nvlink" && kind != "pcie" && kind != "nic")
-      return make_error("links[{}]: field 'kind' must be \"nvlink\", \"pcie\" or \"nic\", got {}", i,
-                        e["kind"].dump());
+      return make_error("links[{}]: field 'kind' must be \"nvlink\", \"pcie\" or \"nic\", got {}",
+                        i, e["kind"].dump());
     MT_ASSIGN(double gbps, positive(e, "GBps", "links", i));
     c.links.push_back({kind, gbps});
   }
@@ -201,10 +207,10 @@ Result<Calibration> calibration_from_json(std::string_view text) {
   for (size_t i = 0; coll && i < coll->size(); ++i) {
     const json& e = (*coll)[i];
     MT_TRY(need(e, "kind", "collectives", i));
-    if (!e["kind"].is_string()) return make_error("collectives[{}]: field 'kind' must be a string", i);
-    MT_ASSIGN(CollectiveKind kind,
-              parse_collective_kind(e["kind"].get<std::string>())
-                  .context(fmt::format("collectives[{}]", i)));
+    if (!e["kind"].is_string())
+      return make_error("collectives[{}]: field 'kind' must be a string", i);
+    MT_ASSIGN(CollectiveKind kind, parse_collective_kind(e["kind"].get<std::string>())
+                                       .context(fmt::format("collectives[{}]", i)));
     MT_ASSIGN(int64_t members, positive_int(e, "members", "collectives", i));
     MT_ASSIGN(double bytes, positive(e, "bytes", "collectives", i));
     MT_ASSIGN(double busbw, positive(e, "busbw_GBps", "collectives", i));
@@ -220,18 +226,27 @@ std::string calibration_to_json(const Calibration& c) {
   if (!c.device.empty()) j["device"] = c.device;
   json& g = j["gemm"] = json::array();
   for (const auto& e : c.gemm)
-    g.push_back({{"m", e.m}, {"n", e.n}, {"k", e.k}, {"dtype", dtype_name(e.dtype)}, {"time_us", e.time_us}});
+    g.push_back({{"m", e.m},
+                 {"n", e.n},
+                 {"k", e.k},
+                 {"dtype", dtype_name(e.dtype)},
+                 {"time_us", e.time_us}});
   json& a = j["attention"] = json::array();
   for (const auto& e : c.attention)
-    a.push_back({{"batch_heads", e.batch_heads}, {"seq", e.seq}, {"head_dim", e.head_dim},
-                 {"causal", e.causal}, {"time_us", e.time_us}});
+    a.push_back({{"batch_heads", e.batch_heads},
+                 {"seq", e.seq},
+                 {"head_dim", e.head_dim},
+                 {"causal", e.causal},
+                 {"time_us", e.time_us}});
   json& m = j["memory"] = json::array();
   for (const auto& e : c.memory) m.push_back({{"bytes", e.bytes}, {"time_us", e.time_us}});
   json& l = j["links"] = json::array();
   for (const auto& e : c.links) l.push_back({{"kind", e.kind}, {"GBps", e.GBps}});
   json& k = j["collectives"] = json::array();
   for (const auto& e : c.collectives)
-    k.push_back({{"kind", collective_kind_name(e.kind)}, {"members", e.members}, {"bytes", e.bytes},
+    k.push_back({{"kind", collective_kind_name(e.kind)},
+                 {"members", e.members},
+                 {"bytes", e.bytes},
                  {"busbw_GBps", e.busbw_GBps}});
   return j.dump(2) + "\n";
 }

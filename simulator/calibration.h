@@ -45,11 +45,30 @@ const char* dtype_name(DType d);
 struct Calibration {
   static constexpr int kVersion = 1;
   // Fields hold the file's units so that write -> read is exact.
-  struct Gemm { int64_t m, n, k; DType dtype; double time_us; };
-  struct Attention { int64_t batch_heads, seq, head_dim; bool causal; double time_us; };
-  struct Memory { double bytes; double time_us; };
-  struct Link { std::string kind; double GBps; };
-  struct Collective { CollectiveKind kind; int members; double bytes; double busbw_GBps; };
+  struct Gemm {
+    int64_t m, n, k;
+    DType dtype;
+    double time_us;
+  };
+  struct Attention {
+    int64_t batch_heads, seq, head_dim;
+    bool causal;
+    double time_us;
+  };
+  struct Memory {
+    double bytes;
+    double time_us;
+  };
+  struct Link {
+    std::string kind;
+    double GBps;
+  };
+  struct Collective {
+    CollectiveKind kind;
+    int members;
+    double bytes;
+    double busbw_GBps;
+  };
 
   int version = kVersion;
   std::string device;

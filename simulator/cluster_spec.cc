@@ -54,8 +54,8 @@ using nlohmann::json;
 
 // Reads optional field `key` of `obj` into `out` scaled by `unit`; errors name
 // the field and the expected form.
-Status read_number(const json& obj, const char* key, double unit, double min_exclusive,
-                   double& out, const char* what) {
+Status read_number(const json& obj, const char* key, double unit, double min_exclusive, double& out,
+                   const char* what) {
   auto it = obj.find(key);
   if (it == obj.end()) return ok_status();
   if (!it->is_number())
@@ -74,8 +74,8 @@ Status read_int(const json& obj, const char* key, int min, int& out, const char*
     return make_error("field '{}' must be an integer ({}), got {}", key, what, it->dump());
   int64_t v = it->get<int64_t>();
   if (v < min || v > 1'000'000)
-    return make_error("field '{}' must be an integer in [{}, 1000000] ({}), got {}", key, min,
-                      what, v);
+    return make_error("field '{}' must be an integer in [{}, 1000000] ({}), got {}", key, min, what,
+                      v);
   out = static_cast<int>(v);
   return ok_status();
 }
@@ -103,12 +103,23 @@ Status check_known(const json& obj, const std::vector<std::string>& known, const
   return ok_status();
 }
 
-const std::vector<std::string> kTopFields = {
-    "base", "name", "gpus_per_node", "gpus_per_pcie_switch", "nvlink_GBps", "pcie_GBps",
-    "nic_Gbps", "nodes_per_leaf", "spines", "oversubscription", "nvlink_latency_ns",
-    "pcie_latency_ns", "nic_latency_ns", "switch_latency_ns", "device"};
-const std::vector<std::string> kDeviceFields = {"name", "bf16_TFLOPS", "fp32_TFLOPS",
-                                                "memory_GiB", "memory_GBps"};
+const std::vector<std::string> kTopFields = {"base",
+                                             "name",
+                                             "gpus_per_node",
+                                             "gpus_per_pcie_switch",
+                                             "nvlink_GBps",
+                                             "pcie_GBps",
+                                             "nic_Gbps",
+                                             "nodes_per_leaf",
+                                             "spines",
+                                             "oversubscription",
+                                             "nvlink_latency_ns",
+                                             "pcie_latency_ns",
+                                             "nic_latency_ns",
+                                             "switch_latency_ns",
+                                             "device"};
+const std::vector<std::string> kDeviceFields = {"name", "bf16_TFLOPS", "fp32_TFLOPS", "memory_GiB",
+                                                "memory_GBps"};
 // Fields that must be given when there is no "base" preset to inherit from.
 const std::vector<std::string> kRequiredWithoutBase = {
     "gpus_per_node", "nvlink_GBps", "pcie_GBps", "nic_Gbps", "nodes_per_leaf", "device"};
@@ -137,7 +148,8 @@ Status validate(const ClusterSpec& s) {
   if (!(s.nvlink_bandwidth > 0) || !(s.pcie_bandwidth > 0) || !(s.nic_bandwidth > 0))
     return make_error("link bandwidths must be > 0 (nvlink {}, pcie {}, nic {} bytes/s)",
                       s.nvlink_bandwidth, s.pcie_bandwidth, s.nic_bandwidth);
-  if (s.nodes_per_leaf < 1) return make_error("nodes_per_leaf must be >= 1, got {}", s.nodes_per_leaf);
+  if (s.nodes_per_leaf < 1)
+    return make_error("nodes_per_leaf must be >= 1, got {}", s.nodes_per_leaf);
   if (s.spines < 0) return make_error("spines must be >= 0, got {}", s.spines);
   if (!(s.oversubscription >= 1.0))
     return make_error("oversubscription must be >= 1 (1 = non-blocking), got {}",
@@ -156,7 +168,8 @@ Result<ClusterSpec> cluster_spec_from_json(std::string_view text) {
   json j = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded())
     return make_error("cluster JSON is not valid JSON (check commas and quotes)");
-  if (!j.is_object()) return make_error("cluster JSON must be an object {{...}}, got {}", j.type_name());
+  if (!j.is_object())
+    return make_error("cluster JSON must be an object {{...}}, got {}", j.type_name());
   MT_TRY(check_known(j, kTopFields, "cluster"));
 
   ClusterSpec s;
@@ -168,9 +181,10 @@ Result<ClusterSpec> cluster_spec_from_json(std::string_view text) {
   } else {
     for (const auto& k : kRequiredWithoutBase)
       if (!j.contains(k))
-        return make_error("missing field '{}'; give it or set \"base\" to a preset (dgx-a100, "
-                          "dgx-h100, h200) to inherit it",
-                          k);
+        return make_error(
+            "missing field '{}'; give it or set \"base\" to a preset (dgx-a100, "
+            "dgx-h100, h200) to inherit it",
+            k);
     s.name = "custom";
   }
   if (j.contains("name")) {
@@ -179,7 +193,8 @@ Result<ClusterSpec> cluster_spec_from_json(std::string_view text) {
   }
   MT_TRY(read_int(j, "gpus_per_node", 1, s.gpus_per_node, "GPUs per node, e.g. 8"));
   MT_TRY(read_int(j, "gpus_per_pcie_switch", 1, s.gpus_per_pcie_switch, "e.g. 2"));
-  MT_TRY(read_number(j, "nvlink_GBps", kGB, 0, s.nvlink_bandwidth, "GB/s per GPU per direction, e.g. 300"));
+  MT_TRY(read_number(j, "nvlink_GBps", kGB, 0, s.nvlink_bandwidth,
+                     "GB/s per GPU per direction, e.g. 300"));
   MT_TRY(read_number(j, "pcie_GBps", kGB, 0, s.pcie_bandwidth, "GB/s per direction, e.g. 32"));
   MT_TRY(read_number(j, "nic_Gbps", kGbit, 0, s.nic_bandwidth, "Gb/s line rate, e.g. 200"));
   MT_TRY(read_int(j, "nodes_per_leaf", 1, s.nodes_per_leaf, "nodes per leaf switch, e.g. 20"));
@@ -197,7 +212,8 @@ Result<ClusterSpec> cluster_spec_from_json(std::string_view text) {
 
   if (j.contains("device")) {
     const json& d = j["device"];
-    if (!d.is_object()) return make_error("field 'device' must be an object {{\"bf16_TFLOPS\": ...}}");
+    if (!d.is_object())
+      return make_error("field 'device' must be an object {{\"bf16_TFLOPS\": ...}}");
     MT_TRY(check_known(d, kDeviceFields, "device"));
     if (!has_base)
       for (const auto& k : kRequiredDeviceWithoutBase)
@@ -206,10 +222,13 @@ Result<ClusterSpec> cluster_spec_from_json(std::string_view text) {
       if (!d["name"].is_string()) return make_error("field 'device.name' must be a string");
       s.device.name = d["name"].get<std::string>();
     }
-    Status st = read_number(d, "bf16_TFLOPS", kTera, 0, s.device.peak_bf16_flops, "dense bf16 TFLOP/s, e.g. 312");
-    if (st.ok()) st = read_number(d, "fp32_TFLOPS", kTera, 0, s.device.peak_fp32_flops, "TFLOP/s, e.g. 19.5");
+    Status st = read_number(d, "bf16_TFLOPS", kTera, 0, s.device.peak_bf16_flops,
+                            "dense bf16 TFLOP/s, e.g. 312");
+    if (st.ok())
+      st = read_number(d, "fp32_TFLOPS", kTera, 0, s.device.peak_fp32_flops, "TFLOP/s, e.g. 19.5");
     if (st.ok()) st = read_number(d, "memory_GiB", kGiB, 0, s.device.memory_bytes, "GiB, e.g. 80");
-    if (st.ok()) st = read_number(d, "memory_GBps", kGB, 0, s.device.memory_bandwidth, "GB/s, e.g. 2039");
+    if (st.ok())
+      st = read_number(d, "memory_GBps", kGB, 0, s.device.memory_bandwidth, "GB/s, e.g. 2039");
     MT_TRY(st.context("device"));
   }
   MT_TRY(validate(s));
@@ -229,9 +248,11 @@ Result<ClusterSpec> load_cluster_spec(const std::string& path) {
 Result<ClusterSpec> cluster_spec_by_name_or_file(const std::string& name_or_path) {
   for (const auto& n : cluster_preset_names())
     if (n == name_or_path) return cluster_preset(n);
-  if (name_or_path.find(".json") == std::string::npos && name_or_path.find('/') == std::string::npos)
-    return make_error("'{}' is neither a cluster preset (dgx-a100, dgx-h100, h200) nor a .json file",
-                      name_or_path);
+  if (name_or_path.find(".json") == std::string::npos &&
+      name_or_path.find('/') == std::string::npos)
+    return make_error(
+        "'{}' is neither a cluster preset (dgx-a100, dgx-h100, h200) nor a .json file",
+        name_or_path);
   return load_cluster_spec(name_or_path);
 }
 

@@ -1,10 +1,10 @@
 #include "simulator/collective.h"
 
-#include "simulator/calibration.h"
-
 #include <algorithm>
 #include <cmath>
 #include <limits>
+
+#include "simulator/calibration.h"
 
 namespace meshtrain::sim {
 namespace {
@@ -48,14 +48,18 @@ int pipeline_chunks(const CostConstants& c, double bytes) {
 
 bool fits(CollectiveKind kind, Algorithm a) {
   switch (a) {
-    case Algorithm::kAuto: return true;
+    case Algorithm::kAuto:
+      return true;
     case Algorithm::kRing:
       return kind == CollectiveKind::kAllReduce || kind == CollectiveKind::kReduceScatter ||
              kind == CollectiveKind::kAllGather || kind == CollectiveKind::kBroadcast;
     case Algorithm::kTree:
-    case Algorithm::kHierarchical: return kind == CollectiveKind::kAllReduce;
-    case Algorithm::kPairwise: return kind == CollectiveKind::kAllToAll;
-    case Algorithm::kDirect: return kind == CollectiveKind::kSendRecv;
+    case Algorithm::kHierarchical:
+      return kind == CollectiveKind::kAllReduce;
+    case Algorithm::kPairwise:
+      return kind == CollectiveKind::kAllToAll;
+    case Algorithm::kDirect:
+      return kind == CollectiveKind::kSendRecv;
   }
   return false;
 }
@@ -77,15 +81,16 @@ Result<std::vector<std::vector<int>>> per_node_groups(const Cluster& cluster,
     return make_error("hierarchical all-reduce needs members on at least 2 nodes, got 1");
   for (const auto& grp : groups) {
     if (grp.size() != groups[0].size())
-      return make_error("hierarchical all-reduce needs the same number of members on every node; "
-                        "node {} has {}, node {} has {}",
-                        cluster.node_of(groups[0][0]), groups[0].size(), cluster.node_of(grp[0]),
-                        grp.size());
+      return make_error(
+          "hierarchical all-reduce needs the same number of members on every node; "
+          "node {} has {}, node {} has {}",
+          cluster.node_of(groups[0][0]), groups[0].size(), cluster.node_of(grp[0]), grp.size());
     for (size_t i = 0; i < grp.size(); ++i)
       if (cluster.local_rank(grp[i]) != cluster.local_rank(groups[0][i]))
-        return make_error("hierarchical all-reduce needs the same local GPUs on every node "
-                          "(rail-aligned); node {} differs from node {}",
-                          cluster.node_of(grp[0]), cluster.node_of(groups[0][0]));
+        return make_error(
+            "hierarchical all-reduce needs the same local GPUs on every node "
+            "(rail-aligned); node {} differs from node {}",
+            cluster.node_of(grp[0]), cluster.node_of(groups[0][0]));
   }
   return groups;
 }
@@ -120,7 +125,8 @@ Result<CollectivePlan> expand(const Cluster& cluster, const CostConstants& c,
         for (int r = 0; r < n; ++r) {
           const int up = parent(n, r);
           if (up < 0) continue;
-          pairs.insert(pairs.end(), {req.members[r], req.members[up], req.members[up], req.members[r]});
+          pairs.insert(pairs.end(),
+                       {req.members[r], req.members[up], req.members[up], req.members[r]});
         }
       p.orders.push_back(std::move(pairs));
       const int C = pipeline_chunks(c, S / 2);
@@ -145,13 +151,15 @@ Result<CollectivePlan> expand(const Cluster& cluster, const CostConstants& c,
     }
     case Algorithm::kPairwise:
       p.orders.push_back(req.members);
-      for (int k = 1; k < n; ++k) p.steps.push_back(Step{0, un, static_cast<uint32_t>(k), false, S / n, 1});
+      for (int k = 1; k < n; ++k)
+        p.steps.push_back(Step{0, un, static_cast<uint32_t>(k), false, S / n, 1});
       return p;
     case Algorithm::kDirect:
       p.orders.push_back({req.members[0], req.members[1]});
       p.steps.push_back(Step{0, 0, 0, false, S, 1});
       return p;
-    case Algorithm::kAuto: break;
+    case Algorithm::kAuto:
+      break;
   }
   return make_error("internal: unexpanded algorithm");
 }
@@ -176,53 +184,71 @@ void for_each_flow(const CollectivePlan& plan, const CollectivePlan::Step& step,
 
 const char* collective_kind_name(CollectiveKind kind) {
   switch (kind) {
-    case CollectiveKind::kAllReduce: return "all_reduce";
-    case CollectiveKind::kReduceScatter: return "reduce_scatter";
-    case CollectiveKind::kAllGather: return "all_gather";
-    case CollectiveKind::kAllToAll: return "all_to_all";
-    case CollectiveKind::kBroadcast: return "broadcast";
-    case CollectiveKind::kSendRecv: return "send_recv";
+    case CollectiveKind::kAllReduce:
+      return "all_reduce";
+    case CollectiveKind::kReduceScatter:
+      return "reduce_scatter";
+    case CollectiveKind::kAllGather:
+      return "all_gather";
+    case CollectiveKind::kAllToAll:
+      return "all_to_all";
+    case CollectiveKind::kBroadcast:
+      return "broadcast";
+    case CollectiveKind::kSendRecv:
+      return "send_recv";
   }
   return "?";
 }
 
 const char* algorithm_name(Algorithm a) {
   switch (a) {
-    case Algorithm::kAuto: return "auto";
-    case Algorithm::kRing: return "ring";
-    case Algorithm::kTree: return "tree";
-    case Algorithm::kHierarchical: return "hierarchical";
-    case Algorithm::kPairwise: return "pairwise";
-    case Algorithm::kDirect: return "direct";
+    case Algorithm::kAuto:
+      return "auto";
+    case Algorithm::kRing:
+      return "ring";
+    case Algorithm::kTree:
+      return "tree";
+    case Algorithm::kHierarchical:
+      return "hierarchical";
+    case Algorithm::kPairwise:
+      return "pairwise";
+    case Algorithm::kDirect:
+      return "direct";
   }
   return "?";
 }
 
 Result<CollectiveKind> parse_collective_kind(std::string_view name) {
   for (int k = 0; k < kNumCollectiveKinds; ++k)
-    if (name == collective_kind_name(static_cast<CollectiveKind>(k))) return static_cast<CollectiveKind>(k);
-  return make_error("unknown collective kind '{}'; known: all_reduce, reduce_scatter, all_gather, "
-                    "all_to_all, broadcast, send_recv",
-                    name);
+    if (name == collective_kind_name(static_cast<CollectiveKind>(k)))
+      return static_cast<CollectiveKind>(k);
+  return make_error(
+      "unknown collective kind '{}'; known: all_reduce, reduce_scatter, all_gather, "
+      "all_to_all, broadcast, send_recv",
+      name);
 }
 
 Result<Algorithm> parse_algorithm(std::string_view name) {
   for (int a = 0; a <= static_cast<int>(Algorithm::kDirect); ++a)
     if (name == algorithm_name(static_cast<Algorithm>(a))) return static_cast<Algorithm>(a);
-  return make_error("unknown collective algorithm '{}'; known: auto, ring, tree, hierarchical, "
-                    "pairwise, direct",
-                    name);
+  return make_error(
+      "unknown collective algorithm '{}'; known: auto, ring, tree, hierarchical, "
+      "pairwise, direct",
+      name);
 }
 
 double busbw_factor(CollectiveKind kind, int n) {
   if (n < 1) return 0;
   switch (kind) {
-    case CollectiveKind::kAllReduce: return 2.0 * (n - 1) / n;
+    case CollectiveKind::kAllReduce:
+      return 2.0 * (n - 1) / n;
     case CollectiveKind::kReduceScatter:
     case CollectiveKind::kAllGather:
-    case CollectiveKind::kAllToAll: return static_cast<double>(n - 1) / n;
+    case CollectiveKind::kAllToAll:
+      return static_cast<double>(n - 1) / n;
     case CollectiveKind::kBroadcast:
-    case CollectiveKind::kSendRecv: return 1.0;
+    case CollectiveKind::kSendRecv:
+      return 1.0;
   }
   return 0;
 }
@@ -291,9 +317,15 @@ Result<CollectivePlan> plan_collective(const Cluster& cluster, const CostConstan
       break;
     case CollectiveKind::kReduceScatter:
     case CollectiveKind::kAllGather:
-    case CollectiveKind::kBroadcast: candidates = {Algorithm::kRing}; break;
-    case CollectiveKind::kAllToAll: candidates = {Algorithm::kPairwise}; break;
-    case CollectiveKind::kSendRecv: candidates = {Algorithm::kDirect}; break;
+    case CollectiveKind::kBroadcast:
+      candidates = {Algorithm::kRing};
+      break;
+    case CollectiveKind::kAllToAll:
+      candidates = {Algorithm::kPairwise};
+      break;
+    case CollectiveKind::kSendRecv:
+      candidates = {Algorithm::kDirect};
+      break;
   }
   if (candidates.size() == 1) return expand(cluster, c, req, candidates[0]);
   std::optional<CollectivePlan> best;

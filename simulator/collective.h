@@ -13,17 +13,17 @@
 // | kind           | algorithm     | steps                                                        |
 // |----------------|---------------|--------------------------------------------------------------|
 // | all-reduce     | ring          | 2(n-1) × (each member -> next, S/n)                          |
-// | all-reduce     | tree          | NCCL double binary tree, buffer halved over the two trees and |
-// |                |               | cut into C chunks; 2h+C-1 pipelined steps (h = tree height), |
-// |                |               | each: every tree edge up and down, S/(2C)                    |
-// | all-reduce     | hierarchical  | intra-node ring reduce-scatter: (L-1) × S/L;                 |
-// |                |               | per-rail inter-node ring all-reduce: 2(N-1) × S/(L·N);       |
-// |                |               | intra-node ring all-gather: (L-1) × S/L   (L per node, N nodes)|
-// | reduce-scatter | ring          | (n-1) × S/n                                                  |
-// | all-gather     | ring          | (n-1) × S/n                                                  |
-// | all-to-all     | pairwise      | for k = 1..n-1: member i -> member i+k, S/n                  |
-// | broadcast      | ring          | chain from the root, C chunks: n+C-2 steps of S/C            |
-// | send/recv      | direct        | 1 × S from members[0] to members[1]                          |
+// | all-reduce     | tree          | NCCL double binary tree, buffer halved over the two trees and
+// | |                |               | cut into C chunks; 2h+C-1 pipelined steps (h = tree height),
+// | |                |               | each: every tree edge up and down, S/(2C) | | all-reduce |
+// hierarchical  | intra-node ring reduce-scatter: (L-1) × S/L;                 | |                |
+// | per-rail inter-node ring all-reduce: 2(N-1) × S/(L·N);       | |                | | intra-node
+// ring all-gather: (L-1) × S/L   (L per node, N nodes)| | reduce-scatter | ring          | (n-1) ×
+// S/n                                                  | | all-gather     | ring          | (n-1) ×
+// S/n                                                  | | all-to-all     | pairwise      | for k
+// = 1..n-1: member i -> member i+k, S/n                  | | broadcast      | ring          | chain
+// from the root, C chunks: n+C-2 steps of S/C            | | send/recv      | direct        | 1 × S
+// from members[0] to members[1]                          |
 //
 // C = clamp(round(S / pipeline_chunk_bytes), 1, max_pipeline_chunks).
 //
@@ -62,7 +62,12 @@ namespace meshtrain::sim {
 struct Calibration;
 
 enum class CollectiveKind : uint8_t {
-  kAllReduce, kReduceScatter, kAllGather, kAllToAll, kBroadcast, kSendRecv
+  kAllReduce,
+  kReduceScatter,
+  kAllGather,
+  kAllToAll,
+  kBroadcast,
+  kSendRecv
 };
 inline constexpr int kNumCollectiveKinds = 6;
 enum class Algorithm : uint8_t { kAuto, kRing, kTree, kHierarchical, kPairwise, kDirect };
@@ -81,7 +86,7 @@ struct CollectiveRequest {
   std::vector<int> members;  // GPU ids in rank order; send/recv: {src, dst}
   double bytes = 0;          // nccl-tests "size" (all-gather: the gathered output)
   Algorithm algorithm = Algorithm::kAuto;
-  int root = 0;              // broadcast: index into members
+  int root = 0;  // broadcast: index into members
 };
 
 struct CollectivePlan {
@@ -132,8 +137,8 @@ class CollectiveEngine : public EventHandler {
 
   // Starts `request` now; when it completes `done->on_event(sim, tag)` is
   // scheduled. Returns the algorithm used, or an Error for a bad request.
-  Result<Algorithm> start(const CollectiveRequest& request, CollectiveMode mode,
-                          EventHandler* done, uint64_t tag);
+  Result<Algorithm> start(const CollectiveRequest& request, CollectiveMode mode, EventHandler* done,
+                          uint64_t tag);
   // The analytic duration of a request (cached), without starting it.
   Result<std::pair<Algorithm, Time>> analytic(const CollectiveRequest& request);
   // With a calibration holding measured bus bandwidth for the request's kind

@@ -32,7 +32,8 @@ double CostModel::attention_efficiency(int64_t seq, int64_t head_dim) const {
 
 Time CostModel::roofline(double flops, double bytes, double efficiency, DType dtype) const {
   const double compute = flops > 0 ? flops / (peak_flops(dtype) * efficiency) : 0;
-  const double memory = bytes > 0 ? bytes / (device_.memory_bandwidth * constants_.memory_efficiency) : 0;
+  const double memory =
+      bytes > 0 ? bytes / (device_.memory_bandwidth * constants_.memory_efficiency) : 0;
   return from_seconds(std::max(compute, memory)) + constants_.kernel_overhead;
 }
 
@@ -41,8 +42,7 @@ Time CostModel::gemm(int64_t m, int64_t n, int64_t k, DType dtype, int64_t batch
   const double b = static_cast<double>(batch);
   if (calibration_)
     if (auto t = calibration_->gemm_time(m, n, k, dtype)) return from_seconds(*t * b);
-  const double bytes = b * elem_bytes(dtype) *
-                       static_cast<double>(m * k + k * n + m * n);
+  const double bytes = b * elem_bytes(dtype) * static_cast<double>(m * k + k * n + m * n);
   return roofline(b * gemm_flops(m, n, k), bytes, gemm_efficiency(m, n, k), dtype);
 }
 
@@ -57,8 +57,8 @@ Time CostModel::attention(int64_t bh, int64_t seq, int64_t d, bool causal, bool 
   const double tensors = backward ? 7.0 : 4.0;
   const double bytes = tensors * elem_bytes(dtype) * static_cast<double>(bh) *
                        static_cast<double>(seq) * static_cast<double>(d);
-  return roofline(factor * attention_flops(bh, seq, d, causal), bytes,
-                  attention_efficiency(seq, d), dtype);
+  return roofline(factor * attention_flops(bh, seq, d, causal), bytes, attention_efficiency(seq, d),
+                  dtype);
 }
 
 Time CostModel::memory_bound(double bytes) const {

@@ -48,7 +48,9 @@ Status Executor::check_stream(StreamId s) const {
 
 Status Executor::compute(StreamId s, NameId name, Time duration) {
   MT_TRY(check_stream(s));
-  if (duration < 0) return make_error("compute '{}': duration must be >= 0, got {} ps", names_.name(name), duration);
+  if (duration < 0)
+    return make_error("compute '{}': duration must be >= 0, got {} ps", names_.name(name),
+                      duration);
   streams_[s].tasks.push_back({Kind::kCompute, name, 0, 0, duration});
   return ok_status();
 }
@@ -62,10 +64,12 @@ Result<CollectiveId> Executor::add_collective(const CollectiveRequest& request, 
 
 Status Executor::join_collective(StreamId s, CollectiveId c) {
   MT_TRY(check_stream(s));
-  if (c >= colls_.size()) return make_error("collective id {} does not exist (use add_collective())", c);
+  if (c >= colls_.size())
+    return make_error("collective id {} does not exist (use add_collective())", c);
   Collective& col = colls_[c];
   const int dev = streams_[s].device;
-  if (std::find(col.request.members.begin(), col.request.members.end(), dev) == col.request.members.end())
+  if (std::find(col.request.members.begin(), col.request.members.end(), dev) ==
+      col.request.members.end())
     return make_error("collective '{}': device {} is not a member", names_.name(col.name), dev);
   ++col.submitted_joins;
   streams_[s].tasks.push_back({Kind::kJoin, col.name, static_cast<int32_t>(c), 0, 0});
@@ -136,7 +140,8 @@ Status Executor::wait(StreamId s, NameId event) {
 
 void Executor::schedule_compute(StreamId s) {
   Stream& st = streams_[s];
-  const double speed = comm_active_[st.device] > 0 ? 1.0 / (1.0 + constants_.comm_compute_slowdown) : 1.0;
+  const double speed =
+      comm_active_[st.device] > 0 ? 1.0 / (1.0 + constants_.comm_compute_slowdown) : 1.0;
   ++st.generation;
   const Time left = static_cast<Time>(std::ceil(st.work_left / speed - 1e-3));
   sim_.schedule(sim_.now() + std::max<Time>(left, 0), this, tag_of(kComputeDone, s, st.generation));
@@ -238,8 +243,8 @@ void Executor::finish_head(StreamId s) {
   st.busy += dur;
   if (options_.trace) {
     const char* cat = t.kind == Kind::kCompute ? "compute"
-                      : t.kind == Kind::kJoin ? collective_kind_name(colls_[t.a].request.kind)
-                                              : (t.kind == Kind::kSend ? "send" : "recv");
+                      : t.kind == Kind::kJoin  ? collective_kind_name(colls_[t.a].request.kind)
+                                               : (t.kind == Kind::kSend ? "send" : "recv");
     trace_.complete(st.device, st.tid, names_.name(t.name), cat, st.started, dur);
   }
   st.running = false;
@@ -299,10 +304,11 @@ Error Executor::deadlock_error() const {
           for (StreamId j : c.joined) in = in || streams_[j].device == m;
           if (!in) missing.push_back(m);
         }
-        why = fmt::format("{} waiting for devices [{}] to join", collective_kind_name(c.request.kind),
-                          fmt::join(missing, ", "));
+        why = fmt::format("{} waiting for devices [{}] to join",
+                          collective_kind_name(c.request.kind), fmt::join(missing, ", "));
         if (c.submitted_joins < c.request.members.size())
-          why += fmt::format(" ({} of {} members ever joined)", c.submitted_joins, c.request.members.size());
+          why += fmt::format(" ({} of {} members ever joined)", c.submitted_joins,
+                             c.request.members.size());
         break;
       }
       case Kind::kSend:
@@ -315,12 +321,16 @@ Error Executor::deadlock_error() const {
         if (!other_submitted) why += " (never submitted)";
         break;
       }
-      case Kind::kWait: why = "wait for an event record that cannot run"; break;
+      case Kind::kWait:
+        why = "wait for an event record that cannot run";
+        break;
       case Kind::kCompute:
-      case Kind::kRecord: why = "blocked"; break;
+      case Kind::kRecord:
+        why = "blocked";
+        break;
     }
-    what += fmt::format("\n  device {} stream '{}' task {} '{}': {}", st.device, names_.name(st.name),
-                        st.head, names_.name(t.name), why);
+    what += fmt::format("\n  device {} stream '{}' task {} '{}': {}", st.device,
+                        names_.name(st.name), st.head, names_.name(t.name), why);
   }
   if (stuck > 16) what += fmt::format("\n  ... and {} more streams", stuck - 16);
   return make_error("deadlock: {} streams have tasks left but none can run:{}", stuck, what);
@@ -333,7 +343,8 @@ Result<RunReport> Executor::run() {
     for (int d = 0; d < cluster_.num_gpus(); ++d) {
       if (device_streams_[d].empty()) continue;
       trace_.name_process(d, fmt::format("gpu {}", d));
-      for (StreamId s : device_streams_[d]) trace_.name_thread(d, streams_[s].tid, names_.name(streams_[s].name));
+      for (StreamId s : device_streams_[d])
+        trace_.name_thread(d, streams_[s].tid, names_.name(streams_[s].name));
     }
   }
   for (StreamId s = 0; s < streams_.size(); ++s) try_start(s);
@@ -344,8 +355,9 @@ Result<RunReport> Executor::run() {
   report_.events = sim_.events_processed();
   for (const Stream& st : streams_)
     report_.streams.push_back({st.device, names_.name(st.name), st.busy, st.tasks.size()});
-  std::stable_sort(report_.streams.begin(), report_.streams.end(),
-                   [](const StreamReport& a, const StreamReport& b) { return a.device < b.device; });
+  std::stable_sort(
+      report_.streams.begin(), report_.streams.end(),
+      [](const StreamReport& a, const StreamReport& b) { return a.device < b.device; });
   return report_;
 }
 

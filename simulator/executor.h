@@ -56,7 +56,7 @@ struct ExecutorOptions {
 struct StreamReport {
   int device = 0;
   std::string stream;
-  Time busy = 0;       // time its tasks were running (compute and communication)
+  Time busy = 0;  // time its tasks were running (compute and communication)
   uint64_t tasks = 0;
 };
 
@@ -107,9 +107,9 @@ class Executor : public EventHandler {
   struct Task {
     Kind kind;
     NameId name;
-    int32_t a;     // compute: -, join: collective, send/recv: p2p index, record/wait: event slot
-    uint32_t b;    // wait: record count it waits for
-    int64_t value; // compute: duration (ps)
+    int32_t a;      // compute: -, join: collective, send/recv: p2p index, record/wait: event slot
+    uint32_t b;     // wait: record count it waits for
+    int64_t value;  // compute: duration (ps)
   };
   struct Stream {
     int device;

@@ -15,8 +15,7 @@ Time ceil_ps(double ps) {
 
 }  // namespace
 
-Network::Network(Simulator& sim, const Cluster& cluster)
-    : sim_(sim), cluster_(cluster) {
+Network::Network(Simulator& sim, const Cluster& cluster) : sim_(sim), cluster_(cluster) {
   const size_t n = cluster.links().size();
   link_flows_.resize(n);
   link_mark_.assign(n, 0);

@@ -14,12 +14,18 @@ uint64_t splitmix64(uint64_t x) {
 
 const char* node_kind_name(NodeKind kind) {
   switch (kind) {
-    case NodeKind::kGpu: return "gpu";
-    case NodeKind::kNvSwitch: return "nvswitch";
-    case NodeKind::kPcie: return "pcie";
-    case NodeKind::kNic: return "nic";
-    case NodeKind::kLeaf: return "leaf";
-    case NodeKind::kSpine: return "spine";
+    case NodeKind::kGpu:
+      return "gpu";
+    case NodeKind::kNvSwitch:
+      return "nvswitch";
+    case NodeKind::kPcie:
+      return "pcie";
+    case NodeKind::kNic:
+      return "nic";
+    case NodeKind::kLeaf:
+      return "leaf";
+    case NodeKind::kSpine:
+      return "spine";
   }
   return "?";
 }
@@ -59,16 +65,17 @@ Result<Cluster> Cluster::build(const ClusterSpec& spec, int num_gpus) {
   std::vector<uint32_t> nvs(c.num_nodes_), nic(num_gpus), leaf(c.num_leaves_), spine(c.num_spines_);
   std::vector<uint32_t> pcie(static_cast<size_t>(c.num_nodes_) * (gpn / per_pcie));
   for (int n = 0; n < c.num_nodes_; ++n) nvs[n] = c.add_vertex(NodeKind::kNvSwitch, n);
-  for (size_t p = 0; p < pcie.size(); ++p) pcie[p] = c.add_vertex(NodeKind::kPcie, static_cast<int>(p));
+  for (size_t p = 0; p < pcie.size(); ++p)
+    pcie[p] = c.add_vertex(NodeKind::kPcie, static_cast<int>(p));
   for (int g = 0; g < num_gpus; ++g) nic[g] = c.add_vertex(NodeKind::kNic, g);
   for (int l = 0; l < c.num_leaves_; ++l) leaf[l] = c.add_vertex(NodeKind::kLeaf, l);
   for (int s = 0; s < c.num_spines_; ++s) spine[s] = c.add_vertex(NodeKind::kSpine, s);
 
-  const size_t links_estimate = static_cast<size_t>(num_gpus) * 8 +
-                                2 * static_cast<size_t>(c.num_leaves_) * c.num_spines_;
+  const size_t links_estimate =
+      static_cast<size_t>(num_gpus) * 8 + 2 * static_cast<size_t>(c.num_leaves_) * c.num_spines_;
   c.links_.reserve(links_estimate);
-  for (auto* v : {&c.gpu_nvs_, &c.nvs_gpu_, &c.gpu_pcie_, &c.pcie_gpu_, &c.pcie_nic_,
-                  &c.nic_pcie_, &c.nic_leaf_, &c.leaf_nic_})
+  for (auto* v : {&c.gpu_nvs_, &c.nvs_gpu_, &c.gpu_pcie_, &c.pcie_gpu_, &c.pcie_nic_, &c.nic_pcie_,
+                  &c.nic_leaf_, &c.leaf_nic_})
     v->resize(num_gpus);
   for (int g = 0; g < num_gpus; ++g) {
     const int node = g / gpn, local = g % gpn;
@@ -89,8 +96,8 @@ Result<Cluster> Cluster::build(const ClusterSpec& spec, int num_gpus) {
   if (network) {
     // A leaf's downlink bandwidth is nodes_per_leaf NIC ports; its uplinks
     // carry that divided by the oversubscription, spread over the spines.
-    const double uplink = spec.nic_bandwidth * spec.nodes_per_leaf /
-                          (spec.oversubscription * c.num_spines_);
+    const double uplink =
+        spec.nic_bandwidth * spec.nodes_per_leaf / (spec.oversubscription * c.num_spines_);
     c.leaf_spine_.resize(static_cast<size_t>(c.num_leaves_) * c.num_spines_);
     c.spine_leaf_.resize(c.leaf_spine_.size());
     for (int l = 0; l < c.num_leaves_; ++l)

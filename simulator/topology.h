@@ -102,8 +102,8 @@ class Cluster {
   std::vector<Link> links_;
   // Link ids by role, indexed by GPU id (every GPU has its own NVLink port,
   // PCIe lane group, NIC and leaf port) or by leaf * spines + spine.
-  std::vector<LinkId> gpu_nvs_, nvs_gpu_, gpu_pcie_, pcie_gpu_, pcie_nic_, nic_pcie_,
-      nic_leaf_, leaf_nic_, leaf_spine_, spine_leaf_;
+  std::vector<LinkId> gpu_nvs_, nvs_gpu_, gpu_pcie_, pcie_gpu_, pcie_nic_, nic_pcie_, nic_leaf_,
+      leaf_nic_, leaf_spine_, spine_leaf_;
 };
 
 }  // namespace meshtrain::sim

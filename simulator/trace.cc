@@ -22,18 +22,20 @@ void Trace::name_thread(int pid, int tid, std::string_view name) {
   meta_.push_back({pid, tid, names_.intern(name)});
 }
 
-void Trace::complete(int pid, int tid, std::string_view name, std::string_view category,
-                     Time start, Time duration) {
-  events_.push_back({Ph::kComplete, pid, tid, names_.intern(name), names_.intern(category), start,
-                     duration, 0});
+void Trace::complete(int pid, int tid, std::string_view name, std::string_view category, Time start,
+                     Time duration) {
+  events_.push_back(
+      {Ph::kComplete, pid, tid, names_.intern(name), names_.intern(category), start, duration, 0});
 }
 
 void Trace::flow_start(int pid, int tid, uint64_t id, Time at) {
-  events_.push_back({Ph::kFlowStart, pid, tid, names_.intern("p2p"), names_.intern("p2p"), at, 0, id});
+  events_.push_back(
+      {Ph::kFlowStart, pid, tid, names_.intern("p2p"), names_.intern("p2p"), at, 0, id});
 }
 
 void Trace::flow_end(int pid, int tid, uint64_t id, Time at) {
-  events_.push_back({Ph::kFlowEnd, pid, tid, names_.intern("p2p"), names_.intern("p2p"), at, 0, id});
+  events_.push_back(
+      {Ph::kFlowEnd, pid, tid, names_.intern("p2p"), names_.intern("p2p"), at, 0, id});
 }
 
 std::string Trace::to_json() const {
@@ -46,11 +48,12 @@ std::string Trace::to_json() const {
   for (const Meta& m : meta_) {
     sep();
     if (m.tid < 0)
-      out += fmt::format(R"({{"ph":"M","pid":{},"name":"process_name","args":{{"name":{}}}}})", m.pid,
-                         quote(names_.name(m.name)));
+      out += fmt::format(R"({{"ph":"M","pid":{},"name":"process_name","args":{{"name":{}}}}})",
+                         m.pid, quote(names_.name(m.name)));
     else
-      out += fmt::format(R"({{"ph":"M","pid":{},"tid":{},"name":"thread_name","args":{{"name":{}}}}})",
-                         m.pid, m.tid, quote(names_.name(m.name)));
+      out +=
+          fmt::format(R"({{"ph":"M","pid":{},"tid":{},"name":"thread_name","args":{{"name":{}}}}})",
+                      m.pid, m.tid, quote(names_.name(m.name)));
   }
   for (const Event& e : events_) {
     sep();
@@ -61,13 +64,14 @@ std::string Trace::to_json() const {
                            us(e.start), us(e.duration));
         break;
       case Ph::kFlowStart:
-        out += fmt::format(R"({{"ph":"s","pid":{},"tid":{},"name":"p2p","cat":"p2p","id":{},"ts":{}}})",
-                           e.pid, e.tid, e.id, us(e.start));
+        out += fmt::format(
+            R"({{"ph":"s","pid":{},"tid":{},"name":"p2p","cat":"p2p","id":{},"ts":{}}})", e.pid,
+            e.tid, e.id, us(e.start));
         break;
       case Ph::kFlowEnd:
         out += fmt::format(
-            R"({{"ph":"f","bp":"e","pid":{},"tid":{},"name":"p2p","cat":"p2p","id":{},"ts":{}}})", e.pid,
-            e.tid, e.id, us(e.start));
+            R"({{"ph":"f","bp":"e","pid":{},"tid":{},"name":"p2p","cat":"p2p","id":{},"ts":{}}})",
+            e.pid, e.tid, e.id, us(e.start));
         break;
     }
   }

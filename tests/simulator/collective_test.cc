@@ -1,9 +1,8 @@
-#include <catch2/catch.hpp>
+#include "simulator/collective.h"
 
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <numeric>
-
-#include "simulator/collective.h"
 
 using namespace meshtrain::sim;
 
@@ -89,16 +88,19 @@ TEST_CASE("hierarchical all-reduce matches its three-phase formula", "[simulator
   CHECK(sim(c, CollectiveKind::kAllReduce, iota(16), S, Algorithm::kRing).duration > r.duration);
   // Hierarchical needs the same GPUs on every node.
   CostConstants kk;
-  auto bad = plan_collective(c, kk, {CollectiveKind::kAllReduce, {0, 1, 2, 8}, S, Algorithm::kHierarchical, 0});
+  auto bad = plan_collective(
+      c, kk, {CollectiveKind::kAllReduce, {0, 1, 2, 8}, S, Algorithm::kHierarchical, 0});
   REQUIRE_FALSE(bad.ok());
   CHECK_THAT(bad.error().message(), Catch::Contains("same number of members"));
 }
 
-TEST_CASE("double binary tree: structure, log latency, and the auto choice", "[simulator][collective]") {
+TEST_CASE("double binary tree: structure, log latency, and the auto choice",
+          "[simulator][collective]") {
   Cluster c = make("dgx-a100", 64);
   const CostConstants k;
   for (int n : {2, 5, 8, 13, 64}) {
-    auto plan = plan_collective(c, k, {CollectiveKind::kAllReduce, iota(n), 1e6, Algorithm::kTree, 0});
+    auto plan =
+        plan_collective(c, k, {CollectiveKind::kAllReduce, iota(n), 1e6, Algorithm::kTree, 0});
     REQUIRE(plan.ok());
     const auto& pairs = plan->orders[0];
     // Two trees, each n-1 edges, each edge up and down: 4(n-1) flows.
@@ -121,16 +123,19 @@ TEST_CASE("double binary tree: structure, log latency, and the auto choice", "[s
   CHECK(tree < ring);
   CHECK(to_seconds(tree) >= 12 * to_seconds(k.collective_alpha));
   CHECK(to_seconds(tree) <= 12 * (to_seconds(k.collective_alpha) + 10e-6));
-  CHECK(sim(c, CollectiveKind::kAllReduce, iota(64), tiny, Algorithm::kAuto).algorithm == Algorithm::kTree);
+  CHECK(sim(c, CollectiveKind::kAllReduce, iota(64), tiny, Algorithm::kAuto).algorithm ==
+        Algorithm::kTree);
   // A large message is bandwidth bound, where tree loses.
   const CollectiveResult big = sim(c, CollectiveKind::kAllReduce, iota(64), kGiB, Algorithm::kAuto,
                                    CollectiveMode::kAnalytic);
   CHECK(big.algorithm != Algorithm::kTree);
   CHECK(big.duration < sim(c, CollectiveKind::kAllReduce, iota(64), kGiB, Algorithm::kTree,
-                           CollectiveMode::kAnalytic).duration);
+                           CollectiveMode::kAnalytic)
+                           .duration);
 }
 
-TEST_CASE("pairwise all-to-all, ring reduce-scatter, broadcast and send/recv", "[simulator][collective]") {
+TEST_CASE("pairwise all-to-all, ring reduce-scatter, broadcast and send/recv",
+          "[simulator][collective]") {
   Cluster c = make("dgx-h100", 8);
   const CostConstants k;
   const double B = 450e9, S = kGiB, alpha = to_seconds(k.collective_alpha), lat = 500e-9;
@@ -145,7 +150,8 @@ TEST_CASE("pairwise all-to-all, ring reduce-scatter, broadcast and send/recv", "
   CHECK(to_seconds(rs.duration) == Approx((n - 1) * (alpha + lat + S / n / B)).epsilon(0.001));
   // broadcast: a chain, C = 64 chunks of S/64, n + C - 2 steps.
   CollectiveResult bc = sim(c, CollectiveKind::kBroadcast, iota(n), S, Algorithm::kRing);
-  CHECK(to_seconds(bc.duration) == Approx((n + 64 - 2) * (alpha + lat + S / 64 / B)).epsilon(0.001));
+  CHECK(to_seconds(bc.duration) ==
+        Approx((n + 64 - 2) * (alpha + lat + S / 64 / B)).epsilon(0.001));
   CHECK(bc.busbw == Approx(bc.algbw));
   // send/recv: one flow.
   CollectiveResult sr = sim(c, CollectiveKind::kSendRecv, {2, 5}, S, Algorithm::kAuto);
@@ -161,11 +167,16 @@ TEST_CASE("bad collective requests are errors", "[simulator][collective]") {
     REQUIRE_FALSE(p.ok());
     return p.error().message();
   };
-  CHECK_THAT(msg({CollectiveKind::kAllReduce, {0, 9}, 1, Algorithm::kRing, 0}), Catch::Contains("GPU 9"));
-  CHECK_THAT(msg({CollectiveKind::kAllReduce, {0, 0}, 1, Algorithm::kRing, 0}), Catch::Contains("twice"));
-  CHECK_THAT(msg({CollectiveKind::kAllToAll, {0, 1}, 1, Algorithm::kRing, 0}), Catch::Contains("does not apply"));
-  CHECK_THAT(msg({CollectiveKind::kSendRecv, {0, 1, 2}, 1, Algorithm::kAuto, 0}), Catch::Contains("exactly 2"));
-  CHECK_THAT(msg({CollectiveKind::kAllReduce, {0, 1}, -1, Algorithm::kAuto, 0}), Catch::Contains("bytes"));
+  CHECK_THAT(msg({CollectiveKind::kAllReduce, {0, 9}, 1, Algorithm::kRing, 0}),
+             Catch::Contains("GPU 9"));
+  CHECK_THAT(msg({CollectiveKind::kAllReduce, {0, 0}, 1, Algorithm::kRing, 0}),
+             Catch::Contains("twice"));
+  CHECK_THAT(msg({CollectiveKind::kAllToAll, {0, 1}, 1, Algorithm::kRing, 0}),
+             Catch::Contains("does not apply"));
+  CHECK_THAT(msg({CollectiveKind::kSendRecv, {0, 1, 2}, 1, Algorithm::kAuto, 0}),
+             Catch::Contains("exactly 2"));
+  CHECK_THAT(msg({CollectiveKind::kAllReduce, {0, 1}, -1, Algorithm::kAuto, 0}),
+             Catch::Contains("bytes"));
   CHECK_FALSE(parse_algorithm("rings").ok());
   CHECK(*parse_algorithm("hierarchical") == Algorithm::kHierarchical);
 }
@@ -178,15 +189,16 @@ TEST_CASE("1024-member ring all-reduce at scale", "[simulator][collective][scale
   for (int node = 0; node < 128; ++node)
     for (int i = 0; i < 8; ++i) snake.push_back(node * 8 + (node % 2 == 0 ? i : 7 - i));
   auto t0 = std::chrono::steady_clock::now();
-  CollectiveResult an = sim(c, CollectiveKind::kAllReduce, snake, kGiB, Algorithm::kRing,
-                            CollectiveMode::kAnalytic);
+  CollectiveResult an =
+      sim(c, CollectiveKind::kAllReduce, snake, kGiB, Algorithm::kRing, CollectiveMode::kAnalytic);
   auto t1 = std::chrono::steady_clock::now();
   CollectiveResult fl = sim(c, CollectiveKind::kAllReduce, snake, kGiB, Algorithm::kRing);
   auto t2 = std::chrono::steady_clock::now();
   using S = std::chrono::duration<double>;
-  WARN("1024-GPU rail-aligned ring all-reduce of 1 GiB: simulated " << to_seconds(fl.duration) * 1e3
-       << " ms, busbw " << fl.busbw / 1e9 << " GB/s; wall: analytic " << S(t1 - t0).count() * 1e3
-       << " ms, flows " << S(t2 - t1).count() * 1e3 << " ms (2046 steps x 1024 flows)");
+  WARN("1024-GPU rail-aligned ring all-reduce of 1 GiB: simulated "
+       << to_seconds(fl.duration) * 1e3 << " ms, busbw " << fl.busbw / 1e9
+       << " GB/s; wall: analytic " << S(t1 - t0).count() * 1e3 << " ms, flows "
+       << S(t2 - t1).count() * 1e3 << " ms (2046 steps x 1024 flows)");
   CHECK(to_seconds(an.duration) == Approx(to_seconds(fl.duration)).epsilon(0.02));
   // The NIC (25 GB/s) is the bottleneck; α and latency per 1 MiB step cost ~10%.
   CHECK(fl.busbw < 25e9);

@@ -1,9 +1,8 @@
-#include <catch2/catch.hpp>
+#include "simulator/cost_model.h"
 
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
-
-#include "simulator/cost_model.h"
 
 using namespace meshtrain::sim;
 
@@ -56,11 +55,13 @@ TEST_CASE("calibration replaces and interpolates", "[simulator][cost]") {
   CHECK(m.gemm(4096, 4096, 4096, DType::kBf16, 3) == 3 * 4000 * kMicrosecond);
   // 2048³ lies halfway in log FLOPs between them (8× and 64×): throughput is
   // the mean of the two measured throughputs.
-  const double f1 = 2.0 * 1024 * 1024 * 1024, f2 = 2.0 * 4096 * 4096 * 4096, fq = 2.0 * 2048 * 2048 * 2048;
+  const double f1 = 2.0 * 1024 * 1024 * 1024, f2 = 2.0 * 4096 * 4096 * 4096,
+               fq = 2.0 * 2048 * 2048 * 2048;
   const double thr = (f1 / 100e-6 + f2 / 4000e-6) / 2;
   CHECK(to_seconds(m.gemm(2048, 2048, 2048, DType::kBf16)) == Approx(fq / thr).epsilon(1e-6));
   // Beyond the ends the throughput is held.
-  CHECK(to_seconds(m.gemm(512, 512, 512, DType::kBf16)) == Approx(2.0 * 512 * 512 * 512 / (f1 / 100e-6)));
+  CHECK(to_seconds(m.gemm(512, 512, 512, DType::kBf16)) ==
+        Approx(2.0 * 512 * 512 * 512 / (f1 / 100e-6)));
   // No fp32 measurements: the roofline.
   CostModel plain(kA100, CostConstants{});
   CHECK(m.gemm(1024, 1024, 1024, DType::kFp32) == plain.gemm(1024, 1024, 1024, DType::kFp32));
@@ -110,20 +111,23 @@ TEST_CASE("calibration file round-trips and rejects bad input", "[simulator][cos
              Catch::Contains("'time_us' must be a number > 0"));
   CHECK_THAT(err(R"({"version": 1, "links": [{"kind": "ethernet", "GBps": 1}]})"),
              Catch::Contains("'kind' must be"));
-  CHECK_THAT(err(R"({"version": 1, "kernels": []})"), Catch::Contains("unknown calibration field 'kernels'"));
+  CHECK_THAT(err(R"({"version": 1, "kernels": []})"),
+             Catch::Contains("unknown calibration field 'kernels'"));
 }
 
 TEST_CASE("calibrated collective busbw drives analytic collectives", "[simulator][cost]") {
   auto c = Cluster::build(*cluster_preset("dgx-h100"), 8);
   REQUIRE(c.ok());
   Calibration cal;
-  cal.collectives = {{CollectiveKind::kAllReduce, 8, 1e6, 100}, {CollectiveKind::kAllReduce, 8, 1e9, 400}};
+  cal.collectives = {{CollectiveKind::kAllReduce, 8, 1e6, 100},
+                     {CollectiveKind::kAllReduce, 8, 1e9, 400}};
   CostConstants k;
   Simulator sim;
   Network net(sim, *c);
   CollectiveEngine eng(sim, net, k);
   eng.set_calibration(&cal);
-  auto r = eng.analytic({CollectiveKind::kAllReduce, {0, 1, 2, 3, 4, 5, 6, 7}, 1e9, Algorithm::kRing, 0});
+  auto r = eng.analytic(
+      {CollectiveKind::kAllReduce, {0, 1, 2, 3, 4, 5, 6, 7}, 1e9, Algorithm::kRing, 0});
   REQUIRE(r.ok());
   CHECK(to_seconds(r->second) == Approx(1e9 * 2 * 7 / 8 / 400e9));
 }

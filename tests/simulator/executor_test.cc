@@ -1,6 +1,6 @@
-#include <catch2/catch.hpp>
-
 #include "simulator/executor.h"
+
+#include <catch2/catch.hpp>
 
 using namespace meshtrain::sim;
 
@@ -87,10 +87,12 @@ TEST_CASE("executor: streams, events and a collective's start", "[simulator][exe
   CHECK(r->makespan == 30 * kMicrosecond + kMillisecond + 500 * kNanosecond);
   CHECK(report_of(*r, 0, "b").busy == 5 * kMicrosecond + kMillisecond + 500 * kNanosecond);
   CHECK(report_of(*r, 0, "a").busy == 10 * kMicrosecond);
-  CHECK(r->collective_time[static_cast<int>(CollectiveKind::kSendRecv)] == kMillisecond + 500 * kNanosecond);
+  CHECK(r->collective_time[static_cast<int>(CollectiveKind::kSendRecv)] ==
+        kMillisecond + 500 * kNanosecond);
 }
 
-TEST_CASE("executor: communication slows concurrent compute on the same GPU", "[simulator][executor]") {
+TEST_CASE("executor: communication slows concurrent compute on the same GPU",
+          "[simulator][executor]") {
   Cluster c = make(8);
   CostConstants k;  // comm_compute_slowdown = 0.1
   Executor e(c, k);
@@ -120,7 +122,8 @@ TEST_CASE("executor: a collective can be timed analytically", "[simulator][execu
   REQUIRE(r.ok());
   auto plan = plan_collective(c, k, req);
   REQUIRE(plan.ok());
-  CHECK(r->collective_time[static_cast<int>(CollectiveKind::kAllGather)] == analytic_time(c, k, *plan));
+  CHECK(r->collective_time[static_cast<int>(CollectiveKind::kAllGather)] ==
+        analytic_time(c, k, *plan));
   CHECK(r->makespan == analytic_time(c, k, *plan));
 }
 
@@ -139,12 +142,15 @@ TEST_CASE("executor: deadlock is an error naming the stuck streams", "[simulator
     REQUIRE_FALSE(r.ok());
     const std::string m = r.error().message();
     CHECK_THAT(m, Catch::Contains("deadlock: 2 streams"));
-    CHECK_THAT(m, Catch::Contains("device 0 stream 'pp' task 0 'grad': recv from device 1 waiting for its send"));
+    CHECK_THAT(m,
+               Catch::Contains(
+                   "device 0 stream 'pp' task 0 'grad': recv from device 1 waiting for its send"));
     CHECK_THAT(m, Catch::Contains("device 1 stream 'pp' task 0 'act': recv from device 0"));
   }
   SECTION("a member never joins a collective") {
     Executor e(c, k);
-    auto ar = e.add_collective({CollectiveKind::kAllReduce, {0, 1, 2}, 1e6, Algorithm::kAuto, 0}, e.intern("ar"));
+    auto ar = e.add_collective({CollectiveKind::kAllReduce, {0, 1, 2}, 1e6, Algorithm::kAuto, 0},
+                               e.intern("ar"));
     REQUIRE(ar.ok());
     REQUIRE(e.join_collective(st(e, 0, "comm"), *ar).ok());
     REQUIRE(e.join_collective(st(e, 1, "comm"), *ar).ok());
@@ -156,7 +162,8 @@ TEST_CASE("executor: deadlock is an error naming the stuck streams", "[simulator
   SECTION("bad submissions are errors") {
     Executor e(c, k);
     CHECK_FALSE(e.stream(99, "x").ok());
-    auto ar = e.add_collective({CollectiveKind::kAllReduce, {0, 1}, 1e6, Algorithm::kAuto, 0}, e.intern("ar"));
+    auto ar = e.add_collective({CollectiveKind::kAllReduce, {0, 1}, 1e6, Algorithm::kAuto, 0},
+                               e.intern("ar"));
     REQUIRE(ar.ok());
     auto j = e.join_collective(st(e, 5, "comm"), *ar);
     REQUIRE_FALSE(j.ok());

@@ -1,6 +1,6 @@
-#include <catch2/catch.hpp>
-
 #include "simulator/network.h"
+
+#include <catch2/catch.hpp>
 
 using namespace meshtrain::sim;
 
@@ -29,7 +29,7 @@ TEST_CASE("one flow takes latency + bytes / bandwidth", "[simulator][network]") 
   Simulator sim;
   Network net(sim, c);
   Arrivals done;
-  const double B = 450e9;            // NVLink4 per direction
+  const double B = 450e9;              // NVLink4 per direction
   const Time hop = 250 * kNanosecond;  // GPU->NVSwitch and NVSwitch->GPU
   net.start_flow(0, 1, 450e6, &done, 7);
   sim.run();

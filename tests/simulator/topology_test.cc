@@ -1,13 +1,13 @@
-#include <catch2/catch.hpp>
+#include "simulator/topology.h"
 
 #include <boost/graph/breadth_first_search.hpp>
 #include <boost/graph/filtered_graph.hpp>
-#include <functional>
+#include <catch2/catch.hpp>
 #include <chrono>
+#include <functional>
 #include <set>
 
 #include "simulator/event_queue.h"
-#include "simulator/topology.h"
 
 using namespace meshtrain::sim;
 
@@ -114,9 +114,9 @@ TEST_CASE("routes are shortest paths and ECMP is deterministic", "[simulator][to
       boost::filtered_graph<Graph, std::function<bool(const Graph::edge_descriptor&)>> g(
           c.graph(), std::function<bool(const Graph::edge_descriptor&)>(allowed));
       std::vector<int> dist(V, 0);
-      boost::breadth_first_search(
-          g, c.gpu_vertex(src),
-          boost::visitor(boost::make_bfs_visitor(boost::record_distances(dist.data(), boost::on_tree_edge()))));
+      boost::breadth_first_search(g, c.gpu_vertex(src),
+                                  boost::visitor(boost::make_bfs_visitor(boost::record_distances(
+                                      dist.data(), boost::on_tree_edge()))));
       Route r = c.route(src, dst);
       CHECK(static_cast<int>(r.size) == dist[dst]);
       // The route is a connected walk from src to dst.
@@ -145,7 +145,8 @@ TEST_CASE("a 16384-GPU cluster builds fast", "[simulator][topology]") {
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   REQUIRE(c.ok());
   WARN("16384-GPU dgx-h100 topology: " << c->links().size() << " links, "
-       << boost::num_vertices(c->graph()) << " vertices, built in " << s * 1e3 << " ms");
+                                       << boost::num_vertices(c->graph()) << " vertices, built in "
+                                       << s * 1e3 << " ms");
   CHECK(c->num_nodes() == 2048);
   CHECK(c->num_leaves() == 64 * 8);
   CHECK(s < 1.0);
