@@ -18,15 +18,20 @@
 //
 // Presets (bandwidths per direction unless said; 1 GB = 1e9 bytes):
 //
-// | preset   | device           | bf16 dense | fp32     | memory         | HBM bw    | NVLink/GPU
-// | NIC/GPU        | PCIe/GPU  | SU (nodes/leaf) |
-// |----------|------------------|------------|----------|----------------|-----------|----------------|----------------|-----------|-----------------|
-// | dgx-a100 | A100-SXM4-80GB   | 312 TF/s   | 19.5 TF/s| 80 GiB HBM2e   | 2.039 TB/s| 300 GB/s
-// (NVL3: 600 bidir) | 200 Gb/s HDR | 32 GB/s Gen4 | 20 (QM8790: 20 down / 20 up) | | dgx-h100 |
-// H100-SXM5-80GB   | 989 TF/s   | 67 TF/s  | 80 GiB HBM3    | 3.35 TB/s | 450 GB/s (NVL4: 900
-// bidir) | 400 Gb/s NDR | 64 GB/s Gen5 | 32 (QM9700: 32 down / 32 up) | | h200     | H200-SXM-141GB
-// | 989 TF/s   | 67 TF/s  | 141 GB HBM3e   | 4.8 TB/s  | 450 GB/s       | 400 Gb/s NDR   | 64 GB/s
-// | 32              |
+// | preset   | device         | bf16 dense | fp32      | memory       | HBM bw     |
+// |----------|----------------|------------|-----------|--------------|------------|
+// | dgx-a100 | A100-SXM4-80GB | 312 TF/s   | 19.5 TF/s | 80 GiB HBM2e | 2.039 TB/s |
+// | dgx-h100 | H100-SXM5-80GB | 989 TF/s   | 67 TF/s   | 80 GiB HBM3  | 3.35 TB/s  |
+// | h200     | H200-SXM-141GB | 989 TF/s   | 67 TF/s   | 141 GB HBM3e | 4.8 TB/s   |
+//
+// | preset   | NVLink per GPU          | NIC per GPU  | PCIe         | nodes/leaf, spines    |
+// |----------|-------------------------|--------------|--------------|-----------------------|
+// | dgx-a100 | 300 GB/s (NVL3, 600 bi) | 200 Gb/s HDR | 32 GB/s Gen4 | 20, 20 (QM8790 40-p)  |
+// | dgx-h100 | 450 GB/s (NVL4, 900 bi) | 400 Gb/s NDR | 64 GB/s Gen5 | 32, 32 (QM9700 64-p)  |
+// | h200     | 450 GB/s (NVL4, 900 bi) | 400 Gb/s NDR | 64 GB/s Gen5 | 32, 32                |
+//
+// Hop latencies (all presets): NVLink 250 ns, PCIe 250 ns, NIC<->leaf 600 ns,
+// leaf<->spine 300 ns.
 //
 // Sources: NVIDIA A100 datasheet (2021) and "NVIDIA A100 Tensor Core GPU
 // Architecture" whitepaper; NVIDIA H100 datasheet and "NVIDIA H100 Tensor
@@ -87,12 +92,13 @@ Result<ClusterSpec> cluster_preset(std::string_view name);
 //     "gpus_per_pcie_switch": 2,    // integer >= 1, divides gpus_per_node
 //     "nvlink_GBps": 450,           // NVLink per GPU per direction, GB/s (1e9 B/s)
 //     "pcie_GBps": 64,              // PCIe per direction, GB/s
-//     "nic_Gbps": 400,              // NIC line rate per GPU, Gb/s (as marketed: 200 HDR, 400 NDR)
+//     "nic_Gbps": 400,              // NIC line rate per GPU, Gb/s (200 HDR, 400 NDR)
 //     "nodes_per_leaf": 32,         // integer >= 1
 //     "spines": 32,                 // integer >= 0 (0 = nodes_per_leaf)
-//     "oversubscription": 1.0,      // >= 1; 2 means leaf uplinks carry half the downlink bandwidth
-//     "nvlink_latency_ns": 250, "pcie_latency_ns": 250, "nic_latency_ns": 600, "switch_latency_ns":
-//     300, "device": {"name": "H100", "bf16_TFLOPS": 989, "fp32_TFLOPS": 67,
+//     "oversubscription": 1.0,      // >= 1; 2: uplinks carry half the downlink bandwidth
+//     "nvlink_latency_ns": 250, "pcie_latency_ns": 250,   // per hop, >= 0
+//     "nic_latency_ns": 600, "switch_latency_ns": 300,
+//     "device": {"name": "H100", "bf16_TFLOPS": 989, "fp32_TFLOPS": 67,
 //                "memory_GiB": 80, "memory_GBps": 3350}
 //   }
 //

@@ -10,20 +10,19 @@
 // Algorithms and the steps they expand into (S = bytes as nccl-tests counts
 // them, n members; per-step bytes are per flow):
 //
-// | kind           | algorithm     | steps                                                        |
-// |----------------|---------------|--------------------------------------------------------------|
-// | all-reduce     | ring          | 2(n-1) × (each member -> next, S/n)                          |
-// | all-reduce     | tree          | NCCL double binary tree, buffer halved over the two trees and
-// | |                |               | cut into C chunks; 2h+C-1 pipelined steps (h = tree height),
-// | |                |               | each: every tree edge up and down, S/(2C) | | all-reduce |
-// hierarchical  | intra-node ring reduce-scatter: (L-1) × S/L;                 | |                |
-// | per-rail inter-node ring all-reduce: 2(N-1) × S/(L·N);       | |                | | intra-node
-// ring all-gather: (L-1) × S/L   (L per node, N nodes)| | reduce-scatter | ring          | (n-1) ×
-// S/n                                                  | | all-gather     | ring          | (n-1) ×
-// S/n                                                  | | all-to-all     | pairwise      | for k
-// = 1..n-1: member i -> member i+k, S/n                  | | broadcast      | ring          | chain
-// from the root, C chunks: n+C-2 steps of S/C            | | send/recv      | direct        | 1 × S
-// from members[0] to members[1]                          |
+//   all-reduce, ring:          2(n-1) steps: each member -> next, S/n
+//   all-reduce, tree:          NCCL double binary tree; the buffer is halved over the two
+//                              trees and cut into C chunks; 2h+C-1 pipelined steps
+//                              (h = tree height), each: every tree edge up and down, S/(2C)
+//   all-reduce, hierarchical:  L members per node, N nodes:
+//                              intra-node ring reduce-scatter, L-1 steps of S/L;
+//                              per-rail inter-node ring all-reduce, 2(N-1) steps of S/(L·N);
+//                              intra-node ring all-gather, L-1 steps of S/L
+//   reduce-scatter, ring:      n-1 steps of S/n
+//   all-gather, ring:          n-1 steps of S/n
+//   all-to-all, pairwise:      for k = 1..n-1: member i -> member i+k, S/n
+//   broadcast, ring:           chain from the root, C chunks: n+C-2 steps of S/C
+//   send/recv, direct:         1 step: S from members[0] to members[1]
 //
 // C = clamp(round(S / pipeline_chunk_bytes), 1, max_pipeline_chunks).
 //
