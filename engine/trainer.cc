@@ -1,0 +1,145 @@
+#include "engine/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <optional>
+
+#include <fmt/format.h>
+
+#include "engine/byte_dataset.h"
+#include "engine/checkpoint.h"
+#include "engine/data_loader.h"
+#include "engine/lr_schedule.h"
+#include "engine/mesh.h"
+#include "engine/metrics.h"
+
+namespace meshtrain {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+std::vector<HostBatch> split_microbatches(const Batch& b, int micro_batch) {
+  std::vector<HostBatch> out;
+  const std::size_t per = static_cast<std::size_t>(micro_batch) * b.seq;
+  for (std::size_t off = 0; off < b.ids.size(); off += per) {
+    HostBatch h;
+    h.ids.assign(b.ids.begin() + off, b.ids.begin() + off + per);
+    h.targets.assign(b.targets.begin() + off, b.targets.begin() + off + per);
+    h.batch = micro_batch;
+    h.seq = b.seq;
+    out.push_back(std::move(h));
+  }
+  return out;
+}
+
+Status save_checkpoint(StepEngine& engine, bool writer, const ModelSpec& m, const Plan& p, const TrainOptions& o,
+                       std::int64_t step, const LoaderState& loader) {
+  MT_ASSIGN(auto state, engine.export_state());
+  if (!writer) return {};
+  CheckpointWriter w;
+  w.set_model_and_plan(m, p);
+  w.set_step(step);
+  w.set_data_loader(loader);
+  // Every random draw is counter-based on (seed, step): the seed is the whole RNG state.
+  w.set_rng({{"seed", o.seed}});
+  for (auto& [name, data] : state) {
+    const std::int64_t n = static_cast<std::int64_t>(data.size());
+    MT_TRY(w.add_tensor(name, {n}, std::move(data)));
+  }
+  return w.commit(o.checkpoint_dir);
+}
+
+}  // namespace
+
+Status check_train_options(const TrainOptions& o, const ModelSpec& m, const Plan& p) {
+  if (m.vocab != kByteVocab)
+    return make_error("model '{}' has vocab {}, but training reads bytes (vocab 256); use a model with "
+                      "\"vocab\": 256 such as 'tiny'", m.name, m.vocab);
+  if (o.data.empty()) return make_error("no training data: pass --data FILE (any file; its bytes are the tokens)");
+  if (o.steps <= 0) return make_error("--steps must be positive, got {}", o.steps);
+  if (o.stop_at < 0 || o.stop_at > o.steps)
+    return make_error("--stop-at {} must be within 1..--steps {}", o.stop_at, o.steps);
+  if (!(o.lr > 0) || o.min_lr < 0 || o.min_lr > o.lr)
+    return make_error("need --lr > 0 and 0 <= --min-lr <= --lr, got lr {} min-lr {}", o.lr, o.min_lr);
+  MT_TRY(validate_lr_schedule(LrSchedule{o.lr, o.min_lr, o.warmup, o.steps}));
+  if (o.resume && o.checkpoint_dir.empty()) return make_error("--resume needs --checkpoint DIR");
+  MT_TRY(load_byte_dataset(o.data, p.effective_seq_len(m)));
+  if (!o.checkpoint_dir.empty()) MT_TRY(probe_checkpoint_dir(o.checkpoint_dir));
+  if (!o.metrics.empty()) MT_TRY(MetricsWriter::open(o.metrics));
+  return {};
+}
+
+Status train_rank(Backend& b, const ModelSpec& m, const Plan& p, const TrainOptions& o) {
+  const bool leader = b.rank() == 0;
+  const Mesh mesh(p);
+  const Coord coord = mesh.coord_of(b.rank());
+  const int seq = p.effective_seq_len(m);
+  MT_ASSIGN(ByteDataset data, load_byte_dataset(o.data, seq));
+  DataLoader loader(data.train(), o.seed, coord.dp, p.dp);
+  StepEngine engine(b, m, p, mesh, o.step);
+  const LrSchedule schedule{o.lr, o.min_lr, o.warmup, o.steps};
+
+  std::int64_t first_step = 1;
+  if (o.resume && has_checkpoint(o.checkpoint_dir)) {
+    MT_ASSIGN(Checkpoint ckpt, load_checkpoint(o.checkpoint_dir));
+    MT_TRY(check_compatible(ckpt, m, p));
+    if (!ckpt.meta.rng.contains("seed") || ckpt.meta.rng["seed"].get<std::uint64_t>() != o.seed)
+      return make_error("checkpoint '{}' was written with --seed {}, this run has --seed {}; resume with the "
+                        "same seed", o.checkpoint_dir, ckpt.meta.rng.value("seed", 0ULL), o.seed);
+    std::map<std::string, std::vector<float>> state;
+    for (auto& [name, t] : ckpt.tensors) state.emplace(name, std::move(t.data));
+    MT_TRY(engine.import_state(state));
+    loader.restore(ckpt.meta.data_loader);
+    first_step = ckpt.meta.step + 1;
+    if (leader && o.progress) fmt::print("resumed from {} at step {}\n", o.checkpoint_dir, ckpt.meta.step);
+  }
+  std::optional<MetricsWriter> metrics;
+  if (leader && !o.metrics.empty()) {
+    MT_ASSIGN(auto w, MetricsWriter::open(o.metrics));
+    metrics.emplace(std::move(w));
+  }
+  std::vector<HostBatch> val;
+  if (o.eval_every > 0) {
+    MT_ASSIGN(auto batches, validation_batches(data.val(), p.micro_batch, seq, o.eval_sequences));
+    for (const Batch& vb : batches) {
+      auto split = split_microbatches(vb, vb.rows);
+      val.insert(val.end(), split.begin(), split.end());
+    }
+  }
+
+  const std::int64_t last_step = o.stop_at > 0 ? o.stop_at : o.steps;
+  const int rows_per_rank = p.micro_batch * p.microbatches();
+  const double tokens_per_step = static_cast<double>(p.effective_global_batch()) * seq;
+  const auto start = Clock::now();
+  for (std::int64_t step = first_step; step <= last_step; ++step) {
+    const auto t0 = Clock::now();
+    MT_ASSIGN(Batch batch, loader.next(rows_per_rank, seq));
+    const double lr = lr_at(schedule, static_cast<int>(step));
+    auto result = engine.step(split_microbatches(batch, p.micro_batch), static_cast<float>(lr), step);
+    if (!result.ok()) return std::move(result).error();
+    StepMetrics sm{step, result->loss, lr, seconds_since(t0), 0, std::nullopt};
+    sm.tokens_per_s = tokens_per_step / sm.step_time_s;
+    if (o.eval_every > 0 && (step % o.eval_every == 0 || step == last_step)) {
+      MT_ASSIGN(double v, engine.evaluate(val));
+      sm.val_loss = v;
+    }
+    const bool save = !o.checkpoint_dir.empty() &&
+                      ((o.checkpoint_every > 0 && step % o.checkpoint_every == 0) || step == last_step);
+    if (save) MT_TRY(save_checkpoint(engine, leader, m, p, o, step, loader.state()));
+    if (!leader) continue;
+    if (metrics) MT_TRY(metrics->write(sm));
+    if (o.progress) {
+      std::string line = format_progress(step, o.steps, sm.loss, sm.tokens_per_s, seconds_since(start));
+      if (sm.val_loss) line += fmt::format(" | val {:.4f}", *sm.val_loss);
+      fmt::print("{}\n", line);
+      std::fflush(stdout);
+    }
+  }
+  return b.synchronize();
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,42 @@
+// The training loop of one rank: data, learning-rate schedule, StepEngine
+// iterations, validation, metrics, progress and checkpoints.
+//
+// Every rank runs `train_rank` with its own backend; rank 0 alone prints,
+// writes metrics and commits checkpoints (the state it saves is gathered by
+// StepEngine::export_state, a collective that every rank joins).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "backends/backend.h"
+#include "engine/plan.h"
+#include "engine/step_engine.h"
+#include "models/model_spec.h"
+
+namespace meshtrain {
+
+struct TrainOptions {
+  std::string data;             // any file: byte-level tokens
+  int steps = 100;              // total optimizer steps (the LR schedule spans them)
+  int stop_at = 0;              // > 0: stop after this step (a planned preemption)
+  double lr = 1e-3, min_lr = 1e-4;
+  int warmup = 10;
+  std::uint64_t seed = 1234;
+  std::string checkpoint_dir;   // empty: no checkpoints
+  int checkpoint_every = 0;     // 0: only at the end
+  bool resume = false;
+  std::string metrics;          // JSON lines, appended
+  int eval_every = 0;           // 0: no validation loss
+  int eval_sequences = 16;
+  bool progress = true;
+  StepOptions step;
+};
+
+// Validates the options against the data before any work (missing data,
+// too short for one sequence, unusable checkpoint directory, ...).
+Status check_train_options(const TrainOptions& o, const ModelSpec& m, const Plan& p);
+
+Status train_rank(Backend& b, const ModelSpec& m, const Plan& p, const TrainOptions& o);
+
+}  // namespace meshtrain
