@@ -1,0 +1,50 @@
+#include "engine/metrics.h"
+
+#include <cerrno>
+#include <algorithm>
+#include <cstring>
+
+#include <nlohmann/json.hpp>
+
+namespace meshtrain {
+
+Result<MetricsWriter> MetricsWriter::open(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "a");
+  if (!f) {
+    return make_error(
+        "cannot open metrics file '{}' for appending: {}; check that its directory exists and is "
+        "writable, or pass another --metrics path",
+        path, std::strerror(errno));
+  }
+  return MetricsWriter(path, f);
+}
+
+Status MetricsWriter::write(const StepMetrics& m) {
+  nlohmann::json j = {{"step", m.step},
+                      {"loss", m.loss},
+                      {"lr", m.lr},
+                      {"step_time_s", m.step_time_s},
+                      {"tokens_per_s", m.tokens_per_s}};
+  if (m.val_loss) j["val_loss"] = *m.val_loss;
+  const std::string line = j.dump() + "\n";
+  if (std::fwrite(line.data(), 1, line.size(), file_.get()) != line.size() ||
+      std::fflush(file_.get()) != 0) {
+    return make_error("cannot write to metrics file '{}': {}", path_, std::strerror(errno));
+  }
+  return ok_status();
+}
+
+std::string format_hms(double seconds) {
+  const auto s = static_cast<std::int64_t>(std::max(0.0, seconds));
+  return fmt::format("{:02}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60);
+}
+
+std::string format_progress(std::int64_t step, std::int64_t total, double loss,
+                            double tokens_per_s, double elapsed_s) {
+  const std::string eta =
+      step > 0 ? format_hms(elapsed_s / step * static_cast<double>(total - step)) : "--:--:--";
+  return fmt::format("step {}/{} | loss {:.4f} | {:.0f} tok/s | elapsed {} | eta {}", step, total,
+                     loss, tokens_per_s, format_hms(elapsed_s), eta);
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,50 @@
+// Training metrics: one JSON object per line (JSON Lines) for machines, and a
+// one-line progress string for the terminal.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "core/status.h"
+
+namespace meshtrain {
+
+struct StepMetrics {
+  std::int64_t step = 0;
+  double loss = 0;
+  double lr = 0;
+  double step_time_s = 0;
+  double tokens_per_s = 0;
+  std::optional<double> val_loss;  // written only when measured this step
+};
+
+// Appends to the file (a resumed run continues the same file) and flushes each
+// line, so a crash loses at most the line being written. JSON has no NaN or
+// Inf: a non-finite value is written as null.
+class MetricsWriter {
+ public:
+  // Errors naming the file when it cannot be opened for appending.
+  static Result<MetricsWriter> open(const std::string& path);
+
+  // {"step":…,"loss":…,"lr":…,"step_time_s":…,"tokens_per_s":…[,"val_loss":…]}
+  Status write(const StepMetrics& m);
+
+ private:
+  MetricsWriter(std::string path, std::FILE* f) : path_(std::move(path)), file_(f, &std::fclose) {}
+  std::string path_;
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> file_;
+};
+
+// "step 12/500 | loss 3.4521 | 8192 tok/s | elapsed 00:01:02 | eta 00:42:10".
+// The ETA assumes the remaining steps take the mean time of those done; it is
+// "--:--:--" before the first step.
+std::string format_progress(std::int64_t step, std::int64_t total, double loss,
+                            double tokens_per_s, double elapsed_s);
+
+// Seconds as hh:mm:ss (hours grow past 99 rather than wrap).
+std::string format_hms(double seconds);
+
+}  // namespace meshtrain
