@@ -12,7 +12,7 @@ StepEngine::StepEngine(Backend& b, const ModelSpec& m, const Plan& p, const Mesh
   TensorParallel tp{*mesh.group_of(GroupKind::tensor, b.rank()), c.tp, p.tp};
   ChunkLayers layers{0, m.layers, true, true};
   chunk_ = std::make_unique<GptChunk>(b, m_, layers, tp, ChunkOptions{p.recompute, options.dropout});
-  chunk_->parameters().initialize(options.seed);
+  if (options.initialize_parameters) chunk_->parameters().initialize(options.seed);
   const Shape flat{chunk_->parameters().numel()};
   adam_m_ = b.empty(flat);
   adam_v_ = b.empty(flat);

@@ -31,6 +31,10 @@ struct StepOptions {
   OptimizerOptions optimizer;
   float dropout = 0.f;
   std::uint64_t seed = 1234;  // initialisation and dropout
+  // false: leave parameter values as the backend allocated them. The sim
+  // backend holds no data, and the host-side init loop over every element
+  // would dominate simulating a 100B+ model.
+  bool initialize_parameters = true;
 };
 
 // One micro-batch of tokens on the host: ids and next-token targets, B·T each.
