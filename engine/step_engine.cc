@@ -2,22 +2,68 @@
 
 #include <cmath>
 
+#include "engine/parallel/gradient_buckets.h"
+#include "engine/parallel/sharded_optimizer.h"
 #include "models/init.h"
 
 namespace meshtrain {
 
+struct StepEngine::Chunk {
+  int virtual_stage = 0;
+  std::unique_ptr<GptChunk> model;
+  std::unique_ptr<GradientBuckets> buckets;
+  std::unique_ptr<ShardedAdamW> adam;
+  std::vector<SavedActivations> saved;  // by micro-batch, between its forward and backward
+};
+
+Status StepEngine::supports(const Plan& p) {
+  if (p.sequence_parallel)
+    return make_error("sequence parallelism is not implemented by the step engine yet; run without "
+                      "--sequence-parallel (tensor parallelism all-reduces the full sequence instead)");
+  if (p.cp != 1) return make_error("context parallelism (cp {}) is not implemented by the step engine; use cp 1", p.cp);
+  if (p.ep != 1) return make_error("expert parallelism (ep {}) is not implemented by the step engine; use ep 1", p.ep);
+  if (p.zero == 3)
+    return make_error("ZeRO stage 3 (sharded parameters) is not implemented by the step engine yet; use --zero 2");
+  return ok_status();
+}
+
+StepEngine::~StepEngine() = default;
+
 StepEngine::StepEngine(Backend& b, const ModelSpec& m, const Plan& p, const Mesh& mesh, StepOptions options)
-    : b_(b), m_(m), plan_(p), options_(options) {
-  const Coord c = mesh.coord_of(b.rank());
-  TensorParallel tp{*mesh.group_of(GroupKind::tensor, b.rank()), c.tp, p.tp};
-  ChunkLayers layers{0, m.layers, true, true};
-  chunk_ = std::make_unique<GptChunk>(b, m_, layers, tp, ChunkOptions{p.recompute, options.dropout});
-  if (options.initialize_parameters) chunk_->parameters().initialize(options.seed);
-  const Shape flat{chunk_->parameters().numel()};
-  adam_m_ = b.empty(flat);
-  adam_v_ = b.empty(flat);
-  b.fill(adam_m_, 0.f);
-  b.fill(adam_v_, 0.f);
+    : b_(b), m_(m), plan_(p), mesh_(mesh), options_(options), coord_(mesh.coord_of(b.rank())) {
+  if (Status s = supports(p); !s) {
+    setup_error_ = s.error();
+    return;
+  }
+  auto pipeline = PipelineExecutor::create(p, mesh, b.rank());
+  if (!pipeline) {
+    setup_error_ = std::move(pipeline).error();
+    return;
+  }
+  pipeline_ = std::make_unique<PipelineExecutor>(std::move(pipeline).value());
+  compute_ = b.current_stream();
+  comm_ = b.create_stream("data-parallel");
+  const TensorParallel tp{*mesh.group_of(GroupKind::tensor, b.rank()), coord_.tp, p.tp};
+  const Group& dp = *mesh.group_of(GroupKind::data, b.rank());
+  const int virtual_stages = p.pp * p.vpp, per = m.layers / virtual_stages;
+  // Both pipeline ends hold the tied embedding; their gradients are summed before the dp reduction.
+  const bool defer_embedding = m.tied_embeddings && p.pp > 1;
+  for (int c = 0; c < p.vpp; ++c) {
+    auto chunk = std::make_unique<Chunk>();
+    chunk->virtual_stage = c * p.pp + coord_.pp;
+    const int vs = chunk->virtual_stage;
+    const ChunkLayers layers{vs * per, (vs + 1) * per, vs == 0, vs == virtual_stages - 1};
+    chunk->model = std::make_unique<GptChunk>(b, m_, layers, tp, ChunkOptions{p.recompute, options.dropout});
+    ParameterStore& params = chunk->model->parameters();
+    // Counter-based init: every shard and the tied copy draw the single-rank values.
+    if (options.initialize_parameters) params.initialize(options.seed);
+    chunk->buckets = std::make_unique<GradientBuckets>(b, params, dp, p.zero >= 1, options.grad_bucket_bytes / 4,
+                                                       defer_embedding, compute_, comm_);
+    GradientBuckets* buckets = chunk->buckets.get();
+    chunk->model->set_backward_hook([buckets](int layer) { buckets->on_layer_done(layer); });
+    chunk->adam = std::make_unique<ShardedAdamW>(b, params, *chunk->buckets, comm_);
+    chunks_.push_back(std::move(chunk));
+  }
   loss_total_ = b.empty(Shape{1});
   grad_sumsq_ = b.empty(Shape{1});
   clip_coef_ = b.empty(Shape{1});
@@ -36,31 +82,83 @@ MicroBatch StepEngine::upload(const HostBatch& h, std::uint64_t dropout_seed) {
   return mb;
 }
 
-Tensor StepEngine::run_microbatch(const MicroBatch& mb, float loss_scale) {
-  SavedActivations saved;
-  Tensor loss_sum = chunk_->forward(mb, Tensor(), saved);
-  chunk_->backward(mb, saved, Tensor(), loss_scale);
-  return loss_sum;
+bool StepEngine::counts_in_norm(const Chunk& c, const ParamSlot& slot) const {
+  // Replicated over tp: identical on every tp rank, counted on the first.
+  if (slot.info.split == TpSplit::replicated && coord_.tp != 0) return false;
+  // The last stage's copy of the tied embedding has the same (summed) gradient as the first's.
+  if (slot.info.name == "embed.tokens" && !c.model->layers().embedding) return false;
+  return true;
+}
+
+Status StepEngine::all_reduce_tied_embedding() {
+  if (!m_.tied_embeddings || plan_.pp == 1) return ok_status();
+  const Group* g = mesh_.group_of(GroupKind::embedding, b_.rank());
+  if (g == nullptr || g->size() == 1) return ok_status();
+  Chunk& c = coord_.pp == 0 ? *chunks_.front() : *chunks_.back();
+  Tensor grad = c.model->parameters()["embed.tokens"].grad;
+  b_.wait(comm_, b_.record(compute_));
+  StreamScope on_comm(b_, comm_);
+  b_.all_reduce(grad, *g, ReduceOp::sum);
+  return ok_status();
 }
 
 Result<StepResult> StepEngine::step(const std::vector<HostBatch>& microbatches, float lr, std::int64_t step) {
-  if (static_cast<int>(microbatches.size()) != plan_.microbatches())
-    return make_error("step {}: got {} micro-batches, the plan runs {}", step, microbatches.size(),
-                      plan_.microbatches());
-  ParameterStore& params = chunk_->parameters();
-  params.zero_grads();
-  b_.fill(loss_total_, 0.f);
-  const double tokens = static_cast<double>(plan_.effective_global_batch()) * microbatches.front().seq;
-  const float loss_scale = static_cast<float>(1.0 / tokens);
-  for (std::size_t i = 0; i < microbatches.size(); ++i) {
-    const std::uint64_t seed = mix64(options_.seed ^ mix64(static_cast<std::uint64_t>(step) * 1000003u + i));
-    Tensor loss_sum = run_microbatch(upload(microbatches[i], seed), loss_scale);
-    b_.axpy(1.f, loss_sum, loss_total_);
+  if (setup_error_) return *setup_error_;
+  const int m = plan_.microbatches();
+  if (static_cast<int>(microbatches.size()) != m)
+    return make_error("step {}: got {} micro-batches, the plan runs {} per data-parallel replica", step,
+                      microbatches.size(), m);
+  for (auto& c : chunks_) {
+    c->model->parameters().zero_grads();
+    c->buckets->begin_step();
+    c->saved.clear();
+    c->saved.resize(static_cast<std::size_t>(m));
   }
-  b_.sum_squares(params.grads(), grad_sumsq_, false);
+  b_.fill(loss_total_, 0.f);
+  const int seq = microbatches.front().seq;
+  const double tokens = static_cast<double>(plan_.effective_global_batch()) * seq;
+  // Every token of the global batch weighs 1/tokens, so summing over replicas gives the mean's gradient.
+  const float loss_scale = static_cast<float>(1.0 / tokens);
+  std::vector<MicroBatch> mbs;
+  for (int i = 0; i < m; ++i) {
+    // Seeds follow the global micro-batch index, so dropout does not depend on the plan.
+    const std::uint64_t global = static_cast<std::uint64_t>(coord_.dp) * m + i;
+    const std::uint64_t seed = mix64(options_.seed ^ mix64(static_cast<std::uint64_t>(step) * 1000003u + global));
+    mbs.push_back(upload(microbatches[static_cast<std::size_t>(i)], seed));
+  }
+  const PipelineCompute compute{
+      [&](int c, int j, const Tensor& in) {
+        Chunk& ch = *chunks_[static_cast<std::size_t>(c)];
+        Tensor out = ch.model->forward(mbs[static_cast<std::size_t>(j)], in, ch.saved[static_cast<std::size_t>(j)]);
+        if (!ch.model->layers().head) return out;
+        b_.axpy(1.f, out, loss_total_);
+        return Tensor();
+      },
+      [&](int c, int j, const Tensor& dout) {
+        Chunk& ch = *chunks_[static_cast<std::size_t>(c)];
+        // Micro-batches leave each chunk's backward in order: the last one completes its gradients.
+        if (j == m - 1) ch.buckets->arm();
+        return ch.model->backward(mbs[static_cast<std::size_t>(j)], ch.saved[static_cast<std::size_t>(j)], dout,
+                                  loss_scale);
+      }};
+  pipeline_->run(b_, Shape{microbatches.front().batch, seq, m_.hidden}, compute);
+  MT_TRY(all_reduce_tied_embedding());
+  for (auto& c : chunks_) c->buckets->finish();
+
+  b_.fill(grad_sumsq_, 0.f);
+  for (auto& c : chunks_)
+    c->adam->accumulate_sumsq(grad_sumsq_, [&](const ParamSlot& s) { return counts_in_norm(*c, s); });
+  const Group& dp = *mesh_.group_of(GroupKind::data, b_.rank());
+  // Without ZeRO every replica holds the same reduced gradients: sum over one replica only.
+  if (plan_.zero >= 1) b_.all_reduce(grad_sumsq_, dp, ReduceOp::sum);
+  b_.all_reduce(grad_sumsq_, *mesh_.group_of(GroupKind::model_parallel, b_.rank()), ReduceOp::sum);
+  // The loss lives on the last stage (the same on each of its tp ranks).
+  b_.all_reduce(loss_total_, dp, ReduceOp::sum);
+  b_.all_reduce(loss_total_, *mesh_.group_of(GroupKind::pipeline, b_.rank()), ReduceOp::sum);
+
   float host[2] = {0, 0};
-  MT_TRY(b_.read(loss_total_, std::span<float>(host, 1)));
-  MT_TRY(b_.read(grad_sumsq_, std::span<float>(host + 1, 1)));
+  MT_TRY(b_.read(loss_total_, std::span<float>(host, 1)).context(fmt::format("step {}", step)));
+  MT_TRY(b_.read(grad_sumsq_, std::span<float>(host + 1, 1)).context(fmt::format("step {}", step)));
   StepResult r{host[0] / tokens, std::sqrt(static_cast<double>(host[1]))};
   if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm))
     return make_error("step {}: the loss is {} (gradient norm {}); stopping before the update, so the "
@@ -72,57 +170,134 @@ Result<StepResult> StepEngine::step(const std::vector<HostBatch>& microbatches, 
     b_.clip_coefficient(grad_sumsq_, o.max_grad_norm, clip_coef_);
     coef = clip_coef_;
   }
-  for (const ParamSlot& slot : params.slots()) {
-    const std::int64_t n = slot.value.numel();
-    Tensor value = slot.value, m = adam_m_.slice(slot.offset, n), v = adam_v_.slice(slot.offset, n);
-    AdamWOp op{lr, o.beta1, o.beta2, o.eps, slot.info.weight_decay ? o.weight_decay : 0.f, step};
-    b_.adamw(value, slot.grad, m, v, coef, op);
-  }
+  for (auto& c : chunks_) c->adam->update(AdamWOp{lr, o.beta1, o.beta2, o.eps, 0.f, step}, o.weight_decay, coef);
+  for (auto& c : chunks_) c->saved.clear();
   return r;
 }
 
 Result<double> StepEngine::evaluate(const std::vector<HostBatch>& batches) {
+  if (setup_error_) return *setup_error_;
   b_.fill(loss_total_, 0.f);
   double tokens = 0;
+  std::vector<MicroBatch> mbs;
+  std::vector<Shape> shapes;
   for (const HostBatch& h : batches) {
-    SavedActivations saved;
-    Tensor loss_sum = chunk_->forward(upload(h, 0), Tensor(), saved);
-    b_.axpy(1.f, loss_sum, loss_total_);
+    mbs.push_back(upload(h, 0));
+    shapes.push_back(Shape{h.batch, h.seq, m_.hidden});
     tokens += static_cast<double>(h.ids.size());
   }
-  float host = 0;
-  MT_TRY(b_.read(loss_total_, std::span<float>(&host, 1)));
-  return host / tokens;
+  const PipelineCompute compute{[&](int c, int j, const Tensor& in) {
+                                  Chunk& ch = *chunks_[static_cast<std::size_t>(c)];
+                                  SavedActivations saved;
+                                  Tensor out = ch.model->forward(mbs[static_cast<std::size_t>(j)], in, saved);
+                                  if (!ch.model->layers().head) return out;
+                                  b_.axpy(1.f, out, loss_total_);
+                                  return Tensor();
+                                },
+                                {}};
+  pipeline_->run_forward(b_, shapes, compute);
+  // [Σ loss, tokens] of the last stage, summed over the pipeline (others hold 0) and the replicas.
+  const bool last = coord_.pp == plan_.pp - 1;
+  Tensor stats = b_.empty(Shape{2});
+  const float init[2] = {0.f, last ? static_cast<float>(tokens) : 0.f};
+  b_.write(stats, init);
+  Tensor loss = stats.slice(0, 1);
+  b_.axpy(1.f, loss_total_, loss);
+  b_.all_reduce(stats, *mesh_.group_of(GroupKind::pipeline, b_.rank()), ReduceOp::sum);
+  b_.all_reduce(stats, *mesh_.group_of(GroupKind::data, b_.rank()), ReduceOp::sum);
+  float host[2] = {0, 0};
+  MT_TRY(b_.read(stats, host));
+  return static_cast<double>(host[0]) / host[1];
 }
 
+namespace {
+
+const char* const kPrefixes[3] = {"params/", "adam_m/", "adam_v/"};
+
+}  // namespace
+
 Result<std::map<std::string, std::vector<float>>> StepEngine::export_state() {
+  if (setup_error_) return *setup_error_;
   std::map<std::string, std::vector<float>> out;
-  for (const ParamSlot& slot : chunk_->parameters().slots()) {
-    const std::int64_t n = slot.value.numel();
-    for (auto [prefix, t] : {std::pair<const char*, Tensor>{"params/", slot.value},
-                             {"adam_m/", adam_m_.slice(slot.offset, n)},
-                             {"adam_v/", adam_v_.slice(slot.offset, n)}}) {
-      std::vector<float> host(static_cast<std::size_t>(n));
+  const Group& tp = *mesh_.group_of(GroupKind::tensor, b_.rank());
+  for (auto& c : chunks_) {
+    ParameterStore& params = c->model->parameters();
+    std::vector<float> flat[3];
+    flat[0].resize(static_cast<std::size_t>(params.numel()));
+    MT_TRY(b_.read(params.values(), flat[0]));
+    MT_TRY(c->adam->gather_moments(flat[1], flat[2]));
+    for (const ParamSlot& slot : params.slots()) {
+      // The tied copy on the last stage equals the first stage's embedding.
+      if (slot.info.name == "embed.tokens" && !c->model->layers().embedding) continue;
+      const std::int64_t n = slot.value.numel();
+      for (int k = 0; k < 3; ++k) {
+        // Every tp rank's shard, then each element to its place in the full tensor.
+        Tensor shard = b_.empty(Shape{n}), all = b_.empty(Shape{n * plan_.tp});
+        b_.write(shard, std::span<const float>(flat[k]).subspan(static_cast<std::size_t>(slot.offset),
+                                                                 static_cast<std::size_t>(n)));
+        b_.all_gather(shard, all, tp);
+        std::vector<float> host(static_cast<std::size_t>(n * plan_.tp));
+        MT_TRY(b_.read(all, host));
+        std::vector<float> full(static_cast<std::size_t>(slot.info.numel()));
+        for (int t = 0; t < plan_.tp; ++t) {
+          const ShardCoord sc{t, plan_.tp, 0, 1};
+          for (std::int64_t i = 0; i < n; ++i) {
+            const std::int64_t f = full_index(m_, slot.info, sc, i);
+            if (f >= 0) full[static_cast<std::size_t>(f)] = host[static_cast<std::size_t>(t * n + i)];
+          }
+        }
+        out.emplace(kPrefixes[k] + slot.info.name, std::move(full));
+      }
+    }
+  }
+  if (plan_.pp == 1) return out;
+  // Pipeline stages: every parameter from the stage that owns it to every stage.
+  const Group& pipe = *mesh_.group_of(GroupKind::pipeline, b_.rank());
+  for (const ParamInfo& info : parameter_table(m_)) {
+    const int owner = place_layer(m_, info.layer, plan_.pp, plan_.vpp).stage;
+    const int root = mesh_.rank_of({coord_.tp, coord_.cp, coord_.dp, owner});
+    for (const char* prefix : kPrefixes) {
+      const std::string name = prefix + info.name;
+      Tensor t = b_.empty(Shape{info.numel()});
+      if (owner == coord_.pp) b_.write(t, out.at(name));
+      b_.broadcast(t, pipe, root);
+      std::vector<float> host(static_cast<std::size_t>(info.numel()));
       MT_TRY(b_.read(t, host));
-      out.emplace(prefix + slot.info.name, std::move(host));
+      out[name] = std::move(host);
     }
   }
   return out;
 }
 
 Status StepEngine::import_state(const std::map<std::string, std::vector<float>>& state) {
-  for (const ParamSlot& slot : chunk_->parameters().slots()) {
-    const std::int64_t n = slot.value.numel();
-    for (auto [prefix, t] : {std::pair<const char*, Tensor>{"params/", slot.value},
-                             {"adam_m/", adam_m_.slice(slot.offset, n)},
-                             {"adam_v/", adam_v_.slice(slot.offset, n)}}) {
-      auto it = state.find(prefix + slot.info.name);
-      if (it == state.end()) return make_error("the checkpoint has no tensor '{}{}'", prefix, slot.info.name);
-      if (static_cast<std::int64_t>(it->second.size()) != n)
-        return make_error("checkpoint tensor '{}{}' has {} elements, this run needs {}", prefix, slot.info.name,
-                          it->second.size(), n);
-      b_.write(t, it->second);
+  if (setup_error_) return *setup_error_;
+  for (auto& c : chunks_) {
+    ParameterStore& params = c->model->parameters();
+    std::vector<float> moments[2];
+    for (auto& mv : moments) mv.assign(static_cast<std::size_t>(params.numel()), 0.f);
+    for (const ParamSlot& slot : params.slots()) {
+      const std::int64_t n = slot.value.numel();
+      for (int k = 0; k < 3; ++k) {
+        auto it = state.find(kPrefixes[k] + slot.info.name);
+        if (it == state.end())
+          return make_error("the checkpoint has no tensor '{}{}'", kPrefixes[k], slot.info.name);
+        if (static_cast<std::int64_t>(it->second.size()) != slot.info.numel())
+          return make_error("checkpoint tensor '{}{}' has {} elements, this model needs {}", kPrefixes[k],
+                            slot.info.name, it->second.size(), slot.info.numel());
+        std::vector<float> shard(static_cast<std::size_t>(n));
+        for (std::int64_t i = 0; i < n; ++i) {
+          const std::int64_t f = full_index(m_, slot.info, params.coord(), i);
+          shard[static_cast<std::size_t>(i)] = f < 0 ? 0.f : it->second[static_cast<std::size_t>(f)];
+        }
+        if (k == 0) {
+          Tensor v = slot.value;
+          b_.write(v, shard);
+        } else {
+          std::copy(shard.begin(), shard.end(), moments[k - 1].begin() + slot.offset);
+        }
+      }
     }
+    c->adam->load_moments(moments[0], moments[1]);
   }
   return b_.synchronize();
 }

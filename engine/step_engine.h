@@ -1,21 +1,32 @@
-// StepEngine: one rank's part of a training iteration.
+// StepEngine: one rank's part of a training iteration under any hybrid plan.
 //
-// It owns the rank's model chunk(s), gradient buffers and AdamW state, and
-// turns one iteration's micro-batches into forward and backward work, gradient
-// clipping by global norm and the optimizer update, all as backend ops. The
-// host waits only for the loss and the gradient norm at the end of the
-// iteration (the progress line needs them; a NaN loss must stop the run
-// before the update, so the parameters stay those of the last good step).
+// It owns the rank's model chunk(s) (vpp of them, virtual stages c·pp + stage,
+// each with Megatron tensor parallelism inside), gradient buckets and AdamW
+// state, and turns one iteration's micro-batches into the pipeline schedule's
+// forward and backward work (engine/parallel/pipeline_executor.h), the
+// data-parallel gradient reduction in buckets overlapped with backward
+// (gradient_buckets.h), ZeRO sharding of the optimizer state
+// (sharded_optimizer.h), gradient clipping by global norm and the update, all
+// as backend ops. The host waits only for the loss and the gradient norm at
+// the end of the iteration (the progress line needs them; a NaN loss must stop
+// the run before the update, so the parameters stay those of the last good
+// step). Errors of any collective on the way (a timeout names op, group and
+// peers) surface there, as the Status of step().
+//
+// Every rank of the mesh constructs a StepEngine and calls each method the
+// same number of times in the same order: they are collective.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "backends/backend.h"
 #include "engine/mesh.h"
+#include "engine/parallel/pipeline_executor.h"
 #include "engine/plan.h"
 #include "models/gpt.h"
 
@@ -35,6 +46,9 @@ struct StepOptions {
   // backend holds no data, and the host-side init loop over every element
   // would dominate simulating a 100B+ model.
   bool initialize_parameters = true;
+  // Data-parallel gradient buckets: about this many bytes of the flat
+  // gradient buffer per all-reduce (or reduce-scatter under ZeRO).
+  std::int64_t grad_bucket_bytes = 4 << 20;
 };
 
 // One micro-batch of tokens on the host: ids and next-token targets, B·T each.
@@ -51,31 +65,52 @@ struct StepResult {
 class StepEngine {
  public:
   StepEngine(Backend& b, const ModelSpec& m, const Plan& p, const Mesh& mesh, StepOptions options);
+  ~StepEngine();
 
-  // Runs one iteration over this rank's micro-batches (plan.microbatches()
-  // of them), with learning rate `lr` at 1-based optimizer step `step`.
+  // Whether this engine can run plan `p` (on top of validate_plan): an Error
+  // names what it cannot do. A StepEngine built for such a plan returns the
+  // same Error from every method.
+  static Status supports(const Plan& p);
+
+  // Runs one iteration over this rank's micro-batches, with learning rate
+  // `lr` at 1-based optimizer step `step`. A rank receives its data-parallel
+  // replica's share of the global batch: plan.microbatches() micro-batches of
+  // plan.micro_batch sequences, replica d (Coord::dp) getting global
+  // micro-batches [d·m, (d+1)·m). Every rank of one replica (its tensor- and
+  // pipeline-parallel peers) receives the same ones. The objective is the mean
+  // token loss over the global batch; the result is the same on every rank.
   Result<StepResult> step(const std::vector<HostBatch>& microbatches, float lr, std::int64_t step);
-  // Mean token loss over `batches` without updating anything.
+  // Mean token loss over `batches` without updating anything: each replica
+  // passes its own batches (same rule as step), the mean is over all of them.
   Result<double> evaluate(const std::vector<HostBatch>& batches);
 
   // The full (unsharded) parameters and AdamW moments by name ("params/<name>",
   // "adam_m/<name>", "adam_v/<name>"), for checkpoints and comparisons.
+  // Gathered over tensor-parallel shards, pipeline stages and ZeRO shards, so
+  // the content does not depend on the plan; every rank returns all of it.
   Result<std::map<std::string, std::vector<float>>> export_state();
-  // Loads what export_state produced; every name must be present with its size.
+  // Loads what export_state produced (under any plan); every name must be
+  // present with its full size. Each rank keeps its own shards.
   Status import_state(const std::map<std::string, std::vector<float>>& state);
 
  private:
+  struct Chunk;
   MicroBatch upload(const HostBatch& h, std::uint64_t dropout_seed);
-  Tensor run_microbatch(const MicroBatch& mb, float loss_scale);
+  bool counts_in_norm(const Chunk& c, const ParamSlot& slot) const;
+  Status all_reduce_tied_embedding();
 
   Backend& b_;
   ModelSpec m_;
   Plan plan_;
+  Mesh mesh_;
   StepOptions options_;
-  std::unique_ptr<GptChunk> chunk_;
-  Tensor adam_m_, adam_v_;  // like the flat parameters
-  Tensor loss_total_;       // (1) Σ token losses of the iteration
+  Coord coord_;
+  Stream compute_, comm_;
+  std::vector<std::unique_ptr<Chunk>> chunks_;  // local chunk c: virtual stage c·pp + stage
+  std::unique_ptr<PipelineExecutor> pipeline_;
+  Tensor loss_total_;  // (1) Σ token losses of the iteration on this rank
   Tensor grad_sumsq_, clip_coef_;
+  std::optional<Error> setup_error_;
 };
 
 }  // namespace meshtrain

@@ -285,17 +285,26 @@ Tensor GptChunk::forward(const MicroBatch& mb, const Tensor& input, SavedActivat
 }
 
 Tensor GptChunk::backward(const MicroBatch& mb, SavedActivations& saved, const Tensor& dout, float loss_scale) {
-  Tensor g = layers_.head ? head_backward(mb, saved->head, loss_scale) : dout;
+  auto done = [&](int layer) {
+    if (backward_hook_) backward_hook_(layer);
+  };
+  Tensor g = dout;
+  if (layers_.head) {
+    g = head_backward(mb, saved->head, loss_scale);
+    done(m_.layers);
+  }
   saved->head = HeadSaved{};
   for (int l = layers_.last - 1; l >= layers_.first; --l) {
     LayerSaved& s = saved->layers[static_cast<std::size_t>(l - layers_.first)];
     if (options_.recompute == Recompute::full) layer_forward(l, mb, s.x, &s);
     g = layer_backward(l, mb, s, g);
     s = LayerSaved{};
+    done(l);
   }
   saved.reset();
   if (layers_.embedding) {
     embed_backward(mb, g);
+    done(-1);
     return Tensor();
   }
   return g;

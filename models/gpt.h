@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -80,6 +81,14 @@ class GptChunk {
   // (undefined for the chunk with the embedding).
   Tensor backward(const MicroBatch& mb, SavedActivations& saved, const Tensor& dout, float loss_scale);
 
+  // Called during backward each time the gradient contributions of one layer
+  // of this micro-batch are issued: `layer` is m.layers for the final norm and
+  // head, 0..L-1 for a transformer layer, -1 for the embeddings, in that
+  // (descending) order. Data parallelism uses it to reduce a bucket of
+  // gradients as soon as the last micro-batch has finished it, while backward
+  // goes on (overlap). Empty: no calls.
+  void set_backward_hook(std::function<void(int layer)> hook) { backward_hook_ = std::move(hook); }
+
  private:
   friend struct ChunkActivations;
   struct LayerSaved;
@@ -111,6 +120,7 @@ class GptChunk {
   ParameterStore params_;
   int heads_, kv_heads_, ffn_;  // on this rank
   std::int64_t vocab_rows_;     // V on this rank (padded shard)
+  std::function<void(int layer)> backward_hook_;
   Tensor position_ids_;         // (N) i32, built once per (B, T)
   int position_batch_ = 0, position_seq_ = 0;
 };

@@ -1,0 +1,120 @@
+#include "engine/parallel/pipeline_executor.h"
+
+#include "engine/schedule/communication.h"
+#include "engine/schedule/validate.h"
+
+namespace meshtrain {
+
+schedule::ScheduleKind schedule_kind(ScheduleKind kind) {
+  switch (kind) {
+    case ScheduleKind::gpipe: return schedule::ScheduleKind::gpipe;
+    case ScheduleKind::one_f_one_b: return schedule::ScheduleKind::one_f_one_b;
+    case ScheduleKind::interleaved: return schedule::ScheduleKind::interleaved_1f1b;
+  }
+  return schedule::ScheduleKind::one_f_one_b;
+}
+
+Result<PipelineExecutor> PipelineExecutor::create(const Plan& plan, const Mesh& mesh, int rank) {
+  const schedule::PipelineLayout layout{plan.pp, plan.vpp, plan.microbatches()};
+  MT_ASSIGN(schedule::Schedule compute, schedule::build_schedule(schedule_kind(plan.schedule), layout));
+  MT_ASSIGN(schedule::Schedule full, schedule::insert_communication(compute));
+  MT_TRY(schedule::check_invariants(full));
+  return PipelineExecutor(std::move(full), mesh, rank);
+}
+
+PipelineExecutor::PipelineExecutor(schedule::Schedule s, const Mesh& mesh, int rank) : schedule_(std::move(s)) {
+  const Coord c = mesh.coord_of(rank);
+  stage_ = c.pp;
+  for (int st = 0; st < mesh.pp(); ++st) stage_ranks_.push_back(mesh.rank_of({c.tp, c.cp, c.dp, st}));
+}
+
+int PipelineExecutor::peer(const schedule::Action& a) const {
+  return stage_ranks_[static_cast<std::size_t>(schedule::peer_rank(schedule_.layout, a))];
+}
+
+int PipelineExecutor::tag(const schedule::Action& a, int microbatches) const {
+  using K = schedule::Action;
+  const int s = schedule::virtual_stage(schedule_.layout, a);
+  // Activations cross boundary s (send) or s-1 (recv); gradients s-1 (send) or s (recv).
+  const bool grad = a.kind == K::send_grad || a.kind == K::recv_grad;
+  const int boundary = (a.kind == K::send_act || a.kind == K::recv_grad) ? s : s - 1;
+  return (boundary * microbatches + a.microbatch) * 2 + (grad ? 1 : 0);
+}
+
+void PipelineExecutor::run(Backend& b, const Shape& activation, const PipelineCompute& compute) {
+  using K = schedule::Action;
+  const int m = schedule_.layout.microbatches, last = schedule_.layout.virtual_stages() - 1;
+  // Tensors between a compute action and its communication, by (chunk, micro-batch).
+  std::map<std::pair<int, int>, Tensor> inputs, outputs, douts, dinputs;
+  for (const K& a : schedule_.ranks[static_cast<std::size_t>(stage_)]) {
+    const std::pair<int, int> key{a.chunk, a.microbatch};
+    const int s = schedule::virtual_stage(schedule_.layout, a);
+    switch (a.kind) {
+      case K::recv_act: {
+        Tensor x = b.empty(activation);
+        b.recv(x, peer(a), tag(a, m));
+        inputs[key] = x;
+        break;
+      }
+      case K::forward: {
+        Tensor in;
+        if (auto it = inputs.find(key); it != inputs.end()) {
+          in = it->second;
+          inputs.erase(it);
+        }
+        Tensor out = compute.forward(a.chunk, a.microbatch, in);
+        if (s < last) outputs[key] = out;
+        break;
+      }
+      case K::send_act:
+        b.send(outputs.at(key), peer(a), tag(a, m));
+        outputs.erase(key);
+        break;
+      case K::recv_grad: {
+        Tensor g = b.empty(activation);
+        b.recv(g, peer(a), tag(a, m));
+        douts[key] = g;
+        break;
+      }
+      case K::backward: {
+        Tensor dout;
+        if (auto it = douts.find(key); it != douts.end()) {
+          dout = it->second;
+          douts.erase(it);
+        }
+        Tensor din = compute.backward(a.chunk, a.microbatch, dout);
+        if (s > 0) dinputs[key] = din;
+        break;
+      }
+      case K::send_grad:
+        b.send(dinputs.at(key), peer(a), tag(a, m));
+        dinputs.erase(key);
+        break;
+    }
+  }
+}
+
+void PipelineExecutor::run_forward(Backend& b, const std::vector<Shape>& activations,
+                                   const PipelineCompute& compute) {
+  const int microbatches = static_cast<int>(activations.size());
+  const schedule::PipelineLayout& layout = schedule_.layout;
+  const int last = layout.virtual_stages() - 1;
+  for (int j = 0; j < microbatches; ++j)
+    for (int c = 0; c < layout.chunks_per_stage; ++c) {
+      const schedule::Action f{schedule::Action::forward, stage_, c, j};
+      const int s = schedule::virtual_stage(layout, f);
+      Tensor in;
+      if (s > 0) {
+        const schedule::Action r{schedule::Action::recv_act, stage_, c, j};
+        in = b.empty(activations[static_cast<std::size_t>(j)]);
+        b.recv(in, peer(r), tag(r, microbatches));
+      }
+      Tensor out = compute.forward(c, j, in);
+      if (s < last) {
+        const schedule::Action snd{schedule::Action::send_act, stage_, c, j};
+        b.send(out, peer(snd), tag(snd, microbatches));
+      }
+    }
+}
+
+}  // namespace meshtrain

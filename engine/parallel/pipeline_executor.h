@@ -1,0 +1,66 @@
+// PipelineExecutor: runs one pipeline rank's action list (engine/schedule)
+// against a backend. The schedule says what happens in which order; this file
+// only moves tensors: it receives a virtual stage's input activation before
+// its forward, sends the output after it, and does the same for gradients in
+// backward, with backend send/recv between neighbouring virtual stages.
+//
+// Tags are unique per (boundary, micro-batch, direction): the boundary
+// between virtual stages s and s+1 is e = s, and
+//   tag = (e·m + j)·2 + (0 for activations, 1 for gradients)
+// so a receive pairs with exactly one send whatever order the peers issue.
+// Legend: B batch, T sequence, C hidden; p stages, v chunks, m micro-batches.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <utility>
+
+#include "backends/backend.h"
+#include "engine/mesh.h"
+#include "engine/plan.h"
+#include "engine/schedule/builders.h"
+#include "engine/schedule/schedule.h"
+
+namespace meshtrain {
+
+// The schedule library's kind for a plan's schedule.
+schedule::ScheduleKind schedule_kind(ScheduleKind kind);
+
+// The compute a pipeline rank runs, by local model chunk c and micro-batch j.
+struct PipelineCompute {
+  // Forward of (c, j) on `input` (B, T, C), undefined for virtual stage 0.
+  // Returns the output (B, T, C); ignored for the last virtual stage.
+  std::function<Tensor(int chunk, int microbatch, const Tensor& input)> forward;
+  // Backward of (c, j) with `dout` (B, T, C), undefined for the last virtual
+  // stage. Returns d input; ignored for virtual stage 0.
+  std::function<Tensor(int chunk, int microbatch, const Tensor& dout)> backward;
+};
+
+class PipelineExecutor {
+ public:
+  // Builds the plan's schedule for `microbatches`, inserts the communication
+  // and checks the invariants, so a broken schedule fails before any op.
+  static Result<PipelineExecutor> create(const Plan& plan, const Mesh& mesh, int rank);
+
+  const schedule::Schedule& schedule() const { return schedule_; }
+  int stage() const { return stage_; }
+
+  // Runs this rank's actions in order. Activations are `activation` shaped.
+  void run(Backend& b, const Shape& activation, const PipelineCompute& compute);
+  // Forward only (evaluation): every micro-batch j through every local chunk,
+  // in (micro-batch, chunk) order, which needs no schedule: each forward's
+  // input comes from a forward that is earlier in its own rank's order.
+  // activations[j] is micro-batch j's (B, T, C).
+  void run_forward(Backend& b, const std::vector<Shape>& activations, const PipelineCompute& compute);
+
+ private:
+  PipelineExecutor(schedule::Schedule s, const Mesh& mesh, int rank);
+  int peer(const schedule::Action& a) const;
+  int tag(const schedule::Action& a, int microbatches) const;
+
+  schedule::Schedule schedule_;
+  std::vector<int> stage_ranks_;  // global rank of each pipeline stage of this rank's pipeline
+  int stage_ = 0;
+};
+
+}  // namespace meshtrain

@@ -1,0 +1,114 @@
+// Shared by the in-process and the MPI tests: a deterministic global batch,
+// one rank's training run under a plan, and the comparison against the
+// single-rank reference.
+#pragma once
+
+#include <cmath>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "backends/cpu/cpu_backend.h"
+#include "engine/mesh.h"
+#include "engine/plan.h"
+#include "engine/step_engine.h"
+#include "models/init.h"
+#include "models/model_spec.h"
+
+namespace meshtrain::testing {
+
+constexpr std::uint64_t kSeed = 20240601;  // printed by the tests that use it
+constexpr int kSteps = 3;
+constexpr int kSeq = 16;
+constexpr int kMicroBatch = 2;
+constexpr int kGlobalBatch = 8;  // sequences: 4 micro-batches per step in total
+
+inline ModelSpec tiny_gpt() { return *model_preset("tiny"); }
+
+inline ModelSpec tiny_llama() {
+  ModelSpec m = tiny_gpt();
+  m.name = "tiny-llama";
+  m.norm = NormKind::rmsnorm;
+  m.activation = Activation::swiglu;
+  m.position = PositionKind::rope;
+  m.kv_heads = 2;
+  m.ffn = 128;
+  m.bias = false;
+  m.tied_embeddings = false;
+  return m;
+}
+
+inline Plan make_plan(int tp, int pp, int dp, int zero, ScheduleKind schedule, int vpp = 1) {
+  Plan p;
+  p.tp = tp, p.pp = pp, p.dp = dp, p.zero = zero, p.vpp = vpp, p.schedule = schedule;
+  p.micro_batch = kMicroBatch;
+  p.global_batch = kGlobalBatch;
+  p.seq_len = kSeq;
+  p.precision = Precision::fp32;
+  return p;
+}
+
+inline StepOptions step_options() {
+  StepOptions o;
+  o.seed = kSeed;
+  o.optimizer.max_grad_norm = 0.5f;  // small enough that clipping acts: the global norm must agree
+  // Adam divides by sqrt(v) + eps: with eps 1e-8 the near-zero gradients turn
+  // float reassociation noise (~1e-7, a different summation order per plan)
+  // into 1e-4 relative parameter differences after one step (measured: the
+  // error scales as 1/eps). eps 1e-4 keeps the comparison conditioned, so the
+  // 1e-5 bound tests the plan and not Adam's conditioning.
+  o.optimizer.eps = 1e-4f;
+  o.grad_bucket_bytes = 16 << 10;    // several buckets per chunk, so overlap and ragged tails run
+  return o;
+}
+
+// The global batch of a step as micro-batches, deterministic in (seed, step).
+inline std::vector<HostBatch> global_batch(const ModelSpec& m, int step) {
+  std::vector<HostBatch> out;
+  for (int j = 0; j < kGlobalBatch / kMicroBatch; ++j) {
+    HostBatch h;
+    h.batch = kMicroBatch, h.seq = kSeq;
+    for (int i = 0; i < kMicroBatch * kSeq; ++i) {
+      const std::uint64_t key = mix64(kSeed ^ mix64(static_cast<std::uint64_t>(step * 1000 + j * 100 + i)));
+      h.ids.push_back(static_cast<std::int32_t>(key % static_cast<std::uint64_t>(m.vocab)));
+      // A learnable rule (next = id + 1) so the loss falls.
+      h.targets.push_back(static_cast<std::int32_t>((key + 1) % static_cast<std::uint64_t>(m.vocab)));
+    }
+    out.push_back(std::move(h));
+  }
+  return out;
+}
+
+struct RankRun {
+  std::vector<double> losses, grad_norms;
+  std::map<std::string, std::vector<float>> state;  // filled on rank 0 only
+};
+
+// One rank's run: kSteps steps on its replica's micro-batches, then the export.
+inline Status run_rank(Backend& b, const ModelSpec& m, const Plan& p, RankRun& out) {
+  const Mesh mesh(p);
+  StepEngine engine(b, m, p, mesh, step_options());
+  const int d = mesh.coord_of(b.rank()).dp, per = p.microbatches();
+  for (int s = 1; s <= kSteps; ++s) {
+    const std::vector<HostBatch> all = global_batch(m, s);
+    const std::vector<HostBatch> mine(all.begin() + d * per, all.begin() + (d + 1) * per);
+    MT_ASSIGN(StepResult r, engine.step(mine, 1e-2f, s));
+    out.losses.push_back(r.loss);
+    out.grad_norms.push_back(r.grad_norm);
+  }
+  MT_ASSIGN(auto state, engine.export_state());
+  if (b.rank() == 0) out.state = std::move(state);
+  return ok_status();
+}
+
+// Largest |a - b| / max|b| over one tensor (0 when b is all zeros and a equals it).
+inline double relative_error(const std::vector<float>& a, const std::vector<float>& b) {
+  double diff = 0, scale = 0;
+  for (std::size_t i = 0; i < b.size(); ++i) {
+    diff = std::max(diff, std::abs(static_cast<double>(a[i]) - b[i]));
+    scale = std::max(scale, std::abs(static_cast<double>(b[i])));
+  }
+  return scale > 0 ? diff / scale : diff;
+}
+
+}  // namespace meshtrain::testing
