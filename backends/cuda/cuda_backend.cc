@@ -1,0 +1,446 @@
+// CudaBackend: construction, storage, host transfer, streams and events,
+// sticky errors and the small elementwise ops. Compute ops are in
+// cuda_ops.cc, GEMMs in gemm.cc, collectives in cuda_comm.cc.
+#include "backends/cuda/cuda_backend.h"
+
+#include <cuda_runtime_api.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "backends/cpu/kernels/half.h"
+#include "backends/cuda/device_select.h"
+#include "backends/cuda/device_state.h"
+#include "backends/cuda/gemm.h"
+#include "backends/cuda/kernels/kernels.h"
+#include "backends/cuda/misuse.h"
+#include "backends/cuda/nccl_comm.h"
+
+namespace meshtrain::cuda {
+
+static_assert(static_cast<int>(DType::f32) == 0 && static_cast<int>(DType::bf16) == 1 &&
+                  static_cast<int>(DType::f16) == 2 && static_cast<int>(DType::i32) == 3,
+              "kernels/kernels.h dtype codes");
+
+int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();  // clear "no driver" so later calls report their own errors
+    return 0;
+  }
+  return n;
+}
+
+void* CudaRawMemory::allocate(std::size_t bytes) {
+  cudaSetDevice(device_);
+  void* p = nullptr;
+  if (cudaMalloc(&p, bytes) != cudaSuccess) {
+    (void)cudaGetLastError();  // out of memory is not sticky in CUDA; the allocator retries
+    return nullptr;
+  }
+  return p;
+}
+
+void CudaRawMemory::release(void* p) {
+  cudaSetDevice(device_);
+  cudaFree(p);
+}
+
+DeviceState::~DeviceState() {
+  cudaSetDevice(device);
+  for (cudaEvent_t e : events)
+    if (e != nullptr) cudaEventDestroy(e);
+  for (cudaStream_t s : streams) cudaStreamDestroy(s);
+}
+
+CudaStorage::~CudaStorage() {
+  const std::uint64_t others = used_ & ~(1ull << stream_);
+  if (others == 0) {  // only its own stream used it: stream order makes reuse safe
+    state_->allocator.free(alloc_);
+    return;
+  }
+  // Reusable once the work already issued on the other streams is done.
+  cudaSetDevice(state_->device);
+  std::vector<cudaEvent_t> done;
+  for (int s = 0; s < CudaBackend::kMaxStreams; ++s) {
+    if (!(others >> s & 1)) continue;
+    cudaEvent_t e = nullptr;
+    if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventRecord(e, state_->streams[static_cast<std::size_t>(s)]) != cudaSuccess) {
+      // Without an event there is no safe moment: keep the block out of reuse.
+      (void)cudaGetLastError();
+      if (e != nullptr) cudaEventDestroy(e);
+      for (cudaEvent_t d : done) cudaEventDestroy(d);
+      return;
+    }
+    done.push_back(e);
+  }
+  const int device = state_->device;
+  state_->allocator.free_when(alloc_, [done = std::move(done), device]() mutable {
+    cudaSetDevice(device);
+    for (cudaEvent_t e : done)
+      if (cudaEventQuery(e) == cudaErrorNotReady) return false;
+    (void)cudaGetLastError();
+    for (cudaEvent_t e : done) cudaEventDestroy(e);
+    return true;
+  });
+}
+
+// ---- construction ---------------------------------------------------------------
+
+Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const CudaOptions& options) {
+  const int count = device_count();
+  if (count == 0) return make_error("cuda backend: no CUDA device (cudaGetDeviceCount found none)");
+  int device = options.device;
+  if (device < 0) {
+    MT_ASSIGN(const std::optional<int> local, local_rank_from_env());
+    MT_ASSIGN(device, select_device(local, count));
+  } else if (device >= count) {
+    return make_error("cuda backend: device {} requested, {} visible", device, count);
+  }
+  if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess)
+    return make_error("cuda backend: cudaSetDevice({}): {}", device, cudaGetErrorString(e));
+  auto state = std::make_shared<DeviceState>(device);
+  cudaStream_t s0 = nullptr;
+  if (cudaError_t e = cudaStreamCreateWithFlags(&s0, cudaStreamNonBlocking); e != cudaSuccess)
+    return make_error("cuda backend: creating the compute stream: {}", cudaGetErrorString(e));
+  state->streams.push_back(s0);
+  int rank = 0, world = 1;
+  std::unique_ptr<IdChannel> channel;
+  if (options.use_mpi) {
+    MT_ASSIGN(auto mpi, MpiIdChannel::create());
+    rank = mpi->rank();
+    world = mpi->world_size();
+    channel = std::move(mpi);
+  }
+  std::unique_ptr<CudaBackend> b(new CudaBackend(state, rank, world));
+  MT_ASSIGN(b->gemm_, GemmRunner::create(state->allocator));
+  b->comms_ = std::make_unique<NcclComms>(rank, world, device, std::move(channel),
+                                          options.comm_timeout,
+                                          [raw = b.get()](Error e) { raw->fail(std::move(e)); });
+  if (world > 1) {
+    Status s = b->comms_->init_world();
+    if (!s.ok()) return std::move(s).error().context(fmt::format("cuda backend rank {}", rank));
+  }
+  return b;
+}
+
+CudaBackend::CudaBackend(std::shared_ptr<DeviceState> state, int rank, int world)
+    : state_(std::move(state)), rank_(rank), world_size_(world) {}
+
+CudaBackend::~CudaBackend() {
+  cudaSetDevice(state_->device);
+  for (cudaStream_t s : state_->streams) cudaStreamSynchronize(s);
+  comms_.reset();  // stops the watchdog before the error sink goes away
+  gemm_.reset();
+}
+
+int CudaBackend::device() const { return state_->device; }
+
+// ---- errors ------------------------------------------------------------------------
+
+void CudaBackend::fail(Error e) {
+  std::lock_guard lock(error_mu_);
+  if (error_) return;
+  error_ = std::move(e);
+  failed_.store(true, std::memory_order_release);
+}
+
+void CudaBackend::check(int cuda_status, std::string_view op) {
+  if (cuda_status == cudaSuccess) return;
+  const auto e = static_cast<cudaError_t>(cuda_status);
+  fail(make_error("cuda rank {} (device {}): {}: {} ({})", rank_, state_->device, op,
+                  cudaGetErrorString(e), cudaGetErrorName(e)));
+}
+
+Status CudaBackend::sticky() const {
+  std::lock_guard lock(error_mu_);
+  if (error_) return *error_;
+  return ok_status();
+}
+
+// ---- memory ------------------------------------------------------------------------
+
+Tensor CudaBackend::empty(const Shape& shape, DType dtype) {
+  for (auto d : shape.dims())
+    if (d < 0) misuse("empty: negative dimension in {}", shape.str());
+  const auto bytes = static_cast<std::size_t>(shape.numel()) * dtype_size(dtype);
+  auto a = state_->allocator.allocate(bytes, current_.id);
+  if (!a.ok()) misuse("empty {} {}: {}", shape.str(), dtype_name(dtype), a.error().message());
+  return Tensor(std::make_shared<CudaStorage>(state_, *a, bytes, current_.id), shape, dtype);
+}
+
+MemoryStats CudaBackend::memory_stats() const {
+  const AllocatorStats s = state_->allocator.stats();
+  return MemoryStats{s.live_bytes, s.peak_bytes};
+}
+
+AllocatorStats CudaBackend::allocator_stats() const { return state_->allocator.stats(); }
+
+void CudaBackend::reset_peak() { state_->allocator.reset_peak(); }
+
+void* CudaBackend::ptr(const Tensor& t, std::string_view op) {
+  if (!t.defined()) misuse("{}: undefined tensor", op);
+  auto* s = dynamic_cast<CudaStorage*>(t.storage());
+  if (s == nullptr || s->owner() != state_.get())
+    misuse("{}: tensor {} belongs to another backend", op, t.shape().str());
+  const std::size_t size = dtype_size(t.dtype());
+  if (static_cast<std::size_t>(t.offset() + t.numel()) * size > s->bytes())
+    misuse("{}: tensor view {} at offset {} runs past its storage", op, t.shape().str(), t.offset());
+  s->mark_used(current_.id);
+  return s->data() + static_cast<std::size_t>(t.offset()) * size;
+}
+
+float* CudaBackend::f32(const Tensor& t, std::string_view op) {
+  if (t.defined() && t.dtype() != DType::f32)
+    misuse("{}: needs fp32, got a {} tensor {}", op, dtype_name(t.dtype()), t.shape().str());
+  return static_cast<float*>(ptr(t, op));
+}
+
+const std::int32_t* CudaBackend::i32(const Tensor& t, std::string_view op) {
+  if (t.defined() && t.dtype() != DType::i32)
+    misuse("{}: needs int32, got a {} tensor {}", op, dtype_name(t.dtype()), t.shape().str());
+  return static_cast<const std::int32_t*>(ptr(t, op));
+}
+
+CachingAllocator::Allocation CudaBackend::scratch(std::size_t bytes, std::string_view op) {
+  auto a = state_->allocator.allocate(bytes, current_.id);
+  if (!a.ok()) misuse("{}: scratch of {} bytes: {}", op, bytes, a.error().message());
+  return *a;
+}
+
+// Stream-ordered: later work on this stream may reuse the block at once.
+void CudaBackend::release(const CachingAllocator::Allocation& a) { state_->allocator.free(a); }
+
+void* CudaBackend::stream_handle() const {
+  return state_->streams[static_cast<std::size_t>(current_.id)];
+}
+
+// ---- host transfer -----------------------------------------------------------------
+
+namespace {
+// Host values converted to `dtype`'s bytes, as the cpu backend stores them.
+std::vector<std::byte> to_device_bytes(std::span<const float> host, DType dtype) {
+  std::vector<std::byte> out(host.size() * dtype_size(dtype));
+  for (std::size_t i = 0; i < host.size(); ++i) {
+    switch (dtype) {
+      case DType::f32: std::memcpy(out.data() + 4 * i, &host[i], 4); break;
+      case DType::bf16: {
+        const std::uint16_t h = cpu::float_to_bf16(host[i]);
+        std::memcpy(out.data() + 2 * i, &h, 2);
+        break;
+      }
+      case DType::f16: {
+        const std::uint16_t h = cpu::float_to_f16(host[i]);
+        std::memcpy(out.data() + 2 * i, &h, 2);
+        break;
+      }
+      case DType::i32: {
+        const auto v = static_cast<std::int32_t>(std::lround(host[i]));
+        std::memcpy(out.data() + 4 * i, &v, 4);
+        break;
+      }
+    }
+  }
+  return out;
+}
+}  // namespace
+
+void CudaBackend::write(Tensor& dst, std::span<const float> host) {
+  void* d = ptr(dst, "write");
+  if (static_cast<std::int64_t>(host.size()) != dst.numel())
+    misuse("write: {} host values into a tensor {}", host.size(), dst.shape().str());
+  if (failed() || host.empty()) return;
+  // From pageable memory cudaMemcpyAsync returns once the bytes are staged,
+  // so the host buffer (and the converted copy) may go away on return.
+  const auto s = static_cast<cudaStream_t>(stream_handle());
+  if (dst.dtype() == DType::f32) {
+    check(cudaMemcpyAsync(d, host.data(), host.size_bytes(), cudaMemcpyHostToDevice, s), "write");
+    return;
+  }
+  const std::vector<std::byte> bytes = to_device_bytes(host, dst.dtype());
+  check(cudaMemcpyAsync(d, bytes.data(), bytes.size(), cudaMemcpyHostToDevice, s), "write");
+}
+
+void CudaBackend::write(Tensor& dst, std::span<const std::int32_t> host) {
+  void* d = ptr(dst, "write");
+  if (static_cast<std::int64_t>(host.size()) != dst.numel())
+    misuse("write: {} host values into a tensor {}", host.size(), dst.shape().str());
+  if (failed() || host.empty()) return;
+  const auto s = static_cast<cudaStream_t>(stream_handle());
+  if (dst.dtype() == DType::i32) {
+    check(cudaMemcpyAsync(d, host.data(), host.size_bytes(), cudaMemcpyHostToDevice, s), "write");
+    return;
+  }
+  const std::vector<float> as_float(host.begin(), host.end());
+  const std::vector<std::byte> bytes = to_device_bytes(as_float, dst.dtype());
+  check(cudaMemcpyAsync(d, bytes.data(), bytes.size(), cudaMemcpyHostToDevice, s), "write");
+}
+
+Status CudaBackend::read(const Tensor& src, std::span<float> host) {
+  const void* d = ptr(src, "read");
+  if (static_cast<std::int64_t>(host.size()) != src.numel())
+    misuse("read: a tensor {} into {} host values", src.shape().str(), host.size());
+  if (failed()) return sticky();
+  const auto s = static_cast<cudaStream_t>(stream_handle());
+  std::vector<std::byte> bytes(src.bytes());
+  check(cudaMemcpyAsync(bytes.data(), d, bytes.size(), cudaMemcpyDeviceToHost, s), "read");
+  check(cudaStreamSynchronize(s), "read (a device error of an earlier op on this stream)");
+  if (failed()) return sticky();
+  for (std::size_t i = 0; i < host.size(); ++i) {
+    switch (src.dtype()) {
+      case DType::f32: std::memcpy(&host[i], bytes.data() + 4 * i, 4); break;
+      case DType::bf16:
+      case DType::f16: {
+        std::uint16_t h;
+        std::memcpy(&h, bytes.data() + 2 * i, 2);
+        host[i] = src.dtype() == DType::bf16 ? cpu::bf16_to_float(h) : cpu::f16_to_float(h);
+        break;
+      }
+      case DType::i32: {
+        std::int32_t v;
+        std::memcpy(&v, bytes.data() + 4 * i, 4);
+        host[i] = static_cast<float>(v);
+        break;
+      }
+    }
+  }
+  return ok_status();
+}
+
+// ---- streams and events --------------------------------------------------------------
+
+Stream CudaBackend::create_stream(std::string_view name) {
+  if (static_cast<int>(state_->streams.size()) >= kMaxStreams)
+    misuse("create_stream '{}': at most {} streams", name, kMaxStreams);
+  cudaStream_t s = nullptr;
+  if (cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking); e != cudaSuccess)
+    misuse("create_stream '{}': {}", name, cudaGetErrorString(e));
+  state_->streams.push_back(s);
+  return Stream{static_cast<int>(state_->streams.size()) - 1};
+}
+
+void CudaBackend::set_stream(Stream s) {
+  if (s.id < 0 || s.id >= static_cast<int>(state_->streams.size()))
+    misuse("set_stream: stream {} was not created here", s.id);
+  current_ = s;
+}
+
+Event CudaBackend::record(Stream s) {
+  if (s.id < 0 || s.id >= static_cast<int>(state_->streams.size()))
+    misuse("record: stream {} was not created here", s.id);
+  const std::int64_t id = events_++;
+  const auto slot = static_cast<std::size_t>(id % kEventRing);
+  if (state_->events.size() <= slot) state_->events.resize(slot + 1, nullptr);
+  cudaEvent_t& e = state_->events[slot];
+  if (e == nullptr) check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "record");
+  if (e != nullptr) check(cudaEventRecord(e, state_->streams[static_cast<std::size_t>(s.id)]), "record");
+  return Event{id};
+}
+
+void CudaBackend::wait(Stream s, Event e) {
+  if (s.id < 0 || s.id >= static_cast<int>(state_->streams.size()))
+    misuse("wait: stream {} was not created here", s.id);
+  if (!e.valid() || e.id >= events_) misuse("wait: event {} was not recorded here", e.id);
+  if (events_ - e.id > kEventRing)
+    misuse("wait: event {} is older than the last {} events and was recycled", e.id, kEventRing);
+  cudaEvent_t ev = state_->events[static_cast<std::size_t>(e.id % kEventRing)];
+  if (ev != nullptr)
+    check(cudaStreamWaitEvent(state_->streams[static_cast<std::size_t>(s.id)], ev, 0), "wait");
+}
+
+Status CudaBackend::synchronize() {
+  for (cudaStream_t s : state_->streams)
+    check(cudaStreamSynchronize(s), "synchronize (a device error of an earlier op)");
+  return sticky();
+}
+
+// ---- elementwise and small ops --------------------------------------------------------
+
+namespace {
+int code(DType t) { return static_cast<int>(t); }
+void expect_same_numel(const Tensor& a, const Tensor& b, std::string_view op) {
+  if (a.numel() != b.numel())
+    misuse("{}: {} and {} differ in element count", op, a.shape().str(), b.shape().str());
+}
+}  // namespace
+
+#define MT_STREAM static_cast<cudaStream_t>(stream_handle())
+
+void CudaBackend::fill(Tensor& x, float value) {
+  void* p = ptr(x, "fill");
+  if (failed()) return;
+  check(kernels::fill(p, code(x.dtype()), x.numel(), value, MT_STREAM), "fill");
+}
+
+void CudaBackend::copy(const Tensor& src, Tensor& dst) {
+  const void* s = ptr(src, "copy");
+  void* d = ptr(dst, "copy");
+  expect_same_numel(src, dst, "copy");
+  if (src.dtype() != dst.dtype())
+    misuse("copy: {} to {} (use cast)", dtype_name(src.dtype()), dtype_name(dst.dtype()));
+  if (failed() || src.numel() == 0) return;
+  check(cudaMemcpyAsync(d, s, src.bytes(), cudaMemcpyDeviceToDevice, MT_STREAM), "copy");
+}
+
+void CudaBackend::cast(const Tensor& src, Tensor& dst) {
+  const void* s = ptr(src, "cast");
+  void* d = ptr(dst, "cast");
+  expect_same_numel(src, dst, "cast");
+  if (src.dtype() == DType::i32 || dst.dtype() == DType::i32)
+    misuse("cast: {} to {}; cast converts between float dtypes", dtype_name(src.dtype()),
+           dtype_name(dst.dtype()));
+  if (failed()) return;
+  check(kernels::cast(s, code(src.dtype()), d, code(dst.dtype()), src.numel(), MT_STREAM), "cast");
+}
+
+void CudaBackend::add(const Tensor& a, const Tensor& b, Tensor& out) {
+  const float *pa = f32(a, "add"), *pb = f32(b, "add");
+  float* po = f32(out, "add");
+  expect_same_numel(a, b, "add");
+  expect_same_numel(a, out, "add");
+  if (failed()) return;
+  check(kernels::add(pa, pb, po, a.numel(), MT_STREAM), "add");
+}
+
+void CudaBackend::scale(Tensor& x, float alpha) {
+  float* p = f32(x, "scale");
+  if (failed()) return;
+  check(kernels::scale(p, x.numel(), alpha, MT_STREAM), "scale");
+}
+
+void CudaBackend::axpy(float alpha, const Tensor& x, Tensor& y) {
+  const float* px = f32(x, "axpy");
+  float* py = f32(y, "axpy");
+  expect_same_numel(x, y, "axpy");
+  if (failed()) return;
+  check(kernels::axpy(alpha, px, py, x.numel(), MT_STREAM), "axpy");
+}
+
+void CudaBackend::sum(const Tensor& x, Tensor& out, float scale, bool accumulate) {
+  const float* px = f32(x, "sum");
+  float* po = f32(out, "sum");
+  if (out.numel() != 1) misuse("sum: out {} must have one element", out.shape().str());
+  if (failed()) return;
+  const auto tmp = scratch(sizeof(double) * kernels::kReduceBlocks, "sum");
+  check(kernels::reduce_sum(px, x.numel(), false, scale, accumulate, po,
+                            static_cast<double*>(tmp.ptr), MT_STREAM),
+        "sum");
+  release(tmp);
+}
+
+void CudaBackend::sum_squares(const Tensor& x, Tensor& out, bool accumulate) {
+  const float* px = f32(x, "sum_squares");
+  float* po = f32(out, "sum_squares");
+  if (out.numel() != 1) misuse("sum_squares: out {} must have one element", out.shape().str());
+  if (failed()) return;
+  const auto tmp = scratch(sizeof(double) * kernels::kReduceBlocks, "sum_squares");
+  check(kernels::reduce_sum(px, x.numel(), true, 1.f, accumulate, po,
+                            static_cast<double*>(tmp.ptr), MT_STREAM),
+        "sum_squares");
+  release(tmp);
+}
+
+}  // namespace meshtrain::cuda

@@ -1,0 +1,193 @@
+// The cuda backend: one rank on one GPU. cuBLASLt for GEMMs, the kernels of
+// kernels/ for everything else, NCCL for collectives.
+//
+// Beyond the contract of backends/backend.h:
+//  * Device memory comes from a CachingAllocator (caching_allocator.h): after
+//    warm-up the step loop calls no cudaMalloc. memory_stats counts live
+//    blocks (sizes rounded to 512 bytes); allocator_stats adds reserved bytes,
+//    raw allocations and fragmentation. A tensor's storage remembers every
+//    stream that used it, so freeing it is safe without record_stream calls.
+//  * Streams are cudaStreams (non-blocking), one per Stream id; events are
+//    cudaEvents in a ring of kEventRing: an event may be waited on until
+//    kEventRing later events have been recorded.
+//  * Dtypes: empty, fill, copy, cast, write and read take every dtype. GEMMs
+//    take f32, bf16 or f16 inputs with fp32 accumulation (no TF32) and f32 or
+//    input-dtype output; attention takes f32 or bf16 (fp32 math); all other
+//    compute ops take f32 and abort otherwise.
+//  * Reductions (sum, norms' parameter gradients, bias and embedding
+//    gradients) use fixed partitions and no float atomics: the same inputs
+//    give the same bits run after run on one GPU model.
+//  * Collectives: NCCL, on the current stream, one communicator per Group id,
+//    created on first use by every member (the unique id travels over MPI
+//    from the group's first rank). Point-to-point uses one communicator of all
+//    ranks created at construction (so construction is collective under MPI);
+//    NCCL matches sends and receives between a pair in issue order, so the
+//    tag is only checked to be the same on both sides by the schedule.
+//    NCCL does not promise the cpu backend's ascending-rank reduction order:
+//    results are deterministic run to run for one configuration, but can
+//    differ in the last bits from the cpu backend's.
+//  * Errors: a failed launch, a device fault found by a blocking call, or a
+//    communicator failure or timeout seen by the watchdog thread becomes the
+//    sticky error. On a communicator failure every communicator is aborted
+//    (ncclCommAbort) so that no rank stays blocked in NCCL.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "backends/backend.h"
+#include "backends/cuda/caching_allocator.h"
+
+namespace meshtrain::cuda {
+
+struct CudaOptions {
+  int device = -1;       // -1: chosen from the launcher's local rank (device_select.h)
+  bool use_mpi = false;  // rank and world from MPI_COMM_WORLD (MPI already initialised)
+  std::chrono::milliseconds comm_timeout{std::chrono::minutes(5)};
+};
+
+// Visible CUDA devices; 0 when there is no device or no driver.
+int device_count();
+
+class DeviceState;
+class NcclComms;
+class GemmRunner;
+
+class CudaBackend final : public Backend {
+ public:
+  static constexpr int kMaxStreams = 64;
+  static constexpr std::int64_t kEventRing = 1 << 16;
+
+  // Fails without a usable device, or when NCCL/MPI set-up fails.
+  static Result<std::unique_ptr<CudaBackend>> create(const CudaOptions& options = {});
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  std::string_view name() const override { return "cuda"; }
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_size_; }
+  int device() const;
+  AllocatorStats allocator_stats() const;
+
+  Tensor empty(const Shape& shape, DType dtype = DType::f32) override;
+  MemoryStats memory_stats() const override;
+  void reset_peak() override;
+
+  void write(Tensor& dst, std::span<const float> host) override;
+  void write(Tensor& dst, std::span<const std::int32_t> host) override;
+  Status read(const Tensor& src, std::span<float> host) override;
+
+  Stream create_stream(std::string_view name) override;
+  void set_stream(Stream s) override;
+  Stream current_stream() const override { return current_; }
+  Event record(Stream s) override;
+  void wait(Stream s, Event e) override;
+  Status synchronize() override;
+
+  void fill(Tensor& x, float value) override;
+  void copy(const Tensor& src, Tensor& dst) override;
+  void cast(const Tensor& src, Tensor& dst) override;
+  void add(const Tensor& a, const Tensor& b, Tensor& out) override;
+  void scale(Tensor& x, float alpha) override;
+  void axpy(float alpha, const Tensor& x, Tensor& y) override;
+  void sum(const Tensor& x, Tensor& out, float scale, bool accumulate) override;
+  void sum_squares(const Tensor& x, Tensor& out, bool accumulate) override;
+
+  void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp& op) override;
+  void batched_gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp& op) override;
+  void bias_backward(const Tensor& dy, Tensor& db) override;
+
+  void embedding_forward(const Tensor& table, const Tensor& ids, Tensor& out,
+                         std::int64_t vocab_offset) override;
+  void embedding_backward(const Tensor& dout, const Tensor& ids, Tensor& dtable,
+                          std::int64_t vocab_offset) override;
+
+  void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& out,
+                         Tensor& mean, Tensor& rstd, float eps) override;
+  void layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight,
+                          const Tensor& mean, const Tensor& rstd, Tensor& dx, Tensor& dweight,
+                          Tensor& dbias) override;
+  void rmsnorm_forward(const Tensor& x, const Tensor& weight, Tensor& out, Tensor& rstd,
+                       float eps) override;
+  void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight,
+                        const Tensor& rstd, Tensor& dx, Tensor& dweight) override;
+
+  void gelu_forward(const Tensor& x, Tensor& out) override;
+  void gelu_backward(const Tensor& dout, const Tensor& x, Tensor& dx) override;
+  void swiglu_forward(const Tensor& x, Tensor& out) override;
+  void swiglu_backward(const Tensor& dout, const Tensor& x, Tensor& dx) override;
+  void dropout_forward(const Tensor& x, Tensor& out, const DropoutOp& op) override;
+  void dropout_backward(const Tensor& dout, Tensor& dx, const DropoutOp& op) override;
+
+  void rope(Tensor& x, int heads_total, int rotate_heads, float theta, bool inverse) override;
+  void attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse,
+                         const AttentionOp& op) override;
+  void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                          const Tensor& lse, Tensor& dqkv, const AttentionOp& op) override;
+
+  void cross_entropy_max(const Tensor& logits, Tensor& row_max) override;
+  void cross_entropy_partials(const Tensor& logits, const Tensor& targets, const Tensor& row_max,
+                              std::int64_t vocab_offset, Tensor& sumexp,
+                              Tensor& target_logit) override;
+  void cross_entropy_loss(const Tensor& row_max, const Tensor& sumexp, const Tensor& target_logit,
+                          Tensor& losses) override;
+  void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& row_max,
+                              const Tensor& sumexp, std::int64_t vocab_offset, float dloss,
+                              Tensor& dlogits) override;
+
+  void clip_coefficient(const Tensor& sumsq, float max_norm, Tensor& coef) override;
+  void adamw(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const Tensor& coef,
+             const AdamWOp& op) override;
+
+  void all_reduce(Tensor& x, const Group& g, ReduceOp op) override;
+  void reduce_scatter(const Tensor& in, Tensor& out, const Group& g, ReduceOp op) override;
+  void all_gather(const Tensor& in, Tensor& out, const Group& g) override;
+  void broadcast(Tensor& x, const Group& g, int root_global_rank) override;
+  void all_to_all(const Tensor& in, std::span<const std::int64_t> send_counts, Tensor& out,
+                  std::span<const std::int64_t> recv_counts, const Group& g) override;
+  void send(const Tensor& x, int peer_global_rank, int tag) override;
+  void recv(Tensor& x, int peer_global_rank, int tag) override;
+  void barrier(const Group& g) override;
+
+ private:
+  CudaBackend(std::shared_ptr<DeviceState> state, int rank, int world);
+
+  // The device address of t's first element, after checking that t is a
+  // defined tensor of this backend; marks t's storage as used by the current
+  // stream. Aborts on misuse.
+  void* ptr(const Tensor& t, std::string_view op);
+  float* f32(const Tensor& t, std::string_view op);
+  const std::int32_t* i32(const Tensor& t, std::string_view op);
+  // Scratch device memory for one op, released (stream-ordered) by the caller.
+  CachingAllocator::Allocation scratch(std::size_t bytes, std::string_view op);
+  void release(const CachingAllocator::Allocation& a);
+  void* stream_handle() const;  // the current cudaStream_t
+
+  bool failed() const { return failed_.load(std::memory_order_acquire); }
+  // Records the sticky error (the first one wins). Thread-safe.
+  void fail(Error e);
+  // A launch status of `op`: a failure becomes the sticky error.
+  void check(int cuda_status, std::string_view op);
+  Status sticky() const;
+  void check_member(const Group& g, std::string_view op) const;
+  int nccl_dtype(const Tensor& t, std::string_view op) const;
+  void track(std::string op, const Group& g);
+
+  std::shared_ptr<DeviceState> state_;  // device, allocator, streams, events
+  std::unique_ptr<GemmRunner> gemm_;
+  std::unique_ptr<NcclComms> comms_;
+  int rank_ = 0;
+  int world_size_ = 1;
+  Stream current_{};
+  std::int64_t events_ = 0;
+  std::atomic<bool> failed_{false};
+  mutable std::mutex error_mu_;  // guards error_ (the watchdog thread sets it too)
+  std::optional<Error> error_;
+};
+
+}  // namespace meshtrain::cuda

@@ -1,0 +1,387 @@
+// CudaBackend compute ops: shape checks (op_checks.h), then a cuBLASLt call
+// or one of the kernels of kernels/. Legend as backends/backend.h.
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+
+#include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/gemm.h"
+#include "backends/cuda/kernels/kernels.h"
+#include "backends/cuda/misuse.h"
+#include "backends/cuda/op_checks.h"
+
+namespace meshtrain::cuda {
+
+#define MT_STREAM static_cast<cudaStream_t>(stream_handle())
+
+namespace {
+// Aborts on a failed check (misuse), else gives the value.
+template <class T>
+T must(Result<T> r, std::string_view op) {
+  if (!r.ok()) misuse("{}: {}", op, r.error().message());
+  return std::move(r).value();
+}
+void must(Status s, std::string_view op) {
+  if (!s.ok()) misuse("{}: {}", op, s.error().message());
+}
+std::int64_t cols_of(const Tensor& t, std::string_view op) {
+  if (t.shape().rank() == 0) misuse("{}: tensor without dimensions", op);
+  return t.shape().back();
+}
+}  // namespace
+
+// ---- dense ---------------------------------------------------------------------------
+
+void CudaBackend::gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp& op) {
+  const GemmDims d = must(gemm_dims(a, b, c, op), "gemm");
+  GemmCall call{op.trans_a, op.trans_b, 1, d.m, d.n, d.k, op.alpha, op.beta,
+                ptr(a, "gemm"), ptr(b, "gemm"), ptr(c, "gemm"),
+                op.bias.defined() ? ptr(op.bias, "gemm bias") : nullptr, a.dtype(), c.dtype(),
+                current_.id};
+  if (failed() || d.m == 0 || d.n == 0) return;
+  if (d.k == 0) {
+    if (c.dtype() != DType::f32) misuse("gemm: k = 0 needs an f32 output");
+    check(kernels::gemm_k0(static_cast<float*>(call.c), static_cast<const float*>(call.bias), d.m,
+                           d.n, op.beta, MT_STREAM),
+          "gemm");
+    return;
+  }
+  Status s = gemm_->run(call, MT_STREAM);
+  if (!s.ok()) fail(std::move(s).error().context(fmt::format("cuda rank {}: gemm", rank_)));
+}
+
+void CudaBackend::batched_gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp& op) {
+  const GemmDims d = must(batched_gemm_dims(a, b, c, op), "batched_gemm");
+  GemmCall call{op.trans_a, op.trans_b, d.batch, d.m, d.n, d.k, op.alpha, op.beta,
+                ptr(a, "batched_gemm"), ptr(b, "batched_gemm"), ptr(c, "batched_gemm"),
+                op.bias.defined() ? ptr(op.bias, "batched_gemm bias") : nullptr, a.dtype(),
+                c.dtype(), current_.id};
+  if (failed() || d.batch == 0 || d.m == 0 || d.n == 0) return;
+  if (d.k == 0) {
+    if (c.dtype() != DType::f32) misuse("batched_gemm: k = 0 needs an f32 output");
+    for (std::int64_t l = 0; l < d.batch; ++l)
+      check(kernels::gemm_k0(static_cast<float*>(call.c) + l * d.m * d.n,
+                             static_cast<const float*>(call.bias), d.m, d.n, op.beta, MT_STREAM),
+            "batched_gemm");
+    return;
+  }
+  Status s = gemm_->run(call, MT_STREAM);
+  if (!s.ok()) fail(std::move(s).error().context(fmt::format("cuda rank {}: batched_gemm", rank_)));
+}
+
+void CudaBackend::bias_backward(const Tensor& dy, Tensor& db) {
+  const float* pdy = f32(dy, "bias_backward");
+  float* pdb = f32(db, "bias_backward");
+  const std::int64_t n = db.numel(), m = must(rows_of(dy, n), "bias_backward");
+  if (failed()) return;
+  const auto tmp = scratch(sizeof(double) * static_cast<std::size_t>(kernels::row_chunks(m) * n), "bias_backward");
+  check(kernels::bias_backward(pdy, pdb, m, n, static_cast<double*>(tmp.ptr), MT_STREAM), "bias_backward");
+  release(tmp);
+}
+
+// ---- embedding ---------------------------------------------------------------------
+
+void CudaBackend::embedding_forward(const Tensor& table, const Tensor& ids, Tensor& out,
+                                    std::int64_t vocab_offset) {
+  constexpr std::string_view op = "embedding_forward";
+  const float* pt = f32(table, op);
+  const std::int32_t* pi = i32(ids, op);
+  float* po = f32(out, op);
+  const std::int64_t C = cols_of(table, op), V = table.numel() / std::max<std::int64_t>(C, 1);
+  must(expect_numel(out, ids.numel() * C, "out"), op);
+  if (failed()) return;
+  check(kernels::embedding_forward(pt, pi, po, ids.numel(), C, V, vocab_offset, MT_STREAM), op);
+}
+
+void CudaBackend::embedding_backward(const Tensor& dout, const Tensor& ids, Tensor& dtable,
+                                     std::int64_t vocab_offset) {
+  constexpr std::string_view op = "embedding_backward";
+  const float* pd = f32(dout, op);
+  const std::int32_t* pi = i32(ids, op);
+  float* pt = f32(dtable, op);
+  const std::int64_t C = cols_of(dtable, op), V = dtable.numel() / std::max<std::int64_t>(C, 1);
+  must(expect_numel(dout, ids.numel() * C, "dout"), op);
+  if (failed()) return;
+  check(kernels::embedding_backward(pd, pi, pt, ids.numel(), C, V, vocab_offset, MT_STREAM), op);
+}
+
+// ---- normalisation -------------------------------------------------------------------
+
+void CudaBackend::layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                    Tensor& out, Tensor& mean, Tensor& rstd, float eps) {
+  constexpr std::string_view op = "layernorm_forward";
+  const std::int64_t C = weight.numel(), N = must(rows_of(x, C), op);
+  must(expect_numel(bias, C, "bias"), op);
+  must(expect_numel(out, N * C, "out"), op);
+  must(expect_numel(mean, N, "mean"), op);
+  must(expect_numel(rstd, N, "rstd"), op);
+  const float *px = f32(x, op), *pw = f32(weight, op), *pb = f32(bias, op);
+  float *po = f32(out, op), *pm = f32(mean, op), *pr = f32(rstd, op);
+  if (failed()) return;
+  check(kernels::layernorm_forward(px, pw, pb, po, pm, pr, N, C, eps, MT_STREAM), op);
+}
+
+void CudaBackend::layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight,
+                                     const Tensor& mean, const Tensor& rstd, Tensor& dx,
+                                     Tensor& dweight, Tensor& dbias) {
+  constexpr std::string_view op = "layernorm_backward";
+  const std::int64_t C = weight.numel(), N = must(rows_of(x, C), op);
+  must(expect_numel(dout, N * C, "dout"), op);
+  must(expect_numel(dx, N * C, "dx"), op);
+  must(expect_numel(mean, N, "mean"), op);
+  must(expect_numel(rstd, N, "rstd"), op);
+  must(expect_numel(dweight, C, "dweight"), op);
+  must(expect_numel(dbias, C, "dbias"), op);
+  const float *pd = f32(dout, op), *px = f32(x, op), *pw = f32(weight, op), *pm = f32(mean, op),
+              *pr = f32(rstd, op);
+  float *pdx = f32(dx, op), *pdw = f32(dweight, op), *pdb = f32(dbias, op);
+  if (failed()) return;
+  const auto tmp = scratch(sizeof(double) * static_cast<std::size_t>(kernels::row_chunks(N) * 2 * C), op);
+  check(kernels::layernorm_backward(pd, px, pw, pm, pr, pdx, pdw, pdb, N, C,
+                                    static_cast<double*>(tmp.ptr), MT_STREAM),
+        op);
+  release(tmp);
+}
+
+void CudaBackend::rmsnorm_forward(const Tensor& x, const Tensor& weight, Tensor& out, Tensor& rstd,
+                                  float eps) {
+  constexpr std::string_view op = "rmsnorm_forward";
+  const std::int64_t C = weight.numel(), N = must(rows_of(x, C), op);
+  must(expect_numel(out, N * C, "out"), op);
+  must(expect_numel(rstd, N, "rstd"), op);
+  const float *px = f32(x, op), *pw = f32(weight, op);
+  float *po = f32(out, op), *pr = f32(rstd, op);
+  if (failed()) return;
+  check(kernels::rmsnorm_forward(px, pw, po, pr, N, C, eps, MT_STREAM), op);
+}
+
+void CudaBackend::rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight,
+                                   const Tensor& rstd, Tensor& dx, Tensor& dweight) {
+  constexpr std::string_view op = "rmsnorm_backward";
+  const std::int64_t C = weight.numel(), N = must(rows_of(x, C), op);
+  must(expect_numel(dout, N * C, "dout"), op);
+  must(expect_numel(dx, N * C, "dx"), op);
+  must(expect_numel(rstd, N, "rstd"), op);
+  must(expect_numel(dweight, C, "dweight"), op);
+  const float *pd = f32(dout, op), *px = f32(x, op), *pw = f32(weight, op), *pr = f32(rstd, op);
+  float *pdx = f32(dx, op), *pdw = f32(dweight, op);
+  if (failed()) return;
+  const auto tmp = scratch(sizeof(double) * static_cast<std::size_t>(kernels::row_chunks(N) * C), op);
+  check(kernels::rmsnorm_backward(pd, px, pw, pr, pdx, pdw, N, C, static_cast<double*>(tmp.ptr),
+                                  MT_STREAM),
+        op);
+  release(tmp);
+}
+
+// ---- activations -----------------------------------------------------------------------
+
+void CudaBackend::gelu_forward(const Tensor& x, Tensor& out) {
+  const float* px = f32(x, "gelu_forward");
+  float* po = f32(out, "gelu_forward");
+  must(expect_numel(out, x.numel(), "out"), "gelu_forward");
+  if (failed()) return;
+  check(kernels::gelu_forward(px, po, x.numel(), MT_STREAM), "gelu_forward");
+}
+
+void CudaBackend::gelu_backward(const Tensor& dout, const Tensor& x, Tensor& dx) {
+  const float *pd = f32(dout, "gelu_backward"), *px = f32(x, "gelu_backward");
+  float* pdx = f32(dx, "gelu_backward");
+  must(expect_numel(dout, x.numel(), "dout"), "gelu_backward");
+  must(expect_numel(dx, x.numel(), "dx"), "gelu_backward");
+  if (failed()) return;
+  check(kernels::gelu_backward(pd, px, pdx, x.numel(), MT_STREAM), "gelu_backward");
+}
+
+void CudaBackend::swiglu_forward(const Tensor& x, Tensor& out) {
+  const float* px = f32(x, "swiglu_forward");
+  float* po = f32(out, "swiglu_forward");
+  const std::int64_t W = cols_of(x, "swiglu_forward");
+  if (W % 2 != 0) misuse("swiglu_forward: x {} must be (N, 2F)", x.shape().str());
+  must(expect_numel(out, x.numel() / 2, "out"), "swiglu_forward");
+  if (failed() || W == 0) return;
+  check(kernels::swiglu_forward(px, po, x.numel() / W, W / 2, MT_STREAM), "swiglu_forward");
+}
+
+void CudaBackend::swiglu_backward(const Tensor& dout, const Tensor& x, Tensor& dx) {
+  const float *pd = f32(dout, "swiglu_backward"), *px = f32(x, "swiglu_backward");
+  float* pdx = f32(dx, "swiglu_backward");
+  const std::int64_t W = cols_of(x, "swiglu_backward");
+  if (W % 2 != 0) misuse("swiglu_backward: x {} must be (N, 2F)", x.shape().str());
+  must(expect_numel(dout, x.numel() / 2, "dout"), "swiglu_backward");
+  must(expect_numel(dx, x.numel(), "dx"), "swiglu_backward");
+  if (failed() || W == 0) return;
+  check(kernels::swiglu_backward(pd, px, pdx, x.numel() / W, W / 2, MT_STREAM), "swiglu_backward");
+}
+
+namespace {
+void expect_probability(float p, std::string_view op) {
+  if (!(p >= 0.f && p <= 1.f)) misuse("{}: p = {} is not a probability", op, p);
+}
+}  // namespace
+
+void CudaBackend::dropout_forward(const Tensor& x, Tensor& out, const DropoutOp& op) {
+  const float* px = f32(x, "dropout_forward");
+  float* po = f32(out, "dropout_forward");
+  must(expect_numel(out, x.numel(), "out"), "dropout_forward");
+  expect_probability(op.p, "dropout_forward");
+  if (failed()) return;
+  check(kernels::dropout(px, po, x.numel(), op.p, op.seed, op.offset, MT_STREAM), "dropout_forward");
+}
+
+void CudaBackend::dropout_backward(const Tensor& dout, Tensor& dx, const DropoutOp& op) {
+  const float* pd = f32(dout, "dropout_backward");
+  float* pdx = f32(dx, "dropout_backward");
+  must(expect_numel(dx, dout.numel(), "dx"), "dropout_backward");
+  expect_probability(op.p, "dropout_backward");
+  if (failed()) return;
+  check(kernels::dropout(pd, pdx, dout.numel(), op.p, op.seed, op.offset, MT_STREAM),
+        "dropout_backward");
+}
+
+// ---- attention -------------------------------------------------------------------------
+
+void CudaBackend::rope(Tensor& x, int heads_total, int rotate_heads, float theta, bool inverse) {
+  float* px = f32(x, "rope");
+  must(rope_check(x, heads_total, rotate_heads), "rope");
+  if (failed()) return;
+  const Shape& s = x.shape();
+  const auto tmp = scratch(sizeof(float) * static_cast<std::size_t>(s[1] * s[3]), "rope");
+  check(kernels::rope(px, s[0], s[1], heads_total, rotate_heads, s[3], theta, inverse,
+                      static_cast<float*>(tmp.ptr), MT_STREAM),
+        "rope");
+  release(tmp);
+}
+
+void CudaBackend::attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse,
+                                    const AttentionOp& op) {
+  constexpr std::string_view name = "attention_forward";
+  const AttentionDims d = must(attention_dims(qkv, op), name);
+  must(expect_numel(out, d.B * d.T * d.H * d.D, "out"), name);
+  must(expect_dtype(out, qkv.dtype(), "out"), name);
+  must(expect_numel(lse, d.B * d.H * d.T, "lse"), name);
+  const void* pq = ptr(qkv, name);
+  void* po = ptr(out, name);
+  float* pl = f32(lse, name);
+  if (failed()) return;
+  const kernels::AttentionShape shape{d.B, d.T, d.H, d.G, d.D, op.scale};
+  check(kernels::attention_forward(pq, po, pl, shape, static_cast<int>(qkv.dtype()), MT_STREAM), name);
+}
+
+void CudaBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                                     const Tensor& lse, Tensor& dqkv, const AttentionOp& op) {
+  constexpr std::string_view name = "attention_backward";
+  const AttentionDims d = must(attention_dims(qkv, op), name);
+  must(expect_numel(dout, d.B * d.T * d.H * d.D, "dout"), name);
+  must(expect_numel(out, d.B * d.T * d.H * d.D, "out"), name);
+  must(expect_numel(lse, d.B * d.H * d.T, "lse"), name);
+  must(expect_numel(dqkv, qkv.numel(), "dqkv"), name);
+  for (const Tensor* t : {&dout, &out, static_cast<const Tensor*>(&dqkv)}) must(expect_dtype(*t, qkv.dtype(), "tensor"), name);
+  const void *pd = ptr(dout, name), *pq = ptr(qkv, name), *po = ptr(out, name);
+  const float* pl = f32(lse, name);
+  void* pdq = ptr(dqkv, name);
+  if (failed()) return;
+  const auto tmp = scratch(sizeof(float) * static_cast<std::size_t>(d.B * d.H * d.T), name);
+  const kernels::AttentionShape shape{d.B, d.T, d.H, d.G, d.D, op.scale};
+  check(kernels::attention_backward(pd, pq, po, pl, pdq, shape, static_cast<int>(qkv.dtype()),
+                                    static_cast<float*>(tmp.ptr), MT_STREAM),
+        name);
+  release(tmp);
+}
+
+// ---- cross-entropy ---------------------------------------------------------------------
+
+void CudaBackend::cross_entropy_max(const Tensor& logits, Tensor& row_max) {
+  constexpr std::string_view op = "cross_entropy_max";
+  const float* pl = f32(logits, op);
+  float* pm = f32(row_max, op);
+  const std::int64_t V = cols_of(logits, op), N = V == 0 ? 0 : logits.numel() / V;
+  must(expect_numel(row_max, N, "row_max"), op);
+  if (failed()) return;
+  check(kernels::ce_max(pl, pm, N, V, MT_STREAM), op);
+}
+
+void CudaBackend::cross_entropy_partials(const Tensor& logits, const Tensor& targets,
+                                         const Tensor& row_max, std::int64_t vocab_offset,
+                                         Tensor& sumexp, Tensor& target_logit) {
+  constexpr std::string_view op = "cross_entropy_partials";
+  const std::int64_t V = cols_of(logits, op), N = V == 0 ? 0 : logits.numel() / V;
+  must(expect_numel(targets, N, "targets"), op);
+  must(expect_numel(row_max, N, "row_max"), op);
+  must(expect_numel(sumexp, N, "sumexp"), op);
+  must(expect_numel(target_logit, N, "target_logit"), op);
+  const float *pl = f32(logits, op), *pm = f32(row_max, op);
+  const std::int32_t* pt = i32(targets, op);
+  float *ps = f32(sumexp, op), *ptl = f32(target_logit, op);
+  if (failed()) return;
+  check(kernels::ce_partials(pl, pt, pm, vocab_offset, ps, ptl, N, V, MT_STREAM), op);
+}
+
+void CudaBackend::cross_entropy_loss(const Tensor& row_max, const Tensor& sumexp,
+                                     const Tensor& target_logit, Tensor& losses) {
+  constexpr std::string_view op = "cross_entropy_loss";
+  const std::int64_t N = row_max.numel();
+  must(expect_numel(sumexp, N, "sumexp"), op);
+  must(expect_numel(target_logit, N, "target_logit"), op);
+  must(expect_numel(losses, N, "losses"), op);
+  const float *pm = f32(row_max, op), *ps = f32(sumexp, op), *pt = f32(target_logit, op);
+  float* pl = f32(losses, op);
+  if (failed()) return;
+  check(kernels::ce_loss(pm, ps, pt, pl, N, MT_STREAM), op);
+}
+
+void CudaBackend::cross_entropy_backward(const Tensor& logits, const Tensor& targets,
+                                         const Tensor& row_max, const Tensor& sumexp,
+                                         std::int64_t vocab_offset, float dloss, Tensor& dlogits) {
+  constexpr std::string_view op = "cross_entropy_backward";
+  const std::int64_t V = cols_of(logits, op), N = V == 0 ? 0 : logits.numel() / V;
+  must(expect_numel(targets, N, "targets"), op);
+  must(expect_numel(row_max, N, "row_max"), op);
+  must(expect_numel(sumexp, N, "sumexp"), op);
+  must(expect_numel(dlogits, logits.numel(), "dlogits"), op);
+  const float *pl = f32(logits, op), *pm = f32(row_max, op), *ps = f32(sumexp, op);
+  const std::int32_t* pt = i32(targets, op);
+  float* pd = f32(dlogits, op);
+  if (failed()) return;
+  check(kernels::ce_backward(pl, pt, pm, ps, vocab_offset, dloss, pd, N, V, MT_STREAM), op);
+}
+
+// ---- optimizer -------------------------------------------------------------------------
+
+void CudaBackend::clip_coefficient(const Tensor& sumsq, float max_norm, Tensor& coef) {
+  const float* ps = f32(sumsq, "clip_coefficient");
+  float* pc = f32(coef, "clip_coefficient");
+  must(expect_numel(sumsq, 1, "sumsq"), "clip_coefficient");
+  must(expect_numel(coef, 1, "coef"), "clip_coefficient");
+  if (failed()) return;
+  check(kernels::clip_coefficient(ps, max_norm, pc, MT_STREAM), "clip_coefficient");
+}
+
+void CudaBackend::adamw(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const Tensor& coef,
+                        const AdamWOp& op) {
+  const std::int64_t n = param.numel();
+  must(expect_numel(grad, n, "grad"), "adamw");
+  must(expect_numel(m, n, "m"), "adamw");
+  must(expect_numel(v, n, "v"), "adamw");
+  if (op.step < 1) misuse("adamw: step {} must be 1-based", op.step);
+  float *pp = f32(param, "adamw"), *pm = f32(m, "adamw"), *pv = f32(v, "adamw");
+  const float* pg = f32(grad, "adamw");
+  const float* pc = nullptr;
+  if (coef.defined()) {
+    must(expect_numel(coef, 1, "coef"), "adamw");
+    pc = f32(coef, "adamw");
+  }
+  if (failed()) return;
+  // Bias corrections in double on the host, rounded once, as the cpu backend.
+  const double t = static_cast<double>(op.step);
+  const kernels::AdamWArgs a{
+      op.lr,
+      op.beta1,
+      op.beta2,
+      op.eps,
+      static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(op.beta1), t))),
+      static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(op.beta2), t))),
+      static_cast<float>(1.0 - static_cast<double>(op.lr) * static_cast<double>(op.weight_decay))};
+  check(kernels::adamw(pp, pg, pm, pv, pc, n, a, MT_STREAM), "adamw");
+}
+
+}  // namespace meshtrain::cuda

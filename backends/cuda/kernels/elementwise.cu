@@ -1,0 +1,198 @@
+// Elementwise kernels, whole-tensor reductions, activations, dropout and the
+// optimizer: the same formulas as backends/cpu/kernels/, in fp32.
+#include "backends/cuda/kernels/common.cuh"
+
+namespace meshtrain::cuda::kernels {
+
+#define MT_GRID_STRIDE(i, n) \
+  for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < (n); i += (i64)gridDim.x * blockDim.x)
+
+namespace {
+
+__global__ void fill_kernel(void* x, int dtype, i64 n, float v) {
+  MT_GRID_STRIDE(i, n) store_float(x, dtype, i, v);
+}
+
+__global__ void cast_kernel(const void* src, int sdt, void* dst, int ddt, i64 n) {
+  MT_GRID_STRIDE(i, n) store_float(dst, ddt, i, load_as_float(src, sdt, i));
+}
+
+__global__ void add_kernel(const float* a, const float* b, float* out, i64 n) {
+  MT_GRID_STRIDE(i, n) out[i] = a[i] + b[i];
+}
+
+__global__ void scale_kernel(float* x, i64 n, float alpha) {
+  MT_GRID_STRIDE(i, n) x[i] *= alpha;
+}
+
+__global__ void axpy_kernel(float alpha, const float* x, float* y, i64 n) {
+  MT_GRID_STRIDE(i, n) y[i] += alpha * x[i];
+}
+
+// Pass 1: block b sums its grid-stride elements in double, in a fixed order.
+__global__ void reduce_partials(const float* x, i64 n, bool squares, double* partials) {
+  __shared__ double sh[32];
+  double acc = 0.0;
+  MT_GRID_STRIDE(i, n) {
+    const double v = static_cast<double>(x[i]);
+    acc += squares ? v * v : v;
+  }
+  acc = block_sum(acc, sh);
+  if (threadIdx.x == 0) partials[blockIdx.x] = acc;
+}
+
+// Pass 2: one block sums the kReduceBlocks partials.
+__global__ void reduce_finish(const double* partials, float scale, bool accumulate, float* out) {
+  __shared__ double sh[32];
+  double acc = block_sum(partials[threadIdx.x], sh);
+  if (threadIdx.x == 0) {
+    const double s = static_cast<double>(scale) * acc;
+    *out = static_cast<float>(accumulate ? static_cast<double>(*out) + s : s);
+  }
+}
+
+__global__ void gemm_k0_kernel(float* c, const float* bias, i64 m, i64 n, float beta) {
+  MT_GRID_STRIDE(i, m * n) {
+    const float old = beta == 0.f ? 0.f : beta * c[i];
+    c[i] = bias ? old + bias[i % n] : old;
+  }
+}
+
+constexpr float kGeluK = 0.7978845608028654f;  // sqrt(2/pi)
+constexpr float kGeluC = 0.044715f;
+
+__global__ void gelu_fwd_kernel(const float* x, float* out, i64 n) {
+  MT_GRID_STRIDE(i, n) {
+    const float v = x[i];
+    out[i] = 0.5f * v * (1.f + tanhf(kGeluK * (v + kGeluC * v * v * v)));
+  }
+}
+
+__global__ void gelu_bwd_kernel(const float* dout, const float* x, float* dx, i64 n) {
+  MT_GRID_STRIDE(i, n) {
+    const float v = x[i];
+    const float t = tanhf(kGeluK * (v + kGeluC * v * v * v));
+    const float dt = kGeluK * (1.f + 3.f * kGeluC * v * v) * (1.f - t * t);
+    dx[i] = dout[i] * (0.5f * (1.f + t) + 0.5f * v * dt);
+  }
+}
+
+__global__ void swiglu_fwd_kernel(const float* x, float* out, i64 N, i64 F) {
+  MT_GRID_STRIDE(i, N * F) {
+    const i64 r = i / F, j = i % F;
+    const float g = x[r * 2 * F + j], u = x[r * 2 * F + F + j];
+    out[i] = g / (1.f + expf(-g)) * u;
+  }
+}
+
+__global__ void swiglu_bwd_kernel(const float* dout, const float* x, float* dx, i64 N, i64 F) {
+  MT_GRID_STRIDE(i, N * F) {
+    const i64 r = i / F, j = i % F;
+    const float g = x[r * 2 * F + j], u = x[r * 2 * F + F + j], d = dout[i];
+    const float s = 1.f / (1.f + expf(-g));
+    dx[r * 2 * F + F + j] = d * g * s;
+    dx[r * 2 * F + j] = d * u * s * (1.f + g * (1.f - s));
+  }
+}
+
+// splitmix64's finaliser, as backends/cpu/kernels/activation.h.
+__device__ __forceinline__ std::uint64_t mix64(std::uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+__global__ void dropout_kernel(const float* x, float* out, i64 n, float p, std::uint64_t seed,
+                               std::uint64_t offset, float s) {
+  const std::uint64_t base = mix64(seed ^ 0x9e3779b97f4a7c15ull);
+  MT_GRID_STRIDE(i, n) {
+    const std::uint64_t h = mix64(base + offset + static_cast<std::uint64_t>(i));
+    const float u = static_cast<float>(h >> 40) * 0x1p-24f;
+    out[i] = u >= p ? x[i] * s : 0.f;
+  }
+}
+
+__global__ void clip_kernel(const float* sumsq, float max_norm, float* coef) {
+  const float c = max_norm / (sqrtf(*sumsq) + 1e-6f);
+  *coef = c < 1.f ? c : 1.f;
+}
+
+__global__ void adamw_kernel(float* param, const float* grad, float* m, float* v, const float* coef,
+                             i64 n, AdamWArgs a) {
+  const float cf = coef ? *coef : 1.f;
+  MT_GRID_STRIDE(i, n) {
+    const float g = grad[i] * cf;
+    const float mi = a.beta1 * m[i] + (1.f - a.beta1) * g;
+    const float vi = a.beta2 * v[i] + (1.f - a.beta2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    param[i] = param[i] * a.decay - a.lr * (mi * a.c1) / (sqrtf(vi * a.c2) + a.eps);
+  }
+}
+
+}  // namespace
+
+cudaError_t fill(void* x, int dtype, i64 n, float value, cudaStream_t s) {
+  if (n > 0) fill_kernel<<<grid_for(n), kThreads, 0, s>>>(x, dtype, n, value);
+  return cudaGetLastError();
+}
+cudaError_t cast(const void* src, int sdt, void* dst, int ddt, i64 n, cudaStream_t s) {
+  if (n > 0) cast_kernel<<<grid_for(n), kThreads, 0, s>>>(src, sdt, dst, ddt, n);
+  return cudaGetLastError();
+}
+cudaError_t add(const float* a, const float* b, float* out, i64 n, cudaStream_t s) {
+  if (n > 0) add_kernel<<<grid_for(n), kThreads, 0, s>>>(a, b, out, n);
+  return cudaGetLastError();
+}
+cudaError_t scale(float* x, i64 n, float alpha, cudaStream_t s) {
+  if (n > 0) scale_kernel<<<grid_for(n), kThreads, 0, s>>>(x, n, alpha);
+  return cudaGetLastError();
+}
+cudaError_t axpy(float alpha, const float* x, float* y, i64 n, cudaStream_t s) {
+  if (n > 0) axpy_kernel<<<grid_for(n), kThreads, 0, s>>>(alpha, x, y, n);
+  return cudaGetLastError();
+}
+cudaError_t reduce_sum(const float* x, i64 n, bool squares, float scale, bool accumulate,
+                       float* out, double* scratch, cudaStream_t s) {
+  reduce_partials<<<kReduceBlocks, kThreads, 0, s>>>(x, n, squares, scratch);
+  reduce_finish<<<1, kReduceBlocks, 0, s>>>(scratch, scale, accumulate, out);
+  return cudaGetLastError();
+}
+cudaError_t gemm_k0(float* c, const float* bias, i64 m, i64 n, float beta, cudaStream_t s) {
+  if (m * n > 0) gemm_k0_kernel<<<grid_for(m * n), kThreads, 0, s>>>(c, bias, m, n, beta);
+  return cudaGetLastError();
+}
+cudaError_t gelu_forward(const float* x, float* out, i64 n, cudaStream_t s) {
+  if (n > 0) gelu_fwd_kernel<<<grid_for(n), kThreads, 0, s>>>(x, out, n);
+  return cudaGetLastError();
+}
+cudaError_t gelu_backward(const float* dout, const float* x, float* dx, i64 n, cudaStream_t s) {
+  if (n > 0) gelu_bwd_kernel<<<grid_for(n), kThreads, 0, s>>>(dout, x, dx, n);
+  return cudaGetLastError();
+}
+cudaError_t swiglu_forward(const float* x, float* out, i64 N, i64 F, cudaStream_t s) {
+  if (N * F > 0) swiglu_fwd_kernel<<<grid_for(N * F), kThreads, 0, s>>>(x, out, N, F);
+  return cudaGetLastError();
+}
+cudaError_t swiglu_backward(const float* dout, const float* x, float* dx, i64 N, i64 F,
+                            cudaStream_t s) {
+  if (N * F > 0) swiglu_bwd_kernel<<<grid_for(N * F), kThreads, 0, s>>>(dout, x, dx, N, F);
+  return cudaGetLastError();
+}
+cudaError_t dropout(const float* x, float* out, i64 n, float p, std::uint64_t seed,
+                    std::uint64_t offset, cudaStream_t s) {
+  const float sc = p < 1.0f ? 1.f / (1.f - p) : 0.f;
+  if (n > 0) dropout_kernel<<<grid_for(n), kThreads, 0, s>>>(x, out, n, p, seed, offset, sc);
+  return cudaGetLastError();
+}
+cudaError_t clip_coefficient(const float* sumsq, float max_norm, float* coef, cudaStream_t s) {
+  clip_kernel<<<1, 1, 0, s>>>(sumsq, max_norm, coef);
+  return cudaGetLastError();
+}
+cudaError_t adamw(float* param, const float* grad, float* m, float* v, const float* coef, i64 n,
+                  const AdamWArgs& a, cudaStream_t s) {
+  if (n > 0) adamw_kernel<<<grid_for(n), kThreads, 0, s>>>(param, grad, m, v, coef, n, a);
+  return cudaGetLastError();
+}
+
+}  // namespace meshtrain::cuda::kernels

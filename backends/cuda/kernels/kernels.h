@@ -1,0 +1,109 @@
+// Launchers of the cuda backend's own kernels, callable from host C++ (g++)
+// code. This header is free of core/ and fmt so nvcc only sees CUDA. Every
+// launcher enqueues on `s` and returns the launch status (cudaGetLastError).
+// Pointers are device pointers; shapes are checked by the caller.
+// Legend as backends/backend.h. dtype codes follow meshtrain::DType:
+// 0 f32, 1 bf16, 2 f16, 3 i32.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace meshtrain::cuda::kernels {
+
+using i64 = std::int64_t;
+
+// Fixed partition of whole-tensor reductions: the result's bits depend on the
+// element count only, never on the device.
+inline constexpr int kReduceBlocks = 256;
+// Column reductions (bias and norm parameter gradients) sum rows in chunks of
+// at least 32 rows, at most this many chunks.
+inline constexpr i64 kMaxRowChunks = 256;
+inline i64 row_chunk(i64 rows) {
+  const i64 c = (rows + kMaxRowChunks - 1) / kMaxRowChunks;
+  return c < 32 ? 32 : c;
+}
+inline i64 row_chunks(i64 rows) { return (rows + row_chunk(rows) - 1) / row_chunk(rows); }
+
+// ---- elementwise.cu --------------------------------------------------------
+cudaError_t fill(void* x, int dtype, i64 n, float value, cudaStream_t s);
+cudaError_t cast(const void* src, int src_dtype, void* dst, int dst_dtype, i64 n, cudaStream_t s);
+cudaError_t add(const float* a, const float* b, float* out, i64 n, cudaStream_t s);
+cudaError_t scale(float* x, i64 n, float alpha, cudaStream_t s);
+cudaError_t axpy(float alpha, const float* x, float* y, i64 n, cudaStream_t s);
+// out (1) = scale · Σ x (or Σ x² when squares), += when accumulate; scratch
+// holds kReduceBlocks doubles.
+cudaError_t reduce_sum(const float* x, i64 n, bool squares, float scale, bool accumulate,
+                       float* out, double* scratch, cudaStream_t s);
+// c (m, n) = beta · c + bias: a GEMM with k = 0 (bias may be null).
+cudaError_t gemm_k0(float* c, const float* bias, i64 m, i64 n, float beta, cudaStream_t s);
+cudaError_t gelu_forward(const float* x, float* out, i64 n, cudaStream_t s);
+cudaError_t gelu_backward(const float* dout, const float* x, float* dx, i64 n, cudaStream_t s);
+cudaError_t swiglu_forward(const float* x, float* out, i64 N, i64 F, cudaStream_t s);
+cudaError_t swiglu_backward(const float* dout, const float* x, float* dx, i64 N, i64 F,
+                            cudaStream_t s);
+cudaError_t dropout(const float* x, float* out, i64 n, float p, std::uint64_t seed,
+                    std::uint64_t offset, cudaStream_t s);
+cudaError_t clip_coefficient(const float* sumsq, float max_norm, float* coef, cudaStream_t s);
+// c1 = 1/(1-β1^t), c2 = 1/(1-β2^t), decay = 1 - lr·wd, computed by the host
+// in double as the cpu backend does. coef may be null (no clipping).
+struct AdamWArgs {
+  float lr, beta1, beta2, eps, c1, c2, decay;
+};
+cudaError_t adamw(float* param, const float* grad, float* m, float* v, const float* coef, i64 n,
+                  const AdamWArgs& a, cudaStream_t s);
+
+// ---- cross_entropy.cu ------------------------------------------------------
+cudaError_t ce_max(const float* logits, float* row_max, i64 N, i64 V, cudaStream_t s);
+cudaError_t ce_partials(const float* logits, const std::int32_t* targets, const float* row_max,
+                        i64 vocab_offset, float* sumexp, float* target_logit, i64 N, i64 V,
+                        cudaStream_t s);
+cudaError_t ce_loss(const float* row_max, const float* sumexp, const float* target_logit,
+                    float* losses, i64 N, cudaStream_t s);
+cudaError_t ce_backward(const float* logits, const std::int32_t* targets, const float* row_max,
+                        const float* sumexp, i64 vocab_offset, float dloss, float* dlogits, i64 N,
+                        i64 V, cudaStream_t s);
+
+// ---- norm.cu ---------------------------------------------------------------
+cudaError_t layernorm_forward(const float* x, const float* w, const float* b, float* out,
+                              float* mean, float* rstd, i64 N, i64 C, float eps, cudaStream_t s);
+// dx overwritten; dw, db += (scratch: row_chunks(N) · 2C doubles).
+cudaError_t layernorm_backward(const float* dout, const float* x, const float* w,
+                               const float* mean, const float* rstd, float* dx, float* dw,
+                               float* db, i64 N, i64 C, double* scratch, cudaStream_t s);
+cudaError_t rmsnorm_forward(const float* x, const float* w, float* out, float* rstd, i64 N, i64 C,
+                            float eps, cudaStream_t s);
+// scratch: row_chunks(N) · C doubles.
+cudaError_t rmsnorm_backward(const float* dout, const float* x, const float* w, const float* rstd,
+                             float* dx, float* dw, i64 N, i64 C, double* scratch, cudaStream_t s);
+// db (n) += column sums of dy (m, n); scratch: row_chunks(m) · n doubles.
+cudaError_t bias_backward(const float* dy, float* db, i64 m, i64 n, double* scratch,
+                          cudaStream_t s);
+
+// ---- embedding.cu ----------------------------------------------------------
+cudaError_t embedding_forward(const float* table, const std::int32_t* ids, float* out, i64 N,
+                              i64 C, i64 V, i64 vocab_offset, cudaStream_t s);
+cudaError_t embedding_backward(const float* dout, const std::int32_t* ids, float* dtable, i64 N,
+                               i64 C, i64 V, i64 vocab_offset, cudaStream_t s);
+
+// ---- rope.cu ---------------------------------------------------------------
+// scratch: 2 · T · D/2 floats (the cos and sin table).
+cudaError_t rope(float* x, i64 B, i64 T, i64 heads_total, i64 rotate_heads, i64 D, double theta,
+                 bool inverse, float* scratch, cudaStream_t s);
+
+// ---- attention.cu ----------------------------------------------------------
+inline constexpr int kMaxHeadDim = 128;
+struct AttentionShape {
+  i64 B, T, H, G, D;
+  float scale;
+};
+// qkv, out (and dout, dqkv) of dtype 0 (f32) or 1 (bf16); lse f32.
+cudaError_t attention_forward(const void* qkv, void* out, float* lse, const AttentionShape& d,
+                              int dtype, cudaStream_t s);
+// scratch: B · H · T floats (the row dot products dO · O).
+cudaError_t attention_backward(const void* dout, const void* qkv, const void* out,
+                               const float* lse, void* dqkv, const AttentionShape& d, int dtype,
+                               float* scratch, cudaStream_t s);
+
+}  // namespace meshtrain::cuda::kernels
