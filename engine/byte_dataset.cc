@@ -1,5 +1,6 @@
 #include "engine/byte_dataset.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -20,8 +21,8 @@ Result<ByteDataset> load_byte_dataset(const std::string& path, int seq_len) {
     return make_error("data file '{}' does not exist; pass an existing file with --data", path);
   }
   if (!std::filesystem::is_regular_file(status)) {
-    return make_error("data file '{}' is not a regular file; pass a file (not a directory) with --data",
-                      path);
+    return make_error(
+        "data file '{}' is not a regular file; pass a file (not a directory) with --data", path);
   }
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"), std::fclose);
   if (!f) {
@@ -32,17 +33,21 @@ Result<ByteDataset> load_byte_dataset(const std::string& path, int seq_len) {
   d.path = path;
   unsigned char buf[1 << 16];
   std::size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, f.get())) > 0) d.bytes.insert(d.bytes.end(), buf, buf + n);
+  while ((n = std::fread(buf, 1, sizeof buf, f.get())) > 0)
+    d.bytes.insert(d.bytes.end(), buf, buf + n);
   if (std::ferror(f.get())) {
     return make_error("error reading data file '{}': {}", path, std::strerror(errno));
   }
-  if (d.bytes.empty()) return make_error("data file '{}' is empty; pass a file with text in it", path);
+  if (d.bytes.empty())
+    return make_error("data file '{}' is empty; pass a file with text in it", path);
 
   const std::size_t need = 2 * (static_cast<std::size_t>(seq_len) + 1);
   if (d.bytes.size() < need) {
     return make_error(
-        "data file '{}' has {} bytes, but --seq-len {} needs at least {} bytes ({} for one training "
-        "sequence and {} for the held-out validation split); use a longer file or a smaller --seq-len",
+        "data file '{}' has {} bytes, but --seq-len {} needs at least {} bytes ({} for one "
+        "training "
+        "sequence and {} for the held-out validation split); use a longer file or a smaller "
+        "--seq-len",
         path, d.bytes.size(), seq_len, need, seq_len + 1, seq_len + 1);
   }
   d.val_size = validation_bytes(d.bytes.size(), seq_len);

@@ -5,6 +5,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <bit>
 #include <cerrno>
 #include <cstring>
@@ -135,12 +136,15 @@ std::uint32_t manifest_crc(const nlohmann::json& body) {
   return crc_update(0, text.data(), text.size());
 }
 
-std::string show(const nlohmann::json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); }
+std::string show(const nlohmann::json& v) {
+  return v.is_string() ? v.get<std::string>() : v.dump();
+}
 
 // Appends "checkpoint was written for K A, this run has K B" for every key
 // whose values differ; `skip` lists keys that do not affect compatibility.
-void diff_fields(const nlohmann::json& written, const nlohmann::json& now, const std::string& prefix,
-                 const std::set<std::string>& skip, std::vector<std::string>& out) {
+void diff_fields(const nlohmann::json& written, const nlohmann::json& now,
+                 const std::string& prefix, const std::set<std::string>& skip,
+                 std::vector<std::string>& out) {
   std::set<std::string> keys;
   for (const auto& [k, v] : written.items()) keys.insert(k);
   for (const auto& [k, v] : now.items()) keys.insert(k);
@@ -149,8 +153,8 @@ void diff_fields(const nlohmann::json& written, const nlohmann::json& now, const
     const nlohmann::json a = written.contains(k) ? written[k] : nlohmann::json("(absent)");
     const nlohmann::json b = now.contains(k) ? now[k] : nlohmann::json("(absent)");
     if (a != b) {
-      out.push_back(fmt::format("checkpoint was written for {}{} {}, this run has {}{} {}", prefix, k,
-                                show(a), prefix, k, show(b)));
+      out.push_back(fmt::format("checkpoint was written for {}{} {}, this run has {}{} {}", prefix,
+                                k, show(a), prefix, k, show(b)));
     }
   }
 }
@@ -182,8 +186,9 @@ struct ManifestTensor {
 Result<const CheckpointTensor*> Checkpoint::tensor(const std::string& name) const {
   auto it = tensors.find(name);
   if (it == tensors.end()) {
-    return make_error("checkpoint in '{}' has no tensor '{}'; it was written by another model or plan",
-                      dir, name);
+    return make_error(
+        "checkpoint in '{}' has no tensor '{}'; it was written by another model or plan", dir,
+        name);
   }
   return &it->second;
 }
@@ -212,8 +217,14 @@ Status CheckpointWriter::add_tensor(std::string name, std::vector<std::int64_t> 
 Status CheckpointWriter::commit(const std::string& dir_name) const {
   const fs::path dir(dir_name);
   std::error_code ec;
-  fs::create_directories(dir, ec);
+  const bool created = fs::create_directories(dir, ec);
   if (ec) return make_error("cannot create checkpoint directory '{}': {}", dir_name, ec.message());
+  // A directory entry made now is durable only once its parent is synced.
+  if (created) {
+    fs::path abs = fs::absolute(dir).lexically_normal();
+    if (!abs.has_filename()) abs = abs.parent_path();  // "a/b/" names b, not a
+    MT_TRY(fsync_dir(abs.parent_path()));
+  }
 
   std::vector<Chunk> chunks;
   nlohmann::json tensors = nlohmann::json::array();
@@ -223,12 +234,15 @@ Status CheckpointWriter::commit(const std::string& dir_name) const {
     const std::size_t bytes = t.data.size() * sizeof(float);
     chunks.push_back({t.data.data(), bytes});
     crc = crc_update(crc, t.data.data(), bytes);
-    tensors.push_back(
-        {{"name", name}, {"dtype", "f32"}, {"shape", t.shape}, {"offset", offset}, {"bytes", bytes}});
+    tensors.push_back({{"name", name},
+                       {"dtype", "f32"},
+                       {"shape", t.shape},
+                       {"offset", offset},
+                       {"bytes", bytes}});
     offset += bytes;
   }
   const std::string payload = fresh_payload_name(dir, meta_.step);
-  MT_TRY(write_durably(dir / payload, chunks).context("checkpoint payload"));
+  MT_TRY(write_durably(dir / payload, chunks));
 
   nlohmann::json manifest = {{"format", kFormat},
                              {"version", kCheckpointVersion},
@@ -241,7 +255,7 @@ Status CheckpointWriter::commit(const std::string& dir_name) const {
                              {"tensors", std::move(tensors)}};
   manifest["manifest_crc32"] = manifest_crc(manifest);
   const std::string text = manifest.dump(2) + "\n";
-  MT_TRY(write_durably(dir / kManifest, {{text.data(), text.size()}}).context("checkpoint manifest"));
+  MT_TRY(write_durably(dir / kManifest, {{text.data(), text.size()}}));
   MT_TRY(fsync_dir(dir));
 
   // The new manifest is durable: older payloads and an interrupted commit's
@@ -264,18 +278,20 @@ Result<Checkpoint> load_checkpoint(const std::string& dir_name) {
   const fs::path dir(dir_name);
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) {
-    return make_error("checkpoint directory '{}' does not exist; point --checkpoint at one", dir_name);
+    return make_error("checkpoint directory '{}' does not exist; point --checkpoint at one",
+                      dir_name);
   }
   const fs::path manifest_path = dir / kManifest;
   if (!fs::exists(manifest_path, ec)) {
-    return make_error("no checkpoint in '{}': '{}' is missing; {}", dir_name, manifest_path.string(),
-                      kRefuse);
+    return make_error("no checkpoint in '{}': '{}' is missing; {}", dir_name,
+                      manifest_path.string(), kRefuse);
   }
   MT_ASSIGN(const std::string text, read_text(manifest_path));
   nlohmann::json manifest = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (manifest.is_discarded() || !manifest.is_object()) {
-    return make_error("checkpoint manifest '{}' is not valid JSON ({} bytes; truncated or corrupted); {}",
-                      manifest_path.string(), text.size(), kRefuse);
+    return make_error(
+        "checkpoint manifest '{}' is not valid JSON ({} bytes; truncated or corrupted); {}",
+        manifest_path.string(), text.size(), kRefuse);
   }
   if (!manifest.contains("manifest_crc32") || !manifest["manifest_crc32"].is_number_unsigned()) {
     return make_error("checkpoint manifest '{}' has no manifest_crc32; {}", manifest_path.string(),
@@ -285,11 +301,13 @@ Result<Checkpoint> load_checkpoint(const std::string& dir_name) {
   manifest.erase("manifest_crc32");
   const std::uint32_t actual_crc = manifest_crc(manifest);
   if (stored_crc != actual_crc) {
-    return make_error("checkpoint manifest '{}' is corrupted: crc32 expected {:#010x}, actual {:#010x}; {}",
-                      manifest_path.string(), stored_crc, actual_crc, kRefuse);
+    return make_error(
+        "checkpoint manifest '{}' is corrupted: crc32 expected {:#010x}, actual {:#010x}; {}",
+        manifest_path.string(), stored_crc, actual_crc, kRefuse);
   }
   if (manifest.value("format", "") != kFormat) {
-    return make_error("'{}' is not a meshtrain checkpoint manifest; {}", manifest_path.string(), kRefuse);
+    return make_error("'{}' is not a meshtrain checkpoint manifest; {}", manifest_path.string(),
+                      kRefuse);
   }
   if (manifest.value("version", 0) != kCheckpointVersion) {
     return make_error("checkpoint '{}' has format version {}, this build reads version {}; {}",
@@ -317,7 +335,8 @@ Result<Checkpoint> load_checkpoint(const std::string& dir_name) {
         return make_error("checkpoint tensor '{}' has dtype {}; this build reads f32 only",
                           t.at("name").get<std::string>(), t.at("dtype").dump());
       }
-      entries.push_back({t.at("name").get<std::string>(), t.at("shape").get<std::vector<std::int64_t>>(),
+      entries.push_back({t.at("name").get<std::string>(),
+                         t.at("shape").get<std::vector<std::int64_t>>(),
                          t.at("offset").get<std::uint64_t>(), t.at("bytes").get<std::uint64_t>()});
     }
   } catch (const nlohmann::json::exception& e) {
@@ -332,15 +351,17 @@ Result<Checkpoint> load_checkpoint(const std::string& dir_name) {
     for (std::int64_t d : t.shape) dims_ok = dims_ok && d >= 0;
     if (!dims_ok || t.offset != expect_offset ||
         t.bytes != static_cast<std::uint64_t>(element_count(t.shape)) * sizeof(float)) {
-      return make_error("checkpoint manifest '{}': tensor '{}' (offset {}, {} bytes) does not fit "
-                        "its shape or the payload layout; {}",
-                        manifest_path.string(), t.name, t.offset, t.bytes, kRefuse);
+      return make_error(
+          "checkpoint manifest '{}': tensor '{}' (offset {}, {} bytes) does not fit "
+          "its shape or the payload layout; {}",
+          manifest_path.string(), t.name, t.offset, t.bytes, kRefuse);
     }
     expect_offset += t.bytes;
   }
   if (expect_offset != payload_bytes || payload_name.find('/') != std::string::npos) {
-    return make_error("checkpoint manifest '{}': tensors cover {} bytes but the payload '{}' is {}; {}",
-                      manifest_path.string(), expect_offset, payload_name, payload_bytes, kRefuse);
+    return make_error(
+        "checkpoint manifest '{}': tensors cover {} bytes but the payload '{}' is {}; {}",
+        manifest_path.string(), expect_offset, payload_name, payload_bytes, kRefuse);
   }
 
   const fs::path payload_path = dir / payload_name;
@@ -351,28 +372,32 @@ Result<Checkpoint> load_checkpoint(const std::string& dir_name) {
   }
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) {
-    return make_error("cannot stat checkpoint payload '{}': {}", payload_path.string(), errno_text());
+    return make_error("cannot stat checkpoint payload '{}': {}", payload_path.string(),
+                      errno_text());
   }
   if (static_cast<std::uint64_t>(st.st_size) != payload_bytes) {
-    return make_error("checkpoint payload '{}' is {} bytes, the manifest expects {} (truncated or "
-                      "overwritten); {}",
-                      payload_path.string(), st.st_size, payload_bytes, kRefuse);
+    return make_error(
+        "checkpoint payload '{}' is {} bytes, the manifest expects {} (truncated or "
+        "overwritten); {}",
+        payload_path.string(), st.st_size, payload_bytes, kRefuse);
   }
   std::uint32_t crc = 0;
   for (ManifestTensor& t : entries) {
     CheckpointTensor tensor{std::move(t.shape), std::vector<float>(t.bytes / sizeof(float))};
     if (!read_all(fd.get(), tensor.data.data(), t.bytes)) {
-      return make_error("cannot read checkpoint payload '{}': {}", payload_path.string(), errno_text());
+      return make_error("cannot read checkpoint payload '{}': {}", payload_path.string(),
+                        errno_text());
     }
     crc = crc_update(crc, tensor.data.data(), t.bytes);
     if (!c.tensors.emplace(t.name, std::move(tensor)).second) {
-      return make_error("checkpoint manifest '{}' lists tensor '{}' twice; {}", manifest_path.string(),
-                        t.name, kRefuse);
+      return make_error("checkpoint manifest '{}' lists tensor '{}' twice; {}",
+                        manifest_path.string(), t.name, kRefuse);
     }
   }
   if (crc != payload_crc) {
-    return make_error("checkpoint payload '{}' is corrupted: crc32 expected {:#010x}, actual {:#010x}; {}",
-                      payload_path.string(), payload_crc, crc, kRefuse);
+    return make_error(
+        "checkpoint payload '{}' is corrupted: crc32 expected {:#010x}, actual {:#010x}; {}",
+        payload_path.string(), payload_crc, crc, kRefuse);
   }
   return c;
 }
@@ -392,9 +417,10 @@ Status check_compatible(const Checkpoint& c, const ModelSpec& m, const Plan& p) 
   if (mismatches.empty()) return ok_status();
   std::string list;
   for (const auto& s : mismatches) list += (list.empty() ? "" : "; ") + s;
-  return make_error("checkpoint in '{}' does not match this run: {}; resume with the same model and "
-                    "plan, or point --checkpoint elsewhere",
-                    c.dir, list);
+  return make_error(
+      "checkpoint in '{}' does not match this run: {}; resume with the same model and "
+      "plan, or point --checkpoint elsewhere",
+      c.dir, list);
 }
 
 Status probe_checkpoint_dir(const std::string& dir_name) {
@@ -402,8 +428,9 @@ Status probe_checkpoint_dir(const std::string& dir_name) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) {
-    return make_error("cannot create checkpoint directory '{}': {}; pass a writable --checkpoint path",
-                      dir_name, ec.message());
+    return make_error(
+        "cannot create checkpoint directory '{}': {}; pass a writable --checkpoint path", dir_name,
+        ec.message());
   }
   if (!fs::is_directory(dir, ec)) {
     return make_error("checkpoint path '{}' is not a directory; pass a directory to --checkpoint",
@@ -416,8 +443,9 @@ Status probe_checkpoint_dir(const std::string& dir_name) {
   const std::string why = errno_text();
   fs::remove(probe, ec);
   if (!ok) {
-    return make_error("checkpoint directory '{}' is not writable: {}; pass a writable --checkpoint path",
-                      dir_name, why);
+    return make_error(
+        "checkpoint directory '{}' is not writable: {}; pass a writable --checkpoint path",
+        dir_name, why);
   }
   return ok_status();
 }

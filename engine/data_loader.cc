@@ -1,5 +1,6 @@
 #include "engine/data_loader.h"
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 namespace meshtrain {
@@ -23,8 +24,8 @@ Status check_sizes(std::size_t tokens, int batch, int seq) {
                       seq);
   }
   if (tokens < static_cast<std::size_t>(seq) + 1) {
-    return make_error("the split has {} tokens, but one sequence of {} tokens needs {}", tokens, seq,
-                      seq + 1);
+    return make_error("the split has {} tokens, but one sequence of {} tokens needs {}", tokens,
+                      seq, seq + 1);
   }
   return ok_status();
 }
@@ -49,13 +50,14 @@ Result<LoaderState> loader_state_from_json(const nlohmann::json& j) {
            (j[key].is_number_unsigned() || j[key].get<std::int64_t>() >= 0);
   };
   if (!j.is_object() || !counter("seed") || !counter("draws")) {
-    return make_error("data-loader state must be an object with unsigned 'seed' and 'draws', got {}",
-                      j.dump());
+    return make_error(
+        "data-loader state must be an object with unsigned 'seed' and 'draws', got {}", j.dump());
   }
   return LoaderState{j["seed"].get<std::uint64_t>(), j["draws"].get<std::uint64_t>()};
 }
 
-DataLoader::DataLoader(std::span<const std::uint8_t> tokens, std::uint64_t seed, int dp_rank, int dp)
+DataLoader::DataLoader(std::span<const std::uint8_t> tokens, std::uint64_t seed, int dp_rank,
+                       int dp)
     : tokens_(tokens), dp_rank_(dp_rank), dp_(dp), state_{seed, 0} {}
 
 std::uint64_t DataLoader::offset_of(std::uint64_t index, int seq) const {
@@ -81,7 +83,8 @@ Result<Batch> DataLoader::next(int batch, int seq) {
 Result<std::vector<Batch>> validation_batches(std::span<const std::uint8_t> tokens, int batch,
                                               int seq, int max_sequences) {
   MT_TRY(check_sizes(tokens.size(), batch, seq));
-  if (max_sequences < 1) return make_error("validation needs at least one sequence, got {}", max_sequences);
+  if (max_sequences < 1)
+    return make_error("validation needs at least one sequence, got {}", max_sequences);
   // Sequence k reads tokens [k·seq, k·seq + seq], so k·seq + seq + 1 <= tokens.
   const std::size_t fit = (tokens.size() - 1) / seq;
   const std::size_t count = std::min(fit, static_cast<std::size_t>(max_sequences));

@@ -23,18 +23,17 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json_fwd.hpp>
 #include <span>
 #include <vector>
-
-#include <nlohmann/json_fwd.hpp>
 
 #include "core/status.h"
 
 namespace meshtrain {
 
 struct Batch {
-  int rows = 0;  // B
-  int seq = 0;   // T
+  int rows = 0;                       // B
+  int seq = 0;                        // T
   std::vector<std::int32_t> ids;      // (B, T)
   std::vector<std::int32_t> targets;  // (B, T), ids shifted by one
 };

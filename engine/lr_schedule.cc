@@ -8,7 +8,8 @@ namespace meshtrain {
 
 Status validate_lr_schedule(const LrSchedule& s) {
   if (!(s.lr >= 0) || !(s.min_lr >= 0)) {
-    return make_error("learning rates must be non-negative, got --lr {} and min lr {}", s.lr, s.min_lr);
+    return make_error("learning rates must be non-negative, got --lr {} and min lr {}", s.lr,
+                      s.min_lr);
   }
   if (s.min_lr > s.lr) return make_error("min lr {} is above --lr {}; lower it", s.min_lr, s.lr);
   if (s.total < 1) return make_error("the schedule needs at least one step, got {}", s.total);

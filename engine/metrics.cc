@@ -1,9 +1,8 @@
 #include "engine/metrics.h"
 
-#include <cerrno>
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
-
 #include <nlohmann/json.hpp>
 
 namespace meshtrain {
@@ -39,8 +38,8 @@ std::string format_hms(double seconds) {
   return fmt::format("{:02}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60);
 }
 
-std::string format_progress(std::int64_t step, std::int64_t total, double loss,
-                            double tokens_per_s, double elapsed_s) {
+std::string format_progress(std::int64_t step, std::int64_t total, double loss, double tokens_per_s,
+                            double elapsed_s) {
   const std::string eta =
       step > 0 ? format_hms(elapsed_s / step * static_cast<double>(total - step)) : "--:--:--";
   return fmt::format("step {}/{} | loss {:.4f} | {:.0f} tok/s | elapsed {} | eta {}", step, total,

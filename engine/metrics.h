@@ -41,8 +41,8 @@ class MetricsWriter {
 // "step 12/500 | loss 3.4521 | 8192 tok/s | elapsed 00:01:02 | eta 00:42:10".
 // The ETA assumes the remaining steps take the mean time of those done; it is
 // "--:--:--" before the first step.
-std::string format_progress(std::int64_t step, std::int64_t total, double loss,
-                            double tokens_per_s, double elapsed_s);
+std::string format_progress(std::int64_t step, std::int64_t total, double loss, double tokens_per_s,
+                            double elapsed_s);
 
 // Seconds as hh:mm:ss (hours grow past 99 rather than wrap).
 std::string format_hms(double seconds);

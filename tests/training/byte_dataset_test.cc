@@ -1,6 +1,7 @@
+#include "engine/byte_dataset.h"
+
 #include <catch2/catch.hpp>
 
-#include "engine/byte_dataset.h"
 #include "temp_dir.h"
 
 using namespace meshtrain;
@@ -18,8 +19,8 @@ std::string load_error(const std::string& path, int seq_len) {
 TEST_CASE("bad data files are refused naming the file and the fix", "[dataset]") {
   TempDir tmp;
   const std::string missing = tmp / "missing.txt";
-  CHECK_THAT(load_error(missing, 8), Catch::Contains("'" + missing + "' does not exist") &&
-                                         Catch::Contains("--data"));
+  CHECK_THAT(load_error(missing, 8),
+             Catch::Contains("'" + missing + "' does not exist") && Catch::Contains("--data"));
   CHECK_THAT(load_error(tmp.path().string(), 8), Catch::Contains("is not a regular file"));
 
   const std::string empty = tmp / "empty.txt";

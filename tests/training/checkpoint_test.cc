@@ -1,12 +1,12 @@
-#include <catch2/catch.hpp>
+#include "engine/checkpoint.h"
 
 #include <bit>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <limits>
 
-#include "engine/checkpoint.h"
 #include "temp_dir.h"
 
 using namespace meshtrain;
@@ -20,8 +20,11 @@ ModelSpec tiny() { return *model_preset("tiny"); }
 
 // Values whose bits a lossy path would change: -0, a denormal, a NaN payload, ±Inf.
 std::vector<float> tricky_values(float base) {
-  return {base, -0.0f, std::numeric_limits<float>::denorm_min(),
-          std::bit_cast<float>(0x7fc01234u), std::numeric_limits<float>::infinity(),
+  return {base,
+          -0.0f,
+          std::numeric_limits<float>::denorm_min(),
+          std::bit_cast<float>(0x7fc01234u),
+          std::numeric_limits<float>::infinity(),
           -std::numeric_limits<float>::infinity()};
 }
 
@@ -179,9 +182,9 @@ TEST_CASE("a damaged checkpoint is refused naming the file and what is wrong", "
   }
   SECTION("truncated manifest") {
     write_file(manifest, good_manifest.substr(0, good_manifest.size() / 2));
-    CHECK_THAT(load_error(dir.path().string()),
-               Catch::Contains("manifest '" + manifest + "' is not valid JSON") &&
-                   Catch::Contains(kFix));
+    CHECK_THAT(
+        load_error(dir.path().string()),
+        Catch::Contains("manifest '" + manifest + "' is not valid JSON") && Catch::Contains(kFix));
   }
   SECTION("missing manifest") {
     fs::remove(manifest);

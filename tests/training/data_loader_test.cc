@@ -1,10 +1,8 @@
-#include <catch2/catch.hpp>
-
-#include <nlohmann/json.hpp>
-
-#include <set>
-
 #include "engine/data_loader.h"
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+#include <set>
 
 using namespace meshtrain;
 
@@ -145,7 +143,8 @@ TEST_CASE("validation batches are the first non-overlapping sequences in order",
   int total = 0;
   for (const Batch& b : *all) total += b.rows;
   CHECK(total == 9);
-  CHECK(all->back().targets.back() == 90);  // sequence 8 starts at 80; its last target is tokens[90]
+  CHECK(all->back().targets.back() ==
+        90);  // sequence 8 starts at 80; its last target is tokens[90]
 
   // A split of exactly T + 1 tokens still gives one sequence.
   auto minimal = validation_batches(counting_tokens(11), 8, 10, 50);

@@ -1,6 +1,6 @@
-#include <catch2/catch.hpp>
-
 #include "engine/lr_schedule.h"
+
+#include <catch2/catch.hpp>
 
 using namespace meshtrain;
 
@@ -48,6 +48,8 @@ TEST_CASE("inconsistent schedules are rejected", "[lr]") {
              Catch::Contains("min lr 0.001 is above --lr 0.0001"));
   CHECK_THAT(reject({.lr = 1e-3, .min_lr = 0, .warmup = 20, .total = 10}),
              Catch::Contains("warm-up of 20 steps"));
-  CHECK_THAT(reject({.lr = -1, .min_lr = 0, .warmup = 0, .total = 10}), Catch::Contains("non-negative"));
-  CHECK_THAT(reject({.lr = 1, .min_lr = 0, .warmup = 0, .total = 0}), Catch::Contains("at least one step"));
+  CHECK_THAT(reject({.lr = -1, .min_lr = 0, .warmup = 0, .total = 10}),
+             Catch::Contains("non-negative"));
+  CHECK_THAT(reject({.lr = 1, .min_lr = 0, .warmup = 0, .total = 0}),
+             Catch::Contains("at least one step"));
 }

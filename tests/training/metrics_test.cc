@@ -1,11 +1,10 @@
-#include <catch2/catch.hpp>
+#include "engine/metrics.h"
 
+#include <catch2/catch.hpp>
 #include <cmath>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
-#include <nlohmann/json.hpp>
-
-#include "engine/metrics.h"
 #include "temp_dir.h"
 
 using namespace meshtrain;
@@ -19,9 +18,18 @@ TEST_CASE("metrics are appended one JSON object per line", "[metrics]") {
   {
     auto w = MetricsWriter::open(path);
     REQUIRE(w.ok());
-    REQUIRE(w->write({.step = 1, .loss = 5.5, .lr = 1e-4, .step_time_s = 0.25, .tokens_per_s = 1024, .val_loss = {}})
+    REQUIRE(w->write({.step = 1,
+                      .loss = 5.5,
+                      .lr = 1e-4,
+                      .step_time_s = 0.25,
+                      .tokens_per_s = 1024,
+                      .val_loss = {}})
                 .ok());
-    REQUIRE(w->write({.step = 2, .loss = 5.25, .lr = 2e-4, .step_time_s = 0.5, .tokens_per_s = 512,
+    REQUIRE(w->write({.step = 2,
+                      .loss = 5.25,
+                      .lr = 2e-4,
+                      .step_time_s = 0.5,
+                      .tokens_per_s = 512,
                       .val_loss = 5.75})
                 .ok());
     // Flushed per line: readable while the writer is still open.
@@ -31,13 +39,22 @@ TEST_CASE("metrics are appended one JSON object per line", "[metrics]") {
     // A resumed run appends to the same file.
     auto w = MetricsWriter::open(path);
     REQUIRE(w.ok());
-    REQUIRE(w->write({.step = 3, .loss = NAN, .lr = 3e-4, .step_time_s = 1, .tokens_per_s = 256, .val_loss = {}}).ok());
+    REQUIRE(w->write({.step = 3,
+                      .loss = NAN,
+                      .lr = 3e-4,
+                      .step_time_s = 1,
+                      .tokens_per_s = 256,
+                      .val_loss = {}})
+                .ok());
   }
   std::istringstream lines(read_file(path));
   std::vector<nlohmann::json> rows;
   for (std::string line; std::getline(lines, line);) rows.push_back(nlohmann::json::parse(line));
   REQUIRE(rows.size() == 3);
-  CHECK(rows[0] == nlohmann::json{{"step", 1}, {"loss", 5.5}, {"lr", 1e-4}, {"step_time_s", 0.25},
+  CHECK(rows[0] == nlohmann::json{{"step", 1},
+                                  {"loss", 5.5},
+                                  {"lr", 1e-4},
+                                  {"step_time_s", 0.25},
                                   {"tokens_per_s", 1024.0}});
   CHECK(rows[1]["val_loss"] == 5.75);
   CHECK_FALSE(rows[0].contains("val_loss"));
