@@ -1,6 +1,7 @@
 #include "engine/data_loader.h"
 
 #include <algorithm>
+#include <cassert>
 #include <nlohmann/json.hpp>
 
 namespace meshtrain {
@@ -58,7 +59,10 @@ Result<LoaderState> loader_state_from_json(const nlohmann::json& j) {
 
 DataLoader::DataLoader(std::span<const std::uint8_t> tokens, std::uint64_t seed, int dp_rank,
                        int dp)
-    : tokens_(tokens), dp_rank_(dp_rank), dp_(dp), state_{seed, 0} {}
+    : tokens_(tokens), dp_rank_(dp_rank), dp_(dp), state_{seed, 0} {
+  // The mesh hands out coordinates; a rank outside the group is a caller bug.
+  assert(dp >= 1 && dp_rank >= 0 && dp_rank < dp);
+}
 
 std::uint64_t DataLoader::offset_of(std::uint64_t index, int seq) const {
   // Offsets 0 .. tokens - seq - 1 leave room for the shifted target.
