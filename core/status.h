@@ -88,7 +88,7 @@ inline Status ok_status() { return {}; }
 // MT_TRY(expr): return the error of a failed Status/Result from the enclosing function.
 #define MT_TRY(expr)                                        \
   do {                                                      \
-    auto&& mt_try_result_ = (expr);                         \
+    auto mt_try_result_ = (expr); /* by value: expr may return a reference into a temporary */ \
     if (!mt_try_result_.ok()) return std::move(mt_try_result_).error(); \
   } while (0)
 
