@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "engine/schedule/builders.h"
 #include "models/parameters.h"
 
 namespace meshtrain {
@@ -45,13 +46,21 @@ double head_activation_bytes(const ModelSpec& m, const Plan& p, const Activation
   return bytes;
 }
 
+double layer_backward_working_bytes(const ModelSpec& m, const Plan& p, const ActivationLayout& a) {
+  const double rows = static_cast<double>(p.effective_seq_len(m) / p.cp) * p.micro_batch, t = p.tp;
+  const double glu = m.activation == Activation::swiglu ? 2.0 : 1.0;
+  const double qkv = static_cast<double>(m.heads + 2 * m.kv_heads) * m.head_dim();
+  const double width = (qkv + static_cast<double>(m.heads) * m.head_dim() + (glu + 1.0) * m.ffn) / t + 7.0 * m.hidden;
+  return a.value_bytes * rows * width;
+}
+
 int inflight_microbatches(const Plan& p, int stage) {
   const int m = p.microbatches();
   switch (p.schedule) {
     case ScheduleKind::gpipe: return m;
     case ScheduleKind::one_f_one_b: return std::min(p.pp - stage, m);
     case ScheduleKind::interleaved:
-      return std::min((p.pp - stage - 1) * 2 + (p.vpp - 1) * p.pp + 1, m * p.vpp);
+      return std::min(schedule::interleaved_warmup({p.pp, p.vpp, m}, stage) + 1, m * p.vpp);
   }
   return m;
 }
@@ -77,7 +86,9 @@ MemoryBreakdown memory_per_rank(const ModelSpec& m, const Plan& p, int stage, co
     for (auto v : per_layer) largest_layer = std::max(largest_layer, v);
     r.zero3_working = static_cast<double>(largest_layer) * (2.0 * param_bytes + grad_bytes);
   }
+  if (p.zero == 1) r.gradient_shard = n * grad_bytes / dp;
   r.inflight = inflight_microbatches(p, stage);
+  r.backward_working = layer_backward_working_bytes(m, p, a);
   const double layers_per_chunk = static_cast<double>(m.layers) / (p.pp * p.vpp);
   // Each in-flight unit is one micro-batch through one chunk of layers.
   const double chunks_per_unit = p.schedule == ScheduleKind::interleaved ? 1.0 : p.vpp;

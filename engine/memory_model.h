@@ -54,9 +54,19 @@ double layer_activation_bytes(const ModelSpec& m, const Plan& p, const Activatio
 // micro-batch: both norm tensors and this rank's logits shard (s·b·V/t).
 double head_activation_bytes(const ModelSpec& m, const Plan& p, const ActivationLayout& a);
 
+// Activation gradients that one layer's backward holds at once, at the peak
+// of every step: they are transient (freed when the layer's backward returns)
+// so Korthikanti et al. leave them out, but a measured peak includes them:
+// dqkv ((H + 2G)·D/t), d attention output (H·D/t), the MLP's two input
+// gradients (ffn/t, twice for SwiGLU's gate|up, and ffn/t), and seven of
+// width h (the received output gradient, the two norms' input and output
+// gradients, the residual sums), in units of s·b.
+double layer_backward_working_bytes(const ModelSpec& m, const Plan& p, const ActivationLayout& a);
+
 // Micro-batches (model chunks, for interleaving) whose activations a stage
-// holds at its peak: GPipe m; 1F1B min(p − stage, m); interleaved
-// min((p − stage − 1)·2 + (v − 1)·p + 1, m·v) chunks (Megatron's warm-up + 1).
+// holds at its peak: GPipe m; 1F1B min(p − stage, m); interleaved the
+// schedule builder's warm-up + 1, min((p − stage − 1)·2 + (v − 1)·p + 1, m·v)
+// chunks (Megatron's), and m·v when m = p (all forwards first).
 int inflight_microbatches(const Plan& p, int stage);
 
 struct MemoryBreakdown {
@@ -65,9 +75,17 @@ struct MemoryBreakdown {
   double gradients = 0;
   double optimizer = 0;
   double zero3_working = 0;  // gathered layers under ZeRO-3
+  // ZeRO 1 keeps the full gradient buffer (micro-batches accumulate into it)
+  // plus the reduce-scatter's output, the rank's reduced 1/dp shard: the
+  // backend's collectives do not work in place. (Stage 2's `gradients` is
+  // that shard already.)
+  double gradient_shard = 0;
   double activations = 0;
+  double backward_working = 0;  // layer_backward_working_bytes
   int inflight = 0;  // micro-batches (or chunks) of activations held
-  double total() const { return parameters + gradients + optimizer + zero3_working + activations; }
+  double total() const {
+    return parameters + gradients + optimizer + zero3_working + gradient_shard + activations + backward_working;
+  }
 };
 
 MemoryBreakdown memory_per_rank(const ModelSpec& m, const Plan& p, int stage, const ActivationLayout& a);
