@@ -1,0 +1,412 @@
+// Every op of the cuda backend against the cpu reference on the same inputs.
+// Without a CUDA device each test prints "SKIPPED: no CUDA device" and passes;
+// with one, it checks values: fp32 within 1e-5 (normwise relative), bf16 looser.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backends/cpu/cpu_backend.h"
+#include "backends/cpu/kernels/half.h"
+#include "backends/cuda/cuda_backend.h"
+
+using namespace meshtrain;
+using cuda::CudaBackend;
+using Vec = std::vector<float>;
+
+namespace {
+
+std::unique_ptr<CudaBackend> make_gpu() {
+  if (cuda::device_count() == 0) return nullptr;
+  auto b = CudaBackend::create();
+  REQUIRE(b.ok());  // a device exists: failing to use it is a failure, not a skip
+  return std::move(b).value();
+}
+
+#define MT_GPU_OR_SKIP(name)                                                           \
+  auto name##_owner = make_gpu();                                                      \
+  if (!name##_owner) {                                                                 \
+    WARN("SKIPPED: no CUDA device (cudaGetDeviceCount found none); nothing checked"); \
+    std::puts("SKIPPED: no CUDA device");                                              \
+    return;                                                                            \
+  }                                                                                    \
+  CudaBackend& name = *name##_owner
+
+Vec random(std::size_t n, std::uint64_t seed, float scale = 1.f) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d(0.f, scale);
+  Vec v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+Tensor up(Backend& b, Shape s, const Vec& v, DType d = DType::f32) {
+  Tensor t = b.empty(s, d);
+  b.write(t, v);
+  return t;
+}
+Tensor up_ids(Backend& b, Shape s, const std::vector<std::int32_t>& v) {
+  Tensor t = b.empty(s, DType::i32);
+  b.write(t, v);
+  return t;
+}
+Vec down(Backend& b, const Tensor& t) {
+  Vec v(static_cast<std::size_t>(t.numel()));
+  REQUIRE(b.read(t, v).ok());
+  return v;
+}
+
+// ||got - want|| / ||want||.
+void expect_close(const Vec& got, const Vec& want, double tol, const std::string& what) {
+  REQUIRE(got.size() == want.size());
+  double d = 0, n = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    REQUIRE(std::isfinite(got[i]));
+    d += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
+    n += double(want[i]) * want[i];
+  }
+  const double err = std::sqrt(d) / (n > 0 ? std::sqrt(n) : 1.0);
+  INFO(what << ": relative error " << err << " (tolerance " << tol << ")");
+  CHECK(err <= tol);
+}
+
+Vec bf16_round(Vec v) {
+  for (auto& x : v) x = cpu::bf16_to_float(cpu::float_to_bf16(x));
+  return v;
+}
+
+constexpr double kF32 = 1e-5;
+
+}  // namespace
+
+TEST_CASE("cuda: transfers, fill, copy and cast match the cpu backend bit for bit") {
+  MT_GPU_OR_SKIP(gpu);
+  CpuBackend cpu;
+  const Vec x = random(1000, 1, 3.f);
+  for (DType d : {DType::f32, DType::bf16, DType::f16}) {
+    auto run = [&](Backend& b) {
+      Tensor t = up(b, {1000}, x, d);
+      Tensor f = b.empty({1000}, DType::f32);
+      b.cast(t, f);
+      Tensor c = b.empty({1000}, d);
+      b.copy(t, c);
+      Vec out = down(b, c);
+      Vec back = down(b, f);
+      out.insert(out.end(), back.begin(), back.end());
+      Tensor filled = b.empty({7}, d);
+      b.fill(filled, 1.1f);
+      Vec fv = down(b, filled);
+      out.insert(out.end(), fv.begin(), fv.end());
+      return out;
+    };
+    CHECK(run(gpu) == run(cpu));
+  }
+  auto ids = [&](Backend& b) {
+    Tensor t = up_ids(b, {5}, {0, -3, 7, 1 << 20, 42});
+    return down(b, t);
+  };
+  CHECK(ids(gpu) == ids(cpu));
+}
+
+TEST_CASE("cuda: elementwise ops and deterministic reductions") {
+  MT_GPU_OR_SKIP(gpu);
+  CpuBackend cpu;
+  const std::size_t n = 100003;
+  const Vec a = random(n, 2), b2 = random(n, 3);
+  auto run = [&](Backend& b) {
+    Tensor ta = up(b, {static_cast<std::int64_t>(n)}, a), tb = up(b, {static_cast<std::int64_t>(n)}, b2);
+    Tensor o = b.empty({static_cast<std::int64_t>(n)});
+    b.add(ta, tb, o);
+    b.scale(o, 0.5f);
+    b.axpy(-2.f, ta, o);
+    Tensor s = b.empty({1}), q = b.empty({1});
+    b.sum(o, s, 0.25f, false);
+    b.sum(ta, s, 1.f, true);
+    b.sum_squares(o, q, false);
+    b.sum_squares(tb, q, true);
+    Vec out = down(b, o);
+    out.push_back(down(b, s)[0]);
+    out.push_back(down(b, q)[0]);
+    return out;
+  };
+  const Vec g = run(gpu), c = run(cpu);
+  expect_close(g, c, kF32, "add/scale/axpy/sum/sum_squares");
+  CHECK(run(gpu) == g);  // same bits on a second run
+}
+
+TEST_CASE("cuda: gemm, every transpose, bias and beta, fp32 and bf16") {
+  MT_GPU_OR_SKIP(gpu);
+  CpuBackend cpu;
+  const std::int64_t m = 67, n = 45, k = 129;
+  const Vec a = random(m * k, 4), b = random(k * n, 5), c0 = random(m * n, 6), bias = random(n, 7);
+  for (int ta = 0; ta < 2; ++ta)
+    for (int tb = 0; tb < 2; ++tb)
+      for (int with_bias = 0; with_bias < 2; ++with_bias) {
+        auto run = [&](Backend& be, DType in) {
+          Tensor A = up(be, ta ? Shape{k, m} : Shape{m, k}, a, in);
+          Tensor B = up(be, tb ? Shape{n, k} : Shape{k, n}, b, in);
+          Tensor C = up(be, {m, n}, c0);
+          GemmOp op;
+          op.trans_a = ta;
+          op.trans_b = tb;
+          op.alpha = 0.75f;
+          op.beta = 0.5f;
+          if (with_bias) op.bias = up(be, {n}, bias);
+          be.gemm(A, B, C, op);
+          return down(be, C);
+        };
+        const std::string what = "gemm ta=" + std::to_string(ta) + " tb=" + std::to_string(tb) +
+                                 " bias=" + std::to_string(with_bias);
+        expect_close(run(gpu, DType::f32), run(cpu, DType::f32), kF32, what);
+        // bf16 inputs, fp32 accumulation: against fp32 math on the rounded inputs.
+        auto ref = [&](Backend& be) {
+          Tensor A = up(be, ta ? Shape{k, m} : Shape{m, k}, bf16_round(a));
+          Tensor B = up(be, tb ? Shape{n, k} : Shape{k, n}, bf16_round(b));
+          Tensor C = up(be, {m, n}, c0);
+          GemmOp op;
+          op.trans_a = ta;
+          op.trans_b = tb;
+          op.alpha = 0.75f;
+          op.beta = 0.5f;
+          if (with_bias) op.bias = up(be, {n}, bias);
+          be.gemm(A, B, C, op);
+          return down(be, C);
+        };
+        expect_close(run(gpu, DType::bf16), ref(cpu), 1e-5, what + " bf16");
+      }
+}
+
+TEST_CASE("cuda: batched gemm and bias backward") {
+  MT_GPU_OR_SKIP(gpu);
+  CpuBackend cpu;
+  const std::int64_t L = 3, m = 17, n = 33, k = 20;
+  const Vec a = random(L * m * k, 8), b = random(L * k * n, 9), dy = random(1000 * n, 10);
+  auto run = [&](Backend& be) {
+    Tensor A = up(be, {L, k, m}, a), B = up(be, {L, k, n}, b), C = be.empty({L, m, n});
+    GemmOp op;
+    op.trans_a = true;
+    be.batched_gemm(A, B, C, op);
+    Tensor DY = up(be, {1000, n}, dy), db = up(be, {n}, Vec(static_cast<std::size_t>(n), 1.f));
+    be.bias_backward(DY, db);
+    Vec out = down(be, C), dbv = down(be, db);
+    out.insert(out.end(), dbv.begin(), dbv.end());
+    return out;
+  };
+  expect_close(run(gpu), run(cpu), kF32, "batched gemm + bias_backward");
+}
+
+TEST_CASE("cuda: embedding forward and deterministic backward with a vocab shard") {
+  MT_GPU_OR_SKIP(gpu);
+  CpuBackend cpu;
+  const std::int64_t V = 50, C = 300, N = 700, offset = 25;
+  std::mt19937 rng(11);
+  std::vector<std::int32_t> ids(N);
+  for (auto& i : ids) i = static_cast<std::int32_t>(rng() % 90);  // some outside the shard
+  const Vec table = random(V * C, 12), dout = random(N * C, 13);
+  auto run = [&](Backend& b) {
+    Tensor T = up(b, {V, C}, table), I = up_ids(b, {N}, ids), O = b.empty({N, C});
+    b.embedding_forward(T, I, O, offset);
+    Tensor D = up(b, {N, C}, dout), dT = up(b, {V, C}, table);
+    b.embedding_backward(D, I, dT, offset);
+    Vec out = down(b, O), dt = down(b, dT);
+    out.insert(out.end(), dt.begin(), dt.end());
+    return out;
+  };
+  const Vec g = run(gpu);
+  expect_close(g, run(cpu), kF32, "embedding");
+  CHECK(run(gpu) == g);
+}
+
+TEST_CASE("cuda: layernorm and rmsnorm forward and backward") {
+  MT_GPU_OR_SKIP(gpu);
+  CpuBackend cpu;
+  const std::int64_t N = 300, C = 200;
+  const Vec x = random(N * C, 14, 2.f), w = random(C, 15), bias = random(C, 16), dout = random(N * C, 17);
+  auto run = [&](Backend& b) {
+    Tensor X = up(b, {N, C}, x), W = up(b, {C}, w), Bi = up(b, {C}, bias), D = up(b, {N, C}, dout);
+    Tensor O = b.empty({N, C}), mean = b.empty({N}), rstd = b.empty({N}), dX = b.empty({N, C});
+    Tensor dW = up(b, {C}, w), dB = up(b, {C}, bias);
+    b.layernorm_forward(X, W, Bi, O, mean, rstd, 1e-5f);
+    b.layernorm_backward(D, X, W, mean, rstd, dX, dW, dB);
+    Tensor O2 = b.empty({N, C}), r2 = b.empty({N}), dX2 = b.empty({N, C}), dW2 = up(b, {C}, w);
+    b.rmsnorm_forward(X, W, O2, r2, 1e-6f);
+    b.rmsnorm_backward(D, X, W, r2, dX2, dW2);
+    Vec out;
+    for (const Tensor* t : {&O, &mean, &rstd, &dX, &dW, &dB, &O2, &r2, &dX2, &dW2}) {
+      Vec v = down(b, *t);
+      out.insert(out.end(), v.begin(), v.end());
+    }
+    return out;
+  };
+  const Vec g = run(gpu);
+  expect_close(g, run(cpu), kF32, "norms");
+  CHECK(run(gpu) == g);
+}
+
+TEST_CASE("cuda: gelu, swiglu and counter-based dropout") {
+  MT_GPU_OR_SKIP(gpu);
+  CpuBackend cpu;
+  const std::int64_t N = 64, F = 96;
+  const Vec x = random(N * 2 * F, 18, 2.f), d = random(N * 2 * F, 19);
+  auto run = [&](Backend& b) {
+    Tensor X = up(b, {N, 2 * F}, x), D = up(b, {N, 2 * F}, d);
+    Tensor g = b.empty({N, 2 * F}), dg = b.empty({N, 2 * F});
+    b.gelu_forward(X, g);
+    b.gelu_backward(D, X, dg);
+    Tensor s = b.empty({N, F}), ds = b.empty({N, 2 * F});
+    b.swiglu_forward(X, s);
+    b.swiglu_backward(D.slice(0, N * F, {N, F}), X, ds);
+    Tensor dr = b.empty({N, 2 * F}), bdr = b.empty({N, 2 * F});
+    const DropoutOp op{0.3f, 1234, 777};
+    b.dropout_forward(X, dr, op);
+    b.dropout_backward(D, bdr, op);
+    Vec out;
+    for (const Tensor* t : {&g, &dg, &s, &ds, &dr, &bdr}) {
+      Vec v = down(b, *t);
+      out.insert(out.end(), v.begin(), v.end());
+    }
+    return out;
+  };
+  const Vec g = run(gpu), c = run(cpu);
+  expect_close(g, c, kF32, "activations and dropout");
+  for (std::size_t i = 0; i < g.size(); ++i)
+    if (c[i] == 0.f) CHECK(g[i] == 0.f);  // the same dropout mask
+}
+
+TEST_CASE("cuda: rope and its inverse") {
+  MT_GPU_OR_SKIP(gpu);
+  CpuBackend cpu;
+  const std::int64_t B = 2, T = 50, Ht = 6, D = 32;
+  const Vec x = random(B * T * Ht * D, 20);
+  auto run = [&](Backend& b) {
+    Tensor X = up(b, {B, T, Ht, D}, x);
+    b.rope(X, Ht, 4, 10000.f, false);
+    Vec fwd = down(b, X);
+    b.rope(X, Ht, 4, 10000.f, true);
+    Vec back = down(b, X);
+    fwd.insert(fwd.end(), back.begin(), back.end());
+    return fwd;
+  };
+  expect_close(run(gpu), run(cpu), kF32, "rope");
+}
+
+TEST_CASE("cuda: flash attention forward and backward, causal GQA, fp32 and bf16") {
+  MT_GPU_OR_SKIP(gpu);
+  CpuBackend cpu;
+  struct Case {
+    std::int64_t B, T, H, G, D;
+  };
+  for (const Case& c : {Case{2, 37, 4, 2, 32}, Case{1, 70, 2, 2, 64}, Case{1, 33, 4, 1, 128}}) {
+    const std::int64_t W = c.H + 2 * c.G;
+    const Vec qkv = random(c.B * c.T * W * c.D, 21 + c.D), dout = random(c.B * c.T * c.H * c.D, 22);
+    const AttentionOp op{static_cast<int>(c.H), static_cast<int>(c.G), static_cast<int>(c.D),
+                         1.f / std::sqrt(static_cast<float>(c.D))};
+    auto run = [&](Backend& b, DType dt, const Vec& q, const Vec& d) {
+      Tensor QKV = up(b, {c.B, c.T, W, c.D}, q, dt), DO = up(b, {c.B, c.T, c.H, c.D}, d, dt);
+      Tensor O = b.empty({c.B, c.T, c.H, c.D}, dt), L = b.empty({c.B, c.H, c.T});
+      Tensor dQKV = b.empty({c.B, c.T, W, c.D}, dt);
+      b.attention_forward(QKV, O, L, op);
+      b.attention_backward(DO, QKV, O, L, dQKV, op);
+      Vec out;
+      for (const Tensor* t : {&O, &L, &dQKV}) {
+        Vec v = down(b, *t);
+        out.insert(out.end(), v.begin(), v.end());
+      }
+      return out;
+    };
+    const std::string what = "attention D=" + std::to_string(c.D) + " T=" + std::to_string(c.T);
+    const Vec g = run(gpu, DType::f32, qkv, dout);
+    expect_close(g, run(cpu, DType::f32, qkv, dout), kF32, what);
+    CHECK(run(gpu, DType::f32, qkv, dout) == g);
+    // bf16 storage: against fp32 math on the rounded inputs; outputs are rounded to bf16.
+    expect_close(run(gpu, DType::bf16, qkv, dout), run(cpu, DType::f32, bf16_round(qkv), bf16_round(dout)),
+                 2e-2, what + " bf16");
+  }
+}
+
+TEST_CASE("cuda: vocab-parallel cross-entropy phases") {
+  MT_GPU_OR_SKIP(gpu);
+  CpuBackend cpu;
+  const std::int64_t N = 40, V = 1000, offset = 500;
+  const Vec logits = random(N * V, 23, 3.f);
+  std::vector<std::int32_t> targets(N);
+  for (std::int64_t i = 0; i < N; ++i) targets[static_cast<std::size_t>(i)] = static_cast<std::int32_t>((i * 37) % 1500);
+  auto run = [&](Backend& b) {
+    Tensor Lg = up(b, {N, V}, logits), Tg = up_ids(b, {N}, targets);
+    Tensor mx = b.empty({N}), se = b.empty({N}), tl = b.empty({N}), loss = b.empty({N});
+    Tensor dl = b.empty({N, V});
+    b.cross_entropy_max(Lg, mx);
+    b.cross_entropy_partials(Lg, Tg, mx, offset, se, tl);
+    b.cross_entropy_loss(mx, se, tl, loss);
+    b.cross_entropy_backward(Lg, Tg, mx, se, offset, 0.25f, dl);
+    Vec out;
+    for (const Tensor* t : {&mx, &se, &tl, &loss, &dl}) {
+      Vec v = down(b, *t);
+      out.insert(out.end(), v.begin(), v.end());
+    }
+    return out;
+  };
+  expect_close(run(gpu), run(cpu), kF32, "cross-entropy");
+}
+
+TEST_CASE("cuda: clip coefficient and AdamW") {
+  MT_GPU_OR_SKIP(gpu);
+  CpuBackend cpu;
+  const std::int64_t n = 5000;
+  const Vec p = random(n, 24), g = random(n, 25), m = random(n, 26, 0.1f);
+  Vec v = random(n, 27, 0.1f);
+  for (auto& x : v) x = x * x;
+  auto run = [&](Backend& b) {
+    Tensor P = up(b, {n}, p), G = up(b, {n}, g), M = up(b, {n}, m), Vv = up(b, {n}, v);
+    Tensor ss = b.empty({1}), coef = b.empty({1});
+    b.sum_squares(G, ss, false);
+    b.clip_coefficient(ss, 1.0f, coef);
+    AdamWOp op;
+    op.lr = 1e-3f;
+    op.weight_decay = 0.1f;
+    op.step = 3;
+    b.adamw(P, G, M, Vv, coef, op);
+    b.adamw(P, G, M, Vv, Tensor(), op);
+    Vec out;
+    for (const Tensor* t : {&P, &M, &Vv, &coef}) {
+      Vec x = down(b, *t);
+      out.insert(out.end(), x.begin(), x.end());
+    }
+    return out;
+  };
+  expect_close(run(gpu), run(cpu), kF32, "clip + adamw");
+}
+
+TEST_CASE("cuda: streams and events order work; the allocator stops growing after warm-up") {
+  MT_GPU_OR_SKIP(gpu);
+  const Stream side = gpu.create_stream("side");
+  const Vec x = random(1 << 20, 28);
+  auto step = [&] {
+    Tensor a = up(gpu, {1 << 20}, x);
+    Event written = gpu.record(gpu.current_stream());
+    Tensor b = gpu.empty({1 << 20});
+    {
+      StreamScope scope(gpu, side);
+      gpu.wait(side, written);
+      gpu.copy(a, b);
+      gpu.scale(b, 2.f);
+    }
+    gpu.wait(Stream{0}, gpu.record(side));
+    Tensor s = gpu.empty({1});
+    gpu.sum(b, s, 1.f, false);
+    return down(gpu, s)[0];
+  };
+  const float first = step();
+  REQUIRE(gpu.synchronize().ok());
+  const auto warm = gpu.allocator_stats().raw_allocations;
+  for (int i = 0; i < 5; ++i) CHECK(step() == first);
+  REQUIRE(gpu.synchronize().ok());
+  CHECK(gpu.allocator_stats().raw_allocations == warm);
+  double ref = 0;
+  for (float v : x) ref += 2.0 * v;
+  CHECK(first == Approx(ref).margin(1e-2));
+}

@@ -1,0 +1,85 @@
+// Shape and dtype rules of the cuda ops, checked without a device: tensors
+// here are shapes over an empty storage, never touched.
+#include <catch2/catch.hpp>
+
+#include "backends/cuda/op_checks.h"
+
+using namespace meshtrain;
+using namespace meshtrain::cuda;
+
+namespace {
+Tensor t(Shape s, DType d = DType::f32) {
+  return Tensor(std::make_shared<Storage>(), std::move(s), d);
+}
+}  // namespace
+
+TEST_CASE("gemm dims follow the transposes") {
+  auto d = gemm_dims(t({4, 3}), t({3, 5}), t({4, 5}), GemmOp{});
+  REQUIRE(d.ok());
+  CHECK((d->m == 4 && d->n == 5 && d->k == 3 && d->batch == 1));
+  GemmOp tt;
+  tt.trans_a = tt.trans_b = true;
+  d = gemm_dims(t({3, 4}), t({5, 3}), t({4, 5}), tt);
+  REQUIRE(d.ok());
+  CHECK((d->m == 4 && d->n == 5 && d->k == 3));
+  // Rank > 2 is viewed as (numel / X, X).
+  d = gemm_dims(t({2, 2, 3}), t({3, 5}), t({4, 5}), GemmOp{});
+  REQUIRE(d.ok());
+  CHECK(d->m == 4);
+  auto bad = gemm_dims(t({4, 3}), t({4, 5}), t({4, 5}), GemmOp{});
+  REQUIRE_FALSE(bad.ok());
+  CHECK_THAT(bad.error().message(), Catch::Contains("do not fit"));
+}
+
+TEST_CASE("gemm dtypes: shared input dtype, f32 or input-dtype output, bias as c") {
+  CHECK(gemm_dims(t({4, 3}, DType::bf16), t({3, 5}, DType::bf16), t({4, 5}), GemmOp{}).ok());
+  CHECK(gemm_dims(t({4, 3}, DType::bf16), t({3, 5}, DType::bf16), t({4, 5}, DType::bf16), GemmOp{}).ok());
+  CHECK_FALSE(gemm_dims(t({4, 3}, DType::bf16), t({3, 5}), t({4, 5}), GemmOp{}).ok());
+  CHECK_FALSE(gemm_dims(t({4, 3}, DType::bf16), t({3, 5}, DType::bf16), t({4, 5}, DType::f16), GemmOp{}).ok());
+  CHECK_FALSE(gemm_dims(t({4, 3}, DType::i32), t({3, 5}, DType::i32), t({4, 5}), GemmOp{}).ok());
+  GemmOp with_bias;
+  with_bias.bias = t({5}, DType::bf16);
+  CHECK_FALSE(gemm_dims(t({4, 3}), t({3, 5}), t({4, 5}), with_bias).ok());
+  with_bias.bias = t({5});
+  CHECK(gemm_dims(t({4, 3}), t({3, 5}), t({4, 5}), with_bias).ok());
+  with_bias.bias = t({4});
+  CHECK_FALSE(gemm_dims(t({4, 3}), t({3, 5}), t({4, 5}), with_bias).ok());
+}
+
+TEST_CASE("batched gemm needs one L") {
+  auto d = batched_gemm_dims(t({2, 4, 3}), t({2, 3, 5}), t({2, 4, 5}), GemmOp{});
+  REQUIRE(d.ok());
+  CHECK(d->batch == 2);
+  CHECK_FALSE(batched_gemm_dims(t({2, 4, 3}), t({3, 3, 5}), t({2, 4, 5}), GemmOp{}).ok());
+  CHECK_FALSE(batched_gemm_dims(t({4, 3}), t({3, 5}), t({4, 5}), GemmOp{}).ok());
+}
+
+TEST_CASE("attention takes (B, T, H + 2G, D) with D even and at most 128") {
+  AttentionOp op{4, 2, 64, 0.125f};
+  auto d = attention_dims(t({2, 8, 8, 64}), op);
+  REQUIRE(d.ok());
+  CHECK((d->B == 2 && d->T == 8 && d->H == 4 && d->G == 2 && d->D == 64));
+  CHECK(attention_dims(t({2, 8, 8, 64}, DType::bf16), op).ok());
+  CHECK_FALSE(attention_dims(t({2, 8, 8, 64}, DType::f16), op).ok());
+  CHECK_FALSE(attention_dims(t({2, 8, 7, 64}), op).ok());
+  AttentionOp wide{4, 2, 256, 0.0625f};
+  auto w = attention_dims(t({2, 8, 8, 256}), wide);
+  REQUIRE_FALSE(w.ok());
+  CHECK_THAT(w.error().message(), Catch::Contains("head dim 256"));
+  AttentionOp uneven{3, 2, 64, 0.125f};
+  CHECK_FALSE(attention_dims(t({2, 8, 7, 64}), uneven).ok());
+}
+
+TEST_CASE("row views, element counts, rope shapes") {
+  CHECK(*rows_of(t({6, 4}), 4) == 6);
+  CHECK(*rows_of(t({2, 3, 4}), 4) == 6);
+  CHECK_FALSE(rows_of(t({6, 4}), 5).ok());
+  CHECK_FALSE(rows_of(t({6, 4}), 0).ok());
+  CHECK(expect_numel(t({6, 4}), 24, "x").ok());
+  CHECK_FALSE(expect_numel(t({6, 4}), 23, "x").ok());
+  CHECK_FALSE(expect_dtype(t({2}), DType::i32, "ids").ok());
+  CHECK(rope_check(t({2, 8, 6, 16}), 6, 4).ok());
+  CHECK_FALSE(rope_check(t({2, 8, 6, 15}), 6, 4).ok());
+  CHECK_FALSE(rope_check(t({2, 8, 6, 16}), 6, 7).ok());
+  CHECK_FALSE(rope_check(t({2, 8, 6, 16}), 5, 4).ok());
+}
