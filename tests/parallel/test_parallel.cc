@@ -110,3 +110,30 @@ TEST_CASE("the same plan twice gives identical bits", "[parallel][determinism]")
   CHECK(a.ranks[0].grad_norms == b.ranks[0].grad_norms);
   CHECK(a.ranks[0].state == b.ranks[0].state);
 }
+
+TEST_CASE("a rank that stops makes its peers' step fail with the op and group named", "[parallel][errors]") {
+  const ModelSpec m = tiny_gpt();
+  const Plan p = make_plan(1, 1, 2, 1, ScheduleKind::one_f_one_b);
+  const Mesh mesh(p);
+  std::vector<std::string> errors(2);
+  CommOptions fast;
+  fast.timeout = std::chrono::milliseconds(2000);
+  const Status s = run_ranks(
+      2,
+      [&](int rank, Communicator& comm) -> Status {
+        CpuBackend b(comm);
+        StepEngine engine(b, m, p, mesh, step_options());
+        if (rank == 1) return ok_status();  // never joins the gradient reduction
+        const std::vector<HostBatch> all = global_batch(m, 1);
+        auto r = engine.step({all.begin(), all.begin() + p.microbatches()}, 1e-2f, 1);
+        if (r.ok()) return make_error("step succeeded although rank 1 never took part");
+        errors[0] = r.error().message();
+        return std::move(r).error();
+      },
+      fast);
+  REQUIRE_FALSE(s.ok());
+  INFO(errors[0]);
+  CHECK_THAT(errors[0], Catch::Contains("step 1"));
+  CHECK_THAT(errors[0], Catch::Contains("reduce_scatter"));
+  CHECK_THAT(errors[0], Catch::Contains("group"));
+}
