@@ -81,6 +81,7 @@ inline std::vector<HostBatch> global_batch(const ModelSpec& m, int step) {
 
 struct RankRun {
   std::vector<double> losses, grad_norms;
+  double eval_loss = 0;  // evaluate() on step 1's batch after training
   std::map<std::string, std::vector<float>> state;  // filled on rank 0 only
 };
 
@@ -96,6 +97,8 @@ inline Status run_rank(Backend& b, const ModelSpec& m, const Plan& p, RankRun& o
     out.losses.push_back(r.loss);
     out.grad_norms.push_back(r.grad_norm);
   }
+  const std::vector<HostBatch> all = global_batch(m, 1);
+  MT_ASSIGN(out.eval_loss, engine.evaluate({all.begin() + d * per, all.begin() + (d + 1) * per}));
   MT_ASSIGN(auto state, engine.export_state());
   if (b.rank() == 0) out.state = std::move(state);
   return ok_status();

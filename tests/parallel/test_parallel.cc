@@ -52,7 +52,9 @@ void check_matches_reference(const ModelSpec& m, const Plan& p) {
     // Every rank reports the same loss and norm bits.
     CHECK(r.losses == run.ranks[0].losses);
     CHECK(r.grad_norms == run.ranks[0].grad_norms);
+    CHECK(r.eval_loss == run.ranks[0].eval_loss);
   }
+  CHECK(run.ranks[0].eval_loss == Approx(r0.eval_loss).epsilon(1e-5));
   for (int s = 0; s < kSteps; ++s) {
     INFO("step " << s + 1);
     CHECK(run.ranks[0].losses[s] == Approx(r0.losses[s]).epsilon(1e-5));
@@ -108,6 +110,7 @@ TEST_CASE("the same plan twice gives identical bits", "[parallel][determinism]")
   const PlanRun a = run_plan(tiny_gpt(), p), b = run_plan(tiny_gpt(), p);
   CHECK(a.ranks[0].losses == b.ranks[0].losses);
   CHECK(a.ranks[0].grad_norms == b.ranks[0].grad_norms);
+  CHECK(a.ranks[0].eval_loss == b.ranks[0].eval_loss);
   CHECK(a.ranks[0].state == b.ranks[0].state);
 }
 
@@ -136,4 +139,17 @@ TEST_CASE("a rank that stops makes its peers' step fail with the op and group na
   CHECK_THAT(errors[0], Catch::Contains("step 1"));
   CHECK_THAT(errors[0], Catch::Contains("reduce_scatter"));
   CHECK_THAT(errors[0], Catch::Contains("group"));
+}
+
+TEST_CASE("plans the engine cannot run yet are rejected up front with the reason", "[parallel][errors]") {
+  Plan p = make_plan(2, 1, 2, 3, ScheduleKind::one_f_one_b);
+  auto zero3 = StepEngine::supports(p);
+  REQUIRE_FALSE(zero3.ok());
+  CHECK_THAT(zero3.error().message(), Catch::Contains("ZeRO stage 3"));
+  p.zero = 1, p.sequence_parallel = true;
+  auto sp = StepEngine::supports(p);
+  REQUIRE_FALSE(sp.ok());
+  CHECK_THAT(sp.error().message(), Catch::Contains("sequence parallelism"));
+  p.sequence_parallel = false;
+  CHECK(StepEngine::supports(p).ok());
 }
