@@ -18,8 +18,6 @@ template <class... Args>
   std::abort();
 }
 
-sim::DType cost_dtype(DType t) { return t == DType::bf16 || t == DType::f16 ? sim::DType::kBf16 : sim::DType::kFp32; }
-
 double seconds(sim::Time t) { return static_cast<double>(t) / static_cast<double>(sim::kSecond); }
 
 }  // namespace
@@ -161,6 +159,22 @@ void SimCluster::point_to_point(int rank, sim::StreamId stream, int peer, double
   sim::Executor& ex = *executor_;
   const sim::NameId name = ex.intern(is_send ? "send" : "recv");
   if (simulated(peer)) {
+    if (is_send) {
+      // A send does not hold up the issuing stream (as the cpu backend's
+      // buffered send, or NCCL sends on a stream of their own): it runs on a
+      // per-peer stream after what was issued before it, so two stages that
+      // send to each other and then receive do not deadlock.
+      auto it = send_streams_.find({rank, peer});
+      if (it == send_streams_.end()) {
+        auto st = ex.stream(rank, fmt::format("send to {}", peer));
+        if (!st) return fail(std::move(st).error());
+        it = send_streams_.emplace(std::make_pair(rank, peer), *st).first;
+      }
+      const sim::NameId ready = ex.intern(fmt::format("send {}", sends_++));
+      if (Status s = ex.record(stream, ready); !s) return fail(std::move(s).error());
+      if (Status s = ex.wait(it->second, ready); !s) return fail(std::move(s).error());
+      stream = it->second;
+    }
     Status s = is_send ? ex.send(stream, peer, bytes, name) : ex.recv(stream, peer, name);
     if (!s) fail(std::move(s).error());
     if (is_send) analytic_stats_[static_cast<std::size_t>(sim::CollectiveKind::kSendRecv)].bytes += bytes;
@@ -303,6 +317,11 @@ Status SimBackend::synchronize() {
 
 double SimBackend::compute_seconds() const { return seconds(compute_); }
 
+sim::DType SimBackend::compute_dtype(DType t) const {
+  if (t == DType::bf16 || t == DType::f16) return sim::DType::kBf16;
+  return cluster_.options_.float_compute;
+}
+
 void SimBackend::compute(sim::NameId name, sim::Time duration) {
   if (cluster_.error_) return;
   compute_ += duration;
@@ -361,7 +380,7 @@ void SimBackend::gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp&
   const std::int64_t k = a.numel() / std::max<std::int64_t>(m, 1);
   if (m * k != a.numel() || k * n != b.numel())
     misuse("gemm: a {} b {} c {} do not agree", a.shape().str(), b.shape().str(), c.shape().str());
-  compute(SIM_NAME("gemm"), cluster_.cost_.gemm(m, n, k, cost_dtype(a.dtype())));
+  compute(SIM_NAME("gemm"), cluster_.cost_.gemm(m, n, k, compute_dtype(a.dtype())));
 }
 void SimBackend::batched_gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp&) {
   check(a, "batched_gemm"), check(b, "batched_gemm"), check(c, "batched_gemm");
@@ -369,7 +388,7 @@ void SimBackend::batched_gemm(const Tensor& a, const Tensor& b, Tensor& c, const
     misuse("batched_gemm: a {} and c {} must be (L, ., .)", a.shape().str(), c.shape().str());
   const std::int64_t l = c.shape()[0], m = c.shape()[1], n = c.shape()[2];
   const std::int64_t k = a.numel() / std::max<std::int64_t>(l * m, 1);
-  compute(SIM_NAME("batched_gemm"), cluster_.cost_.gemm(m, n, k, cost_dtype(a.dtype()), l));
+  compute(SIM_NAME("batched_gemm"), cluster_.cost_.gemm(m, n, k, compute_dtype(a.dtype()), l));
 }
 void SimBackend::bias_backward(const Tensor& dy, Tensor& db) {
   check(dy, "bias_backward"), check(db, "bias_backward");
@@ -443,7 +462,7 @@ void SimBackend::attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, 
   if (qkv.shape().rank() != 4) misuse("attention_forward: qkv {} must be (B, T, H + 2G, D)", qkv.shape().str());
   compute(SIM_NAME("attention_forward"),
           cluster_.cost_.attention(qkv.shape()[0] * op.heads, qkv.shape()[1], op.head_dim, true, false,
-                                   cost_dtype(qkv.dtype())));
+                                   compute_dtype(qkv.dtype())));
 }
 void SimBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
                                     Tensor& dqkv, const AttentionOp& op) {
@@ -452,7 +471,7 @@ void SimBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
   if (qkv.shape().rank() != 4) misuse("attention_backward: qkv {} must be (B, T, H + 2G, D)", qkv.shape().str());
   compute(SIM_NAME("attention_backward"),
           cluster_.cost_.attention(qkv.shape()[0] * op.heads, qkv.shape()[1], op.head_dim, true, true,
-                                   cost_dtype(qkv.dtype())));
+                                   compute_dtype(qkv.dtype())));
 }
 
 void SimBackend::cross_entropy_max(const Tensor& logits, Tensor& row_max) {

@@ -34,8 +34,10 @@
 //    collective (they really wait for each other) and then run that task.
 //    Byte counts are nccl-tests sizes: all-reduce and broadcast the buffer,
 //    reduce-scatter its input, all-gather its output, all-to-all the send buffer.
-//  * send/recv between representatives are executor send/recv (flows); with
-//    a peer that is not simulated, the analytic send/recv time on the issuer.
+//  * send/recv between representatives are executor send/recv (flows). A
+//    send runs on a per-peer stream that waits for the issuing stream's work
+//    so far (a buffered send: the issuer goes on); a recv blocks its stream.
+//    With a peer that is not simulated, the analytic send/recv time on the issuer.
 //  * streams are executor streams named after the backend's streams; record
 //    and wait map to executor events (one per Event, so a wait waits for that
 //    record and not a later one on the same stream).
@@ -74,6 +76,10 @@ struct SimOptions {
   // How collectives among representatives are timed (flows see contention).
   sim::CollectiveMode mode = sim::CollectiveMode::kFlows;
   const sim::Calibration* calibration = nullptr;  // may be null; must outlive the cluster
+  // The precision fp32 tensors' GEMMs and attention are timed at. The engine
+  // keeps fp32 tensors on every backend; a mixed-precision run on a GPU
+  // computes them on bf16 tensor cores, so a bf16 plan sets kBf16.
+  sim::DType float_compute = sim::DType::kFp32;
 };
 
 // Per representative rank, after run().
@@ -145,6 +151,8 @@ class SimCluster {
   std::map<int, std::vector<sim::CollectiveId>> group_collectives_;
   std::map<std::pair<int, int>, std::size_t> joined_;
   std::map<std::tuple<int, double, std::vector<int>>, sim::Time> analytic_cache_;
+  std::map<std::pair<int, int>, sim::StreamId> send_streams_;  // by (rank, peer)
+  std::uint64_t sends_ = 0;
   std::array<SimCollectiveStats, sim::kNumCollectiveKinds> analytic_stats_{};
   std::optional<Error> error_;
   bool ran_ = false;
@@ -250,6 +258,7 @@ class SimBackend final : public Backend {
   void memory_op(sim::NameId name, std::initializer_list<const Tensor*> tensors);
   void check(const Tensor& t, const char* op) const;
   sim::StreamId executor_stream(Stream s) const;
+  sim::DType compute_dtype(DType t) const;
   void collective(sim::CollectiveKind kind, double bytes, const Group& g, int root = 0);
 
   SimCluster& cluster_;

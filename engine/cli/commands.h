@@ -17,5 +17,6 @@ struct Command {
 
 Command add_info_command(CLI::App& app);
 Command add_train_command(CLI::App& app);
+Command add_simulate_command(CLI::App& app);
 
 }  // namespace meshtrain

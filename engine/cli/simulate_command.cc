@@ -1,0 +1,263 @@
+#include "engine/cli/simulate_command.h"
+
+#include <memory>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "engine/cli/commands.h"
+#include "engine/cli/plan_flags.h"
+#include "engine/mesh.h"
+#include "engine/step_engine.h"
+#include "models/flops.h"
+#include "simulator/calibration.h"
+
+namespace meshtrain {
+
+namespace {
+
+std::string human_bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) b /= 1024, ++u;
+  return fmt::format("{:.2f} {}", b, units[u]);
+}
+
+Error out_of_memory(const StageResult& s, const Plan& p, double device_bytes) {
+  const MemoryBreakdown& m = s.model;
+  return make_error(
+      "out of memory: rank {} (pipeline stage {}, and every tp rank and dp replica of that stage) "
+      "peaks at {} but the device has {}. Analytic breakdown for this stage: parameters {}, "
+      "gradients {}, optimizer {}, zero-3 gathered {}, activations {} ({} micro-batches in flight), "
+      "total {}. Try more pipeline or tensor parallelism, --zero {}, or --recompute full",
+      s.rank, s.stage, human_bytes(static_cast<double>(s.peak_bytes)), human_bytes(device_bytes),
+      human_bytes(m.parameters), human_bytes(m.gradients), human_bytes(m.optimizer),
+      human_bytes(m.zero3_working), human_bytes(m.activations), m.inflight, human_bytes(m.total()),
+      std::min(p.zero + 1, 2));
+}
+
+}  // namespace
+
+Result<SimulationResult> simulate_iteration(const ModelSpec& m, const Plan& p,
+                                            const SimulateOptions& options) {
+  if (Status s = StepEngine::supports(p); !s)
+    return std::move(s.context("the step engine cannot run this plan yet")).error();
+  const Mesh mesh(p);
+  std::vector<int> reps;
+  for (int stage = 0; stage < p.pp; ++stage) reps.push_back(mesh.rank_of(Coord{0, 0, 0, stage}));
+  SimOptions sim_options;
+  sim_options.trace = options.trace;
+  sim_options.calibration = options.calibration;
+  if (p.precision != Precision::fp32) sim_options.float_compute = sim::DType::kBf16;
+  MT_ASSIGN(std::unique_ptr<SimCluster> cluster,
+            SimCluster::create(options.cluster, p.world_size(), reps, sim_options));
+
+  const int seq = p.effective_seq_len(m);
+  HostBatch batch;
+  batch.batch = p.micro_batch;
+  batch.seq = seq;
+  batch.ids.assign(static_cast<std::size_t>(p.micro_batch) * static_cast<std::size_t>(seq), 0);
+  batch.targets = batch.ids;
+  const std::vector<HostBatch> microbatches(static_cast<std::size_t>(p.microbatches()), batch);
+
+  StepOptions step_options;
+  step_options.initialize_parameters = false;  // the sim backend holds no values
+  {
+    std::vector<std::unique_ptr<StepEngine>> engines;
+    for (int r : reps)
+      engines.push_back(std::make_unique<StepEngine>(cluster->backend(r), m, p, mesh, step_options));
+    // Nothing blocks on data in the sim backend, so each representative issues
+    // its whole iteration in turn; the cluster times them together below.
+    for (std::size_t i = 0; i < engines.size(); ++i) {
+      auto r = engines[i]->step(microbatches, 1e-4f, 1);
+      if (!r) return std::move(r.context(fmt::format("simulating rank {}", reps[i]))).error();
+    }
+  }
+  MT_ASSIGN(SimReport report, cluster->run());
+
+  SimulationResult out;
+  out.iteration_s = report.iteration_s;
+  out.tasks = report.tasks;
+  out.events = report.events;
+  out.collectives = report.collectives;
+  const double tokens = static_cast<double>(p.effective_global_batch()) * seq;
+  out.tokens_per_s = tokens / out.iteration_s;
+  const FlopCount flops = training_flops(m, p.effective_global_batch(), seq, p.recompute);
+  const double per_gpu = 1.0 / out.iteration_s / p.world_size();
+  out.tflops_per_gpu = flops.model * per_gpu / 1e12;
+  out.hardware_tflops_per_gpu = flops.hardware * per_gpu / 1e12;
+  out.mfu = flops.model * per_gpu / options.cluster.device.peak_bf16_flops;
+  for (std::size_t i = 0; i < report.ranks.size(); ++i) {
+    const SimRankReport& r = report.ranks[i];
+    StageResult s;
+    s.stage = static_cast<int>(i);
+    s.rank = r.rank;
+    s.peak_bytes = r.peak_bytes;
+    s.model = memory_per_rank(m, p, s.stage, meshtrain_layout(p));
+    s.compute_s = r.compute_s;
+    s.idle_s = r.idle_s;
+    s.exposed_comm_s = std::max(0.0, r.compute_busy_s - r.compute_s);
+    s.tasks = r.tasks;
+    out.bubble_fraction += s.idle_s / out.iteration_s / static_cast<double>(report.ranks.size());
+    out.exposed_comm_s += s.exposed_comm_s / static_cast<double>(report.ranks.size());
+    if (s.peak_bytes > out.peak_memory_bytes) {
+      out.peak_memory_bytes = s.peak_bytes;
+      out.peak_rank = s.rank;
+    }
+    out.stages.push_back(s);
+  }
+  if (options.check_memory)
+    for (const StageResult& s : out.stages)
+      if (static_cast<double>(s.peak_bytes) > options.cluster.device.memory_bytes)
+        return out_of_memory(s, p, options.cluster.device.memory_bytes);
+  if (options.trace) out.trace_json = cluster->trace().to_json();
+  return out;
+}
+
+namespace {
+
+struct SimulateFlags {
+  PlanFlags plan;
+  std::string cluster = "dgx-a100";
+  int gpus = 0;
+  std::string calibration, trace;
+  bool json = false;
+};
+
+// The README's first command: Megatron's 18.4B GPT on 64 DGX A100 GPUs
+// (8 nodes), tensor parallel within a node, two pipeline stages.
+void use_example(SimulateFlags& f) {
+  f.plan.model = "megatron-18.4b";
+  f.gpus = 64;
+  f.plan.overrides.tp = 8;
+  f.plan.overrides.pp = 2;
+  f.plan.overrides.micro_batch = 1;
+  f.plan.overrides.global_batch = 256;
+}
+
+nlohmann::json to_json(const SimulationResult& r, const ModelSpec& m, const Plan& p, const sim::ClusterSpec& c) {
+  nlohmann::json collectives = nlohmann::json::object();
+  for (int k = 0; k < sim::kNumCollectiveKinds; ++k) {
+    const SimCollectiveStats& s = r.collectives[static_cast<std::size_t>(k)];
+    collectives[sim::collective_kind_name(static_cast<sim::CollectiveKind>(k))] = {
+        {"time_s", s.time_s}, {"count", s.count}, {"bytes", s.bytes}};
+  }
+  nlohmann::json stages = nlohmann::json::array();
+  for (const StageResult& s : r.stages)
+    stages.push_back({{"stage", s.stage},
+                      {"rank", s.rank},
+                      {"peak_memory_bytes", s.peak_bytes},
+                      {"model_memory_bytes", s.model.total()},
+                      {"compute_s", s.compute_s},
+                      {"idle_s", s.idle_s},
+                      {"exposed_comm_s", s.exposed_comm_s},
+                      {"tasks", s.tasks}});
+  return {{"model", m.name},
+          {"cluster", c.name},
+          {"gpus", p.world_size()},
+          {"plan", plan_to_json(p)},
+          {"iteration_time_s", r.iteration_s},
+          {"tokens_per_s", r.tokens_per_s},
+          {"tflops_per_gpu", r.tflops_per_gpu},
+          {"hardware_tflops_per_gpu", r.hardware_tflops_per_gpu},
+          {"mfu", r.mfu},
+          {"bubble_fraction", r.bubble_fraction},
+          {"exposed_comm_s", r.exposed_comm_s},
+          {"peak_memory_bytes", r.peak_memory_bytes},
+          {"peak_memory_rank", r.peak_rank},
+          {"device_memory_bytes", c.device.memory_bytes},
+          {"collectives", collectives},
+          {"stages", stages},
+          {"tasks", r.tasks},
+          {"events", r.events}};
+}
+
+void print_text(const SimulationResult& r, const ModelSpec& m, const Plan& p, const sim::ClusterSpec& c) {
+  fmt::print("simulated {} on {} x {} ({}): tp {} pp {} dp {} vpp {} zero {}, micro-batch {}, global batch {}, "
+             "schedule {}, recompute {}, {}\n",
+             m.name, p.world_size(), c.device.name, c.name, p.tp, p.pp, p.dp, p.vpp, p.zero, p.micro_batch,
+             p.effective_global_batch(), schedule_name(p.schedule), recompute_name(p.recompute),
+             precision_name(p.precision));
+  fmt::print("iteration        {:.4f} s\n", r.iteration_s);
+  fmt::print("throughput       {:.0f} tokens/s\n", r.tokens_per_s);
+  fmt::print("model FLOP/s     {:.1f} TFLOP/s per GPU, MFU {:.1f}% (of {:.0f} TFLOP/s bf16 peak)\n",
+             r.tflops_per_gpu, 100 * r.mfu, c.device.peak_bf16_flops / 1e12);
+  fmt::print("hardware FLOP/s  {:.1f} TFLOP/s per GPU\n", r.hardware_tflops_per_gpu);
+  fmt::print("bubble           {:.1f}% of the iteration (compute stream idle, mean over stages)\n",
+             100 * r.bubble_fraction);
+  fmt::print("exposed comm     {:.4f} s per stage (mean)\n", r.exposed_comm_s);
+  fmt::print("memory           peak {} on rank {} (device {})\n", human_bytes(static_cast<double>(r.peak_memory_bytes)),
+             r.peak_rank, human_bytes(c.device.memory_bytes));
+  fmt::print("  {:>5} {:>6} {:>12} {:>12} {:>10} {:>10}\n", "stage", "rank", "peak", "model", "compute s", "idle s");
+  for (const StageResult& s : r.stages)
+    fmt::print("  {:>5} {:>6} {:>12} {:>12} {:>10.4f} {:>10.4f}\n", s.stage, s.rank,
+               human_bytes(static_cast<double>(s.peak_bytes)), human_bytes(s.model.total()), s.compute_s, s.idle_s);
+  fmt::print("communication (each collective counted once)\n");
+  for (int k = 0; k < sim::kNumCollectiveKinds; ++k) {
+    const SimCollectiveStats& s = r.collectives[static_cast<std::size_t>(k)];
+    if (s.count == 0) continue;
+    fmt::print("  {:<15} {:>8} calls {:>10.4f} s {:>12}\n", sim::collective_kind_name(static_cast<sim::CollectiveKind>(k)),
+               s.count, s.time_s, human_bytes(s.bytes));
+  }
+  fmt::print("simulator        {} tasks, {} events\n", r.tasks, r.events);
+}
+
+Status run_simulate(SimulateFlags f, bool no_flags) {
+  if (no_flags) use_example(f);
+  if (f.plan.model.empty()) return make_error("--model NAME|FILE is required (run with no flags at all for the example)");
+  if (f.gpus < 0) return make_error("--gpus {} must be positive", f.gpus);
+  PlanOverrides& o = f.plan.overrides;
+  if (f.gpus > 0 && !o.dp) {
+    // dp fills the GPUs left by the model-parallel dimensions.
+    PlanOverrides file;
+    if (!f.plan.plan_file.empty()) {
+      MT_ASSIGN(file, plan_overrides_from_file(f.plan.plan_file));
+    }
+    if (!file.dp) {
+      const int mp = o.tp.value_or(file.tp.value_or(1)) * o.pp.value_or(file.pp.value_or(1)) *
+                     o.cp.value_or(file.cp.value_or(1));
+      if (f.gpus % mp != 0)
+        return make_error("--gpus {} is not a multiple of tp·pp·cp = {}; pass a multiple or set --dp", f.gpus, mp);
+      o.dp = f.gpus / mp;
+    }
+  }
+  MT_ASSIGN(ModelAndPlan mp, resolve_model_and_plan(f.plan, f.gpus));
+  SimulateOptions options;
+  MT_ASSIGN(options.cluster, sim::cluster_spec_by_name_or_file(f.cluster));
+  sim::Calibration calibration;
+  if (!f.calibration.empty()) {
+    MT_ASSIGN(calibration, sim::load_calibration(f.calibration));
+    sim::apply_link_calibration(calibration, options.cluster);
+    options.calibration = &calibration;
+  }
+  options.trace = !f.trace.empty();
+  MT_ASSIGN(SimulationResult r, simulate_iteration(mp.model, mp.plan, options));
+  if (options.trace) {
+    std::FILE* out = std::fopen(f.trace.c_str(), "wb");
+    if (out == nullptr) return make_error("cannot write the trace to '{}'", f.trace);
+    const bool ok = std::fwrite(r.trace_json.data(), 1, r.trace_json.size(), out) == r.trace_json.size();
+    if (std::fclose(out) != 0 || !ok) return make_error("writing the trace to '{}' failed", f.trace);
+  }
+  if (f.json)
+    fmt::print("{}\n", to_json(r, mp.model, mp.plan, options.cluster).dump(2));
+  else
+    print_text(r, mp.model, mp.plan, options.cluster);
+  return {};
+}
+
+}  // namespace
+
+Command add_simulate_command(CLI::App& app) {
+  auto flags = std::make_shared<SimulateFlags>();
+  CLI::App* sub = app.add_subcommand(
+      "simulate", "time one training iteration on a simulated cluster (no flags: a built-in example)");
+  add_plan_flags(*sub, flags->plan, "");
+  sub->add_option("--cluster", flags->cluster, "cluster preset name or JSON file")->capture_default_str();
+  sub->add_option("--gpus", flags->gpus, "GPUs in the cluster (the plan's world; dp defaults to gpus / (tp·pp·cp))");
+  sub->add_option("--calibration", flags->calibration, "calibration JSON (meshtrain calibrate) replacing the defaults");
+  sub->add_option("--trace", flags->trace, "write a Chrome trace (open in Perfetto)");
+  sub->add_flag("--json", flags->json, "print one JSON object");
+  return {sub, [flags, sub] { return run_simulate(*flags, sub->count_all() == 1); }};
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,69 @@
+// `meshtrain simulate`: one training iteration of a model under a plan, timed
+// on a simulated cluster by the sim backend (backends/sim/sim_backend.h).
+//
+// The StepEngine issues the iteration on one SimBackend per pipeline stage
+// (the rank with tp 0, dp 0 of that stage); every other rank of a stage issues
+// the same ops (see the equivalence assumption in sim_backend.h), so the
+// simulated work does not grow with the data-parallel degree.
+//
+// Reported (per iteration):
+//   tokens/s         global batch · seq / iteration time
+//   model TFLOP/s    training_flops(...).model / iteration time / GPUs (models/flops.h);
+//                    MFU divides it by the device's dense bf16 peak
+//   hardware TFLOP/s the same with recomputation counted
+//   bubble fraction  per stage, the time its compute stream is idle (neither
+//                    computing nor communicating) over the iteration time; the
+//                    mean over stages
+//   exposed comm     per stage, the compute stream's busy time minus its
+//                    full-speed compute: communication issued on the compute
+//                    stream (which it waits for) and the slowdown concurrent
+//                    communication causes; waits for side-stream communication
+//                    show up as idle time instead
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "backends/sim/sim_backend.h"
+#include "engine/memory_model.h"
+#include "engine/plan.h"
+#include "models/model_spec.h"
+#include "simulator/cluster_spec.h"
+
+namespace meshtrain {
+
+struct SimulateOptions {
+  sim::ClusterSpec cluster;
+  const sim::Calibration* calibration = nullptr;  // may be null
+  bool trace = false;                             // fill SimulationResult::trace_json
+  bool check_memory = true;  // an Error when a rank's peak exceeds the device memory
+};
+
+struct StageResult {
+  int stage = 0, rank = 0;
+  std::int64_t peak_bytes = 0;  // measured by the sim backend
+  MemoryBreakdown model;        // the analytic memory model of this stage
+  double compute_s = 0, idle_s = 0, exposed_comm_s = 0;
+  std::uint64_t tasks = 0;
+};
+
+struct SimulationResult {
+  double iteration_s = 0, tokens_per_s = 0;
+  double tflops_per_gpu = 0, hardware_tflops_per_gpu = 0, mfu = 0;
+  double bubble_fraction = 0, exposed_comm_s = 0;
+  std::int64_t peak_memory_bytes = 0;
+  int peak_rank = 0;
+  std::vector<StageResult> stages;
+  std::array<SimCollectiveStats, sim::kNumCollectiveKinds> collectives{};
+  std::uint64_t tasks = 0, events = 0;
+  std::string trace_json;
+};
+
+// Validates that the step engine supports `p` and that the cluster has room,
+// then simulates one iteration.
+Result<SimulationResult> simulate_iteration(const ModelSpec& m, const Plan& p,
+                                            const SimulateOptions& options);
+
+}  // namespace meshtrain
