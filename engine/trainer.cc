@@ -67,6 +67,7 @@ Status check_train_options(const TrainOptions& o, const ModelSpec& m, const Plan
     return make_error("need --lr > 0 and 0 <= --min-lr <= --lr, got lr {} min-lr {}", o.lr, o.min_lr);
   MT_TRY(validate_lr_schedule(LrSchedule{o.lr, o.min_lr, o.warmup, o.steps}));
   if (o.resume && o.checkpoint_dir.empty()) return make_error("--resume needs --checkpoint DIR");
+  MT_TRY(StepEngine::supports(p));
   MT_TRY(load_byte_dataset(o.data, p.effective_seq_len(m)));
   if (!o.checkpoint_dir.empty()) MT_TRY(probe_checkpoint_dir(o.checkpoint_dir));
   if (!o.metrics.empty()) MT_TRY(MetricsWriter::open(o.metrics));
