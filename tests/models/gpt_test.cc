@@ -96,7 +96,8 @@ void check_gradient(const ModelSpec& spec) {
     // Step so the loss moves by ~1e-3: well above fp32 rounding, small for curvature.
     const double eps = 1e-3 / norm;
     const double numeric = (loss_at(dir, eps) - loss_at(dir, -eps)) / (2 * eps);
-    CHECK(numeric == Approx(norm).epsilon(2e-2));
+    // Observed: 0.7e-4 to 1.7e-4, the fp32 rounding of the loss over a 2e-3 difference.
+    CHECK(numeric == Approx(norm).epsilon(1e-3));
   }
   f.b.write(f.chunk.parameters().values(), theta);
 }
