@@ -204,7 +204,7 @@ void print_text(const SimulationResult& r, const ModelSpec& m, const Plan& p, co
 
 Status run_simulate(SimulateFlags f, bool no_flags) {
   if (no_flags) use_example(f);
-  if (f.plan.model.empty()) return make_error("--model NAME|FILE is required (run with no flags at all for the example)");
+  if (f.plan.model.empty()) return make_error("--model NAME|FILE is required (give no model, plan or --gpus flags for the example)");
   if (f.gpus < 0) return make_error("--gpus {} must be positive", f.gpus);
   PlanOverrides& o = f.plan.overrides;
   if (f.gpus > 0 && !o.dp) {
@@ -250,14 +250,20 @@ Status run_simulate(SimulateFlags f, bool no_flags) {
 Command add_simulate_command(CLI::App& app) {
   auto flags = std::make_shared<SimulateFlags>();
   CLI::App* sub = app.add_subcommand(
-      "simulate", "time one training iteration on a simulated cluster (no flags: a built-in example)");
+      "simulate", "time one training iteration on a simulated cluster (no model, plan or --gpus: a built-in example)");
   add_plan_flags(*sub, flags->plan, "");
   sub->add_option("--cluster", flags->cluster, "cluster preset name or JSON file")->capture_default_str();
   sub->add_option("--gpus", flags->gpus, "GPUs in the cluster (the plan's world; dp defaults to gpus / (tp·pp·cp))");
-  sub->add_option("--calibration", flags->calibration, "calibration JSON (meshtrain calibrate) replacing the defaults");
-  sub->add_option("--trace", flags->trace, "write a Chrome trace (open in Perfetto)");
-  sub->add_flag("--json", flags->json, "print one JSON object");
-  return {sub, [flags, sub] { return run_simulate(*flags, sub->count_all() == 1); }};
+  // Output flags do not choose what is simulated: with only those, the example runs.
+  std::vector<CLI::Option*> output = {
+      sub->add_option("--calibration", flags->calibration, "calibration JSON (meshtrain calibrate) replacing the defaults"),
+      sub->add_option("--trace", flags->trace, "write a Chrome trace (open in Perfetto)"),
+      sub->add_flag("--json", flags->json, "print one JSON object")};
+  return {sub, [flags, sub, output] {
+            std::size_t given = sub->count_all() - 1;
+            for (CLI::Option* o : output) given -= o->count();
+            return run_simulate(*flags, given == 0);
+          }};
 }
 
 }  // namespace meshtrain
