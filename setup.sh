@@ -30,7 +30,7 @@ cmake --build build -j "$jobs"
 
 case "${1:-run}" in
   run)
-    ./build/engine/meshtrain info --model gpt2-124m --tp 2 --pp 2 --dp 2 --zero 1
+    ./build/engine/meshtrain simulate
     ;;
   test)
     # Open MPI refuses to run as root without these; CI runs as root.
