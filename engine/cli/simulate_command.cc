@@ -122,6 +122,7 @@ struct SimulateFlags {
   int gpus = 0;
   std::string calibration, trace;
   bool json = false;
+  bool ignore_memory = false;
 };
 
 // The README's first command: Megatron's 18.4B GPT on 64 DGX A100 GPUs
@@ -231,6 +232,7 @@ Status run_simulate(SimulateFlags f, bool no_flags) {
     options.calibration = &calibration;
   }
   options.trace = !f.trace.empty();
+  options.check_memory = !f.ignore_memory;
   MT_ASSIGN(SimulationResult r, simulate_iteration(mp.model, mp.plan, options));
   if (options.trace) {
     std::FILE* out = std::fopen(f.trace.c_str(), "wb");
@@ -258,7 +260,9 @@ Command add_simulate_command(CLI::App& app) {
   std::vector<CLI::Option*> output = {
       sub->add_option("--calibration", flags->calibration, "calibration JSON (meshtrain calibrate) replacing the defaults"),
       sub->add_option("--trace", flags->trace, "write a Chrome trace (open in Perfetto)"),
-      sub->add_flag("--json", flags->json, "print one JSON object")};
+      sub->add_flag("--json", flags->json, "print one JSON object"),
+      sub->add_flag("--ignore-memory", flags->ignore_memory,
+                    "report the timing even when a rank's peak exceeds the device memory")};
   return {sub, [flags, sub, output] {
             std::size_t given = sub->count_all() - 1;
             for (CLI::Option* o : output) given -= o->count();
