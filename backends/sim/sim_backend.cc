@@ -1,11 +1,11 @@
 #include "backends/sim/sim_backend.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <numeric>
-
-#include <fmt/format.h>
 
 namespace meshtrain {
 
@@ -51,9 +51,10 @@ class SimStorage final : public Storage {
 // ---- SimCluster ---------------------------------------------------------------
 
 Result<std::unique_ptr<SimCluster>> SimCluster::create(const sim::ClusterSpec& spec, int world_size,
-                                                      std::vector<int> representatives,
-                                                      SimOptions options) {
-  if (representatives.empty()) return make_error("a simulation needs at least one representative rank");
+                                                       std::vector<int> representatives,
+                                                       SimOptions options) {
+  if (representatives.empty())
+    return make_error("a simulation needs at least one representative rank");
   std::vector<int> sorted = representatives;
   std::sort(sorted.begin(), sorted.end());
   if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end())
@@ -84,7 +85,8 @@ SimCluster::~SimCluster() = default;
 
 SimBackend& SimCluster::backend(int global_rank) {
   auto it = rep_index_.find(global_rank);
-  if (it == rep_index_.end()) misuse("rank {} is not a representative of this simulation", global_rank);
+  if (it == rep_index_.end())
+    misuse("rank {} is not a representative of this simulation", global_rank);
   return *backends_[it->second];
 }
 
@@ -134,7 +136,8 @@ void SimCluster::collective(int rank, sim::StreamId stream, const Group& g,
       // full collective is timed analytically below.
       if (!all) joined.bytes = 0;
       auto id = ex.add_collective(joined, ex.intern(kind));
-      if (!id) return fail(std::move(id).error().context(fmt::format("{} on group {}", kind, g.id)));
+      if (!id)
+        return fail(std::move(id).error().context(fmt::format("{} on group {}", kind, g.id)));
       list.push_back(*id);
     }
     if (Status s = ex.join_collective(stream, list[k]); !s) return fail(std::move(s).error());
@@ -177,16 +180,18 @@ void SimCluster::point_to_point(int rank, sim::StreamId stream, int peer, double
     }
     Status s = is_send ? ex.send(stream, peer, bytes, name) : ex.recv(stream, peer, name);
     if (!s) fail(std::move(s).error());
-    if (is_send) analytic_stats_[static_cast<std::size_t>(sim::CollectiveKind::kSendRecv)].bytes += bytes;
+    if (is_send)
+      analytic_stats_[static_cast<std::size_t>(sim::CollectiveKind::kSendRecv)].bytes += bytes;
     return;
   }
-  sim::CollectiveRequest request{sim::CollectiveKind::kSendRecv,
-                                 is_send ? std::vector<int>{rank, peer} : std::vector<int>{peer, rank},
-                                 bytes};
+  sim::CollectiveRequest request{
+      sim::CollectiveKind::kSendRecv,
+      is_send ? std::vector<int>{rank, peer} : std::vector<int>{peer, rank}, bytes};
   auto t = analytic(request);
   if (!t) return fail(std::move(t).error().context(is_send ? "send" : "recv"));
   if (Status s = ex.compute(stream, name, *t); !s) return fail(std::move(s).error());
-  SimCollectiveStats& st = analytic_stats_[static_cast<std::size_t>(sim::CollectiveKind::kSendRecv)];
+  SimCollectiveStats& st =
+      analytic_stats_[static_cast<std::size_t>(sim::CollectiveKind::kSendRecv)];
   st.time_s += seconds(*t);
   ++st.count;
   st.bytes += bytes;
@@ -230,7 +235,10 @@ Result<SimReport> SimCluster::run() {
 // ---- SimBackend ---------------------------------------------------------------
 
 SimBackend::SimBackend(SimCluster& cluster, int rank, int world_size)
-    : cluster_(cluster), rank_(rank), world_size_(world_size), accounting_(std::make_shared<Accounting>()) {
+    : cluster_(cluster),
+      rank_(rank),
+      world_size_(world_size),
+      accounting_(std::make_shared<Accounting>()) {
   create_stream("compute");
 }
 
@@ -239,7 +247,8 @@ SimBackend::~SimBackend() = default;
 Tensor SimBackend::empty(const Shape& shape, DType dtype) {
   for (auto d : shape.dims())
     if (d < 0) misuse("empty: negative dimension in {}", shape.str());
-  const auto bytes = static_cast<std::int64_t>(shape.numel()) * static_cast<std::int64_t>(dtype_size(dtype));
+  const auto bytes =
+      static_cast<std::int64_t>(shape.numel()) * static_cast<std::int64_t>(dtype_size(dtype));
   return Tensor(std::make_shared<SimStorage>(accounting_, bytes), shape, dtype);
 }
 
@@ -278,19 +287,22 @@ Status SimBackend::read(const Tensor& src, std::span<float> host) {
 Stream SimBackend::create_stream(std::string_view name) {
   const int id = static_cast<int>(streams_.size());
   // Executor streams are named per device; the id keeps equal names apart.
-  auto s = cluster_.executor_->stream(rank_, id == 0 ? std::string(name) : fmt::format("{} {}", name, id));
+  auto s = cluster_.executor_->stream(rank_,
+                                      id == 0 ? std::string(name) : fmt::format("{} {}", name, id));
   if (!s) misuse("create_stream: {}", s.error().message());
   streams_.push_back(*s);
   return Stream{id};
 }
 
 void SimBackend::set_stream(Stream s) {
-  if (s.id < 0 || s.id >= static_cast<int>(streams_.size())) misuse("set_stream: stream {} was not created here", s.id);
+  if (s.id < 0 || s.id >= static_cast<int>(streams_.size()))
+    misuse("set_stream: stream {} was not created here", s.id);
   current_ = s;
 }
 
 sim::StreamId SimBackend::executor_stream(Stream s) const {
-  if (s.id < 0 || s.id >= static_cast<int>(streams_.size())) misuse("stream {} was not created here", s.id);
+  if (s.id < 0 || s.id >= static_cast<int>(streams_.size()))
+    misuse("stream {} was not created here", s.id);
   return streams_[static_cast<std::size_t>(s.id)];
 }
 
@@ -298,7 +310,8 @@ Event SimBackend::record(Stream s) {
   const sim::StreamId st = executor_stream(s);
   const Event e{static_cast<std::int64_t>(events_.size())};
   events_.push_back(cluster_.executor_->intern(fmt::format("event {}", e.id)));
-  if (Status r = cluster_.executor_->record(st, events_.back()); !r) cluster_.fail(std::move(r).error());
+  if (Status r = cluster_.executor_->record(st, events_.back()); !r)
+    cluster_.fail(std::move(r).error());
   return e;
 }
 
@@ -316,6 +329,8 @@ Status SimBackend::synchronize() {
 }
 
 double SimBackend::compute_seconds() const { return seconds(compute_); }
+
+sim::NameId SimBackend::op_name(std::string_view name) { return cluster_.executor_->intern(name); }
 
 sim::DType SimBackend::compute_dtype(DType t) const {
   if (t == DType::bf16 || t == DType::f16) return sim::DType::kBf16;
@@ -336,42 +351,41 @@ void SimBackend::memory_op(sim::NameId name, std::initializer_list<const Tensor*
   compute(name, cluster_.cost_.memory_bound(bytes));
 }
 
-#define SIM_NAME(text) cluster_.executor_->intern(text)
-
 void SimBackend::fill(Tensor& x, float) {
   check(x, "fill");
-  memory_op(SIM_NAME("fill"), {&x});
+  memory_op(op_name("fill"), {&x});
 }
 void SimBackend::copy(const Tensor& src, Tensor& dst) {
   check(src, "copy"), check(dst, "copy");
   if (src.numel() != dst.numel() || src.dtype() != dst.dtype())
-    misuse("copy: {} {} into {} {}", src.shape().str(), dtype_name(src.dtype()), dst.shape().str(), dtype_name(dst.dtype()));
-  memory_op(SIM_NAME("copy"), {&src, &dst});
+    misuse("copy: {} {} into {} {}", src.shape().str(), dtype_name(src.dtype()), dst.shape().str(),
+           dtype_name(dst.dtype()));
+  memory_op(op_name("copy"), {&src, &dst});
 }
 void SimBackend::cast(const Tensor& src, Tensor& dst) {
   check(src, "cast"), check(dst, "cast");
   if (src.numel() != dst.numel()) misuse("cast: {} into {}", src.shape().str(), dst.shape().str());
-  memory_op(SIM_NAME("cast"), {&src, &dst});
+  memory_op(op_name("cast"), {&src, &dst});
 }
 void SimBackend::add(const Tensor& a, const Tensor& b, Tensor& out) {
   check(a, "add"), check(b, "add"), check(out, "add");
-  memory_op(SIM_NAME("add"), {&a, &b, &out});
+  memory_op(op_name("add"), {&a, &b, &out});
 }
 void SimBackend::scale(Tensor& x, float) {
   check(x, "scale");
-  memory_op(SIM_NAME("scale"), {&x, &x});
+  memory_op(op_name("scale"), {&x, &x});
 }
 void SimBackend::axpy(float, const Tensor& x, Tensor& y) {
   check(x, "axpy"), check(y, "axpy");
-  memory_op(SIM_NAME("axpy"), {&x, &y, &y});
+  memory_op(op_name("axpy"), {&x, &y, &y});
 }
 void SimBackend::sum(const Tensor& x, Tensor& out, float, bool) {
   check(x, "sum"), check(out, "sum");
-  memory_op(SIM_NAME("sum"), {&x, &out});
+  memory_op(op_name("sum"), {&x, &out});
 }
 void SimBackend::sum_squares(const Tensor& x, Tensor& out, bool) {
   check(x, "sum_squares"), check(out, "sum_squares");
-  memory_op(SIM_NAME("sum_squares"), {&x, &out});
+  memory_op(op_name("sum_squares"), {&x, &out});
 }
 
 void SimBackend::gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp&) {
@@ -380,7 +394,7 @@ void SimBackend::gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp&
   const std::int64_t k = a.numel() / std::max<std::int64_t>(m, 1);
   if (m * k != a.numel() || k * n != b.numel())
     misuse("gemm: a {} b {} c {} do not agree", a.shape().str(), b.shape().str(), c.shape().str());
-  compute(SIM_NAME("gemm"), cluster_.cost_.gemm(m, n, k, compute_dtype(a.dtype())));
+  compute(op_name("gemm"), cluster_.cost_.gemm(m, n, k, compute_dtype(a.dtype())));
 }
 void SimBackend::batched_gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp&) {
   check(a, "batched_gemm"), check(b, "batched_gemm"), check(c, "batched_gemm");
@@ -388,124 +402,137 @@ void SimBackend::batched_gemm(const Tensor& a, const Tensor& b, Tensor& c, const
     misuse("batched_gemm: a {} and c {} must be (L, ., .)", a.shape().str(), c.shape().str());
   const std::int64_t l = c.shape()[0], m = c.shape()[1], n = c.shape()[2];
   const std::int64_t k = a.numel() / std::max<std::int64_t>(l * m, 1);
-  compute(SIM_NAME("batched_gemm"), cluster_.cost_.gemm(m, n, k, compute_dtype(a.dtype()), l));
+  compute(op_name("batched_gemm"), cluster_.cost_.gemm(m, n, k, compute_dtype(a.dtype()), l));
 }
 void SimBackend::bias_backward(const Tensor& dy, Tensor& db) {
   check(dy, "bias_backward"), check(db, "bias_backward");
-  memory_op(SIM_NAME("bias_backward"), {&dy, &db});
+  memory_op(op_name("bias_backward"), {&dy, &db});
 }
 
-void SimBackend::embedding_forward(const Tensor& table, const Tensor& ids, Tensor& out, std::int64_t) {
-  check(table, "embedding_forward"), check(ids, "embedding_forward"), check(out, "embedding_forward");
+void SimBackend::embedding_forward(const Tensor& table, const Tensor& ids, Tensor& out,
+                                   std::int64_t) {
+  check(table, "embedding_forward"), check(ids, "embedding_forward"),
+      check(out, "embedding_forward");
   // Reads one row per token, not the whole table.
-  memory_op(SIM_NAME("embedding_forward"), {&ids, &out, &out});
+  memory_op(op_name("embedding_forward"), {&ids, &out, &out});
 }
-void SimBackend::embedding_backward(const Tensor& dout, const Tensor& ids, Tensor& dtable, std::int64_t) {
-  check(dout, "embedding_backward"), check(ids, "embedding_backward"), check(dtable, "embedding_backward");
-  memory_op(SIM_NAME("embedding_backward"), {&dout, &ids, &dout});
+void SimBackend::embedding_backward(const Tensor& dout, const Tensor& ids, Tensor& dtable,
+                                    std::int64_t) {
+  check(dout, "embedding_backward"), check(ids, "embedding_backward"),
+      check(dtable, "embedding_backward");
+  memory_op(op_name("embedding_backward"), {&dout, &ids, &dout});
 }
 
-void SimBackend::layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& out,
-                                   Tensor& mean, Tensor& rstd, float) {
+void SimBackend::layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                   Tensor& out, Tensor& mean, Tensor& rstd, float) {
   check(x, "layernorm_forward"), check(out, "layernorm_forward");
-  memory_op(SIM_NAME("layernorm_forward"), {&x, &weight, &bias, &out, &mean, &rstd});
+  memory_op(op_name("layernorm_forward"), {&x, &weight, &bias, &out, &mean, &rstd});
 }
-void SimBackend::layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& mean,
-                                    const Tensor& rstd, Tensor& dx, Tensor& dweight, Tensor& dbias) {
+void SimBackend::layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight,
+                                    const Tensor& mean, const Tensor& rstd, Tensor& dx,
+                                    Tensor& dweight, Tensor& dbias) {
   check(dout, "layernorm_backward"), check(dx, "layernorm_backward");
-  memory_op(SIM_NAME("layernorm_backward"), {&dout, &x, &weight, &mean, &rstd, &dx, &dweight, &dbias});
+  memory_op(op_name("layernorm_backward"),
+            {&dout, &x, &weight, &mean, &rstd, &dx, &dweight, &dbias});
 }
-void SimBackend::rmsnorm_forward(const Tensor& x, const Tensor& weight, Tensor& out, Tensor& rstd, float) {
+void SimBackend::rmsnorm_forward(const Tensor& x, const Tensor& weight, Tensor& out, Tensor& rstd,
+                                 float) {
   check(x, "rmsnorm_forward"), check(out, "rmsnorm_forward");
-  memory_op(SIM_NAME("rmsnorm_forward"), {&x, &weight, &out, &rstd});
+  memory_op(op_name("rmsnorm_forward"), {&x, &weight, &out, &rstd});
 }
-void SimBackend::rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& rstd,
-                                  Tensor& dx, Tensor& dweight) {
+void SimBackend::rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight,
+                                  const Tensor& rstd, Tensor& dx, Tensor& dweight) {
   check(dout, "rmsnorm_backward"), check(dx, "rmsnorm_backward");
-  memory_op(SIM_NAME("rmsnorm_backward"), {&dout, &x, &weight, &rstd, &dx, &dweight});
+  memory_op(op_name("rmsnorm_backward"), {&dout, &x, &weight, &rstd, &dx, &dweight});
 }
 
 void SimBackend::gelu_forward(const Tensor& x, Tensor& out) {
   check(x, "gelu_forward"), check(out, "gelu_forward");
-  memory_op(SIM_NAME("gelu_forward"), {&x, &out});
+  memory_op(op_name("gelu_forward"), {&x, &out});
 }
 void SimBackend::gelu_backward(const Tensor& dout, const Tensor& x, Tensor& dx) {
   check(dout, "gelu_backward"), check(dx, "gelu_backward");
-  memory_op(SIM_NAME("gelu_backward"), {&dout, &x, &dx});
+  memory_op(op_name("gelu_backward"), {&dout, &x, &dx});
 }
 void SimBackend::swiglu_forward(const Tensor& x, Tensor& out) {
   check(x, "swiglu_forward"), check(out, "swiglu_forward");
-  memory_op(SIM_NAME("swiglu_forward"), {&x, &out});
+  memory_op(op_name("swiglu_forward"), {&x, &out});
 }
 void SimBackend::swiglu_backward(const Tensor& dout, const Tensor& x, Tensor& dx) {
   check(dout, "swiglu_backward"), check(dx, "swiglu_backward");
-  memory_op(SIM_NAME("swiglu_backward"), {&dout, &x, &dx});
+  memory_op(op_name("swiglu_backward"), {&dout, &x, &dx});
 }
 void SimBackend::dropout_forward(const Tensor& x, Tensor& out, const DropoutOp&) {
   check(x, "dropout_forward"), check(out, "dropout_forward");
-  memory_op(SIM_NAME("dropout_forward"), {&x, &out});
+  memory_op(op_name("dropout_forward"), {&x, &out});
 }
 void SimBackend::dropout_backward(const Tensor& dout, Tensor& dx, const DropoutOp&) {
   check(dout, "dropout_backward"), check(dx, "dropout_backward");
-  memory_op(SIM_NAME("dropout_backward"), {&dout, &dx});
+  memory_op(op_name("dropout_backward"), {&dout, &dx});
 }
 
 void SimBackend::rope(Tensor& x, int heads_total, int rotate_heads, float, bool) {
   check(x, "rope");
   // Only the rotated heads are read and written.
   const double share = heads_total > 0 ? static_cast<double>(rotate_heads) / heads_total : 1.0;
-  compute(SIM_NAME("rope"), cluster_.cost_.memory_bound(2.0 * static_cast<double>(x.bytes()) * share));
+  compute(op_name("rope"),
+          cluster_.cost_.memory_bound(2.0 * static_cast<double>(x.bytes()) * share));
 }
 
-void SimBackend::attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, const AttentionOp& op) {
+void SimBackend::attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse,
+                                   const AttentionOp& op) {
   check(qkv, "attention_forward"), check(out, "attention_forward"), check(lse, "attention_forward");
-  if (qkv.shape().rank() != 4) misuse("attention_forward: qkv {} must be (B, T, H + 2G, D)", qkv.shape().str());
-  compute(SIM_NAME("attention_forward"),
-          cluster_.cost_.attention(qkv.shape()[0] * op.heads, qkv.shape()[1], op.head_dim, true, false,
-                                   compute_dtype(qkv.dtype())));
+  if (qkv.shape().rank() != 4)
+    misuse("attention_forward: qkv {} must be (B, T, H + 2G, D)", qkv.shape().str());
+  compute(op_name("attention_forward"),
+          cluster_.cost_.attention(qkv.shape()[0] * op.heads, qkv.shape()[1], op.head_dim, true,
+                                   false, compute_dtype(qkv.dtype())));
 }
-void SimBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
-                                    Tensor& dqkv, const AttentionOp& op) {
-  check(dout, "attention_backward"), check(qkv, "attention_backward"), check(out, "attention_backward");
+void SimBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                                    const Tensor& lse, Tensor& dqkv, const AttentionOp& op) {
+  check(dout, "attention_backward"), check(qkv, "attention_backward"),
+      check(out, "attention_backward");
   check(lse, "attention_backward"), check(dqkv, "attention_backward");
-  if (qkv.shape().rank() != 4) misuse("attention_backward: qkv {} must be (B, T, H + 2G, D)", qkv.shape().str());
-  compute(SIM_NAME("attention_backward"),
-          cluster_.cost_.attention(qkv.shape()[0] * op.heads, qkv.shape()[1], op.head_dim, true, true,
-                                   compute_dtype(qkv.dtype())));
+  if (qkv.shape().rank() != 4)
+    misuse("attention_backward: qkv {} must be (B, T, H + 2G, D)", qkv.shape().str());
+  compute(op_name("attention_backward"),
+          cluster_.cost_.attention(qkv.shape()[0] * op.heads, qkv.shape()[1], op.head_dim, true,
+                                   true, compute_dtype(qkv.dtype())));
 }
 
 void SimBackend::cross_entropy_max(const Tensor& logits, Tensor& row_max) {
   check(logits, "cross_entropy_max"), check(row_max, "cross_entropy_max");
-  memory_op(SIM_NAME("cross_entropy_max"), {&logits, &row_max});
+  memory_op(op_name("cross_entropy_max"), {&logits, &row_max});
 }
-void SimBackend::cross_entropy_partials(const Tensor& logits, const Tensor& targets, const Tensor& row_max,
-                                        std::int64_t, Tensor& sumexp, Tensor& target_logit) {
+void SimBackend::cross_entropy_partials(const Tensor& logits, const Tensor& targets,
+                                        const Tensor& row_max, std::int64_t, Tensor& sumexp,
+                                        Tensor& target_logit) {
   check(logits, "cross_entropy_partials"), check(sumexp, "cross_entropy_partials");
-  memory_op(SIM_NAME("cross_entropy_partials"), {&logits, &targets, &row_max, &sumexp, &target_logit});
+  memory_op(op_name("cross_entropy_partials"),
+            {&logits, &targets, &row_max, &sumexp, &target_logit});
 }
-void SimBackend::cross_entropy_loss(const Tensor& row_max, const Tensor& sumexp, const Tensor& target_logit,
-                                    Tensor& losses) {
+void SimBackend::cross_entropy_loss(const Tensor& row_max, const Tensor& sumexp,
+                                    const Tensor& target_logit, Tensor& losses) {
   check(row_max, "cross_entropy_loss"), check(losses, "cross_entropy_loss");
-  memory_op(SIM_NAME("cross_entropy_loss"), {&row_max, &sumexp, &target_logit, &losses});
+  memory_op(op_name("cross_entropy_loss"), {&row_max, &sumexp, &target_logit, &losses});
 }
-void SimBackend::cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& row_max,
-                                        const Tensor& sumexp, std::int64_t, float, Tensor& dlogits) {
+void SimBackend::cross_entropy_backward(const Tensor& logits, const Tensor& targets,
+                                        const Tensor& row_max, const Tensor& sumexp, std::int64_t,
+                                        float, Tensor& dlogits) {
   check(logits, "cross_entropy_backward"), check(dlogits, "cross_entropy_backward");
-  memory_op(SIM_NAME("cross_entropy_backward"), {&logits, &targets, &row_max, &sumexp, &dlogits});
+  memory_op(op_name("cross_entropy_backward"), {&logits, &targets, &row_max, &sumexp, &dlogits});
 }
 
 void SimBackend::clip_coefficient(const Tensor& sumsq, float, Tensor& coef) {
   check(sumsq, "clip_coefficient"), check(coef, "clip_coefficient");
-  memory_op(SIM_NAME("clip_coefficient"), {&sumsq, &coef});
+  memory_op(op_name("clip_coefficient"), {&sumsq, &coef});
 }
 void SimBackend::adamw(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const Tensor& coef,
                        const AdamWOp&) {
   check(param, "adamw"), check(grad, "adamw"), check(m, "adamw"), check(v, "adamw");
   // Reads param, grad, m, v and writes param, m, v.
-  memory_op(SIM_NAME("adamw"), {&param, &grad, &m, &v, &param, &m, &v, &coef});
+  memory_op(op_name("adamw"), {&param, &grad, &m, &v, &param, &m, &v, &coef});
 }
-
-#undef SIM_NAME
 
 void SimBackend::collective(sim::CollectiveKind kind, double bytes, const Group& g, int root) {
   sim::CollectiveRequest request;
@@ -522,7 +549,8 @@ void SimBackend::all_reduce(Tensor& x, const Group& g, ReduceOp) {
 void SimBackend::reduce_scatter(const Tensor& in, Tensor& out, const Group& g, ReduceOp) {
   check(in, "reduce_scatter"), check(out, "reduce_scatter");
   if (in.numel() != out.numel() * g.size())
-    misuse("reduce_scatter: in {} is not {} x out {}", in.shape().str(), g.size(), out.shape().str());
+    misuse("reduce_scatter: in {} is not {} x out {}", in.shape().str(), g.size(),
+           out.shape().str());
   collective(sim::CollectiveKind::kReduceScatter, static_cast<double>(in.bytes()), g);
 }
 void SimBackend::all_gather(const Tensor& in, Tensor& out, const Group& g) {
@@ -537,21 +565,25 @@ void SimBackend::broadcast(Tensor& x, const Group& g, int root_global_rank) {
   if (root < 0) misuse("broadcast: root {} is not in group {}", root_global_rank, g.id);
   collective(sim::CollectiveKind::kBroadcast, static_cast<double>(x.bytes()), g, root);
 }
-void SimBackend::all_to_all(const Tensor& in, std::span<const std::int64_t> send_counts, Tensor& out,
-                            std::span<const std::int64_t>, const Group& g) {
+void SimBackend::all_to_all(const Tensor& in, std::span<const std::int64_t> send_counts,
+                            Tensor& out, std::span<const std::int64_t>, const Group& g) {
   check(in, "all_to_all"), check(out, "all_to_all");
-  const std::int64_t sent = std::accumulate(send_counts.begin(), send_counts.end(), std::int64_t{0});
-  collective(sim::CollectiveKind::kAllToAll, static_cast<double>(sent) * static_cast<double>(dtype_size(in.dtype())), g);
+  const std::int64_t sent =
+      std::accumulate(send_counts.begin(), send_counts.end(), std::int64_t{0});
+  collective(sim::CollectiveKind::kAllToAll,
+             static_cast<double>(sent) * static_cast<double>(dtype_size(in.dtype())), g);
 }
 void SimBackend::send(const Tensor& x, int peer, int) {
   check(x, "send");
   if (peer == rank_ || peer < 0 || peer >= world_size_) misuse("send: bad peer {}", peer);
-  cluster_.point_to_point(rank_, executor_stream(current_), peer, static_cast<double>(x.bytes()), true);
+  cluster_.point_to_point(rank_, executor_stream(current_), peer, static_cast<double>(x.bytes()),
+                          true);
 }
 void SimBackend::recv(Tensor& x, int peer, int) {
   check(x, "recv");
   if (peer == rank_ || peer < 0 || peer >= world_size_) misuse("recv: bad peer {}", peer);
-  cluster_.point_to_point(rank_, executor_stream(current_), peer, static_cast<double>(x.bytes()), false);
+  cluster_.point_to_point(rank_, executor_stream(current_), peer, static_cast<double>(x.bytes()),
+                          false);
 }
 void SimBackend::barrier(const Group& g) {
   // NCCL has no barrier; frameworks all-reduce one element.

@@ -99,7 +99,7 @@ struct SimCollectiveStats {
 };
 
 struct SimReport {
-  double iteration_s = 0;  // makespan of everything issued
+  double iteration_s = 0;            // makespan of everything issued
   std::vector<SimRankReport> ranks;  // in the order of SimCluster::representatives()
   std::array<SimCollectiveStats, sim::kNumCollectiveKinds> collectives{};
   std::uint64_t tasks = 0;  // tasks recorded on the executor, all streams
@@ -259,6 +259,7 @@ class SimBackend final : public Backend {
   void check(const Tensor& t, const char* op) const;
   sim::StreamId executor_stream(Stream s) const;
   sim::DType compute_dtype(DType t) const;
+  sim::NameId op_name(std::string_view name);  // interned once per distinct name
   void collective(sim::CollectiveKind kind, double bytes, const Group& g, int root = 0);
 
   SimCluster& cluster_;
