@@ -2,7 +2,6 @@
 // gets a clear error and loses nothing already saved.
 #include <catch2/catch.hpp>
 
-#include <array>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -12,25 +11,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tests/run_meshtrain.h"
+
 namespace fs = std::filesystem;
 
 namespace {
 
-struct Run {
-  int status;
-  std::string out;
-};
-
-Run run(const std::string& args) {
-  std::string cmd = std::string(MESHTRAIN_BIN) + " " + args + " 2>&1";
-  FILE* f = popen(cmd.c_str(), "r");
-  REQUIRE(f != nullptr);
-  std::string out;
-  std::array<char, 4096> buf{};
-  while (std::size_t n = std::fread(buf.data(), 1, buf.size(), f)) out.append(buf.data(), n);
-  int status = pclose(f);
-  return {WEXITSTATUS(status), out};
-}
 
 fs::path scratch(const std::string& name) {
   fs::path p = fs::temp_directory_path() / ("meshtrain-train-test-" + std::to_string(::getpid())) / name;
@@ -66,7 +52,7 @@ const std::string kLr = " --lr 3e-3 --warmup 5";
 
 TEST_CASE("training the tiny model makes the loss fall clearly", "[train]") {
   fs::path metrics = scratch("fall.jsonl");
-  Run r = run("train --data " + corpus() + kBase + kLr + " --steps 60 --metrics " + metrics.string());
+  MeshtrainRun r = run_meshtrain("train --data " + corpus() + kBase + kLr + " --steps 60 --metrics " + metrics.string());
   REQUIRE(r.status == 0);
   auto l = losses(metrics);
   REQUIRE(l.size() == 60);
@@ -82,9 +68,9 @@ TEST_CASE("training the tiny model makes the loss fall clearly", "[train]") {
 TEST_CASE("stop and resume give the losses of one uninterrupted run, bit for bit", "[train]") {
   fs::path once = scratch("once.jsonl"), twice = scratch("twice.jsonl"), dir = scratch("ckpt");
   const std::string args = "train --data " + corpus() + kBase + kLr + " --steps 12 --dropout 0.1";
-  REQUIRE(run(args + " --metrics " + once.string()).status == 0);
-  REQUIRE(run(args + " --stop-at 6 --checkpoint " + dir.string() + " --metrics " + twice.string()).status == 0);
-  Run resumed = run(args + " --checkpoint " + dir.string() + " --resume --metrics " + twice.string());
+  REQUIRE(run_meshtrain(args + " --metrics " + once.string()).status == 0);
+  REQUIRE(run_meshtrain(args + " --stop-at 6 --checkpoint " + dir.string() + " --metrics " + twice.string()).status == 0);
+  MeshtrainRun resumed = run_meshtrain(args + " --checkpoint " + dir.string() + " --resume --metrics " + twice.string());
   REQUIRE(resumed.status == 0);
   auto a = losses(once), b = losses(twice);
   REQUIRE(a.size() == 12);
@@ -95,26 +81,26 @@ TEST_CASE("bad training input gets a clear error", "[train]") {
   fs::path empty = scratch("empty.txt"), tiny = scratch("short.txt");
   std::ofstream(empty).close();
   std::ofstream(tiny) << "only a few bytes";
-  Run missing = run("train --data /nonexistent/data.txt" + kBase);
+  MeshtrainRun missing = run_meshtrain("train --data /nonexistent/data.txt" + kBase);
   CHECK(missing.status != 0);
   CHECK_THAT(missing.out, Catch::Contains("/nonexistent/data.txt"));
-  Run e = run("train --data " + empty.string() + kBase);
+  MeshtrainRun e = run_meshtrain("train --data " + empty.string() + kBase);
   CHECK(e.status != 0);
   CHECK_THAT(e.out, Catch::Contains("empty"));
-  Run s = run("train --data " + tiny.string() + kBase);
+  MeshtrainRun s = run_meshtrain("train --data " + tiny.string() + kBase);
   CHECK(s.status != 0);
   CHECK_THAT(s.out, Catch::Contains("--seq-len 32"));
-  Run unwritable = run("train --data " + corpus() + kBase + " --checkpoint " + tiny.string() + "/ckpt");
+  MeshtrainRun unwritable = run_meshtrain("train --data " + corpus() + kBase + " --checkpoint " + tiny.string() + "/ckpt");
   CHECK(unwritable.status != 0);
   CHECK_THAT(unwritable.out, Catch::Contains(tiny.string()));
-  Run big_model = run("train --data " + corpus() + " --model gpt2-124m --steps 1");
+  MeshtrainRun big_model = run_meshtrain("train --data " + corpus() + " --model gpt2-124m --steps 1");
   CHECK(big_model.status != 0);
   CHECK_THAT(big_model.out, Catch::Contains("vocab 50257"));
 }
 
 TEST_CASE("a NaN loss stops the run and keeps the last good checkpoint", "[train]") {
   fs::path dir = scratch("nan-ckpt");
-  Run r = run("train --data " + corpus() + kBase + " --steps 20 --lr 1e30 --warmup 0 --grad-clip 0 --checkpoint " +
+  MeshtrainRun r = run_meshtrain("train --data " + corpus() + kBase + " --steps 20 --lr 1e30 --warmup 0 --grad-clip 0 --checkpoint " +
               dir.string() + " --checkpoint-every 1");
   CHECK(r.status != 0);
   CHECK_THAT(r.out, Catch::Contains("stopping before the update"));
@@ -127,13 +113,13 @@ TEST_CASE("a NaN loss stops the run and keeps the last good checkpoint", "[train
 TEST_CASE("a corrupted or foreign checkpoint is refused", "[train]") {
   fs::path dir = scratch("refuse-ckpt");
   const std::string args = "train --data " + corpus() + kBase + " --warmup 2 --checkpoint " + dir.string();
-  Run first = run(args + " --steps 4");
+  MeshtrainRun first = run_meshtrain(args + " --steps 4");
   INFO(first.out);
   REQUIRE(first.status == 0);
 
   fs::path model = scratch("other-model.json");
   std::ofstream(model) << R"({"layers": 2, "hidden": 64, "heads": 4, "vocab": 256, "seq_len": 64})";
-  Run foreign = run("train --data " + corpus() + " --model " + model.string() +
+  MeshtrainRun foreign = run_meshtrain("train --data " + corpus() + " --model " + model.string() +
                     " --seq-len 32 --micro-batch 4 --warmup 2 --steps 8 --quiet --resume --checkpoint " + dir.string());
   CHECK(foreign.status != 0);
   CHECK_THAT(foreign.out, Catch::Contains("layers"));
@@ -147,7 +133,7 @@ TEST_CASE("a corrupted or foreign checkpoint is refused", "[train]") {
     f.seekp(100);
     f.put('\x7f');
   }
-  Run corrupt = run(args + " --steps 8 --resume");
+  MeshtrainRun corrupt = run_meshtrain(args + " --steps 8 --resume");
   CHECK(corrupt.status != 0);
   CHECK_THAT(corrupt.out, Catch::Contains(payload.filename().string()));
 }
