@@ -10,7 +10,6 @@ namespace meshtrain {
 
 namespace {
 
-const std::vector<std::string> kSchedules = {"gpipe", "1f1b", "interleaved"};
 const std::vector<std::string> kRecomputes = {"none", "selective", "full"};
 const std::vector<std::string> kPrecisions = {"fp32", "bf16", "fp16"};
 const std::vector<std::string> kPlanFields = {"tp",        "pp",        "dp",           "cp",
@@ -27,10 +26,10 @@ Result<E> parse_enum(const char* what, const std::string& s, const std::vector<s
 
 }  // namespace
 
-std::string schedule_name(ScheduleKind s) { return kSchedules[static_cast<std::size_t>(s)]; }
+std::string schedule_name(ScheduleKind s) { return std::string(schedule::schedule_kind_name(s)); }
 std::string recompute_name(Recompute r) { return kRecomputes[static_cast<std::size_t>(r)]; }
 std::string precision_name(Precision p) { return kPrecisions[static_cast<std::size_t>(p)]; }
-Result<ScheduleKind> parse_schedule(const std::string& s) { return parse_enum<ScheduleKind>("schedule", s, kSchedules); }
+Result<ScheduleKind> parse_schedule(const std::string& s) { return schedule::parse_schedule_kind(s); }
 Result<Recompute> parse_recompute(const std::string& s) { return parse_enum<Recompute>("recompute mode", s, kRecomputes); }
 Result<Precision> parse_precision(const std::string& s) { return parse_enum<Precision>("precision", s, kPrecisions); }
 

@@ -13,12 +13,15 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "core/status.h"
+#include "engine/schedule/builders.h"
 #include "models/flops.h"
 #include "models/model_spec.h"
 
 namespace meshtrain {
 
-enum class ScheduleKind { gpipe, one_f_one_b, interleaved };
+// The schedule library's enum (engine/schedule/builders.h), so a plan's
+// schedule goes to build_schedule as it is.
+using schedule::ScheduleKind;
 enum class Precision { fp32, bf16, fp16 };
 
 struct Plan {
@@ -60,6 +63,8 @@ Result<Plan> apply_overrides(Plan base, const PlanOverrides& o);
 // `world_size` 0 means "whatever the plan needs" (tp·pp·dp·cp).
 Status validate_plan(const Plan& p, const ModelSpec& m, int world_size = 0);
 
+// Schedule names come from the schedule library (schedule_kind_name), the one
+// table of them; these keep the plan's name functions in one place.
 std::string schedule_name(ScheduleKind s);
 std::string recompute_name(Recompute r);
 std::string precision_name(Precision p);

@@ -5,18 +5,9 @@
 
 namespace meshtrain {
 
-schedule::ScheduleKind schedule_kind(ScheduleKind kind) {
-  switch (kind) {
-    case ScheduleKind::gpipe: return schedule::ScheduleKind::gpipe;
-    case ScheduleKind::one_f_one_b: return schedule::ScheduleKind::one_f_one_b;
-    case ScheduleKind::interleaved: return schedule::ScheduleKind::interleaved_1f1b;
-  }
-  return schedule::ScheduleKind::one_f_one_b;
-}
-
 Result<PipelineExecutor> PipelineExecutor::create(const Plan& plan, const Mesh& mesh, int rank) {
   const schedule::PipelineLayout layout{plan.pp, plan.vpp, plan.microbatches()};
-  MT_ASSIGN(schedule::Schedule compute, schedule::build_schedule(schedule_kind(plan.schedule), layout));
+  MT_ASSIGN(schedule::Schedule compute, schedule::build_schedule(plan.schedule, layout));
   MT_ASSIGN(schedule::Schedule full, schedule::insert_communication(compute));
   MT_TRY(schedule::check_invariants(full));
   return PipelineExecutor(std::move(full), mesh, rank);

@@ -23,9 +23,6 @@
 
 namespace meshtrain {
 
-// The schedule library's kind for a plan's schedule.
-schedule::ScheduleKind schedule_kind(ScheduleKind kind);
-
 // The compute a pipeline rank runs, by local model chunk c and micro-batch j.
 struct PipelineCompute {
   // Forward of (c, j) on `input` (B, T, C), undefined for virtual stage 0.

@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <string>
+#include <vector>
+
+#include "core/names.h"
 
 namespace meshtrain::schedule {
 
@@ -33,10 +36,12 @@ Action compute(Action::Kind kind, int rank, int chunk, int microbatch) {
 }  // namespace
 
 Result<ScheduleKind> parse_schedule_kind(std::string_view name) {
-  for (ScheduleKind k :
-       {ScheduleKind::gpipe, ScheduleKind::one_f_one_b, ScheduleKind::interleaved_1f1b})
+  std::vector<std::string> names;
+  for (ScheduleKind k : {ScheduleKind::gpipe, ScheduleKind::one_f_one_b, ScheduleKind::interleaved}) {
     if (name == schedule_kind_name(k)) return k;
-  return make_error("unknown pipeline schedule '{}'; use gpipe, 1f1b or interleaved", name);
+    names.emplace_back(schedule_kind_name(k));
+  }
+  return Error(unknown_name_message("pipeline schedule", name, names));
 }
 
 std::string_view schedule_kind_name(ScheduleKind kind) {
@@ -45,7 +50,7 @@ std::string_view schedule_kind_name(ScheduleKind kind) {
       return "gpipe";
     case ScheduleKind::one_f_one_b:
       return "1f1b";
-    case ScheduleKind::interleaved_1f1b:
+    case ScheduleKind::interleaved:
       return "interleaved";
   }
   return "?";
@@ -136,7 +141,7 @@ Result<Schedule> build_schedule(ScheduleKind kind, const PipelineLayout& layout)
       return build_gpipe(layout);
     case ScheduleKind::one_f_one_b:
       return build_1f1b(layout);
-    case ScheduleKind::interleaved_1f1b:
+    case ScheduleKind::interleaved:
       return build_interleaved_1f1b(layout);
   }
   return make_error("unknown schedule kind {}", static_cast<int>(kind));

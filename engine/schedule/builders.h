@@ -9,9 +9,13 @@
 
 namespace meshtrain::schedule {
 
-enum class ScheduleKind { gpipe, one_f_one_b, interleaved_1f1b };
+// The one schedule enum of the project: Plan::schedule (engine/plan.h) holds
+// it too, so the trainer passes a plan's schedule straight to build_schedule.
+enum class ScheduleKind { gpipe, one_f_one_b, interleaved };
 
-// "gpipe", "1f1b", "interleaved" (the --schedule spellings).
+// "gpipe", "1f1b", "interleaved": the names the CLI (--schedule), JSON plans
+// and checkpoints use, so they must not change. An unknown name suggests the
+// nearest.
 Result<ScheduleKind> parse_schedule_kind(std::string_view name);
 std::string_view schedule_kind_name(ScheduleKind kind);
 
