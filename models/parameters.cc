@@ -78,13 +78,73 @@ std::int64_t padded_vocab(const ModelSpec& m, int tp) {
   return (static_cast<std::int64_t>(m.vocab) + tp - 1) / tp * tp;
 }
 
+Status check_stage_split(const ModelSpec& m, const StageSplit& s) {
+  if (s.pp < 1 || s.vpp < 1) return make_error("pp {} and vpp {} must be positive", s.pp, s.vpp);
+  const int first = s.first_stage_layers, last = s.last_stage_layers;
+  if (first < 0 || last < 0)
+    return make_error("first_stage_layers {} and last_stage_layers {} must be >= 0 (0: an even share)", first,
+                      last);
+  if (first == 0 && last == 0) {
+    if (m.layers % (s.pp * s.vpp) != 0)
+      return make_error("layers {} are not divisible by pp·vpp = {}·{} = {}; choose pp·vpp dividing {}, or set "
+                        "first_stage_layers / last_stage_layers",
+                        m.layers, s.pp, s.vpp, s.pp * s.vpp, m.layers);
+    return ok_status();
+  }
+  if (s.pp < 2)
+    return make_error("first_stage_layers {} / last_stage_layers {} need pp >= 2, got pp {}", first, last, s.pp);
+  const int fixed = (first > 0 ? 1 : 0) + (last > 0 ? 1 : 0), free = s.pp - fixed;
+  const int rest = m.layers - first - last;
+  if (rest < free || (free == 0 && rest != 0))
+    return make_error("first_stage_layers {} + last_stage_layers {} leave {} of the {} layers for the other {} "
+                      "stage(s); each needs at least one, and with pp 2 the two must add up to {}",
+                      first, last, rest, m.layers, free, m.layers);
+  if (free > 0 && rest % free != 0)
+    return make_error("the {} layers left after first_stage_layers {} and last_stage_layers {} do not divide over "
+                      "the other {} stages; choose numbers that leave a multiple of {}",
+                      rest, first, last, free, free);
+  for (int stage = 0; stage < s.pp; ++stage)
+    if (stage_layer_count(m, s, stage) % s.vpp != 0)
+      return make_error("stage {} holds {} layers, not divisible by vpp {} (each stage splits its layers evenly "
+                        "over its chunks)",
+                        stage, stage_layer_count(m, s, stage), s.vpp);
+  return ok_status();
+}
+
+int stage_layer_count(const ModelSpec& m, const StageSplit& s, int stage) {
+  const int first = s.first_stage_layers, last = s.last_stage_layers;
+  if (first == 0 && last == 0) return m.layers / s.pp;
+  if (stage == 0 && first > 0) return first;
+  if (stage == s.pp - 1 && last > 0) return last;
+  const int free = s.pp - (first > 0 ? 1 : 0) - (last > 0 ? 1 : 0);
+  return free > 0 ? (m.layers - first - last) / free : 0;
+}
+
+LayerRange virtual_stage_layers(const ModelSpec& m, const StageSplit& s, int virtual_stage) {
+  LayerRange r;
+  for (int vs = 0; vs <= virtual_stage; ++vs) {
+    r.begin = r.end;
+    r.end += stage_layer_count(m, s, vs % s.pp) / s.vpp;
+  }
+  return r;
+}
+
+StagePlacement place_layer(const ModelSpec& m, int layer, const StageSplit& s) {
+  const int virtual_stages = s.pp * s.vpp;
+  int vs = 0;
+  if (layer >= m.layers) {
+    vs = virtual_stages - 1;
+  } else if (layer >= 0) {
+    for (int end = 0; vs < virtual_stages; ++vs) {
+      end += stage_layer_count(m, s, vs % s.pp) / s.vpp;
+      if (layer < end) break;
+    }
+  }
+  return {vs % s.pp, vs / s.pp};
+}
+
 StagePlacement place_layer(const ModelSpec& m, int layer, int pp, int vpp) {
-  const int virtual_stages = pp * vpp;
-  int vs;
-  if (layer < 0) vs = 0;
-  else if (layer >= m.layers) vs = virtual_stages - 1;
-  else vs = layer / (m.layers / virtual_stages);
-  return {vs % pp, vs / pp};
+  return place_layer(m, layer, StageSplit{pp, vpp, 0, 0});
 }
 
 std::int64_t shard_numel(const ModelSpec& m, const ParamInfo& p, int tp, int ep) {
@@ -150,23 +210,27 @@ ParamCount count_parameters(const ModelSpec& m) {
   return c;
 }
 
-ShardCount count_shard_parameters(const ModelSpec& m, int tp, int pp, int vpp, int ep, int stage) {
+ShardCount count_shard_parameters(const ModelSpec& m, int tp, const StageSplit& split, int ep, int stage) {
   ShardCount c;
+  const int head_stage = place_layer(m, m.layers, split).stage;
   for (const auto& p : parameter_table(m)) {
     const bool embedding = p.split == TpSplit::vocab || p.name == "embed.positions";
     std::int64_t n = shard_numel(m, p, tp, ep);
-    if (place_layer(m, p.layer, pp, vpp).stage == stage) {
+    if (place_layer(m, p.layer, split).stage == stage) {
       c.total += n;
       if (embedding) c.embedding += n;
     }
     // The tied head reuses the token embedding: a separate stage needs a copy.
-    if (p.name == "embed.tokens" && m.tied_embeddings && pp > 1 &&
-        place_layer(m, m.layers, pp, vpp).stage == stage) {
+    if (p.name == "embed.tokens" && m.tied_embeddings && split.pp > 1 && head_stage == stage) {
       c.total += n;
       c.embedding += n;
     }
   }
   return c;
+}
+
+ShardCount count_shard_parameters(const ModelSpec& m, int tp, int pp, int vpp, int ep, int stage) {
+  return count_shard_parameters(m, tp, StageSplit{pp, vpp, 0, 0}, ep, stage);
 }
 
 }  // namespace meshtrain

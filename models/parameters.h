@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "core/status.h"
 #include "models/model_spec.h"
 
 namespace meshtrain {
@@ -41,14 +42,40 @@ std::vector<ParamInfo> parameter_table(const ModelSpec& m);
 // padded up to a multiple of tp so every shard is equal (Megatron pads too).
 std::int64_t padded_vocab(const ModelSpec& m, int tp);
 
-// Where pipeline parallelism puts a layer: stage and model chunk, for pp
-// stages with vpp chunks each. Virtual stage c·pp + s (chunk c of stage s)
-// holds layers [vs·L/(pp·vpp), (vs+1)·L/(pp·vpp)); the embeddings (layer -1)
+// How pipeline parallelism splits the layers: pp stages of vpp chunks each.
+// By default every stage holds L/pp layers. As in Megatron-Core
+// (--decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers),
+// the first and the last stage may hold a given number instead (Llama 3 405B
+// runs 126 layers on 16 stages with 7 on each end, Dubey et al. 2024, Sec.
+// 3.3.2, since the ends also hold the embedding and the head); 0 means "an
+// even share", and the stages without a given number share the remaining
+// layers evenly. Each stage splits its layers evenly over its vpp chunks.
+// Virtual stage c·pp + s (chunk c of stage s) holds the next layers in
+// virtual-stage order: virtual stage 0 holds layers [0, n0), 1 the next n1...
+struct StageSplit {
+  int pp = 1, vpp = 1;
+  int first_stage_layers = 0, last_stage_layers = 0;  // 0: an even share
+};
+// Layers of pipeline stage `stage` (all its chunks together). Assumes a split
+// that divides (check_stage_split).
+int stage_layer_count(const ModelSpec& m, const StageSplit& s, int stage);
+// The error names the numbers when the layers do not split this way.
+Status check_stage_split(const ModelSpec& m, const StageSplit& s);
+
+struct LayerRange {
+  int begin = 0, end = 0;  // [begin, end)
+};
+// The layers of virtual stage `virtual_stage` (chunk c of stage s is c·pp + s).
+LayerRange virtual_stage_layers(const ModelSpec& m, const StageSplit& s, int virtual_stage);
+
+// Where a layer lives: its stage and model chunk. The embeddings (layer -1)
 // live on virtual stage 0 and the final norm and head (layer L) on the last.
 struct StagePlacement {
   int stage = 0;
   int chunk = 0;
 };
+StagePlacement place_layer(const ModelSpec& m, int layer, const StageSplit& s);
+// The even split (first/last stage layers 0).
 StagePlacement place_layer(const ModelSpec& m, int layer, int pp, int vpp);
 
 // Elements of `p` held by one rank of a (tp, ep) split; replicated
@@ -85,6 +112,8 @@ struct ShardCount {
   std::int64_t total = 0;
   std::int64_t embedding = 0;
 };
+ShardCount count_shard_parameters(const ModelSpec& m, int tp, const StageSplit& split, int ep, int stage);
+// The even split (first/last stage layers 0).
 ShardCount count_shard_parameters(const ModelSpec& m, int tp, int pp, int vpp, int ep, int stage);
 
 }  // namespace meshtrain

@@ -1,0 +1,168 @@
+// validate_sim: predicted vs published measurements, one row per measured run.
+//
+//   validate_sim [--tolerance 0.10] [--json] TABLE.json...
+//
+// A table (experiments/validation/*.json) names its source, the cluster
+// preset, how the publication counted FLOPs, and rows of {model, gpus, plan,
+// measured, source}. Each row is simulated once with `meshtrain simulate`'s
+// simulate_iteration and the built-in constants (simulator/constants.h and
+// the cluster preset): nothing here is tuned per row. The predicted figure is
+// the publication's own FLOP count divided by the predicted iteration time
+// and the GPU count, so the two columns compare like with like.
+//
+// Exit status: 0 when every row is within the tolerance, 1 otherwise (or on a
+// bad table), so a script can gate on it.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "engine/cli/simulate_command.h"
+#include "engine/plan.h"
+#include "models/model_spec.h"
+
+namespace meshtrain {
+namespace {
+
+using nlohmann::json;
+
+// FLOPs of one iteration as the publication counts them.
+//  megatron-2021: Narayanan et al. 2021, Sec. 5.1 / Appendix: with full
+//    recomputation, 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h)).
+Result<double> publication_flops(const std::string& formula, const ModelSpec& m, const Plan& p) {
+  const double B = p.effective_global_batch(), s = p.effective_seq_len(m), l = m.layers,
+               h = m.hidden, V = m.vocab;
+  if (formula == "megatron-2021")
+    return 96.0 * B * s * l * h * h * (1.0 + s / (6.0 * h) + V / (16.0 * l * h));
+  return make_error("unknown FLOP formula '{}'; known: megatron-2021", formula);
+}
+
+struct Row {
+  std::string model, plan, source;
+  int gpus = 0;
+  double measured = 0, predicted = 0, error = 0;  // error = predicted / measured - 1
+  double iteration_s = 0, bubble = 0, exposed_comm_s = 0, peak_gib = 0, wall_s = 0;
+};
+
+std::string describe(const Plan& p) {
+  std::string s = fmt::format("tp{} pp{} dp{}", p.tp, p.pp, p.dp);
+  if (p.vpp > 1) s += fmt::format(" vpp{}", p.vpp);
+  s += fmt::format(" mb{} gb{} {}", p.micro_batch, p.effective_global_batch(),
+                   schedule_name(p.schedule));
+  if (p.recompute != Recompute::none) s += " rc-" + recompute_name(p.recompute);
+  return s;
+}
+
+Result<json> read_json(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return make_error("cannot open table '{}'", path);
+  json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return make_error("table '{}' is not valid JSON", path);
+  return j;
+}
+
+Result<std::vector<Row>> run_table(const std::string& path) {
+  MT_ASSIGN(json t, read_json(path));
+  for (const char* key : {"source", "cluster", "flops", "rows"})
+    if (!t.contains(key)) return make_error("table '{}' has no field '{}'", path, key);
+  if (t["metric"] != "tflops_per_gpu")
+    return make_error("table '{}': metric must be \"tflops_per_gpu\" (the only one compared so far)",
+                      path);
+  MT_ASSIGN(sim::ClusterSpec cluster, sim::cluster_spec_by_name_or_file(t["cluster"]));
+  const std::string formula = t["flops"];
+  std::vector<Row> rows;
+  for (const json& r : t["rows"]) {
+    for (const char* key : {"model", "gpus", "plan", "measured", "source"})
+      if (!r.contains(key))
+        return make_error("table '{}': row {} has no field '{}'", path, rows.size() + 1, key);
+    Row row;
+    row.model = r["model"].is_string() ? r["model"].get<std::string>() : r["model"].value("name", "custom");
+    row.gpus = r["gpus"];
+    row.measured = r["measured"];
+    row.source = r["source"];
+    ModelSpec m;
+    if (r["model"].is_string()) {
+      MT_ASSIGN(m, model_preset(r["model"].get<std::string>()));
+    } else {
+      MT_ASSIGN(m, model_from_json(r["model"]));
+    }
+    MT_ASSIGN(PlanOverrides o, plan_overrides_from_json(r["plan"]));
+    MT_ASSIGN(Plan p, apply_overrides(Plan{}, o));
+    if (Status s = validate_plan(p, m, row.gpus); !s)
+      return std::move(s.context(fmt::format("table '{}' row {} ({})", path, rows.size() + 1, row.model)))
+          .error();
+    row.plan = describe(p);
+    SimulateOptions options;
+    options.cluster = cluster;
+    // The measured runs fit on the real machines; a predicted peak above the
+    // device is reported in its own column rather than stopping the table.
+    options.check_memory = false;
+    const auto start = std::chrono::steady_clock::now();
+    auto sim = simulate_iteration(m, p, options);
+    row.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (!sim) return std::move(sim.context(fmt::format("table '{}' row {} ({})", path, rows.size() + 1, row.model))).error();
+    MT_ASSIGN(double flops, publication_flops(formula, m, p));
+    row.iteration_s = sim->iteration_s;
+    row.predicted = flops / sim->iteration_s / p.world_size() / 1e12;
+    row.error = row.predicted / row.measured - 1.0;
+    row.bubble = sim->bubble_fraction;
+    row.exposed_comm_s = sim->exposed_comm_s;
+    row.peak_gib = static_cast<double>(sim->peak_memory_bytes) / (1024.0 * 1024.0 * 1024.0);
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+}  // namespace
+}  // namespace meshtrain
+
+int main(int argc, char** argv) {
+  using namespace meshtrain;
+  CLI::App app{"predicted vs published measurements (experiments/validation/*.json)"};
+  std::vector<std::string> tables;
+  double tolerance = 0.10;
+  bool as_json = false;
+  app.add_option("tables", tables, "validation tables (JSON)")->required();
+  app.add_option("--tolerance", tolerance, "largest accepted |predicted / measured - 1|")->capture_default_str();
+  app.add_flag("--json", as_json, "print one JSON object");
+  CLI11_PARSE(app, argc, argv);
+
+  json out = json::array();
+  bool all_within = true;
+  for (const std::string& path : tables) {
+    auto rows = run_table(path);
+    if (!rows) {
+      std::fprintf(stderr, "validate_sim: error: %s\n", rows.error().message().c_str());
+      return 1;
+    }
+    if (!as_json) {
+      fmt::print("{}\n", path);
+      fmt::print("  {:<16} {:>5} {:<44} {:>9} {:>9} {:>7} {:>9} {:>7} {:>9} {:>8}\n", "model", "gpus", "plan",
+                 "measured", "predicted", "error", "iter s", "bubble", "exp.comm", "peak GiB");
+    }
+    for (const Row& r : *rows) {
+      const bool within = std::abs(r.error) <= tolerance;
+      all_within = all_within && within;
+      if (as_json) {
+        out.push_back({{"table", path}, {"model", r.model}, {"gpus", r.gpus}, {"plan", r.plan},
+                       {"measured", r.measured}, {"predicted", r.predicted}, {"error", r.error},
+                       {"iteration_s", r.iteration_s}, {"bubble_fraction", r.bubble},
+                       {"exposed_comm_s", r.exposed_comm_s}, {"peak_memory_gib", r.peak_gib},
+                       {"within_tolerance", within}, {"source", r.source}, {"simulator_wall_s", r.wall_s}});
+      } else {
+        fmt::print("  {:<16} {:>5} {:<44} {:>9.1f} {:>9.1f} {:>+6.1f}% {:>9.3f} {:>6.1f}% {:>9.3f} {:>8.1f}{}\n",
+                   r.model, r.gpus, r.plan, r.measured, r.predicted, 100 * r.error, r.iteration_s,
+                   100 * r.bubble, r.exposed_comm_s, r.peak_gib, within ? "" : "  <- outside tolerance");
+      }
+    }
+  }
+  if (as_json) fmt::print("{}\n", out.dump(2));
+  else fmt::print("{} (tolerance ±{:.0f}%)\n", all_within ? "all rows within tolerance" : "some rows outside tolerance", 100 * tolerance);
+  return all_within ? 0 : 1;
+}
