@@ -77,14 +77,20 @@ MemoryBreakdown memory_per_rank(const ModelSpec& m, const Plan& p, int stage, co
   r.parameters = n * param_bytes / (p.zero >= 3 ? dp : 1.0);
   r.gradients = n * grad_bytes / (p.zero >= 2 ? dp : 1.0);
   r.optimizer = n * optimizer_bytes / (p.zero >= 1 ? dp : 1.0);
-  if (p.zero >= 3) {
-    std::int64_t largest_layer = 0;
+  if (p.zero >= 2) {
+    std::int64_t largest_layer = 0, tied_embedding = 0;
     std::vector<std::int64_t> per_layer(static_cast<std::size_t>(m.layers), 0);
-    for (const auto& info : parameter_table(m))
+    for (const auto& info : parameter_table(m)) {
       if (info.layer >= 0 && info.layer < m.layers)
         per_layer[static_cast<std::size_t>(info.layer)] += shard_numel(m, info, p.tp, p.ep);
+      if (info.name == "embed.tokens" && m.tied_embeddings) tied_embedding = shard_numel(m, info, p.tp, p.ep);
+    }
     for (auto v : per_layer) largest_layer = std::max(largest_layer, v);
-    r.zero3_working = static_cast<double>(largest_layer) * (2.0 * param_bytes + grad_bytes);
+    // A chunk of one layer has no next layer to prefetch within its pass.
+    const double gathered = m.layers / (p.pp * p.vpp) > 1 ? 2.0 : 1.0;
+    if (p.zero >= 3) r.zero3_working = static_cast<double>(largest_layer) * (gathered * param_bytes + grad_bytes);
+    else r.gradient_working = static_cast<double>(largest_layer) * grad_bytes;
+    if (stage == 0 || stage == p.pp - 1) r.gradient_working += static_cast<double>(tied_embedding) * grad_bytes;
   }
   if (p.zero == 1) r.gradient_shard = n * grad_bytes / dp;
   r.inflight = inflight_microbatches(p, stage);

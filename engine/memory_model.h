@@ -74,7 +74,19 @@ struct MemoryBreakdown {
   double parameters = 0;             // bytes
   double gradients = 0;
   double optimizer = 0;
-  double zero3_working = 0;  // gathered layers under ZeRO-3
+  // ZeRO-3: two gathered layers (the one in use and the prefetched next) and
+  // the full gradient of the one backward works on, sized by the largest
+  // transformer layer (the embedding and head units are assumed no larger).
+  // A chunk of one layer holds one gathered layer: a pass does not prefetch
+  // into the next chunk's (the engine does not know which pass comes next).
+  double zero3_working = 0;
+  // ZeRO-2 and 3 keep no whole gradient buffer: a layer's gradient is whole
+  // while backward works on it (stage 2; stage 3 counts it in zero3_working),
+  // and the tied embedding's stays whole from the head's backward until the
+  // end of the iteration on the stages that hold it (it is summed over both
+  // pipeline ends, or with pp 1 over the head's and the embedding's uses,
+  // before it is reduce-scattered).
+  double gradient_working = 0;
   // ZeRO 1 keeps the full gradient buffer (micro-batches accumulate into it)
   // plus the reduce-scatter's output, the rank's reduced 1/dp shard: the
   // backend's collectives do not work in place. (Stage 2's `gradients` is
@@ -84,7 +96,8 @@ struct MemoryBreakdown {
   double backward_working = 0;  // layer_backward_working_bytes
   int inflight = 0;  // micro-batches (or chunks) of activations held
   double total() const {
-    return parameters + gradients + optimizer + zero3_working + gradient_shard + activations + backward_working;
+    return parameters + gradients + optimizer + zero3_working + gradient_working + gradient_shard + activations +
+           backward_working;
   }
 };
 

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "engine/parallel/gradient_buckets.h"
+#include "engine/parallel/parameter_gather.h"
 #include "engine/parallel/sharded_optimizer.h"
 #include "models/init.h"
 
@@ -12,6 +13,7 @@ struct StepEngine::Chunk {
   int virtual_stage = 0;
   std::unique_ptr<GptChunk> model;
   std::unique_ptr<GradientBuckets> buckets;
+  std::unique_ptr<ParameterGather> gather;  // ZeRO-3 only
   std::unique_ptr<ShardedAdamW> adam;
   std::vector<SavedActivations> saved;  // by micro-batch, between its forward and backward
 };
@@ -22,8 +24,6 @@ Status StepEngine::supports(const Plan& p) {
                       "--sequence-parallel (tensor parallelism all-reduces the full sequence instead)");
   if (p.cp != 1) return make_error("context parallelism (cp {}) is not implemented by the step engine; use cp 1", p.cp);
   if (p.ep != 1) return make_error("expert parallelism (ep {}) is not implemented by the step engine; use ep 1", p.ep);
-  if (p.zero == 3)
-    return make_error("ZeRO stage 3 (sharded parameters) is not implemented by the step engine yet; use --zero 2");
   return ok_status();
 }
 
@@ -53,15 +53,43 @@ StepEngine::StepEngine(Backend& b, const ModelSpec& m, const Plan& p, const Mesh
     chunk->virtual_stage = c * p.pp + coord_.pp;
     const int vs = chunk->virtual_stage;
     const ChunkLayers layers{vs * per, (vs + 1) * per, vs == 0, vs == virtual_stages - 1};
-    chunk->model = std::make_unique<GptChunk>(b, m_, layers, tp, ChunkOptions{p.recompute, options.dropout});
+    ChunkOptions chunk_options{p.recompute, options.dropout, {}};
+    // ZeRO-2 frees gradients between uses, ZeRO-3 parameters too (gradient_buckets.h, parameter_gather.h).
+    chunk_options.storage.persistent_grads = p.zero < 2;
+    chunk_options.storage.persistent_values = p.zero < 3;
+    chunk->model = std::make_unique<GptChunk>(b, m_, layers, tp, chunk_options);
     ParameterStore& params = chunk->model->parameters();
+    chunk->buckets = std::make_unique<GradientBuckets>(b, m_, params, layers.head, dp, p.zero,
+                                                       options.grad_bucket_bytes / 4, defer_embedding, compute_, comm_);
+    if (p.zero >= 3) {
+      std::vector<int> order;
+      if (layers.embedding) order.push_back(-1);
+      for (int l = layers.first; l < layers.last; ++l) order.push_back(l);
+      if (layers.head) order.push_back(m.layers);
+      chunk->gather = std::make_unique<ParameterGather>(b, params, *chunk->buckets, std::move(order), compute_, comm_);
+    }
     // Counter-based init: every shard and the tied copy draw the single-rank values.
-    if (options.initialize_parameters) params.initialize(options.seed);
-    chunk->buckets = std::make_unique<GradientBuckets>(b, params, dp, p.zero >= 1, options.grad_bucket_bytes / 4,
-                                                       defer_embedding, compute_, comm_);
+    if (options.initialize_parameters) {
+      if (chunk->gather) chunk->gather->initialize(options.seed);
+      else params.initialize(options.seed);
+    }
     GradientBuckets* buckets = chunk->buckets.get();
-    chunk->model->set_backward_hook([buckets](int layer) { buckets->on_layer_done(layer); });
-    chunk->adam = std::make_unique<ShardedAdamW>(b, params, *chunk->buckets, comm_);
+    ParameterGather* gather = chunk->gather.get();
+    LayerHooks hooks;
+    hooks.before_backward = [buckets, gather](int layer) {
+      if (gather) gather->before(layer, true);
+      buckets->before_backward(layer);
+    };
+    hooks.after_backward = [buckets, gather](int layer) {
+      buckets->after_backward(layer);
+      if (gather) gather->after(layer, true);
+    };
+    if (gather) {
+      hooks.before_forward = [gather](int layer) { gather->before(layer, false); };
+      hooks.after_forward = [gather](int layer) { gather->after(layer, false); };
+    }
+    chunk->model->set_hooks(std::move(hooks));
+    chunk->adam = std::make_unique<ShardedAdamW>(b, params, *chunk->buckets, gather, comm_);
     chunks_.push_back(std::move(chunk));
   }
   loss_total_ = b.empty(Shape{1});
@@ -223,13 +251,11 @@ Result<std::map<std::string, std::vector<float>>> StepEngine::export_state() {
   for (auto& c : chunks_) {
     ParameterStore& params = c->model->parameters();
     std::vector<float> flat[3];
-    flat[0].resize(static_cast<std::size_t>(params.numel()));
-    MT_TRY(b_.read(params.values(), flat[0]));
-    MT_TRY(c->adam->gather_moments(flat[1], flat[2]));
+    MT_TRY(c->adam->gather_state(flat[0], flat[1], flat[2]));
     for (const ParamSlot& slot : params.slots()) {
       // The tied copy on the last stage equals the first stage's embedding.
       if (slot.info.name == "embed.tokens" && !c->model->layers().embedding) continue;
-      const std::int64_t n = slot.value.numel();
+      const std::int64_t n = slot.numel;
       for (int k = 0; k < 3; ++k) {
         // Every tp rank's shard, then each element to its place in the full tensor.
         Tensor shard = b_.empty(Shape{n}), all = b_.empty(Shape{n * plan_.tp});
@@ -273,10 +299,10 @@ Status StepEngine::import_state(const std::map<std::string, std::vector<float>>&
   if (setup_error_) return *setup_error_;
   for (auto& c : chunks_) {
     ParameterStore& params = c->model->parameters();
-    std::vector<float> moments[2];
-    for (auto& mv : moments) mv.assign(static_cast<std::size_t>(params.numel()), 0.f);
+    std::vector<float> flat[3];
+    for (auto& f : flat) f.assign(static_cast<std::size_t>(params.numel()), 0.f);
     for (const ParamSlot& slot : params.slots()) {
-      const std::int64_t n = slot.value.numel();
+      const std::int64_t n = slot.numel;
       for (int k = 0; k < 3; ++k) {
         auto it = state.find(kPrefixes[k] + slot.info.name);
         if (it == state.end())
@@ -289,15 +315,10 @@ Status StepEngine::import_state(const std::map<std::string, std::vector<float>>&
           const std::int64_t f = full_index(m_, slot.info, params.coord(), i);
           shard[static_cast<std::size_t>(i)] = f < 0 ? 0.f : it->second[static_cast<std::size_t>(f)];
         }
-        if (k == 0) {
-          Tensor v = slot.value;
-          b_.write(v, shard);
-        } else {
-          std::copy(shard.begin(), shard.end(), moments[k - 1].begin() + slot.offset);
-        }
+        std::copy(shard.begin(), shard.end(), flat[k].begin() + slot.offset);
       }
     }
-    c->adam->load_moments(moments[0], moments[1]);
+    c->adam->load_state(flat[0], flat[1], flat[2]);
   }
   return b_.synchronize();
 }

@@ -6,7 +6,9 @@
 // forward and backward work (engine/parallel/pipeline_executor.h), the
 // data-parallel gradient reduction in buckets overlapped with backward
 // (gradient_buckets.h), ZeRO sharding of the optimizer state
-// (sharded_optimizer.h), gradient clipping by global norm and the update, all
+// (sharded_optimizer.h), of the gradients (stage 2: a layer's gradient lives
+// only while backward works on it) and of the parameters (stage 3, gathered
+// layer by layer with prefetch: parameter_gather.h), gradient clipping by global norm and the update, all
 // as backend ops. The host waits only for the loss and the gradient norm at
 // the end of the iteration (the progress line needs them; a NaN loss must stop
 // the run before the update, so the parameters stay those of the last good

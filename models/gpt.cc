@@ -43,7 +43,7 @@ GptChunk::GptChunk(Backend& b, const ModelSpec& m, ChunkLayers layers, TensorPar
       layers_(layers),
       tp_(std::move(tp)),
       options_(options),
-      params_(b, m_, chunk_parameters(m_, layers), ShardCoord{tp_.rank, tp_.size, 0, 1}),
+      params_(b, m_, chunk_parameters(m_, layers), ShardCoord{tp_.rank, tp_.size, 0, 1}, options.storage),
       heads_(m.heads / tp_.size),
       kv_heads_(m.kv_heads / tp_.size),
       ffn_(m.ffn / tp_.size),
@@ -268,43 +268,65 @@ Tensor GptChunk::head_backward(const MicroBatch& mb, HeadSaved& s, float loss_sc
 }
 
 Tensor GptChunk::forward(const MicroBatch& mb, const Tensor& input, SavedActivations& saved) {
+  auto before = [&](int layer) {
+    if (hooks_.before_forward) hooks_.before_forward(layer);
+  };
+  auto after = [&](int layer) {
+    if (hooks_.after_forward) hooks_.after_forward(layer);
+  };
   saved.reset(new ChunkActivations);
   saved->layers.resize(static_cast<std::size_t>(layers_.last - layers_.first));
-  Tensor h = layers_.embedding ? embed_forward(mb) : input;
+  Tensor h = input;
+  if (layers_.embedding) {
+    before(-1);
+    h = embed_forward(mb);
+    after(-1);
+  }
   for (int l = layers_.first; l < layers_.last; ++l) {
     LayerSaved& s = saved->layers[static_cast<std::size_t>(l - layers_.first)];
+    before(l);
     if (options_.recompute == Recompute::full) {
       s.x = h;  // only the layer input; backward runs the forward again
       h = layer_forward(l, mb, h, nullptr);
     } else {
       h = layer_forward(l, mb, h, &s);
     }
+    after(l);
   }
-  if (layers_.head) return head_forward(mb, h, saved->head);
-  return h;
+  if (!layers_.head) return h;
+  before(m_.layers);
+  Tensor loss = head_forward(mb, h, saved->head);
+  after(m_.layers);
+  return loss;
 }
 
 Tensor GptChunk::backward(const MicroBatch& mb, SavedActivations& saved, const Tensor& dout, float loss_scale) {
-  auto done = [&](int layer) {
-    if (backward_hook_) backward_hook_(layer);
+  auto before = [&](int layer) {
+    if (hooks_.before_backward) hooks_.before_backward(layer);
+  };
+  auto after = [&](int layer) {
+    if (hooks_.after_backward) hooks_.after_backward(layer);
   };
   Tensor g = dout;
   if (layers_.head) {
+    before(m_.layers);
     g = head_backward(mb, saved->head, loss_scale);
-    done(m_.layers);
+    after(m_.layers);
   }
   saved->head = HeadSaved{};
   for (int l = layers_.last - 1; l >= layers_.first; --l) {
     LayerSaved& s = saved->layers[static_cast<std::size_t>(l - layers_.first)];
+    before(l);
     if (options_.recompute == Recompute::full) layer_forward(l, mb, s.x, &s);
     g = layer_backward(l, mb, s, g);
     s = LayerSaved{};
-    done(l);
+    after(l);
   }
   saved.reset();
   if (layers_.embedding) {
+    before(-1);
     embed_backward(mb, g);
-    done(-1);
+    after(-1);
     return Tensor();
   }
   return g;

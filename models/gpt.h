@@ -54,6 +54,19 @@ struct MicroBatch {
 struct ChunkOptions {
   Recompute recompute = Recompute::none;
   float dropout = 0.f;  // after attention, after the MLP and on the embeddings
+  ParameterStorage storage;  // what the parameter store keeps (models/parameter_store.h)
+};
+
+// Called around the work of each layer of a micro-batch: `layer` is -1 for
+// the embeddings, 0..L-1 for a transformer layer and L (= m.layers) for the
+// final norm and head, visited ascending in forward and descending in
+// backward (a full recomputation runs inside the backward's pair). The
+// engine uses them to bind parameter and gradient storage just in time
+// (ZeRO-2/3) and to reduce a bucket of gradients as soon as it is complete,
+// while backward goes on (overlap). Empty functions: no calls.
+struct LayerHooks {
+  std::function<void(int layer)> before_forward, after_forward;
+  std::function<void(int layer)> before_backward, after_backward;
 };
 
 // What one forward saved for its backward. Dropping it frees the memory.
@@ -81,13 +94,7 @@ class GptChunk {
   // (undefined for the chunk with the embedding).
   Tensor backward(const MicroBatch& mb, SavedActivations& saved, const Tensor& dout, float loss_scale);
 
-  // Called during backward each time the gradient contributions of one layer
-  // of this micro-batch are issued: `layer` is m.layers for the final norm and
-  // head, 0..L-1 for a transformer layer, -1 for the embeddings, in that
-  // (descending) order. Data parallelism uses it to reduce a bucket of
-  // gradients as soon as the last micro-batch has finished it, while backward
-  // goes on (overlap). Empty: no calls.
-  void set_backward_hook(std::function<void(int layer)> hook) { backward_hook_ = std::move(hook); }
+  void set_hooks(LayerHooks hooks) { hooks_ = std::move(hooks); }
 
  private:
   friend struct ChunkActivations;
@@ -120,7 +127,7 @@ class GptChunk {
   ParameterStore params_;
   int heads_, kv_heads_, ffn_;  // on this rank
   std::int64_t vocab_rows_;     // V on this rank (padded shard)
-  std::function<void(int layer)> backward_hook_;
+  LayerHooks hooks_;
   Tensor position_ids_;         // (N) i32, built once per (B, T)
   int position_batch_ = 0, position_seq_ = 0;
 };

@@ -8,22 +8,23 @@
 
 namespace meshtrain {
 
-ParameterStore::ParameterStore(Backend& b, const ModelSpec& m, std::vector<ParamInfo> infos, ShardCoord coord)
-    : b_(b), m_(m), coord_(coord) {
-  std::int64_t total = 0;
-  std::vector<std::vector<std::int64_t>> shapes;
+ParameterStore::ParameterStore(Backend& b, const ModelSpec& m, std::vector<ParamInfo> infos, ShardCoord coord,
+                               ParameterStorage storage)
+    : b_(b), m_(m), coord_(coord), storage_(storage) {
   for (const auto& info : infos) {
-    shapes.push_back(shard_shape(m, info, coord));
-    total += Shape(shapes.back()).numel();
+    shapes_.emplace_back(shard_shape(m, info, coord));
+    numel_ += shapes_.back().numel();
   }
-  values_ = b.empty(Shape{total});
-  grads_ = b.empty(Shape{total});
+  if (storage.persistent_values) values_ = b.empty(Shape{numel_}, storage.value_dtype);
+  if (storage.persistent_grads) grads_ = b.empty(Shape{numel_});
   std::int64_t offset = 0;
   for (std::size_t i = 0; i < infos.size(); ++i) {
-    Shape shape(shapes[i]);
-    const std::int64_t n = shape.numel();
+    const std::int64_t n = shapes_[i].numel();
     index_.emplace(infos[i].name, slots_.size());
-    slots_.push_back({std::move(infos[i]), values_.slice(offset, n, shape), grads_.slice(offset, n, shape), offset});
+    ParamSlot slot{std::move(infos[i]), Tensor(), Tensor(), offset, n};
+    if (values_.defined()) slot.value = values_.slice(offset, n, shapes_[i]);
+    if (grads_.defined()) slot.grad = grads_.slice(offset, n, shapes_[i]);
+    slots_.push_back(std::move(slot));
     offset += n;
   }
 }
@@ -37,9 +38,45 @@ const ParamSlot& ParameterStore::operator[](const std::string& name) const {
   return slots_[it->second];
 }
 
+template <class F>
+void ParameterStore::for_range(std::int64_t begin, std::int64_t size, const char* what, F f) {
+  for (std::size_t i = 0; i < slots_.size(); ++i) {
+    ParamSlot& s = slots_[i];
+    const std::int64_t n = shapes_[i].numel();
+    if (s.offset + n <= begin || s.offset >= begin + size) continue;
+    if (s.offset < begin || s.offset + n > begin + size) {
+      std::fprintf(stderr, "meshtrain: %s [%lld, %lld) cuts parameter '%s'\n", what, static_cast<long long>(begin),
+                   static_cast<long long>(begin + size), s.info.name.c_str());
+      std::abort();
+    }
+    f(s, shapes_[i]);
+  }
+}
+
+void ParameterStore::bind_values(std::int64_t begin, const Tensor& storage) {
+  for_range(begin, storage.numel(), "bind_values", [&](ParamSlot& s, const Shape& shape) {
+    s.value = storage.slice(s.offset - begin, shape.numel(), shape);
+  });
+}
+
+void ParameterStore::bind_grads(std::int64_t begin, const Tensor& storage) {
+  for_range(begin, storage.numel(), "bind_grads", [&](ParamSlot& s, const Shape& shape) {
+    s.grad = storage.slice(s.offset - begin, shape.numel(), shape);
+  });
+}
+
+void ParameterStore::release_values(std::int64_t begin, std::int64_t size) {
+  for_range(begin, size, "release_values", [](ParamSlot& s, const Shape&) { s.value = Tensor(); });
+}
+
+void ParameterStore::release_grads(std::int64_t begin, std::int64_t size) {
+  for_range(begin, size, "release_grads", [](ParamSlot& s, const Shape&) { s.grad = Tensor(); });
+}
+
 void ParameterStore::initialize(std::uint64_t seed) {
   const double residual_std = 0.02 / std::sqrt(2.0 * m_.layers);
   for (auto& slot : slots_) {
+    if (!slot.value.defined()) continue;
     const std::string& name = slot.info.name;
     const bool is_bias = name.ends_with(".bias");
     const bool is_norm = name.find("norm") != std::string::npos;
@@ -61,6 +98,8 @@ void ParameterStore::initialize(std::uint64_t seed) {
   zero_grads();
 }
 
-void ParameterStore::zero_grads() { b_.fill(grads_, 0.f); }
+void ParameterStore::zero_grads() {
+  if (grads_.defined()) b_.fill(grads_, 0.f);
+}
 
 }  // namespace meshtrain

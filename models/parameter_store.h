@@ -1,7 +1,19 @@
-// ParameterStore: one rank's parameters of one model chunk, in one flat fp32
-// buffer with a flat gradient buffer beside it; each parameter is a view of
-// both. Flat buffers are what data parallelism reduces in buckets and what
+// ParameterStore: one rank's parameters of one model chunk, laid out in one
+// flat buffer with a flat gradient buffer beside it; each parameter is a view
+// of both. Flat buffers are what data parallelism reduces in buckets and what
 // ZeRO shards, so they are the unit of storage from the start.
+//
+// By default both flat buffers are allocated for the store's lifetime. ZeRO-2
+// and ZeRO-3 hold less: without persistent gradients (ZeRO-2/3) the engine
+// binds a range of slots to gradient storage of its own while a backward
+// writes them and releases it once reduced; without persistent values
+// (ZeRO-3) it binds a range to an all-gathered copy before the layers that
+// read it and releases it afterwards. A released slot's tensor is undefined.
+// A bound range must cover whole slots.
+//
+// Values are held in `value_dtype` (the 16-bit working copy under mixed
+// precision: GEMMs read it; the fp32 master lives with the optimizer);
+// gradients are always fp32 (micro-batches accumulate into them).
 #pragma once
 
 #include <cstdint>
@@ -16,38 +28,65 @@ namespace meshtrain {
 
 struct ParamSlot {
   ParamInfo info;            // full shape and split
-  Tensor value;              // this rank's shard, a view of the flat buffer
-  Tensor grad;               // its gradient, same shape
+  Tensor value;              // this rank's shard, a view of the flat (or bound) values
+  Tensor grad;               // its gradient, same shape, fp32
   std::int64_t offset = 0;   // first element in the flat buffers
+  std::int64_t numel = 0;    // elements of this rank's shard (also while unbound)
+};
+
+struct ParameterStorage {
+  bool persistent_values = true;
+  bool persistent_grads = true;
+  DType value_dtype = DType::f32;
 };
 
 class ParameterStore {
  public:
   // `infos` are the parameters this chunk holds, in model order.
-  ParameterStore(Backend& b, const ModelSpec& m, std::vector<ParamInfo> infos, ShardCoord coord);
+  ParameterStore(Backend& b, const ModelSpec& m, std::vector<ParamInfo> infos, ShardCoord coord,
+                 ParameterStorage storage = {});
 
   // GPT-2 initialisation: weights and embeddings N(0, 0.02), the residual
   // projections (attention output, MLP down) N(0, 0.02/√(2·layers)), norm
-  // weights 1, biases 0. Drawn per element with models/init.h.
+  // weights 1, biases 0. Drawn per element with models/init.h. Writes the
+  // values of every bound slot and zeroes the persistent gradients.
   void initialize(std::uint64_t seed);
+  // Zeroes the persistent gradient buffer (nothing without one).
   void zero_grads();
+
+  // Slots whose elements lie in [begin, begin + storage.numel()) view
+  // `storage` (element `offset - begin` onwards) from now on.
+  void bind_values(std::int64_t begin, const Tensor& storage);
+  void bind_grads(std::int64_t begin, const Tensor& storage);
+  // Those slots' tensors become undefined (the storage is freed with its last handle).
+  void release_values(std::int64_t begin, std::int64_t size);
+  void release_grads(std::int64_t begin, std::int64_t size);
 
   const std::vector<ParamSlot>& slots() const { return slots_; }
   const ParamSlot& operator[](const std::string& name) const;
   bool contains(const std::string& name) const { return index_.count(name) != 0; }
+  // The persistent flat buffers (undefined when not persistent).
   Tensor& values() { return values_; }
   Tensor& grads() { return grads_; }
-  std::int64_t numel() const { return values_.numel(); }
+  std::int64_t numel() const { return numel_; }
+  DType value_dtype() const { return storage_.value_dtype; }
   const ShardCoord& coord() const { return coord_; }
 
  private:
+  // Calls f(slot) for each slot inside [begin, begin + size); aborts on a slot that straddles it.
+  template <class F>
+  void for_range(std::int64_t begin, std::int64_t size, const char* what, F f);
+
   Backend& b_;
   const ModelSpec& m_;
   ShardCoord coord_;
+  ParameterStorage storage_;
   std::vector<ParamSlot> slots_;
+  std::vector<Shape> shapes_;  // by slot
   std::unordered_map<std::string, std::size_t> index_;
-  Tensor values_;  // (numel) fp32
-  Tensor grads_;   // (numel) fp32
+  std::int64_t numel_ = 0;
+  Tensor values_;  // (numel) value_dtype, when persistent
+  Tensor grads_;   // (numel) fp32, when persistent
 };
 
 }  // namespace meshtrain

@@ -9,45 +9,105 @@ std::int64_t Bucket::owned_size(int r) const {
   return std::min(size, (r + 1) * shard) - std::min(size, r * shard);
 }
 
-GradientBuckets::GradientBuckets(Backend& b, ParameterStore& params, Group dp, bool sharded,
-                                 std::int64_t bucket_elements, bool defer_embedding, Stream compute, Stream comm)
+std::vector<int> parameter_uses(const ModelSpec& m, const ParamInfo& info, bool chunk_has_head) {
+  if (info.name != "embed.tokens" || !m.tied_embeddings || !chunk_has_head) return {info.layer};
+  // The tied head reads the embedding; on a chunk without the embeddings that is its only use.
+  if (info.layer == -1 && m.layers > 0) return {-1, m.layers};
+  return {m.layers};
+}
+
+GradientBuckets::GradientBuckets(Backend& b, const ModelSpec& m, ParameterStore& params, bool chunk_has_head,
+                                 Group dp, int zero, std::int64_t bucket_elements, bool defer_embedding,
+                                 Stream compute, Stream comm)
     : b_(b),
       params_(params),
       dp_(std::move(dp)),
       dp_rank_(dp_.index_of(b.rank())),
-      sharded_(sharded),
+      zero_(zero),
       compute_(compute),
       comm_(comm) {
   const std::int64_t G = dp_.size(), total = params.numel();
-  const std::int64_t step = std::max<std::int64_t>(G, bucket_elements / G * G);
-  for (std::int64_t begin = 0; begin < total; begin += step) {
+  auto add_bucket = [&](std::int64_t begin, std::int64_t size) {
     Bucket k;
     k.begin = begin;
-    k.size = std::min(step, total - begin);
-    k.shard = (k.size + G - 1) / G;
+    k.size = size;
+    k.shard = (size + G - 1) / G;
     k.state_offset = shard_numel_;
     shard_numel_ += k.shard;
-    k.min_layer = 1 << 30;
     for (const ParamSlot& s : params.slots()) {
-      if (s.offset >= k.begin + k.size || s.offset + s.value.numel() <= k.begin) continue;
-      k.min_layer = std::min(k.min_layer, s.info.layer);
+      if (s.offset >= begin + size || s.offset + s.numel <= begin) continue;
+      for (int u : parameter_uses(m, s.info, chunk_has_head)) k.uses.push_back(u);
       if (defer_embedding && s.info.name == "embed.tokens") k.deferred = true;
     }
-    buckets_.push_back(k);
+    std::sort(k.uses.begin(), k.uses.end());
+    k.uses.erase(std::unique(k.uses.begin(), k.uses.end()), k.uses.end());
+    buckets_.push_back(std::move(k));
+  };
+  if (units()) {
+    // Consecutive slots with the same uses form a unit; the deferred embedding stands alone.
+    const auto& slots = params.slots();
+    std::size_t i = 0;
+    while (i < slots.size()) {
+      const auto key = [&](const ParamSlot& s) {
+        return std::pair(parameter_uses(m, s.info, chunk_has_head), defer_embedding && s.info.name == "embed.tokens");
+      };
+      std::size_t j = i + 1;
+      while (j < slots.size() && key(slots[j]) == key(slots[i])) ++j;
+      const std::int64_t end = j < slots.size() ? slots[j].offset : total;
+      add_bucket(slots[i].offset, end - slots[i].offset);
+      i = j;
+    }
+  } else {
+    const std::int64_t step = std::max<std::int64_t>(G, bucket_elements / G * G);
+    for (std::int64_t begin = 0; begin < total; begin += step) add_bucket(begin, std::min(step, total - begin));
   }
   issued_.assign(buckets_.size(), false);
-  if (sharded_) shard_grads_ = b.empty(Shape{shard_numel_});
+  unit_grads_.resize(buckets_.size());
+  if (sharded()) shard_grads_ = b.empty(Shape{shard_numel_});
 }
 
 void GradientBuckets::begin_step() {
   std::fill(issued_.begin(), issued_.end(), false);
   armed_ = false;
+  if (units()) b_.fill(shard_grads_, 0.f);
 }
 
-void GradientBuckets::on_layer_done(int layer) {
-  if (!armed_) return;
-  for (std::size_t i = buckets_.size(); i-- > 0;)
-    if (!issued_[i] && !buckets_[i].deferred && buckets_[i].min_layer >= layer) issue(i);
+void GradientBuckets::before_backward(int layer) {
+  if (!units()) return;
+  for (std::size_t i = 0; i < buckets_.size(); ++i) {
+    const Bucket& k = buckets_[i];
+    if (k.uses.back() != layer || unit_grads_[i].defined()) continue;
+    unit_grads_[i] = b_.empty(Shape{k.shard * dp_.size()});
+    b_.fill(unit_grads_[i], 0.f);
+    params_.bind_grads(k.begin, unit_grads_[i].slice(0, k.size));
+  }
+}
+
+void GradientBuckets::after_backward(int layer) {
+  for (std::size_t i = buckets_.size(); i-- > 0;) {
+    const Bucket& k = buckets_[i];
+    if (k.deferred) continue;
+    if (units()) {
+      if (k.uses.front() == layer) reduce_unit(i);
+    } else if (armed_ && !issued_[i] && k.uses.front() >= layer) {
+      issue(i);
+    }
+  }
+}
+
+void GradientBuckets::reduce_unit(std::size_t i) {
+  const Bucket& k = buckets_[i];
+  b_.wait(comm_, b_.record(compute_));
+  {
+    StreamScope on_comm(b_, comm_);
+    // Each micro-batch's sum over replicas is added to the owned shard: this rank keeps only k elements.
+    Tensor part = b_.empty(Shape{k.shard});
+    b_.reduce_scatter(unit_grads_[i], part, dp_, ReduceOp::sum);
+    Tensor mine = shard_grads_.slice(k.state_offset, k.shard);
+    b_.add(mine, part, mine);
+  }
+  params_.release_grads(k.begin, k.size);
+  unit_grads_[i] = Tensor();
 }
 
 void GradientBuckets::issue(std::size_t i) {
@@ -57,8 +117,8 @@ void GradientBuckets::issue(std::size_t i) {
   b_.wait(comm_, b_.record(compute_));
   StreamScope on_comm(b_, comm_);
   Tensor grads = params_.grads().slice(k.begin, k.size);
-  if (dp_.size() == 1 && !sharded_) return;
-  if (!sharded_) {
+  if (dp_.size() == 1 && !sharded()) return;
+  if (!sharded()) {
     b_.all_reduce(grads, dp_, ReduceOp::sum);
     return;
   }
@@ -77,8 +137,13 @@ void GradientBuckets::issue(std::size_t i) {
 }
 
 void GradientBuckets::finish() {
-  for (std::size_t i = buckets_.size(); i-- > 0;)
-    if (!issued_[i]) issue(i);
+  for (std::size_t i = buckets_.size(); i-- > 0;) {
+    if (units()) {
+      if (unit_grads_[i].defined()) reduce_unit(i);
+    } else if (!issued_[i]) {
+      issue(i);
+    }
+  }
   b_.wait(compute_, b_.record(comm_));
 }
 

@@ -1,33 +1,46 @@
-// GradientBuckets: data-parallel reduction of one model chunk's flat gradient
-// buffer in buckets, each issued on the communication stream as soon as the
-// last micro-batch's backward has finished every gradient in it (overlap with
-// the rest of backward), Megatron/DDP style.
+// GradientBuckets: data-parallel reduction of one model chunk's gradients in
+// buckets, each issued on the communication stream as soon as backward has
+// finished every gradient in it (overlap with the rest of backward),
+// Megatron/DDP style, and the bucket layout that ZeRO shards along.
 //
-// A bucket is a range [begin, begin + n) of the flat buffer. Buckets hold
-// about `bucket_elements` each, a multiple of dp, so only the last one needs
-// padding (to n_pad = k·dp, k = ceil(n / dp)). Flat buffers are in model
-// order (embeddings, layers ascending, final norm and head), so buckets finish
-// from the last to the first and are issued in that order on every replica.
+// A bucket is a range [begin, begin + n) of the chunk's flat buffers, padded
+// to n_pad = k·dp (k = ceil(n / dp)); dp rank r owns [r·k, (r+1)·k) of it,
+// clipped to n (its "owned" range). Flat buffers are in model order
+// (embeddings, layers ascending, final norm and head), so buckets finish from
+// the last to the first and are issued in that order on every replica.
 //
-// Without ZeRO a bucket is all-reduced (summed) in place. With ZeRO (any
-// stage) it is reduce-scattered: dp rank r keeps only the summed shard
-// [r·k, (r+1)·k) of the padded bucket (its "owned" range, clipped to n), in a
-// buffer of its own; the optimizer updates that shard and all-gathers the
-// parameters (sharded_optimizer.h).
+// Two layouts:
+//  * ZeRO 0 and 1 (ranges): buckets of about `bucket_elements`, a multiple of
+//    dp, cut anywhere. The flat gradient buffer is persistent: micro-batches
+//    accumulate into it, and the last micro-batch's backward (arm()) issues
+//    each bucket once complete. ZeRO 0 all-reduces (sums) it in place; ZeRO 1
+//    reduce-scatters it into the rank's shard buffer (Σ k, its own storage).
+//  * ZeRO 2 and 3 (units): one bucket per layer's parameters (the embeddings,
+//    each transformer layer, the final norm and head; a tied embedding's copy
+//    apart), the unit ZeRO-3 gathers. There is no persistent gradient buffer:
+//    before a micro-batch's backward enters a unit's last layer, the unit gets
+//    fresh zeroed gradient storage (n_pad, padding included); when backward
+//    leaves its first layer, the unit is reduce-scattered and the rank's k
+//    summed elements are added to its shard buffer, and the storage is freed.
+//    So a rank holds its 1/dp shard plus the units backward is working on,
+//    never the whole gradient (Rajbhandari et al. 2020, stage 2), at the cost
+//    of one reduce-scatter per micro-batch.
 //
 // The gradients are summed, not averaged: the engine scales every token's loss
 // by 1 / (tokens of the global batch), so the sum over replicas is the gradient
 // of the mean token loss over the global batch.
 //
 // Deferred buckets (those holding the tied token embedding when pp > 1) are
-// issued only by finish(): both pipeline ends' copies must first be summed over
-// the embedding group, and that can only happen after the schedule has run.
+// reduced only by finish(): both pipeline ends' copies must first be summed
+// over the embedding group, which can only happen after the schedule has run.
+// Under the unit layout their gradient storage is kept for the iteration.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
 #include "backends/backend.h"
+#include "models/model_spec.h"
 #include "models/parameter_store.h"
 
 namespace meshtrain {
@@ -36,47 +49,58 @@ struct Bucket {
   std::int64_t begin = 0, size = 0;  // range of the flat buffer
   std::int64_t shard = 0;            // k = ceil(size / dp)
   std::int64_t state_offset = 0;     // first element of this bucket's shard in the rank's shard buffers
-  int min_layer = 0;                 // lowest layer with a gradient in the bucket
+  // Layers (LayerHooks numbering) whose forward or backward reads the
+  // bucket's parameters and writes their gradients, ascending.
+  std::vector<int> uses;
   bool deferred = false;
   std::int64_t owned_begin(int dp_rank) const;  // flat offset of the owned range
   std::int64_t owned_size(int dp_rank) const;   // its length, <= shard
 };
 
+// Where a chunk's parameter is used (LayerHooks numbering): its layer, and
+// for the tied token embedding also the head (L) when the chunk has it.
+std::vector<int> parameter_uses(const ModelSpec& m, const ParamInfo& info, bool chunk_has_head);
+
 class GradientBuckets {
  public:
-  GradientBuckets(Backend& b, ParameterStore& params, Group dp, bool sharded, std::int64_t bucket_elements,
-                  bool defer_embedding, Stream compute, Stream comm);
+  // `zero` is the plan's ZeRO stage: it picks the layout and the reduction.
+  GradientBuckets(Backend& b, const ModelSpec& m, ParameterStore& params, bool chunk_has_head, Group dp, int zero,
+                  std::int64_t bucket_elements, bool defer_embedding, Stream compute, Stream comm);
 
-  // Starts an iteration: nothing issued, nothing armed.
+  // Starts an iteration: nothing issued, nothing armed, shards zeroed.
   void begin_step();
-  // The next backward through this chunk is its last of the iteration: from
-  // now on layer hooks issue the buckets they complete.
+  // Range layout: the next backward through this chunk is its last of the
+  // iteration, from now on after_backward issues the buckets it completes.
   void arm() { armed_ = true; }
-  // The chunk's backward hook (GptChunk::set_backward_hook).
-  void on_layer_done(int layer);
-  // Issues every bucket not issued yet (the deferred ones) and makes the
-  // compute stream wait for all of them.
+  // The chunk's backward hooks (LayerHooks).
+  void before_backward(int layer);
+  void after_backward(int layer);
+  // Reduces every bucket not reduced yet (the deferred ones) and makes the
+  // compute stream wait for all reductions.
   void finish();
 
   const std::vector<Bucket>& buckets() const { return buckets_; }
   const Group& group() const { return dp_; }
   int dp_rank() const { return dp_rank_; }
-  bool sharded() const { return sharded_; }
+  bool sharded() const { return zero_ >= 1; }
+  bool units() const { return zero_ >= 2; }
   std::int64_t shard_numel() const { return shard_numel_; }  // Σ k over buckets
   // The reduced gradient shards of this rank (sharded only), valid after finish().
   const Tensor& shard_grads() const { return shard_grads_; }
 
  private:
   void issue(std::size_t i);
+  void reduce_unit(std::size_t i);
 
   Backend& b_;
   ParameterStore& params_;
   Group dp_;
   int dp_rank_;
-  bool sharded_;
+  int zero_;
   Stream compute_, comm_;
   std::vector<Bucket> buckets_;
   std::vector<bool> issued_;
+  std::vector<Tensor> unit_grads_;  // (n_pad) by bucket, while bound (unit layout)
   bool armed_ = false;
   std::int64_t shard_numel_ = 0;
   Tensor shard_grads_;  // (Σ k) sharded only

@@ -1,12 +1,21 @@
-// ShardedAdamW: AdamW state of one model chunk, whole or (ZeRO) sharded over
-// the data-parallel group along the gradient buckets.
+// ShardedAdamW: AdamW state and fp32 master weights of one model chunk, whole
+// or (ZeRO) sharded over the data-parallel group along the gradient buckets.
 //
 // Without sharding, m and v are like the flat parameter buffer and every
 // replica updates every parameter (identically: the gradients were
 // all-reduced). With ZeRO, dp rank r holds m and v only for its owned range of
-// each bucket (gradient_buckets.h), updates only those parameters from its
-// reduced gradient shard, and then all-gathers each bucket's parameters over
-// the group so every replica holds the whole updated chunk again.
+// each bucket (gradient_buckets.h) and updates only those parameters from its
+// reduced gradient shard. ZeRO 1 and 2 then all-gather each bucket's
+// parameters over the group, so every replica holds the whole updated chunk
+// again; ZeRO 3 keeps only the shard (parameter_gather.h gathers it when a
+// layer needs it).
+//
+// The master weights AdamW updates are fp32. When the parameter store holds
+// fp32 values they are the master (its flat buffer, or the ZeRO-3 shards).
+// Under mixed precision the store holds the 16-bit working copy that GEMMs
+// read, and this object keeps the fp32 master (whole or this rank's shard,
+// as Megatron's distributed optimizer does); each step updates the master and
+// casts it into the working copy, which ZeRO 1/2 then all-gather in 16 bits.
 #pragma once
 
 #include <functional>
@@ -14,39 +23,54 @@
 
 #include "backends/backend.h"
 #include "engine/parallel/gradient_buckets.h"
+#include "engine/parallel/parameter_gather.h"
 #include "models/parameter_store.h"
 
 namespace meshtrain {
 
 class ShardedAdamW {
  public:
-  ShardedAdamW(Backend& b, ParameterStore& params, const GradientBuckets& buckets, Stream comm);
+  // `gather` is the chunk's ZeRO-3 parameter shards, null below stage 3.
+  ShardedAdamW(Backend& b, ParameterStore& params, const GradientBuckets& buckets, ParameterGather* gather,
+               Stream comm);
 
   // out (1) += Σ g² over the reduced gradients this rank holds (its shards, or
   // everything), for the parameters where `counts(slot)` is true, so that a
   // sum over the right groups counts every parameter element once.
   void accumulate_sumsq(Tensor& out, const std::function<bool(const ParamSlot&)>& counts);
   // One AdamW step with the clip coefficient `coef` (undefined: none); the
-  // weight decay applies to slots with info.weight_decay. Sharded: then
-  // all-gathers the parameters.
+  // weight decay applies to slots with info.weight_decay. Then refreshes the
+  // working copy and (ZeRO 1/2) all-gathers the parameters.
   void update(const AdamWOp& op, float weight_decay, const Tensor& coef);
 
-  // The moments for every element of the chunk's flat buffer (gathered over
-  // the group when sharded: collective). BLOCKS.
-  Status gather_moments(std::vector<float>& m, std::vector<float>& v);
-  // Loads moments given for the whole flat buffer; keeps this rank's part.
-  void load_moments(const std::vector<float>& m, const std::vector<float>& v);
+  // The master values and the moments for every element of the chunk's flat
+  // buffer (gathered over the group when sharded: collective). BLOCKS.
+  Status gather_state(std::vector<float>& values, std::vector<float>& m, std::vector<float>& v);
+  // Loads values and moments given for the whole flat buffer; keeps this
+  // rank's part (and its working copy).
+  void load_state(const std::vector<float>& values, const std::vector<float>& m, const std::vector<float>& v);
 
  private:
   // Calls f(slot, flat offset, count, index into the rank's grad/state buffers)
   // for each piece of a slot that this rank updates.
   void for_each_piece(const std::function<void(const ParamSlot&, std::int64_t, std::int64_t, std::int64_t)>& f);
+  // The fp32 master of a piece, and the working copy it refreshes (the same when fp32).
+  Tensor master(std::int64_t flat, std::int64_t local, std::int64_t n);
+  Tensor working(std::int64_t flat, std::int64_t local, std::int64_t n);
+  // Whole-buffer host copy of a sharded (Σ k) buffer, gathered over the group.
+  Status gather_shards(const Tensor& shards, std::vector<float>& out);
+  // This rank's (Σ k) part of a whole-buffer host vector.
+  std::vector<float> owned_part(const std::vector<float>& full) const;
+  // Whether the master is sharded like m and v (else it is the store's whole flat buffer).
+  bool sharded_master() const;
 
   Backend& b_;
   ParameterStore& params_;
   const GradientBuckets& buckets_;
+  ParameterGather* gather_;
   Stream comm_;
-  Tensor m_, v_;  // (numel) or (Σ k) when sharded
+  Tensor m_, v_;     // (numel) or (Σ k) when sharded
+  Tensor master_;    // fp32 master under mixed precision, like m_; undefined in fp32
 };
 
 }  // namespace meshtrain

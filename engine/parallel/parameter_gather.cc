@@ -1,0 +1,77 @@
+#include "engine/parallel/parameter_gather.h"
+
+#include <algorithm>
+#include <climits>
+
+namespace meshtrain {
+
+ParameterGather::ParameterGather(Backend& b, ParameterStore& params, const GradientBuckets& buckets,
+                                 std::vector<int> order, Stream compute, Stream comm)
+    : b_(b), params_(params), buckets_(buckets), order_(std::move(order)), compute_(compute), comm_(comm) {
+  shards_ = b.empty(Shape{buckets.shard_numel()}, params.value_dtype());
+  b.fill(shards_, 0.f);
+  units_.resize(buckets.buckets().size());
+}
+
+bool ParameterGather::uses(std::size_t i, int layer) const {
+  const std::vector<int>& u = buckets_.buckets()[i].uses;
+  return std::binary_search(u.begin(), u.end(), layer);
+}
+
+int ParameterGather::next(int layer, bool backward) const {
+  auto it = std::find(order_.begin(), order_.end(), layer);
+  if (it == order_.end()) return INT_MIN;
+  if (backward) return it == order_.begin() ? INT_MIN : *(it - 1);
+  return it + 1 == order_.end() ? INT_MIN : *(it + 1);
+}
+
+void ParameterGather::issue(std::size_t i) {
+  const Bucket& k = buckets_.buckets()[i];
+  Unit& u = units_[i];
+  // The shards were last written on the compute stream (the optimizer step).
+  b_.wait(comm_, b_.record(compute_));
+  StreamScope on_comm(b_, comm_);
+  u.full = b_.empty(Shape{k.shard * buckets_.group().size()}, params_.value_dtype());
+  b_.all_gather(shards_.slice(k.state_offset, k.shard), u.full, buckets_.group());
+  u.ready = b_.record(comm_);
+}
+
+void ParameterGather::before(int layer, bool backward) {
+  const auto& buckets = buckets_.buckets();
+  for (std::size_t i = 0; i < buckets.size(); ++i) {
+    if (!uses(i, layer)) continue;
+    if (!units_[i].full.defined()) issue(i);
+    b_.wait(compute_, units_[i].ready);
+    params_.bind_values(buckets[i].begin, units_[i].full.slice(0, buckets[i].size));
+  }
+  const int n = next(layer, backward);
+  if (n == INT_MIN) return;
+  for (std::size_t i = 0; i < buckets.size(); ++i)
+    if (uses(i, n) && !units_[i].full.defined()) issue(i);
+}
+
+void ParameterGather::after(int layer, bool backward) {
+  const auto& buckets = buckets_.buckets();
+  const int n = next(layer, backward);
+  for (std::size_t i = 0; i < buckets.size(); ++i) {
+    if (!uses(i, layer) || (n != INT_MIN && uses(i, n))) continue;
+    params_.release_values(buckets[i].begin, buckets[i].size);
+    units_[i] = Unit{};
+  }
+}
+
+void ParameterGather::initialize(std::uint64_t seed) {
+  const int r = buckets_.dp_rank();
+  for (const Bucket& k : buckets_.buckets()) {
+    Tensor full = b_.empty(Shape{k.size}, params_.value_dtype());
+    params_.bind_values(k.begin, full);
+    params_.initialize(seed);
+    if (k.owned_size(r) > 0) {
+      Tensor mine = shards_.slice(k.state_offset, k.owned_size(r));
+      b_.copy(full.slice(k.owned_begin(r) - k.begin, k.owned_size(r)), mine);
+    }
+    params_.release_values(k.begin, k.size);
+  }
+}
+
+}  // namespace meshtrain

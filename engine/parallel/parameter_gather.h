@@ -1,0 +1,68 @@
+// ParameterGather: ZeRO-3 parameters of one model chunk, sharded over the
+// data-parallel group along the unit buckets of gradient_buckets.h (one per
+// layer's parameters), and gathered just in time.
+//
+// dp rank r keeps only its owned range of every unit (the k elements at the
+// unit's state offset of `shards()`, in the store's value dtype). Before the
+// chunk's forward or backward enters a layer, the units that layer reads are
+// all-gathered into a padded (n_pad) buffer and bound to the parameter store
+// (models/parameter_store.h); after it leaves the layer they are released,
+// unless the next layer of the same pass reads them too. Entering a layer
+// also issues the gather of the next layer's units on the communication
+// stream (prefetch), and the compute stream waits for a gather by event only
+// when it needs it, so the next layer's gather overlaps this layer's compute.
+// A rank so holds at most two gathered layers (the one in use and the next)
+// besides its shards (Rajbhandari et al. 2020, stage 3). A pass's first layer
+// is not prefetched: the engine does not know which pass comes next.
+//
+// Gathers are issued in the same order on every replica (they run the same
+// schedule), as collectives must be.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "backends/backend.h"
+#include "engine/parallel/gradient_buckets.h"
+#include "models/parameter_store.h"
+
+namespace meshtrain {
+
+class ParameterGather {
+ public:
+  // `order`: the chunk's layers in forward order (LayerHooks numbering).
+  // `buckets` must use the unit layout and outlive this object.
+  ParameterGather(Backend& b, ParameterStore& params, const GradientBuckets& buckets, std::vector<int> order,
+                  Stream compute, Stream comm);
+
+  // The chunk's hooks (LayerHooks), for forward (backward = false) and backward.
+  void before(int layer, bool backward);
+  void after(int layer, bool backward);
+
+  // (Σ k) this rank's owned part of every unit; padding elements are zero.
+  Tensor& shards() { return shards_; }
+
+  // ParameterStore::initialize through a full temporary copy of each unit in
+  // turn, keeping the owned part, so the values equal the unsharded ones.
+  void initialize(std::uint64_t seed);
+
+ private:
+  struct Unit {
+    Tensor full;  // (n_pad) gathered values, while issued
+    Event ready;  // the gather's completion on the communication stream
+  };
+  void issue(std::size_t i);
+  // The layer after `layer` in this pass, or none (INT_MIN).
+  int next(int layer, bool backward) const;
+  bool uses(std::size_t i, int layer) const;
+
+  Backend& b_;
+  ParameterStore& params_;
+  const GradientBuckets& buckets_;
+  std::vector<int> order_;
+  Stream compute_, comm_;
+  Tensor shards_;
+  std::vector<Unit> units_;
+};
+
+}  // namespace meshtrain
