@@ -15,7 +15,8 @@ const std::vector<std::string> kPrecisions = {"fp32", "bf16", "fp16"};
 const std::vector<std::string> kPlanFields = {"tp",        "pp",        "dp",           "cp",
                                               "ep",        "vpp",       "zero",         "micro_batch",
                                               "global_batch", "seq_len", "recompute",   "schedule",
-                                              "precision", "sequence_parallel"};
+                                              "precision", "sequence_parallel",
+                                              "first_stage_layers", "last_stage_layers"};
 
 template <class E>
 Result<E> parse_enum(const char* what, const std::string& s, const std::vector<std::string>& names) {
@@ -66,6 +67,8 @@ Result<PlanOverrides> plan_overrides_from_json(const nlohmann::json& j) {
   MT_TRY(get_int("micro_batch", o.micro_batch));
   MT_TRY(get_int("global_batch", o.global_batch));
   MT_TRY(get_int("seq_len", o.seq_len));
+  MT_TRY(get_int("first_stage_layers", o.first_stage_layers));
+  MT_TRY(get_int("last_stage_layers", o.last_stage_layers));
   MT_TRY(get_string("recompute", o.recompute));
   MT_TRY(get_string("schedule", o.schedule));
   MT_TRY(get_string("precision", o.precision));
@@ -105,6 +108,8 @@ Result<Plan> apply_overrides(Plan p, const PlanOverrides& o) {
   set(p.micro_batch, o.micro_batch);
   set(p.global_batch, o.global_batch);
   set(p.seq_len, o.seq_len);
+  set(p.first_stage_layers, o.first_stage_layers);
+  set(p.last_stage_layers, o.last_stage_layers);
   if (o.recompute) {
     MT_ASSIGN(p.recompute, parse_recompute(*o.recompute));
   }
@@ -141,9 +146,7 @@ Status validate_plan(const Plan& p, const ModelSpec& m, int world_size) {
                       m.kv_heads);
   if (m.ffn % p.tp != 0)
     return make_error("ffn width {} is not divisible by tp {}; use a tp that divides {}", m.ffn, p.tp, m.ffn);
-  if (m.layers % (p.pp * p.vpp) != 0)
-    return make_error("layers {} are not divisible by pp·vpp = {}·{} = {}; choose pp·vpp dividing {}", m.layers,
-                      p.pp, p.vpp, p.pp * p.vpp, m.layers);
+  MT_TRY(check_stage_split(m, p.stage_split()));
   const int seq = p.effective_seq_len(m);
   if (seq > m.seq_len && m.position == PositionKind::learned)
     return make_error("seq_len {} exceeds the model's learned positions ({}); use seq_len <= {}", seq, m.seq_len,
@@ -181,7 +184,7 @@ Status validate_plan(const Plan& p, const ModelSpec& m, int world_size) {
 }
 
 nlohmann::json plan_to_json(const Plan& p) {
-  return {{"tp", p.tp},
+  nlohmann::json j = {{"tp", p.tp},
           {"pp", p.pp},
           {"dp", p.dp},
           {"cp", p.cp},
@@ -197,6 +200,10 @@ nlohmann::json plan_to_json(const Plan& p) {
           {"precision", precision_name(p.precision)},
           {"sequence_parallel", p.sequence_parallel},
           {"world_size", p.world_size()}};
+  // Only when set, so plans (and checkpoints) from before these fields read the same.
+  if (p.first_stage_layers != 0) j["first_stage_layers"] = p.first_stage_layers;
+  if (p.last_stage_layers != 0) j["last_stage_layers"] = p.last_stage_layers;
+  return j;
 }
 
 }  // namespace meshtrain

@@ -16,6 +16,7 @@
 #include "engine/schedule/builders.h"
 #include "models/flops.h"
 #include "models/model_spec.h"
+#include "models/parameters.h"
 
 namespace meshtrain {
 
@@ -39,18 +40,25 @@ struct Plan {
   ScheduleKind schedule = ScheduleKind::one_f_one_b;
   Precision precision = Precision::bf16;
   bool sequence_parallel = false;
+  // Layers on the first / last pipeline stage; 0: an even share. The other
+  // stages share the remaining layers evenly (models/parameters.h StageSplit,
+  // as Megatron-Core's --decoder-first/last-pipeline-num-layers).
+  int first_stage_layers = 0;
+  int last_stage_layers = 0;
 
   int world_size() const { return tp * pp * dp * cp; }
   int effective_global_batch() const { return global_batch > 0 ? global_batch : micro_batch * dp; }
   // Micro-batches each pipeline runs per iteration.
   int microbatches() const { return effective_global_batch() / (micro_batch * dp); }
   int effective_seq_len(const ModelSpec& m) const { return seq_len > 0 ? seq_len : m.seq_len; }
+  StageSplit stage_split() const { return {pp, vpp, first_stage_layers, last_stage_layers}; }
 };
 
 // Flags and file fields override the defaults only where given; a flag beats
 // the file. Kept as optionals so the merge can tell "given" from "default".
 struct PlanOverrides {
   std::optional<int> tp, pp, dp, cp, ep, vpp, zero, micro_batch, global_batch, seq_len;
+  std::optional<int> first_stage_layers, last_stage_layers;
   std::optional<std::string> recompute, schedule, precision;
   std::optional<bool> sequence_parallel;
 };

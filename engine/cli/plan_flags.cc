@@ -17,6 +17,10 @@ void add_plan_flags(CLI::App& app, PlanFlags& f, const std::string& default_mode
   app.add_option("--micro-batch", o.micro_batch, "sequences per micro-batch");
   app.add_option("--global-batch", o.global_batch, "sequences per iteration (default micro-batch x dp)");
   app.add_option("--seq-len", o.seq_len, "sequence length (default: the model's)");
+  app.add_option("--first-stage-layers", o.first_stage_layers,
+                 "layers on the first pipeline stage (default 0: an even share)");
+  app.add_option("--last-stage-layers", o.last_stage_layers,
+                 "layers on the last pipeline stage (default 0: an even share)");
   app.add_option("--recompute", o.recompute, "activation recomputation: none, selective, full");
   app.add_option("--schedule", o.schedule, "pipeline schedule: gpipe, 1f1b, interleaved");
   app.add_option("--precision", o.precision, "fp32, bf16 or fp16");

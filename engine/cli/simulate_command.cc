@@ -42,6 +42,13 @@ Result<SimulationResult> simulate_iteration(const ModelSpec& m, const Plan& p,
                                             const SimulateOptions& options) {
   if (Status s = StepEngine::supports(p); !s)
     return std::move(s.context("the step engine cannot run this plan yet")).error();
+  // Plans may give the first and last stage their own layer counts (Plan, StageSplit);
+  // StepEngine still builds chunks of layers/(pp·vpp) each, so it would
+  // simulate the wrong layers. Refuse until it builds them from the split.
+  if (p.first_stage_layers != 0 || p.last_stage_layers != 0)
+    return make_error("uneven pipeline stages (first_stage_layers {}, last_stage_layers {}) are not built by the "
+                      "step engine yet: it splits the layers evenly; use 0 for both and a pp·vpp that divides them",
+                      p.first_stage_layers, p.last_stage_layers);
   const Mesh mesh(p);
   std::vector<int> reps;
   for (int stage = 0; stage < p.pp; ++stage) reps.push_back(mesh.rank_of(Coord{0, 0, 0, stage}));

@@ -2,6 +2,9 @@
 // first/last stage layer counts, checked against counts written out by hand.
 #include <catch2/catch.hpp>
 
+#include <nlohmann/json.hpp>
+
+#include "engine/plan.h"
 #include "models/parameters.h"
 
 using namespace meshtrain;
@@ -95,4 +98,25 @@ TEST_CASE("stage split: splits that do not divide name the numbers", "[stage_spl
   CHECK_THAT(message({2, 1, 60, 60}), Catch::Contains("add up to 126"));
   CHECK_THAT(message({16, 2, 7, 7}), Catch::Contains("vpp 2"));
   CHECK_THAT(message({16, 1, -1, 7}), Catch::Contains(">= 0"));
+}
+
+TEST_CASE("stage split: plan fields from JSON, validated against the model", "[stage_split][plan]") {
+  auto m = model_preset("llama3-405b");
+  REQUIRE(m.ok());
+  auto o = plan_overrides_from_json(
+      nlohmann::json{{"tp", 8}, {"pp", 16}, {"dp", 2}, {"first_stage_layers", 7}, {"last_stage_layers", 7}});
+  REQUIRE(o.ok());
+  auto p = apply_overrides(Plan{}, *o);
+  REQUIRE(p.ok());
+  CHECK(p->stage_split().first_stage_layers == 7);
+  CHECK(p->stage_split().last_stage_layers == 7);
+  CHECK(validate_plan(*p, *m, 256).ok());
+  CHECK(plan_to_json(*p)["first_stage_layers"] == 7);
+  CHECK_FALSE(plan_to_json(Plan{}).contains("first_stage_layers"));  // old plans read the same
+  // 126 layers do not split evenly over 16 stages without them.
+  Plan even = *p;
+  even.first_stage_layers = even.last_stage_layers = 0;
+  const Status s = validate_plan(even, *m, 256);
+  REQUIRE_FALSE(s.ok());
+  CHECK_THAT(s.error().message(), Catch::Contains("126") && Catch::Contains("first_stage_layers"));
 }
