@@ -7,9 +7,9 @@
 
 namespace meshtrain {
 
-ActivationLayout korthikanti_layout() { return {2, 1, true, false}; }
+ActivationLayout korthikanti_layout() { return {2, 1, true, false, 0}; }
 
-ActivationLayout meshtrain_layout(const Plan& p) { return {element_bytes(p.precision), 0, false, true}; }
+ActivationLayout meshtrain_layout(const Plan& p) { return {element_bytes(p.precision), 0, false, true, 4}; }
 
 double layer_activation_bytes(const ModelSpec& m, const Plan& p, const ActivationLayout& a) {
   const double s = p.effective_seq_len(m) / p.cp, b = p.micro_batch, h = m.hidden, t = p.tp;
@@ -71,7 +71,8 @@ MemoryBreakdown memory_per_rank(const ModelSpec& m, const Plan& p, int stage, co
   r.parameter_count = shard.total;
   const double n = static_cast<double>(shard.total);
   const bool mixed = p.precision != Precision::fp32;
-  const double param_bytes = element_bytes(p.precision), grad_bytes = element_bytes(p.precision);
+  const double param_bytes = element_bytes(p.precision);
+  const double grad_bytes = a.gradient_bytes > 0 ? a.gradient_bytes : element_bytes(p.precision);
   const double optimizer_bytes = mixed ? 12.0 : 8.0;
   const double dp = p.dp;
   r.parameters = n * param_bytes / (p.zero >= 3 ? dp : 1.0);

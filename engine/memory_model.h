@@ -27,7 +27,7 @@
 // paper's (2-byte values, 1-byte masks, materialised attention) or
 // meshtrain's own (values at the plan's precision, masks regenerated from the
 // seed, flash-style attention that keeps only the per-row log-sum-exp, fp32
-// row statistics of the norms).
+// row statistics of the norms, fp32 parameter gradients).
 #pragma once
 
 #include <cstdint>
@@ -42,6 +42,10 @@ struct ActivationLayout {
   int mask_bytes = 1;                  // 0: masks regenerated, not stored
   bool materialized_attention = true;  // the s×s probabilities are saved
   bool row_stats = false;              // fp32 norm statistics and attention lse are saved
+  // Bytes of a parameter gradient; 0: the plan's precision (the ZeRO paper's
+  // 16-bit gradients). meshtrain accumulates gradients in fp32 as Megatron
+  // does (main_grad), so mixed precision costs 2 + 4 + 12 bytes a parameter.
+  int gradient_bytes = 0;
 };
 
 ActivationLayout korthikanti_layout();

@@ -9,6 +9,20 @@
 
 namespace meshtrain {
 
+namespace {
+
+// Mixed precision: 16-bit working weights and activations (fp32 masters, gradients and AdamW state).
+DType activation_dtype(Precision p) {
+  switch (p) {
+    case Precision::bf16: return DType::bf16;
+    case Precision::fp16: return DType::f16;
+    case Precision::fp32: return DType::f32;
+  }
+  return DType::f32;
+}
+
+}  // namespace
+
 struct StepEngine::Chunk {
   int virtual_stage = 0;
   std::unique_ptr<GptChunk> model;
@@ -19,9 +33,6 @@ struct StepEngine::Chunk {
 };
 
 Status StepEngine::supports(const Plan& p) {
-  if (p.sequence_parallel)
-    return make_error("sequence parallelism is not implemented by the step engine yet; run without "
-                      "--sequence-parallel (tensor parallelism all-reduces the full sequence instead)");
   if (p.cp != 1) return make_error("context parallelism (cp {}) is not implemented by the step engine; use cp 1", p.cp);
   if (p.ep != 1) return make_error("expert parallelism (ep {}) is not implemented by the step engine; use ep 1", p.ep);
   return ok_status();
@@ -57,6 +68,8 @@ StepEngine::StepEngine(Backend& b, const ModelSpec& m, const Plan& p, const Mesh
     // ZeRO-2 frees gradients between uses, ZeRO-3 parameters too (gradient_buckets.h, parameter_gather.h).
     chunk_options.storage.persistent_grads = p.zero < 2;
     chunk_options.storage.persistent_values = p.zero < 3;
+    chunk_options.storage.value_dtype = activation_dtype(p.precision);
+    chunk_options.sequence_parallel = p.sequence_parallel;
     chunk->model = std::make_unique<GptChunk>(b, m_, layers, tp, chunk_options);
     ParameterStore& params = chunk->model->parameters();
     chunk->buckets = std::make_unique<GradientBuckets>(b, m_, params, layers.head, dp, p.zero,
@@ -110,6 +123,19 @@ MicroBatch StepEngine::upload(const HostBatch& h, std::uint64_t dropout_seed) {
   return mb;
 }
 
+Shape StepEngine::activation_shape(const HostBatch& h) const {
+  const std::int64_t rows = static_cast<std::int64_t>(h.batch) * h.seq;
+  // Under sequence parallelism stages exchange their sequence shards.
+  return Shape{plan_.sequence_parallel ? rows / plan_.tp : rows, m_.hidden};
+}
+
+Status StepEngine::check_sequence_shards(const HostBatch& h) const {
+  if (!plan_.sequence_parallel || (static_cast<std::int64_t>(h.batch) * h.seq) % plan_.tp == 0) return ok_status();
+  return make_error("sequence parallelism splits the {}·{} tokens of a micro-batch over tp {}, which does not "
+                    "divide them; pick a micro-batch or sequence length whose product tp divides",
+                    h.batch, h.seq, plan_.tp);
+}
+
 bool StepEngine::counts_in_norm(const Chunk& c, const ParamSlot& slot) const {
   // Replicated over tp: identical on every tp rank, counted on the first.
   if (slot.info.split == TpSplit::replicated && coord_.tp != 0) return false;
@@ -144,6 +170,7 @@ Result<StepResult> StepEngine::step(const std::vector<HostBatch>& microbatches, 
   }
   b_.fill(loss_total_, 0.f);
   const int seq = microbatches.front().seq;
+  MT_TRY(check_sequence_shards(microbatches.front()).context(fmt::format("step {}", step)));
   const double tokens = static_cast<double>(plan_.effective_global_batch()) * seq;
   // Every token of the global batch weighs 1/tokens, so summing over replicas gives the mean's gradient.
   const float loss_scale = static_cast<float>(1.0 / tokens);
@@ -169,7 +196,7 @@ Result<StepResult> StepEngine::step(const std::vector<HostBatch>& microbatches, 
         return ch.model->backward(mbs[static_cast<std::size_t>(j)], ch.saved[static_cast<std::size_t>(j)], dout,
                                   loss_scale);
       }};
-  pipeline_->run(b_, Shape{microbatches.front().batch, seq, m_.hidden}, compute);
+  pipeline_->run(b_, activation_shape(microbatches.front()), compute, activation_dtype(plan_.precision));
   MT_TRY(all_reduce_tied_embedding());
   for (auto& c : chunks_) c->buckets->finish();
 
@@ -211,7 +238,8 @@ Result<double> StepEngine::evaluate(const std::vector<HostBatch>& batches) {
   std::vector<Shape> shapes;
   for (const HostBatch& h : batches) {
     mbs.push_back(upload(h, 0));
-    shapes.push_back(Shape{h.batch, h.seq, m_.hidden});
+    MT_TRY(check_sequence_shards(h));
+    shapes.push_back(activation_shape(h));
     tokens += static_cast<double>(h.ids.size());
   }
   const PipelineCompute compute{[&](int c, int j, const Tensor& in) {
@@ -223,7 +251,7 @@ Result<double> StepEngine::evaluate(const std::vector<HostBatch>& batches) {
                                   return Tensor();
                                 },
                                 {}};
-  pipeline_->run_forward(b_, shapes, compute);
+  pipeline_->run_forward(b_, shapes, compute, activation_dtype(plan_.precision));
   // [Σ loss, tokens] of the last stage, summed over the pipeline (others hold 0) and the replicas.
   const bool last = coord_.pp == plan_.pp - 1;
   Tensor stats = b_.empty(Shape{2});

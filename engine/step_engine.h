@@ -98,6 +98,9 @@ class StepEngine {
  private:
   struct Chunk;
   MicroBatch upload(const HostBatch& h, std::uint64_t dropout_seed);
+  // What stages send each other for one micro-batch: (N, C), or (N/tp, C) under sequence parallelism.
+  Shape activation_shape(const HostBatch& h) const;
+  Status check_sequence_shards(const HostBatch& h) const;
   bool counts_in_norm(const Chunk& c, const ParamSlot& slot) const;
   Status all_reduce_tied_embedding();
 

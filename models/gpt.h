@@ -54,7 +54,23 @@ struct MicroBatch {
 struct ChunkOptions {
   Recompute recompute = Recompute::none;
   float dropout = 0.f;  // after attention, after the MLP and on the embeddings
-  ParameterStorage storage;  // what the parameter store keeps (models/parameter_store.h)
+  // What the parameter store keeps (models/parameter_store.h). Its
+  // value_dtype is also the activations' dtype: with a 16-bit one (mixed
+  // precision) the chunk issues its activations, activation gradients, GEMMs
+  // and tensor-parallel all-reduces in 16 bits on the 16-bit working weights,
+  // as Megatron does, while parameter gradients (GEMM outputs in fp32),
+  // norm statistics, attention lse, the loss and the cross-entropy row
+  // statistics stay fp32. The cpu backend computes in fp32 only.
+  ParameterStorage storage;
+  // Sequence parallelism (Korthikanti et al. 2022), with tp > 1: the residual
+  // stream, norms and dropout work on this rank's N/tp rows (a contiguous
+  // block of the B·T rows; N must divide by tp); the inputs of the
+  // column-parallel GEMMs (QKV, MLP-up, the head) are all-gathered and the
+  // outputs of the row-parallel ones (attention-out, MLP-down) and the
+  // embedding reduce-scattered instead of all-reduced, with the conjugates
+  // in backward; norm weight gradients are all-reduced over tp. A chunk's
+  // input and output are then (N/tp, C).
+  bool sequence_parallel = false;
 };
 
 // Called around the work of each layer of a micro-batch: `layer` is -1 for
@@ -117,6 +133,11 @@ class GptChunk {
   void linear_backward(const std::string& name, const Tensor& x, const Tensor& dy, Tensor& dx, bool row_parallel);
   void tp_all_reduce(Tensor& x);
   DropoutOp dropout(const MicroBatch& mb, int layer, int site) const;
+  // Rows of the residual stream on this rank: N, or N/tp under sequence parallelism.
+  std::int64_t local_rows(const MicroBatch& mb) const;
+  // (R, X) sequence shards -> (R·tp, X) all rows, and (R·tp, X) partial sums -> this rank's (R, X).
+  Tensor gather_rows(const Tensor& x);
+  Tensor scatter_rows(const Tensor& x);
   const Tensor& positions(const MicroBatch& mb);
 
   Backend& b_;
@@ -127,6 +148,8 @@ class GptChunk {
   ParameterStore params_;
   int heads_, kv_heads_, ffn_;  // on this rank
   std::int64_t vocab_rows_;     // V on this rank (padded shard)
+  DType act_;                   // activations (the working weights' dtype)
+  bool sp_;                     // sequence parallel (and tp > 1)
   LayerHooks hooks_;
   Tensor position_ids_;         // (N) i32, built once per (B, T)
   int position_batch_ = 0, position_seq_ = 0;

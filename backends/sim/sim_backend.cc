@@ -333,8 +333,7 @@ double SimBackend::compute_seconds() const { return seconds(compute_); }
 sim::NameId SimBackend::op_name(std::string_view name) { return cluster_.executor_->intern(name); }
 
 sim::DType SimBackend::compute_dtype(DType t) const {
-  if (t == DType::bf16 || t == DType::f16) return sim::DType::kBf16;
-  return cluster_.options_.float_compute;
+  return t == DType::bf16 || t == DType::f16 ? sim::DType::kBf16 : sim::DType::kFp32;
 }
 
 void SimBackend::compute(sim::NameId name, sim::Time duration) {

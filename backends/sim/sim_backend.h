@@ -76,10 +76,6 @@ struct SimOptions {
   // How collectives among representatives are timed (flows see contention).
   sim::CollectiveMode mode = sim::CollectiveMode::kFlows;
   const sim::Calibration* calibration = nullptr;  // may be null; must outlive the cluster
-  // The precision fp32 tensors' GEMMs and attention are timed at. The engine
-  // keeps fp32 tensors on every backend; a mixed-precision run on a GPU
-  // computes them on bf16 tensor cores, so a bf16 plan sets kBf16.
-  sim::DType float_compute = sim::DType::kFp32;
 };
 
 // Per representative rank, after run().

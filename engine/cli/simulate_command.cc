@@ -55,7 +55,6 @@ Result<SimulationResult> simulate_iteration(const ModelSpec& m, const Plan& p,
   SimOptions sim_options;
   sim_options.trace = options.trace;
   sim_options.calibration = options.calibration;
-  if (p.precision != Precision::fp32) sim_options.float_compute = sim::DType::kBf16;
   MT_ASSIGN(std::unique_ptr<SimCluster> cluster,
             SimCluster::create(options.cluster, p.world_size(), reps, sim_options));
 

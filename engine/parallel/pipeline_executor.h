@@ -42,13 +42,15 @@ class PipelineExecutor {
   const schedule::Schedule& schedule() const { return schedule_; }
   int stage() const { return stage_; }
 
-  // Runs this rank's actions in order. Activations are `activation` shaped.
-  void run(Backend& b, const Shape& activation, const PipelineCompute& compute);
+  // Runs this rank's actions in order. Activations and their gradients
+  // between stages are `activation` shaped, of `dtype` (16-bit under mixed precision).
+  void run(Backend& b, const Shape& activation, const PipelineCompute& compute, DType dtype = DType::f32);
   // Forward only (evaluation): every micro-batch j through every local chunk,
   // in (micro-batch, chunk) order, which needs no schedule: each forward's
   // input comes from a forward that is earlier in its own rank's order.
   // activations[j] is micro-batch j's (B, T, C).
-  void run_forward(Backend& b, const std::vector<Shape>& activations, const PipelineCompute& compute);
+  void run_forward(Backend& b, const std::vector<Shape>& activations, const PipelineCompute& compute,
+                   DType dtype = DType::f32);
 
  private:
   PipelineExecutor(schedule::Schedule s, const Mesh& mesh, int rank);

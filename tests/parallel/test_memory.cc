@@ -33,7 +33,7 @@ void check_memory(const Plan& p) {
     const int stage = mesh.coord_of(rank).pp;
     const MemoryBreakdown model = memory_per_rank(m, p, stage, meshtrain_layout(p));
     const double measured = static_cast<double>(peaks[static_cast<std::size_t>(rank)].peak_bytes);
-    INFO("plan zero " << p.zero << " " << schedule_name(p.schedule) << " pp" << p.pp << " dp" << p.dp << ", rank "
+    INFO("plan tp " << p.tp << (p.sequence_parallel ? " sp" : "") << " zero " << p.zero << " " << schedule_name(p.schedule) << " pp" << p.pp << " dp" << p.dp << ", rank "
                       << rank << " (stage " << stage << "): measured " << measured << " B, model " << model.total()
                       << " B (parameters " << model.parameters << ", gradients " << model.gradients
                       << ", optimizer " << model.optimizer << ", zero-3 working " << model.zero3_working
@@ -53,4 +53,12 @@ TEST_CASE("measured peak memory matches the memory model per ZeRO stage and sche
   }
   // Sharded states dominate more with more replicas: ZeRO-2/3 must really free what they shard.
   for (int zero : {2, 3}) check_memory(make_plan(1, 1, 4, zero, ScheduleKind::one_f_one_b));
+}
+
+TEST_CASE("measured peak memory matches the memory model under sequence parallelism", "[parallel][memory][sp]") {
+  for (int zero : {1, 3}) {
+    Plan p = make_plan(2, 2, 2, zero, ScheduleKind::one_f_one_b);
+    p.sequence_parallel = true;
+    check_memory(p);
+  }
 }

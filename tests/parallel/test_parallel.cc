@@ -40,7 +40,8 @@ const PlanRun& reference(const ModelSpec& m) {
 }
 
 std::string describe(const Plan& p) {
-  return fmt::format("tp{} pp{} dp{} vpp{} zero{} {}", p.tp, p.pp, p.dp, p.vpp, p.zero, schedule_name(p.schedule));
+  return fmt::format("tp{} pp{} dp{} vpp{} zero{} {}{}", p.tp, p.pp, p.dp, p.vpp, p.zero, schedule_name(p.schedule),
+                     p.sequence_parallel ? " sp" : "");
 }
 
 void check_matches_reference(const ModelSpec& m, const Plan& p) {
@@ -98,6 +99,17 @@ TEST_CASE("ZeRO-3 under tp2 pp2 dp2 matches the single-rank run for each schedul
   check_matches_reference(tiny_gpt(), make_plan(2, 2, 2, 3, ScheduleKind::one_f_one_b));
   check_matches_reference(tiny_gpt(), make_plan(2, 2, 2, 3, ScheduleKind::interleaved, 2));
   check_matches_reference(tiny_llama(), make_plan(1, 2, 2, 3, ScheduleKind::one_f_one_b));
+}
+
+TEST_CASE("sequence parallelism matches the single-rank run", "[parallel][sp]") {
+  auto sp = [](Plan p) {
+    p.sequence_parallel = true;
+    return p;
+  };
+  check_matches_reference(tiny_gpt(), sp(make_plan(2, 1, 1, 0, ScheduleKind::one_f_one_b)));
+  check_matches_reference(tiny_gpt(), sp(make_plan(2, 2, 2, 1, ScheduleKind::one_f_one_b)));
+  check_matches_reference(tiny_gpt(), sp(make_plan(2, 2, 2, 3, ScheduleKind::interleaved, 2)));
+  check_matches_reference(tiny_llama(), sp(make_plan(2, 2, 2, 2, ScheduleKind::gpipe)));
 }
 
 TEST_CASE("ZeRO-2 with full recomputation matches the single-rank run", "[parallel][zero2]") {
@@ -160,10 +172,10 @@ TEST_CASE("a rank that stops makes its peers' step fail with the op and group na
 
 TEST_CASE("plans the engine cannot run yet are rejected up front with the reason", "[parallel][errors]") {
   Plan p = make_plan(2, 1, 2, 1, ScheduleKind::one_f_one_b);
-  p.sequence_parallel = true;
-  auto sp = StepEngine::supports(p);
-  REQUIRE_FALSE(sp.ok());
-  CHECK_THAT(sp.error().message(), Catch::Contains("sequence parallelism"));
-  p.sequence_parallel = false;
+  p.cp = 2;
+  auto cp = StepEngine::supports(p);
+  REQUIRE_FALSE(cp.ok());
+  CHECK_THAT(cp.error().message(), Catch::Contains("context parallelism"));
+  p.cp = 1, p.zero = 3, p.sequence_parallel = true;
   CHECK(StepEngine::supports(p).ok());
 }
