@@ -1,14 +1,19 @@
-// `meshtrain train`: real training on the cpu backend, ranks as threads of
-// this process (default) or as MPI processes under mpirun/srun.
+// `meshtrain train`: real training on the cpu backend (ranks as threads of
+// this process by default, or as MPI processes under mpirun/srun) or on the
+// cuda backend (one rank per process: alone, or under mpirun/srun). With
+// --trace every rank's backend is wrapped in a TracingBackend.
 #include <memory>
+#include <optional>
 
 #include "backends/cpu/comm/in_process.h"
 #include "backends/cpu/comm/mpi_communicator.h"
 #include "backends/cpu/comm/mpi_environment.h"
 #include "backends/cpu/cpu_backend.h"
+#include "backends/cuda/cuda_factory.h"
 #include "core/names.h"
 #include "engine/cli/commands.h"
 #include "engine/cli/plan_flags.h"
+#include "engine/tracing/tracing_backend.h"
 #include "engine/trainer.h"
 
 namespace meshtrain {
@@ -21,28 +26,62 @@ struct TrainFlags {
   std::string backend = "cpu";
   std::string ranks = "threads";
   double comm_timeout_s = 300;
+  std::string trace;  // empty: no trace
   bool quiet = false;
 };
 
+// The precisions a backend trains in: the cpu backend computes in fp32 only;
+// the cuda backend also in bf16 (fp32 master weights and optimizer state).
+// fp16 would need loss scaling, which the trainer does not do.
+Status check_precision(const std::string& backend, Precision p) {
+  if (backend == "cpu" && p != Precision::fp32)
+    return make_error("the cpu backend trains in fp32, got --precision {}; use --precision fp32",
+                      precision_name(p));
+  if (p == Precision::fp16)
+    return make_error("--precision fp16 needs loss scaling, which the trainer does not do; use "
+                      "--precision bf16 or fp32");
+  return ok_status();
+}
+
+// The trace collected so far goes to `path` whatever `status` says (a trace
+// of a failed run shows where it failed); the run's own error comes first.
+Status finish_trace(Status status, const std::optional<TraceRecorder>& recorder,
+                    const std::string& path) {
+  if (!recorder) return status;
+  Status written = recorder->write(path);
+  return status.ok() ? written : status;
+}
+
 Status run_train(TrainFlags f) {
-  if (f.backend != "cpu") {
-    const std::vector<std::string> valid = {"cpu"};
-    return Error(unknown_name_message("training backend", f.backend, valid) +
-                 "; the cuda backend trains from the cuda build, sim runs under `meshtrain simulate`");
-  }
+  if (f.backend != "cpu" && f.backend != "cuda")
+    return Error(unknown_name_message("training backend", f.backend, {"cpu", "cuda"}) +
+                 "; the sim backend runs under `meshtrain simulate`");
+  const bool cuda = f.backend == "cuda";
   if (f.ranks != "threads" && f.ranks != "mpi")
     return Error(unknown_name_message("--ranks", f.ranks, {"threads", "mpi"}));
-  // The cpu backend computes in fp32: that is the default here, and the only choice.
-  if (!f.plan.overrides.precision) f.plan.overrides.precision = "fp32";
+  // fp32 is the cpu backend's default (and only choice); cuda keeps the plan's (bf16).
+  if (!cuda && !f.plan.overrides.precision) f.plan.overrides.precision = "fp32";
   MT_ASSIGN(auto launch, detect_launch());
   const bool mpi = f.ranks == "mpi" || launch.has_value();
   MT_ASSIGN(ModelAndPlan mp, resolve_model_and_plan(f.plan, mpi && launch ? launch->world_size : 0));
-  if (mp.plan.precision != Precision::fp32)
-    return make_error("the cpu backend trains in fp32, got --precision {}; use --precision fp32",
-                      precision_name(mp.plan.precision));
+  MT_TRY(check_precision(f.backend, mp.plan.precision));
+  if (cuda && !mpi && mp.plan.world_size() > 1)
+    return make_error("the cuda backend runs one rank per process, and this plan has {} ranks; launch "
+                      "them with `mpirun -np {} meshtrain train ...` or srun",
+                      mp.plan.world_size(), mp.plan.world_size());
   f.train.progress = !f.quiet;
   f.train.step.seed = f.train.seed;
-  const CommOptions comm{std::chrono::milliseconds(static_cast<long long>(f.comm_timeout_s * 1000))};
+  const auto timeout = std::chrono::milliseconds(static_cast<long long>(f.comm_timeout_s * 1000));
+  const CommOptions comm{timeout};
+  std::optional<TraceRecorder> recorder;
+  if (!f.trace.empty()) recorder.emplace();
+  // Trains one rank on `b`, through a TracingBackend when tracing; the
+  // wrapper hands its events to the recorder when it goes out of scope here.
+  auto train_on = [&](Backend& b) -> Status {
+    if (!recorder) return train_rank(b, mp.model, mp.plan, f.train);
+    TracingBackend traced(b, *recorder);
+    return train_rank(traced, mp.model, mp.plan, f.train);
+  };
 
   if (mpi) {
     MT_ASSIGN(auto env, MpiEnvironment::init(nullptr, nullptr));
@@ -50,27 +89,48 @@ Status run_train(TrainFlags f) {
       return make_error("mpirun started {} processes, the plan needs tp·pp·dp·cp = {}", env->world_size(),
                         mp.plan.world_size());
     if (env->rank() == 0) MT_TRY(check_train_options(f.train, mp.model, mp.plan));
-    MT_ASSIGN(auto communicator, MpiCommunicator::create(comm));
-    CpuBackend backend(*communicator);
-    auto status = train_rank(backend, mp.model, mp.plan, f.train);
+    // Each process writes its own rank's trace (trace_recorder.h, rank_trace_path).
+    const std::string trace_path = rank_trace_path(f.trace, env->rank());
     // A failed rank must not leave its peers waiting: stop the whole job.
+    if (recorder)
+      if (Status s = TraceRecorder::probe(trace_path); !s.ok()) abort_job(s.error());
+    std::unique_ptr<MpiCommunicator> communicator;
+    std::unique_ptr<Backend> backend;
+    if (cuda) {
+      auto made = make_cuda_backend({.device = -1, .use_mpi = true, .comm_timeout = timeout});
+      if (!made.ok()) abort_job(made.error());
+      backend = std::move(made).value();
+    } else {
+      auto made = MpiCommunicator::create(comm);
+      if (!made.ok()) abort_job(made.error());
+      communicator = std::move(made).value();
+      backend = std::make_unique<CpuBackend>(*communicator);
+    }
+    Status status = finish_trace(train_on(*backend), recorder, trace_path);
     if (!status.ok()) abort_job(status.error());
     return {};
   }
   MT_TRY(check_train_options(f.train, mp.model, mp.plan));
+  if (recorder) MT_TRY(TraceRecorder::probe(f.trace));
   if (mp.plan.world_size() == 1) {
-    CpuBackend backend;
-    return train_rank(backend, mp.model, mp.plan, f.train);
+    std::unique_ptr<Backend> backend;
+    if (cuda) {
+      MT_ASSIGN(backend, make_cuda_backend({.device = -1, .use_mpi = false, .comm_timeout = timeout}));
+    } else {
+      backend = std::make_unique<CpuBackend>();
+    }
+    return finish_trace(train_on(*backend), recorder, f.trace);
   }
-  return run_ranks(
+  Status status = run_ranks(
       mp.plan.world_size(),
       [&](int rank, Communicator& c) {
         CpuBackend backend(c);
-        auto status = train_rank(backend, mp.model, mp.plan, f.train);
+        auto status = train_on(backend);
         if (!status.ok()) status.context(fmt::format("rank {}", rank));
         return status;
       },
       comm);
+  return finish_trace(std::move(status), recorder, f.trace);
 }
 
 }  // namespace
@@ -81,7 +141,8 @@ Command add_train_command(CLI::App& app) {
   add_plan_flags(*sub, f->plan, "tiny");
   TrainOptions& t = f->train;
   sub->add_option("--data", t.data, "training text: any file, its bytes are the tokens")->required();
-  sub->add_option("--backend", f->backend, "cpu")->capture_default_str();
+  sub->add_option("--backend", f->backend, "cpu, or cuda (one rank per process; a build with CUDA)")
+      ->capture_default_str();
   sub->add_option("--steps", t.steps, "optimizer steps")->capture_default_str();
   sub->add_option("--lr", t.lr, "peak learning rate")->capture_default_str();
   sub->add_option("--min-lr", t.min_lr, "learning rate at the end of the cosine decay")->capture_default_str();
@@ -101,6 +162,9 @@ Command add_train_command(CLI::App& app) {
   sub->add_option("--ranks", f->ranks, "threads (one process) or mpi (under mpirun/srun)")->capture_default_str();
   sub->add_option("--comm-timeout", f->comm_timeout_s, "seconds a rank waits for its peers before failing")
       ->capture_default_str();
+  sub->add_option("--trace", f->trace,
+                  "write a Chrome trace of the run (one process per rank, one track per stream); "
+                  "under MPI each rank writes FILE.rank<N>.json");
   sub->add_flag("--quiet", f->quiet, "no progress lines");
   return {sub, [f] { return run_train(*f); }};
 }

@@ -1,0 +1,22 @@
+#include "backends/cuda/cuda_factory.h"
+
+#include "backends/cuda/cuda_backend.h"
+
+namespace meshtrain {
+
+bool cuda_backend_built() { return true; }
+
+Result<std::unique_ptr<Backend>> make_cuda_backend(const CudaBackendOptions& options) {
+  if (cuda::device_count() == 0)
+    return make_error(
+        "no CUDA device found (cudaGetDeviceCount sees none: no GPU, no driver, or "
+        "CUDA_VISIBLE_DEVICES hides them); use --backend cpu on this machine");
+  cuda::CudaOptions o;
+  o.device = options.device;
+  o.use_mpi = options.use_mpi;
+  o.comm_timeout = options.comm_timeout;
+  MT_ASSIGN(std::unique_ptr<cuda::CudaBackend> b, cuda::CudaBackend::create(o));
+  return std::unique_ptr<Backend>(std::move(b));
+}
+
+}  // namespace meshtrain

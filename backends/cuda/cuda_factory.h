@@ -1,0 +1,34 @@
+// make_cuda_backend: how code outside backends/cuda/ gets a cuda backend.
+//
+// This header names no CUDA type and includes no CUDA header, so its callers
+// (the meshtrain CLI) compile in every build and need no #ifdef. The build
+// picks the definition at link time: cuda_factory.cc (CudaBackend::create)
+// where the cuda backend is built (MESHTRAIN_HAVE_CUDA), and
+// cuda_factory_absent.cc, which says that the build has no CUDA, elsewhere.
+// Both are the library meshtrain_cuda_factory.
+#pragma once
+
+#include <chrono>
+#include <memory>
+
+#include "backends/backend.h"
+#include "core/status.h"
+
+namespace meshtrain {
+
+struct CudaBackendOptions {
+  int device = -1;       // -1: chosen by the launcher's local rank (backends/cuda/device_select.h)
+  bool use_mpi = false;  // rank and world from MPI_COMM_WORLD; MPI must be initialised already
+  std::chrono::milliseconds comm_timeout{std::chrono::minutes(5)};  // NCCL watchdog
+};
+
+// Whether this build contains the cuda backend.
+bool cuda_backend_built();
+
+// One rank's cuda backend. Errors: "this meshtrain was built without CUDA ..."
+// in a build without it, "no CUDA device found ..." where none is visible,
+// otherwise CudaBackend::create's (device selection, NCCL or MPI set-up).
+// Under MPI every rank must call it: NCCL set-up is collective.
+Result<std::unique_ptr<Backend>> make_cuda_backend(const CudaBackendOptions& options);
+
+}  // namespace meshtrain

@@ -1,0 +1,91 @@
+// TraceRecorder: the events of a real run, collected from every rank of this
+// process and written as a Chrome trace event file (open in Perfetto or
+// chrome://tracing), in the layout the simulator writes (simulator/trace.h):
+//
+//   {"displayTimeUnit":"ns","traceEvents":[
+//   {"ph":"M","pid":R,"name":"process_name","args":{"name":"rank R (cpu)"}},   one per rank
+//   {"ph":"M","pid":R,"tid":S,"name":"thread_name","args":{"name":"compute"}}, one per stream
+//   {"ph":"X","pid":R,"tid":S,"name":"gemm","cat":"compute","ts":..,"dur":..,"args":{..}},
+//   ...]}
+//
+// pid is the global rank, tid the backend's Stream id, named by the name given
+// to create_stream (stream 0: "compute"). Ops are complete events ("X");
+// collectives are named and categorised as the simulator names them
+// ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all"),
+// point to point as "send" / "recv". Timestamps are microseconds since the
+// recorder was made, printed from integer nanoseconds with three decimals.
+// Metadata come first, then each rank's events in issue order, ranks
+// ascending, so a file reads rank by rank.
+//
+// Engine code does not use simulator/trace.h itself: the engine depends on
+// backends/backend.h and models/ only (DESIGN.md), and the simulator's Trace
+// has no per-event args. This file mirrors its format instead.
+//
+// Threads: with ranks as threads, every rank's TracingBackend hands its
+// events over from its own thread (add_rank); `mu_` serialises that. Writing
+// is for after the ranks are done.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+
+namespace meshtrain {
+
+struct TraceEvent {
+  int stream = 0;             // tid
+  const char* name = "";      // op name, a string literal
+  const char* category = "";  // "compute", "host", a collective's name, "send" or "recv"
+  std::int64_t start_ns = 0;  // since the recorder's origin
+  std::int64_t duration_ns = 0;
+  std::string args;  // a rendered JSON object ("{...}"), or empty for none
+};
+
+// One rank's part of the trace.
+struct RankTrace {
+  std::string label;                 // process name, "rank 3 (cpu)"
+  std::map<int, std::string> streams;  // Stream id -> name
+  std::vector<TraceEvent> events;      // issue order
+};
+
+class TraceRecorder {
+ public:
+  TraceRecorder() : origin_(std::chrono::steady_clock::now()) {}
+  TraceRecorder(const TraceRecorder&) = delete;
+  TraceRecorder& operator=(const TraceRecorder&) = delete;
+
+  // Nanoseconds since this recorder was made (steady clock), the time base of
+  // every event. Thread-safe (reads only the constant origin).
+  std::int64_t now_ns() const;
+
+  // Adds (or, for a rank seen before, appends to) rank `rank`'s events.
+  // Thread-safe.
+  void add_rank(int rank, RankTrace trace);
+
+  std::string to_json() const;
+  // Writes to_json() to `path`, replacing the file.
+  Status write(const std::string& path) const;
+
+  // Fails, naming the path, when `path` cannot be created or written, so a run
+  // is refused before it starts rather than losing its trace at the end.
+  // Leaves an empty file behind that write() later replaces.
+  static Status probe(const std::string& path);
+
+ private:
+  const std::chrono::steady_clock::time_point origin_;
+  mutable std::mutex mu_;         // guards ranks_
+  std::map<int, RankTrace> ranks_;  // by global rank
+};
+
+// The file rank `rank` of an MPI job writes for `--trace path`: each process
+// writes its own ranks, "t.json" -> "t.rank3.json" (".rank3.json" appended
+// when the path does not end in ".json"). Their pids differ, so the files'
+// traceEvents arrays concatenate into one trace of the whole job.
+std::string rank_trace_path(const std::string& path, int rank);
+
+}  // namespace meshtrain

@@ -1,0 +1,270 @@
+#include "engine/tracing/tracing_backend.h"
+
+#include <numeric>
+#include <type_traits>
+#include <utility>
+
+#include <fmt/format.h>
+
+namespace meshtrain {
+
+namespace {
+
+// {"shapes":["(4, 32)",null,...],"bytes":N<extra>}; an undefined optional
+// tensor (a missing bias, no clip coefficient) is null. `bytes` < 0: the sum of
+// the defined tensors' bytes.
+std::string args_json(std::initializer_list<const Tensor*> tensors, double bytes = -1,
+                      const std::string& extra = {}) {
+  std::string shapes;
+  double total = 0;
+  for (const Tensor* t : tensors) {
+    if (!shapes.empty()) shapes += ',';
+    if (!t->defined()) {
+      shapes += "null";
+      continue;
+    }
+    shapes += '"' + t->shape().str() + '"';
+    total += static_cast<double>(t->bytes());
+  }
+  return fmt::format(R"({{"shapes":[{}],"bytes":{:.0f}{}}})", shapes, bytes < 0 ? total : bytes,
+                     extra);
+}
+
+}  // namespace
+
+TracingBackend::TracingBackend(Backend& target, TraceRecorder& recorder)
+    : BackendWrapper(target), recorder_(recorder) {
+  trace_.label = fmt::format("rank {} ({})", target.rank(), target.name());
+  trace_.streams[0] = "compute";  // the default stream every backend starts with
+}
+
+TracingBackend::~TracingBackend() { recorder_.add_rank(rank(), std::move(trace_)); }
+
+template <class F>
+auto TracingBackend::timed(const char* name, const char* category, std::string args, F&& call) {
+  TraceEvent e{target().current_stream().id, name, category, 0, 0, std::move(args)};
+  e.start_ns = recorder_.now_ns();
+  auto finish = [&] {
+    e.duration_ns = recorder_.now_ns() - e.start_ns;
+    trace_.events.push_back(std::move(e));
+  };
+  if constexpr (std::is_void_v<decltype(call())>) {
+    call();
+    finish();
+  } else {
+    auto result = call();
+    finish();
+    return result;
+  }
+}
+
+template <class F>
+void TracingBackend::compute(const char* name, std::initializer_list<const Tensor*> tensors,
+                             F&& call) {
+  timed(name, "compute", args_json(tensors), std::forward<F>(call));
+}
+
+template <class F>
+void TracingBackend::collective(const char* name, std::initializer_list<const Tensor*> tensors,
+                                double bytes, const Group& g, F&& call) {
+  timed(name, name, args_json(tensors, bytes, fmt::format(R"(,"group":{},"members":{})", g.id, g.size())),
+        std::forward<F>(call));
+}
+
+// ---- host transfer and streams ---------------------------------------------------------
+
+void TracingBackend::write(Tensor& dst, std::span<const float> host) {
+  timed("write", "host", args_json({&dst}), [&] { target().write(dst, host); });
+}
+void TracingBackend::write(Tensor& dst, std::span<const std::int32_t> host) {
+  timed("write", "host", args_json({&dst}), [&] { target().write(dst, host); });
+}
+Status TracingBackend::read(const Tensor& src, std::span<float> host) {
+  return timed("read", "host", args_json({&src}), [&] { return target().read(src, host); });
+}
+Stream TracingBackend::create_stream(std::string_view name) {
+  const Stream s = target().create_stream(name);
+  trace_.streams[s.id] = std::string(name);
+  return s;
+}
+Status TracingBackend::synchronize() {
+  return timed("synchronize", "host", {}, [&] { return target().synchronize(); });
+}
+
+// ---- compute ----------------------------------------------------------------------------
+
+void TracingBackend::fill(Tensor& x, float value) {
+  compute("fill", {&x}, [&] { target().fill(x, value); });
+}
+void TracingBackend::copy(const Tensor& src, Tensor& dst) {
+  compute("copy", {&src, &dst}, [&] { target().copy(src, dst); });
+}
+void TracingBackend::cast(const Tensor& src, Tensor& dst) {
+  compute("cast", {&src, &dst}, [&] { target().cast(src, dst); });
+}
+void TracingBackend::add(const Tensor& a, const Tensor& b, Tensor& out) {
+  compute("add", {&a, &b, &out}, [&] { target().add(a, b, out); });
+}
+void TracingBackend::scale(Tensor& x, float alpha) {
+  compute("scale", {&x}, [&] { target().scale(x, alpha); });
+}
+void TracingBackend::axpy(float alpha, const Tensor& x, Tensor& y) {
+  compute("axpy", {&x, &y}, [&] { target().axpy(alpha, x, y); });
+}
+void TracingBackend::sum(const Tensor& x, Tensor& out, float scale, bool accumulate) {
+  compute("sum", {&x, &out}, [&] { target().sum(x, out, scale, accumulate); });
+}
+void TracingBackend::sum_squares(const Tensor& x, Tensor& out, bool accumulate) {
+  compute("sum_squares", {&x, &out}, [&] { target().sum_squares(x, out, accumulate); });
+}
+void TracingBackend::gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp& op) {
+  compute("gemm", {&a, &b, &c, &op.bias}, [&] { target().gemm(a, b, c, op); });
+}
+void TracingBackend::batched_gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp& op) {
+  compute("batched_gemm", {&a, &b, &c, &op.bias}, [&] { target().batched_gemm(a, b, c, op); });
+}
+void TracingBackend::bias_backward(const Tensor& dy, Tensor& db) {
+  compute("bias_backward", {&dy, &db}, [&] { target().bias_backward(dy, db); });
+}
+void TracingBackend::embedding_forward(const Tensor& table, const Tensor& ids, Tensor& out,
+                                       std::int64_t vocab_offset) {
+  compute("embedding_forward", {&table, &ids, &out},
+          [&] { target().embedding_forward(table, ids, out, vocab_offset); });
+}
+void TracingBackend::embedding_backward(const Tensor& dout, const Tensor& ids, Tensor& dtable,
+                                        std::int64_t vocab_offset) {
+  compute("embedding_backward", {&dout, &ids, &dtable},
+          [&] { target().embedding_backward(dout, ids, dtable, vocab_offset); });
+}
+void TracingBackend::layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                       Tensor& out, Tensor& mean, Tensor& rstd, float eps) {
+  compute("layernorm_forward", {&x, &weight, &bias, &out, &mean, &rstd},
+          [&] { target().layernorm_forward(x, weight, bias, out, mean, rstd, eps); });
+}
+void TracingBackend::layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight,
+                                        const Tensor& mean, const Tensor& rstd, Tensor& dx,
+                                        Tensor& dweight, Tensor& dbias) {
+  compute("layernorm_backward", {&dout, &x, &weight, &mean, &rstd, &dx, &dweight, &dbias},
+          [&] { target().layernorm_backward(dout, x, weight, mean, rstd, dx, dweight, dbias); });
+}
+void TracingBackend::rmsnorm_forward(const Tensor& x, const Tensor& weight, Tensor& out,
+                                     Tensor& rstd, float eps) {
+  compute("rmsnorm_forward", {&x, &weight, &out, &rstd},
+          [&] { target().rmsnorm_forward(x, weight, out, rstd, eps); });
+}
+void TracingBackend::rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight,
+                                      const Tensor& rstd, Tensor& dx, Tensor& dweight) {
+  compute("rmsnorm_backward", {&dout, &x, &weight, &rstd, &dx, &dweight},
+          [&] { target().rmsnorm_backward(dout, x, weight, rstd, dx, dweight); });
+}
+void TracingBackend::gelu_forward(const Tensor& x, Tensor& out) {
+  compute("gelu_forward", {&x, &out}, [&] { target().gelu_forward(x, out); });
+}
+void TracingBackend::gelu_backward(const Tensor& dout, const Tensor& x, Tensor& dx) {
+  compute("gelu_backward", {&dout, &x, &dx}, [&] { target().gelu_backward(dout, x, dx); });
+}
+void TracingBackend::swiglu_forward(const Tensor& x, Tensor& out) {
+  compute("swiglu_forward", {&x, &out}, [&] { target().swiglu_forward(x, out); });
+}
+void TracingBackend::swiglu_backward(const Tensor& dout, const Tensor& x, Tensor& dx) {
+  compute("swiglu_backward", {&dout, &x, &dx}, [&] { target().swiglu_backward(dout, x, dx); });
+}
+void TracingBackend::dropout_forward(const Tensor& x, Tensor& out, const DropoutOp& op) {
+  compute("dropout_forward", {&x, &out}, [&] { target().dropout_forward(x, out, op); });
+}
+void TracingBackend::dropout_backward(const Tensor& dout, Tensor& dx, const DropoutOp& op) {
+  compute("dropout_backward", {&dout, &dx}, [&] { target().dropout_backward(dout, dx, op); });
+}
+void TracingBackend::rope(Tensor& x, int heads_total, int rotate_heads, float theta, bool inverse) {
+  compute("rope", {&x}, [&] { target().rope(x, heads_total, rotate_heads, theta, inverse); });
+}
+void TracingBackend::attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse,
+                                       const AttentionOp& op) {
+  compute("attention_forward", {&qkv, &out, &lse},
+          [&] { target().attention_forward(qkv, out, lse, op); });
+}
+void TracingBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                                        const Tensor& lse, Tensor& dqkv, const AttentionOp& op) {
+  compute("attention_backward", {&dout, &qkv, &out, &lse, &dqkv},
+          [&] { target().attention_backward(dout, qkv, out, lse, dqkv, op); });
+}
+void TracingBackend::cross_entropy_max(const Tensor& logits, Tensor& row_max) {
+  compute("cross_entropy_max", {&logits, &row_max},
+          [&] { target().cross_entropy_max(logits, row_max); });
+}
+void TracingBackend::cross_entropy_partials(const Tensor& logits, const Tensor& targets,
+                                            const Tensor& row_max, std::int64_t vocab_offset,
+                                            Tensor& sumexp, Tensor& target_logit) {
+  compute("cross_entropy_partials", {&logits, &targets, &row_max, &sumexp, &target_logit}, [&] {
+    target().cross_entropy_partials(logits, targets, row_max, vocab_offset, sumexp, target_logit);
+  });
+}
+void TracingBackend::cross_entropy_loss(const Tensor& row_max, const Tensor& sumexp,
+                                        const Tensor& target_logit, Tensor& losses) {
+  compute("cross_entropy_loss", {&row_max, &sumexp, &target_logit, &losses},
+          [&] { target().cross_entropy_loss(row_max, sumexp, target_logit, losses); });
+}
+void TracingBackend::cross_entropy_backward(const Tensor& logits, const Tensor& targets,
+                                            const Tensor& row_max, const Tensor& sumexp,
+                                            std::int64_t vocab_offset, float dloss,
+                                            Tensor& dlogits) {
+  compute("cross_entropy_backward", {&logits, &targets, &row_max, &sumexp, &dlogits}, [&] {
+    target().cross_entropy_backward(logits, targets, row_max, sumexp, vocab_offset, dloss, dlogits);
+  });
+}
+void TracingBackend::clip_coefficient(const Tensor& sumsq, float max_norm, Tensor& coef) {
+  compute("clip_coefficient", {&sumsq, &coef},
+          [&] { target().clip_coefficient(sumsq, max_norm, coef); });
+}
+void TracingBackend::adamw(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v,
+                           const Tensor& coef, const AdamWOp& op) {
+  compute("adamw", {&param, &grad, &m, &v, &coef},
+          [&] { target().adamw(param, grad, m, v, coef, op); });
+}
+
+// ---- communication ----------------------------------------------------------------------
+
+void TracingBackend::all_reduce(Tensor& x, const Group& g, ReduceOp op) {
+  collective("all_reduce", {&x}, static_cast<double>(x.bytes()), g,
+             [&] { target().all_reduce(x, g, op); });
+}
+void TracingBackend::reduce_scatter(const Tensor& in, Tensor& out, const Group& g, ReduceOp op) {
+  collective("reduce_scatter", {&in, &out}, static_cast<double>(in.bytes()), g,
+             [&] { target().reduce_scatter(in, out, g, op); });
+}
+void TracingBackend::all_gather(const Tensor& in, Tensor& out, const Group& g) {
+  collective("all_gather", {&in, &out}, static_cast<double>(out.bytes()), g,
+             [&] { target().all_gather(in, out, g); });
+}
+void TracingBackend::broadcast(Tensor& x, const Group& g, int root_global_rank) {
+  collective("broadcast", {&x}, static_cast<double>(x.bytes()), g,
+             [&] { target().broadcast(x, g, root_global_rank); });
+}
+void TracingBackend::all_to_all(const Tensor& in, std::span<const std::int64_t> send_counts,
+                                Tensor& out, std::span<const std::int64_t> recv_counts,
+                                const Group& g) {
+  const std::int64_t sent =
+      std::accumulate(send_counts.begin(), send_counts.end(), std::int64_t{0});
+  collective("all_to_all", {&in, &out},
+             static_cast<double>(sent) * static_cast<double>(dtype_size(in.dtype())), g,
+             [&] { target().all_to_all(in, send_counts, out, recv_counts, g); });
+}
+void TracingBackend::send(const Tensor& x, int peer_global_rank, int tag) {
+  timed("send", "send",
+        args_json({&x}, -1, fmt::format(R"(,"peer":{},"tag":{})", peer_global_rank, tag)),
+        [&] { target().send(x, peer_global_rank, tag); });
+}
+void TracingBackend::recv(Tensor& x, int peer_global_rank, int tag) {
+  timed("recv", "recv",
+        args_json({&x}, -1, fmt::format(R"(,"peer":{},"tag":{})", peer_global_rank, tag)),
+        [&] { target().recv(x, peer_global_rank, tag); });
+}
+void TracingBackend::barrier(const Group& g) {
+  // The simulator times a barrier as a one-element all-reduce (NCCL has none).
+  timed("all_reduce", "all_reduce",
+        fmt::format(R"({{"shapes":[],"bytes":4,"group":{},"members":{},"barrier":true}})", g.id,
+                    g.size()),
+        [&] { target().barrier(g); });
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,123 @@
+// TracingBackend: a BackendWrapper that times every op of the backend it
+// wraps and hands the events to a TraceRecorder (trace_recorder.h), for
+// `meshtrain train --trace FILE`.
+//
+// What a duration means: each traced method records the host wall time of
+// the inner call. The cpu backend runs ops eagerly on the issuing thread, so
+// there it is the op's run time, and a collective's or recv's includes the
+// wait for its peers. On a backend that only enqueues (cuda) it is the issue
+// time, not device time; device timing would need events on the device.
+//
+// Traced: every compute op (category "compute"), write / read / synchronize
+// ("host"), collectives (name and category as the simulator's:
+// "all_reduce", ...; a barrier is the one-element all_reduce the simulator
+// times it as, with "barrier": true in its args) and send / recv. Untraced,
+// because they take no time of their own: empty, memory_stats, streams
+// (create_stream only names the track), record and wait.
+//
+// Args of each event: "shapes", the shapes of its tensor arguments in
+// signature order, and "bytes": for compute and host ops the bytes of those
+// tensors, for collectives the nccl-tests size the simulator uses (all_reduce
+// and broadcast the buffer, reduce_scatter its input, all_gather its output,
+// all_to_all the bytes sent), for send/recv the message; collectives add
+// "group" and "members", point to point "peer" and "tag".
+//
+// Threads: like any Backend, one host thread issues on it; its events stay in
+// a buffer of its own until destruction, when they go to the recorder in one
+// locked hand-over. So the recorder must outlive the TracingBackend, and the
+// trace is complete once every rank's TracingBackend is destroyed.
+#pragma once
+
+#include <initializer_list>
+#include <string>
+
+#include "backends/backend_wrapper.h"
+#include "engine/tracing/trace_recorder.h"
+
+namespace meshtrain {
+
+class TracingBackend final : public BackendWrapper {
+ public:
+  TracingBackend(Backend& target, TraceRecorder& recorder);
+  ~TracingBackend() override;  // hands the events to the recorder
+  TracingBackend(const TracingBackend&) = delete;
+  TracingBackend& operator=(const TracingBackend&) = delete;
+
+  void write(Tensor& dst, std::span<const float> host) override;
+  void write(Tensor& dst, std::span<const std::int32_t> host) override;
+  Status read(const Tensor& src, std::span<float> host) override;
+  Stream create_stream(std::string_view name) override;
+  Status synchronize() override;
+
+  void fill(Tensor& x, float value) override;
+  void copy(const Tensor& src, Tensor& dst) override;
+  void cast(const Tensor& src, Tensor& dst) override;
+  void add(const Tensor& a, const Tensor& b, Tensor& out) override;
+  void scale(Tensor& x, float alpha) override;
+  void axpy(float alpha, const Tensor& x, Tensor& y) override;
+  void sum(const Tensor& x, Tensor& out, float scale, bool accumulate) override;
+  void sum_squares(const Tensor& x, Tensor& out, bool accumulate) override;
+  void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp& op) override;
+  void batched_gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp& op) override;
+  void bias_backward(const Tensor& dy, Tensor& db) override;
+  void embedding_forward(const Tensor& table, const Tensor& ids, Tensor& out,
+                         std::int64_t vocab_offset) override;
+  void embedding_backward(const Tensor& dout, const Tensor& ids, Tensor& dtable,
+                          std::int64_t vocab_offset) override;
+  void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& out,
+                         Tensor& mean, Tensor& rstd, float eps) override;
+  void layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight,
+                          const Tensor& mean, const Tensor& rstd, Tensor& dx, Tensor& dweight,
+                          Tensor& dbias) override;
+  void rmsnorm_forward(const Tensor& x, const Tensor& weight, Tensor& out, Tensor& rstd,
+                       float eps) override;
+  void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight,
+                        const Tensor& rstd, Tensor& dx, Tensor& dweight) override;
+  void gelu_forward(const Tensor& x, Tensor& out) override;
+  void gelu_backward(const Tensor& dout, const Tensor& x, Tensor& dx) override;
+  void swiglu_forward(const Tensor& x, Tensor& out) override;
+  void swiglu_backward(const Tensor& dout, const Tensor& x, Tensor& dx) override;
+  void dropout_forward(const Tensor& x, Tensor& out, const DropoutOp& op) override;
+  void dropout_backward(const Tensor& dout, Tensor& dx, const DropoutOp& op) override;
+  void rope(Tensor& x, int heads_total, int rotate_heads, float theta, bool inverse) override;
+  void attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse,
+                         const AttentionOp& op) override;
+  void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                          const Tensor& lse, Tensor& dqkv, const AttentionOp& op) override;
+  void cross_entropy_max(const Tensor& logits, Tensor& row_max) override;
+  void cross_entropy_partials(const Tensor& logits, const Tensor& targets, const Tensor& row_max,
+                              std::int64_t vocab_offset, Tensor& sumexp,
+                              Tensor& target_logit) override;
+  void cross_entropy_loss(const Tensor& row_max, const Tensor& sumexp, const Tensor& target_logit,
+                          Tensor& losses) override;
+  void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& row_max,
+                              const Tensor& sumexp, std::int64_t vocab_offset, float dloss,
+                              Tensor& dlogits) override;
+  void clip_coefficient(const Tensor& sumsq, float max_norm, Tensor& coef) override;
+  void adamw(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const Tensor& coef,
+             const AdamWOp& op) override;
+  void all_reduce(Tensor& x, const Group& g, ReduceOp op) override;
+  void reduce_scatter(const Tensor& in, Tensor& out, const Group& g, ReduceOp op) override;
+  void all_gather(const Tensor& in, Tensor& out, const Group& g) override;
+  void broadcast(Tensor& x, const Group& g, int root_global_rank) override;
+  void all_to_all(const Tensor& in, std::span<const std::int64_t> send_counts, Tensor& out,
+                  std::span<const std::int64_t> recv_counts, const Group& g) override;
+  void send(const Tensor& x, int peer_global_rank, int tag) override;
+  void recv(Tensor& x, int peer_global_rank, int tag) override;
+  void barrier(const Group& g) override;
+
+ private:
+  // Runs `call`, recording it as `name` in `category` on the current stream.
+  template <class F>
+  auto timed(const char* name, const char* category, std::string args, F&& call);
+  template <class F>
+  void compute(const char* name, std::initializer_list<const Tensor*> tensors, F&& call);
+  template <class F>
+  void collective(const char* name, std::initializer_list<const Tensor*> tensors, double bytes,
+                  const Group& g, F&& call);
+
+  TraceRecorder& recorder_;
+  RankTrace trace_;
+};
+
+}  // namespace meshtrain
