@@ -17,12 +17,9 @@
 #include "backends/cuda/kernels/kernels.h"
 #include "backends/cuda/misuse.h"
 #include "backends/cuda/nccl_comm.h"
+#include "backends/cuda/op_checks.h"
 
 namespace meshtrain::cuda {
-
-static_assert(static_cast<int>(DType::f32) == 0 && static_cast<int>(DType::bf16) == 1 &&
-                  static_cast<int>(DType::f16) == 2 && static_cast<int>(DType::i32) == 3,
-              "kernels/kernels.h dtype codes");
 
 int device_count() {
   int n = 0;
@@ -360,7 +357,13 @@ Status CudaBackend::synchronize() {
 // ---- elementwise and small ops --------------------------------------------------------
 
 namespace {
-int code(DType t) { return static_cast<int>(t); }
+int code(DType t) { return kernel_dtype(t); }
+// The shared storage dtype of an elementwise op's tensors (misuse otherwise).
+DType storage_of(std::initializer_list<Named> tensors, std::string_view op) {
+  Result<DType> d = storage_dtype(tensors);
+  if (!d.ok()) misuse("{}: {}", op, d.error().message());
+  return *d;
+}
 void expect_same_numel(const Tensor& a, const Tensor& b, std::string_view op) {
   if (a.numel() != b.numel())
     misuse("{}: {} and {} differ in element count", op, a.shape().str(), b.shape().str());
@@ -397,47 +400,52 @@ void CudaBackend::cast(const Tensor& src, Tensor& dst) {
 }
 
 void CudaBackend::add(const Tensor& a, const Tensor& b, Tensor& out) {
-  const float *pa = f32(a, "add"), *pb = f32(b, "add");
-  float* po = f32(out, "add");
+  const DType dt = storage_of({{"a", &a}, {"b", &b}, {"out", &out}}, "add");
+  const void *pa = ptr(a, "add"), *pb = ptr(b, "add");
+  void* po = ptr(out, "add");
   expect_same_numel(a, b, "add");
   expect_same_numel(a, out, "add");
   if (failed()) return;
-  check(kernels::add(pa, pb, po, a.numel(), MT_STREAM), "add");
+  check(kernels::add(pa, pb, po, code(dt), a.numel(), MT_STREAM), "add");
 }
 
 void CudaBackend::scale(Tensor& x, float alpha) {
-  float* p = f32(x, "scale");
+  const DType dt = storage_of({{"x", &x}}, "scale");
+  void* p = ptr(x, "scale");
   if (failed()) return;
-  check(kernels::scale(p, x.numel(), alpha, MT_STREAM), "scale");
+  check(kernels::scale(p, code(dt), x.numel(), alpha, MT_STREAM), "scale");
 }
 
 void CudaBackend::axpy(float alpha, const Tensor& x, Tensor& y) {
-  const float* px = f32(x, "axpy");
-  float* py = f32(y, "axpy");
+  const DType dt = storage_of({{"x", &x}, {"y", &y}}, "axpy");
+  const void* px = ptr(x, "axpy");
+  void* py = ptr(y, "axpy");
   expect_same_numel(x, y, "axpy");
   if (failed()) return;
-  check(kernels::axpy(alpha, px, py, x.numel(), MT_STREAM), "axpy");
+  check(kernels::axpy(alpha, px, py, code(dt), x.numel(), MT_STREAM), "axpy");
 }
 
 void CudaBackend::sum(const Tensor& x, Tensor& out, float scale, bool accumulate) {
-  const float* px = f32(x, "sum");
+  const DType dt = storage_of({{"x", &x}}, "sum");
+  const void* px = ptr(x, "sum");
   float* po = f32(out, "sum");
   if (out.numel() != 1) misuse("sum: out {} must have one element", out.shape().str());
   if (failed()) return;
   const auto tmp = scratch(sizeof(double) * kernels::kReduceBlocks, "sum");
-  check(kernels::reduce_sum(px, x.numel(), false, scale, accumulate, po,
+  check(kernels::reduce_sum(px, code(dt), x.numel(), false, scale, accumulate, po,
                             static_cast<double*>(tmp.ptr), MT_STREAM),
         "sum");
   release(tmp);
 }
 
 void CudaBackend::sum_squares(const Tensor& x, Tensor& out, bool accumulate) {
-  const float* px = f32(x, "sum_squares");
+  const DType dt = storage_of({{"x", &x}}, "sum_squares");
+  const void* px = ptr(x, "sum_squares");
   float* po = f32(out, "sum_squares");
   if (out.numel() != 1) misuse("sum_squares: out {} must have one element", out.shape().str());
   if (failed()) return;
   const auto tmp = scratch(sizeof(double) * kernels::kReduceBlocks, "sum_squares");
-  check(kernels::reduce_sum(px, x.numel(), true, 1.f, accumulate, po,
+  check(kernels::reduce_sum(px, code(dt), x.numel(), true, 1.f, accumulate, po,
                             static_cast<double*>(tmp.ptr), MT_STREAM),
         "sum_squares");
   release(tmp);

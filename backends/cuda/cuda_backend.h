@@ -10,10 +10,19 @@
 //  * Streams are cudaStreams (non-blocking), one per Stream id; events are
 //    cudaEvents in a ring of kEventRing: an event may be waited on until
 //    kEventRing later events have been recorded.
-//  * Dtypes: empty, fill, copy, cast, write and read take every dtype. GEMMs
-//    take f32, bf16 or f16 inputs with fp32 accumulation (no TF32) and f32 or
-//    input-dtype output; attention takes f32 or bf16 (fp32 math); all other
-//    compute ops take f32 and abort otherwise.
+//  * Dtypes, for mixed precision as models/gpt.cc issues it: empty, fill,
+//    copy, cast, write and read take every dtype. GEMMs take f32, bf16 or f16
+//    inputs a and b with fp32 accumulation (no TF32) and c (and its bias) f32
+//    or the inputs' dtype: a 16-bit product accumulating into an fp32 weight
+//    gradient is one GEMM. Every other compute op takes its activation-like
+//    tensors (x, out, dout, dx, a and b of add, qkv, logits and dlogits, a
+//    norm's weight and bias, an embedding table) in one storage dtype, f32,
+//    bf16 or f16, computes in fp32 (reductions in double) and rounds once on
+//    store. Statistics (mean, rstd, lse, row max, sumexp, target logits,
+//    losses, sum and sum_squares outputs), parameter gradients (norm dweight
+//    and dbias, bias_backward's db, embedding_backward's dtable) and all of
+//    clip_coefficient and adamw are fp32. Anything else aborts as misuse,
+//    naming the tensors that disagree (op_checks.h: storage_dtype).
 //  * Reductions (sum, norms' parameter gradients, bias and embedding
 //    gradients) use fixed partitions and no float atomics: the same inputs
 //    give the same bits run after run on one GPU model.

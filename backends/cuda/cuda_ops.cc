@@ -24,6 +24,10 @@ T must(Result<T> r, std::string_view op) {
 void must(Status s, std::string_view op) {
   if (!s.ok()) misuse("{}: {}", op, s.error().message());
 }
+// The shared storage dtype of an op's activation-like tensors, as a kernel dtype code.
+int storage(std::initializer_list<Named> tensors, std::string_view op) {
+  return kernel_dtype(must(storage_dtype(tensors), op));
+}
 std::int64_t cols_of(const Tensor& t, std::string_view op) {
   if (t.shape().rank() == 0) misuse("{}: tensor without dimensions", op);
   return t.shape().back();
@@ -70,12 +74,13 @@ void CudaBackend::batched_gemm(const Tensor& a, const Tensor& b, Tensor& c, cons
 }
 
 void CudaBackend::bias_backward(const Tensor& dy, Tensor& db) {
-  const float* pdy = f32(dy, "bias_backward");
+  const int dt = storage({{"dy", &dy}}, "bias_backward");
+  const void* pdy = ptr(dy, "bias_backward");
   float* pdb = f32(db, "bias_backward");
   const std::int64_t n = db.numel(), m = must(rows_of(dy, n), "bias_backward");
   if (failed()) return;
   const auto tmp = scratch(sizeof(double) * static_cast<std::size_t>(kernels::row_chunks(m) * n), "bias_backward");
-  check(kernels::bias_backward(pdy, pdb, m, n, static_cast<double*>(tmp.ptr), MT_STREAM), "bias_backward");
+  check(kernels::bias_backward(pdy, dt, pdb, m, n, static_cast<double*>(tmp.ptr), MT_STREAM), "bias_backward");
   release(tmp);
 }
 
@@ -84,25 +89,27 @@ void CudaBackend::bias_backward(const Tensor& dy, Tensor& db) {
 void CudaBackend::embedding_forward(const Tensor& table, const Tensor& ids, Tensor& out,
                                     std::int64_t vocab_offset) {
   constexpr std::string_view op = "embedding_forward";
-  const float* pt = f32(table, op);
+  const int dt = storage({{"table", &table}, {"out", &out}}, op);
+  const void* pt = ptr(table, op);
   const std::int32_t* pi = i32(ids, op);
-  float* po = f32(out, op);
+  void* po = ptr(out, op);
   const std::int64_t C = cols_of(table, op), V = table.numel() / std::max<std::int64_t>(C, 1);
   must(expect_numel(out, ids.numel() * C, "out"), op);
   if (failed()) return;
-  check(kernels::embedding_forward(pt, pi, po, ids.numel(), C, V, vocab_offset, MT_STREAM), op);
+  check(kernels::embedding_forward(pt, pi, po, dt, ids.numel(), C, V, vocab_offset, MT_STREAM), op);
 }
 
 void CudaBackend::embedding_backward(const Tensor& dout, const Tensor& ids, Tensor& dtable,
                                      std::int64_t vocab_offset) {
   constexpr std::string_view op = "embedding_backward";
-  const float* pd = f32(dout, op);
+  const int dt = storage({{"dout", &dout}}, op);
+  const void* pd = ptr(dout, op);
   const std::int32_t* pi = i32(ids, op);
   float* pt = f32(dtable, op);
   const std::int64_t C = cols_of(dtable, op), V = dtable.numel() / std::max<std::int64_t>(C, 1);
   must(expect_numel(dout, ids.numel() * C, "dout"), op);
   if (failed()) return;
-  check(kernels::embedding_backward(pd, pi, pt, ids.numel(), C, V, vocab_offset, MT_STREAM), op);
+  check(kernels::embedding_backward(pd, dt, pi, pt, ids.numel(), C, V, vocab_offset, MT_STREAM), op);
 }
 
 // ---- normalisation -------------------------------------------------------------------
@@ -115,10 +122,12 @@ void CudaBackend::layernorm_forward(const Tensor& x, const Tensor& weight, const
   must(expect_numel(out, N * C, "out"), op);
   must(expect_numel(mean, N, "mean"), op);
   must(expect_numel(rstd, N, "rstd"), op);
-  const float *px = f32(x, op), *pw = f32(weight, op), *pb = f32(bias, op);
-  float *po = f32(out, op), *pm = f32(mean, op), *pr = f32(rstd, op);
+  const int dt = storage({{"x", &x}, {"weight", &weight}, {"bias", &bias}, {"out", &out}}, op);
+  const void *px = ptr(x, op), *pw = ptr(weight, op), *pb = ptr(bias, op);
+  void* po = ptr(out, op);
+  float *pm = f32(mean, op), *pr = f32(rstd, op);
   if (failed()) return;
-  check(kernels::layernorm_forward(px, pw, pb, po, pm, pr, N, C, eps, MT_STREAM), op);
+  check(kernels::layernorm_forward(px, pw, pb, po, dt, pm, pr, N, C, eps, MT_STREAM), op);
 }
 
 void CudaBackend::layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight,
@@ -132,12 +141,14 @@ void CudaBackend::layernorm_backward(const Tensor& dout, const Tensor& x, const 
   must(expect_numel(rstd, N, "rstd"), op);
   must(expect_numel(dweight, C, "dweight"), op);
   must(expect_numel(dbias, C, "dbias"), op);
-  const float *pd = f32(dout, op), *px = f32(x, op), *pw = f32(weight, op), *pm = f32(mean, op),
-              *pr = f32(rstd, op);
-  float *pdx = f32(dx, op), *pdw = f32(dweight, op), *pdb = f32(dbias, op);
+  const int dt = storage({{"dout", &dout}, {"x", &x}, {"weight", &weight}, {"dx", &dx}}, op);
+  const void *pd = ptr(dout, op), *px = ptr(x, op), *pw = ptr(weight, op);
+  void* pdx = ptr(dx, op);
+  const float *pm = f32(mean, op), *pr = f32(rstd, op);
+  float *pdw = f32(dweight, op), *pdb = f32(dbias, op);
   if (failed()) return;
   const auto tmp = scratch(sizeof(double) * static_cast<std::size_t>(kernels::row_chunks(N) * 2 * C), op);
-  check(kernels::layernorm_backward(pd, px, pw, pm, pr, pdx, pdw, pdb, N, C,
+  check(kernels::layernorm_backward(pd, px, pw, pdx, dt, pm, pr, pdw, pdb, N, C,
                                     static_cast<double*>(tmp.ptr), MT_STREAM),
         op);
   release(tmp);
@@ -149,10 +160,12 @@ void CudaBackend::rmsnorm_forward(const Tensor& x, const Tensor& weight, Tensor&
   const std::int64_t C = weight.numel(), N = must(rows_of(x, C), op);
   must(expect_numel(out, N * C, "out"), op);
   must(expect_numel(rstd, N, "rstd"), op);
-  const float *px = f32(x, op), *pw = f32(weight, op);
-  float *po = f32(out, op), *pr = f32(rstd, op);
+  const int dt = storage({{"x", &x}, {"weight", &weight}, {"out", &out}}, op);
+  const void *px = ptr(x, op), *pw = ptr(weight, op);
+  void* po = ptr(out, op);
+  float* pr = f32(rstd, op);
   if (failed()) return;
-  check(kernels::rmsnorm_forward(px, pw, po, pr, N, C, eps, MT_STREAM), op);
+  check(kernels::rmsnorm_forward(px, pw, po, dt, pr, N, C, eps, MT_STREAM), op);
 }
 
 void CudaBackend::rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight,
@@ -163,12 +176,15 @@ void CudaBackend::rmsnorm_backward(const Tensor& dout, const Tensor& x, const Te
   must(expect_numel(dx, N * C, "dx"), op);
   must(expect_numel(rstd, N, "rstd"), op);
   must(expect_numel(dweight, C, "dweight"), op);
-  const float *pd = f32(dout, op), *px = f32(x, op), *pw = f32(weight, op), *pr = f32(rstd, op);
-  float *pdx = f32(dx, op), *pdw = f32(dweight, op);
+  const int dt = storage({{"dout", &dout}, {"x", &x}, {"weight", &weight}, {"dx", &dx}}, op);
+  const void *pd = ptr(dout, op), *px = ptr(x, op), *pw = ptr(weight, op);
+  void* pdx = ptr(dx, op);
+  const float* pr = f32(rstd, op);
+  float* pdw = f32(dweight, op);
   if (failed()) return;
   const auto tmp = scratch(sizeof(double) * static_cast<std::size_t>(kernels::row_chunks(N) * C), op);
-  check(kernels::rmsnorm_backward(pd, px, pw, pr, pdx, pdw, N, C, static_cast<double*>(tmp.ptr),
-                                  MT_STREAM),
+  check(kernels::rmsnorm_backward(pd, px, pw, pdx, dt, pr, pdw, N, C,
+                                  static_cast<double*>(tmp.ptr), MT_STREAM),
         op);
   release(tmp);
 }
@@ -176,41 +192,45 @@ void CudaBackend::rmsnorm_backward(const Tensor& dout, const Tensor& x, const Te
 // ---- activations -----------------------------------------------------------------------
 
 void CudaBackend::gelu_forward(const Tensor& x, Tensor& out) {
-  const float* px = f32(x, "gelu_forward");
-  float* po = f32(out, "gelu_forward");
+  const int dt = storage({{"x", &x}, {"out", &out}}, "gelu_forward");
+  const void* px = ptr(x, "gelu_forward");
+  void* po = ptr(out, "gelu_forward");
   must(expect_numel(out, x.numel(), "out"), "gelu_forward");
   if (failed()) return;
-  check(kernels::gelu_forward(px, po, x.numel(), MT_STREAM), "gelu_forward");
+  check(kernels::gelu_forward(px, po, dt, x.numel(), MT_STREAM), "gelu_forward");
 }
 
 void CudaBackend::gelu_backward(const Tensor& dout, const Tensor& x, Tensor& dx) {
-  const float *pd = f32(dout, "gelu_backward"), *px = f32(x, "gelu_backward");
-  float* pdx = f32(dx, "gelu_backward");
+  const int dt = storage({{"dout", &dout}, {"x", &x}, {"dx", &dx}}, "gelu_backward");
+  const void *pd = ptr(dout, "gelu_backward"), *px = ptr(x, "gelu_backward");
+  void* pdx = ptr(dx, "gelu_backward");
   must(expect_numel(dout, x.numel(), "dout"), "gelu_backward");
   must(expect_numel(dx, x.numel(), "dx"), "gelu_backward");
   if (failed()) return;
-  check(kernels::gelu_backward(pd, px, pdx, x.numel(), MT_STREAM), "gelu_backward");
+  check(kernels::gelu_backward(pd, px, pdx, dt, x.numel(), MT_STREAM), "gelu_backward");
 }
 
 void CudaBackend::swiglu_forward(const Tensor& x, Tensor& out) {
-  const float* px = f32(x, "swiglu_forward");
-  float* po = f32(out, "swiglu_forward");
+  const int dt = storage({{"x", &x}, {"out", &out}}, "swiglu_forward");
+  const void* px = ptr(x, "swiglu_forward");
+  void* po = ptr(out, "swiglu_forward");
   const std::int64_t W = cols_of(x, "swiglu_forward");
   if (W % 2 != 0) misuse("swiglu_forward: x {} must be (N, 2F)", x.shape().str());
   must(expect_numel(out, x.numel() / 2, "out"), "swiglu_forward");
   if (failed() || W == 0) return;
-  check(kernels::swiglu_forward(px, po, x.numel() / W, W / 2, MT_STREAM), "swiglu_forward");
+  check(kernels::swiglu_forward(px, po, dt, x.numel() / W, W / 2, MT_STREAM), "swiglu_forward");
 }
 
 void CudaBackend::swiglu_backward(const Tensor& dout, const Tensor& x, Tensor& dx) {
-  const float *pd = f32(dout, "swiglu_backward"), *px = f32(x, "swiglu_backward");
-  float* pdx = f32(dx, "swiglu_backward");
+  const int dt = storage({{"dout", &dout}, {"x", &x}, {"dx", &dx}}, "swiglu_backward");
+  const void *pd = ptr(dout, "swiglu_backward"), *px = ptr(x, "swiglu_backward");
+  void* pdx = ptr(dx, "swiglu_backward");
   const std::int64_t W = cols_of(x, "swiglu_backward");
   if (W % 2 != 0) misuse("swiglu_backward: x {} must be (N, 2F)", x.shape().str());
   must(expect_numel(dout, x.numel() / 2, "dout"), "swiglu_backward");
   must(expect_numel(dx, x.numel(), "dx"), "swiglu_backward");
   if (failed() || W == 0) return;
-  check(kernels::swiglu_backward(pd, px, pdx, x.numel() / W, W / 2, MT_STREAM), "swiglu_backward");
+  check(kernels::swiglu_backward(pd, px, pdx, dt, x.numel() / W, W / 2, MT_STREAM), "swiglu_backward");
 }
 
 namespace {
@@ -220,33 +240,36 @@ void expect_probability(float p, std::string_view op) {
 }  // namespace
 
 void CudaBackend::dropout_forward(const Tensor& x, Tensor& out, const DropoutOp& op) {
-  const float* px = f32(x, "dropout_forward");
-  float* po = f32(out, "dropout_forward");
+  const int dt = storage({{"x", &x}, {"out", &out}}, "dropout_forward");
+  const void* px = ptr(x, "dropout_forward");
+  void* po = ptr(out, "dropout_forward");
   must(expect_numel(out, x.numel(), "out"), "dropout_forward");
   expect_probability(op.p, "dropout_forward");
   if (failed()) return;
-  check(kernels::dropout(px, po, x.numel(), op.p, op.seed, op.offset, MT_STREAM), "dropout_forward");
+  check(kernels::dropout(px, po, dt, x.numel(), op.p, op.seed, op.offset, MT_STREAM), "dropout_forward");
 }
 
 void CudaBackend::dropout_backward(const Tensor& dout, Tensor& dx, const DropoutOp& op) {
-  const float* pd = f32(dout, "dropout_backward");
-  float* pdx = f32(dx, "dropout_backward");
+  const int dt = storage({{"dout", &dout}, {"dx", &dx}}, "dropout_backward");
+  const void* pd = ptr(dout, "dropout_backward");
+  void* pdx = ptr(dx, "dropout_backward");
   must(expect_numel(dx, dout.numel(), "dx"), "dropout_backward");
   expect_probability(op.p, "dropout_backward");
   if (failed()) return;
-  check(kernels::dropout(pd, pdx, dout.numel(), op.p, op.seed, op.offset, MT_STREAM),
+  check(kernels::dropout(pd, pdx, dt, dout.numel(), op.p, op.seed, op.offset, MT_STREAM),
         "dropout_backward");
 }
 
 // ---- attention -------------------------------------------------------------------------
 
 void CudaBackend::rope(Tensor& x, int heads_total, int rotate_heads, float theta, bool inverse) {
-  float* px = f32(x, "rope");
+  const int dt = storage({{"x", &x}}, "rope");
+  void* px = ptr(x, "rope");
   must(rope_check(x, heads_total, rotate_heads), "rope");
   if (failed()) return;
   const Shape& s = x.shape();
   const auto tmp = scratch(sizeof(float) * static_cast<std::size_t>(s[1] * s[3]), "rope");
-  check(kernels::rope(px, s[0], s[1], heads_total, rotate_heads, s[3], theta, inverse,
+  check(kernels::rope(px, dt, s[0], s[1], heads_total, rotate_heads, s[3], theta, inverse,
                       static_cast<float*>(tmp.ptr), MT_STREAM),
         "rope");
   release(tmp);
@@ -292,12 +315,13 @@ void CudaBackend::attention_backward(const Tensor& dout, const Tensor& qkv, cons
 
 void CudaBackend::cross_entropy_max(const Tensor& logits, Tensor& row_max) {
   constexpr std::string_view op = "cross_entropy_max";
-  const float* pl = f32(logits, op);
+  const int dt = storage({{"logits", &logits}}, op);
+  const void* pl = ptr(logits, op);
   float* pm = f32(row_max, op);
   const std::int64_t V = cols_of(logits, op), N = V == 0 ? 0 : logits.numel() / V;
   must(expect_numel(row_max, N, "row_max"), op);
   if (failed()) return;
-  check(kernels::ce_max(pl, pm, N, V, MT_STREAM), op);
+  check(kernels::ce_max(pl, dt, pm, N, V, MT_STREAM), op);
 }
 
 void CudaBackend::cross_entropy_partials(const Tensor& logits, const Tensor& targets,
@@ -309,11 +333,13 @@ void CudaBackend::cross_entropy_partials(const Tensor& logits, const Tensor& tar
   must(expect_numel(row_max, N, "row_max"), op);
   must(expect_numel(sumexp, N, "sumexp"), op);
   must(expect_numel(target_logit, N, "target_logit"), op);
-  const float *pl = f32(logits, op), *pm = f32(row_max, op);
+  const int dt = storage({{"logits", &logits}}, op);
+  const void* pl = ptr(logits, op);
+  const float* pm = f32(row_max, op);
   const std::int32_t* pt = i32(targets, op);
   float *ps = f32(sumexp, op), *ptl = f32(target_logit, op);
   if (failed()) return;
-  check(kernels::ce_partials(pl, pt, pm, vocab_offset, ps, ptl, N, V, MT_STREAM), op);
+  check(kernels::ce_partials(pl, dt, pt, pm, vocab_offset, ps, ptl, N, V, MT_STREAM), op);
 }
 
 void CudaBackend::cross_entropy_loss(const Tensor& row_max, const Tensor& sumexp,
@@ -338,11 +364,13 @@ void CudaBackend::cross_entropy_backward(const Tensor& logits, const Tensor& tar
   must(expect_numel(row_max, N, "row_max"), op);
   must(expect_numel(sumexp, N, "sumexp"), op);
   must(expect_numel(dlogits, logits.numel(), "dlogits"), op);
-  const float *pl = f32(logits, op), *pm = f32(row_max, op), *ps = f32(sumexp, op);
+  const int dt = storage({{"logits", &logits}, {"dlogits", &dlogits}}, op);
+  const void* pl = ptr(logits, op);
+  const float *pm = f32(row_max, op), *ps = f32(sumexp, op);
   const std::int32_t* pt = i32(targets, op);
-  float* pd = f32(dlogits, op);
+  void* pd = ptr(dlogits, op);
   if (failed()) return;
-  check(kernels::ce_backward(pl, pt, pm, ps, vocab_offset, dloss, pd, N, V, MT_STREAM), op);
+  check(kernels::ce_backward(pl, dt, pt, pm, ps, vocab_offset, dloss, pd, N, V, MT_STREAM), op);
 }
 
 // ---- optimizer -------------------------------------------------------------------------

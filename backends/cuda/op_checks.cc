@@ -64,9 +64,27 @@ Result<AttentionDims> attention_dims(const Tensor& qkv, const AttentionOp& op) {
   if (op.head_dim > 128 || op.head_dim % 2 != 0)
     return make_error("head dim {} is not supported: the flash kernel takes even D <= 128",
                       op.head_dim);
-  if (qkv.dtype() != DType::f32 && qkv.dtype() != DType::bf16)
-    return make_error("qkv is {}; attention takes f32 or bf16", dtype_name(qkv.dtype()));
+  if (!is_float(qkv.dtype()))
+    return make_error("qkv is {}; attention takes f32, bf16 or f16", dtype_name(qkv.dtype()));
   return AttentionDims{s[0], s[1], op.heads, op.kv_heads, op.head_dim};
+}
+
+Result<DType> storage_dtype(std::initializer_list<Named> tensors) {
+  const Named* first = nullptr;
+  for (const Named& t : tensors) {
+    if (!is_float(t.tensor->dtype()))
+      return make_error("{} {} is {}; it must be fp32, bf16 or fp16", t.name, t.tensor->shape().str(),
+                        dtype_name(t.tensor->dtype()));
+    if (first == nullptr) {
+      first = &t;
+    } else if (t.tensor->dtype() != first->tensor->dtype()) {
+      return make_error("{} {} is {} but {} {} is {}: they must share one dtype (cast one first)",
+                        first->name, first->tensor->shape().str(),
+                        dtype_name(first->tensor->dtype()), t.name, t.tensor->shape().str(),
+                        dtype_name(t.tensor->dtype()));
+    }
+  }
+  return first ? first->tensor->dtype() : DType::f32;
 }
 
 Result<std::int64_t> rows_of(const Tensor& t, std::int64_t cols) {

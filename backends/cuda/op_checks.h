@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
+#include <string_view>
 
 #include "backends/backend.h"
 #include "core/status.h"
@@ -26,8 +28,26 @@ struct AttentionDims {
   std::int64_t B, T, H, G, D;
 };
 // qkv (B, T, H + 2G, D) with H % G == 0, D even and at most 128 (the flash
-// kernel's register tile), dtype f32 or bf16.
+// kernel's register tile), dtype f32, bf16 or f16.
 Result<AttentionDims> attention_dims(const Tensor& qkv, const AttentionOp& op);
+
+// Mixed precision. An op's activation-like tensors (x, out, dout, dx, logits,
+// a norm's weight and bias, an embedding table) share one storage dtype: f32,
+// bf16 or f16, computed in fp32. Statistics (mean, rstd, lse, row max,
+// sumexp, losses), parameter gradients and optimizer state stay f32 and are
+// checked by the backend itself. `storage_dtype` gives the shared dtype of
+// `tensors` (all defined), or an error naming the first pair that differ or
+// the first tensor that is not a float.
+struct Named {
+  std::string_view name;
+  const Tensor* tensor;
+};
+Result<DType> storage_dtype(std::initializer_list<Named> tensors);
+// The dtype code of kernels/kernels.h (0 f32, 1 bf16, 2 f16, 3 i32).
+inline int kernel_dtype(DType t) { return static_cast<int>(t); }
+static_assert(static_cast<int>(DType::f32) == 0 && static_cast<int>(DType::bf16) == 1 &&
+                  static_cast<int>(DType::f16) == 2 && static_cast<int>(DType::i32) == 3,
+              "kernels/kernels.h dtype codes");
 
 // Rows of a tensor documented as (N, cols).
 Result<std::int64_t> rows_of(const Tensor& t, std::int64_t cols);

@@ -60,7 +60,8 @@ TEST_CASE("attention takes (B, T, H + 2G, D) with D even and at most 128") {
   REQUIRE(d.ok());
   CHECK((d->B == 2 && d->T == 8 && d->H == 4 && d->G == 2 && d->D == 64));
   CHECK(attention_dims(t({2, 8, 8, 64}, DType::bf16), op).ok());
-  CHECK_FALSE(attention_dims(t({2, 8, 8, 64}, DType::f16), op).ok());
+  CHECK(attention_dims(t({2, 8, 8, 64}, DType::f16), op).ok());
+  CHECK_FALSE(attention_dims(t({2, 8, 8, 64}, DType::i32), op).ok());
   CHECK_FALSE(attention_dims(t({2, 8, 7, 64}), op).ok());
   AttentionOp wide{4, 2, 256, 0.0625f};
   auto w = attention_dims(t({2, 8, 8, 256}), wide);
@@ -82,4 +83,24 @@ TEST_CASE("row views, element counts, rope shapes") {
   CHECK_FALSE(rope_check(t({2, 8, 6, 15}), 6, 4).ok());
   CHECK_FALSE(rope_check(t({2, 8, 6, 16}), 6, 7).ok());
   CHECK_FALSE(rope_check(t({2, 8, 6, 16}), 5, 4).ok());
+}
+
+TEST_CASE("storage dtype: an op's activation tensors share one float dtype") {
+  const Tensor x = t({4, 8}, DType::bf16), w = t({8}, DType::bf16), out = t({4, 8}, DType::bf16);
+  auto d = storage_dtype({{"x", &x}, {"weight", &w}, {"out", &out}});
+  REQUIRE(d.ok());
+  CHECK(*d == DType::bf16);
+  const Tensor h = t({4, 8}, DType::f16), f = t({4, 8});
+  CHECK(*storage_dtype({{"x", &h}}) == DType::f16);
+  CHECK(*storage_dtype({{"x", &f}, {"out", &f}}) == DType::f32);
+  // A bf16 input with an fp32 output is not one storage type: the message names both.
+  auto mixed = storage_dtype({{"x", &x}, {"out", &f}});
+  REQUIRE_FALSE(mixed.ok());
+  CHECK_THAT(mixed.error().message(), Catch::Contains("x (4, 8) is bf16") &&
+                                          Catch::Contains("out (4, 8) is fp32"));
+  const Tensor ids = t({4}, DType::i32);
+  auto not_float = storage_dtype({{"logits", &ids}});
+  REQUIRE_FALSE(not_float.ok());
+  CHECK_THAT(not_float.error().message(), Catch::Contains("logits (4) is int32"));
+  CHECK(kernel_dtype(DType::bf16) == 1);
 }

@@ -1,5 +1,5 @@
-// Causal grouped-query flash attention, forward and backward, fp32 or bf16
-// inputs with fp32 math. Nothing of size T×T is stored: forward keeps an
+// Causal grouped-query flash attention, forward and backward, fp32, bf16 or
+// fp16 storage with fp32 math. Nothing of size T×T is stored: forward keeps an
 // online softmax per query row and saves its log-sum-exp; backward recomputes
 // the probabilities from it (as backends/cpu/kernels/attention.h does).
 //
@@ -290,15 +290,18 @@ cudaError_t backward(const void* dout, const void* qkv, const void* out, const f
 cudaError_t attention_forward(const void* qkv, void* out, float* lse, const AttentionShape& d,
                               int dtype, cudaStream_t s) {
   if (d.B * d.T * d.H == 0) return cudaGetLastError();
-  return dtype == 1 ? forward<__nv_bfloat16>(qkv, out, lse, d, s) : forward<float>(qkv, out, lse, d, s);
+  return with_storage(dtype, [&](auto tag) {
+    return forward<typename decltype(tag)::type>(qkv, out, lse, d, s);
+  });
 }
 
 cudaError_t attention_backward(const void* dout, const void* qkv, const void* out,
                                const float* lse, void* dqkv, const AttentionShape& d, int dtype,
                                float* scratch, cudaStream_t s) {
   if (d.B * d.T * d.H == 0) return cudaGetLastError();
-  return dtype == 1 ? backward<__nv_bfloat16>(dout, qkv, out, lse, dqkv, d, scratch, s)
-                    : backward<float>(dout, qkv, out, lse, dqkv, d, scratch, s);
+  return with_storage(dtype, [&](auto tag) {
+    return backward<typename decltype(tag)::type>(dout, qkv, out, lse, dqkv, d, scratch, s);
+  });
 }
 
 }  // namespace meshtrain::cuda::kernels

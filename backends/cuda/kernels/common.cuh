@@ -1,5 +1,5 @@
-// Device helpers shared by the kernels: dtype loads and stores, warp and
-// block reductions in a fixed order, grid sizing.
+// Device helpers shared by the kernels: dtype loads and stores, the storage
+// type dispatch, warp and block reductions in a fixed order, grid sizing.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -37,8 +37,11 @@ __device__ __forceinline__ void store_float(void* p, int dtype, i64 i, float v) 
   }
 }
 
+// Storage type T of a kernel's tensors <-> the fp32 it computes in. For
+// T = float both are the identity, so the fp32 kernels keep their bits.
 __device__ __forceinline__ float to_float(float v) { return v; }
 __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
 template <class T>
 __device__ __forceinline__ T from_float(float v);
 template <>
@@ -46,6 +49,35 @@ __device__ __forceinline__ float from_float<float>(float v) { return v; }
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
+}
+template <>
+__device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+
+// Calls f(Storage<T>{}) with T the storage type of dtype code `dtype` (0 f32,
+// 1 bf16, 2 f16): the one place a launcher turns a runtime dtype into a
+// kernel template argument. Other codes are a caller's bug (op_checks.h
+// rejects them first) and give cudaErrorInvalidValue.
+template <class T>
+struct Storage {
+  using type = T;
+};
+// Inside f: typed(tag, p) is the void pointer p as a (const) T pointer.
+template <class T>
+const T* typed(Storage<T>, const void* p) {
+  return static_cast<const T*>(p);
+}
+template <class T>
+T* typed(Storage<T>, void* p) {
+  return static_cast<T*>(p);
+}
+template <class F>
+cudaError_t with_storage(int dtype, F&& f) {
+  switch (dtype) {
+    case 0: return f(Storage<float>{});
+    case 1: return f(Storage<__nv_bfloat16>{});
+    case 2: return f(Storage<__half>{});
+    default: return cudaErrorInvalidValue;
+  }
 }
 
 template <class T>

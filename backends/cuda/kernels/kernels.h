@@ -4,6 +4,12 @@
 // Pointers are device pointers; shapes are checked by the caller.
 // Legend as backends/backend.h. dtype codes follow meshtrain::DType:
 // 0 f32, 1 bf16, 2 f16, 3 i32.
+//
+// Mixed precision: a launcher's `dtype` is the storage type of its pointers
+// typed void* (f32, bf16 or f16; every such tensor of one call shares it).
+// Pointers typed float* are fp32 whatever `dtype` is: statistics, losses,
+// parameter gradients, optimizer state. Math is fp32 (reductions in double)
+// for every storage type; results are stored rounded to nearest even.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -29,21 +35,23 @@ inline i64 row_chunks(i64 rows) { return (rows + row_chunk(rows) - 1) / row_chun
 // ---- elementwise.cu --------------------------------------------------------
 cudaError_t fill(void* x, int dtype, i64 n, float value, cudaStream_t s);
 cudaError_t cast(const void* src, int src_dtype, void* dst, int dst_dtype, i64 n, cudaStream_t s);
-cudaError_t add(const float* a, const float* b, float* out, i64 n, cudaStream_t s);
-cudaError_t scale(float* x, i64 n, float alpha, cudaStream_t s);
-cudaError_t axpy(float alpha, const float* x, float* y, i64 n, cudaStream_t s);
+cudaError_t add(const void* a, const void* b, void* out, int dtype, i64 n, cudaStream_t s);
+cudaError_t scale(void* x, int dtype, i64 n, float alpha, cudaStream_t s);
+cudaError_t axpy(float alpha, const void* x, void* y, int dtype, i64 n, cudaStream_t s);
 // out (1) = scale · Σ x (or Σ x² when squares), += when accumulate; scratch
 // holds kReduceBlocks doubles.
-cudaError_t reduce_sum(const float* x, i64 n, bool squares, float scale, bool accumulate,
-                       float* out, double* scratch, cudaStream_t s);
+cudaError_t reduce_sum(const void* x, int dtype, i64 n, bool squares, float scale,
+                       bool accumulate, float* out, double* scratch, cudaStream_t s);
 // c (m, n) = beta · c + bias: a GEMM with k = 0 (bias may be null).
 cudaError_t gemm_k0(float* c, const float* bias, i64 m, i64 n, float beta, cudaStream_t s);
-cudaError_t gelu_forward(const float* x, float* out, i64 n, cudaStream_t s);
-cudaError_t gelu_backward(const float* dout, const float* x, float* dx, i64 n, cudaStream_t s);
-cudaError_t swiglu_forward(const float* x, float* out, i64 N, i64 F, cudaStream_t s);
-cudaError_t swiglu_backward(const float* dout, const float* x, float* dx, i64 N, i64 F,
+cudaError_t gelu_forward(const void* x, void* out, int dtype, i64 n, cudaStream_t s);
+cudaError_t gelu_backward(const void* dout, const void* x, void* dx, int dtype, i64 n,
+                          cudaStream_t s);
+cudaError_t swiglu_forward(const void* x, void* out, int dtype, i64 N, i64 F, cudaStream_t s);
+cudaError_t swiglu_backward(const void* dout, const void* x, void* dx, int dtype, i64 N, i64 F,
                             cudaStream_t s);
-cudaError_t dropout(const float* x, float* out, i64 n, float p, std::uint64_t seed,
+// x and out may be the same tensor (in place).
+cudaError_t dropout(const void* x, void* out, int dtype, i64 n, float p, std::uint64_t seed,
                     std::uint64_t offset, cudaStream_t s);
 cudaError_t clip_coefficient(const float* sumsq, float max_norm, float* coef, cudaStream_t s);
 // c1 = 1/(1-β1^t), c2 = 1/(1-β2^t), decay = 1 - lr·wd, computed by the host
@@ -55,42 +63,50 @@ cudaError_t adamw(float* param, const float* grad, float* m, float* v, const flo
                   const AdamWArgs& a, cudaStream_t s);
 
 // ---- cross_entropy.cu ------------------------------------------------------
-cudaError_t ce_max(const float* logits, float* row_max, i64 N, i64 V, cudaStream_t s);
-cudaError_t ce_partials(const float* logits, const std::int32_t* targets, const float* row_max,
-                        i64 vocab_offset, float* sumexp, float* target_logit, i64 N, i64 V,
-                        cudaStream_t s);
+// logits and dlogits of storage `dtype`; the row statistics and losses fp32.
+cudaError_t ce_max(const void* logits, int dtype, float* row_max, i64 N, i64 V, cudaStream_t s);
+cudaError_t ce_partials(const void* logits, int dtype, const std::int32_t* targets,
+                        const float* row_max, i64 vocab_offset, float* sumexp,
+                        float* target_logit, i64 N, i64 V, cudaStream_t s);
 cudaError_t ce_loss(const float* row_max, const float* sumexp, const float* target_logit,
                     float* losses, i64 N, cudaStream_t s);
-cudaError_t ce_backward(const float* logits, const std::int32_t* targets, const float* row_max,
-                        const float* sumexp, i64 vocab_offset, float dloss, float* dlogits, i64 N,
-                        i64 V, cudaStream_t s);
+cudaError_t ce_backward(const void* logits, int dtype, const std::int32_t* targets,
+                        const float* row_max, const float* sumexp, i64 vocab_offset, float dloss,
+                        void* dlogits, i64 N, i64 V, cudaStream_t s);
 
 // ---- norm.cu ---------------------------------------------------------------
-cudaError_t layernorm_forward(const float* x, const float* w, const float* b, float* out,
+// x, w, b, out, dout, dx of storage `dtype`; mean, rstd and the parameter
+// gradients dw, db fp32 (the engine's layout under mixed precision).
+cudaError_t layernorm_forward(const void* x, const void* w, const void* b, void* out, int dtype,
                               float* mean, float* rstd, i64 N, i64 C, float eps, cudaStream_t s);
 // dx overwritten; dw, db += (scratch: row_chunks(N) · 2C doubles).
-cudaError_t layernorm_backward(const float* dout, const float* x, const float* w,
-                               const float* mean, const float* rstd, float* dx, float* dw,
+cudaError_t layernorm_backward(const void* dout, const void* x, const void* w, void* dx,
+                               int dtype, const float* mean, const float* rstd, float* dw,
                                float* db, i64 N, i64 C, double* scratch, cudaStream_t s);
-cudaError_t rmsnorm_forward(const float* x, const float* w, float* out, float* rstd, i64 N, i64 C,
-                            float eps, cudaStream_t s);
+cudaError_t rmsnorm_forward(const void* x, const void* w, void* out, int dtype, float* rstd, i64 N,
+                            i64 C, float eps, cudaStream_t s);
 // scratch: row_chunks(N) · C doubles.
-cudaError_t rmsnorm_backward(const float* dout, const float* x, const float* w, const float* rstd,
-                             float* dx, float* dw, i64 N, i64 C, double* scratch, cudaStream_t s);
-// db (n) += column sums of dy (m, n); scratch: row_chunks(m) · n doubles.
-cudaError_t bias_backward(const float* dy, float* db, i64 m, i64 n, double* scratch,
+cudaError_t rmsnorm_backward(const void* dout, const void* x, const void* w, void* dx, int dtype,
+                             const float* rstd, float* dw, i64 N, i64 C, double* scratch,
+                             cudaStream_t s);
+// db (n) fp32 += column sums of dy (m, n) of storage `dtype`; scratch:
+// row_chunks(m) · n doubles.
+cudaError_t bias_backward(const void* dy, int dtype, float* db, i64 m, i64 n, double* scratch,
                           cudaStream_t s);
 
 // ---- embedding.cu ----------------------------------------------------------
-cudaError_t embedding_forward(const float* table, const std::int32_t* ids, float* out, i64 N,
-                              i64 C, i64 V, i64 vocab_offset, cudaStream_t s);
-cudaError_t embedding_backward(const float* dout, const std::int32_t* ids, float* dtable, i64 N,
-                               i64 C, i64 V, i64 vocab_offset, cudaStream_t s);
+// table and out of storage `dtype`.
+cudaError_t embedding_forward(const void* table, const std::int32_t* ids, void* out, int dtype,
+                              i64 N, i64 C, i64 V, i64 vocab_offset, cudaStream_t s);
+// dout of storage `dtype`, dtable fp32 (a parameter gradient).
+cudaError_t embedding_backward(const void* dout, int dtype, const std::int32_t* ids, float* dtable,
+                               i64 N, i64 C, i64 V, i64 vocab_offset, cudaStream_t s);
 
 // ---- rope.cu ---------------------------------------------------------------
-// scratch: 2 · T · D/2 floats (the cos and sin table).
-cudaError_t rope(float* x, i64 B, i64 T, i64 heads_total, i64 rotate_heads, i64 D, double theta,
-                 bool inverse, float* scratch, cudaStream_t s);
+// x of storage `dtype`, rotated in fp32; scratch: 2 · T · D/2 floats (the cos
+// and sin table).
+cudaError_t rope(void* x, int dtype, i64 B, i64 T, i64 heads_total, i64 rotate_heads, i64 D,
+                 double theta, bool inverse, float* scratch, cudaStream_t s);
 
 // ---- attention.cu ----------------------------------------------------------
 inline constexpr int kMaxHeadDim = 128;
@@ -98,7 +114,7 @@ struct AttentionShape {
   i64 B, T, H, G, D;
   float scale;
 };
-// qkv, out (and dout, dqkv) of dtype 0 (f32) or 1 (bf16); lse f32.
+// qkv, out (and dout, dqkv) of storage `dtype` (f32, bf16 or f16); lse f32.
 cudaError_t attention_forward(const void* qkv, void* out, float* lse, const AttentionShape& d,
                               int dtype, cudaStream_t s);
 // scratch: B · H · T floats (the row dot products dO · O).

@@ -1,6 +1,8 @@
 // LayerNorm and RMSNorm (one warp per row) and the deterministic column
 // reductions behind their parameter gradients and bias_backward: per-chunk
 // partials (fixed row chunks, see row_chunk) then one fixed-order pass.
+// Rows (x, w, b, out, dout, dx) are of storage type T, read into fp32;
+// mean, rstd and the parameter gradients are fp32.
 #include "backends/cuda/kernels/common.cuh"
 
 namespace meshtrain::cuda::kernels {
@@ -8,79 +10,85 @@ namespace {
 
 constexpr int kRowsPerBlock = kThreads / 32;
 
-__global__ void layernorm_fwd_kernel(const float* x, const float* w, const float* b, float* out,
-                                     float* mean, float* rstd, i64 N, i64 C, float eps) {
+template <class T>
+__global__ void layernorm_fwd_kernel(const T* x, const T* w, const T* b, T* out, float* mean,
+                                     float* rstd, i64 N, i64 C, float eps) {
   const i64 r = blockIdx.x * (i64)kRowsPerBlock + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (r >= N) return;
-  const float* xr = x + r * C;
+  const T* xr = x + r * C;
   float s = 0.f;
-  for (i64 j = lane; j < C; j += 32) s += xr[j];
+  for (i64 j = lane; j < C; j += 32) s += to_float(xr[j]);
   const float mu = warp_sum(s) / static_cast<float>(C);
   float v = 0.f;
   for (i64 j = lane; j < C; j += 32) {
-    const float d = xr[j] - mu;
+    const float d = to_float(xr[j]) - mu;
     v += d * d;
   }
   const float rs = rsqrtf(warp_sum(v) / static_cast<float>(C) + eps);
-  float* o = out + r * C;
-  for (i64 j = lane; j < C; j += 32) o[j] = (xr[j] - mu) * rs * w[j] + b[j];
+  T* o = out + r * C;
+  for (i64 j = lane; j < C; j += 32)
+    o[j] = from_float<T>((to_float(xr[j]) - mu) * rs * to_float(w[j]) + to_float(b[j]));
   if (lane == 0) {
     mean[r] = mu;
     rstd[r] = rs;
   }
 }
 
-__global__ void layernorm_dx_kernel(const float* dout, const float* x, const float* w,
-                                    const float* mean, const float* rstd, float* dx, i64 N, i64 C) {
+template <class T>
+__global__ void layernorm_dx_kernel(const T* dout, const T* x, const T* w, const float* mean,
+                                    const float* rstd, T* dx, i64 N, i64 C) {
   const i64 r = blockIdx.x * (i64)kRowsPerBlock + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (r >= N) return;
-  const float* xr = x + r * C;
-  const float* dr = dout + r * C;
+  const T* xr = x + r * C;
+  const T* dr = dout + r * C;
   const float mu = mean[r], rs = rstd[r];
   float sg = 0.f, sgx = 0.f;
   for (i64 j = lane; j < C; j += 32) {
-    const float g = dr[j] * w[j];
+    const float g = to_float(dr[j]) * to_float(w[j]);
     sg += g;
-    sgx += g * (xr[j] - mu) * rs;
+    sgx += g * (to_float(xr[j]) - mu) * rs;
   }
   const float mean_g = warp_sum(sg) / static_cast<float>(C);
   const float mean_gx = warp_sum(sgx) / static_cast<float>(C);
-  float* o = dx + r * C;
+  T* o = dx + r * C;
   for (i64 j = lane; j < C; j += 32) {
-    const float xhat = (xr[j] - mu) * rs;
-    o[j] = rs * (dr[j] * w[j] - mean_g - xhat * mean_gx);
+    const float xhat = (to_float(xr[j]) - mu) * rs;
+    o[j] = from_float<T>(rs * (to_float(dr[j]) * to_float(w[j]) - mean_g - xhat * mean_gx));
   }
 }
 
-__global__ void rmsnorm_fwd_kernel(const float* x, const float* w, float* out, float* rstd, i64 N,
-                                   i64 C, float eps) {
+template <class T>
+__global__ void rmsnorm_fwd_kernel(const T* x, const T* w, T* out, float* rstd, i64 N, i64 C,
+                                   float eps) {
   const i64 r = blockIdx.x * (i64)kRowsPerBlock + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (r >= N) return;
-  const float* xr = x + r * C;
+  const T* xr = x + r * C;
   float ss = 0.f;
-  for (i64 j = lane; j < C; j += 32) ss += xr[j] * xr[j];
+  for (i64 j = lane; j < C; j += 32) ss += to_float(xr[j]) * to_float(xr[j]);
   const float rs = rsqrtf(warp_sum(ss) / static_cast<float>(C) + eps);
-  float* o = out + r * C;
-  for (i64 j = lane; j < C; j += 32) o[j] = xr[j] * rs * w[j];
+  T* o = out + r * C;
+  for (i64 j = lane; j < C; j += 32) o[j] = from_float<T>(to_float(xr[j]) * rs * to_float(w[j]));
   if (lane == 0) rstd[r] = rs;
 }
 
-__global__ void rmsnorm_dx_kernel(const float* dout, const float* x, const float* w,
-                                  const float* rstd, float* dx, i64 N, i64 C) {
+template <class T>
+__global__ void rmsnorm_dx_kernel(const T* dout, const T* x, const T* w, const float* rstd, T* dx,
+                                  i64 N, i64 C) {
   const i64 r = blockIdx.x * (i64)kRowsPerBlock + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (r >= N) return;
-  const float* xr = x + r * C;
-  const float* dr = dout + r * C;
+  const T* xr = x + r * C;
+  const T* dr = dout + r * C;
   const float rs = rstd[r];
   float s = 0.f;
-  for (i64 j = lane; j < C; j += 32) s += dr[j] * w[j] * xr[j] * rs;
+  for (i64 j = lane; j < C; j += 32) s += to_float(dr[j]) * to_float(w[j]) * to_float(xr[j]) * rs;
   const float mean_gx = warp_sum(s) / static_cast<float>(C);
-  float* o = dx + r * C;
-  for (i64 j = lane; j < C; j += 32) o[j] = rs * (dr[j] * w[j] - xr[j] * rs * mean_gx);
+  T* o = dx + r * C;
+  for (i64 j = lane; j < C; j += 32)
+    o[j] = from_float<T>(rs * (to_float(dr[j]) * to_float(w[j]) - to_float(xr[j]) * rs * mean_gx));
 }
 
 // What one row contributes to column j of a parameter gradient.
@@ -89,9 +97,10 @@ enum class Contribution { bias, layernorm, rmsnorm };
 // Block (32 columns × 8 row lanes) for one row chunk: partial[chunk][j] for
 // W output columns (layernorm: W = 2C, [dweight | dbias]). Each thread sums
 // its rows in order; the 8 row lanes combine in order in shared memory.
-__global__ void column_partials(Contribution kind, const float* dy, const float* x,
-                                const float* mean, const float* rstd, i64 N, i64 C, i64 W,
-                                i64 chunk, double* partials) {
+template <class T>
+__global__ void column_partials(Contribution kind, const T* dy, const T* x, const float* mean,
+                                const float* rstd, i64 N, i64 C, i64 W, i64 chunk,
+                                double* partials) {
   __shared__ double sh[8][33];
   const i64 j = blockIdx.x * 32 + threadIdx.x;
   const i64 r0 = blockIdx.y * chunk;
@@ -100,16 +109,18 @@ __global__ void column_partials(Contribution kind, const float* dy, const float*
   if (j < W) {
     const i64 c = j < C ? j : j - C;
     for (i64 r = r0 + threadIdx.y; r < r1; r += 8) {
-      const double d = static_cast<double>(dy[r * C + c]);
+      const double d = static_cast<double>(to_float(dy[r * C + c]));
       switch (kind) {
         case Contribution::bias: acc += d; break;
         case Contribution::layernorm:
-          acc += j < C ? d * (static_cast<double>(x[r * C + c]) - static_cast<double>(mean[r])) *
+          acc += j < C ? d *
+                             (static_cast<double>(to_float(x[r * C + c])) -
+                              static_cast<double>(mean[r])) *
                              static_cast<double>(rstd[r])
                        : d;
           break;
         case Contribution::rmsnorm:
-          acc += d * static_cast<double>(x[r * C + c]) * static_cast<double>(rstd[r]);
+          acc += d * static_cast<double>(to_float(x[r * C + c])) * static_cast<double>(rstd[r]);
           break;
       }
     }
@@ -134,14 +145,20 @@ __global__ void column_finish(const double* partials, i64 chunks, i64 C, i64 W, 
   *o = static_cast<float>(s);
 }
 
-cudaError_t column_reduce(Contribution kind, const float* dy, const float* x, const float* mean,
-                          const float* rstd, i64 N, i64 C, float* out, float* out2,
-                          double* scratch, cudaStream_t s) {
+// dy and x (null for bias) of storage `dtype`.
+cudaError_t column_reduce(Contribution kind, const void* dy, const void* x, int dtype,
+                          const float* mean, const float* rstd, i64 N, i64 C, float* out,
+                          float* out2, double* scratch, cudaStream_t s) {
   const i64 W = kind == Contribution::layernorm ? 2 * C : C;
   if (N <= 0 || W <= 0) return cudaGetLastError();
   const i64 chunk = row_chunk(N), chunks = row_chunks(N);
   const dim3 grid(static_cast<unsigned>((W + 31) / 32), static_cast<unsigned>(chunks));
-  column_partials<<<grid, dim3(32, 8), 0, s>>>(kind, dy, x, mean, rstd, N, C, W, chunk, scratch);
+  const cudaError_t e = with_storage(dtype, [&](auto tag) {
+    column_partials<<<grid, dim3(32, 8), 0, s>>>(kind, typed(tag, dy), typed(tag, x), mean, rstd,
+                                                 N, C, W, chunk, scratch);
+    return cudaGetLastError();
+  });
+  if (e != cudaSuccess) return e;
   column_finish<<<grid_for(W), kThreads, 0, s>>>(scratch, chunks, C, W, out, out2);
   return cudaGetLastError();
 }
@@ -150,38 +167,59 @@ unsigned row_blocks(i64 N) { return static_cast<unsigned>((N + kRowsPerBlock - 1
 
 }  // namespace
 
-cudaError_t layernorm_forward(const float* x, const float* w, const float* b, float* out,
+cudaError_t layernorm_forward(const void* x, const void* w, const void* b, void* out, int dtype,
                               float* mean, float* rstd, i64 N, i64 C, float eps, cudaStream_t s) {
-  if (N > 0) layernorm_fwd_kernel<<<row_blocks(N), kThreads, 0, s>>>(x, w, b, out, mean, rstd, N, C, eps);
-  return cudaGetLastError();
+  if (N <= 0) return cudaGetLastError();
+  return with_storage(dtype, [&](auto tag) {
+    layernorm_fwd_kernel<<<row_blocks(N), kThreads, 0, s>>>(
+        typed(tag, x), typed(tag, w), typed(tag, b), typed(tag, out), mean, rstd, N, C, eps);
+    return cudaGetLastError();
+  });
 }
 
-cudaError_t layernorm_backward(const float* dout, const float* x, const float* w,
-                               const float* mean, const float* rstd, float* dx, float* dw,
+cudaError_t layernorm_backward(const void* dout, const void* x, const void* w, void* dx,
+                               int dtype, const float* mean, const float* rstd, float* dw,
                                float* db, i64 N, i64 C, double* scratch, cudaStream_t s) {
-  if (N > 0) layernorm_dx_kernel<<<row_blocks(N), kThreads, 0, s>>>(dout, x, w, mean, rstd, dx, N, C);
-  const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) return e;
-  return column_reduce(Contribution::layernorm, dout, x, mean, rstd, N, C, dw, db, scratch, s);
+  if (N > 0) {
+    const cudaError_t e = with_storage(dtype, [&](auto tag) {
+      layernorm_dx_kernel<<<row_blocks(N), kThreads, 0, s>>>(
+          typed(tag, dout), typed(tag, x), typed(tag, w), mean, rstd, typed(tag, dx), N, C);
+      return cudaGetLastError();
+    });
+    if (e != cudaSuccess) return e;
+  }
+  return column_reduce(Contribution::layernorm, dout, x, dtype, mean, rstd, N, C, dw, db, scratch,
+                       s);
 }
 
-cudaError_t rmsnorm_forward(const float* x, const float* w, float* out, float* rstd, i64 N, i64 C,
-                            float eps, cudaStream_t s) {
-  if (N > 0) rmsnorm_fwd_kernel<<<row_blocks(N), kThreads, 0, s>>>(x, w, out, rstd, N, C, eps);
-  return cudaGetLastError();
+cudaError_t rmsnorm_forward(const void* x, const void* w, void* out, int dtype, float* rstd, i64 N,
+                            i64 C, float eps, cudaStream_t s) {
+  if (N <= 0) return cudaGetLastError();
+  return with_storage(dtype, [&](auto tag) {
+    rmsnorm_fwd_kernel<<<row_blocks(N), kThreads, 0, s>>>(typed(tag, x), typed(tag, w),
+                                                          typed(tag, out), rstd, N, C, eps);
+    return cudaGetLastError();
+  });
 }
 
-cudaError_t rmsnorm_backward(const float* dout, const float* x, const float* w, const float* rstd,
-                             float* dx, float* dw, i64 N, i64 C, double* scratch, cudaStream_t s) {
-  if (N > 0) rmsnorm_dx_kernel<<<row_blocks(N), kThreads, 0, s>>>(dout, x, w, rstd, dx, N, C);
-  const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) return e;
-  return column_reduce(Contribution::rmsnorm, dout, x, nullptr, rstd, N, C, dw, nullptr, scratch, s);
+cudaError_t rmsnorm_backward(const void* dout, const void* x, const void* w, void* dx, int dtype,
+                             const float* rstd, float* dw, i64 N, i64 C, double* scratch,
+                             cudaStream_t s) {
+  if (N > 0) {
+    const cudaError_t e = with_storage(dtype, [&](auto tag) {
+      rmsnorm_dx_kernel<<<row_blocks(N), kThreads, 0, s>>>(typed(tag, dout), typed(tag, x),
+                                                           typed(tag, w), rstd, typed(tag, dx), N, C);
+      return cudaGetLastError();
+    });
+    if (e != cudaSuccess) return e;
+  }
+  return column_reduce(Contribution::rmsnorm, dout, x, dtype, nullptr, rstd, N, C, dw, nullptr,
+                       scratch, s);
 }
 
-cudaError_t bias_backward(const float* dy, float* db, i64 m, i64 n, double* scratch,
+cudaError_t bias_backward(const void* dy, int dtype, float* db, i64 m, i64 n, double* scratch,
                           cudaStream_t s) {
-  return column_reduce(Contribution::bias, dy, nullptr, nullptr, nullptr, m, n, db, nullptr,
+  return column_reduce(Contribution::bias, dy, nullptr, dtype, nullptr, nullptr, m, n, db, nullptr,
                        scratch, s);
 }
 
