@@ -68,6 +68,100 @@ Result<const json*> list(const json& j, const char* key) {
   return &j[key];
 }
 
+// The optional spread fields of entry i of `where`.
+Result<Calibration::Spread> spread_of(const json& e, const char* where, size_t i) {
+  Calibration::Spread s;
+  for (const char* key : {"p10_us", "p90_us"})
+    if (e.contains(key)) {
+      MT_ASSIGN(double v, positive(e, key, where, i));
+      (std::string_view(key) == "p10_us" ? s.p10_us : s.p90_us) = v;
+    }
+  if (e.contains("samples")) {
+    MT_ASSIGN(int64_t n, positive_int(e, "samples", where, i));
+    s.samples = static_cast<int>(n);
+  }
+  if (e.contains("ranks_sharing")) {
+    MT_ASSIGN(int64_t n, positive_int(e, "ranks_sharing", where, i));
+    s.ranks_sharing = static_cast<int>(n);
+  }
+  return s;
+}
+
+Result<Calibration::Machine> machine_from_json(const json& m) {
+  if (!m.is_object()) return make_error("field 'machine' must be an object {{\"cpu\": ...}}");
+  Calibration::Machine out;
+  for (auto it = m.begin(); it != m.end(); ++it) {
+    const std::string& key = it.key();
+    const json& v = it.value();
+    if (key == "backend" || key == "cpu" || key == "date") {
+      if (!v.is_string()) return make_error("field 'machine.{}' must be a string", key);
+      (key == "backend" ? out.backend : key == "cpu" ? out.cpu : out.date) = v.get<std::string>();
+    } else if (key == "cores") {
+      if (!v.is_number_integer() || v.get<int64_t>() < 1)
+        return make_error("field 'machine.cores' must be an integer >= 1, got {}", v.dump());
+      out.cores = v.get<int>();
+    } else if (key == "libraries") {
+      if (!v.is_object())
+        return make_error("field 'machine.libraries' must be an object {{\"OpenBLAS\": \"0.3.21\"}}");
+      for (auto l = v.begin(); l != v.end(); ++l) {
+        if (!l.value().is_string())
+          return make_error("field 'machine.libraries.{}' must be a version string", l.key());
+        out.libraries.emplace_back(l.key(), l.value().get<std::string>());
+      }
+    } else if (key == "notes") {
+      if (!v.is_array()) return make_error("field 'machine.notes' must be a list of strings");
+      for (const json& n : v) {
+        if (!n.is_string()) return make_error("field 'machine.notes' must be a list of strings");
+        out.notes.push_back(n.get<std::string>());
+      }
+    } else {
+      return make_error(
+          "unknown field 'machine.{}'; known: backend, cpu, cores, date, libraries, notes", key);
+    }
+  }
+  return out;
+}
+
+json machine_to_json(const Calibration::Machine& m) {
+  json j = json::object();
+  if (!m.backend.empty()) j["backend"] = m.backend;
+  if (!m.cpu.empty()) j["cpu"] = m.cpu;
+  if (m.cores > 0) j["cores"] = m.cores;
+  if (!m.date.empty()) j["date"] = m.date;
+  if (!m.libraries.empty()) {
+    // nlohmann's object sorts keys; the reader keeps that order, so the round trip is exact.
+    json l = json::object();
+    for (const auto& [name, version] : m.libraries) l[name] = version;
+    j["libraries"] = l;
+  }
+  if (!m.notes.empty()) j["notes"] = m.notes;
+  return j;
+}
+
+void put_spread(json& e, const Calibration::Spread& s) {
+  if (s.p10_us > 0) e["p10_us"] = s.p10_us;
+  if (s.p90_us > 0) e["p90_us"] = s.p90_us;
+  if (s.samples > 0) e["samples"] = s.samples;
+  if (s.ranks_sharing != 1) e["ranks_sharing"] = s.ranks_sharing;
+}
+
+// Keeps, of `v`, the entries at the level chosen for `ranks` among the levels present in v.
+template <class T>
+std::vector<T> at_level(const std::vector<T>& v, int ranks) {
+  std::vector<int> levels;
+  for (const T& e : v) levels.push_back(e.spread.ranks_sharing);
+  std::sort(levels.begin(), levels.end());
+  levels.erase(std::unique(levels.begin(), levels.end()), levels.end());
+  if (levels.size() <= 1) return v;
+  int pick = levels.front();
+  for (int l : levels)
+    if (l <= ranks) pick = l;
+  std::vector<T> out;
+  for (const T& e : v)
+    if (e.spread.ranks_sharing == pick) out.push_back(e);
+  return out;
+}
+
 }  // namespace
 
 const char* dtype_name(DType d) { return d == DType::kBf16 ? "bf16" : "fp32"; }
@@ -92,16 +186,71 @@ std::optional<double> Calibration::gemm_time(int64_t m, int64_t n, int64_t k, DT
   return interpolate(std::move(pts), gemm_flops(m, n, k));
 }
 
-std::optional<double> Calibration::attention_time(int64_t bh, int64_t seq, int64_t d,
-                                                  bool causal) const {
+namespace {
+
+std::optional<double> attention_lookup(const std::vector<Calibration::Attention>& attention,
+                                       int64_t bh, int64_t seq, int64_t d, bool causal,
+                                       bool backward) {
   std::vector<Point> pts;
   for (const auto& a : attention) {
-    if (a.causal != causal) continue;
+    if (a.causal != causal || a.backward != backward) continue;
     if (a.batch_heads == bh && a.seq == seq && a.head_dim == d) return a.time_us * 1e-6;
     const double f = attention_flops(a.batch_heads, a.seq, a.head_dim, a.causal);
     pts.push_back({f, f / (a.time_us * 1e-6)});
   }
   return interpolate(std::move(pts), attention_flops(bh, seq, d, causal));
+}
+
+}  // namespace
+
+std::optional<double> Calibration::attention_time(int64_t bh, int64_t seq, int64_t d,
+                                                  bool causal) const {
+  return attention_lookup(attention, bh, seq, d, causal, false);
+}
+
+std::optional<double> Calibration::attention_backward_time(int64_t bh, int64_t seq, int64_t d,
+                                                           bool causal) const {
+  return attention_lookup(attention, bh, seq, d, causal, true);
+}
+
+std::optional<double> Calibration::op_time(std::string_view op, double bytes) const {
+  std::vector<Point> pts;
+  for (const auto& o : ops) {
+    if (o.op != op) continue;
+    if (o.bytes == bytes) return o.time_us * 1e-6;
+    pts.push_back({o.bytes, o.bytes / (o.time_us * 1e-6)});
+  }
+  return interpolate(std::move(pts), bytes);
+}
+
+std::vector<int> Calibration::sharing_levels() const {
+  std::vector<int> levels;
+  auto add = [&](const auto& v) {
+    for (const auto& e : v) levels.push_back(e.spread.ranks_sharing);
+  };
+  add(gemm), add(attention), add(memory), add(ops), add(collectives);
+  if (levels.empty()) levels.push_back(1);
+  std::sort(levels.begin(), levels.end());
+  levels.erase(std::unique(levels.begin(), levels.end()), levels.end());
+  return levels;
+}
+
+Calibration Calibration::for_ranks_sharing(int ranks) const {
+  Calibration c = *this;
+  c.gemm = at_level(gemm, ranks);
+  c.attention = at_level(attention, ranks);
+  c.memory = at_level(memory, ranks);
+  c.ops = at_level(ops, ranks);
+  c.collectives = at_level(collectives, ranks);
+  return c;
+}
+
+Calibration Calibration::for_transport(std::string_view transport) const {
+  Calibration c = *this;
+  c.collectives.clear();
+  for (const auto& e : collectives)
+    if (e.transport.empty() || e.transport == transport) c.collectives.push_back(e);
+  return c;
 }
 
 std::optional<double> Calibration::memory_time(double bytes) const {
@@ -130,13 +279,13 @@ Result<Calibration> calibration_from_json(std::string_view text) {
     return make_error("calibration is not valid JSON (check commas and quotes)");
   if (!j.is_object()) return make_error("calibration must be a JSON object {{...}}");
   for (auto it = j.begin(); it != j.end(); ++it) {
-    static const char* known[] = {"version", "device", "gemm",       "attention",
-                                  "memory",  "links",  "collectives"};
+    static const char* known[] = {"version", "device", "machine", "gemm",       "attention",
+                                  "memory",  "ops",    "links",   "collectives"};
     if (std::find_if(std::begin(known), std::end(known),
                      [&](const char* k) { return it.key() == k; }) == std::end(known))
       return make_error(
-          "unknown calibration field '{}'; known: version, device, gemm, attention, "
-          "memory, links, collectives",
+          "unknown calibration field '{}'; known: version, device, machine, gemm, attention, "
+          "memory, ops, links, collectives",
           it.key());
   }
   if (!j.contains("version") || !j["version"].is_number_integer())
@@ -152,6 +301,9 @@ Result<Calibration> calibration_from_json(std::string_view text) {
   if (j.contains("device")) {
     if (!j["device"].is_string()) return make_error("field 'device' must be a string");
     c.device = j["device"].get<std::string>();
+  }
+  if (j.contains("machine")) {
+    MT_ASSIGN(c.machine, machine_from_json(j["machine"]));
   }
   MT_ASSIGN(const json* gemm, list(j, "gemm"));
   for (size_t i = 0; gemm && i < gemm->size(); ++i) {
@@ -169,7 +321,8 @@ Result<Calibration> calibration_from_json(std::string_view text) {
         return make_error("gemm[{}]: field 'dtype' must be \"bf16\", \"fp16\" or \"fp32\", got {}",
                           i, e["dtype"].dump());
     }
-    c.gemm.push_back({m, n, k, dt, us});
+    MT_ASSIGN(Calibration::Spread sp, spread_of(e, "gemm", i));
+    c.gemm.push_back({m, n, k, dt, us, sp});
   }
   MT_ASSIGN(const json* att, list(j, "attention"));
   for (size_t i = 0; att && i < att->size(); ++i) {
@@ -184,13 +337,32 @@ Result<Calibration> calibration_from_json(std::string_view text) {
         return make_error("attention[{}]: field 'causal' must be true or false", i);
       causal = e["causal"].get<bool>();
     }
-    c.attention.push_back({bh, s, d, causal, us});
+    bool backward = false;
+    if (e.contains("backward")) {
+      if (!e["backward"].is_boolean())
+        return make_error("attention[{}]: field 'backward' must be true or false", i);
+      backward = e["backward"].get<bool>();
+    }
+    MT_ASSIGN(Calibration::Spread sp, spread_of(e, "attention", i));
+    c.attention.push_back({bh, s, d, causal, us, backward, sp});
   }
   MT_ASSIGN(const json* mem, list(j, "memory"));
   for (size_t i = 0; mem && i < mem->size(); ++i) {
     MT_ASSIGN(double bytes, positive((*mem)[i], "bytes", "memory", i));
     MT_ASSIGN(double us, positive((*mem)[i], "time_us", "memory", i));
-    c.memory.push_back({bytes, us});
+    MT_ASSIGN(Calibration::Spread sp, spread_of((*mem)[i], "memory", i));
+    c.memory.push_back({bytes, us, sp});
+  }
+  MT_ASSIGN(const json* ops, list(j, "ops"));
+  for (size_t i = 0; ops && i < ops->size(); ++i) {
+    const json& e = (*ops)[i];
+    MT_TRY(need(e, "op", "ops", i));
+    if (!e["op"].is_string() || e["op"].get<std::string>().empty())
+      return make_error("ops[{}]: field 'op' must be a backend op name, e.g. \"gelu_forward\"", i);
+    MT_ASSIGN(double bytes, positive(e, "bytes", "ops", i));
+    MT_ASSIGN(double us, positive(e, "time_us", "ops", i));
+    MT_ASSIGN(Calibration::Spread sp, spread_of(e, "ops", i));
+    c.ops.push_back({e["op"].get<std::string>(), bytes, us, sp});
   }
   MT_ASSIGN(const json* links, list(j, "links"));
   for (size_t i = 0; links && i < links->size(); ++i) {
@@ -201,7 +373,11 @@ Result<Calibration> calibration_from_json(std::string_view text) {
       return make_error("links[{}]: field 'kind' must be \"nvlink\", \"pcie\" or \"nic\", got {}",
                         i, e["kind"].dump());
     MT_ASSIGN(double gbps, positive(e, "GBps", "links", i));
-    c.links.push_back({kind, gbps});
+    double latency = 0;
+    if (e.contains("latency_us")) {
+      MT_ASSIGN(latency, positive(e, "latency_us", "links", i));
+    }
+    c.links.push_back({kind, gbps, latency});
   }
   MT_ASSIGN(const json* coll, list(j, "collectives"));
   for (size_t i = 0; coll && i < coll->size(); ++i) {
@@ -214,7 +390,16 @@ Result<Calibration> calibration_from_json(std::string_view text) {
     MT_ASSIGN(int64_t members, positive_int(e, "members", "collectives", i));
     MT_ASSIGN(double bytes, positive(e, "bytes", "collectives", i));
     MT_ASSIGN(double busbw, positive(e, "busbw_GBps", "collectives", i));
-    c.collectives.push_back({kind, static_cast<int>(members), bytes, busbw});
+    std::string transport;
+    if (e.contains("transport")) {
+      transport = e["transport"].is_string() ? e["transport"].get<std::string>() : "";
+      if (transport != "threads" && transport != "mpi")
+        return make_error(
+            "collectives[{}]: field 'transport' must be \"threads\" or \"mpi\", got {}", i,
+            e["transport"].dump());
+    }
+    MT_ASSIGN(Calibration::Spread sp, spread_of(e, "collectives", i));
+    c.collectives.push_back({kind, static_cast<int>(members), bytes, busbw, transport, sp});
   }
   return c;
 }
@@ -224,30 +409,58 @@ std::string calibration_to_json(const Calibration& c) {
   json j = json::object();
   j["version"] = c.version;
   if (!c.device.empty()) j["device"] = c.device;
+  if (!c.machine.empty()) j["machine"] = machine_to_json(c.machine);
   json& g = j["gemm"] = json::array();
-  for (const auto& e : c.gemm)
-    g.push_back({{"m", e.m},
-                 {"n", e.n},
-                 {"k", e.k},
-                 {"dtype", dtype_name(e.dtype)},
-                 {"time_us", e.time_us}});
+  for (const auto& e : c.gemm) {
+    json x = {{"m", e.m},
+              {"n", e.n},
+              {"k", e.k},
+              {"dtype", dtype_name(e.dtype)},
+              {"time_us", e.time_us}};
+    put_spread(x, e.spread);
+    g.push_back(std::move(x));
+  }
   json& a = j["attention"] = json::array();
-  for (const auto& e : c.attention)
-    a.push_back({{"batch_heads", e.batch_heads},
-                 {"seq", e.seq},
-                 {"head_dim", e.head_dim},
-                 {"causal", e.causal},
-                 {"time_us", e.time_us}});
+  for (const auto& e : c.attention) {
+    json x = {{"batch_heads", e.batch_heads},
+              {"seq", e.seq},
+              {"head_dim", e.head_dim},
+              {"causal", e.causal},
+              {"time_us", e.time_us}};
+    if (e.backward) x["backward"] = true;
+    put_spread(x, e.spread);
+    a.push_back(std::move(x));
+  }
   json& m = j["memory"] = json::array();
-  for (const auto& e : c.memory) m.push_back({{"bytes", e.bytes}, {"time_us", e.time_us}});
+  for (const auto& e : c.memory) {
+    json x = {{"bytes", e.bytes}, {"time_us", e.time_us}};
+    put_spread(x, e.spread);
+    m.push_back(std::move(x));
+  }
+  if (!c.ops.empty()) {
+    json& o = j["ops"] = json::array();
+    for (const auto& e : c.ops) {
+      json x = {{"op", e.op}, {"bytes", e.bytes}, {"time_us", e.time_us}};
+      put_spread(x, e.spread);
+      o.push_back(std::move(x));
+    }
+  }
   json& l = j["links"] = json::array();
-  for (const auto& e : c.links) l.push_back({{"kind", e.kind}, {"GBps", e.GBps}});
+  for (const auto& e : c.links) {
+    json x = {{"kind", e.kind}, {"GBps", e.GBps}};
+    if (e.latency_us > 0) x["latency_us"] = e.latency_us;
+    l.push_back(std::move(x));
+  }
   json& k = j["collectives"] = json::array();
-  for (const auto& e : c.collectives)
-    k.push_back({{"kind", collective_kind_name(e.kind)},
-                 {"members", e.members},
-                 {"bytes", e.bytes},
-                 {"busbw_GBps", e.busbw_GBps}});
+  for (const auto& e : c.collectives) {
+    json x = {{"kind", collective_kind_name(e.kind)},
+              {"members", e.members},
+              {"bytes", e.bytes},
+              {"busbw_GBps", e.busbw_GBps}};
+    if (!e.transport.empty()) x["transport"] = e.transport;
+    put_spread(x, e.spread);
+    k.push_back(std::move(x));
+  }
   return j.dump(2) + "\n";
 }
 
@@ -271,7 +484,10 @@ Status save_calibration(const Calibration& c, const std::string& path) {
 
 void apply_link_calibration(const Calibration& c, ClusterSpec& spec) {
   for (const auto& l : c.links) {
-    if (l.kind == "nvlink") spec.nvlink_bandwidth = l.GBps * 1e9;
+    if (l.kind == "nvlink") {
+      spec.nvlink_bandwidth = l.GBps * 1e9;
+      if (l.latency_us > 0) spec.nvlink_latency = static_cast<Time>(l.latency_us * kMicrosecond);
+    }
     if (l.kind == "pcie") spec.pcie_bandwidth = l.GBps * 1e9;
     if (l.kind == "nic") spec.nic_bandwidth = l.GBps * 1e9;
   }

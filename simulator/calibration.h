@@ -19,6 +19,32 @@
 //       {"kind": "all_reduce", "members": 8, "bytes": 1073741824, "busbw_GBps": 230}]
 //   }
 //
+// Optional additions (all version 1; a file without them reads as before):
+//
+//   "machine": {                          // what was measured, informative
+//     "backend": "cpu", "cpu": "AMD EPYC 7B13", "cores": 2, "date": "2026-12-02T14:00:00Z",
+//     "libraries": {"OpenBLAS": "0.3.21", "oneTBB": "2021.8.0", "Open MPI": "4.1.4"},
+//     "notes": ["mpi: not measured (not launched by mpirun)"]},
+//   "ops": [                              // memory-bound kernels by name and bytes moved
+//     {"op": "gelu_forward", "bytes": 1048576, "time_us": 210}],
+//
+// and, on any entry of gemm / attention / memory / ops / collectives:
+//   "p10_us", "p90_us"  the spread of the measured samples (time_us is their median;
+//                       collectives: of the time of one call), "samples" how many;
+//   "ranks_sharing"     how many ranks ran the same op at once on the measured
+//                       machine (default 1). A cpu machine whose cores are shared
+//                       by rank threads is measured at several levels;
+//                       for_ranks_sharing() picks the level a simulation needs.
+// attention entries take "backward": true for the fused backward (default
+// false: forward); links take "latency_us" (one-way small-message latency);
+// collectives take "transport": "threads" or "mpi" (default "" = unspecified,
+// e.g. NCCL), and kind "send_recv" for point-to-point bandwidth (busbw =
+// algbw = bytes / time).
+//
+// Op names of "ops" are the backend.h method names as the sim backend
+// issues them (add, copy, layernorm_forward, adamw, ...); bytes are counted
+// as the sim backend counts them (each tensor argument read or written once).
+//
 // Interpolation between measured shapes: entries of the same kind (and
 // dtype; collectives: same kind and member count) are ordered by work
 // (FLOPs, or bytes); a query's achieved throughput (FLOP/s, bytes/s) is
@@ -45,46 +71,94 @@ const char* dtype_name(DType d);
 struct Calibration {
   static constexpr int kVersion = 1;
   // Fields hold the file's units so that write -> read is exact.
+  // The spread of an entry's samples; zero when not recorded. Trailing on
+  // every entry so that the brace-initialised forms of version 1 still work.
+  struct Spread {
+    double p10_us = 0, p90_us = 0;
+    int samples = 0;
+    int ranks_sharing = 1;
+  };
   struct Gemm {
     int64_t m, n, k;
     DType dtype;
     double time_us;
+    Spread spread = {};
   };
   struct Attention {
     int64_t batch_heads, seq, head_dim;
     bool causal;
     double time_us;
+    bool backward = false;
+    Spread spread = {};
   };
   struct Memory {
     double bytes;
     double time_us;
+    Spread spread = {};
+  };
+  struct Op {
+    std::string op;
+    double bytes;
+    double time_us;
+    Spread spread = {};
   };
   struct Link {
     std::string kind;
     double GBps;
+    double latency_us = 0;  // 0: not measured
   };
   struct Collective {
     CollectiveKind kind;
     int members;
     double bytes;
     double busbw_GBps;
+    std::string transport = {};  // "threads", "mpi" or "" (unspecified)
+    Spread spread = {};
+  };
+  struct Machine {
+    std::string backend, cpu, date;
+    int cores = 0;
+    std::vector<std::pair<std::string, std::string>> libraries;  // (name, version), file order
+    std::vector<std::string> notes;
+    bool empty() const {
+      return backend.empty() && cpu.empty() && date.empty() && cores == 0 && libraries.empty() &&
+             notes.empty();
+    }
   };
 
   int version = kVersion;
   std::string device;
+  Machine machine;
   std::vector<Gemm> gemm;
   std::vector<Attention> attention;
   std::vector<Memory> memory;
+  std::vector<Op> ops;
   std::vector<Link> links;
   std::vector<Collective> collectives;
 
   // Interpolated times in seconds; nullopt when nothing of that kind was measured.
   std::optional<double> gemm_time(int64_t m, int64_t n, int64_t k, DType dtype) const;
+  // Forward entries only; attention_backward_time reads the "backward" ones.
   std::optional<double> attention_time(int64_t batch_heads, int64_t seq, int64_t head_dim,
                                        bool causal) const;
+  std::optional<double> attention_backward_time(int64_t batch_heads, int64_t seq,
+                                                int64_t head_dim, bool causal) const;
   std::optional<double> memory_time(double bytes) const;
+  // The "ops" entries of `op` (nullopt when that op was not measured).
+  std::optional<double> op_time(std::string_view op, double bytes) const;
   // Interpolated bus bandwidth (bytes/s) for `members` ranks.
   std::optional<double> collective_busbw(CollectiveKind kind, int members, double bytes) const;
+
+  // The measured sharing levels (ranks_sharing values), ascending; {1} when none recorded.
+  std::vector<int> sharing_levels() const;
+  // A copy holding, of each table, only the entries measured at the level
+  // that fits `ranks` ranks sharing one machine: the largest measured level
+  // <= ranks (the smallest level when all are larger). A table measured at
+  // one level only is kept whole, so a version-1 file is unchanged.
+  Calibration for_ranks_sharing(int ranks) const;
+  // A copy without the collectives of other transports (entries with no
+  // transport are kept).
+  Calibration for_transport(std::string_view transport) const;
 };
 
 // FLOPs the calibration counts for a shape (2mnk; attention 4·bh·s²·d, half when causal).

@@ -50,6 +50,26 @@ ClusterSpec h200() {
   return s;
 }
 
+// local-cpu: this machine running the cpu backend, ranks as threads (see cluster_spec.h).
+ClusterSpec local_cpu() {
+  ClusterSpec s;
+  s.name = "local-cpu";
+  s.gpus_per_node = 8;  // rank slots of the one machine
+  s.gpus_per_pcie_switch = 2;
+  s.nvlink_bandwidth = 8 * kGB;  // the in-process communicator: memcpy between rank threads
+  s.pcie_bandwidth = 8 * kGB;
+  s.nic_bandwidth = 8 * kGB;
+  s.nodes_per_leaf = 32;
+  s.spines = 1;
+  s.nvlink_latency = 10 * kMicrosecond;  // a condition-variable hand-off between threads
+  s.pcie_latency = 0;
+  s.nic_latency = 0;
+  s.switch_latency = 0;
+  // 2 cores x 2.6 GHz x 32 fp32 FLOP/cycle (two 8-wide FMA), no bf16 units.
+  s.device = {"local-cpu", 166e9, 166e9, 24 * kGiB, 20 * kGB};
+  return s;
+}
+
 using nlohmann::json;
 
 // Reads optional field `key` of `obj` into `out` scaled by `unit`; errors name
@@ -129,7 +149,7 @@ const std::vector<std::string> kRequiredDeviceWithoutBase = {"bf16_TFLOPS", "fp3
 }  // namespace
 
 const std::vector<std::string>& cluster_preset_names() {
-  static const std::vector<std::string> names = {"dgx-a100", "dgx-h100", "h200"};
+  static const std::vector<std::string> names = {"dgx-a100", "dgx-h100", "h200", "local-cpu"};
   return names;
 }
 
@@ -137,7 +157,9 @@ Result<ClusterSpec> cluster_preset(std::string_view name) {
   if (name == "dgx-a100") return dgx_a100();
   if (name == "dgx-h100") return dgx_h100();
   if (name == "h200") return h200();
-  return make_error("unknown cluster preset '{}'; known presets: dgx-a100, dgx-h100, h200", name);
+  if (name == "local-cpu") return local_cpu();
+  return make_error(
+      "unknown cluster preset '{}'; known presets: dgx-a100, dgx-h100, h200, local-cpu", name);
 }
 
 Status validate(const ClusterSpec& s) {

@@ -30,7 +30,18 @@
 // | dgx-h100 | 450 GB/s (NVL4, 900 bi) | 400 Gb/s NDR | 64 GB/s Gen5 | 32, 32 (QM9700 64-p)  |
 // | h200     | 450 GB/s (NVL4, 900 bi) | 400 Gb/s NDR | 64 GB/s Gen5 | 32, 32                |
 //
-// Hop latencies (all presets): NVLink 250 ns, PCIe 250 ns, NIC<->leaf 600 ns,
+// local-cpu: the machine the cpu backend runs on, ranks as threads of one
+// process. Every rank is a "GPU" slot of a node of 8 (a plan of up to 8
+// ranks is one node, no network); "NVLink" stands for the in-process
+// communicator (memcpy between rank threads, 8 GB/s, 10 µs per hand-off), and
+// PCIe and NIC get the same memcpy bandwidth, so a plan of more than 8 ranks
+// still communicates at memory speed. The device defaults describe a 2-core 2.6 GHz AVX2/AVX-512 VM
+// (166 GFLOP/s fp32 peak, the same for bf16: no bf16 units; 24 GiB; 20 GB/s)
+// and are fallbacks only: `meshtrain calibrate --backend cpu` measures the
+// kernels, the link and the collectives, and the cores that ranks share
+// (simulate picks the measured ranks_sharing level for the plan's world).
+//
+// Hop latencies (dgx-a100, dgx-h100, h200): NVLink 250 ns, PCIe 250 ns, NIC<->leaf 600 ns,
 // leaf<->spine 300 ns.
 //
 // Sources: NVIDIA A100 datasheet (2021) and "NVIDIA A100 Tensor Core GPU

@@ -50,8 +50,12 @@ Time CostModel::attention(int64_t bh, int64_t seq, int64_t d, bool causal, bool 
                           DType dtype) const {
   if (bh <= 0 || seq <= 0 || d <= 0) return 0;
   const double factor = backward ? 2.5 : 1.0;
-  if (calibration_)
+  if (calibration_) {
+    if (backward)
+      if (auto t = calibration_->attention_backward_time(bh, seq, d, causal))
+        return from_seconds(*t);
     if (auto t = calibration_->attention_time(bh, seq, d, causal)) return from_seconds(*t * factor);
+  }
   // Fused attention reads q, k, v and writes o (backward: also reads o, do and
   // writes dq, dk, dv): about 4 (backward 7) tensors of bh·s·d.
   const double tensors = backward ? 7.0 : 4.0;
@@ -61,8 +65,10 @@ Time CostModel::attention(int64_t bh, int64_t seq, int64_t d, bool causal, bool 
                   dtype);
 }
 
-Time CostModel::memory_bound(double bytes) const {
+Time CostModel::memory_bound(double bytes, std::string_view op) const {
   if (!(bytes > 0)) return 0;
+  if (calibration_ && !op.empty())
+    if (auto t = calibration_->op_time(op, bytes)) return from_seconds(*t);
   if (calibration_)
     if (auto t = calibration_->memory_time(bytes)) return from_seconds(*t);
   return roofline(0, bytes, 1.0, DType::kBf16);

@@ -15,10 +15,13 @@
 //
 // With a calibration, a measured (or interpolated, see calibration.h) time
 // replaces the roofline for GEMM, attention and memory-bound kernels; the
-// roofline stays the fallback for kinds with no measurements.
+// roofline stays the fallback for kinds with no measurements. A measured
+// attention backward is used as such; without one, backward is 2.5x the
+// measured forward.
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 
 #include "simulator/calibration.h"
 #include "simulator/cluster_spec.h"
@@ -44,7 +47,9 @@ class CostModel {
   Time attention(int64_t batch_heads, int64_t seq, int64_t head_dim, bool causal, bool backward,
                  DType dtype) const;
   // A memory-bound kernel (element-wise, norm, softmax, copy, optimizer) moving `bytes`.
-  Time memory_bound(double bytes) const;
+  // `op` (a backend op name) selects the calibration's per-op table when it
+  // measured that op; otherwise the by-bytes memory table, then the roofline.
+  Time memory_bound(double bytes, std::string_view op = {}) const;
   // The bare roofline for given work, for kernels with their own FLOP count.
   Time roofline(double flops, double bytes, double efficiency, DType dtype) const;
 

@@ -10,7 +10,8 @@ int main(int argc, char** argv) {
   CLI::App app{"meshtrain: simulation-first hybrid-parallel transformer training"};
   app.require_subcommand(1);
   std::vector<meshtrain::Command> commands = {meshtrain::add_info_command(app), meshtrain::add_train_command(app),
-                                              meshtrain::add_simulate_command(app)};
+                                              meshtrain::add_simulate_command(app),
+                                              meshtrain::add_calibrate_command(app)};
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

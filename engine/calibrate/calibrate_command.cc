@@ -1,0 +1,446 @@
+// `meshtrain calibrate`: measures this machine's kernels and communicators
+// through the backend interface and writes the simulator's calibration file
+// (simulator/calibration.h).
+//
+// What it measures, and how (the timing rules are in measure.h):
+//  * GEMM: the (m, n, k, transposes) each --workload issues under tp 1 and 2
+//    (every linear layer forward, its input and weight gradients, the tied
+//    head), plus a log-spaced cube grid.
+//  * attention forward and backward: the workloads' (batch, heads/tp, seq,
+//    head dim) plus a small grid.
+//  * memory-bound ops, each kind on its own (measured_ops()), over a
+//    log-spaced grid of sizes plus the workloads' (tokens, width) shapes;
+//    copy also fills the by-bytes "memory" table.
+//  * each of those at every --sharing level k: k rank threads, each with its
+//    own backend, run the same op at once (ranks outnumbering or matching
+//    cores time-share them and their memory bandwidth).
+//  * communication, in process (ranks as threads): every collective and
+//    send/recv for 2..--max-ranks members over a log-spaced range of sizes,
+//    and the link latency and bandwidth of send/recv.
+//  * MPI: under mpirun every process takes part and the same collectives are
+//    measured over the "mpi" communicator (transport "mpi"); rank 0 measures
+//    everything else first while the others wait, and writes the file. A
+//    plain run records in machine.notes that MPI was not measured.
+// The cuda backend would be measured by the same functions; this build has
+// no factory for it, so --backend cuda is an error saying so.
+#include <sys/utsname.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include <cblas.h>
+#include <mpi.h>
+#include <oneapi/tbb/global_control.h>
+#include <oneapi/tbb/version.h>
+#include <optional>
+
+#include "backends/cpu/comm/in_process.h"
+#include "backends/cpu/comm/mpi_communicator.h"
+#include "backends/cpu/comm/mpi_environment.h"
+#include "backends/cpu/cpu_backend.h"
+#include "core/names.h"
+#include "engine/calibrate/measure.h"
+#include "engine/calibrate/op_profile.h"
+#include "engine/cli/commands.h"
+#include "models/model_spec.h"
+#include "simulator/calibration.h"
+
+namespace meshtrain {
+namespace {
+
+using calibrate::AttentionShape;
+using calibrate::GemmShape;
+using calibrate::OpShape;
+
+struct CalibrateFlags {
+  std::string backend = "cpu";
+  std::string out;
+  bool quick = false;
+  bool no_grid = false;              // only the workloads' shapes
+  std::string statistic = "median";  // or "mean" (Timing::mean)
+  std::vector<std::string> workloads = {"tiny:8:64"};
+  std::vector<int> sharing;  // default {1, 2}
+  int max_ranks = 0;         // default max(2, cores)
+  std::string profile, calibration;  // --profile mode (op_profile.h)
+  int profile_steps = 5, profile_ranks = 1;
+  int tbb_threads = 0;  // 0: TBB's default (all cores)
+};
+
+struct Workload {
+  ModelSpec model;
+  std::int64_t batch = 0, seq = 0;
+};
+
+Result<Workload> parse_workload(const std::string& text) {
+  const auto a = text.find(':'), b = text.rfind(':');
+  if (a == std::string::npos || a == b)
+    return make_error("--workload '{}' must be MODEL:MICRO_BATCH:SEQ_LEN, e.g. tiny:8:64", text);
+  Workload w;
+  MT_ASSIGN(w.model, load_model(text.substr(0, a)));
+  try {
+    w.batch = std::stoll(text.substr(a + 1, b - a - 1));
+    w.seq = std::stoll(text.substr(b + 1));
+  } catch (...) {
+    return make_error("--workload '{}': micro-batch and sequence length must be integers", text);
+  }
+  if (w.batch < 1 || w.seq < 1 || w.seq > w.model.seq_len)
+    return make_error("--workload '{}': need micro-batch >= 1 and 1 <= seq <= {} (the model's)",
+                      text, w.model.seq_len);
+  return w;
+}
+
+// Shapes each workload issues under tensor parallelism 1 and 2 (models/gpt.cc).
+void workload_shapes(const Workload& w, std::set<GemmShape>& gemm,
+                     std::set<AttentionShape>& attention, std::set<OpShape>& ops) {
+  const ModelSpec& m = w.model;
+  const std::int64_t n = w.batch * w.seq, c = m.hidden;
+  for (int tp : {1, 2}) {
+    if (m.heads % tp != 0 || m.ffn % tp != 0 || m.vocab % tp != 0) continue;
+    const std::int64_t f = m.ffn / tp, v = m.vocab / tp, qkv = (m.heads + 2 * m.kv_heads) / tp *
+                                                               m.head_dim();
+    const std::int64_t linears[][2] = {{c, qkv}, {c / tp, c}, {c, f}, {f, c}};  // (in, out)
+    for (const auto& l : linears) {
+      gemm.insert({n, l[1], l[0], false, false});  // y = x w
+      gemm.insert({n, l[0], l[1], false, true});   // dx = dy wᵀ
+      gemm.insert({l[0], l[1], n, true, false});   // dw += xᵀ dy
+    }
+    gemm.insert({n, v, c, false, true});  // logits = nf · tokensᵀ (tied)
+    gemm.insert({n, c, v, false, false}); // dnf = dlogits · tokens
+    gemm.insert({v, c, n, true, false});  // dtokens += dlogitsᵀ nf
+    attention.insert({w.batch, m.heads / tp, w.seq, m.head_dim()});
+    for (const std::string& op : calibrate::measured_ops()) {
+      if (op == "cross_entropy_max" || op == "cross_entropy_partials" ||
+          op == "cross_entropy_backward" || op == "cross_entropy_loss") {
+        ops.insert({op, n, v});
+      } else if (op == "gelu_forward" || op == "gelu_backward") {
+        ops.insert({op, n, f});
+      } else if (op != "clip_coefficient" && op != "adamw") {
+        ops.insert({op, n, c});
+      }
+    }
+  }
+}
+
+// The log-spaced grids every calibration has.
+void grid_shapes(bool quick, std::set<GemmShape>& gemm, std::set<AttentionShape>& attention,
+                 std::set<OpShape>& ops) {
+  const std::vector<std::int64_t> cube =
+      quick ? std::vector<std::int64_t>{32, 128, 512} : std::vector<std::int64_t>{16, 32, 64, 128, 256, 512, 1024};
+  for (std::int64_t s : cube) gemm.insert({s, s, s});
+  for (std::int64_t seq : quick ? std::vector<std::int64_t>{64, 256} : std::vector<std::int64_t>{32, 64, 128, 256, 512})
+    attention.insert({1, 8, seq, 64});
+  const int step = quick ? 4 : 2;  // powers of two of element counts
+  for (const std::string& op : calibrate::measured_ops()) {
+    if (op == "clip_coefficient") {
+      ops.insert({op, 1, 1});
+      continue;
+    }
+    if (op == "cross_entropy_loss") {  // per-row statistics only
+      for (int e = 6; e <= 16; e += step) ops.insert({op, std::int64_t{1} << e, 1});
+      continue;
+    }
+    for (int e = 10; e <= (quick ? 20 : 22); e += step) {
+      const std::int64_t elems = std::int64_t{1} << e, cols = std::min<std::int64_t>(elems, 256);
+      ops.insert({op, elems / cols, cols});
+    }
+  }
+}
+
+std::string first_line_field(const char* path, const char* key) {
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(key, 0) == 0) {
+      auto p = line.find(':');
+      if (p == std::string::npos) continue;
+      auto v = line.substr(p + 1);
+      v.erase(0, v.find_first_not_of(" \t"));
+      return v;
+    }
+  return "";
+}
+
+sim::Calibration::Machine describe_machine(const std::string& backend) {
+  sim::Calibration::Machine m;
+  m.backend = backend;
+  m.cpu = first_line_field("/proc/cpuinfo", "model name");
+  if (m.cpu.empty()) m.cpu = "unknown (no /proc/cpuinfo)";
+  m.cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  std::string blas = openblas_get_config();  // "OpenBLAS 0.3.21 DYNAMIC_ARCH ..."
+  std::istringstream words(blas);
+  std::string name, version;
+  words >> name >> version;
+  m.libraries.emplace_back("OpenBLAS", version.empty() ? blas : version);
+  m.libraries.emplace_back("oneTBB", TBB_VERSION_STRING);
+  m.libraries.emplace_back("Open MPI", fmt::format("{}.{}.{}", OMPI_MAJOR_VERSION,
+                                                   OMPI_MINOR_VERSION, OMPI_RELEASE_VERSION));
+  const std::time_t now = std::time(nullptr);
+  char date[32];
+  std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  m.date = date;
+  return m;
+}
+
+// One progress line, rewritten in place on a terminal.
+class ProgressLine {
+ public:
+  void show(const std::string& what, std::size_t done, std::size_t total) {
+    const double s = std::chrono::duration<double>(Clock::now() - start_).count();
+    std::fprintf(stderr, "\rcalibrate [%6.1f s] %-40s %zu/%zu   ", s, what.c_str(), done, total);
+    if (done == total) std::fprintf(stderr, "\n");
+    std::fflush(stderr);
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point start_ = Clock::now();
+};
+
+// A reusable barrier for the rank threads of one sharing level.
+class ThreadBarrier {
+ public:
+  explicit ThreadBarrier(int n) : n_(n) {}
+  void arrive_and_wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    const std::uint64_t gen = generation_;
+    if (++waiting_ == n_) {
+      waiting_ = 0;
+      ++generation_;
+      cv_.notify_all();
+      return;
+    }
+    cv_.wait(lock, [&] { return generation_ != gen; });
+  }
+
+ private:
+  const int n_;
+  std::mutex mu_;  // guards waiting_ and generation_
+  std::condition_variable cv_;
+  int waiting_ = 0;
+  std::uint64_t generation_ = 0;
+};
+
+// Runs the compute measurements at `sharing` ranks at once; rank 0's results go into `cal`.
+Status measure_compute(int sharing, const std::vector<GemmShape>& gemm,
+                       const std::vector<AttentionShape>& attention,
+                       const std::vector<OpShape>& ops, const calibrate::Timing& timing,
+                       sim::Calibration& cal, ProgressLine& progress) {
+  ThreadBarrier barrier(sharing);
+  std::vector<Status> status(static_cast<std::size_t>(sharing));
+  auto body = [&](int rank) {
+    CpuBackend b;
+    calibrate::Sync sync = sharing > 1 ? calibrate::Sync([&] { barrier.arrive_and_wait(); })
+                                       : calibrate::Sync{};
+    auto show = [&](const char* what, std::size_t total) {
+      return [&progress, rank, what, total, sharing](std::size_t done) {
+        if (rank == 0) progress.show(fmt::format("{} (ranks sharing: {})", what, sharing), done, total);
+      };
+    };
+    auto g = calibrate::measure_gemm(b, gemm, timing, sync, sharing, show("gemm", gemm.size()));
+    if (!g) return void(status[static_cast<std::size_t>(rank)] = std::move(g).error());
+    auto a = calibrate::measure_attention(b, attention, timing, sync, sharing,
+                                          show("attention", attention.size()));
+    if (!a) return void(status[static_cast<std::size_t>(rank)] = std::move(a).error());
+    auto o = calibrate::measure_ops(b, ops, timing, sync, sharing, show("memory-bound ops", ops.size()));
+    if (!o) return void(status[static_cast<std::size_t>(rank)] = std::move(o).error());
+    if (rank != 0) return;
+    cal.gemm.insert(cal.gemm.end(), g->begin(), g->end());
+    cal.attention.insert(cal.attention.end(), a->begin(), a->end());
+    for (const auto& e : *o) {
+      cal.ops.push_back(e);
+      if (e.op == "copy") cal.memory.push_back({e.bytes, e.time_us, e.spread});
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int r = 1; r < sharing; ++r) threads.emplace_back(body, r);
+  body(0);
+  for (auto& t : threads) t.join();
+  for (auto& s : status) MT_TRY(s);
+  return ok_status();
+}
+
+std::vector<double> comm_sizes(bool quick) {
+  std::vector<double> s;
+  for (int e = 12; e <= (quick ? 20 : 24); e += quick ? 4 : 2) s.push_back(std::ldexp(1.0, e));
+  return s;
+}
+
+Group world_group(int n) {
+  Group g;
+  g.id = 1 << 30;  // apart from any mesh group id
+  for (int r = 0; r < n; ++r) g.ranks.push_back(r);
+  return g;
+}
+
+// Collectives and the link among `members` rank threads; rank 0's results go into `cal`.
+Status measure_threads(int members, bool quick, const calibrate::Timing& timing,
+                       sim::Calibration& cal, ProgressLine& progress) {
+  const std::vector<double> sizes = comm_sizes(quick);
+  const std::size_t total = sizes.size() * (members == 2 ? 6 : 5);
+  return run_ranks(members, [&](int rank, Communicator& comm) -> Status {
+    CpuBackend b(comm);
+    const Group g = world_group(members);
+    auto show = [&](std::size_t done) {
+      if (rank == 0) progress.show(fmt::format("collectives, {} threads", members), done, total);
+    };
+    MT_ASSIGN(auto entries, calibrate::measure_collectives(b, g, sizes, timing, "threads", show));
+    if (members == 2) {
+      MT_ASSIGN(auto link, calibrate::measure_link(b, g, sizes.back(), timing));
+      if (rank == 0) cal.links.push_back(link);
+    }
+    if (rank == 0) cal.collectives.insert(cal.collectives.end(), entries.begin(), entries.end());
+    return b.synchronize();
+  });
+}
+
+template <class T>
+std::vector<T> sorted(const std::set<T>& s) {
+  return {s.begin(), s.end()};
+}
+
+Status run_calibrate(const CalibrateFlags& f) {
+  std::optional<tbb::global_control> tbb_limit;
+  if (f.tbb_threads > 0)
+    tbb_limit.emplace(tbb::global_control::max_allowed_parallelism,
+                      static_cast<std::size_t>(f.tbb_threads));
+  if (!f.profile.empty()) {
+    if (f.calibration.empty())
+      return make_error("--profile needs --calibration FILE (from `meshtrain calibrate --out`)");
+    return calibrate::print_op_profile(f.profile, f.calibration, f.profile_steps,
+                                       f.profile_ranks);
+  }
+  if (f.backend == "cuda")
+    return make_error(
+        "--backend cuda is not available in this build: the cuda backend has no factory "
+        "(make_cuda_backend) yet. The measurement code is backend-neutral "
+        "(engine/calibrate/measure.h); wire the factory into calibrate_command.cc when it lands");
+  if (f.backend != "cpu")
+    return Error(unknown_name_message("calibration backend", f.backend, {"cpu", "cuda"}));
+  if (f.out.empty()) return make_error("--out FILE is required (where the calibration is written)");
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int max_ranks = f.max_ranks > 0 ? f.max_ranks : std::max(2, cores);
+  if (max_ranks < 2 || max_ranks > 64)
+    return make_error("--max-ranks {} must be in [2, 64]", max_ranks);
+  std::vector<int> sharing = f.sharing.empty() ? std::vector<int>{1, 2} : f.sharing;
+  for (int s : sharing)
+    if (s < 1 || s > 64) return make_error("--sharing {} must be in [1, 64]", s);
+  std::sort(sharing.begin(), sharing.end());
+  sharing.erase(std::unique(sharing.begin(), sharing.end()), sharing.end());
+
+  std::set<GemmShape> gemm;
+  std::set<AttentionShape> attention;
+  std::set<OpShape> ops;
+  for (const std::string& w : f.workloads) {
+    MT_ASSIGN(Workload wl, parse_workload(w));
+    workload_shapes(wl, gemm, attention, ops);
+  }
+  if (!f.no_grid) grid_shapes(f.quick, gemm, attention, ops);
+  if (gemm.empty() && attention.empty() && ops.empty())
+    return make_error("--no-grid needs at least one --workload");
+  calibrate::Timing timing;
+  if (f.quick) timing = {5, 1e-3};
+  if (f.statistic != "median" && f.statistic != "mean")
+    return Error(unknown_name_message("--statistic", f.statistic, {"median", "mean"}));
+  timing.mean = f.statistic == "mean";
+  // A mean stands for the load only when each sample spans several
+  // scheduler slices (a few ms each): a sample of >= 20 ms does.
+  if (timing.mean) timing = {f.quick ? 3 : 5, 20e-3, true};
+
+  MT_ASSIGN(auto launch, detect_launch());
+  std::unique_ptr<MpiEnvironment> env;
+  if (launch) {
+    MT_ASSIGN(env, MpiEnvironment::init(nullptr, nullptr));
+  }
+  const bool leader = !env || env->rank() == 0;
+
+  sim::Calibration cal;
+  cal.machine = describe_machine(f.backend);
+  cal.device = fmt::format("{} ({} cores, cpu backend)", cal.machine.cpu, cal.machine.cores);
+  ProgressLine progress;
+  if (leader) {
+    for (int s : sharing)
+      MT_TRY(measure_compute(s, sorted(gemm), sorted(attention), sorted(ops), timing, cal, progress)
+                 .context(fmt::format("measuring kernels with {} ranks sharing", s)));
+    for (int n = 2; n <= max_ranks; ++n)
+      MT_TRY(measure_threads(n, f.quick, timing, cal, progress)
+                 .context(fmt::format("measuring collectives among {} threads", n)));
+  }
+  if (env) {
+    // Peers wait here while rank 0 measures the rest: a long timeout.
+    MT_ASSIGN(auto comm, MpiCommunicator::create(CommOptions{std::chrono::hours(2)}));
+    CpuBackend b(*comm);
+    const std::vector<double> sizes = comm_sizes(f.quick);
+    auto show = [&](std::size_t done) {
+      if (leader) progress.show(fmt::format("collectives, {} MPI ranks", env->world_size()), done,
+                                sizes.size() * (env->world_size() == 2 ? 6 : 5));
+    };
+    if (env->world_size() >= 2) {
+      auto entries = calibrate::measure_collectives(b, world_group(env->world_size()), sizes,
+                                                    timing, "mpi", show);
+      if (!entries) abort_job(entries.error());
+      cal.collectives.insert(cal.collectives.end(), entries->begin(), entries->end());
+    } else {
+      cal.machine.notes.push_back("mpi: not measured (mpirun started a single process)");
+    }
+  } else {
+    cal.machine.notes.push_back(
+        "mpi: not measured (not launched by mpirun; run `mpirun -np N meshtrain calibrate ...` "
+        "to add transport \"mpi\" collectives)");
+  }
+  cal.machine.notes.push_back(fmt::format(
+      "kernels measured with {} rank thread(s) running at once (ranks_sharing); "
+      "collectives among 2..{} threads; time_us is the {} of the samples",
+      fmt::join(sharing, ", "), max_ranks, f.statistic));
+  if (!leader) return ok_status();
+  MT_TRY(sim::save_calibration(cal, f.out));
+  std::fprintf(stderr, "calibrate: wrote %s (%zu gemm, %zu attention, %zu ops, %zu collectives)\n",
+               f.out.c_str(), cal.gemm.size(), cal.attention.size(), cal.ops.size(),
+               cal.collectives.size());
+  return ok_status();
+}
+
+}  // namespace
+
+Command add_calibrate_command(CLI::App& app) {
+  auto f = std::make_shared<CalibrateFlags>();
+  CLI::App* sub = app.add_subcommand(
+      "calibrate", "measure this machine's kernels and communicators into a simulator calibration file");
+  sub->add_option("--backend", f->backend, "cpu (cuda: when the build has a cuda backend factory)")
+      ->capture_default_str();
+  sub->add_option("--out", f->out, "calibration JSON to write (required unless --profile)");
+  sub->add_flag("--quick", f->quick, "fewer shapes and samples (seconds, for tests)");
+  sub->add_flag("--no-grid", f->no_grid, "measure only the --workload shapes (no log-spaced grids)");
+  sub->add_option("--statistic", f->statistic,
+                  "time_us of an entry: median of the samples (idle-machine speed) or mean "
+                  "(under the current load, for a shared machine)")
+      ->capture_default_str();
+  sub->add_option("--workload", f->workloads,
+                  "MODEL:MICRO_BATCH:SEQ_LEN whose exact shapes are measured (repeatable)")
+      ->capture_default_str();
+  sub->add_option("--sharing", f->sharing,
+                  "rank threads running the kernels at once, one level per value (default 1 2)");
+  sub->add_option("--tbb-threads", f->tbb_threads,
+                  "limit the threads of TBB-parallel kernels (tbb::global_control; 0: all cores)");
+  sub->add_option("--max-ranks", f->max_ranks, "largest in-process group measured (default max(2, cores))");
+  sub->add_option("--profile", f->profile,
+                  "instead: compare a real single-rank step of MODEL:B:T with its simulation, op by op");
+  sub->add_option("--calibration", f->calibration, "with --profile: the calibration to simulate with");
+  sub->add_option("--profile-steps", f->profile_steps, "with --profile: steps averaged")
+      ->capture_default_str();
+  sub->add_option("--profile-ranks", f->profile_ranks,
+                  "with --profile: independent ranks running at once (threads)")
+      ->capture_default_str();
+  return {sub, [f] { return run_calibrate(*f); }};
+}
+
+}  // namespace meshtrain

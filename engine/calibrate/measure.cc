@@ -1,0 +1,379 @@
+#include "engine/calibrate/measure.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <tuple>
+
+#include <fmt/format.h>
+
+namespace meshtrain::calibrate {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// Median (or mean) and 10th/90th percentiles (nearest rank) of per-call seconds, in µs.
+sim::Calibration::Spread spread_of(std::vector<double> s, int sharing, double& median_us,
+                                   bool mean = false) {
+  std::sort(s.begin(), s.end());
+  auto at = [&](double q) {
+    const auto i = static_cast<std::size_t>(std::lround(q * static_cast<double>(s.size() - 1)));
+    return s[i] * 1e6;
+  };
+  median_us = at(0.5);
+  if (mean) {
+    double sum = 0;
+    for (double x : s) sum += x;
+    median_us = sum / static_cast<double>(s.size()) * 1e6;
+  }
+  return {at(0.1), at(0.9), static_cast<int>(s.size()), sharing};
+}
+
+// Calls needed for one sample of at least t.min_sample_s, from a pilot.
+Result<int> pilot_iters(Backend& b, const std::function<void()>& op, const Timing& t) {
+  op();  // warm-up: first touch of the buffers, lazy library init
+  MT_TRY(b.synchronize());
+  int iters = 1;
+  for (;;) {
+    const auto t0 = Clock::now();
+    for (int i = 0; i < iters; ++i) op();
+    MT_TRY(b.synchronize());
+    const double s = since(t0);
+    if (s >= t.min_sample_s || iters >= (1 << 20)) return iters;
+    iters = s <= 0 ? iters * 8
+                   : std::min(iters * 8, std::max(iters + 1, static_cast<int>(
+                                                                 iters * t.min_sample_s / s * 1.2)));
+  }
+}
+
+// Per-call seconds of `samples` samples of `iters` calls, each after sync().
+Result<std::vector<double>> samples_of(Backend& b, const std::function<void()>& op, int iters,
+                                       const Timing& t, const Sync& sync) {
+  std::vector<double> out;
+  for (int s = 0; s < t.samples; ++s) {
+    if (sync) sync();
+    const auto t0 = Clock::now();
+    for (int i = 0; i < iters; ++i) op();
+    MT_TRY(b.synchronize());
+    out.push_back(since(t0) / iters);
+  }
+  return out;
+}
+
+Result<std::pair<double, sim::Calibration::Spread>> time_op(Backend& b,
+                                                           const std::function<void()>& op,
+                                                           const Timing& t, const Sync& sync,
+                                                           int sharing) {
+  MT_ASSIGN(int iters, pilot_iters(b, op, t));
+  MT_ASSIGN(std::vector<double> s, samples_of(b, op, iters, t, sync));
+  double median = 0;
+  auto spread = spread_of(std::move(s), sharing, median, t.mean);
+  return std::make_pair(median, spread);
+}
+
+Tensor filled(Backend& b, Shape s, float v) {
+  Tensor x = b.empty(s);
+  b.fill(x, v);
+  return x;
+}
+
+Tensor ids(Backend& b, std::int64_t n, std::int64_t vocab) {
+  Tensor x = b.empty(Shape{n}, DType::i32);
+  std::vector<std::int32_t> host(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i)
+    host[static_cast<std::size_t>(i)] = static_cast<std::int32_t>((i * 7919) % vocab);
+  b.write(x, host);
+  return x;
+}
+
+double bytes_of(std::initializer_list<const Tensor*> ts) {
+  double s = 0;
+  for (const Tensor* t : ts)
+    if (t->defined()) s += static_cast<double>(t->bytes());
+  return s;
+}
+
+}  // namespace
+
+bool GemmShape::operator<(const GemmShape& o) const {
+  return std::tie(m, n, k, trans_a, trans_b) < std::tie(o.m, o.n, o.k, o.trans_a, o.trans_b);
+}
+bool AttentionShape::operator<(const AttentionShape& o) const {
+  return std::tie(batch, heads, seq, head_dim) < std::tie(o.batch, o.heads, o.seq, o.head_dim);
+}
+bool OpShape::operator<(const OpShape& o) const {
+  return std::tie(op, rows, cols) < std::tie(o.op, o.rows, o.cols);
+}
+
+const std::vector<std::string>& measured_ops() {
+  static const std::vector<std::string> ops = {
+      "fill",  "copy",  "add",   "scale", "axpy", "sum", "sum_squares", "bias_backward",
+      "embedding_forward", "embedding_backward", "layernorm_forward", "layernorm_backward",
+      "gelu_forward", "gelu_backward", "cross_entropy_max", "cross_entropy_partials",
+      "cross_entropy_loss", "cross_entropy_backward", "clip_coefficient", "adamw"};
+  return ops;
+}
+
+Result<std::vector<sim::Calibration::Gemm>> measure_gemm(Backend& b,
+                                                         const std::vector<GemmShape>& shapes,
+                                                         const Timing& t, const Sync& sync,
+                                                         int sharing, const Progress& progress) {
+  std::vector<sim::Calibration::Gemm> out;
+  for (std::size_t i = 0; i < shapes.size(); ++i) {
+    const GemmShape& g = shapes[i];
+    Tensor a = filled(b, g.trans_a ? Shape{g.k, g.m} : Shape{g.m, g.k}, 0.01f);
+    Tensor w = filled(b, g.trans_b ? Shape{g.n, g.k} : Shape{g.k, g.n}, 0.01f);
+    Tensor c = filled(b, Shape{g.m, g.n}, 0.f);
+    GemmOp op{g.trans_a, g.trans_b, 1.f, 0.f, Tensor{}};
+    MT_ASSIGN(auto r, time_op(b, [&] { b.gemm(a, w, c, op); }, t, sync, sharing));
+    out.push_back({g.m, g.n, g.k, sim::DType::kFp32, r.first, r.second});
+    if (progress) progress(i + 1);
+  }
+  return out;
+}
+
+Result<std::vector<sim::Calibration::Attention>> measure_attention(
+    Backend& b, const std::vector<AttentionShape>& shapes, const Timing& t, const Sync& sync,
+    int sharing, const Progress& progress) {
+  std::vector<sim::Calibration::Attention> out;
+  for (std::size_t i = 0; i < shapes.size(); ++i) {
+    const AttentionShape& s = shapes[i];
+    const std::int64_t h = s.heads, d = s.head_dim;
+    Tensor qkv = filled(b, Shape{s.batch, s.seq, 3 * h, d}, 0.01f);
+    Tensor o = filled(b, Shape{s.batch, s.seq, h, d}, 0.f);
+    Tensor lse = filled(b, Shape{s.batch, h, s.seq}, 0.f);
+    Tensor dout = filled(b, Shape{s.batch, s.seq, h, d}, 0.01f);
+    Tensor dqkv = filled(b, Shape{s.batch, s.seq, 3 * h, d}, 0.f);
+    AttentionOp op{static_cast<int>(h), static_cast<int>(h), static_cast<int>(d),
+                   1.f / std::sqrt(static_cast<float>(d))};
+    MT_ASSIGN(auto f, time_op(b, [&] { b.attention_forward(qkv, o, lse, op); }, t, sync, sharing));
+    MT_ASSIGN(auto bw, time_op(
+                           b, [&] { b.attention_backward(dout, qkv, o, lse, dqkv, op); }, t, sync,
+                           sharing));
+    const std::int64_t bh = s.batch * h;
+    out.push_back({bh, s.seq, d, true, f.first, false, f.second});
+    out.push_back({bh, s.seq, d, true, bw.first, true, bw.second});
+    if (progress) progress(i + 1);
+  }
+  return out;
+}
+
+Result<std::vector<sim::Calibration::Op>> measure_ops(Backend& b, const std::vector<OpShape>& shapes,
+                                                      const Timing& t, const Sync& sync,
+                                                      int sharing, const Progress& progress) {
+  std::vector<sim::Calibration::Op> out;
+  for (std::size_t i = 0; i < shapes.size(); ++i) {
+    const OpShape& s = shapes[i];
+    const std::int64_t n = s.rows, c = s.cols;
+    // Byte counts follow backends/sim/sim_backend.cc op by op (each tensor
+    // argument the sim backend lists, once), so a lookup by the bytes the
+    // simulation counts finds these entries.
+    std::function<void()> op;
+    double bytes = 0;
+    Tensor x = filled(b, Shape{n, c}, 0.5f), y = filled(b, Shape{n, c}, 0.25f);
+    Tensor z = filled(b, Shape{n, c}, 0.f);
+    Tensor row = filled(b, Shape{c}, 1.f), one = filled(b, Shape{1}, 0.f);
+    Tensor stat1 = filled(b, Shape{n}, 0.f), stat2 = filled(b, Shape{n}, 1.f);
+    Tensor stat3 = filled(b, Shape{n}, 0.f), stat4 = filled(b, Shape{n}, 0.f);
+    Tensor tok = ids(b, n, c);
+    if (s.op == "fill") {
+      op = [&] { b.fill(z, 1.f); }, bytes = bytes_of({&z});
+    } else if (s.op == "copy") {
+      op = [&] { b.copy(x, z); }, bytes = bytes_of({&x, &z});
+    } else if (s.op == "add") {
+      op = [&] { b.add(x, y, z); }, bytes = bytes_of({&x, &y, &z});
+    } else if (s.op == "scale") {
+      op = [&] { b.scale(z, 0.999f); }, bytes = bytes_of({&z, &z});
+    } else if (s.op == "axpy") {
+      op = [&] { b.axpy(0.5f, x, z); }, bytes = bytes_of({&x, &z, &z});
+    } else if (s.op == "sum") {
+      op = [&] { b.sum(x, one, 1.f, false); }, bytes = bytes_of({&x, &one});
+    } else if (s.op == "sum_squares") {
+      op = [&] { b.sum_squares(x, one, false); }, bytes = bytes_of({&x, &one});
+    } else if (s.op == "bias_backward") {
+      op = [&] { b.bias_backward(x, row); }, bytes = bytes_of({&x, &row});
+    } else if (s.op == "embedding_forward") {
+      // The table has `cols` rows of width cols: a (V, C) table with V = C.
+      Tensor table = filled(b, Shape{c, c}, 0.1f), e = filled(b, Shape{n, c}, 0.f);
+      op = [&b, table, tok, e]() mutable { b.embedding_forward(table, tok, e, 0); };
+      bytes = bytes_of({&tok, &e, &e});
+    } else if (s.op == "embedding_backward") {
+      Tensor dtable = filled(b, Shape{c, c}, 0.f);
+      op = [&b, x, tok, dtable]() mutable { b.embedding_backward(x, tok, dtable, 0); };
+      bytes = bytes_of({&x, &tok, &x});
+    } else if (s.op == "layernorm_forward") {
+      op = [&] { b.layernorm_forward(x, row, row, z, stat1, stat2, 1e-5f); };
+      bytes = bytes_of({&x, &row, &row, &z, &stat1, &stat2});
+    } else if (s.op == "layernorm_backward") {
+      Tensor dw = filled(b, Shape{c}, 0.f), db = filled(b, Shape{c}, 0.f);
+      op = [&b, y, x, row, stat1, stat2, z, dw, db]() mutable {
+        b.layernorm_backward(y, x, row, stat1, stat2, z, dw, db);
+      };
+      bytes = bytes_of({&y, &x, &row, &stat1, &stat2, &z, &dw, &db});
+    } else if (s.op == "gelu_forward") {
+      op = [&] { b.gelu_forward(x, z); }, bytes = bytes_of({&x, &z});
+    } else if (s.op == "gelu_backward") {
+      op = [&] { b.gelu_backward(y, x, z); }, bytes = bytes_of({&y, &x, &z});
+    } else if (s.op == "cross_entropy_max") {
+      op = [&] { b.cross_entropy_max(x, stat1); }, bytes = bytes_of({&x, &stat1});
+    } else if (s.op == "cross_entropy_partials") {
+      op = [&] { b.cross_entropy_partials(x, tok, stat1, 0, stat2, stat3); };
+      bytes = bytes_of({&x, &tok, &stat1, &stat2, &stat3});
+    } else if (s.op == "cross_entropy_loss") {
+      op = [&] { b.cross_entropy_loss(stat1, stat2, stat3, stat4); };
+      bytes = bytes_of({&stat1, &stat2, &stat3, &stat4});
+    } else if (s.op == "cross_entropy_backward") {
+      op = [&] { b.cross_entropy_backward(x, tok, stat1, stat2, 0, 1e-3f, z); };
+      bytes = bytes_of({&x, &tok, &stat1, &stat2, &z});
+    } else if (s.op == "clip_coefficient") {
+      Tensor sumsq = filled(b, Shape{1}, 4.f);
+      op = [&b, sumsq, one]() mutable { b.clip_coefficient(sumsq, 1.f, one); };
+      bytes = bytes_of({&sumsq, &one});
+    } else if (s.op == "adamw") {
+      Tensor m = filled(b, Shape{n, c}, 0.f), v = filled(b, Shape{n, c}, 0.f);
+      AdamWOp a;
+      a.lr = 1e-6f;
+      op = [&b, z, y, m, v, a]() mutable { b.adamw(z, y, m, v, Tensor{}, a); };
+      Tensor none;
+      bytes = bytes_of({&z, &y, &m, &v, &z, &m, &v, &none});
+    } else {
+      return make_error("calibrate: no measurement for op '{}'", s.op);
+    }
+    MT_ASSIGN(auto r, time_op(b, op, t, sync, sharing));
+    out.push_back({s.op, bytes, r.first, r.second});
+    if (progress) progress(i + 1);
+  }
+  return out;
+}
+
+Result<std::vector<sim::Calibration::Collective>> measure_collectives(
+    Backend& b, const Group& g, const std::vector<double>& sizes, const Timing& t,
+    const std::string& transport, const Progress& progress) {
+  using sim::CollectiveKind;
+  const int n = g.size();
+  const int me = g.index_of(b.rank());
+  if (me < 0) return make_error("calibrate: rank {} is not in the measured group", b.rank());
+  const CollectiveKind kinds[] = {CollectiveKind::kAllReduce, CollectiveKind::kReduceScatter,
+                                  CollectiveKind::kAllGather, CollectiveKind::kBroadcast,
+                                  CollectiveKind::kAllToAll, CollectiveKind::kSendRecv};
+  std::vector<sim::Calibration::Collective> out;
+  Tensor agree = b.empty(Shape{1});
+  std::size_t done = 0;
+  for (CollectiveKind kind : kinds) {
+    for (double bytes : sizes) {
+      // Elements of the nccl-tests size, a multiple of the group size.
+      std::int64_t elems = std::max<std::int64_t>(n, static_cast<std::int64_t>(bytes / 4));
+      elems -= elems % n;
+      const std::int64_t block = elems / n;
+      Tensor big = filled(b, Shape{elems}, 1.f), small = filled(b, Shape{block}, 1.f);
+      Tensor exchanged = kind == CollectiveKind::kAllToAll ? filled(b, Shape{elems}, 0.f) : Tensor{};
+      std::vector<std::int64_t> counts(static_cast<std::size_t>(n), block);
+      const bool pair_member = me < 2;
+      int tag = 0;
+      std::function<void()> op;
+      switch (kind) {
+        case CollectiveKind::kAllReduce: op = [&] { b.all_reduce(big, g, ReduceOp::sum); }; break;
+        case CollectiveKind::kReduceScatter:
+          op = [&] { b.reduce_scatter(big, small, g, ReduceOp::sum); };
+          break;
+        case CollectiveKind::kAllGather: op = [&] { b.all_gather(small, big, g); }; break;
+        case CollectiveKind::kBroadcast: op = [&] { b.broadcast(big, g, g.ranks[0]); }; break;
+        case CollectiveKind::kAllToAll:
+          op = [&] { b.all_to_all(big, counts, exchanged, counts, g); };
+          break;
+        case CollectiveKind::kSendRecv:
+          // A round trip (0 sends, 1 receives and sends back) is two messages.
+          op = [&] {
+            if (!pair_member) return;
+            ++tag;
+            if (me == 0) {
+              b.send(big, g.ranks[1], tag);
+              b.recv(big, g.ranks[1], tag);
+            } else {
+              b.recv(big, g.ranks[0], tag);
+              b.send(big, g.ranks[0], tag);
+            }
+          };
+          break;
+      }
+      // Every member must run the same number of calls: a fixed pilot of 4
+      // calls after one warm-up, and the slowest member's time decides.
+      op();
+      const auto p0 = Clock::now();
+      for (int i = 0; i < 4; ++i) op();
+      MT_TRY(b.synchronize());
+      b.fill(agree, static_cast<float>(since(p0) / 4));
+      b.all_reduce(agree, g, ReduceOp::max);
+      std::vector<float> host(1);
+      MT_TRY(b.read(agree, host));
+      const int iters = static_cast<int>(
+          std::clamp(std::ceil(t.min_sample_s / std::max(1e-9, static_cast<double>(host[0]))), 1.0,
+                     1e5));
+      std::vector<double> samples;
+      for (int s = 0; s < t.samples; ++s) {
+        b.barrier(g);
+        const auto t0 = Clock::now();
+        for (int i = 0; i < iters; ++i) op();
+        MT_TRY(b.synchronize());
+        samples.push_back(since(t0) / iters);
+      }
+      if (kind == CollectiveKind::kSendRecv)
+        for (double& s : samples) s /= 2;  // one message of the round trip
+      double median_us = 0;
+      auto spread = spread_of(samples, 1, median_us, t.mean);
+      const double real_bytes = static_cast<double>(elems) * 4;
+      const int members = kind == CollectiveKind::kSendRecv ? 2 : n;
+      const double busbw =
+          real_bytes * sim::busbw_factor(kind, members) / (median_us * 1e-6) / 1e9;
+      out.push_back({kind, members, real_bytes, busbw, transport, spread});
+      if (progress) progress(++done);
+    }
+    if (kind == CollectiveKind::kSendRecv && n > 2) break;
+  }
+  return out;
+}
+
+Result<sim::Calibration::Link> measure_link(Backend& b, const Group& g, double bytes,
+                                            const Timing& t) {
+  const int me = g.index_of(b.rank());
+  if (me < 0 || g.size() < 2) return make_error("calibrate: a link needs two members");
+  auto one_way = [&](std::int64_t elems) -> Result<double> {
+    Tensor x = filled(b, Shape{elems}, 1.f);
+    int tag = 1 << 20;
+    auto op = [&] {
+      if (me > 1) return;
+      ++tag;
+      if (me == 0) {
+        b.send(x, g.ranks[1], tag);
+        b.recv(x, g.ranks[1], tag);
+      } else {
+        b.recv(x, g.ranks[0], tag);
+        b.send(x, g.ranks[0], tag);
+      }
+    };
+    const int iters = 64;
+    op();
+    std::vector<double> samples;
+    for (int s = 0; s < t.samples; ++s) {
+      b.barrier(g);
+      const auto t0 = Clock::now();
+      for (int i = 0; i < iters; ++i) op();
+      MT_TRY(b.synchronize());
+      samples.push_back(since(t0) / iters / 2);
+    }
+    double median_us = 0;
+    spread_of(samples, 1, median_us);
+    return median_us;
+  };
+  MT_ASSIGN(double latency_us, one_way(1));
+  const auto elems = static_cast<std::int64_t>(bytes / 4);
+  MT_ASSIGN(double big_us, one_way(elems));
+  const double gbps = static_cast<double>(elems) * 4 / std::max(1e-3, big_us - latency_us) / 1e3;
+  return sim::Calibration::Link{"nvlink", gbps, latency_us};
+}
+
+}  // namespace meshtrain::calibrate

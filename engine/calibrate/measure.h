@@ -1,0 +1,97 @@
+// What `meshtrain calibrate` measures, written against backends/backend.h
+// only: the same functions time the cpu backend and, given one, the cuda
+// backend. The driver (calibrate_command.cc) picks the backend, the shapes
+// and how many ranks run at once; this file only times ops and turns the
+// timings into calibration entries (simulator/calibration.h).
+//
+// Timing rule: a sample is `iters` back-to-back calls of one op followed by
+// Backend::synchronize(), divided by iters; iters is chosen by a pilot run so
+// that a sample lasts at least Timing::min_sample_s (so clock resolution and
+// the synchronize are noise). An entry records the median of `samples`
+// samples (or their mean, Timing::mean) as time_us and their 10th/90th
+// percentiles as the spread.
+//
+// Sharing: when several ranks measure at once (ranks as threads on one
+// machine, each with its own backend), each calls the same function with the
+// same shapes and a `sync` that is a barrier of all of them; every sample
+// starts after a barrier, so the samples of the ranks overlap and the
+// measured time includes the cores and memory bandwidth they take from each
+// other. With one rank, `sync` does nothing.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "backends/backend.h"
+#include "simulator/calibration.h"
+
+namespace meshtrain::calibrate {
+
+struct Timing {
+  int samples = 9;
+  double min_sample_s = 2e-3;
+  // time_us is the median of the samples (the op on an otherwise idle
+  // machine: samples that other processes interrupted fall outside it), or,
+  // with `mean`, their mean (the op under the machine's current load,
+  // including the time other processes take from it).
+  bool mean = false;
+};
+
+using Sync = std::function<void()>;
+
+// (m, n, k) with the transposes the engine issues them with.
+struct GemmShape {
+  std::int64_t m, n, k;
+  bool trans_a = false, trans_b = false;
+  bool operator<(const GemmShape& o) const;
+};
+// Causal attention over batch·heads sequences (kv heads = heads).
+struct AttentionShape {
+  std::int64_t batch, heads, seq, head_dim;
+  bool operator<(const AttentionShape& o) const;
+};
+// A memory-bound op on (rows, cols) tensors; the op decides what the tensors are.
+struct OpShape {
+  std::string op;
+  std::int64_t rows, cols;
+  bool operator<(const OpShape& o) const;
+};
+
+// The memory-bound ops measured per kind, by their backend.h names.
+const std::vector<std::string>& measured_ops();
+
+// Each function returns one entry per shape, in shape order. `progress(i)`
+// is called after shape i (for the progress line). Results carry
+// ranks_sharing = `sharing`.
+using Progress = std::function<void(std::size_t done)>;
+Result<std::vector<sim::Calibration::Gemm>> measure_gemm(Backend& b,
+                                                         const std::vector<GemmShape>& shapes,
+                                                         const Timing& t, const Sync& sync,
+                                                         int sharing, const Progress& progress);
+// Forward and backward entries for each shape.
+Result<std::vector<sim::Calibration::Attention>> measure_attention(
+    Backend& b, const std::vector<AttentionShape>& shapes, const Timing& t, const Sync& sync,
+    int sharing, const Progress& progress);
+// One "ops" entry per shape (bytes counted as the sim backend counts them).
+Result<std::vector<sim::Calibration::Op>> measure_ops(Backend& b, const std::vector<OpShape>& shapes,
+                                                      const Timing& t, const Sync& sync,
+                                                      int sharing, const Progress& progress);
+
+// Collectives and send/recv among the members of `g` (every member calls
+// this with the same arguments; b.rank() is one of g.ranks): one entry per
+// (kind, bytes), busbw from the median time of one call, spread of that
+// time. send/recv runs between g.ranks[0] and g.ranks[1] (the others wait)
+// and gives kind send_recv with busbw = bytes / time.
+Result<std::vector<sim::Calibration::Collective>> measure_collectives(
+    Backend& b, const Group& g, const std::vector<double>& bytes, const Timing& t,
+    const std::string& transport, const Progress& progress);
+
+// Small-message one-way latency (half the ping-pong round trip of 4 bytes)
+// and large-message bandwidth of send/recv between g.ranks[0] and [1], in
+// µs and GB/s; other members only take part in the barriers.
+Result<sim::Calibration::Link> measure_link(Backend& b, const Group& g, double bytes,
+                                            const Timing& t);
+
+}  // namespace meshtrain::calibrate

@@ -1,0 +1,157 @@
+#include "engine/calibrate/op_profile.h"
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "backends/cpu/cpu_backend.h"
+#include "engine/cli/plan_flags.h"
+#include "engine/cli/simulate_command.h"
+#include "engine/mesh.h"
+#include "engine/step_engine.h"
+#include "simulator/calibration.h"
+
+namespace meshtrain::calibrate {
+
+using Clock = std::chrono::steady_clock;
+
+template <class F>
+void OpTimer::timed(const char* name, F&& f) {
+  const auto t0 = Clock::now();
+  f();
+  OpTotals& t = totals_[name];
+  t.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+  ++t.calls;
+}
+
+// clang-format off
+void OpTimer::fill(Tensor& x, float v) { timed("fill", [&] { target().fill(x, v); }); }
+void OpTimer::copy(const Tensor& s, Tensor& d) { timed("copy", [&] { target().copy(s, d); }); }
+void OpTimer::cast(const Tensor& s, Tensor& d) { timed("cast", [&] { target().cast(s, d); }); }
+void OpTimer::add(const Tensor& a, const Tensor& b, Tensor& o) { timed("add", [&] { target().add(a, b, o); }); }
+void OpTimer::scale(Tensor& x, float a) { timed("scale", [&] { target().scale(x, a); }); }
+void OpTimer::axpy(float a, const Tensor& x, Tensor& y) { timed("axpy", [&] { target().axpy(a, x, y); }); }
+void OpTimer::sum(const Tensor& x, Tensor& o, float s, bool acc) { timed("sum", [&] { target().sum(x, o, s, acc); }); }
+void OpTimer::sum_squares(const Tensor& x, Tensor& o, bool acc) { timed("sum_squares", [&] { target().sum_squares(x, o, acc); }); }
+void OpTimer::gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp& op) { timed("gemm", [&] { target().gemm(a, b, c, op); }); }
+void OpTimer::batched_gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp& op) { timed("batched_gemm", [&] { target().batched_gemm(a, b, c, op); }); }
+void OpTimer::bias_backward(const Tensor& dy, Tensor& db) { timed("bias_backward", [&] { target().bias_backward(dy, db); }); }
+void OpTimer::embedding_forward(const Tensor& t, const Tensor& ids, Tensor& o, std::int64_t off) { timed("embedding_forward", [&] { target().embedding_forward(t, ids, o, off); }); }
+void OpTimer::embedding_backward(const Tensor& d, const Tensor& ids, Tensor& dt, std::int64_t off) { timed("embedding_backward", [&] { target().embedding_backward(d, ids, dt, off); }); }
+void OpTimer::layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& o, Tensor& m, Tensor& r, float eps) { timed("layernorm_forward", [&] { target().layernorm_forward(x, w, b, o, m, r, eps); }); }
+void OpTimer::layernorm_backward(const Tensor& d, const Tensor& x, const Tensor& w, const Tensor& m, const Tensor& r, Tensor& dx, Tensor& dw, Tensor& db) { timed("layernorm_backward", [&] { target().layernorm_backward(d, x, w, m, r, dx, dw, db); }); }
+void OpTimer::gelu_forward(const Tensor& x, Tensor& o) { timed("gelu_forward", [&] { target().gelu_forward(x, o); }); }
+void OpTimer::gelu_backward(const Tensor& d, const Tensor& x, Tensor& dx) { timed("gelu_backward", [&] { target().gelu_backward(d, x, dx); }); }
+void OpTimer::dropout_forward(const Tensor& x, Tensor& o, const DropoutOp& op) { timed("dropout_forward", [&] { target().dropout_forward(x, o, op); }); }
+void OpTimer::dropout_backward(const Tensor& d, Tensor& dx, const DropoutOp& op) { timed("dropout_backward", [&] { target().dropout_backward(d, dx, op); }); }
+void OpTimer::attention_forward(const Tensor& qkv, Tensor& o, Tensor& lse, const AttentionOp& op) { timed("attention_forward", [&] { target().attention_forward(qkv, o, lse, op); }); }
+void OpTimer::attention_backward(const Tensor& d, const Tensor& qkv, const Tensor& o, const Tensor& lse, Tensor& dqkv, const AttentionOp& op) { timed("attention_backward", [&] { target().attention_backward(d, qkv, o, lse, dqkv, op); }); }
+void OpTimer::cross_entropy_max(const Tensor& l, Tensor& m) { timed("cross_entropy_max", [&] { target().cross_entropy_max(l, m); }); }
+void OpTimer::cross_entropy_partials(const Tensor& l, const Tensor& t, const Tensor& m, std::int64_t off, Tensor& s, Tensor& tl) { timed("cross_entropy_partials", [&] { target().cross_entropy_partials(l, t, m, off, s, tl); }); }
+void OpTimer::cross_entropy_loss(const Tensor& m, const Tensor& s, const Tensor& tl, Tensor& l) { timed("cross_entropy_loss", [&] { target().cross_entropy_loss(m, s, tl, l); }); }
+void OpTimer::cross_entropy_backward(const Tensor& l, const Tensor& t, const Tensor& m, const Tensor& s, std::int64_t off, float d, Tensor& dl) { timed("cross_entropy_backward", [&] { target().cross_entropy_backward(l, t, m, s, off, d, dl); }); }
+void OpTimer::clip_coefficient(const Tensor& s, float n, Tensor& c) { timed("clip_coefficient", [&] { target().clip_coefficient(s, n, c); }); }
+void OpTimer::adamw(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const Tensor& c, const AdamWOp& op) { timed("adamw", [&] { target().adamw(p, g, m, v, c, op); }); }
+void OpTimer::write(Tensor& dst, std::span<const float> host) { timed("write", [&] { target().write(dst, host); }); }
+void OpTimer::write(Tensor& dst, std::span<const std::int32_t> host) { timed("write", [&] { target().write(dst, host); }); }
+// clang-format on
+
+Status print_op_profile(const std::string& workload, const std::string& calibration_path,
+                        int steps, int ranks) {
+  const auto a = workload.find(':'), b = workload.rfind(':');
+  if (a == std::string::npos || a == b)
+    return make_error("--profile '{}' must be MODEL:MICRO_BATCH:SEQ_LEN, e.g. tiny:8:64", workload);
+  if (steps < 1) return make_error("--profile-steps {} must be >= 1", steps);
+  if (ranks < 1 || ranks > 64) return make_error("--profile-ranks {} must be in [1, 64]", ranks);
+  PlanFlags flags;
+  flags.model = workload.substr(0, a);
+  try {
+    flags.overrides.micro_batch = std::stoi(workload.substr(a + 1, b - a - 1));
+    flags.overrides.seq_len = std::stoi(workload.substr(b + 1));
+  } catch (...) {
+    return make_error("--profile '{}': micro-batch and sequence length must be integers", workload);
+  }
+  flags.overrides.global_batch = flags.overrides.micro_batch;
+  flags.overrides.precision = "fp32";
+  MT_ASSIGN(ModelAndPlan mp, resolve_model_and_plan(flags, 1));
+  const int seq = mp.plan.effective_seq_len(mp.model);
+  HostBatch batch;
+  batch.batch = mp.plan.micro_batch;
+  batch.seq = seq;
+  for (int i = 0; i < batch.batch * seq; ++i) batch.ids.push_back(i * 31 % mp.model.vocab);
+  batch.targets = batch.ids;
+  const std::vector<HostBatch> microbatches(1, batch);
+
+  // `ranks` independent single-rank engines run at once, one thread each
+  // (the compute of dp replicas without their gradient sync); rank 0 reports.
+  std::vector<std::map<std::string, OpTotals>> totals(static_cast<std::size_t>(ranks));
+  std::vector<double> step_s(static_cast<std::size_t>(ranks));
+  std::vector<Status> status(static_cast<std::size_t>(ranks));
+  auto body = [&](int rank) {
+    CpuBackend cpu;
+    OpTimer timer(cpu);
+    const Mesh mesh(mp.plan);
+    StepEngine engine(timer, mp.model, mp.plan, mesh, StepOptions{});
+    auto run_steps = [&](int first, int count) -> Status {
+      for (int s = first; s < first + count; ++s) {
+        auto r = engine.step(microbatches, 1e-4f, s);
+        if (!r) return std::move(r).error();
+      }
+      return ok_status();
+    };
+    const auto i = static_cast<std::size_t>(rank);
+    if (status[i] = run_steps(1, 2); !status[i]) return;
+    timer.reset();
+    const auto t0 = Clock::now();
+    status[i] = run_steps(3, steps);
+    step_s[i] = std::chrono::duration<double>(Clock::now() - t0).count() / steps;
+    totals[i] = timer.totals();
+  };
+  std::vector<std::thread> threads;
+  for (int r = 1; r < ranks; ++r) threads.emplace_back(body, r);
+  body(0);
+  for (auto& t : threads) t.join();
+  for (auto& st : status) MT_TRY(st);
+  const double real_step = step_s[0];
+
+  MT_ASSIGN(sim::Calibration cal, sim::load_calibration(calibration_path));
+  cal = cal.for_ranks_sharing(ranks);
+  SimulateOptions options;
+  MT_ASSIGN(options.cluster, sim::cluster_preset("local-cpu"));
+  sim::apply_link_calibration(cal, options.cluster);
+  options.calibration = &cal;
+  options.trace = true;
+  MT_ASSIGN(SimulationResult r, simulate_iteration(mp.model, mp.plan, options));
+  std::map<std::string, double> simulated;
+  const nlohmann::json trace = nlohmann::json::parse(r.trace_json);
+  for (const auto& e : trace["traceEvents"])
+    if (e.value("ph", "") == "X" && e.value("pid", -1) == 0)
+      simulated[e.value("name", "")] += e.value("dur", 0.0) * 1e-6;
+
+  struct Row {
+    std::string op;
+    long calls;
+    double real, sim;
+  };
+  std::vector<Row> rows;
+  double real_ops = 0;
+  for (const auto& [op, t] : totals[0]) {
+    rows.push_back({op, t.calls / steps, t.seconds / steps, simulated.count(op) ? simulated[op] : 0});
+    real_ops += t.seconds / steps;
+  }
+  std::sort(rows.begin(), rows.end(), [](const Row& x, const Row& y) { return x.real > y.real; });
+  fmt::print("{:<24} {:>7} {:>10} {:>10} {:>7}\n", "op", "calls", "real ms", "sim ms", "sim/real");
+  for (const Row& row : rows)
+    fmt::print("{:<24} {:>7} {:>10.3f} {:>10.3f} {:>7.2f}\n", row.op, row.calls, row.real * 1e3,
+               row.sim * 1e3, row.real > 0 ? row.sim / row.real : 0);
+  fmt::print("ops total {:.3f} ms; real step {:.3f} ms (host outside ops {:.3f} ms); "
+             "simulated iteration {:.3f} ms\n",
+             real_ops * 1e3, real_step * 1e3, (real_step - real_ops) * 1e3, r.iteration_s * 1e3);
+  return ok_status();
+}
+
+}  // namespace meshtrain::calibrate
