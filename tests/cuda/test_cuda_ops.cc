@@ -4,84 +4,15 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
-#include <cstdio>
-#include <functional>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "backends/cpu/cpu_backend.h"
-#include "backends/cpu/kernels/half.h"
-#include "backends/cuda/cuda_backend.h"
+#include "tests/cuda/cuda_test_util.h"
 
 using namespace meshtrain;
+using namespace meshtrain::cuda::testing;
 using cuda::CudaBackend;
-using Vec = std::vector<float>;
-
-namespace {
-
-std::unique_ptr<CudaBackend> make_gpu() {
-  if (cuda::device_count() == 0) return nullptr;
-  auto b = CudaBackend::create();
-  REQUIRE(b.ok());  // a device exists: failing to use it is a failure, not a skip
-  return std::move(b).value();
-}
-
-#define MT_GPU_OR_SKIP(name)                                                           \
-  auto name##_owner = make_gpu();                                                      \
-  if (!name##_owner) {                                                                 \
-    WARN("SKIPPED: no CUDA device (cudaGetDeviceCount found none); nothing checked"); \
-    std::puts("SKIPPED: no CUDA device");                                              \
-    return;                                                                            \
-  }                                                                                    \
-  CudaBackend& name = *name##_owner
-
-Vec random(std::size_t n, std::uint64_t seed, float scale = 1.f) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> d(0.f, scale);
-  Vec v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
-
-Tensor up(Backend& b, Shape s, const Vec& v, DType d = DType::f32) {
-  Tensor t = b.empty(s, d);
-  b.write(t, v);
-  return t;
-}
-Tensor up_ids(Backend& b, Shape s, const std::vector<std::int32_t>& v) {
-  Tensor t = b.empty(s, DType::i32);
-  b.write(t, v);
-  return t;
-}
-Vec down(Backend& b, const Tensor& t) {
-  Vec v(static_cast<std::size_t>(t.numel()));
-  REQUIRE(b.read(t, v).ok());
-  return v;
-}
-
-// ||got - want|| / ||want||.
-void expect_close(const Vec& got, const Vec& want, double tol, const std::string& what) {
-  REQUIRE(got.size() == want.size());
-  double d = 0, n = 0;
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    REQUIRE(std::isfinite(got[i]));
-    d += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
-    n += double(want[i]) * want[i];
-  }
-  const double err = std::sqrt(d) / (n > 0 ? std::sqrt(n) : 1.0);
-  INFO(what << ": relative error " << err << " (tolerance " << tol << ")");
-  CHECK(err <= tol);
-}
-
-Vec bf16_round(Vec v) {
-  for (auto& x : v) x = cpu::bf16_to_float(cpu::float_to_bf16(x));
-  return v;
-}
-
-constexpr double kF32 = 1e-5;
-
-}  // namespace
 
 TEST_CASE("cuda: transfers, fill, copy and cast match the cpu backend bit for bit") {
   MT_GPU_OR_SKIP(gpu);

@@ -1,0 +1,100 @@
+// Shared by the gpu tests: a cuda backend or a loud skip, deterministic
+// inputs, host round trips, and the normwise comparison against the cpu
+// reference.
+#pragma once
+
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backends/cpu/kernels/half.h"
+#include "backends/cuda/cuda_backend.h"
+
+namespace meshtrain::cuda::testing {
+
+using Vec = std::vector<float>;
+
+inline std::unique_ptr<CudaBackend> make_gpu() {
+  if (device_count() == 0) return nullptr;
+  auto b = CudaBackend::create();
+  REQUIRE(b.ok());  // a device exists: failing to use it is a failure, not a skip
+  return std::move(b).value();
+}
+
+// Declares `CudaBackend& name`, or returns from the test saying loudly that
+// nothing was checked (experiments/gpu/check.sh counts these lines).
+#define MT_GPU_OR_SKIP(name)                                                           \
+  auto name##_owner = ::meshtrain::cuda::testing::make_gpu();                          \
+  if (!name##_owner) {                                                                 \
+    WARN("SKIPPED: no CUDA device (cudaGetDeviceCount found none); nothing checked"); \
+    std::puts("SKIPPED: no CUDA device");                                              \
+    return;                                                                            \
+  }                                                                                    \
+  ::meshtrain::cuda::CudaBackend& name = *name##_owner
+
+inline Vec random(std::size_t n, std::uint64_t seed, float scale = 1.f) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d(0.f, scale);
+  Vec v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+inline Tensor up(Backend& b, Shape s, const Vec& v, DType d = DType::f32) {
+  Tensor t = b.empty(s, d);
+  b.write(t, v);
+  return t;
+}
+inline Tensor up_ids(Backend& b, Shape s, const std::vector<std::int32_t>& v) {
+  Tensor t = b.empty(s, DType::i32);
+  b.write(t, v);
+  return t;
+}
+inline Vec down(Backend& b, const Tensor& t) {
+  Vec v(static_cast<std::size_t>(t.numel()));
+  REQUIRE(b.read(t, v).ok());
+  return v;
+}
+// The values of several tensors, one after another.
+inline Vec down_all(Backend& b, std::initializer_list<const Tensor*> ts) {
+  Vec out;
+  for (const Tensor* t : ts) {
+    const Vec v = down(b, *t);
+    out.insert(out.end(), v.begin(), v.end());
+  }
+  return out;
+}
+
+// ||got - want|| / ||want||; returns it after checking it against tol.
+inline double expect_close(const Vec& got, const Vec& want, double tol, const std::string& what) {
+  REQUIRE(got.size() == want.size());
+  double d = 0, n = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    REQUIRE(std::isfinite(got[i]));
+    d += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
+    n += double(want[i]) * want[i];
+  }
+  const double err = std::sqrt(d) / (n > 0 ? std::sqrt(n) : 1.0);
+  INFO(what << ": relative error " << err << " (tolerance " << tol << ")");
+  CHECK(err <= tol);
+  return err;
+}
+
+// v as stored in dtype d and read back (what a 16-bit tensor holds).
+inline Vec round_to(Vec v, DType d) {
+  for (auto& x : v) {
+    if (d == DType::bf16) x = cpu::bf16_to_float(cpu::float_to_bf16(x));
+    if (d == DType::f16) x = cpu::f16_to_float(cpu::float_to_f16(x));
+  }
+  return v;
+}
+inline Vec bf16_round(Vec v) { return round_to(std::move(v), DType::bf16); }
+
+constexpr double kF32 = 1e-5;
+
+}  // namespace meshtrain::cuda::testing

@@ -1,0 +1,242 @@
+// The cuda ops in 16-bit storage (bf16 and fp16), as models/gpt.cc issues
+// them under mixed precision, against the cpu backend computing the same math
+// in fp32 on the same rounded inputs. The only expected difference is the
+// rounding of 16-bit outputs on store: they must agree within a few units of
+// roundoff (normwise); fp32 outputs computed from 16-bit inputs (statistics,
+// parameter gradients, sums) within 1e-5, which fails if anything
+// accumulates in 16 bits. Reductions must give the same bits twice.
+// Without a device each test prints "SKIPPED: no CUDA device" and passes.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "backends/cpu/cpu_backend.h"
+#include "tests/cuda/cuda_test_util.h"
+
+using namespace meshtrain;
+using namespace meshtrain::cuda::testing;
+
+namespace {
+
+constexpr DType kHalves[] = {DType::bf16, DType::f16};
+
+// Four units of roundoff of dtype d: bf16 keeps 8 significant bits, fp16 11.
+double store_tol(DType d) { return d == DType::bf16 ? 4 * 0x1p-9 : 4 * 0x1p-11; }
+
+// An op's results: those stored in its storage dtype, and its fp32 ones.
+struct Out {
+  Vec stored, wide;
+  bool operator==(const Out&) const = default;
+};
+
+// The gpu ran with storage d, the cpu in fp32 on inputs rounded to d.
+void compare(const Out& gpu, const Out& cpu, DType d, const std::string& what) {
+  const std::string name = what + " " + std::string(dtype_name(d));
+  expect_close(gpu.stored, cpu.stored, store_tol(d), name + " (16-bit outputs)");
+  if (!cpu.wide.empty()) expect_close(gpu.wide, cpu.wide, kF32, name + " (fp32 outputs)");
+}
+
+}  // namespace
+
+TEST_CASE("cuda 16-bit: add, scale, axpy, sum and sum_squares") {
+  MT_GPU_OR_SKIP(gpu);
+  CpuBackend cpu;
+  const std::int64_t n = 100003;
+  const Vec a = random(n, 101), b = random(n, 102);
+  for (DType d : kHalves) {
+    auto run = [&](Backend& be, DType dt, const Vec& av, const Vec& bv) {
+      Tensor A = up(be, {n}, av, dt), B = up(be, {n}, bv, dt), O = be.empty({n}, dt);
+      be.add(A, B, O);
+      Tensor S = up(be, {n}, av, dt), Y = up(be, {n}, bv, dt);
+      be.scale(S, 0.5f);
+      be.axpy(-2.f, A, Y);
+      be.add(B, A, B);  // out aliasing an input, as the engine's x += pe
+      Tensor s = be.empty({1}), q = be.empty({1});
+      be.sum(A, s, 0.25f, false);
+      be.sum(Y, s, 1.f, true);
+      be.sum_squares(A, q, false);
+      be.sum_squares(S, q, true);
+      return Out{down_all(be, {&O, &S, &Y, &B}), down_all(be, {&s, &q})};
+    };
+    const Out g = run(gpu, d, a, b);
+    compare(g, run(cpu, DType::f32, round_to(a, d), round_to(b, d)), d, "add/scale/axpy/sum");
+    CHECK(run(gpu, d, a, b) == g);
+  }
+}
+
+TEST_CASE("cuda 16-bit: GEMMs as the engine issues them (16-bit output with bias, fp32 weight gradient)") {
+  MT_GPU_OR_SKIP(gpu);
+  CpuBackend cpu;
+  const std::int64_t rows = 96, in = 72, out = 136;
+  const Vec x = random(rows * in, 103), w = random(in * out, 104, 0.1f), bias = random(out, 105);
+  const Vec dy = random(rows * out, 106), dw0 = random(in * out, 107);
+  for (DType d : kHalves) {
+    auto run = [&](Backend& be, DType dt, const Vec& xv, const Vec& wv, const Vec& bv, const Vec& dyv) {
+      Tensor X = up(be, {rows, in}, xv, dt), W = up(be, {in, out}, wv, dt);
+      Tensor DY = up(be, {rows, out}, dyv, dt);
+      GemmOp forward;
+      forward.bias = up(be, {out}, bv, dt);
+      Tensor Y = be.empty({rows, out}, dt);
+      be.gemm(X, W, Y, forward);  // linear: y = x w + b
+      GemmOp input_grad, weight_grad;
+      input_grad.trans_b = true;
+      weight_grad.trans_a = true;
+      weight_grad.beta = 1.f;
+      Tensor DX = be.empty({rows, in}, dt);
+      be.gemm(DY, W, DX, input_grad);   // dx = dy wᵀ
+      Tensor DW = up(be, {in, out}, dw0);  // the fp32 gradient, accumulated
+      be.gemm(X, DY, DW, weight_grad);  // dw += xᵀ dy
+      return Out{down_all(be, {&Y, &DX}), down(be, DW)};
+    };
+    const Out g = run(gpu, d, x, w, bias, dy);
+    compare(g, run(cpu, DType::f32, round_to(x, d), round_to(w, d), round_to(bias, d), round_to(dy, d)), d,
+            "gemm");
+  }
+}
+
+TEST_CASE("cuda 16-bit: bias_backward and embedding forward/backward into fp32 gradients, deterministic") {
+  MT_GPU_OR_SKIP(gpu);
+  CpuBackend cpu;
+  const std::int64_t V = 50, C = 300, N = 700, offset = 25;
+  std::mt19937 rng(108);
+  std::vector<std::int32_t> ids(N);
+  for (auto& i : ids) i = static_cast<std::int32_t>(rng() % 90);  // some outside the shard
+  const Vec table = random(V * C, 109), dout = random(N * C, 110), grad0 = random(V * C, 111);
+  for (DType d : kHalves) {
+    auto run = [&](Backend& be, DType dt, const Vec& tv, const Vec& dv) {
+      Tensor T = up(be, {V, C}, tv, dt), I = up_ids(be, {N}, ids), O = be.empty({N, C}, dt);
+      be.embedding_forward(T, I, O, offset);
+      Tensor D = up(be, {N, C}, dv, dt), dT = up(be, {V, C}, grad0);
+      be.embedding_backward(D, I, dT, offset);
+      Tensor db = up(be, {C}, Vec(grad0.begin(), grad0.begin() + C));
+      be.bias_backward(D, db);
+      return Out{down(be, O), down_all(be, {&dT, &db})};
+    };
+    const Out g = run(gpu, d, table, dout);
+    compare(g, run(cpu, DType::f32, round_to(table, d), round_to(dout, d)), d, "embedding + bias_backward");
+    CHECK(run(gpu, d, table, dout) == g);
+  }
+}
+
+TEST_CASE("cuda 16-bit: layernorm and rmsnorm (16-bit rows and weights, fp32 statistics and gradients)") {
+  MT_GPU_OR_SKIP(gpu);
+  CpuBackend cpu;
+  const std::int64_t N = 300, C = 200;
+  const Vec x = random(N * C, 112, 2.f), w = random(C, 113), bias = random(C, 114);
+  const Vec dout = random(N * C, 115), g0 = random(C, 116);
+  for (DType d : kHalves) {
+    auto run = [&](Backend& be, DType dt, const Vec& xv, const Vec& wv, const Vec& bv, const Vec& dv) {
+      Tensor X = up(be, {N, C}, xv, dt), W = up(be, {C}, wv, dt), Bi = up(be, {C}, bv, dt);
+      Tensor D = up(be, {N, C}, dv, dt);
+      Tensor O = be.empty({N, C}, dt), mean = be.empty({N}), rstd = be.empty({N});
+      Tensor dX = be.empty({N, C}, dt), dW = up(be, {C}, g0), dB = up(be, {C}, g0);
+      be.layernorm_forward(X, W, Bi, O, mean, rstd, 1e-5f);
+      be.layernorm_backward(D, X, W, mean, rstd, dX, dW, dB);
+      Tensor O2 = be.empty({N, C}, dt), r2 = be.empty({N}), dX2 = be.empty({N, C}, dt);
+      Tensor dW2 = up(be, {C}, g0);
+      be.rmsnorm_forward(X, W, O2, r2, 1e-6f);
+      be.rmsnorm_backward(D, X, W, r2, dX2, dW2);
+      return Out{down_all(be, {&O, &dX, &O2, &dX2}), down_all(be, {&mean, &rstd, &dW, &dB, &r2, &dW2})};
+    };
+    const Out g = run(gpu, d, x, w, bias, dout);
+    compare(g, run(cpu, DType::f32, round_to(x, d), round_to(w, d), round_to(bias, d), round_to(dout, d)), d,
+            "norms");
+    CHECK(run(gpu, d, x, w, bias, dout) == g);
+  }
+}
+
+TEST_CASE("cuda 16-bit: gelu, swiglu and counter-based dropout (in place too)") {
+  MT_GPU_OR_SKIP(gpu);
+  CpuBackend cpu;
+  const std::int64_t N = 64, F = 96;
+  const Vec x = random(N * 2 * F, 117, 2.f), dv = random(N * 2 * F, 118);
+  for (DType d : kHalves) {
+    auto run = [&](Backend& be, DType dt, const Vec& xv, const Vec& dvv) {
+      Tensor X = up(be, {N, 2 * F}, xv, dt), D = up(be, {N, 2 * F}, dvv, dt);
+      Tensor g = be.empty({N, 2 * F}, dt), dg = be.empty({N, 2 * F}, dt);
+      be.gelu_forward(X, g);
+      be.gelu_backward(D, X, dg);
+      Tensor s = be.empty({N, F}, dt), ds = be.empty({N, 2 * F}, dt);
+      be.swiglu_forward(X, s);
+      be.swiglu_backward(D.slice(0, N * F, {N, F}), X, ds);
+      const DropoutOp op{0.3f, 1234, 777};
+      Tensor dr = up(be, {N, 2 * F}, xv, dt), bdr = be.empty({N, 2 * F}, dt);
+      be.dropout_forward(dr, dr, op);  // in place, as the engine drops out its projections
+      be.dropout_backward(D, bdr, op);
+      return Out{down_all(be, {&g, &dg, &s, &ds, &dr, &bdr}), {}};
+    };
+    const Out g = run(gpu, d, x, dv), c = run(cpu, DType::f32, round_to(x, d), round_to(dv, d));
+    compare(g, c, d, "activations and dropout");
+    for (std::size_t i = 0; i < g.stored.size(); ++i)
+      if (c.stored[i] == 0.f) CHECK(g.stored[i] == 0.f);  // the same dropout mask
+  }
+}
+
+TEST_CASE("cuda 16-bit: rope and its inverse") {
+  MT_GPU_OR_SKIP(gpu);
+  CpuBackend cpu;
+  const std::int64_t B = 2, T = 50, Ht = 6, D = 32;
+  const Vec x = random(B * T * Ht * D, 119);
+  for (DType d : kHalves) {
+    auto run = [&](Backend& be, DType dt, const Vec& xv) {
+      Tensor X = up(be, {B, T, Ht, D}, xv, dt), Y = up(be, {B, T, Ht, D}, xv, dt);
+      be.rope(X, Ht, 4, 10000.f, false);
+      be.rope(Y, Ht, 4, 10000.f, true);
+      return Out{down_all(be, {&X, &Y}), {}};
+    };
+    compare(run(gpu, d, x), run(cpu, DType::f32, round_to(x, d)), d, "rope");
+  }
+}
+
+TEST_CASE("cuda 16-bit: flash attention forward and backward in bf16 and fp16") {
+  MT_GPU_OR_SKIP(gpu);
+  CpuBackend cpu;
+  const std::int64_t B = 2, T = 37, H = 4, G = 2, D = 32, W = H + 2 * G;
+  const Vec qkv = random(B * T * W * D, 120), dout = random(B * T * H * D, 121);
+  const AttentionOp op{static_cast<int>(H), static_cast<int>(G), static_cast<int>(D),
+                       1.f / std::sqrt(static_cast<float>(D))};
+  for (DType d : kHalves) {
+    auto run = [&](Backend& be, DType dt, const Vec& q, const Vec& dv) {
+      Tensor QKV = up(be, {B, T, W, D}, q, dt), DO = up(be, {B, T, H, D}, dv, dt);
+      Tensor O = be.empty({B, T, H, D}, dt), L = be.empty({B, H, T});
+      Tensor dQKV = be.empty({B, T, W, D}, dt);
+      be.attention_forward(QKV, O, L, op);
+      be.attention_backward(DO, QKV, O, L, dQKV, op);
+      return Out{down_all(be, {&O, &dQKV}), down(be, L)};
+    };
+    const Out g = run(gpu, d, qkv, dout), c = run(cpu, DType::f32, round_to(qkv, d), round_to(dout, d));
+    // Backward reads the 16-bit O that forward stored (the cpu its fp32 O), so
+    // dQKV differs by more than one rounding: the looser bound of test_cuda_ops.
+    expect_close(g.stored, c.stored, d == DType::bf16 ? 2e-2 : 5e-3,
+                 std::string("attention ") + std::string(dtype_name(d)));
+    expect_close(g.wide, c.wide, kF32, std::string("attention lse ") + std::string(dtype_name(d)));
+    CHECK(run(gpu, d, qkv, dout) == g);
+  }
+}
+
+TEST_CASE("cuda 16-bit: vocab-parallel cross-entropy (16-bit logits, fp32 statistics and losses)") {
+  MT_GPU_OR_SKIP(gpu);
+  CpuBackend cpu;
+  const std::int64_t N = 40, V = 1000, offset = 500;
+  const Vec logits = random(N * V, 122, 3.f);
+  std::vector<std::int32_t> targets(N);
+  for (std::int64_t i = 0; i < N; ++i) targets[static_cast<std::size_t>(i)] = static_cast<std::int32_t>((i * 37) % 1500);
+  for (DType d : kHalves) {
+    auto run = [&](Backend& be, DType dt, const Vec& lv) {
+      Tensor Lg = up(be, {N, V}, lv, dt), Tg = up_ids(be, {N}, targets);
+      Tensor mx = be.empty({N}), se = be.empty({N}), tl = be.empty({N}), loss = be.empty({N});
+      Tensor dl = be.empty({N, V}, dt), total = be.empty({1});
+      be.cross_entropy_max(Lg, mx);
+      be.cross_entropy_partials(Lg, Tg, mx, offset, se, tl);
+      be.cross_entropy_loss(mx, se, tl, loss);
+      be.sum(loss, total, 1.f, false);
+      be.cross_entropy_backward(Lg, Tg, mx, se, offset, 0.25f, dl);
+      return Out{down(be, dl), down_all(be, {&mx, &se, &tl, &loss, &total})};
+    };
+    const Out g = run(gpu, d, logits);
+    compare(g, run(cpu, DType::f32, round_to(logits, d)), d, "cross-entropy");
+    CHECK(run(gpu, d, logits) == g);
+  }
+}
