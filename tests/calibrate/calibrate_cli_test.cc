@@ -1,0 +1,69 @@
+// meshtrain calibrate: the file it writes, and its errors.
+#include <catch2/catch.hpp>
+
+#include <cstdio>
+#include <string>
+
+#include "simulator/calibration.h"
+#include "tests/run_meshtrain.h"
+
+using meshtrain::sim::Calibration;
+using meshtrain::sim::CollectiveKind;
+
+TEST_CASE("calibrate --quick writes a versioned calibration that states the machine",
+          "[calibrate]") {
+  const std::string path = "test_calibrate_quick.json";
+  auto r = run_meshtrain("calibrate --backend cpu --out " + path +
+                         " --quick --no-grid --workload tiny:4:32 --sharing 1 2 --max-ranks 2");
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  CHECK_THAT(r.out, Catch::Contains("calibrate ["));  // the progress line
+  auto c = meshtrain::sim::load_calibration(path);
+  REQUIRE(c.ok());
+  std::remove(path.c_str());
+  CHECK(c->version == Calibration::kVersion);
+  CHECK(c->machine.backend == "cpu");
+  CHECK_FALSE(c->machine.cpu.empty());
+  CHECK(c->machine.cores >= 1);
+  CHECK(c->machine.date.size() == 20);  // 2026-12-02T14:00:00Z
+  bool blas = false;
+  for (const auto& [name, version] : c->machine.libraries) blas = blas || name == "OpenBLAS";
+  CHECK(blas);
+  bool mpi_note = false;
+  for (const auto& n : c->machine.notes) mpi_note = mpi_note || n.rfind("mpi:", 0) == 0;
+  CHECK(mpi_note);
+  CHECK(c->sharing_levels() == std::vector<int>{1, 2});
+  // The tiny workload's forward qkv GEMM (B·T = 128 rows, 64 -> 192) at both levels.
+  CHECK(c->for_ranks_sharing(1).gemm_time(128, 192, 64, meshtrain::sim::DType::kFp32));
+  CHECK(c->for_ranks_sharing(2).gemm_time(128, 192, 64, meshtrain::sim::DType::kFp32));
+  CHECK(c->attention_backward_time(4 * 4, 32, 16, true));
+  CHECK(c->op_time("gelu_forward", 1e5));
+  CHECK(c->op_time("adamw", 1e5).has_value() == false);  // no grid: adamw sizes are grid-only
+  for (const auto& g : c->gemm) {
+    CHECK(g.spread.samples >= 3);
+    CHECK(g.spread.p10_us <= g.time_us);
+    CHECK(g.time_us <= g.spread.p90_us);
+  }
+  CHECK(c->collective_busbw(CollectiveKind::kAllReduce, 2, 1 << 16));
+  CHECK(c->collective_busbw(CollectiveKind::kSendRecv, 2, 1 << 16));
+  REQUIRE(c->links.size() == 1);
+  CHECK(c->links[0].latency_us > 0);
+}
+
+TEST_CASE("calibrate refuses what it cannot do, naming it", "[calibrate]") {
+  auto cuda = run_meshtrain("calibrate --backend cuda --out x.json");
+  CHECK(cuda.status == 1);
+  CHECK_THAT(cuda.out, Catch::Contains("not available in this build"));
+  auto tpu = run_meshtrain("calibrate --backend tpu --out x.json");
+  CHECK(tpu.status == 1);
+  CHECK_THAT(tpu.out, Catch::Contains("cpu"));
+  auto out = run_meshtrain("calibrate --backend cpu");
+  CHECK(out.status == 1);
+  CHECK_THAT(out.out, Catch::Contains("--out FILE is required"));
+  auto wl = run_meshtrain("calibrate --backend cpu --out x.json --workload tiny:8");
+  CHECK(wl.status == 1);
+  CHECK_THAT(wl.out, Catch::Contains("MODEL:MICRO_BATCH:SEQ_LEN"));
+  auto stat = run_meshtrain("calibrate --backend cpu --out x.json --statistic mode --quick");
+  CHECK(stat.status == 1);
+  CHECK_THAT(stat.out, Catch::Contains("--statistic"));
+}

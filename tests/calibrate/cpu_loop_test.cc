@@ -1,0 +1,84 @@
+// The short cpu loop (experiments/validation/cpu-loop/run.py in miniature):
+// for a few plans of the tiny model, calibrate just before, train a few real
+// steps, simulate the plan with that calibration on local-cpu, and fail when
+// the worst prediction is off by more than 35% (loose: CI machines are noisy;
+// the full loop's targets are 10% median and 20% worst).
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fmt/format.h>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "tests/run_meshtrain.h"
+
+namespace {
+
+struct Plan {
+  const char* label;
+  const char* flags;
+  int world;
+  int dp;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+TEST_CASE("the simulator predicts real cpu steps within 35%", "[calibrate][loop]") {
+  const std::string data = "test_cpu_loop_data.bin", cal = "test_cpu_loop_cal.json",
+                    metrics = "test_cpu_loop_metrics.jsonl";
+  {
+    std::ofstream f(data, std::ios::binary);
+    for (unsigned i = 0; i < 100000; ++i) f.put(static_cast<char>((i * 2654435761u) >> 13));
+  }
+  const Plan plans[] = {{"single", "", 1, 1},
+                        {"tp2", "--tp 2", 2, 1},
+                        {"pp2 1f1b", "--pp 2 --schedule 1f1b", 2, 1},
+                        {"dp2 zero1", "--dp 2 --zero 1", 2, 2}};
+  double worst = 0;
+  for (const Plan& p : plans) {
+    const std::string common = fmt::format(
+        "--model tiny --micro-batch 8 --seq-len 64 --global-batch {} {}", 8 * 2 * p.dp, p.flags);
+    auto c = run_meshtrain(fmt::format(
+        "calibrate --backend cpu --out {} --quick --no-grid --workload tiny:8:64 --sharing {} "
+        "--max-ranks 2 --statistic mean",
+        cal, p.world));
+    INFO(c.out);
+    REQUIRE(c.status == 0);
+    std::remove(metrics.c_str());
+    auto t = run_meshtrain(fmt::format(
+        "train --data {} --steps 7 --warmup 1 --lr 1e-3 --quiet --metrics {} {}", data, metrics,
+        common));
+    INFO(t.out);
+    REQUIRE(t.status == 0);
+    std::vector<double> steps;
+    std::ifstream m(metrics);
+    for (std::string line; std::getline(m, line);)
+      if (!line.empty()) steps.push_back(nlohmann::json::parse(line)["step_time_s"].get<double>());
+    REQUIRE(steps.size() == 7);
+    steps.erase(steps.begin(), steps.begin() + 2);  // warm-up
+    const double measured = median(steps);
+    auto s = run_meshtrain(fmt::format(
+        "simulate --cluster local-cpu --gpus {} --calibration {} --precision fp32 --json {}",
+        p.world, cal, common));
+    INFO(s.out);
+    REQUIRE(s.status == 0);
+    const double predicted = nlohmann::json::parse(s.out)["iteration_time_s"].get<double>();
+    const double error = (predicted - measured) / measured;
+    std::printf("cpu loop: %-10s measured %8.2f ms  predicted %8.2f ms  error %+6.1f%%\n", p.label,
+                measured * 1e3, predicted * 1e3, error * 100);
+    worst = std::max(worst, std::abs(error));
+  }
+  std::remove(data.c_str());
+  std::remove(cal.c_str());
+  std::remove(metrics.c_str());
+  CHECK(worst <= 0.35);
+}
