@@ -97,6 +97,22 @@ double bytes_of(std::initializer_list<const Tensor*> ts) {
   return s;
 }
 
+// Buffer sets an op cycles through so that its inputs are not in cache when
+// it runs, as in a training step, where they were written by other ops in
+// between: enough sets to exceed kColdBytes, at most 16.
+constexpr double kColdBytes = 32.0 * (1 << 20);
+int cold_sets(double set_bytes) {
+  return static_cast<int>(std::clamp(std::ceil(kColdBytes / std::max(set_bytes, 1.0)), 1.0, 16.0));
+}
+
+// One call per invocation, cycling through `calls`.
+std::function<void()> rotating(std::vector<std::function<void()>> calls) {
+  return [calls = std::move(calls), i = std::size_t{0}]() mutable {
+    calls[i]();
+    i = (i + 1) % calls.size();
+  };
+}
+
 }  // namespace
 
 bool GemmShape::operator<(const GemmShape& o) const {
@@ -125,11 +141,16 @@ Result<std::vector<sim::Calibration::Gemm>> measure_gemm(Backend& b,
   std::vector<sim::Calibration::Gemm> out;
   for (std::size_t i = 0; i < shapes.size(); ++i) {
     const GemmShape& g = shapes[i];
-    Tensor a = filled(b, g.trans_a ? Shape{g.k, g.m} : Shape{g.m, g.k}, 0.01f);
-    Tensor w = filled(b, g.trans_b ? Shape{g.n, g.k} : Shape{g.k, g.n}, 0.01f);
-    Tensor c = filled(b, Shape{g.m, g.n}, 0.f);
-    GemmOp op{g.trans_a, g.trans_b, 1.f, 0.f, Tensor{}};
-    MT_ASSIGN(auto r, time_op(b, [&] { b.gemm(a, w, c, op); }, t, sync, sharing));
+    const double set_bytes = 4.0 * static_cast<double>(g.m * g.k + g.k * g.n + g.m * g.n);
+    std::vector<std::function<void()>> calls;
+    for (int c = 0; c < cold_sets(set_bytes); ++c) {
+      Tensor x = filled(b, g.trans_a ? Shape{g.k, g.m} : Shape{g.m, g.k}, 0.01f);
+      Tensor w = filled(b, g.trans_b ? Shape{g.n, g.k} : Shape{g.k, g.n}, 0.01f);
+      Tensor y = filled(b, Shape{g.m, g.n}, 0.f);
+      const GemmOp op{g.trans_a, g.trans_b, 1.f, 0.f, Tensor{}};
+      calls.push_back([=, &b]() mutable { b.gemm(x, w, y, op); });
+    }
+    MT_ASSIGN(auto r, time_op(b, rotating(std::move(calls)), t, sync, sharing));
     out.push_back({g.m, g.n, g.k, sim::DType::kFp32, r.first, r.second});
     if (progress) progress(i + 1);
   }
@@ -162,87 +183,104 @@ Result<std::vector<sim::Calibration::Attention>> measure_attention(
   return out;
 }
 
+namespace {
+
+// A call of op `s.op` on fresh tensors of shape s, and the bytes it moves.
+Result<std::pair<std::function<void()>, double>> make_op(Backend& b, const OpShape& s) {
+  const std::int64_t n = s.rows, c = s.cols;
+  // Byte counts follow backends/sim/sim_backend.cc op by op (each tensor
+  // argument the sim backend lists, once), so a lookup by the bytes the
+  // simulation counts finds these entries.
+  std::function<void()> op;
+  double bytes = 0;
+  Tensor x = filled(b, Shape{n, c}, 0.5f), y = filled(b, Shape{n, c}, 0.25f);
+  Tensor z = filled(b, Shape{n, c}, 0.f);
+  Tensor row = filled(b, Shape{c}, 1.f), one = filled(b, Shape{1}, 0.f);
+  Tensor stat1 = filled(b, Shape{n}, 0.f), stat2 = filled(b, Shape{n}, 1.f);
+  Tensor stat3 = filled(b, Shape{n}, 0.f), stat4 = filled(b, Shape{n}, 0.f);
+  Tensor tok = ids(b, n, c);
+  if (s.op == "fill") {
+    op = [=, &b]() mutable { b.fill(z, 1.f); }, bytes = bytes_of({&z});
+  } else if (s.op == "copy") {
+    op = [=, &b]() mutable { b.copy(x, z); }, bytes = bytes_of({&x, &z});
+  } else if (s.op == "add") {
+    op = [=, &b]() mutable { b.add(x, y, z); }, bytes = bytes_of({&x, &y, &z});
+  } else if (s.op == "scale") {
+    op = [=, &b]() mutable { b.scale(z, 0.999f); }, bytes = bytes_of({&z, &z});
+  } else if (s.op == "axpy") {
+    op = [=, &b]() mutable { b.axpy(0.5f, x, z); }, bytes = bytes_of({&x, &z, &z});
+  } else if (s.op == "sum") {
+    op = [=, &b]() mutable { b.sum(x, one, 1.f, false); }, bytes = bytes_of({&x, &one});
+  } else if (s.op == "sum_squares") {
+    op = [=, &b]() mutable { b.sum_squares(x, one, false); }, bytes = bytes_of({&x, &one});
+  } else if (s.op == "bias_backward") {
+    op = [=, &b]() mutable { b.bias_backward(x, row); }, bytes = bytes_of({&x, &row});
+  } else if (s.op == "embedding_forward") {
+    // The table has `cols` rows of width cols: a (V, C) table with V = C.
+    Tensor table = filled(b, Shape{c, c}, 0.1f), e = filled(b, Shape{n, c}, 0.f);
+    op = [=, &b]() mutable { b.embedding_forward(table, tok, e, 0); };
+    bytes = bytes_of({&tok, &e, &e});
+  } else if (s.op == "embedding_backward") {
+    Tensor dtable = filled(b, Shape{c, c}, 0.f);
+    op = [=, &b]() mutable { b.embedding_backward(x, tok, dtable, 0); };
+    bytes = bytes_of({&x, &tok, &x});
+  } else if (s.op == "layernorm_forward") {
+    op = [=, &b]() mutable { b.layernorm_forward(x, row, row, z, stat1, stat2, 1e-5f); };
+    bytes = bytes_of({&x, &row, &row, &z, &stat1, &stat2});
+  } else if (s.op == "layernorm_backward") {
+    Tensor dw = filled(b, Shape{c}, 0.f), db = filled(b, Shape{c}, 0.f);
+    op = [=, &b]() mutable {
+      b.layernorm_backward(y, x, row, stat1, stat2, z, dw, db);
+    };
+    bytes = bytes_of({&y, &x, &row, &stat1, &stat2, &z, &dw, &db});
+  } else if (s.op == "gelu_forward") {
+    op = [=, &b]() mutable { b.gelu_forward(x, z); }, bytes = bytes_of({&x, &z});
+  } else if (s.op == "gelu_backward") {
+    op = [=, &b]() mutable { b.gelu_backward(y, x, z); }, bytes = bytes_of({&y, &x, &z});
+  } else if (s.op == "cross_entropy_max") {
+    op = [=, &b]() mutable { b.cross_entropy_max(x, stat1); }, bytes = bytes_of({&x, &stat1});
+  } else if (s.op == "cross_entropy_partials") {
+    op = [=, &b]() mutable { b.cross_entropy_partials(x, tok, stat1, 0, stat2, stat3); };
+    bytes = bytes_of({&x, &tok, &stat1, &stat2, &stat3});
+  } else if (s.op == "cross_entropy_loss") {
+    op = [=, &b]() mutable { b.cross_entropy_loss(stat1, stat2, stat3, stat4); };
+    bytes = bytes_of({&stat1, &stat2, &stat3, &stat4});
+  } else if (s.op == "cross_entropy_backward") {
+    op = [=, &b]() mutable { b.cross_entropy_backward(x, tok, stat1, stat2, 0, 1e-3f, z); };
+    bytes = bytes_of({&x, &tok, &stat1, &stat2, &z});
+  } else if (s.op == "clip_coefficient") {
+    Tensor sumsq = filled(b, Shape{1}, 4.f);
+    op = [=, &b]() mutable { b.clip_coefficient(sumsq, 1.f, one); };
+    bytes = bytes_of({&sumsq, &one});
+  } else if (s.op == "adamw") {
+    Tensor m = filled(b, Shape{n, c}, 0.f), v = filled(b, Shape{n, c}, 0.f);
+    AdamWOp a;
+    a.lr = 1e-6f;
+    op = [=, &b]() mutable { b.adamw(z, y, m, v, Tensor{}, a); };
+    Tensor none;
+    bytes = bytes_of({&z, &y, &m, &v, &z, &m, &v, &none});
+  } else {
+    return make_error("calibrate: no measurement for op '{}'", s.op);
+  }
+  return std::make_pair(std::move(op), bytes);
+}
+
+}  // namespace
+
 Result<std::vector<sim::Calibration::Op>> measure_ops(Backend& b, const std::vector<OpShape>& shapes,
                                                       const Timing& t, const Sync& sync,
                                                       int sharing, const Progress& progress) {
   std::vector<sim::Calibration::Op> out;
   for (std::size_t i = 0; i < shapes.size(); ++i) {
     const OpShape& s = shapes[i];
-    const std::int64_t n = s.rows, c = s.cols;
-    // Byte counts follow backends/sim/sim_backend.cc op by op (each tensor
-    // argument the sim backend lists, once), so a lookup by the bytes the
-    // simulation counts finds these entries.
-    std::function<void()> op;
-    double bytes = 0;
-    Tensor x = filled(b, Shape{n, c}, 0.5f), y = filled(b, Shape{n, c}, 0.25f);
-    Tensor z = filled(b, Shape{n, c}, 0.f);
-    Tensor row = filled(b, Shape{c}, 1.f), one = filled(b, Shape{1}, 0.f);
-    Tensor stat1 = filled(b, Shape{n}, 0.f), stat2 = filled(b, Shape{n}, 1.f);
-    Tensor stat3 = filled(b, Shape{n}, 0.f), stat4 = filled(b, Shape{n}, 0.f);
-    Tensor tok = ids(b, n, c);
-    if (s.op == "fill") {
-      op = [&] { b.fill(z, 1.f); }, bytes = bytes_of({&z});
-    } else if (s.op == "copy") {
-      op = [&] { b.copy(x, z); }, bytes = bytes_of({&x, &z});
-    } else if (s.op == "add") {
-      op = [&] { b.add(x, y, z); }, bytes = bytes_of({&x, &y, &z});
-    } else if (s.op == "scale") {
-      op = [&] { b.scale(z, 0.999f); }, bytes = bytes_of({&z, &z});
-    } else if (s.op == "axpy") {
-      op = [&] { b.axpy(0.5f, x, z); }, bytes = bytes_of({&x, &z, &z});
-    } else if (s.op == "sum") {
-      op = [&] { b.sum(x, one, 1.f, false); }, bytes = bytes_of({&x, &one});
-    } else if (s.op == "sum_squares") {
-      op = [&] { b.sum_squares(x, one, false); }, bytes = bytes_of({&x, &one});
-    } else if (s.op == "bias_backward") {
-      op = [&] { b.bias_backward(x, row); }, bytes = bytes_of({&x, &row});
-    } else if (s.op == "embedding_forward") {
-      // The table has `cols` rows of width cols: a (V, C) table with V = C.
-      Tensor table = filled(b, Shape{c, c}, 0.1f), e = filled(b, Shape{n, c}, 0.f);
-      op = [&b, table, tok, e]() mutable { b.embedding_forward(table, tok, e, 0); };
-      bytes = bytes_of({&tok, &e, &e});
-    } else if (s.op == "embedding_backward") {
-      Tensor dtable = filled(b, Shape{c, c}, 0.f);
-      op = [&b, x, tok, dtable]() mutable { b.embedding_backward(x, tok, dtable, 0); };
-      bytes = bytes_of({&x, &tok, &x});
-    } else if (s.op == "layernorm_forward") {
-      op = [&] { b.layernorm_forward(x, row, row, z, stat1, stat2, 1e-5f); };
-      bytes = bytes_of({&x, &row, &row, &z, &stat1, &stat2});
-    } else if (s.op == "layernorm_backward") {
-      Tensor dw = filled(b, Shape{c}, 0.f), db = filled(b, Shape{c}, 0.f);
-      op = [&b, y, x, row, stat1, stat2, z, dw, db]() mutable {
-        b.layernorm_backward(y, x, row, stat1, stat2, z, dw, db);
-      };
-      bytes = bytes_of({&y, &x, &row, &stat1, &stat2, &z, &dw, &db});
-    } else if (s.op == "gelu_forward") {
-      op = [&] { b.gelu_forward(x, z); }, bytes = bytes_of({&x, &z});
-    } else if (s.op == "gelu_backward") {
-      op = [&] { b.gelu_backward(y, x, z); }, bytes = bytes_of({&y, &x, &z});
-    } else if (s.op == "cross_entropy_max") {
-      op = [&] { b.cross_entropy_max(x, stat1); }, bytes = bytes_of({&x, &stat1});
-    } else if (s.op == "cross_entropy_partials") {
-      op = [&] { b.cross_entropy_partials(x, tok, stat1, 0, stat2, stat3); };
-      bytes = bytes_of({&x, &tok, &stat1, &stat2, &stat3});
-    } else if (s.op == "cross_entropy_loss") {
-      op = [&] { b.cross_entropy_loss(stat1, stat2, stat3, stat4); };
-      bytes = bytes_of({&stat1, &stat2, &stat3, &stat4});
-    } else if (s.op == "cross_entropy_backward") {
-      op = [&] { b.cross_entropy_backward(x, tok, stat1, stat2, 0, 1e-3f, z); };
-      bytes = bytes_of({&x, &tok, &stat1, &stat2, &z});
-    } else if (s.op == "clip_coefficient") {
-      Tensor sumsq = filled(b, Shape{1}, 4.f);
-      op = [&b, sumsq, one]() mutable { b.clip_coefficient(sumsq, 1.f, one); };
-      bytes = bytes_of({&sumsq, &one});
-    } else if (s.op == "adamw") {
-      Tensor m = filled(b, Shape{n, c}, 0.f), v = filled(b, Shape{n, c}, 0.f);
-      AdamWOp a;
-      a.lr = 1e-6f;
-      op = [&b, z, y, m, v, a]() mutable { b.adamw(z, y, m, v, Tensor{}, a); };
-      Tensor none;
-      bytes = bytes_of({&z, &y, &m, &v, &z, &m, &v, &none});
-    } else {
-      return make_error("calibrate: no measurement for op '{}'", s.op);
+    MT_ASSIGN(auto first, make_op(b, s));
+    const double bytes = first.second;
+    std::vector<std::function<void()>> calls = {std::move(first.first)};
+    for (int k = 1; k < cold_sets(bytes); ++k) {
+      MT_ASSIGN(auto more, make_op(b, s));
+      calls.push_back(std::move(more.first));
     }
+    std::function<void()> op = rotating(std::move(calls));
     MT_ASSIGN(auto r, time_op(b, op, t, sync, sharing));
     out.push_back({s.op, bytes, r.first, r.second});
     if (progress) progress(i + 1);

@@ -7,7 +7,9 @@
 // Timing rule: a sample is `iters` back-to-back calls of one op followed by
 // Backend::synchronize(), divided by iters; iters is chosen by a pilot run so
 // that a sample lasts at least Timing::min_sample_s (so clock resolution and
-// the synchronize are noise). An entry records the median of `samples`
+// the synchronize are noise). Each call uses the next of several buffer sets
+// (together > 32 MiB, at most 16), so that its inputs come from memory, not
+// cache, as in a step where other ops ran in between. An entry records the median of `samples`
 // samples (or their mean, Timing::mean) as time_us and their 10th/90th
 // percentiles as the spread.
 //

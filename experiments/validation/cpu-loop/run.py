@@ -1,0 +1,168 @@
+#!/usr/bin/env python3
+"""Close the loop on this machine: calibrate the cpu backend, run real training
+steps under several plans, simulate the same plans with the calibration on the
+local-cpu cluster, and print plan, measured, predicted and error.
+
+    experiments/validation/cpu-loop/run.py --meshtrain build/engine/meshtrain
+
+Measured: the median `step_time_s` of `meshtrain train --metrics` over the
+steps after --warmup. Predicted: `iteration_time_s` of `meshtrain simulate
+--cluster local-cpu --calibration FILE --precision fp32 --json`. Error:
+(predicted - measured) / measured. Exit status 1 when the worst absolute error
+exceeds --max-worst or the median exceeds --max-median (see README.md).
+
+Calibration: by default each plan is calibrated just before it runs (only its
+workload's shapes, at its rank count, `--statistic mean`), so that on a
+machine shared with other work the calibration and the run see the same
+load; --calibration FILE uses one calibration for every plan instead.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SMALL = os.path.join(HERE, "small-gpt.json")
+
+# (label, model, micro-batch, seq, plan flags). Global batch: 4 micro-batches
+# per replica, so pipelines have work to overlap.
+TINY = ("tiny", 8, 64)
+SMALL_GPT = (SMALL, 4, 128)
+PLANS = [
+    ("tiny single", TINY, []),
+    ("tiny tp2", TINY, ["--tp", "2"]),
+    ("tiny pp2 gpipe", TINY, ["--pp", "2", "--schedule", "gpipe"]),
+    ("tiny pp2 1f1b", TINY, ["--pp", "2", "--schedule", "1f1b"]),
+    ("tiny dp2 zero0", TINY, ["--dp", "2", "--zero", "0"]),
+    ("tiny dp2 zero1", TINY, ["--dp", "2", "--zero", "1"]),
+    ("tiny dp2 zero3", TINY, ["--dp", "2", "--zero", "3"]),
+    ("small single", SMALL_GPT, []),
+    ("small tp2", SMALL_GPT, ["--tp", "2"]),
+    ("small pp2 1f1b", SMALL_GPT, ["--pp", "2", "--schedule", "1f1b"]),
+    ("small dp2 zero1", SMALL_GPT, ["--dp", "2", "--zero", "1"]),
+]
+QUICK = ["tiny single", "tiny tp2", "tiny pp2 1f1b", "tiny dp2 zero1"]
+
+
+def world(flags):
+    w = 1
+    for key in ("--tp", "--pp", "--dp"):
+        if key in flags:
+            w *= int(flags[flags.index(key) + 1])
+    return w
+
+
+def common(workload, flags, microbatches):
+    model, b, t = workload
+    dp = int(flags[flags.index("--dp") + 1]) if "--dp" in flags else 1
+    return ["--model", model, "--micro-batch", str(b), "--seq-len", str(t),
+            "--global-batch", str(b * dp * microbatches)] + flags
+
+
+def run(cmd):
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    return p.returncode, p.stdout, p.stderr
+
+
+def measure(mt, data, workload, flags, steps, warmup, microbatches, tmp):
+    metrics = os.path.join(tmp, "metrics.jsonl")
+    if os.path.exists(metrics):
+        os.remove(metrics)
+    rc, _, err = run([mt, "train", "--data", data, "--steps", str(steps), "--warmup", "1",
+                      "--lr", "1e-3", "--quiet", "--metrics", metrics]
+                     + common(workload, flags, microbatches))
+    if rc != 0:
+        return None, err.strip().splitlines()[-1] if err.strip() else f"exit {rc}"
+    with open(metrics) as f:
+        times = [json.loads(line)["step_time_s"] for line in f if line.strip()]
+    return statistics.median(times[warmup:]), None
+
+
+def predict(mt, cal, workload, flags, microbatches):
+    rc, out, err = run([mt, "simulate", "--cluster", "local-cpu", "--gpus", str(world(flags)),
+                        "--calibration", cal, "--precision", "fp32", "--json"]
+                       + common(workload, flags, microbatches))
+    if rc != 0:
+        return None, err.strip().splitlines()[-1] if err.strip() else f"exit {rc}"
+    return json.loads(out)["iteration_time_s"], None
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--meshtrain", default="build/engine/meshtrain")
+    ap.add_argument("--calibration", help="use this calibration instead of measuring one")
+    ap.add_argument("--quick", action="store_true",
+                    help="quick calibration and 4 tiny plans (the CI test)")
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--warmup", type=int, default=3, help="steps left out of the median")
+    ap.add_argument("--microbatches", type=int, default=4)
+    ap.add_argument("--max-worst", type=float, default=0.20)
+    ap.add_argument("--max-median", type=float, default=0.10)
+    ap.add_argument("--csv", help="also write the table as CSV")
+    ap.add_argument("--statistic", default="mean", choices=["mean", "median"],
+                    help="per-plan calibration statistic (see meshtrain calibrate --help)")
+    a = ap.parse_args()
+    if a.warmup >= a.steps:
+        sys.exit(f"--warmup {a.warmup} must be below --steps {a.steps}")
+    mt = a.meshtrain
+    with tempfile.TemporaryDirectory() as tmp:
+        data = os.path.join(tmp, "data.bin")
+        with open(data, "wb") as f:  # any bytes are tokens; the content does not change timing
+            f.write(bytes((i * 2654435761 >> 13) & 255 for i in range(200_000)))
+        def calibrate(workload, sharing):
+            """A calibration of `workload`'s shapes at `sharing` ranks, measured now."""
+            cal = os.path.join(tmp, "calibration.json")
+            model, b, t = workload
+            cmd = [mt, "calibrate", "--backend", "cpu", "--out", cal, "--quick", "--no-grid",
+                   "--workload", f"{model}:{b}:{t}", "--sharing", str(sharing),
+                   "--max-ranks", "2", "--statistic", a.statistic]
+            rc, _, err = run(cmd)
+            if rc != 0:
+                sys.exit(f"calibrate failed: {err.strip()}")
+            return cal
+        rows, errors = [], []
+        for label, workload, flags in PLANS:
+            if a.quick and label not in QUICK:
+                continue
+            cal = a.calibration or calibrate(workload, world(flags))
+            measured, why = measure(mt, data, workload, flags, a.steps, a.warmup,
+                                    a.microbatches, tmp)
+            if measured is None:
+                rows.append((label, None, None, None, why))
+                continue
+            predicted, why = predict(mt, cal, workload, flags, a.microbatches)
+            if predicted is None:
+                rows.append((label, measured, None, None, why))
+                continue
+            e = (predicted - measured) / measured
+            errors.append(abs(e))
+            rows.append((label, measured, predicted, e, ""))
+            print(f"  {label}: measured {measured * 1e3:.2f} ms, predicted {predicted * 1e3:.2f} ms",
+                  file=sys.stderr, flush=True)
+    print(f"{'plan':<18} {'measured ms':>12} {'predicted ms':>13} {'error':>8}")
+    for label, m, p, e, why in rows:
+        if e is None:
+            print(f"{label:<18} {'-' if m is None else f'{m * 1e3:.2f}':>12} {'-':>13} {'-':>8}  "
+                  f"not run: {why}")
+        else:
+            print(f"{label:<18} {m * 1e3:>12.2f} {p * 1e3:>13.2f} {e * 100:>+7.1f}%")
+    if a.csv:
+        with open(a.csv, "w") as f:
+            f.write("plan,measured_s,predicted_s,error,note\n")
+            for label, m, p, e, why in rows:
+                f.write(f"{label},{m if m is not None else ''},{p if p is not None else ''},"
+                        f"{e if e is not None else ''},{why}\n")
+    if not errors:
+        sys.exit("no plan was both measured and simulated")
+    med, worst = statistics.median(errors), max(errors)
+    print(f"median |error| {med * 100:.1f}%, worst {worst * 100:.1f}% over {len(errors)} plans "
+          f"(targets: median <= {a.max_median * 100:.0f}%, worst <= {a.max_worst * 100:.0f}%)")
+    if worst > a.max_worst or med > a.max_median:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
