@@ -22,13 +22,21 @@ std::int64_t TraceRecorder::now_ns() const {
       .count();
 }
 
+void RankTrace::add(TraceEvent e, std::string_view event_args) {
+  e.args_begin = args.size();
+  e.args_size = event_args.size();
+  args += event_args;
+  events.push_back(e);
+}
+
 void TraceRecorder::add_rank(int rank, RankTrace trace) {
   std::lock_guard lock(mu_);
   auto [it, fresh] = ranks_.try_emplace(rank, std::move(trace));
   if (fresh) return;
   RankTrace& into = it->second;
   into.streams.merge(trace.streams);
-  for (TraceEvent& e : trace.events) into.events.push_back(std::move(e));
+  for (const TraceEvent& e : trace.events)
+    into.add(e, std::string_view(trace.args).substr(e.args_begin, e.args_size));
 }
 
 std::string TraceRecorder::to_json() const {
@@ -55,7 +63,10 @@ std::string TraceRecorder::to_json() const {
       sep();
       out += fmt::format(R"({{"ph":"X","pid":{},"tid":{},"name":"{}","cat":"{}","ts":{},"dur":{})",
                          rank, e.stream, e.name, e.category, us(e.start_ns), us(e.duration_ns));
-      if (!e.args.empty()) out += ",\"args\":" + e.args;
+      if (e.args_size > 0) {
+        out += ",\"args\":";
+        out.append(t.args, e.args_begin, e.args_size);
+      }
       out += '}';
     }
   }

@@ -31,6 +31,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/status.h"
@@ -43,14 +44,23 @@ struct TraceEvent {
   const char* category = "";  // "compute", "host", a collective's name, "send" or "recv"
   std::int64_t start_ns = 0;  // since the recorder's origin
   std::int64_t duration_ns = 0;
-  std::string args;  // a rendered JSON object ("{...}"), or empty for none
+  // The event's args, a rendered JSON object ("{...}"), as [begin, begin +
+  // size) of its RankTrace's `args`; size 0: none.
+  std::size_t args_begin = 0, args_size = 0;
 };
 
 // One rank's part of the trace.
 struct RankTrace {
-  std::string label;                 // process name, "rank 3 (cpu)"
+  std::string label;                   // process name, "rank 3 (cpu)"
   std::map<int, std::string> streams;  // Stream id -> name
   std::vector<TraceEvent> events;      // issue order
+  // Every event's args back to back. One growing buffer rather than a small
+  // string per event: small allocations that live for the whole run, made
+  // between the step's large tensor allocations, fragment glibc's heap (a
+  // 40k-event run grew by 170 MB that way instead of by 4 MB).
+  std::string args;
+
+  void add(TraceEvent e, std::string_view event_args);
 };
 
 class TraceRecorder {

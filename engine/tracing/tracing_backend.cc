@@ -42,11 +42,11 @@ TracingBackend::~TracingBackend() { recorder_.add_rank(rank(), std::move(trace_)
 
 template <class F>
 auto TracingBackend::timed(const char* name, const char* category, std::string args, F&& call) {
-  TraceEvent e{target().current_stream().id, name, category, 0, 0, std::move(args)};
+  TraceEvent e{target().current_stream().id, name, category, 0, 0};
   e.start_ns = recorder_.now_ns();
   auto finish = [&] {
     e.duration_ns = recorder_.now_ns() - e.start_ns;
-    trace_.events.push_back(std::move(e));
+    trace_.add(e, args);
   };
   if constexpr (std::is_void_v<decltype(call())>) {
     call();

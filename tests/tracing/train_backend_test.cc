@@ -17,7 +17,7 @@ const std::string kRun = " --model tiny --seq-len 32 --micro-batch 2 --steps 2 -
 
 }  // namespace
 
-TEST_CASE("--backend cuda without CUDA or without a device fails cleanly", "[backend]") {
+TEST_CASE("train with backend cuda fails cleanly without a CUDA build or a device", "[backend]") {
   // Asked directly first, and released before the command runs on the same device.
   std::string direct_error;
   {
@@ -43,7 +43,7 @@ TEST_CASE("--backend cuda without CUDA or without a device fails cleanly", "[bac
   }
 }
 
-TEST_CASE("--backend cuda with several ranks needs one process per rank", "[backend]") {
+TEST_CASE("train with backend cuda and several ranks needs one process per rank", "[backend]") {
   MeshtrainRun r = run_meshtrain("train --data " + training_text() + kRun + " --backend cuda --tp 2");
   CHECK(r.status == 1);
   CHECK_THAT(r.out, Catch::Contains("the cuda backend runs one rank per process") &&
