@@ -67,7 +67,7 @@ int inflight_microbatches(const Plan& p, int stage) {
 
 MemoryBreakdown memory_per_rank(const ModelSpec& m, const Plan& p, int stage, const ActivationLayout& a) {
   MemoryBreakdown r;
-  const ShardCount shard = count_shard_parameters(m, p.tp, p.pp, p.vpp, p.ep, stage);
+  const ShardCount shard = count_shard_parameters(m, p.tp, p.stage_split(), p.ep, stage);
   r.parameter_count = shard.total;
   const double n = static_cast<double>(shard.total);
   const bool mixed = p.precision != Precision::fp32;
@@ -75,6 +75,8 @@ MemoryBreakdown memory_per_rank(const ModelSpec& m, const Plan& p, int stage, co
   const double grad_bytes = a.gradient_bytes > 0 ? a.gradient_bytes : element_bytes(p.precision);
   const double optimizer_bytes = mixed ? 12.0 : 8.0;
   const double dp = p.dp;
+  // The stage's chunks share its layers evenly; the stage's count follows the plan's split.
+  const double layers_per_chunk = static_cast<double>(stage_layer_count(m, p.stage_split(), stage)) / p.vpp;
   r.parameters = n * param_bytes / (p.zero >= 3 ? dp : 1.0);
   r.gradients = n * grad_bytes / (p.zero >= 2 ? dp : 1.0);
   r.optimizer = n * optimizer_bytes / (p.zero >= 1 ? dp : 1.0);
@@ -88,7 +90,7 @@ MemoryBreakdown memory_per_rank(const ModelSpec& m, const Plan& p, int stage, co
     }
     for (auto v : per_layer) largest_layer = std::max(largest_layer, v);
     // A chunk of one layer has no next layer to prefetch within its pass.
-    const double gathered = m.layers / (p.pp * p.vpp) > 1 ? 2.0 : 1.0;
+    const double gathered = layers_per_chunk > 1 ? 2.0 : 1.0;
     if (p.zero >= 3) r.zero3_working = static_cast<double>(largest_layer) * (gathered * param_bytes + grad_bytes);
     else r.gradient_working = static_cast<double>(largest_layer) * grad_bytes;
     if (stage == 0 || stage == p.pp - 1) r.gradient_working += static_cast<double>(tied_embedding) * grad_bytes;
@@ -96,7 +98,6 @@ MemoryBreakdown memory_per_rank(const ModelSpec& m, const Plan& p, int stage, co
   if (p.zero == 1) r.gradient_shard = n * grad_bytes / dp;
   r.inflight = inflight_microbatches(p, stage);
   r.backward_working = layer_backward_working_bytes(m, p, a);
-  const double layers_per_chunk = static_cast<double>(m.layers) / (p.pp * p.vpp);
   // Each in-flight unit is one micro-batch through one chunk of layers.
   const double chunks_per_unit = p.schedule == ScheduleKind::interleaved ? 1.0 : p.vpp;
   r.activations = r.inflight * chunks_per_unit * layers_per_chunk * layer_activation_bytes(m, p, a);

@@ -105,6 +105,8 @@ struct MemoryBreakdown {
   }
 };
 
+// The rank at pipeline stage `stage`: its parameters and its layers per chunk
+// follow the plan's stage split (first/last stage layer counts, StageSplit).
 MemoryBreakdown memory_per_rank(const ModelSpec& m, const Plan& p, int stage, const ActivationLayout& a);
 
 }  // namespace meshtrain

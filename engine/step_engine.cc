@@ -5,6 +5,7 @@
 #include "engine/parallel/gradient_buckets.h"
 #include "engine/parallel/parameter_gather.h"
 #include "engine/parallel/sharded_optimizer.h"
+#include "models/parameters.h"
 #include "models/init.h"
 
 namespace meshtrain {
@@ -56,14 +57,16 @@ StepEngine::StepEngine(Backend& b, const ModelSpec& m, const Plan& p, const Mesh
   comm_ = b.create_stream("data-parallel");
   const TensorParallel tp{*mesh.group_of(GroupKind::tensor, b.rank()), coord_.tp, p.tp};
   const Group& dp = *mesh.group_of(GroupKind::data, b.rank());
-  const int virtual_stages = p.pp * p.vpp, per = m.layers / virtual_stages;
+  const int virtual_stages = p.pp * p.vpp;
   // Both pipeline ends hold the tied embedding; their gradients are summed before the dp reduction.
   const bool defer_embedding = m.tied_embeddings && p.pp > 1;
   for (int c = 0; c < p.vpp; ++c) {
     auto chunk = std::make_unique<Chunk>();
     chunk->virtual_stage = c * p.pp + coord_.pp;
     const int vs = chunk->virtual_stage;
-    const ChunkLayers layers{vs * per, (vs + 1) * per, vs == 0, vs == virtual_stages - 1};
+    // The plan's split: even, or Megatron-Core's given first/last stage layer counts (models/parameters.h).
+    const LayerRange range = virtual_stage_layers(m, p.stage_split(), vs);
+    const ChunkLayers layers{range.begin, range.end, vs == 0, vs == virtual_stages - 1};
     ChunkOptions chunk_options{p.recompute, options.dropout, {}};
     // ZeRO-2 frees gradients between uses, ZeRO-3 parameters too (gradient_buckets.h, parameter_gather.h).
     chunk_options.storage.persistent_grads = p.zero < 2;
@@ -308,7 +311,7 @@ Result<std::map<std::string, std::vector<float>>> StepEngine::export_state() {
   // Pipeline stages: every parameter from the stage that owns it to every stage.
   const Group& pipe = *mesh_.group_of(GroupKind::pipeline, b_.rank());
   for (const ParamInfo& info : parameter_table(m_)) {
-    const int owner = place_layer(m_, info.layer, plan_.pp, plan_.vpp).stage;
+    const int owner = place_layer(m_, info.layer, plan_.stage_split()).stage;
     const int root = mesh_.rank_of({coord_.tp, coord_.cp, coord_.dp, owner});
     for (const char* prefix : kPrefixes) {
       const std::string name = prefix + info.name;

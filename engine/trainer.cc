@@ -68,9 +68,6 @@ Status check_train_options(const TrainOptions& o, const ModelSpec& m, const Plan
   MT_TRY(validate_lr_schedule(LrSchedule{o.lr, o.min_lr, o.warmup, o.steps}));
   if (o.resume && o.checkpoint_dir.empty()) return make_error("--resume needs --checkpoint DIR");
   MT_TRY(StepEngine::supports(p));
-  if (p.first_stage_layers != 0 || p.last_stage_layers != 0)  // StepEngine splits layers evenly (for now)
-    return make_error("uneven pipeline stages (--first-stage-layers / --last-stage-layers) are not built by the "
-                      "step engine yet; leave them at 0 and use a pp·vpp that divides the layers");
   MT_TRY(load_byte_dataset(o.data, p.effective_seq_len(m)));
   if (!o.checkpoint_dir.empty()) MT_TRY(probe_checkpoint_dir(o.checkpoint_dir));
   if (!o.metrics.empty()) MT_TRY(MetricsWriter::open(o.metrics));

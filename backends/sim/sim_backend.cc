@@ -62,7 +62,21 @@ Result<std::unique_ptr<SimCluster>> SimCluster::create(const sim::ClusterSpec& s
   if (sorted.front() < 0 || sorted.back() >= world_size)
     return make_error("representative rank {} is outside the world of {} ranks",
                       sorted.front() < 0 ? sorted.front() : sorted.back(), world_size);
-  MT_ASSIGN(sim::Cluster cluster, sim::Cluster::build(spec, world_size));
+  // Links at the share of their line rate that collectives reach
+  // (CostConstants), except those a calibration measured (already achieved
+  // rates, applied to `spec` by apply_link_calibration). PCIe only carries
+  // GPU<->NIC traffic at the NIC's rate and is left as is.
+  const sim::CostConstants constants;
+  auto measured = [&](std::string_view kind) {
+    if (options.calibration == nullptr) return false;
+    for (const auto& l : options.calibration->links)
+      if (l.kind == kind) return true;
+    return false;
+  };
+  sim::ClusterSpec effective = spec;
+  if (!measured("nvlink")) effective.nvlink_bandwidth *= constants.nvlink_efficiency;
+  if (!measured("nic")) effective.nic_bandwidth *= constants.network_efficiency;
+  MT_ASSIGN(sim::Cluster cluster, sim::Cluster::build(effective, world_size));
   return std::unique_ptr<SimCluster>(
       new SimCluster(std::move(cluster), spec, std::move(representatives), options));
 }
@@ -139,6 +153,9 @@ void SimCluster::collective(int rank, sim::StreamId stream, const Group& g,
       if (!id)
         return fail(std::move(id).error().context(fmt::format("{} on group {}", kind, g.id)));
       list.push_back(*id);
+      // The executor reports its collectives' time and count, not their
+      // bytes: count them here, once, when the collective is created.
+      if (all) analytic_stats_[static_cast<std::size_t>(request.kind)].bytes += request.bytes;
     }
     if (Status s = ex.join_collective(stream, list[k]); !s) return fail(std::move(s).error());
     if (all) return;
@@ -483,6 +500,9 @@ void SimBackend::attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse,
   check(qkv, "attention_forward"), check(out, "attention_forward"), check(lse, "attention_forward");
   if (qkv.shape().rank() != 4)
     misuse("attention_forward: qkv {} must be (B, T, H + 2G, D)", qkv.shape().str());
+  if (cluster_.options_.attention == AttentionImpl::unfused)
+    return unfused_attention(qkv.shape()[0] * op.heads, qkv.shape()[1], op.head_dim, qkv.dtype(),
+                             false);
   compute(op_name("attention_forward"),
           cluster_.cost_.attention(qkv.shape()[0] * op.heads, qkv.shape()[1], op.head_dim, true,
                                    false, compute_dtype(qkv.dtype())));
@@ -494,9 +514,37 @@ void SimBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
   check(lse, "attention_backward"), check(dqkv, "attention_backward");
   if (qkv.shape().rank() != 4)
     misuse("attention_backward: qkv {} must be (B, T, H + 2G, D)", qkv.shape().str());
+  if (cluster_.options_.attention == AttentionImpl::unfused)
+    return unfused_attention(qkv.shape()[0] * op.heads, qkv.shape()[1], op.head_dim, qkv.dtype(),
+                             true);
   compute(op_name("attention_backward"),
           cluster_.cost_.attention(qkv.shape()[0] * op.heads, qkv.shape()[1], op.head_dim, true,
                                    true, compute_dtype(qkv.dtype())));
+}
+
+void SimBackend::unfused_attention(std::int64_t bh, std::int64_t seq, std::int64_t head_dim,
+                                   DType dtype, bool backward) {
+  const sim::CostModel& cost = cluster_.cost_;
+  const sim::DType t = compute_dtype(dtype);
+  const double elem = static_cast<double>(dtype_size(dtype));
+  const double scores = static_cast<double>(bh) * static_cast<double>(seq) * seq;  // b·a·s²
+  const bool dropout = cluster_.options_.attention_dropout > 0;
+  // One (s, s) by (s, d) or (s, d) by (d, s) product per sequence and head.
+  const sim::Time scores_gemm = cost.gemm(seq, seq, head_dim, t, bh);   // q·kᵀ or dO·Vᵀ
+  const sim::Time context_gemm = cost.gemm(seq, head_dim, seq, t, bh);  // P·v, Pᵀ·dO, dS·K, dSᵀ·Q
+  if (!backward) {
+    compute(op_name("attention_scores"), scores_gemm);
+    compute(op_name("attention_softmax"), cost.memory_bound(2 * elem * scores));
+    if (dropout) compute(op_name("attention_dropout"), cost.memory_bound((2 * elem + 1) * scores));
+    compute(op_name("attention_context"), context_gemm);
+    return;
+  }
+  compute(op_name("attention_context_backward"), context_gemm);  // dV
+  compute(op_name("attention_scores_backward"), scores_gemm);    // dP
+  if (dropout)
+    compute(op_name("attention_dropout_backward"), cost.memory_bound((2 * elem + 1) * scores));
+  compute(op_name("attention_softmax_backward"), cost.memory_bound(3 * elem * scores));
+  compute(op_name("attention_query_key_backward"), cost.gemm(seq, head_dim, seq, t, 2 * bh));  // dQ, dK
 }
 
 void SimBackend::cross_entropy_max(const Tensor& logits, Tensor& row_max) {

@@ -24,7 +24,8 @@
 //
 // How each op becomes a task:
 //  * gemm / batched_gemm: CostModel::gemm(m, n, k, batch); attention:
-//    CostModel::attention(B·H, T, D, causal, backward); every other compute
+//    CostModel::attention(B·H, T, D, causal, backward), or the kernels of
+//    unfused attention (AttentionImpl); every other compute
 //    op is memory-bound on the bytes it reads and writes
 //    (CostModel::memory_bound with the op name, so a calibration can time
 //    each op kind on its own).
@@ -73,8 +74,32 @@ namespace meshtrain {
 
 class SimBackend;
 
+// Which attention kernels the simulated software stack runs: a fact of the
+// system being simulated (what its framework did in the measured year), not
+// a tuning knob. The engine issues one attention op either way; only its
+// timing differs.
+enum class AttentionImpl {
+  // One fused kernel (FlashAttention-2, 2023): CostModel::attention; the
+  // b·a·s² scores never leave on-chip memory, causal halves the work.
+  flash,
+  // Megatron-LM before FlashAttention (its 2021 runs): a batched GEMM writes
+  // the (b·a, s, s) scores to HBM, a fused scale-mask-softmax kernel reads
+  // and writes them, attention dropout (when the run used it) reads them and
+  // writes them and a 1-byte mask, a second batched GEMM reads them. GEMMs
+  // cover the full s×s (the causal mask is applied, not skipped). Backward:
+  // dV = Pᵀ·dO and dP = dO·Vᵀ (GEMMs), dropout backward (read dP and the
+  // mask, write), softmax backward (read dP and P, write dS), dQ = dS·K and
+  // dK = dSᵀ·Q (GEMMs). Only time is modelled: the sim backend's memory is
+  // that of the engine's tensors, which keep no s×s buffer.
+  unfused,
+};
+
 struct SimOptions {
   bool trace = false;  // collect a Chrome trace (SimCluster::trace())
+  AttentionImpl attention = AttentionImpl::flash;
+  // With AttentionImpl::unfused: the dropout probability on the attention
+  // probabilities (0: no dropout kernel). Flash attention fuses it.
+  float attention_dropout = 0.f;
   // How collectives among representatives are timed (flows see contention).
   sim::CollectiveMode mode = sim::CollectiveMode::kFlows;
   const sim::Calibration* calibration = nullptr;  // may be null; must outlive the cluster
@@ -254,6 +279,9 @@ class SimBackend final : public Backend {
   void compute(sim::NameId name, sim::Time duration);
   // A memory-bound task moving the bytes of `tensors` (each read or written once).
   void memory_op(sim::NameId name, std::initializer_list<const Tensor*> tensors);
+  // The kernels of AttentionImpl::unfused over `bh` (batch·heads) sequences.
+  void unfused_attention(std::int64_t bh, std::int64_t seq, std::int64_t head_dim, DType dtype,
+                         bool backward);
   void check(const Tensor& t, const char* op) const;
   sim::StreamId executor_stream(Stream s) const;
   sim::DType compute_dtype(DType t) const;

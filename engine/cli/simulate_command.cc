@@ -38,23 +38,32 @@ Error out_of_memory(const StageResult& s, const Plan& p, double device_bytes) {
 
 }  // namespace
 
+Result<AttentionImpl> attention_impl_from_name(std::string_view name) {
+  if (name == "flash") return AttentionImpl::flash;
+  if (name == "unfused") return AttentionImpl::unfused;
+  return make_error("unknown attention implementation '{}'; known: flash (fused, FlashAttention-2), unfused "
+                    "(separate score GEMM, softmax, dropout and context GEMM, as Megatron-LM in 2021)",
+                    name);
+}
+
+std::string_view attention_impl_name(AttentionImpl a) {
+  return a == AttentionImpl::unfused ? "unfused" : "flash";
+}
+
 Result<SimulationResult> simulate_iteration(const ModelSpec& m, const Plan& p,
                                             const SimulateOptions& options) {
   if (Status s = StepEngine::supports(p); !s)
     return std::move(s.context("the step engine cannot run this plan yet")).error();
-  // Plans may give the first and last stage their own layer counts (Plan, StageSplit);
-  // StepEngine still builds chunks of layers/(pp·vpp) each, so it would
-  // simulate the wrong layers. Refuse until it builds them from the split.
-  if (p.first_stage_layers != 0 || p.last_stage_layers != 0)
-    return make_error("uneven pipeline stages (first_stage_layers {}, last_stage_layers {}) are not built by the "
-                      "step engine yet: it splits the layers evenly; use 0 for both and a pp·vpp that divides them",
-                      p.first_stage_layers, p.last_stage_layers);
   const Mesh mesh(p);
   std::vector<int> reps;
   for (int stage = 0; stage < p.pp; ++stage) reps.push_back(mesh.rank_of(Coord{0, 0, 0, stage}));
+  if (!(options.dropout >= 0.f && options.dropout < 1.f))
+    return make_error("dropout {} must be in [0, 1)", options.dropout);
   SimOptions sim_options;
   sim_options.trace = options.trace;
   sim_options.calibration = options.calibration;
+  sim_options.attention = options.attention;
+  sim_options.attention_dropout = options.dropout;
   MT_ASSIGN(std::unique_ptr<SimCluster> cluster,
             SimCluster::create(options.cluster, p.world_size(), reps, sim_options));
 
@@ -68,6 +77,7 @@ Result<SimulationResult> simulate_iteration(const ModelSpec& m, const Plan& p,
 
   StepOptions step_options;
   step_options.initialize_parameters = false;  // the sim backend holds no values
+  step_options.dropout = options.dropout;       // the engine's dropout kernels, timed
   {
     std::vector<std::unique_ptr<StepEngine>> engines;
     for (int r : reps)
@@ -130,6 +140,8 @@ struct SimulateFlags {
   std::string comm = "threads";  // which measured collectives apply: "threads" or "mpi"
   bool json = false;
   bool ignore_memory = false;
+  std::string attention = "flash";  // the simulated software stack: see SimulateOptions
+  float dropout = 0.f;
 };
 
 // The README's first command: Megatron's 18.4B GPT on 64 DGX A100 GPUs
@@ -246,6 +258,8 @@ Status run_simulate(SimulateFlags f, bool no_flags) {
   }
   options.trace = !f.trace.empty();
   options.check_memory = !f.ignore_memory;
+  MT_ASSIGN(options.attention, attention_impl_from_name(f.attention));
+  options.dropout = f.dropout;
   MT_ASSIGN(SimulationResult r, simulate_iteration(mp.model, mp.plan, options));
   if (options.trace) {
     std::FILE* out = std::fopen(f.trace.c_str(), "wb");
@@ -269,6 +283,13 @@ Command add_simulate_command(CLI::App& app) {
   add_plan_flags(*sub, flags->plan, "");
   sub->add_option("--cluster", flags->cluster, "cluster preset name or JSON file")->capture_default_str();
   sub->add_option("--gpus", flags->gpus, "GPUs in the cluster (the plan's world; dp defaults to gpus / (tp·pp·cp))");
+  sub->add_option("--attention", flags->attention,
+                  "attention kernels of the simulated software: flash (fused) or unfused (Megatron-LM 2021: "
+                  "score GEMM, softmax, dropout, context GEMM)")
+      ->capture_default_str();
+  sub->add_option("--dropout", flags->dropout, "dropout probability of the simulated run (hidden states; "
+                  "with --attention unfused also the attention probabilities)")
+      ->capture_default_str();
   // Output flags do not choose what is simulated: with only those, the example runs.
   std::vector<CLI::Option*> output = {
       sub->add_option("--calibration", flags->calibration, "calibration JSON (meshtrain calibrate) replacing the defaults"),

@@ -24,6 +24,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "backends/sim/sim_backend.h"
@@ -39,7 +40,17 @@ struct SimulateOptions {
   const sim::Calibration* calibration = nullptr;  // may be null
   bool trace = false;                             // fill SimulationResult::trace_json
   bool check_memory = true;  // an Error when a rank's peak exceeds the device memory
+  // The simulated software stack (facts of the system, e.g. of a published
+  // run being reproduced): its attention kernels (sim_backend.h) and the
+  // dropout probability on hidden states (and, with unfused attention, on
+  // the attention probabilities), as the training run used.
+  AttentionImpl attention = AttentionImpl::flash;
+  float dropout = 0.f;
 };
+
+// "flash" / "unfused", and back; unknown names are an Error listing both.
+Result<AttentionImpl> attention_impl_from_name(std::string_view name);
+std::string_view attention_impl_name(AttentionImpl a);
 
 struct StageResult {
   int stage = 0, rank = 0;

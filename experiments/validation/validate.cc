@@ -12,6 +12,12 @@
 //
 // Exit status: 0 when every row is within the tolerance, 1 otherwise (or on a
 // bad table), so a script can gate on it.
+//
+// A table (or a row, overriding it) may describe the measured system's
+// software in "system": {"attention": "flash" | "unfused", "dropout": P}:
+// facts of how the published runs were made (which attention kernels their
+// framework had, which dropout they trained with), applied as
+// SimulateOptions, never fitted.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -67,6 +73,23 @@ Result<json> read_json(const std::string& path) {
   return j;
 }
 
+// Applies a "system" object (see the top of this file) to `o`.
+Status apply_system(const json& system, SimulateOptions& o) {
+  if (!system.is_object()) return make_error("\"system\" must be an object like {{\"attention\": \"unfused\", \"dropout\": 0.1}}");
+  for (const auto& [key, value] : system.items()) {
+    if (key == "attention" && value.is_string()) {
+      MT_ASSIGN(o.attention, attention_impl_from_name(value.get<std::string>()));
+    } else if (key == "dropout" && value.is_number()) {
+      o.dropout = value.get<float>();
+    } else {
+      return make_error("\"system\": unknown or mistyped field '{}'; known: \"attention\" (\"flash\" or \"unfused\"), "
+                        "\"dropout\" (a number in [0, 1))",
+                        key);
+    }
+  }
+  return ok_status();
+}
+
 Result<std::vector<Row>> run_table(const std::string& path) {
   MT_ASSIGN(json t, read_json(path));
   for (const char* key : {"source", "cluster", "flops", "rows"})
@@ -97,9 +120,13 @@ Result<std::vector<Row>> run_table(const std::string& path) {
     if (Status s = validate_plan(p, m, row.gpus); !s)
       return std::move(s.context(fmt::format("table '{}' row {} ({})", path, rows.size() + 1, row.model)))
           .error();
-    row.plan = describe(p);
     SimulateOptions options;
     options.cluster = cluster;
+    const std::string where = fmt::format("table '{}' row {} ({})", path, rows.size() + 1, row.model);
+    if (t.contains("system")) MT_TRY(apply_system(t["system"], options).context(where));
+    if (r.contains("system")) MT_TRY(apply_system(r["system"], options).context(where));
+    row.plan = describe(p) + fmt::format(" {}-attn", attention_impl_name(options.attention));
+    if (options.dropout > 0) row.plan += fmt::format(" drop{:g}", options.dropout);
     // The measured runs fit on the real machines; a predicted peak above the
     // device is reported in its own column rather than stopping the table.
     options.check_memory = false;
@@ -143,7 +170,7 @@ int main(int argc, char** argv) {
     }
     if (!as_json) {
       fmt::print("{}\n", path);
-      fmt::print("  {:<16} {:>5} {:<44} {:>9} {:>9} {:>7} {:>9} {:>7} {:>9} {:>8}\n", "model", "gpus", "plan",
+      fmt::print("  {:<16} {:>5} {:<64} {:>9} {:>9} {:>7} {:>9} {:>7} {:>9} {:>8}\n", "model", "gpus", "plan",
                  "measured", "predicted", "error", "iter s", "bubble", "exp.comm", "peak GiB");
     }
     for (const Row& r : *rows) {
@@ -156,7 +183,7 @@ int main(int argc, char** argv) {
                        {"exposed_comm_s", r.exposed_comm_s}, {"peak_memory_gib", r.peak_gib},
                        {"within_tolerance", within}, {"source", r.source}, {"simulator_wall_s", r.wall_s}});
       } else {
-        fmt::print("  {:<16} {:>5} {:<44} {:>9.1f} {:>9.1f} {:>+6.1f}% {:>9.3f} {:>6.1f}% {:>9.3f} {:>8.1f}{}\n",
+        fmt::print("  {:<16} {:>5} {:<64} {:>9.1f} {:>9.1f} {:>+6.1f}% {:>9.3f} {:>6.1f}% {:>9.3f} {:>8.1f}{}\n",
                    r.model, r.gpus, r.plan, r.measured, r.predicted, 100 * r.error, r.iteration_s,
                    100 * r.bubble, r.exposed_comm_s, r.peak_gib, within ? "" : "  <- outside tolerance");
       }

@@ -38,6 +38,22 @@ inline ModelSpec tiny_llama() {
   return m;
 }
 
+// Six layers of the tiny model: enough for uneven pipeline splits (2 + 4,
+// 1 + 4 + 1) whose stages differ in size and whose interleaved chunks do too.
+inline ModelSpec tiny_gpt6() {
+  ModelSpec m = tiny_gpt();
+  m.name = "tiny-6";  // the reference cache keys on the name
+  m.layers = 6;
+  return m;
+}
+
+// Megatron-Core's uneven split (models/parameters.h, StageSplit): the first
+// and last stage hold the given layer counts, 0 meaning an even share.
+inline Plan with_stage_layers(Plan p, int first, int last) {
+  p.first_stage_layers = first, p.last_stage_layers = last;
+  return p;
+}
+
 inline Plan make_plan(int tp, int pp, int dp, int zero, ScheduleKind schedule, int vpp = 1) {
   Plan p;
   p.tp = tp, p.pp = pp, p.dp = dp, p.zero = zero, p.vpp = vpp, p.schedule = schedule;

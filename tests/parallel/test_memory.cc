@@ -12,8 +12,7 @@ using namespace meshtrain::testing;
 
 namespace {
 
-void check_memory(const Plan& p) {
-  const ModelSpec m = tiny_gpt();
+void check_memory(const Plan& p, const ModelSpec& m = tiny_gpt()) {
   const Mesh mesh(p);
   std::vector<MemoryStats> peaks(static_cast<std::size_t>(p.world_size()));
   const Status s = run_ranks(p.world_size(), [&](int rank, Communicator& comm) -> Status {
@@ -33,7 +32,8 @@ void check_memory(const Plan& p) {
     const int stage = mesh.coord_of(rank).pp;
     const MemoryBreakdown model = memory_per_rank(m, p, stage, meshtrain_layout(p));
     const double measured = static_cast<double>(peaks[static_cast<std::size_t>(rank)].peak_bytes);
-    INFO("plan tp " << p.tp << (p.sequence_parallel ? " sp" : "") << " zero " << p.zero << " " << schedule_name(p.schedule) << " pp" << p.pp << " dp" << p.dp << ", rank "
+    INFO("plan tp " << p.tp << (p.sequence_parallel ? " sp" : "") << " zero " << p.zero << " " << schedule_name(p.schedule) << " pp" << p.pp << " dp" << p.dp
+                      << " stage layers " << p.first_stage_layers << "/" << p.last_stage_layers << ", rank "
                       << rank << " (stage " << stage << "): measured " << measured << " B, model " << model.total()
                       << " B (parameters " << model.parameters << ", gradients " << model.gradients
                       << ", optimizer " << model.optimizer << ", zero-3 working " << model.zero3_working
@@ -61,4 +61,12 @@ TEST_CASE("measured peak memory matches the memory model under sequence parallel
     p.sequence_parallel = true;
     check_memory(p);
   }
+}
+
+TEST_CASE("measured peak memory matches the memory model with uneven pipeline stages", "[parallel][memory][uneven]") {
+  // 6 layers as 2 + 4: the stages differ in parameters and in activations per in-flight micro-batch.
+  for (int zero : {1, 3}) check_memory(with_stage_layers(make_plan(1, 2, 2, zero, ScheduleKind::one_f_one_b), 2, 4), tiny_gpt6());
+  check_memory(with_stage_layers(make_plan(1, 2, 2, 1, ScheduleKind::interleaved, 2), 2, 4), tiny_gpt6());
+  // 1 + 4 + 1: the middle stage holds the most layers but neither embedding nor head.
+  check_memory(with_stage_layers(make_plan(1, 3, 1, 0, ScheduleKind::one_f_one_b), 1, 1), tiny_gpt6());
 }

@@ -40,8 +40,9 @@ const PlanRun& reference(const ModelSpec& m) {
 }
 
 std::string describe(const Plan& p) {
-  return fmt::format("tp{} pp{} dp{} vpp{} zero{} {}{}", p.tp, p.pp, p.dp, p.vpp, p.zero, schedule_name(p.schedule),
-                     p.sequence_parallel ? " sp" : "");
+  return fmt::format("tp{} pp{} dp{} vpp{} zero{} {}{} stages first {} last {}", p.tp, p.pp, p.dp, p.vpp, p.zero,
+                     schedule_name(p.schedule), p.sequence_parallel ? " sp" : "", p.first_stage_layers,
+                     p.last_stage_layers);
 }
 
 void check_matches_reference(const ModelSpec& m, const Plan& p) {
@@ -129,6 +130,17 @@ TEST_CASE("a Llama-style model under tensor and hybrid parallelism matches the s
           "[parallel][llama]") {
   check_matches_reference(tiny_llama(), make_plan(2, 1, 1, 0, ScheduleKind::one_f_one_b));
   check_matches_reference(tiny_llama(), make_plan(2, 2, 2, 1, ScheduleKind::one_f_one_b));
+}
+
+TEST_CASE("uneven pipeline stages match the single-rank run", "[parallel][pp][uneven]") {
+  // 6 layers: stage 0 holds 2 and stage 1 holds 4 (given both, or only the first).
+  check_matches_reference(tiny_gpt6(), with_stage_layers(make_plan(1, 2, 1, 0, ScheduleKind::one_f_one_b), 2, 4));
+  check_matches_reference(tiny_gpt6(), with_stage_layers(make_plan(2, 2, 2, 1, ScheduleKind::gpipe), 2, 0));
+  // 1 + 4 + 1 over three stages; the tied embedding spans stages 0 and 2.
+  check_matches_reference(tiny_gpt6(), with_stage_layers(make_plan(1, 3, 1, 3, ScheduleKind::one_f_one_b), 1, 1));
+  // Interleaved: virtual stages of 1, 2, 1, 2 layers (stage 0 holds 2, stage 1 holds 4, two chunks each).
+  check_matches_reference(tiny_gpt6(),
+                          with_stage_layers(make_plan(1, 2, 2, 2, ScheduleKind::interleaved, 2), 2, 4));
 }
 
 TEST_CASE("the same plan twice gives identical bits", "[parallel][determinism]") {

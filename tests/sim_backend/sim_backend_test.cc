@@ -65,3 +65,62 @@ TEST_CASE("sim backend: a gemm takes the cost model's time, a solo tp all-reduce
   CHECK(ar.time_s == Approx(ar_s));
   CHECK(r->tasks == 2);
 }
+
+TEST_CASE("sim backend: unfused attention is the score GEMM, softmax, dropout and context GEMM",
+          "[sim_backend][attention]") {
+  // Megatron-LM 2021 attention (AttentionImpl::unfused) for B 2, H 4, T 1024, D 64 in bf16.
+  const std::int64_t B = 2, H = 4, T = 1024, D = 64, bh = B * H;
+  const double s2 = static_cast<double>(bh) * T * T;  // elements of the (b·a, s, s) scores
+  for (float dropout : {0.f, 0.1f}) {
+    INFO("attention dropout " << dropout);
+    auto spec = sim::cluster_preset("dgx-a100");
+    REQUIRE(spec.ok());
+    SimOptions o;
+    o.attention = AttentionImpl::unfused;
+    o.attention_dropout = dropout;
+    auto made = SimCluster::create(*spec, 1, {0}, o);
+    REQUIRE(made.ok());
+    SimCluster& cluster = **made;
+    SimBackend& b = cluster.backend(0);
+    Tensor qkv = b.empty(Shape{B, T, 3 * H, D}, DType::bf16), out = b.empty(Shape{B, T, H, D}, DType::bf16);
+    Tensor lse = b.empty(Shape{B, H, T}), dqkv = b.empty(Shape{B, T, 3 * H, D}, DType::bf16);
+    const AttentionOp op{static_cast<int>(H), static_cast<int>(H), static_cast<int>(D), 0.125f};
+    b.attention_forward(qkv, out, lse, op);
+    b.attention_backward(out, qkv, out, lse, dqkv, op);
+    auto r = cluster.run();
+    REQUIRE(r.ok());
+    const sim::CostModel& c = cluster.cost_model();
+    auto s = [](sim::Time t) { return static_cast<double>(t) / 1e12; };
+    const double scores = s(c.gemm(T, T, D, sim::DType::kBf16, bh));   // q·kᵀ, dP = dO·vᵀ
+    const double context = s(c.gemm(T, D, T, sim::DType::kBf16, bh));  // P·v, dV, and dQ, dK below
+    // 2-byte scores: softmax reads and writes them (backward also reads P); dropout adds a 1-byte mask.
+    const double drop = dropout > 0 ? s(c.memory_bound(5 * s2)) : 0.0;
+    const double forward = scores + s(c.memory_bound(4 * s2)) + drop + context;
+    const double backward = context + scores + drop + s(c.memory_bound(6 * s2)) +
+                            s(c.gemm(T, D, T, sim::DType::kBf16, 2 * bh));
+    CHECK(r->ranks[0].compute_s == Approx(forward + backward).epsilon(1e-9));
+    // Far slower than the fused kernel, which never writes the scores to HBM.
+    const double flash = s(c.attention(bh, T, D, true, false, sim::DType::kBf16)) +
+                         s(c.attention(bh, T, D, true, true, sim::DType::kBf16));
+    CHECK(r->ranks[0].compute_s > 1.5 * flash);
+  }
+}
+
+TEST_CASE("sim backend: a node's all-reduce reaches the busbw nccl-tests measures on DGX A100",
+          "[sim_backend][comm]") {
+  // nccl-tests all_reduce_perf, 8 A100 on NVSwitch, large messages: ~230 GB/s busbw
+  // (CostConstants::nvlink_efficiency 0.77 of 300 GB/s). busbw = S · 2(n−1)/n / t.
+  auto cluster = make_cluster(8, {0, 1, 2, 3, 4, 5, 6, 7});
+  const Group node{1, {0, 1, 2, 3, 4, 5, 6, 7}};
+  const double S = 1024.0 * 1024 * 1024;
+  for (int r = 0; r < 8; ++r) {
+    Tensor x = cluster->backend(r).empty(Shape{static_cast<std::int64_t>(S / 2)}, DType::bf16);
+    cluster->backend(r).all_reduce(x, node, ReduceOp::sum);
+  }
+  auto r = cluster->run();
+  REQUIRE(r.ok());
+  const auto& ar = r->collectives[static_cast<std::size_t>(sim::CollectiveKind::kAllReduce)];
+  CHECK(ar.bytes == S);  // an all-simulated collective counts its bytes once
+  const double busbw = S * 2 * 7 / 8 / r->iteration_s;
+  CHECK(busbw == Approx(0.77 * 300e9).epsilon(0.03));
+}
