@@ -273,7 +273,7 @@ Result<ClusterSpec> cluster_spec_by_name_or_file(const std::string& name_or_path
   if (name_or_path.find(".json") == std::string::npos &&
       name_or_path.find('/') == std::string::npos)
     return make_error(
-        "'{}' is neither a cluster preset (dgx-a100, dgx-h100, h200) nor a .json file",
+        "'{}' is neither a cluster preset (dgx-a100, dgx-h100, h200, local-cpu) nor a .json file",
         name_or_path);
   return load_cluster_spec(name_or_path);
 }

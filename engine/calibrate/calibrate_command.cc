@@ -21,8 +21,9 @@
 //    measured over the "mpi" communicator (transport "mpi"); rank 0 measures
 //    everything else first while the others wait, and writes the file. A
 //    plain run records in machine.notes that MPI was not measured.
-// The cuda backend would be measured by the same functions; this build has
-// no factory for it, so --backend cuda is an error saying so.
+// --backend cuda runs the same functions on make_cuda_backend's backend
+// (kernels on rank 0's GPU; collectives of all ranks under mpirun); a build
+// without CUDA says so.
 #include <sys/utsname.h>
 
 #include <algorithm>
@@ -48,6 +49,7 @@
 #include "backends/cpu/comm/mpi_communicator.h"
 #include "backends/cpu/comm/mpi_environment.h"
 #include "backends/cpu/cpu_backend.h"
+#include "backends/cuda/cuda_factory.h"
 #include "core/names.h"
 #include "engine/calibrate/measure.h"
 #include "engine/calibrate/op_profile.h"
@@ -308,6 +310,55 @@ std::vector<T> sorted(const std::set<T>& s) {
   return {s.begin(), s.end()};
 }
 
+// The same measurements on the cuda backend: kernels on rank 0's GPU (one
+// rank per device, so ranks_sharing 1 only) and, under mpirun, the
+// collectives of all ranks over the backend's own communicator (NCCL; no
+// transport named).
+Status calibrate_cuda(const CalibrateFlags& f, const std::vector<GemmShape>& gemm,
+                      const std::vector<AttentionShape>& attention, const std::vector<OpShape>& ops,
+                      const calibrate::Timing& timing, MpiEnvironment* env) {
+  CudaBackendOptions options;
+  options.use_mpi = env != nullptr;
+  options.comm_timeout = std::chrono::hours(2);  // peers wait while rank 0 measures kernels
+  MT_ASSIGN(std::unique_ptr<Backend> b, make_cuda_backend(options));
+  const bool leader = b->rank() == 0;
+  sim::Calibration cal;
+  cal.machine = describe_machine("cuda");
+  cal.device = fmt::format("cuda backend on {}", cal.machine.cpu);
+  ProgressLine progress;
+  if (leader) {
+    auto show = [&](const char* what, std::size_t total) {
+      return [&progress, what, total](std::size_t done) { progress.show(what, done, total); };
+    };
+    MT_ASSIGN(cal.gemm, calibrate::measure_gemm(*b, gemm, timing, {}, 1, show("gemm", gemm.size())));
+    MT_ASSIGN(cal.attention, calibrate::measure_attention(*b, attention, timing, {}, 1,
+                                                          show("attention", attention.size())));
+    MT_ASSIGN(cal.ops, calibrate::measure_ops(*b, ops, timing, {}, 1,
+                                              show("memory-bound ops", ops.size())));
+    for (const auto& e : cal.ops)
+      if (e.op == "copy") cal.memory.push_back({e.bytes, e.time_us, e.spread});
+  }
+  if (b->world_size() >= 2) {
+    const std::vector<double> sizes = comm_sizes(f.quick);
+    auto show = [&](std::size_t done) {
+      if (leader) progress.show("collectives", done, sizes.size() * (b->world_size() == 2 ? 6 : 5));
+    };
+    auto entries = calibrate::measure_collectives(*b, world_group(b->world_size()), sizes, timing,
+                                                  "", show);
+    if (!entries) abort_job(entries.error());
+    cal.collectives = std::move(entries).value();
+  } else {
+    cal.machine.notes.push_back(
+        "collectives: not measured (one rank; run under mpirun -np N for NCCL collectives)");
+  }
+  if (!leader) return ok_status();
+  MT_TRY(sim::save_calibration(cal, f.out));
+  std::fprintf(stderr, "calibrate: wrote %s (%zu gemm, %zu attention, %zu ops, %zu collectives)\n",
+               f.out.c_str(), cal.gemm.size(), cal.attention.size(), cal.ops.size(),
+               cal.collectives.size());
+  return ok_status();
+}
+
 Status run_calibrate(const CalibrateFlags& f) {
   std::optional<tbb::global_control> tbb_limit;
   if (f.tbb_threads > 0)
@@ -319,12 +370,7 @@ Status run_calibrate(const CalibrateFlags& f) {
     return calibrate::print_op_profile(f.profile, f.calibration, f.profile_steps,
                                        f.profile_ranks);
   }
-  if (f.backend == "cuda")
-    return make_error(
-        "--backend cuda is not available in this build: the cuda backend has no factory "
-        "(make_cuda_backend) yet. The measurement code is backend-neutral "
-        "(engine/calibrate/measure.h); wire the factory into calibrate_command.cc when it lands");
-  if (f.backend != "cpu")
+  if (f.backend != "cpu" && f.backend != "cuda")
     return Error(unknown_name_message("calibration backend", f.backend, {"cpu", "cuda"}));
   if (f.out.empty()) return make_error("--out FILE is required (where the calibration is written)");
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -363,6 +409,8 @@ Status run_calibrate(const CalibrateFlags& f) {
   }
   const bool leader = !env || env->rank() == 0;
 
+  if (f.backend == "cuda") return calibrate_cuda(f, sorted(gemm), sorted(attention), sorted(ops),
+                                                 timing, env.get());
   sim::Calibration cal;
   cal.machine = describe_machine(f.backend);
   cal.device = fmt::format("{} ({} cores, cpu backend)", cal.machine.cpu, cal.machine.cores);
@@ -415,7 +463,7 @@ Command add_calibrate_command(CLI::App& app) {
   auto f = std::make_shared<CalibrateFlags>();
   CLI::App* sub = app.add_subcommand(
       "calibrate", "measure this machine's kernels and communicators into a simulator calibration file");
-  sub->add_option("--backend", f->backend, "cpu (cuda: when the build has a cuda backend factory)")
+  sub->add_option("--backend", f->backend, "cpu or cuda")
       ->capture_default_str();
   sub->add_option("--out", f->out, "calibration JSON to write (required unless --profile)");
   sub->add_flag("--quick", f->quick, "fewer shapes and samples (seconds, for tests)");
