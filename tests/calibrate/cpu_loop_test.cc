@@ -55,7 +55,7 @@ TEST_CASE("the simulator predicts real cpu steps within 35%", "[calibrate][loop]
     REQUIRE(c.status == 0);
     std::remove(metrics.c_str());
     auto t = run_meshtrain(fmt::format(
-        "train --data {} --steps 7 --warmup 1 --lr 1e-3 --quiet --metrics {} {}", data, metrics,
+        "train --data {} --steps 15 --warmup 1 --lr 1e-3 --quiet --metrics {} {}", data, metrics,
         common));
     INFO(t.out);
     REQUIRE(t.status == 0);
@@ -63,8 +63,8 @@ TEST_CASE("the simulator predicts real cpu steps within 35%", "[calibrate][loop]
     std::ifstream m(metrics);
     for (std::string line; std::getline(m, line);)
       if (!line.empty()) steps.push_back(nlohmann::json::parse(line)["step_time_s"].get<double>());
-    REQUIRE(steps.size() == 7);
-    steps.erase(steps.begin(), steps.begin() + 2);  // warm-up
+    REQUIRE(steps.size() == 15);
+    steps.erase(steps.begin(), steps.begin() + 3);  // warm-up
     const double measured = median(steps);
     auto s = run_meshtrain(fmt::format(
         "simulate --cluster local-cpu --gpus {} --calibration {} --precision fp32 --json {}",
