@@ -16,7 +16,8 @@ const std::vector<std::string> kPlanFields = {"tp",        "pp",        "dp",   
                                               "ep",        "vpp",       "zero",         "micro_batch",
                                               "global_batch", "seq_len", "recompute",   "schedule",
                                               "precision", "sequence_parallel",
-                                              "first_stage_layers", "last_stage_layers"};
+                                              "first_stage_layers", "last_stage_layers",
+                                              "microbatches"};
 
 template <class E>
 Result<E> parse_enum(const char* what, const std::string& s, const std::vector<std::string>& names) {
@@ -66,6 +67,7 @@ Result<PlanOverrides> plan_overrides_from_json(const nlohmann::json& j) {
   MT_TRY(get_int("zero", o.zero));
   MT_TRY(get_int("micro_batch", o.micro_batch));
   MT_TRY(get_int("global_batch", o.global_batch));
+  MT_TRY(get_int("microbatches", o.microbatches));
   MT_TRY(get_int("seq_len", o.seq_len));
   MT_TRY(get_int("first_stage_layers", o.first_stage_layers));
   MT_TRY(get_int("last_stage_layers", o.last_stage_layers));
@@ -120,6 +122,15 @@ Result<Plan> apply_overrides(Plan p, const PlanOverrides& o) {
     MT_ASSIGN(p.precision, parse_precision(*o.precision));
   }
   if (o.sequence_parallel) p.sequence_parallel = *o.sequence_parallel;
+  if (o.microbatches) {
+    if (*o.microbatches <= 0) return make_error("microbatches must be positive, got {}", *o.microbatches);
+    const int global = p.micro_batch * p.dp * *o.microbatches;
+    if (o.global_batch && *o.global_batch != global)
+      return make_error("global batch {} and {} micro-batches disagree: micro_batch·dp·microbatches = {}·{}·{} = {}; "
+                        "give one of them", *o.global_batch, *o.microbatches, p.micro_batch, p.dp, *o.microbatches,
+                        global);
+    p.global_batch = global;
+  }
   return p;
 }
 

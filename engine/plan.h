@@ -59,6 +59,9 @@ struct Plan {
 struct PlanOverrides {
   std::optional<int> tp, pp, dp, cp, ep, vpp, zero, micro_batch, global_batch, seq_len;
   std::optional<int> first_stage_layers, last_stage_layers;
+  // Micro-batches per pipeline per iteration: sets global_batch to
+  // micro_batch · dp · microbatches (the two must agree when both are given).
+  std::optional<int> microbatches;
   std::optional<std::string> recompute, schedule, precision;
   std::optional<bool> sequence_parallel;
 };

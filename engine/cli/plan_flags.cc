@@ -16,6 +16,7 @@ void add_plan_flags(CLI::App& app, PlanFlags& f, const std::string& default_mode
   app.add_option("--zero", o.zero, "ZeRO stage 0-3");
   app.add_option("--micro-batch", o.micro_batch, "sequences per micro-batch");
   app.add_option("--global-batch", o.global_batch, "sequences per iteration (default micro-batch x dp)");
+  app.add_option("--micro-batches", o.microbatches, "micro-batches per pipeline per iteration (sets the global batch)");
   app.add_option("--seq-len", o.seq_len, "sequence length (default: the model's)");
   app.add_option("--first-stage-layers", o.first_stage_layers,
                  "layers on the first pipeline stage (default 0: an even share)");

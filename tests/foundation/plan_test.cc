@@ -117,3 +117,22 @@ TEST_CASE("flags override the plan file field by field", "[plan]") {
   REQUIRE_FALSE(bad_type.ok());
   CHECK_THAT(bad_type.error().message(), Catch::Contains("'tp' must be an integer"));
 }
+
+TEST_CASE("micro-batches per pipeline set the global batch", "[plan]") {
+  PlanOverrides o;
+  o.tp = 2, o.pp = 2, o.dp = 2, o.micro_batch = 2, o.microbatches = 8;
+  auto p = apply_overrides(Plan{}, o);
+  REQUIRE(p.ok());
+  CHECK(p->effective_global_batch() == 2 * 2 * 8);
+  CHECK(p->microbatches() == 8);
+  o.global_batch = 16;
+  auto clash = apply_overrides(Plan{}, o);
+  REQUIRE_FALSE(clash.ok());
+  CHECK_THAT(clash.error().message(), Catch::Contains("global batch 16 and 8 micro-batches disagree"));
+  auto from_json = plan_overrides_from_json({{"microbatches", 4}, {"dp", 2}});
+  REQUIRE(from_json.ok());
+  CHECK(apply_overrides(Plan{}, *from_json)->effective_global_batch() == 8);
+  o.global_batch.reset();
+  o.microbatches = 0;
+  CHECK_FALSE(apply_overrides(Plan{}, o).ok());
+}
