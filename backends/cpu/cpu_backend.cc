@@ -6,12 +6,12 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <numeric>
 
 #include "backends/cpu/kernels/elementwise.h"
 #include "backends/cpu/kernels/gemm.h"
 #include "backends/cpu/kernels/half.h"
 #include "backends/cpu/kernels/parallel.h"
+#include "backends/collective_checks.h"
 #include "backends/cpu/misuse.h"
 
 namespace meshtrain {
@@ -310,7 +310,7 @@ void expect_transportable(const Tensor& t, std::string_view op) {
 }  // namespace
 
 void CpuBackend::check_member(const Group& g, std::string_view op) const {
-  if (g.index_of(rank_) < 0) misuse("{}: rank {} is not a member of group {}", op, rank_, g.id);
+  if (auto problem = member_problem(g, rank_, op); !problem.empty()) misuse("{}", problem);
 }
 
 Communicator& CpuBackend::comm(std::string_view op) const {
@@ -341,9 +341,7 @@ void CpuBackend::reduce_scatter(const Tensor& in, Tensor& out, const Group& g, R
   const float* pi = f32(in, "reduce_scatter");
   float* po = f32(out, "reduce_scatter");
   check_member(g, "reduce_scatter");
-  if (in.numel() != out.numel() * g.size())
-    misuse("reduce_scatter: in {} is not {} blocks of out {}", in.shape().str(), g.size(),
-           out.shape().str());
+  if (auto problem = reduce_scatter_problem(in, out, g); !problem.empty()) misuse("{}", problem);
   if (error_) return;
   if (g.size() == 1) {
     copy(in, out);
@@ -359,11 +357,8 @@ void CpuBackend::all_gather(const Tensor& in, Tensor& out, const Group& g) {
   const auto* pi = reinterpret_cast<const float*>(bytes_of(in, "all_gather"));
   auto* po = reinterpret_cast<float*>(bytes_of(out, "all_gather"));
   expect_transportable(in, "all_gather");
-  if (in.dtype() != out.dtype()) misuse("all_gather: in and out dtypes differ");
   check_member(g, "all_gather");
-  if (out.numel() != in.numel() * g.size())
-    misuse("all_gather: out {} is not {} blocks of in {}", out.shape().str(), g.size(),
-           in.shape().str());
+  if (auto problem = all_gather_problem(in, out, g); !problem.empty()) misuse("{}", problem);
   if (error_) return;
   if (g.size() == 1) {
     copy(in, out);
@@ -379,8 +374,8 @@ void CpuBackend::broadcast(Tensor& x, const Group& g, int root_global_rank) {
   auto* p = reinterpret_cast<float*>(bytes_of(x, "broadcast"));
   expect_transportable(x, "broadcast");
   check_member(g, "broadcast");
-  if (g.index_of(root_global_rank) < 0)
-    misuse("broadcast: root {} is not a member of group {}", root_global_rank, g.id);
+  if (auto problem = broadcast_root_problem(g, root_global_rank); !problem.empty())
+    misuse("{}", problem);
   if (error_ || g.size() == 1) return;
   note(comm("broadcast").broadcast({p, static_cast<std::size_t>(x.numel())}, g, root_global_rank),
        "broadcast", g);
@@ -392,18 +387,9 @@ void CpuBackend::all_to_all(const Tensor& in, std::span<const std::int64_t> send
   const auto* pi = reinterpret_cast<const float*>(bytes_of(in, "all_to_all"));
   auto* po = reinterpret_cast<float*>(bytes_of(out, "all_to_all"));
   expect_transportable(in, "all_to_all");
-  if (in.dtype() != out.dtype()) misuse("all_to_all: in and out dtypes differ");
   check_member(g, "all_to_all");
-  const auto members = static_cast<std::size_t>(g.size());
-  if (send_counts.size() != members || recv_counts.size() != members)
-    misuse("all_to_all: {} send and {} recv counts for a group of {}", send_counts.size(),
-           recv_counts.size(), members);
-  const std::int64_t sent =
-      std::accumulate(send_counts.begin(), send_counts.end(), std::int64_t{0});
-  const std::int64_t got = std::accumulate(recv_counts.begin(), recv_counts.end(), std::int64_t{0});
-  if (sent != in.numel() || got != out.numel())
-    misuse("all_to_all: counts sum to {} sent, {} received, tensors hold {} and {}", sent, got,
-           in.numel(), out.numel());
+  if (auto problem = all_to_all_problem(in, send_counts, out, recv_counts, g); !problem.empty())
+    misuse("{}", problem);
   if (error_) return;
   if (g.size() == 1) {
     copy(in, out);

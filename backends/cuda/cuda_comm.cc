@@ -3,11 +3,11 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
-#include <numeric>
 
 #include <fmt/ranges.h>
 
 #include "backends/cuda/cuda_backend.h"
+#include "backends/collective_checks.h"
 #include "backends/cuda/misuse.h"
 #include "backends/cuda/nccl_comm.h"
 
@@ -16,7 +16,7 @@ namespace meshtrain::cuda {
 #define MT_STREAM static_cast<cudaStream_t>(stream_handle())
 
 void CudaBackend::check_member(const Group& g, std::string_view op) const {
-  if (g.index_of(rank_) < 0) misuse("{}: rank {} is not a member of group {}", op, rank_, g.id);
+  if (auto problem = member_problem(g, rank_, op); !problem.empty()) misuse("{}", problem);
 }
 
 int CudaBackend::nccl_dtype(const Tensor& t, std::string_view op) const {
@@ -70,10 +70,7 @@ void CudaBackend::reduce_scatter(const Tensor& in, Tensor& out, const Group& g, 
   const void* pi = ptr(in, "reduce_scatter");
   void* po = ptr(out, "reduce_scatter");
   check_member(g, "reduce_scatter");
-  if (in.dtype() != out.dtype()) misuse("reduce_scatter: in and out dtypes differ");
-  if (in.numel() != out.numel() * g.size())
-    misuse("reduce_scatter: in {} is not {} blocks of out {}", in.shape().str(), g.size(),
-           out.shape().str());
+  if (auto problem = reduce_scatter_problem(in, out, g); !problem.empty()) misuse("{}", problem);
   if (failed()) return;
   if (g.size() == 1) {
     copy(in, out);
@@ -89,10 +86,7 @@ void CudaBackend::all_gather(const Tensor& in, Tensor& out, const Group& g) {
   const void* pi = ptr(in, "all_gather");
   void* po = ptr(out, "all_gather");
   check_member(g, "all_gather");
-  if (in.dtype() != out.dtype()) misuse("all_gather: in and out dtypes differ");
-  if (out.numel() != in.numel() * g.size())
-    misuse("all_gather: out {} is not {} blocks of in {}", out.shape().str(), g.size(),
-           in.shape().str());
+  if (auto problem = all_gather_problem(in, out, g); !problem.empty()) misuse("{}", problem);
   if (failed()) return;
   if (g.size() == 1) {
     copy(in, out);
@@ -106,8 +100,9 @@ void CudaBackend::all_gather(const Tensor& in, Tensor& out, const Group& g) {
 void CudaBackend::broadcast(Tensor& x, const Group& g, int root_global_rank) {
   void* p = ptr(x, "broadcast");
   check_member(g, "broadcast");
+  if (auto problem = broadcast_root_problem(g, root_global_rank); !problem.empty())
+    misuse("{}", problem);
   const int root = g.index_of(root_global_rank);
-  if (root < 0) misuse("broadcast: root {} is not a member of group {}", root_global_rank, g.id);
   if (failed() || g.size() == 1 || x.numel() == 0) return;
   const auto type = static_cast<ncclDataType_t>(nccl_dtype(x, "broadcast"));
   MT_NCCL("broadcast", g,
@@ -119,17 +114,10 @@ void CudaBackend::all_to_all(const Tensor& in, std::span<const std::int64_t> sen
                              const Group& g) {
   auto* pi = static_cast<const std::byte*>(ptr(in, "all_to_all"));
   auto* po = static_cast<std::byte*>(ptr(out, "all_to_all"));
-  if (in.dtype() != out.dtype()) misuse("all_to_all: in and out dtypes differ");
   check_member(g, "all_to_all");
+  if (auto problem = all_to_all_problem(in, send_counts, out, recv_counts, g); !problem.empty())
+    misuse("{}", problem);
   const auto members = static_cast<std::size_t>(g.size());
-  if (send_counts.size() != members || recv_counts.size() != members)
-    misuse("all_to_all: {} send and {} recv counts for a group of {}", send_counts.size(),
-           recv_counts.size(), members);
-  const std::int64_t sent = std::accumulate(send_counts.begin(), send_counts.end(), std::int64_t{0});
-  const std::int64_t got = std::accumulate(recv_counts.begin(), recv_counts.end(), std::int64_t{0});
-  if (sent != in.numel() || got != out.numel())
-    misuse("all_to_all: counts sum to {} sent, {} received, tensors hold {} and {}", sent, got,
-           in.numel(), out.numel());
   if (failed()) return;
   if (g.size() == 1) {
     copy(in, out);

@@ -1,0 +1,51 @@
+#include "backends/collective_checks.h"
+
+#include <numeric>
+
+#include <fmt/format.h>
+
+namespace meshtrain {
+
+std::string member_problem(const Group& g, int rank, std::string_view op) {
+  if (g.index_of(rank) >= 0) return {};
+  return fmt::format("{}: rank {} is not a member of group {}", op, rank, g.id);
+}
+
+std::string reduce_scatter_problem(const Tensor& in, const Tensor& out, const Group& g) {
+  if (in.dtype() != out.dtype()) return "reduce_scatter: in and out dtypes differ";
+  if (in.numel() != out.numel() * g.size())
+    return fmt::format("reduce_scatter: in {} is not {} blocks of out {}", in.shape().str(), g.size(),
+                       out.shape().str());
+  return {};
+}
+
+std::string all_gather_problem(const Tensor& in, const Tensor& out, const Group& g) {
+  if (in.dtype() != out.dtype()) return "all_gather: in and out dtypes differ";
+  if (out.numel() != in.numel() * g.size())
+    return fmt::format("all_gather: out {} is not {} blocks of in {}", out.shape().str(), g.size(),
+                       in.shape().str());
+  return {};
+}
+
+std::string broadcast_root_problem(const Group& g, int root_global_rank) {
+  if (g.index_of(root_global_rank) >= 0) return {};
+  return fmt::format("broadcast: root {} is not a member of group {}", root_global_rank, g.id);
+}
+
+std::string all_to_all_problem(const Tensor& in, std::span<const std::int64_t> send_counts,
+                               const Tensor& out, std::span<const std::int64_t> recv_counts,
+                               const Group& g) {
+  if (in.dtype() != out.dtype()) return "all_to_all: in and out dtypes differ";
+  const auto members = static_cast<std::size_t>(g.size());
+  if (send_counts.size() != members || recv_counts.size() != members)
+    return fmt::format("all_to_all: {} send and {} recv counts for a group of {}", send_counts.size(),
+                       recv_counts.size(), members);
+  const std::int64_t sent = std::accumulate(send_counts.begin(), send_counts.end(), std::int64_t{0});
+  const std::int64_t got = std::accumulate(recv_counts.begin(), recv_counts.end(), std::int64_t{0});
+  if (sent != in.numel() || got != out.numel())
+    return fmt::format("all_to_all: counts sum to {} sent, {} received, tensors hold {} and {}", sent, got,
+                       in.numel(), out.numel());
+  return {};
+}
+
+}  // namespace meshtrain
