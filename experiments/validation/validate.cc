@@ -170,7 +170,7 @@ int main(int argc, char** argv) {
     }
     if (!as_json) {
       fmt::print("{}\n", path);
-      fmt::print("  {:<16} {:>5} {:<64} {:>9} {:>9} {:>7} {:>9} {:>7} {:>9} {:>8}\n", "model", "gpus", "plan",
+      fmt::print("  {:<16} {:>5} {:<72} {:>9} {:>9} {:>7} {:>9} {:>7} {:>9} {:>8}\n", "model", "gpus", "plan",
                  "measured", "predicted", "error", "iter s", "bubble", "exp.comm", "peak GiB");
     }
     for (const Row& r : *rows) {
@@ -183,7 +183,7 @@ int main(int argc, char** argv) {
                        {"exposed_comm_s", r.exposed_comm_s}, {"peak_memory_gib", r.peak_gib},
                        {"within_tolerance", within}, {"source", r.source}, {"simulator_wall_s", r.wall_s}});
       } else {
-        fmt::print("  {:<16} {:>5} {:<64} {:>9.1f} {:>9.1f} {:>+6.1f}% {:>9.3f} {:>6.1f}% {:>9.3f} {:>8.1f}{}\n",
+        fmt::print("  {:<16} {:>5} {:<72} {:>9.1f} {:>9.1f} {:>+6.1f}% {:>9.3f} {:>6.1f}% {:>9.3f} {:>8.1f}{}\n",
                    r.model, r.gpus, r.plan, r.measured, r.predicted, 100 * r.error, r.iteration_s,
                    100 * r.bubble, r.exposed_comm_s, r.peak_gib, within ? "" : "  <- outside tolerance");
       }
