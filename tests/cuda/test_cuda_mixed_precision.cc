@@ -190,29 +190,47 @@ TEST_CASE("cuda 16-bit: rope and its inverse") {
   }
 }
 
+// 16-bit storage with D = 64 or 128 runs the tensor-core kernels (which also
+// round P and dS to 16 bits), other D and unaligned tensors the CUDA-core
+// ones. Cases: T not a multiple of the 64-row tiles, T = 1024 with enough
+// (b, h) to fill the device many times over, GQA with G < H, and a view one
+// element into its buffer (not 16-byte aligned: the CUDA-core kernels).
 TEST_CASE("cuda 16-bit: flash attention forward and backward in bf16 and fp16") {
   MT_GPU_OR_SKIP(gpu);
   CpuBackend cpu;
-  const std::int64_t B = 2, T = 37, H = 4, G = 2, D = 32, W = H + 2 * G;
-  const Vec qkv = random(B * T * W * D, 120), dout = random(B * T * H * D, 121);
-  const AttentionOp op{static_cast<int>(H), static_cast<int>(G), static_cast<int>(D),
-                       1.f / std::sqrt(static_cast<float>(D))};
-  for (DType d : kHalves) {
-    auto run = [&](Backend& be, DType dt, const Vec& q, const Vec& dv) {
-      Tensor QKV = up(be, {B, T, W, D}, q, dt), DO = up(be, {B, T, H, D}, dv, dt);
-      Tensor O = be.empty({B, T, H, D}, dt), L = be.empty({B, H, T});
-      Tensor dQKV = be.empty({B, T, W, D}, dt);
-      be.attention_forward(QKV, O, L, op);
-      be.attention_backward(DO, QKV, O, L, dQKV, op);
-      return Out{down_all(be, {&O, &dQKV}), down(be, L)};
-    };
-    const Out g = run(gpu, d, qkv, dout), c = run(cpu, DType::f32, round_to(qkv, d), round_to(dout, d));
-    // Backward reads the 16-bit O that forward stored (the cpu its fp32 O), so
-    // dQKV differs by more than one rounding: the looser bound of test_cuda_ops.
-    expect_close(g.stored, c.stored, d == DType::bf16 ? 2e-2 : 5e-3,
-                 std::string("attention ") + std::string(dtype_name(d)));
-    expect_close(g.wide, c.wide, kF32, std::string("attention lse ") + std::string(dtype_name(d)));
-    CHECK(run(gpu, d, qkv, dout) == g);
+  struct Case {
+    std::int64_t B, T, H, G, D, offset;
+  };
+  for (const Case& c : {Case{2, 37, 4, 2, 32, 0}, Case{2, 100, 4, 2, 64, 0}, Case{1, 100, 4, 1, 128, 0},
+                        Case{2, 130, 3, 3, 128, 0}, Case{4, 1024, 8, 4, 64, 0},
+                        Case{2, 1024, 4, 2, 128, 0}, Case{1, 100, 4, 2, 64, 1}}) {
+    const std::int64_t W = c.H + 2 * c.G, n = c.B * c.T * W * c.D;
+    const Vec qkv = random(n, 120 + c.T + c.D), dout = random(c.B * c.T * c.H * c.D, 121 + c.T);
+    const AttentionOp op{static_cast<int>(c.H), static_cast<int>(c.G), static_cast<int>(c.D),
+                         1.f / std::sqrt(static_cast<float>(c.D))};
+    for (DType d : kHalves) {
+      auto run = [&](Backend& be, DType dt, const Vec& q, const Vec& dv) {
+        Vec padded(static_cast<std::size_t>(c.offset), 0.f);
+        padded.insert(padded.end(), q.begin(), q.end());
+        Tensor QKV = up(be, {c.offset + n}, padded, dt).slice(c.offset, n, {c.B, c.T, W, c.D});
+        Tensor DO = up(be, {c.B, c.T, c.H, c.D}, dv, dt);
+        Tensor O = be.empty({c.B, c.T, c.H, c.D}, dt), L = be.empty({c.B, c.H, c.T});
+        Tensor dQKV = be.empty({c.B, c.T, W, c.D}, dt);
+        be.attention_forward(QKV, O, L, op);
+        be.attention_backward(DO, QKV, O, L, dQKV, op);
+        return Out{down_all(be, {&O, &dQKV}), down(be, L)};
+      };
+      const std::string what = "attention B=" + std::to_string(c.B) + " T=" + std::to_string(c.T) +
+                               " H=" + std::to_string(c.H) + " G=" + std::to_string(c.G) +
+                               " D=" + std::to_string(c.D) + " offset=" + std::to_string(c.offset) +
+                               " " + std::string(dtype_name(d));
+      const Out g = run(gpu, d, qkv, dout), r = run(cpu, DType::f32, round_to(qkv, d), round_to(dout, d));
+      // Backward reads the 16-bit O that forward stored (the cpu its fp32 O), so
+      // dQKV differs by more than one rounding: the looser bound of test_cuda_ops.
+      expect_close(g.stored, r.stored, d == DType::bf16 ? 2e-2 : 5e-3, what);
+      expect_close(g.wide, r.wide, kF32, what + " lse");
+      CHECK(run(gpu, d, qkv, dout) == g);
+    }
   }
 }
 

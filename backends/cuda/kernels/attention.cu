@@ -3,6 +3,13 @@
 // online softmax per query row and saves its log-sum-exp; backward recomputes
 // the probabilities from it (as backends/cpu/kernels/attention.h does).
 //
+// These are the CUDA-core kernels. 16-bit storage with D = 64 or 128 takes the
+// tensor-core kernels of attention_tc.cu instead; these stay for fp32 (the
+// exact mode the cpu backend is checked against: tensor cores would round P
+// and dS to 16 bits) and for the other head dims (tensor-core tiles come in
+// steps of 16 dims, and no model we run uses them, so they are not worth a
+// third set of instantiations).
+//
 // Work split (a warp is 32 lanes; "rows" are query rows, "keys" key rows):
 //  * forward and dQ: a block of 4 warps owns 16 query rows of one (b, h); each
 //    warp owns 4 rows. Keys come in tiles of 32 through shared memory, one key
@@ -265,7 +272,7 @@ cudaError_t forward(const void* qkv, void* out, float* lse, const AttentionShape
 
 template <class T>
 cudaError_t backward(const void* dout, const void* qkv, const void* out, const float* lse,
-                     void* dqkv, const AttentionShape& d, float* di, cudaStream_t s) {
+                     void* dqkv, const AttentionShape& d, int dtype, float* di, cudaStream_t s) {
   const Layout L = layout_of(d);
   const T* pd = static_cast<const T*>(dout);
   const T* pq = static_cast<const T*>(qkv);
@@ -274,6 +281,8 @@ cudaError_t backward(const void* dout, const void* qkv, const void* out, const f
       pd, static_cast<const T*>(out), di, L, d.B);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
+  if (attention_tc_supported(d, dtype, {dout, qkv, dqkv}))
+    return attention_backward_tc(dout, qkv, lse, di, dqkv, d, dtype, s);
   const unsigned tiles = static_cast<unsigned>((d.T + kRows - 1) / kRows);
   const std::size_t smem_q = sizeof(float) * (2 * kRows * d.D + 2 * kTileKeys * (d.D + 1));
   e = launch(attention_dq_kernel<T>, dim3(tiles, static_cast<unsigned>(d.B * d.H)), smem_q, s, pd,
@@ -290,6 +299,7 @@ cudaError_t backward(const void* dout, const void* qkv, const void* out, const f
 cudaError_t attention_forward(const void* qkv, void* out, float* lse, const AttentionShape& d,
                               int dtype, cudaStream_t s) {
   if (d.B * d.T * d.H == 0) return cudaGetLastError();
+  if (attention_tc_supported(d, dtype, {qkv, out})) return attention_forward_tc(qkv, out, lse, d, dtype, s);
   return with_storage(dtype, [&](auto tag) {
     return forward<typename decltype(tag)::type>(qkv, out, lse, d, s);
   });
@@ -300,7 +310,7 @@ cudaError_t attention_backward(const void* dout, const void* qkv, const void* ou
                                float* scratch, cudaStream_t s) {
   if (d.B * d.T * d.H == 0) return cudaGetLastError();
   return with_storage(dtype, [&](auto tag) {
-    return backward<typename decltype(tag)::type>(dout, qkv, out, lse, dqkv, d, scratch, s);
+    return backward<typename decltype(tag)::type>(dout, qkv, out, lse, dqkv, d, dtype, scratch, s);
   });
 }
 

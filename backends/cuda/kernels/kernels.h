@@ -15,6 +15,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <initializer_list>
 
 namespace meshtrain::cuda::kernels {
 
@@ -121,5 +122,18 @@ cudaError_t attention_forward(const void* qkv, void* out, float* lse, const Atte
 cudaError_t attention_backward(const void* dout, const void* qkv, const void* out,
                                const float* lse, void* dqkv, const AttentionShape& d, int dtype,
                                float* scratch, cudaStream_t s);
+
+// ---- attention_tc.cu -------------------------------------------------------
+// The tensor-core path that attention_forward and attention_backward take by
+// themselves when attention_tc_supported (16-bit storage, D of 64 or 128,
+// every tensor 16-byte aligned). Same outputs and lse layout; di (B, H, T)
+// are the row dot products dO · O, computed before.
+bool attention_tc_supported(const AttentionShape& d, int dtype,
+                            std::initializer_list<const void*> tensors);
+cudaError_t attention_forward_tc(const void* qkv, void* out, float* lse, const AttentionShape& d,
+                                 int dtype, cudaStream_t s);
+cudaError_t attention_backward_tc(const void* dout, const void* qkv, const float* lse,
+                                  const float* di, void* dqkv, const AttentionShape& d, int dtype,
+                                  cudaStream_t s);
 
 }  // namespace meshtrain::cuda::kernels
