@@ -109,7 +109,10 @@ void CudaBackend::embedding_backward(const Tensor& dout, const Tensor& ids, Tens
   const std::int64_t C = cols_of(dtable, op), V = dtable.numel() / std::max<std::int64_t>(C, 1);
   must(expect_numel(dout, ids.numel() * C, "dout"), op);
   if (failed()) return;
-  check(kernels::embedding_backward(pd, dt, pi, pt, ids.numel(), C, V, vocab_offset, MT_STREAM), op);
+  const std::int64_t N = ids.numel();
+  const auto tmp = scratch(kernels::embedding_backward_scratch(N, V), op);
+  check(kernels::embedding_backward(pd, dt, pi, pt, N, C, V, vocab_offset, tmp.ptr, tmp.size, MT_STREAM), op);
+  release(tmp);
 }
 
 // ---- normalisation -------------------------------------------------------------------

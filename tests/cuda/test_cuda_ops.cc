@@ -152,6 +152,27 @@ TEST_CASE("cuda: embedding forward and deterministic backward with a vocab shard
   CHECK(run(gpu) == g);
 }
 
+// A vocabulary shard of gpt2's size and a skewed id stream: one id takes half
+// the tokens (a run far longer than a block), a few hundred ids the rest,
+// some outside the shard; rows nobody uses must keep their values.
+TEST_CASE("cuda: embedding backward with many repeated ids and a large vocabulary") {
+  MT_GPU_OR_SKIP(gpu);
+  CpuBackend cpu;
+  const std::int64_t V = 49257, C = 96, N = 16384, offset = 1000;
+  std::mt19937 rng(29);
+  std::vector<std::int32_t> ids(N);
+  for (auto& i : ids) i = static_cast<std::int32_t>(rng() % 2 == 0 ? 1198 : rng() % 400 * 125);
+  const Vec dout = random(N * C, 30), grad0 = random(V * C, 31);
+  auto run = [&](Backend& b) {
+    Tensor I = up_ids(b, {N}, ids), D = up(b, {N, C}, dout), dT = up(b, {V, C}, grad0);
+    b.embedding_backward(D, I, dT, offset);
+    return down(b, dT);
+  };
+  const Vec g = run(gpu);
+  expect_close(g, run(cpu), kF32, "embedding backward, V=49257 N=16384");
+  CHECK(run(gpu) == g);
+}
+
 TEST_CASE("cuda: layernorm and rmsnorm forward and backward") {
   MT_GPU_OR_SKIP(gpu);
   CpuBackend cpu;

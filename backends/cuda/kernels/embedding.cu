@@ -1,9 +1,14 @@
-// Embedding lookup and its deterministic gradient. Backward runs one block per
-// vocabulary row: the block scans the ids in tiles and, for a tile holding the
-// row's id, adds the matching tokens' gradients in token order. No atomics,
-// no sort, one write per touched row; rows nobody uses cost one scan of the
-// ids (which stay in cache). The table and the looked-up rows are of storage
-// type T; the table's gradient is fp32 and summed in double.
+// Embedding lookup and its deterministic gradient. Backward stable-sorts the
+// (row, position) pairs of the tokens (cub radix sort over the bits of the
+// row index), then one block per run of equal rows adds the run's gradients
+// in token order, in double, onto the fp32 row: no atomics, one write per
+// touched row, O(N log V) sort plus O(N C) sums. The table and the looked-up
+// rows are of storage type T.
+#include <cub/device/device_radix_sort.cuh>
+
+#include <climits>
+#include <cstdint>
+
 #include "backends/cuda/kernels/common.cuh"
 
 namespace meshtrain::cuda::kernels {
@@ -19,35 +24,74 @@ __global__ void embedding_fwd_kernel(const T* table, const std::int32_t* ids, T*
   }
 }
 
-constexpr int kTile = kThreads;
+// Sort keys: the row within the shard, or V for a token outside it (sorted
+// last and skipped); values: token positions.
+__global__ void embedding_keys_kernel(const std::int32_t* ids, std::uint32_t* keys,
+                                      std::int32_t* positions, i64 N, i64 V, i64 vocab_offset) {
+  for (i64 n = blockIdx.x * (i64)blockDim.x + threadIdx.x; n < N; n += (i64)gridDim.x * blockDim.x) {
+    const i64 v = static_cast<i64>(ids[n]) - vocab_offset;
+    keys[n] = static_cast<std::uint32_t>(v >= 0 && v < V ? v : V);
+    positions[n] = static_cast<std::int32_t>(n);
+  }
+}
 
+// One block per run of equal keys, at the run's first element: the row sums
+// its tokens in position order (the sort is stable) in double, starting from
+// the row's value, as the cpu backend does.
 template <class T>
-__global__ void embedding_bwd_kernel(const T* dout, const std::int32_t* ids, float* dtable,
-                                     i64 N, i64 C, i64 V, i64 vocab_offset) {
-  __shared__ std::int32_t tile[kTile];
-  for (i64 v = blockIdx.x; v < V; v += gridDim.x) {
-    const std::int32_t id = static_cast<std::int32_t>(v + vocab_offset);
-    float* row = dtable + v * C;
-    // Channels in passes of blockDim; each pass rescans the ids.
-    for (i64 j0 = 0; j0 < C; j0 += blockDim.x) {
-      const i64 j = j0 + threadIdx.x;
-      double acc = 0.0;
-      bool touched = false;
-      for (i64 t0 = 0; t0 < N; t0 += kTile) {
-        const i64 n = t0 + threadIdx.x;
-        const bool hit = n < N && ids[n] == id;
-        __syncthreads();  // the previous tile is no longer read
-        tile[threadIdx.x] = n < N ? ids[n] : id - 1;
-        if (!__syncthreads_or(hit)) continue;
-        touched = true;
-        const i64 len = N - t0 < kTile ? N - t0 : kTile;
-        if (j < C)
-          for (i64 k = 0; k < len; ++k)
-            if (tile[k] == id) acc += static_cast<double>(to_float(dout[(t0 + k) * C + j]));
+__global__ void embedding_runs_kernel(const T* dout, const std::uint32_t* keys,
+                                      const std::int32_t* positions, float* dtable, i64 N, i64 C,
+                                      i64 V) {
+  __shared__ long long run_end;
+  for (i64 i = blockIdx.x; i < N; i += gridDim.x) {
+    const std::uint32_t v = keys[i];
+    if (v >= V || (i > 0 && keys[i - 1] == v)) continue;  // uniform over the block
+    // The run's end, blockDim keys at a time (a frequent token has thousands).
+    i64 end = N;
+    for (i64 k0 = i + 1; k0 < N; k0 += blockDim.x) {
+      __syncthreads();  // run_end of the previous step is read
+      if (threadIdx.x == 0) run_end = N;
+      __syncthreads();
+      const i64 k = k0 + threadIdx.x;
+      if (k < N && keys[k] != v) atomicMin(&run_end, static_cast<long long>(k));  // order-free
+      __syncthreads();
+      if (run_end < N) {
+        end = run_end;
+        break;
       }
-      if (touched && j < C) row[j] = static_cast<float>(static_cast<double>(row[j]) + acc);
+    }
+    float* row = dtable + static_cast<i64>(v) * C;
+    for (i64 j = threadIdx.x; j < C; j += blockDim.x) {
+      double acc = static_cast<double>(row[j]);
+      for (i64 k = i; k < end; ++k) acc += static_cast<double>(to_float(dout[positions[k] * C + j]));
+      row[j] = static_cast<float>(acc);
     }
   }
+}
+
+int key_bits(i64 V) {  // enough bits for keys 0..V
+  int bits = 1;
+  while (bits < 32 && (i64{1} << bits) <= V) ++bits;
+  return bits;
+}
+
+constexpr std::size_t kAlign = 256;
+std::size_t aligned(std::size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
+// The scratch carve-up: cub's temporary storage, then keys and positions in
+// and out of the sort.
+struct SortScratch {
+  std::size_t cub_bytes = 0, array_bytes = 0;
+  std::size_t total() const { return aligned(cub_bytes) + 4 * array_bytes; }
+};
+
+cudaError_t sort_scratch(i64 N, i64 V, SortScratch& out) {
+  out.array_bytes = aligned(sizeof(std::uint32_t) * static_cast<std::size_t>(N));
+  return cub::DeviceRadixSort::SortPairs(nullptr, out.cub_bytes, static_cast<const std::uint32_t*>(nullptr),
+                                         static_cast<std::uint32_t*>(nullptr),
+                                         static_cast<const std::int32_t*>(nullptr),
+                                         static_cast<std::int32_t*>(nullptr), static_cast<int>(N), 0,
+                                         key_bits(V));
 }
 
 }  // namespace
@@ -62,13 +106,36 @@ cudaError_t embedding_forward(const void* table, const std::int32_t* ids, void* 
   });
 }
 
+std::size_t embedding_backward_scratch(i64 N, i64 V) {
+  SortScratch sc;
+  if (N <= 0 || V <= 0 || N > INT32_MAX || sort_scratch(N, V, sc) != cudaSuccess) return kAlign;
+  return sc.total();
+}
+
 cudaError_t embedding_backward(const void* dout, int dtype, const std::int32_t* ids, float* dtable,
-                               i64 N, i64 C, i64 V, i64 vocab_offset, cudaStream_t s) {
+                               i64 N, i64 C, i64 V, i64 vocab_offset, void* scratch,
+                               std::size_t scratch_bytes, cudaStream_t s) {
   if (N <= 0 || V <= 0 || C <= 0) return cudaGetLastError();
-  const unsigned blocks = static_cast<unsigned>(V < 65535 * 8 ? V : 65535 * 8);
+  // cub counts items in int; keys hold rows 0..V.
+  if (N > INT32_MAX || V >= INT32_MAX) return cudaErrorInvalidValue;
+  SortScratch sc;
+  cudaError_t e = sort_scratch(N, V, sc);
+  if (e != cudaSuccess) return e;
+  if (scratch_bytes < sc.total()) return cudaErrorInvalidValue;
+  auto* base = static_cast<unsigned char*>(scratch);
+  auto* keys_in = reinterpret_cast<std::uint32_t*>(base + aligned(sc.cub_bytes));
+  auto* keys = reinterpret_cast<std::uint32_t*>(base + aligned(sc.cub_bytes) + sc.array_bytes);
+  auto* pos_in = reinterpret_cast<std::int32_t*>(base + aligned(sc.cub_bytes) + 2 * sc.array_bytes);
+  auto* pos = reinterpret_cast<std::int32_t*>(base + aligned(sc.cub_bytes) + 3 * sc.array_bytes);
+  embedding_keys_kernel<<<grid_for(N), kThreads, 0, s>>>(ids, keys_in, pos_in, N, V, vocab_offset);
+  e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  e = cub::DeviceRadixSort::SortPairs(scratch, sc.cub_bytes, keys_in, keys, pos_in, pos,
+                                      static_cast<int>(N), 0, key_bits(V), s);
+  if (e != cudaSuccess) return e;
+  const unsigned blocks = static_cast<unsigned>(N < 65535 * 16 ? N : 65535 * 16);
   return with_storage(dtype, [&](auto tag) {
-    embedding_bwd_kernel<<<blocks, kTile, 0, s>>>(typed(tag, dout), ids, dtable, N, C, V,
-                                                  vocab_offset);
+    embedding_runs_kernel<<<blocks, kThreads, 0, s>>>(typed(tag, dout), keys, pos, dtable, N, C, V);
     return cudaGetLastError();
   });
 }

@@ -14,6 +14,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 
@@ -99,9 +100,15 @@ cudaError_t bias_backward(const void* dy, int dtype, float* db, i64 m, i64 n, do
 // table and out of storage `dtype`.
 cudaError_t embedding_forward(const void* table, const std::int32_t* ids, void* out, int dtype,
                               i64 N, i64 C, i64 V, i64 vocab_offset, cudaStream_t s);
-// dout of storage `dtype`, dtable fp32 (a parameter gradient).
+// dtable (V, C) += Σ over tokens n whose id is in [vocab_offset, vocab_offset
+// + V) of dout row n; rows no token uses are left as they are. dout of
+// storage `dtype`, dtable fp32 (a parameter gradient). Each row sums its
+// tokens in token order, in double: deterministic. scratch: at least
+// embedding_backward_scratch(N, V) bytes, 256-byte aligned.
+std::size_t embedding_backward_scratch(i64 N, i64 V);
 cudaError_t embedding_backward(const void* dout, int dtype, const std::int32_t* ids, float* dtable,
-                               i64 N, i64 C, i64 V, i64 vocab_offset, cudaStream_t s);
+                               i64 N, i64 C, i64 V, i64 vocab_offset, void* scratch,
+                               std::size_t scratch_bytes, cudaStream_t s);
 
 // ---- rope.cu ---------------------------------------------------------------
 // x of storage `dtype`, rotated in fp32; scratch: 2 · T · D/2 floats (the cos
