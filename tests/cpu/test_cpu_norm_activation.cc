@@ -1,5 +1,8 @@
 // LayerNorm, RMSNorm, GELU, SwiGLU and dropout: fp64 backward against finite
 // differences of the fp64 forward, then the fp32 backend against fp64.
+#include <algorithm>
+#include <cmath>
+#include <limits>
 #include <numbers>
 #include <tuple>
 
@@ -124,6 +127,22 @@ TEST_CASE("cpu gelu backward", "[cpu]") {
   be.gelu_backward(upload(be, {n}, dout), tx, tdx);
   CHECK(rel_err(download(be, to), out) < 1e-6);
   CHECK(rel_err(download(be, tdx), dx) < kF32Tol);
+}
+
+TEST_CASE("cpu fp32 tanh approximation against tanh in fp64", "[cpu]") {
+  double worst = 0;
+  for (int i = -400000; i <= 400000; ++i) {  // [-20, 20] in steps of 5e-5
+    const float x = static_cast<float>(i * 5e-5);
+    const double ref = std::tanh(static_cast<double>(x));
+    const double err = std::abs(cpu::tanh_approx(x) - ref) / std::max(std::abs(ref), 1e-30);
+    worst = std::max(worst, err);
+  }
+  CHECK(worst < 5e-7);
+  CHECK(cpu::tanh_approx(1e-30f) == 1e-30f);
+  CHECK(cpu::tanh_approx(-3.0f) == -cpu::tanh_approx(3.0f));
+  CHECK(cpu::tanh_approx(std::numeric_limits<float>::infinity()) == Approx(1.0).epsilon(1e-7));
+  CHECK(cpu::tanh_approx(-std::numeric_limits<float>::infinity()) == Approx(-1.0).epsilon(1e-7));
+  CHECK(std::isnan(cpu::tanh_approx(std::numeric_limits<float>::quiet_NaN())));  // a NaN loss must stay NaN
 }
 
 TEST_CASE("cpu swiglu backward", "[cpu]") {
