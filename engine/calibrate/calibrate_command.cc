@@ -55,6 +55,7 @@
 #include "engine/calibrate/op_profile.h"
 #include "engine/cli/commands.h"
 #include "models/model_spec.h"
+#include "models/parameters.h"
 #include "simulator/calibration.h"
 
 namespace meshtrain {
@@ -126,9 +127,19 @@ void workload_shapes(const Workload& w, std::set<GemmShape>& gemm,
         ops.insert({op, n, v});
       } else if (op == "gelu_forward" || op == "gelu_backward") {
         ops.insert({op, n, f});
+      } else if (op == "bias_backward") {
+        for (const auto& l : linears) ops.insert({op, n, l[1]});
       } else if (op != "clip_coefficient" && op != "adamw") {
         ops.insert({op, n, c});
       }
+    }
+    // The optimizer step runs the gradient norm and AdamW once per parameter
+    // tensor, from 64-element biases up: sizes far below the grid's smallest,
+    // where the per-call cost, not bandwidth, sets the time.
+    for (const ParamInfo& p : parameter_table(m)) {
+      const std::int64_t numel = shard_numel(m, p, tp, 1);
+      ops.insert({"adamw", 1, numel});
+      ops.insert({"sum_squares", 1, numel});
     }
   }
 }

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <tuple>
 
+#include <unistd.h>
+
 #include <fmt/format.h>
 
 namespace meshtrain::calibrate {
@@ -97,12 +99,26 @@ double bytes_of(std::initializer_list<const Tensor*> ts) {
   return s;
 }
 
-// Buffer sets an op cycles through so that its inputs are not in cache when
-// it runs, as in a training step, where they were written by other ops in
-// between: enough sets to exceed kColdBytes, at most 16.
-constexpr double kColdBytes = 32.0 * (1 << 20);
-int cold_sets(double set_bytes) {
-  return static_cast<int>(std::clamp(std::ceil(kColdBytes / std::max(set_bytes, 1.0)), 1.0, 16.0));
+// Buffer sets an op cycles through so that its inputs are in the cache state
+// they have inside a training step. Measured on this machine (RESULTS.md,
+// issue 7): memory-bound ops find their operands beyond the L3 — with 16 sets
+// (6 MB of `add` operands, inside the 32 MiB L3) the calibration timed residual
+// adds and bias gradients at a third of their time in a real step, with sets
+// past twice the L3 they match it; GEMMs find theirs in the L3 — sets past it
+// made them 20-25% slower than in the step, a working set of about 16 sets
+// under it matches.
+enum class Residency { kL3, kBeyondL3 };
+double last_level_cache_bytes() {
+  static const double bytes = [] {
+    const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    return std::max(16.0 * (1 << 20), static_cast<double>(l3 > 0 ? l3 : 0));
+  }();
+  return bytes;
+}
+int cold_sets(double set_bytes, Residency r) {
+  const double target = r == Residency::kL3 ? last_level_cache_bytes() : 2 * last_level_cache_bytes();
+  const double max_sets = r == Residency::kL3 ? 16.0 : 256.0;
+  return static_cast<int>(std::clamp(std::ceil(target / std::max(set_bytes, 1.0)), 1.0, max_sets));
 }
 
 // One call per invocation, cycling through `calls`.
@@ -143,7 +159,7 @@ Result<std::vector<sim::Calibration::Gemm>> measure_gemm(Backend& b,
     const GemmShape& g = shapes[i];
     const double set_bytes = 4.0 * static_cast<double>(g.m * g.k + g.k * g.n + g.m * g.n);
     std::vector<std::function<void()>> calls;
-    for (int c = 0; c < cold_sets(set_bytes); ++c) {
+    for (int c = 0; c < cold_sets(set_bytes, Residency::kL3); ++c) {
       Tensor x = filled(b, g.trans_a ? Shape{g.k, g.m} : Shape{g.m, g.k}, 0.01f);
       Tensor w = filled(b, g.trans_b ? Shape{g.n, g.k} : Shape{g.k, g.n}, 0.01f);
       Tensor y = filled(b, Shape{g.m, g.n}, 0.f);
@@ -256,9 +272,10 @@ Result<std::pair<std::function<void()>, double>> make_op(Backend& b, const OpSha
     Tensor m = filled(b, Shape{n, c}, 0.f), v = filled(b, Shape{n, c}, 0.f);
     AdamWOp a;
     a.lr = 1e-6f;
-    op = [=, &b]() mutable { b.adamw(z, y, m, v, Tensor{}, a); };
-    Tensor none;
-    bytes = bytes_of({&z, &y, &m, &v, &z, &m, &v, &none});
+    // With a clip coefficient, as the step passes one whenever it clips.
+    Tensor coef = filled(b, Shape{1}, 1.f);
+    op = [=, &b]() mutable { b.adamw(z, y, m, v, coef, a); };
+    bytes = bytes_of({&z, &y, &m, &v, &z, &m, &v, &coef});
   } else {
     return make_error("calibrate: no measurement for op '{}'", s.op);
   }
@@ -276,7 +293,7 @@ Result<std::vector<sim::Calibration::Op>> measure_ops(Backend& b, const std::vec
     MT_ASSIGN(auto first, make_op(b, s));
     const double bytes = first.second;
     std::vector<std::function<void()>> calls = {std::move(first.first)};
-    for (int k = 1; k < cold_sets(bytes); ++k) {
+    for (int k = 1; k < cold_sets(bytes, Residency::kBeyondL3); ++k) {
       MT_ASSIGN(auto more, make_op(b, s));
       calls.push_back(std::move(more.first));
     }

@@ -1,6 +1,7 @@
 // meshtrain calibrate: the file it writes, and its errors.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 
@@ -38,7 +39,16 @@ TEST_CASE("calibrate --quick writes a versioned calibration that states the mach
   CHECK(c->for_ranks_sharing(2).gemm_time(128, 192, 64, meshtrain::sim::DType::kFp32));
   CHECK(c->attention_backward_time(4 * 4, 32, 16, true));
   CHECK(c->op_time("gelu_forward", 1e5));
-  CHECK(c->op_time("adamw", 1e5).has_value() == false);  // no grid: adamw sizes are grid-only
+  // The optimizer's per-tensor calls at their exact sizes, down to a 64-element
+  // bias (AdamW moves param, grad, m, v and writes param, m, v: 7 · 64 · 4
+  // bytes, plus the 4-byte clip coefficient).
+  auto measured = [&](const char* op, double bytes) {
+    return std::any_of(c->ops.begin(), c->ops.end(),
+                       [&](const auto& o) { return o.op == op && o.bytes == bytes; });
+  };
+  CHECK(measured("adamw", 7 * 64 * 4 + 4));
+  CHECK(measured("sum_squares", 64 * 4 + 4));
+  CHECK(measured("bias_backward", 128 * 192 * 4 + 192 * 4));  // the qkv bias gradient
   for (const auto& g : c->gemm) {
     CHECK(g.spread.samples >= 3);
     CHECK(g.spread.p10_us <= g.time_us);
