@@ -1,8 +1,11 @@
 // The short cpu loop (experiments/validation/cpu-loop/run.py in miniature):
-// for a few plans of the tiny model, calibrate just before, train a few real
-// steps, simulate the plan with that calibration on local-cpu, and fail when
-// the worst prediction is off by more than 35% (loose: CI machines are noisy;
-// the full loop's targets are 10% median and 20% worst).
+// calibrate once (the tiny workload at 1 and 2 ranks sharing the cores), then
+// for a few plans of the tiny model with 4 micro-batches per replica train 15
+// real steps, simulate the plan with that calibration on local-cpu, and fail
+// when the worst prediction is off by more than 35% (loose: CI machines are
+// noisy; the full loop's targets are 10% median and 20% worst). Steps of 2
+// micro-batches (35 ms) and a --quick calibration (3 samples) let noise alone
+// reach 28%; with these, worst errors of 8-20% were seen on an idle machine.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -43,16 +46,16 @@ TEST_CASE("the simulator predicts real cpu steps within 35%", "[calibrate][loop]
                         {"tp2", "--tp 2", 2, 1},
                         {"pp2 1f1b", "--pp 2 --schedule 1f1b", 2, 1},
                         {"dp2 zero1", "--dp 2 --zero 1", 2, 2}};
+  auto c = run_meshtrain(fmt::format(
+      "calibrate --backend cpu --out {} --no-grid --workload tiny:8:64 --sharing 1 "
+      "--sharing 2 --max-ranks 2 --statistic mean",
+      cal));
+  INFO(c.out);
+  REQUIRE(c.status == 0);
   double worst = 0;
   for (const Plan& p : plans) {
     const std::string common = fmt::format(
-        "--model tiny --micro-batch 8 --seq-len 64 --global-batch {} {}", 8 * 2 * p.dp, p.flags);
-    auto c = run_meshtrain(fmt::format(
-        "calibrate --backend cpu --out {} --quick --no-grid --workload tiny:8:64 --sharing {} "
-        "--max-ranks 2 --statistic mean",
-        cal, p.world));
-    INFO(c.out);
-    REQUIRE(c.status == 0);
+        "--model tiny --micro-batch 8 --seq-len 64 --global-batch {} {}", 8 * 4 * p.dp, p.flags);
     std::remove(metrics.c_str());
     auto t = run_meshtrain(fmt::format(
         "train --data {} --steps 15 --warmup 1 --lr 1e-3 --quiet --metrics {} {}", data, metrics,

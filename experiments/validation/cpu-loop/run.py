@@ -11,14 +11,18 @@ steps after --warmup. Predicted: `iteration_time_s` of `meshtrain simulate
 (predicted - measured) / measured. Exit status 1 when the worst absolute error
 exceeds --max-worst or the median exceeds --max-median (see README.md).
 
-Calibration: by default each plan is calibrated just before it runs (only its
-workload's shapes, at its rank count, `--statistic mean`), so that on a
-machine shared with other work the calibration and the run see the same
-load; --calibration FILE uses one calibration for every plan instead.
+Calibration: by default one calibration is measured first, for both
+workloads at 1 and 2 ranks sharing the cores, and predicts every plan (what
+the simulator is for: one description of the machine, many plans);
+--calibration FILE uses a saved one, --save-calibration FILE keeps it. On a
+machine loaded by other work, whose speed drifts within a minute, --per-plan
+calibrates each plan just before it runs (its shapes only, at its rank count)
+so that the calibration and the run see the same load.
 """
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -94,6 +98,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--meshtrain", default="build/engine/meshtrain")
     ap.add_argument("--calibration", help="use this calibration instead of measuring one")
+    ap.add_argument("--save-calibration", help="keep the calibration measured for the run here")
+    ap.add_argument("--per-plan", action="store_true",
+                    help="calibrate each plan just before it runs (a machine with drifting load)")
     ap.add_argument("--quick", action="store_true",
                     help="quick calibration and 4 tiny plans (the CI test)")
     ap.add_argument("--steps", type=int, default=12)
@@ -112,22 +119,32 @@ def main():
         data = os.path.join(tmp, "data.bin")
         with open(data, "wb") as f:  # any bytes are tokens; the content does not change timing
             f.write(bytes((i * 2654435761 >> 13) & 255 for i in range(200_000)))
-        def calibrate(workload, sharing):
-            """A calibration of `workload`'s shapes at `sharing` ranks, measured now."""
+        selected = [p for p in PLANS if not a.quick or p[0] in QUICK]
+
+        def calibrate(workloads, sharing, quick):
+            """A calibration of the workloads' shapes at the sharing levels, measured now."""
             cal = os.path.join(tmp, "calibration.json")
-            model, b, t = workload
-            cmd = [mt, "calibrate", "--backend", "cpu", "--out", cal, "--quick", "--no-grid",
-                   "--workload", f"{model}:{b}:{t}", "--sharing", str(sharing),
-                   "--max-ranks", "2", "--statistic", a.statistic]
+            cmd = [mt, "calibrate", "--backend", "cpu", "--out", cal, "--no-grid",
+                   "--max-ranks", "2", "--statistic", a.statistic] + (["--quick"] if quick else [])
+            for model, b, t in workloads:
+                cmd += ["--workload", f"{model}:{b}:{t}"]
+            for level in sharing:
+                cmd += ["--sharing", str(level)]
             rc, _, err = run(cmd)
             if rc != 0:
                 sys.exit(f"calibrate failed: {err.strip()}")
             return cal
+        cal = a.calibration
+        if not cal and not a.per_plan:
+            print("calibrating (about a minute) ...", file=sys.stderr, flush=True)
+            workloads = sorted({p[1] for p in selected})
+            cal = calibrate(workloads, sorted({min(world(p[2]), 2) for p in selected}), a.quick)
+            if a.save_calibration:
+                shutil.copyfile(cal, a.save_calibration)
         rows, errors = [], []
-        for label, workload, flags in PLANS:
-            if a.quick and label not in QUICK:
-                continue
-            cal = a.calibration or calibrate(workload, world(flags))
+        for label, workload, flags in selected:
+            if a.per_plan and not a.calibration:
+                cal = calibrate([workload], [world(flags)], True)
             measured, why = measure(mt, data, workload, flags, a.steps, a.warmup,
                                     a.microbatches, tmp)
             if measured is None:
