@@ -1,5 +1,7 @@
 #include "engine/cli/simulate_command.h"
 
+#include <algorithm>
+
 #include <memory>
 
 #include <fmt/format.h>
@@ -247,11 +249,21 @@ Status run_simulate(SimulateFlags f, bool no_flags) {
   sim::Calibration calibration;
   if (!f.calibration.empty()) {
     MT_ASSIGN(calibration, sim::load_calibration(f.calibration));
-    // Ranks placed on one node share it: a calibration measured with k rank
-    // threads running at once on one machine (the cpu backend's local-cpu)
-    // times a node of k ranks with the k-level tables. GPU calibrations
-    // measure one rank per device (level 1 only) and are unchanged.
-    const int per_node = std::min(mp.plan.world_size(), options.cluster.gpus_per_node);
+    // Rank threads placed on one node share its cores: a calibration measured
+    // with k rank threads running at once on one machine (the cpu backend's
+    // local-cpu) times a node of k ranks with the k-level tables. MPI ranks
+    // are processes that mpirun binds to cores of their own (Open MPI: a core
+    // each for -np <= 2, a socket beyond), so each runs alone on its cores:
+    // level 1, as rank 0 of `mpirun -np N meshtrain calibrate` measured it
+    // inside its own binding. GPU calibrations measure one rank per device
+    // (level 1 only) and are unchanged.
+    const bool mpi = f.comm == "mpi";
+    if (mpi && std::none_of(calibration.collectives.begin(), calibration.collectives.end(),
+                            [](const auto& c) { return c.transport == "mpi"; }))
+      return make_error("--comm mpi: calibration '{}' has no collectives measured over MPI; make it "
+                        "with `mpirun -np N meshtrain calibrate ...` (its kernels are then also "
+                        "measured inside one bound MPI process)", f.calibration);
+    const int per_node = mpi ? 1 : std::min(mp.plan.world_size(), options.cluster.gpus_per_node);
     calibration = calibration.for_ranks_sharing(per_node).for_transport(f.comm);
     sim::apply_link_calibration(calibration, options.cluster);
     options.calibration = &calibration;

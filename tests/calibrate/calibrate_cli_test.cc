@@ -21,6 +21,15 @@ TEST_CASE("calibrate --quick writes a versioned calibration that states the mach
   CHECK_THAT(r.out, Catch::Contains("calibrate ["));  // the progress line
   auto c = meshtrain::sim::load_calibration(path);
   REQUIRE(c.ok());
+  // Made without mpirun: it cannot time an MPI run, and simulate says how to get one that can.
+  auto mpi = run_meshtrain("simulate --cluster local-cpu --gpus 2 --dp 2 --model tiny --calibration " +
+                           path + " --comm mpi");
+  CHECK(mpi.status == 1);
+  CHECK_THAT(mpi.out, Catch::Contains("no collectives measured over MPI") &&
+                          Catch::Contains("mpirun -np N meshtrain calibrate"));
+  auto threads = run_meshtrain("simulate --cluster local-cpu --gpus 2 --dp 2 --model tiny --calibration " +
+                               path + " --comm threads");
+  CHECK(threads.status == 0);
   std::remove(path.c_str());
   CHECK(c->version == Calibration::kVersion);
   CHECK(c->machine.backend == "cpu");

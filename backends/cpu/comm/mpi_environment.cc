@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string_view>
+#include <thread>
 
 namespace meshtrain {
 
@@ -73,6 +74,18 @@ MpiEnvironment::~MpiEnvironment() {
   int finalised = 0;
   MPI_Finalized(&finalised);
   if (owned_ && !finalised) MPI_Finalize();
+}
+
+Status MpiEnvironment::barrier_asleep(std::chrono::milliseconds poll) const {
+  MPI_Request request;
+  if (MPI_Ibarrier(MPI_COMM_WORLD, &request) != MPI_SUCCESS)
+    return make_error("rank {}: MPI_Ibarrier failed", rank_);
+  for (int done = 0;;) {
+    if (MPI_Test(&request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+      return make_error("rank {}: MPI_Test on a barrier failed", rank_);
+    if (done) return ok_status();
+    std::this_thread::sleep_for(poll);
+  }
 }
 
 void abort_job(const Error& error) {

@@ -6,6 +6,7 @@
 // MpiEnvironment in main, then an MpiCommunicator.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -44,6 +45,11 @@ class MpiEnvironment {
 
   int rank() const { return rank_; }
   int world_size() const { return world_; }
+
+  // A barrier of every process that waits asleep, testing for completion
+  // every `poll`: a process blocked inside MPI busy-polls a core, which ranks
+  // waiting while one of them measures kernels must not do.
+  Status barrier_asleep(std::chrono::milliseconds poll = std::chrono::milliseconds(5)) const;
 
  private:
   MpiEnvironment(bool owned, int rank, int world) : owned_(owned), rank_(rank), world_(world) {}

@@ -49,6 +49,11 @@ PLANS = [
     ("small dp2 zero1", SMALL_GPT, ["--dp", "2", "--zero", "1"]),
 ]
 QUICK = ["tiny single", "tiny tp2", "tiny pp2 1f1b", "tiny dp2 zero1"]
+# With --mpi: the same plans with ranks as processes under mpirun, predicted
+# from a calibration made under mpirun (collectives over MPI, kernels inside
+# one bound process) with `simulate --comm mpi`.
+MPI_PLANS = ["tiny tp2", "tiny pp2 1f1b", "tiny dp2 zero1"]
+MPIRUN = ["mpirun", "--oversubscribe", "-np"]
 
 
 def world(flags):
@@ -67,15 +72,17 @@ def common(workload, flags, microbatches):
 
 
 def run(cmd):
-    p = subprocess.run(cmd, capture_output=True, text=True)
+    # Open MPI refuses to run as root without these (CI and these VMs run as root).
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     return p.returncode, p.stdout, p.stderr
 
 
-def measure(mt, data, workload, flags, steps, warmup, microbatches, tmp):
+def measure(mt, data, workload, flags, steps, warmup, microbatches, tmp, launcher=()):
     metrics = os.path.join(tmp, "metrics.jsonl")
     if os.path.exists(metrics):
         os.remove(metrics)
-    rc, _, err = run([mt, "train", "--data", data, "--steps", str(steps), "--warmup", "1",
+    rc, _, err = run(list(launcher) + [mt, "train", "--data", data, "--steps", str(steps), "--warmup", "1",
                       "--lr", "1e-3", "--quiet", "--metrics", metrics]
                      + common(workload, flags, microbatches))
     if rc != 0:
@@ -85,9 +92,9 @@ def measure(mt, data, workload, flags, steps, warmup, microbatches, tmp):
     return statistics.median(times[warmup:]), None
 
 
-def predict(mt, cal, workload, flags, microbatches):
+def predict(mt, cal, workload, flags, microbatches, comm="threads"):
     rc, out, err = run([mt, "simulate", "--cluster", "local-cpu", "--gpus", str(world(flags)),
-                        "--calibration", cal, "--precision", "fp32", "--json"]
+                        "--calibration", cal, "--precision", "fp32", "--json", "--comm", comm]
                        + common(workload, flags, microbatches))
     if rc != 0:
         return None, err.strip().splitlines()[-1] if err.strip() else f"exit {rc}"
@@ -99,6 +106,8 @@ def main():
     ap.add_argument("--meshtrain", default="build/engine/meshtrain")
     ap.add_argument("--calibration", help="use this calibration instead of measuring one")
     ap.add_argument("--save-calibration", help="keep the calibration measured for the run here")
+    ap.add_argument("--mpi", action="store_true",
+                    help="also run " + ", ".join(MPI_PLANS) + " as MPI processes (mpirun)")
     ap.add_argument("--per-plan", action="store_true",
                     help="calibrate each plan just before it runs (a machine with drifting load)")
     ap.add_argument("--quick", action="store_true",
@@ -121,10 +130,10 @@ def main():
             f.write(bytes((i * 2654435761 >> 13) & 255 for i in range(200_000)))
         selected = [p for p in PLANS if not a.quick or p[0] in QUICK]
 
-        def calibrate(workloads, sharing, quick):
+        def calibrate(workloads, sharing, quick, launcher=(), name="calibration.json"):
             """A calibration of the workloads' shapes at the sharing levels, measured now."""
-            cal = os.path.join(tmp, "calibration.json")
-            cmd = [mt, "calibrate", "--backend", "cpu", "--out", cal, "--no-grid",
+            cal = os.path.join(tmp, name)
+            cmd = list(launcher) + [mt, "calibrate", "--backend", "cpu", "--out", cal, "--no-grid",
                    "--max-ranks", "2", "--statistic", a.statistic] + (["--quick"] if quick else [])
             for model, b, t in workloads:
                 cmd += ["--workload", f"{model}:{b}:{t}"]
@@ -142,6 +151,16 @@ def main():
             if a.save_calibration:
                 shutil.copyfile(cal, a.save_calibration)
         rows, errors = [], []
+
+        def add_row(label, measured, predicted, why):
+            if predicted is None:
+                rows.append((label, measured, None, None, why))
+                return
+            e = (predicted - measured) / measured
+            errors.append(abs(e))
+            rows.append((label, measured, predicted, e, ""))
+            print(f"  {label}: measured {measured * 1e3:.2f} ms, predicted {predicted * 1e3:.2f} ms",
+                  file=sys.stderr, flush=True)
         for label, workload, flags in selected:
             if a.per_plan and not a.calibration:
                 cal = calibrate([workload], [world(flags)], True)
@@ -150,15 +169,21 @@ def main():
             if measured is None:
                 rows.append((label, None, None, None, why))
                 continue
-            predicted, why = predict(mt, cal, workload, flags, a.microbatches)
-            if predicted is None:
-                rows.append((label, measured, None, None, why))
-                continue
-            e = (predicted - measured) / measured
-            errors.append(abs(e))
-            rows.append((label, measured, predicted, e, ""))
-            print(f"  {label}: measured {measured * 1e3:.2f} ms, predicted {predicted * 1e3:.2f} ms",
-                  file=sys.stderr, flush=True)
+            add_row(label, measured, *predict(mt, cal, workload, flags, a.microbatches))
+        if a.mpi:
+            mpi_plans = [p for p in PLANS if p[0] in MPI_PLANS and p in selected]
+            print("calibrating under mpirun ...", file=sys.stderr, flush=True)
+            np_ = max(world(p[2]) for p in mpi_plans)
+            mpi_cal = calibrate(sorted({p[1] for p in mpi_plans}), [1], a.quick,
+                                MPIRUN + [str(np_)], "calibration-mpi.json")
+            for label, workload, flags in mpi_plans:
+                measured, why = measure(mt, data, workload, flags, a.steps, a.warmup,
+                                        a.microbatches, tmp, MPIRUN + [str(world(flags))])
+                if measured is None:
+                    rows.append((label + " mpi", None, None, None, why))
+                    continue
+                add_row(label + " mpi", measured,
+                        *predict(mt, mpi_cal, workload, flags, a.microbatches, "mpi"))
     print(f"{'plan':<18} {'measured ms':>12} {'predicted ms':>13} {'error':>8}")
     for label, m, p, e, why in rows:
         if e is None:
