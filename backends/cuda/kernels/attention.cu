@@ -19,6 +19,7 @@
 //    heads are deterministic without atomics.
 // Legend: B batch, T sequence, H query heads, G kv heads, D head dim (<= 128),
 // W = (H + 2G)·D the width of one token's qkv row.
+#include "backends/cuda/kernels/attention_layout.cuh"
 #include "backends/cuda/kernels/common.cuh"
 
 namespace meshtrain::cuda::kernels {
@@ -29,15 +30,6 @@ constexpr int kRowsPerWarp = 4;
 constexpr int kRows = kWarps * kRowsPerWarp;  // 16 query rows (or keys) per block
 constexpr int kTileKeys = 32;                 // keys (or queries) per shared tile
 constexpr int kDimsPerLane = kMaxHeadDim / 32;
-
-struct Layout {
-  i64 T, H, G, D, W;
-  __device__ i64 q(i64 b, i64 t, i64 h) const { return (b * T + t) * W + h * D; }
-  __device__ i64 k(i64 b, i64 t, i64 g) const { return (b * T + t) * W + (H + g) * D; }
-  __device__ i64 v(i64 b, i64 t, i64 g) const { return (b * T + t) * W + (H + G + g) * D; }
-  __device__ i64 o(i64 b, i64 t, i64 h) const { return ((b * T + t) * H + h) * D; }
-  __device__ i64 l(i64 b, i64 h, i64 t) const { return (b * H + h) * T + t; }
-};
 
 // dst[r][d] (row stride `stride`) = src row `first + r`, zero past T.
 template <class T>
@@ -56,7 +48,7 @@ __device__ float dot_row(const float* a, const float* b, i64 D) {
 }
 
 template <class T>
-__global__ void attention_fwd_kernel(const T* qkv, T* out, float* lse, Layout L, float scale) {
+__global__ void attention_fwd_kernel(const T* qkv, T* out, float* lse, AttentionLayout L, float scale) {
   extern __shared__ float smem[];
   const int D = static_cast<int>(L.D), KS = D + 1;
   float* qs = smem;                    // [kRows][D]
@@ -113,7 +105,7 @@ __global__ void attention_fwd_kernel(const T* qkv, T* out, float* lse, Layout L,
 
 // di (B, H, T) = dO · O per query row: one warp per row.
 template <class T>
-__global__ void attention_di_kernel(const T* dout, const T* out, float* di, Layout L, i64 B) {
+__global__ void attention_di_kernel(const T* dout, const T* out, float* di, AttentionLayout L, i64 B) {
   const i64 row = blockIdx.x * (i64)(blockDim.x / 32) + (threadIdx.x >> 5);  // (b, t, h)
   const int lane = threadIdx.x & 31;
   if (row >= B * L.T * L.H) return;
@@ -126,7 +118,7 @@ __global__ void attention_di_kernel(const T* dout, const T* out, float* di, Layo
 
 template <class T>
 __global__ void attention_dq_kernel(const T* dout, const T* qkv, const float* lse, const float* di,
-                                    T* dqkv, Layout L, float scale) {
+                                    T* dqkv, AttentionLayout L, float scale) {
   extern __shared__ float smem[];
   const int D = static_cast<int>(L.D), KS = D + 1;
   float* qs = smem;                   // [kRows][D]
@@ -182,7 +174,7 @@ __global__ void attention_dq_kernel(const T* dout, const T* qkv, const float* ls
 
 template <class T>
 __global__ void attention_dkv_kernel(const T* dout, const T* qkv, const float* lse, const float* di,
-                                     T* dqkv, Layout L, float scale) {
+                                     T* dqkv, AttentionLayout L, float scale) {
   extern __shared__ float smem[];
   const int D = static_cast<int>(L.D), QS = D + 1;
   float* ks = smem;                    // [kRows][D]
@@ -247,33 +239,19 @@ __global__ void attention_dkv_kernel(const T* dout, const T* qkv, const float* l
   }
 }
 
-Layout layout_of(const AttentionShape& d) {
-  return Layout{d.T, d.H, d.G, d.D, (d.H + 2 * d.G) * d.D};
-}
-
-template <class K, class... Args>
-cudaError_t launch(K kernel, dim3 grid, std::size_t smem, cudaStream_t s, Args... args) {
-  // Beyond 48 KiB of dynamic shared memory a kernel must opt in (per device).
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(smem));
-  if (e != cudaSuccess) return e;
-  kernel<<<grid, kWarps * 32, smem, s>>>(args...);
-  return cudaGetLastError();
-}
-
 template <class T>
 cudaError_t forward(const void* qkv, void* out, float* lse, const AttentionShape& d, cudaStream_t s) {
-  const Layout L = layout_of(d);
+  const AttentionLayout L = attention_layout(d);
   const std::size_t smem = sizeof(float) * (kRows * d.D + kTileKeys * (d.D + 1) + kTileKeys * d.D);
   const dim3 grid(static_cast<unsigned>((d.T + kRows - 1) / kRows), static_cast<unsigned>(d.B * d.H));
-  return launch(attention_fwd_kernel<T>, grid, smem, s, static_cast<const T*>(qkv),
-                static_cast<T*>(out), lse, L, d.scale);
+  return launch_with_smem(attention_fwd_kernel<T>, grid, kWarps * 32, smem, s,
+                          static_cast<const T*>(qkv), static_cast<T*>(out), lse, L, d.scale);
 }
 
 template <class T>
 cudaError_t backward(const void* dout, const void* qkv, const void* out, const float* lse,
                      void* dqkv, const AttentionShape& d, int dtype, float* di, cudaStream_t s) {
-  const Layout L = layout_of(d);
+  const AttentionLayout L = attention_layout(d);
   const T* pd = static_cast<const T*>(dout);
   const T* pq = static_cast<const T*>(qkv);
   const i64 rows = d.B * d.T * d.H;
@@ -285,13 +263,15 @@ cudaError_t backward(const void* dout, const void* qkv, const void* out, const f
     return attention_backward_tc(dout, qkv, lse, di, dqkv, d, dtype, s);
   const unsigned tiles = static_cast<unsigned>((d.T + kRows - 1) / kRows);
   const std::size_t smem_q = sizeof(float) * (2 * kRows * d.D + 2 * kTileKeys * (d.D + 1));
-  e = launch(attention_dq_kernel<T>, dim3(tiles, static_cast<unsigned>(d.B * d.H)), smem_q, s, pd,
-             pq, lse, static_cast<const float*>(di), static_cast<T*>(dqkv), L, d.scale);
+  e = launch_with_smem(attention_dq_kernel<T>, dim3(tiles, static_cast<unsigned>(d.B * d.H)),
+                       kWarps * 32, smem_q, s, pd, pq, lse, static_cast<const float*>(di),
+                       static_cast<T*>(dqkv), L, d.scale);
   if (e != cudaSuccess) return e;
   const std::size_t smem_kv =
       sizeof(float) * (2 * kRows * d.D + 2 * kTileKeys * (d.D + 1) + 2 * kTileKeys);
-  return launch(attention_dkv_kernel<T>, dim3(tiles, static_cast<unsigned>(d.B * d.G)), smem_kv, s,
-                pd, pq, lse, static_cast<const float*>(di), static_cast<T*>(dqkv), L, d.scale);
+  return launch_with_smem(attention_dkv_kernel<T>, dim3(tiles, static_cast<unsigned>(d.B * d.G)),
+                          kWarps * 32, smem_kv, s, pd, pq, lse, static_cast<const float*>(di),
+                          static_cast<T*>(dqkv), L, d.scale);
 }
 
 }  // namespace

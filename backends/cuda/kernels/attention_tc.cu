@@ -25,6 +25,7 @@
 // stay 16-byte aligned.
 // Legend: B batch, T sequence, H query heads, G kv heads, D head dim,
 // W = (H + 2G)·D the width of one token's qkv row.
+#include "backends/cuda/kernels/attention_layout.cuh"
 #include "backends/cuda/kernels/common.cuh"
 
 namespace meshtrain::cuda::kernels {
@@ -40,15 +41,6 @@ constexpr float kLn2 = 0.6931471805599453f;
 // accumulators (2 x 64 fp32 per lane) plus Sᵀ and dPᵀ within 255 registers.
 template <int D>
 constexpr int kInner = D == 128 ? 32 : 64;
-
-struct Layout {
-  i64 T, H, G, D, W;
-  __device__ i64 q(i64 b, i64 t, i64 h) const { return (b * T + t) * W + h * D; }
-  __device__ i64 k(i64 b, i64 t, i64 g) const { return (b * T + t) * W + (H + g) * D; }
-  __device__ i64 v(i64 b, i64 t, i64 g) const { return (b * T + t) * W + (H + G + g) * D; }
-  __device__ i64 o(i64 b, i64 t, i64 h) const { return ((b * T + t) * H + h) * D; }
-  __device__ i64 l(i64 b, i64 h, i64 t) const { return (b * H + h) * T + t; }
-};
 
 // ---- tensor-core primitives ------------------------------------------------
 
@@ -157,6 +149,28 @@ __device__ __forceinline__ float quad_sum(float v) {
 
 // tile(r, 0..D) = row first + r of base (row stride `stride` elements), zero
 // from row `limit` on; 16-byte copies.
+// The two score products of the backward kernels in one pass over the head
+// dimension: c1 = A1·B1ᵀ and c2 = A2·B2ᵀ for the warp's 16 rows of the A
+// tiles against the N rows of the B tiles (dQ: S = Q·Kᵀ and dP = dO·Vᵀ;
+// dK/dV: Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ). Tiles are row-major with row stride S.
+template <class T, int D, int N>
+__device__ __forceinline__ void two_score_products(float c1[N / 8][4], float c2[N / 8][4],
+                                                   const T* a1, const T* a2, const T* b1,
+                                                   const T* b2, int S, int warp, int lane) {
+  for (int kk = 0; kk < D / 16; ++kk) {
+    std::uint32_t f1[4], f2[4];
+    load_a(f1, a1, S, warp * 16, kk * 16, lane);
+    load_a(f2, a2, S, warp * 16, kk * 16, lane);
+    for (int n = 0; n < N / 8; ++n) {
+      std::uint32_t bb[2];
+      load_b_rows(bb, b1, S, n * 8, kk * 16, lane);
+      mma<T>(c1[n], f1, bb);
+      load_b_rows(bb, b2, S, n * 8, kk * 16, lane);
+      mma<T>(c2[n], f2, bb);
+    }
+  }
+}
+
 template <class T, int D>
 __device__ void load_tile(T* tile, int rows, const T* base, i64 first, i64 limit, i64 stride) {
   constexpr int kChunks = D / 8;
@@ -173,7 +187,7 @@ __device__ void load_tile(T* tile, int rows, const T* base, i64 first, i64 limit
 
 template <class T, int D>
 __global__ void __launch_bounds__(kWarps * 32)
-    fwd_tc_kernel(const T* qkv, T* out, float* lse, Layout L, float scale) {
+    fwd_tc_kernel(const T* qkv, T* out, float* lse, AttentionLayout L, float scale) {
   constexpr int S = D + kPad, kKeys = 64, kDt = D / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* qs = reinterpret_cast<T*>(smem_raw);  // [kRows][S]
@@ -254,7 +268,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 
 template <class T, int D>
 __global__ void __launch_bounds__(kWarps * 32)
-    dq_tc_kernel(const T* dout, const T* qkv, const float* lse, const float* di, T* dqkv, Layout L,
+    dq_tc_kernel(const T* dout, const T* qkv, const float* lse, const float* di, T* dqkv, AttentionLayout L,
                  float scale) {
   constexpr int S = D + kPad, kKeys = kInner<D>, kDt = D / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -283,18 +297,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     load_tile<T, D>(vs, kKeys, qkv + L.v(b, 0, g), k0, L.T, L.W);
     __syncthreads();
     float s[kKeys / 8][4] = {}, dp[kKeys / 8][4] = {};
-    for (int kk = 0; kk < D / 16; ++kk) {
-      std::uint32_t aq[4], ado[4];
-      load_a(aq, qs, S, warp * 16, kk * 16, lane);
-      load_a(ado, dos, S, warp * 16, kk * 16, lane);
-      for (int n = 0; n < kKeys / 8; ++n) {
-        std::uint32_t bb[2];
-        load_b_rows(bb, ks, S, n * 8, kk * 16, lane);
-        mma<T>(s[n], aq, bb);
-        load_b_rows(bb, vs, S, n * 8, kk * 16, lane);
-        mma<T>(dp[n], ado, bb);
-      }
-    }
+    two_score_products<T, D, kKeys>(s, dp, qs, dos, ks, vs, S, warp, lane);
     for (int n = 0; n < kKeys / 8; ++n)
       for (int e = 0; e < 4; ++e) {
         const int r = e >> 1;
@@ -324,7 +327,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 
 template <class T, int D>
 __global__ void __launch_bounds__(kWarps * 32)
-    dkv_tc_kernel(const T* dout, const T* qkv, const float* lse, const float* di, T* dqkv, Layout L,
+    dkv_tc_kernel(const T* dout, const T* qkv, const float* lse, const float* di, T* dqkv, AttentionLayout L,
                   float scale) {
   constexpr int S = D + kPad, kQueries = kInner<D>, kDt = D / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -356,18 +359,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
       __syncthreads();
       float s[kQueries / 8][4] = {}, dp[kQueries / 8][4] = {};  // Sᵀ, dPᵀ (keys x queries)
-      for (int kk = 0; kk < D / 16; ++kk) {
-        std::uint32_t ak[4], av[4];
-        load_a(ak, ks, S, warp * 16, kk * 16, lane);
-        load_a(av, vs, S, warp * 16, kk * 16, lane);
-        for (int n = 0; n < kQueries / 8; ++n) {
-          std::uint32_t bb[2];
-          load_b_rows(bb, qs, S, n * 8, kk * 16, lane);
-          mma<T>(s[n], ak, bb);
-          load_b_rows(bb, dos, S, n * 8, kk * 16, lane);
-          mma<T>(dp[n], av, bb);
-        }
-      }
+      two_score_products<T, D, kQueries>(s, dp, ks, vs, qs, dos, S, warp, lane);
       for (int n = 0; n < kQueries / 8; ++n)
         for (int e = 0; e < 4; ++e) {
           const int col = n * 8 + 2 * tq + (e & 1);
@@ -406,20 +398,6 @@ __global__ void __launch_bounds__(kWarps * 32)
 
 // ---- launchers -------------------------------------------------------------
 
-Layout layout_of(const AttentionShape& d) {
-  return Layout{d.T, d.H, d.G, d.D, (d.H + 2 * d.G) * d.D};
-}
-
-template <class K, class... Args>
-cudaError_t launch(K kernel, dim3 grid, std::size_t smem, cudaStream_t s, Args... args) {
-  // Beyond 48 KiB of dynamic shared memory a kernel must opt in (per device).
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(smem));
-  if (e != cudaSuccess) return e;
-  kernel<<<grid, kWarps * 32, smem, s>>>(args...);
-  return cudaGetLastError();
-}
-
 unsigned row_blocks(const AttentionShape& d) {
   return static_cast<unsigned>((d.T + kRows - 1) / kRows);
 }
@@ -427,23 +405,26 @@ unsigned row_blocks(const AttentionShape& d) {
 template <class T, int D>
 cudaError_t forward(const void* qkv, void* out, float* lse, const AttentionShape& d, cudaStream_t s) {
   const std::size_t smem = sizeof(T) * (3 * kRows * (D + kPad));
-  return launch(fwd_tc_kernel<T, D>, dim3(row_blocks(d), static_cast<unsigned>(d.B * d.H)), smem, s,
-                static_cast<const T*>(qkv), static_cast<T*>(out), lse, layout_of(d), d.scale);
+  return launch_with_smem(fwd_tc_kernel<T, D>, dim3(row_blocks(d), static_cast<unsigned>(d.B * d.H)),
+                          kWarps * 32, smem, s, static_cast<const T*>(qkv), static_cast<T*>(out),
+                          lse, attention_layout(d), d.scale);
 }
 
 template <class T, int D>
 cudaError_t backward(const void* dout, const void* qkv, const float* lse, const float* di,
                      void* dqkv, const AttentionShape& d, cudaStream_t s) {
-  const Layout L = layout_of(d);
+  const AttentionLayout L = attention_layout(d);
   const T* pd = static_cast<const T*>(dout);
   const T* pq = static_cast<const T*>(qkv);
   T* pdq = static_cast<T*>(dqkv);
   const std::size_t tiles = sizeof(T) * (2 * kRows + 2 * kInner<D>) * (D + kPad);
-  cudaError_t e = launch(dq_tc_kernel<T, D>, dim3(row_blocks(d), static_cast<unsigned>(d.B * d.H)),
-                         tiles, s, pd, pq, lse, di, pdq, L, d.scale);
+  cudaError_t e = launch_with_smem(dq_tc_kernel<T, D>,
+                                   dim3(row_blocks(d), static_cast<unsigned>(d.B * d.H)),
+                                   kWarps * 32, tiles, s, pd, pq, lse, di, pdq, L, d.scale);
   if (e != cudaSuccess) return e;
-  return launch(dkv_tc_kernel<T, D>, dim3(row_blocks(d), static_cast<unsigned>(d.B * d.G)),
-                tiles + sizeof(float) * 2 * kInner<D>, s, pd, pq, lse, di, pdq, L, d.scale);
+  return launch_with_smem(dkv_tc_kernel<T, D>, dim3(row_blocks(d), static_cast<unsigned>(d.B * d.G)),
+                          kWarps * 32, tiles + sizeof(float) * 2 * kInner<D>, s, pd, pq, lse, di,
+                          pdq, L, d.scale);
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
