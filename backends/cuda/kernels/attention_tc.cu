@@ -171,6 +171,24 @@ __device__ __forceinline__ void two_score_products(float c1[N / 8][4], float c2[
   }
 }
 
+// acc (16 rows x D, as D/8 n-tiles) += P · B, with P the warp's 16 x N fp32
+// scores in accumulator layout (rounded to T, as FlashAttention does) and B
+// the N x D tile (row stride S): forward O += P·V, dQ += dS·K.
+template <class T, int D, int N>
+__device__ __forceinline__ void accumulate_product(float acc[D / 8][4], float p[N / 8][4],
+                                                   const T* b, int S, int lane) {
+  for (int kk = 0; kk < N / 16; ++kk) {
+    std::uint32_t a[4];
+    to_a<T>(a, p[2 * kk], p[2 * kk + 1]);
+    for (int d2 = 0; d2 < D / 16; ++d2) {
+      std::uint32_t b0[2], b1[2];
+      load_b_cols(b0, b1, b, S, kk * 16, d2 * 16, lane);
+      mma<T>(acc[2 * d2], a, b0);
+      mma<T>(acc[2 * d2 + 1], a, b1);
+    }
+  }
+}
+
 template <class T, int D>
 __device__ void load_tile(T* tile, int rows, const T* base, i64 first, i64 limit, i64 stride) {
   constexpr int kChunks = D / 8;
@@ -244,16 +262,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       o[d][2] *= corr[1];
       o[d][3] *= corr[1];
     }
-    for (int kk = 0; kk < kKeys / 16; ++kk) {
-      std::uint32_t a[4];
-      to_a<T>(a, s[2 * kk], s[2 * kk + 1]);
-      for (int d2 = 0; d2 < D / 16; ++d2) {
-        std::uint32_t b0[2], b1[2];
-        load_b_cols(b0, b1, vs, S, kk * 16, d2 * 16, lane);
-        mma<T>(o[2 * d2], a, b0);
-        mma<T>(o[2 * d2 + 1], a, b1);
-      }
-    }
+    accumulate_product<T, D, kKeys>(o, s, vs, S, lane);
   }
   for (int r = 0; r < 2; ++r) {
     l[r] = quad_sum(l[r]);
@@ -305,16 +314,7 @@ __global__ void __launch_bounds__(kWarps * 32)
         const float p = (j <= row[r] && row[r] < L.T) ? exp2f(s[n][e] * c - lse2[r]) : 0.f;
         s[n][e] = p * (dp[n][e] - dii[r]);  // dS
       }
-    for (int kk = 0; kk < kKeys / 16; ++kk) {
-      std::uint32_t a[4];
-      to_a<T>(a, s[2 * kk], s[2 * kk + 1]);
-      for (int d2 = 0; d2 < D / 16; ++d2) {
-        std::uint32_t b0[2], b1[2];
-        load_b_cols(b0, b1, ks, S, kk * 16, d2 * 16, lane);
-        mma<T>(dq[2 * d2], a, b0);
-        mma<T>(dq[2 * d2 + 1], a, b1);
-      }
-    }
+    accumulate_product<T, D, kKeys>(dq, s, ks, S, lane);
   }
   for (int r = 0; r < 2; ++r) {
     if (row[r] >= L.T) continue;
