@@ -140,8 +140,12 @@ run train-gpt2 "$MT" train --backend cuda --model gpt2-124m --micro-batch 16 --s
   --precision bf16 --steps 30 --data "$DATA" --metrics "$OUT/gpt2-cuda.jsonl"
 if [[ $RC -eq 0 && -s "$OUT/gpt2-cuda.jsonl" ]]; then
   read -r loss mt_tps < <(metrics_summary "$OUT/gpt2-cuda.jsonl")
-  # MFU against the H200's dense bf16 peak (989 TFLOP/s), 6·params·tokens + attention.
-  mfu=$(python3 -c "print(round(($mt_tps * (6 * 124e6 + 12 * 12 * 768 * 1024)) / 989e12, 4))" 2>/dev/null || echo null)
+  # MFU against the H200's dense bf16 peak (989 TFLOP/s), with meshtrain's own
+  # model FLOPs per token (models/flops.cc, the count the simulator uses).
+  fpt=$("$MT" info --model gpt2-124m --seq-len 1024 --micro-batch 16 --json |
+        python3 -c "import json, sys; print(json.load(sys.stdin)['flops_per_token'])" 2>/dev/null)
+  mfu=$(python3 -c "print(round($mt_tps * ${fpt:-0} / 989e12, 4))" 2>/dev/null || echo null)
+  [[ -z "$fpt" ]] && mfu=null
   record train-gpt2 ok "$SECS" "last loss $loss" "\"tokens_per_s\": ${mt_tps:-null}, \"mfu\": ${mfu:-null}"
 else
   mt_tps=""
@@ -161,7 +165,9 @@ done
 
 # 3. Calibration in the simulator's format.
 CAL="$OUT/calibration-h200.json"
-run calibrate "$MT" calibrate --backend cuda --out "$CAL"
+# The gpt2-124m step's own shapes join the grid, so step 4 predicts from
+# measured shapes rather than interpolated ones.
+run calibrate "$MT" calibrate --backend cuda --out "$CAL" --workload gpt2-124m:16:1024
 if [[ $RC -eq 0 && -s "$CAL" ]]; then
   record calibrate ok "$SECS" "$CAL"
 else
@@ -171,9 +177,35 @@ fi
 # 4. The simulator's prediction of the same step with that calibration.
 sim_args=(simulate --model gpt2-124m --cluster h200 --gpus 1 --micro-batch 16 --seq-len 1024 --precision bf16)
 [[ -s "$CAL" ]] && sim_args+=(--calibration "$CAL")
-run simulate "$MT" "${sim_args[@]}"
-if [[ $RC -eq 0 ]]; then
-  record simulate ok "$SECS" "$(grep -iE 'iteration|step time' "$LOG" | tail -1)"
+to_file() {  # to_file FILE CMD...: CMD's stdout into FILE
+  local file=$1
+  shift
+  "$@" >"$file"
+}
+SIM_JSON="$OUT/gpt2-simulate.json"
+run simulate to_file "$SIM_JSON" "$MT" "${sim_args[@]}" --json
+# The measured step is the median step_time_s of the steps after 5 of step 2's
+# run. Target: within 10%.
+if [[ $RC -eq 0 && -s "$OUT/gpt2-cuda.jsonl" ]]; then
+  verdict=$(python3 - "$SIM_JSON" "$OUT/gpt2-cuda.jsonl" <<'PY' 2>/dev/null
+import json, statistics, sys
+sim = json.load(open(sys.argv[1]))
+rows = [json.loads(l) for l in open(sys.argv[2]) if l.strip()]
+measured = statistics.median(r["step_time_s"] for r in rows if r["step"] > 5)
+predicted = sim["iteration_time_s"]
+error = (predicted - measured) / measured
+print("ok" if abs(error) <= 0.10 else "failed",
+      f'"predicted_s": {predicted}, "measured_s": {measured}, "error": {round(error, 4)}')
+PY
+)
+  if [[ -n "$verdict" ]]; then
+    record simulate "${verdict%% *}" "$SECS" "predicted vs measured gpt2-124m step (target within 10%)" \
+      "${verdict#* }"
+  else
+    record simulate failed "$SECS" "could not read the simulate JSON or the step times (see the log)"
+  fi
+elif [[ $RC -eq 0 ]]; then
+  record simulate "not available" "$SECS" "simulated, but no measured gpt2-124m step to compare with"
 else
   record simulate "not available" "$SECS" "meshtrain ${sim_args[*]} failed (see the log)"
 fi
