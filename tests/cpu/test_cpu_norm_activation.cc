@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "backends/cpu/kernels/activation.h"
+#include "backends/cpu/kernels/fast_math.h"
 #include "backends/cpu/kernels/norm.h"
 #include "tests/cpu/cpu_test_util.h"
 
@@ -143,6 +144,20 @@ TEST_CASE("cpu fp32 tanh approximation against tanh in fp64", "[cpu]") {
   CHECK(cpu::tanh_approx(std::numeric_limits<float>::infinity()) == Approx(1.0).epsilon(1e-7));
   CHECK(cpu::tanh_approx(-std::numeric_limits<float>::infinity()) == Approx(-1.0).epsilon(1e-7));
   CHECK(std::isnan(cpu::tanh_approx(std::numeric_limits<float>::quiet_NaN())));  // a NaN loss must stay NaN
+}
+
+TEST_CASE("cpu fp32 exp approximation against exp in fp64", "[cpu]") {
+  double worst = 0;
+  for (int i = -870000; i <= 880000; ++i) {  // [-87, 88] in steps of 1e-4
+    const float x = static_cast<float>(i * 1e-4);
+    const double ref = std::exp(static_cast<double>(x));
+    worst = std::max(worst, std::abs(cpu::exp_approx(x) - ref) / ref);
+  }
+  CHECK(worst < 2e-7);
+  CHECK(cpu::exp_approx(0.0f) == 1.0f);
+  CHECK(cpu::exp_approx(-100.0f) == 0.0f);  // no subnormals
+  CHECK(cpu::exp_approx(-std::numeric_limits<float>::infinity()) == 0.0f);
+  CHECK(std::isnan(cpu::exp_approx(std::numeric_limits<float>::quiet_NaN())));
 }
 
 TEST_CASE("cpu swiglu backward", "[cpu]") {

@@ -2,41 +2,13 @@
 // Legend: N rows, F ffn width.
 #pragma once
 
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
+#include "backends/cpu/kernels/fast_math.h"
 #include "backends/cpu/kernels/parallel.h"
 
 namespace meshtrain::cpu {
-
-// tanh for the fp32 kernels. glibc's tanhf is a scalar call of 30-60 ns on
-// this class of machine and made GELU a third of a GPT step; this is Eigen's
-// rational approximation (generic_fast_tanh_float: odd degree-13 over even
-// degree-6 polynomial, clamped where tanh rounds to ±1), branch-free so the
-// loops vectorize, within 4e-7 relative of tanh (tests/cpu check it). The
-// fp64 instantiations keep std::tanh: they are the references.
-inline float tanh_approx(float a) {
-  constexpr float kClamp = 7.90531110763549805f;
-  const float x = std::min(std::max(a, -kClamp), kClamp);
-  const float x2 = x * x;
-  float p = -2.76076847742355e-16f;
-  p = p * x2 + 2.00018790482477e-13f;
-  p = p * x2 + -8.60467152213735e-11f;
-  p = p * x2 + 5.12229709037114e-08f;
-  p = p * x2 + 1.48572235717979e-05f;
-  p = p * x2 + 6.37261928875436e-04f;
-  p = p * x2 + 4.89352455891786e-03f;
-  p = p * x;
-  float q = 1.19825839466702e-06f;
-  q = q * x2 + 1.18534705686654e-04f;
-  q = q * x2 + 2.26843463243900e-03f;
-  q = q * x2 + 4.89352518554385e-03f;
-  // Below 4e-4, tanh(x) rounds to x in fp32 while p/q would lose bits.
-  const float r = p / q;
-  return std::abs(a) < 0.0004f ? a : r;
-}
-inline double tanh_approx(double a) { return std::tanh(a); }
 
 template <class T>
 void gelu_forward(std::int64_t n, const T* x, T* out) {
@@ -70,7 +42,7 @@ void swiglu_forward(std::int64_t N, std::int64_t F, const T* x, T* out) {
     const T* g = x + r * 2 * F;
     const T* u = g + F;
     T* o = out + r * F;
-    for (std::int64_t j = 0; j < F; ++j) o[j] = g[j] / (T(1) + std::exp(-g[j])) * u[j];
+    for (std::int64_t j = 0; j < F; ++j) o[j] = g[j] / (T(1) + exp_approx(-g[j])) * u[j];
   });
 }
 
@@ -84,7 +56,7 @@ void swiglu_backward(std::int64_t N, std::int64_t F, const T* dout, const T* x, 
     T* dg = dx + r * 2 * F;
     T* du = dg + F;
     for (std::int64_t j = 0; j < F; ++j) {
-      const T s = T(1) / (T(1) + std::exp(-g[j]));
+      const T s = T(1) / (T(1) + exp_approx(-g[j]));
       du[j] = d[j] * g[j] * s;
       dg[j] = d[j] * u[j] * s * (T(1) + g[j] * (T(1) - s));
     }

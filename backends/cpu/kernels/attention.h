@@ -10,6 +10,7 @@
 #include <limits>
 #include <vector>
 
+#include "backends/cpu/kernels/fast_math.h"
 #include "backends/cpu/kernels/gemm.h"
 #include "backends/cpu/kernels/parallel.h"
 
@@ -49,10 +50,13 @@ void attention_forward(const AttentionDims& d, T scale, const T* qkv, T* out, T*
             T* row = p.data() + t * Tn;
             T m = row[0];
             for (std::int64_t j = 1; j <= t; ++j) m = row[j] > m ? row[j] : m;
+            // One exp per score (the loop vectorizes), then the ordered sum in
+            // double, then normalise: P = exp(s - m) / z, lse = m + log z.
+            for (std::int64_t j = 0; j <= t; ++j) row[j] = exp_approx(row[j] - m);
             double z = 0.0;
-            for (std::int64_t j = 0; j <= t; ++j) z += std::exp(static_cast<double>(row[j] - m));
-            const T l = m + static_cast<T>(std::log(z));
-            for (std::int64_t j = 0; j <= t; ++j) row[j] = std::exp(row[j] - l);
+            for (std::int64_t j = 0; j <= t; ++j) z += static_cast<double>(row[j]);
+            const T l = m + static_cast<T>(std::log(z)), inv = static_cast<T>(1.0 / z);
+            for (std::int64_t j = 0; j <= t; ++j) row[j] *= inv;
             for (std::int64_t j = t + 1; j < Tn; ++j) row[j] = T(0);
             lse[(b * d.H + h) * Tn + t] = l;
           }
@@ -90,7 +94,7 @@ void attention_backward(const AttentionDims& d, T scale, const T* dout, const T*
         detail::attention_scores(d, scale, q, k, p.data());
         for (std::int64_t t = 0; t < Tn; ++t) {
           T* row = p.data() + t * Tn;
-          for (std::int64_t j = 0; j <= t; ++j) row[j] = std::exp(row[j] - l[t]);
+          for (std::int64_t j = 0; j <= t; ++j) row[j] = exp_approx(row[j] - l[t]);
           for (std::int64_t j = t + 1; j < Tn; ++j) row[j] = T(0);
           double s = 0.0;  // D_t = Σ_j P_tj dP_tj = dO_t · O_t
           for (std::int64_t j = 0; j < d.D; ++j)
