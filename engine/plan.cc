@@ -12,12 +12,13 @@ namespace {
 
 const std::vector<std::string> kRecomputes = {"none", "selective", "full"};
 const std::vector<std::string> kPrecisions = {"fp32", "bf16", "fp16"};
+const std::vector<std::string> kGradSyncs = {"overlap", "after-backward"};
 const std::vector<std::string> kPlanFields = {"tp",        "pp",        "dp",           "cp",
                                               "ep",        "vpp",       "zero",         "micro_batch",
                                               "global_batch", "seq_len", "recompute",   "schedule",
                                               "precision", "sequence_parallel",
                                               "first_stage_layers", "last_stage_layers",
-                                              "microbatches"};
+                                              "microbatches", "grad_bucket_mb", "grad_sync"};
 
 template <class E>
 Result<E> parse_enum(const char* what, const std::string& s, const std::vector<std::string>& names) {
@@ -25,6 +26,8 @@ Result<E> parse_enum(const char* what, const std::string& s, const std::vector<s
     if (names[i] == s) return static_cast<E>(i);
   return Error(unknown_name_message(what, s, names));
 }
+
+constexpr double kMaxGradBucketMb = 1 << 20;
 
 }  // namespace
 
@@ -34,6 +37,10 @@ std::string precision_name(Precision p) { return kPrecisions[static_cast<std::si
 Result<ScheduleKind> parse_schedule(const std::string& s) { return schedule::parse_schedule_kind(s); }
 Result<Recompute> parse_recompute(const std::string& s) { return parse_enum<Recompute>("recompute mode", s, kRecomputes); }
 Result<Precision> parse_precision(const std::string& s) { return parse_enum<Precision>("precision", s, kPrecisions); }
+std::string grad_sync_name(GradSync g) { return kGradSyncs[static_cast<std::size_t>(g)]; }
+Result<GradSync> parse_grad_sync(const std::string& s) {
+  return parse_enum<GradSync>("gradient sync mode", s, kGradSyncs);
+}
 
 int element_bytes(Precision p) { return p == Precision::fp32 ? 4 : 2; }
 
@@ -74,6 +81,12 @@ Result<PlanOverrides> plan_overrides_from_json(const nlohmann::json& j) {
   MT_TRY(get_string("recompute", o.recompute));
   MT_TRY(get_string("schedule", o.schedule));
   MT_TRY(get_string("precision", o.precision));
+  MT_TRY(get_string("grad_sync", o.grad_sync));
+  if (j.contains("grad_bucket_mb")) {
+    if (!j["grad_bucket_mb"].is_number())
+      return make_error("plan field 'grad_bucket_mb' must be a number of MiB, got {}", j["grad_bucket_mb"].dump());
+    o.grad_bucket_mb = j["grad_bucket_mb"].get<double>();
+  }
   if (j.contains("sequence_parallel")) {
     if (!j["sequence_parallel"].is_boolean())
       return make_error("plan field 'sequence_parallel' must be true or false, got {}", j["sequence_parallel"].dump());
@@ -121,6 +134,10 @@ Result<Plan> apply_overrides(Plan p, const PlanOverrides& o) {
   if (o.precision) {
     MT_ASSIGN(p.precision, parse_precision(*o.precision));
   }
+  if (o.grad_sync) {
+    MT_ASSIGN(p.grad_sync, parse_grad_sync(*o.grad_sync));
+  }
+  if (o.grad_bucket_mb) p.grad_bucket_mb = *o.grad_bucket_mb;
   if (o.sequence_parallel) p.sequence_parallel = *o.sequence_parallel;
   if (o.microbatches) {
     if (*o.microbatches <= 0) return make_error("microbatches must be positive, got {}", *o.microbatches);
@@ -146,6 +163,15 @@ Status validate_plan(const Plan& p, const ModelSpec& m, int world_size) {
   if (p.seq_len < 0) return make_error("seq_len must be positive, got {}", p.seq_len);
   if (p.zero < 0 || p.zero > 3)
     return make_error("zero stage must be 0, 1, 2 or 3, got {}", p.zero);
+  // The upper bound keeps the element count far from overflow; 1 TiB is larger than any stage's gradients.
+  if (!(p.grad_bucket_mb > 0 && p.grad_bucket_mb <= kMaxGradBucketMb))
+    return make_error("grad_bucket_mb (--grad-bucket-mb) must be a positive number of MiB up to {}, got {}; "
+                      "use e.g. 25 (PyTorch DDP's bucket_cap_mb) or leave it out for the engine's 4",
+                      kMaxGradBucketMb, p.grad_bucket_mb);
+  if (p.grad_sync == GradSync::after_backward && p.zero >= 2)
+    return make_error("grad_sync (--grad-sync) after-backward needs zero 0 or 1, got zero {}: ZeRO 2 and 3 "
+                      "reduce each layer's gradients during backward to free them; use --grad-sync overlap",
+                      p.zero);
   if (world_size > 0 && world_size != p.world_size())
     return make_error("world size {} != tp·pp·dp·cp = {}·{}·{}·{} = {}; set dp = {} or change tp/pp/cp",
                       world_size, p.tp, p.pp, p.dp, p.cp, p.world_size(),
@@ -214,6 +240,8 @@ nlohmann::json plan_to_json(const Plan& p) {
   // Only when set, so plans (and checkpoints) from before these fields read the same.
   if (p.first_stage_layers != 0) j["first_stage_layers"] = p.first_stage_layers;
   if (p.last_stage_layers != 0) j["last_stage_layers"] = p.last_stage_layers;
+  if (p.grad_bucket_mb != Plan{}.grad_bucket_mb) j["grad_bucket_mb"] = p.grad_bucket_mb;
+  if (p.grad_sync != GradSync::overlap) j["grad_sync"] = grad_sync_name(p.grad_sync);
   return j;
 }
 

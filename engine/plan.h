@@ -24,6 +24,12 @@ namespace meshtrain {
 // schedule goes to build_schedule as it is.
 using schedule::ScheduleKind;
 enum class Precision { fp32, bf16, fp16 };
+// When the data-parallel gradient buckets are reduced: `overlap` issues each
+// bucket as soon as the last micro-batch's backward has completed it (PyTorch
+// DDP, Megatron's --DDP-impl torch); `after_backward` issues every bucket once
+// the whole pipeline schedule has run (Megatron's --DDP-impl local, which
+// all-reduces its contiguous gradient buffer after backward).
+enum class GradSync { overlap, after_backward };
 
 struct Plan {
   int tp = 1;   // tensor parallel
@@ -45,6 +51,17 @@ struct Plan {
   // as Megatron-Core's --decoder-first/last-pipeline-num-layers).
   int first_stage_layers = 0;
   int last_stage_layers = 0;
+  // Data-parallel gradient bucket under ZeRO 0 and 1: MiB of the flat fp32
+  // gradient buffer per all-reduce (reduce-scatter under ZeRO 1), MiB as in
+  // PyTorch DDP's bucket_cap_mb (default 25). ZeRO 2 and 3 reduce one layer
+  // per bucket and ignore it. The default 4 MiB (1 Mi gradient elements) is
+  // the size the engine used before the bucket was a plan fact, kept so that
+  // earlier runs, tests and simulated tables reproduce; it is not a measured
+  // optimum. Smaller buckets overlap more of backward but pay a collective's
+  // latency each, which over many nodes can dominate (experiments/RESULTS.md,
+  // "Table 1 with each row's DDP implementation").
+  double grad_bucket_mb = 4;
+  GradSync grad_sync = GradSync::overlap;
 
   int world_size() const { return tp * pp * dp * cp; }
   int effective_global_batch() const { return global_batch > 0 ? global_batch : micro_batch * dp; }
@@ -62,7 +79,8 @@ struct PlanOverrides {
   // Micro-batches per pipeline per iteration: sets global_batch to
   // micro_batch · dp · microbatches (the two must agree when both are given).
   std::optional<int> microbatches;
-  std::optional<std::string> recompute, schedule, precision;
+  std::optional<double> grad_bucket_mb;
+  std::optional<std::string> recompute, schedule, precision, grad_sync;
   std::optional<bool> sequence_parallel;
 };
 
@@ -79,9 +97,11 @@ Status validate_plan(const Plan& p, const ModelSpec& m, int world_size = 0);
 std::string schedule_name(ScheduleKind s);
 std::string recompute_name(Recompute r);
 std::string precision_name(Precision p);
+std::string grad_sync_name(GradSync g);
 Result<ScheduleKind> parse_schedule(const std::string& s);
 Result<Recompute> parse_recompute(const std::string& s);
 Result<Precision> parse_precision(const std::string& s);
+Result<GradSync> parse_grad_sync(const std::string& s);
 
 nlohmann::json plan_to_json(const Plan& p);
 // Bytes of one parameter, gradient or activation element at this precision.

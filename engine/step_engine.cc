@@ -60,6 +60,8 @@ StepEngine::StepEngine(Backend& b, const ModelSpec& m, const Plan& p, const Mesh
   const int virtual_stages = p.pp * p.vpp;
   // Both pipeline ends hold the tied embedding; their gradients are summed before the dp reduction.
   const bool defer_embedding = m.tied_embeddings && p.pp > 1;
+  // Gradients are fp32 (ParameterStore), so a MiB holds 2^18 of them.
+  const auto bucket_elements = static_cast<std::int64_t>(p.grad_bucket_mb * (1 << 20) / 4);
   for (int c = 0; c < p.vpp; ++c) {
     auto chunk = std::make_unique<Chunk>();
     chunk->virtual_stage = c * p.pp + coord_.pp;
@@ -75,8 +77,8 @@ StepEngine::StepEngine(Backend& b, const ModelSpec& m, const Plan& p, const Mesh
     chunk_options.sequence_parallel = p.sequence_parallel;
     chunk->model = std::make_unique<GptChunk>(b, m_, layers, tp, chunk_options);
     ParameterStore& params = chunk->model->parameters();
-    chunk->buckets = std::make_unique<GradientBuckets>(b, m_, params, layers.head, dp, p.zero,
-                                                       options.grad_bucket_bytes / 4, defer_embedding, compute_, comm_);
+    chunk->buckets = std::make_unique<GradientBuckets>(b, m_, params, layers.head, dp, p.zero, bucket_elements,
+                                                       defer_embedding, compute_, comm_);
     if (p.zero >= 3) {
       std::vector<int> order;
       if (layers.embedding) order.push_back(-1);
@@ -195,7 +197,8 @@ Result<StepResult> StepEngine::step(const std::vector<HostBatch>& microbatches, 
       [&](int c, int j, const Tensor& dout) {
         Chunk& ch = *chunks_[static_cast<std::size_t>(c)];
         // Micro-batches leave each chunk's backward in order: the last one completes its gradients.
-        if (j == m - 1) ch.buckets->arm();
+        // Unarmed, the buckets wait for finish(), after the schedule (GradSync::after_backward).
+        if (j == m - 1 && plan_.grad_sync == GradSync::overlap) ch.buckets->arm();
         return ch.model->backward(mbs[static_cast<std::size_t>(j)], ch.saved[static_cast<std::size_t>(j)], dout,
                                   loss_scale);
       }};

@@ -4,9 +4,9 @@
 // each with Megatron tensor parallelism inside), gradient buckets and AdamW
 // state, and turns one iteration's micro-batches into the pipeline schedule's
 // forward and backward work (engine/parallel/pipeline_executor.h), the
-// data-parallel gradient reduction in buckets overlapped with backward
-// (gradient_buckets.h), ZeRO sharding of the optimizer state
-// (sharded_optimizer.h), of the gradients (stage 2: a layer's gradient lives
+// data-parallel gradient reduction in buckets overlapped with backward or
+// after it (Plan::grad_bucket_mb and grad_sync; gradient_buckets.h), ZeRO
+// sharding of the optimizer state (sharded_optimizer.h), of the gradients (stage 2: a layer's gradient lives
 // only while backward works on it) and of the parameters (stage 3, gathered
 // layer by layer with prefetch: parameter_gather.h), gradient clipping by global norm and the update, all
 // as backend ops. The host waits only for the loss and the gradient norm at
@@ -48,9 +48,6 @@ struct StepOptions {
   // backend holds no data, and the host-side init loop over every element
   // would dominate simulating a 100B+ model.
   bool initialize_parameters = true;
-  // Data-parallel gradient buckets: about this many bytes of the flat
-  // gradient buffer per all-reduce (or reduce-scatter under ZeRO).
-  std::int64_t grad_bucket_bytes = 4 << 20;
 };
 
 // One micro-batch of tokens on the host: ids and next-token targets, B·T each.

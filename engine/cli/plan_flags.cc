@@ -25,6 +25,10 @@ void add_plan_flags(CLI::App& app, PlanFlags& f, const std::string& default_mode
   app.add_option("--recompute", o.recompute, "activation recomputation: none, selective, full");
   app.add_option("--schedule", o.schedule, "pipeline schedule: gpipe, 1f1b, interleaved");
   app.add_option("--precision", o.precision, "fp32, bf16 or fp16");
+  app.add_option("--grad-bucket-mb", o.grad_bucket_mb,
+                 "MiB of fp32 gradients per data-parallel all-reduce under ZeRO 0/1 (default 4; PyTorch DDP: 25)");
+  app.add_option("--grad-sync", o.grad_sync,
+                 "when gradient buckets are reduced: overlap (with backward) or after-backward (Megatron local DDP)");
   app.add_flag("--sequence-parallel", o.sequence_parallel, "split norms and dropout over the sequence (tp)");
 }
 

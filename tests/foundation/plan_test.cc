@@ -136,3 +136,45 @@ TEST_CASE("micro-batches per pipeline set the global batch", "[plan]") {
   o.microbatches = 0;
   CHECK_FALSE(apply_overrides(Plan{}, o).ok());
 }
+
+TEST_CASE("the gradient bucket size and sync mode are plan fields with checked values", "[plan]") {
+  CHECK(Plan{}.grad_bucket_mb == 4);  // the engine's bucket from before it was a plan field
+  CHECK(Plan{}.grad_sync == GradSync::overlap);
+  CHECK_FALSE(plan_to_json(Plan{}).contains("grad_bucket_mb"));  // old plans and checkpoints read the same
+  CHECK_FALSE(plan_to_json(Plan{}).contains("grad_sync"));
+
+  auto file = plan_overrides_from_json({{"grad_bucket_mb", 25}, {"grad_sync", "after-backward"}, {"dp", 2}});
+  REQUIRE(file.ok());
+  auto p = apply_overrides(Plan{}, *file);
+  REQUIRE(p.ok());
+  CHECK(p->grad_bucket_mb == 25);
+  CHECK(p->grad_sync == GradSync::after_backward);
+  CHECK(validate_plan(*p, tiny()).ok());
+  CHECK(plan_to_json(*p)["grad_bucket_mb"] == 25);
+  CHECK(plan_to_json(*p)["grad_sync"] == "after-backward");
+  PlanOverrides flags;
+  flags.grad_bucket_mb = 0.5;
+  CHECK(apply_overrides(*p, flags)->grad_bucket_mb == 0.5);
+
+  auto bad_type = plan_overrides_from_json({{"grad_bucket_mb", "25MB"}});
+  REQUIRE_FALSE(bad_type.ok());
+  CHECK_THAT(bad_type.error().message(), Catch::Contains("'grad_bucket_mb' must be a number of MiB"));
+  auto bad_mode = plan_overrides_from_json({{"grad_sync", "after_backward"}});
+  REQUIRE(bad_mode.ok());
+  auto bad_mode_plan = apply_overrides(Plan{}, *bad_mode);
+  REQUIRE_FALSE(bad_mode_plan.ok());
+  CHECK_THAT(bad_mode_plan.error().message(), Catch::Contains("did you mean 'after-backward'"));
+
+  for (double mb : {0.0, -1.0, 2e6}) {
+    Plan bad;
+    bad.grad_bucket_mb = mb;
+    const std::string msg = rejection(bad, tiny());
+    CHECK_THAT(msg, Catch::Contains("grad_bucket_mb (--grad-bucket-mb) must be a positive number of MiB"));
+    CHECK_THAT(msg, Catch::Contains("use e.g. 25"));
+  }
+  Plan zero2;
+  zero2.dp = 2, zero2.zero = 2, zero2.grad_sync = GradSync::after_backward;
+  CHECK_THAT(rejection(zero2, tiny()), Catch::Contains("after-backward needs zero 0 or 1, got zero 2"));
+  zero2.zero = 1;
+  CHECK(validate_plan(zero2, tiny()).ok());
+}

@@ -61,6 +61,7 @@ inline Plan make_plan(int tp, int pp, int dp, int zero, ScheduleKind schedule, i
   p.global_batch = kGlobalBatch;
   p.seq_len = kSeq;
   p.precision = Precision::fp32;
+  p.grad_bucket_mb = 1.0 / 64;  // 16 KiB: several buckets per chunk, so overlap and ragged tails run
   return p;
 }
 
@@ -74,7 +75,6 @@ inline StepOptions step_options() {
   // error scales as 1/eps). eps 1e-4 keeps the comparison conditioned, so the
   // 1e-5 bound tests the plan and not Adam's conditioning.
   o.optimizer.eps = 1e-4f;
-  o.grad_bucket_bytes = 16 << 10;    // several buckets per chunk, so overlap and ragged tails run
   return o;
 }
 

@@ -40,9 +40,9 @@ const PlanRun& reference(const ModelSpec& m) {
 }
 
 std::string describe(const Plan& p) {
-  return fmt::format("tp{} pp{} dp{} vpp{} zero{} {}{} stages first {} last {}", p.tp, p.pp, p.dp, p.vpp, p.zero,
-                     schedule_name(p.schedule), p.sequence_parallel ? " sp" : "", p.first_stage_layers,
-                     p.last_stage_layers);
+  return fmt::format("tp{} pp{} dp{} vpp{} zero{} {}{} stages first {} last {} buckets {:g} MiB {}", p.tp, p.pp,
+                     p.dp, p.vpp, p.zero, schedule_name(p.schedule), p.sequence_parallel ? " sp" : "",
+                     p.first_stage_layers, p.last_stage_layers, p.grad_bucket_mb, grad_sync_name(p.grad_sync));
 }
 
 void check_matches_reference(const ModelSpec& m, const Plan& p) {
@@ -93,6 +93,23 @@ TEST_CASE("pipeline schedules match the single-rank run", "[parallel][pp]") {
 TEST_CASE("data parallel and ZeRO match the single-rank run", "[parallel][dp]") {
   for (int zero : {0, 1, 2, 3})
     check_matches_reference(tiny_gpt(), make_plan(1, 1, 2, zero, ScheduleKind::one_f_one_b));
+}
+
+TEST_CASE("data parallel with other bucket sizes and after-backward sync matches the single-rank run",
+          "[parallel][dp][buckets]") {
+  auto buckets = [](Plan p, double mb, GradSync sync) {
+    p.grad_bucket_mb = mb, p.grad_sync = sync;
+    return p;
+  };
+  // 4 MiB holds the tiny model's whole stage: one bucket; 3 KiB cuts buckets across parameters.
+  for (int zero : {0, 1}) {
+    const Plan dp2 = make_plan(1, 1, 2, zero, ScheduleKind::one_f_one_b);
+    check_matches_reference(tiny_gpt(), buckets(dp2, 4, GradSync::overlap));
+    check_matches_reference(tiny_gpt(), buckets(dp2, 3.0 / 1024, GradSync::overlap));
+    check_matches_reference(tiny_gpt(), buckets(dp2, 3.0 / 1024, GradSync::after_backward));
+  }
+  check_matches_reference(tiny_gpt(), buckets(make_plan(2, 2, 2, 1, ScheduleKind::interleaved, 2), 4,
+                                              GradSync::after_backward));
 }
 
 TEST_CASE("ZeRO-3 under tp2 pp2 dp2 matches the single-rank run for each schedule", "[parallel][zero3]") {

@@ -222,7 +222,7 @@ TEST_CASE("meshtrain simulate --json: fields present and sane", "[sim_backend][c
   CHECK(j["collectives"]["send_recv"]["count"].get<int>() > 0);
 }
 
-TEST_CASE("simulate: uneven stages build their own layers; memory per stage matches the model",
+TEST_CASE("simulate: uneven stages build their own layers, and memory per stage matches the model",
           "[sim_backend][memory][uneven]") {
   // 32 layers as 5 + 8 + 8 + 11 on four stages (Megatron-Core's first/last_stage_layers); the
   // tiny vocabulary leaves each stage's work to its layers, so compute follows the layer counts.
@@ -243,7 +243,7 @@ TEST_CASE("simulate: uneven stages build their own layers; memory per stage matc
   }
 }
 
-TEST_CASE("simulate: dropout issues its kernels; a probability outside [0, 1) is refused",
+TEST_CASE("simulate: dropout issues its kernels, and a probability of 1 is refused",
           "[sim_backend][dropout]") {
   const ModelSpec m = small_gpt();
   const Plan p = make_plan(m, 1, 1, 1, 2, 1, ScheduleKind::one_f_one_b);
@@ -261,4 +261,60 @@ TEST_CASE("simulate: dropout issues its kernels; a probability outside [0, 1) is
   CHECK_THAT(bad.error().message(), Catch::Contains("dropout"));
   CHECK_FALSE(attention_impl_from_name("fused").ok());
   CHECK(attention_impl_from_name("unfused").value() == AttentionImpl::unfused);
+}
+
+namespace {
+
+nlohmann::json simulate_json(const std::string& args) {
+  const std::string cmd = std::string(MESHTRAIN_BINARY) + " simulate --json " + args;
+  std::FILE* pipe = popen(cmd.c_str(), "r");
+  REQUIRE(pipe != nullptr);
+  std::string out;
+  char buf[4096];
+  while (std::size_t n = std::fread(buf, 1, sizeof buf, pipe)) out.append(buf, n);
+  INFO(cmd << "\n" << out);
+  REQUIRE(pclose(pipe) == 0);
+  return nlohmann::json::parse(out);
+}
+
+}  // namespace
+
+TEST_CASE("simulate --json: a larger --grad-bucket-mb issues fewer data-parallel all-reduces",
+          "[sim_backend][cli][buckets]") {
+  // GPT-2 small's parameters, counted from its shape (tied embeddings, 1024
+  // learned positions, biases): V·h + S·h + L·(12h² + 13h) + 2h = 124,439,808.
+  const std::int64_t V = 50257, S = 1024, h = 768, L = 12;
+  const std::int64_t params = V * h + S * h + L * (12 * h * h + 13 * h) + 2 * h;
+  REQUIRE(params == 124'439'808);
+  const int dp = 8;
+  // fp32 gradients: a MiB is 2^18 elements; buckets are cut at multiples of dp.
+  auto buckets = [&](std::int64_t mb) {
+    const std::int64_t step = mb * (1 << 18) / dp * dp;
+    return (params + step - 1) / step;
+  };
+  const std::string plan = "--model gpt2-124m --dp 8 --gpus 8 --micro-batch 1 --seq-len 256 --precision bf16 ";
+  const nlohmann::json by_default = simulate_json(plan);
+  const nlohmann::json mb25 = simulate_json(plan + "--grad-bucket-mb 25");
+  const nlohmann::json whole = simulate_json(plan + "--grad-bucket-mb 1024");
+  auto all_reduces = [](const nlohmann::json& j) { return j["collectives"]["all_reduce"]["count"].get<std::int64_t>(); };
+  CHECK(buckets(4) == 119);
+  CHECK(buckets(25) == 19);
+  CHECK(buckets(1024) == 1);
+  // The other all-reduces (the loss, the gradient norm) do not depend on the bucket size.
+  CHECK(all_reduces(by_default) - all_reduces(mb25) == buckets(4) - buckets(25));
+  CHECK(all_reduces(mb25) - all_reduces(whole) == buckets(25) - buckets(1024));
+  // The same gradient bytes, in fewer calls.
+  const double grad_bytes = 4.0 * static_cast<double>(params);
+  CHECK(by_default["collectives"]["all_reduce"]["bytes"].get<double>() >= grad_bytes);
+  CHECK(mb25["collectives"]["all_reduce"]["bytes"].get<double>() ==
+        Approx(by_default["collectives"]["all_reduce"]["bytes"].get<double>()));
+  CHECK(whole["collectives"]["all_reduce"]["bytes"].get<double>() ==
+        Approx(by_default["collectives"]["all_reduce"]["bytes"].get<double>()));
+
+  // After backward nothing overlaps: the same calls, and the iteration waits for them.
+  const nlohmann::json after = simulate_json(plan + "--grad-bucket-mb 25 --grad-sync after-backward");
+  CHECK(all_reduces(after) == all_reduces(mb25));
+  CHECK(after["collectives"]["all_reduce"]["time_s"].get<double>() ==
+        Approx(mb25["collectives"]["all_reduce"]["time_s"].get<double>()));
+  CHECK(after["iteration_time_s"].get<double>() > mb25["iteration_time_s"].get<double>());
 }
