@@ -321,6 +321,15 @@ std::vector<T> sorted(const std::set<T>& s) {
   return {s.begin(), s.end()};
 }
 
+// Saves the finished calibration and says what it holds.
+Status write_calibration(const sim::Calibration& cal, const std::string& path) {
+  MT_TRY(sim::save_calibration(cal, path));
+  std::fprintf(stderr, "calibrate: wrote %s (%zu gemm, %zu attention, %zu ops, %zu collectives)\n",
+               path.c_str(), cal.gemm.size(), cal.attention.size(), cal.ops.size(),
+               cal.collectives.size());
+  return ok_status();
+}
+
 // The same measurements on the cuda backend: kernels on rank 0's GPU (one
 // rank per device, so ranks_sharing 1 only) and, under mpirun, the
 // collectives of all ranks over the backend's own communicator (NCCL; no
@@ -363,11 +372,7 @@ Status calibrate_cuda(const CalibrateFlags& f, const std::vector<GemmShape>& gem
         "collectives: not measured (one rank; run under mpirun -np N for NCCL collectives)");
   }
   if (!leader) return ok_status();
-  MT_TRY(sim::save_calibration(cal, f.out));
-  std::fprintf(stderr, "calibrate: wrote %s (%zu gemm, %zu attention, %zu ops, %zu collectives)\n",
-               f.out.c_str(), cal.gemm.size(), cal.attention.size(), cal.ops.size(),
-               cal.collectives.size());
-  return ok_status();
+  return write_calibration(cal, f.out);
 }
 
 Status run_calibrate(const CalibrateFlags& f) {
@@ -464,11 +469,7 @@ Status run_calibrate(const CalibrateFlags& f) {
       "collectives among 2..{} threads; time_us is the {} of the samples",
       fmt::join(sharing, ", "), max_ranks, f.statistic));
   if (!leader) return ok_status();
-  MT_TRY(sim::save_calibration(cal, f.out));
-  std::fprintf(stderr, "calibrate: wrote %s (%zu gemm, %zu attention, %zu ops, %zu collectives)\n",
-               f.out.c_str(), cal.gemm.size(), cal.attention.size(), cal.ops.size(),
-               cal.collectives.size());
-  return ok_status();
+  return write_calibration(cal, f.out);
 }
 
 }  // namespace

@@ -129,6 +129,18 @@ std::function<void()> rotating(std::vector<std::function<void()>> calls) {
   };
 }
 
+// Members 0 and 1 of g exchange x once each way under `tag` (0 sends first):
+// the round trip that send/recv and link timing measure.
+void round_trip(Backend& b, Tensor& x, const Group& g, int me, int tag) {
+  if (me == 0) {
+    b.send(x, g.ranks[1], tag);
+    b.recv(x, g.ranks[1], tag);
+  } else {
+    b.recv(x, g.ranks[0], tag);
+    b.send(x, g.ranks[0], tag);
+  }
+}
+
 }  // namespace
 
 bool GemmShape::operator<(const GemmShape& o) const {
@@ -343,15 +355,7 @@ Result<std::vector<sim::Calibration::Collective>> measure_collectives(
         case CollectiveKind::kSendRecv:
           // A round trip (0 sends, 1 receives and sends back) is two messages.
           op = [&] {
-            if (!pair_member) return;
-            ++tag;
-            if (me == 0) {
-              b.send(big, g.ranks[1], tag);
-              b.recv(big, g.ranks[1], tag);
-            } else {
-              b.recv(big, g.ranks[0], tag);
-              b.send(big, g.ranks[0], tag);
-            }
+            if (pair_member) round_trip(b, big, g, me, ++tag);
           };
           break;
       }
@@ -400,15 +404,7 @@ Result<sim::Calibration::Link> measure_link(Backend& b, const Group& g, double b
     Tensor x = filled(b, Shape{elems}, 1.f);
     int tag = 1 << 20;
     auto op = [&] {
-      if (me > 1) return;
-      ++tag;
-      if (me == 0) {
-        b.send(x, g.ranks[1], tag);
-        b.recv(x, g.ranks[1], tag);
-      } else {
-        b.recv(x, g.ranks[0], tag);
-        b.send(x, g.ranks[0], tag);
-      }
+      if (me < 2) round_trip(b, x, g, me, ++tag);
     };
     const int iters = 64;
     op();
