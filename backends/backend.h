@@ -144,6 +144,22 @@ struct AttentionOp {
   int kv_heads = 0;   // G kv heads on this rank; H % G == 0 (grouped-query)
   int head_dim = 0;   // D
   float scale = 0.f;  // usually 1/sqrt(D)
+  // Decoders mask the future (query t reads keys 0..t); encoders (ViT, Swin)
+  // read every key of their sequence.
+  bool causal = true;
+  // Optional additive terms on the scores s = scale · q kᵀ, before the softmax
+  // (Swin's window attention; undefined tensors: none):
+  //  * bias (T, T, H), f32 or the qkv dtype: bias[i][j][h] is added to the
+  //    score of query i and key j in head h, in every batch entry (a relative
+  //    position bias, gathered from its table by index).
+  //  * mask (W, T, T) f32, constant: batch entry b adds mask[b mod W] to every
+  //    head (the shifted-window mask: 0 within a region, large negative
+  //    across). W must divide B.
+  //  * dbias (T, T, H) f32, written by attention_backward only (overwritten):
+  //    the gradient of the loss with respect to bias, summed over the batch,
+  //    in a fixed order. A handle to a caller-allocated output; attention
+  //    backward with a bias must be given one.
+  Tensor bias, mask, dbias;
 };
 
 struct AdamWOp {
@@ -236,6 +252,15 @@ class Backend {
   virtual void embedding_backward(const Tensor& dout, const Tensor& ids, Tensor& dtable,
                                   std::int64_t vocab_offset) = 0;
 
+  // ---- index maps ------------------------------------------------------------
+  // out (N, X) row i = src (M, X) row index[i], or a zero row where index[i]
+  // < 0; index (N) i32, src and out of one dtype. Rearranges activations by a
+  // map built once on the host: patch extraction, Swin's window partition
+  // and cyclic shift and their inverses, patch merging's 2×2 concatenation
+  // (with zero padding). A bijective map's backward is the gather by the
+  // inverse map; sums over repeated indices are embedding_backward's.
+  virtual void gather_rows(const Tensor& src, const Tensor& index, Tensor& out) = 0;
+
   // ---- normalisation ---------------------------------------------------------
   // x (N, C), weight/bias (C), out (N, C), mean/rstd (N) saved for backward.
   virtual void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
@@ -264,9 +289,9 @@ class Backend {
   // t · theta^(-2i/D). `inverse` rotates back: that is the backward of rope.
   virtual void rope(Tensor& x, int heads_total, int rotate_heads, float theta, bool inverse) = 0;
   // qkv (B, T, H + 2G, D) holds per token the H query heads, then G key heads,
-  // then G value heads. out (B, T, H, D) = softmax(q kᵀ · scale + causal mask) v,
-  // query head h reading kv head h / (H / G). lse (B, H, T) fp32: per-row
-  // log-sum-exp saved for backward.
+  // then G value heads. out (B, T, H, D) = softmax(q kᵀ · scale [+ causal
+  // mask] [+ bias] [+ mask]) v (AttentionOp), query head h reading kv head
+  // h / (H / G). lse (B, H, T) fp32: per-row log-sum-exp saved for backward.
   virtual void attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse,
                                  const AttentionOp& op) = 0;
   // dqkv (B, T, H + 2G, D), overwritten.
@@ -294,6 +319,12 @@ class Backend {
                                       const Tensor& row_max, const Tensor& sumexp,
                                       std::int64_t vocab_offset, float dloss,
                                       Tensor& dlogits) = 0;
+
+  // correct (1) = number of rows whose target logit is the largest of the
+  // row (target_logit >= row_max, both after the caller combined the shards),
+  // or += when accumulate. Classification accuracy without gathering logits.
+  virtual void cross_entropy_accuracy(const Tensor& row_max, const Tensor& target_logit, Tensor& correct,
+                                      bool accumulate) = 0;
 
   // ---- optimizer -------------------------------------------------------------
   // coef (1) = min(1, max_norm / (sqrt(sumsq) + 1e-6)): the clip coefficient

@@ -88,6 +88,9 @@ class BackendWrapper : public Backend {
   void dropout_backward(const Tensor& dout, Tensor& dx, const DropoutOp& op) override {
     target_.dropout_backward(dout, dx, op);
   }
+  void gather_rows(const Tensor& src, const Tensor& index, Tensor& out) override {
+    target_.gather_rows(src, index, out);
+  }
   void rope(Tensor& x, int heads_total, int rotate_heads, float theta, bool inverse) override {
     target_.rope(x, heads_total, rotate_heads, theta, inverse);
   }
@@ -115,6 +118,10 @@ class BackendWrapper : public Backend {
                               const Tensor& sumexp, std::int64_t vocab_offset, float dloss,
                               Tensor& dlogits) override {
     target_.cross_entropy_backward(logits, targets, row_max, sumexp, vocab_offset, dloss, dlogits);
+  }
+  void cross_entropy_accuracy(const Tensor& row_max, const Tensor& target_logit, Tensor& correct,
+                              bool accumulate) override {
+    target_.cross_entropy_accuracy(row_max, target_logit, correct, accumulate);
   }
   void clip_coefficient(const Tensor& sumsq, float max_norm, Tensor& coef) override {
     target_.clip_coefficient(sumsq, max_norm, coef);

@@ -24,9 +24,11 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "backends/backend.h"
 #include "backends/cpu/communicator.h"
+#include "backends/cpu/kernels/attention.h"
 
 namespace meshtrain {
 
@@ -95,6 +97,8 @@ class CpuBackend final : public Backend {
   void dropout_forward(const Tensor& x, Tensor& out, const DropoutOp& op) override;
   void dropout_backward(const Tensor& dout, Tensor& dx, const DropoutOp& op) override;
 
+  void gather_rows(const Tensor& src, const Tensor& index, Tensor& out) override;
+
   void rope(Tensor& x, int heads_total, int rotate_heads, float theta, bool inverse) override;
   void attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse,
                          const AttentionOp& op) override;
@@ -110,6 +114,8 @@ class CpuBackend final : public Backend {
   void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& row_max,
                               const Tensor& sumexp, std::int64_t vocab_offset, float dloss,
                               Tensor& dlogits) override;
+  void cross_entropy_accuracy(const Tensor& row_max, const Tensor& target_logit, Tensor& correct,
+                              bool accumulate) override;
 
   void clip_coefficient(const Tensor& sumsq, float max_norm, Tensor& coef) override;
   void adamw(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const Tensor& coef,
@@ -132,6 +138,10 @@ class CpuBackend final : public Backend {
   std::byte* bytes_of(const Tensor& t, std::string_view op) const;
   float* f32(const Tensor& t, std::string_view op) const;
   const std::int32_t* i32(const Tensor& t, std::string_view op) const;
+  // The bias and mask of `op` as the attention kernel reads them (the bias
+  // transposed into `bias_scratch`).
+  cpu::ScoreTerms<float> score_terms(const AttentionOp& op, const cpu::AttentionDims& d, std::string_view name,
+                                     std::vector<float>& bias_scratch) const;
   // Aborts unless this rank is a member of g.
   void check_member(const Group& g, std::string_view op) const;
   // The communicator for a group of more than one rank; aborts without one.

@@ -242,6 +242,20 @@ void CpuBackend::dropout_backward(const Tensor& dout, Tensor& dx, const DropoutO
   cpu::dropout(dout.numel(), pd, pdx, op.p, op.seed, op.offset);
 }
 
+// ---- index maps ------------------------------------------------------------------------
+
+void CpuBackend::gather_rows(const Tensor& src, const Tensor& index, Tensor& out) {
+  constexpr std::string_view op = "gather_rows";
+  const float* ps = f32(src, op);
+  const std::int32_t* pi = i32(index, op);
+  float* po = f32(out, op);
+  const Matrix ms = as_matrix(src, op);
+  expect_numel(out, index.numel() * ms.cols, op, "out");
+  if (error_) return;
+  // The embedding lookup is this gather: rows outside [0, M) (the negative padding entries) read zeros.
+  cpu::embedding_forward(index.numel(), ms.cols, ms.rows, 0, ps, pi, po);
+}
+
 // ---- attention -------------------------------------------------------------------------
 
 void CpuBackend::rope(Tensor& x, int heads_total, int rotate_heads, float theta, bool inverse) {
@@ -262,9 +276,40 @@ cpu::AttentionDims attention_dims(const Tensor& qkv, const AttentionOp& op, std:
       s[2] != op.heads + 2 * op.kv_heads || s[3] != op.head_dim)
     misuse("{}: qkv {} must be (B, T, H + 2G, D) with H = {}, G = {}, D = {}, H % G = 0", name,
            s.str(), op.heads, op.kv_heads, op.head_dim);
-  return cpu::AttentionDims{s[0], s[1], op.heads, op.kv_heads, op.head_dim};
+  const cpu::AttentionDims d{s[0], s[1], op.heads, op.kv_heads, op.head_dim};
+  if (op.bias.defined()) expect_numel(op.bias, d.T * d.T * d.H, name, "bias (T, T, H)");
+  if (op.mask.defined()) {
+    const std::int64_t windows = op.mask.numel() / std::max<std::int64_t>(1, d.T * d.T);
+    if (windows < 1 || op.mask.numel() != windows * d.T * d.T || d.B % windows != 0)
+      misuse("{}: mask {} must be (W, T, T) with T = {} and W dividing the batch {}", name,
+             op.mask.shape().str(), d.T, d.B);
+  }
+  return d;
+}
+
+// (T, T, H) -> (H, T, T), the layout the kernel walks a query row in.
+std::vector<float> heads_first(const float* x, std::int64_t T, std::int64_t H) {
+  std::vector<float> out(static_cast<std::size_t>(T * T * H));
+  for (std::int64_t ij = 0; ij < T * T; ++ij)
+    for (std::int64_t h = 0; h < H; ++h) out[static_cast<std::size_t>(h * T * T + ij)] = x[ij * H + h];
+  return out;
 }
 }  // namespace
+
+cpu::ScoreTerms<float> CpuBackend::score_terms(const AttentionOp& op, const cpu::AttentionDims& d,
+                                                std::string_view name, std::vector<float>& bias_scratch) const {
+  cpu::ScoreTerms<float> terms;
+  terms.causal = op.causal;
+  if (op.bias.defined()) {
+    bias_scratch = heads_first(f32(op.bias, name), d.T, d.H);
+    terms.bias = bias_scratch.data();
+  }
+  if (op.mask.defined()) {
+    terms.mask = f32(op.mask, name);
+    terms.windows = op.mask.numel() / (d.T * d.T);
+  }
+  return terms;
+}
 
 void CpuBackend::attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse,
                                    const AttentionOp& op) {
@@ -274,8 +319,10 @@ void CpuBackend::attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse,
   expect_numel(lse, d.B * d.H * d.T, name, "lse");
   const float* pq = f32(qkv, name);
   float *po = f32(out, name), *pl = f32(lse, name);
+  std::vector<float> bias;
+  const cpu::ScoreTerms<float> terms = score_terms(op, d, name, bias);
   if (error_) return;
-  cpu::attention_forward(d, op.scale, pq, po, pl);
+  cpu::attention_forward(d, op.scale, pq, po, pl, terms);
 }
 
 void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
@@ -289,11 +336,41 @@ void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
   const float *pd = f32(dout, name), *pq = f32(qkv, name), *po = f32(out, name),
               *pl = f32(lse, name);
   float* pdq = f32(dqkv, name);
+  std::vector<float> bias;
+  const cpu::ScoreTerms<float> terms = score_terms(op, d, name, bias);
+  if (op.bias.defined() && !op.dbias.defined()) misuse("{}: a bias needs a dbias output", name);
+  float* pdb = op.bias.defined() ? f32(op.dbias, name) : nullptr;
+  if (pdb != nullptr) expect_numel(op.dbias, d.T * d.T * d.H, name, "dbias (T, T, H)");
   if (error_) return;
-  cpu::attention_backward(d, op.scale, pd, pq, po, pl, pdq);
+  if (pdb == nullptr) return cpu::attention_backward(d, op.scale, pd, pq, po, pl, pdq, terms);
+  // Every (b, h) score gradient is kept, then summed over b in ascending order
+  // (in double) into the (T, T, H) layout: the same bits whatever the threads.
+  std::vector<float> dscores(static_cast<std::size_t>(d.B * d.H * d.T * d.T));
+  cpu::attention_backward(d, op.scale, pd, pq, po, pl, pdq, terms, dscores.data());
+  const std::int64_t TT = d.T * d.T;
+  cpu::for_rows(TT, d.H * d.B, [&](std::int64_t ij) {
+    for (std::int64_t h = 0; h < d.H; ++h) {
+      double acc = 0.0;
+      for (std::int64_t b = 0; b < d.B; ++b) acc += dscores[static_cast<std::size_t>((b * d.H + h) * TT + ij)];
+      pdb[ij * d.H + h] = static_cast<float>(acc);
+    }
+  });
 }
 
 // ---- cross-entropy ---------------------------------------------------------------------
+
+void CpuBackend::cross_entropy_accuracy(const Tensor& row_max, const Tensor& target_logit, Tensor& correct,
+                                        bool accumulate) {
+  constexpr std::string_view op = "cross_entropy_accuracy";
+  expect_numel(target_logit, row_max.numel(), op, "target_logit");
+  expect_numel(correct, 1, op, "correct");
+  const float *pm = f32(row_max, op), *pt = f32(target_logit, op);
+  float* pc = f32(correct, op);
+  if (error_) return;
+  std::int64_t hits = 0;
+  for (std::int64_t i = 0; i < row_max.numel(); ++i) hits += pt[i] >= pm[i] ? 1 : 0;
+  pc[0] = static_cast<float>(hits) + (accumulate ? pc[0] : 0.f);
+}
 
 void CpuBackend::cross_entropy_max(const Tensor& logits, Tensor& row_max) {
   const float* pl = f32(logits, "cross_entropy_max");

@@ -432,6 +432,11 @@ void SimBackend::embedding_forward(const Tensor& table, const Tensor& ids, Tenso
   // Reads one row per token, not the whole table.
   memory_op(op_name("embedding_forward"), {&ids, &out, &out});
 }
+void SimBackend::gather_rows(const Tensor& src, const Tensor& index, Tensor& out) {
+  check(src, "gather_rows"), check(index, "gather_rows"), check(out, "gather_rows");
+  // Reads one source row per output row.
+  memory_op(op_name("gather_rows"), {&index, &out, &out});
+}
 void SimBackend::embedding_backward(const Tensor& dout, const Tensor& ids, Tensor& dtable,
                                     std::int64_t) {
   check(dout, "embedding_backward"), check(ids, "embedding_backward"),
@@ -504,8 +509,9 @@ void SimBackend::attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse,
     return unfused_attention(qkv.shape()[0] * op.heads, qkv.shape()[1], op.head_dim, qkv.dtype(),
                              false);
   compute(op_name("attention_forward"),
-          cluster_.cost_.attention(qkv.shape()[0] * op.heads, qkv.shape()[1], op.head_dim, true,
+          cluster_.cost_.attention(qkv.shape()[0] * op.heads, qkv.shape()[1], op.head_dim, op.causal,
                                    false, compute_dtype(qkv.dtype())));
+  score_terms(qkv, op, false);
 }
 void SimBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
                                     const Tensor& lse, Tensor& dqkv, const AttentionOp& op) {
@@ -518,8 +524,22 @@ void SimBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
     return unfused_attention(qkv.shape()[0] * op.heads, qkv.shape()[1], op.head_dim, qkv.dtype(),
                              true);
   compute(op_name("attention_backward"),
-          cluster_.cost_.attention(qkv.shape()[0] * op.heads, qkv.shape()[1], op.head_dim, true,
+          cluster_.cost_.attention(qkv.shape()[0] * op.heads, qkv.shape()[1], op.head_dim, op.causal,
                                    true, compute_dtype(qkv.dtype())));
+  score_terms(qkv, op, true);
+}
+
+void SimBackend::score_terms(const Tensor& qkv, const AttentionOp& op, bool backward) {
+  if (!op.bias.defined() && !op.mask.defined()) return;
+  // A fused kernel reads the (T, T) terms of its head (bias) and window (mask)
+  // once per batch entry and head; backward also writes every score gradient
+  // for the sum into dbias.
+  const double scores = static_cast<double>(qkv.shape()[0]) * op.heads * qkv.shape()[1] * qkv.shape()[1];
+  double bytes = 0;
+  if (op.bias.defined()) bytes += scores * static_cast<double>(dtype_size(op.bias.dtype()));
+  if (op.mask.defined()) bytes += scores * 4.0;
+  if (backward && op.bias.defined()) bytes += 2.0 * scores * 4.0;
+  compute(op_name("attention_score_terms"), cluster_.cost_.memory_bound(bytes));
 }
 
 void SimBackend::unfused_attention(std::int64_t bh, std::int64_t seq, std::int64_t head_dim,
@@ -562,6 +582,11 @@ void SimBackend::cross_entropy_loss(const Tensor& row_max, const Tensor& sumexp,
                                     const Tensor& target_logit, Tensor& losses) {
   check(row_max, "cross_entropy_loss"), check(losses, "cross_entropy_loss");
   memory_op(op_name("cross_entropy_loss"), {&row_max, &sumexp, &target_logit, &losses});
+}
+void SimBackend::cross_entropy_accuracy(const Tensor& row_max, const Tensor& target_logit, Tensor& correct,
+                                        bool) {
+  check(row_max, "cross_entropy_accuracy"), check(correct, "cross_entropy_accuracy");
+  memory_op(op_name("cross_entropy_accuracy"), {&row_max, &target_logit, &correct});
 }
 void SimBackend::cross_entropy_backward(const Tensor& logits, const Tensor& targets,
                                         const Tensor& row_max, const Tensor& sumexp, std::int64_t,

@@ -25,7 +25,9 @@
 // How each op becomes a task:
 //  * gemm / batched_gemm: CostModel::gemm(m, n, k, batch); attention:
 //    CostModel::attention(B·H, T, D, causal, backward), or the kernels of
-//    unfused attention (AttentionImpl); every other compute
+//    unfused attention (AttentionImpl), plus a memory-bound
+//    "attention_score_terms" task for the bytes of a bias and mask read per
+//    batch entry (and the score gradient summed into dbias); every other compute
 //    op is memory-bound on the bytes it reads and writes
 //    (CostModel::memory_bound with the op name, so a calibration can time
 //    each op kind on its own).
@@ -240,6 +242,7 @@ class SimBackend final : public Backend {
   void dropout_forward(const Tensor& x, Tensor& out, const DropoutOp& op) override;
   void dropout_backward(const Tensor& dout, Tensor& dx, const DropoutOp& op) override;
 
+  void gather_rows(const Tensor& src, const Tensor& index, Tensor& out) override;
   void rope(Tensor& x, int heads_total, int rotate_heads, float theta, bool inverse) override;
   void attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse,
                          const AttentionOp& op) override;
@@ -256,6 +259,8 @@ class SimBackend final : public Backend {
                               const Tensor& sumexp, std::int64_t vocab_offset, float dloss,
                               Tensor& dlogits) override;
 
+  void cross_entropy_accuracy(const Tensor& row_max, const Tensor& target_logit, Tensor& correct,
+                              bool accumulate) override;
   void clip_coefficient(const Tensor& sumsq, float max_norm, Tensor& coef) override;
   void adamw(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const Tensor& coef,
              const AdamWOp& op) override;
@@ -279,6 +284,8 @@ class SimBackend final : public Backend {
   void compute(sim::NameId name, sim::Time duration);
   // A memory-bound task moving the bytes of `tensors` (each read or written once).
   void memory_op(sim::NameId name, std::initializer_list<const Tensor*> tensors);
+  // The memory-bound part of an attention with a bias or mask (AttentionOp).
+  void score_terms(const Tensor& qkv, const AttentionOp& op, bool backward);
   // The kernels of AttentionImpl::unfused over `bh` (batch·heads) sequences.
   void unfused_attention(std::int64_t bh, std::int64_t seq, std::int64_t head_dim, DType dtype,
                          bool backward);

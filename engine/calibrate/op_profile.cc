@@ -48,12 +48,14 @@ void OpTimer::gelu_forward(const Tensor& x, Tensor& o) { timed("gelu_forward", [
 void OpTimer::gelu_backward(const Tensor& d, const Tensor& x, Tensor& dx) { timed("gelu_backward", [&] { target().gelu_backward(d, x, dx); }); }
 void OpTimer::dropout_forward(const Tensor& x, Tensor& o, const DropoutOp& op) { timed("dropout_forward", [&] { target().dropout_forward(x, o, op); }); }
 void OpTimer::dropout_backward(const Tensor& d, Tensor& dx, const DropoutOp& op) { timed("dropout_backward", [&] { target().dropout_backward(d, dx, op); }); }
+void OpTimer::gather_rows(const Tensor& s, const Tensor& i, Tensor& o) { timed("gather_rows", [&] { target().gather_rows(s, i, o); }); }
 void OpTimer::attention_forward(const Tensor& qkv, Tensor& o, Tensor& lse, const AttentionOp& op) { timed("attention_forward", [&] { target().attention_forward(qkv, o, lse, op); }); }
 void OpTimer::attention_backward(const Tensor& d, const Tensor& qkv, const Tensor& o, const Tensor& lse, Tensor& dqkv, const AttentionOp& op) { timed("attention_backward", [&] { target().attention_backward(d, qkv, o, lse, dqkv, op); }); }
 void OpTimer::cross_entropy_max(const Tensor& l, Tensor& m) { timed("cross_entropy_max", [&] { target().cross_entropy_max(l, m); }); }
 void OpTimer::cross_entropy_partials(const Tensor& l, const Tensor& t, const Tensor& m, std::int64_t off, Tensor& s, Tensor& tl) { timed("cross_entropy_partials", [&] { target().cross_entropy_partials(l, t, m, off, s, tl); }); }
 void OpTimer::cross_entropy_loss(const Tensor& m, const Tensor& s, const Tensor& tl, Tensor& l) { timed("cross_entropy_loss", [&] { target().cross_entropy_loss(m, s, tl, l); }); }
 void OpTimer::cross_entropy_backward(const Tensor& l, const Tensor& t, const Tensor& m, const Tensor& s, std::int64_t off, float d, Tensor& dl) { timed("cross_entropy_backward", [&] { target().cross_entropy_backward(l, t, m, s, off, d, dl); }); }
+void OpTimer::cross_entropy_accuracy(const Tensor& m, const Tensor& tl, Tensor& c, bool acc) { timed("cross_entropy_accuracy", [&] { target().cross_entropy_accuracy(m, tl, c, acc); }); }
 void OpTimer::clip_coefficient(const Tensor& s, float n, Tensor& c) { timed("clip_coefficient", [&] { target().clip_coefficient(s, n, c); }); }
 void OpTimer::adamw(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const Tensor& c, const AdamWOp& op) { timed("adamw", [&] { target().adamw(p, g, m, v, c, op); }); }
 void OpTimer::write(Tensor& dst, std::span<const float> host) { timed("write", [&] { target().write(dst, host); }); }

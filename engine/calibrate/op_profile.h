@@ -53,6 +53,7 @@ class OpTimer final : public BackendWrapper {
   void gelu_backward(const Tensor& d, const Tensor& x, Tensor& dx) override;
   void dropout_forward(const Tensor& x, Tensor& o, const DropoutOp& op) override;
   void dropout_backward(const Tensor& d, Tensor& dx, const DropoutOp& op) override;
+  void gather_rows(const Tensor& s, const Tensor& i, Tensor& o) override;
   void attention_forward(const Tensor& qkv, Tensor& o, Tensor& lse, const AttentionOp& op) override;
   void attention_backward(const Tensor& d, const Tensor& qkv, const Tensor& o, const Tensor& lse,
                           Tensor& dqkv, const AttentionOp& op) override;
@@ -62,6 +63,7 @@ class OpTimer final : public BackendWrapper {
   void cross_entropy_loss(const Tensor& m, const Tensor& s, const Tensor& tl, Tensor& l) override;
   void cross_entropy_backward(const Tensor& l, const Tensor& t, const Tensor& m, const Tensor& s,
                               std::int64_t off, float d, Tensor& dl) override;
+  void cross_entropy_accuracy(const Tensor& m, const Tensor& tl, Tensor& c, bool acc) override;
   void clip_coefficient(const Tensor& s, float n, Tensor& c) override;
   void adamw(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const Tensor& c,
              const AdamWOp& op) override;

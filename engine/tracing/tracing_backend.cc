@@ -175,6 +175,9 @@ void TracingBackend::dropout_forward(const Tensor& x, Tensor& out, const Dropout
 void TracingBackend::dropout_backward(const Tensor& dout, Tensor& dx, const DropoutOp& op) {
   compute("dropout_backward", {&dout, &dx}, [&] { target().dropout_backward(dout, dx, op); });
 }
+void TracingBackend::gather_rows(const Tensor& src, const Tensor& index, Tensor& out) {
+  compute("gather_rows", {&src, &index, &out}, [&] { target().gather_rows(src, index, out); });
+}
 void TracingBackend::rope(Tensor& x, int heads_total, int rotate_heads, float theta, bool inverse) {
   compute("rope", {&x}, [&] { target().rope(x, heads_total, rotate_heads, theta, inverse); });
 }
@@ -211,6 +214,11 @@ void TracingBackend::cross_entropy_backward(const Tensor& logits, const Tensor& 
   compute("cross_entropy_backward", {&logits, &targets, &row_max, &sumexp, &dlogits}, [&] {
     target().cross_entropy_backward(logits, targets, row_max, sumexp, vocab_offset, dloss, dlogits);
   });
+}
+void TracingBackend::cross_entropy_accuracy(const Tensor& row_max, const Tensor& target_logit, Tensor& correct,
+                                            bool accumulate) {
+  compute("cross_entropy_accuracy", {&row_max, &target_logit, &correct},
+          [&] { target().cross_entropy_accuracy(row_max, target_logit, correct, accumulate); });
 }
 void TracingBackend::clip_coefficient(const Tensor& sumsq, float max_norm, Tensor& coef) {
   compute("clip_coefficient", {&sumsq, &coef},

@@ -1,10 +1,13 @@
-// Causal grouped-query attention, forward and backward, with the softmax
-// statistics kept as a log-sum-exp so backward recomputes the probabilities
-// exactly (as flash attention does) instead of storing them.
+// Grouped-query attention, causal or not, with optional additive score terms
+// (a per-head bias shared by the batch, a per-window mask), forward and
+// backward, with the softmax statistics kept as a log-sum-exp so backward
+// recomputes the probabilities exactly (as flash attention does) instead of
+// storing them.
 // Legend: B batch, T sequence, H query heads, G kv heads, D head dim,
-// W = (H + 2G)·D the width of one token's qkv row.
+// W = (H + 2G)·D the width of one token's qkv row, M mask windows.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -21,6 +24,30 @@ struct AttentionDims {
   std::int64_t width() const { return (H + 2 * G) * D; }
 };
 
+// What is added to the scaled scores before the softmax.
+template <class T>
+struct ScoreTerms {
+  bool causal = true;
+  const T* bias = nullptr;  // (H, T, T): head-major, the kernel's own layout
+  const T* mask = nullptr;  // (M, T, T): batch entry b adds window b mod M
+  std::int64_t windows = 1;
+
+  // Keys a query row reads: 0..t when causal, all T otherwise.
+  std::int64_t keys(std::int64_t t, std::int64_t Tn) const { return causal ? t + 1 : Tn; }
+  // row (keys(t)) += bias and mask terms of (b, h, query t).
+  void add(std::int64_t b, std::int64_t h, std::int64_t t, std::int64_t Tn, T* row) const {
+    const std::int64_t n = keys(t, Tn);
+    if (bias != nullptr) {
+      const T* r = bias + (h * Tn + t) * Tn;
+      for (std::int64_t j = 0; j < n; ++j) row[j] += r[j];
+    }
+    if (mask != nullptr) {
+      const T* r = mask + ((b % windows) * Tn + t) * Tn;
+      for (std::int64_t j = 0; j < n; ++j) row[j] += r[j];
+    }
+  }
+};
+
 namespace detail {
 
 // s (T, T) = scale · q kᵀ for one head; q, k strided by the token width.
@@ -35,7 +62,8 @@ void attention_scores(const AttentionDims& d, T scale, const T* q, const T* k, T
 
 // qkv (B, T, H + 2G, D) -> out (B, T, H, D), lse (B, H, T).
 template <class T>
-void attention_forward(const AttentionDims& d, T scale, const T* qkv, T* out, T* lse) {
+void attention_forward(const AttentionDims& d, T scale, const T* qkv, T* out, T* lse,
+                       const ScoreTerms<T>& terms = {}) {
   const std::int64_t W = d.width(), R = d.H / d.G, Tn = d.T;
   const std::int64_t per_task = Tn * Tn * d.D;
   for_chunks(
@@ -48,16 +76,18 @@ void attention_forward(const AttentionDims& d, T scale, const T* qkv, T* out, T*
           detail::attention_scores(d, scale, base + h * d.D, base + (d.H + g) * d.D, p.data());
           for (std::int64_t t = 0; t < Tn; ++t) {
             T* row = p.data() + t * Tn;
+            const std::int64_t n = terms.keys(t, Tn);
+            terms.add(b, h, t, Tn, row);
             T m = row[0];
-            for (std::int64_t j = 1; j <= t; ++j) m = row[j] > m ? row[j] : m;
+            for (std::int64_t j = 1; j < n; ++j) m = row[j] > m ? row[j] : m;
             // One exp per score (the loop vectorizes), then the ordered sum in
             // double, then normalise: P = exp(s - m) / z, lse = m + log z.
-            for (std::int64_t j = 0; j <= t; ++j) row[j] = exp_approx(row[j] - m);
+            for (std::int64_t j = 0; j < n; ++j) row[j] = exp_approx(row[j] - m);
             double z = 0.0;
-            for (std::int64_t j = 0; j <= t; ++j) z += static_cast<double>(row[j]);
+            for (std::int64_t j = 0; j < n; ++j) z += static_cast<double>(row[j]);
             const T l = m + static_cast<T>(std::log(z)), inv = static_cast<T>(1.0 / z);
-            for (std::int64_t j = 0; j <= t; ++j) row[j] *= inv;
-            for (std::int64_t j = t + 1; j < Tn; ++j) row[j] = T(0);
+            for (std::int64_t j = 0; j < n; ++j) row[j] *= inv;
+            for (std::int64_t j = n; j < Tn; ++j) row[j] = T(0);
             lse[(b * d.H + h) * Tn + t] = l;
           }
           blas_gemm(false, false, Tn, d.D, Tn, T(1), p.data(), Tn, base + (d.H + d.G + g) * d.D, W,
@@ -68,10 +98,12 @@ void attention_forward(const AttentionDims& d, T scale, const T* qkv, T* out, T*
 
 // dqkv (B, T, H + 2G, D) overwritten from dout, out (B, T, H, D), lse (B, H, T).
 // One task per (b, kv head): the query heads sharing it add into its dk, dv
-// in head order, so the sums are deterministic without atomics.
+// in head order, so the sums are deterministic without atomics. With
+// `dscores` (B, H, T, T) the score gradient dS of every (b, h) is stored
+// there too, for the caller to sum over the batch in a fixed order.
 template <class T>
 void attention_backward(const AttentionDims& d, T scale, const T* dout, const T* qkv, const T* out,
-                        const T* lse, T* dqkv) {
+                        const T* lse, T* dqkv, const ScoreTerms<T>& terms = {}, T* dscores = nullptr) {
   const std::int64_t W = d.width(), R = d.H / d.G, Tn = d.T, OW = d.H * d.D;
   for_chunks(d.B * d.G, 1, [&](std::int64_t begin, std::int64_t end) {
     std::vector<T> p(static_cast<std::size_t>(Tn * Tn)), dp(static_cast<std::size_t>(Tn * Tn));
@@ -94,14 +126,16 @@ void attention_backward(const AttentionDims& d, T scale, const T* dout, const T*
         detail::attention_scores(d, scale, q, k, p.data());
         for (std::int64_t t = 0; t < Tn; ++t) {
           T* row = p.data() + t * Tn;
-          for (std::int64_t j = 0; j <= t; ++j) row[j] = exp_approx(row[j] - l[t]);
-          for (std::int64_t j = t + 1; j < Tn; ++j) row[j] = T(0);
+          const std::int64_t n = terms.keys(t, Tn);
+          terms.add(b, h, t, Tn, row);
+          for (std::int64_t j = 0; j < n; ++j) row[j] = exp_approx(row[j] - l[t]);
+          for (std::int64_t j = n; j < Tn; ++j) row[j] = T(0);
           double s = 0.0;  // D_t = Σ_j P_tj dP_tj = dO_t · O_t
           for (std::int64_t j = 0; j < d.D; ++j)
             s += static_cast<double>(dout_h[t * OW + j]) * static_cast<double>(o[t * OW + j]);
           di[static_cast<std::size_t>(t)] = static_cast<T>(s);
         }
-        // dP (T, T) = dO vᵀ; dS = P ∘ (dP - D) (zero above the diagonal since P is).
+        // dP (T, T) = dO vᵀ; dS = P ∘ (dP - D) (zero where P is: above the diagonal when causal).
         blas_gemm(false, true, Tn, Tn, d.D, T(1), dout_h, OW, v, W, T(0), dp.data(), Tn);
         for (std::int64_t t = 0; t < Tn; ++t) {
           T* ds = dp.data() + t * Tn;
@@ -109,6 +143,8 @@ void attention_backward(const AttentionDims& d, T scale, const T* dout, const T*
           for (std::int64_t j = 0; j < Tn; ++j)
             ds[j] = pr[j] * (ds[j] - di[static_cast<std::size_t>(t)]);
         }
+        if (dscores != nullptr)
+          std::copy(dp.begin(), dp.end(), dscores + (b * d.H + h) * Tn * Tn);
         blas_gemm(false, false, Tn, d.D, Tn, scale, dp.data(), Tn, k, W, T(0), dbase + h * d.D, W);
         blas_gemm(true, false, Tn, d.D, Tn, scale, dp.data(), Tn, q, W, T(1), dk, W);
         blas_gemm(true, false, Tn, d.D, Tn, T(1), p.data(), Tn, dout_h, OW, T(1), dv, W);
