@@ -7,6 +7,7 @@ add_library(meshtrain_training_support STATIC
   byte_dataset.cc
   data_loader.cc
   image_dataset.cc
+  image_loader.cc
   lr_schedule.cc
   checkpoint.cc
   metrics.cc
