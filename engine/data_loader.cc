@@ -19,6 +19,16 @@ std::uint64_t draw_bits(std::uint64_t seed, std::uint64_t index) {
   return mix64(mix64(seed) + (index + 1) * 0x9e3779b97f4a7c15ull);
 }
 
+}  // namespace
+
+std::uint64_t uniform_draw(std::uint64_t seed, std::uint64_t index, std::uint64_t range) {
+  // Multiply-high maps 64 random bits onto [0, range) without a division.
+  return static_cast<std::uint64_t>(
+      (static_cast<unsigned __int128>(draw_bits(seed, index)) * range) >> 64);
+}
+
+namespace {
+
 Status check_sizes(std::size_t tokens, int batch, int seq) {
   if (batch < 1 || seq < 1) {
     return make_error("batch and sequence length must be positive, got batch {} and seq {}", batch,
@@ -66,10 +76,7 @@ DataLoader::DataLoader(std::span<const std::uint8_t> tokens, std::uint64_t seed,
 
 std::uint64_t DataLoader::offset_of(std::uint64_t index, int seq) const {
   // Offsets 0 .. tokens - seq - 1 leave room for the shifted target.
-  const std::uint64_t range = tokens_.size() - static_cast<std::uint64_t>(seq);
-  // Multiply-high maps 64 random bits onto [0, range) without a division.
-  return static_cast<std::uint64_t>(
-      (static_cast<unsigned __int128>(draw_bits(state_.seed, index)) * range) >> 64);
+  return uniform_draw(state_.seed, index, tokens_.size() - static_cast<std::uint64_t>(seq));
 }
 
 Result<Batch> DataLoader::next(int batch, int seq) {

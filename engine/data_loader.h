@@ -47,6 +47,11 @@ struct LoaderState {
 nlohmann::json loader_state_to_json(const LoaderState& s);
 Result<LoaderState> loader_state_from_json(const nlohmann::json& j);
 
+// The counter-based randomness every loader shares: draw `index` of the stream
+// keyed by `seed` mapped uniformly onto [0, range) (range >= 1), the same on
+// every machine and for every dp. Pure: no state to save beyond the counter.
+std::uint64_t uniform_draw(std::uint64_t seed, std::uint64_t index, std::uint64_t range);
+
 class DataLoader {
  public:
   // `tokens` is borrowed: it must outlive the loader (a ByteDataset split).

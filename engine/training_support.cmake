@@ -1,10 +1,13 @@
 # Training support: the host-only pieces the trainer calls (byte dataset, data
-# loader, LR schedule, checkpoints, metrics). No backend dependency.
+# loader, image dataset and loader, LR schedule, checkpoints, metrics). No
+# backend dependency. zlib: checkpoint crc32s and gzipped IDX image files.
 find_package(ZLIB REQUIRED)
 
 add_library(meshtrain_training_support STATIC
   byte_dataset.cc
   data_loader.cc
+  image_dataset.cc
+  image_loader.cc
   lr_schedule.cc
   checkpoint.cc
   metrics.cc

@@ -2,17 +2,17 @@
 
 #include <catch2/catch.hpp>
 
+#include "error_of.h"
 #include "temp_dir.h"
 
 using namespace meshtrain;
+using meshtrain::testing::error_of;
 using meshtrain::testing::TempDir;
 using meshtrain::testing::write_file;
 
 namespace {
 std::string load_error(const std::string& path, int seq_len) {
-  auto d = load_byte_dataset(path, seq_len);
-  REQUIRE_FALSE(d.ok());
-  return d.error().message();
+  return error_of(load_byte_dataset(path, seq_len));
 }
 }  // namespace
 
