@@ -11,47 +11,27 @@ ActivationLayout korthikanti_layout() { return {2, 1, true, false, 0}; }
 
 ActivationLayout meshtrain_layout(const Plan& p) { return {element_bytes(p.precision), 0, false, true, 4}; }
 
-double layer_activation_bytes(const ModelSpec& m, const Plan& p, const ActivationLayout& a) {
-  const double s = p.effective_seq_len(m) / p.cp, b = p.micro_batch, h = m.hidden, t = p.tp;
-  const double sbh = s * b * h;
-  const double heads = m.heads, rows = s * b;
-  // Sequence parallelism splits the otherwise replicated tensors over tp too.
-  const double rep = p.sequence_parallel ? t : 1.0;
-  if (p.recompute == Recompute::full) return a.value_bytes * sbh / rep;
+ActivationQuery activation_query(const ModelSpec& m, const Plan& p, const ActivationLayout& a) {
+  ActivationQuery q;
+  q.micro_batch = p.micro_batch;
+  q.seq = static_cast<double>(p.effective_seq_len(m)) / p.cp;
+  q.tp = p.tp;
+  q.sequence_parallel = p.sequence_parallel;
+  q.recompute = p.recompute;
+  q.layout = a;
+  return q;
+}
 
-  const double glu = m.activation == Activation::swiglu ? 2.0 : 1.0;
-  const double qkv = static_cast<double>(m.heads + 2 * m.kv_heads) * m.head_dim() / h;
-  const double split_values = qkv + 1.0 + glu * m.ffn / h + m.ffn / h;
-  double bytes = a.value_bytes * (4.0 * sbh / rep + split_values * sbh / t);
-  bytes += a.mask_bytes * 2.0 * sbh / rep;
-  if (a.materialized_attention && p.recompute != Recompute::selective) {
-    const double probs = heads * s * s * b / t;  // a·s²·b = sbh · a·s/h
-    bytes += (2.0 * a.value_bytes + a.mask_bytes) * probs;
-  }
-  if (a.row_stats) {
-    const double norms = m.norm == NormKind::layernorm ? 2.0 : 1.0;  // mean and rstd, or rstd
-    bytes += 4.0 * (2.0 * norms * rows / rep + heads * rows / t);      // two norms; lse per head
-  }
-  return bytes;
+double layer_activation_bytes(const ModelSpec& m, const Plan& p, const ActivationLayout& a) {
+  return model_blocks(m)[1]->activation_bytes(activation_query(m, p, a));
 }
 
 double head_activation_bytes(const ModelSpec& m, const Plan& p, const ActivationLayout& a) {
-  const double s = p.effective_seq_len(m) / p.cp, b = p.micro_batch, h = m.hidden, t = p.tp;
-  const double rep = p.sequence_parallel ? t : 1.0;
-  double bytes = a.value_bytes * (2.0 * s * b * h / rep + s * b * static_cast<double>(padded_vocab(m, p.tp)) / t);
-  if (a.row_stats) {
-    const double norms = m.norm == NormKind::layernorm ? 2.0 : 1.0;
-    bytes += 4.0 * (norms * s * b / rep + 2.0 * s * b);  // norm statistics; row max and sum of exp
-  }
-  return bytes;
+  return model_blocks(m).back()->activation_bytes(activation_query(m, p, a));
 }
 
 double layer_backward_working_bytes(const ModelSpec& m, const Plan& p, const ActivationLayout& a) {
-  const double rows = static_cast<double>(p.effective_seq_len(m) / p.cp) * p.micro_batch, t = p.tp;
-  const double glu = m.activation == Activation::swiglu ? 2.0 : 1.0;
-  const double qkv = static_cast<double>(m.heads + 2 * m.kv_heads) * m.head_dim();
-  const double width = (qkv + static_cast<double>(m.heads) * m.head_dim() + (glu + 1.0) * m.ffn) / t + 7.0 * m.hidden;
-  return a.value_bytes * rows * width;
+  return model_blocks(m)[1]->backward_working_bytes(activation_query(m, p, a));
 }
 
 int inflight_microbatches(const Plan& p, int stage) {
@@ -97,13 +77,29 @@ MemoryBreakdown memory_per_rank(const ModelSpec& m, const Plan& p, int stage, co
   }
   if (p.zero == 1) r.gradient_shard = n * grad_bytes / dp;
   r.inflight = inflight_microbatches(p, stage);
-  r.backward_working = layer_backward_working_bytes(m, p, a);
-  // Each in-flight unit is one micro-batch through one chunk of layers.
-  const double chunks_per_unit = p.schedule == ScheduleKind::interleaved ? 1.0 : p.vpp;
-  r.activations = r.inflight * chunks_per_unit * layers_per_chunk * layer_activation_bytes(m, p, a);
+  // The stage's body blocks (hook index h is block h + 1), over all its chunks.
+  const ModelBlocks blocks = model_blocks(m);
+  const ActivationQuery q = activation_query(m, p, a);
+  double stage_bytes = 0;
+  for (int c = 0; c < p.vpp; ++c) {
+    const LayerRange range = virtual_stage_layers(m, p.stage_split(), c * p.pp + stage);
+    for (int l = range.begin; l < range.end; ++l) {
+      const BlockDef& block = *blocks[static_cast<std::size_t>(l + 1)];
+      stage_bytes += block.activation_bytes(q);
+      r.backward_working = std::max(r.backward_working, block.backward_working_bytes(q));
+    }
+  }
+  // Each in-flight unit is one micro-batch through one chunk (interleaved) or all of the stage's.
+  const bool interleaved = p.schedule == ScheduleKind::interleaved;
+  r.activations = r.inflight * (interleaved ? stage_bytes / p.vpp : stage_bytes);
+  if (stage == 0) {
+    // The embedding lives in the first chunk: one unit in vpp when interleaved.
+    const int units = interleaved ? (r.inflight + p.vpp - 1) / p.vpp : r.inflight;
+    r.activations += units * blocks.front()->activation_bytes(q);
+  }
   if (stage == p.pp - 1) {
     const int head_inflight = p.schedule == ScheduleKind::gpipe ? p.microbatches() : 1;
-    r.activations += head_inflight * head_activation_bytes(m, p, a);
+    r.activations += head_inflight * blocks.back()->activation_bytes(q);
   }
   return r;
 }

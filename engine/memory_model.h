@@ -23,7 +23,8 @@
 // with tensor parallelism. Full recomputation keeps only each layer's input.
 // Selective recomputation drops the materialised attention terms.
 //
-// An implementation states what it really saves as an ActivationLayout: the
+// Each block states what it saves (BlockDef::activation_bytes, models/block.h)
+// under an ActivationLayout: the
 // paper's (2-byte values, 1-byte masks, materialised attention) or
 // meshtrain's own (values at the plan's precision, masks regenerated from the
 // seed, flash-style attention that keeps only the per-row log-sum-exp, fp32
@@ -33,29 +34,22 @@
 #include <cstdint>
 
 #include "engine/plan.h"
+#include "models/block.h"
 #include "models/model_spec.h"
 
 namespace meshtrain {
-
-struct ActivationLayout {
-  int value_bytes = 2;
-  int mask_bytes = 1;                  // 0: masks regenerated, not stored
-  bool materialized_attention = true;  // the s×s probabilities are saved
-  bool row_stats = false;              // fp32 norm statistics and attention lse are saved
-  // Bytes of a parameter gradient; 0: the plan's precision (the ZeRO paper's
-  // 16-bit gradients). meshtrain accumulates gradients in fp32 as Megatron
-  // does (main_grad), so mixed precision costs 2 + 4 + 12 bytes a parameter.
-  int gradient_bytes = 0;
-};
 
 ActivationLayout korthikanti_layout();
 // What meshtrain's layers save when run with plan `p`.
 ActivationLayout meshtrain_layout(const Plan& p);
 
-// Bytes one transformer layer saves for one micro-batch of plan `p`.
+// What the blocks are asked about one micro-batch of plan `p`.
+ActivationQuery activation_query(const ModelSpec& m, const Plan& p, const ActivationLayout& a);
+// Bytes the model's first body block (a transformer layer: all of a
+// decoder's are alike) saves for one micro-batch of plan `p`.
 double layer_activation_bytes(const ModelSpec& m, const Plan& p, const ActivationLayout& a);
-// Bytes the last stage's final norm and vocabulary projection save for one
-// micro-batch: both norm tensors and this rank's logits shard (s·b·V/t).
+// Bytes the head saves for one micro-batch: for a decoder both norm tensors
+// and this rank's logits shard (s·b·V/t).
 double head_activation_bytes(const ModelSpec& m, const Plan& p, const ActivationLayout& a);
 
 // Activation gradients that one layer's backward holds at once, at the peak

@@ -1,5 +1,7 @@
 #include "engine/plan.h"
 
+#include "models/block.h"
+
 #include <fstream>
 
 #include <nlohmann/json.hpp>
@@ -176,13 +178,29 @@ Status validate_plan(const Plan& p, const ModelSpec& m, int world_size) {
     return make_error("world size {} != tp·pp·dp·cp = {}·{}·{}·{} = {}; set dp = {} or change tp/pp/cp",
                       world_size, p.tp, p.pp, p.dp, p.cp, p.world_size(),
                       world_size % (p.tp * p.pp * p.cp) == 0 ? world_size / (p.tp * p.pp * p.cp) : 0);
-  if (m.heads % p.tp != 0)
-    return make_error("heads {} are not divisible by tp {}; use a tp that divides {}", m.heads, p.tp, m.heads);
-  if (m.kv_heads % p.tp != 0)
-    return make_error("kv_heads {} are not divisible by tp {}; use a tp that divides {}", m.kv_heads, p.tp,
-                      m.kv_heads);
-  if (m.ffn % p.tp != 0)
-    return make_error("ffn width {} is not divisible by tp {}; use a tp that divides {}", m.ffn, p.tp, m.ffn);
+  if (m.vision()) {
+    // Every layer splits its own heads (a Swin stage's differ from the next's).
+    for (const auto& block : model_blocks(m)) MT_TRY(block->check_tensor_parallel(p.tp));
+    if (p.seq_len != 0 && p.seq_len != m.seq_len)
+      return make_error("seq_len {} given for the vision model '{}', whose images make {} tokens; leave seq_len out",
+                        p.seq_len, m.name, m.seq_len);
+    if (p.sequence_parallel)
+      for (const auto& block : model_blocks(m))
+        for (const std::int64_t tokens : {block->io(m.seq_len).tokens_in, block->io(m.seq_len).tokens_out})
+          if (tokens > 1 && (p.micro_batch * tokens) % p.tp != 0)
+            return make_error("sequence parallelism splits the micro_batch·tokens = {}·{} rows at layer {} over tp "
+                              "{}, which does not divide them; choose a micro_batch that makes every layer's rows "
+                              "a multiple of tp",
+                              p.micro_batch, tokens, block->layer(), p.tp);
+  } else {
+    if (m.heads % p.tp != 0)
+      return make_error("heads {} are not divisible by tp {}; use a tp that divides {}", m.heads, p.tp, m.heads);
+    if (m.kv_heads % p.tp != 0)
+      return make_error("kv_heads {} are not divisible by tp {}; use a tp that divides {}", m.kv_heads, p.tp,
+                        m.kv_heads);
+    if (m.ffn % p.tp != 0)
+      return make_error("ffn width {} is not divisible by tp {}; use a tp that divides {}", m.ffn, p.tp, m.ffn);
+  }
   MT_TRY(check_stage_split(m, p.stage_split()));
   const int seq = p.effective_seq_len(m);
   if (seq > m.seq_len && m.position == PositionKind::learned)
@@ -190,7 +208,7 @@ Status validate_plan(const Plan& p, const ModelSpec& m, int world_size) {
                       m.seq_len);
   if (seq % p.cp != 0)
     return make_error("seq_len {} is not divisible by cp {}; choose cp dividing {}", seq, p.cp, seq);
-  if (p.sequence_parallel && seq % p.tp != 0)
+  if (p.sequence_parallel && !m.vision() && seq % p.tp != 0)
     return make_error("sequence parallelism splits seq_len {} over tp {}, which does not divide it", seq, p.tp);
   const int per_step = p.micro_batch * p.dp;
   if (p.effective_global_batch() % per_step != 0)

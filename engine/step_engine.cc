@@ -26,7 +26,7 @@ DType activation_dtype(Precision p) {
 
 struct StepEngine::Chunk {
   int virtual_stage = 0;
-  std::unique_ptr<GptChunk> model;
+  std::unique_ptr<ModelChunk> model;
   std::unique_ptr<GradientBuckets> buckets;
   std::unique_ptr<ParameterGather> gather;  // ZeRO-3 only
   std::unique_ptr<ShardedAdamW> adam;
@@ -75,7 +75,7 @@ StepEngine::StepEngine(Backend& b, const ModelSpec& m, const Plan& p, const Mesh
     chunk_options.storage.persistent_values = p.zero < 3;
     chunk_options.storage.value_dtype = activation_dtype(p.precision);
     chunk_options.sequence_parallel = p.sequence_parallel;
-    chunk->model = std::make_unique<GptChunk>(b, m_, layers, tp, chunk_options);
+    chunk->model = std::make_unique<ModelChunk>(b, m_, layers, tp, chunk_options);
     ParameterStore& params = chunk->model->parameters();
     chunk->buckets = std::make_unique<GradientBuckets>(b, m_, params, layers.head, dp, p.zero, bucket_elements,
                                                        defer_embedding, compute_, comm_);
@@ -117,10 +117,15 @@ StepEngine::StepEngine(Backend& b, const ModelSpec& m, const Plan& p, const Mesh
 
 MicroBatch StepEngine::upload(const HostBatch& h, std::uint64_t dropout_seed) {
   MicroBatch mb;
-  const std::int64_t n = static_cast<std::int64_t>(h.ids.size());
-  mb.ids = b_.empty(Shape{n}, DType::i32);
-  mb.targets = b_.empty(Shape{n}, DType::i32);
-  b_.write(mb.ids, h.ids);
+  if (!h.ids.empty()) {
+    mb.ids = b_.empty(Shape{static_cast<std::int64_t>(h.ids.size())}, DType::i32);
+    b_.write(mb.ids, h.ids);
+  }
+  if (m_.vision()) {
+    mb.pixels = b_.empty(Shape{h.batch, m_.image_size, m_.image_size, m_.channels}, activation_dtype(plan_.precision));
+    b_.write(mb.pixels, h.pixels);
+  }
+  mb.targets = b_.empty(Shape{static_cast<std::int64_t>(h.targets.size())}, DType::i32);
   b_.write(mb.targets, h.targets);
   mb.batch = h.batch;
   mb.seq = h.seq;
@@ -128,17 +133,40 @@ MicroBatch StepEngine::upload(const HostBatch& h, std::uint64_t dropout_seed) {
   return mb;
 }
 
-Shape StepEngine::activation_shape(const HostBatch& h) const {
-  const std::int64_t rows = static_cast<std::int64_t>(h.batch) * h.seq;
-  // Under sequence parallelism stages exchange their sequence shards.
-  return Shape{plan_.sequence_parallel ? rows / plan_.tp : rows, m_.hidden};
+std::function<Shape(int, int, bool)> StepEngine::boundaries(const std::vector<MicroBatch>& mbs) const {
+  return [this, &mbs](int c, int j, bool output) {
+    const MicroBatch& mb = mbs[static_cast<std::size_t>(j)];
+    return chunks_[static_cast<std::size_t>(c)]->model->boundary_shape(mb.batch, mb.seq, output);
+  };
 }
 
-Status StepEngine::check_sequence_shards(const HostBatch& h) const {
-  if (!plan_.sequence_parallel || (static_cast<std::int64_t>(h.batch) * h.seq) % plan_.tp == 0) return ok_status();
-  return make_error("sequence parallelism splits the {}·{} tokens of a micro-batch over tp {}, which does not "
-                    "divide them; pick a micro-batch or sequence length whose product tp divides",
-                    h.batch, h.seq, plan_.tp);
+Status StepEngine::check_batch(const HostBatch& h) const {
+  const std::int64_t n = static_cast<std::int64_t>(h.batch) * h.seq;
+  const std::size_t targets = static_cast<std::size_t>(h.batch * loss_terms_per_sample(m_, h.seq));
+  if (h.batch <= 0 || h.targets.size() != targets)
+    return make_error("a micro-batch of {} samples needs {} targets, got {}", h.batch, targets, h.targets.size());
+  if (m_.vision()) {
+    const std::size_t pixels = static_cast<std::size_t>(h.batch) * m_.image_size * m_.image_size * m_.channels;
+    if (h.seq != m_.seq_len || h.pixels.size() != pixels)
+      return make_error("model '{}' reads {}×{}×{} images ({} tokens each): a micro-batch of {} needs {} pixels, "
+                        "got {}", m_.name, m_.image_size, m_.image_size, m_.channels, m_.seq_len, h.batch, pixels,
+                        h.pixels.size());
+  } else if (h.ids.size() != static_cast<std::size_t>(n)) {
+    return make_error("a micro-batch of {}·{} tokens needs as many ids, got {}", h.batch, h.seq, h.ids.size());
+  }
+  if (!plan_.sequence_parallel) return ok_status();
+  for (const auto& block : model_blocks(m_)) {
+    const BlockIo io = block->io(h.seq);
+    for (const std::int64_t tokens : {io.tokens_in, io.tokens_out}) {
+      const std::int64_t rows = h.batch * tokens;
+      if (io.width_in > 0 && io.width_out > 0 && rows % plan_.tp != 0)
+        return make_error("sequence parallelism splits the {}·{} rows of a micro-batch at layer {} over tp {}, "
+                          "which does not divide them; pick a micro-batch (or sequence length) whose rows tp "
+                          "divides at every layer",
+                          h.batch, tokens, block->layer(), plan_.tp);
+    }
+  }
+  return ok_status();
 }
 
 bool StepEngine::counts_in_norm(const Chunk& c, const ParamSlot& slot) const {
@@ -175,9 +203,11 @@ Result<StepResult> StepEngine::step(const std::vector<HostBatch>& microbatches, 
   }
   b_.fill(loss_total_, 0.f);
   const int seq = microbatches.front().seq;
-  MT_TRY(check_sequence_shards(microbatches.front()).context(fmt::format("step {}", step)));
-  const double tokens = static_cast<double>(plan_.effective_global_batch()) * seq;
-  // Every token of the global batch weighs 1/tokens, so summing over replicas gives the mean's gradient.
+  for (const HostBatch& h : microbatches) MT_TRY(check_batch(h).context(fmt::format("step {}", step)));
+  const double tokens =
+      static_cast<double>(plan_.effective_global_batch()) * static_cast<double>(loss_terms_per_sample(m_, seq));
+  // Every target (token or image) of the global batch weighs 1/tokens, so
+  // summing over replicas gives the mean's gradient.
   const float loss_scale = static_cast<float>(1.0 / tokens);
   std::vector<MicroBatch> mbs;
   for (int i = 0; i < m; ++i) {
@@ -201,8 +231,9 @@ Result<StepResult> StepEngine::step(const std::vector<HostBatch>& microbatches, 
         if (j == m - 1 && plan_.grad_sync == GradSync::overlap) ch.buckets->arm();
         return ch.model->backward(mbs[static_cast<std::size_t>(j)], ch.saved[static_cast<std::size_t>(j)], dout,
                                   loss_scale);
-      }};
-  pipeline_->run(b_, activation_shape(microbatches.front()), compute, activation_dtype(plan_.precision));
+      },
+      boundaries(mbs)};
+  pipeline_->run(b_, compute, activation_dtype(plan_.precision));
   MT_TRY(all_reduce_tied_embedding());
   for (auto& c : chunks_) c->buckets->finish();
 
@@ -237,17 +268,27 @@ Result<StepResult> StepEngine::step(const std::vector<HostBatch>& microbatches, 
 }
 
 Result<double> StepEngine::evaluate(const std::vector<HostBatch>& batches) {
+  MT_ASSIGN(Evaluation e, evaluate_metrics(batches));
+  return e.loss;
+}
+
+Result<Evaluation> StepEngine::evaluate_metrics(const std::vector<HostBatch>& batches) {
   if (setup_error_) return *setup_error_;
   b_.fill(loss_total_, 0.f);
-  double tokens = 0;
+  // [Σ loss, targets, correct] of the last stage, summed over the pipeline (others hold 0) and the replicas.
+  Tensor stats = b_.empty(Shape{3});
+  Tensor correct = stats.slice(2, 1);
+  double targets = 0;
   std::vector<MicroBatch> mbs;
-  std::vector<Shape> shapes;
   for (const HostBatch& h : batches) {
+    MT_TRY(check_batch(h));
     mbs.push_back(upload(h, 0));
-    MT_TRY(check_sequence_shards(h));
-    shapes.push_back(activation_shape(h));
-    tokens += static_cast<double>(h.ids.size());
+    mbs.back().correct = correct;
+    targets += static_cast<double>(h.targets.size());
   }
+  const bool last = coord_.pp == plan_.pp - 1;
+  const float init[3] = {0.f, last ? static_cast<float>(targets) : 0.f, 0.f};
+  b_.write(stats, init);
   const PipelineCompute compute{[&](int c, int j, const Tensor& in) {
                                   Chunk& ch = *chunks_[static_cast<std::size_t>(c)];
                                   SavedActivations saved;
@@ -256,20 +297,18 @@ Result<double> StepEngine::evaluate(const std::vector<HostBatch>& batches) {
                                   b_.axpy(1.f, out, loss_total_);
                                   return Tensor();
                                 },
-                                {}};
-  pipeline_->run_forward(b_, shapes, compute, activation_dtype(plan_.precision));
-  // [Σ loss, tokens] of the last stage, summed over the pipeline (others hold 0) and the replicas.
-  const bool last = coord_.pp == plan_.pp - 1;
-  Tensor stats = b_.empty(Shape{2});
-  const float init[2] = {0.f, last ? static_cast<float>(tokens) : 0.f};
-  b_.write(stats, init);
+                                {},
+                                boundaries(mbs)};
+  pipeline_->run_forward(b_, static_cast<int>(mbs.size()), compute, activation_dtype(plan_.precision));
   Tensor loss = stats.slice(0, 1);
   b_.axpy(1.f, loss_total_, loss);
+  // Every tp rank of the last stage counted the same hits: keep one count per replica.
+  if (coord_.tp != 0) b_.fill(correct, 0.f);
   b_.all_reduce(stats, *mesh_.group_of(GroupKind::pipeline, b_.rank()), ReduceOp::sum);
   b_.all_reduce(stats, *mesh_.group_of(GroupKind::data, b_.rank()), ReduceOp::sum);
-  float host[2] = {0, 0};
+  float host[3] = {0, 0, 0};
   MT_TRY(b_.read(stats, host));
-  return static_cast<double>(host[0]) / host[1];
+  return Evaluation{static_cast<double>(host[0]) / host[1], static_cast<double>(host[2]) / host[1]};
 }
 
 namespace {

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -30,7 +31,7 @@
 #include "engine/mesh.h"
 #include "engine/parallel/pipeline_executor.h"
 #include "engine/plan.h"
-#include "models/gpt.h"
+#include "models/model_chunk.h"
 
 namespace meshtrain {
 
@@ -50,15 +51,24 @@ struct StepOptions {
   bool initialize_parameters = true;
 };
 
-// One micro-batch of tokens on the host: ids and next-token targets, B·T each.
+// One micro-batch on the host. A language model reads ids and next-token
+// targets (B·T each); a vision model reads pixels (B, H, W, channels),
+// normalised, and one class label per image in targets (B), with seq the
+// model's tokens per image (ModelSpec::seq_len).
 struct HostBatch {
   std::vector<std::int32_t> ids, targets;
+  std::vector<float> pixels;
   int batch = 0, seq = 0;
 };
 
 struct StepResult {
-  double loss = 0;       // mean token loss over the global batch
+  double loss = 0;       // mean loss over the global batch's targets (tokens or images)
   double grad_norm = 0;  // global L2 norm before clipping
+};
+
+struct Evaluation {
+  double loss = 0;      // mean loss over every target of the batches
+  double accuracy = 0;  // share of targets whose logit is the largest (top-1)
 };
 
 class StepEngine {
@@ -79,9 +89,11 @@ class StepEngine {
   // pipeline-parallel peers) receives the same ones. The objective is the mean
   // token loss over the global batch; the result is the same on every rank.
   Result<StepResult> step(const std::vector<HostBatch>& microbatches, float lr, std::int64_t step);
-  // Mean token loss over `batches` without updating anything: each replica
+  // Mean loss over `batches` without updating anything: each replica
   // passes its own batches (same rule as step), the mean is over all of them.
   Result<double> evaluate(const std::vector<HostBatch>& batches);
+  // The same, with the top-1 accuracy.
+  Result<Evaluation> evaluate_metrics(const std::vector<HostBatch>& batches);
 
   // The full (unsharded) parameters and AdamW moments by name ("params/<name>",
   // "adam_m/<name>", "adam_v/<name>"), for checkpoints and comparisons.
@@ -95,9 +107,11 @@ class StepEngine {
  private:
   struct Chunk;
   MicroBatch upload(const HostBatch& h, std::uint64_t dropout_seed);
-  // What stages send each other for one micro-batch: (N, C), or (N/tp, C) under sequence parallelism.
-  Shape activation_shape(const HostBatch& h) const;
-  Status check_sequence_shards(const HostBatch& h) const;
+  // Checks a micro-batch against the model: its size, and under sequence
+  // parallelism that tp divides the rows at every block.
+  Status check_batch(const HostBatch& h) const;
+  // What chunk c's neighbours send it for `mbs[j]` (PipelineCompute::boundary).
+  std::function<Shape(int, int, bool)> boundaries(const std::vector<MicroBatch>& mbs) const;
   bool counts_in_norm(const Chunk& c, const ParamSlot& slot) const;
   Status all_reduce_tied_embedding();
 

@@ -1,26 +1,12 @@
 #include "models/flops.h"
 
-#include "models/parameters.h"
+#include "models/block.h"
 
 namespace meshtrain {
 
 ForwardFlops forward_flops(const ModelSpec& m, std::int64_t batch, std::int64_t seq) {
-  const double tokens = static_cast<double>(batch) * static_cast<double>(seq);
   ForwardFlops f;
-  for (const auto& p : parameter_table(m)) {
-    if (!p.matmul) continue;
-    double macs_per_token = static_cast<double>(p.numel());
-    // Each token passes through top_k of the experts' matrices.
-    if (p.expert) macs_per_token = macs_per_token / m.experts * m.top_k;
-    double flops = 2.0 * tokens * macs_per_token;
-    if (p.layer >= m.layers) f.head += flops;
-    else f.layers += flops;
-  }
-  if (m.tied_embeddings) f.head += 2.0 * tokens * m.hidden * static_cast<double>(m.vocab);
-  // q·kᵀ and p·v: each 2·B·s·s·(H·D) FLOPs per layer.
-  const double attention_width = static_cast<double>(m.heads) * m.head_dim();
-  f.attention = m.layers * 2.0 * (2.0 * batch * static_cast<double>(seq) * seq * attention_width);
-  f.layers += f.attention;
+  for (const auto& block : model_blocks(m)) f += block->flops(static_cast<double>(batch), seq);
   return f;
 }
 
@@ -31,7 +17,7 @@ FlopCount training_flops(const ModelSpec& m, std::int64_t batch, std::int64_t se
   c.hardware = c.model;
   if (r == Recompute::full) c.hardware += f.layers;
   if (r == Recompute::selective) c.hardware += f.attention;
-  c.per_token = c.model / (static_cast<double>(batch) * seq);
+  c.per_token = c.model / (static_cast<double>(batch) * (m.vision() ? 1 : seq));
   return c;
 }
 

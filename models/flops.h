@@ -1,8 +1,8 @@
-// Training FLOPs of one iteration, derived from the layer shapes of the
-// parameter table (matrix multiplies only: 2 FLOPs per multiply-add; norms,
-// activations and softmax are negligible and not counted, as in the
-// literature). Attention counts the full s×s score matrix, as Megatron-LM's
-// formula does, not the causal half.
+// Training FLOPs of one iteration, the sum of the model's blocks' own counts
+// (models/block.h), derived from their shapes (matrix multiplies only: 2 FLOPs
+// per multiply-add; norms, activations and softmax are negligible and not
+// counted, as in the literature). Attention counts the full score matrix
+// (s×s, or a window's), as Megatron-LM's formula does, not the causal half.
 #pragma once
 
 #include <cstdint>
@@ -14,17 +14,23 @@ namespace meshtrain {
 enum class Recompute { none, selective, full };
 
 struct ForwardFlops {
-  double layers = 0;     // all transformer layers (GEMMs and attention)
+  double embedding = 0;  // a patch embedding's projection (a token lookup costs none)
+  double layers = 0;     // all body blocks (transformer layers' GEMMs and attention, patch mergings)
   double attention = 0;  // of which the attention core (q·kᵀ and p·v)
-  double head = 0;       // the output projection to the vocabulary
-  double total() const { return layers + head; }
+  double head = 0;       // the output projection to the vocabulary or the classes
+  double total() const { return embedding + layers + head; }
+  ForwardFlops& operator+=(const ForwardFlops& o) {
+    embedding += o.embedding, layers += o.layers, attention += o.attention, head += o.head;
+    return *this;
+  }
 };
+// `batch` samples (sequences of `seq` tokens, or images, whose tokens the model fixes).
 ForwardFlops forward_flops(const ModelSpec& m, std::int64_t batch, std::int64_t seq);
 
 struct FlopCount {
   double model = 0;     // forward + backward = 3 × forward: what MFU counts
   double hardware = 0;  // model plus what recomputation runs again
-  double per_token = 0; // model / (batch · seq)
+  double per_token = 0; // model / (batch · seq): per token, or per image for vision models
 };
 // Full recomputation reruns every layer's forward (not the head); selective
 // reruns the attention core only (Korthikanti et al. 2022).

@@ -9,6 +9,20 @@
 
 namespace meshtrain {
 
+void derive_model_fields(ModelSpec& m) {
+  if (!m.vision()) return;
+  const int grid = m.patch_grid();
+  if (m.family == ModelFamily::vit) {
+    m.seq_len = 1 + grid * grid;  // the class token and the patches
+    return;
+  }
+  m.seq_len = grid * grid;
+  const int stages = static_cast<int>(m.depths.size());
+  m.layers = stages > 0 ? stages - 1 : 0;  // the patch mergings between stages
+  for (int d : m.depths) m.layers += d;
+  if (!m.stage_heads.empty()) m.heads = m.kv_heads = m.stage_heads.front();
+}
+
 namespace {
 
 ModelSpec gpt2(std::string name, int layers, int hidden, int heads) {
@@ -53,6 +67,44 @@ ModelSpec llama(std::string name, int layers, int hidden, int heads, int kv_head
   return m;
 }
 
+// ViT (Dosovitskiy et al. 2021, Table 1): 224² RGB images, 1000 classes,
+// LayerNorm eps 1e-6 as in the released models.
+ModelSpec vit(std::string name, int layers, int hidden, int heads, int ffn, int patch) {
+  ModelSpec m;
+  m.name = std::move(name);
+  m.family = ModelFamily::vit;
+  m.layers = layers;
+  m.hidden = hidden;
+  m.heads = m.kv_heads = heads;
+  m.ffn = ffn;
+  m.image_size = 224;
+  m.patch = patch;
+  m.channels = 3;
+  m.classes = 1000;
+  m.norm_eps = 1e-6f;
+  m.tied_embeddings = false;
+  return m;
+}
+
+// Swin (Liu et al. 2021, Sec. 3.3): patch 4, window 7, MLP ratio 4, 224² RGB, 1000 classes.
+ModelSpec swin(std::string name, int hidden, std::vector<int> depths, std::vector<int> heads) {
+  ModelSpec m;
+  m.name = std::move(name);
+  m.family = ModelFamily::swin;
+  m.hidden = hidden;
+  m.ffn = 4 * hidden;
+  m.depths = std::move(depths);
+  m.stage_heads = std::move(heads);
+  m.heads = m.kv_heads = m.stage_heads.front();
+  m.image_size = 224;
+  m.patch = 4;
+  m.window = 7;
+  m.channels = 3;
+  m.classes = 1000;
+  m.tied_embeddings = false;
+  return m;
+}
+
 // Sources: GPT-2 (Radford et al. 2019, Table 2 and the released configs);
 // GPT-3 (Brown et al. 2020, Table 2.1); Llama 2 (Touvron et al. 2023, released
 // params.json); Llama 3 (Dubey et al. 2024, Table 3); Megatron (Narayanan et al. 2021, Table 1).
@@ -86,6 +138,28 @@ const std::map<std::string, ModelSpec>& presets() {
     add(megatron("megatron-310.1b", 96, 16384, 128));
     add(megatron("megatron-529.6b", 105, 20480, 128));
     add(megatron("megatron-1t", 128, 25600, 160));
+    add(vit("vit-b16", 12, 768, 12, 3072, 16));
+    add(vit("vit-l16", 24, 1024, 16, 4096, 16));
+    add(vit("vit-h14", 32, 1280, 16, 5120, 14));
+    add(swin("swin-t", 96, {2, 2, 6, 2}, {3, 6, 12, 24}));
+    add(swin("swin-s", 96, {2, 2, 18, 2}, {3, 6, 12, 24}));
+    add(swin("swin-b", 128, {2, 2, 18, 2}, {4, 8, 16, 32}));
+    add(swin("swin-l", 192, {2, 2, 18, 2}, {6, 12, 24, 48}));
+    // Tests: a ViT on 8×8 grey images (16 patches of 2×2) and a Swin on
+    // 12×12 grey images (a 6×6 grid, windows of 3, an odd grid to merge).
+    ModelSpec vit_tiny = vit("vit-tiny", 2, 32, 4, 64, 2);
+    vit_tiny.image_size = 8, vit_tiny.channels = 1, vit_tiny.classes = 10;
+    add(vit_tiny);
+    ModelSpec swin_micro = swin("swin-micro", 16, {2, 2, 2}, {4, 4, 8});
+    swin_micro.image_size = 12, swin_micro.patch = 2, swin_micro.window = 3;
+    swin_micro.channels = 1, swin_micro.classes = 10;
+    add(swin_micro);
+    // Fashion-MNIST (28×28 grey, 10 classes): patches of 2 make a 14×14 grid,
+    // windows of 7 (4 windows, then shifted), then grids 7, 4 (7 padded) and 2.
+    ModelSpec swin_fmnist = swin("swin-fmnist", 32, {2, 2, 4, 2}, {2, 4, 8, 16});
+    swin_fmnist.image_size = 28, swin_fmnist.patch = 2, swin_fmnist.channels = 1, swin_fmnist.classes = 10;
+    add(swin_fmnist);
+    for (auto& [name, m] : t) derive_model_fields(m);
     return t;
   }();
   return table;
@@ -112,11 +186,46 @@ struct EnumNames {
 const EnumNames<NormKind> kNorms{{{NormKind::layernorm, "layernorm"}, {NormKind::rmsnorm, "rmsnorm"}}};
 const EnumNames<Activation> kActivations{{{Activation::gelu, "gelu"}, {Activation::swiglu, "swiglu"}}};
 const EnumNames<PositionKind> kPositions{{{PositionKind::learned, "learned"}, {PositionKind::rope, "rope"}}};
+const EnumNames<ModelFamily> kFamilies{
+    {{ModelFamily::decoder, "decoder"}, {ModelFamily::vit, "vit"}, {ModelFamily::swin, "swin"}}};
 
 const std::vector<std::string> kFields = {
-    "name",   "layers", "hidden",          "heads", "kv_heads",   "ffn",        "vocab",   "seq_len",
+    "name",   "family",  "layers", "hidden",          "heads", "kv_heads",   "ffn",        "vocab",   "seq_len",
     "tied_embeddings", "bias", "norm", "activation", "position", "norm_eps", "rope_theta",
-    "experts", "top_k"};
+    "experts", "top_k", "image_size", "patch", "channels", "classes", "window", "depths", "stage_heads"};
+
+// Fields a family does not read, and why: given, they would be silently ignored.
+Status check_family_fields(const nlohmann::json& j, ModelFamily family) {
+  struct Rule {
+    const char* field;
+    bool decoder, vit, swin;  // read by
+    const char* why;
+  };
+  static const Rule kRules[] = {
+      {"vocab", true, false, false, "vision models classify images into `classes`"},
+      {"seq_len", true, false, false, "a vision model's tokens follow from image_size and patch"},
+      {"layers", true, true, false, "a Swin model's layers follow from its depths"},
+      {"heads", true, true, false, "a Swin model gives the heads of every stage in stage_heads"},
+      {"kv_heads", true, false, false, "grouped-query attention is a decoder option"},
+      {"tied_embeddings", true, false, false, "a vision model has no token embedding to tie"},
+      {"position", true, false, false, "ViT learns its position embeddings, Swin uses relative position biases"},
+      {"rope_theta", true, false, false, "only rope positions read it"},
+      {"image_size", false, true, true, "decoders read token ids"},
+      {"patch", false, true, true, "decoders read token ids"},
+      {"channels", false, true, true, "decoders read token ids"},
+      {"classes", false, true, true, "decoders predict the next token over `vocab`"},
+      {"window", false, false, true, "only Swin attends within windows"},
+      {"depths", false, false, true, "only Swin has stages; give `layers`"},
+      {"stage_heads", false, false, true, "only Swin has stages; give `heads`"},
+  };
+  for (const Rule& r : kRules) {
+    const bool reads = family == ModelFamily::decoder ? r.decoder : family == ModelFamily::vit ? r.vit : r.swin;
+    if (!reads && j.contains(r.field))
+      return make_error("model field '{}' does not apply to a {} model ({}); remove it", r.field,
+                        kFamilies.name(family), r.why);
+  }
+  return ok_status();
+}
 
 }  // namespace
 
@@ -168,7 +277,35 @@ Result<ModelSpec> model_from_json(const nlohmann::json& j) {
     out = j[key].get<std::string>();
     return {};
   };
+  auto get_int_list = [&](const char* key, std::vector<int>& out) -> Status {
+    if (!j.contains(key)) return {};
+    if (!j[key].is_array()) return make_error("model field '{}' must be a list of integers, got {}", key, j[key].dump());
+    out.clear();
+    for (const auto& v : j[key]) {
+      if (!v.is_number_integer()) return make_error("model field '{}' must hold integers, got {}", key, v.dump());
+      out.push_back(v.get<int>());
+    }
+    return {};
+  };
   MT_TRY(get_string("name", m.name));
+  if (j.contains("family")) {
+    std::string family;
+    MT_TRY(get_string("family", family));
+    MT_ASSIGN(m.family, kFamilies.parse("family", family));
+  }
+  MT_TRY(check_family_fields(j, m.family));
+  if (m.vision()) {
+    m.norm_eps = m.family == ModelFamily::vit ? 1e-6f : 1e-5f;  // the released models' LayerNorm eps
+    m.tied_embeddings = false;
+  }
+  MT_TRY(get_int("image_size", m.image_size));
+  MT_TRY(get_int("patch", m.patch));
+  MT_TRY(get_int("channels", m.channels));
+  MT_TRY(get_int("classes", m.classes));
+  MT_TRY(get_int("window", m.window));
+  MT_TRY(get_int_list("depths", m.depths));
+  MT_TRY(get_int_list("stage_heads", m.stage_heads));
+  if (!m.stage_heads.empty()) m.heads = m.stage_heads.front();
   MT_TRY(get_int("layers", m.layers));
   MT_TRY(get_int("hidden", m.hidden));
   MT_TRY(get_int("heads", m.heads));
@@ -197,6 +334,7 @@ Result<ModelSpec> model_from_json(const nlohmann::json& j) {
     MT_TRY(get_string("position", s));
     MT_ASSIGN(m.position, kPositions.parse("position", s));
   }
+  derive_model_fields(m);
   MT_TRY(validate_model(m));
   return m;
 }
@@ -222,17 +360,59 @@ Result<ModelSpec> load_model(const std::string& name_or_file) {
   return m;
 }
 
+namespace {
+
+Status validate_vision(const ModelSpec& m) {
+  auto positive = [&](const char* what, int v) -> Status {
+    if (v <= 0) return make_error("model '{}': {} must be positive, got {}", m.name, what, v);
+    return {};
+  };
+  MT_TRY(positive("image_size", m.image_size));
+  MT_TRY(positive("patch", m.patch));
+  MT_TRY(positive("channels", m.channels));
+  MT_TRY(positive("classes", m.classes));
+  if (m.image_size % m.patch != 0)
+    return make_error("model '{}': image_size {} is not divisible by patch {}; the patches must tile the image",
+                      m.name, m.image_size, m.patch);
+  if (m.family == ModelFamily::vit) return ok_status();
+  MT_TRY(positive("window", m.window));
+  if (m.depths.empty() || m.depths.size() != m.stage_heads.size())
+    return make_error("model '{}': depths ({} stages) and stage_heads ({} stages) must list the same, non-zero "
+                      "number of stages",
+                      m.name, m.depths.size(), m.stage_heads.size());
+  int grid = m.patch_grid();
+  for (std::size_t i = 0; i < m.depths.size(); ++i) {
+    const int width = m.hidden << i, heads = m.stage_heads[i];
+    if (m.depths[i] <= 0 || heads <= 0)
+      return make_error("model '{}': stage {} needs positive depth and heads, got {} and {}", m.name, i + 1,
+                        m.depths[i], heads);
+    if (width % heads != 0)
+      return make_error("model '{}': stage {} has width {} (hidden {} · 2^{}), not divisible by its {} heads",
+                        m.name, i + 1, width, m.hidden, i, heads);
+    // A grid no larger than the window is one window (Liu et al.'s rule).
+    if (grid > m.window && grid % m.window != 0)
+      return make_error("model '{}': stage {} has a {}×{} token grid, not divisible by window {}; choose image_size, "
+                        "patch and window so that every stage's grid is a multiple of the window or at most it",
+                        m.name, i + 1, grid, grid, m.window);
+    grid = (grid + 1) / 2;
+  }
+  return ok_status();
+}
+
+}  // namespace
+
 Status validate_model(const ModelSpec& m) {
   auto positive = [&](const char* what, int v) -> Status {
     if (v <= 0) return make_error("model '{}': {} must be positive, got {}", m.name, what, v);
     return {};
   };
+  if (m.vision()) MT_TRY(validate_vision(m));
   MT_TRY(positive("layers", m.layers));
   MT_TRY(positive("hidden", m.hidden));
   MT_TRY(positive("heads", m.heads));
   MT_TRY(positive("kv_heads", m.kv_heads));
   MT_TRY(positive("ffn", m.ffn));
-  MT_TRY(positive("vocab", m.vocab));
+  if (!m.vision()) MT_TRY(positive("vocab", m.vocab));
   MT_TRY(positive("seq_len", m.seq_len));
   if (m.hidden % m.heads != 0)
     return make_error("model '{}': hidden {} is not divisible by heads {}; choose hidden as a multiple of heads",
@@ -255,7 +435,27 @@ Status validate_model(const ModelSpec& m) {
   return {};
 }
 
+std::string family_name(ModelFamily f) { return kFamilies.name(f); }
+
 nlohmann::json model_to_json(const ModelSpec& m) {
+  if (m.vision()) {
+    nlohmann::json j = {{"name", m.name},       {"family", kFamilies.name(m.family)},
+                        {"hidden", m.hidden},   {"ffn", m.ffn},
+                        {"bias", m.bias},       {"norm", kNorms.name(m.norm)},
+                        {"activation", kActivations.name(m.activation)},
+                        {"norm_eps", m.norm_eps}, {"image_size", m.image_size},
+                        {"patch", m.patch},     {"channels", m.channels},
+                        {"classes", m.classes}};
+    if (m.family == ModelFamily::vit) {
+      j["layers"] = m.layers;
+      j["heads"] = m.heads;
+    } else {
+      j["window"] = m.window;
+      j["depths"] = m.depths;
+      j["stage_heads"] = m.stage_heads;
+    }
+    return j;
+  }
   nlohmann::json j = {{"name", m.name},         {"layers", m.layers},
                       {"hidden", m.hidden},     {"heads", m.heads},
                       {"kv_heads", m.kv_heads}, {"ffn", m.ffn},

@@ -1,8 +1,10 @@
-// ModelSpec: the shape of a decoder-only transformer, as a value.
+// ModelSpec: the shape of a transformer model, as a value: a decoder-only
+// language model (GPT-2, Llama), a vision transformer (ViT) or a Swin
+// Transformer. models/block.h turns it into the model's blocks.
 //
 // A spec comes from a built-in preset by name or from a JSON file whose field
 // names are the ones below (`layers`, `hidden`, ...). Everything that counts
-// parameters or FLOPs derives from the layer shapes in models/parameters.h, never
+// parameters or FLOPs derives from the blocks' shapes (models/block.h), never
 // from a closed formula, so the formulas stay independent checks in the tests.
 #pragma once
 
@@ -19,16 +21,25 @@ namespace meshtrain {
 enum class NormKind { layernorm, rmsnorm };
 enum class Activation { gelu, swiglu };
 enum class PositionKind { learned, rope };
+// decoder: GPT/Llama-style language model on token ids; vit: ViT image
+// classifier (Dosovitskiy et al. 2021); swin: Swin Transformer image
+// classifier (Liu et al. 2021).
+enum class ModelFamily { decoder, vit, swin };
 
 struct ModelSpec {
   std::string name = "custom";
+  ModelFamily family = ModelFamily::decoder;
+  // Body blocks between the first (embedding) and the last (head). For Swin
+  // derived: its Swin blocks plus the patch mergings between stages.
   int layers = 0;
   int hidden = 0;    // C
   int heads = 0;     // H, query heads
   int kv_heads = 0;  // G, key/value heads (== heads without grouped-query attention)
   int ffn = 0;       // F, MLP inner width (per expert for MoE)
-  int vocab = 0;     // V
-  int seq_len = 0;   // T, the longest sequence (learned position table size)
+  int vocab = 0;     // V (decoders)
+  // T, the longest sequence (learned position table size). Vision models:
+  // derived, the tokens entering the first layer (ViT 1 + (image/patch)², Swin (image/patch)²).
+  int seq_len = 0;
   bool tied_embeddings = true;
   bool bias = true;  // biases on linear layers and norms (GPT-2: yes; Llama: no)
   NormKind norm = NormKind::layernorm;
@@ -38,10 +49,22 @@ struct ModelSpec {
   float rope_theta = 10000.f;
   int experts = 0;  // 0: dense MLP; otherwise experts per MoE layer
   int top_k = 0;    // experts each token is routed to
+  // Vision models: square images of image_size² pixels with `channels`
+  // channels, cut into patch² patches, classified into `classes`.
+  int image_size = 0, patch = 0, channels = 0, classes = 0;
+  // Swin: attention windows of window² tokens; per stage its Swin blocks
+  // (depths) and heads (stage_heads); stage i has width hidden·2^i and MLP
+  // width ffn·2^i (`hidden`, `heads`, `ffn` are stage 1's).
+  int window = 0;
+  std::vector<int> depths, stage_heads;
 
   int head_dim() const { return hidden / heads; }
   bool moe() const { return experts > 0; }
+  bool vision() const { return family != ModelFamily::decoder; }
+  int patch_grid() const { return patch > 0 ? image_size / patch : 0; }  // patches per side
 };
+
+std::string family_name(ModelFamily f);
 
 // Names of the built-in presets, in a stable order.
 const std::vector<std::string>& model_preset_names();
@@ -51,6 +74,10 @@ Result<ModelSpec> model_preset(const std::string& name);
 Result<ModelSpec> model_from_json(const nlohmann::json& j);
 // A preset name, or a path to a JSON file.
 Result<ModelSpec> load_model(const std::string& name_or_file);
+// Fills the fields a vision model derives (seq_len; a Swin model's layers
+// and heads) from the others. Presets and model files call it; call it again
+// after changing a vision spec's fields by hand.
+void derive_model_fields(ModelSpec& m);
 // Checks the spec's own consistency (positive sizes, hidden % heads, heads % kv_heads, ...).
 Status validate_model(const ModelSpec& m);
 

@@ -1,5 +1,9 @@
 #include "models/parameters.h"
 
+#include <iterator>
+
+#include "models/block.h"
+
 namespace meshtrain {
 
 std::int64_t ParamInfo::numel() const {
@@ -8,70 +12,41 @@ std::int64_t ParamInfo::numel() const {
   return n;
 }
 
-namespace {
+void ParamTableBuilder::add(std::string name, std::vector<std::int64_t> shape, TpSplit split, int split_dim,
+                            std::vector<std::int64_t> segments, bool matmul, bool decay, bool expert) {
+  ParamInfo p;
+  p.name = std::move(name);
+  p.layer = layer_;
+  p.shape = std::move(shape);
+  p.split = split;
+  p.split_dim = split_dim;
+  const std::size_t d = static_cast<std::size_t>(split_dim + (expert ? 1 : 0));
+  p.segments = segments.empty() ? std::vector<std::int64_t>{p.shape[d]} : std::move(segments);
+  p.matmul = matmul;
+  p.weight_decay = decay;
+  p.expert = expert;
+  params_.push_back(std::move(p));
+}
 
-struct TableBuilder {
-  std::vector<ParamInfo> params;
+void ParamTableBuilder::linear(const std::string& name, std::int64_t in, std::int64_t out, TpSplit split, bool bias,
+                               std::vector<std::int64_t> segments) {
+  const bool column = split == TpSplit::column;
+  add(name + ".weight", {in, out}, split, column ? 1 : 0, segments, true, true);
+  if (bias) add(name + ".bias", {out}, column ? TpSplit::column : TpSplit::replicated, 0, column ? segments : std::vector<std::int64_t>{});
+}
 
-  void add(std::string name, int layer, std::vector<std::int64_t> shape, TpSplit split = TpSplit::replicated,
-           int split_dim = 0, std::vector<std::int64_t> segments = {}, bool matmul = false, bool decay = false,
-           bool expert = false) {
-    ParamInfo p;
-    p.name = std::move(name);
-    p.layer = layer;
-    p.shape = std::move(shape);
-    p.split = split;
-    p.split_dim = split_dim;
-    std::size_t d = static_cast<std::size_t>(split_dim + (expert ? 1 : 0));
-    p.segments = segments.empty() ? std::vector<std::int64_t>{p.shape[d]} : std::move(segments);
-    p.matmul = matmul;
-    p.weight_decay = decay;
-    p.expert = expert;
-    params.push_back(std::move(p));
-  }
-  // A linear layer (in -> out), its weight split as `split`; the bias of a
-  // column-parallel layer is split with it, that of a row-parallel one is not.
-  void linear(const ModelSpec& m, const std::string& name, int layer, std::int64_t in, std::int64_t out,
-              TpSplit split, std::vector<std::int64_t> segments = {}) {
-    add(name + ".weight", layer, {in, out}, split, split == TpSplit::column ? 1 : 0, segments, true, true);
-    if (m.bias)
-      add(name + ".bias", layer, {out}, split == TpSplit::column ? TpSplit::column : TpSplit::replicated, 0,
-          split == TpSplit::column ? segments : std::vector<std::int64_t>{});
-  }
-  void norm(const ModelSpec& m, const std::string& name, int layer) {
-    add(name + ".weight", layer, {m.hidden});
-    if (m.norm == NormKind::layernorm && m.bias) add(name + ".bias", layer, {m.hidden});
-  }
-};
-
-}  // namespace
+void ParamTableBuilder::norm(const std::string& name, std::int64_t width, NormKind kind) {
+  add(name + ".weight", {width});
+  if (kind == NormKind::layernorm) add(name + ".bias", {width});
+}
 
 std::vector<ParamInfo> parameter_table(const ModelSpec& m) {
-  TableBuilder b;
-  const std::int64_t C = m.hidden, D = m.head_dim(), H = m.heads, G = m.kv_heads, F = m.ffn;
-  b.add("embed.tokens", -1, {m.vocab, C}, TpSplit::vocab, 0);
-  if (m.position == PositionKind::learned) b.add("embed.positions", -1, {m.seq_len, C});
-  for (int l = 0; l < m.layers; ++l) {
-    std::string p = "layers." + std::to_string(l);
-    b.norm(m, p + ".norm1", l);
-    b.linear(m, p + ".attn.qkv", l, C, (H + 2 * G) * D, TpSplit::column, {H * D, G * D, G * D});
-    b.linear(m, p + ".attn.out", l, H * D, C, TpSplit::row);
-    b.norm(m, p + ".norm2", l);
-    const bool glu = m.activation == Activation::swiglu;
-    const std::int64_t up = glu ? 2 * F : F;
-    const std::vector<std::int64_t> up_segments = glu ? std::vector<std::int64_t>{F, F} : std::vector<std::int64_t>{F};
-    if (m.moe()) {
-      b.add(p + ".moe.router", l, {C, m.experts}, TpSplit::replicated, 0, {}, true, false);
-      b.add(p + ".moe.up", l, {m.experts, C, up}, TpSplit::column, 1, up_segments, true, true, true);
-      b.add(p + ".moe.down", l, {m.experts, F, C}, TpSplit::row, 0, {}, true, true, true);
-    } else {
-      b.linear(m, p + ".mlp.up", l, C, up, TpSplit::column, up_segments);
-      b.linear(m, p + ".mlp.down", l, F, C, TpSplit::row);
-    }
+  std::vector<ParamInfo> out;
+  for (const auto& block : model_blocks(m)) {
+    std::vector<ParamInfo> p = block->parameters();
+    std::move(p.begin(), p.end(), std::back_inserter(out));
   }
-  b.norm(m, "final_norm", m.layers);
-  if (!m.tied_embeddings) b.add("head", m.layers, {C, m.vocab}, TpSplit::vocab, 1, {}, true, true);
-  return b.params;
+  return out;
 }
 
 std::int64_t padded_vocab(const ModelSpec& m, int tp) {

@@ -35,8 +35,30 @@ struct ParamInfo {
   std::int64_t numel() const;
 };
 
-// Every parameter in model order: embeddings, layers, final norm, untied head.
+// Every parameter in model order: the blocks' parameters (models/block.h),
+// first block to last (for a decoder: embeddings, layers, final norm, untied head).
 std::vector<ParamInfo> parameter_table(const ModelSpec& m);
+
+// Builds a block's entries of the table.
+class ParamTableBuilder {
+ public:
+  explicit ParamTableBuilder(int layer) : layer_(layer) {}
+  // One tensor; `segments` default to the whole split dimension.
+  void add(std::string name, std::vector<std::int64_t> shape, TpSplit split = TpSplit::replicated, int split_dim = 0,
+           std::vector<std::int64_t> segments = {}, bool matmul = false, bool decay = false, bool expert = false);
+  // A linear layer (in -> out), its weight split as `split`; the bias (when
+  // `bias`) of a column-parallel layer is split with it, that of a
+  // row-parallel or replicated one is not.
+  void linear(const std::string& name, std::int64_t in, std::int64_t out, TpSplit split, bool bias,
+              std::vector<std::int64_t> segments = {});
+  // A norm's weight (and a LayerNorm's bias) over `width`.
+  void norm(const std::string& name, std::int64_t width, NormKind kind);
+  std::vector<ParamInfo> take() { return std::move(params_); }
+
+ private:
+  int layer_;
+  std::vector<ParamInfo> params_;
+};
 
 // Vocabulary rows held in total when the embedding is split over tp ranks:
 // padded up to a multiple of tp so every shard is equal (Megatron pads too).

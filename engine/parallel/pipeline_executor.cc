@@ -32,7 +32,7 @@ int PipelineExecutor::tag(const schedule::Action& a, int microbatches) const {
   return (boundary * microbatches + a.microbatch) * 2 + (grad ? 1 : 0);
 }
 
-void PipelineExecutor::run(Backend& b, const Shape& activation, const PipelineCompute& compute, DType dtype) {
+void PipelineExecutor::run(Backend& b, const PipelineCompute& compute, DType dtype) {
   using K = schedule::Action;
   const int m = schedule_.layout.microbatches, last = schedule_.layout.virtual_stages() - 1;
   // Tensors between a compute action and its communication, by (chunk, micro-batch).
@@ -42,7 +42,7 @@ void PipelineExecutor::run(Backend& b, const Shape& activation, const PipelineCo
     const int s = schedule::virtual_stage(schedule_.layout, a);
     switch (a.kind) {
       case K::recv_act: {
-        Tensor x = b.empty(activation, dtype);
+        Tensor x = b.empty(compute.boundary(a.chunk, a.microbatch, false), dtype);
         b.recv(x, peer(a), tag(a, m));
         inputs[key] = x;
         break;
@@ -62,7 +62,7 @@ void PipelineExecutor::run(Backend& b, const Shape& activation, const PipelineCo
         outputs.erase(key);
         break;
       case K::recv_grad: {
-        Tensor g = b.empty(activation, dtype);
+        Tensor g = b.empty(compute.boundary(a.chunk, a.microbatch, true), dtype);
         b.recv(g, peer(a), tag(a, m));
         douts[key] = g;
         break;
@@ -85,9 +85,7 @@ void PipelineExecutor::run(Backend& b, const Shape& activation, const PipelineCo
   }
 }
 
-void PipelineExecutor::run_forward(Backend& b, const std::vector<Shape>& activations,
-                                   const PipelineCompute& compute, DType dtype) {
-  const int microbatches = static_cast<int>(activations.size());
+void PipelineExecutor::run_forward(Backend& b, int microbatches, const PipelineCompute& compute, DType dtype) {
   const schedule::PipelineLayout& layout = schedule_.layout;
   const int last = layout.virtual_stages() - 1;
   for (int j = 0; j < microbatches; ++j)
@@ -97,7 +95,7 @@ void PipelineExecutor::run_forward(Backend& b, const std::vector<Shape>& activat
       Tensor in;
       if (s > 0) {
         const schedule::Action r{schedule::Action::recv_act, stage_, c, j};
-        in = b.empty(activations[static_cast<std::size_t>(j)], dtype);
+        in = b.empty(compute.boundary(c, j, false), dtype);
         b.recv(in, peer(r), tag(r, microbatches));
       }
       Tensor out = compute.forward(c, j, in);

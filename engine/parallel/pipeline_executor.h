@@ -8,7 +8,7 @@
 // between virtual stages s and s+1 is e = s, and
 //   tag = (e·m + j)·2 + (0 for activations, 1 for gradients)
 // so a receive pairs with exactly one send whatever order the peers issue.
-// Legend: B batch, T sequence, C hidden; p stages, v chunks, m micro-batches.
+// Legend: R rows, X width at a chunk boundary; p stages, v chunks, m micro-batches.
 #pragma once
 
 #include <functional>
@@ -25,12 +25,16 @@ namespace meshtrain {
 
 // The compute a pipeline rank runs, by local model chunk c and micro-batch j.
 struct PipelineCompute {
-  // Forward of (c, j) on `input` (B, T, C), undefined for virtual stage 0.
-  // Returns the output (B, T, C); ignored for the last virtual stage.
+  // Forward of (c, j) on `input` (R, X), undefined for virtual stage 0.
+  // Returns the output (R, X); ignored for the last virtual stage.
   std::function<Tensor(int chunk, int microbatch, const Tensor& input)> forward;
-  // Backward of (c, j) with `dout` (B, T, C), undefined for the last virtual
+  // Backward of (c, j) with `dout` (R, X), undefined for the last virtual
   // stage. Returns d input; ignored for virtual stage 0.
   std::function<Tensor(int chunk, int microbatch, const Tensor& dout)> backward;
+  // The shape of local chunk c's input (output = false) or output for
+  // micro-batch j: what arrives from, or leaves to, its neighbours (and the
+  // gradients that go the other way).
+  std::function<Shape(int chunk, int microbatch, bool output)> boundary;
 };
 
 class PipelineExecutor {
@@ -43,14 +47,14 @@ class PipelineExecutor {
   int stage() const { return stage_; }
 
   // Runs this rank's actions in order. Activations and their gradients
-  // between stages are `activation` shaped, of `dtype` (16-bit under mixed precision).
-  void run(Backend& b, const Shape& activation, const PipelineCompute& compute, DType dtype = DType::f32);
-  // Forward only (evaluation): every micro-batch j through every local chunk,
-  // in (micro-batch, chunk) order, which needs no schedule: each forward's
-  // input comes from a forward that is earlier in its own rank's order.
-  // activations[j] is micro-batch j's (B, T, C).
-  void run_forward(Backend& b, const std::vector<Shape>& activations, const PipelineCompute& compute,
-                   DType dtype = DType::f32);
+  // between stages are shaped as compute.boundary says, of `dtype` (16-bit
+  // under mixed precision).
+  void run(Backend& b, const PipelineCompute& compute, DType dtype = DType::f32);
+  // Forward only (evaluation) of `microbatches`: every micro-batch j through
+  // every local chunk, in (micro-batch, chunk) order, which needs no
+  // schedule: each forward's input comes from a forward that is earlier in
+  // its own rank's order.
+  void run_forward(Backend& b, int microbatches, const PipelineCompute& compute, DType dtype = DType::f32);
 
  private:
   PipelineExecutor(schedule::Schedule s, const Mesh& mesh, int rank);

@@ -6,7 +6,7 @@
 #include <random>
 
 #include "backends/cpu/cpu_backend.h"
-#include "models/gpt.h"
+#include "models/model_chunk.h"
 
 using namespace meshtrain;
 
@@ -35,7 +35,7 @@ ModelSpec tiny_llama() {
 struct Fixture {
   CpuBackend b;
   ModelSpec m;
-  GptChunk chunk;
+  ModelChunk chunk;
   MicroBatch mb;
   Fixture(const ModelSpec& spec, std::uint64_t seed, int batch, int seq)
       : m(spec), chunk(b, m, ChunkLayers{0, spec.layers, true, true}, TensorParallel{Group{0, {0}}, 0, 1}, {}) {
@@ -117,7 +117,7 @@ TEST_CASE("full recomputation gives the same gradient bits", "[gpt]") {
   Fixture plain(tiny_gpt2(), 3, 2, 16);
   CpuBackend b;
   ModelSpec m = tiny_gpt2();
-  GptChunk recompute(b, m, ChunkLayers{0, m.layers, true, true}, TensorParallel{Group{0, {0}}, 0, 1},
+  ModelChunk recompute(b, m, ChunkLayers{0, m.layers, true, true}, TensorParallel{Group{0, {0}}, 0, 1},
                      ChunkOptions{Recompute::full, 0.f});
   recompute.parameters().initialize(3);
   MicroBatch mb = plain.mb;
@@ -142,8 +142,8 @@ TEST_CASE("full recomputation gives the same gradient bits", "[gpt]") {
 TEST_CASE("a tensor-parallel shard initialises to the slice of the full tensor", "[gpt]") {
   ModelSpec m = tiny_gpt2();
   CpuBackend b;
-  GptChunk whole(b, m, ChunkLayers{0, 2, true, true}, TensorParallel{Group{0, {0}}, 0, 1}, {});
-  GptChunk shard(b, m, ChunkLayers{0, 2, true, true}, TensorParallel{Group{0, {0, 1}}, 1, 2}, {});
+  ModelChunk whole(b, m, ChunkLayers{0, 2, true, true}, TensorParallel{Group{0, {0}}, 0, 1}, {});
+  ModelChunk shard(b, m, ChunkLayers{0, 2, true, true}, TensorParallel{Group{0, {0, 1}}, 1, 2}, {});
   whole.parameters().initialize(5);
   shard.parameters().initialize(5);
   const ParamSlot& full_qkv = whole.parameters()["layers.1.attn.qkv.weight"];

@@ -1,0 +1,158 @@
+#include "models/block_context.h"
+
+#include "models/init.h"
+
+namespace meshtrain {
+
+BlockContext::BlockContext(Backend& backend, const ModelSpec& spec, ParameterStore& store, TensorParallel tensor,
+                           ChunkOptions chunk_options)
+    : b(backend),
+      m(spec),
+      params(store),
+      tp(std::move(tensor)),
+      options(chunk_options),
+      act(chunk_options.storage.value_dtype),
+      sp(chunk_options.sequence_parallel && tp.size > 1) {}
+
+void BlockContext::tp_all_reduce(Tensor& x) {
+  if (tp.size > 1) b.all_reduce(x, tp.group, ReduceOp::sum);
+}
+
+DropoutOp BlockContext::dropout(const MicroBatch& mb, int layer, int site, std::int64_t rows,
+                                std::int64_t width) const {
+  const std::uint64_t offset = sp ? static_cast<std::uint64_t>(tp.rank * rows * width) : 0;
+  return {options.dropout, mix64(mb.dropout_seed ^ mix64(static_cast<std::uint64_t>(layer + 2) * 8 + site)),
+          offset};
+}
+
+Tensor BlockContext::sp_gather(const Tensor& x) {
+  const std::int64_t width = x.shape().back();
+  Tensor full = b.empty(Shape{x.numel() / width * tp.size, width}, x.dtype());
+  b.all_gather(x, full, tp.group);
+  return full;
+}
+
+Tensor BlockContext::sp_scatter(const Tensor& x) {
+  const std::int64_t width = x.shape().back();
+  Tensor shard = b.empty(Shape{x.numel() / width / tp.size, width}, x.dtype());
+  b.reduce_scatter(x, shard, tp.group, ReduceOp::sum);
+  return shard;
+}
+
+Tensor BlockContext::local_part(const Tensor& x) {
+  const std::int64_t width = x.shape().back(), rows = x.numel() / width / tp.size;
+  Tensor part = b.empty(Shape{rows, width}, x.dtype());
+  b.copy(x.view(Shape{rows * tp.size, width}).rows(tp.rank * rows, rows), part);
+  return part;
+}
+
+void BlockContext::norm_forward(const std::string& prefix, const Tensor& x, Tensor& out, Tensor& mean,
+                                Tensor& rstd) {
+  const ParamSlot& w = params[prefix + ".weight"];
+  const std::int64_t width = w.numel, rows = x.numel() / width;
+  out = b.empty(Shape{rows, width}, act);
+  rstd = b.empty(Shape{rows});
+  const Tensor x2 = x.view(Shape{rows, width});
+  if (m.norm == NormKind::layernorm) {
+    mean = b.empty(Shape{rows});
+    b.layernorm_forward(x2, w.value, params[prefix + ".bias"].value, out, mean, rstd, m.norm_eps);
+  } else {
+    b.rmsnorm_forward(x2, w.value, out, rstd, m.norm_eps);
+  }
+}
+
+void BlockContext::norm_backward(const std::string& prefix, const Tensor& dout, const Tensor& x, const Tensor& mean,
+                                 const Tensor& rstd, Tensor& dx, bool sharded_rows) {
+  const ParamSlot& w = params[prefix + ".weight"];
+  const std::int64_t width = w.numel, rows = x.numel() / width;
+  dx = b.empty(Shape{rows, width}, act);
+  const bool layernorm = m.norm == NormKind::layernorm;
+  const bool partial_rows = sp && sharded_rows;
+  Tensor dw = w.grad, db = layernorm ? params[prefix + ".bias"].grad : Tensor();
+  Tensor partial;  // (C or 2C) this sequence shard's part of the weight (and bias) gradient
+  if (partial_rows) {
+    partial = b.empty(Shape{(layernorm ? 2 : 1) * width});
+    b.fill(partial, 0.f);
+    dw = partial.slice(0, width);
+    if (layernorm) db = partial.slice(width, width);
+  }
+  const Tensor x2 = x.view(Shape{rows, width}), dout2 = dout.view(Shape{rows, width});
+  if (layernorm) b.layernorm_backward(dout2, x2, w.value, mean, rstd, dx, dw, db);
+  else b.rmsnorm_backward(dout2, x2, w.value, rstd, dx, dw);
+  if (!partial_rows) return;
+  // Each tp rank saw only its rows: the replicated norm's gradient sums the shards' parts.
+  b.all_reduce(partial, tp.group, ReduceOp::sum);
+  Tensor grad = w.grad;
+  b.add(grad, partial.slice(0, width), grad);
+  if (layernorm) {
+    Tensor bias_grad = params[prefix + ".bias"].grad;
+    b.add(bias_grad, partial.slice(width, width), bias_grad);
+  }
+}
+
+void BlockContext::linear(const std::string& name, const Tensor& x_in, Tensor& y, LinearKind kind) {
+  const ParamSlot& w = params[name + ".weight"];
+  const bool row = kind == LinearKind::row;
+  GemmOp op;
+  // A row-parallel bias is added once, by tp rank 0, before the all-reduce sums the partial products.
+  if (params.contains(name + ".bias") && (!row || tp.rank == 0)) op.bias = params[name + ".bias"].value;
+  const std::int64_t in = w.value.shape()[0];
+  // Sequence parallelism: a column-parallel GEMM reads every row, gathered from the shards.
+  const Tensor x = sp && kind == LinearKind::column ? sp_gather(x_in.view(Shape{x_in.numel() / in, in})) : x_in;
+  const std::int64_t rows = x.numel() / in;
+  y = b.empty(Shape{rows, w.value.shape()[1]}, act);
+  b.gemm(x.view(Shape{rows, in}), w.value, y, op);
+  if (!row) return;
+  if (sp) y = sp_scatter(y);  // each rank keeps its sequence shard of the sum
+  else tp_all_reduce(y);
+}
+
+void BlockContext::linear_backward(const std::string& name, const Tensor& x_in, const Tensor& dy_in, Tensor* dx,
+                                   LinearKind kind) {
+  const ParamSlot& w = params[name + ".weight"];
+  const std::int64_t in = w.value.shape()[0], out = w.value.shape()[1];
+  const bool row = kind == LinearKind::row, column = kind == LinearKind::column;
+  // Sequence parallelism, the conjugates of forward: a row-parallel output's gradient arrives as
+  // the sequence shard and is gathered; a column-parallel input was a shard and is gathered again.
+  const Tensor dy = sp && row ? sp_gather(dy_in.view(Shape{dy_in.numel() / out, out})) : dy_in;
+  const Tensor x = sp && column ? sp_gather(x_in.view(Shape{x_in.numel() / in, in})) : x_in;
+  const std::int64_t rows = dy.numel() / out;
+  const Tensor dy2 = dy.view(Shape{rows, out});
+  if (dx != nullptr) {
+    *dx = b.empty(Shape{rows, in}, act);
+    b.gemm(dy2, w.value, *dx, GemmOp{false, true});
+    // The input of a column-parallel layer fed every tp rank: its gradient sums their parts.
+    if (column) {
+      if (sp) *dx = sp_scatter(*dx);
+      else tp_all_reduce(*dx);
+    }
+  }
+  Tensor dw = w.grad;
+  b.gemm(x.view(Shape{rows, in}), dy2, dw, GemmOp{true, false, 1.f, 1.f});
+  if (params.contains(name + ".bias")) {
+    Tensor db = params[name + ".bias"].grad;
+    b.bias_backward(dy2, db);
+  }
+}
+
+const Tensor& BlockContext::constant_ids(const std::string& key,
+                                         const std::function<std::vector<std::int32_t>()>& build) {
+  auto it = constants_.find(key);
+  if (it != constants_.end()) return it->second;
+  const std::vector<std::int32_t> host = build();
+  Tensor t = b.empty(Shape{static_cast<std::int64_t>(host.size())}, DType::i32);
+  b.write(t, host);
+  return constants_.emplace(key, t).first->second;
+}
+
+const Tensor& BlockContext::constant_values(const std::string& key, const Shape& shape, DType dtype,
+                                            const std::function<std::vector<float>()>& build) {
+  auto it = constants_.find(key);
+  if (it != constants_.end()) return it->second;
+  const std::vector<float> host = build();
+  Tensor t = b.empty(shape, dtype);
+  b.write(t, host);
+  return constants_.emplace(key, t).first->second;
+}
+
+}  // namespace meshtrain

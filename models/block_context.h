@@ -1,0 +1,78 @@
+// BlockContext: what the blocks of one chunk share on one rank, and the
+// primitives they are written with: norms, linear layers under Megatron
+// tensor parallelism (and sequence parallelism), dropout, and the index maps
+// they upload once.
+//
+// Linear layers come in three kinds. Column-parallel: this rank's slice of
+// the output columns; under sequence parallelism its input rows are
+// all-gathered first, and in backward its input gradient is all-reduced
+// (reduce-scattered under SP) over tp. Row-parallel: this rank's slice of the
+// input; its output is all-reduced (reduce-scattered under SP), and a bias is
+// added by tp rank 0 only. Replicated: every tp rank computes the whole layer
+// on the same input (small layers such as a patch embedding or Swin's patch
+// merging); no communication, and every rank gets the same gradients.
+//
+// Legend: N rows, R this rank's rows (N, or N/tp under SP), X a width.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "backends/backend.h"
+#include "models/block.h"
+#include "models/model_spec.h"
+#include "models/parameter_store.h"
+
+namespace meshtrain {
+
+enum class LinearKind { column, row, replicated };
+
+class BlockContext {
+ public:
+  BlockContext(Backend& b, const ModelSpec& m, ParameterStore& params, TensorParallel tp, ChunkOptions options);
+
+  Backend& b;
+  const ModelSpec& m;
+  ParameterStore& params;
+  const TensorParallel tp;
+  const ChunkOptions options;
+  const DType act;  // activations (the working weights' dtype)
+  const bool sp;    // sequence parallel (and tp > 1)
+
+  // out = norm(x) with the model's norm kind over the width of `prefix`'s
+  // weight; mean is left undefined for RMSNorm. Under SP the weight
+  // gradients of a norm over this rank's rows are summed over tp
+  // (`sharded_rows`); a norm over rows every tp rank holds in full is not.
+  void norm_forward(const std::string& prefix, const Tensor& x, Tensor& out, Tensor& mean, Tensor& rstd);
+  void norm_backward(const std::string& prefix, const Tensor& dout, const Tensor& x, const Tensor& mean,
+                     const Tensor& rstd, Tensor& dx, bool sharded_rows = true);
+  // y (N, out) = x · W [+ b] (b when `name`.bias exists).
+  void linear(const std::string& name, const Tensor& x, Tensor& y, LinearKind kind);
+  // dx = dy · Wᵀ, dW += xᵀ · dy, db += Σ dy; `dx` null: the input needs no gradient.
+  void linear_backward(const std::string& name, const Tensor& x, const Tensor& dy, Tensor* dx, LinearKind kind);
+  void tp_all_reduce(Tensor& x);
+  // Rows of a (N, ·) tensor on this rank: N, or N/tp under sequence parallelism.
+  std::int64_t local_rows(std::int64_t n) const { return sp ? n / tp.size : n; }
+  // (R, X) sequence shards -> (R·tp, X) every row, and (R·tp, X) partial sums -> this rank's (R, X).
+  Tensor sp_gather(const Tensor& x);
+  Tensor sp_scatter(const Tensor& x);
+  // This rank's rows of a (N, X) tensor every tp rank holds in full, as a tensor of their own.
+  Tensor local_part(const Tensor& x);
+  // Counter-based dropout mask of one site: a sequence shard draws the mask
+  // elements of its rows of the whole (N, width) tensor.
+  DropoutOp dropout(const MicroBatch& mb, int layer, int site, std::int64_t rows, std::int64_t width) const;
+
+  // An index map (or any constant i32 tensor) built on the host once per key
+  // and kept for the chunk's lifetime (window partitions, merges, positions).
+  const Tensor& constant_ids(const std::string& key, const std::function<std::vector<std::int32_t>()>& build);
+  // The same for f32 constants (attention masks, pooling weights), in `dtype`.
+  const Tensor& constant_values(const std::string& key, const Shape& shape, DType dtype,
+                                const std::function<std::vector<float>()>& build);
+
+ private:
+  std::map<std::string, Tensor> constants_;
+};
+
+}  // namespace meshtrain

@@ -1,0 +1,89 @@
+// model_blocks: each model family as its list of blocks (models/block.h).
+#include <fmt/format.h>
+
+#include "models/block.h"
+#include "models/decoder_blocks.h"
+#include "models/transformer_layer.h"
+#include "models/vision_blocks.h"
+
+namespace meshtrain {
+
+namespace {
+
+std::string layer_name(int layer) { return "layers." + std::to_string(layer); }
+
+void add_decoder(const ModelSpec& m, ModelBlocks& out) {
+  out.push_back(std::make_unique<TokenEmbeddingDef>(m));
+  LayerShape shape;
+  shape.width = m.hidden;
+  shape.heads = m.heads, shape.kv_heads = m.kv_heads, shape.ffn = m.ffn;
+  shape.causal = true;
+  shape.rope = m.position == PositionKind::rope;
+  shape.rope_theta = m.rope_theta;
+  shape.activation = m.activation;
+  shape.bias = m.bias;
+  shape.experts = m.experts, shape.top_k = m.top_k;
+  for (int l = 0; l < m.layers; ++l)
+    out.push_back(std::make_unique<TransformerLayerDef>(l, layer_name(l), shape, m.norm));
+  out.push_back(std::make_unique<LmHeadDef>(m));
+}
+
+void add_vit(const ModelSpec& m, ModelBlocks& out) {
+  out.push_back(std::make_unique<PatchEmbeddingDef>(m));
+  LayerShape shape;
+  shape.width = m.hidden;
+  shape.heads = shape.kv_heads = m.heads;
+  shape.ffn = m.ffn;
+  shape.causal = false;  // every patch reads every patch and the class token
+  shape.activation = m.activation;
+  shape.bias = m.bias;
+  shape.tokens = m.seq_len;
+  for (int l = 0; l < m.layers; ++l)
+    out.push_back(std::make_unique<TransformerLayerDef>(l, layer_name(l), shape, m.norm));
+  out.push_back(std::make_unique<ClassifierHeadDef>(m, m.seq_len, m.hidden, true));
+}
+
+void add_swin(const ModelSpec& m, ModelBlocks& out) {
+  out.push_back(std::make_unique<PatchEmbeddingDef>(m));
+  int layer = 0, grid = m.patch_grid(), width = m.hidden, ffn = m.ffn;
+  for (std::size_t stage = 0; stage < m.depths.size(); ++stage) {
+    if (stage > 0) {
+      out.push_back(std::make_unique<PatchMergingDef>(layer, layer_name(layer) + ".merge", grid, width, m.norm));
+      ++layer;
+      grid = (grid + 1) / 2, width *= 2, ffn *= 2;
+    }
+    LayerShape shape;
+    shape.width = width;
+    shape.heads = shape.kv_heads = m.stage_heads[stage];
+    shape.ffn = ffn;
+    shape.causal = false;
+    shape.activation = m.activation;
+    shape.bias = m.bias;
+    shape.grid = grid;
+    shape.tokens = grid * grid;
+    // A grid no larger than the window is one window, never shifted (Liu et al.'s rule).
+    shape.window = std::min(m.window, grid);
+    for (int d = 0; d < m.depths[stage]; ++d) {
+      shape.shift = (d % 2 == 1 && grid > m.window) ? m.window / 2 : 0;
+      out.push_back(std::make_unique<TransformerLayerDef>(layer, layer_name(layer), shape, m.norm));
+      ++layer;
+    }
+  }
+  out.push_back(std::make_unique<ClassifierHeadDef>(m, grid * grid, width, false));
+}
+
+}  // namespace
+
+ModelBlocks model_blocks(const ModelSpec& m) {
+  ModelBlocks out;
+  switch (m.family) {
+    case ModelFamily::decoder: add_decoder(m, out); break;
+    case ModelFamily::vit: add_vit(m, out); break;
+    case ModelFamily::swin: add_swin(m, out); break;
+  }
+  return out;
+}
+
+std::int64_t loss_terms_per_sample(const ModelSpec& m, std::int64_t seq) { return m.vision() ? 1 : seq; }
+
+}  // namespace meshtrain

@@ -1,0 +1,110 @@
+#include "models/model_chunk.h"
+
+#include <algorithm>
+#include <iterator>
+
+namespace meshtrain {
+
+struct ChunkActivations {
+  std::vector<std::unique_ptr<Block::Saved>> blocks;  // by position in the chunk
+  std::vector<Tensor> inputs;                         // a recomputed block's input
+};
+void ChunkActivationsDeleter::operator()(ChunkActivations* a) const { delete a; }
+
+namespace {
+
+// Blocks [begin, end) of the model's list for `layers` (hook index h is block h + 1).
+std::pair<std::size_t, std::size_t> block_range(const ModelSpec& m, const ChunkLayers& c) {
+  const std::size_t begin = c.embedding ? 0 : static_cast<std::size_t>(c.first + 1);
+  const std::size_t end = c.head ? static_cast<std::size_t>(m.layers + 2) : static_cast<std::size_t>(c.last + 1);
+  return {begin, end};
+}
+
+std::vector<ParamInfo> chunk_parameters(const ModelBlocks& defs, std::size_t begin, std::size_t end) {
+  std::vector<ParamInfo> own, borrowed;
+  for (std::size_t i = begin; i < end; ++i) {
+    std::vector<ParamInfo> p = defs[i]->parameters();
+    std::move(p.begin(), p.end(), std::back_inserter(own));
+  }
+  for (std::size_t i = begin; i < end; ++i)
+    for (const std::string& name : defs[i]->borrowed()) {
+      const bool held = std::any_of(own.begin(), own.end(), [&](const ParamInfo& p) { return p.name == name; }) ||
+                        std::any_of(borrowed.begin(), borrowed.end(), [&](const ParamInfo& p) { return p.name == name; });
+      if (held) continue;
+      // A copy of the owner's parameter (a tied head on a chunk without the embedding).
+      for (std::size_t j = 0; j < begin; ++j)
+        for (ParamInfo& p : defs[j]->parameters())
+          if (p.name == name) borrowed.push_back(std::move(p));
+    }
+  // Model order: what is borrowed belongs to earlier blocks.
+  borrowed.insert(borrowed.end(), std::make_move_iterator(own.begin()), std::make_move_iterator(own.end()));
+  return borrowed;
+}
+
+}  // namespace
+
+ModelChunk::ModelChunk(Backend& b, const ModelSpec& m, ChunkLayers layers, TensorParallel tp, ChunkOptions options)
+    : b_(b),
+      m_(m),
+      defs_(model_blocks(m_)),
+      begin_(block_range(m_, layers).first),
+      end_(block_range(m_, layers).second),
+      layers_(layers),
+      params_(b, m_, chunk_parameters(defs_, begin_, end_), ShardCoord{tp.rank, tp.size, 0, 1}, options.storage),
+      ctx_(b, m_, params_, std::move(tp), options) {
+  for (std::size_t i = begin_; i < end_; ++i) blocks_.push_back(defs_[i]->instantiate(ctx_));
+}
+
+ModelChunk::~ModelChunk() = default;
+
+Shape ModelChunk::boundary_shape(int batch, int seq, bool output) const {
+  const BlockIo io = defs_[output ? end_ - 1 : begin_]->io(seq);
+  const std::int64_t rows = static_cast<std::int64_t>(batch) * (output ? io.tokens_out : io.tokens_in);
+  return Shape{ctx_.local_rows(rows), output ? io.width_out : io.width_in};
+}
+
+Tensor ModelChunk::forward(const MicroBatch& mb, const Tensor& input, SavedActivations& saved) {
+  saved.reset(new ChunkActivations);
+  saved->blocks.resize(blocks_.size());
+  saved->inputs.resize(blocks_.size());
+  const bool recompute = ctx_.options.recompute == Recompute::full;
+  Tensor h = input;
+  for (std::size_t k = 0; k < blocks_.size(); ++k) {
+    const BlockDef& def = *defs_[begin_ + k];
+    const bool body = def.layer() >= 0 && def.layer() < m_.layers;
+    if (hooks_.before_forward) hooks_.before_forward(def.layer());
+    if (recompute && body) {
+      saved->inputs[k] = h;  // only the block's input; backward runs its forward again
+      h = blocks_[k]->forward(mb, h, nullptr);
+    } else {
+      h = blocks_[k]->forward(mb, h, &saved->blocks[k]);
+    }
+    if (hooks_.after_forward) hooks_.after_forward(def.layer());
+  }
+  return h;
+}
+
+Tensor ModelChunk::backward(const MicroBatch& mb, SavedActivations& saved, const Tensor& dout, float loss_scale) {
+  Tensor g = dout;
+  for (std::size_t k = blocks_.size(); k-- > 0;) {
+    const BlockDef& def = *defs_[begin_ + k];
+    const bool body = def.layer() >= 0 && def.layer() < m_.layers;
+    if (hooks_.before_backward) hooks_.before_backward(def.layer());
+    std::unique_ptr<Block::Saved>& s = saved->blocks[k];
+    if (saved->inputs[k].defined()) blocks_[k]->forward(mb, saved->inputs[k], &s);
+    if (!s) s = std::make_unique<Block::Saved>();  // a block that keeps nothing
+    g = blocks_[k]->backward(mb, *s, g, loss_scale);
+    // A body block's activations go before its hook (which may reduce and free
+    // gradients); the ends' after theirs.
+    if (body) {
+      s.reset();
+      saved->inputs[k] = Tensor();
+    }
+    if (hooks_.after_backward) hooks_.after_backward(def.layer());
+    s.reset();
+  }
+  saved.reset();
+  return g;
+}
+
+}  // namespace meshtrain
