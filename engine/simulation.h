@@ -1,5 +1,7 @@
-// `meshtrain simulate`: one training iteration of a model under a plan, timed
-// on a simulated cluster by the sim backend (backends/sim/sim_backend.h).
+// One training iteration of a model under a plan, timed on a simulated
+// cluster by the sim backend (backends/sim/sim_backend.h). `meshtrain
+// simulate` prints it, `meshtrain calibrate --profile` compares it with a
+// real step, validate_sim with published runs.
 //
 // The StepEngine issues the iteration on one SimBackend per pipeline stage
 // (the rank with tp 0, dp 0 of that stage); every other rank of a stage issues
