@@ -5,7 +5,7 @@
 //
 // The StepEngine issues the iteration on one SimBackend per pipeline stage
 // (the rank with tp 0, dp 0 of that stage); every other rank of a stage issues
-// the same ops (see the equivalence assumption in sim_backend.h), so the
+// the same ops (see the equivalence assumption in sim_cluster.h), so the
 // simulated work does not grow with the data-parallel degree.
 //
 // Reported (per iteration):
@@ -43,7 +43,7 @@ struct SimulateOptions {
   bool trace = false;                             // fill SimulationResult::trace_json
   bool check_memory = true;  // an Error when a rank's peak exceeds the device memory
   // The simulated software stack (facts of the system, e.g. of a published
-  // run being reproduced): its attention kernels (sim_backend.h) and the
+  // run being reproduced): its attention kernels (sim_cluster.h) and the
   // dropout probability on hidden states (and, with unfused attention, on
   // the attention probabilities), as the training run used.
   AttentionImpl attention = AttentionImpl::flash;
