@@ -60,7 +60,7 @@ struct CostConstants {
   // so measured bus bandwidth (nccl-tests' busbw, which the ring formula turns
   // back into a per-link rate) stays below the line rate. The sim backend
   // builds its cluster with these shares applied to the NVLink and NIC
-  // bandwidths unless a calibration measured them (backends/sim/sim_backend.cc); the simulator core
+  // bandwidths unless a calibration measured them (backends/sim/sim_cluster.cc); the simulator core
   // (simulator/topology.h) keeps the line rates.
   //
   // NVLink: nccl-tests all_reduce_perf on one DGX A100 (8 GPUs, NVSwitch),

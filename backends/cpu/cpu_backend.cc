@@ -9,10 +9,10 @@
 
 #include "backends/cpu/kernels/elementwise.h"
 #include "backends/cpu/kernels/gemm.h"
-#include "backends/cpu/kernels/half.h"
 #include "backends/cpu/kernels/parallel.h"
 #include "backends/collective_checks.h"
 #include "backends/cpu/misuse.h"
+#include "backends/half.h"
 
 namespace meshtrain {
 
@@ -61,9 +61,9 @@ float load(DType t, const std::byte* p, std::int64_t i) {
     case DType::f32:
       return reinterpret_cast<const float*>(p)[i];
     case DType::bf16:
-      return cpu::bf16_to_float(reinterpret_cast<const std::uint16_t*>(p)[i]);
+      return bf16_to_float(reinterpret_cast<const std::uint16_t*>(p)[i]);
     case DType::f16:
-      return cpu::f16_to_float(reinterpret_cast<const std::uint16_t*>(p)[i]);
+      return f16_to_float(reinterpret_cast<const std::uint16_t*>(p)[i]);
     case DType::i32:
       return static_cast<float>(reinterpret_cast<const std::int32_t*>(p)[i]);
   }
@@ -76,10 +76,10 @@ void store(DType t, std::byte* p, std::int64_t i, float v) {
       reinterpret_cast<float*>(p)[i] = v;
       return;
     case DType::bf16:
-      reinterpret_cast<std::uint16_t*>(p)[i] = cpu::float_to_bf16(v);
+      reinterpret_cast<std::uint16_t*>(p)[i] = float_to_bf16(v);
       return;
     case DType::f16:
-      reinterpret_cast<std::uint16_t*>(p)[i] = cpu::float_to_f16(v);
+      reinterpret_cast<std::uint16_t*>(p)[i] = float_to_f16(v);
       return;
     case DType::i32:
       reinterpret_cast<std::int32_t*>(p)[i] = static_cast<std::int32_t>(std::lround(v));
@@ -221,10 +221,10 @@ void CpuBackend::fill(Tensor& x, float value) {
       cpu::fill(x.numel(), reinterpret_cast<float*>(p), value);
       return;
     case DType::bf16:
-      cpu::fill(x.numel(), reinterpret_cast<std::uint16_t*>(p), cpu::float_to_bf16(value));
+      cpu::fill(x.numel(), reinterpret_cast<std::uint16_t*>(p), float_to_bf16(value));
       return;
     case DType::f16:
-      cpu::fill(x.numel(), reinterpret_cast<std::uint16_t*>(p), cpu::float_to_f16(value));
+      cpu::fill(x.numel(), reinterpret_cast<std::uint16_t*>(p), float_to_f16(value));
       return;
     case DType::i32:
       cpu::fill(x.numel(), reinterpret_cast<std::int32_t*>(p),

@@ -1,6 +1,7 @@
 // Creating an NCCL communicator needs one unique id, made by one member and
 // known to all: the group's first (lowest) rank makes it and sends it to the
-// other members over a host channel (MPI in a real job, see mpi_bootstrap.h).
+// other members over a host channel (MPI in a real job: MpiIdChannel,
+// backends/comm/id_channel.h).
 // The logic is free of NCCL and MPI so it is tested with a fake channel.
 #pragma once
 
@@ -10,21 +11,13 @@
 #include <span>
 
 #include "backends/backend.h"
+#include "backends/comm/id_channel.h"
 #include "core/status.h"
 
 namespace meshtrain::cuda {
 
 inline constexpr std::size_t kUniqueIdBytes = 128;  // NCCL_UNIQUE_ID_BYTES
 using UniqueId = std::array<std::byte, kUniqueIdBytes>;
-
-// Blocking point-to-point byte messages between global ranks. Messages
-// between one pair with one tag arrive in the order sent.
-class IdChannel {
- public:
-  virtual ~IdChannel() = default;
-  virtual Status send(std::span<const std::byte> bytes, int to_global_rank, int tag) = 0;
-  virtual Status recv(std::span<std::byte> bytes, int from_global_rank, int tag) = 0;
-};
 
 // The tag of group `g`'s id messages: its id folded into MPI's guaranteed tag
 // range. Two groups may share a tag: each pair of ranks initialises its common

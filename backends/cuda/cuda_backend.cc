@@ -10,7 +10,8 @@
 #include <cstring>
 #include <vector>
 
-#include "backends/cpu/kernels/half.h"
+#include "backends/comm/id_channel.h"
+#include "backends/comm/launch.h"
 #include "backends/cuda/device_select.h"
 #include "backends/cuda/device_state.h"
 #include "backends/cuda/gemm.h"
@@ -18,6 +19,7 @@
 #include "backends/cuda/misuse.h"
 #include "backends/cuda/nccl_comm.h"
 #include "backends/cuda/op_checks.h"
+#include "backends/half.h"
 
 namespace meshtrain::cuda {
 
@@ -225,12 +227,12 @@ std::vector<std::byte> to_device_bytes(std::span<const float> host, DType dtype)
     switch (dtype) {
       case DType::f32: std::memcpy(out.data() + 4 * i, &host[i], 4); break;
       case DType::bf16: {
-        const std::uint16_t h = cpu::float_to_bf16(host[i]);
+        const std::uint16_t h = float_to_bf16(host[i]);
         std::memcpy(out.data() + 2 * i, &h, 2);
         break;
       }
       case DType::f16: {
-        const std::uint16_t h = cpu::float_to_f16(host[i]);
+        const std::uint16_t h = float_to_f16(host[i]);
         std::memcpy(out.data() + 2 * i, &h, 2);
         break;
       }
@@ -293,7 +295,7 @@ Status CudaBackend::read(const Tensor& src, std::span<float> host) {
       case DType::f16: {
         std::uint16_t h;
         std::memcpy(&h, bytes.data() + 2 * i, 2);
-        host[i] = src.dtype() == DType::bf16 ? cpu::bf16_to_float(h) : cpu::f16_to_float(h);
+        host[i] = src.dtype() == DType::bf16 ? bf16_to_float(h) : f16_to_float(h);
         break;
       }
       case DType::i32: {

@@ -1,19 +1,16 @@
 // Programming errors in the use of the cuda backend abort with a message
-// (backends/backend.h: misuse is not an Error value).
+// (backends/misuse.h).
 #pragma once
 
 #include <fmt/format.h>
 
-#include <cstdio>
-#include <cstdlib>
+#include "backends/misuse.h"
 
 namespace meshtrain::cuda {
 
 template <class... Args>
 [[noreturn]] void misuse(fmt::format_string<Args...> f, Args&&... args) {
-  std::fprintf(stderr, "meshtrain: cuda backend misuse: %s\n",
-               fmt::format(f, std::forward<Args>(args)...).c_str());
-  std::abort();
+  abort_misuse("cuda", fmt::format(f, std::forward<Args>(args)...));
 }
 
 }  // namespace meshtrain::cuda

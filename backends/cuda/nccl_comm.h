@@ -22,7 +22,6 @@
 
 #include "backends/backend.h"
 #include "backends/cuda/bootstrap.h"
-#include "backends/cuda/mpi_bootstrap.h"
 #include "backends/cuda/watchdog.h"
 
 namespace meshtrain::cuda {

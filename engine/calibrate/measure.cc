@@ -216,7 +216,7 @@ namespace {
 // A call of op `s.op` on fresh tensors of shape s, and the bytes it moves.
 Result<std::pair<std::function<void()>, double>> make_op(Backend& b, const OpShape& s) {
   const std::int64_t n = s.rows, c = s.cols;
-  // Byte counts follow backends/sim/sim_backend.cc op by op (each tensor
+  // Byte counts follow backends/sim/sim_ops.cc op by op (each tensor
   // argument the sim backend lists, once), so a lookup by the bytes the
   // simulation counts finds these entries.
   std::function<void()> op;

@@ -10,8 +10,8 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "engine/cli/plan_flags.h"
-#include "engine/cli/simulate_command.h"
 #include "engine/mesh.h"
+#include "engine/simulation.h"
 #include "engine/step_engine.h"
 #include "simulator/calibration.h"
 

@@ -21,13 +21,6 @@ struct InfoFlags {
   bool json = false;
 };
 
-std::string human_bytes(double b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (b >= 1024 && u < 4) b /= 1024, ++u;
-  return fmt::format("{:.2f} {}", b, units[u]);
-}
-
 Status run_info(const InfoFlags& f) {
   MT_ASSIGN(ModelAndPlan mp, resolve_model_and_plan(f.plan));
   const ModelSpec& m = mp.model;

@@ -5,9 +5,10 @@
 #include <memory>
 #include <optional>
 
+#include "backends/comm/launch.h"
+#include "backends/comm/mpi_environment.h"
 #include "backends/cpu/comm/in_process.h"
 #include "backends/cpu/comm/mpi_communicator.h"
-#include "backends/cpu/comm/mpi_environment.h"
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/cuda_factory.h"
 #include "core/names.h"

@@ -20,7 +20,7 @@
 
 #include <fmt/format.h>
 
-#include "engine/cli/simulate_command.h"
+#include "engine/simulation.h"
 
 namespace meshtrain {
 namespace {

@@ -29,8 +29,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "engine/cli/simulate_command.h"
 #include "engine/plan.h"
+#include "engine/simulation.h"
 #include "models/model_spec.h"
 
 namespace meshtrain {

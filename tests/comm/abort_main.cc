@@ -3,8 +3,8 @@
 // alive when that runs out, so the CTest (WILL_FAIL) passes only through the abort.
 #include <chrono>
 
+#include "backends/comm/mpi_environment.h"
 #include "backends/cpu/comm/mpi_communicator.h"
-#include "backends/cpu/comm/mpi_environment.h"
 
 using namespace meshtrain;
 

@@ -1,10 +1,11 @@
-// Launcher detection decides "threads" versus "mpi" without touching MPI.
+// Launcher detection decides "threads" versus "mpi" without touching MPI;
+// the local rank picks a rank's GPU.
 #include <catch2/catch.hpp>
 
 #include <map>
 #include <string>
 
-#include "backends/cpu/comm/mpi_environment.h"
+#include "backends/comm/launch.h"
 
 using namespace meshtrain;
 
@@ -45,4 +46,27 @@ TEST_CASE("launcher detection reads mpirun, PMI and srun variables", "[comm]") {
   CHECK(bad.error().message() == "environment variable PMI_SIZE=two is not a non-negative integer");
   auto out_of_range = detect_launch(fake({{"PMI_SIZE", "2"}, {"PMI_RANK", "2"}}));
   REQUIRE_FALSE(out_of_range.ok());
+}
+
+TEST_CASE("local rank comes from Open MPI, then Slurm, then LOCAL_RANK", "[comm]") {
+  auto r = local_rank_from_env(fake({{"OMPI_COMM_WORLD_LOCAL_RANK", "3"}, {"SLURM_LOCALID", "5"}}));
+  REQUIRE(r.ok());
+  CHECK(*r == std::optional<int>(3));
+  r = local_rank_from_env(fake({{"SLURM_LOCALID", "5"}, {"LOCAL_RANK", "1"}}));
+  REQUIRE(r.ok());
+  CHECK(*r == std::optional<int>(5));
+  r = local_rank_from_env(fake({{"LOCAL_RANK", "1"}}));
+  REQUIRE(r.ok());
+  CHECK(*r == std::optional<int>(1));
+  r = local_rank_from_env(fake({}));
+  REQUIRE(r.ok());
+  CHECK_FALSE(r->has_value());
+}
+
+TEST_CASE("malformed local ranks are refused with the variable named", "[comm]") {
+  for (const char* bad : {"", "x", "-1", "2a", " 1"}) {
+    auto r = local_rank_from_env(fake({{"SLURM_LOCALID", bad}}));
+    REQUIRE_FALSE(r.ok());
+    CHECK_THAT(r.error().message(), Catch::Contains("SLURM_LOCALID"));
+  }
 }

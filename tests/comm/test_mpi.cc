@@ -11,9 +11,10 @@
 #include <numeric>
 #include <thread>
 
+#include "backends/comm/launch.h"
+#include "backends/comm/mpi_environment.h"
 #include "backends/cpu/comm/in_process.h"
 #include "backends/cpu/comm/mpi_communicator.h"
-#include "backends/cpu/comm/mpi_environment.h"
 #include "tests/comm/reference.h"
 
 using namespace meshtrain;

@@ -4,7 +4,7 @@
 #include <cstring>
 #include <limits>
 
-#include "backends/cpu/kernels/half.h"
+#include "backends/half.h"
 #include "tests/cpu/cpu_test_util.h"
 
 namespace meshtrain {
@@ -57,10 +57,6 @@ TEST_CASE("cpu slices and views address the right elements", "[cpu]") {
 }
 
 TEST_CASE("cpu bf16 and f16 conversions round to nearest even", "[cpu]") {
-  using cpu::bf16_to_float;
-  using cpu::f16_to_float;
-  using cpu::float_to_bf16;
-  using cpu::float_to_f16;
   // Every 16-bit value survives a round trip through fp32 (NaNs stay NaN).
   for (std::uint32_t u = 0; u < 65536; ++u) {
     const auto h = static_cast<std::uint16_t>(u);
@@ -112,8 +108,8 @@ TEST_CASE("cpu cast round trips through bf16 and f16", "[cpu]") {
     const testing::Vec direct = download(b, h);  // read converts too
     for (std::size_t i = 0; i < x.size(); ++i) {
       const float xf = static_cast<float>(x[i]);
-      const float want = t == DType::bf16 ? cpu::bf16_to_float(cpu::float_to_bf16(xf))
-                                          : cpu::f16_to_float(cpu::float_to_f16(xf));
+      const float want = t == DType::bf16 ? bf16_to_float(float_to_bf16(xf))
+                                          : f16_to_float(float_to_f16(xf));
       REQUIRE(got[i] == want);
       REQUIRE(direct[i] == want);
     }
@@ -132,7 +128,7 @@ TEST_CASE("cpu cast round trips through bf16 and f16", "[cpu]") {
   b.fill(f, 0.1f);
   Tensor h = b.empty({257}, DType::bf16);
   b.fill(h, 0.1f);
-  CHECK(download(b, h)[5] == cpu::bf16_to_float(cpu::float_to_bf16(0.1f)));
+  CHECK(download(b, h)[5] == bf16_to_float(float_to_bf16(0.1f)));
 }
 
 TEST_CASE("cpu int32 tensors hold ids exactly", "[cpu]") {

@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "backends/cpu/kernels/half.h"
 #include "backends/cuda/cuda_backend.h"
+#include "backends/half.h"
 
 namespace meshtrain::cuda::testing {
 
@@ -88,8 +88,8 @@ inline double expect_close(const Vec& got, const Vec& want, double tol, const st
 // v as stored in dtype d and read back (what a 16-bit tensor holds).
 inline Vec round_to(Vec v, DType d) {
   for (auto& x : v) {
-    if (d == DType::bf16) x = cpu::bf16_to_float(cpu::float_to_bf16(x));
-    if (d == DType::f16) x = cpu::f16_to_float(cpu::float_to_f16(x));
+    if (d == DType::bf16) x = bf16_to_float(float_to_bf16(x));
+    if (d == DType::f16) x = f16_to_float(float_to_f16(x));
   }
   return v;
 }

@@ -6,9 +6,9 @@
 
 #include <mpi.h>
 
+#include "backends/comm/mpi_environment.h"
 #include "backends/cpu/comm/in_process.h"
 #include "backends/cpu/comm/mpi_communicator.h"
-#include "backends/cpu/comm/mpi_environment.h"
 #include "tests/parallel/parallel_harness.h"
 
 using namespace meshtrain;

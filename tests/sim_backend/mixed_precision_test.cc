@@ -9,8 +9,8 @@
 
 #include <string>
 
-#include "engine/cli/simulate_command.h"
 #include "engine/memory_model.h"
+#include "engine/simulation.h"
 #include "models/parameters.h"
 
 using namespace meshtrain;

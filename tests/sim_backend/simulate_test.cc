@@ -9,8 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/cli/simulate_command.h"
 #include "engine/memory_model.h"
+#include "engine/simulation.h"
 
 using namespace meshtrain;
 

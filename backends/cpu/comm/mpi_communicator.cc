@@ -7,6 +7,7 @@
 #include <cstring>
 #include <thread>
 
+#include "backends/comm/mpi_environment.h"
 #include "backends/cpu/comm/common.h"
 
 namespace meshtrain {
@@ -18,13 +19,6 @@ using Clock = std::chrono::steady_clock;
 // Tags inside a group communicator: the two phases of an all-reduce differ so a
 // reader of a trace can tell them apart; everything else uses kData.
 constexpr int kData = 0, kReduced = 1;
-
-std::string mpi_error_text(int code) {
-  char text[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  MPI_Error_string(code, text, &len);
-  return std::string(text, static_cast<std::size_t>(len));
-}
 
 std::uint64_t hash_ranks(const std::vector<int>& ranks) {
   std::uint64_t h = 1469598103934665603ull;  // FNV-1a

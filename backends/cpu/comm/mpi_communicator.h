@@ -22,8 +22,9 @@
 // timeout or an MPI error the call returns an Error naming the op, group and
 // the peers whose messages are incomplete, cancels what it can, and the
 // communicator is poisoned. The peers cannot be told: the program must then
-// call abort_job (mpi_environment.h), which stops every rank. Until it does,
-// sends that could not be cancelled may still read the caller's buffers.
+// call abort_job (backends/comm/mpi_environment.h), which stops every rank.
+// Until it does, sends that could not be cancelled may still read the
+// caller's buffers.
 #pragma once
 
 #include <mpi.h>

@@ -1,9 +1,11 @@
-// `meshtrain simulate`: one training iteration of a model under a plan, timed
-// on a simulated cluster by the sim backend (backends/sim/sim_backend.h).
+// One training iteration of a model under a plan, timed on a simulated
+// cluster by the sim backend (backends/sim/sim_backend.h). `meshtrain
+// simulate` prints it, `meshtrain calibrate --profile` compares it with a
+// real step, validate_sim with published runs.
 //
 // The StepEngine issues the iteration on one SimBackend per pipeline stage
 // (the rank with tp 0, dp 0 of that stage); every other rank of a stage issues
-// the same ops (see the equivalence assumption in sim_backend.h), so the
+// the same ops (see the equivalence assumption in sim_cluster.h), so the
 // simulated work does not grow with the data-parallel degree.
 //
 // Reported (per iteration):
@@ -41,7 +43,7 @@ struct SimulateOptions {
   bool trace = false;                             // fill SimulationResult::trace_json
   bool check_memory = true;  // an Error when a rank's peak exceeds the device memory
   // The simulated software stack (facts of the system, e.g. of a published
-  // run being reproduced): its attention kernels (sim_backend.h) and the
+  // run being reproduced): its attention kernels (sim_cluster.h) and the
   // dropout probability on hidden states (and, with unfused attention, on
   // the attention probabilities), as the training run used.
   AttentionImpl attention = AttentionImpl::flash;

@@ -1,41 +1,25 @@
-// MPI start-up and shutdown for the "mpi" communicator, and how a program
-// tells whether it was launched by mpirun or srun at all.
+// MPI start-up and shutdown for a job of processes, whichever backend runs in
+// them: the cpu backend's "mpi" communicator and the cuda backend's NCCL
+// bootstrap (id_channel.h) both need MPI initialised first.
 //
-// A plain run (no launcher variables) never touches MPI, so the engine picks
-// the "threads" communicator without MPI_Init; under a launcher it creates one
-// MpiEnvironment in main, then an MpiCommunicator.
+// A plain run (no launcher variables, launch.h) never touches MPI, so the
+// engine picks the "threads" communicator without MPI_Init; under a launcher
+// it creates one MpiEnvironment in main, then the communicators.
 #pragma once
 
 #include <chrono>
-#include <functional>
 #include <memory>
-#include <optional>
 #include <string>
 
 #include "core/status.h"
 
 namespace meshtrain {
 
-struct LaunchInfo {
-  std::string launcher;  // "mpirun" (Open MPI), "pmi" (srun --mpi=pmi2, hydra) or "srun"
-  int world_size = 1;
-  int rank = 0;
-};
-
-// Reads the variables launchers set, first found wins: OMPI_COMM_WORLD_SIZE and
-// OMPI_COMM_WORLD_RANK (Open MPI's mpirun), PMI_SIZE and PMI_RANK, then
-// SLURM_STEP_NUM_TASKS and SLURM_PROCID (any srun step). SLURM_NTASKS alone
-// is not enough: sbatch sets it in the batch script, which is one process.
-// nullopt: not launched by them. Fails on malformed values. `getenv` is
-// injectable for tests.
-using EnvLookup = std::function<const char*(const char*)>;
-Result<std::optional<LaunchInfo>> detect_launch(const EnvLookup& getenv = {});
-
 // Initialises MPI at most once per process and finalises it on destruction.
 // Thread level MPI_THREAD_SERIALIZED: one thread calls MPI at a time, but not
 // necessarily the main thread (the cpu backend may issue communication from a
 // stream worker). If MPI is already initialised the environment adopts it and
-// leaves finalising to its owner. Destroy every MpiCommunicator first.
+// leaves finalising to its owner. Destroy every communicator over MPI first.
 class MpiEnvironment {
  public:
   static Result<std::unique_ptr<MpiEnvironment>> init(int* argc, char*** argv);
@@ -65,5 +49,9 @@ class MpiEnvironment {
 // blocked elsewhere and only an abort reaches them). Without MPI (or after
 // MPI_Finalize) it exits the process with status 1.
 [[noreturn]] void abort_job(const Error& error);
+
+// MPI's text for an error code (MPI_Error_string), for the Errors that name
+// a failed MPI call.
+std::string mpi_error_text(int code);
 
 }  // namespace meshtrain

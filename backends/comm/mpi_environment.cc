@@ -1,51 +1,12 @@
-#include "backends/cpu/comm/mpi_environment.h"
+#include "backends/comm/mpi_environment.h"
 
 #include <mpi.h>
 
-#include <charconv>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
-#include <string_view>
 #include <thread>
 
 namespace meshtrain {
-
-namespace {
-
-Result<int> parse_int(const char* name, const char* text) {
-  int value = 0;
-  std::string_view s(text);
-  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
-  if (ec != std::errc() || end != s.data() + s.size() || value < 0)
-    return make_error("environment variable {}={} is not a non-negative integer", name, text);
-  return value;
-}
-
-}  // namespace
-
-Result<std::optional<LaunchInfo>> detect_launch(const EnvLookup& getenv) {
-  const EnvLookup get = getenv ? getenv : EnvLookup([](const char* n) { return std::getenv(n); });
-  struct Source {
-    const char* launcher;
-    const char* size;
-    const char* rank;
-  };
-  for (const Source& s : {Source{"mpirun", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"},
-                          Source{"pmi", "PMI_SIZE", "PMI_RANK"},
-                          Source{"srun", "SLURM_STEP_NUM_TASKS", "SLURM_PROCID"}}) {
-    const char* size = get(s.size);
-    if (size == nullptr) continue;
-    const char* rank = get(s.rank);
-    if (rank == nullptr) return make_error("{} is set but {} is not", s.size, s.rank);
-    MT_ASSIGN(int world, parse_int(s.size, size));
-    MT_ASSIGN(int r, parse_int(s.rank, rank));
-    if (world < 1 || r >= world)
-      return make_error("{}={} and {}={} do not describe a rank of a world", s.size, size, s.rank, rank);
-    return std::optional<LaunchInfo>(LaunchInfo{s.launcher, world, r});
-  }
-  return std::optional<LaunchInfo>();
-}
 
 Result<std::unique_ptr<MpiEnvironment>> MpiEnvironment::init(int* argc, char*** argv) {
   int initialised = 0, finalised = 0;
@@ -96,6 +57,13 @@ void abort_job(const Error& error) {
   MPI_Finalized(&finalised);
   if (initialised && !finalised) MPI_Abort(MPI_COMM_WORLD, 1);
   std::exit(1);
+}
+
+std::string mpi_error_text(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(code, text, &len);
+  return std::string(text, static_cast<std::size_t>(len));
 }
 
 }  // namespace meshtrain

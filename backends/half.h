@@ -1,11 +1,13 @@
-// bf16 and IEEE fp16 <-> fp32 conversions, round to nearest even, with
-// subnormals, infinities and NaN (kept quiet) handled as the hardware does.
+// bf16 and IEEE fp16 <-> fp32 conversions on the host, round to nearest
+// even, with subnormals, infinities and NaN (kept quiet) handled as the
+// hardware does: the storage of DType::bf16 and DType::f16 as every backend
+// reads and writes it (cpu tensors, cuda uploads and downloads).
 #pragma once
 
 #include <bit>
 #include <cstdint>
 
-namespace meshtrain::cpu {
+namespace meshtrain {
 
 inline std::uint16_t float_to_bf16(float f) {
   std::uint32_t x = std::bit_cast<std::uint32_t>(f);
@@ -50,4 +52,4 @@ inline float f16_to_float(std::uint16_t h) {
   return std::bit_cast<float>(sign | ((exp + 112u) << 23) | (mant << 13));
 }
 
-}  // namespace meshtrain::cpu
+}  // namespace meshtrain

@@ -1,21 +1,14 @@
-#include "backends/cuda/mpi_bootstrap.h"
+#include "backends/comm/id_channel.h"
 
 #include <mpi.h>
 
-namespace meshtrain::cuda {
+#include "backends/comm/mpi_environment.h"
+
+namespace meshtrain {
 
 struct MpiIdChannel::Comm {
   MPI_Comm comm = MPI_COMM_NULL;
 };
-
-namespace {
-std::string mpi_error(int code) {
-  char text[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  MPI_Error_string(code, text, &len);
-  return std::string(text, static_cast<std::size_t>(len));
-}
-}  // namespace
 
 Result<std::unique_ptr<MpiIdChannel>> MpiIdChannel::create() {
   int initialised = 0;
@@ -24,7 +17,7 @@ Result<std::unique_ptr<MpiIdChannel>> MpiIdChannel::create() {
     return make_error("MPI is not initialised: a multi-rank cuda backend needs an MpiEnvironment");
   auto comm = std::make_unique<Comm>();
   if (int e = MPI_Comm_dup(MPI_COMM_WORLD, &comm->comm); e != MPI_SUCCESS)
-    return make_error("MPI_Comm_dup: {}", mpi_error(e));
+    return make_error("MPI_Comm_dup: {}", mpi_error_text(e));
   MPI_Comm_set_errhandler(comm->comm, MPI_ERRORS_RETURN);
   int rank = 0, world = 1;
   MPI_Comm_rank(comm->comm, &rank);
@@ -44,7 +37,7 @@ MpiIdChannel::~MpiIdChannel() {
 Status MpiIdChannel::send(std::span<const std::byte> bytes, int to, int tag) {
   if (int e = MPI_Send(bytes.data(), static_cast<int>(bytes.size()), MPI_BYTE, to, tag, comm_->comm);
       e != MPI_SUCCESS)
-    return make_error("MPI_Send to rank {}: {}", to, mpi_error(e));
+    return make_error("MPI_Send to rank {}: {}", to, mpi_error_text(e));
   return ok_status();
 }
 
@@ -52,8 +45,8 @@ Status MpiIdChannel::recv(std::span<std::byte> bytes, int from, int tag) {
   if (int e = MPI_Recv(bytes.data(), static_cast<int>(bytes.size()), MPI_BYTE, from, tag,
                        comm_->comm, MPI_STATUS_IGNORE);
       e != MPI_SUCCESS)
-    return make_error("MPI_Recv from rank {}: {}", from, mpi_error(e));
+    return make_error("MPI_Recv from rank {}: {}", from, mpi_error_text(e));
   return ok_status();
 }
 
-}  // namespace meshtrain::cuda
+}  // namespace meshtrain

@@ -1,0 +1,179 @@
+// Collectives and send/recv on the sim backend: executor collectives and
+// flows among representatives, analytic durations where members are not
+// simulated, and the per-kind statistics of both.
+#include "backends/sim/sim_backend.h"
+
+#include <fmt/format.h>
+
+#include <numeric>
+
+#include "backends/sim/sim_internal.h"
+
+namespace meshtrain {
+
+using sim_internal::misuse;
+using sim_internal::seconds;
+
+Result<sim::Time> SimCluster::analytic(const sim::CollectiveRequest& request) {
+  auto key = std::make_tuple(static_cast<int>(request.kind), request.bytes, request.members);
+  if (auto it = analytic_cache_.find(key); it != analytic_cache_.end()) return it->second;
+  const int n = static_cast<int>(request.members.size());
+  sim::Time t = 0;
+  std::optional<double> busbw;
+  if (options_.calibration != nullptr)
+    busbw = options_.calibration->collective_busbw(request.kind, n, request.bytes);
+  if (busbw && *busbw > 0) {
+    // Measured bus bandwidth already includes per-step costs (as CollectiveEngine uses it).
+    t = static_cast<sim::Time>(request.bytes * sim::busbw_factor(request.kind, n) / *busbw *
+                               static_cast<double>(sim::kSecond));
+  } else {
+    MT_ASSIGN(sim::CollectivePlan plan, sim::plan_collective(cluster_, constants_, request));
+    t = sim::analytic_time(cluster_, constants_, plan);
+  }
+  analytic_cache_.emplace(std::move(key), t);
+  return t;
+}
+
+void SimCluster::collective(int rank, sim::StreamId stream, const Group& g,
+                            sim::CollectiveRequest request) {
+  if (error_) return;
+  if (g.index_of(rank) < 0) misuse("collective on group {}: rank {} is not a member", g.id, rank);
+  request.members = g.ranks;
+  const char* kind = sim::collective_kind_name(request.kind);
+  std::vector<int> simulated_members;
+  for (int r : g.ranks)
+    if (simulated(r)) simulated_members.push_back(r);
+  const bool all = simulated_members.size() == g.ranks.size();
+  sim::Executor& ex = *executor_;
+  if (all || simulated_members.size() > 1) {
+    // The k-th call of this member on the group is the group's k-th collective.
+    std::vector<sim::CollectiveId>& list = group_collectives_[g.id];
+    const std::size_t k = joined_[{g.id, rank}]++;
+    if (k == list.size()) {
+      sim::CollectiveRequest joined = request;
+      joined.members = simulated_members;
+      // Only some members are simulated: they meet with no payload, and the
+      // full collective is timed analytically below.
+      if (!all) joined.bytes = 0;
+      auto id = ex.add_collective(joined, ex.intern(kind));
+      if (!id)
+        return fail(std::move(id).error().context(fmt::format("{} on group {}", kind, g.id)));
+      list.push_back(*id);
+      // The executor reports its collectives' time and count, not their
+      // bytes: count them here, once, when the collective is created.
+      if (all) analytic_stats_[static_cast<std::size_t>(request.kind)].bytes += request.bytes;
+    }
+    if (Status s = ex.join_collective(stream, list[k]); !s) return fail(std::move(s).error());
+    if (all) return;
+  }
+  if (g.size() == 1) return;
+  auto t = analytic(request);
+  if (!t) return fail(std::move(t).error().context(fmt::format("{} on group {}", kind, g.id)));
+  if (Status s = ex.compute(stream, ex.intern(kind), *t); !s) return fail(std::move(s).error());
+  // Counted once per collective: by its lowest simulated member.
+  if (simulated_members.front() == rank) {
+    SimCollectiveStats& st = analytic_stats_[static_cast<std::size_t>(request.kind)];
+    st.time_s += seconds(*t);
+    ++st.count;
+    st.bytes += request.bytes;
+  }
+}
+
+void SimCluster::point_to_point(int rank, sim::StreamId stream, int peer, double bytes,
+                                bool is_send) {
+  if (error_) return;
+  sim::Executor& ex = *executor_;
+  const sim::NameId name = ex.intern(is_send ? "send" : "recv");
+  if (simulated(peer)) {
+    if (is_send) {
+      // A send does not hold up the issuing stream (as the cpu backend's
+      // buffered send, or NCCL sends on a stream of their own): it runs on a
+      // per-peer stream after what was issued before it, so two stages that
+      // send to each other and then receive do not deadlock.
+      auto it = send_streams_.find({rank, peer});
+      if (it == send_streams_.end()) {
+        auto st = ex.stream(rank, fmt::format("send to {}", peer));
+        if (!st) return fail(std::move(st).error());
+        it = send_streams_.emplace(std::make_pair(rank, peer), *st).first;
+      }
+      const sim::NameId ready = ex.intern(fmt::format("send {}", sends_++));
+      if (Status s = ex.record(stream, ready); !s) return fail(std::move(s).error());
+      if (Status s = ex.wait(it->second, ready); !s) return fail(std::move(s).error());
+      stream = it->second;
+    }
+    Status s = is_send ? ex.send(stream, peer, bytes, name) : ex.recv(stream, peer, name);
+    if (!s) fail(std::move(s).error());
+    if (is_send)
+      analytic_stats_[static_cast<std::size_t>(sim::CollectiveKind::kSendRecv)].bytes += bytes;
+    return;
+  }
+  sim::CollectiveRequest request{
+      sim::CollectiveKind::kSendRecv,
+      is_send ? std::vector<int>{rank, peer} : std::vector<int>{peer, rank}, bytes};
+  auto t = analytic(request);
+  if (!t) return fail(std::move(t).error().context(is_send ? "send" : "recv"));
+  if (Status s = ex.compute(stream, name, *t); !s) return fail(std::move(s).error());
+  SimCollectiveStats& st =
+      analytic_stats_[static_cast<std::size_t>(sim::CollectiveKind::kSendRecv)];
+  st.time_s += seconds(*t);
+  ++st.count;
+  st.bytes += bytes;
+}
+
+void SimBackend::collective(sim::CollectiveKind kind, double bytes, const Group& g, int root) {
+  sim::CollectiveRequest request;
+  request.kind = kind;
+  request.bytes = bytes;
+  request.root = root;
+  cluster_.collective(rank_, executor_stream(current_), g, std::move(request));
+}
+
+void SimBackend::all_reduce(Tensor& x, const Group& g, ReduceOp) {
+  check(x, "all_reduce");
+  collective(sim::CollectiveKind::kAllReduce, static_cast<double>(x.bytes()), g);
+}
+void SimBackend::reduce_scatter(const Tensor& in, Tensor& out, const Group& g, ReduceOp) {
+  check(in, "reduce_scatter"), check(out, "reduce_scatter");
+  if (in.numel() != out.numel() * g.size())
+    misuse("reduce_scatter: in {} is not {} x out {}", in.shape().str(), g.size(),
+           out.shape().str());
+  collective(sim::CollectiveKind::kReduceScatter, static_cast<double>(in.bytes()), g);
+}
+void SimBackend::all_gather(const Tensor& in, Tensor& out, const Group& g) {
+  check(in, "all_gather"), check(out, "all_gather");
+  if (out.numel() != in.numel() * g.size())
+    misuse("all_gather: out {} is not {} x in {}", out.shape().str(), g.size(), in.shape().str());
+  collective(sim::CollectiveKind::kAllGather, static_cast<double>(out.bytes()), g);
+}
+void SimBackend::broadcast(Tensor& x, const Group& g, int root_global_rank) {
+  check(x, "broadcast");
+  const int root = g.index_of(root_global_rank);
+  if (root < 0) misuse("broadcast: root {} is not in group {}", root_global_rank, g.id);
+  collective(sim::CollectiveKind::kBroadcast, static_cast<double>(x.bytes()), g, root);
+}
+void SimBackend::all_to_all(const Tensor& in, std::span<const std::int64_t> send_counts,
+                            Tensor& out, std::span<const std::int64_t>, const Group& g) {
+  check(in, "all_to_all"), check(out, "all_to_all");
+  const std::int64_t sent =
+      std::accumulate(send_counts.begin(), send_counts.end(), std::int64_t{0});
+  collective(sim::CollectiveKind::kAllToAll,
+             static_cast<double>(sent) * static_cast<double>(dtype_size(in.dtype())), g);
+}
+void SimBackend::send(const Tensor& x, int peer, int) {
+  check(x, "send");
+  if (peer == rank_ || peer < 0 || peer >= world_size_) misuse("send: bad peer {}", peer);
+  cluster_.point_to_point(rank_, executor_stream(current_), peer, static_cast<double>(x.bytes()),
+                          true);
+}
+void SimBackend::recv(Tensor& x, int peer, int) {
+  check(x, "recv");
+  if (peer == rank_ || peer < 0 || peer >= world_size_) misuse("recv: bad peer {}", peer);
+  cluster_.point_to_point(rank_, executor_stream(current_), peer, static_cast<double>(x.bytes()),
+                          false);
+}
+void SimBackend::barrier(const Group& g) {
+  // NCCL has no barrier; frameworks all-reduce one element.
+  collective(sim::CollectiveKind::kAllReduce, 4.0, g);
+}
+
+}  // namespace meshtrain

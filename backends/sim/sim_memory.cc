@@ -1,0 +1,75 @@
+// SimBackend storage and memory accounting: shape-only tensors whose bytes
+// count as live from allocation until their last handle goes.
+#include "backends/sim/sim_backend.h"
+
+#include <algorithm>
+#include <memory>
+
+#include "backends/sim/sim_internal.h"
+
+namespace meshtrain {
+
+using sim_internal::misuse;
+
+namespace {
+
+class SimStorage final : public Storage {
+ public:
+  SimStorage(std::shared_ptr<SimBackend::Accounting> accounting, std::int64_t bytes)
+      : accounting_(std::move(accounting)), bytes_(bytes) {
+    accounting_->live += bytes_;
+    accounting_->peak = std::max(accounting_->peak, accounting_->live);
+  }
+  ~SimStorage() override { accounting_->live -= bytes_; }
+  SimStorage(const SimStorage&) = delete;
+  SimStorage& operator=(const SimStorage&) = delete;
+  const SimBackend::Accounting* owner() const { return accounting_.get(); }
+
+ private:
+  std::shared_ptr<SimBackend::Accounting> accounting_;
+  std::int64_t bytes_;
+};
+
+}  // namespace
+
+Tensor SimBackend::empty(const Shape& shape, DType dtype) {
+  for (auto d : shape.dims())
+    if (d < 0) misuse("empty: negative dimension in {}", shape.str());
+  const auto bytes =
+      static_cast<std::int64_t>(shape.numel()) * static_cast<std::int64_t>(dtype_size(dtype));
+  return Tensor(std::make_shared<SimStorage>(accounting_, bytes), shape, dtype);
+}
+
+MemoryStats SimBackend::memory_stats() const { return {accounting_->live, accounting_->peak}; }
+
+void SimBackend::reset_peak() { accounting_->peak = accounting_->live; }
+
+void SimBackend::check(const Tensor& t, const char* op) const {
+  if (!t.defined()) misuse("{}: undefined tensor", op);
+  auto* s = dynamic_cast<const SimStorage*>(t.storage());
+  if (s == nullptr || s->owner() != accounting_.get())
+    misuse("{}: tensor belongs to another backend (rank {} got a foreign tensor)", op, rank_);
+}
+
+void SimBackend::write(Tensor& dst, std::span<const float> host) {
+  check(dst, "write");
+  if (host.size() != static_cast<std::size_t>(dst.numel()))
+    misuse("write: {} host values for a tensor of {}", host.size(), dst.numel());
+}
+
+void SimBackend::write(Tensor& dst, std::span<const std::int32_t> host) {
+  check(dst, "write");
+  if (host.size() != static_cast<std::size_t>(dst.numel()))
+    misuse("write: {} host values for a tensor of {}", host.size(), dst.numel());
+}
+
+Status SimBackend::read(const Tensor& src, std::span<float> host) {
+  check(src, "read");
+  if (host.size() != static_cast<std::size_t>(src.numel()))
+    misuse("read: host span of {} for a tensor of {}", host.size(), src.numel());
+  std::fill(host.begin(), host.end(), 0.f);
+  if (cluster_.error_) return *cluster_.error_;
+  return ok_status();
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,275 @@
+// Op timing on the sim backend: each compute op becomes one executor task
+// of its cost-model duration on the current stream.
+#include "backends/sim/sim_backend.h"
+
+#include <algorithm>
+
+#include "backends/sim/sim_internal.h"
+
+namespace meshtrain {
+
+using sim_internal::misuse;
+using sim_internal::seconds;
+
+double SimBackend::compute_seconds() const { return seconds(compute_); }
+
+sim::NameId SimBackend::op_name(std::string_view name) { return cluster_.executor_->intern(name); }
+
+sim::DType SimBackend::compute_dtype(DType t) const {
+  return t == DType::bf16 || t == DType::f16 ? sim::DType::kBf16 : sim::DType::kFp32;
+}
+
+void SimBackend::compute(sim::NameId name, sim::Time duration) {
+  if (cluster_.error_) return;
+  compute_ += duration;
+  if (Status s = cluster_.executor_->compute(executor_stream(current_), name, duration); !s)
+    cluster_.fail(std::move(s).error());
+}
+
+void SimBackend::memory_op(sim::NameId name, std::initializer_list<const Tensor*> tensors) {
+  double bytes = 0;
+  for (const Tensor* t : tensors)
+    if (t->defined()) bytes += static_cast<double>(t->bytes());
+  compute(name, cluster_.cost_.memory_bound(bytes, cluster_.executor_->name(name)));
+}
+
+void SimBackend::fill(Tensor& x, float) {
+  check(x, "fill");
+  memory_op(op_name("fill"), {&x});
+}
+void SimBackend::copy(const Tensor& src, Tensor& dst) {
+  check(src, "copy"), check(dst, "copy");
+  if (src.numel() != dst.numel() || src.dtype() != dst.dtype())
+    misuse("copy: {} {} into {} {}", src.shape().str(), dtype_name(src.dtype()), dst.shape().str(),
+           dtype_name(dst.dtype()));
+  memory_op(op_name("copy"), {&src, &dst});
+}
+void SimBackend::cast(const Tensor& src, Tensor& dst) {
+  check(src, "cast"), check(dst, "cast");
+  if (src.numel() != dst.numel()) misuse("cast: {} into {}", src.shape().str(), dst.shape().str());
+  memory_op(op_name("cast"), {&src, &dst});
+}
+void SimBackend::add(const Tensor& a, const Tensor& b, Tensor& out) {
+  check(a, "add"), check(b, "add"), check(out, "add");
+  memory_op(op_name("add"), {&a, &b, &out});
+}
+void SimBackend::scale(Tensor& x, float) {
+  check(x, "scale");
+  memory_op(op_name("scale"), {&x, &x});
+}
+void SimBackend::axpy(float, const Tensor& x, Tensor& y) {
+  check(x, "axpy"), check(y, "axpy");
+  memory_op(op_name("axpy"), {&x, &y, &y});
+}
+void SimBackend::sum(const Tensor& x, Tensor& out, float, bool) {
+  check(x, "sum"), check(out, "sum");
+  memory_op(op_name("sum"), {&x, &out});
+}
+void SimBackend::sum_squares(const Tensor& x, Tensor& out, bool) {
+  check(x, "sum_squares"), check(out, "sum_squares");
+  memory_op(op_name("sum_squares"), {&x, &out});
+}
+
+void SimBackend::gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp&) {
+  check(a, "gemm"), check(b, "gemm"), check(c, "gemm");
+  const std::int64_t n = c.shape().back(), m = c.numel() / std::max<std::int64_t>(n, 1);
+  const std::int64_t k = a.numel() / std::max<std::int64_t>(m, 1);
+  if (m * k != a.numel() || k * n != b.numel())
+    misuse("gemm: a {} b {} c {} do not agree", a.shape().str(), b.shape().str(), c.shape().str());
+  compute(op_name("gemm"), cluster_.cost_.gemm(m, n, k, compute_dtype(a.dtype())));
+}
+void SimBackend::batched_gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp&) {
+  check(a, "batched_gemm"), check(b, "batched_gemm"), check(c, "batched_gemm");
+  if (a.shape().rank() != 3 || c.shape().rank() != 3)
+    misuse("batched_gemm: a {} and c {} must be (L, ., .)", a.shape().str(), c.shape().str());
+  const std::int64_t l = c.shape()[0], m = c.shape()[1], n = c.shape()[2];
+  const std::int64_t k = a.numel() / std::max<std::int64_t>(l * m, 1);
+  compute(op_name("batched_gemm"), cluster_.cost_.gemm(m, n, k, compute_dtype(a.dtype()), l));
+}
+void SimBackend::bias_backward(const Tensor& dy, Tensor& db) {
+  check(dy, "bias_backward"), check(db, "bias_backward");
+  memory_op(op_name("bias_backward"), {&dy, &db});
+}
+
+void SimBackend::embedding_forward(const Tensor& table, const Tensor& ids, Tensor& out,
+                                   std::int64_t) {
+  check(table, "embedding_forward"), check(ids, "embedding_forward"),
+      check(out, "embedding_forward");
+  // Reads one row per token, not the whole table.
+  memory_op(op_name("embedding_forward"), {&ids, &out, &out});
+}
+void SimBackend::gather_rows(const Tensor& src, const Tensor& index, Tensor& out) {
+  check(src, "gather_rows"), check(index, "gather_rows"), check(out, "gather_rows");
+  // Reads one source row per output row.
+  memory_op(op_name("gather_rows"), {&index, &out, &out});
+}
+void SimBackend::embedding_backward(const Tensor& dout, const Tensor& ids, Tensor& dtable,
+                                    std::int64_t) {
+  check(dout, "embedding_backward"), check(ids, "embedding_backward"),
+      check(dtable, "embedding_backward");
+  memory_op(op_name("embedding_backward"), {&dout, &ids, &dout});
+}
+
+void SimBackend::layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                   Tensor& out, Tensor& mean, Tensor& rstd, float) {
+  check(x, "layernorm_forward"), check(out, "layernorm_forward");
+  memory_op(op_name("layernorm_forward"), {&x, &weight, &bias, &out, &mean, &rstd});
+}
+void SimBackend::layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight,
+                                    const Tensor& mean, const Tensor& rstd, Tensor& dx,
+                                    Tensor& dweight, Tensor& dbias) {
+  check(dout, "layernorm_backward"), check(dx, "layernorm_backward");
+  memory_op(op_name("layernorm_backward"),
+            {&dout, &x, &weight, &mean, &rstd, &dx, &dweight, &dbias});
+}
+void SimBackend::rmsnorm_forward(const Tensor& x, const Tensor& weight, Tensor& out, Tensor& rstd,
+                                 float) {
+  check(x, "rmsnorm_forward"), check(out, "rmsnorm_forward");
+  memory_op(op_name("rmsnorm_forward"), {&x, &weight, &out, &rstd});
+}
+void SimBackend::rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight,
+                                  const Tensor& rstd, Tensor& dx, Tensor& dweight) {
+  check(dout, "rmsnorm_backward"), check(dx, "rmsnorm_backward");
+  memory_op(op_name("rmsnorm_backward"), {&dout, &x, &weight, &rstd, &dx, &dweight});
+}
+
+void SimBackend::gelu_forward(const Tensor& x, Tensor& out) {
+  check(x, "gelu_forward"), check(out, "gelu_forward");
+  memory_op(op_name("gelu_forward"), {&x, &out});
+}
+void SimBackend::gelu_backward(const Tensor& dout, const Tensor& x, Tensor& dx) {
+  check(dout, "gelu_backward"), check(dx, "gelu_backward");
+  memory_op(op_name("gelu_backward"), {&dout, &x, &dx});
+}
+void SimBackend::swiglu_forward(const Tensor& x, Tensor& out) {
+  check(x, "swiglu_forward"), check(out, "swiglu_forward");
+  memory_op(op_name("swiglu_forward"), {&x, &out});
+}
+void SimBackend::swiglu_backward(const Tensor& dout, const Tensor& x, Tensor& dx) {
+  check(dout, "swiglu_backward"), check(dx, "swiglu_backward");
+  memory_op(op_name("swiglu_backward"), {&dout, &x, &dx});
+}
+void SimBackend::dropout_forward(const Tensor& x, Tensor& out, const DropoutOp&) {
+  check(x, "dropout_forward"), check(out, "dropout_forward");
+  memory_op(op_name("dropout_forward"), {&x, &out});
+}
+void SimBackend::dropout_backward(const Tensor& dout, Tensor& dx, const DropoutOp&) {
+  check(dout, "dropout_backward"), check(dx, "dropout_backward");
+  memory_op(op_name("dropout_backward"), {&dout, &dx});
+}
+
+void SimBackend::rope(Tensor& x, int heads_total, int rotate_heads, float, bool) {
+  check(x, "rope");
+  // Only the rotated heads are read and written.
+  const double share = heads_total > 0 ? static_cast<double>(rotate_heads) / heads_total : 1.0;
+  compute(op_name("rope"),
+          cluster_.cost_.memory_bound(2.0 * static_cast<double>(x.bytes()) * share));
+}
+
+void SimBackend::attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse,
+                                   const AttentionOp& op) {
+  check(qkv, "attention_forward"), check(out, "attention_forward"), check(lse, "attention_forward");
+  if (qkv.shape().rank() != 4)
+    misuse("attention_forward: qkv {} must be (B, T, H + 2G, D)", qkv.shape().str());
+  if (cluster_.options_.attention == AttentionImpl::unfused)
+    return unfused_attention(qkv.shape()[0] * op.heads, qkv.shape()[1], op.head_dim, qkv.dtype(),
+                             false);
+  compute(op_name("attention_forward"),
+          cluster_.cost_.attention(qkv.shape()[0] * op.heads, qkv.shape()[1], op.head_dim, op.causal,
+                                   false, compute_dtype(qkv.dtype())));
+  score_terms(qkv, op, false);
+}
+void SimBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                                    const Tensor& lse, Tensor& dqkv, const AttentionOp& op) {
+  check(dout, "attention_backward"), check(qkv, "attention_backward"),
+      check(out, "attention_backward");
+  check(lse, "attention_backward"), check(dqkv, "attention_backward");
+  if (qkv.shape().rank() != 4)
+    misuse("attention_backward: qkv {} must be (B, T, H + 2G, D)", qkv.shape().str());
+  if (cluster_.options_.attention == AttentionImpl::unfused)
+    return unfused_attention(qkv.shape()[0] * op.heads, qkv.shape()[1], op.head_dim, qkv.dtype(),
+                             true);
+  compute(op_name("attention_backward"),
+          cluster_.cost_.attention(qkv.shape()[0] * op.heads, qkv.shape()[1], op.head_dim, op.causal,
+                                   true, compute_dtype(qkv.dtype())));
+  score_terms(qkv, op, true);
+}
+
+void SimBackend::score_terms(const Tensor& qkv, const AttentionOp& op, bool backward) {
+  if (!op.bias.defined() && !op.mask.defined()) return;
+  // A fused kernel reads the (T, T) terms of its head (bias) and window (mask)
+  // once per batch entry and head; backward also writes every score gradient
+  // for the sum into dbias.
+  const double scores = static_cast<double>(qkv.shape()[0]) * op.heads * qkv.shape()[1] * qkv.shape()[1];
+  double bytes = 0;
+  if (op.bias.defined()) bytes += scores * static_cast<double>(dtype_size(op.bias.dtype()));
+  if (op.mask.defined()) bytes += scores * 4.0;
+  if (backward && op.bias.defined()) bytes += 2.0 * scores * 4.0;
+  compute(op_name("attention_score_terms"), cluster_.cost_.memory_bound(bytes));
+}
+
+void SimBackend::unfused_attention(std::int64_t bh, std::int64_t seq, std::int64_t head_dim,
+                                   DType dtype, bool backward) {
+  const sim::CostModel& cost = cluster_.cost_;
+  const sim::DType t = compute_dtype(dtype);
+  const double elem = static_cast<double>(dtype_size(dtype));
+  const double scores = static_cast<double>(bh) * static_cast<double>(seq) * seq;  // b·a·s²
+  const bool dropout = cluster_.options_.attention_dropout > 0;
+  // One (s, s) by (s, d) or (s, d) by (d, s) product per sequence and head.
+  const sim::Time scores_gemm = cost.gemm(seq, seq, head_dim, t, bh);   // q·kᵀ or dO·Vᵀ
+  const sim::Time context_gemm = cost.gemm(seq, head_dim, seq, t, bh);  // P·v, Pᵀ·dO, dS·K, dSᵀ·Q
+  if (!backward) {
+    compute(op_name("attention_scores"), scores_gemm);
+    compute(op_name("attention_softmax"), cost.memory_bound(2 * elem * scores));
+    if (dropout) compute(op_name("attention_dropout"), cost.memory_bound((2 * elem + 1) * scores));
+    compute(op_name("attention_context"), context_gemm);
+    return;
+  }
+  compute(op_name("attention_context_backward"), context_gemm);  // dV
+  compute(op_name("attention_scores_backward"), scores_gemm);    // dP
+  if (dropout)
+    compute(op_name("attention_dropout_backward"), cost.memory_bound((2 * elem + 1) * scores));
+  compute(op_name("attention_softmax_backward"), cost.memory_bound(3 * elem * scores));
+  compute(op_name("attention_query_key_backward"), cost.gemm(seq, head_dim, seq, t, 2 * bh));  // dQ, dK
+}
+
+void SimBackend::cross_entropy_max(const Tensor& logits, Tensor& row_max) {
+  check(logits, "cross_entropy_max"), check(row_max, "cross_entropy_max");
+  memory_op(op_name("cross_entropy_max"), {&logits, &row_max});
+}
+void SimBackend::cross_entropy_partials(const Tensor& logits, const Tensor& targets,
+                                        const Tensor& row_max, std::int64_t, Tensor& sumexp,
+                                        Tensor& target_logit) {
+  check(logits, "cross_entropy_partials"), check(sumexp, "cross_entropy_partials");
+  memory_op(op_name("cross_entropy_partials"),
+            {&logits, &targets, &row_max, &sumexp, &target_logit});
+}
+void SimBackend::cross_entropy_loss(const Tensor& row_max, const Tensor& sumexp,
+                                    const Tensor& target_logit, Tensor& losses) {
+  check(row_max, "cross_entropy_loss"), check(losses, "cross_entropy_loss");
+  memory_op(op_name("cross_entropy_loss"), {&row_max, &sumexp, &target_logit, &losses});
+}
+void SimBackend::cross_entropy_accuracy(const Tensor& row_max, const Tensor& target_logit, Tensor& correct,
+                                        bool) {
+  check(row_max, "cross_entropy_accuracy"), check(correct, "cross_entropy_accuracy");
+  memory_op(op_name("cross_entropy_accuracy"), {&row_max, &target_logit, &correct});
+}
+void SimBackend::cross_entropy_backward(const Tensor& logits, const Tensor& targets,
+                                        const Tensor& row_max, const Tensor& sumexp, std::int64_t,
+                                        float, Tensor& dlogits) {
+  check(logits, "cross_entropy_backward"), check(dlogits, "cross_entropy_backward");
+  memory_op(op_name("cross_entropy_backward"), {&logits, &targets, &row_max, &sumexp, &dlogits});
+}
+
+void SimBackend::clip_coefficient(const Tensor& sumsq, float, Tensor& coef) {
+  check(sumsq, "clip_coefficient"), check(coef, "clip_coefficient");
+  memory_op(op_name("clip_coefficient"), {&sumsq, &coef});
+}
+void SimBackend::adamw(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const Tensor& coef,
+                       const AdamWOp&) {
+  check(param, "adamw"), check(grad, "adamw"), check(m, "adamw"), check(v, "adamw");
+  // Reads param, grad, m, v and writes param, m, v.
+  memory_op(op_name("adamw"), {&param, &grad, &m, &v, &param, &m, &v, &coef});
+}
+
+}  // namespace meshtrain

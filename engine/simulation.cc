@@ -1,0 +1,123 @@
+#include "engine/simulation.h"
+
+#include <algorithm>
+#include <memory>
+
+#include <fmt/format.h>
+
+#include "engine/mesh.h"
+#include "engine/step_engine.h"
+#include "models/flops.h"
+
+namespace meshtrain {
+
+namespace {
+
+Error out_of_memory(const StageResult& s, const Plan& p, double device_bytes) {
+  const MemoryBreakdown& m = s.model;
+  return make_error(
+      "out of memory: rank {} (pipeline stage {}, and every tp rank and dp replica of that stage) "
+      "peaks at {} but the device has {}. Analytic breakdown for this stage: parameters {}, "
+      "gradients {}, optimizer {}, zero-3 gathered {}, activations {} ({} micro-batches in flight), "
+      "total {}. Try more pipeline or tensor parallelism, --zero {}, or --recompute full",
+      s.rank, s.stage, human_bytes(static_cast<double>(s.peak_bytes)), human_bytes(device_bytes),
+      human_bytes(m.parameters), human_bytes(m.gradients), human_bytes(m.optimizer),
+      human_bytes(m.zero3_working), human_bytes(m.activations), m.inflight, human_bytes(m.total()),
+      std::min(p.zero + 1, 2));
+}
+
+}  // namespace
+
+Result<AttentionImpl> attention_impl_from_name(std::string_view name) {
+  if (name == "flash") return AttentionImpl::flash;
+  if (name == "unfused") return AttentionImpl::unfused;
+  return make_error("unknown attention implementation '{}'; known: flash (fused, FlashAttention-2), unfused "
+                    "(separate score GEMM, softmax, dropout and context GEMM, as Megatron-LM in 2021)",
+                    name);
+}
+
+std::string_view attention_impl_name(AttentionImpl a) {
+  return a == AttentionImpl::unfused ? "unfused" : "flash";
+}
+
+Result<SimulationResult> simulate_iteration(const ModelSpec& m, const Plan& p,
+                                            const SimulateOptions& options) {
+  if (Status s = StepEngine::supports(p); !s)
+    return std::move(s.context("the step engine cannot run this plan yet")).error();
+  const Mesh mesh(p);
+  std::vector<int> reps;
+  for (int stage = 0; stage < p.pp; ++stage) reps.push_back(mesh.rank_of(Coord{0, 0, 0, stage}));
+  if (!(options.dropout >= 0.f && options.dropout < 1.f))
+    return make_error("dropout {} must be in [0, 1)", options.dropout);
+  SimOptions sim_options;
+  sim_options.trace = options.trace;
+  sim_options.calibration = options.calibration;
+  sim_options.attention = options.attention;
+  sim_options.attention_dropout = options.dropout;
+  MT_ASSIGN(std::unique_ptr<SimCluster> cluster,
+            SimCluster::create(options.cluster, p.world_size(), reps, sim_options));
+
+  const int seq = p.effective_seq_len(m);
+  HostBatch batch;
+  batch.batch = p.micro_batch;
+  batch.seq = seq;
+  batch.ids.assign(static_cast<std::size_t>(p.micro_batch) * static_cast<std::size_t>(seq), 0);
+  batch.targets = batch.ids;
+  const std::vector<HostBatch> microbatches(static_cast<std::size_t>(p.microbatches()), batch);
+
+  StepOptions step_options;
+  step_options.initialize_parameters = false;  // the sim backend holds no values
+  step_options.dropout = options.dropout;       // the engine's dropout kernels, timed
+  {
+    std::vector<std::unique_ptr<StepEngine>> engines;
+    for (int r : reps)
+      engines.push_back(std::make_unique<StepEngine>(cluster->backend(r), m, p, mesh, step_options));
+    // Nothing blocks on data in the sim backend, so each representative issues
+    // its whole iteration in turn; the cluster times them together below.
+    for (std::size_t i = 0; i < engines.size(); ++i) {
+      auto r = engines[i]->step(microbatches, 1e-4f, 1);
+      if (!r) return std::move(r.context(fmt::format("simulating rank {}", reps[i]))).error();
+    }
+  }
+  MT_ASSIGN(SimReport report, cluster->run());
+
+  SimulationResult out;
+  out.iteration_s = report.iteration_s;
+  out.tasks = report.tasks;
+  out.events = report.events;
+  out.collectives = report.collectives;
+  const double tokens = static_cast<double>(p.effective_global_batch()) * seq;
+  out.tokens_per_s = tokens / out.iteration_s;
+  const FlopCount flops = training_flops(m, p.effective_global_batch(), seq, p.recompute);
+  const double per_gpu = 1.0 / out.iteration_s / p.world_size();
+  out.tflops_per_gpu = flops.model * per_gpu / 1e12;
+  out.hardware_tflops_per_gpu = flops.hardware * per_gpu / 1e12;
+  out.mfu = flops.model * per_gpu / options.cluster.device.peak_bf16_flops;
+  for (std::size_t i = 0; i < report.ranks.size(); ++i) {
+    const SimRankReport& r = report.ranks[i];
+    StageResult s;
+    s.stage = static_cast<int>(i);
+    s.rank = r.rank;
+    s.peak_bytes = r.peak_bytes;
+    s.model = memory_per_rank(m, p, s.stage, meshtrain_layout(p));
+    s.compute_s = r.compute_s;
+    s.idle_s = r.idle_s;
+    s.exposed_comm_s = std::max(0.0, r.compute_busy_s - r.compute_s);
+    s.tasks = r.tasks;
+    out.bubble_fraction += s.idle_s / out.iteration_s / static_cast<double>(report.ranks.size());
+    out.exposed_comm_s += s.exposed_comm_s / static_cast<double>(report.ranks.size());
+    if (s.peak_bytes > out.peak_memory_bytes) {
+      out.peak_memory_bytes = s.peak_bytes;
+      out.peak_rank = s.rank;
+    }
+    out.stages.push_back(s);
+  }
+  if (options.check_memory)
+    for (const StageResult& s : out.stages)
+      if (static_cast<double>(s.peak_bytes) > options.cluster.device.memory_bytes)
+        return out_of_memory(s, p, options.cluster.device.memory_bytes);
+  if (options.trace) out.trace_json = cluster->trace().to_json();
+  return out;
+}
+
+}  // namespace meshtrain
