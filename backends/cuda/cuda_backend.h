@@ -133,6 +133,8 @@ class CudaBackend final : public Backend {
   void dropout_forward(const Tensor& x, Tensor& out, const DropoutOp& op) override;
   void dropout_backward(const Tensor& dout, Tensor& dx, const DropoutOp& op) override;
 
+  void gather_rows(const Tensor& src, const Tensor& index, Tensor& out) override;
+
   void rope(Tensor& x, int heads_total, int rotate_heads, float theta, bool inverse) override;
   void attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse,
                          const AttentionOp& op) override;
@@ -148,6 +150,8 @@ class CudaBackend final : public Backend {
   void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& row_max,
                               const Tensor& sumexp, std::int64_t vocab_offset, float dloss,
                               Tensor& dlogits) override;
+  void cross_entropy_accuracy(const Tensor& row_max, const Tensor& target_logit, Tensor& correct,
+                              bool accumulate) override;
 
   void clip_coefficient(const Tensor& sumsq, float max_norm, Tensor& coef) override;
   void adamw(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const Tensor& coef,

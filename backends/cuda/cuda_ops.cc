@@ -96,7 +96,7 @@ void CudaBackend::embedding_forward(const Tensor& table, const Tensor& ids, Tens
   const std::int64_t C = cols_of(table, op), V = table.numel() / std::max<std::int64_t>(C, 1);
   must(expect_numel(out, ids.numel() * C, "out"), op);
   if (failed()) return;
-  check(kernels::embedding_forward(pt, pi, po, dt, ids.numel(), C, V, vocab_offset, MT_STREAM), op);
+  check(kernels::gather_rows(pt, pi, po, dt, ids.numel(), C, V, vocab_offset, MT_STREAM), op);
 }
 
 void CudaBackend::embedding_backward(const Tensor& dout, const Tensor& ids, Tensor& dtable,
@@ -113,6 +113,20 @@ void CudaBackend::embedding_backward(const Tensor& dout, const Tensor& ids, Tens
   const auto tmp = scratch(kernels::embedding_backward_scratch(N, V), op);
   check(kernels::embedding_backward(pd, dt, pi, pt, N, C, V, vocab_offset, tmp.ptr, tmp.size, MT_STREAM), op);
   release(tmp);
+}
+
+// ---- index maps ------------------------------------------------------------------------
+
+void CudaBackend::gather_rows(const Tensor& src, const Tensor& index, Tensor& out) {
+  constexpr std::string_view op = "gather_rows";
+  const int dt = storage({{"src", &src}, {"out", &out}}, op);
+  const void* ps = ptr(src, op);
+  const std::int32_t* pi = i32(index, op);
+  void* po = ptr(out, op);
+  const std::int64_t X = cols_of(src, op), M = X == 0 ? 0 : src.numel() / X;
+  must(expect_numel(out, index.numel() * X, "out"), op);
+  if (failed()) return;
+  check(kernels::gather_rows(ps, pi, po, dt, index.numel(), X, M, 0, MT_STREAM), op);
 }
 
 // ---- normalisation -------------------------------------------------------------------
@@ -374,6 +388,18 @@ void CudaBackend::cross_entropy_backward(const Tensor& logits, const Tensor& tar
   void* pd = ptr(dlogits, op);
   if (failed()) return;
   check(kernels::ce_backward(pl, dt, pt, pm, ps, vocab_offset, dloss, pd, N, V, MT_STREAM), op);
+}
+
+void CudaBackend::cross_entropy_accuracy(const Tensor& row_max, const Tensor& target_logit,
+                                         Tensor& correct, bool accumulate) {
+  constexpr std::string_view op = "cross_entropy_accuracy";
+  const std::int64_t N = row_max.numel();
+  must(expect_numel(target_logit, N, "target_logit"), op);
+  must(expect_numel(correct, 1, "correct"), op);
+  const float *pm = f32(row_max, op), *pt = f32(target_logit, op);
+  float* pc = f32(correct, op);
+  if (failed()) return;
+  check(kernels::ce_accuracy(pm, pt, pc, N, accumulate, MT_STREAM), op);
 }
 
 // ---- optimizer -------------------------------------------------------------------------

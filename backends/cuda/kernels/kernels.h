@@ -75,6 +75,10 @@ cudaError_t ce_loss(const float* row_max, const float* sumexp, const float* targ
 cudaError_t ce_backward(const void* logits, int dtype, const std::int32_t* targets,
                         const float* row_max, const float* sumexp, i64 vocab_offset, float dloss,
                         void* dlogits, i64 N, i64 V, cudaStream_t s);
+// correct (1) = number of rows r with target_logit[r] >= row_max[r], plus
+// correct's old value when accumulate. An integer count: exact in any order.
+cudaError_t ce_accuracy(const float* row_max, const float* target_logit, float* correct, i64 N,
+                        bool accumulate, cudaStream_t s);
 
 // ---- norm.cu ---------------------------------------------------------------
 // x, w, b, out, dout, dx of storage `dtype`; mean, rstd and the parameter
@@ -97,9 +101,12 @@ cudaError_t bias_backward(const void* dy, int dtype, float* db, i64 m, i64 n, do
                           cudaStream_t s);
 
 // ---- embedding.cu ----------------------------------------------------------
-// table and out of storage `dtype`.
-cudaError_t embedding_forward(const void* table, const std::int32_t* ids, void* out, int dtype,
-                              i64 N, i64 C, i64 V, i64 vocab_offset, cudaStream_t s);
+// out (N, X) row i = src (M, X) row index[i] - offset when that is in [0, M),
+// else a zero row: gather_rows (offset 0) and the embedding lookup (offset
+// the vocabulary shard's first id). src and out of storage `dtype`; the copy
+// moves bytes, so the result is exact.
+cudaError_t gather_rows(const void* src, const std::int32_t* index, void* out, int dtype, i64 N,
+                        i64 X, i64 M, i64 offset, cudaStream_t s);
 // dtable (V, C) += Σ over tokens n whose id is in [vocab_offset, vocab_offset
 // + V) of dout row n; rows no token uses are left as they are. dout of
 // storage `dtype`, dtable fp32 (a parameter gradient). Each row sums its
