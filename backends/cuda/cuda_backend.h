@@ -16,16 +16,18 @@
 //    or the inputs' dtype: a 16-bit product accumulating into an fp32 weight
 //    gradient is one GEMM. Every other compute op takes its activation-like
 //    tensors (x, out, dout, dx, a and b of add, qkv, logits and dlogits, a
-//    norm's weight and bias, an embedding table) in one storage dtype, f32,
-//    bf16 or f16, computes in fp32 (reductions in double) and rounds once on
-//    store. Statistics (mean, rstd, lse, row max, sumexp, target logits,
-//    losses, sum and sum_squares outputs), parameter gradients (norm dweight
-//    and dbias, bias_backward's db, embedding_backward's dtable) and all of
-//    clip_coefficient and adamw are fp32. Anything else aborts as misuse,
-//    naming the tensors that disagree (op_checks.h: storage_dtype).
-//  * Reductions (sum, norms' parameter gradients, bias and embedding
-//    gradients) use fixed partitions and no float atomics: the same inputs
-//    give the same bits run after run on one GPU model.
+//    norm's weight and bias, an embedding table, gather_rows' src and out) in
+//    one storage dtype, f32, bf16 or f16, computes in fp32 (reductions in
+//    double) and rounds once on store. Statistics (mean, rstd, lse, row max,
+//    sumexp, target logits, losses, accuracy counts, sum and sum_squares
+//    outputs), parameter gradients (norm dweight and dbias, bias_backward's
+//    db, embedding_backward's dtable, attention's dbias), attention masks and
+//    all of clip_coefficient and adamw are fp32; an attention bias is f32 or
+//    qkv's dtype. Anything else aborts as misuse, naming the tensors that
+//    disagree (op_checks.h: storage_dtype, score_terms_check).
+//  * Reductions (sum, norms' parameter gradients, bias, embedding and
+//    attention-bias gradients) use fixed partitions and no float atomics: the
+//    same inputs give the same bits run after run on one GPU model.
 //  * Collectives: NCCL, on the current stream, one communicator per Group id,
 //    created on first use by every member (the unique id travels over MPI
 //    from the group's first rank). Point-to-point uses one communicator of all
@@ -52,6 +54,10 @@
 #include "backends/cuda/caching_allocator.h"
 
 namespace meshtrain::cuda {
+
+namespace kernels {
+struct AttentionTerms;  // kernels/kernels.h
+}  // namespace kernels
 
 struct CudaOptions {
   int device = -1;       // -1: chosen from the launcher's local rank (device_select.h)
@@ -133,6 +139,8 @@ class CudaBackend final : public Backend {
   void dropout_forward(const Tensor& x, Tensor& out, const DropoutOp& op) override;
   void dropout_backward(const Tensor& dout, Tensor& dx, const DropoutOp& op) override;
 
+  void gather_rows(const Tensor& src, const Tensor& index, Tensor& out) override;
+
   void rope(Tensor& x, int heads_total, int rotate_heads, float theta, bool inverse) override;
   void attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse,
                          const AttentionOp& op) override;
@@ -148,6 +156,8 @@ class CudaBackend final : public Backend {
   void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& row_max,
                               const Tensor& sumexp, std::int64_t vocab_offset, float dloss,
                               Tensor& dlogits) override;
+  void cross_entropy_accuracy(const Tensor& row_max, const Tensor& target_logit, Tensor& correct,
+                              bool accumulate) override;
 
   void clip_coefficient(const Tensor& sumsq, float max_norm, Tensor& coef) override;
   void adamw(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const Tensor& coef,
@@ -176,6 +186,12 @@ class CudaBackend final : public Backend {
   CachingAllocator::Allocation scratch(std::size_t bytes, std::string_view op);
   void release(const CachingAllocator::Allocation& a);
   void* stream_handle() const;  // the current cudaStream_t
+  // op's causal flag, bias and mask (W windows) as the attention kernels take
+  // them; a bias is first converted, heads first in f32, into scratch that
+  // `bias_scratch` receives (to release after the kernel; untouched without one).
+  kernels::AttentionTerms attention_terms(const AttentionOp& op, std::int64_t T, std::int64_t H,
+                                          std::int64_t windows, std::string_view name,
+                                          CachingAllocator::Allocation& bias_scratch);
 
   bool failed() const { return failed_.load(std::memory_order_acquire); }
   // Records the sticky error (the first one wins). Thread-safe.

@@ -96,7 +96,7 @@ void CudaBackend::embedding_forward(const Tensor& table, const Tensor& ids, Tens
   const std::int64_t C = cols_of(table, op), V = table.numel() / std::max<std::int64_t>(C, 1);
   must(expect_numel(out, ids.numel() * C, "out"), op);
   if (failed()) return;
-  check(kernels::embedding_forward(pt, pi, po, dt, ids.numel(), C, V, vocab_offset, MT_STREAM), op);
+  check(kernels::gather_rows(pt, pi, po, dt, ids.numel(), C, V, vocab_offset, MT_STREAM), op);
 }
 
 void CudaBackend::embedding_backward(const Tensor& dout, const Tensor& ids, Tensor& dtable,
@@ -113,6 +113,20 @@ void CudaBackend::embedding_backward(const Tensor& dout, const Tensor& ids, Tens
   const auto tmp = scratch(kernels::embedding_backward_scratch(N, V), op);
   check(kernels::embedding_backward(pd, dt, pi, pt, N, C, V, vocab_offset, tmp.ptr, tmp.size, MT_STREAM), op);
   release(tmp);
+}
+
+// ---- index maps ------------------------------------------------------------------------
+
+void CudaBackend::gather_rows(const Tensor& src, const Tensor& index, Tensor& out) {
+  constexpr std::string_view op = "gather_rows";
+  const int dt = storage({{"src", &src}, {"out", &out}}, op);
+  const void* ps = ptr(src, op);
+  const std::int32_t* pi = i32(index, op);
+  void* po = ptr(out, op);
+  const std::int64_t X = cols_of(src, op), M = X == 0 ? 0 : src.numel() / X;
+  must(expect_numel(out, index.numel() * X, "out"), op);
+  if (failed()) return;
+  check(kernels::gather_rows(ps, pi, po, dt, index.numel(), X, M, 0, MT_STREAM), op);
 }
 
 // ---- normalisation -------------------------------------------------------------------
@@ -278,10 +292,32 @@ void CudaBackend::rope(Tensor& x, int heads_total, int rotate_heads, float theta
   release(tmp);
 }
 
+kernels::AttentionTerms CudaBackend::attention_terms(const AttentionOp& op, std::int64_t T,
+                                                     std::int64_t H, std::int64_t windows,
+                                                     std::string_view name,
+                                                     CachingAllocator::Allocation& bias_scratch) {
+  kernels::AttentionTerms terms;
+  terms.causal = op.causal;
+  if (op.mask.defined()) {
+    terms.mask = f32(op.mask, name);
+    terms.windows = windows;
+  }
+  if (op.bias.defined()) {
+    const void* pb = ptr(op.bias, name);
+    bias_scratch = scratch(sizeof(float) * static_cast<std::size_t>(T * T * H), name);
+    auto* heads_first = static_cast<float*>(bias_scratch.ptr);
+    terms.bias = heads_first;
+    check(kernels::attention_bias_heads_first(pb, kernel_dtype(op.bias.dtype()), heads_first, T, H, MT_STREAM),
+          name);
+  }
+  return terms;
+}
+
 void CudaBackend::attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse,
                                     const AttentionOp& op) {
   constexpr std::string_view name = "attention_forward";
   const AttentionDims d = must(attention_dims(qkv, op), name);
+  const std::int64_t windows = must(score_terms_check(op, d, qkv.dtype(), false), name);
   must(expect_numel(out, d.B * d.T * d.H * d.D, "out"), name);
   must(expect_dtype(out, qkv.dtype(), "out"), name);
   must(expect_numel(lse, d.B * d.H * d.T, "lse"), name);
@@ -289,8 +325,12 @@ void CudaBackend::attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse,
   void* po = ptr(out, name);
   float* pl = f32(lse, name);
   if (failed()) return;
+  CachingAllocator::Allocation bias_tmp;
+  const kernels::AttentionTerms terms = attention_terms(op, d.T, d.H, windows, name, bias_tmp);
   const kernels::AttentionShape shape{d.B, d.T, d.H, d.G, d.D, op.scale};
-  check(kernels::attention_forward(pq, po, pl, shape, static_cast<int>(qkv.dtype()), MT_STREAM), name);
+  check(kernels::attention_forward(pq, po, pl, shape, terms, static_cast<int>(qkv.dtype()), MT_STREAM),
+        name);
+  if (bias_tmp.block != nullptr) release(bias_tmp);
 }
 
 void CudaBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
@@ -302,16 +342,29 @@ void CudaBackend::attention_backward(const Tensor& dout, const Tensor& qkv, cons
   must(expect_numel(lse, d.B * d.H * d.T, "lse"), name);
   must(expect_numel(dqkv, qkv.numel(), "dqkv"), name);
   for (const Tensor* t : {&dout, &out, static_cast<const Tensor*>(&dqkv)}) must(expect_dtype(*t, qkv.dtype(), "tensor"), name);
+  const std::int64_t windows = must(score_terms_check(op, d, qkv.dtype(), true), name);
   const void *pd = ptr(dout, name), *pq = ptr(qkv, name), *po = ptr(out, name);
   const float* pl = f32(lse, name);
   void* pdq = ptr(dqkv, name);
+  float* pdb = op.bias.defined() ? f32(op.dbias, name) : nullptr;
   if (failed()) return;
+  CachingAllocator::Allocation bias_tmp, ds_tmp;
+  kernels::AttentionTerms terms = attention_terms(op, d.T, d.H, windows, name, bias_tmp);
+  if (pdb != nullptr) {  // every dS of the batch, summed into dbias in batch order below
+    ds_tmp = scratch(sizeof(float) * static_cast<std::size_t>(d.B * d.H * d.T * d.T), name);
+    terms.dscores = static_cast<float*>(ds_tmp.ptr);
+  }
   const auto tmp = scratch(sizeof(float) * static_cast<std::size_t>(d.B * d.H * d.T), name);
   const kernels::AttentionShape shape{d.B, d.T, d.H, d.G, d.D, op.scale};
-  check(kernels::attention_backward(pd, pq, po, pl, pdq, shape, static_cast<int>(qkv.dtype()),
+  check(kernels::attention_backward(pd, pq, po, pl, pdq, shape, terms, static_cast<int>(qkv.dtype()),
                                     static_cast<float*>(tmp.ptr), MT_STREAM),
         name);
   release(tmp);
+  if (pdb != nullptr) {
+    check(kernels::attention_dbias(terms.dscores, pdb, d.B, d.H, d.T, op.causal, MT_STREAM), name);
+    release(ds_tmp);
+  }
+  if (bias_tmp.block != nullptr) release(bias_tmp);
 }
 
 // ---- cross-entropy ---------------------------------------------------------------------
@@ -374,6 +427,18 @@ void CudaBackend::cross_entropy_backward(const Tensor& logits, const Tensor& tar
   void* pd = ptr(dlogits, op);
   if (failed()) return;
   check(kernels::ce_backward(pl, dt, pt, pm, ps, vocab_offset, dloss, pd, N, V, MT_STREAM), op);
+}
+
+void CudaBackend::cross_entropy_accuracy(const Tensor& row_max, const Tensor& target_logit,
+                                         Tensor& correct, bool accumulate) {
+  constexpr std::string_view op = "cross_entropy_accuracy";
+  const std::int64_t N = row_max.numel();
+  must(expect_numel(target_logit, N, "target_logit"), op);
+  must(expect_numel(correct, 1, "correct"), op);
+  const float *pm = f32(row_max, op), *pt = f32(target_logit, op);
+  float* pc = f32(correct, op);
+  if (failed()) return;
+  check(kernels::ce_accuracy(pm, pt, pc, N, accumulate, MT_STREAM), op);
 }
 
 // ---- optimizer -------------------------------------------------------------------------

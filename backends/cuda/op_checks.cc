@@ -69,6 +69,30 @@ Result<AttentionDims> attention_dims(const Tensor& qkv, const AttentionOp& op) {
   return AttentionDims{s[0], s[1], op.heads, op.kv_heads, op.head_dim};
 }
 
+Result<std::int64_t> score_terms_check(const AttentionOp& op, const AttentionDims& d,
+                                       DType qkv_dtype, bool backward) {
+  const std::int64_t TT = d.T * d.T;
+  if (op.bias.defined()) {
+    if (op.bias.numel() != TT * d.H)
+      return make_error("bias {} must be (T, T, H) = ({}, {}, {})", op.bias.shape().str(), d.T, d.T, d.H);
+    if (op.bias.dtype() != DType::f32 && op.bias.dtype() != qkv_dtype)
+      return make_error("bias is {}; it must be f32 or qkv's {}", dtype_name(op.bias.dtype()),
+                        dtype_name(qkv_dtype));
+    if (backward) {  // a dbias without a bias is not written (as on the cpu backend)
+      if (!op.dbias.defined()) return make_error("a bias needs a dbias output in backward");
+      MT_TRY(expect_numel(op.dbias, TT * d.H, "dbias (T, T, H)"));
+      MT_TRY(expect_dtype(op.dbias, DType::f32, "dbias"));
+    }
+  }
+  if (!op.mask.defined()) return std::int64_t{1};
+  const std::int64_t windows = TT > 0 ? op.mask.numel() / TT : 0;
+  if (windows < 1 || op.mask.numel() != windows * TT || d.B % windows != 0)
+    return make_error("mask {} must be (W, T, T) with T = {} and W dividing the batch {}",
+                      op.mask.shape().str(), d.T, d.B);
+  MT_TRY(expect_dtype(op.mask, DType::f32, "mask"));
+  return windows;
+}
+
 Result<DType> storage_dtype(std::initializer_list<Named> tensors) {
   const Named* first = nullptr;
   for (const Named& t : tensors) {

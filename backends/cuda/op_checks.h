@@ -30,6 +30,13 @@ struct AttentionDims {
 // qkv (B, T, H + 2G, D) with H % G == 0, D even and at most 128 (the flash
 // kernel's register tile), dtype f32, bf16 or f16.
 Result<AttentionDims> attention_dims(const Tensor& qkv, const AttentionOp& op);
+// The score terms of `op` (backend.h's AttentionOp) for qkv of dims d and
+// dtype qkv_dtype: a bias of T·T·H elements, f32 or qkv_dtype; a mask f32 of
+// W·T·T elements with W >= 1 dividing B; in backward a bias needs a dbias f32
+// of T·T·H elements (a dbias without a bias is ignored). Gives W (1 without
+// a mask).
+Result<std::int64_t> score_terms_check(const AttentionOp& op, const AttentionDims& d,
+                                       DType qkv_dtype, bool backward);
 
 // Mixed precision. An op's activation-like tensors (x, out, dout, dx, logits,
 // a norm's weight and bias, an embedding table) share one storage dtype: f32,

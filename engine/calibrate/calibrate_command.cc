@@ -124,7 +124,8 @@ void workload_shapes(const Workload& w, std::set<GemmShape>& gemm,
     attention.insert({w.batch, m.heads / tp, w.seq, m.head_dim()});
     for (const std::string& op : calibrate::measured_ops()) {
       if (op == "cross_entropy_max" || op == "cross_entropy_partials" ||
-          op == "cross_entropy_backward" || op == "cross_entropy_loss") {
+          op == "cross_entropy_backward" || op == "cross_entropy_loss" ||
+          op == "cross_entropy_accuracy") {
         ops.insert({op, n, v});
       } else if (op == "gelu_forward" || op == "gelu_backward") {
         ops.insert({op, n, f});
@@ -159,7 +160,7 @@ void grid_shapes(bool quick, std::set<GemmShape>& gemm, std::set<AttentionShape>
       ops.insert({op, 1, 1});
       continue;
     }
-    if (op == "cross_entropy_loss") {  // per-row statistics only
+    if (op == "cross_entropy_loss" || op == "cross_entropy_accuracy") {  // per-row statistics only
       for (int e = 6; e <= 16; e += step) ops.insert({op, std::int64_t{1} << e, 1});
       continue;
     }

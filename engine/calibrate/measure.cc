@@ -158,7 +158,8 @@ const std::vector<std::string>& measured_ops() {
       "fill",  "copy",  "add",   "scale", "axpy", "sum", "sum_squares", "bias_backward",
       "embedding_forward", "embedding_backward", "layernorm_forward", "layernorm_backward",
       "gelu_forward", "gelu_backward", "cross_entropy_max", "cross_entropy_partials",
-      "cross_entropy_loss", "cross_entropy_backward", "clip_coefficient", "adamw"};
+      "cross_entropy_loss", "cross_entropy_backward", "cross_entropy_accuracy", "gather_rows",
+      "clip_coefficient", "adamw"};
   return ops;
 }
 
@@ -252,6 +253,10 @@ Result<std::pair<std::function<void()>, double>> make_op(Backend& b, const OpSha
     Tensor dtable = filled(b, Shape{c, c}, 0.f);
     op = [=, &b]() mutable { b.embedding_backward(x, tok, dtable, 0); };
     bytes = bytes_of({&x, &tok, &x});
+  } else if (s.op == "gather_rows") {
+    // A permutation of the rows of x, as the window partition issues one.
+    Tensor index = ids(b, n, n);
+    op = [=, &b]() mutable { b.gather_rows(x, index, z); }, bytes = bytes_of({&index, &z, &z});
   } else if (s.op == "layernorm_forward") {
     op = [=, &b]() mutable { b.layernorm_forward(x, row, row, z, stat1, stat2, 1e-5f); };
     bytes = bytes_of({&x, &row, &row, &z, &stat1, &stat2});
@@ -276,6 +281,9 @@ Result<std::pair<std::function<void()>, double>> make_op(Backend& b, const OpSha
   } else if (s.op == "cross_entropy_backward") {
     op = [=, &b]() mutable { b.cross_entropy_backward(x, tok, stat1, stat2, 0, 1e-3f, z); };
     bytes = bytes_of({&x, &tok, &stat1, &stat2, &z});
+  } else if (s.op == "cross_entropy_accuracy") {
+    op = [=, &b]() mutable { b.cross_entropy_accuracy(stat1, stat3, one, false); };
+    bytes = bytes_of({&stat1, &stat3, &one});
   } else if (s.op == "clip_coefficient") {
     Tensor sumsq = filled(b, Shape{1}, 4.f);
     op = [=, &b]() mutable { b.clip_coefficient(sumsq, 1.f, one); };

@@ -71,6 +71,42 @@ TEST_CASE("attention takes (B, T, H + 2G, D) with D even and at most 128") {
   CHECK_FALSE(attention_dims(t({2, 8, 7, 64}), uneven).ok());
 }
 
+TEST_CASE("attention score terms: bias (T, T, H), mask (W, T, T) with W dividing B, dbias in backward") {
+  const AttentionDims d{8, 49, 3, 3, 32};
+  AttentionOp op;  // only the terms matter here
+  op.causal = false;
+  auto w = score_terms_check(op, d, DType::bf16, true);
+  REQUIRE(w.ok());
+  CHECK(*w == 1);
+  op.mask = t({4, 49, 49});
+  w = score_terms_check(op, d, DType::bf16, false);
+  REQUIRE(w.ok());
+  CHECK(*w == 4);
+  op.mask = t({3, 49, 49});  // 3 windows do not divide a batch of 8
+  CHECK_THAT(score_terms_check(op, d, DType::f32, false).error().message(), Catch::Contains("W dividing"));
+  op.mask = t({4, 49, 48});
+  CHECK_FALSE(score_terms_check(op, d, DType::f32, false).ok());
+  op.mask = t({4, 49, 49}, DType::bf16);  // masks are f32
+  CHECK_FALSE(score_terms_check(op, d, DType::bf16, false).ok());
+  op.mask = Tensor();
+  op.bias = t({49, 49, 3}, DType::bf16);
+  CHECK(score_terms_check(op, d, DType::bf16, false).ok());
+  CHECK_FALSE(score_terms_check(op, d, DType::f16, false).ok());  // neither f32 nor qkv's dtype
+  op.bias = t({49, 49, 3});
+  CHECK(score_terms_check(op, d, DType::f16, false).ok());
+  auto no_dbias = score_terms_check(op, d, DType::f32, true);
+  REQUIRE_FALSE(no_dbias.ok());
+  CHECK_THAT(no_dbias.error().message(), Catch::Contains("dbias"));
+  op.dbias = t({49, 49, 3}, DType::bf16);  // a parameter gradient: f32
+  CHECK_FALSE(score_terms_check(op, d, DType::bf16, true).ok());
+  op.dbias = t({49, 49, 2});
+  CHECK_FALSE(score_terms_check(op, d, DType::f32, true).ok());
+  op.dbias = t({49, 49, 3});
+  CHECK(score_terms_check(op, d, DType::f32, true).ok());
+  op.bias = t({49, 49, 4});
+  CHECK_FALSE(score_terms_check(op, d, DType::f32, true).ok());
+}
+
 TEST_CASE("row views, element counts, rope shapes") {
   CHECK(*rows_of(t({6, 4}), 4) == 6);
   CHECK(*rows_of(t({2, 3, 4}), 4) == 6);

@@ -1,14 +1,20 @@
-// Causal grouped-query flash attention, forward and backward, fp32, bf16 or
-// fp16 storage with fp32 math. Nothing of size T×T is stored: forward keeps an
-// online softmax per query row and saves its log-sum-exp; backward recomputes
-// the probabilities from it (as backends/cpu/kernels/attention.h does).
+// Grouped-query flash attention, causal or not, with the optional additive
+// score terms of AttentionOp (a per-head bias shared by the batch, a
+// per-window mask), forward and backward, fp32, bf16 or fp16 storage with
+// fp32 math. Nothing of size T×T is stored: forward keeps an online softmax
+// per query row and saves its log-sum-exp; backward recomputes the
+// probabilities from it (as backends/cpu/kernels/attention.h does). The one
+// exception is the bias gradient: the dQ kernel stores every dS (B, H, T, T)
+// into scratch, and attention_dbias sums it over the batch in ascending order
+// (no float atomics, so the same bits every run).
 //
-// These are the CUDA-core kernels. 16-bit storage with D = 64 or 128 takes the
-// tensor-core kernels of attention_tc.cu instead; these stay for fp32 (the
-// exact mode the cpu backend is checked against: tensor cores would round P
-// and dS to 16 bits) and for the other head dims (tensor-core tiles come in
-// steps of 16 dims, and no model we run uses them, so they are not worth a
-// third set of instantiations).
+// These are the CUDA-core kernels. 16-bit storage with D = 64 or 128 and no
+// bias or mask takes the tensor-core kernels of attention_tc.cu instead;
+// these stay for fp32 (the exact mode the cpu backend is checked against:
+// tensor cores would round P and dS to 16 bits), for the other head dims
+// (tensor-core tiles come in steps of 16 dims, and no model we run uses them,
+// so they are not worth a third set of instantiations), and for a bias or a
+// mask (Swin's window attention, whose head dim is 32 anyway).
 //
 // Work split (a warp is 32 lanes; "rows" are query rows, "keys" key rows):
 //  * forward and dQ: a block of 4 warps owns 16 query rows of one (b, h); each
@@ -18,7 +24,7 @@
 //    in head order and the query tiles in order, so the sums over queries and
 //    heads are deterministic without atomics.
 // Legend: B batch, T sequence, H query heads, G kv heads, D head dim (<= 128),
-// W = (H + 2G)·D the width of one token's qkv row.
+// W = (H + 2G)·D the width of one token's qkv row, M mask windows.
 #include "backends/cuda/kernels/attention_layout.cuh"
 #include "backends/cuda/kernels/common.cuh"
 
@@ -47,8 +53,31 @@ __device__ float dot_row(const float* a, const float* b, i64 D) {
   return s;
 }
 
+// The additive terms of one (b, h): head h's (T, T) bias and window b mod M's
+// (T, T) mask, either null.
+struct TermRows {
+  const float* bias;
+  const float* mask;
+  // The score of query i and key j: the scaled dot product plus the terms,
+  // added in the cpu backend's order.
+  __device__ float add(float s, i64 i, i64 j, i64 T) const {
+    if (bias != nullptr) s += bias[i * T + j];
+    if (mask != nullptr) s += mask[i * T + j];
+    return s;
+  }
+};
+__device__ TermRows term_rows(const AttentionTerms& a, i64 T, i64 b, i64 h) {
+  return TermRows{a.bias != nullptr ? a.bias + h * T * T : nullptr,
+                  a.mask != nullptr ? a.mask + (b % a.windows) * T * T : nullptr};
+}
+// The last key any of the query rows first..first + rows - 1 reads.
+__device__ i64 last_key(const AttentionTerms& a, i64 T, i64 first, i64 rows) {
+  return a.causal ? min(T - 1, first + rows - 1) : T - 1;
+}
+
 template <class T>
-__global__ void attention_fwd_kernel(const T* qkv, T* out, float* lse, AttentionLayout L, float scale) {
+__global__ void attention_fwd_kernel(const T* qkv, T* out, float* lse, AttentionLayout L, float scale,
+                                     AttentionTerms terms) {
   extern __shared__ float smem[];
   const int D = static_cast<int>(L.D), KS = D + 1;
   float* qs = smem;                    // [kRows][D]
@@ -58,6 +87,8 @@ __global__ void attention_fwd_kernel(const T* qkv, T* out, float* lse, Attention
   const i64 first = static_cast<i64>(blockIdx.x) * kRows;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 
+  const TermRows tr = term_rows(terms, L.T, b, h);
+
   load_rows(qs, D, kRows, qkv + L.q(b, 0, h), first, L.T, L.W, D);
   float m[kRowsPerWarp], l[kRowsPerWarp], o[kRowsPerWarp][kDimsPerLane];
   for (int r = 0; r < kRowsPerWarp; ++r) {
@@ -65,7 +96,7 @@ __global__ void attention_fwd_kernel(const T* qkv, T* out, float* lse, Attention
     l[r] = 0.f;
     for (int c = 0; c < kDimsPerLane; ++c) o[r][c] = 0.f;
   }
-  const i64 last = min(L.T - 1, first + kRows - 1);
+  const i64 last = last_key(terms, L.T, first, kRows);
   for (i64 k0 = 0; k0 <= last; k0 += kTileKeys) {
     __syncthreads();  // the previous tile is no longer read
     load_rows(ks, KS, kTileKeys, qkv + L.k(b, 0, g), k0, L.T, L.W, D);
@@ -74,8 +105,10 @@ __global__ void attention_fwd_kernel(const T* qkv, T* out, float* lse, Attention
     for (int r = 0; r < kRowsPerWarp; ++r) {
       const int row = warp * kRowsPerWarp + r;
       const i64 t = first + row, j = k0 + lane;
-      if (t >= L.T || k0 > t) continue;  // uniform over the warp
-      const float s = j <= t ? scale * dot_row(qs + row * D, ks + lane * KS, D) : -INFINITY;
+      if (t >= L.T || (terms.causal && k0 > t)) continue;  // uniform over the warp
+      const bool seen = j < L.T && (!terms.causal || j <= t);
+      const float s =
+          seen ? tr.add(scale * dot_row(qs + row * D, ks + lane * KS, D), t, j, L.T) : -INFINITY;
       const float m_new = fmaxf(m[r], warp_max(s));
       const float p = expf(s - m_new);
       const float corr = expf(m[r] - m_new);
@@ -118,7 +151,7 @@ __global__ void attention_di_kernel(const T* dout, const T* out, float* di, Atte
 
 template <class T>
 __global__ void attention_dq_kernel(const T* dout, const T* qkv, const float* lse, const float* di,
-                                    T* dqkv, AttentionLayout L, float scale) {
+                                    T* dqkv, AttentionLayout L, float scale, AttentionTerms terms) {
   extern __shared__ float smem[];
   const int D = static_cast<int>(L.D), KS = D + 1;
   float* qs = smem;                   // [kRows][D]
@@ -129,6 +162,10 @@ __global__ void attention_dq_kernel(const T* dout, const T* qkv, const float* ls
   const i64 first = static_cast<i64>(blockIdx.x) * kRows;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 
+  const TermRows tr = term_rows(terms, L.T, b, h);
+  // dS of (b, h), row-major (T, T), when the caller keeps it (the bias gradient).
+  float* dsb = terms.dscores != nullptr ? terms.dscores + bh * L.T * L.T : nullptr;
+
   load_rows(qs, D, kRows, qkv + L.q(b, 0, h), first, L.T, L.W, D);
   load_rows(dos, D, kRows, dout + L.o(b, 0, h), first, L.T, L.H * L.D, D);
   float row_lse[kRowsPerWarp], row_di[kRowsPerWarp], dq[kRowsPerWarp][kDimsPerLane];
@@ -138,7 +175,7 @@ __global__ void attention_dq_kernel(const T* dout, const T* qkv, const float* ls
     row_di[r] = t < L.T ? di[L.l(b, h, t)] : 0.f;
     for (int c = 0; c < kDimsPerLane; ++c) dq[r][c] = 0.f;
   }
-  const i64 last = min(L.T - 1, first + kRows - 1);
+  const i64 last = last_key(terms, L.T, first, kRows);
   for (i64 k0 = 0; k0 <= last; k0 += kTileKeys) {
     __syncthreads();
     load_rows(ks, KS, kTileKeys, qkv + L.k(b, 0, g), k0, L.T, L.W, D);
@@ -147,12 +184,14 @@ __global__ void attention_dq_kernel(const T* dout, const T* qkv, const float* ls
     for (int r = 0; r < kRowsPerWarp; ++r) {
       const int row = warp * kRowsPerWarp + r;
       const i64 t = first + row, j = k0 + lane;
-      if (t >= L.T || k0 > t) continue;
+      if (t >= L.T || (terms.causal && k0 > t)) continue;
       float ds = 0.f;
-      if (j <= t) {
-        const float p = expf(scale * dot_row(qs + row * D, ks + lane * KS, D) - row_lse[r]);
+      if (j < L.T && (!terms.causal || j <= t)) {
+        const float s = tr.add(scale * dot_row(qs + row * D, ks + lane * KS, D), t, j, L.T);
+        const float p = expf(s - row_lse[r]);
         ds = p * (dot_row(dos + row * D, vs + lane * KS, D) - row_di[r]);
       }
+      if (dsb != nullptr && j < L.T) dsb[t * L.T + j] = ds;
       for (int jj = 0; jj < kTileKeys; ++jj) {
         const float dsj = __shfl_sync(0xffffffffu, ds, jj);
         for (int c = 0; c < kDimsPerLane; ++c) {
@@ -174,7 +213,7 @@ __global__ void attention_dq_kernel(const T* dout, const T* qkv, const float* ls
 
 template <class T>
 __global__ void attention_dkv_kernel(const T* dout, const T* qkv, const float* lse, const float* di,
-                                     T* dqkv, AttentionLayout L, float scale) {
+                                     T* dqkv, AttentionLayout L, float scale, AttentionTerms terms) {
   extern __shared__ float smem[];
   const int D = static_cast<int>(L.D), QS = D + 1;
   float* ks = smem;                    // [kRows][D]
@@ -193,7 +232,9 @@ __global__ void attention_dkv_kernel(const T* dout, const T* qkv, const float* l
   for (int r = 0; r < kRowsPerWarp; ++r)
     for (int c = 0; c < kDimsPerLane; ++c) dk[r][c] = dv[r][c] = 0.f;
   for (i64 h = g * R; h < (g + 1) * R; ++h) {
-    for (i64 q0 = first / kTileKeys * kTileKeys; q0 < L.T; q0 += kTileKeys) {
+    const TermRows tr = term_rows(terms, L.T, b, h);
+    // Causal: queries before the block's first key see none of its keys.
+    for (i64 q0 = terms.causal ? first / kTileKeys * kTileKeys : 0; q0 < L.T; q0 += kTileKeys) {
       __syncthreads();
       load_rows(qs, QS, kTileKeys, qkv + L.q(b, 0, h), q0, L.T, L.W, D);
       load_rows(dos, QS, kTileKeys, dout + L.o(b, 0, h), q0, L.T, L.H * L.D, D);
@@ -206,10 +247,10 @@ __global__ void attention_dkv_kernel(const T* dout, const T* qkv, const float* l
       for (int r = 0; r < kRowsPerWarp; ++r) {
         const int key = warp * kRowsPerWarp + r;
         const i64 j = first + key, i = q0 + lane;
-        if (j >= L.T || q0 + kTileKeys <= j) continue;  // no query of the tile sees key j
+        if (j >= L.T || (terms.causal && q0 + kTileKeys <= j)) continue;  // no query of the tile sees key j
         float p = 0.f, ds = 0.f;
-        if (i < L.T && i >= j) {
-          p = expf(scale * dot_row(qs + lane * QS, ks + key * D, D) - ls[lane]);
+        if (i < L.T && (!terms.causal || i >= j)) {
+          p = expf(tr.add(scale * dot_row(qs + lane * QS, ks + key * D, D), i, j, L.T) - ls[lane]);
           ds = p * (dot_row(dos + lane * QS, vs + key * D, D) - dis[lane]);
         }
         for (int ii = 0; ii < kTileKeys; ++ii) {
@@ -239,18 +280,46 @@ __global__ void attention_dkv_kernel(const T* dout, const T* qkv, const float* l
   }
 }
 
+// out (H, T, T) = bias (T, T, H) heads first; one thread per output.
+__global__ void attention_bias_kernel(const void* bias, int dtype, float* out, i64 T, i64 H) {
+  const i64 TT = T * T;
+  for (i64 idx = blockIdx.x * (i64)blockDim.x + threadIdx.x; idx < H * TT;
+       idx += (i64)gridDim.x * blockDim.x) {
+    const i64 h = idx / TT, ij = idx % TT;
+    out[idx] = load_as_float(bias, dtype, ij * H + h);
+  }
+}
+
+// dbias (T, T, H) = Σ_b ds (B, H, T, T): one thread per (h, i, j), the batch
+// summed in ascending order in double (as the cpu backend does); consecutive
+// threads read consecutive (i, j) of one head.
+__global__ void attention_dbias_kernel(const float* ds, float* dbias, i64 B, i64 H, i64 T,
+                                       bool causal) {
+  const i64 TT = T * T;
+  for (i64 idx = blockIdx.x * (i64)blockDim.x + threadIdx.x; idx < H * TT;
+       idx += (i64)gridDim.x * blockDim.x) {
+    const i64 h = idx / TT, ij = idx % TT;
+    double acc = 0.0;
+    if (!causal || ij % T <= ij / T)  // above the diagonal dS is zero (and unwritten)
+      for (i64 b = 0; b < B; ++b) acc += static_cast<double>(ds[(b * H + h) * TT + ij]);
+    dbias[ij * H + h] = static_cast<float>(acc);
+  }
+}
+
 template <class T>
-cudaError_t forward(const void* qkv, void* out, float* lse, const AttentionShape& d, cudaStream_t s) {
+cudaError_t forward(const void* qkv, void* out, float* lse, const AttentionShape& d,
+                    const AttentionTerms& terms, cudaStream_t s) {
   const AttentionLayout L = attention_layout(d);
   const std::size_t smem = sizeof(float) * (kRows * d.D + kTileKeys * (d.D + 1) + kTileKeys * d.D);
   const dim3 grid(static_cast<unsigned>((d.T + kRows - 1) / kRows), static_cast<unsigned>(d.B * d.H));
   return launch_with_smem(attention_fwd_kernel<T>, grid, kWarps * 32, smem, s,
-                          static_cast<const T*>(qkv), static_cast<T*>(out), lse, L, d.scale);
+                          static_cast<const T*>(qkv), static_cast<T*>(out), lse, L, d.scale, terms);
 }
 
 template <class T>
 cudaError_t backward(const void* dout, const void* qkv, const void* out, const float* lse,
-                     void* dqkv, const AttentionShape& d, int dtype, float* di, cudaStream_t s) {
+                     void* dqkv, const AttentionShape& d, const AttentionTerms& terms, int dtype,
+                     float* di, cudaStream_t s) {
   const AttentionLayout L = attention_layout(d);
   const T* pd = static_cast<const T*>(dout);
   const T* pq = static_cast<const T*>(qkv);
@@ -259,39 +328,54 @@ cudaError_t backward(const void* dout, const void* qkv, const void* out, const f
       pd, static_cast<const T*>(out), di, L, d.B);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
-  if (attention_tc_supported(d, dtype, {dout, qkv, dqkv}))
-    return attention_backward_tc(dout, qkv, lse, di, dqkv, d, dtype, s);
+  if (attention_tc_supported(d, dtype, terms, {dout, qkv, dqkv}))
+    return attention_backward_tc(dout, qkv, lse, di, dqkv, d, terms.causal, dtype, s);
   const unsigned tiles = static_cast<unsigned>((d.T + kRows - 1) / kRows);
   const std::size_t smem_q = sizeof(float) * (2 * kRows * d.D + 2 * kTileKeys * (d.D + 1));
   e = launch_with_smem(attention_dq_kernel<T>, dim3(tiles, static_cast<unsigned>(d.B * d.H)),
                        kWarps * 32, smem_q, s, pd, pq, lse, static_cast<const float*>(di),
-                       static_cast<T*>(dqkv), L, d.scale);
+                       static_cast<T*>(dqkv), L, d.scale, terms);
   if (e != cudaSuccess) return e;
   const std::size_t smem_kv =
       sizeof(float) * (2 * kRows * d.D + 2 * kTileKeys * (d.D + 1) + 2 * kTileKeys);
   return launch_with_smem(attention_dkv_kernel<T>, dim3(tiles, static_cast<unsigned>(d.B * d.G)),
                           kWarps * 32, smem_kv, s, pd, pq, lse, static_cast<const float*>(di),
-                          static_cast<T*>(dqkv), L, d.scale);
+                          static_cast<T*>(dqkv), L, d.scale, terms);
 }
 
 }  // namespace
 
+cudaError_t attention_bias_heads_first(const void* bias, int dtype, float* out, i64 T, i64 H,
+                                       cudaStream_t s) {
+  if (T * T * H > 0) attention_bias_kernel<<<grid_for(T * T * H), kThreads, 0, s>>>(bias, dtype, out, T, H);
+  return cudaGetLastError();
+}
+
 cudaError_t attention_forward(const void* qkv, void* out, float* lse, const AttentionShape& d,
-                              int dtype, cudaStream_t s) {
+                              const AttentionTerms& terms, int dtype, cudaStream_t s) {
   if (d.B * d.T * d.H == 0) return cudaGetLastError();
-  if (attention_tc_supported(d, dtype, {qkv, out})) return attention_forward_tc(qkv, out, lse, d, dtype, s);
+  if (attention_tc_supported(d, dtype, terms, {qkv, out}))
+    return attention_forward_tc(qkv, out, lse, d, terms.causal, dtype, s);
   return with_storage(dtype, [&](auto tag) {
-    return forward<typename decltype(tag)::type>(qkv, out, lse, d, s);
+    return forward<typename decltype(tag)::type>(qkv, out, lse, d, terms, s);
   });
 }
 
 cudaError_t attention_backward(const void* dout, const void* qkv, const void* out,
-                               const float* lse, void* dqkv, const AttentionShape& d, int dtype,
-                               float* scratch, cudaStream_t s) {
+                               const float* lse, void* dqkv, const AttentionShape& d,
+                               const AttentionTerms& terms, int dtype, float* scratch,
+                               cudaStream_t s) {
   if (d.B * d.T * d.H == 0) return cudaGetLastError();
   return with_storage(dtype, [&](auto tag) {
-    return backward<typename decltype(tag)::type>(dout, qkv, out, lse, dqkv, d, dtype, scratch, s);
+    return backward<typename decltype(tag)::type>(dout, qkv, out, lse, dqkv, d, terms, dtype, scratch, s);
   });
+}
+
+cudaError_t attention_dbias(const float* dscores, float* dbias, i64 B, i64 H, i64 T, bool causal,
+                            cudaStream_t s) {
+  if (T * T * H > 0)
+    attention_dbias_kernel<<<grid_for(T * T * H), kThreads, 0, s>>>(dscores, dbias, B, H, T, causal);
+  return cudaGetLastError();
 }
 
 }  // namespace meshtrain::cuda::kernels

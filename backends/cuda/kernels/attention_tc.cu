@@ -4,6 +4,9 @@
 // accumulators; the online softmax and the recomputed probabilities stay in
 // fp32 registers. P and dS enter the tensor cores rounded to the storage type
 // (as FlashAttention does), the one extra rounding against attention.cu.
+// Causal (decoders) or not (encoders: ViT); a bias or a mask (Swin's window
+// attention, head dim 32) stays on attention.cu's CUDA-core kernels, which
+// attention_tc_supported leaves them to.
 //
 // Fragments (PTX ISA, mma.m16n8k16; lane = 4·gr + tq, gr = lane/4, tq = lane%4),
 // (row, col) of the 16-bit pairs / fp32 values each lane holds:
@@ -14,7 +17,8 @@
 // k-step j: P and dS feed the next product straight from registers.
 //
 // Work split: 4 warps, each owning 16 rows of the block's 64.
-//  * forward: a block owns 64 query rows of one (b, h); key tiles of 64.
+//  * forward: a block owns 64 query rows of one (b, h); key tiles of 64 (up
+//    to the block's last row when causal, all T otherwise).
 //  * dQ: a block owns 64 query rows of one (b, h); key tiles of kInner.
 //  * dK/dV: a block owns 64 keys of one (b, g); warps hold Sᵀ (keys x
 //    queries); it walks the heads of g in order and the query tiles of kInner
@@ -205,7 +209,7 @@ __device__ void load_tile(T* tile, int rows, const T* base, i64 first, i64 limit
 
 template <class T, int D>
 __global__ void __launch_bounds__(kWarps * 32)
-    fwd_tc_kernel(const T* qkv, T* out, float* lse, AttentionLayout L, float scale) {
+    fwd_tc_kernel(const T* qkv, T* out, float* lse, AttentionLayout L, float scale, bool causal) {
   constexpr int S = D + kPad, kKeys = 64, kDt = D / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* qs = reinterpret_cast<T*>(smem_raw);  // [kRows][S]
@@ -215,12 +219,14 @@ __global__ void __launch_bounds__(kWarps * 32)
   const i64 q0 = static_cast<i64>(gridDim.x - 1 - blockIdx.x) * kRows;  // longest rows first
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, tq = lane & 3;
   const i64 row[2] = {q0 + warp * 16 + (lane >> 2), q0 + warp * 16 + (lane >> 2) + 8};
+  // The last key each row reads (a row past T keeps keys < T, so no row is all -inf).
+  const i64 hi[2] = {causal ? row[0] : L.T - 1, causal ? row[1] : L.T - 1};
   const float c = scale * kLog2e;  // scores in the log2 domain
 
   load_tile<T, D>(qs, kRows, qkv + L.q(b, 0, h), q0, L.T, L.W);
   float o[kDt][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-  const i64 last = min(L.T - 1, q0 + kRows - 1);
+  const i64 last = causal ? min(L.T - 1, q0 + kRows - 1) : L.T - 1;
   for (i64 k0 = 0; k0 <= last; k0 += kKeys) {
     __syncthreads();  // the previous tile is no longer read
     load_tile<T, D>(ks, kKeys, qkv + L.k(b, 0, g), k0, L.T, L.W);
@@ -236,12 +242,11 @@ __global__ void __launch_bounds__(kWarps * 32)
         mma<T>(s[n], a, bb);
       }
     }
-    // Causal mask; a row past T keeps keys < T so that no row is all -inf.
     float mx[2] = {m[0], m[1]};
     for (int n = 0; n < kKeys / 8; ++n)
       for (int e = 0; e < 4; ++e) {
         const i64 j = k0 + n * 8 + 2 * tq + (e & 1);
-        s[n][e] = (j <= row[e >> 1] && j < L.T) ? s[n][e] * c : -INFINITY;
+        s[n][e] = (j <= hi[e >> 1] && j < L.T) ? s[n][e] * c : -INFINITY;
         mx[e >> 1] = fmaxf(mx[e >> 1], s[n][e]);
       }
     float corr[2];
@@ -278,7 +283,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 template <class T, int D>
 __global__ void __launch_bounds__(kWarps * 32)
     dq_tc_kernel(const T* dout, const T* qkv, const float* lse, const float* di, T* dqkv, AttentionLayout L,
-                 float scale) {
+                 float scale, bool causal) {
   constexpr int S = D + kPad, kKeys = kInner<D>, kDt = D / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* qs = reinterpret_cast<T*>(smem_raw);  // [kRows][S]
@@ -289,6 +294,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   const i64 q0 = static_cast<i64>(gridDim.x - 1 - blockIdx.x) * kRows;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, tq = lane & 3;
   const i64 row[2] = {q0 + warp * 16 + (lane >> 2), q0 + warp * 16 + (lane >> 2) + 8};
+  const i64 hi[2] = {causal ? row[0] : L.T - 1, causal ? row[1] : L.T - 1};  // last key read
   const float c = scale * kLog2e;
 
   load_tile<T, D>(qs, kRows, qkv + L.q(b, 0, h), q0, L.T, L.W);
@@ -299,7 +305,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     dii[r] = row[r] < L.T ? di[L.l(b, h, row[r])] : 0.f;
   }
   float dq[kDt][4] = {};
-  const i64 last = min(L.T - 1, q0 + kRows - 1);
+  const i64 last = causal ? min(L.T - 1, q0 + kRows - 1) : L.T - 1;
   for (i64 k0 = 0; k0 <= last; k0 += kKeys) {
     __syncthreads();
     load_tile<T, D>(ks, kKeys, qkv + L.k(b, 0, g), k0, L.T, L.W);
@@ -311,7 +317,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       for (int e = 0; e < 4; ++e) {
         const int r = e >> 1;
         const i64 j = k0 + n * 8 + 2 * tq + (e & 1);
-        const float p = (j <= row[r] && row[r] < L.T) ? exp2f(s[n][e] * c - lse2[r]) : 0.f;
+        const float p = (j <= hi[r] && row[r] < L.T) ? exp2f(s[n][e] * c - lse2[r]) : 0.f;
         s[n][e] = p * (dp[n][e] - dii[r]);  // dS
       }
     accumulate_product<T, D, kKeys>(dq, s, ks, S, lane);
@@ -328,7 +334,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 template <class T, int D>
 __global__ void __launch_bounds__(kWarps * 32)
     dkv_tc_kernel(const T* dout, const T* qkv, const float* lse, const float* di, T* dqkv, AttentionLayout L,
-                  float scale) {
+                  float scale, bool causal) {
   constexpr int S = D + kPad, kQueries = kInner<D>, kDt = D / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* ks = reinterpret_cast<T*>(smem_raw);  // [kRows][S]
@@ -341,14 +347,15 @@ __global__ void __launch_bounds__(kWarps * 32)
   const i64 k0 = static_cast<i64>(blockIdx.x) * kRows;  // the block's first key
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, tq = lane & 3;
   const i64 key[2] = {k0 + warp * 16 + (lane >> 2), k0 + warp * 16 + (lane >> 2) + 8};
+  const i64 lo[2] = {causal ? key[0] : 0, causal ? key[1] : 0};  // first query reading each key
   const float c = scale * kLog2e;
 
   load_tile<T, D>(ks, kRows, qkv + L.k(b, 0, g), k0, L.T, L.W);
   load_tile<T, D>(vs, kRows, qkv + L.v(b, 0, g), k0, L.T, L.W);
   float dk[kDt][4] = {}, dv[kDt][4] = {};
   for (i64 h = g * R; h < (g + 1) * R; ++h) {
-    // Queries before k0 see none of the block's keys; k0 is a multiple of kQueries.
-    for (i64 q0 = k0; q0 < L.T; q0 += kQueries) {
+    // Causal: queries before k0 see none of the block's keys; k0 is a multiple of kQueries.
+    for (i64 q0 = causal ? k0 : 0; q0 < L.T; q0 += kQueries) {
       __syncthreads();
       load_tile<T, D>(qs, kQueries, qkv + L.q(b, 0, h), q0, L.T, L.W);
       load_tile<T, D>(dos, kQueries, dout + L.o(b, 0, h), q0, L.T, L.H * L.D);
@@ -364,7 +371,7 @@ __global__ void __launch_bounds__(kWarps * 32)
         for (int e = 0; e < 4; ++e) {
           const int col = n * 8 + 2 * tq + (e & 1);
           const i64 i = q0 + col;
-          const float p = (i >= key[e >> 1] && i < L.T) ? exp2f(s[n][e] * c - ls[col]) : 0.f;
+          const float p = (i >= lo[e >> 1] && i < L.T) ? exp2f(s[n][e] * c - ls[col]) : 0.f;
           s[n][e] = p;
           dp[n][e] = p * (dp[n][e] - dis[col]);  // dSᵀ
         }
@@ -403,16 +410,17 @@ unsigned row_blocks(const AttentionShape& d) {
 }
 
 template <class T, int D>
-cudaError_t forward(const void* qkv, void* out, float* lse, const AttentionShape& d, cudaStream_t s) {
+cudaError_t forward(const void* qkv, void* out, float* lse, const AttentionShape& d, bool causal,
+                    cudaStream_t s) {
   const std::size_t smem = sizeof(T) * (3 * kRows * (D + kPad));
   return launch_with_smem(fwd_tc_kernel<T, D>, dim3(row_blocks(d), static_cast<unsigned>(d.B * d.H)),
                           kWarps * 32, smem, s, static_cast<const T*>(qkv), static_cast<T*>(out),
-                          lse, attention_layout(d), d.scale);
+                          lse, attention_layout(d), d.scale, causal);
 }
 
 template <class T, int D>
 cudaError_t backward(const void* dout, const void* qkv, const float* lse, const float* di,
-                     void* dqkv, const AttentionShape& d, cudaStream_t s) {
+                     void* dqkv, const AttentionShape& d, bool causal, cudaStream_t s) {
   const AttentionLayout L = attention_layout(d);
   const T* pd = static_cast<const T*>(dout);
   const T* pq = static_cast<const T*>(qkv);
@@ -420,19 +428,20 @@ cudaError_t backward(const void* dout, const void* qkv, const float* lse, const 
   const std::size_t tiles = sizeof(T) * (2 * kRows + 2 * kInner<D>) * (D + kPad);
   cudaError_t e = launch_with_smem(dq_tc_kernel<T, D>,
                                    dim3(row_blocks(d), static_cast<unsigned>(d.B * d.H)),
-                                   kWarps * 32, tiles, s, pd, pq, lse, di, pdq, L, d.scale);
+                                   kWarps * 32, tiles, s, pd, pq, lse, di, pdq, L, d.scale, causal);
   if (e != cudaSuccess) return e;
   return launch_with_smem(dkv_tc_kernel<T, D>, dim3(row_blocks(d), static_cast<unsigned>(d.B * d.G)),
                           kWarps * 32, tiles + sizeof(float) * 2 * kInner<D>, s, pd, pq, lse, di,
-                          pdq, L, d.scale);
+                          pdq, L, d.scale, causal);
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
 
-bool attention_tc_supported(const AttentionShape& d, int dtype,
+bool attention_tc_supported(const AttentionShape& d, int dtype, const AttentionTerms& terms,
                             std::initializer_list<const void*> tensors) {
+  if (!terms.plain()) return false;  // a bias or mask: the CUDA-core kernels
   if (dtype != 1 && dtype != 2) return false;
   if (d.D != 64 && d.D != 128) return false;
   for (const void* p : tensors)
@@ -441,21 +450,22 @@ bool attention_tc_supported(const AttentionShape& d, int dtype,
 }
 
 cudaError_t attention_forward_tc(const void* qkv, void* out, float* lse, const AttentionShape& d,
-                                 int dtype, cudaStream_t s) {
+                                 bool causal, int dtype, cudaStream_t s) {
   if (dtype == 1)
-    return d.D == 64 ? forward<__nv_bfloat16, 64>(qkv, out, lse, d, s)
-                     : forward<__nv_bfloat16, 128>(qkv, out, lse, d, s);
-  return d.D == 64 ? forward<__half, 64>(qkv, out, lse, d, s) : forward<__half, 128>(qkv, out, lse, d, s);
+    return d.D == 64 ? forward<__nv_bfloat16, 64>(qkv, out, lse, d, causal, s)
+                     : forward<__nv_bfloat16, 128>(qkv, out, lse, d, causal, s);
+  return d.D == 64 ? forward<__half, 64>(qkv, out, lse, d, causal, s)
+                   : forward<__half, 128>(qkv, out, lse, d, causal, s);
 }
 
 cudaError_t attention_backward_tc(const void* dout, const void* qkv, const float* lse,
-                                  const float* di, void* dqkv, const AttentionShape& d, int dtype,
-                                  cudaStream_t s) {
+                                  const float* di, void* dqkv, const AttentionShape& d,
+                                  bool causal, int dtype, cudaStream_t s) {
   if (dtype == 1)
-    return d.D == 64 ? backward<__nv_bfloat16, 64>(dout, qkv, lse, di, dqkv, d, s)
-                     : backward<__nv_bfloat16, 128>(dout, qkv, lse, di, dqkv, d, s);
-  return d.D == 64 ? backward<__half, 64>(dout, qkv, lse, di, dqkv, d, s)
-                   : backward<__half, 128>(dout, qkv, lse, di, dqkv, d, s);
+    return d.D == 64 ? backward<__nv_bfloat16, 64>(dout, qkv, lse, di, dqkv, d, causal, s)
+                     : backward<__nv_bfloat16, 128>(dout, qkv, lse, di, dqkv, d, causal, s);
+  return d.D == 64 ? backward<__half, 64>(dout, qkv, lse, di, dqkv, d, causal, s)
+                   : backward<__half, 128>(dout, qkv, lse, di, dqkv, d, causal, s);
 }
 
 }  // namespace meshtrain::cuda::kernels

@@ -41,6 +41,18 @@ __global__ void ce_loss_kernel(const float* row_max, const float* sumexp, const 
     losses[r] = logf(sumexp[r]) + row_max[r] - target_logit[r];
 }
 
+// One block: the count of rows whose target logit reaches the row max, an
+// integer (exact whatever the order), then one rounding to fp32 as the cpu
+// backend does.
+__global__ void ce_accuracy_kernel(const float* row_max, const float* target_logit, float* correct,
+                                   i64 N, bool accumulate) {
+  __shared__ long long sh[32];
+  long long hits = 0;
+  for (i64 r = threadIdx.x; r < N; r += blockDim.x) hits += target_logit[r] >= row_max[r] ? 1 : 0;
+  hits = block_sum(hits, sh);
+  if (threadIdx.x == 0) correct[0] = static_cast<float>(hits) + (accumulate ? correct[0] : 0.f);
+}
+
 template <class T>
 __global__ void ce_backward_kernel(const T* logits, const std::int32_t* targets,
                                    const float* row_max, const float* sumexp, i64 vocab_offset,
@@ -78,6 +90,11 @@ cudaError_t ce_partials(const void* logits, int dtype, const std::int32_t* targe
 cudaError_t ce_loss(const float* row_max, const float* sumexp, const float* target_logit,
                     float* losses, i64 N, cudaStream_t s) {
   if (N > 0) ce_loss_kernel<<<grid_for(N), kThreads, 0, s>>>(row_max, sumexp, target_logit, losses, N);
+  return cudaGetLastError();
+}
+cudaError_t ce_accuracy(const float* row_max, const float* target_logit, float* correct, i64 N,
+                        bool accumulate, cudaStream_t s) {
+  ce_accuracy_kernel<<<1, 1024, 0, s>>>(row_max, target_logit, correct, N < 0 ? 0 : N, accumulate);
   return cudaGetLastError();
 }
 cudaError_t ce_backward(const void* logits, int dtype, const std::int32_t* targets,

@@ -1,9 +1,10 @@
-// Embedding lookup and its deterministic gradient. Backward stable-sorts the
-// (row, position) pairs of the tokens (cub radix sort over the bits of the
-// row index), then one block per run of equal rows adds the run's gradients
-// in token order, in double, onto the fp32 row: no atomics, one write per
-// touched row, O(N log V) sort plus O(N C) sums. The table and the looked-up
-// rows are of storage type T.
+// Row gathers (gather_rows and the embedding lookup, which is a gather by
+// token id) and the embedding's deterministic gradient. Backward stable-sorts
+// the (row, position) pairs of the tokens (cub radix sort over the bits of
+// the row index), then one block per run of equal rows adds the run's
+// gradients in token order, in double, onto the fp32 row: no atomics, one
+// write per touched row, O(N log V) sort plus O(N C) sums. The table and the
+// looked-up rows are of storage type T.
 #include <cub/device/device_radix_sort.cuh>
 
 #include <climits>
@@ -14,14 +15,44 @@
 namespace meshtrain::cuda::kernels {
 namespace {
 
-template <class T>
-__global__ void embedding_fwd_kernel(const T* table, const std::int32_t* ids, T* out, i64 N, i64 C,
-                                     i64 V, i64 vocab_offset) {
-  for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < N * C; i += (i64)gridDim.x * blockDim.x) {
-    const i64 n = i / C, j = i % C;
-    const i64 v = static_cast<i64>(ids[n]) - vocab_offset;
-    out[i] = (v >= 0 && v < V) ? table[v * C + j] : from_float<T>(0.f);
+// Vectors a gather block copies per pass: whole rows, at least one.
+constexpr int kGatherVectors = 1024;
+
+// A row is `width` vectors V (16, 8, 4 or 2 bytes, as the row size and both
+// pointers' alignment allow). One block per group of `rows` consecutive rows:
+// thread k of a pass copies vector k % width of row k / width, so a warp
+// reads consecutive vectors of one source row (or of a few) and writes
+// consecutive vectors of out.
+template <class V>
+__global__ void gather_rows_kernel(const V* src, const std::int32_t* index, V* out, i64 N,
+                                   int width, int rows, i64 M, i64 offset) {
+  const int group = rows * width;
+  for (i64 first = blockIdx.x * static_cast<i64>(rows); first < N;
+       first += static_cast<i64>(gridDim.x) * rows) {
+    for (int k = threadIdx.x; k < group; k += blockDim.x) {
+      const int r = k / width, c = k - r * width;
+      const i64 n = first + r;
+      if (n >= N) break;  // later k are later rows
+      const i64 row = static_cast<i64>(index[n]) - offset;
+      V v{};  // zero bytes: a zero row of any float dtype
+      if (row >= 0 && row < M) v = src[row * width + c];
+      out[n * width + c] = v;
+    }
   }
+}
+
+template <class V>
+cudaError_t launch_gather(const void* src, const std::int32_t* index, void* out, i64 N,
+                          i64 row_bytes, i64 M, i64 offset, cudaStream_t s) {
+  const i64 width = row_bytes / static_cast<i64>(sizeof(V));
+  if (width > INT_MAX / 2) return cudaErrorInvalidValue;
+  const i64 rows = width >= kGatherVectors ? 1 : kGatherVectors / width;
+  const i64 groups = (N + rows - 1) / rows;
+  const unsigned grid = static_cast<unsigned>(groups < 65535 * 16 ? groups : 65535 * 16);
+  gather_rows_kernel<V><<<grid, kThreads, 0, s>>>(static_cast<const V*>(src), index,
+                                                  static_cast<V*>(out), N, static_cast<int>(width),
+                                                  static_cast<int>(rows), M, offset);
+  return cudaGetLastError();
 }
 
 // Sort keys: the row within the shard, or V for a token outside it (sorted
@@ -96,13 +127,19 @@ cudaError_t sort_scratch(i64 N, i64 V, SortScratch& out) {
 
 }  // namespace
 
-cudaError_t embedding_forward(const void* table, const std::int32_t* ids, void* out, int dtype,
-                              i64 N, i64 C, i64 V, i64 vocab_offset, cudaStream_t s) {
-  if (N * C <= 0) return cudaGetLastError();
+cudaError_t gather_rows(const void* src, const std::int32_t* index, void* out, int dtype, i64 N,
+                        i64 X, i64 M, i64 offset, cudaStream_t s) {
+  if (N <= 0 || X <= 0) return cudaGetLastError();
   return with_storage(dtype, [&](auto tag) {
-    embedding_fwd_kernel<<<grid_for(N * C), kThreads, 0, s>>>(typed(tag, table), ids,
-                                                              typed(tag, out), N, C, V, vocab_offset);
-    return cudaGetLastError();
+    const i64 row_bytes = X * static_cast<i64>(sizeof(typename decltype(tag)::type));
+    const auto fits = [&](i64 w) {
+      return row_bytes % w == 0 && reinterpret_cast<std::uintptr_t>(src) % w == 0 &&
+             reinterpret_cast<std::uintptr_t>(out) % w == 0;
+    };
+    if (fits(16)) return launch_gather<uint4>(src, index, out, N, row_bytes, M, offset, s);
+    if (fits(8)) return launch_gather<uint2>(src, index, out, N, row_bytes, M, offset, s);
+    if (fits(4)) return launch_gather<unsigned>(src, index, out, N, row_bytes, M, offset, s);
+    return launch_gather<unsigned short>(src, index, out, N, row_bytes, M, offset, s);
   });
 }
 

@@ -75,6 +75,10 @@ cudaError_t ce_loss(const float* row_max, const float* sumexp, const float* targ
 cudaError_t ce_backward(const void* logits, int dtype, const std::int32_t* targets,
                         const float* row_max, const float* sumexp, i64 vocab_offset, float dloss,
                         void* dlogits, i64 N, i64 V, cudaStream_t s);
+// correct (1) = number of rows r with target_logit[r] >= row_max[r], plus
+// correct's old value when accumulate. An integer count: exact in any order.
+cudaError_t ce_accuracy(const float* row_max, const float* target_logit, float* correct, i64 N,
+                        bool accumulate, cudaStream_t s);
 
 // ---- norm.cu ---------------------------------------------------------------
 // x, w, b, out, dout, dx of storage `dtype`; mean, rstd and the parameter
@@ -97,9 +101,12 @@ cudaError_t bias_backward(const void* dy, int dtype, float* db, i64 m, i64 n, do
                           cudaStream_t s);
 
 // ---- embedding.cu ----------------------------------------------------------
-// table and out of storage `dtype`.
-cudaError_t embedding_forward(const void* table, const std::int32_t* ids, void* out, int dtype,
-                              i64 N, i64 C, i64 V, i64 vocab_offset, cudaStream_t s);
+// out (N, X) row i = src (M, X) row index[i] - offset when that is in [0, M),
+// else a zero row: gather_rows (offset 0) and the embedding lookup (offset
+// the vocabulary shard's first id). src and out of storage `dtype`; the copy
+// moves bytes, so the result is exact.
+cudaError_t gather_rows(const void* src, const std::int32_t* index, void* out, int dtype, i64 N,
+                        i64 X, i64 M, i64 offset, cudaStream_t s);
 // dtable (V, C) += Σ over tokens n whose id is in [vocab_offset, vocab_offset
 // + V) of dout row n; rows no token uses are left as they are. dout of
 // storage `dtype`, dtable fp32 (a parameter gradient). Each row sums its
@@ -122,25 +129,48 @@ struct AttentionShape {
   i64 B, T, H, G, D;
   float scale;
 };
+// What AttentionOp adds to the scores s = scale · q kᵀ (backends/backend.h),
+// as the kernels read it, and where backward leaves the score gradients.
+struct AttentionTerms {
+  bool causal = true;
+  const float* bias = nullptr;  // (H, T, T) f32, heads first (attention_bias_heads_first)
+  const float* mask = nullptr;  // (W, T, T) f32: batch entry b adds window b mod W
+  i64 windows = 1;              // W
+  float* dscores = nullptr;     // backward: (B, H, T, T) f32 receives every dS, or null
+  // Nothing beyond the causal flag: the tensor-core kernels' case.
+  bool plain() const { return bias == nullptr && mask == nullptr && dscores == nullptr; }
+};
+// out (H, T, T) f32 = bias (T, T, H) of dtype code `dtype` (f32 or 16-bit),
+// heads first: the layout in which a query row's keys are consecutive.
+cudaError_t attention_bias_heads_first(const void* bias, int dtype, float* out, i64 T, i64 H,
+                                       cudaStream_t s);
 // qkv, out (and dout, dqkv) of storage `dtype` (f32, bf16 or f16); lse f32.
 cudaError_t attention_forward(const void* qkv, void* out, float* lse, const AttentionShape& d,
-                              int dtype, cudaStream_t s);
-// scratch: B · H · T floats (the row dot products dO · O).
+                              const AttentionTerms& terms, int dtype, cudaStream_t s);
+// scratch: B · H · T floats (the row dot products dO · O). With
+// terms.dscores, every dS (unscaled: the gradient of the summed score) is
+// stored there; with terms.causal the entries above the diagonal may be left
+// unwritten (attention_dbias does not read them).
 cudaError_t attention_backward(const void* dout, const void* qkv, const void* out,
-                               const float* lse, void* dqkv, const AttentionShape& d, int dtype,
-                               float* scratch, cudaStream_t s);
+                               const float* lse, void* dqkv, const AttentionShape& d,
+                               const AttentionTerms& terms, int dtype, float* scratch,
+                               cudaStream_t s);
+// dbias (T, T, H) f32 = Σ_b dscores (B, H, T, T), summed in ascending b in
+// double (zero above the diagonal when causal): the same bits every run.
+cudaError_t attention_dbias(const float* dscores, float* dbias, i64 B, i64 H, i64 T, bool causal,
+                            cudaStream_t s);
 
 // ---- attention_tc.cu -------------------------------------------------------
 // The tensor-core path that attention_forward and attention_backward take by
 // themselves when attention_tc_supported (16-bit storage, D of 64 or 128,
-// every tensor 16-byte aligned). Same outputs and lse layout; di (B, H, T)
-// are the row dot products dO · O, computed before.
-bool attention_tc_supported(const AttentionShape& d, int dtype,
+// every tensor 16-byte aligned, causal or not, no bias or mask). Same outputs
+// and lse layout; di (B, H, T) are the row dot products dO · O, computed before.
+bool attention_tc_supported(const AttentionShape& d, int dtype, const AttentionTerms& terms,
                             std::initializer_list<const void*> tensors);
 cudaError_t attention_forward_tc(const void* qkv, void* out, float* lse, const AttentionShape& d,
-                                 int dtype, cudaStream_t s);
+                                 bool causal, int dtype, cudaStream_t s);
 cudaError_t attention_backward_tc(const void* dout, const void* qkv, const float* lse,
-                                  const float* di, void* dqkv, const AttentionShape& d, int dtype,
-                                  cudaStream_t s);
+                                  const float* di, void* dqkv, const AttentionShape& d,
+                                  bool causal, int dtype, cudaStream_t s);
 
 }  // namespace meshtrain::cuda::kernels
