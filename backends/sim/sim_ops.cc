@@ -205,7 +205,7 @@ void SimBackend::score_terms(const Tensor& qkv, const AttentionOp& op, bool back
   if (op.bias.defined()) bytes += scores * static_cast<double>(dtype_size(op.bias.dtype()));
   if (op.mask.defined()) bytes += scores * 4.0;
   if (backward && op.bias.defined()) bytes += 2.0 * scores * 4.0;
-  compute(op_name("attention_score_terms"), cluster_.cost_.memory_bound(bytes));
+  compute(op_name("attention_score_terms"), cluster_.cost_.memory_bound(bytes, "attention_score_terms"));
 }
 
 void SimBackend::unfused_attention(std::int64_t bh, std::int64_t seq, std::int64_t head_dim,
