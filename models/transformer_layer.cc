@@ -22,8 +22,8 @@ std::vector<std::int32_t> window_order(int batch, int grid, int window, int shif
   return order;
 }
 
-std::vector<std::int32_t> inverse_order(const std::vector<std::int32_t>& order) {
-  std::vector<std::int32_t> inverse(order.size(), -1);
+std::vector<std::int32_t> inverse_order(const std::vector<std::int32_t>& order, std::size_t rows) {
+  std::vector<std::int32_t> inverse(rows == 0 ? order.size() : rows, -1);
   for (std::size_t i = 0; i < order.size(); ++i)
     if (order[i] >= 0) inverse[static_cast<std::size_t>(order[i])] = static_cast<std::int32_t>(i);
   return inverse;

@@ -71,10 +71,11 @@ class TransformerLayerDef : public BlockDef {
 
 // The window-order row of every token of B images of grid × grid (window
 // partition of the image shifted by -shift, as torch.roll(x, (-s, -s))), and
-// its inverse; the relative position index of a window's token pairs; the
+// its inverse (over `rows` source rows, default the map's size; -1 entries,
+// padding, have no inverse); the relative position index of a window's token pairs; the
 // shifted-window mask. Exposed for tests.
 std::vector<std::int32_t> window_order(int batch, int grid, int window, int shift);
-std::vector<std::int32_t> inverse_order(const std::vector<std::int32_t>& order);
+std::vector<std::int32_t> inverse_order(const std::vector<std::int32_t>& order, std::size_t rows = 0);
 std::vector<std::int32_t> relative_position_index(int window);
 std::vector<float> shifted_window_mask(int grid, int window, int shift);
 

@@ -202,7 +202,7 @@ class PatchMerging : public Block {
   const Tensor& order(int batch, bool inverse) {
     return ctx_.constant_ids(fmt::format("merge:{}:{}:{}", batch, def_.grid(), inverse), [&] {
       auto o = merge_order(batch, def_.grid());
-      return inverse ? inverse_order(o) : o;
+      return inverse ? inverse_order(o, static_cast<std::size_t>(batch) * def_.grid() * def_.grid()) : o;
     });
   }
 

@@ -1,4 +1,4 @@
-// RoPE and causal grouped-query attention.
+// RoPE and grouped-query attention: causal, and bidirectional with a bias and a window mask.
 #include "backends/cpu/kernels/attention.h"
 #include "backends/cpu/kernels/rope.h"
 #include "tests/cpu/cpu_test_util.h"
@@ -124,6 +124,112 @@ TEST_CASE("cpu attention forward and backward, grouped-query and full", "[cpu]")
     be.attention_backward(upload(be, to.shape(), dout), tq, to, tl, tdq, op);
     CHECK(rel_err(download(be, tdq), dqkv) < kF32Tol);
   }
+}
+
+// Bidirectional attention with score terms, written out: s = scale·q·k +
+// bias[i][j][h] + mask[b mod W][i][j] over every key, bias (T, T, H), mask (W, T, T).
+Vec naive_scored_attention(const AttentionCase& c, double scale, const Vec& qkv, const Vec& bias, const Vec& mask,
+                           std::int64_t windows) {
+  const std::int64_t W = (c.H + 2 * c.G) * c.D;
+  Vec out(static_cast<std::size_t>(c.B * c.T * c.H * c.D));
+  for (std::int64_t b = 0; b < c.B; ++b)
+    for (std::int64_t h = 0; h < c.H; ++h) {
+      const std::int64_t g = h / (c.H / c.G);
+      for (std::int64_t t = 0; t < c.T; ++t) {
+        Vec s(static_cast<std::size_t>(c.T));
+        double m = -1e300;
+        for (std::int64_t j = 0; j < c.T; ++j) {
+          double d = 0;
+          for (std::int64_t k = 0; k < c.D; ++k)
+            d += qkv[(b * c.T + t) * W + h * c.D + k] * qkv[(b * c.T + j) * W + (c.H + g) * c.D + k];
+          s[j] = scale * d + bias[(t * c.T + j) * c.H + h] + mask[((b % windows) * c.T + t) * c.T + j];
+          m = std::max(m, s[j]);
+        }
+        double z = 0;
+        for (double v : s) z += std::exp(v - m);
+        for (std::int64_t k = 0; k < c.D; ++k) {
+          double o = 0;
+          for (std::int64_t j = 0; j < c.T; ++j)
+            o += std::exp(s[j] - m) / z * qkv[(b * c.T + j) * W + (c.H + c.G + g) * c.D + k];
+          out[((b * c.T + t) * c.H + h) * c.D + k] = o;
+        }
+      }
+    }
+  return out;
+}
+
+TEST_CASE("cpu attention with a bias and a window mask, bidirectional, and its bias gradient", "[cpu]") {
+  std::mt19937_64 rng(testing::seed_for("scored attention"));
+  const AttentionCase c{4, 5, 4, 2, 3};
+  const std::int64_t windows = 2;
+  const cpu::AttentionDims d{c.B, c.T, c.H, c.G, c.D};
+  const double scale = 1 / std::sqrt(static_cast<double>(c.D));
+  const std::int64_t nq = c.B * c.T * (c.H + 2 * c.G) * c.D, no = c.B * c.T * c.H * c.D, TT = c.T * c.T;
+  Vec qkv = testing::random_vec(rng, nq), bias = testing::random_vec(rng, TT * c.H);
+  Vec mask(static_cast<std::size_t>(windows * TT), 0.0);
+  for (std::size_t i = 0; i < mask.size(); ++i)
+    if (rng() % 3 == 0 && i % static_cast<std::size_t>(c.T + 1) != 0) mask[i] = -100;  // never the diagonal
+  // The kernel reads the bias heads-first.
+  auto terms_of = [&](const Vec& b, Vec& heads_first) {
+    heads_first.assign(b.size(), 0);
+    for (std::int64_t ij = 0; ij < TT; ++ij)
+      for (std::int64_t h = 0; h < c.H; ++h) heads_first[static_cast<std::size_t>(h * TT + ij)] = b[ij * c.H + h];
+    cpu::ScoreTerms<double> t;
+    t.causal = false;
+    t.bias = heads_first.data();
+    t.mask = mask.data();
+    t.windows = windows;
+    return t;
+  };
+  Vec hf;
+  auto forward = [&] {
+    Vec out(static_cast<std::size_t>(no)), lse(static_cast<std::size_t>(c.B * c.H * c.T));
+    cpu::attention_forward<double>(d, scale, qkv.data(), out.data(), lse.data(), terms_of(bias, hf));
+    return std::pair{out, lse};
+  };
+  const auto [out, lse] = forward();
+  CHECK(rel_err(out, naive_scored_attention(c, scale, qkv, bias, mask, windows)) < 1e-13);
+
+  const Vec dout = testing::random_vec(rng, no);
+  Vec dqkv(qkv.size()), dscores(static_cast<std::size_t>(c.B * c.H * TT));
+  cpu::attention_backward<double>(d, scale, dout.data(), qkv.data(), out.data(), lse.data(), dqkv.data(),
+                                  terms_of(bias, hf), dscores.data());
+  CHECK(rel_err(dqkv, testing::numeric_grad(qkv, [&] { return testing::dot(dout, forward().first); })) < kFdTol);
+  // dbias (T, T, H) = Σ over the batch of the score gradients.
+  Vec dbias(bias.size(), 0.0);
+  for (std::int64_t b = 0; b < c.B; ++b)
+    for (std::int64_t h = 0; h < c.H; ++h)
+      for (std::int64_t ij = 0; ij < TT; ++ij) dbias[ij * c.H + h] += dscores[(b * c.H + h) * TT + ij];
+  CHECK(rel_err(dbias, testing::numeric_grad(bias, [&] { return testing::dot(dout, forward().first); })) < kFdTol);
+
+  CpuBackend be;
+  AttentionOp op{static_cast<int>(c.H), static_cast<int>(c.G), static_cast<int>(c.D), static_cast<float>(scale)};
+  op.causal = false;
+  op.bias = upload(be, {c.T, c.T, c.H}, bias);
+  op.mask = upload(be, {windows, c.T, c.T}, mask);
+  op.dbias = be.empty({c.T, c.T, c.H});
+  Tensor tq = upload(be, {c.B, c.T, c.H + 2 * c.G, c.D}, qkv);
+  Tensor to = be.empty({c.B, c.T, c.H, c.D}), tl = be.empty({c.B, c.H, c.T});
+  be.attention_forward(tq, to, tl, op);
+  CHECK(rel_err(download(be, to), out) < 1e-5);
+  Tensor tdq = be.empty(tq.shape());
+  be.attention_backward(upload(be, to.shape(), dout), tq, to, tl, tdq, op);
+  CHECK(rel_err(download(be, tdq), dqkv) < kF32Tol);
+  CHECK(rel_err(download(be, op.dbias), dbias) < kF32Tol);
+}
+
+TEST_CASE("cpu gather_rows: rows by index, zeros for negative indices", "[cpu]") {
+  CpuBackend be;
+  const Vec src = {1, 2, 3, 4, 5, 6};  // (3, 2)
+  Tensor ts = upload(be, {3, 2}, src), out = be.empty({4, 2});
+  Tensor idx = be.empty({4}, DType::i32);
+  be.write(idx, std::vector<std::int32_t>{2, -1, 0, 2});
+  be.gather_rows(ts, idx, out);
+  CHECK(download(be, out) == Vec{5, 6, 0, 0, 1, 2, 5, 6});
+  Tensor max = upload(be, {3}, Vec{1, 2, 3}), target = upload(be, {3}, Vec{1, 1, 3}), correct = be.empty({1});
+  be.cross_entropy_accuracy(max, target, correct, false);
+  be.cross_entropy_accuracy(max, target, correct, true);
+  CHECK(download(be, correct) == Vec{4});
 }
 
 }  // namespace

@@ -1,0 +1,250 @@
+// ViT and Swin: parameter counts and FLOPs against counts derived here from
+// the papers' layer lists (independently of the block code), the index maps
+// of window attention and patch merging, and gradients against finite
+// differences of the loss.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <set>
+
+#include "backends/cpu/cpu_backend.h"
+#include "models/model_chunk.h"
+#include "models/parameters.h"
+#include "models/transformer_layer.h"
+#include "models/vision_blocks.h"
+
+using namespace meshtrain;
+
+namespace {
+
+// ViT (Dosovitskiy et al. 2021, eq. 1-4): patch projection with bias, class
+// token, positions, L × (LN, QKV + bias, projection + bias, LN, MLP with
+// biases), final LN, head with bias.
+double vit_parameters(double L, double C, double F, double P, double K, double S, double Y) {
+  const double layer = 4 * C + (3 * C * C + 3 * C) + (C * C + C) + (C * F + F) + (F * C + C);
+  return (P * P * K * C + C) + C + (1 + S * S) * C + L * layer + 2 * C + (C * Y + Y);
+}
+
+// Swin (Liu et al. 2021, Sec. 3): patch projection with bias and its LN;
+// per block of width C with h heads: the ViT layer's parameters (MLP ratio 4)
+// and a (2M - 1)² × h relative position table; between stages a merge (LN
+// over 4C, 4C -> 2C without bias); final LN, head.
+double swin_parameters(double C0, const std::vector<int>& depths, const std::vector<int>& heads, double P, double K,
+                       double M, double Y) {
+  double total = P * P * K * C0 + C0 + 2 * C0, C = C0;
+  for (std::size_t i = 0; i < depths.size(); ++i) {
+    if (i > 0) {
+      total += 2 * 4 * C + 4 * C * 2 * C;
+      C *= 2;
+    }
+    const double block = 4 * C + 4 * C * C + 4 * C + 8 * C * C + 5 * C + (2 * M - 1) * (2 * M - 1) * heads[i];
+    total += depths[i] * block;
+  }
+  return total + 2 * C + C * Y + Y;
+}
+
+std::int64_t count(const std::string& name) { return count_parameters(*model_preset(name)).total; }
+
+}  // namespace
+
+TEST_CASE("ViT and Swin parameter counts match the published models", "[vision]") {
+  CHECK(count("vit-b16") == 86'567'656);  // timm's vit_base_patch16_224
+  CHECK(count("vit-b16") == vit_parameters(12, 768, 3072, 16, 3, 14, 1000));
+  CHECK(count("vit-l16") == vit_parameters(24, 1024, 4096, 16, 3, 14, 1000));
+  CHECK(count("vit-h14") == vit_parameters(32, 1280, 5120, 14, 3, 16, 1000));
+  CHECK(count("swin-t") == 28'288'354);  // timm's swin_tiny_patch4_window7_224
+  CHECK(count("swin-t") == swin_parameters(96, {2, 2, 6, 2}, {3, 6, 12, 24}, 4, 3, 7, 1000));
+  CHECK(count("swin-s") == swin_parameters(96, {2, 2, 18, 2}, {3, 6, 12, 24}, 4, 3, 7, 1000));
+  CHECK(count("swin-b") == swin_parameters(128, {2, 2, 18, 2}, {4, 8, 16, 32}, 4, 3, 7, 1000));
+  CHECK(count("swin-l") == swin_parameters(192, {2, 2, 18, 2}, {6, 12, 24, 48}, 4, 3, 7, 1000));
+  // Published totals, rounded (Liu et al. 2021, Table 1; Dosovitskiy et al. Table 1).
+  CHECK(count("swin-b") / 1e6 == Approx(88).margin(0.5));
+  CHECK(count("swin-l") / 1e6 == Approx(197).margin(0.5));
+  CHECK(count("vit-l16") / 1e6 == Approx(307).margin(3));
+  CHECK(count("vit-h14") / 1e6 == Approx(632).margin(3));
+}
+
+TEST_CASE("FLOPs per image follow an independent count of GEMMs and attention", "[vision][flops]") {
+  SECTION("ViT-B/16") {
+    const ModelSpec m = *model_preset("vit-b16");
+    const double T = 197, C = 768, F = 3072, S = 14;
+    const double layer = 2 * T * (4 * C * C + 2 * C * F) + 2 * (2 * T * T * C);
+    const double expected = 2 * S * S * (16 * 16 * 3) * C + 12 * layer + 2 * C * 1000;
+    CHECK(forward_flops(m, 1, m.seq_len).total() == Approx(expected).epsilon(1e-12));
+    // 17.6 GFLOPs (multiply-adds) in Dosovitskiy et al.'s count.
+    CHECK(forward_flops(m, 1, m.seq_len).total() / 2 / 1e9 == Approx(17.6).epsilon(0.01));
+  }
+  SECTION("Swin-T") {
+    const ModelSpec m = *model_preset("swin-t");
+    double expected = 2 * 56.0 * 56 * (4 * 4 * 3) * 96, C = 96, grid = 56;
+    const int depths[4] = {2, 2, 6, 2};
+    for (int i = 0; i < 4; ++i) {
+      if (i > 0) {
+        grid /= 2;
+        expected += 2 * grid * grid * (4 * C) * (2 * C);
+        C *= 2;
+      }
+      const double T = grid * grid;
+      expected += depths[i] * (2 * T * (4 * C * C + 8 * C * C) + 2 * (2 * T * 49 * C));
+    }
+    expected += 2 * C * 1000;
+    const ForwardFlops f = forward_flops(m, 1, m.seq_len);
+    CHECK(f.total() == Approx(expected).epsilon(1e-12));
+    // 4.5 G multiply-adds (Liu et al. 2021, Table 1).
+    CHECK(f.total() / 2 / 1e9 == Approx(4.5).epsilon(0.03));
+    CHECK(training_flops(m, 8, m.seq_len, Recompute::none).per_token == Approx(3 * expected));
+  }
+}
+
+TEST_CASE("window partition, shift and merge are permutations with the reference layout", "[vision]") {
+  const int B = 2, grid = 6, M = 3, shift = 1;
+  const auto order = window_order(B, grid, M, shift);
+  REQUIRE(order.size() == static_cast<std::size_t>(B * grid * grid));
+  CHECK(std::set<std::int32_t>(order.begin(), order.end()).size() == order.size());
+  const auto inverse = inverse_order(order);
+  for (std::size_t i = 0; i < order.size(); ++i) CHECK(inverse[static_cast<std::size_t>(order[i])] == int(i));
+  // torch.roll(x, (-1, -1)) then window (0, 0) starts at image position (1, 1);
+  // the last window's last token wraps to (0, 0).
+  CHECK(order[0] == 1 * grid + 1);
+  CHECK(order[grid * grid - 1] == 0);
+  CHECK(order[grid * grid] == grid * grid + grid + 1);  // image 1
+  // The unshifted partition: window (0, 1), token (0, 0) is image position (0, 3).
+  CHECK(window_order(1, grid, M, 0)[9] == 3);
+
+  const auto mask = shifted_window_mask(grid, M, shift);
+  REQUIRE(mask.size() == 4u * 9 * 9);
+  // Window 0 lies inside region 0 of the shifted image: nothing masked.
+  CHECK(std::all_of(mask.begin(), mask.begin() + 81, [](float v) { return v == 0.f; }));
+  // Window 3 (bottom right) mixes four regions: token 0 and token 8 (the wrapped corner) may not meet.
+  CHECK(mask[3 * 81 + 0 * 9 + 8] < -50.f);
+  CHECK(mask[3 * 81 + 0 * 9 + 0] == 0.f);
+
+  const auto rel = relative_position_index(M);
+  CHECK(*std::min_element(rel.begin(), rel.end()) == 0);
+  CHECK(*std::max_element(rel.begin(), rel.end()) == (2 * M - 1) * (2 * M - 1) - 1);
+  CHECK(rel[0] == (M - 1) * (2 * M - 1) + (M - 1));  // a token and itself: offset (0, 0)
+
+  // Merging a 3×3 grid pads to 4×4: row (0, 0)'s four are (0,0), (1,0), (0,1), (1,1).
+  const auto merge = merge_order(1, 3);
+  REQUIRE(merge.size() == 16u);
+  CHECK(std::vector<std::int32_t>(merge.begin(), merge.begin() + 4) == std::vector<std::int32_t>{0, 3, 1, 4});
+  CHECK(merge[4 * 3 + 3] == -1);  // merged row (1, 1) takes (3, 3): padding
+  CHECK(std::count(merge.begin(), merge.end(), -1) == 7);
+  const auto patches = patch_order(1, 4, 2);
+  CHECK(std::vector<std::int32_t>(patches.begin(), patches.begin() + 4) == std::vector<std::int32_t>{0, 1, 4, 5});
+}
+
+namespace {
+
+struct VisionFixture {
+  CpuBackend b;
+  ModelSpec m;
+  ModelChunk chunk;
+  MicroBatch mb;
+  VisionFixture(const ModelSpec& spec, std::uint64_t seed, int batch, ChunkOptions options = {})
+      : m(spec), chunk(b, m, ChunkLayers{0, spec.layers, true, true}, TensorParallel{Group{0, {0}}, 0, 1}, options) {
+    chunk.parameters().initialize(seed);
+    std::mt19937 rng(static_cast<std::uint32_t>(seed));
+    std::normal_distribution<float> pixel;
+    std::vector<float> pixels(static_cast<std::size_t>(batch) * m.image_size * m.image_size * m.channels);
+    for (auto& v : pixels) v = pixel(rng);
+    std::vector<std::int32_t> labels(static_cast<std::size_t>(batch));
+    for (auto& v : labels) v = static_cast<std::int32_t>(rng() % static_cast<unsigned>(m.classes));
+    mb.pixels = b.empty(Shape{batch, m.image_size, m.image_size, m.channels});
+    mb.targets = b.empty(Shape{batch}, DType::i32);
+    b.write(mb.pixels, pixels);
+    b.write(mb.targets, labels);
+    mb.batch = batch;
+    mb.seq = m.seq_len;
+  }
+  double loss() {
+    SavedActivations saved;
+    Tensor l = chunk.forward(mb, Tensor(), saved);
+    float host = 0;
+    REQUIRE(b.read(l, std::span<float>(&host, 1)).ok());
+    return host / mb.batch;
+  }
+  std::vector<float> gradient() {
+    chunk.parameters().zero_grads();
+    SavedActivations saved;
+    chunk.forward(mb, Tensor(), saved);
+    chunk.backward(mb, saved, Tensor(), 1.f / mb.batch);
+    std::vector<float> g(static_cast<std::size_t>(chunk.parameters().numel()));
+    REQUIRE(b.read(chunk.parameters().grads(), g).ok());
+    return g;
+  }
+};
+
+// As the GPT test: the directional derivative along each parameter tensor's
+// own gradient by central differences, against its norm from backward.
+void check_gradient(const ModelSpec& spec) {
+  const std::uint64_t seed = 11;
+  INFO("model " << spec.name << ", seed " << seed);
+  VisionFixture f(spec, seed, 4);
+  {
+    // Weights at the initial std of 0.02 leave attention almost uniform, and
+    // the relative position tables' gradients near what fp32 losses resolve:
+    // larger weights make every tensor's gradient measurable.
+    std::vector<float> v(static_cast<std::size_t>(f.chunk.parameters().numel()));
+    REQUIRE(f.b.read(f.chunk.parameters().values(), v).ok());
+    for (float& x : v) x *= 4.f;
+    f.b.write(f.chunk.parameters().values(), v);
+  }
+  const std::vector<float> g = f.gradient();
+  std::vector<float> theta(g.size());
+  REQUIRE(f.b.read(f.chunk.parameters().values(), theta).ok());
+  auto loss_at = [&](const std::vector<double>& dir, double eps) {
+    std::vector<float> p(theta.size());
+    for (std::size_t i = 0; i < p.size(); ++i) p[i] = static_cast<float>(theta[i] + eps * dir[i]);
+    f.b.write(f.chunk.parameters().values(), p);
+    return f.loss();
+  };
+  for (const ParamSlot& slot : f.chunk.parameters().slots()) {
+    INFO("parameter " << slot.info.name);
+    std::vector<double> dir(g.size(), 0.0);
+    double norm = 0;
+    for (std::int64_t i = 0; i < slot.value.numel(); ++i) norm += double(g[slot.offset + i]) * g[slot.offset + i];
+    norm = std::sqrt(norm);
+    REQUIRE(norm > 0);
+    double largest = 0;
+    for (std::int64_t i = 0; i < slot.value.numel(); ++i) {
+      dir[slot.offset + i] = g[slot.offset + i] / norm;
+      largest = std::max(largest, std::abs(dir[slot.offset + i]));
+    }
+    // A step that moves the loss by ~1e-3, but no element by more than 3e-3:
+    // a tensor with a tiny gradient (a relative position table at
+    // initialisation) would otherwise be stepped far into the softmax's curvature.
+    const double eps = std::min(1e-3 / norm, 3e-3 / largest);
+    const double up = loss_at(dir, eps), down = loss_at(dir, -eps);
+    const double numeric = (up - down) / (2 * eps);
+    // What fp32 losses can resolve: a few ulps of each over the step.
+    const double resolution = 4 * 6e-8 * (std::abs(up) + std::abs(down)) / (2 * eps);
+    CHECK(std::abs(numeric - norm) <= 2e-3 * norm + resolution);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("the vision models' loss at initialisation is close to ln(classes)", "[vision]") {
+  for (const char* name : {"vit-tiny", "swin-micro"}) {
+    INFO(name);
+    VisionFixture f(*model_preset(name), 1, 8);
+    CHECK(f.loss() == Approx(std::log(10.0)).margin(0.1));
+  }
+}
+
+TEST_CASE("ViT gradients match finite differences of the loss", "[vision]") { check_gradient(*model_preset("vit-tiny")); }
+
+TEST_CASE("Swin gradients match finite differences of the loss", "[vision]") {
+  // swin-micro: a 6×6 grid in windows of 3 (shifted on the second block, so
+  // masked), a 3×3 grid merged with padding, and relative position tables.
+  check_gradient(*model_preset("swin-micro"));
+}
+
+TEST_CASE("full recomputation of Swin blocks gives the same gradient bits", "[vision]") {
+  const ModelSpec m = *model_preset("swin-micro");
+  VisionFixture plain(m, 3, 4), recompute(m, 3, 4, ChunkOptions{Recompute::full, 0.f});
+  CHECK(recompute.gradient() == plain.gradient());
+}
