@@ -78,8 +78,32 @@ inline StepOptions step_options() {
   return o;
 }
 
+// A vision model's global batch: images of counter-based noise in which the
+// label (the brightest of a few image regions) is learnable.
+inline std::vector<HostBatch> global_images(const ModelSpec& m, int step) {
+  std::vector<HostBatch> out;
+  const int side = m.image_size, pixels = side * side * m.channels;
+  for (int j = 0; j < kGlobalBatch / kMicroBatch; ++j) {
+    HostBatch h;
+    h.batch = kMicroBatch, h.seq = m.seq_len;
+    for (int i = 0; i < kMicroBatch; ++i) {
+      const std::uint64_t image = static_cast<std::uint64_t>(step * 1000 + j * 100 + i);
+      const int label = static_cast<int>(mix64(kSeed ^ image) % static_cast<std::uint64_t>(m.classes));
+      for (int p = 0; p < pixels; ++p) {
+        const double u = static_cast<double>(mix64(kSeed ^ mix64(image * 65536 + p)) >> 11) * 0x1.0p-53;
+        const bool lit = (p / m.channels) % m.classes == label;
+        h.pixels.push_back(static_cast<float>(u - 0.5 + (lit ? 1.0 : 0.0)));
+      }
+      h.targets.push_back(label);
+    }
+    out.push_back(std::move(h));
+  }
+  return out;
+}
+
 // The global batch of a step as micro-batches, deterministic in (seed, step).
 inline std::vector<HostBatch> global_batch(const ModelSpec& m, int step) {
+  if (m.vision()) return global_images(m, step);
   std::vector<HostBatch> out;
   for (int j = 0; j < kGlobalBatch / kMicroBatch; ++j) {
     HostBatch h;

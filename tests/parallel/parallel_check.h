@@ -1,0 +1,83 @@
+// The check every parallel numerics test makes: a plan's losses, gradient
+// norms, evaluation and final parameters against the single-rank run of the
+// same model (cached per model), ranks as threads.
+#pragma once
+
+#include <catch2/catch.hpp>
+
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "backends/cpu/comm/in_process.h"
+#include "tests/parallel/parallel_harness.h"
+
+namespace meshtrain::testing {
+
+struct PlanRun {
+  std::vector<RankRun> ranks;
+};
+
+inline PlanRun run_plan(const ModelSpec& m, Plan p) {
+  if (m.vision()) p.seq_len = 0;  // the images fix the tokens
+  PlanRun out;
+  out.ranks.resize(static_cast<std::size_t>(p.world_size()));
+  REQUIRE(validate_plan(p, m).ok());
+  const Status s = run_ranks(p.world_size(), [&](int rank, Communicator& comm) -> Status {
+    CpuBackend b(comm);
+    return run_rank(b, m, p, out.ranks[static_cast<std::size_t>(rank)]);
+  });
+  INFO((s.ok() ? std::string() : s.error().message()));
+  REQUIRE(s.ok());
+  return out;
+}
+
+inline const PlanRun& reference(const ModelSpec& m) {
+  static std::map<std::string, PlanRun> cache;
+  static std::mutex mu;
+  std::lock_guard lock(mu);
+  auto it = cache.find(m.name);
+  if (it == cache.end()) it = cache.emplace(m.name, run_plan(m, make_plan(1, 1, 1, 0, ScheduleKind::one_f_one_b))).first;
+  return it->second;
+}
+
+inline std::string describe(const Plan& p) {
+  return fmt::format("tp{} pp{} dp{} vpp{} zero{} {}{} stages first {} last {} buckets {:g} MiB {}", p.tp, p.pp,
+                     p.dp, p.vpp, p.zero, schedule_name(p.schedule), p.sequence_parallel ? " sp" : "",
+                     p.first_stage_layers, p.last_stage_layers, p.grad_bucket_mb, grad_sync_name(p.grad_sync));
+}
+
+inline void check_matches_reference(const ModelSpec& m, const Plan& p) {
+  INFO("seed " << kSeed << ", plan " << describe(p) << ", model " << m.name);
+  const PlanRun& ref = reference(m);
+  const PlanRun run = run_plan(m, p);
+  const RankRun& r0 = ref.ranks[0];
+  for (const RankRun& r : run.ranks) {
+    // Every rank reports the same loss and norm bits.
+    CHECK(r.losses == run.ranks[0].losses);
+    CHECK(r.grad_norms == run.ranks[0].grad_norms);
+    CHECK(r.eval_loss == run.ranks[0].eval_loss);
+  }
+  CHECK(run.ranks[0].eval_loss == Approx(r0.eval_loss).epsilon(1e-5));
+  for (int s = 0; s < kSteps; ++s) {
+    INFO("step " << s + 1);
+    CHECK(run.ranks[0].losses[s] == Approx(r0.losses[s]).epsilon(1e-5));
+    CHECK(run.ranks[0].grad_norms[s] == Approx(r0.grad_norms[s]).epsilon(1e-5));
+  }
+  REQUIRE(run.ranks[0].state.size() == r0.state.size());
+  double worst = 0;
+  for (const auto& [name, ref_values] : r0.state) {
+    if (!name.starts_with("params/")) continue;
+    INFO(name);
+    auto it = run.ranks[0].state.find(name);
+    REQUIRE(it != run.ranks[0].state.end());
+    REQUIRE(it->second.size() == ref_values.size());
+    const double e = relative_error(it->second, ref_values);
+    worst = std::max(worst, e);
+    CHECK(e <= 1e-5);
+  }
+  WARN(describe(p) << ": worst relative parameter error " << worst);
+}
+
+
+}  // namespace meshtrain::testing
