@@ -25,6 +25,7 @@ Status MetricsWriter::write(const StepMetrics& m) {
                       {"step_time_s", m.step_time_s},
                       {"tokens_per_s", m.tokens_per_s}};
   if (m.val_loss) j["val_loss"] = *m.val_loss;
+  if (m.val_accuracy) j["val_accuracy"] = *m.val_accuracy;
   const std::string line = j.dump() + "\n";
   if (std::fwrite(line.data(), 1, line.size(), file_.get()) != line.size() ||
       std::fflush(file_.get()) != 0) {
@@ -39,11 +40,11 @@ std::string format_hms(double seconds) {
 }
 
 std::string format_progress(std::int64_t step, std::int64_t total, double loss, double tokens_per_s,
-                            double elapsed_s) {
+                            double elapsed_s, const char* unit) {
   const std::string eta =
       step > 0 ? format_hms(elapsed_s / step * static_cast<double>(total - step)) : "--:--:--";
-  return fmt::format("step {}/{} | loss {:.4f} | {:.0f} tok/s | elapsed {} | eta {}", step, total,
-                     loss, tokens_per_s, format_hms(elapsed_s), eta);
+  return fmt::format("step {}/{} | loss {:.4f} | {:.0f} {}/s | elapsed {} | eta {}", step, total, loss,
+                     tokens_per_s, unit, format_hms(elapsed_s), eta);
 }
 
 }  // namespace meshtrain

@@ -18,7 +18,8 @@ struct StepMetrics {
   double lr = 0;
   double step_time_s = 0;
   double tokens_per_s = 0;
-  std::optional<double> val_loss;  // written only when measured this step
+  std::optional<double> val_loss;      // written only when measured this step
+  std::optional<double> val_accuracy;  // top-1, vision models, with val_loss
 };
 
 // Appends to the file (a resumed run continues the same file) and flushes each
@@ -29,7 +30,8 @@ class MetricsWriter {
   // Errors naming the file when it cannot be opened for appending.
   static Result<MetricsWriter> open(const std::string& path);
 
-  // {"step":…,"loss":…,"lr":…,"step_time_s":…,"tokens_per_s":…[,"val_loss":…]}
+  // {"step":…,"loss":…,"lr":…,"step_time_s":…,"tokens_per_s":…[,"val_loss":…[,"val_accuracy":…]]}
+  // (tokens_per_s counts images for a vision model).
   Status write(const StepMetrics& m);
 
  private:
@@ -38,11 +40,11 @@ class MetricsWriter {
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> file_;
 };
 
-// "step 12/500 | loss 3.4521 | 8192 tok/s | elapsed 00:01:02 | eta 00:42:10".
-// The ETA assumes the remaining steps take the mean time of those done; it is
-// "--:--:--" before the first step.
+// "step 12/500 | loss 3.4521 | 8192 tok/s | elapsed 00:01:02 | eta 00:42:10"
+// (`unit` "img" for images). The ETA assumes the remaining steps take the mean
+// time of those done; it is "--:--:--" before the first step.
 std::string format_progress(std::int64_t step, std::int64_t total, double loss, double tokens_per_s,
-                            double elapsed_s);
+                            double elapsed_s, const char* unit = "tok");
 
 // Seconds as hh:mm:ss (hours grow past 99 rather than wrap).
 std::string format_hms(double seconds);

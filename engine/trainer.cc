@@ -7,9 +7,8 @@
 
 #include <fmt/format.h>
 
-#include "engine/byte_dataset.h"
 #include "engine/checkpoint.h"
-#include "engine/data_loader.h"
+#include "engine/training_data.h"
 #include "engine/lr_schedule.h"
 #include "engine/mesh.h"
 #include "engine/metrics.h"
@@ -21,20 +20,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
-std::vector<HostBatch> split_microbatches(const Batch& b, int micro_batch) {
-  std::vector<HostBatch> out;
-  const std::size_t per = static_cast<std::size_t>(micro_batch) * b.seq;
-  for (std::size_t off = 0; off < b.ids.size(); off += per) {
-    HostBatch h;
-    h.ids.assign(b.ids.begin() + off, b.ids.begin() + off + per);
-    h.targets.assign(b.targets.begin() + off, b.targets.begin() + off + per);
-    h.batch = micro_batch;
-    h.seq = b.seq;
-    out.push_back(std::move(h));
-  }
-  return out;
-}
 
 Status save_checkpoint(StepEngine& engine, bool writer, const ModelSpec& m, const Plan& p, const TrainOptions& o,
                        std::int64_t step, const LoaderState& loader) {
@@ -56,10 +41,6 @@ Status save_checkpoint(StepEngine& engine, bool writer, const ModelSpec& m, cons
 }  // namespace
 
 Status check_train_options(const TrainOptions& o, const ModelSpec& m, const Plan& p) {
-  if (m.vocab != kByteVocab)
-    return make_error("model '{}' has vocab {}, but training reads bytes (vocab 256); use a model with "
-                      "\"vocab\": 256 such as 'tiny'", m.name, m.vocab);
-  if (o.data.empty()) return make_error("no training data: pass --data FILE (any file; its bytes are the tokens)");
   if (o.steps <= 0) return make_error("--steps must be positive, got {}", o.steps);
   if (o.stop_at < 0 || o.stop_at > o.steps)
     return make_error("--stop-at {} must be within 1..--steps {}", o.stop_at, o.steps);
@@ -68,7 +49,7 @@ Status check_train_options(const TrainOptions& o, const ModelSpec& m, const Plan
   MT_TRY(validate_lr_schedule(LrSchedule{o.lr, o.min_lr, o.warmup, o.steps}));
   if (o.resume && o.checkpoint_dir.empty()) return make_error("--resume needs --checkpoint DIR");
   MT_TRY(StepEngine::supports(p));
-  MT_TRY(load_byte_dataset(o.data, p.effective_seq_len(m)));
+  MT_TRY(check_training_data(o.data, m, p));
   if (!o.checkpoint_dir.empty()) MT_TRY(probe_checkpoint_dir(o.checkpoint_dir));
   if (!o.metrics.empty()) MT_TRY(MetricsWriter::open(o.metrics));
   return {};
@@ -79,8 +60,7 @@ Status train_rank(Backend& b, const ModelSpec& m, const Plan& p, const TrainOpti
   const Mesh mesh(p);
   const Coord coord = mesh.coord_of(b.rank());
   const int seq = p.effective_seq_len(m);
-  MT_ASSIGN(ByteDataset data, load_byte_dataset(o.data, seq));
-  DataLoader loader(data.train(), o.seed, coord.dp, p.dp);
+  MT_ASSIGN(std::unique_ptr<TrainingData> data, open_training_data(o.data, m, p, o.seed, coord.dp, p.dp));
   StepEngine engine(b, m, p, mesh, o.step);
   const LrSchedule schedule{o.lr, o.min_lr, o.warmup, o.steps};
 
@@ -94,7 +74,7 @@ Status train_rank(Backend& b, const ModelSpec& m, const Plan& p, const TrainOpti
     std::map<std::string, std::vector<float>> state;
     for (auto& [name, t] : ckpt.tensors) state.emplace(name, std::move(t.data));
     MT_TRY(engine.import_state(state));
-    loader.restore(ckpt.meta.data_loader);
+    data->restore(ckpt.meta.data_loader);
     first_step = ckpt.meta.step + 1;
     if (leader && o.progress) fmt::print("resumed from {} at step {}\n", o.checkpoint_dir, ckpt.meta.step);
   }
@@ -105,37 +85,35 @@ Status train_rank(Backend& b, const ModelSpec& m, const Plan& p, const TrainOpti
   }
   std::vector<HostBatch> val;
   if (o.eval_every > 0) {
-    MT_ASSIGN(auto batches, validation_batches(data.val(), p.micro_batch, seq, o.eval_sequences));
-    for (const Batch& vb : batches) {
-      auto split = split_microbatches(vb, vb.rows);
-      val.insert(val.end(), split.begin(), split.end());
-    }
+    MT_ASSIGN(val, data->held_out(p.micro_batch, m.vision() ? o.eval_images : o.eval_sequences));
   }
 
   const std::int64_t last_step = o.stop_at > 0 ? o.stop_at : o.steps;
-  const int rows_per_rank = p.micro_batch * p.microbatches();
-  const double tokens_per_step = static_cast<double>(p.effective_global_batch()) * seq;
+  // Tokens (or images) per step, for throughput.
+  const double tokens_per_step = static_cast<double>(p.effective_global_batch()) * (m.vision() ? 1 : seq);
   const auto start = Clock::now();
   for (std::int64_t step = first_step; step <= last_step; ++step) {
     const auto t0 = Clock::now();
-    MT_ASSIGN(Batch batch, loader.next(rows_per_rank, seq));
+    MT_ASSIGN(std::vector<HostBatch> batches, data->next(p.micro_batch, p.microbatches()));
     const double lr = lr_at(schedule, static_cast<int>(step));
-    auto result = engine.step(split_microbatches(batch, p.micro_batch), static_cast<float>(lr), step);
+    auto result = engine.step(batches, static_cast<float>(lr), step);
     if (!result.ok()) return std::move(result).error();
     StepMetrics sm{step, result->loss, lr, seconds_since(t0), 0, std::nullopt};
     sm.tokens_per_s = tokens_per_step / sm.step_time_s;
     if (o.eval_every > 0 && (step % o.eval_every == 0 || step == last_step)) {
-      MT_ASSIGN(double v, engine.evaluate(val));
-      sm.val_loss = v;
+      MT_ASSIGN(Evaluation v, engine.evaluate_metrics(val));
+      sm.val_loss = v.loss;
+      if (m.vision()) sm.val_accuracy = v.accuracy;
     }
     const bool save = !o.checkpoint_dir.empty() &&
                       ((o.checkpoint_every > 0 && step % o.checkpoint_every == 0) || step == last_step);
-    if (save) MT_TRY(save_checkpoint(engine, leader, m, p, o, step, loader.state()));
+    if (save) MT_TRY(save_checkpoint(engine, leader, m, p, o, step, data->state()));
     if (!leader) continue;
     if (metrics) MT_TRY(metrics->write(sm));
     if (o.progress) {
-      std::string line = format_progress(step, o.steps, sm.loss, sm.tokens_per_s, seconds_since(start));
+      std::string line = format_progress(step, o.steps, sm.loss, sm.tokens_per_s, seconds_since(start), data->unit());
       if (sm.val_loss) line += fmt::format(" | val {:.4f}", *sm.val_loss);
+      if (sm.val_accuracy) line += fmt::format(" | val acc {:.2f}%", 100 * *sm.val_accuracy);
       fmt::print("{}\n", line);
       std::fflush(stdout);
     }

@@ -17,7 +17,7 @@
 namespace meshtrain {
 
 struct TrainOptions {
-  std::string data;             // any file: byte-level tokens
+  std::string data;             // a language model: any file (byte tokens); a vision model: an image set
   int steps = 100;              // total optimizer steps (the LR schedule spans them)
   int stop_at = 0;              // > 0: stop after this step (a planned preemption)
   double lr = 1e-3, min_lr = 1e-4;
@@ -28,7 +28,8 @@ struct TrainOptions {
   bool resume = false;
   std::string metrics;          // JSON lines, appended
   int eval_every = 0;           // 0: no validation loss
-  int eval_sequences = 16;
+  int eval_sequences = 16;      // held-out sequences per evaluation (text)
+  int eval_images = 0;          // test images per evaluation (images; 0: the whole test set)
   bool progress = true;
   StepOptions step;
 };

@@ -138,10 +138,14 @@ Status run_train(TrainFlags f) {
 
 Command add_train_command(CLI::App& app) {
   auto f = std::make_shared<TrainFlags>();
-  CLI::App* sub = app.add_subcommand("train", "train a model on a text file (byte tokens) with a parallel plan");
+  CLI::App* sub = app.add_subcommand(
+      "train", "train a model with a parallel plan: a language model on a file (byte tokens), a vision model on images");
   add_plan_flags(*sub, f->plan, "tiny");
   TrainOptions& t = f->train;
-  sub->add_option("--data", t.data, "training text: any file, its bytes are the tokens")->required();
+  sub->add_option("--data", t.data,
+                  "a language model: any file, its bytes are the tokens; a vision model: fashion-mnist or a "
+                  "directory of IDX image files (train-* and t10k-*)")
+      ->required();
   sub->add_option("--backend", f->backend, "cpu, or cuda (one rank per process; a build with CUDA)")
       ->capture_default_str();
   sub->add_option("--steps", t.steps, "optimizer steps")->capture_default_str();
@@ -155,7 +159,10 @@ Command add_train_command(CLI::App& app) {
   sub->add_option("--stop-at", t.stop_at, "stop after this step, as a preemption would (checkpointed)");
   sub->add_option("--metrics", t.metrics, "append one JSON object per step to this file");
   sub->add_option("--eval-every", t.eval_every, "steps between validation losses (0: none)");
-  sub->add_option("--eval-sequences", t.eval_sequences, "validation sequences per evaluation")->capture_default_str();
+  sub->add_option("--eval-sequences", t.eval_sequences, "validation sequences per evaluation (text)")
+      ->capture_default_str();
+  sub->add_option("--eval-images", t.eval_images, "test images per evaluation (images; 0: the whole test set)")
+      ->capture_default_str();
   sub->add_option("--dropout", t.step.dropout, "dropout probability")->capture_default_str();
   sub->add_option("--weight-decay", t.step.optimizer.weight_decay, "AdamW weight decay")->capture_default_str();
   sub->add_option("--grad-clip", t.step.optimizer.max_grad_norm, "clip gradients to this global norm (0: off)")

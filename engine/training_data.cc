@@ -1,0 +1,161 @@
+#include "engine/training_data.h"
+
+#include <map>
+#include <mutex>
+
+#include "engine/byte_dataset.h"
+#include "engine/image_dataset.h"
+#include "engine/image_loader.h"
+
+namespace meshtrain {
+
+namespace {
+
+// Bytes of a file: next-token prediction over sequences of the plan's length.
+class TextData : public TrainingData {
+ public:
+  TextData(ByteDataset data, int seq, std::uint64_t seed, int dp_rank, int dp)
+      : data_(std::move(data)), seq_(seq), loader_(data_.train(), seed, dp_rank, dp) {}
+
+  Result<std::vector<HostBatch>> next(int micro_batch, int count) override {
+    MT_ASSIGN(Batch batch, loader_.next(micro_batch * count, seq_));
+    return split(batch, micro_batch);
+  }
+  LoaderState state() const override { return loader_.state(); }
+  void restore(const LoaderState& s) override { loader_.restore(s); }
+  Result<std::vector<HostBatch>> held_out(int micro_batch, int max_samples) const override {
+    MT_ASSIGN(auto batches, validation_batches(data_.val(), micro_batch, seq_, max_samples));
+    std::vector<HostBatch> out;
+    for (const Batch& b : batches) {
+      auto parts = split(b, b.rows);
+      out.insert(out.end(), parts.begin(), parts.end());
+    }
+    return out;
+  }
+  const char* unit() const override { return "tok"; }
+
+ private:
+  static std::vector<HostBatch> split(const Batch& b, int micro_batch) {
+    std::vector<HostBatch> out;
+    const std::size_t per = static_cast<std::size_t>(micro_batch) * b.seq;
+    for (std::size_t off = 0; off < b.ids.size(); off += per) {
+      HostBatch h;
+      h.ids.assign(b.ids.begin() + off, b.ids.begin() + off + per);
+      h.targets.assign(b.targets.begin() + off, b.targets.begin() + off + per);
+      h.batch = micro_batch;
+      h.seq = b.seq;
+      out.push_back(std::move(h));
+    }
+    return out;
+  }
+
+  ByteDataset data_;
+  int seq_;
+  DataLoader loader_;
+};
+
+HostBatch host_batch(ImageBatch&& b, int tokens) {
+  HostBatch h;
+  h.pixels = std::move(b.pixels);
+  h.targets = std::move(b.labels);
+  h.batch = b.rows;
+  h.seq = tokens;
+  return h;
+}
+
+// Labelled images: classification, evaluated on the test split.
+class ImageData : public TrainingData {
+ public:
+  ImageData(std::shared_ptr<const ImageDataset> data, int tokens, std::uint64_t seed, int dp_rank, int dp)
+      : data_(std::move(data)), tokens_(tokens), dp_rank_(dp_rank), dp_(dp),
+        loader_(data_->train, data_->stats, seed, dp_rank, dp) {}
+
+  Result<std::vector<HostBatch>> next(int micro_batch, int count) override {
+    std::vector<HostBatch> out;
+    // One draw of micro_batch·count images keeps the dp split of the whole step's batch.
+    MT_ASSIGN(ImageBatch all, loader_.next(micro_batch * count));
+    const std::size_t image = all.pixels.size() / static_cast<std::size_t>(all.rows);
+    for (int j = 0; j < count; ++j) {
+      ImageBatch part;
+      part.rows = micro_batch;
+      const std::size_t first = static_cast<std::size_t>(j) * micro_batch;
+      part.pixels.assign(all.pixels.begin() + static_cast<std::ptrdiff_t>(first * image),
+                         all.pixels.begin() + static_cast<std::ptrdiff_t>((first + micro_batch) * image));
+      part.labels.assign(all.labels.begin() + static_cast<std::ptrdiff_t>(first),
+                         all.labels.begin() + static_cast<std::ptrdiff_t>(first + micro_batch));
+      out.push_back(host_batch(std::move(part), tokens_));
+    }
+    return out;
+  }
+  LoaderState state() const override { return loader_.state(); }
+  void restore(const LoaderState& s) override { loader_.restore(s); }
+  Result<std::vector<HostBatch>> held_out(int micro_batch, int max_samples) const override {
+    const std::int64_t limit = max_samples > 0 ? max_samples : data_->test.count;
+    MT_ASSIGN(auto batches, evaluation_batches(data_->test, data_->stats, micro_batch, limit));
+    // Replica r evaluates batches r, r + dp, ...; the engine sums over replicas.
+    std::vector<HostBatch> out;
+    for (std::size_t k = static_cast<std::size_t>(dp_rank_); k < batches.size(); k += static_cast<std::size_t>(dp_))
+      out.push_back(host_batch(std::move(batches[k]), tokens_));
+    return out;
+  }
+  const char* unit() const override { return "img"; }
+
+ private:
+  std::shared_ptr<const ImageDataset> data_;
+  int tokens_, dp_rank_, dp_;
+  ImageLoader loader_;
+};
+
+// Image sets by name, read once per process: the rank threads share them.
+Result<std::shared_ptr<const ImageDataset>> shared_images(const std::string& name) {
+  static std::mutex mu;  // guards cache
+  static std::map<std::string, std::shared_ptr<const ImageDataset>> cache;
+  std::lock_guard lock(mu);
+  if (auto it = cache.find(name); it != cache.end()) return it->second;
+  MT_ASSIGN(ImageDataset data, load_image_dataset(name));
+  auto shared = std::make_shared<const ImageDataset>(std::move(data));
+  cache.emplace(name, shared);
+  return shared;
+}
+
+Status check_images(const ImageDataset& d, const ModelSpec& m) {
+  for (const ImageSet* set : {&d.train, &d.test})
+    MT_TRY(check_image_shape(*set, m.image_size, m.image_size, m.channels)
+               .context(fmt::format("model '{}'", m.name)));
+  if (d.train.classes > m.classes)
+    return make_error("the images in '{}' carry {} classes, model '{}' predicts {}; use a model with "
+                      "\"classes\": {}",
+                      d.dir, d.train.classes, m.name, m.classes, d.train.classes);
+  return ok_status();
+}
+
+}  // namespace
+
+Status check_training_data(const std::string& data, const ModelSpec& m, const Plan& p) {
+  if (data.empty() && m.vision())
+    return make_error("no training images: pass --data fashion-mnist or a directory of IDX files");
+  if (data.empty()) return make_error("no training data: pass --data FILE (any file; its bytes are the tokens)");
+  if (m.vision()) {
+    MT_ASSIGN(auto images, shared_images(data));
+    return check_images(*images, m);
+  }
+  if (m.vocab != kByteVocab)
+    return make_error("model '{}' has vocab {}, but training reads bytes (vocab 256); use a model with "
+                      "\"vocab\": 256 such as 'tiny'", m.name, m.vocab);
+  MT_TRY(load_byte_dataset(data, p.effective_seq_len(m)));
+  return ok_status();
+}
+
+Result<std::unique_ptr<TrainingData>> open_training_data(const std::string& data, const ModelSpec& m, const Plan& p,
+                                                         std::uint64_t seed, int dp_rank, int dp) {
+  if (m.vision()) {
+    MT_ASSIGN(auto images, shared_images(data));
+    MT_TRY(check_images(*images, m));
+    return std::unique_ptr<TrainingData>(std::make_unique<ImageData>(images, m.seq_len, seed, dp_rank, dp));
+  }
+  MT_ASSIGN(ByteDataset bytes, load_byte_dataset(data, p.effective_seq_len(m)));
+  return std::unique_ptr<TrainingData>(
+      std::make_unique<TextData>(std::move(bytes), p.effective_seq_len(m), seed, dp_rank, dp));
+}
+
+}  // namespace meshtrain

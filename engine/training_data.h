@@ -1,0 +1,51 @@
+// TrainingData: what the training loop reads, whatever the model reads.
+//
+// Two sources, chosen by the model: a language model trains on any file's
+// bytes (engine/byte_dataset.h, engine/data_loader.h; the last 10% held out),
+// a vision model on an IDX image set (engine/image_dataset.h,
+// engine/image_loader.h; "fashion-mnist" or a directory), evaluated on its
+// test split. Both keep their position in a LoaderState, which checkpoints
+// save, and both give each data-parallel rank its share of the global batch
+// (the rank batches concatenated in rank order are the dp = 1 batch).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "engine/data_loader.h"
+#include "engine/plan.h"
+#include "engine/step_engine.h"
+#include "models/model_spec.h"
+
+namespace meshtrain {
+
+class TrainingData {
+ public:
+  virtual ~TrainingData() = default;
+  // This rank's next `count` micro-batches of `micro_batch` samples.
+  virtual Result<std::vector<HostBatch>> next(int micro_batch, int count) = 0;
+  virtual LoaderState state() const = 0;
+  virtual void restore(const LoaderState& s) = 0;
+  // This rank's part of the fixed held-out set, as micro-batches of at most
+  // `micro_batch` samples: at most `max_samples` sequences (text, every
+  // replica evaluates the same ones) or test images (0: all, split over the
+  // data-parallel replicas).
+  virtual Result<std::vector<HostBatch>> held_out(int micro_batch, int max_samples) const = 0;
+  // What one training sample is, for progress lines: "tok" or "img".
+  virtual const char* unit() const = 0;
+};
+
+// Checks the data against the model before anything runs: the file or image
+// set exists and is well formed, and fits the model (vocabulary 256 for
+// text; image size, channels and classes for images).
+Status check_training_data(const std::string& data, const ModelSpec& m, const Plan& p);
+
+// The data source of data-parallel rank `dp_rank` of `dp`. Image sets are
+// read once per process and shared by the rank threads.
+Result<std::unique_ptr<TrainingData>> open_training_data(const std::string& data, const ModelSpec& m, const Plan& p,
+                                                         std::uint64_t seed, int dp_rank, int dp);
+
+}  // namespace meshtrain
