@@ -58,12 +58,8 @@ Result<SimulationResult> simulate_iteration(const ModelSpec& m, const Plan& p,
             SimCluster::create(options.cluster, p.world_size(), reps, sim_options));
 
   const int seq = p.effective_seq_len(m);
-  HostBatch batch;
-  batch.batch = p.micro_batch;
-  batch.seq = seq;
-  batch.ids.assign(static_cast<std::size_t>(p.micro_batch) * static_cast<std::size_t>(seq), 0);
-  batch.targets = batch.ids;
-  const std::vector<HostBatch> microbatches(static_cast<std::size_t>(p.microbatches()), batch);
+  const std::vector<HostBatch> microbatches(static_cast<std::size_t>(p.microbatches()),
+                                            example_batch(m, p.micro_batch, seq));
 
   StepOptions step_options;
   step_options.initialize_parameters = false;  // the sim backend holds no values
@@ -88,6 +84,7 @@ Result<SimulationResult> simulate_iteration(const ModelSpec& m, const Plan& p,
   out.collectives = report.collectives;
   const double tokens = static_cast<double>(p.effective_global_batch()) * seq;
   out.tokens_per_s = tokens / out.iteration_s;
+  out.samples_per_s = static_cast<double>(p.effective_global_batch()) / out.iteration_s;
   const FlopCount flops = training_flops(m, p.effective_global_batch(), seq, p.recompute);
   const double per_gpu = 1.0 / out.iteration_s / p.world_size();
   out.tflops_per_gpu = flops.model * per_gpu / 1e12;

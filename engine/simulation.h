@@ -9,7 +9,8 @@
 // simulated work does not grow with the data-parallel degree.
 //
 // Reported (per iteration):
-//   tokens/s         global batch · seq / iteration time
+//   tokens/s         global batch · seq / iteration time (an image's tokens: its patches)
+//   samples/s        global batch / iteration time: sequences, or images (images/s)
 //   model TFLOP/s    training_flops(...).model / iteration time / GPUs (models/flops.h);
 //                    MFU divides it by the device's dense bf16 peak
 //   hardware TFLOP/s the same with recomputation counted
@@ -63,7 +64,7 @@ struct StageResult {
 };
 
 struct SimulationResult {
-  double iteration_s = 0, tokens_per_s = 0;
+  double iteration_s = 0, tokens_per_s = 0, samples_per_s = 0;
   double tflops_per_gpu = 0, hardware_tflops_per_gpu = 0, mfu = 0;
   double bubble_fraction = 0, exposed_comm_s = 0;
   std::int64_t peak_memory_bytes = 0;

@@ -24,6 +24,20 @@ DType activation_dtype(Precision p) {
 
 }  // namespace
 
+HostBatch example_batch(const ModelSpec& m, int micro_batch, int seq) {
+  HostBatch h;
+  h.batch = micro_batch;
+  h.seq = m.vision() ? m.seq_len : seq;
+  if (m.vision()) {
+    h.pixels.assign(static_cast<std::size_t>(micro_batch) * m.image_size * m.image_size * m.channels, 0.f);
+    for (int i = 0; i < micro_batch; ++i) h.targets.push_back(i % m.classes);
+    return h;
+  }
+  for (int i = 0; i < micro_batch * seq; ++i) h.ids.push_back(i * 31 % m.vocab);
+  h.targets = h.ids;
+  return h;
+}
+
 struct StepEngine::Chunk {
   int virtual_stage = 0;
   std::unique_ptr<ModelChunk> model;

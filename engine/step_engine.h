@@ -61,6 +61,10 @@ struct HostBatch {
   int batch = 0, seq = 0;
 };
 
+// A micro-batch of `micro_batch` samples of synthetic data shaped for model
+// `m` (token ids, or blank images and labels), for timing and simulation.
+HostBatch example_batch(const ModelSpec& m, int micro_batch, int seq);
+
 struct StepResult {
   double loss = 0;       // mean loss over the global batch's targets (tokens or images)
   double grad_norm = 0;  // global L2 norm before clipping

@@ -3,6 +3,8 @@
 #include <fstream>
 #include <map>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "core/names.h"
@@ -436,6 +438,24 @@ Status validate_model(const ModelSpec& m) {
 }
 
 std::string family_name(ModelFamily f) { return kFamilies.name(f); }
+
+std::string describe_model(const ModelSpec& m) {
+  const std::string image = fmt::format("{}x{}x{} images in {}x{} patches, {} classes", m.image_size, m.image_size,
+                                        m.channels, m.patch, m.patch, m.classes);
+  switch (m.family) {
+    case ModelFamily::vit:
+      return fmt::format("{}: vit, {} layers, hidden {}, heads {}, ffn {}, {} tokens; {}", m.name, m.layers, m.hidden,
+                         m.heads, m.ffn, m.seq_len, image);
+    case ModelFamily::swin:
+      return fmt::format("{}: swin, stages of {} blocks with {} heads, width {} doubling per stage, window {}, {} "
+                         "blocks with the mergings, {} tokens; {}",
+                         m.name, fmt::join(m.depths, "-"), fmt::join(m.stage_heads, "-"), m.hidden, m.window,
+                         m.layers, m.seq_len, image);
+    case ModelFamily::decoder: break;
+  }
+  return fmt::format("{}: {} layers, hidden {}, heads {} (kv {}), ffn {}, vocab {}, seq {}", m.name, m.layers,
+                     m.hidden, m.heads, m.kv_heads, m.ffn, m.vocab, m.seq_len);
+}
 
 nlohmann::json model_to_json(const ModelSpec& m) {
   if (m.vision()) {

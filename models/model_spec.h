@@ -65,6 +65,9 @@ struct ModelSpec {
 };
 
 std::string family_name(ModelFamily f);
+// One line: "gpt2-124m: 12 layers, hidden 768, ..." or the vision model's
+// image, patch, stages and classes.
+std::string describe_model(const ModelSpec& m);
 
 // Names of the built-in presets, in a stable order.
 const std::vector<std::string>& model_preset_names();

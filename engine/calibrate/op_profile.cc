@@ -81,12 +81,7 @@ Status print_op_profile(const std::string& workload, const std::string& calibrat
   flags.overrides.precision = "fp32";
   MT_ASSIGN(ModelAndPlan mp, resolve_model_and_plan(flags, 1));
   const int seq = mp.plan.effective_seq_len(mp.model);
-  HostBatch batch;
-  batch.batch = mp.plan.micro_batch;
-  batch.seq = seq;
-  for (int i = 0; i < batch.batch * seq; ++i) batch.ids.push_back(i * 31 % mp.model.vocab);
-  batch.targets = batch.ids;
-  const std::vector<HostBatch> microbatches(1, batch);
+  const std::vector<HostBatch> microbatches(1, example_batch(mp.model, mp.plan.micro_batch, seq));
 
   // `ranks` independent single-rank engines run at once, one thread each
   // (the compute of dp replicas without their gradient sync); rank 0 reports.

@@ -45,7 +45,7 @@ Status run_info(const InfoFlags& f) {
         {"model", model_to_json(m)},
         {"parameters", params.total},
         {"embedding_parameters", params.embedding},
-        {"flops_per_token", flops.per_token},
+        {m.vision() ? "flops_per_image" : "flops_per_token", flops.per_token},
         {"model_flops_per_iteration", flops.model},
         {"hardware_flops_per_iteration", flops.hardware},
         {"plan", plan_to_json(p)},
@@ -64,11 +64,10 @@ Status run_info(const InfoFlags& f) {
     fmt::print("{}\n", j.dump(2));
     return {};
   }
-  fmt::print("model      {}: {} layers, hidden {}, heads {} (kv {}), ffn {}, vocab {}, seq {}\n", m.name, m.layers,
-             m.hidden, m.heads, m.kv_heads, m.ffn, m.vocab, m.seq_len);
+  fmt::print("model      {}\n", describe_model(m));
   fmt::print("parameters {} ({} without embeddings)\n", params.total, params.non_embedding());
-  fmt::print("FLOPs      {:.4g} per token, {:.4g} per iteration (hardware {:.4g} with recompute {})\n",
-             flops.per_token, flops.model, flops.hardware, recompute_name(p.recompute));
+  fmt::print("FLOPs      {:.4g} per {}, {:.4g} per iteration (hardware {:.4g} with recompute {})\n",
+             flops.per_token, m.vision() ? "image" : "token", flops.model, flops.hardware, recompute_name(p.recompute));
   fmt::print("plan       tp {} pp {} dp {} cp {} ep {} vpp {} zero {}, {} ranks; micro-batch {} x {} = global "
              "batch {}, seq {}; schedule {}, recompute {}, {}{}\n",
              p.tp, p.pp, p.dp, p.cp, p.ep, p.vpp, p.zero, p.world_size(), p.micro_batch, p.microbatches() * p.dp,

@@ -56,7 +56,7 @@ nlohmann::json to_json(const SimulationResult& r, const ModelSpec& m, const Plan
                       {"idle_s", s.idle_s},
                       {"exposed_comm_s", s.exposed_comm_s},
                       {"tasks", s.tasks}});
-  return {{"model", m.name},
+  nlohmann::json out = {{"model", m.name},
           {"cluster", c.name},
           {"gpus", p.world_size()},
           {"plan", plan_to_json(p)},
@@ -74,6 +74,8 @@ nlohmann::json to_json(const SimulationResult& r, const ModelSpec& m, const Plan
           {"stages", stages},
           {"tasks", r.tasks},
           {"events", r.events}};
+  if (m.vision()) out["images_per_s"] = r.samples_per_s;
+  return out;
 }
 
 void print_text(const SimulationResult& r, const ModelSpec& m, const Plan& p, const sim::ClusterSpec& c) {
@@ -83,7 +85,8 @@ void print_text(const SimulationResult& r, const ModelSpec& m, const Plan& p, co
              p.effective_global_batch(), schedule_name(p.schedule), recompute_name(p.recompute),
              precision_name(p.precision));
   fmt::print("iteration        {:.4f} s\n", r.iteration_s);
-  fmt::print("throughput       {:.0f} tokens/s\n", r.tokens_per_s);
+  if (m.vision()) fmt::print("throughput       {:.1f} images/s ({:.0f} tokens/s)\n", r.samples_per_s, r.tokens_per_s);
+  else fmt::print("throughput       {:.0f} tokens/s\n", r.tokens_per_s);
   fmt::print("model FLOP/s     {:.1f} TFLOP/s per GPU, MFU {:.1f}% (of {:.0f} TFLOP/s bf16 peak)\n",
              r.tflops_per_gpu, 100 * r.mfu, c.device.peak_bf16_flops / 1e12);
   fmt::print("hardware FLOP/s  {:.1f} TFLOP/s per GPU\n", r.hardware_tflops_per_gpu);
