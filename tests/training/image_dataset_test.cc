@@ -6,27 +6,17 @@
 #include <filesystem>
 
 #include "error_of.h"
+#include "idx_files.h"
 #include "temp_dir.h"
 
 using namespace meshtrain;
 using meshtrain::testing::error_of;
+using meshtrain::testing::idx_bytes;
 using meshtrain::testing::read_file;
 using meshtrain::testing::TempDir;
 using meshtrain::testing::write_file;
 
 namespace {
-
-// An IDX file's bytes: big-endian magic and sizes, then the payload.
-std::string idx_bytes(std::uint32_t magic, std::vector<std::uint32_t> dims,
-                      const std::string& payload) {
-  std::string out;
-  auto put = [&](std::uint32_t v) {
-    for (int shift = 24; shift >= 0; shift -= 8) out.push_back(static_cast<char>(v >> shift));
-  };
-  put(magic);
-  for (std::uint32_t d : dims) put(d);
-  return out + payload;
-}
 
 // Same signature as write_file, so a test can pick either.
 void write_gz(const std::string& path, std::string_view bytes) {

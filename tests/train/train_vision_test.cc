@@ -1,0 +1,138 @@
+// `meshtrain train` on images end to end: a vision model learns, resume is
+// bit-exact, a data set that does not fit the model is refused by name, and
+// the small Swin learns Fashion-MNIST.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/image_dataset.h"
+#include "tests/run_meshtrain.h"
+#include "tests/training/idx_files.h"
+
+namespace fs = std::filesystem;
+using meshtrain::testing::idx_bytes;
+
+namespace {
+
+fs::path scratch(const std::string& name) {
+  fs::path p = fs::temp_directory_path() / ("meshtrain-vision-test-" + std::to_string(::getpid())) / name;
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p;
+}
+
+void write(const fs::path& p, const std::string& bytes) { std::ofstream(p, std::ios::binary) << bytes; }
+
+// An MNIST-layout set of side × side images over noise, whose label says
+// which pixels are bright: those whose flat index is the label modulo 10.
+fs::path bands(const std::string& name, int side, int train, int test) {
+  const fs::path dir = scratch(name);
+  auto set = [&](const std::string& prefix, int n, std::uint32_t seed) {
+    std::string pixels, labels;
+    std::uint32_t x = seed;
+    for (int i = 0; i < n; ++i) {
+      const int label = static_cast<int>((i * 7 + seed) % 10);
+      labels.push_back(static_cast<char>(label));
+      for (int p = 0; p < side * side; ++p) {
+        x = x * 1664525u + 1013904223u;
+        pixels.push_back(static_cast<char>((x >> 26) + (p % 10 == label ? 160 : 40)));
+      }
+    }
+    write(dir / (prefix + "-images-idx3-ubyte"),
+          idx_bytes(meshtrain::kIdxImagesMagic, {std::uint32_t(n), std::uint32_t(side), std::uint32_t(side)}, pixels));
+    write(dir / (prefix + "-labels-idx1-ubyte"), idx_bytes(meshtrain::kIdxLabelsMagic, {std::uint32_t(n)}, labels));
+  };
+  set("train", train, 1);
+  set("t10k", test, 2);
+  return dir;
+}
+
+std::vector<nlohmann::json> metrics(const fs::path& path) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+const std::string kVit = " --model vit-tiny --micro-batch 8 --lr 3e-3 --warmup 5 --quiet";
+
+}  // namespace
+
+TEST_CASE("a ViT learns images and reports its test accuracy", "[train][vision]") {
+  const fs::path data = bands("learn", 8, 512, 200), m = scratch("learn-metrics") / "m.jsonl";
+  MeshtrainRun r = run_meshtrain("train --data " + data.string() + kVit + " --steps 200 --eval-every 100 --metrics " +
+                                 m.string());
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  const auto lines = metrics(m);
+  REQUIRE(lines.size() == 200);
+  CHECK(lines.front()["loss"].get<double>() == Approx(std::log(10.0)).margin(0.3));
+  REQUIRE(lines.back().contains("val_accuracy"));
+  CHECK(lines.back()["val_accuracy"].get<double>() > 0.8);  // chance is 0.1
+  CHECK(lines.back()["val_loss"].get<double>() < 1.0);
+}
+
+TEST_CASE("image training resumes bit for bit, under data parallelism too", "[train][vision]") {
+  const fs::path data = bands("resume", 12, 256, 40);
+  for (const std::string plan : {"--model vit-tiny", "--model swin-micro --dp 2 --zero 1"}) {
+    INFO(plan);
+    const fs::path dir = scratch("resume-run"), once = dir / "once.jsonl", twice = dir / "twice.jsonl";
+    const fs::path ckpt = dir / "ckpt";
+    const std::string base = "train --data " + data.string() + " " + plan + " --micro-batch 4 --lr 1e-3 --warmup 2 " +
+                             "--quiet --steps 10 --dropout 0.1";
+    // vit-tiny reads 8×8 images: refused (below); 12×12 images suit swin-micro only.
+    if (plan.find("vit") != std::string::npos) {
+      MeshtrainRun r = run_meshtrain(base + " --metrics " + once.string());
+      CHECK(r.status != 0);
+      CHECK_THAT(r.out, Catch::Contains("12×12×1") && Catch::Contains("8×8×1"));
+      continue;
+    }
+    REQUIRE(run_meshtrain(base + " --metrics " + once.string()).status == 0);
+    REQUIRE(run_meshtrain(base + " --stop-at 4 --checkpoint " + ckpt.string() + " --metrics " + twice.string())
+                .status == 0);
+    MeshtrainRun resumed =
+        run_meshtrain(base + " --checkpoint " + ckpt.string() + " --resume --metrics " + twice.string());
+    INFO(resumed.out);
+    REQUIRE(resumed.status == 0);
+    const auto a = metrics(once), b = metrics(twice);
+    REQUIRE(a.size() == b.size());
+    for (std::size_t i = 0; i < a.size(); ++i) CHECK(a[i]["loss"] == b[i]["loss"]);
+  }
+}
+
+TEST_CASE("image data that does not fit the model is refused naming the file and the fix", "[train][vision]") {
+  const fs::path data = bands("bad", 8, 16, 4);
+  // A text model on an image set reads the directory as a file.
+  MeshtrainRun text = run_meshtrain("train --data " + data.string() + " --model tiny --steps 1 --quiet");
+  CHECK(text.status != 0);
+  // A truncated image file.
+  std::ofstream(data / "t10k-images-idx3-ubyte", std::ios::binary | std::ios::app).write("xx", 2);
+  MeshtrainRun bad = run_meshtrain("train --data " + data.string() + kVit + " --steps 6");
+  CHECK(bad.status != 0);
+  CHECK_THAT(bad.out, Catch::Contains("t10k-images-idx3-ubyte"));
+  MeshtrainRun missing = run_meshtrain("train --data " + (data / "nowhere").string() + kVit + " --steps 6");
+  CHECK(missing.status != 0);
+  CHECK_THAT(missing.out, Catch::Contains("nowhere"));
+}
+
+TEST_CASE("the small Swin learns Fashion-MNIST well above chance in a few hundred steps", "[train][vision][fmnist]") {
+  if (!fs::exists(meshtrain::kFashionMnistDir)) {
+    WARN("SKIPPED: " << meshtrain::kFashionMnistDir << " is missing; apt-get install dataset-fashion-mnist");
+    return;
+  }
+  const fs::path m = scratch("fmnist") / "m.jsonl";
+  MeshtrainRun r = run_meshtrain(
+      "train --data fashion-mnist --model swin-fmnist --dp 2 --micro-batch 16 --steps 300 --lr 2e-3 --warmup 30 "
+      "--eval-every 300 --eval-images 2000 --quiet --metrics " + m.string());
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  const auto lines = metrics(m);
+  REQUIRE(lines.size() == 300);
+  // 9,600 training images; chance is 10%, the majority class 10%.
+  CHECK(lines.back()["val_accuracy"].get<double>() >= 0.70);
+}
