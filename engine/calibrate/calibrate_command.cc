@@ -54,6 +54,7 @@
 #include "core/names.h"
 #include "engine/calibrate/measure.h"
 #include "engine/calibrate/op_profile.h"
+#include "engine/calibrate/workload_shapes.h"
 #include "engine/cli/commands.h"
 #include "models/model_spec.h"
 #include "models/parameters.h"
@@ -85,15 +86,22 @@ struct Workload {
   std::int64_t batch = 0, seq = 0;
 };
 
+// MODEL:MICRO_BATCH:SEQ_LEN, or MODEL:MICRO_BATCH for a vision model (its images fix the tokens).
 Result<Workload> parse_workload(const std::string& text) {
   const auto a = text.find(':'), b = text.rfind(':');
-  if (a == std::string::npos || a == b)
-    return make_error("--workload '{}' must be MODEL:MICRO_BATCH:SEQ_LEN, e.g. tiny:8:64", text);
+  if (a == std::string::npos)
+    return make_error("--workload '{}' must be MODEL:MICRO_BATCH:SEQ_LEN (MODEL:MICRO_BATCH for a vision model), "
+                      "e.g. tiny:8:64 or swin-fmnist:16", text);
   Workload w;
   MT_ASSIGN(w.model, load_model(text.substr(0, a)));
+  const bool with_seq = a != b;
+  if (with_seq == w.model.vision())
+    return make_error("--workload '{}': give {} for model '{}'", text,
+                      w.model.vision() ? "MODEL:MICRO_BATCH (its images fix the tokens)" : "MODEL:MICRO_BATCH:SEQ_LEN",
+                      w.model.name);
   try {
-    w.batch = std::stoll(text.substr(a + 1, b - a - 1));
-    w.seq = std::stoll(text.substr(b + 1));
+    w.batch = std::stoll(text.substr(a + 1, with_seq ? b - a - 1 : std::string::npos));
+    w.seq = with_seq ? std::stoll(text.substr(b + 1)) : w.model.seq_len;
   } catch (...) {
     return make_error("--workload '{}': micro-batch and sequence length must be integers", text);
   }
@@ -101,49 +109,6 @@ Result<Workload> parse_workload(const std::string& text) {
     return make_error("--workload '{}': need micro-batch >= 1 and 1 <= seq <= {} (the model's)",
                       text, w.model.seq_len);
   return w;
-}
-
-// Shapes each workload issues under tensor parallelism 1 and 2 (models/gpt.cc).
-void workload_shapes(const Workload& w, std::set<GemmShape>& gemm,
-                     std::set<AttentionShape>& attention, std::set<OpShape>& ops) {
-  const ModelSpec& m = w.model;
-  const std::int64_t n = w.batch * w.seq, c = m.hidden;
-  for (int tp : {1, 2}) {
-    if (m.heads % tp != 0 || m.ffn % tp != 0 || m.vocab % tp != 0) continue;
-    const std::int64_t f = m.ffn / tp, v = m.vocab / tp, qkv = (m.heads + 2 * m.kv_heads) / tp *
-                                                               m.head_dim();
-    const std::int64_t linears[][2] = {{c, qkv}, {c / tp, c}, {c, f}, {f, c}};  // (in, out)
-    for (const auto& l : linears) {
-      gemm.insert({n, l[1], l[0], false, false});  // y = x w
-      gemm.insert({n, l[0], l[1], false, true});   // dx = dy wᵀ
-      gemm.insert({l[0], l[1], n, true, false});   // dw += xᵀ dy
-    }
-    gemm.insert({n, v, c, false, true});  // logits = nf · tokensᵀ (tied)
-    gemm.insert({n, c, v, false, false}); // dnf = dlogits · tokens
-    gemm.insert({v, c, n, true, false});  // dtokens += dlogitsᵀ nf
-    attention.insert({w.batch, m.heads / tp, w.seq, m.head_dim()});
-    for (const std::string& op : calibrate::measured_ops()) {
-      if (op == "cross_entropy_max" || op == "cross_entropy_partials" ||
-          op == "cross_entropy_backward" || op == "cross_entropy_loss" ||
-          op == "cross_entropy_accuracy") {
-        ops.insert({op, n, v});
-      } else if (op == "gelu_forward" || op == "gelu_backward") {
-        ops.insert({op, n, f});
-      } else if (op == "bias_backward") {
-        for (const auto& l : linears) ops.insert({op, n, l[1]});
-      } else if (op != "clip_coefficient" && op != "adamw") {
-        ops.insert({op, n, c});
-      }
-    }
-    // The optimizer step runs the gradient norm and AdamW once per parameter
-    // tensor, from 64-element biases up: sizes far below the grid's smallest,
-    // where the per-call cost, not bandwidth, sets the time.
-    for (const ParamInfo& p : parameter_table(m)) {
-      const std::int64_t numel = shard_numel(m, p, tp, 1);
-      ops.insert({"adamw", 1, numel});
-      ops.insert({"sum_squares", 1, numel});
-    }
-  }
 }
 
 // The log-spaced grids every calibration has.
@@ -263,14 +228,16 @@ Status measure_compute(int sharing, const std::vector<GemmShape>& gemm,
     };
     auto g = calibrate::measure_gemm(b, gemm, timing, sync, sharing, show("gemm", gemm.size()));
     if (!g) return void(status[static_cast<std::size_t>(rank)] = std::move(g).error());
+    std::vector<sim::Calibration::Op> score_terms;
     auto a = calibrate::measure_attention(b, attention, timing, sync, sharing,
-                                          show("attention", attention.size()));
+                                          show("attention", attention.size()), score_terms);
     if (!a) return void(status[static_cast<std::size_t>(rank)] = std::move(a).error());
     auto o = calibrate::measure_ops(b, ops, timing, sync, sharing, show("memory-bound ops", ops.size()));
     if (!o) return void(status[static_cast<std::size_t>(rank)] = std::move(o).error());
     if (rank != 0) return;
     cal.gemm.insert(cal.gemm.end(), g->begin(), g->end());
     cal.attention.insert(cal.attention.end(), a->begin(), a->end());
+    cal.ops.insert(cal.ops.end(), score_terms.begin(), score_terms.end());
     for (const auto& e : *o) {
       cal.ops.push_back(e);
       if (e.op == "copy") cal.memory.push_back({e.bytes, e.time_us, e.spread});
@@ -353,10 +320,12 @@ Status calibrate_cuda(const CalibrateFlags& f, const std::vector<GemmShape>& gem
       return [&progress, what, total](std::size_t done) { progress.show(what, done, total); };
     };
     MT_ASSIGN(cal.gemm, calibrate::measure_gemm(*b, gemm, timing, {}, 1, show("gemm", gemm.size())));
+    std::vector<sim::Calibration::Op> score_terms;
     MT_ASSIGN(cal.attention, calibrate::measure_attention(*b, attention, timing, {}, 1,
-                                                          show("attention", attention.size())));
+                                                          show("attention", attention.size()), score_terms));
     MT_ASSIGN(cal.ops, calibrate::measure_ops(*b, ops, timing, {}, 1,
                                               show("memory-bound ops", ops.size())));
+    cal.ops.insert(cal.ops.end(), score_terms.begin(), score_terms.end());
     for (const auto& e : cal.ops)
       if (e.op == "copy") cal.memory.push_back({e.bytes, e.time_us, e.spread});
   }
@@ -401,13 +370,14 @@ Status run_calibrate(const CalibrateFlags& f) {
   std::sort(sharing.begin(), sharing.end());
   sharing.erase(std::unique(sharing.begin(), sharing.end()), sharing.end());
 
-  std::set<GemmShape> gemm;
-  std::set<AttentionShape> attention;
-  std::set<OpShape> ops;
+  calibrate::WorkloadShapes shapes;
   for (const std::string& w : f.workloads) {
     MT_ASSIGN(Workload wl, parse_workload(w));
-    workload_shapes(wl, gemm, attention, ops);
+    MT_TRY(calibrate::record_workload_shapes(wl.model, wl.batch, wl.seq, shapes));
   }
+  std::set<GemmShape>& gemm = shapes.gemm;
+  std::set<AttentionShape>& attention = shapes.attention;
+  std::set<OpShape>& ops = shapes.ops;
   if (!f.no_grid) grid_shapes(f.quick, gemm, attention, ops);
   if (gemm.empty() && attention.empty() && ops.empty())
     return make_error("--no-grid needs at least one --workload");

@@ -147,7 +147,8 @@ bool GemmShape::operator<(const GemmShape& o) const {
   return std::tie(m, n, k, trans_a, trans_b) < std::tie(o.m, o.n, o.k, o.trans_a, o.trans_b);
 }
 bool AttentionShape::operator<(const AttentionShape& o) const {
-  return std::tie(batch, heads, seq, head_dim) < std::tie(o.batch, o.heads, o.seq, o.head_dim);
+  return std::tie(batch, heads, seq, head_dim, causal, windows) <
+         std::tie(o.batch, o.heads, o.seq, o.head_dim, o.causal, o.windows);
 }
 bool OpShape::operator<(const OpShape& o) const {
   return std::tie(op, rows, cols) < std::tie(o.op, o.rows, o.cols);
@@ -188,7 +189,7 @@ Result<std::vector<sim::Calibration::Gemm>> measure_gemm(Backend& b,
 
 Result<std::vector<sim::Calibration::Attention>> measure_attention(
     Backend& b, const std::vector<AttentionShape>& shapes, const Timing& t, const Sync& sync,
-    int sharing, const Progress& progress) {
+    int sharing, const Progress& progress, std::vector<sim::Calibration::Op>& score_terms) {
   std::vector<sim::Calibration::Attention> out;
   for (std::size_t i = 0; i < shapes.size(); ++i) {
     const AttentionShape& s = shapes[i];
@@ -200,13 +201,35 @@ Result<std::vector<sim::Calibration::Attention>> measure_attention(
     Tensor dqkv = filled(b, Shape{s.batch, s.seq, 3 * h, d}, 0.f);
     AttentionOp op{static_cast<int>(h), static_cast<int>(h), static_cast<int>(d),
                    1.f / std::sqrt(static_cast<float>(d))};
-    MT_ASSIGN(auto f, time_op(b, [&] { b.attention_forward(qkv, o, lse, op); }, t, sync, sharing));
-    MT_ASSIGN(auto bw, time_op(
-                           b, [&] { b.attention_backward(dout, qkv, o, lse, dqkv, op); }, t, sync,
-                           sharing));
-    const std::int64_t bh = s.batch * h;
-    out.push_back({bh, s.seq, d, true, f.first, false, f.second});
-    out.push_back({bh, s.seq, d, true, bw.first, true, bw.second});
+    op.causal = s.causal;
+    auto time_pair = [&](const AttentionOp& a) -> Result<std::pair<sim::Calibration::Attention,
+                                                                   sim::Calibration::Attention>> {
+      MT_ASSIGN(auto f, time_op(b, [&] { b.attention_forward(qkv, o, lse, a); }, t, sync, sharing));
+      MT_ASSIGN(auto bw, time_op(b, [&] { b.attention_backward(dout, qkv, o, lse, dqkv, a); }, t, sync, sharing));
+      const std::int64_t bh = s.batch * h;
+      return std::make_pair(sim::Calibration::Attention{bh, s.seq, d, s.causal, f.first, false, f.second},
+                            sim::Calibration::Attention{bh, s.seq, d, s.causal, bw.first, true, bw.second});
+    };
+    MT_ASSIGN(auto plain, time_pair(op));
+    out.push_back(plain.first);
+    out.push_back(plain.second);
+    if (s.windows > 0) {
+      // The terms' own time: the scored attention's minus the plain one's (never below zero), at the
+      // bytes backends/sim/sim_ops.cc counts for them (each score reads its bias and mask term;
+      // backward also writes and sums the score gradients into dbias).
+      const double scores = static_cast<double>(s.batch * h * s.seq * s.seq);
+      op.bias = filled(b, Shape{s.seq, s.seq, h}, 0.01f);
+      op.dbias = filled(b, Shape{s.seq, s.seq, h}, 0.f);
+      for (bool masked : {false, true}) {
+        op.mask = masked ? filled(b, Shape{s.windows, s.seq, s.seq}, 0.f) : Tensor();
+        MT_ASSIGN(auto scored, time_pair(op));
+        const double forward_bytes = scores * 4.0 * (masked ? 2 : 1);
+        score_terms.push_back({"attention_score_terms", forward_bytes,
+                               std::max(0.0, scored.first.time_us - plain.first.time_us), scored.first.spread});
+        score_terms.push_back({"attention_score_terms", forward_bytes + 2.0 * scores * 4.0,
+                               std::max(0.0, scored.second.time_us - plain.second.time_us), scored.second.spread});
+      }
+    }
     if (progress) progress(i + 1);
   }
   return out;

@@ -49,9 +49,14 @@ struct GemmShape {
   bool trans_a = false, trans_b = false;
   bool operator<(const GemmShape& o) const;
 };
-// Causal attention over batch·heads sequences (kv heads = heads).
+// Attention over batch·heads sequences (kv heads = heads), causal or not.
+// windows > 0: the attention also carries Swin's score terms (a (T, T, H)
+// bias, and a (windows, T, T) mask on the shifted blocks), whose extra time
+// is measured too.
 struct AttentionShape {
   std::int64_t batch, heads, seq, head_dim;
+  bool causal = true;
+  std::int64_t windows = 0;
   bool operator<(const AttentionShape& o) const;
 };
 // A memory-bound op on (rows, cols) tensors; the op decides what the tensors are.
@@ -72,10 +77,13 @@ Result<std::vector<sim::Calibration::Gemm>> measure_gemm(Backend& b,
                                                          const std::vector<GemmShape>& shapes,
                                                          const Timing& t, const Sync& sync,
                                                          int sharing, const Progress& progress);
-// Forward and backward entries for each shape.
+// Forward and backward entries for each shape; for shapes with score terms
+// also "attention_score_terms" ops entries in `score_terms`: the time a bias
+// (and a bias and a mask) add to the plain attention, forward and backward,
+// at the bytes the sim backend counts for them.
 Result<std::vector<sim::Calibration::Attention>> measure_attention(
     Backend& b, const std::vector<AttentionShape>& shapes, const Timing& t, const Sync& sync,
-    int sharing, const Progress& progress);
+    int sharing, const Progress& progress, std::vector<sim::Calibration::Op>& score_terms);
 // One "ops" entry per shape (bytes counted as the sim backend counts them).
 Result<std::vector<sim::Calibration::Op>> measure_ops(Backend& b, const std::vector<OpShape>& shapes,
                                                       const Timing& t, const Sync& sync,
