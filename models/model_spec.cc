@@ -161,6 +161,10 @@ const std::map<std::string, ModelSpec>& presets() {
     ModelSpec swin_fmnist = swin("swin-fmnist", 32, {2, 2, 4, 2}, {2, 4, 8, 16});
     swin_fmnist.image_size = 28, swin_fmnist.patch = 2, swin_fmnist.channels = 1, swin_fmnist.classes = 10;
     add(swin_fmnist);
+    // A ViT for the same images: 7×7 patches of 4×4, a class token.
+    ModelSpec vit_fmnist = vit("vit-fmnist", 6, 64, 4, 256, 4);
+    vit_fmnist.image_size = 28, vit_fmnist.channels = 1, vit_fmnist.classes = 10;
+    add(vit_fmnist);
     for (auto& [name, m] : t) derive_model_fields(m);
     return t;
   }();

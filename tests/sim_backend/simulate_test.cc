@@ -318,3 +318,32 @@ TEST_CASE("simulate --json: a larger --grad-bucket-mb issues fewer data-parallel
         Approx(mb25["collectives"]["all_reduce"]["time_s"].get<double>()));
   CHECK(after["iteration_time_s"].get<double>() > mb25["iteration_time_s"].get<double>());
 }
+
+TEST_CASE("simulate: vision models' per-stage peak memory matches the memory model", "[sim_backend][memory][vision]") {
+  for (const char* name : {"vit-b16", "swin-b"}) {
+    const ModelSpec m = *model_preset(name);
+    // swin-b has 23 blocks (20 Swin blocks and 3 mergings): pp 2 splits them 11 + 12.
+    Plan p = make_plan(m, 2, 1, 2, 8, 4, ScheduleKind::one_f_one_b, Precision::fp32);
+    if (m.family == ModelFamily::vit) p.pp = 2;
+    INFO(name << " tp " << p.tp << " pp " << p.pp);
+    const SimulationResult r = simulate(m, p);
+    for (const StageResult& st : r.stages) {
+      INFO("stage " << st.stage << ": measured " << st.peak_bytes << " B, model " << st.model.total()
+                    << " B (activations " << st.model.activations << ")");
+      CHECK(static_cast<double>(st.peak_bytes) == Approx(st.model.total()).epsilon(0.10));
+    }
+  }
+}
+
+TEST_CASE("simulate: a vision model's throughput is counted in images", "[sim_backend][vision]") {
+  const ModelSpec m = *model_preset("swin-t");
+  const Plan p = make_plan(m, 1, 1, 8, 32, 2, ScheduleKind::one_f_one_b);
+  const SimulationResult r = simulate(m, p);
+  CHECK(r.samples_per_s == Approx(512 / r.iteration_s));
+  CHECK(r.tokens_per_s == Approx(r.samples_per_s * 56 * 56));
+  // MFU from the FLOPs per image (models/flops.h), not per token.
+  const double flops = training_flops(m, 512, m.seq_len, Recompute::none).model;
+  CHECK(r.tflops_per_gpu == Approx(flops / r.iteration_s / 8 / 1e12));
+  CHECK(r.mfu > 0.05);
+  CHECK(r.mfu < 0.8);
+}

@@ -35,6 +35,10 @@ SMALL = os.path.join(HERE, "small-gpt.json")
 # per replica, so pipelines have work to overlap.
 TINY = ("tiny", 8, 64)
 SMALL_GPT = (SMALL, 4, 128)
+# Vision models on 28×28 images (Fashion-MNIST, or a synthetic IDX set of that
+# size where the package is missing); their images fix the tokens (seq None).
+SWIN = ("swin-fmnist", 16, None)
+VIT = ("vit-fmnist", 16, None)
 PLANS = [
     ("tiny single", TINY, []),
     ("tiny tp2", TINY, ["--tp", "2"]),
@@ -47,6 +51,13 @@ PLANS = [
     ("small tp2", SMALL_GPT, ["--tp", "2"]),
     ("small pp2 1f1b", SMALL_GPT, ["--pp", "2", "--schedule", "1f1b"]),
     ("small dp2 zero1", SMALL_GPT, ["--dp", "2", "--zero", "1"]),
+    ("swin single", SWIN, []),
+    ("swin tp2", SWIN, ["--tp", "2"]),
+    ("swin pp2 1f1b", SWIN, ["--pp", "2", "--schedule", "1f1b"]),
+    ("swin dp2 zero1", SWIN, ["--dp", "2", "--zero", "1"]),
+    ("vit single", VIT, []),
+    ("vit tp2", VIT, ["--tp", "2"]),
+    ("vit dp2 zero1", VIT, ["--dp", "2", "--zero", "1"]),
 ]
 QUICK = ["tiny single", "tiny tp2", "tiny pp2 1f1b", "tiny dp2 zero1"]
 # With --mpi: the same plans with ranks as processes under mpirun, predicted
@@ -67,8 +78,24 @@ def world(flags):
 def common(workload, flags, microbatches):
     model, b, t = workload
     dp = int(flags[flags.index("--dp") + 1]) if "--dp" in flags else 1
-    return ["--model", model, "--micro-batch", str(b), "--seq-len", str(t),
+    seq = ["--seq-len", str(t)] if t else []
+    return ["--model", model, "--micro-batch", str(b)] + seq + [
             "--global-batch", str(b * dp * microbatches)] + flags
+
+
+def write_images(path):
+    """A synthetic 28×28 IDX set (MNIST layout): timing does not depend on the pixels."""
+    os.makedirs(path, exist_ok=True)
+    for prefix, n in (("train", 2048), ("t10k", 256)):
+        head = lambda magic, dims: b"".join(v.to_bytes(4, "big") for v in [magic] + dims)
+        with open(os.path.join(path, prefix + "-images-idx3-ubyte"), "wb") as f:
+            f.write(head(0x803, [n, 28, 28]) + bytes((i * 2654435761 >> 13) & 255 for i in range(n * 784)))
+        with open(os.path.join(path, prefix + "-labels-idx1-ubyte"), "wb") as f:
+            f.write(head(0x801, [n]) + bytes(i % 10 for i in range(n)))
+
+
+def data_for(workload, text, images):
+    return images if workload[2] is None else text
 
 
 def run(cmd):
@@ -112,6 +139,8 @@ def main():
                     help="calibrate each plan just before it runs (a machine with drifting load)")
     ap.add_argument("--quick", action="store_true",
                     help="quick calibration and 4 tiny plans (the CI test)")
+    ap.add_argument("--only", nargs="+", metavar="WORD",
+                    help="run only the plans whose label starts with one of these words (e.g. swin vit)")
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--warmup", type=int, default=3, help="steps left out of the median")
     ap.add_argument("--microbatches", type=int, default=4)
@@ -128,7 +157,12 @@ def main():
         data = os.path.join(tmp, "data.bin")
         with open(data, "wb") as f:  # any bytes are tokens; the content does not change timing
             f.write(bytes((i * 2654435761 >> 13) & 255 for i in range(200_000)))
-        selected = [p for p in PLANS if not a.quick or p[0] in QUICK]
+        images = "/usr/share/datasets/fashion-mnist"
+        if not os.path.isdir(images):
+            images = os.path.join(tmp, "images")
+            write_images(images)
+        selected = [p for p in PLANS if (not a.quick or p[0] in QUICK)
+                    and (not a.only or p[0].split()[0] in a.only)]
 
         def calibrate(workloads, sharing, quick, launcher=(), name="calibration.json"):
             """A calibration of the workloads' shapes at the sharing levels, measured now."""
@@ -136,7 +170,7 @@ def main():
             cmd = list(launcher) + [mt, "calibrate", "--backend", "cpu", "--out", cal, "--no-grid",
                    "--max-ranks", "2", "--statistic", a.statistic] + (["--quick"] if quick else [])
             for model, b, t in workloads:
-                cmd += ["--workload", f"{model}:{b}:{t}"]
+                cmd += ["--workload", f"{model}:{b}:{t}" if t else f"{model}:{b}"]
             for level in sharing:
                 cmd += ["--sharing", str(level)]
             rc, _, err = run(cmd)
@@ -146,7 +180,7 @@ def main():
         cal = a.calibration
         if not cal and not a.per_plan:
             print("calibrating (about a minute) ...", file=sys.stderr, flush=True)
-            workloads = sorted({p[1] for p in selected})
+            workloads = sorted({p[1] for p in selected}, key=str)
             cal = calibrate(workloads, sorted({min(world(p[2]), 2) for p in selected}), a.quick)
             if a.save_calibration:
                 shutil.copyfile(cal, a.save_calibration)
@@ -164,7 +198,7 @@ def main():
         for label, workload, flags in selected:
             if a.per_plan and not a.calibration:
                 cal = calibrate([workload], [world(flags)], True)
-            measured, why = measure(mt, data, workload, flags, a.steps, a.warmup,
+            measured, why = measure(mt, data_for(workload, data, images), workload, flags, a.steps, a.warmup,
                                     a.microbatches, tmp)
             if measured is None:
                 rows.append((label, None, None, None, why))
@@ -177,7 +211,7 @@ def main():
             mpi_cal = calibrate(sorted({p[1] for p in mpi_plans}), [1], a.quick,
                                 MPIRUN + [str(np_)], "calibration-mpi.json")
             for label, workload, flags in mpi_plans:
-                measured, why = measure(mt, data, workload, flags, a.steps, a.warmup,
+                measured, why = measure(mt, data_for(workload, data, images), workload, flags, a.steps, a.warmup,
                                         a.microbatches, tmp, MPIRUN + [str(world(flags))])
                 if measured is None:
                     rows.append((label + " mpi", None, None, None, why))
