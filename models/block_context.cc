@@ -135,6 +135,31 @@ void BlockContext::linear_backward(const std::string& name, const Tensor& x_in, 
   }
 }
 
+Tensor BlockContext::cross_entropy(const Tensor& logits, const MicroBatch& mb, std::int64_t vocab_offset,
+                                   bool vocab_parallel, Tensor& row_max, Tensor& sumexp) {
+  const std::int64_t N = logits.numel() / logits.shape().back();
+  const bool combine = vocab_parallel && tp.size > 1;
+  row_max = b.empty(Shape{N});
+  b.cross_entropy_max(logits, row_max);
+  if (combine) b.all_reduce(row_max, tp.group, ReduceOp::max);
+  sumexp = b.empty(Shape{N});
+  Tensor target_logit = b.empty(Shape{N});
+  b.cross_entropy_partials(logits, mb.targets, row_max, vocab_offset, sumexp, target_logit);
+  if (combine) {
+    b.all_reduce(sumexp, tp.group, ReduceOp::sum);
+    b.all_reduce(target_logit, tp.group, ReduceOp::sum);
+  }
+  Tensor losses = b.empty(Shape{N});
+  b.cross_entropy_loss(row_max, sumexp, target_logit, losses);
+  if (mb.correct.defined()) {
+    Tensor correct = mb.correct;
+    b.cross_entropy_accuracy(row_max, target_logit, correct, true);
+  }
+  Tensor loss_sum = b.empty(Shape{1});
+  b.sum(losses, loss_sum, 1.f, false);
+  return loss_sum;
+}
+
 const Tensor& BlockContext::constant_ids(const std::string& key,
                                          const std::function<std::vector<std::int32_t>()>& build) {
   auto it = constants_.find(key);

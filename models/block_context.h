@@ -60,6 +60,14 @@ class BlockContext {
   Tensor sp_scatter(const Tensor& x);
   // This rank's rows of a (N, X) tensor every tp rank holds in full, as a tensor of their own.
   Tensor local_part(const Tensor& x);
+  // loss_sum (1) = Σ over the rows of `logits` (N, V) of the softmax
+  // cross-entropy against mb.targets (and mb.correct += the rows whose target
+  // has the largest logit, when given). `vocab_parallel`: the columns are
+  // this rank's vocabulary shard from `vocab_offset`, and the row statistics
+  // are combined over tp; otherwise every rank holds all columns. row_max and
+  // sumexp (N) are kept for the backward.
+  Tensor cross_entropy(const Tensor& logits, const MicroBatch& mb, std::int64_t vocab_offset, bool vocab_parallel,
+                       Tensor& row_max, Tensor& sumexp);
   // Counter-based dropout mask of one site: a sequence shard draws the mask
   // elements of its rows of the whole (N, width) tensor.
   DropoutOp dropout(const MicroBatch& mb, int layer, int site, std::int64_t rows, std::int64_t width) const;

@@ -79,23 +79,7 @@ class LmHead : public Block {
     s->logits = b.empty(Shape{N, vocab_rows_}, ctx_.act);
     if (m_.tied_embeddings) b.gemm(nf, ctx_.params["embed.tokens"].value, s->logits, GemmOp{false, true});
     else b.gemm(nf, ctx_.params["head"].value, s->logits, GemmOp{});
-    s->row_max = b.empty(Shape{N});
-    b.cross_entropy_max(s->logits, s->row_max);
-    if (ctx_.tp.size > 1) b.all_reduce(s->row_max, ctx_.tp.group, ReduceOp::max);
-    s->sumexp = b.empty(Shape{N});
-    Tensor target_logit = b.empty(Shape{N});
-    b.cross_entropy_partials(s->logits, mb.targets, s->row_max, ctx_.tp.rank * vocab_rows_, s->sumexp,
-                             target_logit);
-    ctx_.tp_all_reduce(s->sumexp);
-    ctx_.tp_all_reduce(target_logit);
-    Tensor losses = b.empty(Shape{N});
-    b.cross_entropy_loss(s->row_max, s->sumexp, target_logit, losses);
-    if (mb.correct.defined()) {
-      Tensor correct = mb.correct;
-      b.cross_entropy_accuracy(s->row_max, target_logit, correct, true);
-    }
-    Tensor loss_sum = b.empty(Shape{1});
-    b.sum(losses, loss_sum, 1.f, false);
+    Tensor loss_sum = ctx_.cross_entropy(s->logits, mb, ctx_.tp.rank * vocab_rows_, true, s->row_max, s->sumexp);
     if (saved) *saved = std::move(s);
     return loss_sum;
   }

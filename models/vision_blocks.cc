@@ -232,19 +232,7 @@ class ClassifierHead : public Block {
     nf = Tensor();
     ctx_.linear("head", s->pooled, s->logits, LinearKind::replicated);
     // Every tp rank holds the whole (B, Y) logits: the cross-entropy runs unsharded.
-    s->row_max = b.empty(Shape{B});
-    b.cross_entropy_max(s->logits, s->row_max);
-    s->sumexp = b.empty(Shape{B});
-    Tensor target_logit = b.empty(Shape{B});
-    b.cross_entropy_partials(s->logits, mb.targets, s->row_max, 0, s->sumexp, target_logit);
-    Tensor losses = b.empty(Shape{B});
-    b.cross_entropy_loss(s->row_max, s->sumexp, target_logit, losses);
-    if (mb.correct.defined()) {
-      Tensor correct = mb.correct;
-      b.cross_entropy_accuracy(s->row_max, target_logit, correct, true);
-    }
-    Tensor loss_sum = b.empty(Shape{1});
-    b.sum(losses, loss_sum, 1.f, false);
+    Tensor loss_sum = ctx_.cross_entropy(s->logits, mb, 0, false, s->row_max, s->sumexp);
     if (saved) *saved = std::move(s);
     return loss_sum;
   }

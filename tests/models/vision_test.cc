@@ -14,6 +14,7 @@
 #include "models/parameters.h"
 #include "models/transformer_layer.h"
 #include "models/vision_blocks.h"
+#include "tests/models/gradient_check.h"
 
 using namespace meshtrain;
 
@@ -177,8 +178,6 @@ struct VisionFixture {
   }
 };
 
-// As the GPT test: the directional derivative along each parameter tensor's
-// own gradient by central differences, against its norm from backward.
 void check_gradient(const ModelSpec& spec) {
   const std::uint64_t seed = 11;
   INFO("model " << spec.name << ", seed " << seed);
@@ -193,36 +192,11 @@ void check_gradient(const ModelSpec& spec) {
     f.b.write(f.chunk.parameters().values(), v);
   }
   const std::vector<float> g = f.gradient();
-  std::vector<float> theta(g.size());
-  REQUIRE(f.b.read(f.chunk.parameters().values(), theta).ok());
-  auto loss_at = [&](const std::vector<double>& dir, double eps) {
-    std::vector<float> p(theta.size());
-    for (std::size_t i = 0; i < p.size(); ++i) p[i] = static_cast<float>(theta[i] + eps * dir[i]);
-    f.b.write(f.chunk.parameters().values(), p);
-    return f.loss();
-  };
-  for (const ParamSlot& slot : f.chunk.parameters().slots()) {
-    INFO("parameter " << slot.info.name);
-    std::vector<double> dir(g.size(), 0.0);
-    double norm = 0;
-    for (std::int64_t i = 0; i < slot.value.numel(); ++i) norm += double(g[slot.offset + i]) * g[slot.offset + i];
-    norm = std::sqrt(norm);
-    REQUIRE(norm > 0);
-    double largest = 0;
-    for (std::int64_t i = 0; i < slot.value.numel(); ++i) {
-      dir[slot.offset + i] = g[slot.offset + i] / norm;
-      largest = std::max(largest, std::abs(dir[slot.offset + i]));
-    }
-    // A step that moves the loss by ~1e-3, but no element by more than 3e-3:
-    // a tensor with a tiny gradient (a relative position table at
-    // initialisation) would otherwise be stepped far into the softmax's curvature.
-    const double eps = std::min(1e-3 / norm, 3e-3 / largest);
-    const double up = loss_at(dir, eps), down = loss_at(dir, -eps);
-    const double numeric = (up - down) / (2 * eps);
-    // What fp32 losses can resolve: a few ulps of each over the step.
-    const double resolution = 4 * 6e-8 * (std::abs(up) + std::abs(down)) / (2 * eps);
-    CHECK(std::abs(numeric - norm) <= 2e-3 * norm + resolution);
-  }
+  testing::GradientCheck c;
+  c.tolerance = 2e-3;
+  c.max_element_step = 3e-3;
+  c.allow_fp32_resolution = true;
+  testing::check_gradient_directions(f.b, f.chunk.parameters(), g, [&] { return f.loss(); }, c);
 }
 
 }  // namespace
