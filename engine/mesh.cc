@@ -11,8 +11,15 @@ std::string group_kind_name(GroupKind k) {
 }
 
 Mesh::Mesh(const Plan& plan)
-    : tp_(plan.tp), cp_(plan.cp), dp_(plan.dp), pp_(plan.pp), ep_(plan.ep), world_(plan.world_size()) {
-  for (auto& m : membership_) m.assign(static_cast<std::size_t>(world_), -1);
+    : tp_(plan.tp),
+      cp_(plan.cp),
+      dp_(plan.dp),
+      pp_(plan.pp),
+      ep_(plan.ep),
+      world_(plan.tp * plan.pp * plan.dp * plan.cp),
+      first_(plan.first_rank),
+      next_id_(plan.group_id_base) {
+  for (auto& m : membership_) m.assign(static_cast<std::size_t>(first_ + world_), -1);
   // The ranks that vary one coordinate over [begin, end) by `step`, the
   // others fixed at `base`: direct, so large meshes build in linear time.
   auto vary = [&](Coord base, int Coord::*dim, int begin, int end, int step = 1) {
@@ -67,6 +74,7 @@ void Mesh::add(GroupKind k, std::vector<int> ranks) {
 }
 
 Coord Mesh::coord_of(int rank) const {
+  rank -= first_;
   Coord c;
   c.tp = rank % tp_;
   rank /= tp_;
@@ -78,6 +86,7 @@ Coord Mesh::coord_of(int rank) const {
 }
 
 const Group* Mesh::group_of(GroupKind k, int rank) const {
+  if (rank < 0 || rank >= first_ + world_) return nullptr;
   int i = membership_[static_cast<std::size_t>(k)][static_cast<std::size_t>(rank)];
   return i < 0 ? nullptr : &groups_[static_cast<std::size_t>(k)][static_cast<std::size_t>(i)];
 }

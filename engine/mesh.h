@@ -5,7 +5,10 @@
 // pipeline slowest, so a tensor-parallel group is a block of consecutive ranks
 // (one node, NVLink) and a pipeline group strides across nodes:
 //
-//     rank = tp + TP·(cp + CP·(dp + DP·pp))
+//     rank = first + tp + TP·(cp + CP·(dp + DP·pp))
+//
+// where first is 0, or a plan segment's first global rank (Plan::first_rank;
+// its groups' ids then start at Plan::group_id_base).
 //
 // Expert parallelism is carved out of the data-parallel ranks: data index d
 // has expert rank d % EP and sits in the expert group of the EP consecutive
@@ -42,20 +45,22 @@ class Mesh {
   int pp() const { return pp_; }
   int ep() const { return ep_; }
 
-  int rank_of(Coord c) const { return c.tp + tp_ * (c.cp + cp_ * (c.dp + dp_ * c.pp)); }
+  int first_rank() const { return first_; }
+  int rank_of(Coord c) const { return first_ + c.tp + tp_ * (c.cp + cp_ * (c.dp + dp_ * c.pp)); }
   Coord coord_of(int rank) const;
 
   // Every group of a kind, in ascending order of their first rank.
   const std::vector<Group>& groups(GroupKind k) const { return groups_[static_cast<std::size_t>(k)]; }
-  // The group of kind `k` that contains `rank`, or nullptr (only embedding
-  // groups leave ranks out: the middle pipeline stages).
+  // The group of kind `k` that contains `rank`, or nullptr (embedding groups
+  // leave the middle pipeline stages out; a segment's mesh every rank
+  // outside it).
   const Group* group_of(GroupKind k, int rank) const;
 
  private:
   void add(GroupKind k, std::vector<int> ranks);
 
-  int tp_, cp_, dp_, pp_, ep_, world_;
-  int next_id_ = 0;
+  int tp_, cp_, dp_, pp_, ep_, world_, first_;
+  int next_id_;
   std::array<std::vector<Group>, kGroupKinds> groups_;
   // membership_[k][rank]: index into groups_[k], or -1.
   std::array<std::vector<int>, kGroupKinds> membership_;

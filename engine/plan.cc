@@ -2,6 +2,7 @@
 
 #include "models/block.h"
 
+#include <algorithm>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
@@ -45,6 +46,13 @@ Result<GradSync> parse_grad_sync(const std::string& s) {
 }
 
 int element_bytes(Precision p) { return p == Precision::fp32 ? 4 : 2; }
+
+int Plan::world_size() const {
+  if (segments.empty()) return tp * pp * dp * cp;
+  int world = 0;
+  for (const Plan& s : segments) world = std::max(world, s.first_rank + s.world_size());
+  return world;
+}
 
 Result<PlanOverrides> plan_overrides_from_json(const nlohmann::json& j) {
   if (!j.is_object()) return make_error("a plan must be a JSON object with fields such as tp, pp, dp");

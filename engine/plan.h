@@ -63,12 +63,30 @@ struct Plan {
   double grad_bucket_mb = 4;
   GradSync grad_sync = GradSync::overlap;
 
-  int world_size() const { return tp * pp * dp * cp; }
+  // A plan made of segments (engine/segments/segment_plan.h): each element is
+  // the plan of one segment, a contiguous range of the model's blocks with
+  // its own layout on its own ranks. Empty: the uniform plan, one segment of
+  // the whole model on every rank (what the fields above describe).
+  std::vector<Plan> segments;
+  // A segment's place, filled by the segment plan (defaults: the whole model
+  // on ranks from 0): its label, the global rank of its local rank 0, the
+  // first id of its process groups (unique over the segments), and its window
+  // of body layers with whether it holds the model's first and last blocks.
+  std::string segment_name;
+  int first_rank = 0;
+  int group_id_base = 0;
+  int first_layer = 0, layers = -1;  // -1: to the model's end
+  bool embedding = true, head = true;
+
+  // Ranks the plan runs on: tp·pp·dp·cp, or every segment's (the union).
+  int world_size() const;
   int effective_global_batch() const { return global_batch > 0 ? global_batch : micro_batch * dp; }
   // Micro-batches each pipeline runs per iteration.
   int microbatches() const { return effective_global_batch() / (micro_batch * dp); }
   int effective_seq_len(const ModelSpec& m) const { return seq_len > 0 ? seq_len : m.seq_len; }
-  StageSplit stage_split() const { return {pp, vpp, first_stage_layers, last_stage_layers}; }
+  StageSplit stage_split() const {
+    return {pp, vpp, first_stage_layers, last_stage_layers, first_layer, layers, embedding, head};
+  }
 };
 
 // Flags and file fields override the defaults only where given; a flag beats

@@ -82,7 +82,8 @@ StepEngine::StepEngine(Backend& b, const ModelSpec& m, const Plan& p, const Mesh
     const int vs = chunk->virtual_stage;
     // The plan's split: even, or Megatron-Core's given first/last stage layer counts (models/parameters.h).
     const LayerRange range = virtual_stage_layers(m, p.stage_split(), vs);
-    const ChunkLayers layers{range.begin, range.end, vs == 0, vs == virtual_stages - 1};
+    // A segment holds the model's first (last) block only if the plan says so (engine/plan.h).
+    const ChunkLayers layers{range.begin, range.end, vs == 0 && p.embedding, vs == virtual_stages - 1 && p.head};
     ChunkOptions chunk_options{p.recompute, options.dropout, {}};
     // ZeRO-2 frees gradients between uses, ZeRO-3 parameters too (gradient_buckets.h, parameter_gather.h).
     chunk_options.storage.persistent_grads = p.zero < 2;
@@ -135,12 +136,15 @@ MicroBatch StepEngine::upload(const HostBatch& h, std::uint64_t dropout_seed) {
     mb.ids = b_.empty(Shape{static_cast<std::int64_t>(h.ids.size())}, DType::i32);
     b_.write(mb.ids, h.ids);
   }
-  if (m_.vision()) {
+  if (m_.vision() && !h.pixels.empty()) {
     mb.pixels = b_.empty(Shape{h.batch, m_.image_size, m_.image_size, m_.channels}, activation_dtype(plan_.precision));
     b_.write(mb.pixels, h.pixels);
   }
-  mb.targets = b_.empty(Shape{static_cast<std::int64_t>(h.targets.size())}, DType::i32);
-  b_.write(mb.targets, h.targets);
+  // A segment without the head gets no targets (engine/segments/).
+  if (!h.targets.empty()) {
+    mb.targets = b_.empty(Shape{static_cast<std::int64_t>(h.targets.size())}, DType::i32);
+    b_.write(mb.targets, h.targets);
+  }
   mb.batch = h.batch;
   mb.seq = h.seq;
   mb.dropout_seed = dropout_seed;
@@ -157,9 +161,13 @@ std::function<Shape(int, int, bool)> StepEngine::boundaries(const std::vector<Mi
 Status StepEngine::check_batch(const HostBatch& h) const {
   const std::int64_t n = static_cast<std::int64_t>(h.batch) * h.seq;
   const std::size_t targets = static_cast<std::size_t>(h.batch * loss_terms_per_sample(m_, h.seq));
-  if (h.batch <= 0 || h.targets.size() != targets)
+  if (h.batch <= 0) return make_error("a micro-batch needs at least one sample, got {}", h.batch);
+  // A plan's segment reads the samples only if it holds the embedding, the targets only if it holds the head.
+  if (plan_.head && h.targets.size() != targets)
     return make_error("a micro-batch of {} samples needs {} targets, got {}", h.batch, targets, h.targets.size());
-  if (m_.vision()) {
+  if (!plan_.embedding) {
+    // Nothing to read.
+  } else if (m_.vision()) {
     const std::size_t pixels = static_cast<std::size_t>(h.batch) * m_.image_size * m_.image_size * m_.channels;
     if (h.seq != m_.seq_len || h.pixels.size() != pixels)
       return make_error("model '{}' reads {}×{}×{} images ({} tokens each): a micro-batch of {} needs {} pixels, "
@@ -203,7 +211,7 @@ Status StepEngine::all_reduce_tied_embedding() {
   return ok_status();
 }
 
-Result<StepResult> StepEngine::step(const std::vector<HostBatch>& microbatches, float lr, std::int64_t step) {
+Status StepEngine::begin_step(const std::vector<HostBatch>& microbatches, std::int64_t step) {
   if (setup_error_) return *setup_error_;
   const int m = plan_.microbatches();
   if (static_cast<int>(microbatches.size()) != m)
@@ -222,63 +230,119 @@ Result<StepResult> StepEngine::step(const std::vector<HostBatch>& microbatches, 
       static_cast<double>(plan_.effective_global_batch()) * static_cast<double>(loss_terms_per_sample(m_, seq));
   // Every target (token or image) of the global batch weighs 1/tokens, so
   // summing over replicas gives the mean's gradient.
-  const float loss_scale = static_cast<float>(1.0 / tokens);
-  std::vector<MicroBatch> mbs;
+  loss_terms_ = tokens;
+  loss_scale_ = static_cast<float>(1.0 / tokens);
+  mbs_.clear();
   for (int i = 0; i < m; ++i) {
     // Seeds follow the global micro-batch index, so dropout does not depend on the plan.
     const std::uint64_t global = static_cast<std::uint64_t>(coord_.dp) * m + i;
     const std::uint64_t seed = mix64(options_.seed ^ mix64(static_cast<std::uint64_t>(step) * 1000003u + global));
-    mbs.push_back(upload(microbatches[static_cast<std::size_t>(i)], seed));
+    mbs_.push_back(upload(microbatches[static_cast<std::size_t>(i)], seed));
   }
-  const PipelineCompute compute{
-      [&](int c, int j, const Tensor& in) {
-        Chunk& ch = *chunks_[static_cast<std::size_t>(c)];
-        Tensor out = ch.model->forward(mbs[static_cast<std::size_t>(j)], in, ch.saved[static_cast<std::size_t>(j)]);
-        if (!ch.model->layers().head) return out;
-        b_.axpy(1.f, out, loss_total_);
-        return Tensor();
-      },
-      [&](int c, int j, const Tensor& dout) {
-        Chunk& ch = *chunks_[static_cast<std::size_t>(c)];
-        // Micro-batches leave each chunk's backward in order: the last one completes its gradients.
-        // Unarmed, the buckets wait for finish(), after the schedule (GradSync::after_backward).
-        if (j == m - 1 && plan_.grad_sync == GradSync::overlap) ch.buckets->arm();
-        return ch.model->backward(mbs[static_cast<std::size_t>(j)], ch.saved[static_cast<std::size_t>(j)], dout,
-                                  loss_scale);
-      },
-      boundaries(mbs)};
-  pipeline_->run(b_, compute, activation_dtype(plan_.precision));
+  return ok_status();
+}
+
+PipelineCompute StepEngine::compute(bool training) {
+  const int last = plan_.pp * plan_.vpp - 1, m = static_cast<int>(mbs_.size());
+  const DType act = activation_dtype(plan_.precision);
+  auto forward = [this, training, last, act](int c, int j, const Tensor& in) {
+    Chunk& ch = *chunks_[static_cast<std::size_t>(c)];
+    const MicroBatch& mb = mbs_[static_cast<std::size_t>(j)];
+    Tensor input = in;
+    // A segment that does not start the model reads its input from the segment before.
+    if (boundary_ && ch.virtual_stage == 0 && !ch.model->layers().embedding)
+      input = boundary_->input(j, ch.model->boundary_shape(mb.batch, mb.seq, false), act);
+    SavedActivations scratch;  // evaluation keeps nothing
+    Tensor out = ch.model->forward(mb, input, training ? ch.saved[static_cast<std::size_t>(j)] : scratch);
+    if (ch.model->layers().head) {
+      b_.axpy(1.f, out, loss_total_);
+      return Tensor();
+    }
+    if (boundary_ && ch.virtual_stage == last) boundary_->output(j, out);
+    return out;
+  };
+  auto backward = [this, last, act, m](int c, int j, const Tensor& dout) {
+    Chunk& ch = *chunks_[static_cast<std::size_t>(c)];
+    const MicroBatch& mb = mbs_[static_cast<std::size_t>(j)];
+    // Micro-batches leave each chunk's backward in order: the last one completes its gradients.
+    // Unarmed, the buckets wait for finish(), after the schedule (GradSync::after_backward).
+    if (j == m - 1 && plan_.grad_sync == GradSync::overlap) ch.buckets->arm();
+    Tensor d = dout;
+    if (boundary_ && ch.virtual_stage == last && !ch.model->layers().head)
+      d = boundary_->output_grad(j, ch.model->boundary_shape(mb.batch, mb.seq, true), act);
+    Tensor din = ch.model->backward(mb, ch.saved[static_cast<std::size_t>(j)], d, loss_scale_);
+    if (boundary_ && ch.virtual_stage == 0 && !ch.model->layers().embedding) boundary_->input_grad(j, din);
+    return din;
+  };
+  PipelineCompute out{forward, {}, boundaries(mbs_)};
+  if (training) out.backward = backward;
+  return out;
+}
+
+void StepEngine::run(Phase phase) {
+  const PipelineCompute c = compute(true);
+  const DType act = activation_dtype(plan_.precision);
+  switch (phase) {
+    case Phase::all: pipeline_->run(b_, c, act); break;
+    case Phase::forward: pipeline_->run(b_, c, act, PipelineExecutor::Part::before_backward); break;
+    case Phase::backward: pipeline_->run(b_, c, act, PipelineExecutor::Part::from_backward); break;
+  }
+}
+
+Status StepEngine::finish_gradients() {
   MT_TRY(all_reduce_tied_embedding());
   for (auto& c : chunks_) c->buckets->finish();
+  return ok_status();
+}
 
+const Tensor& StepEngine::reduce_grad_norm() {
   b_.fill(grad_sumsq_, 0.f);
   for (auto& c : chunks_)
     c->adam->accumulate_sumsq(grad_sumsq_, [&](const ParamSlot& s) { return counts_in_norm(*c, s); });
-  const Group& dp = *mesh_.group_of(GroupKind::data, b_.rank());
   // Without ZeRO every replica holds the same reduced gradients: sum over one replica only.
-  if (plan_.zero >= 1) b_.all_reduce(grad_sumsq_, dp, ReduceOp::sum);
+  if (plan_.zero >= 1) b_.all_reduce(grad_sumsq_, *mesh_.group_of(GroupKind::data, b_.rank()), ReduceOp::sum);
   b_.all_reduce(grad_sumsq_, *mesh_.group_of(GroupKind::model_parallel, b_.rank()), ReduceOp::sum);
-  // The loss lives on the last stage (the same on each of its tp ranks).
-  b_.all_reduce(loss_total_, dp, ReduceOp::sum);
-  b_.all_reduce(loss_total_, *mesh_.group_of(GroupKind::pipeline, b_.rank()), ReduceOp::sum);
+  return grad_sumsq_;
+}
 
+const Tensor& StepEngine::reduce_loss() {
+  // The loss lives on the last stage (the same on each of its tp ranks).
+  b_.all_reduce(loss_total_, *mesh_.group_of(GroupKind::data, b_.rank()), ReduceOp::sum);
+  b_.all_reduce(loss_total_, *mesh_.group_of(GroupKind::pipeline, b_.rank()), ReduceOp::sum);
+  return loss_total_;
+}
+
+void StepEngine::apply_update(float lr, std::int64_t step, const Tensor& coef) {
+  const OptimizerOptions& o = options_.optimizer;
+  for (auto& c : chunks_) c->adam->update(AdamWOp{lr, o.beta1, o.beta2, o.eps, 0.f, step}, o.weight_decay, coef);
+  for (auto& c : chunks_) c->saved.clear();
+}
+
+Result<StepResult> StepEngine::step(const std::vector<HostBatch>& microbatches, float lr, std::int64_t step) {
+  MT_TRY(begin_step(microbatches, step));
+  run(Phase::all);
+  MT_TRY(finish_gradients());
+  reduce_grad_norm();
+  reduce_loss();
   float host[2] = {0, 0};
   MT_TRY(b_.read(loss_total_, std::span<float>(host, 1)).context(fmt::format("step {}", step)));
   MT_TRY(b_.read(grad_sumsq_, std::span<float>(host + 1, 1)).context(fmt::format("step {}", step)));
-  StepResult r{host[0] / tokens, std::sqrt(static_cast<double>(host[1]))};
-  if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm))
-    return make_error("step {}: the loss is {} (gradient norm {}); stopping before the update, so the "
-                      "parameters and the last checkpoint are those of step {}; lower --lr or check the data",
-                      step, r.loss, r.grad_norm, step - 1);
-  const OptimizerOptions& o = options_.optimizer;
+  StepResult r{host[0] / loss_terms_, std::sqrt(static_cast<double>(host[1]))};
+  MT_TRY(check_finite(r, step));
   Tensor coef;
-  if (o.max_grad_norm > 0) {
-    b_.clip_coefficient(grad_sumsq_, o.max_grad_norm, clip_coef_);
+  if (options_.optimizer.max_grad_norm > 0) {
+    b_.clip_coefficient(grad_sumsq_, options_.optimizer.max_grad_norm, clip_coef_);
     coef = clip_coef_;
   }
-  for (auto& c : chunks_) c->adam->update(AdamWOp{lr, o.beta1, o.beta2, o.eps, 0.f, step}, o.weight_decay, coef);
-  for (auto& c : chunks_) c->saved.clear();
+  apply_update(lr, step, coef);
   return r;
+}
+
+Status check_finite(const StepResult& r, std::int64_t step) {
+  if (std::isfinite(r.loss) && std::isfinite(r.grad_norm)) return ok_status();
+  return make_error("step {}: the loss is {} (gradient norm {}); stopping before the update, so the "
+                    "parameters and the last checkpoint are those of step {}; lower --lr or check the data",
+                    step, r.loss, r.grad_norm, step - 1);
 }
 
 Result<double> StepEngine::evaluate(const std::vector<HostBatch>& batches) {
@@ -286,42 +350,46 @@ Result<double> StepEngine::evaluate(const std::vector<HostBatch>& batches) {
   return e.loss;
 }
 
-Result<Evaluation> StepEngine::evaluate_metrics(const std::vector<HostBatch>& batches) {
+Status StepEngine::begin_evaluation(const std::vector<HostBatch>& batches) {
   if (setup_error_) return *setup_error_;
   b_.fill(loss_total_, 0.f);
   // [Σ loss, targets, correct] of the last stage, summed over the pipeline (others hold 0) and the replicas.
-  Tensor stats = b_.empty(Shape{3});
-  Tensor correct = stats.slice(2, 1);
+  eval_stats_ = b_.empty(Shape{3});
+  Tensor correct = eval_stats_.slice(2, 1);
   double targets = 0;
-  std::vector<MicroBatch> mbs;
+  mbs_.clear();
   for (const HostBatch& h : batches) {
     MT_TRY(check_batch(h));
-    mbs.push_back(upload(h, 0));
-    mbs.back().correct = correct;
+    mbs_.push_back(upload(h, 0));
+    mbs_.back().correct = correct;
     targets += static_cast<double>(h.targets.size());
   }
-  const bool last = coord_.pp == plan_.pp - 1;
+  const bool last = plan_.head && coord_.pp == plan_.pp - 1;
   const float init[3] = {0.f, last ? static_cast<float>(targets) : 0.f, 0.f};
-  b_.write(stats, init);
-  const PipelineCompute compute{[&](int c, int j, const Tensor& in) {
-                                  Chunk& ch = *chunks_[static_cast<std::size_t>(c)];
-                                  SavedActivations saved;
-                                  Tensor out = ch.model->forward(mbs[static_cast<std::size_t>(j)], in, saved);
-                                  if (!ch.model->layers().head) return out;
-                                  b_.axpy(1.f, out, loss_total_);
-                                  return Tensor();
-                                },
-                                {},
-                                boundaries(mbs)};
-  pipeline_->run_forward(b_, static_cast<int>(mbs.size()), compute, activation_dtype(plan_.precision));
-  Tensor loss = stats.slice(0, 1);
+  b_.write(eval_stats_, init);
+  return ok_status();
+}
+
+void StepEngine::run_evaluation() {
+  pipeline_->run_forward(b_, static_cast<int>(mbs_.size()), compute(false), activation_dtype(plan_.precision));
+}
+
+const Tensor& StepEngine::evaluation_stats() {
+  Tensor loss = eval_stats_.slice(0, 1), correct = eval_stats_.slice(2, 1);
   b_.axpy(1.f, loss_total_, loss);
   // Every tp rank of the last stage counted the same hits: keep one count per replica.
   if (coord_.tp != 0) b_.fill(correct, 0.f);
-  b_.all_reduce(stats, *mesh_.group_of(GroupKind::pipeline, b_.rank()), ReduceOp::sum);
-  b_.all_reduce(stats, *mesh_.group_of(GroupKind::data, b_.rank()), ReduceOp::sum);
+  b_.all_reduce(eval_stats_, *mesh_.group_of(GroupKind::pipeline, b_.rank()), ReduceOp::sum);
+  b_.all_reduce(eval_stats_, *mesh_.group_of(GroupKind::data, b_.rank()), ReduceOp::sum);
+  return eval_stats_;
+}
+
+Result<Evaluation> StepEngine::evaluate_metrics(const std::vector<HostBatch>& batches) {
+  MT_TRY(begin_evaluation(batches));
+  run_evaluation();
+  evaluation_stats();
   float host[3] = {0, 0, 0};
-  MT_TRY(b_.read(stats, host));
+  MT_TRY(b_.read(eval_stats_, host));
   return Evaluation{static_cast<double>(host[0]) / host[1], static_cast<double>(host[2]) / host[1]};
 }
 
@@ -367,6 +435,7 @@ Result<std::map<std::string, std::vector<float>>> StepEngine::export_state() {
   // Pipeline stages: every parameter from the stage that owns it to every stage.
   const Group& pipe = *mesh_.group_of(GroupKind::pipeline, b_.rank());
   for (const ParamInfo& info : parameter_table(m_)) {
+    if (!plan_.stage_split().holds(m_, info.layer)) continue;  // another segment's
     const int owner = place_layer(m_, info.layer, plan_.stage_split()).stage;
     const int root = mesh_.rank_of({coord_.tp, coord_.cp, coord_.dp, owner});
     for (const char* prefix : kPrefixes) {

@@ -70,9 +70,28 @@ struct StepResult {
   double grad_norm = 0;  // global L2 norm before clipping
 };
 
+// An error naming the step when the loss or the gradient norm is not finite
+// (the update must not run).
+Status check_finite(const StepResult& r, std::int64_t step);
+
 struct Evaluation {
   double loss = 0;      // mean loss over every target of the batches
   double accuracy = 0;  // share of targets whose logit is the largest (top-1)
+};
+
+// How the engine of one segment of a plan (engine/segments/) meets its
+// neighbours: where its first virtual stage's input comes from when it does
+// not start the model, where its last virtual stage's output goes when it
+// does not end it, and the gradients the other way, by micro-batch of this
+// rank's replica. The engine calls input/output_grad when it needs them and
+// output/input_grad when they are ready.
+class SegmentBoundary {
+ public:
+  virtual ~SegmentBoundary() = default;
+  virtual Tensor input(int microbatch, const Shape& shape, DType dtype) = 0;
+  virtual void output(int microbatch, const Tensor& y) = 0;
+  virtual Tensor output_grad(int microbatch, const Shape& shape, DType dtype) = 0;
+  virtual void input_grad(int microbatch, const Tensor& dx) = 0;
 };
 
 class StepEngine {
@@ -108,6 +127,34 @@ class StepEngine {
   // present with its full size. Each rank keeps its own shards.
   Status import_state(const std::map<std::string, std::vector<float>>& state);
 
+  // ---- The pieces of step() and evaluate_metrics(), for the engine of one
+  // segment of a plan made of segments (engine/segments/segmented_engine.h),
+  // where several engines share one iteration. step() is begin_step,
+  // run(all), finish_gradients, reduce_grad_norm, reduce_loss, then the
+  // clip coefficient and apply_update on one engine. ----
+  enum class Phase { all, forward, backward };
+  // Null: the segment is the whole model. Must outlive the engine's use.
+  void set_boundary(SegmentBoundary* boundary) { boundary_ = boundary; }
+  Status begin_step(const std::vector<HostBatch>& microbatches, std::int64_t step);
+  // The schedule's actions, or those before (forward) or from (backward) its
+  // first backward: a GPipe schedule's forward and backward halves.
+  void run(Phase phase);
+  // The tied embedding's two copies summed, every gradient bucket reduced.
+  Status finish_gradients();
+  // (1) Σ g² over the segment's parameters, each element once, reduced over
+  // the segment's ranks (the same on all of them).
+  const Tensor& reduce_grad_norm();
+  // (1) Σ of the losses of the step, reduced over the segment's ranks (zero
+  // unless it holds the head).
+  const Tensor& reduce_loss();
+  void apply_update(float lr, std::int64_t step, const Tensor& coef);
+  // Forward only over `batches`: begin_evaluation, run_evaluation, then
+  // evaluation_stats: (3) [Σ loss, targets, correct] reduced over the
+  // segment's ranks (zeros unless it holds the head).
+  Status begin_evaluation(const std::vector<HostBatch>& batches);
+  void run_evaluation();
+  const Tensor& evaluation_stats();
+
  private:
   struct Chunk;
   MicroBatch upload(const HostBatch& h, std::uint64_t dropout_seed);
@@ -130,7 +177,15 @@ class StepEngine {
   std::unique_ptr<PipelineExecutor> pipeline_;
   Tensor loss_total_;  // (1) Σ token losses of the iteration on this rank
   Tensor grad_sumsq_, clip_coef_;
+  Tensor eval_stats_;  // (3) of the evaluation in progress
   std::optional<Error> setup_error_;
+  SegmentBoundary* boundary_ = nullptr;
+  // The iteration (or evaluation) in progress.
+  std::vector<MicroBatch> mbs_;
+  double loss_terms_ = 0;  // targets (tokens or images) of the global batch
+  float loss_scale_ = 0;   // 1 / loss_terms_
+  // What PipelineExecutor runs for mbs_: training (forward and backward) or evaluation (forward only).
+  PipelineCompute compute(bool training);
 };
 
 }  // namespace meshtrain

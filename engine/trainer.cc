@@ -41,6 +41,7 @@ Status save_checkpoint(StepEngine& engine, bool writer, const ModelSpec& m, cons
 }  // namespace
 
 Status check_train_options(const TrainOptions& o, const ModelSpec& m, const Plan& p) {
+  MT_TRY(check_training_model(m));
   if (o.steps <= 0) return make_error("--steps must be positive, got {}", o.steps);
   if (o.stop_at < 0 || o.stop_at > o.steps)
     return make_error("--stop-at {} must be within 1..--steps {}", o.stop_at, o.steps);

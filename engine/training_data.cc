@@ -131,6 +131,12 @@ Status check_images(const ImageDataset& d, const ModelSpec& m) {
 
 }  // namespace
 
+Status check_training_model(const ModelSpec& m) {
+  if (m.vision() || m.vocab == kByteVocab) return ok_status();
+  return make_error("model '{}' has vocab {}, but training reads bytes (vocab 256); use a model with "
+                    "\"vocab\": 256 such as 'tiny'", m.name, m.vocab);
+}
+
 Status check_training_data(const std::string& data, const ModelSpec& m, const Plan& p) {
   if (data.empty() && m.vision())
     return make_error("no training images: pass --data fashion-mnist or a directory of IDX files");
@@ -139,9 +145,7 @@ Status check_training_data(const std::string& data, const ModelSpec& m, const Pl
     MT_ASSIGN(auto images, shared_images(data));
     return check_images(*images, m);
   }
-  if (m.vocab != kByteVocab)
-    return make_error("model '{}' has vocab {}, but training reads bytes (vocab 256); use a model with "
-                      "\"vocab\": 256 such as 'tiny'", m.name, m.vocab);
+  MT_TRY(check_training_model(m));
   MT_TRY(load_byte_dataset(data, p.effective_seq_len(m)));
   return ok_status();
 }

@@ -38,6 +38,9 @@ class TrainingData {
   virtual const char* unit() const = 0;
 };
 
+// Whether the model can train on this project's data at all (a language
+// model must read bytes: vocabulary 256), before the data is read.
+Status check_training_model(const ModelSpec& m);
 // Checks the data against the model before anything runs: the file or image
 // set exists and is well formed, and fits the model (vocabulary 256 for
 // text; image size, channels and classes for images).

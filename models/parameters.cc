@@ -54,26 +54,29 @@ std::int64_t padded_vocab(const ModelSpec& m, int tp) {
 }
 
 Status check_stage_split(const ModelSpec& m, const StageSplit& s) {
+  const int L = s.layer_count(m);
+  if (s.first_layer < 0 || L < 0 || s.end_layer(m) > m.layers)
+    return make_error("layers [{}, {}) are not within the model's {} layers", s.first_layer, s.end_layer(m), m.layers);
   if (s.pp < 1 || s.vpp < 1) return make_error("pp {} and vpp {} must be positive", s.pp, s.vpp);
   const int first = s.first_stage_layers, last = s.last_stage_layers;
   if (first < 0 || last < 0)
     return make_error("first_stage_layers {} and last_stage_layers {} must be >= 0 (0: an even share)", first,
                       last);
   if (first == 0 && last == 0) {
-    if (m.layers % (s.pp * s.vpp) != 0)
+    if (L % (s.pp * s.vpp) != 0)
       return make_error("layers {} are not divisible by pp·vpp = {}·{} = {}; choose pp·vpp dividing {}, or set "
                         "first_stage_layers / last_stage_layers",
-                        m.layers, s.pp, s.vpp, s.pp * s.vpp, m.layers);
+                        L, s.pp, s.vpp, s.pp * s.vpp, L);
     return ok_status();
   }
   if (s.pp < 2)
     return make_error("first_stage_layers {} / last_stage_layers {} need pp >= 2, got pp {}", first, last, s.pp);
   const int fixed = (first > 0 ? 1 : 0) + (last > 0 ? 1 : 0), free = s.pp - fixed;
-  const int rest = m.layers - first - last;
+  const int rest = L - first - last;
   if (rest < free || (free == 0 && rest != 0))
     return make_error("first_stage_layers {} + last_stage_layers {} leave {} of the {} layers for the other {} "
                       "stage(s); each needs at least one, and with pp 2 the two must add up to {}",
-                      first, last, rest, m.layers, free, m.layers);
+                      first, last, rest, L, free, L);
   if (free > 0 && rest % free != 0)
     return make_error("the {} layers left after first_stage_layers {} and last_stage_layers {} do not divide over "
                       "the other {} stages; choose numbers that leave a multiple of {}",
@@ -87,16 +90,16 @@ Status check_stage_split(const ModelSpec& m, const StageSplit& s) {
 }
 
 int stage_layer_count(const ModelSpec& m, const StageSplit& s, int stage) {
-  const int first = s.first_stage_layers, last = s.last_stage_layers;
-  if (first == 0 && last == 0) return m.layers / s.pp;
+  const int first = s.first_stage_layers, last = s.last_stage_layers, L = s.layer_count(m);
+  if (first == 0 && last == 0) return L / s.pp;
   if (stage == 0 && first > 0) return first;
   if (stage == s.pp - 1 && last > 0) return last;
   const int free = s.pp - (first > 0 ? 1 : 0) - (last > 0 ? 1 : 0);
-  return free > 0 ? (m.layers - first - last) / free : 0;
+  return free > 0 ? (L - first - last) / free : 0;
 }
 
 LayerRange virtual_stage_layers(const ModelSpec& m, const StageSplit& s, int virtual_stage) {
-  LayerRange r;
+  LayerRange r{s.first_layer, s.first_layer};
   for (int vs = 0; vs <= virtual_stage; ++vs) {
     r.begin = r.end;
     r.end += stage_layer_count(m, s, vs % s.pp) / s.vpp;
@@ -107,10 +110,10 @@ LayerRange virtual_stage_layers(const ModelSpec& m, const StageSplit& s, int vir
 StagePlacement place_layer(const ModelSpec& m, int layer, const StageSplit& s) {
   const int virtual_stages = s.pp * s.vpp;
   int vs = 0;
-  if (layer >= m.layers) {
+  if (layer >= s.end_layer(m)) {
     vs = virtual_stages - 1;
-  } else if (layer >= 0) {
-    for (int end = 0; vs < virtual_stages; ++vs) {
+  } else if (layer >= s.first_layer) {
+    for (int end = s.first_layer; vs < virtual_stages; ++vs) {
       end += stage_layer_count(m, s, vs % s.pp) / s.vpp;
       if (layer < end) break;
     }
@@ -189,6 +192,7 @@ ShardCount count_shard_parameters(const ModelSpec& m, int tp, const StageSplit& 
   ShardCount c;
   const int head_stage = place_layer(m, m.layers, split).stage;
   for (const auto& p : parameter_table(m)) {
+    if (!split.holds(m, p.layer)) continue;
     const bool embedding = p.split == TpSplit::vocab || p.name == "embed.positions";
     std::int64_t n = shard_numel(m, p, tp, ep);
     if (place_layer(m, p.layer, split).stage == stage) {
@@ -196,7 +200,7 @@ ShardCount count_shard_parameters(const ModelSpec& m, int tp, const StageSplit& 
       if (embedding) c.embedding += n;
     }
     // The tied head reuses the token embedding: a separate stage needs a copy.
-    if (p.name == "embed.tokens" && m.tied_embeddings && split.pp > 1 && head_stage == stage) {
+    if (p.name == "embed.tokens" && m.tied_embeddings && split.head && split.pp > 1 && head_stage == stage) {
       c.total += n;
       c.embedding += n;
     }

@@ -74,9 +74,23 @@ std::int64_t padded_vocab(const ModelSpec& m, int tp);
 // layers evenly. Each stage splits its layers evenly over its vpp chunks.
 // Virtual stage c·pp + s (chunk c of stage s) holds the next layers in
 // virtual-stage order: virtual stage 0 holds layers [0, n0), 1 the next n1...
+//
+// A plan's segment (engine/plan.h) splits only its window of the model:
+// body layers [first_layer, first_layer + layers), with the embedding on its
+// virtual stage 0 only when it holds the model's first block and the head on
+// its last only when it holds the last; the defaults are the whole model.
 struct StageSplit {
   int pp = 1, vpp = 1;
   int first_stage_layers = 0, last_stage_layers = 0;  // 0: an even share
+  int first_layer = 0, layers = -1;                   // -1: to the model's end
+  bool embedding = true, head = true;
+
+  int layer_count(const ModelSpec& m) const { return layers < 0 ? m.layers - first_layer : layers; }
+  int end_layer(const ModelSpec& m) const { return first_layer + layer_count(m); }
+  // Whether the window holds parameters of hook index `layer` (-1 embedding, L head).
+  bool holds(const ModelSpec& m, int layer) const {
+    return layer < 0 ? embedding : layer >= m.layers ? head : layer >= first_layer && layer < end_layer(m);
+  }
 };
 // Layers of pipeline stage `stage` (all its chunks together). Assumes a split
 // that divides (check_stage_split).

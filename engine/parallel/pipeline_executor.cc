@@ -1,5 +1,7 @@
 #include "engine/parallel/pipeline_executor.h"
 
+#include <algorithm>
+
 #include "engine/schedule/communication.h"
 #include "engine/schedule/validate.h"
 
@@ -32,12 +34,20 @@ int PipelineExecutor::tag(const schedule::Action& a, int microbatches) const {
   return (boundary * microbatches + a.microbatch) * 2 + (grad ? 1 : 0);
 }
 
-void PipelineExecutor::run(Backend& b, const PipelineCompute& compute, DType dtype) {
+void PipelineExecutor::run(Backend& b, const PipelineCompute& compute, DType dtype, Part part) {
   using K = schedule::Action;
   const int m = schedule_.layout.microbatches, last = schedule_.layout.virtual_stages() - 1;
-  // Tensors between a compute action and its communication, by (chunk, micro-batch).
+  const auto& actions = schedule_.ranks[static_cast<std::size_t>(stage_)];
+  const auto split = std::find_if(actions.begin(), actions.end(), [](const K& a) {
+    return a.kind == K::backward || a.kind == K::recv_grad || a.kind == K::send_grad;
+  });
+  const auto first = part == Part::from_backward ? split : actions.begin();
+  const auto end = part == Part::before_backward ? split : actions.end();
+  // Tensors between a compute action and its communication, by (chunk, micro-batch); a
+  // forward half leaves its outputs sent, so the halves share nothing.
   std::map<std::pair<int, int>, Tensor> inputs, outputs, douts, dinputs;
-  for (const K& a : schedule_.ranks[static_cast<std::size_t>(stage_)]) {
+  for (auto it = first; it != end; ++it) {
+    const K& a = *it;
     const std::pair<int, int> key{a.chunk, a.microbatch};
     const int s = schedule::virtual_stage(schedule_.layout, a);
     switch (a.kind) {

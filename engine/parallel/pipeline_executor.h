@@ -49,7 +49,10 @@ class PipelineExecutor {
   // Runs this rank's actions in order. Activations and their gradients
   // between stages are shaped as compute.boundary says, of `dtype` (16-bit
   // under mixed precision).
-  void run(Backend& b, const PipelineCompute& compute, DType dtype = DType::f32);
+  // The whole action list, or the part before its first backward action (a
+  // GPipe schedule's forward half) or from it (the backward half).
+  enum class Part { all, before_backward, from_backward };
+  void run(Backend& b, const PipelineCompute& compute, DType dtype = DType::f32, Part part = Part::all);
   // Forward only (evaluation) of `microbatches`: every micro-batch j through
   // every local chunk, in (micro-batch, chunk) order, which needs no
   // schedule: each forward's input comes from a forward that is earlier in

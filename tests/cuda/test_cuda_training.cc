@@ -3,7 +3,10 @@
 // 1e-4 of the cpu losses, bf16 mixed precision (16-bit activations and working
 // weights, fp32 masters, gradients and AdamW state) within 2%. Gpt covers
 // layernorm, gelu, learned positions, biases and the tied head; llama
-// rmsnorm, swiglu, rope, grouped-query attention and an untied head.
+// rmsnorm, swiglu, rope, grouped-query attention and an untied head; vit-tiny
+// bidirectional attention, the patch embedding and class token, the
+// classifier; swin-micro window attention with its relative position bias and
+// shifted-window mask, patch merging over an odd grid and mean pooling.
 // Without a device the test prints "SKIPPED: no CUDA device" and passes.
 #include <catch2/catch.hpp>
 
@@ -21,10 +24,11 @@ namespace {
 
 constexpr int kTrainSteps = 2;
 
-// Mean token loss of each of the first kTrainSteps steps on one rank.
+// Mean loss (per token, or per image) of each of the first kTrainSteps steps on one rank.
 std::vector<double> losses(Backend& b, const ModelSpec& m, Precision precision) {
   Plan p = make_plan(1, 1, 1, 0, ScheduleKind::one_f_one_b);
   p.precision = precision;
+  if (m.vision()) p.seq_len = 0;  // the images fix the tokens
   const Mesh mesh(p);
   StepEngine engine(b, m, p, mesh, step_options());
   std::vector<double> out;
@@ -42,7 +46,7 @@ std::vector<double> losses(Backend& b, const ModelSpec& m, Precision precision) 
 TEST_CASE("cuda: the tiny models' first steps, fp32 and bf16 on the gpu against fp32 on the cpu") {
   MT_GPU_OR_SKIP(gpu);
   std::printf("seed %llu\n", static_cast<unsigned long long>(kSeed));
-  for (const ModelSpec& m : {tiny_gpt(), tiny_llama()}) {
+  for (const ModelSpec& m : {tiny_gpt(), tiny_llama(), *model_preset("vit-tiny"), *model_preset("swin-micro")}) {
     CpuBackend cpu;
     const std::vector<double> ref = losses(cpu, m, Precision::fp32);
     const std::vector<double> f32 = losses(gpu, m, Precision::fp32);

@@ -62,7 +62,9 @@ TEST_CASE("training the tiny model makes the loss fall clearly", "[train]") {
   REQUIRE(r.status == 0);
   auto l = losses(metrics);
   REQUIRE(l.size() == 60);
-  CHECK(l.front() == Approx(std::log(256.0)).margin(0.1));
+  // Near uniform at initialisation; below it by what the tied head's
+  // self-similarity gives the source's repeated bytes (indentation).
+  CHECK(l.front() == Approx(std::log(256.0)).margin(0.25));
   // The corpus is the checkout's own sources, so its content moves with
   // every change: ask for a clear fall (1.5 nats below uniform), not a value.
   CHECK(l.back() < std::log(256.0) - 1.5);
