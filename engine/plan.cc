@@ -1,5 +1,6 @@
 #include "engine/plan.h"
 
+#include "engine/segments/segment_plan.h"
 #include "models/block.h"
 
 #include <algorithm>
@@ -21,7 +22,7 @@ const std::vector<std::string> kPlanFields = {"tp",        "pp",        "dp",   
                                               "global_batch", "seq_len", "recompute",   "schedule",
                                               "precision", "sequence_parallel",
                                               "first_stage_layers", "last_stage_layers",
-                                              "microbatches", "grad_bucket_mb", "grad_sync"};
+                                              "microbatches", "grad_bucket_mb", "grad_sync", "segments"};
 
 template <class E>
 Result<E> parse_enum(const char* what, const std::string& s, const std::vector<std::string>& names) {
@@ -97,6 +98,7 @@ Result<PlanOverrides> plan_overrides_from_json(const nlohmann::json& j) {
       return make_error("plan field 'grad_bucket_mb' must be a number of MiB, got {}", j["grad_bucket_mb"].dump());
     o.grad_bucket_mb = j["grad_bucket_mb"].get<double>();
   }
+  if (j.contains("segments")) o.segments = std::make_shared<const nlohmann::json>(j["segments"]);
   if (j.contains("sequence_parallel")) {
     if (!j["sequence_parallel"].is_boolean())
       return make_error("plan field 'sequence_parallel' must be true or false, got {}", j["sequence_parallel"].dump());
@@ -162,6 +164,7 @@ Result<Plan> apply_overrides(Plan p, const PlanOverrides& o) {
 }
 
 Status validate_plan(const Plan& p, const ModelSpec& m, int world_size) {
+  if (!p.segments.empty()) return validate_segments(p, m, world_size);
   struct Size {
     const char* name;
     int value;
@@ -188,7 +191,8 @@ Status validate_plan(const Plan& p, const ModelSpec& m, int world_size) {
                       world_size % (p.tp * p.pp * p.cp) == 0 ? world_size / (p.tp * p.pp * p.cp) : 0);
   if (m.vision()) {
     // Every layer splits its own heads (a Swin stage's differ from the next's).
-    for (const auto& block : model_blocks(m)) MT_TRY(block->check_tensor_parallel(p.tp));
+    for (const auto& block : model_blocks(m))
+      if (p.stage_split().holds(m, block->layer())) MT_TRY(block->check_tensor_parallel(p.tp));
     if (p.seq_len != 0 && p.seq_len != m.seq_len)
       return make_error("seq_len {} given for the vision model '{}', whose images make {} tokens; leave seq_len out",
                         p.seq_len, m.name, m.seq_len);
@@ -268,6 +272,19 @@ nlohmann::json plan_to_json(const Plan& p) {
   if (p.last_stage_layers != 0) j["last_stage_layers"] = p.last_stage_layers;
   if (p.grad_bucket_mb != Plan{}.grad_bucket_mb) j["grad_bucket_mb"] = p.grad_bucket_mb;
   if (p.grad_sync != GradSync::overlap) j["grad_sync"] = grad_sync_name(p.grad_sync);
+  if (!p.segments.empty()) {
+    j["segments"] = nlohmann::json::array();
+    for (const Plan& s : p.segments) {
+      nlohmann::json seg = plan_to_json(s);
+      seg["name"] = s.segment_name;
+      seg["first_rank"] = s.first_rank;
+      seg["first_layer"] = s.first_layer;
+      seg["layers"] = s.layers;
+      seg["embedding"] = s.embedding;
+      seg["head"] = s.head;
+      j["segments"].push_back(std::move(seg));
+    }
+  }
   return j;
 }
 

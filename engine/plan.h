@@ -6,6 +6,7 @@
 // what would fix them.
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -100,6 +101,9 @@ struct PlanOverrides {
   std::optional<double> grad_bucket_mb;
   std::optional<std::string> recompute, schedule, precision, grad_sync;
   std::optional<bool> sequence_parallel;
+  // A plan file's "segments" list as written; the model resolves it
+  // (engine/segments/segment_plan.h, segments_from_json).
+  std::shared_ptr<const nlohmann::json> segments;
 };
 
 Result<PlanOverrides> plan_overrides_from_json(const nlohmann::json& j);

@@ -142,6 +142,12 @@ class BlockDef {
   virtual ~BlockDef() = default;
 
   int layer() const { return layer_; }  // hook index
+  // The part of the model the block belongs to, by which a plan's segment
+  // may name it: "embed", "layers" and "head" for a decoder; "embed",
+  // "encoder", "head" for ViT; "embed", "stage1".."stageN" (a stage's
+  // patch merging with it), "head" for Swin.
+  const std::string& module() const { return module_; }
+  void set_module(std::string module) { module_ = std::move(module); }
   // Every parameter of the block, in model order, with `layer()` as ParamInfo::layer.
   virtual std::vector<ParamInfo> parameters() const = 0;
   // Parameters the block reads but another block owns (the tied head reads
@@ -163,6 +169,7 @@ class BlockDef {
 
  private:
   int layer_;
+  std::string module_;
 };
 
 using ModelBlocks = std::vector<std::unique_ptr<const BlockDef>>;

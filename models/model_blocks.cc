@@ -12,8 +12,14 @@ namespace {
 
 std::string layer_name(int layer) { return "layers." + std::to_string(layer); }
 
+// Appends a block of `module` (BlockDef::module).
+void push(ModelBlocks& out, std::unique_ptr<BlockDef> block, std::string module) {
+  block->set_module(std::move(module));
+  out.push_back(std::move(block));
+}
+
 void add_decoder(const ModelSpec& m, ModelBlocks& out) {
-  out.push_back(std::make_unique<TokenEmbeddingDef>(m));
+  push(out, std::make_unique<TokenEmbeddingDef>(m), "embed");
   LayerShape shape;
   shape.width = m.hidden;
   shape.heads = m.heads, shape.kv_heads = m.kv_heads, shape.ffn = m.ffn;
@@ -24,12 +30,12 @@ void add_decoder(const ModelSpec& m, ModelBlocks& out) {
   shape.bias = m.bias;
   shape.experts = m.experts, shape.top_k = m.top_k;
   for (int l = 0; l < m.layers; ++l)
-    out.push_back(std::make_unique<TransformerLayerDef>(l, layer_name(l), shape, m.norm));
-  out.push_back(std::make_unique<LmHeadDef>(m));
+    push(out, std::make_unique<TransformerLayerDef>(l, layer_name(l), shape, m.norm), "layers");
+  push(out, std::make_unique<LmHeadDef>(m), "head");
 }
 
 void add_vit(const ModelSpec& m, ModelBlocks& out) {
-  out.push_back(std::make_unique<PatchEmbeddingDef>(m));
+  push(out, std::make_unique<PatchEmbeddingDef>(m), "embed");
   LayerShape shape;
   shape.width = m.hidden;
   shape.heads = shape.kv_heads = m.heads;
@@ -39,16 +45,17 @@ void add_vit(const ModelSpec& m, ModelBlocks& out) {
   shape.bias = m.bias;
   shape.tokens = m.seq_len;
   for (int l = 0; l < m.layers; ++l)
-    out.push_back(std::make_unique<TransformerLayerDef>(l, layer_name(l), shape, m.norm));
-  out.push_back(std::make_unique<ClassifierHeadDef>(m, m.seq_len, m.hidden, true));
+    push(out, std::make_unique<TransformerLayerDef>(l, layer_name(l), shape, m.norm), "encoder");
+  push(out, std::make_unique<ClassifierHeadDef>(m, m.seq_len, m.hidden, true), "head");
 }
 
 void add_swin(const ModelSpec& m, ModelBlocks& out) {
-  out.push_back(std::make_unique<PatchEmbeddingDef>(m));
+  push(out, std::make_unique<PatchEmbeddingDef>(m), "embed");
   int layer = 0, grid = m.patch_grid(), width = m.hidden, ffn = m.ffn;
   for (std::size_t stage = 0; stage < m.depths.size(); ++stage) {
+    const std::string module = "stage" + std::to_string(stage + 1);
     if (stage > 0) {
-      out.push_back(std::make_unique<PatchMergingDef>(layer, layer_name(layer) + ".merge", grid, width, m.norm));
+      push(out, std::make_unique<PatchMergingDef>(layer, layer_name(layer) + ".merge", grid, width, m.norm), module);
       ++layer;
       grid = (grid + 1) / 2, width *= 2, ffn *= 2;
     }
@@ -65,11 +72,11 @@ void add_swin(const ModelSpec& m, ModelBlocks& out) {
     shape.window = std::min(m.window, grid);
     for (int d = 0; d < m.depths[stage]; ++d) {
       shape.shift = (d % 2 == 1 && grid > m.window) ? m.window / 2 : 0;
-      out.push_back(std::make_unique<TransformerLayerDef>(layer, layer_name(layer), shape, m.norm));
+      push(out, std::make_unique<TransformerLayerDef>(layer, layer_name(layer), shape, m.norm), module);
       ++layer;
     }
   }
-  out.push_back(std::make_unique<ClassifierHeadDef>(m, grid * grid, width, false));
+  push(out, std::make_unique<ClassifierHeadDef>(m, grid * grid, width, false), "head");
 }
 
 }  // namespace

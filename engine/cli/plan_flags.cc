@@ -1,5 +1,9 @@
 #include "engine/cli/plan_flags.h"
 
+#include <nlohmann/json.hpp>
+
+#include "engine/segments/segment_plan.h"
+
 namespace meshtrain {
 
 void add_plan_flags(CLI::App& app, PlanFlags& f, const std::string& default_model) {
@@ -36,11 +40,19 @@ Result<ModelAndPlan> resolve_model_and_plan(const PlanFlags& f, int world_size) 
   ModelAndPlan r;
   MT_ASSIGN(r.model, load_model(f.model));
   Plan plan;
+  std::shared_ptr<const nlohmann::json> segments;
   if (!f.plan_file.empty()) {
     MT_ASSIGN(PlanOverrides from_file, plan_overrides_from_file(f.plan_file));
     MT_ASSIGN(plan, apply_overrides(plan, from_file));
+    segments = from_file.segments;
   }
   MT_ASSIGN(r.plan, apply_overrides(plan, f.overrides));
+  if (segments) {
+    // The segments take the whole plan's fields (flags included) as their defaults.
+    auto parsed = segments_from_json(*segments, r.model, r.plan);
+    if (!parsed) return std::move(parsed.context(fmt::format("plan file '{}'", f.plan_file))).error();
+    r.plan.segments = std::move(parsed).value();
+  }
   auto status = validate_plan(r.plan, r.model, world_size);
   if (!status.ok()) return std::move(status.context(fmt::format("plan for model '{}'", r.model.name))).error();
   return r;
