@@ -7,23 +7,11 @@
 #include <cerrno>
 #include <cstring>
 
+#include "core/fd.h"
+
 namespace meshtrain {
 
 namespace {
-
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
 
 std::string not_regular(std::string_view what, const std::string& path, unsigned mode) {
   if (S_ISDIR(mode)) return fmt::format("{} '{}' is a directory; pass a JSON file", what, path);

@@ -15,6 +15,7 @@
 #include <optional>
 #include <set>
 
+#include "core/fd.h"
 #include "core/input_file.h"
 #include "core/json_input.h"
 
@@ -34,27 +35,6 @@ constexpr const char* kLockFile = "meshtrain.lock";
 constexpr const char* kRefuse = "delete the directory or point --checkpoint elsewhere";
 
 std::string errno_text() { return std::strerror(errno); }
-
-// Owns a file descriptor; closes it on every path out.
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  int get() const { return fd_; }
-  // Close reports the error a delayed write may surface only here.
-  bool close() {
-    const int fd = fd_;
-    fd_ = -1;
-    return ::close(fd) == 0;
-  }
-
- private:
-  int fd_;
-};
 
 bool write_all(int fd, const void* data, std::size_t n) {
   auto p = static_cast<const char*>(data);
@@ -587,37 +567,25 @@ std::string some_names(const std::vector<std::string>& names) {
 
 }  // namespace
 
-CheckpointLock& CheckpointLock::operator=(CheckpointLock&& other) noexcept {
-  if (this != &other) {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = std::exchange(other.fd_, -1);
-  }
-  return *this;
-}
-
-CheckpointLock::~CheckpointLock() {
-  if (fd_ >= 0) ::close(fd_);  // closing the descriptor releases the flock
-}
-
 Result<CheckpointLock> claim_checkpoint_dir(const std::string& dir_name, CheckpointUse use) {
   MT_TRY(probe_checkpoint_dir(dir_name));
   const fs::path dir(dir_name);
   const fs::path lock_path = dir / kLockFile;
-  CheckpointLock lock(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_NONBLOCK | O_CLOEXEC, 0644));
-  if (lock.fd_ < 0)
+  Fd fd(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_NONBLOCK | O_CLOEXEC, 0644));
+  if (fd.get() < 0)
     return make_error("cannot create the lock file '{}': {}; pass a writable --checkpoint path", lock_path.string(),
                       errno_text());
-  if (::flock(lock.fd_, LOCK_EX | LOCK_NB) != 0) {
+  if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
     if (errno != EWOULDBLOCK)
       return make_error("cannot lock '{}': {}", lock_path.string(), errno_text());
     return make_error("checkpoint directory '{}' is in use by another meshtrain run ({}); wait for it to finish "
                       "or stop it, or point --checkpoint elsewhere",
-                      dir_name, lock_holder(lock.fd_));
+                      dir_name, lock_holder(fd.get()));
   }
   char host[256] = {};
   ::gethostname(host, sizeof host - 1);
   const std::string holder = fmt::format("pid {} on host {}\n", ::getpid(), host);
-  if (::ftruncate(lock.fd_, 0) != 0 || ::pwrite(lock.fd_, holder.data(), holder.size(), 0) < 0)
+  if (::ftruncate(fd.get(), 0) != 0 || ::pwrite(fd.get(), holder.data(), holder.size(), 0) < 0)
     return make_error("cannot write the lock file '{}': {}", lock_path.string(), errno_text());
 
   const DirContents c = look_into(dir);
@@ -646,7 +614,7 @@ Result<CheckpointLock> claim_checkpoint_dir(const std::string& dir_name, Checkpo
     const std::string name = entry.path().filename().string();
     if (is_temporary_name(name)) fs::remove(entry.path(), ec);
   }
-  return lock;
+  return CheckpointLock(std::move(fd));
 }
 
 }  // namespace meshtrain

@@ -46,6 +46,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/fd.h"
 #include "core/status.h"
 #include "engine/data_loader.h"
 #include "engine/plan.h"
@@ -156,17 +157,10 @@ enum class CheckpointUse {
 // The exclusive lock of one run on its checkpoint directory, held while the
 // object lives (flock on DIR/meshtrain.lock, which records the holder).
 class CheckpointLock {
- public:
-  CheckpointLock(CheckpointLock&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-  CheckpointLock& operator=(CheckpointLock&& other) noexcept;
-  CheckpointLock(const CheckpointLock&) = delete;
-  CheckpointLock& operator=(const CheckpointLock&) = delete;
-  ~CheckpointLock();
-
  private:
   friend Result<CheckpointLock> claim_checkpoint_dir(const std::string& dir, CheckpointUse use);
-  explicit CheckpointLock(int fd) : fd_(fd) {}
-  int fd_ = -1;
+  explicit CheckpointLock(Fd fd) : fd_(std::move(fd)) {}
+  Fd fd_;  // of DIR/meshtrain.lock; closing it releases the flock
 };
 
 // Claims `dir` for a run: creates it if missing, takes the lock (refusing,
