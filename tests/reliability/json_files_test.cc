@@ -4,6 +4,8 @@
 // {"tp": 4294967297} ran as tp 1, a FIFO blocked forever, /dev/zero ate memory.
 #include <sys/stat.h>
 
+#include <nlohmann/json.hpp>
+
 #include "tests/reliability/cli.h"
 
 using namespace meshtrain::testing;
@@ -80,4 +82,32 @@ TEST_CASE("a checkpoint manifest goes through the same reader", "[reliability][j
   fs::remove(dir / "manifest.json");
   fs::create_directory(dir / "manifest.json");
   expect_refusal(tiny_train() + " --steps 2 --resume --checkpoint " + dir.string(), "manifest.json");
+}
+
+TEST_CASE("a calibration of another device is refused; the report says what came from defaults", "[reliability][json]") {
+  // A cpu-backend calibration on a GPU cluster: times of another machine.
+  const std::string cpu_cal = write_text(
+      "cpu-cal.json", R"j({"version": 1, "device": "AMD EPYC (2 cores, cpu backend)", "machine": {"backend": "cpu"},
+                           "gemm": [{"m": 64, "n": 64, "k": 64, "dtype": "fp32", "time_us": 20}]})j");
+  expect_refusal("simulate --model tiny --gpus 8 --cluster dgx-a100 --calibration " + cpu_cal,
+                 "the calibration was measured on 'AMD EPYC (2 cores, cpu backend)', but cluster 'dgx-a100' has "
+                 "'A100-SXM4-80GB' devices");
+  const std::string h100_cal = write_text(
+      "h100-cal.json", R"j({"version": 1, "device": "NVIDIA H100 80GB HBM3 (cuda backend)", "machine": {"backend": "cuda"}})j");
+  expect_refusal("simulate --model tiny --gpus 8 --cluster dgx-a100 --calibration " + h100_cal,
+                 "but cluster 'dgx-a100' has 'A100-SXM4-80GB' devices");
+  CHECK(run_meshtrain("simulate --model tiny --gpus 8 --cluster dgx-h100 --calibration " + h100_cal).status == 0);
+  // On its own machine it is used, and the tables it lacks are named.
+  const MeshtrainRun r =
+      run_meshtrain("simulate --model tiny --gpus 1 --cluster local-cpu --precision fp32 --calibration " + cpu_cal);
+  INFO(r.out);
+  CHECK(r.status == 0);
+  CHECK_THAT(r.out, Catch::Contains("measured gemm fp32 (1 shapes); cost-model defaults for attention forward, "
+                                    "attention backward, memory-bound ops"));
+  const MeshtrainRun j = run_meshtrain(
+      "simulate --model tiny --gpus 1 --cluster local-cpu --precision fp32 --json --calibration " + cpu_cal);
+  REQUIRE(j.status == 0);
+  const auto json = nlohmann::json::parse(j.out);
+  CHECK(json.at("calibration").at("measured") == nlohmann::json::array({"gemm fp32 (1 shapes)"}));
+  CHECK(json.at("calibration").at("defaults").size() > 5);
 }

@@ -259,3 +259,24 @@ TEST_CASE("an unusable checkpoint directory is reported before training", "[chec
   CHECK(fs::is_directory(nested));
   CHECK(fs::is_empty(nested));  // the probe file is gone
 }
+
+TEST_CASE("non-finite values are never checkpointed; the previous checkpoint stays", "[checkpoint]") {
+  TempDir dir;
+  REQUIRE(make_writer(1, 0.5f).commit(dir.path().string()).ok());
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                    -std::numeric_limits<float>::infinity()}) {
+    CheckpointWriter w = make_writer(2, 0.5f);
+    std::vector<float> poisoned = tricky_values(1.f);
+    poisoned[3] = bad;
+    REQUIRE(w.add_tensor("rank0/poisoned", {6}, poisoned).ok());
+    auto s = w.commit(dir.path().string());
+    REQUIRE_FALSE(s.ok());
+    CHECK_THAT(s.error().message(), Catch::Contains("checkpoint tensor 'rank0/poisoned' holds") &&
+                                        Catch::Contains("at element 3 of 6") &&
+                                        Catch::Contains("the previous one in '" + dir.path().string() + "' stays the last"));
+    auto c = load_checkpoint(dir.path().string());
+    REQUIRE(c.ok());
+    CHECK(c->meta.step == 1);
+    CHECK(payload_files(dir.path()).size() == 1);
+  }
+}
