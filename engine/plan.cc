@@ -147,11 +147,12 @@ Status validate_plan(const Plan& p, const ModelSpec& m, int world_size) {
   for (Size s : {Size{"tp", p.tp}, Size{"pp", p.pp}, Size{"dp", p.dp}, Size{"cp", p.cp}, Size{"ep", p.ep},
                  Size{"vpp", p.vpp}, Size{"micro_batch", p.micro_batch}})
     if (s.value <= 0) return make_error("{} must be positive, got {}", s.name, s.value);
-  // In 64 bits: each degree is bounded, their product is checked before anything multiplies them in int.
-  const std::int64_t world = std::int64_t{p.tp} * p.pp * p.dp * p.cp;
+  // In doubles (2^20 four times over is past any integer type): the product is
+  // checked before anything multiplies the degrees in int.
+  const double world = static_cast<double>(p.tp) * p.pp * p.dp * p.cp;
   if (world > kMaxWorldSize)
-    return make_error("tp·pp·dp·cp = {}·{}·{}·{} = {} ranks; the most meshtrain plans for is {}", p.tp, p.pp, p.dp,
-                      p.cp, world, kMaxWorldSize);
+    return make_error("tp·pp·dp·cp = {}·{}·{}·{} = {:.0f} ranks; the most meshtrain plans for is {}", p.tp, p.pp,
+                      p.dp, p.cp, world, kMaxWorldSize);
   if (std::int64_t{p.micro_batch} * p.dp > kMaxGlobalBatch)
     return make_error("micro_batch·dp = {}·{} = {} sequences per iteration; the most is {}", p.micro_batch, p.dp,
                       std::int64_t{p.micro_batch} * p.dp, kMaxGlobalBatch);
@@ -189,11 +190,16 @@ Status validate_plan(const Plan& p, const ModelSpec& m, int world_size) {
     // least dp elements); a tiny bucket would mean millions of collectives.
     const double per_rank = static_cast<double>(count_parameters(m).total) / (static_cast<double>(p.tp) * p.pp);
     const double bucket = std::max(p.grad_bucket_mb * (1 << 20) / 4, static_cast<double>(p.dp));
-    if (per_rank / bucket > kMaxGradBuckets)
+    if (per_rank / bucket > kMaxGradBuckets) {
+      const double need_mb = per_rank / kMaxGradBuckets * 4 / (1 << 20);
       return make_error("grad_bucket_mb (--grad-bucket-mb) {} cuts about {:.3g} gradients per rank into {:.3g} "
-                        "buckets, one collective each; the most is {}: use --grad-bucket-mb {:.3g} or more",
+                        "buckets, one collective each; the most is {}: {}",
                         p.grad_bucket_mb, per_rank, per_rank / bucket, kMaxGradBuckets,
-                        per_rank / kMaxGradBuckets * 4 / (1 << 20));
+                        need_mb <= kGradBucketMbRange.max
+                            ? fmt::format("use --grad-bucket-mb {:.3g} or more", need_mb)
+                            : std::string("use more tensor or pipeline parallelism, or --zero 2 or 3 (a bucket "
+                                          "per layer)"));
+    }
   }
   const int seq = p.effective_seq_len(m);
   if (seq > m.seq_len && m.position == PositionKind::learned)
