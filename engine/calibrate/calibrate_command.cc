@@ -56,6 +56,7 @@
 #include "core/names.h"
 #include "engine/calibrate/measure.h"
 #include "engine/calibrate/op_profile.h"
+#include "engine/calibrate/workload.h"
 #include "engine/cli/bounded_flags.h"
 #include "engine/cli/commands.h"
 #include "models/model_spec.h"
@@ -83,24 +84,6 @@ struct CalibrateFlags {
   int tbb_threads = 0;  // 0: TBB's default (all cores)
 };
 
-struct Workload {
-  ModelSpec model;
-  std::int64_t batch = 0, seq = 0;
-};
-
-Result<Workload> parse_workload(const std::string& text) {
-  const auto a = text.find(':'), b = text.rfind(':');
-  if (a == std::string::npos || a == b)
-    return make_error("--workload '{}' must be MODEL:MICRO_BATCH:SEQ_LEN, e.g. tiny:8:64", text);
-  Workload w;
-  MT_ASSIGN(w.model, load_model(text.substr(0, a)));
-  const std::string where = fmt::format("--workload '{}':", text);
-  MT_ASSIGN(w.batch, parse_int(where + " the micro-batch", text.substr(a + 1, b - a - 1), IntRange{1, 1 << 20}));
-  MT_ASSIGN(w.seq, parse_int(where + " the sequence length (at most the model's)", text.substr(b + 1),
-                             IntRange{1, w.model.seq_len}));
-  return w;
-}
-
 // Host bytes of the largest shape measured (its fp32 operands and result at
 // once): refused with the figure before anything is allocated.
 Status check_shapes_fit(const std::set<GemmShape>& gemm, const std::set<AttentionShape>& attention,
@@ -119,7 +102,7 @@ Status check_shapes_fit(const std::set<GemmShape>& gemm, const std::set<Attentio
 }
 
 // Shapes each workload issues under tensor parallelism 1 and 2 (models/gpt.cc).
-void workload_shapes(const Workload& w, std::set<GemmShape>& gemm,
+void workload_shapes(const calibrate::Workload& w, std::set<GemmShape>& gemm,
                      std::set<AttentionShape>& attention, std::set<OpShape>& ops) {
   const ModelSpec& m = w.model;
   const std::int64_t n = w.batch * w.seq, c = m.hidden;
@@ -422,7 +405,7 @@ Status run_calibrate(const CalibrateFlags& f) {
   std::set<AttentionShape> attention;
   std::set<OpShape> ops;
   for (const std::string& w : f.workloads) {
-    MT_ASSIGN(Workload wl, parse_workload(w));
+    MT_ASSIGN(calibrate::Workload wl, calibrate::parse_workload(w, "--workload"));
     workload_shapes(wl, gemm, attention, ops);
   }
   if (!f.no_grid) grid_shapes(f.quick, gemm, attention, ops);
