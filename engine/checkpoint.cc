@@ -531,11 +531,14 @@ struct DirContents {
   std::vector<std::string> payloads, foreign;
 };
 
-DirContents look_into(const fs::path& dir) {
+DirContents look_into(const fs::path& dir, const std::vector<std::string>& run_files) {
   DirContents c;
   std::error_code ec;
+  std::vector<fs::path> own;
+  for (const std::string& f : run_files) own.push_back(fs::weakly_canonical(f, ec));
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
+    if (std::find(own.begin(), own.end(), fs::weakly_canonical(entry.path(), ec)) != own.end()) continue;
     if (name == kManifest) {
       c.manifest = true;
     } else if (is_payload_name(name) && !is_temporary_name(name)) {
@@ -567,7 +570,8 @@ std::string some_names(const std::vector<std::string>& names) {
 
 }  // namespace
 
-Result<CheckpointLock> claim_checkpoint_dir(const std::string& dir_name, CheckpointUse use) {
+Result<CheckpointLock> claim_checkpoint_dir(const std::string& dir_name, CheckpointUse use,
+                                            const std::vector<std::string>& run_files) {
   MT_TRY(probe_checkpoint_dir(dir_name));
   const fs::path dir(dir_name);
   const fs::path lock_path = dir / kLockFile;
@@ -588,7 +592,7 @@ Result<CheckpointLock> claim_checkpoint_dir(const std::string& dir_name, Checkpo
   if (::ftruncate(fd.get(), 0) != 0 || ::pwrite(fd.get(), holder.data(), holder.size(), 0) < 0)
     return make_error("cannot write the lock file '{}': {}", lock_path.string(), errno_text());
 
-  const DirContents c = look_into(dir);
+  const DirContents c = look_into(dir, run_files);
   const std::string here = fmt::format("checkpoint directory '{}'", dir_name);
   if (c.manifest && !c.ours)
     return make_error("'{}' is not a meshtrain checkpoint manifest; meshtrain would overwrite it: point "

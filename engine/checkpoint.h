@@ -158,7 +158,8 @@ enum class CheckpointUse {
 // object lives (flock on DIR/meshtrain.lock, which records the holder).
 class CheckpointLock {
  private:
-  friend Result<CheckpointLock> claim_checkpoint_dir(const std::string& dir, CheckpointUse use);
+  friend Result<CheckpointLock> claim_checkpoint_dir(const std::string& dir, CheckpointUse use,
+                                                     const std::vector<std::string>& run_files);
   explicit CheckpointLock(Fd fd) : fd_(std::move(fd)) {}
   Fd fd_;  // of DIR/meshtrain.lock; closing it releases the flock
 };
@@ -172,7 +173,9 @@ class CheckpointLock {
 //     it with --overwrite-checkpoint);
 //   * `resume` where payloads lie without a manifest (a damaged checkpoint
 //     must not silently restart from step 1).
-// Leftover temporaries of an interrupted commit are removed.
-Result<CheckpointLock> claim_checkpoint_dir(const std::string& dir, CheckpointUse use);
+// Leftover temporaries of an interrupted commit are removed. `run_files`
+// are files the run itself writes (its --metrics), which may lie in `dir`.
+Result<CheckpointLock> claim_checkpoint_dir(const std::string& dir, CheckpointUse use,
+                                            const std::vector<std::string>& run_files = {});
 
 }  // namespace meshtrain

@@ -100,7 +100,9 @@ Result<std::optional<CheckpointLock>> claim_checkpoint(const TrainOptions& o) {
   const CheckpointUse use = o.resume                 ? CheckpointUse::resume
                             : o.overwrite_checkpoint ? CheckpointUse::overwrite
                                                      : CheckpointUse::fresh;
-  MT_ASSIGN(CheckpointLock lock, claim_checkpoint_dir(o.checkpoint_dir, use));
+  std::vector<std::string> run_files;
+  if (!o.metrics.empty()) run_files.push_back(o.metrics);
+  MT_ASSIGN(CheckpointLock lock, claim_checkpoint_dir(o.checkpoint_dir, use, run_files));
   return std::optional<CheckpointLock>(std::move(lock));
 }
 

@@ -53,6 +53,13 @@ TEST_CASE("a checkpoint is replaced only when asked, and other files never", "[r
   expect_refusal(tiny_train() + " --steps 2 --overwrite-checkpoint --checkpoint " + other.string(),
                  "manifest.json' is not a meshtrain checkpoint manifest");
   CHECK(fs::file_size(other / "manifest.json") == 21);
+
+  // The run's own metrics file may lie in its checkpoint directory.
+  const fs::path with_metrics = scratch("ckpt-with-metrics");
+  fs::create_directories(with_metrics);
+  CHECK(train("--steps 2 --checkpoint " + with_metrics.string() + " --metrics " + (with_metrics / "m.jsonl").string())
+            .status == 0);
+  CHECK(manifest_step(with_metrics) == 2);
 }
 
 TEST_CASE("a second run on a checkpoint directory is refused naming the first", "[reliability][checkpoints]") {
