@@ -76,9 +76,11 @@ Status check_resume(const CheckpointMeta& meta, const TrainOptions& o, const nlo
                       o.stop_at, meta.step, dir);
   const nlohmann::json& was = meta.run;
   if (!was.is_object()) return ok_status();  // written before checkpoints recorded their run
-  if (was.contains("data") && was["data"] != run["data"]) {
-    const nlohmann::json& a = was["data"];
-    const nlohmann::json& b = run["data"];
+  // The same bytes are the same data, wherever the file now lies.
+  const nlohmann::json& b = run["data"];
+  const nlohmann::json a = was.contains("data") && was["data"].is_object() ? was["data"] : nlohmann::json::object();
+  if (was.contains("data") && (a.value("bytes", nlohmann::json()) != b["bytes"] ||
+                               a.value("crc32", nlohmann::json()) != b["crc32"])) {
     return make_error("the checkpoint in '{}' was trained on --data {} ({} bytes, crc32 {}), this run reads {} ({} "
                       "bytes, crc32 {}); the data loader's position refers to the first: resume with that --data, "
                       "or start a new run in another --checkpoint directory",

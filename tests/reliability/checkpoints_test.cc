@@ -4,6 +4,8 @@
 // and says so when --resume cannot mean what it says.
 #include <sys/wait.h>
 
+#include <iterator>
+
 #include <nlohmann/json.hpp>
 
 #include "engine/checkpoint.h"
@@ -101,15 +103,21 @@ TEST_CASE("resuming says when it cannot continue, and warns when it continues di
   const std::string other_data = write_text("other.txt", std::string(20000, 'z'));
   expect_refusal(tiny_train(other_data) + " --steps 4 --resume --checkpoint " + dir.string(),
                  "was trained on --data \"" + training_text() + "\" (");
+  // The same bytes under another name are the same data.
+  const std::string moved = write_text("moved.txt", [] {
+    std::ifstream in(training_text());
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }());
+  CHECK(run_meshtrain(tiny_train(moved) + " --steps 4 --stop-at 3 --resume --checkpoint " + dir.string()).status == 0);
   // --steps below the checkpoint: nothing could be done.
   expect_refusal(tiny_train() + " --steps 1 --resume --checkpoint " + dir.string(),
-                 "the checkpoint in '" + dir.string() + "' is at step 2, beyond --steps 1");
+                 "the checkpoint in '" + dir.string() + "' is at step 3, beyond --steps 1");
   // Another learning rate is legitimate, and said.
-  const MeshtrainRun lr = train("--steps 3 --lr 5e-4 --resume --checkpoint " + dir.string());
+  const MeshtrainRun lr = train("--steps 5 --lr 5e-4 --resume --checkpoint " + dir.string());
   CHECK(lr.status == 0);
-  CHECK_THAT(lr.out, Catch::Contains("warning: resuming '" + dir.string() + "' at step 2 with steps 3 (was 4), lr 0.0005 (was 0.001)"));
+  CHECK_THAT(lr.out, Catch::Contains("warning: resuming '" + dir.string() + "' at step 3 with steps 5 (was 4), lr 0.0005 (was 0.001)"));
   // A finished run resumed has nothing to do, and says so.
-  const MeshtrainRun done = train("--steps 3 --lr 5e-4 --resume --checkpoint " + dir.string());
+  const MeshtrainRun done = train("--steps 5 --lr 5e-4 --resume --checkpoint " + dir.string());
   CHECK(done.status == 0);
   CHECK_THAT(done.out, Catch::Contains("the run is complete and there is nothing to do"));
 
