@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Sets up a fresh Debian machine for meshtrain, builds it, then runs one job.
 #
-#   ./setup.sh          install dependencies, build, run the default job
-#   ./setup.sh test     install dependencies, build, run the whole test suite
+#   ./setup.sh                          install dependencies, build, run the default job
+#   ./setup.sh test                     install dependencies, build, run the whole test suite
+#   ./setup.sh test --sanitize          the whole suite under ASan + UBSan (build-sanitize/)
+#   ./setup.sh test --sanitize thread   the ranks-as-threads tests under TSan (build-tsan/)
 #
 # Dependencies come from Debian's packages only. The CUDA Toolkit and NCCL are
 # not installed here: the cuda backend is built when they are found (as under
@@ -26,6 +28,20 @@ if ((${#missing[@]})); then
 fi
 
 jobs=$(nproc)
+
+# Sanitized builds live in their own folders, configured by CMakePresets.json.
+if [ "${1:-}" = "test" ] && [ "${2:-}" = "--sanitize" ]; then
+  case "${3:-address}" in
+    address|address,undefined) preset=sanitize ;;
+    thread) preset=tsan ;;
+    *) echo "usage: ./setup.sh test --sanitize [address|thread]" >&2; exit 2 ;;
+  esac
+  cmake --preset "$preset"
+  cmake --build --preset "$preset" -j "$jobs"
+  ctest --preset "$preset" -j "$jobs"
+  exit
+fi
+
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release
 cmake --build build -j "$jobs"
 
@@ -39,7 +55,7 @@ case "${1:-run}" in
     ctest --test-dir build --output-on-failure -j "$jobs"
     ;;
   *)
-    echo "usage: ./setup.sh [run|test]" >&2
+    echo "usage: ./setup.sh [run|test [--sanitize [address|thread]]]" >&2
     exit 2
     ;;
 esac

@@ -1,6 +1,7 @@
 #include "engine/checkpoint.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -10,7 +11,13 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <cmath>
+#include <optional>
 #include <set>
+
+#include "core/fd.h"
+#include "core/input_file.h"
+#include "core/json_input.h"
 
 namespace meshtrain {
 namespace fs = std::filesystem;
@@ -24,30 +31,10 @@ namespace {
 constexpr const char* kFormat = "meshtrain-checkpoint";
 constexpr const char* kManifest = "manifest.json";
 constexpr const char* kManifestTmp = "manifest.json.tmp";
+constexpr const char* kLockFile = "meshtrain.lock";
 constexpr const char* kRefuse = "delete the directory or point --checkpoint elsewhere";
 
 std::string errno_text() { return std::strerror(errno); }
-
-// Owns a file descriptor; closes it on every path out.
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  int get() const { return fd_; }
-  // Close reports the error a delayed write may surface only here.
-  bool close() {
-    const int fd = fd_;
-    fd_ = -1;
-    return ::close(fd) == 0;
-  }
-
- private:
-  int fd_;
-};
 
 bool write_all(int fd, const void* data, std::size_t n) {
   auto p = static_cast<const char*>(data);
@@ -83,22 +70,25 @@ struct Chunk {
   std::size_t size;
 };
 
-// tmp: create, write, fsync, close; then rename onto `final_path`.
+// tmp: create, write, fsync, close; then rename onto `final_path`. On any
+// failure the temporary is removed: a full disk must not stay full of it.
 Status write_durably(const fs::path& final_path, const std::vector<Chunk>& chunks) {
   const fs::path tmp = final_path.string() + ".tmp";
   Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   if (fd.get() < 0) return make_error("cannot create '{}': {}", tmp.string(), errno_text());
+  auto fail = [&](const char* what) {
+    Error e = make_error("cannot {} '{}': {}", what, tmp.string(), errno_text());
+    ::unlink(tmp.c_str());
+    return e;
+  };
   for (const Chunk& c : chunks) {
-    if (!write_all(fd.get(), c.data, c.size)) {
-      return make_error("cannot write '{}': {}", tmp.string(), errno_text());
-    }
+    if (!write_all(fd.get(), c.data, c.size)) return fail("write");
   }
-  if (::fsync(fd.get()) != 0 || !fd.close()) {
-    return make_error("cannot flush '{}' to disk: {}", tmp.string(), errno_text());
-  }
+  if (::fsync(fd.get()) != 0 || !fd.close()) return fail("flush to disk");
   if (::rename(tmp.c_str(), final_path.c_str()) != 0) {
-    return make_error("cannot rename '{}' to '{}': {}", tmp.string(), final_path.string(),
-                      errno_text());
+    Error e = make_error("cannot rename '{}' to '{}': {}", tmp.string(), final_path.string(), errno_text());
+    ::unlink(tmp.c_str());
+    return e;
   }
   return ok_status();
 }
@@ -116,6 +106,43 @@ bool is_payload_name(const std::string& name) {
   return name.starts_with("payload-") && (name.ends_with(".bin") || name.ends_with(".bin.tmp"));
 }
 
+bool is_temporary_name(const std::string& name) {
+  return name == kManifestTmp || (name.starts_with("payload-") && name.ends_with(".bin.tmp")) ||
+         (name.starts_with(".write-probe-") && name.ends_with(".tmp"));
+}
+
+// Every name a checkpoint directory holds of ours.
+bool is_our_name(const std::string& name) {
+  return name == kManifest || name == kLockFile || is_payload_name(name) || is_temporary_name(name);
+}
+
+// Removes what an interrupted commit left: temporaries, and payloads that are
+// not the live one (when the manifest names it; otherwise none are touched).
+void remove_leftovers(const fs::path& dir, const std::string& live_payload) {
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    const bool stale_payload = !live_payload.empty() && is_payload_name(name) && name != live_payload;
+    if (is_temporary_name(name) || stale_payload) fs::remove(entry.path(), ec);
+  }
+}
+
+// The payload the current manifest names, or "" when there is no readable manifest.
+std::string live_payload(const fs::path& dir) {
+  const std::string path = (dir / kManifest).string();
+  auto text = read_input_file(path, "checkpoint manifest");
+  if (!text.ok()) return "";
+  auto manifest = parse_checkpoint_manifest(*text, path);
+  return manifest.ok() ? manifest->payload : "";
+}
+
+// The first non-finite element of `data`, if any.
+std::optional<std::size_t> first_non_finite(const std::vector<float>& data) {
+  for (std::size_t i = 0; i < data.size(); ++i)
+    if (!std::isfinite(data[i])) return i;
+  return std::nullopt;
+}
+
 // A payload name that no file in `dir` has, so the live payload is never overwritten.
 std::string fresh_payload_name(const fs::path& dir, std::int64_t step) {
   for (int n = 0;; ++n) {
@@ -125,14 +152,19 @@ std::string fresh_payload_name(const fs::path& dir, std::int64_t step) {
   }
 }
 
+// Elements of a shape of non-negative dimensions; -1 past kMaxTensorElements.
+constexpr std::int64_t kMaxTensorElements = std::int64_t{1} << 50;
 std::int64_t element_count(const std::vector<std::int64_t>& shape) {
   std::int64_t n = 1;
-  for (std::int64_t d : shape) n *= d;
+  for (std::int64_t d : shape) {
+    if (d != 0 && n > kMaxTensorElements / d) return -1;
+    n *= d;
+  }
   return n;
 }
 
 std::uint32_t manifest_crc(const nlohmann::json& body) {
-  const std::string text = body.dump();
+  const std::string text = body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   return crc_update(0, text.data(), text.size());
 }
 
@@ -158,28 +190,6 @@ void diff_fields(const nlohmann::json& written, const nlohmann::json& now,
     }
   }
 }
-
-Result<std::string> read_text(const fs::path& path) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) return make_error("cannot open '{}': {}", path.string(), errno_text());
-  std::string text;
-  char buf[1 << 16];
-  ssize_t r;
-  while ((r = ::read(fd.get(), buf, sizeof buf)) != 0) {
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) return make_error("cannot read '{}': {}", path.string(), errno_text());
-    text.append(buf, static_cast<std::size_t>(r));
-  }
-  return text;
-}
-
-// The manifest's fields once its checksum has passed; a json exception here
-// means a manifest of this version with a field of the wrong kind.
-struct ManifestTensor {
-  std::string name;
-  std::vector<std::int64_t> shape;
-  std::uint64_t offset = 0, bytes = 0;
-};
 
 }  // namespace
 
@@ -215,6 +225,14 @@ Status CheckpointWriter::add_tensor(std::string name, std::vector<std::int64_t> 
 }
 
 Status CheckpointWriter::commit(const std::string& dir_name) const {
+  // Only a checkpoint that can be resumed is written (the contract in checkpoint.h).
+  for (const auto& [name, t] : tensors_) {
+    if (auto i = first_non_finite(t.data)) {
+      return make_error("checkpoint tensor '{}' holds {} at element {} of {}; a checkpoint that cannot be "
+                        "resumed is not written, so the previous one in '{}' stays the last",
+                        name, t.data[*i], *i, t.data.size(), dir_name);
+    }
+  }
   const fs::path dir(dir_name);
   std::error_code ec;
   const bool created = fs::create_directories(dir, ec);
@@ -225,6 +243,8 @@ Status CheckpointWriter::commit(const std::string& dir_name) const {
     if (!abs.has_filename()) abs = abs.parent_path();  // "a/b/" names b, not a
     MT_TRY(fsync_dir(abs.parent_path()));
   }
+  // What an interrupted commit left would otherwise hold the disk space this one needs.
+  remove_leftovers(dir, live_payload(dir));
 
   std::vector<Chunk> chunks;
   nlohmann::json tensors = nlohmann::json::array();
@@ -253,25 +273,126 @@ Status CheckpointWriter::commit(const std::string& dir_name) const {
                              {"rng", meta_.rng},
                              {"payload", {{"file", payload}, {"bytes", offset}, {"crc32", crc}}},
                              {"tensors", std::move(tensors)}};
+  if (!meta_.run.is_null()) manifest["run"] = meta_.run;
   manifest["manifest_crc32"] = manifest_crc(manifest);
   const std::string text = manifest.dump(2) + "\n";
-  MT_TRY(write_durably(dir / kManifest, {{text.data(), text.size()}}));
+  if (Status s = write_durably(dir / kManifest, {{text.data(), text.size()}}); !s.ok()) {
+    fs::remove(dir / payload, ec);  // nothing names it; the previous checkpoint is untouched
+    return s;
+  }
   MT_TRY(fsync_dir(dir));
 
-  // The new manifest is durable: older payloads and an interrupted commit's
-  // temporaries are garbage now.
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    const std::string name = entry.path().filename().string();
-    if ((is_payload_name(name) && name != payload) || name == kManifestTmp) {
-      fs::remove(entry.path(), ec);
-    }
-  }
+  // The new manifest is durable: older payloads are garbage now.
+  remove_leftovers(dir, payload);
   return fsync_dir(dir);
 }
 
 bool has_checkpoint(const std::string& dir) {
   std::error_code ec;
   return fs::is_regular_file(fs::path(dir) / kManifest, ec);
+}
+
+Result<CheckpointManifest> parse_checkpoint_manifest(std::string_view text, const std::string& path) {
+  auto parsed = parse_json(text, fmt::format("checkpoint manifest '{}'", path));
+  if (!parsed.ok() || !parsed->is_object()) {
+    return make_error("checkpoint manifest '{}' is not valid JSON ({} bytes; truncated or corrupted{}); {}", path,
+                      text.size(), parsed.ok() ? "" : ": " + parsed.error().message(), kRefuse);
+  }
+  nlohmann::json& manifest = *parsed;
+  if (!manifest.contains("manifest_crc32") || !manifest["manifest_crc32"].is_number_unsigned()) {
+    return make_error("checkpoint manifest '{}' has no manifest_crc32; {}", path, kRefuse);
+  }
+  const auto stored_crc = manifest["manifest_crc32"].get<std::uint64_t>();
+  manifest.erase("manifest_crc32");
+  const std::uint32_t actual_crc = manifest_crc(manifest);
+  if (stored_crc != actual_crc) {
+    return make_error("checkpoint manifest '{}' is corrupted: crc32 expected {:#010x}, actual {:#010x}; {}", path,
+                      stored_crc, actual_crc, kRefuse);
+  }
+  const auto malformed = [&](const Error& e) {
+    return make_error("checkpoint manifest '{}' is malformed ({}); {}", path, e.message(), kRefuse);
+  };
+  const auto fields = JsonFields::of(manifest, "field", "").value();
+  std::string format;
+  int version = 0;
+  if (!fields.get_string("format", format).ok() || format != kFormat) {
+    return make_error("'{}' is not a meshtrain checkpoint manifest; {}", path, kRefuse);
+  }
+  if (Status s = fields.get_int("version", IntRange{0, 1 << 20}, version); !s.ok()) return malformed(s.error());
+  if (version != kCheckpointVersion) {
+    return make_error("checkpoint '{}' has format version {}, this build reads version {}; {}", path, version,
+                      kCheckpointVersion, kRefuse);
+  }
+  // Every field, its type and its range; the first problem is the message.
+  CheckpointManifest m;
+  Status status = [&]() -> Status {
+    for (const char* key : {"model", "plan", "step", "rng", "data_loader", "payload", "tensors"})
+      if (!fields.has(key)) return make_error("field '{}' is missing", key);
+    m.meta.model = fields.at("model");
+    m.meta.plan = fields.at("plan");
+    m.meta.rng = fields.at("rng");
+    if (fields.has("run")) m.meta.run = fields.at("run");
+    MT_TRY(fields.get_int("step", IntRange{0, std::int64_t{1} << 62}, m.meta.step));
+    MT_ASSIGN(m.meta.data_loader, loader_state_from_json(fields.at("data_loader")));
+    MT_ASSIGN(const JsonFields payload, JsonFields::of(fields.at("payload"), "field 'payload'",
+                                                       "field 'payload' must be an object"));
+    if (!payload.has("file") || !payload.has("bytes") || !payload.has("crc32"))
+      return make_error("field 'payload' needs file, bytes and crc32");
+    MT_TRY(payload.get_string("file", m.payload));
+    MT_TRY(payload.get_uint64("bytes", std::uint64_t{1} << 52, m.payload_bytes));
+    MT_TRY(payload.get_int("crc32", IntRange{0, 0xffffffff}, m.payload_crc));
+    if (!fields.at("tensors").is_array()) return make_error("field 'tensors' must be a list");
+    std::size_t i = 0;
+    for (const auto& t : fields.at("tensors")) {
+      MT_ASSIGN(const JsonFields tf, JsonFields::of(t, fmt::format("tensors[{}] field", i),
+                                                    fmt::format("tensors[{}] must be an object", i)));
+      for (const char* key : {"name", "dtype", "shape", "offset", "bytes"})
+        if (!tf.has(key)) return make_error("tensors[{}]: field '{}' is missing", i, key);
+      CheckpointManifest::Tensor entry;
+      std::string dtype;
+      MT_TRY(tf.get_string("name", entry.name));
+      MT_TRY(tf.get_string("dtype", dtype));
+      if (dtype != "f32") return make_error("tensor '{}' has dtype {}; this build reads f32 only", entry.name, dtype);
+      if (!tf.at("shape").is_array()) return make_error("tensors[{}]: field 'shape' must be a list", i);
+      const auto shape = tf.at("shape");
+      for (std::size_t d = 0; d < shape.size(); ++d) {
+        MT_ASSIGN(const std::int64_t dim, json_int(shape[d], fmt::format("tensors[{}] shape[{}]", i, d),
+                                                   IntRange{0, kMaxTensorElements}));
+        entry.shape.push_back(dim);
+      }
+      MT_TRY(tf.get_uint64("offset", std::uint64_t{1} << 52, entry.offset));
+      MT_TRY(tf.get_uint64("bytes", std::uint64_t{1} << 52, entry.bytes));
+      m.tensors.push_back(std::move(entry));
+      ++i;
+    }
+    return ok_status();
+  }();
+  if (!status.ok()) return malformed(status.error());
+
+  // Tensors tile the payload in order; anything else is a manifest no writer makes.
+  std::uint64_t expect_offset = 0;
+  for (const CheckpointManifest::Tensor& t : m.tensors) {
+    const std::int64_t n = element_count(t.shape);
+    if (n < 0 || t.offset != expect_offset || t.bytes != static_cast<std::uint64_t>(n) * sizeof(float)) {
+      return make_error("checkpoint manifest '{}': tensor '{}' (offset {}, {} bytes) does not fit "
+                        "its shape or the payload layout; {}",
+                        path, t.name, t.offset, t.bytes, kRefuse);
+    }
+    expect_offset += t.bytes;
+  }
+  if (expect_offset != m.payload_bytes || m.payload.find('/') != std::string::npos || !is_payload_name(m.payload)) {
+    return make_error("checkpoint manifest '{}': tensors cover {} bytes but the payload '{}' is {}; {}", path,
+                      expect_offset, m.payload, m.payload_bytes, kRefuse);
+  }
+  return m;
+}
+
+std::uint32_t checkpoint_manifest_crc(const nlohmann::json& manifest_without_crc) {
+  return manifest_crc(manifest_without_crc);
+}
+
+std::uint32_t checkpoint_crc32(std::span<const std::uint8_t> bytes) {
+  return crc_update(0, bytes.data(), bytes.size());
 }
 
 Result<Checkpoint> load_checkpoint(const std::string& dir_name) {
@@ -286,86 +407,19 @@ Result<Checkpoint> load_checkpoint(const std::string& dir_name) {
     return make_error("no checkpoint in '{}': '{}' is missing; {}", dir_name,
                       manifest_path.string(), kRefuse);
   }
-  MT_ASSIGN(const std::string text, read_text(manifest_path));
-  nlohmann::json manifest = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (manifest.is_discarded() || !manifest.is_object()) {
-    return make_error(
-        "checkpoint manifest '{}' is not valid JSON ({} bytes; truncated or corrupted); {}",
-        manifest_path.string(), text.size(), kRefuse);
-  }
-  if (!manifest.contains("manifest_crc32") || !manifest["manifest_crc32"].is_number_unsigned()) {
-    return make_error("checkpoint manifest '{}' has no manifest_crc32; {}", manifest_path.string(),
-                      kRefuse);
-  }
-  const auto stored_crc = manifest["manifest_crc32"].get<std::uint64_t>();
-  manifest.erase("manifest_crc32");
-  const std::uint32_t actual_crc = manifest_crc(manifest);
-  if (stored_crc != actual_crc) {
-    return make_error(
-        "checkpoint manifest '{}' is corrupted: crc32 expected {:#010x}, actual {:#010x}; {}",
-        manifest_path.string(), stored_crc, actual_crc, kRefuse);
-  }
-  if (manifest.value("format", "") != kFormat) {
-    return make_error("'{}' is not a meshtrain checkpoint manifest; {}", manifest_path.string(),
-                      kRefuse);
-  }
-  if (manifest.value("version", 0) != kCheckpointVersion) {
-    return make_error("checkpoint '{}' has format version {}, this build reads version {}; {}",
-                      manifest_path.string(), manifest.value("version", 0), kCheckpointVersion,
-                      kRefuse);
-  }
+  MT_ASSIGN(const std::string text, read_input_file(manifest_path.string(), "checkpoint manifest"));
+  MT_ASSIGN(CheckpointManifest manifest, parse_checkpoint_manifest(text, manifest_path.string()));
 
   Checkpoint c;
   c.dir = dir_name;
-  std::string payload_name;
-  std::uint64_t payload_bytes = 0, payload_crc = 0;
-  std::vector<ManifestTensor> entries;
-  try {
-    c.meta.model = manifest.at("model");
-    c.meta.plan = manifest.at("plan");
-    c.meta.step = manifest.at("step").get<std::int64_t>();
-    c.meta.rng = manifest.at("rng");
-    MT_ASSIGN(c.meta.data_loader, loader_state_from_json(manifest.at("data_loader")));
-    const auto& payload = manifest.at("payload");
-    payload_name = payload.at("file").get<std::string>();
-    payload_bytes = payload.at("bytes").get<std::uint64_t>();
-    payload_crc = payload.at("crc32").get<std::uint64_t>();
-    for (const auto& t : manifest.at("tensors")) {
-      if (t.at("dtype").get<std::string>() != "f32") {
-        return make_error("checkpoint tensor '{}' has dtype {}; this build reads f32 only",
-                          t.at("name").get<std::string>(), t.at("dtype").dump());
-      }
-      entries.push_back({t.at("name").get<std::string>(),
-                         t.at("shape").get<std::vector<std::int64_t>>(),
-                         t.at("offset").get<std::uint64_t>(), t.at("bytes").get<std::uint64_t>()});
-    }
-  } catch (const nlohmann::json::exception& e) {
-    return make_error("checkpoint manifest '{}' is malformed ({}); {}", manifest_path.string(),
-                      e.what(), kRefuse);
-  }
-
-  // Tensors tile the payload in order; anything else is a manifest no writer makes.
-  std::uint64_t expect_offset = 0;
-  for (const ManifestTensor& t : entries) {
-    bool dims_ok = true;
-    for (std::int64_t d : t.shape) dims_ok = dims_ok && d >= 0;
-    if (!dims_ok || t.offset != expect_offset ||
-        t.bytes != static_cast<std::uint64_t>(element_count(t.shape)) * sizeof(float)) {
-      return make_error(
-          "checkpoint manifest '{}': tensor '{}' (offset {}, {} bytes) does not fit "
-          "its shape or the payload layout; {}",
-          manifest_path.string(), t.name, t.offset, t.bytes, kRefuse);
-    }
-    expect_offset += t.bytes;
-  }
-  if (expect_offset != payload_bytes || payload_name.find('/') != std::string::npos) {
-    return make_error(
-        "checkpoint manifest '{}': tensors cover {} bytes but the payload '{}' is {}; {}",
-        manifest_path.string(), expect_offset, payload_name, payload_bytes, kRefuse);
-  }
+  c.meta = std::move(manifest.meta);
+  const std::string& payload_name = manifest.payload;
+  const std::uint64_t payload_bytes = manifest.payload_bytes;
+  const std::uint32_t payload_crc = manifest.payload_crc;
+  std::vector<CheckpointManifest::Tensor>& entries = manifest.tensors;
 
   const fs::path payload_path = dir / payload_name;
-  Fd fd(::open(payload_path.c_str(), O_RDONLY | O_CLOEXEC));
+  Fd fd(::open(payload_path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
   if (fd.get() < 0) {
     return make_error("checkpoint payload '{}' cannot be opened: {}; {}", payload_path.string(),
                       errno_text(), kRefuse);
@@ -375,6 +429,10 @@ Result<Checkpoint> load_checkpoint(const std::string& dir_name) {
     return make_error("cannot stat checkpoint payload '{}': {}", payload_path.string(),
                       errno_text());
   }
+  if (!S_ISREG(st.st_mode)) {
+    return make_error("checkpoint payload '{}' is {}, not a regular file; {}", payload_path.string(),
+                      file_kind(st.st_mode), kRefuse);
+  }
   if (static_cast<std::uint64_t>(st.st_size) != payload_bytes) {
     return make_error(
         "checkpoint payload '{}' is {} bytes, the manifest expects {} (truncated or "
@@ -382,7 +440,7 @@ Result<Checkpoint> load_checkpoint(const std::string& dir_name) {
         payload_path.string(), st.st_size, payload_bytes, kRefuse);
   }
   std::uint32_t crc = 0;
-  for (ManifestTensor& t : entries) {
+  for (CheckpointManifest::Tensor& t : entries) {
     CheckpointTensor tensor{std::move(t.shape), std::vector<float>(t.bytes / sizeof(float))};
     if (!read_all(fd.get(), tensor.data.data(), t.bytes)) {
       return make_error("cannot read checkpoint payload '{}': {}", payload_path.string(),
@@ -448,6 +506,119 @@ Status probe_checkpoint_dir(const std::string& dir_name) {
         dir_name, why);
   }
   return ok_status();
+}
+
+}  // namespace meshtrain
+
+namespace meshtrain {
+
+namespace {
+
+// Who holds the lock, as its file records it ("pid 123 on host h").
+std::string lock_holder(int fd) {
+  char buf[256] = {};
+  const ssize_t n = ::pread(fd, buf, sizeof buf - 1, 0);
+  std::string s(buf, n > 0 ? static_cast<std::size_t>(n) : 0);
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  return s.empty() ? "another process" : s;
+}
+
+// What a directory holds, as claim_checkpoint_dir sees it.
+struct DirContents {
+  bool manifest = false;       // manifest.json exists
+  bool ours = false;           // ... and is a meshtrain manifest (maybe damaged)
+  std::int64_t step = -1;      // its step when it parses
+  std::vector<std::string> payloads, foreign;
+};
+
+DirContents look_into(const fs::path& dir, const std::vector<std::string>& run_files) {
+  DirContents c;
+  std::error_code ec;
+  std::vector<fs::path> own;
+  for (const std::string& f : run_files) own.push_back(fs::weakly_canonical(f, ec));
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (std::find(own.begin(), own.end(), fs::weakly_canonical(entry.path(), ec)) != own.end()) continue;
+    if (name == kManifest) {
+      c.manifest = true;
+    } else if (is_payload_name(name) && !is_temporary_name(name)) {
+      c.payloads.push_back(name);
+    } else if (!is_our_name(name)) {
+      c.foreign.push_back(name);
+    }
+  }
+  std::sort(c.foreign.begin(), c.foreign.end());
+  if (c.manifest) {
+    const std::string path = (dir / kManifest).string();
+    auto text = read_input_file(path, "checkpoint manifest");
+    if (text.ok()) {
+      auto m = parse_checkpoint_manifest(*text, path);
+      if (m.ok()) c.step = m->meta.step;
+      // A damaged manifest of ours still names our format near its top.
+      c.ours = m.ok() || text->find(kFormat) != std::string::npos;
+    }
+  }
+  return c;
+}
+
+std::string some_names(const std::vector<std::string>& names) {
+  std::string out;
+  for (std::size_t i = 0; i < names.size() && i < 3; ++i) out += fmt::format("{}'{}'", i ? ", " : "", names[i]);
+  if (names.size() > 3) out += fmt::format(" and {} more", names.size() - 3);
+  return out;
+}
+
+}  // namespace
+
+Result<CheckpointLock> claim_checkpoint_dir(const std::string& dir_name, CheckpointUse use,
+                                            const std::vector<std::string>& run_files) {
+  MT_TRY(probe_checkpoint_dir(dir_name));
+  const fs::path dir(dir_name);
+  const fs::path lock_path = dir / kLockFile;
+  Fd fd(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_NONBLOCK | O_CLOEXEC, 0644));
+  if (fd.get() < 0)
+    return make_error("cannot create the lock file '{}': {}; pass a writable --checkpoint path", lock_path.string(),
+                      errno_text());
+  if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
+    if (errno != EWOULDBLOCK)
+      return make_error("cannot lock '{}': {}", lock_path.string(), errno_text());
+    return make_error("checkpoint directory '{}' is in use by another meshtrain run ({}); wait for it to finish "
+                      "or stop it, or point --checkpoint elsewhere",
+                      dir_name, lock_holder(fd.get()));
+  }
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  const std::string holder = fmt::format("pid {} on host {}\n", ::getpid(), host);
+  if (::ftruncate(fd.get(), 0) != 0 || ::pwrite(fd.get(), holder.data(), holder.size(), 0) < 0)
+    return make_error("cannot write the lock file '{}': {}", lock_path.string(), errno_text());
+
+  const DirContents c = look_into(dir, run_files);
+  const std::string here = fmt::format("checkpoint directory '{}'", dir_name);
+  if (c.manifest && !c.ours)
+    return make_error("'{}' is not a meshtrain checkpoint manifest; meshtrain would overwrite it: point "
+                      "--checkpoint at a new or empty directory", (dir / kManifest).string());
+  if (!c.manifest && !c.foreign.empty())
+    return make_error("{} is not empty and holds no meshtrain checkpoint (it has {}); meshtrain would write "
+                      "among those files: point --checkpoint at a new or empty directory",
+                      here, some_names(c.foreign));
+  if (use == CheckpointUse::fresh && c.manifest)
+    return make_error("{} already holds a checkpoint{}; continue it with --resume, or replace it with "
+                      "--overwrite-checkpoint", here, c.step >= 0 ? fmt::format(" (step {})", c.step) : "");
+  if (use == CheckpointUse::fresh && !c.payloads.empty())
+    return make_error("{} holds checkpoint payloads ({}) but no manifest.json: an incomplete checkpoint; "
+                      "replace it with --overwrite-checkpoint or point --checkpoint elsewhere",
+                      here, some_names(c.payloads));
+  if (use == CheckpointUse::resume && !c.manifest && !c.payloads.empty())
+    return make_error("{} holds checkpoint payloads ({}) but no manifest.json, so there is nothing to resume "
+                      "from: restore manifest.json, or start again from step 1 with --overwrite-checkpoint "
+                      "instead of --resume", here, some_names(c.payloads));
+  // We hold the lock: an interrupted commit's temporaries are nobody's now.
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (is_temporary_name(name)) fs::remove(entry.path(), ec);
+  }
+  return CheckpointLock(std::move(fd));
 }
 
 }  // namespace meshtrain

@@ -14,21 +14,39 @@
 // "rank0/adam_m/layers.0.attn.qkv.weight", "rank0/adam_v/...". One writer holds
 // every rank's tensors (ranks as threads hand theirs to it).
 //
-// Commit is crash-safe: the payload is written under a name no file in the
-// directory has (as a .tmp, fsynced, renamed), then the manifest likewise
-// (manifest.json.tmp, fsync, rename over manifest.json), then the directory is
-// fsynced. Until that last rename the previous manifest and its payload are
-// untouched; only after it are older payloads and leftover temporaries of an
-// interrupted commit removed. Only files with these names are touched, so the
-// directory may hold other things (a metrics file, logs).
+// The writer's contract (CheckpointWriter::commit):
+//  * Only a checkpoint that can be resumed is written: every tensor must be
+//    finite. A NaN or an infinity is an Error naming the tensor, and nothing
+//    is written, so the previous checkpoint stays the last one.
+//  * Commit is crash-safe: the payload is written under a name no file in the
+//    directory has (as a .tmp, fsynced, renamed), then the manifest likewise
+//    (manifest.json.tmp, fsync, rename over manifest.json), then the directory
+//    is fsynced. Until that last rename the previous manifest and its payload
+//    are untouched; only after it are older payloads removed.
+//  * A failed commit (a full disk, an I/O error) removes what it wrote before
+//    returning its Error, and a commit first removes the temporaries that an
+//    interrupted one (kill -9, power loss) left, so neither blocks the next
+//    commit or fills the disk.
+//  * Only files with these names (and meshtrain.lock) are touched, so the
+//    directory may hold other things (a metrics file, logs) beside a checkpoint.
+//
+// A run claims its directory first (claim_checkpoint_dir): an exclusive lock
+// (flock on DIR/meshtrain.lock, released when the process ends, kill -9
+// included) so that two runs never write one checkpoint, and a look at what
+// the directory holds, so that a run never replaces a checkpoint it was not
+// asked to replace or writes into a directory that is not a checkpoint's.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
+#include "core/fd.h"
 #include "core/status.h"
 #include "engine/data_loader.h"
 #include "engine/plan.h"
@@ -49,6 +67,9 @@ struct CheckpointMeta {
   std::int64_t step = 0;
   LoaderState data_loader;
   nlohmann::json rng;  // whatever the trainer stored, returned as written
+  // What the run was (data file, learning-rate schedule, ...), free-form like
+  // rng, for --resume's checks; null in checkpoints written before it existed.
+  nlohmann::json run;
 };
 
 struct Checkpoint {
@@ -66,13 +87,14 @@ class CheckpointWriter {
   void set_step(std::int64_t step) { meta_.step = step; }
   void set_data_loader(const LoaderState& s) { meta_.data_loader = s; }
   void set_rng(nlohmann::json rng) { meta_.rng = std::move(rng); }
+  void set_run(nlohmann::json run) { meta_.run = std::move(run); }
 
   // Takes the host copy of one tensor. Errors on a duplicate name or when
   // data.size() != prod(shape).
   Status add_tensor(std::string name, std::vector<std::int64_t> shape, std::vector<float> data);
 
-  // Writes the checkpoint into `dir` (created if missing) as described above.
-  // Blocks until the data is on disk.
+  // Writes the checkpoint into `dir` (created if missing) under the contract
+  // above. Blocks until the data is on disk.
   Status commit(const std::string& dir) const;
 
  private:
@@ -88,6 +110,29 @@ bool has_checkpoint(const std::string& dir);
 // corrupted or missing file is refused naming the file and expected vs actual.
 Result<Checkpoint> load_checkpoint(const std::string& dir);
 
+// A manifest's content, verified (checksum, format, version, every field's
+// type and range, tensors tiling the payload) but without its payload.
+struct CheckpointManifest {
+  struct Tensor {
+    std::string name;
+    std::vector<std::int64_t> shape;
+    std::uint64_t offset = 0, bytes = 0;
+  };
+  CheckpointMeta meta;
+  std::string payload;  // file name in the checkpoint directory
+  std::uint64_t payload_bytes = 0;
+  std::uint32_t payload_crc = 0;
+  std::vector<Tensor> tensors;  // in payload order
+};
+// `path` names the manifest in errors. What load_checkpoint reads first; the
+// fuzz target (tests/fuzz) feeds it arbitrary text.
+Result<CheckpointManifest> parse_checkpoint_manifest(std::string_view text, const std::string& path);
+// The manifest_crc32 a manifest (without that field) must carry: lets tests
+// and the fuzz target write manifests that pass the checksum.
+std::uint32_t checkpoint_manifest_crc(const nlohmann::json& manifest_without_crc);
+// zlib's crc32 of `bytes` (the checksum of payloads, reused for data files).
+std::uint32_t checkpoint_crc32(std::span<const std::uint8_t> bytes);
+
 // The plan as a checkpoint records it: plan_to_json with seq_len resolved
 // against the model, so "the model's seq_len" and the same number spelled out
 // compare equal.
@@ -101,5 +146,36 @@ Status check_compatible(const Checkpoint& c, const ModelSpec& m, const Plan& p);
 // Creates `dir` if needed and tests that a file can be written there, so an
 // unusable --checkpoint fails before training starts rather than at the first save.
 Status probe_checkpoint_dir(const std::string& dir);
+
+// How a run means to use its --checkpoint directory.
+enum class CheckpointUse {
+  fresh,      // start from step 1; the directory must hold no checkpoint
+  resume,     // continue the checkpoint there, if there is one (--resume)
+  overwrite,  // start from step 1, replacing the checkpoint there (--overwrite-checkpoint)
+};
+
+// The exclusive lock of one run on its checkpoint directory, held while the
+// object lives (flock on DIR/meshtrain.lock, which records the holder).
+class CheckpointLock {
+ private:
+  friend Result<CheckpointLock> claim_checkpoint_dir(const std::string& dir, CheckpointUse use,
+                                                     const std::vector<std::string>& run_files);
+  explicit CheckpointLock(Fd fd) : fd_(std::move(fd)) {}
+  Fd fd_;  // of DIR/meshtrain.lock; closing it releases the flock
+};
+
+// Claims `dir` for a run: creates it if missing, takes the lock (refusing,
+// with the holder's pid and host, while another run holds it), checks that
+// it is writable, and refuses what `use` does not allow:
+//   * a directory with files that are not a checkpoint's and no checkpoint
+//     (it is not ours: we would delete or overwrite someone's files);
+//   * `fresh` where a checkpoint exists (continue it with --resume or replace
+//     it with --overwrite-checkpoint);
+//   * `resume` where payloads lie without a manifest (a damaged checkpoint
+//     must not silently restart from step 1).
+// Leftover temporaries of an interrupted commit are removed. `run_files`
+// are files the run itself writes (its --metrics), which may lie in `dir`.
+Result<CheckpointLock> claim_checkpoint_dir(const std::string& dir, CheckpointUse use,
+                                            const std::vector<std::string>& run_files = {});
 
 }  // namespace meshtrain

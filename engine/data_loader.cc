@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <cassert>
+#include <limits>
 #include <nlohmann/json.hpp>
+
+#include "core/json_input.h"
 
 namespace meshtrain {
 namespace {
@@ -56,15 +59,15 @@ nlohmann::json loader_state_to_json(const LoaderState& s) {
 }
 
 Result<LoaderState> loader_state_from_json(const nlohmann::json& j) {
-  auto counter = [&](const char* key) {
-    return j.contains(key) && j[key].is_number_integer() &&
-           (j[key].is_number_unsigned() || j[key].get<std::int64_t>() >= 0);
-  };
-  if (!j.is_object() || !counter("seed") || !counter("draws")) {
-    return make_error(
-        "data-loader state must be an object with unsigned 'seed' and 'draws', got {}", j.dump());
-  }
-  return LoaderState{j["seed"].get<std::uint64_t>(), j["draws"].get<std::uint64_t>()};
+  constexpr std::uint64_t kMax = std::numeric_limits<std::uint64_t>::max();
+  MT_ASSIGN(const JsonFields f, JsonFields::of(j, "data-loader field",
+                                               "data-loader state must be an object with unsigned 'seed' and 'draws'"));
+  if (!f.has("seed") || !f.has("draws"))
+    return make_error("data-loader state must be an object with unsigned 'seed' and 'draws', got {}", json_excerpt(j));
+  LoaderState s;
+  MT_TRY(f.get_uint64("seed", kMax, s.seed));
+  MT_TRY(f.get_uint64("draws", kMax, s.draws));
+  return s;
 }
 
 DataLoader::DataLoader(std::span<const std::uint8_t> tokens, std::uint64_t seed, int dp_rank,

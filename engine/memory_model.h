@@ -34,6 +34,7 @@
 #include <cstdint>
 #include <string>
 
+#include "core/input_file.h"  // human_bytes, which memory reports print with
 #include "engine/plan.h"
 #include "models/block.h"
 #include "models/model_spec.h"
@@ -103,9 +104,5 @@ struct MemoryBreakdown {
 // The rank at pipeline stage `stage`: its parameters and its layers per chunk
 // follow the plan's stage split (first/last stage layer counts, StageSplit).
 MemoryBreakdown memory_per_rank(const ModelSpec& m, const Plan& p, int stage, const ActivationLayout& a);
-
-// "1.50 GiB": bytes in the largest binary unit (up to TiB) that keeps the
-// number at least 1, with two decimals, as the CLI and memory errors print them.
-std::string human_bytes(double bytes);
 
 }  // namespace meshtrain

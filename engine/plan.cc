@@ -1,18 +1,22 @@
 #include "engine/plan.h"
 
+#include <algorithm>
+
 #include "engine/segments/segment_plan.h"
 #include "models/block.h"
 
-#include <algorithm>
-#include <fstream>
-
 #include <nlohmann/json.hpp>
 
+#include "core/json_input.h"
 #include "core/names.h"
 
 namespace meshtrain {
 
 namespace {
+
+// Data-parallel gradient buckets of one rank (ZeRO 0/1): far more than any
+// sensible --grad-bucket-mb gives, far fewer than would exhaust memory.
+constexpr double kMaxGradBuckets = 1 << 18;
 
 const std::vector<std::string> kRecomputes = {"none", "selective", "full"};
 const std::vector<std::string> kPrecisions = {"fp32", "bf16", "fp16"};
@@ -30,8 +34,6 @@ Result<E> parse_enum(const char* what, const std::string& s, const std::vector<s
     if (names[i] == s) return static_cast<E>(i);
   return Error(unknown_name_message(what, s, names));
 }
-
-constexpr double kMaxGradBucketMb = 1 << 20;
 
 }  // namespace
 
@@ -55,67 +57,49 @@ int Plan::world_size() const {
   return world;
 }
 
+const std::vector<PlanIntField>& plan_int_fields() {
+  using O = PlanOverrides;
+  constexpr IntRange kDegree{1, kMaxWorldSize};
+  static const std::vector<PlanIntField> fields = {
+      {"tp", "--tp", &O::tp, kDegree, "tensor-parallel size"},
+      {"pp", "--pp", &O::pp, kDegree, "pipeline-parallel size"},
+      {"dp", "--dp", &O::dp, kDegree, "data-parallel size"},
+      {"cp", "--cp", &O::cp, kDegree, "context-parallel size"},
+      {"ep", "--ep", &O::ep, kDegree, "expert-parallel size (divides dp)"},
+      {"vpp", "--vpp", &O::vpp, {1, 1 << 16}, "model chunks per pipeline stage (interleaved schedule)"},
+      {"zero", "--zero", &O::zero, {0, 3}, "ZeRO stage 0-3"},
+      {"micro_batch", "--micro-batch", &O::micro_batch, {1, 1 << 20}, "sequences per micro-batch"},
+      {"global_batch", "--global-batch", &O::global_batch, {0, kMaxGlobalBatch},
+       "sequences per iteration (default micro-batch x dp)"},
+      {"microbatches", "--micro-batches", &O::microbatches, {1, 1 << 20},
+       "micro-batches per pipeline per iteration (sets the global batch)"},
+      {"seq_len", "--seq-len", &O::seq_len, {0, 1 << 24}, "sequence length (default: the model's)"},
+      {"first_stage_layers", "--first-stage-layers", &O::first_stage_layers, {0, 1 << 16},
+       "layers on the first pipeline stage (default 0: an even share)"},
+      {"last_stage_layers", "--last-stage-layers", &O::last_stage_layers, {0, 1 << 16},
+       "layers on the last pipeline stage (default 0: an even share)"},
+  };
+  return fields;
+}
+
 Result<PlanOverrides> plan_overrides_from_json(const nlohmann::json& j) {
-  if (!j.is_object()) return make_error("a plan must be a JSON object with fields such as tp, pp, dp");
+  MT_ASSIGN(const JsonFields f,
+            JsonFields::of(j, "plan field", "a plan must be a JSON object with fields such as tp, pp, dp"));
+  MT_TRY(f.check_known(kPlanFields));
   PlanOverrides o;
-  for (auto& [key, value] : j.items()) {
-    bool known = false;
-    for (auto& f : kPlanFields) known = known || f == key;
-    if (!known) return Error(unknown_name_message("plan field", key, kPlanFields));
-  }
-  auto get_int = [&](const char* key, std::optional<int>& out) -> Status {
-    if (!j.contains(key)) return {};
-    if (!j[key].is_number_integer())
-      return make_error("plan field '{}' must be an integer, got {}", key, j[key].dump());
-    out = j[key].get<int>();
-    return {};
-  };
-  auto get_string = [&](const char* key, std::optional<std::string>& out) -> Status {
-    if (!j.contains(key)) return {};
-    if (!j[key].is_string()) return make_error("plan field '{}' must be a string, got {}", key, j[key].dump());
-    out = j[key].get<std::string>();
-    return {};
-  };
-  MT_TRY(get_int("tp", o.tp));
-  MT_TRY(get_int("pp", o.pp));
-  MT_TRY(get_int("dp", o.dp));
-  MT_TRY(get_int("cp", o.cp));
-  MT_TRY(get_int("ep", o.ep));
-  MT_TRY(get_int("vpp", o.vpp));
-  MT_TRY(get_int("zero", o.zero));
-  MT_TRY(get_int("micro_batch", o.micro_batch));
-  MT_TRY(get_int("global_batch", o.global_batch));
-  MT_TRY(get_int("microbatches", o.microbatches));
-  MT_TRY(get_int("seq_len", o.seq_len));
-  MT_TRY(get_int("first_stage_layers", o.first_stage_layers));
-  MT_TRY(get_int("last_stage_layers", o.last_stage_layers));
-  MT_TRY(get_string("recompute", o.recompute));
-  MT_TRY(get_string("schedule", o.schedule));
-  MT_TRY(get_string("precision", o.precision));
-  MT_TRY(get_string("grad_sync", o.grad_sync));
-  if (j.contains("grad_bucket_mb")) {
-    if (!j["grad_bucket_mb"].is_number())
-      return make_error("plan field 'grad_bucket_mb' must be a number of MiB, got {}", j["grad_bucket_mb"].dump());
-    o.grad_bucket_mb = j["grad_bucket_mb"].get<double>();
-  }
-  if (j.contains("segments")) o.segments = std::make_shared<const nlohmann::json>(j["segments"]);
-  if (j.contains("sequence_parallel")) {
-    if (!j["sequence_parallel"].is_boolean())
-      return make_error("plan field 'sequence_parallel' must be true or false, got {}", j["sequence_parallel"].dump());
-    o.sequence_parallel = j["sequence_parallel"].get<bool>();
-  }
+  for (const PlanIntField& field : plan_int_fields()) MT_TRY(f.get_int(field.key, field.range, o.*field.member));
+  MT_TRY(f.get_string("recompute", o.recompute));
+  MT_TRY(f.get_string("schedule", o.schedule));
+  MT_TRY(f.get_string("precision", o.precision));
+  MT_TRY(f.get_string("grad_sync", o.grad_sync));
+  MT_TRY(f.get_real("grad_bucket_mb", kGradBucketMbRange, o.grad_bucket_mb));
+  MT_TRY(f.get_bool("sequence_parallel", o.sequence_parallel));
+  if (f.has("segments")) o.segments = std::make_shared<const nlohmann::json>(j["segments"]);
   return o;
 }
 
 Result<PlanOverrides> plan_overrides_from_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return make_error("cannot open plan file '{}'", path);
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::parse_error& e) {
-    return make_error("plan file '{}' is not valid JSON: {}", path, e.what());
-  }
+  MT_ASSIGN(const nlohmann::json j, load_json_file(path, "plan file"));
   auto o = plan_overrides_from_json(j);
   o.context(fmt::format("plan file '{}'", path));
   return o;
@@ -153,12 +137,15 @@ Result<Plan> apply_overrides(Plan p, const PlanOverrides& o) {
   if (o.sequence_parallel) p.sequence_parallel = *o.sequence_parallel;
   if (o.microbatches) {
     if (*o.microbatches <= 0) return make_error("microbatches must be positive, got {}", *o.microbatches);
-    const int global = p.micro_batch * p.dp * *o.microbatches;
+    const std::int64_t global = std::int64_t{p.micro_batch} * p.dp * *o.microbatches;
+    if (global > kMaxGlobalBatch)
+      return make_error("micro_batch·dp·microbatches = {}·{}·{} = {} sequences per iteration; the most is {}",
+                        p.micro_batch, p.dp, *o.microbatches, global, kMaxGlobalBatch);
     if (o.global_batch && *o.global_batch != global)
       return make_error("global batch {} and {} micro-batches disagree: micro_batch·dp·microbatches = {}·{}·{} = {}; "
                         "give one of them", *o.global_batch, *o.microbatches, p.micro_batch, p.dp, *o.microbatches,
                         global);
-    p.global_batch = global;
+    p.global_batch = static_cast<int>(global);
   }
   return p;
 }
@@ -172,23 +159,36 @@ Status validate_plan(const Plan& p, const ModelSpec& m, int world_size) {
   for (Size s : {Size{"tp", p.tp}, Size{"pp", p.pp}, Size{"dp", p.dp}, Size{"cp", p.cp}, Size{"ep", p.ep},
                  Size{"vpp", p.vpp}, Size{"micro_batch", p.micro_batch}})
     if (s.value <= 0) return make_error("{} must be positive, got {}", s.name, s.value);
+  // In doubles (2^20 four times over is past any integer type): the product is
+  // checked before anything multiplies the degrees in int.
+  const double world = static_cast<double>(p.tp) * p.pp * p.dp * p.cp;
+  if (world > kMaxWorldSize)
+    return make_error("tp·pp·dp·cp = {}·{}·{}·{} = {:.0f} ranks; the most meshtrain plans for is {}", p.tp, p.pp,
+                      p.dp, p.cp, world, kMaxWorldSize);
+  if (std::int64_t{p.micro_batch} * p.dp > kMaxGlobalBatch)
+    return make_error("micro_batch·dp = {}·{} = {} sequences per iteration; the most is {}", p.micro_batch, p.dp,
+                      std::int64_t{p.micro_batch} * p.dp, kMaxGlobalBatch);
   if (p.global_batch < 0) return make_error("global_batch must be positive, got {}", p.global_batch);
   if (p.seq_len < 0) return make_error("seq_len must be positive, got {}", p.seq_len);
   if (p.zero < 0 || p.zero > 3)
     return make_error("zero stage must be 0, 1, 2 or 3, got {}", p.zero);
   // The upper bound keeps the element count far from overflow; 1 TiB is larger than any stage's gradients.
-  if (!(p.grad_bucket_mb > 0 && p.grad_bucket_mb <= kMaxGradBucketMb))
-    return make_error("grad_bucket_mb (--grad-bucket-mb) must be a positive number of MiB up to {}, got {}; "
+  if (!in_range(p.grad_bucket_mb, kGradBucketMbRange))
+    return make_error("grad_bucket_mb (--grad-bucket-mb) must be a positive number of MiB {}, got {}; "
                       "use e.g. 25 (PyTorch DDP's bucket_cap_mb) or leave it out for the engine's 4",
-                      kMaxGradBucketMb, p.grad_bucket_mb);
+                      describe(kGradBucketMbRange), p.grad_bucket_mb);
   if (p.grad_sync == GradSync::after_backward && p.zero >= 2)
     return make_error("grad_sync (--grad-sync) after-backward needs zero 0 or 1, got zero {}: ZeRO 2 and 3 "
                       "reduce each layer's gradients during backward to free them; use --grad-sync overlap",
                       p.zero);
-  if (world_size > 0 && world_size != p.world_size())
+  if (world_size > 0 && world_size != p.world_size()) {
+    const int model_parallel = p.tp * p.pp * p.cp;
+    if (world_size % model_parallel != 0)
+      return make_error("world size {} is not a multiple of tp·pp·cp = {}·{}·{} = {}; use a multiple of {} "
+                        "ranks or change tp/pp/cp", world_size, p.tp, p.pp, p.cp, model_parallel, model_parallel);
     return make_error("world size {} != tp·pp·dp·cp = {}·{}·{}·{} = {}; set dp = {} or change tp/pp/cp",
-                      world_size, p.tp, p.pp, p.dp, p.cp, p.world_size(),
-                      world_size % (p.tp * p.pp * p.cp) == 0 ? world_size / (p.tp * p.pp * p.cp) : 0);
+                      world_size, p.tp, p.pp, p.dp, p.cp, p.world_size(), world_size / model_parallel);
+  }
   if (m.vision()) {
     // Every layer splits its own heads (a Swin stage's differ from the next's).
     for (const auto& block : model_blocks(m))
@@ -214,6 +214,22 @@ Status validate_plan(const Plan& p, const ModelSpec& m, int world_size) {
       return make_error("ffn width {} is not divisible by tp {}; use a tp that divides {}", m.ffn, p.tp, m.ffn);
   }
   MT_TRY(check_stage_split(m, p.stage_split()));
+  if (p.zero <= 1) {
+    // ZeRO 0 and 1 cut a rank's gradients into buckets of grad_bucket_mb (at
+    // least dp elements); a tiny bucket would mean millions of collectives.
+    const double per_rank = static_cast<double>(count_parameters(m).total) / (static_cast<double>(p.tp) * p.pp);
+    const double bucket = std::max(p.grad_bucket_mb * (1 << 20) / 4, static_cast<double>(p.dp));
+    if (per_rank / bucket > kMaxGradBuckets) {
+      const double need_mb = per_rank / kMaxGradBuckets * 4 / (1 << 20);
+      return make_error("grad_bucket_mb (--grad-bucket-mb) {} cuts about {:.3g} gradients per rank into {:.3g} "
+                        "buckets, one collective each; the most is {}: {}",
+                        p.grad_bucket_mb, per_rank, per_rank / bucket, kMaxGradBuckets,
+                        need_mb <= kGradBucketMbRange.max
+                            ? fmt::format("use --grad-bucket-mb {:.3g} or more", need_mb)
+                            : std::string("use more tensor or pipeline parallelism, or --zero 2 or 3 (a bucket "
+                                          "per layer)"));
+    }
+  }
   const int seq = p.effective_seq_len(m);
   if (seq > m.seq_len && m.position == PositionKind::learned)
     return make_error("seq_len {} exceeds the model's learned positions ({}); use seq_len <= {}", seq, m.seq_len,

@@ -13,6 +13,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "core/bounded.h"
 #include "core/status.h"
 #include "engine/schedule/builders.h"
 #include "models/flops.h"
@@ -105,6 +106,24 @@ struct PlanOverrides {
   // (engine/segments/segment_plan.h, segments_from_json).
   std::shared_ptr<const nlohmann::json> segments;
 };
+
+// Bounds of a plan, far above any real job: a larger number is a typo, and
+// within them no product (world size, global batch, tokens) overflows.
+inline constexpr int kMaxWorldSize = 1 << 20;     // ranks (GPUs)
+inline constexpr int kMaxGlobalBatch = 1 << 30;  // sequences per iteration
+inline constexpr RealRange kGradBucketMbRange{0, 1 << 20, true, false};
+
+// One integer plan field: its JSON key, its command-line flag, where
+// PlanOverrides holds it, its range and its help. The plan file reader and
+// the flags both take their integer fields and ranges from this one table.
+struct PlanIntField {
+  const char* key;   // "micro_batch"
+  const char* flag;  // "--micro-batch"
+  std::optional<int> PlanOverrides::*member;
+  IntRange range;
+  const char* help;
+};
+const std::vector<PlanIntField>& plan_int_fields();
 
 Result<PlanOverrides> plan_overrides_from_json(const nlohmann::json& j);
 Result<PlanOverrides> plan_overrides_from_file(const std::string& path);

@@ -1,5 +1,7 @@
 #include "engine/simulation.h"
 
+#include "core/host_memory.h"
+
 #include <algorithm>
 #include <memory>
 
@@ -40,15 +42,45 @@ std::string_view attention_impl_name(AttentionImpl a) {
   return a == AttentionImpl::unfused ? "unfused" : "flash";
 }
 
+namespace {
+
+// What a simulation holds, measured on dgx-a100 runs (RESULTS.md, reliability):
+// about 3.5 KiB of topology per GPU (1,048,576 GPUs: 3.6 GB) and 40-50 bytes
+// per simulated op; each micro-batch's token ids and targets on the host.
+constexpr double kSimBytesPerGpu = 4096;
+constexpr double kSimBytesPerOp = 64;
+constexpr double kSimOpsPerLayer = 40;  // forward and backward of one layer and micro-batch (about 32 measured)
+
+// Refuses, with the figure, a simulation that would not fit in this machine's memory.
+Status check_simulation_size(const ModelSpec& m, const Plan& p) {
+  const double seq = p.effective_seq_len(m);
+  const double microbatches = p.microbatches();
+  const double batch_bytes = microbatches * p.micro_batch * seq * 2 * sizeof(std::int32_t);
+  const double ops = microbatches * p.vpp * (static_cast<double>(m.layers) + 2 * p.pp) * kSimOpsPerLayer;
+  const double bytes = batch_bytes + ops * kSimBytesPerOp + kSimBytesPerGpu * p.world_size();
+  return check_host_memory(
+      bytes,
+      fmt::format("simulating {} GPUs running {} micro-batches of {} x {} tokens ({:.3g} ops)", p.world_size(),
+                  p.microbatches(), p.micro_batch, p.effective_seq_len(m), ops),
+      "simulate fewer GPUs, micro-batches (--micro-batches, --global-batch), a smaller --micro-batch or "
+      "a shorter --seq-len");
+}
+
+}  // namespace
+
 Result<SimulationResult> simulate_iteration(const ModelSpec& m, const Plan& p,
                                             const SimulateOptions& options) {
   if (Status s = StepEngine::supports(p); !s)
     return std::move(s.context("the step engine cannot run this plan yet")).error();
+  MT_TRY(StepEngine::supports(m));
   const Mesh mesh(p);
   std::vector<int> reps;
   for (int stage = 0; stage < p.pp; ++stage) reps.push_back(mesh.rank_of(Coord{0, 0, 0, stage}));
-  if (!(options.dropout >= 0.f && options.dropout < 1.f))
-    return make_error("dropout {} must be in [0, 1)", options.dropout);
+  StepOptions step_options;
+  step_options.initialize_parameters = false;  // the sim backend holds no values
+  step_options.dropout = options.dropout;       // the engine's dropout kernels, timed
+  MT_TRY(check_step_options(step_options));
+  MT_TRY(check_simulation_size(m, p));
   SimOptions sim_options;
   sim_options.trace = options.trace;
   sim_options.calibration = options.calibration;
@@ -61,9 +93,6 @@ Result<SimulationResult> simulate_iteration(const ModelSpec& m, const Plan& p,
   const std::vector<HostBatch> microbatches(static_cast<std::size_t>(p.microbatches()),
                                             example_batch(m, p.micro_batch, seq));
 
-  StepOptions step_options;
-  step_options.initialize_parameters = false;  // the sim backend holds no values
-  step_options.dropout = options.dropout;       // the engine's dropout kernels, timed
   {
     std::vector<std::unique_ptr<StepEngine>> engines;
     for (int r : reps)

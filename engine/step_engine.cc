@@ -53,11 +53,26 @@ Status StepEngine::supports(const Plan& p) {
   return ok_status();
 }
 
+Status StepEngine::supports(const ModelSpec& m) {
+  if (m.moe())
+    return make_error("model '{}' is a mixture of experts (experts {}, top_k {}), which the step engine does not "
+                      "implement yet; train or simulate a dense model (leave out experts and top_k)",
+                      m.name, m.experts, m.top_k);
+  return ok_status();
+}
+
+Status check_step_options(const StepOptions& o) {
+  MT_TRY(check_real("dropout (--dropout)", o.dropout, kDropoutRange));
+  MT_TRY(check_real("weight decay (--weight-decay)", o.optimizer.weight_decay, kWeightDecayRange));
+  MT_TRY(check_real("gradient clip norm (--grad-clip, 0: off)", o.optimizer.max_grad_norm, kGradClipRange));
+  return ok_status();
+}
+
 StepEngine::~StepEngine() = default;
 
 StepEngine::StepEngine(Backend& b, const ModelSpec& m, const Plan& p, const Mesh& mesh, StepOptions options)
     : b_(b), m_(m), plan_(p), mesh_(mesh), options_(options), coord_(mesh.coord_of(b.rank())) {
-  if (Status s = supports(p); !s) {
+  if (Status s = supports(p).ok() ? supports(m) : supports(p); !s) {
     setup_error_ = s.error();
     return;
   }
@@ -341,7 +356,7 @@ Result<StepResult> StepEngine::step(const std::vector<HostBatch>& microbatches, 
 Status check_finite(const StepResult& r, std::int64_t step) {
   if (std::isfinite(r.loss) && std::isfinite(r.grad_norm)) return ok_status();
   return make_error("step {}: the loss is {} (gradient norm {}); stopping before the update, so the "
-                    "parameters and the last checkpoint are those of step {}; lower --lr or check the data",
+                    "parameters are those of step {}; lower --lr or check the data",
                     step, r.loss, r.grad_norm, step - 1);
 }
 

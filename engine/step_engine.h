@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "backends/backend.h"
+#include "core/bounded.h"
 #include "engine/mesh.h"
 #include "engine/parallel/pipeline_executor.h"
 #include "engine/plan.h"
@@ -50,6 +51,14 @@ struct StepOptions {
   // would dominate simulating a 100B+ model.
   bool initialize_parameters = true;
 };
+
+// The ranges of StepOptions' numbers, which the flags that set them share.
+inline constexpr RealRange kDropoutRange{0, 1, false, true};
+inline constexpr RealRange kWeightDecayRange{0, 1e3};
+inline constexpr RealRange kGradClipRange{0, 1e30};  // 0: no clipping
+
+// An Error naming the option unless `o` is usable: each number finite and in its range.
+Status check_step_options(const StepOptions& o);
 
 // One micro-batch on the host. A language model reads ids and next-token
 // targets (B·T each); a vision model reads pixels (B, H, W, channels),
@@ -103,6 +112,9 @@ class StepEngine {
   // names what it cannot do. A StepEngine built for such a plan returns the
   // same Error from every method.
   static Status supports(const Plan& p);
+  // Whether this engine can run model `m`: mixture-of-experts models are
+  // refused by name until the engine implements expert layers.
+  static Status supports(const ModelSpec& m);
 
   // Runs one iteration over this rank's micro-batches, with learning rate
   // `lr` at 1-based optimizer step `step`. A rank receives its data-parallel

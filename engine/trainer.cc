@@ -1,17 +1,23 @@
 #include "engine/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <optional>
 
+#include <nlohmann/json.hpp>
+
 #include <fmt/format.h>
 
+#include "core/json_input.h"
 #include "engine/checkpoint.h"
-#include "engine/training_data.h"
 #include "engine/lr_schedule.h"
 #include "engine/mesh.h"
 #include "engine/metrics.h"
+#include "engine/stop_request.h"
+#include "engine/train_guard.h"
+#include "engine/training_data.h"
 
 namespace meshtrain {
 
@@ -22,7 +28,7 @@ using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 Status save_checkpoint(StepEngine& engine, bool writer, const ModelSpec& m, const Plan& p, const TrainOptions& o,
-                       std::int64_t step, const LoaderState& loader) {
+                       std::int64_t step, const LoaderState& loader, const nlohmann::json& run) {
   MT_ASSIGN(auto state, engine.export_state());
   if (!writer) return {};
   CheckpointWriter w;
@@ -31,6 +37,7 @@ Status save_checkpoint(StepEngine& engine, bool writer, const ModelSpec& m, cons
   w.set_data_loader(loader);
   // Every random draw is counter-based on (seed, step): the seed is the whole RNG state.
   w.set_rng({{"seed", o.seed}});
+  w.set_run(run);
   for (auto& [name, data] : state) {
     const std::int64_t n = static_cast<std::int64_t>(data.size());
     MT_TRY(w.add_tensor(name, {n}, std::move(data)));
@@ -40,20 +47,45 @@ Status save_checkpoint(StepEngine& engine, bool writer, const ModelSpec& m, cons
 
 }  // namespace
 
-Status check_train_options(const TrainOptions& o, const ModelSpec& m, const Plan& p) {
+int warmup_steps(const TrainOptions& o) { return o.warmup.value_or(std::min(kDefaultWarmup, o.steps)); }
+
+Status check_train_options(const TrainOptions& o, const ModelSpec& m, const Plan& p, int host_ranks) {
   MT_TRY(check_training_model(m));
   if (o.steps <= 0) return make_error("--steps must be positive, got {}", o.steps);
   if (o.stop_at < 0 || o.stop_at > o.steps)
     return make_error("--stop-at {} must be within 1..--steps {}", o.stop_at, o.steps);
-  if (!(o.lr > 0) || o.min_lr < 0 || o.min_lr > o.lr)
-    return make_error("need --lr > 0 and 0 <= --min-lr <= --lr, got lr {} min-lr {}", o.lr, o.min_lr);
-  MT_TRY(validate_lr_schedule(LrSchedule{o.lr, o.min_lr, o.warmup, o.steps}));
-  if (o.resume && o.checkpoint_dir.empty()) return make_error("--resume needs --checkpoint DIR");
+  if (!(o.lr > 0) || !std::isfinite(o.lr) || o.min_lr < 0 || o.min_lr > o.lr)
+    return make_error("need finite --lr > 0 and 0 <= --min-lr <= --lr, got lr {} min-lr {}", o.lr, o.min_lr);
+  MT_TRY(validate_lr_schedule(LrSchedule{o.lr, o.min_lr, warmup_steps(o), o.steps}));
+  MT_TRY(check_step_options(o.step));
+  if (o.checkpoint_dir.empty()) {
+    // Flags that only mean something with a checkpoint do nothing without one: say so.
+    if (o.resume) return make_error("--resume needs --checkpoint DIR");
+    if (o.overwrite_checkpoint) return make_error("--overwrite-checkpoint needs --checkpoint DIR");
+    if (o.stop_at > 0)
+      return make_error("--stop-at {} stops the run as a preemption would, but without --checkpoint DIR nothing "
+                        "is saved to continue from; add --checkpoint DIR", o.stop_at);
+    if (o.checkpoint_every > 0) return make_error("--checkpoint-every {} needs --checkpoint DIR", o.checkpoint_every);
+  }
+  if (o.resume && o.overwrite_checkpoint)
+    return make_error("--resume continues the checkpoint and --overwrite-checkpoint replaces it; give one of them");
   MT_TRY(StepEngine::supports(p));
+  MT_TRY(StepEngine::supports(m));
   MT_TRY(check_training_data(o.data, m, p));
-  if (!o.checkpoint_dir.empty()) MT_TRY(probe_checkpoint_dir(o.checkpoint_dir));
+  MT_TRY(check_train_memory(o, m, p, host_ranks));
   if (!o.metrics.empty()) MT_TRY(MetricsWriter::open(o.metrics));
   return {};
+}
+
+Result<std::optional<CheckpointLock>> claim_checkpoint(const TrainOptions& o) {
+  if (o.checkpoint_dir.empty()) return std::optional<CheckpointLock>();
+  const CheckpointUse use = o.resume                 ? CheckpointUse::resume
+                            : o.overwrite_checkpoint ? CheckpointUse::overwrite
+                                                     : CheckpointUse::fresh;
+  std::vector<std::string> run_files;
+  if (!o.metrics.empty()) run_files.push_back(o.metrics);
+  MT_ASSIGN(CheckpointLock lock, claim_checkpoint_dir(o.checkpoint_dir, use, run_files));
+  return std::optional<CheckpointLock>(std::move(lock));
 }
 
 Status train_rank(Backend& b, const ModelSpec& m, const Plan& p, const TrainOptions& o) {
@@ -63,21 +95,32 @@ Status train_rank(Backend& b, const ModelSpec& m, const Plan& p, const TrainOpti
   const int seq = p.effective_seq_len(m);
   MT_ASSIGN(std::unique_ptr<TrainingData> data, open_training_data(o.data, m, p, o.seed, coord.dp, p.dp));
   StepEngine engine(b, m, p, mesh, o.step);
-  const LrSchedule schedule{o.lr, o.min_lr, o.warmup, o.steps};
+  const LrSchedule schedule{o.lr, o.min_lr, warmup_steps(o), o.steps};
+  const nlohmann::json run = run_record(o, data->source(), data->content());
+  StopVote stop_vote(b, mesh);
 
   std::int64_t first_step = 1;
+  std::int64_t last_saved = 0;  // the step of the checkpoint on disk; 0: none yet
   if (o.resume && has_checkpoint(o.checkpoint_dir)) {
     MT_ASSIGN(Checkpoint ckpt, load_checkpoint(o.checkpoint_dir));
     MT_TRY(check_compatible(ckpt, m, p));
-    if (!ckpt.meta.rng.contains("seed") || ckpt.meta.rng["seed"].get<std::uint64_t>() != o.seed)
+    const nlohmann::json& seed = ckpt.meta.rng.is_object() ? ckpt.meta.rng.value("seed", nlohmann::json()) : nlohmann::json();
+    if (!seed.is_number_unsigned() || seed.get<std::uint64_t>() != o.seed)
       return make_error("checkpoint '{}' was written with --seed {}, this run has --seed {}; resume with the "
-                        "same seed", o.checkpoint_dir, ckpt.meta.rng.value("seed", 0ULL), o.seed);
+                        "same seed", o.checkpoint_dir, json_excerpt(seed), o.seed);
+    MT_TRY(check_resume(ckpt.meta, o, run, leader));
     std::map<std::string, std::vector<float>> state;
     for (auto& [name, t] : ckpt.tensors) state.emplace(name, std::move(t.data));
     MT_TRY(engine.import_state(state));
     data->restore(ckpt.meta.data_loader);
     first_step = ckpt.meta.step + 1;
+    last_saved = ckpt.meta.step;
     if (leader && o.progress) fmt::print("resumed from {} at step {}\n", o.checkpoint_dir, ckpt.meta.step);
+    if (leader && ckpt.meta.step == o.steps)
+      warn(fmt::format("the checkpoint in '{}' is at step {}, which is --steps: the run is complete and there is "
+                       "nothing to do; raise --steps to train further", o.checkpoint_dir, o.steps));
+  } else if (o.resume && leader) {
+    warn(fmt::format("--resume: no checkpoint in '{}' yet; starting from step 1", o.checkpoint_dir));
   }
   std::optional<MetricsWriter> metrics;
   if (leader && !o.metrics.empty()) {
@@ -89,6 +132,20 @@ Status train_rank(Backend& b, const ModelSpec& m, const Plan& p, const TrainOpti
     MT_ASSIGN(val, data->held_out(p.micro_batch, m.vision() ? o.eval_images : o.eval_sequences));
   }
 
+  const bool checkpointing = !o.checkpoint_dir.empty();
+  // Errors after a step say where the last good checkpoint is.
+  auto checkpoint_note = [&] {
+    if (!checkpointing) return std::string("no --checkpoint was given, so nothing was saved");
+    if (last_saved == 0) return fmt::format("no checkpoint was written to '{}' yet", o.checkpoint_dir);
+    return fmt::format("the last checkpoint in '{}' is of step {}", o.checkpoint_dir, last_saved);
+  };
+  auto save = [&](std::int64_t step, double lr) -> Status {
+    Status s = save_checkpoint(engine, leader, m, p, o, step, data->state(), run);
+    if (!s.ok())
+      return make_error("step {} (lr {:g}): {}; {}", step, lr, s.error().message(), checkpoint_note());
+    last_saved = step;
+    return s;
+  };
   const std::int64_t last_step = o.stop_at > 0 ? o.stop_at : o.steps;
   // Tokens (or images) per step, for throughput.
   const double tokens_per_step = static_cast<double>(p.effective_global_batch()) * (m.vision() ? 1 : seq);
@@ -98,7 +155,7 @@ Status train_rank(Backend& b, const ModelSpec& m, const Plan& p, const TrainOpti
     MT_ASSIGN(std::vector<HostBatch> batches, data->next(p.micro_batch, p.microbatches()));
     const double lr = lr_at(schedule, static_cast<int>(step));
     auto result = engine.step(batches, static_cast<float>(lr), step);
-    if (!result.ok()) return std::move(result).error();
+    if (!result.ok()) return make_error("{}; {}", result.error().message(), checkpoint_note());
     StepMetrics sm{step, result->loss, lr, seconds_since(t0), 0, std::nullopt};
     sm.tokens_per_s = tokens_per_step / sm.step_time_s;
     if (o.eval_every > 0 && (step % o.eval_every == 0 || step == last_step)) {
@@ -106,18 +163,29 @@ Status train_rank(Backend& b, const ModelSpec& m, const Plan& p, const TrainOpti
       sm.val_loss = v.loss;
       if (m.vision()) sm.val_accuracy = v.accuracy;
     }
-    const bool save = !o.checkpoint_dir.empty() &&
-                      ((o.checkpoint_every > 0 && step % o.checkpoint_every == 0) || step == last_step);
-    if (save) MT_TRY(save_checkpoint(engine, leader, m, p, o, step, data->state()));
-    if (!leader) continue;
-    if (metrics) MT_TRY(metrics->write(sm));
-    if (o.progress) {
-      std::string line = format_progress(step, o.steps, sm.loss, sm.tokens_per_s, seconds_since(start), data->unit());
-      if (sm.val_loss) line += fmt::format(" | val {:.4f}", *sm.val_loss);
-      if (sm.val_accuracy) line += fmt::format(" | val acc {:.2f}%", 100 * *sm.val_accuracy);
-      fmt::print("{}\n", line);
-      std::fflush(stdout);
+    const bool due = checkpointing && ((o.checkpoint_every > 0 && step % o.checkpoint_every == 0) || step == last_step);
+    if (due) MT_TRY(save(step, lr));
+    if (leader) {
+      if (metrics) MT_TRY(metrics->write(sm));
+      if (o.progress) {
+        std::string line =
+            format_progress(step, o.steps, sm.loss, sm.tokens_per_s, seconds_since(start), data->unit());
+        if (sm.val_loss) line += fmt::format(" | val {:.4f}", *sm.val_loss);
+        if (sm.val_accuracy) line += fmt::format(" | val acc {:.2f}%", 100 * *sm.val_accuracy);
+        fmt::print("{}\n", line);
+        std::fflush(stdout);
+      }
     }
+    if (step == last_step) break;
+    MT_ASSIGN(const int signal, stop_vote.agree());
+    if (signal == 0) continue;
+    // Every rank stops after this step: save it (unless just saved), and let
+    // no rank leave before the leader's commit is on disk.
+    Status saved = checkpointing && !due ? save(step, lr) : ok_status();
+    MT_TRY(stop_vote.barrier());
+    MT_TRY(saved);
+    return make_error("stopped by {} after step {} of {}; {}{}", stop_signal_name(signal), step, o.steps,
+                      checkpoint_note(), checkpointing ? ": continue it with --resume" : "");
   }
   return b.synchronize();
 }

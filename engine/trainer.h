@@ -7,9 +7,11 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "backends/backend.h"
+#include "engine/checkpoint.h"
 #include "engine/plan.h"
 #include "engine/step_engine.h"
 #include "models/model_spec.h"
@@ -21,11 +23,12 @@ struct TrainOptions {
   int steps = 100;              // total optimizer steps (the LR schedule spans them)
   int stop_at = 0;              // > 0: stop after this step (a planned preemption)
   double lr = 1e-3, min_lr = 1e-4;
-  int warmup = 10;
+  std::optional<int> warmup;    // linear warm-up steps; unset: kDefaultWarmup, at most `steps`
   std::uint64_t seed = 1234;
   std::string checkpoint_dir;   // empty: no checkpoints
   int checkpoint_every = 0;     // 0: only at the end
   bool resume = false;
+  bool overwrite_checkpoint = false;  // start afresh, replacing a checkpoint in checkpoint_dir
   std::string metrics;          // JSON lines, appended
   int eval_every = 0;           // 0: no validation loss
   int eval_sequences = 16;      // held-out sequences per evaluation (text)
@@ -34,10 +37,27 @@ struct TrainOptions {
   StepOptions step;
 };
 
-// Validates the options against the data before any work (missing data,
-// too short for one sequence, unusable checkpoint directory, ...).
-Status check_train_options(const TrainOptions& o, const ModelSpec& m, const Plan& p);
+inline constexpr int kDefaultWarmup = 10;
+// The warm-up the run uses: --warmup as given, else the default clamped to --steps.
+int warmup_steps(const TrainOptions& o);
 
+// Validates the options against the data before any work (missing data,
+// too short for one sequence, flags that do nothing or contradict, ...) and
+// estimates the host memory the run needs: `host_ranks` ranks keep their
+// model, optimizer state and activations in this process's memory (the cpu
+// backend: every rank thread, or 1 under MPI; the cuda backend: 0). A run
+// that cannot fit is refused with the figure before anything is allocated.
+Status check_train_options(const TrainOptions& o, const ModelSpec& m, const Plan& p, int host_ranks);
+
+// Claims o.checkpoint_dir for this run (claim_checkpoint_dir in
+// engine/checkpoint.h: lock, and no checkpoint replaced unless asked), or
+// nullopt without --checkpoint. The process of rank 0 (which writes the
+// checkpoints) calls it before training and holds the lock until the end.
+Result<std::optional<CheckpointLock>> claim_checkpoint(const TrainOptions& o);
+
+// Trains one rank. A stop requested by SIGTERM or SIGINT (engine/stop_request.h)
+// ends every rank after the same step, with a checkpoint when one is
+// configured, and returns an Error saying where the run stopped.
 Status train_rank(Backend& b, const ModelSpec& m, const Plan& p, const TrainOptions& o);
 
 }  // namespace meshtrain

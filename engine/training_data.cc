@@ -33,6 +33,8 @@ class TextData : public TrainingData {
     return out;
   }
   const char* unit() const override { return "tok"; }
+  const std::string& source() const override { return data_.path; }
+  std::span<const std::uint8_t> content() const override { return data_.bytes; }
 
  private:
   static std::vector<HostBatch> split(const Batch& b, int micro_batch) {
@@ -99,6 +101,9 @@ class ImageData : public TrainingData {
     return out;
   }
   const char* unit() const override { return "img"; }
+  const std::string& source() const override { return data_->dir; }
+  // The training images: other images make the loader's saved position meaningless.
+  std::span<const std::uint8_t> content() const override { return data_->train.pixels; }
 
  private:
   std::shared_ptr<const ImageDataset> data_;

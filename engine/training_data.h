@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,10 @@ class TrainingData {
   virtual Result<std::vector<HostBatch>> held_out(int micro_batch, int max_samples) const = 0;
   // What one training sample is, for progress lines: "tok" or "img".
   virtual const char* unit() const = 0;
+  // Where the data came from and its bytes, which a checkpoint records so
+  // that resuming on other data is refused (engine/train_guard.h).
+  virtual const std::string& source() const = 0;
+  virtual std::span<const std::uint8_t> content() const = 0;
 };
 
 // Whether the model can train on this project's data at all (a language

@@ -12,6 +12,7 @@ add_library(meshtrain_training_support STATIC
   lr_schedule.cc
   checkpoint.cc
   metrics.cc
+  stop_request.cc
 )
 target_link_libraries(meshtrain_training_support
   PUBLIC meshtrain_engine nlohmann_json::nlohmann_json fmt::fmt

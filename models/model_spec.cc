@@ -1,12 +1,13 @@
 #include "models/model_spec.h"
 
-#include <fstream>
+#include <filesystem>
 #include <map>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include "core/json_input.h"
 #include "core/names.h"
 
 namespace meshtrain {
@@ -233,6 +234,22 @@ Status check_family_fields(const nlohmann::json& j, ModelFamily family) {
   return ok_status();
 }
 
+// The range of each integer field of a model file.
+IntRange model_field_range(std::string_view key) {
+  if (key == "layers") return {1, 1 << 16};
+  if (key == "hidden") return {1, 1 << 20};
+  if (key == "heads" || key == "kv_heads") return {1, 1 << 16};
+  if (key == "ffn") return {1, 1 << 22};
+  if (key == "vocab" || key == "seq_len") return {1, 1 << 24};
+  if (key == "image_size") return {1, 1 << 16};
+  if (key == "patch" || key == "channels" || key == "window") return {1, 1 << 12};
+  if (key == "classes") return {1, 1 << 24};
+  if (key == "depths" || key == "stage_heads") return {1, 1 << 16};
+  return {0, 1 << 16};  // experts, top_k and other counts
+}
+const RealRange kNormEpsRange{1e-20, 1};  // a float, and positive
+const RealRange kRopeThetaRange{0, 1e12, true, false};
+
 }  // namespace
 
 const std::vector<std::string>& model_preset_names() {
@@ -251,48 +268,30 @@ Result<ModelSpec> model_preset(const std::string& name) {
 }
 
 Result<ModelSpec> model_from_json(const nlohmann::json& j) {
-  if (!j.is_object()) return make_error("a model spec must be a JSON object with fields such as layers, hidden, heads");
-  for (auto& [key, value] : j.items()) {
-    bool known = false;
-    for (auto& f : kFields) known = known || f == key;
-    if (!known) return Error(unknown_name_message("model field", key, kFields));
-  }
+  MT_ASSIGN(const JsonFields f, JsonFields::of(j, "model field",
+                                              "a model spec must be a JSON object with fields such as layers, hidden, heads"));
+  MT_TRY(f.check_known(kFields));
   ModelSpec m;
-  // Integer and float fields: a wrong JSON type names the field.
-  auto get_int = [&](const char* key, int& out) -> Status {
-    if (!j.contains(key)) return {};
-    if (!j[key].is_number_integer()) return make_error("model field '{}' must be an integer, got {}", key, j[key].dump());
-    out = j[key].get<int>();
-    return {};
-  };
-  auto get_float = [&](const char* key, float& out) -> Status {
-    if (!j.contains(key)) return {};
-    if (!j[key].is_number()) return make_error("model field '{}' must be a number, got {}", key, j[key].dump());
-    out = j[key].get<float>();
-    return {};
-  };
-  auto get_bool = [&](const char* key, bool& out) -> Status {
-    if (!j.contains(key)) return {};
-    if (!j[key].is_boolean()) return make_error("model field '{}' must be true or false, got {}", key, j[key].dump());
-    out = j[key].get<bool>();
-    return {};
-  };
-  auto get_string = [&](const char* key, std::string& out) -> Status {
-    if (!j.contains(key)) return {};
-    if (!j[key].is_string()) return make_error("model field '{}' must be a string, got {}", key, j[key].dump());
-    out = j[key].get<std::string>();
-    return {};
+  // Every number is bounded (core/bounded.h): far above any real model, far
+  // below where a count of parameters, FLOPs or bytes would overflow.
+  auto get_int = [&](const char* key, int& out) { return f.get_int(key, model_field_range(key), out); };
+  auto get_float = [&](const char* key, float& out) {
+    return f.get_real(key, std::string_view(key) == "norm_eps" ? kNormEpsRange : kRopeThetaRange, out);
   };
   auto get_int_list = [&](const char* key, std::vector<int>& out) -> Status {
-    if (!j.contains(key)) return {};
-    if (!j[key].is_array()) return make_error("model field '{}' must be a list of integers, got {}", key, j[key].dump());
+    if (!f.has(key)) return {};
+    const auto& list = f.at(key);
+    if (!list.is_array() || list.size() > 64)
+      return make_error("model field '{}' must be a list of at most 64 integers, got {}", key, list.dump());
     out.clear();
-    for (const auto& v : j[key]) {
-      if (!v.is_number_integer()) return make_error("model field '{}' must hold integers, got {}", key, v.dump());
-      out.push_back(v.get<int>());
+    for (const auto& v : list) {
+      MT_ASSIGN(const std::int64_t x, parse_int(fmt::format("model field '{}'", key), v.dump(), model_field_range(key)));
+      out.push_back(static_cast<int>(x));
     }
     return {};
   };
+  auto get_bool = [&](const char* key, bool& out) { return f.get_bool(key, out); };
+  auto get_string = [&](const char* key, std::string& out) { return f.get_string(key, out); };
   MT_TRY(get_string("name", m.name));
   if (j.contains("family")) {
     std::string family;
@@ -349,18 +348,11 @@ Result<ModelSpec> load_model(const std::string& name_or_file) {
   if (presets().count(name_or_file)) return model_preset(name_or_file);
   bool looks_like_file = name_or_file.find('/') != std::string::npos ||
                          name_or_file.find(".json") != std::string::npos;
-  std::ifstream in(name_or_file);
-  if (!in) {
-    if (looks_like_file) return make_error("cannot open model file '{}'", name_or_file);
+  std::error_code ec;
+  if (!looks_like_file && !std::filesystem::exists(name_or_file, ec))
     return Error(unknown_name_message("model", name_or_file, model_preset_names()) +
                  "; or pass a path to a JSON model file");
-  }
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::parse_error& e) {
-    return make_error("model file '{}' is not valid JSON: {}", name_or_file, e.what());
-  }
+  MT_ASSIGN(const nlohmann::json j, load_json_file(name_or_file, "model file"));
   auto m = model_from_json(j);
   m.context(fmt::format("model file '{}'", name_or_file));
   return m;

@@ -1,10 +1,15 @@
 #include "simulator/calibration.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
-#include <fstream>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <nlohmann/json.hpp>
-#include <sstream>
+
+#include "core/input_file.h"
+#include "core/json_input.h"
 
 namespace meshtrain::sim {
 namespace {
@@ -43,21 +48,39 @@ Status need(const json& e, const char* key, const char* where, size_t i) {
   return ok_status();
 }
 
+// The range of each numeric field of an entry (core/bounded.h): beyond any
+// measurement, far from where a time or a byte count overflows.
+RealRange real_range(std::string_view key) {
+  if (key == "bytes") return {1, 1e15};
+  if (key == "GBps" || key == "busbw_GBps") return {1e-6, 1e7};
+  if (key == "latency_us") return {1e-6, 1e9};
+  return {1e-3, 1e9};  // time_us, p10_us, p90_us: a nanosecond to a quarter of an hour
+}
+
+IntRange int_range(std::string_view key) {
+  if (key == "head_dim") return {1, 1 << 16};
+  if (key == "members") return {1, 1 << 20};
+  if (key == "samples") return {1, 1 << 30};
+  if (key == "ranks_sharing") return {1, 1 << 10};
+  return {1, 1 << 24};  // m, n, k, batch_heads, seq
+}
+
+JsonFields entry_fields(const json& e, const char* where, size_t i) {
+  return JsonFields::of(e, fmt::format("{}[{}]: field", where, i), "").value();
+}
+
 Result<double> positive(const json& e, const char* key, const char* where, size_t i) {
   MT_TRY(need(e, key, where, i));
-  const json& v = e[key];
-  if (!v.is_number() || !(v.get<double>() > 0))
-    return make_error("{}[{}]: field '{}' must be a number > 0, got {}", where, i, key, v.dump());
-  return v.get<double>();
+  double v = 0;
+  MT_TRY(entry_fields(e, where, i).get_real(key, real_range(key), v));
+  return v;
 }
 
 Result<int64_t> positive_int(const json& e, const char* key, const char* where, size_t i) {
   MT_TRY(need(e, key, where, i));
-  const json& v = e[key];
-  if (!v.is_number_integer() || v.get<int64_t>() < 1)
-    return make_error("{}[{}]: field '{}' must be an integer >= 1, got {}", where, i, key,
-                      v.dump());
-  return v.get<int64_t>();
+  int64_t v = 0;
+  MT_TRY(entry_fields(e, where, i).get_int(key, int_range(key), v));
+  return v;
 }
 
 Result<const json*> list(const json& j, const char* key) {
@@ -97,9 +120,7 @@ Result<Calibration::Machine> machine_from_json(const json& m) {
       if (!v.is_string()) return make_error("field 'machine.{}' must be a string", key);
       (key == "backend" ? out.backend : key == "cpu" ? out.cpu : out.date) = v.get<std::string>();
     } else if (key == "cores") {
-      if (!v.is_number_integer() || v.get<int64_t>() < 1)
-        return make_error("field 'machine.cores' must be an integer >= 1, got {}", v.dump());
-      out.cores = v.get<int>();
+      MT_TRY(JsonFields::of(m, "machine field", "").value().get_int("cores", IntRange{1, 1 << 20}, out.cores));
     } else if (key == "libraries") {
       if (!v.is_object())
         return make_error("field 'machine.libraries' must be an object {{\"OpenBLAS\": \"0.3.21\"}}");
@@ -274,9 +295,7 @@ std::optional<double> Calibration::collective_busbw(CollectiveKind kind, int mem
 }
 
 Result<Calibration> calibration_from_json(std::string_view text) {
-  json j = json::parse(text.begin(), text.end(), nullptr, false);
-  if (j.is_discarded())
-    return make_error("calibration is not valid JSON (check commas and quotes)");
+  MT_ASSIGN(const json j, parse_json(text, "calibration"));
   if (!j.is_object()) return make_error("calibration must be a JSON object {{...}}");
   for (auto it = j.begin(); it != j.end(); ++it) {
     static const char* known[] = {"version", "device", "machine", "gemm",       "attention",
@@ -292,7 +311,7 @@ Result<Calibration> calibration_from_json(std::string_view text) {
     return make_error("calibration needs an integer field 'version' (this build reads {})",
                       Calibration::kVersion);
   Calibration c;
-  c.version = j["version"].get<int>();
+  MT_TRY(JsonFields::of(j, "calibration field", "").value().get_int("version", IntRange{0, 1 << 20}, c.version));
   if (c.version != Calibration::kVersion)
     return make_error(
         "calibration version {} is not supported (this build reads {}); "
@@ -465,20 +484,20 @@ std::string calibration_to_json(const Calibration& c) {
 }
 
 Result<Calibration> load_calibration(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return make_error("cannot open calibration file '{}' (check the path)", path);
-  std::stringstream buf;
-  buf << in.rdbuf();
-  auto r = calibration_from_json(buf.str());
+  MT_ASSIGN(const std::string text, read_input_file(path, "calibration file"));
+  auto r = calibration_from_json(text);
   r.context(fmt::format("calibration file '{}'", path));
   return r;
 }
 
 Status save_calibration(const Calibration& c, const std::string& path) {
-  std::ofstream out(path, std::ios::binary);
-  if (!out) return make_error("cannot write calibration file '{}'", path);
-  out << calibration_to_json(c);
-  if (!out) return make_error("writing calibration file '{}' failed", path);
+  const std::string text = calibration_to_json(c);
+  std::FILE* out = std::fopen(path.c_str(), "wb");
+  if (out == nullptr) return make_error("cannot write calibration file '{}': {}", path, std::strerror(errno));
+  const bool written = std::fwrite(text.data(), 1, text.size(), out) == text.size();
+  const int saved_errno = errno;
+  if (std::fclose(out) != 0 || !written)
+    return make_error("writing calibration file '{}' failed: {}", path, std::strerror(written ? errno : saved_errno));
   return ok_status();
 }
 
@@ -491,6 +510,73 @@ void apply_link_calibration(const Calibration& c, ClusterSpec& spec) {
     if (l.kind == "pcie") spec.pcie_bandwidth = l.GBps * 1e9;
     if (l.kind == "nic") spec.nic_bandwidth = l.GBps * 1e9;
   }
+}
+
+namespace {
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+bool measured_on_cpu(const Calibration& c) {
+  return c.machine.backend == "cpu" || lower(c.device).find("cpu backend") != std::string::npos;
+}
+
+}  // namespace
+
+Status check_calibration_device(const Calibration& c, const ClusterSpec& cluster) {
+  if (c.device.empty() && c.machine.backend.empty()) return ok_status();
+  const std::string device = lower(cluster.device.name);
+  const bool cluster_cpu = device.find("cpu") != std::string::npos;
+  const std::string measured = c.device.empty() ? c.machine.backend + " backend" : c.device;
+  const auto mismatch = [&] {
+    return make_error("the calibration was measured on '{}', but cluster '{}' has '{}' devices; its times would "
+                      "be another machine's: calibrate on that device, simulate a cluster of the measured one "
+                      "(--cluster local-cpu for a cpu-backend calibration), or describe the measured device in a "
+                      "cluster file (\"base\": \"{}\", \"device\": {{\"name\": \"{}\"}})",
+                      measured, cluster.name, cluster.device.name, cluster.name, measured);
+  };
+  if (measured_on_cpu(c) != cluster_cpu) return mismatch();
+  if (cluster_cpu || c.device.empty()) return ok_status();
+  // The family is the device name's first word: "a100" of "A100-SXM4-80GB".
+  const std::string family = device.substr(0, device.find_first_of("- _"));
+  const std::string cal_device = lower(c.device);
+  if (cal_device.find(family) == std::string::npos && device.find(cal_device) == std::string::npos)
+    return mismatch();
+  return ok_status();
+}
+
+CalibrationCoverage calibration_coverage(const Calibration& c, DType dtype) {
+  CalibrationCoverage out;
+  auto add = [&](bool measured, std::string what) { (measured ? out.measured : out.defaults).push_back(std::move(what)); };
+  std::size_t gemms = 0;
+  for (const auto& g : c.gemm) gemms += g.dtype == dtype;
+  add(gemms > 0, fmt::format("gemm {}{}", dtype_name(dtype), gemms ? fmt::format(" ({} shapes)", gemms) : ""));
+  for (bool backward : {false, true}) {
+    const bool any = std::any_of(c.attention.begin(), c.attention.end(),
+                                 [&](const Calibration::Attention& a) { return a.backward == backward; });
+    add(any, backward ? "attention backward" : "attention forward");
+  }
+  add(!c.memory.empty() || !c.ops.empty(),
+      c.ops.empty() ? "memory-bound ops" : fmt::format("memory-bound ops ({} measured by name)", [&] {
+        std::vector<std::string> names;
+        for (const auto& o : c.ops) names.push_back(o.op);
+        std::sort(names.begin(), names.end());
+        return static_cast<std::size_t>(std::unique(names.begin(), names.end()) - names.begin());
+      }()));
+  for (const char* kind : {"nvlink", "pcie", "nic"}) {
+    const bool any = std::any_of(c.links.begin(), c.links.end(), [&](const Calibration::Link& l) { return l.kind == kind; });
+    add(any, fmt::format("link {}", kind));
+  }
+  for (int k = 0; k < kNumCollectiveKinds; ++k) {
+    const auto kind = static_cast<CollectiveKind>(k);
+    const bool any = std::any_of(c.collectives.begin(), c.collectives.end(),
+                                 [&](const Calibration::Collective& e) { return e.kind == kind; });
+    add(any, fmt::format("collective {}", collective_kind_name(kind)));
+  }
+  return out;
 }
 
 }  // namespace meshtrain::sim

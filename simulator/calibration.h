@@ -173,4 +173,19 @@ Status save_calibration(const Calibration& calibration, const std::string& path)
 // Replaces the spec's link bandwidths by measured ones where present.
 void apply_link_calibration(const Calibration& calibration, ClusterSpec& spec);
 
+// An Error naming both devices when the calibration was plainly measured on
+// another kind of device than the cluster's: a cpu-backend calibration on a
+// GPU cluster or the reverse, or a GPU calibration whose device does not name
+// the cluster device's family ("A100" for "A100-SXM4-80GB"). A calibration
+// that names no device passes (there is nothing to compare).
+Status check_calibration_device(const Calibration& calibration, const ClusterSpec& cluster);
+
+// Which of the simulator's tables a simulation at `dtype` takes from the
+// calibration and which from the cost model's defaults, as two lists:
+// {"gemm bf16 (12 shapes)", "collectives all_reduce", ...}.
+struct CalibrationCoverage {
+  std::vector<std::string> measured, defaults;
+};
+CalibrationCoverage calibration_coverage(const Calibration& calibration, DType dtype);
+
 }  // namespace meshtrain::sim

@@ -1,8 +1,9 @@
 #include "simulator/cluster_spec.h"
 
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
+
+#include "core/input_file.h"
+#include "core/json_input.h"
 
 namespace meshtrain::sim {
 namespace {
@@ -72,41 +73,39 @@ ClusterSpec local_cpu() {
 
 using nlohmann::json;
 
+// A cluster file's fields, bounded (core/bounded.h): far beyond any real
+// machine, far from where a time in picoseconds or a byte count overflows.
+constexpr RealRange kBandwidthRange{1e-3, 1e7};  // GB/s or Gb/s
+constexpr RealRange kFlopsRange{1e-3, 1e7};      // TFLOP/s
+constexpr RealRange kMemoryRange{1e-3, 1e7};     // GiB
+constexpr RealRange kLatencyRange{0, 1e9};       // ns (one second)
+constexpr RealRange kOversubscriptionRange{1, 1e3};
+
+JsonFields fields_of(const json& obj) { return JsonFields::of(obj, "field", "").value(); }
+
 // Reads optional field `key` of `obj` into `out` scaled by `unit`; errors name
-// the field and the expected form.
-Status read_number(const json& obj, const char* key, double unit, double min_exclusive, double& out,
+// the field, its range and the expected form.
+Status read_number(const json& obj, const char* key, double unit, const RealRange& range, double& out,
                    const char* what) {
-  auto it = obj.find(key);
-  if (it == obj.end()) return ok_status();
-  if (!it->is_number())
-    return make_error("field '{}' must be a number ({}), got {}", key, what, it->dump());
-  double v = it->get<double>();
-  if (!(v > min_exclusive))
-    return make_error("field '{}' must be > {} ({}), got {}", key, min_exclusive, what, v);
+  double v = 0;
+  if (!obj.contains(key)) return ok_status();
+  if (Status s = fields_of(obj).get_real(key, range, v); !s.ok())
+    return make_error("{} ({})", s.error().message(), what);
   out = v * unit;
   return ok_status();
 }
 
 Status read_int(const json& obj, const char* key, int min, int& out, const char* what) {
-  auto it = obj.find(key);
-  if (it == obj.end()) return ok_status();
-  if (!it->is_number_integer())
-    return make_error("field '{}' must be an integer ({}), got {}", key, what, it->dump());
-  int64_t v = it->get<int64_t>();
-  if (v < min || v > 1'000'000)
-    return make_error("field '{}' must be an integer in [{}, 1000000] ({}), got {}", key, min, what,
-                      v);
-  out = static_cast<int>(v);
+  if (Status s = fields_of(obj).get_int(key, IntRange{min, 1'000'000}, out); !s.ok())
+    return make_error("{} ({})", s.error().message(), what);
   return ok_status();
 }
 
 Status read_latency(const json& obj, const char* key, Time& out) {
-  auto it = obj.find(key);
-  if (it == obj.end()) return ok_status();
-  if (!it->is_number() || !(it->get<double>() >= 0) || it->get<double>() > 1e12)
-    return make_error("field '{}' must be a number of nanoseconds >= 0, e.g. 300, got {}", key,
-                      it->dump());
-  out = static_cast<Time>(it->get<double>() * kNanosecond + 0.5);
+  double ns = 0;
+  if (!obj.contains(key)) return ok_status();
+  MT_TRY(read_number(obj, key, 1, kLatencyRange, ns, "nanoseconds, e.g. 300"));
+  out = static_cast<Time>(ns * kNanosecond + 0.5);
   return ok_status();
 }
 
@@ -187,9 +186,7 @@ Status validate(const ClusterSpec& s) {
 }
 
 Result<ClusterSpec> cluster_spec_from_json(std::string_view text) {
-  json j = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded())
-    return make_error("cluster JSON is not valid JSON (check commas and quotes)");
+  MT_ASSIGN(const json j, parse_json(text, "cluster JSON"));
   if (!j.is_object())
     return make_error("cluster JSON must be an object {{...}}, got {}", j.type_name());
   MT_TRY(check_known(j, kTopFields, "cluster"));
@@ -215,18 +212,14 @@ Result<ClusterSpec> cluster_spec_from_json(std::string_view text) {
   }
   MT_TRY(read_int(j, "gpus_per_node", 1, s.gpus_per_node, "GPUs per node, e.g. 8"));
   MT_TRY(read_int(j, "gpus_per_pcie_switch", 1, s.gpus_per_pcie_switch, "e.g. 2"));
-  MT_TRY(read_number(j, "nvlink_GBps", kGB, 0, s.nvlink_bandwidth,
+  MT_TRY(read_number(j, "nvlink_GBps", kGB, kBandwidthRange, s.nvlink_bandwidth,
                      "GB/s per GPU per direction, e.g. 300"));
-  MT_TRY(read_number(j, "pcie_GBps", kGB, 0, s.pcie_bandwidth, "GB/s per direction, e.g. 32"));
-  MT_TRY(read_number(j, "nic_Gbps", kGbit, 0, s.nic_bandwidth, "Gb/s line rate, e.g. 200"));
+  MT_TRY(read_number(j, "pcie_GBps", kGB, kBandwidthRange, s.pcie_bandwidth, "GB/s per direction, e.g. 32"));
+  MT_TRY(read_number(j, "nic_Gbps", kGbit, kBandwidthRange, s.nic_bandwidth, "Gb/s line rate, e.g. 200"));
   MT_TRY(read_int(j, "nodes_per_leaf", 1, s.nodes_per_leaf, "nodes per leaf switch, e.g. 20"));
   MT_TRY(read_int(j, "spines", 0, s.spines, "spine switches, 0 = nodes_per_leaf"));
-  if (j.contains("oversubscription")) {
-    MT_TRY(read_number(j, "oversubscription", 1.0, 0, s.oversubscription, "ratio >= 1, e.g. 2"));
-    if (s.oversubscription < 1.0)
-      return make_error("field 'oversubscription' must be >= 1 (1 = non-blocking), got {}",
-                        s.oversubscription);
-  }
+  MT_TRY(read_number(j, "oversubscription", 1.0, kOversubscriptionRange, s.oversubscription,
+                     "1 = non-blocking; 2: uplinks carry half the downlink bandwidth"));
   MT_TRY(read_latency(j, "nvlink_latency_ns", s.nvlink_latency));
   MT_TRY(read_latency(j, "pcie_latency_ns", s.pcie_latency));
   MT_TRY(read_latency(j, "nic_latency_ns", s.nic_latency));
@@ -244,13 +237,13 @@ Result<ClusterSpec> cluster_spec_from_json(std::string_view text) {
       if (!d["name"].is_string()) return make_error("field 'device.name' must be a string");
       s.device.name = d["name"].get<std::string>();
     }
-    Status st = read_number(d, "bf16_TFLOPS", kTera, 0, s.device.peak_bf16_flops,
+    Status st = read_number(d, "bf16_TFLOPS", kTera, kFlopsRange, s.device.peak_bf16_flops,
                             "dense bf16 TFLOP/s, e.g. 312");
     if (st.ok())
-      st = read_number(d, "fp32_TFLOPS", kTera, 0, s.device.peak_fp32_flops, "TFLOP/s, e.g. 19.5");
-    if (st.ok()) st = read_number(d, "memory_GiB", kGiB, 0, s.device.memory_bytes, "GiB, e.g. 80");
+      st = read_number(d, "fp32_TFLOPS", kTera, kFlopsRange, s.device.peak_fp32_flops, "TFLOP/s, e.g. 19.5");
+    if (st.ok()) st = read_number(d, "memory_GiB", kGiB, kMemoryRange, s.device.memory_bytes, "GiB, e.g. 80");
     if (st.ok())
-      st = read_number(d, "memory_GBps", kGB, 0, s.device.memory_bandwidth, "GB/s, e.g. 2039");
+      st = read_number(d, "memory_GBps", kGB, kBandwidthRange, s.device.memory_bandwidth, "GB/s, e.g. 2039");
     MT_TRY(st.context("device"));
   }
   MT_TRY(validate(s));
@@ -258,11 +251,8 @@ Result<ClusterSpec> cluster_spec_from_json(std::string_view text) {
 }
 
 Result<ClusterSpec> load_cluster_spec(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return make_error("cannot open cluster file '{}' (check the path)", path);
-  std::stringstream buf;
-  buf << in.rdbuf();
-  auto r = cluster_spec_from_json(buf.str());
+  MT_ASSIGN(const std::string text, read_input_file(path, "cluster file"));
+  auto r = cluster_spec_from_json(text);
   r.context(fmt::format("cluster file '{}'", path));
   return r;
 }

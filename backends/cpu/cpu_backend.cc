@@ -33,14 +33,15 @@ class CpuStorage final : public Storage {
       constexpr std::size_t align = 64;
       data_ =
           static_cast<std::byte*>(std::aligned_alloc(align, (bytes_ + align - 1) / align * align));
-      if (data_ == nullptr) misuse("out of host memory allocating {} bytes", bytes_);
     }
-    accounting_->live += static_cast<std::int64_t>(bytes_);
+    // A failed allocation (data_ null) is the backend's sticky error, not an abort: see empty().
+    if (!failed()) accounting_->live += static_cast<std::int64_t>(bytes_);
   }
   ~CpuStorage() override {
     std::free(data_);
-    accounting_->live -= static_cast<std::int64_t>(bytes_);
+    if (!failed()) accounting_->live -= static_cast<std::int64_t>(bytes_);
   }
+  bool failed() const { return bytes_ > 0 && data_ == nullptr; }
   CpuStorage(const CpuStorage&) = delete;
   CpuStorage& operator=(const CpuStorage&) = delete;
 
@@ -122,6 +123,11 @@ Tensor CpuBackend::empty(const Shape& shape, DType dtype) {
     if (d < 0) misuse("empty: negative dimension in {}", shape.str());
   const auto bytes = static_cast<std::size_t>(shape.numel()) * dtype_size(dtype);
   auto storage = std::make_shared<CpuStorage>(accounting_, bytes);
+  if (storage->failed() && !error_)
+    note(make_error("out of host memory: cannot allocate {} bytes for a {} tensor {} (this rank holds {} bytes "
+                    "already); use a smaller model, batch or sequence, or more ranks",
+                    bytes, dtype_name(dtype), shape.str(), accounting_->live.load()),
+         "empty");
   accounting_->peak = std::max(accounting_->peak, accounting_->live.load());
   return Tensor(std::move(storage), shape, dtype);
 }
@@ -141,6 +147,9 @@ std::byte* CpuBackend::bytes_of(const Tensor& t, std::string_view op) const {
   if (static_cast<std::size_t>(t.offset() + t.numel()) * size > s->bytes())
     misuse("{}: tensor view {} at offset {} runs past its storage", op, t.shape().str(),
            t.offset());
+  // Storage that failed to allocate has no bytes: the sticky error is set, and
+  // every op returns before it touches the pointer.
+  if (s->failed()) return nullptr;
   return s->data() + static_cast<std::size_t>(t.offset()) * size;
 }
 

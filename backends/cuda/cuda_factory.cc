@@ -1,10 +1,19 @@
 #include "backends/cuda/cuda_factory.h"
 
+#include <cuda_runtime_api.h>
+
 #include "backends/cuda/cuda_backend.h"
 
 namespace meshtrain {
 
 bool cuda_backend_built() { return true; }
+
+std::string cuda_device_name() {
+  int device = 0;
+  cudaDeviceProp prop{};
+  if (cudaGetDevice(&device) != cudaSuccess || cudaGetDeviceProperties(&prop, device) != cudaSuccess) return "";
+  return prop.name;
+}
 
 Result<std::unique_ptr<Backend>> make_cuda_backend(const CudaBackendOptions& options) {
   if (cuda::device_count() == 0)

@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <memory>
+#include <string>
 
 #include "backends/backend.h"
 #include "core/status.h"
@@ -24,6 +25,10 @@ struct CudaBackendOptions {
 
 // Whether this build contains the cuda backend.
 bool cuda_backend_built();
+
+// The name of the CUDA device this process uses ("NVIDIA H200"), for
+// records such as a calibration's device; "" without one.
+std::string cuda_device_name();
 
 // One rank's cuda backend. Errors: "this meshtrain was built without CUDA ..."
 // in a build without it, "no CUDA device found ..." where none is visible,

@@ -5,6 +5,8 @@ namespace meshtrain {
 
 bool cuda_backend_built() { return false; }
 
+std::string cuda_device_name() { return ""; }
+
 Result<std::unique_ptr<Backend>> make_cuda_backend(const CudaBackendOptions&) {
   return make_error(
       "this meshtrain was built without CUDA: configure found no nvcc, CUDA Toolkit or NCCL (see "

@@ -51,10 +51,15 @@
 #include "backends/cpu/comm/mpi_communicator.h"
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/cuda_factory.h"
+#include "core/bounded.h"
+#include "core/host_memory.h"
+#include "core/input_file.h"
 #include "core/names.h"
 #include "engine/calibrate/measure.h"
 #include "engine/calibrate/op_profile.h"
 #include "engine/calibrate/workload_shapes.h"
+#include "engine/calibrate/workload.h"
+#include "engine/cli/bounded_flags.h"
 #include "engine/cli/commands.h"
 #include "models/model_spec.h"
 #include "models/parameters.h"
@@ -81,34 +86,21 @@ struct CalibrateFlags {
   int tbb_threads = 0;  // 0: TBB's default (all cores)
 };
 
-struct Workload {
-  ModelSpec model;
-  std::int64_t batch = 0, seq = 0;
-};
-
-// MODEL:MICRO_BATCH:SEQ_LEN, or MODEL:MICRO_BATCH for a vision model (its images fix the tokens).
-Result<Workload> parse_workload(const std::string& text) {
-  const auto a = text.find(':'), b = text.rfind(':');
-  if (a == std::string::npos)
-    return make_error("--workload '{}' must be MODEL:MICRO_BATCH:SEQ_LEN (MODEL:MICRO_BATCH for a vision model), "
-                      "e.g. tiny:8:64 or swin-fmnist:16", text);
-  Workload w;
-  MT_ASSIGN(w.model, load_model(text.substr(0, a)));
-  const bool with_seq = a != b;
-  if (with_seq == w.model.vision())
-    return make_error("--workload '{}': give {} for model '{}'", text,
-                      w.model.vision() ? "MODEL:MICRO_BATCH (its images fix the tokens)" : "MODEL:MICRO_BATCH:SEQ_LEN",
-                      w.model.name);
-  try {
-    w.batch = std::stoll(text.substr(a + 1, with_seq ? b - a - 1 : std::string::npos));
-    w.seq = with_seq ? std::stoll(text.substr(b + 1)) : w.model.seq_len;
-  } catch (...) {
-    return make_error("--workload '{}': micro-batch and sequence length must be integers", text);
-  }
-  if (w.batch < 1 || w.seq < 1 || w.seq > w.model.seq_len)
-    return make_error("--workload '{}': need micro-batch >= 1 and 1 <= seq <= {} (the model's)",
-                      text, w.model.seq_len);
-  return w;
+// Host bytes of the largest shape measured (its fp32 operands and result at
+// once): refused with the figure before anything is allocated.
+Status check_shapes_fit(const std::set<GemmShape>& gemm, const std::set<AttentionShape>& attention,
+                        const std::set<OpShape>& ops) {
+  double bytes = 0;
+  for (const GemmShape& g : gemm)
+    bytes = std::max(bytes, 4.0 * (static_cast<double>(g.m) * g.k + static_cast<double>(g.k) * g.n +
+                                   static_cast<double>(g.m) * g.n));
+  // qkv, out and their gradients (B, T, 3H, D) and (B, T, H, D), twice over for backward.
+  for (const AttentionShape& s : attention)
+    bytes = std::max(bytes, 4.0 * 8 * static_cast<double>(s.batch) * s.heads * s.seq * s.head_dim);
+  // An op reads and writes a few tensors of its shape.
+  for (const OpShape& o : ops) bytes = std::max(bytes, 4.0 * 4 * static_cast<double>(o.rows) * o.cols);
+  return check_host_memory(bytes, "measuring the largest --workload shape", "use a smaller micro-batch, "
+                           "sequence length or model in --workload");
 }
 
 // The log-spaced grids every calibration has.
@@ -313,7 +305,8 @@ Status calibrate_cuda(const CalibrateFlags& f, const std::vector<GemmShape>& gem
   const bool leader = b->rank() == 0;
   sim::Calibration cal;
   cal.machine = describe_machine("cuda");
-  cal.device = fmt::format("cuda backend on {}", cal.machine.cpu);
+  // The GPU's own name: simulate checks it against the cluster's device.
+  cal.device = fmt::format("{} (cuda backend)", cuda_device_name());
   ProgressLine progress;
   if (leader) {
     auto show = [&](const char* what, std::size_t total) {
@@ -360,6 +353,8 @@ Status run_calibrate(const CalibrateFlags& f) {
   if (f.backend != "cpu" && f.backend != "cuda")
     return Error(unknown_name_message("calibration backend", f.backend, {"cpu", "cuda"}));
   if (f.out.empty()) return make_error("--out FILE is required (where the calibration is written)");
+  // Before the measurement, not after it: an unwritable --out would waste it.
+  MT_TRY(probe_output_file(f.out, "--out calibration file"));
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int max_ranks = f.max_ranks > 0 ? f.max_ranks : std::max(2, cores);
   if (max_ranks < 2 || max_ranks > 64)
@@ -372,7 +367,7 @@ Status run_calibrate(const CalibrateFlags& f) {
 
   calibrate::WorkloadShapes shapes;
   for (const std::string& w : f.workloads) {
-    MT_ASSIGN(Workload wl, parse_workload(w));
+    MT_ASSIGN(calibrate::Workload wl, calibrate::parse_workload(w, "--workload"));
     MT_TRY(calibrate::record_workload_shapes(wl.model, wl.batch, wl.seq, shapes));
   }
   std::set<GemmShape>& gemm = shapes.gemm;
@@ -381,6 +376,7 @@ Status run_calibrate(const CalibrateFlags& f) {
   if (!f.no_grid) grid_shapes(f.quick, gemm, attention, ops);
   if (gemm.empty() && attention.empty() && ops.empty())
     return make_error("--no-grid needs at least one --workload");
+  MT_TRY(check_shapes_fit(gemm, attention, ops));
   calibrate::Timing timing;
   if (f.quick) timing = {5, 1e-3};
   if (f.statistic != "median" && f.statistic != "mean")
@@ -463,18 +459,23 @@ Command add_calibrate_command(CLI::App& app) {
                   "MODEL:MICRO_BATCH:SEQ_LEN whose exact shapes are measured (repeatable)")
       ->capture_default_str();
   sub->add_option("--sharing", f->sharing,
-                  "rank threads running the kernels at once, one level per value (default 1 2)");
+                  "rank threads running the kernels at once, one level per value (default 1 2)")
+      ->check(int_in({1, 64}));
   sub->add_option("--tbb-threads", f->tbb_threads,
-                  "limit the threads of TBB-parallel kernels (tbb::global_control; 0: all cores)");
-  sub->add_option("--max-ranks", f->max_ranks, "largest in-process group measured (default max(2, cores))");
+                  "limit the threads of TBB-parallel kernels (tbb::global_control; 0: all cores)")
+      ->check(int_in({0, 1 << 16}));
+  sub->add_option("--max-ranks", f->max_ranks, "largest in-process group measured (default max(2, cores))")
+      ->check(int_in({0, 64}));
   sub->add_option("--profile", f->profile,
                   "instead: compare a real single-rank step of MODEL:B:T with its simulation, op by op");
   sub->add_option("--calibration", f->calibration, "with --profile: the calibration to simulate with");
   sub->add_option("--profile-steps", f->profile_steps, "with --profile: steps averaged")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(int_in({1, 1 << 20}));
   sub->add_option("--profile-ranks", f->profile_ranks,
                   "with --profile: independent ranks running at once (threads)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(int_in({1, 64}));
   return {sub, [f] { return run_calibrate(*f); }};
 }
 

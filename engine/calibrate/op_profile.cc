@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backends/cpu/cpu_backend.h"
+#include "engine/calibrate/workload.h"
 #include "engine/cli/plan_flags.h"
 #include "engine/mesh.h"
 #include "engine/simulation.h"
@@ -64,19 +65,13 @@ void OpTimer::write(Tensor& dst, std::span<const std::int32_t> host) { timed("wr
 
 Status print_op_profile(const std::string& workload, const std::string& calibration_path,
                         int steps, int ranks) {
-  const auto a = workload.find(':'), b = workload.rfind(':');
-  if (a == std::string::npos || a == b)
-    return make_error("--profile '{}' must be MODEL:MICRO_BATCH:SEQ_LEN, e.g. tiny:8:64", workload);
   if (steps < 1) return make_error("--profile-steps {} must be >= 1", steps);
   if (ranks < 1 || ranks > 64) return make_error("--profile-ranks {} must be in [1, 64]", ranks);
+  MT_ASSIGN(const Workload w, parse_workload(workload, "--profile"));
   PlanFlags flags;
-  flags.model = workload.substr(0, a);
-  try {
-    flags.overrides.micro_batch = std::stoi(workload.substr(a + 1, b - a - 1));
-    flags.overrides.seq_len = std::stoi(workload.substr(b + 1));
-  } catch (...) {
-    return make_error("--profile '{}': micro-batch and sequence length must be integers", workload);
-  }
+  flags.model = workload.substr(0, workload.find(':'));
+  flags.overrides.micro_batch = static_cast<int>(w.batch);
+  flags.overrides.seq_len = static_cast<int>(w.seq);
   flags.overrides.global_batch = flags.overrides.micro_batch;
   flags.overrides.precision = "fp32";
   MT_ASSIGN(ModelAndPlan mp, resolve_model_and_plan(flags, 1));

@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "core/input_file.h"
+#include "engine/cli/bounded_flags.h"
 #include "engine/cli/commands.h"
 #include "engine/cli/plan_flags.h"
 #include "engine/memory_model.h"
@@ -95,7 +97,9 @@ Command add_info_command(CLI::App& app) {
   auto flags = std::make_shared<InfoFlags>();
   CLI::App* sub = app.add_subcommand("info", "model size, FLOPs, plan, process groups and memory per rank");
   add_plan_flags(*sub, flags->plan, "gpt2-124m");
-  sub->add_option("--rank", flags->rank, "global rank whose groups and memory to show")->capture_default_str();
+  sub->add_option("--rank", flags->rank, "global rank whose groups and memory to show")
+      ->capture_default_str()
+      ->check(int_in({0, kMaxWorldSize - 1}));
   sub->add_flag("--json", flags->json, "print one JSON object");
   return {sub, [flags] { return run_info(*flags); }};
 }

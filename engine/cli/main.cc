@@ -1,10 +1,13 @@
 // meshtrain: the one executable. Errors come back as values and are turned
 // into a message and an exit code here, and only here.
 #include <cstdio>
+#include <exception>
+#include <new>
 
 #include <CLI/CLI.hpp>
 
 #include "engine/cli/commands.h"
+#include "engine/stop_request.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"meshtrain: simulation-first hybrid-parallel transformer training"};
@@ -19,11 +22,21 @@ int main(int argc, char** argv) {
   }
   for (auto& command : commands) {
     if (!command.app->parsed()) continue;
-    auto status = command.run();
+    // Errors are values; an exception here is a bug or the process out of
+    // memory, and still ends with a message rather than an abort.
+    meshtrain::Status status;
+    try {
+      status = command.run();
+    } catch (const std::bad_alloc&) {
+      status = meshtrain::make_error("out of memory; use a smaller model, batch or sequence, or more ranks");
+    } catch (const std::exception& e) {
+      status = meshtrain::make_error("internal error (please report it): {}", e.what());
+    }
     if (!status.ok()) {
       std::fprintf(stderr, "meshtrain %s: error: %s\n", command.app->get_name().c_str(),
                    status.error().message().c_str());
-      return 1;
+      // A run stopped by a signal exits as a shell reports one (SIGTERM: 143).
+      return meshtrain::stop_signal() != 0 ? 128 + meshtrain::stop_signal() : 1;
     }
   }
   return 0;

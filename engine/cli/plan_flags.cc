@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/cli/bounded_flags.h"
 #include "engine/segments/segment_plan.h"
 
 namespace meshtrain {
@@ -11,26 +12,14 @@ void add_plan_flags(CLI::App& app, PlanFlags& f, const std::string& default_mode
   app.add_option("--model", f.model, "model preset name or JSON model file")->capture_default_str();
   app.add_option("--plan", f.plan_file, "JSON plan file (flags override its fields)");
   auto& o = f.overrides;
-  app.add_option("--tp", o.tp, "tensor-parallel size");
-  app.add_option("--pp", o.pp, "pipeline-parallel size");
-  app.add_option("--dp", o.dp, "data-parallel size");
-  app.add_option("--cp", o.cp, "context-parallel size");
-  app.add_option("--ep", o.ep, "expert-parallel size (divides dp)");
-  app.add_option("--vpp", o.vpp, "model chunks per pipeline stage (interleaved schedule)");
-  app.add_option("--zero", o.zero, "ZeRO stage 0-3");
-  app.add_option("--micro-batch", o.micro_batch, "sequences per micro-batch");
-  app.add_option("--global-batch", o.global_batch, "sequences per iteration (default micro-batch x dp)");
-  app.add_option("--micro-batches", o.microbatches, "micro-batches per pipeline per iteration (sets the global batch)");
-  app.add_option("--seq-len", o.seq_len, "sequence length (default: the model's)");
-  app.add_option("--first-stage-layers", o.first_stage_layers,
-                 "layers on the first pipeline stage (default 0: an even share)");
-  app.add_option("--last-stage-layers", o.last_stage_layers,
-                 "layers on the last pipeline stage (default 0: an even share)");
+  for (const PlanIntField& field : plan_int_fields())
+    app.add_option(field.flag, o.*field.member, field.help)->check(int_in(field.range));
   app.add_option("--recompute", o.recompute, "activation recomputation: none, selective, full");
   app.add_option("--schedule", o.schedule, "pipeline schedule: gpipe, 1f1b, interleaved");
   app.add_option("--precision", o.precision, "fp32, bf16 or fp16");
   app.add_option("--grad-bucket-mb", o.grad_bucket_mb,
-                 "MiB of fp32 gradients per data-parallel all-reduce under ZeRO 0/1 (default 4; PyTorch DDP: 25)");
+                 "MiB of fp32 gradients per data-parallel all-reduce under ZeRO 0/1 (default 4; PyTorch DDP: 25)")
+      ->check(real_in(kGradBucketMbRange));
   app.add_option("--grad-sync", o.grad_sync,
                  "when gradient buckets are reduced: overlap (with backward) or after-backward (Megatron local DDP)");
   app.add_flag("--sequence-parallel", o.sequence_parallel, "split norms and dropout over the sequence (tp)");

@@ -6,10 +6,14 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "core/host_memory.h"
+#include "core/input_file.h"
+#include "engine/cli/bounded_flags.h"
 #include "engine/cli/commands.h"
 #include "engine/cli/plan_flags.h"
 #include "engine/memory_model.h"
 #include "engine/simulation.h"
+#include "engine/step_engine.h"
 #include "simulator/calibration.h"
 
 namespace meshtrain {
@@ -19,9 +23,9 @@ namespace {
 struct SimulateFlags {
   PlanFlags plan;
   std::string cluster = "dgx-a100";
-  int gpus = 0;
+  std::optional<int> gpus;  // unset: the plan's world
   std::string calibration, trace;
-  std::string comm = "threads";  // which measured collectives apply: "threads" or "mpi"
+  std::string comm;  // which measured collectives apply: "threads" (the default) or "mpi"
   bool json = false;
   bool ignore_memory = false;
   std::string attention = "flash";  // the simulated software stack: see SimulateOptions
@@ -112,23 +116,27 @@ void print_text(const SimulationResult& r, const ModelSpec& m, const Plan& p, co
 Status run_simulate(SimulateFlags f, bool no_flags) {
   if (no_flags) use_example(f);
   if (f.plan.model.empty()) return make_error("--model NAME|FILE is required (give no model, plan or --gpus flags for the example)");
-  if (f.gpus < 0) return make_error("--gpus {} must be positive", f.gpus);
+  if (f.calibration.empty() && !f.comm.empty())
+    return make_error("--comm {} chooses which measured collectives of --calibration apply; without "
+                      "--calibration it does nothing: add --calibration FILE or drop --comm", f.comm);
   PlanOverrides& o = f.plan.overrides;
-  if (f.gpus > 0 && !o.dp) {
+  const int gpus = f.gpus.value_or(0);
+  if (gpus > 0 && !o.dp) {
     // dp fills the GPUs left by the model-parallel dimensions.
     PlanOverrides file;
     if (!f.plan.plan_file.empty()) {
       MT_ASSIGN(file, plan_overrides_from_file(f.plan.plan_file));
     }
     if (!file.dp) {
-      const int mp = o.tp.value_or(file.tp.value_or(1)) * o.pp.value_or(file.pp.value_or(1)) *
-                     o.cp.value_or(file.cp.value_or(1));
-      if (f.gpus % mp != 0)
-        return make_error("--gpus {} is not a multiple of tp·pp·cp = {}; pass a multiple or set --dp", f.gpus, mp);
-      o.dp = f.gpus / mp;
+      // Each degree is bounded (plan.h), so the product fits in 64 bits.
+      const std::int64_t mp = std::int64_t{o.tp.value_or(file.tp.value_or(1))} * o.pp.value_or(file.pp.value_or(1)) *
+                              o.cp.value_or(file.cp.value_or(1));
+      if (gpus % mp != 0)
+        return make_error("--gpus {} is not a multiple of tp·pp·cp = {}; pass a multiple or set --dp", gpus, mp);
+      o.dp = static_cast<int>(gpus / mp);
     }
   }
-  MT_ASSIGN(ModelAndPlan mp, resolve_model_and_plan(f.plan, f.gpus));
+  MT_ASSIGN(ModelAndPlan mp, resolve_model_and_plan(f.plan, gpus));
   SimulateOptions options;
   MT_ASSIGN(options.cluster, sim::cluster_spec_by_name_or_file(f.cluster));
   sim::Calibration calibration;
@@ -142,14 +150,17 @@ Status run_simulate(SimulateFlags f, bool no_flags) {
     // level 1, as rank 0 of `mpirun -np N meshtrain calibrate` measured it
     // inside its own binding. GPU calibrations measure one rank per device
     // (level 1 only) and are unchanged.
-    const bool mpi = f.comm == "mpi";
+    const std::string comm = f.comm.empty() ? "threads" : f.comm;
+    const bool mpi = comm == "mpi";
     if (mpi && std::none_of(calibration.collectives.begin(), calibration.collectives.end(),
                             [](const auto& c) { return c.transport == "mpi"; }))
       return make_error("--comm mpi: calibration '{}' has no collectives measured over MPI; make it "
                         "with `mpirun -np N meshtrain calibrate ...` (its kernels are then also "
                         "measured inside one bound MPI process)", f.calibration);
     const int per_node = mpi ? 1 : std::min(mp.plan.world_size(), options.cluster.gpus_per_node);
-    calibration = calibration.for_ranks_sharing(per_node).for_transport(f.comm);
+    calibration = calibration.for_ranks_sharing(per_node).for_transport(comm);
+    MT_TRY(sim::check_calibration_device(calibration, options.cluster)
+               .context(fmt::format("--calibration '{}'", f.calibration)));
     sim::apply_link_calibration(calibration, options.cluster);
     options.calibration = &calibration;
   }
@@ -164,10 +175,23 @@ Status run_simulate(SimulateFlags f, bool no_flags) {
     const bool ok = std::fwrite(r.trace_json.data(), 1, r.trace_json.size(), out) == r.trace_json.size();
     if (std::fclose(out) != 0 || !ok) return make_error("writing the trace to '{}' failed", f.trace);
   }
-  if (f.json)
-    fmt::print("{}\n", to_json(r, mp.model, mp.plan, options.cluster).dump(2));
-  else
+  // Say which timings came from the calibration and which from the cost model's defaults.
+  const sim::CalibrationCoverage coverage = sim::calibration_coverage(
+      calibration, mp.plan.precision == Precision::fp32 ? sim::DType::kFp32 : sim::DType::kBf16);
+  if (f.json) {
+    nlohmann::json j = to_json(r, mp.model, mp.plan, options.cluster);
+    if (options.calibration)
+      j["calibration"] = {{"file", f.calibration}, {"device", calibration.device},
+                          {"measured", coverage.measured}, {"defaults", coverage.defaults}};
+    fmt::print("{}\n", j.dump(2));
+  } else {
     print_text(r, mp.model, mp.plan, options.cluster);
+    if (options.calibration)
+      fmt::print("calibration      {} ({}): measured {}; cost-model defaults for {}\n", f.calibration,
+                 calibration.device.empty() ? "no device named" : calibration.device,
+                 coverage.measured.empty() ? "nothing" : fmt::format("{}", fmt::join(coverage.measured, ", ")),
+                 coverage.defaults.empty() ? "nothing" : fmt::format("{}", fmt::join(coverage.defaults, ", ")));
+  }
   return {};
 }
 
@@ -179,14 +203,16 @@ Command add_simulate_command(CLI::App& app) {
       "simulate", "time one training iteration on a simulated cluster (no model, plan or --gpus: a built-in example)");
   add_plan_flags(*sub, flags->plan, "");
   sub->add_option("--cluster", flags->cluster, "cluster preset name or JSON file")->capture_default_str();
-  sub->add_option("--gpus", flags->gpus, "GPUs in the cluster (the plan's world; dp defaults to gpus / (tp·pp·cp))");
+  sub->add_option("--gpus", flags->gpus, "GPUs in the cluster (the plan's world; dp defaults to gpus / (tp·pp·cp))")
+      ->check(int_in({1, kMaxWorldSize}));
   sub->add_option("--attention", flags->attention,
                   "attention kernels of the simulated software: flash (fused) or unfused (Megatron-LM 2021: "
                   "score GEMM, softmax, dropout, context GEMM)")
       ->capture_default_str();
   sub->add_option("--dropout", flags->dropout, "dropout probability of the simulated run (hidden states; "
                   "with --attention unfused also the attention probabilities)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(real_in(kDropoutRange));
   // Output flags do not choose what is simulated: with only those, the example runs.
   std::vector<CLI::Option*> output = {
       sub->add_option("--calibration", flags->calibration, "calibration JSON (meshtrain calibrate) replacing the defaults"),

@@ -12,8 +12,10 @@
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/cuda_factory.h"
 #include "core/names.h"
+#include "engine/cli/bounded_flags.h"
 #include "engine/cli/commands.h"
 #include "engine/cli/plan_flags.h"
+#include "engine/stop_request.h"
 #include "engine/tracing/tracing_backend.h"
 #include "engine/trainer.h"
 
@@ -70,6 +72,7 @@ Status run_train(TrainFlags f) {
     return make_error("the cuda backend runs one rank per process, and this plan has {} ranks; launch "
                       "them with `mpirun -np {} meshtrain train ...` or srun",
                       mp.plan.world_size(), mp.plan.world_size());
+  install_stop_handlers();
   f.train.progress = !f.quiet;
   f.train.step.seed = f.train.seed;
   const auto timeout = std::chrono::milliseconds(static_cast<long long>(f.comm_timeout_s * 1000));
@@ -89,7 +92,11 @@ Status run_train(TrainFlags f) {
     if (env->world_size() != mp.plan.world_size())
       return make_error("mpirun started {} processes, the plan needs tp·pp·dp·cp = {}", env->world_size(),
                         mp.plan.world_size());
-    if (env->rank() == 0) MT_TRY(check_train_options(f.train, mp.model, mp.plan));
+    std::optional<CheckpointLock> lock;  // rank 0 writes the checkpoints and holds their directory
+    if (env->rank() == 0) {
+      MT_TRY(check_train_options(f.train, mp.model, mp.plan, cuda ? 0 : 1));
+      MT_ASSIGN(lock, claim_checkpoint(f.train));
+    }
     // Each process writes its own rank's trace (trace_recorder.h, rank_trace_path).
     const std::string trace_path = rank_trace_path(f.trace, env->rank());
     // A failed rank must not leave its peers waiting: stop the whole job.
@@ -108,10 +115,12 @@ Status run_train(TrainFlags f) {
       backend = std::make_unique<CpuBackend>(*communicator);
     }
     Status status = finish_trace(train_on(*backend), recorder, trace_path);
-    if (!status.ok()) abort_job(status.error());
-    return {};
+    // A stop that every rank agreed on ends each rank alike; any other failure stops the job.
+    if (!status.ok() && stop_signal() == 0) abort_job(status.error());
+    return status;
   }
-  MT_TRY(check_train_options(f.train, mp.model, mp.plan));
+  MT_TRY(check_train_options(f.train, mp.model, mp.plan, cuda ? 0 : mp.plan.world_size()));
+  MT_ASSIGN(const std::optional<CheckpointLock> lock, claim_checkpoint(f.train));
   if (recorder) MT_TRY(TraceRecorder::probe(f.trace));
   if (mp.plan.world_size() == 1) {
     std::unique_ptr<Backend> backend;
@@ -148,28 +157,48 @@ Command add_train_command(CLI::App& app) {
       ->required();
   sub->add_option("--backend", f->backend, "cpu, or cuda (one rank per process; a build with CUDA)")
       ->capture_default_str();
-  sub->add_option("--steps", t.steps, "optimizer steps")->capture_default_str();
-  sub->add_option("--lr", t.lr, "peak learning rate")->capture_default_str();
-  sub->add_option("--min-lr", t.min_lr, "learning rate at the end of the cosine decay")->capture_default_str();
-  sub->add_option("--warmup", t.warmup, "linear warm-up steps")->capture_default_str();
-  sub->add_option("--seed", t.seed, "seed of initialisation, data order and dropout")->capture_default_str();
+  constexpr IntRange kSteps{1, 1 << 30};
+  const RealRange kRate{0, std::numeric_limits<double>::max(), true};
+  sub->add_option("--steps", t.steps, "optimizer steps")->capture_default_str()->check(int_in(kSteps));
+  sub->add_option("--lr", t.lr, "peak learning rate")->capture_default_str()->check(real_in(kRate));
+  sub->add_option("--min-lr", t.min_lr, "learning rate at the end of the cosine decay")
+      ->capture_default_str()
+      ->check(real_in({0, std::numeric_limits<double>::max()}));
+  sub->add_option("--warmup", t.warmup, "linear warm-up steps (default 10, at most --steps)")
+      ->check(int_in({0, 1 << 30}));
+  sub->add_option("--seed", t.seed, "seed of initialisation, data order and dropout")
+      ->capture_default_str()
+      ->check(uint64_up_to(std::numeric_limits<std::uint64_t>::max()));
   sub->add_option("--checkpoint", t.checkpoint_dir, "checkpoint directory");
-  sub->add_option("--checkpoint-every", t.checkpoint_every, "steps between checkpoints (0: at the end only)");
+  sub->add_option("--checkpoint-every", t.checkpoint_every, "steps between checkpoints (0: at the end only)")
+      ->check(int_in({0, 1 << 30}));
   sub->add_flag("--resume", t.resume, "continue from the checkpoint in --checkpoint if there is one");
-  sub->add_option("--stop-at", t.stop_at, "stop after this step, as a preemption would (checkpointed)");
+  sub->add_flag("--overwrite-checkpoint", t.overwrite_checkpoint,
+                "start from step 1 even though --checkpoint holds a checkpoint, replacing it");
+  sub->add_option("--stop-at", t.stop_at, "stop after this step, as a preemption would (checkpointed)")
+      ->check(int_in(kSteps));
   sub->add_option("--metrics", t.metrics, "append one JSON object per step to this file");
-  sub->add_option("--eval-every", t.eval_every, "steps between validation losses (0: none)");
+  sub->add_option("--eval-every", t.eval_every, "steps between validation losses (0: none)")
+      ->check(int_in({0, 1 << 30}));
   sub->add_option("--eval-sequences", t.eval_sequences, "validation sequences per evaluation (text)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(int_in({1, 1 << 20}));
   sub->add_option("--eval-images", t.eval_images, "test images per evaluation (images; 0: the whole test set)")
-      ->capture_default_str();
-  sub->add_option("--dropout", t.step.dropout, "dropout probability")->capture_default_str();
-  sub->add_option("--weight-decay", t.step.optimizer.weight_decay, "AdamW weight decay")->capture_default_str();
+      ->capture_default_str()
+      ->check(int_in({0, 1 << 30}));
+  sub->add_option("--dropout", t.step.dropout, "dropout probability")
+      ->capture_default_str()
+      ->check(real_in(kDropoutRange));
+  sub->add_option("--weight-decay", t.step.optimizer.weight_decay, "AdamW weight decay")
+      ->capture_default_str()
+      ->check(real_in(kWeightDecayRange));
   sub->add_option("--grad-clip", t.step.optimizer.max_grad_norm, "clip gradients to this global norm (0: off)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(real_in(kGradClipRange));
   sub->add_option("--ranks", f->ranks, "threads (one process) or mpi (under mpirun/srun)")->capture_default_str();
   sub->add_option("--comm-timeout", f->comm_timeout_s, "seconds a rank waits for its peers before failing")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(real_in({1e-3, 7 * 24 * 3600.0}));
   sub->add_option("--trace", f->trace,
                   "write a Chrome trace of the run (one process per rank, one track per stream); "
                   "under MPI each rank writes FILE.rank<N>.json");

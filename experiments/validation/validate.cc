@@ -29,6 +29,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "core/json_input.h"
 #include "engine/plan.h"
 #include "engine/simulation.h"
 #include "models/model_spec.h"
@@ -65,13 +66,7 @@ std::string describe(const Plan& p) {
   return s;
 }
 
-Result<json> read_json(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return make_error("cannot open table '{}'", path);
-  json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return make_error("table '{}' is not valid JSON", path);
-  return j;
-}
+Result<json> read_json(const std::string& path) { return load_json_file(path, "validation table"); }
 
 // Applies a "system" object (see the top of this file) to `o`.
 Status apply_system(const json& system, SimulateOptions& o) {

@@ -159,5 +159,5 @@ TEST_CASE("load_model reads files and suggests presets", "[model]") {
   CHECK_THAT(typo.error().message(), Catch::Contains("did you mean 'gpt2-124m'"));
   auto missing = load_model("/nonexistent/model.json");
   REQUIRE_FALSE(missing.ok());
-  CHECK_THAT(missing.error().message(), Catch::Contains("cannot open model file"));
+  CHECK_THAT(missing.error().message(), Catch::Contains("model file '/nonexistent/model.json' does not exist"));
 }

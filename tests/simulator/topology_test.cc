@@ -187,7 +187,7 @@ TEST_CASE("cluster JSON: valid files and clear errors", "[simulator][topology]")
   CHECK_THAT(err(R"({"base": "dgx-a100", "nic_Gbps": "fast"})"),
              Catch::Contains("'nic_Gbps' must be a number"));
   CHECK_THAT(err(R"({"base": "dgx-a100", "oversubscription": 0.5})"),
-             Catch::Contains("'oversubscription' must be >= 1"));
+             Catch::Contains("'oversubscription' must be a number in [1, 1000]"));
   CHECK_THAT(err(R"({"base": "dgx-a100", "gpus_per_node": 7})"),
              Catch::Contains("gpus_per_pcie_switch"));
   CHECK_THAT(err(R"({"base": "dgx-z"})"), Catch::Contains("unknown cluster preset 'dgx-z'"));

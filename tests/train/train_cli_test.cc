@@ -62,12 +62,16 @@ TEST_CASE("training the tiny model makes the loss fall clearly", "[train]") {
   REQUIRE(r.status == 0);
   auto l = losses(metrics);
   REQUIRE(l.size() == 60);
-  // Near uniform at initialisation; below it by what the tied head's
-  // self-similarity gives the source's repeated bytes (indentation).
-  CHECK(l.front() == Approx(std::log(256.0)).margin(0.25));
-  // The corpus is the checkout's own sources, so its content moves with
-  // every change: ask for a clear fall (1.5 nats below uniform), not a value.
-  CHECK(l.back() < std::log(256.0) - 1.5);
+  // Near uniform at initialisation; a little below ln 256 by how many repeated
+  // bytes (indentation) the first batch draws from the corpus, which is the
+  // tree's own sources: tied embeddings already favour repeating a byte.
+  CHECK(l.front() == Approx(std::log(256.0)).margin(0.3));
+  // The corpus's content moves with every change: ask for a clear fall
+  // (1.5 nats below uniform) of the last ten steps' mean, not of one
+  // 128-token batch's loss (which swings by ±0.5 from batch to batch).
+  double tail = 0;
+  for (std::size_t i = l.size() - 10; i < l.size(); ++i) tail += l[i] / 10;
+  CHECK(tail < std::log(256.0) - 1.5);
   std::ifstream in(metrics);
   std::string first;
   std::getline(in, first);

@@ -18,14 +18,15 @@ namespace fs = std::filesystem;
 namespace {
 ModelSpec tiny() { return *model_preset("tiny"); }
 
-// Values whose bits a lossy path would change: -0, a denormal, a NaN payload, ±Inf.
+// Values whose bits a lossy path would change: -0, denormals, the extremes.
+// (NaN and ±Inf are refused by the writer: see "non-finite values" below.)
 std::vector<float> tricky_values(float base) {
   return {base,
           -0.0f,
           std::numeric_limits<float>::denorm_min(),
-          std::bit_cast<float>(0x7fc01234u),
-          std::numeric_limits<float>::infinity(),
-          -std::numeric_limits<float>::infinity()};
+          -std::bit_cast<float>(0x00401234u),
+          std::numeric_limits<float>::max(),
+          -std::numeric_limits<float>::min()};
 }
 
 CheckpointWriter make_writer(std::int64_t step, float base) {
@@ -133,9 +134,10 @@ TEST_CASE("a crash mid-commit leaves the previous checkpoint loadable", "[checkp
   CHECK(c->meta.step == 1);
   CHECK(same_bits(c->tensors.at("rank0/wte").data, tricky_values(0.5f)));
 
-  // The next commit picks an unused payload name and clears the leftovers.
+  // The next commit clears the leftovers first (on a full disk they would hold
+  // the space it needs), then writes its own payload.
   REQUIRE(make_writer(2, 4.0f).commit(dir.path().string()).ok());
-  CHECK(payload_files(dir.path()) == std::vector<std::string>{"payload-2-1.bin"});
+  CHECK(payload_files(dir.path()) == std::vector<std::string>{"payload-2-0.bin"});
   CHECK_FALSE(fs::exists(dir / "manifest.json.tmp"));
   CHECK(load_checkpoint(dir.path().string())->meta.step == 2);
 }
@@ -256,4 +258,25 @@ TEST_CASE("an unusable checkpoint directory is reported before training", "[chec
   REQUIRE(probe_checkpoint_dir(nested).ok());
   CHECK(fs::is_directory(nested));
   CHECK(fs::is_empty(nested));  // the probe file is gone
+}
+
+TEST_CASE("non-finite values are never checkpointed; the previous checkpoint stays", "[checkpoint]") {
+  TempDir dir;
+  REQUIRE(make_writer(1, 0.5f).commit(dir.path().string()).ok());
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                    -std::numeric_limits<float>::infinity()}) {
+    CheckpointWriter w = make_writer(2, 0.5f);
+    std::vector<float> poisoned = tricky_values(1.f);
+    poisoned[3] = bad;
+    REQUIRE(w.add_tensor("rank0/poisoned", {6}, poisoned).ok());
+    auto s = w.commit(dir.path().string());
+    REQUIRE_FALSE(s.ok());
+    CHECK_THAT(s.error().message(), Catch::Contains("checkpoint tensor 'rank0/poisoned' holds") &&
+                                        Catch::Contains("at element 3 of 6") &&
+                                        Catch::Contains("the previous one in '" + dir.path().string() + "' stays the last"));
+    auto c = load_checkpoint(dir.path().string());
+    REQUIRE(c.ok());
+    CHECK(c->meta.step == 1);
+    CHECK(payload_files(dir.path()).size() == 1);
+  }
 }

@@ -19,14 +19,31 @@ namespace meshtrain::cpu {
 // Elements per task: large enough that TBB's overhead (~1 µs) is noise.
 inline constexpr std::int64_t kGrain = 16384;
 
+// ThreadSanitizer cannot see the synchronisation inside libtbb (not
+// instrumented) and reports TBB's own task objects as races. A TSan build
+// (./setup.sh test --sanitize thread) therefore runs the chunks in order on
+// the calling thread: the partition, and so every bit, is the same, and TSan
+// checks meshtrain's own threads (ranks as threads, the communicators).
+#if defined(__SANITIZE_THREAD__)
+inline constexpr bool kSerialChunks = true;
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+inline constexpr bool kSerialChunks = true;
+#else
+inline constexpr bool kSerialChunks = false;
+#endif
+#else
+inline constexpr bool kSerialChunks = false;
+#endif
+
 // Calls f(begin, end) for the fixed chunks [i·chunk, min(n, (i+1)·chunk)).
 template <class F>
 void for_chunks(std::int64_t n, std::int64_t chunk, F&& f) {
   if (n <= 0) return;
   chunk = std::max<std::int64_t>(chunk, 1);
   const std::int64_t chunks = (n + chunk - 1) / chunk;
-  if (chunks == 1) {
-    f(std::int64_t{0}, n);
+  if (chunks == 1 || kSerialChunks) {
+    for (std::int64_t c = 0; c < chunks; ++c) f(c * chunk, std::min(n, (c + 1) * chunk));
     return;
   }
   tbb::parallel_for(

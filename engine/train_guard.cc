@@ -1,0 +1,127 @@
+#include "engine/train_guard.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <numeric>
+
+#include <fmt/format.h>
+
+#include "core/host_memory.h"
+#include "core/json_input.h"
+#include "engine/memory_model.h"
+#include "engine/stop_request.h"
+#include "models/parameters.h"
+
+namespace meshtrain {
+
+namespace {
+
+// The id no group of `mesh` has: the mesh numbers its groups 0, 1, 2, ...
+int free_group_id(const Mesh& mesh) {
+  int id = 0;
+  for (int k = 0; k < kGroupKinds; ++k) id += static_cast<int>(mesh.groups(static_cast<GroupKind>(k)).size());
+  return id;
+}
+
+}  // namespace
+
+void warn(std::string_view message) {
+  std::fflush(stdout);
+  fmt::print(stderr, "meshtrain train: warning: {}\n", message);
+}
+
+Status check_train_memory(const TrainOptions& o, const ModelSpec& m, const Plan& p, int host_ranks) {
+  if (host_ranks <= 0) return ok_status();
+  // Each rank here holds its stage's parameters, gradients, AdamW state and
+  // activations (memory_model.h), its copy of the data, and when
+  // checkpointing the gathered full state (parameters and both moments).
+  std::error_code ec;
+  const auto file_bytes = std::filesystem::file_size(o.data, ec);
+  const double data_bytes = ec ? 0 : static_cast<double>(file_bytes);
+  const double full_state =
+      o.checkpoint_dir.empty() ? 0 : 3.0 * static_cast<double>(count_parameters(m).total) * sizeof(float);
+  double bytes = 0;
+  const int per_stage = p.world_size() / p.pp;
+  for (int stage = 0; stage < p.pp; ++stage) {
+    const double rank_bytes = memory_per_rank(m, p, stage, meshtrain_layout(p)).total() + data_bytes + full_state;
+    bytes = host_ranks == 1 ? std::max(bytes, rank_bytes) : bytes + rank_bytes * per_stage;
+  }
+  return check_host_memory(
+      bytes,
+      fmt::format("training model '{}' on the cpu backend with {} rank{} in this process", m.name, host_ranks,
+                  host_ranks == 1 ? "" : "s"),
+      "use a smaller model, --micro-batch or --seq-len, --recompute full, more pipeline stages, or spread the "
+      "ranks over processes (mpirun)");
+}
+
+nlohmann::json run_record(const TrainOptions& o, const std::string& data_path, std::span<const std::uint8_t> data) {
+  return {{"data", {{"path", data_path}, {"bytes", data.size()}, {"crc32", checkpoint_crc32(data)}}},
+          {"steps", o.steps},
+          {"lr", o.lr},
+          {"min_lr", o.min_lr},
+          {"warmup", warmup_steps(o)},
+          {"dropout", o.step.dropout},
+          {"weight_decay", o.step.optimizer.weight_decay},
+          {"grad_clip", o.step.optimizer.max_grad_norm}};
+}
+
+Status check_resume(const CheckpointMeta& meta, const TrainOptions& o, const nlohmann::json& run, bool leader) {
+  const std::string& dir = o.checkpoint_dir;
+  if (meta.step > o.steps)
+    return make_error("the checkpoint in '{}' is at step {}, beyond --steps {}; resume with --steps {} or more to "
+                      "continue it", dir, meta.step, o.steps, meta.step + 1);
+  if (o.stop_at > 0 && o.stop_at <= meta.step)
+    return make_error("--stop-at {} is not after the checkpoint's step {} in '{}'; pass a later --stop-at",
+                      o.stop_at, meta.step, dir);
+  const nlohmann::json& was = meta.run;
+  if (!was.is_object()) return ok_status();  // written before checkpoints recorded their run
+  // The same bytes are the same data, wherever the file now lies.
+  const nlohmann::json& b = run["data"];
+  const nlohmann::json a = was.contains("data") && was["data"].is_object() ? was["data"] : nlohmann::json::object();
+  if (was.contains("data") && (a.value("bytes", nlohmann::json()) != b["bytes"] ||
+                               a.value("crc32", nlohmann::json()) != b["crc32"])) {
+    return make_error("the checkpoint in '{}' was trained on --data {} ({} bytes, crc32 {}), this run reads {} ({} "
+                      "bytes, crc32 {}); the data loader's position refers to the first: resume with that --data, "
+                      "or start a new run in another --checkpoint directory",
+                      dir, json_excerpt(a.value("path", nlohmann::json())), json_excerpt(a.value("bytes", nlohmann::json())),
+                      json_excerpt(a.value("crc32", nlohmann::json())), json_excerpt(b["path"]), json_excerpt(b["bytes"]),
+                      json_excerpt(b["crc32"]));
+  }
+  if (!leader) return ok_status();
+  std::string changes;
+  for (const char* key : {"steps", "lr", "min_lr", "warmup", "dropout", "weight_decay", "grad_clip"}) {
+    if (!was.contains(key) || was[key] == run[key]) continue;
+    changes += fmt::format("{}{} {} (was {})", changes.empty() ? "" : ", ", key, json_excerpt(run[key]),
+                           json_excerpt(was[key]));
+  }
+  if (!changes.empty())
+    warn(fmt::format("resuming '{}' at step {} with {}; the run continues under the new settings", dir, meta.step,
+                     changes));
+  return ok_status();
+}
+
+StopVote::StopVote(Backend& b, const Mesh& mesh) : b_(b), flag_(b.empty(Shape{1})) {
+  world_.id = free_group_id(mesh);
+  world_.ranks.resize(static_cast<std::size_t>(mesh.world_size()));
+  std::iota(world_.ranks.begin(), world_.ranks.end(), 0);
+}
+
+Result<int> StopVote::agree() {
+  float v = static_cast<float>(stop_signal());
+  if (world_.size() > 1) {
+    b_.write(flag_, std::span<const float>(&v, 1));
+    b_.all_reduce(flag_, world_, ReduceOp::max);
+    MT_TRY(b_.read(flag_, std::span<float>(&v, 1)));
+  }
+  const int signal = static_cast<int>(v);
+  if (signal != 0) request_stop(signal);
+  return signal;
+}
+
+Status StopVote::barrier() {
+  if (world_.size() > 1) b_.barrier(world_);
+  return b_.synchronize();
+}
+
+}  // namespace meshtrain
