@@ -59,6 +59,7 @@ void CpuBackend::gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp&
            b.shape().str(), op.trans_b ? "ᵀ" : "", c.shape().str());
   if (bias) expect_numel(op.bias, n, "gemm", "bias");
   if (error_) return;
+  const auto threads = on_threads();
   cpu::gemm(op.trans_a, op.trans_b, m, n, k, op.alpha, pa, pb, op.beta, pc, bias);
 }
 
@@ -77,6 +78,7 @@ void CpuBackend::batched_gemm(const Tensor& a, const Tensor& b, Tensor& c, const
     misuse("batched_gemm: a {} b {} c {} do not fit", sa.str(), sb.str(), sc.str());
   if (bias) expect_numel(op.bias, n, "batched_gemm", "bias");
   if (error_) return;
+  const auto threads = on_threads();
   const std::int64_t L = sa[0];
   cpu::for_chunks(L, std::max<std::int64_t>(1, cpu::kGrain / std::max<std::int64_t>(m * n * k, 1)),
                   [&](std::int64_t begin, std::int64_t end) {
@@ -91,6 +93,7 @@ void CpuBackend::bias_backward(const Tensor& dy, Tensor& db) {
   float* pdb = f32(db, "bias_backward");
   const std::int64_t n = db.numel(), m = rows_of(dy, n, "bias_backward");
   if (error_) return;
+  const auto threads = on_threads();
   cpu::bias_backward(m, n, pdy, pdb);
 }
 
@@ -104,6 +107,7 @@ void CpuBackend::embedding_forward(const Tensor& table, const Tensor& ids, Tenso
   const Matrix mt = as_matrix(table, "embedding_forward");
   expect_numel(out, ids.numel() * mt.cols, "embedding_forward", "out");
   if (error_) return;
+  const auto threads = on_threads();
   cpu::embedding_forward(ids.numel(), mt.cols, mt.rows, vocab_offset, pt, pi, po);
 }
 
@@ -115,6 +119,7 @@ void CpuBackend::embedding_backward(const Tensor& dout, const Tensor& ids, Tenso
   const Matrix mt = as_matrix(dtable, "embedding_backward");
   expect_numel(dout, ids.numel() * mt.cols, "embedding_backward", "dout");
   if (error_) return;
+  const auto threads = on_threads();
   cpu::embedding_backward(ids.numel(), mt.cols, mt.rows, vocab_offset, pd, pi, pt);
 }
 
@@ -131,6 +136,7 @@ void CpuBackend::layernorm_forward(const Tensor& x, const Tensor& weight, const 
   const float *px = f32(x, op), *pw = f32(weight, op), *pb = f32(bias, op);
   float *po = f32(out, op), *pm = f32(mean, op), *pr = f32(rstd, op);
   if (error_) return;
+  const auto threads = on_threads();
   cpu::layernorm_forward(N, C, px, pw, pb, po, pm, pr, eps);
 }
 
@@ -149,6 +155,7 @@ void CpuBackend::layernorm_backward(const Tensor& dout, const Tensor& x, const T
               *pr = f32(rstd, op);
   float *pdx = f32(dx, op), *pdw = f32(dweight, op), *pdb = f32(dbias, op);
   if (error_) return;
+  const auto threads = on_threads();
   cpu::layernorm_backward(N, C, pd, px, pw, pm, pr, pdx, pdw, pdb);
 }
 
@@ -161,6 +168,7 @@ void CpuBackend::rmsnorm_forward(const Tensor& x, const Tensor& weight, Tensor& 
   const float *px = f32(x, op), *pw = f32(weight, op);
   float *po = f32(out, op), *pr = f32(rstd, op);
   if (error_) return;
+  const auto threads = on_threads();
   cpu::rmsnorm_forward(N, C, px, pw, po, pr, eps);
 }
 
@@ -175,6 +183,7 @@ void CpuBackend::rmsnorm_backward(const Tensor& dout, const Tensor& x, const Ten
   const float *pd = f32(dout, op), *px = f32(x, op), *pw = f32(weight, op), *pr = f32(rstd, op);
   float *pdx = f32(dx, op), *pdw = f32(dweight, op);
   if (error_) return;
+  const auto threads = on_threads();
   cpu::rmsnorm_backward(N, C, pd, px, pw, pr, pdx, pdw);
 }
 
@@ -185,6 +194,7 @@ void CpuBackend::gelu_forward(const Tensor& x, Tensor& out) {
   float* po = f32(out, "gelu_forward");
   expect_numel(out, x.numel(), "gelu_forward", "out");
   if (error_) return;
+  const auto threads = on_threads();
   cpu::gelu_forward(x.numel(), px, po);
 }
 
@@ -194,6 +204,7 @@ void CpuBackend::gelu_backward(const Tensor& dout, const Tensor& x, Tensor& dx) 
   expect_numel(dout, x.numel(), "gelu_backward", "dout");
   expect_numel(dx, x.numel(), "gelu_backward", "dx");
   if (error_) return;
+  const auto threads = on_threads();
   cpu::gelu_backward(x.numel(), pd, px, pdx);
 }
 
@@ -204,6 +215,7 @@ void CpuBackend::swiglu_forward(const Tensor& x, Tensor& out) {
   if (mx.cols % 2 != 0) misuse("swiglu_forward: x {} must be (N, 2F)", x.shape().str());
   expect_numel(out, x.numel() / 2, "swiglu_forward", "out");
   if (error_) return;
+  const auto threads = on_threads();
   cpu::swiglu_forward(mx.rows, mx.cols / 2, px, po);
 }
 
@@ -215,6 +227,7 @@ void CpuBackend::swiglu_backward(const Tensor& dout, const Tensor& x, Tensor& dx
   expect_numel(dout, x.numel() / 2, "swiglu_backward", "dout");
   expect_numel(dx, x.numel(), "swiglu_backward", "dx");
   if (error_) return;
+  const auto threads = on_threads();
   cpu::swiglu_backward(mx.rows, mx.cols / 2, pd, px, pdx);
 }
 
@@ -230,6 +243,7 @@ void CpuBackend::dropout_forward(const Tensor& x, Tensor& out, const DropoutOp& 
   expect_numel(out, x.numel(), "dropout_forward", "out");
   expect_probability(op.p, "dropout_forward");
   if (error_) return;
+  const auto threads = on_threads();
   cpu::dropout(x.numel(), px, po, op.p, op.seed, op.offset);
 }
 
@@ -239,6 +253,7 @@ void CpuBackend::dropout_backward(const Tensor& dout, Tensor& dx, const DropoutO
   expect_numel(dx, dout.numel(), "dropout_backward", "dx");
   expect_probability(op.p, "dropout_backward");
   if (error_) return;
+  const auto threads = on_threads();
   cpu::dropout(dout.numel(), pd, pdx, op.p, op.seed, op.offset);
 }
 
@@ -252,6 +267,7 @@ void CpuBackend::rope(Tensor& x, int heads_total, int rotate_heads, float theta,
     misuse("rope: x {} must be (B, T, {}, D) with D even, rotating {} heads", s.str(), heads_total,
            rotate_heads);
   if (error_) return;
+  const auto threads = on_threads();
   cpu::rope(s[0], s[1], heads_total, rotate_heads, s[3], theta, inverse, px);
 }
 
@@ -275,6 +291,7 @@ void CpuBackend::attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse,
   const float* pq = f32(qkv, name);
   float *po = f32(out, name), *pl = f32(lse, name);
   if (error_) return;
+  const auto threads = on_threads();
   cpu::attention_forward(d, op.scale, pq, po, pl);
 }
 
@@ -290,6 +307,7 @@ void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
               *pl = f32(lse, name);
   float* pdq = f32(dqkv, name);
   if (error_) return;
+  const auto threads = on_threads();
   cpu::attention_backward(d, op.scale, pd, pq, po, pl, pdq);
 }
 
@@ -301,6 +319,7 @@ void CpuBackend::cross_entropy_max(const Tensor& logits, Tensor& row_max) {
   const Matrix ml = as_matrix(logits, "cross_entropy_max");
   expect_numel(row_max, ml.rows, "cross_entropy_max", "row_max");
   if (error_) return;
+  const auto threads = on_threads();
   cpu::cross_entropy_max(ml.rows, ml.cols, pl, pm);
 }
 
@@ -317,6 +336,7 @@ void CpuBackend::cross_entropy_partials(const Tensor& logits, const Tensor& targ
   const std::int32_t* pt = i32(targets, op);
   float *ps = f32(sumexp, op), *ptl = f32(target_logit, op);
   if (error_) return;
+  const auto threads = on_threads();
   cpu::cross_entropy_partials(ml.rows, ml.cols, pl, pt, pm, vocab_offset, ps, ptl);
 }
 
@@ -330,6 +350,7 @@ void CpuBackend::cross_entropy_loss(const Tensor& row_max, const Tensor& sumexp,
   const float *pm = f32(row_max, op), *ps = f32(sumexp, op), *pt = f32(target_logit, op);
   float* pl = f32(losses, op);
   if (error_) return;
+  const auto threads = on_threads();
   cpu::cross_entropy_loss(N, pm, ps, pt, pl);
 }
 
@@ -346,6 +367,7 @@ void CpuBackend::cross_entropy_backward(const Tensor& logits, const Tensor& targ
   const std::int32_t* pt = i32(targets, op);
   float* pd = f32(dlogits, op);
   if (error_) return;
+  const auto threads = on_threads();
   cpu::cross_entropy_backward(ml.rows, ml.cols, pl, pt, pm, ps, vocab_offset, dloss, pd);
 }
 
@@ -357,6 +379,7 @@ void CpuBackend::clip_coefficient(const Tensor& sumsq, float max_norm, Tensor& c
   expect_numel(sumsq, 1, "clip_coefficient", "sumsq");
   expect_numel(coef, 1, "clip_coefficient", "coef");
   if (error_) return;
+  const auto threads = on_threads();
   *pc = cpu::clip_coefficient(*ps, max_norm);
 }
 
@@ -375,6 +398,7 @@ void CpuBackend::adamw(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, 
     pc = f32(coef, "adamw");
   }
   if (error_) return;
+  const auto threads = on_threads();
   const cpu::AdamWParams p{op.lr, op.beta1, op.beta2, op.eps, op.weight_decay, op.step};
   cpu::adamw(n, pp, pg, pm, pv, pc ? *pc : 1.0f, p);
 }

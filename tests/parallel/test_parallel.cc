@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "backends/cpu/comm/in_process.h"
+#include "backends/cpu/threads.h"
 #include "tests/parallel/parallel_harness.h"
 
 using namespace meshtrain;
@@ -17,12 +18,14 @@ struct PlanRun {
   std::vector<RankRun> ranks;
 };
 
-PlanRun run_plan(const ModelSpec& m, const Plan& p) {
+// `threads` per rank; 0: the cores shared out among the ranks, as `meshtrain train` does.
+PlanRun run_plan(const ModelSpec& m, const Plan& p, int threads = 0) {
   PlanRun out;
   out.ranks.resize(static_cast<std::size_t>(p.world_size()));
   REQUIRE(validate_plan(p, m).ok());
+  const int per_rank = threads > 0 ? threads : cpu::threads_per_rank(p.world_size());
   const Status s = run_ranks(p.world_size(), [&](int rank, Communicator& comm) -> Status {
-    CpuBackend b(comm);
+    CpuBackend b(comm, CpuBackendOptions{per_rank});
     return run_rank(b, m, p, out.ranks[static_cast<std::size_t>(rank)]);
   });
   INFO((s.ok() ? std::string() : s.error().message()));
@@ -169,6 +172,24 @@ TEST_CASE("the same plan twice gives identical bits", "[parallel][determinism]")
     CHECK(a.ranks[0].grad_norms == b.ranks[0].grad_norms);
     CHECK(a.ranks[0].eval_loss == b.ranks[0].eval_loss);
     CHECK(a.ranks[0].state == b.ranks[0].state);
+  }
+}
+
+TEST_CASE("the same plan on 1 or 3 threads per rank gives identical bits", "[parallel][determinism][threads]") {
+  // Wide enough that every GEMM is cut into tiles and AdamW into many chunks.
+  ModelSpec m = tiny_gpt();
+  m.name = "wide-1";
+  m.layers = 1, m.hidden = 256, m.heads = 4, m.ffn = 1024;
+  for (const Plan& p : {make_plan(1, 1, 1, 0, ScheduleKind::one_f_one_b), make_plan(2, 1, 2, 1, ScheduleKind::one_f_one_b)}) {
+    INFO(describe(p));
+    const PlanRun one = run_plan(m, p, 1);
+    for (int threads : {3}) {
+      INFO(threads << " threads per rank");
+      const PlanRun more = run_plan(m, p, threads);
+      CHECK(more.ranks[0].losses == one.ranks[0].losses);
+      CHECK(more.ranks[0].grad_norms == one.ranks[0].grad_norms);
+      CHECK(more.ranks[0].state == one.ranks[0].state);
+    }
   }
 }
 

@@ -3,12 +3,19 @@
 // Work is cut into chunks whose boundaries depend only on the problem size,
 // never on the number of threads; reductions sum per-chunk partials (in
 // double) sequentially in chunk order. That is what makes every kernel give
-// identical bits whatever tbb::global_control allows.
+// identical bits whatever the thread count (the backend's arena, or what
+// tbb::global_control allows).
+//
+// Which threads: a backend runs each op inside a ThreadScope naming its
+// rank's task arena, and every parallel loop of the op runs there; without a
+// scope (kernels called directly, as the tests' fp64 references are) loops
+// run in the calling thread's current arena.
 #pragma once
 
 #include <oneapi/tbb/blocked_range.h>
 #include <oneapi/tbb/parallel_for.h>
 #include <oneapi/tbb/partitioner.h>
+#include <oneapi/tbb/task_arena.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -18,6 +25,23 @@ namespace meshtrain::cpu {
 
 // Elements per task: large enough that TBB's overhead (~1 µs) is noise.
 inline constexpr std::int64_t kGrain = 16384;
+
+// The arena of the op running on this thread (ThreadScope); null outside one,
+// and inside the arena itself (loops nested in a parallel loop run where they are).
+inline thread_local tbb::task_arena* t_arena = nullptr;
+
+// Parallel loops of the ops issued on this thread while the scope lives run
+// on `arena`'s threads (null: the current arena). Scopes nest.
+class ThreadScope {
+ public:
+  explicit ThreadScope(tbb::task_arena* arena) : previous_(t_arena) { t_arena = arena; }
+  ~ThreadScope() { t_arena = previous_; }
+  ThreadScope(const ThreadScope&) = delete;
+  ThreadScope& operator=(const ThreadScope&) = delete;
+
+ private:
+  tbb::task_arena* previous_;
+};
 
 // Calls f(begin, end) for the fixed chunks [i·chunk, min(n, (i+1)·chunk)).
 template <class F>
@@ -29,13 +53,25 @@ void for_chunks(std::int64_t n, std::int64_t chunk, F&& f) {
     f(std::int64_t{0}, n);
     return;
   }
-  tbb::parallel_for(
-      tbb::blocked_range<std::int64_t>(0, chunks, 1),
-      [&](const tbb::blocked_range<std::int64_t>& r) {
-        for (std::int64_t c = r.begin(); c != r.end(); ++c)
-          f(c * chunk, std::min(n, (c + 1) * chunk));
-      },
-      tbb::simple_partitioner());
+  auto loop = [&] {
+    tbb::parallel_for(
+        tbb::blocked_range<std::int64_t>(0, chunks, 1),
+        [&](const tbb::blocked_range<std::int64_t>& r) {
+          for (std::int64_t c = r.begin(); c != r.end(); ++c)
+            f(c * chunk, std::min(n, (c + 1) * chunk));
+        },
+        tbb::simple_partitioner());
+  };
+  if (tbb::task_arena* arena = t_arena) {
+    const ThreadScope inside(nullptr);
+    if (arena->max_concurrency() == 1) {  // one thread: the loop, without entering the arena
+      for (std::int64_t c = 0; c < chunks; ++c) f(c * chunk, std::min(n, (c + 1) * chunk));
+      return;
+    }
+    arena->execute(loop);
+  } else {
+    loop();
+  }
 }
 
 // Rows of `cols` elements, grouped so that a task holds about kGrain elements.
