@@ -73,4 +73,26 @@ int Group::index_of(int global_rank) const {
   return static_cast<int>(it - ranks.begin());
 }
 
+// ---- default implementations ---------------------------------------------------
+
+Tensor Backend::zeros(const Shape& shape, DType dtype) {
+  Tensor t = empty(shape, dtype);
+  fill(t, 0.f);
+  return t;
+}
+
+void Backend::foreach_sum_squares(std::span<const Tensor> xs, Tensor& out) {
+  for (const Tensor& x : xs) sum_squares(x, out, true);
+}
+
+void Backend::foreach_adamw(std::span<const AdamWTensors> params, const Tensor& coef,
+                            const AdamWOp& op) {
+  for (const AdamWTensors& t : params) {
+    AdamWOp one = op;
+    one.weight_decay = t.weight_decay;
+    Tensor param = t.param, m = t.m, v = t.v;
+    adamw(param, t.grad, m, v, coef, one);
+  }
+}
+
 }  // namespace meshtrain

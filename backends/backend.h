@@ -165,6 +165,12 @@ struct DropoutOp {
   std::uint64_t offset = 0;
 };
 
+// One parameter of a multi-tensor AdamW step (Backend::foreach_adamw).
+struct AdamWTensors {
+  Tensor param, grad, m, v;  // fp32, same numel; param, m and v are updated in place
+  float weight_decay = 0.f;  // this parameter's, in place of AdamWOp::weight_decay
+};
+
 struct MemoryStats {
   std::int64_t live_bytes = 0;  // bytes of live tensor storage now
   std::int64_t peak_bytes = 0;  // max of live_bytes since the last reset_peak
@@ -181,6 +187,9 @@ class Backend {
   // ---- memory --------------------------------------------------------------
   // Uninitialised storage of `shape` (sim: no storage, only bookkeeping).
   virtual Tensor empty(const Shape& shape, DType dtype = DType::f32) = 0;
+  // Storage of `shape` holding zeros: empty + fill(0) unless an implementation
+  // has zeroed memory at hand (the cpu backend's fresh pages: nothing is written).
+  virtual Tensor zeros(const Shape& shape, DType dtype = DType::f32);
   virtual MemoryStats memory_stats() const = 0;
   virtual void reset_peak() = 0;
 
@@ -303,6 +312,16 @@ class Backend {
   // undefined Tensor for no clipping). param, m, v in place.
   virtual void adamw(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v,
                      const Tensor& coef, const AdamWOp& op) = 0;
+
+  // ---- multi-tensor versions: one op over many tensors (a gradient bucket's) --
+  // Each gives exactly the bits of the per-tensor calls it replaces (the
+  // default implementations make those calls); an implementation runs them as
+  // one pass, the cpu backend as one parallel loop.
+  // out (1) += Σ x² of xs[0], then of xs[1], ...: sum_squares(xs[i], out, true) in order.
+  virtual void foreach_sum_squares(std::span<const Tensor> xs, Tensor& out);
+  // adamw(t.param, t.grad, t.m, t.v, coef, op with t.weight_decay) for each t.
+  virtual void foreach_adamw(std::span<const AdamWTensors> params, const Tensor& coef,
+                             const AdamWOp& op);
 
   // ---- collectives (on the current stream; issued in the same order by every
   // member of the group). Reductions combine contributions in ascending rank

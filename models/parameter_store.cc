@@ -1,5 +1,6 @@
 #include "models/parameter_store.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -16,7 +17,7 @@ ParameterStore::ParameterStore(Backend& b, const ModelSpec& m, std::vector<Param
     numel_ += shapes_.back().numel();
   }
   if (storage.persistent_values) values_ = b.empty(Shape{numel_}, storage.value_dtype);
-  if (storage.persistent_grads) grads_ = b.empty(Shape{numel_});
+  if (storage.persistent_grads) grads_ = b.zeros(Shape{numel_});
   std::int64_t offset = 0;
   for (std::size_t i = 0; i < infos.size(); ++i) {
     const std::int64_t n = shapes_[i].numel();

@@ -29,18 +29,26 @@ namespace {
 
 class CpuStorage final : public Storage {
  public:
-  CpuStorage(std::shared_ptr<CpuBackend::Accounting> accounting, std::size_t bytes)
+  // `zeroed`: from calloc (which skips the writes for memory it knows is
+  // zero), aligned by hand; else aligned_alloc.
+  CpuStorage(std::shared_ptr<CpuBackend::Accounting> accounting, std::size_t bytes, bool zeroed)
       : accounting_(std::move(accounting)), bytes_(bytes) {
     if (bytes_ > 0) {
       constexpr std::size_t align = 64;
-      data_ =
-          static_cast<std::byte*>(std::aligned_alloc(align, (bytes_ + align - 1) / align * align));
-      if (data_ == nullptr) misuse("out of host memory allocating {} bytes", bytes_);
+      if (zeroed) {
+        base_ = std::calloc(bytes_ + align, 1);
+        const auto at = (reinterpret_cast<std::uintptr_t>(base_) + align - 1) / align * align;
+        data_ = reinterpret_cast<std::byte*>(at);
+      } else {
+        base_ = std::aligned_alloc(align, (bytes_ + align - 1) / align * align);
+        data_ = static_cast<std::byte*>(base_);
+      }
+      if (base_ == nullptr) misuse("out of host memory allocating {} bytes", bytes_);
     }
     accounting_->live += static_cast<std::int64_t>(bytes_);
   }
   ~CpuStorage() override {
-    std::free(data_);
+    std::free(base_);
     accounting_->live -= static_cast<std::int64_t>(bytes_);
   }
   CpuStorage(const CpuStorage&) = delete;
@@ -53,6 +61,7 @@ class CpuStorage final : public Storage {
  private:
   std::shared_ptr<CpuBackend::Accounting> accounting_;
   std::size_t bytes_;
+  void* base_ = nullptr;  // what the allocator returned
   std::byte* data_ = nullptr;
 };
 
@@ -131,14 +140,18 @@ CpuBackend::~CpuBackend() = default;
 
 // ---- memory ------------------------------------------------------------------
 
-Tensor CpuBackend::empty(const Shape& shape, DType dtype) {
+Tensor CpuBackend::allocate(const Shape& shape, DType dtype, bool zeroed, std::string_view op) {
   for (auto d : shape.dims())
-    if (d < 0) misuse("empty: negative dimension in {}", shape.str());
+    if (d < 0) misuse("{}: negative dimension in {}", op, shape.str());
   const auto bytes = static_cast<std::size_t>(shape.numel()) * dtype_size(dtype);
-  auto storage = std::make_shared<CpuStorage>(accounting_, bytes);
+  auto storage = std::make_shared<CpuStorage>(accounting_, bytes, zeroed);
   accounting_->peak = std::max(accounting_->peak, accounting_->live.load());
   return Tensor(std::move(storage), shape, dtype);
 }
+
+Tensor CpuBackend::empty(const Shape& shape, DType dtype) { return allocate(shape, dtype, false, "empty"); }
+
+Tensor CpuBackend::zeros(const Shape& shape, DType dtype) { return allocate(shape, dtype, true, "zeros"); }
 
 MemoryStats CpuBackend::memory_stats() const {
   return MemoryStats{accounting_->live.load(), accounting_->peak};

@@ -11,7 +11,9 @@
 //    is never given a thread count or a partition that depends on ours).
 //    Results are bitwise identical run after run and for any thread count.
 //  * Storage is a 64-byte aligned host buffer per tensor; memory_stats counts
-//    exactly the bytes of live storage (numel · dtype size).
+//    exactly the bytes of live storage (numel · dtype size). zeros() takes
+//    memory the C library already holds zeroed (calloc: fresh pages for large
+//    buffers), so nothing is written until first use.
 //  * bf16/f16 tensors hold 16-bit values (round to nearest even) for empty,
 //    fill, copy, cast, write and read; compute ops take fp32 and abort
 //    otherwise. i32 holds ids and targets.
@@ -62,6 +64,7 @@ class CpuBackend final : public Backend {
   int threads() const { return threads_; }
 
   Tensor empty(const Shape& shape, DType dtype = DType::f32) override;
+  Tensor zeros(const Shape& shape, DType dtype = DType::f32) override;
   MemoryStats memory_stats() const override;
   void reset_peak() override;
 
@@ -130,6 +133,9 @@ class CpuBackend final : public Backend {
   void clip_coefficient(const Tensor& sumsq, float max_norm, Tensor& coef) override;
   void adamw(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const Tensor& coef,
              const AdamWOp& op) override;
+  void foreach_sum_squares(std::span<const Tensor> xs, Tensor& out) override;
+  void foreach_adamw(std::span<const AdamWTensors> params, const Tensor& coef,
+                     const AdamWOp& op) override;
 
   void all_reduce(Tensor& x, const Group& g, ReduceOp op) override;
   void reduce_scatter(const Tensor& in, Tensor& out, const Group& g, ReduceOp op) override;
@@ -144,6 +150,7 @@ class CpuBackend final : public Backend {
   struct Accounting;  // shared with every storage this backend allocated
 
  private:
+  Tensor allocate(const Shape& shape, DType dtype, bool zeroed, std::string_view op);
   // Host bytes of t's first element; aborts on a foreign or undefined tensor.
   std::byte* bytes_of(const Tensor& t, std::string_view op) const;
   float* f32(const Tensor& t, std::string_view op) const;

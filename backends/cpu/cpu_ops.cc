@@ -403,4 +403,45 @@ void CpuBackend::adamw(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, 
   cpu::adamw(n, pp, pg, pm, pv, pc ? *pc : 1.0f, p);
 }
 
+void CpuBackend::foreach_sum_squares(std::span<const Tensor> xs, Tensor& out) {
+  float* po = f32(out, "foreach_sum_squares");
+  if (out.numel() != 1) misuse("foreach_sum_squares: out {} must have one element", out.shape().str());
+  std::vector<const float*> ptrs;
+  std::vector<std::int64_t> sizes;
+  for (const Tensor& x : xs) {
+    ptrs.push_back(f32(x, "foreach_sum_squares"));
+    sizes.push_back(x.numel());
+  }
+  if (error_) return;
+  const auto threads = on_threads();
+  std::vector<double> sums(xs.size());
+  cpu::foreach_sum_squares(xs.size(), ptrs.data(), sizes.data(), sums.data());
+  // As sum_squares(x, out, true) for each x in turn: every sum rounded to fp32 as it is added.
+  for (double s : sums) *po = static_cast<float>(static_cast<double>(*po) + s);
+}
+
+void CpuBackend::foreach_adamw(std::span<const AdamWTensors> params, const Tensor& coef,
+                               const AdamWOp& op) {
+  if (op.step < 1) misuse("foreach_adamw: step {} must be 1-based", op.step);
+  const float* pc = nullptr;
+  if (coef.defined()) {
+    expect_numel(coef, 1, "foreach_adamw", "coef");
+    pc = f32(coef, "foreach_adamw");
+  }
+  std::vector<cpu::AdamWArrays<float>> arrays;
+  for (const AdamWTensors& t : params) {
+    const std::int64_t n = t.param.numel();
+    expect_numel(t.grad, n, "foreach_adamw", "grad");
+    expect_numel(t.m, n, "foreach_adamw", "m");
+    expect_numel(t.v, n, "foreach_adamw", "v");
+    const cpu::AdamWParams p{op.lr, op.beta1, op.beta2, op.eps, t.weight_decay, op.step};
+    arrays.push_back({n, f32(t.param, "foreach_adamw"), f32(t.grad, "foreach_adamw"), f32(t.m, "foreach_adamw"),
+                      f32(t.v, "foreach_adamw"), cpu::AdamWStep<float>(p, 1.0f)});
+  }
+  if (error_) return;
+  const auto threads = on_threads();
+  for (auto& a : arrays) a.step.coef = pc ? *pc : 1.0f;
+  cpu::foreach_adamw(arrays);
+}
+
 }  // namespace meshtrain

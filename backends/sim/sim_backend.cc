@@ -269,6 +269,8 @@ Tensor SimBackend::empty(const Shape& shape, DType dtype) {
   return Tensor(std::make_shared<SimStorage>(accounting_, bytes), shape, dtype);
 }
 
+Tensor SimBackend::zeros(const Shape& shape, DType dtype) { return empty(shape, dtype); }
+
 MemoryStats SimBackend::memory_stats() const { return {accounting_->live, accounting_->peak}; }
 
 void SimBackend::reset_peak() { accounting_->peak = accounting_->live; }
@@ -579,6 +581,27 @@ void SimBackend::adamw(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, 
   check(param, "adamw"), check(grad, "adamw"), check(m, "adamw"), check(v, "adamw");
   // Reads param, grad, m, v and writes param, m, v.
   memory_op(op_name("adamw"), {&param, &grad, &m, &v, &param, &m, &v, &coef});
+}
+
+void SimBackend::foreach_sum_squares(std::span<const Tensor> xs, Tensor& out) {
+  check(out, "sum_squares");
+  double bytes = static_cast<double>(out.bytes());
+  for (const Tensor& x : xs) {
+    check(x, "sum_squares");
+    bytes += static_cast<double>(x.bytes());
+  }
+  compute(op_name("sum_squares"), cluster_.cost_.memory_bound(bytes, "sum_squares"));
+}
+
+void SimBackend::foreach_adamw(std::span<const AdamWTensors> params, const Tensor& coef,
+                               const AdamWOp&) {
+  // Per tensor as adamw counts it: reads param, grad, m, v and writes param, m, v; coef once.
+  double bytes = coef.defined() ? static_cast<double>(coef.bytes()) : 0.0;
+  for (const AdamWTensors& t : params) {
+    check(t.param, "adamw"), check(t.grad, "adamw"), check(t.m, "adamw"), check(t.v, "adamw");
+    bytes += static_cast<double>(2 * t.param.bytes() + t.grad.bytes() + 2 * t.m.bytes() + 2 * t.v.bytes());
+  }
+  compute(op_name("adamw"), cluster_.cost_.memory_bound(bytes, "adamw"));
 }
 
 void SimBackend::collective(sim::CollectiveKind kind, double bytes, const Group& g, int root) {

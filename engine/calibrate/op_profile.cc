@@ -56,6 +56,9 @@ void OpTimer::cross_entropy_loss(const Tensor& m, const Tensor& s, const Tensor&
 void OpTimer::cross_entropy_backward(const Tensor& l, const Tensor& t, const Tensor& m, const Tensor& s, std::int64_t off, float d, Tensor& dl) { timed("cross_entropy_backward", [&] { target().cross_entropy_backward(l, t, m, s, off, d, dl); }); }
 void OpTimer::clip_coefficient(const Tensor& s, float n, Tensor& c) { timed("clip_coefficient", [&] { target().clip_coefficient(s, n, c); }); }
 void OpTimer::adamw(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const Tensor& c, const AdamWOp& op) { timed("adamw", [&] { target().adamw(p, g, m, v, c, op); }); }
+// The multi-tensor ops under the names the simulator gives them.
+void OpTimer::foreach_sum_squares(std::span<const Tensor> xs, Tensor& o) { timed("sum_squares", [&] { target().foreach_sum_squares(xs, o); }); }
+void OpTimer::foreach_adamw(std::span<const AdamWTensors> ps, const Tensor& c, const AdamWOp& op) { timed("adamw", [&] { target().foreach_adamw(ps, c, op); }); }
 void OpTimer::write(Tensor& dst, std::span<const float> host) { timed("write", [&] { target().write(dst, host); }); }
 void OpTimer::write(Tensor& dst, std::span<const std::int32_t> host) { timed("write", [&] { target().write(dst, host); }); }
 // clang-format on

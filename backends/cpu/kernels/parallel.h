@@ -74,6 +74,22 @@ void for_chunks(std::int64_t n, std::int64_t chunk, F&& f) {
   }
 }
 
+// Chunk [begin, end) of array `array` among several arrays, each cut into the
+// kGrain chunks for_chunks would give it alone.
+struct ArrayChunk {
+  std::size_t array;
+  std::int64_t begin, end;
+};
+template <class Size>
+std::vector<ArrayChunk> array_chunks(std::size_t arrays, Size&& size_of) {
+  std::vector<ArrayChunk> out;
+  for (std::size_t a = 0; a < arrays; ++a) {
+    const std::int64_t n = size_of(a);
+    for (std::int64_t b = 0; b < n; b += kGrain) out.push_back({a, b, std::min(n, b + kGrain)});
+  }
+  return out;
+}
+
 // Rows of `cols` elements, grouped so that a task holds about kGrain elements.
 inline std::int64_t rows_per_chunk(std::int64_t cols) {
   return std::max<std::int64_t>(1, kGrain / std::max<std::int64_t>(cols, 1));
