@@ -171,6 +171,22 @@ struct AdamWTensors {
   float weight_decay = 0.f;  // this parameter's, in place of AdamWOp::weight_decay
 };
 
+// Counter-based normal initialisation (Backend::init_normal). x is viewed as
+// (rows, cols); columns [col, col + width) of row r draw the counters
+// counter + r·row_stride + (0 .. width-1). Runs are disjoint; elements no run
+// covers (a shard's padding) are 0.
+struct NormalInitOp {
+  std::uint64_t key = 0;  // the stream (one per parameter)
+  double stddev = 1.0;
+  std::int64_t cols = 0;
+  std::uint64_t row_stride = 0;
+  struct Run {
+    std::int64_t col = 0, width = 0;
+    std::uint64_t counter = 0;
+  };
+  std::vector<Run> runs;
+};
+
 struct MemoryStats {
   std::int64_t live_bytes = 0;  // bytes of live tensor storage now
   std::int64_t peak_bytes = 0;  // max of live_bytes since the last reset_peak
@@ -214,6 +230,13 @@ class Backend {
   virtual void wait(Stream s, Event e) = 0;
   // BLOCKS until all work issued on every stream has finished.
   virtual Status synchronize() = 0;
+
+  // Counter-based initialisation: x (any float dtype) = stddev · normal_at(key,
+  // counter) for each element a run of `op` covers, rounded to x's dtype, 0
+  // elsewhere; normal_at is backends/counter_rng.h's double-precision draw,
+  // and an implementation gives exactly its fp32 values (the default: drawn on
+  // the host with normal_at itself, then written).
+  virtual void init_normal(Tensor& x, const NormalInitOp& op);
 
   // ---- elementwise and small ops (current stream) ----------------------------
   virtual void fill(Tensor& x, float value) = 0;

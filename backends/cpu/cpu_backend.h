@@ -71,6 +71,7 @@ class CpuBackend final : public Backend {
   void write(Tensor& dst, std::span<const float> host) override;
   void write(Tensor& dst, std::span<const std::int32_t> host) override;
   Status read(const Tensor& src, std::span<float> host) override;
+  void init_normal(Tensor& x, const NormalInitOp& op) override;
 
   Stream create_stream(std::string_view name) override;
   void set_stream(Stream s) override;

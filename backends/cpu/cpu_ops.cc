@@ -10,6 +10,7 @@
 #include "backends/cpu/kernels/embedding.h"
 #include "backends/cpu/kernels/gemm.h"
 #include "backends/cpu/kernels/norm.h"
+#include "backends/cpu/kernels/normal.h"
 #include "backends/cpu/kernels/optimizer.h"
 #include "backends/cpu/kernels/rope.h"
 #include "backends/cpu/misuse.h"
@@ -442,6 +443,27 @@ void CpuBackend::foreach_adamw(std::span<const AdamWTensors> params, const Tenso
   const auto threads = on_threads();
   for (auto& a : arrays) a.step.coef = pc ? *pc : 1.0f;
   cpu::foreach_adamw(arrays);
+}
+
+// ---- initialisation ----------------------------------------------------------------------
+
+void CpuBackend::init_normal(Tensor& x, const NormalInitOp& op) {
+  if (x.dtype() != DType::f32) {  // 16-bit values: drawn on the host, rounded by write
+    Backend::init_normal(x, op);
+    return;
+  }
+  float* px = f32(x, "init_normal");
+  if (op.cols <= 0 || x.numel() % op.cols != 0)
+    misuse("init_normal: {} is not a whole number of rows of {}", x.shape().str(), op.cols);
+  std::int64_t end = 0;
+  for (const NormalInitOp::Run& r : op.runs)
+    if (r.col < end || r.width < 0 || r.col + r.width > op.cols)
+      misuse("init_normal: runs must be sorted, disjoint and within {} columns", op.cols);
+    else
+      end = r.col + r.width;
+  if (error_) return;
+  const auto threads = on_threads();
+  cpu::init_normal(op, x.numel(), px);
 }
 
 }  // namespace meshtrain

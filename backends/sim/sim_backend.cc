@@ -294,6 +294,8 @@ void SimBackend::write(Tensor& dst, std::span<const std::int32_t> host) {
     misuse("write: {} host values for a tensor of {}", host.size(), dst.numel());
 }
 
+void SimBackend::init_normal(Tensor& x, const NormalInitOp&) { check(x, "init_normal"); }
+
 Status SimBackend::read(const Tensor& src, std::span<float> host) {
   check(src, "read");
   if (host.size() != static_cast<std::size_t>(src.numel()))

@@ -197,6 +197,7 @@ class SimBackend final : public Backend {
 
   void write(Tensor& dst, std::span<const float> host) override;
   void write(Tensor& dst, std::span<const std::int32_t> host) override;
+  void init_normal(Tensor& x, const NormalInitOp& op) override;  // like write: no data, no time
   Status read(const Tensor& src, std::span<float> host) override;
 
   Stream create_stream(std::string_view name) override;

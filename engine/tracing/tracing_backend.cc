@@ -244,6 +244,10 @@ void TracingBackend::foreach_adamw(std::span<const AdamWTensors> params, const T
   timed("adamw", "compute", foreach_args_json(params.size(), bytes, nullptr),
         [&] { target().foreach_adamw(params, coef, op); });
 }
+void TracingBackend::init_normal(Tensor& x, const NormalInitOp& op) {
+  compute("init_normal", {&x}, [&] { target().init_normal(x, op); });
+}
+
 // ---- communication ----------------------------------------------------------------------
 
 void TracingBackend::all_reduce(Tensor& x, const Group& g, ReduceOp op) {
