@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backends/cpu/cpu_backend.h"
+#include "backends/cpu/threads.h"
 #include "engine/cli/plan_flags.h"
 #include "engine/cli/simulate_command.h"
 #include "engine/mesh.h"
@@ -89,14 +90,14 @@ Status print_op_profile(const std::string& workload, const std::string& calibrat
   batch.targets = batch.ids;
   const std::vector<HostBatch> microbatches(1, batch);
 
-  // `ranks` independent single-rank engines run at once, one thread each
-  // (the compute of dp replicas without their gradient sync); rank 0 reports.
+  // `ranks` independent single-rank engines run at once, each on its share of
+  // the cores (the compute of dp replicas without their gradient sync); rank 0 reports.
   std::vector<std::map<std::string, OpTotals>> totals(static_cast<std::size_t>(ranks));
   std::vector<double> step_s(static_cast<std::size_t>(ranks));
   std::vector<Status> status(static_cast<std::size_t>(ranks));
   auto body = [&](int rank) {
-    CpuBackend cpu;
-    OpTimer timer(cpu);
+    CpuBackend backend(CpuBackendOptions{cpu::threads_per_rank(ranks)});
+    OpTimer timer(backend);
     const Mesh mesh(mp.plan);
     StepEngine engine(timer, mp.model, mp.plan, mesh, StepOptions{});
     auto run_steps = [&](int first, int count) -> Status {
