@@ -34,6 +34,7 @@
 #include <cstdio>
 #include <ctime>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -135,14 +136,27 @@ void workload_shapes(const Workload& w, std::set<GemmShape>& gemm,
         ops.insert({op, n, c});
       }
     }
-    // The optimizer step runs the gradient norm and AdamW once per parameter
-    // tensor, from 64-element biases up: sizes far below the grid's smallest,
-    // where the per-call cost, not bandwidth, sets the time.
+    // The optimizer step runs the gradient norm and AdamW once per gradient
+    // bucket, over all its tensors: buckets of the default 4 MiB (2^20
+    // gradients) and the rest of the chunk (ZeRO 0/1), or one per layer
+    // (ZeRO 2/3); a per-tensor call (other backends' default) is the size
+    // of one parameter.
+    std::map<int, std::int64_t> layer_numel;
+    std::int64_t total = 0;
     for (const ParamInfo& p : parameter_table(m)) {
       const std::int64_t numel = shard_numel(m, p, tp, 1);
+      layer_numel[p.layer] += numel;
+      total += numel;
       ops.insert({"adamw", 1, numel});
       ops.insert({"sum_squares", 1, numel});
     }
+    std::vector<std::int64_t> buckets = {std::min<std::int64_t>(total, 1 << 20), total % (1 << 20)};
+    for (const auto& [layer, numel] : layer_numel) buckets.push_back(numel);
+    for (std::int64_t numel : buckets)
+      if (numel > 0) {
+        ops.insert({"adamw", 1, numel});
+        ops.insert({"sum_squares", 1, numel});
+      }
   }
 }
 
