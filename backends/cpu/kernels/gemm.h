@@ -53,15 +53,16 @@ struct GemmTiles {
 };
 
 // Tiles of about equal size, at most 256 × 256, more of them (down to 64
-// columns, then 32 rows) while there are fewer than 4 and each keeps >= 4
+// columns, then 32 rows) while there are fewer than 4 and each keeps >= 16
 // MFLOP, and an even number of them where that splits again: so that two or
 // four threads share them evenly. Rows are rounded up to multiples of 8 and
-// columns to 16 (the kernels' unrolls). A product under 4 MFLOP is one tile.
+// columns to 16 (the kernels' unrolls). A product under 16 MFLOP (0.1-0.2
+// ms on one core, a few thread wake-ups on the 2-core VM) is one tile.
 // Measured on the step's GEMMs (GPT-2 small, B=4 T=64, one thread): 1.02-1.04x
 // the time of whole calls with OpenBLAS's Haswell or Cooperlake kernels,
 // where 128 × 256 tiles took 1.10-1.17x (RESULTS.md).
 inline GemmTiles gemm_tiles(std::int64_t m, std::int64_t n, std::int64_t k) {
-  constexpr double kMinTileFlops = 4e6;
+  constexpr double kMinTileFlops = 16e6;
   constexpr std::int64_t kMaxSide = 256, kMinTiles = 4;
   auto flops = [k](std::int64_t rows, std::int64_t cols) {  // of one tile when cut so
     return 2.0 * static_cast<double>(k) * static_cast<double>(rows) * static_cast<double>(cols);
