@@ -8,8 +8,6 @@
 #include <cstdint>
 #include <cstring>
 
-#include <sys/mman.h>
-
 #include "backends/cpu/kernels/elementwise.h"
 #include "backends/cpu/kernels/gemm.h"
 #include "backends/cpu/kernels/half.h"
@@ -29,29 +27,14 @@ struct CpuBackend::Accounting {
 
 namespace {
 
-// Buffers from this size up are mapped by us (glibc maps them itself from 32
-// MiB anyway, and unmaps them when freed): aligned to 2 MiB and marked for
-// transparent huge pages, so that first touching them costs one fault per 2
-// MiB instead of per 4 KiB (on the 2-core VM: 0.26 s for 344 MB in 4 KiB
-// pages, 0.035 s in huge pages). Fresh mappings are zero.
-constexpr std::size_t kMappedBytes = std::size_t{32} << 20;
-constexpr std::size_t kHugePage = std::size_t{2} << 20;
-
 class CpuStorage final : public Storage {
  public:
-  // `zeroed`: the bytes start at zero (fresh mappings, or calloc, which skips
-  // the writes for memory it knows is zero); else they are undefined.
+  // `zeroed`: from calloc (which skips the writes for memory it knows is
+  // zero), aligned by hand; else aligned_alloc.
   CpuStorage(std::shared_ptr<CpuBackend::Accounting> accounting, std::size_t bytes, bool zeroed)
       : accounting_(std::move(accounting)), bytes_(bytes) {
-    constexpr std::size_t align = 64;
-    if (bytes_ >= kMappedBytes) {
-      mapped_ = (bytes_ + kHugePage - 1) / kHugePage * kHugePage + kHugePage;
-      base_ = mmap(nullptr, mapped_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-      if (base_ == MAP_FAILED) misuse("out of host memory mapping {} bytes", bytes_);
-      const auto at = (reinterpret_cast<std::uintptr_t>(base_) + kHugePage - 1) / kHugePage * kHugePage;
-      data_ = reinterpret_cast<std::byte*>(at);
-      madvise(data_, mapped_ - kHugePage, MADV_HUGEPAGE);  // advice only: ignored where THP is off
-    } else if (bytes_ > 0) {
+    if (bytes_ > 0) {
+      constexpr std::size_t align = 64;
       if (zeroed) {
         base_ = std::calloc(bytes_ + align, 1);
         const auto at = (reinterpret_cast<std::uintptr_t>(base_) + align - 1) / align * align;
@@ -65,10 +48,7 @@ class CpuStorage final : public Storage {
     accounting_->live += static_cast<std::int64_t>(bytes_);
   }
   ~CpuStorage() override {
-    if (mapped_ > 0)
-      munmap(base_, mapped_);
-    else
-      std::free(base_);
+    std::free(base_);
     accounting_->live -= static_cast<std::int64_t>(bytes_);
   }
   CpuStorage(const CpuStorage&) = delete;
@@ -81,8 +61,7 @@ class CpuStorage final : public Storage {
  private:
   std::shared_ptr<CpuBackend::Accounting> accounting_;
   std::size_t bytes_;
-  void* base_ = nullptr;    // what the allocator returned
-  std::size_t mapped_ = 0;  // bytes of our own mapping at base_ (0: from the C library)
+  void* base_ = nullptr;  // what the allocator returned
   std::byte* data_ = nullptr;
 };
 

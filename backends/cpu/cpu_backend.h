@@ -11,10 +11,9 @@
 //    is never given a thread count or a partition that depends on ours).
 //    Results are bitwise identical run after run and for any thread count.
 //  * Storage is a 64-byte aligned host buffer per tensor; memory_stats counts
-//    exactly the bytes of live storage (numel · dtype size). Buffers of 32
-//    MiB and more are fresh mappings in transparent huge pages. zeros() takes
-//    memory known to be zero (those mappings, or calloc's), so nothing is
-//    written until first use.
+//    exactly the bytes of live storage (numel · dtype size). zeros() takes
+//    memory the C library already holds zeroed (calloc: fresh pages for large
+//    buffers), so nothing is written until first use.
 //  * bf16/f16 tensors hold 16-bit values (round to nearest even) for empty,
 //    fill, copy, cast, write and read; compute ops take fp32 and abort
 //    otherwise. i32 holds ids and targets.
