@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "backends/counter_rng.h"
+
 namespace meshtrain {
 
 namespace {
@@ -71,6 +73,40 @@ int Group::index_of(int global_rank) const {
   auto it = std::lower_bound(ranks.begin(), ranks.end(), global_rank);
   if (it == ranks.end() || *it != global_rank) return -1;
   return static_cast<int>(it - ranks.begin());
+}
+
+// ---- default implementations ---------------------------------------------------
+
+Tensor Backend::zeros(const Shape& shape, DType dtype) {
+  Tensor t = empty(shape, dtype);
+  fill(t, 0.f);
+  return t;
+}
+
+void Backend::init_normal(Tensor& x, const NormalInitOp& op) {
+  std::vector<float> host(static_cast<std::size_t>(x.numel()), 0.f);
+  const std::int64_t cols = std::max<std::int64_t>(op.cols, 1), rows = x.numel() / cols;
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (const NormalInitOp::Run& run : op.runs)
+      for (std::int64_t j = 0; j < run.width; ++j)
+        host[static_cast<std::size_t>(r * cols + run.col + j)] = static_cast<float>(
+            op.stddev * normal_at(op.key, run.counter + static_cast<std::uint64_t>(r) * op.row_stride +
+                                              static_cast<std::uint64_t>(j)));
+  write(x, host);
+}
+
+void Backend::foreach_sum_squares(std::span<const Tensor> xs, Tensor& out) {
+  for (const Tensor& x : xs) sum_squares(x, out, true);
+}
+
+void Backend::foreach_adamw(std::span<const AdamWTensors> params, const Tensor& coef,
+                            const AdamWOp& op) {
+  for (const AdamWTensors& t : params) {
+    AdamWOp one = op;
+    one.weight_decay = t.weight_decay;
+    Tensor param = t.param, m = t.m, v = t.v;
+    adamw(param, t.grad, m, v, coef, one);
+  }
 }
 
 }  // namespace meshtrain

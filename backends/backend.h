@@ -181,6 +181,28 @@ struct DropoutOp {
   std::uint64_t offset = 0;
 };
 
+// One parameter of a multi-tensor AdamW step (Backend::foreach_adamw).
+struct AdamWTensors {
+  Tensor param, grad, m, v;  // fp32, same numel; param, m and v are updated in place
+  float weight_decay = 0.f;  // this parameter's, in place of AdamWOp::weight_decay
+};
+
+// Counter-based normal initialisation (Backend::init_normal). x is viewed as
+// (rows, cols); columns [col, col + width) of row r draw the counters
+// counter + r·row_stride + (0 .. width-1). Runs are disjoint; elements no run
+// covers (a shard's padding) are 0.
+struct NormalInitOp {
+  std::uint64_t key = 0;  // the stream (one per parameter)
+  double stddev = 1.0;
+  std::int64_t cols = 0;
+  std::uint64_t row_stride = 0;
+  struct Run {
+    std::int64_t col = 0, width = 0;
+    std::uint64_t counter = 0;
+  };
+  std::vector<Run> runs;
+};
+
 struct MemoryStats {
   std::int64_t live_bytes = 0;  // bytes of live tensor storage now
   std::int64_t peak_bytes = 0;  // max of live_bytes since the last reset_peak
@@ -197,6 +219,9 @@ class Backend {
   // ---- memory --------------------------------------------------------------
   // Uninitialised storage of `shape` (sim: no storage, only bookkeeping).
   virtual Tensor empty(const Shape& shape, DType dtype = DType::f32) = 0;
+  // Storage of `shape` holding zeros: empty + fill(0) unless an implementation
+  // has zeroed memory at hand (the cpu backend's fresh pages: nothing is written).
+  virtual Tensor zeros(const Shape& shape, DType dtype = DType::f32);
   virtual MemoryStats memory_stats() const = 0;
   virtual void reset_peak() = 0;
 
@@ -221,6 +246,13 @@ class Backend {
   virtual void wait(Stream s, Event e) = 0;
   // BLOCKS until all work issued on every stream has finished.
   virtual Status synchronize() = 0;
+
+  // Counter-based initialisation: x (any float dtype) = stddev · normal_at(key,
+  // counter) for each element a run of `op` covers, rounded to x's dtype, 0
+  // elsewhere; normal_at is backends/counter_rng.h's double-precision draw,
+  // and an implementation gives exactly its fp32 values (the default: drawn on
+  // the host with normal_at itself, then written).
+  virtual void init_normal(Tensor& x, const NormalInitOp& op);
 
   // ---- elementwise and small ops (current stream) ----------------------------
   virtual void fill(Tensor& x, float value) = 0;
@@ -334,6 +366,16 @@ class Backend {
   // undefined Tensor for no clipping). param, m, v in place.
   virtual void adamw(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v,
                      const Tensor& coef, const AdamWOp& op) = 0;
+
+  // ---- multi-tensor versions: one op over many tensors (a gradient bucket's) --
+  // Each gives exactly the bits of the per-tensor calls it replaces (the
+  // default implementations make those calls); an implementation runs them as
+  // one pass, the cpu backend as one parallel loop.
+  // out (1) += Σ x² of xs[0], then of xs[1], ...: sum_squares(xs[i], out, true) in order.
+  virtual void foreach_sum_squares(std::span<const Tensor> xs, Tensor& out);
+  // adamw(t.param, t.grad, t.m, t.v, coef, op with t.weight_decay) for each t.
+  virtual void foreach_adamw(std::span<const AdamWTensors> params, const Tensor& coef,
+                             const AdamWOp& op);
 
   // ---- collectives (on the current stream; issued in the same order by every
   // member of the group). Reductions combine contributions in ascending rank

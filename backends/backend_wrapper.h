@@ -19,6 +19,9 @@ class BackendWrapper : public Backend {
   Tensor empty(const Shape& shape, DType dtype = DType::f32) override {
     return target_.empty(shape, dtype);
   }
+  Tensor zeros(const Shape& shape, DType dtype = DType::f32) override {
+    return target_.zeros(shape, dtype);
+  }
   MemoryStats memory_stats() const override { return target_.memory_stats(); }
   void reset_peak() override { target_.reset_peak(); }
   void write(Tensor& dst, std::span<const float> host) override { target_.write(dst, host); }
@@ -30,6 +33,7 @@ class BackendWrapper : public Backend {
   Event record(Stream s) override { return target_.record(s); }
   void wait(Stream s, Event e) override { target_.wait(s, e); }
   Status synchronize() override { return target_.synchronize(); }
+  void init_normal(Tensor& x, const NormalInitOp& op) override { target_.init_normal(x, op); }
   void fill(Tensor& x, float value) override { target_.fill(x, value); }
   void copy(const Tensor& src, Tensor& dst) override { target_.copy(src, dst); }
   void cast(const Tensor& src, Tensor& dst) override { target_.cast(src, dst); }
@@ -129,6 +133,13 @@ class BackendWrapper : public Backend {
   void adamw(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const Tensor& coef,
              const AdamWOp& op) override {
     target_.adamw(param, grad, m, v, coef, op);
+  }
+  void foreach_sum_squares(std::span<const Tensor> xs, Tensor& out) override {
+    target_.foreach_sum_squares(xs, out);
+  }
+  void foreach_adamw(std::span<const AdamWTensors> params, const Tensor& coef,
+                     const AdamWOp& op) override {
+    target_.foreach_adamw(params, coef, op);
   }
   void all_reduce(Tensor& x, const Group& g, ReduceOp op) override { target_.all_reduce(x, g, op); }
   void reduce_scatter(const Tensor& in, Tensor& out, const Group& g, ReduceOp op) override {

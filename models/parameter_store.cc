@@ -1,5 +1,6 @@
 #include "models/parameter_store.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -16,7 +17,7 @@ ParameterStore::ParameterStore(Backend& b, const ModelSpec& m, std::vector<Param
     numel_ += shapes_.back().numel();
   }
   if (storage.persistent_values) values_ = b.empty(Shape{numel_}, storage.value_dtype);
-  if (storage.persistent_grads) grads_ = b.empty(Shape{numel_});
+  if (storage.persistent_grads) grads_ = b.zeros(Shape{numel_});
   std::int64_t offset = 0;
   for (std::size_t i = 0; i < infos.size(); ++i) {
     const std::int64_t n = shapes_[i].numel();
@@ -83,19 +84,57 @@ void ParameterStore::initialize(std::uint64_t seed) {
     const bool residual = name.ends_with("attn.out.weight") || name.ends_with("mlp.down.weight") ||
                           name.ends_with("moe.down");
     const double std = residual ? residual_std : 0.02;
-    const std::uint64_t key = mix64(seed) ^ hash_name(name);
-    std::vector<float> host(static_cast<std::size_t>(slot.value.numel()));
-    for (std::size_t i = 0; i < host.size(); ++i) {
-      if (is_bias) host[i] = 0.f;
-      else if (is_norm) host[i] = 1.f;
-      else {
-        const std::int64_t f = full_index(m_, slot.info, coord_, static_cast<std::int64_t>(i));
-        host[i] = f < 0 ? 0.f : static_cast<float>(std * normal_at(key, static_cast<std::uint64_t>(f)));
-      }
+    if (is_bias || is_norm) {
+      b_.fill(slot.value, is_bias ? 0.f : 1.f);
+      continue;
     }
-    b_.write(slot.value, host);
+    NormalInitOp draws = shard_draws(m_, slot.info, coord_);
+    draws.key = mix64(seed) ^ hash_name(name);
+    draws.stddev = std;
+    b_.init_normal(slot.value, draws);
   }
-  zero_grads();
+}
+
+NormalInitOp shard_draws(const ModelSpec& m, const ParamInfo& p, const ShardCoord& c) {
+  const std::vector<std::int64_t> local = shard_shape(m, p, c);
+  NormalInitOp op;
+  std::int64_t numel = 1;
+  for (auto d : local) numel *= d;
+  if (p.split == TpSplit::replicated && !p.expert) {  // the whole tensor, in order
+    op.cols = numel;
+    op.row_stride = static_cast<std::uint64_t>(numel);
+    op.runs.push_back({0, numel, 0});
+    return op;
+  }
+  // The split dimension d (an expert tensor's expert dimension when it is not otherwise split).
+  const std::size_t d = p.split == TpSplit::replicated ? 0 : (p.expert ? 1 : 0) + static_cast<std::size_t>(p.split_dim);
+  std::int64_t outer = 1, inner = 1;
+  for (std::size_t i = 0; i < d; ++i) outer *= local[i];
+  for (std::size_t i = d + 1; i < local.size(); ++i) inner *= local[i];
+  op.cols = local[d] * inner;
+  op.row_stride = static_cast<std::uint64_t>(p.shape[d] * inner);
+  // Only the expert dimension (outermost) differs before d: local row r is full row ep_rank·outer + r.
+  const std::int64_t first_row = p.expert && d > 0 ? c.ep_rank * outer : 0;
+  auto add = [&](std::int64_t local_begin, std::int64_t len, std::int64_t full_begin) {
+    if (len > 0)
+      op.runs.push_back({local_begin * inner, len * inner,
+                         static_cast<std::uint64_t>(first_row) * op.row_stride + static_cast<std::uint64_t>(full_begin * inner)});
+  };
+  if (p.split == TpSplit::replicated) {  // an expert tensor's experts
+    add(0, local[d], c.ep_rank * local[d]);
+  } else if (p.split == TpSplit::vocab) {  // one block, padded past the vocabulary
+    const std::int64_t begin = c.tp_rank * local[d];
+    add(0, std::min(local[d], p.shape[d] - begin), begin);
+  } else {  // this rank's piece of every segment
+    std::int64_t j = 0, segment_start = 0;
+    for (std::int64_t segment : p.segments) {
+      const std::int64_t piece = segment / c.tp;
+      add(j, piece, segment_start + c.tp_rank * piece);
+      j += piece;
+      segment_start += segment;
+    }
+  }
+  return op;
 }
 
 void ParameterStore::zero_grads() {

@@ -34,6 +34,12 @@ struct ParamSlot {
   std::int64_t numel = 0;    // elements of this rank's shard (also while unbound)
 };
 
+// How Backend::init_normal draws rank c's shard of p with the counters of
+// the full tensor (full_index): the shard viewed as (rows before the split
+// dimension) × (the rest), one run per piece of the split dimension that this
+// rank holds, the padding of a vocab split in no run. Key and stddev unset.
+NormalInitOp shard_draws(const ModelSpec& m, const ParamInfo& p, const ShardCoord& c);
+
 struct ParameterStorage {
   bool persistent_values = true;
   bool persistent_grads = true;
@@ -48,8 +54,10 @@ class ParameterStore {
 
   // GPT-2 initialisation: weights and embeddings N(0, 0.02), the residual
   // projections (attention output, MLP down) N(0, 0.02/√(2·layers)), norm
-  // weights 1, biases 0. Drawn per element with models/init.h. Writes the
-  // values of every bound slot and zeroes the persistent gradients.
+  // weights 1, biases 0. Element i of a parameter draws normal_at(key, i)
+  // (models/init.h: key from the seed and the name) through
+  // Backend::init_normal. Writes the values of every bound slot; the
+  // gradients are untouched (they start at zero: allocated with zeros()).
   void initialize(std::uint64_t seed);
   // Zeroes the persistent gradient buffer (nothing without one).
   void zero_grads();

@@ -38,8 +38,10 @@
 // still communicates at memory speed. The device defaults describe a 2-core 2.6 GHz AVX2/AVX-512 VM
 // (166 GFLOP/s fp32 peak, the same for bf16: no bf16 units; 24 GiB; 20 GB/s)
 // and are fallbacks only: `meshtrain calibrate --backend cpu` measures the
-// kernels, the link and the collectives, and the cores that ranks share
-// (simulate picks the measured ranks_sharing level for the plan's world).
+// kernels, the link and the collectives, and the cores that ranks share: a
+// plan of k rank threads gives each cores/k threads (`meshtrain train`, cpu
+// backend), calibrate measures each level k the same way, and simulate picks
+// the measured ranks_sharing level for the plan's ranks per node.
 //
 // Hop latencies (dgx-a100, dgx-h100, h200): NVLink 250 ns, PCIe 250 ns, NIC<->leaf 600 ns,
 // leaf<->spine 300 ns.

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
+#include <cstdint>
 #include <cstring>
 
 #include "backends/cpu/kernels/elementwise.h"
@@ -13,6 +14,7 @@
 #include "backends/collective_checks.h"
 #include "backends/cpu/misuse.h"
 #include "backends/half.h"
+#include "backends/cpu/threads.h"
 
 namespace meshtrain {
 
@@ -27,18 +29,26 @@ namespace {
 
 class CpuStorage final : public Storage {
  public:
-  CpuStorage(std::shared_ptr<CpuBackend::Accounting> accounting, std::size_t bytes)
+  // `zeroed`: from calloc (which skips the writes for memory it knows is
+  // zero), aligned by hand; else aligned_alloc.
+  CpuStorage(std::shared_ptr<CpuBackend::Accounting> accounting, std::size_t bytes, bool zeroed)
       : accounting_(std::move(accounting)), bytes_(bytes) {
     if (bytes_ > 0) {
       constexpr std::size_t align = 64;
-      data_ =
-          static_cast<std::byte*>(std::aligned_alloc(align, (bytes_ + align - 1) / align * align));
+      if (zeroed) {
+        base_ = std::calloc(bytes_ + align, 1);
+        const auto at = (reinterpret_cast<std::uintptr_t>(base_) + align - 1) / align * align;
+        data_ = base_ == nullptr ? nullptr : reinterpret_cast<std::byte*>(at);
+      } else {
+        base_ = std::aligned_alloc(align, (bytes_ + align - 1) / align * align);
+        data_ = static_cast<std::byte*>(base_);
+      }
     }
     // A failed allocation (data_ null) is the backend's sticky error, not an abort: see empty().
     if (!failed()) accounting_->live += static_cast<std::int64_t>(bytes_);
   }
   ~CpuStorage() override {
-    std::free(data_);
+    std::free(base_);
     if (!failed()) accounting_->live -= static_cast<std::int64_t>(bytes_);
   }
   bool failed() const { return bytes_ > 0 && data_ == nullptr; }
@@ -52,6 +62,7 @@ class CpuStorage final : public Storage {
  private:
   std::shared_ptr<CpuBackend::Accounting> accounting_;
   std::size_t bytes_;
+  void* base_ = nullptr;  // what the allocator returned
   std::byte* data_ = nullptr;
 };
 
@@ -102,27 +113,39 @@ void expect_same_numel(const Tensor& a, const Tensor& b, std::string_view op) {
 
 }  // namespace
 
-CpuBackend::CpuBackend() : accounting_(std::make_shared<Accounting>()) {
-  cpu::ensure_single_threaded_blas();
+CpuBackend::CpuBackend(CpuBackendOptions options) : accounting_(std::make_shared<Accounting>()) {
+  start_threads(options);
 }
 
-CpuBackend::CpuBackend(Communicator& comm)
+CpuBackend::CpuBackend(Communicator& comm, CpuBackendOptions options)
     : comm_(&comm),
       rank_(comm.rank()),
       world_size_(comm.world_size()),
       accounting_(std::make_shared<Accounting>()) {
+  start_threads(options);
+}
+
+void CpuBackend::start_threads(CpuBackendOptions options) {
   cpu::ensure_single_threaded_blas();
+  if (options.threads < 0) misuse("CpuBackend: {} threads", options.threads);
+  threads_ = options.threads > 0 ? options.threads : cpu::available_cores();
+  // TBB lets all arenas together use as many threads as cores, unless told otherwise.
+  const auto total = tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism);
+  if (static_cast<std::size_t>(threads_) > total)
+    allow_ = std::make_unique<tbb::global_control>(tbb::global_control::max_allowed_parallelism,
+                                                   static_cast<std::size_t>(threads_));
+  arena_ = std::make_unique<tbb::task_arena>(threads_);
 }
 
 CpuBackend::~CpuBackend() = default;
 
 // ---- memory ------------------------------------------------------------------
 
-Tensor CpuBackend::empty(const Shape& shape, DType dtype) {
+Tensor CpuBackend::allocate(const Shape& shape, DType dtype, bool zeroed, std::string_view op) {
   for (auto d : shape.dims())
-    if (d < 0) misuse("empty: negative dimension in {}", shape.str());
+    if (d < 0) misuse("{}: negative dimension in {}", op, shape.str());
   const auto bytes = static_cast<std::size_t>(shape.numel()) * dtype_size(dtype);
-  auto storage = std::make_shared<CpuStorage>(accounting_, bytes);
+  auto storage = std::make_shared<CpuStorage>(accounting_, bytes, zeroed);
   if (storage->failed() && !error_)
     note(make_error("out of host memory: cannot allocate {} bytes for a {} tensor {} (this rank holds {} bytes "
                     "already); use a smaller model, batch or sequence, or more ranks",
@@ -131,6 +154,10 @@ Tensor CpuBackend::empty(const Shape& shape, DType dtype) {
   accounting_->peak = std::max(accounting_->peak, accounting_->live.load());
   return Tensor(std::move(storage), shape, dtype);
 }
+
+Tensor CpuBackend::empty(const Shape& shape, DType dtype) { return allocate(shape, dtype, false, "empty"); }
+
+Tensor CpuBackend::zeros(const Shape& shape, DType dtype) { return allocate(shape, dtype, true, "zeros"); }
 
 MemoryStats CpuBackend::memory_stats() const {
   return MemoryStats{accounting_->live.load(), accounting_->peak};
@@ -172,6 +199,7 @@ void CpuBackend::write(Tensor& dst, std::span<const float> host) {
   if (static_cast<std::int64_t>(host.size()) != dst.numel())
     misuse("write: {} host values into a tensor {}", host.size(), dst.shape().str());
   if (error_) return;
+  const auto threads = on_threads();
   convert(DType::f32, reinterpret_cast<const std::byte*>(host.data()), dst.dtype(), d, dst.numel());
 }
 
@@ -180,6 +208,7 @@ void CpuBackend::write(Tensor& dst, std::span<const std::int32_t> host) {
   if (static_cast<std::int64_t>(host.size()) != dst.numel())
     misuse("write: {} host values into a tensor {}", host.size(), dst.shape().str());
   if (error_) return;
+  const auto threads = on_threads();
   if (dst.dtype() == DType::i32) {
     std::memcpy(d, host.data(), host.size_bytes());
     return;
@@ -192,6 +221,7 @@ Status CpuBackend::read(const Tensor& src, std::span<float> host) {
   if (static_cast<std::int64_t>(host.size()) != src.numel())
     misuse("read: a tensor {} into {} host values", src.shape().str(), host.size());
   if (error_) return *error_;
+  const auto threads = on_threads();
   convert(src.dtype(), s, DType::f32, reinterpret_cast<std::byte*>(host.data()), src.numel());
   return ok_status();
 }
@@ -225,6 +255,7 @@ Status CpuBackend::synchronize() {
 void CpuBackend::fill(Tensor& x, float value) {
   std::byte* p = bytes_of(x, "fill");
   if (error_) return;
+  const auto threads = on_threads();
   switch (x.dtype()) {
     case DType::f32:
       cpu::fill(x.numel(), reinterpret_cast<float*>(p), value);
@@ -249,6 +280,7 @@ void CpuBackend::copy(const Tensor& src, Tensor& dst) {
   if (src.dtype() != dst.dtype())
     misuse("copy: {} to {} (use cast)", dtype_name(src.dtype()), dtype_name(dst.dtype()));
   if (error_) return;
+  const auto threads = on_threads();
   const auto size = static_cast<std::int64_t>(dtype_size(src.dtype()));
   cpu::for_chunks(src.numel() * size, cpu::kGrain * 4, [&](std::int64_t b, std::int64_t e) {
     std::memmove(d + b, s + b, static_cast<std::size_t>(e - b));
@@ -263,6 +295,7 @@ void CpuBackend::cast(const Tensor& src, Tensor& dst) {
     misuse("cast: {} to {}; cast converts between float dtypes", dtype_name(src.dtype()),
            dtype_name(dst.dtype()));
   if (error_) return;
+  const auto threads = on_threads();
   convert(src.dtype(), s, dst.dtype(), d, src.numel());
 }
 
@@ -273,12 +306,14 @@ void CpuBackend::add(const Tensor& a, const Tensor& b, Tensor& out) {
   expect_same_numel(a, b, "add");
   expect_same_numel(a, out, "add");
   if (error_) return;
+  const auto threads = on_threads();
   cpu::add(a.numel(), pa, pb, po);
 }
 
 void CpuBackend::scale(Tensor& x, float alpha) {
   float* p = f32(x, "scale");
   if (error_) return;
+  const auto threads = on_threads();
   cpu::scale(x.numel(), p, alpha);
 }
 
@@ -287,6 +322,7 @@ void CpuBackend::axpy(float alpha, const Tensor& x, Tensor& y) {
   float* py = f32(y, "axpy");
   expect_same_numel(x, y, "axpy");
   if (error_) return;
+  const auto threads = on_threads();
   cpu::axpy(x.numel(), alpha, px, py);
 }
 
@@ -295,6 +331,7 @@ void CpuBackend::sum(const Tensor& x, Tensor& out, float scale, bool accumulate)
   float* po = f32(out, "sum");
   if (out.numel() != 1) misuse("sum: out {} must have one element", out.shape().str());
   if (error_) return;
+  const auto threads = on_threads();
   const double s = static_cast<double>(scale) * cpu::sum(x.numel(), px);
   *po = static_cast<float>(accumulate ? static_cast<double>(*po) + s : s);
 }
@@ -304,6 +341,7 @@ void CpuBackend::sum_squares(const Tensor& x, Tensor& out, bool accumulate) {
   float* po = f32(out, "sum_squares");
   if (out.numel() != 1) misuse("sum_squares: out {} must have one element", out.shape().str());
   if (error_) return;
+  const auto threads = on_threads();
   const double s = cpu::sum_squares(x.numel(), px);
   *po = static_cast<float>(accumulate ? static_cast<double>(*po) + s : s);
 }

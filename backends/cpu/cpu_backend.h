@@ -3,11 +3,17 @@
 // against.
 //
 // Beyond the contract of backends/backend.h:
-//  * Ops run eagerly on the issuing thread, parallel inside an op with oneTBB
-//    over fixed chunks, GEMM through single-threaded OpenBLAS. Results are
-//    bitwise identical run after run and for any TBB thread count.
+//  * Ops run eagerly on the issuing thread, parallel inside an op on this
+//    rank's own threads (a oneTBB task arena of CpuBackendOptions::threads)
+//    over chunks whose bounds depend on the shapes only; a GEMM is cut into
+//    fixed tiles, each one call of single-threaded OpenBLAS (whose results
+//    depend on its thread count and on the matrix sizes it is given, so it
+//    is never given a thread count or a partition that depends on ours).
+//    Results are bitwise identical run after run and for any thread count.
 //  * Storage is a 64-byte aligned host buffer per tensor; memory_stats counts
-//    exactly the bytes of live storage (numel · dtype size).
+//    exactly the bytes of live storage (numel · dtype size). zeros() takes
+//    memory the C library already holds zeroed (calloc: fresh pages for large
+//    buffers), so nothing is written until first use.
 //  * bf16/f16 tensors hold 16-bit values (round to nearest even) for empty,
 //    fill, copy, cast, write and read; compute ops take fp32 and abort
 //    otherwise. i32 holds ids and targets.
@@ -21,6 +27,9 @@
 //    all-to-all, send, recv).
 #pragma once
 
+#include <oneapi/tbb/global_control.h>
+#include <oneapi/tbb/task_arena.h>
+
 #include <memory>
 #include <optional>
 #include <string>
@@ -29,16 +38,24 @@
 #include "backends/backend.h"
 #include "backends/cpu/communicator.h"
 #include "backends/cpu/kernels/attention.h"
+#include "backends/cpu/kernels/parallel.h"
 
 namespace meshtrain {
+
+struct CpuBackendOptions {
+  // Threads that run this rank's ops (cpu/threads.h shares the cores out
+  // among a process's rank threads); 0: every core this process may use.
+  // More than the cores is allowed (TBB's limit is raised for it).
+  int threads = 0;
+};
 
 class CpuBackend final : public Backend {
  public:
   // The only rank of a world of one: every group is {0}.
-  CpuBackend();
+  explicit CpuBackend(CpuBackendOptions options = {});
   // Rank comm.rank() of comm.world_size(). `comm` must outlive the backend;
   // only this backend's issuing thread calls it.
-  explicit CpuBackend(Communicator& comm);
+  explicit CpuBackend(Communicator& comm, CpuBackendOptions options = {});
   ~CpuBackend() override;
   CpuBackend(const CpuBackend&) = delete;
   CpuBackend& operator=(const CpuBackend&) = delete;
@@ -46,14 +63,17 @@ class CpuBackend final : public Backend {
   std::string_view name() const override { return "cpu"; }
   int rank() const override { return rank_; }
   int world_size() const override { return world_size_; }
+  int threads() const { return threads_; }
 
   Tensor empty(const Shape& shape, DType dtype = DType::f32) override;
+  Tensor zeros(const Shape& shape, DType dtype = DType::f32) override;
   MemoryStats memory_stats() const override;
   void reset_peak() override;
 
   void write(Tensor& dst, std::span<const float> host) override;
   void write(Tensor& dst, std::span<const std::int32_t> host) override;
   Status read(const Tensor& src, std::span<float> host) override;
+  void init_normal(Tensor& x, const NormalInitOp& op) override;
 
   Stream create_stream(std::string_view name) override;
   void set_stream(Stream s) override;
@@ -120,6 +140,9 @@ class CpuBackend final : public Backend {
   void clip_coefficient(const Tensor& sumsq, float max_norm, Tensor& coef) override;
   void adamw(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const Tensor& coef,
              const AdamWOp& op) override;
+  void foreach_sum_squares(std::span<const Tensor> xs, Tensor& out) override;
+  void foreach_adamw(std::span<const AdamWTensors> params, const Tensor& coef,
+                     const AdamWOp& op) override;
 
   void all_reduce(Tensor& x, const Group& g, ReduceOp op) override;
   void reduce_scatter(const Tensor& in, Tensor& out, const Group& g, ReduceOp op) override;
@@ -134,6 +157,7 @@ class CpuBackend final : public Backend {
   struct Accounting;  // shared with every storage this backend allocated
 
  private:
+  Tensor allocate(const Shape& shape, DType dtype, bool zeroed, std::string_view op);
   // Host bytes of t's first element; aborts on a foreign or undefined tensor.
   std::byte* bytes_of(const Tensor& t, std::string_view op) const;
   float* f32(const Tensor& t, std::string_view op) const;
@@ -149,6 +173,9 @@ class CpuBackend final : public Backend {
   // Makes a failed collective's status the sticky error.
   void note(Status status, std::string_view op, const Group& g);
   void note(Status status, std::string_view where);
+  // Parallel loops of the op being issued run on this rank's threads while it lives.
+  cpu::ThreadScope on_threads() const { return cpu::ThreadScope(arena_.get()); }
+  void start_threads(CpuBackendOptions options);
 
   // Protected by nothing: one issuing thread (see backends/backend.h).
   Communicator* comm_ = nullptr;
@@ -159,6 +186,9 @@ class CpuBackend final : public Backend {
   Stream current_{};
   std::int64_t events_ = 0;
   std::optional<Error> error_;  // the sticky error of the first failed op
+  int threads_ = 1;
+  std::unique_ptr<tbb::task_arena> arena_;        // this rank's threads
+  std::unique_ptr<tbb::global_control> allow_;    // TBB's thread limit, raised past the cores
 };
 
 }  // namespace meshtrain

@@ -10,6 +10,7 @@
 #include "backends/cpu/kernels/embedding.h"
 #include "backends/cpu/kernels/gemm.h"
 #include "backends/cpu/kernels/norm.h"
+#include "backends/cpu/kernels/normal.h"
 #include "backends/cpu/kernels/optimizer.h"
 #include "backends/cpu/kernels/rope.h"
 #include "backends/cpu/misuse.h"
@@ -59,6 +60,7 @@ void CpuBackend::gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp&
            b.shape().str(), op.trans_b ? "ᵀ" : "", c.shape().str());
   if (bias) expect_numel(op.bias, n, "gemm", "bias");
   if (error_) return;
+  const auto threads = on_threads();
   cpu::gemm(op.trans_a, op.trans_b, m, n, k, op.alpha, pa, pb, op.beta, pc, bias);
 }
 
@@ -77,6 +79,7 @@ void CpuBackend::batched_gemm(const Tensor& a, const Tensor& b, Tensor& c, const
     misuse("batched_gemm: a {} b {} c {} do not fit", sa.str(), sb.str(), sc.str());
   if (bias) expect_numel(op.bias, n, "batched_gemm", "bias");
   if (error_) return;
+  const auto threads = on_threads();
   const std::int64_t L = sa[0];
   cpu::for_chunks(L, std::max<std::int64_t>(1, cpu::kGrain / std::max<std::int64_t>(m * n * k, 1)),
                   [&](std::int64_t begin, std::int64_t end) {
@@ -91,6 +94,7 @@ void CpuBackend::bias_backward(const Tensor& dy, Tensor& db) {
   float* pdb = f32(db, "bias_backward");
   const std::int64_t n = db.numel(), m = rows_of(dy, n, "bias_backward");
   if (error_) return;
+  const auto threads = on_threads();
   cpu::bias_backward(m, n, pdy, pdb);
 }
 
@@ -104,6 +108,7 @@ void CpuBackend::embedding_forward(const Tensor& table, const Tensor& ids, Tenso
   const Matrix mt = as_matrix(table, "embedding_forward");
   expect_numel(out, ids.numel() * mt.cols, "embedding_forward", "out");
   if (error_) return;
+  const auto threads = on_threads();
   cpu::embedding_forward(ids.numel(), mt.cols, mt.rows, vocab_offset, pt, pi, po);
 }
 
@@ -115,6 +120,7 @@ void CpuBackend::embedding_backward(const Tensor& dout, const Tensor& ids, Tenso
   const Matrix mt = as_matrix(dtable, "embedding_backward");
   expect_numel(dout, ids.numel() * mt.cols, "embedding_backward", "dout");
   if (error_) return;
+  const auto threads = on_threads();
   cpu::embedding_backward(ids.numel(), mt.cols, mt.rows, vocab_offset, pd, pi, pt);
 }
 
@@ -131,6 +137,7 @@ void CpuBackend::layernorm_forward(const Tensor& x, const Tensor& weight, const 
   const float *px = f32(x, op), *pw = f32(weight, op), *pb = f32(bias, op);
   float *po = f32(out, op), *pm = f32(mean, op), *pr = f32(rstd, op);
   if (error_) return;
+  const auto threads = on_threads();
   cpu::layernorm_forward(N, C, px, pw, pb, po, pm, pr, eps);
 }
 
@@ -149,6 +156,7 @@ void CpuBackend::layernorm_backward(const Tensor& dout, const Tensor& x, const T
               *pr = f32(rstd, op);
   float *pdx = f32(dx, op), *pdw = f32(dweight, op), *pdb = f32(dbias, op);
   if (error_) return;
+  const auto threads = on_threads();
   cpu::layernorm_backward(N, C, pd, px, pw, pm, pr, pdx, pdw, pdb);
 }
 
@@ -161,6 +169,7 @@ void CpuBackend::rmsnorm_forward(const Tensor& x, const Tensor& weight, Tensor& 
   const float *px = f32(x, op), *pw = f32(weight, op);
   float *po = f32(out, op), *pr = f32(rstd, op);
   if (error_) return;
+  const auto threads = on_threads();
   cpu::rmsnorm_forward(N, C, px, pw, po, pr, eps);
 }
 
@@ -175,6 +184,7 @@ void CpuBackend::rmsnorm_backward(const Tensor& dout, const Tensor& x, const Ten
   const float *pd = f32(dout, op), *px = f32(x, op), *pw = f32(weight, op), *pr = f32(rstd, op);
   float *pdx = f32(dx, op), *pdw = f32(dweight, op);
   if (error_) return;
+  const auto threads = on_threads();
   cpu::rmsnorm_backward(N, C, pd, px, pw, pr, pdx, pdw);
 }
 
@@ -185,6 +195,7 @@ void CpuBackend::gelu_forward(const Tensor& x, Tensor& out) {
   float* po = f32(out, "gelu_forward");
   expect_numel(out, x.numel(), "gelu_forward", "out");
   if (error_) return;
+  const auto threads = on_threads();
   cpu::gelu_forward(x.numel(), px, po);
 }
 
@@ -194,6 +205,7 @@ void CpuBackend::gelu_backward(const Tensor& dout, const Tensor& x, Tensor& dx) 
   expect_numel(dout, x.numel(), "gelu_backward", "dout");
   expect_numel(dx, x.numel(), "gelu_backward", "dx");
   if (error_) return;
+  const auto threads = on_threads();
   cpu::gelu_backward(x.numel(), pd, px, pdx);
 }
 
@@ -204,6 +216,7 @@ void CpuBackend::swiglu_forward(const Tensor& x, Tensor& out) {
   if (mx.cols % 2 != 0) misuse("swiglu_forward: x {} must be (N, 2F)", x.shape().str());
   expect_numel(out, x.numel() / 2, "swiglu_forward", "out");
   if (error_) return;
+  const auto threads = on_threads();
   cpu::swiglu_forward(mx.rows, mx.cols / 2, px, po);
 }
 
@@ -215,6 +228,7 @@ void CpuBackend::swiglu_backward(const Tensor& dout, const Tensor& x, Tensor& dx
   expect_numel(dout, x.numel() / 2, "swiglu_backward", "dout");
   expect_numel(dx, x.numel(), "swiglu_backward", "dx");
   if (error_) return;
+  const auto threads = on_threads();
   cpu::swiglu_backward(mx.rows, mx.cols / 2, pd, px, pdx);
 }
 
@@ -230,6 +244,7 @@ void CpuBackend::dropout_forward(const Tensor& x, Tensor& out, const DropoutOp& 
   expect_numel(out, x.numel(), "dropout_forward", "out");
   expect_probability(op.p, "dropout_forward");
   if (error_) return;
+  const auto threads = on_threads();
   cpu::dropout(x.numel(), px, po, op.p, op.seed, op.offset);
 }
 
@@ -239,6 +254,7 @@ void CpuBackend::dropout_backward(const Tensor& dout, Tensor& dx, const DropoutO
   expect_numel(dx, dout.numel(), "dropout_backward", "dx");
   expect_probability(op.p, "dropout_backward");
   if (error_) return;
+  const auto threads = on_threads();
   cpu::dropout(dout.numel(), pd, pdx, op.p, op.seed, op.offset);
 }
 
@@ -252,6 +268,7 @@ void CpuBackend::gather_rows(const Tensor& src, const Tensor& index, Tensor& out
   const Matrix ms = as_matrix(src, op);
   expect_numel(out, index.numel() * ms.cols, op, "out");
   if (error_) return;
+  const auto threads = on_threads();
   // The embedding lookup is this gather: rows outside [0, M) (the negative padding entries) read zeros.
   cpu::embedding_forward(index.numel(), ms.cols, ms.rows, 0, ps, pi, po);
 }
@@ -266,6 +283,7 @@ void CpuBackend::rope(Tensor& x, int heads_total, int rotate_heads, float theta,
     misuse("rope: x {} must be (B, T, {}, D) with D even, rotating {} heads", s.str(), heads_total,
            rotate_heads);
   if (error_) return;
+  const auto threads = on_threads();
   cpu::rope(s[0], s[1], heads_total, rotate_heads, s[3], theta, inverse, px);
 }
 
@@ -322,6 +340,7 @@ void CpuBackend::attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse,
   std::vector<float> bias;
   const cpu::ScoreTerms<float> terms = score_terms(op, d, name, bias);
   if (error_) return;
+  const auto threads = on_threads();
   cpu::attention_forward(d, op.scale, pq, po, pl, terms);
 }
 
@@ -342,6 +361,7 @@ void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
   float* pdb = op.bias.defined() ? f32(op.dbias, name) : nullptr;
   if (pdb != nullptr) expect_numel(op.dbias, d.T * d.T * d.H, name, "dbias (T, T, H)");
   if (error_) return;
+  const auto threads = on_threads();
   if (pdb == nullptr) return cpu::attention_backward(d, op.scale, pd, pq, po, pl, pdq, terms);
   // Every (b, h) score gradient is kept, then summed over b in ascending order
   // (in double) into the (T, T, H) layout: the same bits whatever the threads.
@@ -378,6 +398,7 @@ void CpuBackend::cross_entropy_max(const Tensor& logits, Tensor& row_max) {
   const Matrix ml = as_matrix(logits, "cross_entropy_max");
   expect_numel(row_max, ml.rows, "cross_entropy_max", "row_max");
   if (error_) return;
+  const auto threads = on_threads();
   cpu::cross_entropy_max(ml.rows, ml.cols, pl, pm);
 }
 
@@ -394,6 +415,7 @@ void CpuBackend::cross_entropy_partials(const Tensor& logits, const Tensor& targ
   const std::int32_t* pt = i32(targets, op);
   float *ps = f32(sumexp, op), *ptl = f32(target_logit, op);
   if (error_) return;
+  const auto threads = on_threads();
   cpu::cross_entropy_partials(ml.rows, ml.cols, pl, pt, pm, vocab_offset, ps, ptl);
 }
 
@@ -407,6 +429,7 @@ void CpuBackend::cross_entropy_loss(const Tensor& row_max, const Tensor& sumexp,
   const float *pm = f32(row_max, op), *ps = f32(sumexp, op), *pt = f32(target_logit, op);
   float* pl = f32(losses, op);
   if (error_) return;
+  const auto threads = on_threads();
   cpu::cross_entropy_loss(N, pm, ps, pt, pl);
 }
 
@@ -423,6 +446,7 @@ void CpuBackend::cross_entropy_backward(const Tensor& logits, const Tensor& targ
   const std::int32_t* pt = i32(targets, op);
   float* pd = f32(dlogits, op);
   if (error_) return;
+  const auto threads = on_threads();
   cpu::cross_entropy_backward(ml.rows, ml.cols, pl, pt, pm, ps, vocab_offset, dloss, pd);
 }
 
@@ -434,6 +458,7 @@ void CpuBackend::clip_coefficient(const Tensor& sumsq, float max_norm, Tensor& c
   expect_numel(sumsq, 1, "clip_coefficient", "sumsq");
   expect_numel(coef, 1, "clip_coefficient", "coef");
   if (error_) return;
+  const auto threads = on_threads();
   *pc = cpu::clip_coefficient(*ps, max_norm);
 }
 
@@ -452,8 +477,71 @@ void CpuBackend::adamw(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, 
     pc = f32(coef, "adamw");
   }
   if (error_) return;
+  const auto threads = on_threads();
   const cpu::AdamWParams p{op.lr, op.beta1, op.beta2, op.eps, op.weight_decay, op.step};
   cpu::adamw(n, pp, pg, pm, pv, pc ? *pc : 1.0f, p);
+}
+
+void CpuBackend::foreach_sum_squares(std::span<const Tensor> xs, Tensor& out) {
+  float* po = f32(out, "foreach_sum_squares");
+  if (out.numel() != 1) misuse("foreach_sum_squares: out {} must have one element", out.shape().str());
+  std::vector<const float*> ptrs;
+  std::vector<std::int64_t> sizes;
+  for (const Tensor& x : xs) {
+    ptrs.push_back(f32(x, "foreach_sum_squares"));
+    sizes.push_back(x.numel());
+  }
+  if (error_) return;
+  const auto threads = on_threads();
+  std::vector<double> sums(xs.size());
+  cpu::foreach_sum_squares(xs.size(), ptrs.data(), sizes.data(), sums.data());
+  // As sum_squares(x, out, true) for each x in turn: every sum rounded to fp32 as it is added.
+  for (double s : sums) *po = static_cast<float>(static_cast<double>(*po) + s);
+}
+
+void CpuBackend::foreach_adamw(std::span<const AdamWTensors> params, const Tensor& coef,
+                               const AdamWOp& op) {
+  if (op.step < 1) misuse("foreach_adamw: step {} must be 1-based", op.step);
+  const float* pc = nullptr;
+  if (coef.defined()) {
+    expect_numel(coef, 1, "foreach_adamw", "coef");
+    pc = f32(coef, "foreach_adamw");
+  }
+  std::vector<cpu::AdamWArrays<float>> arrays;
+  for (const AdamWTensors& t : params) {
+    const std::int64_t n = t.param.numel();
+    expect_numel(t.grad, n, "foreach_adamw", "grad");
+    expect_numel(t.m, n, "foreach_adamw", "m");
+    expect_numel(t.v, n, "foreach_adamw", "v");
+    const cpu::AdamWParams p{op.lr, op.beta1, op.beta2, op.eps, t.weight_decay, op.step};
+    arrays.push_back({n, f32(t.param, "foreach_adamw"), f32(t.grad, "foreach_adamw"), f32(t.m, "foreach_adamw"),
+                      f32(t.v, "foreach_adamw"), cpu::AdamWStep<float>(p, 1.0f)});
+  }
+  if (error_) return;
+  const auto threads = on_threads();
+  for (auto& a : arrays) a.step.coef = pc ? *pc : 1.0f;
+  cpu::foreach_adamw(arrays);
+}
+
+// ---- initialisation ----------------------------------------------------------------------
+
+void CpuBackend::init_normal(Tensor& x, const NormalInitOp& op) {
+  if (x.dtype() != DType::f32) {  // 16-bit values: drawn on the host, rounded by write
+    Backend::init_normal(x, op);
+    return;
+  }
+  float* px = f32(x, "init_normal");
+  if (op.cols <= 0 || x.numel() % op.cols != 0)
+    misuse("init_normal: {} is not a whole number of rows of {}", x.shape().str(), op.cols);
+  std::int64_t end = 0;
+  for (const NormalInitOp::Run& r : op.runs)
+    if (r.col < end || r.width < 0 || r.col + r.width > op.cols)
+      misuse("init_normal: runs must be sorted, disjoint and within {} columns", op.cols);
+    else
+      end = r.col + r.width;
+  if (error_) return;
+  const auto threads = on_threads();
+  cpu::init_normal(op, x.numel(), px);
 }
 
 }  // namespace meshtrain

@@ -65,11 +65,13 @@ class SimBackend final : public Backend {
   int world_size() const override { return world_size_; }
 
   Tensor empty(const Shape& shape, DType dtype = DType::f32) override;
+  Tensor zeros(const Shape& shape, DType dtype = DType::f32) override;  // empty: there is no data
   MemoryStats memory_stats() const override;
   void reset_peak() override;
 
   void write(Tensor& dst, std::span<const float> host) override;
   void write(Tensor& dst, std::span<const std::int32_t> host) override;
+  void init_normal(Tensor& x, const NormalInitOp& op) override;  // like write: no data, no time
   Status read(const Tensor& src, std::span<float> host) override;
 
   Stream create_stream(std::string_view name) override;
@@ -136,6 +138,10 @@ class SimBackend final : public Backend {
   void clip_coefficient(const Tensor& sumsq, float max_norm, Tensor& coef) override;
   void adamw(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const Tensor& coef,
              const AdamWOp& op) override;
+  // One op under the per-tensor op's name, timed by the bytes of all its tensors.
+  void foreach_sum_squares(std::span<const Tensor> xs, Tensor& out) override;
+  void foreach_adamw(std::span<const AdamWTensors> params, const Tensor& coef,
+                     const AdamWOp& op) override;
 
   void all_reduce(Tensor& x, const Group& g, ReduceOp op) override;
   void reduce_scatter(const Tensor& in, Tensor& out, const Group& g, ReduceOp op) override;

@@ -40,6 +40,10 @@ Tensor SimBackend::empty(const Shape& shape, DType dtype) {
   return Tensor(std::make_shared<SimStorage>(accounting_, bytes), shape, dtype);
 }
 
+Tensor SimBackend::zeros(const Shape& shape, DType dtype) { return empty(shape, dtype); }
+
+void SimBackend::init_normal(Tensor& x, const NormalInitOp&) { check(x, "init_normal"); }
+
 MemoryStats SimBackend::memory_stats() const { return {accounting_->live, accounting_->peak}; }
 
 void SimBackend::reset_peak() { accounting_->peak = accounting_->live; }

@@ -98,6 +98,26 @@ void SimBackend::embedding_forward(const Tensor& table, const Tensor& ids, Tenso
   // Reads one row per token, not the whole table.
   memory_op(op_name("embedding_forward"), {&ids, &out, &out});
 }
+void SimBackend::foreach_sum_squares(std::span<const Tensor> xs, Tensor& out) {
+  check(out, "sum_squares");
+  double bytes = static_cast<double>(out.bytes());
+  for (const Tensor& x : xs) {
+    check(x, "sum_squares");
+    bytes += static_cast<double>(x.bytes());
+  }
+  compute(op_name("sum_squares"), cluster_.cost_.memory_bound(bytes, "sum_squares"));
+}
+
+void SimBackend::foreach_adamw(std::span<const AdamWTensors> params, const Tensor& coef, const AdamWOp&) {
+  // Per tensor as adamw counts it: reads param, grad, m, v and writes param, m, v; coef once.
+  double bytes = coef.defined() ? static_cast<double>(coef.bytes()) : 0.0;
+  for (const AdamWTensors& t : params) {
+    check(t.param, "adamw"), check(t.grad, "adamw"), check(t.m, "adamw"), check(t.v, "adamw");
+    bytes += static_cast<double>(2 * t.param.bytes() + t.grad.bytes() + 2 * t.m.bytes() + 2 * t.v.bytes());
+  }
+  compute(op_name("adamw"), cluster_.cost_.memory_bound(bytes, "adamw"));
+}
+
 void SimBackend::gather_rows(const Tensor& src, const Tensor& index, Tensor& out) {
   check(src, "gather_rows"), check(index, "gather_rows"), check(out, "gather_rows");
   // Reads one source row per output row.

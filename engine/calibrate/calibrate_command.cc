@@ -12,8 +12,9 @@
 //    log-spaced grid of sizes plus the workloads' (tokens, width) shapes;
 //    copy also fills the by-bytes "memory" table.
 //  * each of those at every --sharing level k: k rank threads, each with its
-//    own backend, run the same op at once (ranks outnumbering or matching
-//    cores time-share them and their memory bandwidth).
+//    own backend of cores/k threads (as `meshtrain train` shares the cores
+//    out among its rank threads), run the same op at once (ranks
+//    outnumbering the cores time-share them and their memory bandwidth).
 //  * communication, in process (ranks as threads): every collective and
 //    send/recv for 2..--max-ranks members over a log-spaced range of sizes,
 //    and the link latency and bandwidth of send/recv.
@@ -33,6 +34,7 @@
 #include <cstdio>
 #include <ctime>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -50,6 +52,7 @@
 #include "backends/cpu/comm/in_process.h"
 #include "backends/cpu/comm/mpi_communicator.h"
 #include "backends/cpu/cpu_backend.h"
+#include "backends/cpu/threads.h"
 #include "backends/cuda/cuda_factory.h"
 #include "core/bounded.h"
 #include "core/host_memory.h"
@@ -210,7 +213,8 @@ Status measure_compute(int sharing, const std::vector<GemmShape>& gemm,
   ThreadBarrier barrier(sharing);
   std::vector<Status> status(static_cast<std::size_t>(sharing));
   auto body = [&](int rank) {
-    CpuBackend b;
+    // Each rank thread gets its share of the cores, as `meshtrain train` gives it.
+    CpuBackend b(CpuBackendOptions{cpu::threads_per_rank(sharing)});
     calibrate::Sync sync = sharing > 1 ? calibrate::Sync([&] { barrier.arrive_and_wait(); })
                                        : calibrate::Sync{};
     auto show = [&](const char* what, std::size_t total) {
@@ -262,7 +266,7 @@ Status measure_threads(int members, bool quick, const calibrate::Timing& timing,
   const std::vector<double> sizes = comm_sizes(quick);
   const std::size_t total = sizes.size() * (members == 2 ? 6 : 5);
   return run_ranks(members, [&](int rank, Communicator& comm) -> Status {
-    CpuBackend b(comm);
+    CpuBackend b(comm, CpuBackendOptions{cpu::threads_per_rank(members)});
     const Group g = world_group(members);
     auto show = [&](std::size_t done) {
       if (rank == 0) progress.show(fmt::format("collectives, {} threads", members), done, total);
@@ -413,7 +417,7 @@ Status run_calibrate(const CalibrateFlags& f) {
     // every kernel of an mpirun -np 2 calibration ~1.6x slower on 2 cores).
     MT_TRY(env->barrier_asleep());
     MT_ASSIGN(auto comm, MpiCommunicator::create(CommOptions{std::chrono::hours(2)}));
-    CpuBackend b(*comm);
+    CpuBackend b(*comm, CpuBackendOptions{cpu::threads_per_rank(cpu::mpi_ranks_sharing_cores())});
     const std::vector<double> sizes = comm_sizes(f.quick);
     auto show = [&](std::size_t done) {
       if (leader) progress.show(fmt::format("collectives, {} MPI ranks", env->world_size()), done,

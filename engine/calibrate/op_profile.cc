@@ -10,6 +10,7 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "engine/calibrate/workload.h"
+#include "backends/cpu/threads.h"
 #include "engine/cli/plan_flags.h"
 #include "engine/mesh.h"
 #include "engine/simulation.h"
@@ -59,6 +60,9 @@ void OpTimer::cross_entropy_backward(const Tensor& l, const Tensor& t, const Ten
 void OpTimer::cross_entropy_accuracy(const Tensor& m, const Tensor& tl, Tensor& c, bool acc) { timed("cross_entropy_accuracy", [&] { target().cross_entropy_accuracy(m, tl, c, acc); }); }
 void OpTimer::clip_coefficient(const Tensor& s, float n, Tensor& c) { timed("clip_coefficient", [&] { target().clip_coefficient(s, n, c); }); }
 void OpTimer::adamw(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const Tensor& c, const AdamWOp& op) { timed("adamw", [&] { target().adamw(p, g, m, v, c, op); }); }
+// The multi-tensor ops under the names the simulator gives them.
+void OpTimer::foreach_sum_squares(std::span<const Tensor> xs, Tensor& o) { timed("sum_squares", [&] { target().foreach_sum_squares(xs, o); }); }
+void OpTimer::foreach_adamw(std::span<const AdamWTensors> ps, const Tensor& c, const AdamWOp& op) { timed("adamw", [&] { target().foreach_adamw(ps, c, op); }); }
 void OpTimer::write(Tensor& dst, std::span<const float> host) { timed("write", [&] { target().write(dst, host); }); }
 void OpTimer::write(Tensor& dst, std::span<const std::int32_t> host) { timed("write", [&] { target().write(dst, host); }); }
 // clang-format on
@@ -78,14 +82,14 @@ Status print_op_profile(const std::string& workload, const std::string& calibrat
   const int seq = mp.plan.effective_seq_len(mp.model);
   const std::vector<HostBatch> microbatches(1, example_batch(mp.model, mp.plan.micro_batch, seq));
 
-  // `ranks` independent single-rank engines run at once, one thread each
-  // (the compute of dp replicas without their gradient sync); rank 0 reports.
+  // `ranks` independent single-rank engines run at once, each on its share of
+  // the cores (the compute of dp replicas without their gradient sync); rank 0 reports.
   std::vector<std::map<std::string, OpTotals>> totals(static_cast<std::size_t>(ranks));
   std::vector<double> step_s(static_cast<std::size_t>(ranks));
   std::vector<Status> status(static_cast<std::size_t>(ranks));
   auto body = [&](int rank) {
-    CpuBackend cpu;
-    OpTimer timer(cpu);
+    CpuBackend backend(CpuBackendOptions{cpu::threads_per_rank(ranks)});
+    OpTimer timer(backend);
     const Mesh mesh(mp.plan);
     StepEngine engine(timer, mp.model, mp.plan, mesh, StepOptions{});
     auto run_steps = [&](int first, int count) -> Status {

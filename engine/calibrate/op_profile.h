@@ -67,6 +67,8 @@ class OpTimer final : public BackendWrapper {
   void clip_coefficient(const Tensor& s, float n, Tensor& c) override;
   void adamw(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const Tensor& c,
              const AdamWOp& op) override;
+  void foreach_sum_squares(std::span<const Tensor> xs, Tensor& o) override;
+  void foreach_adamw(std::span<const AdamWTensors> ps, const Tensor& c, const AdamWOp& op) override;
   void write(Tensor& dst, std::span<const float> host) override;
   void write(Tensor& dst, std::span<const std::int32_t> host) override;
 

@@ -77,6 +77,17 @@ class ShapeRecorder final : public BackendWrapper {
     // measure.cc times AdamW on (1, numel) tensors, as the step runs it per parameter.
     out_.ops.insert({"adamw", 1, p.numel()}), target().adamw(p, g, m, v, c, a);
   }
+  // The multi-tensor forms run as one op over all their tensors: measured as one tensor of their total size.
+  void foreach_sum_squares(std::span<const Tensor> xs, Tensor& out) override {
+    std::int64_t n = 0;
+    for (const Tensor& x : xs) n += x.numel();
+    out_.ops.insert({"sum_squares", 1, n}), target().foreach_sum_squares(xs, out);
+  }
+  void foreach_adamw(std::span<const AdamWTensors> params, const Tensor& coef, const AdamWOp& a) override {
+    std::int64_t n = 0;
+    for (const AdamWTensors& t : params) n += t.param.numel();
+    out_.ops.insert({"adamw", 1, n}), target().foreach_adamw(params, coef, a);
+  }
   void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp& g) override {
     const auto [rows, cols] = matrix(c);
     const auto [a_rows, a_cols] = matrix(a);

@@ -10,6 +10,7 @@
 #include "backends/cpu/comm/in_process.h"
 #include "backends/cpu/comm/mpi_communicator.h"
 #include "backends/cpu/cpu_backend.h"
+#include "backends/cpu/threads.h"
 #include "backends/cuda/cuda_factory.h"
 #include "core/names.h"
 #include "engine/cli/bounded_flags.h"
@@ -31,7 +32,14 @@ struct TrainFlags {
   double comm_timeout_s = 300;
   std::string trace;  // empty: no trace
   bool quiet = false;
+  int threads = 0;  // cpu threads per rank; 0: the process's cores shared out among its ranks
 };
+
+// The cpu backend of a rank that shares this process's cores with
+// `ranks_sharing` ranks (threads of this process, or unbound MPI processes).
+CpuBackendOptions cpu_options(const TrainFlags& f, int ranks_sharing) {
+  return {f.threads > 0 ? f.threads : cpu::threads_per_rank(ranks_sharing)};
+}
 
 // The precisions a backend trains in: the cpu backend computes in fp32 only;
 // the cuda backend also in bf16 (fp32 master weights and optimizer state).
@@ -62,6 +70,7 @@ Status run_train(TrainFlags f) {
   const bool cuda = f.backend == "cuda";
   if (f.ranks != "threads" && f.ranks != "mpi")
     return Error(unknown_name_message("--ranks", f.ranks, {"threads", "mpi"}));
+  if (f.threads < 0) return make_error("--threads {} must be >= 0 (0: share out this process's cores)", f.threads);
   // fp32 is the cpu backend's default (and only choice); cuda keeps the plan's (bf16).
   if (!cuda && !f.plan.overrides.precision) f.plan.overrides.precision = "fp32";
   MT_ASSIGN(auto launch, detect_launch());
@@ -112,7 +121,7 @@ Status run_train(TrainFlags f) {
       auto made = MpiCommunicator::create(comm);
       if (!made.ok()) abort_job(made.error());
       communicator = std::move(made).value();
-      backend = std::make_unique<CpuBackend>(*communicator);
+      backend = std::make_unique<CpuBackend>(*communicator, cpu_options(f, cpu::mpi_ranks_sharing_cores()));
     }
     Status status = finish_trace(train_on(*backend), recorder, trace_path);
     // A stop that every rank agreed on ends each rank alike; any other failure stops the job.
@@ -127,14 +136,14 @@ Status run_train(TrainFlags f) {
     if (cuda) {
       MT_ASSIGN(backend, make_cuda_backend({.device = -1, .use_mpi = false, .comm_timeout = timeout}));
     } else {
-      backend = std::make_unique<CpuBackend>();
+      backend = std::make_unique<CpuBackend>(cpu_options(f, 1));
     }
     return finish_trace(train_on(*backend), recorder, f.trace);
   }
   Status status = run_ranks(
       mp.plan.world_size(),
       [&](int rank, Communicator& c) {
-        CpuBackend backend(c);
+        CpuBackend backend(c, cpu_options(f, mp.plan.world_size()));
         auto status = train_on(backend);
         if (!status.ok()) status.context(fmt::format("rank {}", rank));
         return status;
@@ -202,6 +211,9 @@ Command add_train_command(CLI::App& app) {
   sub->add_option("--trace", f->trace,
                   "write a Chrome trace of the run (one process per rank, one track per stream); "
                   "under MPI each rank writes FILE.rank<N>.json");
+  sub->add_option("--threads", f->threads,
+                  "cpu backend: threads per rank (default: this process's cores divided among its "
+                  "rank threads; results do not depend on it)");
   sub->add_flag("--quiet", f->quiet, "no progress lines");
   return {sub, [f] { return run_train(*f); }};
 }

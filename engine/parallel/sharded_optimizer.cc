@@ -8,10 +8,9 @@ ShardedAdamW::ShardedAdamW(Backend& b, ParameterStore& params, const GradientBuc
                            ParameterGather* gather, Stream comm)
     : b_(b), params_(params), buckets_(buckets), gather_(gather), comm_(comm) {
   const Shape shape{buckets.sharded() ? buckets.shard_numel() : params.numel()};
-  m_ = b.empty(shape);
-  v_ = b.empty(shape);
-  b.fill(m_, 0.f);
-  b.fill(v_, 0.f);
+  m_ = b.zeros(shape);
+  v_ = b.zeros(shape);
+  pieces_ = bucket_pieces();
   if (params.value_dtype() != DType::f32) {
     master_ = b.empty(shape);
     // The working copy holds the initial values: the master starts from them (exact for
@@ -41,6 +40,18 @@ void ShardedAdamW::for_each_piece(
   }
 }
 
+std::vector<std::vector<ShardedAdamW::Piece>> ShardedAdamW::bucket_pieces() {
+  const std::vector<ParamSlot>& slots = params_.slots();
+  std::vector<std::vector<Piece>> out(buckets_.buckets().size());
+  std::size_t k = 0;
+  for_each_piece([&](const ParamSlot& s, std::int64_t flat, std::int64_t n, std::int64_t local) {
+    // Pieces come in flat order: the bucket holding this one's first element is k or a later one.
+    while (k + 1 < out.size() && buckets_.buckets()[k + 1].begin <= flat) ++k;
+    out[k].push_back({static_cast<std::size_t>(&s - slots.data()), flat, n, local});
+  });
+  return out;
+}
+
 Tensor ShardedAdamW::working(std::int64_t flat, std::int64_t local, std::int64_t n) {
   if (gather_) return gather_->shards().slice(local, n);
   return params_.values().slice(flat, n);
@@ -53,23 +64,30 @@ Tensor ShardedAdamW::master(std::int64_t flat, std::int64_t local, std::int64_t 
 
 void ShardedAdamW::accumulate_sumsq(Tensor& out, const std::function<bool(const ParamSlot&)>& counts) {
   const Tensor& grads = buckets_.sharded() ? buckets_.shard_grads() : params_.grads();
-  for_each_piece([&](const ParamSlot& s, std::int64_t, std::int64_t n, std::int64_t local) {
-    if (counts(s)) b_.sum_squares(grads.slice(local, n), out, true);
-  });
+  for (const std::vector<Piece>& bucket : pieces_) {
+    std::vector<Tensor> xs;
+    for (const Piece& p : bucket)
+      if (counts(params_.slots()[p.slot])) xs.push_back(grads.slice(p.local, p.n));
+    if (!xs.empty()) b_.foreach_sum_squares(xs, out);
+  }
 }
 
 void ShardedAdamW::update(const AdamWOp& base, float weight_decay, const Tensor& coef) {
   const Tensor& grads = buckets_.sharded() ? buckets_.shard_grads() : params_.grads();
-  for_each_piece([&](const ParamSlot& s, std::int64_t flat, std::int64_t n, std::int64_t local) {
-    AdamWOp op = base;
-    op.weight_decay = s.info.weight_decay ? weight_decay : 0.f;
-    Tensor p = master(flat, local, n), m = m_.slice(local, n), v = v_.slice(local, n);
-    b_.adamw(p, grads.slice(local, n), m, v, coef, op);
-    if (master_.defined()) {
-      Tensor w = working(flat, local, n);
-      b_.cast(p, w);
+  for (const std::vector<Piece>& bucket : pieces_) {
+    std::vector<AdamWTensors> group;
+    for (const Piece& p : bucket) {
+      const float decay = params_.slots()[p.slot].info.weight_decay ? weight_decay : 0.f;
+      group.push_back({master(p.flat, p.local, p.n), grads.slice(p.local, p.n), m_.slice(p.local, p.n),
+                       v_.slice(p.local, p.n), decay});
     }
-  });
+    if (!group.empty()) b_.foreach_adamw(group, coef, base);
+    if (!master_.defined()) continue;
+    for (const Piece& p : bucket) {
+      Tensor w = working(p.flat, p.local, p.n);
+      b_.cast(master(p.flat, p.local, p.n), w);
+    }
+  }
   if (!buckets_.sharded() || gather_ || buckets_.group().size() == 1) return;
   // Every replica needs the whole chunk for the next forward.
   b_.wait(comm_, b_.record(b_.current_stream()));

@@ -36,11 +36,13 @@ class ShardedAdamW {
 
   // out (1) += Σ g² over the reduced gradients this rank holds (its shards, or
   // everything), for the parameters where `counts(slot)` is true, so that a
-  // sum over the right groups counts every parameter element once.
+  // sum over the right groups counts every parameter element once. One
+  // foreach_sum_squares per gradient bucket, over its pieces in flat order.
   void accumulate_sumsq(Tensor& out, const std::function<bool(const ParamSlot&)>& counts);
-  // One AdamW step with the clip coefficient `coef` (undefined: none); the
-  // weight decay applies to slots with info.weight_decay. Then refreshes the
-  // working copy and (ZeRO 1/2) all-gathers the parameters.
+  // One AdamW step with the clip coefficient `coef` (undefined: none), one
+  // foreach_adamw per gradient bucket; the weight decay applies to slots with
+  // info.weight_decay. Then refreshes the working copy and (ZeRO 1/2)
+  // all-gathers the parameters.
   void update(const AdamWOp& op, float weight_decay, const Tensor& coef);
 
   // The master values and the moments for every element of the chunk's flat
@@ -54,6 +56,13 @@ class ShardedAdamW {
   // Calls f(slot, flat offset, count, index into the rank's grad/state buffers)
   // for each piece of a slot that this rank updates.
   void for_each_piece(const std::function<void(const ParamSlot&, std::int64_t, std::int64_t, std::int64_t)>& f);
+  // The same pieces in the same order, grouped by bucket: sharded, a bucket's
+  // owned range cut at slots; else whole slots, each with the bucket it starts in.
+  struct Piece {
+    std::size_t slot;
+    std::int64_t flat, n, local;
+  };
+  std::vector<std::vector<Piece>> bucket_pieces();
   // The fp32 master of a piece, and the working copy it refreshes (the same when fp32).
   Tensor master(std::int64_t flat, std::int64_t local, std::int64_t n);
   Tensor working(std::int64_t flat, std::int64_t local, std::int64_t n);
@@ -71,6 +80,7 @@ class ShardedAdamW {
   Stream comm_;
   Tensor m_, v_;     // (numel) or (Σ k) when sharded
   Tensor master_;    // fp32 master under mixed precision, like m_; undefined in fp32
+  std::vector<std::vector<Piece>> pieces_;  // bucket_pieces()
 };
 
 }  // namespace meshtrain

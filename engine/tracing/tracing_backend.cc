@@ -30,6 +30,14 @@ std::string args_json(std::initializer_list<const Tensor*> tensors, double bytes
                      extra);
 }
 
+// The same for the tensors of a multi-tensor op: the shape of `out` only, and
+// "tensors": how many the op covers, the bytes of all of them.
+std::string foreach_args_json(std::size_t tensors, double bytes, const Tensor* out) {
+  return fmt::format(R"({{"shapes":[{}],"bytes":{:.0f},"tensors":{}}})",
+                     out != nullptr && out->defined() ? '"' + out->shape().str() + '"' : "null", bytes,
+                     tensors);
+}
+
 }  // namespace
 
 TracingBackend::TracingBackend(Backend& target, TraceRecorder& recorder)
@@ -228,6 +236,24 @@ void TracingBackend::adamw(Tensor& param, const Tensor& grad, Tensor& m, Tensor&
                            const Tensor& coef, const AdamWOp& op) {
   compute("adamw", {&param, &grad, &m, &v, &coef},
           [&] { target().adamw(param, grad, m, v, coef, op); });
+}
+
+void TracingBackend::foreach_sum_squares(std::span<const Tensor> xs, Tensor& out) {
+  double bytes = static_cast<double>(out.bytes());
+  for (const Tensor& x : xs) bytes += static_cast<double>(x.bytes());
+  timed("sum_squares", "compute", foreach_args_json(xs.size(), bytes, &out),
+        [&] { target().foreach_sum_squares(xs, out); });
+}
+void TracingBackend::foreach_adamw(std::span<const AdamWTensors> params, const Tensor& coef,
+                                   const AdamWOp& op) {
+  double bytes = coef.defined() ? static_cast<double>(coef.bytes()) : 0.0;
+  for (const AdamWTensors& t : params)
+    bytes += static_cast<double>(t.param.bytes() + t.grad.bytes() + t.m.bytes() + t.v.bytes());
+  timed("adamw", "compute", foreach_args_json(params.size(), bytes, nullptr),
+        [&] { target().foreach_adamw(params, coef, op); });
+}
+void TracingBackend::init_normal(Tensor& x, const NormalInitOp& op) {
+  compute("init_normal", {&x}, [&] { target().init_normal(x, op); });
 }
 
 // ---- communication ----------------------------------------------------------------------

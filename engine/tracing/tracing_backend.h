@@ -8,7 +8,9 @@
 // wait for its peers. On a backend that only enqueues (cuda) it is the issue
 // time, not device time; device timing would need events on the device.
 //
-// Traced: every compute op (category "compute"), write / read / synchronize
+// Traced: every compute op (category "compute"; the multi-tensor ops under
+// the name of the op they repeat, as the simulator names them, with
+// "tensors": their count), write / read / synchronize
 // ("host"), collectives (name and category as the simulator's:
 // "all_reduce", ...; a barrier is the one-element all_reduce the simulator
 // times it as, with "barrier": true in its args) and send / recv. Untraced,
@@ -99,6 +101,10 @@ class TracingBackend final : public BackendWrapper {
   void clip_coefficient(const Tensor& sumsq, float max_norm, Tensor& coef) override;
   void adamw(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const Tensor& coef,
              const AdamWOp& op) override;
+  void foreach_sum_squares(std::span<const Tensor> xs, Tensor& out) override;
+  void foreach_adamw(std::span<const AdamWTensors> params, const Tensor& coef,
+                     const AdamWOp& op) override;
+  void init_normal(Tensor& x, const NormalInitOp& op) override;
   void all_reduce(Tensor& x, const Group& g, ReduceOp op) override;
   void reduce_scatter(const Tensor& in, Tensor& out, const Group& g, ReduceOp op) override;
   void all_gather(const Tensor& in, Tensor& out, const Group& g) override;

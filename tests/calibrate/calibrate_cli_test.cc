@@ -1,6 +1,8 @@
 // meshtrain calibrate: the file it writes, and its errors.
 #include <catch2/catch.hpp>
 
+#include "models/parameters.h"
+
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -48,15 +50,17 @@ TEST_CASE("calibrate --quick writes a versioned calibration that states the mach
   CHECK(c->for_ranks_sharing(2).gemm_time(128, 192, 64, meshtrain::sim::DType::kFp32));
   CHECK(c->attention_backward_time(4 * 4, 32, 16, true));
   CHECK(c->op_time("gelu_forward", 1e5));
-  // The optimizer's per-tensor calls at their exact sizes, down to a 64-element
-  // bias (AdamW moves param, grad, m, v and writes param, m, v: 7 · 64 · 4
-  // bytes, plus the 4-byte clip coefficient).
+  // The optimizer's calls at their exact sizes, recorded from the workload's
+  // own step: one multi-tensor AdamW and gradient norm over the tiny model's
+  // one gradient bucket (AdamW moves param, grad, m, v and writes param, m, v:
+  // 7 · N · 4 bytes, plus the 4-byte clip coefficient).
   auto measured = [&](const char* op, double bytes) {
     return std::any_of(c->ops.begin(), c->ops.end(),
                        [&](const auto& o) { return o.op == op && o.bytes == bytes; });
   };
-  CHECK(measured("adamw", 7 * 64 * 4 + 4));
-  CHECK(measured("sum_squares", 64 * 4 + 4));
+  const double n = static_cast<double>(meshtrain::count_parameters(*meshtrain::model_preset("tiny")).total);
+  CHECK(measured("adamw", 7 * n * 4 + 4));
+  CHECK(measured("sum_squares", n * 4 + 4));
   CHECK(measured("bias_backward", 128 * 192 * 4 + 192 * 4));  // the qkv bias gradient
   for (const auto& g : c->gemm) {
     CHECK(g.spread.samples >= 3);

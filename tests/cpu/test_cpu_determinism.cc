@@ -1,8 +1,12 @@
-// Reductions give identical bits with one TBB thread and with two, and run
-// after run.
+// Reductions, GEMMs and the multi-tensor optimizer ops give identical bits
+// with one thread and with several, run after run; the multi-tensor ops give
+// the bits of the per-tensor ops they replace.
 #include <oneapi/tbb/global_control.h>
 
+#include <algorithm>
 #include <cstring>
+
+#include "backends/cpu/kernels/gemm.h"
 
 #include "tests/cpu/cpu_test_util.h"
 
@@ -79,4 +83,134 @@ TEST_CASE("cpu reductions are bitwise independent of the thread count", "[cpu]")
 }
 
 }  // namespace
+
+namespace {
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// c = op(a) op(b) (+ beta c, + bias) for shapes whose tile grids differ, on `threads` threads.
+std::vector<float> gemms(std::uint64_t seed, int threads) {
+  std::mt19937_64 rng(seed);
+  CpuBackend be(CpuBackendOptions{threads});
+  struct Case {
+    std::int64_t m, n, k;
+    bool ta, tb, bias;
+    float beta;
+  };
+  const Case cases[] = {{256, 2304, 96, false, false, true, 0.f},  // 10 tiles of 256 × 240, the last 144 wide
+                        {200, 300, 256, false, true, false, 1.f},  // 2 tiles, the second narrower
+                        {96, 192, 1024, true, false, false, 1.f},  // narrowed to 96 columns
+                        {64, 64, 16, true, true, true, 0.5f},      // one tile
+                        {1000, 40, 300, false, false, true, 0.f}};  // narrow: 4 row tiles
+  std::vector<float> all;
+  for (const Case& c : cases) {
+    const Vec a = testing::random_vec(rng, static_cast<std::size_t>(c.m * c.k));
+    const Vec b = testing::random_vec(rng, static_cast<std::size_t>(c.k * c.n));
+    const Vec c0 = testing::random_vec(rng, static_cast<std::size_t>(c.m * c.n));
+    const Vec bias = testing::random_vec(rng, static_cast<std::size_t>(c.n));
+    Tensor ta = upload(be, c.ta ? Shape{c.k, c.m} : Shape{c.m, c.k}, a);
+    Tensor tb = upload(be, c.tb ? Shape{c.n, c.k} : Shape{c.k, c.n}, b);
+    Tensor tc = upload(be, {c.m, c.n}, c0);
+    GemmOp op{c.ta, c.tb, 1.25f, c.beta, c.bias ? upload(be, {c.n}, bias) : Tensor{}};
+    be.gemm(ta, tb, tc, op);
+    const std::vector<float> v = testing::download_f32(be, tc);
+    all.insert(all.end(), v.begin(), v.end());
+  }
+  return all;
+}
+
+// Tensors of ragged sizes (one of several kGrain chunks), as a bucket holds them.
+const std::int64_t kSizes[] = {64, 16384 * 4, 5, 16384 * 3 + 77, 768, 16384};
+
+struct OptimizerState {
+  std::vector<float> sumsq, params, m, v;
+};
+
+// The gradient norm and two AdamW steps over kSizes, per tensor or as one multi-tensor op.
+OptimizerState optimizer(std::uint64_t seed, int threads, bool foreach) {
+  std::mt19937_64 rng(seed);
+  CpuBackend be(CpuBackendOptions{threads});
+  std::vector<Tensor> p, g, m, v;
+  for (std::int64_t n : kSizes) {
+    p.push_back(upload(be, {n}, testing::random_vec(rng, static_cast<std::size_t>(n))));
+    g.push_back(upload(be, {n}, testing::random_vec(rng, static_cast<std::size_t>(n), 1e-2)));
+    m.push_back(be.zeros({n}));
+    v.push_back(be.zeros({n}));
+  }
+  Tensor sumsq = upload(be, {1}, Vec{0.375}), coef = be.empty({1});
+  if (foreach) {
+    be.foreach_sum_squares(g, sumsq);
+  } else {
+    for (const Tensor& x : g) be.sum_squares(x, sumsq, true);
+  }
+  be.clip_coefficient(sumsq, 0.5f, coef);
+  for (std::int64_t step = 1; step <= 2; ++step) {
+    AdamWOp op{1e-3f, 0.9f, 0.95f, 1e-8f, 0.f, step};
+    std::vector<AdamWTensors> group;
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      const float decay = i % 2 == 0 ? 0.1f : 0.f;
+      if (foreach) {
+        group.push_back({p[i], g[i], m[i], v[i], decay});
+      } else {
+        AdamWOp one = op;
+        one.weight_decay = decay;
+        be.adamw(p[i], g[i], m[i], v[i], coef, one);
+      }
+    }
+    if (foreach) be.foreach_adamw(group, coef, op);
+  }
+  OptimizerState out;
+  out.sumsq = testing::download_f32(be, sumsq);
+  for (std::size_t i = 0; i < p.size(); ++i)
+    for (auto [t, dst] : {std::pair{&p[i], &out.params}, {&m[i], &out.m}, {&v[i], &out.v}}) {
+      const std::vector<float> x = testing::download_f32(be, *t);
+      dst->insert(dst->end(), x.begin(), x.end());
+    }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("GEMM tiles give the same bits on 1, 2 and 3 threads", "[cpu][gemm]") {
+  const std::uint64_t seed = testing::seed_for("gemm tiles");
+  const std::vector<float> one = gemms(seed, 1);
+  CHECK(same_bits(gemms(seed, 2), one));
+  CHECK(same_bits(gemms(seed, 3), one));
+}
+
+TEST_CASE("GEMM tiles are a function of the shape", "[cpu][gemm]") {
+  // The forward GEMMs of GPT-2 small at B=4, T=64: an even count of equal tiles, each >= 16 MFLOP.
+  const cpu::GemmTiles qkv = cpu::gemm_tiles(256, 2304, 768);  // 9 of 256 columns would be odd
+  CHECK((qkv.rows == 256 && qkv.cols == 240 && qkv.count() == 10));
+  const cpu::GemmTiles out = cpu::gemm_tiles(256, 768, 768);  // 3 of 256 would be under 4
+  CHECK((out.rows == 256 && out.cols == 192 && out.count() == 4));
+  const cpu::GemmTiles small = cpu::gemm_tiles(512, 192, 64);  // 12.6 MFLOP (the tiny model's qkv): one call
+  CHECK((small.count() == 1 && small.rows == 512 && small.cols == 192));
+}
+
+TEST_CASE("foreach_sum_squares and foreach_adamw give the per-tensor bits on any thread count",
+          "[cpu][optimizer]") {
+  const std::uint64_t seed = testing::seed_for("foreach optimizer");
+  const OptimizerState per_tensor = optimizer(seed, 1, false);
+  for (int threads : {1, 2, 3}) {
+    INFO(threads << " threads");
+    const OptimizerState fused = optimizer(seed, threads, true);
+    CHECK(same_bits(fused.sumsq, per_tensor.sumsq));
+    CHECK(same_bits(fused.params, per_tensor.params));
+    CHECK(same_bits(fused.m, per_tensor.m));
+    CHECK(same_bits(fused.v, per_tensor.v));
+  }
+}
+
+TEST_CASE("zeros() holds zeros", "[cpu]") {
+  CpuBackend be;
+  for (std::int64_t n : {std::int64_t{0}, std::int64_t{3}, std::int64_t{1} << 22}) {
+    Tensor z = be.zeros({n});
+    const std::vector<float> v = testing::download_f32(be, z);
+    CHECK(std::all_of(v.begin(), v.end(), [](float x) { return x == 0.f; }));
+  }
+}
+
 }  // namespace meshtrain

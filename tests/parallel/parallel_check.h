@@ -10,6 +10,7 @@
 #include <string>
 
 #include "backends/cpu/comm/in_process.h"
+#include "backends/cpu/threads.h"
 #include "tests/parallel/parallel_harness.h"
 
 namespace meshtrain::testing {
@@ -18,13 +19,15 @@ struct PlanRun {
   std::vector<RankRun> ranks;
 };
 
-inline PlanRun run_plan(const ModelSpec& m, Plan p) {
+// `threads` per rank; 0: the cores shared out among the ranks, as `meshtrain train` does.
+inline PlanRun run_plan(const ModelSpec& m, Plan p, int threads = 0) {
   if (m.vision()) p.seq_len = 0;  // the images fix the tokens
   PlanRun out;
   out.ranks.resize(static_cast<std::size_t>(p.world_size()));
   REQUIRE(validate_plan(p, m).ok());
+  const int per_rank = threads > 0 ? threads : cpu::threads_per_rank(p.world_size());
   const Status s = run_ranks(p.world_size(), [&](int rank, Communicator& comm) -> Status {
-    CpuBackend b(comm);
+    CpuBackend b(comm, CpuBackendOptions{per_rank});
     return run_rank(b, m, p, out.ranks[static_cast<std::size_t>(rank)]);
   });
   INFO((s.ok() ? std::string() : s.error().message()));

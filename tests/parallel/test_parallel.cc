@@ -101,6 +101,24 @@ TEST_CASE("the same plan twice gives identical bits", "[parallel][determinism]")
   }
 }
 
+TEST_CASE("the same plan on 1 or 3 threads per rank gives identical bits", "[parallel][determinism][threads]") {
+  // Wide enough that every GEMM is cut into tiles and AdamW into many chunks.
+  ModelSpec m = tiny_gpt();
+  m.name = "wide-1";
+  m.layers = 1, m.hidden = 256, m.heads = 4, m.ffn = 1024;
+  for (const Plan& p : {make_plan(1, 1, 1, 0, ScheduleKind::one_f_one_b), make_plan(2, 1, 2, 1, ScheduleKind::one_f_one_b)}) {
+    INFO(describe(p));
+    const PlanRun one = run_plan(m, p, 1);
+    for (int threads : {3}) {
+      INFO(threads << " threads per rank");
+      const PlanRun more = run_plan(m, p, threads);
+      CHECK(more.ranks[0].losses == one.ranks[0].losses);
+      CHECK(more.ranks[0].grad_norms == one.ranks[0].grad_norms);
+      CHECK(more.ranks[0].state == one.ranks[0].state);
+    }
+  }
+}
+
 TEST_CASE("a rank that stops makes its peers' step fail with the op and group named", "[parallel][errors]") {
   const ModelSpec m = tiny_gpt();
   const Plan p = make_plan(1, 1, 2, 1, ScheduleKind::one_f_one_b);

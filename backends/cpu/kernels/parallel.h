@@ -3,12 +3,19 @@
 // Work is cut into chunks whose boundaries depend only on the problem size,
 // never on the number of threads; reductions sum per-chunk partials (in
 // double) sequentially in chunk order. That is what makes every kernel give
-// identical bits whatever tbb::global_control allows.
+// identical bits whatever the thread count (the backend's arena, or what
+// tbb::global_control allows).
+//
+// Which threads: a backend runs each op inside a ThreadScope naming its
+// rank's task arena, and every parallel loop of the op runs there; without a
+// scope (kernels called directly, as the tests' fp64 references are) loops
+// run in the calling thread's current arena.
 #pragma once
 
 #include <oneapi/tbb/blocked_range.h>
 #include <oneapi/tbb/parallel_for.h>
 #include <oneapi/tbb/partitioner.h>
+#include <oneapi/tbb/task_arena.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -36,6 +43,23 @@ inline constexpr bool kSerialChunks = false;
 inline constexpr bool kSerialChunks = false;
 #endif
 
+// The arena of the op running on this thread (ThreadScope); null outside one,
+// and inside the arena itself (loops nested in a parallel loop run where they are).
+inline thread_local tbb::task_arena* t_arena = nullptr;
+
+// Parallel loops of the ops issued on this thread while the scope lives run
+// on `arena`'s threads (null: the current arena). Scopes nest.
+class ThreadScope {
+ public:
+  explicit ThreadScope(tbb::task_arena* arena) : previous_(t_arena) { t_arena = arena; }
+  ~ThreadScope() { t_arena = previous_; }
+  ThreadScope(const ThreadScope&) = delete;
+  ThreadScope& operator=(const ThreadScope&) = delete;
+
+ private:
+  tbb::task_arena* previous_;
+};
+
 // Calls f(begin, end) for the fixed chunks [i·chunk, min(n, (i+1)·chunk)).
 template <class F>
 void for_chunks(std::int64_t n, std::int64_t chunk, F&& f) {
@@ -46,13 +70,41 @@ void for_chunks(std::int64_t n, std::int64_t chunk, F&& f) {
     for (std::int64_t c = 0; c < chunks; ++c) f(c * chunk, std::min(n, (c + 1) * chunk));
     return;
   }
-  tbb::parallel_for(
-      tbb::blocked_range<std::int64_t>(0, chunks, 1),
-      [&](const tbb::blocked_range<std::int64_t>& r) {
-        for (std::int64_t c = r.begin(); c != r.end(); ++c)
-          f(c * chunk, std::min(n, (c + 1) * chunk));
-      },
-      tbb::simple_partitioner());
+  auto loop = [&] {
+    tbb::parallel_for(
+        tbb::blocked_range<std::int64_t>(0, chunks, 1),
+        [&](const tbb::blocked_range<std::int64_t>& r) {
+          for (std::int64_t c = r.begin(); c != r.end(); ++c)
+            f(c * chunk, std::min(n, (c + 1) * chunk));
+        },
+        tbb::simple_partitioner());
+  };
+  if (tbb::task_arena* arena = t_arena) {
+    const ThreadScope inside(nullptr);
+    if (arena->max_concurrency() == 1) {  // one thread: the loop, without entering the arena
+      for (std::int64_t c = 0; c < chunks; ++c) f(c * chunk, std::min(n, (c + 1) * chunk));
+      return;
+    }
+    arena->execute(loop);
+  } else {
+    loop();
+  }
+}
+
+// Chunk [begin, end) of array `array` among several arrays, each cut into the
+// kGrain chunks for_chunks would give it alone.
+struct ArrayChunk {
+  std::size_t array;
+  std::int64_t begin, end;
+};
+template <class Size>
+std::vector<ArrayChunk> array_chunks(std::size_t arrays, Size&& size_of) {
+  std::vector<ArrayChunk> out;
+  for (std::size_t a = 0; a < arrays; ++a) {
+    const std::int64_t n = size_of(a);
+    for (std::int64_t b = 0; b < n; b += kGrain) out.push_back({a, b, std::min(n, b + kGrain)});
+  }
+  return out;
 }
 
 // Rows of `cols` elements, grouped so that a task holds about kGrain elements.
