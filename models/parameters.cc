@@ -202,6 +202,7 @@ ShardCount count_shard_parameters(const ModelSpec& m, int tp, const StageSplit& 
     if (place_layer(m, p.layer, split).stage == stage) {
       c.total += n;
       if (embedding) c.embedding += n;
+      if (p.expert) c.expert += n;
     }
     // The tied head reuses the token embedding: a separate stage needs a copy.
     if (p.name == "embed.tokens" && m.tied_embeddings && split.pp > 1 && head_stage == stage) {

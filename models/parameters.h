@@ -140,6 +140,7 @@ ParamCount count_parameters(const ModelSpec& m);
 struct ShardCount {
   std::int64_t total = 0;
   std::int64_t embedding = 0;
+  std::int64_t expert = 0;  // of which expert matrices (replicated over the expert-data group only)
 };
 ShardCount count_shard_parameters(const ModelSpec& m, int tp, const StageSplit& split, int ep, int stage,
                                   int etp = 0);
