@@ -100,6 +100,13 @@ Status train_rank(Backend& b, const ModelSpec& m, const Plan& p, const TrainOpti
     if (!result.ok()) return std::move(result).error();
     StepMetrics sm{step, result->loss, lr, seconds_since(t0), 0, std::nullopt};
     sm.tokens_per_s = tokens_per_step / sm.step_time_s;
+    if (m.moe()) {
+      const MoeStepStats& e = result->moe;
+      sm.moe = MoeMetrics{e.aux_loss,           e.z_loss,
+                          e.balance,            e.load_max_over_mean,
+                          e.load_mean_max_over_mean, e.dropped_fraction,
+                          e.tokens_per_expert};
+    }
     if (o.eval_every > 0 && (step % o.eval_every == 0 || step == last_step)) {
       MT_ASSIGN(Evaluation v, engine.evaluate_metrics(val));
       sm.val_loss = v.loss;
@@ -114,6 +121,10 @@ Status train_rank(Backend& b, const ModelSpec& m, const Plan& p, const TrainOpti
       std::string line = format_progress(step, o.steps, sm.loss, sm.tokens_per_s, seconds_since(start), data->unit());
       if (sm.val_loss) line += fmt::format(" | val {:.4f}", *sm.val_loss);
       if (sm.val_accuracy) line += fmt::format(" | val acc {:.2f}%", 100 * *sm.val_accuracy);
+      if (sm.moe) {
+        line += fmt::format(" | aux {:.4f} | load max/mean {:.2f}", sm.moe->aux_loss, sm.moe->load_max_over_mean);
+        if (m.capacity_factor > 0) line += fmt::format(" | dropped {:.1f}%", 100 * sm.moe->dropped_fraction);
+      }
       fmt::print("{}\n", line);
       std::fflush(stdout);
     }

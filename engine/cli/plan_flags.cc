@@ -11,7 +11,8 @@ void add_plan_flags(CLI::App& app, PlanFlags& f, const std::string& default_mode
   app.add_option("--pp", o.pp, "pipeline-parallel size");
   app.add_option("--dp", o.dp, "data-parallel size");
   app.add_option("--cp", o.cp, "context-parallel size");
-  app.add_option("--ep", o.ep, "expert-parallel size (divides dp)");
+  app.add_option("--ep", o.ep, "expert-parallel size (divides dp; with --etp 1, tp·dp)");
+  app.add_option("--etp", o.etp, "expert tensor-parallel size: 1 (whole experts) or tp (default)");
   app.add_option("--vpp", o.vpp, "model chunks per pipeline stage (interleaved schedule)");
   app.add_option("--zero", o.zero, "ZeRO stage 0-3");
   app.add_option("--micro-batch", o.micro_batch, "sequences per micro-batch");
