@@ -54,9 +54,9 @@ Status validate_expert_plan(const Plan& p, const ModelSpec& m) {
     return make_error("shared experts' width {} (shared_experts {} · ffn {}) is not divisible by tp {}",
                       m.ffn * m.shared_experts, m.shared_experts, m.ffn, p.tp);
   const int rows = p.micro_batch * p.effective_seq_len(m);
-  if (etp == 1 && p.tp > 1 && rows % p.tp != 0)
-    return make_error("with etp 1 each tp rank dispatches its share of a micro-batch's micro_batch·seq_len = {}·{} "
-                      "= {} tokens, which tp {} does not divide",
+  if (p.tp > 1 && rows % p.tp != 0)
+    return make_error("each tp rank dispatches its share of a micro-batch's micro_batch·seq_len = {}·{} = {} tokens "
+                      "to the experts, which tp {} does not divide",
                       p.micro_batch, p.effective_seq_len(m), rows, p.tp);
   return ok_status();
 }

@@ -59,28 +59,33 @@ SendPlan plan_send(const std::vector<std::int32_t>& experts, const RoutingSummar
   return p;
 }
 
-ReceivePlan plan_receive(const std::vector<std::int64_t>& counts, int ep) {
-  const std::size_t local = counts.size() / static_cast<std::size_t>(ep);
+ReceivePlan plan_receive(const std::vector<std::int64_t>& counts, int ep, int etp, int me) {
+  const auto E = static_cast<std::size_t>(ep), T = static_cast<std::size_t>(etp);
+  const std::size_t local = counts.size() / (E * T);
+  const auto count = [&](std::size_t t, std::size_t q, std::size_t e) { return counts[(t * E + q) * local + e]; };
   ReceivePlan r;
-  r.peer_rows.assign(static_cast<std::size_t>(ep), 0);
+  r.peer_rows.assign(E, 0);
   r.expert_rows.assign(local, 0);
-  // start[q][e]: the received row where peer q's block for local expert e begins.
+  // start[t][q][e]: where etp rank t's block for peer q and local expert e begins within its block.
   std::vector<std::int64_t> start(counts.size());
-  std::int64_t at = 0;
-  for (std::size_t q = 0; q < static_cast<std::size_t>(ep); ++q)
-    for (std::size_t e = 0; e < local; ++e) {
-      const std::int64_t c = counts[q * local + e];
-      start[q * local + e] = at;
-      at += c;
-      r.peer_rows[q] += c;
-      r.expert_rows[e] += c;
-    }
-  r.group_index.reserve(static_cast<std::size_t>(at));
+  for (std::size_t t = 0; t < T; ++t) {
+    std::int64_t at = 0;
+    for (std::size_t q = 0; q < E; ++q)
+      for (std::size_t e = 0; e < local; ++e) {
+        start[(t * E + q) * local + e] = at;
+        at += count(t, q, e);
+        r.expert_rows[e] += count(t, q, e);
+        if (t == static_cast<std::size_t>(me)) r.peer_rows[q] += count(t, q, e);
+      }
+    r.block_rows = std::max(r.block_rows, at);
+  }
   for (std::size_t e = 0; e < local; ++e)
-    for (std::size_t q = 0; q < static_cast<std::size_t>(ep); ++q)
-      for (std::int64_t i = 0; i < counts[q * local + e]; ++i)
-        r.group_index.push_back(static_cast<std::int32_t>(start[q * local + e] + i));
-  r.ungroup_index.assign(r.group_index.size(), 0);
+    for (std::size_t t = 0; t < T; ++t)
+      for (std::size_t q = 0; q < E; ++q)
+        for (std::int64_t i = 0; i < count(t, q, e); ++i)
+          r.group_index.push_back(
+              static_cast<std::int32_t>(static_cast<std::int64_t>(t) * r.block_rows + start[(t * E + q) * local + e] + i));
+  r.ungroup_index.assign(T * static_cast<std::size_t>(r.block_rows), -1);
   for (std::size_t g = 0; g < r.group_index.size(); ++g)
     r.ungroup_index[static_cast<std::size_t>(r.group_index[g])] = static_cast<std::int32_t>(g);
   return r;
@@ -109,7 +114,7 @@ std::vector<std::int64_t> apportion(const std::vector<double>& weights, std::int
 }  // namespace
 
 ModelledDispatch modelled_dispatch(const std::vector<double>& shares, std::int64_t tokens, std::int64_t rows,
-                                   int top_k, int ep, std::int64_t capacity) {
+                                   int top_k, int ep, std::int64_t capacity, int etp) {
   const int E = static_cast<int>(shares.size()), local = E / ep;
   ModelledDispatch d;
   d.routing.routed = apportion(shares, tokens * top_k);
@@ -138,12 +143,14 @@ ModelledDispatch modelled_dispatch(const std::vector<double>& shares, std::int64
   }
   s.send_index.assign(static_cast<std::size_t>(std::accumulate(s.peer_rows.begin(), s.peer_rows.end(), 0LL)), 0);
   s.slot_index.assign(static_cast<std::size_t>(rows * top_k), -1);
-  // Every peer routes like this one: the busiest rank receives each peer's rows for its experts.
-  std::vector<std::int64_t> counts(static_cast<std::size_t>(ep * local));
-  for (int q = 0; q < ep; ++q)
-    for (int e = 0; e < local; ++e)
-      counts[static_cast<std::size_t>(q * local + e)] = mine[static_cast<std::size_t>(d.busiest_rank * local + e)];
-  d.receive = plan_receive(counts, ep);
+  // Every peer (and etp rank) routes like this one: the busiest rank receives each peer's rows for its experts.
+  std::vector<std::int64_t> counts(static_cast<std::size_t>(etp * ep * local));
+  for (int t = 0; t < etp; ++t)
+    for (int q = 0; q < ep; ++q)
+      for (int e = 0; e < local; ++e)
+        counts[static_cast<std::size_t>((t * ep + q) * local + e)] =
+            mine[static_cast<std::size_t>(d.busiest_rank * local + e)];
+  d.receive = plan_receive(counts, ep, etp, 0);
   return d;
 }
 

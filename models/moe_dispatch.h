@@ -17,9 +17,14 @@
 // rank sends its kept assignments in send order — sorted by expert, then
 // token, then slot — so each peer's rows are one contiguous block, and
 // receives from peer q (in peer order) q's rows for its local experts, in
-// q's send order. It regroups them by local expert (expert, then peer, then
-// the peer's order) for one GEMM per expert, and undoes both on the way
-// back.
+// q's send order. With expert tensor parallelism (etp > 1, Megatron-Core's
+// all-to-all dispatcher) the etp ranks sharing a slice of the same experts
+// each dispatch their own tokens and then all-gather what they received
+// (padded to the largest, as the collective needs equal blocks): etp rank t's
+// rows are block t of the gathered buffer. The rows are regrouped by local
+// expert (expert, then etp rank, then EP peer, then the peer's order) for
+// one GEMM per expert, and on the way back scattered to their blocks (each
+// etp rank's summed by a reduce-scatter) before the all-to-all back.
 //
 // Legend: N tokens of the micro-batch, K slots per token, E experts, D rows
 // this rank dispatches (a contiguous range of the N), S rows it sends, R rows
@@ -53,19 +58,23 @@ SendPlan plan_send(const std::vector<std::int32_t>& experts, const RoutingSummar
                    int num_experts, int ep, std::int64_t first, std::int64_t rows);
 
 struct ReceivePlan {
-  std::vector<std::int64_t> peer_rows;    // (ep) rows received from each peer
-  std::vector<std::int64_t> expert_rows;  // (El) rows of each local expert, over all peers
-  std::vector<std::int32_t> group_index;  // (R) the received row of each expert-grouped row
-  std::vector<std::int32_t> ungroup_index;  // (R) the grouped row of each received row
+  std::vector<std::int64_t> peer_rows;    // (ep) rows this rank receives from each peer
+  std::int64_t block_rows = 0;            // rows of an etp rank's block: the most any of them received
+  std::vector<std::int64_t> expert_rows;  // (El) rows of each local expert, over all peers and etp ranks
+  // (M) the row of the (etp · block_rows) gathered buffer behind each expert-grouped row.
+  std::vector<std::int32_t> group_index;
+  // (etp · block_rows) the grouped row behind each gathered row; -1 for padding.
+  std::vector<std::int32_t> ungroup_index;
 };
-// `counts` (ep · El): from peer q, the rows for each of this rank's local
-// experts (what q's SendPlan::expert_rows holds for them).
-ReceivePlan plan_receive(const std::vector<std::int64_t>& counts, int ep);
+// `counts` (etp · ep · El): for etp rank t, from EP peer q, the rows for each
+// local expert (what q's SendPlan::expert_rows holds for them); this rank is
+// etp rank `me`.
+ReceivePlan plan_receive(const std::vector<std::int64_t>& counts, int ep, int etp = 1, int me = 0);
 
 // The routing the sim backend assumes in place of the data it does not hold
 // (models/moe_routing.h): `shares` (E) of the assignments per expert. The
 // plans of the EP rank whose local experts receive the most, as if every
-// peer routed its D tokens by the same shares: what it sends (D·K
+// peer (and every etp rank) routed its D tokens by the same shares: what it sends (D·K
 // assignments split over the experts by largest remainder, capped), what it
 // receives, and index maps of the right sizes (their contents are not read).
 struct ModelledDispatch {
@@ -75,6 +84,6 @@ struct ModelledDispatch {
   int busiest_rank = 0;    // the EP rank this plan is for
 };
 ModelledDispatch modelled_dispatch(const std::vector<double>& shares, std::int64_t tokens, std::int64_t rows,
-                                   int top_k, int ep, std::int64_t capacity);
+                                   int top_k, int ep, std::int64_t capacity, int etp = 1);
 
 }  // namespace meshtrain

@@ -47,6 +47,7 @@ struct MoeMlp::Saved : Block::Saved {
   std::vector<std::int64_t> routed;     // (E) assignments per expert over the N tokens
   std::vector<std::int64_t> send_rows, recv_rows, expert_rows;
   std::int64_t tokens = 0, rows = 0, first = 0;  // N, D (rows dispatched), first dispatched row
+  std::int64_t received = 0, block = 0;          // rows this rank received; rows of an etp block
 };
 
 MoeMlp::MoeMlp(BlockContext& ctx, std::string prefix, int width, int ffn, Activation activation, MoeShape shape)
@@ -56,8 +57,8 @@ MoeMlp::MoeMlp(BlockContext& ctx, std::string prefix, int width, int ffn, Activa
       ffn_(ffn / ctx.options.expert.tensor_size),
       activation_(activation),
       s_(shape),
-      expert_tp_(ctx.options.expert.tensor_size > 1),
-      split_rows_(ctx.tp.size > 1 && ctx.options.expert.tensor_size == 1) {}
+      etp_(ctx.options.expert.tensor_size),
+      split_rows_(ctx.tp.size > 1) {}
 
 MoeMlp::~MoeMlp() = default;
 
@@ -81,6 +82,28 @@ Tensor MoeMlp::exchange(const Tensor& in, const std::vector<std::int64_t>& send,
   return out;
 }
 
+Tensor MoeMlp::gather_blocks(const Tensor& rows, std::int64_t block) {
+  Backend& b = ctx_.b;
+  const std::int64_t C = width_, n = rows.numel() / C;
+  Tensor padded = b.empty(Shape{block, C}, rows.dtype());
+  if (n < block) b.fill(padded, 0.f);
+  if (n > 0) {
+    Tensor head = padded.rows(0, n);
+    b.copy(rows.view(Shape{n, C}), head);
+  }
+  Tensor all = b.empty(Shape{block * etp_, C}, rows.dtype());
+  b.all_gather(padded, all, ctx_.options.expert.tensor);
+  return all;
+}
+
+Tensor MoeMlp::scatter_blocks(const Tensor& blocks, std::int64_t received) {
+  Backend& b = ctx_.b;
+  const std::int64_t C = width_, block = blocks.numel() / C / etp_;
+  Tensor mine = b.empty(Shape{block, C}, blocks.dtype());
+  b.reduce_scatter(blocks, mine, ctx_.options.expert.tensor, ReduceOp::sum);
+  return mine.rows(0, received);
+}
+
 Tensor MoeMlp::expert_matrix(const Tensor& all, int e) const {
   const std::int64_t a = all.shape()[1], b = all.shape()[2];
   return all.slice(e * a * b, a * b, Shape{a, b});
@@ -94,6 +117,27 @@ void MoeMlp::activation_forward(const Tensor& up, Tensor& act) {
 void MoeMlp::activation_backward(const Tensor& dact, const Tensor& up, Tensor& dup) {
   if (activation_ == Activation::gelu) ctx_.b.gelu_backward(dact, up, dup);
   else ctx_.b.swiglu_backward(dact, up, dup);
+}
+
+Tensor MoeMlp::to_experts(const Tensor& rows, const Saved& s) {
+  Backend& b = ctx_.b;
+  const std::int64_t C = width_;
+  const bool regroup = ctx_.options.expert.size > 1 || etp_ > 1;
+  const Tensor source = etp_ > 1 ? gather_blocks(rows, s.block) : rows;
+  if (!regroup) return source;
+  Tensor grouped = b.empty(Shape{static_cast<std::int64_t>(s.group_index.numel()), C}, rows.dtype());
+  if (grouped.numel() > 0) b.gather_rows(source, s.group_index, grouped);
+  return grouped;
+}
+
+Tensor MoeMlp::from_experts(const Tensor& grouped, const Saved& s) {
+  Backend& b = ctx_.b;
+  const std::int64_t C = width_;
+  const bool regroup = ctx_.options.expert.size > 1 || etp_ > 1;
+  if (!regroup) return grouped;
+  Tensor blocks = b.empty(Shape{static_cast<std::int64_t>(s.ungroup_index.numel()), C}, grouped.dtype());
+  if (blocks.numel() > 0) b.gather_rows(grouped, s.ungroup_index, blocks);
+  return etp_ > 1 ? scatter_blocks(blocks, s.received) : blocks;
 }
 
 Tensor MoeMlp::forward(const MicroBatch& mb, std::int64_t tokens, const Tensor& x_in,
@@ -110,7 +154,8 @@ Tensor MoeMlp::forward(const MicroBatch& mb, std::int64_t tokens, const Tensor& 
   s->rows = split_rows_ ? N / ctx_.tp.size : N;
   s->first = split_rows_ ? ctx_.tp.rank * s->rows : 0;
 
-  // The router, in fp32.
+  // The router, in fp32, over every token of the micro-batch on every tp
+  // rank: the routing, the drops and the losses do not depend on the plan.
   Tensor logits = b.empty(Shape{N, E});
   b.gemm(s->x, ctx_.params[name("router")].value, logits, GemmOp{});
   s->probs = b.empty(Shape{N, E});
@@ -125,15 +170,18 @@ Tensor MoeMlp::forward(const MicroBatch& mb, std::int64_t tokens, const Tensor& 
   RoutingSummary routing;
   SendPlan send;
   ReceivePlan receive;
-  // The peers' counts for this rank's experts: (ep · El) received, (E) sent.
+  // Rows per local expert: sent (E, to every peer), received ((ep · El) from every peer), and
+  // those of the etp ranks ((etp · ep · El)).
   Tensor my_counts = b.empty(Shape{E}, DType::i32), their_counts = b.empty(Shape{E}, DType::i32);
+  Tensor all_counts = b.empty(Shape{etp_ * E}, DType::i32);
+  const std::vector<std::int64_t> each(static_cast<std::size_t>(ep.size), El);
   if (ctx_.options.routing) {
     ModelledDispatch d = modelled_dispatch(ctx_.options.routing->shares(s_.index, s_.experts), N, s->rows,
-                                           s_.top_k, ep.size, capacity);
+                                           s_.top_k, ep.size, capacity, etp_);
     routing = std::move(d.routing), send = std::move(d.send), receive = std::move(d.receive);
-    if (ep.size > 1)  // timed as the real exchange; the sim holds no counts
-      b.all_to_all(my_counts, std::vector<std::int64_t>(ep.size, El), their_counts,
-                   std::vector<std::int64_t>(ep.size, El), ep.group);
+    // Timed as the real exchanges; the sim holds no counts.
+    if (ep.size > 1) b.all_to_all(my_counts, each, their_counts, each, ep.group);
+    if (etp_ > 1) b.all_gather(their_counts, all_counts, ep.tensor);
   } else {
     // BLOCKS until the router has run. A failed backend reads zeros; its
     // later ops are no-ops and the step returns the error.
@@ -145,42 +193,42 @@ Tensor MoeMlp::forward(const MicroBatch& mb, std::int64_t tokens, const Tensor& 
     routing = summarize_routing(ids, s_.experts, capacity);
     send = plan_send(ids, routing, s_.top_k, s_.experts, ep.size, s->first, s->rows);
     std::vector<std::int64_t> counts(send.expert_rows.begin(), send.expert_rows.end());
-    if (ep.size > 1) {
+    if (ep.size > 1 || etp_ > 1) {
       b.write(my_counts, send.expert_rows);
-      b.all_to_all(my_counts, std::vector<std::int64_t>(ep.size, El), their_counts,
-                   std::vector<std::int64_t>(ep.size, El), ep.group);
-      std::vector<float> host(static_cast<std::size_t>(E));
-      (void)b.read(their_counts, host);
+      Tensor received_counts = my_counts;
+      if (ep.size > 1) {
+        b.all_to_all(my_counts, each, their_counts, each, ep.group);
+        received_counts = their_counts;
+      }
+      if (etp_ > 1) b.all_gather(received_counts, all_counts, ep.tensor);
+      std::vector<float> host(static_cast<std::size_t>(etp_ * E));
+      (void)b.read(etp_ > 1 ? all_counts : received_counts, host);
+      counts.assign(host.size(), 0);
       for (std::size_t i = 0; i < host.size(); ++i) counts[i] = std::max<std::int64_t>(0, std::llround(host[i]));
     }
-    receive = plan_receive(counts, ep.size);
+    receive = plan_receive(counts, ep.size, etp_, ep.tensor_rank);
   }
   s->routed = routing.routed;
   s->send_rows = send.peer_rows;
   s->recv_rows = receive.peer_rows;
   s->expert_rows = receive.expert_rows;
+  s->block = receive.block_rows;
+  for (std::int64_t r : receive.peer_rows) s->received += r;
   const auto S = static_cast<std::int64_t>(send.send_index.size());
   const auto M = static_cast<std::int64_t>(receive.group_index.size());
   s->send_index = upload(send.send_index, Shape{S});
   s->slot_index = upload(send.slot_index, Shape{s->rows, K});
-  if (ep.size > 1) {
-    s->group_index = upload(receive.group_index, Shape{M});
-    s->ungroup_index = upload(receive.ungroup_index, Shape{M});
-  }
+  s->group_index = upload(receive.group_index, Shape{M});
+  s->ungroup_index = upload(receive.ungroup_index, Shape{static_cast<std::int64_t>(receive.ungroup_index.size())});
 
-  // Dispatch: send order, the peers, expert order.
+  // Dispatch: send order, the EP peers, the etp ranks' blocks, expert order.
   Tensor sent = b.empty(Shape{S, C}, ctx_.act);
   if (S > 0) b.gather_rows(s->x.rows(s->first, s->rows), s->send_index, sent);
-  Tensor received = exchange(sent, send.peer_rows, receive.peer_rows);
+  s->grouped = to_experts(exchange(sent, send.peer_rows, receive.peer_rows), *s);
   sent = Tensor();
-  s->grouped = received;
-  if (ep.size > 1 && M > 0) {
-    s->grouped = b.empty(Shape{M, C}, ctx_.act);
-    b.gather_rows(received, s->group_index, s->grouped);
-  }
-  received = Tensor();
 
-  // The experts: one GEMM per local expert over its rows.
+  // The experts: one GEMM per local expert over its rows (this rank's slice
+  // of each expert's matrices under etp).
   const Tensor& w_up = ctx_.params[name("up")].value;
   const Tensor& w_down = ctx_.params[name("down")].value;
   s->up = b.empty(Shape{M, up_width}, ctx_.act);
@@ -204,32 +252,13 @@ Tensor MoeMlp::forward(const MicroBatch& mb, std::int64_t tokens, const Tensor& 
     at += n;
   }
 
-  // Back to the tokens' ranks, in send order, and the weighted sum per token.
-  Tensor returned = down;
-  if (ep.size > 1 && M > 0) {
-    returned = b.empty(Shape{M, C}, ctx_.act);
-    b.gather_rows(down, s->ungroup_index, returned);
-  }
+  // Back (summed over the etp slices) to the tokens' ranks, in send order,
+  // and the weighted sum per token: each tp rank holds its tokens' outputs whole.
+  s->back = exchange(from_experts(down, *s), receive.peer_rows, send.peer_rows);
   down = Tensor();
-  s->back = exchange(returned, receive.peer_rows, send.peer_rows);
-  returned = Tensor();
   Tensor combined = b.empty(Shape{s->rows, C}, ctx_.act);
   b.moe_combine(s->back, s->slot_index, s->weights.rows(s->first, s->rows), combined);
-
-  Tensor out;
-  if (expert_tp_) {
-    // Each tp rank summed its slice of every expert's down projection.
-    if (ctx_.sp) {
-      out = ctx_.sp_scatter(combined);
-    } else {
-      ctx_.tp_all_reduce(combined);
-      out = combined;
-    }
-  } else if (split_rows_) {
-    out = ctx_.sp ? combined : ctx_.sp_gather(combined);
-  } else {
-    out = combined;
-  }
+  Tensor out = split_rows_ && !ctx_.sp ? ctx_.sp_gather(combined) : combined;
   if (s_.shared_experts > 0) {
     ctx_.linear(name("shared.up"), s->x_in, s->shared_up, LinearKind::column);
     const std::int64_t shared_width = s->shared_up.shape()[1] / (activation_ == Activation::swiglu ? 2 : 1);
@@ -266,6 +295,7 @@ Tensor MoeMlp::forward(const MicroBatch& mb, std::int64_t tokens, const Tensor& 
     b.axpy(static_cast<float>(1.0 / static_cast<double>(N)), z, z_sum);
     *saved = std::move(s);
   }
+  (void)mb;
   return out;
 }
 
@@ -288,25 +318,13 @@ Tensor MoeMlp::backward(const MicroBatch& mb, Block::Saved& saved, const Tensor&
   }
 
   // The combine's gradient on this rank's dispatched rows.
-  Tensor dcombined;
-  if (expert_tp_) dcombined = ctx_.sp ? ctx_.sp_gather(dout) : dout;
-  else if (split_rows_) dcombined = ctx_.sp ? dout : ctx_.local_part(dout);
-  else dcombined = dout;
+  const Tensor dcombined = split_rows_ && !ctx_.sp ? ctx_.local_part(dout) : dout;
   Tensor dback = b.empty(Shape{S, C}, ctx_.act), dweights = b.empty(Shape{s.rows, K});
   b.moe_combine_backward(dcombined, s.back, s.slot_index, s.weights.rows(s.first, s.rows), dback, dweights);
-  dcombined = Tensor();
-  // Split experts gave each tp rank a part of every expert output: the weights' gradient sums the parts.
-  if (expert_tp_) ctx_.tp_all_reduce(dweights);
 
-  // To the experts again, and their backward.
-  Tensor dreceived = exchange(dback, s.send_rows, s.recv_rows);
+  // To the experts again (every etp rank needs every row's output gradient), and their backward.
+  Tensor ddown = to_experts(exchange(dback, s.send_rows, s.recv_rows), s);
   dback = Tensor();
-  Tensor ddown = dreceived;
-  if (ep.size > 1 && M > 0) {
-    ddown = b.empty(Shape{M, C}, ctx_.act);
-    b.gather_rows(dreceived, s.group_index, ddown);
-  }
-  dreceived = Tensor();
   const ParamSlot& up = ctx_.params[name("up")];
   const ParamSlot& down = ctx_.params[name("down")];
   Tensor dact = b.empty(Shape{M, F}, ctx_.act), dup = b.empty(Shape{M, up_width}, ctx_.act);
@@ -331,14 +349,9 @@ Tensor MoeMlp::backward(const MicroBatch& mb, Block::Saved& saved, const Tensor&
     at += n;
   }
   ddown = dact = dup = Tensor();
-  Tensor dreturned = dgrouped;
-  if (ep.size > 1 && M > 0) {
-    dreturned = b.empty(Shape{M, C}, ctx_.act);
-    b.gather_rows(dgrouped, s.ungroup_index, dreturned);
-  }
+  // The input gradients summed over the etp slices, back to the tokens' ranks.
+  Tensor dsent = exchange(from_experts(dgrouped, s), s.recv_rows, s.send_rows);
   dgrouped = Tensor();
-  Tensor dsent = exchange(dreturned, s.recv_rows, s.send_rows);
-  dreturned = Tensor();
   // Each token sums its slots' gradients in send order (by expert): the same order at every plan.
   Tensor dx_rows = b.empty(Shape{s.rows, C});
   b.fill(dx_rows, 0.f);
@@ -378,26 +391,14 @@ Tensor MoeMlp::backward(const MicroBatch& mb, Block::Saved& saved, const Tensor&
   Tensor dx_router = b.empty(Shape{N, C}, ctx_.act);
   b.gemm(dlogits, router.value, dx_router, GemmOp{false, true});
 
+  // This rank's tokens' gradient from the experts, the whole router's (the
+  // same on every tp rank, so taken once: its rows, not a sum).
   Tensor dx;
-  if (expert_tp_) {
-    if (ctx_.sp) {
-      dx = ctx_.sp_scatter(dx_rows);
-      b.add(dx, ctx_.local_part(dx_router), dx);
-    } else {
-      ctx_.tp_all_reduce(dx_rows);
-      dx = dx_rows;
-      b.add(dx, dx_router, dx);
-    }
-  } else if (split_rows_) {
-    if (ctx_.sp) {
-      dx = dx_rows;
-      b.add(dx, ctx_.local_part(dx_router), dx);
-    } else {
-      dx = ctx_.sp_gather(dx_rows);
-      b.add(dx, dx_router, dx);
-    }
-  } else {
+  if (split_rows_ && ctx_.sp) {
     dx = dx_rows;
+    b.add(dx, ctx_.local_part(dx_router), dx);
+  } else {
+    dx = split_rows_ ? ctx_.sp_gather(dx_rows) : dx_rows;
     b.add(dx, dx_router, dx);
   }
   if (dx_shared.defined()) b.add(dx, dx_shared, dx);

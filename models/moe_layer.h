@@ -18,15 +18,16 @@
 //   slots with embedding_backward in send order, and the router receives
 //   the combine weights' gradient plus the auxiliary losses'.
 //
-// Tensor parallelism. Every tp rank routes all N tokens (gathered under
-// sequence parallelism), so the routing, the drops and the losses are the
-// same on all of them. With expert tensor parallelism etp = tp each expert's
-// up matrix is split by columns and its down matrix by rows over the tp
-// group, every tp rank sends all N tokens, and the combined output is
-// summed over tp (reduce-scattered under SP). With etp = 1 the experts are
-// whole and tp rank t dispatches only tokens [t·N/tp, (t+1)·N/tp) (its
-// sequence shard under SP; the outputs are all-gathered without SP), its EP
-// group spanning tp ranks as Megatron-Core's expert mesh does.
+// Tensor parallelism, as Megatron-Core's all-to-all dispatcher. Every tp
+// rank routes all N tokens (gathered under sequence parallelism), so the
+// routing, the drops and the losses are the same on all of them, but tp rank
+// t dispatches only tokens [t·N/tp, (t+1)·N/tp) (its sequence shard under
+// SP; without SP the outputs are all-gathered over tp). With expert tensor
+// parallelism etp = tp each expert's up matrix is split by columns and its
+// down matrix by rows over the tp group: after the all-to-all the etp ranks
+// all-gather what they received, compute their slices over all of it, and
+// reduce-scatter the outputs back. With etp = 1 the experts are whole and
+// the EP group spans tp ranks, as Megatron-Core's expert mesh lays it out.
 //
 // Losses (per micro-batch, added to the objective with weight 1 / the global
 // batch's micro-batches, i.e. a mean over micro-batches, summed over MoE
@@ -82,6 +83,13 @@ class MoeMlp {
   struct Saved;
   // in (rows, C) to the EP peers by `send` rows each; `recv` rows arrive (ep 1: `in` itself).
   Tensor exchange(const Tensor& in, const std::vector<std::int64_t>& send, const std::vector<std::int64_t>& recv);
+  // Received rows (rows, C) -> (etp · block, C): every etp rank's, each block padded with zero rows.
+  Tensor gather_blocks(const Tensor& rows, std::int64_t block);
+  // (etp · block, C) partial sums -> this rank's first `received` rows of its block, summed over etp.
+  Tensor scatter_blocks(const Tensor& blocks, std::int64_t received);
+  // Received rows -> (M, C) in expert order (gathered over etp), and back.
+  Tensor to_experts(const Tensor& rows, const Saved& s);
+  Tensor from_experts(const Tensor& grouped, const Saved& s);
   Tensor upload(const std::vector<std::int32_t>& host, Shape shape);
   // Expert e's slice of an (El, a, b) expert weight or its gradient.
   Tensor expert_matrix(const Tensor& all, int e) const;
@@ -94,8 +102,8 @@ class MoeMlp {
   int width_, ffn_;  // ffn_: per expert on this rank
   Activation activation_;
   MoeShape s_;
-  bool expert_tp_;   // experts split over the tp group (etp = tp > 1)
-  bool split_rows_;  // tp > 1 with whole experts: each tp rank dispatches N/tp tokens
+  int etp_;          // ranks splitting each expert's matrices (1, or tp)
+  bool split_rows_;  // tp > 1: each tp rank dispatches its N/tp of the tokens
 };
 
 }  // namespace meshtrain

@@ -161,10 +161,19 @@ TEST_CASE("received rows are regrouped by local expert, then peer, and back", "[
   const ReceivePlan r = plan_receive({1, 2, 3, 0}, 2);
   CHECK(r.peer_rows == std::vector<std::int64_t>{3, 3});
   CHECK(r.expert_rows == std::vector<std::int64_t>{4, 2});
+  CHECK(r.block_rows == 6);
   // Received: [p0e0, p0e1, p0e1, p1e0, p1e0, p1e0]; grouped: e0 (p0, p1 ×3), e1 (p0 ×2).
   CHECK(r.group_index == std::vector<std::int32_t>{0, 3, 4, 5, 1, 2});
   for (std::size_t g = 0; g < r.group_index.size(); ++g)
     CHECK(r.ungroup_index[static_cast<std::size_t>(r.group_index[g])] == static_cast<std::int32_t>(g));
+  // Expert tensor parallelism 2: etp rank 1 received 1 row from p0 (e1) and 1 from p1 (e0); blocks of 6 rows
+  // (rank 0's size), rank 1's padded with 4. Grouped: e0 (t0: p0, p1 ×3; t1: p1), e1 (t0: p0 ×2; t1: p0).
+  const ReceivePlan t = plan_receive({1, 2, 3, 0, 0, 1, 1, 0}, 2, 2, 1);
+  CHECK(t.peer_rows == std::vector<std::int64_t>{1, 1});
+  CHECK(t.block_rows == 6);
+  CHECK(t.expert_rows == std::vector<std::int64_t>{5, 3});
+  CHECK(t.group_index == std::vector<std::int32_t>{0, 3, 4, 5, 7, 1, 2, 6});
+  CHECK(t.ungroup_index == std::vector<std::int32_t>{0, 5, 6, 1, 2, 3, 7, 4, -1, -1, -1, -1});
 }
 
 TEST_CASE("the routing model: uniform, zipf and files, and the busiest EP rank's plan", "[model][moe][routing]") {

@@ -64,6 +64,7 @@ TEST_CASE("ep 2 × tp 2 matches the single-rank run, experts split or whole, wit
     check_matches_reference(m, with_ep(make_plan(2, 1, 2, 0, ScheduleKind::one_f_one_b), 2));
     check_matches_reference(m, sp(with_ep(make_plan(2, 1, 2, 0, ScheduleKind::one_f_one_b), 2)));
   }
+  check_matches_reference(moe(), make_plan(2, 1, 1, 0, ScheduleKind::one_f_one_b));  // etp 2 without ep
   check_matches_reference(moe(), with_ep(make_plan(2, 1, 2, 0, ScheduleKind::one_f_one_b), 2, 1));
   check_matches_reference(moe(), sp(with_ep(make_plan(2, 1, 2, 1, ScheduleKind::one_f_one_b), 4, 1)));
 }
