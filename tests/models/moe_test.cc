@@ -8,7 +8,6 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
-#include <random>
 
 #include <nlohmann/json.hpp>
 
@@ -17,6 +16,7 @@
 #include "models/moe_dispatch.h"
 #include "models/moe_routing.h"
 #include "models/parameters.h"
+#include "tests/models/directional_derivatives.h"
 
 using namespace meshtrain;
 
@@ -217,47 +217,16 @@ namespace {
 // The whole model on one rank; the objective is what backward differentiates:
 // the mean token loss plus the MoE layers' balance and z terms of this one
 // micro-batch (weight 1: it is the whole batch).
-struct Fixture {
-  CpuBackend b;
-  ModelSpec m;
-  ModelChunk chunk;
-  MicroBatch mb;
-  Fixture(const ModelSpec& spec, std::uint64_t seed)
-      : m(spec), chunk(b, m, ChunkLayers{0, spec.layers, true, true}, TensorParallel{Group{0, {0}}, 0, 1}, {}) {
-    chunk.parameters().initialize(seed);
-    std::mt19937 rng(static_cast<std::uint32_t>(seed));
-    const int batch = 2, seq = 16;
-    std::vector<std::int32_t> ids(batch * seq), targets(ids.size());
-    for (auto& v : ids) v = static_cast<std::int32_t>(rng() % 256);
-    for (auto& v : targets) v = static_cast<std::int32_t>(rng() % 256);
-    mb.ids = b.empty(Shape{batch * seq}, DType::i32);
-    mb.targets = b.empty(Shape{batch * seq}, DType::i32);
-    b.write(mb.ids, ids);
-    b.write(mb.targets, targets);
-    mb.batch = batch, mb.seq = seq;
-  }
-  double objective() {
-    chunk.moe_statistics().clear(b);
-    SavedActivations saved;
-    Tensor l = chunk.forward(mb, Tensor(), saved);
-    float host[3] = {0, 0, 0};
-    REQUIRE(b.read(l, std::span<float>(host, 1)).ok());
-    REQUIRE(b.read(chunk.moe_statistics().losses, std::span<float>(host + 1, 2)).ok());
-    return host[0] / (mb.batch * mb.seq) + m.aux_loss_coeff * host[1] + m.z_loss_coeff * host[2];
-  }
-  std::vector<float> gradient() {
-    chunk.parameters().zero_grads();
-    SavedActivations saved;
-    chunk.forward(mb, Tensor(), saved);
-    chunk.backward(mb, saved, Tensor(), 1.f / (mb.batch * mb.seq));
-    std::vector<float> g(static_cast<std::size_t>(chunk.parameters().numel()));
-    REQUIRE(b.read(chunk.parameters().grads(), g).ok());
-    return g;
-  }
-};
+double objective(testing::TokenModel& f) {
+  f.chunk.moe_statistics().clear(f.b);
+  const double loss = f.loss();
+  float terms[2] = {0, 0};
+  REQUIRE(f.b.read(f.chunk.moe_statistics().losses, terms).ok());
+  return loss + f.m.aux_loss_coeff * terms[0] + f.m.z_loss_coeff * terms[1];
+}
 
-// As tests/models/gpt_test.cc: the directional derivative along each
-// parameter tensor's gradient by central differences. Top-k is piecewise
+// The directional derivatives (tests/models/directional_derivatives.h) of
+// the objective, auxiliary and z-losses included. Top-k is piecewise
 // constant: at initialisation (router logits ~ N(0, 0.16)) a step that moves
 // the loss by 1e-3 changes some tokens' experts, so the routers start 40
 // times larger, which spreads the logits so far apart that no step here
@@ -265,33 +234,15 @@ struct Fixture {
 void check_gradient(const ModelSpec& spec) {
   const std::uint64_t seed = 11;
   INFO("model " << spec.name << ", seed " << seed);
-  Fixture f(spec, seed);
+  testing::TokenModel f(spec, seed, 2, 16);
   std::vector<float> theta(static_cast<std::size_t>(f.chunk.parameters().numel()));
   REQUIRE(f.b.read(f.chunk.parameters().values(), theta).ok());
   for (const ParamSlot& slot : f.chunk.parameters().slots())
     if (slot.info.name.ends_with("moe.router"))
       for (std::int64_t i = 0; i < slot.numel; ++i) theta[static_cast<std::size_t>(slot.offset + i)] *= 40.f;
   f.b.write(f.chunk.parameters().values(), theta);
-  const std::vector<float> g = f.gradient();
-  auto at = [&](const std::vector<double>& dir, double eps) {
-    std::vector<float> p(theta.size());
-    for (std::size_t i = 0; i < p.size(); ++i) p[i] = static_cast<float>(theta[i] + eps * dir[i]);
-    f.b.write(f.chunk.parameters().values(), p);
-    return f.objective();
-  };
-  for (const ParamSlot& slot : f.chunk.parameters().slots()) {
-    INFO("parameter " << slot.info.name);
-    std::vector<double> dir(g.size(), 0.0);
-    double norm = 0;
-    for (std::int64_t i = 0; i < slot.value.numel(); ++i) norm += double(g[slot.offset + i]) * g[slot.offset + i];
-    norm = std::sqrt(norm);
-    if (norm == 0) continue;  // e.g. a bias of an expert no token reached
-    for (std::int64_t i = 0; i < slot.value.numel(); ++i) dir[slot.offset + i] = g[slot.offset + i] / norm;
-    const double eps = 1e-3 / norm;
-    const double numeric = (at(dir, eps) - at(dir, -eps)) / (2 * eps);
-    CHECK(numeric == Approx(norm).epsilon(2e-3));
-  }
-  f.b.write(f.chunk.parameters().values(), theta);
+  testing::check_directional_derivatives(f.b, f.chunk.parameters(), f.gradient(), [&] { return objective(f); },
+                                         testing::DirectionalCheck{2e-3, false, true});
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include "models/model_chunk.h"
 #include "models/parameters.h"
 #include "models/transformer_layer.h"
+#include "tests/models/directional_derivatives.h"
 #include "models/vision_blocks.h"
 
 using namespace meshtrain;
@@ -192,37 +193,8 @@ void check_gradient(const ModelSpec& spec) {
     for (float& x : v) x *= 4.f;
     f.b.write(f.chunk.parameters().values(), v);
   }
-  const std::vector<float> g = f.gradient();
-  std::vector<float> theta(g.size());
-  REQUIRE(f.b.read(f.chunk.parameters().values(), theta).ok());
-  auto loss_at = [&](const std::vector<double>& dir, double eps) {
-    std::vector<float> p(theta.size());
-    for (std::size_t i = 0; i < p.size(); ++i) p[i] = static_cast<float>(theta[i] + eps * dir[i]);
-    f.b.write(f.chunk.parameters().values(), p);
-    return f.loss();
-  };
-  for (const ParamSlot& slot : f.chunk.parameters().slots()) {
-    INFO("parameter " << slot.info.name);
-    std::vector<double> dir(g.size(), 0.0);
-    double norm = 0;
-    for (std::int64_t i = 0; i < slot.value.numel(); ++i) norm += double(g[slot.offset + i]) * g[slot.offset + i];
-    norm = std::sqrt(norm);
-    REQUIRE(norm > 0);
-    double largest = 0;
-    for (std::int64_t i = 0; i < slot.value.numel(); ++i) {
-      dir[slot.offset + i] = g[slot.offset + i] / norm;
-      largest = std::max(largest, std::abs(dir[slot.offset + i]));
-    }
-    // A step that moves the loss by ~1e-3, but no element by more than 3e-3:
-    // a tensor with a tiny gradient (a relative position table at
-    // initialisation) would otherwise be stepped far into the softmax's curvature.
-    const double eps = std::min(1e-3 / norm, 3e-3 / largest);
-    const double up = loss_at(dir, eps), down = loss_at(dir, -eps);
-    const double numeric = (up - down) / (2 * eps);
-    // What fp32 losses can resolve: a few ulps of each over the step.
-    const double resolution = 4 * 6e-8 * (std::abs(up) + std::abs(down)) / (2 * eps);
-    CHECK(std::abs(numeric - norm) <= 2e-3 * norm + resolution);
-  }
+  testing::check_directional_derivatives(f.b, f.chunk.parameters(), f.gradient(), [&] { return f.loss(); },
+                                         testing::DirectionalCheck{2e-3, true, false});
 }
 
 }  // namespace
