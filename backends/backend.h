@@ -26,7 +26,8 @@
 //    OVERWRITE.
 //  * Shapes in comments use one legend: N rows (tokens = B·T), B batch, T
 //    sequence, C model width, H query heads, G kv heads, D head dim, F ffn
-//    width, V vocabulary (or this rank's vocabulary shard), K inner dim.
+//    width, V vocabulary (or this rank's vocabulary shard), K inner dim (or,
+//    for mixture-of-experts ops, experts per token), E experts.
 //    A tensor of rank > 2 passed where (N, X) is documented is viewed as
 //    (numel / X, X).
 //  * Misuse (wrong shapes, dtypes, foreign tensors) is a programming error and
@@ -292,6 +293,41 @@ class Backend {
   // (with zero padding). A bijective map's backward is the gather by the
   // inverse map; sums over repeated indices are embedding_backward's.
   virtual void gather_rows(const Tensor& src, const Tensor& index, Tensor& out) = 0;
+
+  // ---- mixture of experts -------------------------------------------------------
+  // A token's path through its experts: the router (moe_route), a gather of
+  // its rows into expert order (gather_rows), all_to_all to the ranks that
+  // hold the experts and back, and the weighted sum of its experts' outputs
+  // (moe_combine). The dispatch's backward sums a token's gradients with
+  // embedding_backward (a scatter-add by token index in a fixed order).
+  //
+  // Router: logits (N, E) f32 -> probs (N, E) f32, the softmax over the E
+  // experts; lse (N) f32 its log-sum-exp; experts (N, K) i32 the K most
+  // probable experts in descending order of probability (ties: the lower
+  // expert first); weights (N, K) f32 their probabilities, divided by their
+  // sum when `renormalize` (Mixtral), as they are otherwise (Switch).
+  virtual void moe_route(const Tensor& logits, bool renormalize, Tensor& probs, Tensor& lse, Tensor& weights,
+                         Tensor& experts) = 0;
+  // dlogits (N, E) f32, overwritten: the gradient with respect to the
+  // logits of  Σ dweights ⊙ weights  +  Σ_{n,e} prob_grad[e] · probs[n, e]
+  // +  z_scale · Σ_n lse[n]²  — the combine's weights, a load-balancing loss
+  // (linear in the probabilities once the token counts are fixed) and the
+  // router z-loss. dweights (N, K) f32, prob_grad (E) f32; probs, lse and
+  // experts as moe_route wrote them.
+  virtual void moe_route_backward(const Tensor& dweights, const Tensor& probs, const Tensor& lse,
+                                  const Tensor& experts, const Tensor& prob_grad, float z_scale, bool renormalize,
+                                  Tensor& dlogits) = 0;
+  // out (N, C) row n = Σ_k weights[n, k] · rows[index[n, k]] over k = 0..K-1
+  // in that order (fp32 accumulation), skipping slots with index < 0 (a
+  // dropped token's expert); a token with every slot skipped gets a zero row.
+  // index (N, K) i32, weights (N, K) f32, rows (M, C) and out of one dtype.
+  // Each row of `rows` is read by at most one slot.
+  virtual void moe_combine(const Tensor& rows, const Tensor& index, const Tensor& weights, Tensor& out) = 0;
+  // Its backward, both overwritten: drows (M, C) row index[n, k] =
+  // weights[n, k] · dout[n], zero for rows that no slot reads; dweights
+  // (N, K) f32 = dout[n] · rows[index[n, k]], 0 for skipped slots.
+  virtual void moe_combine_backward(const Tensor& dout, const Tensor& rows, const Tensor& index,
+                                    const Tensor& weights, Tensor& drows, Tensor& dweights) = 0;
 
   // ---- normalisation ---------------------------------------------------------
   // x (N, C), weight/bias (C), out (N, C), mean/rstd (N) saved for backward.

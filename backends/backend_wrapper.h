@@ -95,6 +95,21 @@ class BackendWrapper : public Backend {
   void gather_rows(const Tensor& src, const Tensor& index, Tensor& out) override {
     target_.gather_rows(src, index, out);
   }
+  void moe_route(const Tensor& logits, bool renormalize, Tensor& probs, Tensor& lse, Tensor& weights,
+                 Tensor& experts) override {
+    target_.moe_route(logits, renormalize, probs, lse, weights, experts);
+  }
+  void moe_route_backward(const Tensor& dweights, const Tensor& probs, const Tensor& lse, const Tensor& experts,
+                          const Tensor& prob_grad, float z_scale, bool renormalize, Tensor& dlogits) override {
+    target_.moe_route_backward(dweights, probs, lse, experts, prob_grad, z_scale, renormalize, dlogits);
+  }
+  void moe_combine(const Tensor& rows, const Tensor& index, const Tensor& weights, Tensor& out) override {
+    target_.moe_combine(rows, index, weights, out);
+  }
+  void moe_combine_backward(const Tensor& dout, const Tensor& rows, const Tensor& index, const Tensor& weights,
+                            Tensor& drows, Tensor& dweights) override {
+    target_.moe_combine_backward(dout, rows, index, weights, drows, dweights);
+  }
   void rope(Tensor& x, int heads_total, int rotate_heads, float theta, bool inverse) override {
     target_.rope(x, heads_total, rotate_heads, theta, inverse);
   }

@@ -18,6 +18,7 @@ ActivationQuery activation_query(const ModelSpec& m, const Plan& p, const Activa
   q.micro_batch = p.micro_batch;
   q.seq = static_cast<double>(p.effective_seq_len(m)) / p.cp;
   q.tp = p.tp;
+  q.expert_tp = p.expert_tp();
   q.sequence_parallel = p.sequence_parallel;
   q.recompute = p.recompute;
   q.layout = a;
@@ -49,9 +50,18 @@ int inflight_microbatches(const Plan& p, int stage) {
 
 MemoryBreakdown memory_per_rank(const ModelSpec& m, const Plan& p, int stage, const ActivationLayout& a) {
   MemoryBreakdown r;
-  const ShardCount shard = count_shard_parameters(m, p.tp, p.stage_split(), p.ep, stage);
+  const ShardCount shard = count_shard_parameters(m, p.tp, p.stage_split(), p.ep, stage, p.expert_tp());
   r.parameter_count = shard.total;
+  // ZeRO shards dense parameters over dp and expert ones over their expert-data group
+  // (tp·cp·dp / (etp·ep) ranks): n counts a parameter as the share of it a rank holds.
+  const double experts = static_cast<double>(shard.expert);
+  const double edp = static_cast<double>(p.tp * p.cp * p.dp) / (p.expert_tp() * p.ep);
   const double n = static_cast<double>(shard.total);
+  const auto sharded = [&](int stage_needed, double bytes) {
+    if (p.zero < stage_needed) return n * bytes;
+    if (experts == 0) return n * bytes / p.dp;
+    return ((n - experts) / p.dp + experts / edp) * bytes;
+  };
   const bool mixed = p.precision != Precision::fp32;
   const double param_bytes = element_bytes(p.precision);
   const double grad_bytes = a.gradient_bytes > 0 ? a.gradient_bytes : element_bytes(p.precision);
@@ -59,15 +69,15 @@ MemoryBreakdown memory_per_rank(const ModelSpec& m, const Plan& p, int stage, co
   const double dp = p.dp;
   // The stage's chunks share its layers evenly; the stage's count follows the plan's split.
   const double layers_per_chunk = static_cast<double>(stage_layer_count(m, p.stage_split(), stage)) / p.vpp;
-  r.parameters = n * param_bytes / (p.zero >= 3 ? dp : 1.0);
-  r.gradients = n * grad_bytes / (p.zero >= 2 ? dp : 1.0);
-  r.optimizer = n * optimizer_bytes / (p.zero >= 1 ? dp : 1.0);
+  r.parameters = sharded(3, param_bytes);
+  r.gradients = sharded(2, grad_bytes);
+  r.optimizer = sharded(1, optimizer_bytes);
   if (p.zero >= 2) {
     std::int64_t largest_layer = 0, tied_embedding = 0;
     std::vector<std::int64_t> per_layer(static_cast<std::size_t>(m.layers), 0);
     for (const auto& info : parameter_table(m)) {
       if (info.layer >= 0 && info.layer < m.layers)
-        per_layer[static_cast<std::size_t>(info.layer)] += shard_numel(m, info, p.tp, p.ep);
+        per_layer[static_cast<std::size_t>(info.layer)] += shard_numel(m, info, p.tp, p.ep, p.expert_tp());
       if (info.name == "embed.tokens" && m.tied_embeddings) tied_embedding = shard_numel(m, info, p.tp, p.ep);
     }
     for (auto v : per_layer) largest_layer = std::max(largest_layer, v);
@@ -77,7 +87,7 @@ MemoryBreakdown memory_per_rank(const ModelSpec& m, const Plan& p, int stage, co
     else r.gradient_working = static_cast<double>(largest_layer) * grad_bytes;
     if (stage == 0 || stage == p.pp - 1) r.gradient_working += static_cast<double>(tied_embedding) * grad_bytes;
   }
-  if (p.zero == 1) r.gradient_shard = n * grad_bytes / dp;
+  if (p.zero == 1) r.gradient_shard = experts == 0 ? n * grad_bytes / dp : sharded(1, grad_bytes);
   r.inflight = inflight_microbatches(p, stage);
   // The stage's body blocks (hook index h is block h + 1), over all its chunks.
   const ModelBlocks blocks = model_blocks(m);

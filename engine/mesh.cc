@@ -5,8 +5,9 @@
 namespace meshtrain {
 
 std::string group_kind_name(GroupKind k) {
-  static const char* names[kGroupKinds] = {"tensor", "context",        "data",   "pipeline",
-                                           "embedding", "model_parallel", "expert", "expert_data"};
+  static const char* names[kGroupKinds] = {"tensor",         "context", "data",        "pipeline",
+                                           "embedding",      "model_parallel", "expert", "expert_data",
+                                           "expert_tensor",  "expert_model"};
   return names[static_cast<int>(k)];
 }
 
@@ -16,6 +17,7 @@ Mesh::Mesh(const Plan& plan)
       dp_(plan.dp),
       pp_(plan.pp),
       ep_(plan.ep),
+      etp_(plan.expert_tp()),
       world_(plan.tp * plan.pp * plan.dp * plan.cp),
       first_(plan.first_rank),
       next_id_(plan.group_id_base) {
@@ -40,10 +42,35 @@ Mesh::Mesh(const Plan& plan)
     for (int cp = 0; cp < cp_; ++cp)
       for (int tp = 0; tp < tp_; ++tp) {
         add(GroupKind::data, vary({tp, cp, 0, pp}, &Coord::dp, 0, dp_));
-        for (int block = 0; block < dp_; block += ep_)
-          add(GroupKind::expert, vary({tp, cp, 0, pp}, &Coord::dp, block, block + ep_));
-        for (int e = 0; e < ep_; ++e) add(GroupKind::expert_data, vary({tp, cp, 0, pp}, &Coord::dp, e, dp_, ep_));
       }
+  // The expert mesh of each stage (see mesh.h), over stage-local indices l.
+  const int stage_ranks = tp_ * cp_ * dp_, etp = etp_, ep = ep_, edp = stage_ranks / (etp_ * ep_);
+  for (int pp = 0; pp < pp_; ++pp) {
+    const int base = pp * stage_ranks;
+    auto local = [&](int e_tp, int e_p, int e_dp) { return base + e_tp + etp * (e_p + ep * e_dp); };
+    for (int d = 0; d < edp; ++d) {
+      std::vector<int> model;
+      for (int e = 0; e < ep; ++e)
+        for (int t = 0; t < etp; ++t) model.push_back(local(t, e, d));
+      add(GroupKind::expert_model, std::move(model));
+      for (int t = 0; t < etp; ++t) {
+        std::vector<int> group;
+        for (int e = 0; e < ep; ++e) group.push_back(local(t, e, d));
+        add(GroupKind::expert, std::move(group));
+      }
+      for (int e = 0; e < ep; ++e) {
+        std::vector<int> group;
+        for (int t = 0; t < etp; ++t) group.push_back(local(t, e, d));
+        add(GroupKind::expert_tensor, std::move(group));
+      }
+    }
+    for (int e = 0; e < ep; ++e)
+      for (int t = 0; t < etp; ++t) {
+        std::vector<int> group;
+        for (int d = 0; d < edp; ++d) group.push_back(local(t, e, d));
+        add(GroupKind::expert_data, std::move(group));
+      }
+  }
   for (int dp = 0; dp < dp_; ++dp)
     for (int cp = 0; cp < cp_; ++cp)
       for (int tp = 0; tp < tp_; ++tp) {

@@ -10,10 +10,20 @@
 // where first is 0, or a plan segment's first global rank (Plan::first_rank;
 // its groups' ids then start at Plan::group_id_base).
 //
-// Expert parallelism is carved out of the data-parallel ranks: data index d
-// has expert rank d % EP and sits in the expert group of the EP consecutive
-// data indices [d - d % EP, d - d % EP + EP); the expert-data group links the
-// ranks with equal d % EP (they hold the same experts).
+// Expert parallelism follows Megatron-Core's expert mesh: within a pipeline
+// stage the TP·CP·DP ranks, numbered l = tp + TP·(cp + CP·dp), are laid out
+// again as (etp, ep, edp), expert tensor parallel fastest:
+//
+//     etp = l % ETP,   ep = (l / ETP) % EP,   edp = l / (ETP·EP)
+//
+// With ETP = TP (the default) and CP = 1 that is the data index d carved into
+// expert groups of EP consecutive data indices [d - d % EP, d - d % EP + EP)
+// at one tp index, and expert-data groups of the ranks with equal d % EP
+// (they hold the same experts). With ETP = 1 the expert groups take
+// consecutive ranks, tensor-parallel ones first. Groups: expert (EP, the
+// all-to-all), expert_data (the replicas of the same experts: their
+// gradients' reduction and ZeRO), expert_tensor (ETP), expert_model (every
+// rank of one edp index in the stage: each expert shard once).
 #pragma once
 
 #include <array>
@@ -30,8 +40,19 @@ struct Coord {
   bool operator==(const Coord&) const = default;
 };
 
-enum class GroupKind { tensor, context, data, pipeline, embedding, model_parallel, expert, expert_data };
-inline constexpr int kGroupKinds = 8;
+enum class GroupKind {
+  tensor,
+  context,
+  data,
+  pipeline,
+  embedding,
+  model_parallel,
+  expert,
+  expert_data,
+  expert_tensor,
+  expert_model
+};
+inline constexpr int kGroupKinds = 10;
 std::string group_kind_name(GroupKind k);
 
 class Mesh {
@@ -44,6 +65,7 @@ class Mesh {
   int dp() const { return dp_; }
   int pp() const { return pp_; }
   int ep() const { return ep_; }
+  int etp() const { return etp_; }
 
   int first_rank() const { return first_; }
   int rank_of(Coord c) const { return first_ + c.tp + tp_ * (c.cp + cp_ * (c.dp + dp_ * c.pp)); }
@@ -59,7 +81,7 @@ class Mesh {
  private:
   void add(GroupKind k, std::vector<int> ranks);
 
-  int tp_, cp_, dp_, pp_, ep_, world_, first_;
+  int tp_, cp_, dp_, pp_, ep_, etp_, world_, first_;
   int next_id_;
   std::array<std::vector<Group>, kGroupKinds> groups_;
   // membership_[k][rank]: index into groups_[k], or -1.

@@ -26,6 +26,15 @@ Status MetricsWriter::write(const StepMetrics& m) {
                       {"tokens_per_s", m.tokens_per_s}};
   if (m.val_loss) j["val_loss"] = *m.val_loss;
   if (m.val_accuracy) j["val_accuracy"] = *m.val_accuracy;
+  if (m.moe) {
+    j["aux_loss"] = m.moe->aux_loss;
+    j["z_loss"] = m.moe->z_loss;
+    j["moe_balance"] = m.moe->balance;
+    j["expert_load_max_mean"] = m.moe->load_max_over_mean;
+    j["expert_load_mean_max_mean"] = m.moe->load_mean_max_over_mean;
+    j["dropped_fraction"] = m.moe->dropped_fraction;
+    j["tokens_per_expert"] = m.moe->tokens_per_expert;
+  }
   const std::string line = j.dump() + "\n";
   if (std::fwrite(line.data(), 1, line.size(), file_.get()) != line.size() ||
       std::fflush(file_.get()) != 0) {

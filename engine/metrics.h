@@ -7,10 +7,21 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "core/status.h"
 
 namespace meshtrain {
+
+// A mixture-of-experts model's figures of a step (engine/step_engine.h MoeStepStats).
+struct MoeMetrics {
+  double aux_loss = 0, z_loss = 0;  // the terms added to the objective
+  double balance = 0;               // E·Σ f·P per layer, mean (1: balanced)
+  double load_max_over_mean = 0;    // the worst MoE layer's max / mean tokens per expert
+  double load_mean_max_over_mean = 0;
+  double dropped_fraction = 0;
+  std::vector<std::vector<double>> tokens_per_expert;  // by MoE layer
+};
 
 struct StepMetrics {
   std::int64_t step = 0;
@@ -20,6 +31,7 @@ struct StepMetrics {
   double tokens_per_s = 0;
   std::optional<double> val_loss;      // written only when measured this step
   std::optional<double> val_accuracy;  // top-1, vision models, with val_loss
+  std::optional<MoeMetrics> moe;       // models with experts
 };
 
 // Appends to the file (a resumed run continues the same file) and flushes each
@@ -31,7 +43,10 @@ class MetricsWriter {
   static Result<MetricsWriter> open(const std::string& path);
 
   // {"step":…,"loss":…,"lr":…,"step_time_s":…,"tokens_per_s":…[,"val_loss":…[,"val_accuracy":…]]}
-  // (tokens_per_s counts images for a vision model).
+  // (tokens_per_s counts images for a vision model); a model with experts
+  // adds "aux_loss", "z_loss", "moe_balance", "expert_load_max_mean" (worst
+  // layer), "expert_load_mean_max_mean" (mean over layers), "dropped_fraction"
+  // and "tokens_per_expert" (one list per MoE layer, before drops).
   Status write(const StepMetrics& m);
 
  private:

@@ -22,7 +22,7 @@ const std::vector<std::string> kRecomputes = {"none", "selective", "full"};
 const std::vector<std::string> kPrecisions = {"fp32", "bf16", "fp16"};
 const std::vector<std::string> kGradSyncs = {"overlap", "after-backward"};
 const std::vector<std::string> kPlanFields = {"tp",        "pp",        "dp",           "cp",
-                                              "ep",        "vpp",       "zero",         "micro_batch",
+                                              "ep",        "etp",       "vpp",       "zero",         "micro_batch",
                                               "global_batch", "seq_len", "recompute",   "schedule",
                                               "precision", "sequence_parallel",
                                               "first_stage_layers", "last_stage_layers",
@@ -33,6 +33,36 @@ Result<E> parse_enum(const char* what, const std::string& s, const std::vector<s
   for (std::size_t i = 0; i < names.size(); ++i)
     if (names[i] == s) return static_cast<E>(i);
   return Error(unknown_name_message(what, s, names));
+}
+
+// Expert parallelism (engine/mesh.h's expert mesh) on an MoE model.
+Status validate_expert_plan(const Plan& p, const ModelSpec& m) {
+  const int etp = p.expert_tp();
+  if (p.etp < 0 || (etp != 1 && etp != p.tp))
+    return make_error("etp {} must be 1 (whole experts) or tp {} (experts split like the dense MLP)", p.etp, p.tp);
+  if (m.experts % p.ep != 0)
+    return make_error("experts {} are not divisible by ep {}; use an ep that divides {}", m.experts, p.ep,
+                      m.experts);
+  if (etp == p.tp && p.dp % p.ep != 0)
+    return make_error("ep {} must divide dp {}: expert parallel groups are carved out of the data-parallel ranks "
+                      "(tp·pp·dp = {}·{}·{} = {} ranks); use an ep that divides {}, or more data-parallel ranks",
+                      p.ep, p.dp, p.tp, p.pp, p.dp, p.world_size(), p.dp);
+  if (etp == 1 && (p.tp * p.dp) % p.ep != 0)
+    return make_error("ep {} must divide tp·dp = {}·{} = {}: with etp 1 the expert groups take the tensor- and "
+                      "data-parallel ranks of a stage; use an ep that divides {}",
+                      p.ep, p.tp, p.dp, p.tp * p.dp, p.tp * p.dp);
+  if (m.ffn % etp != 0)
+    return make_error("expert ffn width {} is not divisible by etp {}; use etp 1 or a tp that divides {}", m.ffn,
+                      etp, m.ffn);
+  if (m.shared_experts > 0 && (m.ffn * m.shared_experts) % p.tp != 0)
+    return make_error("shared experts' width {} (shared_experts {} · ffn {}) is not divisible by tp {}",
+                      m.ffn * m.shared_experts, m.shared_experts, m.ffn, p.tp);
+  const int rows = p.micro_batch * p.effective_seq_len(m);
+  if (p.tp > 1 && rows % p.tp != 0)
+    return make_error("each tp rank dispatches its share of a micro-batch's micro_batch·seq_len = {}·{} = {} tokens "
+                      "to the experts, which tp {} does not divide",
+                      p.micro_batch, p.effective_seq_len(m), rows, p.tp);
+  return ok_status();
 }
 
 }  // namespace
@@ -65,7 +95,8 @@ const std::vector<PlanIntField>& plan_int_fields() {
       {"pp", "--pp", &O::pp, kDegree, "pipeline-parallel size"},
       {"dp", "--dp", &O::dp, kDegree, "data-parallel size"},
       {"cp", "--cp", &O::cp, kDegree, "context-parallel size"},
-      {"ep", "--ep", &O::ep, kDegree, "expert-parallel size (divides dp)"},
+      {"ep", "--ep", &O::ep, kDegree, "expert-parallel size (divides dp; with --etp 1, tp·dp)"},
+      {"etp", "--etp", &O::etp, {0, kMaxWorldSize}, "expert tensor-parallel size: 1 (whole experts) or tp (0, the default)"},
       {"vpp", "--vpp", &O::vpp, {1, 1 << 16}, "model chunks per pipeline stage (interleaved schedule)"},
       {"zero", "--zero", &O::zero, {0, 3}, "ZeRO stage 0-3"},
       {"micro_batch", "--micro-batch", &O::micro_batch, {1, 1 << 20}, "sequences per micro-batch"},
@@ -114,6 +145,7 @@ Result<Plan> apply_overrides(Plan p, const PlanOverrides& o) {
   set(p.dp, o.dp);
   set(p.cp, o.cp);
   set(p.ep, o.ep);
+  set(p.etp, o.etp);
   set(p.vpp, o.vpp);
   set(p.zero, o.zero);
   set(p.micro_batch, o.micro_batch);
@@ -210,8 +242,10 @@ Status validate_plan(const Plan& p, const ModelSpec& m, int world_size) {
     if (m.kv_heads % p.tp != 0)
       return make_error("kv_heads {} are not divisible by tp {}; use a tp that divides {}", m.kv_heads, p.tp,
                         m.kv_heads);
-    if (m.ffn % p.tp != 0)
-      return make_error("ffn width {} is not divisible by tp {}; use a tp that divides {}", m.ffn, p.tp, m.ffn);
+    // An MoE model's experts split over etp; its dense layers and shared experts over tp.
+    const int mlp = m.moe() ? m.dense_mlp_width() : m.ffn;
+    if (mlp % p.tp != 0)
+      return make_error("ffn width {} is not divisible by tp {}; use a tp that divides {}", mlp, p.tp, mlp);
   }
   MT_TRY(check_stage_split(m, p.stage_split()));
   if (p.zero <= 1) {
@@ -243,14 +277,9 @@ Status validate_plan(const Plan& p, const ModelSpec& m, int world_size) {
     return make_error("global batch {} is not divisible by micro_batch·dp = {}·{} = {}; use a multiple of {}",
                       p.effective_global_batch(), p.micro_batch, p.dp, per_step, per_step);
   if (m.moe()) {
-    if (m.experts % p.ep != 0)
-      return make_error("experts {} are not divisible by ep {}; use an ep that divides {}", m.experts, p.ep,
-                        m.experts);
-    if (p.dp % p.ep != 0)
-      return make_error("ep {} must divide dp {}: expert parallel groups are carved out of the data-parallel "
-                        "ranks", p.ep, p.dp);
-  } else if (p.ep != 1) {
-    return make_error("ep {} given for a dense model '{}' (no experts); use ep 1", p.ep, m.name);
+    MT_TRY(validate_expert_plan(p, m));
+  } else if (p.ep != 1 || p.etp > 1) {
+    return make_error("ep {} (etp {}) given for a dense model '{}' (no experts); use ep 1", p.ep, p.etp, m.name);
   }
   if (p.schedule == ScheduleKind::interleaved) {
     if (p.vpp < 2) return make_error("the interleaved schedule needs vpp >= 2 model chunks per stage, got vpp {}", p.vpp);
@@ -301,6 +330,7 @@ nlohmann::json plan_to_json(const Plan& p) {
       j["segments"].push_back(std::move(seg));
     }
   }
+  if (p.etp != 0) j["etp"] = p.etp;
   return j;
 }
 

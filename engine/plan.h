@@ -38,7 +38,10 @@ struct Plan {
   int pp = 1;   // pipeline parallel
   int dp = 1;   // data parallel
   int cp = 1;   // context parallel (sequence split across ranks)
-  int ep = 1;   // expert parallel, carved out of the data-parallel ranks
+  int ep = 1;   // expert parallel, carved out of the data-parallel ranks (engine/mesh.h)
+  // Expert tensor parallel: how many ranks split each expert's matrices, 1
+  // or tp; 0 means tp (Megatron-Core's default).
+  int etp = 0;
   int vpp = 1;  // model chunks per pipeline stage (interleaving)
   int zero = 0; // ZeRO stage 0..3 over the data-parallel group
   int micro_batch = 1;
@@ -82,6 +85,7 @@ struct Plan {
 
   // Ranks the plan runs on: tp·pp·dp·cp, or every segment's (the union).
   int world_size() const;
+  int expert_tp() const { return etp > 0 ? etp : tp; }
   int effective_global_batch() const { return global_batch > 0 ? global_batch : micro_batch * dp; }
   // Micro-batches each pipeline runs per iteration.
   int microbatches() const { return effective_global_batch() / (micro_batch * dp); }
@@ -94,7 +98,7 @@ struct Plan {
 // Flags and file fields override the defaults only where given; a flag beats
 // the file. Kept as optionals so the merge can tell "given" from "default".
 struct PlanOverrides {
-  std::optional<int> tp, pp, dp, cp, ep, vpp, zero, micro_batch, global_batch, seq_len;
+  std::optional<int> tp, pp, dp, cp, ep, etp, vpp, zero, micro_batch, global_batch, seq_len;
   std::optional<int> first_stage_layers, last_stage_layers;
   // Micro-batches per pipeline per iteration: sets global_batch to
   // micro_batch · dp · microbatches (the two must agree when both are given).

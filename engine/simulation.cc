@@ -28,6 +28,34 @@ Error out_of_memory(const StageResult& s, const Plan& p, double device_bytes) {
       std::min(p.zero + 1, 2));
 }
 
+MoeSimulation moe_simulation(const ModelSpec& m, const Plan& p, const MoeRouting& routing, int moe_layers,
+                             const SimulationResult& r) {
+  MoeSimulation s;
+  s.routing = routing.spec();
+  const double assignments = static_cast<double>(p.effective_global_batch()) * p.effective_seq_len(m) * m.top_k;
+  const int local = m.experts / p.ep;
+  for (int l = 0; l < moe_layers; ++l) {
+    const std::vector<double> shares = routing.shares(l, m.experts);
+    std::vector<double> tokens;
+    double max = 0, busiest = 0;
+    for (double share : shares) tokens.push_back(share * assignments), max = std::max(max, share);
+    for (int q = 0; q < p.ep; ++q) {
+      double load = 0;
+      for (int e = q * local; e < (q + 1) * local; ++e) load += shares[static_cast<std::size_t>(e)];
+      busiest = std::max(busiest, load * p.ep);
+    }
+    s.load_max_over_mean = std::max(s.load_max_over_mean, max * m.experts);
+    s.busiest_rank_load = std::max(s.busiest_rank_load, busiest);
+    s.tokens_per_expert.push_back(std::move(tokens));
+  }
+  // Each stage's EP groups are its own: the summed time over stages, per stage.
+  const auto& a2a = r.collectives[static_cast<std::size_t>(sim::CollectiveKind::kAllToAll)];
+  s.all_to_all_s = a2a.time_s / p.pp;
+  s.all_to_all_exposed_s = s.all_to_all_s;
+  s.all_to_all_share = s.all_to_all_exposed_s / r.iteration_s;
+  return s;
+}
+
 }  // namespace
 
 Result<AttentionImpl> attention_impl_from_name(std::string_view name) {
@@ -72,7 +100,6 @@ Result<SimulationResult> simulate_iteration(const ModelSpec& m, const Plan& p,
                                             const SimulateOptions& options) {
   if (Status s = StepEngine::supports(p); !s)
     return std::move(s.context("the step engine cannot run this plan yet")).error();
-  MT_TRY(StepEngine::supports(m));
   const Mesh mesh(p);
   std::vector<int> reps;
   for (int stage = 0; stage < p.pp; ++stage) reps.push_back(mesh.rank_of(Coord{0, 0, 0, stage}));
@@ -81,6 +108,12 @@ Result<SimulationResult> simulate_iteration(const ModelSpec& m, const Plan& p,
   step_options.dropout = options.dropout;       // the engine's dropout kernels, timed
   MT_TRY(check_step_options(step_options));
   MT_TRY(check_simulation_size(m, p));
+  int moe_layers = 0;
+  for (int l = 0; l < m.layers; ++l) moe_layers += m.moe_layer(l) ? 1 : 0;
+  if (m.moe()) {
+    MT_TRY(options.moe_routing.check(m.experts, moe_layers));
+    step_options.moe_routing = std::make_shared<MoeRouting>(options.moe_routing);
+  }
   SimOptions sim_options;
   sim_options.trace = options.trace;
   sim_options.calibration = options.calibration;
@@ -138,6 +171,7 @@ Result<SimulationResult> simulate_iteration(const ModelSpec& m, const Plan& p,
     }
     out.stages.push_back(s);
   }
+  if (m.moe()) out.moe = moe_simulation(m, p, options.moe_routing, moe_layers, out);
   if (options.check_memory)
     for (const StageResult& s : out.stages)
       if (static_cast<double>(s.peak_bytes) > options.cluster.device.memory_bytes)

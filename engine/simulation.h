@@ -26,6 +26,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -34,6 +35,7 @@
 #include "engine/memory_model.h"
 #include "engine/plan.h"
 #include "models/model_spec.h"
+#include "models/moe_routing.h"
 #include "simulator/cluster_spec.h"
 
 namespace meshtrain {
@@ -49,6 +51,27 @@ struct SimulateOptions {
   // the attention probabilities), as the training run used.
   AttentionImpl attention = AttentionImpl::flash;
   float dropout = 0.f;
+  // How a model with experts spreads its tokens over them (the sim holds no
+  // data to route): models/moe_routing.h.
+  MoeRouting moe_routing = MoeRouting::uniform();
+};
+
+// A model with experts: its expert parallelism as simulated. The step
+// waits for the EP rank whose experts receive the most (the representative
+// rank is taken to be it), so skewed routing slows every rank.
+struct MoeSimulation {
+  std::string routing;  // the --moe-routing spec
+  // Per iteration, per MoE layer: assignments routed to each expert (global
+  // batch · seq · top_k split by the routing's shares), and max / mean of them.
+  std::vector<std::vector<double>> tokens_per_expert;
+  double load_max_over_mean = 0;
+  // The busiest EP rank's share of its group's assignments over an even share (1: balanced).
+  double busiest_rank_load = 0;
+  // All-to-all time per iteration (per pipeline stage, mean over stages), and
+  // the share of the iteration that the compute stream waits for it: the
+  // engine issues the dispatch and combine all-to-alls on the compute stream
+  // (Megatron-Core without its all-to-all overlap), so all of it is exposed.
+  double all_to_all_s = 0, all_to_all_exposed_s = 0, all_to_all_share = 0;
 };
 
 // "flash" / "unfused", and back; unknown names are an Error listing both.
@@ -73,6 +96,7 @@ struct SimulationResult {
   std::array<SimCollectiveStats, sim::kNumCollectiveKinds> collectives{};
   std::uint64_t tasks = 0, events = 0;
   std::string trace_json;
+  std::optional<MoeSimulation> moe;  // models with experts
 };
 
 // Validates that the step engine supports `p` and that the cluster has room,

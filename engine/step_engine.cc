@@ -1,5 +1,6 @@
 #include "engine/step_engine.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "engine/parallel/gradient_buckets.h"
@@ -49,15 +50,6 @@ struct StepEngine::Chunk {
 
 Status StepEngine::supports(const Plan& p) {
   if (p.cp != 1) return make_error("context parallelism (cp {}) is not implemented by the step engine; use cp 1", p.cp);
-  if (p.ep != 1) return make_error("expert parallelism (ep {}) is not implemented by the step engine; use ep 1", p.ep);
-  return ok_status();
-}
-
-Status StepEngine::supports(const ModelSpec& m) {
-  if (m.moe())
-    return make_error("model '{}' is a mixture of experts (experts {}, top_k {}), which the step engine does not "
-                      "implement yet; train or simulate a dense model (leave out experts and top_k)",
-                      m.name, m.experts, m.top_k);
   return ok_status();
 }
 
@@ -72,7 +64,7 @@ StepEngine::~StepEngine() = default;
 
 StepEngine::StepEngine(Backend& b, const ModelSpec& m, const Plan& p, const Mesh& mesh, StepOptions options)
     : b_(b), m_(m), plan_(p), mesh_(mesh), options_(options), coord_(mesh.coord_of(b.rank())) {
-  if (Status s = supports(p).ok() ? supports(m) : supports(p); !s) {
+  if (Status s = supports(p); !s) {
     setup_error_ = s.error();
     return;
   }
@@ -86,6 +78,13 @@ StepEngine::StepEngine(Backend& b, const ModelSpec& m, const Plan& p, const Mesh
   comm_ = b.create_stream("data-parallel");
   const TensorParallel tp{*mesh.group_of(GroupKind::tensor, b.rank()), coord_.tp, p.tp};
   const Group& dp = *mesh.group_of(GroupKind::data, b.rank());
+  // The expert mesh (engine/mesh.h): used by the MoE layers and their gradients.
+  ExpertParallel expert;
+  const Group& ep_group = *mesh.group_of(GroupKind::expert, b.rank());
+  const Group& etp_group = *mesh.group_of(GroupKind::expert_tensor, b.rank());
+  expert.group = ep_group, expert.rank = ep_group.index_of(b.rank()), expert.size = ep_group.size();
+  expert.tensor = etp_group, expert.tensor_rank = etp_group.index_of(b.rank()), expert.tensor_size = etp_group.size();
+  for (int l = 0; l < m.layers; ++l) moe_layers_ += m.moe_layer(l) ? 1 : 0;
   const int virtual_stages = p.pp * p.vpp;
   // Both pipeline ends hold the tied embedding; their gradients are summed before the dp reduction.
   const bool defer_embedding = m.tied_embeddings && p.pp > 1;
@@ -105,10 +104,13 @@ StepEngine::StepEngine(Backend& b, const ModelSpec& m, const Plan& p, const Mesh
     chunk_options.storage.persistent_values = p.zero < 3;
     chunk_options.storage.value_dtype = activation_dtype(p.precision);
     chunk_options.sequence_parallel = p.sequence_parallel;
+    chunk_options.expert = expert;
+    chunk_options.routing = options.moe_routing;
     chunk->model = std::make_unique<ModelChunk>(b, m_, layers, tp, chunk_options);
     ParameterStore& params = chunk->model->parameters();
     chunk->buckets = std::make_unique<GradientBuckets>(b, m_, params, layers.head, dp, p.zero, bucket_elements,
-                                                       defer_embedding, compute_, comm_);
+                                                       defer_embedding, compute_, comm_,
+                                                       *mesh.group_of(GroupKind::expert_data, b.rank()));
     if (p.zero >= 3) {
       std::vector<int> order;
       if (layers.embedding) order.push_back(-1);
@@ -206,7 +208,21 @@ Status StepEngine::check_batch(const HostBatch& h) const {
   return ok_status();
 }
 
+void StepEngine::add_expert_sumsq() {
+  if (!m_.moe()) return;
+  Tensor sumsq = b_.empty(Shape{1});
+  b_.fill(sumsq, 0.f);
+  for (auto& c : chunks_) c->adam->accumulate_sumsq(sumsq, [](const ParamSlot& s) { return s.info.expert; });
+  // ZeRO shards each expert over its replicas; the replicas of one edp index
+  // hold every expert shard once; the stages hold the layers.
+  if (plan_.zero >= 1) b_.all_reduce(sumsq, *mesh_.group_of(GroupKind::expert_data, b_.rank()), ReduceOp::sum);
+  b_.all_reduce(sumsq, *mesh_.group_of(GroupKind::expert_model, b_.rank()), ReduceOp::sum);
+  b_.all_reduce(sumsq, *mesh_.group_of(GroupKind::pipeline, b_.rank()), ReduceOp::sum);
+  b_.add(grad_sumsq_, sumsq, grad_sumsq_);
+}
+
 bool StepEngine::counts_in_norm(const Chunk& c, const ParamSlot& slot) const {
+  if (slot.info.expert) return false;  // add_expert_sumsq counts them
   // Replicated over tp: identical on every tp rank, counted on the first.
   if (slot.info.split == TpSplit::replicated && coord_.tp != 0) return false;
   // The last stage's copy of the tied embedding has the same (summed) gradient as the first's.
@@ -234,6 +250,7 @@ Status StepEngine::begin_step(const std::vector<HostBatch>& microbatches, std::i
                       microbatches.size(), m);
   for (auto& c : chunks_) {
     c->model->parameters().zero_grads();
+    c->model->moe_statistics().clear(b_);
     c->buckets->begin_step();
     c->saved.clear();
     c->saved.resize(static_cast<std::size_t>(m));
@@ -317,6 +334,7 @@ const Tensor& StepEngine::reduce_grad_norm() {
   // Without ZeRO every replica holds the same reduced gradients: sum over one replica only.
   if (plan_.zero >= 1) b_.all_reduce(grad_sumsq_, *mesh_.group_of(GroupKind::data, b_.rank()), ReduceOp::sum);
   b_.all_reduce(grad_sumsq_, *mesh_.group_of(GroupKind::model_parallel, b_.rank()), ReduceOp::sum);
+  add_expert_sumsq();
   return grad_sumsq_;
 }
 
@@ -342,7 +360,10 @@ Result<StepResult> StepEngine::step(const std::vector<HostBatch>& microbatches, 
   float host[2] = {0, 0};
   MT_TRY(b_.read(loss_total_, std::span<float>(host, 1)).context(fmt::format("step {}", step)));
   MT_TRY(b_.read(grad_sumsq_, std::span<float>(host + 1, 1)).context(fmt::format("step {}", step)));
-  StepResult r{host[0] / loss_terms_, std::sqrt(static_cast<double>(host[1]))};
+  StepResult r{host[0] / loss_terms_, std::sqrt(static_cast<double>(host[1])), {}};
+  if (m_.moe()) {
+    MT_ASSIGN(r.moe, moe_statistics());
+  }
   MT_TRY(check_finite(r, step));
   Tensor coef;
   if (options_.optimizer.max_grad_norm > 0) {
@@ -358,6 +379,46 @@ Status check_finite(const StepResult& r, std::int64_t step) {
   return make_error("step {}: the loss is {} (gradient norm {}); stopping before the update, so the "
                     "parameters are those of step {}; lower --lr or check the data",
                     step, r.loss, r.grad_norm, step - 1);
+}
+
+Result<MoeStepStats> StepEngine::moe_statistics() {
+  // [Σ balance, Σ router z, assignments, dropped, tokens (MoE layer × expert)], summed like the loss.
+  const std::int64_t E = m_.experts, L = moe_layers_;
+  std::vector<float> host(static_cast<std::size_t>(4 + L * E), 0.f);
+  Tensor sums = b_.empty(Shape{static_cast<std::int64_t>(host.size())});
+  for (auto& c : chunks_) {
+    MoeStatistics& st = c->model->moe_statistics();
+    host[2] += static_cast<float>(st.assignments);
+    host[3] += static_cast<float>(st.dropped);
+    for (const auto& [layer, tokens] : st.tokens)
+      for (std::int64_t e = 0; e < E; ++e)
+        host[static_cast<std::size_t>(4 + layer * E + e)] += static_cast<float>(tokens[static_cast<std::size_t>(e)]);
+  }
+  b_.write(sums, host);
+  for (auto& c : chunks_) {
+    Tensor losses = sums.slice(0, 2);
+    b_.axpy(1.f, c->model->moe_statistics().losses, losses);
+  }
+  b_.all_reduce(sums, *mesh_.group_of(GroupKind::data, b_.rank()), ReduceOp::sum);
+  b_.all_reduce(sums, *mesh_.group_of(GroupKind::pipeline, b_.rank()), ReduceOp::sum);
+  MT_TRY(b_.read(sums, host));
+  MoeStepStats st;
+  const double micro_batches = static_cast<double>(plan_.effective_global_batch()) / plan_.micro_batch;
+  st.aux_loss = m_.aux_loss_coeff * host[0] / micro_batches;
+  st.z_loss = m_.z_loss_coeff * host[1] / micro_batches;
+  st.balance = host[0] / (micro_batches * static_cast<double>(L));
+  st.router_z = host[1] / (micro_batches * static_cast<double>(L));
+  st.dropped_fraction = host[2] > 0 ? host[3] / host[2] : 0.0;
+  for (std::int64_t l = 0; l < L; ++l) {
+    std::vector<double> tokens(host.begin() + 4 + l * E, host.begin() + 4 + (l + 1) * E);
+    double max = 0, sum = 0;
+    for (double t : tokens) max = std::max(max, t), sum += t;
+    const double ratio = sum > 0 ? max / (sum / static_cast<double>(E)) : 0.0;
+    st.load_max_over_mean = std::max(st.load_max_over_mean, ratio);
+    st.load_mean_max_over_mean += ratio / static_cast<double>(L);
+    st.tokens_per_expert.push_back(std::move(tokens));
+  }
+  return st;
 }
 
 Result<double> StepEngine::evaluate(const std::vector<HostBatch>& batches) {
@@ -418,6 +479,10 @@ Result<std::map<std::string, std::vector<float>>> StepEngine::export_state() {
   if (setup_error_) return *setup_error_;
   std::map<std::string, std::vector<float>> out;
   const Group& tp = *mesh_.group_of(GroupKind::tensor, b_.rank());
+  // Expert shards differ over the expert_model group: member q holds expert
+  // tensor shard q % etp of the experts of EP rank q / etp.
+  const Group& experts = *mesh_.group_of(GroupKind::expert_model, b_.rank());
+  const int etp = plan_.expert_tp();
   for (auto& c : chunks_) {
     ParameterStore& params = c->model->parameters();
     std::vector<float> flat[3];
@@ -426,17 +491,20 @@ Result<std::map<std::string, std::vector<float>>> StepEngine::export_state() {
       // The tied copy on the last stage equals the first stage's embedding.
       if (slot.info.name == "embed.tokens" && !c->model->layers().embedding) continue;
       const std::int64_t n = slot.numel;
+      const Group& over = slot.info.expert ? experts : tp;
+      const int G = over.size();
       for (int k = 0; k < 3; ++k) {
-        // Every tp rank's shard, then each element to its place in the full tensor.
-        Tensor shard = b_.empty(Shape{n}), all = b_.empty(Shape{n * plan_.tp});
+        // Every tp (or expert) rank's shard, then each element to its place in the full tensor.
+        Tensor shard = b_.empty(Shape{n}), all = b_.empty(Shape{n * G});
         b_.write(shard, std::span<const float>(flat[k]).subspan(static_cast<std::size_t>(slot.offset),
                                                                  static_cast<std::size_t>(n)));
-        b_.all_gather(shard, all, tp);
-        std::vector<float> host(static_cast<std::size_t>(n * plan_.tp));
+        b_.all_gather(shard, all, over);
+        std::vector<float> host(static_cast<std::size_t>(n * G));
         MT_TRY(b_.read(all, host));
         std::vector<float> full(static_cast<std::size_t>(slot.info.numel()));
-        for (int t = 0; t < plan_.tp; ++t) {
-          const ShardCoord sc{t, plan_.tp, 0, 1};
+        for (int t = 0; t < G; ++t) {
+          const ShardCoord sc = slot.info.expert ? ShardCoord{0, plan_.tp, t / etp, G / etp, t % etp, etp}
+                                                 : ShardCoord{t, plan_.tp, 0, 1};
           for (std::int64_t i = 0; i < n; ++i) {
             const std::int64_t f = full_index(m_, slot.info, sc, i);
             if (f >= 0) full[static_cast<std::size_t>(f)] = host[static_cast<std::size_t>(t * n + i)];

@@ -46,6 +46,9 @@ struct StepOptions {
   OptimizerOptions optimizer;
   float dropout = 0.f;
   std::uint64_t seed = 1234;  // initialisation and dropout
+  // How a backend without data (sim) spreads tokens over experts
+  // (models/moe_routing.h); null: the routers decide on the data.
+  std::shared_ptr<const MoeRouting> moe_routing;
   // false: leave parameter values as the backend allocated them. The sim
   // backend holds no data, and the host-side init loop over every element
   // would dominate simulating a 100B+ model.
@@ -74,9 +77,24 @@ struct HostBatch {
 // `m` (token ids, or blank images and labels), for timing and simulation.
 HostBatch example_batch(const ModelSpec& m, int micro_batch, int seq);
 
+// A mixture-of-experts model's figures of one step (models/moe_layer.h), over
+// the global batch.
+struct MoeStepStats {
+  double aux_loss = 0;  // the load-balancing terms added to the objective (coefficient included), all MoE layers
+  double z_loss = 0;    // the router z-loss terms added (coefficient included)
+  double balance = 0;   // E·Σ_e f_e·P_e per MoE layer and micro-batch, mean (1: balanced routing)
+  double router_z = 0;  // mean over MoE layers and micro-batches of mean_n lse_n²
+  // Assignments per expert (before drops) over the step, by MoE layer; and
+  // max / mean of them, the worst layer's and the mean over layers.
+  std::vector<std::vector<double>> tokens_per_expert;
+  double load_max_over_mean = 0, load_mean_max_over_mean = 0;
+  double dropped_fraction = 0;  // share of assignments the capacity dropped
+};
+
 struct StepResult {
   double loss = 0;       // mean loss over the global batch's targets (tokens or images)
   double grad_norm = 0;  // global L2 norm before clipping
+  MoeStepStats moe;      // a model with experts only
 };
 
 // An error naming the step when the loss or the gradient norm is not finite
@@ -112,9 +130,7 @@ class StepEngine {
   // names what it cannot do. A StepEngine built for such a plan returns the
   // same Error from every method.
   static Status supports(const Plan& p);
-  // Whether this engine can run model `m`: mixture-of-experts models are
-  // refused by name until the engine implements expert layers.
-  static Status supports(const ModelSpec& m);
+
 
   // Runs one iteration over this rank's micro-batches, with learning rate
   // `lr` at 1-based optimizer step `step`. A rank receives its data-parallel
@@ -177,6 +193,10 @@ class StepEngine {
   std::function<Shape(int, int, bool)> boundaries(const std::vector<MicroBatch>& mbs) const;
   bool counts_in_norm(const Chunk& c, const ParamSlot& slot) const;
   Status all_reduce_tied_embedding();
+  // Adds the expert parameters' squared gradient norm to grad_sumsq_ (each expert shard once).
+  void add_expert_sumsq();
+  // The MoE layers' statistics of this step, summed over replicas and stages. BLOCKS.
+  Result<MoeStepStats> moe_statistics();
 
   Backend& b_;
   ModelSpec m_;
@@ -190,6 +210,7 @@ class StepEngine {
   Tensor loss_total_;  // (1) Σ token losses of the iteration on this rank
   Tensor grad_sumsq_, clip_coef_;
   Tensor eval_stats_;  // (3) of the evaluation in progress
+  int moe_layers_ = 0;  // of the whole model
   std::optional<Error> setup_error_;
   SegmentBoundary* boundary_ = nullptr;
   // The iteration (or evaluation) in progress.

@@ -70,7 +70,6 @@ Status check_train_options(const TrainOptions& o, const ModelSpec& m, const Plan
   if (o.resume && o.overwrite_checkpoint)
     return make_error("--resume continues the checkpoint and --overwrite-checkpoint replaces it; give one of them");
   MT_TRY(StepEngine::supports(p));
-  MT_TRY(StepEngine::supports(m));
   MT_TRY(check_training_data(o.data, m, p));
   MT_TRY(check_train_memory(o, m, p, host_ranks));
   if (!o.metrics.empty()) MT_TRY(MetricsWriter::open(o.metrics));
@@ -158,6 +157,13 @@ Status train_rank(Backend& b, const ModelSpec& m, const Plan& p, const TrainOpti
     if (!result.ok()) return make_error("{}; {}", result.error().message(), checkpoint_note());
     StepMetrics sm{step, result->loss, lr, seconds_since(t0), 0, std::nullopt};
     sm.tokens_per_s = tokens_per_step / sm.step_time_s;
+    if (m.moe()) {
+      const MoeStepStats& e = result->moe;
+      sm.moe = MoeMetrics{e.aux_loss,           e.z_loss,
+                          e.balance,            e.load_max_over_mean,
+                          e.load_mean_max_over_mean, e.dropped_fraction,
+                          e.tokens_per_expert};
+    }
     if (o.eval_every > 0 && (step % o.eval_every == 0 || step == last_step)) {
       MT_ASSIGN(Evaluation v, engine.evaluate_metrics(val));
       sm.val_loss = v.loss;
@@ -172,6 +178,10 @@ Status train_rank(Backend& b, const ModelSpec& m, const Plan& p, const TrainOpti
             format_progress(step, o.steps, sm.loss, sm.tokens_per_s, seconds_since(start), data->unit());
         if (sm.val_loss) line += fmt::format(" | val {:.4f}", *sm.val_loss);
         if (sm.val_accuracy) line += fmt::format(" | val acc {:.2f}%", 100 * *sm.val_accuracy);
+        if (sm.moe) {
+          line += fmt::format(" | aux {:.4f} | load max/mean {:.2f}", sm.moe->aux_loss, sm.moe->load_max_over_mean);
+          if (m.capacity_factor > 0) line += fmt::format(" | dropped {:.1f}%", 100 * sm.moe->dropped_fraction);
+        }
         fmt::print("{}\n", line);
         std::fflush(stdout);
       }

@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -40,6 +41,32 @@ struct TensorParallel {
   Group group;  // the tensor-parallel group (size 1 without tp)
   int rank = 0;
   int size = 1;
+};
+
+class MoeRouting;
+
+// Expert parallelism (models/moe_layer.h): this rank's place in the expert
+// mesh. Expert weights are split over `group` (EP: each rank holds
+// experts/size of them) and, within an expert, over `tensor` (expert tensor
+// parallelism, etp: the tp group, or this rank alone).
+struct ExpertParallel {
+  Group group;  // size 1 without expert parallelism
+  int rank = 0, size = 1;
+  Group tensor;
+  int tensor_rank = 0, tensor_size = 1;
+};
+
+// What the mixture-of-experts layers report about the micro-batches whose
+// forward kept activations (training, and evaluation forwards; the engine
+// clears it at every step).
+struct MoeStatistics {
+  // (2) f32: Σ over micro-batches and MoE layers of the load-balancing loss
+  // E·Σ_e f_e·P_e (1 when balanced) and of the mean squared router
+  // log-sum-exp, before their coefficients.
+  Tensor losses;
+  std::map<int, std::vector<double>> tokens;  // by MoE layer (model-wide index): assignments per expert, before drops
+  double assignments = 0, dropped = 0;
+  void clear(Backend& b);
 };
 
 struct ChunkOptions {
@@ -62,6 +89,10 @@ struct ChunkOptions {
   // in backward; norm weight gradients are all-reduced over tp. A chunk's
   // input and output are then (N/tp, C).
   bool sequence_parallel = false;
+  ExpertParallel expert;
+  // How tokens spread over experts where the backend holds no data to route
+  // them (the sim backend); null: the router decides on the data.
+  std::shared_ptr<const MoeRouting> routing;
 };
 
 // One micro-batch as the blocks read it.
@@ -104,6 +135,7 @@ struct ActivationQuery {
   double micro_batch = 1;  // B
   double seq = 0;          // T at the model's input (this rank's share under context parallelism)
   int tp = 1;
+  int expert_tp = 0;  // expert tensor parallelism; 0: as tp
   bool sequence_parallel = false;
   Recompute recompute = Recompute::none;
   ActivationLayout layout;

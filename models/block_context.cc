@@ -12,7 +12,18 @@ BlockContext::BlockContext(Backend& backend, const ModelSpec& spec, ParameterSto
       tp(std::move(tensor)),
       options(chunk_options),
       act(chunk_options.storage.value_dtype),
-      sp(chunk_options.sequence_parallel && tp.size > 1) {}
+      sp(chunk_options.sequence_parallel && tp.size > 1) {
+  if (m.moe()) {
+    moe_.losses = b.empty(Shape{2});
+    moe_.clear(b);
+  }
+}
+
+void MoeStatistics::clear(Backend& b) {
+  if (losses.defined()) b.fill(losses, 0.f);
+  tokens.clear();
+  assignments = dropped = 0;
+}
 
 void BlockContext::tp_all_reduce(Tensor& x) {
   if (tp.size > 1) b.all_reduce(x, tp.group, ReduceOp::sum);

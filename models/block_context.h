@@ -72,6 +72,10 @@ class BlockContext {
   // elements of its rows of the whole (N, width) tensor.
   DropoutOp dropout(const MicroBatch& mb, int layer, int site, std::int64_t rows, std::int64_t width) const;
 
+  // What the MoE layers of this chunk report (models/moe_layer.h); its
+  // tensors exist when the model has experts.
+  MoeStatistics& moe_statistics() { return moe_; }
+
   // An index map (or any constant i32 tensor) built on the host once per key
   // and kept for the chunk's lifetime (window partitions, merges, positions).
   const Tensor& constant_ids(const std::string& key, const std::function<std::vector<std::int32_t>()>& build);
@@ -81,6 +85,7 @@ class BlockContext {
 
  private:
   std::map<std::string, Tensor> constants_;
+  MoeStatistics moe_;
 };
 
 }  // namespace meshtrain

@@ -28,9 +28,18 @@ void add_decoder(const ModelSpec& m, ModelBlocks& out) {
   shape.rope_theta = m.rope_theta;
   shape.activation = m.activation;
   shape.bias = m.bias;
-  shape.experts = m.experts, shape.top_k = m.top_k;
-  for (int l = 0; l < m.layers; ++l)
-    push(out, std::make_unique<TransformerLayerDef>(l, layer_name(l), shape, m.norm), "layers");
+  shape.head_dim = m.head_dim_size;
+  int moe_index = 0;
+  for (int l = 0; l < m.layers; ++l) {
+    LayerShape layer = shape;
+    if (m.moe_layer(l)) {
+      layer.moe = MoeShape{m.experts,         m.top_k,          m.shared_experts, m.renormalize,
+                           m.capacity_factor, m.aux_loss_coeff, m.z_loss_coeff,   moe_index++};
+    } else {
+      layer.ffn = m.dense_mlp_width();
+    }
+    push(out, std::make_unique<TransformerLayerDef>(l, layer_name(l), layer, m.norm), "layers");
+  }
   push(out, std::make_unique<LmHeadDef>(m), "head");
 }
 

@@ -50,7 +50,10 @@ ModelChunk::ModelChunk(Backend& b, const ModelSpec& m, ChunkLayers layers, Tenso
       begin_(block_range(m_, layers).first),
       end_(block_range(m_, layers).second),
       layers_(layers),
-      params_(b, m_, chunk_parameters(defs_, begin_, end_), ShardCoord{tp.rank, tp.size, 0, 1}, options.storage),
+      params_(b, m_, chunk_parameters(defs_, begin_, end_),
+              ShardCoord{tp.rank, tp.size, options.expert.rank, options.expert.size, options.expert.tensor_rank,
+                         options.expert.tensor_size},
+              options.storage),
       ctx_(b, m_, params_, std::move(tp), options) {
   for (std::size_t i = begin_; i < end_; ++i) blocks_.push_back(defs_[i]->instantiate(ctx_));
 }

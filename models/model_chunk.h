@@ -65,6 +65,8 @@ class ModelChunk {
   Shape boundary_shape(int batch, int seq, bool output) const;
 
   void set_hooks(LayerHooks hooks) { hooks_ = std::move(hooks); }
+  // What the chunk's mixture-of-experts layers reported since the last clear.
+  MoeStatistics& moe_statistics() { return ctx_.moe_statistics(); }
 
  private:
   Backend& b_;

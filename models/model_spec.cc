@@ -108,6 +108,17 @@ ModelSpec swin(std::string name, int hidden, std::vector<int> depths, std::vecto
   return m;
 }
 
+// Mixture-of-experts decoders: Llama-style layers whose MLP is `experts`
+// SwiGLU experts of width `ffn`, top_k of them per token, renormalised.
+ModelSpec moe(std::string name, int layers, int hidden, int heads, int kv_heads, int ffn, int experts, int top_k,
+              int vocab, float aux_loss_coeff) {
+  ModelSpec m = llama(std::move(name), layers, hidden, heads, kv_heads, ffn, vocab, 4096, 1e6f);
+  m.experts = experts;
+  m.top_k = top_k;
+  m.aux_loss_coeff = aux_loss_coeff;
+  return m;
+}
+
 // Sources: GPT-2 (Radford et al. 2019, Table 2 and the released configs);
 // GPT-3 (Brown et al. 2020, Table 2.1); Llama 2 (Touvron et al. 2023, released
 // params.json); Llama 3 (Dubey et al. 2024, Table 3); Megatron (Narayanan et al. 2021, Table 1).
@@ -131,6 +142,33 @@ const std::map<std::string, ModelSpec>& presets() {
     add(llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192, 500000.f));
     add(llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192, 500000.f));
     add(llama("llama3-405b", 126, 16384, 128, 8, 53248, 128256, 8192, 500000.f));
+    // Mixture of experts. Mixtral (Jiang et al. 2024 and the released
+    // config.json): 8 experts, top 2, router_aux_loss_coef 0.02 (8x7B) and
+    // 0.001 (8x22B). Qwen3-30B-A3B (Qwen3 technical report, Table 2, and
+    // config.json): 48 layers, 128 experts of width 768, top 8, head_dim
+    // 128, norm_topk_prob, aux coefficient 0.001; its q/k RMSNorms (256
+    // parameters a layer) are not modelled. seq_len is the training
+    // sequence of Megatron-Core's Mixtral recipes and of Qwen3's first
+    // pre-training stage, 4096, not the models' longest context.
+    add(moe("mixtral-8x7b", 32, 4096, 32, 8, 14336, 8, 2, 32000, 0.02f));
+    add(moe("mixtral-8x22b", 56, 6144, 48, 8, 16384, 8, 2, 32768, 0.001f));
+    ModelSpec qwen3 = moe("qwen3-30b-a3b", 48, 2048, 32, 4, 768, 128, 8, 151936, 0.001f);
+    qwen3.head_dim_size = 128;
+    qwen3.norm_eps = 1e-6f;
+    add(qwen3);
+    // The mission's example (8 experts, d_model 2048); the rest is ours, in
+    // Mixtral's proportions: 24 layers, 16 heads with 4 kv heads, experts of
+    // width 5632 (2.75 d_model), top 2: 7.0B parameters, 2.0B active.
+    add(moe("moe-seed", 24, 2048, 16, 4, 5632, 8, 2, 32000, 0.01f));
+    // Tests and the training study: `tiny` with 8 GELU experts of width 128,
+    // top 2, so a token's active MLP (2 · 128) is tiny's dense 256.
+    ModelSpec tiny_moe = gpt2("tiny-moe", 4, 64, 4);
+    tiny_moe.vocab = 256;
+    tiny_moe.seq_len = 64;
+    tiny_moe.ffn = 128;
+    tiny_moe.experts = 8;
+    tiny_moe.top_k = 2;
+    add(tiny_moe);
     add(megatron("megatron-1.7b", 24, 2304, 24));
     add(megatron("megatron-3.6b", 30, 3072, 32));
     add(megatron("megatron-7.5b", 36, 4096, 32));
@@ -199,7 +237,8 @@ const EnumNames<ModelFamily> kFamilies{
 const std::vector<std::string> kFields = {
     "name",   "family",  "layers", "hidden",          "heads", "kv_heads",   "ffn",        "vocab",   "seq_len",
     "tied_embeddings", "bias", "norm", "activation", "position", "norm_eps", "rope_theta",
-    "experts", "top_k", "image_size", "patch", "channels", "classes", "window", "depths", "stage_heads"};
+    "experts", "top_k", "shared_experts", "moe_every", "dense_layers", "dense_ffn", "renormalize",
+    "capacity_factor", "aux_loss_coeff", "z_loss_coeff", "head_dim", "image_size", "patch", "channels", "classes", "window", "depths", "stage_heads"};
 
 // Fields a family does not read, and why: given, they would be silently ignored.
 Status check_family_fields(const nlohmann::json& j, ModelFamily family) {
@@ -224,6 +263,9 @@ Status check_family_fields(const nlohmann::json& j, ModelFamily family) {
       {"window", false, false, true, "only Swin attends within windows"},
       {"depths", false, false, true, "only Swin has stages; give `layers`"},
       {"stage_heads", false, false, true, "only Swin has stages; give `heads`"},
+      {"experts", true, false, false, "mixture-of-experts layers are a decoder option"},
+      {"top_k", true, false, false, "mixture-of-experts layers are a decoder option"},
+      {"head_dim", true, false, false, "a vision model's heads split its width evenly"},
   };
   for (const Rule& r : kRules) {
     const bool reads = family == ModelFamily::decoder ? r.decoder : family == ModelFamily::vit ? r.vit : r.swin;
@@ -249,6 +291,8 @@ IntRange model_field_range(std::string_view key) {
 }
 const RealRange kNormEpsRange{1e-20, 1};  // a float, and positive
 const RealRange kRopeThetaRange{0, 1e12, true, false};
+// Capacity factor (0: dropless) and the router's loss coefficients.
+const RealRange kMoeCoefficientRange{0, 1e6};
 
 }  // namespace
 
@@ -276,7 +320,9 @@ Result<ModelSpec> model_from_json(const nlohmann::json& j) {
   // below where a count of parameters, FLOPs or bytes would overflow.
   auto get_int = [&](const char* key, int& out) { return f.get_int(key, model_field_range(key), out); };
   auto get_float = [&](const char* key, float& out) {
-    return f.get_real(key, std::string_view(key) == "norm_eps" ? kNormEpsRange : kRopeThetaRange, out);
+    const std::string_view k = key;
+    const RealRange& range = k == "norm_eps" ? kNormEpsRange : k == "rope_theta" ? kRopeThetaRange : kMoeCoefficientRange;
+    return f.get_real(key, range, out);
   };
   auto get_int_list = [&](const char* key, std::vector<int>& out) -> Status {
     if (!f.has(key)) return {};
@@ -324,8 +370,23 @@ Result<ModelSpec> model_from_json(const nlohmann::json& j) {
   MT_TRY(get_bool("bias", m.bias));
   MT_TRY(get_float("norm_eps", m.norm_eps));
   MT_TRY(get_float("rope_theta", m.rope_theta));
+  MT_TRY(get_int("head_dim", m.head_dim_size));
   MT_TRY(get_int("experts", m.experts));
   MT_TRY(get_int("top_k", m.top_k));
+  MT_TRY(get_int("shared_experts", m.shared_experts));
+  MT_TRY(get_int("moe_every", m.moe_every));
+  MT_TRY(get_int("dense_layers", m.dense_layers));
+  MT_TRY(get_int("dense_ffn", m.dense_ffn));
+  MT_TRY(get_bool("renormalize", m.renormalize));
+  MT_TRY(get_float("capacity_factor", m.capacity_factor));
+  MT_TRY(get_float("aux_loss_coeff", m.aux_loss_coeff));
+  MT_TRY(get_float("z_loss_coeff", m.z_loss_coeff));
+  // Mixture-of-experts settings without experts would be silently ignored.
+  if (!j.contains("experts") || m.experts == 0)
+    for (const char* f : {"shared_experts", "moe_every", "dense_layers", "dense_ffn", "renormalize",
+                          "capacity_factor", "aux_loss_coeff", "z_loss_coeff"})
+      if (j.contains(f))
+        return make_error("model field '{}' given without experts; set experts (and top_k) or remove it", f);
   std::string s;
   if (j.contains("norm")) {
     MT_TRY(get_string("norm", s));
@@ -397,6 +458,24 @@ Status validate_vision(const ModelSpec& m) {
   return ok_status();
 }
 
+Status validate_moe(const ModelSpec& m) {
+  if (m.shared_experts < 0)
+    return make_error("model '{}': shared_experts must not be negative, got {}", m.name, m.shared_experts);
+  if (m.moe_every < 1) return make_error("model '{}': moe_every must be at least 1, got {}", m.name, m.moe_every);
+  if (m.dense_layers < 0 || m.dense_layers >= m.layers)
+    return make_error("model '{}': dense_layers {} must be in 0..{} (layers - 1) so that some layer has experts",
+                      m.name, m.dense_layers, m.layers - 1);
+  if (m.dense_ffn < 0) return make_error("model '{}': dense_ffn must be positive, got {}", m.name, m.dense_ffn);
+  if (!(m.capacity_factor >= 0))
+    return make_error("model '{}': capacity_factor {} must be >= 0 (0: dropless; e.g. 1.25 keeps 1.25 times an "
+                      "expert's even share of a micro-batch's tokens)",
+                      m.name, m.capacity_factor);
+  if (!(m.aux_loss_coeff >= 0) || !(m.z_loss_coeff >= 0))
+    return make_error("model '{}': aux_loss_coeff {} and z_loss_coeff {} must be >= 0", m.name, m.aux_loss_coeff,
+                      m.z_loss_coeff);
+  return ok_status();
+}
+
 }  // namespace
 
 Status validate_model(const ModelSpec& m) {
@@ -412,8 +491,9 @@ Status validate_model(const ModelSpec& m) {
   MT_TRY(positive("ffn", m.ffn));
   if (!m.vision()) MT_TRY(positive("vocab", m.vocab));
   MT_TRY(positive("seq_len", m.seq_len));
-  if (m.hidden % m.heads != 0)
-    return make_error("model '{}': hidden {} is not divisible by heads {}; choose hidden as a multiple of heads",
+  if (m.head_dim_size == 0 && m.hidden % m.heads != 0)
+    return make_error("model '{}': hidden {} is not divisible by heads {}; choose hidden as a multiple of heads "
+                      "or give head_dim",
                       m.name, m.hidden, m.heads);
   if (m.heads % m.kv_heads != 0)
     return make_error("model '{}': heads {} is not divisible by kv_heads {}; grouped-query attention needs "
@@ -426,6 +506,8 @@ Status validate_model(const ModelSpec& m) {
     return make_error("model '{}': top_k must be in 1..experts ({}), got {}", m.name, m.experts, m.top_k);
   if (m.experts == 0 && m.top_k != 0)
     return make_error("model '{}': top_k {} given without experts; set experts or drop top_k", m.name, m.top_k);
+  if (m.head_dim_size < 0) return make_error("model '{}': head_dim must be positive, got {}", m.name, m.head_dim_size);
+  if (m.moe()) MT_TRY(validate_moe(m));
   if (m.norm == NormKind::layernorm && !m.bias)
     return make_error("model '{}': layernorm without bias is not supported; use \"norm\": \"rmsnorm\" or \"bias\": true",
                       m.name);
@@ -449,8 +531,18 @@ std::string describe_model(const ModelSpec& m) {
                          m.layers, m.seq_len, image);
     case ModelFamily::decoder: break;
   }
-  return fmt::format("{}: {} layers, hidden {}, heads {} (kv {}), ffn {}, vocab {}, seq {}", m.name, m.layers,
-                     m.hidden, m.heads, m.kv_heads, m.ffn, m.vocab, m.seq_len);
+  std::string text = fmt::format("{}: {} layers, hidden {}, heads {} (kv {}), ffn {}, vocab {}, seq {}", m.name,
+                                 m.layers, m.hidden, m.heads, m.kv_heads, m.ffn, m.vocab, m.seq_len);
+  if (m.head_dim_size > 0) text += fmt::format(", head dim {}", m.head_dim_size);
+  if (m.moe()) {
+    int moe_layers = 0;
+    for (int l = 0; l < m.layers; ++l) moe_layers += m.moe_layer(l) ? 1 : 0;
+    text += fmt::format("; {} experts (top {}{}) on {} of the layers", m.experts, m.top_k,
+                        m.renormalize ? ", renormalised" : "", moe_layers);
+    if (m.shared_experts > 0) text += fmt::format(", {} shared", m.shared_experts);
+    text += m.capacity_factor > 0 ? fmt::format(", capacity factor {:g}", m.capacity_factor) : ", dropless";
+  }
+  return text;
 }
 
 nlohmann::json model_to_json(const ModelSpec& m) {
@@ -483,9 +575,21 @@ nlohmann::json model_to_json(const ModelSpec& m) {
                       {"position", kPositions.name(m.position)},
                       {"norm_eps", m.norm_eps},
                       {"rope_theta", m.rope_theta}};
+  // Only when they differ from the defaults, so that files and checkpoints
+  // from before these fields read the same.
+  if (m.head_dim_size > 0) j["head_dim"] = m.head_dim_size;
   if (m.moe()) {
+    const ModelSpec d;
     j["experts"] = m.experts;
     j["top_k"] = m.top_k;
+    if (m.shared_experts != d.shared_experts) j["shared_experts"] = m.shared_experts;
+    if (m.moe_every != d.moe_every) j["moe_every"] = m.moe_every;
+    if (m.dense_layers != d.dense_layers) j["dense_layers"] = m.dense_layers;
+    if (m.dense_ffn != d.dense_ffn) j["dense_ffn"] = m.dense_ffn;
+    if (m.renormalize != d.renormalize) j["renormalize"] = m.renormalize;
+    if (m.capacity_factor != d.capacity_factor) j["capacity_factor"] = m.capacity_factor;
+    if (m.aux_loss_coeff != d.aux_loss_coeff) j["aux_loss_coeff"] = m.aux_loss_coeff;
+    if (m.z_loss_coeff != d.z_loss_coeff) j["z_loss_coeff"] = m.z_loss_coeff;
   }
   return j;
 }

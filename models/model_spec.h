@@ -47,8 +47,27 @@ struct ModelSpec {
   PositionKind position = PositionKind::learned;
   float norm_eps = 1e-5f;
   float rope_theta = 10000.f;
+  // Attention head width D; 0: hidden / heads (Qwen3 uses 128 with hidden
+  // 2048 and 32 heads, so q is wider than the residual stream).
+  int head_dim_size = 0;
+  // Mixture of experts (models/moe_layer.h). A layer l is an MoE layer when
+  // experts > 0, l >= dense_layers and l % moe_every == 0 (the rule of
+  // DeepSeek's first_k_dense_replace and moe_layer_freq); the others keep a
+  // dense MLP of width dense_ffn.
   int experts = 0;  // 0: dense MLP; otherwise experts per MoE layer
   int top_k = 0;    // experts each token is routed to
+  int shared_experts = 0;  // experts every token passes through (one MLP of shared_experts·ffn, no gate)
+  int moe_every = 1;
+  int dense_layers = 0;
+  int dense_ffn = 0;       // MLP width of the dense layers of an MoE model; 0: ffn
+  // Top-k weights divided by their sum (Mixtral, Qwen3), or the raw softmax
+  // probabilities of the chosen experts (Switch, GShard's gates unnormalised).
+  bool renormalize = true;
+  // Tokens an expert takes from one micro-batch: ceil(capacity_factor · N · top_k / experts)
+  // of its N tokens; 0: dropless (every token reaches its experts).
+  float capacity_factor = 0.f;
+  float aux_loss_coeff = 0.01f;  // Switch/GShard load-balancing loss coefficient
+  float z_loss_coeff = 0.f;      // router z-loss coefficient (Zoph et al. 2022); 0: off
   // Vision models: square images of image_size² pixels with `channels`
   // channels, cut into patch² patches, classified into `classes`.
   int image_size = 0, patch = 0, channels = 0, classes = 0;
@@ -58,8 +77,11 @@ struct ModelSpec {
   int window = 0;
   std::vector<int> depths, stage_heads;
 
-  int head_dim() const { return hidden / heads; }
+  int head_dim() const { return head_dim_size > 0 ? head_dim_size : hidden / heads; }
   bool moe() const { return experts > 0; }
+  // Whether body layer l routes its tokens to experts (see experts above).
+  bool moe_layer(int l) const { return experts > 0 && l >= dense_layers && l % moe_every == 0; }
+  int dense_mlp_width() const { return moe() && dense_ffn > 0 ? dense_ffn : ffn; }
   bool vision() const { return family != ModelFamily::decoder; }
   int patch_grid() const { return patch > 0 ? image_size / patch : 0; }  // patches per side
 };

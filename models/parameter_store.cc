@@ -82,7 +82,7 @@ void ParameterStore::initialize(std::uint64_t seed) {
     const bool is_bias = name.ends_with(".bias");
     const bool is_norm = name.find("norm") != std::string::npos;
     const bool residual = name.ends_with("attn.out.weight") || name.ends_with("mlp.down.weight") ||
-                          name.ends_with("moe.down");
+                          name.ends_with("moe.down") || name.ends_with("shared.down.weight");
     const double std = residual ? residual_std : 0.02;
     if (is_bias || is_norm) {
       b_.fill(slot.value, is_bias ? 0.f : 1.f);

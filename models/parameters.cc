@@ -125,9 +125,10 @@ StagePlacement place_layer(const ModelSpec& m, int layer, int pp, int vpp) {
   return place_layer(m, layer, StageSplit{pp, vpp, 0, 0});
 }
 
-std::int64_t shard_numel(const ModelSpec& m, const ParamInfo& p, int tp, int ep) {
+std::int64_t shard_numel(const ModelSpec& m, const ParamInfo& p, int tp, int ep, int etp) {
   std::int64_t n = p.numel();
   if (p.expert) n /= ep;
+  if (p.expert && etp > 0) tp = etp;
   switch (p.split) {
     case TpSplit::replicated: return n;
     case TpSplit::column:
@@ -142,8 +143,9 @@ std::vector<std::int64_t> shard_shape(const ModelSpec& m, const ParamInfo& p, co
   const std::size_t base = p.expert ? 1 : 0;
   if (p.expert) shape[0] /= c.ep;
   const std::size_t d = base + static_cast<std::size_t>(p.split_dim);
-  if (p.split == TpSplit::vocab) shape[d] = padded_vocab(m, c.tp) / c.tp;
-  else if (p.split != TpSplit::replicated) shape[d] /= c.tp;
+  const int tp = p.expert && c.etp > 0 ? c.etp : c.tp;
+  if (p.split == TpSplit::vocab) shape[d] = padded_vocab(m, tp) / tp;
+  else if (p.split != TpSplit::replicated) shape[d] /= tp;
   return shape;
 }
 
@@ -158,16 +160,18 @@ std::int64_t full_index(const ModelSpec& m, const ParamInfo& p, const ShardCoord
   const std::size_t base = p.expert ? 1 : 0;
   if (p.expert) idx[0] += c.ep_rank * shape[0];
   const std::size_t d = base + static_cast<std::size_t>(p.split_dim);
+  const bool expert_split = p.expert && c.etp > 0;
+  const int tp = expert_split ? c.etp : c.tp, tp_rank = expert_split ? c.etp_rank : c.tp_rank;
   if (p.split == TpSplit::vocab) {
-    idx[d] += c.tp_rank * shape[d];
+    idx[d] += tp_rank * shape[d];
     if (idx[d] >= p.shape[d]) return -1;
   } else if (p.split != TpSplit::replicated) {
     // The shard is the concatenation of this rank's piece of every segment.
     std::int64_t j = idx[d], segment_start = 0;
     for (std::int64_t seg : p.segments) {
-      const std::int64_t piece = seg / c.tp;
+      const std::int64_t piece = seg / tp;
       if (j < piece) {
-        idx[d] = segment_start + c.tp_rank * piece + j;
+        idx[d] = segment_start + tp_rank * piece + j;
         break;
       }
       j -= piece;
@@ -184,20 +188,25 @@ ParamCount count_parameters(const ModelSpec& m) {
   for (const auto& p : parameter_table(m)) {
     c.total += p.numel();
     if (p.split == TpSplit::vocab || p.name == "embed.positions") c.embedding += p.numel();
+    if (!p.expert) continue;
+    c.expert += p.numel();
+    c.active -= p.numel() - p.numel() / m.experts * m.top_k;  // a token passes through top_k experts
   }
+  c.active += c.total;
   return c;
 }
 
-ShardCount count_shard_parameters(const ModelSpec& m, int tp, const StageSplit& split, int ep, int stage) {
+ShardCount count_shard_parameters(const ModelSpec& m, int tp, const StageSplit& split, int ep, int stage, int etp) {
   ShardCount c;
   const int head_stage = place_layer(m, m.layers, split).stage;
   for (const auto& p : parameter_table(m)) {
     if (!split.holds(m, p.layer)) continue;
     const bool embedding = p.split == TpSplit::vocab || p.name == "embed.positions";
-    std::int64_t n = shard_numel(m, p, tp, ep);
+    std::int64_t n = shard_numel(m, p, tp, ep, etp);
     if (place_layer(m, p.layer, split).stage == stage) {
       c.total += n;
       if (embedding) c.embedding += n;
+      if (p.expert) c.expert += n;
     }
     // The tied head reuses the token embedding: a separate stage needs a copy.
     if (p.name == "embed.tokens" && m.tied_embeddings && split.head && split.pp > 1 && head_stage == stage) {

@@ -114,14 +114,17 @@ StagePlacement place_layer(const ModelSpec& m, int layer, const StageSplit& s);
 // The even split (first/last stage layers 0).
 StagePlacement place_layer(const ModelSpec& m, int layer, int pp, int vpp);
 
-// Elements of `p` held by one rank of a (tp, ep) split; replicated
-// parameters are held whole. Vocab-split tensors count padded rows.
-std::int64_t shard_numel(const ModelSpec& m, const ParamInfo& p, int tp, int ep);
+// Elements of `p` held by one rank of a (tp, ep) split (expert matrices
+// split over etp instead of tp; etp 0: as tp); replicated parameters are held
+// whole. Vocab-split tensors count padded rows.
+std::int64_t shard_numel(const ModelSpec& m, const ParamInfo& p, int tp, int ep, int etp = 0);
 
 // A rank's position in the (tp, ep) split of a parameter.
 struct ShardCoord {
   int tp_rank = 0, tp = 1;
   int ep_rank = 0, ep = 1;
+  // How expert tensor parallelism splits an expert's matrices; etp 0: as tp.
+  int etp_rank = 0, etp = 0;
 };
 
 // The shape of a rank's shard of `p` (vocab-split dimensions padded).
@@ -136,6 +139,10 @@ std::int64_t full_index(const ModelSpec& m, const ParamInfo& p, const ShardCoord
 struct ParamCount {
   std::int64_t total = 0;      // every parameter once (tied embeddings once)
   std::int64_t embedding = 0;  // token and position embeddings (and an untied head)
+  // Parameters a token uses: all but the experts, and top_k of each MoE
+  // layer's experts (total for a dense model).
+  std::int64_t active = 0;
+  std::int64_t expert = 0;  // expert matrices (every expert)
   std::int64_t non_embedding() const { return total - embedding; }
 };
 ParamCount count_parameters(const ModelSpec& m);
@@ -147,8 +154,10 @@ ParamCount count_parameters(const ModelSpec& m);
 struct ShardCount {
   std::int64_t total = 0;
   std::int64_t embedding = 0;
+  std::int64_t expert = 0;  // of which expert matrices (replicated over the expert-data group only)
 };
-ShardCount count_shard_parameters(const ModelSpec& m, int tp, const StageSplit& split, int ep, int stage);
+ShardCount count_shard_parameters(const ModelSpec& m, int tp, const StageSplit& split, int ep, int stage,
+                                  int etp = 0);
 // The even split (first/last stage layers 0).
 ShardCount count_shard_parameters(const ModelSpec& m, int tp, int pp, int vpp, int ep, int stage);
 

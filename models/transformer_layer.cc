@@ -72,7 +72,10 @@ class TransformerLayer : public Block {
         ctx_(ctx),
         heads_(s_.heads / ctx.tp.size),
         kv_heads_(s_.kv_heads / ctx.tp.size),
-        ffn_(s_.ffn / ctx.tp.size) {}
+        ffn_(s_.ffn / ctx.tp.size) {
+    if (s_.moe.experts > 0)
+      moe_ = std::make_unique<MoeMlp>(ctx, def.name() + ".moe", s_.width, s_.ffn, s_.activation, s_.moe);
+  }
 
   Tensor forward(const MicroBatch& mb, const Tensor& x, std::unique_ptr<Block::Saved>* saved) override;
   Tensor backward(const MicroBatch& mb, Block::Saved& saved, const Tensor& dout, float loss_scale) override;
@@ -81,6 +84,7 @@ class TransformerLayer : public Block {
   struct Saved : Block::Saved {
     // qkv and attn are in window order under window attention.
     Tensor x, n1, mean1, rstd1, qkv, attn, lse, x2, n2, mean2, rstd2, up, act;
+    std::unique_ptr<Block::Saved> moe;
   };
   std::string name(const char* what) const { return def_.name() + "." + what; }
   std::int64_t tokens(const MicroBatch& mb) const { return s_.tokens > 0 ? s_.tokens : mb.seq; }
@@ -95,10 +99,11 @@ class TransformerLayer : public Block {
   const LayerShape& s_;
   BlockContext& ctx_;
   int heads_, kv_heads_, ffn_;  // on this rank
+  std::unique_ptr<MoeMlp> moe_;
 };
 
 AttentionOp TransformerLayer::attention_op() const {
-  const int D = s_.width / s_.heads;
+  const int D = s_.dim();
   AttentionOp op{heads_, kv_heads_, D, 1.f / std::sqrt(static_cast<float>(D))};
   op.causal = s_.causal;
   if (windowed() && s_.shift > 0) {
@@ -131,7 +136,7 @@ Tensor TransformerLayer::relative_bias() {
 Tensor TransformerLayer::forward(const MicroBatch& mb, const Tensor& x_in, std::unique_ptr<Block::Saved>* saved) {
   Backend& b = ctx_.b;
   const std::int64_t B = mb.batch, T = tokens(mb), N = B * T, R = ctx_.local_rows(N), C = s_.width;
-  const std::int64_t D = C / s_.heads;
+  const std::int64_t D = s_.dim();
   const int H = heads_, G = kv_heads_, l = def_.layer();
   auto s = std::make_unique<Saved>();
   s->x = x_in.view(Shape{R, C});
@@ -166,12 +171,16 @@ Tensor TransformerLayer::forward(const MicroBatch& mb, const Tensor& x_in, std::
   s->x2 = b.empty(Shape{R, C}, ctx_.act);
   b.add(s->x, proj, s->x2);
   ctx_.norm_forward(name("norm2"), s->x2, s->n2, s->mean2, s->rstd2);
-  ctx_.linear(name("mlp.up"), s->n2, s->up, LinearKind::column);
-  s->act = b.empty(Shape{N, ffn_}, ctx_.act);
-  if (s_.activation == Activation::gelu) b.gelu_forward(s->up, s->act);
-  else b.swiglu_forward(s->up, s->act);
   Tensor down;
-  ctx_.linear(name("mlp.down"), s->act, down, LinearKind::row);
+  if (moe_) {
+    down = moe_->forward(mb, N, s->n2, saved ? &s->moe : nullptr);
+  } else {
+    ctx_.linear(name("mlp.up"), s->n2, s->up, LinearKind::column);
+    s->act = b.empty(Shape{N, ffn_}, ctx_.act);
+    if (s_.activation == Activation::gelu) b.gelu_forward(s->up, s->act);
+    else b.swiglu_forward(s->up, s->act);
+    ctx_.linear(name("mlp.down"), s->act, down, LinearKind::row);
+  }
   if (ctx_.options.dropout > 0) b.dropout_forward(down, down, ctx_.dropout(mb, l, 1, R, C));
   Tensor out = b.empty(Shape{R, C}, ctx_.act);
   b.add(s->x2, down, out);
@@ -179,11 +188,12 @@ Tensor TransformerLayer::forward(const MicroBatch& mb, const Tensor& x_in, std::
   return out;
 }
 
-Tensor TransformerLayer::backward(const MicroBatch& mb, Block::Saved& saved, const Tensor& dout_in, float) {
+Tensor TransformerLayer::backward(const MicroBatch& mb, Block::Saved& saved, const Tensor& dout_in,
+                                  float loss_scale) {
   Backend& b = ctx_.b;
   Saved& s = static_cast<Saved&>(saved);
   const std::int64_t B = mb.batch, T = tokens(mb), N = B * T, R = ctx_.local_rows(N), C = s_.width;
-  const std::int64_t D = C / s_.heads;
+  const std::int64_t D = s_.dim();
   const int H = heads_, G = kv_heads_, l = def_.layer();
   const Tensor dout = dout_in.view(Shape{R, C});
   Tensor ddown = dout;
@@ -192,11 +202,16 @@ Tensor TransformerLayer::backward(const MicroBatch& mb, Block::Saved& saved, con
     b.dropout_backward(dout, ddown, ctx_.dropout(mb, l, 1, R, C));
   }
   Tensor dact, dn2, dx2_norm, dattn, dn1, dx_norm;
-  ctx_.linear_backward(name("mlp.down"), s.act, ddown, &dact, LinearKind::row);
-  Tensor dup = b.empty(s.up.shape(), ctx_.act);
-  if (s_.activation == Activation::gelu) b.gelu_backward(dact, s.up, dup);
-  else b.swiglu_backward(dact, s.up, dup);
-  ctx_.linear_backward(name("mlp.up"), s.n2, dup, &dn2, LinearKind::column);
+  if (moe_) {
+    dn2 = moe_->backward(mb, *s.moe, ddown, loss_scale);
+    s.moe.reset();
+  } else {
+    ctx_.linear_backward(name("mlp.down"), s.act, ddown, &dact, LinearKind::row);
+    Tensor dup = b.empty(s.up.shape(), ctx_.act);
+    if (s_.activation == Activation::gelu) b.gelu_backward(dact, s.up, dup);
+    else b.swiglu_backward(dact, s.up, dup);
+    ctx_.linear_backward(name("mlp.up"), s.n2, dup, &dn2, LinearKind::column);
+  }
   ctx_.norm_backward(name("norm2"), dn2, s.x2, s.mean2, s.rstd2, dx2_norm);
   Tensor dx2 = b.empty(Shape{R, C}, ctx_.act);
   b.add(dout, dx2_norm, dx2);
@@ -261,7 +276,7 @@ std::int64_t TransformerLayerDef::attention_span(std::int64_t seq) const {
 
 std::vector<ParamInfo> TransformerLayerDef::parameters() const {
   const LayerShape& s = shape_;
-  const std::int64_t C = s.width, D = s.width / s.heads, H = s.heads, G = s.kv_heads, F = s.ffn;
+  const std::int64_t C = s.width, D = s.dim(), H = s.heads, G = s.kv_heads, F = s.ffn;
   ParamTableBuilder t(layer());
   t.norm(name_ + ".norm1", C, norm_);
   t.linear(name_ + ".attn.qkv", C, (H + 2 * G) * D, TpSplit::column, s.bias, {H * D, G * D, G * D});
@@ -275,10 +290,8 @@ std::vector<ParamInfo> TransformerLayerDef::parameters() const {
   const bool glu = s.activation == Activation::swiglu;
   const std::int64_t up = glu ? 2 * F : F;
   const std::vector<std::int64_t> up_segments = glu ? std::vector<std::int64_t>{F, F} : std::vector<std::int64_t>{F};
-  if (s.experts > 0) {
-    t.add(name_ + ".moe.router", {C, s.experts}, TpSplit::replicated, 0, {}, true, false);
-    t.add(name_ + ".moe.up", {s.experts, C, up}, TpSplit::column, 1, up_segments, true, true, true);
-    t.add(name_ + ".moe.down", {s.experts, F, C}, TpSplit::row, 0, {}, true, true, true);
+  if (s.moe.experts > 0) {
+    add_moe_parameters(t, name_ + ".moe", s.width, s.ffn, s.activation, s.bias, s.moe);
   } else {
     t.linear(name_ + ".mlp.up", C, up, TpSplit::column, s.bias, up_segments);
     t.linear(name_ + ".mlp.down", F, C, TpSplit::row, s.bias);
@@ -297,11 +310,11 @@ ForwardFlops TransformerLayerDef::flops(double samples, std::int64_t seq) const 
     if (!p.matmul) continue;
     double macs_per_token = static_cast<double>(p.numel());
     // Each token passes through top_k of the experts' matrices.
-    if (p.expert) macs_per_token = macs_per_token / shape_.experts * shape_.top_k;
+    if (p.expert) macs_per_token = macs_per_token / shape_.moe.experts * shape_.moe.top_k;
     f.layers += 2.0 * rows * macs_per_token;
   }
   // q·kᵀ and p·v: each 2·rows·span·(H·D), the full score matrix (Megatron's convention).
-  const double width = static_cast<double>(shape_.width / shape_.heads) * shape_.heads;
+  const double width = static_cast<double>(shape_.dim()) * shape_.heads;
   f.attention = 2.0 * (2.0 * rows * static_cast<double>(attention_span(seq)) * width);
   f.layers += f.attention;
   return f;
@@ -320,10 +333,15 @@ double TransformerLayerDef::activation_bytes(const ActivationQuery& q) const {
   const ActivationLayout& a = q.layout;
   if (q.recompute == Recompute::full) return a.value_bytes * sbh / rep;
   const double glu = s.activation == Activation::swiglu ? 2.0 : 1.0;
-  const double D = static_cast<double>(s.width / s.heads);
+  const double D = static_cast<double>(s.dim());
   const double qkv = static_cast<double>(s.heads + 2 * s.kv_heads) * D / h;
-  const double split_values = qkv + 1.0 + glu * s.ffn / h + s.ffn / h;
+  const double attention_out = static_cast<double>(s.heads) * D / h;
+  const double mlp = s.moe.experts > 0 ? 0.0 : glu * s.ffn / h + s.ffn / h;
+  const double split_values = qkv + attention_out + mlp;
   double bytes = a.value_bytes * (4.0 * sbh / rep + split_values * sbh / t);
+  if (s.moe.experts > 0)
+    bytes += moe_activation_bytes(rows, s.width, s.ffn, s.activation, s.moe, a.value_bytes, q.tp,
+                                  q.expert_tp > 0 ? q.expert_tp : q.tp);
   bytes += a.mask_bytes * 2.0 * sbh / rep;
   if (a.materialized_attention && q.recompute != Recompute::selective) {
     const double probs = s.heads * rows * static_cast<double>(attention_span(static_cast<std::int64_t>(q.seq))) / t;
@@ -343,9 +361,16 @@ double TransformerLayerDef::backward_working_bytes(const ActivationQuery& q) con
   const LayerShape& s = shape_;
   const double rows = q.micro_batch * static_cast<double>(tokens(static_cast<std::int64_t>(q.seq))), t = q.tp;
   const double glu = s.activation == Activation::swiglu ? 2.0 : 1.0;
-  const double D = static_cast<double>(s.width / s.heads);
+  const double D = static_cast<double>(s.dim());
   const double qkv = static_cast<double>(s.heads + 2 * s.kv_heads) * D;
-  const double width = (qkv + static_cast<double>(s.heads) * D + (glu + 1.0) * s.ffn) / t + 7.0 * s.width;
+  double width = (qkv + static_cast<double>(s.heads) * D + (glu + 1.0) * s.ffn) / t + 7.0 * s.width;
+  if (s.moe.experts > 0) {
+    // Per assignment: the experts' input gradients (F/etp, twice for SwiGLU's up) and the
+    // gradient rows before and after the exchange (C each); the shared experts like a dense MLP.
+    const double etp = q.expert_tp > 0 ? q.expert_tp : t, K = s.moe.top_k;
+    width += K * ((glu + 1.0) * s.ffn / etp + 2.0 * s.width) - (glu + 1.0) * s.ffn / t;
+    width += (glu + 1.0) * s.ffn * s.moe.shared_experts / t;
+  }
   return q.layout.value_bytes * rows * width;
 }
 
@@ -354,7 +379,7 @@ Status TransformerLayerDef::check_tensor_parallel(int tp) const {
     return make_error("{}: heads {} (kv heads {}) are not divisible by tp {}; choose tp dividing the heads of "
                       "every layer",
                       name_, shape_.heads, shape_.kv_heads, tp);
-  if (shape_.ffn % tp != 0)
+  if (shape_.ffn % tp != 0 && shape_.moe.experts == 0)
     return make_error("{}: ffn {} is not divisible by tp {}", name_, shape_.ffn, tp);
   return ok_status();
 }

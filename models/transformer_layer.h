@@ -16,6 +16,9 @@
 //    window, and its output is gathered back before the output projection,
 //    so the residual stream keeps the image's row order.
 //
+// The MLP is dense, or a mixture of experts (models/moe_layer.h) when the
+// shape has experts.
+//
 // Legend: B samples, T tokens per sample, N = B·T, R this rank's rows, C
 // width, H/G heads on this rank, D head dim, F ffn on this rank, M window.
 #pragma once
@@ -25,6 +28,7 @@
 #include <vector>
 
 #include "models/block.h"
+#include "models/moe_layer.h"
 
 namespace meshtrain {
 
@@ -40,7 +44,9 @@ struct LayerShape {
   // window × window tokens, shifted by `shift` (0: not shifted); window 0: none.
   int grid = 0, window = 0, shift = 0;
   float rope_theta = 10000.f;
-  int experts = 0, top_k = 0;  // a mixture of experts' MLP table (not runnable yet)
+  int head_dim = 0;  // D; 0: width / heads
+  MoeShape moe;      // experts > 0: the MLP is a mixture of experts (models/moe_layer.h)
+  int dim() const { return head_dim > 0 ? head_dim : width / heads; }
 };
 
 class TransformerLayerDef : public BlockDef {

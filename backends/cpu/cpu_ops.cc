@@ -9,6 +9,7 @@
 #include "backends/cpu/kernels/elementwise.h"
 #include "backends/cpu/kernels/embedding.h"
 #include "backends/cpu/kernels/gemm.h"
+#include "backends/cpu/kernels/moe.h"
 #include "backends/cpu/kernels/norm.h"
 #include "backends/cpu/kernels/normal.h"
 #include "backends/cpu/kernels/optimizer.h"
@@ -271,6 +272,78 @@ void CpuBackend::gather_rows(const Tensor& src, const Tensor& index, Tensor& out
   const auto threads = on_threads();
   // The embedding lookup is this gather: rows outside [0, M) (the negative padding entries) read zeros.
   cpu::embedding_forward(index.numel(), ms.cols, ms.rows, 0, ps, pi, po);
+}
+
+// ---- mixture of experts ----------------------------------------------------------------
+
+namespace {
+// (N, E) logits or probabilities and (N, K) experts of one routing.
+struct Routing {
+  std::int64_t N, E, K;
+};
+Routing routing_of(const Tensor& probs, const Tensor& experts, std::string_view op) {
+  const Shape &p = probs.shape(), &e = experts.shape();
+  if (p.rank() != 2 || e.rank() != 2 || p[0] != e[0] || e[1] < 1 || e[1] > p[1])
+    misuse("{}: probabilities {} and experts {} must be (N, E) and (N, K) with 1 <= K <= E", op, p.str(), e.str());
+  return {p[0], p[1], e[1]};
+}
+}  // namespace
+
+void CpuBackend::moe_route(const Tensor& logits, bool renormalize, Tensor& probs, Tensor& lse, Tensor& weights,
+                           Tensor& experts) {
+  constexpr std::string_view op = "moe_route";
+  const Routing r = routing_of(logits, experts, op);
+  expect_numel(probs, r.N * r.E, op, "probs");
+  expect_numel(lse, r.N, op, "lse");
+  expect_numel(weights, r.N * r.K, op, "weights");
+  const float* pl = f32(logits, op);
+  float *pp = f32(probs, op), *plse = f32(lse, op), *pw = f32(weights, op);
+  auto* pe = const_cast<std::int32_t*>(i32(experts, op));
+  if (error_) return;
+  cpu::moe_route(r.N, r.E, r.K, renormalize, pl, pp, plse, pw, pe);
+}
+
+void CpuBackend::moe_route_backward(const Tensor& dweights, const Tensor& probs, const Tensor& lse,
+                                    const Tensor& experts, const Tensor& prob_grad, float z_scale, bool renormalize,
+                                    Tensor& dlogits) {
+  constexpr std::string_view op = "moe_route_backward";
+  const Routing r = routing_of(probs, experts, op);
+  expect_numel(dweights, r.N * r.K, op, "dweights");
+  expect_numel(lse, r.N, op, "lse");
+  expect_numel(prob_grad, r.E, op, "prob_grad");
+  expect_numel(dlogits, r.N * r.E, op, "dlogits");
+  const float *pdw = f32(dweights, op), *pp = f32(probs, op), *plse = f32(lse, op), *pg = f32(prob_grad, op);
+  const std::int32_t* pe = i32(experts, op);
+  float* pd = f32(dlogits, op);
+  if (error_) return;
+  cpu::moe_route_backward(r.N, r.E, r.K, renormalize, pdw, pp, plse, pe, pg, z_scale, pd);
+}
+
+void CpuBackend::moe_combine(const Tensor& rows, const Tensor& index, const Tensor& weights, Tensor& out) {
+  constexpr std::string_view op = "moe_combine";
+  const Matrix mr = as_matrix(rows, op), mi = as_matrix(index, op);
+  expect_numel(weights, index.numel(), op, "weights");
+  expect_numel(out, mi.rows * mr.cols, op, "out");
+  const float *pr = f32(rows, op), *pw = f32(weights, op);
+  const std::int32_t* pi = i32(index, op);
+  float* po = f32(out, op);
+  if (error_) return;
+  cpu::moe_combine(mi.rows, mi.cols, mr.cols, pr, pi, pw, po);
+}
+
+void CpuBackend::moe_combine_backward(const Tensor& dout, const Tensor& rows, const Tensor& index,
+                                      const Tensor& weights, Tensor& drows, Tensor& dweights) {
+  constexpr std::string_view op = "moe_combine_backward";
+  const Matrix mr = as_matrix(rows, op), mi = as_matrix(index, op);
+  expect_numel(weights, index.numel(), op, "weights");
+  expect_numel(dweights, index.numel(), op, "dweights");
+  expect_numel(dout, mi.rows * mr.cols, op, "dout");
+  expect_numel(drows, rows.numel(), op, "drows");
+  const float *pd = f32(dout, op), *pr = f32(rows, op), *pw = f32(weights, op);
+  const std::int32_t* pi = i32(index, op);
+  float *pdr = f32(drows, op), *pdw = f32(dweights, op);
+  if (error_) return;
+  cpu::moe_combine_backward(mi.rows, mi.cols, mr.cols, mr.rows, pd, pr, pi, pw, pdr, pdw);
 }
 
 // ---- attention -------------------------------------------------------------------------

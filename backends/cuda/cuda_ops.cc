@@ -129,6 +129,71 @@ void CudaBackend::gather_rows(const Tensor& src, const Tensor& index, Tensor& ou
   check(kernels::gather_rows(ps, pi, po, dt, index.numel(), X, M, 0, MT_STREAM), op);
 }
 
+// ---- mixture of experts ----------------------------------------------------------------
+
+void CudaBackend::moe_route(const Tensor& logits, bool renormalize, Tensor& probs, Tensor& lse, Tensor& weights,
+                            Tensor& experts) {
+  constexpr std::string_view op = "moe_route";
+  const RoutingDims d = must(routing_dims(logits, experts), op);
+  must(expect_numel(probs, d.N * d.E, "probs"), op);
+  must(expect_numel(lse, d.N, "lse"), op);
+  must(expect_numel(weights, d.N * d.K, "weights"), op);
+  const float* pl = f32(logits, op);
+  float *pp = f32(probs, op), *plse = f32(lse, op), *pw = f32(weights, op);
+  auto* pe = const_cast<std::int32_t*>(i32(experts, op));
+  if (failed()) return;
+  check(kernels::moe_route(pl, pp, plse, pw, pe, d.N, d.E, d.K, renormalize, MT_STREAM), op);
+}
+
+void CudaBackend::moe_route_backward(const Tensor& dweights, const Tensor& probs, const Tensor& lse,
+                                     const Tensor& experts, const Tensor& prob_grad, float z_scale, bool renormalize,
+                                     Tensor& dlogits) {
+  constexpr std::string_view op = "moe_route_backward";
+  const RoutingDims d = must(routing_dims(probs, experts), op);
+  must(expect_numel(dweights, d.N * d.K, "dweights"), op);
+  must(expect_numel(lse, d.N, "lse"), op);
+  must(expect_numel(prob_grad, d.E, "prob_grad"), op);
+  must(expect_numel(dlogits, d.N * d.E, "dlogits"), op);
+  const float *pdw = f32(dweights, op), *pp = f32(probs, op), *plse = f32(lse, op), *pg = f32(prob_grad, op);
+  const std::int32_t* pe = i32(experts, op);
+  float* pd = f32(dlogits, op);
+  if (failed()) return;
+  check(kernels::moe_route_backward(pdw, pp, plse, pe, pg, z_scale, renormalize, pd, d.N, d.E, d.K, MT_STREAM), op);
+}
+
+void CudaBackend::moe_combine(const Tensor& rows, const Tensor& index, const Tensor& weights, Tensor& out) {
+  constexpr std::string_view op = "moe_combine";
+  const int dt = storage({{"rows", &rows}, {"out", &out}}, op);
+  const std::int64_t C = cols_of(rows, op), K = cols_of(index, op), N = K == 0 ? 0 : index.numel() / K;
+  must(expect_numel(weights, index.numel(), "weights"), op);
+  must(expect_numel(out, N * C, "out"), op);
+  const void* pr = ptr(rows, op);
+  const std::int32_t* pi = i32(index, op);
+  const float* pw = f32(weights, op);
+  void* po = ptr(out, op);
+  if (failed()) return;
+  check(kernels::moe_combine(pr, pi, pw, po, dt, N, K, C, MT_STREAM), op);
+}
+
+void CudaBackend::moe_combine_backward(const Tensor& dout, const Tensor& rows, const Tensor& index,
+                                       const Tensor& weights, Tensor& drows, Tensor& dweights) {
+  constexpr std::string_view op = "moe_combine_backward";
+  const int dt = storage({{"dout", &dout}, {"rows", &rows}, {"drows", &drows}}, op);
+  const std::int64_t C = cols_of(rows, op), K = cols_of(index, op), N = K == 0 ? 0 : index.numel() / K;
+  const std::int64_t M = C == 0 ? 0 : rows.numel() / C;
+  must(expect_numel(weights, index.numel(), "weights"), op);
+  must(expect_numel(dweights, index.numel(), "dweights"), op);
+  must(expect_numel(dout, N * C, "dout"), op);
+  must(expect_numel(drows, rows.numel(), "drows"), op);
+  const void *pd = ptr(dout, op), *pr = ptr(rows, op);
+  const std::int32_t* pi = i32(index, op);
+  const float* pw = f32(weights, op);
+  void* pdr = ptr(drows, op);
+  float* pdw = f32(dweights, op);
+  if (failed()) return;
+  check(kernels::moe_combine_backward(pd, pr, pi, pw, pdr, pdw, dt, N, K, C, M, MT_STREAM), op);
+}
+
 // ---- normalisation -------------------------------------------------------------------
 
 void CudaBackend::layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,

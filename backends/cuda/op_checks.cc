@@ -138,4 +138,14 @@ Status rope_check(const Tensor& x, int heads_total, int rotate_heads) {
   return ok_status();
 }
 
+Result<RoutingDims> routing_dims(const Tensor& probs, const Tensor& experts) {
+  const Shape &p = probs.shape(), &e = experts.shape();
+  if (p.rank() != 2 || e.rank() != 2 || p[0] != e[0] || e[1] < 1 || e[1] > p[1] || e[1] > 64)
+    return make_error("probabilities {} and experts {} must be (N, E) and (N, K) with 1 <= K <= min(E, 64)", p.str(),
+                      e.str());
+  MT_TRY(expect_dtype(probs, DType::f32, "probabilities"));
+  MT_TRY(expect_dtype(experts, DType::i32, "experts"));
+  return RoutingDims{p[0], p[1], e[1]};
+}
+
 }  // namespace meshtrain::cuda

@@ -60,6 +60,12 @@ static_assert(static_cast<int>(DType::f32) == 0 && static_cast<int>(DType::bf16)
 Result<std::int64_t> rows_of(const Tensor& t, std::int64_t cols);
 Status expect_numel(const Tensor& t, std::int64_t n, std::string_view what);
 Status expect_dtype(const Tensor& t, DType dtype, std::string_view what);
+// Mixture of experts: probabilities (or logits) (N, E) f32 and experts
+// (N, K) i32 with 1 <= K <= min(E, 64) (the router kernels' slot limit).
+struct RoutingDims {
+  std::int64_t N, E, K;
+};
+Result<RoutingDims> routing_dims(const Tensor& probs, const Tensor& experts);
 // rope: x (B, T, heads_total, D), D even, 0 <= rotate_heads <= heads_total.
 Status rope_check(const Tensor& x, int heads_total, int rotate_heads);
 

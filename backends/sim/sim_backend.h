@@ -19,7 +19,8 @@
 //    not all) members simulated, those first meet in a zero-byte executor
 //    collective (they really wait for each other) and then run that task.
 //    Byte counts are nccl-tests sizes: all-reduce and broadcast the buffer,
-//    reduce-scatter its input, all-gather its output, all-to-all the send buffer.
+//    reduce-scatter its input, all-gather its output, all-to-all the larger of
+//    what the rank sends and receives (the send buffer when even).
 //  * send/recv between representatives are executor send/recv (flows). A
 //    send runs on a per-peer stream that waits for the issuing stream's work
 //    so far (a buffered send: the issuer goes on); a recv blocks its stream.
@@ -117,6 +118,13 @@ class SimBackend final : public Backend {
   void dropout_backward(const Tensor& dout, Tensor& dx, const DropoutOp& op) override;
 
   void gather_rows(const Tensor& src, const Tensor& index, Tensor& out) override;
+  void moe_route(const Tensor& logits, bool renormalize, Tensor& probs, Tensor& lse, Tensor& weights,
+                 Tensor& experts) override;
+  void moe_route_backward(const Tensor& dweights, const Tensor& probs, const Tensor& lse, const Tensor& experts,
+                          const Tensor& prob_grad, float z_scale, bool renormalize, Tensor& dlogits) override;
+  void moe_combine(const Tensor& rows, const Tensor& index, const Tensor& weights, Tensor& out) override;
+  void moe_combine_backward(const Tensor& dout, const Tensor& rows, const Tensor& index, const Tensor& weights,
+                            Tensor& drows, Tensor& dweights) override;
   void rope(Tensor& x, int heads_total, int rotate_heads, float theta, bool inverse) override;
   void attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse,
                          const AttentionOp& op) override;

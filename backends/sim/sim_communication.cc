@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <numeric>
 
 #include "backends/sim/sim_internal.h"
@@ -152,12 +153,17 @@ void SimBackend::broadcast(Tensor& x, const Group& g, int root_global_rank) {
   collective(sim::CollectiveKind::kBroadcast, static_cast<double>(x.bytes()), g, root);
 }
 void SimBackend::all_to_all(const Tensor& in, std::span<const std::int64_t> send_counts,
-                            Tensor& out, std::span<const std::int64_t>, const Group& g) {
+                            Tensor& out, std::span<const std::int64_t> recv_counts, const Group& g) {
   check(in, "all_to_all"), check(out, "all_to_all");
   const std::int64_t sent =
       std::accumulate(send_counts.begin(), send_counts.end(), std::int64_t{0});
+  const std::int64_t received =
+      std::accumulate(recv_counts.begin(), recv_counts.end(), std::int64_t{0});
+  // An uneven exchange ends when its busiest member has moved its bytes: a
+  // rank that receives more than it sends (the one holding the hot experts)
+  // is timed on what it receives.
   collective(sim::CollectiveKind::kAllToAll,
-             static_cast<double>(sent) * static_cast<double>(dtype_size(in.dtype())), g);
+             static_cast<double>(std::max(sent, received)) * static_cast<double>(dtype_size(in.dtype())), g);
 }
 void SimBackend::send(const Tensor& x, int peer, int) {
   check(x, "send");

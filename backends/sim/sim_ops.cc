@@ -123,6 +123,27 @@ void SimBackend::gather_rows(const Tensor& src, const Tensor& index, Tensor& out
   // Reads one source row per output row.
   memory_op(op_name("gather_rows"), {&index, &out, &out});
 }
+// The router and the combine are memory-bound: each reads and writes its tensors once
+// (the combine reads one expert row per slot, as many bytes as its output per slot).
+void SimBackend::moe_route(const Tensor& logits, bool, Tensor& probs, Tensor& lse, Tensor& weights,
+                           Tensor& experts) {
+  check(logits, "moe_route"), check(probs, "moe_route"), check(experts, "moe_route");
+  memory_op(op_name("moe_route"), {&logits, &probs, &lse, &weights, &experts});
+}
+void SimBackend::moe_route_backward(const Tensor& dweights, const Tensor& probs, const Tensor& lse,
+                                    const Tensor& experts, const Tensor& prob_grad, float, bool, Tensor& dlogits) {
+  check(probs, "moe_route_backward"), check(dlogits, "moe_route_backward");
+  memory_op(op_name("moe_route_backward"), {&dweights, &probs, &lse, &experts, &prob_grad, &dlogits});
+}
+void SimBackend::moe_combine(const Tensor& rows, const Tensor& index, const Tensor& weights, Tensor& out) {
+  check(rows, "moe_combine"), check(index, "moe_combine"), check(out, "moe_combine");
+  memory_op(op_name("moe_combine"), {&rows, &index, &weights, &out});
+}
+void SimBackend::moe_combine_backward(const Tensor& dout, const Tensor& rows, const Tensor& index,
+                                      const Tensor& weights, Tensor& drows, Tensor& dweights) {
+  check(dout, "moe_combine_backward"), check(drows, "moe_combine_backward");
+  memory_op(op_name("moe_combine_backward"), {&dout, &rows, &index, &weights, &drows, &dweights});
+}
 void SimBackend::embedding_backward(const Tensor& dout, const Tensor& ids, Tensor& dtable,
                                     std::int64_t) {
   check(dout, "embedding_backward"), check(ids, "embedding_backward"),

@@ -51,6 +51,10 @@ void OpTimer::gelu_backward(const Tensor& d, const Tensor& x, Tensor& dx) { time
 void OpTimer::dropout_forward(const Tensor& x, Tensor& o, const DropoutOp& op) { timed("dropout_forward", [&] { target().dropout_forward(x, o, op); }); }
 void OpTimer::dropout_backward(const Tensor& d, Tensor& dx, const DropoutOp& op) { timed("dropout_backward", [&] { target().dropout_backward(d, dx, op); }); }
 void OpTimer::gather_rows(const Tensor& s, const Tensor& i, Tensor& o) { timed("gather_rows", [&] { target().gather_rows(s, i, o); }); }
+void OpTimer::moe_route(const Tensor& l, bool r, Tensor& p, Tensor& lse, Tensor& w, Tensor& e) { timed("moe_route", [&] { target().moe_route(l, r, p, lse, w, e); }); }
+void OpTimer::moe_route_backward(const Tensor& dw, const Tensor& p, const Tensor& lse, const Tensor& e, const Tensor& g, float z, bool r, Tensor& dl) { timed("moe_route_backward", [&] { target().moe_route_backward(dw, p, lse, e, g, z, r, dl); }); }
+void OpTimer::moe_combine(const Tensor& rows, const Tensor& i, const Tensor& w, Tensor& o) { timed("moe_combine", [&] { target().moe_combine(rows, i, w, o); }); }
+void OpTimer::moe_combine_backward(const Tensor& d, const Tensor& rows, const Tensor& i, const Tensor& w, Tensor& dr, Tensor& dw) { timed("moe_combine_backward", [&] { target().moe_combine_backward(d, rows, i, w, dr, dw); }); }
 void OpTimer::attention_forward(const Tensor& qkv, Tensor& o, Tensor& lse, const AttentionOp& op) { timed("attention_forward", [&] { target().attention_forward(qkv, o, lse, op); }); }
 void OpTimer::attention_backward(const Tensor& d, const Tensor& qkv, const Tensor& o, const Tensor& lse, Tensor& dqkv, const AttentionOp& op) { timed("attention_backward", [&] { target().attention_backward(d, qkv, o, lse, dqkv, op); }); }
 void OpTimer::cross_entropy_max(const Tensor& l, Tensor& m) { timed("cross_entropy_max", [&] { target().cross_entropy_max(l, m); }); }

@@ -54,6 +54,12 @@ class OpTimer final : public BackendWrapper {
   void dropout_forward(const Tensor& x, Tensor& o, const DropoutOp& op) override;
   void dropout_backward(const Tensor& d, Tensor& dx, const DropoutOp& op) override;
   void gather_rows(const Tensor& s, const Tensor& i, Tensor& o) override;
+  void moe_route(const Tensor& l, bool r, Tensor& p, Tensor& lse, Tensor& w, Tensor& e) override;
+  void moe_route_backward(const Tensor& dw, const Tensor& p, const Tensor& lse, const Tensor& e, const Tensor& g,
+                          float z, bool r, Tensor& dl) override;
+  void moe_combine(const Tensor& rows, const Tensor& i, const Tensor& w, Tensor& o) override;
+  void moe_combine_backward(const Tensor& d, const Tensor& rows, const Tensor& i, const Tensor& w, Tensor& dr,
+                            Tensor& dw) override;
   void attention_forward(const Tensor& qkv, Tensor& o, Tensor& lse, const AttentionOp& op) override;
   void attention_backward(const Tensor& d, const Tensor& qkv, const Tensor& o, const Tensor& lse,
                           Tensor& dqkv, const AttentionOp& op) override;

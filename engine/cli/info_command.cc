@@ -47,6 +47,7 @@ Status run_info(const InfoFlags& f) {
         {"model", model_to_json(m)},
         {"parameters", params.total},
         {"embedding_parameters", params.embedding},
+        {"active_parameters", params.active},
         {m.vision() ? "flops_per_image" : "flops_per_token", flops.per_token},
         {"model_flops_per_iteration", flops.model},
         {"hardware_flops_per_iteration", flops.hardware},
@@ -68,14 +69,25 @@ Status run_info(const InfoFlags& f) {
   }
   fmt::print("model      {}\n", describe_model(m));
   fmt::print("parameters {} ({} without embeddings)\n", params.total, params.non_embedding());
+  if (m.moe())
+    fmt::print("           {} active per token ({} in experts, top {} of {})\n", params.active, params.expert, m.top_k,
+               m.experts);
   fmt::print("FLOPs      {:.4g} per {}, {:.4g} per iteration (hardware {:.4g} with recompute {})\n",
              flops.per_token, m.vision() ? "image" : "token", flops.model, flops.hardware, recompute_name(p.recompute));
-  fmt::print("plan       tp {} pp {} dp {} cp {} ep {} vpp {} zero {}, {} ranks; micro-batch {} x {} = global "
+  fmt::print("plan       tp {} pp {} dp {} cp {} ep {} etp {} vpp {} zero {}, {} ranks; micro-batch {} x {} = global "
              "batch {}, seq {}; schedule {}, recompute {}, {}{}\n",
-             p.tp, p.pp, p.dp, p.cp, p.ep, p.vpp, p.zero, p.world_size(), p.micro_batch, p.microbatches() * p.dp,
+             p.tp, p.pp, p.dp, p.cp, p.ep, p.expert_tp(), p.vpp, p.zero, p.world_size(), p.micro_batch,
+             p.microbatches() * p.dp,
              p.effective_global_batch(), seq, schedule_name(p.schedule), recompute_name(p.recompute),
              precision_name(p.precision), p.sequence_parallel ? ", sequence parallel" : "");
-  fmt::print("rank {}     tp {} cp {} dp {} pp {}\n", f.rank, c.tp, c.cp, c.dp, c.pp);
+  fmt::print("rank {}     tp {} cp {} dp {} pp {}", f.rank, c.tp, c.cp, c.dp, c.pp);
+  if (m.moe()) {
+    const auto index = [&](GroupKind k) { return mesh.group_of(k, f.rank)->index_of(f.rank); };
+    fmt::print("; expert tp {} ep {} edp {} (experts {}..{})", index(GroupKind::expert_tensor),
+               index(GroupKind::expert), index(GroupKind::expert_data), index(GroupKind::expert) * m.experts / p.ep,
+               (index(GroupKind::expert) + 1) * m.experts / p.ep - 1);
+  }
+  fmt::print("\n");
   for (int k = 0; k < kGroupKinds; ++k) {
     const Group* g = mesh.group_of(static_cast<GroupKind>(k), f.rank);
     fmt::print("  {:<15} {}\n", group_kind_name(static_cast<GroupKind>(k)),

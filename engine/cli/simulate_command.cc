@@ -30,6 +30,7 @@ struct SimulateFlags {
   bool ignore_memory = false;
   std::string attention = "flash";  // the simulated software stack: see SimulateOptions
   float dropout = 0.f;
+  std::string moe_routing = "uniform";
 };
 
 // The README's first command: Megatron's 18.4B GPT on 64 DGX A100 GPUs
@@ -79,6 +80,14 @@ nlohmann::json to_json(const SimulationResult& r, const ModelSpec& m, const Plan
           {"tasks", r.tasks},
           {"events", r.events}};
   if (m.vision()) out["images_per_s"] = r.samples_per_s;
+  if (r.moe)
+    out["moe"] = {{"routing", r.moe->routing},
+                  {"all_to_all_s", r.moe->all_to_all_s},
+                  {"all_to_all_exposed_s", r.moe->all_to_all_exposed_s},
+                  {"all_to_all_share", r.moe->all_to_all_share},
+                  {"expert_load_max_mean", r.moe->load_max_over_mean},
+                  {"busiest_ep_rank_load", r.moe->busiest_rank_load},
+                  {"tokens_per_expert", r.moe->tokens_per_expert}};
   return out;
 }
 
@@ -109,6 +118,25 @@ void print_text(const SimulationResult& r, const ModelSpec& m, const Plan& p, co
     if (s.count == 0) continue;
     fmt::print("  {:<15} {:>8} calls {:>10.4f} s {:>12}\n", sim::collective_kind_name(static_cast<sim::CollectiveKind>(k)),
                s.count, s.time_s, human_bytes(s.bytes));
+  }
+  if (r.moe) {
+    const MoeSimulation& e = *r.moe;
+    fmt::print("experts          {} per MoE layer, top {}, ep {} etp {}; routing {}\n", m.experts, m.top_k, p.ep,
+               p.expert_tp(), e.routing);
+    fmt::print("  all-to-all     {:.4f} s per stage, exposed {:.4f} s = {:.1f}% of the iteration\n", e.all_to_all_s,
+               e.all_to_all_exposed_s, 100 * e.all_to_all_share);
+    fmt::print("  load           max/mean tokens per expert {:.2f}; busiest EP rank {:.2f}x an even share\n",
+               e.load_max_over_mean, e.busiest_rank_load);
+    if (!e.tokens_per_expert.empty()) {
+      const std::vector<double>& first = e.tokens_per_expert.front();
+      std::string list;
+      if (first.size() <= 16)
+        for (double t : first) list += fmt::format(" {:.0f}", t);
+      else
+        list = fmt::format(" {:.0f} (expert 0) ... {:.0f} (expert {}); --json lists all", first.front(), first.back(),
+                           first.size() - 1);
+      fmt::print("  tokens/expert  per iteration, first MoE layer:{}\n", list);
+    }
   }
   fmt::print("simulator        {} tasks, {} events\n", r.tasks, r.events);
 }
@@ -168,6 +196,7 @@ Status run_simulate(SimulateFlags f, bool no_flags) {
   options.check_memory = !f.ignore_memory;
   MT_ASSIGN(options.attention, attention_impl_from_name(f.attention));
   options.dropout = f.dropout;
+  MT_ASSIGN(options.moe_routing, MoeRouting::parse(f.moe_routing));
   MT_ASSIGN(SimulationResult r, simulate_iteration(mp.model, mp.plan, options));
   if (options.trace) {
     std::FILE* out = std::fopen(f.trace.c_str(), "wb");
@@ -213,6 +242,10 @@ Command add_simulate_command(CLI::App& app) {
                   "with --attention unfused also the attention probabilities)")
       ->capture_default_str()
       ->check(real_in(kDropoutRange));
+  sub->add_option("--moe-routing", flags->moe_routing,
+                  "how tokens spread over experts: uniform, zipf:S (share of expert e ∝ 1/(e+1)^S) or file:F "
+                  "(a JSON list of shares per expert, or one list per MoE layer)")
+      ->capture_default_str();
   // Output flags do not choose what is simulated: with only those, the example runs.
   std::vector<CLI::Option*> output = {
       sub->add_option("--calibration", flags->calibration, "calibration JSON (meshtrain calibrate) replacing the defaults"),

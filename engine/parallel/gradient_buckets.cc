@@ -1,6 +1,7 @@
 #include "engine/parallel/gradient_buckets.h"
 
 #include <algorithm>
+#include <tuple>
 
 namespace meshtrain {
 
@@ -18,19 +19,23 @@ std::vector<int> parameter_uses(const ModelSpec& m, const ParamInfo& info, bool 
 
 GradientBuckets::GradientBuckets(Backend& b, const ModelSpec& m, ParameterStore& params, bool chunk_has_head,
                                  Group dp, int zero, std::int64_t bucket_elements, bool defer_embedding,
-                                 Stream compute, Stream comm)
+                                 Stream compute, Stream comm, Group expert_data)
     : b_(b),
       params_(params),
       dp_(std::move(dp)),
+      expert_data_(std::move(expert_data)),
       dp_rank_(dp_.index_of(b.rank())),
+      expert_rank_(expert_data_.index_of(b.rank())),
       zero_(zero),
       compute_(compute),
       comm_(comm) {
-  const std::int64_t G = dp_.size(), total = params.numel();
-  auto add_bucket = [&](std::int64_t begin, std::int64_t size) {
+  const std::int64_t total = params.numel();
+  auto add_bucket = [&](std::int64_t begin, std::int64_t size, int group) {
     Bucket k;
     k.begin = begin;
     k.size = size;
+    k.group = group;
+    const std::int64_t G = group_of(k).size();
     k.shard = (size + G - 1) / G;
     k.state_offset = shard_numel_;
     shard_numel_ += k.shard;
@@ -49,17 +54,29 @@ GradientBuckets::GradientBuckets(Backend& b, const ModelSpec& m, ParameterStore&
     std::size_t i = 0;
     while (i < slots.size()) {
       const auto key = [&](const ParamSlot& s) {
-        return std::pair(parameter_uses(m, s.info, chunk_has_head), defer_embedding && s.info.name == "embed.tokens");
+        return std::tuple(parameter_uses(m, s.info, chunk_has_head), defer_embedding && s.info.name == "embed.tokens",
+                          s.info.expert);
       };
       std::size_t j = i + 1;
       while (j < slots.size() && key(slots[j]) == key(slots[i])) ++j;
       const std::int64_t end = j < slots.size() ? slots[j].offset : total;
-      add_bucket(slots[i].offset, end - slots[i].offset);
+      add_bucket(slots[i].offset, end - slots[i].offset, slots[i].info.expert ? 1 : 0);
       i = j;
     }
   } else {
-    const std::int64_t step = std::max<std::int64_t>(G, bucket_elements / G * G);
-    for (std::int64_t begin = 0; begin < total; begin += step) add_bucket(begin, std::min(step, total - begin));
+    // Runs of dense and of expert slots, each cut into buckets of about bucket_elements.
+    const auto& slots = params.slots();
+    std::size_t i = 0;
+    while (i < slots.size()) {
+      std::size_t j = i + 1;
+      while (j < slots.size() && slots[j].info.expert == slots[i].info.expert) ++j;
+      const std::int64_t first = slots[i].offset, end = j < slots.size() ? slots[j].offset : total;
+      const int group = slots[i].info.expert ? 1 : 0;
+      const std::int64_t G = group == 0 ? dp_.size() : expert_data_.size();
+      const std::int64_t step = std::max<std::int64_t>(G, bucket_elements / G * G);
+      for (std::int64_t begin = first; begin < end; begin += step) add_bucket(begin, std::min(step, end - begin), group);
+      i = j;
+    }
   }
   issued_.assign(buckets_.size(), false);
   unit_grads_.resize(buckets_.size());
@@ -77,7 +94,7 @@ void GradientBuckets::before_backward(int layer) {
   for (std::size_t i = 0; i < buckets_.size(); ++i) {
     const Bucket& k = buckets_[i];
     if (k.uses.back() != layer || unit_grads_[i].defined()) continue;
-    unit_grads_[i] = b_.empty(Shape{k.shard * dp_.size()});
+    unit_grads_[i] = b_.empty(Shape{k.shard * group_of(k).size()});
     b_.fill(unit_grads_[i], 0.f);
     params_.bind_grads(k.begin, unit_grads_[i].slice(0, k.size));
   }
@@ -102,7 +119,7 @@ void GradientBuckets::reduce_unit(std::size_t i) {
     StreamScope on_comm(b_, comm_);
     // Each micro-batch's sum over replicas is added to the owned shard: this rank keeps only k elements.
     Tensor part = b_.empty(Shape{k.shard});
-    b_.reduce_scatter(unit_grads_[i], part, dp_, ReduceOp::sum);
+    b_.reduce_scatter(unit_grads_[i], part, group_of(k), ReduceOp::sum);
     Tensor mine = shard_grads_.slice(k.state_offset, k.shard);
     b_.add(mine, part, mine);
   }
@@ -117,15 +134,16 @@ void GradientBuckets::issue(std::size_t i) {
   b_.wait(comm_, b_.record(compute_));
   StreamScope on_comm(b_, comm_);
   Tensor grads = params_.grads().slice(k.begin, k.size);
-  if (dp_.size() == 1 && !sharded()) return;
+  const Group& g = group_of(k);
+  if (g.size() == 1 && !sharded()) return;
   if (!sharded()) {
-    b_.all_reduce(grads, dp_, ReduceOp::sum);
+    b_.all_reduce(grads, g, ReduceOp::sum);
     return;
   }
   Tensor out = shard_grads_.slice(k.state_offset, k.shard);
-  const std::int64_t padded = k.shard * dp_.size();
+  const std::int64_t padded = k.shard * g.size();
   if (padded == k.size) {
-    b_.reduce_scatter(grads, out, dp_, ReduceOp::sum);
+    b_.reduce_scatter(grads, out, g, ReduceOp::sum);
     return;
   }
   // Only the last bucket is ragged: reduce a zero-padded copy.
@@ -133,7 +151,7 @@ void GradientBuckets::issue(std::size_t i) {
   b_.fill(staging, 0.f);
   Tensor head = staging.slice(0, k.size);
   b_.copy(grads, head);
-  b_.reduce_scatter(staging, out, dp_, ReduceOp::sum);
+  b_.reduce_scatter(staging, out, g, ReduceOp::sum);
 }
 
 void GradientBuckets::finish() {

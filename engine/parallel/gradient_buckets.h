@@ -30,6 +30,14 @@
 // by 1 / (tokens of the global batch), so the sum over replicas is the gradient
 // of the mean token loss over the global batch.
 //
+// Expert parameters (mixture of experts) are replicated only over the
+// expert-data-parallel group (the ranks holding the same experts), not the
+// whole data-parallel group: their buckets hold expert parameters only (the
+// range layout cuts at every change between dense and expert slots, the unit
+// layout gives a layer's experts a unit of their own) and reduce, and shard
+// under ZeRO, over that group. Bucket::group says which; owned ranges count
+// in that group's ranks.
+//
 // Deferred buckets (those holding the tied token embedding when pp > 1) are
 // reduced only by finish(): both pipeline ends' copies must first be summed
 // over the embedding group, which can only happen after the schedule has run.
@@ -53,6 +61,7 @@ struct Bucket {
   // bucket's parameters and writes their gradients, ascending.
   std::vector<int> uses;
   bool deferred = false;
+  int group = 0;  // 0: the data-parallel group; 1: the expert-data-parallel group
   std::int64_t owned_begin(int dp_rank) const;  // flat offset of the owned range
   std::int64_t owned_size(int dp_rank) const;   // its length, <= shard
 };
@@ -64,8 +73,11 @@ std::vector<int> parameter_uses(const ModelSpec& m, const ParamInfo& info, bool 
 class GradientBuckets {
  public:
   // `zero` is the plan's ZeRO stage: it picks the layout and the reduction.
+  // `expert_data` is the group that expert parameters reduce over (ignored
+  // when the chunk holds none).
   GradientBuckets(Backend& b, const ModelSpec& m, ParameterStore& params, bool chunk_has_head, Group dp, int zero,
-                  std::int64_t bucket_elements, bool defer_embedding, Stream compute, Stream comm);
+                  std::int64_t bucket_elements, bool defer_embedding, Stream compute, Stream comm,
+                  Group expert_data = {});
 
   // Starts an iteration: nothing issued, nothing armed, shards zeroed.
   void begin_step();
@@ -80,8 +92,9 @@ class GradientBuckets {
   void finish();
 
   const std::vector<Bucket>& buckets() const { return buckets_; }
-  const Group& group() const { return dp_; }
-  int dp_rank() const { return dp_rank_; }
+  // The group a bucket reduces (and ZeRO shards) over, and this rank's index in it.
+  const Group& group_of(const Bucket& k) const { return k.group == 0 ? dp_ : expert_data_; }
+  int rank_in(const Bucket& k) const { return k.group == 0 ? dp_rank_ : expert_rank_; }
   bool sharded() const { return zero_ >= 1; }
   bool units() const { return zero_ >= 2; }
   std::int64_t shard_numel() const { return shard_numel_; }  // Σ k over buckets
@@ -94,8 +107,8 @@ class GradientBuckets {
 
   Backend& b_;
   ParameterStore& params_;
-  Group dp_;
-  int dp_rank_;
+  Group dp_, expert_data_;
+  int dp_rank_, expert_rank_;
   int zero_;
   Stream compute_, comm_;
   std::vector<Bucket> buckets_;

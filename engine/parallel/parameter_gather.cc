@@ -31,8 +31,8 @@ void ParameterGather::issue(std::size_t i) {
   // The shards were last written on the compute stream (the optimizer step).
   b_.wait(comm_, b_.record(compute_));
   StreamScope on_comm(b_, comm_);
-  u.full = b_.empty(Shape{k.shard * buckets_.group().size()}, params_.value_dtype());
-  b_.all_gather(shards_.slice(k.state_offset, k.shard), u.full, buckets_.group());
+  u.full = b_.empty(Shape{k.shard * buckets_.group_of(k).size()}, params_.value_dtype());
+  b_.all_gather(shards_.slice(k.state_offset, k.shard), u.full, buckets_.group_of(k));
   u.ready = b_.record(comm_);
 }
 
@@ -61,8 +61,8 @@ void ParameterGather::after(int layer, bool backward) {
 }
 
 void ParameterGather::initialize(std::uint64_t seed) {
-  const int r = buckets_.dp_rank();
   for (const Bucket& k : buckets_.buckets()) {
+    const int r = buckets_.rank_in(k);
     Tensor full = b_.empty(Shape{k.size}, params_.value_dtype());
     params_.bind_values(k.begin, full);
     params_.initialize(seed);

@@ -30,8 +30,8 @@ void ShardedAdamW::for_each_piece(
     for (const ParamSlot& s : params_.slots()) f(s, s.offset, s.numel, s.offset);
     return;
   }
-  const int r = buckets_.dp_rank();
   for (const Bucket& k : buckets_.buckets()) {
+    const int r = buckets_.rank_in(k);
     const std::int64_t lo = k.owned_begin(r), hi = lo + k.owned_size(r);
     for (const ParamSlot& s : params_.slots()) {
       const std::int64_t a = std::max(lo, s.offset), e = std::min(hi, s.offset + s.numel);
@@ -88,15 +88,19 @@ void ShardedAdamW::update(const AdamWOp& base, float weight_decay, const Tensor&
       b_.cast(master(p.flat, p.local, p.n), w);
     }
   }
-  if (!buckets_.sharded() || gather_ || buckets_.group().size() == 1) return;
+  if (!buckets_.sharded() || gather_) return;
+  const auto& all = buckets_.buckets();
+  if (std::none_of(all.begin(), all.end(), [&](const Bucket& k) { return buckets_.group_of(k).size() > 1; })) return;
   // Every replica needs the whole chunk for the next forward.
   b_.wait(comm_, b_.record(b_.current_stream()));
   const Stream compute = b_.current_stream();
   {
     StreamScope on_comm(b_, comm_);
-    const int r = buckets_.dp_rank(), G = buckets_.group().size();
     const DType dt = params_.value_dtype();
     for (const Bucket& k : buckets_.buckets()) {
+      const Group& group = buckets_.group_of(k);
+      const int r = buckets_.rank_in(k), G = group.size();
+      if (G == 1) continue;  // the owned range is the whole bucket, updated in place
       Tensor mine = b_.empty(Shape{k.shard}, dt);
       if (k.owned_size(r) < k.shard) b_.fill(mine, 0.f);
       if (k.owned_size(r) > 0) {
@@ -105,10 +109,10 @@ void ShardedAdamW::update(const AdamWOp& base, float weight_decay, const Tensor&
       }
       Tensor whole = params_.values().slice(k.begin, k.size);
       if (k.shard * G == k.size) {
-        b_.all_gather(mine, whole, buckets_.group());
+        b_.all_gather(mine, whole, group);
       } else {
         Tensor staging = b_.empty(Shape{k.shard * G}, dt);
-        b_.all_gather(mine, staging, buckets_.group());
+        b_.all_gather(mine, staging, group);
         b_.copy(staging.slice(0, k.size), whole);
       }
     }
@@ -117,30 +121,54 @@ void ShardedAdamW::update(const AdamWOp& base, float weight_decay, const Tensor&
 }
 
 Status ShardedAdamW::gather_shards(const Tensor& shards, std::vector<float>& out) {
-  const int G = buckets_.group().size();
-  const std::int64_t S = buckets_.shard_numel();
-  Tensor all = b_.empty(Shape{S * G}, shards.dtype());
-  b_.all_gather(shards, all, buckets_.group());
-  std::vector<float> host(static_cast<std::size_t>(S * G));
-  MT_TRY(b_.read(all, host));
   out.assign(static_cast<std::size_t>(params_.numel()), 0.f);
-  // Rank q's block holds its shard of every bucket, at the bucket's state offset.
-  for (int q = 0; q < G; ++q)
-    for (const Bucket& k : buckets_.buckets()) {
-      const auto from = static_cast<std::size_t>(q * S + k.state_offset);
-      const auto to = static_cast<std::size_t>(k.owned_begin(q));
-      std::copy_n(host.begin() + static_cast<std::ptrdiff_t>(from), k.owned_size(q),
-                  out.begin() + static_cast<std::ptrdiff_t>(to));
+  const auto& buckets = buckets_.buckets();
+  // One all-gather per group (dense buckets over dp, expert buckets over the
+  // expert-data group) of the group's buckets' shards, concatenated.
+  for (int group : {0, 1}) {
+    std::vector<const Bucket*> mine;
+    std::int64_t S = 0;
+    for (const Bucket& k : buckets)
+      if (k.group == group) mine.push_back(&k), S += k.shard;
+    if (mine.empty()) continue;
+    const Group& g = buckets_.group_of(*mine.front());
+    const int G = g.size();
+    Tensor part = shards;  // every bucket in one group: the buffer as it is
+    if (mine.size() != buckets.size()) {
+      part = b_.empty(Shape{S}, shards.dtype());
+      std::int64_t at = 0;
+      for (const Bucket* k : mine) {
+        Tensor dst = part.slice(at, k->shard);
+        b_.copy(shards.slice(k->state_offset, k->shard), dst);
+        at += k->shard;
+      }
     }
+    Tensor all = b_.empty(Shape{S * G}, shards.dtype());
+    b_.all_gather(part, all, g);
+    std::vector<float> host(static_cast<std::size_t>(S * G));
+    MT_TRY(b_.read(all, host));
+    // Rank q's block holds its shard of every bucket of the group, in bucket order.
+    for (int q = 0; q < G; ++q) {
+      std::int64_t at = 0;
+      for (const Bucket* k : mine) {
+        const auto from = static_cast<std::size_t>(q * S + at);
+        const auto to = static_cast<std::size_t>(k->owned_begin(q));
+        std::copy_n(host.begin() + static_cast<std::ptrdiff_t>(from), k->owned_size(q),
+                    out.begin() + static_cast<std::ptrdiff_t>(to));
+        at += k->shard;
+      }
+    }
+  }
   return ok_status();
 }
 
 std::vector<float> ShardedAdamW::owned_part(const std::vector<float>& full) const {
   std::vector<float> out(static_cast<std::size_t>(buckets_.shard_numel()), 0.f);
-  const int r = buckets_.dp_rank();
-  for (const Bucket& k : buckets_.buckets())
+  for (const Bucket& k : buckets_.buckets()) {
+    const int r = buckets_.rank_in(k);
     std::copy_n(full.begin() + static_cast<std::ptrdiff_t>(k.owned_begin(r)), k.owned_size(r),
                 out.begin() + static_cast<std::ptrdiff_t>(k.state_offset));
+  }
   return out;
 }
 

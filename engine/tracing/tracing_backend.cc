@@ -186,6 +186,26 @@ void TracingBackend::dropout_backward(const Tensor& dout, Tensor& dx, const Drop
 void TracingBackend::gather_rows(const Tensor& src, const Tensor& index, Tensor& out) {
   compute("gather_rows", {&src, &index, &out}, [&] { target().gather_rows(src, index, out); });
 }
+void TracingBackend::moe_route(const Tensor& logits, bool renormalize, Tensor& probs, Tensor& lse, Tensor& weights,
+                               Tensor& experts) {
+  compute("moe_route", {&logits, &probs, &lse, &weights, &experts},
+          [&] { target().moe_route(logits, renormalize, probs, lse, weights, experts); });
+}
+void TracingBackend::moe_route_backward(const Tensor& dweights, const Tensor& probs, const Tensor& lse,
+                                        const Tensor& experts, const Tensor& prob_grad, float z_scale,
+                                        bool renormalize, Tensor& dlogits) {
+  compute("moe_route_backward", {&dweights, &probs, &lse, &experts, &prob_grad, &dlogits}, [&] {
+    target().moe_route_backward(dweights, probs, lse, experts, prob_grad, z_scale, renormalize, dlogits);
+  });
+}
+void TracingBackend::moe_combine(const Tensor& rows, const Tensor& index, const Tensor& weights, Tensor& out) {
+  compute("moe_combine", {&rows, &index, &weights, &out}, [&] { target().moe_combine(rows, index, weights, out); });
+}
+void TracingBackend::moe_combine_backward(const Tensor& dout, const Tensor& rows, const Tensor& index,
+                                          const Tensor& weights, Tensor& drows, Tensor& dweights) {
+  compute("moe_combine_backward", {&dout, &rows, &index, &weights, &drows, &dweights},
+          [&] { target().moe_combine_backward(dout, rows, index, weights, drows, dweights); });
+}
 void TracingBackend::rope(Tensor& x, int heads_total, int rotate_heads, float theta, bool inverse) {
   compute("rope", {&x}, [&] { target().rope(x, heads_total, rotate_heads, theta, inverse); });
 }

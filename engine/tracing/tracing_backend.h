@@ -82,6 +82,13 @@ class TracingBackend final : public BackendWrapper {
   void dropout_forward(const Tensor& x, Tensor& out, const DropoutOp& op) override;
   void dropout_backward(const Tensor& dout, Tensor& dx, const DropoutOp& op) override;
   void gather_rows(const Tensor& src, const Tensor& index, Tensor& out) override;
+  void moe_route(const Tensor& logits, bool renormalize, Tensor& probs, Tensor& lse, Tensor& weights,
+                 Tensor& experts) override;
+  void moe_route_backward(const Tensor& dweights, const Tensor& probs, const Tensor& lse, const Tensor& experts,
+                          const Tensor& prob_grad, float z_scale, bool renormalize, Tensor& dlogits) override;
+  void moe_combine(const Tensor& rows, const Tensor& index, const Tensor& weights, Tensor& out) override;
+  void moe_combine_backward(const Tensor& dout, const Tensor& rows, const Tensor& index, const Tensor& weights,
+                            Tensor& drows, Tensor& dweights) override;
   void rope(Tensor& x, int heads_total, int rotate_heads, float theta, bool inverse) override;
   void attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse,
                          const AttentionOp& op) override;

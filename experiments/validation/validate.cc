@@ -4,7 +4,7 @@
 //
 // A table (experiments/validation/*.json) names its source, the cluster
 // preset, how the publication counted FLOPs, and rows of {model, gpus, plan,
-// measured, source}. Each row is simulated once with `meshtrain simulate`'s
+// measured, source} (a row of a model with experts may add "moe_routing"). Each row is simulated once with `meshtrain simulate`'s
 // simulate_iteration and the built-in constants (simulator/constants.h and
 // the cluster preset): nothing here is tuned per row. The predicted figure is
 // the publication's own FLOP count divided by the predicted iteration time
@@ -42,12 +42,23 @@ using nlohmann::json;
 // FLOPs of one iteration as the publication counts them.
 //  megatron-2021: Narayanan et al. 2021, Sec. 5.1 / Appendix: with full
 //    recomputation, 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h)).
+//  megatron-core: Megatron-LM's num_floating_point_operations (training.py,
+//    MCore v0.9 to v0.11), which its logs' TFLOP/s divide: 12·B·s·l·h²·
+//    ((1 + G/H + s/h)·(H·D/h) + (F/h)·k·g + (F_shared/h)·g + V/(2·l·h)),
+//    k = top_k (1 dense), g = 3/2 for gated MLPs; full s² attention, no
+//    router, every layer counted as an MoE layer, no recomputation.
 Result<double> publication_flops(const std::string& formula, const ModelSpec& m, const Plan& p) {
   const double B = p.effective_global_batch(), s = p.effective_seq_len(m), l = m.layers,
                h = m.hidden, V = m.vocab;
   if (formula == "megatron-2021")
     return 96.0 * B * s * l * h * h * (1.0 + s / (6.0 * h) + V / (16.0 * l * h));
-  return make_error("unknown FLOP formula '{}'; known: megatron-2021", formula);
+  if (formula == "megatron-core") {
+    const double H = m.heads, G = m.kv_heads, D = m.head_dim(), F = m.ffn, k = m.moe() ? m.top_k : 1;
+    const double g = m.activation == Activation::swiglu ? 1.5 : 1.0, shared = m.shared_experts * F;
+    return 12.0 * B * s * l * h * h *
+           ((1.0 + G / H + s / h) * (H * D / h) + F / h * k * g + shared / h * g + V / (2.0 * l * h));
+  }
+  return make_error("unknown FLOP formula '{}'; known: megatron-2021, megatron-core", formula);
 }
 
 struct Row {
@@ -59,6 +70,7 @@ struct Row {
 
 std::string describe(const Plan& p) {
   std::string s = fmt::format("tp{} pp{} dp{}", p.tp, p.pp, p.dp);
+  if (p.ep > 1) s += fmt::format(" ep{} etp{}", p.ep, p.expert_tp());
   if (p.vpp > 1) s += fmt::format(" vpp{}", p.vpp);
   s += fmt::format(" mb{} gb{} {}", p.micro_batch, p.effective_global_batch(),
                    schedule_name(p.schedule));
@@ -89,9 +101,11 @@ Result<std::vector<Row>> run_table(const std::string& path) {
   MT_ASSIGN(json t, read_json(path));
   for (const char* key : {"source", "cluster", "flops", "rows"})
     if (!t.contains(key)) return make_error("table '{}' has no field '{}'", path, key);
-  if (t["metric"] != "tflops_per_gpu")
-    return make_error("table '{}': metric must be \"tflops_per_gpu\" (the only one compared so far)",
-                      path);
+  // tflops_per_gpu: the publication's FLOP count over the predicted time;
+  // tokens_per_s: global batch · seq over the predicted time (no FLOP count).
+  const std::string metric = t.value("metric", "");
+  if (metric != "tflops_per_gpu" && metric != "tokens_per_s")
+    return make_error("table '{}': metric must be \"tflops_per_gpu\" or \"tokens_per_s\"", path);
   MT_ASSIGN(sim::ClusterSpec cluster, sim::cluster_spec_by_name_or_file(t["cluster"]));
   const std::string formula = t["flops"];
   std::vector<Row> rows;
@@ -120,6 +134,9 @@ Result<std::vector<Row>> run_table(const std::string& path) {
     const std::string where = fmt::format("table '{}' row {} ({})", path, rows.size() + 1, row.model);
     if (t.contains("system")) MT_TRY(apply_system(t["system"], options).context(where));
     if (r.contains("system")) MT_TRY(apply_system(r["system"], options).context(where));
+    if (r.contains("moe_routing")) {
+      MT_ASSIGN(options.moe_routing, MoeRouting::parse(r["moe_routing"].get<std::string>()));
+    }
     row.plan = describe(p) + fmt::format(" {}-attn", attention_impl_name(options.attention));
     if (options.dropout > 0) row.plan += fmt::format(" drop{:g}", options.dropout);
     // The measured runs fit on the real machines; a predicted peak above the
@@ -129,9 +146,13 @@ Result<std::vector<Row>> run_table(const std::string& path) {
     auto sim = simulate_iteration(m, p, options);
     row.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (!sim) return std::move(sim.context(fmt::format("table '{}' row {} ({})", path, rows.size() + 1, row.model))).error();
-    MT_ASSIGN(double flops, publication_flops(formula, m, p));
     row.iteration_s = sim->iteration_s;
-    row.predicted = flops / sim->iteration_s / p.world_size() / 1e12;
+    if (metric == "tokens_per_s") {
+      row.predicted = sim->tokens_per_s;
+    } else {
+      MT_ASSIGN(double flops, publication_flops(formula, m, p));
+      row.predicted = flops / sim->iteration_s / p.world_size() / 1e12;
+    }
     row.error = row.predicted / row.measured - 1.0;
     row.bubble = sim->bubble_fraction;
     row.exposed_comm_s = sim->exposed_comm_s;

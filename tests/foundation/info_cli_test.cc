@@ -33,3 +33,21 @@ TEST_CASE("meshtrain info rejects bad input with the validation message", "[cli]
   MeshtrainRun not_a_number = run_meshtrain("info --tp two");
   CHECK(not_a_number.status != 0);
 }
+
+TEST_CASE("meshtrain info shows an MoE rank's expert groups and the active parameters", "[cli][moe]") {
+  MeshtrainRun r = run_meshtrain("info --model mixtral-8x7b --tp 2 --pp 2 --dp 4 --ep 2 --rank 6 --json");
+  REQUIRE(r.status == 0);
+  auto j = nlohmann::json::parse(r.out);
+  CHECK(j["active_parameters"].get<double>() == Approx(12.88e9).epsilon(0.002));
+  CHECK(j["groups"]["expert"] == nlohmann::json({4, 6}));
+  CHECK(j["groups"]["expert_data"] == nlohmann::json({2, 6}));
+  CHECK(j["groups"]["expert_tensor"] == nlohmann::json({6, 7}));
+  CHECK(j["groups"]["expert_model"] == nlohmann::json({4, 5, 6, 7}));
+  MeshtrainRun text = run_meshtrain("info --model mixtral-8x7b --tp 2 --pp 2 --dp 4 --ep 2 --rank 6");
+  REQUIRE(text.status == 0);
+  CHECK_THAT(text.out, Catch::Contains("expert tp 0 ep 1 edp 1 (experts 4..7)"));
+  CHECK_THAT(text.out, Catch::Contains("expert_model"));
+  MeshtrainRun refused = run_meshtrain("info --model tiny-moe --dp 2 --ep 4");
+  CHECK(refused.status != 0);
+  CHECK_THAT(refused.out, Catch::Contains("ep 4 must divide dp 2"));
+}

@@ -50,6 +50,31 @@ TEST_CASE("expert groups are carved out of data-parallel ranks", "[mesh]") {
   CHECK(lists(t, GroupKind::expert) == L{{0, 2}, {1, 3}, {4, 6}, {5, 7}});
 }
 
+TEST_CASE("the expert mesh: etp·ep·edp over a stage's ranks, expert tensor parallel fastest", "[mesh][moe]") {
+  // tp 2, dp 4, ep 2 with etp = tp: experts split like the MLP over the tp
+  // group; expert groups of two data ranks at one tp index.
+  Plan p = plan(2, 2, 4, 2);
+  Mesh m(p);
+  CHECK(m.group_of(GroupKind::expert, 2)->ranks == std::vector<int>{0, 2});
+  CHECK(m.group_of(GroupKind::expert_data, 2)->ranks == std::vector<int>{2, 6});
+  CHECK(m.group_of(GroupKind::expert_tensor, 2)->ranks == std::vector<int>{2, 3});
+  CHECK(m.group_of(GroupKind::expert_model, 2)->ranks == std::vector<int>{0, 1, 2, 3});
+  CHECK(m.group_of(GroupKind::expert, 9)->ranks == std::vector<int>{9, 11});  // stage 1
+  // etp 1 (whole experts): the expert groups take consecutive ranks, tp ones first.
+  p.etp = 1;
+  Mesh w(p);
+  CHECK(lists(w, GroupKind::expert).front() == std::vector<int>{0, 1});
+  CHECK(w.group_of(GroupKind::expert_data, 1)->ranks == std::vector<int>{1, 3, 5, 7});
+  CHECK(w.group_of(GroupKind::expert_tensor, 1)->ranks == std::vector<int>{1});
+  p.ep = 4;
+  Mesh wide(p);
+  CHECK(wide.group_of(GroupKind::expert, 5)->ranks == std::vector<int>{4, 5, 6, 7});
+  CHECK(wide.group_of(GroupKind::expert_data, 5)->ranks == std::vector<int>{1, 5});
+  // Every rank sits in exactly one group of each expert kind.
+  for (GroupKind k : {GroupKind::expert, GroupKind::expert_data, GroupKind::expert_tensor, GroupKind::expert_model})
+    for (int r = 0; r < wide.world_size(); ++r) CHECK(wide.group_of(k, r)->index_of(r) >= 0);
+}
+
 TEST_CASE("group ids are unique and every rank is in one group per kind", "[mesh]") {
   Mesh m(plan(2, 2, 2));
   std::set<int> ids;

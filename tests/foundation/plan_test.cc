@@ -88,6 +88,32 @@ TEST_CASE("experts must divide by ep and ep by dp", "[plan]") {
   CHECK_THAT(rejection(dense, tiny()), Catch::Contains("dense model"));
 }
 
+TEST_CASE("expert parallelism that does not fit is refused naming the numbers", "[plan][moe]") {
+  ModelSpec m = *model_preset("tiny-moe");  // 8 experts of width 128, top 2
+  Plan p;
+  p.tp = 2, p.dp = 4, p.ep = 2;
+  CHECK(validate_plan(p, m).ok());
+  p.ep = 8;  // more expert ranks than data-parallel ones: not enough ranks
+  CHECK_THAT(rejection(p, m), Catch::Contains("ep 8 must divide dp 4") && Catch::Contains("8 ranks"));
+  p.ep = 3;
+  CHECK_THAT(rejection(p, m), Catch::Contains("experts 8 are not divisible by ep 3"));
+  p.ep = 2, p.etp = 4;
+  CHECK_THAT(rejection(p, m), Catch::Contains("etp 4 must be 1 (whole experts) or tp 2"));
+  // etp 1: the expert groups take tp and dp ranks, so ep may reach tp·dp.
+  p.etp = 1, p.ep = 8;
+  CHECK(validate_plan(p, m).ok());
+  p.dp = 2;
+  CHECK_THAT(rejection(p, m), Catch::Contains("ep 8 must divide tp·dp = 2·2 = 4"));
+  // The world must hold the plan: 2 GPUs for tp 2 dp 2.
+  p.ep = 2;
+  CHECK_THAT(validate_plan(p, m, 2).error().message(), Catch::Contains("world size 2 != tp·pp·dp·cp"));
+  ModelSpec odd = m;
+  odd.ffn = 127;
+  odd.dense_ffn = 128;
+  p.etp = 0;
+  CHECK_THAT(rejection(p, odd), Catch::Contains("expert ffn width 127 is not divisible by etp 2"));
+}
+
 TEST_CASE("unknown names suggest the nearest valid one", "[plan]") {
   auto s = parse_schedule("1f1f");
   REQUIRE_FALSE(s.ok());

@@ -13,8 +13,8 @@
 #include "models/model_chunk.h"
 #include "models/parameters.h"
 #include "models/transformer_layer.h"
+#include "tests/models/directional_derivatives.h"
 #include "models/vision_blocks.h"
-#include "tests/models/gradient_check.h"
 
 using namespace meshtrain;
 
@@ -191,12 +191,8 @@ void check_gradient(const ModelSpec& spec) {
     for (float& x : v) x *= 4.f;
     f.b.write(f.chunk.parameters().values(), v);
   }
-  const std::vector<float> g = f.gradient();
-  testing::GradientCheck c;
-  c.tolerance = 2e-3;
-  c.max_element_step = 3e-3;
-  c.allow_fp32_resolution = true;
-  testing::check_gradient_directions(f.b, f.chunk.parameters(), g, [&] { return f.loss(); }, c);
+  testing::check_directional_derivatives(f.b, f.chunk.parameters(), f.gradient(), [&] { return f.loss(); },
+                                         testing::DirectionalCheck{2e-3, true, false});
 }
 
 }  // namespace

@@ -45,9 +45,10 @@ inline const PlanRun& reference(const ModelSpec& m) {
 }
 
 inline std::string describe(const Plan& p) {
-  return fmt::format("tp{} pp{} dp{} vpp{} zero{} {}{} stages first {} last {} buckets {:g} MiB {}", p.tp, p.pp,
+  return fmt::format("tp{} pp{} dp{} vpp{} zero{} {}{} stages first {} last {} buckets {:g} MiB {}{}", p.tp, p.pp,
                      p.dp, p.vpp, p.zero, schedule_name(p.schedule), p.sequence_parallel ? " sp" : "",
-                     p.first_stage_layers, p.last_stage_layers, p.grad_bucket_mb, grad_sync_name(p.grad_sync));
+                     p.first_stage_layers, p.last_stage_layers, p.grad_bucket_mb, grad_sync_name(p.grad_sync),
+                     p.ep > 1 || p.etp > 0 ? fmt::format(" ep{} etp{}", p.ep, p.expert_tp()) : "");
 }
 
 inline void check_matches_reference(const ModelSpec& m, const Plan& p) {

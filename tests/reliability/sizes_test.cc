@@ -32,14 +32,3 @@ TEST_CASE("sizes within range but beyond this machine are refused with the estim
                  "measuring the largest --workload shape needs about");
 }
 
-TEST_CASE("mixture-of-experts models are refused by name by train and simulate", "[reliability][sizes][moe]") {
-  const std::string moe = write_text(
-      "moe.json", R"({"name": "moe-tiny", "layers": 2, "hidden": 64, "heads": 4, "vocab": 256, "seq_len": 64, "experts": 4, "top_k": 2})");
-  const std::string message = "model 'moe-tiny' is a mixture of experts (experts 4, top_k 2), which the step engine does not implement yet";
-  expect_refusal("train --data " + training_text() + " --model " + moe + " --seq-len 16 --steps 1", message);
-  expect_refusal("simulate --model " + moe + " --gpus 1", message);
-  // info is analytic and describes the model.
-  const MeshtrainRun info = run_meshtrain("info --model " + moe);
-  INFO(info.out);
-  CHECK(info.status == 0);
-}

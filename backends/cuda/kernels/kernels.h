@@ -117,6 +117,24 @@ cudaError_t embedding_backward(const void* dout, int dtype, const std::int32_t* 
                                i64 N, i64 C, i64 V, i64 vocab_offset, void* scratch,
                                std::size_t scratch_bytes, cudaStream_t s);
 
+// ---- moe.cu ----------------------------------------------------------------
+// The mixture-of-experts ops of backends/backend.h. The router runs one
+// thread per token in double, as the cpu backend does (its top-k takes the
+// lower expert on ties); K is at most kMaxTopK.
+inline constexpr i64 kMaxTopK = 64;
+cudaError_t moe_route(const float* logits, float* probs, float* lse, float* weights, std::int32_t* experts, i64 N,
+                      i64 E, i64 K, bool renormalize, cudaStream_t s);
+cudaError_t moe_route_backward(const float* dweights, const float* probs, const float* lse,
+                               const std::int32_t* experts, const float* prob_grad, float z_scale, bool renormalize,
+                               float* dlogits, i64 N, i64 E, i64 K, cudaStream_t s);
+// rows (M, C), out (N, C), drows and dout of storage `dtype`; weights and
+// dweights (N, K) fp32. One block per token sums its slots in slot order.
+cudaError_t moe_combine(const void* rows, const std::int32_t* index, const float* weights, void* out, int dtype,
+                        i64 N, i64 K, i64 C, cudaStream_t s);
+cudaError_t moe_combine_backward(const void* dout, const void* rows, const std::int32_t* index,
+                                 const float* weights, void* drows, float* dweights, int dtype, i64 N, i64 K, i64 C,
+                                 i64 M, cudaStream_t s);
+
 // ---- rope.cu ---------------------------------------------------------------
 // x of storage `dtype`, rotated in fp32; scratch: 2 · T · D/2 floats (the cos
 // and sin table).

@@ -1,0 +1,94 @@
+#include "models/moe_routing.h"
+
+#include <cmath>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+namespace meshtrain {
+
+namespace {
+
+Result<std::vector<double>> parse_shares(const nlohmann::json& j, const std::string& file) {
+  std::vector<double> out;
+  for (const auto& v : j) {
+    if (!v.is_number() || !(v.get<double>() >= 0))
+      return make_error("routing file '{}': shares must be non-negative numbers, got {}", file, v.dump());
+    out.push_back(v.get<double>());
+  }
+  double sum = 0;
+  for (double v : out) sum += v;
+  if (out.empty() || !(sum > 0)) return make_error("routing file '{}': a list of shares must not be all zero", file);
+  return out;
+}
+
+}  // namespace
+
+Result<MoeRouting> MoeRouting::parse(const std::string& spec) {
+  MoeRouting r;
+  r.spec_ = spec;
+  if (spec == "uniform") return r;
+  if (spec.rfind("zipf:", 0) == 0) {
+    const std::string s = spec.substr(5);
+    char* end = nullptr;
+    const double exponent = std::strtod(s.c_str(), &end);
+    if (s.empty() || end == nullptr || *end != '\0' || !(exponent >= 0) || !std::isfinite(exponent))
+      return make_error("--moe-routing '{}': zipf needs a non-negative exponent, e.g. zipf:1.2", spec);
+    r.kind_ = Kind::zipf;
+    r.exponent_ = exponent;
+    return r;
+  }
+  if (spec.rfind("file:", 0) == 0) {
+    const std::string file = spec.substr(5);
+    std::ifstream in(file);
+    if (!in) return make_error("--moe-routing: cannot open routing file '{}'", file);
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(in);
+    } catch (const nlohmann::json::parse_error& e) {
+      return make_error("routing file '{}' is not valid JSON: {}", file, e.what());
+    }
+    if (!j.is_array() || j.empty())
+      return make_error("routing file '{}' must hold a list of shares per expert, or one such list per MoE layer",
+                        file);
+    r.kind_ = Kind::table;
+    if (j.front().is_array()) {
+      for (const auto& layer : j) {
+        if (!layer.is_array()) return make_error("routing file '{}': every entry must be a list of shares", file);
+        MT_ASSIGN(auto shares, parse_shares(layer, file));
+        r.table_.push_back(std::move(shares));
+      }
+    } else {
+      MT_ASSIGN(auto shares, parse_shares(j, file));
+      r.table_.push_back(std::move(shares));
+    }
+    return r;
+  }
+  return make_error("unknown --moe-routing '{}'; use uniform, zipf:S (S >= 0) or file:F (a JSON list of shares)",
+                    spec);
+}
+
+Status MoeRouting::check(int experts, int moe_layers) const {
+  if (kind_ != Kind::table) return ok_status();
+  if (table_.size() != 1 && static_cast<int>(table_.size()) != moe_layers)
+    return make_error("--moe-routing {}: {} lists of shares, the model has {} MoE layers; give one list or {}", spec_,
+                      table_.size(), moe_layers, moe_layers);
+  for (const auto& shares : table_)
+    if (static_cast<int>(shares.size()) != experts)
+      return make_error("--moe-routing {}: a list holds {} shares, the model has {} experts", spec_, shares.size(),
+                        experts);
+  return ok_status();
+}
+
+std::vector<double> MoeRouting::shares(int moe_layer, int experts) const {
+  std::vector<double> w(static_cast<std::size_t>(experts), 1.0);
+  if (kind_ == Kind::zipf)
+    for (int e = 0; e < experts; ++e) w[static_cast<std::size_t>(e)] = std::pow(e + 1.0, -exponent_);
+  if (kind_ == Kind::table) w = table_[table_.size() == 1 ? 0 : static_cast<std::size_t>(moe_layer)];
+  double sum = 0;
+  for (double v : w) sum += v;
+  for (double& v : w) v /= sum;
+  return w;
+}
+
+}  // namespace meshtrain
