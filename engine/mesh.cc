@@ -46,7 +46,7 @@ Mesh::Mesh(const Plan& plan)
   // The expert mesh of each stage (see mesh.h), over stage-local indices l.
   const int stage_ranks = tp_ * cp_ * dp_, etp = etp_, ep = ep_, edp = stage_ranks / (etp_ * ep_);
   for (int pp = 0; pp < pp_; ++pp) {
-    const int base = pp * stage_ranks;
+    const int base = first_ + pp * stage_ranks;
     auto local = [&](int e_tp, int e_p, int e_dp) { return base + e_tp + etp * (e_p + ep * e_dp); };
     for (int d = 0; d < edp; ++d) {
       std::vector<int> model;

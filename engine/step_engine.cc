@@ -11,9 +11,6 @@
 
 namespace meshtrain {
 
-namespace {
-
-// Mixed precision: 16-bit working weights and activations (fp32 masters, gradients and AdamW state).
 DType activation_dtype(Precision p) {
   switch (p) {
     case Precision::bf16: return DType::bf16;
@@ -22,8 +19,6 @@ DType activation_dtype(Precision p) {
   }
   return DType::f32;
 }
-
-}  // namespace
 
 HostBatch example_batch(const ModelSpec& m, int micro_batch, int seq) {
   HostBatch h;

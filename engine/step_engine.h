@@ -55,6 +55,9 @@ struct StepOptions {
   bool initialize_parameters = true;
 };
 
+// Mixed precision: 16-bit working weights and activations (fp32 masters, gradients and AdamW state).
+DType activation_dtype(Precision p);
+
 // The ranges of StepOptions' numbers, which the flags that set them share.
 inline constexpr RealRange kDropoutRange{0, 1, false, true};
 inline constexpr RealRange kWeightDecayRange{0, 1e3};

@@ -15,19 +15,6 @@ namespace meshtrain {
 
 namespace {
 
-// A segment's blocks, by index in model_blocks order (0: the embedding).
-struct BlockRange {
-  int first = 0, last = 0;  // inclusive
-};
-
-BlockRange block_range(const Plan& s, const ModelSpec& m) {
-  const int body_end = s.first_layer + (s.layers < 0 ? m.layers - s.first_layer : s.layers);
-  return {s.embedding ? 0 : s.first_layer + 1, s.head ? m.layers + 1 : body_end};
-}
-
-// Ids of the process groups of segment k start here; the uniform mesh's start at 0.
-constexpr int kGroupIdsPerSegment = 1 << 20;
-
 Result<BlockRange> blocks_of(const nlohmann::json& seg, const ModelBlocks& blocks, const std::string& label) {
   const int n = static_cast<int>(blocks.size());
   if (seg.contains("blocks")) {
@@ -73,6 +60,18 @@ Result<BlockRange> blocks_of(const nlohmann::json& seg, const ModelBlocks& block
 }
 
 }  // namespace
+
+BlockRange block_range(const Plan& s, const ModelSpec& m) {
+  const int body_end = s.first_layer + (s.layers < 0 ? m.layers - s.first_layer : s.layers);
+  return {s.embedding ? 0 : s.first_layer + 1, s.head ? m.layers + 1 : body_end};
+}
+
+Group segments_world(const Plan& p) {
+  Group g;
+  g.id = static_cast<int>(p.segments.size()) * kGroupIdsPerSegment;
+  for (int r = 0; r < p.world_size(); ++r) g.ranks.push_back(r);
+  return g;
+}
 
 Result<std::vector<Plan>> segments_from_json(const nlohmann::json& list, const ModelSpec& m, const Plan& base) {
   if (!list.is_array() || list.empty())
@@ -166,6 +165,9 @@ Status validate_segments(const Plan& p, const ModelSpec& m, int world_size) {
                                         : fmt::format("the segment before ends at block {}", next_block - 1),
                         blocks.size() - 1);
     next_block = r.last + 1;
+    if (m.moe())
+      return make_error("{}: mixture-of-experts models run under one plan for the whole model (their router "
+                        "statistics are per plan); drop \"segments\"", label);
     if (s.cp != 1 || s.ep != 1)
       return make_error("{}: context and expert parallelism are not available inside segments (cp {}, ep {})",
                         label, s.cp, s.ep);

@@ -34,11 +34,25 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "backends/backend.h"
 #include "core/status.h"
 #include "engine/plan.h"
 #include "models/model_spec.h"
 
 namespace meshtrain {
+
+// Ids of the process groups of segment k start at k · kGroupIdsPerSegment
+// (Plan::group_id_base); the uniform mesh's at 0.
+inline constexpr int kGroupIdsPerSegment = 1 << 20;
+
+// Every rank of a plan made of segments, as a group whose id no segment's group has.
+Group segments_world(const Plan& p);
+
+// A segment's blocks, by index in model_blocks order (0: the embedding).
+struct BlockRange {
+  int first = 0, last = 0;  // inclusive
+};
+BlockRange block_range(const Plan& segment, const ModelSpec& m);
 
 // The segments of a plan file's "segments" list, each filled from `base`
 // (the plan the file and the flags give) and placed on the model.

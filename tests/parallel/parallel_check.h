@@ -45,6 +45,14 @@ inline const PlanRun& reference(const ModelSpec& m) {
 }
 
 inline std::string describe(const Plan& p) {
+  if (!p.segments.empty()) {
+    std::string out = "segments:";
+    for (const Plan& s : p.segments)
+      out += fmt::format(" [layers {}+{}{}{} ranks {}.. tp{} pp{} dp{} m{} zero{}{}]", s.first_layer, s.layers,
+                         s.embedding ? " embed" : "", s.head ? " head" : "", s.first_rank, s.tp, s.pp, s.dp,
+                         s.microbatches(), s.zero, s.sequence_parallel ? " sp" : "");
+    return out;
+  }
   return fmt::format("tp{} pp{} dp{} vpp{} zero{} {}{} stages first {} last {} buckets {:g} MiB {}{}", p.tp, p.pp,
                      p.dp, p.vpp, p.zero, schedule_name(p.schedule), p.sequence_parallel ? " sp" : "",
                      p.first_stage_layers, p.last_stage_layers, p.grad_bucket_mb, grad_sync_name(p.grad_sync),

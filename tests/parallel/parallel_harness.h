@@ -12,6 +12,7 @@
 #include "engine/mesh.h"
 #include "engine/plan.h"
 #include "engine/step_engine.h"
+#include "engine/training_engine.h"
 #include "models/init.h"
 #include "models/model_spec.h"
 
@@ -125,21 +126,54 @@ struct RankRun {
   std::map<std::string, std::vector<float>> state;  // filled on rank 0 only
 };
 
-// One rank's run: kSteps steps on its replica's micro-batches, then the export.
+// The samples of `parts` (micro-batches in order) re-cut into micro-batches of `micro_batch`.
+inline std::vector<HostBatch> recut(const std::vector<HostBatch>& parts, int micro_batch) {
+  HostBatch all = parts.front();
+  for (std::size_t i = 1; i < parts.size(); ++i) {
+    all.batch += parts[i].batch;
+    all.ids.insert(all.ids.end(), parts[i].ids.begin(), parts[i].ids.end());
+    all.targets.insert(all.targets.end(), parts[i].targets.begin(), parts[i].targets.end());
+    all.pixels.insert(all.pixels.end(), parts[i].pixels.begin(), parts[i].pixels.end());
+  }
+  std::vector<HostBatch> out;
+  auto cut = [&](const auto& v, auto& dst, int first, int n) {
+    const std::size_t per = v.size() / static_cast<std::size_t>(all.batch);
+    dst.assign(v.begin() + static_cast<std::ptrdiff_t>(per * first), v.begin() + static_cast<std::ptrdiff_t>(per * (first + n)));
+  };
+  for (int first = 0; first < all.batch; first += micro_batch) {
+    HostBatch h;
+    h.batch = micro_batch, h.seq = all.seq;
+    cut(all.ids, h.ids, first, micro_batch);
+    cut(all.targets, h.targets, first, micro_batch);
+    cut(all.pixels, h.pixels, first, micro_batch);
+    out.push_back(std::move(h));
+  }
+  return out;
+}
+
+// One rank's run: kSteps steps on its share of the global batch (its
+// replica's micro-batches, or all of it for a plan made of segments), then
+// the evaluation and the export.
 inline Status run_rank(Backend& b, const ModelSpec& m, const Plan& p, RankRun& out) {
-  const Mesh mesh(p);
-  StepEngine engine(b, m, p, mesh, step_options());
-  const int d = mesh.coord_of(b.rank()).dp, per = p.microbatches();
+  const std::unique_ptr<TrainingEngine> engine = make_engine(b, m, p, step_options());
+  const DataShare share = engine->data_share();
+  auto mine = [&](const std::vector<HostBatch>& all) {
+    const std::vector<HostBatch> cut = recut(all, share.micro_batch);
+    return std::vector<HostBatch>(cut.begin() + share.replica * share.count,
+                                  cut.begin() + (share.replica + 1) * share.count);
+  };
   for (int s = 1; s <= kSteps; ++s) {
-    const std::vector<HostBatch> all = global_batch(m, s);
-    const std::vector<HostBatch> mine(all.begin() + d * per, all.begin() + (d + 1) * per);
-    MT_ASSIGN(StepResult r, engine.step(mine, 1e-2f, s));
+    MT_ASSIGN(StepResult r, engine->step(mine(global_batch(m, s)), 1e-2f, s));
     out.losses.push_back(r.loss);
     out.grad_norms.push_back(r.grad_norm);
   }
+  // Evaluation: a segmented plan takes every held-out batch, a uniform one its replica's.
   const std::vector<HostBatch> all = global_batch(m, 1);
-  MT_ASSIGN(out.eval_loss, engine.evaluate({all.begin() + d * per, all.begin() + (d + 1) * per}));
-  MT_ASSIGN(auto state, engine.export_state());
+  const int per = p.segments.empty() ? p.microbatches() : static_cast<int>(all.size());
+  const int d = p.segments.empty() ? share.replica : 0;
+  MT_ASSIGN(const Evaluation e, engine->evaluate_metrics({all.begin() + d * per, all.begin() + (d + 1) * per}));
+  out.eval_loss = e.loss;
+  MT_ASSIGN(auto state, engine->export_state());
   if (b.rank() == 0) out.state = std::move(state);
   return ok_status();
 }
