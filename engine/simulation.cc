@@ -9,6 +9,7 @@
 
 #include "engine/mesh.h"
 #include "engine/step_engine.h"
+#include "engine/training_engine.h"
 #include "models/flops.h"
 
 namespace meshtrain {
@@ -26,6 +27,24 @@ Error out_of_memory(const StageResult& s, const Plan& p, double device_bytes) {
       human_bytes(m.parameters), human_bytes(m.gradients), human_bytes(m.optimizer),
       human_bytes(m.zero3_working), human_bytes(m.activations), m.inflight, human_bytes(m.total()),
       std::min(p.zero + 1, 2));
+}
+
+// What rank `rank` holds of every segment it is in (activations included:
+// a segment's forward activations wait for its backward at the iteration's end).
+MemoryBreakdown segments_memory(const ModelSpec& m, const Plan& p, int rank) {
+  MemoryBreakdown total;
+  for (const Plan& s : p.segments) {
+    if (rank < s.first_rank || rank >= s.first_rank + s.world_size()) continue;
+    const MemoryBreakdown b = memory_per_rank(m, s, Mesh(s).coord_of(rank).pp, meshtrain_layout(s));
+    total.parameter_count += b.parameter_count;
+    total.parameters += b.parameters;
+    total.gradients += b.gradients;
+    total.optimizer += b.optimizer;
+    total.zero3_working += b.zero3_working;
+    total.activations += b.activations;
+    total.inflight = std::max(total.inflight, b.inflight);
+  }
+  return total;
 }
 
 MoeSimulation moe_simulation(const ModelSpec& m, const Plan& p, const MoeRouting& routing, int moe_layers,
@@ -100,9 +119,16 @@ Result<SimulationResult> simulate_iteration(const ModelSpec& m, const Plan& p,
                                             const SimulateOptions& options) {
   if (Status s = StepEngine::supports(p); !s)
     return std::move(s.context("the step engine cannot run this plan yet")).error();
-  const Mesh mesh(p);
+  // Representatives: one per pipeline stage (sim_cluster.h); a plan made of
+  // segments simulates every rank, since its boundaries pair particular ranks.
+  const bool segmented = !p.segments.empty();
   std::vector<int> reps;
-  for (int stage = 0; stage < p.pp; ++stage) reps.push_back(mesh.rank_of(Coord{0, 0, 0, stage}));
+  if (segmented) {
+    for (int r = 0; r < p.world_size(); ++r) reps.push_back(r);
+  } else {
+    const Mesh mesh(p);
+    for (int stage = 0; stage < p.pp; ++stage) reps.push_back(mesh.rank_of(Coord{0, 0, 0, stage}));
+  }
   StepOptions step_options;
   step_options.initialize_parameters = false;  // the sim backend holds no values
   step_options.dropout = options.dropout;       // the engine's dropout kernels, timed
@@ -123,13 +149,14 @@ Result<SimulationResult> simulate_iteration(const ModelSpec& m, const Plan& p,
             SimCluster::create(options.cluster, p.world_size(), reps, sim_options));
 
   const int seq = p.effective_seq_len(m);
-  const std::vector<HostBatch> microbatches(static_cast<std::size_t>(p.microbatches()),
-                                            example_batch(m, p.micro_batch, seq));
+  // Every rank of a plan made of segments reads the whole global batch (training_engine.h, DataShare).
+  const std::vector<HostBatch> microbatches =
+      segmented ? std::vector<HostBatch>{example_batch(m, p.effective_global_batch(), seq)}
+                : std::vector<HostBatch>(static_cast<std::size_t>(p.microbatches()), example_batch(m, p.micro_batch, seq));
 
   {
-    std::vector<std::unique_ptr<StepEngine>> engines;
-    for (int r : reps)
-      engines.push_back(std::make_unique<StepEngine>(cluster->backend(r), m, p, mesh, step_options));
+    std::vector<std::unique_ptr<TrainingEngine>> engines;
+    for (int r : reps) engines.push_back(make_engine(cluster->backend(r), m, p, step_options));
     // Nothing blocks on data in the sim backend, so each representative issues
     // its whole iteration in turn; the cluster times them together below.
     for (std::size_t i = 0; i < engines.size(); ++i) {
@@ -158,7 +185,7 @@ Result<SimulationResult> simulate_iteration(const ModelSpec& m, const Plan& p,
     s.stage = static_cast<int>(i);
     s.rank = r.rank;
     s.peak_bytes = r.peak_bytes;
-    s.model = memory_per_rank(m, p, s.stage, meshtrain_layout(p));
+    s.model = segmented ? segments_memory(m, p, r.rank) : memory_per_rank(m, p, s.stage, meshtrain_layout(p));
     s.compute_s = r.compute_s;
     s.idle_s = r.idle_s;
     s.exposed_comm_s = std::max(0.0, r.compute_busy_s - r.compute_s);

@@ -13,6 +13,8 @@
 #include "engine/stop_request.h"
 #include "models/parameters.h"
 
+#include "engine/segments/segment_plan.h"
+
 namespace meshtrain {
 
 namespace {
@@ -101,7 +103,12 @@ Status check_resume(const CheckpointMeta& meta, const TrainOptions& o, const nlo
   return ok_status();
 }
 
-StopVote::StopVote(Backend& b, const Mesh& mesh) : b_(b), flag_(b.empty(Shape{1})) {
+StopVote::StopVote(Backend& b, const Plan& p) : b_(b), flag_(b.empty(Shape{1})) {
+  if (!p.segments.empty()) {
+    world_ = segments_world(p);
+    return;
+  }
+  const Mesh mesh(p);
   world_.id = free_group_id(mesh);
   world_.ranks.resize(static_cast<std::size_t>(mesh.world_size()));
   std::iota(world_.ranks.begin(), world_.ranks.end(), 0);

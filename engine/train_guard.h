@@ -48,7 +48,8 @@ Status check_resume(const CheckpointMeta& meta, const TrainOptions& o, const nlo
 // get the same answer, so they stop after the same step.
 class StopVote {
  public:
-  StopVote(Backend& b, const Mesh& mesh);
+  // Over every rank of plan `p` (uniform or made of segments).
+  StopVote(Backend& b, const Plan& p);
   // The signal a stop was requested by on any rank (the largest number,
   // should ranks have had different ones), or 0. Also records it locally
   // (request_stop), so that main reports it on every rank's process.

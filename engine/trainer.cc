@@ -18,6 +18,7 @@
 #include "engine/stop_request.h"
 #include "engine/train_guard.h"
 #include "engine/training_data.h"
+#include "engine/training_engine.h"
 
 namespace meshtrain {
 
@@ -27,7 +28,7 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-Status save_checkpoint(StepEngine& engine, bool writer, const ModelSpec& m, const Plan& p, const TrainOptions& o,
+Status save_checkpoint(TrainingEngine& engine, bool writer, const ModelSpec& m, const Plan& p, const TrainOptions& o,
                        std::int64_t step, const LoaderState& loader, const nlohmann::json& run) {
   MT_ASSIGN(auto state, engine.export_state());
   if (!writer) return {};
@@ -89,14 +90,17 @@ Result<std::optional<CheckpointLock>> claim_checkpoint(const TrainOptions& o) {
 
 Status train_rank(Backend& b, const ModelSpec& m, const Plan& p, const TrainOptions& o) {
   const bool leader = b.rank() == 0;
-  const Mesh mesh(p);
-  const Coord coord = mesh.coord_of(b.rank());
   const int seq = p.effective_seq_len(m);
-  MT_ASSIGN(std::unique_ptr<TrainingData> data, open_training_data(o.data, m, p, o.seed, coord.dp, p.dp));
-  StepEngine engine(b, m, p, mesh, o.step);
+  const std::unique_ptr<TrainingEngine> engine_ptr = make_engine(b, m, p, o.step);
+  TrainingEngine& engine = *engine_ptr;
+  // A uniform plan's rank reads its data-parallel replica's micro-batches; a
+  // plan made of segments reads the whole global batch on every rank.
+  const DataShare share = engine.data_share();
+  MT_ASSIGN(std::unique_ptr<TrainingData> data,
+            open_training_data(o.data, m, p, o.seed, share.replica, share.replicas));
   const LrSchedule schedule{o.lr, o.min_lr, warmup_steps(o), o.steps};
   const nlohmann::json run = run_record(o, data->source(), data->content());
-  StopVote stop_vote(b, mesh);
+  StopVote stop_vote(b, p);
 
   std::int64_t first_step = 1;
   std::int64_t last_saved = 0;  // the step of the checkpoint on disk; 0: none yet
@@ -151,7 +155,7 @@ Status train_rank(Backend& b, const ModelSpec& m, const Plan& p, const TrainOpti
   const auto start = Clock::now();
   for (std::int64_t step = first_step; step <= last_step; ++step) {
     const auto t0 = Clock::now();
-    MT_ASSIGN(std::vector<HostBatch> batches, data->next(p.micro_batch, p.microbatches()));
+    MT_ASSIGN(std::vector<HostBatch> batches, data->next(share.micro_batch, share.count));
     const double lr = lr_at(schedule, static_cast<int>(step));
     auto result = engine.step(batches, static_cast<float>(lr), step);
     if (!result.ok()) return make_error("{}; {}", result.error().message(), checkpoint_note());

@@ -10,6 +10,7 @@
 #include "engine/cli/plan_flags.h"
 #include "engine/memory_model.h"
 #include "engine/mesh.h"
+#include "engine/segments/segment_plan.h"
 #include "models/flops.h"
 #include "models/parameters.h"
 
@@ -23,6 +24,44 @@ struct InfoFlags {
   bool json = false;
 };
 
+// A plan made of segments: the blocks, which ranks hold which with which
+// degrees, and the memory of rank f.rank in each of its segments.
+Status print_segments(const ModelSpec& m, const Plan& p, const InfoFlags& f) {
+  const ParamCount params = count_parameters(m);
+  nlohmann::json per_segment = nlohmann::json::array();
+  std::string memory;
+  for (std::size_t k = 0; k < p.segments.size(); ++k) {
+    const Plan& s = p.segments[k];
+    if (f.rank < s.first_rank || f.rank >= s.first_rank + s.world_size()) continue;
+    const Coord c = Mesh(s).coord_of(f.rank);
+    const MemoryBreakdown mem = memory_per_rank(m, s, c.pp, meshtrain_layout(s));
+    per_segment.push_back({{"segment", k},
+                           {"name", s.segment_name},
+                           {"coord", {{"tp", c.tp}, {"dp", c.dp}, {"pp", c.pp}}},
+                           {"parameter_count", mem.parameter_count},
+                           {"total_bytes", mem.total()}});
+    memory += fmt::format("  segment {} '{}': tp {} dp {} stage {}, {} parameters, {} (parameters {}, gradients "
+                          "{}, optimizer {}, activations {})\n",
+                          k, s.segment_name, c.tp, c.dp, c.pp, mem.parameter_count, human_bytes(mem.total()),
+                          human_bytes(mem.parameters), human_bytes(mem.gradients), human_bytes(mem.optimizer),
+                          human_bytes(mem.activations));
+  }
+  if (f.json) {
+    const nlohmann::json j = {{"model", model_to_json(m)}, {"parameters", params.total},
+                              {"plan", plan_to_json(p)},   {"rank", f.rank},
+                              {"segments", per_segment}};
+    fmt::print("{}\n", j.dump(2));
+    return {};
+  }
+  fmt::print("model      {}\n", describe_model(m));
+  fmt::print("parameters {}\n", params.total);
+  fmt::print("blocks\n{}", describe_blocks(m));
+  fmt::print("segments   {} ranks, global batch {}, seq {}, {}\n{}", p.world_size(), p.effective_global_batch(),
+             p.effective_seq_len(m), precision_name(p.precision), describe_segments(p, m));
+  fmt::print("memory of rank {}:\n{}", f.rank, memory);
+  return {};
+}
+
 Status run_info(const InfoFlags& f) {
   MT_ASSIGN(ModelAndPlan mp, resolve_model_and_plan(f.plan));
   const ModelSpec& m = mp.model;
@@ -30,6 +69,7 @@ Status run_info(const InfoFlags& f) {
   if (f.rank < 0 || f.rank >= p.world_size())
     return make_error("--rank {} is outside the world of {} ranks (tp·pp·dp·cp); use 0..{}", f.rank,
                       p.world_size(), p.world_size() - 1);
+  if (!p.segments.empty()) return print_segments(m, p, f);
   const Mesh mesh(p);
   const Coord c = mesh.coord_of(f.rank);
   const ParamCount params = count_parameters(m);

@@ -12,6 +12,7 @@
 #include "engine/cli/commands.h"
 #include "engine/cli/plan_flags.h"
 #include "engine/memory_model.h"
+#include "engine/segments/segment_plan.h"
 #include "engine/simulation.h"
 #include "engine/step_engine.h"
 #include "simulator/calibration.h"
@@ -92,11 +93,18 @@ nlohmann::json to_json(const SimulationResult& r, const ModelSpec& m, const Plan
 }
 
 void print_text(const SimulationResult& r, const ModelSpec& m, const Plan& p, const sim::ClusterSpec& c) {
-  fmt::print("simulated {} on {} x {} ({}): tp {} pp {} dp {} vpp {} zero {}, micro-batch {}, global batch {}, "
-             "schedule {}, recompute {}, {}\n",
-             m.name, p.world_size(), c.device.name, c.name, p.tp, p.pp, p.dp, p.vpp, p.zero, p.micro_batch,
-             p.effective_global_batch(), schedule_name(p.schedule), recompute_name(p.recompute),
-             precision_name(p.precision));
+  if (!p.segments.empty()) {
+    // The layout by segment; the table below is then by rank.
+    fmt::print("simulated {} on {} x {} ({}): {} segments, global batch {}, {}\n{}", m.name, p.world_size(),
+               c.device.name, c.name, p.segments.size(), p.effective_global_batch(), precision_name(p.precision),
+               describe_segments(p, m));
+  } else {
+    fmt::print("simulated {} on {} x {} ({}): tp {} pp {} dp {} vpp {} zero {}, micro-batch {}, global batch {}, "
+               "schedule {}, recompute {}, {}\n",
+               m.name, p.world_size(), c.device.name, c.name, p.tp, p.pp, p.dp, p.vpp, p.zero, p.micro_batch,
+               p.effective_global_batch(), schedule_name(p.schedule), recompute_name(p.recompute),
+               precision_name(p.precision));
+  }
   fmt::print("iteration        {:.4f} s\n", r.iteration_s);
   if (m.vision()) fmt::print("throughput       {:.1f} images/s ({:.0f} tokens/s)\n", r.samples_per_s, r.tokens_per_s);
   else fmt::print("throughput       {:.0f} tokens/s\n", r.tokens_per_s);

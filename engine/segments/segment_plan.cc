@@ -1,7 +1,6 @@
 #include "engine/segments/segment_plan.h"
 
 #include <algorithm>
-#include <set>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -218,8 +217,10 @@ std::string describe_segments(const Plan& p, const ModelSpec& m) {
   for (std::size_t k = 0; k < p.segments.size(); ++k) {
     const Plan& s = p.segments[k];
     const BlockRange r = block_range(s, m);
-    std::set<std::string> modules;
-    for (int i = r.first; i <= r.last; ++i) modules.insert(blocks[static_cast<std::size_t>(i)]->module());
+    std::vector<std::string> modules;  // in model order
+    for (int i = r.first; i <= r.last; ++i)
+      if (modules.empty() || modules.back() != blocks[static_cast<std::size_t>(i)]->module())
+        modules.push_back(blocks[static_cast<std::size_t>(i)]->module());
     out += fmt::format("segment {} '{}': blocks {}-{} ({}), ranks {}-{}: tp {} pp {} dp {} vpp {}, {} micro-batch(es) "
                        "of {} per replica, zero {}, recompute {}, schedule {}{}\n",
                        k, s.segment_name, r.first, r.last, fmt::join(modules, ", "), s.first_rank,
