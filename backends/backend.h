@@ -247,6 +247,14 @@ class Backend {
   virtual void wait(Stream s, Event e) = 0;
   // BLOCKS until all work issued on every stream has finished.
   virtual Status synchronize() = 0;
+  // Attributes what is issued from now on (until the next call) to a named
+  // part of the iteration, e.g. a plan's segment or a boundary between two;
+  // returns the previous name. The sim backend reports compute time and
+  // bytes sent per region (SimRankReport); the others ignore it.
+  virtual std::string set_region(std::string name) {
+    (void)name;
+    return {};
+  }
 
   // Counter-based initialisation: x (any float dtype) = stddev · normal_at(key,
   // counter) for each element a run of `op` covers, rounded to x's dtype, 0

@@ -33,6 +33,7 @@ class BackendWrapper : public Backend {
   Event record(Stream s) override { return target_.record(s); }
   void wait(Stream s, Event e) override { target_.wait(s, e); }
   Status synchronize() override { return target_.synchronize(); }
+  std::string set_region(std::string name) override { return target_.set_region(std::move(name)); }
   void init_normal(Tensor& x, const NormalInitOp& op) override { target_.init_normal(x, op); }
   void fill(Tensor& x, float value) override { target_.fill(x, value); }
   void copy(const Tensor& src, Tensor& dst) override { target_.copy(src, dst); }

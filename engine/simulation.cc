@@ -3,6 +3,7 @@
 #include "core/host_memory.h"
 
 #include <algorithm>
+#include <map>
 #include <memory>
 
 #include <fmt/format.h>
@@ -45,6 +46,39 @@ MemoryBreakdown segments_memory(const ModelSpec& m, const Plan& p, int rank) {
     total.inflight = std::max(total.inflight, b.inflight);
   }
   return total;
+}
+
+// Each segment's and boundary's compute and bytes (the backends' regions), in plan order.
+std::vector<RegionResult> segment_regions(const ModelSpec& m, const Plan& p, const SimReport& report) {
+  std::map<std::string, RegionResult> by_name;
+  for (const SimRankReport& r : report.ranks)
+    for (const auto& [name, figures] : r.regions) {
+      RegionResult& g = by_name[name];
+      ++g.ranks;
+      g.compute_max_s = std::max(g.compute_max_s, figures.first);
+      g.compute_mean_s += figures.first;
+      g.sent_bytes += figures.second;
+    }
+  std::vector<RegionResult> out;
+  auto take = [&](const std::string& region, std::string label, double memory) {
+    auto it = by_name.find(region);
+    RegionResult g = it == by_name.end() ? RegionResult{} : it->second;
+    if (g.ranks > 0) g.compute_mean_s /= g.ranks;
+    g.name = std::move(label);
+    g.memory_bytes = memory;
+    out.push_back(std::move(g));
+  };
+  for (std::size_t k = 0; k < p.segments.size(); ++k) {
+    const Plan& s = p.segments[k];
+    double memory = 0;
+    for (int stage = 0; stage < s.pp; ++stage)
+      memory = std::max(memory, memory_per_rank(m, s, stage, meshtrain_layout(s)).total());
+    take(fmt::format("segment {}", k), fmt::format("segment {} ({})", k, s.segment_name), memory);
+  }
+  for (std::size_t k = 0; k + 1 < p.segments.size(); ++k)
+    take(fmt::format("boundary {}", k), fmt::format("boundary {}", k), 0);
+  take("all segments", "loss and norm", 0);
+  return out;
 }
 
 MoeSimulation moe_simulation(const ModelSpec& m, const Plan& p, const MoeRouting& routing, int moe_layers,
@@ -199,6 +233,7 @@ Result<SimulationResult> simulate_iteration(const ModelSpec& m, const Plan& p,
     out.stages.push_back(s);
   }
   if (m.moe()) out.moe = moe_simulation(m, p, options.moe_routing, moe_layers, out);
+  if (segmented) out.regions = segment_regions(m, p, report);
   if (options.check_memory)
     for (const StageResult& s : out.stages)
       if (static_cast<double>(s.peak_bytes) > options.cluster.device.memory_bytes)

@@ -86,6 +86,16 @@ struct StageResult {
   std::uint64_t tasks = 0;
 };
 
+// A plan made of segments: one segment's or boundary's part of the iteration
+// (Backend::set_region), over the ranks that issued work in it.
+struct RegionResult {
+  std::string name;  // "segment 0 (patch embedding)", "boundary 0", "all segments"
+  int ranks = 0;
+  double compute_max_s = 0, compute_mean_s = 0;  // issued compute (full speed), per rank
+  double sent_bytes = 0;                          // summed over its ranks
+  double memory_bytes = 0;                        // segments: the analytic model, the largest of its ranks
+};
+
 struct SimulationResult {
   double iteration_s = 0, tokens_per_s = 0, samples_per_s = 0;
   double tflops_per_gpu = 0, hardware_tflops_per_gpu = 0, mfu = 0;
@@ -97,6 +107,7 @@ struct SimulationResult {
   std::uint64_t tasks = 0, events = 0;
   std::string trace_json;
   std::optional<MoeSimulation> moe;  // models with experts
+  std::vector<RegionResult> regions;  // plans made of segments: segments, then boundaries
 };
 
 // Validates that the step engine supports `p` and that the cluster has room,

@@ -44,8 +44,10 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -162,6 +164,12 @@ class SimBackend final : public Backend {
   void barrier(const Group& g) override;
 
   double compute_seconds() const;  // sum of issued compute durations
+  std::string set_region(std::string name) override;
+  // Per region (Backend::set_region; "" before the first): issued compute seconds and bytes this rank sent.
+  struct Region {
+    double compute_s = 0, sent_bytes = 0;
+  };
+  const std::map<std::string, Region>& regions() const { return regions_; }
 
   struct Accounting;  // shared with every storage this backend allocated
 
@@ -188,6 +196,8 @@ class SimBackend final : public Backend {
   Stream current_{};
   std::vector<sim::NameId> events_;  // by Event::id
   sim::Time compute_ = 0;
+  std::string region_;
+  std::map<std::string, Region> regions_;
 };
 
 }  // namespace meshtrain

@@ -91,6 +91,7 @@ Result<SimReport> SimCluster::run() {
     rr.rank = reps_[i];
     rr.peak_bytes = b.memory_stats().peak_bytes;
     rr.compute_s = b.compute_seconds();
+    for (const auto& [name, region] : b.regions()) rr.regions[name] = {region.compute_s, region.sent_bytes};
     for (const sim::StreamReport& s : r.streams)
       if (s.device == reps_[i]) rr.tasks += s.tasks;
     // Reports keep stream creation order within a device, and each

@@ -84,6 +84,8 @@ struct SimRankReport {
   double compute_busy_s = 0;  // busy time of the default stream (compute + comm issued on it)
   double idle_s = 0;          // iteration time minus that busy time
   std::uint64_t tasks = 0;
+  // Per region (Backend::set_region): issued compute seconds and bytes sent.
+  std::map<std::string, std::pair<double, double>> regions;
 };
 
 struct SimCollectiveStats {

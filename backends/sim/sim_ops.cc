@@ -13,6 +13,11 @@ using sim_internal::seconds;
 
 double SimBackend::compute_seconds() const { return seconds(compute_); }
 
+std::string SimBackend::set_region(std::string name) {
+  std::swap(region_, name);
+  return name;
+}
+
 sim::NameId SimBackend::op_name(std::string_view name) { return cluster_.executor_->intern(name); }
 
 sim::DType SimBackend::compute_dtype(DType t) const {
@@ -22,6 +27,7 @@ sim::DType SimBackend::compute_dtype(DType t) const {
 void SimBackend::compute(sim::NameId name, sim::Time duration) {
   if (cluster_.error_) return;
   compute_ += duration;
+  if (!region_.empty()) regions_[region_].compute_s += seconds(duration);
   if (Status s = cluster_.executor_->compute(executor_stream(current_), name, duration); !s)
     cluster_.fail(std::move(s).error());
 }

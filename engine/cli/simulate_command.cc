@@ -81,6 +81,18 @@ nlohmann::json to_json(const SimulationResult& r, const ModelSpec& m, const Plan
           {"tasks", r.tasks},
           {"events", r.events}};
   if (m.vision()) out["images_per_s"] = r.samples_per_s;
+  if (!r.regions.empty()) {
+    nlohmann::json regions = nlohmann::json::array();
+    for (const RegionResult& g : r.regions)
+      regions.push_back({{"name", g.name},
+                         {"ranks", g.ranks},
+                         {"compute_max_s", g.compute_max_s},
+                         {"compute_mean_s", g.compute_mean_s},
+                         {"compute_share", g.compute_max_s / r.iteration_s},
+                         {"sent_bytes", g.sent_bytes},
+                         {"memory_bytes", g.memory_bytes}});
+    out["segments"] = std::move(regions);
+  }
   if (r.moe)
     out["moe"] = {{"routing", r.moe->routing},
                   {"all_to_all_s", r.moe->all_to_all_s},
@@ -120,6 +132,16 @@ void print_text(const SimulationResult& r, const ModelSpec& m, const Plan& p, co
   for (const StageResult& s : r.stages)
     fmt::print("  {:>5} {:>6} {:>12} {:>12} {:>10.4f} {:>10.4f}\n", s.stage, s.rank,
                human_bytes(static_cast<double>(s.peak_bytes)), human_bytes(s.model.total()), s.compute_s, s.idle_s);
+  if (!r.regions.empty()) {
+    // Segments: compute of their busiest rank (and its share of the iteration: the rest of that rank's
+    // time is other segments, communication waits and bubbles), bytes sent, analytic memory.
+    fmt::print("by segment and boundary\n  {:<34} {:>5} {:>10} {:>7} {:>10} {:>12} {:>12}\n", "", "ranks",
+               "compute s", "share", "mean s", "sent", "memory");
+    for (const RegionResult& g : r.regions)
+      fmt::print("  {:<34} {:>5} {:>10.4f} {:>6.1f}% {:>10.4f} {:>12} {:>12}\n", g.name, g.ranks, g.compute_max_s,
+                 100 * g.compute_max_s / r.iteration_s, g.compute_mean_s, human_bytes(g.sent_bytes),
+                 g.memory_bytes > 0 ? human_bytes(g.memory_bytes) : std::string("-"));
+  }
   fmt::print("communication (each collective counted once)\n");
   for (int k = 0; k < sim::kNumCollectiveKinds; ++k) {
     const SimCollectiveStats& s = r.collectives[static_cast<std::size_t>(k)];

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <numeric>
 
+#include <fmt/format.h>
+
 namespace meshtrain {
 
 namespace {
@@ -123,7 +125,10 @@ Tensor BoundaryExchange::own_rows(const Tensor& x, const Plan& p, const Mesh& me
   return x.rows(mesh.coord_of(b_.rank()).tp * n, n);
 }
 
+std::string boundary_region(int index) { return fmt::format("boundary {}", index); }
+
 void BoundaryExchange::send(int j, const Tensor& x, bool gradient) {
+  const RegionScope region(b_, boundary_region(index_));
   const Tensor all = gradient ? whole(x, consumer_, consumer_mesh_) : whole(x, producer_, producer_mesh_);
   if (same_ranks_) {
     // The caller may reuse x's storage before the exchange: keep a copy.
@@ -140,6 +145,7 @@ void BoundaryExchange::send(int j, const Tensor& x, bool gradient) {
 }
 
 Tensor BoundaryExchange::receive(int j, bool gradient) {
+  const RegionScope region(b_, boundary_region(index_));
   const Plan& p = gradient ? producer_ : consumer_;
   const Mesh& mesh = gradient ? producer_mesh_ : consumer_mesh_;
   if (same_ranks_) return own_rows(inbox_.at({gradient, j}), p, mesh);
@@ -157,6 +163,7 @@ Tensor BoundaryExchange::receive(int j, bool gradient) {
 }
 
 void BoundaryExchange::exchange(bool gradient) {
+  const RegionScope region(b_, boundary_region(index_));
   const int members = ranks_.size();
   auto member = [&](int rank) { return static_cast<std::size_t>(rank - ranks_.ranks.front()); };
   // What this rank sends: the micro-batches it stored, in order; to each member in increasing sample order.

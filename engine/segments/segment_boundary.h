@@ -36,6 +36,22 @@
 
 namespace meshtrain {
 
+// The iteration's part the backend attributes work to (Backend::set_region), for a scope.
+class RegionScope {
+ public:
+  RegionScope(Backend& b, std::string name) : b_(b), previous_(b.set_region(std::move(name))) {}
+  ~RegionScope() { b_.set_region(previous_); }
+  RegionScope(const RegionScope&) = delete;
+  RegionScope& operator=(const RegionScope&) = delete;
+
+ private:
+  Backend& b_;
+  std::string previous_;
+};
+
+// "boundary k": the region of the exchange between segments k and k + 1.
+std::string boundary_region(int index);
+
 struct SampleRange {
   std::int64_t begin = 0, end = 0;  // sample indices [begin, end) of the batch the step or evaluation passes
 };

@@ -7,6 +7,13 @@
 
 namespace meshtrain {
 
+namespace {
+
+// Backend::set_region names: what the sim reports per segment and boundary (engine/simulation.h).
+std::string segment_region(std::size_t k) { return fmt::format("segment {}", k); }
+
+}  // namespace
+
 struct SegmentedEngine::Segment {
   Plan plan;
   Mesh mesh;
@@ -103,9 +110,11 @@ std::vector<HostBatch> SegmentedEngine::replica_batches(const Segment& s, const 
   return out;
 }
 
+
 void SegmentedEngine::run_passes(bool training) {
   const std::size_t n = segments_.size();
   for (std::size_t k = 0; k < n; ++k) {
+    b_.set_region(segment_region(k));
     if (StepEngine* e = segments_[k]->engine.get()) {
       if (!training) e->run_evaluation();
       else e->run(k + 1 == n ? StepEngine::Phase::all : StepEngine::Phase::forward);
@@ -116,6 +125,7 @@ void SegmentedEngine::run_passes(bool training) {
   if (!training) return;
   for (std::size_t k = n - 1; k-- > 0;) {
     if (boundaries_[k] && boundaries_[k]->same_ranks() && segments_[k]->engine) boundaries_[k]->exchange_backward();
+    b_.set_region(segment_region(k));
     if (StepEngine* e = segments_[k]->engine.get()) e->run(StepEngine::Phase::backward);
   }
 }
@@ -130,14 +140,17 @@ Result<StepResult> SegmentedEngine::step(const std::vector<HostBatch>& batches, 
     Segment& s = *segments_[k];
     if (k + 1 < segments_.size() && boundaries_[k])
       boundaries_[k]->set_layouts(training_layout(s.plan), training_layout(segments_[k + 1]->plan));
+    b_.set_region(segment_region(k));
     if (s.engine)
       MT_TRY(s.engine->begin_step(replica_batches(s, batches, training_layout(s.plan)), step)
                  .context(fmt::format("segment '{}'", s.plan.segment_name)));
   }
   run_passes(true);
   b_.fill(sums_, 0.f);
-  for (auto& s : segments_) {
+  for (std::size_t k = 0; k < segments_.size(); ++k) {
+    const auto& s = segments_[k];
     if (!s->engine) continue;
+    b_.set_region(segment_region(k));
     MT_TRY(s->engine->finish_gradients());
     const Tensor& sumsq = s->engine->reduce_grad_norm();
     const Tensor& loss = s->engine->reduce_loss();
@@ -146,6 +159,7 @@ Result<StepResult> SegmentedEngine::step(const std::vector<HostBatch>& batches, 
     b_.axpy(1.f, loss, sums_loss);
     b_.axpy(1.f, sumsq, sums_sq);
   }
+  b_.set_region("all segments");
   b_.all_reduce(sums_, world_, ReduceOp::sum);
   float host[3] = {0, 0, 0};
   MT_TRY(b_.read(sums_, host).context(fmt::format("step {}", step)));
@@ -157,8 +171,11 @@ Result<StepResult> SegmentedEngine::step(const std::vector<HostBatch>& batches, 
     b_.clip_coefficient(sums_.slice(1, 1), options_.optimizer.max_grad_norm, coef_);
     coef = coef_;
   }
-  for (auto& s : segments_)
-    if (s->engine) s->engine->apply_update(lr, step, coef);
+  for (std::size_t k = 0; k < segments_.size(); ++k) {
+    b_.set_region(segment_region(k));
+    if (segments_[k]->engine) segments_[k]->engine->apply_update(lr, step, coef);
+  }
+  b_.set_region("");
   return r;
 }
 
