@@ -146,6 +146,7 @@ Result<StepResult> SegmentedEngine::step(const std::vector<HostBatch>& batches, 
                  .context(fmt::format("segment '{}'", s.plan.segment_name)));
   }
   run_passes(true);
+  b_.set_region("all segments");
   b_.fill(sums_, 0.f);
   for (std::size_t k = 0; k < segments_.size(); ++k) {
     const auto& s = segments_[k];
@@ -163,14 +164,12 @@ Result<StepResult> SegmentedEngine::step(const std::vector<HostBatch>& batches, 
   b_.all_reduce(sums_, world_, ReduceOp::sum);
   float host[3] = {0, 0, 0};
   MT_TRY(b_.read(sums_, host).context(fmt::format("step {}", step)));
+  const float max_norm = options_.optimizer.max_grad_norm;
+  if (max_norm > 0) b_.clip_coefficient(sums_.slice(1, 1), max_norm, coef_);
   const double terms = static_cast<double>(G) * static_cast<double>(loss_terms_per_sample(m_, batches.front().seq));
   const StepResult r{host[0] / terms, std::sqrt(static_cast<double>(host[1])), {}};
   MT_TRY(check_finite(r, step));
-  Tensor coef;
-  if (options_.optimizer.max_grad_norm > 0) {
-    b_.clip_coefficient(sums_.slice(1, 1), options_.optimizer.max_grad_norm, coef_);
-    coef = coef_;
-  }
+  const Tensor coef = max_norm > 0 ? coef_ : Tensor();
   for (std::size_t k = 0; k < segments_.size(); ++k) {
     b_.set_region(segment_region(k));
     if (segments_[k]->engine) segments_[k]->engine->apply_update(lr, step, coef);
