@@ -1,5 +1,5 @@
-// Under `mpirun -np 4`: the plans tp2 pp2 dp1 ZeRO-1 and, for a mixture of
-// experts, tp2 dp2 ep2 ZeRO-1, run with ranks as MPI processes, give the same
+// Under `mpirun -np 4`: the plans tp2 pp2 dp1 ZeRO-1, for a mixture of
+// experts tp2 dp2 ep2 ZeRO-1, and a plan made of segments, run with ranks as MPI processes, give the same
 // bits (losses, gradient norms, gathered state) as the same plan with ranks as
 // threads, which each process also runs.
 #define CATCH_CONFIG_RUNNER
@@ -7,9 +7,12 @@
 
 #include <mpi.h>
 
+#include <nlohmann/json.hpp>
+
 #include "backends/comm/mpi_environment.h"
 #include "backends/cpu/comm/in_process.h"
 #include "backends/cpu/comm/mpi_communicator.h"
+#include "engine/segments/segment_plan.h"
 #include "tests/parallel/parallel_harness.h"
 
 using namespace meshtrain;
@@ -57,6 +60,21 @@ TEST_CASE("an MoE plan (tp 2, ep 2, capacity) under MPI matches the in-process r
   m.capacity_factor = 1.0f;  // the all-to-alls carry uneven counts, and some tokens are dropped
   Plan p = make_plan(2, 1, 2, 1, ScheduleKind::one_f_one_b);
   p.ep = 2;
+  check_mpi_matches_threads(m, p);
+}
+
+TEST_CASE("a plan made of segments under MPI matches the in-process run bit for bit", "[parallel][mpi][segments]") {
+  // Two segments on disjoint ranks (send/recv) and a boundary on the same ranks (all-to-all).
+  const ModelSpec m = tiny_llama();
+  Plan p = make_plan(1, 1, 1, 0, ScheduleKind::one_f_one_b);
+  auto segments = segments_from_json(nlohmann::json::parse(R"([
+      {"blocks": [0, 1], "tp": 2, "ranks": [0, 1]},
+      {"blocks": [2, 2], "dp": 2, "ranks": [2, 3]},
+      {"blocks": [3, 5], "pp": 2, "ranks": [2, 3], "microbatches": 4}])"),
+                                     m, p);
+  REQUIRE(segments.ok());
+  p.segments = *segments;
+  REQUIRE(validate_plan(p, m).ok());
   check_mpi_matches_threads(m, p);
 }
 
