@@ -53,6 +53,7 @@ std::vector<RegionResult> segment_regions(const ModelSpec& m, const Plan& p, con
   std::map<std::string, RegionResult> by_name;
   for (const SimRankReport& r : report.ranks)
     for (const auto& [name, figures] : r.regions) {
+      if (name.empty()) continue;  // outside every segment (set-up)
       RegionResult& g = by_name[name];
       ++g.ranks;
       g.compute_max_s = std::max(g.compute_max_s, figures.first);
@@ -234,6 +235,9 @@ Result<SimulationResult> simulate_iteration(const ModelSpec& m, const Plan& p,
   }
   if (m.moe()) out.moe = moe_simulation(m, p, options.moe_routing, moe_layers, out);
   if (segmented) out.regions = segment_regions(m, p, report);
+  const double stand_for = segmented ? 1.0 : static_cast<double>(p.tp) * p.cp * p.dp;
+  for (const SimRankReport& r : report.ranks)
+    for (const auto& [name, figures] : r.regions) out.sent_bytes += figures.second * stand_for;
   if (options.check_memory)
     for (const StageResult& s : out.stages)
       if (static_cast<double>(s.peak_bytes) > options.cluster.device.memory_bytes)

@@ -108,6 +108,10 @@ struct SimulationResult {
   std::string trace_json;
   std::optional<MoeSimulation> moe;  // models with experts
   std::vector<RegionResult> regions;  // plans made of segments: segments, then boundaries
+  // Bytes every rank puts on the wire in one iteration (ring algorithms),
+  // summed over ranks; a uniform plan's representatives stand for the tp·cp·dp
+  // ranks of their stage.
+  double sent_bytes = 0;
 };
 
 // Validates that the step engine supports `p` and that the cluster has room,

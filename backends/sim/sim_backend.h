@@ -165,7 +165,7 @@ class SimBackend final : public Backend {
 
   double compute_seconds() const;  // sum of issued compute durations
   std::string set_region(std::string name) override;
-  // Per region (Backend::set_region; "" before the first): issued compute seconds and bytes this rank sent.
+  // Per region (Backend::set_region; "" outside any): issued compute seconds and bytes this rank sent.
   struct Region {
     double compute_s = 0, sent_bytes = 0;
   };
@@ -198,6 +198,11 @@ class SimBackend final : public Backend {
   sim::Time compute_ = 0;
   std::string region_;
   std::map<std::string, Region> regions_;
+  Region* current_region_ = nullptr;  // regions_[region_], once looked up (map nodes stay put)
+  Region& region() {
+    if (current_region_ == nullptr) current_region_ = &regions_[region_];
+    return *current_region_;
+  }
 };
 
 }  // namespace meshtrain

@@ -122,7 +122,7 @@ void SimCluster::point_to_point(int rank, sim::StreamId stream, int peer, double
 }
 
 void SimBackend::collective(sim::CollectiveKind kind, double bytes, const Group& g, int root) {
-  if (!region_.empty() && g.size() > 1 && kind != sim::CollectiveKind::kAllToAll) {
+  if (g.size() > 1 && kind != sim::CollectiveKind::kAllToAll) {
     // What this rank puts on the wire under the ring algorithms (n members,
     // `bytes` the nccl-tests size): all-reduce 2(n-1)/n, reduce-scatter and
     // all-gather (n-1)/n, broadcast at most the message.
@@ -130,7 +130,7 @@ void SimBackend::collective(sim::CollectiveKind kind, double bytes, const Group&
     const double sent = kind == sim::CollectiveKind::kAllReduce ? 2 * share * bytes
                         : kind == sim::CollectiveKind::kBroadcast ? bytes
                                                                   : share * bytes;
-    regions_[region_].sent_bytes += sent;
+    region().sent_bytes += sent;
   }
   sim::CollectiveRequest request;
   request.kind = kind;
@@ -173,16 +173,14 @@ void SimBackend::all_to_all(const Tensor& in, std::span<const std::int64_t> send
   // rank that receives more than it sends (the one holding the hot experts)
   // is timed on what it receives.
   const double element = static_cast<double>(dtype_size(in.dtype()));
-  if (!region_.empty()) {
-    const int self = g.index_of(rank_);
-    regions_[region_].sent_bytes += static_cast<double>(sent - send_counts[static_cast<std::size_t>(self)]) * element;
-  }
+  const std::int64_t to_self = send_counts[static_cast<std::size_t>(g.index_of(rank_))];
+  region().sent_bytes += static_cast<double>(sent - to_self) * element;
   collective(sim::CollectiveKind::kAllToAll, static_cast<double>(std::max(sent, received)) * element, g);
 }
 void SimBackend::send(const Tensor& x, int peer, int) {
   check(x, "send");
   if (peer == rank_ || peer < 0 || peer >= world_size_) misuse("send: bad peer {}", peer);
-  if (!region_.empty()) regions_[region_].sent_bytes += static_cast<double>(x.bytes());
+  region().sent_bytes += static_cast<double>(x.bytes());
   cluster_.point_to_point(rank_, executor_stream(current_), peer, static_cast<double>(x.bytes()),
                           true);
 }

@@ -15,6 +15,7 @@ double SimBackend::compute_seconds() const { return seconds(compute_); }
 
 std::string SimBackend::set_region(std::string name) {
   std::swap(region_, name);
+  current_region_ = nullptr;
   return name;
 }
 
@@ -27,7 +28,7 @@ sim::DType SimBackend::compute_dtype(DType t) const {
 void SimBackend::compute(sim::NameId name, sim::Time duration) {
   if (cluster_.error_) return;
   compute_ += duration;
-  if (!region_.empty()) regions_[region_].compute_s += seconds(duration);
+  region().compute_s += seconds(duration);
   if (Status s = cluster_.executor_->compute(executor_stream(current_), name, duration); !s)
     cluster_.fail(std::move(s).error());
 }

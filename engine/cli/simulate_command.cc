@@ -77,6 +77,7 @@ nlohmann::json to_json(const SimulationResult& r, const ModelSpec& m, const Plan
           {"peak_memory_rank", r.peak_rank},
           {"device_memory_bytes", c.device.memory_bytes},
           {"collectives", collectives},
+          {"sent_bytes", r.sent_bytes},
           {"stages", stages},
           {"tasks", r.tasks},
           {"events", r.events}};
@@ -142,7 +143,8 @@ void print_text(const SimulationResult& r, const ModelSpec& m, const Plan& p, co
                  100 * g.compute_max_s / r.iteration_s, g.compute_mean_s, human_bytes(g.sent_bytes),
                  g.memory_bytes > 0 ? human_bytes(g.memory_bytes) : std::string("-"));
   }
-  fmt::print("communication (each collective counted once)\n");
+  fmt::print("communication (each collective counted once; all ranks sent {} this iteration)\n",
+             human_bytes(r.sent_bytes));
   for (int k = 0; k < sim::kNumCollectiveKinds; ++k) {
     const SimCollectiveStats& s = r.collectives[static_cast<std::size_t>(k)];
     if (s.count == 0) continue;

@@ -8,6 +8,7 @@
 
 #include "engine/segments/segment_plan.h"
 #include "engine/simulation.h"
+#include "models/parameters.h"
 
 using namespace meshtrain;
 
@@ -85,4 +86,17 @@ TEST_CASE("a boundary on the same ranks moves by all-to-all only what changes ra
   CHECK(region(r, "boundary 0").sent_bytes == Approx(64 * per_sample + 32 * per_sample));
   CHECK(region(r, "segment 2").ranks == 4);
   CHECK(r.regions.size() == 3 + 2 + 1);
+}
+
+TEST_CASE("the bytes all ranks send are the ring algorithms' wire bytes", "[sim][segments][bytes]") {
+  // dp 4 without ZeRO: every rank all-reduces its fp32 gradients once,
+  // sending 2·3/4 of them; the loss (4 bytes) is all-reduced over the same
+  // group, and the gradient norm over single-rank groups sends nothing.
+  const ModelSpec m = *model_preset("tiny");
+  Plan p;
+  p.dp = 4, p.micro_batch = 2, p.global_batch = 8, p.seq_len = 32, p.grad_bucket_mb = 1024;
+  REQUIRE(validate_plan(p, m).ok());
+  const SimulationResult r = simulate(m, p);
+  const double grads = static_cast<double>(count_parameters(m).total) * 4;
+  CHECK(r.sent_bytes == Approx(4 * 1.5 * (grads + 4)));
 }
