@@ -86,6 +86,40 @@ def swin(meshtrain, cluster):
             print(row(name, j, base))
 
 
+def vqa(meshtrain, cluster):
+    """LLaVA-1.5-13B (ViT-L/14 at 336², MLP projector, a 13B decoder): pure data
+    parallelism with the ZeRO stage it needs against the vision encoder on a
+    tensor-parallel group and the language model pipelined on the other ranks."""
+    model = "llava-1.5-13b"
+    G = 128
+    print(f"\n### {model}, global batch {G}, {cluster}\n")
+    print(HEADER)
+    for gpus in (16, 32, 64):
+        runs = {}
+        for zero in (1, 2, 3):
+            runs[f"{gpus} GPUs: DP {gpus}, ZeRO {zero}"] = simulate(
+                meshtrain, model, cluster, ["--dp", str(gpus), "--micro-batch", str(G // gpus), "--global-batch", str(G),
+                                            "--zero", str(zero), "--recompute", "selective"])
+        # The mission's layout: the encoder (and projector) on a tp group, the language model pipelined on the rest.
+        vision = gpus // 8            # encoder ranks: tp 2 × dp vision/2
+        language = gpus - vision      # language ranks: tp 8 within a node, pp = language / 8 / dp
+        lang_dp = max(1, language // 32)
+        lang_pp = language // (8 * lang_dp)
+        segments = [
+            {"name": "vision encoder + projector", "modules": ["vision", "projector"], "tp": 2,
+             "dp": max(1, vision // 2), "ranks": [0, vision - 1], "microbatches": G // max(1, vision // 2) // 2},
+            {"name": "language model", "modules": ["language"], "tp": 8, "pp": lang_pp, "dp": lang_dp,
+             "sequence_parallel": True, "ranks": [vision, gpus - 1], "microbatches": G // lang_dp // 2,
+             "recompute": "selective"},
+        ]
+        runs[f"{gpus} GPUs: vision tp 2 × dp {max(1, vision // 2)} on {vision}; language tp 8 × pp {lang_pp} × dp {lang_dp} on {language}"] = \
+            simulate(meshtrain, model, cluster, ["--global-batch", str(G), "--micro-batch", "2"], segments)
+        dp_times = [j["iteration_time_s"] for n, j in runs.items() if "DP" in n.split(":")[1][:4] and "error" not in j]
+        base = min(dp_times) if dp_times else None
+        for name, j in runs.items():
+            print(row(name, j, base))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--meshtrain", default="build/engine/meshtrain")
@@ -94,6 +128,8 @@ def main():
     a = ap.parse_args()
     if a.study in ("swin", "all"):
         swin(a.meshtrain, a.cluster)
+    if a.study in ("vqa", "all"):
+        vqa(a.meshtrain, "dgx-h100")
 
 
 if __name__ == "__main__":
