@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "engine/mesh.h"
+#include "engine/segments/segment_plan.h"
 #include "engine/step_engine.h"
 #include "engine/training_engine.h"
 #include "models/flops.h"
@@ -28,24 +29,6 @@ Error out_of_memory(const StageResult& s, const Plan& p, double device_bytes) {
       human_bytes(m.parameters), human_bytes(m.gradients), human_bytes(m.optimizer),
       human_bytes(m.zero3_working), human_bytes(m.activations), m.inflight, human_bytes(m.total()),
       std::min(p.zero + 1, 2));
-}
-
-// What rank `rank` holds of every segment it is in (activations included:
-// a segment's forward activations wait for its backward at the iteration's end).
-MemoryBreakdown segments_memory(const ModelSpec& m, const Plan& p, int rank) {
-  MemoryBreakdown total;
-  for (const Plan& s : p.segments) {
-    if (rank < s.first_rank || rank >= s.first_rank + s.world_size()) continue;
-    const MemoryBreakdown b = memory_per_rank(m, s, Mesh(s).coord_of(rank).pp, meshtrain_layout(s));
-    total.parameter_count += b.parameter_count;
-    total.parameters += b.parameters;
-    total.gradients += b.gradients;
-    total.optimizer += b.optimizer;
-    total.zero3_working += b.zero3_working;
-    total.activations += b.activations;
-    total.inflight = std::max(total.inflight, b.inflight);
-  }
-  return total;
 }
 
 // Each segment's and boundary's compute and bytes (the backends' regions), in plan order.
@@ -220,7 +203,7 @@ Result<SimulationResult> simulate_iteration(const ModelSpec& m, const Plan& p,
     s.stage = static_cast<int>(i);
     s.rank = r.rank;
     s.peak_bytes = r.peak_bytes;
-    s.model = segmented ? segments_memory(m, p, r.rank) : memory_per_rank(m, p, s.stage, meshtrain_layout(p));
+    s.model = segmented ? rank_memory(m, p, r.rank) : memory_per_rank(m, p, s.stage, meshtrain_layout(p));
     s.compute_s = r.compute_s;
     s.idle_s = r.idle_s;
     s.exposed_comm_s = std::max(0.0, r.compute_busy_s - r.compute_s);

@@ -44,8 +44,14 @@ Status check_train_memory(const TrainOptions& o, const ModelSpec& m, const Plan&
   const double full_state =
       o.checkpoint_dir.empty() ? 0 : 3.0 * static_cast<double>(count_parameters(m).total) * sizeof(float);
   double bytes = 0;
-  const int per_stage = p.world_size() / p.pp;
-  for (int stage = 0; stage < p.pp; ++stage) {
+  if (!p.segments.empty()) {
+    for (int rank = 0; rank < p.world_size(); ++rank) {
+      const double rank_bytes = rank_memory(m, p, rank).total() + data_bytes + full_state;
+      bytes = host_ranks == 1 ? std::max(bytes, rank_bytes) : bytes + rank_bytes;
+    }
+  }
+  const int per_stage = p.segments.empty() ? p.world_size() / p.pp : 0;
+  for (int stage = 0; stage < p.pp && p.segments.empty(); ++stage) {
     const double rank_bytes = memory_per_rank(m, p, stage, meshtrain_layout(p)).total() + data_bytes + full_state;
     bytes = host_ranks == 1 ? std::max(bytes, rank_bytes) : bytes + rank_bytes * per_stage;
   }

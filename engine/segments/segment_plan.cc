@@ -65,6 +65,24 @@ BlockRange block_range(const Plan& s, const ModelSpec& m) {
   return {s.embedding ? 0 : s.first_layer + 1, s.head ? m.layers + 1 : body_end};
 }
 
+// What rank `rank` holds of every segment it is in (activations included:
+// a segment's forward activations wait for its backward at the iteration's end).
+MemoryBreakdown rank_memory(const ModelSpec& m, const Plan& p, int rank) {
+  MemoryBreakdown total;
+  for (const Plan& s : p.segments) {
+    if (rank < s.first_rank || rank >= s.first_rank + s.world_size()) continue;
+    const MemoryBreakdown b = memory_per_rank(m, s, Mesh(s).coord_of(rank).pp, meshtrain_layout(s));
+    total.parameter_count += b.parameter_count;
+    total.parameters += b.parameters;
+    total.gradients += b.gradients;
+    total.optimizer += b.optimizer;
+    total.zero3_working += b.zero3_working;
+    total.activations += b.activations;
+    total.inflight = std::max(total.inflight, b.inflight);
+  }
+  return total;
+}
+
 Group segments_world(const Plan& p) {
   Group g;
   g.id = static_cast<int>(p.segments.size()) * kGroupIdsPerSegment;

@@ -36,6 +36,7 @@
 
 #include "backends/backend.h"
 #include "core/status.h"
+#include "engine/memory_model.h"
 #include "engine/plan.h"
 #include "models/model_spec.h"
 
@@ -47,6 +48,11 @@ inline constexpr int kGroupIdsPerSegment = 1 << 20;
 
 // Every rank of a plan made of segments, as a group whose id no segment's group has.
 Group segments_world(const Plan& p);
+
+// What rank `rank` holds of every segment it is in (memory_model.h; the
+// activations of all: a segment's forward activations wait for its backward
+// at the iteration's end).
+MemoryBreakdown rank_memory(const ModelSpec& m, const Plan& p, int rank);
 
 // A segment's blocks, by index in model_blocks order (0: the embedding).
 struct BlockRange {
