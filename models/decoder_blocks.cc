@@ -1,5 +1,8 @@
 #include "models/decoder_blocks.h"
 
+#include <algorithm>
+#include <vector>
+
 #include "models/block_context.h"
 
 namespace meshtrain {
@@ -66,7 +69,20 @@ class TokenEmbedding : public Block {
 class LmHead : public Block {
  public:
   LmHead(const ModelSpec& m, BlockContext& ctx)
-      : m_(m), ctx_(ctx), vocab_rows_(padded_vocab(m, ctx.tp.size) / ctx.tp.size) {}
+      : m_(m), ctx_(ctx), vocab_rows_(padded_vocab(m, ctx.tp.size) / ctx.tp.size) {
+    // When tp does not divide the vocabulary, the last shard's trailing
+    // columns are padding (ids >= vocab): a bias of -1e30 there keeps them
+    // out of the softmax (probability 0, so no gradient reaches their rows),
+    // as if the vocabulary were not padded.
+    const std::int64_t first = static_cast<std::int64_t>(ctx.tp.rank) * vocab_rows_;
+    const std::int64_t real = std::clamp<std::int64_t>(m.vocab - first, 0, vocab_rows_);
+    if (real < vocab_rows_) {
+      std::vector<float> bias(static_cast<std::size_t>(vocab_rows_), 0.f);
+      std::fill(bias.begin() + real, bias.end(), -1e30f);
+      padding_ = ctx.b.empty(Shape{vocab_rows_}, ctx.act);
+      ctx.b.write(padding_, bias);
+    }
+  }
 
   Tensor forward(const MicroBatch& mb, const Tensor& x, std::unique_ptr<Block::Saved>* saved) override {
     Backend& b = ctx_.b;
@@ -77,8 +93,10 @@ class LmHead : public Block {
     // The vocabulary-parallel projection reads every row: gathered under SP (and again in backward).
     const Tensor nf = ctx_.sp ? ctx_.sp_gather(s->nf) : s->nf;
     s->logits = b.empty(Shape{N, vocab_rows_}, ctx_.act);
-    if (m_.tied_embeddings) b.gemm(nf, ctx_.params["embed.tokens"].value, s->logits, GemmOp{false, true});
-    else b.gemm(nf, ctx_.params["head"].value, s->logits, GemmOp{});
+    if (m_.tied_embeddings)
+      b.gemm(nf, ctx_.params["embed.tokens"].value, s->logits, GemmOp{false, true, 1.f, 0.f, padding_});
+    else
+      b.gemm(nf, ctx_.params["head"].value, s->logits, GemmOp{false, false, 1.f, 0.f, padding_});
     Tensor loss_sum = ctx_.cross_entropy(s->logits, mb, ctx_.tp.rank * vocab_rows_, true, s->row_max, s->sumexp);
     if (saved) *saved = std::move(s);
     return loss_sum;
@@ -121,6 +139,7 @@ class LmHead : public Block {
   const ModelSpec& m_;
   BlockContext& ctx_;
   std::int64_t vocab_rows_;
+  Tensor padding_;  // (vocab_rows_): 0, and -1e30 on padded columns; undefined without any
 };
 
 }  // namespace
