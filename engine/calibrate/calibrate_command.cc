@@ -372,6 +372,15 @@ Status run_calibrate(const CalibrateFlags& f) {
   calibrate::WorkloadShapes shapes;
   for (const std::string& w : f.workloads) {
     MT_ASSIGN(calibrate::Workload wl, calibrate::parse_workload(w, "--workload"));
+    // Recording runs the workload's step on the sim backend with a real
+    // batch on the host: refuse a shape that cannot fit before that, from
+    // its widest activation (the logits, or the MLP's), as check_shapes_fit
+    // would after.
+    const ModelSpec& m = wl.model;
+    const double widest = std::max({static_cast<double>(m.vocab), static_cast<double>(m.ffn), 3.0 * m.hidden});
+    MT_TRY(check_host_memory(4.0 * 4 * static_cast<double>(wl.batch) * static_cast<double>(wl.seq) * widest,
+                             "measuring the largest --workload shape",
+                             "use a smaller micro-batch, sequence length or model in --workload"));
     MT_TRY(calibrate::record_workload_shapes(wl.model, wl.batch, wl.seq, shapes));
   }
   std::set<GemmShape>& gemm = shapes.gemm;
