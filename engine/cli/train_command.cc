@@ -38,7 +38,7 @@ struct TrainFlags {
 // The cpu backend of a rank that shares this process's cores with
 // `ranks_sharing` ranks (threads of this process, or unbound MPI processes).
 CpuBackendOptions cpu_options(const TrainFlags& f, int ranks_sharing) {
-  return {f.threads > 0 ? f.threads : cpu::threads_per_rank(ranks_sharing)};
+  return {cpu::rank_threads(f.threads, ranks_sharing)};
 }
 
 // The precisions a backend trains in: the cpu backend computes in fp32 only;

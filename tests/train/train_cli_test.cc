@@ -91,7 +91,7 @@ TEST_CASE("stop and resume give the losses of one uninterrupted run, bit for bit
   CHECK(a == b);
 }
 
-TEST_CASE("--threads changes no bit: losses, parameters and AdamW state on 1, 2 and 3 threads per rank",
+TEST_CASE("losses, parameters and AdamW state are the same bits on 1, 2 and 3 threads per rank (--threads)",
           "[train][threads]") {
   // Wide enough that every GEMM is cut into tiles (512 x 768 x 256 and up) and
   // AdamW, the gradient norm and the initialisation run over many chunks.
