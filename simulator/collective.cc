@@ -327,7 +327,7 @@ Result<CollectivePlan> plan_collective(const Cluster& cluster, const CostConstan
       for_each_flow(plan, step, [&](int src, int dst) {
         if (reachable.ok()) reachable = cluster.check_route(src, dst);
       });
-    MT_TRY(reachable.context(kind));
+    MT_TRY(reachable);
   }
   return plan;
 }

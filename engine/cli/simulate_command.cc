@@ -26,6 +26,10 @@ struct SimulateFlags {
   bool ignore_memory = false;
   std::string attention = "flash";  // the simulated software stack: see SimulateOptions
   float dropout = 0.f;
+  // What-ifs (engine/variation.h); any of them means full fidelity.
+  std::string fidelity = "representative";
+  std::vector<std::string> stragglers, link_degrade, link_fail;
+  std::uint64_t seed = 1;
 };
 
 // The README's first command: Megatron's 18.4B GPT on 64 DGX A100 GPUs
@@ -72,9 +76,19 @@ nlohmann::json to_json(const SimulationResult& r, const ModelSpec& m, const Plan
           {"device_memory_bytes", c.device.memory_bytes},
           {"collectives", collectives},
           {"stages", stages},
-          {"tasks", r.tasks},
-          {"events", r.events}};
+                      {"tasks", r.tasks},
+          {"events", r.events},
+          {"fidelity", fidelity_name(r.fidelity)},
+          {"simulator_wall_s", r.simulator_wall_s}};
   if (m.vision()) out["images_per_s"] = r.samples_per_s;
+  if (r.fidelity == Fidelity::full)
+    out["full_fidelity"] = {{"tasks_run", r.tasks_run},
+                            {"flows", r.flows},
+                            {"isolated_collectives", r.isolated_collectives},
+                            {"isolated_overlaps", r.isolated_overlaps},
+                            {"slowest_rank", r.slowest_rank},
+                            {"slowest_compute_s", r.slowest_compute_s},
+                            {"median_compute_s", r.median_compute_s}};
   return out;
 }
 
@@ -106,7 +120,15 @@ void print_text(const SimulationResult& r, const ModelSpec& m, const Plan& p, co
     fmt::print("  {:<15} {:>8} calls {:>10.4f} s {:>12}\n", sim::collective_kind_name(static_cast<sim::CollectiveKind>(k)),
                s.count, s.time_s, human_bytes(s.bytes));
   }
-  fmt::print("simulator        {} tasks, {} events\n", r.tasks, r.events);
+  fmt::print("simulator        {} tasks, {} events, {:.2f} s\n", r.tasks, r.events, r.simulator_wall_s);
+  if (r.fidelity != Fidelity::full) return;
+  fmt::print("full fidelity    {} ranks ran {} tasks, {} flows; {} collectives on exclusive links or latency-bound "
+             "timed analytically{}\n",
+             p.world_size(), r.tasks_run, r.flows, r.isolated_collectives,
+             r.isolated_overlaps ? fmt::format(" ({} overlapped)", r.isolated_overlaps) : std::string());
+  fmt::print("slowest rank     {} computes {:.4f} s, the median rank of its stage {:.4f} s (+{:.1f}%)\n", r.slowest_rank,
+             r.slowest_compute_s, r.median_compute_s,
+             r.median_compute_s > 0 ? 100 * (r.slowest_compute_s / r.median_compute_s - 1) : 0.0);
 }
 
 Status run_simulate(SimulateFlags f, bool no_flags) {
@@ -157,6 +179,15 @@ Status run_simulate(SimulateFlags f, bool no_flags) {
   options.check_memory = !f.ignore_memory;
   MT_ASSIGN(options.attention, attention_impl_from_name(f.attention));
   options.dropout = f.dropout;
+  MT_ASSIGN(options.fidelity, fidelity_from_name(f.fidelity));
+  MT_ASSIGN(options.variation.stragglers, parse_stragglers(f.stragglers, mp.plan.world_size(), f.seed));
+  for (const std::string& spec : f.link_degrade) {
+    MT_ASSIGN(LinkChange change, parse_link_degrade(spec));
+    options.variation.links.push_back(change);
+  }
+  for (const std::string& cable : f.link_fail) options.variation.links.push_back(link_failure(cable));
+  if (!options.variation.stragglers.empty())
+    fmt::print(stderr, "stragglers: {}\n", describe_stragglers(options.variation.stragglers));
   MT_ASSIGN(SimulationResult r, simulate_iteration(mp.model, mp.plan, options));
   if (options.trace) {
     std::FILE* out = std::fopen(f.trace.c_str(), "wb");
@@ -187,6 +218,19 @@ Command add_simulate_command(CLI::App& app) {
   sub->add_option("--dropout", flags->dropout, "dropout probability of the simulated run (hidden states; "
                   "with --attention unfused also the attention probabilities)")
       ->capture_default_str();
+  sub->add_option("--fidelity", flags->fidelity,
+                  "representative (one rank per pipeline stage) or full (every rank's ops and flows; used "
+                  "whenever a straggler or link what-if is given)")
+      ->capture_default_str();
+  sub->add_option("--straggler", flags->stragglers,
+                  "RANKS:FACTOR (17:1.3, 3,5,8-11:1.5) or random:P:FACTOR: those ranks' kernels take FACTOR times "
+                  "as long; repeatable");
+  sub->add_option("--link-degrade", flags->link_degrade,
+                  "CABLE:FACTOR: the cable (node3.nic5, leaf2-spine7, node0.gpu3, node1.pcie2) keeps FACTOR of its "
+                  "bandwidth; repeatable");
+  sub->add_option("--link-fail", flags->link_fail,
+                  "CABLE: the cable is down; traffic reroutes, or the job stops without a path; repeatable");
+  sub->add_option("--seed", flags->seed, "seed of random:P:FACTOR stragglers")->capture_default_str();
   // Output flags do not choose what is simulated: with only those, the example runs.
   std::vector<CLI::Option*> output = {
       sub->add_option("--calibration", flags->calibration, "calibration JSON (meshtrain calibrate) replacing the defaults"),
