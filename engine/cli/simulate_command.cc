@@ -8,6 +8,7 @@
 
 #include "engine/cli/commands.h"
 #include "engine/cli/plan_flags.h"
+#include "engine/cli/simulate_jobs.h"
 #include "engine/memory_model.h"
 #include "engine/simulation.h"
 #include "simulator/calibration.h"
@@ -30,6 +31,7 @@ struct SimulateFlags {
   std::string fidelity = "representative";
   std::vector<std::string> stragglers, link_degrade, link_fail;
   std::uint64_t seed = 1;
+  std::vector<std::string> jobs;  // --job FILE: several jobs on one cluster
 };
 
 // The README's first command: Megatron's 18.4B GPT on 64 DGX A100 GPUs
@@ -131,7 +133,28 @@ void print_text(const SimulationResult& r, const ModelSpec& m, const Plan& p, co
              r.median_compute_s > 0 ? 100 * (r.slowest_compute_s / r.median_compute_s - 1) : 0.0);
 }
 
+// The what-if flags that do not depend on the plan.
+Status apply_link_flags(const SimulateFlags& f, SimulateOptions& options) {
+  for (const std::string& spec : f.link_degrade) {
+    MT_ASSIGN(LinkChange change, parse_link_degrade(spec));
+    options.variation.links.push_back(change);
+  }
+  for (const std::string& cable : f.link_fail) options.variation.links.push_back(link_failure(cable));
+  return {};
+}
+
+Status run_jobs(const SimulateFlags& f) {
+  SimulateOptions options;
+  MT_ASSIGN(options.cluster, sim::cluster_spec_by_name_or_file(f.cluster));
+  MT_ASSIGN(options.attention, attention_impl_from_name(f.attention));
+  options.dropout = f.dropout;
+  MT_TRY(apply_link_flags(f, options));
+  if (!f.stragglers.empty()) return make_error("--straggler names ranks of one job; it does not combine with --job");
+  return run_simulate_jobs(f.jobs, options, f.gpus, f.json);
+}
+
 Status run_simulate(SimulateFlags f, bool no_flags) {
+  if (!f.jobs.empty()) return run_jobs(f);
   if (no_flags) use_example(f);
   if (f.plan.model.empty()) return make_error("--model NAME|FILE is required (give no model, plan or --gpus flags for the example)");
   if (f.gpus < 0) return make_error("--gpus {} must be positive", f.gpus);
@@ -181,11 +204,7 @@ Status run_simulate(SimulateFlags f, bool no_flags) {
   options.dropout = f.dropout;
   MT_ASSIGN(options.fidelity, fidelity_from_name(f.fidelity));
   MT_ASSIGN(options.variation.stragglers, parse_stragglers(f.stragglers, mp.plan.world_size(), f.seed));
-  for (const std::string& spec : f.link_degrade) {
-    MT_ASSIGN(LinkChange change, parse_link_degrade(spec));
-    options.variation.links.push_back(change);
-  }
-  for (const std::string& cable : f.link_fail) options.variation.links.push_back(link_failure(cable));
+  MT_TRY(apply_link_flags(f, options));
   if (!options.variation.stragglers.empty())
     fmt::print(stderr, "stragglers: {}\n", describe_stragglers(options.variation.stragglers));
   MT_ASSIGN(SimulationResult r, simulate_iteration(mp.model, mp.plan, options));
@@ -231,6 +250,9 @@ Command add_simulate_command(CLI::App& app) {
   sub->add_option("--link-fail", flags->link_fail,
                   "CABLE: the cable is down; traffic reroutes, or the job stops without a path; repeatable");
   sub->add_option("--seed", flags->seed, "seed of random:P:FACTOR stragglers")->capture_default_str();
+  sub->add_option("--job", flags->jobs,
+                  "a job file (model, plan, GPUs); two or more share the cluster, each is also run alone and its "
+                  "slowdown reported; repeatable");
   // Output flags do not choose what is simulated: with only those, the example runs.
   std::vector<CLI::Option*> output = {
       sub->add_option("--calibration", flags->calibration, "calibration JSON (meshtrain calibrate) replacing the defaults"),
