@@ -7,10 +7,19 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "core/status.h"
 
 namespace meshtrain {
+
+// Every rank's time in one step (engine/step_timing.h) and the slowest
+// rank's lag against the median of the ranks it compares with.
+struct RankTimes {
+  std::vector<double> compute_s, comm_s;  // by rank
+  int slowest_rank = -1;
+  double slowest_compute_s = 0, median_compute_s = 0, lag_s = 0;
+};
 
 struct StepMetrics {
   std::int64_t step = 0;
@@ -20,6 +29,7 @@ struct StepMetrics {
   double tokens_per_s = 0;
   std::optional<double> val_loss;      // written only when measured this step
   std::optional<double> val_accuracy;  // top-1, vision models, with val_loss
+  std::optional<RankTimes> ranks;      // with several ranks
 };
 
 // Appends to the file (a resumed run continues the same file) and flushes each
@@ -31,7 +41,9 @@ class MetricsWriter {
   static Result<MetricsWriter> open(const std::string& path);
 
   // {"step":…,"loss":…,"lr":…,"step_time_s":…,"tokens_per_s":…[,"val_loss":…[,"val_accuracy":…]]}
-  // (tokens_per_s counts images for a vision model).
+  // (tokens_per_s counts images for a vision model); with several ranks also
+  // "slowest_rank", "slowest_compute_s", "median_compute_s",
+  // "straggler_lag_s" and by rank "rank_compute_s", "rank_comm_s".
   Status write(const StepMetrics& m);
 
  private:
@@ -45,6 +57,9 @@ class MetricsWriter {
 // time of those done; it is "--:--:--" before the first step.
 std::string format_progress(std::int64_t step, std::int64_t total, double loss, double tokens_per_s,
                             double elapsed_s, const char* unit = "tok");
+
+// " | slowest rank 3 +0.412 s compute (2.10x its peers' median)".
+std::string format_straggler(const RankTimes& r);
 
 // Seconds as hh:mm:ss (hours grow past 99 rather than wrap).
 std::string format_hms(double seconds);

@@ -12,6 +12,7 @@
 #include "engine/lr_schedule.h"
 #include "engine/mesh.h"
 #include "engine/metrics.h"
+#include "engine/step_timing.h"
 
 namespace meshtrain {
 
@@ -61,7 +62,20 @@ Status train_rank(Backend& b, const ModelSpec& m, const Plan& p, const TrainOpti
   const Coord coord = mesh.coord_of(b.rank());
   const int seq = p.effective_seq_len(m);
   MT_ASSIGN(std::unique_ptr<TrainingData> data, open_training_data(o.data, m, p, o.seed, coord.dp, p.dp));
-  StepEngine engine(b, m, p, mesh, o.step);
+  StepTimer timer(b);
+  FaultInjector faults(o.faults, b.rank(), o.ranks_are_processes, 3 * o.comm_timeout + std::chrono::seconds(1));
+  if (!faults.empty()) timer.on_communication([&faults](double compute_s) { faults.before_communication(compute_s); });
+  StepEngine engine(timer, m, p, mesh, o.step);
+  // Every rank's step timing is gathered over a group of the whole world,
+  // with an id after the mesh's; stages tell the report which ranks compare.
+  Group world{0, {}};
+  std::vector<int> stage;
+  for (int k = 0; k < kGroupKinds; ++k)
+    for (const Group& g : mesh.groups(static_cast<GroupKind>(k))) world.id = std::max(world.id, g.id + 1);
+  for (int r = 0; r < p.world_size(); ++r) {
+    world.ranks.push_back(r);
+    stage.push_back(mesh.coord_of(r).pp);
+  }
   const LrSchedule schedule{o.lr, o.min_lr, o.warmup, o.steps};
 
   std::int64_t first_step = 1;
@@ -96,10 +110,31 @@ Status train_rank(Backend& b, const ModelSpec& m, const Plan& p, const TrainOpti
     const auto t0 = Clock::now();
     MT_ASSIGN(std::vector<HostBatch> batches, data->next(p.micro_batch, p.microbatches()));
     const double lr = lr_at(schedule, static_cast<int>(step));
-    auto result = engine.step(batches, static_cast<float>(lr), step);
-    if (!result.ok()) return std::move(result).error();
-    StepMetrics sm{step, result->loss, lr, seconds_since(t0), 0, std::nullopt};
+    faults.begin_step(step);
+    timer.begin_step();
+    std::optional<Result<StepResult>> result;
+    try {
+      result.emplace(engine.step(batches, static_cast<float>(lr), step));
+    } catch (const InjectedExit&) {
+      return ok_status();  // a rank thread that "died": its peers find out on their own
+    }
+    if (!result->ok()) return std::move(*result).error();
+    MT_ASSIGN(const RankTiming timing, timer.end_step());
+    StepMetrics sm{step, (*result)->loss, lr, seconds_since(t0), 0, std::nullopt};
     sm.tokens_per_s = tokens_per_step / sm.step_time_s;
+    if (p.world_size() > 1) {
+      MT_ASSIGN(std::vector<RankTiming> all, gather_timings(b, timing, world).context(fmt::format("step {}", step)));
+      const StragglerReport report = straggler_report(std::move(all), stage);
+      RankTimes& rt = sm.ranks.emplace();
+      rt.slowest_rank = report.slowest_rank;
+      rt.slowest_compute_s = report.slowest_compute_s;
+      rt.median_compute_s = report.median_compute_s;
+      rt.lag_s = report.lag_s;
+      for (const RankTiming& t : report.ranks) {
+        rt.compute_s.push_back(t.compute_s);
+        rt.comm_s.push_back(t.comm_s);
+      }
+    }
     if (o.eval_every > 0 && (step % o.eval_every == 0 || step == last_step)) {
       MT_ASSIGN(Evaluation v, engine.evaluate_metrics(val));
       sm.val_loss = v.loss;
@@ -114,6 +149,7 @@ Status train_rank(Backend& b, const ModelSpec& m, const Plan& p, const TrainOpti
       std::string line = format_progress(step, o.steps, sm.loss, sm.tokens_per_s, seconds_since(start), data->unit());
       if (sm.val_loss) line += fmt::format(" | val {:.4f}", *sm.val_loss);
       if (sm.val_accuracy) line += fmt::format(" | val acc {:.2f}%", 100 * *sm.val_accuracy);
+      if (sm.ranks) line += format_straggler(*sm.ranks);
       fmt::print("{}\n", line);
       std::fflush(stdout);
     }

@@ -29,6 +29,7 @@ struct TrainFlags {
   double comm_timeout_s = 300;
   std::string trace;  // empty: no trace
   bool quiet = false;
+  std::vector<std::string> faults;  // --fault-inject specs (engine/fault_injection.h)
 };
 
 // The precisions a backend trains in: the cpu backend computes in fp32 only;
@@ -74,6 +75,15 @@ Status run_train(TrainFlags f) {
   f.train.step.seed = f.train.seed;
   const auto timeout = std::chrono::milliseconds(static_cast<long long>(f.comm_timeout_s * 1000));
   const CommOptions comm{timeout};
+  for (const std::string& spec : f.faults) {
+    MT_ASSIGN(Fault fault, parse_fault(spec));
+    if (fault.rank >= mp.plan.world_size())
+      return make_error("--fault-inject '{}': rank {} is outside the world of {} ranks", spec, fault.rank,
+                        mp.plan.world_size());
+    f.train.faults.push_back(fault);
+  }
+  f.train.ranks_are_processes = mpi;
+  f.train.comm_timeout = timeout;
   std::optional<TraceRecorder> recorder;
   if (!f.trace.empty()) recorder.emplace();
   // Trains one rank on `b`, through a TracingBackend when tracing; the
@@ -174,6 +184,9 @@ Command add_train_command(CLI::App& app) {
                   "write a Chrome trace of the run (one process per rank, one track per stream); "
                   "under MPI each rank writes FILE.rank<N>.json");
   sub->add_flag("--quiet", f->quiet, "no progress lines");
+  sub->add_option("--fault-inject", f->faults,
+                  "RANK:slow:STEP[:FACTOR], RANK:hang:STEP or RANK:exit:STEP: make a rank slow down, stop answering or "
+                  "die at a step (tests of straggler reports, --comm-timeout and checkpoints); repeatable");
   return {sub, [f] { return run_train(*f); }};
 }
 
