@@ -1,9 +1,8 @@
-// Scratch files for the fault-injection tests (threads and MPI): a
-// per-process directory, a small deterministic training text, and the
-// metrics lines a run wrote.
+// What the fault-injection tests (threads and MPI) share: the CLI tests'
+// scratch files and training text (tests/tracing/cli_scratch.h), the
+// metrics lines a run wrote, and the check that a run resumes from its last
+// checkpoint.
 #pragma once
-
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -12,32 +11,28 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tests/run_meshtrain.h"
+#include "tests/tracing/cli_scratch.h"
+
 namespace meshtrain::testing {
-
-inline std::filesystem::path fault_scratch(const std::string& name) {
-  namespace fs = std::filesystem;
-  fs::path dir = fs::temp_directory_path() / ("meshtrain-fault-test-" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  fs::path p = dir / name;
-  fs::remove_all(p);
-  return p;
-}
-
-inline std::string fault_text() {
-  static const std::string path = [] {
-    auto p = fault_scratch("data.txt");
-    std::ofstream out(p, std::ios::binary);
-    for (int i = 0; i < 2000; ++i) out << "line " << i << ": the quick brown fox jumps over the lazy dog\n";
-    return p.string();
-  }();
-  return path;
-}
 
 inline std::vector<nlohmann::json> metrics_lines(const std::filesystem::path& p) {
   std::vector<nlohmann::json> out;
   std::ifstream in(p);
   for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
   return out;
+}
+
+// `command --resume` succeeds and trains steps first_step..last_step: the
+// checkpoint before first_step was intact.
+inline void check_resumes(const std::string& command, int first_step, int last_step) {
+  const auto metrics = trace_scratch("resumed.jsonl");
+  MeshtrainRun resumed = run_meshtrain(command + " --resume --metrics " + metrics.string());
+  INFO(resumed.out);
+  CHECK(resumed.status == 0);
+  const auto lines = metrics_lines(metrics);
+  REQUIRE(lines.size() == static_cast<std::size_t>(last_step - first_step + 1));
+  CHECK(lines.front()["step"] == first_step);
 }
 
 }  // namespace meshtrain::testing

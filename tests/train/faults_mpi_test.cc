@@ -24,25 +24,19 @@ const std::string kTrain = " --model tiny --seq-len 64 --micro-batch 4 --lr 1e-3
 }  // namespace
 
 TEST_CASE("under mpirun a rank killed mid-step is named; the last checkpoint resumes", "[train][faults][mpi]") {
-  const auto ckpt = fault_scratch("kill-ckpt");
-  const std::string common = "train --data " + fault_text() + kTrain + " --steps 6 --checkpoint " + ckpt.string() +
+  const auto ckpt = trace_scratch("kill-ckpt");
+  const std::string common = "train --data " + training_text() + kTrain + " --steps 6 --checkpoint " + ckpt.string() +
                              " --checkpoint-every 2 --comm-timeout 2";
   MeshtrainRun r = run_meshtrain(common + " --fault-inject 1:exit:4");
   INFO(r.out);
   CHECK(r.status != 0);
   CHECK_THAT(r.out, Catch::Contains("rank 1 dies at step 4") && Catch::Contains("on group") &&
                         Catch::Contains("timed out after 2000 ms; still waiting for rank 1"));
-  const auto metrics = fault_scratch("mpi-resumed.jsonl");
-  MeshtrainRun resumed = run_meshtrain(common + " --resume --metrics " + metrics.string());
-  INFO(resumed.out);
-  CHECK(resumed.status == 0);
-  const auto lines = metrics_lines(metrics);
-  REQUIRE(lines.size() == 4);
-  CHECK(lines.front()["step"] == 3);
+  check_resumes(common, 3, 6);  // the checkpoint of step 2 is intact
 }
 
 TEST_CASE("under mpirun a frozen rank is named and the job ends", "[train][faults][mpi]") {
-  MeshtrainRun r = run_meshtrain("train --data " + fault_text() + kTrain +
+  MeshtrainRun r = run_meshtrain("train --data " + training_text() + kTrain +
                                  " --steps 4 --comm-timeout 2 --fault-inject 1:hang:2");
   INFO(r.out);
   CHECK(r.status != 0);
@@ -51,8 +45,8 @@ TEST_CASE("under mpirun a frozen rank is named and the job ends", "[train][fault
 }
 
 TEST_CASE("under mpirun a slowed rank is named as the straggler", "[train][faults][mpi]") {
-  const auto metrics = fault_scratch("mpi-slow.jsonl");
-  MeshtrainRun r = run_meshtrain("train --data " + fault_text() + kTrain + " --steps 4 --metrics " +
+  const auto metrics = trace_scratch("mpi-slow.jsonl");
+  MeshtrainRun r = run_meshtrain("train --data " + training_text() + kTrain + " --steps 4 --metrics " +
                                  metrics.string() + " --fault-inject 1:slow:1:8");
   INFO(r.out);
   REQUIRE(r.status == 0);
