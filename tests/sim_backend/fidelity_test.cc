@@ -120,7 +120,7 @@ TEST_CASE("straggler specs: ranks, ranges, random with a seed, and errors", "[si
   CHECK(parse_link_degrade("leaf2-spine7:0.5")->cable == "leaf2-spine7");
 }
 
-TEST_CASE("a degraded cable slows the job; a failed one reroutes or stops it", "[sim][fidelity]") {
+TEST_CASE("a degraded cable slows the job and a failed one reroutes or stops it", "[sim][fidelity]") {
   const Plan p = plan(2, 2, 4);  // 16 GPUs: two nodes under one leaf per rail
   const double base = simulate(p, Fidelity::full).iteration_s;
   SECTION("degraded") {

@@ -56,7 +56,7 @@ TEST_CASE("job files: model, plan, GPU ranges, and their errors", "[sim][jobs]")
   CHECK_THAT(both.error().message(), Catch::Contains("GPU 48 is placed in job 'A' and job 'B'"));
 }
 
-TEST_CASE("jobs that share uplinks slow each other; jobs that share nothing do not", "[sim][jobs]") {
+TEST_CASE("jobs that share uplinks slow each other and jobs that share nothing do not", "[sim][jobs]") {
   // A and B interleave their nodes, so each one's dp ring crosses leaves.
   const JobSpec a = job("A", "gpt2-350m", kPlan, "0-7,16-23,32-39,48-55");
   const JobSpec b = job("B", "gpt2-350m", kPlan, "8-15,24-31,40-47,56-63");

@@ -23,7 +23,7 @@ const std::string kTrain = " --model tiny --seq-len 64 --micro-batch 4 --lr 1e-3
 
 }  // namespace
 
-TEST_CASE("under mpirun a rank killed mid-step is named; the last checkpoint resumes", "[train][faults][mpi]") {
+TEST_CASE("under mpirun a rank killed mid-step is named and the last checkpoint resumes", "[train][faults][mpi]") {
   const auto ckpt = trace_scratch("kill-ckpt");
   const std::string common = "train --data " + training_text() + kTrain + " --steps 6 --checkpoint " + ckpt.string() +
                              " --checkpoint-every 2 --comm-timeout 2";

@@ -43,7 +43,7 @@ TEST_CASE("a deliberately slowed rank is named as the straggler", "[train][fault
   CHECK_THAT(shown.out, Catch::Contains("| slowest rank 1 +"));
 }
 
-TEST_CASE("a rank that stops answering is named after --comm-timeout; the last checkpoint resumes",
+TEST_CASE("a rank that stops answering is named after the comm timeout and the last checkpoint resumes",
           "[train][faults]") {
   const auto ckpt = trace_scratch("hang-ckpt");
   const std::string common = "train --data " + training_text() + kTrain + " --dp 2 --steps 6 --checkpoint " +
@@ -68,7 +68,7 @@ TEST_CASE("a rank that dies mid-step is named by the peer waiting for it", "[tra
   CHECK_THAT(r.out, Catch::Contains("rank 3 dies at step 2") && Catch::Contains("rank 3 returned without"));
 }
 
-TEST_CASE("--fault-inject specs are checked", "[train][faults]") {
+TEST_CASE("fault-inject specs are checked", "[train][faults]") {
   const std::string base = "train --data " + training_text() + kTrain + " --dp 2 --steps 2 --fault-inject ";
   CHECK_THAT(run_meshtrain(base + "1:explode:2").out, Catch::Contains("the kind is slow, hang or exit"));
   CHECK_THAT(run_meshtrain(base + "2:exit:1").out, Catch::Contains("rank 2 is outside the world of 2 ranks"));
