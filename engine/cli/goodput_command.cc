@@ -35,11 +35,8 @@ Status run_goodput(GoodputFlags f) {
   if (!(f.mtbf_hours > 0)) return make_error("--mtbf-hours (each GPU's mean time between failures) must be > 0");
   if (!(f.storage_gbps > 0)) return make_error("--storage-GBps must be > 0");
   if (f.checkpoint_every < 0) return make_error("--checkpoint-every must be >= 1 step (0: report the optimum only)");
-  if (f.gpus > 0 && !f.plan.overrides.dp) {
-    const int mp = f.plan.overrides.tp.value_or(1) * f.plan.overrides.pp.value_or(1) * f.plan.overrides.cp.value_or(1);
-    if (f.gpus % mp != 0) return make_error("--gpus {} is not a multiple of tp·pp·cp = {}", f.gpus, mp);
-    f.plan.overrides.dp = f.gpus / mp;
-  }
+  if (f.gpus < 0) return make_error("--gpus {} must be positive", f.gpus);
+  MT_TRY(dp_from_gpus(f.plan, f.gpus));
   MT_ASSIGN(ModelAndPlan mp, resolve_model_and_plan(f.plan, f.gpus));
   SimulateOptions options;
   MT_ASSIGN(options.cluster, sim::cluster_spec_by_name_or_file(f.cluster));

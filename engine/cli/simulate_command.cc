@@ -158,21 +158,7 @@ Status run_simulate(SimulateFlags f, bool no_flags) {
   if (no_flags) use_example(f);
   if (f.plan.model.empty()) return make_error("--model NAME|FILE is required (give no model, plan or --gpus flags for the example)");
   if (f.gpus < 0) return make_error("--gpus {} must be positive", f.gpus);
-  PlanOverrides& o = f.plan.overrides;
-  if (f.gpus > 0 && !o.dp) {
-    // dp fills the GPUs left by the model-parallel dimensions.
-    PlanOverrides file;
-    if (!f.plan.plan_file.empty()) {
-      MT_ASSIGN(file, plan_overrides_from_file(f.plan.plan_file));
-    }
-    if (!file.dp) {
-      const int mp = o.tp.value_or(file.tp.value_or(1)) * o.pp.value_or(file.pp.value_or(1)) *
-                     o.cp.value_or(file.cp.value_or(1));
-      if (f.gpus % mp != 0)
-        return make_error("--gpus {} is not a multiple of tp·pp·cp = {}; pass a multiple or set --dp", f.gpus, mp);
-      o.dp = f.gpus / mp;
-    }
-  }
+  MT_TRY(dp_from_gpus(f.plan, f.gpus));
   MT_ASSIGN(ModelAndPlan mp, resolve_model_and_plan(f.plan, f.gpus));
   SimulateOptions options;
   MT_ASSIGN(options.cluster, sim::cluster_spec_by_name_or_file(f.cluster));
