@@ -351,8 +351,18 @@ Error Executor::deadlock_error() const {
     const Stream& st = streams_[s];
     if (st.head >= tasks_of(st).size()) continue;
     if (++stuck > 16) continue;
-    const Task& t = tasks_of(st)[st.head];
+    Task t = tasks_of(st)[st.head];
     std::string why;
+    if (st.replica != 0) {
+      // The replica's own collective, when it was created (replicas.cc).
+      const Replica& r = replicas_[st.replica - 1];
+      if (t.kind == Kind::kJoin)
+        if (auto set = r.sets.find(colls_[t.a].set); set != r.sets.end())
+          if (auto own = by_set_seq_.find((static_cast<uint64_t>(set->second) << 32) | colls_[t.a].seq);
+              own != by_set_seq_.end())
+            t.a = static_cast<int32_t>(own->second);
+      why = fmt::format("(running device {}'s streams) ", r.source);
+    }
     switch (t.kind) {
       case Kind::kJoin: {
         const Collective& c = colls_[t.a];
@@ -362,8 +372,8 @@ Error Executor::deadlock_error() const {
           for (StreamId j : c.joined) in = in || streams_[j].device == m;
           if (!in) missing.push_back(m);
         }
-        why = fmt::format("{} waiting for devices [{}] to join",
-                          collective_kind_name(c.request.kind), fmt::join(missing, ", "));
+        why += fmt::format("{} waiting for devices [{}] to join",
+                           collective_kind_name(c.request.kind), fmt::join(missing, ", "));
         if (c.submitted_joins < c.request.members.size())
           why += fmt::format(" ({} of {} members ever joined)", c.submitted_joins,
                              c.request.members.size());
@@ -374,17 +384,23 @@ Error Executor::deadlock_error() const {
         const P2P& p = p2p_[t.a];
         const bool is_send = t.kind == Kind::kSend;
         const bool other_submitted = is_send ? p.recv_submitted : p.send_submitted;
-        why = is_send ? fmt::format("send to device {} waiting for its recv", p.dst)
-                      : fmt::format("recv from device {} waiting for its send", p.src);
+        if (st.replica != 0) {  // the template's devices, through the replica's map
+          const Replica& r = replicas_[st.replica - 1];
+          why += is_send ? fmt::format("send to device {} waiting for its recv", r.map(p.dst))
+                         : fmt::format("recv from device {} waiting for its send", r.map(p.src));
+          break;
+        }
+        why += is_send ? fmt::format("send to device {} waiting for its recv", p.dst)
+                       : fmt::format("recv from device {} waiting for its send", p.src);
         if (!other_submitted) why += " (never submitted)";
         break;
       }
       case Kind::kWait:
-        why = "wait for an event record that cannot run";
+        why += "wait for an event record that cannot run";
         break;
       case Kind::kCompute:
       case Kind::kRecord:
-        why = "blocked";
+        why += "blocked";
         break;
     }
     what += fmt::format("\n  device {} stream '{}' task {} '{}': {}", st.device,

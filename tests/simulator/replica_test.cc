@@ -163,3 +163,21 @@ TEST_CASE("collectives alone on their links are timed analytically, as their flo
   CHECK(b.report.flows < a.report.flows);
   CHECK(b.report.makespan == Approx(a.report.makespan).epsilon(1e-4));
 }
+
+TEST_CASE("a replica that cannot meet its peers is named in the deadlock", "[simulator][replicas]") {
+  auto cluster = Cluster::build(*cluster_preset("dgx-h100"), 16);
+  REQUIRE(cluster.ok());
+  CostConstants k;
+  Executor e(*cluster, k);
+  // Device 0 all-reduces with device 1; its replica, device 8, is mapped onto
+  // {8, 9}, but device 9 never runs anything.
+  auto ar = e.add_collective({CollectiveKind::kAllReduce, {0, 1}, 1e6, Algorithm::kAuto, 0}, e.intern("ar"));
+  REQUIRE(ar.ok());
+  REQUIRE(e.join_collective(*e.stream(0, "compute"), *ar).ok());
+  REQUIRE(e.join_collective(*e.stream(1, "compute"), *ar).ok());
+  REQUIRE(e.replicate(0, 8, [](int d) { return d + 8; }).ok());
+  auto r = e.run();
+  REQUIRE_FALSE(r.ok());
+  CHECK_THAT(r.error().message(), Catch::Contains("device 8 stream 'compute'") &&
+                                      Catch::Contains("(running device 0's streams) all_reduce waiting for devices [9]"));
+}
