@@ -34,6 +34,10 @@ class BackendWrapper : public Backend {
   void wait(Stream s, Event e) override { target_.wait(s, e); }
   Status synchronize() override { return target_.synchronize(); }
   void init_normal(Tensor& x, const NormalInitOp& op) override { target_.init_normal(x, op); }
+  Event timed_event(Stream s) override { return target_.timed_event(s); }
+  Result<double> seconds_between(Event start, Event end) override {
+    return target_.seconds_between(start, end);
+  }
   void fill(Tensor& x, float value) override { target_.fill(x, value); }
   void copy(const Tensor& src, Tensor& dst) override { target_.copy(src, dst); }
   void cast(const Tensor& src, Tensor& dst) override { target_.cast(src, dst); }

@@ -84,7 +84,7 @@ StepEngine::StepEngine(Backend& b, const ModelSpec& m, const Plan& p, const Mesh
   const Group& etp_group = *mesh.group_of(GroupKind::expert_tensor, b.rank());
   expert.group = ep_group, expert.rank = ep_group.index_of(b.rank()), expert.size = ep_group.size();
   expert.tensor = etp_group, expert.tensor_rank = etp_group.index_of(b.rank()), expert.tensor_size = etp_group.size();
-  for (int l = 0; l < m.layers; ++l) moe_layers_ += m.moe_layer(l) ? 1 : 0;
+  moe_layers_ = m.moe_layer_count();
   const int virtual_stages = p.pp * p.vpp;
   // Both pipeline ends hold the tied embedding; their gradients are summed before the dp reduction.
   const bool defer_embedding = m.tied_embeddings && p.pp > 1;

@@ -15,16 +15,15 @@
 
 namespace meshtrain {
 
-namespace {
-
-// The id no group of `mesh` has: the mesh numbers its groups 0, 1, 2, ...
-int free_group_id(const Mesh& mesh) {
-  int id = 0;
-  for (int k = 0; k < kGroupKinds; ++k) id += static_cast<int>(mesh.groups(static_cast<GroupKind>(k)).size());
-  return id;
+Group world_group(const Mesh& mesh) {
+  Group world;
+  // The mesh numbers its groups 0, 1, 2, ...: the next id is free.
+  world.id = 0;
+  for (int k = 0; k < kGroupKinds; ++k) world.id += static_cast<int>(mesh.groups(static_cast<GroupKind>(k)).size());
+  world.ranks.resize(static_cast<std::size_t>(mesh.world_size()));
+  std::iota(world.ranks.begin(), world.ranks.end(), 0);
+  return world;
 }
-
-}  // namespace
 
 void warn(std::string_view message) {
   std::fflush(stdout);
@@ -101,11 +100,7 @@ Status check_resume(const CheckpointMeta& meta, const TrainOptions& o, const nlo
   return ok_status();
 }
 
-StopVote::StopVote(Backend& b, const Mesh& mesh) : b_(b), flag_(b.empty(Shape{1})) {
-  world_.id = free_group_id(mesh);
-  world_.ranks.resize(static_cast<std::size_t>(mesh.world_size()));
-  std::iota(world_.ranks.begin(), world_.ranks.end(), 0);
-}
+StopVote::StopVote(Backend& b, Group world) : b_(b), world_(std::move(world)), flag_(b.empty(Shape{1})) {}
 
 Result<int> StopVote::agree() {
   float v = static_cast<float>(stop_signal());

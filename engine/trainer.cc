@@ -15,6 +15,7 @@
 #include "engine/lr_schedule.h"
 #include "engine/mesh.h"
 #include "engine/metrics.h"
+#include "engine/step_timing.h"
 #include "engine/stop_request.h"
 #include "engine/train_guard.h"
 #include "engine/training_data.h"
@@ -93,10 +94,18 @@ Status train_rank(Backend& b, const ModelSpec& m, const Plan& p, const TrainOpti
   const Coord coord = mesh.coord_of(b.rank());
   const int seq = p.effective_seq_len(m);
   MT_ASSIGN(std::unique_ptr<TrainingData> data, open_training_data(o.data, m, p, o.seed, coord.dp, p.dp));
-  StepEngine engine(b, m, p, mesh, o.step);
+  StepTimer timer(b);
+  FaultInjector faults(o.faults, b.rank(), o.ranks_are_processes, 3 * o.comm_timeout + std::chrono::seconds(1));
+  if (!faults.empty()) timer.on_communication([&faults](double compute_s) { faults.before_communication(compute_s); });
+  StepEngine engine(timer, m, p, mesh, o.step);
   const LrSchedule schedule{o.lr, o.min_lr, warmup_steps(o), o.steps};
   const nlohmann::json run = run_record(o, data->source(), data->content());
-  StopVote stop_vote(b, mesh);
+  // The stop vote and the step timings are gathered over every rank; stages
+  // tell the straggler report which ranks compare.
+  const Group world = world_group(mesh);
+  StopVote stop_vote(b, world);
+  std::vector<int> stage;
+  for (int r = 0; r < p.world_size(); ++r) stage.push_back(mesh.coord_of(r).pp);
 
   std::int64_t first_step = 1;
   std::int64_t last_saved = 0;  // the step of the checkpoint on disk; 0: none yet
@@ -153,12 +162,33 @@ Status train_rank(Backend& b, const ModelSpec& m, const Plan& p, const TrainOpti
     const auto t0 = Clock::now();
     MT_ASSIGN(std::vector<HostBatch> batches, data->next(p.micro_batch, p.microbatches()));
     const double lr = lr_at(schedule, static_cast<int>(step));
-    auto result = engine.step(batches, static_cast<float>(lr), step);
-    if (!result.ok()) return make_error("{}; {}", result.error().message(), checkpoint_note());
-    StepMetrics sm{step, result->loss, lr, seconds_since(t0), 0, std::nullopt};
+    faults.begin_step(step);
+    timer.begin_step();
+    std::optional<Result<StepResult>> result;
+    try {
+      result.emplace(engine.step(batches, static_cast<float>(lr), step));
+    } catch (const InjectedExit&) {
+      return ok_status();  // a rank thread that "died": its peers find out on their own
+    }
+    if (!result->ok()) return make_error("{}; {}", result->error().message(), checkpoint_note());
+    MT_ASSIGN(const RankTiming timing, timer.end_step());
+    StepMetrics sm{step, (*result)->loss, lr, seconds_since(t0), 0, std::nullopt};
     sm.tokens_per_s = tokens_per_step / sm.step_time_s;
+    if (p.world_size() > 1) {
+      MT_ASSIGN(std::vector<RankTiming> all, gather_timings(b, timing, world).context(fmt::format("step {}", step)));
+      const StragglerReport report = straggler_report(std::move(all), stage);
+      RankTimes& rt = sm.ranks.emplace();
+      rt.slowest_rank = report.slowest_rank;
+      rt.slowest_compute_s = report.slowest_compute_s;
+      rt.median_compute_s = report.median_compute_s;
+      rt.lag_s = report.lag_s;
+      for (const RankTiming& t : report.ranks) {
+        rt.compute_s.push_back(t.compute_s);
+        rt.comm_s.push_back(t.comm_s);
+      }
+    }
     if (m.moe()) {
-      const MoeStepStats& e = result->moe;
+      const MoeStepStats& e = (*result)->moe;
       sm.moe = MoeMetrics{e.aux_loss,           e.z_loss,
                           e.balance,            e.load_max_over_mean,
                           e.load_mean_max_over_mean, e.dropped_fraction,
@@ -182,6 +212,7 @@ Status train_rank(Backend& b, const ModelSpec& m, const Plan& p, const TrainOpti
           line += fmt::format(" | aux {:.4f} | load max/mean {:.2f}", sm.moe->aux_loss, sm.moe->load_max_over_mean);
           if (m.capacity_factor > 0) line += fmt::format(" | dropped {:.1f}%", 100 * sm.moe->dropped_fraction);
         }
+        if (sm.ranks) line += format_straggler(*sm.ranks);
         fmt::print("{}\n", line);
         std::fflush(stdout);
       }

@@ -535,10 +535,8 @@ std::string describe_model(const ModelSpec& m) {
                                  m.layers, m.hidden, m.heads, m.kv_heads, m.ffn, m.vocab, m.seq_len);
   if (m.head_dim_size > 0) text += fmt::format(", head dim {}", m.head_dim_size);
   if (m.moe()) {
-    int moe_layers = 0;
-    for (int l = 0; l < m.layers; ++l) moe_layers += m.moe_layer(l) ? 1 : 0;
     text += fmt::format("; {} experts (top {}{}) on {} of the layers", m.experts, m.top_k,
-                        m.renormalize ? ", renormalised" : "", moe_layers);
+                        m.renormalize ? ", renormalised" : "", m.moe_layer_count());
     if (m.shared_experts > 0) text += fmt::format(", {} shared", m.shared_experts);
     text += m.capacity_factor > 0 ? fmt::format(", capacity factor {:g}", m.capacity_factor) : ", dropless";
   }

@@ -81,6 +81,11 @@ struct ModelSpec {
   bool moe() const { return experts > 0; }
   // Whether body layer l routes its tokens to experts (see experts above).
   bool moe_layer(int l) const { return experts > 0 && l >= dense_layers && l % moe_every == 0; }
+  int moe_layer_count() const {
+    int n = 0;
+    for (int l = 0; l < layers; ++l) n += moe_layer(l) ? 1 : 0;
+    return n;
+  }
   int dense_mlp_width() const { return moe() && dense_ffn > 0 ? dense_ffn : ffn; }
   bool vision() const { return family != ModelFamily::decoder; }
   int patch_grid() const { return patch > 0 ? image_size / patch : 0; }  // patches per side

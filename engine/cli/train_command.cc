@@ -33,6 +33,7 @@ struct TrainFlags {
   std::string trace;  // empty: no trace
   bool quiet = false;
   int threads = 0;  // cpu threads per rank; 0: the process's cores shared out among its ranks
+  std::vector<std::string> faults;  // --fault-inject specs (engine/fault_injection.h)
 };
 
 // The cpu backend of a rank that shares this process's cores with
@@ -86,6 +87,15 @@ Status run_train(TrainFlags f) {
   f.train.step.seed = f.train.seed;
   const auto timeout = std::chrono::milliseconds(static_cast<long long>(f.comm_timeout_s * 1000));
   const CommOptions comm{timeout};
+  for (const std::string& spec : f.faults) {
+    MT_ASSIGN(Fault fault, parse_fault(spec));
+    if (fault.rank >= mp.plan.world_size())
+      return make_error("--fault-inject '{}': rank {} is outside the world of {} ranks", spec, fault.rank,
+                        mp.plan.world_size());
+    f.train.faults.push_back(fault);
+  }
+  f.train.ranks_are_processes = mpi;
+  f.train.comm_timeout = timeout;
   std::optional<TraceRecorder> recorder;
   if (!f.trace.empty()) recorder.emplace();
   // Trains one rank on `b`, through a TracingBackend when tracing; the
@@ -215,6 +225,9 @@ Command add_train_command(CLI::App& app) {
                   "cpu backend: threads per rank (default: this process's cores divided among its "
                   "rank threads; results do not depend on it)");
   sub->add_flag("--quiet", f->quiet, "no progress lines");
+  sub->add_option("--fault-inject", f->faults,
+                  "RANK:slow:STEP[:FACTOR], RANK:hang:STEP or RANK:exit:STEP: make a rank slow down, stop answering or "
+                  "die at a step (tests of straggler reports, --comm-timeout and checkpoints); repeatable");
   return {sub, [f] { return run_train(*f); }};
 }
 
