@@ -170,7 +170,24 @@ using ModelBlocks = std::vector<std::unique_ptr<const BlockDef>>;
 // The blocks of a model in order: blocks[0] has hook index -1, blocks[L + 1] L.
 ModelBlocks model_blocks(const ModelSpec& m);
 
-// Samples' losses each micro-batch sums: T per sequence for a decoder, one per image.
+// Samples' losses each micro-batch sums: T per sequence for a decoder, one per
+// image (or, VQA, per answer).
 std::int64_t loss_terms_per_sample(const ModelSpec& m, std::int64_t seq);
+
+// A named module of a model: blocks [begin, end) of model_blocks(m), whose
+// hook indices are begin - 1 .. end - 2, so a plan can place a module by name.
+struct ModuleRange {
+  std::string name;
+  int begin = 0, end = 0;
+  int first_layer() const { return begin - 1; }  // hook index of its first block
+  int last_layer() const { return end - 2; }     // hook index of its last block
+};
+// The model's modules in block order, covering every block once. A VQA model
+// has three: `vision` (patch embedding and encoder layers), `projector` and
+// `language` (question joiner, decoder layers, answer head). A model of one
+// module reports it whole: `language` for a decoder, `vision` for ViT and Swin.
+std::vector<ModuleRange> model_modules(const ModelSpec& m);
+// The module that holds the block of hook index `layer` (-1 .. L).
+const ModuleRange& module_of_layer(const std::vector<ModuleRange>& modules, int layer);
 
 }  // namespace meshtrain

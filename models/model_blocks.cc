@@ -1,10 +1,13 @@
 // model_blocks: each model family as its list of blocks (models/block.h).
+#include <cassert>
+
 #include <fmt/format.h>
 
 #include "models/block.h"
 #include "models/decoder_blocks.h"
 #include "models/transformer_layer.h"
 #include "models/vision_blocks.h"
+#include "models/vqa_blocks.h"
 
 namespace meshtrain {
 
@@ -80,8 +83,21 @@ ModelBlocks model_blocks(const ModelSpec& m) {
     case ModelFamily::decoder: add_decoder(m, out); break;
     case ModelFamily::vit: add_vit(m, out); break;
     case ModelFamily::swin: add_swin(m, out); break;
+    case ModelFamily::vqa: add_vqa_blocks(m, out); break;
   }
   return out;
+}
+
+std::vector<ModuleRange> model_modules(const ModelSpec& m) {
+  if (m.vqa()) return vqa_modules(m);
+  return {ModuleRange{m.vision() ? "vision" : "language", 0, m.layers + 2}};
+}
+
+const ModuleRange& module_of_layer(const std::vector<ModuleRange>& modules, int layer) {
+  for (const ModuleRange& r : modules)
+    if (layer >= r.first_layer() && layer <= r.last_layer()) return r;
+  assert(false && "a hook index outside the model");
+  return modules.back();
 }
 
 std::int64_t loss_terms_per_sample(const ModelSpec& m, std::int64_t seq) { return m.vision() ? 1 : seq; }

@@ -1,6 +1,7 @@
 // ModelSpec: the shape of a transformer model, as a value: a decoder-only
-// language model (GPT-2, Llama), a vision transformer (ViT) or a Swin
-// Transformer. models/block.h turns it into the model's blocks.
+// language model (GPT-2, Llama), a vision transformer (ViT), a Swin
+// Transformer, or a visual question answering model of three modules
+// (models/vqa_spec.h). models/block.h turns it into the model's blocks.
 //
 // A spec comes from a built-in preset by name or from a JSON file whose field
 // names are the ones below (`layers`, `hidden`, ...). Everything that counts
@@ -23,8 +24,23 @@ enum class Activation { gelu, swiglu };
 enum class PositionKind { learned, rope };
 // decoder: GPT/Llama-style language model on token ids; vit: ViT image
 // classifier (Dosovitskiy et al. 2021); swin: Swin Transformer image
-// classifier (Liu et al. 2021).
-enum class ModelFamily { decoder, vit, swin };
+// classifier (Liu et al. 2021); vqa: a ViT encoder, a projector and a causal
+// decoder that answers a question about the image in one word (LLaVA's
+// layout, Liu et al. 2023; models/vqa_spec.h).
+enum class ModelFamily { decoder, vit, swin, vqa };
+// How a VQA model maps the encoder's tokens to the decoder's width: one
+// linear layer (LLaVA) or linear-GELU-linear (LLaVA-1.5's mlp2x_gelu).
+enum class ProjectorKind { linear, mlp };
+
+// A VQA model's vision encoder: the transformer dims of a ViT (class token,
+// learned positions, bidirectional attention) over the model's image fields
+// (image_size, patch, channels). Its norm kind and eps are the model's.
+struct VisionEncoderSpec {
+  int layers = 0, hidden = 0, heads = 0, ffn = 0;
+  Activation activation = Activation::gelu;
+  bool bias = true;
+  bool operator==(const VisionEncoderSpec&) const = default;
+};
 
 struct ModelSpec {
   std::string name = "custom";
@@ -57,10 +73,21 @@ struct ModelSpec {
   // width ffn·2^i (`hidden`, `heads`, `ffn` are stage 1's).
   int window = 0;
   std::vector<int> depths, stage_heads;
+  // VQA (family vqa): the encoder (JSON "vision"), the projector, the
+  // decoder's depth, and the question's tokens Q. The transformer fields
+  // above (hidden, heads, kv_heads, ffn, vocab, norm, ...) are the
+  // decoder's; `layers` and `seq_len` are derived: vision.layers + 2 +
+  // decoder_layers body blocks, and (image_size/patch)² + Q decoder tokens.
+  VisionEncoderSpec vision_encoder;
+  ProjectorKind projector = ProjectorKind::linear;
+  int decoder_layers = 0;
+  int question_len = 0;
 
   int head_dim() const { return hidden / heads; }
   bool moe() const { return experts > 0; }
+  // Reads images (ViT, Swin and VQA); a VQA model reads a question's token ids too.
   bool vision() const { return family != ModelFamily::decoder; }
+  bool vqa() const { return family == ModelFamily::vqa; }
   int patch_grid() const { return patch > 0 ? image_size / patch : 0; }  // patches per side
 };
 

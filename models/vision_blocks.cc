@@ -48,7 +48,7 @@ DropoutOp whole_dropout(const BlockContext& ctx, const MicroBatch& mb, int layer
 
 class PatchEmbedding : public Block {
  public:
-  PatchEmbedding(const PatchEmbeddingDef& def, BlockContext& ctx) : def_(def), ctx_(ctx), m_(ctx.m) {}
+  PatchEmbedding(const PatchEmbeddingDef& def, BlockContext& ctx) : def_(def), ctx_(ctx), m_(def.spec()) {}
 
   Tensor forward(const MicroBatch& mb, const Tensor&, std::unique_ptr<Block::Saved>* saved) override {
     Backend& b = ctx_.b;
@@ -60,7 +60,7 @@ class PatchEmbedding : public Block {
     Tensor patch_rows = s->patches.view(Shape{patches * P * P, K});
     b.gather_rows(mb.pixels.view(Shape{mb.pixels.numel() / K, K}), patch_index(mb.batch), patch_rows);
     Tensor emb;
-    ctx_.linear("embed.patch", s->patches, emb, LinearKind::replicated);
+    ctx_.linear(def_.param("embed.patch"), s->patches, emb, LinearKind::replicated);
     Tensor x;
     if (def_.class_token()) {
       // [patches | class token] as one source, then each image's row 0 from the
@@ -68,16 +68,16 @@ class PatchEmbedding : public Block {
       Tensor src = b.empty(Shape{patches + 1, C}, ctx_.act);
       Tensor src_patches = src.rows(0, patches), src_cls = src.rows(patches, 1);
       b.copy(emb, src_patches);
-      b.copy(ctx_.params["embed.cls"].value.view(Shape{1, C}), src_cls);
+      b.copy(ctx_.params[def_.param("embed.cls")].value.view(Shape{1, C}), src_cls);
       emb = Tensor();
       x = b.empty(Shape{N, C}, ctx_.act);
       b.gather_rows(src, sequence_index(mb.batch), x);
       Tensor pe = b.empty(Shape{N, C}, ctx_.act);
-      b.embedding_forward(ctx_.params["embed.positions"].value, positions(mb.batch), pe, 0);
+      b.embedding_forward(ctx_.params[def_.param("embed.positions")].value, positions(mb.batch), pe, 0);
       b.add(x, pe, x);
     } else {
       s->emb = emb;
-      ctx_.norm_forward("embed.norm", emb, x, s->mean, s->rstd);
+      ctx_.norm_forward(def_.param("embed.norm"), emb, x, s->mean, s->rstd);
     }
     if (ctx_.options.dropout > 0) b.dropout_forward(x, x, whole_dropout(ctx_, mb, -1, N, C));
     if (saved) *saved = std::move(s);
@@ -97,16 +97,16 @@ class PatchEmbedding : public Block {
     }
     Tensor demb;
     if (def_.class_token()) {
-      Tensor dpos = ctx_.params["embed.positions"].grad, dcls = ctx_.params["embed.cls"].grad;
+      Tensor dpos = ctx_.params[def_.param("embed.positions")].grad, dcls = ctx_.params[def_.param("embed.cls")].grad;
       b.embedding_backward(dx, positions(mb.batch), dpos, 0);
       // The class token's rows sum into its gradient; the patch rows go back to the patches.
       b.embedding_backward(dx, class_rows(mb.batch), dcls, 0);
       demb = b.empty(Shape{patches, C}, ctx_.act);
       b.gather_rows(dx, patch_rows(mb.batch), demb);
     } else {
-      ctx_.norm_backward("embed.norm", dx, s.emb, s.mean, s.rstd, demb, false);
+      ctx_.norm_backward(def_.param("embed.norm"), dx, s.emb, s.mean, s.rstd, demb, false);
     }
-    ctx_.linear_backward("embed.patch", s.patches, demb, nullptr, LinearKind::replicated);
+    ctx_.linear_backward(def_.param("embed.patch"), s.patches, demb, nullptr, LinearKind::replicated);
     return Tensor();
   }
 
@@ -289,12 +289,12 @@ class ClassifierHead : public Block {
 std::vector<ParamInfo> PatchEmbeddingDef::parameters() const {
   ParamTableBuilder t(layer());
   const std::int64_t C = m_.hidden, P = m_.patch;
-  t.linear("embed.patch", P * P * m_.channels, C, TpSplit::replicated, true);
+  t.linear(param("embed.patch"), P * P * m_.channels, C, TpSplit::replicated, true);
   if (class_token()) {
-    t.add("embed.cls", {1, C});
-    t.add("embed.positions", {m_.seq_len, C});
+    t.add(param("embed.cls"), {1, C});
+    t.add(param("embed.positions"), {m_.seq_len, C});
   } else {
-    t.norm("embed.norm", C, m_.norm);
+    t.norm(param("embed.norm"), C, m_.norm);
   }
   return t.take();
 }

@@ -25,16 +25,22 @@ namespace meshtrain {
 
 class PatchEmbeddingDef : public BlockDef {
  public:
-  explicit PatchEmbeddingDef(const ModelSpec& m) : BlockDef(-1), m_(m) {}
+  // `m` is the image model (a VQA model's encoder as a ViT spec); `prefix`
+  // goes before the parameter names ("vision." in a VQA model).
+  explicit PatchEmbeddingDef(const ModelSpec& m, std::string prefix = "")
+      : BlockDef(-1), m_(m), prefix_(std::move(prefix)) {}
   std::vector<ParamInfo> parameters() const override;
   BlockIo io(std::int64_t seq) const override;
   ForwardFlops flops(double samples, std::int64_t seq) const override;
   double activation_bytes(const ActivationQuery& q) const override;
   std::unique_ptr<Block> instantiate(BlockContext& ctx) const override;
   bool class_token() const { return m_.family == ModelFamily::vit; }
+  const ModelSpec& spec() const { return m_; }
+  std::string param(const char* name) const { return prefix_ + name; }
 
  private:
   ModelSpec m_;
+  std::string prefix_;
 };
 
 class PatchMergingDef : public BlockDef {
