@@ -1,0 +1,271 @@
+// The VQA model: parameter counts and FLOPs against counts derived here from
+// its modules' layer lists (independently of the block code), its modules,
+// its spec's JSON form, the index maps of the joiner and the head, and
+// gradients against finite differences of the loss.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "backends/cpu/cpu_backend.h"
+#include "models/model_chunk.h"
+#include "models/parameters.h"
+#include "models/vqa_blocks.h"
+#include "models/vqa_spec.h"
+#include "tests/models/gradient_check.h"
+
+using namespace meshtrain;
+
+namespace {
+
+// One pre-norm transformer layer of width C, MLP width F, `kv` key/value
+// heads per query head: norms (LayerNorm weight and bias, or RMSNorm
+// weight), QKV, output, MLP (GELU: up and down; SwiGLU: gate, up and down),
+// with or without biases.
+double layer_parameters(double C, double F, double kv, bool layernorm, bool swiglu, bool bias) {
+  const double norms = 2 * (layernorm ? 2 * C : C);
+  const double attention = (2 + 2 * kv) * C * C + (bias ? (2 + 2 * kv) * C : 0);
+  const double mlp = (swiglu ? 3 : 2) * C * F + (bias ? (swiglu ? 2 * F : F) + C : 0);
+  return norms + attention + mlp;
+}
+
+// LLaVA's modules: a ViT (patch projection with bias, class token,
+// positions, layers), the projector (one or two linear layers with biases),
+// the decoder (token embedding, learned positions or none, layers, final
+// norm, untied head).
+double vqa_parameters(const ModelSpec& m) {
+  const VisionEncoderSpec& v = m.vision_encoder;
+  const bool layernorm = m.norm == NormKind::layernorm;
+  const double grid = m.image_size / m.patch, Cv = v.hidden, C = m.hidden, V = m.vocab;
+  const double vision = (m.patch * m.patch * m.channels * Cv + Cv) + Cv + (1 + grid * grid) * Cv +
+                        v.layers * layer_parameters(Cv, v.ffn, 1, layernorm, v.activation == Activation::swiglu, v.bias);
+  const double projector = Cv * C + C + (m.projector == ProjectorKind::mlp ? C * C + C : 0);
+  const double positions = m.position == PositionKind::learned ? (grid * grid + m.question_len) * C : 0;
+  const double language = V * C + positions +
+                          m.decoder_layers * layer_parameters(C, m.ffn, static_cast<double>(m.kv_heads) / m.heads, layernorm,
+                                                               m.activation == Activation::swiglu, m.bias) +
+                          (layernorm ? 2 * C : C) + C * V;
+  return vision + projector + language;
+}
+
+ModelSpec preset(const std::string& name) { return *model_preset(name); }
+
+// vqa-tiny with LLaVA-1.5's choices: an MLP projector, RMSNorm, SwiGLU, RoPE
+// and no biases in the decoder, grouped-query attention.
+ModelSpec tiny_llava() {
+  ModelSpec m = preset("vqa-tiny");
+  m.name = "vqa-tiny-llava";
+  m.projector = ProjectorKind::mlp;
+  m.norm = NormKind::rmsnorm;
+  m.activation = Activation::swiglu;
+  m.position = PositionKind::rope;
+  m.bias = false;
+  m.kv_heads = 2;
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("VQA parameter counts match an independent count and LLaVA-1.5-13B", "[vqa]") {
+  for (const ModelSpec& m : {preset("vqa-tiny"), preset("vqa-fmnist"), preset("llava-1.5-13b"), tiny_llava()}) {
+    INFO(m.name);
+    CHECK(count_parameters(m).total == static_cast<std::int64_t>(vqa_parameters(m)));
+  }
+  // The released llava-v1.5-13b: Vicuna-13B v1.5 (13,015,864,320), CLIP
+  // ViT-L/14-336's vision tower (303,507,456) and the projector (31,467,520).
+  // Ours counts CLIP's LayerNorms as RMSNorms (24·2 + 2 norms of 1024 biases
+  // fewer; CLIP's pre- and post-layernorm weights are not there, the patch
+  // projection's 1024 biases are): 52,224 parameters fewer.
+  CHECK(count_parameters(preset("llava-1.5-13b")).total == 13'350'839'296 - 52'224);
+}
+
+TEST_CASE("VQA FLOPs per sample follow an independent count of GEMMs and attention", "[vqa][flops]") {
+  for (const ModelSpec& m : {preset("vqa-tiny"), tiny_llava(), preset("llava-1.5-13b")}) {
+    INFO(m.name);
+    const VisionEncoderSpec& v = m.vision_encoder;
+    const double P = vqa_image_tokens(m), Tv = P + 1, T = m.seq_len, Cv = v.hidden, C = m.hidden;
+    const double glu_v = v.activation == Activation::swiglu ? 3 : 2, glu = m.activation == Activation::swiglu ? 3 : 2;
+    const double kv = static_cast<double>(m.kv_heads) / m.heads;
+    const double patch = 2 * P * m.patch * m.patch * m.channels * Cv;
+    const double encoder = v.layers * (2 * Tv * (4 * Cv * Cv + glu_v * Cv * v.ffn) + 4 * Tv * Tv * Cv);
+    const double projector = 2 * P * Cv * C + (m.projector == ProjectorKind::mlp ? 2 * P * C * C : 0);
+    const double decoder =
+        m.decoder_layers * (2 * T * ((2 + 2 * kv) * C * C + glu * C * m.ffn) + 4 * T * T * C);
+    const double head = 2 * C * m.vocab;  // the answer row only
+    const ForwardFlops f = forward_flops(m, 1, m.seq_len);
+    CHECK(f.total() == Approx(patch + encoder + projector + decoder + head).epsilon(1e-12));
+    CHECK(f.head == Approx(head));
+  }
+}
+
+TEST_CASE("a VQA model reports its modules by block range", "[vqa]") {
+  const ModelSpec m = preset("vqa-tiny");  // 2 encoder and 2 decoder layers
+  const std::vector<ModuleRange> modules = model_modules(m);
+  REQUIRE(modules.size() == 3);
+  CHECK(modules[0].name == "vision");
+  CHECK(modules[1].name == "projector");
+  CHECK(modules[2].name == "language");
+  // Blocks: patch embedding, vision layers 0-1 | projector | joiner, decoder layers 0-1, head.
+  CHECK((modules[0].begin == 0 && modules[0].end == 3));
+  CHECK((modules[1].begin == 3 && modules[1].end == 4));
+  CHECK((modules[2].begin == 4 && modules[2].end == 8));
+  CHECK(modules[2].last_layer() == m.layers);
+  const ModelBlocks blocks = model_blocks(m);
+  REQUIRE(blocks.size() == 8);
+  // Every parameter's name starts with its block's module.
+  for (const ModuleRange& r : modules)
+    for (int i = r.begin; i < r.end; ++i) {
+      CHECK(module_of_layer(modules, blocks[static_cast<std::size_t>(i)]->layer()).name == r.name);
+      for (const ParamInfo& p : blocks[static_cast<std::size_t>(i)]->parameters()) {
+        INFO(p.name);
+        CHECK(p.name.starts_with(r.name + "."));
+      }
+    }
+  // Models of one module report it whole.
+  const auto gpt = model_modules(preset("tiny"));
+  REQUIRE(gpt.size() == 1);
+  CHECK((gpt[0].name == "language" && gpt[0].begin == 0 && gpt[0].end == preset("tiny").layers + 2));
+  CHECK(model_modules(preset("swin-t")).front().name == "vision");
+}
+
+TEST_CASE("a VQA model file reads back as written and refuses what the family derives", "[vqa]") {
+  for (const std::string name : {"vqa-tiny", "llava-1.5-13b"}) {
+    INFO(name);
+    const ModelSpec m = preset(name);
+    auto back = model_from_json(model_to_json(m));
+    REQUIRE(back.ok());
+    CHECK(back->vision_encoder == m.vision_encoder);
+    CHECK(back->projector == m.projector);
+    CHECK(back->layers == m.layers);
+    CHECK(back->seq_len == m.seq_len);
+    CHECK(count_parameters(*back).total == count_parameters(m).total);
+  }
+  nlohmann::json j = model_to_json(preset("vqa-tiny"));
+  auto error_of = [](const nlohmann::json& spec) {
+    auto r = model_from_json(spec);
+    REQUIRE_FALSE(r.ok());
+    return r.error().message();
+  };
+  nlohmann::json bad = j;
+  bad["layers"] = 4;
+  CHECK_THAT(error_of(bad), Catch::Contains("'layers' does not apply to a vqa model"));
+  bad = j;
+  bad["tied_embeddings"] = true;
+  CHECK_THAT(error_of(bad), Catch::Contains("tied_embeddings"));
+  bad = j;
+  bad["vision"]["widht"] = 3;
+  CHECK_THAT(error_of(bad), Catch::Contains("did you mean 'width'") || Catch::Contains("unknown vision encoder field"));
+  bad = j;
+  bad["projector"] = "conv";
+  CHECK_THAT(error_of(bad), Catch::Contains("unknown projector 'conv'"));
+  bad = j;
+  bad["vision"]["heads"] = 3;
+  CHECK_THAT(error_of(bad), Catch::Contains("vision.hidden 32 is not divisible by vision.heads 3"));
+  bad = j;
+  bad.erase("question_len");
+  CHECK_THAT(error_of(bad), Catch::Contains("question_len"));
+  nlohmann::json gpt = model_to_json(preset("tiny"));
+  gpt["vision"] = j["vision"];
+  CHECK_THAT(error_of(gpt), Catch::Contains("only a vqa model has a vision encoder"));
+}
+
+TEST_CASE("the joiner's and the head's index maps put the image before the question and read its last row",
+          "[vqa]") {
+  const int B = 3, P = 4, Q = 2, T = P + Q;
+  const std::vector<std::int32_t> order = joined_order(B, P, Q);
+  CHECK(std::set<std::int32_t>(order.begin(), order.end()).size() == order.size());  // a permutation
+  CHECK(*std::max_element(order.begin(), order.end()) == B * T - 1);
+  for (int b = 0; b < B; ++b) {
+    for (int t = 0; t < P; ++t) CHECK(order[static_cast<std::size_t>(b * T + t)] == b * P + t);
+    for (int t = 0; t < Q; ++t) CHECK(order[static_cast<std::size_t>(b * T + P + t)] == B * P + b * Q + t);
+  }
+  CHECK(answer_rows(B, T) == std::vector<std::int32_t>{5, 11, 17});
+}
+
+namespace {
+
+struct VqaFixture {
+  CpuBackend b;
+  ModelSpec m;
+  ModelChunk chunk;
+  MicroBatch mb;
+  VqaFixture(const ModelSpec& spec, std::uint64_t seed, int batch, ChunkOptions options = {})
+      : m(spec), chunk(b, m, ChunkLayers{0, spec.layers, true, true}, TensorParallel{Group{0, {0}}, 0, 1}, options) {
+    chunk.parameters().initialize(seed);
+    std::mt19937 rng(static_cast<std::uint32_t>(seed));
+    std::normal_distribution<float> pixel;
+    std::vector<float> pixels(static_cast<std::size_t>(batch) * m.image_size * m.image_size * m.channels);
+    for (auto& v : pixels) v = pixel(rng);
+    std::vector<std::int32_t> ids(static_cast<std::size_t>(batch) * m.question_len), answers(batch);
+    for (auto& v : ids) v = static_cast<std::int32_t>(rng() % static_cast<unsigned>(m.vocab));
+    for (auto& v : answers) v = static_cast<std::int32_t>(rng() % static_cast<unsigned>(m.vocab));
+    mb.pixels = b.empty(Shape{batch, m.image_size, m.image_size, m.channels});
+    mb.ids = b.empty(Shape{static_cast<std::int64_t>(ids.size())}, DType::i32);
+    mb.targets = b.empty(Shape{batch}, DType::i32);
+    b.write(mb.pixels, pixels);
+    b.write(mb.ids, ids);
+    b.write(mb.targets, answers);
+    mb.batch = batch;
+    mb.seq = m.seq_len;
+  }
+  double loss() {
+    SavedActivations saved;
+    Tensor l = chunk.forward(mb, Tensor(), saved);
+    float host = 0;
+    REQUIRE(b.read(l, std::span<float>(&host, 1)).ok());
+    return host / mb.batch;
+  }
+  std::vector<float> gradient() {
+    chunk.parameters().zero_grads();
+    SavedActivations saved;
+    chunk.forward(mb, Tensor(), saved);
+    chunk.backward(mb, saved, Tensor(), 1.f / mb.batch);
+    std::vector<float> g(static_cast<std::size_t>(chunk.parameters().numel()));
+    REQUIRE(b.read(chunk.parameters().grads(), g).ok());
+    return g;
+  }
+};
+
+void check_gradient(const ModelSpec& spec) {
+  const std::uint64_t seed = 5;
+  INFO("model " << spec.name << ", seed " << seed);
+  VqaFixture f(spec, seed, 3);
+  {
+    // Weights at the initial std of 0.02 leave attention almost uniform and the
+    // encoder's gradients near what fp32 losses resolve: larger weights make
+    // every tensor's gradient measurable (as the vision test does).
+    std::vector<float> v(static_cast<std::size_t>(f.chunk.parameters().numel()));
+    REQUIRE(f.b.read(f.chunk.parameters().values(), v).ok());
+    for (float& x : v) x *= 4.f;
+    f.b.write(f.chunk.parameters().values(), v);
+  }
+  const std::vector<float> g = f.gradient();
+  testing::GradientCheck c;
+  c.tolerance = 2e-3;
+  c.max_element_step = 3e-3;
+  c.allow_fp32_resolution = true;
+  testing::check_gradient_directions(f.b, f.chunk.parameters(), g, [&] { return f.loss(); }, c);
+}
+
+}  // namespace
+
+TEST_CASE("the VQA model's loss at initialisation is close to ln(vocab)", "[vqa]") {
+  VqaFixture f(preset("vqa-tiny"), 1, 8);
+  CHECK(f.loss() == Approx(std::log(48.0)).margin(0.1));
+}
+
+TEST_CASE("VQA gradients match finite differences of the loss", "[vqa]") {
+  check_gradient(preset("vqa-tiny"));
+  // An MLP projector, RMSNorm, SwiGLU, RoPE (no position table) and grouped-query attention.
+  check_gradient(tiny_llava());
+}
+
+TEST_CASE("full recomputation of the VQA blocks gives the same gradient bits", "[vqa]") {
+  const ModelSpec m = tiny_llava();
+  VqaFixture plain(m, 3, 4), recompute(m, 3, 4, ChunkOptions{Recompute::full, 0.f});
+  CHECK(recompute.gradient() == plain.gradient());
+}
