@@ -64,6 +64,25 @@ HostBatch host_batch(ImageBatch&& b, int tokens) {
   return h;
 }
 
+HostBatch host_batch(VqaBatch&& b, int tokens) {
+  HostBatch h;
+  h.pixels = std::move(b.pixels);
+  h.ids = std::move(b.ids);
+  h.targets = std::move(b.answers);
+  h.batch = b.rows;
+  h.seq = tokens;
+  return h;
+}
+
+// Replica r evaluates batches r, r + dp, ...; the engine sums over replicas.
+template <class Batch>
+std::vector<HostBatch> replica_share(std::vector<Batch>& batches, int dp_rank, int dp, int tokens) {
+  std::vector<HostBatch> out;
+  for (std::size_t k = static_cast<std::size_t>(dp_rank); k < batches.size(); k += static_cast<std::size_t>(dp))
+    out.push_back(host_batch(std::move(batches[k]), tokens));
+  return out;
+}
+
 // Labelled images: classification, evaluated on the test split.
 class ImageData : public TrainingData {
  public:
@@ -93,11 +112,7 @@ class ImageData : public TrainingData {
   Result<std::vector<HostBatch>> held_out(int micro_batch, int max_samples) const override {
     const std::int64_t limit = max_samples > 0 ? max_samples : data_->test.count;
     MT_ASSIGN(auto batches, evaluation_batches(data_->test, data_->stats, micro_batch, limit));
-    // Replica r evaluates batches r, r + dp, ...; the engine sums over replicas.
-    std::vector<HostBatch> out;
-    for (std::size_t k = static_cast<std::size_t>(dp_rank_); k < batches.size(); k += static_cast<std::size_t>(dp_))
-      out.push_back(host_batch(std::move(batches[k]), tokens_));
-    return out;
+    return replica_share(batches, dp_rank_, dp_, tokens_);
   }
   const char* unit() const override { return "img"; }
 
@@ -106,16 +121,6 @@ class ImageData : public TrainingData {
   int tokens_, dp_rank_, dp_;
   ImageLoader loader_;
 };
-
-HostBatch host_batch(VqaBatch&& b, int tokens) {
-  HostBatch h;
-  h.pixels = std::move(b.pixels);
-  h.ids = std::move(b.ids);
-  h.targets = std::move(b.answers);
-  h.batch = b.rows;
-  h.seq = tokens;
-  return h;
-}
 
 // Questions about grids of four images (engine/vqa_loader.h): train grids
 // from the training images, evaluation questions about the test images.
@@ -149,11 +154,7 @@ class VqaData : public TrainingData {
   Result<std::vector<HostBatch>> held_out(int micro_batch, int max_samples) const override {
     const std::int64_t limit = max_samples > 0 ? max_samples : data_->test.count / 4;
     MT_ASSIGN(auto batches, vqa_evaluation_batches(data_->test, data_->stats, micro_batch, question_len_, limit));
-    // Replica r evaluates batches r, r + dp, ...; the engine sums over replicas.
-    std::vector<HostBatch> out;
-    for (std::size_t k = static_cast<std::size_t>(dp_rank_); k < batches.size(); k += static_cast<std::size_t>(dp_))
-      out.push_back(host_batch(std::move(batches[k]), tokens_));
-    return out;
+    return replica_share(batches, dp_rank_, dp_, tokens_);
   }
   const char* unit() const override { return "q"; }
 

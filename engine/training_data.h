@@ -5,9 +5,10 @@
 // a vision model on an IDX image set (engine/image_dataset.h,
 // engine/image_loader.h; "fashion-mnist" or a directory), evaluated on its
 // test split, and a VQA model on questions about 2×2 grids of such a set's
-// images (engine/vqa_loader.h), evaluated on questions about the test images. Both keep their position in a LoaderState, which checkpoints
-// save, and both give each data-parallel rank its share of the global batch
-// (the rank batches concatenated in rank order are the dp = 1 batch).
+// images (engine/vqa_loader.h), evaluated on questions about the test
+// images. All keep their position in a LoaderState, which checkpoints save,
+// and all give each data-parallel rank its share of the global batch (the
+// rank batches concatenated in rank order are the dp = 1 batch).
 #pragma once
 
 #include <cstdint>

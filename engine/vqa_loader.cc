@@ -106,7 +106,8 @@ double majority_answer_accuracy(const std::vector<std::int32_t>& reference, cons
   if (counts.empty() || answers.empty()) return 0;
   const std::int32_t majority =
       std::max_element(counts.begin(), counts.end(), [](auto& a, auto& b) { return a.second < b.second; })->first;
-  return static_cast<double>(std::count(answers.begin(), answers.end(), majority)) / static_cast<double>(answers.size());
+  const auto hits = std::count(answers.begin(), answers.end(), majority);
+  return static_cast<double>(hits) / static_cast<double>(answers.size());
 }
 
 }  // namespace meshtrain

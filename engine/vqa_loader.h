@@ -82,9 +82,9 @@ Status check_vqa_images(const ImageSet& set);
 
 // The fixed evaluation questions: the first min(max_questions, N/4) samples of
 // the test set under kVqaEvaluationSeed, in batches of `batch` (the last may be short).
-Result<std::vector<VqaBatch>> vqa_evaluation_batches(const ImageSet& set, const PixelStats& stats, int batch,
-                                                     int question_len,
-                                                     std::int64_t max_questions = std::numeric_limits<std::int64_t>::max());
+Result<std::vector<VqaBatch>> vqa_evaluation_batches(
+    const ImageSet& set, const PixelStats& stats, int batch, int question_len,
+    std::int64_t max_questions = std::numeric_limits<std::int64_t>::max());
 
 // The share of `answers` that is the most frequent answer of `reference`:
 // the majority-answer baseline's accuracy (its answer learnt on `reference`).

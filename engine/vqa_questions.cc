@@ -54,7 +54,9 @@ VqaQuestion make_vqa_question(const std::array<int, 4>& labels, std::uint64_t dr
   switch (q.kind) {
     case VqaQuestionKind::position: {
       const int quadrant = static_cast<int>(draw % 4);
-      q.words = padded({"what", "is", "at", "the", quadrant < 2 ? "top" : "bottom", quadrant % 2 ? "right" : "left", "?"});
+      const char* row = quadrant < 2 ? "top" : "bottom";
+      const char* column = quadrant % 2 ? "right" : "left";
+      q.words = padded({"what", "is", "at", "the", row, column, "?"});
       q.answer = vqa_garment_word(labels[static_cast<std::size_t>(quadrant)]);
       break;
     }

@@ -32,17 +32,7 @@ void add_decoder(const ModelSpec& m, ModelBlocks& out) {
 }
 
 void add_vit(const ModelSpec& m, ModelBlocks& out) {
-  out.push_back(std::make_unique<PatchEmbeddingDef>(m));
-  LayerShape shape;
-  shape.width = m.hidden;
-  shape.heads = shape.kv_heads = m.heads;
-  shape.ffn = m.ffn;
-  shape.causal = false;  // every patch reads every patch and the class token
-  shape.activation = m.activation;
-  shape.bias = m.bias;
-  shape.tokens = m.seq_len;
-  for (int l = 0; l < m.layers; ++l)
-    out.push_back(std::make_unique<TransformerLayerDef>(l, layer_name(l), shape, m.norm));
+  add_vit_encoder(m, "", out);
   out.push_back(std::make_unique<ClassifierHeadDef>(m, m.seq_len, m.hidden, true));
 }
 

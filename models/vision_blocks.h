@@ -84,6 +84,11 @@ class ClassifierHeadDef : public BlockDef {
   bool class_token_;
 };
 
+// A ViT's patch embedding and encoder layers (hook indices -1, 0 ..
+// vit.layers - 1), appended to `out` with parameter names after `prefix`
+// ("vision." in a VQA model): a ViT classifier and a VQA model's encoder.
+void add_vit_encoder(const ModelSpec& vit, const std::string& prefix, ModelBlocks& out);
+
 // Index maps, exposed for tests. The gather that cuts B images of I × I × K
 // into (B·S², P·P·K) patch rows, from the (B·I·I, K) pixel rows; the gather
 // that builds 2×2-merged rows (B·S'², 4C) from (B·S², C) rows (S' = ⌈S/2⌉,

@@ -24,20 +24,6 @@ std::vector<std::int32_t> answer_rows(int batch, int tokens) {
 
 namespace {
 
-// The rows every tp rank holds whole: gathered from the sequence shards under SP.
-Tensor whole_rows(BlockContext& ctx, const Tensor& x, std::int64_t width) {
-  const Tensor rows = x.view(Shape{x.numel() / width, width});
-  return ctx.sp ? ctx.sp_gather(rows) : rows;
-}
-
-// A dropout site over rows every tp rank holds in full (as the patch embedding's).
-DropoutOp whole_dropout(const BlockContext& ctx, const MicroBatch& mb, int layer, std::int64_t rows,
-                        std::int64_t width) {
-  DropoutOp op = ctx.dropout(mb, layer, 0, rows, width);
-  op.offset = 0;
-  return op;
-}
-
 class Projector : public Block {
  public:
   Projector(const ProjectorDef& def, BlockContext& ctx) : def_(def), ctx_(ctx) {}
@@ -45,7 +31,7 @@ class Projector : public Block {
   Tensor forward(const MicroBatch& mb, const Tensor& x_in, std::unique_ptr<Block::Saved>* saved) override {
     Backend& b = ctx_.b;
     const std::int64_t rows = static_cast<std::int64_t>(mb.batch) * def_.image_tokens();
-    const Tensor x = whole_rows(ctx_, x_in, def_.in_width());
+    const Tensor x = ctx_.all_rows(x_in, def_.in_width());
     auto s = std::make_unique<Saved>();
     // (B·Tv, Cv) -> (B·P, Cv): the patch tokens, without the class token.
     s->in = b.empty(Shape{rows, def_.in_width()}, ctx_.act);
@@ -65,7 +51,7 @@ class Projector : public Block {
   Tensor backward(const MicroBatch& mb, Block::Saved& saved, const Tensor& dout, float) override {
     Backend& b = ctx_.b;
     Saved& s = static_cast<Saved&>(saved);
-    Tensor dy = whole_rows(ctx_, dout, def_.out_width());
+    Tensor dy = ctx_.all_rows(dout, def_.out_width());
     if (def_.mlp()) {
       Tensor dact;
       ctx_.linear_backward("projector.2", s.act, dy, &dact, LinearKind::replicated);
@@ -112,7 +98,7 @@ class QuestionJoiner : public Block {
     // [B·P image rows | B·Q question rows] as one source, then each sample's rows in order.
     Tensor src = b.empty(Shape{B * (P + Q), C}, ctx_.act);
     Tensor image = src.rows(0, B * P), question = src.rows(B * P, B * Q);
-    b.copy(whole_rows(ctx_, x_in, C), image);
+    b.copy(ctx_.all_rows(x_in, C), image);
     b.embedding_forward(ctx_.params["language.embed.tokens"].value, mb.ids, question, ctx_.tp.rank * vocab_rows_);
     // Each tp rank looked up only the ids of its vocabulary shard: sum them.
     ctx_.tp_all_reduce(question);
@@ -123,7 +109,7 @@ class QuestionJoiner : public Block {
       b.embedding_forward(ctx_.params["language.embed.positions"].value, positions(mb.batch), pe, 0);
       b.add(x, pe, x);
     }
-    if (ctx_.options.dropout > 0) b.dropout_forward(x, x, whole_dropout(ctx_, mb, def_.layer(), N, C));
+    if (ctx_.options.dropout > 0) b.dropout_forward(x, x, ctx_.whole_dropout(mb, def_.layer(), N, C));
     return ctx_.sp ? ctx_.local_part(x) : x;
   }
 
@@ -131,10 +117,10 @@ class QuestionJoiner : public Block {
     Backend& b = ctx_.b;
     const std::int64_t B = mb.batch, P = vqa_image_tokens(m_), Q = m_.question_len, C = m_.hidden;
     const std::int64_t N = B * (P + Q);
-    Tensor dx = whole_rows(ctx_, dout, C);
+    Tensor dx = ctx_.all_rows(dout, C);
     if (ctx_.options.dropout > 0) {
       Tensor d = b.empty(Shape{N, C}, ctx_.act);
-      b.dropout_backward(dx, d, whole_dropout(ctx_, mb, def_.layer(), N, C));
+      b.dropout_backward(dx, d, ctx_.whole_dropout(mb, def_.layer(), N, C));
       dx = d;
     }
     if (m_.position == PositionKind::learned) {
@@ -157,14 +143,7 @@ class QuestionJoiner : public Block {
       return inverse ? inverse_order(o) : o;
     });
   }
-  // (B·T) i32: the position of every decoder row.
-  const Tensor& positions(int batch) {
-    return ctx_.constant_ids(fmt::format("positions:{}:{}", batch, m_.seq_len), [&] {
-      std::vector<std::int32_t> host(static_cast<std::size_t>(batch) * m_.seq_len);
-      for (std::size_t i = 0; i < host.size(); ++i) host[i] = static_cast<std::int32_t>(i % m_.seq_len);
-      return host;
-    });
-  }
+  const Tensor& positions(int batch) { return ctx_.positions(batch, m_.seq_len); }
 
   const QuestionJoinerDef& def_;
   const ModelSpec& m_;
@@ -182,7 +161,7 @@ class AnswerHead : public Block {
     const std::int64_t B = mb.batch, C = m_.hidden;
     auto s = std::make_unique<Saved>();
     s->answer = b.empty(Shape{B, C}, ctx_.act);
-    b.gather_rows(whole_rows(ctx_, x_in, C), rows(mb.batch, false), s->answer);
+    b.gather_rows(ctx_.all_rows(x_in, C), rows(mb.batch, false), s->answer);
     // Every tp rank normalises the same B rows: the norm is not split.
     ctx_.norm_forward("language.final_norm", s->answer, s->nf, s->mean, s->rstd);
     s->logits = b.empty(Shape{B, vocab_rows_}, ctx_.act);
@@ -318,19 +297,8 @@ std::unique_ptr<Block> AnswerHeadDef::instantiate(BlockContext& ctx) const {
 }
 
 void add_vqa_blocks(const ModelSpec& m, ModelBlocks& out) {
-  const ModelSpec vision = vision_encoder_model(m);
-  out.push_back(std::make_unique<PatchEmbeddingDef>(vision, "vision."));
-  LayerShape encoder;
-  encoder.width = vision.hidden;
-  encoder.heads = encoder.kv_heads = vision.heads;
-  encoder.ffn = vision.ffn;
-  encoder.causal = false;  // every patch reads every patch and the class token
-  encoder.activation = vision.activation;
-  encoder.bias = vision.bias;
-  encoder.tokens = vision.seq_len;
-  int layer = 0;
-  for (int l = 0; l < vision.layers; ++l, ++layer)
-    out.push_back(std::make_unique<TransformerLayerDef>(layer, "vision.layers." + std::to_string(l), encoder, m.norm));
+  add_vit_encoder(vision_encoder_model(m), "vision.", out);
+  int layer = m.vision_encoder.layers;
   out.push_back(std::make_unique<ProjectorDef>(layer++, m));
   out.push_back(std::make_unique<QuestionJoinerDef>(layer++, m));
   LayerShape decoder;
@@ -342,8 +310,10 @@ void add_vqa_blocks(const ModelSpec& m, ModelBlocks& out) {
   decoder.activation = m.activation;
   decoder.bias = m.bias;
   decoder.tokens = m.seq_len;
-  for (int l = 0; l < m.decoder_layers; ++l, ++layer)
-    out.push_back(std::make_unique<TransformerLayerDef>(layer, "language.layers." + std::to_string(l), decoder, m.norm));
+  for (int l = 0; l < m.decoder_layers; ++l, ++layer) {
+    const std::string name = "language.layers." + std::to_string(l);
+    out.push_back(std::make_unique<TransformerLayerDef>(layer, name, decoder, m.norm));
+  }
   out.push_back(std::make_unique<AnswerHeadDef>(m));
 }
 

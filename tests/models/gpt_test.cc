@@ -52,22 +52,8 @@ struct Fixture {
     mb.batch = batch;
     mb.seq = seq;
   }
-  double loss() {
-    SavedActivations saved;
-    Tensor l = chunk.forward(mb, Tensor(), saved);
-    float host = 0;
-    REQUIRE(b.read(l, std::span<float>(&host, 1)).ok());
-    return host / (mb.batch * mb.seq);
-  }
-  std::vector<float> gradient() {
-    chunk.parameters().zero_grads();
-    SavedActivations saved;
-    chunk.forward(mb, Tensor(), saved);
-    chunk.backward(mb, saved, Tensor(), 1.f / (mb.batch * mb.seq));
-    std::vector<float> g(static_cast<std::size_t>(chunk.parameters().numel()));
-    REQUIRE(b.read(chunk.parameters().grads(), g).ok());
-    return g;
-  }
+  double loss() { return testing::chunk_loss(b, chunk, mb, mb.batch * mb.seq); }
+  std::vector<float> gradient() { return testing::chunk_gradient(b, chunk, mb, mb.batch * mb.seq); }
 };
 
 // Directional derivative along d = g / |g| by central differences of the fp32

@@ -1,7 +1,8 @@
-// The gradient check both model tests make: for every parameter tensor, the
+// The gradient check the model tests make: for every parameter tensor, the
 // directional derivative of the loss along that tensor's own gradient by
 // central differences, against the gradient's norm from backward, so that a
-// wrong gradient in any one tensor cannot hide.
+// wrong gradient in any one tensor cannot hide; and the whole-model chunk's
+// loss and gradient it compares.
 #pragma once
 
 #include <catch2/catch.hpp>
@@ -12,6 +13,7 @@
 #include <limits>
 #include <vector>
 
+#include "models/model_chunk.h"
 #include "models/parameter_store.h"
 
 namespace meshtrain::testing {
@@ -25,6 +27,26 @@ struct GradientCheck {
   // Also allow what fp32 losses can resolve over the step (a few ulps of each).
   bool allow_fp32_resolution = false;
 };
+
+// The loss of micro-batch `mb` through a chunk of the whole model: its Σ over `terms` (targets).
+inline double chunk_loss(Backend& b, ModelChunk& chunk, const MicroBatch& mb, double terms) {
+  SavedActivations saved;
+  Tensor l = chunk.forward(mb, Tensor(), saved);
+  float host = 0;
+  REQUIRE(b.read(l, std::span<float>(&host, 1)).ok());
+  return host / terms;
+}
+
+// The gradient of chunk_loss over the chunk's flat parameters.
+inline std::vector<float> chunk_gradient(Backend& b, ModelChunk& chunk, const MicroBatch& mb, double terms) {
+  chunk.parameters().zero_grads();
+  SavedActivations saved;
+  chunk.forward(mb, Tensor(), saved);
+  chunk.backward(mb, saved, Tensor(), static_cast<float>(1.0 / terms));
+  std::vector<float> g(static_cast<std::size_t>(chunk.parameters().numel()));
+  REQUIRE(b.read(chunk.parameters().grads(), g).ok());
+  return g;
+}
 
 // `g`: the gradient of `loss` over the store's flat values; `loss` reads the
 // store's current values.

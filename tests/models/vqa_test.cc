@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <random>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -16,7 +15,7 @@
 #include "models/parameters.h"
 #include "models/vqa_blocks.h"
 #include "models/vqa_spec.h"
-#include "tests/models/gradient_check.h"
+#include "tests/models/image_model_fixture.h"
 
 using namespace meshtrain;
 
@@ -41,13 +40,14 @@ double vqa_parameters(const ModelSpec& m) {
   const VisionEncoderSpec& v = m.vision_encoder;
   const bool layernorm = m.norm == NormKind::layernorm;
   const double grid = m.image_size / m.patch, Cv = v.hidden, C = m.hidden, V = m.vocab;
+  const double kv = static_cast<double>(m.kv_heads) / m.heads;
+  const bool glu_v = v.activation == Activation::swiglu, glu = m.activation == Activation::swiglu;
   const double vision = (m.patch * m.patch * m.channels * Cv + Cv) + Cv + (1 + grid * grid) * Cv +
-                        v.layers * layer_parameters(Cv, v.ffn, 1, layernorm, v.activation == Activation::swiglu, v.bias);
+                        v.layers * layer_parameters(Cv, v.ffn, 1, layernorm, glu_v, v.bias);
   const double projector = Cv * C + C + (m.projector == ProjectorKind::mlp ? C * C + C : 0);
   const double positions = m.position == PositionKind::learned ? (grid * grid + m.question_len) * C : 0;
   const double language = V * C + positions +
-                          m.decoder_layers * layer_parameters(C, m.ffn, static_cast<double>(m.kv_heads) / m.heads, layernorm,
-                                                               m.activation == Activation::swiglu, m.bias) +
+                          m.decoder_layers * layer_parameters(C, m.ffn, kv, layernorm, glu, m.bias) +
                           (layernorm ? 2 * C : C) + C * V;
   return vision + projector + language;
 }
@@ -188,68 +188,7 @@ TEST_CASE("the joiner's and the head's index maps put the image before the quest
 
 namespace {
 
-struct VqaFixture {
-  CpuBackend b;
-  ModelSpec m;
-  ModelChunk chunk;
-  MicroBatch mb;
-  VqaFixture(const ModelSpec& spec, std::uint64_t seed, int batch, ChunkOptions options = {})
-      : m(spec), chunk(b, m, ChunkLayers{0, spec.layers, true, true}, TensorParallel{Group{0, {0}}, 0, 1}, options) {
-    chunk.parameters().initialize(seed);
-    std::mt19937 rng(static_cast<std::uint32_t>(seed));
-    std::normal_distribution<float> pixel;
-    std::vector<float> pixels(static_cast<std::size_t>(batch) * m.image_size * m.image_size * m.channels);
-    for (auto& v : pixels) v = pixel(rng);
-    std::vector<std::int32_t> ids(static_cast<std::size_t>(batch) * m.question_len), answers(batch);
-    for (auto& v : ids) v = static_cast<std::int32_t>(rng() % static_cast<unsigned>(m.vocab));
-    for (auto& v : answers) v = static_cast<std::int32_t>(rng() % static_cast<unsigned>(m.vocab));
-    mb.pixels = b.empty(Shape{batch, m.image_size, m.image_size, m.channels});
-    mb.ids = b.empty(Shape{static_cast<std::int64_t>(ids.size())}, DType::i32);
-    mb.targets = b.empty(Shape{batch}, DType::i32);
-    b.write(mb.pixels, pixels);
-    b.write(mb.ids, ids);
-    b.write(mb.targets, answers);
-    mb.batch = batch;
-    mb.seq = m.seq_len;
-  }
-  double loss() {
-    SavedActivations saved;
-    Tensor l = chunk.forward(mb, Tensor(), saved);
-    float host = 0;
-    REQUIRE(b.read(l, std::span<float>(&host, 1)).ok());
-    return host / mb.batch;
-  }
-  std::vector<float> gradient() {
-    chunk.parameters().zero_grads();
-    SavedActivations saved;
-    chunk.forward(mb, Tensor(), saved);
-    chunk.backward(mb, saved, Tensor(), 1.f / mb.batch);
-    std::vector<float> g(static_cast<std::size_t>(chunk.parameters().numel()));
-    REQUIRE(b.read(chunk.parameters().grads(), g).ok());
-    return g;
-  }
-};
-
-void check_gradient(const ModelSpec& spec) {
-  const std::uint64_t seed = 5;
-  INFO("model " << spec.name << ", seed " << seed);
-  VqaFixture f(spec, seed, 3);
-  {
-    // Weights at the initial std of 0.02 leave attention almost uniform and the
-    // encoder's gradients near what fp32 losses resolve: larger weights make
-    // every tensor's gradient measurable (as the vision test does).
-    std::vector<float> v(static_cast<std::size_t>(f.chunk.parameters().numel()));
-    REQUIRE(f.b.read(f.chunk.parameters().values(), v).ok());
-    for (float& x : v) x *= 4.f;
-    f.b.write(f.chunk.parameters().values(), v);
-  }
-  const std::vector<float> g = f.gradient();
-  testing::GradientCheck c;
-  c.tolerance = 2e-3;
-  c.max_element_step = 3e-3;
-  c.allow_fp32_resolution = true;
-  testing::check_gradient_directions(f.b, f.chunk.parameters(), g, [&] { return f.loss(); }, c);
-}
+using VqaFixture = testing::ImageModelFixture;
 
 }  // namespace
 
@@ -259,9 +198,9 @@ TEST_CASE("the VQA model's loss at initialisation is close to ln(vocab)", "[vqa]
 }
 
 TEST_CASE("VQA gradients match finite differences of the loss", "[vqa]") {
-  check_gradient(preset("vqa-tiny"));
+  testing::check_image_model_gradient(preset("vqa-tiny"), 5, 3);
   // An MLP projector, RMSNorm, SwiGLU, RoPE (no position table) and grouped-query attention.
-  check_gradient(tiny_llava());
+  testing::check_image_model_gradient(tiny_llava(), 5, 3);
 }
 
 TEST_CASE("full recomputation of the VQA blocks gives the same gradient bits", "[vqa]") {

@@ -112,7 +112,8 @@ inline std::vector<HostBatch> global_questions(const ModelSpec& m, int step) {
     h.seq = m.seq_len;
     for (int i = 0; i < h.batch; ++i) {
       for (int t = 0; t < m.question_len; ++t) {
-        const std::uint64_t key = mix64(kSeed ^ mix64(static_cast<std::uint64_t>(step * 100000 + j * 1000 + i * 50 + t)));
+        const auto counter = static_cast<std::uint64_t>(step * 100000 + static_cast<int>(j) * 1000 + i * 50 + t);
+        const std::uint64_t key = mix64(kSeed ^ mix64(counter));
         h.ids.push_back(static_cast<std::int32_t>(1 + key % static_cast<std::uint64_t>(m.vocab - 1)));
       }
       std::int32_t& answer = h.targets[static_cast<std::size_t>(i)];

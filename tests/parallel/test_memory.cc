@@ -80,7 +80,8 @@ TEST_CASE("measured peak memory matches the memory model for the VQA model", "[p
   vqa.vision_encoder.ffn = vqa.ffn = 256;
   // Stage 0 the encoder's first layer, or everything up to the decoder's first layer.
   for (int first : {1, 5})
-    for (int zero : {1, 3}) check_memory(with_stage_layers(make_plan(1, 2, 2, zero, ScheduleKind::one_f_one_b), first, 0), vqa);
+    for (int zero : {1, 3})
+      check_memory(with_stage_layers(make_plan(1, 2, 2, zero, ScheduleKind::one_f_one_b), first, 0), vqa);
   Plan sp = make_plan(2, 1, 2, 1, ScheduleKind::gpipe);
   sp.sequence_parallel = true;
   check_memory(sp, vqa);

@@ -14,25 +14,15 @@
 #include "engine/image_dataset.h"
 #include "engine/vqa_loader.h"
 #include "tests/run_meshtrain.h"
+#include "tests/train/train_files.h"
 #include "tests/training/idx_files.h"
 
 namespace fs = std::filesystem;
 
 namespace {
 
-fs::path scratch(const std::string& name) {
-  fs::path p = fs::temp_directory_path() / ("meshtrain-vqa-test-" + std::to_string(::getpid())) / name;
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p;
-}
-
-std::vector<nlohmann::json> metrics(const fs::path& path) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(path);
-  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
-  return out;
-}
+fs::path scratch(const std::string& name) { return meshtrain::testing::train_scratch("vqa-test", name); }
+using meshtrain::testing::read_metrics;
 
 bool have_fashion_mnist() {
   if (fs::exists(meshtrain::kFashionMnistDir)) return true;
@@ -67,7 +57,7 @@ TEST_CASE("the tiny VQA model answers Fashion-MNIST questions well above the maj
                                  " --quiet --metrics " + m.string());
   INFO(r.out);
   REQUIRE(r.status == 0);
-  const auto lines = metrics(m);
+  const auto lines = read_metrics(m);
   REQUIRE(lines.size() == static_cast<std::size_t>(steps));
   REQUIRE(lines.back().contains("val_accuracy"));
   const double accuracy = lines.back()["val_accuracy"].get<double>(), baseline = majority_baseline(steps * batch);
@@ -84,10 +74,11 @@ TEST_CASE("VQA training resumes bit for bit under data parallelism", "[train][vq
   REQUIRE(run_meshtrain(base + " --metrics " + once.string()).status == 0);
   REQUIRE(run_meshtrain(base + " --stop-at 4 --checkpoint " + ckpt.string() + " --metrics " + twice.string()).status ==
           0);
-  MeshtrainRun resumed = run_meshtrain(base + " --checkpoint " + ckpt.string() + " --resume --metrics " + twice.string());
+  MeshtrainRun resumed =
+      run_meshtrain(base + " --checkpoint " + ckpt.string() + " --resume --metrics " + twice.string());
   INFO(resumed.out);
   REQUIRE(resumed.status == 0);
-  const auto a = metrics(once), b = metrics(twice);
+  const auto a = read_metrics(once), b = read_metrics(twice);
   REQUIRE(a.size() == b.size());
   for (std::size_t i = 0; i < a.size(); ++i) CHECK(a[i]["loss"] == b[i]["loss"]);
 }
@@ -111,7 +102,8 @@ TEST_CASE("images that cannot make VQA grids, or a model that cannot read them, 
   std::ofstream(model) << R"({"family": "vqa", "image_size": 28, "patch": 7, "channels": 1,
     "vision": {"layers": 1, "hidden": 16, "heads": 2}, "decoder_layers": 1, "hidden": 16, "heads": 2,
     "vocab": 48, "question_len": 7})";
-  MeshtrainRun wrong = run_meshtrain("train --data fashion-mnist --model " + model.string() + " --steps 1 --warmup 0 --quiet");
+  MeshtrainRun wrong =
+      run_meshtrain("train --data fashion-mnist --model " + model.string() + " --steps 1 --warmup 0 --quiet");
   CHECK(wrong.status != 0);
   CHECK_THAT(wrong.out, Catch::Contains("56×56×1"));
 }

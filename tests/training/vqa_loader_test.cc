@@ -106,12 +106,12 @@ TEST_CASE("VQA grids of Fashion-MNIST are deterministic, answered correctly and 
                                     x->ids.begin() + static_cast<std::ptrdiff_t>((i + 1) * Q)) == s.question.words);
     CHECK(word(s.question.answer) == expected_answer(s.question, s.labels));
     // Quadrant q of the grid is training image s.images[q], normalised.
-    for (int q = 0; q < 4; ++q) {
-      const auto image = data->train.image(s.images[static_cast<std::size_t>(q)]);
-      CHECK(s.labels[static_cast<std::size_t>(q)] == data->train.labels[static_cast<std::size_t>(s.images[static_cast<std::size_t>(q)])]);
-      for (int p : {0, 29, 407, 783}) {
-        const int gy = (q / 2) * 28 + p / 28, gx = (q % 2) * 28 + p % 28;
-        CHECK(x->pixels[i * 56 * 56 + static_cast<std::size_t>(gy * 56 + gx)] == lut[image[static_cast<std::size_t>(p)]]);
+    for (std::size_t q = 0; q < 4; ++q) {
+      const auto image = data->train.image(s.images[q]);
+      CHECK(s.labels[q] == data->train.labels[static_cast<std::size_t>(s.images[q])]);
+      for (std::size_t p : {0, 29, 407, 783}) {
+        const std::size_t gy = (q / 2) * 28 + p / 28, gx = (q % 2) * 28 + p % 28;
+        CHECK(x->pixels[i * 56 * 56 + gy * 56 + gx] == lut[image[p]]);
       }
     }
   }
