@@ -166,7 +166,25 @@ TEST_CASE("VQA answers: yes and no balance, the majority answer is a weak baseli
   for (std::int32_t a : batch->answers) ++counts[word(a)];
   CHECK(counts["yes"] == Approx(counts["no"]).epsilon(0.1));
   const double majority = majority_answer_accuracy(batch->answers, eval->front().answers);
-  WARN("majority-answer baseline on the test questions: " << majority);
+  // A stronger blind baseline: the most frequent answer of each question's words, without the image.
+  const auto& q = kVqaQuestionTokens;
+  std::map<std::vector<std::int32_t>, std::map<std::int32_t, int>> by_question;
+  for (std::size_t i = 0; i < batch->answers.size(); ++i)
+    ++by_question[{batch->ids.begin() + static_cast<std::ptrdiff_t>(i * q),
+                   batch->ids.begin() + static_cast<std::ptrdiff_t>((i + 1) * q)}][batch->answers[i]];
+  int blind_hits = 0;
+  const VqaBatch& test = eval->front();
+  for (std::size_t i = 0; i < test.answers.size(); ++i) {
+    const auto& answers = by_question[{test.ids.begin() + static_cast<std::ptrdiff_t>(i * q),
+                                       test.ids.begin() + static_cast<std::ptrdiff_t>((i + 1) * q)}];
+    const auto best = std::max_element(answers.begin(), answers.end(),
+                                       [](auto& a, auto& b) { return a.second < b.second; });
+    blind_hits += best != answers.end() && best->first == test.answers[i];
+  }
+  const double blind = static_cast<double>(blind_hits) / static_cast<double>(test.answers.size());
+  WARN("on the " << test.answers.size() << " test questions: majority-answer baseline " << majority
+                 << ", the best answer of each question without the image " << blind);
   CHECK(majority > 0.1);
   CHECK(majority < 0.25);
+  CHECK(blind < 0.45);  // the image is needed
 }
