@@ -54,8 +54,10 @@ std::vector<ModelSpec> vqa_presets() {
     return m;
   };
   // Tests: 14×14 patches (4 per garment, 16 image tokens), two encoder and
-  // two decoder layers (a pipeline boundary fits inside either), 4 heads (tp 2, 4).
-  out.push_back(fmnist("vqa-tiny", 14, {2, 32, 4, 64}, 2, 32, 4, 64, 48));
+  // three decoder layers (a pipeline boundary fits inside either module, and
+  // the language module's body, the joiner and three layers, splits over pp
+  // 2 or 4), 4 heads (tp 2 or 4).
+  out.push_back(fmnist("vqa-tiny", 14, {2, 32, 4, 64}, 3, 32, 4, 64, 48));
   // Trainable on a loaded 2-core CPU: twice as wide and one layer deeper per
   // module. Its patches are vqa-tiny's: with 7×7 patches (64 image tokens)
   // a step costs 3.5 times as much and reached 54.4% in 3000 steps where

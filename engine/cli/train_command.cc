@@ -144,7 +144,8 @@ Command add_train_command(CLI::App& app) {
   TrainOptions& t = f->train;
   sub->add_option("--data", t.data,
                   "a language model: any file, its bytes are the tokens; a vision model: fashion-mnist or a "
-                  "directory of IDX image files (train-* and t10k-*)")
+                  "directory of IDX image files (train-* and t10k-*); a VQA model: the same, as questions about "
+                  "2x2 grids of its images")
       ->required();
   sub->add_option("--backend", f->backend, "cpu, or cuda (one rank per process; a build with CUDA)")
       ->capture_default_str();
@@ -161,7 +162,9 @@ Command add_train_command(CLI::App& app) {
   sub->add_option("--eval-every", t.eval_every, "steps between validation losses (0: none)");
   sub->add_option("--eval-sequences", t.eval_sequences, "validation sequences per evaluation (text)")
       ->capture_default_str();
-  sub->add_option("--eval-images", t.eval_images, "test images per evaluation (images; 0: the whole test set)")
+  sub->add_option("--eval-images", t.eval_images,
+                  "test images per evaluation (images; 0: the whole test set), or test questions (VQA; 0: one per "
+                  "four test images)")
       ->capture_default_str();
   sub->add_option("--dropout", t.step.dropout, "dropout probability")->capture_default_str();
   sub->add_option("--weight-decay", t.step.optimizer.weight_decay, "AdamW weight decay")->capture_default_str();

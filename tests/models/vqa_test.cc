@@ -103,19 +103,19 @@ TEST_CASE("VQA FLOPs per sample follow an independent count of GEMMs and attenti
 }
 
 TEST_CASE("a VQA model reports its modules by block range", "[vqa]") {
-  const ModelSpec m = preset("vqa-tiny");  // 2 encoder and 2 decoder layers
+  const ModelSpec m = preset("vqa-tiny");  // 2 encoder and 3 decoder layers
   const std::vector<ModuleRange> modules = model_modules(m);
   REQUIRE(modules.size() == 3);
   CHECK(modules[0].name == "vision");
   CHECK(modules[1].name == "projector");
   CHECK(modules[2].name == "language");
-  // Blocks: patch embedding, vision layers 0-1 | projector | joiner, decoder layers 0-1, head.
+  // Blocks: patch embedding, vision layers 0-1 | projector | joiner, decoder layers 0-2, head.
   CHECK((modules[0].begin == 0 && modules[0].end == 3));
   CHECK((modules[1].begin == 3 && modules[1].end == 4));
-  CHECK((modules[2].begin == 4 && modules[2].end == 8));
+  CHECK((modules[2].begin == 4 && modules[2].end == 9));
   CHECK(modules[2].last_layer() == m.layers);
   const ModelBlocks blocks = model_blocks(m);
-  REQUIRE(blocks.size() == 8);
+  REQUIRE(blocks.size() == 9);
   // Every parameter's name starts with its block's module.
   for (const ModuleRange& r : modules)
     for (int i = r.begin; i < r.end; ++i) {
