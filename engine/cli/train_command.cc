@@ -172,7 +172,8 @@ Command add_train_command(CLI::App& app) {
   TrainOptions& t = f->train;
   sub->add_option("--data", t.data,
                   "a language model: any file, its bytes are the tokens; a vision model: fashion-mnist or a "
-                  "directory of IDX image files (train-* and t10k-*)")
+                  "directory of IDX image files (train-* and t10k-*); a VQA model: the same, as questions about "
+                  "2x2 grids of its images")
       ->required();
   sub->add_option("--backend", f->backend, "cpu, or cuda (one rank per process; a build with CUDA)")
       ->capture_default_str();
@@ -202,7 +203,9 @@ Command add_train_command(CLI::App& app) {
   sub->add_option("--eval-sequences", t.eval_sequences, "validation sequences per evaluation (text)")
       ->capture_default_str()
       ->check(int_in({1, 1 << 20}));
-  sub->add_option("--eval-images", t.eval_images, "test images per evaluation (images; 0: the whole test set)")
+  sub->add_option("--eval-images", t.eval_images,
+                  "test images per evaluation (images; 0: the whole test set), or test questions (VQA; 0: one per "
+                  "four test images)")
       ->capture_default_str()
       ->check(int_in({0, 1 << 30}));
   sub->add_option("--dropout", t.step.dropout, "dropout probability")
