@@ -263,6 +263,23 @@ class Backend {
   // the host with normal_at itself, then written).
   virtual void init_normal(Tensor& x, const NormalInitOp& op);
 
+  // ---- timing (optional) ---------------------------------------------------
+  // Device time of the work on a stream (per-rank step timing,
+  // engine/step_timing.h): timed_event(s) marks the current position of
+  // stream `s`; seconds_between(a, b) BLOCKS until `b` has happened and
+  // returns the device seconds from `a` to `b`. A backend that runs ops on
+  // the host as they are issued (cpu) has no device time of its own and
+  // keeps these defaults, an invalid Event and an Error: callers then time
+  // with the host clock.
+  virtual Event timed_event(Stream s) {
+    (void)s;
+    return Event{};
+  }
+  virtual Result<double> seconds_between(Event start, Event end) {
+    (void)start, (void)end;
+    return make_error("the {} backend has no device timing", name());
+  }
+
   // ---- elementwise and small ops (current stream) ----------------------------
   virtual void fill(Tensor& x, float value) = 0;
   virtual void copy(const Tensor& src, Tensor& dst) = 0;  // same dtype and numel

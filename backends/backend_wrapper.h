@@ -35,6 +35,10 @@ class BackendWrapper : public Backend {
   Status synchronize() override { return target_.synchronize(); }
   std::string set_region(std::string name) override { return target_.set_region(std::move(name)); }
   void init_normal(Tensor& x, const NormalInitOp& op) override { target_.init_normal(x, op); }
+  Event timed_event(Stream s) override { return target_.timed_event(s); }
+  Result<double> seconds_between(Event start, Event end) override {
+    return target_.seconds_between(start, end);
+  }
   void fill(Tensor& x, float value) override { target_.fill(x, value); }
   void copy(const Tensor& src, Tensor& dst) override { target_.copy(src, dst); }
   void cast(const Tensor& src, Tensor& dst) override { target_.cast(src, dst); }

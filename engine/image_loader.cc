@@ -22,16 +22,6 @@ Status check_inputs(const ImageSet& set, const PixelStats& stats, int batch) {
   return ok_status();
 }
 
-// (C, 256): every byte's normalised value per channel, so a batch costs one
-// lookup per pixel.
-std::vector<float> normalise_table(const PixelStats& stats) {
-  std::vector<float> lut;
-  for (std::size_t c = 0; c < stats.mean.size(); ++c)
-    for (int v = 0; v < 256; ++v)
-      lut.push_back(static_cast<float>((v / 255.0 - stats.mean[c]) / stats.std[c]));
-  return lut;
-}
-
 ImageBatch empty_batch(const ImageSet& set, int batch) {
   ImageBatch b;
   b.height = set.rows;
@@ -52,6 +42,14 @@ void append_image(ImageBatch& b, const ImageSet& set, const std::vector<float>& 
 }
 
 }  // namespace
+
+std::vector<float> normalise_table(const PixelStats& stats) {
+  std::vector<float> lut;
+  for (std::size_t c = 0; c < stats.mean.size(); ++c)
+    for (int v = 0; v < 256; ++v)
+      lut.push_back(static_cast<float>((v / 255.0 - stats.mean[c]) / stats.std[c]));
+  return lut;
+}
 
 std::vector<std::uint32_t> epoch_permutation(std::uint64_t seed, std::uint64_t epoch,
                                              std::int64_t count) {

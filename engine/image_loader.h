@@ -50,6 +50,10 @@ struct ImageBatch {
 std::vector<std::uint32_t> epoch_permutation(std::uint64_t seed, std::uint64_t epoch,
                                              std::int64_t count);
 
+// (C, 256): every byte's normalised value per channel, (v/255 − mean_c)/std_c,
+// so a batch costs one lookup per pixel.
+std::vector<float> normalise_table(const PixelStats& stats);
+
 class ImageLoader {
  public:
   // `set` is borrowed: it must outlive the loader. `stats` is copied (C).

@@ -35,12 +35,26 @@ Status MetricsWriter::write(const StepMetrics& m) {
     j["dropped_fraction"] = m.moe->dropped_fraction;
     j["tokens_per_expert"] = m.moe->tokens_per_expert;
   }
+  if (m.ranks) {
+    j["slowest_rank"] = m.ranks->slowest_rank;
+    j["slowest_compute_s"] = m.ranks->slowest_compute_s;
+    j["median_compute_s"] = m.ranks->median_compute_s;
+    j["straggler_lag_s"] = m.ranks->lag_s;
+    j["rank_compute_s"] = m.ranks->compute_s;
+    j["rank_comm_s"] = m.ranks->comm_s;
+  }
   const std::string line = j.dump() + "\n";
   if (std::fwrite(line.data(), 1, line.size(), file_.get()) != line.size() ||
       std::fflush(file_.get()) != 0) {
     return make_error("cannot write to metrics file '{}': {}", path_, std::strerror(errno));
   }
   return ok_status();
+}
+
+std::string format_straggler(const RankTimes& r) {
+  const double ratio = r.median_compute_s > 0 ? r.slowest_compute_s / r.median_compute_s : 1.0;
+  return fmt::format(" | slowest rank {} +{:.3f} s compute ({:.2f}x its peers' median)", r.slowest_rank, r.lag_s,
+                     ratio);
 }
 
 std::string format_hms(double seconds) {

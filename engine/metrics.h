@@ -23,6 +23,14 @@ struct MoeMetrics {
   std::vector<std::vector<double>> tokens_per_expert;  // by MoE layer
 };
 
+// Every rank's time in one step (engine/step_timing.h) and the slowest
+// rank's lag against the median of the ranks it compares with.
+struct RankTimes {
+  std::vector<double> compute_s, comm_s;  // by rank
+  int slowest_rank = -1;
+  double slowest_compute_s = 0, median_compute_s = 0, lag_s = 0;
+};
+
 struct StepMetrics {
   std::int64_t step = 0;
   double loss = 0;
@@ -32,6 +40,7 @@ struct StepMetrics {
   std::optional<double> val_loss;      // written only when measured this step
   std::optional<double> val_accuracy;  // top-1, vision models, with val_loss
   std::optional<MoeMetrics> moe;       // models with experts
+  std::optional<RankTimes> ranks;      // with several ranks
 };
 
 // Appends to the file (a resumed run continues the same file) and flushes each
@@ -46,7 +55,9 @@ class MetricsWriter {
   // (tokens_per_s counts images for a vision model); a model with experts
   // adds "aux_loss", "z_loss", "moe_balance", "expert_load_max_mean" (worst
   // layer), "expert_load_mean_max_mean" (mean over layers), "dropped_fraction"
-  // and "tokens_per_expert" (one list per MoE layer, before drops).
+  // and "tokens_per_expert" (one list per MoE layer, before drops); with
+  // several ranks also "slowest_rank", "slowest_compute_s", "median_compute_s",
+  // "straggler_lag_s" and by rank "rank_compute_s", "rank_comm_s".
   Status write(const StepMetrics& m);
 
  private:
@@ -60,6 +71,9 @@ class MetricsWriter {
 // time of those done; it is "--:--:--" before the first step.
 std::string format_progress(std::int64_t step, std::int64_t total, double loss, double tokens_per_s,
                             double elapsed_s, const char* unit = "tok");
+
+// " | slowest rank 3 +0.412 s compute (2.10x its peers' median)".
+std::string format_straggler(const RankTimes& r);
 
 // Seconds as hh:mm:ss (hours grow past 99 rather than wrap).
 std::string format_hms(double seconds);

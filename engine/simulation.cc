@@ -3,6 +3,7 @@
 #include "core/host_memory.h"
 
 #include <algorithm>
+#include <chrono>
 #include <map>
 #include <memory>
 
@@ -132,59 +133,131 @@ Status check_simulation_size(const ModelSpec& m, const Plan& p) {
 }
 
 }  // namespace
+std::string_view fidelity_name(Fidelity f) { return f == Fidelity::full ? "full" : "representative"; }
+
+Result<Fidelity> fidelity_from_name(std::string_view name) {
+  if (name == "representative") return Fidelity::representative;
+  if (name == "full") return Fidelity::full;
+  return make_error("unknown fidelity '{}'; known: representative (one rank per pipeline stage), full (every "
+                    "rank's ops and flows)", name);
+}
+
+SimJob simulation_job(const Plan& p, bool full, std::map<int, double> stragglers, std::vector<int> gpus) {
+  SimJob job;
+  job.world_size = p.world_size();
+  job.gpus = std::move(gpus);
+  if (!p.segments.empty()) {
+    // A plan made of segments simulates every rank: its boundaries pair
+    // particular ranks, and ranks of one segment differ in the others.
+    for (int r = 0; r < job.world_size; ++r) job.representatives.push_back(r);
+    job.stragglers = std::move(stragglers);
+    return job;
+  }
+  const Mesh mesh(p);
+  for (int stage = 0; stage < p.pp; ++stage) job.representatives.push_back(mesh.rank_of(Coord{0, 0, 0, stage}));
+  if (!full) return job;
+  job.stragglers = std::move(stragglers);
+  job.replicas.resize(job.representatives.size());
+  for (int r = 0; r < job.world_size; ++r) {
+    const Coord c = mesh.coord_of(r);
+    if (c.tp != 0 || c.cp != 0 || c.dp != 0) job.replicas[static_cast<std::size_t>(c.pp)].push_back(r);
+  }
+  // Member (t, c, d, s) plays for the representative (0, 0, 0, s) the rank
+  // shifted by its own coordinates (tp, cp and dp wrap around).
+  job.rank_map = [mesh](int, int member, int rank) {
+    const Coord m = mesh.coord_of(member), x = mesh.coord_of(rank);
+    return mesh.rank_of(Coord{(x.tp + m.tp) % mesh.tp(), (x.cp + m.cp) % mesh.cp(), (x.dp + m.dp) % mesh.dp(), x.pp});
+  };
+  return job;
+}
+
+SimOptions simulation_options(const SimulateOptions& options, bool full) {
+  SimOptions o;
+  o.trace = options.trace;
+  o.calibration = options.calibration;
+  o.attention = options.attention;
+  o.attention_dropout = options.dropout;
+  o.fidelity = full ? Fidelity::full : Fidelity::representative;
+  o.isolate_exclusive = options.isolate_exclusive;
+  o.links = options.variation.links;
+  return o;
+}
+
+Status issue_iterations(SimCluster& cluster, int job, const ModelSpec& m, const Plan& p,
+                        const SimulateOptions& options, int iterations) {
+  const int seq = p.effective_seq_len(m);
+  // Every rank of a plan made of segments reads the whole global batch (training_engine.h, DataShare).
+  const std::vector<HostBatch> microbatches =
+      p.segments.empty()
+          ? std::vector<HostBatch>(static_cast<std::size_t>(p.microbatches()), example_batch(m, p.micro_batch, seq))
+          : std::vector<HostBatch>{example_batch(m, p.effective_global_batch(), seq)};
+  StepOptions step_options;
+  step_options.initialize_parameters = false;  // the sim backend holds no values
+  step_options.dropout = options.dropout;       // the engine's dropout kernels, timed
+  MT_TRY(check_step_options(step_options));
+  if (m.moe()) {
+    MT_TRY(options.moe_routing.check(m.experts, m.moe_layer_count()));
+    step_options.moe_routing = std::make_shared<MoeRouting>(options.moe_routing);
+  }
+  const std::vector<int>& reps = cluster.representatives(job);
+  std::vector<std::unique_ptr<TrainingEngine>> engines;
+  for (int r : reps) engines.push_back(make_engine(cluster.backend(job, r), m, p, step_options));
+  // Nothing blocks on data in the sim backend, so each representative issues
+  // its whole iteration in turn; the cluster times them together.
+  for (std::size_t i = 0; i < engines.size(); ++i)
+    for (int it = 1; it <= iterations; ++it) {
+      auto r = engines[i]->step(microbatches, 1e-4f, it);
+      if (!r) return std::move(r.context(fmt::format("simulating rank {}", reps[i]))).error();
+    }
+  return ok_status();
+}
 
 Result<SimulationResult> simulate_iteration(const ModelSpec& m, const Plan& p,
                                             const SimulateOptions& options) {
   if (Status s = StepEngine::supports(p); !s)
     return std::move(s.context("the step engine cannot run this plan yet")).error();
-  // Representatives: one per pipeline stage (sim_cluster.h); a plan made of
-  // segments simulates every rank, since its boundaries pair particular ranks.
   const bool segmented = !p.segments.empty();
-  std::vector<int> reps;
-  if (segmented) {
-    for (int r = 0; r < p.world_size(); ++r) reps.push_back(r);
-  } else {
-    const Mesh mesh(p);
-    for (int stage = 0; stage < p.pp; ++stage) reps.push_back(mesh.rank_of(Coord{0, 0, 0, stage}));
-  }
-  StepOptions step_options;
-  step_options.initialize_parameters = false;  // the sim backend holds no values
-  step_options.dropout = options.dropout;       // the engine's dropout kernels, timed
-  MT_TRY(check_step_options(step_options));
   MT_TRY(check_simulation_size(m, p));
-  int moe_layers = 0;
-  for (int l = 0; l < m.layers; ++l) moe_layers += m.moe_layer(l) ? 1 : 0;
-  if (m.moe()) {
-    MT_TRY(options.moe_routing.check(m.experts, moe_layers));
-    step_options.moe_routing = std::make_shared<MoeRouting>(options.moe_routing);
-  }
-  SimOptions sim_options;
-  sim_options.trace = options.trace;
-  sim_options.calibration = options.calibration;
-  sim_options.attention = options.attention;
-  sim_options.attention_dropout = options.dropout;
+  const auto wall_start = std::chrono::steady_clock::now();
+  const bool full = options.fidelity == Fidelity::full || !options.variation.empty();
   MT_ASSIGN(std::unique_ptr<SimCluster> cluster,
-            SimCluster::create(options.cluster, p.world_size(), reps, sim_options));
-
+            SimCluster::create_jobs(options.cluster, p.world_size(),
+                                    {simulation_job(p, full, options.variation.stragglers)},
+                                    simulation_options(options, full)));
   const int seq = p.effective_seq_len(m);
-  // Every rank of a plan made of segments reads the whole global batch (training_engine.h, DataShare).
-  const std::vector<HostBatch> microbatches =
-      segmented ? std::vector<HostBatch>{example_batch(m, p.effective_global_batch(), seq)}
-                : std::vector<HostBatch>(static_cast<std::size_t>(p.microbatches()), example_batch(m, p.micro_batch, seq));
-
-  {
-    std::vector<std::unique_ptr<TrainingEngine>> engines;
-    for (int r : reps) engines.push_back(make_engine(cluster->backend(r), m, p, step_options));
-    // Nothing blocks on data in the sim backend, so each representative issues
-    // its whole iteration in turn; the cluster times them together below.
-    for (std::size_t i = 0; i < engines.size(); ++i) {
-      auto r = engines[i]->step(microbatches, 1e-4f, 1);
-      if (!r) return std::move(r.context(fmt::format("simulating rank {}", reps[i]))).error();
-    }
-  }
+  MT_TRY(issue_iterations(*cluster, 0, m, p, options, 1));
   MT_ASSIGN(SimReport report, cluster->run());
 
   SimulationResult out;
+  out.fidelity = full ? Fidelity::full : Fidelity::representative;
+  out.tasks_run = report.tasks_run;
+  out.flows = report.flows;
+  out.isolated_collectives = report.isolated_collectives;
+  out.isolated_overlaps = report.isolated_overlaps;
+  if (full) {
+    // Ranks of one stage run the same ops: each is measured against its stage's median.
+    const Mesh mesh(p);
+    const std::vector<double>& compute = report.jobs.front().compute_s;
+    std::vector<std::vector<double>> by_stage(static_cast<std::size_t>(p.pp));
+    for (int r = 0; r < p.world_size(); ++r)
+      by_stage[static_cast<std::size_t>(mesh.coord_of(r).pp)].push_back(compute[static_cast<std::size_t>(r)]);
+    std::vector<double> median;
+    for (auto& v : by_stage) {
+      std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+      median.push_back(v[v.size() / 2]);
+    }
+    double worst = 0;
+    for (int r = 0; r < p.world_size(); ++r) {
+      const double m = median[static_cast<std::size_t>(mesh.coord_of(r).pp)];
+      const double ratio = m > 0 ? compute[static_cast<std::size_t>(r)] / m : 1.0;
+      if (out.slowest_rank < 0 || ratio > worst) {
+        worst = ratio;
+        out.slowest_rank = r;
+        out.slowest_compute_s = compute[static_cast<std::size_t>(r)];
+        out.median_compute_s = m;
+      }
+    }
+  }
   out.iteration_s = report.iteration_s;
   out.tasks = report.tasks;
   out.events = report.events;
@@ -216,8 +289,9 @@ Result<SimulationResult> simulate_iteration(const ModelSpec& m, const Plan& p,
     }
     out.stages.push_back(s);
   }
-  if (m.moe()) out.moe = moe_simulation(m, p, options.moe_routing, moe_layers, out);
+  if (m.moe()) out.moe = moe_simulation(m, p, options.moe_routing, m.moe_layer_count(), out);
   if (segmented) out.regions = segment_regions(m, p, report);
+  // Representatives stand for the tp·cp·dp ranks of their stage; every rank of a segmented plan is simulated.
   const double stand_for = segmented ? 1.0 : static_cast<double>(p.tp) * p.cp * p.dp;
   for (const SimRankReport& r : report.ranks)
     for (const auto& [name, figures] : r.regions) out.sent_bytes += figures.second * stand_for;
@@ -226,6 +300,7 @@ Result<SimulationResult> simulate_iteration(const ModelSpec& m, const Plan& p,
       if (static_cast<double>(s.peak_bytes) > options.cluster.device.memory_bytes)
         return out_of_memory(s, p, options.cluster.device.memory_bytes);
   if (options.trace) out.trace_json = cluster->trace().to_json();
+  out.simulator_wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
   return out;
 }
 

@@ -22,6 +22,18 @@
 //                    stream (which it waits for) and the slowdown concurrent
 //                    communication causes; waits for side-stream communication
 //                    show up as idle time instead
+//
+// Full fidelity (SimulateOptions::fidelity, and whenever variation is asked
+// for): the representatives still issue the ops, and every rank of a stage
+// runs them (sim_cluster.h), a rank (t, d, s) playing for rank r of the
+// representative (0, 0, s) the rank with r's coordinates shifted by (t, d):
+// its tp group, dp group, pipeline neighbours and embedding partner. What
+// the representatives do not show, full fidelity does: contention between
+// groups (data-parallel rings and pipeline sends on one NIC), a straggler's
+// peers waiting for it, rerouted traffic. It assumes, as representative mode
+// does, that the ranks of a stage issue the same ops; they differ only in
+// a few tiny ones (tp ranks other than 0 skip replicated parameters in the
+// gradient norm's sum of squares).
 #pragma once
 
 #include <array>
@@ -34,6 +46,7 @@
 #include "backends/sim/sim_backend.h"
 #include "engine/memory_model.h"
 #include "engine/plan.h"
+#include "engine/variation.h"
 #include "models/model_spec.h"
 #include "models/moe_routing.h"
 #include "simulator/cluster_spec.h"
@@ -54,6 +67,10 @@ struct SimulateOptions {
   // How a model with experts spreads its tokens over them (the sim holds no
   // data to route): models/moe_routing.h.
   MoeRouting moe_routing = MoeRouting::uniform();
+  // Full fidelity is used when asked for or when `variation` is not empty.
+  Fidelity fidelity = Fidelity::representative;
+  Variation variation;
+  bool isolate_exclusive = true;  // SimOptions::isolate_exclusive
 };
 
 // A model with experts: its expert parallelism as simulated. The step
@@ -73,6 +90,9 @@ struct MoeSimulation {
   // (Megatron-Core without its all-to-all overlap), so all of it is exposed.
   double all_to_all_s = 0, all_to_all_exposed_s = 0, all_to_all_share = 0;
 };
+
+std::string_view fidelity_name(Fidelity f);  // "representative" / "full"
+Result<Fidelity> fidelity_from_name(std::string_view name);
 
 // "flash" / "unfused", and back; unknown names are an Error listing both.
 Result<AttentionImpl> attention_impl_from_name(std::string_view name);
@@ -107,6 +127,15 @@ struct SimulationResult {
   std::uint64_t tasks = 0, events = 0;
   std::string trace_json;
   std::optional<MoeSimulation> moe;  // models with experts
+  Fidelity fidelity = Fidelity::representative;
+  double simulator_wall_s = 0;  // host time of the simulation: issuing the ops and the event run
+  // Full fidelity: tasks every rank ran, flows, collectives timed
+  // analytically on exclusive links (sim_cluster.h), and the rank whose
+  // compute took longest against the median of its stage (whose ranks run
+  // the same ops), with that median.
+  std::uint64_t tasks_run = 0, flows = 0, isolated_collectives = 0, isolated_overlaps = 0;
+  int slowest_rank = -1;
+  double slowest_compute_s = 0, median_compute_s = 0;
   std::vector<RegionResult> regions;  // plans made of segments: segments, then boundaries
   // Bytes every rank puts on the wire in one iteration (ring algorithms),
   // summed over ranks; a uniform plan's representatives stand for the tp·cp·dp
@@ -118,5 +147,14 @@ struct SimulationResult {
 // then simulates one iteration.
 Result<SimulationResult> simulate_iteration(const ModelSpec& m, const Plan& p,
                                             const SimulateOptions& options);
+
+// Building blocks for several jobs on one cluster (shared_fabric.h).
+// The job of plan `p` (representatives one per stage; in full fidelity their
+// classes and the rank map above), placed on `gpus` (empty: rank r on GPU r).
+SimJob simulation_job(const Plan& p, bool full, std::map<int, double> stragglers, std::vector<int> gpus = {});
+SimOptions simulation_options(const SimulateOptions& options, bool full);
+// Issues `iterations` iterations of job `job` on its representatives.
+Status issue_iterations(SimCluster& cluster, int job, const ModelSpec& m, const Plan& p,
+                        const SimulateOptions& options, int iterations);
 
 }  // namespace meshtrain

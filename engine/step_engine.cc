@@ -24,6 +24,13 @@ HostBatch example_batch(const ModelSpec& m, int micro_batch, int seq) {
   HostBatch h;
   h.batch = micro_batch;
   h.seq = m.vision() ? m.seq_len : seq;
+  if (m.vqa()) {
+    // Blank images, a question of ids and an answer word each.
+    h.pixels.assign(static_cast<std::size_t>(micro_batch) * m.image_size * m.image_size * m.channels, 0.f);
+    for (int i = 0; i < micro_batch * m.question_len; ++i) h.ids.push_back(i * 31 % m.vocab);
+    for (int i = 0; i < micro_batch; ++i) h.targets.push_back(i * 17 % m.vocab);
+    return h;
+  }
   if (m.vision()) {
     h.pixels.assign(static_cast<std::size_t>(micro_batch) * m.image_size * m.image_size * m.channels, 0.f);
     for (int i = 0; i < micro_batch; ++i) h.targets.push_back(i % m.classes);
@@ -79,7 +86,7 @@ StepEngine::StepEngine(Backend& b, const ModelSpec& m, const Plan& p, const Mesh
   const Group& etp_group = *mesh.group_of(GroupKind::expert_tensor, b.rank());
   expert.group = ep_group, expert.rank = ep_group.index_of(b.rank()), expert.size = ep_group.size();
   expert.tensor = etp_group, expert.tensor_rank = etp_group.index_of(b.rank()), expert.tensor_size = etp_group.size();
-  for (int l = 0; l < m.layers; ++l) moe_layers_ += m.moe_layer(l) ? 1 : 0;
+  moe_layers_ = m.moe_layer_count();
   const int virtual_stages = p.pp * p.vpp;
   // Both pipeline ends hold the tied embedding; their gradients are summed before the dp reduction.
   const bool defer_embedding = m.tied_embeddings && p.pp > 1;
@@ -185,6 +192,10 @@ Status StepEngine::check_batch(const HostBatch& h) const {
       return make_error("model '{}' reads {}×{}×{} images ({} tokens each): a micro-batch of {} needs {} pixels, "
                         "got {}", m_.name, m_.image_size, m_.image_size, m_.channels, m_.seq_len, h.batch, pixels,
                         h.pixels.size());
+    const std::size_t ids = static_cast<std::size_t>(h.batch) * m_.question_len;
+    if (m_.vqa() && h.ids.size() != ids)
+      return make_error("model '{}' reads questions of {} tokens: a micro-batch of {} needs {} ids, got {}", m_.name,
+                        m_.question_len, h.batch, ids, h.ids.size());
   } else if (h.ids.size() != static_cast<std::size_t>(n)) {
     return make_error("a micro-batch of {}·{} tokens needs as many ids, got {}", h.batch, h.seq, h.ids.size());
   }

@@ -69,7 +69,9 @@ Status check_step_options(const StepOptions& o);
 // One micro-batch on the host. A language model reads ids and next-token
 // targets (B·T each); a vision model reads pixels (B, H, W, channels),
 // normalised, and one class label per image in targets (B), with seq the
-// model's tokens per image (ModelSpec::seq_len).
+// model's tokens per image (ModelSpec::seq_len); a VQA model reads pixels,
+// each sample's question in ids (B·Q, left-padded) and its answer word in
+// targets (B), with seq its decoder's tokens (ModelSpec::seq_len).
 struct HostBatch {
   std::vector<std::int32_t> ids, targets;
   std::vector<float> pixels;

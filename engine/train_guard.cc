@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <numeric>
 
 #include <fmt/format.h>
@@ -17,16 +18,35 @@
 
 namespace meshtrain {
 
-namespace {
-
-// The id no group of `mesh` has: the mesh numbers its groups 0, 1, 2, ...
-int free_group_id(const Mesh& mesh) {
-  int id = 0;
-  for (int k = 0; k < kGroupKinds; ++k) id += static_cast<int>(mesh.groups(static_cast<GroupKind>(k)).size());
-  return id;
+Group world_group(const Plan& p) {
+  if (!p.segments.empty()) return segments_world(p);
+  const Mesh mesh(p);
+  Group world;
+  // The mesh numbers its groups 0, 1, 2, ...: the next id is free.
+  world.id = 0;
+  for (int k = 0; k < kGroupKinds; ++k) world.id += static_cast<int>(mesh.groups(static_cast<GroupKind>(k)).size());
+  world.ranks.resize(static_cast<std::size_t>(mesh.world_size()));
+  std::iota(world.ranks.begin(), world.ranks.end(), 0);
+  return world;
 }
 
-}  // namespace
+std::vector<int> rank_roles(const Plan& p) {
+  std::vector<int> out;
+  if (p.segments.empty()) {
+    const Mesh mesh(p);
+    for (int r = 0; r < p.world_size(); ++r) out.push_back(mesh.coord_of(r).pp);
+    return out;
+  }
+  // A rank's role: its pipeline stage in each segment it is in.
+  std::map<std::vector<int>, int> roles;
+  for (int r = 0; r < p.world_size(); ++r) {
+    std::vector<int> key;
+    for (const Plan& s : p.segments)
+      key.push_back(r >= s.first_rank && r < s.first_rank + s.world_size() ? Mesh(s).coord_of(r).pp : -1);
+    out.push_back(roles.emplace(key, static_cast<int>(roles.size())).first->second);
+  }
+  return out;
+}
 
 void warn(std::string_view message) {
   std::fflush(stdout);
@@ -109,16 +129,7 @@ Status check_resume(const CheckpointMeta& meta, const TrainOptions& o, const nlo
   return ok_status();
 }
 
-StopVote::StopVote(Backend& b, const Plan& p) : b_(b), flag_(b.empty(Shape{1})) {
-  if (!p.segments.empty()) {
-    world_ = segments_world(p);
-    return;
-  }
-  const Mesh mesh(p);
-  world_.id = free_group_id(mesh);
-  world_.ranks.resize(static_cast<std::size_t>(mesh.world_size()));
-  std::iota(world_.ranks.begin(), world_.ranks.end(), 0);
-}
+StopVote::StopVote(Backend& b, Group world) : b_(b), world_(std::move(world)), flag_(b.empty(Shape{1})) {}
 
 Result<int> StopVote::agree() {
   float v = static_cast<float>(stop_signal());

@@ -15,6 +15,7 @@
 #include "engine/lr_schedule.h"
 #include "engine/mesh.h"
 #include "engine/metrics.h"
+#include "engine/step_timing.h"
 #include "engine/stop_request.h"
 #include "engine/train_guard.h"
 #include "engine/training_data.h"
@@ -91,7 +92,10 @@ Result<std::optional<CheckpointLock>> claim_checkpoint(const TrainOptions& o) {
 Status train_rank(Backend& b, const ModelSpec& m, const Plan& p, const TrainOptions& o) {
   const bool leader = b.rank() == 0;
   const int seq = p.effective_seq_len(m);
-  const std::unique_ptr<TrainingEngine> engine_ptr = make_engine(b, m, p, o.step);
+  StepTimer timer(b);
+  FaultInjector faults(o.faults, b.rank(), o.ranks_are_processes, 3 * o.comm_timeout + std::chrono::seconds(1));
+  if (!faults.empty()) timer.on_communication([&faults](double compute_s) { faults.before_communication(compute_s); });
+  const std::unique_ptr<TrainingEngine> engine_ptr = make_engine(timer, m, p, o.step);
   TrainingEngine& engine = *engine_ptr;
   // A uniform plan's rank reads its data-parallel replica's micro-batches; a
   // plan made of segments reads the whole global batch on every rank.
@@ -100,7 +104,11 @@ Status train_rank(Backend& b, const ModelSpec& m, const Plan& p, const TrainOpti
             open_training_data(o.data, m, p, o.seed, share.replica, share.replicas));
   const LrSchedule schedule{o.lr, o.min_lr, warmup_steps(o), o.steps};
   const nlohmann::json run = run_record(o, data->source(), data->content());
-  StopVote stop_vote(b, p);
+  // The stop vote and the step timings are gathered over every rank; ranks
+  // of one role (stage) tell the straggler report which ranks compare.
+  const Group world = world_group(p);
+  StopVote stop_vote(b, world);
+  const std::vector<int> stage = rank_roles(p);
 
   std::int64_t first_step = 1;
   std::int64_t last_saved = 0;  // the step of the checkpoint on disk; 0: none yet
@@ -157,12 +165,33 @@ Status train_rank(Backend& b, const ModelSpec& m, const Plan& p, const TrainOpti
     const auto t0 = Clock::now();
     MT_ASSIGN(std::vector<HostBatch> batches, data->next(share.micro_batch, share.count));
     const double lr = lr_at(schedule, static_cast<int>(step));
-    auto result = engine.step(batches, static_cast<float>(lr), step);
-    if (!result.ok()) return make_error("{}; {}", result.error().message(), checkpoint_note());
-    StepMetrics sm{step, result->loss, lr, seconds_since(t0), 0, std::nullopt};
+    faults.begin_step(step);
+    timer.begin_step();
+    std::optional<Result<StepResult>> result;
+    try {
+      result.emplace(engine.step(batches, static_cast<float>(lr), step));
+    } catch (const InjectedExit&) {
+      return ok_status();  // a rank thread that "died": its peers find out on their own
+    }
+    if (!result->ok()) return make_error("{}; {}", result->error().message(), checkpoint_note());
+    MT_ASSIGN(const RankTiming timing, timer.end_step());
+    StepMetrics sm{step, (*result)->loss, lr, seconds_since(t0), 0, std::nullopt};
     sm.tokens_per_s = tokens_per_step / sm.step_time_s;
+    if (p.world_size() > 1) {
+      MT_ASSIGN(std::vector<RankTiming> all, gather_timings(b, timing, world).context(fmt::format("step {}", step)));
+      const StragglerReport report = straggler_report(std::move(all), stage);
+      RankTimes& rt = sm.ranks.emplace();
+      rt.slowest_rank = report.slowest_rank;
+      rt.slowest_compute_s = report.slowest_compute_s;
+      rt.median_compute_s = report.median_compute_s;
+      rt.lag_s = report.lag_s;
+      for (const RankTiming& t : report.ranks) {
+        rt.compute_s.push_back(t.compute_s);
+        rt.comm_s.push_back(t.comm_s);
+      }
+    }
     if (m.moe()) {
-      const MoeStepStats& e = result->moe;
+      const MoeStepStats& e = (*result)->moe;
       sm.moe = MoeMetrics{e.aux_loss,           e.z_loss,
                           e.balance,            e.load_max_over_mean,
                           e.load_mean_max_over_mean, e.dropped_fraction,
@@ -186,6 +215,7 @@ Status train_rank(Backend& b, const ModelSpec& m, const Plan& p, const TrainOpti
           line += fmt::format(" | aux {:.4f} | load max/mean {:.2f}", sm.moe->aux_loss, sm.moe->load_max_over_mean);
           if (m.capacity_factor > 0) line += fmt::format(" | dropped {:.1f}%", 100 * sm.moe->dropped_fraction);
         }
+        if (sm.ranks) line += format_straggler(*sm.ranks);
         fmt::print("{}\n", line);
         std::fflush(stdout);
       }

@@ -4,14 +4,22 @@
 // Every rank runs `train_rank` with its own backend; rank 0 alone prints,
 // writes metrics and commits checkpoints (the state it saves is gathered by
 // StepEngine::export_state, a collective that every rank joins).
+//
+// Each step is timed per rank (engine/step_timing.h); with several ranks
+// every rank's compute and communication time is gathered after the step
+// and rank 0 reports the slowest rank and its lag against the median, on the
+// progress line and in --metrics.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "backends/backend.h"
 #include "engine/checkpoint.h"
+#include "engine/fault_injection.h"
 #include "engine/plan.h"
 #include "engine/step_engine.h"
 #include "models/model_spec.h"
@@ -35,6 +43,11 @@ struct TrainOptions {
   int eval_images = 0;          // test images per evaluation (images; 0: the whole test set)
   bool progress = true;
   StepOptions step;
+  // Faults to inject (engine/fault_injection.h); an injected exit kills the
+  // process when ranks are processes; an injected hang lasts 3x comm_timeout.
+  std::vector<Fault> faults;
+  bool ranks_are_processes = false;
+  std::chrono::milliseconds comm_timeout{std::chrono::minutes(5)};
 };
 
 inline constexpr int kDefaultWarmup = 10;

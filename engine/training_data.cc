@@ -6,6 +6,7 @@
 #include "engine/byte_dataset.h"
 #include "engine/image_dataset.h"
 #include "engine/image_loader.h"
+#include "engine/vqa_loader.h"
 
 namespace meshtrain {
 
@@ -65,6 +66,25 @@ HostBatch host_batch(ImageBatch&& b, int tokens) {
   return h;
 }
 
+HostBatch host_batch(VqaBatch&& b, int tokens) {
+  HostBatch h;
+  h.pixels = std::move(b.pixels);
+  h.ids = std::move(b.ids);
+  h.targets = std::move(b.answers);
+  h.batch = b.rows;
+  h.seq = tokens;
+  return h;
+}
+
+// Replica r evaluates batches r, r + dp, ...; the engine sums over replicas.
+template <class Batch>
+std::vector<HostBatch> replica_share(std::vector<Batch>& batches, int dp_rank, int dp, int tokens) {
+  std::vector<HostBatch> out;
+  for (std::size_t k = static_cast<std::size_t>(dp_rank); k < batches.size(); k += static_cast<std::size_t>(dp))
+    out.push_back(host_batch(std::move(batches[k]), tokens));
+  return out;
+}
+
 // Labelled images: classification, evaluated on the test split.
 class ImageData : public TrainingData {
  public:
@@ -94,11 +114,7 @@ class ImageData : public TrainingData {
   Result<std::vector<HostBatch>> held_out(int micro_batch, int max_samples) const override {
     const std::int64_t limit = max_samples > 0 ? max_samples : data_->test.count;
     MT_ASSIGN(auto batches, evaluation_batches(data_->test, data_->stats, micro_batch, limit));
-    // Replica r evaluates batches r, r + dp, ...; the engine sums over replicas.
-    std::vector<HostBatch> out;
-    for (std::size_t k = static_cast<std::size_t>(dp_rank_); k < batches.size(); k += static_cast<std::size_t>(dp_))
-      out.push_back(host_batch(std::move(batches[k]), tokens_));
-    return out;
+    return replica_share(batches, dp_rank_, dp_, tokens_);
   }
   const char* unit() const override { return "img"; }
   const std::string& source() const override { return data_->dir; }
@@ -109,6 +125,51 @@ class ImageData : public TrainingData {
   std::shared_ptr<const ImageDataset> data_;
   int tokens_, dp_rank_, dp_;
   ImageLoader loader_;
+};
+
+// Questions about grids of four images (engine/vqa_loader.h): train grids
+// from the training images, evaluation questions about the test images.
+class VqaData : public TrainingData {
+ public:
+  VqaData(std::shared_ptr<const ImageDataset> data, const ModelSpec& m, std::uint64_t seed, int dp_rank, int dp)
+      : data_(std::move(data)), tokens_(m.seq_len), question_len_(m.question_len), dp_rank_(dp_rank), dp_(dp),
+        loader_(data_->train, data_->stats, seed, m.question_len, dp_rank, dp) {}
+
+  Result<std::vector<HostBatch>> next(int micro_batch, int count) override {
+    // One draw of micro_batch·count samples keeps the dp split of the whole step's batch.
+    MT_ASSIGN(VqaBatch all, loader_.next(micro_batch * count));
+    const std::size_t grid = all.pixels.size() / static_cast<std::size_t>(all.rows);
+    const std::size_t q = static_cast<std::size_t>(question_len_), per = static_cast<std::size_t>(micro_batch);
+    std::vector<HostBatch> out;
+    for (std::size_t first = 0; first < static_cast<std::size_t>(all.rows); first += per) {
+      VqaBatch part;
+      part.rows = micro_batch;
+      part.pixels.assign(all.pixels.begin() + static_cast<std::ptrdiff_t>(first * grid),
+                         all.pixels.begin() + static_cast<std::ptrdiff_t>((first + per) * grid));
+      part.ids.assign(all.ids.begin() + static_cast<std::ptrdiff_t>(first * q),
+                      all.ids.begin() + static_cast<std::ptrdiff_t>((first + per) * q));
+      part.answers.assign(all.answers.begin() + static_cast<std::ptrdiff_t>(first),
+                          all.answers.begin() + static_cast<std::ptrdiff_t>(first + per));
+      out.push_back(host_batch(std::move(part), tokens_));
+    }
+    return out;
+  }
+  LoaderState state() const override { return loader_.state(); }
+  void restore(const LoaderState& s) override { loader_.restore(s); }
+  Result<std::vector<HostBatch>> held_out(int micro_batch, int max_samples) const override {
+    const std::int64_t limit = max_samples > 0 ? max_samples : data_->test.count / 4;
+    MT_ASSIGN(auto batches, vqa_evaluation_batches(data_->test, data_->stats, micro_batch, question_len_, limit));
+    return replica_share(batches, dp_rank_, dp_, tokens_);
+  }
+  const char* unit() const override { return "q"; }
+  const std::string& source() const override { return data_->dir; }
+  // The training images the questions are about (the questions follow from them and the seed).
+  std::span<const std::uint8_t> content() const override { return data_->train.pixels; }
+
+ private:
+  std::shared_ptr<const ImageDataset> data_;
+  int tokens_, question_len_, dp_rank_, dp_;
+  VqaLoader loader_;
 };
 
 // Image sets by name, read once per process: the rank threads share them.
@@ -134,6 +195,23 @@ Status check_images(const ImageDataset& d, const ModelSpec& m) {
   return ok_status();
 }
 
+// A VQA model reads 2×2 grids of the set's images and questions in the VQA vocabulary.
+Status check_vqa_data(const ImageDataset& d, const ModelSpec& m) {
+  for (const ImageSet* set : {&d.train, &d.test}) MT_TRY(check_vqa_images(*set));
+  const int words = static_cast<int>(vqa_vocabulary().size());
+  if (m.image_size != kVqaGridSide || m.channels != 1)
+    return make_error("model '{}' reads {}×{}×{} images, the VQA grids of '{}' are {}×{}×1; use a model with "
+                      "\"image_size\": {}, \"channels\": 1 such as 'vqa-fmnist'",
+                      m.name, m.image_size, m.image_size, m.channels, d.dir, kVqaGridSide, kVqaGridSide, kVqaGridSide);
+  if (m.vocab < words)
+    return make_error("model '{}' has vocab {}, the VQA questions and answers use {} words; use \"vocab\" >= {}",
+                      m.name, m.vocab, words, words);
+  if (m.question_len < kVqaQuestionTokens)
+    return make_error("model '{}' reads questions of {} tokens, the longest VQA question has {}; use "
+                      "\"question_len\" >= {}", m.name, m.question_len, kVqaQuestionTokens, kVqaQuestionTokens);
+  return ok_status();
+}
+
 }  // namespace
 
 Status check_training_model(const ModelSpec& m) {
@@ -146,6 +224,10 @@ Status check_training_data(const std::string& data, const ModelSpec& m, const Pl
   if (data.empty() && m.vision())
     return make_error("no training images: pass --data fashion-mnist or a directory of IDX files");
   if (data.empty()) return make_error("no training data: pass --data FILE (any file; its bytes are the tokens)");
+  if (m.vqa()) {
+    MT_ASSIGN(auto images, shared_images(data));
+    return check_vqa_data(*images, m);
+  }
   if (m.vision()) {
     MT_ASSIGN(auto images, shared_images(data));
     return check_images(*images, m);
@@ -157,6 +239,11 @@ Status check_training_data(const std::string& data, const ModelSpec& m, const Pl
 
 Result<std::unique_ptr<TrainingData>> open_training_data(const std::string& data, const ModelSpec& m, const Plan& p,
                                                          std::uint64_t seed, int dp_rank, int dp) {
+  if (m.vqa()) {
+    MT_ASSIGN(auto images, shared_images(data));
+    MT_TRY(check_vqa_data(*images, m));
+    return std::unique_ptr<TrainingData>(std::make_unique<VqaData>(images, m, seed, dp_rank, dp));
+  }
   if (m.vision()) {
     MT_ASSIGN(auto images, shared_images(data));
     MT_TRY(check_images(*images, m));

@@ -1,12 +1,14 @@
 // TrainingData: what the training loop reads, whatever the model reads.
 //
-// Two sources, chosen by the model: a language model trains on any file's
+// Three sources, chosen by the model: a language model trains on any file's
 // bytes (engine/byte_dataset.h, engine/data_loader.h; the last 10% held out),
 // a vision model on an IDX image set (engine/image_dataset.h,
 // engine/image_loader.h; "fashion-mnist" or a directory), evaluated on its
-// test split. Both keep their position in a LoaderState, which checkpoints
-// save, and both give each data-parallel rank its share of the global batch
-// (the rank batches concatenated in rank order are the dp = 1 batch).
+// test split, and a VQA model on questions about 2×2 grids of such a set's
+// images (engine/vqa_loader.h), evaluated on questions about the test
+// images. All keep their position in a LoaderState, which checkpoints save,
+// and all give each data-parallel rank its share of the global batch (the
+// rank batches concatenated in rank order are the dp = 1 batch).
 #pragma once
 
 #include <cstdint>
@@ -32,10 +34,11 @@ class TrainingData {
   virtual void restore(const LoaderState& s) = 0;
   // This rank's part of the fixed held-out set, as micro-batches of at most
   // `micro_batch` samples: at most `max_samples` sequences (text, every
-  // replica evaluates the same ones) or test images (0: all, split over the
-  // data-parallel replicas).
+  // replica evaluates the same ones), test images (0: all, split over the
+  // data-parallel replicas) or test questions (0: one per four test images,
+  // each image seen once; split over the replicas).
   virtual Result<std::vector<HostBatch>> held_out(int micro_batch, int max_samples) const = 0;
-  // What one training sample is, for progress lines: "tok" or "img".
+  // What one training sample is, for progress lines: "tok", "img" or "q".
   virtual const char* unit() const = 0;
   // Where the data came from and its bytes, which a checkpoint records so
   // that resuming on other data is refused (engine/train_guard.h).

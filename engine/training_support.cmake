@@ -8,6 +8,8 @@ add_library(meshtrain_training_support STATIC
   data_loader.cc
   image_dataset.cc
   image_loader.cc
+  vqa_questions.cc
+  vqa_loader.cc
   training_data.cc
   lr_schedule.cc
   checkpoint.cc

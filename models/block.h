@@ -177,7 +177,8 @@ class BlockDef {
   // The part of the model the block belongs to, by which a plan's segment
   // may name it: "embed", "layers" and "head" for a decoder; "embed",
   // "encoder", "head" for ViT; "embed", "stage1".."stageN" (a stage's
-  // patch merging with it), "head" for Swin.
+  // patch merging with it), "head" for Swin; "vision", "projector" and
+  // "language" for VQA (models/vqa_blocks.h).
   const std::string& module() const { return module_; }
   void set_module(std::string module) { module_ = std::move(module); }
   // Every parameter of the block, in model order, with `layer()` as ParamInfo::layer.
@@ -208,8 +209,11 @@ using ModelBlocks = std::vector<std::unique_ptr<const BlockDef>>;
 
 // The blocks of a model in order: blocks[0] has hook index -1, blocks[L + 1] L.
 ModelBlocks model_blocks(const ModelSpec& m);
+// Appends `block` to `out` as a block of `module` (BlockDef::module).
+void add_block(ModelBlocks& out, std::unique_ptr<BlockDef> block, std::string module);
 
-// Samples' losses each micro-batch sums: T per sequence for a decoder, one per image.
+// Samples' losses each micro-batch sums: T per sequence for a decoder, one per
+// image (or, VQA, per answer).
 std::int64_t loss_terms_per_sample(const ModelSpec& m, std::int64_t seq);
 
 }  // namespace meshtrain

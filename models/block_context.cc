@@ -36,6 +36,17 @@ DropoutOp BlockContext::dropout(const MicroBatch& mb, int layer, int site, std::
           offset};
 }
 
+DropoutOp BlockContext::whole_dropout(const MicroBatch& mb, int layer, std::int64_t rows, std::int64_t width) const {
+  DropoutOp op = dropout(mb, layer, 0, rows, width);
+  op.offset = 0;
+  return op;
+}
+
+Tensor BlockContext::all_rows(const Tensor& x, std::int64_t width) {
+  const Tensor rows = x.view(Shape{x.numel() / width, width});
+  return sp ? sp_gather(rows) : rows;
+}
+
 Tensor BlockContext::sp_gather(const Tensor& x) {
   const std::int64_t width = x.shape().back();
   Tensor full = b.empty(Shape{x.numel() / width * tp.size, width}, x.dtype());
@@ -179,6 +190,14 @@ const Tensor& BlockContext::constant_ids(const std::string& key,
   Tensor t = b.empty(Shape{static_cast<std::int64_t>(host.size())}, DType::i32);
   b.write(t, host);
   return constants_.emplace(key, t).first->second;
+}
+
+const Tensor& BlockContext::positions(int batch, int tokens) {
+  return constant_ids(fmt::format("positions:{}:{}", batch, tokens), [&] {
+    std::vector<std::int32_t> host(static_cast<std::size_t>(batch) * tokens);
+    for (std::size_t i = 0; i < host.size(); ++i) host[i] = static_cast<std::int32_t>(i % tokens);
+    return host;
+  });
 }
 
 const Tensor& BlockContext::constant_values(const std::string& key, const Shape& shape, DType dtype,

@@ -60,6 +60,9 @@ class BlockContext {
   Tensor sp_scatter(const Tensor& x);
   // This rank's rows of a (N, X) tensor every tp rank holds in full, as a tensor of their own.
   Tensor local_part(const Tensor& x);
+  // Every row of a (·, width) tensor: this rank's rows gathered under SP, else
+  // `x` itself; for blocks that work on whole rows on every tp rank.
+  Tensor all_rows(const Tensor& x, std::int64_t width);
   // loss_sum (1) = Σ over the rows of `logits` (N, V) of the softmax
   // cross-entropy against mb.targets (and mb.correct += the rows whose target
   // has the largest logit, when given). `vocab_parallel`: the columns are
@@ -71,6 +74,9 @@ class BlockContext {
   // Counter-based dropout mask of one site: a sequence shard draws the mask
   // elements of its rows of the whole (N, width) tensor.
   DropoutOp dropout(const MicroBatch& mb, int layer, int site, std::int64_t rows, std::int64_t width) const;
+  // A dropout site over rows every tp rank holds in full: the mask of the
+  // whole tensor, whatever sequence parallelism does afterwards (site 0).
+  DropoutOp whole_dropout(const MicroBatch& mb, int layer, std::int64_t rows, std::int64_t width) const;
 
   // What the MoE layers of this chunk report (models/moe_layer.h); its
   // tensors exist when the model has experts.
@@ -79,6 +85,8 @@ class BlockContext {
   // An index map (or any constant i32 tensor) built on the host once per key
   // and kept for the chunk's lifetime (window partitions, merges, positions).
   const Tensor& constant_ids(const std::string& key, const std::function<std::vector<std::int32_t>()>& build);
+  // (B·T) i32: the position t of every row b·T + t, for learned position tables.
+  const Tensor& positions(int batch, int tokens);
   // The same for f32 constants (attention masks, pooling weights), in `dtype`.
   const Tensor& constant_values(const std::string& key, const Shape& shape, DType dtype,
                                 const std::function<std::vector<float>()>& build);

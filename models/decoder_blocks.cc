@@ -24,7 +24,8 @@ class TokenEmbedding : public Block {
     else ctx_.tp_all_reduce(x);
     if (m_.position == PositionKind::learned) {
       Tensor pe = b.empty(Shape{R, m_.hidden}, ctx_.act);
-      const Tensor ids = ctx_.sp ? positions(mb).slice(ctx_.tp.rank * R, R) : positions(mb);
+      const Tensor& all = ctx_.positions(mb.batch, mb.seq);
+      const Tensor ids = ctx_.sp ? all.slice(ctx_.tp.rank * R, R) : all;
       b.embedding_forward(ctx_.params["embed.positions"].value, ids, pe, 0);
       b.add(x, pe, x);
     }
@@ -46,21 +47,12 @@ class TokenEmbedding : public Block {
     b.embedding_backward(dx, mb.ids, dtokens, ctx_.tp.rank * vocab_rows_);
     if (m_.position == PositionKind::learned) {
       Tensor dpos = ctx_.params["embed.positions"].grad;
-      b.embedding_backward(dx, positions(mb), dpos, 0);
+      b.embedding_backward(dx, ctx_.positions(mb.batch, mb.seq), dpos, 0);
     }
     return Tensor();
   }
 
  private:
-  // (N) i32: the position of every token of a (B, T) micro-batch.
-  const Tensor& positions(const MicroBatch& mb) {
-    return ctx_.constant_ids(fmt::format("positions:{}:{}", mb.batch, mb.seq), [&] {
-      std::vector<std::int32_t> host(static_cast<std::size_t>(mb.batch) * mb.seq);
-      for (std::size_t i = 0; i < host.size(); ++i) host[i] = static_cast<std::int32_t>(i % mb.seq);
-      return host;
-    });
-  }
-
   const ModelSpec& m_;
   BlockContext& ctx_;
   std::int64_t vocab_rows_;  // V on this rank (padded shard)

@@ -5,6 +5,7 @@
 #include "models/decoder_blocks.h"
 #include "models/transformer_layer.h"
 #include "models/vision_blocks.h"
+#include "models/vqa_blocks.h"
 
 namespace meshtrain {
 
@@ -12,14 +13,8 @@ namespace {
 
 std::string layer_name(int layer) { return "layers." + std::to_string(layer); }
 
-// Appends a block of `module` (BlockDef::module).
-void push(ModelBlocks& out, std::unique_ptr<BlockDef> block, std::string module) {
-  block->set_module(std::move(module));
-  out.push_back(std::move(block));
-}
-
 void add_decoder(const ModelSpec& m, ModelBlocks& out) {
-  push(out, std::make_unique<TokenEmbeddingDef>(m), "embed");
+  add_block(out, std::make_unique<TokenEmbeddingDef>(m), "embed");
   LayerShape shape;
   shape.width = m.hidden;
   shape.heads = m.heads, shape.kv_heads = m.kv_heads, shape.ffn = m.ffn;
@@ -38,33 +33,23 @@ void add_decoder(const ModelSpec& m, ModelBlocks& out) {
     } else {
       layer.ffn = m.dense_mlp_width();
     }
-    push(out, std::make_unique<TransformerLayerDef>(l, layer_name(l), layer, m.norm), "layers");
+    add_block(out, std::make_unique<TransformerLayerDef>(l, layer_name(l), layer, m.norm), "layers");
   }
-  push(out, std::make_unique<LmHeadDef>(m), "head");
+  add_block(out, std::make_unique<LmHeadDef>(m), "head");
 }
 
 void add_vit(const ModelSpec& m, ModelBlocks& out) {
-  push(out, std::make_unique<PatchEmbeddingDef>(m), "embed");
-  LayerShape shape;
-  shape.width = m.hidden;
-  shape.heads = shape.kv_heads = m.heads;
-  shape.ffn = m.ffn;
-  shape.causal = false;  // every patch reads every patch and the class token
-  shape.activation = m.activation;
-  shape.bias = m.bias;
-  shape.tokens = m.seq_len;
-  for (int l = 0; l < m.layers; ++l)
-    push(out, std::make_unique<TransformerLayerDef>(l, layer_name(l), shape, m.norm), "encoder");
-  push(out, std::make_unique<ClassifierHeadDef>(m, m.seq_len, m.hidden, true), "head");
+  add_vit_encoder(m, "", "embed", "encoder", out);
+  add_block(out, std::make_unique<ClassifierHeadDef>(m, m.seq_len, m.hidden, true), "head");
 }
 
 void add_swin(const ModelSpec& m, ModelBlocks& out) {
-  push(out, std::make_unique<PatchEmbeddingDef>(m), "embed");
+  add_block(out, std::make_unique<PatchEmbeddingDef>(m), "embed");
   int layer = 0, grid = m.patch_grid(), width = m.hidden, ffn = m.ffn;
   for (std::size_t stage = 0; stage < m.depths.size(); ++stage) {
     const std::string module = "stage" + std::to_string(stage + 1);
     if (stage > 0) {
-      push(out, std::make_unique<PatchMergingDef>(layer, layer_name(layer) + ".merge", grid, width, m.norm), module);
+      add_block(out, std::make_unique<PatchMergingDef>(layer, layer_name(layer) + ".merge", grid, width, m.norm), module);
       ++layer;
       grid = (grid + 1) / 2, width *= 2, ffn *= 2;
     }
@@ -81,14 +66,19 @@ void add_swin(const ModelSpec& m, ModelBlocks& out) {
     shape.window = std::min(m.window, grid);
     for (int d = 0; d < m.depths[stage]; ++d) {
       shape.shift = (d % 2 == 1 && grid > m.window) ? m.window / 2 : 0;
-      push(out, std::make_unique<TransformerLayerDef>(layer, layer_name(layer), shape, m.norm), module);
+      add_block(out, std::make_unique<TransformerLayerDef>(layer, layer_name(layer), shape, m.norm), module);
       ++layer;
     }
   }
-  push(out, std::make_unique<ClassifierHeadDef>(m, grid * grid, width, false), "head");
+  add_block(out, std::make_unique<ClassifierHeadDef>(m, grid * grid, width, false), "head");
 }
 
 }  // namespace
+
+void add_block(ModelBlocks& out, std::unique_ptr<BlockDef> block, std::string module) {
+  block->set_module(std::move(module));
+  out.push_back(std::move(block));
+}
 
 ModelBlocks model_blocks(const ModelSpec& m) {
   ModelBlocks out;
@@ -96,6 +86,7 @@ ModelBlocks model_blocks(const ModelSpec& m) {
     case ModelFamily::decoder: add_decoder(m, out); break;
     case ModelFamily::vit: add_vit(m, out); break;
     case ModelFamily::swin: add_swin(m, out); break;
+    case ModelFamily::vqa: add_vqa_blocks(m, out); break;
   }
   return out;
 }

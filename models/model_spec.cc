@@ -9,11 +9,13 @@
 
 #include "core/json_input.h"
 #include "core/names.h"
+#include "models/vqa_spec.h"
 
 namespace meshtrain {
 
 void derive_model_fields(ModelSpec& m) {
   if (!m.vision()) return;
+  if (m.vqa()) return derive_vqa_fields(m);
   const int grid = m.patch_grid();
   if (m.family == ModelFamily::vit) {
     m.seq_len = 1 + grid * grid;  // the class token and the patches
@@ -204,6 +206,7 @@ const std::map<std::string, ModelSpec>& presets() {
     ModelSpec vit_fmnist = vit("vit-fmnist", 6, 64, 4, 256, 4);
     vit_fmnist.image_size = 28, vit_fmnist.channels = 1, vit_fmnist.classes = 10;
     add(vit_fmnist);
+    for (ModelSpec& m : vqa_presets()) add(std::move(m));
     for (auto& [name, m] : t) derive_model_fields(m);
     return t;
   }();
@@ -232,13 +235,15 @@ const EnumNames<NormKind> kNorms{{{NormKind::layernorm, "layernorm"}, {NormKind:
 const EnumNames<Activation> kActivations{{{Activation::gelu, "gelu"}, {Activation::swiglu, "swiglu"}}};
 const EnumNames<PositionKind> kPositions{{{PositionKind::learned, "learned"}, {PositionKind::rope, "rope"}}};
 const EnumNames<ModelFamily> kFamilies{
-    {{ModelFamily::decoder, "decoder"}, {ModelFamily::vit, "vit"}, {ModelFamily::swin, "swin"}}};
+    {{ModelFamily::decoder, "decoder"}, {ModelFamily::vit, "vit"}, {ModelFamily::swin, "swin"},
+     {ModelFamily::vqa, "vqa"}}};
 
 const std::vector<std::string> kFields = {
     "name",   "family",  "layers", "hidden",          "heads", "kv_heads",   "ffn",        "vocab",   "seq_len",
     "tied_embeddings", "bias", "norm", "activation", "position", "norm_eps", "rope_theta",
     "experts", "top_k", "shared_experts", "moe_every", "dense_layers", "dense_ffn", "renormalize",
-    "capacity_factor", "aux_loss_coeff", "z_loss_coeff", "head_dim", "image_size", "patch", "channels", "classes", "window", "depths", "stage_heads"};
+    "capacity_factor", "aux_loss_coeff", "z_loss_coeff", "head_dim", "image_size", "patch", "channels", "classes", "window", "depths", "stage_heads",
+    "vision", "projector", "decoder_layers", "question_len"};
 
 // Fields a family does not read, and why: given, they would be silently ignored.
 Status check_family_fields(const nlohmann::json& j, ModelFamily family) {
@@ -266,6 +271,10 @@ Status check_family_fields(const nlohmann::json& j, ModelFamily family) {
       {"experts", true, false, false, "mixture-of-experts layers are a decoder option"},
       {"top_k", true, false, false, "mixture-of-experts layers are a decoder option"},
       {"head_dim", true, false, false, "a vision model's heads split its width evenly"},
+      {"vision", false, false, false, "only a vqa model has a vision encoder"},
+      {"projector", false, false, false, "only a vqa model has a projector"},
+      {"decoder_layers", false, false, false, "only a vqa model has a decoder besides an encoder; give `layers`"},
+      {"question_len", false, false, false, "only a vqa model reads questions"},
   };
   for (const Rule& r : kRules) {
     const bool reads = family == ModelFamily::decoder ? r.decoder : family == ModelFamily::vit ? r.vit : r.swin;
@@ -276,7 +285,13 @@ Status check_family_fields(const nlohmann::json& j, ModelFamily family) {
   return ok_status();
 }
 
-// The range of each integer field of a model file.
+const RealRange kNormEpsRange{1e-20, 1};  // a float, and positive
+const RealRange kRopeThetaRange{0, 1e12, true, false};
+// Capacity factor (0: dropless) and the router's loss coefficients.
+const RealRange kMoeCoefficientRange{0, 1e6};
+
+}  // namespace
+
 IntRange model_field_range(std::string_view key) {
   if (key == "layers") return {1, 1 << 16};
   if (key == "hidden") return {1, 1 << 20};
@@ -286,15 +301,11 @@ IntRange model_field_range(std::string_view key) {
   if (key == "image_size") return {1, 1 << 16};
   if (key == "patch" || key == "channels" || key == "window") return {1, 1 << 12};
   if (key == "classes") return {1, 1 << 24};
+  if (key == "decoder_layers") return {1, 1 << 16};
+  if (key == "question_len") return {1, 1 << 24};
   if (key == "depths" || key == "stage_heads") return {1, 1 << 16};
   return {0, 1 << 16};  // experts, top_k and other counts
 }
-const RealRange kNormEpsRange{1e-20, 1};  // a float, and positive
-const RealRange kRopeThetaRange{0, 1e12, true, false};
-// Capacity factor (0: dropless) and the router's loss coefficients.
-const RealRange kMoeCoefficientRange{0, 1e6};
-
-}  // namespace
 
 const std::vector<std::string>& model_preset_names() {
   static const std::vector<std::string> names = [] {
@@ -344,7 +355,8 @@ Result<ModelSpec> model_from_json(const nlohmann::json& j) {
     MT_TRY(get_string("family", family));
     MT_ASSIGN(m.family, kFamilies.parse("family", family));
   }
-  MT_TRY(check_family_fields(j, m.family));
+  // A VQA model's own fields (models/vqa_spec.h) and the ones it refuses.
+  MT_TRY(m.vqa() ? read_vqa_fields(j, m) : check_family_fields(j, m.family));
   if (m.vision()) {
     m.norm_eps = m.family == ModelFamily::vit ? 1e-6f : 1e-5f;  // the released models' LayerNorm eps
     m.tied_embeddings = false;
@@ -422,6 +434,7 @@ Result<ModelSpec> load_model(const std::string& name_or_file) {
 namespace {
 
 Status validate_vision(const ModelSpec& m) {
+  if (m.vqa()) return validate_vqa(m);
   auto positive = [&](const char* what, int v) -> Status {
     if (v <= 0) return make_error("model '{}': {} must be positive, got {}", m.name, what, v);
     return {};
@@ -529,16 +542,15 @@ std::string describe_model(const ModelSpec& m) {
                          "blocks with the mergings, {} tokens; {}",
                          m.name, fmt::join(m.depths, "-"), fmt::join(m.stage_heads, "-"), m.hidden, m.window,
                          m.layers, m.seq_len, image);
+    case ModelFamily::vqa: return describe_vqa(m);
     case ModelFamily::decoder: break;
   }
   std::string text = fmt::format("{}: {} layers, hidden {}, heads {} (kv {}), ffn {}, vocab {}, seq {}", m.name,
                                  m.layers, m.hidden, m.heads, m.kv_heads, m.ffn, m.vocab, m.seq_len);
   if (m.head_dim_size > 0) text += fmt::format(", head dim {}", m.head_dim_size);
   if (m.moe()) {
-    int moe_layers = 0;
-    for (int l = 0; l < m.layers; ++l) moe_layers += m.moe_layer(l) ? 1 : 0;
     text += fmt::format("; {} experts (top {}{}) on {} of the layers", m.experts, m.top_k,
-                        m.renormalize ? ", renormalised" : "", moe_layers);
+                        m.renormalize ? ", renormalised" : "", m.moe_layer_count());
     if (m.shared_experts > 0) text += fmt::format(", {} shared", m.shared_experts);
     text += m.capacity_factor > 0 ? fmt::format(", capacity factor {:g}", m.capacity_factor) : ", dropless";
   }
@@ -546,6 +558,7 @@ std::string describe_model(const ModelSpec& m) {
 }
 
 nlohmann::json model_to_json(const ModelSpec& m) {
+  if (m.vqa()) return vqa_to_json(m);
   if (m.vision()) {
     nlohmann::json j = {{"name", m.name},       {"family", kFamilies.name(m.family)},
                         {"hidden", m.hidden},   {"ffn", m.ffn},

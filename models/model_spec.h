@@ -1,6 +1,7 @@
 // ModelSpec: the shape of a transformer model, as a value: a decoder-only
-// language model (GPT-2, Llama), a vision transformer (ViT) or a Swin
-// Transformer. models/block.h turns it into the model's blocks.
+// language model (GPT-2, Llama), a vision transformer (ViT), a Swin
+// Transformer, or a visual question answering model of three modules
+// (models/vqa_spec.h). models/block.h turns it into the model's blocks.
 //
 // A spec comes from a built-in preset by name or from a JSON file whose field
 // names are the ones below (`layers`, `hidden`, ...). Everything that counts
@@ -10,10 +11,12 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "core/bounded.h"
 #include "core/status.h"
 
 namespace meshtrain {
@@ -23,8 +26,23 @@ enum class Activation { gelu, swiglu };
 enum class PositionKind { learned, rope };
 // decoder: GPT/Llama-style language model on token ids; vit: ViT image
 // classifier (Dosovitskiy et al. 2021); swin: Swin Transformer image
-// classifier (Liu et al. 2021).
-enum class ModelFamily { decoder, vit, swin };
+// classifier (Liu et al. 2021); vqa: a ViT encoder, a projector and a causal
+// decoder that answers a question about the image in one word (LLaVA's
+// layout, Liu et al. 2023; models/vqa_spec.h).
+enum class ModelFamily { decoder, vit, swin, vqa };
+// How a VQA model maps the encoder's tokens to the decoder's width: one
+// linear layer (LLaVA) or linear-GELU-linear (LLaVA-1.5's mlp2x_gelu).
+enum class ProjectorKind { linear, mlp };
+
+// A VQA model's vision encoder: the transformer dims of a ViT (class token,
+// learned positions, bidirectional attention) over the model's image fields
+// (image_size, patch, channels). Its norm kind and eps are the model's.
+struct VisionEncoderSpec {
+  int layers = 0, hidden = 0, heads = 0, ffn = 0;
+  Activation activation = Activation::gelu;
+  bool bias = true;
+  bool operator==(const VisionEncoderSpec&) const = default;
+};
 
 struct ModelSpec {
   std::string name = "custom";
@@ -76,13 +94,29 @@ struct ModelSpec {
   // width ffn·2^i (`hidden`, `heads`, `ffn` are stage 1's).
   int window = 0;
   std::vector<int> depths, stage_heads;
+  // VQA (family vqa): the encoder (JSON "vision"), the projector, the
+  // decoder's depth, and the question's tokens Q. The transformer fields
+  // above (hidden, heads, kv_heads, ffn, vocab, norm, ...) are the
+  // decoder's; `layers` and `seq_len` are derived: vision.layers + 2 +
+  // decoder_layers body blocks, and (image_size/patch)² + Q decoder tokens.
+  VisionEncoderSpec vision_encoder;
+  ProjectorKind projector = ProjectorKind::linear;
+  int decoder_layers = 0;
+  int question_len = 0;
 
   int head_dim() const { return head_dim_size > 0 ? head_dim_size : hidden / heads; }
   bool moe() const { return experts > 0; }
   // Whether body layer l routes its tokens to experts (see experts above).
   bool moe_layer(int l) const { return experts > 0 && l >= dense_layers && l % moe_every == 0; }
+  int moe_layer_count() const {
+    int n = 0;
+    for (int l = 0; l < layers; ++l) n += moe_layer(l) ? 1 : 0;
+    return n;
+  }
   int dense_mlp_width() const { return moe() && dense_ffn > 0 ? dense_ffn : ffn; }
+  // Reads images (ViT, Swin and VQA); a VQA model reads a question's token ids too.
   bool vision() const { return family != ModelFamily::decoder; }
+  bool vqa() const { return family == ModelFamily::vqa; }
   int patch_grid() const { return patch > 0 ? image_size / patch : 0; }  // patches per side
 };
 
@@ -97,6 +131,10 @@ const std::vector<std::string>& model_preset_names();
 Result<ModelSpec> model_preset(const std::string& name);
 // A spec from JSON with the preset field names; unknown fields are errors.
 Result<ModelSpec> model_from_json(const nlohmann::json& j);
+// The range of each integer field of a model file (of a VQA model's "vision"
+// object too): far above any real model, far below where a count of
+// parameters, FLOPs or bytes would overflow.
+IntRange model_field_range(std::string_view key);
 // A preset name, or a path to a JSON file.
 Result<ModelSpec> load_model(const std::string& name_or_file);
 // Fills the fields a vision model derives (seq_len; a Swin model's layers

@@ -37,18 +37,9 @@ std::vector<std::int32_t> merge_order(int batch, int grid) {
 
 namespace {
 
-// A dropout site over rows every tp rank holds in full: the mask of the
-// whole tensor, whatever sequence parallelism does afterwards.
-DropoutOp whole_dropout(const BlockContext& ctx, const MicroBatch& mb, int layer, std::int64_t rows,
-                        std::int64_t width) {
-  DropoutOp op = ctx.dropout(mb, layer, 0, rows, width);
-  op.offset = 0;
-  return op;
-}
-
 class PatchEmbedding : public Block {
  public:
-  PatchEmbedding(const PatchEmbeddingDef& def, BlockContext& ctx) : def_(def), ctx_(ctx), m_(ctx.m) {}
+  PatchEmbedding(const PatchEmbeddingDef& def, BlockContext& ctx) : def_(def), ctx_(ctx), m_(def.spec()) {}
 
   Tensor forward(const MicroBatch& mb, const Tensor&, std::unique_ptr<Block::Saved>* saved) override {
     Backend& b = ctx_.b;
@@ -60,7 +51,7 @@ class PatchEmbedding : public Block {
     Tensor patch_rows = s->patches.view(Shape{patches * P * P, K});
     b.gather_rows(mb.pixels.view(Shape{mb.pixels.numel() / K, K}), patch_index(mb.batch), patch_rows);
     Tensor emb;
-    ctx_.linear("embed.patch", s->patches, emb, LinearKind::replicated);
+    ctx_.linear(def_.param("embed.patch"), s->patches, emb, LinearKind::replicated);
     Tensor x;
     if (def_.class_token()) {
       // [patches | class token] as one source, then each image's row 0 from the
@@ -68,18 +59,18 @@ class PatchEmbedding : public Block {
       Tensor src = b.empty(Shape{patches + 1, C}, ctx_.act);
       Tensor src_patches = src.rows(0, patches), src_cls = src.rows(patches, 1);
       b.copy(emb, src_patches);
-      b.copy(ctx_.params["embed.cls"].value.view(Shape{1, C}), src_cls);
+      b.copy(ctx_.params[def_.param("embed.cls")].value.view(Shape{1, C}), src_cls);
       emb = Tensor();
       x = b.empty(Shape{N, C}, ctx_.act);
       b.gather_rows(src, sequence_index(mb.batch), x);
       Tensor pe = b.empty(Shape{N, C}, ctx_.act);
-      b.embedding_forward(ctx_.params["embed.positions"].value, positions(mb.batch), pe, 0);
+      b.embedding_forward(ctx_.params[def_.param("embed.positions")].value, positions(mb.batch), pe, 0);
       b.add(x, pe, x);
     } else {
       s->emb = emb;
-      ctx_.norm_forward("embed.norm", emb, x, s->mean, s->rstd);
+      ctx_.norm_forward(def_.param("embed.norm"), emb, x, s->mean, s->rstd);
     }
-    if (ctx_.options.dropout > 0) b.dropout_forward(x, x, whole_dropout(ctx_, mb, -1, N, C));
+    if (ctx_.options.dropout > 0) b.dropout_forward(x, x, ctx_.whole_dropout(mb, -1, N, C));
     if (saved) *saved = std::move(s);
     return ctx_.sp ? ctx_.local_part(x) : x;
   }
@@ -89,24 +80,24 @@ class PatchEmbedding : public Block {
     Saved& s = static_cast<Saved&>(saved);
     const std::int64_t B = mb.batch, grid = m_.patch_grid(), C = m_.hidden;
     const std::int64_t patches = B * grid * grid, N = B * m_.seq_len;
-    Tensor dx = ctx_.sp ? ctx_.sp_gather(dout.view(Shape{dout.numel() / C, C})) : dout.view(Shape{N, C});
+    Tensor dx = ctx_.all_rows(dout, C);
     if (ctx_.options.dropout > 0) {
       Tensor d = b.empty(Shape{N, C}, ctx_.act);
-      b.dropout_backward(dx, d, whole_dropout(ctx_, mb, -1, N, C));
+      b.dropout_backward(dx, d, ctx_.whole_dropout(mb, -1, N, C));
       dx = d;
     }
     Tensor demb;
     if (def_.class_token()) {
-      Tensor dpos = ctx_.params["embed.positions"].grad, dcls = ctx_.params["embed.cls"].grad;
+      Tensor dpos = ctx_.params[def_.param("embed.positions")].grad, dcls = ctx_.params[def_.param("embed.cls")].grad;
       b.embedding_backward(dx, positions(mb.batch), dpos, 0);
       // The class token's rows sum into its gradient; the patch rows go back to the patches.
       b.embedding_backward(dx, class_rows(mb.batch), dcls, 0);
       demb = b.empty(Shape{patches, C}, ctx_.act);
       b.gather_rows(dx, patch_rows(mb.batch), demb);
     } else {
-      ctx_.norm_backward("embed.norm", dx, s.emb, s.mean, s.rstd, demb, false);
+      ctx_.norm_backward(def_.param("embed.norm"), dx, s.emb, s.mean, s.rstd, demb, false);
     }
-    ctx_.linear_backward("embed.patch", s.patches, demb, nullptr, LinearKind::replicated);
+    ctx_.linear_backward(def_.param("embed.patch"), s.patches, demb, nullptr, LinearKind::replicated);
     return Tensor();
   }
 
@@ -148,13 +139,7 @@ class PatchEmbedding : public Block {
       return index;
     });
   }
-  const Tensor& positions(int batch) {
-    return ctx_.constant_ids(fmt::format("positions:{}:{}", batch, m_.seq_len), [&] {
-      std::vector<std::int32_t> host(static_cast<std::size_t>(batch) * m_.seq_len);
-      for (std::size_t i = 0; i < host.size(); ++i) host[i] = static_cast<std::int32_t>(i % m_.seq_len);
-      return host;
-    });
-  }
+  const Tensor& positions(int batch) { return ctx_.positions(batch, m_.seq_len); }
 
   const PatchEmbeddingDef& def_;
   BlockContext& ctx_;
@@ -169,7 +154,7 @@ class PatchMerging : public Block {
     Backend& b = ctx_.b;
     const std::int64_t C = def_.width(), out = def_.out_grid();
     const std::int64_t merged = static_cast<std::int64_t>(mb.batch) * out * out;
-    const Tensor x = ctx_.sp ? ctx_.sp_gather(x_in.view(Shape{x_in.numel() / C, C})) : x_in;
+    const Tensor x = ctx_.all_rows(x_in, C);
     auto s = std::make_unique<Saved>();
     s->m = b.empty(Shape{merged, 4 * C}, ctx_.act);
     Tensor rows = s->m.view(Shape{merged * 4, C});
@@ -185,7 +170,7 @@ class PatchMerging : public Block {
     Backend& b = ctx_.b;
     Saved& s = static_cast<Saved&>(saved);
     const std::int64_t C = def_.width(), rows = static_cast<std::int64_t>(mb.batch) * def_.grid() * def_.grid();
-    const Tensor dy = ctx_.sp ? ctx_.sp_gather(dout.view(Shape{dout.numel() / (2 * C), 2 * C})) : dout;
+    const Tensor dy = ctx_.all_rows(dout, 2 * C);
     Tensor dn, dm;
     ctx_.linear_backward(def_.name() + ".reduction", s.n, dy, &dn, LinearKind::replicated);
     ctx_.norm_backward(def_.name() + ".norm", dn, s.m, s.mean, s.rstd, dm, false);
@@ -218,7 +203,7 @@ class ClassifierHead : public Block {
     Backend& b = ctx_.b;
     const std::int64_t B = mb.batch, T = def_.tokens(), C = def_.width();
     auto s = std::make_unique<Saved>();
-    s->x = ctx_.sp ? ctx_.sp_gather(x_in.view(Shape{x_in.numel() / C, C})) : x_in.view(Shape{B * T, C});
+    s->x = ctx_.all_rows(x_in, C);
     Tensor nf;
     ctx_.norm_forward("final_norm", s->x, nf, s->mean, s->rstd);
     s->pooled = b.empty(Shape{B, C}, ctx_.act);
@@ -286,15 +271,31 @@ class ClassifierHead : public Block {
 
 }  // namespace
 
+void add_vit_encoder(const ModelSpec& vit, const std::string& prefix, const std::string& embed_module,
+                     const std::string& layers_module, ModelBlocks& out) {
+  add_block(out, std::make_unique<PatchEmbeddingDef>(vit, prefix), embed_module);
+  LayerShape shape;
+  shape.width = vit.hidden;
+  shape.heads = shape.kv_heads = vit.heads;
+  shape.ffn = vit.ffn;
+  shape.causal = false;  // every patch reads every patch and the class token
+  shape.activation = vit.activation;
+  shape.bias = vit.bias;
+  shape.tokens = vit.seq_len;
+  for (int l = 0; l < vit.layers; ++l)
+    add_block(out, std::make_unique<TransformerLayerDef>(l, prefix + "layers." + std::to_string(l), shape, vit.norm),
+              layers_module);
+}
+
 std::vector<ParamInfo> PatchEmbeddingDef::parameters() const {
   ParamTableBuilder t(layer());
   const std::int64_t C = m_.hidden, P = m_.patch;
-  t.linear("embed.patch", P * P * m_.channels, C, TpSplit::replicated, true);
+  t.linear(param("embed.patch"), P * P * m_.channels, C, TpSplit::replicated, true);
   if (class_token()) {
-    t.add("embed.cls", {1, C});
-    t.add("embed.positions", {m_.seq_len, C});
+    t.add(param("embed.cls"), {1, C});
+    t.add(param("embed.positions"), {m_.seq_len, C});
   } else {
-    t.norm("embed.norm", C, m_.norm);
+    t.norm(param("embed.norm"), C, m_.norm);
   }
   return t.take();
 }

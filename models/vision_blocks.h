@@ -25,16 +25,22 @@ namespace meshtrain {
 
 class PatchEmbeddingDef : public BlockDef {
  public:
-  explicit PatchEmbeddingDef(const ModelSpec& m) : BlockDef(-1), m_(m) {}
+  // `m` is the image model (a VQA model's encoder as a ViT spec); `prefix`
+  // goes before the parameter names ("vision." in a VQA model).
+  explicit PatchEmbeddingDef(const ModelSpec& m, std::string prefix = "")
+      : BlockDef(-1), m_(m), prefix_(std::move(prefix)) {}
   std::vector<ParamInfo> parameters() const override;
   BlockIo io(std::int64_t seq) const override;
   ForwardFlops flops(double samples, std::int64_t seq) const override;
   double activation_bytes(const ActivationQuery& q) const override;
   std::unique_ptr<Block> instantiate(BlockContext& ctx) const override;
   bool class_token() const { return m_.family == ModelFamily::vit; }
+  const ModelSpec& spec() const { return m_; }
+  std::string param(const char* name) const { return prefix_ + name; }
 
  private:
   ModelSpec m_;
+  std::string prefix_;
 };
 
 class PatchMergingDef : public BlockDef {
@@ -77,6 +83,14 @@ class ClassifierHeadDef : public BlockDef {
   int tokens_, width_;
   bool class_token_;
 };
+
+// A ViT's patch embedding and encoder layers (hook indices -1, 0 ..
+// vit.layers - 1), appended to `out` with parameter names after `prefix`
+// ("vision." in a VQA model) and in modules `embed_module` and
+// `layers_module` (BlockDef::module): a ViT classifier's "embed" and
+// "encoder", a VQA model's "vision" for both.
+void add_vit_encoder(const ModelSpec& vit, const std::string& prefix, const std::string& embed_module,
+                     const std::string& layers_module, ModelBlocks& out);
 
 // Index maps, exposed for tests. The gather that cuts B images of I × I × K
 // into (B·S², P·P·K) patch rows, from the (B·I·I, K) pixel rows; the gather

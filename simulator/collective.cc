@@ -180,6 +180,9 @@ void for_each_flow(const CollectivePlan& plan, const CollectivePlan::Step& step,
     }
 }
 
+Result<CollectivePlan> choose_plan(const Cluster& cluster, const CostConstants& c,
+                                   const CollectiveRequest& req);
+
 }  // namespace
 
 const char* collective_kind_name(CollectiveKind kind) {
@@ -259,6 +262,15 @@ int CollectivePlan::total_steps() const {
   return t;
 }
 
+std::vector<std::pair<int, int>> flow_pairs(const CollectivePlan& plan) {
+  std::vector<std::pair<int, int>> out;
+  for (const auto& step : plan.steps)
+    for_each_flow(plan, step, [&](int src, int dst) { out.emplace_back(src, dst); });
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
 Time analytic_time(const Cluster& cluster, const CostConstants& c, const CollectivePlan& plan) {
   // Scratch load per link, cleared through the touched list.
   std::vector<double> load(cluster.links().size(), 0.0);
@@ -308,6 +320,22 @@ Result<CollectivePlan> plan_collective(const Cluster& cluster, const CostConstan
   if (!fits(req.kind, req.algorithm))
     return make_error("{}: algorithm '{}' does not apply (use auto)", kind,
                       algorithm_name(req.algorithm));
+  MT_ASSIGN(CollectivePlan plan, choose_plan(cluster, c, req));
+  if (cluster.has_failures()) {
+    Status reachable = ok_status();
+    for (const auto& step : plan.steps)
+      for_each_flow(plan, step, [&](int src, int dst) {
+        if (reachable.ok()) reachable = cluster.check_route(src, dst);
+      });
+    MT_TRY(reachable);
+  }
+  return plan;
+}
+
+namespace {
+
+Result<CollectivePlan> choose_plan(const Cluster& cluster, const CostConstants& c,
+                                   const CollectiveRequest& req) {
   if (req.algorithm != Algorithm::kAuto) return expand(cluster, c, req, req.algorithm);
 
   std::vector<Algorithm> candidates;
@@ -341,6 +369,8 @@ Result<CollectivePlan> plan_collective(const Cluster& cluster, const CostConstan
   }
   return std::move(*best);  // ring always expands
 }
+
+}  // namespace
 
 CollectiveResult make_collective_result(const CollectiveRequest& req, Algorithm a, Time duration) {
   CollectiveResult r;

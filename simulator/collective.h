@@ -114,6 +114,8 @@ Result<CollectivePlan> plan_collective(const Cluster& cluster, const CostConstan
 // The analytic time of a plan (see above).
 Time analytic_time(const Cluster& cluster, const CostConstants& constants,
                    const CollectivePlan& plan);
+// Every (src, dst) GPU pair a plan sends on, each once, sorted.
+std::vector<std::pair<int, int>> flow_pairs(const CollectivePlan& plan);
 
 struct CollectiveResult {
   Algorithm algorithm = Algorithm::kRing;

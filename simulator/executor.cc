@@ -35,6 +35,7 @@ Result<StreamId> Executor::stream(int device, std::string_view name) {
   st.device = device;
   st.name = n;
   st.tid = static_cast<int>(device_streams_[device].size());
+  st.source = id;
   streams_.push_back(std::move(st));
   device_streams_[device].push_back(id);
   return id;
@@ -52,14 +53,19 @@ Status Executor::compute(StreamId s, NameId name, Time duration) {
     return make_error("compute '{}': duration must be >= 0, got {} ps", names_.name(name),
                       duration);
   streams_[s].tasks.push_back({Kind::kCompute, name, 0, 0, duration});
+  ++streams_[s].submitted;
   return ok_status();
 }
 
 Result<CollectiveId> Executor::add_collective(const CollectiveRequest& request, NameId name,
                                               std::optional<CollectiveMode> mode) {
   MT_TRY(plan_collective(cluster_, constants_, request).context(names_.name(name)));
-  colls_.push_back({request, name, mode.value_or(options_.mode), {}, 0, 0});
-  return static_cast<CollectiveId>(colls_.size() - 1);
+  const uint32_t set = intern_set(request.members);
+  const CollectiveId id = static_cast<CollectiveId>(colls_.size());
+  const uint32_t seq = set_count_[set]++;
+  colls_.push_back({request, name, mode.value_or(options_.mode), {}, 0, 0, set, seq, mode.has_value()});
+  by_set_seq_.emplace((static_cast<uint64_t>(set) << 32) | seq, id);
+  return id;
 }
 
 Status Executor::join_collective(StreamId s, CollectiveId c) {
@@ -73,6 +79,7 @@ Status Executor::join_collective(StreamId s, CollectiveId c) {
     return make_error("collective '{}': device {} is not a member", names_.name(col.name), dev);
   ++col.submitted_joins;
   streams_[s].tasks.push_back({Kind::kJoin, col.name, static_cast<int32_t>(c), 0, 0});
+  ++streams_[s].submitted;
   return ok_status();
 }
 
@@ -84,17 +91,19 @@ Status Executor::send(StreamId s, int peer, double bytes, NameId name) {
                       names_.name(name), dev, peer);
   if (!(bytes >= 0) || !std::isfinite(bytes))
     return make_error("send '{}': bytes must be finite and >= 0, got {}", names_.name(name), bytes);
+  MT_TRY(cluster_.check_route(dev, peer).context(fmt::format("send '{}'", names_.name(name))));
   PairState& ps = p2p_by_pair_[{dev, peer}];
   const size_t k = ps.sends++;
   if (k == ps.entries.size()) {
     ps.entries.push_back(static_cast<uint32_t>(p2p_.size()));
-    p2p_.push_back({dev, peer, 0, name});
+    p2p_.push_back({dev, peer, 0, name, static_cast<uint32_t>(k)});
   }
   P2P& p = p2p_[ps.entries[k]];
   p.bytes = bytes;
   p.name = name;
   p.send_submitted = true;
   streams_[s].tasks.push_back({Kind::kSend, name, static_cast<int32_t>(ps.entries[k]), 0, 0});
+  ++streams_[s].submitted;
   return ok_status();
 }
 
@@ -108,10 +117,11 @@ Status Executor::recv(StreamId s, int peer, NameId name) {
   const size_t k = ps.recvs++;
   if (k == ps.entries.size()) {
     ps.entries.push_back(static_cast<uint32_t>(p2p_.size()));
-    p2p_.push_back({peer, dev, 0, name});
+    p2p_.push_back({peer, dev, 0, name, static_cast<uint32_t>(k)});
   }
   p2p_[ps.entries[k]].recv_submitted = true;
   streams_[s].tasks.push_back({Kind::kRecv, name, static_cast<int32_t>(ps.entries[k]), 0, 0});
+  ++streams_[s].submitted;
   return ok_status();
 }
 
@@ -126,6 +136,7 @@ Status Executor::record(StreamId s, NameId event) {
   const uint32_t slot = it->second;
   const uint32_t nth = ++events_submitted_[slot];
   streams_[s].tasks.push_back({Kind::kRecord, event, static_cast<int32_t>(slot), nth, 0});
+  ++streams_[s].submitted;
   return ok_status();
 }
 
@@ -135,13 +146,30 @@ Status Executor::wait(StreamId s, NameId event) {
   if (it == event_slots_.end()) return ok_status();  // nothing recorded yet: a no-op, as in CUDA
   streams_[s].tasks.push_back(
       {Kind::kWait, event, static_cast<int32_t>(it->second), events_submitted_[it->second], 0});
+  ++streams_[s].submitted;
   return ok_status();
+}
+
+Status Executor::set_compute_factor(int device, double factor) {
+  if (!cluster_.valid_gpu(device))
+    return make_error("device {} is not in the cluster (0..{})", device, cluster_.num_gpus() - 1);
+  if (!(factor > 0) || !std::isfinite(factor))
+    return make_error("device {}: compute factor must be a finite number > 0, got {}", device, factor);
+  if (compute_factor_.empty()) compute_factor_.assign(static_cast<size_t>(cluster_.num_gpus()), 1.0);
+  compute_factor_[static_cast<size_t>(device)] = factor;
+  return ok_status();
+}
+
+// Full-speed picoseconds of compute done per picosecond on `device` now.
+double Executor::speed(int device) const {
+  double v = comm_active_[device] > 0 ? 1.0 / (1.0 + constants_.comm_compute_slowdown) : 1.0;
+  if (!compute_factor_.empty()) v /= compute_factor_[static_cast<size_t>(device)];
+  return v;
 }
 
 void Executor::schedule_compute(StreamId s) {
   Stream& st = streams_[s];
-  const double speed =
-      comm_active_[st.device] > 0 ? 1.0 / (1.0 + constants_.comm_compute_slowdown) : 1.0;
+  const double speed = this->speed(st.device);
   ++st.generation;
   const Time left = static_cast<Time>(std::ceil(st.work_left / speed - 1e-3));
   sim_.schedule(sim_.now() + std::max<Time>(left, 0), this, tag_of(kComputeDone, s, st.generation));
@@ -149,15 +177,15 @@ void Executor::schedule_compute(StreamId s) {
 
 void Executor::set_comm_active(int device, int delta) {
   const bool before = comm_active_[device] > 0;
+  const double old_speed = speed(device);
   comm_active_[device] += delta;
   const bool after = comm_active_[device] > 0;
   if (before == after) return;
   // The speed of running compute on this device changes: bank the progress
   // at the old speed and reschedule.
-  const double old_speed = before ? 1.0 / (1.0 + constants_.comm_compute_slowdown) : 1.0;
   for (StreamId s : device_streams_[device]) {
     Stream& st = streams_[s];
-    if (!st.running || st.tasks[st.head].kind != Kind::kCompute) continue;
+    if (!st.running || tasks_of(st)[st.head].kind != Kind::kCompute) continue;
     st.work_left -= static_cast<double>(sim_.now() - st.updated) * old_speed;
     if (st.work_left < 0) st.work_left = 0;
     st.updated = sim_.now();
@@ -167,8 +195,24 @@ void Executor::set_comm_active(int device, int delta) {
 
 void Executor::try_start(StreamId s) {
   Stream& st = streams_[s];
-  while (!st.running && st.head < st.tasks.size()) {
-    const Task& t = st.tasks[st.head];
+  const std::vector<Task>& tasks = tasks_of(st);
+  while (!st.running && st.head < tasks.size()) {
+    Task t = tasks[st.head];
+    if (st.replica != 0) {
+      // A replica's task names the source's collective, transfer or event:
+      // take it to this replica's own (replicas.cc).
+      Result<uint32_t> own = static_cast<uint32_t>(t.a);
+      if (t.kind == Kind::kJoin) own = collective_instance(st.replica - 1, static_cast<uint32_t>(t.a));
+      if (t.kind == Kind::kSend || t.kind == Kind::kRecv)
+        own = p2p_instance(st.replica - 1, static_cast<uint32_t>(t.a));
+      if (t.kind == Kind::kRecord || t.kind == Kind::kWait)
+        own = static_cast<uint32_t>(t.a + replicas_[st.replica - 1].slot_offset);
+      if (!own.ok()) {
+        if (!error_) error_ = std::move(own).error();
+        return;
+      }
+      t.a = static_cast<int32_t>(*own);
+    }
     switch (t.kind) {
       case Kind::kCompute:
         st.running = true;
@@ -190,7 +234,16 @@ void Executor::try_start(StreamId s) {
             streams_[m].started = sim_.now();
             set_comm_active(streams_[m].device, +1);
           }
-          auto r = collectives_->start(c.request, c.mode, this, tag_of(kCollectiveDone, t.a));
+          const CollectiveMode mode = mode_of(c);
+          if (options_.isolate_exclusive) {
+            if (set_running_.size() <= c.set) set_running_.resize(sets_.size(), 0);
+            if (mode == CollectiveMode::kAnalytic && c.mode != CollectiveMode::kAnalytic) {
+              ++report_.isolated_collectives;
+              if (set_running_[c.set] > 0) ++report_.isolated_overlaps;
+            }
+            ++set_running_[c.set];
+          }
+          auto r = collectives_->start(c.request, mode, this, tag_of(kCollectiveDone, t.a));
           if (!r.ok() && !error_) error_ = r.error();
         }
         return;
@@ -238,9 +291,11 @@ void Executor::start_p2p(uint32_t index) {
 
 void Executor::finish_head(StreamId s) {
   Stream& st = streams_[s];
-  const Task& t = st.tasks[st.head];
+  const Task& t = tasks_of(st)[st.head];
   const Time dur = sim_.now() - st.started;
   st.busy += dur;
+  st.end = sim_.now();
+  if (t.kind == Kind::kCompute) st.compute += dur;
   if (options_.trace) {
     const char* cat = t.kind == Kind::kCompute ? "compute"
                       : t.kind == Kind::kJoin  ? collective_kind_name(colls_[t.a].request.kind)
@@ -265,6 +320,8 @@ void Executor::on_event(Simulator& sim, uint64_t tag) {
     const int k = static_cast<int>(c.request.kind);
     report_.collective_time[k] += sim.now() - c.started;
     ++report_.collective_count[k];
+    report_.collective_bytes[k] += c.request.bytes;
+    if (options_.isolate_exclusive) --set_running_[c.set];
     for (StreamId m : c.joined) set_comm_active(streams_[m].device, -1);
     for (StreamId m : c.joined) finish_head(m);
   } else if (type == kP2PDone) {
@@ -272,6 +329,7 @@ void Executor::on_event(Simulator& sim, uint64_t tag) {
     const int k = static_cast<int>(CollectiveKind::kSendRecv);
     report_.collective_time[k] += sim.now() - p.started;
     ++report_.collective_count[k];
+    report_.collective_bytes[k] += p.bytes;
     set_comm_active(p.src, -1);
     set_comm_active(p.dst, -1);
     if (options_.trace) {
@@ -291,10 +349,20 @@ Error Executor::deadlock_error() const {
   size_t stuck = 0;
   for (StreamId s = 0; s < streams_.size(); ++s) {
     const Stream& st = streams_[s];
-    if (st.head >= st.tasks.size()) continue;
+    if (st.head >= tasks_of(st).size()) continue;
     if (++stuck > 16) continue;
-    const Task& t = st.tasks[st.head];
+    Task t = tasks_of(st)[st.head];
     std::string why;
+    if (st.replica != 0) {
+      // The replica's own collective, when it was created (replicas.cc).
+      const Replica& r = replicas_[st.replica - 1];
+      if (t.kind == Kind::kJoin)
+        if (auto set = r.sets.find(colls_[t.a].set); set != r.sets.end())
+          if (auto own = by_set_seq_.find((static_cast<uint64_t>(set->second) << 32) | colls_[t.a].seq);
+              own != by_set_seq_.end())
+            t.a = static_cast<int32_t>(own->second);
+      why = fmt::format("(running device {}'s streams) ", r.source);
+    }
     switch (t.kind) {
       case Kind::kJoin: {
         const Collective& c = colls_[t.a];
@@ -304,8 +372,8 @@ Error Executor::deadlock_error() const {
           for (StreamId j : c.joined) in = in || streams_[j].device == m;
           if (!in) missing.push_back(m);
         }
-        why = fmt::format("{} waiting for devices [{}] to join",
-                          collective_kind_name(c.request.kind), fmt::join(missing, ", "));
+        why += fmt::format("{} waiting for devices [{}] to join",
+                           collective_kind_name(c.request.kind), fmt::join(missing, ", "));
         if (c.submitted_joins < c.request.members.size())
           why += fmt::format(" ({} of {} members ever joined)", c.submitted_joins,
                              c.request.members.size());
@@ -316,17 +384,23 @@ Error Executor::deadlock_error() const {
         const P2P& p = p2p_[t.a];
         const bool is_send = t.kind == Kind::kSend;
         const bool other_submitted = is_send ? p.recv_submitted : p.send_submitted;
-        why = is_send ? fmt::format("send to device {} waiting for its recv", p.dst)
-                      : fmt::format("recv from device {} waiting for its send", p.src);
+        if (st.replica != 0) {  // the template's devices, through the replica's map
+          const Replica& r = replicas_[st.replica - 1];
+          why += is_send ? fmt::format("send to device {} waiting for its recv", r.map(p.dst))
+                         : fmt::format("recv from device {} waiting for its send", r.map(p.src));
+          break;
+        }
+        why += is_send ? fmt::format("send to device {} waiting for its recv", p.dst)
+                       : fmt::format("recv from device {} waiting for its send", p.src);
         if (!other_submitted) why += " (never submitted)";
         break;
       }
       case Kind::kWait:
-        why = "wait for an event record that cannot run";
+        why += "wait for an event record that cannot run";
         break;
       case Kind::kCompute:
       case Kind::kRecord:
-        why = "blocked";
+        why += "blocked";
         break;
     }
     what += fmt::format("\n  device {} stream '{}' task {} '{}': {}", st.device,
@@ -347,14 +421,22 @@ Result<RunReport> Executor::run() {
         trace_.name_thread(d, streams_[s].tid, names_.name(streams_[s].name));
     }
   }
+  if (options_.merge_compute) merge_compute_tasks();
+  if (options_.isolate_exclusive) analyse_isolation();
   for (StreamId s = 0; s < streams_.size(); ++s) try_start(s);
   sim_.run();
   if (error_) return *error_;
+  if (const auto& u = network_->unreachable()) return cluster_.check_route(u->first, u->second).error();
   for (const Stream& st : streams_)
-    if (st.head < st.tasks.size()) return deadlock_error();
+    if (st.head < tasks_of(st).size()) return deadlock_error();
   report_.events = sim_.events_processed();
-  for (const Stream& st : streams_)
-    report_.streams.push_back({st.device, names_.name(st.name), st.busy, st.tasks.size()});
+  report_.flows = network_->flows_started();
+  for (const Stream& st : streams_) {
+    report_.tasks_run += tasks_of(st).size();
+    const uint64_t submitted = st.replica != 0 ? streams_[st.source].submitted : st.submitted;
+    report_.streams.push_back(
+        {st.device, names_.name(st.name), st.busy, submitted, st.end, st.compute});
+  }
   std::stable_sort(
       report_.streams.begin(), report_.streams.end(),
       [](const StreamReport& a, const StreamReport& b) { return a.device < b.device; });

@@ -28,14 +28,44 @@
 // Cost: a task is a 32-byte record; names are interned (NameTable), so
 // submitting millions of tasks allocates only the task arrays. The executor
 // is single-use: submit, run() once, read the report and the trace.
+//
+// Full fidelity (replicas.cc). Ranks that issue the same ops need not submit
+// them twice: replicate(source, target, map) makes `target` run every stream
+// of `source` again, sharing its task arrays, with each device a task names
+// (collective members, a broadcast root, send/recv peers) taken through
+// `map`. Collectives meet by member set: a replica's join of the source's
+// k-th collective on member set M is a join of the k-th collective on map(M)
+// (sorted by GPU id), created on first use; send/recv pair the same way by
+// (map(src), map(dst), k). Events get a private copy per replica. So memory
+// grows with the distinct op streams, and only the execution (every rank's
+// tasks and every flow) grows with the ranks.
+//
+// Two options keep a full-fidelity run of a thousand GPUs fast, and say what
+// they change:
+//  - merge_compute: back-to-back compute tasks of a stream run as one (the
+//    same work; each merge moves an end by under a picosecond of rounding).
+//  - isolate_exclusive: before the run, the links each member set's
+//    collectives may use (the union of every algorithm the tuner can pick)
+//    and each send/recv pair's route are collected; a member set whose links
+//    no other set or pair uses runs its collectives analytically, which is
+//    what their flows would take on links nobody else loads (e.g. a
+//    tensor-parallel group alone on its node's NVSwitch ports). Collectives
+//    of at most `latency_bound_bytes` are latency-bound (their flows would
+//    hold a link for nanoseconds): they are always analytic and left out of
+//    the footprints. Two collectives of one isolated set that overlap in time
+//    are timed without sharing; RunReport::isolated_overlaps counts them.
+// Per-device compute factors (set_compute_factor) model a straggler: its
+// compute tasks take that many times as long.
 #pragma once
 
 #include <array>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <tuple>
+#include <unordered_map>
 #include <vector>
 
 #include "core/status.h"
@@ -51,6 +81,9 @@ namespace meshtrain::sim {
 struct ExecutorOptions {
   CollectiveMode mode = CollectiveMode::kFlows;
   bool trace = false;  // collect a Chrome trace (trace())
+  bool merge_compute = false;      // see "Full fidelity" above
+  bool isolate_exclusive = false;  // see "Full fidelity" above
+  double latency_bound_bytes = 64 * 1024;
 };
 
 struct StreamReport {
@@ -58,6 +91,8 @@ struct StreamReport {
   std::string stream;
   Time busy = 0;  // time its tasks were running (compute and communication)
   uint64_t tasks = 0;
+  Time end = 0;         // when its last task finished
+  Time compute = 0;     // time its compute tasks ran (at the speed they ran)
 };
 
 struct RunReport {
@@ -67,7 +102,12 @@ struct RunReport {
   // collective counted once; send/recv pairs count as kSendRecv.
   std::array<Time, kNumCollectiveKinds> collective_time{};
   std::array<uint64_t, kNumCollectiveKinds> collective_count{};
+  std::array<double, kNumCollectiveKinds> collective_bytes{};  // nccl-tests sizes
   uint64_t events = 0;  // simulator events processed
+  uint64_t tasks_run = 0;             // tasks executed, replicas' included (after merging)
+  uint64_t flows = 0;                 // network flows started
+  uint64_t isolated_collectives = 0;  // timed analytically by isolate_exclusive or as latency-bound
+  uint64_t isolated_overlaps = 0;     // see ExecutorOptions::isolate_exclusive
 };
 
 using StreamId = uint32_t;
@@ -97,6 +137,14 @@ class Executor : public EventHandler {
   Status record(StreamId stream, NameId event);
   Status wait(StreamId stream, NameId event);
 
+  // Compute tasks on `device` take `factor` (> 0) times as long; 1 by default.
+  Status set_compute_factor(int device, double factor);
+  // `target` (a device with no streams of its own) runs `source`'s streams
+  // again with devices taken through `map` (see "Full fidelity"). Call after
+  // everything is submitted on `source`, before run().
+  using DeviceMap = std::function<int(int)>;
+  Status replicate(int source, int target, DeviceMap map);
+
   Result<RunReport> run();
   const Trace& trace() const { return trace_; }
 
@@ -115,11 +163,14 @@ class Executor : public EventHandler {
     int device;
     NameId name;
     int tid;  // index on its device
-    std::vector<Task> tasks;
+    std::vector<Task> tasks;  // own tasks; a replica's stay empty
+    StreamId source = 0;      // whose tasks it runs: itself, or a replica's source stream
+    uint32_t replica = 0;     // 0: its own; i: replicas_[i - 1]
     size_t head = 0;
     bool running = false;  // head task started and not finished
     Time started = 0;
-    Time busy = 0;
+    Time busy = 0, compute = 0, end = 0;
+    uint64_t submitted = 0;  // tasks submitted (before merging)
     // Running compute: full-speed picoseconds left as of `updated`.
     double work_left = 0;
     Time updated = 0;
@@ -132,18 +183,33 @@ class Executor : public EventHandler {
     std::vector<StreamId> joined;
     uint32_t submitted_joins = 0;
     Time started = 0;
+    uint32_t set = 0, seq = 0;  // its member set (sets_) and its index among that set's collectives
+    bool fixed_mode = false;    // the mode was given to add_collective
   };
   struct P2P {
     int src, dst;
     double bytes;
     NameId name;
+    uint32_t seq = 0;  // its index among the pair's transfers
     StreamId send_stream = ~0u, recv_stream = ~0u;
     bool send_ready = false, recv_ready = false, send_submitted = false, recv_submitted = false;
     Time started = 0;
   };
 
+  // The tasks a stream runs (its own, or its replica source's).
+  const std::vector<Task>& tasks_of(const Stream& st) const { return streams_[st.source].tasks; }
   Status check_stream(StreamId s) const;
+  double speed(int device) const;
   void try_start(StreamId s);
+  // replicas.cc: the set id of sorted `members`; a replica's instance of a
+  // template collective, p2p or event slot; merging; the isolation analysis.
+  uint32_t intern_set(std::vector<int> members);
+  uint32_t mapped_set(uint32_t replica, uint32_t set);
+  Result<uint32_t> collective_instance(uint32_t replica, uint32_t tmpl);
+  Result<uint32_t> p2p_instance(uint32_t replica, uint32_t tmpl);
+  void merge_compute_tasks();
+  void analyse_isolation();
+  CollectiveMode mode_of(const Collective& c) const;
   void finish_head(StreamId s);
   void schedule_compute(StreamId s);
   void set_comm_active(int device, int delta);
@@ -171,6 +237,22 @@ class Executor : public EventHandler {
   std::map<std::pair<int, int>, PairState> p2p_by_pair_;
   std::map<std::pair<int, NameId>, uint32_t> event_slots_;
   std::vector<uint32_t> events_submitted_, events_recorded_;
+  // Full fidelity (replicas.cc).
+  struct Replica {
+    int source, target;
+    DeviceMap map;
+    int64_t slot_offset = 0;  // its event slots: the source's + offset
+    std::unordered_map<uint32_t, uint32_t> sets;  // source set -> mapped set
+  };
+  std::vector<Replica> replicas_;
+  std::vector<std::vector<int>> sets_;  // member sets, sorted GPU ids
+  std::map<std::vector<int>, uint32_t> set_ids_;
+  std::vector<uint32_t> set_count_;                        // collectives created per set
+  std::unordered_map<uint64_t, CollectiveId> by_set_seq_;  // (set << 32 | seq) -> collective
+  std::vector<uint8_t> isolated_;                          // by set
+  std::vector<uint32_t> set_running_;                      // running collectives per set
+  std::vector<double> compute_factor_;                     // by device; empty: all 1
+
   RunReport report_;
   Trace trace_;
   std::optional<Error> error_;  // first runtime error (a collective that failed to start)

@@ -44,6 +44,7 @@ FlowId Network::start_flow(int src, int dst, double bytes, EventHandler* done, u
   f.done = done;
   f.tag = tag;
   ++f.generation;
+  if (f.route.unreachable && !unreachable_) unreachable_ = std::make_pair(src, dst);
   if (f.route.size == 0) {
     // Nothing crosses a link: signal completion now, through the queue so
     // the caller never re-enters itself.

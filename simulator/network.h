@@ -27,6 +27,8 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <utility>
 #include <vector>
 
 #include "simulator/event_queue.h"
@@ -43,7 +45,9 @@ class Network : public EventHandler {
 
   // Starts a flow now. When it completes, `done->on_event(sim, tag)` is
   // scheduled. src == dst completes at once (a local copy is not network
-  // traffic). GPU ids must be valid (Cluster::valid_gpu); bytes >= 0.
+  // traffic). GPU ids must be valid (Cluster::valid_gpu); bytes >= 0. A pair
+  // with no working path (Cluster::check_route, which callers ask first)
+  // completes at once too and is remembered in unreachable().
   FlowId start_flow(int src_gpu, int dst_gpu, double bytes, EventHandler* done, uint64_t tag);
 
   // Current rate of an active flow, bytes/s (0 before its first allocation).
@@ -55,6 +59,8 @@ class Network : public EventHandler {
   // the model's cost.
   uint64_t recomputations() const { return recomputations_; }
   uint64_t flows_touched() const { return flows_touched_; }
+  // The first (src, dst) started without a working path, if any.
+  const std::optional<std::pair<int, int>>& unreachable() const { return unreachable_; }
 
   void on_event(Simulator& sim, uint64_t tag) override;
 
@@ -90,6 +96,7 @@ class Network : public EventHandler {
   uint32_t epoch_ = 0;
   size_t active_ = 0;
   uint64_t started_ = 0, recomputations_ = 0, flows_touched_ = 0;
+  std::optional<std::pair<int, int>> unreachable_;
 };
 
 }  // namespace meshtrain::sim

@@ -111,6 +111,14 @@ Result<Cluster> Cluster::build(const ClusterSpec& spec, int num_gpus) {
 }
 
 Route Cluster::route(int src, int dst) const {
+  Route r = direct_route(src, dst);
+  if (failed_.empty()) return r;
+  for (LinkId l : r)
+    if (failed_[l]) return reroute(src, dst);
+  return r;
+}
+
+Route Cluster::direct_route(int src, int dst) const {
   Route r;
   if (src == dst) return r;
   const int gpn = spec_.gpus_per_node;

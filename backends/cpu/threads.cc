@@ -18,6 +18,8 @@ int available_cores() {
 
 int threads_per_rank(int ranks) { return std::max(1, available_cores() / std::max(1, ranks)); }
 
+int rank_threads(int requested, int ranks) { return requested > 0 ? requested : threads_per_rank(ranks); }
+
 int mpi_ranks_sharing_cores() {
   const long online = sysconf(_SC_NPROCESSORS_ONLN);
   if (online > 0 && available_cores() < online) return 1;  // bound to cores of its own

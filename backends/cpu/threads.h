@@ -11,6 +11,10 @@ int available_cores();
 // cores: available_cores() / ranks, at least 1.
 int threads_per_rank(int ranks);
 
+// A rank's threads: `requested` when > 0 (a --threads flag), else
+// threads_per_rank(ranks). `meshtrain train` and `calibrate` both ask here.
+int rank_threads(int requested, int ranks);
+
 // Rank processes of an MPI job on this machine that share this process's
 // cores: 1 when the launcher bound the process to a subset of the machine's
 // CPUs (mpirun's default for a few ranks), else the launcher's local rank

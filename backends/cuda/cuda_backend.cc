@@ -49,8 +49,9 @@ void CudaRawMemory::release(void* p) {
 
 DeviceState::~DeviceState() {
   cudaSetDevice(device);
-  for (cudaEvent_t e : events)
-    if (e != nullptr) cudaEventDestroy(e);
+  for (auto* ring : {&events, &timing})
+    for (cudaEvent_t e : *ring)
+      if (e != nullptr) cudaEventDestroy(e);
   for (cudaStream_t s : streams) cudaStreamDestroy(s);
 }
 
@@ -348,6 +349,33 @@ void CudaBackend::wait(Stream s, Event e) {
   cudaEvent_t ev = state_->events[static_cast<std::size_t>(e.id % kEventRing)];
   if (ev != nullptr)
     check(cudaStreamWaitEvent(state_->streams[static_cast<std::size_t>(s.id)], ev, 0), "wait");
+}
+
+Event CudaBackend::timed_event(Stream s) {
+  if (s.id < 0 || s.id >= static_cast<int>(state_->streams.size()))
+    misuse("timed_event: stream {} was not created here", s.id);
+  const std::int64_t id = timed_events_++;
+  const auto slot = static_cast<std::size_t>(id % kTimingRing);
+  if (state_->timing.size() <= slot) state_->timing.resize(slot + 1, nullptr);
+  cudaEvent_t& e = state_->timing[slot];
+  if (e == nullptr) check(cudaEventCreate(&e), "timed_event");  // timing enabled
+  if (e != nullptr) check(cudaEventRecord(e, state_->streams[static_cast<std::size_t>(s.id)]), "timed_event");
+  return Event{id};
+}
+
+Result<double> CudaBackend::seconds_between(Event start, Event end) {
+  for (Event e : {start, end})
+    if (!e.valid() || e.id >= timed_events_ || timed_events_ - e.id > kTimingRing)
+      return make_error("seconds_between: timing event {} is not one of the last {} recorded here", e.id, kTimingRing);
+  cudaEvent_t a = state_->timing[static_cast<std::size_t>(start.id % kTimingRing)];
+  cudaEvent_t b = state_->timing[static_cast<std::size_t>(end.id % kTimingRing)];
+  if (a == nullptr || b == nullptr) return make_error("seconds_between: a timing event could not be recorded");
+  if (cudaError_t e = cudaEventSynchronize(b); e != cudaSuccess)
+    return make_error("seconds_between: {}", cudaGetErrorString(e));
+  float ms = 0;
+  if (cudaError_t e = cudaEventElapsedTime(&ms, a, b); e != cudaSuccess)
+    return make_error("seconds_between: {}", cudaGetErrorString(e));
+  return static_cast<double>(ms) * 1e-3;
 }
 
 Status CudaBackend::synchronize() {

@@ -103,6 +103,11 @@ class CudaBackend final : public Backend {
   Event record(Stream s) override;
   void wait(Stream s, Event e) override;
   Status synchronize() override;
+  // Timing events: a ring of kTimingRing cudaEvents with timing enabled,
+  // apart from record()'s (which are created without timing, as is cheaper).
+  Event timed_event(Stream s) override;
+  Result<double> seconds_between(Event start, Event end) override;
+  static constexpr std::int64_t kTimingRing = 1 << 14;
 
   void fill(Tensor& x, float value) override;
   void copy(const Tensor& src, Tensor& dst) override;
@@ -217,6 +222,7 @@ class CudaBackend final : public Backend {
   int world_size_ = 1;
   Stream current_{};
   std::int64_t events_ = 0;
+  std::int64_t timed_events_ = 0;
   std::atomic<bool> failed_{false};
   mutable std::mutex error_mu_;  // guards error_ (the watchdog thread sets it too)
   std::optional<Error> error_;

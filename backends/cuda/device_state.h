@@ -36,6 +36,7 @@ class DeviceState {
   CachingAllocator allocator;
   std::vector<cudaStream_t> streams;  // Stream id -> handle; written by the issuing thread only
   std::vector<cudaEvent_t> events;    // the event ring, created lazily
+  std::vector<cudaEvent_t> timing;    // the ring of timing events (timed_event), created lazily
 };
 
 class CudaStorage final : public Storage {

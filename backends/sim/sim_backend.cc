@@ -10,10 +10,12 @@ namespace meshtrain {
 
 using sim_internal::misuse;
 
-SimBackend::SimBackend(SimCluster& cluster, int rank, int world_size)
+SimBackend::SimBackend(SimCluster& cluster, int job, int rank, int world_size, int device)
     : cluster_(cluster),
+      job_(job),
       rank_(rank),
       world_size_(world_size),
+      device_(device),
       accounting_(std::make_shared<Accounting>()) {
   create_stream("compute");
 }
@@ -23,7 +25,7 @@ SimBackend::~SimBackend() = default;
 Stream SimBackend::create_stream(std::string_view name) {
   const int id = static_cast<int>(streams_.size());
   // Executor streams are named per device; the id keeps equal names apart.
-  auto s = cluster_.executor_->stream(rank_,
+  auto s = cluster_.executor_->stream(device_,
                                       id == 0 ? std::string(name) : fmt::format("{} {}", name, id));
   if (!s) misuse("create_stream: {}", s.error().message());
   streams_.push_back(*s);

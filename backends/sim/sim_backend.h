@@ -60,12 +60,15 @@ namespace meshtrain {
 
 class SimBackend final : public Backend {
  public:
-  SimBackend(SimCluster& cluster, int rank, int world_size);
+  // Rank `rank` of job `job` (SimCluster's "Jobs"), placed on GPU `device`.
+  SimBackend(SimCluster& cluster, int job, int rank, int world_size, int device);
   ~SimBackend() override;
 
   std::string_view name() const override { return "sim"; }
   int rank() const override { return rank_; }
   int world_size() const override { return world_size_; }
+  int job() const { return job_; }
+  int device() const { return device_; }
 
   Tensor empty(const Shape& shape, DType dtype = DType::f32) override;
   Tensor zeros(const Shape& shape, DType dtype = DType::f32) override;  // empty: there is no data
@@ -190,7 +193,7 @@ class SimBackend final : public Backend {
   void collective(sim::CollectiveKind kind, double bytes, const Group& g, int root = 0);
 
   SimCluster& cluster_;
-  int rank_, world_size_;
+  int job_, rank_, world_size_, device_;
   std::shared_ptr<Accounting> accounting_;
   std::vector<sim::StreamId> streams_;  // by Stream::id
   Stream current_{};

@@ -22,10 +22,27 @@
 // contention between a representative's collectives and the traffic of ranks
 // that are not simulated (their flows are not on the network), and skew
 // between replicas.
+//
+// Full fidelity (Fidelity::full) drops the assumption and keeps its economy.
+// The representatives still issue every op once, but each rank of a
+// representative's class runs those op streams itself (sim::Executor's
+// replicas): every rank's ops and every flow are on the network, collectives
+// start when their slowest member arrives, and contention between groups
+// shows. The caller names each class and how a representative's ranks map
+// onto a member's (SimJob::replicas, rank_map); ranks that are not
+// representatives get no backend. Variation needs it: a straggler
+// (SimJob::stragglers: a rank whose compute takes longer) and degraded or
+// failed cables (SimOptions::links, named as in simulator/topology.h).
+//
+// Jobs: a cluster can run several jobs at once (create with a list of
+// SimJob), each with its own ranks, groups and placement on the GPUs
+// (SimJob::gpus; by default rank r on GPU r), sharing the network. Group ids
+// and ranks are each job's own. SimReport::jobs tells each job's iteration.
 #pragma once
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -65,6 +82,15 @@ enum class AttentionImpl {
   unfused,
 };
 
+enum class Fidelity { representative, full };
+
+// A cable (simulator/topology.h names) at `factor` of its bandwidth, or failed.
+struct LinkChange {
+  std::string cable;
+  double factor = 1;
+  bool fail = false;
+};
+
 struct SimOptions {
   bool trace = false;  // collect a Chrome trace (SimCluster::trace())
   AttentionImpl attention = AttentionImpl::flash;
@@ -74,6 +100,25 @@ struct SimOptions {
   // How collectives among representatives are timed (flows see contention).
   sim::CollectiveMode mode = sim::CollectiveMode::kFlows;
   const sim::Calibration* calibration = nullptr;  // may be null; must outlive the cluster
+  Fidelity fidelity = Fidelity::representative;
+  // Full fidelity: time the collectives of groups alone on their links
+  // analytically and merge back-to-back compute (sim::ExecutorOptions); off,
+  // every collective is flows (slower; for checking the shortcut).
+  bool isolate_exclusive = true;
+  std::vector<LinkChange> links;  // applied in order; full fidelity only
+};
+
+// One job on the cluster (see "Jobs" above).
+struct SimJob {
+  int world_size = 0;
+  std::vector<int> representatives;  // distinct ranks that get a backend
+  std::vector<int> gpus;             // by rank; empty: rank r on GPU r
+  // Full fidelity: by representative index, the other ranks of its class,
+  // and rank_map(representative, member, r): the rank that plays, for
+  // `member`, the part rank r plays for the representative.
+  std::vector<std::vector<int>> replicas;
+  std::function<int(int representative, int member, int rank)> rank_map;
+  std::map<int, double> stragglers;  // rank -> compute factor (1.3: 30% slower); full only
 };
 
 // Per representative rank, after run().
@@ -94,25 +139,43 @@ struct SimCollectiveStats {
   double bytes = 0;  // summed nccl-tests sizes
 };
 
+// Per job, after run().
+struct SimJobReport {
+  double iteration_s = 0;  // when the job's last task finished
+  // Full fidelity, by rank: time its compute ran (at the speed it ran, so a
+  // straggler's is longer) and when its last task finished.
+  std::vector<double> compute_s, end_s;
+};
+
 struct SimReport {
   double iteration_s = 0;            // makespan of everything issued
-  std::vector<SimRankReport> ranks;  // in the order of SimCluster::representatives()
+  std::vector<SimRankReport> ranks;  // the representatives, job by job, in their given order
+  std::vector<SimJobReport> jobs;
   std::array<SimCollectiveStats, sim::kNumCollectiveKinds> collectives{};
   std::uint64_t tasks = 0;  // tasks recorded on the executor, all streams
   std::uint64_t events = 0;
+  // Full fidelity: tasks executed by every rank, network flows, collectives
+  // timed analytically (exclusive links or latency-bound) and the overlaps
+  // of those (sim::RunReport).
+  std::uint64_t tasks_run = 0, flows = 0, isolated_collectives = 0, isolated_overlaps = 0;
 };
 
 class SimCluster {
  public:
-  // A cluster of `world_size` GPUs of `spec`; rank r is GPU r. Only
-  // `representatives` (distinct global ranks) get a backend.
+  // A cluster of `world_size` GPUs of `spec` running one job; rank r is GPU
+  // r. Only `representatives` (distinct global ranks) get a backend.
   static Result<std::unique_ptr<SimCluster>> create(const sim::ClusterSpec& spec, int world_size,
                                                     std::vector<int> representatives,
                                                     SimOptions options = {});
+  // A cluster of `num_gpus` GPUs running `jobs` (see "Jobs").
+  static Result<std::unique_ptr<SimCluster>> create_jobs(const sim::ClusterSpec& spec, int num_gpus,
+                                                         std::vector<SimJob> jobs, SimOptions options = {});
   ~SimCluster();
 
-  const std::vector<int>& representatives() const { return reps_; }
-  SimBackend& backend(int global_rank);  // aborts for a rank that is not a representative
+  const std::vector<int>& representatives(int job = 0) const { return jobs_[static_cast<std::size_t>(job)].representatives; }
+  // Aborts for a rank that is not a representative.
+  SimBackend& backend(int global_rank) { return backend(0, global_rank); }
+  SimBackend& backend(int job, int rank);
   const sim::Cluster& cluster() const { return cluster_; }
   const sim::CostModel& cost_model() const { return cost_; }
 
@@ -122,32 +185,38 @@ class SimCluster {
 
  private:
   friend class SimBackend;
-  SimCluster(sim::Cluster cluster, const sim::ClusterSpec& spec, std::vector<int> reps,
+  SimCluster(sim::Cluster cluster, const sim::ClusterSpec& spec, std::vector<SimJob> jobs,
              SimOptions options);
 
-  bool simulated(int rank) const { return rep_index_.count(rank) != 0; }
+  bool full() const { return options_.fidelity == Fidelity::full; }
+  bool simulated(int job, int rank) const { return full() || rep_index_.count({job, rank}) != 0; }
+  int gpu(int job, int rank) const;
   void fail(Error e);
+  // Hands every non-representative rank its class's op streams (full fidelity).
+  Status replicate();
   // The analytic duration of `request` (cached by kind, bytes and members).
   Result<sim::Time> analytic(const sim::CollectiveRequest& request);
-  // Issues collective `request` over `group` from `rank` on executor stream `stream`.
-  void collective(int rank, sim::StreamId stream, const Group& group,
+  // Issues collective `request` over `group` from `rank` of `job` on
+  // executor stream `stream`.
+  void collective(int job, int rank, sim::StreamId stream, const Group& group,
                   sim::CollectiveRequest request);
-  void point_to_point(int rank, sim::StreamId stream, int peer, double bytes, bool is_send);
+  void point_to_point(int job, int rank, sim::StreamId stream, int peer, double bytes, bool is_send);
 
   sim::Cluster cluster_;
   sim::CostConstants constants_;
   sim::CostModel cost_;
   SimOptions options_;
   std::unique_ptr<sim::Executor> executor_;
-  std::vector<int> reps_;
-  std::map<int, std::size_t> rep_index_;
+  std::vector<SimJob> jobs_;
+  std::vector<std::pair<int, int>> rank_of_gpu_;  // by GPU: (job, rank), or (-1, -1)
+  std::map<std::pair<int, int>, std::size_t> rep_index_;  // (job, rank) -> backends_
   std::vector<std::unique_ptr<SimBackend>> backends_;
-  // Executor collectives by group id in issue order, and how many each
-  // member has joined: the k-th call on a group is the k-th collective.
-  std::map<int, std::vector<sim::CollectiveId>> group_collectives_;
-  std::map<std::pair<int, int>, std::size_t> joined_;
+  // Executor collectives by (job, group id) in issue order, and how many
+  // each member has joined: the k-th call on a group is the k-th collective.
+  std::map<std::pair<int, int>, std::vector<sim::CollectiveId>> group_collectives_;
+  std::map<std::tuple<int, int, int>, std::size_t> joined_;  // (job, group, rank)
   std::map<std::tuple<int, double, std::vector<int>>, sim::Time> analytic_cache_;
-  std::map<std::pair<int, int>, sim::StreamId> send_streams_;  // by (rank, peer)
+  std::map<std::tuple<int, int, int>, sim::StreamId> send_streams_;  // by (job, rank, peer)
   std::uint64_t sends_ = 0;
   std::array<SimCollectiveStats, sim::kNumCollectiveKinds> analytic_stats_{};
   std::optional<Error> error_;

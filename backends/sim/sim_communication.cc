@@ -35,21 +35,30 @@ Result<sim::Time> SimCluster::analytic(const sim::CollectiveRequest& request) {
   return t;
 }
 
-void SimCluster::collective(int rank, sim::StreamId stream, const Group& g,
+void SimCluster::collective(int job, int rank, sim::StreamId stream, const Group& g,
                             sim::CollectiveRequest request) {
   if (error_) return;
   if (g.index_of(rank) < 0) misuse("collective on group {}: rank {} is not a member", g.id, rank);
-  request.members = g.ranks;
+  // Members are GPUs. In full fidelity they are sorted by GPU id, as the
+  // executor's member sets are, so that replicas meet the same ring.
+  const int root_gpu = gpu(job, g.ranks[static_cast<std::size_t>(request.root)]);
+  request.members.clear();
+  for (int r : g.ranks) request.members.push_back(gpu(job, r));
+  if (full()) {
+    std::sort(request.members.begin(), request.members.end());
+    request.root = static_cast<int>(std::find(request.members.begin(), request.members.end(), root_gpu) -
+                                    request.members.begin());
+  }
   const char* kind = sim::collective_kind_name(request.kind);
   std::vector<int> simulated_members;
   for (int r : g.ranks)
-    if (simulated(r)) simulated_members.push_back(r);
+    if (simulated(job, r)) simulated_members.push_back(gpu(job, r));
   const bool all = simulated_members.size() == g.ranks.size();
   sim::Executor& ex = *executor_;
   if (all || simulated_members.size() > 1) {
     // The k-th call of this member on the group is the group's k-th collective.
-    std::vector<sim::CollectiveId>& list = group_collectives_[g.id];
-    const std::size_t k = joined_[{g.id, rank}]++;
+    std::vector<sim::CollectiveId>& list = group_collectives_[{job, g.id}];
+    const std::size_t k = joined_[{job, g.id, rank}]++;
     if (k == list.size()) {
       sim::CollectiveRequest joined = request;
       joined.members = simulated_members;
@@ -72,7 +81,7 @@ void SimCluster::collective(int rank, sim::StreamId stream, const Group& g,
   if (!t) return fail(std::move(t).error().context(fmt::format("{} on group {}", kind, g.id)));
   if (Status s = ex.compute(stream, ex.intern(kind), *t); !s) return fail(std::move(s).error());
   // Counted once per collective: by its lowest simulated member.
-  if (simulated_members.front() == rank) {
+  if (simulated_members.front() == gpu(job, rank)) {
     SimCollectiveStats& st = analytic_stats_[static_cast<std::size_t>(request.kind)];
     st.time_s += seconds(*t);
     ++st.count;
@@ -80,29 +89,30 @@ void SimCluster::collective(int rank, sim::StreamId stream, const Group& g,
   }
 }
 
-void SimCluster::point_to_point(int rank, sim::StreamId stream, int peer, double bytes,
+void SimCluster::point_to_point(int job, int rank, sim::StreamId stream, int peer, double bytes,
                                 bool is_send) {
   if (error_) return;
   sim::Executor& ex = *executor_;
   const sim::NameId name = ex.intern(is_send ? "send" : "recv");
-  if (simulated(peer)) {
+  const int self_gpu = gpu(job, rank), peer_gpu = gpu(job, peer);
+  if (simulated(job, peer)) {
     if (is_send) {
       // A send does not hold up the issuing stream (as the cpu backend's
       // buffered send, or NCCL sends on a stream of their own): it runs on a
       // per-peer stream after what was issued before it, so two stages that
       // send to each other and then receive do not deadlock.
-      auto it = send_streams_.find({rank, peer});
+      auto it = send_streams_.find({job, rank, peer});
       if (it == send_streams_.end()) {
-        auto st = ex.stream(rank, fmt::format("send to {}", peer));
+        auto st = ex.stream(self_gpu, fmt::format("send to {}", peer));
         if (!st) return fail(std::move(st).error());
-        it = send_streams_.emplace(std::make_pair(rank, peer), *st).first;
+        it = send_streams_.emplace(std::make_tuple(job, rank, peer), *st).first;
       }
       const sim::NameId ready = ex.intern(fmt::format("send {}", sends_++));
       if (Status s = ex.record(stream, ready); !s) return fail(std::move(s).error());
       if (Status s = ex.wait(it->second, ready); !s) return fail(std::move(s).error());
       stream = it->second;
     }
-    Status s = is_send ? ex.send(stream, peer, bytes, name) : ex.recv(stream, peer, name);
+    Status s = is_send ? ex.send(stream, peer_gpu, bytes, name) : ex.recv(stream, peer_gpu, name);
     if (!s) fail(std::move(s).error());
     if (is_send)
       analytic_stats_[static_cast<std::size_t>(sim::CollectiveKind::kSendRecv)].bytes += bytes;
@@ -110,7 +120,7 @@ void SimCluster::point_to_point(int rank, sim::StreamId stream, int peer, double
   }
   sim::CollectiveRequest request{
       sim::CollectiveKind::kSendRecv,
-      is_send ? std::vector<int>{rank, peer} : std::vector<int>{peer, rank}, bytes};
+      is_send ? std::vector<int>{self_gpu, peer_gpu} : std::vector<int>{peer_gpu, self_gpu}, bytes};
   auto t = analytic(request);
   if (!t) return fail(std::move(t).error().context(is_send ? "send" : "recv"));
   if (Status s = ex.compute(stream, name, *t); !s) return fail(std::move(s).error());
@@ -136,7 +146,7 @@ void SimBackend::collective(sim::CollectiveKind kind, double bytes, const Group&
   request.kind = kind;
   request.bytes = bytes;
   request.root = root;
-  cluster_.collective(rank_, executor_stream(current_), g, std::move(request));
+  cluster_.collective(job_, rank_, executor_stream(current_), g, std::move(request));
 }
 
 void SimBackend::all_reduce(Tensor& x, const Group& g, ReduceOp) {
@@ -181,13 +191,13 @@ void SimBackend::send(const Tensor& x, int peer, int) {
   check(x, "send");
   if (peer == rank_ || peer < 0 || peer >= world_size_) misuse("send: bad peer {}", peer);
   region().sent_bytes += static_cast<double>(x.bytes());
-  cluster_.point_to_point(rank_, executor_stream(current_), peer, static_cast<double>(x.bytes()),
+  cluster_.point_to_point(job_, rank_, executor_stream(current_), peer, static_cast<double>(x.bytes()),
                           true);
 }
 void SimBackend::recv(Tensor& x, int peer, int) {
   check(x, "recv");
   if (peer == rank_ || peer < 0 || peer >= world_size_) misuse("recv: bad peer {}", peer);
-  cluster_.point_to_point(rank_, executor_stream(current_), peer, static_cast<double>(x.bytes()),
+  cluster_.point_to_point(job_, rank_, executor_stream(current_), peer, static_cast<double>(x.bytes()),
                           false);
 }
 void SimBackend::barrier(const Group& g) {

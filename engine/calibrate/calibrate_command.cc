@@ -13,8 +13,9 @@
 //    copy also fills the by-bytes "memory" table.
 //  * each of those at every --sharing level k: k rank threads, each with its
 //    own backend of cores/k threads (as `meshtrain train` shares the cores
-//    out among its rank threads), run the same op at once (ranks
-//    outnumbering the cores time-share them and their memory bandwidth).
+//    out among its rank threads; --threads N as train's --threads N), run the
+//    same op at once (ranks outnumbering the cores time-share them and their
+//    memory bandwidth).
 //  * communication, in process (ranks as threads): every collective and
 //    send/recv for 2..--max-ranks members over a log-spaced range of sizes,
 //    and the link latency and bandwidth of send/recv.
@@ -43,7 +44,6 @@
 
 #include <cblas.h>
 #include <mpi.h>
-#include <oneapi/tbb/global_control.h>
 #include <oneapi/tbb/version.h>
 #include <optional>
 
@@ -86,7 +86,7 @@ struct CalibrateFlags {
   int max_ranks = 0;         // default max(2, cores)
   std::string profile, calibration;  // --profile mode (op_profile.h)
   int profile_steps = 5, profile_ranks = 1;
-  int tbb_threads = 0;  // 0: TBB's default (all cores)
+  int threads = 0;  // per rank thread, as train's --threads; 0: the cores shared out among the ranks
 };
 
 // Host bytes of the largest shape measured (its fp32 operands and result at
@@ -155,7 +155,10 @@ sim::Calibration::Machine describe_machine(const std::string& backend) {
   std::istringstream words(blas);
   std::string name, version;
   words >> name >> version;
-  m.libraries.emplace_back("OpenBLAS", version.empty() ? blas : version);
+  // Its kernels too: OPENBLAS_CORETYPE or its own choice (on this VM Haswell's AVX2 and Cooperlake's
+  // AVX-512 kernels differ by 1.9x).
+  m.libraries.emplace_back("OpenBLAS", fmt::format("{} ({} kernels)", version.empty() ? blas : version,
+                                                   openblas_get_corename()));
   m.libraries.emplace_back("oneTBB", TBB_VERSION_STRING);
   m.libraries.emplace_back("Open MPI", fmt::format("{}.{}.{}", OMPI_MAJOR_VERSION,
                                                    OMPI_MINOR_VERSION, OMPI_RELEASE_VERSION));
@@ -208,13 +211,13 @@ class ThreadBarrier {
 // Runs the compute measurements at `sharing` ranks at once; rank 0's results go into `cal`.
 Status measure_compute(int sharing, const std::vector<GemmShape>& gemm,
                        const std::vector<AttentionShape>& attention,
-                       const std::vector<OpShape>& ops, const calibrate::Timing& timing,
+                       const std::vector<OpShape>& ops, const calibrate::Timing& timing, int rank_threads,
                        sim::Calibration& cal, ProgressLine& progress) {
   ThreadBarrier barrier(sharing);
   std::vector<Status> status(static_cast<std::size_t>(sharing));
   auto body = [&](int rank) {
     // Each rank thread gets its share of the cores, as `meshtrain train` gives it.
-    CpuBackend b(CpuBackendOptions{cpu::threads_per_rank(sharing)});
+    CpuBackend b(CpuBackendOptions{cpu::rank_threads(rank_threads, sharing)});
     calibrate::Sync sync = sharing > 1 ? calibrate::Sync([&] { barrier.arrive_and_wait(); })
                                        : calibrate::Sync{};
     auto show = [&](const char* what, std::size_t total) {
@@ -261,12 +264,12 @@ Group world_group(int n) {
 }
 
 // Collectives and the link among `members` rank threads; rank 0's results go into `cal`.
-Status measure_threads(int members, bool quick, const calibrate::Timing& timing,
+Status measure_threads(int members, bool quick, const calibrate::Timing& timing, int threads,
                        sim::Calibration& cal, ProgressLine& progress) {
   const std::vector<double> sizes = comm_sizes(quick);
   const std::size_t total = sizes.size() * (members == 2 ? 6 : 5);
   return run_ranks(members, [&](int rank, Communicator& comm) -> Status {
-    CpuBackend b(comm, CpuBackendOptions{cpu::threads_per_rank(members)});
+    CpuBackend b(comm, CpuBackendOptions{cpu::rank_threads(threads, members)});
     const Group g = world_group(members);
     auto show = [&](std::size_t done) {
       if (rank == 0) progress.show(fmt::format("collectives, {} threads", members), done, total);
@@ -344,22 +347,18 @@ Status calibrate_cuda(const CalibrateFlags& f, const std::vector<GemmShape>& gem
 }
 
 Status run_calibrate(const CalibrateFlags& f) {
-  std::optional<tbb::global_control> tbb_limit;
-  if (f.tbb_threads > 0)
-    tbb_limit.emplace(tbb::global_control::max_allowed_parallelism,
-                      static_cast<std::size_t>(f.tbb_threads));
   if (!f.profile.empty()) {
     if (f.calibration.empty())
       return make_error("--profile needs --calibration FILE (from `meshtrain calibrate --out`)");
     return calibrate::print_op_profile(f.profile, f.calibration, f.profile_steps,
-                                       f.profile_ranks);
+                                       f.profile_ranks, f.threads);
   }
   if (f.backend != "cpu" && f.backend != "cuda")
     return Error(unknown_name_message("calibration backend", f.backend, {"cpu", "cuda"}));
   if (f.out.empty()) return make_error("--out FILE is required (where the calibration is written)");
   // Before the measurement, not after it: an unwritable --out would waste it.
   MT_TRY(probe_output_file(f.out, "--out calibration file"));
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int cores = cpu::available_cores();
   const int max_ranks = f.max_ranks > 0 ? f.max_ranks : std::max(2, cores);
   if (max_ranks < 2 || max_ranks > 64)
     return make_error("--max-ranks {} must be in [2, 64]", max_ranks);
@@ -414,10 +413,10 @@ Status run_calibrate(const CalibrateFlags& f) {
   ProgressLine progress;
   if (leader) {
     for (int s : sharing)
-      MT_TRY(measure_compute(s, sorted(gemm), sorted(attention), sorted(ops), timing, cal, progress)
+      MT_TRY(measure_compute(s, sorted(gemm), sorted(attention), sorted(ops), timing, f.threads, cal, progress)
                  .context(fmt::format("measuring kernels with {} ranks sharing", s)));
     for (int n = 2; n <= max_ranks; ++n)
-      MT_TRY(measure_threads(n, f.quick, timing, cal, progress)
+      MT_TRY(measure_threads(n, f.quick, timing, f.threads, cal, progress)
                  .context(fmt::format("measuring collectives among {} threads", n)));
   }
   if (env) {
@@ -426,7 +425,7 @@ Status run_calibrate(const CalibrateFlags& f) {
     // every kernel of an mpirun -np 2 calibration ~1.6x slower on 2 cores).
     MT_TRY(env->barrier_asleep());
     MT_ASSIGN(auto comm, MpiCommunicator::create(CommOptions{std::chrono::hours(2)}));
-    CpuBackend b(*comm, CpuBackendOptions{cpu::threads_per_rank(cpu::mpi_ranks_sharing_cores())});
+    CpuBackend b(*comm, CpuBackendOptions{cpu::rank_threads(f.threads, cpu::mpi_ranks_sharing_cores())});
     const std::vector<double> sizes = comm_sizes(f.quick);
     auto show = [&](std::size_t done) {
       if (leader) progress.show(fmt::format("collectives, {} MPI ranks", env->world_size()), done,
@@ -445,10 +444,12 @@ Status run_calibrate(const CalibrateFlags& f) {
         "mpi: not measured (not launched by mpirun; run `mpirun -np N meshtrain calibrate ...` "
         "to add transport \"mpi\" collectives)");
   }
+  std::vector<std::string> levels;
+  for (int s : sharing) levels.push_back(fmt::format("{} x {} thread(s)", s, cpu::rank_threads(f.threads, s)));
   cal.machine.notes.push_back(fmt::format(
-      "kernels measured with {} rank thread(s) running at once (ranks_sharing); "
-      "collectives among 2..{} threads; time_us is the {} of the samples",
-      fmt::join(sharing, ", "), max_ranks, f.statistic));
+      "kernels measured with {} rank thread(s) running at once (ranks_sharing), each with threads of its own "
+      "({} of {} cores); collectives among 2..{} threads; time_us is the {} of the samples",
+      fmt::join(sharing, ", "), fmt::join(levels, ", "), cores, max_ranks, f.statistic));
   if (!leader) return ok_status();
   return write_calibration(cal, f.out);
 }
@@ -474,8 +475,9 @@ Command add_calibrate_command(CLI::App& app) {
   sub->add_option("--sharing", f->sharing,
                   "rank threads running the kernels at once, one level per value (default 1 2)")
       ->check(int_in({1, 64}));
-  sub->add_option("--tbb-threads", f->tbb_threads,
-                  "limit the threads of TBB-parallel kernels (tbb::global_control; 0: all cores)")
+  sub->add_option("--threads", f->threads,
+                  "cpu backend: threads per rank thread, as train's --threads (default: this process's cores "
+                  "divided among the rank threads of each --sharing level, as train divides them)")
       ->check(int_in({0, 1 << 16}));
   sub->add_option("--max-ranks", f->max_ranks, "largest in-process group measured (default max(2, cores))")
       ->check(int_in({0, 64}));

@@ -214,9 +214,11 @@ Result<std::vector<sim::Calibration::Attention>> measure_attention(
     out.push_back(plain.first);
     out.push_back(plain.second);
     if (s.windows > 0) {
-      // The terms' own time: the scored attention's minus the plain one's (never below zero), at the
-      // bytes backends/sim/sim_ops.cc counts for them (each score reads its bias and mask term;
-      // backward also writes and sums the score gradients into dbias).
+      // The terms' own time: the scored attention's minus the plain one's, at the bytes
+      // backends/sim/sim_ops.cc counts for them (each score reads its bias and mask term; backward
+      // also writes and sums the score gradients into dbias). Noise can make the difference zero or
+      // negative: it is then a nanosecond, the smallest time a calibration file holds.
+      constexpr double kNoTime = 1e-3;
       const double scores = static_cast<double>(s.batch * h * s.seq * s.seq);
       op.bias = filled(b, Shape{s.seq, s.seq, h}, 0.01f);
       op.dbias = filled(b, Shape{s.seq, s.seq, h}, 0.f);
@@ -225,9 +227,9 @@ Result<std::vector<sim::Calibration::Attention>> measure_attention(
         MT_ASSIGN(auto scored, time_pair(op));
         const double forward_bytes = scores * 4.0 * (masked ? 2 : 1);
         score_terms.push_back({"attention_score_terms", forward_bytes,
-                               std::max(0.0, scored.first.time_us - plain.first.time_us), scored.first.spread});
+                               std::max(kNoTime, scored.first.time_us - plain.first.time_us), scored.first.spread});
         score_terms.push_back({"attention_score_terms", forward_bytes + 2.0 * scores * 4.0,
-                               std::max(0.0, scored.second.time_us - plain.second.time_us), scored.second.spread});
+                               std::max(kNoTime, scored.second.time_us - plain.second.time_us), scored.second.spread});
       }
     }
     if (progress) progress(i + 1);

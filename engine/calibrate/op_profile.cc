@@ -72,7 +72,7 @@ void OpTimer::write(Tensor& dst, std::span<const std::int32_t> host) { timed("wr
 // clang-format on
 
 Status print_op_profile(const std::string& workload, const std::string& calibration_path,
-                        int steps, int ranks) {
+                        int steps, int ranks, int rank_threads) {
   if (steps < 1) return make_error("--profile-steps {} must be >= 1", steps);
   if (ranks < 1 || ranks > 64) return make_error("--profile-ranks {} must be in [1, 64]", ranks);
   MT_ASSIGN(const Workload w, parse_workload(workload, "--profile"));
@@ -92,7 +92,7 @@ Status print_op_profile(const std::string& workload, const std::string& calibrat
   std::vector<double> step_s(static_cast<std::size_t>(ranks));
   std::vector<Status> status(static_cast<std::size_t>(ranks));
   auto body = [&](int rank) {
-    CpuBackend backend(CpuBackendOptions{cpu::threads_per_rank(ranks)});
+    CpuBackend backend(CpuBackendOptions{cpu::rank_threads(rank_threads, ranks)});
     OpTimer timer(backend);
     const Mesh mesh(mp.plan);
     StepEngine engine(timer, mp.model, mp.plan, mesh, StepOptions{});

@@ -88,8 +88,10 @@ class OpTimer final : public BackendWrapper {
 // micro-batch per step) averaged over `steps` steps after two warm-up steps.
 // With `ranks` > 1, that many independent single-rank engines run at once on
 // their own threads (dp replicas without the gradient sync) and rank 0 is
-// compared with the calibration's ranks_sharing = `ranks` tables.
+// compared with the calibration's ranks_sharing = `ranks` tables. Each rank's
+// backend has `rank_threads` threads (0: the cores shared out among the ranks, as
+// `meshtrain train` shares them).
 Status print_op_profile(const std::string& workload, const std::string& calibration_path,
-                        int steps, int ranks);
+                        int steps, int ranks, int rank_threads);
 
 }  // namespace meshtrain::calibrate

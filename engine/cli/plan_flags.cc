@@ -25,6 +25,23 @@ void add_plan_flags(CLI::App& app, PlanFlags& f, const std::string& default_mode
   app.add_flag("--sequence-parallel", o.sequence_parallel, "split norms and dropout over the sequence (tp)");
 }
 
+Status dp_from_gpus(PlanFlags& f, int gpus) {
+  PlanOverrides& o = f.overrides;
+  if (gpus <= 0 || o.dp) return ok_status();
+  PlanOverrides file;
+  if (!f.plan_file.empty()) {
+    MT_ASSIGN(file, plan_overrides_from_file(f.plan_file));
+  }
+  if (file.dp) return ok_status();
+  // Each degree is bounded (plan.h), so the product fits in 64 bits.
+  const std::int64_t mp = std::int64_t{o.tp.value_or(file.tp.value_or(1))} * o.pp.value_or(file.pp.value_or(1)) *
+                          o.cp.value_or(file.cp.value_or(1));
+  if (gpus % mp != 0)
+    return make_error("--gpus {} is not a multiple of tp·pp·cp = {}; pass a multiple or set --dp", gpus, mp);
+  o.dp = static_cast<int>(gpus / mp);
+  return ok_status();
+}
+
 Result<ModelAndPlan> resolve_model_and_plan(const PlanFlags& f, int world_size) {
   ModelAndPlan r;
   MT_ASSIGN(r.model, load_model(f.model));

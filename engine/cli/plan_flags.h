@@ -19,6 +19,10 @@ struct PlanFlags {
 // Adds --model, --plan FILE and one flag per plan field (--tp, --pp, ...).
 void add_plan_flags(CLI::App& app, PlanFlags& flags, const std::string& default_model);
 
+// With `gpus` > 0 and no dp given (flag or plan file): dp fills the GPUs
+// left by the model-parallel dimensions, gpus / (tp·pp·cp).
+Status dp_from_gpus(PlanFlags& flags, int gpus);
+
 struct ModelAndPlan {
   ModelSpec model;
   Plan plan;

@@ -11,6 +11,7 @@
 #include "engine/cli/bounded_flags.h"
 #include "engine/cli/commands.h"
 #include "engine/cli/plan_flags.h"
+#include "engine/cli/simulate_jobs.h"
 #include "engine/memory_model.h"
 #include "engine/segments/segment_plan.h"
 #include "engine/simulation.h"
@@ -32,6 +33,11 @@ struct SimulateFlags {
   std::string attention = "flash";  // the simulated software stack: see SimulateOptions
   float dropout = 0.f;
   std::string moe_routing = "uniform";
+  // What-ifs (engine/variation.h); any of them means full fidelity.
+  std::string fidelity = "representative";
+  std::vector<std::string> stragglers, link_degrade, link_fail;
+  std::uint64_t seed = 1;
+  std::vector<std::string> jobs;  // --job FILE: several jobs on one cluster
 };
 
 // The README's first command: Megatron's 18.4B GPT on 64 DGX A100 GPUs
@@ -79,8 +85,10 @@ nlohmann::json to_json(const SimulationResult& r, const ModelSpec& m, const Plan
           {"collectives", collectives},
           {"sent_bytes", r.sent_bytes},
           {"stages", stages},
-          {"tasks", r.tasks},
-          {"events", r.events}};
+                      {"tasks", r.tasks},
+          {"events", r.events},
+          {"fidelity", fidelity_name(r.fidelity)},
+          {"simulator_wall_s", r.simulator_wall_s}};
   if (m.vision()) out["images_per_s"] = r.samples_per_s;
   if (!r.regions.empty()) {
     nlohmann::json regions = nlohmann::json::array();
@@ -102,6 +110,14 @@ nlohmann::json to_json(const SimulationResult& r, const ModelSpec& m, const Plan
                   {"expert_load_max_mean", r.moe->load_max_over_mean},
                   {"busiest_ep_rank_load", r.moe->busiest_rank_load},
                   {"tokens_per_expert", r.moe->tokens_per_expert}};
+  if (r.fidelity == Fidelity::full)
+    out["full_fidelity"] = {{"tasks_run", r.tasks_run},
+                            {"flows", r.flows},
+                            {"isolated_collectives", r.isolated_collectives},
+                            {"isolated_overlaps", r.isolated_overlaps},
+                            {"slowest_rank", r.slowest_rank},
+                            {"slowest_compute_s", r.slowest_compute_s},
+                            {"median_compute_s", r.median_compute_s}};
   return out;
 }
 
@@ -170,32 +186,47 @@ void print_text(const SimulationResult& r, const ModelSpec& m, const Plan& p, co
       fmt::print("  tokens/expert  per iteration, first MoE layer:{}\n", list);
     }
   }
-  fmt::print("simulator        {} tasks, {} events\n", r.tasks, r.events);
+  fmt::print("simulator        {} tasks, {} events, {:.2f} s\n", r.tasks, r.events, r.simulator_wall_s);
+  if (r.fidelity != Fidelity::full) return;
+  fmt::print("full fidelity    {} ranks ran {} tasks, {} flows; {} collectives on exclusive links or latency-bound "
+             "timed analytically{}\n",
+             p.world_size(), r.tasks_run, r.flows, r.isolated_collectives,
+             r.isolated_overlaps ? fmt::format(" ({} overlapped)", r.isolated_overlaps) : std::string());
+  fmt::print("slowest rank     {} computes {:.4f} s, the median rank of its stage {:.4f} s (+{:.1f}%)\n", r.slowest_rank,
+             r.slowest_compute_s, r.median_compute_s,
+             r.median_compute_s > 0 ? 100 * (r.slowest_compute_s / r.median_compute_s - 1) : 0.0);
+}
+
+// The what-if flags that do not depend on the plan.
+Status apply_link_flags(const SimulateFlags& f, SimulateOptions& options) {
+  for (const std::string& spec : f.link_degrade) {
+    MT_ASSIGN(LinkChange change, parse_link_degrade(spec));
+    options.variation.links.push_back(change);
+  }
+  for (const std::string& cable : f.link_fail) options.variation.links.push_back(link_failure(cable));
+  return {};
+}
+
+Status run_jobs(const SimulateFlags& f) {
+  SimulateOptions options;
+  MT_ASSIGN(options.cluster, sim::cluster_spec_by_name_or_file(f.cluster));
+  MT_ASSIGN(options.attention, attention_impl_from_name(f.attention));
+  options.dropout = f.dropout;
+  MT_ASSIGN(options.moe_routing, MoeRouting::parse(f.moe_routing));
+  MT_TRY(apply_link_flags(f, options));
+  if (!f.stragglers.empty()) return make_error("--straggler names ranks of one job; it does not combine with --job");
+  return run_simulate_jobs(f.jobs, options, f.gpus.value_or(0), f.json);
 }
 
 Status run_simulate(SimulateFlags f, bool no_flags) {
+  if (!f.jobs.empty()) return run_jobs(f);
   if (no_flags) use_example(f);
   if (f.plan.model.empty()) return make_error("--model NAME|FILE is required (give no model, plan or --gpus flags for the example)");
   if (f.calibration.empty() && !f.comm.empty())
     return make_error("--comm {} chooses which measured collectives of --calibration apply; without "
                       "--calibration it does nothing: add --calibration FILE or drop --comm", f.comm);
-  PlanOverrides& o = f.plan.overrides;
   const int gpus = f.gpus.value_or(0);
-  if (gpus > 0 && !o.dp) {
-    // dp fills the GPUs left by the model-parallel dimensions.
-    PlanOverrides file;
-    if (!f.plan.plan_file.empty()) {
-      MT_ASSIGN(file, plan_overrides_from_file(f.plan.plan_file));
-    }
-    if (!file.dp) {
-      // Each degree is bounded (plan.h), so the product fits in 64 bits.
-      const std::int64_t mp = std::int64_t{o.tp.value_or(file.tp.value_or(1))} * o.pp.value_or(file.pp.value_or(1)) *
-                              o.cp.value_or(file.cp.value_or(1));
-      if (gpus % mp != 0)
-        return make_error("--gpus {} is not a multiple of tp·pp·cp = {}; pass a multiple or set --dp", gpus, mp);
-      o.dp = static_cast<int>(gpus / mp);
-    }
-  }
+  MT_TRY(dp_from_gpus(f.plan, gpus));
   MT_ASSIGN(ModelAndPlan mp, resolve_model_and_plan(f.plan, gpus));
   SimulateOptions options;
   MT_ASSIGN(options.cluster, sim::cluster_spec_by_name_or_file(f.cluster));
@@ -229,6 +260,11 @@ Status run_simulate(SimulateFlags f, bool no_flags) {
   MT_ASSIGN(options.attention, attention_impl_from_name(f.attention));
   options.dropout = f.dropout;
   MT_ASSIGN(options.moe_routing, MoeRouting::parse(f.moe_routing));
+  MT_ASSIGN(options.fidelity, fidelity_from_name(f.fidelity));
+  MT_ASSIGN(options.variation.stragglers, parse_stragglers(f.stragglers, mp.plan.world_size(), f.seed));
+  MT_TRY(apply_link_flags(f, options));
+  if (!options.variation.stragglers.empty())
+    fmt::print(stderr, "stragglers: {}\n", describe_stragglers(options.variation.stragglers));
   MT_ASSIGN(SimulationResult r, simulate_iteration(mp.model, mp.plan, options));
   if (options.trace) {
     std::FILE* out = std::fopen(f.trace.c_str(), "wb");
@@ -278,6 +314,24 @@ Command add_simulate_command(CLI::App& app) {
                   "how tokens spread over experts: uniform, zipf:S (share of expert e ∝ 1/(e+1)^S) or file:F "
                   "(a JSON list of shares per expert, or one list per MoE layer)")
       ->capture_default_str();
+  sub->add_option("--fidelity", flags->fidelity,
+                  "representative (one rank per pipeline stage) or full (every rank's ops and flows; used "
+                  "whenever a straggler or link what-if is given)")
+      ->capture_default_str();
+  sub->add_option("--straggler", flags->stragglers,
+                  "RANKS:FACTOR (17:1.3, 3,5,8-11:1.5) or random:P:FACTOR: those ranks' kernels take FACTOR times "
+                  "as long; repeatable");
+  sub->add_option("--link-degrade", flags->link_degrade,
+                  "CABLE:FACTOR: the cable (node3.nic5, leaf2-spine7, node0.gpu3, node1.pcie2) keeps FACTOR of its "
+                  "bandwidth; repeatable");
+  sub->add_option("--link-fail", flags->link_fail,
+                  "CABLE: the cable is down; traffic reroutes, or the job stops without a path; repeatable");
+  sub->add_option("--seed", flags->seed, "seed of random:P:FACTOR stragglers")
+      ->capture_default_str()
+      ->check(uint64_up_to(std::numeric_limits<std::uint64_t>::max()));
+  sub->add_option("--job", flags->jobs,
+                  "a job file (model, plan, GPUs); two or more share the cluster, each is also run alone and its "
+                  "slowdown reported; repeatable");
   // Output flags do not choose what is simulated: with only those, the example runs.
   std::vector<CLI::Option*> output = {
       sub->add_option("--calibration", flags->calibration, "calibration JSON (meshtrain calibrate) replacing the defaults"),

@@ -33,12 +33,13 @@ struct TrainFlags {
   std::string trace;  // empty: no trace
   bool quiet = false;
   int threads = 0;  // cpu threads per rank; 0: the process's cores shared out among its ranks
+  std::vector<std::string> faults;  // --fault-inject specs (engine/fault_injection.h)
 };
 
 // The cpu backend of a rank that shares this process's cores with
 // `ranks_sharing` ranks (threads of this process, or unbound MPI processes).
 CpuBackendOptions cpu_options(const TrainFlags& f, int ranks_sharing) {
-  return {f.threads > 0 ? f.threads : cpu::threads_per_rank(ranks_sharing)};
+  return {cpu::rank_threads(f.threads, ranks_sharing)};
 }
 
 // The precisions a backend trains in: the cpu backend computes in fp32 only;
@@ -86,6 +87,15 @@ Status run_train(TrainFlags f) {
   f.train.step.seed = f.train.seed;
   const auto timeout = std::chrono::milliseconds(static_cast<long long>(f.comm_timeout_s * 1000));
   const CommOptions comm{timeout};
+  for (const std::string& spec : f.faults) {
+    MT_ASSIGN(Fault fault, parse_fault(spec));
+    if (fault.rank >= mp.plan.world_size())
+      return make_error("--fault-inject '{}': rank {} is outside the world of {} ranks", spec, fault.rank,
+                        mp.plan.world_size());
+    f.train.faults.push_back(fault);
+  }
+  f.train.ranks_are_processes = mpi;
+  f.train.comm_timeout = timeout;
   std::optional<TraceRecorder> recorder;
   if (!f.trace.empty()) recorder.emplace();
   // Trains one rank on `b`, through a TracingBackend when tracing; the
@@ -162,7 +172,8 @@ Command add_train_command(CLI::App& app) {
   TrainOptions& t = f->train;
   sub->add_option("--data", t.data,
                   "a language model: any file, its bytes are the tokens; a vision model: fashion-mnist or a "
-                  "directory of IDX image files (train-* and t10k-*)")
+                  "directory of IDX image files (train-* and t10k-*); a VQA model: the same, as questions about "
+                  "2x2 grids of its images")
       ->required();
   sub->add_option("--backend", f->backend, "cpu, or cuda (one rank per process; a build with CUDA)")
       ->capture_default_str();
@@ -192,7 +203,9 @@ Command add_train_command(CLI::App& app) {
   sub->add_option("--eval-sequences", t.eval_sequences, "validation sequences per evaluation (text)")
       ->capture_default_str()
       ->check(int_in({1, 1 << 20}));
-  sub->add_option("--eval-images", t.eval_images, "test images per evaluation (images; 0: the whole test set)")
+  sub->add_option("--eval-images", t.eval_images,
+                  "test images per evaluation (images; 0: the whole test set), or test questions (VQA; 0: one per "
+                  "four test images)")
       ->capture_default_str()
       ->check(int_in({0, 1 << 30}));
   sub->add_option("--dropout", t.step.dropout, "dropout probability")
@@ -215,6 +228,9 @@ Command add_train_command(CLI::App& app) {
                   "cpu backend: threads per rank (default: this process's cores divided among its "
                   "rank threads; results do not depend on it)");
   sub->add_flag("--quiet", f->quiet, "no progress lines");
+  sub->add_option("--fault-inject", f->faults,
+                  "RANK:slow:STEP[:FACTOR], RANK:hang:STEP or RANK:exit:STEP: make a rank slow down, stop answering or "
+                  "die at a step (tests of straggler reports, --comm-timeout and checkpoints); repeatable");
   return {sub, [f] { return run_train(*f); }};
 }
 

@@ -185,7 +185,7 @@ def write_data(path):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--meshtrain", help="the meshtrain binary")
-    ap.add_argument("--python", default=sys.executable, help="the Python that has torch")
+    ap.add_argument("--python", help="the Python that has torch (default: this one, else Debian's /usr/bin/python3)")
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--cores", nargs="+", default=["1", "all"], help="core counts to pin to (all: every core)")
@@ -203,8 +203,13 @@ def main():
         return torch_worker(a)
     if not a.meshtrain:
         ap.error("--meshtrain is required")
-    probe = subprocess.run([a.python, "-c", "import torch; print(torch.__version__)"], capture_output=True, text=True)
-    if probe.returncode != 0:
+    # Debian's python3-torch is in /usr/bin/python3's packages, which a virtual environment or pyenv hides.
+    for a.python in [a.python] if a.python else [sys.executable, "/usr/bin/python3"]:
+        probe = subprocess.run([a.python, "-c", "import torch; print(torch.__version__)"], capture_output=True,
+                               text=True)
+        if probe.returncode == 0:
+            break
+    else:
         sys.exit(f"{a.python} cannot import torch; install it (Debian: apt-get install python3-torch) "
                  "or pass --python")
     allowed = sorted(os.sched_getaffinity(0))

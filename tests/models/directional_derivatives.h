@@ -1,5 +1,5 @@
 // What the model tests share: a decoder on one micro-batch of random tokens,
-// and the whole-model gradient check: central differences
+// a chunk's mean loss and its gradient, and the whole-model gradient check: central differences
 // of the fp32 objective along each parameter tensor's own gradient direction
 // d = g / |g|, against g · d = |g| from backward, so that a wrong gradient in
 // any one tensor cannot hide behind the others.
@@ -18,6 +18,26 @@
 #include "models/parameter_store.h"
 
 namespace meshtrain::testing {
+
+// The chunk's summed loss over `terms` (its loss terms: tokens, images or answers).
+inline double chunk_loss(Backend& b, ModelChunk& chunk, const MicroBatch& mb, double terms) {
+  SavedActivations saved;
+  Tensor l = chunk.forward(mb, Tensor(), saved);
+  float host = 0;
+  REQUIRE(b.read(l, std::span<float>(&host, 1)).ok());
+  return host / terms;
+}
+
+// The gradient of chunk_loss over the chunk's flat parameters.
+inline std::vector<float> chunk_gradient(Backend& b, ModelChunk& chunk, const MicroBatch& mb, double terms) {
+  chunk.parameters().zero_grads();
+  SavedActivations saved;
+  chunk.forward(mb, Tensor(), saved);
+  chunk.backward(mb, saved, Tensor(), static_cast<float>(1.0 / terms));
+  std::vector<float> g(static_cast<std::size_t>(chunk.parameters().numel()));
+  REQUIRE(b.read(chunk.parameters().grads(), g).ok());
+  return g;
+}
 
 // A whole decoder on one cpu rank and one micro-batch of seeded random tokens.
 struct TokenModel {
@@ -39,22 +59,8 @@ struct TokenModel {
     mb.batch = batch;
     mb.seq = seq;
   }
-  double loss() {
-    SavedActivations saved;
-    Tensor l = chunk.forward(mb, Tensor(), saved);
-    float host = 0;
-    REQUIRE(b.read(l, std::span<float>(&host, 1)).ok());
-    return host / (mb.batch * mb.seq);
-  }
-  std::vector<float> gradient() {
-    chunk.parameters().zero_grads();
-    SavedActivations saved;
-    chunk.forward(mb, Tensor(), saved);
-    chunk.backward(mb, saved, Tensor(), 1.f / (mb.batch * mb.seq));
-    std::vector<float> g(static_cast<std::size_t>(chunk.parameters().numel()));
-    REQUIRE(b.read(chunk.parameters().grads(), g).ok());
-    return g;
-  }
+  double loss() { return chunk_loss(b, chunk, mb, mb.batch * mb.seq); }
+  std::vector<float> gradient() { return chunk_gradient(b, chunk, mb, mb.batch * mb.seq); }
 };
 
 struct DirectionalCheck {

@@ -15,6 +15,7 @@
 #include "models/transformer_layer.h"
 #include "tests/models/directional_derivatives.h"
 #include "models/vision_blocks.h"
+#include "tests/models/image_model_fixture.h"
 
 using namespace meshtrain;
 
@@ -139,61 +140,9 @@ TEST_CASE("window partition, shift and merge are permutations with the reference
 
 namespace {
 
-struct VisionFixture {
-  CpuBackend b;
-  ModelSpec m;
-  ModelChunk chunk;
-  MicroBatch mb;
-  VisionFixture(const ModelSpec& spec, std::uint64_t seed, int batch, ChunkOptions options = {})
-      : m(spec), chunk(b, m, ChunkLayers{0, spec.layers, true, true}, TensorParallel{Group{0, {0}}, 0, 1}, options) {
-    chunk.parameters().initialize(seed);
-    std::mt19937 rng(static_cast<std::uint32_t>(seed));
-    std::normal_distribution<float> pixel;
-    std::vector<float> pixels(static_cast<std::size_t>(batch) * m.image_size * m.image_size * m.channels);
-    for (auto& v : pixels) v = pixel(rng);
-    std::vector<std::int32_t> labels(static_cast<std::size_t>(batch));
-    for (auto& v : labels) v = static_cast<std::int32_t>(rng() % static_cast<unsigned>(m.classes));
-    mb.pixels = b.empty(Shape{batch, m.image_size, m.image_size, m.channels});
-    mb.targets = b.empty(Shape{batch}, DType::i32);
-    b.write(mb.pixels, pixels);
-    b.write(mb.targets, labels);
-    mb.batch = batch;
-    mb.seq = m.seq_len;
-  }
-  double loss() {
-    SavedActivations saved;
-    Tensor l = chunk.forward(mb, Tensor(), saved);
-    float host = 0;
-    REQUIRE(b.read(l, std::span<float>(&host, 1)).ok());
-    return host / mb.batch;
-  }
-  std::vector<float> gradient() {
-    chunk.parameters().zero_grads();
-    SavedActivations saved;
-    chunk.forward(mb, Tensor(), saved);
-    chunk.backward(mb, saved, Tensor(), 1.f / mb.batch);
-    std::vector<float> g(static_cast<std::size_t>(chunk.parameters().numel()));
-    REQUIRE(b.read(chunk.parameters().grads(), g).ok());
-    return g;
-  }
-};
+using VisionFixture = testing::ImageModelFixture;
 
-void check_gradient(const ModelSpec& spec) {
-  const std::uint64_t seed = 11;
-  INFO("model " << spec.name << ", seed " << seed);
-  VisionFixture f(spec, seed, 4);
-  {
-    // Weights at the initial std of 0.02 leave attention almost uniform, and
-    // the relative position tables' gradients near what fp32 losses resolve:
-    // larger weights make every tensor's gradient measurable.
-    std::vector<float> v(static_cast<std::size_t>(f.chunk.parameters().numel()));
-    REQUIRE(f.b.read(f.chunk.parameters().values(), v).ok());
-    for (float& x : v) x *= 4.f;
-    f.b.write(f.chunk.parameters().values(), v);
-  }
-  testing::check_directional_derivatives(f.b, f.chunk.parameters(), f.gradient(), [&] { return f.loss(); },
-                                         testing::DirectionalCheck{2e-3, true, false});
-}
+void check_gradient(const ModelSpec& spec) { testing::check_image_model_gradient(spec, 11, 4); }
 
 }  // namespace
 

@@ -80,8 +80,9 @@ inline StepOptions step_options() {
 }
 
 // A vision model's global batch: images of counter-based noise in which the
-// label (the brightest of a few image regions) is learnable.
-inline std::vector<HostBatch> global_images(const ModelSpec& m, int step) {
+// label (the brightest of `labels` image regions, default the classes) is learnable.
+inline std::vector<HostBatch> global_images(const ModelSpec& m, int step, int labels = 0) {
+  const int classes = labels > 0 ? labels : m.classes;
   std::vector<HostBatch> out;
   const int side = m.image_size, pixels = side * side * m.channels;
   for (int j = 0; j < kGlobalBatch / kMicroBatch; ++j) {
@@ -89,10 +90,10 @@ inline std::vector<HostBatch> global_images(const ModelSpec& m, int step) {
     h.batch = kMicroBatch, h.seq = m.seq_len;
     for (int i = 0; i < kMicroBatch; ++i) {
       const std::uint64_t image = static_cast<std::uint64_t>(step * 1000 + j * 100 + i);
-      const int label = static_cast<int>(mix64(kSeed ^ image) % static_cast<std::uint64_t>(m.classes));
+      const int label = static_cast<int>(mix64(kSeed ^ image) % static_cast<std::uint64_t>(classes));
       for (int p = 0; p < pixels; ++p) {
         const double u = static_cast<double>(mix64(kSeed ^ mix64(image * 65536 + p)) >> 11) * 0x1.0p-53;
-        const bool lit = (p / m.channels) % m.classes == label;
+        const bool lit = (p / m.channels) % classes == label;
         h.pixels.push_back(static_cast<float>(u - 0.5 + (lit ? 1.0 : 0.0)));
       }
       h.targets.push_back(label);
@@ -102,8 +103,30 @@ inline std::vector<HostBatch> global_images(const ModelSpec& m, int step) {
   return out;
 }
 
+// A VQA model's global batch: global_images' images (10 labels) with a
+// question of counter-based ids each, whose answer word combines the image's
+// label and the question's last id, so that both the encoder and the decoder learn.
+inline std::vector<HostBatch> global_questions(const ModelSpec& m, int step) {
+  std::vector<HostBatch> out = global_images(m, step, 10);
+  for (std::size_t j = 0; j < out.size(); ++j) {
+    HostBatch& h = out[j];
+    h.seq = m.seq_len;
+    for (int i = 0; i < h.batch; ++i) {
+      for (int t = 0; t < m.question_len; ++t) {
+        const auto counter = static_cast<std::uint64_t>(step * 100000 + static_cast<int>(j) * 1000 + i * 50 + t);
+        const std::uint64_t key = mix64(kSeed ^ mix64(counter));
+        h.ids.push_back(static_cast<std::int32_t>(1 + key % static_cast<std::uint64_t>(m.vocab - 1)));
+      }
+      std::int32_t& answer = h.targets[static_cast<std::size_t>(i)];
+      answer = (answer + h.ids.back()) % m.vocab;
+    }
+  }
+  return out;
+}
+
 // The global batch of a step as micro-batches, deterministic in (seed, step).
 inline std::vector<HostBatch> global_batch(const ModelSpec& m, int step) {
+  if (m.vqa()) return global_questions(m, step);
   if (m.vision()) return global_images(m, step);
   std::vector<HostBatch> out;
   for (int j = 0; j < kGlobalBatch / kMicroBatch; ++j) {

@@ -70,3 +70,19 @@ TEST_CASE("measured peak memory matches the memory model with uneven pipeline st
   // 1 + 4 + 1: the middle stage holds the most layers but neither embedding nor head.
   check_memory(with_stage_layers(make_plan(1, 3, 1, 0, ScheduleKind::one_f_one_b), 1, 1), tiny_gpt6());
 }
+
+TEST_CASE("measured peak memory matches the memory model for the VQA model", "[parallel][memory][vqa]") {
+  // vqa-tiny four times as wide: at width 32 the step's uploaded images (which
+  // the model does not count; 25 KB a micro-batch) rival the activations.
+  ModelSpec vqa = *model_preset("vqa-tiny");
+  vqa.name = "vqa-wide";
+  vqa.vision_encoder.hidden = vqa.hidden = 128;
+  vqa.vision_encoder.ffn = vqa.ffn = 256;
+  // Stage 0 the encoder's first layer, or everything up to the decoder's first layer.
+  for (int first : {1, 5})
+    for (int zero : {1, 3})
+      check_memory(with_stage_layers(make_plan(1, 2, 2, zero, ScheduleKind::one_f_one_b), first, 0), vqa);
+  Plan sp = make_plan(2, 1, 2, 1, ScheduleKind::gpipe);
+  sp.sequence_parallel = true;
+  check_memory(sp, vqa);
+}

@@ -347,3 +347,23 @@ TEST_CASE("simulate: a vision model's throughput is counted in images", "[sim_ba
   CHECK(r.mfu > 0.05);
   CHECK(r.mfu < 0.8);
 }
+
+TEST_CASE("simulate: LLaVA-1.5-13B's per-stage peak memory matches the memory model, stages split inside either "
+          "module",
+          "[sim_backend][memory][vqa]") {
+  const ModelSpec m = *model_preset("llava-1.5-13b");  // 66 body blocks: 24 encoder layers, projector, joiner, 40
+  for (const int first : {12, 33}) {  // stage 0 ends inside the encoder, or inside the decoder (its 8th layer)
+    Plan p = make_plan(m, 8, 2, 1, 1, 4, ScheduleKind::one_f_one_b);
+    p.first_stage_layers = first;
+    p.recompute = Recompute::full;
+    INFO("first stage " << first << " blocks");
+    const SimulationResult r = simulate(m, p);
+    for (const StageResult& st : r.stages) {
+      INFO("stage " << st.stage << ": measured " << st.peak_bytes << " B, model " << st.model.total()
+                    << " B (activations " << st.model.activations << ")");
+      CHECK(static_cast<double>(st.peak_bytes) == Approx(st.model.total()).epsilon(0.10));
+    }
+    // Images: 576 patches and 64 question tokens each.
+    CHECK(r.tokens_per_s == Approx(r.samples_per_s * 640));
+  }
+}

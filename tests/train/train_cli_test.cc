@@ -91,6 +91,39 @@ TEST_CASE("stop and resume give the losses of one uninterrupted run, bit for bit
   CHECK(a == b);
 }
 
+TEST_CASE("losses, parameters and AdamW state are the same bits on 1, 2 and 3 threads per rank (--threads)",
+          "[train][threads]") {
+  // Wide enough that every GEMM is cut into tiles (512 x 768 x 256 and up) and
+  // AdamW, the gradient norm and the initialisation run over many chunks.
+  const fs::path model = scratch("wide.json");
+  std::ofstream(model) << R"({"name": "wide-1", "layers": 1, "hidden": 256, "heads": 4, "vocab": 256, "seq_len": 64})";
+  auto run = [&](const std::string& plan, int threads) {
+    const std::string name = "threads-" + std::to_string(threads) + (plan.empty() ? "" : "-tp2");
+    const fs::path dir = scratch(name), metrics = scratch(name + ".jsonl");
+    MeshtrainRun r = run_meshtrain("train --data " + corpus() + " --model " + model.string() + plan +
+                                   " --seq-len 64 --micro-batch 8 --steps 3 --quiet --threads " + std::to_string(threads) +
+                                   " --checkpoint " + dir.string() + " --metrics " + metrics.string());
+    INFO(r.out);
+    REQUIRE(r.status == 0);
+    std::string payload;  // the checkpoint's tensors: parameters, AdamW moments
+    for (const auto& e : fs::directory_iterator(dir))
+      if (e.path().extension() == ".bin") payload += (std::ostringstream() << std::ifstream(e.path(), std::ios::binary).rdbuf()).str();
+    REQUIRE(!payload.empty());
+    return std::make_pair(losses(metrics), payload);
+  };
+  for (const std::string plan : {"", " --tp 2"}) {
+    INFO("plan:" << plan);
+    const auto one = run(plan, 1);
+    REQUIRE(one.first.size() == 3);
+    for (int threads : {2, 3}) {
+      INFO(threads << " threads per rank");
+      const auto more = run(plan, threads);
+      CHECK(more.first == one.first);
+      CHECK(more.second == one.second);
+    }
+  }
+}
+
 TEST_CASE("bad training input gets a clear error", "[train]") {
   fs::path empty = scratch("empty.txt"), tiny = scratch("short.txt");
   std::ofstream(empty).close();

@@ -12,6 +12,7 @@
 
 #include "engine/image_dataset.h"
 #include "tests/run_meshtrain.h"
+#include "tests/train/train_files.h"
 #include "tests/training/idx_files.h"
 
 namespace fs = std::filesystem;
@@ -19,12 +20,7 @@ using meshtrain::testing::idx_bytes;
 
 namespace {
 
-fs::path scratch(const std::string& name) {
-  fs::path p = fs::temp_directory_path() / ("meshtrain-vision-test-" + std::to_string(::getpid())) / name;
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p;
-}
+fs::path scratch(const std::string& name) { return meshtrain::testing::train_scratch("vision-test", name); }
 
 void write(const fs::path& p, const std::string& bytes) { std::ofstream(p, std::ios::binary) << bytes; }
 
@@ -52,12 +48,7 @@ fs::path bands(const std::string& name, int side, int train, int test) {
   return dir;
 }
 
-std::vector<nlohmann::json> metrics(const fs::path& path) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(path);
-  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
-  return out;
-}
+std::vector<nlohmann::json> metrics(const fs::path& path) { return meshtrain::testing::read_metrics(path); }
 
 const std::string kVit = " --model vit-tiny --micro-batch 8 --lr 3e-3 --warmup 5 --quiet";
 

@@ -53,7 +53,7 @@ PLANS = [
     ("small dp2 zero1", SMALL_GPT, ["--dp", "2", "--zero", "1"]),
     ("swin single", SWIN, []),
     ("swin tp2", SWIN, ["--tp", "2"]),
-    ("swin pp2 1f1b", SWIN, ["--pp", "2", "--schedule", "1f1b"]),
+    ("swin pp2 1f1b", SWIN, ["--pp", "2", "--schedule", "1f1b", "--first-stage-layers", "7"]),
     ("swin dp2 zero1", SWIN, ["--dp", "2", "--zero", "1"]),
     ("vit single", VIT, []),
     ("vit tp2", VIT, ["--tp", "2"]),

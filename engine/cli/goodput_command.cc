@@ -1,0 +1,139 @@
+// `meshtrain goodput`: the simulated iteration time, the checkpoint write
+// time and a per-GPU failure rate combined into the expected goodput of a
+// run and the checkpoint interval that maximises it (engine/goodput.h).
+#include <memory>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "engine/cli/bounded_flags.h"
+#include "engine/cli/commands.h"
+#include "engine/cli/plan_flags.h"
+#include "engine/goodput.h"
+#include "engine/memory_model.h"
+#include "engine/simulation.h"
+#include "models/parameters.h"
+
+namespace meshtrain {
+
+namespace {
+
+struct GoodputFlags {
+  PlanFlags plan;
+  std::string cluster = "dgx-a100";
+  int gpus = 0;  // 0: the plan's world
+  double mtbf_hours = 0;       // per GPU
+  std::int64_t checkpoint_every = 0;  // steps; 0: report the optimum only
+  double restart_minutes = 10;
+  double storage_gbps = 50;    // GB/s the checkpoint is written at, all ranks together
+  double iteration_s = 0;      // > 0: use it instead of simulating
+  bool json = false;
+};
+
+std::string hours(double s) { return s >= 3600 ? fmt::format("{:.2f} h", s / 3600) : fmt::format("{:.1f} min", s / 60); }
+
+Status run_goodput(GoodputFlags f) {
+  MT_TRY(dp_from_gpus(f.plan, f.gpus));
+  MT_ASSIGN(ModelAndPlan mp, resolve_model_and_plan(f.plan, f.gpus));
+  SimulateOptions options;
+  MT_ASSIGN(options.cluster, sim::cluster_spec_by_name_or_file(f.cluster));
+  double iteration = f.iteration_s;
+  if (iteration <= 0) {
+    options.check_memory = false;  // goodput is about time; `simulate` reports memory
+    MT_ASSIGN(SimulationResult r, simulate_iteration(mp.model, mp.plan, options));
+    iteration = r.iteration_s;
+  }
+  const int gpus = mp.plan.world_size();
+  const double params = static_cast<double>(count_parameters(mp.model).total);
+  const double bytes = checkpoint_bytes(params);
+  GoodputInputs in;
+  in.iteration_s = iteration;
+  in.checkpoint_s = bytes / (f.storage_gbps * 1e9);
+  in.restart_s = f.restart_minutes * 60;
+  in.job_mtbf_s = f.mtbf_hours * 3600 / gpus;
+  MT_TRY(check_goodput_inputs(in));
+  const GoodputPlan best = optimal_steps(in);
+  const double young = young_interval_s(in), daly = daly_interval_s(in);
+  std::optional<GoodputPlan> given;
+  if (f.checkpoint_every > 0) given = at_steps(in, f.checkpoint_every);
+  const double tokens_per_step = static_cast<double>(mp.plan.effective_global_batch()) * mp.plan.effective_seq_len(mp.model);
+
+  if (f.json) {
+    nlohmann::json out = {{"model", mp.model.name},
+                          {"cluster", options.cluster.name},
+                          {"gpus", gpus},
+                          {"iteration_time_s", iteration},
+                          {"checkpoint_bytes", bytes},
+                          {"checkpoint_write_s", in.checkpoint_s},
+                          {"restart_s", in.restart_s},
+                          {"gpu_mtbf_hours", f.mtbf_hours},
+                          {"job_mtbf_s", in.job_mtbf_s},
+                          {"optimal",
+                           {{"checkpoint_every_steps", best.steps},
+                            {"interval_s", best.interval_s},
+                            {"goodput", best.goodput},
+                            {"continuous_interval_s", optimal_interval_s(in)}}},
+                          {"young_interval_s", young},
+                          {"daly_interval_s", daly}};
+    if (given)
+      out["given"] = {{"checkpoint_every_steps", given->steps},
+                      {"interval_s", given->interval_s},
+                      {"goodput", given->goodput},
+                      {"effective_tokens_per_s", tokens_per_step / iteration * given->goodput}};
+    fmt::print("{}\n", out.dump(2));
+    return {};
+  }
+  fmt::print("goodput of {} on {} x {} ({}): tp {} pp {} dp {}\n", mp.model.name, gpus, options.cluster.device.name,
+             options.cluster.name, mp.plan.tp, mp.plan.pp, mp.plan.dp);
+  fmt::print("iteration        {:.4f} s ({})\n", iteration, f.iteration_s > 0 ? "given" : "simulated");
+  fmt::print("checkpoint       {} (12 B per parameter: fp32 weights and AdamW moments) written in {:.1f} s at {} GB/s\n",
+             human_bytes(bytes), in.checkpoint_s, f.storage_gbps);
+  fmt::print("failures         each GPU {} h between failures: the job {} ({:.2f} failures a day); restart {}\n",
+             f.mtbf_hours, hours(in.job_mtbf_s), 86400 / in.job_mtbf_s, hours(in.restart_s));
+  auto line = [&](const char* label, const GoodputPlan& p) {
+    // First-order shares of the wall time: writing checkpoints, and per failure the restart and half a segment redone.
+    const double ckpt = in.checkpoint_s / (p.interval_s + in.checkpoint_s);
+    const double per_failure = (in.restart_s + 0.5 * (p.interval_s + in.checkpoint_s)) / in.job_mtbf_s;
+    fmt::print("{:<16} every {} steps ({} of training): goodput {:.2f}% ({:.0f} tokens/s of {:.0f}); lost to "
+               "checkpoints ~{:.2f}%, to failures ~{:.2f}%\n",
+               label, p.steps, hours(p.interval_s), 100 * p.goodput, tokens_per_step / iteration * p.goodput,
+               tokens_per_step / iteration, 100 * ckpt, 100 * per_failure);
+  };
+  if (given) line("as given", *given);
+  line("optimum", best);
+  fmt::print("first order      Young sqrt(2·C·MTBF) = {}, Daly {} (the optimum above: {})\n", hours(young),
+             hours(daly), hours(optimal_interval_s(in)));
+  return {};
+}
+
+}  // namespace
+
+Command add_goodput_command(CLI::App& app) {
+  auto f = std::make_shared<GoodputFlags>();
+  CLI::App* sub = app.add_subcommand(
+      "goodput", "expected goodput of a run under GPU failures, and the checkpoint interval that maximises it");
+  add_plan_flags(*sub, f->plan, "gpt3-175b");
+  sub->add_option("--cluster", f->cluster, "cluster preset name or JSON file")->capture_default_str();
+  // Bounds far beyond any real run (a century of MTBF, a year per step) that keep every product finite.
+  const RealRange kPositive{0, 1e9, true};
+  sub->add_option("--gpus", f->gpus, "GPUs (dp defaults to gpus / (tp·pp·cp))")->check(int_in({1, kMaxWorldSize}));
+  sub->add_option("--mtbf-hours", f->mtbf_hours, "mean time between failures of one GPU, hours")
+      ->required()
+      ->check(real_in(kPositive));
+  sub->add_option("--checkpoint-every", f->checkpoint_every, "steps between checkpoints (0: report the optimum only)")
+      ->capture_default_str()
+      ->check(int_in({0, 1 << 30}));
+  sub->add_option("--restart-minutes", f->restart_minutes,
+                  "minutes from a failure to training again (rescheduling, start-up, loading the checkpoint)")
+      ->capture_default_str()
+      ->check(real_in({0, 1e9}));
+  sub->add_option("--storage-GBps", f->storage_gbps, "GB/s the whole job writes a checkpoint at")
+      ->capture_default_str()
+      ->check(real_in(kPositive));
+  sub->add_option("--iteration-s", f->iteration_s, "seconds per step, instead of simulating the plan")
+      ->check(real_in({0, 1e9}));
+  sub->add_flag("--json", f->json, "print one JSON object");
+  return {sub, [f] { return run_goodput(*f); }};
+}
+
+}  // namespace meshtrain

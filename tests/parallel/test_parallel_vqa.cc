@@ -1,0 +1,50 @@
+// The VQA model (a ViT encoder, a projector, a causal decoder) under every
+// kind of parallelism of a uniform plan computes what the single-rank run
+// computes (the same checks and tolerances as the other models' plans),
+// ranks as threads. vqa-tiny has 7 body blocks: vision layers 0-1 (hook
+// indices 0, 1), the projector (2), the question joiner (3) and decoder
+// layers 0-2 (4-6).
+#include <catch2/catch.hpp>
+
+#include "tests/parallel/parallel_check.h"
+
+using namespace meshtrain;
+using namespace meshtrain::testing;
+
+namespace {
+
+ModelSpec vqa() { return *model_preset("vqa-tiny"); }
+
+Plan sp(Plan p) {
+  p.sequence_parallel = true;
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("VQA under tensor and sequence parallelism matches the single-rank run", "[parallel][vqa]") {
+  check_matches_reference(vqa(), make_plan(2, 1, 1, 0, ScheduleKind::one_f_one_b));
+  check_matches_reference(vqa(), make_plan(4, 1, 1, 0, ScheduleKind::one_f_one_b));
+  check_matches_reference(vqa(), sp(make_plan(2, 1, 1, 0, ScheduleKind::one_f_one_b)));
+}
+
+TEST_CASE("VQA with a pipeline boundary inside the encoder, between modules or inside the decoder matches the "
+          "single-rank run",
+          "[parallel][vqa]") {
+  // Stage 0: the patch embedding and vision layer 0; stage 1 the rest.
+  check_matches_reference(vqa(), with_stage_layers(make_plan(1, 2, 1, 0, ScheduleKind::one_f_one_b), 1, 0));
+  // 3 + 4: the encoder and projector, then the language model.
+  check_matches_reference(vqa(), with_stage_layers(make_plan(1, 2, 1, 0, ScheduleKind::gpipe), 3, 0));
+  // Stage 1: decoder layers 1-2 and the head.
+  check_matches_reference(vqa(), with_stage_layers(make_plan(1, 2, 1, 0, ScheduleKind::one_f_one_b), 5, 0));
+  // pp 4: the encoder, projector and joiner, then one decoder layer per stage.
+  check_matches_reference(vqa(), with_stage_layers(make_plan(1, 4, 1, 0, ScheduleKind::one_f_one_b), 4, 0));
+}
+
+TEST_CASE("VQA under data parallelism, ZeRO and recomputation matches the single-rank run", "[parallel][vqa]") {
+  for (int zero : {1, 3}) check_matches_reference(vqa(), make_plan(1, 1, 2, zero, ScheduleKind::one_f_one_b));
+  Plan recompute = with_stage_layers(make_plan(2, 2, 1, 0, ScheduleKind::one_f_one_b), 1, 0);
+  recompute.recompute = Recompute::full;
+  check_matches_reference(vqa(), recompute);
+  check_matches_reference(vqa(), sp(with_stage_layers(make_plan(2, 2, 2, 2, ScheduleKind::gpipe), 5, 0)));
+}
