@@ -1,0 +1,210 @@
+#include "engine/planner/fast_estimate.h"
+
+#include <algorithm>
+#include <set>
+
+#include <fmt/format.h>
+#include <tbb/parallel_for.h>
+
+#include "models/block.h"
+#include "models/parameters.h"
+#include "simulator/constants.h"
+
+namespace meshtrain::planner {
+
+namespace {
+
+// Bytes/s and seconds per step of a ring over `n` ranks spaced `stride` apart:
+// inside a node on NVLink, else each rank on its own NIC (rail).
+struct Link {
+  double bandwidth = 0, step_latency = 0;
+};
+
+Link ring_link(const sim::ClusterSpec& c, int n, int stride) {
+  const sim::CostConstants k;
+  const double alpha = sim::to_seconds(k.collective_alpha);
+  if (static_cast<std::int64_t>(n) * stride <= c.gpus_per_node)
+    return {c.nvlink_bandwidth * k.nvlink_efficiency, alpha + 2 * sim::to_seconds(c.nvlink_latency)};
+  return {c.nic_bandwidth * k.network_efficiency,
+          alpha + 2 * sim::to_seconds(c.nic_latency + c.pcie_latency) + 2 * sim::to_seconds(c.switch_latency)};
+}
+
+}  // namespace
+
+FastEstimator::FastEstimator(const SearchContext& ctx, const SimulateOptions& options) : ctx_(ctx), options_(options) {
+  const ModelBlocks blocks = model_blocks(ctx.model);
+  const std::int64_t seq = ctx.base.effective_seq_len(ctx.model);
+  for (const auto& b : blocks) {
+    const ForwardFlops f = b->flops(1, seq);
+    forward_flops_.push_back(f.total());
+    attention_flops_.push_back(f.attention);
+    double n = 0;
+    for (const ParamInfo& info : b->parameters()) n += static_cast<double>(info.numel());
+    parameters_.push_back(n);
+  }
+  const ModelSpec& m = ctx.model;
+  layers_alike_ = !m.vision();
+  for (int l = 1; l < m.layers && layers_alike_; ++l) layers_alike_ = m.moe_layer(l) == m.moe_layer(0);
+}
+
+FastEstimator::Key FastEstimator::key_of(const Plan& p) {
+  return {p.tp, p.sequence_parallel, p.micro_batch, static_cast<int>(p.recompute), p.ep, p.etp};
+}
+
+Result<FastEstimator::Reference> FastEstimator::simulate_reference(const Key& k) const {
+  Plan p = ctx_.base;
+  std::tie(p.tp, p.sequence_parallel, p.micro_batch, std::ignore, p.ep, p.etp) = k;
+  p.recompute = static_cast<Recompute>(std::get<3>(k));
+  p.pp = 1, p.vpp = 1, p.zero = 0, p.dp = p.ep, p.cp = 1;
+  p.schedule = ScheduleKind::one_f_one_b;
+  p.first_stage_layers = p.last_stage_layers = 0;
+  SimulateOptions o = options_;
+  o.check_memory = false;  // memory is judged by the memory model, for the real plan
+  o.trace = false;
+  auto time = [&](const ModelSpec& m, int microbatches) -> Result<double> {
+    p.global_batch = p.micro_batch * p.dp * microbatches;
+    MT_ASSIGN(SimulationResult r, simulate_iteration(m, p, o));
+    return r.iteration_s;
+  };
+  const ModelSpec& model = ctx_.model;
+  const std::size_t blocks = forward_flops_.size(), last = blocks - 1;
+  Reference ref;
+  ref.microbatch_s.assign(blocks, 0.0);
+  ref.step_s.assign(blocks, 0.0);
+  if (layers_alike_) {
+    double t[2][2];
+    for (int layers = 1; layers <= 2; ++layers) {
+      ModelSpec cut = model;
+      cut.layers = layers;
+      for (int k_mb = 1; k_mb <= 2; ++k_mb) {
+        MT_ASSIGN(t[layers - 1][k_mb - 1], time(cut, k_mb));
+      }
+    }
+    const double d = t[1][1] - t[1][0] - t[0][1] + t[0][0];
+    const double c = t[0][1] - t[0][0] - d;
+    const double b = t[1][0] - t[0][0] - d;
+    const double a = t[0][0] - b - c - d;
+    for (std::size_t i = 1; i < last; ++i) ref.microbatch_s[i] = std::max(0.0, d), ref.step_s[i] = std::max(0.0, b);
+    // The embedding's lookup is cheap next to the head's GEMM and loss: c goes to the head, a is split by parameters.
+    ref.microbatch_s[last] = std::max(0.0, c);
+    const double ends = parameters_[0] + parameters_[last];
+    for (std::size_t i : {std::size_t{0}, last})
+      ref.step_s[i] = std::max(0.0, a) * (ends > 0 ? parameters_[i] / ends : 0.5);
+    return ref;
+  }
+  MT_ASSIGN(const double t1, time(model, 1));
+  MT_ASSIGN(const double t2, time(model, 2));
+  const double microbatch = std::max(0.0, t2 - t1), step = std::max(0.0, t1 - microbatch);
+  const auto rc = static_cast<Recompute>(std::get<3>(k));
+  double work = 0, params = 0;
+  for (std::size_t i = 0; i < blocks; ++i) {
+    const bool body = i != 0 && i != last;
+    ref.microbatch_s[i] = 3 * forward_flops_[i] + (body && rc == Recompute::full ? forward_flops_[i] : 0) +
+                          (body && rc == Recompute::selective ? attention_flops_[i] : 0);
+    work += ref.microbatch_s[i], params += parameters_[i];
+  }
+  for (std::size_t i = 0; i < blocks; ++i) {
+    ref.microbatch_s[i] = work > 0 ? microbatch * ref.microbatch_s[i] / work : microbatch / blocks;
+    ref.step_s[i] = params > 0 ? step * parameters_[i] / params : step / blocks;
+  }
+  return ref;
+}
+
+Status FastEstimator::prepare(const std::vector<const Plan*>& plans) {
+  std::set<Key> wanted;
+  for (const Plan* p : plans)
+    if (!refs_.count(key_of(*p))) wanted.insert(key_of(*p));
+  const std::vector<Key> keys(wanted.begin(), wanted.end());
+  std::vector<std::optional<Result<Reference>>> out(keys.size());
+  tbb::parallel_for(std::size_t{0}, keys.size(), [&](std::size_t i) { out[i] = simulate_reference(keys[i]); });
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    if (!*out[i]) {
+      const auto& [tp, sp, mb, rc, ep, etp] = keys[i];
+      return std::move(*out[i]).error().context(fmt::format(
+          "fast tier: simulating one stage with tp {} sp {} micro-batch {} recompute {} ep {}", tp, sp, mb,
+          recompute_name(static_cast<Recompute>(rc)), ep));
+    }
+    refs_[keys[i]] = std::move(*out[i]).value();
+  }
+  return {};
+}
+
+std::size_t FastEstimator::reference_simulations() const { return refs_.size() * (layers_alike_ ? 4 : 2); }
+
+FastBreakdown FastEstimator::estimate(const Plan& p, const MemoryFit& fit) const {
+  const ModelSpec& m = ctx_.model;
+  const Reference& ref = refs_.at(key_of(p));
+  const StageSplit split = p.stage_split();
+  const std::size_t last = forward_flops_.size() - 1;
+  const sim::ClusterSpec& c = options_.cluster;
+  const int n = p.dp;
+  const Link dp_link = ring_link(c, n, p.tp);
+  const double dp_ring = n > 1 ? static_cast<double>(n - 1) / n / dp_link.bandwidth : 0;
+  // ZeRO 3 gathers a layer's parameters (its share of the most loaded stage's) before each forward and backward.
+  double gather = 0;
+  if (p.zero == 3 && n > 1) {
+    const double layers = std::max(1, stage_layer_count(m, split, fit.peak_stage));
+    gather = static_cast<double>(fit.max_stage_parameters) / layers * element_bytes(p.precision) * dp_ring +
+             (n - 1) * dp_link.step_latency;
+  }
+  // A block's forward share of its forward and backward.
+  const double forward_share = p.recompute == Recompute::full ? 0.25 : 1.0 / 3.0;
+  auto block_time = [&](std::size_t i) {
+    const double t = ref.microbatch_s[i];
+    if (gather == 0 || i == 0 || i == last) return t;
+    return std::max(t * forward_share, gather) + std::max(t * (1 - forward_share), gather);
+  };
+  std::vector<double> stage_time(static_cast<std::size_t>(p.pp), 0.0), stage_step(static_cast<std::size_t>(p.pp), 0.0);
+  for (int s = 0; s < p.pp; ++s) {
+    double t = 0, w = 0;
+    for (int ch = 0; ch < p.vpp; ++ch) {
+      const LayerRange r = virtual_stage_layers(m, split, ch * p.pp + s);
+      for (int l = r.begin; l < r.end; ++l) {
+        t += block_time(static_cast<std::size_t>(l + 1));
+        w += ref.step_s[static_cast<std::size_t>(l + 1)];
+      }
+    }
+    if (s == 0) t += block_time(0), w += ref.step_s[0];
+    if (s == p.pp - 1) t += block_time(last), w += ref.step_s[last];
+    stage_time[static_cast<std::size_t>(s)] = t;
+    stage_step[static_cast<std::size_t>(s)] = w;
+  }
+  const double t_max = *std::max_element(stage_time.begin(), stage_time.end());
+  double t_mean = 0;
+  for (double t : stage_time) t_mean += t / p.pp;
+
+  FastBreakdown b;
+  const int mbs = p.microbatches();
+  double hop = 0;
+  if (p.pp > 1) {
+    const double bytes = static_cast<double>(p.micro_batch) * p.effective_seq_len(m) * m.hidden * element_bytes(p.precision);
+    const Link link = ring_link(c, 2, p.tp * p.dp * p.cp);
+    hop = bytes / link.bandwidth + link.step_latency;
+  }
+  const double v = p.vpp;
+  b.pipeline_s = mbs * v * (t_max / v + 2 * hop) + (p.pp - 1) * (t_mean / v + 2 * hop);
+  b.bubble_s = (p.pp - 1) * t_mean / v;
+  b.p2p_s = 2 * hop * (mbs * v + p.pp - 1);
+  b.optimizer_s = *std::max_element(stage_step.begin(), stage_step.end()) / (p.zero >= 1 ? n : 1);
+
+  if (n > 1) {
+    const double params = static_cast<double>(fit.max_stage_parameters);
+    const double grads = params * 4;  // fp32 gradients (ParameterStore)
+    const double param_bytes = params * element_bytes(p.precision);
+    // Collectives: buckets under ZeRO 0/1, one per layer under ZeRO 2/3 (each a 2(n-1)-step ring).
+    const double layers_here = static_cast<double>(stage_layer_count(m, split, fit.peak_stage)) + 2;
+    const double buckets = p.zero <= 1 ? std::max(1.0, grads / (p.grad_bucket_mb * (1 << 20))) : layers_here;
+    const double latency = buckets * 2 * (n - 1) * dp_link.step_latency;
+    const double reduce = (p.zero == 0 ? 2 * grads * dp_ring : grads * dp_ring) + latency;
+    const double gather_updated = p.zero == 1 || p.zero == 2 ? param_bytes * dp_ring : 0;
+    const double backward_last = t_max * (1 - forward_share);
+    const double exposed_reduce = p.grad_sync == GradSync::after_backward
+                                      ? reduce
+                                      : std::max(reduce - backward_last, reduce / buckets);
+    b.data_parallel_s = exposed_reduce + gather_updated;
+  }
+  b.iteration_s = b.pipeline_s + b.optimizer_s + b.data_parallel_s;
+  return b;
+}
+
+}  // namespace meshtrain::planner
