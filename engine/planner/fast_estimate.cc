@@ -140,19 +140,29 @@ FastBreakdown FastEstimator::estimate(const Plan& p, const MemoryFit& fit) const
   const int n = p.dp;
   const Link dp_link = ring_link(c, n, p.tp);
   const double dp_ring = n > 1 ? static_cast<double>(n - 1) / n / dp_link.bandwidth : 0;
-  // ZeRO 3 gathers a layer's parameters (its share of the most loaded stage's) before each forward and backward.
-  double gather = 0;
-  if (p.zero == 3 && n > 1) {
-    const double layers = std::max(1, stage_layer_count(m, split, fit.peak_stage));
-    gather = static_cast<double>(fit.max_stage_parameters) / layers * element_bytes(p.precision) * dp_ring +
-             (n - 1) * dp_link.step_latency;
+  // A rank's share of a block's parameters: the most loaded stage's count over its unsharded blocks.
+  double unsharded = 0;
+  for (int ch = 0; ch < p.vpp; ++ch) {
+    const LayerRange r = virtual_stage_layers(m, split, ch * p.pp + fit.peak_stage);
+    for (int l = r.begin; l < r.end; ++l) unsharded += parameters_[static_cast<std::size_t>(l + 1)];
   }
+  if (fit.peak_stage == 0) unsharded += parameters_[0];
+  if (fit.peak_stage == p.pp - 1) unsharded += parameters_[last];
+  const double shard = unsharded > 0 ? static_cast<double>(fit.max_stage_parameters) / unsharded : 1.0 / p.tp;
   // A block's forward share of its forward and backward.
   const double forward_share = p.recompute == Recompute::full ? 0.25 : 1.0 / 3.0;
+  // ZeRO 2 and 3 reduce-scatter each block's fp32 gradients after every
+  // micro-batch's backward of it, on the side stream; ZeRO 3 also gathers its
+  // parameters (prefetched one block ahead) before its forward and backward.
+  // A block's pass then takes at least as long as its communication.
   auto block_time = [&](std::size_t i) {
     const double t = ref.microbatch_s[i];
-    if (gather == 0 || i == 0 || i == last) return t;
-    return std::max(t * forward_share, gather) + std::max(t * (1 - forward_share), gather);
+    if (p.zero < 2 || n == 1) return t;
+    const double params = parameters_[i] * shard;
+    const double latency = (n - 1) * dp_link.step_latency;
+    const double reduce = params * 4 * dp_ring + latency;
+    const double gather = p.zero == 3 ? params * element_bytes(p.precision) * dp_ring + latency : 0;
+    return std::max(t * forward_share, gather) + std::max(t * (1 - forward_share), gather + reduce);
   };
   std::vector<double> stage_time(static_cast<std::size_t>(p.pp), 0.0), stage_step(static_cast<std::size_t>(p.pp), 0.0);
   for (int s = 0; s < p.pp; ++s) {
@@ -189,19 +199,19 @@ FastBreakdown FastEstimator::estimate(const Plan& p, const MemoryFit& fit) const
 
   if (n > 1) {
     const double params = static_cast<double>(fit.max_stage_parameters);
-    const double grads = params * 4;  // fp32 gradients (ParameterStore)
     const double param_bytes = params * element_bytes(p.precision);
-    // Collectives: buckets under ZeRO 0/1, one per layer under ZeRO 2/3 (each a 2(n-1)-step ring).
-    const double layers_here = static_cast<double>(stage_layer_count(m, split, fit.peak_stage)) + 2;
-    const double buckets = p.zero <= 1 ? std::max(1.0, grads / (p.grad_bucket_mb * (1 << 20))) : layers_here;
-    const double latency = buckets * 2 * (n - 1) * dp_link.step_latency;
-    const double reduce = (p.zero == 0 ? 2 * grads * dp_ring : grads * dp_ring) + latency;
-    const double gather_updated = p.zero == 1 || p.zero == 2 ? param_bytes * dp_ring : 0;
     const double backward_last = t_max * (1 - forward_share);
-    const double exposed_reduce = p.grad_sync == GradSync::after_backward
-                                      ? reduce
-                                      : std::max(reduce - backward_last, reduce / buckets);
-    b.data_parallel_s = exposed_reduce + gather_updated;
+    if (p.zero <= 1) {
+      const double grads = params * 4;  // fp32 gradients (ParameterStore)
+      const double buckets = std::max(1.0, grads / (p.grad_bucket_mb * (1 << 20)));
+      const double latency = buckets * 2 * (n - 1) * dp_link.step_latency;
+      const double reduce = (p.zero == 0 ? 2 : 1) * grads * dp_ring + latency;
+      b.data_parallel_s = p.grad_sync == GradSync::after_backward
+                              ? reduce
+                              : std::max(reduce - backward_last, reduce / buckets);
+    }
+    // ZeRO 1 and 2 all-gather the updated parameter shards after the optimizer step.
+    if (p.zero == 1 || p.zero == 2) b.data_parallel_s += param_bytes * dp_ring;
   }
   b.iteration_s = b.pipeline_s + b.optimizer_s + b.data_parallel_s;
   return b;

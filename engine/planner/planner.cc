@@ -59,13 +59,17 @@ Result<SearchResult> search(const SearchContext& ctx, const SearchSpace& space, 
                       e.example_rejection.value_or("the space is empty"));
   }
 
+  out.enumerate_s = seconds_since(start);
+
   // Tier 1a: the memory model, on all cores.
+  start = std::chrono::steady_clock::now();
   std::vector<Candidate> all(e.valid.size());
   progress.set_phase("memory", out.valid);
   const double device = sim_options.cluster.device.memory_bytes;
   tbb::parallel_for(tbb::blocked_range<std::size_t>(0, all.size(), 64), [&](const tbb::blocked_range<std::size_t>& r) {
     for (std::size_t i = r.begin(); i != r.end(); ++i) {
       all[i].plan = std::move(e.valid[i]);
+      all[i].index = static_cast<std::int64_t>(i);
       all[i].memory = memory_fit(ctx.model, all[i].plan);
     }
     progress.add_done(static_cast<std::int64_t>(r.size()));
@@ -76,7 +80,7 @@ Result<SearchResult> search(const SearchContext& ctx, const SearchSpace& space, 
     if (c.memory.peak_bytes <= device) fits.push_back(c);
   out.pruned = out.valid - static_cast<std::int64_t>(fits.size());
   progress.add_pruned(out.pruned);
-  out.enumerate_s = seconds_since(start);
+  out.memory_s = seconds_since(start);
   if (fits.empty()) return nothing_fits(ctx, all, device);
   all.clear();
 
@@ -127,7 +131,8 @@ Result<SearchResult> search(const SearchContext& ctx, const SearchSpace& space, 
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
     const Candidate &x = fits[static_cast<std::size_t>(a)], &y = fits[static_cast<std::size_t>(b)];
     if (x.sim.has_value() != y.sim.has_value()) return x.sim.has_value();
-    return x.sim && x.sim->iteration_s < y.sim->iteration_s;
+    if (!x.sim || x.sim->iteration_s == y.sim->iteration_s) return x.index < y.index;
+    return x.sim->iteration_s < y.sim->iteration_s;
   });
   for (int i : order) {
     out.ranked.push_back(std::move(fits[static_cast<std::size_t>(i)]));

@@ -24,6 +24,9 @@ struct PlannerOptions {
 
 struct Candidate {
   Plan plan;
+  // Place in the enumeration: among equal times the earlier (simpler: the
+  // table's defaults list the plain values first) ranks first.
+  std::int64_t index = 0;
   MemoryFit memory;
   FastBreakdown fast;
   std::optional<SimulationResult> sim;  // the full tier's, when it ran and succeeded
@@ -32,7 +35,7 @@ struct Candidate {
 
 struct SearchResult {
   std::int64_t combinations = 0, valid = 0, pruned = 0, simulated = 0, reference_simulations = 0;
-  double enumerate_s = 0, fast_s = 0, full_s = 0;  // wall time of each tier
+  double enumerate_s = 0, memory_s = 0, fast_s = 0, full_s = 0;  // wall time of each tier
   // The full tier's candidates, fastest first by the DES (those it refused
   // last), then every other fitting candidate by the fast estimate.
   std::vector<Candidate> ranked;

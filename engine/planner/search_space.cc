@@ -104,8 +104,12 @@ std::vector<int> zero_defaults(const SearchContext&, const Plan& p) {
   return {0, 1, 2, 3};
 }
 
+// Selective recomputation recomputes the attention core to drop its
+// materialised scores; meshtrain's attention keeps only the row statistics
+// (memory_model.h, meshtrain_layout), so selective saves nothing and costs
+// time: it is dominated and searched only when allowed.
 std::vector<int> recompute_defaults(const SearchContext&, const Plan&) {
-  return {static_cast<int>(Recompute::none), static_cast<int>(Recompute::selective), static_cast<int>(Recompute::full)};
+  return {static_cast<int>(Recompute::none), static_cast<int>(Recompute::full)};
 }
 
 std::vector<int> sp_defaults(const SearchContext&, const Plan& p) {
@@ -150,7 +154,7 @@ const std::vector<Dimension> kDimensions = {
      parse_count, format_int},
     {"zero", "ZeRO stage (default: 0 to 3; 0 when dp is 1)", false, zero_defaults, [](Plan& p, int v) { p.zero = v; },
      [](const Plan& p) { return p.zero; }, parse_zero, format_int},
-    {"recompute", "activation recomputation (default: none, selective, full)", false, recompute_defaults,
+    {"recompute", "activation recomputation (default: none, full; selective saves nothing with meshtrain's attention)", false, recompute_defaults,
      [](Plan& p, int v) { p.recompute = static_cast<Recompute>(v); },
      [](const Plan& p) { return static_cast<int>(p.recompute); }, parse_recompute_value, format_recompute},
     {"sequence_parallel", "sequence parallelism (default: off, on when tp > 1)", false, sp_defaults,
