@@ -50,6 +50,11 @@ double collective_s(const SimulationResult& s, sim::CollectiveKind k) {
   return s.collectives[static_cast<std::size_t>(k)].time_s;
 }
 
+// Seconds with four significant digits, in ms below a second ("17.52 s", "1.052 ms").
+std::string seconds(double s) {
+  return s < 1 ? fmt::format("{:.4g} ms", s * 1e3) : fmt::format("{:.4g} s", s);
+}
+
 }  // namespace
 
 double kendall_tau(const std::vector<double>& a, const std::vector<double>& b) {
@@ -118,8 +123,8 @@ std::string text_report(const SearchResult& r, const ReportContext& c) {
                      r.enumerate_s, r.combinations / std::max(r.enumerate_s, 1e-9), r.memory_s,
                      r.valid / std::max(r.memory_s, 1e-9), r.fast_s,
                      estimated / std::max(r.fast_s, 1e-9), r.full_s, r.simulated / std::max(r.full_s, 1e-9));
-  out += fmt::format("{:>3}  {:<44} {:>9} {:>9} {:>14} {:>6} {:>10} {:>10} {:>7} {:>9}\n", "#", "plan", "iter s",
-                     "fast s", "throughput", "MFU", "peak mem", "headroom", "bubble", "exp comm");
+  out += fmt::format("{:>3}  {:<44} {:>10} {:>10} {:>14} {:>6} {:>10} {:>10} {:>7} {:>10}\n", "#", "plan",
+                     "iteration", "fast tier", "throughput", "MFU", "peak mem", "headroom", "bubble", "exp comm");
   const double device = c.cluster->device.memory_bytes;
   const std::size_t rows = std::min(r.ranked.size(), static_cast<std::size_t>(std::max(c.top, 0)));
   for (std::size_t i = 0; i < rows; ++i) {
@@ -127,17 +132,17 @@ std::string text_report(const SearchResult& r, const ReportContext& c) {
     const std::string plan = describe_plan(k.plan, m);
     if (k.sim) {
       const SimulationResult& s = *k.sim;
-      out += fmt::format("{:>3}  {:<44} {:>9.4f} {:>9.4f} {:>14} {:>5.1f}% {:>10} {:>10} {:>6.1f}% {:>9.4f}\n", i + 1,
-                         plan, s.iteration_s, k.fast.iteration_s, throughput(s, m), 100 * s.mfu,
+      out += fmt::format("{:>3}  {:<44} {:>10} {:>10} {:>14} {:>5.1f}% {:>10} {:>10} {:>6.1f}% {:>10}\n", i + 1,
+                         plan, seconds(s.iteration_s), seconds(k.fast.iteration_s), throughput(s, m), 100 * s.mfu,
                          human_bytes(static_cast<double>(s.peak_memory_bytes)),
                          human_bytes(device - static_cast<double>(s.peak_memory_bytes)), 100 * s.bubble_fraction,
-                         s.exposed_comm_s);
+                         seconds(s.exposed_comm_s));
     } else if (!k.sim_error.empty()) {
-      out += fmt::format("{:>3}  {:<44} {:>9} {:>9.4f}  refused by the DES: {:.60}\n", i + 1, plan, "-",
-                         k.fast.iteration_s, k.sim_error);
+      out += fmt::format("{:>3}  {:<44} {:>10} {:>10}  refused by the DES: {:.60}\n", i + 1, plan, "-",
+                         seconds(k.fast.iteration_s), k.sim_error);
     } else {
-      out += fmt::format("{:>3}  {:<44} {:>9} {:>9.4f} {:>14} {:>6} {:>10} {:>10}   (fast tier only)\n", i + 1, plan,
-                         "-", k.fast.iteration_s, "-", "-", human_bytes(k.memory.peak_bytes),
+      out += fmt::format("{:>3}  {:<44} {:>10} {:>10} {:>14} {:>6} {:>10} {:>10}   (fast tier only)\n", i + 1, plan,
+                         "-", seconds(k.fast.iteration_s), "-", "-", human_bytes(k.memory.peak_bytes),
                          human_bytes(device - k.memory.peak_bytes));
     }
   }
@@ -215,8 +220,8 @@ std::string explain(const SearchResult& r, const ReportContext& c) {
   const ModelSpec& m = c.ctx->model;
   if (b == nullptr) return fmt::format("explain: {} is the only candidate the DES timed\n", describe_plan(a->plan, m));
   const SimulationResult &x = *a->sim, &y = *b->sim;
-  std::string out = fmt::format("why {} beats {}: {:.4f} s against {:.4f} s ({:.2f}% faster)\n",
-                                describe_plan(a->plan, m), describe_plan(b->plan, m), x.iteration_s, y.iteration_s,
+  std::string out = fmt::format("why {} beats {}: {} against {} ({:.2f}% faster)\n", describe_plan(a->plan, m),
+                                describe_plan(b->plan, m), seconds(x.iteration_s), seconds(y.iteration_s),
                                 100 * (y.iteration_s - x.iteration_s) / y.iteration_s);
   std::string diff;
   for (const Dimension& d : dimensions())
@@ -241,8 +246,8 @@ std::string explain(const SearchResult& r, const ReportContext& c) {
   };
   const Term* decisive = &terms.front();
   for (const Term& t : terms) {
-    out += fmt::format("  {:<30} {:>9.4f} s  vs {:>9.4f} s  ({:+.4f} s)\n", t.name, t.winner, t.runner_up,
-                       t.winner - t.runner_up);
+    out += fmt::format("  {:<30} {:>11} vs {:>11} ({}{})\n", t.name, seconds(t.winner), seconds(t.runner_up),
+                       t.winner >= t.runner_up ? "+" : "-", seconds(std::abs(t.winner - t.runner_up)));
     if (t.winner - t.runner_up < decisive->winner - decisive->runner_up) decisive = &t;
   }
   const double rec_x = x.hardware_tflops_per_gpu - x.tflops_per_gpu, rec_y = y.hardware_tflops_per_gpu - y.tflops_per_gpu;
@@ -252,8 +257,8 @@ std::string explain(const SearchResult& r, const ReportContext& c) {
   for (int k = 0; k < sim::kNumCollectiveKinds; ++k) {
     const auto kind = static_cast<sim::CollectiveKind>(k);
     if (collective_s(x, kind) == 0 && collective_s(y, kind) == 0) continue;
-    out += fmt::format("    {:<26} {:>9.4f} s  vs {:>9.4f} s\n", sim::collective_kind_name(kind),
-                       collective_s(x, kind), collective_s(y, kind));
+    out += fmt::format("    {:<28} {:>11} vs {:>11}\n", sim::collective_kind_name(kind),
+                       seconds(collective_s(x, kind)), seconds(collective_s(y, kind)));
   }
   const double device = c.cluster->device.memory_bytes;
   out += fmt::format("  {:<30} {:>11} vs {:>11} (headroom {} vs {})\n", "peak memory",
@@ -261,8 +266,8 @@ std::string explain(const SearchResult& r, const ReportContext& c) {
                      human_bytes(static_cast<double>(y.peak_memory_bytes)),
                      human_bytes(device - static_cast<double>(x.peak_memory_bytes)),
                      human_bytes(device - static_cast<double>(y.peak_memory_bytes)));
-  out += fmt::format("  the largest saving is in {} ({:+.4f} s)\n", decisive->name,
-                     decisive->winner - decisive->runner_up);
+  out += fmt::format("  the largest saving is in {} ({})\n", decisive->name,
+                     seconds(decisive->runner_up - decisive->winner));
   return out;
 }
 
