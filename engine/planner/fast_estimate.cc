@@ -14,19 +14,21 @@ namespace meshtrain::planner {
 
 namespace {
 
-// Bytes/s and seconds per step of a ring over `n` ranks spaced `stride` apart:
-// inside a node on NVLink, else each rank on its own NIC (rail).
-struct Link {
-  double bandwidth = 0, step_latency = 0;
-};
-
-Link ring_link(const sim::ClusterSpec& c, int n, int stride) {
-  const sim::CostConstants k;
-  const double alpha = sim::to_seconds(k.collective_alpha);
-  if (static_cast<std::int64_t>(n) * stride <= c.gpus_per_node)
-    return {c.nvlink_bandwidth * k.nvlink_efficiency, alpha + 2 * sim::to_seconds(c.nvlink_latency)};
-  return {c.nic_bandwidth * k.network_efficiency,
-          alpha + 2 * sim::to_seconds(c.nic_latency + c.pcie_latency) + 2 * sim::to_seconds(c.switch_latency)};
+// The cluster as the sim backend builds it (backends/sim/sim_cluster.cc):
+// links at the share of their line rate that collectives reach, except those
+// a calibration measured.
+sim::ClusterSpec effective_spec(const SimulateOptions& o) {
+  const sim::CostConstants constants;
+  auto measured = [&](std::string_view kind) {
+    if (o.calibration == nullptr) return false;
+    for (const auto& l : o.calibration->links)
+      if (l.kind == kind) return true;
+    return false;
+  };
+  sim::ClusterSpec s = o.cluster;
+  if (!measured("nvlink")) s.nvlink_bandwidth *= constants.nvlink_efficiency;
+  if (!measured("nic")) s.nic_bandwidth *= constants.network_efficiency;
+  return s;
 }
 
 }  // namespace
@@ -43,6 +45,7 @@ FastEstimator::FastEstimator(const SearchContext& ctx, const SimulateOptions& op
     parameters_.push_back(n);
   }
   const ModelSpec& m = ctx.model;
+  if (auto c = sim::Cluster::build(effective_spec(options), ctx.gpus)) cluster_.emplace(std::move(c).value());
   layers_alike_ = !m.vision();
   for (int l = 1; l < m.layers && layers_alike_; ++l) layers_alike_ = m.moe_layer(l) == m.moe_layer(0);
 }
@@ -110,10 +113,44 @@ Result<FastEstimator::Reference> FastEstimator::simulate_reference(const Key& k)
   return ref;
 }
 
+Status FastEstimator::fit_collective(const CollectiveKey& key) {
+  const auto [kind, n, stride] = key;
+  if (!cluster_) return make_error("the cluster of {} GPUs could not be built", ctx_.gpus);
+  sim::CollectiveRequest r;
+  r.kind = static_cast<sim::CollectiveKind>(kind);
+  for (int i = 0; i < n; ++i) r.members.push_back(i * stride);
+  const sim::CostConstants constants;
+  double t[2];
+  const double sizes[2] = {1 << 20, 1 << 30};
+  for (int i = 0; i < 2; ++i) {
+    r.bytes = sizes[i];
+    MT_ASSIGN(const sim::CollectivePlan plan, sim::plan_collective(*cluster_, constants, r));
+    t[i] = sim::to_seconds(sim::analytic_time(*cluster_, constants, plan));
+  }
+  CollectiveFit fit;
+  fit.per_byte = std::max(0.0, (t[1] - t[0]) / (sizes[1] - sizes[0]));
+  fit.latency = std::max(0.0, t[0] - fit.per_byte * sizes[0]);
+  collectives_[key] = fit;
+  return {};
+}
+
+double FastEstimator::collective_s(sim::CollectiveKind kind, int members, int stride, double bytes) const {
+  const CollectiveFit& f = collectives_.at({static_cast<int>(kind), members, stride});
+  return f.latency + f.per_byte * bytes;
+}
+
 Status FastEstimator::prepare(const std::vector<const Plan*>& plans) {
   std::set<Key> wanted;
-  for (const Plan* p : plans)
+  std::set<CollectiveKey> groups;
+  using K = sim::CollectiveKind;
+  for (const Plan* p : plans) {
     if (!refs_.count(key_of(*p))) wanted.insert(key_of(*p));
+    if (p->dp > 1)
+      for (K k : {K::kAllReduce, K::kReduceScatter, K::kAllGather}) groups.insert({static_cast<int>(k), p->dp, p->tp});
+    if (p->pp > 1) groups.insert({static_cast<int>(K::kSendRecv), 2, p->tp * p->dp * p->cp});
+  }
+  for (const CollectiveKey& g : groups)
+    if (!collectives_.count(g)) MT_TRY(fit_collective(g).context("fast tier: timing a collective"));
   const std::vector<Key> keys(wanted.begin(), wanted.end());
   std::vector<std::optional<Result<Reference>>> out(keys.size());
   tbb::parallel_for(std::size_t{0}, keys.size(), [&](std::size_t i) { out[i] = simulate_reference(keys[i]); });
@@ -136,10 +173,8 @@ FastBreakdown FastEstimator::estimate(const Plan& p, const MemoryFit& fit) const
   const Reference& ref = refs_.at(key_of(p));
   const StageSplit split = p.stage_split();
   const std::size_t last = forward_flops_.size() - 1;
-  const sim::ClusterSpec& c = options_.cluster;
   const int n = p.dp;
-  const Link dp_link = ring_link(c, n, p.tp);
-  const double dp_ring = n > 1 ? static_cast<double>(n - 1) / n / dp_link.bandwidth : 0;
+  using K = sim::CollectiveKind;
   // A rank's share of a block's parameters: the most loaded stage's count over its unsharded blocks.
   double unsharded = 0;
   for (int ch = 0; ch < p.vpp; ++ch) {
@@ -159,9 +194,9 @@ FastBreakdown FastEstimator::estimate(const Plan& p, const MemoryFit& fit) const
     const double t = ref.microbatch_s[i];
     if (p.zero < 2 || n == 1) return t;
     const double params = parameters_[i] * shard;
-    const double latency = (n - 1) * dp_link.step_latency;
-    const double reduce = params * 4 * dp_ring + latency;
-    const double gather = p.zero == 3 ? params * element_bytes(p.precision) * dp_ring + latency : 0;
+    // nccl-tests sizes: a reduce-scatter's input and an all-gather's output are the whole (dp-sharded) block.
+    const double reduce = collective_s(K::kReduceScatter, n, p.tp, params * 4);
+    const double gather = p.zero == 3 ? collective_s(K::kAllGather, n, p.tp, params * element_bytes(p.precision)) : 0;
     return std::max(t * forward_share, gather) + std::max(t * (1 - forward_share), gather + reduce);
   };
   std::vector<double> stage_time(static_cast<std::size_t>(p.pp), 0.0), stage_step(static_cast<std::size_t>(p.pp), 0.0);
@@ -188,8 +223,7 @@ FastBreakdown FastEstimator::estimate(const Plan& p, const MemoryFit& fit) const
   double hop = 0;
   if (p.pp > 1) {
     const double bytes = static_cast<double>(p.micro_batch) * p.effective_seq_len(m) * m.hidden * element_bytes(p.precision);
-    const Link link = ring_link(c, 2, p.tp * p.dp * p.cp);
-    hop = bytes / link.bandwidth + link.step_latency;
+    hop = collective_s(K::kSendRecv, 2, p.tp * p.dp * p.cp, bytes);
   }
   const double v = p.vpp;
   b.pipeline_s = mbs * v * (t_max / v + 2 * hop) + (p.pp - 1) * (t_mean / v + 2 * hop);
@@ -204,14 +238,14 @@ FastBreakdown FastEstimator::estimate(const Plan& p, const MemoryFit& fit) const
     if (p.zero <= 1) {
       const double grads = params * 4;  // fp32 gradients (ParameterStore)
       const double buckets = std::max(1.0, grads / (p.grad_bucket_mb * (1 << 20)));
-      const double latency = buckets * 2 * (n - 1) * dp_link.step_latency;
-      const double reduce = (p.zero == 0 ? 2 : 1) * grads * dp_ring + latency;
+      const double reduce =
+          buckets * collective_s(p.zero == 0 ? K::kAllReduce : K::kReduceScatter, n, p.tp, grads / buckets);
       b.data_parallel_s = p.grad_sync == GradSync::after_backward
                               ? reduce
                               : std::max(reduce - backward_last, reduce / buckets);
     }
     // ZeRO 1 and 2 all-gather the updated parameter shards after the optimizer step.
-    if (p.zero == 1 || p.zero == 2) b.data_parallel_s += param_bytes * dp_ring;
+    if (p.zero == 1 || p.zero == 2) b.data_parallel_s += collective_s(K::kAllGather, n, p.tp, param_bytes);
   }
   b.iteration_s = b.pipeline_s + b.optimizer_s + b.data_parallel_s;
   return b;

@@ -20,10 +20,15 @@
 //
 // Closed forms (p stages, v chunks, m micro-batches per pipeline; a block's
 // forward is 1/3 of its forward and backward, 1/4 with full recomputation):
-//   t_hop: one pipeline send, mb·seq·hidden elements at the plan's
-//     precision over NVLink, or the NIC when a stage's tp·dp ranks fill a
-//     node; the engine sends on the compute stream, so each chunk's forward
-//     and backward add 2·t_hop to it
+//   collectives: each kind the plan's data-parallel group (dp ranks tp
+//     apart) and pipeline neighbours (tp·dp apart) issue is timed once on
+//     the cluster's topology by the simulator's own analytic collective
+//     model (sim::analytic_time, the algorithm its tuner picks, links at the
+//     share of line rate the sim backend uses) at two sizes, giving
+//     t(bytes) = latency + bytes·per_byte for that group
+//   t_hop: one pipeline send of mb·seq·hidden elements at the plan's
+//     precision; the engine sends on the compute stream, so each chunk's
+//     forward and backward add 2·t_hop to it
 //   ZeRO 3: a layer's forward waits for its gathered parameters (prefetched
 //     one layer ahead), so it takes max(forward, gather), and its backward
 //     max(backward, gather)
@@ -32,10 +37,9 @@
 //     (engine/schedule/timing.h: (m·v + p - 1)·(f + b) on uniform stages;
 //     the slowest stage paces the steady state)
 //   optimizer = the most loaded stage's per-iteration work / (dp under ZeRO >= 1)
-//   data parallel: a ring over dp ranks (NVLink when tp·dp fits a node,
-//     else one NIC each) moving 2(n-1)/n of the stage's fp32 gradients
-//     (ZeRO 0), or (n-1)/n of gradients plus parameters (ZeRO 1, 2: reduce-
-//     scatter, then all-gather of the updated shard); exposed in full after
+//   data parallel: an all-reduce of the stage's fp32 gradients (ZeRO 0) in
+//     buckets, or a reduce-scatter of them and an all-gather of the updated
+//     parameters (ZeRO 1, 2); exposed in full after
 //     backward (grad_sync after-backward, and the all-gather of updated
 //     parameters), otherwise beyond the last micro-batch's backward (at
 //     least one bucket's share)
@@ -52,6 +56,8 @@
 #include "engine/planner/memory_fit.h"
 #include "engine/planner/search_space.h"
 #include "engine/simulation.h"
+#include "simulator/collective.h"
+#include "simulator/topology.h"
 
 namespace meshtrain::planner {
 
@@ -81,6 +87,13 @@ class FastEstimator {
   static Key key_of(const Plan& p);
   Result<Reference> simulate_reference(const Key& k) const;
 
+  struct CollectiveFit {
+    double latency = 0, per_byte = 0;  // seconds, seconds per byte (nccl-tests' size)
+  };
+  using CollectiveKey = std::tuple<int, int, int>;  // kind, members, stride between them
+  Status fit_collective(const CollectiveKey& key);
+  double collective_s(sim::CollectiveKind kind, int members, int stride, double bytes) const;
+
   const SearchContext& ctx_;
   const SimulateOptions& options_;
   std::vector<double> forward_flops_;    // per block, one sample
@@ -88,6 +101,8 @@ class FastEstimator {
   std::vector<double> parameters_;       // per block, unsharded
   bool layers_alike_ = false;
   std::map<Key, Reference> refs_;  // filled by prepare() only
+  std::optional<sim::Cluster> cluster_;  // ctx.gpus GPUs of the cluster, as the sim backend builds it
+  std::map<CollectiveKey, CollectiveFit> collectives_;  // filled by prepare() only
 };
 
 }  // namespace meshtrain::planner
