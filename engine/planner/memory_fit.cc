@@ -27,7 +27,11 @@ MemoryFit memory_fit(const ModelSpec& m, const Plan& p) {
     }
   };
   if (shortcut) {
-    for (int stage : {0, 1, p.pp - 1}) visit(stage);
+    // With an even first stage, stage 0 holds what stage 1 does plus the
+    // embedding, with at least as many micro-batches in flight.
+    visit(0);
+    if (p.first_stage_layers != 0) visit(1);
+    visit(p.pp - 1);
   } else {
     for (int stage = 0; stage < p.pp; ++stage) visit(stage);
   }

@@ -23,7 +23,9 @@ struct MemoryFit {
 // every body layer is alike (a decoder whose layers are all dense or all
 // MoE), only stages 0, 1 and pp-1 are evaluated: the middle stages hold the
 // same layers and parameters and stage 1 has the most micro-batches in
-// flight of them in every schedule (the test checks this against all stages).
+// flight of them in every schedule; with an even first stage, stage 0 holds
+// all stage 1 does and more, so stage 1 is skipped too (the test checks this
+// against all stages).
 MemoryFit memory_fit(const ModelSpec& m, const Plan& p);
 
 }  // namespace meshtrain::planner
