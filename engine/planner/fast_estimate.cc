@@ -226,9 +226,9 @@ FastBreakdown FastEstimator::estimate(const Plan& p, const MemoryFit& fit) const
     hop = collective_s(K::kSendRecv, 2, p.tp * p.dp * p.cp, bytes);
   }
   const double v = p.vpp;
-  b.pipeline_s = mbs * v * (t_max / v + 2 * hop) + (p.pp - 1) * (t_mean / v + 2 * hop);
+  b.pipeline_s = mbs * t_max + (p.pp - 1) * (t_mean / v + 2 * hop);
   b.bubble_s = (p.pp - 1) * t_mean / v;
-  b.p2p_s = 2 * hop * (mbs * v + p.pp - 1);
+  b.p2p_s = 2 * hop * (p.pp - 1);
   b.optimizer_s = *std::max_element(stage_step.begin(), stage_step.end()) / (p.zero >= 1 ? n : 1);
 
   if (n > 1) {

@@ -51,7 +51,7 @@ TEST_CASE("tiny on 4 GPUs with global batch 8 has the hand-counted 78 valid plan
   }
 }
 
-TEST_CASE("--allow widens and narrows a dimension; derived dp only narrows") {
+TEST_CASE("allowed values widen and narrow a dimension; derived dp only narrows") {
   const SearchContext ctx = tiny_context(4, 8);
   auto wide = parse_search_space({"recompute=none"}, {"tp=1,2,4,8", "zero=0"}, ctx);
   REQUIRE(wide.ok());
@@ -63,7 +63,7 @@ TEST_CASE("--allow widens and narrows a dimension; derived dp only narrows") {
   for (const Plan& p : enumerate_candidates(ctx, *dp).valid) CHECK(p.dp == 2);
 }
 
-TEST_CASE("--fix and --allow errors name the item and the fix") {
+TEST_CASE("fix and allow errors name the item and the fix") {
   CHECK_THAT(error_of({"tpp=2"}, {}), Catch::Contains("unknown plan dimension 'tpp'") &&
                                           Catch::Contains("did you mean 'tp'"));
   CHECK_THAT(error_of({"tp=x"}, {}), Catch::Contains("--fix 'tp=x': tp value 'x'"));
