@@ -27,13 +27,13 @@
 //     share of line rate the sim backend uses) at two sizes, giving
 //     t(bytes) = latency + bytes·per_byte for that group
 //   t_hop: one pipeline send of mb·seq·hidden elements at the plan's
-//     precision; the engine sends on the compute stream, so each chunk's
-//     forward and backward add 2·t_hop to it
+//     precision; in the steady state a stage's send overlaps its neighbour's
+//     compute (the DES shows it), so only the fill and drain wait for them
 //   ZeRO 3: a layer's forward waits for its gathered parameters (prefetched
 //     one layer ahead), so it takes max(forward, gather), and its backward
 //     max(backward, gather)
 //   stage time t_s: the sum over its blocks; t_max, t_mean over the stages
-//   pipeline = m·v·(t_max/v + 2·t_hop) + (p-1)·(t_mean/v + 2·t_hop)
+//   pipeline = m·t_max + (p-1)·(t_mean/v + 2·t_hop)
 //     (engine/schedule/timing.h: (m·v + p - 1)·(f + b) on uniform stages;
 //     the slowest stage paces the steady state)
 //   optimizer = the most loaded stage's per-iteration work / (dp under ZeRO >= 1)
