@@ -211,6 +211,10 @@ FastBreakdown FastEstimator::estimate(const Plan& p, const MemoryFit& fit) const
     }
     if (s == 0) t += block_time(0), w += ref.step_s[0];
     if (s == p.pp - 1) t += block_time(last), w += ref.step_s[last];
+    // ZeRO 3 prefetches within a chunk's pass only: each pass (a chunk's
+    // forward or backward of a micro-batch) first waits for its first block's gather.
+    if (p.zero == 3 && n > 1)
+      t += 2 * p.vpp * collective_s(K::kAllGather, n, p.tp, parameters_[1] * shard * element_bytes(p.precision));
     stage_time[static_cast<std::size_t>(s)] = t;
     stage_step[static_cast<std::size_t>(s)] = w;
   }

@@ -29,9 +29,10 @@
 //   t_hop: one pipeline send of mb·seq·hidden elements at the plan's
 //     precision; in the steady state a stage's send overlaps its neighbour's
 //     compute (the DES shows it), so only the fill and drain wait for them
-//   ZeRO 3: a layer's forward waits for its gathered parameters (prefetched
-//     one layer ahead), so it takes max(forward, gather), and its backward
-//     max(backward, gather)
+//   ZeRO 2, 3: a block's backward takes at least its gradients'
+//     reduce-scatter (every micro-batch), and under ZeRO 3 its gather too;
+//     its forward at least its gather; each chunk's forward and backward pass
+//     also waits for its first block's gather (prefetch stays within a pass)
 //   stage time t_s: the sum over its blocks; t_max, t_mean over the stages
 //   pipeline = m·t_max + (p-1)·(t_mean/v + 2·t_hop)
 //     (engine/schedule/timing.h: (m·v + p - 1)·(f + b) on uniform stages;
