@@ -62,9 +62,12 @@
 
 namespace meshtrain::planner {
 
+// The fast tier's terms (closed forms above); --json prints them per candidate.
 struct FastBreakdown {
   double iteration_s = 0;
-  double pipeline_s = 0, bubble_s = 0, p2p_s = 0, optimizer_s = 0, data_parallel_s = 0;
+  double pipeline_s = 0;  // the whole pipeline, its bubble and exposed sends included
+  double bubble_s = 0, p2p_s = 0;  // of which the fill and drain, and the exposed sends
+  double optimizer_s = 0, data_parallel_s = 0;
 };
 
 class FastEstimator {

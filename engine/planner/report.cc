@@ -165,6 +165,12 @@ nlohmann::json json_report(const SearchResult& r, const ReportContext& c) {
                           {"plan", plan_file_json(k.plan)},
                           {"summary", describe_plan(k.plan, m)},
                           {"fast_iteration_time_s", k.fast.iteration_s},
+                          {"fast_breakdown",
+                           {{"pipeline_s", k.fast.pipeline_s},
+                            {"bubble_s", k.fast.bubble_s},
+                            {"p2p_s", k.fast.p2p_s},
+                            {"optimizer_s", k.fast.optimizer_s},
+                            {"data_parallel_s", k.fast.data_parallel_s}}},
                           {"model_memory_bytes", k.memory.peak_bytes},
                           {"model_memory_stage", k.memory.peak_stage}};
     if (i < r.fast_rank.size()) row["fast_rank"] = r.fast_rank[i] + 1;
