@@ -51,7 +51,7 @@ TEST_CASE("tiny on 4 GPUs with global batch 8 has the hand-counted 78 valid plan
   }
 }
 
-TEST_CASE("allowed values widen and narrow a dimension; derived dp only narrows") {
+TEST_CASE("allowed values widen and narrow a dimension, and derived dp only narrows") {
   const SearchContext ctx = tiny_context(4, 8);
   auto wide = parse_search_space({"recompute=none"}, {"tp=1,2,4,8", "zero=0"}, ctx);
   REQUIRE(wide.ok());
