@@ -19,6 +19,7 @@ Command add_info_command(CLI::App& app);
 Command add_train_command(CLI::App& app);
 Command add_simulate_command(CLI::App& app);
 Command add_goodput_command(CLI::App& app);
+Command add_plan_command(CLI::App& app);  // engine/planner/
 Command add_calibrate_command(CLI::App& app);  // engine/calibrate/
 
 }  // namespace meshtrain

@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   std::vector<meshtrain::Command> commands = {meshtrain::add_info_command(app), meshtrain::add_train_command(app),
                                               meshtrain::add_simulate_command(app),
                                               meshtrain::add_goodput_command(app),
+                                              meshtrain::add_plan_command(app),
                                               meshtrain::add_calibrate_command(app)};
   try {
     app.parse(argc, argv);

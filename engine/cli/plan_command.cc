@@ -1,0 +1,145 @@
+// `meshtrain plan`: parses the flags, runs the planner's search
+// (engine/planner/planner.h) and prints its ranking, its JSON, the winner's
+// plan file and the explanation.
+#include <unistd.h>
+
+#include <cstdio>
+#include <memory>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "core/input_file.h"
+#include "engine/cli/bounded_flags.h"
+#include "engine/cli/commands.h"
+#include "engine/planner/planner.h"
+#include "engine/planner/report.h"
+#include "engine/step_engine.h"
+#include "simulator/calibration.h"
+
+namespace meshtrain {
+
+namespace {
+
+struct PlanCommandFlags {
+  std::string model, cluster = "dgx-a100", calibration, out, attention = "flash", moe_routing = "uniform";
+  int gpus = 0;
+  std::optional<int> global_batch, seq_len;
+  std::string precision = "bf16", grad_sync = "overlap";
+  double grad_bucket_mb = Plan{}.grad_bucket_mb;
+  float dropout = 0.f;
+  int top = 10, simulate = 32;
+  bool json = false, explain = false, progress = false, no_progress = false;
+  std::vector<std::string> fix, allow;
+};
+
+Status write_file(const std::string& path, const std::string& text) {
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  if (f == nullptr) return make_error("--out: cannot write '{}'", path);
+  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  if (std::fclose(f) != 0 || !ok) return make_error("--out: writing '{}' failed", path);
+  return {};
+}
+
+Status run_plan(const PlanCommandFlags& f) {
+  if (f.model.empty()) return make_error("--model NAME|FILE is required");
+  if (f.gpus <= 0) return make_error("--gpus N is required: the GPUs the plan must use");
+  planner::SearchContext ctx;
+  MT_ASSIGN(ctx.model, load_model(f.model));
+  ctx.gpus = f.gpus;
+  ctx.base.global_batch = f.global_batch.value_or(f.gpus);
+  ctx.base.seq_len = f.seq_len.value_or(0);
+  MT_ASSIGN(ctx.base.precision, parse_precision(f.precision));
+  MT_ASSIGN(ctx.base.grad_sync, parse_grad_sync(f.grad_sync));
+  ctx.base.grad_bucket_mb = f.grad_bucket_mb;
+
+  SimulateOptions options;
+  MT_ASSIGN(options.cluster, sim::cluster_spec_by_name_or_file(f.cluster));
+  ctx.gpus_per_node = options.cluster.gpus_per_node;
+  sim::Calibration calibration;
+  if (!f.calibration.empty()) {
+    MT_ASSIGN(calibration, sim::load_calibration(f.calibration));
+    // As `simulate` does for ranks as threads: the level of k ranks sharing a node's cores.
+    calibration = calibration.for_ranks_sharing(std::min(f.gpus, options.cluster.gpus_per_node)).for_transport("threads");
+    MT_TRY(sim::check_calibration_device(calibration, options.cluster)
+               .context(fmt::format("--calibration '{}'", f.calibration)));
+    sim::apply_link_calibration(calibration, options.cluster);
+    options.calibration = &calibration;
+  }
+  MT_ASSIGN(options.attention, attention_impl_from_name(f.attention));
+  options.dropout = f.dropout;
+  MT_ASSIGN(options.moe_routing, MoeRouting::parse(f.moe_routing));
+  StepOptions step;
+  step.dropout = f.dropout;
+  MT_TRY(check_step_options(step));
+
+  MT_ASSIGN(planner::SearchSpace space, planner::parse_search_space(f.fix, f.allow, ctx));
+  planner::PlannerOptions po;
+  po.simulate = f.simulate;
+  po.progress = !f.no_progress && (f.progress || isatty(STDERR_FILENO));
+  MT_ASSIGN(planner::SearchResult result, planner::search(ctx, space, options, po));
+
+  const planner::ReportContext rc{&ctx, &options.cluster, f.top};
+  if (!f.out.empty()) {
+    const planner::Candidate& best = result.ranked.front();
+    if (!best.sim)
+      return make_error("--out: the full simulation refused every candidate it timed (first: {}); nothing to write",
+                        best.sim_error.empty() ? "none simulated, use --simulate 1 or more" : best.sim_error);
+    MT_TRY(write_file(f.out, planner::plan_file_json(best.plan).dump(2) + "\n"));
+  }
+  if (f.json) {
+    nlohmann::json j = planner::json_report(result, rc);
+    if (f.explain) j["explain"] = planner::explain(result, rc);
+    fmt::print("{}\n", j.dump(2));
+  } else {
+    fmt::print("{}", planner::text_report(result, rc));
+    if (f.explain) fmt::print("{}", planner::explain(result, rc));
+    if (!f.out.empty()) fmt::print("wrote the winner to {} (meshtrain train/simulate --plan {})\n", f.out, f.out);
+  }
+  return {};
+}
+
+std::string dimension_help() {
+  std::string s = "plan dimensions:";
+  for (const planner::Dimension& d : planner::dimensions()) s += fmt::format("\n  {:<19} {}", d.name, d.help);
+  return s;
+}
+
+}  // namespace
+
+Command add_plan_command(CLI::App& app) {
+  auto f = std::make_shared<PlanCommandFlags>();
+  CLI::App* sub = app.add_subcommand("plan", "search parallel plans for a model on a cluster: memory model, fast "
+                                             "estimate, then the full simulation of the best");
+  sub->footer(dimension_help());
+  sub->add_option("--model", f->model, "model preset name or JSON model file")->required();
+  sub->add_option("--cluster", f->cluster, "cluster preset name or JSON file")->capture_default_str();
+  sub->add_option("--gpus", f->gpus, "GPUs the plan uses")->required()->check(int_in({1, kMaxWorldSize}));
+  sub->add_option("--global-batch", f->global_batch, "sequences (images) per iteration (default: one per GPU)")
+      ->check(int_in({1, kMaxGlobalBatch}));
+  sub->add_option("--seq-len", f->seq_len, "sequence length (default: the model's)")->check(int_in({1, 1 << 24}));
+  sub->add_option("--precision", f->precision, "fp32, bf16 or fp16")->capture_default_str();
+  sub->add_option("--grad-bucket-mb", f->grad_bucket_mb, "MiB per data-parallel gradient bucket (every candidate)")
+      ->capture_default_str()
+      ->check(real_in(kGradBucketMbRange));
+  sub->add_option("--grad-sync", f->grad_sync, "overlap or after-backward (every candidate)")->capture_default_str();
+  sub->add_option("--top", f->top, "rows to print")->capture_default_str()->check(int_in({1, 1 << 20}));
+  sub->add_option("--simulate", f->simulate, "candidates the full simulation re-times (the fast tier's best)")
+      ->capture_default_str()
+      ->check(int_in({0, 1 << 20}));
+  sub->add_option("--fix", f->fix, "pin dimensions: name=value[,name=value...], e.g. tp=8,pp=4");
+  sub->add_option("--allow", f->allow, "values to search: name=v1,v2[,...], e.g. tp=1,2,4,16 or recompute=full");
+  sub->add_option("--calibration", f->calibration, "calibration JSON (meshtrain calibrate) replacing the defaults");
+  sub->add_option("--attention", f->attention, "attention kernels of the simulated software: flash or unfused")
+      ->capture_default_str();
+  sub->add_option("--dropout", f->dropout, "dropout probability of the simulated run")->capture_default_str();
+  sub->add_option("--moe-routing", f->moe_routing, "uniform, zipf:S or file:F (as simulate)")->capture_default_str();
+  sub->add_option("--out", f->out, "write the winner as a plan file (train/simulate --plan)");
+  sub->add_flag("--json", f->json, "print one JSON object");
+  sub->add_flag("--explain", f->explain, "say why the winner beats the runner-up");
+  sub->add_flag("--progress", f->progress, "draw the progress line even when stderr is not a terminal");
+  sub->add_flag("--no-progress", f->no_progress, "never draw the progress line");
+  return {sub, [f] { return run_plan(*f); }};
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,258 @@
+#include "engine/planner/fast_estimate.h"
+
+#include <algorithm>
+#include <set>
+
+#include <fmt/format.h>
+#include <tbb/parallel_for.h>
+
+#include "models/block.h"
+#include "models/parameters.h"
+#include "simulator/constants.h"
+
+namespace meshtrain::planner {
+
+namespace {
+
+// The cluster as the sim backend builds it (backends/sim/sim_cluster.cc):
+// links at the share of their line rate that collectives reach, except those
+// a calibration measured.
+sim::ClusterSpec effective_spec(const SimulateOptions& o) {
+  const sim::CostConstants constants;
+  auto measured = [&](std::string_view kind) {
+    if (o.calibration == nullptr) return false;
+    for (const auto& l : o.calibration->links)
+      if (l.kind == kind) return true;
+    return false;
+  };
+  sim::ClusterSpec s = o.cluster;
+  if (!measured("nvlink")) s.nvlink_bandwidth *= constants.nvlink_efficiency;
+  if (!measured("nic")) s.nic_bandwidth *= constants.network_efficiency;
+  return s;
+}
+
+}  // namespace
+
+FastEstimator::FastEstimator(const SearchContext& ctx, const SimulateOptions& options) : ctx_(ctx), options_(options) {
+  const ModelBlocks blocks = model_blocks(ctx.model);
+  const std::int64_t seq = ctx.base.effective_seq_len(ctx.model);
+  for (const auto& b : blocks) {
+    const ForwardFlops f = b->flops(1, seq);
+    forward_flops_.push_back(f.total());
+    attention_flops_.push_back(f.attention);
+    double n = 0;
+    for (const ParamInfo& info : b->parameters()) n += static_cast<double>(info.numel());
+    parameters_.push_back(n);
+  }
+  const ModelSpec& m = ctx.model;
+  if (auto c = sim::Cluster::build(effective_spec(options), ctx.gpus)) cluster_.emplace(std::move(c).value());
+  layers_alike_ = !m.vision();
+  for (int l = 1; l < m.layers && layers_alike_; ++l) layers_alike_ = m.moe_layer(l) == m.moe_layer(0);
+}
+
+FastEstimator::Key FastEstimator::key_of(const Plan& p) {
+  return {p.tp, p.sequence_parallel, p.micro_batch, static_cast<int>(p.recompute), p.ep, p.etp};
+}
+
+Result<FastEstimator::Reference> FastEstimator::simulate_reference(const Key& k) const {
+  Plan p = ctx_.base;
+  std::tie(p.tp, p.sequence_parallel, p.micro_batch, std::ignore, p.ep, p.etp) = k;
+  p.recompute = static_cast<Recompute>(std::get<3>(k));
+  p.pp = 1, p.vpp = 1, p.zero = 0, p.dp = p.ep, p.cp = 1;
+  p.schedule = ScheduleKind::one_f_one_b;
+  p.first_stage_layers = p.last_stage_layers = 0;
+  SimulateOptions o = options_;
+  o.check_memory = false;  // memory is judged by the memory model, for the real plan
+  o.trace = false;
+  auto time = [&](const ModelSpec& m, int microbatches) -> Result<double> {
+    p.global_batch = p.micro_batch * p.dp * microbatches;
+    MT_ASSIGN(SimulationResult r, simulate_iteration(m, p, o));
+    return r.iteration_s;
+  };
+  const ModelSpec& model = ctx_.model;
+  const std::size_t blocks = forward_flops_.size(), last = blocks - 1;
+  Reference ref;
+  ref.microbatch_s.assign(blocks, 0.0);
+  ref.step_s.assign(blocks, 0.0);
+  if (layers_alike_) {
+    double t[2][2];
+    for (int layers = 1; layers <= 2; ++layers) {
+      ModelSpec cut = model;
+      cut.layers = layers;
+      for (int k_mb = 1; k_mb <= 2; ++k_mb) {
+        MT_ASSIGN(t[layers - 1][k_mb - 1], time(cut, k_mb));
+      }
+    }
+    const double d = t[1][1] - t[1][0] - t[0][1] + t[0][0];
+    const double c = t[0][1] - t[0][0] - d;
+    const double b = t[1][0] - t[0][0] - d;
+    const double a = t[0][0] - b - c - d;
+    for (std::size_t i = 1; i < last; ++i) ref.microbatch_s[i] = std::max(0.0, d), ref.step_s[i] = std::max(0.0, b);
+    // The embedding's lookup is cheap next to the head's GEMM and loss: c goes to the head, a is split by parameters.
+    ref.microbatch_s[last] = std::max(0.0, c);
+    const double ends = parameters_[0] + parameters_[last];
+    for (std::size_t i : {std::size_t{0}, last})
+      ref.step_s[i] = std::max(0.0, a) * (ends > 0 ? parameters_[i] / ends : 0.5);
+    return ref;
+  }
+  MT_ASSIGN(const double t1, time(model, 1));
+  MT_ASSIGN(const double t2, time(model, 2));
+  const double microbatch = std::max(0.0, t2 - t1), step = std::max(0.0, t1 - microbatch);
+  const auto rc = static_cast<Recompute>(std::get<3>(k));
+  double work = 0, params = 0;
+  for (std::size_t i = 0; i < blocks; ++i) {
+    const bool body = i != 0 && i != last;
+    ref.microbatch_s[i] = 3 * forward_flops_[i] + (body && rc == Recompute::full ? forward_flops_[i] : 0) +
+                          (body && rc == Recompute::selective ? attention_flops_[i] : 0);
+    work += ref.microbatch_s[i], params += parameters_[i];
+  }
+  for (std::size_t i = 0; i < blocks; ++i) {
+    ref.microbatch_s[i] = work > 0 ? microbatch * ref.microbatch_s[i] / work : microbatch / blocks;
+    ref.step_s[i] = params > 0 ? step * parameters_[i] / params : step / blocks;
+  }
+  return ref;
+}
+
+Status FastEstimator::fit_collective(const CollectiveKey& key) {
+  const auto [kind, n, stride] = key;
+  if (!cluster_) return make_error("the cluster of {} GPUs could not be built", ctx_.gpus);
+  sim::CollectiveRequest r;
+  r.kind = static_cast<sim::CollectiveKind>(kind);
+  for (int i = 0; i < n; ++i) r.members.push_back(i * stride);
+  const sim::CostConstants constants;
+  double t[2];
+  const double sizes[2] = {1 << 20, 1 << 30};
+  for (int i = 0; i < 2; ++i) {
+    r.bytes = sizes[i];
+    MT_ASSIGN(const sim::CollectivePlan plan, sim::plan_collective(*cluster_, constants, r));
+    t[i] = sim::to_seconds(sim::analytic_time(*cluster_, constants, plan));
+  }
+  CollectiveFit fit;
+  fit.per_byte = std::max(0.0, (t[1] - t[0]) / (sizes[1] - sizes[0]));
+  fit.latency = std::max(0.0, t[0] - fit.per_byte * sizes[0]);
+  collectives_[key] = fit;
+  return {};
+}
+
+double FastEstimator::collective_s(sim::CollectiveKind kind, int members, int stride, double bytes) const {
+  const CollectiveFit& f = collectives_.at({static_cast<int>(kind), members, stride});
+  return f.latency + f.per_byte * bytes;
+}
+
+Status FastEstimator::prepare(const std::vector<const Plan*>& plans) {
+  std::set<Key> wanted;
+  std::set<CollectiveKey> groups;
+  using K = sim::CollectiveKind;
+  for (const Plan* p : plans) {
+    if (!refs_.count(key_of(*p))) wanted.insert(key_of(*p));
+    if (p->dp > 1)
+      for (K k : {K::kAllReduce, K::kReduceScatter, K::kAllGather}) groups.insert({static_cast<int>(k), p->dp, p->tp});
+    if (p->pp > 1) groups.insert({static_cast<int>(K::kSendRecv), 2, p->tp * p->dp * p->cp});
+  }
+  for (const CollectiveKey& g : groups)
+    if (!collectives_.count(g)) MT_TRY(fit_collective(g).context("fast tier: timing a collective"));
+  const std::vector<Key> keys(wanted.begin(), wanted.end());
+  std::vector<std::optional<Result<Reference>>> out(keys.size());
+  tbb::parallel_for(std::size_t{0}, keys.size(), [&](std::size_t i) { out[i] = simulate_reference(keys[i]); });
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    if (!*out[i]) {
+      const auto& [tp, sp, mb, rc, ep, etp] = keys[i];
+      return std::move(*out[i]).error().context(fmt::format(
+          "fast tier: simulating one stage with tp {} sp {} micro-batch {} recompute {} ep {}", tp, sp, mb,
+          recompute_name(static_cast<Recompute>(rc)), ep));
+    }
+    refs_[keys[i]] = std::move(*out[i]).value();
+  }
+  return {};
+}
+
+std::size_t FastEstimator::reference_simulations() const { return refs_.size() * (layers_alike_ ? 4 : 2); }
+
+FastBreakdown FastEstimator::estimate(const Plan& p, const MemoryFit& fit) const {
+  const ModelSpec& m = ctx_.model;
+  const Reference& ref = refs_.at(key_of(p));
+  const StageSplit split = p.stage_split();
+  const std::size_t last = forward_flops_.size() - 1;
+  const int n = p.dp;
+  using K = sim::CollectiveKind;
+  // A rank's share of a block's parameters: the most loaded stage's count over its unsharded blocks.
+  double unsharded = 0;
+  for (int ch = 0; ch < p.vpp; ++ch) {
+    const LayerRange r = virtual_stage_layers(m, split, ch * p.pp + fit.peak_stage);
+    for (int l = r.begin; l < r.end; ++l) unsharded += parameters_[static_cast<std::size_t>(l + 1)];
+  }
+  if (fit.peak_stage == 0) unsharded += parameters_[0];
+  if (fit.peak_stage == p.pp - 1) unsharded += parameters_[last];
+  const double shard = unsharded > 0 ? static_cast<double>(fit.max_stage_parameters) / unsharded : 1.0 / p.tp;
+  // A block's forward share of its forward and backward.
+  const double forward_share = p.recompute == Recompute::full ? 0.25 : 1.0 / 3.0;
+  // ZeRO 2 and 3 reduce-scatter each block's fp32 gradients after every
+  // micro-batch's backward of it, on the side stream; ZeRO 3 also gathers its
+  // parameters (prefetched one block ahead) before its forward and backward.
+  // A block's pass then takes at least as long as its communication.
+  auto block_time = [&](std::size_t i) {
+    const double t = ref.microbatch_s[i];
+    if (p.zero < 2 || n == 1) return t;
+    const double params = parameters_[i] * shard;
+    // nccl-tests sizes: a reduce-scatter's input and an all-gather's output are the whole (dp-sharded) block.
+    const double reduce = collective_s(K::kReduceScatter, n, p.tp, params * 4);
+    const double gather = p.zero == 3 ? collective_s(K::kAllGather, n, p.tp, params * element_bytes(p.precision)) : 0;
+    return std::max(t * forward_share, gather) + std::max(t * (1 - forward_share), gather + reduce);
+  };
+  std::vector<double> stage_time(static_cast<std::size_t>(p.pp), 0.0), stage_step(static_cast<std::size_t>(p.pp), 0.0);
+  for (int s = 0; s < p.pp; ++s) {
+    double t = 0, w = 0;
+    for (int ch = 0; ch < p.vpp; ++ch) {
+      const LayerRange r = virtual_stage_layers(m, split, ch * p.pp + s);
+      for (int l = r.begin; l < r.end; ++l) {
+        t += block_time(static_cast<std::size_t>(l + 1));
+        w += ref.step_s[static_cast<std::size_t>(l + 1)];
+      }
+    }
+    if (s == 0) t += block_time(0), w += ref.step_s[0];
+    if (s == p.pp - 1) t += block_time(last), w += ref.step_s[last];
+    // ZeRO 3 prefetches within a chunk's pass only: each pass (a chunk's
+    // forward or backward of a micro-batch) first waits for its first block's gather.
+    if (p.zero == 3 && n > 1)
+      t += 2 * p.vpp * collective_s(K::kAllGather, n, p.tp, parameters_[1] * shard * element_bytes(p.precision));
+    stage_time[static_cast<std::size_t>(s)] = t;
+    stage_step[static_cast<std::size_t>(s)] = w;
+  }
+  const double t_max = *std::max_element(stage_time.begin(), stage_time.end());
+  double t_mean = 0;
+  for (double t : stage_time) t_mean += t / p.pp;
+
+  FastBreakdown b;
+  const int mbs = p.microbatches();
+  double hop = 0;
+  if (p.pp > 1) {
+    const double bytes = static_cast<double>(p.micro_batch) * p.effective_seq_len(m) * m.hidden * element_bytes(p.precision);
+    hop = collective_s(K::kSendRecv, 2, p.tp * p.dp * p.cp, bytes);
+  }
+  const double v = p.vpp;
+  b.pipeline_s = mbs * t_max + (p.pp - 1) * (t_mean / v + 2 * hop);
+  b.bubble_s = (p.pp - 1) * t_mean / v;
+  b.p2p_s = 2 * hop * (p.pp - 1);
+  b.optimizer_s = *std::max_element(stage_step.begin(), stage_step.end()) / (p.zero >= 1 ? n : 1);
+
+  if (n > 1) {
+    const double params = static_cast<double>(fit.max_stage_parameters);
+    const double param_bytes = params * element_bytes(p.precision);
+    const double backward_last = t_max * (1 - forward_share);
+    if (p.zero <= 1) {
+      const double grads = params * 4;  // fp32 gradients (ParameterStore)
+      const double buckets = std::max(1.0, grads / (p.grad_bucket_mb * (1 << 20)));
+      const double reduce =
+          buckets * collective_s(p.zero == 0 ? K::kAllReduce : K::kReduceScatter, n, p.tp, grads / buckets);
+      b.data_parallel_s = p.grad_sync == GradSync::after_backward
+                              ? reduce
+                              : std::max(reduce - backward_last, reduce / buckets);
+    }
+    // ZeRO 1 and 2 all-gather the updated parameter shards after the optimizer step.
+    if (p.zero == 1 || p.zero == 2) b.data_parallel_s += collective_s(K::kAllGather, n, p.tp, param_bytes);
+  }
+  b.iteration_s = b.pipeline_s + b.optimizer_s + b.data_parallel_s;
+  return b;
+}
+
+}  // namespace meshtrain::planner

@@ -1,0 +1,112 @@
+// The planner's fast tier: an iteration time for every candidate that fits,
+// from a few cached discrete-event simulations and closed forms.
+//
+// Cached DES. What a micro-batch costs inside a pipeline stage depends only
+// on (tp, sequence parallelism, micro-batch, recomputation, ep, etp): the
+// GEMMs, attention, memory-bound kernels, tensor-parallel collectives and
+// expert all-to-alls. For each such key the sim backend runs the model on
+// one pipeline stage (pp 1, dp = ep, ZeRO 0). When every body layer is alike
+// (a decoder whose layers are all dense or all MoE) it runs the model cut to
+// L = 1 and 2 layers with k = 1 and 2 micro-batches, and
+//   T(L, k) = a + b·L + c·k + d·L·k
+// gives a layer's forward and backward per micro-batch (d), the embedding and
+// head's (c), a layer's per-iteration work (b: its optimizer step) and the
+// rest's (a): four small simulations instead of one of the whole model.
+// Otherwise (vision models, MoE layer patterns) it runs the whole model with
+// k = 1 and 2 and splits the per-micro-batch time over the blocks by their
+// forward FLOPs weighted by what recomputation runs again (full: 4/3 on body
+// layers; selective: the attention core once more), the per-iteration time
+// by their parameters.
+//
+// Closed forms (p stages, v chunks, m micro-batches per pipeline; a block's
+// forward is 1/3 of its forward and backward, 1/4 with full recomputation):
+//   collectives: each kind the plan's data-parallel group (dp ranks tp
+//     apart) and pipeline neighbours (tp·dp apart) issue is timed once on
+//     the cluster's topology by the simulator's own analytic collective
+//     model (sim::analytic_time, the algorithm its tuner picks, links at the
+//     share of line rate the sim backend uses) at two sizes, giving
+//     t(bytes) = latency + bytes·per_byte for that group
+//   t_hop: one pipeline send of mb·seq·hidden elements at the plan's
+//     precision; in the steady state a stage's send overlaps its neighbour's
+//     compute (the DES shows it), so only the fill and drain wait for them
+//   ZeRO 2, 3: a block's backward takes at least its gradients'
+//     reduce-scatter (every micro-batch), and under ZeRO 3 its gather too;
+//     its forward at least its gather; each chunk's forward and backward pass
+//     also waits for its first block's gather (prefetch stays within a pass)
+//   stage time t_s: the sum over its blocks; t_max, t_mean over the stages
+//   pipeline = m·t_max + (p-1)·(t_mean/v + 2·t_hop)
+//     (engine/schedule/timing.h: (m·v + p - 1)·(f + b) on uniform stages;
+//     the slowest stage paces the steady state)
+//   optimizer = the most loaded stage's per-iteration work / (dp under ZeRO >= 1)
+//   data parallel: an all-reduce of the stage's fp32 gradients (ZeRO 0) in
+//     buckets, or a reduce-scatter of them and an all-gather of the updated
+//     parameters (ZeRO 1, 2); exposed in full after
+//     backward (grad_sync after-backward, and the all-gather of updated
+//     parameters), otherwise beyond the last micro-batch's backward (at
+//     least one bucket's share)
+//   iteration = pipeline + optimizer + exposed data-parallel time
+//
+// Its job is to rank: the full tier re-times the best candidates with the
+// DES, and RESULTS.md reports how well this order and these times agree.
+#pragma once
+
+#include <map>
+#include <tuple>
+#include <vector>
+
+#include "engine/planner/memory_fit.h"
+#include "engine/planner/search_space.h"
+#include "engine/simulation.h"
+#include "simulator/collective.h"
+#include "simulator/topology.h"
+
+namespace meshtrain::planner {
+
+// The fast tier's terms (closed forms above); --json prints them per candidate.
+struct FastBreakdown {
+  double iteration_s = 0;
+  double pipeline_s = 0;  // the whole pipeline, its bubble and exposed sends included
+  double bubble_s = 0, p2p_s = 0;  // of which the fill and drain, and the exposed sends
+  double optimizer_s = 0, data_parallel_s = 0;
+};
+
+class FastEstimator {
+ public:
+  // `options` is what the full tier simulates with (cluster, calibration,
+  // software stack); it must outlive the estimator.
+  FastEstimator(const SearchContext& ctx, const SimulateOptions& options);
+
+  // Runs the reference simulations the plans need that are not cached yet, on all cores.
+  Status prepare(const std::vector<const Plan*>& plans);
+  // Needs prepare() for the plan's key; `fit` is the plan's memory_fit.
+  FastBreakdown estimate(const Plan& p, const MemoryFit& fit) const;
+  std::size_t reference_simulations() const;
+
+ private:
+  using Key = std::tuple<int, bool, int, int, int, int>;  // tp, sp, micro_batch, recompute, ep, etp
+  struct Reference {
+    std::vector<double> microbatch_s;  // per block (embedding, layers, head): forward and backward of one micro-batch
+    std::vector<double> step_s;        // per block: per-iteration work
+  };
+  static Key key_of(const Plan& p);
+  Result<Reference> simulate_reference(const Key& k) const;
+
+  struct CollectiveFit {
+    double latency = 0, per_byte = 0;  // seconds, seconds per byte (nccl-tests' size)
+  };
+  using CollectiveKey = std::tuple<int, int, int>;  // kind, members, stride between them
+  Status fit_collective(const CollectiveKey& key);
+  double collective_s(sim::CollectiveKind kind, int members, int stride, double bytes) const;
+
+  const SearchContext& ctx_;
+  const SimulateOptions& options_;
+  std::vector<double> forward_flops_;    // per block, one sample
+  std::vector<double> attention_flops_;  // per block, one sample
+  std::vector<double> parameters_;       // per block, unsharded
+  bool layers_alike_ = false;
+  std::map<Key, Reference> refs_;  // filled by prepare() only
+  std::optional<sim::Cluster> cluster_;  // ctx.gpus GPUs of the cluster, as the sim backend builds it
+  std::map<CollectiveKey, CollectiveFit> collectives_;  // filled by prepare() only
+};
+
+}  // namespace meshtrain::planner

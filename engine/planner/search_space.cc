@@ -1,0 +1,294 @@
+#include "engine/planner/search_space.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <numeric>
+
+#include "core/bounded.h"
+#include "core/names.h"
+
+namespace meshtrain::planner {
+
+namespace {
+
+// Largest micro-batch searched by default: past it activations dominate and
+// GEMMs are long saturated; --allow micro_batch=... searches beyond.
+constexpr int kMaxDefaultMicroBatch = 128;
+// Model chunks per stage searched by default (Megatron-LM's runs use 2 to 4).
+constexpr int kMaxDefaultVpp = 8;
+
+std::vector<int> divisors(int n, int up_to) {
+  std::vector<int> out;
+  for (int d = 1; d <= std::min(n, up_to); ++d)
+    if (n % d == 0) out.push_back(d);
+  return out;
+}
+
+Result<int> parse_in(std::string_view text, IntRange range) {
+  MT_ASSIGN(std::int64_t v, parse_int("", text, range));
+  return static_cast<int>(v);
+}
+Result<int> parse_count(std::string_view text) { return parse_in(text, {1, kMaxWorldSize}); }
+Result<int> parse_layers(std::string_view text) { return parse_in(text, {0, 65536}); }
+Result<int> parse_zero(std::string_view text) { return parse_in(text, {0, 3}); }
+std::string format_int(int v) { return std::to_string(v); }
+
+Result<int> parse_switch(std::string_view text) {
+  if (text == "on" || text == "1" || text == "true") return 1;
+  if (text == "off" || text == "0" || text == "false") return 0;
+  return make_error("'{}' is not on or off (also 1/0, true/false)", text);
+}
+std::string format_switch(int v) { return v ? "on" : "off"; }
+
+Result<int> parse_recompute_value(std::string_view text) {
+  MT_ASSIGN(Recompute r, parse_recompute(std::string(text)));
+  return static_cast<int>(r);
+}
+std::string format_recompute(int v) { return recompute_name(static_cast<Recompute>(v)); }
+
+Result<int> parse_schedule_value(std::string_view text) {
+  MT_ASSIGN(ScheduleKind s, parse_schedule(std::string(text)));
+  return static_cast<int>(s);
+}
+std::string format_schedule(int v) { return schedule_name(static_cast<ScheduleKind>(v)); }
+
+// etp is 1 (whole experts) or tp; the plan's 0 means tp, and is written so.
+Result<int> parse_etp(std::string_view text) {
+  if (text == "tp") return 0;
+  return parse_in(text, {0, kMaxWorldSize});
+}
+std::string format_etp(int v) { return v == 0 ? "tp" : std::to_string(v); }
+
+std::vector<int> tp_defaults(const SearchContext& c, const Plan&) {
+  // Powers of two up to a node: a tensor-parallel group beyond NVLink pays
+  // the network on every layer (--allow tp=16 searches it anyway).
+  std::vector<int> out;
+  for (int t = 1; t <= std::min(c.gpus_per_node, c.gpus); t *= 2)
+    if (c.gpus % t == 0) out.push_back(t);
+  return out;
+}
+
+std::vector<int> pp_defaults(const SearchContext& c, const Plan& p) {
+  if (c.gpus % p.tp != 0) return {};
+  return divisors(c.gpus / p.tp, c.model.layers);
+}
+
+std::vector<int> dp_defaults(const SearchContext& c, const Plan& p) {
+  const std::int64_t model_parallel = std::int64_t{p.tp} * p.pp * p.cp;
+  if (c.gpus % model_parallel != 0) return {};
+  return {static_cast<int>(c.gpus / model_parallel)};
+}
+
+std::vector<int> vpp_defaults(const SearchContext& c, const Plan& p) {
+  std::vector<int> out = {1};
+  if (p.pp == 1) return out;
+  for (int v = 2; v <= kMaxDefaultVpp; ++v)
+    if (c.model.layers % (p.pp * v) == 0) out.push_back(v);
+  return out;
+}
+
+std::vector<int> schedule_defaults(const SearchContext&, const Plan& p) {
+  // 1F1B holds fewer activations than GPipe in the same time; interleaving is the only schedule with chunks.
+  return {static_cast<int>(p.vpp > 1 ? ScheduleKind::interleaved : ScheduleKind::one_f_one_b)};
+}
+
+std::vector<int> micro_batch_defaults(const SearchContext& c, const Plan& p) {
+  const int batch = c.base.effective_global_batch();
+  if (batch % p.dp != 0) return {};
+  return divisors(batch / p.dp, kMaxDefaultMicroBatch);
+}
+
+std::vector<int> zero_defaults(const SearchContext&, const Plan& p) {
+  if (p.dp == 1) return {0};
+  return {0, 1, 2, 3};
+}
+
+// Selective recomputation recomputes the attention core to drop its
+// materialised scores; meshtrain's attention keeps only the row statistics
+// (memory_model.h, meshtrain_layout), so selective saves nothing and costs
+// time: it is dominated and searched only when allowed.
+std::vector<int> recompute_defaults(const SearchContext&, const Plan&) {
+  return {static_cast<int>(Recompute::none), static_cast<int>(Recompute::full)};
+}
+
+std::vector<int> sp_defaults(const SearchContext&, const Plan& p) {
+  if (p.tp == 1) return {0};
+  return {0, 1};
+}
+
+std::vector<int> ep_defaults(const SearchContext& c, const Plan& p) {
+  if (!c.model.moe()) return {1};
+  return divisors(std::gcd(c.model.experts, p.dp), c.model.experts);
+}
+
+std::vector<int> etp_defaults(const SearchContext& c, const Plan& p) {
+  if (!c.model.moe() || p.tp == 1) return {0};
+  return {0, 1};
+}
+
+// Megatron-Core's uneven pipeline ends: the first (last) stage takes fewer
+// layers to make room for the embedding (head); one fewer than an even share.
+std::vector<int> end_stage_defaults(const SearchContext& c, const Plan& p) {
+  std::vector<int> out = {0};
+  if (p.pp < 3 || p.vpp > 1) return out;
+  const int even = c.model.layers / p.pp;
+  if (even > 1) out.push_back(even - 1);
+  return out;
+}
+
+const std::vector<Dimension> kDimensions = {
+    {"tp", "tensor parallel degree (default: powers of two up to a node)", false, tp_defaults,
+     [](Plan& p, int v) { p.tp = v; }, [](const Plan& p) { return p.tp; }, parse_count, format_int},
+    {"pp", "pipeline stages (default: divisors of gpus/tp up to the layers)", false, pp_defaults,
+     [](Plan& p, int v) { p.pp = v; }, [](const Plan& p) { return p.pp; }, parse_count, format_int},
+    {"dp", "data parallel degree (derived: gpus / (tp·pp))", true, dp_defaults, [](Plan& p, int v) { p.dp = v; },
+     [](const Plan& p) { return p.dp; }, parse_count, format_int},
+    {"vpp", "model chunks per stage (default: 1 to 8 dividing the layers per stage)", false, vpp_defaults,
+     [](Plan& p, int v) { p.vpp = v; }, [](const Plan& p) { return p.vpp; }, parse_count, format_int},
+    {"schedule", "pipeline schedule (default: 1f1b, interleaved when vpp > 1)", false, schedule_defaults,
+     [](Plan& p, int v) { p.schedule = static_cast<ScheduleKind>(v); },
+     [](const Plan& p) { return static_cast<int>(p.schedule); }, parse_schedule_value, format_schedule},
+    {"micro_batch", "sequences per micro-batch (default: divisors of global batch / dp up to 128)", false,
+     micro_batch_defaults, [](Plan& p, int v) { p.micro_batch = v; }, [](const Plan& p) { return p.micro_batch; },
+     parse_count, format_int},
+    {"zero", "ZeRO stage (default: 0 to 3; 0 when dp is 1)", false, zero_defaults, [](Plan& p, int v) { p.zero = v; },
+     [](const Plan& p) { return p.zero; }, parse_zero, format_int},
+    {"recompute", "activation recomputation (default: none, full; selective saves nothing with meshtrain's attention)", false, recompute_defaults,
+     [](Plan& p, int v) { p.recompute = static_cast<Recompute>(v); },
+     [](const Plan& p) { return static_cast<int>(p.recompute); }, parse_recompute_value, format_recompute},
+    {"sequence_parallel", "sequence parallelism (default: off, on when tp > 1)", false, sp_defaults,
+     [](Plan& p, int v) { p.sequence_parallel = v != 0; }, [](const Plan& p) { return p.sequence_parallel ? 1 : 0; },
+     parse_switch, format_switch},
+    {"ep", "expert parallel degree (MoE; default: divisors of experts and dp)", false, ep_defaults,
+     [](Plan& p, int v) { p.ep = v; }, [](const Plan& p) { return p.ep; }, parse_count, format_int},
+    {"etp", "expert tensor parallel: tp or 1 (MoE with tp > 1)", false, etp_defaults,
+     [](Plan& p, int v) { p.etp = v; }, [](const Plan& p) { return p.etp; }, parse_etp, format_etp},
+    {"first_stage_layers", "layers on the first stage (0: even; default also one fewer than even, pp >= 3)", false,
+     end_stage_defaults, [](Plan& p, int v) { p.first_stage_layers = v; },
+     [](const Plan& p) { return p.first_stage_layers; }, parse_layers, format_int},
+    {"last_stage_layers", "layers on the last stage (as first_stage_layers)", false, end_stage_defaults,
+     [](Plan& p, int v) { p.last_stage_layers = v; }, [](const Plan& p) { return p.last_stage_layers; },
+     parse_layers, format_int},
+};
+
+std::vector<std::string> dimension_names() {
+  std::vector<std::string> names;
+  for (const Dimension& d : kDimensions) names.push_back(d.name);
+  return names;
+}
+
+struct Item {
+  std::size_t dim;
+  std::vector<int> values;
+  std::string text;  // as written, for messages
+};
+
+Result<std::vector<Item>> parse_items(const std::string& flag, const std::string& spec) {
+  std::vector<Item> items;
+  std::size_t start = 0;
+  while (start <= spec.size()) {
+    const std::size_t comma = std::min(spec.find(',', start), spec.size());
+    const std::string token = spec.substr(start, comma - start);
+    start = comma + 1;
+    if (token.empty()) return make_error("{} '{}': an empty item; write name=value[,value...]", flag, spec);
+    const std::size_t eq = token.find('=');
+    std::string value = token;
+    if (eq != std::string::npos) {
+      MT_ASSIGN(const Dimension* d, find_dimension(token.substr(0, eq)).context(fmt::format("{} '{}'", flag, spec)));
+      items.push_back({static_cast<std::size_t>(d - kDimensions.data()), {}, token});
+      value = token.substr(eq + 1);
+    } else if (items.empty()) {
+      return make_error("{} '{}': '{}' has no dimension; write name=value, e.g. tp=8", flag, spec, token);
+    } else {
+      items.back().text += "," + token;
+    }
+    const Dimension& d = kDimensions[items.back().dim];
+    auto v = d.parse(value);
+    if (!v) return make_error("{} '{}': {} value '{}': {}", flag, spec, d.name, value, v.error().message());
+    items.back().values.push_back(*v);
+  }
+  return items;
+}
+
+}  // namespace
+
+const std::vector<Dimension>& dimensions() { return kDimensions; }
+
+Result<const Dimension*> find_dimension(std::string_view name) {
+  for (const Dimension& d : kDimensions)
+    if (name == d.name) return &d;
+  return Error(unknown_name_message("plan dimension", name, dimension_names()));
+}
+
+std::vector<int> SearchSpace::values(std::size_t dim, const SearchContext& ctx, const Plan& partial) const {
+  const Dimension& d = kDimensions[dim];
+  std::vector<int> defaults = d.defaults(ctx, partial);
+  if (!allowed[dim]) return defaults;
+  if (!d.derived) return *allowed[dim];
+  std::vector<int> out;
+  for (int v : defaults)
+    if (std::find(allowed[dim]->begin(), allowed[dim]->end(), v) != allowed[dim]->end()) out.push_back(v);
+  return out;
+}
+
+std::string SearchSpace::describe_fixed() const {
+  std::string out;
+  for (std::size_t i = 0; i < kDimensions.size(); ++i)
+    if (allowed[i] && allowed[i]->size() == 1)
+      out += fmt::format("{}{}={}", out.empty() ? "" : " ", kDimensions[i].name, kDimensions[i].format(allowed[i]->front()));
+  return out;
+}
+
+Result<SearchSpace> parse_search_space(const std::vector<std::string>& fix, const std::vector<std::string>& allow,
+                                       const SearchContext& ctx) {
+  SearchSpace space;
+  std::vector<std::optional<std::string>> fixed_by(kDimensions.size());
+  for (const std::string& spec : allow) {
+    MT_ASSIGN(std::vector<Item> items, parse_items("--allow", spec));
+    for (Item& item : items) {
+      std::sort(item.values.begin(), item.values.end());
+      item.values.erase(std::unique(item.values.begin(), item.values.end()), item.values.end());
+      space.allowed[item.dim] = item.values;
+    }
+  }
+  for (const std::string& spec : fix) {
+    MT_ASSIGN(std::vector<Item> items, parse_items("--fix", spec));
+    for (const Item& item : items) {
+      const Dimension& d = kDimensions[item.dim];
+      if (item.values.size() != 1)
+        return make_error("--fix {}: a --fix pins one value; to search several use --allow {}", item.text, item.text);
+      const int v = item.values.front();
+      if (fixed_by[item.dim]) {
+        if (space.allowed[item.dim]->front() != v)
+          return make_error("--fix {} and --fix {} contradict: {} can only take one value", *fixed_by[item.dim],
+                            item.text, d.name);
+        continue;
+      }
+      if (space.allowed[item.dim] &&
+          std::find(space.allowed[item.dim]->begin(), space.allowed[item.dim]->end(), v) == space.allowed[item.dim]->end())
+        return make_error("--fix {} is outside --allow's list for {} ({}); drop one of them", item.text, d.name,
+                          fmt::join(space.allowed[item.dim]->begin(), space.allowed[item.dim]->end(), ","));
+      space.allowed[item.dim] = std::vector<int>{v};
+      fixed_by[item.dim] = item.text;
+    }
+  }
+  // The degrees that multiply into the world: caught here with their names
+  // rather than as an empty search.
+  std::int64_t product = 1;
+  std::string named;
+  for (const char* name : {"tp", "pp", "dp"}) {
+    const std::size_t i = static_cast<std::size_t>(find_dimension(name).value() - kDimensions.data());
+    if (!fixed_by[i]) continue;
+    product *= space.allowed[i]->front();
+    named += fmt::format("{}{}", named.empty() ? "" : " and --fix ", *fixed_by[i]);
+    if (product > ctx.gpus || ctx.gpus % product != 0)
+      return make_error("--fix {} needs a multiple of {} GPUs, but --gpus is {}; change the fixed degrees or --gpus",
+                        named, product, ctx.gpus);
+  }
+  const bool all_fixed = fixed_by[0] && fixed_by[1] && fixed_by[2];
+  if (all_fixed && product != ctx.gpus)
+    return make_error("--fix {} make tp·pp·dp = {} ranks, but --gpus is {}", named, product, ctx.gpus);
+  return space;
+}
+
+}  // namespace meshtrain::planner

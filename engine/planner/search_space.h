@@ -1,0 +1,80 @@
+// The planner's search space: one table of plan dimensions, and the user's
+// pins (--fix) and value lists (--allow) over it.
+//
+// A dimension is one row of `dimensions()`: its name (the plan field's JSON
+// key), the values searched by default given the dimensions enumerated before
+// it, and how a value is written into a Plan. The enumeration
+// (candidates.h) walks the rows in table order, so a row may look at the
+// earlier rows' values (pp's divisors depend on tp; dp is what tp·pp leave).
+// Adding a dimension the engine has learnt (context parallelism, offload,
+// gradient compression) is adding one row here; nothing else in the planner
+// names dimensions.
+//
+// Defaults skip values that give the same plan as another value (ZeRO with
+// dp 1, sequence parallelism or split experts with tp 1, uneven stages with
+// pp 1) and values that cannot divide (pp must divide gpus/tp); everything
+// else is left to validate_plan, the one judge of what the engine runs.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/status.h"
+#include "engine/plan.h"
+#include "models/model_spec.h"
+
+namespace meshtrain::planner {
+
+// What every candidate shares: the job, not the plan.
+struct SearchContext {
+  ModelSpec model;
+  int gpus = 1;
+  int gpus_per_node = 8;
+  // Plan fields that are not searched (global batch, seq_len, precision,
+  // gradient buckets): every candidate starts from this plan.
+  Plan base;
+};
+
+struct Dimension {
+  const char* name;  // the plan field's JSON key: "tp", "micro_batch", "recompute"
+  const char* help;
+  // Derived dimensions (dp) have one value given the earlier ones: --allow
+  // and --fix can only narrow them.
+  bool derived;
+  // Values searched when the user gives none, knowing the earlier rows' values in `partial`.
+  std::vector<int> (*defaults)(const SearchContext& ctx, const Plan& partial);
+  void (*apply)(Plan& p, int value);
+  int (*get)(const Plan& p);
+  // Text to value and back ("full" <-> 2, "on" <-> 1); an Error names the valid values.
+  Result<int> (*parse)(std::string_view text);
+  std::string (*format)(int value);
+};
+
+// The rows, in enumeration order.
+const std::vector<Dimension>& dimensions();
+// The row named `name`, or an Error that suggests the nearest name.
+Result<const Dimension*> find_dimension(std::string_view name);
+
+// Per dimension (indexed as dimensions()), the values the user allowed:
+// unset means the defaults. A --fix is a list of one.
+struct SearchSpace {
+  std::vector<std::optional<std::vector<int>>> allowed = std::vector<std::optional<std::vector<int>>>(dimensions().size());
+  // Values this dimension takes after `partial`'s earlier rows.
+  std::vector<int> values(std::size_t dim, const SearchContext& ctx, const Plan& partial) const;
+  // "tp=8 pp=4", the pinned dimensions; empty when none.
+  std::string describe_fixed() const;
+};
+
+// Parses the --fix and --allow lists into a space. Each item is
+// `name=v[,v...]`; a comma-separated token without '=' is one more value of
+// the name before it, so `--fix tp=8,pp=4` and `--allow tp=1,2,4,16` both
+// read naturally. An Error names the item: an unknown dimension (with the
+// nearest name), a bad value, a --fix with two values, a dimension fixed
+// twice to different values, a --fix outside the same dimension's --allow
+// list, and fixed tp·pp·dp that cannot make `ctx.gpus`.
+Result<SearchSpace> parse_search_space(const std::vector<std::string>& fix, const std::vector<std::string>& allow,
+                                       const SearchContext& ctx);
+
+}  // namespace meshtrain::planner
