@@ -16,6 +16,7 @@
 #include "core/bounded.h"
 #include "core/status.h"
 #include "engine/schedule/builders.h"
+#include "models/context_parallel.h"
 #include "models/flops.h"
 #include "models/model_spec.h"
 #include "models/parameters.h"
@@ -37,7 +38,10 @@ struct Plan {
   int tp = 1;   // tensor parallel
   int pp = 1;   // pipeline parallel
   int dp = 1;   // data parallel
-  int cp = 1;   // context parallel (sequence split across ranks)
+  int cp = 1;   // context parallel (sequence split across ranks, models/context_parallel.h)
+  // How a context-parallel attention gathers keys and values: all-gather
+  // (Llama 3) or a ring of send/recv.
+  ContextComm cp_comm = ContextComm::all_gather;
   int ep = 1;   // expert parallel, carved out of the data-parallel ranks (engine/mesh.h)
   // Expert tensor parallel: how many ranks split each expert's matrices, 1
   // or tp; 0 means tp (Megatron-Core's default).
@@ -104,7 +108,7 @@ struct PlanOverrides {
   // micro_batch · dp · microbatches (the two must agree when both are given).
   std::optional<int> microbatches;
   std::optional<double> grad_bucket_mb;
-  std::optional<std::string> recompute, schedule, precision, grad_sync;
+  std::optional<std::string> recompute, schedule, precision, grad_sync, cp_comm;
   std::optional<bool> sequence_parallel;
   // A plan file's "segments" list as written; the model resolves it
   // (engine/segments/segment_plan.h, segments_from_json).

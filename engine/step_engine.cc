@@ -48,9 +48,17 @@ struct StepEngine::Chunk {
   std::vector<SavedActivations> saved;  // by micro-batch, between its forward and backward
 };
 
-Status StepEngine::supports(const Plan& p) {
-  if (p.cp != 1) return make_error("context parallelism (cp {}) is not implemented by the step engine; use cp 1", p.cp);
+Status StepEngine::supports(const Plan& p, const StepOptions& o) {
+  // Dropout masks are drawn per row of a contiguous block (BlockContext::dropout); a context rank's rows are
+  // two chunks of each sequence, so its masks would not be the single-rank run's.
+  if (p.cp > 1 && o.dropout > 0)
+    return make_error("dropout {} is not implemented under context parallelism (cp {}); use --dropout 0 or cp 1",
+                      o.dropout, p.cp);
   return ok_status();
+}
+
+const Group& StepEngine::replicas() const {
+  return *mesh_.group_of(plan_.cp > 1 ? GroupKind::data_context : GroupKind::data, b_.rank());
 }
 
 Status check_step_options(const StepOptions& o) {
@@ -64,7 +72,7 @@ StepEngine::~StepEngine() = default;
 
 StepEngine::StepEngine(Backend& b, const ModelSpec& m, const Plan& p, const Mesh& mesh, StepOptions options)
     : b_(b), m_(m), plan_(p), mesh_(mesh), options_(options), coord_(mesh.coord_of(b.rank())) {
-  if (Status s = supports(p); !s) {
+  if (Status s = supports(p, options); !s) {
     setup_error_ = s.error();
     return;
   }
@@ -77,7 +85,9 @@ StepEngine::StepEngine(Backend& b, const ModelSpec& m, const Plan& p, const Mesh
   compute_ = b.current_stream();
   comm_ = b.create_stream("data-parallel");
   const TensorParallel tp{*mesh.group_of(GroupKind::tensor, b.rank()), coord_.tp, p.tp};
-  const Group& dp = *mesh.group_of(GroupKind::data, b.rank());
+  const Group& dp = replicas();
+  const Group& context = *mesh.group_of(GroupKind::context, b.rank());
+  const ContextParallel cp{context, context.index_of(b.rank()), context.size(), p.cp_comm};
   // The expert mesh (engine/mesh.h): used by the MoE layers and their gradients.
   ExpertParallel expert;
   const Group& ep_group = *mesh.group_of(GroupKind::expert, b.rank());
@@ -105,6 +115,7 @@ StepEngine::StepEngine(Backend& b, const ModelSpec& m, const Plan& p, const Mesh
     chunk_options.storage.value_dtype = activation_dtype(p.precision);
     chunk_options.sequence_parallel = p.sequence_parallel;
     chunk_options.expert = expert;
+    chunk_options.context = cp;
     chunk_options.routing = options.moe_routing;
     chunk->model = std::make_unique<ModelChunk>(b, m_, layers, tp, chunk_options);
     ParameterStore& params = chunk->model->parameters();
@@ -147,8 +158,30 @@ StepEngine::StepEngine(Backend& b, const ModelSpec& m, const Plan& p, const Mesh
   clip_coef_ = b.empty(Shape{1});
 }
 
-MicroBatch StepEngine::upload(const HostBatch& h, std::uint64_t dropout_seed) {
+namespace {
+
+// A context rank's tokens of every sequence of `all` (B·T, sample-major): its two chunks (models/context_parallel.h).
+std::vector<std::int32_t> context_tokens(const std::vector<std::int32_t>& all, int batch, int seq, int cp, int rank) {
+  const std::vector<std::int32_t> positions = context_positions(seq, cp, rank);
+  std::vector<std::int32_t> out;
+  out.reserve(static_cast<std::size_t>(batch) * positions.size());
+  for (int b = 0; b < batch; ++b)
+    for (const std::int32_t p : positions) out.push_back(all[static_cast<std::size_t>(b) * seq + p]);
+  return out;
+}
+
+}  // namespace
+
+MicroBatch StepEngine::upload(const HostBatch& full, std::uint64_t dropout_seed) {
   MicroBatch mb;
+  HostBatch local;
+  const HostBatch& h = plan_.cp > 1 ? local : full;
+  if (plan_.cp > 1) {
+    local.batch = full.batch, local.seq = full.seq / plan_.cp;
+    if (!full.ids.empty()) local.ids = context_tokens(full.ids, full.batch, full.seq, plan_.cp, coord_.cp);
+    if (!full.targets.empty())
+      local.targets = context_tokens(full.targets, full.batch, full.seq, plan_.cp, coord_.cp);
+  }
   if (!h.ids.empty()) {
     mb.ids = b_.empty(Shape{static_cast<std::int64_t>(h.ids.size())}, DType::i32);
     b_.write(mb.ids, h.ids);
@@ -332,15 +365,15 @@ const Tensor& StepEngine::reduce_grad_norm() {
   for (auto& c : chunks_)
     c->adam->accumulate_sumsq(grad_sumsq_, [&](const ParamSlot& s) { return counts_in_norm(*c, s); });
   // Without ZeRO every replica holds the same reduced gradients: sum over one replica only.
-  if (plan_.zero >= 1) b_.all_reduce(grad_sumsq_, *mesh_.group_of(GroupKind::data, b_.rank()), ReduceOp::sum);
+  if (plan_.zero >= 1) b_.all_reduce(grad_sumsq_, replicas(), ReduceOp::sum);
   b_.all_reduce(grad_sumsq_, *mesh_.group_of(GroupKind::model_parallel, b_.rank()), ReduceOp::sum);
   add_expert_sumsq();
   return grad_sumsq_;
 }
 
 const Tensor& StepEngine::reduce_loss() {
-  // The loss lives on the last stage (the same on each of its tp ranks).
-  b_.all_reduce(loss_total_, *mesh_.group_of(GroupKind::data, b_.rank()), ReduceOp::sum);
+  // The loss lives on the last stage (the same on each of its tp ranks; a share of it on each context rank).
+  b_.all_reduce(loss_total_, replicas(), ReduceOp::sum);
   b_.all_reduce(loss_total_, *mesh_.group_of(GroupKind::pipeline, b_.rank()), ReduceOp::sum);
   return loss_total_;
 }
@@ -440,7 +473,8 @@ Status StepEngine::begin_evaluation(const std::vector<HostBatch>& batches) {
     mbs_.back().correct = correct;
     targets += static_cast<double>(h.targets.size());
   }
-  const bool last = plan_.head && coord_.pp == plan_.pp - 1;
+  // The targets are counted once per replica (a context rank sees a share of each sequence's).
+  const bool last = plan_.head && coord_.pp == plan_.pp - 1 && coord_.cp == 0;
   const float init[3] = {0.f, last ? static_cast<float>(targets) : 0.f, 0.f};
   b_.write(eval_stats_, init);
   return ok_status();
@@ -456,7 +490,7 @@ const Tensor& StepEngine::evaluation_stats() {
   // Every tp rank of the last stage counted the same hits: keep one count per replica.
   if (coord_.tp != 0) b_.fill(correct, 0.f);
   b_.all_reduce(eval_stats_, *mesh_.group_of(GroupKind::pipeline, b_.rank()), ReduceOp::sum);
-  b_.all_reduce(eval_stats_, *mesh_.group_of(GroupKind::data, b_.rank()), ReduceOp::sum);
+  b_.all_reduce(eval_stats_, replicas(), ReduceOp::sum);
   return eval_stats_;
 }
 

@@ -30,6 +30,7 @@
 
 #include "backends/backend.h"
 #include "core/status.h"
+#include "models/context_parallel.h"
 #include "models/flops.h"
 #include "models/model_spec.h"
 #include "models/parameter_store.h"
@@ -90,6 +91,10 @@ struct ChunkOptions {
   // input and output are then (N/tp, C).
   bool sequence_parallel = false;
   ExpertParallel expert;
+  // Context parallelism (models/context_parallel.h): the micro-batch holds
+  // this rank's T/cp tokens of each sequence; attention exchanges keys and
+  // values over the group.
+  ContextParallel context;
   // How tokens spread over experts where the backend holds no data to route
   // them (the sim backend); null: the router decides on the data.
   std::shared_ptr<const MoeRouting> routing;

@@ -49,11 +49,16 @@ class TokenEmbedding : public Block {
   }
 
  private:
-  // (N) i32: the position of every token of a (B, T) micro-batch.
+  // (N) i32: the position of every token of a (B, T) micro-batch; under
+  // context parallelism the local tokens' places in the whole sequence.
   const Tensor& positions(const MicroBatch& mb) {
-    return ctx_.constant_ids(fmt::format("positions:{}:{}", mb.batch, mb.seq), [&] {
-      std::vector<std::int32_t> host(static_cast<std::size_t>(mb.batch) * mb.seq);
-      for (std::size_t i = 0; i < host.size(); ++i) host[i] = static_cast<std::int32_t>(i % mb.seq);
+    const ContextParallel& cp = ctx_.options.context;
+    return ctx_.constant_ids(fmt::format("positions:{}:{}:{}:{}", mb.batch, mb.seq, cp.size, cp.rank), [&] {
+      std::vector<std::int32_t> sequence(static_cast<std::size_t>(mb.seq));
+      if (cp.size > 1) sequence = context_positions(static_cast<std::int64_t>(mb.seq) * cp.size, cp.size, cp.rank);
+      else for (int t = 0; t < mb.seq; ++t) sequence[static_cast<std::size_t>(t)] = t;
+      std::vector<std::int32_t> host;
+      for (int b = 0; b < mb.batch; ++b) host.insert(host.end(), sequence.begin(), sequence.end());
       return host;
     });
   }

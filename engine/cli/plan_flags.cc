@@ -22,6 +22,8 @@ void add_plan_flags(CLI::App& app, PlanFlags& f, const std::string& default_mode
       ->check(real_in(kGradBucketMbRange));
   app.add_option("--grad-sync", o.grad_sync,
                  "when gradient buckets are reduced: overlap (with backward) or after-backward (Megatron local DDP)");
+  app.add_option("--cp-comm", o.cp_comm,
+                 "how context parallelism exchanges keys and values: allgather (Llama 3) or ring");
   app.add_flag("--sequence-parallel", o.sequence_parallel, "split norms and dropout over the sequence (tp)");
 }
 
