@@ -18,6 +18,7 @@ ActivationQuery activation_query(const ModelSpec& m, const Plan& p, const Activa
   q.micro_batch = p.micro_batch;
   q.seq = static_cast<double>(p.effective_seq_len(m)) / p.cp;
   q.tp = p.tp;
+  q.cp = p.cp;
   q.expert_tp = p.expert_tp();
   q.sequence_parallel = p.sequence_parallel;
   q.recompute = p.recompute;
@@ -59,14 +60,15 @@ MemoryBreakdown memory_per_rank(const ModelSpec& m, const Plan& p, int stage, co
   const double n = static_cast<double>(shard.total);
   const auto sharded = [&](int stage_needed, double bytes) {
     if (p.zero < stage_needed) return n * bytes;
-    if (experts == 0) return n * bytes / p.dp;
+    // Under context parallelism the dp·cp ranks hold the same parameters and shard over all of them.
+    if (experts == 0) return n * bytes / (static_cast<double>(p.dp) * p.cp);
     return ((n - experts) / p.dp + experts / edp) * bytes;
   };
   const bool mixed = p.precision != Precision::fp32;
   const double param_bytes = element_bytes(p.precision);
   const double grad_bytes = a.gradient_bytes > 0 ? a.gradient_bytes : element_bytes(p.precision);
   const double optimizer_bytes = mixed ? 12.0 : 8.0;
-  const double dp = p.dp;
+  const double dp = static_cast<double>(p.dp) * p.cp;
   // The stage's chunks share its layers evenly; the stage's count follows the plan's split.
   const double layers_per_chunk = static_cast<double>(stage_layer_count(m, p.stage_split(), stage)) / p.vpp;
   r.parameters = sharded(3, param_bytes);

@@ -140,6 +140,7 @@ struct ActivationQuery {
   double micro_batch = 1;  // B
   double seq = 0;          // T at the model's input (this rank's share under context parallelism)
   int tp = 1;
+  int cp = 1;         // context parallelism: seq is this rank's share, attention keeps the whole sequence's K and V
   int expert_tp = 0;  // expert tensor parallelism; 0: as tp
   bool sequence_parallel = false;
   Recompute recompute = Recompute::none;

@@ -356,6 +356,9 @@ double TransformerLayerDef::activation_bytes(const ActivationQuery& q) const {
   if (s.moe.experts > 0)
     bytes += moe_activation_bytes(rows, s.width, s.ffn, s.activation, s.moe, a.value_bytes, q.tp,
                                   q.expert_tp > 0 ? q.expert_tp : q.tp);
+  // Context parallelism (models/context_parallel.h) keeps the whole sequence's K and V rows (cp times
+  // a rank's own) with the local qkv, and the attention output once more in its chunks' order.
+  if (q.cp > 1) bytes += a.value_bytes * (q.cp * 2.0 * s.kv_heads * D / h + attention_out) * sbh / t;
   bytes += a.mask_bytes * 2.0 * sbh / rep;
   if (a.materialized_attention && q.recompute != Recompute::selective) {
     const double probs = s.heads * rows * static_cast<double>(attention_span(static_cast<std::int64_t>(q.seq))) / t;
@@ -378,6 +381,10 @@ double TransformerLayerDef::backward_working_bytes(const ActivationQuery& q) con
   const double D = static_cast<double>(s.dim());
   const double qkv = static_cast<double>(s.heads + 2 * s.kv_heads) * D;
   double width = (qkv + static_cast<double>(s.heads) * D + (glu + 1.0) * s.ffn) / t + 7.0 * s.width;
+  // Context parallelism (models/context_parallel.cc) works on the whole sequence's qkv rows: the rebuilt
+  // input, its gradient and the second chunk's, and the K and V gradients by owner, not all live at the
+  // peak at once: 1.5 qkv widths fit the measured peaks (tests/parallel/test_memory.cc).
+  if (q.cp > 1) width += q.cp * (1.5 * qkv + 2.0 * s.kv_heads * D) / t;
   if (s.moe.experts > 0) {
     // Per assignment: the experts' input gradients (F/etp, twice for SwiGLU's up) and the
     // gradient rows before and after the exchange (C each); the shared experts like a dense MLP.
