@@ -26,7 +26,9 @@ const std::vector<std::string> kPlanFields = {"tp",        "pp",        "dp",   
                                               "global_batch", "seq_len", "recompute",   "schedule",
                                               "precision", "sequence_parallel",
                                               "first_stage_layers", "last_stage_layers",
-                                              "microbatches", "grad_bucket_mb", "grad_sync", "cp_comm", "segments"};
+                                              "microbatches", "grad_bucket_mb", "grad_sync", "cp_comm", "segments",
+                                              "chunk_layers", "account_for_embedding_in_pipeline_split",
+                                              "account_for_loss_in_pipeline_split"};
 
 template <class E>
 Result<E> parse_enum(const char* what, const std::string& s, const std::vector<std::string>& names) {
@@ -143,6 +145,20 @@ Result<PlanOverrides> plan_overrides_from_json(const nlohmann::json& j) {
   MT_TRY(f.get_string("cp_comm", o.cp_comm));
   MT_TRY(f.get_real("grad_bucket_mb", kGradBucketMbRange, o.grad_bucket_mb));
   MT_TRY(f.get_bool("sequence_parallel", o.sequence_parallel));
+  MT_TRY(f.get_bool("account_for_embedding_in_pipeline_split", o.embedding_in_split));
+  MT_TRY(f.get_bool("account_for_loss_in_pipeline_split", o.loss_in_split));
+  if (f.has("chunk_layers")) {
+    const nlohmann::json& list = f.at("chunk_layers");
+    if (!list.is_array() || list.size() > static_cast<std::size_t>(kMaxChunkLayers))
+      return make_error("{} must be a list of at most {} layer counts (one per virtual stage), got {}",
+                        f.name("chunk_layers"), kMaxChunkLayers, json_excerpt(list));
+    std::vector<int> counts;
+    for (const nlohmann::json& v : list) {
+      MT_ASSIGN(const std::int64_t n, json_int(v, f.name("chunk_layers") + " entry", kChunkLayersRange));
+      counts.push_back(static_cast<int>(n));
+    }
+    o.chunk_layers = std::move(counts);
+  }
   if (f.has("segments")) o.segments = std::make_shared<const nlohmann::json>(j["segments"]);
   return o;
 }
@@ -188,6 +204,9 @@ Result<Plan> apply_overrides(Plan p, const PlanOverrides& o) {
   }
   if (o.grad_bucket_mb) p.grad_bucket_mb = *o.grad_bucket_mb;
   if (o.sequence_parallel) p.sequence_parallel = *o.sequence_parallel;
+  if (o.embedding_in_split) p.embedding_in_split = *o.embedding_in_split;
+  if (o.loss_in_split) p.loss_in_split = *o.loss_in_split;
+  if (o.chunk_layers) p.chunk_layers = *o.chunk_layers;
   if (o.microbatches) {
     if (*o.microbatches <= 0) return make_error("microbatches must be positive, got {}", *o.microbatches);
     const std::int64_t global = std::int64_t{p.micro_batch} * p.dp * *o.microbatches;
@@ -338,6 +357,9 @@ nlohmann::json plan_to_json(const Plan& p) {
   if (p.grad_bucket_mb != Plan{}.grad_bucket_mb) j["grad_bucket_mb"] = p.grad_bucket_mb;
   if (p.grad_sync != GradSync::overlap) j["grad_sync"] = grad_sync_name(p.grad_sync);
   if (p.cp_comm != ContextComm::all_gather) j["cp_comm"] = context_comm_name(p.cp_comm);
+  if (!p.chunk_layers.empty()) j["chunk_layers"] = p.chunk_layers;
+  if (p.embedding_in_split) j["account_for_embedding_in_pipeline_split"] = true;
+  if (p.loss_in_split) j["account_for_loss_in_pipeline_split"] = true;
   if (!p.segments.empty()) {
     j["segments"] = nlohmann::json::array();
     for (const Plan& s : p.segments) {

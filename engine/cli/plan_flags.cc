@@ -24,6 +24,15 @@ void add_plan_flags(CLI::App& app, PlanFlags& f, const std::string& default_mode
                  "when gradient buckets are reduced: overlap (with backward) or after-backward (Megatron local DDP)");
   app.add_option("--cp-comm", o.cp_comm,
                  "how context parallelism exchanges keys and values: allgather (Llama 3) or ring");
+  app.add_option("--chunk-layers", o.chunk_layers,
+                 "layers of every virtual stage, comma-separated (pp·vpp numbers; 0 for a chunk holding only the "
+                 "embedding or the head)")
+      ->delimiter(',')
+      ->check(CLI::Range(kChunkLayersRange.min, kChunkLayersRange.max));
+  app.add_flag("--account-for-embedding-in-pipeline-split", o.embedding_in_split,
+               "count the embedding as a layer of the pipeline split (Megatron-Core)");
+  app.add_flag("--account-for-loss-in-pipeline-split", o.loss_in_split,
+               "count the final norm, head and loss as a layer of the pipeline split (Megatron-Core)");
   app.add_flag("--sequence-parallel", o.sequence_parallel, "split norms and dropout over the sequence (tp)");
 }
 

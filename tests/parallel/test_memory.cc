@@ -106,3 +106,12 @@ TEST_CASE("measured peak memory matches the memory model under context paralleli
   p.cp = 2, p.seq_len = 512;
   check_memory(p, tiny_llama(), 0);
 }
+
+TEST_CASE("measured peak memory matches the memory model with flexible interleaved layouts", "[parallel][memory][flexible]") {
+  Plan uneven = make_plan(1, 2, 1, 1, ScheduleKind::interleaved, 2);
+  uneven.chunk_layers = {1, 2, 2, 1};
+  check_memory(uneven, tiny_gpt6());
+  Plan ends = make_plan(1, 2, 1, 1, ScheduleKind::interleaved, 4);
+  ends.embedding_in_split = ends.loss_in_split = true;
+  check_memory(ends, tiny_gpt6());
+}
