@@ -43,6 +43,9 @@ int inflight_microbatches(const Plan& p, int stage) {
   switch (p.schedule) {
     case ScheduleKind::gpipe: return m;
     case ScheduleKind::one_f_one_b: return std::min(p.pp - stage, m);
+    // Counted until the W pass (an upper bound: B frees what only it reads): rank r holds p-r-1 warm-up
+    // micro-batches and r held back for W.
+    case ScheduleKind::zb_h1: return std::min(p.pp, m);
     case ScheduleKind::interleaved:
       return std::min(schedule::interleaved_warmup({p.pp, p.vpp, m}, stage) + 1, m * p.vpp);
   }
@@ -61,7 +64,10 @@ double peak_activation_bytes(const Plan& p, int stage, const std::vector<double>
   }
   double live = 0, peak = 0;
   for (const schedule::Action& a : built->ranks[static_cast<std::size_t>(stage)]) {
-    if (!a.is_compute()) continue;
+    // Held from the forward to the backward, or to the W pass where the schedule has them (an upper bound).
+    const bool releases = p.schedule == ScheduleKind::zb_h1 ? a.kind == schedule::Action::weight
+                                                            : a.kind == schedule::Action::backward;
+    if (a.kind != schedule::Action::forward && !releases) continue;
     const double bytes = chunk_bytes[static_cast<std::size_t>(a.chunk)];
     live += a.kind == schedule::Action::forward ? bytes : -bytes;
     peak = std::max(peak, live);

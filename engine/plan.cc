@@ -331,6 +331,10 @@ Status validate_plan(const Plan& p, const ModelSpec& m, int world_size) {
     return make_error("vpp {} needs the interleaved schedule (got {}); use --schedule interleaved or vpp 1", p.vpp,
                       schedule_name(p.schedule));
   }
+  if (p.schedule == ScheduleKind::zb_h1 && p.zero >= 2)
+    return make_error("the zb-h1 schedule computes weight gradients in passes after the backwards, while ZeRO {} "
+                      "frees (and under 3 re-gathers) each layer's state around its backward; use --zero 0 or 1",
+                      p.zero);
   return {};
 }
 

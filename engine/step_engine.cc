@@ -46,6 +46,8 @@ struct StepEngine::Chunk {
   std::unique_ptr<ParameterGather> gather;  // ZeRO-3 only
   std::unique_ptr<ShardedAdamW> adam;
   std::vector<SavedActivations> saved;  // by micro-batch, between its forward and backward
+  // By micro-batch, between its backward and its weight pass (zero-bubble schedules).
+  std::vector<std::vector<std::function<void()>>> weights;
 };
 
 Status StepEngine::supports(const Plan& p, const StepOptions& o) {
@@ -287,6 +289,8 @@ Status StepEngine::begin_step(const std::vector<HostBatch>& microbatches, std::i
     c->buckets->begin_step();
     c->saved.clear();
     c->saved.resize(static_cast<std::size_t>(m));
+    c->weights.clear();
+    c->weights.resize(static_cast<std::size_t>(m));
   }
   b_.fill(loss_total_, 0.f);
   const int seq = microbatches.front().seq;
@@ -330,17 +334,26 @@ PipelineCompute StepEngine::compute(bool training) {
     Chunk& ch = *chunks_[static_cast<std::size_t>(c)];
     const MicroBatch& mb = mbs_[static_cast<std::size_t>(j)];
     // Micro-batches leave each chunk's backward in order: the last one completes its gradients.
-    // Unarmed, the buckets wait for finish(), after the schedule (GradSync::after_backward).
-    if (j == m - 1 && plan_.grad_sync == GradSync::overlap) ch.buckets->arm();
+    // Unarmed, the buckets wait for finish(), after the schedule (GradSync::after_backward, and
+    // zero-bubble schedules, whose W passes complete the gradients after the backwards).
+    const bool split = plan_.schedule == ScheduleKind::zb_h1;
+    if (j == m - 1 && plan_.grad_sync == GradSync::overlap && !split) ch.buckets->arm();
+    ch.model->defer_weight_gradients(split ? &ch.weights[static_cast<std::size_t>(j)] : nullptr);
     Tensor d = dout;
     if (boundary_ && ch.virtual_stage == last && !ch.model->layers().head)
       d = boundary_->output_grad(j, ch.model->boundary_shape(mb.batch, mb.seq, true), act);
     Tensor din = ch.model->backward(mb, ch.saved[static_cast<std::size_t>(j)], d, loss_scale_);
+    ch.model->defer_weight_gradients(nullptr);
     if (boundary_ && ch.virtual_stage == 0 && !ch.model->layers().embedding) boundary_->input_grad(j, din);
     return din;
   };
-  PipelineCompute out{forward, {}, boundaries(mbs_)};
-  if (training) out.backward = backward;
+  auto weight = [this](int c, int j) {
+    auto& work = chunks_[static_cast<std::size_t>(c)]->weights[static_cast<std::size_t>(j)];
+    for (auto& w : work) w();
+    work.clear();  // frees the inputs and output gradients they kept
+  };
+  PipelineCompute out{forward, {}, {}, boundaries(mbs_)};
+  if (training) out.backward = backward, out.weight = weight;
   return out;
 }
 

@@ -138,12 +138,16 @@ void BlockContext::linear_backward(const std::string& name, const Tensor& x_in, 
       else tp_all_reduce(*dx);
     }
   }
-  Tensor dw = w.grad;
-  b.gemm(x.view(Shape{rows, in}), dy2, dw, GemmOp{true, false, 1.f, 1.f});
-  if (params.contains(name + ".bias")) {
-    Tensor db = params[name + ".bias"].grad;
-    b.bias_backward(dy2, db);
-  }
+  auto weights = [this, name, x = x.view(Shape{rows, in}), dy2] {
+    Tensor dw = params[name + ".weight"].grad;
+    b.gemm(x, dy2, dw, GemmOp{true, false, 1.f, 1.f});
+    if (params.contains(name + ".bias")) {
+      Tensor db = params[name + ".bias"].grad;
+      b.bias_backward(dy2, db);
+    }
+  };
+  if (deferred_weights != nullptr) deferred_weights->push_back(std::move(weights));
+  else weights();
 }
 
 Tensor BlockContext::cross_entropy(const Tensor& logits, const MicroBatch& mb, std::int64_t vocab_offset,

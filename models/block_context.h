@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -71,6 +72,12 @@ class BlockContext {
   // Counter-based dropout mask of one site: a sequence shard draws the mask
   // elements of its rows of the whole (N, width) tensor.
   DropoutOp dropout(const MicroBatch& mb, int layer, int site, std::int64_t rows, std::int64_t width) const;
+
+  // Zero-bubble schedules (engine/schedule/builders.h, ZB-H1): when set,
+  // linear_backward leaves its parameter gradients (dW, db) here as work
+  // for the schedule's W pass instead of computing them; the input gradient
+  // is computed at once.
+  std::vector<std::function<void()>>* deferred_weights = nullptr;
 
   // What the MoE layers of this chunk report (models/moe_layer.h); its
   // tensors exist when the model has experts.

@@ -15,7 +15,7 @@ void add_plan_flags(CLI::App& app, PlanFlags& f, const std::string& default_mode
   for (const PlanIntField& field : plan_int_fields())
     app.add_option(field.flag, o.*field.member, field.help)->check(int_in(field.range));
   app.add_option("--recompute", o.recompute, "activation recomputation: none, selective, full");
-  app.add_option("--schedule", o.schedule, "pipeline schedule: gpipe, 1f1b, interleaved");
+  app.add_option("--schedule", o.schedule, "pipeline schedule: gpipe, 1f1b, interleaved, zb-h1");
   app.add_option("--precision", o.precision, "fp32, bf16 or fp16");
   app.add_option("--grad-bucket-mb", o.grad_bucket_mb,
                  "MiB of fp32 gradients per data-parallel all-reduce under ZeRO 0/1 (default 4; PyTorch DDP: 25)")

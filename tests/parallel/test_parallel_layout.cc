@@ -31,3 +31,33 @@ TEST_CASE("Megatron-Core's embedding and loss accounting matches the single-rank
 
 }  // namespace
 }  // namespace meshtrain::testing
+
+namespace meshtrain::testing {
+namespace {
+
+TEST_CASE("ZB-H1 gives 1F1B's bits", "[parallel][pp][zb]") {
+  // Every parameter's gradient sums the micro-batches in the same order, only later: the same bits.
+  for (const Plan& base : {make_plan(1, 2, 1, 0, ScheduleKind::one_f_one_b), make_plan(2, 2, 2, 1, ScheduleKind::one_f_one_b)}) {
+    Plan zb = base;
+    zb.schedule = ScheduleKind::zb_h1;
+    INFO(describe(base));
+    for (const ModelSpec& m : {tiny_gpt(), tiny_llama()}) {
+      const PlanRun one = run_plan(m, base), split = run_plan(m, zb);
+      CHECK(split.ranks[0].losses == one.ranks[0].losses);
+      CHECK(split.ranks[0].grad_norms == one.ranks[0].grad_norms);
+      CHECK(split.ranks[0].state == one.ranks[0].state);
+    }
+  }
+  Plan sp = make_plan(2, 4, 1, 1, ScheduleKind::zb_h1);
+  sp.sequence_parallel = true;
+  check_matches_reference(tiny_gpt(), sp);
+}
+
+TEST_CASE("ZB-H1 with ZeRO 2 or 3 is refused naming the reason", "[parallel][zb][errors]") {
+  const Status s = validate_plan(make_plan(1, 2, 2, 2, ScheduleKind::zb_h1), tiny_gpt());
+  REQUIRE_FALSE(s.ok());
+  CHECK_THAT(s.error().message(), Catch::Contains("zb-h1") && Catch::Contains("--zero 0 or 1"));
+}
+
+}  // namespace
+}  // namespace meshtrain::testing

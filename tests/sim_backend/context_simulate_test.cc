@@ -66,3 +66,18 @@ TEST_CASE("simulated context parallelism exchanges each layer's keys and values"
     CHECK(p2p.bytes == Approx(2.0 * 2 * (cp - 1) * m.layers * kSeq / cp * kv_bytes_per_token));
   }
 }
+
+TEST_CASE("simulated ZB-H1 shrinks 1F1B's bubble", "[sim][zb]") {
+  const ModelSpec m = *model_preset("llama3-8b");
+  Plan p;
+  p.tp = 8, p.pp = 4, p.micro_batch = 1, p.global_batch = 8, p.seq_len = 4096;
+  REQUIRE(validate_plan(p, m, p.world_size()).ok());
+  const SimulationResult one = simulate(m, p);
+  p.schedule = ScheduleKind::zb_h1;
+  REQUIRE(validate_plan(p, m, p.world_size()).ok());
+  const SimulationResult zb = simulate(m, p);
+  INFO("1f1b " << one.iteration_s << " s, bubble " << one.bubble_fraction << "; zb-h1 " << zb.iteration_s
+               << " s, bubble " << zb.bubble_fraction);
+  CHECK(zb.bubble_fraction < one.bubble_fraction);
+  CHECK(zb.iteration_s < one.iteration_s);
+}
