@@ -106,6 +106,9 @@ NormalInitOp shard_draws(const ModelSpec& m, const ParamInfo& p, const ShardCoor
     op.runs.push_back({0, numel, 0});
     return op;
   }
+  // An expert's matrices split over expert tensor parallelism when it is given (full_index's rule).
+  const bool expert_split = p.expert && c.etp > 0;
+  const int tp = expert_split ? c.etp : c.tp, tp_rank = expert_split ? c.etp_rank : c.tp_rank;
   // The split dimension d (an expert tensor's expert dimension when it is not otherwise split).
   const std::size_t d = p.split == TpSplit::replicated ? 0 : (p.expert ? 1 : 0) + static_cast<std::size_t>(p.split_dim);
   std::int64_t outer = 1, inner = 1;
@@ -123,13 +126,13 @@ NormalInitOp shard_draws(const ModelSpec& m, const ParamInfo& p, const ShardCoor
   if (p.split == TpSplit::replicated) {  // an expert tensor's experts
     add(0, local[d], c.ep_rank * local[d]);
   } else if (p.split == TpSplit::vocab) {  // one block, padded past the vocabulary
-    const std::int64_t begin = c.tp_rank * local[d];
+    const std::int64_t begin = tp_rank * local[d];
     add(0, std::min(local[d], p.shape[d] - begin), begin);
   } else {  // this rank's piece of every segment
     std::int64_t j = 0, segment_start = 0;
     for (std::int64_t segment : p.segments) {
-      const std::int64_t piece = segment / c.tp;
-      add(j, piece, segment_start + c.tp_rank * piece);
+      const std::int64_t piece = segment / tp;
+      add(j, piece, segment_start + tp_rank * piece);
       j += piece;
       segment_start += segment;
     }

@@ -50,23 +50,25 @@ std::vector<std::int64_t> counters_of(const NormalInitOp& op, std::int64_t numel
 TEST_CASE("shard_draws gives every element of a shard its full_index counter", "[init]") {
   for (const ModelSpec& m : {tiny(), odd_model(false), odd_model(true)})
     for (int tp : {1, 2, 4})
-      for (int ep : {1, 2}) {
-        if (ep > 1 && !m.moe()) continue;
-        for (const ParamInfo& p : parameter_table(m))
-          for (int tr = 0; tr < tp; ++tr)
-            for (int er = 0; er < ep; ++er) {
-              const ShardCoord c{tr, tp, er, ep};
-              INFO(m.name << " " << p.name << " tp " << tr << "/" << tp << " ep " << er << "/" << ep);
-              std::int64_t numel = 1;
-              for (auto d : shard_shape(m, p, c)) numel *= d;
-              const NormalInitOp op = shard_draws(m, p, c);
-              REQUIRE(op.cols > 0);
-              REQUIRE(numel % op.cols == 0);
-              std::vector<std::int64_t> want(static_cast<std::size_t>(numel));
-              for (std::int64_t i = 0; i < numel; ++i) want[static_cast<std::size_t>(i)] = full_index(m, p, c, i);
-              REQUIRE(counters_of(op, numel) == want);
-            }
-      }
+      for (int ep : {1, 2})
+        for (int etp : {0, 1}) {  // experts split as tp, or whole (expert tensor parallelism 1)
+          if ((ep > 1 || etp > 0) && !m.moe()) continue;
+          for (const ParamInfo& p : parameter_table(m))
+            for (int tr = 0; tr < tp; ++tr)
+              for (int er = 0; er < ep; ++er) {
+                const ShardCoord c{tr, tp, er, ep, 0, etp};
+                INFO(m.name << " " << p.name << " tp " << tr << "/" << tp << " ep " << er << "/" << ep << " etp "
+                            << etp);
+                std::int64_t numel = 1;
+                for (auto d : shard_shape(m, p, c)) numel *= d;
+                const NormalInitOp op = shard_draws(m, p, c);
+                REQUIRE(op.cols > 0);
+                REQUIRE(numel % op.cols == 0);
+                std::vector<std::int64_t> want(static_cast<std::size_t>(numel));
+                for (std::int64_t i = 0; i < numel; ++i) want[static_cast<std::size_t>(i)] = full_index(m, p, c, i);
+                REQUIRE(counters_of(op, numel) == want);
+              }
+        }
 }
 
 TEST_CASE("the polynomial log and cos stay far inside the margin the draws assume", "[init]") {
