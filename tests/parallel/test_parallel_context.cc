@@ -44,6 +44,7 @@ TEST_CASE("context parallelism with pipeline and data parallelism and ZeRO match
   // Gradients reduce, and ZeRO shards, over the dp·cp ranks that hold the same parameters.
   check_matches_reference(tiny_gpt(), with_cp(make_plan(1, 1, 2, 1, ScheduleKind::one_f_one_b), 2));
   check_matches_reference(tiny_llama(), with_cp(make_plan(1, 1, 2, 3, ScheduleKind::one_f_one_b), 2));
+  check_matches_reference(tiny_gpt(), with_cp(make_plan(2, 1, 2, 2, ScheduleKind::one_f_one_b), 2));
 }
 
 TEST_CASE("context-parallel plans that do not fit are refused naming the numbers", "[parallel][cp][errors]") {
