@@ -161,6 +161,15 @@ struct AttentionOp {
   //    in a fixed order. A handle to a caller-allocated output; attention
   //    backward with a bias must be given one.
   Tensor bias, mask, dbias;
+  // A query window (context parallelism, models/context_parallel.h): only
+  // the query rows [query_begin, query_begin + query_rows) of qkv's T are
+  // computed, against every key (causal: a query at row t reads keys 0..t,
+  // rows being positions). out (B, query_rows, H, D) and lse (B, H,
+  // query_rows) hold the window's rows; in backward dout is the window's and
+  // dqkv (B, T, H + 2G, D) gets zero query gradients outside it. 0 rows: the
+  // whole sequence. Not combined with bias or mask.
+  std::int64_t query_begin = 0, query_rows = 0;
+  std::int64_t window_rows(std::int64_t T) const { return query_rows > 0 ? query_rows : T; }
 };
 
 struct AdamWOp {

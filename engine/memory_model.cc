@@ -18,6 +18,7 @@ ActivationQuery activation_query(const ModelSpec& m, const Plan& p, const Activa
   q.micro_batch = p.micro_batch;
   q.seq = static_cast<double>(p.effective_seq_len(m)) / p.cp;
   q.tp = p.tp;
+  q.cp = p.cp;
   q.expert_tp = p.expert_tp();
   q.sequence_parallel = p.sequence_parallel;
   q.recompute = p.recompute;
@@ -42,10 +43,36 @@ int inflight_microbatches(const Plan& p, int stage) {
   switch (p.schedule) {
     case ScheduleKind::gpipe: return m;
     case ScheduleKind::one_f_one_b: return std::min(p.pp - stage, m);
+    // Counted until the W pass (an upper bound: B frees what only it reads): rank r holds p-r-1 warm-up
+    // micro-batches and r held back for W.
+    case ScheduleKind::zb_h1: return std::min(p.pp, m);
     case ScheduleKind::interleaved:
       return std::min(schedule::interleaved_warmup({p.pp, p.vpp, m}, stage) + 1, m * p.vpp);
   }
   return m;
+}
+
+double peak_activation_bytes(const Plan& p, int stage, const std::vector<double>& chunk_bytes) {
+  // Walk the stage's schedule: a forward of chunk c keeps its bytes until that micro-batch's backward.
+  const schedule::PipelineLayout layout{p.pp, p.vpp, p.microbatches()};
+  auto built = schedule::build_schedule(p.schedule, layout);
+  if (!built) {
+    // validate_plan refuses such plans; the even-chunk bound keeps this total.
+    double all = 0;
+    for (double b : chunk_bytes) all += b;
+    return inflight_microbatches(p, stage) * all / p.vpp;
+  }
+  double live = 0, peak = 0;
+  for (const schedule::Action& a : built->ranks[static_cast<std::size_t>(stage)]) {
+    // Held from the forward to the backward, or to the W pass where the schedule has them (an upper bound).
+    const bool releases = p.schedule == ScheduleKind::zb_h1 ? a.kind == schedule::Action::weight
+                                                            : a.kind == schedule::Action::backward;
+    if (a.kind != schedule::Action::forward && !releases) continue;
+    const double bytes = chunk_bytes[static_cast<std::size_t>(a.chunk)];
+    live += a.kind == schedule::Action::forward ? bytes : -bytes;
+    peak = std::max(peak, live);
+  }
+  return peak;
 }
 
 MemoryBreakdown memory_per_rank(const ModelSpec& m, const Plan& p, int stage, const ActivationLayout& a) {
@@ -59,16 +86,20 @@ MemoryBreakdown memory_per_rank(const ModelSpec& m, const Plan& p, int stage, co
   const double n = static_cast<double>(shard.total);
   const auto sharded = [&](int stage_needed, double bytes) {
     if (p.zero < stage_needed) return n * bytes;
-    if (experts == 0) return n * bytes / p.dp;
+    // Under context parallelism the dp·cp ranks hold the same parameters and shard over all of them.
+    if (experts == 0) return n * bytes / (static_cast<double>(p.dp) * p.cp);
     return ((n - experts) / p.dp + experts / edp) * bytes;
   };
   const bool mixed = p.precision != Precision::fp32;
   const double param_bytes = element_bytes(p.precision);
   const double grad_bytes = a.gradient_bytes > 0 ? a.gradient_bytes : element_bytes(p.precision);
   const double optimizer_bytes = mixed ? 12.0 : 8.0;
-  const double dp = p.dp;
-  // The stage's chunks share its layers evenly; the stage's count follows the plan's split.
-  const double layers_per_chunk = static_cast<double>(stage_layer_count(m, p.stage_split(), stage)) / p.vpp;
+  const double dp = static_cast<double>(p.dp) * p.cp;
+  // The most layers one of the stage's chunks holds (the plan's split, even or not).
+  int layers_per_chunk = 0;
+  const std::vector<int> counts = virtual_stage_layer_counts(m, p.stage_split());
+  for (int c = 0; c < p.vpp; ++c)
+    layers_per_chunk = std::max(layers_per_chunk, counts[static_cast<std::size_t>(c * p.pp + stage)]);
   r.parameters = sharded(3, param_bytes);
   r.gradients = sharded(2, grad_bytes);
   r.optimizer = sharded(1, optimizer_bytes);
@@ -89,26 +120,21 @@ MemoryBreakdown memory_per_rank(const ModelSpec& m, const Plan& p, int stage, co
   }
   if (p.zero == 1) r.gradient_shard = experts == 0 ? n * grad_bytes / dp : sharded(1, grad_bytes);
   r.inflight = inflight_microbatches(p, stage);
-  // The stage's body blocks (hook index h is block h + 1), over all its chunks.
+  // Each chunk's bytes per micro-batch (its body blocks; hook index h is block h + 1, and the embedding
+  // with virtual stage 0), which may differ (StageSplit: uneven and flexible layouts).
   const ModelBlocks blocks = model_blocks(m);
   const ActivationQuery q = activation_query(m, p, a);
-  double stage_bytes = 0;
+  std::vector<double> chunk_bytes(static_cast<std::size_t>(p.vpp), 0.0);
   for (int c = 0; c < p.vpp; ++c) {
     const LayerRange range = virtual_stage_layers(m, p.stage_split(), c * p.pp + stage);
     for (int l = range.begin; l < range.end; ++l) {
       const BlockDef& block = *blocks[static_cast<std::size_t>(l + 1)];
-      stage_bytes += block.activation_bytes(q);
+      chunk_bytes[static_cast<std::size_t>(c)] += block.activation_bytes(q);
       r.backward_working = std::max(r.backward_working, block.backward_working_bytes(q));
     }
   }
-  // Each in-flight unit is one micro-batch through one chunk (interleaved) or all of the stage's.
-  const bool interleaved = p.schedule == ScheduleKind::interleaved;
-  r.activations = r.inflight * (interleaved ? stage_bytes / p.vpp : stage_bytes);
-  if (stage == 0) {
-    // The embedding lives in the first chunk: one unit in vpp when interleaved.
-    const int units = interleaved ? (r.inflight + p.vpp - 1) / p.vpp : r.inflight;
-    r.activations += units * blocks.front()->activation_bytes(q);
-  }
+  if (stage == 0 && p.embedding) chunk_bytes.front() += blocks.front()->activation_bytes(q);
+  r.activations = peak_activation_bytes(p, stage, chunk_bytes);
   if (stage == p.pp - 1) {
     const int head_inflight = p.schedule == ScheduleKind::gpipe ? p.microbatches() : 1;
     r.activations += head_inflight * blocks.back()->activation_bytes(q);

@@ -68,6 +68,10 @@ double layer_backward_working_bytes(const ModelSpec& m, const Plan& p, const Act
 // schedule builder's warm-up + 1, min((p − stage − 1)·2 + (v − 1)·p + 1, m·v)
 // chunks (Megatron's), and m·v when m = p (all forwards first).
 int inflight_microbatches(const Plan& p, int stage);
+// The most activation bytes a pipeline stage holds at once under the plan's
+// schedule, its chunk c keeping chunk_bytes[c] from a micro-batch's forward to
+// its backward (chunks of a flexible layout differ).
+double peak_activation_bytes(const Plan& p, int stage, const std::vector<double>& chunk_bytes);
 
 struct MemoryBreakdown {
   std::int64_t parameter_count = 0;  // parameters on this rank (tp/pp/ep shard)

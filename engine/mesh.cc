@@ -7,7 +7,7 @@ namespace meshtrain {
 std::string group_kind_name(GroupKind k) {
   static const char* names[kGroupKinds] = {"tensor",         "context", "data",        "pipeline",
                                            "embedding",      "model_parallel", "expert", "expert_data",
-                                           "expert_tensor",  "expert_model"};
+                                           "expert_tensor",  "expert_model",   "data_context"};
   return names[static_cast<int>(k)];
 }
 
@@ -88,6 +88,13 @@ Mesh::Mesh(const Plan& plan)
         for (int tp = 0; tp < tp_; ++tp) r.push_back(rank_of({tp, cp, dp, pp}));
       std::sort(r.begin(), r.end());
       add(GroupKind::model_parallel, std::move(r));
+    }
+  for (int pp = 0; pp < pp_; ++pp)
+    for (int tp = 0; tp < tp_; ++tp) {
+      std::vector<int> r;
+      for (int dp = 0; dp < dp_; ++dp)
+        for (int cp = 0; cp < cp_; ++cp) r.push_back(rank_of({tp, cp, dp, pp}));
+      add(GroupKind::data_context, std::move(r));
     }
   for (auto& list : groups_)
     std::sort(list.begin(), list.end(), [](const Group& a, const Group& b) { return a.ranks[0] < b.ranks[0]; });

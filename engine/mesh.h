@@ -50,9 +50,13 @@ enum class GroupKind {
   expert,
   expert_data,
   expert_tensor,
-  expert_model
+  expert_model,
+  // The dp·cp ranks of one (tp, pp) place: they hold the same parameters, so
+  // under context parallelism gradients are reduced (and ZeRO shards) over
+  // them, as Megatron-Core's data-parallel-with-context group.
+  data_context
 };
-inline constexpr int kGroupKinds = 10;
+inline constexpr int kGroupKinds = 11;
 std::string group_kind_name(GroupKind k);
 
 class Mesh {

@@ -26,7 +26,9 @@ const std::vector<std::string> kPlanFields = {"tp",        "pp",        "dp",   
                                               "global_batch", "seq_len", "recompute",   "schedule",
                                               "precision", "sequence_parallel",
                                               "first_stage_layers", "last_stage_layers",
-                                              "microbatches", "grad_bucket_mb", "grad_sync", "segments"};
+                                              "microbatches", "grad_bucket_mb", "grad_sync", "cp_comm", "segments",
+                                              "chunk_layers", "account_for_embedding_in_pipeline_split",
+                                              "account_for_loss_in_pipeline_split"};
 
 template <class E>
 Result<E> parse_enum(const char* what, const std::string& s, const std::vector<std::string>& names) {
@@ -62,6 +64,23 @@ Status validate_expert_plan(const Plan& p, const ModelSpec& m) {
     return make_error("each tp rank dispatches its share of a micro-batch's micro_batch·seq_len = {}·{} = {} tokens "
                       "to the experts, which tp {} does not divide",
                       p.micro_batch, p.effective_seq_len(m), rows, p.tp);
+  return ok_status();
+}
+
+// Context parallelism (models/context_parallel.h) on a decoder.
+Status validate_context_plan(const Plan& p, const ModelSpec& m, int seq) {
+  if (m.vision())
+    return make_error("context parallelism (cp {}) splits a decoder's sequence; the vision model '{}' has {} "
+                      "tokens per image and a head that reads all of them: use cp 1",
+                      p.cp, m.name, m.seq_len);
+  if (m.moe())
+    return make_error("context parallelism (cp {}) is not combined with experts yet (model '{}'): the expert "
+                      "mesh would have to take the context ranks too; use cp 1 or a dense model",
+                      p.cp, m.name);
+  MT_TRY(check_context_split(seq, p.cp));
+  if (p.sequence_parallel && (p.micro_batch * (seq / p.cp)) % p.tp != 0)
+    return make_error("sequence parallelism splits a context rank's micro_batch·seq_len/cp = {}·{} rows over tp "
+                      "{}, which does not divide them", p.micro_batch, seq / p.cp, p.tp);
   return ok_status();
 }
 
@@ -123,8 +142,23 @@ Result<PlanOverrides> plan_overrides_from_json(const nlohmann::json& j) {
   MT_TRY(f.get_string("schedule", o.schedule));
   MT_TRY(f.get_string("precision", o.precision));
   MT_TRY(f.get_string("grad_sync", o.grad_sync));
+  MT_TRY(f.get_string("cp_comm", o.cp_comm));
   MT_TRY(f.get_real("grad_bucket_mb", kGradBucketMbRange, o.grad_bucket_mb));
   MT_TRY(f.get_bool("sequence_parallel", o.sequence_parallel));
+  MT_TRY(f.get_bool("account_for_embedding_in_pipeline_split", o.embedding_in_split));
+  MT_TRY(f.get_bool("account_for_loss_in_pipeline_split", o.loss_in_split));
+  if (f.has("chunk_layers")) {
+    const nlohmann::json& list = f.at("chunk_layers");
+    if (!list.is_array() || list.size() > static_cast<std::size_t>(kMaxChunkLayers))
+      return make_error("{} must be a list of at most {} layer counts (one per virtual stage), got {}",
+                        f.name("chunk_layers"), kMaxChunkLayers, json_excerpt(list));
+    std::vector<int> counts;
+    for (const nlohmann::json& v : list) {
+      MT_ASSIGN(const std::int64_t n, json_int(v, f.name("chunk_layers") + " entry", kChunkLayersRange));
+      counts.push_back(static_cast<int>(n));
+    }
+    o.chunk_layers = std::move(counts);
+  }
   if (f.has("segments")) o.segments = std::make_shared<const nlohmann::json>(j["segments"]);
   return o;
 }
@@ -165,8 +199,14 @@ Result<Plan> apply_overrides(Plan p, const PlanOverrides& o) {
   if (o.grad_sync) {
     MT_ASSIGN(p.grad_sync, parse_grad_sync(*o.grad_sync));
   }
+  if (o.cp_comm) {
+    MT_ASSIGN(p.cp_comm, parse_context_comm(*o.cp_comm));
+  }
   if (o.grad_bucket_mb) p.grad_bucket_mb = *o.grad_bucket_mb;
   if (o.sequence_parallel) p.sequence_parallel = *o.sequence_parallel;
+  if (o.embedding_in_split) p.embedding_in_split = *o.embedding_in_split;
+  if (o.loss_in_split) p.loss_in_split = *o.loss_in_split;
+  if (o.chunk_layers) p.chunk_layers = *o.chunk_layers;
   if (o.microbatches) {
     if (*o.microbatches <= 0) return make_error("microbatches must be positive, got {}", *o.microbatches);
     const std::int64_t global = std::int64_t{p.micro_batch} * p.dp * *o.microbatches;
@@ -268,8 +308,7 @@ Status validate_plan(const Plan& p, const ModelSpec& m, int world_size) {
   if (seq > m.seq_len && m.position == PositionKind::learned)
     return make_error("seq_len {} exceeds the model's learned positions ({}); use seq_len <= {}", seq, m.seq_len,
                       m.seq_len);
-  if (seq % p.cp != 0)
-    return make_error("seq_len {} is not divisible by cp {}; choose cp dividing {}", seq, p.cp, seq);
+  if (p.cp > 1) MT_TRY(validate_context_plan(p, m, seq));
   if (p.sequence_parallel && !m.vision() && seq % p.tp != 0)
     return make_error("sequence parallelism splits seq_len {} over tp {}, which does not divide it", seq, p.tp);
   const int per_step = p.micro_batch * p.dp;
@@ -292,6 +331,10 @@ Status validate_plan(const Plan& p, const ModelSpec& m, int world_size) {
     return make_error("vpp {} needs the interleaved schedule (got {}); use --schedule interleaved or vpp 1", p.vpp,
                       schedule_name(p.schedule));
   }
+  if (p.schedule == ScheduleKind::zb_h1 && p.zero >= 2)
+    return make_error("the zb-h1 schedule computes weight gradients in passes after the backwards, while ZeRO {} "
+                      "frees (and under 3 re-gathers) each layer's state around its backward; use --zero 0 or 1",
+                      p.zero);
   return {};
 }
 
@@ -317,6 +360,10 @@ nlohmann::json plan_to_json(const Plan& p) {
   if (p.last_stage_layers != 0) j["last_stage_layers"] = p.last_stage_layers;
   if (p.grad_bucket_mb != Plan{}.grad_bucket_mb) j["grad_bucket_mb"] = p.grad_bucket_mb;
   if (p.grad_sync != GradSync::overlap) j["grad_sync"] = grad_sync_name(p.grad_sync);
+  if (p.cp_comm != ContextComm::all_gather) j["cp_comm"] = context_comm_name(p.cp_comm);
+  if (!p.chunk_layers.empty()) j["chunk_layers"] = p.chunk_layers;
+  if (p.embedding_in_split) j["account_for_embedding_in_pipeline_split"] = true;
+  if (p.loss_in_split) j["account_for_loss_in_pipeline_split"] = true;
   if (!p.segments.empty()) {
     j["segments"] = nlohmann::json::array();
     for (const Plan& s : p.segments) {

@@ -16,6 +16,7 @@
 #include "core/bounded.h"
 #include "core/status.h"
 #include "engine/schedule/builders.h"
+#include "models/context_parallel.h"
 #include "models/flops.h"
 #include "models/model_spec.h"
 #include "models/parameters.h"
@@ -37,7 +38,10 @@ struct Plan {
   int tp = 1;   // tensor parallel
   int pp = 1;   // pipeline parallel
   int dp = 1;   // data parallel
-  int cp = 1;   // context parallel (sequence split across ranks)
+  int cp = 1;   // context parallel (sequence split across ranks, models/context_parallel.h)
+  // How a context-parallel attention gathers keys and values: all-gather
+  // (Llama 3) or a ring of send/recv.
+  ContextComm cp_comm = ContextComm::all_gather;
   int ep = 1;   // expert parallel, carved out of the data-parallel ranks (engine/mesh.h)
   // Expert tensor parallel: how many ranks split each expert's matrices, 1
   // or tp; 0 means tp (Megatron-Core's default).
@@ -56,6 +60,11 @@ struct Plan {
   // as Megatron-Core's --decoder-first/last-pipeline-num-layers).
   int first_stage_layers = 0;
   int last_stage_layers = 0;
+  // Flexible layouts (models/parameters.h StageSplit): every virtual stage's
+  // layers, or Megatron-Core's accounting of the embedding and the loss as
+  // layers of the split.
+  std::vector<int> chunk_layers;
+  bool embedding_in_split = false, loss_in_split = false;
   // Data-parallel gradient bucket under ZeRO 0 and 1: MiB of the flat fp32
   // gradient buffer per all-reduce (reduce-scatter under ZeRO 1), MiB as in
   // PyTorch DDP's bucket_cap_mb (default 25). ZeRO 2 and 3 reduce one layer
@@ -91,7 +100,8 @@ struct Plan {
   int microbatches() const { return effective_global_batch() / (micro_batch * dp); }
   int effective_seq_len(const ModelSpec& m) const { return seq_len > 0 ? seq_len : m.seq_len; }
   StageSplit stage_split() const {
-    return {pp, vpp, first_stage_layers, last_stage_layers, first_layer, layers, embedding, head};
+    return {pp,     vpp,  first_stage_layers, last_stage_layers, first_layer, layers,
+            embedding, head, chunk_layers,       embedding_in_split, loss_in_split};
   }
 };
 
@@ -104,8 +114,9 @@ struct PlanOverrides {
   // micro_batch · dp · microbatches (the two must agree when both are given).
   std::optional<int> microbatches;
   std::optional<double> grad_bucket_mb;
-  std::optional<std::string> recompute, schedule, precision, grad_sync;
-  std::optional<bool> sequence_parallel;
+  std::optional<std::string> recompute, schedule, precision, grad_sync, cp_comm;
+  std::optional<bool> sequence_parallel, embedding_in_split, loss_in_split;
+  std::optional<std::vector<int>> chunk_layers;
   // A plan file's "segments" list as written; the model resolves it
   // (engine/segments/segment_plan.h, segments_from_json).
   std::shared_ptr<const nlohmann::json> segments;
@@ -116,6 +127,8 @@ struct PlanOverrides {
 inline constexpr int kMaxWorldSize = 1 << 20;     // ranks (GPUs)
 inline constexpr int kMaxGlobalBatch = 1 << 30;  // sequences per iteration
 inline constexpr RealRange kGradBucketMbRange{0, 1 << 20, true, false};
+inline constexpr IntRange kChunkLayersRange{0, 1 << 16};  // each entry of chunk_layers
+inline constexpr int kMaxChunkLayers = 1 << 16;           // entries: pp·vpp virtual stages
 
 // One integer plan field: its JSON key, its command-line flag, where
 // PlanOverrides holds it, its range and its help. The plan file reader and

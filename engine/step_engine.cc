@@ -48,11 +48,21 @@ struct StepEngine::Chunk {
   std::unique_ptr<ParameterGather> gather;  // ZeRO-3 only
   std::unique_ptr<ShardedAdamW> adam;
   std::vector<SavedActivations> saved;  // by micro-batch, between its forward and backward
+  // By micro-batch, between its backward and its weight pass (zero-bubble schedules).
+  std::vector<std::vector<std::function<void()>>> weights;
 };
 
-Status StepEngine::supports(const Plan& p) {
-  if (p.cp != 1) return make_error("context parallelism (cp {}) is not implemented by the step engine; use cp 1", p.cp);
+Status StepEngine::supports(const Plan& p, const StepOptions& o) {
+  // Dropout masks are drawn per row of a contiguous block (BlockContext::dropout); a context rank's rows are
+  // two chunks of each sequence, so its masks would not be the single-rank run's.
+  if (p.cp > 1 && o.dropout > 0)
+    return make_error("dropout {} is not implemented under context parallelism (cp {}); use --dropout 0 or cp 1",
+                      o.dropout, p.cp);
   return ok_status();
+}
+
+const Group& StepEngine::replicas() const {
+  return *mesh_.group_of(plan_.cp > 1 ? GroupKind::data_context : GroupKind::data, b_.rank());
 }
 
 Status check_step_options(const StepOptions& o) {
@@ -66,7 +76,7 @@ StepEngine::~StepEngine() = default;
 
 StepEngine::StepEngine(Backend& b, const ModelSpec& m, const Plan& p, const Mesh& mesh, StepOptions options)
     : b_(b), m_(m), plan_(p), mesh_(mesh), options_(options), coord_(mesh.coord_of(b.rank())) {
-  if (Status s = supports(p); !s) {
+  if (Status s = supports(p, options); !s) {
     setup_error_ = s.error();
     return;
   }
@@ -79,7 +89,9 @@ StepEngine::StepEngine(Backend& b, const ModelSpec& m, const Plan& p, const Mesh
   compute_ = b.current_stream();
   comm_ = b.create_stream("data-parallel");
   const TensorParallel tp{*mesh.group_of(GroupKind::tensor, b.rank()), coord_.tp, p.tp};
-  const Group& dp = *mesh.group_of(GroupKind::data, b.rank());
+  const Group& dp = replicas();
+  const Group& context = *mesh.group_of(GroupKind::context, b.rank());
+  const ContextParallel cp{context, context.index_of(b.rank()), context.size(), p.cp_comm};
   // The expert mesh (engine/mesh.h): used by the MoE layers and their gradients.
   ExpertParallel expert;
   const Group& ep_group = *mesh.group_of(GroupKind::expert, b.rank());
@@ -107,6 +119,7 @@ StepEngine::StepEngine(Backend& b, const ModelSpec& m, const Plan& p, const Mesh
     chunk_options.storage.value_dtype = activation_dtype(p.precision);
     chunk_options.sequence_parallel = p.sequence_parallel;
     chunk_options.expert = expert;
+    chunk_options.context = cp;
     chunk_options.routing = options.moe_routing;
     chunk->model = std::make_unique<ModelChunk>(b, m_, layers, tp, chunk_options);
     ParameterStore& params = chunk->model->parameters();
@@ -149,8 +162,30 @@ StepEngine::StepEngine(Backend& b, const ModelSpec& m, const Plan& p, const Mesh
   clip_coef_ = b.empty(Shape{1});
 }
 
-MicroBatch StepEngine::upload(const HostBatch& h, std::uint64_t dropout_seed) {
+namespace {
+
+// A context rank's tokens of every sequence of `all` (B·T, sample-major): its two chunks (models/context_parallel.h).
+std::vector<std::int32_t> context_tokens(const std::vector<std::int32_t>& all, int batch, int seq, int cp, int rank) {
+  const std::vector<std::int32_t> positions = context_positions(seq, cp, rank);
+  std::vector<std::int32_t> out;
+  out.reserve(static_cast<std::size_t>(batch) * positions.size());
+  for (int b = 0; b < batch; ++b)
+    for (const std::int32_t p : positions) out.push_back(all[static_cast<std::size_t>(b) * seq + p]);
+  return out;
+}
+
+}  // namespace
+
+MicroBatch StepEngine::upload(const HostBatch& full, std::uint64_t dropout_seed) {
   MicroBatch mb;
+  HostBatch local;
+  const HostBatch& h = plan_.cp > 1 ? local : full;
+  if (plan_.cp > 1) {
+    local.batch = full.batch, local.seq = full.seq / plan_.cp;
+    if (!full.ids.empty()) local.ids = context_tokens(full.ids, full.batch, full.seq, plan_.cp, coord_.cp);
+    if (!full.targets.empty())
+      local.targets = context_tokens(full.targets, full.batch, full.seq, plan_.cp, coord_.cp);
+  }
   if (!h.ids.empty()) {
     mb.ids = b_.empty(Shape{static_cast<std::int64_t>(h.ids.size())}, DType::i32);
     b_.write(mb.ids, h.ids);
@@ -260,6 +295,8 @@ Status StepEngine::begin_step(const std::vector<HostBatch>& microbatches, std::i
     c->buckets->begin_step();
     c->saved.clear();
     c->saved.resize(static_cast<std::size_t>(m));
+    c->weights.clear();
+    c->weights.resize(static_cast<std::size_t>(m));
   }
   b_.fill(loss_total_, 0.f);
   const int seq = microbatches.front().seq;
@@ -303,17 +340,26 @@ PipelineCompute StepEngine::compute(bool training) {
     Chunk& ch = *chunks_[static_cast<std::size_t>(c)];
     const MicroBatch& mb = mbs_[static_cast<std::size_t>(j)];
     // Micro-batches leave each chunk's backward in order: the last one completes its gradients.
-    // Unarmed, the buckets wait for finish(), after the schedule (GradSync::after_backward).
-    if (j == m - 1 && plan_.grad_sync == GradSync::overlap) ch.buckets->arm();
+    // Unarmed, the buckets wait for finish(), after the schedule (GradSync::after_backward, and
+    // zero-bubble schedules, whose W passes complete the gradients after the backwards).
+    const bool split = plan_.schedule == ScheduleKind::zb_h1;
+    if (j == m - 1 && plan_.grad_sync == GradSync::overlap && !split) ch.buckets->arm();
+    ch.model->defer_weight_gradients(split ? &ch.weights[static_cast<std::size_t>(j)] : nullptr);
     Tensor d = dout;
     if (boundary_ && ch.virtual_stage == last && !ch.model->layers().head)
       d = boundary_->output_grad(j, ch.model->boundary_shape(mb.batch, mb.seq, true), act);
     Tensor din = ch.model->backward(mb, ch.saved[static_cast<std::size_t>(j)], d, loss_scale_);
+    ch.model->defer_weight_gradients(nullptr);
     if (boundary_ && ch.virtual_stage == 0 && !ch.model->layers().embedding) boundary_->input_grad(j, din);
     return din;
   };
-  PipelineCompute out{forward, {}, boundaries(mbs_)};
-  if (training) out.backward = backward;
+  auto weight = [this](int c, int j) {
+    auto& work = chunks_[static_cast<std::size_t>(c)]->weights[static_cast<std::size_t>(j)];
+    for (auto& w : work) w();
+    work.clear();  // frees the inputs and output gradients they kept
+  };
+  PipelineCompute out{forward, {}, {}, boundaries(mbs_)};
+  if (training) out.backward = backward, out.weight = weight;
   return out;
 }
 
@@ -338,15 +384,15 @@ const Tensor& StepEngine::reduce_grad_norm() {
   for (auto& c : chunks_)
     c->adam->accumulate_sumsq(grad_sumsq_, [&](const ParamSlot& s) { return counts_in_norm(*c, s); });
   // Without ZeRO every replica holds the same reduced gradients: sum over one replica only.
-  if (plan_.zero >= 1) b_.all_reduce(grad_sumsq_, *mesh_.group_of(GroupKind::data, b_.rank()), ReduceOp::sum);
+  if (plan_.zero >= 1) b_.all_reduce(grad_sumsq_, replicas(), ReduceOp::sum);
   b_.all_reduce(grad_sumsq_, *mesh_.group_of(GroupKind::model_parallel, b_.rank()), ReduceOp::sum);
   add_expert_sumsq();
   return grad_sumsq_;
 }
 
 const Tensor& StepEngine::reduce_loss() {
-  // The loss lives on the last stage (the same on each of its tp ranks).
-  b_.all_reduce(loss_total_, *mesh_.group_of(GroupKind::data, b_.rank()), ReduceOp::sum);
+  // The loss lives on the last stage (the same on each of its tp ranks; a share of it on each context rank).
+  b_.all_reduce(loss_total_, replicas(), ReduceOp::sum);
   b_.all_reduce(loss_total_, *mesh_.group_of(GroupKind::pipeline, b_.rank()), ReduceOp::sum);
   return loss_total_;
 }
@@ -446,7 +492,8 @@ Status StepEngine::begin_evaluation(const std::vector<HostBatch>& batches) {
     mbs_.back().correct = correct;
     targets += static_cast<double>(h.targets.size());
   }
-  const bool last = plan_.head && coord_.pp == plan_.pp - 1;
+  // The targets are counted once per replica (a context rank sees a share of each sequence's).
+  const bool last = plan_.head && coord_.pp == plan_.pp - 1 && coord_.cp == 0;
   const float init[3] = {0.f, last ? static_cast<float>(targets) : 0.f, 0.f};
   b_.write(eval_stats_, init);
   return ok_status();
@@ -462,7 +509,7 @@ const Tensor& StepEngine::evaluation_stats() {
   // Every tp rank of the last stage counted the same hits: keep one count per replica.
   if (coord_.tp != 0) b_.fill(correct, 0.f);
   b_.all_reduce(eval_stats_, *mesh_.group_of(GroupKind::pipeline, b_.rank()), ReduceOp::sum);
-  b_.all_reduce(eval_stats_, *mesh_.group_of(GroupKind::data, b_.rank()), ReduceOp::sum);
+  b_.all_reduce(eval_stats_, replicas(), ReduceOp::sum);
   return eval_stats_;
 }
 

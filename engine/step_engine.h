@@ -131,10 +131,10 @@ class StepEngine {
   StepEngine(Backend& b, const ModelSpec& m, const Plan& p, const Mesh& mesh, StepOptions options);
   ~StepEngine();
 
-  // Whether this engine can run plan `p` (on top of validate_plan): an Error
-  // names what it cannot do. A StepEngine built for such a plan returns the
-  // same Error from every method.
-  static Status supports(const Plan& p);
+  // Whether this engine can run plan `p` with options `o` (on top of
+  // validate_plan): an Error names what it cannot do. A StepEngine built for
+  // such a plan returns the same Error from every method.
+  static Status supports(const Plan& p, const StepOptions& o = {});
 
 
   // Runs one iteration over this rank's micro-batches, with learning rate
@@ -200,6 +200,9 @@ class StepEngine {
   Status all_reduce_tied_embedding();
   // Adds the expert parameters' squared gradient norm to grad_sumsq_ (each expert shard once).
   void add_expert_sumsq();
+  // The ranks holding this rank's parameters: the data-parallel group, or
+  // under context parallelism the data and context ranks together.
+  const Group& replicas() const;
   // The MoE layers' statistics of this step, summed over replicas and stages. BLOCKS.
   Result<MoeStepStats> moe_statistics();
 

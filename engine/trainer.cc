@@ -71,7 +71,7 @@ Status check_train_options(const TrainOptions& o, const ModelSpec& m, const Plan
   }
   if (o.resume && o.overwrite_checkpoint)
     return make_error("--resume continues the checkpoint and --overwrite-checkpoint replaces it; give one of them");
-  MT_TRY(StepEngine::supports(p));
+  MT_TRY(StepEngine::supports(p, o.step));
   MT_TRY(check_training_data(o.data, m, p));
   MT_TRY(check_train_memory(o, m, p, host_ranks));
   if (!o.metrics.empty()) MT_TRY(MetricsWriter::open(o.metrics));

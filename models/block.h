@@ -30,6 +30,7 @@
 
 #include "backends/backend.h"
 #include "core/status.h"
+#include "models/context_parallel.h"
 #include "models/flops.h"
 #include "models/model_spec.h"
 #include "models/parameter_store.h"
@@ -90,6 +91,10 @@ struct ChunkOptions {
   // input and output are then (N/tp, C).
   bool sequence_parallel = false;
   ExpertParallel expert;
+  // Context parallelism (models/context_parallel.h): the micro-batch holds
+  // this rank's T/cp tokens of each sequence; attention exchanges keys and
+  // values over the group.
+  ContextParallel context;
   // How tokens spread over experts where the backend holds no data to route
   // them (the sim backend); null: the router decides on the data.
   std::shared_ptr<const MoeRouting> routing;
@@ -135,6 +140,7 @@ struct ActivationQuery {
   double micro_batch = 1;  // B
   double seq = 0;          // T at the model's input (this rank's share under context parallelism)
   int tp = 1;
+  int cp = 1;         // context parallelism: seq is this rank's share, attention keeps the whole sequence's K and V
   int expert_tp = 0;  // expert tensor parallelism; 0: as tp
   bool sequence_parallel = false;
   Recompute recompute = Recompute::none;

@@ -137,7 +137,6 @@ void BlockContext::linear_backward(const std::string& name, const Tensor& x_in, 
   // Sequence parallelism, the conjugates of forward: a row-parallel output's gradient arrives as
   // the sequence shard and is gathered; a column-parallel input was a shard and is gathered again.
   const Tensor dy = sp && row ? sp_gather(dy_in.view(Shape{dy_in.numel() / out, out})) : dy_in;
-  const Tensor x = sp && column ? sp_gather(x_in.view(Shape{x_in.numel() / in, in})) : x_in;
   const std::int64_t rows = dy.numel() / out;
   const Tensor dy2 = dy.view(Shape{rows, out});
   if (dx != nullptr) {
@@ -149,12 +148,18 @@ void BlockContext::linear_backward(const std::string& name, const Tensor& x_in, 
       else tp_all_reduce(*dx);
     }
   }
-  Tensor dw = w.grad;
-  b.gemm(x.view(Shape{rows, in}), dy2, dw, GemmOp{true, false, 1.f, 1.f});
-  if (params.contains(name + ".bias")) {
-    Tensor db = params[name + ".bias"].grad;
-    b.bias_backward(dy2, db);
-  }
+  // A deferred pass keeps the input as this rank's sequence shard and gathers it when it runs.
+  auto weights = [this, name, x_in, dy2, in, rows, column] {
+    const Tensor x = sp && column ? sp_gather(x_in.view(Shape{x_in.numel() / in, in})) : x_in;
+    Tensor dw = params[name + ".weight"].grad;
+    b.gemm(x.view(Shape{rows, in}), dy2, dw, GemmOp{true, false, 1.f, 1.f});
+    if (params.contains(name + ".bias")) {
+      Tensor db = params[name + ".bias"].grad;
+      b.bias_backward(dy2, db);
+    }
+  };
+  if (deferred_weights != nullptr) deferred_weights->push_back(std::move(weights));
+  else weights();
 }
 
 Tensor BlockContext::cross_entropy(const Tensor& logits, const MicroBatch& mb, std::int64_t vocab_offset,

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -77,6 +78,12 @@ class BlockContext {
   // A dropout site over rows every tp rank holds in full: the mask of the
   // whole tensor, whatever sequence parallelism does afterwards (site 0).
   DropoutOp whole_dropout(const MicroBatch& mb, int layer, std::int64_t rows, std::int64_t width) const;
+
+  // Zero-bubble schedules (engine/schedule/builders.h, ZB-H1): when set,
+  // linear_backward leaves its parameter gradients (dW, db) here as work
+  // for the schedule's W pass instead of computing them; the input gradient
+  // is computed at once.
+  std::vector<std::function<void()>>* deferred_weights = nullptr;
 
   // What the MoE layers of this chunk report (models/moe_layer.h); its
   // tensors exist when the model has experts.

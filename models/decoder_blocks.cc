@@ -53,6 +53,20 @@ class TokenEmbedding : public Block {
   }
 
  private:
+  // (N) i32: the position of every token of a (B, T) micro-batch; under
+  // context parallelism the local tokens' places in the whole sequence.
+  const Tensor& positions(const MicroBatch& mb) {
+    const ContextParallel& cp = ctx_.options.context;
+    return ctx_.constant_ids(fmt::format("positions:{}:{}:{}:{}", mb.batch, mb.seq, cp.size, cp.rank), [&] {
+      std::vector<std::int32_t> sequence(static_cast<std::size_t>(mb.seq));
+      if (cp.size > 1) sequence = context_positions(static_cast<std::int64_t>(mb.seq) * cp.size, cp.size, cp.rank);
+      else for (int t = 0; t < mb.seq; ++t) sequence[static_cast<std::size_t>(t)] = t;
+      std::vector<std::int32_t> host;
+      for (int b = 0; b < mb.batch; ++b) host.insert(host.end(), sequence.begin(), sequence.end());
+      return host;
+    });
+  }
+
   const ModelSpec& m_;
   BlockContext& ctx_;
   std::int64_t vocab_rows_;  // V on this rank (padded shard)

@@ -65,6 +65,9 @@ class ModelChunk {
   Shape boundary_shape(int batch, int seq, bool output) const;
 
   void set_hooks(LayerHooks hooks) { hooks_ = std::move(hooks); }
+  // Where backward leaves its linear layers' parameter gradients (null: computed in backward);
+  // BlockContext::deferred_weights.
+  void defer_weight_gradients(std::vector<std::function<void()>>* sink) { ctx_.deferred_weights = sink; }
   // What the chunk's mixture-of-experts layers reported since the last clear.
   MoeStatistics& moe_statistics() { return ctx_.moe_statistics(); }
 

@@ -53,11 +53,68 @@ std::int64_t padded_vocab(const ModelSpec& m, int tp) {
   return (static_cast<std::int64_t>(m.vocab) + tp - 1) / tp * tp;
 }
 
+namespace {
+
+// Megatron-Core's shortcuts: the embedding and the loss as layers of the split.
+int split_units(const ModelSpec& m, const StageSplit& s) {
+  return s.layer_count(m) + (s.embedding_in_split && s.embedding ? 1 : 0) + (s.loss_in_split && s.head ? 1 : 0);
+}
+
+Status check_flexible_split(const ModelSpec& m, const StageSplit& s) {
+  const int L = s.layer_count(m), V = s.pp * s.vpp;
+  if (s.first_stage_layers > 0 || s.last_stage_layers > 0)
+    return make_error("first_stage_layers / last_stage_layers and chunk_layers or the embedding/loss accounting "
+                      "both describe the split; give one of them");
+  if (!s.chunk_layers.empty()) {
+    if (s.embedding_in_split || s.loss_in_split)
+      return make_error("chunk_layers gives every chunk's layers; leave out account_for_embedding_in_pipeline_split "
+                        "and account_for_loss_in_pipeline_split (put 0 layers in the first or last chunk instead)");
+    if (static_cast<int>(s.chunk_layers.size()) != V)
+      return make_error("chunk_layers has {} entries; pp·vpp = {}·{} = {} virtual stages need one each",
+                        s.chunk_layers.size(), s.pp, s.vpp, V);
+    int sum = 0;
+    for (std::size_t vs = 0; vs < s.chunk_layers.size(); ++vs) {
+      const int n = s.chunk_layers[vs];
+      if (n < 0) return make_error("chunk_layers[{}] is {}; a chunk holds 0 or more layers", vs, n);
+      const bool ends = (vs == 0 && s.embedding) || (static_cast<int>(vs) == V - 1 && s.head);
+      if (n == 0 && !ends)
+        return make_error("chunk_layers[{}] is 0: only the first chunk (the embedding) or the last (the head and "
+                          "loss) may hold no layers", vs);
+      sum += n;
+    }
+    if (sum != L)
+      return make_error("chunk_layers add up to {} layers; the model (or segment) has {}", sum, L);
+    return ok_status();
+  }
+  const int units = split_units(m, s);
+  if (units % V != 0)
+    return make_error("{} layers{}{} = {} are not divisible by pp·vpp = {}·{} = {} virtual stages; choose pp·vpp "
+                      "dividing {} or give chunk_layers",
+                      L, s.embedding_in_split ? " + the embedding" : "", s.loss_in_split ? " + the loss" : "", units,
+                      s.pp, s.vpp, V, units);
+  return ok_status();
+}
+
+bool flexible(const StageSplit& s) { return !s.chunk_layers.empty() || s.embedding_in_split || s.loss_in_split; }
+
+// A stage's layers under the even split or first/last_stage_layers, before its chunks split them.
+int given_stage_layers(const ModelSpec& m, const StageSplit& s, int stage) {
+  const int first = s.first_stage_layers, last = s.last_stage_layers, L = s.layer_count(m);
+  if (first == 0 && last == 0) return L / s.pp;
+  if (stage == 0 && first > 0) return first;
+  if (stage == s.pp - 1 && last > 0) return last;
+  const int free = s.pp - (first > 0 ? 1 : 0) - (last > 0 ? 1 : 0);
+  return free > 0 ? (L - first - last) / free : 0;
+}
+
+}  // namespace
+
 Status check_stage_split(const ModelSpec& m, const StageSplit& s) {
   const int L = s.layer_count(m);
   if (s.first_layer < 0 || L < 0 || s.end_layer(m) > m.layers)
     return make_error("layers [{}, {}) are not within the model's {} layers", s.first_layer, s.end_layer(m), m.layers);
   if (s.pp < 1 || s.vpp < 1) return make_error("pp {} and vpp {} must be positive", s.pp, s.vpp);
+  if (flexible(s)) return check_flexible_split(m, s);
   const int first = s.first_stage_layers, last = s.last_stage_layers;
   if (first < 0 || last < 0)
     return make_error("first_stage_layers {} and last_stage_layers {} must be >= 0 (0: an even share)", first,
@@ -82,27 +139,41 @@ Status check_stage_split(const ModelSpec& m, const StageSplit& s) {
                       "the other {} stages; choose numbers that leave a multiple of {}",
                       rest, first, last, free, free);
   for (int stage = 0; stage < s.pp; ++stage)
-    if (stage_layer_count(m, s, stage) % s.vpp != 0)
+    if (given_stage_layers(m, s, stage) % s.vpp != 0)
       return make_error("stage {} holds {} layers, not divisible by vpp {} (each stage splits its layers evenly "
-                        "over its chunks)",
-                        stage, stage_layer_count(m, s, stage), s.vpp);
+                        "over its chunks; give chunk_layers for uneven chunks)",
+                        stage, given_stage_layers(m, s, stage), s.vpp);
   return ok_status();
 }
 
+std::vector<int> virtual_stage_layer_counts(const ModelSpec& m, const StageSplit& s) {
+  const int V = s.pp * s.vpp;
+  if (!s.chunk_layers.empty()) return s.chunk_layers;
+  std::vector<int> counts(static_cast<std::size_t>(V));
+  if (s.embedding_in_split || s.loss_in_split) {
+    const int each = split_units(m, s) / V;
+    for (int& n : counts) n = each;
+    if (s.embedding_in_split && s.embedding) counts.front() -= 1;
+    if (s.loss_in_split && s.head) counts.back() -= 1;
+    return counts;
+  }
+  for (int vs = 0; vs < V; ++vs) counts[static_cast<std::size_t>(vs)] = given_stage_layers(m, s, vs % s.pp) / s.vpp;
+  return counts;
+}
+
 int stage_layer_count(const ModelSpec& m, const StageSplit& s, int stage) {
-  const int first = s.first_stage_layers, last = s.last_stage_layers, L = s.layer_count(m);
-  if (first == 0 && last == 0) return L / s.pp;
-  if (stage == 0 && first > 0) return first;
-  if (stage == s.pp - 1 && last > 0) return last;
-  const int free = s.pp - (first > 0 ? 1 : 0) - (last > 0 ? 1 : 0);
-  return free > 0 ? (L - first - last) / free : 0;
+  const std::vector<int> counts = virtual_stage_layer_counts(m, s);
+  int n = 0;
+  for (int c = 0; c < s.vpp; ++c) n += counts[static_cast<std::size_t>(c * s.pp + stage)];
+  return n;
 }
 
 LayerRange virtual_stage_layers(const ModelSpec& m, const StageSplit& s, int virtual_stage) {
+  const std::vector<int> counts = virtual_stage_layer_counts(m, s);
   LayerRange r{s.first_layer, s.first_layer};
   for (int vs = 0; vs <= virtual_stage; ++vs) {
     r.begin = r.end;
-    r.end += stage_layer_count(m, s, vs % s.pp) / s.vpp;
+    r.end += counts[static_cast<std::size_t>(vs)];
   }
   return r;
 }
@@ -113,8 +184,9 @@ StagePlacement place_layer(const ModelSpec& m, int layer, const StageSplit& s) {
   if (layer >= s.end_layer(m)) {
     vs = virtual_stages - 1;
   } else if (layer >= s.first_layer) {
+    const std::vector<int> counts = virtual_stage_layer_counts(m, s);
     for (int end = s.first_layer; vs < virtual_stages; ++vs) {
-      end += stage_layer_count(m, s, vs % s.pp) / s.vpp;
+      end += counts[static_cast<std::size_t>(vs)];
       if (layer < end) break;
     }
   }

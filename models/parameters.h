@@ -79,11 +79,27 @@ std::int64_t padded_vocab(const ModelSpec& m, int tp);
 // body layers [first_layer, first_layer + layers), with the embedding on its
 // virtual stage 0 only when it holds the model's first block and the head on
 // its last only when it holds the last; the defaults are the whole model.
+//
+// Interleaved chunks need not be equal (Megatron-Core's flexible layouts):
+//  * `chunk_layers` gives the body layers of every virtual stage (pp·vpp
+//    numbers in virtual-stage order, summing to the window's layers; 0 for a
+//    chunk that holds only the embedding or only the head);
+//  * `embedding_in_split` / `loss_in_split` (Megatron-Core's
+//    --account-for-embedding-in-pipeline-split and
+//    --account-for-loss-in-pipeline-split) count the embedding, and the
+//    final norm with the head and loss, as one layer each, and split L + 1
+//    (+ 1) evenly over the virtual stages: virtual stage 0 then holds one
+//    body layer fewer (none when each virtual stage takes one: the
+//    embedding alone, as Llama 3 405B's 126 + 2 = 128 layers over 16 stages
+//    of 8 chunks), and the last one likewise.
+// Either replaces first/last_stage_layers and the even split.
 struct StageSplit {
   int pp = 1, vpp = 1;
   int first_stage_layers = 0, last_stage_layers = 0;  // 0: an even share
   int first_layer = 0, layers = -1;                   // -1: to the model's end
   bool embedding = true, head = true;
+  std::vector<int> chunk_layers;  // empty: derived from the fields above
+  bool embedding_in_split = false, loss_in_split = false;
 
   int layer_count(const ModelSpec& m) const { return layers < 0 ? m.layers - first_layer : layers; }
   int end_layer(const ModelSpec& m) const { return first_layer + layer_count(m); }
@@ -92,6 +108,10 @@ struct StageSplit {
     return layer < 0 ? embedding : layer >= m.layers ? head : layer >= first_layer && layer < end_layer(m);
   }
 };
+// Body layers of every virtual stage, in virtual-stage order (chunk c of
+// stage s is virtual stage c·pp + s). Assumes a split that divides
+// (check_stage_split).
+std::vector<int> virtual_stage_layer_counts(const ModelSpec& m, const StageSplit& s);
 // Layers of pipeline stage `stage` (all its chunks together). Assumes a split
 // that divides (check_stage_split).
 int stage_layer_count(const ModelSpec& m, const StageSplit& s, int stage);

@@ -84,11 +84,15 @@ class TransformerLayer : public Block {
   struct Saved : Block::Saved {
     // qkv and attn are in window order under window attention.
     Tensor x, n1, mean1, rstd1, qkv, attn, lse, x2, n2, mean2, rstd2, up, act;
+    ContextAttentionSaved context;  // under context parallelism, in place of qkv and lse
     std::unique_ptr<Block::Saved> moe;
   };
   std::string name(const char* what) const { return def_.name() + "." + what; }
   std::int64_t tokens(const MicroBatch& mb) const { return s_.tokens > 0 ? s_.tokens : mb.seq; }
   bool windowed() const { return s_.window > 0; }
+  // Context parallelism splits the micro-batch's sequences (models/context_parallel.h).
+  bool context_parallel() const { return ctx_.options.context.size > 1; }
+  float rope_theta() const { return s_.rope ? s_.rope_theta : 0.f; }
   AttentionOp attention_op() const;
   // Window order of the micro-batch's rows and its inverse (windowed only).
   const Tensor& order(const MicroBatch& mb, bool inverse);
@@ -145,7 +149,10 @@ Tensor TransformerLayer::forward(const MicroBatch& mb, const Tensor& x_in, std::
   // Attention batch entries: samples, or each sample's windows.
   std::int64_t entries = B, span = T;
   AttentionOp op = attention_op();
-  if (windowed()) {
+  if (context_parallel()) {
+    s->attn = context_attention_forward(ctx_, mb.batch, T, s->qkv, op, rope_theta(), s->context);
+    s->qkv = Tensor();  // kept in s->context
+  } else if (windowed()) {
     Tensor natural = s->qkv;
     s->qkv = b.empty(natural.shape(), ctx_.act);
     b.gather_rows(natural, order(mb, false), s->qkv);
@@ -153,12 +160,14 @@ Tensor TransformerLayer::forward(const MicroBatch& mb, const Tensor& x_in, std::
     entries = N / span;
     op.bias = relative_bias();
   }
-  Tensor qkv4 = s->qkv.view(Shape{entries, span, H + 2 * G, D});
-  if (s_.rope) b.rope(qkv4, H + 2 * G, H + G, s_.rope_theta, false);
-  s->attn = b.empty(Shape{N, H * D}, ctx_.act);
-  s->lse = b.empty(Shape{entries, H, span});
-  Tensor attn4 = s->attn.view(Shape{entries, span, H, D});
-  b.attention_forward(qkv4, attn4, s->lse, op);
+  if (!context_parallel()) {
+    Tensor qkv4 = s->qkv.view(Shape{entries, span, H + 2 * G, D});
+    if (s_.rope) b.rope(qkv4, H + 2 * G, H + G, s_.rope_theta, false);
+    s->attn = b.empty(Shape{N, H * D}, ctx_.act);
+    s->lse = b.empty(Shape{entries, H, span});
+    Tensor attn4 = s->attn.view(Shape{entries, span, H, D});
+    b.attention_forward(qkv4, attn4, s->lse, op);
+  }
   Tensor attn = s->attn;
   if (windowed()) {
     attn = b.empty(s->attn.shape(), ctx_.act);
@@ -238,11 +247,16 @@ Tensor TransformerLayer::backward(const MicroBatch& mb, Block::Saved& saved, con
   } else {
     ctx_.linear_backward(name("attn.out"), s.attn, dproj, &dattn, LinearKind::row);
   }
-  Tensor dqkv = b.empty(s.qkv.shape(), ctx_.act);
-  Tensor dqkv4 = dqkv.view(Shape{entries, span, H + 2 * G, D});
-  b.attention_backward(dattn.view(Shape{entries, span, H, D}), s.qkv.view(Shape{entries, span, H + 2 * G, D}),
-                       s.attn.view(Shape{entries, span, H, D}), s.lse, dqkv4, op);
-  if (s_.rope) b.rope(dqkv4, H + 2 * G, H + G, s_.rope_theta, true);
+  Tensor dqkv;
+  if (context_parallel()) {
+    dqkv = context_attention_backward(ctx_, mb.batch, T, dattn, op, rope_theta(), s.context);
+  } else {
+    dqkv = b.empty(s.qkv.shape(), ctx_.act);
+    Tensor dqkv4 = dqkv.view(Shape{entries, span, H + 2 * G, D});
+    b.attention_backward(dattn.view(Shape{entries, span, H, D}), s.qkv.view(Shape{entries, span, H + 2 * G, D}),
+                         s.attn.view(Shape{entries, span, H, D}), s.lse, dqkv4, op);
+    if (s_.rope) b.rope(dqkv4, H + 2 * G, H + G, s_.rope_theta, true);
+  }
   if (windowed()) {
     Tensor dtable = ctx_.params[name("attn.rel_bias")].grad;
     const Tensor& index = ctx_.constant_ids(fmt::format("relative:{}", s_.window),
@@ -342,6 +356,9 @@ double TransformerLayerDef::activation_bytes(const ActivationQuery& q) const {
   if (s.moe.experts > 0)
     bytes += moe_activation_bytes(rows, s.width, s.ffn, s.activation, s.moe, a.value_bytes, q.tp,
                                   q.expert_tp > 0 ? q.expert_tp : q.tp);
+  // Context parallelism (models/context_parallel.h) keeps the whole sequence's K and V rows (cp times
+  // a rank's own) with the local qkv, and the attention output once more in its chunks' order.
+  if (q.cp > 1) bytes += a.value_bytes * (q.cp * 2.0 * s.kv_heads * D / h + attention_out) * sbh / t;
   bytes += a.mask_bytes * 2.0 * sbh / rep;
   if (a.materialized_attention && q.recompute != Recompute::selective) {
     const double probs = s.heads * rows * static_cast<double>(attention_span(static_cast<std::int64_t>(q.seq))) / t;
@@ -364,6 +381,10 @@ double TransformerLayerDef::backward_working_bytes(const ActivationQuery& q) con
   const double D = static_cast<double>(s.dim());
   const double qkv = static_cast<double>(s.heads + 2 * s.kv_heads) * D;
   double width = (qkv + static_cast<double>(s.heads) * D + (glu + 1.0) * s.ffn) / t + 7.0 * s.width;
+  // Context parallelism (models/context_parallel.cc) works on the whole sequence's qkv rows: the rebuilt
+  // input, its gradient and the second chunk's, and the K and V gradients by owner, not all live at the
+  // peak at once: 1.5 qkv widths fit the measured peaks (tests/parallel/test_memory.cc).
+  if (q.cp > 1) width += q.cp * (1.5 * qkv + 2.0 * s.kv_heads * D) / t;
   if (s.moe.experts > 0) {
     // Per assignment: the experts' input gradients (F/etp, twice for SwiGLU's up) and the
     // gradient rows before and after the exchange (C each); the shared experts like a dense MLP.

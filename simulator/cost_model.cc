@@ -65,6 +65,24 @@ Time CostModel::attention(int64_t bh, int64_t seq, int64_t d, bool causal, bool 
                   dtype);
 }
 
+double attention_window_share(int64_t seq, int64_t q_begin, int64_t q_rows, bool causal) {
+  if (seq <= 0 || q_rows <= 0) return 0;
+  const double T = static_cast<double>(seq), b = static_cast<double>(q_begin), n = static_cast<double>(q_rows);
+  if (!causal) return n / T;
+  // Σ_{t=b}^{b+n-1} (t + 1) = n·b + n(n + 1)/2.
+  return (n * b + n * (n + 1) / 2) / (T * (T + 1) / 2);
+}
+
+Time CostModel::attention_window(int64_t bh, int64_t seq, int64_t d, bool causal, bool backward, DType dtype,
+                                 int64_t q_begin, int64_t q_rows) const {
+  const Time full = attention(bh, seq, d, causal, backward, dtype);
+  if (q_rows <= 0 || q_rows >= seq) return full;
+  // The launch overhead is paid once; the work scales with the scores.
+  const Time overhead = constants_.kernel_overhead;
+  const double share = attention_window_share(seq, q_begin, q_rows, causal);
+  return overhead + static_cast<Time>(static_cast<double>(std::max<Time>(full - overhead, 0)) * share);
+}
+
 Time CostModel::memory_bound(double bytes, std::string_view op) const {
   if (!(bytes > 0)) return 0;
   if (calibration_ && !op.empty())

@@ -367,7 +367,14 @@ cpu::AttentionDims attention_dims(const Tensor& qkv, const AttentionOp& op, std:
       s[2] != op.heads + 2 * op.kv_heads || s[3] != op.head_dim)
     misuse("{}: qkv {} must be (B, T, H + 2G, D) with H = {}, G = {}, D = {}, H % G = 0", name,
            s.str(), op.heads, op.kv_heads, op.head_dim);
-  const cpu::AttentionDims d{s[0], s[1], op.heads, op.kv_heads, op.head_dim};
+  cpu::AttentionDims d{s[0], s[1], op.heads, op.kv_heads, op.head_dim};
+  if (op.query_rows != 0) {
+    if (op.query_begin < 0 || op.query_rows < 0 || op.query_begin + op.query_rows > d.T)
+      misuse("{}: query window [{}, {}) is not inside the sequence of {}", name, op.query_begin,
+             op.query_begin + op.query_rows, d.T);
+    if (op.bias.defined() || op.mask.defined()) misuse("{}: a query window takes no bias or mask", name);
+    d.q0 = op.query_begin, d.Q = op.query_rows;
+  }
   if (op.bias.defined()) expect_numel(op.bias, d.T * d.T * d.H, name, "bias (T, T, H)");
   if (op.mask.defined()) {
     const std::int64_t windows = op.mask.numel() / std::max<std::int64_t>(1, d.T * d.T);
@@ -406,8 +413,8 @@ void CpuBackend::attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse,
                                    const AttentionOp& op) {
   constexpr std::string_view name = "attention_forward";
   const cpu::AttentionDims d = attention_dims(qkv, op, name);
-  expect_numel(out, d.B * d.T * d.H * d.D, name, "out");
-  expect_numel(lse, d.B * d.H * d.T, name, "lse");
+  expect_numel(out, d.B * d.rows() * d.H * d.D, name, "out");
+  expect_numel(lse, d.B * d.H * d.rows(), name, "lse");
   const float* pq = f32(qkv, name);
   float *po = f32(out, name), *pl = f32(lse, name);
   std::vector<float> bias;
@@ -421,9 +428,9 @@ void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
                                     const Tensor& lse, Tensor& dqkv, const AttentionOp& op) {
   constexpr std::string_view name = "attention_backward";
   const cpu::AttentionDims d = attention_dims(qkv, op, name);
-  expect_numel(dout, d.B * d.T * d.H * d.D, name, "dout");
-  expect_numel(out, d.B * d.T * d.H * d.D, name, "out");
-  expect_numel(lse, d.B * d.H * d.T, name, "lse");
+  expect_numel(dout, d.B * d.rows() * d.H * d.D, name, "dout");
+  expect_numel(out, d.B * d.rows() * d.H * d.D, name, "out");
+  expect_numel(lse, d.B * d.H * d.rows(), name, "lse");
   expect_numel(dqkv, qkv.numel(), name, "dqkv");
   const float *pd = f32(dout, name), *pq = f32(qkv, name), *po = f32(out, name),
               *pl = f32(lse, name);

@@ -66,6 +66,9 @@ Result<AttentionDims> attention_dims(const Tensor& qkv, const AttentionOp& op) {
                       op.head_dim);
   if (!is_float(qkv.dtype()))
     return make_error("qkv is {}; attention takes f32, bf16 or f16", dtype_name(qkv.dtype()));
+  if (op.query_rows != 0)
+    return make_error("a query window (context parallelism) is not implemented by the cuda attention kernels "
+                      "yet; run cp 1 on the cuda backend, or cp on the cpu and sim backends");
   return AttentionDims{s[0], s[1], op.heads, op.kv_heads, op.head_dim};
 }
 

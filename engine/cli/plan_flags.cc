@@ -15,13 +15,24 @@ void add_plan_flags(CLI::App& app, PlanFlags& f, const std::string& default_mode
   for (const PlanIntField& field : plan_int_fields())
     app.add_option(field.flag, o.*field.member, field.help)->check(int_in(field.range));
   app.add_option("--recompute", o.recompute, "activation recomputation: none, selective, full");
-  app.add_option("--schedule", o.schedule, "pipeline schedule: gpipe, 1f1b, interleaved");
+  app.add_option("--schedule", o.schedule, "pipeline schedule: gpipe, 1f1b, interleaved, zb-h1");
   app.add_option("--precision", o.precision, "fp32, bf16 or fp16");
   app.add_option("--grad-bucket-mb", o.grad_bucket_mb,
                  "MiB of fp32 gradients per data-parallel all-reduce under ZeRO 0/1 (default 4; PyTorch DDP: 25)")
       ->check(real_in(kGradBucketMbRange));
   app.add_option("--grad-sync", o.grad_sync,
                  "when gradient buckets are reduced: overlap (with backward) or after-backward (Megatron local DDP)");
+  app.add_option("--cp-comm", o.cp_comm,
+                 "how context parallelism exchanges keys and values: allgather (Llama 3) or ring");
+  app.add_option("--chunk-layers", o.chunk_layers,
+                 "layers of every virtual stage, comma-separated (pp·vpp numbers; 0 for a chunk holding only the "
+                 "embedding or the head)")
+      ->delimiter(',')
+      ->check(CLI::Range(kChunkLayersRange.min, kChunkLayersRange.max));
+  app.add_flag("--account-for-embedding-in-pipeline-split", o.embedding_in_split,
+               "count the embedding as a layer of the pipeline split (Megatron-Core)");
+  app.add_flag("--account-for-loss-in-pipeline-split", o.loss_in_split,
+               "count the final norm, head and loss as a layer of the pipeline split (Megatron-Core)");
   app.add_flag("--sequence-parallel", o.sequence_parallel, "split norms and dropout over the sequence (tp)");
 }
 

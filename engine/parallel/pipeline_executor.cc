@@ -91,6 +91,9 @@ void PipelineExecutor::run(Backend& b, const PipelineCompute& compute, DType dty
         b.send(dinputs.at(key), peer(a), tag(a, m));
         dinputs.erase(key);
         break;
+      case K::weight:
+        compute.weight(a.chunk, a.microbatch);
+        break;
     }
   }
 }

@@ -31,6 +31,9 @@ struct PipelineCompute {
   // Backward of (c, j) with `dout` (R, X), undefined for the last virtual
   // stage. Returns d input; ignored for virtual stage 0.
   std::function<Tensor(int chunk, int microbatch, const Tensor& dout)> backward;
+  // Zero-bubble schedules: the parameter gradients of (c, j), which its
+  // backward left for later (a schedule without W actions never calls it).
+  std::function<void(int chunk, int microbatch)> weight;
   // The shape of local chunk c's input (output = false) or output for
   // micro-batch j: what arrives from, or leaves to, its neighbours (and the
   // gradients that go the other way).

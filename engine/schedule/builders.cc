@@ -37,7 +37,7 @@ Action compute(Action::Kind kind, int rank, int chunk, int microbatch) {
 
 Result<ScheduleKind> parse_schedule_kind(std::string_view name) {
   std::vector<std::string> names;
-  for (ScheduleKind k : {ScheduleKind::gpipe, ScheduleKind::one_f_one_b, ScheduleKind::interleaved}) {
+  for (ScheduleKind k : {ScheduleKind::gpipe, ScheduleKind::one_f_one_b, ScheduleKind::interleaved, ScheduleKind::zb_h1}) {
     if (name == schedule_kind_name(k)) return k;
     names.emplace_back(schedule_kind_name(k));
   }
@@ -52,6 +52,8 @@ std::string_view schedule_kind_name(ScheduleKind kind) {
       return "1f1b";
     case ScheduleKind::interleaved:
       return "interleaved";
+    case ScheduleKind::zb_h1:
+      return "zb-h1";
   }
   return "?";
 }
@@ -80,6 +82,29 @@ Result<Schedule> build_1f1b(const PipelineLayout& layout) {
       row.push_back(compute(Action::backward, r, 0, i));
     }
     for (int j = m - warmup; j < m; ++j) row.push_back(compute(Action::backward, r, 0, j));
+  }
+  return s;
+}
+
+Result<Schedule> build_zb_h1(const PipelineLayout& layout) {
+  MT_TRY(check_single_chunk(layout, "ZB-H1"));
+  const int p = layout.stages, m = layout.microbatches;
+  Schedule s = empty_schedule(layout);
+  for (int r = 0; r < p; ++r) {
+    auto& row = s.ranks[static_cast<size_t>(r)];
+    const int warmup = std::min(p - r - 1, m);
+    // W of micro-batch j follows B of micro-batch j + r.
+    auto backward = [&](int j) {
+      row.push_back(compute(Action::backward, r, 0, j));
+      if (j - r >= 0) row.push_back(compute(Action::weight, r, 0, j - r));
+    };
+    for (int j = 0; j < warmup; ++j) row.push_back(compute(Action::forward, r, 0, j));
+    for (int i = 0; i < m - warmup; ++i) {
+      row.push_back(compute(Action::forward, r, 0, warmup + i));
+      backward(i);
+    }
+    for (int j = m - warmup; j < m; ++j) backward(j);
+    for (int j = std::max(0, m - r); j < m; ++j) row.push_back(compute(Action::weight, r, 0, j));
   }
   return s;
 }
@@ -143,6 +168,8 @@ Result<Schedule> build_schedule(ScheduleKind kind, const PipelineLayout& layout)
       return build_1f1b(layout);
     case ScheduleKind::interleaved:
       return build_interleaved_1f1b(layout);
+    case ScheduleKind::zb_h1:
+      return build_zb_h1(layout);
   }
   return make_error("unknown schedule kind {}", static_cast<int>(kind));
 }

@@ -11,9 +11,9 @@ namespace meshtrain::schedule {
 
 // The one schedule enum of the project: Plan::schedule (engine/plan.h) holds
 // it too, so the trainer passes a plan's schedule straight to build_schedule.
-enum class ScheduleKind { gpipe, one_f_one_b, interleaved };
+enum class ScheduleKind { gpipe, one_f_one_b, interleaved, zb_h1 };
 
-// "gpipe", "1f1b", "interleaved": the names the CLI (--schedule), JSON plans
+// "gpipe", "1f1b", "interleaved", "zb-h1": the names the CLI (--schedule), JSON plans
 // and checkpoints use, so they must not change. An unknown name suggests the
 // nearest.
 Result<ScheduleKind> parse_schedule_kind(std::string_view name);
@@ -44,6 +44,19 @@ Result<Schedule> build_interleaved_1f1b(const PipelineLayout& layout);
 // Warm-up forwards of rank r in the interleaved schedule (w above), so
 // callers can size activation memory without building the schedule.
 int interleaved_warmup(const PipelineLayout& layout, int rank);
+
+// ZB-H1 (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", Sec. 3.1):
+// 1F1B's order with each backward split into B (input gradient, on the
+// critical path: its send goes out before anything else) and W (weight
+// gradients, which nothing downstream waits for). Rank r runs 1F1B's
+// w = min(p-r-1, m) warm-up forwards and F/B pairs, and W of micro-batch j
+// after B of micro-batch j + r (the rest after the last B): later stages,
+// whose 1F1B memory is smallest, hold their W's longest, so no rank has
+// more than min(p, m) micro-batches between F and W, 1F1B's peak (rank 0),
+// and with F = B = W the bubble falls from 1F1B's (p-1)(F+B+W) to
+// (p-1)(F+B-W). Needs v = 1. Numerically the same as 1F1B: every
+// parameter's gradient sums the micro-batches in the same order.
+Result<Schedule> build_zb_h1(const PipelineLayout& layout);
 
 Result<Schedule> build_schedule(ScheduleKind kind, const PipelineLayout& layout);
 

@@ -16,6 +16,7 @@ int peer_virtual_stage(const PipelineLayout& layout, const Action& a) {
       return s - 1;
     case Action::forward:
     case Action::backward:
+    case Action::weight:
       break;
   }
   return s;
@@ -33,6 +34,7 @@ Action::Kind matching_kind(Action::Kind kind) {
       return Action::send_grad;
     case Action::forward:
     case Action::backward:
+    case Action::weight:
       break;
   }
   return kind;
@@ -68,7 +70,9 @@ Result<Schedule> insert_communication(const Schedule& compute) {
             r, format_action(a));
       const int s = virtual_stage(layout, a);
       auto with_kind = [&](Action::Kind k) { return Action{k, a.stage, a.chunk, a.microbatch}; };
-      if (a.kind == Action::forward) {
+      if (a.kind == Action::weight) {
+        row.push_back(a);  // parameter gradients: nothing crosses a stage
+      } else if (a.kind == Action::forward) {
         if (remote && s > 0) row.push_back(with_kind(Action::recv_act));
         row.push_back(a);
         if (remote && s < last) row.push_back(with_kind(Action::send_act));

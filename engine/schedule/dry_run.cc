@@ -40,11 +40,13 @@ struct State {
         act_sent(l),
         grad_sent(l),
         act_taken(l),
-        grad_taken(l) {}
+        grad_taken(l),
+        weighted(l) {}
   Flags forwarded, backwarded;  // compute done
   Flags act_in, grad_in;        // received on the consumer side
   Flags act_sent, grad_sent;    // issued by the sender (visible from the next step)
   Flags act_taken, grad_taken;  // sends consumed by their receive
+  Flags weighted;               // weight gradients done (zero-bubble W)
 };
 
 enum class Outcome { ran, waits };
@@ -105,6 +107,12 @@ Result<Outcome> step_action(const PipelineLayout& layout, State& st, const Actio
       if (!has_grad)
         return make_error("{} runs before its output gradient arrived", format_action(a));
       st.backwarded(a) = true;
+      return Outcome::ran;
+    }
+    case Action::weight: {
+      if (st.weighted(a)) return make_error("{} runs twice", format_action(a));
+      if (!st.backwarded(a)) return make_error("{} runs before its backward", format_action(a));
+      st.weighted(a) = true;
       return Outcome::ran;
     }
   }

@@ -12,13 +12,14 @@ namespace meshtrain::schedule {
 namespace {
 
 // Longest names first so "SA" is not read as a stray "S".
-constexpr std::array<std::pair<std::string_view, Action::Kind>, 6> kKindNames = {{
+constexpr std::array<std::pair<std::string_view, Action::Kind>, 7> kKindNames = {{
     {"SA", Action::send_act},
     {"RA", Action::recv_act},
     {"SG", Action::send_grad},
     {"RG", Action::recv_grad},
     {"F", Action::forward},
     {"B", Action::backward},
+    {"W", Action::weight},
 }};
 
 std::string_view kind_name(Action::Kind kind) {
@@ -49,7 +50,7 @@ Result<Action> parse_cell_body(std::string_view token, std::string_view rest, in
       break;
     }
   }
-  if (!found) return make_error("action '{}': expected a kind F, B, SA, RA, SG or RG", token);
+  if (!found) return make_error("action '{}': expected a kind F, B, W, SA, RA, SG or RG", token);
   if (!take_number(rest, a.microbatch))
     return make_error("action '{}': expected a microbatch number after the kind", token);
   if (rest.starts_with('.')) {

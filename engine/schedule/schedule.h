@@ -40,13 +40,16 @@ Status check_layout(const PipelineLayout& layout);
 //   recv_grad (r, c, j): receive the output gradient of backward (c, j) from s+1
 // so the peer of any communication action follows from the layout.
 struct Action {
-  enum Kind { forward, backward, send_act, recv_act, send_grad, recv_grad };
+  // Zero-bubble schedules split backward in two: `backward` (B) then gives
+  // the input gradient only, and `weight` (W) the parameter gradients of the
+  // same (chunk, micro-batch), later on the same rank.
+  enum Kind { forward, backward, send_act, recv_act, send_grad, recv_grad, weight };
   Kind kind = forward;
   int stage = 0;  // pipeline rank r that runs it
   int chunk = 0;  // model chunk c on that rank
   int microbatch = 0;
 
-  bool is_compute() const { return kind == forward || kind == backward; }
+  bool is_compute() const { return kind == forward || kind == backward || kind == weight; }
   bool operator==(const Action&) const = default;
 };
 

@@ -9,7 +9,7 @@
 
 namespace meshtrain::schedule {
 
-Result<Timing> simulate_timing(const Schedule& compute, double forward, double backward) {
+Result<Timing> simulate_timing(const Schedule& compute, double forward, double backward, double weight) {
   MT_TRY(check_rows(compute));
   if (!(forward > 0) || !(backward > 0))
     return make_error("timing needs positive forward and backward times, got {} and {}", forward,
@@ -42,7 +42,10 @@ Result<Timing> simulate_timing(const Schedule& compute, double forward, double b
         const Action& a = row[next[r]];
         const int s = virtual_stage(layout, a), j = a.microbatch;
         double ready = clock[r];
-        if (a.kind == Action::forward) {
+        if (a.kind == Action::weight) {
+          if (b_end[index(s, j)] < 0) break;
+          ready = std::max(ready, b_end[index(s, j)]);
+        } else if (a.kind == Action::forward) {
           if (s > 0) {
             if (f_end[index(s - 1, j)] < 0) break;
             ready = std::max(ready, f_end[index(s - 1, j)]);
@@ -55,8 +58,8 @@ Result<Timing> simulate_timing(const Schedule& compute, double forward, double b
             ready = std::max(ready, b_end[index(s + 1, j)]);
           }
         }
-        const double d = a.kind == Action::forward ? forward : backward;
-        (a.kind == Action::forward ? f_end : b_end)[index(s, j)] = ready + d;
+        const double d = a.kind == Action::forward ? forward : a.kind == Action::weight ? weight : backward;
+        if (a.kind != Action::weight) (a.kind == Action::forward ? f_end : b_end)[index(s, j)] = ready + d;
         clock[r] = ready + d;
         t.busy[r] += d;
         ++next[r];

@@ -41,7 +41,8 @@ struct Timing {
 // forward, backward: time of one microbatch through one chunk (> 0). An
 // Error if the schedule has communication actions or can never finish (a
 // dependency cycle or a missing action); it names the stuck actions.
-Result<Timing> simulate_timing(const Schedule& compute, double forward, double backward);
+// A zero-bubble schedule's weight passes (W) take `weight` each, after their backward (B).
+Result<Timing> simulate_timing(const Schedule& compute, double forward, double backward, double weight = 0);
 
 // (p-1)/(m·v+p-1): the closed form above for all three schedules.
 double bubble_fraction_formula(const PipelineLayout& layout);

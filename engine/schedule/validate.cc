@@ -8,7 +8,7 @@ namespace meshtrain::schedule {
 
 namespace {
 
-constexpr int kKinds = 6;
+constexpr int kKinds = 7;
 
 // Row position of each action, keyed by (kind, virtual stage, microbatch);
 // -1 where absent. Built after checking that no key repeats.
@@ -70,6 +70,10 @@ Status check_invariants(const Schedule& schedule) {
 
   const int last = layout.virtual_stages() - 1;
   const bool remote = layout.stages > 1;
+  // Zero-bubble schedules split every backward: all of them or none.
+  bool split = false;
+  for (const auto& row : schedule.ranks)
+    for (const Action& a : row) split = split || a.kind == Action::weight;
   for (int s = 0; s <= last; ++s) {
     for (int j = 0; j < layout.microbatches; ++j) {
       const Action f = on_stage(layout, Action::forward, s, j);
@@ -79,6 +83,12 @@ Status check_invariants(const Schedule& schedule) {
       if (bp < 0) return make_error("{} has no backward {}", format_action(f), format_action(b));
       if (bp < fp)
         return make_error("{} comes before its forward {}", format_action(b), format_action(f));
+      if (split) {
+        const Action w = on_stage(layout, Action::weight, s, j);
+        const int wp = pos.at(w);
+        if (wp < 0) return make_error("{} has no weight gradient pass {}", format_action(b), format_action(w));
+        if (wp < bp) return make_error("{} comes before its backward {}", format_action(w), format_action(b));
+      }
 
       // `needed` must sit before (before=true) or after `user` in the same row.
       auto require = [&](const Action& user, int user_pos, const Action& needed, bool before,
@@ -144,7 +154,7 @@ InFlight peak_in_flight(const Schedule& schedule) {
     int now = 0, peak = 0;
     std::vector<int> now_chunk(static_cast<size_t>(v), 0), peak_chunk(static_cast<size_t>(v), 0);
     for (const Action& a : row) {
-      if (!a.is_compute()) continue;
+      if (!a.is_compute() || a.kind == Action::weight) continue;
       const int d = a.kind == Action::forward ? 1 : -1;
       auto c = static_cast<size_t>(a.chunk);
       now += d;

@@ -47,18 +47,21 @@ using nlohmann::json;
 //    ((1 + G/H + s/h)·(H·D/h) + (F/h)·k·g + (F_shared/h)·g + V/(2·l·h)),
 //    k = top_k (1 dense), g = 3/2 for gated MLPs; full s² attention, no
 //    router, every layer counted as an MoE layer, no recomputation.
+//  megatron-core-causal: the same with the causal half of the s² attention
+//    (s/(2h) for s/h): the scores a causal kernel computes.
 Result<double> publication_flops(const std::string& formula, const ModelSpec& m, const Plan& p) {
   const double B = p.effective_global_batch(), s = p.effective_seq_len(m), l = m.layers,
                h = m.hidden, V = m.vocab;
   if (formula == "megatron-2021")
     return 96.0 * B * s * l * h * h * (1.0 + s / (6.0 * h) + V / (16.0 * l * h));
-  if (formula == "megatron-core") {
+  if (formula == "megatron-core" || formula == "megatron-core-causal") {
     const double H = m.heads, G = m.kv_heads, D = m.head_dim(), F = m.ffn, k = m.moe() ? m.top_k : 1;
     const double g = m.activation == Activation::swiglu ? 1.5 : 1.0, shared = m.shared_experts * F;
+    const double attention = formula == "megatron-core" ? s / h : s / (2.0 * h);
     return 12.0 * B * s * l * h * h *
-           ((1.0 + G / H + s / h) * (H * D / h) + F / h * k * g + shared / h * g + V / (2.0 * l * h));
+           ((1.0 + G / H + attention) * (H * D / h) + F / h * k * g + shared / h * g + V / (2.0 * l * h));
   }
-  return make_error("unknown FLOP formula '{}'; known: megatron-2021, megatron-core", formula);
+  return make_error("unknown FLOP formula '{}'; known: megatron-2021, megatron-core, megatron-core-causal", formula);
 }
 
 struct Row {
@@ -71,6 +74,7 @@ struct Row {
 std::string describe(const Plan& p) {
   std::string s = fmt::format("tp{} pp{} dp{}", p.tp, p.pp, p.dp);
   if (p.ep > 1) s += fmt::format(" ep{} etp{}", p.ep, p.expert_tp());
+  if (p.cp > 1) s += fmt::format(" cp{}", p.cp);
   if (p.vpp > 1) s += fmt::format(" vpp{}", p.vpp);
   s += fmt::format(" mb{} gb{} {}", p.micro_batch, p.effective_global_batch(),
                    schedule_name(p.schedule));

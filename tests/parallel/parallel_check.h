@@ -4,6 +4,7 @@
 #pragma once
 
 #include <catch2/catch.hpp>
+#include <fmt/ranges.h>
 
 #include <map>
 #include <mutex>
@@ -56,7 +57,10 @@ inline std::string describe(const Plan& p) {
   return fmt::format("tp{} pp{} dp{} vpp{} zero{} {}{} stages first {} last {} buckets {:g} MiB {}{}", p.tp, p.pp,
                      p.dp, p.vpp, p.zero, schedule_name(p.schedule), p.sequence_parallel ? " sp" : "",
                      p.first_stage_layers, p.last_stage_layers, p.grad_bucket_mb, grad_sync_name(p.grad_sync),
-                     p.ep > 1 || p.etp > 0 ? fmt::format(" ep{} etp{}", p.ep, p.expert_tp()) : "");
+                     p.ep > 1 || p.etp > 0 ? fmt::format(" ep{} etp{}", p.ep, p.expert_tp()) : "") +
+         (p.cp > 1 ? fmt::format(" cp{} {}", p.cp, context_comm_name(p.cp_comm)) : "") +
+         (p.chunk_layers.empty() ? "" : fmt::format(" chunks {}", fmt::join(p.chunk_layers, ","))) +
+         (p.embedding_in_split ? " embedding-in-split" : "") + (p.loss_in_split ? " loss-in-split" : "");
 }
 
 inline void check_matches_reference(const ModelSpec& m, const Plan& p) {

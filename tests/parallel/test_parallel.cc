@@ -162,9 +162,12 @@ TEST_CASE("a rank that stops makes its peers' step fail with the op and group na
 TEST_CASE("plans the engine cannot run yet are rejected up front with the reason", "[parallel][errors]") {
   Plan p = make_plan(2, 1, 2, 1, ScheduleKind::one_f_one_b);
   p.cp = 2;
-  auto cp = StepEngine::supports(p);
+  StepOptions dropout;
+  dropout.dropout = 0.1f;
+  auto cp = StepEngine::supports(p, dropout);
   REQUIRE_FALSE(cp.ok());
-  CHECK_THAT(cp.error().message(), Catch::Contains("context parallelism"));
-  p.cp = 1, p.zero = 3, p.sequence_parallel = true;
+  CHECK_THAT(cp.error().message(), Catch::Contains("dropout 0.1 is not implemented under context parallelism"));
   CHECK(StepEngine::supports(p).ok());
+  p.cp = 1, p.zero = 3, p.sequence_parallel = true;
+  CHECK(StepEngine::supports(p, dropout).ok());
 }

@@ -78,6 +78,17 @@ TEST_CASE("a plan made of segments under MPI matches the in-process run bit for 
   check_mpi_matches_threads(m, p);
 }
 
+TEST_CASE("context parallelism under MPI (all-gather and ring) matches the in-process run bit for bit",
+          "[parallel][mpi][cp]") {
+  // The ring's send/recv tags (models/context_parallel.h) must fit MPI's tag range.
+  for (const ContextComm comm : {ContextComm::all_gather, ContextComm::ring}) {
+    Plan p = make_plan(1, 2, 1, 1, ScheduleKind::one_f_one_b);
+    p.cp = 2, p.cp_comm = comm;
+    INFO(context_comm_name(comm));
+    check_mpi_matches_threads(tiny_llama(), p);
+  }
+}
+
 int main(int argc, char** argv) {
   auto env = MpiEnvironment::init(&argc, &argv);
   if (!env.ok()) {

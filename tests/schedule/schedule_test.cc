@@ -372,7 +372,7 @@ TEST_CASE("schedule kinds parse by their --schedule names") {
   auto bad = parse_schedule_kind("gpip");
   REQUIRE_FALSE(bad.ok());
   CHECK(bad.error().message() ==
-        "unknown pipeline schedule 'gpip' (did you mean 'gpipe'? valid: gpipe, 1f1b, interleaved)");
+        "unknown pipeline schedule 'gpip' (did you mean 'gpipe'? valid: gpipe, 1f1b, interleaved, zb-h1)");
 }
 
 TEST_CASE("actions print and parse back") {
@@ -392,8 +392,8 @@ TEST_CASE("actions print and parse back") {
     return r.ok() ? std::string("ok") : r.error().message();
   };
   CHECK(error_of("F3") == "action 'F3': expected a stage number first, as in '2F0'");
-  CHECK(error_of("2X0") == "action '2X0': expected a kind F, B, SA, RA, SG or RG");
-  CHECK(error_of("2S0") == "action '2S0': expected a kind F, B, SA, RA, SG or RG");
+  CHECK(error_of("2X0") == "action '2X0': expected a kind F, B, W, SA, RA, SG or RG");
+  CHECK(error_of("2S0") == "action '2S0': expected a kind F, B, W, SA, RA, SG or RG");
   CHECK(error_of("2F") == "action '2F': expected a microbatch number after the kind");
   CHECK(error_of("2F3.") == "action '2F3.': expected a chunk number after '.'");
   CHECK(error_of("2F3x") == "action '2F3x': unexpected 'x' at the end");
@@ -428,7 +428,7 @@ TEST_CASE("schedule parse errors name the line and token") {
     return r.ok() ? std::string("ok") : r.error().message();
   };
   CHECK(error_of({2, 1, 2}, "rank 0: F0 B0\nrank 1: F0 Q0\n") ==
-        "schedule line 2: action 'Q0': expected a kind F, B, SA, RA, SG or RG");
+        "schedule line 2: action 'Q0': expected a kind F, B, W, SA, RA, SG or RG");
   CHECK(error_of({2, 1, 2}, "rank 0: F0 F2\nrank 1: F0\n") ==
         "schedule line 1: action 'F2': microbatch 2 is outside the 2 microbatches");
   CHECK(error_of({2, 1, 2}, "rank 0: F0.1\nrank 1: F0\n") ==
@@ -497,4 +497,57 @@ TEST_CASE("timing rejects what it cannot time") {
   auto bad = simulate_timing(must(build_gpipe({2, 1, 2})), 0, 2);
   REQUIRE_FALSE(bad.ok());
   CHECK(bad.error().message() == "timing needs positive forward and backward times, got 0 and 2");
+}
+
+TEST_CASE("ZB-H1 p=4 m=8: 1F1B's order with rank r's W after the B r micro-batches on") {
+  const std::string expected =
+      "rank 0: F0 F1 F2 F3 B0 W0 F4 B1 W1 F5 B2 W2 F6 B3 W3 F7 B4 W4 B5 W5 B6 W6 B7 W7\n"
+      "rank 1: F0 F1 F2 B0 F3 B1 W0 F4 B2 W1 F5 B3 W2 F6 B4 W3 F7 B5 W4 B6 W5 B7 W6 W7\n"
+      "rank 2: F0 F1 B0 F2 B1 F3 B2 W0 F4 B3 W1 F5 B4 W2 F6 B5 W3 F7 B6 W4 B7 W5 W6 W7\n"
+      "rank 3: F0 B0 F1 B1 F2 B2 F3 B3 W0 F4 B4 W1 F5 B5 W2 F6 B6 W3 F7 B7 W4 W5 W6 W7\n";
+  CHECK(format_schedule(must(build_zb_h1({4, 1, 8}))) == expected);
+  CHECK(must(parse_schedule({4, 1, 8}, expected)) == must(build_zb_h1({4, 1, 8})));
+}
+
+TEST_CASE("ZB-H1 runs every layout without deadlock within 1F1B's memory") {
+  for (int p = 1; p <= 8; ++p)
+    for (int m : {1, 2, p, p + 1, 2 * p, 3 * p}) {
+      INFO("p=" << p << " m=" << m);
+      const Schedule full = must(insert_communication(must(build_zb_h1({p, 1, m}))));
+      require_ok(check_invariants(full));
+      require_ok(dry_run(full));
+      // Micro-batches between their F and their W: within 1F1B's peak (rank 0's, between F and B).
+      for (int r = 0; r < p; ++r) {
+        int now = 0, peak = 0;
+        for (const Action& a : full.ranks[static_cast<size_t>(r)]) {
+          if (a.kind == Action::forward) peak = std::max(peak, ++now);
+          if (a.kind == Action::weight) --now;
+        }
+        CHECK(peak <= std::min(p, m));
+      }
+    }
+  // A W before its B, or a missing W, is named.
+  Schedule bad = must(build_zb_h1({2, 1, 2}));
+  auto& row = bad.ranks[0];
+  std::swap(row[2], row[3]);  // rank 0: F0 F1 B0 W0 -> F0 F1 W0 B0
+  const Status early = check_invariants(must(insert_communication(bad)));
+  REQUIRE_FALSE(early.ok());
+  CHECK(contains(early.error().message(), "comes before its backward"));
+}
+
+TEST_CASE("ZB-H1 shrinks 1F1B's bubble when W leaves the critical path") {
+  // f = 1, B = 1, W = 1 against 1F1B's backward of 2: the same work per rank.
+  for (int p : {2, 4, 8})
+    for (int m : {p, 2 * p, 4 * p}) {
+      INFO("p=" << p << " m=" << m);
+      auto one = simulate_timing(must(build_1f1b({p, 1, m})), 1.0, 2.0);
+      auto zb = simulate_timing(must(build_zb_h1({p, 1, m})), 1.0, 1.0, 1.0);
+      REQUIRE(one.ok());
+      REQUIRE(zb.ok());
+      CHECK(zb->busy == one->busy);
+      CHECK(zb->makespan < one->makespan);
+      INFO("1f1b " << one->makespan << " zb-h1 " << zb->makespan);
+      // ZB-H1's bubble (Qi et al. 2024): (p-1)(F+B-W) = (p-1)·1 against 1F1B's (p-1)(F+B+W) = 3(p-1).
+      CHECK(zb->makespan == Approx(m * 3.0 + (p - 1) * 1.0));
+    }
 }

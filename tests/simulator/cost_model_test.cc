@@ -132,3 +132,31 @@ TEST_CASE("calibrated collective busbw drives analytic collectives", "[simulator
   REQUIRE(r.ok());
   CHECK(to_seconds(r->second) == Approx(1e9 * 2 * 7 / 8 / 400e9));
 }
+
+TEST_CASE("a query window's attention is its share of the scores", "[simulator][cost][cp]") {
+  // The share counted score by score: row t reads keys 0..t when causal, all T otherwise.
+  auto counted = [](int T, int begin, int rows, bool causal) {
+    double in = 0, all = 0;
+    for (int t = 0; t < T; ++t)
+      for (int j = 0; j < T; ++j) {
+        if (causal && j > t) continue;
+        all += 1;
+        if (t >= begin && t < begin + rows) in += 1;
+      }
+    return in / all;
+  };
+  for (bool causal : {true, false})
+    for (int begin : {0, 3, 40}) CHECK(attention_window_share(64, begin, 8, causal) == Approx(counted(64, begin, 8, causal)));
+  // Llama 3's pairing: chunks r and 2N-1-r of 2N cost every rank the same.
+  const int T = 64, N = 4, c = T / (2 * N);
+  for (int r = 0; r < N; ++r)
+    CHECK(attention_window_share(T, r * c, c, true) + attention_window_share(T, (2 * N - 1 - r) * c, c, true) ==
+          Approx(1.0 / N));
+  const CostConstants k;
+  CostModel m(kA100, k);
+  const Time full = m.attention(256, 8192, 128, true, false, DType::kBf16);
+  const Time half = m.attention_window(256, 8192, 128, true, false, DType::kBf16, 4096, 4096);
+  CHECK(to_seconds(half - k.kernel_overhead) ==
+        Approx(to_seconds(full - k.kernel_overhead) * attention_window_share(8192, 4096, 4096, true)).epsilon(1e-6));
+  CHECK(m.attention_window(256, 8192, 128, true, false, DType::kBf16, 0, 0) == full);
+}

@@ -21,7 +21,10 @@ namespace meshtrain::cpu {
 
 struct AttentionDims {
   std::int64_t B, T, H, G, D;
+  // The query window: rows [q0, q0 + Q) of T (AttentionOp::query_begin/rows); Q 0: all T.
+  std::int64_t q0 = 0, Q = 0;
   std::int64_t width() const { return (H + 2 * G) * D; }
+  std::int64_t rows() const { return Q > 0 ? Q : T; }
 };
 
 // What is added to the scaled scores before the softmax.
@@ -50,32 +53,34 @@ struct ScoreTerms {
 
 namespace detail {
 
-// s (T, T) = scale · q kᵀ for one head; q, k strided by the token width.
+// s (Q, T) = scale · q kᵀ for one head's window rows; q (at the window's
+// first row), k strided by the token width.
 template <class T>
 void attention_scores(const AttentionDims& d, T scale, const T* q, const T* k, T* s) {
   ensure_single_threaded_blas();
   const std::int64_t W = d.width();
-  blas_gemm(false, true, d.T, d.T, d.D, scale, q, W, k, W, T(0), s, d.T);
+  blas_gemm(false, true, d.rows(), d.T, d.D, scale, q, W, k, W, T(0), s, d.T);
 }
 
 }  // namespace detail
 
-// qkv (B, T, H + 2G, D) -> out (B, T, H, D), lse (B, H, T).
+// qkv (B, T, H + 2G, D) -> out (B, Q, H, D), lse (B, H, Q) for the window's Q query rows.
 template <class T>
 void attention_forward(const AttentionDims& d, T scale, const T* qkv, T* out, T* lse,
                        const ScoreTerms<T>& terms = {}) {
-  const std::int64_t W = d.width(), R = d.H / d.G, Tn = d.T;
-  const std::int64_t per_task = Tn * Tn * d.D;
+  const std::int64_t W = d.width(), R = d.H / d.G, Tn = d.T, Q = d.rows();
+  const std::int64_t per_task = Q * Tn * d.D;
   for_chunks(
       d.B * d.H, std::max<std::int64_t>(1, kGrain / std::max<std::int64_t>(per_task, 1)),
       [&](std::int64_t begin, std::int64_t end) {
-        std::vector<T> p(static_cast<std::size_t>(Tn * Tn));
+        std::vector<T> p(static_cast<std::size_t>(Q * Tn));
         for (std::int64_t bh = begin; bh < end; ++bh) {
           const std::int64_t b = bh / d.H, h = bh % d.H, g = h / R;
           const T* base = qkv + b * Tn * W;
-          detail::attention_scores(d, scale, base + h * d.D, base + (d.H + g) * d.D, p.data());
-          for (std::int64_t t = 0; t < Tn; ++t) {
-            T* row = p.data() + t * Tn;
+          detail::attention_scores(d, scale, base + d.q0 * W + h * d.D, base + (d.H + g) * d.D, p.data());
+          for (std::int64_t r = 0; r < Q; ++r) {
+            const std::int64_t t = d.q0 + r;
+            T* row = p.data() + r * Tn;
             const std::int64_t n = terms.keys(t, Tn);
             terms.add(b, h, t, Tn, row);
             T m = row[0];
@@ -88,26 +93,27 @@ void attention_forward(const AttentionDims& d, T scale, const T* qkv, T* out, T*
             const T l = m + static_cast<T>(std::log(z)), inv = static_cast<T>(1.0 / z);
             for (std::int64_t j = 0; j < n; ++j) row[j] *= inv;
             for (std::int64_t j = n; j < Tn; ++j) row[j] = T(0);
-            lse[(b * d.H + h) * Tn + t] = l;
+            lse[(b * d.H + h) * Q + r] = l;
           }
-          blas_gemm(false, false, Tn, d.D, Tn, T(1), p.data(), Tn, base + (d.H + d.G + g) * d.D, W,
-                    T(0), out + b * Tn * d.H * d.D + h * d.D, d.H * d.D);
+          blas_gemm(false, false, Q, d.D, Tn, T(1), p.data(), Tn, base + (d.H + d.G + g) * d.D, W,
+                    T(0), out + b * Q * d.H * d.D + h * d.D, d.H * d.D);
         }
       });
 }
 
-// dqkv (B, T, H + 2G, D) overwritten from dout, out (B, T, H, D), lse (B, H, T).
+// dqkv (B, T, H + 2G, D) overwritten from dout, out (B, Q, H, D), lse (B, H, Q)
+// of the window's Q query rows (query gradients outside it are zero).
 // One task per (b, kv head): the query heads sharing it add into its dk, dv
 // in head order, so the sums are deterministic without atomics. With
-// `dscores` (B, H, T, T) the score gradient dS of every (b, h) is stored
+// `dscores` (B, H, Q, T) the score gradient dS of every (b, h) is stored
 // there too, for the caller to sum over the batch in a fixed order.
 template <class T>
 void attention_backward(const AttentionDims& d, T scale, const T* dout, const T* qkv, const T* out,
                         const T* lse, T* dqkv, const ScoreTerms<T>& terms = {}, T* dscores = nullptr) {
-  const std::int64_t W = d.width(), R = d.H / d.G, Tn = d.T, OW = d.H * d.D;
+  const std::int64_t W = d.width(), R = d.H / d.G, Tn = d.T, Q = d.rows(), OW = d.H * d.D;
   for_chunks(d.B * d.G, 1, [&](std::int64_t begin, std::int64_t end) {
-    std::vector<T> p(static_cast<std::size_t>(Tn * Tn)), dp(static_cast<std::size_t>(Tn * Tn));
-    std::vector<T> di(static_cast<std::size_t>(Tn));
+    std::vector<T> p(static_cast<std::size_t>(Q * Tn)), dp(static_cast<std::size_t>(Q * Tn));
+    std::vector<T> di(static_cast<std::size_t>(Q));
     for (std::int64_t bg = begin; bg < end; ++bg) {
       const std::int64_t b = bg / d.G, g = bg % d.G;
       const T* base = qkv + b * Tn * W;
@@ -119,35 +125,40 @@ void attention_backward(const AttentionDims& d, T scale, const T* dout, const T*
       for (std::int64_t t = 0; t < Tn; ++t)
         for (std::int64_t j = 0; j < d.D; ++j) dk[t * W + j] = dv[t * W + j] = T(0);
       for (std::int64_t h = g * R; h < (g + 1) * R; ++h) {
-        const T* q = base + h * d.D;
-        const T* o = out + b * Tn * OW + h * d.D;
-        const T* dout_h = dout + b * Tn * OW + h * d.D;
-        const T* l = lse + (b * d.H + h) * Tn;
+        // Query rows outside the window have no gradient.
+        for (std::int64_t t = 0; t < Tn; ++t)
+          if (t < d.q0 || t >= d.q0 + Q)
+            for (std::int64_t j = 0; j < d.D; ++j) dbase[t * W + h * d.D + j] = T(0);
+        const T* q = base + d.q0 * W + h * d.D;
+        const T* o = out + b * Q * OW + h * d.D;
+        const T* dout_h = dout + b * Q * OW + h * d.D;
+        const T* l = lse + (b * d.H + h) * Q;
         detail::attention_scores(d, scale, q, k, p.data());
-        for (std::int64_t t = 0; t < Tn; ++t) {
-          T* row = p.data() + t * Tn;
+        for (std::int64_t r = 0; r < Q; ++r) {
+          const std::int64_t t = d.q0 + r;
+          T* row = p.data() + r * Tn;
           const std::int64_t n = terms.keys(t, Tn);
           terms.add(b, h, t, Tn, row);
-          for (std::int64_t j = 0; j < n; ++j) row[j] = exp_approx(row[j] - l[t]);
+          for (std::int64_t j = 0; j < n; ++j) row[j] = exp_approx(row[j] - l[r]);
           for (std::int64_t j = n; j < Tn; ++j) row[j] = T(0);
           double s = 0.0;  // D_t = Σ_j P_tj dP_tj = dO_t · O_t
           for (std::int64_t j = 0; j < d.D; ++j)
-            s += static_cast<double>(dout_h[t * OW + j]) * static_cast<double>(o[t * OW + j]);
-          di[static_cast<std::size_t>(t)] = static_cast<T>(s);
+            s += static_cast<double>(dout_h[r * OW + j]) * static_cast<double>(o[r * OW + j]);
+          di[static_cast<std::size_t>(r)] = static_cast<T>(s);
         }
-        // dP (T, T) = dO vᵀ; dS = P ∘ (dP - D) (zero where P is: above the diagonal when causal).
-        blas_gemm(false, true, Tn, Tn, d.D, T(1), dout_h, OW, v, W, T(0), dp.data(), Tn);
-        for (std::int64_t t = 0; t < Tn; ++t) {
-          T* ds = dp.data() + t * Tn;
-          const T* pr = p.data() + t * Tn;
+        // dP (Q, T) = dO vᵀ; dS = P ∘ (dP - D) (zero where P is: above the diagonal when causal).
+        blas_gemm(false, true, Q, Tn, d.D, T(1), dout_h, OW, v, W, T(0), dp.data(), Tn);
+        for (std::int64_t r = 0; r < Q; ++r) {
+          T* ds = dp.data() + r * Tn;
+          const T* pr = p.data() + r * Tn;
           for (std::int64_t j = 0; j < Tn; ++j)
-            ds[j] = pr[j] * (ds[j] - di[static_cast<std::size_t>(t)]);
+            ds[j] = pr[j] * (ds[j] - di[static_cast<std::size_t>(r)]);
         }
         if (dscores != nullptr)
-          std::copy(dp.begin(), dp.end(), dscores + (b * d.H + h) * Tn * Tn);
-        blas_gemm(false, false, Tn, d.D, Tn, scale, dp.data(), Tn, k, W, T(0), dbase + h * d.D, W);
-        blas_gemm(true, false, Tn, d.D, Tn, scale, dp.data(), Tn, q, W, T(1), dk, W);
-        blas_gemm(true, false, Tn, d.D, Tn, T(1), p.data(), Tn, dout_h, OW, T(1), dv, W);
+          std::copy(dp.begin(), dp.end(), dscores + (b * d.H + h) * Q * Tn);
+        blas_gemm(false, false, Q, d.D, Tn, scale, dp.data(), Tn, k, W, T(0), dbase + d.q0 * W + h * d.D, W);
+        blas_gemm(true, false, Tn, d.D, Q, scale, dp.data(), Tn, q, W, T(1), dk, W);
+        blas_gemm(true, false, Tn, d.D, Q, T(1), p.data(), Tn, dout_h, OW, T(1), dv, W);
       }
     }
   });
