@@ -413,6 +413,20 @@ class Backend {
   virtual void foreach_adamw(std::span<const AdamWTensors> params, const Tensor& coef,
                              const AdamWOp& op);
 
+  // ---- 1-bit gradient compression (error feedback) ------------------------------
+  // Sign compression, as 1-bit Adam and EF-SGD send gradients. x (C, k) f32
+  // is C chunks of k elements; error (C, k) f32 is the compression error each
+  // rank keeps, or an undefined Tensor for none. Per chunk c:
+  //   y = x[c] + error[c];  scale = mean |y| (Σ in double, in element order;
+  //   the scale that minimises ‖y − scale·sign(y)‖₂);  sign(y) = +1 where
+  //   y >= 0, else −1;  error[c] = y − scale·sign(y) (in place).
+  // packets (C, 1 + ceil(k/32)) i32, overwritten: word 0 of a row holds the
+  // scale's fp32 bits, bit i of word 1 + j the sign of element 32j + i (1:
+  // +1); bits past k are 0. A row is what one rank sends for one chunk.
+  virtual void sign_compress(const Tensor& x, Tensor& error, Tensor& packets) = 0;
+  // out (C, k) f32 = scale · sign of each element of packets (C, 1 + ceil(k/32)), overwritten.
+  virtual void sign_decompress(const Tensor& packets, Tensor& out) = 0;
+
   // ---- collectives (on the current stream; issued in the same order by every
   // member of the group). Reductions combine contributions in ascending rank
   // order, so results are bitwise deterministic. -----------------------------

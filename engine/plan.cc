@@ -21,12 +21,14 @@ constexpr double kMaxGradBuckets = 1 << 18;
 const std::vector<std::string> kRecomputes = {"none", "selective", "full"};
 const std::vector<std::string> kPrecisions = {"fp32", "bf16", "fp16"};
 const std::vector<std::string> kGradSyncs = {"overlap", "after-backward"};
+const std::vector<std::string> kGradCompressions = {"none", "bf16", "fp16", "1bit"};
 const std::vector<std::string> kPlanFields = {"tp",        "pp",        "dp",           "cp",
                                               "ep",        "etp",       "vpp",       "zero",         "micro_batch",
                                               "global_batch", "seq_len", "recompute",   "schedule",
                                               "precision", "sequence_parallel",
                                               "first_stage_layers", "last_stage_layers",
-                                              "microbatches", "grad_bucket_mb", "grad_sync", "segments"};
+                                              "microbatches", "grad_bucket_mb", "grad_sync", "segments",
+                                              "grad_compression", "grad_compression_warmup", "error_feedback"};
 
 template <class E>
 Result<E> parse_enum(const char* what, const std::string& s, const std::vector<std::string>& names) {
@@ -78,6 +80,11 @@ Result<GradSync> parse_grad_sync(const std::string& s) {
   return parse_enum<GradSync>("gradient sync mode", s, kGradSyncs);
 }
 
+std::string grad_compression_name(GradCompression c) { return kGradCompressions[static_cast<std::size_t>(c)]; }
+Result<GradCompression> parse_grad_compression(const std::string& s) {
+  return parse_enum<GradCompression>("gradient compression", s, kGradCompressions);
+}
+
 int element_bytes(Precision p) { return p == Precision::fp32 ? 4 : 2; }
 
 int Plan::world_size() const {
@@ -109,6 +116,8 @@ const std::vector<PlanIntField>& plan_int_fields() {
        "layers on the first pipeline stage (default 0: an even share)"},
       {"last_stage_layers", "--last-stage-layers", &O::last_stage_layers, {0, 1 << 16},
        "layers on the last pipeline stage (default 0: an even share)"},
+      {"grad_compression_warmup", "--grad-compression-warmup", &O::grad_compression_warmup, {0, 1 << 30},
+       "steps reduced uncompressed before --grad-compression starts (default 0)"},
   };
   return fields;
 }
@@ -125,6 +134,8 @@ Result<PlanOverrides> plan_overrides_from_json(const nlohmann::json& j) {
   MT_TRY(f.get_string("grad_sync", o.grad_sync));
   MT_TRY(f.get_real("grad_bucket_mb", kGradBucketMbRange, o.grad_bucket_mb));
   MT_TRY(f.get_bool("sequence_parallel", o.sequence_parallel));
+  MT_TRY(f.get_string("grad_compression", o.grad_compression));
+  MT_TRY(f.get_bool("error_feedback", o.error_feedback));
   if (f.has("segments")) o.segments = std::make_shared<const nlohmann::json>(j["segments"]);
   return o;
 }
@@ -153,6 +164,11 @@ Result<Plan> apply_overrides(Plan p, const PlanOverrides& o) {
   set(p.seq_len, o.seq_len);
   set(p.first_stage_layers, o.first_stage_layers);
   set(p.last_stage_layers, o.last_stage_layers);
+  set(p.grad_compression_warmup, o.grad_compression_warmup);
+  if (o.grad_compression) {
+    MT_ASSIGN(p.grad_compression, parse_grad_compression(*o.grad_compression));
+  }
+  if (o.error_feedback) p.error_feedback = *o.error_feedback;
   if (o.recompute) {
     MT_ASSIGN(p.recompute, parse_recompute(*o.recompute));
   }
@@ -209,6 +225,15 @@ Status validate_plan(const Plan& p, const ModelSpec& m, int world_size) {
     return make_error("grad_bucket_mb (--grad-bucket-mb) must be a positive number of MiB {}, got {}; "
                       "use e.g. 25 (PyTorch DDP's bucket_cap_mb) or leave it out for the engine's 4",
                       describe(kGradBucketMbRange), p.grad_bucket_mb);
+  if (p.grad_compression == GradCompression::one_bit && p.zero >= 2)
+    return make_error("grad_compression (--grad-compression) 1bit needs zero 0 or 1, got zero {}: ZeRO 2 and 3 "
+                      "reduce each layer's gradients once per micro-batch, and the error feedback would need a "
+                      "full-size error buffer per rank, the memory ZeRO 2 saves (DeepSpeed's 1-bit Adam refuses "
+                      "them too); use --zero 1, or bf16/fp16 compression",
+                      p.zero);
+  if (p.grad_compression_warmup < 0)
+    return make_error("grad_compression_warmup (--grad-compression-warmup) must be >= 0, got {}",
+                      p.grad_compression_warmup);
   if (p.grad_sync == GradSync::after_backward && p.zero >= 2)
     return make_error("grad_sync (--grad-sync) after-backward needs zero 0 or 1, got zero {}: ZeRO 2 and 3 "
                       "reduce each layer's gradients during backward to free them; use --grad-sync overlap",
@@ -317,6 +342,11 @@ nlohmann::json plan_to_json(const Plan& p) {
   if (p.last_stage_layers != 0) j["last_stage_layers"] = p.last_stage_layers;
   if (p.grad_bucket_mb != Plan{}.grad_bucket_mb) j["grad_bucket_mb"] = p.grad_bucket_mb;
   if (p.grad_sync != GradSync::overlap) j["grad_sync"] = grad_sync_name(p.grad_sync);
+  if (p.grad_compression != GradCompression::none) {
+    j["grad_compression"] = grad_compression_name(p.grad_compression);
+    j["grad_compression_warmup"] = p.grad_compression_warmup;
+    if (p.grad_compression == GradCompression::one_bit) j["error_feedback"] = p.error_feedback;
+  }
   if (!p.segments.empty()) {
     j["segments"] = nlohmann::json::array();
     for (const Plan& s : p.segments) {

@@ -110,7 +110,9 @@ StepEngine::StepEngine(Backend& b, const ModelSpec& m, const Plan& p, const Mesh
     ParameterStore& params = chunk->model->parameters();
     chunk->buckets = std::make_unique<GradientBuckets>(b, m_, params, layers.head, dp, p.zero, bucket_elements,
                                                        defer_embedding, compute_, comm_,
-                                                       *mesh.group_of(GroupKind::expert_data, b.rank()));
+                                                       *mesh.group_of(GroupKind::expert_data, b.rank()),
+                                                       BucketCompression{p.grad_compression, p.grad_compression_warmup,
+                                                                         p.error_feedback});
     if (p.zero >= 3) {
       std::vector<int> order;
       if (layers.embedding) order.push_back(-1);
@@ -251,7 +253,7 @@ Status StepEngine::begin_step(const std::vector<HostBatch>& microbatches, std::i
   for (auto& c : chunks_) {
     c->model->parameters().zero_grads();
     c->model->moe_statistics().clear(b_);
-    c->buckets->begin_step();
+    c->buckets->begin_step(step);
     c->saved.clear();
     c->saved.resize(static_cast<std::size_t>(m));
   }

@@ -186,10 +186,10 @@ float* CpuBackend::f32(const Tensor& t, std::string_view op) const {
   return reinterpret_cast<float*>(bytes_of(t, op));
 }
 
-const std::int32_t* CpuBackend::i32(const Tensor& t, std::string_view op) const {
+std::int32_t* CpuBackend::i32(const Tensor& t, std::string_view op) const {
   if (t.defined() && t.dtype() != DType::i32)
     misuse("{}: needs int32, got a {} tensor {}", op, dtype_name(t.dtype()), t.shape().str());
-  return reinterpret_cast<const std::int32_t*>(bytes_of(t, op));
+  return reinterpret_cast<std::int32_t*>(bytes_of(t, op));
 }
 
 // ---- host transfer -------------------------------------------------------------
@@ -354,6 +354,41 @@ void expect_transportable(const Tensor& t, std::string_view op) {
   if (t.dtype() != DType::f32 && t.dtype() != DType::i32)
     misuse("{}: {} tensors are not transported; cast to fp32 first", op, dtype_name(t.dtype()));
 }
+
+bool half_width(const Tensor& t) { return t.dtype() == DType::bf16 || t.dtype() == DType::f16; }
+
+// 16-bit tensors (a compressed gradient on the wire) move bitwise by the
+// data-movement collectives, two elements to a float of the communicator's
+// spans: each block of c elements travels as ceil(c/2) floats, an odd
+// block's last float padded with zero bits.
+struct HalfBlocks {
+  std::vector<std::int64_t> elements, floats;  // per block
+  std::vector<float> packed;
+  explicit HalfBlocks(std::span<const std::int64_t> counts) {
+    std::int64_t total = 0;
+    for (std::int64_t c : counts) {
+      elements.push_back(c);
+      floats.push_back((c + 1) / 2);
+      total += floats.back();
+    }
+    packed.assign(static_cast<std::size_t>(total), 0.f);
+  }
+  void pack(const std::byte* src) {
+    auto* dst = reinterpret_cast<std::byte*>(packed.data());
+    for (std::size_t j = 0; j < elements.size(); ++j) {
+      std::memcpy(dst, src, static_cast<std::size_t>(elements[j]) * 2);
+      src += elements[j] * 2, dst += floats[j] * 4;
+    }
+  }
+  void unpack(std::byte* dst) const {
+    const auto* src = reinterpret_cast<const std::byte*>(packed.data());
+    for (std::size_t j = 0; j < elements.size(); ++j) {
+      std::memcpy(dst, src, static_cast<std::size_t>(elements[j]) * 2);
+      dst += elements[j] * 2, src += floats[j] * 4;
+    }
+  }
+  std::span<float> span() { return packed; }
+};
 }  // namespace
 
 void CpuBackend::check_member(const Group& g, std::string_view op) const {
@@ -403,12 +438,20 @@ void CpuBackend::reduce_scatter(const Tensor& in, Tensor& out, const Group& g, R
 void CpuBackend::all_gather(const Tensor& in, Tensor& out, const Group& g) {
   const auto* pi = reinterpret_cast<const float*>(bytes_of(in, "all_gather"));
   auto* po = reinterpret_cast<float*>(bytes_of(out, "all_gather"));
-  expect_transportable(in, "all_gather");
+  if (!half_width(in)) expect_transportable(in, "all_gather");
   check_member(g, "all_gather");
   if (auto problem = all_gather_problem(in, out, g); !problem.empty()) misuse("{}", problem);
   if (error_) return;
   if (g.size() == 1) {
     copy(in, out);
+    return;
+  }
+  if (half_width(in)) {
+    const std::vector<std::int64_t> one(1, in.numel()), all(static_cast<std::size_t>(g.size()), in.numel());
+    HalfBlocks mine(one), gathered(all);
+    mine.pack(bytes_of(in, "all_gather"));
+    note(comm("all_gather").all_gather(mine.span(), gathered.span(), g), "all_gather", g);
+    if (!error_) gathered.unpack(bytes_of(out, "all_gather"));
     return;
   }
   note(comm("all_gather")
@@ -433,13 +476,21 @@ void CpuBackend::all_to_all(const Tensor& in, std::span<const std::int64_t> send
                             const Group& g) {
   const auto* pi = reinterpret_cast<const float*>(bytes_of(in, "all_to_all"));
   auto* po = reinterpret_cast<float*>(bytes_of(out, "all_to_all"));
-  expect_transportable(in, "all_to_all");
+  if (!half_width(in)) expect_transportable(in, "all_to_all");
   check_member(g, "all_to_all");
   if (auto problem = all_to_all_problem(in, send_counts, out, recv_counts, g); !problem.empty())
     misuse("{}", problem);
   if (error_) return;
   if (g.size() == 1) {
     copy(in, out);
+    return;
+  }
+  if (half_width(in)) {
+    HalfBlocks sent(send_counts), received(recv_counts);
+    sent.pack(bytes_of(in, "all_to_all"));
+    note(comm("all_to_all").all_to_all(sent.span(), sent.floats, received.span(), received.floats, g), "all_to_all",
+         g);
+    if (!error_) received.unpack(bytes_of(out, "all_to_all"));
     return;
   }
   note(comm("all_to_all")

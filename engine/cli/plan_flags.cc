@@ -22,6 +22,10 @@ void add_plan_flags(CLI::App& app, PlanFlags& f, const std::string& default_mode
       ->check(real_in(kGradBucketMbRange));
   app.add_option("--grad-sync", o.grad_sync,
                  "when gradient buckets are reduced: overlap (with backward) or after-backward (Megatron local DDP)");
+  app.add_option("--grad-compression", o.grad_compression,
+                 "data-parallel gradients on the wire: none, bf16, fp16 (cast) or 1bit (signs, error feedback)");
+  app.add_flag("--error-feedback,!--no-error-feedback", o.error_feedback,
+               "1bit: keep each rank's compression error for the next step (default on)");
   app.add_flag("--sequence-parallel", o.sequence_parallel, "split norms and dropout over the sequence (tp)");
 }
 
