@@ -12,6 +12,7 @@
 #include "backends/cpu/kernels/gemm.h"
 #include "backends/cpu/kernels/parallel.h"
 #include "backends/collective_checks.h"
+#include "backends/cpu/comm/common.h"
 #include "backends/cpu/misuse.h"
 #include "backends/half.h"
 #include "backends/cpu/threads.h"
@@ -411,19 +412,63 @@ void CpuBackend::note(Status status, std::string_view where) {
   error_ = std::move(e);
 }
 
+Status CpuBackend::half_reduce(const Tensor& in, Tensor& out, const Group& g, ReduceOp op, bool all) {
+  // Member k's block: [n·k/G, n·(k+1)/G) of an all-reduce, as the communicators cut it; out's k elements
+  // at k·|out| of a reduce-scatter.
+  const std::int64_t G = g.size(), k = g.index_of(rank_), n = in.numel();
+  auto lo = [&](std::int64_t j) { return all ? n * j / G : j * out.numel(); };
+  auto len = [&](std::int64_t j) { return lo(j + 1) - lo(j); };
+  std::vector<std::int64_t> send(static_cast<std::size_t>(G)), recv(static_cast<std::size_t>(G), len(k));
+  for (std::int64_t j = 0; j < G; ++j) send[static_cast<std::size_t>(j)] = len(j);
+  HalfBlocks sent(send), received(recv);
+  sent.pack(bytes_of(in, "reduce"));
+  MT_TRY(comm("reduce").all_to_all(sent.span(), sent.floats, received.span(), received.floats, g));
+  std::vector<std::byte> blocks(static_cast<std::size_t>(G * len(k)) * 2);
+  received.unpack(blocks.data());
+  const DType dt = in.dtype();
+  std::vector<float> acc(static_cast<std::size_t>(len(k))), x(acc.size());
+  for (std::int64_t q = 0; q < G; ++q) {
+    float* dst = q == 0 ? acc.data() : x.data();
+    for (std::int64_t i = 0; i < len(k); ++i) dst[i] = load(dt, blocks.data(), q * len(k) + i);
+    if (q > 0) comm::combine(acc.data(), x.data(), acc.size(), op);
+  }
+  std::byte* o = bytes_of(out, "reduce");
+  for (std::int64_t i = 0; i < len(k); ++i) store(dt, o, (all ? lo(k) : 0) + i, acc[static_cast<std::size_t>(i)]);
+  if (!all) return ok_status();
+  // Every member's rounded block to every member.
+  std::vector<std::int64_t> mine(static_cast<std::size_t>(G), len(k));
+  std::vector<std::byte> copies;
+  for (std::int64_t j = 0; j < G; ++j) copies.insert(copies.end(), o + lo(k) * 2, o + lo(k + 1) * 2);
+  HalfBlocks own(mine), theirs(send);
+  own.pack(copies.data());
+  MT_TRY(comm("reduce").all_to_all(own.span(), own.floats, theirs.span(), theirs.floats, g));
+  theirs.unpack(o);
+  return ok_status();
+}
+
 void CpuBackend::all_reduce(Tensor& x, const Group& g, ReduceOp op) {
-  float* p = f32(x, "all_reduce");
   check_member(g, "all_reduce");
+  if (half_width(x)) {
+    if (!error_ && g.size() > 1) note(half_reduce(x, x, g, op, true), "all_reduce", g);
+    return;
+  }
+  float* p = f32(x, "all_reduce");
   if (error_ || g.size() == 1) return;
   note(comm("all_reduce").all_reduce({p, static_cast<std::size_t>(x.numel())}, g, op), "all_reduce",
        g);
 }
 
 void CpuBackend::reduce_scatter(const Tensor& in, Tensor& out, const Group& g, ReduceOp op) {
-  const float* pi = f32(in, "reduce_scatter");
-  float* po = f32(out, "reduce_scatter");
   check_member(g, "reduce_scatter");
   if (auto problem = reduce_scatter_problem(in, out, g); !problem.empty()) misuse("{}", problem);
+  if (half_width(in) && in.dtype() == out.dtype()) {
+    if (error_) return;
+    if (g.size() == 1) copy(in, out);
+    else note(half_reduce(in, out, g, op, false), "reduce_scatter", g);
+    return;
+  }
+  const float* pi = f32(in, "reduce_scatter");
+  float* po = f32(out, "reduce_scatter");
   if (error_) return;
   if (g.size() == 1) {
     copy(in, out);

@@ -175,6 +175,10 @@ class CpuBackend final : public Backend {
   // transposed into `bias_scratch`).
   cpu::ScoreTerms<float> score_terms(const AttentionOp& op, const cpu::AttentionDims& d, std::string_view name,
                                      std::vector<float>& bias_scratch) const;
+  // bf16/f16 all_reduce (all: out is in) or reduce_scatter: blocks moved
+  // bitwise by all-to-all, summed in fp32 in ascending group order, rounded
+  // to 16 bits once; all_reduce then sends each member's block to the others.
+  Status half_reduce(const Tensor& in, Tensor& out, const Group& g, ReduceOp op, bool all);
   // Aborts unless this rank is a member of g.
   void check_member(const Group& g, std::string_view op) const;
   // The communicator for a group of more than one rank; aborts without one.

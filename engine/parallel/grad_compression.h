@@ -3,36 +3,31 @@
 // backend ops only, so the cpu and cuda backends run it and the sim times the
 // same casts, sign kernels and collectives.
 //
-// A bucket of n gradients over a group of G ranks is cut into G blocks of k
-// (n <= k·G; the padding is zero); member r owns block r. The reduction runs
-// in two phases, the direct reduce-scatter + all-gather of the uncompressed
-// path with compressed payloads:
-//   1. scatter: every member compresses all G blocks and sends block j to
-//      member j (all_to_all); member r decompresses the G copies of its block
-//      and sums them in fp32 in ascending group order.
-//   2. gather (all-reduce only, ZeRO 0): member r compresses its summed block,
-//      all_gather, every member decompresses the G blocks into the bucket.
-// ZeRO 1 (and the reduce-scatter of ZeRO 2/3 under bf16/fp16) stops after
-// phase 1: the summed block is the rank's shard, never recompressed.
+// bf16, fp16 (PyTorch DDP's bf16/fp16 compress hooks): the bucket is cast to
+// 16 bits and all-reduced (ZeRO 0) or reduce-scattered (ZeRO 1/2/3) as such,
+// by the backend's own algorithm (NCCL's ring or tree; the cpu communicators'
+// direct exchange, summing in fp32 in ascending rank order and rounding once),
+// then widened; half the bytes of fp32. fp16 first divides by the group size,
+// as the hook does, so that the sum cannot overflow fp16's range, and
+// multiplies the result back.
 //
-// Payloads:
-//   bf16, fp16  the blocks cast to 16 bits (PyTorch DDP's bf16/fp16 compress
-//               hooks); fp16 first divides by G, as the hook does, so that the
-//               sum of G values cannot overflow fp16's range, and multiplies
-//               the result back. The sum itself is fp32, rounded to 16 bits
-//               once more for phase 2. Half the bytes of fp32.
-//   1bit        signs with one scale per block (Backend::sign_compress): the
-//               worker error of phase 1 (G·k per bucket) and the server error
-//               of phase 2 (k per bucket) are kept across steps and added to
-//               the next step's values (error feedback: Seide et al. 2014,
-//               Karimireddy et al. 2019's EF-SGD, Tang et al. 2021's 1-bit
-//               Adam, whose two-phase compressed all-reduce this is). About
-//               1/32 of the bytes of fp32. Without error feedback the errors
-//               are dropped, which only shows why they are kept. The error
-//               buffers are not checkpointed: a resumed run starts them at
-//               zero.
-// The padding of a ragged bucket (fewer than G elements) takes part in its
-// last block's scale under 1bit; its results are dropped.
+// 1bit (Tang et al. 2021's 1-bit Adam compressed all-reduce, with error
+// feedback as in Seide et al. 2014 and Karimireddy et al. 2019's EF-SGD): a
+// bucket of n over G ranks is cut into G blocks of k (n <= k·G, zero padded);
+// member r owns block r.
+//   1. every member adds its worker error to the G blocks and sends each as
+//      signs with one scale (Backend::sign_compress) to its owner
+//      (all_to_all); member r decompresses the G copies of its block and sums
+//      them in fp32 in ascending group order. ZeRO 1 stops here: the sum is
+//      the rank's shard.
+//   2. (ZeRO 0) member r compresses its sum with its server error, all_gather,
+//      every member decompresses the G blocks into the bucket.
+// About 1/32 of the bytes of fp32 (a bit per element and a 4-byte scale per
+// block). The worker error (G·k per bucket) and server error (k) carry what
+// compression dropped into the next step; without error feedback they are
+// dropped, which only shows why they are kept. They are not checkpointed: a
+// resumed run starts them at zero. The padding of a ragged bucket (fewer than
+// G elements) takes part in its last block's scale; its results are dropped.
 #pragma once
 
 #include <cstdint>
@@ -57,8 +52,10 @@ class CompressedReduction {
   void reduce_scatter(std::size_t bucket, const Tensor& grads, Tensor& out, std::int64_t k, const Group& g);
 
  private:
-  // Phase 1 into sum (k) f32; for fp16 the sum is still divided by G.
-  void scatter_sum(std::size_t bucket, const Tensor& grads, Tensor& sum, std::int64_t k, const Group& g);
+  // grads (n) as `size` elements, zero padded (fp16: divided by the group size against overflow).
+  Tensor padded(const Tensor& grads, std::int64_t size, const Group& g);
+  // 1bit phase 1 into sum (k) f32; elements past the bucket's end are 0.
+  void one_bit_scatter(std::size_t bucket, const Tensor& grads, Tensor& sum, std::int64_t k, const Group& g);
   // Zeroes the elements of this member's block (sum (k)) past the bucket's n elements.
   void zero_padding(Tensor& sum, std::int64_t n, std::int64_t k, const Group& g);
   DType wire_dtype() const;

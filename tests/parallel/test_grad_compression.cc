@@ -122,6 +122,7 @@ TEST_CASE("bf16 and fp16 gradient compression stay close to the uncompressed run
 TEST_CASE("1-bit compression: every rank holds the same model, and runs repeat bit for bit",
           "[parallel][compression][determinism]") {
   for (int zero : {0, 1}) {
+    std::vector<std::vector<double>> losses;  // with and without error feedback
     for (bool feedback : {true, false}) {
       INFO("seed " << kSeed << ", zero " << zero << ", error feedback " << feedback);
       Plan p = compressed(make_plan(2, 1, 2, zero, ScheduleKind::one_f_one_b), GradCompression::one_bit, 0, feedback);
@@ -132,7 +133,10 @@ TEST_CASE("1-bit compression: every rank holds the same model, and runs repeat b
       // Compression acts: step 2 onwards differs from the uncompressed run.
       const PlanRun plain = run_plan(tiny_gpt(), make_plan(2, 1, 2, zero, ScheduleKind::one_f_one_b));
       CHECK(a.ranks[0].losses[2] != plain.ranks[0].losses[2]);
+      losses.push_back(a.ranks[0].losses);
     }
+    // The error carried from step 1 changes step 2's gradients, so step 3's loss.
+    CHECK(losses[0][2] != losses[1][2]);
   }
 }
 
