@@ -72,6 +72,11 @@ MemoryBreakdown memory_per_rank(const ModelSpec& m, const Plan& p, int stage, co
   r.parameters = sharded(3, param_bytes);
   r.gradients = sharded(2, grad_bytes);
   r.optimizer = sharded(1, optimizer_bytes);
+  // 1-bit gradients keep their error feedback across steps like optimizer state
+  // (engine/parallel/grad_compression.h): an fp32 worker error as large as the
+  // gradients, and under ZeRO 0 a server error of the rank's 1/dp block.
+  if (p.grad_compression == GradCompression::one_bit && p.error_feedback && p.dp > 1)
+    r.optimizer += n * 4.0 * (1.0 + (p.zero == 0 ? 1.0 / p.dp : 0.0));
   if (p.zero >= 2) {
     std::int64_t largest_layer = 0, tied_embedding = 0;
     std::vector<std::int64_t> per_layer(static_cast<std::size_t>(m.layers), 0);

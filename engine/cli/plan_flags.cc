@@ -24,8 +24,9 @@ void add_plan_flags(CLI::App& app, PlanFlags& f, const std::string& default_mode
                  "when gradient buckets are reduced: overlap (with backward) or after-backward (Megatron local DDP)");
   app.add_option("--grad-compression", o.grad_compression,
                  "data-parallel gradients on the wire: none, bf16, fp16 (cast) or 1bit (signs, error feedback)");
-  app.add_flag("--error-feedback,!--no-error-feedback", o.error_feedback,
-               "1bit: keep each rank's compression error for the next step (default on)");
+  app.add_flag_callback(
+      "--no-error-feedback", [&o] { o.error_feedback = false; },
+      "1bit: drop each rank's compression error instead of adding it to the next step (to measure what it is worth)");
   app.add_flag("--sequence-parallel", o.sequence_parallel, "split norms and dropout over the sequence (tp)");
 }
 

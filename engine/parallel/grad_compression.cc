@@ -14,6 +14,12 @@ CompressedReduction::CompressedReduction(Backend& b, GradCompression kind, bool 
                                          std::size_t buckets)
     : b_(b), kind_(kind), error_feedback_(error_feedback), worker_error_(buckets), server_error_(buckets) {}
 
+void CompressedReduction::reserve(std::size_t bucket, std::int64_t k, int group_size, bool all_reduce) {
+  if (kind_ != GradCompression::one_bit || !error_feedback_ || group_size == 1) return;
+  worker_error_[bucket] = b_.zeros(Shape{group_size, k});
+  if (all_reduce) server_error_[bucket] = b_.zeros(Shape{1, k});
+}
+
 DType CompressedReduction::wire_dtype() const { return kind_ == GradCompression::fp16 ? DType::f16 : DType::bf16; }
 
 void CompressedReduction::zero_padding(Tensor& sum, std::int64_t n, std::int64_t k, const Group& g) {
@@ -43,7 +49,6 @@ void CompressedReduction::one_bit_scatter(std::size_t bucket, const Tensor& grad
   const std::int64_t G = g.size(), W = sign_words(k);
   const Tensor x = padded(grads, G * k, g);
   Tensor& error = worker_error_[bucket];
-  if (error_feedback_ && !error.defined()) error = b_.zeros(Shape{G, k});
   Tensor no_error;
   Tensor packets = b_.empty(Shape{G, 1 + W}, DType::i32);
   b_.sign_compress(x.view(Shape{G, k}), error_feedback_ ? error : no_error, packets);
@@ -88,7 +93,6 @@ void CompressedReduction::all_reduce(std::size_t bucket, Tensor& grads, std::int
   // Phase 2: this member's sum, compressed again with its own error feedback, to every member.
   const std::int64_t W = sign_words(k);
   Tensor& error = server_error_[bucket];
-  if (error_feedback_ && !error.defined()) error = b_.zeros(Shape{1, k});
   Tensor no_error;
   Tensor mine = b_.empty(Shape{1, 1 + W}, DType::i32);
   b_.sign_compress(sum.view(Shape{1, k}), error_feedback_ ? error : no_error, mine);

@@ -45,6 +45,11 @@ class CompressedReduction {
   // (each keeps its own error state).
   CompressedReduction(Backend& b, GradCompression kind, bool error_feedback, std::size_t buckets);
 
+  // Allocates a bucket's error feedback (1bit; zeroed), held from now on like
+  // optimizer state: the worker error (G, k), and for an all-reduce the
+  // server error (1, k). Buckets reduced over one rank need none.
+  void reserve(std::size_t bucket, std::int64_t k, int group_size, bool all_reduce);
+
   // grads (n) f32, n <= k·g.size(): summed over g in place on every member.
   void all_reduce(std::size_t bucket, Tensor& grads, std::int64_t k, const Group& g);
   // grads (n) f32, n <= k·g.size(): out (k) f32 = this member's block of the
@@ -63,7 +68,7 @@ class CompressedReduction {
   Backend& b_;
   GradCompression kind_;
   bool error_feedback_;
-  // 1bit error feedback by bucket, allocated (zeroed) at first use.
+  // 1bit error feedback by bucket (reserve()).
   std::vector<Tensor> worker_error_;  // (G, k)
   std::vector<Tensor> server_error_;  // (1, k)
 };

@@ -82,9 +82,12 @@ GradientBuckets::GradientBuckets(Backend& b, const ModelSpec& m, ParameterStore&
   issued_.assign(buckets_.size(), false);
   unit_grads_.resize(buckets_.size());
   if (sharded()) shard_grads_ = b.empty(Shape{shard_numel_});
-  if (compression.kind != GradCompression::none)
+  if (compression.kind != GradCompression::none) {
     compression_ = std::make_unique<CompressedReduction>(b, compression.kind, compression.error_feedback,
                                                          buckets_.size());
+    for (std::size_t i = 0; i < buckets_.size(); ++i)
+      compression_->reserve(i, buckets_[i].shard, group_of(buckets_[i]).size(), !sharded());
+  }
 }
 
 void GradientBuckets::begin_step(std::int64_t step) {

@@ -95,3 +95,16 @@ TEST_CASE("simulated ZeRO-1 with 1-bit gradients sends phase 1 only; parameters 
   CHECK(stats(r, sim::CollectiveKind::kReduceScatter).bytes == 0);
   CHECK(stats(r, sim::CollectiveKind::kAllGather).bytes == Approx(params * 2).epsilon(0.02));
 }
+
+TEST_CASE("simulated 1-bit error feedback costs the memory the model counts for it", "[sim_backend][compression][memory]") {
+  // A worker error as large as the fp32 gradients and (ZeRO 0) a server error of the rank's 1/dp block:
+  // the sim's measured peak and the memory model both grow by it (the transient buffers of one 4 MiB
+  // bucket are within the 2% margin).
+  const ModelSpec m = small_gpt();
+  const double params = static_cast<double>(count_shard_parameters(m, 1, 1, 1, 1, 0).total);
+  const double error = params * 4 * (1 + 1.0 / 16);
+  const SimulationResult plain = simulate(m, dp_plan(m, 0, GradCompression::none));
+  const SimulationResult one_bit = simulate(m, dp_plan(m, 0, GradCompression::one_bit));
+  CHECK(one_bit.stages[0].model.optimizer - plain.stages[0].model.optimizer == Approx(error).epsilon(1e-6));
+  CHECK(static_cast<double>(one_bit.stages[0].peak_bytes - plain.stages[0].peak_bytes) == Approx(error).epsilon(0.02));
+}
