@@ -170,6 +170,9 @@ struct AdamWOp {
   float eps = 1e-8f;
   float weight_decay = 0.f;  // decoupled, multiplied by lr
   std::int64_t step = 1;     // 1-based, for bias correction
+  // > 0: v is frozen (not updated) and bias-corrected as at this step, as
+  // 1-bit Adam freezes it after its warm-up (Tang et al. 2021); 0: AdamW.
+  std::int64_t variance_frozen_at = 0;
 };
 
 // Counter-based dropout: the mask of element i is a pure function of

@@ -349,7 +349,12 @@ const Tensor& StepEngine::reduce_loss() {
 
 void StepEngine::apply_update(float lr, std::int64_t step, const Tensor& coef) {
   const OptimizerOptions& o = options_.optimizer;
-  for (auto& c : chunks_) c->adam->update(AdamWOp{lr, o.beta1, o.beta2, o.eps, 0.f, step}, o.weight_decay, coef);
+  AdamWOp op{lr, o.beta1, o.beta2, o.eps, 0.f, step};
+  // 1-bit gradients after a warm-up are 1-bit Adam: the variance freezes when compression starts
+  // (Tang et al. 2021), so that error feedback compensates what a linear update loses.
+  const int warmup = plan_.grad_compression_warmup;
+  if (plan_.grad_compression == GradCompression::one_bit && warmup > 0 && step > warmup) op.variance_frozen_at = warmup;
+  for (auto& c : chunks_) c->adam->update(op, o.weight_decay, coef);
   for (auto& c : chunks_) c->saved.clear();
 }
 

@@ -552,7 +552,7 @@ void CpuBackend::adamw(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, 
   }
   if (error_) return;
   const auto threads = on_threads();
-  const cpu::AdamWParams p{op.lr, op.beta1, op.beta2, op.eps, op.weight_decay, op.step};
+  const cpu::AdamWParams p{op.lr, op.beta1, op.beta2, op.eps, op.weight_decay, op.step, op.variance_frozen_at};
   cpu::adamw(n, pp, pg, pm, pv, pc ? *pc : 1.0f, p);
 }
 
@@ -587,7 +587,7 @@ void CpuBackend::foreach_adamw(std::span<const AdamWTensors> params, const Tenso
     expect_numel(t.grad, n, "foreach_adamw", "grad");
     expect_numel(t.m, n, "foreach_adamw", "m");
     expect_numel(t.v, n, "foreach_adamw", "v");
-    const cpu::AdamWParams p{op.lr, op.beta1, op.beta2, op.eps, t.weight_decay, op.step};
+    const cpu::AdamWParams p{op.lr, op.beta1, op.beta2, op.eps, t.weight_decay, op.step, op.variance_frozen_at};
     arrays.push_back({n, f32(t.param, "foreach_adamw"), f32(t.grad, "foreach_adamw"), f32(t.m, "foreach_adamw"),
                       f32(t.v, "foreach_adamw"), cpu::AdamWStep<float>(p, 1.0f)});
   }

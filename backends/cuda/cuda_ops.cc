@@ -567,14 +567,16 @@ void CudaBackend::adamw(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v,
   }
   if (failed()) return;
   // Bias corrections in double on the host, rounded once, as the cpu backend.
+  // A frozen variance (AdamWOp::variance_frozen_at) is v = 1·v + 0·g², corrected as at its step.
   const double t = static_cast<double>(op.step);
+  const double t2 = static_cast<double>(op.variance_frozen_at > 0 ? op.variance_frozen_at : op.step);
   const kernels::AdamWArgs a{
       op.lr,
       op.beta1,
-      op.beta2,
+      op.variance_frozen_at > 0 ? 1.f : op.beta2,
       op.eps,
       static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(op.beta1), t))),
-      static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(op.beta2), t))),
+      static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(op.beta2), t2))),
       static_cast<float>(1.0 - static_cast<double>(op.lr) * static_cast<double>(op.weight_decay))};
   check(kernels::adamw(pp, pg, pm, pv, pc, n, a, MT_STREAM), "adamw");
 }

@@ -7,7 +7,12 @@
 namespace meshtrain {
 
 namespace {
-std::int64_t sign_words(std::int64_t k) { return (k + 31) / 32; }
+// Words of one chunk's packet: its scale, then its signs.
+constexpr std::int64_t kPacketWords = 1 + CompressedReduction::kSignChunk / 32;
+// A block of k in whole chunks.
+std::int64_t chunk_stride(std::int64_t k) {
+  return (k + CompressedReduction::kSignChunk - 1) / CompressedReduction::kSignChunk * CompressedReduction::kSignChunk;
+}
 }  // namespace
 
 CompressedReduction::CompressedReduction(Backend& b, GradCompression kind, bool error_feedback,
@@ -16,8 +21,9 @@ CompressedReduction::CompressedReduction(Backend& b, GradCompression kind, bool 
 
 void CompressedReduction::reserve(std::size_t bucket, std::int64_t k, int group_size, bool all_reduce) {
   if (kind_ != GradCompression::one_bit || !error_feedback_ || group_size == 1) return;
-  worker_error_[bucket] = b_.zeros(Shape{group_size, k});
-  if (all_reduce) server_error_[bucket] = b_.zeros(Shape{1, k});
+  const std::int64_t rows = chunk_stride(k) / kSignChunk;
+  worker_error_[bucket] = b_.zeros(Shape{group_size * rows, kSignChunk});
+  if (all_reduce) server_error_[bucket] = b_.zeros(Shape{rows, kSignChunk});
 }
 
 DType CompressedReduction::wire_dtype() const { return kind_ == GradCompression::fp16 ? DType::f16 : DType::bf16; }
@@ -44,22 +50,33 @@ Tensor CompressedReduction::padded(const Tensor& grads, std::int64_t size, const
   return out;
 }
 
+Tensor CompressedReduction::blocks_of(const Tensor& grads, std::int64_t k, std::int64_t stride, const Group& g) {
+  const std::int64_t G = g.size(), n = grads.numel();
+  if (stride == k) return padded(grads, G * k, g);
+  Tensor out = b_.zeros(Shape{G * stride});
+  for (std::int64_t j = 0; j < G && j * k < n; ++j) {
+    Tensor dst = out.slice(j * stride, std::min(k, n - j * k));
+    b_.copy(grads.slice(j * k, dst.numel()), dst);
+  }
+  return out;
+}
+
 void CompressedReduction::one_bit_scatter(std::size_t bucket, const Tensor& grads, Tensor& sum, std::int64_t k,
                                           const Group& g) {
-  const std::int64_t G = g.size(), W = sign_words(k);
-  const Tensor x = padded(grads, G * k, g);
+  const std::int64_t G = g.size(), stride = chunk_stride(k), rows = stride / kSignChunk;
+  const Tensor x = blocks_of(grads, k, stride, g);
   Tensor& error = worker_error_[bucket];
   Tensor no_error;
-  Tensor packets = b_.empty(Shape{G, 1 + W}, DType::i32);
-  b_.sign_compress(x.view(Shape{G, k}), error_feedback_ ? error : no_error, packets);
-  // Row j goes to member j; member r receives every member's row r.
-  const std::vector<std::int64_t> counts(static_cast<std::size_t>(G), 1 + W);
-  Tensor received = b_.empty(Shape{G, 1 + W}, DType::i32);
+  Tensor packets = b_.empty(Shape{G * rows, kPacketWords}, DType::i32);
+  b_.sign_compress(x.view(Shape{G * rows, kSignChunk}), error_feedback_ ? error : no_error, packets);
+  // Block j's rows go to member j; member r receives every member's rows of block r.
+  const std::vector<std::int64_t> counts(static_cast<std::size_t>(G), rows * kPacketWords);
+  Tensor received = b_.empty(Shape{G * rows, kPacketWords}, DType::i32);
   b_.all_to_all(packets, counts, received, counts, g);
-  Tensor blocks = b_.empty(Shape{G, k});
+  Tensor blocks = b_.empty(Shape{G * rows, kSignChunk});
   b_.sign_decompress(received, blocks);
   b_.copy(blocks.slice(0, k), sum);
-  for (std::int64_t q = 1; q < G; ++q) b_.add(sum, blocks.slice(q * k, k), sum);
+  for (std::int64_t q = 1; q < G; ++q) b_.add(sum, blocks.slice(q * stride, k), sum);
   zero_padding(sum, grads.numel(), k, g);
 }
 
@@ -91,21 +108,30 @@ void CompressedReduction::all_reduce(std::size_t bucket, Tensor& grads, std::int
   Tensor sum = b_.empty(Shape{k});
   one_bit_scatter(bucket, grads, sum, k, g);
   // Phase 2: this member's sum, compressed again with its own error feedback, to every member.
-  const std::int64_t W = sign_words(k);
+  const std::int64_t stride = chunk_stride(k), rows = stride / kSignChunk;
+  Tensor wide = sum;
+  if (stride != k) {
+    wide = b_.zeros(Shape{stride});
+    Tensor head = wide.slice(0, k);
+    b_.copy(sum, head);
+  }
   Tensor& error = server_error_[bucket];
   Tensor no_error;
-  Tensor mine = b_.empty(Shape{1, 1 + W}, DType::i32);
-  b_.sign_compress(sum.view(Shape{1, k}), error_feedback_ ? error : no_error, mine);
-  Tensor all = b_.empty(Shape{G, 1 + W}, DType::i32);
+  Tensor mine = b_.empty(Shape{rows, kPacketWords}, DType::i32);
+  b_.sign_compress(wide.view(Shape{rows, kSignChunk}), error_feedback_ ? error : no_error, mine);
+  Tensor all = b_.empty(Shape{G * rows, kPacketWords}, DType::i32);
   b_.all_gather(mine, all, g);
-  if (n == G * k) {
-    Tensor whole = grads.view(Shape{G, k});
+  if (stride == k && n == G * k) {
+    Tensor whole = grads.view(Shape{G * rows, kSignChunk});
     b_.sign_decompress(all, whole);
     return;
   }
-  Tensor blocks = b_.empty(Shape{G, k});
+  Tensor blocks = b_.empty(Shape{G * rows, kSignChunk});
   b_.sign_decompress(all, blocks);
-  b_.copy(blocks.slice(0, n), grads);
+  for (std::int64_t j = 0; j < G && j * k < n; ++j) {
+    Tensor dst = grads.slice(j * k, std::min(k, n - j * k));
+    b_.copy(blocks.slice(j * stride, dst.numel()), dst);
+  }
 }
 
 }  // namespace meshtrain

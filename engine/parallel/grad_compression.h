@@ -16,18 +16,19 @@
 // bucket of n over G ranks is cut into G blocks of k (n <= k·G, zero padded);
 // member r owns block r.
 //   1. every member adds its worker error to the G blocks and sends each as
-//      signs with one scale (Backend::sign_compress) to its owner
+//      signs with one scale per kSignChunk elements (Backend::sign_compress;
+//      a block padded to whole chunks) to its owner
 //      (all_to_all); member r decompresses the G copies of its block and sums
 //      them in fp32 in ascending group order. ZeRO 1 stops here: the sum is
 //      the rank's shard.
 //   2. (ZeRO 0) member r compresses its sum with its server error, all_gather,
 //      every member decompresses the G blocks into the bucket.
-// About 1/32 of the bytes of fp32 (a bit per element and a 4-byte scale per
-// block). The worker error (G·k per bucket) and server error (k) carry what
+// About 1/28 of the bytes of fp32 (a bit per element and a 4-byte scale per
+// 256). The worker error (G·k per bucket) and server error (k) carry what
 // compression dropped into the next step; without error feedback they are
 // dropped, which only shows why they are kept. They are not checkpointed: a
-// resumed run starts them at zero. The padding of a ragged bucket (fewer than
-// G elements) takes part in its last block's scale; its results are dropped.
+// resumed run starts them at zero. Padding takes part in its chunk's scale;
+// its results are dropped.
 #pragma once
 
 #include <cstdint>
@@ -41,6 +42,11 @@ enum class GradCompression;
 
 class CompressedReduction {
  public:
+  // 1bit: elements per scale. A scale per block of a bucket would give a
+  // layer norm's gradients the magnitude of an embedding's; 256 costs 4 bytes
+  // per 32 of signs (1.125 bits per element, 1/28.4 of fp32).
+  static constexpr std::int64_t kSignChunk = 256;
+
   // `kind` is not none; `buckets` is how many buckets will use this object
   // (each keeps its own error state).
   CompressedReduction(Backend& b, GradCompression kind, bool error_feedback, std::size_t buckets);
@@ -59,6 +65,8 @@ class CompressedReduction {
  private:
   // grads (n) as `size` elements, zero padded (fp16: divided by the group size against overflow).
   Tensor padded(const Tensor& grads, std::int64_t size, const Group& g);
+  // grads (n) as G blocks of k, each at a multiple of `stride` (>= k), zero padded.
+  Tensor blocks_of(const Tensor& grads, std::int64_t k, std::int64_t stride, const Group& g);
   // 1bit phase 1 into sum (k) f32; elements past the bucket's end are 0.
   void one_bit_scatter(std::size_t bucket, const Tensor& grads, Tensor& sum, std::int64_t k, const Group& g);
   // Zeroes the elements of this member's block (sum (k)) past the bucket's n elements.

@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/parallel/grad_compression.h"
 #include "tests/parallel/parallel_check.h"
 
 using namespace meshtrain;
@@ -55,7 +56,7 @@ TEST_CASE("compressed gradients: each rank sends the expected fraction of the fp
           "[parallel][compression][bytes]") {
   // One bucket per stage (4 MiB): the per-step fixed traffic (loss, norm) is a few floats against
   // the ~100k gradients. fp32 sends 2·(G−1)/G of the bucket's 4-byte elements per rank; bf16/fp16
-  // the same count of 2-byte ones; 1bit (1 + ceil(k/32)) words per block of k: about 1/32.
+  // the same count of 2-byte ones; 1bit 9 words per chunk of 256: 36/1024.
   for (int zero : {0, 1}) {
     for (int dp : {2, 4}) {
       Plan p = make_plan(1, 1, dp, zero, ScheduleKind::one_f_one_b);
@@ -78,7 +79,8 @@ TEST_CASE("compressed gradients: each rank sends the expected fraction of the fp
       const auto expected = [&](double c) { return zero == 0 ? c : (1 + c) / 2; };
       CHECK(bf16 == Approx(expected(0.5)).margin(0.005));
       CHECK(fp16 == Approx(expected(0.5)).margin(0.005));
-      CHECK(one_bit == Approx(expected(1.0 / 32)).margin(0.004));
+      // 1bit: a 4-byte scale and 32 bytes of signs per 256 gradients of 4 bytes.
+      CHECK(one_bit == Approx(expected(36.0 / 1024)).margin(0.002));
     }
   }
 }
@@ -168,4 +170,49 @@ TEST_CASE("gradient compression options are checked, with the fix named", "[para
   CHECK(applied->grad_compression_warmup == 5);
   CHECK_FALSE(applied->error_feedback);
   CHECK(plan_to_json(*applied)["grad_compression"] == "fp16");
+}
+
+TEST_CASE("1-bit all-reduce with error feedback transmits the true sum on average, without it a biased one",
+          "[parallel][compression][feedback]") {
+  // The same gradients every step on 4 ranks (a fixed, skewed vector per rank): with error feedback the
+  // mean of the transmitted sums converges to the exact sum (each phase's error stays bounded, so its
+  // share of the mean falls as 1/steps); without it, signs times a chunk scale stay biased.
+  constexpr int kRanks = 4, kSteps = 200;
+  const std::int64_t n = 1000, k = (n + kRanks - 1) / kRanks;
+  auto value = [](int rank, std::int64_t i) {
+    return static_cast<float>(std::sin(0.37 * static_cast<double>(i) + rank) * (1 + (i % 7)) * 1e-3);
+  };
+  std::vector<double> exact(n, 0.0);
+  for (int r = 0; r < kRanks; ++r)
+    for (std::int64_t i = 0; i < n; ++i) exact[static_cast<std::size_t>(i)] += value(r, i);
+  for (bool feedback : {true, false}) {
+    std::vector<double> mean(n, 0.0);
+    const Status s = run_ranks(kRanks, [&](int rank, Communicator& comm) -> Status {
+      CpuBackend b(comm, CpuBackendOptions{1});
+      const Group g{0, {0, 1, 2, 3}};
+      CompressedReduction reduction(b, GradCompression::one_bit, feedback, 1);
+      reduction.reserve(0, k, kRanks, true);
+      std::vector<float> host(n), out(n);
+      for (std::int64_t i = 0; i < n; ++i) host[static_cast<std::size_t>(i)] = value(rank, i);
+      Tensor grads = b.empty(Shape{n});
+      for (int step = 0; step < kSteps; ++step) {
+        b.write(grads, host);
+        reduction.all_reduce(0, grads, k, g);
+        MT_TRY(b.read(grads, out));
+        if (rank == 0)
+          for (std::int64_t i = 0; i < n; ++i) mean[static_cast<std::size_t>(i)] += out[static_cast<std::size_t>(i)] / kSteps;
+      }
+      return ok_status();
+    });
+    REQUIRE(s.ok());
+    double err = 0, norm = 0;
+    for (std::int64_t i = 0; i < n; ++i) {
+      err += (mean[i] - exact[i]) * (mean[i] - exact[i]);
+      norm += exact[i] * exact[i];
+    }
+    const double rel = std::sqrt(err / norm);
+    INFO("error feedback " << feedback << ": relative error of the mean " << rel);
+    if (feedback) CHECK(rel < 0.05);
+    else CHECK(rel > 0.3);
+  }
 }

@@ -74,13 +74,14 @@ TEST_CASE("simulated 1-bit gradients move a bit per element plus a scale per blo
   const ModelSpec m = small_gpt();
   const double params = static_cast<double>(count_shard_parameters(m, 1, 1, 1, 1, 0).total);
   const SimulationResult r = simulate(m, dp_plan(m, 0, GradCompression::one_bit));
-  // Per bucket of n: an all-to-all of G packets of 1 + ceil(k/32) words (k = n/G), then an all-gather
-  // of as many: n/8 bytes each, and 4·(G + G·G/32... ) < 1% more for the scales and partial words.
+  // Per bucket of n: an all-to-all of its G blocks as packets of 9 words per 256 elements (a scale and
+  // 256 signs), then an all-gather of as many: 36/256 bytes per gradient each (blocks padded to whole
+  // chunks: < 1% more).
   const double a2a = stats(r, sim::CollectiveKind::kAllToAll).bytes;
   const double gathered = stats(r, sim::CollectiveKind::kAllGather).bytes;
   INFO("all_to_all " << a2a << " B, all_gather " << gathered << " B, params " << params);
-  CHECK(a2a == Approx(params / 8).epsilon(0.01));
-  CHECK(gathered == Approx(params / 8).epsilon(0.01));
+  CHECK(a2a == Approx(params * 36 / 256).epsilon(0.01));
+  CHECK(gathered == Approx(params * 36 / 256).epsilon(0.01));
   CHECK(stats(r, sim::CollectiveKind::kAllReduce).bytes < 64);  // only the loss is left
   CHECK(r.trace_json.find("\"sign_compress\"") != std::string::npos);
   CHECK(r.trace_json.find("\"sign_decompress\"") != std::string::npos);
@@ -91,7 +92,7 @@ TEST_CASE("simulated ZeRO-1 with 1-bit gradients sends phase 1 only; parameters 
   const ModelSpec m = small_gpt();
   const double params = static_cast<double>(count_shard_parameters(m, 1, 1, 1, 1, 0).total);
   const SimulationResult r = simulate(m, dp_plan(m, 1, GradCompression::one_bit));
-  CHECK(stats(r, sim::CollectiveKind::kAllToAll).bytes == Approx(params / 8).epsilon(0.02));
+  CHECK(stats(r, sim::CollectiveKind::kAllToAll).bytes == Approx(params * 36 / 256).epsilon(0.02));
   CHECK(stats(r, sim::CollectiveKind::kReduceScatter).bytes == 0);
   CHECK(stats(r, sim::CollectiveKind::kAllGather).bytes == Approx(params * 2).epsilon(0.02));
 }
