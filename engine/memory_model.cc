@@ -88,9 +88,13 @@ MemoryBreakdown memory_per_rank(const ModelSpec& m, const Plan& p, int stage, co
     for (auto v : per_layer) largest_layer = std::max(largest_layer, v);
     // A chunk of one layer has no next layer to prefetch within its pass.
     const double gathered = layers_per_chunk > 1 ? 2.0 : 1.0;
-    if (p.zero >= 3) r.zero3_working = static_cast<double>(largest_layer) * (gathered * param_bytes + grad_bytes);
-    else r.gradient_working = static_cast<double>(largest_layer) * grad_bytes;
-    if (stage == 0 || stage == p.pp - 1) r.gradient_working += static_cast<double>(tied_embedding) * grad_bytes;
+    // Reduced once per step after several micro-batches, every layer's gradient stays until the last one.
+    const bool whole = p.zero_reduce_once && p.microbatches() > 1;
+    const double layer_grads = whole ? 0.0 : grad_bytes;
+    if (p.zero >= 3) r.zero3_working = static_cast<double>(largest_layer) * (gathered * param_bytes + layer_grads);
+    else r.gradient_working = static_cast<double>(largest_layer) * layer_grads;
+    if (whole) r.gradient_working = n * grad_bytes;
+    else if (stage == 0 || stage == p.pp - 1) r.gradient_working += static_cast<double>(tied_embedding) * grad_bytes;
   }
   if (p.zero == 1) r.gradient_shard = experts == 0 ? n * grad_bytes / dp : sharded(1, grad_bytes);
   r.inflight = inflight_microbatches(p, stage);

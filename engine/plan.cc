@@ -28,7 +28,8 @@ const std::vector<std::string> kPlanFields = {"tp",        "pp",        "dp",   
                                               "precision", "sequence_parallel",
                                               "first_stage_layers", "last_stage_layers",
                                               "microbatches", "grad_bucket_mb", "grad_sync", "segments",
-                                              "grad_compression", "grad_compression_warmup", "error_feedback"};
+                                              "grad_compression", "grad_compression_warmup", "error_feedback",
+                                              "zero_reduce_once"};
 
 template <class E>
 Result<E> parse_enum(const char* what, const std::string& s, const std::vector<std::string>& names) {
@@ -136,6 +137,7 @@ Result<PlanOverrides> plan_overrides_from_json(const nlohmann::json& j) {
   MT_TRY(f.get_bool("sequence_parallel", o.sequence_parallel));
   MT_TRY(f.get_string("grad_compression", o.grad_compression));
   MT_TRY(f.get_bool("error_feedback", o.error_feedback));
+  MT_TRY(f.get_bool("zero_reduce_once", o.zero_reduce_once));
   if (f.has("segments")) o.segments = std::make_shared<const nlohmann::json>(j["segments"]);
   return o;
 }
@@ -169,6 +171,7 @@ Result<Plan> apply_overrides(Plan p, const PlanOverrides& o) {
     MT_ASSIGN(p.grad_compression, parse_grad_compression(*o.grad_compression));
   }
   if (o.error_feedback) p.error_feedback = *o.error_feedback;
+  if (o.zero_reduce_once) p.zero_reduce_once = *o.zero_reduce_once;
   if (o.recompute) {
     MT_ASSIGN(p.recompute, parse_recompute(*o.recompute));
   }
@@ -347,6 +350,7 @@ nlohmann::json plan_to_json(const Plan& p) {
     j["grad_compression_warmup"] = p.grad_compression_warmup;
     if (p.grad_compression == GradCompression::one_bit) j["error_feedback"] = p.error_feedback;
   }
+  if (p.zero_reduce_once) j["zero_reduce_once"] = true;
   if (!p.segments.empty()) {
     j["segments"] = nlohmann::json::array();
     for (const Plan& s : p.segments) {

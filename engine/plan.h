@@ -80,6 +80,12 @@ struct Plan {
   // 1bit: each rank keeps its compression error and adds it to the next
   // step's gradients. Off only to measure what it is worth.
   bool error_feedback = true;
+  // ZeRO 2/3 with several micro-batches: reduce-scatter each layer's
+  // gradients after every micro-batch's backward (false: the rank holds only
+  // its shard and the layers backward is in) or once per step after the
+  // micro-batches accumulated locally (true: one reduce-scatter per step, as
+  // ZeRO 1, for a whole unsharded gradient held during backward).
+  bool zero_reduce_once = false;
 
   // A plan made of segments (engine/segments/segment_plan.h): each element is
   // the plan of one segment, a contiguous range of the model's blocks with
@@ -118,7 +124,7 @@ struct PlanOverrides {
   std::optional<int> microbatches;
   std::optional<double> grad_bucket_mb;
   std::optional<std::string> recompute, schedule, precision, grad_sync, grad_compression;
-  std::optional<bool> sequence_parallel, error_feedback;
+  std::optional<bool> sequence_parallel, error_feedback, zero_reduce_once;
   // A plan file's "segments" list as written; the model resolves it
   // (engine/segments/segment_plan.h, segments_from_json).
   std::shared_ptr<const nlohmann::json> segments;

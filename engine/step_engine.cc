@@ -112,7 +112,9 @@ StepEngine::StepEngine(Backend& b, const ModelSpec& m, const Plan& p, const Mesh
                                                        defer_embedding, compute_, comm_,
                                                        *mesh.group_of(GroupKind::expert_data, b.rank()),
                                                        BucketCompression{p.grad_compression, p.grad_compression_warmup,
-                                                                         p.error_feedback});
+                                                                         p.error_feedback},
+                                                       p.zero_reduce_once ? UnitReduce::once_per_step
+                                                                          : UnitReduce::per_microbatch);
     if (p.zero >= 3) {
       std::vector<int> order;
       if (layers.embedding) order.push_back(-1);

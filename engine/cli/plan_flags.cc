@@ -27,6 +27,8 @@ void add_plan_flags(CLI::App& app, PlanFlags& f, const std::string& default_mode
   app.add_flag_callback(
       "--no-error-feedback", [&o] { o.error_feedback = false; },
       "1bit: drop each rank's compression error instead of adding it to the next step (to measure what it is worth)");
+  app.add_flag("--zero-reduce-once", o.zero_reduce_once,
+               "ZeRO 2/3: reduce-scatter gradients once per step after local accumulation, not per micro-batch");
   app.add_flag("--sequence-parallel", o.sequence_parallel, "split norms and dropout over the sequence (tp)");
 }
 

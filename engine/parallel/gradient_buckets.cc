@@ -19,7 +19,8 @@ std::vector<int> parameter_uses(const ModelSpec& m, const ParamInfo& info, bool 
 
 GradientBuckets::GradientBuckets(Backend& b, const ModelSpec& m, ParameterStore& params, bool chunk_has_head,
                                  Group dp, int zero, std::int64_t bucket_elements, bool defer_embedding,
-                                 Stream compute, Stream comm, Group expert_data, BucketCompression compression)
+                                 Stream compute, Stream comm, Group expert_data, BucketCompression compression,
+                                 UnitReduce unit_reduce)
     : b_(b),
       params_(params),
       dp_(std::move(dp)),
@@ -29,7 +30,8 @@ GradientBuckets::GradientBuckets(Backend& b, const ModelSpec& m, ParameterStore&
       zero_(zero),
       compute_(compute),
       comm_(comm),
-      compression_options_(compression) {
+      compression_options_(compression),
+      unit_reduce_(unit_reduce) {
   const std::int64_t total = params.numel();
   auto add_bucket = [&](std::int64_t begin, std::int64_t size, int group) {
     Bucket k;
@@ -113,7 +115,7 @@ void GradientBuckets::after_backward(int layer) {
     const Bucket& k = buckets_[i];
     if (k.deferred) continue;
     if (units()) {
-      if (k.uses.front() == layer) reduce_unit(i);
+      if (k.uses.front() == layer && (armed_ || unit_reduce_ == UnitReduce::per_microbatch)) reduce_unit(i);
     } else if (armed_ && !issued_[i] && k.uses.front() >= layer) {
       issue(i);
     }

@@ -24,7 +24,11 @@
 //    summed elements are added to its shard buffer, and the storage is freed.
 //    So a rank holds its 1/dp shard plus the units backward is working on,
 //    never the whole gradient (Rajbhandari et al. 2020, stage 2), at the cost
-//    of one reduce-scatter per micro-batch.
+//    of one reduce-scatter per micro-batch. With UnitReduce::once_per_step a
+//    unit's storage instead stays bound across the micro-batches, which
+//    accumulate into it, and only the last micro-batch's backward (arm())
+//    reduce-scatters it: one reduce-scatter per step, in ZeRO 1's summation
+//    order, for a whole gradient held during backward.
 //
 // The gradients are summed, not averaged: the engine scales every token's loss
 // by 1 / (tokens of the global batch), so the sum over replicas is the gradient
@@ -85,6 +89,10 @@ struct BucketCompression {
   bool error_feedback = true;
 };
 
+// When the unit layout (ZeRO 2/3) reduce-scatters: after each micro-batch's
+// backward, or once per step (Plan::zero_reduce_once).
+enum class UnitReduce { per_microbatch, once_per_step };
+
 class GradientBuckets {
  public:
   // `zero` is the plan's ZeRO stage: it picks the layout and the reduction.
@@ -92,7 +100,8 @@ class GradientBuckets {
   // when the chunk holds none).
   GradientBuckets(Backend& b, const ModelSpec& m, ParameterStore& params, bool chunk_has_head, Group dp, int zero,
                   std::int64_t bucket_elements, bool defer_embedding, Stream compute, Stream comm,
-                  Group expert_data = {}, BucketCompression compression = {});
+                  Group expert_data = {}, BucketCompression compression = {},
+                  UnitReduce unit_reduce = UnitReduce::per_microbatch);
 
   // Starts iteration `step` (1-based): nothing issued, nothing armed, shards
   // zeroed; compressed once step is past the warm-up.
@@ -134,6 +143,7 @@ class GradientBuckets {
   std::int64_t shard_numel_ = 0;
   Tensor shard_grads_;  // (Σ k) sharded only
   BucketCompression compression_options_;
+  UnitReduce unit_reduce_;
   std::unique_ptr<CompressedReduction> compression_;  // null without compression
   bool compress_ = false;                             // this step's reductions are compressed
 };

@@ -216,3 +216,21 @@ TEST_CASE("1-bit all-reduce with error feedback transmits the true sum on averag
     else CHECK(rel > 0.3);
   }
 }
+
+TEST_CASE("ZeRO 2/3 reducing once per step match the single-rank run and reduce-scatter once",
+          "[parallel][zero2][reduce_once]") {
+  auto once = [](Plan p) {
+    p.zero_reduce_once = true;
+    return p;
+  };
+  for (int zero : {2, 3}) check_matches_reference(tiny_gpt(), once(make_plan(1, 1, 2, zero, ScheduleKind::one_f_one_b)));
+  check_matches_reference(tiny_gpt(), once(make_plan(2, 2, 2, 2, ScheduleKind::interleaved, 2)));
+  check_matches_reference(tiny_gpt(), once(make_plan(1, 2, 2, 3, ScheduleKind::one_f_one_b)));
+  // dp 2 with m = 2 micro-batches per replica: per micro-batch, m reduce-scatters of the gradients plus
+  // one all-gather of the parameters, each (G−1)·k fp32 elements per unit; once per step, one of each.
+  const Plan p = make_plan(1, 1, 2, 2, ScheduleKind::one_f_one_b);
+  REQUIRE(p.microbatches() == 2);
+  const std::vector<std::int64_t> per_microbatch = bytes_per_step(tiny_gpt(), p);
+  const std::vector<std::int64_t> per_step = bytes_per_step(tiny_gpt(), once(p));
+  CHECK(static_cast<double>(per_step[1]) / static_cast<double>(per_microbatch[1]) == Approx(2.0 / 3).margin(0.005));
+}
