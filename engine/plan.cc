@@ -234,6 +234,10 @@ Status validate_plan(const Plan& p, const ModelSpec& m, int world_size) {
                       "full-size error buffer per rank, the memory ZeRO 2 saves (DeepSpeed's 1-bit Adam refuses "
                       "them too); use --zero 1, or bf16/fp16 compression",
                       p.zero);
+  if (p.zero_reduce_once && p.zero < 2)
+    return make_error("zero_reduce_once (--zero-reduce-once) needs zero 2 or 3, got zero {}: ZeRO 0 and 1 "
+                      "already reduce once per step; drop the flag or use --zero 2",
+                      p.zero);
   if (p.grad_compression_warmup < 0)
     return make_error("grad_compression_warmup (--grad-compression-warmup) must be >= 0, got {}",
                       p.grad_compression_warmup);

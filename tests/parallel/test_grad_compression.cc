@@ -157,6 +157,11 @@ TEST_CASE("gradient compression options are checked, with the fix named", "[para
   const Status s = validate_plan(p, tiny_gpt());
   REQUIRE_FALSE(s.ok());
   CHECK_THAT(s.error().message(), Catch::Contains("1bit needs zero 0 or 1") && Catch::Contains("--zero 1"));
+  Plan once = make_plan(1, 1, 2, 1, ScheduleKind::one_f_one_b);
+  once.zero_reduce_once = true;
+  const Status s1 = validate_plan(once, tiny_gpt());
+  REQUIRE_FALSE(s1.ok());
+  CHECK_THAT(s1.error().message(), Catch::Contains("needs zero 2 or 3, got zero 1"));
   auto parsed = parse_grad_compression("2bit");
   REQUIRE_FALSE(parsed.ok());
   CHECK_THAT(parsed.error().message(), Catch::Contains("1bit"));
