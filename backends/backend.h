@@ -179,6 +179,9 @@ struct AdamWOp {
   float eps = 1e-8f;
   float weight_decay = 0.f;  // decoupled, multiplied by lr
   std::int64_t step = 1;     // 1-based, for bias correction
+  // > 0: v is frozen (not updated) and bias-corrected as at this step, as
+  // 1-bit Adam freezes it after its warm-up (Tang et al. 2021); 0: AdamW.
+  std::int64_t variance_frozen_at = 0;
 };
 
 // Counter-based dropout: the mask of element i is a pure function of
@@ -446,6 +449,20 @@ class Backend {
   // adamw(t.param, t.grad, t.m, t.v, coef, op with t.weight_decay) for each t.
   virtual void foreach_adamw(std::span<const AdamWTensors> params, const Tensor& coef,
                              const AdamWOp& op);
+
+  // ---- 1-bit gradient compression (error feedback) ------------------------------
+  // Sign compression, as 1-bit Adam and EF-SGD send gradients. x (C, k) f32
+  // is C chunks of k elements; error (C, k) f32 is the compression error each
+  // rank keeps, or an undefined Tensor for none. Per chunk c:
+  //   y = x[c] + error[c];  scale = mean |y| (Σ in double, in element order;
+  //   the scale that minimises ‖y − scale·sign(y)‖₂);  sign(y) = +1 where
+  //   y >= 0, else −1;  error[c] = y − scale·sign(y) (in place).
+  // packets (C, 1 + ceil(k/32)) i32, overwritten: word 0 of a row holds the
+  // scale's fp32 bits, bit i of word 1 + j the sign of element 32j + i (1:
+  // +1); bits past k are 0. A row is what one rank sends for one chunk.
+  virtual void sign_compress(const Tensor& x, Tensor& error, Tensor& packets) = 0;
+  // out (C, k) f32 = scale · sign of each element of packets (C, 1 + ceil(k/32)), overwritten.
+  virtual void sign_decompress(const Tensor& packets, Tensor& out) = 0;
 
   // ---- collectives (on the current stream; issued in the same order by every
   // member of the group). Reductions combine contributions in ascending rank

@@ -161,6 +161,10 @@ class BackendWrapper : public Backend {
                      const AdamWOp& op) override {
     target_.foreach_adamw(params, coef, op);
   }
+  void sign_compress(const Tensor& x, Tensor& error, Tensor& packets) override {
+    target_.sign_compress(x, error, packets);
+  }
+  void sign_decompress(const Tensor& packets, Tensor& out) override { target_.sign_decompress(packets, out); }
   void all_reduce(Tensor& x, const Group& g, ReduceOp op) override { target_.all_reduce(x, g, op); }
   void reduce_scatter(const Tensor& in, Tensor& out, const Group& g, ReduceOp op) override {
     target_.reduce_scatter(in, out, g, op);

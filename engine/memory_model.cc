@@ -103,6 +103,11 @@ MemoryBreakdown memory_per_rank(const ModelSpec& m, const Plan& p, int stage, co
   r.parameters = sharded(3, param_bytes);
   r.gradients = sharded(2, grad_bytes);
   r.optimizer = sharded(1, optimizer_bytes);
+  // 1-bit gradients keep their error feedback across steps like optimizer state
+  // (engine/parallel/grad_compression.h): an fp32 worker error as large as the
+  // gradients, and under ZeRO 0 a server error of the rank's 1/dp block.
+  if (p.grad_compression == GradCompression::one_bit && p.error_feedback && p.dp > 1)
+    r.optimizer += n * 4.0 * (1.0 + (p.zero == 0 ? 1.0 / p.dp : 0.0));
   if (p.zero >= 2) {
     std::int64_t largest_layer = 0, tied_embedding = 0;
     std::vector<std::int64_t> per_layer(static_cast<std::size_t>(m.layers), 0);
@@ -114,9 +119,13 @@ MemoryBreakdown memory_per_rank(const ModelSpec& m, const Plan& p, int stage, co
     for (auto v : per_layer) largest_layer = std::max(largest_layer, v);
     // A chunk of one layer has no next layer to prefetch within its pass.
     const double gathered = layers_per_chunk > 1 ? 2.0 : 1.0;
-    if (p.zero >= 3) r.zero3_working = static_cast<double>(largest_layer) * (gathered * param_bytes + grad_bytes);
-    else r.gradient_working = static_cast<double>(largest_layer) * grad_bytes;
-    if (stage == 0 || stage == p.pp - 1) r.gradient_working += static_cast<double>(tied_embedding) * grad_bytes;
+    // Reduced once per step after several micro-batches, every layer's gradient stays until the last one.
+    const bool whole = p.zero_reduce_once && p.microbatches() > 1;
+    const double layer_grads = whole ? 0.0 : grad_bytes;
+    if (p.zero >= 3) r.zero3_working = static_cast<double>(largest_layer) * (gathered * param_bytes + layer_grads);
+    else r.gradient_working = static_cast<double>(largest_layer) * layer_grads;
+    if (whole) r.gradient_working = n * grad_bytes;
+    else if (stage == 0 || stage == p.pp - 1) r.gradient_working += static_cast<double>(tied_embedding) * grad_bytes;
   }
   if (p.zero == 1) r.gradient_shard = experts == 0 ? n * grad_bytes / dp : sharded(1, grad_bytes);
   r.inflight = inflight_microbatches(p, stage);

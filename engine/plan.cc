@@ -21,6 +21,7 @@ constexpr double kMaxGradBuckets = 1 << 18;
 const std::vector<std::string> kRecomputes = {"none", "selective", "full"};
 const std::vector<std::string> kPrecisions = {"fp32", "bf16", "fp16"};
 const std::vector<std::string> kGradSyncs = {"overlap", "after-backward"};
+const std::vector<std::string> kGradCompressions = {"none", "bf16", "fp16", "1bit"};
 const std::vector<std::string> kPlanFields = {"tp",        "pp",        "dp",           "cp",
                                               "ep",        "etp",       "vpp",       "zero",         "micro_batch",
                                               "global_batch", "seq_len", "recompute",   "schedule",
@@ -28,7 +29,8 @@ const std::vector<std::string> kPlanFields = {"tp",        "pp",        "dp",   
                                               "first_stage_layers", "last_stage_layers",
                                               "microbatches", "grad_bucket_mb", "grad_sync", "cp_comm", "segments",
                                               "chunk_layers", "account_for_embedding_in_pipeline_split",
-                                              "account_for_loss_in_pipeline_split"};
+                                              "account_for_loss_in_pipeline_split", "grad_compression",
+                                              "grad_compression_warmup", "error_feedback", "zero_reduce_once"};
 
 template <class E>
 Result<E> parse_enum(const char* what, const std::string& s, const std::vector<std::string>& names) {
@@ -97,6 +99,11 @@ Result<GradSync> parse_grad_sync(const std::string& s) {
   return parse_enum<GradSync>("gradient sync mode", s, kGradSyncs);
 }
 
+std::string grad_compression_name(GradCompression c) { return kGradCompressions[static_cast<std::size_t>(c)]; }
+Result<GradCompression> parse_grad_compression(const std::string& s) {
+  return parse_enum<GradCompression>("gradient compression", s, kGradCompressions);
+}
+
 int element_bytes(Precision p) { return p == Precision::fp32 ? 4 : 2; }
 
 int Plan::world_size() const {
@@ -128,6 +135,8 @@ const std::vector<PlanIntField>& plan_int_fields() {
        "layers on the first pipeline stage (default 0: an even share)"},
       {"last_stage_layers", "--last-stage-layers", &O::last_stage_layers, {0, 1 << 16},
        "layers on the last pipeline stage (default 0: an even share)"},
+      {"grad_compression_warmup", "--grad-compression-warmup", &O::grad_compression_warmup, {0, 1 << 30},
+       "steps reduced uncompressed before --grad-compression starts (default 0)"},
   };
   return fields;
 }
@@ -159,6 +168,9 @@ Result<PlanOverrides> plan_overrides_from_json(const nlohmann::json& j) {
     }
     o.chunk_layers = std::move(counts);
   }
+  MT_TRY(f.get_string("grad_compression", o.grad_compression));
+  MT_TRY(f.get_bool("error_feedback", o.error_feedback));
+  MT_TRY(f.get_bool("zero_reduce_once", o.zero_reduce_once));
   if (f.has("segments")) o.segments = std::make_shared<const nlohmann::json>(j["segments"]);
   return o;
 }
@@ -187,6 +199,12 @@ Result<Plan> apply_overrides(Plan p, const PlanOverrides& o) {
   set(p.seq_len, o.seq_len);
   set(p.first_stage_layers, o.first_stage_layers);
   set(p.last_stage_layers, o.last_stage_layers);
+  set(p.grad_compression_warmup, o.grad_compression_warmup);
+  if (o.grad_compression) {
+    MT_ASSIGN(p.grad_compression, parse_grad_compression(*o.grad_compression));
+  }
+  if (o.error_feedback) p.error_feedback = *o.error_feedback;
+  if (o.zero_reduce_once) p.zero_reduce_once = *o.zero_reduce_once;
   if (o.recompute) {
     MT_ASSIGN(p.recompute, parse_recompute(*o.recompute));
   }
@@ -249,6 +267,19 @@ Status validate_plan(const Plan& p, const ModelSpec& m, int world_size) {
     return make_error("grad_bucket_mb (--grad-bucket-mb) must be a positive number of MiB {}, got {}; "
                       "use e.g. 25 (PyTorch DDP's bucket_cap_mb) or leave it out for the engine's 4",
                       describe(kGradBucketMbRange), p.grad_bucket_mb);
+  if (p.grad_compression == GradCompression::one_bit && p.zero >= 2)
+    return make_error("grad_compression (--grad-compression) 1bit needs zero 0 or 1, got zero {}: ZeRO 2 and 3 "
+                      "reduce each layer's gradients once per micro-batch, and the error feedback would need a "
+                      "full-size error buffer per rank, the memory ZeRO 2 saves (DeepSpeed's 1-bit Adam refuses "
+                      "them too); use --zero 1, or bf16/fp16 compression",
+                      p.zero);
+  if (p.zero_reduce_once && p.zero < 2)
+    return make_error("zero_reduce_once (--zero-reduce-once) needs zero 2 or 3, got zero {}: ZeRO 0 and 1 "
+                      "already reduce once per step; drop the flag or use --zero 2",
+                      p.zero);
+  if (p.grad_compression_warmup < 0)
+    return make_error("grad_compression_warmup (--grad-compression-warmup) must be >= 0, got {}",
+                      p.grad_compression_warmup);
   if (p.grad_sync == GradSync::after_backward && p.zero >= 2)
     return make_error("grad_sync (--grad-sync) after-backward needs zero 0 or 1, got zero {}: ZeRO 2 and 3 "
                       "reduce each layer's gradients during backward to free them; use --grad-sync overlap",
@@ -364,6 +395,12 @@ nlohmann::json plan_to_json(const Plan& p) {
   if (!p.chunk_layers.empty()) j["chunk_layers"] = p.chunk_layers;
   if (p.embedding_in_split) j["account_for_embedding_in_pipeline_split"] = true;
   if (p.loss_in_split) j["account_for_loss_in_pipeline_split"] = true;
+  if (p.grad_compression != GradCompression::none) {
+    j["grad_compression"] = grad_compression_name(p.grad_compression);
+    j["grad_compression_warmup"] = p.grad_compression_warmup;
+    if (p.grad_compression == GradCompression::one_bit) j["error_feedback"] = p.error_feedback;
+  }
+  if (p.zero_reduce_once) j["zero_reduce_once"] = true;
   if (!p.segments.empty()) {
     j["segments"] = nlohmann::json::array();
     for (const Plan& s : p.segments) {

@@ -33,6 +33,11 @@ enum class Precision { fp32, bf16, fp16 };
 // the whole pipeline schedule has run (Megatron's --DDP-impl local, which
 // all-reduces its contiguous gradient buffer after backward).
 enum class GradSync { overlap, after_backward };
+// How data-parallel gradient buckets travel (engine/parallel/grad_compression.h):
+// as they are (fp32), cast to bf16 or fp16 for the wire (PyTorch DDP's
+// compress hooks), or as signs with one scale per chunk and error feedback
+// (1-bit Adam, EF-SGD).
+enum class GradCompression { none, bf16, fp16, one_bit };
 
 struct Plan {
   int tp = 1;   // tensor parallel
@@ -76,6 +81,20 @@ struct Plan {
   // "Table 1 with each row's DDP implementation").
   double grad_bucket_mb = 4;
   GradSync grad_sync = GradSync::overlap;
+  GradCompression grad_compression = GradCompression::none;
+  // Steps whose gradients are reduced uncompressed before compression starts
+  // (1-bit Adam's warm-up: the first steps' large, fast-changing gradients
+  // are the ones sign compression hurts most).
+  int grad_compression_warmup = 0;
+  // 1bit: each rank keeps its compression error and adds it to the next
+  // step's gradients. Off only to measure what it is worth.
+  bool error_feedback = true;
+  // ZeRO 2/3 with several micro-batches: reduce-scatter each layer's
+  // gradients after every micro-batch's backward (false: the rank holds only
+  // its shard and the layers backward is in) or once per step after the
+  // micro-batches accumulated locally (true: one reduce-scatter per step, as
+  // ZeRO 1, for a whole unsharded gradient held during backward).
+  bool zero_reduce_once = false;
 
   // A plan made of segments (engine/segments/segment_plan.h): each element is
   // the plan of one segment, a contiguous range of the model's blocks with
@@ -109,13 +128,13 @@ struct Plan {
 // the file. Kept as optionals so the merge can tell "given" from "default".
 struct PlanOverrides {
   std::optional<int> tp, pp, dp, cp, ep, etp, vpp, zero, micro_batch, global_batch, seq_len;
-  std::optional<int> first_stage_layers, last_stage_layers;
+  std::optional<int> first_stage_layers, last_stage_layers, grad_compression_warmup;
   // Micro-batches per pipeline per iteration: sets global_batch to
   // micro_batch · dp · microbatches (the two must agree when both are given).
   std::optional<int> microbatches;
   std::optional<double> grad_bucket_mb;
-  std::optional<std::string> recompute, schedule, precision, grad_sync, cp_comm;
-  std::optional<bool> sequence_parallel, embedding_in_split, loss_in_split;
+  std::optional<std::string> recompute, schedule, precision, grad_sync, cp_comm, grad_compression;
+  std::optional<bool> sequence_parallel, embedding_in_split, loss_in_split, error_feedback, zero_reduce_once;
   std::optional<std::vector<int>> chunk_layers;
   // A plan file's "segments" list as written; the model resolves it
   // (engine/segments/segment_plan.h, segments_from_json).
@@ -156,10 +175,12 @@ std::string schedule_name(ScheduleKind s);
 std::string recompute_name(Recompute r);
 std::string precision_name(Precision p);
 std::string grad_sync_name(GradSync g);
+std::string grad_compression_name(GradCompression c);
 Result<ScheduleKind> parse_schedule(const std::string& s);
 Result<Recompute> parse_recompute(const std::string& s);
 Result<Precision> parse_precision(const std::string& s);
 Result<GradSync> parse_grad_sync(const std::string& s);
+Result<GradCompression> parse_grad_compression(const std::string& s);
 
 nlohmann::json plan_to_json(const Plan& p);
 // Bytes of one parameter, gradient or activation element at this precision.

@@ -125,7 +125,11 @@ StepEngine::StepEngine(Backend& b, const ModelSpec& m, const Plan& p, const Mesh
     ParameterStore& params = chunk->model->parameters();
     chunk->buckets = std::make_unique<GradientBuckets>(b, m_, params, layers.head, dp, p.zero, bucket_elements,
                                                        defer_embedding, compute_, comm_,
-                                                       *mesh.group_of(GroupKind::expert_data, b.rank()));
+                                                       *mesh.group_of(GroupKind::expert_data, b.rank()),
+                                                       BucketCompression{p.grad_compression, p.grad_compression_warmup,
+                                                                         p.error_feedback},
+                                                       p.zero_reduce_once ? UnitReduce::once_per_step
+                                                                          : UnitReduce::per_microbatch);
     if (p.zero >= 3) {
       std::vector<int> order;
       if (layers.embedding) order.push_back(-1);
@@ -292,7 +296,7 @@ Status StepEngine::begin_step(const std::vector<HostBatch>& microbatches, std::i
   for (auto& c : chunks_) {
     c->model->parameters().zero_grads();
     c->model->moe_statistics().clear(b_);
-    c->buckets->begin_step();
+    c->buckets->begin_step(step);
     c->saved.clear();
     c->saved.resize(static_cast<std::size_t>(m));
     c->weights.clear();
@@ -399,7 +403,12 @@ const Tensor& StepEngine::reduce_loss() {
 
 void StepEngine::apply_update(float lr, std::int64_t step, const Tensor& coef) {
   const OptimizerOptions& o = options_.optimizer;
-  for (auto& c : chunks_) c->adam->update(AdamWOp{lr, o.beta1, o.beta2, o.eps, 0.f, step}, o.weight_decay, coef);
+  AdamWOp op{lr, o.beta1, o.beta2, o.eps, 0.f, step};
+  // 1-bit gradients after a warm-up are 1-bit Adam: the variance freezes when compression starts
+  // (Tang et al. 2021), so that error feedback compensates what a linear update loses.
+  const int warmup = plan_.grad_compression_warmup;
+  if (plan_.grad_compression == GradCompression::one_bit && warmup > 0 && step > warmup) op.variance_frozen_at = warmup;
+  for (auto& c : chunks_) c->adam->update(op, o.weight_decay, coef);
   for (auto& c : chunks_) c->saved.clear();
 }
 

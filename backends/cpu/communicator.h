@@ -55,6 +55,23 @@ class Communicator {
   virtual Status send(std::span<const float> data, int peer_global_rank, int tag) = 0;
   virtual Status recv(std::span<float> data, int peer_global_rank, int tag) = 0;
   virtual Status barrier(const Group& g) = 0;
+
+  // Bytes this rank has put on the wire so far, counted where it sends. Both
+  // implementations move data in the same direct pattern, so they count the
+  // same: all_reduce sends each of its blocks but its own to the block's
+  // owner, then its reduced block to every other member (blocks as the MPI
+  // communicator cuts them, n·j/G); reduce_scatter (G−1)·out; all_gather
+  // (G−1)·in; broadcast (G−1)·n from the root; all_to_all every block but its
+  // own; send n; barrier nothing. Tests read it to check what a plan moves
+  // (gradient compression, ZeRO) instead of inferring it. Updated and read
+  // by the rank's issuing thread only.
+  std::int64_t bytes_sent() const { return bytes_sent_; }
+
+ protected:
+  void count_sent(std::size_t floats) { bytes_sent_ += static_cast<std::int64_t>(floats * sizeof(float)); }
+
+ private:
+  std::int64_t bytes_sent_ = 0;
 };
 
 // Per-call wait limit; the engine passes the user's --comm-timeout here.

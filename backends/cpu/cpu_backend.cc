@@ -12,6 +12,7 @@
 #include "backends/cpu/kernels/gemm.h"
 #include "backends/cpu/kernels/parallel.h"
 #include "backends/collective_checks.h"
+#include "backends/cpu/comm/common.h"
 #include "backends/cpu/misuse.h"
 #include "backends/half.h"
 #include "backends/cpu/threads.h"
@@ -186,10 +187,10 @@ float* CpuBackend::f32(const Tensor& t, std::string_view op) const {
   return reinterpret_cast<float*>(bytes_of(t, op));
 }
 
-const std::int32_t* CpuBackend::i32(const Tensor& t, std::string_view op) const {
+std::int32_t* CpuBackend::i32(const Tensor& t, std::string_view op) const {
   if (t.defined() && t.dtype() != DType::i32)
     misuse("{}: needs int32, got a {} tensor {}", op, dtype_name(t.dtype()), t.shape().str());
-  return reinterpret_cast<const std::int32_t*>(bytes_of(t, op));
+  return reinterpret_cast<std::int32_t*>(bytes_of(t, op));
 }
 
 // ---- host transfer -------------------------------------------------------------
@@ -354,6 +355,41 @@ void expect_transportable(const Tensor& t, std::string_view op) {
   if (t.dtype() != DType::f32 && t.dtype() != DType::i32)
     misuse("{}: {} tensors are not transported; cast to fp32 first", op, dtype_name(t.dtype()));
 }
+
+bool half_width(const Tensor& t) { return t.dtype() == DType::bf16 || t.dtype() == DType::f16; }
+
+// 16-bit tensors (a compressed gradient on the wire) move bitwise by the
+// data-movement collectives, two elements to a float of the communicator's
+// spans: each block of c elements travels as ceil(c/2) floats, an odd
+// block's last float padded with zero bits.
+struct HalfBlocks {
+  std::vector<std::int64_t> elements, floats;  // per block
+  std::vector<float> packed;
+  explicit HalfBlocks(std::span<const std::int64_t> counts) {
+    std::int64_t total = 0;
+    for (std::int64_t c : counts) {
+      elements.push_back(c);
+      floats.push_back((c + 1) / 2);
+      total += floats.back();
+    }
+    packed.assign(static_cast<std::size_t>(total), 0.f);
+  }
+  void pack(const std::byte* src) {
+    auto* dst = reinterpret_cast<std::byte*>(packed.data());
+    for (std::size_t j = 0; j < elements.size(); ++j) {
+      std::memcpy(dst, src, static_cast<std::size_t>(elements[j]) * 2);
+      src += elements[j] * 2, dst += floats[j] * 4;
+    }
+  }
+  void unpack(std::byte* dst) const {
+    const auto* src = reinterpret_cast<const std::byte*>(packed.data());
+    for (std::size_t j = 0; j < elements.size(); ++j) {
+      std::memcpy(dst, src, static_cast<std::size_t>(elements[j]) * 2);
+      dst += elements[j] * 2, src += floats[j] * 4;
+    }
+  }
+  std::span<float> span() { return packed; }
+};
 }  // namespace
 
 void CpuBackend::check_member(const Group& g, std::string_view op) const {
@@ -376,19 +412,63 @@ void CpuBackend::note(Status status, std::string_view where) {
   error_ = std::move(e);
 }
 
+Status CpuBackend::half_reduce(const Tensor& in, Tensor& out, const Group& g, ReduceOp op, bool all) {
+  // Member k's block: [n·k/G, n·(k+1)/G) of an all-reduce, as the communicators cut it; out's k elements
+  // at k·|out| of a reduce-scatter.
+  const std::int64_t G = g.size(), k = g.index_of(rank_), n = in.numel();
+  auto lo = [&](std::int64_t j) { return all ? n * j / G : j * out.numel(); };
+  auto len = [&](std::int64_t j) { return lo(j + 1) - lo(j); };
+  std::vector<std::int64_t> send(static_cast<std::size_t>(G)), recv(static_cast<std::size_t>(G), len(k));
+  for (std::int64_t j = 0; j < G; ++j) send[static_cast<std::size_t>(j)] = len(j);
+  HalfBlocks sent(send), received(recv);
+  sent.pack(bytes_of(in, "reduce"));
+  MT_TRY(comm("reduce").all_to_all(sent.span(), sent.floats, received.span(), received.floats, g));
+  std::vector<std::byte> blocks(static_cast<std::size_t>(G * len(k)) * 2);
+  received.unpack(blocks.data());
+  const DType dt = in.dtype();
+  std::vector<float> acc(static_cast<std::size_t>(len(k))), x(acc.size());
+  for (std::int64_t q = 0; q < G; ++q) {
+    float* dst = q == 0 ? acc.data() : x.data();
+    for (std::int64_t i = 0; i < len(k); ++i) dst[i] = load(dt, blocks.data(), q * len(k) + i);
+    if (q > 0) comm::combine(acc.data(), x.data(), acc.size(), op);
+  }
+  std::byte* o = bytes_of(out, "reduce");
+  for (std::int64_t i = 0; i < len(k); ++i) store(dt, o, (all ? lo(k) : 0) + i, acc[static_cast<std::size_t>(i)]);
+  if (!all) return ok_status();
+  // Every member's rounded block to every member.
+  std::vector<std::int64_t> mine(static_cast<std::size_t>(G), len(k));
+  std::vector<std::byte> copies;
+  for (std::int64_t j = 0; j < G; ++j) copies.insert(copies.end(), o + lo(k) * 2, o + lo(k + 1) * 2);
+  HalfBlocks own(mine), theirs(send);
+  own.pack(copies.data());
+  MT_TRY(comm("reduce").all_to_all(own.span(), own.floats, theirs.span(), theirs.floats, g));
+  theirs.unpack(o);
+  return ok_status();
+}
+
 void CpuBackend::all_reduce(Tensor& x, const Group& g, ReduceOp op) {
-  float* p = f32(x, "all_reduce");
   check_member(g, "all_reduce");
+  if (half_width(x)) {
+    if (!error_ && g.size() > 1) note(half_reduce(x, x, g, op, true), "all_reduce", g);
+    return;
+  }
+  float* p = f32(x, "all_reduce");
   if (error_ || g.size() == 1) return;
   note(comm("all_reduce").all_reduce({p, static_cast<std::size_t>(x.numel())}, g, op), "all_reduce",
        g);
 }
 
 void CpuBackend::reduce_scatter(const Tensor& in, Tensor& out, const Group& g, ReduceOp op) {
-  const float* pi = f32(in, "reduce_scatter");
-  float* po = f32(out, "reduce_scatter");
   check_member(g, "reduce_scatter");
   if (auto problem = reduce_scatter_problem(in, out, g); !problem.empty()) misuse("{}", problem);
+  if (half_width(in) && in.dtype() == out.dtype()) {
+    if (error_) return;
+    if (g.size() == 1) copy(in, out);
+    else note(half_reduce(in, out, g, op, false), "reduce_scatter", g);
+    return;
+  }
+  const float* pi = f32(in, "reduce_scatter");
+  float* po = f32(out, "reduce_scatter");
   if (error_) return;
   if (g.size() == 1) {
     copy(in, out);
@@ -403,12 +483,20 @@ void CpuBackend::reduce_scatter(const Tensor& in, Tensor& out, const Group& g, R
 void CpuBackend::all_gather(const Tensor& in, Tensor& out, const Group& g) {
   const auto* pi = reinterpret_cast<const float*>(bytes_of(in, "all_gather"));
   auto* po = reinterpret_cast<float*>(bytes_of(out, "all_gather"));
-  expect_transportable(in, "all_gather");
+  if (!half_width(in)) expect_transportable(in, "all_gather");
   check_member(g, "all_gather");
   if (auto problem = all_gather_problem(in, out, g); !problem.empty()) misuse("{}", problem);
   if (error_) return;
   if (g.size() == 1) {
     copy(in, out);
+    return;
+  }
+  if (half_width(in)) {
+    const std::vector<std::int64_t> one(1, in.numel()), all(static_cast<std::size_t>(g.size()), in.numel());
+    HalfBlocks mine(one), gathered(all);
+    mine.pack(bytes_of(in, "all_gather"));
+    note(comm("all_gather").all_gather(mine.span(), gathered.span(), g), "all_gather", g);
+    if (!error_) gathered.unpack(bytes_of(out, "all_gather"));
     return;
   }
   note(comm("all_gather")
@@ -433,13 +521,21 @@ void CpuBackend::all_to_all(const Tensor& in, std::span<const std::int64_t> send
                             const Group& g) {
   const auto* pi = reinterpret_cast<const float*>(bytes_of(in, "all_to_all"));
   auto* po = reinterpret_cast<float*>(bytes_of(out, "all_to_all"));
-  expect_transportable(in, "all_to_all");
+  if (!half_width(in)) expect_transportable(in, "all_to_all");
   check_member(g, "all_to_all");
   if (auto problem = all_to_all_problem(in, send_counts, out, recv_counts, g); !problem.empty())
     misuse("{}", problem);
   if (error_) return;
   if (g.size() == 1) {
     copy(in, out);
+    return;
+  }
+  if (half_width(in)) {
+    HalfBlocks sent(send_counts), received(recv_counts);
+    sent.pack(bytes_of(in, "all_to_all"));
+    note(comm("all_to_all").all_to_all(sent.span(), sent.floats, received.span(), received.floats, g), "all_to_all",
+         g);
+    if (!error_) received.unpack(bytes_of(out, "all_to_all"));
     return;
   }
   note(comm("all_to_all")

@@ -148,6 +148,8 @@ class CpuBackend final : public Backend {
   void adamw(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const Tensor& coef,
              const AdamWOp& op) override;
   void foreach_sum_squares(std::span<const Tensor> xs, Tensor& out) override;
+  void sign_compress(const Tensor& x, Tensor& error, Tensor& packets) override;
+  void sign_decompress(const Tensor& packets, Tensor& out) override;
   void foreach_adamw(std::span<const AdamWTensors> params, const Tensor& coef,
                      const AdamWOp& op) override;
 
@@ -168,11 +170,15 @@ class CpuBackend final : public Backend {
   // Host bytes of t's first element; aborts on a foreign or undefined tensor.
   std::byte* bytes_of(const Tensor& t, std::string_view op) const;
   float* f32(const Tensor& t, std::string_view op) const;
-  const std::int32_t* i32(const Tensor& t, std::string_view op) const;
+  std::int32_t* i32(const Tensor& t, std::string_view op) const;
   // The bias and mask of `op` as the attention kernel reads them (the bias
   // transposed into `bias_scratch`).
   cpu::ScoreTerms<float> score_terms(const AttentionOp& op, const cpu::AttentionDims& d, std::string_view name,
                                      std::vector<float>& bias_scratch) const;
+  // bf16/f16 all_reduce (all: out is in) or reduce_scatter: blocks moved
+  // bitwise by all-to-all, summed in fp32 in ascending group order, rounded
+  // to 16 bits once; all_reduce then sends each member's block to the others.
+  Status half_reduce(const Tensor& in, Tensor& out, const Group& g, ReduceOp op, bool all);
   // Aborts unless this rank is a member of g.
   void check_member(const Group& g, std::string_view op) const;
   // The communicator for a group of more than one rank; aborts without one.

@@ -14,6 +14,7 @@
 #include "backends/cpu/kernels/normal.h"
 #include "backends/cpu/kernels/optimizer.h"
 #include "backends/cpu/kernels/rope.h"
+#include "backends/cpu/kernels/sign_compression.h"
 #include "backends/cpu/misuse.h"
 
 namespace meshtrain {
@@ -558,7 +559,7 @@ void CpuBackend::adamw(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, 
   }
   if (error_) return;
   const auto threads = on_threads();
-  const cpu::AdamWParams p{op.lr, op.beta1, op.beta2, op.eps, op.weight_decay, op.step};
+  const cpu::AdamWParams p{op.lr, op.beta1, op.beta2, op.eps, op.weight_decay, op.step, op.variance_frozen_at};
   cpu::adamw(n, pp, pg, pm, pv, pc ? *pc : 1.0f, p);
 }
 
@@ -593,7 +594,7 @@ void CpuBackend::foreach_adamw(std::span<const AdamWTensors> params, const Tenso
     expect_numel(t.grad, n, "foreach_adamw", "grad");
     expect_numel(t.m, n, "foreach_adamw", "m");
     expect_numel(t.v, n, "foreach_adamw", "v");
-    const cpu::AdamWParams p{op.lr, op.beta1, op.beta2, op.eps, t.weight_decay, op.step};
+    const cpu::AdamWParams p{op.lr, op.beta1, op.beta2, op.eps, t.weight_decay, op.step, op.variance_frozen_at};
     arrays.push_back({n, f32(t.param, "foreach_adamw"), f32(t.grad, "foreach_adamw"), f32(t.m, "foreach_adamw"),
                       f32(t.v, "foreach_adamw"), cpu::AdamWStep<float>(p, 1.0f)});
   }
@@ -601,6 +602,42 @@ void CpuBackend::foreach_adamw(std::span<const AdamWTensors> params, const Tenso
   const auto threads = on_threads();
   for (auto& a : arrays) a.step.coef = pc ? *pc : 1.0f;
   cpu::foreach_adamw(arrays);
+}
+
+// ---- 1-bit gradient compression -----------------------------------------------------------
+
+namespace {
+// x (C, k) and packets (C, 1 + ceil(k/32)): the chunk count and size they agree on.
+Matrix sign_packets(const Tensor& values, const Tensor& packets, std::string_view op) {
+  const Matrix mx = as_matrix(values, op);
+  const Matrix mp = as_matrix(packets, op);
+  if (mp.rows != mx.rows || mp.cols != 1 + cpu::sign_words(mx.cols))
+    misuse("{}: packets {} must be ({}, {}) for values {} (one scale word and ceil(k/32) sign words per chunk)", op,
+           packets.shape().str(), mx.rows, 1 + cpu::sign_words(mx.cols), values.shape().str());
+  return mx;
+}
+}  // namespace
+
+void CpuBackend::sign_compress(const Tensor& x, Tensor& error, Tensor& packets) {
+  constexpr std::string_view op = "sign_compress";
+  const Matrix m = sign_packets(x, packets, op);
+  if (error.defined()) expect_numel(error, x.numel(), op, "error");
+  const float* px = f32(x, op);
+  float* pe = error.defined() ? f32(error, op) : nullptr;
+  std::int32_t* pp = i32(packets, op);
+  if (error_) return;
+  const auto threads = on_threads();
+  cpu::sign_compress(m.rows, m.cols, px, pe, pp);
+}
+
+void CpuBackend::sign_decompress(const Tensor& packets, Tensor& out) {
+  constexpr std::string_view op = "sign_decompress";
+  const Matrix m = sign_packets(out, packets, op);
+  const std::int32_t* pp = i32(packets, op);
+  float* po = f32(out, op);
+  if (error_) return;
+  const auto threads = on_threads();
+  cpu::sign_decompress(m.rows, m.cols, pp, po);
 }
 
 // ---- initialisation ----------------------------------------------------------------------

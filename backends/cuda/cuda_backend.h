@@ -149,6 +149,8 @@ class CudaBackend final : public Backend {
                  Tensor& experts) override;
   void moe_route_backward(const Tensor& dweights, const Tensor& probs, const Tensor& lse, const Tensor& experts,
                           const Tensor& prob_grad, float z_scale, bool renormalize, Tensor& dlogits) override;
+  void sign_compress(const Tensor& x, Tensor& error, Tensor& packets) override;
+  void sign_decompress(const Tensor& packets, Tensor& out) override;
   void moe_combine(const Tensor& rows, const Tensor& index, const Tensor& weights, Tensor& out) override;
   void moe_combine_backward(const Tensor& dout, const Tensor& rows, const Tensor& index, const Tensor& weights,
                             Tensor& drows, Tensor& dweights) override;

@@ -194,6 +194,40 @@ void CudaBackend::moe_combine_backward(const Tensor& dout, const Tensor& rows, c
   check(kernels::moe_combine_backward(pd, pr, pi, pw, pdr, pdw, dt, N, K, C, M, MT_STREAM), op);
 }
 
+// ---- 1-bit gradient compression ------------------------------------------------------
+
+namespace {
+// The chunks (C) and chunk size (k) of values (C, k), checked against packets (C, 1 + ceil(k/32)).
+std::pair<std::int64_t, std::int64_t> sign_chunks(const Tensor& values, const Tensor& packets, std::string_view op) {
+  const std::int64_t k = cols_of(values, op), C = k == 0 ? 0 : values.numel() / k;
+  const std::int64_t W = (k + 31) / 32;
+  if (packets.shape().rank() == 0 || packets.shape().back() != 1 + W || packets.numel() != C * (1 + W))
+    misuse("{}: packets {} must be ({}, {}) for values {}", op, packets.shape().str(), C, 1 + W,
+           values.shape().str());
+  return {C, k};
+}
+}  // namespace
+
+void CudaBackend::sign_compress(const Tensor& x, Tensor& error, Tensor& packets) {
+  constexpr std::string_view op = "sign_compress";
+  const auto [C, k] = sign_chunks(x, packets, op);
+  if (error.defined()) must(expect_numel(error, x.numel(), "error"), op);
+  const float* px = f32(x, op);
+  float* pe = error.defined() ? f32(error, op) : nullptr;
+  auto* pp = const_cast<std::int32_t*>(i32(packets, op));
+  if (failed()) return;
+  check(kernels::sign_compress(px, pe, pp, C, k, MT_STREAM), op);
+}
+
+void CudaBackend::sign_decompress(const Tensor& packets, Tensor& out) {
+  constexpr std::string_view op = "sign_decompress";
+  const auto [C, k] = sign_chunks(out, packets, op);
+  const std::int32_t* pp = i32(packets, op);
+  float* po = f32(out, op);
+  if (failed()) return;
+  check(kernels::sign_decompress(pp, po, C, k, MT_STREAM), op);
+}
+
 // ---- normalisation -------------------------------------------------------------------
 
 void CudaBackend::layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
@@ -533,14 +567,16 @@ void CudaBackend::adamw(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v,
   }
   if (failed()) return;
   // Bias corrections in double on the host, rounded once, as the cpu backend.
+  // A frozen variance (AdamWOp::variance_frozen_at) is v = 1·v + 0·g², corrected as at its step.
   const double t = static_cast<double>(op.step);
+  const double t2 = static_cast<double>(op.variance_frozen_at > 0 ? op.variance_frozen_at : op.step);
   const kernels::AdamWArgs a{
       op.lr,
       op.beta1,
-      op.beta2,
+      op.variance_frozen_at > 0 ? 1.f : op.beta2,
       op.eps,
       static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(op.beta1), t))),
-      static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(op.beta2), t))),
+      static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(op.beta2), t2))),
       static_cast<float>(1.0 - static_cast<double>(op.lr) * static_cast<double>(op.weight_decay))};
   check(kernels::adamw(pp, pg, pm, pv, pc, n, a, MT_STREAM), "adamw");
 }

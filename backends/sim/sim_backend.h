@@ -153,6 +153,8 @@ class SimBackend final : public Backend {
              const AdamWOp& op) override;
   // One op under the per-tensor op's name, timed by the bytes of all its tensors.
   void foreach_sum_squares(std::span<const Tensor> xs, Tensor& out) override;
+  void sign_compress(const Tensor& x, Tensor& error, Tensor& packets) override;
+  void sign_decompress(const Tensor& packets, Tensor& out) override;
   void foreach_adamw(std::span<const AdamWTensors> params, const Tensor& coef,
                      const AdamWOp& op) override;
 

@@ -115,6 +115,18 @@ void SimBackend::foreach_sum_squares(std::span<const Tensor> xs, Tensor& out) {
   compute(op_name("sum_squares"), cluster_.cost_.memory_bound(bytes, "sum_squares"));
 }
 
+// Memory-bound: reads x and the error, writes the error and the packets (decompress: reads
+// the packets, writes out), at the bytes engine/calibrate/measure.cc measures them.
+void SimBackend::sign_compress(const Tensor& x, Tensor& error, Tensor& packets) {
+  check(x, "sign_compress"), check(packets, "sign_compress");
+  if (error.defined()) check(error, "sign_compress");
+  memory_op(op_name("sign_compress"), {&x, &error, &error, &packets});
+}
+void SimBackend::sign_decompress(const Tensor& packets, Tensor& out) {
+  check(packets, "sign_decompress"), check(out, "sign_decompress");
+  memory_op(op_name("sign_decompress"), {&packets, &out});
+}
+
 void SimBackend::foreach_adamw(std::span<const AdamWTensors> params, const Tensor& coef, const AdamWOp&) {
   // Per tensor as adamw counts it: reads param, grad, m, v and writes param, m, v; coef once.
   double bytes = coef.defined() ? static_cast<double>(coef.bytes()) : 0.0;

@@ -160,7 +160,7 @@ const std::vector<std::string>& measured_ops() {
       "embedding_forward", "embedding_backward", "layernorm_forward", "layernorm_backward",
       "gelu_forward", "gelu_backward", "cross_entropy_max", "cross_entropy_partials",
       "cross_entropy_loss", "cross_entropy_backward", "cross_entropy_accuracy", "gather_rows",
-      "clip_coefficient", "adamw"};
+      "clip_coefficient", "adamw", "sign_compress", "sign_decompress"};
   return ops;
 }
 
@@ -321,6 +321,15 @@ Result<std::pair<std::function<void()>, double>> make_op(Backend& b, const OpSha
     Tensor coef = filled(b, Shape{1}, 1.f);
     op = [=, &b]() mutable { b.adamw(z, y, m, v, coef, a); };
     bytes = bytes_of({&z, &y, &m, &v, &z, &m, &v, &coef});
+  } else if (s.op == "sign_compress" || s.op == "sign_decompress") {
+    // Rows are chunks of `cols` gradients, compressed with error feedback (1-bit gradients).
+    Tensor packets = b.empty(Shape{n, 1 + (c + 31) / 32}, DType::i32);
+    b.sign_compress(x, y, packets);
+    if (s.op == "sign_compress") {
+      op = [=, &b]() mutable { b.sign_compress(x, y, packets); }, bytes = bytes_of({&x, &y, &y, &packets});
+    } else {
+      op = [=, &b]() mutable { b.sign_decompress(packets, z); }, bytes = bytes_of({&packets, &z});
+    }
   } else {
     return make_error("calibrate: no measurement for op '{}'", s.op);
   }

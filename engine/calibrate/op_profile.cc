@@ -67,6 +67,8 @@ void OpTimer::adamw(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const Tens
 // The multi-tensor ops under the names the simulator gives them.
 void OpTimer::foreach_sum_squares(std::span<const Tensor> xs, Tensor& o) { timed("sum_squares", [&] { target().foreach_sum_squares(xs, o); }); }
 void OpTimer::foreach_adamw(std::span<const AdamWTensors> ps, const Tensor& c, const AdamWOp& op) { timed("adamw", [&] { target().foreach_adamw(ps, c, op); }); }
+void OpTimer::sign_compress(const Tensor& x, Tensor& e, Tensor& p) { timed("sign_compress", [&] { target().sign_compress(x, e, p); }); }
+void OpTimer::sign_decompress(const Tensor& p, Tensor& o) { timed("sign_decompress", [&] { target().sign_decompress(p, o); }); }
 void OpTimer::write(Tensor& dst, std::span<const float> host) { timed("write", [&] { target().write(dst, host); }); }
 void OpTimer::write(Tensor& dst, std::span<const std::int32_t> host) { timed("write", [&] { target().write(dst, host); }); }
 // clang-format on

@@ -75,6 +75,8 @@ class OpTimer final : public BackendWrapper {
              const AdamWOp& op) override;
   void foreach_sum_squares(std::span<const Tensor> xs, Tensor& o) override;
   void foreach_adamw(std::span<const AdamWTensors> ps, const Tensor& c, const AdamWOp& op) override;
+  void sign_compress(const Tensor& x, Tensor& e, Tensor& p) override;
+  void sign_decompress(const Tensor& p, Tensor& o) override;
   void write(Tensor& dst, std::span<const float> host) override;
   void write(Tensor& dst, std::span<const std::int32_t> host) override;
 

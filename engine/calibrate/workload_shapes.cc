@@ -77,6 +77,14 @@ class ShapeRecorder final : public BackendWrapper {
     // measure.cc times AdamW on (1, numel) tensors, as the step runs it per parameter.
     out_.ops.insert({"adamw", 1, p.numel()}), target().adamw(p, g, m, v, c, a);
   }
+  void sign_compress(const Tensor& x, Tensor& e, Tensor& p) override {
+    const auto [rows, cols] = matrix(x);
+    out_.ops.insert({"sign_compress", rows, cols}), target().sign_compress(x, e, p);
+  }
+  void sign_decompress(const Tensor& p, Tensor& o) override {
+    const auto [rows, cols] = matrix(o);
+    out_.ops.insert({"sign_decompress", rows, cols}), target().sign_decompress(p, o);
+  }
   // The multi-tensor forms run as one op over all their tensors: measured as one tensor of their total size.
   void foreach_sum_squares(std::span<const Tensor> xs, Tensor& out) override {
     std::int64_t n = 0;

@@ -33,6 +33,13 @@ void add_plan_flags(CLI::App& app, PlanFlags& f, const std::string& default_mode
                "count the embedding as a layer of the pipeline split (Megatron-Core)");
   app.add_flag("--account-for-loss-in-pipeline-split", o.loss_in_split,
                "count the final norm, head and loss as a layer of the pipeline split (Megatron-Core)");
+  app.add_option("--grad-compression", o.grad_compression,
+                 "data-parallel gradients on the wire: none, bf16, fp16 (cast) or 1bit (signs, error feedback)");
+  app.add_flag_callback(
+      "--no-error-feedback", [&o] { o.error_feedback = false; },
+      "1bit: drop each rank's compression error instead of adding it to the next step (to measure what it is worth)");
+  app.add_flag("--zero-reduce-once", o.zero_reduce_once,
+               "ZeRO 2/3: reduce-scatter gradients once per step after local accumulation, not per micro-batch");
   app.add_flag("--sequence-parallel", o.sequence_parallel, "split norms and dropout over the sequence (tp)");
 }
 

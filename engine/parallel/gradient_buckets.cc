@@ -19,7 +19,8 @@ std::vector<int> parameter_uses(const ModelSpec& m, const ParamInfo& info, bool 
 
 GradientBuckets::GradientBuckets(Backend& b, const ModelSpec& m, ParameterStore& params, bool chunk_has_head,
                                  Group dp, int zero, std::int64_t bucket_elements, bool defer_embedding,
-                                 Stream compute, Stream comm, Group expert_data)
+                                 Stream compute, Stream comm, Group expert_data, BucketCompression compression,
+                                 UnitReduce unit_reduce)
     : b_(b),
       params_(params),
       dp_(std::move(dp)),
@@ -28,7 +29,9 @@ GradientBuckets::GradientBuckets(Backend& b, const ModelSpec& m, ParameterStore&
       expert_rank_(expert_data_.index_of(b.rank())),
       zero_(zero),
       compute_(compute),
-      comm_(comm) {
+      comm_(comm),
+      compression_options_(compression),
+      unit_reduce_(unit_reduce) {
   const std::int64_t total = params.numel();
   auto add_bucket = [&](std::int64_t begin, std::int64_t size, int group) {
     Bucket k;
@@ -81,11 +84,18 @@ GradientBuckets::GradientBuckets(Backend& b, const ModelSpec& m, ParameterStore&
   issued_.assign(buckets_.size(), false);
   unit_grads_.resize(buckets_.size());
   if (sharded()) shard_grads_ = b.empty(Shape{shard_numel_});
+  if (compression.kind != GradCompression::none) {
+    compression_ = std::make_unique<CompressedReduction>(b, compression.kind, compression.error_feedback,
+                                                         buckets_.size());
+    for (std::size_t i = 0; i < buckets_.size(); ++i)
+      compression_->reserve(i, buckets_[i].shard, group_of(buckets_[i]).size(), !sharded());
+  }
 }
 
-void GradientBuckets::begin_step() {
+void GradientBuckets::begin_step(std::int64_t step) {
   std::fill(issued_.begin(), issued_.end(), false);
   armed_ = false;
+  compress_ = compression_ && step > compression_options_.warmup;
   if (units()) b_.fill(shard_grads_, 0.f);
 }
 
@@ -105,7 +115,7 @@ void GradientBuckets::after_backward(int layer) {
     const Bucket& k = buckets_[i];
     if (k.deferred) continue;
     if (units()) {
-      if (k.uses.front() == layer) reduce_unit(i);
+      if (k.uses.front() == layer && (armed_ || unit_reduce_ == UnitReduce::per_microbatch)) reduce_unit(i);
     } else if (armed_ && !issued_[i] && k.uses.front() >= layer) {
       issue(i);
     }
@@ -119,7 +129,10 @@ void GradientBuckets::reduce_unit(std::size_t i) {
     StreamScope on_comm(b_, comm_);
     // Each micro-batch's sum over replicas is added to the owned shard: this rank keeps only k elements.
     Tensor part = b_.empty(Shape{k.shard});
-    b_.reduce_scatter(unit_grads_[i], part, group_of(k), ReduceOp::sum);
+    if (compress_ && group_of(k).size() > 1)
+      compression_->reduce_scatter(i, unit_grads_[i], part, k.shard, group_of(k));
+    else
+      b_.reduce_scatter(unit_grads_[i], part, group_of(k), ReduceOp::sum);
     Tensor mine = shard_grads_.slice(k.state_offset, k.shard);
     b_.add(mine, part, mine);
   }
@@ -136,6 +149,15 @@ void GradientBuckets::issue(std::size_t i) {
   Tensor grads = params_.grads().slice(k.begin, k.size);
   const Group& g = group_of(k);
   if (g.size() == 1 && !sharded()) return;
+  if (compress_ && g.size() > 1) {
+    if (!sharded()) {
+      compression_->all_reduce(i, grads, k.shard, g);
+    } else {
+      Tensor out = shard_grads_.slice(k.state_offset, k.shard);
+      compression_->reduce_scatter(i, grads, out, k.shard, g);
+    }
+    return;
+  }
   if (!sharded()) {
     b_.all_reduce(grads, g, ReduceOp::sum);
     return;

@@ -24,7 +24,11 @@
 //    summed elements are added to its shard buffer, and the storage is freed.
 //    So a rank holds its 1/dp shard plus the units backward is working on,
 //    never the whole gradient (Rajbhandari et al. 2020, stage 2), at the cost
-//    of one reduce-scatter per micro-batch.
+//    of one reduce-scatter per micro-batch. With UnitReduce::once_per_step a
+//    unit's storage instead stays bound across the micro-batches, which
+//    accumulate into it, and only the last micro-batch's backward (arm())
+//    reduce-scatters it: one reduce-scatter per step, in ZeRO 1's summation
+//    order, for a whole gradient held during backward.
 //
 // The gradients are summed, not averaged: the engine scales every token's loss
 // by 1 / (tokens of the global batch), so the sum over replicas is the gradient
@@ -42,12 +46,20 @@
 // reduced only by finish(): both pipeline ends' copies must first be summed
 // over the embedding group, which can only happen after the schedule has run.
 // Under the unit layout their gradient storage is kept for the iteration.
+//
+// Compression (Plan::grad_compression, grad_compression.h): from the step
+// after the warm-up on, every bucket's reduction over a group of more than
+// one rank sends compressed payloads instead of fp32; the reduction's result
+// lands where the uncompressed one would (the flat buffer, or the shard).
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "backends/backend.h"
+#include "engine/parallel/grad_compression.h"
+#include "engine/plan.h"
 #include "models/model_spec.h"
 #include "models/parameter_store.h"
 
@@ -70,6 +82,17 @@ struct Bucket {
 // for the tied token embedding also the head (L) when the chunk has it.
 std::vector<int> parameter_uses(const ModelSpec& m, const ParamInfo& info, bool chunk_has_head);
 
+// The plan's gradient compression, as the buckets apply it.
+struct BucketCompression {
+  GradCompression kind = GradCompression::none;
+  int warmup = 0;  // steps reduced uncompressed first
+  bool error_feedback = true;
+};
+
+// When the unit layout (ZeRO 2/3) reduce-scatters: after each micro-batch's
+// backward, or once per step (Plan::zero_reduce_once).
+enum class UnitReduce { per_microbatch, once_per_step };
+
 class GradientBuckets {
  public:
   // `zero` is the plan's ZeRO stage: it picks the layout and the reduction.
@@ -77,10 +100,12 @@ class GradientBuckets {
   // when the chunk holds none).
   GradientBuckets(Backend& b, const ModelSpec& m, ParameterStore& params, bool chunk_has_head, Group dp, int zero,
                   std::int64_t bucket_elements, bool defer_embedding, Stream compute, Stream comm,
-                  Group expert_data = {});
+                  Group expert_data = {}, BucketCompression compression = {},
+                  UnitReduce unit_reduce = UnitReduce::per_microbatch);
 
-  // Starts an iteration: nothing issued, nothing armed, shards zeroed.
-  void begin_step();
+  // Starts iteration `step` (1-based): nothing issued, nothing armed, shards
+  // zeroed; compressed once step is past the warm-up.
+  void begin_step(std::int64_t step);
   // Range layout: the next backward through this chunk is its last of the
   // iteration, from now on after_backward issues the buckets it completes.
   void arm() { armed_ = true; }
@@ -117,6 +142,10 @@ class GradientBuckets {
   bool armed_ = false;
   std::int64_t shard_numel_ = 0;
   Tensor shard_grads_;  // (Σ k) sharded only
+  BucketCompression compression_options_;
+  UnitReduce unit_reduce_;
+  std::unique_ptr<CompressedReduction> compression_;  // null without compression
+  bool compress_ = false;                             // this step's reductions are compressed
 };
 
 }  // namespace meshtrain

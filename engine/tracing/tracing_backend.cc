@@ -272,6 +272,12 @@ void TracingBackend::foreach_adamw(std::span<const AdamWTensors> params, const T
   timed("adamw", "compute", foreach_args_json(params.size(), bytes, nullptr),
         [&] { target().foreach_adamw(params, coef, op); });
 }
+void TracingBackend::sign_compress(const Tensor& x, Tensor& error, Tensor& packets) {
+  compute("sign_compress", {&x, &error, &error, &packets}, [&] { target().sign_compress(x, error, packets); });
+}
+void TracingBackend::sign_decompress(const Tensor& packets, Tensor& out) {
+  compute("sign_decompress", {&packets, &out}, [&] { target().sign_decompress(packets, out); });
+}
 void TracingBackend::init_normal(Tensor& x, const NormalInitOp& op) {
   compute("init_normal", {&x}, [&] { target().init_normal(x, op); });
 }

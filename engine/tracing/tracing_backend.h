@@ -111,6 +111,8 @@ class TracingBackend final : public BackendWrapper {
   void foreach_sum_squares(std::span<const Tensor> xs, Tensor& out) override;
   void foreach_adamw(std::span<const AdamWTensors> params, const Tensor& coef,
                      const AdamWOp& op) override;
+  void sign_compress(const Tensor& x, Tensor& error, Tensor& packets) override;
+  void sign_decompress(const Tensor& packets, Tensor& out) override;
   void init_normal(Tensor& x, const NormalInitOp& op) override;
   void all_reduce(Tensor& x, const Group& g, ReduceOp op) override;
   void reduce_scatter(const Tensor& in, Tensor& out, const Group& g, ReduceOp op) override;

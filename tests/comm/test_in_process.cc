@@ -321,3 +321,38 @@ TEST_CASE("all_reduce bandwidth, 4 ranks x 16 MB", "[.][bench]") {
   std::printf("all_reduce 4 ranks x 16 MB: %.2f ms, algbw %.2f GB/s, busbw %.2f GB/s\n",
               seconds * 1e3, bytes / seconds / 1e9, bytes / seconds / 1e9 * 2 * 3 / 4);
 }
+
+TEST_CASE("each rank counts the bytes it sends, collective by collective", "[comm][bytes]") {
+  // The counts of communicator.h, derived here from the direct algorithm: a 3-rank group, n = 10.
+  constexpr int kRanks = 3;
+  std::vector<std::vector<std::int64_t>> counts(kRanks);
+  const Status s = run_ranks(kRanks, [&](int r, Communicator& c) -> Status {
+    const Group g = world_group(kRanks);
+    auto& mine = counts[static_cast<std::size_t>(r)];
+    auto step = [&](Status st) -> Status {
+      mine.push_back(c.bytes_sent() - std::accumulate(mine.begin(), mine.end(), std::int64_t{0}));
+      return st;
+    };
+    std::vector<float> x(10, 1.f), in(30, 1.f), out(10), gathered(30);
+    MT_TRY(step(c.all_reduce(x, g, ReduceOp::sum)));
+    MT_TRY(step(c.reduce_scatter(in, out, g, ReduceOp::sum)));
+    MT_TRY(step(c.all_gather(x, gathered, g)));
+    MT_TRY(step(c.broadcast(x, g, 1)));
+    const std::vector<std::int64_t> sc{1, 2, 3}, rc{r + 1, r + 1, r + 1};
+    std::vector<float> send(6, 1.f), recv(static_cast<std::size_t>(3 * (r + 1)));
+    MT_TRY(step(c.all_to_all(send, sc, recv, rc, g)));
+    if (r == 0) MT_TRY(c.send(x, 2, 7));
+    if (r == 2) MT_TRY(c.recv(x, 0, 7));
+    MT_TRY(step(ok_status()));
+    return ok_status();
+  });
+  REQUIRE(s.ok());
+  for (int r = 0; r < kRanks; ++r) {
+    INFO("rank " << r);
+    // all_reduce of 10 over 3: blocks 10·j/3 = [0, 3), [3, 6), [6, 10): the others' blocks, then its own twice.
+    const std::int64_t own = r == 2 ? 4 : 3;
+    const std::vector<std::int64_t> expected{4 * (10 - own + 2 * own), 4 * 2 * 10, 4 * 2 * 10, r == 1 ? 4 * 2 * 10 : 0,
+                                             4 * (6 - (r + 1)), r == 0 ? 4 * 10 : 0};
+    CHECK(counts[static_cast<std::size_t>(r)] == expected);
+  }
+}

@@ -148,4 +148,29 @@ TEST_CASE("cpu adamw: one step against a hand-written reference", "[cpu]") {
 }
 
 }  // namespace
+TEST_CASE("cpu adamw with a frozen variance (1-bit Adam): v keeps its bits, corrected as at its step", "[cpu]") {
+  std::mt19937_64 rng(testing::seed_for("adamw frozen variance"));
+  const std::int64_t n = 1000;
+  const Vec p0 = testing::random_vec(rng, n), g = testing::random_vec(rng, n);
+  const Vec m0 = testing::random_vec(rng, n, 0.1);
+  Vec v0 = testing::random_vec(rng, n, 0.1);
+  for (double& x : v0) x = x * x;
+  AdamWOp op{1e-2f, 0.9f, 0.95f, 1e-8f, 0.f, 40};
+  op.variance_frozen_at = 7;
+  CpuBackend be;
+  Tensor tp = upload(be, {n}, p0), tm = upload(be, {n}, m0), tv = upload(be, {n}, v0);
+  const std::vector<float> v_before = testing::download_f32(be, tv);
+  be.adamw(tp, upload(be, {n}, g), tm, tv, Tensor(), op);
+  CHECK(testing::download_f32(be, tv) == v_before);
+  Vec want_step(n), step(n);
+  const Vec got_p = download(be, tp);
+  for (std::int64_t i = 0; i < n; ++i) {
+    const double m = op.beta1 * m0[i] + (1 - op.beta1) * g[i];
+    const double mhat = m / (1 - std::pow(op.beta1, 40)), vhat = v_before[i] / (1 - std::pow(op.beta2, 7));
+    want_step[i] = -op.lr * mhat / (std::sqrt(vhat) + op.eps);
+    step[i] = got_p[i] - static_cast<float>(p0[i]);
+  }
+  CHECK(rel_err(step, want_step) < 1e-4);
+}
+
 }  // namespace meshtrain

@@ -62,6 +62,55 @@ TEST_CASE("cpu ranks: collectives and int32 ids through the communicator", "[cpu
   CHECK(received == Vec{f(snan_bits), 7});
 }
 
+TEST_CASE("cpu ranks: bf16 and fp16 tensors travel bitwise by all-gather and all-to-all, odd blocks too",
+          "[cpu][ranks][half]") {
+  for (DType dt : {DType::bf16, DType::f16}) {
+    Vec gathered[2], exchanged[2], reduced[2], scattered[2];
+    std::int64_t sent[2] = {0, 0};
+    const Status s = run_ranks(2, [&](int rank, Communicator& comm) -> Status {
+      CpuBackend be(comm);
+      const Group world{0, {0, 1}};
+      // Three elements each (odd): values exact in both formats.
+      Tensor mine = be.empty({3}, dt);
+      be.write(mine, std::vector<float>{1.5f + rank, -2.f, 0.25f * (rank + 1)});
+      Tensor all = be.empty({6}, dt);
+      const std::int64_t before = comm.bytes_sent();
+      be.all_gather(mine, all, world);
+      sent[rank] = comm.bytes_sent() - before;
+      // Rank r sends 1 + r elements to member 0 and 2 to member 1.
+      const std::vector<std::int64_t> sc{1 + rank, 2}, rc = rank == 0 ? std::vector<std::int64_t>{1, 2}
+                                                                         : std::vector<std::int64_t>{2, 2};
+      Tensor in = be.empty({3 + rank}, dt), out = be.empty({rc[0] + rc[1]}, dt);
+      std::vector<float> values;
+      for (int i = 0; i < 3 + rank; ++i) values.push_back(10.f * rank + i);
+      be.write(in, values);
+      be.all_to_all(in, sc, out, rc, world);
+      // Reductions, summed in fp32 and rounded once: values exact in both formats.
+      Tensor x = be.empty({3}, dt), part = be.empty({3}, dt), whole = be.empty({6}, dt);
+      be.write(x, std::vector<float>{1.f, 0.5f, 0x1p-8f});
+      be.all_reduce(x, world, ReduceOp::sum);
+      be.write(whole, std::vector<float>{1.f + rank, 2.f, 3.f, 4.f, 5.f, 6.f * (rank + 1)});
+      be.reduce_scatter(whole, part, world, ReduceOp::sum);
+      MT_TRY(be.synchronize());
+      MT_ASSIGN(reduced[rank], get(be, x));
+      MT_ASSIGN(scattered[rank], get(be, part));
+      MT_ASSIGN(gathered[rank], get(be, all));
+      MT_ASSIGN(exchanged[rank], get(be, out));
+      return ok_status();
+    });
+    REQUIRE(s.ok());
+    for (int r = 0; r < 2; ++r) CHECK(gathered[r] == Vec{1.5, -2, 0.25, 2.5, -2, 0.5});
+    CHECK(exchanged[0] == Vec{0, 10, 11});
+    CHECK(exchanged[1] == Vec{1, 2, 12, 13});
+    for (int r = 0; r < 2; ++r) CHECK(reduced[r] == Vec{2, 1, 0x1p-7});
+    CHECK(scattered[0] == Vec{3, 4, 6});
+    CHECK(scattered[1] == Vec{8, 10, 18});
+    // Three 2-byte elements travel as two floats (one zero-padded half).
+    CHECK(sent[0] == 8);
+    CHECK(sent[1] == 8);
+  }
+}
+
 TEST_CASE("cpu ranks: a data-parallel layernorm gradient equals the single-rank one",
           "[cpu][ranks]") {
   std::mt19937_64 rng(testing::seed_for("ranks layernorm"));

@@ -362,6 +362,10 @@ Status InProcessCommunicator::all_reduce(std::span<float> data, const Group& g, 
   call.in = data.data();
   call.out = data.data();
   call.in_n = call.out_n = data.size();
+  // As the MPI communicator: blocks n·j/G to their owners, then the own reduced block to the others.
+  const auto G = static_cast<std::size_t>(g.size()), k = static_cast<std::size_t>(std::max(0, g.index_of(rank_)));
+  const std::size_t own = data.size() * (k + 1) / G - data.size() * k / G;
+  count_sent(data.size() - own + (G - 1) * own);
   return collective(g, call);
 }
 
@@ -378,6 +382,7 @@ Status InProcessCommunicator::reduce_scatter(std::span<const float> in, std::spa
   call.in_n = in.size();
   call.out = out.data();
   call.out_n = out.size();
+  count_sent((g.ranks.size() - 1) * out.size());
   return collective(g, call);
 }
 
@@ -393,6 +398,7 @@ Status InProcessCommunicator::all_gather(std::span<const float> in, std::span<fl
   call.in_n = in.size();
   call.out = out.data();
   call.out_n = out.size();
+  count_sent((g.ranks.size() - 1) * in.size());
   return collective(g, call);
 }
 
@@ -406,6 +412,7 @@ Status InProcessCommunicator::broadcast(std::span<float> data, const Group& g, i
   call.in = data.data();
   call.out = data.data();
   call.in_n = call.out_n = data.size();
+  if (root_global_rank == rank_) count_sent((g.ranks.size() - 1) * data.size());
   return collective(g, call);
 }
 
@@ -430,6 +437,9 @@ Status InProcessCommunicator::all_to_all(std::span<const float> in,
   call.out_n = out.size();
   call.send_counts = send_counts;
   call.recv_counts = recv_counts;
+  const int self = g.index_of(rank_);
+  for (int j = 0; j < g.size(); ++j)
+    if (j != self) count_sent(static_cast<std::size_t>(send_counts[static_cast<std::size_t>(j)]));
   return collective(g, call);
 }
 
@@ -450,6 +460,7 @@ Status InProcessCommunicator::send(std::span<const float> data, int peer, int ta
     std::lock_guard lock(mb.mu);
     mb.queues[{rank_, tag}].push_back(std::move(message));
   }
+  count_sent(data.size());
   mb.cv.notify_all();
   return ok_status();
 }

@@ -210,6 +210,7 @@ void MpiCommunicator::post_send(std::vector<Pending>& pending, MPI_Comm comm, co
                                 int member, const float* buf, std::size_t n, int tag) {
   Pending& p = pending.emplace_back();
   p.peer = g.ranks[static_cast<std::size_t>(member)];
+  count_sent(n);
   MPI_Isend(buf, static_cast<int>(n), MPI_FLOAT, member, tag, comm, &p.request);
 }
 
@@ -374,6 +375,7 @@ Status MpiCommunicator::send(std::span<const float> data, int peer, int tag) {
     sends_.pop_back();
     return fail(make_error("{}: {}", at, mpi_error_text(rc)));
   }
+  count_sent(data.size());
   return ok_status();
 }
 

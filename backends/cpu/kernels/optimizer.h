@@ -17,7 +17,8 @@ T clip_coefficient(T sumsq, T max_norm) {
 
 struct AdamWParams {
   double lr, beta1, beta2, eps, weight_decay;
-  std::int64_t step;  // 1-based
+  std::int64_t step;               // 1-based
+  std::int64_t variance_frozen_at = 0;  // AdamWOp::variance_frozen_at
 };
 
 // The per-element constants of one AdamW step of one tensor.
@@ -26,9 +27,12 @@ struct AdamWStep {
   T b1, b2, c1, c2, lr, eps, decay, coef;
   AdamWStep(const AdamWParams& p, T clip_coef)
       : b1(static_cast<T>(p.beta1)),
-        b2(static_cast<T>(p.beta2)),
+        // Frozen: v = 1·v + 0·g² keeps v's bits.
+        b2(static_cast<T>(p.variance_frozen_at > 0 ? 1.0 : p.beta2)),
         c1(static_cast<T>(1.0 / (1.0 - std::pow(p.beta1, static_cast<double>(p.step))))),
-        c2(static_cast<T>(1.0 / (1.0 - std::pow(p.beta2, static_cast<double>(p.step))))),
+        c2(static_cast<T>(1.0 / (1.0 - std::pow(p.beta2, static_cast<double>(p.variance_frozen_at > 0
+                                                                                   ? p.variance_frozen_at
+                                                                                   : p.step))))),
         lr(static_cast<T>(p.lr)),
         eps(static_cast<T>(p.eps)),
         decay(static_cast<T>(1.0 - p.lr * p.weight_decay)),

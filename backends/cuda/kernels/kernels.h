@@ -135,6 +135,12 @@ cudaError_t moe_combine_backward(const void* dout, const void* rows, const std::
                                  const float* weights, void* drows, float* dweights, int dtype, i64 N, i64 K, i64 C,
                                  i64 M, cudaStream_t s);
 
+// ---- compression.cu ---------------------------------------------------------
+// Backend::sign_compress / sign_decompress: x and error (C, k) f32 (error
+// null: no error feedback), packets (C, 1 + ceil(k/32)) i32.
+cudaError_t sign_compress(const float* x, float* error, std::int32_t* packets, i64 C, i64 k, cudaStream_t s);
+cudaError_t sign_decompress(const std::int32_t* packets, float* out, i64 C, i64 k, cudaStream_t s);
+
 // ---- rope.cu ---------------------------------------------------------------
 // x of storage `dtype`, rotated in fp32; scratch: 2 · T · D/2 floats (the cos
 // and sin table).
