@@ -100,20 +100,20 @@ def vqa(meshtrain, cluster):
             runs[f"{gpus} GPUs: DP {gpus}, ZeRO {zero}"] = simulate(
                 meshtrain, model, cluster, ["--dp", str(gpus), "--micro-batch", str(G // gpus), "--global-batch", str(G),
                                             "--zero", str(zero), "--recompute", "selective"])
-        # The mission's layout: the encoder (and projector) on a tp group, the language model pipelined on the rest.
-        vision = gpus // 8            # encoder ranks: tp 2 × dp vision/2
-        language = gpus - vision      # language ranks: tp 8 within a node, pp = language / 8 / dp
-        lang_dp = max(1, language // 32)
-        lang_pp = language // (8 * lang_dp)
+        # The mission's layout: the encoder (and projector) on a small tensor-parallel group, the language
+        # model (41 layers: the joiner and 40 decoder layers) tensor-parallel within a node and pipelined
+        # over the other ranks; micro-batches of 8 samples (8·(577 + 64) rows divide over tp 8).
+        vision, lang_tp, lang_pp, first = {16: (4, 4, 3, 13), 32: (8, 8, 3, 13), 64: (8, 8, 7, 5)}[gpus]
         segments = [
             {"name": "vision encoder + projector", "modules": ["vision", "projector"], "tp": 2,
-             "dp": max(1, vision // 2), "ranks": [0, vision - 1], "microbatches": G // max(1, vision // 2) // 2},
-            {"name": "language model", "modules": ["language"], "tp": 8, "pp": lang_pp, "dp": lang_dp,
-             "sequence_parallel": True, "ranks": [vision, gpus - 1], "microbatches": G // lang_dp // 2,
-             "recompute": "selective"},
+             "dp": vision // 2, "ranks": [0, vision - 1], "microbatches": G // (vision // 2) // 8},
+            {"name": "language model", "modules": ["language"], "tp": lang_tp, "pp": lang_pp,
+             "first_stage_layers": first, "sequence_parallel": True, "ranks": [vision, gpus - 1],
+             "microbatches": G // 8, "recompute": "selective"},
         ]
-        runs[f"{gpus} GPUs: vision tp 2 × dp {max(1, vision // 2)} on {vision}; language tp 8 × pp {lang_pp} × dp {lang_dp} on {language}"] = \
-            simulate(meshtrain, model, cluster, ["--global-batch", str(G), "--micro-batch", "2"], segments)
+        runs[f"{gpus} GPUs: vision tp 2 × dp {vision // 2} on {vision}; language tp {lang_tp} × pp {lang_pp} "
+             f"on {gpus - vision}"] = simulate(meshtrain, model, cluster, ["--global-batch", str(G), "--micro-batch", "8"],
+                                               segments)
         dp_times = [j["iteration_time_s"] for n, j in runs.items() if "DP" in n.split(":")[1][:4] and "error" not in j]
         base = min(dp_times) if dp_times else None
         for name, j in runs.items():

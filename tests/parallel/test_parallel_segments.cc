@@ -65,6 +65,20 @@ TEST_CASE("a vision-encoder-like segment on its own tensor-parallel ranks feeds 
       {"blocks": [3, 5], "pp": 2, "ranks": [0, 1], "microbatches": 4}])"));
 }
 
+TEST_CASE("VQA: the vision encoder on a tensor-parallel group, the language model pipelined on others",
+          "[parallel][segments][vqa]") {
+  // experiments/plans/vqa-hetero.json's layout on vqa-tiny: encoder and
+  // projector tp 2 on ranks 0-1, language model pp 4 on ranks 2-5.
+  const ModelSpec m = *model_preset("vqa-tiny");
+  check_matches_reference(m, segmented(m, R"([
+      {"modules": ["vision", "projector"], "tp": 2, "ranks": [0, 1], "microbatches": 4},
+      {"modules": ["language"], "pp": 4, "ranks": [2, 5], "microbatches": 4}])"));
+  // The projector with the language model instead, its two halves tensor- and data-parallel.
+  check_matches_reference(m, segmented(m, R"([
+      {"modules": ["vision"], "dp": 2, "ranks": [0, 1]},
+      {"modules": ["projector", "language"], "tp": 2, "dp": 2, "sequence_parallel": true, "ranks": [2, 5]}])"));
+}
+
 TEST_CASE("segments on the same ranks change tp, dp and ZeRO between them", "[parallel][segments][same]") {
   ModelSpec m = tiny_llama();
   m.name = "tiny-llama-mha";  // four kv heads: tp 4 splits them (the reference cache keys on the name)
