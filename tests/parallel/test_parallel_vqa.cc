@@ -72,3 +72,13 @@ TEST_CASE("a segment plan places the VQA modules by their names", "[parallel][vq
   CHECK_THAT(unknown.error().message(),
              Catch::Contains("vision") && Catch::Contains("projector") && Catch::Contains("language"));
 }
+
+TEST_CASE("a VQA vocabulary that tp does not divide matches the single-rank run", "[parallel][vqa][vocab]") {
+  // 47 words: tp 2 pads the second shard by one column, tp 4 the last by one; the
+  // padded columns must take no probability and get no gradient.
+  ModelSpec m = vqa();
+  m.name = "vqa-tiny-vocab47";  // the reference cache keys on the name
+  m.vocab = 47;
+  check_matches_reference(m, make_plan(2, 1, 1, 0, ScheduleKind::one_f_one_b));
+  check_matches_reference(m, make_plan(4, 1, 1, 0, ScheduleKind::one_f_one_b));
+}
