@@ -1,5 +1,8 @@
 #include "models/block_context.h"
 
+#include <algorithm>
+#include <vector>
+
 #include "models/init.h"
 
 namespace meshtrain {
@@ -160,6 +163,17 @@ void BlockContext::linear_backward(const std::string& name, const Tensor& x_in, 
   };
   if (deferred_weights != nullptr) deferred_weights->push_back(std::move(weights));
   else weights();
+}
+
+Tensor BlockContext::vocab_padding_bias(std::int64_t vocab, std::int64_t rows) {
+  const std::int64_t first = static_cast<std::int64_t>(tp.rank) * rows;
+  const std::int64_t real = std::clamp<std::int64_t>(vocab - first, 0, rows);
+  if (real == rows) return Tensor();
+  std::vector<float> bias(static_cast<std::size_t>(rows), 0.f);
+  std::fill(bias.begin() + real, bias.end(), -1e30f);
+  Tensor t = b.empty(Shape{rows}, act);
+  b.write(t, bias);
+  return t;
 }
 
 Tensor BlockContext::cross_entropy(const Tensor& logits, const MicroBatch& mb, std::int64_t vocab_offset,

@@ -72,6 +72,12 @@ class BlockContext {
   // sumexp (N) are kept for the backward.
   Tensor cross_entropy(const Tensor& logits, const MicroBatch& mb, std::int64_t vocab_offset, bool vocab_parallel,
                        Tensor& row_max, Tensor& sumexp);
+  // When tp does not divide the vocabulary, this rank's shard of `rows`
+  // columns may end in padding (ids >= vocab): a (rows) bias, 0 on real
+  // columns and -1e30 on padded ones, for the head's GEMM, so the padding
+  // takes no probability and gets no gradient. Undefined when the shard has
+  // no padding.
+  Tensor vocab_padding_bias(std::int64_t vocab, std::int64_t rows);
   // Counter-based dropout mask of one site: a sequence shard draws the mask
   // elements of its rows of the whole (N, width) tensor.
   DropoutOp dropout(const MicroBatch& mb, int layer, int site, std::int64_t rows, std::int64_t width) const;

@@ -1,6 +1,5 @@
 #include "models/decoder_blocks.h"
 
-#include <algorithm>
 #include <vector>
 
 #include "models/block_context.h"
@@ -75,20 +74,10 @@ class TokenEmbedding : public Block {
 class LmHead : public Block {
  public:
   LmHead(const ModelSpec& m, BlockContext& ctx)
-      : m_(m), ctx_(ctx), vocab_rows_(padded_vocab(m, ctx.tp.size) / ctx.tp.size) {
-    // When tp does not divide the vocabulary, the last shard's trailing
-    // columns are padding (ids >= vocab): a bias of -1e30 there keeps them
-    // out of the softmax (probability 0, so no gradient reaches their rows),
-    // as if the vocabulary were not padded.
-    const std::int64_t first = static_cast<std::int64_t>(ctx.tp.rank) * vocab_rows_;
-    const std::int64_t real = std::clamp<std::int64_t>(m.vocab - first, 0, vocab_rows_);
-    if (real < vocab_rows_) {
-      std::vector<float> bias(static_cast<std::size_t>(vocab_rows_), 0.f);
-      std::fill(bias.begin() + real, bias.end(), -1e30f);
-      padding_ = ctx.b.empty(Shape{vocab_rows_}, ctx.act);
-      ctx.b.write(padding_, bias);
-    }
-  }
+      : m_(m),
+        ctx_(ctx),
+        vocab_rows_(padded_vocab(m, ctx.tp.size) / ctx.tp.size),
+        padding_(ctx.vocab_padding_bias(m.vocab, vocab_rows_)) {}
 
   Tensor forward(const MicroBatch& mb, const Tensor& x, std::unique_ptr<Block::Saved>* saved) override {
     Backend& b = ctx_.b;
@@ -145,7 +134,7 @@ class LmHead : public Block {
   const ModelSpec& m_;
   BlockContext& ctx_;
   std::int64_t vocab_rows_;
-  Tensor padding_;  // (vocab_rows_): 0, and -1e30 on padded columns; undefined without any
+  Tensor padding_;  // (vocab_rows_): BlockContext::vocab_padding_bias; undefined without padding
 };
 
 }  // namespace

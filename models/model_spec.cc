@@ -431,6 +431,15 @@ Result<ModelSpec> load_model(const std::string& name_or_file) {
   return m;
 }
 
+Status validate_image_fields(const ModelSpec& m) {
+  for (const auto& [what, v] : {std::pair{"image_size", m.image_size}, {"patch", m.patch}, {"channels", m.channels}})
+    if (v <= 0) return make_error("model '{}': {} must be positive, got {}", m.name, what, v);
+  if (m.image_size % m.patch != 0)
+    return make_error("model '{}': image_size {} is not divisible by patch {}; the patches must tile the image",
+                      m.name, m.image_size, m.patch);
+  return ok_status();
+}
+
 namespace {
 
 Status validate_vision(const ModelSpec& m) {
@@ -439,13 +448,8 @@ Status validate_vision(const ModelSpec& m) {
     if (v <= 0) return make_error("model '{}': {} must be positive, got {}", m.name, what, v);
     return {};
   };
-  MT_TRY(positive("image_size", m.image_size));
-  MT_TRY(positive("patch", m.patch));
-  MT_TRY(positive("channels", m.channels));
+  MT_TRY(validate_image_fields(m));
   MT_TRY(positive("classes", m.classes));
-  if (m.image_size % m.patch != 0)
-    return make_error("model '{}': image_size {} is not divisible by patch {}; the patches must tile the image",
-                      m.name, m.image_size, m.patch);
   if (m.family == ModelFamily::vit) return ok_status();
   MT_TRY(positive("window", m.window));
   if (m.depths.empty() || m.depths.size() != m.stage_heads.size())

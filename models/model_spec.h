@@ -135,6 +135,9 @@ Result<ModelSpec> model_from_json(const nlohmann::json& j);
 // object too): far above any real model, far below where a count of
 // parameters, FLOPs or bytes would overflow.
 IntRange model_field_range(std::string_view key);
+// An Error unless image_size, patch and channels are positive and the
+// patches tile the image: what every image-reading family checks.
+Status validate_image_fields(const ModelSpec& m);
 // A preset name, or a path to a JSON file.
 Result<ModelSpec> load_model(const std::string& name_or_file);
 // Fills the fields a vision model derives (seq_len; a Swin model's layers

@@ -154,7 +154,10 @@ class QuestionJoiner : public Block {
 class AnswerHead : public Block {
  public:
   AnswerHead(const AnswerHeadDef& def, BlockContext& ctx)
-      : m_(def.spec()), ctx_(ctx), vocab_rows_(padded_vocab(m_, ctx.tp.size) / ctx.tp.size) {}
+      : m_(def.spec()),
+        ctx_(ctx),
+        vocab_rows_(padded_vocab(m_, ctx.tp.size) / ctx.tp.size),
+        padding_(ctx.vocab_padding_bias(m_.vocab, vocab_rows_)) {}
 
   Tensor forward(const MicroBatch& mb, const Tensor& x_in, std::unique_ptr<Block::Saved>* saved) override {
     Backend& b = ctx_.b;
@@ -165,7 +168,7 @@ class AnswerHead : public Block {
     // Every tp rank normalises the same B rows: the norm is not split.
     ctx_.norm_forward("language.final_norm", s->answer, s->nf, s->mean, s->rstd);
     s->logits = b.empty(Shape{B, vocab_rows_}, ctx_.act);
-    b.gemm(s->nf, ctx_.params["language.head"].value, s->logits, GemmOp{});
+    b.gemm(s->nf, ctx_.params["language.head"].value, s->logits, GemmOp{false, false, 1.f, 0.f, padding_});
     Tensor loss_sum = ctx_.cross_entropy(s->logits, mb, ctx_.tp.rank * vocab_rows_, true, s->row_max, s->sumexp);
     if (saved) *saved = std::move(s);
     return loss_sum;
@@ -208,6 +211,7 @@ class AnswerHead : public Block {
   const ModelSpec& m_;
   BlockContext& ctx_;
   std::int64_t vocab_rows_;
+  Tensor padding_;  // (vocab_rows_): BlockContext::vocab_padding_bias; undefined without padding
 };
 
 // Bytes a body block's input takes under full recomputation (the chunk keeps only that).

@@ -172,12 +172,7 @@ Status validate_vqa(const ModelSpec& m) {
     if (v <= 0) return make_error("model '{}': {} must be positive, got {}", m.name, what, v);
     return {};
   };
-  MT_TRY(positive("image_size", m.image_size));
-  MT_TRY(positive("patch", m.patch));
-  MT_TRY(positive("channels", m.channels));
-  if (m.image_size % m.patch != 0)
-    return make_error("model '{}': image_size {} is not divisible by patch {}; the patches must tile the image",
-                      m.name, m.image_size, m.patch);
+  MT_TRY(validate_image_fields(m));
   const VisionEncoderSpec& v = m.vision_encoder;
   MT_TRY(positive("vision.layers", v.layers));
   MT_TRY(positive("vision.hidden", v.hidden));

@@ -11,6 +11,7 @@
 #include "engine/memory_model.h"
 #include "engine/mesh.h"
 #include "engine/segments/segment_plan.h"
+#include "models/block.h"
 #include "models/flops.h"
 #include "models/parameters.h"
 
@@ -62,6 +63,23 @@ Status print_segments(const ModelSpec& m, const Plan& p, const InfoFlags& f) {
   return {};
 }
 
+// The model's modules (BlockDef::module, the names a plan's segments use) in
+// block order, each with its first and last block index.
+struct ModuleBlocks {
+  std::string name;
+  int first = 0, last = 0;
+};
+std::vector<ModuleBlocks> module_blocks(const ModelSpec& m) {
+  std::vector<ModuleBlocks> out;
+  const ModelBlocks blocks = model_blocks(m);
+  for (int i = 0; i < static_cast<int>(blocks.size()); ++i) {
+    const std::string& name = blocks[static_cast<std::size_t>(i)]->module();
+    if (out.empty() || out.back().name != name) out.push_back({name, i, i});
+    out.back().last = i;
+  }
+  return out;
+}
+
 Status run_info(const InfoFlags& f) {
   MT_ASSIGN(ModelAndPlan mp, resolve_model_and_plan(f.plan));
   const ModelSpec& m = mp.model;
@@ -76,6 +94,7 @@ Status run_info(const InfoFlags& f) {
   const int seq = p.effective_seq_len(m);
   const FlopCount flops = training_flops(m, p.effective_global_batch(), seq, p.recompute);
   const MemoryBreakdown mem = memory_per_rank(m, p, c.pp, meshtrain_layout(p));
+  const std::vector<ModuleBlocks> modules = module_blocks(m);
 
   if (f.json) {
     nlohmann::json groups = nlohmann::json::object();
@@ -85,6 +104,7 @@ Status run_info(const InfoFlags& f) {
     }
     nlohmann::json j = {
         {"model", model_to_json(m)},
+        {"modules", nlohmann::json::array()},
         {"parameters", params.total},
         {"embedding_parameters", params.embedding},
         {"active_parameters", params.active},
@@ -104,10 +124,18 @@ Status run_info(const InfoFlags& f) {
           {"activations_bytes", mem.activations},
           {"inflight_microbatches", mem.inflight},
           {"total_bytes", mem.total()}}}};
+    for (const ModuleBlocks& mb : modules)
+      j["modules"].push_back({{"name", mb.name}, {"first_block", mb.first}, {"last_block", mb.last}});
     fmt::print("{}\n", j.dump(2));
     return {};
   }
   fmt::print("model      {}\n", describe_model(m));
+  std::string names;
+  for (const ModuleBlocks& mb : modules)
+    names += fmt::format("{}{} ({})", names.empty() ? "" : ", ", mb.name,
+                         mb.first == mb.last ? fmt::format("block {}", mb.first)
+                                             : fmt::format("blocks {}-{}", mb.first, mb.last));
+  fmt::print("modules    {}\n", names);
   fmt::print("parameters {} ({} without embeddings)\n", params.total, params.non_embedding());
   if (m.moe())
     fmt::print("           {} active per token ({} in experts, top {} of {})\n", params.active, params.expert, m.top_k,

@@ -51,3 +51,16 @@ TEST_CASE("meshtrain info shows an MoE rank's expert groups and the active param
   CHECK(refused.status != 0);
   CHECK_THAT(refused.out, Catch::Contains("ep 4 must divide dp 2"));
 }
+
+TEST_CASE("meshtrain info names the model's modules, the names plan segments use", "[cli]") {
+  MeshtrainRun vqa = run_meshtrain("info --model vqa-tiny");
+  REQUIRE(vqa.status == 0);
+  CHECK_THAT(vqa.out, Catch::Contains("modules    vision (blocks 0-2), projector (block 3), language (blocks 4-8)"));
+  MeshtrainRun gpt = run_meshtrain("info --model gpt2-124m --json");  // 12 layers: blocks 0-13
+  REQUIRE(gpt.status == 0);
+  const auto modules = nlohmann::json::parse(gpt.out)["modules"];
+  REQUIRE(modules.size() == 3);
+  CHECK(modules[0] == nlohmann::json({{"name", "embed"}, {"first_block", 0}, {"last_block", 0}}));
+  CHECK(modules[1] == nlohmann::json({{"name", "layers"}, {"first_block", 1}, {"last_block", 12}}));
+  CHECK(modules[2] == nlohmann::json({{"name", "head"}, {"first_block", 13}, {"last_block", 13}}));
+}

@@ -6,6 +6,9 @@
 // layers 0-2 (4-6).
 #include <catch2/catch.hpp>
 
+#include <nlohmann/json.hpp>
+
+#include "engine/segments/segment_plan.h"
 #include "tests/parallel/parallel_check.h"
 
 using namespace meshtrain;
@@ -47,4 +50,35 @@ TEST_CASE("VQA under data parallelism, ZeRO and recomputation matches the single
   recompute.recompute = Recompute::full;
   check_matches_reference(vqa(), recompute);
   check_matches_reference(vqa(), sp(with_stage_layers(make_plan(2, 2, 2, 2, ScheduleKind::gpipe), 5, 0)));
+}
+
+TEST_CASE("a segment plan places the VQA modules by their names", "[parallel][vqa][segments]") {
+  // Blocks: patch embedding and vision layers 0-1 (0-2), the projector (3),
+  // the question joiner, decoder layers 0-2 and the answer head (4-8).
+  const ModelSpec m = vqa();
+  const Plan base = make_plan(1, 1, 1, 0, ScheduleKind::one_f_one_b);
+  auto segments = segments_from_json(nlohmann::json::parse(R"([
+      {"modules": ["vision", "projector"], "tp": 2},
+      {"modules": ["language"], "ranks": [2, 3], "pp": 2}])"),
+                                     m, base);
+  REQUIRE(segments.ok());
+  Plan p = base;
+  p.segments = *segments;
+  const std::string layout = describe_segments(p, m);
+  INFO(layout);
+  CHECK_THAT(layout, Catch::Contains("blocks 0-3 (projector, vision)") && Catch::Contains("blocks 4-8 (language)"));
+  auto unknown = segments_from_json(nlohmann::json::parse(R"([{"modules": ["encoder"]}])"), m, base);
+  REQUIRE_FALSE(unknown.ok());
+  CHECK_THAT(unknown.error().message(),
+             Catch::Contains("vision") && Catch::Contains("projector") && Catch::Contains("language"));
+}
+
+TEST_CASE("a VQA vocabulary that tp does not divide matches the single-rank run", "[parallel][vqa][vocab]") {
+  // 47 words: tp 2 pads the second shard by one column, tp 4 the last by one; the
+  // padded columns must take no probability and get no gradient.
+  ModelSpec m = vqa();
+  m.name = "vqa-tiny-vocab47";  // the reference cache keys on the name
+  m.vocab = 47;
+  check_matches_reference(m, make_plan(2, 1, 1, 0, ScheduleKind::one_f_one_b));
+  check_matches_reference(m, make_plan(4, 1, 1, 0, ScheduleKind::one_f_one_b));
 }
