@@ -23,8 +23,8 @@ class TokenEmbedding : public Block {
     else ctx_.tp_all_reduce(x);
     if (m_.position == PositionKind::learned) {
       Tensor pe = b.empty(Shape{R, m_.hidden}, ctx_.act);
-      const Tensor& all = ctx_.positions(mb.batch, mb.seq);
-      const Tensor ids = ctx_.sp ? all.slice(ctx_.tp.rank * R, R) : all;
+      // Under context parallelism the local tokens' places in the whole sequence (positions(mb)).
+      const Tensor ids = ctx_.sp ? positions(mb).slice(ctx_.tp.rank * R, R) : positions(mb);
       b.embedding_forward(ctx_.params["embed.positions"].value, ids, pe, 0);
       b.add(x, pe, x);
     }
@@ -46,7 +46,7 @@ class TokenEmbedding : public Block {
     b.embedding_backward(dx, mb.ids, dtokens, ctx_.tp.rank * vocab_rows_);
     if (m_.position == PositionKind::learned) {
       Tensor dpos = ctx_.params["embed.positions"].grad;
-      b.embedding_backward(dx, ctx_.positions(mb.batch, mb.seq), dpos, 0);
+      b.embedding_backward(dx, positions(mb), dpos, 0);
     }
     return Tensor();
   }

@@ -66,7 +66,7 @@ TEST_CASE("a segment plan places the VQA modules by their names", "[parallel][vq
   p.segments = *segments;
   const std::string layout = describe_segments(p, m);
   INFO(layout);
-  CHECK_THAT(layout, Catch::Contains("blocks 0-3 (projector, vision)") && Catch::Contains("blocks 4-8 (language)"));
+  CHECK_THAT(layout, Catch::Contains("blocks 0-3 (vision, projector)") && Catch::Contains("blocks 4-8 (language)"));
   auto unknown = segments_from_json(nlohmann::json::parse(R"([{"modules": ["encoder"]}])"), m, base);
   REQUIRE_FALSE(unknown.ok());
   CHECK_THAT(unknown.error().message(),
