@@ -2,6 +2,12 @@
 // The compute kernels' wrappers are in cpu_ops.cc.
 #include "backends/cpu/cpu_backend.h"
 
+#if defined(__SSE__)
+#include <xmmintrin.h>
+#endif
+
+#include <oneapi/tbb/task_scheduler_observer.h>
+
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -126,8 +132,34 @@ CpuBackend::CpuBackend(Communicator& comm, CpuBackendOptions options)
   start_threads(options);
 }
 
+namespace {
+
+// Subnormal floats cost x86 cores a microcode assist per operation (up to
+// 100x slower): a model that learns its data confidently drives softmax
+// probabilities and gradients there, and the step slows for nothing
+// (measured: tp 2 of the tiny model on repetitive bytes, 49 ms a step
+// against 31 ms). Flush them to zero (FTZ) and read them as zero (DAZ), as
+// PyTorch's set_flush_denormal does, on the rank's thread and every thread
+// that enters its arena; the same on every rank and thread count, so runs
+// stay deterministic.
+void flush_denormals() {
+#if defined(__SSE__)
+  _mm_setcsr(_mm_getcsr() | 0x8040);  // FTZ (bit 15) | DAZ (bit 6)
+#endif
+}
+
+class FlushDenormals : public tbb::task_scheduler_observer {
+ public:
+  explicit FlushDenormals(tbb::task_arena& arena) : tbb::task_scheduler_observer(arena) { observe(true); }
+  ~FlushDenormals() override { observe(false); }
+  void on_scheduler_entry(bool) override { flush_denormals(); }
+};
+
+}  // namespace
+
 void CpuBackend::start_threads(CpuBackendOptions options) {
   cpu::ensure_single_threaded_blas();
+  flush_denormals();
   if (options.threads < 0) misuse("CpuBackend: {} threads", options.threads);
   threads_ = options.threads > 0 ? options.threads : cpu::available_cores();
   // TBB lets all arenas together use as many threads as cores, unless told otherwise.
@@ -136,6 +168,7 @@ void CpuBackend::start_threads(CpuBackendOptions options) {
     allow_ = std::make_unique<tbb::global_control>(tbb::global_control::max_allowed_parallelism,
                                                    static_cast<std::size_t>(threads_));
   arena_ = std::make_unique<tbb::task_arena>(threads_);
+  denormals_ = std::make_unique<FlushDenormals>(*arena_);
 }
 
 CpuBackend::~CpuBackend() = default;

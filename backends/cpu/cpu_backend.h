@@ -29,6 +29,7 @@
 
 #include <oneapi/tbb/global_control.h>
 #include <oneapi/tbb/task_arena.h>
+#include <oneapi/tbb/task_scheduler_observer.h>
 
 #include <memory>
 #include <optional>
@@ -201,6 +202,7 @@ class CpuBackend final : public Backend {
   std::optional<Error> error_;  // the sticky error of the first failed op
   int threads_ = 1;
   std::unique_ptr<tbb::task_arena> arena_;        // this rank's threads
+  std::unique_ptr<tbb::task_scheduler_observer> denormals_;  // flushes subnormals on the arena's threads
   std::unique_ptr<tbb::global_control> allow_;    // TBB's thread limit, raised past the cores
 };
 
