@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "models/context_parallel.h"
 #include "models/init.h"
 
 namespace meshtrain {
@@ -212,9 +213,13 @@ const Tensor& BlockContext::constant_ids(const std::string& key,
 }
 
 const Tensor& BlockContext::positions(int batch, int tokens) {
-  return constant_ids(fmt::format("positions:{}:{}", batch, tokens), [&] {
-    std::vector<std::int32_t> host(static_cast<std::size_t>(batch) * tokens);
-    for (std::size_t i = 0; i < host.size(); ++i) host[i] = static_cast<std::int32_t>(i % tokens);
+  const ContextParallel& cp = options.context;
+  return constant_ids(fmt::format("positions:{}:{}:{}:{}", batch, tokens, cp.size, cp.rank), [&] {
+    std::vector<std::int32_t> sequence(static_cast<std::size_t>(tokens));
+    if (cp.size > 1) sequence = context_positions(static_cast<std::int64_t>(tokens) * cp.size, cp.size, cp.rank);
+    else for (int t = 0; t < tokens; ++t) sequence[static_cast<std::size_t>(t)] = t;
+    std::vector<std::int32_t> host;
+    for (int b = 0; b < batch; ++b) host.insert(host.end(), sequence.begin(), sequence.end());
     return host;
   });
 }

@@ -98,7 +98,9 @@ class BlockContext {
   // An index map (or any constant i32 tensor) built on the host once per key
   // and kept for the chunk's lifetime (window partitions, merges, positions).
   const Tensor& constant_ids(const std::string& key, const std::function<std::vector<std::int32_t>()>& build);
-  // (B·T) i32: the position t of every row b·T + t, for learned position tables.
+  // (B·T) i32: the position t of every row b·T + t, for learned position
+  // tables; under context parallelism (options.context) the local tokens'
+  // places in the whole sequence (context_parallel.h's chunk layout).
   const Tensor& positions(int batch, int tokens);
   // The same for f32 constants (attention masks, pooling weights), in `dtype`.
   const Tensor& constant_values(const std::string& key, const Shape& shape, DType dtype,

@@ -23,8 +23,8 @@ class TokenEmbedding : public Block {
     else ctx_.tp_all_reduce(x);
     if (m_.position == PositionKind::learned) {
       Tensor pe = b.empty(Shape{R, m_.hidden}, ctx_.act);
-      // Under context parallelism the local tokens' places in the whole sequence (positions(mb)).
-      const Tensor ids = ctx_.sp ? positions(mb).slice(ctx_.tp.rank * R, R) : positions(mb);
+      const Tensor& all = ctx_.positions(mb.batch, mb.seq);
+      const Tensor ids = ctx_.sp ? all.slice(ctx_.tp.rank * R, R) : all;
       b.embedding_forward(ctx_.params["embed.positions"].value, ids, pe, 0);
       b.add(x, pe, x);
     }
@@ -46,26 +46,12 @@ class TokenEmbedding : public Block {
     b.embedding_backward(dx, mb.ids, dtokens, ctx_.tp.rank * vocab_rows_);
     if (m_.position == PositionKind::learned) {
       Tensor dpos = ctx_.params["embed.positions"].grad;
-      b.embedding_backward(dx, positions(mb), dpos, 0);
+      b.embedding_backward(dx, ctx_.positions(mb.batch, mb.seq), dpos, 0);
     }
     return Tensor();
   }
 
  private:
-  // (N) i32: the position of every token of a (B, T) micro-batch; under
-  // context parallelism the local tokens' places in the whole sequence.
-  const Tensor& positions(const MicroBatch& mb) {
-    const ContextParallel& cp = ctx_.options.context;
-    return ctx_.constant_ids(fmt::format("positions:{}:{}:{}:{}", mb.batch, mb.seq, cp.size, cp.rank), [&] {
-      std::vector<std::int32_t> sequence(static_cast<std::size_t>(mb.seq));
-      if (cp.size > 1) sequence = context_positions(static_cast<std::int64_t>(mb.seq) * cp.size, cp.size, cp.rank);
-      else for (int t = 0; t < mb.seq; ++t) sequence[static_cast<std::size_t>(t)] = t;
-      std::vector<std::int32_t> host;
-      for (int b = 0; b < mb.batch; ++b) host.insert(host.end(), sequence.begin(), sequence.end());
-      return host;
-    });
-  }
-
   const ModelSpec& m_;
   BlockContext& ctx_;
   std::int64_t vocab_rows_;  // V on this rank (padded shard)
