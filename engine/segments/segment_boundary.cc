@@ -125,6 +125,11 @@ Tensor BoundaryExchange::own_rows(const Tensor& x, const Plan& p, const Mesh& me
   return x.rows(mesh.coord_of(b_.rank()).tp * n, n);
 }
 
+int BoundaryExchange::tag(bool gradient, std::int64_t first_sample) const {
+  const std::int64_t G = producer_.effective_global_batch();
+  return static_cast<int>(kTagBase + ((index_ * 2 + (gradient ? 1 : 0)) * G + first_sample) % kTagBase);
+}
+
 std::string boundary_region(int index) { return fmt::format("boundary {}", index); }
 
 void BoundaryExchange::send(int j, const Tensor& x, bool gradient) {
@@ -137,10 +142,8 @@ void BoundaryExchange::send(int j, const Tensor& x, bool gradient) {
     outbox_[{gradient, j}] = kept;
     return;
   }
-  const std::int64_t G = producer_.effective_global_batch();
   for (const Piece& p : pieces(j, gradient, true)) {
-    const int tag = static_cast<int>(kTagBase + ((index_ * 2 + (gradient ? 1 : 0)) * G + p.samples.begin) % kTagBase);
-    b_.send(all.rows(p.row, rows(p.samples)), p.peer, tag);
+    b_.send(all.rows(p.row, rows(p.samples)), p.peer, tag(gradient, p.samples.begin));
   }
 }
 
@@ -152,12 +155,9 @@ Tensor BoundaryExchange::receive(int j, bool gradient) {
   const Coord c = mesh.coord_of(b_.rank());
   const SampleRange own = (gradient ? produced_ : consumed_)[static_cast<std::size_t>(c.dp)][static_cast<std::size_t>(j)];
   Tensor all = b_.empty(Shape{rows(own), width_}, dtype_);
-  const std::int64_t G = producer_.effective_global_batch();
   for (const Piece& piece : pieces(j, gradient, false)) {
     Tensor part = all.rows(piece.row, rows(piece.samples));
-    const int tag =
-        static_cast<int>(kTagBase + ((index_ * 2 + (gradient ? 1 : 0)) * G + piece.samples.begin) % kTagBase);
-    b_.recv(part, piece.peer, tag);
+    b_.recv(part, piece.peer, tag(gradient, piece.samples.begin));
   }
   return own_rows(all, p, mesh);
 }

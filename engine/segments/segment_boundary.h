@@ -102,6 +102,8 @@ class BoundaryExchange {
   Tensor whole(const Tensor& x, const Plan& p, const Mesh& mesh);
   Tensor own_rows(const Tensor& x, const Plan& p, const Mesh& mesh);
   std::int64_t rows(const SampleRange& r) const { return (r.end - r.begin) * tokens_; }
+  // The point-to-point tag of a piece: (boundary, direction, first sample), so a pair of ranks never confuses two.
+  int tag(bool gradient, std::int64_t first_sample) const;
 
   class Side : public SegmentBoundary {
    public:
