@@ -20,6 +20,21 @@ DType activation_dtype(Precision p) {
   return DType::f32;
 }
 
+HostBatch sample_range(const HostBatch& all, std::int64_t begin, std::int64_t end) {
+  HostBatch out;
+  out.batch = static_cast<int>(end - begin);
+  out.seq = all.seq;
+  auto cut = [&](const auto& v, auto& dst) {
+    const std::size_t per = v.size() / static_cast<std::size_t>(all.batch);
+    dst.assign(v.begin() + static_cast<std::ptrdiff_t>(per * static_cast<std::size_t>(begin)),
+               v.begin() + static_cast<std::ptrdiff_t>(per * static_cast<std::size_t>(end)));
+  };
+  cut(all.ids, out.ids);
+  cut(all.targets, out.targets);
+  cut(all.pixels, out.pixels);
+  return out;
+}
+
 HostBatch example_batch(const ModelSpec& m, int micro_batch, int seq) {
   HostBatch h;
   h.batch = micro_batch;

@@ -78,6 +78,9 @@ struct HostBatch {
   int batch = 0, seq = 0;
 };
 
+// Samples [begin, end) of `all`: its ids, targets and pixels, each cut per sample.
+HostBatch sample_range(const HostBatch& all, std::int64_t begin, std::int64_t end);
+
 // A micro-batch of `micro_batch` samples of synthetic data shaped for model
 // `m` (token ids, or blank images and labels), for timing and simulation.
 HostBatch example_batch(const ModelSpec& m, int micro_batch, int seq);

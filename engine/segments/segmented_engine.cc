@@ -77,21 +77,6 @@ SegmentedEngine::SegmentedEngine(Backend& b, const ModelSpec& m, const Plan& p, 
 
 DataShare SegmentedEngine::data_share() const { return {0, 1, plan_.effective_global_batch(), 1}; }
 
-HostBatch SegmentedEngine::samples(const HostBatch& all, const SampleRange& r) {
-  HostBatch out;
-  out.batch = static_cast<int>(r.end - r.begin);
-  out.seq = all.seq;
-  auto cut = [&](const auto& v, auto& dst) {
-    const std::size_t per = v.size() / static_cast<std::size_t>(all.batch);
-    dst.assign(v.begin() + static_cast<std::ptrdiff_t>(per * static_cast<std::size_t>(r.begin)),
-               v.begin() + static_cast<std::ptrdiff_t>(per * static_cast<std::size_t>(r.end)));
-  };
-  cut(all.ids, out.ids);
-  cut(all.targets, out.targets);
-  cut(all.pixels, out.pixels);
-  return out;
-}
-
 std::vector<HostBatch> SegmentedEngine::replica_batches(const Segment& s, const std::vector<HostBatch>& all,
                                                         const SampleLayout& layout) const {
   std::vector<HostBatch> out;
@@ -101,7 +86,7 @@ std::vector<HostBatch> SegmentedEngine::replica_batches(const Segment& s, const 
     std::int64_t first = 0;
     for (const HostBatch& h : all) {
       if (r.begin < first + h.batch) {
-        out.push_back(samples(h, {r.begin - first, r.end - first}));
+        out.push_back(sample_range(h, r.begin - first, r.end - first));
         break;
       }
       first += h.batch;

@@ -48,8 +48,6 @@ class SegmentedEngine : public TrainingEngine {
   class Joined;
   // Runs the forward and backward passes of all segments (training) or the forward (evaluation).
   void run_passes(bool training);
-  // The samples `range` of `all`.
-  static HostBatch samples(const HostBatch& all, const SampleRange& range);
   std::vector<HostBatch> replica_batches(const Segment& s, const std::vector<HostBatch>& all,
                                          const SampleLayout& layout) const;
 

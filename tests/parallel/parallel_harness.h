@@ -159,18 +159,7 @@ inline std::vector<HostBatch> recut(const std::vector<HostBatch>& parts, int mic
     all.pixels.insert(all.pixels.end(), parts[i].pixels.begin(), parts[i].pixels.end());
   }
   std::vector<HostBatch> out;
-  auto cut = [&](const auto& v, auto& dst, int first, int n) {
-    const std::size_t per = v.size() / static_cast<std::size_t>(all.batch);
-    dst.assign(v.begin() + static_cast<std::ptrdiff_t>(per * first), v.begin() + static_cast<std::ptrdiff_t>(per * (first + n)));
-  };
-  for (int first = 0; first < all.batch; first += micro_batch) {
-    HostBatch h;
-    h.batch = micro_batch, h.seq = all.seq;
-    cut(all.ids, h.ids, first, micro_batch);
-    cut(all.targets, h.targets, first, micro_batch);
-    cut(all.pixels, h.pixels, first, micro_batch);
-    out.push_back(std::move(h));
-  }
+  for (int first = 0; first < all.batch; first += micro_batch) out.push_back(sample_range(all, first, first + micro_batch));
   return out;
 }
 
