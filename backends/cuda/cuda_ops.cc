@@ -417,16 +417,16 @@ void CudaBackend::attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse,
   constexpr std::string_view name = "attention_forward";
   const AttentionDims d = must(attention_dims(qkv, op), name);
   const std::int64_t windows = must(score_terms_check(op, d, qkv.dtype(), false), name);
-  must(expect_numel(out, d.B * d.T * d.H * d.D, "out"), name);
+  must(expect_numel(out, d.B * d.rows() * d.H * d.D, "out"), name);
   must(expect_dtype(out, qkv.dtype(), "out"), name);
-  must(expect_numel(lse, d.B * d.H * d.T, "lse"), name);
+  must(expect_numel(lse, d.B * d.H * d.rows(), "lse"), name);
   const void* pq = ptr(qkv, name);
   void* po = ptr(out, name);
   float* pl = f32(lse, name);
   if (failed()) return;
   CachingAllocator::Allocation bias_tmp;
   const kernels::AttentionTerms terms = attention_terms(op, d.T, d.H, windows, name, bias_tmp);
-  const kernels::AttentionShape shape{d.B, d.T, d.H, d.G, d.D, op.scale};
+  const kernels::AttentionShape shape{d.B, d.T, d.H, d.G, d.D, op.scale, d.q0, d.Q};
   check(kernels::attention_forward(pq, po, pl, shape, terms, static_cast<int>(qkv.dtype()), MT_STREAM),
         name);
   if (bias_tmp.block != nullptr) release(bias_tmp);
@@ -436,9 +436,9 @@ void CudaBackend::attention_backward(const Tensor& dout, const Tensor& qkv, cons
                                      const Tensor& lse, Tensor& dqkv, const AttentionOp& op) {
   constexpr std::string_view name = "attention_backward";
   const AttentionDims d = must(attention_dims(qkv, op), name);
-  must(expect_numel(dout, d.B * d.T * d.H * d.D, "dout"), name);
-  must(expect_numel(out, d.B * d.T * d.H * d.D, "out"), name);
-  must(expect_numel(lse, d.B * d.H * d.T, "lse"), name);
+  must(expect_numel(dout, d.B * d.rows() * d.H * d.D, "dout"), name);
+  must(expect_numel(out, d.B * d.rows() * d.H * d.D, "out"), name);
+  must(expect_numel(lse, d.B * d.H * d.rows(), "lse"), name);
   must(expect_numel(dqkv, qkv.numel(), "dqkv"), name);
   for (const Tensor* t : {&dout, &out, static_cast<const Tensor*>(&dqkv)}) must(expect_dtype(*t, qkv.dtype(), "tensor"), name);
   const std::int64_t windows = must(score_terms_check(op, d, qkv.dtype(), true), name);
@@ -453,8 +453,8 @@ void CudaBackend::attention_backward(const Tensor& dout, const Tensor& qkv, cons
     ds_tmp = scratch(sizeof(float) * static_cast<std::size_t>(d.B * d.H * d.T * d.T), name);
     terms.dscores = static_cast<float*>(ds_tmp.ptr);
   }
-  const auto tmp = scratch(sizeof(float) * static_cast<std::size_t>(d.B * d.H * d.T), name);
-  const kernels::AttentionShape shape{d.B, d.T, d.H, d.G, d.D, op.scale};
+  const auto tmp = scratch(sizeof(float) * static_cast<std::size_t>(d.B * d.H * d.rows()), name);
+  const kernels::AttentionShape shape{d.B, d.T, d.H, d.G, d.D, op.scale, d.q0, d.Q};
   check(kernels::attention_backward(pd, pq, po, pl, pdq, shape, terms, static_cast<int>(qkv.dtype()),
                                     static_cast<float*>(tmp.ptr), MT_STREAM),
         name);

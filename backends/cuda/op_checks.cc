@@ -66,10 +66,17 @@ Result<AttentionDims> attention_dims(const Tensor& qkv, const AttentionOp& op) {
                       op.head_dim);
   if (!is_float(qkv.dtype()))
     return make_error("qkv is {}; attention takes f32, bf16 or f16", dtype_name(qkv.dtype()));
-  if (op.query_rows != 0)
-    return make_error("a query window (context parallelism) is not implemented by the cuda attention kernels "
-                      "yet; run cp 1 on the cuda backend, or cp on the cpu and sim backends");
-  return AttentionDims{s[0], s[1], op.heads, op.kv_heads, op.head_dim};
+  AttentionDims d{s[0], s[1], op.heads, op.kv_heads, op.head_dim};
+  if (op.query_rows != 0) {
+    if (op.query_begin < 0 || op.query_rows < 0 || op.query_begin + op.query_rows > d.T)
+      return make_error("query window [{}, {}) is not inside the sequence of {}", op.query_begin,
+                        op.query_begin + op.query_rows, d.T);
+    if (op.bias.defined() || op.mask.defined())
+      return make_error("a query window takes no bias or mask (context parallelism is for decoders)");
+    d.q0 = op.query_begin;
+    d.Q = op.query_rows;
+  }
+  return d;
 }
 
 Result<std::int64_t> score_terms_check(const AttentionOp& op, const AttentionDims& d,

@@ -26,9 +26,14 @@ Result<GemmDims> batched_gemm_dims(const Tensor& a, const Tensor& b, const Tenso
 
 struct AttentionDims {
   std::int64_t B, T, H, G, D;
+  // The query window (AttentionOp::query_begin/query_rows): rows [q0, q0 + Q)
+  // of T; Q 0: all T.
+  std::int64_t q0 = 0, Q = 0;
+  std::int64_t rows() const { return Q > 0 ? Q : T; }
 };
 // qkv (B, T, H + 2G, D) with H % G == 0, D even and at most 128 (the flash
-// kernel's register tile), dtype f32, bf16 or f16.
+// kernel's register tile), dtype f32, bf16 or f16; a query window inside the
+// sequence, without a bias or mask (as the cpu backend takes it).
 Result<AttentionDims> attention_dims(const Tensor& qkv, const AttentionOp& op);
 // The score terms of `op` (backend.h's AttentionOp) for qkv of dims d and
 // dtype qkv_dtype: a bias of T·T·H elements, f32 or qkv_dtype; a mask f32 of

@@ -285,6 +285,51 @@ TEST_CASE("cuda: flash attention forward and backward, causal GQA, fp32 and bf16
   }
 }
 
+// Context parallelism's query windows (AttentionOp::query_begin/query_rows):
+// the window's rows of out and lse, and dqkv with zero query rows outside the
+// window, against the cpu kernel; causal and not, GQA, windows at the start,
+// inside (not tile-aligned) and at the end, fp32 and bf16 (which a window
+// keeps on the CUDA-core kernels).
+TEST_CASE("cuda: attention over a query window, forward and backward") {
+  MT_GPU_OR_SKIP(gpu);
+  CpuBackend cpu;
+  struct Case {
+    std::int64_t B, T, H, G, D, q0, Q;
+    bool causal;
+  };
+  for (const Case& c : {Case{2, 70, 4, 2, 32, 0, 35, true}, Case{2, 70, 4, 2, 32, 35, 35, true},
+                        Case{1, 70, 2, 2, 64, 17, 21, true}, Case{1, 64, 4, 1, 128, 5, 40, false},
+                        Case{2, 48, 2, 1, 64, 40, 8, false}}) {
+    const std::int64_t W = c.H + 2 * c.G;
+    const Vec qkv = random(c.B * c.T * W * c.D, 31 + c.D), dout = random(c.B * c.Q * c.H * c.D, 32);
+    AttentionOp op{static_cast<int>(c.H), static_cast<int>(c.G), static_cast<int>(c.D),
+                   1.f / std::sqrt(static_cast<float>(c.D))};
+    op.causal = c.causal;
+    op.query_begin = c.q0;
+    op.query_rows = c.Q;
+    auto run = [&](Backend& b, DType dt, const Vec& q, const Vec& d) {
+      Tensor QKV = up(b, {c.B, c.T, W, c.D}, q, dt), DO = up(b, {c.B, c.Q, c.H, c.D}, d, dt);
+      Tensor O = b.empty({c.B, c.Q, c.H, c.D}, dt), L = b.empty({c.B, c.H, c.Q});
+      Tensor dQKV = b.empty({c.B, c.T, W, c.D}, dt);
+      b.attention_forward(QKV, O, L, op);
+      b.attention_backward(DO, QKV, O, L, dQKV, op);
+      Vec out;
+      for (const Tensor* t : {&O, &L, &dQKV}) {
+        Vec v = down(b, *t);
+        out.insert(out.end(), v.begin(), v.end());
+      }
+      return out;
+    };
+    const std::string what = "window [" + std::to_string(c.q0) + ", " + std::to_string(c.q0 + c.Q) + ") of " +
+                             std::to_string(c.T) + (c.causal ? " causal" : " bidirectional");
+    const Vec g = run(gpu, DType::f32, qkv, dout);
+    expect_close(g, run(cpu, DType::f32, qkv, dout), kF32, what);
+    CHECK(run(gpu, DType::f32, qkv, dout) == g);
+    const Vec gb = run(gpu, DType::bf16, qkv, dout);
+    expect_close(gb, run(cpu, DType::f32, bf16_round(qkv), bf16_round(dout)), 2e-2, what + " bf16");
+  }
+}
+
 TEST_CASE("cuda: vocab-parallel cross-entropy phases") {
   MT_GPU_OR_SKIP(gpu);
   CpuBackend cpu;

@@ -71,6 +71,29 @@ TEST_CASE("attention takes (B, T, H + 2G, D) with D even and at most 128") {
   CHECK_FALSE(attention_dims(t({2, 8, 7, 64}), uneven).ok());
 }
 
+TEST_CASE("attention's query window lies inside the sequence and takes no bias or mask") {
+  AttentionOp op{4, 2, 64, 0.125f};
+  op.query_begin = 3;
+  op.query_rows = 4;
+  auto d = attention_dims(t({2, 8, 8, 64}), op);
+  REQUIRE(d.ok());
+  CHECK((d->q0 == 3 && d->Q == 4 && d->rows() == 4 && d->T == 8));
+  op.query_rows = 0;  // no window: every row
+  CHECK(attention_dims(t({2, 8, 8, 64}), op)->rows() == 8);
+  op.query_rows = 6;  // [3, 9) runs past T = 8
+  auto past = attention_dims(t({2, 8, 8, 64}), op);
+  REQUIRE_FALSE(past.ok());
+  CHECK_THAT(past.error().message(), Catch::Contains("[3, 9)") && Catch::Contains("sequence of 8"));
+  op.query_begin = -1;
+  op.query_rows = 2;
+  CHECK_FALSE(attention_dims(t({2, 8, 8, 64}), op).ok());
+  op.query_begin = 0;
+  op.mask = t({1, 8, 8});
+  auto masked = attention_dims(t({2, 8, 8, 64}), op);
+  REQUIRE_FALSE(masked.ok());
+  CHECK_THAT(masked.error().message(), Catch::Contains("no bias or mask"));
+}
+
 TEST_CASE("attention score terms: bias (T, T, H), mask (W, T, T) with W dividing B, dbias in backward") {
   const AttentionDims d{8, 49, 3, 3, 32};
   AttentionOp op;  // only the terms matter here

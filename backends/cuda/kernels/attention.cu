@@ -8,8 +8,13 @@
 // into scratch, and attention_dbias sums it over the batch in ascending order
 // (no float atomics, so the same bits every run).
 //
+// A query window (context parallelism: AttentionShape::q0, Q) computes only
+// its rows' outputs, against every key they read; the dK/dV kernel sums over
+// the window's queries only, and the window's dQ kernel leaves the query rows
+// outside it to zero_query_rows_kernel. Windows take these kernels.
+//
 // These are the CUDA-core kernels. 16-bit storage with D = 64 or 128 and no
-// bias or mask takes the tensor-core kernels of attention_tc.cu instead;
+// bias, mask or query window takes the tensor-core kernels of attention_tc.cu instead;
 // these stay for fp32 (the exact mode the cpu backend is checked against:
 // tensor cores would round P and dS to 16 bits), for the other head dims
 // (tensor-core tiles come in steps of 16 dims, and no model we run uses them,
@@ -84,12 +89,12 @@ __global__ void attention_fwd_kernel(const T* qkv, T* out, float* lse, Attention
   float* ks = qs + kRows * D;          // [kTileKeys][D + 1]
   float* vs = ks + kTileKeys * KS;     // [kTileKeys][D]
   const i64 bh = blockIdx.y, b = bh / L.H, h = bh % L.H, g = h / (L.H / L.G);
-  const i64 first = static_cast<i64>(blockIdx.x) * kRows;
+  const i64 first = L.Q0 + static_cast<i64>(blockIdx.x) * kRows, end = L.query_end();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 
   const TermRows tr = term_rows(terms, L.T, b, h);
 
-  load_rows(qs, D, kRows, qkv + L.q(b, 0, h), first, L.T, L.W, D);
+  load_rows(qs, D, kRows, qkv + L.q(b, 0, h), first, end, L.W, D);
   float m[kRowsPerWarp], l[kRowsPerWarp], o[kRowsPerWarp][kDimsPerLane];
   for (int r = 0; r < kRowsPerWarp; ++r) {
     m[r] = -INFINITY;
@@ -105,7 +110,7 @@ __global__ void attention_fwd_kernel(const T* qkv, T* out, float* lse, Attention
     for (int r = 0; r < kRowsPerWarp; ++r) {
       const int row = warp * kRowsPerWarp + r;
       const i64 t = first + row, j = k0 + lane;
-      if (t >= L.T || (terms.causal && k0 > t)) continue;  // uniform over the warp
+      if (t >= end || (terms.causal && k0 > t)) continue;  // uniform over the warp
       const bool seen = j < L.T && (!terms.causal || j <= t);
       const float s =
           seen ? tr.add(scale * dot_row(qs + row * D, ks + lane * KS, D), t, j, L.T) : -INFINITY;
@@ -126,7 +131,7 @@ __global__ void attention_fwd_kernel(const T* qkv, T* out, float* lse, Attention
   }
   for (int r = 0; r < kRowsPerWarp; ++r) {
     const i64 t = first + warp * kRowsPerWarp + r;
-    if (t >= L.T) continue;
+    if (t >= end) continue;
     const float inv = 1.f / l[r];
     for (int c = 0; c < kDimsPerLane; ++c) {
       const int d = lane + 32 * c;
@@ -136,13 +141,13 @@ __global__ void attention_fwd_kernel(const T* qkv, T* out, float* lse, Attention
   }
 }
 
-// di (B, H, T) = dO · O per query row: one warp per row.
+// di (B, H, window rows) = dO · O per query row: one warp per row.
 template <class T>
 __global__ void attention_di_kernel(const T* dout, const T* out, float* di, AttentionLayout L, i64 B) {
-  const i64 row = blockIdx.x * (i64)(blockDim.x / 32) + (threadIdx.x >> 5);  // (b, t, h)
+  const i64 row = blockIdx.x * (i64)(blockDim.x / 32) + (threadIdx.x >> 5);  // (b, window row, h)
   const int lane = threadIdx.x & 31;
-  if (row >= B * L.T * L.H) return;
-  const i64 h = row % L.H, bt = row / L.H, b = bt / L.T, t = bt % L.T;
+  if (row >= B * L.QN * L.H) return;
+  const i64 h = row % L.H, bt = row / L.H, b = bt / L.QN, t = L.Q0 + bt % L.QN;
   float s = 0.f;
   for (i64 d = lane; d < L.D; d += 32) s += to_float(dout[row * L.D + d]) * to_float(out[row * L.D + d]);
   s = warp_sum(s);
@@ -159,20 +164,20 @@ __global__ void attention_dq_kernel(const T* dout, const T* qkv, const float* ls
   float* ks = dos + kRows * D;        // [kTileKeys][D + 1]
   float* vs = ks + kTileKeys * KS;    // [kTileKeys][D + 1]
   const i64 bh = blockIdx.y, b = bh / L.H, h = bh % L.H, g = h / (L.H / L.G);
-  const i64 first = static_cast<i64>(blockIdx.x) * kRows;
+  const i64 first = L.Q0 + static_cast<i64>(blockIdx.x) * kRows, end = L.query_end();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 
   const TermRows tr = term_rows(terms, L.T, b, h);
   // dS of (b, h), row-major (T, T), when the caller keeps it (the bias gradient).
   float* dsb = terms.dscores != nullptr ? terms.dscores + bh * L.T * L.T : nullptr;
 
-  load_rows(qs, D, kRows, qkv + L.q(b, 0, h), first, L.T, L.W, D);
-  load_rows(dos, D, kRows, dout + L.o(b, 0, h), first, L.T, L.H * L.D, D);
+  load_rows(qs, D, kRows, qkv + L.q(b, 0, h), first, end, L.W, D);
+  load_rows(dos, D, kRows, dout + L.o(b, L.Q0, h), first - L.Q0, L.QN, L.H * L.D, D);
   float row_lse[kRowsPerWarp], row_di[kRowsPerWarp], dq[kRowsPerWarp][kDimsPerLane];
   for (int r = 0; r < kRowsPerWarp; ++r) {
     const i64 t = first + warp * kRowsPerWarp + r;
-    row_lse[r] = t < L.T ? lse[L.l(b, h, t)] : 0.f;
-    row_di[r] = t < L.T ? di[L.l(b, h, t)] : 0.f;
+    row_lse[r] = t < end ? lse[L.l(b, h, t)] : 0.f;
+    row_di[r] = t < end ? di[L.l(b, h, t)] : 0.f;
     for (int c = 0; c < kDimsPerLane; ++c) dq[r][c] = 0.f;
   }
   const i64 last = last_key(terms, L.T, first, kRows);
@@ -184,7 +189,7 @@ __global__ void attention_dq_kernel(const T* dout, const T* qkv, const float* ls
     for (int r = 0; r < kRowsPerWarp; ++r) {
       const int row = warp * kRowsPerWarp + r;
       const i64 t = first + row, j = k0 + lane;
-      if (t >= L.T || (terms.causal && k0 > t)) continue;
+      if (t >= end || (terms.causal && k0 > t)) continue;
       float ds = 0.f;
       if (j < L.T && (!terms.causal || j <= t)) {
         const float s = tr.add(scale * dot_row(qs + row * D, ks + lane * KS, D), t, j, L.T);
@@ -203,7 +208,7 @@ __global__ void attention_dq_kernel(const T* dout, const T* qkv, const float* ls
   }
   for (int r = 0; r < kRowsPerWarp; ++r) {
     const i64 t = first + warp * kRowsPerWarp + r;
-    if (t >= L.T) continue;
+    if (t >= end) continue;
     for (int c = 0; c < kDimsPerLane; ++c) {
       const int d = lane + 32 * c;
       if (d < D) dqkv[L.q(b, t, h) + d] = from_float<T>(scale * dq[r][c]);
@@ -224,7 +229,11 @@ __global__ void attention_dkv_kernel(const T* dout, const T* qkv, const float* l
   float* dis = ls + kTileKeys;         // [kTileKeys]
   const i64 bg = blockIdx.y, b = bg / L.G, g = bg % L.G, R = L.H / L.G;
   const i64 first = static_cast<i64>(blockIdx.x) * kRows;  // first key of the block
+  const i64 end = L.query_end();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  // Query tiles start at the window's first row. Causal: queries before the
+  // block's first key see none of its keys.
+  const i64 q_start = L.Q0 + (terms.causal && first > L.Q0 ? (first - L.Q0) / kTileKeys * kTileKeys : 0);
 
   load_rows(ks, D, kRows, qkv + L.k(b, 0, g), first, L.T, L.W, D);
   load_rows(vs, D, kRows, qkv + L.v(b, 0, g), first, L.T, L.W, D);
@@ -233,15 +242,14 @@ __global__ void attention_dkv_kernel(const T* dout, const T* qkv, const float* l
     for (int c = 0; c < kDimsPerLane; ++c) dk[r][c] = dv[r][c] = 0.f;
   for (i64 h = g * R; h < (g + 1) * R; ++h) {
     const TermRows tr = term_rows(terms, L.T, b, h);
-    // Causal: queries before the block's first key see none of its keys.
-    for (i64 q0 = terms.causal ? first / kTileKeys * kTileKeys : 0; q0 < L.T; q0 += kTileKeys) {
+    for (i64 q0 = q_start; q0 < end; q0 += kTileKeys) {
       __syncthreads();
-      load_rows(qs, QS, kTileKeys, qkv + L.q(b, 0, h), q0, L.T, L.W, D);
-      load_rows(dos, QS, kTileKeys, dout + L.o(b, 0, h), q0, L.T, L.H * L.D, D);
+      load_rows(qs, QS, kTileKeys, qkv + L.q(b, 0, h), q0, end, L.W, D);
+      load_rows(dos, QS, kTileKeys, dout + L.o(b, L.Q0, h), q0 - L.Q0, L.QN, L.H * L.D, D);
       if (threadIdx.x < kTileKeys) {
         const i64 i = q0 + threadIdx.x;
-        ls[threadIdx.x] = i < L.T ? lse[L.l(b, h, i)] : 0.f;
-        dis[threadIdx.x] = i < L.T ? di[L.l(b, h, i)] : 0.f;
+        ls[threadIdx.x] = i < end ? lse[L.l(b, h, i)] : 0.f;
+        dis[threadIdx.x] = i < end ? di[L.l(b, h, i)] : 0.f;
       }
       __syncthreads();
       for (int r = 0; r < kRowsPerWarp; ++r) {
@@ -249,7 +257,7 @@ __global__ void attention_dkv_kernel(const T* dout, const T* qkv, const float* l
         const i64 j = first + key, i = q0 + lane;
         if (j >= L.T || (terms.causal && q0 + kTileKeys <= j)) continue;  // no query of the tile sees key j
         float p = 0.f, ds = 0.f;
-        if (i < L.T && (!terms.causal || i >= j)) {
+        if (i < end && (!terms.causal || i >= j)) {
           p = expf(tr.add(scale * dot_row(qs + lane * QS, ks + key * D, D), i, j, L.T) - ls[lane]);
           ds = p * (dot_row(dos + lane * QS, vs + key * D, D) - dis[lane]);
         }
@@ -277,6 +285,18 @@ __global__ void attention_dkv_kernel(const T* dout, const T* qkv, const float* l
         dqkv[L.v(b, j, g) + d] = from_float<T>(dv[r][c]);
       }
     }
+  }
+}
+
+// dqkv's query rows outside the window [Q0, Q0 + QN) = 0 (the rows no loss
+// term reaches); one thread per element.
+template <class T>
+__global__ void zero_query_rows_kernel(T* dqkv, AttentionLayout L, i64 B) {
+  const i64 outside = L.T - L.QN, n = B * outside * L.H * L.D;
+  for (i64 idx = blockIdx.x * (i64)blockDim.x + threadIdx.x; idx < n; idx += (i64)gridDim.x * blockDim.x) {
+    const i64 d = idx % L.D, r = idx / L.D, h = r % L.H, bu = r / L.H, b = bu / outside, u = bu % outside;
+    const i64 t = u < L.Q0 ? u : u + L.QN;
+    dqkv[L.q(b, t, h) + d] = from_float<T>(0.f);
   }
 }
 
@@ -311,7 +331,7 @@ cudaError_t forward(const void* qkv, void* out, float* lse, const AttentionShape
                     const AttentionTerms& terms, cudaStream_t s) {
   const AttentionLayout L = attention_layout(d);
   const std::size_t smem = sizeof(float) * (kRows * d.D + kTileKeys * (d.D + 1) + kTileKeys * d.D);
-  const dim3 grid(static_cast<unsigned>((d.T + kRows - 1) / kRows), static_cast<unsigned>(d.B * d.H));
+  const dim3 grid(static_cast<unsigned>((d.rows() + kRows - 1) / kRows), static_cast<unsigned>(d.B * d.H));
   return launch_with_smem(attention_fwd_kernel<T>, grid, kWarps * 32, smem, s,
                           static_cast<const T*>(qkv), static_cast<T*>(out), lse, L, d.scale, terms);
 }
@@ -323,16 +343,22 @@ cudaError_t backward(const void* dout, const void* qkv, const void* out, const f
   const AttentionLayout L = attention_layout(d);
   const T* pd = static_cast<const T*>(dout);
   const T* pq = static_cast<const T*>(qkv);
-  const i64 rows = d.B * d.T * d.H;
+  const i64 rows = d.B * d.rows() * d.H;
   attention_di_kernel<T><<<static_cast<unsigned>((rows + 7) / 8), 256, 0, s>>>(
       pd, static_cast<const T*>(out), di, L, d.B);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   if (attention_tc_supported(d, dtype, terms, {dout, qkv, dqkv}))
     return attention_backward_tc(dout, qkv, lse, di, dqkv, d, terms.causal, dtype, s);
+  if (d.rows() < d.T) {
+    const i64 outside = d.B * (d.T - d.rows()) * d.H * d.D;
+    zero_query_rows_kernel<T><<<grid_for(outside), kThreads, 0, s>>>(static_cast<T*>(dqkv), L, d.B);
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  }
+  const unsigned row_tiles = static_cast<unsigned>((d.rows() + kRows - 1) / kRows);
   const unsigned tiles = static_cast<unsigned>((d.T + kRows - 1) / kRows);
   const std::size_t smem_q = sizeof(float) * (2 * kRows * d.D + 2 * kTileKeys * (d.D + 1));
-  e = launch_with_smem(attention_dq_kernel<T>, dim3(tiles, static_cast<unsigned>(d.B * d.H)),
+  e = launch_with_smem(attention_dq_kernel<T>, dim3(row_tiles, static_cast<unsigned>(d.B * d.H)),
                        kWarps * 32, smem_q, s, pd, pq, lse, static_cast<const float*>(di),
                        static_cast<T*>(dqkv), L, d.scale, terms);
   if (e != cudaSuccess) return e;

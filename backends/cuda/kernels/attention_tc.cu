@@ -442,6 +442,7 @@ bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 
 bool attention_tc_supported(const AttentionShape& d, int dtype, const AttentionTerms& terms,
                             std::initializer_list<const void*> tensors) {
   if (!terms.plain()) return false;  // a bias or mask: the CUDA-core kernels
+  if (d.rows() != d.T) return false;  // a query window: the CUDA-core kernels too
   if (dtype != 1 && dtype != 2) return false;
   if (d.D != 64 && d.D != 128) return false;
   for (const void* p : tensors)

@@ -152,6 +152,11 @@ inline constexpr int kMaxHeadDim = 128;
 struct AttentionShape {
   i64 B, T, H, G, D;
   float scale;
+  // The query window: only query rows [q0, q0 + Q) of T are computed, against
+  // every key (causal: row t reads keys 0..t); out, lse and dout hold the
+  // window's Q rows, and dqkv's query rows outside it are zero. Q 0: all T.
+  i64 q0 = 0, Q = 0;
+  i64 rows() const { return Q > 0 ? Q : T; }
 };
 // What AttentionOp adds to the scores s = scale · q kᵀ (backends/backend.h),
 // as the kernels read it, and where backward leaves the score gradients.
@@ -171,7 +176,7 @@ cudaError_t attention_bias_heads_first(const void* bias, int dtype, float* out, 
 // qkv, out (and dout, dqkv) of storage `dtype` (f32, bf16 or f16); lse f32.
 cudaError_t attention_forward(const void* qkv, void* out, float* lse, const AttentionShape& d,
                               const AttentionTerms& terms, int dtype, cudaStream_t s);
-// scratch: B · H · T floats (the row dot products dO · O). With
+// scratch: B · H · rows() floats (the row dot products dO · O). With
 // terms.dscores, every dS (unscaled: the gradient of the summed score) is
 // stored there; with terms.causal the entries above the diagonal may be left
 // unwritten (attention_dbias does not read them).
@@ -187,7 +192,7 @@ cudaError_t attention_dbias(const float* dscores, float* dbias, i64 B, i64 H, i6
 // ---- attention_tc.cu -------------------------------------------------------
 // The tensor-core path that attention_forward and attention_backward take by
 // themselves when attention_tc_supported (16-bit storage, D of 64 or 128,
-// every tensor 16-byte aligned, causal or not, no bias or mask). Same outputs
+// every tensor 16-byte aligned, causal or not, no bias, mask or query window). Same outputs
 // and lse layout; di (B, H, T) are the row dot products dO · O, computed before.
 bool attention_tc_supported(const AttentionShape& d, int dtype, const AttentionTerms& terms,
                             std::initializer_list<const void*> tensors);
