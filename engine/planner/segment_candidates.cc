@@ -30,16 +30,16 @@ std::vector<Module> modules_of(const ModelSpec& m) {
   return out;
 }
 
-// (tp, pp, dp) over `ranks` GPUs: tp a power of two up to a node dividing them, pp a divisor of what is
-// left when `pipelined`, dp the rest.
+// (tp, pp, dp) over `ranks` GPUs: tp a power of two up to a node dividing them, pp up to `max_pp` (a
+// stage needs a body layer) dividing what is left, dp the rest.
 struct Degrees {
   int tp = 1, pp = 1, dp = 1;
 };
-std::vector<Degrees> degrees_over(int ranks, int gpus_per_node, bool pipelined) {
+std::vector<Degrees> degrees_over(int ranks, int gpus_per_node, int max_pp) {
   std::vector<Degrees> out;
   for (int tp = 1; tp <= std::min(ranks, gpus_per_node); tp *= 2) {
     if (ranks % tp != 0) continue;
-    for (int pp = 1; pp <= (pipelined ? ranks / tp : 1); ++pp)
+    for (int pp = 1; pp <= std::min(ranks / tp, std::max(1, max_pp)); ++pp)
       if ((ranks / tp) % pp == 0) out.push_back({tp, pp, ranks / tp / pp});
   }
   return out;
@@ -78,8 +78,10 @@ SegmentEnumeration enumerate_segment_candidates(const SearchContext& ctx) {
     const Module &b_from = modules[cut], &b_to = modules.back();
     for (int a_ranks : splits) {
       const int b_ranks = a_ranks == 0 ? n : n - a_ranks;
-      for (const Degrees& da : degrees_over(a_ranks == 0 ? n : a_ranks, ctx.gpus_per_node, false))
-        for (const Degrees& db : degrees_over(b_ranks, ctx.gpus_per_node, true)) {
+      // B's body blocks: all but the model's first (the embedding) and last (the head).
+      const int b_body = std::min(b_to.last, modules.back().last - 1) - std::max(b_from.first, 1) + 1;
+      for (const Degrees& da : degrees_over(a_ranks == 0 ? n : a_ranks, ctx.gpus_per_node, 1))
+        for (const Degrees& db : degrees_over(b_ranks, ctx.gpus_per_node, b_body)) {
           if (a_ranks == 0 && da.tp == db.tp && db.pp == 1) continue;  // a uniform plan's layout
           for (int micro : {1, 2, 4, 8, 16}) {
             if (global % (da.dp * micro) != 0 || global % (db.dp * micro) != 0) continue;

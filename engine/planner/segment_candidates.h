@@ -11,7 +11,8 @@
 //  * a pipeline boundary: A on the first a GPUs with (tp, dp), B on the other
 //    gpus − a with (tp, pp, dp), B a downstream stage of A (the VQA job's
 //    kind), for a = gpus/2 and, when they divide, gpus/4 and 3·gpus/4;
-// tp a power of two up to a node, pp a divisor of B's ranks, and both
+// tp a power of two up to a node, pp dividing B's ranks (at most one stage
+// per body layer of B, and none in A, which runs before B), and both
 // segments cut the global batch into the same number m of micro-batches per
 // replica (1, 2, 4, 8, 16). Same-rank layouts equal to a uniform plan (same
 // tp, pp 1) are left to the uniform search. Every segment runs ZeRO 0

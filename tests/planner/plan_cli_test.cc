@@ -71,7 +71,7 @@ TEST_CASE("plan refuses bad flags by name") {
   CHECK_THAT(gpus.out, Catch::Contains("--gpus"));
 }
 
-TEST_CASE("plan searches a Swin's segment layouts; the chosen one simulates and trains on the cpu backend as written") {
+TEST_CASE("plan searches a Swin's segment layouts and the chosen one simulates and trains on the cpu backend as written") {
   const std::string out = "plan_cli_test_segments.json";
   std::remove(out.c_str());
   const std::string job = "--model swin-micro --cluster local-cpu --precision fp32 --gpus 4 --global-batch 8 ";
@@ -120,7 +120,7 @@ TEST_CASE("plan searches a Swin's segment layouts; the chosen one simulates and 
   std::filesystem::remove_all(data);
 }
 
-TEST_CASE("plan ranks segment layouts beside uniform plans; --fix leaves them out") {
+TEST_CASE("plan ranks segment layouts beside uniform plans and leaves them out under a pinned tp") {
   const std::string job = "plan --model swin-micro --cluster local-cpu --precision fp32 --gpus 4 --global-batch 8 "
                           "--simulate 4 --segments 3 --json --no-progress --top 1000";
   const MeshtrainRun both = run_meshtrain(job);

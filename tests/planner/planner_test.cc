@@ -183,7 +183,7 @@ TEST_CASE("the memory model's cached tables give what a freshly built parameter 
   CHECK(count_parameters(gpt2).total == 124439808);     // GPT-2 small, tied (Radford et al. 2019's 124M)
 }
 
-TEST_CASE("segment layouts of a Swin: both kinds, every cut, each covering the model once") {
+TEST_CASE("segment layouts of a Swin cover both kinds and every cut with each block once") {
   SearchContext ctx = context("swin-micro", 4, 8);
   ctx.base.seq_len = 0;
   REQUIRE(has_segment_layouts(ctx.model));
@@ -197,6 +197,8 @@ TEST_CASE("segment layouts of a Swin: both kinds, every cut, each covering the m
     const Plan &a = c.plan.segments[0], &b = c.plan.segments[1];
     CHECK(validate_plan(c.plan, ctx.model, 4).ok());
     CHECK(a.microbatches() == b.microbatches());
+    CHECK(a.pp == 1);
+    CHECK(b.pp <= std::max(1, b.layers));  // every pipeline stage holds a body layer
     if (b.first_rank == 0) {
       ++same;
       CHECK(a.world_size() == 4);

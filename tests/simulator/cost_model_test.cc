@@ -94,7 +94,7 @@ TEST_CASE("calibration file round-trips and rejects bad input", "[simulator][cos
   // What the reader refuses is never written: an op measured at 0.0 µs (once written by calibrate) is named.
   Calibration zero = cal;
   zero.ops.push_back({"attention_score_terms", 4096, 0.0, {}});
-  const Status refused = save_calibration(zero, path);
+  const meshtrain::Status refused = save_calibration(zero, path);
   REQUIRE_FALSE(refused.ok());
   CHECK_THAT(refused.error().message(), Catch::Contains("not written") && Catch::Contains("time_us"));
   CHECK_FALSE(load_calibration(path).ok());  // no file
