@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "engine/schedule/builders.h"
+#include "models/model_tables.h"
 #include "models/parameters.h"
 
 namespace meshtrain {
@@ -27,15 +28,15 @@ ActivationQuery activation_query(const ModelSpec& m, const Plan& p, const Activa
 }
 
 double layer_activation_bytes(const ModelSpec& m, const Plan& p, const ActivationLayout& a) {
-  return model_blocks(m)[1]->activation_bytes(activation_query(m, p, a));
+  return model_tables(m)->blocks[1]->activation_bytes(activation_query(m, p, a));
 }
 
 double head_activation_bytes(const ModelSpec& m, const Plan& p, const ActivationLayout& a) {
-  return model_blocks(m).back()->activation_bytes(activation_query(m, p, a));
+  return model_tables(m)->blocks.back()->activation_bytes(activation_query(m, p, a));
 }
 
 double layer_backward_working_bytes(const ModelSpec& m, const Plan& p, const ActivationLayout& a) {
-  return model_blocks(m)[1]->backward_working_bytes(activation_query(m, p, a));
+  return model_tables(m)->blocks[1]->backward_working_bytes(activation_query(m, p, a));
 }
 
 int inflight_microbatches(const Plan& p, int stage) {
@@ -77,6 +78,7 @@ double peak_activation_bytes(const Plan& p, int stage, const std::vector<double>
 
 MemoryBreakdown memory_per_rank(const ModelSpec& m, const Plan& p, int stage, const ActivationLayout& a) {
   MemoryBreakdown r;
+  const std::shared_ptr<const ModelTables> tables = model_tables(m);
   const ShardCount shard = count_shard_parameters(m, p.tp, p.stage_split(), p.ep, stage, p.expert_tp());
   r.parameter_count = shard.total;
   // ZeRO shards dense parameters over dp and expert ones over their expert-data group
@@ -111,7 +113,7 @@ MemoryBreakdown memory_per_rank(const ModelSpec& m, const Plan& p, int stage, co
   if (p.zero >= 2) {
     std::int64_t largest_layer = 0, tied_embedding = 0;
     std::vector<std::int64_t> per_layer(static_cast<std::size_t>(m.layers), 0);
-    for (const auto& info : parameter_table(m)) {
+    for (const auto& info : tables->parameters) {
       if (info.layer >= 0 && info.layer < m.layers)
         per_layer[static_cast<std::size_t>(info.layer)] += shard_numel(m, info, p.tp, p.ep, p.expert_tp());
       if (info.name == "embed.tokens" && m.tied_embeddings) tied_embedding = shard_numel(m, info, p.tp, p.ep);
@@ -131,7 +133,7 @@ MemoryBreakdown memory_per_rank(const ModelSpec& m, const Plan& p, int stage, co
   r.inflight = inflight_microbatches(p, stage);
   // Each chunk's bytes per micro-batch (its body blocks; hook index h is block h + 1, and the embedding
   // with virtual stage 0), which may differ (StageSplit: uneven and flexible layouts).
-  const ModelBlocks blocks = model_blocks(m);
+  const ModelBlocks& blocks = tables->blocks;
   const ActivationQuery q = activation_query(m, p, a);
   std::vector<double> chunk_bytes(static_cast<std::size_t>(p.vpp), 0.0);
   for (int c = 0; c < p.vpp; ++c) {

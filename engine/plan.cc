@@ -4,6 +4,7 @@
 
 #include "engine/segments/segment_plan.h"
 #include "models/block.h"
+#include "models/model_tables.h"
 
 #include <nlohmann/json.hpp>
 
@@ -293,14 +294,15 @@ Status validate_plan(const Plan& p, const ModelSpec& m, int world_size) {
                       world_size, p.tp, p.pp, p.dp, p.cp, p.world_size(), world_size / model_parallel);
   }
   if (m.vision()) {
+    const std::shared_ptr<const ModelTables> tables = model_tables(m);
     // Every layer splits its own heads (a Swin stage's differ from the next's).
-    for (const auto& block : model_blocks(m))
+    for (const auto& block : tables->blocks)
       if (p.stage_split().holds(m, block->layer())) MT_TRY(block->check_tensor_parallel(p.tp));
     if (p.seq_len != 0 && p.seq_len != m.seq_len)
       return make_error("seq_len {} given for the vision model '{}', whose images make {} tokens; leave seq_len out",
                         p.seq_len, m.name, m.seq_len);
     if (p.sequence_parallel)
-      for (const auto& block : model_blocks(m))
+      for (const auto& block : tables->blocks)
         for (const std::int64_t tokens : {block->io(m.seq_len).tokens_in, block->io(m.seq_len).tokens_out})
           if (tokens > 1 && (p.micro_batch * tokens) % p.tp != 0)
             return make_error("sequence parallelism splits the micro_batch·tokens = {}·{} rows at layer {} over tp "

@@ -3,6 +3,7 @@
 #include <iterator>
 
 #include "models/block.h"
+#include "models/model_tables.h"
 
 namespace meshtrain {
 
@@ -107,6 +108,21 @@ int given_stage_layers(const ModelSpec& m, const StageSplit& s, int stage) {
   return free > 0 ? (L - first - last) / free : 0;
 }
 
+// place_layer with the split's virtual_stage_layer_counts given (needed only for layers inside its window).
+StagePlacement placement(const ModelSpec& m, int layer, const StageSplit& s, const std::vector<int>& counts) {
+  const int virtual_stages = s.pp * s.vpp;
+  int vs = 0;
+  if (layer >= s.end_layer(m)) {
+    vs = virtual_stages - 1;
+  } else if (layer >= s.first_layer) {
+    for (int end = s.first_layer; vs < virtual_stages; ++vs) {
+      end += counts[static_cast<std::size_t>(vs)];
+      if (layer < end) break;
+    }
+  }
+  return {vs % s.pp, vs / s.pp};
+}
+
 }  // namespace
 
 Status check_stage_split(const ModelSpec& m, const StageSplit& s) {
@@ -179,18 +195,8 @@ LayerRange virtual_stage_layers(const ModelSpec& m, const StageSplit& s, int vir
 }
 
 StagePlacement place_layer(const ModelSpec& m, int layer, const StageSplit& s) {
-  const int virtual_stages = s.pp * s.vpp;
-  int vs = 0;
-  if (layer >= s.end_layer(m)) {
-    vs = virtual_stages - 1;
-  } else if (layer >= s.first_layer) {
-    const std::vector<int> counts = virtual_stage_layer_counts(m, s);
-    for (int end = s.first_layer; vs < virtual_stages; ++vs) {
-      end += counts[static_cast<std::size_t>(vs)];
-      if (layer < end) break;
-    }
-  }
-  return {vs % s.pp, vs / s.pp};
+  const bool inside = layer >= s.first_layer && layer < s.end_layer(m);
+  return placement(m, layer, s, inside ? virtual_stage_layer_counts(m, s) : std::vector<int>{});
 }
 
 StagePlacement place_layer(const ModelSpec& m, int layer, int pp, int vpp) {
@@ -255,27 +261,19 @@ std::int64_t full_index(const ModelSpec& m, const ParamInfo& p, const ShardCoord
   return flat;
 }
 
-ParamCount count_parameters(const ModelSpec& m) {
-  ParamCount c;
-  for (const auto& p : parameter_table(m)) {
-    c.total += p.numel();
-    if (p.split == TpSplit::vocab || p.name == "embed.positions") c.embedding += p.numel();
-    if (!p.expert) continue;
-    c.expert += p.numel();
-    c.active -= p.numel() - p.numel() / m.experts * m.top_k;  // a token passes through top_k experts
-  }
-  c.active += c.total;
-  return c;
-}
+ParamCount count_parameters(const ModelSpec& m) { return model_tables(m)->count; }
 
 ShardCount count_shard_parameters(const ModelSpec& m, int tp, const StageSplit& split, int ep, int stage, int etp) {
   ShardCount c;
-  const int head_stage = place_layer(m, m.layers, split).stage;
-  for (const auto& p : parameter_table(m)) {
+  // The split's counts once, not once per tensor (the memory model asks for every candidate plan).
+  const std::vector<int> counts = virtual_stage_layer_counts(m, split);
+  const int head_stage = placement(m, m.layers, split, counts).stage;
+  const std::shared_ptr<const ModelTables> tables = model_tables(m);
+  for (const auto& p : tables->parameters) {
     if (!split.holds(m, p.layer)) continue;
     const bool embedding = p.split == TpSplit::vocab || p.name == "embed.positions";
     std::int64_t n = shard_numel(m, p, tp, ep, etp);
-    if (place_layer(m, p.layer, split).stage == stage) {
+    if (placement(m, p.layer, split, counts).stage == stage) {
       c.total += n;
       if (embedding) c.embedding += n;
       if (p.expert) c.expert += n;

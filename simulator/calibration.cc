@@ -492,6 +492,12 @@ Result<Calibration> load_calibration(const std::string& path) {
 
 Status save_calibration(const Calibration& c, const std::string& path) {
   const std::string text = calibration_to_json(c);
+  // Never write a file this reader refuses (a measurement outside its ranges would only fail later,
+  // in simulate or plan): the entry and the reason, now.
+  if (auto back = calibration_from_json(text); !back)
+    return make_error("calibration for '{}' not written: it holds a value its reader refuses ({}); this is a "
+                      "bug in what produced it, please report it",
+                      path, back.error().message());
   std::FILE* out = std::fopen(path.c_str(), "wb");
   if (out == nullptr) return make_error("cannot write calibration file '{}': {}", path, std::strerror(errno));
   const bool written = std::fwrite(text.data(), 1, text.size(), out) == text.size();

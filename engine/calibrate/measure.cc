@@ -187,6 +187,22 @@ Result<std::vector<sim::Calibration::Gemm>> measure_gemm(Backend& b,
   return out;
 }
 
+namespace {
+
+// µs to copy `bytes` (counted as the sim backend counts a copy: read and write) with the ops'
+// timing rule; above 64 MiB a 64 MiB copy scaled linearly (streaming is linear past the cache),
+// so that the floor of a large workload's terms needs no tensor of their size.
+Result<double> streaming_floor_us(Backend& b, double bytes, const Timing& t, const Sync& sync, int sharing) {
+  constexpr double kMaxBytes = 64.0 * (1 << 20);
+  constexpr std::int64_t kCols = 256;
+  const auto elements = static_cast<std::int64_t>(std::ceil(std::min(bytes, kMaxBytes) / 8));
+  const std::int64_t rows = std::max<std::int64_t>(1, (elements + kCols - 1) / kCols);
+  MT_ASSIGN(auto copy, measure_ops(b, {OpShape{"copy", rows, kCols}}, t, sync, sharing, {}));
+  return copy.front().time_us * bytes / copy.front().bytes;
+}
+
+}  // namespace
+
 Result<std::vector<sim::Calibration::Attention>> measure_attention(
     Backend& b, const std::vector<AttentionShape>& shapes, const Timing& t, const Sync& sync,
     int sharing, const Progress& progress, std::vector<sim::Calibration::Op>& score_terms) {
@@ -216,9 +232,10 @@ Result<std::vector<sim::Calibration::Attention>> measure_attention(
     if (s.windows > 0) {
       // The terms' own time: the scored attention's minus the plain one's, at the bytes
       // backends/sim/sim_ops.cc counts for them (each score reads its bias and mask term; backward
-      // also writes and sums the score gradients into dbias). Noise can make the difference zero or
-      // negative: it is then a nanosecond, the smallest time a calibration file holds.
-      constexpr double kNoTime = 1e-3;
+      // also writes and sums the score gradients into dbias). That difference of two noisy times can be
+      // tiny, zero or negative on a loaded machine (0.0 was written and then refused by the reader);
+      // but the terms cannot take less than streaming their bytes once, so each is at least a copy of
+      // that many bytes, measured here on the same backend and sharing.
       const double scores = static_cast<double>(s.batch * h * s.seq * s.seq);
       op.bias = filled(b, Shape{s.seq, s.seq, h}, 0.01f);
       op.dbias = filled(b, Shape{s.seq, s.seq, h}, 0.f);
@@ -226,10 +243,15 @@ Result<std::vector<sim::Calibration::Attention>> measure_attention(
         op.mask = masked ? filled(b, Shape{s.windows, s.seq, s.seq}, 0.f) : Tensor();
         MT_ASSIGN(auto scored, time_pair(op));
         const double forward_bytes = scores * 4.0 * (masked ? 2 : 1);
+        const double backward_bytes = forward_bytes + 2.0 * scores * 4.0;
+        MT_ASSIGN(const double forward_floor, streaming_floor_us(b, forward_bytes, t, sync, sharing));
+        MT_ASSIGN(const double backward_floor, streaming_floor_us(b, backward_bytes, t, sync, sharing));
         score_terms.push_back({"attention_score_terms", forward_bytes,
-                               std::max(kNoTime, scored.first.time_us - plain.first.time_us), scored.first.spread});
-        score_terms.push_back({"attention_score_terms", forward_bytes + 2.0 * scores * 4.0,
-                               std::max(kNoTime, scored.second.time_us - plain.second.time_us), scored.second.spread});
+                               std::max(forward_floor, scored.first.time_us - plain.first.time_us),
+                               scored.first.spread});
+        score_terms.push_back({"attention_score_terms", backward_bytes,
+                               std::max(backward_floor, scored.second.time_us - plain.second.time_us),
+                               scored.second.spread});
       }
     }
     if (progress) progress(i + 1);

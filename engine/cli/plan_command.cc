@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/input_file.h"
+#include "core/names.h"
 #include "engine/cli/bounded_flags.h"
 #include "engine/cli/commands.h"
 #include "engine/planner/planner.h"
@@ -28,7 +29,8 @@ struct PlanCommandFlags {
   std::string precision = "bf16", grad_sync = "overlap";
   double grad_bucket_mb = Plan{}.grad_bucket_mb;
   float dropout = 0.f;
-  int top = 10, simulate = 32;
+  int top = 10, simulate = 32, segments = planner::PlannerOptions{}.segments;
+  std::string layouts;  // empty: all, or uniform when --fix/--allow pin the uniform dimensions
   bool json = false, explain = false, progress = false, no_progress = false;
   std::vector<std::string> fix, allow;
 };
@@ -76,6 +78,14 @@ Status run_plan(const PlanCommandFlags& f) {
   MT_ASSIGN(planner::SearchSpace space, planner::parse_search_space(f.fix, f.allow, ctx));
   planner::PlannerOptions po;
   po.simulate = f.simulate;
+  // --fix and --allow name the uniform plans' dimensions, which segment layouts do not have.
+  const std::string layouts = !f.layouts.empty() ? f.layouts : f.fix.empty() && f.allow.empty() ? "all" : "uniform";
+  if (layouts != "all" && layouts != "uniform" && layouts != "segments")
+    return Error(unknown_name_message("--layouts", layouts, {"all", "uniform", "segments"}));
+  po.uniform = layouts != "segments";
+  po.segments = layouts == "uniform" ? 0 : f.segments;
+  if (layouts == "segments" && po.segments == 0)
+    return make_error("--layouts segments with --segments 0 searches nothing; give --segments 1 or more");
   po.progress = !f.no_progress && (f.progress || isatty(STDERR_FILENO));
   MT_ASSIGN(planner::SearchResult result, planner::search(ctx, space, options, po));
 
@@ -85,7 +95,7 @@ Status run_plan(const PlanCommandFlags& f) {
     if (!best.sim)
       return make_error("--out: the full simulation refused every candidate it timed (first: {}); nothing to write",
                         best.sim_error.empty() ? "none simulated, use --simulate 1 or more" : best.sim_error);
-    MT_TRY(write_file(f.out, planner::plan_file_json(best.plan).dump(2) + "\n"));
+    MT_TRY(write_file(f.out, planner::plan_file_json(best).dump(2) + "\n"));
   }
   if (f.json) {
     nlohmann::json j = planner::json_report(result, rc);
@@ -125,6 +135,12 @@ Command add_plan_command(CLI::App& app) {
   sub->add_option("--grad-sync", f->grad_sync, "overlap or after-backward (every candidate)")->capture_default_str();
   sub->add_option("--top", f->top, "rows to print")->capture_default_str()->check(int_in({1, 1 << 20}));
   sub->add_option("--simulate", f->simulate, "candidates the full simulation re-times (the fast tier's best)")
+      ->capture_default_str()
+      ->check(int_in({0, 1 << 20}));
+  sub->add_option("--layouts", f->layouts,
+                  "all, uniform or segments: segment layouts place an image model's modules apart (per-module "
+                  "tp/pp/dp, same ranks or a pipeline boundary); default all, uniform with --fix or --allow");
+  sub->add_option("--segments", f->segments, "segment layouts the full simulation times (spread over the family)")
       ->capture_default_str()
       ->check(int_in({0, 1 << 20}));
   sub->add_option("--fix", f->fix, "pin dimensions: name=value[,name=value...], e.g. tp=8,pp=4");

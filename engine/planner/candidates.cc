@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <tbb/parallel_for.h>
 
+#include "engine/planner/segment_candidates.h"
 #include "engine/step_engine.h"
 
 namespace meshtrain::planner {
@@ -57,6 +58,7 @@ Enumeration enumerate_candidates(const SearchContext& ctx, const SearchSpace& sp
 }
 
 std::string describe_plan(const Plan& p, const ModelSpec& m) {
+  if (!p.segments.empty()) return describe_segments_short(p);
   std::string s = fmt::format("tp {} pp {} dp {}", p.tp, p.pp, p.dp);
   if (p.vpp > 1) s += fmt::format(" vpp {}", p.vpp);
   if (p.schedule == ScheduleKind::gpipe) s += " gpipe";

@@ -1,5 +1,7 @@
 #include "engine/planner/memory_fit.h"
 
+#include "engine/segments/segment_plan.h"
+
 namespace meshtrain::planner {
 
 namespace {
@@ -15,6 +17,15 @@ bool layers_alike(const ModelSpec& m) {
 
 MemoryFit memory_fit(const ModelSpec& m, const Plan& p) {
   MemoryFit fit;
+  if (!p.segments.empty()) {
+    // Ranks of one segment differ in what the others give them: every rank.
+    for (int rank = 0; rank < p.world_size(); ++rank) {
+      const MemoryBreakdown b = rank_memory(m, p, rank);
+      fit.max_stage_parameters = std::max(fit.max_stage_parameters, b.parameter_count);
+      if (b.total() > fit.peak_bytes || rank == 0) fit.peak_bytes = b.total(), fit.peak_stage = rank, fit.peak = b;
+    }
+    return fit;
+  }
   const ActivationLayout layout = meshtrain_layout(p);
   const bool shortcut = layers_alike(m) && p.pp > 3;
   auto visit = [&](int stage) {

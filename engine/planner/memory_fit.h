@@ -13,7 +13,7 @@ namespace meshtrain::planner {
 
 struct MemoryFit {
   double peak_bytes = 0;  // the most any pipeline stage's rank holds
-  int peak_stage = 0;
+  int peak_stage = 0;     // for a plan made of segments: the rank
   MemoryBreakdown peak;   // that stage's breakdown
   // Parameters of the stage holding the most (its optimizer step and gradient reduction bound the iteration).
   std::int64_t max_stage_parameters = 0;
@@ -25,7 +25,8 @@ struct MemoryFit {
 // same layers and parameters and stage 1 has the most micro-batches in
 // flight of them in every schedule; with an even first stage, stage 0 holds
 // all stage 1 does and more, so stage 1 is skipped too (the test checks this
-// against all stages).
+// against all stages). A plan made of segments: the maximum over its ranks of
+// rank_memory (engine/segments/segment_plan.h).
 MemoryFit memory_fit(const ModelSpec& m, const Plan& p);
 
 }  // namespace meshtrain::planner

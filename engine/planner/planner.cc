@@ -2,13 +2,13 @@
 
 #include <algorithm>
 #include <chrono>
-#include <numeric>
 
 #include <fmt/format.h>
 #include <tbb/parallel_for.h>
 
 #include "engine/planner/candidates.h"
 #include "engine/planner/progress.h"
+#include "engine/planner/segment_candidates.h"
 
 namespace meshtrain::planner {
 
@@ -25,23 +25,20 @@ Error nothing_fits(const SearchContext& ctx, const std::vector<Candidate>& all, 
   const MemoryBreakdown& m = closest->memory.peak;
   return make_error(
       "no plan of {} on {} GPUs fits {} of device memory ({} valid plans searched). Closest: {} needs {} on "
-      "pipeline stage {} ({} short): parameters {}, gradients {}, optimizer {}, activations {} ({} micro-batches "
+      "{} {} ({} short): parameters {}, gradients {}, optimizer {}, activations {} ({} micro-batches "
       "in flight). Use more GPUs, a device with more memory, a smaller --global-batch or --seq-len, or widen the "
       "search (--allow tp=16, --allow micro_batch=1)",
       ctx.model.name, ctx.gpus, human_bytes(device), all.size(), describe_plan(closest->plan, ctx.model),
-      human_bytes(closest->memory.peak_bytes), closest->memory.peak_stage,
+      human_bytes(closest->memory.peak_bytes), closest->plan.segments.empty() ? "pipeline stage" : "rank",
+      closest->memory.peak_stage,
       human_bytes(closest->memory.peak_bytes - device), human_bytes(m.parameters), human_bytes(m.gradients),
       human_bytes(m.optimizer), human_bytes(m.activations), m.inflight);
 }
 
-}  // namespace
-
-Result<SearchResult> search(const SearchContext& ctx, const SearchSpace& space, const SimulateOptions& sim_options,
-                            const PlannerOptions& options) {
-  SearchResult out;
-  ProgressLine progress(options.progress);
-
-  // Tier 0: every valid combination.
+// Tier 0 and 1 for uniform plans: every valid combination, those that fit, ranked by the fast tier.
+// `fits` ends in the fast tier's order.
+Status search_uniform(const SearchContext& ctx, const SearchSpace& space, const SimulateOptions& sim_options,
+                      ProgressLine& progress, SearchResult& out, std::vector<Candidate>& fits) {
   auto start = std::chrono::steady_clock::now();
   progress.set_phase("checking", 0);
   Enumeration e = enumerate_candidates(ctx, space, [&](std::int64_t n) {
@@ -75,7 +72,6 @@ Result<SearchResult> search(const SearchContext& ctx, const SearchSpace& space, 
     progress.add_done(static_cast<std::int64_t>(r.size()));
     progress.update();
   });
-  std::vector<Candidate> fits;
   for (Candidate& c : all)
     if (c.memory.peak_bytes <= device) fits.push_back(c);
   out.pruned = out.valid - static_cast<std::int64_t>(fits.size());
@@ -104,40 +100,89 @@ Result<SearchResult> search(const SearchContext& ctx, const SearchSpace& space, 
   // Ties (equal estimates) keep enumeration order, so one input gives one ranking.
   std::stable_sort(fits.begin(), fits.end(),
                    [](const Candidate& a, const Candidate& b) { return a.fast.iteration_s < b.fast.iteration_s; });
+  for (std::size_t i = 0; i < fits.size(); ++i) fits[i].fast_rank = static_cast<int>(i);
   out.fast_s = seconds_since(start);
+  return ok_status();
+}
 
-  // Tier 2: the full simulation of the fast tier's best.
+// Segment layouts: the family, its memory, and the ones the full tier will time (`chosen`; their index
+// follows every uniform candidate's, so a tie goes to the uniform plan).
+Status search_segments(const SearchContext& ctx, const SimulateOptions& sim_options, const PlannerOptions& options,
+                       SearchResult& out, std::vector<Candidate>& chosen) {
+  SegmentEnumeration e = enumerate_segment_candidates(ctx);
+  out.segment_combinations = e.combinations;
+  out.segment_valid = static_cast<std::int64_t>(e.valid.size());
+  if (e.valid.empty()) {
+    if (options.uniform) return ok_status();
+    return make_error("no valid segment layout of {} on {} GPUs with global batch {} ({} formed){}", ctx.model.name,
+                      ctx.gpus, ctx.base.effective_global_batch(), e.combinations,
+                      e.example_rejection ? "; e.g. " + *e.example_rejection
+                                          : std::string("; the model has no modules to place apart"));
+  }
+  std::vector<Candidate> all(e.valid.size());
+  tbb::parallel_for(std::size_t{0}, all.size(), [&](std::size_t i) {
+    all[i].plan = std::move(e.valid[i].plan);
+    all[i].segments = std::move(e.valid[i].segments);
+    all[i].index = out.valid + static_cast<std::int64_t>(i);
+    all[i].memory = memory_fit(ctx.model, all[i].plan);
+  });
+  const double device = sim_options.cluster.device.memory_bytes;
+  std::vector<Candidate> fits;
+  for (Candidate& c : all)
+    if (c.memory.peak_bytes <= device) fits.push_back(c);
+  out.segment_pruned = out.segment_valid - static_cast<std::int64_t>(fits.size());
+  if (fits.empty()) return options.uniform ? ok_status() : nothing_fits(ctx, all, device);
+  const std::size_t n = std::min(fits.size(), static_cast<std::size_t>(std::max(0, options.segments)));
+  // Spread evenly over the family's order (every cut and kind of layout), first and last included.
+  for (std::size_t k = 0; k < n; ++k)
+    chosen.push_back(std::move(fits[n == 1 ? 0 : k * (fits.size() - 1) / (n - 1)]));
+  return ok_status();
+}
+
+}  // namespace
+
+Result<SearchResult> search(const SearchContext& ctx, const SearchSpace& space, const SimulateOptions& sim_options,
+                            const PlannerOptions& options) {
+  SearchResult out;
+  ProgressLine progress(options.progress);
+  std::vector<Candidate> fits;  // uniform plans that fit, in the fast tier's order
+  if (options.uniform) MT_TRY(search_uniform(ctx, space, sim_options, progress, out, fits));
+
+  auto start = std::chrono::steady_clock::now();
+  std::vector<Candidate> segment_layouts;
+  if (options.segments > 0) MT_TRY(search_segments(ctx, sim_options, options, out, segment_layouts));
+  out.segments_s = seconds_since(start);
+
+  // Tier 2: the full simulation of the fast tier's best and of the segment layouts.
   start = std::chrono::steady_clock::now();
   const std::size_t n_full = std::min(fits.size(), static_cast<std::size_t>(std::max(0, options.simulate)));
-  progress.set_phase("full simulation", static_cast<std::int64_t>(n_full));
-  tbb::parallel_for(std::size_t{0}, n_full, std::size_t{1}, [&](std::size_t i) {
-    auto r = simulate_iteration(ctx.model, fits[i].plan, sim_options);
+  std::vector<Candidate> head(std::make_move_iterator(fits.begin()),
+                              std::make_move_iterator(fits.begin() + static_cast<std::ptrdiff_t>(n_full)));
+  out.simulated = static_cast<std::int64_t>(n_full);
+  out.segment_simulated = static_cast<std::int64_t>(segment_layouts.size());
+  for (Candidate& c : segment_layouts) head.push_back(std::move(c));
+  progress.set_phase("full simulation", static_cast<std::int64_t>(head.size()));
+  tbb::parallel_for(std::size_t{0}, head.size(), std::size_t{1}, [&](std::size_t i) {
+    auto r = simulate_iteration(ctx.model, head[i].plan, sim_options);
     if (r) {
       progress.offer_best(r->iteration_s);
-      fits[i].sim = std::move(r).value();
+      head[i].sim = std::move(r).value();
     } else {
-      fits[i].sim_error = r.error().message();
+      head[i].sim_error = r.error().message();
     }
     progress.add_simulated(1);
     progress.add_done(1);
     progress.update();
   });
-  out.simulated = static_cast<std::int64_t>(n_full);
   out.full_s = seconds_since(start);
   progress.finish();
 
-  std::vector<int> order(n_full);
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
-    const Candidate &x = fits[static_cast<std::size_t>(a)], &y = fits[static_cast<std::size_t>(b)];
+  std::stable_sort(head.begin(), head.end(), [](const Candidate& x, const Candidate& y) {
     if (x.sim.has_value() != y.sim.has_value()) return x.sim.has_value();
     if (!x.sim || x.sim->iteration_s == y.sim->iteration_s) return x.index < y.index;
     return x.sim->iteration_s < y.sim->iteration_s;
   });
-  for (int i : order) {
-    out.ranked.push_back(std::move(fits[static_cast<std::size_t>(i)]));
-    out.fast_rank.push_back(i);
-  }
+  out.ranked = std::move(head);
   for (std::size_t i = n_full; i < fits.size(); ++i) out.ranked.push_back(std::move(fits[i]));
   return out;
 }

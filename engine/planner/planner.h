@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "engine/planner/fast_estimate.h"
 #include "engine/planner/memory_fit.h"
 #include "engine/planner/search_space.h"
@@ -20,6 +22,11 @@ namespace meshtrain::planner {
 struct PlannerOptions {
   int simulate = 32;      // candidates the full tier re-times (the fast tier's best)
   bool progress = false;  // draw the progress line on stderr
+  bool uniform = true;    // search uniform plans (search_space.h)
+  // Segment layouts the full tier times (segment_candidates.h; the fast tier
+  // has no model of them): all that fit when there are no more, else this
+  // many spread evenly over the family's order. 0: none.
+  int segments = 64;
 };
 
 struct Candidate {
@@ -31,16 +38,22 @@ struct Candidate {
   FastBreakdown fast;
   std::optional<SimulationResult> sim;  // the full tier's, when it ran and succeeded
   std::string sim_error;               // why the full tier refused it (e.g. the DES's out of memory)
+  // The place (0-based) in the fast tier's order, for the candidates both tiers timed; -1 otherwise.
+  int fast_rank = -1;
+  // A segment layout's plan-file "segments" list (null for a uniform plan).
+  nlohmann::json segments;
 };
 
 struct SearchResult {
   std::int64_t combinations = 0, valid = 0, pruned = 0, simulated = 0, reference_simulations = 0;
   double enumerate_s = 0, memory_s = 0, fast_s = 0, full_s = 0;  // wall time of each tier
-  // The full tier's candidates, fastest first by the DES (those it refused
-  // last), then every other fitting candidate by the fast estimate.
+  // Segment layouts: formed, valid, over the device, timed by the full tier.
+  std::int64_t segment_combinations = 0, segment_valid = 0, segment_pruned = 0, segment_simulated = 0;
+  double segments_s = 0;  // wall time of the segment layouts (enumeration, memory, full tier)
+  // The full tier's candidates, uniform and segment layouts, fastest first by
+  // the DES (those it refused last), then every other fitting uniform plan by
+  // the fast estimate.
   std::vector<Candidate> ranked;
-  // Each simulated candidate's place (0-based) in the fast tier's order, as ranked.
-  std::vector<int> fast_rank;
 };
 
 // An Error when nothing is valid (one rejected combination and why, with the

@@ -55,6 +55,9 @@ std::string seconds(double s) {
   return s < 1 ? fmt::format("{:.4g} ms", s * 1e3) : fmt::format("{:.4g} s", s);
 }
 
+// The fast tier's time, or "-" for a segment layout (the fast tier has no model of them).
+std::string fast_cell(const Candidate& k) { return k.segments.is_null() ? seconds(k.fast.iteration_s) : "-"; }
+
 }  // namespace
 
 double kendall_tau(const std::vector<double>& a, const std::vector<double>& b) {
@@ -76,12 +79,11 @@ TierAgreement tier_agreement(const SearchResult& r) {
   TierAgreement t;
   std::vector<double> fast, full;
   std::vector<int> fast_place;
-  for (std::size_t i = 0; i < r.fast_rank.size(); ++i) {
-    const Candidate& c = r.ranked[i];
-    if (!c.sim) continue;
+  for (const Candidate& c : r.ranked) {
+    if (!c.sim || c.fast_rank < 0) continue;
     fast.push_back(c.fast.iteration_s);
     full.push_back(c.sim->iteration_s);
-    fast_place.push_back(r.fast_rank[i]);
+    fast_place.push_back(c.fast_rank);
     t.worst_relative_error =
         std::max(t.worst_relative_error, std::abs(c.fast.iteration_s - c.sim->iteration_s) / c.sim->iteration_s);
   }
@@ -98,7 +100,18 @@ TierAgreement tier_agreement(const SearchResult& r) {
   return t;
 }
 
-nlohmann::json plan_file_json(const Plan& p) {
+nlohmann::json plan_file_json(const Candidate& c) {
+  const Plan& p = c.plan;
+  if (!c.segments.is_null()) {
+    // The segments as the planner formed them (segment_candidates.h) and the job's fields.
+    nlohmann::json j = {{"global_batch", p.effective_global_batch()},
+                        {"precision", precision_name(p.precision)},
+                        {"segments", c.segments}};
+    if (p.seq_len != 0) j["seq_len"] = p.seq_len;
+    if (p.grad_bucket_mb != Plan{}.grad_bucket_mb) j["grad_bucket_mb"] = p.grad_bucket_mb;
+    if (p.grad_sync != GradSync::overlap) j["grad_sync"] = grad_sync_name(p.grad_sync);
+    return j;
+  }
   nlohmann::json j = plan_to_json(p);
   // Derived facts that a plan file does not take (world_size) or that
   // repeat the global batch (microbatches).
@@ -122,7 +135,12 @@ std::string text_report(const SearchResult& r, const ReportContext& c) {
                      "{:.2f} s ({:.0f}/s), full tier {:.2f} s ({:.1f}/s)\n",
                      r.enumerate_s, r.combinations / std::max(r.enumerate_s, 1e-9), r.memory_s,
                      r.valid / std::max(r.memory_s, 1e-9), r.fast_s,
-                     estimated / std::max(r.fast_s, 1e-9), r.full_s, r.simulated / std::max(r.full_s, 1e-9));
+                     estimated / std::max(r.fast_s, 1e-9), r.full_s,
+                     (r.simulated + r.segment_simulated) / std::max(r.full_s, 1e-9));
+  if (r.segment_combinations > 0)
+    out += fmt::format("segment layouts: {} formed, {} valid, {} pruned by the memory model, {} simulated in full "
+                       "(no fast tier; {:.2f} s before the full tier)\n",
+                       r.segment_combinations, r.segment_valid, r.segment_pruned, r.segment_simulated, r.segments_s);
   out += fmt::format("{:>3}  {:<44} {:>10} {:>10} {:>14} {:>6} {:>10} {:>10} {:>7} {:>10}\n", "#", "plan",
                      "iteration", "fast tier", "throughput", "MFU", "peak mem", "headroom", "bubble", "exp comm");
   const double device = c.cluster->device.memory_bytes;
@@ -133,13 +151,13 @@ std::string text_report(const SearchResult& r, const ReportContext& c) {
     if (k.sim) {
       const SimulationResult& s = *k.sim;
       out += fmt::format("{:>3}  {:<44} {:>10} {:>10} {:>14} {:>5.1f}% {:>10} {:>10} {:>6.1f}% {:>10}\n", i + 1,
-                         plan, seconds(s.iteration_s), seconds(k.fast.iteration_s), throughput(s, m), 100 * s.mfu,
+                         plan, seconds(s.iteration_s), fast_cell(k), throughput(s, m), 100 * s.mfu,
                          human_bytes(static_cast<double>(s.peak_memory_bytes)),
                          human_bytes(device - static_cast<double>(s.peak_memory_bytes)), 100 * s.bubble_fraction,
                          seconds(s.exposed_comm_s));
     } else if (!k.sim_error.empty()) {
       out += fmt::format("{:>3}  {:<44} {:>10} {:>10}  refused by the DES: {:.60}\n", i + 1, plan, "-",
-                         seconds(k.fast.iteration_s), k.sim_error);
+                         fast_cell(k), k.sim_error);
     } else {
       out += fmt::format("{:>3}  {:<44} {:>10} {:>10} {:>14} {:>6} {:>10} {:>10}   (fast tier only)\n", i + 1, plan,
                          "-", seconds(k.fast.iteration_s), "-", "-", human_bytes(k.memory.peak_bytes),
@@ -162,9 +180,11 @@ nlohmann::json json_report(const SearchResult& r, const ReportContext& c) {
   for (std::size_t i = 0; i < rows; ++i) {
     const Candidate& k = r.ranked[i];
     nlohmann::json row = {{"rank", i + 1},
-                          {"plan", plan_file_json(k.plan)},
+                          {"plan", plan_file_json(k)},
                           {"summary", describe_plan(k.plan, m)},
-                          {"fast_iteration_time_s", k.fast.iteration_s},
+                          {"layout", k.segments.is_null() ? "uniform" : "segments"},
+                          {"fast_iteration_time_s", k.segments.is_null() ? nlohmann::json(k.fast.iteration_s)
+                                                                         : nlohmann::json(nullptr)},
                           {"fast_breakdown",
                            {{"pipeline_s", k.fast.pipeline_s},
                             {"bubble_s", k.fast.bubble_s},
@@ -173,7 +193,7 @@ nlohmann::json json_report(const SearchResult& r, const ReportContext& c) {
                             {"data_parallel_s", k.fast.data_parallel_s}}},
                           {"model_memory_bytes", k.memory.peak_bytes},
                           {"model_memory_stage", k.memory.peak_stage}};
-    if (i < r.fast_rank.size()) row["fast_rank"] = r.fast_rank[i] + 1;
+    if (k.fast_rank >= 0) row["fast_rank"] = k.fast_rank + 1;
     if (k.sim) {
       const SimulationResult& s = *k.sim;
       row["iteration_time_s"] = s.iteration_s;
@@ -204,11 +224,17 @@ nlohmann::json json_report(const SearchResult& r, const ReportContext& c) {
             {"estimated", estimated},
             {"reference_simulations", r.reference_simulations},
             {"simulated", r.simulated},
+            {"segment_layouts",
+             {{"formed", r.segment_combinations},
+              {"valid", r.segment_valid},
+              {"pruned_by_memory", r.segment_pruned},
+              {"simulated", r.segment_simulated},
+              {"wall_s", r.segments_s}}},
             {"enumerate_s", r.enumerate_s},
             {"memory_s", r.memory_s},
             {"fast_s", r.fast_s},
             {"full_s", r.full_s},
-            {"wall_s", r.enumerate_s + r.memory_s + r.fast_s + r.full_s}}},
+            {"wall_s", r.enumerate_s + r.memory_s + r.fast_s + r.segments_s + r.full_s}}},
           {"agreement",
            {{"compared", t.compared},
             {"spearman", t.spearman},
@@ -230,10 +256,14 @@ std::string explain(const SearchResult& r, const ReportContext& c) {
                                 describe_plan(b->plan, m), seconds(x.iteration_s), seconds(y.iteration_s),
                                 100 * (y.iteration_s - x.iteration_s) / y.iteration_s);
   std::string diff;
-  for (const Dimension& d : dimensions())
-    if (d.get(a->plan) != d.get(b->plan))
-      diff += fmt::format("{}{} {} (runner-up {})", diff.empty() ? "" : ", ", d.name, d.format(d.get(a->plan)),
-                          d.format(d.get(b->plan)));
+  if (!a->segments.is_null() || !b->segments.is_null())
+    diff = fmt::format("layout {} (runner-up {})", a->segments.is_null() ? "uniform" : "segments",
+                       b->segments.is_null() ? "uniform" : "segments");
+  else
+    for (const Dimension& d : dimensions())
+      if (d.get(a->plan) != d.get(b->plan))
+        diff += fmt::format("{}{} {} (runner-up {})", diff.empty() ? "" : ", ", d.name, d.format(d.get(a->plan)),
+                            d.format(d.get(b->plan)));
   out += fmt::format("  differs in: {}\n", diff.empty() ? "nothing searched" : diff);
   // Per stage means (SimulationResult's terms): compute, idle (the bubble) and exposed communication.
   auto mean = [](const SimulationResult& s, double StageResult::*f) {

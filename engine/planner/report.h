@@ -36,7 +36,8 @@ std::string text_report(const SearchResult& r, const ReportContext& c);
 nlohmann::json json_report(const SearchResult& r, const ReportContext& c);
 // Why ranked[0] beats ranked[1], in the simulator's terms; needs both simulated.
 std::string explain(const SearchResult& r, const ReportContext& c);
-// A plan file that `train --plan` and `simulate --plan` read unchanged.
-nlohmann::json plan_file_json(const Plan& p);
+// The candidate as a plan file that `train --plan` and `simulate --plan` read
+// unchanged (a segment layout with its "segments" list).
+nlohmann::json plan_file_json(const Candidate& c);
 
 }  // namespace meshtrain::planner

@@ -50,24 +50,6 @@ def kendall(a, b):
     return (c - d) / max(1, c + d)
 
 
-def clamp_zero_times(path):
-    """`meshtrain calibrate` can write an op measured at 0.0 µs (seen for
-    Swin workloads), which its own reader refuses (time_us must be >= 0.001):
-    such entries are raised to 0.001 µs here, and counted on stderr."""
-    with open(path) as f:
-        cal = json.load(f)
-    fixed = 0
-    for table in ("ops", "memory", "gemm", "attention"):
-        for entry in cal.get(table, []):
-            if isinstance(entry, dict) and entry.get("time_us", 1) < 0.001:
-                entry["time_us"] = 0.001
-                fixed += 1
-    if fixed:
-        print(f"  {path}: {fixed} entries measured at 0 µs raised to 0.001 µs", file=sys.stderr)
-        with open(path, "w") as f:
-            json.dump(cal, f)
-
-
 def write_images(path):
     """A synthetic 28×28 IDX set (MNIST layout): timing does not depend on the pixels."""
     os.makedirs(path, exist_ok=True)
@@ -112,7 +94,6 @@ def main():
                     cmd += ["--workload", w]
                 print(f"{label}: calibrating ...", file=sys.stderr, flush=True)
                 run(cmd)
-                clamp_zero_times(cal)
             seq_flags = ["--seq-len", str(seq)] if seq else []
             found = json.loads(run([mt, "plan", "--model", model, "--cluster", "local-cpu", "--calibration", cal,
                                     "--gpus", "4", "--global-batch", str(batch), "--precision", "fp32", "--json",

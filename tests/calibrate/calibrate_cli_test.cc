@@ -73,6 +73,30 @@ TEST_CASE("calibrate --quick writes a versioned calibration that states the mach
   CHECK(c->links[0].latency_us > 0);
 }
 
+TEST_CASE("calibrate times a Swin's attention score terms no faster than streaming their bytes", "[calibrate]") {
+  // The terms are the scored attention's time minus the plain one's: noise made that 0.0 µs (a file the
+  // reader refused) or a nanosecond. A copy of their bytes, measured beside them, is their floor.
+  const std::string path = "test_calibrate_swin.json";
+  auto r = run_meshtrain("calibrate --backend cpu --out " + path +
+                         " --quick --no-grid --workload swin-micro:2 --sharing 2 --max-ranks 2 --statistic mean");
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  auto c = meshtrain::sim::load_calibration(path);
+  REQUIRE(c.ok());
+  std::remove(path.c_str());
+  int terms = 0;
+  for (const auto& o : c->ops) {
+    if (o.op != "attention_score_terms") continue;
+    ++terms;
+    INFO(o.bytes << " bytes in " << o.time_us << " us");
+    // 1 TB/s: beyond any memory this machine's cores can stream from (a nanosecond for 4 KB is 4 TB/s).
+    CHECK(o.bytes / (o.time_us * 1e-6) < 1e12);
+  }
+  // Per windowed attention shape of the workload: bias alone and bias with mask, forward and backward.
+  CHECK(terms >= 4);
+  CHECK(terms % 4 == 0);
+}
+
 TEST_CASE("calibrate refuses what it cannot do, naming it", "[calibrate]") {
   // This test runs on machines without a GPU: a build without CUDA says so,
   // one with CUDA finds no device.

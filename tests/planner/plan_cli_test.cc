@@ -3,11 +3,38 @@
 #include <catch2/catch.hpp>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <string>
 
 #include <nlohmann/json.hpp>
 
+#include "engine/image_dataset.h"
 #include "tests/run_meshtrain.h"
+#include "tests/training/idx_files.h"
+
+namespace {
+
+// An MNIST-layout set of `n` side × side images (pixels and labels from a fixed sequence: timing and
+// running do not depend on them), as train and test sets in a fresh directory.
+std::filesystem::path images(const std::string& name, int side, int n) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / name;
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::string pixels, labels;
+  for (int i = 0; i < n * side * side; ++i) pixels.push_back(static_cast<char>((i * 2654435761u) >> 24));
+  for (int i = 0; i < n; ++i) labels.push_back(static_cast<char>(i % 10));
+  const std::vector<std::uint32_t> dims = {std::uint32_t(n), std::uint32_t(side), std::uint32_t(side)};
+  for (const char* prefix : {"train", "t10k"}) {
+    std::ofstream(dir / (std::string(prefix) + "-images-idx3-ubyte"), std::ios::binary)
+        << meshtrain::testing::idx_bytes(meshtrain::kIdxImagesMagic, dims, pixels);
+    std::ofstream(dir / (std::string(prefix) + "-labels-idx1-ubyte"), std::ios::binary)
+        << meshtrain::testing::idx_bytes(meshtrain::kIdxLabelsMagic, {std::uint32_t(n)}, labels);
+  }
+  return dir;
+}
+
+}  // namespace
 
 TEST_CASE("plan prints a ranked table, explains the winner and writes a plan file simulate reads unchanged") {
   const std::string out = "plan_cli_test_winner.json";
@@ -42,4 +69,80 @@ TEST_CASE("plan refuses bad flags by name") {
   const MeshtrainRun gpus = run_meshtrain("plan --model tiny");
   CHECK(gpus.status != 0);
   CHECK_THAT(gpus.out, Catch::Contains("--gpus"));
+}
+
+TEST_CASE("plan searches a Swin's segment layouts and the chosen one simulates and trains on the cpu backend as written") {
+  const std::string out = "plan_cli_test_segments.json";
+  std::remove(out.c_str());
+  const std::string job = "--model swin-micro --cluster local-cpu --precision fp32 --gpus 4 --global-batch 8 ";
+  const MeshtrainRun r =
+      run_meshtrain("plan " + job + "--layouts segments --segments 6 --json --no-progress --top 100 --out " + out);
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  const auto report = nlohmann::json::parse(r.out);
+  const auto& family = report["search"]["segment_layouts"];
+  CHECK(family["valid"].get<int>() > 6);
+  CHECK(family["simulated"].get<int>() == 6);
+  REQUIRE(report["ranked"].size() == 6);
+  const auto& best = report["ranked"][0];
+  CHECK(best["layout"] == "segments");
+  CHECK(best["fast_iteration_time_s"].is_null());
+  const auto& segments = best["plan"]["segments"];
+  REQUIRE(segments.size() == 2);
+  // The two segments cover the blocks 0..9 (embedding, 3 stages of 2 blocks and their merges, head) in order.
+  CHECK(segments[0]["blocks"][0] == 0);
+  CHECK(segments[1]["blocks"][0].get<int>() == segments[0]["blocks"][1].get<int>() + 1);
+  std::ifstream written(out);
+  REQUIRE(written.good());
+  CHECK(nlohmann::json::parse(written) == best["plan"]);
+
+  // simulate reads the file unchanged and times it as the planner's full tier did.
+  const MeshtrainRun s = run_meshtrain("simulate --model swin-micro --cluster local-cpu --gpus 4 --json --plan " + out);
+  INFO(s.out);
+  REQUIRE(s.status == 0);
+  CHECK(nlohmann::json::parse(s.out)["iteration_time_s"].get<double>() ==
+        Approx(best["iteration_time_s"].get<double>()).epsilon(1e-12));
+
+  // train runs it for real: ranks as threads on the cpu backend.
+  const auto data = images("plan_cli_test_images", 12, 64);
+  const std::string metrics = (std::filesystem::temp_directory_path() / "plan_cli_test_metrics.jsonl").string();
+  std::remove(metrics.c_str());
+  const MeshtrainRun t = run_meshtrain("train --model swin-micro --plan " + out + " --data " + data.string() +
+                                       " --steps 2 --lr 1e-3 --quiet --metrics " + metrics);
+  INFO(t.out);
+  REQUIRE(t.status == 0);
+  std::ifstream lines(metrics);
+  int steps = 0;
+  for (std::string line; std::getline(lines, line);)
+    if (!line.empty()) steps += nlohmann::json::parse(line).contains("loss") ? 1 : 0;
+  CHECK(steps == 2);
+  std::remove(out.c_str());
+  std::filesystem::remove_all(data);
+}
+
+TEST_CASE("plan ranks segment layouts beside uniform plans and leaves them out under a pinned tp") {
+  const std::string job = "plan --model swin-micro --cluster local-cpu --precision fp32 --gpus 4 --global-batch 8 "
+                          "--simulate 4 --segments 3 --json --no-progress --top 1000";
+  const MeshtrainRun both = run_meshtrain(job);
+  INFO(both.out);
+  REQUIRE(both.status == 0);
+  const auto report = nlohmann::json::parse(both.out);
+  int segmented = 0, timed = 0;
+  double previous = 0;
+  for (const auto& row : report["ranked"]) {
+    segmented += row["layout"] == "segments" ? 1 : 0;
+    if (!row.contains("iteration_time_s")) continue;
+    // The full tier's candidates of both kinds come first, in one order.
+    CHECK(row["iteration_time_s"].get<double>() >= previous);
+    previous = row["iteration_time_s"].get<double>();
+    ++timed;
+  }
+  CHECK(segmented == 3);
+  CHECK(timed == 7);
+  const MeshtrainRun fixed = run_meshtrain(job + " --fix tp=1");
+  REQUIRE(fixed.status == 0);
+  CHECK(nlohmann::json::parse(fixed.out)["search"]["segment_layouts"]["formed"] == 0);
+  const MeshtrainRun bad = run_meshtrain(job + " --layouts segmented");
+  CHECK(bad.status == 1);
+  CHECK_THAT(bad.out, Catch::Contains("--layouts") && Catch::Contains("segments"));
 }

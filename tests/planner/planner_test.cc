@@ -4,8 +4,12 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <set>
 
 #include "engine/planner/candidates.h"
+#include "engine/planner/segment_candidates.h"
+#include "engine/segments/segment_plan.h"
+#include "models/parameters.h"
 #include "engine/planner/planner.h"
 #include "engine/planner/report.h"
 #include "simulator/cluster_spec.h"
@@ -135,4 +139,80 @@ TEST_CASE("Kendall's tau of known series") {
   CHECK(kendall_tau({1, 2, 3, 4}, {40, 30, 20, 10}) == Approx(-1));
   // One discordant pair of six: (5 - 1) / 6.
   CHECK(kendall_tau({1, 2, 3, 4}, {1, 2, 4, 3}) == Approx(4.0 / 6));
+}
+
+TEST_CASE("the memory model's cached tables give what a freshly built parameter table gives") {
+  // The shard counts the memory model reads, recounted the way they were before the tables were cached:
+  // a fresh parameter_table and place_layer for every tensor.
+  auto recount = [](const ModelSpec& m, int tp, const StageSplit& split, int stage) {
+    std::int64_t total = 0;
+    const int head_stage = place_layer(m, m.layers, split).stage;
+    for (const ParamInfo& p : parameter_table(m)) {
+      if (!split.holds(m, p.layer)) continue;
+      const std::int64_t n = shard_numel(m, p, tp, 1);
+      if (place_layer(m, p.layer, split).stage == stage) total += n;
+      if (p.name == "embed.tokens" && m.tied_embeddings && split.head && split.pp > 1 && head_stage == stage) total += n;
+    }
+    return total;
+  };
+  ModelSpec untied = load_model("gpt2-124m").value();
+  untied.tied_embeddings = false;
+  untied.name = "gpt2-124m-untied";
+  int checked = 0;
+  // Alternating models on one thread: each call must see its own model's tables.
+  for (int tp : {1, 2, 4})
+    for (int pp : {1, 2, 3, 4, 6})
+      for (int vpp : {1, 2})
+        for (int first : {0, 2})
+          for (const ModelSpec& m : {load_model("gpt2-124m").value(), untied, load_model("swin-micro").value()}) {
+            StageSplit split{pp, vpp, first, 0};
+            if (!check_stage_split(m, split).ok()) continue;
+            for (int stage = 0; stage < pp; ++stage) {
+              INFO(m.name << " tp " << tp << " pp " << pp << " vpp " << vpp << " first " << first << " stage " << stage);
+              CHECK(count_shard_parameters(m, tp, split, 1, stage).total == recount(m, tp, split, stage));
+              ++checked;
+            }
+          }
+  CHECK(checked > 100);
+  // A changed field is a different model: its tables, then the first model's again.
+  const ModelSpec gpt2 = load_model("gpt2-124m").value();
+  ModelSpec deeper = gpt2;
+  deeper.layers = 13;
+  const std::int64_t layer = count_parameters(deeper).total - count_parameters(gpt2).total;
+  CHECK(layer == 12 * 768 * 768 + 13 * 768);  // one GPT-2 layer: 12C² weights, 9C biases, two norms (4C)
+  CHECK(count_parameters(gpt2).total == 124439808);     // GPT-2 small, tied (Radford et al. 2019's 124M)
+}
+
+TEST_CASE("segment layouts of a Swin cover both kinds and every cut with each block once") {
+  SearchContext ctx = context("swin-micro", 4, 8);
+  ctx.base.seq_len = 0;
+  REQUIRE(has_segment_layouts(ctx.model));
+  CHECK_FALSE(has_segment_layouts(load_model("tiny").value()));  // a decoder: the uniform search places it
+  const SegmentEnumeration e = enumerate_segment_candidates(ctx);
+  REQUIRE(!e.valid.empty());
+  int same = 0, boundary = 0;
+  std::set<int> cuts;
+  for (const SegmentCandidate& c : e.valid) {
+    REQUIRE(c.plan.segments.size() == 2);
+    const Plan &a = c.plan.segments[0], &b = c.plan.segments[1];
+    CHECK(validate_plan(c.plan, ctx.model, 4).ok());
+    CHECK(a.microbatches() == b.microbatches());
+    CHECK(a.pp == 1);
+    CHECK(b.pp <= std::max(1, b.layers));  // every pipeline stage holds a body layer
+    if (b.first_rank == 0) {
+      ++same;
+      CHECK(a.world_size() == 4);
+      CHECK(b.world_size() == 4);
+      CHECK_FALSE((a.tp == b.tp && b.pp == 1));  // that is a uniform plan's layout
+    } else {
+      ++boundary;
+      CHECK(a.world_size() + b.world_size() == 4);
+      CHECK(b.first_rank == a.world_size());
+    }
+    cuts.insert(block_range(b, ctx.model).first);
+  }
+  CHECK(same > 0);
+  CHECK(boundary > 0);
+  CHECK(cuts.size() == 4);  // swin-micro's modules: embed, stage1, stage2, stage3, head
+  CHECK(e.combinations > static_cast<std::int64_t>(e.valid.size()));
 }

@@ -91,6 +91,13 @@ TEST_CASE("calibration file round-trips and rejects bad input", "[simulator][cos
   REQUIRE(loaded.ok());
   CHECK(calibration_to_json(*loaded) == text);
   std::remove(path.c_str());
+  // What the reader refuses is never written: an op measured at 0.0 µs (once written by calibrate) is named.
+  Calibration zero = cal;
+  zero.ops.push_back({"attention_score_terms", 4096, 0.0, {}});
+  const meshtrain::Status refused = save_calibration(zero, path);
+  REQUIRE_FALSE(refused.ok());
+  CHECK_THAT(refused.error().message(), Catch::Contains("not written") && Catch::Contains("time_us"));
+  CHECK_FALSE(load_calibration(path).ok());  // no file
 
   auto spec = *cluster_preset("dgx-a100");
   apply_link_calibration(*back, spec);
