@@ -3,9 +3,6 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
-#include <cerrno>
-#include <cstdio>
-#include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "core/input_file.h"
@@ -491,14 +488,7 @@ Result<Calibration> load_calibration(const std::string& path) {
 }
 
 Status save_calibration(const Calibration& c, const std::string& path) {
-  const std::string text = calibration_to_json(c);
-  std::FILE* out = std::fopen(path.c_str(), "wb");
-  if (out == nullptr) return make_error("cannot write calibration file '{}': {}", path, std::strerror(errno));
-  const bool written = std::fwrite(text.data(), 1, text.size(), out) == text.size();
-  const int saved_errno = errno;
-  if (std::fclose(out) != 0 || !written)
-    return make_error("writing calibration file '{}' failed: {}", path, std::strerror(written ? errno : saved_errno));
-  return ok_status();
+  return write_output_file(path, calibration_to_json(c), "calibration file");
 }
 
 void apply_link_calibration(const Calibration& c, ClusterSpec& spec) {
