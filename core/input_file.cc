@@ -72,14 +72,38 @@ Result<std::string> read_input_file(const std::string& path, std::string_view wh
   return text;
 }
 
-Status probe_output_file(const std::string& path, std::string_view what) {
+namespace {
+
+// A descriptor for writing `path` (a regular file, or new), or the reason why not.
+Result<Fd> open_output(const std::string& path, std::string_view what, int flags, bool& existed) {
   struct stat st {};
-  const bool existed = ::stat(path.c_str(), &st) == 0;
+  existed = ::stat(path.c_str(), &st) == 0;
   if (existed && !S_ISREG(st.st_mode))
     return make_error("{} '{}' is {}; pass a file path", what, path, file_kind(st.st_mode));
-  Fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_NONBLOCK | O_CLOEXEC, 0644));
+  Fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_NONBLOCK | O_CLOEXEC | flags, 0644));
   if (fd.get() < 0) return make_error("cannot write {} '{}': {}", what, path, std::strerror(errno));
+  return fd;
+}
+
+}  // namespace
+
+Status probe_output_file(const std::string& path, std::string_view what) {
+  bool existed = false;
+  MT_ASSIGN(Fd fd, open_output(path, what, 0, existed));
   if (!existed) ::unlink(path.c_str());
+  return ok_status();
+}
+
+Status write_output_file(const std::string& path, std::string_view text, std::string_view what) {
+  bool existed = false;
+  MT_ASSIGN(Fd fd, open_output(path, what, O_TRUNC, existed));
+  for (std::size_t done = 0; done < text.size();) {
+    const ssize_t w = ::write(fd.get(), text.data() + done, text.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return make_error("writing {} '{}' failed: {}", what, path, std::strerror(errno));
+    done += static_cast<std::size_t>(w);
+  }
+  if (!fd.close()) return make_error("writing {} '{}' failed: {}", what, path, std::strerror(errno));
   return ok_status();
 }
 

@@ -30,6 +30,12 @@ Result<std::string> read_input_file(const std::string& path, std::string_view wh
 // not exist is created and removed again.
 Status probe_output_file(const std::string& path, std::string_view what);
 
+// Writes `text` to `path` (created or truncated): the one path every output
+// a user names takes (plan --out, traces, calibrations). Like the probe, only
+// a regular file or a new one is written, and the open does not block, so a
+// FIFO with no reader is refused instead of hanging; errors carry the OS's reason.
+Status write_output_file(const std::string& path, std::string_view text, std::string_view what);
+
 // "a directory", "a FIFO (named pipe)", "a character device", ... for the
 // file type bits of a stat mode; "a regular file" for S_IFREG.
 std::string_view file_kind(unsigned mode);

@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <memory>
 
+#include "core/host_memory.h"
+
 namespace meshtrain {
 
 std::size_t validation_bytes(std::size_t file_bytes, int seq_len) {
@@ -29,8 +31,14 @@ Result<ByteDataset> load_byte_dataset(const std::string& path, int seq_len) {
     return make_error("cannot read data file '{}': {}; check its permissions", path,
                       std::strerror(errno));
   }
+  // The whole file is held in memory: one larger than the machine (a 40 GB file, a sparse one) is refused
+  // before reading instead of running the machine out of memory.
+  const auto size = static_cast<double>(std::filesystem::file_size(path, ec));
+  MT_TRY(check_host_memory(size, fmt::format("reading data file '{}' into memory", path),
+                           "train on a smaller file (or a part of it)"));
   ByteDataset d;
   d.path = path;
+  d.bytes.reserve(static_cast<std::size_t>(size));
   unsigned char buf[1 << 16];
   std::size_t n;
   while ((n = std::fread(buf, 1, sizeof buf, f.get())) > 0)

@@ -568,30 +568,9 @@ std::string some_names(const std::vector<std::string>& names) {
   return out;
 }
 
-}  // namespace
-
-Result<CheckpointLock> claim_checkpoint_dir(const std::string& dir_name, CheckpointUse use,
-                                            const std::vector<std::string>& run_files) {
-  MT_TRY(probe_checkpoint_dir(dir_name));
-  const fs::path dir(dir_name);
-  const fs::path lock_path = dir / kLockFile;
-  Fd fd(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_NONBLOCK | O_CLOEXEC, 0644));
-  if (fd.get() < 0)
-    return make_error("cannot create the lock file '{}': {}; pass a writable --checkpoint path", lock_path.string(),
-                      errno_text());
-  if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
-    if (errno != EWOULDBLOCK)
-      return make_error("cannot lock '{}': {}", lock_path.string(), errno_text());
-    return make_error("checkpoint directory '{}' is in use by another meshtrain run ({}); wait for it to finish "
-                      "or stop it, or point --checkpoint elsewhere",
-                      dir_name, lock_holder(fd.get()));
-  }
-  char host[256] = {};
-  ::gethostname(host, sizeof host - 1);
-  const std::string holder = fmt::format("pid {} on host {}\n", ::getpid(), host);
-  if (::ftruncate(fd.get(), 0) != 0 || ::pwrite(fd.get(), holder.data(), holder.size(), 0) < 0)
-    return make_error("cannot write the lock file '{}': {}", lock_path.string(), errno_text());
-
+// Whether a run of `use` may write into `dir`: an error naming what is there otherwise.
+Status check_contents(const fs::path& dir, const std::string& dir_name, CheckpointUse use,
+                      const std::vector<std::string>& run_files) {
   const DirContents c = look_into(dir, run_files);
   const std::string here = fmt::format("checkpoint directory '{}'", dir_name);
   if (c.manifest && !c.ours)
@@ -612,8 +591,42 @@ Result<CheckpointLock> claim_checkpoint_dir(const std::string& dir_name, Checkpo
     return make_error("{} holds checkpoint payloads ({}) but no manifest.json, so there is nothing to resume "
                       "from: restore manifest.json, or start again from step 1 with --overwrite-checkpoint "
                       "instead of --resume", here, some_names(c.payloads));
-  // We hold the lock: an interrupted commit's temporaries are nobody's now.
+  return ok_status();
+}
+
+}  // namespace
+
+Result<CheckpointLock> claim_checkpoint_dir(const std::string& dir_name, CheckpointUse use,
+                                            const std::vector<std::string>& run_files) {
+  MT_TRY(probe_checkpoint_dir(dir_name));
+  const fs::path dir(dir_name);
+  const fs::path lock_path = dir / kLockFile;
   std::error_code ec;
+  const bool lock_existed = fs::exists(lock_path, ec);
+  Fd fd(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_NONBLOCK | O_CLOEXEC, 0644));
+  if (fd.get() < 0)
+    return make_error("cannot create the lock file '{}': {}; pass a writable --checkpoint path", lock_path.string(),
+                      errno_text());
+  if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
+    if (errno != EWOULDBLOCK)
+      return make_error("cannot lock '{}': {}", lock_path.string(), errno_text());
+    return make_error("checkpoint directory '{}' is in use by another meshtrain run ({}); wait for it to finish "
+                      "or stop it, or point --checkpoint elsewhere",
+                      dir_name, lock_holder(fd.get()));
+  }
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  const std::string holder = fmt::format("pid {} on host {}\n", ::getpid(), host);
+  if (::ftruncate(fd.get(), 0) != 0 || ::pwrite(fd.get(), holder.data(), holder.size(), 0) < 0)
+    return make_error("cannot write the lock file '{}': {}", lock_path.string(), errno_text());
+
+  // A directory refused below keeps nothing of ours: the lock file goes again if this run made it.
+  Status refused = check_contents(dir, dir_name, use, run_files);
+  if (!refused.ok()) {
+    if (!lock_existed) fs::remove(lock_path, ec);
+    return std::move(refused).error();
+  }
+  // We hold the lock: an interrupted commit's temporaries are nobody's now.
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
     if (is_temporary_name(name)) fs::remove(entry.path(), ec);

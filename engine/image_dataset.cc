@@ -13,6 +13,8 @@
 #include <memory>
 #include <string_view>
 
+#include "core/host_memory.h"
+
 namespace meshtrain {
 namespace {
 
@@ -152,6 +154,10 @@ Result<IdxFile> read_idx(const std::string& path, std::uint32_t magic, const cha
   // without allocating what the header claims.
   if (plain && file_bytes - header_bytes != want) return size_error(file_bytes - header_bytes);
 
+  // What the header declares is held in memory: a header (or a gzip bomb) beyond the machine is refused first.
+  MT_TRY(check_host_memory(static_cast<double>(want), fmt::format("reading IDX file '{}' ({})", path,
+                                                                   describe_shape(idx.dims, want)),
+                           "check the file: no Fashion-MNIST or MNIST file is larger than 50 MB"));
   idx.payload.reserve(plain ? want : std::min(want, kGzipReserveRatio * file_bytes));
   // Keep the declared bytes and count any beyond them, so a long file is
   // reported with its real size and never grows memory past the declaration.

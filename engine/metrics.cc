@@ -5,9 +5,13 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "core/input_file.h"
+
 namespace meshtrain {
 
 Result<MetricsWriter> MetricsWriter::open(const std::string& path) {
+  // Appended to, so not write_output_file; but a FIFO must be refused, not block the open.
+  MT_TRY(probe_output_file(path, "--metrics file"));
   std::FILE* f = std::fopen(path.c_str(), "a");
   if (!f) {
     return make_error(

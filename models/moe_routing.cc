@@ -1,19 +1,26 @@
 #include "models/moe_routing.h"
 
 #include <cmath>
-#include <fstream>
 
 #include <nlohmann/json.hpp>
+
+#include "core/json_input.h"
 
 namespace meshtrain {
 
 namespace {
 
+// Shares are relative (normalised in shares()), so any finite scale works;
+// the bound keeps their sum finite (eight shares of 1e308 summed to inf and
+// routed every token nowhere).
+constexpr RealRange kShareRange{0, 1e15};
+
 Result<std::vector<double>> parse_shares(const nlohmann::json& j, const std::string& file) {
   std::vector<double> out;
   for (const auto& v : j) {
-    if (!v.is_number() || !(v.get<double>() >= 0))
-      return make_error("routing file '{}': shares must be non-negative numbers, got {}", file, v.dump());
+    if (!v.is_number())
+      return make_error("routing file '{}': shares must be non-negative numbers, got {}", file, json_excerpt(v));
+    MT_TRY(check_real(fmt::format("routing file '{}': a share", file), v.get<double>(), kShareRange));
     out.push_back(v.get<double>());
   }
   double sum = 0;
@@ -40,14 +47,7 @@ Result<MoeRouting> MoeRouting::parse(const std::string& spec) {
   }
   if (spec.rfind("file:", 0) == 0) {
     const std::string file = spec.substr(5);
-    std::ifstream in(file);
-    if (!in) return make_error("--moe-routing: cannot open routing file '{}'", file);
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(in);
-    } catch (const nlohmann::json::parse_error& e) {
-      return make_error("routing file '{}' is not valid JSON: {}", file, e.what());
-    }
+    MT_ASSIGN(const nlohmann::json j, load_json_file(file, "routing file"));
     if (!j.is_array() || j.empty())
       return make_error("routing file '{}' must hold a list of shares per expert, or one such list per MoE layer",
                         file);

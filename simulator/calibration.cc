@@ -3,9 +3,6 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
-#include <cerrno>
-#include <cstdio>
-#include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "core/input_file.h"
@@ -498,13 +495,7 @@ Status save_calibration(const Calibration& c, const std::string& path) {
     return make_error("calibration for '{}' not written: it holds a value its reader refuses ({}); this is a "
                       "bug in what produced it, please report it",
                       path, back.error().message());
-  std::FILE* out = std::fopen(path.c_str(), "wb");
-  if (out == nullptr) return make_error("cannot write calibration file '{}': {}", path, std::strerror(errno));
-  const bool written = std::fwrite(text.data(), 1, text.size(), out) == text.size();
-  const int saved_errno = errno;
-  if (std::fclose(out) != 0 || !written)
-    return make_error("writing calibration file '{}' failed: {}", path, std::strerror(written ? errno : saved_errno));
-  return ok_status();
+  return write_output_file(path, text, "calibration file");
 }
 
 void apply_link_calibration(const Calibration& c, ClusterSpec& spec) {

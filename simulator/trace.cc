@@ -1,7 +1,8 @@
 #include "simulator/trace.h"
 
-#include <fstream>
 #include <nlohmann/json.hpp>
+
+#include "core/input_file.h"
 
 namespace meshtrain::sim {
 namespace {
@@ -79,12 +80,6 @@ std::string Trace::to_json() const {
   return out;
 }
 
-Status Trace::write(const std::string& path) const {
-  std::ofstream f(path, std::ios::binary);
-  if (!f) return make_error("cannot write trace file '{}'", path);
-  f << to_json();
-  if (!f) return make_error("writing trace file '{}' failed", path);
-  return ok_status();
-}
+Status Trace::write(const std::string& path) const { return write_output_file(path, to_json(), "trace file"); }
 
 }  // namespace meshtrain::sim

@@ -11,6 +11,10 @@ int available_cores();
 // cores: available_cores() / ranks, at least 1.
 int threads_per_rank(int ranks);
 
+// The most threads a --threads flag may ask of one rank (far beyond any
+// machine's cores; 2^31 - 1 made thread pools that crashed the process).
+inline constexpr int kMaxRankThreads = 1 << 16;
+
 // A rank's threads: `requested` when > 0 (a --threads flag), else
 // threads_per_rank(ranks). `meshtrain train` and `calibrate` both ask here.
 int rank_threads(int requested, int ranks);

@@ -478,7 +478,7 @@ Command add_calibrate_command(CLI::App& app) {
   sub->add_option("--threads", f->threads,
                   "cpu backend: threads per rank thread, as train's --threads (default: this process's cores "
                   "divided among the rank threads of each --sharing level, as train divides them)")
-      ->check(int_in({0, 1 << 16}));
+      ->check(int_in({0, cpu::kMaxRankThreads}));
   sub->add_option("--max-ranks", f->max_ranks, "largest in-process group measured (default max(2, cores))")
       ->check(int_in({0, 64}));
   sub->add_option("--profile", f->profile,

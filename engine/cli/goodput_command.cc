@@ -127,9 +127,10 @@ Command add_goodput_command(CLI::App& app) {
                   "minutes from a failure to training again (rescheduling, start-up, loading the checkpoint)")
       ->capture_default_str()
       ->check(real_in({0, 1e9}));
+  // At least 1 MB/s: 1e-300 GB/s made checkpoint times of 1e300 s and printed overflowed figures.
   sub->add_option("--storage-GBps", f->storage_gbps, "GB/s the whole job writes a checkpoint at")
       ->capture_default_str()
-      ->check(real_in(kPositive));
+      ->check(real_in({1e-3, 1e9}));
   sub->add_option("--iteration-s", f->iteration_s, "seconds per step, instead of simulating the plan")
       ->check(real_in({0, 1e9}));
   sub->add_flag("--json", f->json, "print one JSON object");

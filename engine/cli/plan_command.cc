@@ -3,7 +3,6 @@
 // plan file and the explanation.
 #include <unistd.h>
 
-#include <cstdio>
 #include <memory>
 
 #include <fmt/format.h>
@@ -35,17 +34,10 @@ struct PlanCommandFlags {
   std::vector<std::string> fix, allow;
 };
 
-Status write_file(const std::string& path, const std::string& text) {
-  std::FILE* f = std::fopen(path.c_str(), "wb");
-  if (f == nullptr) return make_error("--out: cannot write '{}'", path);
-  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
-  if (std::fclose(f) != 0 || !ok) return make_error("--out: writing '{}' failed", path);
-  return {};
-}
-
 Status run_plan(const PlanCommandFlags& f) {
   if (f.model.empty()) return make_error("--model NAME|FILE is required");
   if (f.gpus <= 0) return make_error("--gpus N is required: the GPUs the plan must use");
+  if (!f.out.empty()) MT_TRY(probe_output_file(f.out, "--out plan file"));  // before the search, not after
   planner::SearchContext ctx;
   MT_ASSIGN(ctx.model, load_model(f.model));
   ctx.gpus = f.gpus;
@@ -95,7 +87,7 @@ Status run_plan(const PlanCommandFlags& f) {
     if (!best.sim)
       return make_error("--out: the full simulation refused every candidate it timed (first: {}); nothing to write",
                         best.sim_error.empty() ? "none simulated, use --simulate 1 or more" : best.sim_error);
-    MT_TRY(write_file(f.out, planner::plan_file_json(best).dump(2) + "\n"));
+    MT_TRY(write_output_file(f.out, planner::plan_file_json(best).dump(2) + "\n", "--out plan file"));
   }
   if (f.json) {
     nlohmann::json j = planner::json_report(result, rc);

@@ -1,5 +1,7 @@
 #include "engine/cli/plan_flags.h"
 
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 
 #include "engine/cli/bounded_flags.h"
@@ -50,7 +52,8 @@ Status dp_from_gpus(PlanFlags& f, int gpus) {
   if (!f.plan_file.empty()) {
     MT_ASSIGN(file, plan_overrides_from_file(f.plan_file));
   }
-  if (file.dp) return ok_status();
+  // A plan of segments sizes its world from its segments (validate_plan checks --gpus against them).
+  if (file.dp || file.segments) return ok_status();
   // Each degree is bounded (plan.h), so the product fits in 64 bits.
   const std::int64_t mp = std::int64_t{o.tp.value_or(file.tp.value_or(1))} * o.pp.value_or(file.pp.value_or(1)) *
                           o.cp.value_or(file.cp.value_or(1));
@@ -60,18 +63,45 @@ Status dp_from_gpus(PlanFlags& f, int gpus) {
   return ok_status();
 }
 
+namespace {
+
+// Each segment lays itself out from tp = pp = dp = vpp = 1 (segments_from_json):
+// a whole plan's degree beside "segments" would be accepted and ignored.
+// `file` names the plan file the overrides came from; empty: the flags.
+Status check_no_whole_layout(const PlanOverrides& o, const std::string& file) {
+  const std::pair<std::string, bool> given[] = {
+      {"tp", o.tp.has_value()}, {"pp", o.pp.has_value()}, {"dp", o.dp.has_value()}, {"vpp", o.vpp.has_value()},
+      {"first_stage_layers", o.first_stage_layers.has_value()},
+      {"last_stage_layers", o.last_stage_layers.has_value()}};
+  for (const auto& [name, is_given] : given) {
+    if (!is_given) continue;
+    std::string flag = "--" + name;
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    return make_error("{} sets {} for the whole plan, but a plan of \"segments\" lays out each segment itself "
+                      "and would ignore it: give \"{}\" inside the segments",
+                      file.empty() ? flag : fmt::format("plan file '{}'", file),
+                      file.empty() ? "it" : fmt::format("\"{}\"", name), name);
+  }
+  return ok_status();
+}
+
+}  // namespace
+
 Result<ModelAndPlan> resolve_model_and_plan(const PlanFlags& f, int world_size) {
   ModelAndPlan r;
   MT_ASSIGN(r.model, load_model(f.model));
   Plan plan;
   std::shared_ptr<const nlohmann::json> segments;
+  PlanOverrides from_file;
   if (!f.plan_file.empty()) {
-    MT_ASSIGN(PlanOverrides from_file, plan_overrides_from_file(f.plan_file));
+    MT_ASSIGN(from_file, plan_overrides_from_file(f.plan_file));
     MT_ASSIGN(plan, apply_overrides(plan, from_file));
     segments = from_file.segments;
   }
   MT_ASSIGN(r.plan, apply_overrides(plan, f.overrides));
   if (segments) {
+    MT_TRY(check_no_whole_layout(from_file, f.plan_file));
+    MT_TRY(check_no_whole_layout(f.overrides, ""));
     // The segments take the whole plan's fields (flags included) as their defaults.
     auto parsed = segments_from_json(*segments, r.model, r.plan);
     if (!parsed) return std::move(parsed.context(fmt::format("plan file '{}'", f.plan_file))).error();

@@ -256,6 +256,7 @@ Status run_simulate(SimulateFlags f, bool no_flags) {
     options.calibration = &calibration;
   }
   options.trace = !f.trace.empty();
+  if (options.trace) MT_TRY(probe_output_file(f.trace, "--trace file"));  // before the simulation, not after
   options.check_memory = !f.ignore_memory;
   MT_ASSIGN(options.attention, attention_impl_from_name(f.attention));
   options.dropout = f.dropout;
@@ -267,10 +268,7 @@ Status run_simulate(SimulateFlags f, bool no_flags) {
     fmt::print(stderr, "stragglers: {}\n", describe_stragglers(options.variation.stragglers));
   MT_ASSIGN(SimulationResult r, simulate_iteration(mp.model, mp.plan, options));
   if (options.trace) {
-    std::FILE* out = std::fopen(f.trace.c_str(), "wb");
-    if (out == nullptr) return make_error("cannot write the trace to '{}'", f.trace);
-    const bool ok = std::fwrite(r.trace_json.data(), 1, r.trace_json.size(), out) == r.trace_json.size();
-    if (std::fclose(out) != 0 || !ok) return make_error("writing the trace to '{}' failed", f.trace);
+    MT_TRY(write_output_file(f.trace, r.trace_json, "--trace file"));
   }
   // Say which timings came from the calibration and which from the cost model's defaults.
   const sim::CalibrationCoverage coverage = sim::calibration_coverage(

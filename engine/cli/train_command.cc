@@ -71,7 +71,6 @@ Status run_train(TrainFlags f) {
   const bool cuda = f.backend == "cuda";
   if (f.ranks != "threads" && f.ranks != "mpi")
     return Error(unknown_name_message("--ranks", f.ranks, {"threads", "mpi"}));
-  if (f.threads < 0) return make_error("--threads {} must be >= 0 (0: share out this process's cores)", f.threads);
   // fp32 is the cpu backend's default (and only choice); cuda keeps the plan's (bf16).
   if (!cuda && !f.plan.overrides.precision) f.plan.overrides.precision = "fp32";
   MT_ASSIGN(auto launch, detect_launch());
@@ -226,7 +225,8 @@ Command add_train_command(CLI::App& app) {
                   "under MPI each rank writes FILE.rank<N>.json");
   sub->add_option("--threads", f->threads,
                   "cpu backend: threads per rank (default: this process's cores divided among its "
-                  "rank threads; results do not depend on it)");
+                  "rank threads; results do not depend on it)")
+      ->check(int_in({0, cpu::kMaxRankThreads}));
   sub->add_flag("--quiet", f->quiet, "no progress lines");
   sub->add_option("--fault-inject", f->faults,
                   "RANK:slow:STEP[:FACTOR], RANK:hang:STEP or RANK:exit:STEP: make a rank slow down, stop answering or "

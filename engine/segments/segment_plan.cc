@@ -6,6 +6,7 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include "core/json_input.h"
 #include "core/names.h"
 #include "engine/mesh.h"
 #include "models/block.h"
@@ -14,14 +15,25 @@ namespace meshtrain {
 
 namespace {
 
+// "key": [first, last], both integers in `range` (through core's bounded
+// reader: 2^32 + 1 must not wrap to 1).
+Result<std::pair<int, int>> inclusive_pair(const nlohmann::json& seg, const char* key, std::string_view what,
+                                           const std::string& label, const IntRange& range) {
+  const auto& v = seg[key];
+  if (!v.is_array() || v.size() != 2)
+    return make_error("{}: \"{}\" must be [first, last] ({}, inclusive), got {}", label, key, what,
+                      json_excerpt(v));
+  MT_ASSIGN(const std::int64_t first, json_int(v[0], fmt::format("{}: \"{}\" first", label, key), range));
+  MT_ASSIGN(const std::int64_t last, json_int(v[1], fmt::format("{}: \"{}\" last", label, key), range));
+  return std::pair{static_cast<int>(first), static_cast<int>(last)};
+}
+
 Result<BlockRange> blocks_of(const nlohmann::json& seg, const ModelBlocks& blocks, const std::string& label) {
   const int n = static_cast<int>(blocks.size());
   if (seg.contains("blocks")) {
-    const auto& b = seg["blocks"];
-    if (!b.is_array() || b.size() != 2 || !b[0].is_number_integer() || !b[1].is_number_integer())
-      return make_error("{}: \"blocks\" must be [first, last] (block indices, inclusive), got {}", label, b.dump());
-    const int first = b[0].get<int>(), last = b[1].get<int>();
-    if (first < 0 || last >= n || first > last)
+    MT_ASSIGN(const auto b, inclusive_pair(seg, "blocks", "block indices", label, {0, n - 1}));
+    const auto [first, last] = b;
+    if (first > last)
       return make_error("{}: blocks [{}, {}] are not a range within the model's {} blocks (0..{})", label, first,
                         last, n, n - 1);
     return BlockRange{first, last};
@@ -120,35 +132,33 @@ Result<std::vector<Plan>> segments_from_json(const nlohmann::json& list, const M
     MT_ASSIGN(s, apply_overrides(s, *overrides));
     s.segment_name = seg.contains("name") ? seg["name"].get<std::string>() : fmt::format("segment {}", k);
     s.global_batch = global;
-    int microbatches = 0;
+    // In 64 bits: dp and micro-batches are each up to 2^20 and 2^30 (an int product wrapped to 0 and divided).
+    std::int64_t microbatches = 0;
     if (seg.contains("microbatches")) {
-      if (!seg["microbatches"].is_number_integer() || seg["microbatches"].get<int>() < 1)
-        return make_error("{}: \"microbatches\" must be a positive integer, got {}", label,
-                          seg["microbatches"].dump());
-      microbatches = seg["microbatches"].get<int>();
+      MT_ASSIGN(microbatches, json_int(seg["microbatches"], label + ": \"microbatches\"", {1, kMaxGlobalBatch}));
     } else {
-      microbatches = global % (s.dp * base.micro_batch) == 0 ? global / (s.dp * base.micro_batch) : 1;
+      const std::int64_t per_step = std::int64_t{s.dp} * base.micro_batch;
+      microbatches = global % per_step == 0 ? global / per_step : 1;
     }
-    if (global % (s.dp * microbatches) != 0)
+    if (global % (std::int64_t{s.dp} * microbatches) != 0)
       return make_error("{}: the global batch {} does not split into dp {} × {} micro-batches; choose dp and "
                         "microbatches whose product divides {}",
                         label, global, s.dp, microbatches, global);
-    s.micro_batch = global / (s.dp * microbatches);
+    s.micro_batch = static_cast<int>(global / (s.dp * microbatches));
     s.embedding = range.first == 0;
     s.head = range.last == m.layers + 1;
     s.first_layer = std::max(range.first, 1) - 1;
     s.layers = std::min(range.last, m.layers) - std::max(range.first, 1) + 1;
     s.group_id_base = static_cast<int>(k) * kGroupIdsPerSegment;
     if (seg.contains("ranks")) {
-      const auto& r = seg["ranks"];
-      if (!r.is_array() || r.size() != 2 || !r[0].is_number_integer() || !r[1].is_number_integer())
-        return make_error("{}: \"ranks\" must be [first, last] (inclusive), got {}", label, r.dump());
-      const int first = r[0].get<int>(), last = r[1].get<int>();
-      if (first < 0 || last < first)
+      MT_ASSIGN(const auto r, inclusive_pair(seg, "ranks", "ranks", label, {0, kMaxWorldSize - 1}));
+      const auto [first, last] = r;
+      if (last < first)
         return make_error("{}: ranks [{}, {}] are not a range of ranks", label, first, last);
-      if (last - first + 1 != s.tp * s.pp * s.dp)
+      const std::int64_t ranks = std::int64_t{s.tp} * s.pp * s.dp;  // each degree up to 2^20
+      if (last - first + 1 != ranks)
         return make_error("{}: ranks [{}, {}] are {} ranks, but tp·pp·dp = {}·{}·{} = {}", label, first, last,
-                          last - first + 1, s.tp, s.pp, s.dp, s.tp * s.pp * s.dp);
+                          last - first + 1, s.tp, s.pp, s.dp, ranks);
       s.first_rank = first;
     }
     // Every segment but the last runs all its forwards, then (at the end) all its backwards.

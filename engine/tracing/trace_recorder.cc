@@ -1,9 +1,9 @@
 #include "engine/tracing/trace_recorder.h"
 
-#include <fstream>
-
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+
+#include "core/input_file.h"
 
 namespace meshtrain {
 
@@ -75,20 +75,10 @@ std::string TraceRecorder::to_json() const {
 }
 
 Status TraceRecorder::write(const std::string& path) const {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  if (!f) return make_error("cannot write trace file '{}'", path);
-  f << to_json();
-  if (!f.flush()) return make_error("writing trace file '{}' failed (disk full?)", path);
-  return ok_status();
+  return write_output_file(path, to_json(), "trace file");
 }
 
-Status TraceRecorder::probe(const std::string& path) {
-  std::ofstream f(path, std::ios::binary | std::ios::app);
-  if (!f)
-    return make_error("cannot write trace file '{}': check that its directory exists and is writable",
-                      path);
-  return ok_status();
-}
+Status TraceRecorder::probe(const std::string& path) { return probe_output_file(path, "trace file"); }
 
 std::string rank_trace_path(const std::string& path, int rank) {
   constexpr std::string_view kJson = ".json";

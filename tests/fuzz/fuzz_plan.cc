@@ -1,11 +1,14 @@
 // Fuzz target: the plan file reader (engine/plan.h), then the merge with
-// defaults and the validation every command runs on an accepted plan.
+// defaults and the validation every command runs on an accepted plan; a
+// "segments" list is resolved on models with modules (Swin, VQA) and a decoder
+// (engine/segments/segment_plan.h), as resolve_model_and_plan does.
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
 
 #include "core/json_input.h"
 #include "engine/plan.h"
+#include "engine/segments/segment_plan.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   using namespace meshtrain;
@@ -17,7 +20,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (!p.ok()) return 0;
   static const ModelSpec tiny = model_preset("tiny").value();
   static const ModelSpec big = model_preset("llama3-405b").value();
-  for (const ModelSpec* m : {&tiny, &big})
-    if (validate_plan(*p, *m).ok()) (void)plan_to_json(*p).dump();
+  static const ModelSpec swin = model_preset("swin-fmnist").value();
+  static const ModelSpec vqa = model_preset("vqa-tiny").value();
+  for (const ModelSpec* m : {&tiny, &big, &swin, &vqa}) {
+    Plan plan = *p;
+    if (o->segments) {
+      auto segments = segments_from_json(*o->segments, *m, plan);
+      if (!segments.ok()) continue;
+      plan.segments = std::move(segments).value();
+    }
+    if (validate_plan(plan, *m).ok()) (void)plan_to_json(plan).dump();
+  }
   return 0;
 }

@@ -55,6 +55,8 @@ TEST_CASE("a checkpoint is replaced only when asked, and other files never", "[r
   expect_refusal(tiny_train() + " --steps 2 --overwrite-checkpoint --checkpoint " + other.string(),
                  "manifest.json' is not a meshtrain checkpoint manifest");
   CHECK(fs::file_size(other / "manifest.json") == 21);
+  // A refused directory keeps nothing of the run's, not even its lock file.
+  CHECK_FALSE(fs::exists(other / "meshtrain.lock"));
 
   // The run's own metrics file may lie in its checkpoint directory.
   const fs::path with_metrics = scratch("ckpt-with-metrics");

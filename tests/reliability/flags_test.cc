@@ -32,6 +32,9 @@ TEST_CASE("training numbers: finite, in range, and meaningful", "[reliability][f
   expect_refusal(t + " --comm-timeout 0", "--comm-timeout: must be a finite number");
   expect_refusal(t + " --steps 0", "--steps: must be an integer in [1, ");
   expect_refusal(t + " --micro-batch 1e8", "--micro-batch: must be an integer in [1, 1048576], got '1e8'");
+  // 2^31 - 1 threads per rank was a SIGSEGV.
+  expect_refusal(t + " --threads 2147483647", "--threads: must be an integer in [0, 65536], got 2147483647");
+  expect_refusal(t + " --threads -5", "--threads: must be an integer in [0, 65536], got -5");
 }
 
 TEST_CASE("flags that would do nothing are refused, saying what they need", "[reliability][flags]") {
@@ -58,4 +61,12 @@ TEST_CASE("calibrate checks --out and its workloads before measuring", "[reliabi
   expect_refusal("calibrate --quick --no-grid --workload tiny:0:64 --out " + out, "the micro-batch must be an integer in [1, 1048576], got 0");
   expect_refusal("calibrate --quick --no-grid --workload tiny:2:65 --out " + out, "the sequence length (at most the model's) must be an integer in [1, 64]");
   expect_refusal("calibrate --quick --no-grid --workload tiny:1e3:64 --out " + out, "got '1e3'");
+}
+
+TEST_CASE("goodput's rates keep every figure finite", "[reliability][flags]") {
+  // 1e-300 GB/s made a checkpoint take 1e300 s and printed a hundred-digit percentage.
+  const std::string g = "goodput --model tiny --cluster h200 --gpus 8 --iteration-s 1 --mtbf-hours 1000";
+  expect_refusal(g + " --storage-GBps 1e-300", "--storage-GBps: must be a finite number in [0.001, 1000000000], got 1e-300");
+  expect_refusal(g + " --storage-GBps nan", "--storage-GBps: must be a finite number");
+  CHECK(run_meshtrain(g + " --storage-GBps 0.001").status == 0);
 }

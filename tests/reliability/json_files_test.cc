@@ -2,6 +2,8 @@
 // goes through one reader: malformed, extreme and special files are refused
 // by name. Before: 100k nested brackets were a SIGSEGV, 1e400 a `terminate`,
 // {"tp": 4294967297} ran as tp 1, a FIFO blocked forever, /dev/zero ate memory.
+// The readers added since (MoE routing files, plan segments) and every output
+// a user names (traces, metrics, plan and calibration files) take the same paths.
 #include <sys/stat.h>
 
 #include <nlohmann/json.hpp>
@@ -25,6 +27,9 @@ std::vector<Input> inputs() {
       {"cluster file", "simulate --model tiny --gpus 1 --cluster ", R"({"base": "dgx-a100", "X": 1})"},
       {"calibration file", "simulate --model tiny --gpus 1 --cluster local-cpu --precision fp32 --calibration ",
        R"({"version": 1, "X": 1})"},
+      {"routing file", "simulate --model tiny-moe --gpus 8 --cluster h200 --moe-routing file:",
+       R"([1, 1, 1, 1, 1, 1, 1, {"X": 1}])"},
+      {"job file", "simulate --cluster h200 --job ", R"({"model": "tiny", "gpus": "0-7", "X": 1})"},
   };
 }
 
@@ -110,4 +115,47 @@ TEST_CASE("a calibration of another device is refused; the report says what came
   const auto json = nlohmann::json::parse(j.out);
   CHECK(json.at("calibration").at("measured") == nlohmann::json::array({"gemm fp32 (1 shapes)"}));
   CHECK(json.at("calibration").at("defaults").size() > 5);
+}
+
+TEST_CASE("a plan's segments and a routing file read their numbers through the bounded reader", "[reliability][json]") {
+  // Before: 2^32 wrapped to 0 (one rank, accepted), dp 2^20 times 4096 micro-batches wrapped to 0 and
+  // divided (SIGFPE), eight shares of 1e308 summed to inf and routed every token nowhere.
+  auto plan = [](const std::string& name, const std::string& segment) {
+    return "simulate --model swin-fmnist --plan " + write_text(name, R"({"segments": [)" + segment + "]}");
+  };
+  expect_refusal(plan("ranks.json", R"({"blocks": [0, 14], "ranks": [0, 4294967296]})"),
+                 "segment 0: \"ranks\" last must be an integer in [0, 1048575], got 4294967296");
+  expect_refusal(plan("blocks.json", R"({"blocks": [0, 99999999999]})"),
+                 "segment 0: \"blocks\" last must be an integer in [0, 14], got 99999999999");
+  expect_refusal(plan("microbatches.json", R"({"blocks": [0, 14], "microbatches": 4294967297})"),
+                 "segment 0: \"microbatches\" must be an integer in [1, 1073741824], got 4294967297");
+  expect_refusal(plan("product.json", R"({"blocks": [0, 14], "dp": 1048576, "microbatches": 4096})"),
+                 "does not split into dp 1048576 × 4096 micro-batches");
+  // A whole plan's degree beside "segments" was accepted and ignored (each segment lays itself out).
+  const std::string hetero = std::string(MESHTRAIN_SOURCE_DIR) + "/experiments/plans/vqa-hetero.json";
+  expect_refusal("simulate --model vqa-tiny --tp 2 --plan " + hetero,
+                 "--tp sets it for the whole plan, but a plan of \"segments\" lays out each segment itself");
+  expect_refusal("simulate --model swin-fmnist --plan " +
+                     write_text("whole-tp.json", R"({"tp": 2, "segments": [{"blocks": [0, 14], "tp": 2}]})"),
+                 "whole-tp.json' sets \"tp\" for the whole plan, but a plan of \"segments\"");
+  CHECK(run_meshtrain("simulate --model vqa-tiny --gpus 6 --plan " + hetero).status == 0);
+  expect_refusal("simulate --model tiny-moe --gpus 8 --cluster h200 --moe-routing file:" +
+                     write_text("shares.json", "[1e308, 1e308, 1e308, 1e308, 1e308, 1e308, 1e308, 1e308]"),
+                 "a share must be a finite number in [0, ");
+}
+
+TEST_CASE("special files as outputs: refused by kind before the work, never blocking", "[reliability][json]") {
+  const fs::path fifo = scratch("out-fifo");
+  REQUIRE(::mkfifo(fifo.c_str(), 0644) == 0);
+  const std::string f = fifo.string();
+  expect_refusal(tiny_train() + " --steps 1 --metrics " + f, "--metrics file '" + f + "' is a FIFO (named pipe)");
+  expect_refusal(tiny_train() + " --steps 1 --trace " + f, "trace file '" + f + "' is a FIFO (named pipe)");
+  expect_refusal("simulate --model tiny --gpus 8 --trace " + f, "--trace file '" + f + "' is a FIFO (named pipe)");
+  expect_refusal("plan --model tiny --gpus 2 --out " + f, "--out plan file '" + f + "' is a FIFO (named pipe)");
+  expect_refusal("calibrate --backend cpu --quick --out " + f, "--out calibration file '" + f + "' is a FIFO");
+  // Unwritable: the OS's reason, before the search or simulation.
+  expect_refusal("plan --model tiny --gpus 2 --out /proc/none/plan.json",
+                 "cannot write --out plan file '/proc/none/plan.json': No such file or directory");
+  expect_refusal("simulate --model tiny --gpus 8 --trace /proc/none/t.json",
+                 "cannot write --trace file '/proc/none/t.json': No such file or directory");
 }

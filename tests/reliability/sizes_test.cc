@@ -1,7 +1,8 @@
 // Sizes that cannot fit are refused with the figure before anything is
-// allocated (they ran away to 12-17 GB or aborted with bad_alloc before),
-// and mixture-of-experts models are refused by name until the engine has
-// expert layers.
+// allocated (they ran away to 12-17 GB or aborted with bad_alloc before).
+// Mixture-of-experts models, refused by name until the engine had expert
+// layers, now train and simulate (tests/train/train_moe_test.cc).
+#include "core/host_memory.h"
 #include "tests/reliability/cli.h"
 
 using namespace meshtrain::testing;
@@ -32,3 +33,13 @@ TEST_CASE("sizes within range but beyond this machine are refused with the estim
                  "measuring the largest --workload shape needs about");
 }
 
+
+TEST_CASE("a data file larger than this machine's memory is refused before it is read", "[reliability][sizes]") {
+  // A sparse file twice the memory: it was read byte by byte until the machine ran out.
+  const fs::path big = scratch("sparse-data.bin");
+  { std::ofstream(big).put('x'); }
+  fs::resize_file(big, static_cast<std::uintmax_t>(2 * meshtrain::host_memory_bytes()));
+  expect_refusal("train --model tiny --seq-len 16 --steps 1 --data " + big.string(),
+                 "reading data file '" + big.string() + "' into memory needs about");
+  fs::remove(big);
+}

@@ -166,18 +166,19 @@ TEST_CASE("a payload shorter or longer than the header is refused", "[image-data
 }
 
 TEST_CASE("a header claiming 2^32 images fails on the file's real size", "[image-dataset]") {
-  // 4294967295·28·28 bytes would be 3.4 TB; the file holds 10. Reading must
-  // stop at the real size, not allocate the claim first.
+  // 4294967295·28·28 bytes would be 3.4 TB; the file holds 10. Nothing may
+  // allocate the claim: a plain file is refused on its real size, a gzipped
+  // one (whose size is known only by inflating it: a gzip bomb of zeros would
+  // fill memory) on the claim against this machine's memory.
   TempDir tmp;
   const std::string bytes = idx_bytes(kIdxImagesMagic, {0xffffffffu, 28, 28}, "0123456789");
-  for (const bool gz : {false, true}) {
-    INFO((gz ? "gzipped" : "plain"));
-    const std::string path = tmp / (gz ? "huge.gz" : "huge");
-    (gz ? write_gz : write_file)(path, bytes);
-    CHECK_THAT(images_error(path),
-               Catch::Contains("is truncated: header says 4294967295 images of 28×28 = "
-                               "3367254359280 bytes, found 10"));
-  }
+  write_file(tmp / "huge", bytes);
+  CHECK_THAT(images_error(tmp / "huge"), Catch::Contains("is truncated: header says 4294967295 images of 28×28 = "
+                                                         "3367254359280 bytes, found 10"));
+  write_gz(tmp / "huge.gz", bytes);
+  CHECK_THAT(images_error(tmp / "huge.gz"),
+             Catch::Contains("reading IDX file '" + (tmp / "huge.gz") + "' (4294967295 images of 28×28 = "
+                             "3367254359280 bytes) needs about 3.06 TiB"));
   const std::string overflow = tmp / "overflow";
   write_file(overflow, idx_bytes(kIdxImagesMagic, {0xffffffffu, 0xffffffffu, 0xffffffffu}, ""));
   CHECK_THAT(images_error(overflow), Catch::Contains("more than any file holds"));

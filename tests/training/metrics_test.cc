@@ -69,8 +69,7 @@ TEST_CASE("a metrics file that cannot be opened is an error naming it", "[metric
   auto w = MetricsWriter::open(file + "/metrics.jsonl");
   REQUIRE_FALSE(w.ok());
   CHECK_THAT(w.error().message(),
-             Catch::Contains("cannot open metrics file '" + file + "/metrics.jsonl'") &&
-                 Catch::Contains("--metrics"));
+             Catch::Contains("cannot write --metrics file '" + file + "/metrics.jsonl': Not a directory"));
 }
 
 TEST_CASE("the progress line shows step, loss, throughput, elapsed and ETA", "[metrics]") {
