@@ -32,7 +32,6 @@ std::uint64_t hash_ranks(const std::vector<int>& ranks) {
   return h;
 }
 
-
 // The node of every rank: given, from MESHTRAIN_NODES, or by host name (the
 // index of the first rank on the same host). Collective over `world_comm`.
 Result<std::vector<int>> find_nodes(std::vector<int> given, int rank, int world, MPI_Comm world_comm) {
