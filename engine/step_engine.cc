@@ -639,4 +639,34 @@ Status StepEngine::import_state(const std::map<std::string, std::vector<float>>&
   return b_.synchronize();
 }
 
+std::int64_t StepEngine::rank_state_numel() const {
+  std::int64_t n = 0;
+  for (const auto& c : chunks_) n += c->buckets->error_numel();
+  return n;
+}
+
+Result<std::vector<float>> StepEngine::export_rank_state() {
+  if (setup_error_) return *setup_error_;
+  std::vector<float> out;
+  for (auto& c : chunks_) {
+    MT_ASSIGN(std::vector<float> errors, c->buckets->export_errors());
+    out.insert(out.end(), errors.begin(), errors.end());
+  }
+  return out;
+}
+
+Status StepEngine::import_rank_state(std::span<const float> state) {
+  if (setup_error_) return *setup_error_;
+  if (static_cast<std::int64_t>(state.size()) != rank_state_numel())
+    return make_error("the checkpoint holds {} values of rank {}'s own state (1bit error feedback), this plan has {}",
+                      state.size(), b_.rank(), rank_state_numel());
+  std::size_t at = 0;
+  for (auto& c : chunks_) {
+    const auto n = static_cast<std::size_t>(c->buckets->error_numel());
+    MT_TRY(c->buckets->import_errors(state.subspan(at, n)));
+    at += n;
+  }
+  return b_.synchronize();
+}
+
 }  // namespace meshtrain

@@ -162,6 +162,12 @@ class StepEngine {
   // Loads what export_state produced (under any plan); every name must be
   // present with its full size. Each rank keeps its own shards.
   Status import_state(const std::map<std::string, std::vector<float>>& state);
+  // This rank's own state that no other rank holds and that depends on the
+  // plan: 1bit compression's error feedback (GradientBuckets::export_errors),
+  // chunk by chunk; empty when there is none. Not collective.
+  Result<std::vector<float>> export_rank_state();
+  Status import_rank_state(std::span<const float> state);  // what export_rank_state returned
+  std::int64_t rank_state_numel() const;
 
   // ---- The pieces of step() and evaluate_metrics(), for the engine of one
   // segment of a plan made of segments (engine/segments/segmented_engine.h),

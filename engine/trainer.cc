@@ -29,10 +29,51 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-Status save_checkpoint(TrainingEngine& engine, bool writer, const ModelSpec& m, const Plan& p, const TrainOptions& o,
-                       std::int64_t step, const LoaderState& loader, const nlohmann::json& run) {
+// The name under which a checkpoint keeps rank r's own state (TrainingEngine::export_rank_state:
+// its 1bit error feedback), beside the plan-independent tensors of export_state; only
+// ranks that have such state get one.
+std::string rank_state_name(int rank) { return fmt::format("grad_error/rank{}", rank); }
+
+// Every rank's own state, gathered over `world` (index = rank): the sizes
+// first (each as two floats of 20 bits, exact in fp32), then the states
+// padded to the largest.
+Result<std::vector<std::vector<float>>> gather_rank_states(Backend& b, const Group& world,
+                                                           const std::vector<float>& mine) {
+  const auto W = static_cast<std::size_t>(world.size());
+  const auto n = static_cast<std::int64_t>(mine.size());
+  Tensor size = b.empty(Shape{2}), sizes = b.empty(Shape{2 * world.size()});
+  b.write(size, std::vector<float>{static_cast<float>(n >> 20), static_cast<float>(n & 0xFFFFF)});
+  b.all_gather(size, sizes, world);
+  std::vector<float> host(2 * W);
+  MT_TRY(b.read(sizes, host));
+  std::vector<std::int64_t> counts(W);
+  for (std::size_t r = 0; r < W; ++r)
+    counts[r] = (static_cast<std::int64_t>(host[2 * r]) << 20) + static_cast<std::int64_t>(host[2 * r + 1]);
+  const std::int64_t largest = *std::max_element(counts.begin(), counts.end());
+  std::vector<std::vector<float>> out(W);
+  if (largest == 0) return out;
+  std::vector<float> padded(mine);
+  padded.resize(static_cast<std::size_t>(largest), 0.f);
+  Tensor part = b.empty(Shape{largest}), all = b.empty(Shape{largest * world.size()});
+  b.write(part, padded);
+  b.all_gather(part, all, world);
+  std::vector<float> every(static_cast<std::size_t>(largest) * W);
+  MT_TRY(b.read(all, every));
+  for (std::size_t r = 0; r < W; ++r) {
+    const auto begin = every.begin() + static_cast<std::ptrdiff_t>(r * static_cast<std::size_t>(largest));
+    out[r].assign(begin, begin + counts[r]);
+  }
+  return out;
+}
+
+Status save_checkpoint(Backend& b, TrainingEngine& engine, bool writer, const ModelSpec& m, const Plan& p,
+                       const TrainOptions& o, std::int64_t step, const LoaderState& loader, const nlohmann::json& run) {
   MT_ASSIGN(auto state, engine.export_state());
+  MT_ASSIGN(const std::vector<float> own, engine.export_rank_state());
+  MT_ASSIGN(auto per_rank, gather_rank_states(b, world_group(p), own));
   if (!writer) return {};
+  for (std::size_t r = 0; r < per_rank.size(); ++r)
+    if (!per_rank[r].empty()) state.emplace(rank_state_name(static_cast<int>(r)), std::move(per_rank[r]));
   CheckpointWriter w;
   w.set_model_and_plan(m, p);
   w.set_step(step);
@@ -123,6 +164,11 @@ Status train_rank(Backend& b, const ModelSpec& m, const Plan& p, const TrainOpti
     std::map<std::string, std::vector<float>> state;
     for (auto& [name, t] : ckpt.tensors) state.emplace(name, std::move(t.data));
     MT_TRY(engine.import_state(state));
+    // A rank's own state is absent where it has none (or the checkpoint predates it: then the
+    // import names the values it misses).
+    const auto own = state.find(rank_state_name(b.rank()));
+    MT_TRY(engine.import_rank_state(own == state.end() ? std::span<const float>() : std::span<const float>(own->second))
+               .context(fmt::format("checkpoint '{}'", o.checkpoint_dir)));
     data->restore(ckpt.meta.data_loader);
     first_step = ckpt.meta.step + 1;
     last_saved = ckpt.meta.step;
@@ -151,7 +197,7 @@ Status train_rank(Backend& b, const ModelSpec& m, const Plan& p, const TrainOpti
     return fmt::format("the last checkpoint in '{}' is of step {}", o.checkpoint_dir, last_saved);
   };
   auto save = [&](std::int64_t step, double lr) -> Status {
-    Status s = save_checkpoint(engine, leader, m, p, o, step, data->state(), run);
+    Status s = save_checkpoint(b, engine, leader, m, p, o, step, data->state(), run);
     if (!s.ok())
       return make_error("step {} (lr {:g}): {}; {}", step, lr, s.error().message(), checkpoint_note());
     last_saved = step;

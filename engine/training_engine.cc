@@ -24,6 +24,8 @@ class UniformEngine : public TrainingEngine {
   Status import_state(const std::map<std::string, std::vector<float>>& state) override {
     return engine_.import_state(state);
   }
+  Result<std::vector<float>> export_rank_state() override { return engine_.export_rank_state(); }
+  Status import_rank_state(std::span<const float> state) override { return engine_.import_rank_state(state); }
 
  private:
   Plan plan_;

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <map>
+#include <span>
 #include <memory>
 #include <string>
 #include <vector>
@@ -37,6 +38,10 @@ class TrainingEngine {
   // The full parameters and AdamW moments by name (StepEngine::export_state), on every rank.
   virtual Result<std::map<std::string, std::vector<float>>> export_state() = 0;
   virtual Status import_state(const std::map<std::string, std::vector<float>>& state) = 0;
+  // This rank's own plan-dependent state (StepEngine::export_rank_state: 1bit
+  // error feedback), which the checkpoint keeps per rank. Not collective.
+  virtual Result<std::vector<float>> export_rank_state() = 0;
+  virtual Status import_rank_state(std::span<const float> state) = 0;
 };
 
 // The engine of rank b.rank() for plan `p` (uniform or made of segments).

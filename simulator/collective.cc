@@ -1,9 +1,12 @@
 #include "simulator/collective.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
+#include <string>
 #include <limits>
 
+#include "core/node_layout.h"
 #include "simulator/calibration.h"
 
 namespace meshtrain::sim {
@@ -54,12 +57,13 @@ bool fits(CollectiveKind kind, Algorithm a) {
       return kind == CollectiveKind::kAllReduce || kind == CollectiveKind::kReduceScatter ||
              kind == CollectiveKind::kAllGather || kind == CollectiveKind::kBroadcast;
     case Algorithm::kTree:
-    case Algorithm::kHierarchical:
       return kind == CollectiveKind::kAllReduce;
+    case Algorithm::kHierarchical:
+    case Algorithm::kDirect:  // send/recv; host all-reduce, reduce-scatter, all-gather
+      return kind == CollectiveKind::kAllReduce || kind == CollectiveKind::kReduceScatter ||
+             kind == CollectiveKind::kAllGather || (a == Algorithm::kDirect && kind == CollectiveKind::kSendRecv);
     case Algorithm::kPairwise:
       return kind == CollectiveKind::kAllToAll;
-    case Algorithm::kDirect:
-      return kind == CollectiveKind::kSendRecv;
   }
   return false;
 }
@@ -95,8 +99,130 @@ Result<std::vector<std::vector<int>>> per_node_groups(const Cluster& cluster,
   return groups;
 }
 
+// Whose collectives a cluster runs, which decides how its collectives'
+// algorithms are chosen (choose_plan):
+//  * GPU clusters run NCCL. NCCL's tuner picks ring or tree (or NVLS/CollNet)
+//    per call from its latency and bandwidth model by size and topology; we
+//    predict each algorithm's time and take the fastest, as it does. Our
+//    "hierarchical" all-reduce stands for NCCL's ring with a channel per rail,
+//    which crosses each node boundary on every NIC at once: NCCL has no
+//    separate hierarchical algorithm (backends/cuda/nccl_comm.h).
+//  * A cluster of CPU devices (the device's name says "cpu", as calibration
+//    reads it: local-cpu) runs the cpu backend, whose MPI communicator
+//    (backends/cpu/comm/mpi_communicator.h) reduces, scatters and gathers by
+//    the flat direct exchange or hierarchically, by the rule of
+//    core/node_layout.h. We expand its algorithms flow for flow (expand_host)
+//    and choose by the same rule, so that we time what runs.
+bool runs_host_collectives(const Cluster& cluster) {
+  std::string device = cluster.spec().device.name;
+  std::transform(device.begin(), device.end(), device.begin(), [](unsigned char ch) { return std::tolower(ch); });
+  return device.find("cpu") != std::string::npos;
+}
+
+// The node of each member, in request (group) order.
+std::vector<int> member_nodes(const Cluster& cluster, const std::vector<int>& members) {
+  std::vector<int> nodes;
+  for (int g : members) nodes.push_back(cluster.node_of(g));
+  return nodes;
+}
+
+// The host communicator's algorithms (backends/cpu/comm/mpi_communicator.h),
+// flow for flow. Members in group order, N nodes of L; S as nccl-tests counts it.
+//   direct (flat):               one step of every member -> every other, S/n
+//                                (all-reduce: two, reduce-scatter then all-gather)
+//   hierarchical all-reduce:     lanes to their owners inside the node (S/L per
+//                                pair); the chain node 0 -> 1 -> ... -> N-1 per
+//                                lane in C pipelined chunks of S/(L·C), N+C-2
+//                                steps; the last node -> the member of the same
+//                                lane on every other node, S/L; the lanes'
+//                                all-gather inside the node, S/L
+//   hierarchical reduce-scatter: the same up to the chain, then the last node
+//                                sends each block (S/n) to its owner
+//   hierarchical all-gather:     across nodes by local index, S/n; inside the
+//                                node, the N blocks of each (S/L)
+Result<CollectivePlan> expand_host(const Cluster& cluster, const CostConstants& c,
+                                   const CollectiveRequest& req, Algorithm a) {
+  using Step = CollectivePlan::Step;
+  const int n = static_cast<int>(req.members.size());
+  const double S = req.bytes;
+  CollectivePlan p;
+  p.algorithm = a;
+  auto add_pairs = [&](std::vector<int> pairs, double bytes, int repeats) {
+    if (pairs.empty()) return;
+    p.orders.push_back(std::move(pairs));
+    p.steps.push_back(Step{static_cast<uint32_t>(p.orders.size() - 1), 0, 0, false, bytes, repeats});
+  };
+  // Every member to every other member of the same block of `size` members
+  // (stride 1), or of the same local index across blocks (the rails).
+  auto all_pairs = [&](int size, bool rails, int L) {
+    std::vector<int> pairs;
+    for (int x = 0; x < n; ++x)
+      for (int y = 0; y < n; ++y) {
+        const bool together = rails ? x % L == y % L : x / size == y / size;
+        if (x != y && together) pairs.insert(pairs.end(), {req.members[x], req.members[y]});
+      }
+    return pairs;
+  };
+  if (a == Algorithm::kDirect) {
+    // Every member sends block j to member j (reduce-scatter; all-reduce's
+    // first phase) or its own block to everyone (all-gather; the second phase).
+    const int phases = req.kind == CollectiveKind::kAllReduce ? 2 : 1;
+    add_pairs(all_pairs(n, false, 1), S / n, phases);
+    return p;
+  }
+  const auto blocks = node_blocks(member_nodes(cluster, req.members));
+  if (!blocks || blocks->nodes < 2 || blocks->per_node < 2)
+    return make_error(
+        "hierarchical {} on host ranks needs members on at least 2 nodes, the same number (>= 2) on "
+        "each, each node's members contiguous in group order",
+        collective_kind_name(req.kind));
+  const int N = blocks->nodes, L = blocks->per_node;
+  auto member = [&](int node, int lane) { return req.members[static_cast<std::size_t>(node * L + lane)]; };
+  if (req.kind == CollectiveKind::kAllGather) {
+    add_pairs(all_pairs(n, true, L), S / n, 1);  // across nodes, by local index
+    add_pairs(all_pairs(L, false, L), S / L, 1);  // inside the node: N blocks each
+    return p;
+  }
+  // All-reduce and reduce-scatter: a lane (S/L) to its owner inside the node,
+  // the chain across nodes in C pipelined chunks (hop h carries chunk t - h at
+  // step t), then the last node hands the results back.
+  add_pairs(all_pairs(L, false, L), S / L, 1);
+  const int C = pipeline_chunks(c, S / L);
+  for (int t = 0; t < N + C - 2;) {
+    const int lo = std::max(0, t - C + 1), hi = std::min(N - 2, t);
+    int same = 1;  // steps with the same active hops share one order
+    while (t + same < N + C - 2 && std::max(0, t + same - C + 1) == lo && std::min(N - 2, t + same) == hi) ++same;
+    std::vector<int> pairs;
+    for (int lane = 0; lane < L; ++lane)
+      for (int h = lo; h <= hi; ++h) pairs.insert(pairs.end(), {member(h, lane), member(h + 1, lane)});
+    add_pairs(std::move(pairs), S / L / C, same);
+    t += same;
+  }
+  std::vector<int> back;
+  for (int lane = 0; lane < L; ++lane)
+    for (int node = 0; node < N - 1; ++node) back.insert(back.end(), {member(N - 1, lane), member(node, lane)});
+  if (req.kind == CollectiveKind::kAllReduce) {
+    add_pairs(std::move(back), S / L, 1);
+    add_pairs(all_pairs(L, false, L), S / L, 1);  // all-gather of the lanes
+  } else {
+    add_pairs(std::move(back), S / n, 1);  // one block to its owner
+  }
+  return p;
+}
+
 Result<CollectivePlan> expand(const Cluster& cluster, const CostConstants& c,
                               const CollectiveRequest& req, Algorithm a) {
+  const bool host_algorithm = a == Algorithm::kHierarchical ? req.kind != CollectiveKind::kAllReduce ||
+                                                                  runs_host_collectives(cluster)
+                                                            : a == Algorithm::kDirect && req.kind != CollectiveKind::kSendRecv;
+  if (host_algorithm) {
+    if (!runs_host_collectives(cluster))
+      return make_error("{} '{}' is the host communicator's algorithm; cluster '{}' runs NCCL's (ring, tree{})",
+                        collective_kind_name(req.kind), algorithm_name(a), cluster.spec().name,
+                        req.kind == CollectiveKind::kAllReduce ? ", hierarchical" : "");
+    if (req.members.size() < 2 || req.bytes <= 0) return CollectivePlan{a, {}, {}};
+    return expand_host(cluster, c, req, a);
+  }
   const int n = static_cast<int>(req.members.size());
   const double S = req.bytes;
   CollectivePlan p;
@@ -337,6 +463,13 @@ namespace {
 Result<CollectivePlan> choose_plan(const Cluster& cluster, const CostConstants& c,
                                    const CollectiveRequest& req) {
   if (req.algorithm != Algorithm::kAuto) return expand(cluster, c, req, req.algorithm);
+  const bool reduction_or_gather = req.kind == CollectiveKind::kAllReduce ||
+                                   req.kind == CollectiveKind::kReduceScatter ||
+                                   req.kind == CollectiveKind::kAllGather;
+  if (runs_host_collectives(cluster) && reduction_or_gather)
+    return expand(cluster, c, req,
+                  use_hierarchical(member_nodes(cluster, req.members), req.bytes) ? Algorithm::kHierarchical
+                                                                                  : Algorithm::kDirect);
 
   std::vector<Algorithm> candidates;
   switch (req.kind) {

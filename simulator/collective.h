@@ -29,7 +29,11 @@
 // Choice (Algorithm::kAuto): like NCCL's tuner, predict every applicable
 // algorithm's time with the analytic model below and take the fastest
 // (ties: the earlier in the enum). Small all-reduces at scale pick the tree
-// (log n steps), large ones the ring or hierarchical.
+// (log n steps), large ones the ring or hierarchical. A cluster of CPU
+// devices runs the cpu backend's MPI communicator instead: its all-reduce,
+// reduce-scatter and all-gather expand into that communicator's direct or
+// hierarchical exchange, flow for flow, chosen by its own rule
+// (core/node_layout.h); collective.cc lists those expansions.
 //
 // Two ways to time a plan:
 //  - CollectiveMode::kFlows: each step's flows go through the Network and

@@ -7,6 +7,25 @@
 // communicator's async error; on a failure or a timeout it hands the error
 // to the sink (the backend's sticky error) and aborts every communicator so
 // that no rank stays blocked inside NCCL.
+//
+// Topology. NCCL builds the hierarchy of a group spanning nodes itself, so
+// meshtrain does not layer its own hierarchical algorithm (the cpu backend's
+// MPI communicator has one) on top: at ncclCommInitRank each rank reports its
+// host (a host hash) and its GPU's PCIe/NVLink/NIC position; NCCL searches
+// the node's graph for rings and trees through NVLink/NVSwitch, then joins
+// nodes with one ring or tree per channel, each channel on its own NIC
+// (rail), so a ring crosses every node boundary once per channel and all NICs
+// carry traffic at once: the per-rail inter-node ring of a hierarchical
+// all-reduce. Its tree is a chain inside each node and a double binary tree
+// across nodes. Its tuner (src/graph/tuning.cc) picks ring or tree (or
+// NVLS/CollNet where the fabric has them) per call from latency and bus
+// bandwidth tables by size and topology; the simulator's choice for NCCL
+// clusters models that tuner (simulator/collective.h). NCCL orders its rings
+// from the topology, not from the rank numbers, so the member order meshtrain
+// passes does not matter to it. What meshtrain controls is which ranks form a
+// group: the mesh (engine/mesh.h) lays ranks out tensor-parallel fastest, so
+// that under a by-slot placement a tensor-parallel group sits inside a node
+// on NVLink and only data- and pipeline-parallel groups cross nodes.
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -26,6 +26,41 @@ void CompressedReduction::reserve(std::size_t bucket, std::int64_t k, int group_
   if (all_reduce) server_error_[bucket] = b_.zeros(Shape{rows, kSignChunk});
 }
 
+Result<std::vector<float>> CompressedReduction::export_errors() {
+  std::vector<float> out;
+  for (std::size_t i = 0; i < worker_error_.size(); ++i)
+    for (const Tensor* t : {&worker_error_[i], &server_error_[i]}) {
+      if (!t->defined()) continue;
+      const std::size_t at = out.size();
+      out.resize(at + static_cast<std::size_t>(t->numel()));
+      MT_TRY(b_.read(*t, std::span<float>(out).subspan(at)));
+    }
+  return out;
+}
+
+std::int64_t CompressedReduction::error_numel() const {
+  std::int64_t n = 0;
+  for (std::size_t i = 0; i < worker_error_.size(); ++i)
+    for (const Tensor* t : {&worker_error_[i], &server_error_[i]})
+      if (t->defined()) n += t->numel();
+  return n;
+}
+
+Status CompressedReduction::import_errors(std::span<const float> errors) {
+  if (static_cast<std::int64_t>(errors.size()) != error_numel())
+    return make_error("the checkpoint holds {} error-feedback values for this rank, its buckets need {}",
+                      errors.size(), error_numel());
+  std::size_t at = 0;
+  for (std::size_t i = 0; i < worker_error_.size(); ++i)
+    for (Tensor* t : {&worker_error_[i], &server_error_[i]}) {
+      if (!t->defined()) continue;
+      const auto n = static_cast<std::size_t>(t->numel());
+      b_.write(*t, errors.subspan(at, n));
+      at += n;
+    }
+  return ok_status();
+}
+
 DType CompressedReduction::wire_dtype() const { return kind_ == GradCompression::fp16 ? DType::f16 : DType::bf16; }
 
 void CompressedReduction::zero_padding(Tensor& sum, std::int64_t n, std::int64_t k, const Group& g) {

@@ -26,12 +26,14 @@
 // About 1/28 of the bytes of fp32 (a bit per element and a 4-byte scale per
 // 256). The worker error (G·k per bucket) and server error (k) carry what
 // compression dropped into the next step; without error feedback they are
-// dropped, which only shows why they are kept. They are not checkpointed: a
-// resumed run starts them at zero. Padding takes part in its chunk's scale;
-// its results are dropped.
+// dropped, which only shows why they are kept. Checkpoints hold them per rank
+// (export_errors / import_errors), so a resumed run repeats the bits of an
+// uninterrupted one. Padding takes part in its chunk's scale; its results are
+// dropped.
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "backends/backend.h"
@@ -55,6 +57,13 @@ class CompressedReduction {
   // optimizer state: the worker error (G, k), and for an all-reduce the
   // server error (1, k). Buckets reduced over one rank need none.
   void reserve(std::size_t bucket, std::int64_t k, int group_size, bool all_reduce);
+
+  // The error feedback of every bucket (worker, then server error), bucket
+  // by bucket, as one host vector; empty without 1bit error feedback.
+  Result<std::vector<float>> export_errors();
+  // Loads what export_errors wrote on this rank under the same plan.
+  Status import_errors(std::span<const float> errors);
+  std::int64_t error_numel() const;  // what export_errors returns
 
   // grads (n) f32, n <= k·g.size(): summed over g in place on every member.
   void all_reduce(std::size_t bucket, Tensor& grads, std::int64_t k, const Group& g);

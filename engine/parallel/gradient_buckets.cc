@@ -187,4 +187,16 @@ void GradientBuckets::finish() {
   b_.wait(compute_, b_.record(comm_));
 }
 
+Result<std::vector<float>> GradientBuckets::export_errors() {
+  if (!compression_) return std::vector<float>();
+  return compression_->export_errors();
+}
+
+Status GradientBuckets::import_errors(std::span<const float> errors) {
+  if (compression_) return compression_->import_errors(errors);
+  if (errors.empty()) return ok_status();
+  return make_error("the checkpoint holds {} error-feedback values for this rank, which compresses nothing",
+                    errors.size());
+}
+
 }  // namespace meshtrain

@@ -123,6 +123,11 @@ class GradientBuckets {
   bool sharded() const { return zero_ >= 1; }
   bool units() const { return zero_ >= 2; }
   std::int64_t shard_numel() const { return shard_numel_; }  // Σ k over buckets
+  // The compression's error feedback on this rank (CompressedReduction::
+  // export_errors); empty without 1bit error feedback.
+  Result<std::vector<float>> export_errors();
+  Status import_errors(std::span<const float> errors);
+  std::int64_t error_numel() const { return compression_ ? compression_->error_numel() : 0; }
   // The reduced gradient shards of this rank (sharded only), valid after finish().
   const Tensor& shard_grads() const { return shard_grads_; }
 

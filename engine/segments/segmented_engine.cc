@@ -230,4 +230,30 @@ Status SegmentedEngine::import_state(const std::map<std::string, std::vector<flo
   return ok_status();
 }
 
+Result<std::vector<float>> SegmentedEngine::export_rank_state() {
+  std::vector<float> out;
+  for (auto& s : segments_)
+    if (s->engine) {
+      MT_ASSIGN(std::vector<float> mine, s->engine->export_rank_state());
+      out.insert(out.end(), mine.begin(), mine.end());
+    }
+  return out;
+}
+
+Status SegmentedEngine::import_rank_state(std::span<const float> state) {
+  std::size_t at = 0, needed = 0;
+  for (auto& s : segments_)
+    if (s->engine) needed += static_cast<std::size_t>(s->engine->rank_state_numel());
+  if (state.size() != needed)
+    return make_error("the checkpoint holds {} values of this rank's own state (1bit error feedback), its "
+                      "segments need {}", state.size(), needed);
+  for (auto& s : segments_)
+    if (s->engine) {
+      const auto n = static_cast<std::size_t>(s->engine->rank_state_numel());
+      MT_TRY(s->engine->import_rank_state(state.subspan(at, n)));
+      at += n;
+    }
+  return ok_status();
+}
+
 }  // namespace meshtrain

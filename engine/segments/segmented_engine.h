@@ -42,6 +42,9 @@ class SegmentedEngine : public TrainingEngine {
   Result<Evaluation> evaluate_metrics(const std::vector<HostBatch>& batches) override;
   Result<std::map<std::string, std::vector<float>>> export_state() override;
   Status import_state(const std::map<std::string, std::vector<float>>& state) override;
+  // The rank's segments' own state, in segment order.
+  Result<std::vector<float>> export_rank_state() override;
+  Status import_rank_state(std::span<const float> state) override;
 
  private:
   struct Segment;

@@ -15,6 +15,9 @@
 #include "backends/comm/mpi_environment.h"
 #include "backends/cpu/comm/in_process.h"
 #include "backends/cpu/comm/mpi_communicator.h"
+#include "simulator/cluster_spec.h"
+#include "simulator/collective.h"
+#include "simulator/topology.h"
 #include "tests/comm/reference.h"
 
 using namespace meshtrain;
@@ -143,6 +146,159 @@ TEST_CASE("an MPI rank that does not arrive is named by the others' timeout", "[
   }
   // Resynchronise outside the poisoned communicator so the job ends cleanly.
   MPI_Barrier(MPI_COMM_WORLD);
+}
+
+namespace {
+
+// Off-node floats sent by each collective at one size.
+struct OffNode {
+  double all_reduce = 0, reduce_scatter = 0, all_gather = 0;
+};
+
+// Every rank's counts added up (collective over MPI_COMM_WORLD).
+OffNode world_sum(OffNode mine) {
+  OffNode total;
+  MPI_Allreduce(&mine, &total, 3, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  return total;
+}
+
+double floats_since(const MpiCommunicator& c, std::int64_t before) {
+  return static_cast<double>(c.bytes_sent_off_node() - before) / sizeof(float);
+}
+
+// Runs an all-reduce (n), a reduce-scatter (n per member) and an all-gather
+// (n per member) over g, checks each against the fold in group order
+// (testing::fold) bit for bit, and returns the off-node floats this rank sent.
+OffNode run_checked(MpiCommunicator& c, const Group& g, std::size_t n, ReduceOp op) {
+  const int r = c.rank();
+  const auto G = static_cast<std::size_t>(g.size());
+  std::vector<std::vector<float>> ar_in(kWorld), rs_in(kWorld), ag_in(kWorld);
+  for (int p : g.ranks) {
+    ar_in[static_cast<std::size_t>(p)] = contributions(p, n, 7);
+    rs_in[static_cast<std::size_t>(p)] = contributions(p, n * G, 8);
+  }
+  OffNode off;
+  std::int64_t before = c.bytes_sent_off_node();
+  auto ar = ar_in[static_cast<std::size_t>(r)];
+  REQUIRE(c.all_reduce(ar, g, op).ok());
+  CHECK(bit_difference(ar, testing::fold(ar_in, g.ranks, op)) == "");
+  off.all_reduce = floats_since(c, before);
+
+  before = c.bytes_sent_off_node();
+  std::vector<float> rs(n);
+  REQUIRE(c.reduce_scatter(rs_in[static_cast<std::size_t>(r)], rs, g, op).ok());
+  const auto k = static_cast<std::size_t>(g.index_of(r));
+  const auto full = testing::fold(rs_in, g.ranks, op);
+  CHECK(bit_difference(rs, std::vector<float>(full.begin() + static_cast<std::ptrdiff_t>(k * n),
+                                              full.begin() + static_cast<std::ptrdiff_t>((k + 1) * n))) == "");
+  off.reduce_scatter = floats_since(c, before);
+
+  before = c.bytes_sent_off_node();
+  std::vector<float> ag(n * G), expect;
+  REQUIRE(c.all_gather(contributions(r, n, 9), ag, g).ok());
+  for (int p : g.ranks) {
+    const auto block = contributions(p, n, 9);
+    expect.insert(expect.end(), block.begin(), block.end());
+  }
+  CHECK(bit_difference(ag, expect) == "");
+  off.all_gather = floats_since(c, before);
+  return off;
+}
+
+// Bytes a simulator plan sends between nodes, read from its steps as
+// collective.h defines them: (src, dst) pairs, or rings of group_size.
+double plan_off_node_bytes(const sim::Cluster& cluster, const sim::CollectivePlan& plan) {
+  double total = 0;
+  for (const auto& step : plan.steps) {
+    const std::vector<int>& o = plan.orders[step.order];
+    auto flow = [&](int src, int dst) {
+      if (cluster.node_of(src) != cluster.node_of(dst)) total += step.bytes * step.repeats;
+    };
+    if (step.group_size == 0) {
+      for (std::size_t i = 0; i + 1 < o.size(); i += 2) flow(o[i], o[i + 1]);
+      continue;
+    }
+    for (std::size_t g = 0; g + step.group_size <= o.size(); g += step.group_size)
+      for (std::size_t i = 0; i < step.group_size; ++i)
+        if (!(step.open && i + 1 == step.group_size)) flow(o[g + i], o[g + (i + step.shift) % step.group_size]);
+  }
+  return total;
+}
+
+}  // namespace
+
+TEST_CASE("hierarchical collectives across 2 nodes x 2 ranks match the fold in group order bit for bit",
+          "[comm][mpi][hierarchical]") {
+  // Nodes {0,0,1,1}: the world group is 2 nodes of 2 contiguous members
+  // (hierarchical from 64 KiB); {0,1,0,1} interleaves them (always flat).
+  auto hier = MpiCommunicator::create(CommOptions{std::chrono::minutes(1)}, {0, 0, 1, 1});
+  auto interleaved = MpiCommunicator::create(CommOptions{std::chrono::minutes(1)}, {0, 1, 0, 1});
+  REQUIRE(hier.ok());
+  REQUIRE(interleaved.ok());
+  const Group world{0, {0, 1, 2, 3}};
+  // 200,000 floats: lanes of 100,000, two chain segments; 1,000: below the threshold.
+  for (const std::size_t n : {std::size_t{1000}, std::size_t{200000}}) {
+    for (ReduceOp op : {ReduceOp::sum, ReduceOp::max}) {
+      CAPTURE(n, op == ReduceOp::sum ? "sum" : "max");
+      const OffNode h = world_sum(run_checked(**hier, world, n, op));
+      const OffNode flat = world_sum(run_checked(**interleaved, world, n, op));
+      const double N = 2, L = 2, G = 4;
+      // Interleaved nodes: flat, every member has G - L = 2 peers off its node.
+      CHECK(flat.all_reduce == 2 * (G - L) * static_cast<double>(n));
+      CHECK(flat.reduce_scatter == G * (G - L) * static_cast<double>(n));
+      CHECK(flat.all_gather == G * (G - L) * static_cast<double>(n));
+      if (n < 16384) {  // under 64 KiB: flat too, and {0,0,1,1} puts the same 2 peers off node
+        CHECK(h.all_reduce == flat.all_reduce);
+        CHECK(h.reduce_scatter == flat.reduce_scatter);
+        CHECK(h.all_gather == flat.all_gather);
+      } else {
+        CHECK(h.all_reduce == 2 * (N - 1) * static_cast<double>(n));               // 1/L of flat
+        CHECK(h.reduce_scatter == L * (N - 1) * (N + 1) * static_cast<double>(n));  // (N+1)/(N·L)
+        CHECK(h.all_gather == G * (N - 1) * static_cast<double>(n));                // 1/L
+      }
+    }
+  }
+  // Groups that are not N nodes of L >= 2 contiguous members stay flat and exact.
+  for (const Group& g : {Group{1, {1, 2}}, Group{2, {0, 1, 2}}, Group{3, {0, 1}}}) {
+    if (g.index_of((*hier)->rank()) < 0) continue;
+    CAPTURE(g.id);
+    run_checked(**hier, g, 200000, ReduceOp::sum);
+  }
+}
+
+TEST_CASE("the simulator picks the MPI communicator's algorithm and moves the same bytes across nodes",
+          "[comm][mpi][hierarchical][sim]") {
+  // A host cluster of 2 nodes x 2 ranks; the MPI communicator sees the same nodes.
+  auto spec = sim::cluster_spec_from_json(R"({"base": "local-cpu", "gpus_per_node": 2})");
+  REQUIRE(spec.ok());
+  auto cluster = sim::Cluster::build(*spec, kWorld);
+  REQUIRE(cluster.ok());
+  const sim::CostConstants constants;
+  auto mpi = MpiCommunicator::create(CommOptions{std::chrono::minutes(1)}, {0, 0, 1, 1});
+  REQUIRE(mpi.ok());
+  const Group world{0, {0, 1, 2, 3}};
+  for (const std::size_t n : {std::size_t{100}, std::size_t{4000}, std::size_t{4096}, std::size_t{200000}}) {
+    CAPTURE(n);
+    const OffNode measured = world_sum(run_checked(**mpi, world, n, ReduceOp::sum));
+    // nccl-tests sizes: the all-reduce buffer, the reduce-scatter input, the all-gather output.
+    const double bytes = static_cast<double>(n * sizeof(float));
+    const std::pair<sim::CollectiveKind, double> cases[] = {
+        {sim::CollectiveKind::kAllReduce, bytes},
+        {sim::CollectiveKind::kReduceScatter, kWorld * bytes},
+        {sim::CollectiveKind::kAllGather, kWorld * bytes}};
+    for (const auto& [kind, size] : cases) {
+      CAPTURE(sim::collective_kind_name(kind));
+      auto plan = sim::plan_collective(*cluster, constants, {kind, {0, 1, 2, 3}, size});
+      REQUIRE(plan.ok());
+      const double moved = kind == sim::CollectiveKind::kAllReduce       ? measured.all_reduce
+                           : kind == sim::CollectiveKind::kReduceScatter ? measured.reduce_scatter
+                                                                          : measured.all_gather;
+      // The communicator went hierarchical exactly when it sent less than the flat exchange's 2 of 4 peers.
+      const double flat = (kind == sim::CollectiveKind::kAllReduce ? 4.0 : 8.0) * static_cast<double>(n);
+      CHECK(plan->algorithm == (moved < flat ? sim::Algorithm::kHierarchical : sim::Algorithm::kDirect));
+      CHECK(plan_off_node_bytes(*cluster, *plan) == moved * sizeof(float));
+    }
+  }
 }
 
 int main(int argc, char** argv) {

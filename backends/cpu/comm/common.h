@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <string>
 #include <string_view>
@@ -24,6 +25,11 @@ inline void combine(float* acc, const float* x, std::size_t n, ReduceOp op) {
   } else {
     for (std::size_t i = 0; i < n; ++i) acc[i] = (x[i] > acc[i] || x[i] != x[i]) ? x[i] : acc[i];
   }
+}
+
+// memcpy of n floats that accepts null pointers when n is 0.
+inline void copy_floats(float* dst, const float* src, std::size_t n) {
+  if (n > 0) std::memcpy(dst, src, n * sizeof(float));
 }
 
 std::string_view reduce_op_name(ReduceOp op);

@@ -34,10 +34,6 @@ std::string_view kind_name(Kind k) {
 // Elements folded at a time: the tile stays in L1 while G contributions pass over it.
 constexpr std::size_t kTile = 2048;
 
-void copy_floats(float* dst, const float* src, std::size_t n) {
-  if (n > 0) std::memcpy(dst, src, n * sizeof(float));
-}
-
 }  // namespace
 
 // One member's part of a collective: what it posted. Lives on the poster's
@@ -298,9 +294,9 @@ Status InProcessCommunicator::collective(const Group& g, InProcessHub::Call& cal
         float tile[kTile];
         for (std::size_t b = lo; b < hi; b += kTile) {
           const std::size_t len = std::min(kTile, hi - b);
-          copy_floats(tile, calls[0]->out + b, len);
+          comm::copy_floats(tile, calls[0]->out + b, len);
           for (std::size_t j = 1; j < uG; ++j) comm::combine(tile, calls[j]->out + b, len, call.op);
-          for (std::size_t j = 0; j < uG; ++j) copy_floats(calls[j]->out + b, tile, len);
+          for (std::size_t j = 0; j < uG; ++j) comm::copy_floats(calls[j]->out + b, tile, len);
         }
         break;
       }
@@ -308,23 +304,23 @@ Status InProcessCommunicator::collective(const Group& g, InProcessHub::Call& cal
         const std::size_t n = call.out_n;
         for (std::size_t b = 0; b < n; b += kTile) {
           const std::size_t len = std::min(kTile, n - b);
-          copy_floats(call.out + b, calls[0]->in + k * n + b, len);
+          comm::copy_floats(call.out + b, calls[0]->in + k * n + b, len);
           for (std::size_t j = 1; j < uG; ++j)
             comm::combine(call.out + b, calls[j]->in + k * n + b, len, call.op);
         }
         break;
       }
       case Kind::all_gather:
-        for (std::size_t j = 0; j < uG; ++j) copy_floats(call.out + j * call.in_n, calls[j]->in, call.in_n);
+        for (std::size_t j = 0; j < uG; ++j) comm::copy_floats(call.out + j * call.in_n, calls[j]->in, call.in_n);
         break;
       case Kind::broadcast: {
         const auto root = static_cast<std::size_t>(g.index_of(call.root));
-        if (root != k) copy_floats(call.out, calls[root]->out, call.out_n);
+        if (root != k) comm::copy_floats(call.out, calls[root]->out, call.out_n);
         break;
       }
       case Kind::all_to_all:
         for (std::size_t j = 0; j < uG; ++j)
-          copy_floats(call.out + call.recv_offsets[j], calls[j]->in + calls[j]->send_offsets[k],
+          comm::copy_floats(call.out + call.recv_offsets[j], calls[j]->in + calls[j]->send_offsets[k],
                       static_cast<std::size_t>(call.recv_counts[j]));
         break;
       case Kind::barrier: break;
@@ -497,7 +493,7 @@ Status InProcessCommunicator::recv(std::span<float> data, int peer, int tag) {
   if (message.size() != data.size())
     return fail(make_error("rank {}: {}: message has {} elements but the buffer holds {}", rank_, what,
                            message.size(), data.size()));
-  copy_floats(data.data(), message.data(), message.size());
+  comm::copy_floats(data.data(), message.data(), message.size());
   return ok_status();
 }
 

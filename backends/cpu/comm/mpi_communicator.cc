@@ -2,9 +2,12 @@
 
 #include <algorithm>
 #include <array>
+#include <charconv>
 #include <chrono>
 #include <climits>
+#include <cstdlib>
 #include <cstring>
+#include <string_view>
 #include <thread>
 
 #include "backends/comm/mpi_environment.h"
@@ -29,13 +32,54 @@ std::uint64_t hash_ranks(const std::vector<int>& ranks) {
   return h;
 }
 
-void copy_floats(float* dst, const float* src, std::size_t n) {
-  if (n > 0) std::memcpy(dst, src, n * sizeof(float));
+// The node of every rank: given, from MESHTRAIN_NODES, or by host name (the
+// index of the first rank on the same host). Collective over `world_comm`.
+Result<std::vector<int>> find_nodes(std::vector<int> given, int rank, int world, MPI_Comm world_comm) {
+  if (given.empty())
+    if (const char* v = std::getenv("MESHTRAIN_NODES")) {
+      std::string_view rest(v);
+      while (true) {
+        const std::size_t comma = rest.find(',');
+        const std::string_view item = rest.substr(0, comma);
+        int id = -1;
+        auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), id);
+        if (ec != std::errc() || end != item.data() + item.size() || id < 0)
+          return make_error("MESHTRAIN_NODES='{}': '{}' is not a node id (an integer >= 0); give one per rank, "
+                            "e.g. 0,0,1,1", v, item);
+        given.push_back(id);
+        if (comma == std::string_view::npos) break;
+        rest.remove_prefix(comma + 1);
+      }
+      if (static_cast<int>(given.size()) != world)
+        return make_error("MESHTRAIN_NODES='{}' gives {} node ids for a world of {} ranks; give one per rank", v,
+                          given.size(), world);
+    }
+  if (!given.empty()) {
+    if (static_cast<int>(given.size()) != world)
+      return make_error("rank {}: {} node ids given for a world of {} ranks", rank, given.size(), world);
+    return given;
+  }
+  std::vector<char> names(static_cast<std::size_t>(world) * MPI_MAX_PROCESSOR_NAME, '\0');
+  char mine[MPI_MAX_PROCESSOR_NAME] = {};
+  int length = 0;
+  MPI_Get_processor_name(mine, &length);
+  if (int rc = MPI_Allgather(mine, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, names.data(), MPI_MAX_PROCESSOR_NAME,
+                             MPI_CHAR, world_comm);
+      rc != MPI_SUCCESS)
+    return make_error("rank {}: exchanging host names failed: {}", rank, mpi_error_text(rc));
+  std::vector<int> nodes(static_cast<std::size_t>(world));
+  auto name = [&](int r) { return std::string_view(names.data() + static_cast<std::size_t>(r) * MPI_MAX_PROCESSOR_NAME); };
+  for (int r = 0; r < world; ++r) {
+    int first = 0;
+    while (name(first) != name(r)) ++first;
+    nodes[static_cast<std::size_t>(r)] = first;
+  }
+  return nodes;
 }
 
 }  // namespace
 
-Result<std::unique_ptr<MpiCommunicator>> MpiCommunicator::create(CommOptions options) {
+Result<std::unique_ptr<MpiCommunicator>> MpiCommunicator::create(CommOptions options, std::vector<int> nodes) {
   int initialised = 0, finalised = 0;
   MPI_Initialized(&initialised);
   MPI_Finalized(&finalised);
@@ -54,6 +98,7 @@ Result<std::unique_ptr<MpiCommunicator>> MpiCommunicator::create(CommOptions opt
   int found = 0;
   MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &attr, &found);
   if (found) c->tag_ub_ = *static_cast<int*>(attr);
+  MT_ASSIGN(c->node_of_, find_nodes(std::move(nodes), c->rank_, c->world_, c->setup_));
   return c;
 }
 
@@ -133,6 +178,11 @@ Status MpiCommunicator::wait_all(std::vector<Pending>& pending, const std::strin
     if (polls < 1024) std::this_thread::yield();
     else std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
+  cancel(pending);
+  return fail(make_error("{}: {}", where, error));
+}
+
+void MpiCommunicator::cancel(std::vector<Pending>& pending) {
   // Receives cancel locally, so waiting for them is safe and guarantees MPI no
   // longer writes into the caller's buffers. Open MPI cannot cancel a send that
   // is already under way: free it and let the abort end it.
@@ -142,7 +192,13 @@ Status MpiCommunicator::wait_all(std::vector<Pending>& pending, const std::strin
     if (p.is_recv) MPI_Wait(&p.request, MPI_STATUS_IGNORE);
     else MPI_Request_free(&p.request);
   }
-  return fail(make_error("{}: {}", where, error));
+}
+
+std::optional<NodeBlocks> MpiCommunicator::hierarchy(const Group& g, double bytes) const {
+  std::vector<int> member_nodes;
+  for (int r : g.ranks) member_nodes.push_back(node_of_[static_cast<std::size_t>(r)]);
+  if (!use_hierarchical(member_nodes, bytes)) return std::nullopt;
+  return node_blocks(member_nodes);
 }
 
 Result<MPI_Comm> MpiCommunicator::sub_comm(const Group& g, const std::string& where) {
@@ -210,8 +266,14 @@ void MpiCommunicator::post_send(std::vector<Pending>& pending, MPI_Comm comm, co
                                 int member, const float* buf, std::size_t n, int tag) {
   Pending& p = pending.emplace_back();
   p.peer = g.ranks[static_cast<std::size_t>(member)];
-  count_sent(n);
+  count_to(p.peer, n);
   MPI_Isend(buf, static_cast<int>(n), MPI_FLOAT, member, tag, comm, &p.request);
+}
+
+void MpiCommunicator::count_to(int peer, std::size_t floats) {
+  count_sent(floats);
+  if (node_of_[static_cast<std::size_t>(peer)] != node_of_[static_cast<std::size_t>(rank_)])
+    bytes_sent_off_node_ += static_cast<std::int64_t>(floats * sizeof(float));
 }
 
 std::string MpiCommunicator::where(std::string_view op, const Group& g) const {
@@ -221,6 +283,8 @@ std::string MpiCommunicator::where(std::string_view op, const Group& g) const {
 Status MpiCommunicator::all_reduce(std::span<float> data, const Group& g, ReduceOp op) {
   const std::string at = where("all_reduce", g);
   MT_ASSIGN(MPI_Comm comm, begin(g, at, "all_reduce", data.size()));
+  if (auto nb = hierarchy(g, static_cast<double>(data.size_bytes())))
+    return hierarchical_all_reduce(data, g, op, comm, *nb, at);
   const auto G = static_cast<std::size_t>(g.size());
   const auto k = static_cast<std::size_t>(g.index_of(rank_));
   const std::size_t n = data.size();
@@ -238,9 +302,9 @@ Status MpiCommunicator::all_reduce(std::span<float> data, const Group& g, Reduce
   MT_TRY(wait_all(pending, at));
   auto contribution = [&](std::size_t j) { return j == k ? data.data() + lo(k) : scratch_.data() + j * block; };
   float* acc = scratch_.data() + k * block;
-  copy_floats(acc, contribution(0), block);
+  comm::copy_floats(acc, contribution(0), block);
   for (std::size_t j = 1; j < G; ++j) comm::combine(acc, contribution(j), block, op);
-  copy_floats(data.data() + lo(k), acc, block);
+  comm::copy_floats(data.data() + lo(k), acc, block);
   // Every phase-one send from `data` has completed, so its blocks may now be overwritten.
   pending.clear();
   for (std::size_t j = 0; j < G; ++j) {
@@ -261,6 +325,8 @@ Status MpiCommunicator::reduce_scatter(std::span<const float> in, std::span<floa
   if (in.size() != n * G)
     return fail(make_error("{}: input has {} elements, expected {} ({} blocks of {})", at, in.size(),
                            n * G, G, n));
+  if (auto nb = hierarchy(g, static_cast<double>(in.size_bytes())))
+    return hierarchical_reduce_scatter(in, out, g, op, comm, *nb, at);
   scratch_.resize(G * n);
   std::vector<Pending> pending;
   for (std::size_t j = 0; j < G; ++j) {
@@ -270,7 +336,7 @@ Status MpiCommunicator::reduce_scatter(std::span<const float> in, std::span<floa
   }
   MT_TRY(wait_all(pending, at));
   auto contribution = [&](std::size_t j) { return j == k ? in.data() + k * n : scratch_.data() + j * n; };
-  copy_floats(out.data(), contribution(0), n);
+  comm::copy_floats(out.data(), contribution(0), n);
   for (std::size_t j = 1; j < G; ++j) comm::combine(out.data(), contribution(j), n, op);
   return ok_status();
 }
@@ -284,13 +350,15 @@ Status MpiCommunicator::all_gather(std::span<const float> in, std::span<float> o
   if (out.size() != n * G)
     return fail(make_error("{}: output has {} elements, expected {} ({} blocks of {})", at,
                            out.size(), n * G, G, n));
+  if (auto nb = hierarchy(g, static_cast<double>(out.size_bytes())))
+    return hierarchical_all_gather(in, out, g, comm, *nb, at);
   std::vector<Pending> pending;
   for (std::size_t j = 0; j < G; ++j) {
     if (j == k) continue;
     post_recv(pending, comm, g, static_cast<int>(j), out.data() + j * n, n, kData);
     post_send(pending, comm, g, static_cast<int>(j), in.data(), n, kData);
   }
-  copy_floats(out.data() + k * n, in.data(), n);
+  comm::copy_floats(out.data() + k * n, in.data(), n);
   return wait_all(pending, at);
 }
 
@@ -332,7 +400,7 @@ Status MpiCommunicator::all_to_all(std::span<const float> in,
     post_send(pending, comm, g, static_cast<int>(j), in.data() + (*sends)[j],
               static_cast<std::size_t>(send_counts[j]), kData);
   }
-  copy_floats(out.data() + (*recvs)[k], in.data() + (*sends)[k], static_cast<std::size_t>(recv_counts[k]));
+  comm::copy_floats(out.data() + (*recvs)[k], in.data() + (*sends)[k], static_cast<std::size_t>(recv_counts[k]));
   return wait_all(pending, at);
 }
 
@@ -375,7 +443,7 @@ Status MpiCommunicator::send(std::span<const float> data, int peer, int tag) {
     sends_.pop_back();
     return fail(make_error("{}: {}", at, mpi_error_text(rc)));
   }
-  count_sent(data.size());
+  count_to(peer, data.size());
   return ok_status();
 }
 

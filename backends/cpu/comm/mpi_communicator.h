@@ -13,6 +13,34 @@
 //   reduce_scatter member k receives block k of every input and folds it;
 //   all_gather, broadcast, all_to_all  direct sends to each member;
 //   barrier        an empty message between every pair of members.
+//
+// Hierarchical (groups that span nodes; core/node_layout.h says when): a
+// group of N nodes × L members, each node's members contiguous in group order,
+// cuts the buffer into L lanes; local member i owns lane i on its node.
+//   all_reduce     1. inside each node, member i receives lane i of its node's
+//                     members (a reduce-scatter's messages, not yet folded);
+//                  2. across nodes, lane by lane, a chain in node order: node
+//                     0 folds its members' lanes in group order and sends the
+//                     partial sum to node 1's member i, which folds its own
+//                     members into it, and so on (pipelined in segments of
+//                     kChainSegment); the last node sends the result to member
+//                     i of every other node;
+//                  3. inside each node, an all-gather of the lanes.
+//                  Every element is folded c0, c1, ..., c(G-1) in ascending
+//                  group order, as the flat algorithm folds it: the same bits
+//                  (for any thread count: a rank folds on its issuing thread).
+//                  Off-node bytes: 2(N-1)·n/L per lane, 2(N-1)·n in all,
+//                  against 2(N-1)·L·n flat (1/L); the last node sends N-1
+//                  copies of its lanes, the others one.
+//   reduce_scatter the same chain over the N blocks of each lane (the blocks
+//                  of members with local index i), then the last node sends
+//                  each block to its owner: off-node (N-1)(N+1)·m per lane
+//                  (m = output size) against (N-1)·N·L·m flat per lane
+//                  ((N+1)/(N·L)): the fold must end on the last node.
+//   all_gather     across nodes between members of equal local index, then
+//                  inside each node: off-node (N-1)·n per member, 1/L of flat.
+// bytes_sent() counts what these really send, so for them it differs from the
+// in-process communicator's count (communicator.h), which is always flat.
 // Each group gets its own MPI communicator, made once per Group id (after a
 // timed handshake among the members, so that creating it cannot hang) and
 // cached. Point-to-point send/recv use a duplicate of MPI_COMM_WORLD of their
@@ -37,6 +65,7 @@
 #include <vector>
 
 #include "backends/cpu/communicator.h"
+#include "core/node_layout.h"
 
 namespace meshtrain {
 
@@ -44,7 +73,11 @@ class MpiCommunicator final : public Communicator {
  public:
   // Needs an initialised MPI (MpiEnvironment). Collective over MPI_COMM_WORLD
   // (it duplicates it): every process creates its communicator at start-up.
-  static Result<std::unique_ptr<MpiCommunicator>> create(CommOptions options = {});
+  // `nodes`: the node id of every global rank; empty: MESHTRAIN_NODES
+  // ("0,0,1,1", one id per rank: one machine standing for several nodes) if
+  // set, else ranks with the same host name (MPI_Get_processor_name) share one.
+  static Result<std::unique_ptr<MpiCommunicator>> create(CommOptions options = {},
+                                                         std::vector<int> nodes = {});
   // Waits (up to the timeout) for buffered sends to leave, then frees the
   // communicators. Must run before MPI_Finalize.
   ~MpiCommunicator() override;
@@ -66,6 +99,13 @@ class MpiCommunicator final : public Communicator {
   Status send(std::span<const float> data, int peer_global_rank, int tag) override;
   Status recv(std::span<float> data, int peer_global_rank, int tag) override;
   Status barrier(const Group& g) override;
+
+  // The node id of every global rank, as create() found them.
+  const std::vector<int>& nodes() const { return node_of_; }
+  // The part of bytes_sent() that went to ranks on other nodes.
+  std::int64_t bytes_sent_off_node() const { return bytes_sent_off_node_; }
+  // Elements per message of the hierarchical chain (pipelining across nodes).
+  static constexpr std::size_t kChainSegment = std::size_t{1} << 16;
 
  private:
   // One outstanding message of the call in progress.
@@ -97,11 +137,31 @@ class MpiCommunicator final : public Communicator {
                  float* buf, std::size_t n, int tag);
   void post_send(std::vector<Pending>& pending, MPI_Comm comm, const Group& g, int member,
                  const float* buf, std::size_t n, int tag);
+  // Counts a message of `floats` to global rank `peer` (bytes_sent, and off node).
+  void count_to(int peer, std::size_t floats);
   // "rank 0: all_reduce on group 3 (ranks [0, 2])": the prefix of every error.
   std::string where(std::string_view op, const Group& g) const;
   Result<MPI_Comm> sub_comm(const Group& g, const std::string& where);
   // Polls until every request completes or the deadline passes.
   Status wait_all(std::vector<Pending>& pending, const std::string& where);
+  // Cancels (receives) or frees (sends) every request still open.
+  static void cancel(std::vector<Pending>& pending);
+  // g as nodes of equal, contiguous runs of members when a collective of
+  // `bytes` runs hierarchically over it (core/node_layout.h); nullopt: flat.
+  std::optional<NodeBlocks> hierarchy(const Group& g, double bytes) const;
+  // The hierarchical algorithms (mpi_hierarchical.cc), after begin().
+  Status hierarchical_all_reduce(std::span<float> data, const Group& g, ReduceOp op, MPI_Comm comm,
+                                 NodeBlocks nb, const std::string& at);
+  Status hierarchical_reduce_scatter(std::span<const float> in, std::span<float> out, const Group& g,
+                                     ReduceOp op, MPI_Comm comm, NodeBlocks nb, const std::string& at);
+  Status hierarchical_all_gather(std::span<const float> in, std::span<float> out, const Group& g,
+                                 MPI_Comm comm, NodeBlocks nb, const std::string& at);
+  // The chain across nodes: folds the first `length` elements of the L
+  // local contributions (local member order) into acc once the previous
+  // node's partial sums have arrived, and passes them on to the next node's
+  // member of the same local index; segment by segment (kChainSegment).
+  Status chain(const std::vector<const float*>& contributions, std::size_t length, float* acc,
+               const Group& g, ReduceOp op, MPI_Comm comm, NodeBlocks nb, const std::string& at);
   void reap_sends();
   Error fail(Error e);
   Status check_alive(const std::string& where) const;
@@ -116,6 +176,9 @@ class MpiCommunicator final : public Communicator {
   std::map<int, SubComm> groups_;    // by Group id
   std::list<BufferedSend> sends_;    // in flight; a list, so entries never move
   std::vector<float> scratch_;       // received contributions, reused across calls
+  std::vector<float> chain_;         // the hierarchical chain's partial sums, reused
+  std::vector<int> node_of_;         // node id by global rank
+  std::int64_t bytes_sent_off_node_ = 0;
   std::optional<Error> failure_;     // set by the first failure: poisons every later call
 };
 
