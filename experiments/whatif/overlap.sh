@@ -13,8 +13,11 @@ row() {  # model label, flags...
   local label=$1
   shift
   "$M" simulate "$@" --steady-state --json |
-    python3 -c 'import json,sys; r=json.load(sys.stdin); l=sys.argv[1]
-it=r["iteration_time_s"]; print(f"| {l} | {it:.3f} | {r[\"exposed_comm_s\"]:.3f} | {r[\"bubble_fraction\"]*it:.3f} | {r[\"peak_memory_bytes\"]/2**30:.2f} |")' "$label"
+    python3 -c 'import json, sys
+r = json.load(sys.stdin)
+it = r["iteration_time_s"]
+print("| %s | %.3f | %.3f | %.3f | %.2f |" % (sys.argv[1], it, r["exposed_comm_s"], r["bubble_fraction"] * it,
+                                           r["peak_memory_bytes"] / 2**30))' "$label"
 }
 for model in gpt3 llama; do
   flags=${!model}

@@ -3,6 +3,7 @@
 // path (Plan::prefetch_across_chunks, Plan::overlap_update) give the bits of
 // the plan without them, and the single-rank run's values.
 #include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
 
 #include "tests/parallel/parallel_check.h"
 
@@ -53,9 +54,6 @@ TEST_CASE("optimizer updates off the critical path give the bits of the plan wit
   Plan once = make_plan(1, 1, 2, 2, ScheduleKind::one_f_one_b);
   once.zero_reduce_once = true;
   plans.push_back(once);
-  Plan bf16 = make_plan(1, 1, 2, 1, ScheduleKind::one_f_one_b);
-  bf16.precision = Precision::bf16;  // an fp32 master per shard, cast into the working copy
-  plans.push_back(bf16);
   // Clipping on: the updates wait for the global norm; off: each bucket updates as it is reduced.
   for (const float clip : {0.5f, 0.f}) {
     StepOptions options = step_options();

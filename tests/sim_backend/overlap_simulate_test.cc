@@ -118,7 +118,19 @@ TEST_CASE("a simulated update off the critical path shortens the steady-state it
   const auto first_update =
       std::find_if(b.dp.begin(), b.dp.end(), [](const TraceOp& o) { return o.name == "adamw"; });
   const double first = first_update->end - first_update->ts;
-  const double t_off = simulate(m, off, true, false).iteration_s, t_on = simulate(m, on, true, false).iteration_s;
+  const SimulationResult steady_off = simulate(m, off, true, true), steady_on = simulate(m, on, true, true);
+  const double t_off = steady_off.iteration_s, t_on = steady_on.iteration_s;
+  // In the two-iteration traces: does a data-parallel op of the first iteration run while the
+  // compute stream works on the second? (Each iteration issues the ops of the one-iteration trace.)
+  auto overlaps_next = [](const RankTrace& two, const RankTrace& one) {
+    const std::vector<TraceOp> first_dp(two.dp.begin(), two.dp.begin() + static_cast<std::ptrdiff_t>(one.dp.size()));
+    for (std::size_t i = one.compute.size(); i < two.compute.size(); ++i)
+      for (const TraceOp& d : first_dp)
+        if (d.ts < two.compute[i].end && two.compute[i].ts < d.end) return true;
+    return false;
+  };
+  CHECK(overlaps_next(rank0_trace(steady_on.trace_json), b));
+  CHECK(!overlaps_next(rank0_trace(steady_off.trace_json), a));
   const double gained_us = (t_off - t_on) * 1e6;
   INFO("steady state: " << t_off * 1e3 << " ms without, " << t_on * 1e3 << " ms with; gained " << gained_us
                         << " µs; moved " << moved << " µs, first bucket's update " << first << " µs");
