@@ -31,7 +31,8 @@ const std::vector<std::string> kPlanFields = {"tp",        "pp",        "dp",   
                                               "microbatches", "grad_bucket_mb", "grad_sync", "cp_comm", "segments",
                                               "chunk_layers", "account_for_embedding_in_pipeline_split",
                                               "account_for_loss_in_pipeline_split", "grad_compression",
-                                              "grad_compression_warmup", "error_feedback", "zero_reduce_once"};
+                                              "grad_compression_warmup", "error_feedback", "zero_reduce_once",
+                                              "prefetch_across_chunks", "overlap_update"};
 
 template <class E>
 Result<E> parse_enum(const char* what, const std::string& s, const std::vector<std::string>& names) {
@@ -172,6 +173,8 @@ Result<PlanOverrides> plan_overrides_from_json(const nlohmann::json& j) {
   MT_TRY(f.get_string("grad_compression", o.grad_compression));
   MT_TRY(f.get_bool("error_feedback", o.error_feedback));
   MT_TRY(f.get_bool("zero_reduce_once", o.zero_reduce_once));
+  MT_TRY(f.get_bool("prefetch_across_chunks", o.prefetch_across_chunks));
+  MT_TRY(f.get_bool("overlap_update", o.overlap_update));
   if (f.has("segments")) o.segments = std::make_shared<const nlohmann::json>(j["segments"]);
   return o;
 }
@@ -206,6 +209,8 @@ Result<Plan> apply_overrides(Plan p, const PlanOverrides& o) {
   }
   if (o.error_feedback) p.error_feedback = *o.error_feedback;
   if (o.zero_reduce_once) p.zero_reduce_once = *o.zero_reduce_once;
+  if (o.prefetch_across_chunks) p.prefetch_across_chunks = *o.prefetch_across_chunks;
+  if (o.overlap_update) p.overlap_update = *o.overlap_update;
   if (o.recompute) {
     MT_ASSIGN(p.recompute, parse_recompute(*o.recompute));
   }
@@ -403,6 +408,8 @@ nlohmann::json plan_to_json(const Plan& p) {
     if (p.grad_compression == GradCompression::one_bit) j["error_feedback"] = p.error_feedback;
   }
   if (p.zero_reduce_once) j["zero_reduce_once"] = true;
+  if (!p.prefetch_across_chunks) j["prefetch_across_chunks"] = false;
+  if (p.overlap_update) j["overlap_update"] = true;
   if (!p.segments.empty()) {
     j["segments"] = nlohmann::json::array();
     for (const Plan& s : p.segments) {

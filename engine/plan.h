@@ -95,6 +95,19 @@ struct Plan {
   // micro-batches accumulated locally (true: one reduce-scatter per step, as
   // ZeRO 1, for a whole unsharded gradient held during backward).
   bool zero_reduce_once = false;
+  // ZeRO 3: at the end of a chunk's forward or backward, prefetch the
+  // parameters of the first layer of the rank's next compute action in the
+  // schedule (another chunk, or the next micro-batch) instead of waiting for
+  // that action to start (false: prefetch within a pass only).
+  bool prefetch_across_chunks = true;
+  // The optimizer off the critical path: each gradient bucket's AdamW update
+  // (and ZeRO 1/2 parameter all-gather) runs on the data-parallel stream, and
+  // the next iteration's forward of a layer waits only for its own buckets'
+  // updates. Without clipping a bucket updates as soon as its reduction is
+  // issued (during backward); with clipping the updates wait for the global
+  // norm and run in forward order (step_engine.h says what a non-finite step
+  // then leaves behind).
+  bool overlap_update = false;
 
   // A plan made of segments (engine/segments/segment_plan.h): each element is
   // the plan of one segment, a contiguous range of the model's blocks with
@@ -135,6 +148,7 @@ struct PlanOverrides {
   std::optional<double> grad_bucket_mb;
   std::optional<std::string> recompute, schedule, precision, grad_sync, cp_comm, grad_compression;
   std::optional<bool> sequence_parallel, embedding_in_split, loss_in_split, error_feedback, zero_reduce_once;
+  std::optional<bool> prefetch_across_chunks, overlap_update;
   std::optional<std::vector<int>> chunk_layers;
   // A plan file's "segments" list as written; the model resolves it
   // (engine/segments/segment_plan.h, segments_from_json).

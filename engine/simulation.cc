@@ -183,6 +183,44 @@ SimOptions simulation_options(const SimulateOptions& options, bool full) {
   return o;
 }
 
+namespace {
+
+// The second iteration of `two` (two iterations issued) as `two` minus `one`
+// (the first alone); the peak memory is `two`'s (SimulateOptions::steady_state).
+SimReport second_iteration(const SimReport& one, const SimReport& two) {
+  SimReport r = two;
+  r.iteration_s = two.iteration_s - one.iteration_s;
+  r.tasks = two.tasks - one.tasks;
+  r.events = two.events - one.events;
+  r.tasks_run = two.tasks_run - one.tasks_run;
+  r.flows = two.flows - one.flows;
+  for (std::size_t k = 0; k < r.collectives.size(); ++k) {
+    r.collectives[k].time_s -= one.collectives[k].time_s;
+    r.collectives[k].count -= one.collectives[k].count;
+    r.collectives[k].bytes -= one.collectives[k].bytes;
+  }
+  for (std::size_t i = 0; i < r.ranks.size(); ++i) {
+    SimRankReport& a = r.ranks[i];
+    const SimRankReport& b = one.ranks[i];
+    a.compute_s -= b.compute_s;
+    a.compute_busy_s -= b.compute_busy_s;
+    a.idle_s = std::max(0.0, r.iteration_s - a.compute_busy_s);
+    a.tasks -= b.tasks;
+    for (auto& [name, figures] : a.regions)
+      if (auto it = b.regions.find(name); it != b.regions.end()) {
+        figures.first -= it->second.first;
+        figures.second -= it->second.second;
+      }
+  }
+  for (std::size_t j = 0; j < r.jobs.size(); ++j) {
+    r.jobs[j].iteration_s -= one.jobs[j].iteration_s;
+    for (std::size_t k = 0; k < r.jobs[j].compute_s.size(); ++k) r.jobs[j].compute_s[k] -= one.jobs[j].compute_s[k];
+  }
+  return r;
+}
+
+}  // namespace
+
 Status issue_iterations(SimCluster& cluster, int job, const ModelSpec& m, const Plan& p,
                         const SimulateOptions& options, int iterations) {
   const int seq = p.effective_seq_len(m);
@@ -227,6 +265,14 @@ Result<SimulationResult> simulate_iteration(const ModelSpec& m, const Plan& p,
   const int seq = p.effective_seq_len(m);
   MT_TRY(issue_iterations(*cluster, 0, m, p, options, 1));
   MT_ASSIGN(SimReport report, cluster->run());
+  if (options.steady_state) {
+    MT_ASSIGN(cluster, SimCluster::create_jobs(options.cluster, p.world_size(),
+                                               {simulation_job(p, full, options.variation.stragglers)},
+                                               simulation_options(options, full)));
+    MT_TRY(issue_iterations(*cluster, 0, m, p, options, 2));
+    MT_ASSIGN(const SimReport two, cluster->run());
+    report = second_iteration(report, two);
+  }
 
   SimulationResult out;
   out.fidelity = full ? Fidelity::full : Fidelity::representative;

@@ -71,6 +71,13 @@ struct SimulateOptions {
   Fidelity fidelity = Fidelity::representative;
   Variation variation;
   bool isolate_exclusive = true;  // SimOptions::isolate_exclusive
+  // Steady state: one iteration is simulated, then two, and every
+  // per-iteration figure (time, compute, idle and exposed communication,
+  // collectives, tasks) is the second run's minus the first's: the second
+  // iteration as it runs after a first, whose tail (reductions, updates)
+  // may overlap its forward (Plan::overlap_update). The peak memory and the
+  // trace are the two-iteration run's.
+  bool steady_state = false;
 };
 
 // A model with experts: its expert parallelism as simulated. The step

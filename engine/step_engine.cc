@@ -65,6 +65,9 @@ struct StepEngine::Chunk {
   std::vector<SavedActivations> saved;  // by micro-batch, between its forward and backward
   // By micro-batch, between its backward and its weight pass (zero-bubble schedules).
   std::vector<std::vector<std::function<void()>>> weights;
+  // Plan::overlap_update: by gradient bucket, the end of its update (and all-gather) on the
+  // data-parallel stream, until the compute stream has waited for it.
+  std::vector<Event> updated;
 };
 
 Status StepEngine::supports(const Plan& p, const StepOptions& o) {
@@ -73,6 +76,9 @@ Status StepEngine::supports(const Plan& p, const StepOptions& o) {
   if (p.cp > 1 && o.dropout > 0)
     return make_error("dropout {} is not implemented under context parallelism (cp {}); use --dropout 0 or cp 1",
                       o.dropout, p.cp);
+  if (p.overlap_update && (!p.segments.empty() || !p.segment_name.empty()))
+    return make_error("overlap_update (--overlap-update) is not implemented for plans made of segments: their "
+                      "engines share one update; drop the flag");
   return ok_status();
 }
 
@@ -168,13 +174,32 @@ StepEngine::StepEngine(Backend& b, const ModelSpec& m, const Plan& p, const Mesh
       buckets->after_backward(layer);
       if (gather) gather->after(layer, true);
     };
-    if (gather) {
-      hooks.before_forward = [gather](int layer) { gather->before(layer, false); };
-      hooks.after_forward = [gather](int layer) { gather->after(layer, false); };
-    }
+    Chunk* self = chunk.get();
+    if (gather || p.overlap_update)
+      hooks.before_forward = [this, self, gather](int layer) {
+        wait_for_update(*self, layer);
+        if (gather) gather->before(layer, false);
+      };
+    if (gather) hooks.after_forward = [gather](int layer) { gather->after(layer, false); };
     chunk->model->set_hooks(std::move(hooks));
     chunk->adam = std::make_unique<ShardedAdamW>(b, params, *chunk->buckets, gather, comm_);
+    chunk->updated.resize(chunk->buckets->buckets().size());
+    // Without clipping a bucket's update needs nothing but its own reduced gradients.
+    if (p.overlap_update)
+      chunk->buckets->overlap_updates(options.optimizer.max_grad_norm > 0 ? std::function<void(std::size_t)>()
+                                                                          : [this, self](std::size_t i) {
+                                                                              update_bucket(*self, i, Tensor());
+                                                                            });
     chunks_.push_back(std::move(chunk));
+  }
+  if (p.zero >= 3 && p.prefetch_across_chunks) {
+    using K = schedule::Action;
+    const K* prev = nullptr;
+    for (const K& a : pipeline_->schedule().ranks[static_cast<std::size_t>(pipeline_->stage())]) {
+      if (a.kind != K::forward && a.kind != K::backward) continue;  // a W pass reads no parameters
+      if (prev) next_pass_[{prev->kind == K::backward, prev->chunk, prev->microbatch}] = {a.chunk, a.kind == K::backward};
+      prev = &a;
+    }
   }
   loss_total_ = b.empty(Shape{1});
   grad_sumsq_ = b.empty(Shape{1});
@@ -309,7 +334,7 @@ Status StepEngine::begin_step(const std::vector<HostBatch>& microbatches, std::i
     return make_error("step {}: got {} micro-batches, the plan runs {} per data-parallel replica", step,
                       microbatches.size(), m);
   for (auto& c : chunks_) {
-    c->model->parameters().zero_grads();
+    if (!plan_.overlap_update) c->model->parameters().zero_grads();  // else the buckets zero them
     c->model->moe_statistics().clear(b_);
     c->buckets->begin_step(step);
     c->saved.clear();
@@ -336,6 +361,17 @@ Status StepEngine::begin_step(const std::vector<HostBatch>& microbatches, std::i
   return ok_status();
 }
 
+void StepEngine::name_next_pass(int c, int j, bool backward, bool training) {
+  ParameterGather* gather = chunks_[static_cast<std::size_t>(c)]->gather.get();
+  if (!gather) return;
+  auto it = training ? next_pass_.find({backward, c, j}) : next_pass_.end();
+  if (it == next_pass_.end()) {
+    gather->set_next_pass(nullptr, false);
+    return;
+  }
+  gather->set_next_pass(chunks_[static_cast<std::size_t>(it->second.first)]->gather.get(), it->second.second);
+}
+
 PipelineCompute StepEngine::compute(bool training) {
   const int last = plan_.pp * plan_.vpp - 1, m = static_cast<int>(mbs_.size());
   const DType act = activation_dtype(plan_.precision);
@@ -346,6 +382,7 @@ PipelineCompute StepEngine::compute(bool training) {
     // A segment that does not start the model reads its input from the segment before.
     if (boundary_ && ch.virtual_stage == 0 && !ch.model->layers().embedding)
       input = boundary_->input(j, ch.model->boundary_shape(mb.batch, mb.seq, false), act);
+    name_next_pass(c, j, false, training);
     SavedActivations scratch;  // evaluation keeps nothing
     Tensor out = ch.model->forward(mb, input, training ? ch.saved[static_cast<std::size_t>(j)] : scratch);
     if (ch.model->layers().head) {
@@ -364,6 +401,7 @@ PipelineCompute StepEngine::compute(bool training) {
     const bool split = plan_.schedule == ScheduleKind::zb_h1;
     if (j == m - 1 && plan_.grad_sync == GradSync::overlap && !split) ch.buckets->arm();
     ch.model->defer_weight_gradients(split ? &ch.weights[static_cast<std::size_t>(j)] : nullptr);
+    name_next_pass(c, j, true, true);
     Tensor d = dout;
     if (boundary_ && ch.virtual_stage == last && !ch.model->layers().head)
       d = boundary_->output_grad(j, ch.model->boundary_shape(mb.batch, mb.seq, true), act);
@@ -416,37 +454,88 @@ const Tensor& StepEngine::reduce_loss() {
   return loss_total_;
 }
 
-void StepEngine::apply_update(float lr, std::int64_t step, const Tensor& coef) {
+AdamWOp StepEngine::adamw_op(float lr, std::int64_t step) const {
   const OptimizerOptions& o = options_.optimizer;
   AdamWOp op{lr, o.beta1, o.beta2, o.eps, 0.f, step};
   // 1-bit gradients after a warm-up are 1-bit Adam: the variance freezes when compression starts
   // (Tang et al. 2021), so that error feedback compensates what a linear update loses.
   const int warmup = plan_.grad_compression_warmup;
   if (plan_.grad_compression == GradCompression::one_bit && warmup > 0 && step > warmup) op.variance_frozen_at = warmup;
-  for (auto& c : chunks_) c->adam->update(op, o.weight_decay, coef);
+  return op;
+}
+
+void StepEngine::apply_update(float lr, std::int64_t step, const Tensor& coef) {
+  const AdamWOp op = adamw_op(lr, step);
+  for (auto& c : chunks_) c->adam->update(op, options_.optimizer.weight_decay, coef);
   for (auto& c : chunks_) c->saved.clear();
+}
+
+void StepEngine::update_bucket(Chunk& c, std::size_t i, const Tensor& coef) {
+  // The bucket's reduction (and the norm, for `coef`) came before on this stream.
+  StreamScope on_comm(b_, comm_);
+  c.adam->update_bucket(i, update_op_, options_.optimizer.weight_decay, coef);
+  if (!c.adam->gathers()) c.updated[i] = b_.record(comm_);
+}
+
+void StepEngine::finish_overlapped_update(const Tensor& coef) {
+  StreamScope on_comm(b_, comm_);
+  // Forward order, so that the next forward's first layers wait the least.
+  for (auto& c : chunks_)
+    for (std::size_t i = 0; i < c->updated.size(); ++i) {
+      if (coef.defined()) update_bucket(*c, i, coef);
+      if (!c->adam->gathers()) continue;
+      c->adam->gather_bucket(i);
+      c->updated[i] = b_.record(comm_);
+    }
+  for (auto& c : chunks_) c->saved.clear();
+}
+
+void StepEngine::wait_for_update(Chunk& c, int layer) {
+  const std::vector<Bucket>& buckets = c.buckets->buckets();
+  for (std::size_t i = 0; i < buckets.size(); ++i) {
+    if (!c.updated[i].valid() || !std::binary_search(buckets[i].uses.begin(), buckets[i].uses.end(), layer)) continue;
+    b_.wait(compute_, c.updated[i]);
+    c.updated[i] = Event{};
+  }
+}
+
+void StepEngine::settle() {
+  if (!plan_.overlap_update) return;
+  b_.wait(compute_, b_.record(comm_));
+  for (auto& c : chunks_) std::fill(c->updated.begin(), c->updated.end(), Event{});
 }
 
 Result<StepResult> StepEngine::step(const std::vector<HostBatch>& microbatches, float lr, std::int64_t step) {
   MT_TRY(begin_step(microbatches, step));
+  update_op_ = adamw_op(lr, step);
   run(Phase::all);
   MT_TRY(finish_gradients());
-  reduce_grad_norm();
-  reduce_loss();
   float host[2] = {0, 0};
-  MT_TRY(b_.read(loss_total_, std::span<float>(host, 1)).context(fmt::format("step {}", step)));
-  MT_TRY(b_.read(grad_sumsq_, std::span<float>(host + 1, 1)).context(fmt::format("step {}", step)));
+  {
+    // Overlapped, the gradients are reduced on the data-parallel stream and stay there; the loss
+    // joins them, so that its collectives over the data-parallel group keep one stream's order.
+    const bool overlap = plan_.overlap_update;
+    if (overlap) b_.wait(comm_, b_.record(compute_));
+    StreamScope on(b_, overlap ? comm_ : compute_);
+    reduce_grad_norm();
+    reduce_loss();
+    MT_TRY(b_.read(loss_total_, std::span<float>(host, 1)).context(fmt::format("step {}", step)));
+    MT_TRY(b_.read(grad_sumsq_, std::span<float>(host + 1, 1)).context(fmt::format("step {}", step)));
+  }
   StepResult r{host[0] / loss_terms_, std::sqrt(static_cast<double>(host[1])), {}};
   if (m_.moe()) {
     MT_ASSIGN(r.moe, moe_statistics());
   }
   MT_TRY(check_finite(r, step));
   Tensor coef;
-  if (options_.optimizer.max_grad_norm > 0) {
+  const bool clip = options_.optimizer.max_grad_norm > 0;
+  if (clip) {
+    StreamScope on(b_, plan_.overlap_update ? comm_ : compute_);
     b_.clip_coefficient(grad_sumsq_, options_.optimizer.max_grad_norm, clip_coef_);
     coef = clip_coef_;
   }
-  apply_update(lr, step, coef);
+  if (plan_.overlap_update) finish_overlapped_update(coef);
+  else apply_update(lr, step, coef);
   return r;
 }
 
@@ -504,6 +593,7 @@ Result<double> StepEngine::evaluate(const std::vector<HostBatch>& batches) {
 
 Status StepEngine::begin_evaluation(const std::vector<HostBatch>& batches) {
   if (setup_error_) return *setup_error_;
+  settle();
   b_.fill(loss_total_, 0.f);
   // [Σ loss, targets, correct] of the last stage, summed over the pipeline (others hold 0) and the replicas.
   eval_stats_ = b_.empty(Shape{3});
@@ -554,6 +644,7 @@ const char* const kPrefixes[3] = {"params/", "adam_m/", "adam_v/"};
 
 Result<std::map<std::string, std::vector<float>>> StepEngine::export_state() {
   if (setup_error_) return *setup_error_;
+  settle();
   std::map<std::string, std::vector<float>> out;
   const Group& tp = *mesh_.group_of(GroupKind::tensor, b_.rank());
   // Expert shards differ over the expert_model group: member q holds expert
@@ -613,6 +704,7 @@ Result<std::map<std::string, std::vector<float>>> StepEngine::export_state() {
 
 Status StepEngine::import_state(const std::map<std::string, std::vector<float>>& state) {
   if (setup_error_) return *setup_error_;
+  settle();
   for (auto& c : chunks_) {
     ParameterStore& params = c->model->parameters();
     std::vector<float> flat[3];

@@ -25,6 +25,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backends/backend.h"
@@ -133,6 +134,9 @@ class StepEngine {
  public:
   StepEngine(Backend& b, const ModelSpec& m, const Plan& p, const Mesh& mesh, StepOptions options);
   ~StepEngine();
+  // The chunks' hooks hold `this`.
+  StepEngine(const StepEngine&) = delete;
+  StepEngine& operator=(const StepEngine&) = delete;
 
   // Whether this engine can run plan `p` with options `o` (on top of
   // validate_plan): an Error names what it cannot do. A StepEngine built for
@@ -147,6 +151,22 @@ class StepEngine {
   // micro-batches [d·m, (d+1)·m). Every rank of one replica (its tensor- and
   // pipeline-parallel peers) receives the same ones. The objective is the mean
   // token loss over the global batch; the result is the same on every rank.
+  //
+  // Plan::overlap_update: the reductions' tail, the gradient norm, the loss's
+  // reduction and the updates run on the data-parallel stream, and the next
+  // step's forward of a layer waits only for its buckets' updates. The
+  // parameters' bits are those of the plan without it (each bucket's update
+  // is the same op on the same data). Without clipping (max_grad_norm 0) a
+  // bucket updates as soon as its last reduction is issued, during backward,
+  // before the host has seen the loss: a non-finite step still returns the
+  // Error of check_finite, but its update has been applied (resume from the
+  // last checkpoint). With clipping every update waits for the global norm
+  // and is issued after the host's check, as without the option; the
+  // updates (and ZeRO 1/2 all-gathers) then run in forward order, under the
+  // next forward. On a real device the host's read of the loss and norm at
+  // the end of step() still waits for the last reduction before it issues
+  // the next step: the device-side dependencies are per layer, the host's
+  // are per step.
   Result<StepResult> step(const std::vector<HostBatch>& microbatches, float lr, std::int64_t step);
   // Mean loss over `batches` without updating anything: each replica
   // passes its own batches (same rule as step), the mean is over all of them.
@@ -209,6 +229,22 @@ class StepEngine {
   Status all_reduce_tied_embedding();
   // Adds the expert parameters' squared gradient norm to grad_sumsq_ (each expert shard once).
   void add_expert_sumsq();
+  // AdamW's hyper-parameters at `step` (1-bit Adam's frozen variance included).
+  AdamWOp adamw_op(float lr, std::int64_t step) const;
+  // Plan::overlap_update: bucket i of chunk c updated on the data-parallel
+  // stream with this step's update_op_ and clip coefficient `coef`; the
+  // remaining updates (clipping) and ZeRO 1/2 all-gathers at the step's end;
+  // the compute stream's wait, before layer `layer`'s forward, for the
+  // updates of its buckets; and (settle) for every update, before anything
+  // else reads the parameters or moments.
+  void update_bucket(Chunk& c, std::size_t i, const Tensor& coef);
+  void finish_overlapped_update(const Tensor& coef);
+  void wait_for_update(Chunk& c, int layer);
+  void settle();
+  // ZeRO 3 (Plan::prefetch_across_chunks): tells chunk c's parameter gather
+  // which pass follows its forward (backward = false) or backward of
+  // micro-batch j in this rank's action order (next_pass_), or none.
+  void name_next_pass(int c, int j, bool backward, bool training);
   // The ranks holding this rank's parameters: the data-parallel group, or
   // under context parallelism the data and context ranks together.
   const Group& replicas() const;
@@ -234,6 +270,10 @@ class StepEngine {
   std::vector<MicroBatch> mbs_;
   double loss_terms_ = 0;  // targets (tokens or images) of the global batch
   float loss_scale_ = 0;   // 1 / loss_terms_
+  AdamWOp update_op_{};    // the step's AdamW hyper-parameters (overlap_update)
+  // (backward, chunk, micro-batch) of each forward and backward in this rank's
+  // schedule -> (chunk, backward) of the next one; the last has none.
+  std::map<std::tuple<bool, int, int>, std::pair<int, bool>> next_pass_;
   // What PipelineExecutor runs for mbs_: training (forward and backward) or evaluation (forward only).
   PipelineCompute compute(bool training);
 };

@@ -42,6 +42,12 @@ void add_plan_flags(CLI::App& app, PlanFlags& f, const std::string& default_mode
       "1bit: drop each rank's compression error instead of adding it to the next step (to measure what it is worth)");
   app.add_flag("--zero-reduce-once", o.zero_reduce_once,
                "ZeRO 2/3: reduce-scatter gradients once per step after local accumulation, not per micro-batch");
+  app.add_flag_callback(
+      "--no-prefetch-across-chunks", [&o] { o.prefetch_across_chunks = false; },
+      "ZeRO 3: prefetch parameters within a chunk's pass only, not the next schedule action's first layer");
+  app.add_flag("--overlap-update", o.overlap_update,
+               "run each bucket's optimizer update on the data-parallel stream; the next forward of a layer waits "
+               "only for its own update");
   app.add_flag("--sequence-parallel", o.sequence_parallel, "split norms and dropout over the sequence (tp)");
 }
 

@@ -30,6 +30,7 @@ struct SimulateFlags {
   std::string comm;  // which measured collectives apply: "threads" (the default) or "mpi"
   bool json = false;
   bool ignore_memory = false;
+  bool steady_state = false;
   std::string attention = "flash";  // the simulated software stack: see SimulateOptions
   float dropout = 0.f;
   std::string moe_routing = "uniform";
@@ -258,6 +259,7 @@ Status run_simulate(SimulateFlags f, bool no_flags) {
   options.trace = !f.trace.empty();
   if (options.trace) MT_TRY(probe_output_file(f.trace, "--trace file"));  // before the simulation, not after
   options.check_memory = !f.ignore_memory;
+  options.steady_state = f.steady_state;
   MT_ASSIGN(options.attention, attention_impl_from_name(f.attention));
   options.dropout = f.dropout;
   MT_ASSIGN(options.moe_routing, MoeRouting::parse(f.moe_routing));
@@ -330,6 +332,8 @@ Command add_simulate_command(CLI::App& app) {
   sub->add_option("--job", flags->jobs,
                   "a job file (model, plan, GPUs); two or more share the cluster, each is also run alone and its "
                   "slowdown reported; repeatable");
+  sub->add_flag("--steady-state", flags->steady_state,
+                "time the second of two iterations (what overlaps the next step's forward counts), not one alone");
   // Output flags do not choose what is simulated: with only those, the example runs.
   std::vector<CLI::Option*> output = {
       sub->add_option("--calibration", flags->calibration, "calibration JSON (meshtrain calibrate) replacing the defaults"),

@@ -82,6 +82,7 @@ GradientBuckets::GradientBuckets(Backend& b, const ModelSpec& m, ParameterStore&
     }
   }
   issued_.assign(buckets_.size(), false);
+  reduced_.assign(buckets_.size(), false);
   unit_grads_.resize(buckets_.size());
   if (sharded()) shard_grads_ = b.empty(Shape{shard_numel_});
   if (compression.kind != GradCompression::none) {
@@ -92,14 +93,38 @@ GradientBuckets::GradientBuckets(Backend& b, const ModelSpec& m, ParameterStore&
   }
 }
 
+void GradientBuckets::overlap_updates(std::function<void(std::size_t)> on_reduced) {
+  overlap_ = true;
+  on_reduced_ = std::move(on_reduced);
+}
+
 void GradientBuckets::begin_step(std::int64_t step) {
   std::fill(issued_.begin(), issued_.end(), false);
+  std::fill(reduced_.begin(), reduced_.end(), false);
   armed_ = false;
   compress_ = compression_ && step > compression_options_.warmup;
+  if (!overlap_) {
+    if (units()) b_.fill(shard_grads_, 0.f);
+    return;
+  }
+  // The previous step's updates may still be reading the gradients on the communication stream.
+  StreamScope on_comm(b_, comm_);
+  params_.zero_grads();
   if (units()) b_.fill(shard_grads_, 0.f);
+  zeroed_ = b_.record(comm_);
+}
+
+void GradientBuckets::reduced(std::size_t i) {
+  if (reduced_[i]) return;
+  reduced_[i] = true;
+  if (on_reduced_) on_reduced_(i);
 }
 
 void GradientBuckets::before_backward(int layer) {
+  if (zeroed_.valid()) {
+    b_.wait(compute_, zeroed_);
+    zeroed_ = Event{};
+  }
   if (!units()) return;
   for (std::size_t i = 0; i < buckets_.size(); ++i) {
     const Bucket& k = buckets_[i];
@@ -115,14 +140,14 @@ void GradientBuckets::after_backward(int layer) {
     const Bucket& k = buckets_[i];
     if (k.deferred) continue;
     if (units()) {
-      if (k.uses.front() == layer && (armed_ || unit_reduce_ == UnitReduce::per_microbatch)) reduce_unit(i);
+      if (k.uses.front() == layer && (armed_ || unit_reduce_ == UnitReduce::per_microbatch)) reduce_unit(i, armed_);
     } else if (armed_ && !issued_[i] && k.uses.front() >= layer) {
       issue(i);
     }
   }
 }
 
-void GradientBuckets::reduce_unit(std::size_t i) {
+void GradientBuckets::reduce_unit(std::size_t i, bool last) {
   const Bucket& k = buckets_[i];
   b_.wait(comm_, b_.record(compute_));
   {
@@ -138,10 +163,16 @@ void GradientBuckets::reduce_unit(std::size_t i) {
   }
   params_.release_grads(k.begin, k.size);
   unit_grads_[i] = Tensor();
+  if (last) reduced(i);
 }
 
 void GradientBuckets::issue(std::size_t i) {
   issued_[i] = true;
+  reduce_range(i);
+  reduced(i);
+}
+
+void GradientBuckets::reduce_range(std::size_t i) {
   const Bucket& k = buckets_[i];
   // The bucket's gradients were issued on the compute stream: the reduction waits for them there.
   b_.wait(comm_, b_.record(compute_));
@@ -179,12 +210,17 @@ void GradientBuckets::issue(std::size_t i) {
 void GradientBuckets::finish() {
   for (std::size_t i = buckets_.size(); i-- > 0;) {
     if (units()) {
-      if (unit_grads_[i].defined()) reduce_unit(i);
+      if (unit_grads_[i].defined()) reduce_unit(i, true);
     } else if (!issued_[i]) {
       issue(i);
     }
   }
-  b_.wait(compute_, b_.record(comm_));
+  if (!overlap_) {
+    b_.wait(compute_, b_.record(comm_));
+    return;
+  }
+  // Units reduced per micro-batch without an armed last backward (zero-bubble schedules) end here.
+  for (std::size_t i = buckets_.size(); i-- > 0;) reduced(i);
 }
 
 Result<std::vector<float>> GradientBuckets::export_errors() {

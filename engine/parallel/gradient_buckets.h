@@ -47,6 +47,14 @@
 // over the embedding group, which can only happen after the schedule has run.
 // Under the unit layout their gradient storage is kept for the iteration.
 //
+// Overlapped updates (Plan::overlap_update, overlap_updates()): the optimizer
+// reads the reduced gradients on the communication stream, so finish() does
+// not make the compute stream wait for the reductions, and begin_step zeroes
+// the gradient buffers on the communication stream too (after the previous
+// step's updates read them); the first backward of the step waits for that.
+// Each bucket's last reduction of the step calls `on_reduced` on the host
+// right after it is issued, once per bucket and step.
+//
 // Compression (Plan::grad_compression, grad_compression.h): from the step
 // after the warm-up on, every bucket's reduction over a group of more than
 // one rank sends compressed payloads instead of fp32; the reduction's result
@@ -54,6 +62,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -113,8 +122,10 @@ class GradientBuckets {
   void before_backward(int layer);
   void after_backward(int layer);
   // Reduces every bucket not reduced yet (the deferred ones) and makes the
-  // compute stream wait for all reductions.
+  // compute stream wait for all reductions (unless updates overlap).
   void finish();
+  // Overlapped updates from now on (see above); `on_reduced` may be empty.
+  void overlap_updates(std::function<void(std::size_t bucket)> on_reduced);
 
   const std::vector<Bucket>& buckets() const { return buckets_; }
   // The group a bucket reduces (and ZeRO shards) over, and this rank's index in it.
@@ -133,7 +144,10 @@ class GradientBuckets {
 
  private:
   void issue(std::size_t i);
-  void reduce_unit(std::size_t i);
+  void reduce_range(std::size_t i);
+  // `last`: no later micro-batch adds to the unit this step.
+  void reduce_unit(std::size_t i, bool last);
+  void reduced(std::size_t i);  // bucket i's last reduction of the step is issued
 
   Backend& b_;
   ParameterStore& params_;
@@ -151,6 +165,10 @@ class GradientBuckets {
   UnitReduce unit_reduce_;
   std::unique_ptr<CompressedReduction> compression_;  // null without compression
   bool compress_ = false;                             // this step's reductions are compressed
+  bool overlap_ = false;                              // overlap_updates() was called
+  std::function<void(std::size_t)> on_reduced_;
+  std::vector<bool> reduced_;  // by bucket: on_reduced_ called this step
+  Event zeroed_;               // overlapped: the step's gradient zeroing on the communication stream
 };
 
 }  // namespace meshtrain

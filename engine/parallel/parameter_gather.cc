@@ -36,6 +36,16 @@ void ParameterGather::issue(std::size_t i) {
   u.ready = b_.record(comm_);
 }
 
+void ParameterGather::set_next_pass(ParameterGather* next, bool backward) {
+  next_pass_ = next;
+  next_backward_ = backward;
+}
+
+void ParameterGather::prefetch(int layer) {
+  for (std::size_t i = 0; i < units_.size(); ++i)
+    if (uses(i, layer) && !units_[i].full.defined()) issue(i);
+}
+
 void ParameterGather::before(int layer, bool backward) {
   const auto& buckets = buckets_.buckets();
   for (std::size_t i = 0; i < buckets.size(); ++i) {
@@ -45,14 +55,15 @@ void ParameterGather::before(int layer, bool backward) {
     params_.bind_values(buckets[i].begin, units_[i].full.slice(0, buckets[i].size));
   }
   const int n = next(layer, backward);
-  if (n == INT_MIN) return;
-  for (std::size_t i = 0; i < buckets.size(); ++i)
-    if (uses(i, n) && !units_[i].full.defined()) issue(i);
+  if (n != INT_MIN) prefetch(n);
+  else if (next_pass_) next_pass_->prefetch(next_pass_->first(next_backward_));
 }
 
 void ParameterGather::after(int layer, bool backward) {
   const auto& buckets = buckets_.buckets();
-  const int n = next(layer, backward);
+  int n = next(layer, backward);
+  // The pass's last layer: what the next pass of this chunk starts with stays gathered.
+  if (n == INT_MIN && next_pass_ == this) n = first(next_backward_);
   for (std::size_t i = 0; i < buckets.size(); ++i) {
     if (!uses(i, layer) || (n != INT_MIN && uses(i, n))) continue;
     params_.release_values(buckets[i].begin, buckets[i].size);

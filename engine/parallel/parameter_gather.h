@@ -12,8 +12,17 @@
 // stream (prefetch), and the compute stream waits for a gather by event only
 // when it needs it, so the next layer's gather overlaps this layer's compute.
 // A rank so holds at most two gathered layers (the one in use and the next)
-// besides its shards (Rajbhandari et al. 2020, stage 3). A pass's first layer
-// is not prefetched: the engine does not know which pass comes next.
+// besides its shards (Rajbhandari et al. 2020, stage 3).
+//
+// Across passes (Plan::prefetch_across_chunks): before each forward or
+// backward the engine names the pass that follows it in the rank's action
+// order (PipelineExecutor's schedule: another chunk's, or the next
+// micro-batch's), and entering the last layer of this pass issues the gather
+// of that pass's first layer, so a chunk's first layer overlaps the previous
+// chunk's last. When the next pass is this chunk's own, the units its first
+// layer reads stay gathered instead of being released and gathered again
+// (a last stage's forward then backward through the head). Without a named
+// pass (the step's last, an evaluation), the first layer waits for its gather.
 //
 // Gathers are issued in the same order on every replica (they run the same
 // schedule), as collectives must be.
@@ -38,6 +47,9 @@ class ParameterGather {
   // The chunk's hooks (LayerHooks), for forward (backward = false) and backward.
   void before(int layer, bool backward);
   void after(int layer, bool backward);
+  // The pass after the one about to run (see above): `next`'s forward
+  // (backward = false) or backward; null: none known.
+  void set_next_pass(ParameterGather* next, bool backward);
 
   // (Σ k) this rank's owned part of every unit; padding elements are zero.
   Tensor& shards() { return shards_; }
@@ -54,6 +66,10 @@ class ParameterGather {
   void issue(std::size_t i);
   // The layer after `layer` in this pass, or none (INT_MIN).
   int next(int layer, bool backward) const;
+  // The first layer of a forward (backward = false) or backward pass.
+  int first(bool backward) const { return backward ? order_.back() : order_.front(); }
+  // Issues the gathers of `layer`'s units not issued yet.
+  void prefetch(int layer);
   bool uses(std::size_t i, int layer) const;
 
   Backend& b_;
@@ -63,6 +79,8 @@ class ParameterGather {
   Stream compute_, comm_;
   Tensor shards_;
   std::vector<Unit> units_;
+  ParameterGather* next_pass_ = nullptr;
+  bool next_backward_ = false;
 };
 
 }  // namespace meshtrain

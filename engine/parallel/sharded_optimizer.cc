@@ -72,50 +72,60 @@ void ShardedAdamW::accumulate_sumsq(Tensor& out, const std::function<bool(const 
   }
 }
 
-void ShardedAdamW::update(const AdamWOp& base, float weight_decay, const Tensor& coef) {
+void ShardedAdamW::update_bucket(std::size_t i, const AdamWOp& base, float weight_decay, const Tensor& coef) {
   const Tensor& grads = buckets_.sharded() ? buckets_.shard_grads() : params_.grads();
-  for (const std::vector<Piece>& bucket : pieces_) {
-    std::vector<AdamWTensors> group;
-    for (const Piece& p : bucket) {
-      const float decay = params_.slots()[p.slot].info.weight_decay ? weight_decay : 0.f;
-      group.push_back({master(p.flat, p.local, p.n), grads.slice(p.local, p.n), m_.slice(p.local, p.n),
-                       v_.slice(p.local, p.n), decay});
-    }
-    if (!group.empty()) b_.foreach_adamw(group, coef, base);
-    if (!master_.defined()) continue;
-    for (const Piece& p : bucket) {
-      Tensor w = working(p.flat, p.local, p.n);
-      b_.cast(master(p.flat, p.local, p.n), w);
-    }
+  const std::vector<Piece>& bucket = pieces_[i];
+  std::vector<AdamWTensors> group;
+  for (const Piece& p : bucket) {
+    const float decay = params_.slots()[p.slot].info.weight_decay ? weight_decay : 0.f;
+    group.push_back({master(p.flat, p.local, p.n), grads.slice(p.local, p.n), m_.slice(p.local, p.n),
+                     v_.slice(p.local, p.n), decay});
   }
-  if (!buckets_.sharded() || gather_) return;
+  if (!group.empty()) b_.foreach_adamw(group, coef, base);
+  if (!master_.defined()) return;
+  for (const Piece& p : bucket) {
+    Tensor w = working(p.flat, p.local, p.n);
+    b_.cast(master(p.flat, p.local, p.n), w);
+  }
+}
+
+bool ShardedAdamW::gathers() const {
+  if (!buckets_.sharded() || gather_) return false;
   const auto& all = buckets_.buckets();
-  if (std::none_of(all.begin(), all.end(), [&](const Bucket& k) { return buckets_.group_of(k).size() > 1; })) return;
+  return std::any_of(all.begin(), all.end(), [&](const Bucket& k) { return buckets_.group_of(k).size() > 1; });
+}
+
+void ShardedAdamW::gather_bucket(std::size_t i) {
+  const Bucket& k = buckets_.buckets()[i];
+  const Group& group = buckets_.group_of(k);
+  const int r = buckets_.rank_in(k), G = group.size();
+  if (G == 1) return;  // the owned range is the whole bucket, updated in place
+  const DType dt = params_.value_dtype();
+  Tensor mine = b_.empty(Shape{k.shard}, dt);
+  if (k.owned_size(r) < k.shard) b_.fill(mine, 0.f);
+  if (k.owned_size(r) > 0) {
+    Tensor head = mine.slice(0, k.owned_size(r));
+    b_.copy(params_.values().slice(k.owned_begin(r), k.owned_size(r)), head);
+  }
+  Tensor whole = params_.values().slice(k.begin, k.size);
+  if (k.shard * G == k.size) {
+    b_.all_gather(mine, whole, group);
+  } else {
+    Tensor staging = b_.empty(Shape{k.shard * G}, dt);
+    b_.all_gather(mine, staging, group);
+    b_.copy(staging.slice(0, k.size), whole);
+  }
+}
+
+void ShardedAdamW::update(const AdamWOp& base, float weight_decay, const Tensor& coef) {
+  for (std::size_t i = 0; i < pieces_.size(); ++i) update_bucket(i, base, weight_decay, coef);
+  if (!gathers()) return;
   // Every replica needs the whole chunk for the next forward.
   b_.wait(comm_, b_.record(b_.current_stream()));
   const Stream compute = b_.current_stream();
   {
     StreamScope on_comm(b_, comm_);
-    const DType dt = params_.value_dtype();
-    for (const Bucket& k : buckets_.buckets()) {
-      const Group& group = buckets_.group_of(k);
-      const int r = buckets_.rank_in(k), G = group.size();
-      if (G == 1) continue;  // the owned range is the whole bucket, updated in place
-      Tensor mine = b_.empty(Shape{k.shard}, dt);
-      if (k.owned_size(r) < k.shard) b_.fill(mine, 0.f);
-      if (k.owned_size(r) > 0) {
-        Tensor head = mine.slice(0, k.owned_size(r));
-        b_.copy(params_.values().slice(k.owned_begin(r), k.owned_size(r)), head);
-      }
-      Tensor whole = params_.values().slice(k.begin, k.size);
-      if (k.shard * G == k.size) {
-        b_.all_gather(mine, whole, group);
-      } else {
-        Tensor staging = b_.empty(Shape{k.shard * G}, dt);
-        b_.all_gather(mine, staging, group);
-        b_.copy(staging.slice(0, k.size), whole);
-      }
-    }
+    for (std::size_t i = 0; i < buckets_.buckets().size(); ++i) gather_bucket(i);
   }
   b_.wait(compute, b_.record(comm_));
 }

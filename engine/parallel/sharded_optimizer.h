@@ -44,6 +44,14 @@ class ShardedAdamW {
   // info.weight_decay. Then refreshes the working copy and (ZeRO 1/2)
   // all-gathers the parameters.
   void update(const AdamWOp& op, float weight_decay, const Tensor& coef);
+  // The same for gradient bucket i alone, on the current stream: its AdamW
+  // step and working-copy refresh (update_bucket), then, if gathers(), its
+  // all-gather over the group (gather_bucket). update() is every bucket's
+  // update_bucket, then every gather_bucket on the communication stream.
+  void update_bucket(std::size_t i, const AdamWOp& op, float weight_decay, const Tensor& coef);
+  void gather_bucket(std::size_t i);
+  // Whether the update ends in all-gathers (ZeRO 1/2 over groups of more than one rank).
+  bool gathers() const;
 
   // The master values and the moments for every element of the chunk's flat
   // buffer (gathered over the group when sharded: collective). BLOCKS.

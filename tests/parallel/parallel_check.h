@@ -21,7 +21,7 @@ struct PlanRun {
 };
 
 // `threads` per rank; 0: the cores shared out among the ranks, as `meshtrain train` does.
-inline PlanRun run_plan(const ModelSpec& m, Plan p, int threads = 0) {
+inline PlanRun run_plan(const ModelSpec& m, Plan p, int threads = 0, const StepOptions& options = step_options()) {
   if (m.vision()) p.seq_len = 0;  // the images fix the tokens
   PlanRun out;
   out.ranks.resize(static_cast<std::size_t>(p.world_size()));
@@ -29,7 +29,7 @@ inline PlanRun run_plan(const ModelSpec& m, Plan p, int threads = 0) {
   const int per_rank = threads > 0 ? threads : cpu::threads_per_rank(p.world_size());
   const Status s = run_ranks(p.world_size(), [&](int rank, Communicator& comm) -> Status {
     CpuBackend b(comm, CpuBackendOptions{per_rank});
-    return run_rank(b, m, p, out.ranks[static_cast<std::size_t>(rank)]);
+    return run_rank(b, m, p, out.ranks[static_cast<std::size_t>(rank)], options);
   });
   INFO((s.ok() ? std::string() : s.error().message()));
   REQUIRE(s.ok());

@@ -166,8 +166,9 @@ inline std::vector<HostBatch> recut(const std::vector<HostBatch>& parts, int mic
 // One rank's run: kSteps steps on its share of the global batch (its
 // replica's micro-batches, or all of it for a plan made of segments), then
 // the evaluation and the export.
-inline Status run_rank(Backend& b, const ModelSpec& m, const Plan& p, RankRun& out) {
-  const std::unique_ptr<TrainingEngine> engine = make_engine(b, m, p, step_options());
+inline Status run_rank(Backend& b, const ModelSpec& m, const Plan& p, RankRun& out,
+                       const StepOptions& options = step_options()) {
+  const std::unique_ptr<TrainingEngine> engine = make_engine(b, m, p, options);
   const DataShare share = engine->data_share();
   auto mine = [&](const std::vector<HostBatch>& all) {
     const std::vector<HostBatch> cut = recut(all, share.micro_batch);

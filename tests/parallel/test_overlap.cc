@@ -1,0 +1,98 @@
+// Overlap and prefetch change when ops run, never what they compute: ZeRO-3's
+// prefetch across chunk boundaries and the optimizer update off the critical
+// path (Plan::prefetch_across_chunks, Plan::overlap_update) give the bits of
+// the plan without them, and the single-rank run's values.
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include "tests/parallel/parallel_check.h"
+
+using namespace meshtrain;
+using namespace meshtrain::testing;
+
+namespace {
+
+void check_same_bits(const PlanRun& a, const PlanRun& b) {
+  REQUIRE(a.ranks.size() == b.ranks.size());
+  for (std::size_t r = 0; r < a.ranks.size(); ++r) {
+    INFO("rank " << r);
+    CHECK(a.ranks[r].losses == b.ranks[r].losses);
+    CHECK(a.ranks[r].grad_norms == b.ranks[r].grad_norms);
+    CHECK(a.ranks[r].eval_loss == b.ranks[r].eval_loss);
+  }
+  CHECK(!a.ranks[0].state.empty());
+  CHECK(a.ranks[0].state == b.ranks[0].state);
+}
+
+}  // namespace
+
+TEST_CASE("ZeRO-3 prefetch across chunks gives the bits of the prefetch within a pass", "[parallel][overlap][zero3]") {
+  for (const Plan& base : {make_plan(1, 2, 2, 3, ScheduleKind::interleaved, 2),
+                           make_plan(2, 2, 2, 3, ScheduleKind::one_f_one_b),
+                           make_plan(1, 2, 2, 3, ScheduleKind::gpipe), make_plan(1, 1, 2, 3, ScheduleKind::one_f_one_b)}) {
+    Plan within = base;
+    within.prefetch_across_chunks = false;
+    INFO("seed " << kSeed << ", plan " << describe(base));
+    REQUIRE(base.prefetch_across_chunks);  // the default
+    check_same_bits(run_plan(tiny_gpt(), base), run_plan(tiny_gpt(), within));
+  }
+  // And the single-rank values, with the tied embedding's unit used at both ends of one chunk.
+  check_matches_reference(tiny_gpt(), make_plan(1, 2, 2, 3, ScheduleKind::interleaved, 2));
+  check_matches_reference(tiny_gpt(), make_plan(1, 1, 2, 3, ScheduleKind::one_f_one_b));
+}
+
+TEST_CASE("optimizer updates off the critical path give the bits of the plan without", "[parallel][overlap]") {
+  std::vector<Plan> plans;
+  for (int zero : {0, 1, 2, 3}) plans.push_back(make_plan(1, 1, 2, zero, ScheduleKind::one_f_one_b));
+  plans.push_back(make_plan(2, 2, 2, 1, ScheduleKind::interleaved, 2));
+  plans.push_back(make_plan(1, 2, 2, 3, ScheduleKind::interleaved, 2));
+  plans.push_back(make_plan(1, 2, 2, 2, ScheduleKind::gpipe));
+  plans.push_back(make_plan(1, 2, 2, 1, ScheduleKind::zb_h1));
+  Plan after = make_plan(1, 1, 2, 1, ScheduleKind::one_f_one_b);
+  after.grad_sync = GradSync::after_backward;
+  plans.push_back(after);
+  Plan once = make_plan(1, 1, 2, 2, ScheduleKind::one_f_one_b);
+  once.zero_reduce_once = true;
+  plans.push_back(once);
+  // Clipping on: the updates wait for the global norm; off: each bucket updates as it is reduced.
+  for (const float clip : {0.5f, 0.f}) {
+    StepOptions options = step_options();
+    options.optimizer.max_grad_norm = clip;
+    for (const Plan& base : plans) {
+      Plan overlapped = base;
+      overlapped.overlap_update = true;
+      INFO("seed " << kSeed << ", plan " << describe(base) << ", clip " << clip);
+      check_same_bits(run_plan(tiny_gpt(), overlapped, 0, options), run_plan(tiny_gpt(), base, 0, options));
+    }
+  }
+  Plan hybrid = make_plan(2, 2, 2, 1, ScheduleKind::interleaved, 2);
+  hybrid.overlap_update = true;
+  check_matches_reference(tiny_gpt(), hybrid);
+}
+
+TEST_CASE("overlapped updates are refused for plans made of segments", "[parallel][overlap][errors]") {
+  Plan p = make_plan(1, 1, 2, 1, ScheduleKind::one_f_one_b);
+  p.overlap_update = true;
+  p.segment_name = "segment 0";
+  const Status s = StepEngine::supports(p);
+  REQUIRE(!s.ok());
+  CHECK_THAT(s.error().message(), Catch::Contains("--overlap-update") && Catch::Contains("segments"));
+}
+
+TEST_CASE("the overlap fields round-trip through a plan file", "[parallel][overlap]") {
+  Plan p = make_plan(1, 1, 2, 3, ScheduleKind::one_f_one_b);
+  p.overlap_update = true;
+  p.prefetch_across_chunks = false;
+  const nlohmann::json j = plan_to_json(p);
+  CHECK(j.at("overlap_update") == true);
+  CHECK(j.at("prefetch_across_chunks") == false);
+  // A plan file with the two fields as plan_to_json writes them.
+  auto o = plan_overrides_from_json(
+      nlohmann::json{{"overlap_update", j.at("overlap_update")}, {"prefetch_across_chunks", j.at("prefetch_across_chunks")}});
+  INFO((o.ok() ? std::string() : o.error().message()));
+  REQUIRE(o.ok());
+  auto back = apply_overrides(Plan{}, o.value());
+  REQUIRE(back.ok());
+  CHECK(back.value().overlap_update);
+  CHECK(!back.value().prefetch_across_chunks);
+}
