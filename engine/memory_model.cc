@@ -103,6 +103,15 @@ MemoryBreakdown memory_per_rank(const ModelSpec& m, const Plan& p, int stage, co
   r.parameters = sharded(3, param_bytes);
   r.gradients = sharded(2, grad_bytes);
   r.optimizer = sharded(1, optimizer_bytes);
+  if (p.offload != Offload::none) {
+    r.offloaded = r.optimizer;
+    r.optimizer = 0;
+    r.host = sharded(1, 16.0);
+    if (p.offload == Offload::params) {
+      r.offloaded += r.parameters;
+      r.parameters = 0;
+    }
+  }
   // 1-bit gradients keep their error feedback across steps like optimizer state
   // (engine/parallel/grad_compression.h): an fp32 worker error as large as the
   // gradients, and under ZeRO 0 a server error of the rank's 1/dp block.
@@ -123,6 +132,9 @@ MemoryBreakdown memory_per_rank(const ModelSpec& m, const Plan& p, int stage, co
     const bool whole = p.zero_reduce_once && p.microbatches() > 1;
     const double layer_grads = whole ? 0.0 : grad_bytes;
     if (p.zero >= 3) r.zero3_working = static_cast<double>(largest_layer) * (gathered * param_bytes + layer_grads);
+    // Offloaded shards come to the device for their gather: the fp32 shard, then its 16-bit cast.
+    if (p.zero >= 3 && p.offload == Offload::params)
+      r.zero3_working += static_cast<double>(largest_layer) / dp * (4.0 + (mixed ? param_bytes : 0.0));
     else r.gradient_working = static_cast<double>(largest_layer) * layer_grads;
     if (whole) r.gradient_working = n * grad_bytes;
     else if (stage == 0 || stage == p.pp - 1) r.gradient_working += static_cast<double>(tied_embedding) * grad_bytes;

@@ -40,6 +40,9 @@ void add_plan_flags(CLI::App& app, PlanFlags& f, const std::string& default_mode
       "1bit: drop each rank's compression error instead of adding it to the next step (to measure what it is worth)");
   app.add_flag("--zero-reduce-once", o.zero_reduce_once,
                "ZeRO 2/3: reduce-scatter gradients once per step after local accumulation, not per micro-batch");
+  app.add_option("--offload", o.offload,
+                 "host memory for the optimizer: none, optimizer (fp32 master weights and AdamW state, updated on "
+                 "the host) or params (ZeRO 3: the parameter shards too)");
   app.add_flag("--sequence-parallel", o.sequence_parallel, "split norms and dropout over the sequence (tp)");
 }
 
