@@ -203,6 +203,8 @@ Status issue_iterations(SimCluster& cluster, int job, const ModelSpec& m, const 
   const std::vector<int>& reps = cluster.representatives(job);
   std::vector<std::unique_ptr<TrainingEngine>> engines;
   for (int r : reps) engines.push_back(make_engine(cluster.backend(job, r), m, p, step_options));
+  // The iterations' PCIe traffic and host updates, without the set-up's (SimRankReport::host_work).
+  for (int r : reps) cluster.backend(job, r).reset_host_work();
   // Nothing blocks on data in the sim backend, so each representative issues
   // its whole iteration in turn; the cluster times them together.
   for (std::size_t i = 0; i < engines.size(); ++i)

@@ -176,6 +176,8 @@ class SimBackend final : public Backend {
 
   double compute_seconds() const;  // sum of issued compute durations
   const SimHostWork& host_work() const { return host_work_; }
+  // Forgets the host work issued so far (a simulation's set-up: the offloaded master's first copy).
+  void reset_host_work() { host_work_ = {}; }
   std::string set_region(std::string name) override;
   // Per region (Backend::set_region; "" outside any): issued compute seconds and bytes this rank sent.
   struct Region {

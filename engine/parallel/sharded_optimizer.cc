@@ -17,7 +17,11 @@ ShardedAdamW::ShardedAdamW(Backend& b, ParameterStore& params, const GradientBuc
   if (offload == Offload::optimizer || (offload == Offload::none && params.value_dtype() != DType::f32)) {
     master_ = host ? b.host_zeros(shape) : b.empty(shape);
     // The working copy holds the initial values: the master starts from them (exact for
-    // the 16-bit values themselves; an import loads fp32 values over both).
+    // the 16-bit values themselves; an import loads fp32 values over both). Offloaded, the
+    // copy runs on the copy stream, under the first forward, and the first update waits for it.
+    const Stream issuing = b.current_stream();
+    if (host) b.wait(streams_.down, b.record(issuing));
+    StreamScope on(b, host ? streams_.down : issuing);
     for_each_piece([&](const ParamSlot&, std::int64_t flat, std::int64_t n, std::int64_t local) {
       Tensor dst = master_.slice(local, n);
       const Tensor src = working(flat, local, n);
@@ -31,6 +35,7 @@ ShardedAdamW::ShardedAdamW(Backend& b, ParameterStore& params, const GradientBuc
         b_.copy(wide, dst);
       }
     });
+    if (host) master_ready_ = b.record(streams_.down);
   }
 }
 
@@ -104,6 +109,7 @@ void ShardedAdamW::update_on_host(const AdamWOp& base, float weight_decay, const
   {
     StreamScope host(b_, streams_.host);
     b_.wait(streams_.host, reduced);
+    if (master_ready_.valid()) b_.wait(streams_.host, master_ready_);
     for (std::size_t k = 0; k < pieces_.size(); ++k) {
       const std::vector<Piece>& bucket = pieces_[k];
       if (bucket.empty()) continue;

@@ -108,6 +108,7 @@ class ShardedAdamW {
   Offload offload_;
   OffloadStreams streams_;
   Tensor host_grads_;  // offloaded: (like m_) the reduced gradients, copied to the host each step
+  Event master_ready_;  // offloaded: the initial master's copy to the host (on streams_.down)
   std::vector<std::vector<Piece>> pieces_;  // bucket_pieces()
 };
 
