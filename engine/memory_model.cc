@@ -133,9 +133,6 @@ MemoryBreakdown memory_per_rank(const ModelSpec& m, const Plan& p, int stage, co
     const double layer_grads = whole ? 0.0 : grad_bytes;
     if (p.zero >= 3) r.zero3_working = static_cast<double>(largest_layer) * (gathered * param_bytes + layer_grads);
     else r.gradient_working = static_cast<double>(largest_layer) * layer_grads;
-    // Offloaded shards come to the device for their gather: the fp32 shard, then its 16-bit cast.
-    if (p.zero >= 3 && p.offload == Offload::params)
-      r.zero3_working += static_cast<double>(largest_layer) / dp * (4.0 + (mixed ? param_bytes : 0.0));
     if (whole) r.gradient_working = n * grad_bytes;
     else if (stage == 0 || stage == p.pp - 1) r.gradient_working += static_cast<double>(tied_embedding) * grad_bytes;
   }

@@ -13,8 +13,10 @@
 // also stages the gradients it updates from: 16 bytes per (sharded)
 // parameter of host memory (master 4, m 4, v 4, gradient 4), whatever the
 // precision (in fp32 the device keeps its working copy and the host its own
-// master). `params` adds a fetch buffer per ZeRO-3 gather on the device: the
-// unit's fp32 shard (and its 16-bit cast).
+// master). Under `params` a gather first brings its unit's fp32 shard to the
+// device; that buffer lives only while the gather is issued, never at the
+// step's peak (measured: the cpu peak drops by exactly the offloaded bytes),
+// so it is not counted.
 //
 // Activations follow Korthikanti et al. 2022 ("Reducing Activation
 // Recomputation in Large Transformer Models", Sec. 4), written as the list of

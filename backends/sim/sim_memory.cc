@@ -37,22 +37,26 @@ class SimStorage final : public Storage {
 
 }  // namespace
 
-Tensor SimBackend::empty(const Shape& shape, DType dtype) {
+namespace {
+
+// Shape-only storage of `shape` in device or host memory, counted by `accounting`.
+Tensor allocate(const std::shared_ptr<SimBackend::Accounting>& accounting, const Shape& shape, DType dtype, bool host,
+                const char* op) {
   for (auto d : shape.dims())
-    if (d < 0) misuse("empty: negative dimension in {}", shape.str());
+    if (d < 0) misuse("{}: negative dimension in {}", op, shape.str());
   const auto bytes =
       static_cast<std::int64_t>(shape.numel()) * static_cast<std::int64_t>(dtype_size(dtype));
-  return Tensor(std::make_shared<SimStorage>(accounting_, bytes, false), shape, dtype);
+  return Tensor(std::make_shared<SimStorage>(accounting, bytes, host), shape, dtype);
 }
+
+}  // namespace
+
+Tensor SimBackend::empty(const Shape& shape, DType dtype) { return allocate(accounting_, shape, dtype, false, "empty"); }
 
 Tensor SimBackend::zeros(const Shape& shape, DType dtype) { return empty(shape, dtype); }
 
 Tensor SimBackend::host_zeros(const Shape& shape, DType dtype) {
-  for (auto d : shape.dims())
-    if (d < 0) misuse("host_zeros: negative dimension in {}", shape.str());
-  const auto bytes =
-      static_cast<std::int64_t>(shape.numel()) * static_cast<std::int64_t>(dtype_size(dtype));
-  return Tensor(std::make_shared<SimStorage>(accounting_, bytes, true), shape, dtype);
+  return allocate(accounting_, shape, dtype, true, "host_zeros");
 }
 
 bool SimBackend::on_host(const Tensor& t) const {

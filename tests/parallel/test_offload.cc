@@ -120,8 +120,7 @@ TEST_CASE("offload lowers the device peak by the offloaded bytes: measured, mode
     const MemoryBreakdown model_base = memory_per_rank(m, p, 0, meshtrain_layout(p));
     const MemoryBreakdown model_off = memory_per_rank(m, q, 0, meshtrain_layout(q));
     const double model_saving = model_base.total() - model_off.total();
-    // fp32: m and v (8 bytes per parameter this rank updates), and with `params` its 4-byte shard less
-    // the fetch buffer of one layer's shard.
+    // fp32: m and v (8 bytes per parameter this rank updates), and with `params` its 4-byte shard.
     CHECK(model_off.offloaded == Approx((mode == Offload::params ? 12.0 : 8.0) * parameter_count(m) / 2));
     CHECK(base.memory[0].host_peak_bytes == 0);
     for (int r = 0; r < 2; ++r) {
