@@ -219,6 +219,9 @@ struct NormalInitOp {
 struct MemoryStats {
   std::int64_t live_bytes = 0;  // bytes of live tensor storage now
   std::int64_t peak_bytes = 0;  // max of live_bytes since the last reset_peak
+  // The same for host memory (Backend::host_zeros), never counted above.
+  std::int64_t host_live_bytes = 0;
+  std::int64_t host_peak_bytes = 0;
 };
 
 class Backend {
@@ -236,7 +239,26 @@ class Backend {
   // has zeroed memory at hand (the cpu backend's fresh pages: nothing is written).
   virtual Tensor zeros(const Shape& shape, DType dtype = DType::f32);
   virtual MemoryStats memory_stats() const = 0;
-  virtual void reset_peak() = 0;
+  virtual void reset_peak() = 0;  // device and host peaks
+
+  // ---- host memory (optimizer and parameter offload, ZeRO-Offload) ---------
+  // Zeroed storage of `shape` in the host's memory instead of the device's:
+  // page-locked on cuda (so copies to and from it are asynchronous DMA), a
+  // pool of its own on cpu, bookkeeping on sim. Counted in MemoryStats'
+  // host_* fields, never in live/peak. Only these ops take a host tensor:
+  //  * copy, with either side on the host: the bytes cross the host link
+  //    (PCIe); cuda copies asynchronously on the current stream, sim times it
+  //    on the GPU's PCIe link;
+  //  * write and read, as for device tensors;
+  //  * foreach_adamw when every tensor of every entry is on the host but the
+  //    clip coefficient: the update then runs on the host's cores
+  //    (multi-threaded and vectorized, in stream order: it starts when the
+  //    work issued before it on the current stream is done, and later work
+  //    waits for it), giving the cpu backend's bits; sim times it at the
+  //    host's calibrated AdamW rate.
+  // Any other op given a host tensor is misuse (the cpu backend checks this
+  // too, though its host and device memory are the same RAM).
+  virtual Tensor host_zeros(const Shape& shape, DType dtype = DType::f32) = 0;
 
   // ---- host transfer -------------------------------------------------------
   // Enqueue a copy of host data into `dst` (converted to dst's dtype). The host

@@ -22,6 +22,9 @@ class BackendWrapper : public Backend {
   Tensor zeros(const Shape& shape, DType dtype = DType::f32) override {
     return target_.zeros(shape, dtype);
   }
+  Tensor host_zeros(const Shape& shape, DType dtype = DType::f32) override {
+    return target_.host_zeros(shape, dtype);
+  }
   MemoryStats memory_stats() const override { return target_.memory_stats(); }
   void reset_peak() override { target_.reset_peak(); }
   void write(Tensor& dst, std::span<const float> host) override { target_.write(dst, host); }

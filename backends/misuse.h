@@ -18,4 +18,10 @@ namespace meshtrain {
   std::abort();
 }
 
+// Whether backend op `op` takes a tensor in host memory (Backend::host_zeros):
+// the backends' tensor checks ask this with the op's name.
+inline bool takes_host_memory(std::string_view op) {
+  return op == "copy" || op == "write" || op == "read" || op == "foreach_adamw";
+}
+
 }  // namespace meshtrain

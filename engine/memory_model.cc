@@ -105,6 +105,15 @@ MemoryBreakdown memory_per_rank(const ModelSpec& m, const Plan& p, int stage, co
   r.parameters = sharded(3, param_bytes);
   r.gradients = sharded(2, grad_bytes);
   r.optimizer = sharded(1, optimizer_bytes);
+  if (p.offload != Offload::none) {
+    r.offloaded = r.optimizer;
+    r.optimizer = 0;
+    r.host = sharded(1, 16.0);
+    if (p.offload == Offload::params) {
+      r.offloaded += r.parameters;
+      r.parameters = 0;
+    }
+  }
   // 1-bit gradients keep their error feedback across steps like optimizer state
   // (engine/parallel/grad_compression.h): an fp32 worker error as large as the
   // gradients, and under ZeRO 0 a server error of the rank's 1/dp block.

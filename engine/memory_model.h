@@ -8,6 +8,16 @@
 // stage 3 the parameters too, and stage 3 then holds one gathered layer being
 // used and the next being prefetched (with the first one's full gradient).
 //
+// Offload (Plan::offload) moves the fp32 master weights and moments (K
+// bytes; `params` also the parameter shards) to host memory, where the host
+// also stages the gradients it updates from: 16 bytes per (sharded)
+// parameter of host memory (master 4, m 4, v 4, gradient 4), whatever the
+// precision (in fp32 the device keeps its working copy and the host its own
+// master). Under `params` a gather first brings its unit's fp32 shard to the
+// device; that buffer lives only while the gather is issued, never at the
+// step's peak (measured: the cpu peak drops by exactly the offloaded bytes),
+// so it is not counted.
+//
 // Activations follow Korthikanti et al. 2022 ("Reducing Activation
 // Recomputation in Large Transformer Models", Sec. 4), written as the list of
 // tensors a layer saves for backward, in units of s·b·h elements:
@@ -99,6 +109,11 @@ struct MemoryBreakdown {
   double activations = 0;
   double backward_working = 0;  // layer_backward_working_bytes
   int inflight = 0;  // micro-batches (or chunks) of activations held
+  // Offload: device bytes the plan moves to host memory (already left out of
+  // the fields above), and the host memory it uses.
+  double offloaded = 0;
+  double host = 0;
+  // Device bytes (the host's are `host`).
   double total() const {
     return parameters + gradients + optimizer + zero3_working + gradient_working + gradient_shard + activations +
            backward_working;

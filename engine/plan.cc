@@ -23,6 +23,7 @@ const std::vector<std::string> kRecomputes = {"none", "selective", "full"};
 const std::vector<std::string> kPrecisions = {"fp32", "bf16", "fp16"};
 const std::vector<std::string> kGradSyncs = {"overlap", "after-backward"};
 const std::vector<std::string> kGradCompressions = {"none", "bf16", "fp16", "1bit"};
+const std::vector<std::string> kOffloads = {"none", "optimizer", "params"};
 const std::vector<std::string> kPlanFields = {"tp",        "pp",        "dp",           "cp",
                                               "ep",        "etp",       "vpp",       "zero",         "micro_batch",
                                               "global_batch", "seq_len", "recompute",   "schedule",
@@ -32,7 +33,8 @@ const std::vector<std::string> kPlanFields = {"tp",        "pp",        "dp",   
                                               "chunk_layers", "account_for_embedding_in_pipeline_split",
                                               "account_for_loss_in_pipeline_split", "grad_compression",
                                               "grad_compression_warmup", "error_feedback", "zero_reduce_once",
-                                              "prefetch_across_chunks", "overlap_update"};
+                                              "prefetch_across_chunks", "overlap_update",
+                                              "offload"};
 
 template <class E>
 Result<E> parse_enum(const char* what, const std::string& s, const std::vector<std::string>& names) {
@@ -106,6 +108,9 @@ Result<GradCompression> parse_grad_compression(const std::string& s) {
   return parse_enum<GradCompression>("gradient compression", s, kGradCompressions);
 }
 
+std::string offload_name(Offload o) { return kOffloads[static_cast<std::size_t>(o)]; }
+Result<Offload> parse_offload(const std::string& s) { return parse_enum<Offload>("offload mode", s, kOffloads); }
+
 int element_bytes(Precision p) { return p == Precision::fp32 ? 4 : 2; }
 
 int Plan::world_size() const {
@@ -175,6 +180,7 @@ Result<PlanOverrides> plan_overrides_from_json(const nlohmann::json& j) {
   MT_TRY(f.get_bool("zero_reduce_once", o.zero_reduce_once));
   MT_TRY(f.get_bool("prefetch_across_chunks", o.prefetch_across_chunks));
   MT_TRY(f.get_bool("overlap_update", o.overlap_update));
+  MT_TRY(f.get_string("offload", o.offload));
   if (f.has("segments")) o.segments = std::make_shared<const nlohmann::json>(j["segments"]);
   return o;
 }
@@ -211,6 +217,9 @@ Result<Plan> apply_overrides(Plan p, const PlanOverrides& o) {
   if (o.zero_reduce_once) p.zero_reduce_once = *o.zero_reduce_once;
   if (o.prefetch_across_chunks) p.prefetch_across_chunks = *o.prefetch_across_chunks;
   if (o.overlap_update) p.overlap_update = *o.overlap_update;
+  if (o.offload) {
+    MT_ASSIGN(p.offload, parse_offload(*o.offload));
+  }
   if (o.recompute) {
     MT_ASSIGN(p.recompute, parse_recompute(*o.recompute));
   }
@@ -283,6 +292,15 @@ Status validate_plan(const Plan& p, const ModelSpec& m, int world_size) {
     return make_error("zero_reduce_once (--zero-reduce-once) needs zero 2 or 3, got zero {}: ZeRO 0 and 1 "
                       "already reduce once per step; drop the flag or use --zero 2",
                       p.zero);
+  if (p.offload == Offload::params && p.zero < 3)
+    return make_error("offload (--offload) params needs zero 3, got zero {}: below ZeRO 3 every rank holds the "
+                      "whole model's parameters for its forward and backward, so there are no shards to keep on the "
+                      "host; use --zero 3, or --offload optimizer",
+                      p.zero);
+  if (p.offload != Offload::none && p.overlap_update)
+    return make_error("overlap_update (--overlap-update) does not combine with offload (--offload) {}: the offloaded "
+                      "update already runs off the compute stream, bucket by bucket on the host; drop one of them",
+                      offload_name(p.offload));
   if (p.grad_compression_warmup < 0)
     return make_error("grad_compression_warmup (--grad-compression-warmup) must be >= 0, got {}",
                       p.grad_compression_warmup);
@@ -410,6 +428,7 @@ nlohmann::json plan_to_json(const Plan& p) {
   if (p.zero_reduce_once) j["zero_reduce_once"] = true;
   if (!p.prefetch_across_chunks) j["prefetch_across_chunks"] = false;
   if (p.overlap_update) j["overlap_update"] = true;
+  if (p.offload != Offload::none) j["offload"] = offload_name(p.offload);
   if (!p.segments.empty()) {
     j["segments"] = nlohmann::json::array();
     for (const Plan& s : p.segments) {

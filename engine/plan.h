@@ -38,6 +38,13 @@ enum class GradSync { overlap, after_backward };
 // compress hooks), or as signs with one scale per chunk and error feedback
 // (1-bit Adam, EF-SGD).
 enum class GradCompression { none, bf16, fp16, one_bit };
+// Where the optimizer lives (ZeRO-Offload, Ren et al. 2021; ZeRO-Infinity,
+// Rajbhandari et al. 2021): on the device; `optimizer`: fp32 master weights
+// and AdamW moments in host memory, updated there by the host's cores from
+// gradients copied over PCIe (sharded_optimizer.h); `params` (ZeRO 3): also
+// the parameter shards, fetched to the device before each layer's gather
+// (parameter_gather.h).
+enum class Offload { none, optimizer, params };
 
 struct Plan {
   int tp = 1;   // tensor parallel
@@ -108,6 +115,7 @@ struct Plan {
   // norm and run in forward order (step_engine.h says what a non-finite step
   // then leaves behind).
   bool overlap_update = false;
+  Offload offload = Offload::none;
 
   // A plan made of segments (engine/segments/segment_plan.h): each element is
   // the plan of one segment, a contiguous range of the model's blocks with
@@ -146,7 +154,7 @@ struct PlanOverrides {
   // micro_batch · dp · microbatches (the two must agree when both are given).
   std::optional<int> microbatches;
   std::optional<double> grad_bucket_mb;
-  std::optional<std::string> recompute, schedule, precision, grad_sync, cp_comm, grad_compression;
+  std::optional<std::string> recompute, schedule, precision, grad_sync, cp_comm, grad_compression, offload;
   std::optional<bool> sequence_parallel, embedding_in_split, loss_in_split, error_feedback, zero_reduce_once;
   std::optional<bool> prefetch_across_chunks, overlap_update;
   std::optional<std::vector<int>> chunk_layers;
@@ -190,11 +198,13 @@ std::string recompute_name(Recompute r);
 std::string precision_name(Precision p);
 std::string grad_sync_name(GradSync g);
 std::string grad_compression_name(GradCompression c);
+std::string offload_name(Offload o);
 Result<ScheduleKind> parse_schedule(const std::string& s);
 Result<Recompute> parse_recompute(const std::string& s);
 Result<Precision> parse_precision(const std::string& s);
 Result<GradSync> parse_grad_sync(const std::string& s);
 Result<GradCompression> parse_grad_compression(const std::string& s);
+Result<Offload> parse_offload(const std::string& s);
 
 nlohmann::json plan_to_json(const Plan& p);
 // Bytes of one parameter, gradient or activation element at this precision.

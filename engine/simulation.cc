@@ -25,7 +25,8 @@ Error out_of_memory(const StageResult& s, const Plan& p, double device_bytes) {
       "out of memory: rank {} (pipeline stage {}, and every tp rank and dp replica of that stage) "
       "peaks at {} but the device has {}. Analytic breakdown for this stage: parameters {}, "
       "gradients {}, optimizer {}, zero-3 gathered {}, activations {} ({} micro-batches in flight), "
-      "total {}. Try more pipeline or tensor parallelism, --zero {}, or --recompute full",
+      "total {}. Try more pipeline or tensor parallelism, --zero {}, or --recompute full; or keep the "
+      "optimizer state in host memory with --offload optimizer",
       s.rank, s.stage, human_bytes(static_cast<double>(s.peak_bytes)), human_bytes(device_bytes),
       human_bytes(m.parameters), human_bytes(m.gradients), human_bytes(m.optimizer),
       human_bytes(m.zero3_working), human_bytes(m.activations), m.inflight, human_bytes(m.total()),
@@ -240,6 +241,8 @@ Status issue_iterations(SimCluster& cluster, int job, const ModelSpec& m, const 
   const std::vector<int>& reps = cluster.representatives(job);
   std::vector<std::unique_ptr<TrainingEngine>> engines;
   for (int r : reps) engines.push_back(make_engine(cluster.backend(job, r), m, p, step_options));
+  // The iterations' PCIe traffic and host updates, without the set-up's (SimRankReport::host_work).
+  for (int r : reps) cluster.backend(job, r).reset_host_work();
   // Nothing blocks on data in the sim backend, so each representative issues
   // its whole iteration in turn; the cluster times them together.
   for (std::size_t i = 0; i < engines.size(); ++i)
@@ -322,6 +325,8 @@ Result<SimulationResult> simulate_iteration(const ModelSpec& m, const Plan& p,
     s.stage = static_cast<int>(i);
     s.rank = r.rank;
     s.peak_bytes = r.peak_bytes;
+    s.host_peak_bytes = r.host_peak_bytes;
+    s.host_work = r.host_work;
     s.model = segmented ? rank_memory(m, p, r.rank) : memory_per_rank(m, p, s.stage, meshtrain_layout(p));
     s.compute_s = r.compute_s;
     s.idle_s = r.idle_s;

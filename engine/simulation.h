@@ -108,6 +108,8 @@ std::string_view attention_impl_name(AttentionImpl a);
 struct StageResult {
   int stage = 0, rank = 0;
   std::int64_t peak_bytes = 0;  // measured by the sim backend
+  std::int64_t host_peak_bytes = 0;  // the same for host memory (offload)
+  SimHostWork host_work;    // offload: per iteration, PCIe bytes and seconds, host AdamW seconds
   MemoryBreakdown model;        // the analytic memory model of this stage
   double compute_s = 0, idle_s = 0, exposed_comm_s = 0;
   std::uint64_t tasks = 0;

@@ -109,6 +109,7 @@ StepEngine::StepEngine(Backend& b, const ModelSpec& m, const Plan& p, const Mesh
   pipeline_ = std::make_unique<PipelineExecutor>(std::move(pipeline).value());
   compute_ = b.current_stream();
   comm_ = b.create_stream("data-parallel");
+  if (p.offload != Offload::none) offload_ = {b.create_stream("offload-d2h"), b.create_stream("offload-host")};
   const TensorParallel tp{*mesh.group_of(GroupKind::tensor, b.rank()), coord_.tp, p.tp};
   const Group& dp = replicas();
   const Group& context = *mesh.group_of(GroupKind::context, b.rank());
@@ -156,7 +157,8 @@ StepEngine::StepEngine(Backend& b, const ModelSpec& m, const Plan& p, const Mesh
       if (layers.embedding) order.push_back(-1);
       for (int l = layers.first; l < layers.last; ++l) order.push_back(l);
       if (layers.head) order.push_back(m.layers);
-      chunk->gather = std::make_unique<ParameterGather>(b, params, *chunk->buckets, std::move(order), compute_, comm_);
+      chunk->gather = std::make_unique<ParameterGather>(b, params, *chunk->buckets, std::move(order), compute_, comm_,
+                                                        p.offload == Offload::params);
     }
     // Counter-based init: every shard and the tied copy draw the single-rank values.
     if (options.initialize_parameters) {
@@ -182,7 +184,7 @@ StepEngine::StepEngine(Backend& b, const ModelSpec& m, const Plan& p, const Mesh
       };
     if (gather) hooks.after_forward = [gather](int layer) { gather->after(layer, false); };
     chunk->model->set_hooks(std::move(hooks));
-    chunk->adam = std::make_unique<ShardedAdamW>(b, params, *chunk->buckets, gather, comm_);
+    chunk->adam = std::make_unique<ShardedAdamW>(b, params, *chunk->buckets, gather, comm_, p.offload, offload_);
     chunk->updated.resize(chunk->buckets->buckets().size());
     // Without clipping a bucket's update needs nothing but its own reduced gradients.
     if (p.overlap_update)

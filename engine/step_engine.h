@@ -32,6 +32,7 @@
 #include "core/bounded.h"
 #include "engine/mesh.h"
 #include "engine/parallel/pipeline_executor.h"
+#include "engine/parallel/sharded_optimizer.h"
 #include "engine/plan.h"
 #include "models/model_chunk.h"
 
@@ -258,6 +259,7 @@ class StepEngine {
   StepOptions options_;
   Coord coord_;
   Stream compute_, comm_;
+  OffloadStreams offload_;  // Plan::offload: the offloaded optimizer step's streams
   std::vector<std::unique_ptr<Chunk>> chunks_;  // local chunk c: virtual stage c·pp + stage
   std::unique_ptr<PipelineExecutor> pipeline_;
   Tensor loss_total_;  // (1) Σ token losses of the iteration on this rank

@@ -72,6 +72,21 @@ struct CostConstants {
   // 200 Gb/s HDR rail (~0.92); NDR rails on DGX H100 likewise ~370 of 400.
   double network_efficiency = 0.92;
 
+  // ---- host offload (ZeRO-Offload: optimizer state in host memory) ----
+
+  // Share of the PCIe line rate that copies between page-locked host memory
+  // and a GPU reach: cudaMemcpyAsync moves ~25 of PCIe 4.0 x16's 32 GB/s
+  // and ~12.5 of PCIe 3.0's 16 (bandwidthTest figures; ~0.8). Used unless a
+  // calibration measured the "pcie" link.
+  double pcie_copy_efficiency = 0.8;
+  // Bytes per second that a node's host CPUs stream through a vectorized,
+  // multi-threaded AdamW (bytes as the adamw op counts them: 28 per fp32
+  // parameter), when no calibration measured the "host_adamw" op. AdamW is
+  // memory-bound: a two-socket server (DGX A100: 2x EPYC 7742, ~300 GB/s
+  // STREAM) is taken at a third of that, 100 GB/s, about 3.6 G parameters
+  // per second per node; the node's GPUs that offload share it.
+  double host_adamw_bandwidth = 100e9;
+
   // ---- collectives (each algorithm step: time = alpha + hop latencies + bytes / bandwidth) ----
 
   // α: fixed cost of one algorithm step (kernel-side synchronisation and

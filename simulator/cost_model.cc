@@ -92,4 +92,12 @@ Time CostModel::memory_bound(double bytes, std::string_view op) const {
   return roofline(0, bytes, 1.0, DType::kBf16);
 }
 
+Time CostModel::host_adamw(double bytes, int sharing) const {
+  if (!(bytes > 0)) return 0;
+  // A calibration measured it with its ranks sharing the host (Calibration::for_ranks_sharing): as is.
+  if (calibration_)
+    if (auto t = calibration_->op_time("host_adamw", bytes)) return from_seconds(*t);
+  return from_seconds(bytes * static_cast<double>(std::max(sharing, 1)) / constants_.host_adamw_bandwidth);
+}
+
 }  // namespace meshtrain::sim

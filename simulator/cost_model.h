@@ -61,6 +61,13 @@ class CostModel {
   // `op` (a backend op name) selects the calibration's per-op table when it
   // measured that op; otherwise the by-bytes memory table, then the roofline.
   Time memory_bound(double bytes, std::string_view op = {}) const;
+  // An AdamW step on the host's CPUs (optimizer offload) over `bytes` (as
+  // the adamw op counts them), while `sharing` ranks of the node run theirs
+  // at once: the calibration's "host_adamw" op as measured (`meshtrain
+  // calibrate` times it at each ranks-sharing level, so the level picked
+  // for the simulation holds the sharing), else
+  // CostConstants::host_adamw_bandwidth divided among the sharers.
+  Time host_adamw(double bytes, int sharing) const;
   // The bare roofline for given work, for kernels with their own FLOP count.
   Time roofline(double flops, double bytes, double efficiency, DType dtype) const;
 

@@ -32,6 +32,10 @@ using cpu::misuse;
 struct CpuBackend::Accounting {
   std::atomic<std::int64_t> live{0};  // storage may be released on any thread
   std::int64_t peak = 0;              // written by the issuing thread only
+  // The host pool (host_zeros): the same RAM, counted apart so that an
+  // offloaded run's device figures are what a GPU would hold.
+  std::atomic<std::int64_t> host_live{0};
+  std::int64_t host_peak = 0;
 };
 
 namespace {
@@ -40,8 +44,8 @@ class CpuStorage final : public Storage {
  public:
   // `zeroed`: from calloc (which skips the writes for memory it knows is
   // zero), aligned by hand; else aligned_alloc.
-  CpuStorage(std::shared_ptr<CpuBackend::Accounting> accounting, std::size_t bytes, bool zeroed)
-      : accounting_(std::move(accounting)), bytes_(bytes) {
+  CpuStorage(std::shared_ptr<CpuBackend::Accounting> accounting, std::size_t bytes, bool zeroed, bool host)
+      : accounting_(std::move(accounting)), bytes_(bytes), host_(host) {
     if (bytes_ > 0) {
       constexpr std::size_t align = 64;
       if (zeroed) {
@@ -54,11 +58,11 @@ class CpuStorage final : public Storage {
       }
     }
     // A failed allocation (data_ null) is the backend's sticky error, not an abort: see empty().
-    if (!failed()) accounting_->live += static_cast<std::int64_t>(bytes_);
+    if (!failed()) pool() += static_cast<std::int64_t>(bytes_);
   }
   ~CpuStorage() override {
     std::free(base_);
-    if (!failed()) accounting_->live -= static_cast<std::int64_t>(bytes_);
+    if (!failed()) pool() -= static_cast<std::int64_t>(bytes_);
   }
   bool failed() const { return bytes_ > 0 && data_ == nullptr; }
   CpuStorage(const CpuStorage&) = delete;
@@ -67,10 +71,14 @@ class CpuStorage final : public Storage {
   const CpuBackend::Accounting* owner() const { return accounting_.get(); }
   std::byte* data() const { return data_; }
   std::size_t bytes() const { return bytes_; }
+  bool host() const { return host_; }
 
  private:
+  std::atomic<std::int64_t>& pool() const { return host_ ? accounting_->host_live : accounting_->live; }
+
   std::shared_ptr<CpuBackend::Accounting> accounting_;
   std::size_t bytes_;
+  bool host_;
   void* base_ = nullptr;  // what the allocator returned
   std::byte* data_ = nullptr;
 };
@@ -198,35 +206,52 @@ CpuBackend::~CpuBackend() = default;
 
 // ---- memory ------------------------------------------------------------------
 
-Tensor CpuBackend::allocate(const Shape& shape, DType dtype, bool zeroed, std::string_view op) {
+Tensor CpuBackend::allocate(const Shape& shape, DType dtype, bool zeroed, std::string_view op, bool host) {
   for (auto d : shape.dims())
     if (d < 0) misuse("{}: negative dimension in {}", op, shape.str());
   const auto bytes = static_cast<std::size_t>(shape.numel()) * dtype_size(dtype);
-  auto storage = std::make_shared<CpuStorage>(accounting_, bytes, zeroed);
+  auto storage = std::make_shared<CpuStorage>(accounting_, bytes, zeroed, host);
   if (storage->failed() && !error_)
     note(make_error("out of host memory: cannot allocate {} bytes for a {} tensor {} (this rank holds {} bytes "
                     "already); use a smaller model, batch or sequence, or more ranks",
                     bytes, dtype_name(dtype), shape.str(), accounting_->live.load()),
          "empty");
   accounting_->peak = std::max(accounting_->peak, accounting_->live.load());
+  accounting_->host_peak = std::max(accounting_->host_peak, accounting_->host_live.load());
   return Tensor(std::move(storage), shape, dtype);
 }
 
-Tensor CpuBackend::empty(const Shape& shape, DType dtype) { return allocate(shape, dtype, false, "empty"); }
+Tensor CpuBackend::empty(const Shape& shape, DType dtype) { return allocate(shape, dtype, false, "empty", false); }
 
-Tensor CpuBackend::zeros(const Shape& shape, DType dtype) { return allocate(shape, dtype, true, "zeros"); }
+Tensor CpuBackend::zeros(const Shape& shape, DType dtype) { return allocate(shape, dtype, true, "zeros", false); }
 
-MemoryStats CpuBackend::memory_stats() const {
-  return MemoryStats{accounting_->live.load(), accounting_->peak};
+Tensor CpuBackend::host_zeros(const Shape& shape, DType dtype) {
+  return allocate(shape, dtype, true, "host_zeros", true);
 }
 
-void CpuBackend::reset_peak() { accounting_->peak = accounting_->live.load(); }
+MemoryStats CpuBackend::memory_stats() const {
+  return MemoryStats{accounting_->live.load(), accounting_->peak, accounting_->host_live.load(),
+                     accounting_->host_peak};
+}
+
+void CpuBackend::reset_peak() {
+  accounting_->peak = accounting_->live.load();
+  accounting_->host_peak = accounting_->host_live.load();
+}
+
+bool CpuBackend::on_host(const Tensor& t) const {
+  auto* s = dynamic_cast<CpuStorage*>(t.storage());
+  return s != nullptr && s->host();
+}
 
 std::byte* CpuBackend::bytes_of(const Tensor& t, std::string_view op) const {
   if (!t.defined()) misuse("{}: undefined tensor", op);
   auto* s = dynamic_cast<CpuStorage*>(t.storage());
   if (s == nullptr || s->owner() != accounting_.get())
     misuse("{}: tensor {} belongs to another backend", op, t.shape().str());
+  if (s->host() && !takes_host_memory(op))
+    misuse("{}: tensor {} is in host memory (host_zeros), which only copy, write, read and foreach_adamw take",
+           op, t.shape().str());
   const std::size_t size = dtype_size(t.dtype());
   if (static_cast<std::size_t>(t.offset() + t.numel()) * size > s->bytes())
     misuse("{}: tensor view {} at offset {} runs past its storage", op, t.shape().str(),

@@ -68,6 +68,8 @@ class CpuBackend final : public Backend {
 
   Tensor empty(const Shape& shape, DType dtype = DType::f32) override;
   Tensor zeros(const Shape& shape, DType dtype = DType::f32) override;
+  Tensor host_zeros(const Shape& shape, DType dtype = DType::f32) override;
+  bool on_host(const Tensor& t) const;
   MemoryStats memory_stats() const override;
   void reset_peak() override;
 
@@ -167,7 +169,7 @@ class CpuBackend final : public Backend {
   struct Accounting;  // shared with every storage this backend allocated
 
  private:
-  Tensor allocate(const Shape& shape, DType dtype, bool zeroed, std::string_view op);
+  Tensor allocate(const Shape& shape, DType dtype, bool zeroed, std::string_view op, bool host);
   // Host bytes of t's first element; aborts on a foreign or undefined tensor.
   std::byte* bytes_of(const Tensor& t, std::string_view op) const;
   float* f32(const Tensor& t, std::string_view op) const;

@@ -588,8 +588,15 @@ void CpuBackend::foreach_adamw(std::span<const AdamWTensors> params, const Tenso
     expect_numel(coef, 1, "foreach_adamw", "coef");
     pc = f32(coef, "foreach_adamw");
   }
+  if (coef.defined() && on_host(coef)) misuse("foreach_adamw: the clip coefficient must be in device memory");
   std::vector<cpu::AdamWArrays<float>> arrays;
   for (const AdamWTensors& t : params) {
+    // All on the host (an offloaded update) or all on the device, as the cuda backend needs.
+    const bool host = on_host(params.front().param);
+    for (const Tensor* x : {&t.param, &t.grad, &t.m, &t.v})
+      if (on_host(*x) != host)
+        misuse("foreach_adamw: {} tensor {} among {} tensors: an update runs all on the host or all on the device",
+               on_host(*x) ? "a host" : "a device", x->shape().str(), host ? "host" : "device");
     const std::int64_t n = t.param.numel();
     expect_numel(t.grad, n, "foreach_adamw", "grad");
     expect_numel(t.m, n, "foreach_adamw", "m");

@@ -5,6 +5,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -56,6 +57,16 @@ DeviceState::~DeviceState() {
 }
 
 CudaStorage::~CudaStorage() {
+  if (host_) {
+    // Copies and host updates issued on it may still be pending: wait for the
+    // device (host buffers are long-lived: the optimizer state, staging buffers).
+    cudaSetDevice(state_->device);
+    cudaDeviceSynchronize();
+    cudaFreeHost(alloc_.ptr);
+    (void)cudaGetLastError();
+    state_->host_live -= static_cast<std::int64_t>(bytes_);
+    return;
+  }
   const std::uint64_t others = used_ & ~(1ull << stream_);
   if (others == 0) {  // only its own stream used it: stream order makes reuse safe
     state_->allocator.free(alloc_);
@@ -172,20 +183,48 @@ Tensor CudaBackend::empty(const Shape& shape, DType dtype) {
   return Tensor(std::make_shared<CudaStorage>(state_, *a, bytes, current_.id), shape, dtype);
 }
 
+Tensor CudaBackend::host_zeros(const Shape& shape, DType dtype) {
+  for (auto d : shape.dims())
+    if (d < 0) misuse("host_zeros: negative dimension in {}", shape.str());
+  const auto bytes = static_cast<std::size_t>(shape.numel()) * dtype_size(dtype);
+  void* p = nullptr;
+  if (bytes > 0) {
+    cudaSetDevice(state_->device);
+    if (const cudaError_t e = cudaHostAlloc(&p, bytes, cudaHostAllocPortable); e != cudaSuccess)
+      misuse("host_zeros {} {}: cudaHostAlloc of {} bytes failed ({}); offload less or add host memory", shape.str(),
+             dtype_name(dtype), bytes, cudaGetErrorString(e));
+    std::memset(p, 0, bytes);
+  }
+  state_->host_live += static_cast<std::int64_t>(bytes);
+  state_->host_peak = std::max(state_->host_peak, state_->host_live.load());
+  return Tensor(std::make_shared<CudaStorage>(state_, p, bytes, CudaStorage::Pinned{}), shape, dtype);
+}
+
+bool CudaBackend::on_host(const Tensor& t) const {
+  auto* s = dynamic_cast<CudaStorage*>(t.storage());
+  return s != nullptr && s->host();
+}
+
 MemoryStats CudaBackend::memory_stats() const {
   const AllocatorStats s = state_->allocator.stats();
-  return MemoryStats{s.live_bytes, s.peak_bytes};
+  return MemoryStats{s.live_bytes, s.peak_bytes, state_->host_live.load(), state_->host_peak};
 }
 
 AllocatorStats CudaBackend::allocator_stats() const { return state_->allocator.stats(); }
 
-void CudaBackend::reset_peak() { state_->allocator.reset_peak(); }
+void CudaBackend::reset_peak() {
+  state_->allocator.reset_peak();
+  state_->host_peak = state_->host_live.load();
+}
 
 void* CudaBackend::ptr(const Tensor& t, std::string_view op) {
   if (!t.defined()) misuse("{}: undefined tensor", op);
   auto* s = dynamic_cast<CudaStorage*>(t.storage());
   if (s == nullptr || s->owner() != state_.get())
     misuse("{}: tensor {} belongs to another backend", op, t.shape().str());
+  if (s->host() && !takes_host_memory(op))
+    misuse("{}: tensor {} is in host memory (host_zeros), which only copy, write, read and foreach_adamw take", op,
+           t.shape().str());
   const std::size_t size = dtype_size(t.dtype());
   if (static_cast<std::size_t>(t.offset() + t.numel()) * size > s->bytes())
     misuse("{}: tensor view {} at offset {} runs past its storage", op, t.shape().str(), t.offset());
@@ -257,11 +296,11 @@ void CudaBackend::write(Tensor& dst, std::span<const float> host) {
   // so the host buffer (and the converted copy) may go away on return.
   const auto s = static_cast<cudaStream_t>(stream_handle());
   if (dst.dtype() == DType::f32) {
-    check(cudaMemcpyAsync(d, host.data(), host.size_bytes(), cudaMemcpyHostToDevice, s), "write");
+    check(cudaMemcpyAsync(d, host.data(), host.size_bytes(), cudaMemcpyDefault, s), "write");
     return;
   }
   const std::vector<std::byte> bytes = to_device_bytes(host, dst.dtype());
-  check(cudaMemcpyAsync(d, bytes.data(), bytes.size(), cudaMemcpyHostToDevice, s), "write");
+  check(cudaMemcpyAsync(d, bytes.data(), bytes.size(), cudaMemcpyDefault, s), "write");
 }
 
 void CudaBackend::write(Tensor& dst, std::span<const std::int32_t> host) {
@@ -271,12 +310,12 @@ void CudaBackend::write(Tensor& dst, std::span<const std::int32_t> host) {
   if (failed() || host.empty()) return;
   const auto s = static_cast<cudaStream_t>(stream_handle());
   if (dst.dtype() == DType::i32) {
-    check(cudaMemcpyAsync(d, host.data(), host.size_bytes(), cudaMemcpyHostToDevice, s), "write");
+    check(cudaMemcpyAsync(d, host.data(), host.size_bytes(), cudaMemcpyDefault, s), "write");
     return;
   }
   const std::vector<float> as_float(host.begin(), host.end());
   const std::vector<std::byte> bytes = to_device_bytes(as_float, dst.dtype());
-  check(cudaMemcpyAsync(d, bytes.data(), bytes.size(), cudaMemcpyHostToDevice, s), "write");
+  check(cudaMemcpyAsync(d, bytes.data(), bytes.size(), cudaMemcpyDefault, s), "write");
 }
 
 Status CudaBackend::read(const Tensor& src, std::span<float> host) {
@@ -286,7 +325,7 @@ Status CudaBackend::read(const Tensor& src, std::span<float> host) {
   if (failed()) return sticky();
   const auto s = static_cast<cudaStream_t>(stream_handle());
   std::vector<std::byte> bytes(src.bytes());
-  check(cudaMemcpyAsync(bytes.data(), d, bytes.size(), cudaMemcpyDeviceToHost, s), "read");
+  check(cudaMemcpyAsync(bytes.data(), d, bytes.size(), cudaMemcpyDefault, s), "read");
   check(cudaStreamSynchronize(s), "read (a device error of an earlier op on this stream)");
   if (failed()) return sticky();
   for (std::size_t i = 0; i < host.size(); ++i) {
@@ -415,7 +454,8 @@ void CudaBackend::copy(const Tensor& src, Tensor& dst) {
   if (src.dtype() != dst.dtype())
     misuse("copy: {} to {} (use cast)", dtype_name(src.dtype()), dtype_name(dst.dtype()));
   if (failed() || src.numel() == 0) return;
-  check(cudaMemcpyAsync(d, s, src.bytes(), cudaMemcpyDeviceToDevice, MT_STREAM), "copy");
+  // cudaMemcpyDefault: either side may be page-locked host memory (host_zeros), an asynchronous DMA over PCIe.
+  check(cudaMemcpyAsync(d, s, src.bytes(), cudaMemcpyDefault, MT_STREAM), "copy");
 }
 
 void CudaBackend::cast(const Tensor& src, Tensor& dst) {

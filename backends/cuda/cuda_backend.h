@@ -90,6 +90,10 @@ class CudaBackend final : public Backend {
   AllocatorStats allocator_stats() const;
 
   Tensor empty(const Shape& shape, DType dtype = DType::f32) override;
+  // Page-locked (cudaHostAlloc), so copies to and from it are asynchronous
+  // DMA on the stream that issues them; freeing it waits for the device.
+  Tensor host_zeros(const Shape& shape, DType dtype = DType::f32) override;
+  bool on_host(const Tensor& t) const;
   MemoryStats memory_stats() const override;
   void reset_peak() override;
 
@@ -176,6 +180,10 @@ class CudaBackend final : public Backend {
   void clip_coefficient(const Tensor& sumsq, float max_norm, Tensor& coef) override;
   void adamw(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const Tensor& coef,
              const AdamWOp& op) override;
+  // On host tensors: the clip coefficient is copied to page-locked memory and
+  // the update runs on the host's cores in stream order (host_adamw.h);
+  // on device tensors: adamw per tensor.
+  void foreach_adamw(std::span<const AdamWTensors> params, const Tensor& coef, const AdamWOp& op) override;
 
   void all_reduce(Tensor& x, const Group& g, ReduceOp op) override;
   void reduce_scatter(const Tensor& in, Tensor& out, const Group& g, ReduceOp op) override;
@@ -228,6 +236,7 @@ class CudaBackend final : public Backend {
   std::atomic<bool> failed_{false};
   mutable std::mutex error_mu_;  // guards error_ (the watchdog thread sets it too)
   std::optional<Error> error_;
+  Tensor coef_host_;  // (1) page-locked: the clip coefficient an offloaded update reads
 };
 
 }  // namespace meshtrain::cuda

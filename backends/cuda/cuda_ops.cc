@@ -6,6 +6,7 @@
 
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/gemm.h"
+#include "backends/cuda/host_adamw.h"
 #include "backends/cuda/kernels/kernels.h"
 #include "backends/cuda/misuse.h"
 #include "backends/cuda/op_checks.h"
@@ -579,6 +580,37 @@ void CudaBackend::adamw(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v,
       static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(op.beta2), t2))),
       static_cast<float>(1.0 - static_cast<double>(op.lr) * static_cast<double>(op.weight_decay))};
   check(kernels::adamw(pp, pg, pm, pv, pc, n, a, MT_STREAM), "adamw");
+}
+
+void CudaBackend::foreach_adamw(std::span<const AdamWTensors> params, const Tensor& coef, const AdamWOp& op) {
+  if (params.empty() || !on_host(params.front().param)) {
+    Backend::foreach_adamw(params, coef, op);
+    return;
+  }
+  if (op.step < 1) misuse("foreach_adamw: step {} must be 1-based", op.step);
+  HostAdamW update;
+  update.op = op;
+  for (const AdamWTensors& t : params) {
+    for (const Tensor* x : {&t.param, &t.grad, &t.m, &t.v})
+      if (!on_host(*x))
+        misuse("foreach_adamw: device tensor {} among host tensors: an update runs all on the host or all on the "
+               "device", x->shape().str());
+    const std::int64_t n = t.param.numel();
+    must(expect_numel(t.grad, n, "grad"), "foreach_adamw");
+    must(expect_numel(t.m, n, "m"), "foreach_adamw");
+    must(expect_numel(t.v, n, "v"), "foreach_adamw");
+    update.arrays.push_back({n, f32(t.param, "foreach_adamw"), f32(t.grad, "foreach_adamw"),
+                             f32(t.m, "foreach_adamw"), f32(t.v, "foreach_adamw"), t.weight_decay});
+  }
+  if (coef.defined()) {
+    must(expect_numel(coef, 1, "coef"), "foreach_adamw");
+    if (on_host(coef)) misuse("foreach_adamw: the clip coefficient must be in device memory");
+    if (!coef_host_.defined()) coef_host_ = host_zeros(Shape{1});
+    copy(coef, coef_host_);
+    update.coef = f32(coef_host_, "foreach_adamw");
+  }
+  if (failed()) return;
+  check(enqueue_host_adamw(stream_handle(), std::move(update)), "foreach_adamw (on the host)");
 }
 
 }  // namespace meshtrain::cuda

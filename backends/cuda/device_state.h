@@ -5,6 +5,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -37,6 +38,9 @@ class DeviceState {
   std::vector<cudaStream_t> streams;  // Stream id -> handle; written by the issuing thread only
   std::vector<cudaEvent_t> events;    // the event ring, created lazily
   std::vector<cudaEvent_t> timing;    // the ring of timing events (timed_event), created lazily
+  // Page-locked host memory (host_zeros) in use, and its peak since reset_peak.
+  std::atomic<std::int64_t> host_live{0};  // host storage may be freed on any thread
+  std::int64_t host_peak = 0;              // written by the issuing thread only
 };
 
 class CudaStorage final : public Storage {
@@ -44,6 +48,10 @@ class CudaStorage final : public Storage {
   CudaStorage(std::shared_ptr<DeviceState> state, CachingAllocator::Allocation a,
               std::size_t bytes, int stream)
       : state_(std::move(state)), alloc_(a), bytes_(bytes), used_(1ull << stream), stream_(stream) {}
+  // Page-locked host memory from cudaHostAlloc (host_zeros): `a` holds only the pointer.
+  struct Pinned {};
+  CudaStorage(std::shared_ptr<DeviceState> state, void* pinned, std::size_t bytes, Pinned)
+      : state_(std::move(state)), alloc_{pinned, bytes, nullptr}, bytes_(bytes), used_(1), stream_(0), host_(true) {}
   ~CudaStorage() override;
   CudaStorage(const CudaStorage&) = delete;
   CudaStorage& operator=(const CudaStorage&) = delete;
@@ -52,6 +60,7 @@ class CudaStorage final : public Storage {
   std::byte* data() const { return static_cast<std::byte*>(alloc_.ptr); }
   std::size_t bytes() const { return bytes_; }
   void mark_used(int stream) { used_ |= 1ull << stream; }
+  bool host() const { return host_; }
 
  private:
   std::shared_ptr<DeviceState> state_;
@@ -59,6 +68,7 @@ class CudaStorage final : public Storage {
   std::size_t bytes_;
   std::uint64_t used_;  // bit s: stream s has work on this storage
   int stream_;          // the stream it was allocated for
+  bool host_ = false;   // page-locked host memory, not the allocator's
 };
 
 }  // namespace meshtrain::cuda

@@ -35,7 +35,11 @@
 //
 // Memory: live bytes are numel · dtype size of live storage, freed when the
 // last handle goes (issue order, as the cpu backend counts), peak since
-// reset_peak.
+// reset_peak; host memory (host_zeros) is counted apart.
+//
+// Offload: a copy with a side on the host is a task of SimCluster::host_copy
+// (PCIe) on the current stream and a foreach_adamw on host tensors one of
+// CostModel::host_adamw (the host's CPUs); neither counts as compute.
 //
 // Implemented by concept: sim_ops.cc (op timing), sim_communication.cc
 // (collectives and send/recv), sim_memory.cc (storage and memory
@@ -72,6 +76,8 @@ class SimBackend final : public Backend {
 
   Tensor empty(const Shape& shape, DType dtype = DType::f32) override;
   Tensor zeros(const Shape& shape, DType dtype = DType::f32) override;  // empty: there is no data
+  Tensor host_zeros(const Shape& shape, DType dtype = DType::f32) override;
+  bool on_host(const Tensor& t) const;
   MemoryStats memory_stats() const override;
   void reset_peak() override;
 
@@ -169,6 +175,9 @@ class SimBackend final : public Backend {
   void barrier(const Group& g) override;
 
   double compute_seconds() const;  // sum of issued compute durations
+  const SimHostWork& host_work() const { return host_work_; }
+  // Forgets the host work issued so far (a simulation's set-up: the offloaded master's first copy).
+  void reset_host_work() { host_work_ = {}; }
   std::string set_region(std::string name) override;
   // Per region (Backend::set_region; "" outside any): issued compute seconds and bytes this rank sent.
   struct Region {
@@ -181,6 +190,8 @@ class SimBackend final : public Backend {
  private:
   // A compute task of `duration` on the current stream.
   void compute(sim::NameId name, sim::Time duration);
+  // A task of `duration` on the current stream that is not device compute (PCIe, the host's CPUs).
+  void off_device(sim::NameId name, sim::Time duration);
   // A memory-bound task moving the bytes of `tensors` (each read or written once).
   void memory_op(sim::NameId name, std::initializer_list<const Tensor*> tensors);
   // The memory-bound part of an attention with a bias or mask (AttentionOp).
@@ -201,6 +212,7 @@ class SimBackend final : public Backend {
   Stream current_{};
   std::vector<sim::NameId> events_;  // by Event::id
   sim::Time compute_ = 0;
+  SimHostWork host_work_;
   std::string region_;
   std::map<std::string, Region> regions_;
   Region* current_region_ = nullptr;  // regions_[region_], once looked up (map nodes stay put)

@@ -110,6 +110,7 @@ Result<std::unique_ptr<SimCluster>> SimCluster::create_jobs(const sim::ClusterSp
 SimCluster::SimCluster(sim::Cluster cluster, const sim::ClusterSpec& spec, std::vector<SimJob> jobs,
                        SimOptions options)
     : cluster_(std::move(cluster)),
+      spec_(spec),
       cost_(spec.device, constants_, options.calibration),
       options_(options),
       jobs_(std::move(jobs)),
@@ -131,6 +132,15 @@ SimCluster::SimCluster(sim::Cluster cluster, const sim::ClusterSpec& spec, std::
 }
 
 SimCluster::~SimCluster() = default;
+
+sim::Time SimCluster::host_copy(double bytes, int world_size) const {
+  bool measured = false;
+  if (options_.calibration != nullptr)
+    for (const auto& l : options_.calibration->links) measured = measured || l.kind == "pcie";
+  const double sharing = std::min(spec_.gpus_per_pcie_switch, world_size);
+  const double rate = spec_.pcie_bandwidth * (measured ? 1.0 : constants_.pcie_copy_efficiency) / sharing;
+  return spec_.pcie_latency + sim::from_seconds(bytes / rate);
+}
 
 int SimCluster::gpu(int job, int rank) const {
   const SimJob& j = jobs_[static_cast<std::size_t>(job)];
@@ -219,6 +229,8 @@ Result<SimReport> SimCluster::run() {
     SimRankReport rr;
     rr.rank = b.rank();
     rr.peak_bytes = b.memory_stats().peak_bytes;
+    rr.host_peak_bytes = b.memory_stats().host_peak_bytes;
+    rr.host_work = b.host_work();
     rr.compute_s = b.compute_seconds();
     const auto d = static_cast<std::size_t>(b.device());
     for (const auto& [name, region] : b.regions()) rr.regions[name] = {region.compute_s, region.sent_bytes};

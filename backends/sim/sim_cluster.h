@@ -40,6 +40,7 @@
 // and ranks are each job's own. SimReport::jobs tells each job's iteration.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <functional>
@@ -121,10 +122,18 @@ struct SimJob {
   std::map<int, double> stragglers;  // rank -> compute factor (1.3: 30% slower); full only
 };
 
+// Offload: bytes copied between a GPU and host memory, and the seconds of
+// those copies and of the host's AdamW updates, as issued.
+struct SimHostWork {
+  double copy_bytes = 0, copy_s = 0, adamw_s = 0;
+};
+
 // Per representative rank, after run().
 struct SimRankReport {
   int rank = 0;
   std::int64_t peak_bytes = 0;
+  std::int64_t host_peak_bytes = 0;  // host memory (Backend::host_zeros)
+  SimHostWork host_work;             // offload: PCIe copies and host updates issued
   double compute_s = 0;       // sum of issued compute durations (full speed)
   double compute_busy_s = 0;  // busy time of the default stream (compute + comm issued on it)
   double idle_s = 0;          // iteration time minus that busy time
@@ -194,6 +203,13 @@ class SimCluster {
   void fail(Error e);
   // Hands every non-representative rank its class's op streams (full fidelity).
   Status replicate();
+  // A copy of `bytes` between a GPU of a job of `world_size` ranks and host
+  // memory: over the GPU's PCIe switch's host link, shared by the job's GPUs
+  // behind that switch (they offload at the same moments), at
+  // pcie_copy_efficiency of the line rate unless a calibration measured it.
+  sim::Time host_copy(double bytes, int world_size) const;
+  // How many ranks of a job of `world_size` share one node's host CPUs.
+  int host_sharing(int world_size) const { return std::min(spec_.gpus_per_node, world_size); }
   // The analytic duration of `request` (cached by kind, bytes and members).
   Result<sim::Time> analytic(const sim::CollectiveRequest& request);
   // Issues collective `request` over `group` from `rank` of `job` on
@@ -203,6 +219,7 @@ class SimCluster {
   void point_to_point(int job, int rank, sim::StreamId stream, int peer, double bytes, bool is_send);
 
   sim::Cluster cluster_;
+  sim::ClusterSpec spec_;
   sim::CostConstants constants_;
   sim::CostModel cost_;
   SimOptions options_;

@@ -16,6 +16,8 @@ namespace meshtrain {
 struct SimBackend::Accounting {
   std::int64_t live = 0;  // one host thread issues and frees (backend contract)
   std::int64_t peak = 0;
+  std::int64_t host_live = 0;  // host memory (host_zeros), counted apart
+  std::int64_t host_peak = 0;
 };
 
 namespace sim_internal {

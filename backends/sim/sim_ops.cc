@@ -33,6 +33,12 @@ void SimBackend::compute(sim::NameId name, sim::Time duration) {
     cluster_.fail(std::move(s).error());
 }
 
+void SimBackend::off_device(sim::NameId name, sim::Time duration) {
+  if (cluster_.error_) return;
+  if (Status s = cluster_.executor_->compute(executor_stream(current_), name, duration); !s)
+    cluster_.fail(std::move(s).error());
+}
+
 void SimBackend::memory_op(sim::NameId name, std::initializer_list<const Tensor*> tensors) {
   double bytes = 0;
   for (const Tensor* t : tensors)
@@ -49,6 +55,13 @@ void SimBackend::copy(const Tensor& src, Tensor& dst) {
   if (src.numel() != dst.numel() || src.dtype() != dst.dtype())
     misuse("copy: {} {} into {} {}", src.shape().str(), dtype_name(src.dtype()), dst.shape().str(),
            dtype_name(dst.dtype()));
+  if (on_host(src) || on_host(dst)) {
+    const sim::Time t = cluster_.host_copy(static_cast<double>(src.bytes()), world_size_);
+    host_work_.copy_bytes += static_cast<double>(src.bytes());
+    host_work_.copy_s += seconds(t);
+    off_device(op_name(on_host(src) ? "copy_h2d" : "copy_d2h"), t);
+    return;
+  }
   memory_op(op_name("copy"), {&src, &dst});
 }
 void SimBackend::cast(const Tensor& src, Tensor& dst) {
@@ -130,9 +143,19 @@ void SimBackend::sign_decompress(const Tensor& packets, Tensor& out) {
 void SimBackend::foreach_adamw(std::span<const AdamWTensors> params, const Tensor& coef, const AdamWOp&) {
   // Per tensor as adamw counts it: reads param, grad, m, v and writes param, m, v; coef once.
   double bytes = coef.defined() ? static_cast<double>(coef.bytes()) : 0.0;
+  const bool host = !params.empty() && on_host(params.front().param);
   for (const AdamWTensors& t : params) {
-    check(t.param, "adamw"), check(t.grad, "adamw"), check(t.m, "adamw"), check(t.v, "adamw");
+    check(t.param, "foreach_adamw"), check(t.grad, "foreach_adamw"), check(t.m, "foreach_adamw"),
+        check(t.v, "foreach_adamw");
+    for (const Tensor* x : {&t.param, &t.grad, &t.m, &t.v})
+      if (on_host(*x) != host) misuse("foreach_adamw: host and device tensors in one update");
     bytes += static_cast<double>(2 * t.param.bytes() + t.grad.bytes() + 2 * t.m.bytes() + 2 * t.v.bytes());
+  }
+  if (host) {
+    const sim::Time t = cluster_.cost_.host_adamw(bytes, cluster_.host_sharing(world_size_));
+    host_work_.adamw_s += seconds(t);
+    off_device(op_name("host_adamw"), t);
+    return;
   }
   compute(op_name("adamw"), cluster_.cost_.memory_bound(bytes, "adamw"));
 }

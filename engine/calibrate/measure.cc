@@ -160,7 +160,7 @@ const std::vector<std::string>& measured_ops() {
       "embedding_forward", "embedding_backward", "layernorm_forward", "layernorm_backward",
       "gelu_forward", "gelu_backward", "cross_entropy_max", "cross_entropy_partials",
       "cross_entropy_loss", "cross_entropy_backward", "cross_entropy_accuracy", "gather_rows",
-      "clip_coefficient", "adamw", "sign_compress", "sign_decompress"};
+      "clip_coefficient", "adamw", "host_adamw", "sign_compress", "sign_decompress"};
   return ops;
 }
 
@@ -343,6 +343,16 @@ Result<std::pair<std::function<void()>, double>> make_op(Backend& b, const OpSha
     Tensor coef = filled(b, Shape{1}, 1.f);
     op = [=, &b]() mutable { b.adamw(z, y, m, v, coef, a); };
     bytes = bytes_of({&z, &y, &m, &v, &z, &m, &v, &coef});
+  } else if (s.op == "host_adamw") {
+    // The offloaded update (Plan::offload): every tensor in host memory, on the host's cores.
+    Tensor p = b.host_zeros(Shape{n, c}), g = b.host_zeros(Shape{n, c});
+    Tensor m = b.host_zeros(Shape{n, c}), v = b.host_zeros(Shape{n, c});
+    AdamWOp a;
+    a.lr = 1e-6f;
+    Tensor coef = filled(b, Shape{1}, 1.f);
+    const std::vector<AdamWTensors> group = {{p, g, m, v, 0.f}};
+    op = [=, &b]() mutable { b.foreach_adamw(group, coef, a); };
+    bytes = bytes_of({&p, &g, &m, &v, &p, &m, &v, &coef});
   } else if (s.op == "sign_compress" || s.op == "sign_decompress") {
     // Rows are chunks of `cols` gradients, compressed with error feedback (1-bit gradients).
     Tensor packets = b.empty(Shape{n, 1 + (c + 31) / 32}, DType::i32);

@@ -121,6 +121,8 @@ Status run_info(const InfoFlags& f) {
           {"gradients_bytes", mem.gradients},
           {"optimizer_bytes", mem.optimizer},
           {"zero3_working_bytes", mem.zero3_working},
+          {"offloaded_bytes", mem.offloaded},
+          {"host_bytes", mem.host},
           {"activations_bytes", mem.activations},
           {"inflight_microbatches", mem.inflight},
           {"total_bytes", mem.total()}}}};
@@ -168,6 +170,9 @@ Status run_info(const InfoFlags& f) {
   if (p.zero >= 3) fmt::print("  zero-3 gathered {:>12}\n", human_bytes(mem.zero3_working));
   fmt::print("  activations     {:>12}  ({} micro-batches in flight)\n", human_bytes(mem.activations), mem.inflight);
   fmt::print("  total           {:>12}\n", human_bytes(mem.total()));
+  if (p.offload != Offload::none)
+    fmt::print("  offload {}: device memory saved {}, host memory {}\n", offload_name(p.offload),
+               human_bytes(mem.offloaded), human_bytes(mem.host));
   return {};
 }
 

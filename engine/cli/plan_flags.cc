@@ -48,6 +48,9 @@ void add_plan_flags(CLI::App& app, PlanFlags& f, const std::string& default_mode
   app.add_flag("--overlap-update", o.overlap_update,
                "run each bucket's optimizer update on the data-parallel stream; the next forward of a layer waits "
                "only for its own update");
+  app.add_option("--offload", o.offload,
+                 "host memory for the optimizer: none, optimizer (fp32 master weights and AdamW state, updated on "
+                 "the host) or params (ZeRO 3: the parameter shards too)");
   app.add_flag("--sequence-parallel", o.sequence_parallel, "split norms and dropout over the sequence (tp)");
 }
 

@@ -65,6 +65,11 @@ nlohmann::json to_json(const SimulationResult& r, const ModelSpec& m, const Plan
                       {"rank", s.rank},
                       {"peak_memory_bytes", s.peak_bytes},
                       {"model_memory_bytes", s.model.total()},
+                      {"offloaded_bytes", s.model.offloaded},
+                      {"host_peak_memory_bytes", s.host_peak_bytes},
+                      {"pcie_bytes", s.host_work.copy_bytes},
+                      {"pcie_s", s.host_work.copy_s},
+                      {"host_adamw_s", s.host_work.adamw_s},
                       {"compute_s", s.compute_s},
                       {"idle_s", s.idle_s},
                       {"exposed_comm_s", s.exposed_comm_s},
@@ -150,6 +155,17 @@ void print_text(const SimulationResult& r, const ModelSpec& m, const Plan& p, co
   for (const StageResult& s : r.stages)
     fmt::print("  {:>5} {:>6} {:>12} {:>12} {:>10.4f} {:>10.4f}\n", s.stage, s.rank,
                human_bytes(static_cast<double>(s.peak_bytes)), human_bytes(s.model.total()), s.compute_s, s.idle_s);
+  if (p.offload != Offload::none) {
+    // Per stage: what the device no longer holds, the host memory that holds it, and the step's host work
+    // (on its own streams: it overlaps compute only where the schedule leaves room).
+    fmt::print("offload          {}: device memory saved, host memory used, and per iteration the PCIe "
+               "traffic and host AdamW time\n  {:>5} {:>12} {:>12} {:>12} {:>10} {:>10}\n",
+               offload_name(p.offload), "stage", "saved", "host", "PCIe", "PCIe s", "host s");
+    for (const StageResult& s : r.stages)
+      fmt::print("  {:>5} {:>12} {:>12} {:>12} {:>10.4f} {:>10.4f}\n", s.stage, human_bytes(s.model.offloaded),
+                 human_bytes(static_cast<double>(s.host_peak_bytes)), human_bytes(s.host_work.copy_bytes),
+                 s.host_work.copy_s, s.host_work.adamw_s);
+  }
   if (!r.regions.empty()) {
     // Segments: compute of their busiest rank (and its share of the iteration: the rest of that rank's
     // time is other segments, communication waits and bubbles), bytes sent, analytic memory.

@@ -6,10 +6,15 @@
 namespace meshtrain {
 
 ParameterGather::ParameterGather(Backend& b, ParameterStore& params, const GradientBuckets& buckets,
-                                 std::vector<int> order, Stream compute, Stream comm)
-    : b_(b), params_(params), buckets_(buckets), order_(std::move(order)), compute_(compute), comm_(comm) {
-  shards_ = b.empty(Shape{buckets.shard_numel()}, params.value_dtype());
-  b.fill(shards_, 0.f);
+                                 std::vector<int> order, Stream compute, Stream comm, bool host_shards)
+    : b_(b), params_(params), buckets_(buckets), order_(std::move(order)), compute_(compute), comm_(comm),
+      host_(host_shards) {
+  if (host_) {
+    shards_ = b.host_zeros(Shape{buckets.shard_numel()});
+  } else {
+    shards_ = b.empty(Shape{buckets.shard_numel()}, params.value_dtype());
+    b.fill(shards_, 0.f);
+  }
   units_.resize(buckets.buckets().size());
 }
 
@@ -31,8 +36,19 @@ void ParameterGather::issue(std::size_t i) {
   // The shards were last written on the compute stream (the optimizer step).
   b_.wait(comm_, b_.record(compute_));
   StreamScope on_comm(b_, comm_);
-  u.full = b_.empty(Shape{k.shard * buckets_.group_of(k).size()}, params_.value_dtype());
-  b_.all_gather(shards_.slice(k.state_offset, k.shard), u.full, buckets_.group_of(k));
+  const DType dt = params_.value_dtype();
+  Tensor mine = shards_.slice(k.state_offset, k.shard);
+  if (host_) {
+    Tensor fetched = b_.empty(Shape{k.shard});
+    b_.copy(mine, fetched);
+    mine = fetched;
+    if (dt != DType::f32) {
+      mine = b_.empty(Shape{k.shard}, dt);
+      b_.cast(fetched, mine);
+    }
+  }
+  u.full = b_.empty(Shape{k.shard * buckets_.group_of(k).size()}, dt);
+  b_.all_gather(mine, u.full, buckets_.group_of(k));
   u.ready = b_.record(comm_);
 }
 
@@ -79,7 +95,13 @@ void ParameterGather::initialize(std::uint64_t seed) {
     params_.initialize(seed);
     if (k.owned_size(r) > 0) {
       Tensor mine = shards_.slice(k.state_offset, k.owned_size(r));
-      b_.copy(full.slice(k.owned_begin(r) - k.begin, k.owned_size(r)), mine);
+      Tensor part = full.slice(k.owned_begin(r) - k.begin, k.owned_size(r));
+      if (host_ && part.dtype() != DType::f32) {
+        Tensor wide = b_.empty(Shape{part.numel()});
+        b_.cast(part, wide);
+        part = wide;
+      }
+      b_.copy(part, mine);
     }
     params_.release_values(k.begin, k.size);
   }

@@ -26,6 +26,13 @@
 //
 // Gathers are issued in the same order on every replica (they run the same
 // schedule), as collectives must be.
+//
+// With the shards on the host (Plan::offload params, ZeRO-Infinity's
+// parameter offload) they are fp32 whatever the precision: they are the
+// optimizer's master (sharded_optimizer.h). A gather then first copies the
+// unit's shard to the device on the communication stream, casts it to the
+// working dtype there, and all-gathers that: the prefetch hides the copy
+// behind the current layer's compute as it hides the all-gather.
 #pragma once
 
 #include <cstdint>
@@ -42,7 +49,7 @@ class ParameterGather {
   // `order`: the chunk's layers in forward order (LayerHooks numbering).
   // `buckets` must use the unit layout and outlive this object.
   ParameterGather(Backend& b, ParameterStore& params, const GradientBuckets& buckets, std::vector<int> order,
-                  Stream compute, Stream comm);
+                  Stream compute, Stream comm, bool host_shards = false);
 
   // The chunk's hooks (LayerHooks), for forward (backward = false) and backward.
   void before(int layer, bool backward);
@@ -52,6 +59,7 @@ class ParameterGather {
   void set_next_pass(ParameterGather* next, bool backward);
 
   // (Σ k) this rank's owned part of every unit; padding elements are zero.
+  // In the store's value dtype on the device, or fp32 on the host.
   Tensor& shards() { return shards_; }
 
   // ParameterStore::initialize through a full temporary copy of each unit in
@@ -77,6 +85,7 @@ class ParameterGather {
   const GradientBuckets& buckets_;
   std::vector<int> order_;
   Stream compute_, comm_;
+  bool host_;
   Tensor shards_;
   std::vector<Unit> units_;
   ParameterGather* next_pass_ = nullptr;

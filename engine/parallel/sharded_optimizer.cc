@@ -5,20 +5,37 @@
 namespace meshtrain {
 
 ShardedAdamW::ShardedAdamW(Backend& b, ParameterStore& params, const GradientBuckets& buckets,
-                           ParameterGather* gather, Stream comm)
-    : b_(b), params_(params), buckets_(buckets), gather_(gather), comm_(comm) {
+                           ParameterGather* gather, Stream comm, Offload offload, OffloadStreams streams)
+    : b_(b), params_(params), buckets_(buckets), gather_(gather), comm_(comm), offload_(offload), streams_(streams) {
   const Shape shape{buckets.sharded() ? buckets.shard_numel() : params.numel()};
-  m_ = b.zeros(shape);
-  v_ = b.zeros(shape);
+  const bool host = offload != Offload::none;
+  m_ = host ? b.host_zeros(shape) : b.zeros(shape);
+  v_ = host ? b.host_zeros(shape) : b.zeros(shape);
+  if (host) host_grads_ = b.host_zeros(shape);
   pieces_ = bucket_pieces();
-  if (params.value_dtype() != DType::f32) {
-    master_ = b.empty(shape);
+  // Offloaded parameters are their own fp32 master (parameter_gather.h); offloaded optimizer state keeps one.
+  if (offload == Offload::optimizer || (offload == Offload::none && params.value_dtype() != DType::f32)) {
+    master_ = host ? b.host_zeros(shape) : b.empty(shape);
     // The working copy holds the initial values: the master starts from them (exact for
-    // the 16-bit values themselves; an import loads fp32 values over both).
+    // the 16-bit values themselves; an import loads fp32 values over both). Offloaded, the
+    // copy runs on the copy stream, under the first forward, and the first update waits for it.
+    const Stream issuing = b.current_stream();
+    if (host) b.wait(streams_.down, b.record(issuing));
+    StreamScope on(b, host ? streams_.down : issuing);
     for_each_piece([&](const ParamSlot&, std::int64_t flat, std::int64_t n, std::int64_t local) {
       Tensor dst = master_.slice(local, n);
-      b_.cast(working(flat, local, n), dst);
+      const Tensor src = working(flat, local, n);
+      if (!host) {
+        b_.cast(src, dst);
+      } else if (src.dtype() == DType::f32) {
+        b_.copy(src, dst);
+      } else {
+        Tensor wide = b_.empty(Shape{n});
+        b_.cast(src, wide);
+        b_.copy(wide, dst);
+      }
     });
+    if (host) master_ready_ = b.record(streams_.down);
   }
 }
 
@@ -72,16 +89,64 @@ void ShardedAdamW::accumulate_sumsq(Tensor& out, const std::function<bool(const 
   }
 }
 
-void ShardedAdamW::update_bucket(std::size_t i, const AdamWOp& base, float weight_decay, const Tensor& coef) {
+void ShardedAdamW::update_on_host(const AdamWOp& base, float weight_decay, const Tensor& coef) {
   const Tensor& grads = buckets_.sharded() ? buckets_.shard_grads() : params_.grads();
-  const std::vector<Piece>& bucket = pieces_[i];
+  const Stream compute = b_.current_stream();
+  // The gradients are reduced and the clip coefficient computed on the compute stream.
+  const Event reduced = b_.record(compute);
+  std::vector<Event> landed;
+  {
+    StreamScope down(b_, streams_.down);
+    b_.wait(streams_.down, reduced);
+    for (const std::vector<Piece>& bucket : pieces_) {
+      for (const Piece& p : bucket) {
+        Tensor dst = host_grads_.slice(p.local, p.n);
+        b_.copy(grads.slice(p.local, p.n), dst);
+      }
+      landed.push_back(b_.record(streams_.down));
+    }
+  }
+  {
+    StreamScope host(b_, streams_.host);
+    b_.wait(streams_.host, reduced);
+    if (master_ready_.valid()) b_.wait(streams_.host, master_ready_);
+    for (std::size_t k = 0; k < pieces_.size(); ++k) {
+      const std::vector<Piece>& bucket = pieces_[k];
+      if (bucket.empty()) continue;
+      b_.wait(streams_.host, landed[k]);
+      b_.foreach_adamw(adamw_group(bucket, host_grads_, weight_decay), coef, base);
+      if (!master_.defined()) continue;  // offloaded parameters: the master is what the gathers fetch
+      for (const Piece& p : bucket) {
+        Tensor w = working(p.flat, p.local, p.n);
+        const Tensor src = master_.slice(p.local, p.n);
+        if (w.dtype() == DType::f32) {
+          b_.copy(src, w);
+        } else {
+          Tensor wide = b_.empty(Shape{p.n});
+          b_.copy(src, wide);
+          b_.cast(wide, w);
+        }
+      }
+    }
+  }
+  b_.wait(compute, b_.record(streams_.host));
+}
+
+std::vector<AdamWTensors> ShardedAdamW::adamw_group(const std::vector<Piece>& bucket, const Tensor& grads,
+                                                    float weight_decay) {
   std::vector<AdamWTensors> group;
   for (const Piece& p : bucket) {
     const float decay = params_.slots()[p.slot].info.weight_decay ? weight_decay : 0.f;
     group.push_back({master(p.flat, p.local, p.n), grads.slice(p.local, p.n), m_.slice(p.local, p.n),
                      v_.slice(p.local, p.n), decay});
   }
-  if (!group.empty()) b_.foreach_adamw(group, coef, base);
+  return group;
+}
+
+void ShardedAdamW::update_bucket(std::size_t i, const AdamWOp& base, float weight_decay, const Tensor& coef) {
+  const Tensor& grads = buckets_.sharded() ? buckets_.shard_grads() : params_.grads();
+  const std::vector<Piece>& bucket = pieces_[i];
+  if (!bucket.empty()) b_.foreach_adamw(adamw_group(bucket, grads, weight_decay), coef, base);
   if (!master_.defined()) return;
   for (const Piece& p : bucket) {
     Tensor w = working(p.flat, p.local, p.n);
@@ -118,7 +183,11 @@ void ShardedAdamW::gather_bucket(std::size_t i) {
 }
 
 void ShardedAdamW::update(const AdamWOp& base, float weight_decay, const Tensor& coef) {
-  for (std::size_t i = 0; i < pieces_.size(); ++i) update_bucket(i, base, weight_decay, coef);
+  if (offload_ != Offload::none) {
+    update_on_host(base, weight_decay, coef);
+  } else {
+    for (std::size_t i = 0; i < pieces_.size(); ++i) update_bucket(i, base, weight_decay, coef);
+  }
   if (!gathers()) return;
   // Every replica needs the whole chunk for the next forward.
   b_.wait(comm_, b_.record(b_.current_stream()));
@@ -130,7 +199,15 @@ void ShardedAdamW::update(const AdamWOp& base, float weight_decay, const Tensor&
   b_.wait(compute, b_.record(comm_));
 }
 
-Status ShardedAdamW::gather_shards(const Tensor& shards, std::vector<float>& out) {
+Tensor ShardedAdamW::on_device(const Tensor& t) {
+  if (offload_ == Offload::none) return t;  // offloaded, every state buffer this gathers is in host memory
+  Tensor d = b_.empty(t.shape(), t.dtype());
+  b_.copy(t, d);
+  return d;
+}
+
+Status ShardedAdamW::gather_shards(const Tensor& host_or_device, std::vector<float>& out) {
+  const Tensor shards = on_device(host_or_device);
   out.assign(static_cast<std::size_t>(params_.numel()), 0.f);
   const auto& buckets = buckets_.buckets();
   // One all-gather per group (dense buckets over dp, expert buckets over the

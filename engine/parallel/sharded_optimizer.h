@@ -16,6 +16,18 @@
 // read, and this object keeps the fp32 master (whole or this rank's shard,
 // as Megatron's distributed optimizer does); each step updates the master and
 // casts it into the working copy, which ZeRO 1/2 then all-gather in 16 bits.
+//
+// Offloaded (Plan::offload, ZeRO-Offload): m, v and an fp32 master live in
+// host memory (Backend::host_zeros), whatever the precision; under
+// `params` the master is the ZeRO-3 shards themselves, which parameter_gather.h
+// keeps on the host. A step copies each bucket's reduced gradients to a host
+// staging buffer on one stream (`OffloadStreams::down`) and, on another
+// (`host`), runs the bucket's AdamW on the host's cores once they have
+// landed, then copies its master back into the device's working copy (16
+// bits: through an fp32 device buffer and a cast); so bucket k + 1's copy
+// overlaps bucket k's update. The compute stream waits for the last bucket.
+// The host update is the cpu backend's kernel on the same values: the bits
+// are those of the update on the device.
 #pragma once
 
 #include <functional>
@@ -24,15 +36,22 @@
 #include "backends/backend.h"
 #include "engine/parallel/gradient_buckets.h"
 #include "engine/parallel/parameter_gather.h"
+#include "engine/plan.h"
 #include "models/parameter_store.h"
 
 namespace meshtrain {
 
+// The streams of an offloaded step: gradient copies to the host, and host updates with their copies back.
+struct OffloadStreams {
+  Stream down, host;
+};
+
 class ShardedAdamW {
  public:
-  // `gather` is the chunk's ZeRO-3 parameter shards, null below stage 3.
+  // `gather` is the chunk's ZeRO-3 parameter shards, null below stage 3;
+  // `offload` params needs it (its shards on the host).
   ShardedAdamW(Backend& b, ParameterStore& params, const GradientBuckets& buckets, ParameterGather* gather,
-               Stream comm);
+               Stream comm, Offload offload = Offload::none, OffloadStreams streams = {});
 
   // out (1) += Σ g² over the reduced gradients this rank holds (its shards, or
   // everything), for the parameters where `counts(slot)` is true, so that a
@@ -48,6 +67,8 @@ class ShardedAdamW {
   // step and working-copy refresh (update_bucket), then, if gathers(), its
   // all-gather over the group (gather_bucket). update() is every bucket's
   // update_bucket, then every gather_bucket on the communication stream.
+  // Not with offload (the plan refuses --overlap-update with it): update()
+  // then runs the host update.
   void update_bucket(std::size_t i, const AdamWOp& op, float weight_decay, const Tensor& coef);
   void gather_bucket(std::size_t i);
   // Whether the update ends in all-gathers (ZeRO 1/2 over groups of more than one rank).
@@ -80,6 +101,12 @@ class ShardedAdamW {
   std::vector<float> owned_part(const std::vector<float>& full) const;
   // Whether the master is sharded like m and v (else it is the store's whole flat buffer).
   bool sharded_master() const;
+  // One foreach_adamw's tensors: the bucket's pieces of the master, `grads`, m and v.
+  std::vector<AdamWTensors> adamw_group(const std::vector<Piece>& bucket, const Tensor& grads, float weight_decay);
+  // update() with the state in host memory.
+  void update_on_host(const AdamWOp& op, float weight_decay, const Tensor& coef);
+  // `t` itself, or a device copy when it is in host memory (a collective's input).
+  Tensor on_device(const Tensor& t);
 
   Backend& b_;
   ParameterStore& params_;
@@ -87,7 +114,11 @@ class ShardedAdamW {
   ParameterGather* gather_;
   Stream comm_;
   Tensor m_, v_;     // (numel) or (Σ k) when sharded
-  Tensor master_;    // fp32 master under mixed precision, like m_; undefined in fp32
+  Tensor master_;    // fp32 master under mixed precision or offload, like m_; else undefined
+  Offload offload_;
+  OffloadStreams streams_;
+  Tensor host_grads_;  // offloaded: (like m_) the reduced gradients, copied to the host each step
+  Event master_ready_;  // offloaded: the initial master's copy to the host (on streams_.down)
   std::vector<std::vector<Piece>> pieces_;  // bucket_pieces()
 };
 
