@@ -106,6 +106,40 @@ TEST_CASE("sim backend: unfused attention is the score GEMM, softmax, dropout an
   }
 }
 
+TEST_CASE("sim backend: unfused attention of a query window computes only the window's rows",
+          "[sim_backend][attention][cp]") {
+  // Context parallelism's chunk of c = T/4 query rows (cp 2, chunk 2 of 4) against all T keys.
+  const std::int64_t B = 2, H = 4, T = 1024, D = 64, bh = B * H, c = T / 4;
+  auto spec = sim::cluster_preset("dgx-a100");
+  REQUIRE(spec.ok());
+  SimOptions o;
+  o.attention = AttentionImpl::unfused;
+  auto made = SimCluster::create(*spec, 1, {0}, o);
+  REQUIRE(made.ok());
+  SimCluster& cluster = **made;
+  SimBackend& b = cluster.backend(0);
+  Tensor qkv = b.empty(Shape{B, T, 3 * H, D}, DType::bf16), out = b.empty(Shape{B, c, H, D}, DType::bf16);
+  Tensor lse = b.empty(Shape{B, H, c}), dqkv = b.empty(Shape{B, T, 3 * H, D}, DType::bf16);
+  AttentionOp op{static_cast<int>(H), static_cast<int>(H), static_cast<int>(D), 0.125f};
+  op.query_begin = 2 * c, op.query_rows = c;
+  b.attention_forward(qkv, out, lse, op);
+  b.attention_backward(out, qkv, out, lse, dqkv, op);
+  auto r = cluster.run();
+  REQUIRE(r.ok());
+  const sim::CostModel& cm = cluster.cost_model();
+  auto s = [](sim::Time t) { return static_cast<double>(t) / 1e12; };
+  const double scores = static_cast<double>(bh) * c * T;  // the window's (c, T) scores per (b, h)
+  const double qk = s(cm.gemm(c, T, D, sim::DType::kBf16, bh));   // q·kᵀ, dP = dO·vᵀ
+  const double pv = s(cm.gemm(c, D, T, sim::DType::kBf16, bh));   // P·v, dV
+  const double forward = qk + s(cm.memory_bound(4 * scores)) + pv;
+  const double backward = pv + qk + s(cm.memory_bound(6 * scores)) + s(cm.gemm(c, D, T, sim::DType::kBf16, 2 * bh));
+  CHECK(r->ranks[0].compute_s == Approx(forward + backward).epsilon(1e-9));
+  // A quarter of the rows: well under the whole sequence's unfused cost (about a quarter of it).
+  const double whole_forward = s(cm.gemm(T, T, D, sim::DType::kBf16, bh)) +
+                               s(cm.memory_bound(4.0 * bh * T * T)) + s(cm.gemm(T, D, T, sim::DType::kBf16, bh));
+  CHECK(forward < 0.35 * whole_forward);
+}
+
 TEST_CASE("sim backend: a node's all-reduce reaches the busbw nccl-tests measures on DGX A100",
           "[sim_backend][comm]") {
   // nccl-tests all_reduce_perf, 8 A100 on NVSwitch, large messages: ~230 GB/s busbw
