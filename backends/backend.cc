@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 
@@ -93,6 +94,33 @@ void Backend::init_normal(Tensor& x, const NormalInitOp& op) {
             op.stddev * normal_at(op.key, run.counter + static_cast<std::uint64_t>(r) * op.row_stride +
                                               static_cast<std::uint64_t>(j)));
   write(x, host);
+}
+
+void Backend::attention_merge(Tensor& out, Tensor& lse, const Tensor& part_out, const Tensor& part_lse) {
+  const Shape& s = out.shape();
+  if (s.rank() != 4 || part_out.shape() != s || lse.numel() != s[0] * s[2] * s[1] || part_lse.numel() != lse.numel())
+    misuse(fmt::format("attention_merge: out {} and part_out {} must be one (B, Q, H, D), lse {} and part_lse {} "
+                       "(B, H, Q)",
+                       s.str(), part_out.shape().str(), lse.shape().str(), part_lse.shape().str()));
+  const std::int64_t B = s[0], Q = s[1], H = s[2], D = s[3];
+  std::vector<float> o(static_cast<std::size_t>(out.numel())), l(static_cast<std::size_t>(lse.numel()));
+  std::vector<float> po(o.size()), pl(l.size());
+  if (!read(out, o).ok() || !read(lse, l).ok() || !read(part_out, po).ok() || !read(part_lse, pl).ok()) return;
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t h = 0; h < H; ++h)
+      for (std::int64_t q = 0; q < Q; ++q) {
+        float& l1 = l[static_cast<std::size_t>((b * H + h) * Q + q)];
+        const float l2 = pl[static_cast<std::size_t>((b * H + h) * Q + q)];
+        // Relative to the larger of the two, so neither exponential overflows.
+        const double m = std::max(l1, l2), w1 = std::exp(l1 - m), w2 = std::exp(l2 - m), z = w1 + w2;
+        for (std::int64_t d = 0; d < D; ++d) {
+          const auto i = static_cast<std::size_t>(((b * Q + q) * H + h) * D + d);
+          o[i] = static_cast<float>((w1 * o[i] + w2 * po[i]) / z);
+        }
+        l1 = static_cast<float>(m + std::log(z));
+      }
+  write(out, o);
+  write(lse, l);
 }
 
 void Backend::foreach_sum_squares(std::span<const Tensor> xs, Tensor& out) {

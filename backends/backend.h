@@ -424,6 +424,16 @@ class Backend {
   // dqkv (B, T, H + 2G, D), overwritten.
   virtual void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
                                   const Tensor& lse, Tensor& dqkv, const AttentionOp& op) = 0;
+  // Ring attention's merge of a partial result over more keys into a running
+  // one (models/context_parallel.h): out (B, Q, H, D) and lse (B, H, Q) f32,
+  // in place, become the attention over the keys of both, from part_out and
+  // part_lse of the same shapes: lse' = log(e^lse + e^part_lse), out' =
+  // e^(lse - lse')·out + e^(part_lse - lse')·part_out. Backward needs no op
+  // of its own: attention_backward of each part, given the merged out and
+  // lse, gives that part's exact share of the gradients. The default reads
+  // both to the host, merges there and writes back (BLOCKS); backends that
+  // run ring attention fast override it.
+  virtual void attention_merge(Tensor& out, Tensor& lse, const Tensor& part_out, const Tensor& part_lse);
 
   // ---- softmax cross-entropy, vocab-parallel in phases -------------------------
   // The vocabulary may be sharded over tensor-parallel ranks (this rank holds

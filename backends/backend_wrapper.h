@@ -129,6 +129,9 @@ class BackendWrapper : public Backend {
                           const Tensor& lse, Tensor& dqkv, const AttentionOp& op) override {
     target_.attention_backward(dout, qkv, out, lse, dqkv, op);
   }
+  void attention_merge(Tensor& out, Tensor& lse, const Tensor& part_out, const Tensor& part_lse) override {
+    target_.attention_merge(out, lse, part_out, part_lse);
+  }
   void cross_entropy_max(const Tensor& logits, Tensor& row_max) override {
     target_.cross_entropy_max(logits, row_max);
   }

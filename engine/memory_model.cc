@@ -44,8 +44,8 @@ int inflight_microbatches(const Plan& p, int stage) {
   switch (p.schedule) {
     case ScheduleKind::gpipe: return m;
     case ScheduleKind::one_f_one_b: return std::min(p.pp - stage, m);
-    // Counted until the W pass (an upper bound: B frees what only it reads): rank r holds p-r-1 warm-up
-    // micro-batches and r held back for W.
+    // Between F and W: rank r holds p-r-1 warm-up micro-batches and r waiting for W (which keep only
+    // what W reads: peak_activation_bytes).
     case ScheduleKind::zb_h1: return std::min(p.pp, m);
     case ScheduleKind::interleaved:
       return std::min(schedule::interleaved_warmup({p.pp, p.vpp, m}, stage) + 1, m * p.vpp);
@@ -53,24 +53,31 @@ int inflight_microbatches(const Plan& p, int stage) {
   return m;
 }
 
-double peak_activation_bytes(const Plan& p, int stage, const std::vector<double>& chunk_bytes) {
-  // Walk the stage's schedule: a forward of chunk c keeps its bytes until that micro-batch's backward.
+double peak_activation_bytes(const Plan& p, int stage, const std::vector<double>& chunk_bytes,
+                             const std::vector<double>& deferred_bytes) {
+  // Walk the stage's schedule: a forward of chunk c keeps its bytes until that micro-batch's backward;
+  // where the schedule has W passes, B frees them but for what the deferred dW reads (its GEMMs'
+  // inputs and output gradients), which stays until W.
   const schedule::PipelineLayout layout{p.pp, p.vpp, p.microbatches()};
   auto built = schedule::build_schedule(p.schedule, layout);
+  const auto deferred = [&](int chunk) {
+    return deferred_bytes.empty() ? 0.0 : deferred_bytes[static_cast<std::size_t>(chunk)];
+  };
   if (!built) {
     // validate_plan refuses such plans; the even-chunk bound keeps this total.
     double all = 0;
     for (double b : chunk_bytes) all += b;
+    for (int c = 0; c < p.vpp; ++c) all += deferred(c);
     return inflight_microbatches(p, stage) * all / p.vpp;
   }
+  const bool weight_pass = p.schedule == ScheduleKind::zb_h1;
   double live = 0, peak = 0;
   for (const schedule::Action& a : built->ranks[static_cast<std::size_t>(stage)]) {
-    // Held from the forward to the backward, or to the W pass where the schedule has them (an upper bound).
-    const bool releases = p.schedule == ScheduleKind::zb_h1 ? a.kind == schedule::Action::weight
-                                                            : a.kind == schedule::Action::backward;
-    if (a.kind != schedule::Action::forward && !releases) continue;
     const double bytes = chunk_bytes[static_cast<std::size_t>(a.chunk)];
-    live += a.kind == schedule::Action::forward ? bytes : -bytes;
+    if (a.kind == schedule::Action::forward) live += bytes;
+    else if (a.kind == schedule::Action::backward) live += (weight_pass ? deferred(a.chunk) : 0.0) - bytes;
+    else if (a.kind == schedule::Action::weight) live -= deferred(a.chunk);
+    else continue;
     peak = std::max(peak, live);
   }
   return peak;
@@ -144,20 +151,26 @@ MemoryBreakdown memory_per_rank(const ModelSpec& m, const Plan& p, int stage, co
   // with virtual stage 0), which may differ (StageSplit: uneven and flexible layouts).
   const ModelBlocks& blocks = tables->blocks;
   const ActivationQuery q = activation_query(m, p, a);
-  std::vector<double> chunk_bytes(static_cast<std::size_t>(p.vpp), 0.0);
+  std::vector<double> chunk_bytes(static_cast<std::size_t>(p.vpp), 0.0), deferred_bytes = chunk_bytes;
   for (int c = 0; c < p.vpp; ++c) {
     const LayerRange range = virtual_stage_layers(m, p.stage_split(), c * p.pp + stage);
     for (int l = range.begin; l < range.end; ++l) {
       const BlockDef& block = *blocks[static_cast<std::size_t>(l + 1)];
       chunk_bytes[static_cast<std::size_t>(c)] += block.activation_bytes(q);
+      if (p.schedule == ScheduleKind::zb_h1) deferred_bytes[static_cast<std::size_t>(c)] += block.deferred_weight_bytes(q);
       r.backward_working = std::max(r.backward_working, block.backward_working_bytes(q));
     }
   }
   if (stage == 0 && p.embedding) chunk_bytes.front() += blocks.front()->activation_bytes(q);
-  r.activations = peak_activation_bytes(p, stage, chunk_bytes);
+  r.activations = peak_activation_bytes(p, stage, chunk_bytes, deferred_bytes);
   if (stage == p.pp - 1) {
+    // The head's backward frees a micro-batch's logits before any layer's backward of that micro-batch
+    // starts: the stage peaks with the one working set or the other (the head's: its saved tensors and
+    // the logits' gradient), not both.
     const int head_inflight = p.schedule == ScheduleKind::gpipe ? p.microbatches() : 1;
-    r.activations += head_inflight * blocks.back()->activation_bytes(q);
+    const double head = blocks.back()->activation_bytes(q);
+    r.activations += (head_inflight - 1) * head;
+    r.backward_working = std::max(r.backward_working, head + blocks.back()->backward_working_bytes(q));
   }
   return r;
 }

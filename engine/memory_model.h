@@ -80,8 +80,11 @@ double layer_backward_working_bytes(const ModelSpec& m, const Plan& p, const Act
 int inflight_microbatches(const Plan& p, int stage);
 // The most activation bytes a pipeline stage holds at once under the plan's
 // schedule, its chunk c keeping chunk_bytes[c] from a micro-batch's forward to
-// its backward (chunks of a flexible layout differ).
-double peak_activation_bytes(const Plan& p, int stage, const std::vector<double>& chunk_bytes);
+// its backward (chunks of a flexible layout differ). Under a zero-bubble
+// schedule deferred_bytes[c] (empty: none) stay from B to the W pass
+// (BlockDef::deferred_weight_bytes).
+double peak_activation_bytes(const Plan& p, int stage, const std::vector<double>& chunk_bytes,
+                             const std::vector<double>& deferred_bytes = {});
 
 struct MemoryBreakdown {
   std::int64_t parameter_count = 0;  // parameters on this rank (tp/pp/ep shard)
@@ -107,7 +110,10 @@ struct MemoryBreakdown {
   // that shard already.)
   double gradient_shard = 0;
   double activations = 0;
-  double backward_working = 0;  // layer_backward_working_bytes
+  // layer_backward_working_bytes; on the last stage the larger of that and the
+  // head's saved tensors plus its logits' gradient (one micro-batch's head is
+  // in here, not in `activations`: its backward frees it before the layers').
+  double backward_working = 0;
   int inflight = 0;  // micro-batches (or chunks) of activations held
   // Offload: device bytes the plan moves to host memory (already left out of
   // the fields above), and the host memory it uses.

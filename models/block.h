@@ -202,6 +202,11 @@ class BlockDef {
   virtual double activation_bytes(const ActivationQuery& q) const = 0;
   // Bytes of activation gradients its backward holds at once at its peak.
   virtual double backward_working_bytes(const ActivationQuery& q) const { return 0; }
+  // Bytes a micro-batch keeps from its backward (B) to its weight-gradient
+  // pass (W) under a zero-bubble schedule (BlockContext::deferred_weights):
+  // the inputs and output gradients of the GEMMs whose dW waits (B frees
+  // the rest of its activations).
+  virtual double deferred_weight_bytes(const ActivationQuery& q) const { return 0; }
   // Whether the plan's tensor parallelism can split it: an Error names the numbers.
   virtual Status check_tensor_parallel(int tp) const { return ok_status(); }
   virtual std::unique_ptr<Block> instantiate(BlockContext& ctx) const = 0;

@@ -234,4 +234,9 @@ const Tensor& BlockContext::constant_values(const std::string& key, const Shape&
   return constants_.emplace(key, t).first->second;
 }
 
+Stream BlockContext::context_stream() {
+  if (!context_stream_) context_stream_ = b.create_stream("context-parallel");
+  return *context_stream_;
+}
+
 }  // namespace meshtrain

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -106,7 +107,13 @@ class BlockContext {
   const Tensor& constant_values(const std::string& key, const Shape& shape, DType dtype,
                                 const std::function<std::vector<float>()>& build);
 
+  // The stream ring context parallelism (context_parallel.h) sends and
+  // receives on, so that moving one K/V block overlaps attention on the one
+  // before it; created on first use.
+  Stream context_stream();
+
  private:
+  std::optional<Stream> context_stream_;
   std::map<std::string, Tensor> constants_;
   MoeStatistics moe_;
 };

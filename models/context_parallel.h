@@ -13,15 +13,21 @@
 // Attention: every rank needs the keys and values of the whole sequence.
 // With `all_gather` (Llama 3's choice) the local K and V rows are
 // all-gathered over the group before attention, and in backward their
-// gradients are reduce-scattered back to the ranks that own them. With
-// `ring` the same blocks travel around the group by send/recv, one
-// neighbour step at a time (N - 1 steps each way), the point-to-point
-// pattern of ring attention (Liu et al. 2023); here the attention itself
-// still starts once every block has arrived, so the two differ in their
-// traffic, not in their numerics. Each rank then computes its two chunks'
-// query rows against the keys before them (AttentionOp's query window):
-// the chunk pairs (i, j <= i) of the causal score matrix.
-//
+// gradients are reduce-scattered back to the ranks that own them; each rank
+// then computes its two chunks' query rows against the keys before them
+// (AttentionOp's query window): the chunk pairs (i, j <= i) of the causal
+// score matrix. With `ring` (ring attention, Liu et al. 2023) the blocks
+// travel round the group by send/recv on a stream of their own, one
+// neighbour step at a time (N - 1 steps), and each rank attends to a block
+// while the next one is in flight: one attention per (local query chunk,
+// block chunk) pair, merged into the running result through the parts'
+// log-sum-exps (Backend::attention_merge). In backward every pair's share of
+// the gradients comes from the merged output and log-sum-exp; the K and V
+// gradients of a block travel on as a running sum while the next block's
+// share is computed, and arrive summed at their owner. The ring's blocks
+// carry K already rotated at its global positions. Merging changes the order
+// of the softmax's sums, so ring and all-gather agree to rounding, not in
+// every bit.
 // Legend: B samples, T the whole sequence, L = T/N local tokens per sample,
 // c = T/(2N) a chunk, N_l = B·L local rows, H/G query/kv heads on this rank,
 // D head dim, S = H + 2G head slots of a qkv row.
@@ -64,7 +70,7 @@ struct AttentionOp;
 // One layer's attention over the whole sequence from this rank's local qkv
 // rows, with what its backward needs.
 struct ContextAttentionSaved {
-  Tensor exchanged;  // (N_l·S + N·N_l·2G, D): the local qkv rows, then every rank's K and V rows
+  Tensor exchanged;  // (N_l·S + N·N_l·2G, D): the local qkv rows (ring: rotated), then every rank's K and V rows
   Tensor out;        // (2·B·c, H·D): the two chunks' attention outputs, chunk-major
   Tensor lse;        // (2, B, H, c)
 };

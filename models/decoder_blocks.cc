@@ -167,6 +167,10 @@ double LmHeadDef::activation_bytes(const ActivationQuery& q) const {
   return bytes;
 }
 
+double LmHeadDef::backward_working_bytes(const ActivationQuery& q) const {
+  return q.layout.value_bytes * q.micro_batch * q.seq * static_cast<double>(padded_vocab(m_, q.tp)) / q.tp;
+}
+
 std::unique_ptr<Block> LmHeadDef::instantiate(BlockContext& ctx) const {
   return std::make_unique<LmHead>(ctx.m, ctx);
 }

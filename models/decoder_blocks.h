@@ -39,6 +39,8 @@ class LmHeadDef : public BlockDef {
   ForwardFlops flops(double samples, std::int64_t seq) const override;
   // Both norm tensors and this rank's logits shard (s·b·V/t).
   double activation_bytes(const ActivationQuery& q) const override;
+  // The logits' gradient, live next to the logits until they are freed.
+  double backward_working_bytes(const ActivationQuery& q) const override;
   std::unique_ptr<Block> instantiate(BlockContext& ctx) const override;
 
  private:

@@ -395,6 +395,24 @@ double TransformerLayerDef::backward_working_bytes(const ActivationQuery& q) con
   return q.layout.value_bytes * rows * width;
 }
 
+double TransformerLayerDef::deferred_weight_bytes(const ActivationQuery& q) const {
+  const LayerShape& s = shape_;
+  const double rows = q.micro_batch * static_cast<double>(tokens(static_cast<std::int64_t>(q.seq))), t = q.tp;
+  const double glu = s.activation == Activation::swiglu ? 2.0 : 1.0;
+  const double D = static_cast<double>(s.dim());
+  const double rep = q.sequence_parallel ? t : 1.0;
+  // dW = xᵀ·dy keeps x and dy. dy of every row: the qkv and MLP-up gradients (column-parallel, this
+  // rank's columns) and the attention-out and MLP-down ones (row-parallel: the full width, gathered
+  // under SP). x: the normed inputs of the column-parallel GEMMs (this rank's sequence shard under
+  // SP, gathered again when W runs) and the attention output and MLP activation, this rank's columns.
+  double width = static_cast<double>(s.heads + 2 * s.kv_heads) * D / t + s.width;  // dy
+  width += s.width / rep + static_cast<double>(s.heads) * D / t;                     // x
+  // The dense MLP, or only the shared experts: routed experts compute their dW in B.
+  const double mlps = s.moe.experts == 0 ? 1.0 : s.moe.shared_experts;
+  if (mlps > 0) width += (glu * s.ffn * mlps / t + s.width) + (s.width / rep + s.ffn * mlps / t);
+  return q.layout.value_bytes * rows * width;
+}
+
 Status TransformerLayerDef::check_tensor_parallel(int tp) const {
   if (shape_.heads % tp != 0 || shape_.kv_heads % tp != 0)
     return make_error("{}: heads {} (kv heads {}) are not divisible by tp {}; choose tp dividing the heads of "

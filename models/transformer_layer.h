@@ -60,6 +60,7 @@ class TransformerLayerDef : public BlockDef {
   ForwardFlops flops(double samples, std::int64_t seq) const override;
   double activation_bytes(const ActivationQuery& q) const override;
   double backward_working_bytes(const ActivationQuery& q) const override;
+  double deferred_weight_bytes(const ActivationQuery& q) const override;
   Status check_tensor_parallel(int tp) const override;
   std::unique_ptr<Block> instantiate(BlockContext& ctx) const override;
   const std::string& name() const { return name_; }

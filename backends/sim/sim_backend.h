@@ -141,6 +141,7 @@ class SimBackend final : public Backend {
                          const AttentionOp& op) override;
   void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
                           const Tensor& lse, Tensor& dqkv, const AttentionOp& op) override;
+  void attention_merge(Tensor& out, Tensor& lse, const Tensor& part_out, const Tensor& part_lse) override;
 
   void cross_entropy_max(const Tensor& logits, Tensor& row_max) override;
   void cross_entropy_partials(const Tensor& logits, const Tensor& targets, const Tensor& row_max,
@@ -196,9 +197,10 @@ class SimBackend final : public Backend {
   void memory_op(sim::NameId name, std::initializer_list<const Tensor*> tensors);
   // The memory-bound part of an attention with a bias or mask (AttentionOp).
   void score_terms(const Tensor& qkv, const AttentionOp& op, bool backward);
-  // The kernels of AttentionImpl::unfused over `bh` (batch·heads) sequences.
-  void unfused_attention(std::int64_t bh, std::int64_t seq, std::int64_t head_dim, DType dtype,
-                         bool backward);
+  // The kernels of AttentionImpl::unfused over `bh` (batch·heads) sequences
+  // of `seq` keys, for `rows` query rows (AttentionOp's query window).
+  void unfused_attention(std::int64_t bh, std::int64_t seq, std::int64_t rows, std::int64_t head_dim,
+                         DType dtype, bool backward);
   void check(const Tensor& t, const char* op) const;
   sim::StreamId executor_stream(Stream s) const;
   sim::DType compute_dtype(DType t) const;

@@ -255,8 +255,8 @@ void SimBackend::attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse,
   if (qkv.shape().rank() != 4)
     misuse("attention_forward: qkv {} must be (B, T, H + 2G, D)", qkv.shape().str());
   if (cluster_.options_.attention == AttentionImpl::unfused)
-    return unfused_attention(qkv.shape()[0] * op.heads, qkv.shape()[1], op.head_dim, qkv.dtype(),
-                             false);
+    return unfused_attention(qkv.shape()[0] * op.heads, qkv.shape()[1], op.window_rows(qkv.shape()[1]),
+                             op.head_dim, qkv.dtype(), false);
   compute(op_name("attention_forward"),
           cluster_.cost_.attention_window(qkv.shape()[0] * op.heads, qkv.shape()[1], op.head_dim, op.causal,
                                           false, compute_dtype(qkv.dtype()), op.query_begin, op.query_rows));
@@ -270,12 +270,19 @@ void SimBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
   if (qkv.shape().rank() != 4)
     misuse("attention_backward: qkv {} must be (B, T, H + 2G, D)", qkv.shape().str());
   if (cluster_.options_.attention == AttentionImpl::unfused)
-    return unfused_attention(qkv.shape()[0] * op.heads, qkv.shape()[1], op.head_dim, qkv.dtype(),
-                             true);
+    return unfused_attention(qkv.shape()[0] * op.heads, qkv.shape()[1], op.window_rows(qkv.shape()[1]),
+                             op.head_dim, qkv.dtype(), true);
   compute(op_name("attention_backward"),
           cluster_.cost_.attention_window(qkv.shape()[0] * op.heads, qkv.shape()[1], op.head_dim, op.causal,
                                           true, compute_dtype(qkv.dtype()), op.query_begin, op.query_rows));
   score_terms(qkv, op, true);
+}
+
+void SimBackend::attention_merge(Tensor& out, Tensor& lse, const Tensor& part_out, const Tensor& part_lse) {
+  check(out, "attention_merge"), check(lse, "attention_merge"), check(part_out, "attention_merge");
+  check(part_lse, "attention_merge");
+  // One elementwise pass: reads both results and writes the merged one.
+  memory_op(op_name("attention_merge"), {&out, &lse, &part_out, &part_lse, &out, &lse});
 }
 
 void SimBackend::score_terms(const Tensor& qkv, const AttentionOp& op, bool backward) {
@@ -291,16 +298,18 @@ void SimBackend::score_terms(const Tensor& qkv, const AttentionOp& op, bool back
   compute(op_name("attention_score_terms"), cluster_.cost_.memory_bound(bytes, "attention_score_terms"));
 }
 
-void SimBackend::unfused_attention(std::int64_t bh, std::int64_t seq, std::int64_t head_dim,
+void SimBackend::unfused_attention(std::int64_t bh, std::int64_t seq, std::int64_t rows, std::int64_t head_dim,
                                    DType dtype, bool backward) {
   const sim::CostModel& cost = cluster_.cost_;
   const sim::DType t = compute_dtype(dtype);
   const double elem = static_cast<double>(dtype_size(dtype));
-  const double scores = static_cast<double>(bh) * static_cast<double>(seq) * seq;  // b·a·s²
+  // The (rows, s) scores of the query window against every key (rows = s without one); the
+  // unfused kernels compute the masked half of a causal matrix too.
+  const double scores = static_cast<double>(bh) * static_cast<double>(rows) * seq;  // b·a·rows·s
   const bool dropout = cluster_.options_.attention_dropout > 0;
-  // One (s, s) by (s, d) or (s, d) by (d, s) product per sequence and head.
-  const sim::Time scores_gemm = cost.gemm(seq, seq, head_dim, t, bh);   // q·kᵀ or dO·Vᵀ
-  const sim::Time context_gemm = cost.gemm(seq, head_dim, seq, t, bh);  // P·v, Pᵀ·dO, dS·K, dSᵀ·Q
+  // One (rows, s) by (s, d) or (rows, d) by (d, s) product per sequence and head.
+  const sim::Time scores_gemm = cost.gemm(rows, seq, head_dim, t, bh);   // q·kᵀ or dO·Vᵀ
+  const sim::Time context_gemm = cost.gemm(rows, head_dim, seq, t, bh);  // P·v, Pᵀ·dO, dS·K, dSᵀ·Q
   if (!backward) {
     compute(op_name("attention_scores"), scores_gemm);
     compute(op_name("attention_softmax"), cost.memory_bound(2 * elem * scores));
@@ -313,7 +322,7 @@ void SimBackend::unfused_attention(std::int64_t bh, std::int64_t seq, std::int64
   if (dropout)
     compute(op_name("attention_dropout_backward"), cost.memory_bound((2 * elem + 1) * scores));
   compute(op_name("attention_softmax_backward"), cost.memory_bound(3 * elem * scores));
-  compute(op_name("attention_query_key_backward"), cost.gemm(seq, head_dim, seq, t, 2 * bh));  // dQ, dK
+  compute(op_name("attention_query_key_backward"), cost.gemm(rows, head_dim, seq, t, 2 * bh));  // dQ, dK
 }
 
 void SimBackend::cross_entropy_max(const Tensor& logits, Tensor& row_max) {

@@ -219,6 +219,10 @@ void TracingBackend::attention_backward(const Tensor& dout, const Tensor& qkv, c
   compute("attention_backward", {&dout, &qkv, &out, &lse, &dqkv},
           [&] { target().attention_backward(dout, qkv, out, lse, dqkv, op); });
 }
+void TracingBackend::attention_merge(Tensor& out, Tensor& lse, const Tensor& part_out, const Tensor& part_lse) {
+  compute("attention_merge", {&out, &lse, &part_out, &part_lse},
+          [&] { target().attention_merge(out, lse, part_out, part_lse); });
+}
 void TracingBackend::cross_entropy_max(const Tensor& logits, Tensor& row_max) {
   compute("cross_entropy_max", {&logits, &row_max},
           [&] { target().cross_entropy_max(logits, row_max); });

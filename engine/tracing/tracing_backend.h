@@ -94,6 +94,7 @@ class TracingBackend final : public BackendWrapper {
                          const AttentionOp& op) override;
   void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
                           const Tensor& lse, Tensor& dqkv, const AttentionOp& op) override;
+  void attention_merge(Tensor& out, Tensor& lse, const Tensor& part_out, const Tensor& part_lse) override;
   void cross_entropy_max(const Tensor& logits, Tensor& row_max) override;
   void cross_entropy_partials(const Tensor& logits, const Tensor& targets, const Tensor& row_max,
                               std::int64_t vocab_offset, Tensor& sumexp,

@@ -18,6 +18,18 @@ std::unique_ptr<SimCluster> make_cluster(int world, std::vector<int> reps) {
   return std::move(c).value();
 }
 
+// One dgx-a100 GPU running attention as Megatron-LM 2021 did (AttentionImpl::unfused).
+std::unique_ptr<SimCluster> unfused_cluster(float attention_dropout) {
+  auto spec = sim::cluster_preset("dgx-a100");
+  REQUIRE(spec.ok());
+  SimOptions o;
+  o.attention = AttentionImpl::unfused;
+  o.attention_dropout = attention_dropout;
+  auto c = SimCluster::create(*spec, 1, {0}, o);
+  REQUIRE(c.ok());
+  return std::move(c).value();
+}
+
 }  // namespace
 
 TEST_CASE("sim backend: live and peak bytes are numel · dtype size of live storage", "[sim_backend]") {
@@ -73,14 +85,8 @@ TEST_CASE("sim backend: unfused attention is the score GEMM, softmax, dropout an
   const double s2 = static_cast<double>(bh) * T * T;  // elements of the (b·a, s, s) scores
   for (float dropout : {0.f, 0.1f}) {
     INFO("attention dropout " << dropout);
-    auto spec = sim::cluster_preset("dgx-a100");
-    REQUIRE(spec.ok());
-    SimOptions o;
-    o.attention = AttentionImpl::unfused;
-    o.attention_dropout = dropout;
-    auto made = SimCluster::create(*spec, 1, {0}, o);
-    REQUIRE(made.ok());
-    SimCluster& cluster = **made;
+    const std::unique_ptr<SimCluster> made = unfused_cluster(dropout);
+    SimCluster& cluster = *made;
     SimBackend& b = cluster.backend(0);
     Tensor qkv = b.empty(Shape{B, T, 3 * H, D}, DType::bf16), out = b.empty(Shape{B, T, H, D}, DType::bf16);
     Tensor lse = b.empty(Shape{B, H, T}), dqkv = b.empty(Shape{B, T, 3 * H, D}, DType::bf16);
@@ -104,6 +110,35 @@ TEST_CASE("sim backend: unfused attention is the score GEMM, softmax, dropout an
                          s(c.attention(bh, T, D, true, true, sim::DType::kBf16));
     CHECK(r->ranks[0].compute_s > 1.5 * flash);
   }
+}
+
+TEST_CASE("sim backend: unfused attention of a query window computes only the window's rows",
+          "[sim_backend][attention][cp]") {
+  // Context parallelism's chunk of c = T/4 query rows (cp 2, chunk 2 of 4) against all T keys.
+  const std::int64_t B = 2, H = 4, T = 1024, D = 64, bh = B * H, c = T / 4;
+  const std::unique_ptr<SimCluster> made = unfused_cluster(0.f);
+  SimCluster& cluster = *made;
+  SimBackend& b = cluster.backend(0);
+  Tensor qkv = b.empty(Shape{B, T, 3 * H, D}, DType::bf16), out = b.empty(Shape{B, c, H, D}, DType::bf16);
+  Tensor lse = b.empty(Shape{B, H, c}), dqkv = b.empty(Shape{B, T, 3 * H, D}, DType::bf16);
+  AttentionOp op{static_cast<int>(H), static_cast<int>(H), static_cast<int>(D), 0.125f};
+  op.query_begin = 2 * c, op.query_rows = c;
+  b.attention_forward(qkv, out, lse, op);
+  b.attention_backward(out, qkv, out, lse, dqkv, op);
+  auto r = cluster.run();
+  REQUIRE(r.ok());
+  const sim::CostModel& cm = cluster.cost_model();
+  auto s = [](sim::Time t) { return static_cast<double>(t) / 1e12; };
+  const double scores = static_cast<double>(bh) * c * T;  // the window's (c, T) scores per (b, h)
+  const double qk = s(cm.gemm(c, T, D, sim::DType::kBf16, bh));   // q·kᵀ, dP = dO·vᵀ
+  const double pv = s(cm.gemm(c, D, T, sim::DType::kBf16, bh));   // P·v, dV
+  const double forward = qk + s(cm.memory_bound(4 * scores)) + pv;
+  const double backward = pv + qk + s(cm.memory_bound(6 * scores)) + s(cm.gemm(c, D, T, sim::DType::kBf16, 2 * bh));
+  CHECK(r->ranks[0].compute_s == Approx(forward + backward).epsilon(1e-9));
+  // A quarter of the rows: under the whole sequence's unfused cost (by less than 4x: kernel overheads).
+  const double whole_forward = s(cm.gemm(T, T, D, sim::DType::kBf16, bh)) +
+                               s(cm.memory_bound(4.0 * bh * T * T)) + s(cm.gemm(T, D, T, sim::DType::kBf16, bh));
+  CHECK(forward < whole_forward);
 }
 
 TEST_CASE("sim backend: a node's all-reduce reaches the busbw nccl-tests measures on DGX A100",
