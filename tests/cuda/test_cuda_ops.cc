@@ -246,6 +246,28 @@ TEST_CASE("cuda: rope and its inverse") {
   expect_close(run(gpu), run(cpu), kF32, "rope");
 }
 
+namespace {
+
+// attention_forward then attention_backward of `op` on qkv (B, T, H + 2G, D)
+// and dout (B, rows, H, D) in storage `dt`: out, lse and dqkv, concatenated.
+Vec attention_outputs(Backend& b, DType dt, const AttentionOp& op, std::int64_t B, std::int64_t T,
+                      const Vec& qkv, const Vec& dout) {
+  const std::int64_t H = op.heads, W = op.heads + 2 * op.kv_heads, D = op.head_dim, R = op.window_rows(T);
+  Tensor QKV = up(b, {B, T, W, D}, qkv, dt), DO = up(b, {B, R, H, D}, dout, dt);
+  Tensor O = b.empty({B, R, H, D}, dt), L = b.empty({B, H, R});
+  Tensor dQKV = b.empty({B, T, W, D}, dt);
+  b.attention_forward(QKV, O, L, op);
+  b.attention_backward(DO, QKV, O, L, dQKV, op);
+  Vec out;
+  for (const Tensor* t : {&O, &L, &dQKV}) {
+    Vec v = down(b, *t);
+    out.insert(out.end(), v.begin(), v.end());
+  }
+  return out;
+}
+
+}  // namespace
+
 // fp32 runs the CUDA-core kernels; bf16 with D = 64 or 128 the tensor-core
 // ones: T not a multiple of their 64-row tiles, GQA, and gpt2-124m's shape
 // (T = 1024, H = G = 12, D = 64) at B = 2.
@@ -262,17 +284,7 @@ TEST_CASE("cuda: flash attention forward and backward, causal GQA, fp32 and bf16
     const AttentionOp op{static_cast<int>(c.H), static_cast<int>(c.G), static_cast<int>(c.D),
                          1.f / std::sqrt(static_cast<float>(c.D))};
     auto run = [&](Backend& b, DType dt, const Vec& q, const Vec& d) {
-      Tensor QKV = up(b, {c.B, c.T, W, c.D}, q, dt), DO = up(b, {c.B, c.T, c.H, c.D}, d, dt);
-      Tensor O = b.empty({c.B, c.T, c.H, c.D}, dt), L = b.empty({c.B, c.H, c.T});
-      Tensor dQKV = b.empty({c.B, c.T, W, c.D}, dt);
-      b.attention_forward(QKV, O, L, op);
-      b.attention_backward(DO, QKV, O, L, dQKV, op);
-      Vec out;
-      for (const Tensor* t : {&O, &L, &dQKV}) {
-        Vec v = down(b, *t);
-        out.insert(out.end(), v.begin(), v.end());
-      }
-      return out;
+      return attention_outputs(b, dt, op, c.B, c.T, q, d);
     };
     const std::string what = "attention D=" + std::to_string(c.D) + " T=" + std::to_string(c.T);
     const Vec g = run(gpu, DType::f32, qkv, dout);
@@ -308,17 +320,7 @@ TEST_CASE("cuda: attention over a query window, forward and backward") {
     op.query_begin = c.q0;
     op.query_rows = c.Q;
     auto run = [&](Backend& b, DType dt, const Vec& q, const Vec& d) {
-      Tensor QKV = up(b, {c.B, c.T, W, c.D}, q, dt), DO = up(b, {c.B, c.Q, c.H, c.D}, d, dt);
-      Tensor O = b.empty({c.B, c.Q, c.H, c.D}, dt), L = b.empty({c.B, c.H, c.Q});
-      Tensor dQKV = b.empty({c.B, c.T, W, c.D}, dt);
-      b.attention_forward(QKV, O, L, op);
-      b.attention_backward(DO, QKV, O, L, dQKV, op);
-      Vec out;
-      for (const Tensor* t : {&O, &L, &dQKV}) {
-        Vec v = down(b, *t);
-        out.insert(out.end(), v.begin(), v.end());
-      }
-      return out;
+      return attention_outputs(b, dt, op, c.B, c.T, q, d);
     };
     const std::string what = "window [" + std::to_string(c.q0) + ", " + std::to_string(c.q0 + c.Q) + ") of " +
                              std::to_string(c.T) + (c.causal ? " causal" : " bidirectional");
