@@ -25,14 +25,10 @@ ShardedAdamW::ShardedAdamW(Backend& b, ParameterStore& params, const GradientBuc
     for_each_piece([&](const ParamSlot&, std::int64_t flat, std::int64_t n, std::int64_t local) {
       Tensor dst = master_.slice(local, n);
       const Tensor src = working(flat, local, n);
-      if (!host) {
-        b_.cast(src, dst);
-      } else if (src.dtype() == DType::f32) {
-        b_.copy(src, dst);
+      if (host) {
+        copy_across(src, dst);
       } else {
-        Tensor wide = b_.empty(Shape{n});
-        b_.cast(src, wide);
-        b_.copy(wide, dst);
+        b_.cast(src, dst);
       }
     });
     if (host) master_ready_ = b.record(streams_.down);
@@ -118,18 +114,26 @@ void ShardedAdamW::update_on_host(const AdamWOp& base, float weight_decay, const
       if (!master_.defined()) continue;  // offloaded parameters: the master is what the gathers fetch
       for (const Piece& p : bucket) {
         Tensor w = working(p.flat, p.local, p.n);
-        const Tensor src = master_.slice(p.local, p.n);
-        if (w.dtype() == DType::f32) {
-          b_.copy(src, w);
-        } else {
-          Tensor wide = b_.empty(Shape{p.n});
-          b_.copy(src, wide);
-          b_.cast(wide, w);
-        }
+        copy_across(master_.slice(p.local, p.n), w);
       }
     }
   }
   b_.wait(compute, b_.record(streams_.host));
+}
+
+void ShardedAdamW::copy_across(const Tensor& src, Tensor& dst) {
+  if (src.dtype() == dst.dtype()) {
+    b_.copy(src, dst);
+    return;
+  }
+  Tensor wide = b_.empty(Shape{src.numel()});
+  if (src.dtype() == DType::f32) {  // the fp32 side is the host's: bring it over, then narrow
+    b_.copy(src, wide);
+    b_.cast(wide, dst);
+  } else {
+    b_.cast(src, wide);
+    b_.copy(wide, dst);
+  }
 }
 
 std::vector<AdamWTensors> ShardedAdamW::adamw_group(const std::vector<Piece>& bucket, const Tensor& grads,

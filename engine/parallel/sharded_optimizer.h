@@ -103,6 +103,10 @@ class ShardedAdamW {
   bool sharded_master() const;
   // One foreach_adamw's tensors: the bucket's pieces of the master, `grads`, m and v.
   std::vector<AdamWTensors> adamw_group(const std::vector<Piece>& bucket, const Tensor& grads, float weight_decay);
+  // dst = src between host and device memory, one of them fp32: a copy moves
+  // bytes without converting, so a 16-bit side is cast through an fp32 device
+  // staging tensor.
+  void copy_across(const Tensor& src, Tensor& dst);
   // update() with the state in host memory.
   void update_on_host(const AdamWOp& op, float weight_decay, const Tensor& coef);
   // `t` itself, or a device copy when it is in host memory (a collective's input).
