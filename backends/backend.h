@@ -413,8 +413,11 @@ class Backend {
   // ---- attention -------------------------------------------------------------
   // Rotary position embedding, in place, on the first `rotate_heads` heads of
   // x (B, T, heads_total, D): pairs (2i, 2i+1) of each head rotate by angle
-  // t · theta^(-2i/D). `inverse` rotates back: that is the backward of rope.
-  virtual void rope(Tensor& x, int heads_total, int rotate_heads, float theta, bool inverse) = 0;
+  // (first_position + t) · theta^(-2i/D). `inverse` rotates back: that is the
+  // backward of rope. A chunk of a sequence (context parallelism) passes its
+  // first token's position and rotates as the whole sequence would.
+  virtual void rope(Tensor& x, int heads_total, int rotate_heads, float theta, bool inverse,
+                    std::int64_t first_position) = 0;
   // qkv (B, T, H + 2G, D) holds per token the H query heads, then G key heads,
   // then G value heads. out (B, T, H, D) = softmax(q kᵀ · scale [+ causal
   // mask] [+ bias] [+ mask]) v (AttentionOp), query head h reading kv head

@@ -118,8 +118,9 @@ class BackendWrapper : public Backend {
                             Tensor& drows, Tensor& dweights) override {
     target_.moe_combine_backward(dout, rows, index, weights, drows, dweights);
   }
-  void rope(Tensor& x, int heads_total, int rotate_heads, float theta, bool inverse) override {
-    target_.rope(x, heads_total, rotate_heads, theta, inverse);
+  void rope(Tensor& x, int heads_total, int rotate_heads, float theta, bool inverse,
+            std::int64_t first_position) override {
+    target_.rope(x, heads_total, rotate_heads, theta, inverse, first_position);
   }
   void attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse,
                          const AttentionOp& op) override {

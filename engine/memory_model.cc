@@ -20,6 +20,7 @@ ActivationQuery activation_query(const ModelSpec& m, const Plan& p, const Activa
   q.seq = static_cast<double>(p.effective_seq_len(m)) / p.cp;
   q.tp = p.tp;
   q.cp = p.cp;
+  q.cp_ring = p.cp_comm == ContextComm::ring;
   q.expert_tp = p.expert_tp();
   q.sequence_parallel = p.sequence_parallel;
   q.recompute = p.recompute;

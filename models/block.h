@@ -141,6 +141,7 @@ struct ActivationQuery {
   double seq = 0;          // T at the model's input (this rank's share under context parallelism)
   int tp = 1;
   int cp = 1;         // context parallelism: seq is this rank's share, attention keeps the whole sequence's K and V
+  bool cp_ring = false;  // context parallelism exchanges K and V block by block (ring), not all at once
   int expert_tp = 0;  // expert tensor parallelism; 0: as tp
   bool sequence_parallel = false;
   Recompute recompute = Recompute::none;

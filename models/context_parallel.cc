@@ -51,6 +51,9 @@ std::pair<std::int64_t, std::int64_t> owner(const Dims& d, std::int64_t p) {
   return {2 * d.N - 1 - chunk, d.c + i};
 }
 
+// The global chunk index of local chunk w (0, 1) of rank r.
+std::int64_t chunk_of(const Dims& d, std::int64_t r, int w) { return w == 0 ? r : 2 * d.N - 1 - r; }
+
 std::string key(const char* what, const Dims& d, int rank) {
   return fmt::format("cp:{}:{}:{}:{}:{}:{}:{}", what, d.B, d.L, d.N, d.H, d.G, rank);
 }
@@ -120,17 +123,21 @@ const Tensor& local_grads(BlockContext& ctx, const Dims& d, int rank) {
   });
 }
 
-// (N_l) attention rows of the local tokens from the two chunks' outputs (2·B·c rows, chunk-major), and back.
-const Tensor& local_from_chunks(BlockContext& ctx, const Dims& d, bool inverse) {
-  return ctx.constant_ids(key(inverse ? "chunks_of_local" : "local_of_chunks", d, 0), [&] {
-    std::vector<std::int32_t> idx(static_cast<std::size_t>(d.local_rows()));
+// The local tokens' rows from the two chunks' rows (2·B·c tokens, chunk-major), and back; each token
+// one row (attention outputs, per_token 1) or S rows of width D (qkv, per_token S).
+const Tensor& local_from_chunks(BlockContext& ctx, const Dims& d, bool inverse, std::int64_t per_token = 1) {
+  const std::string name = fmt::format("{}{}", inverse ? "chunks_of_local" : "local_of_chunks", per_token);
+  return ctx.constant_ids(key(name.c_str(), d, 0), [&] {
+    std::vector<std::int32_t> idx(static_cast<std::size_t>(d.local_rows() * per_token));
     for (std::int64_t w = 0; w < 2; ++w)
       for (std::int64_t b = 0; b < d.B; ++b)
-        for (std::int64_t i = 0; i < d.c; ++i) {
-          const std::int64_t chunk_row = (w * d.B + b) * d.c + i, local_row = b * d.L + w * d.c + i;
-          if (inverse) idx[static_cast<std::size_t>(chunk_row)] = static_cast<std::int32_t>(local_row);
-          else idx[static_cast<std::size_t>(local_row)] = static_cast<std::int32_t>(chunk_row);
-        }
+        for (std::int64_t i = 0; i < d.c; ++i)
+          for (std::int64_t k = 0; k < per_token; ++k) {
+            const std::int64_t chunk_row = ((w * d.B + b) * d.c + i) * per_token + k;
+            const std::int64_t local_row = (b * d.L + w * d.c + i) * per_token + k;
+            if (inverse) idx[static_cast<std::size_t>(chunk_row)] = static_cast<std::int32_t>(local_row);
+            else idx[static_cast<std::size_t>(local_row)] = static_cast<std::int32_t>(chunk_row);
+          }
     return idx;
   });
 }
@@ -141,14 +148,13 @@ Tensor whole_sequence(BlockContext& ctx, const Dims& d, const Tensor& exchanged,
   Tensor full = ctx.b.empty(Shape{d.B * d.T * d.S, op.head_dim}, ctx.act);
   ctx.b.gather_rows(exchanged, full_from_exchanged(ctx, d, ctx.options.context.rank), full);
   Tensor full4 = full.view(Shape{d.B, d.T, d.S, op.head_dim});
-  if (rope_theta > 0) ctx.b.rope(full4, static_cast<int>(d.S), static_cast<int>(d.H + d.G), rope_theta, false);
+  if (rope_theta > 0) ctx.b.rope(full4, static_cast<int>(d.S), static_cast<int>(d.H + d.G), rope_theta, false, 0);
   return full4;
 }
 
 AttentionOp chunk_op(const AttentionOp& base, const Dims& d, int rank, int w) {
   AttentionOp op = base;
-  const std::int64_t chunk = w == 0 ? rank : 2 * d.N - 1 - rank;
-  op.query_begin = chunk * d.c;
+  op.query_begin = chunk_of(d, rank, w) * d.c;
   op.query_rows = d.c;
   return op;
 }
@@ -156,26 +162,9 @@ AttentionOp chunk_op(const AttentionOp& base, const Dims& d, int rank, int w) {
 
 // ---- ring: per-block attention overlapped with the exchange ----------------
 
-// (B·T·S): the whole sequence's qkv rows with this rank's local rows in
-// place and zero rows elsewhere, and (N_l·S) the local rows back from it:
-// RoPE rotates by row, so the local rows are rotated at their global
-// positions inside a whole-sequence buffer.
-const Tensor& whole_from_local(BlockContext& ctx, const Dims& d, int rank, bool inverse) {
-  return ctx.constant_ids(key(inverse ? "local_of_whole" : "whole_of_local", d, rank), [&] {
-    const std::vector<std::int32_t> pos = context_positions(d.T, static_cast<int>(d.N), rank);
-    std::vector<std::int32_t> idx(static_cast<std::size_t>(inverse ? d.local_rows() * d.S : d.B * d.T * d.S), -1);
-    for (std::int64_t b = 0; b < d.B; ++b)
-      for (std::int64_t t = 0; t < d.L; ++t)
-        for (std::int64_t k = 0; k < d.S; ++k) {
-          const std::int64_t local = (b * d.L + t) * d.S + k, whole = (b * d.T + pos[static_cast<std::size_t>(t)]) * d.S + k;
-          if (inverse) idx[static_cast<std::size_t>(local)] = static_cast<std::int32_t>(whole);
-          else idx[static_cast<std::size_t>(whole)] = static_cast<std::int32_t>(local);
-        }
-    return idx;
-  });
-}
-
-// The local qkv rows (N_l·S, D) rotated at their global positions (or back, `inverse`).
+// The local qkv rows (N_l·S, D) rotated at their global positions (or back, `inverse`): each of the
+// two chunks, gathered contiguous, rotates from its first token's position, so the ring never
+// holds more than a rank's own rows (the all-gather path rotates the whole sequence it builds anyway).
 Tensor rotate_local(BlockContext& ctx, const Dims& d, const Tensor& rows, std::int64_t D, float theta, bool inverse) {
   Backend& b = ctx.b;
   const int rank = ctx.options.context.rank;
@@ -184,16 +173,16 @@ Tensor rotate_local(BlockContext& ctx, const Dims& d, const Tensor& rows, std::i
     b.copy(rows, out);
     return out;
   }
-  Tensor whole = b.empty(Shape{d.B * d.T * d.S, D}, ctx.act);
-  b.gather_rows(rows, whole_from_local(ctx, d, rank, false), whole);
-  Tensor whole4 = whole.view(Shape{d.B, d.T, d.S, D});
-  b.rope(whole4, static_cast<int>(d.S), static_cast<int>(d.H + d.G), theta, inverse);
-  b.gather_rows(whole, whole_from_local(ctx, d, rank, true), out);
+  Tensor chunks = b.empty(Shape{d.local_rows() * d.S, D}, ctx.act);
+  b.gather_rows(rows, local_from_chunks(ctx, d, true, d.S), chunks);
+  for (int w = 0; w < 2; ++w) {
+    Tensor part = chunks.rows(w * d.B * d.c * d.S, d.B * d.c * d.S).view(Shape{d.B, d.c, d.S, D});
+    b.rope(part, static_cast<int>(d.S), static_cast<int>(d.H + d.G), theta, inverse, chunk_of(d, rank, w) * d.c);
+  }
+  b.gather_rows(chunks, local_from_chunks(ctx, d, false, d.S), out);
   return out;
 }
 
-// The global chunk index of local chunk w (0, 1) of rank r.
-std::int64_t chunk_of(const Dims& d, std::int64_t r, int w) { return w == 0 ? r : 2 * d.N - 1 - r; }
 
 // One block of attention: this rank's local chunk w of queries against
 // chunk kw of rank r's keys. Under causal attention an earlier key chunk is
@@ -456,7 +445,7 @@ Tensor context_attention_backward(BlockContext& ctx, int batch, std::int64_t loc
   }
   b.add(dfull, scratch, dfull);
   scratch = Tensor();
-  if (rope_theta > 0) b.rope(dfull, static_cast<int>(d.S), static_cast<int>(d.H + d.G), rope_theta, true);
+  if (rope_theta > 0) b.rope(dfull, static_cast<int>(d.S), static_cast<int>(d.H + d.G), rope_theta, true, 0);
   Tensor by_owner = b.empty(Shape{d.N * d.kv_rows(), D}, ctx.act);
   b.gather_rows(grads.rows(0, whole), kv_grads_by_owner(ctx, d, rank), by_owner);
   Tensor mine = grads.rows(whole, d.kv_rows());

@@ -162,7 +162,7 @@ Tensor TransformerLayer::forward(const MicroBatch& mb, const Tensor& x_in, std::
   }
   if (!context_parallel()) {
     Tensor qkv4 = s->qkv.view(Shape{entries, span, H + 2 * G, D});
-    if (s_.rope) b.rope(qkv4, H + 2 * G, H + G, s_.rope_theta, false);
+    if (s_.rope) b.rope(qkv4, H + 2 * G, H + G, s_.rope_theta, false, 0);
     s->attn = b.empty(Shape{N, H * D}, ctx_.act);
     s->lse = b.empty(Shape{entries, H, span});
     Tensor attn4 = s->attn.view(Shape{entries, span, H, D});
@@ -255,7 +255,7 @@ Tensor TransformerLayer::backward(const MicroBatch& mb, Block::Saved& saved, con
     Tensor dqkv4 = dqkv.view(Shape{entries, span, H + 2 * G, D});
     b.attention_backward(dattn.view(Shape{entries, span, H, D}), s.qkv.view(Shape{entries, span, H + 2 * G, D}),
                          s.attn.view(Shape{entries, span, H, D}), s.lse, dqkv4, op);
-    if (s_.rope) b.rope(dqkv4, H + 2 * G, H + G, s_.rope_theta, true);
+    if (s_.rope) b.rope(dqkv4, H + 2 * G, H + G, s_.rope_theta, true, 0);
   }
   if (windowed()) {
     Tensor dtable = ctx_.params[name("attn.rel_bias")].grad;
@@ -381,10 +381,15 @@ double TransformerLayerDef::backward_working_bytes(const ActivationQuery& q) con
   const double D = static_cast<double>(s.dim());
   const double qkv = static_cast<double>(s.heads + 2 * s.kv_heads) * D;
   double width = (qkv + static_cast<double>(s.heads) * D + (glu + 1.0) * s.ffn) / t + 7.0 * s.width;
-  // Context parallelism (models/context_parallel.cc) works on the whole sequence's qkv rows: the rebuilt
-  // input, its gradient and the second chunk's, and the K and V gradients by owner, not all live at the
-  // peak at once: 1.5 qkv widths fit the measured peaks (tests/parallel/test_memory.cc).
-  if (q.cp > 1) width += q.cp * (1.5 * qkv + 2.0 * s.kv_heads * D) / t;
+  // Context parallelism (models/context_parallel.cc). The all-gather works on the whole sequence's qkv
+  // rows: the rebuilt input, its gradient and the second chunk's, and the K and V gradients by owner,
+  // not all live at the peak at once: 1.5 qkv widths fit the measured peaks. The ring works a block
+  // pair at a time and rotates only its own rows, so nothing grows with cp: the pair's qkv and dqkv
+  // (half the rows each), the query-gradient scatter, and the K and V block sums in flight (incoming,
+  // own, summed, sent), as for the all-gather not all live at the peak: one qkv width and 5·G·D fit
+  // the measured peaks (cp 2 and 4, tp 2 × cp 2; tests/parallel/test_memory.cc).
+  if (q.cp > 1)
+    width += q.cp_ring ? (qkv + 5.0 * s.kv_heads * D) / t : q.cp * (1.5 * qkv + 2.0 * s.kv_heads * D) / t;
   if (s.moe.experts > 0) {
     // Per assignment: the experts' input gradients (F/etp, twice for SwiGLU's up) and the
     // gradient rows before and after the exchange (C each); the shared experts like a dense MLP.

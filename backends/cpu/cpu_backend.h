@@ -129,7 +129,8 @@ class CpuBackend final : public Backend {
   void moe_combine_backward(const Tensor& dout, const Tensor& rows, const Tensor& index, const Tensor& weights,
                             Tensor& drows, Tensor& dweights) override;
 
-  void rope(Tensor& x, int heads_total, int rotate_heads, float theta, bool inverse) override;
+  void rope(Tensor& x, int heads_total, int rotate_heads, float theta, bool inverse,
+            std::int64_t first_position) override;
   void attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse,
                          const AttentionOp& op) override;
   void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,

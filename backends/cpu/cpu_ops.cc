@@ -349,7 +349,8 @@ void CpuBackend::moe_combine_backward(const Tensor& dout, const Tensor& rows, co
 
 // ---- attention -------------------------------------------------------------------------
 
-void CpuBackend::rope(Tensor& x, int heads_total, int rotate_heads, float theta, bool inverse) {
+void CpuBackend::rope(Tensor& x, int heads_total, int rotate_heads, float theta, bool inverse,
+                      std::int64_t first_position) {
   float* px = f32(x, "rope");
   const Shape& s = x.shape();
   if (s.rank() != 4 || s[2] != heads_total || s[3] % 2 != 0 || rotate_heads < 0 ||
@@ -358,7 +359,7 @@ void CpuBackend::rope(Tensor& x, int heads_total, int rotate_heads, float theta,
            rotate_heads);
   if (error_) return;
   const auto threads = on_threads();
-  cpu::rope(s[0], s[1], heads_total, rotate_heads, s[3], theta, inverse, px);
+  cpu::rope(s[0], s[1], heads_total, rotate_heads, s[3], theta, inverse, first_position, px);
 }
 
 namespace {

@@ -379,14 +379,15 @@ void CudaBackend::dropout_backward(const Tensor& dout, Tensor& dx, const Dropout
 
 // ---- attention -------------------------------------------------------------------------
 
-void CudaBackend::rope(Tensor& x, int heads_total, int rotate_heads, float theta, bool inverse) {
+void CudaBackend::rope(Tensor& x, int heads_total, int rotate_heads, float theta, bool inverse,
+                       std::int64_t first_position) {
   const int dt = storage({{"x", &x}}, "rope");
   void* px = ptr(x, "rope");
   must(rope_check(x, heads_total, rotate_heads), "rope");
   if (failed()) return;
   const Shape& s = x.shape();
   const auto tmp = scratch(sizeof(float) * static_cast<std::size_t>(s[1] * s[3]), "rope");
-  check(kernels::rope(px, dt, s[0], s[1], heads_total, rotate_heads, s[3], theta, inverse,
+  check(kernels::rope(px, dt, s[0], s[1], heads_total, rotate_heads, s[3], theta, inverse, first_position,
                       static_cast<float*>(tmp.ptr), MT_STREAM),
         "rope");
   release(tmp);

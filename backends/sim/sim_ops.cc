@@ -241,7 +241,7 @@ void SimBackend::dropout_backward(const Tensor& dout, Tensor& dx, const DropoutO
   memory_op(op_name("dropout_backward"), {&dout, &dx});
 }
 
-void SimBackend::rope(Tensor& x, int heads_total, int rotate_heads, float, bool) {
+void SimBackend::rope(Tensor& x, int heads_total, int rotate_heads, float, bool, std::int64_t) {
   check(x, "rope");
   // Only the rotated heads are read and written.
   const double share = heads_total > 0 ? static_cast<double>(rotate_heads) / heads_total : 1.0;

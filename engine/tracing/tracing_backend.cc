@@ -206,8 +206,9 @@ void TracingBackend::moe_combine_backward(const Tensor& dout, const Tensor& rows
   compute("moe_combine_backward", {&dout, &rows, &index, &weights, &drows, &dweights},
           [&] { target().moe_combine_backward(dout, rows, index, weights, drows, dweights); });
 }
-void TracingBackend::rope(Tensor& x, int heads_total, int rotate_heads, float theta, bool inverse) {
-  compute("rope", {&x}, [&] { target().rope(x, heads_total, rotate_heads, theta, inverse); });
+void TracingBackend::rope(Tensor& x, int heads_total, int rotate_heads, float theta, bool inverse,
+                          std::int64_t first_position) {
+  compute("rope", {&x}, [&] { target().rope(x, heads_total, rotate_heads, theta, inverse, first_position); });
 }
 void TracingBackend::attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse,
                                        const AttentionOp& op) {

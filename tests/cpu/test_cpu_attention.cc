@@ -19,7 +19,7 @@ TEST_CASE("cpu rope: angles, inverse, backward", "[cpu]") {
   const double theta = 10000;
   Vec x = testing::random_vec(rng, B * T * Ht * D);
   auto rotate = [&](Vec v, bool inverse) {
-    cpu::rope<double>(B, T, Ht, Hr, D, theta, inverse, v.data());
+    cpu::rope<double>(B, T, Ht, Hr, D, theta, inverse, 0, v.data());
     return v;
   };
   const Vec y = rotate(x, false);
@@ -43,10 +43,19 @@ TEST_CASE("cpu rope: angles, inverse, backward", "[cpu]") {
 
   CpuBackend be;
   Tensor tx = upload(be, {B, T, Ht, D}, x);
-  be.rope(tx, Ht, Hr, static_cast<float>(theta), false);
+  be.rope(tx, Ht, Hr, static_cast<float>(theta), false, 0);
   CHECK(rel_err(download(be, tx), y) < 1e-6);
-  be.rope(tx, Ht, Hr, static_cast<float>(theta), true);
+  be.rope(tx, Ht, Hr, static_cast<float>(theta), true, 0);
   CHECK(rel_err(download(be, tx), x) < 1e-6);
+  // A chunk of the sequence (context parallelism) from its first token's position: tokens 1..2 of
+  // each sequence rotated alone, starting at position 1, give the whole rotation's bits.
+  for (std::int64_t b = 0; b < B; ++b) {
+    const auto first = x.begin() + (b * T + 1) * Ht * D, last = x.begin() + (b * T + T) * Ht * D;
+    Vec chunk(first, last);
+    cpu::rope<double>(1, T - 1, Ht, Hr, D, theta, false, 1, chunk.data());
+    for (std::size_t i = 0; i < chunk.size(); ++i)
+      REQUIRE(chunk[i] == y[static_cast<std::size_t>((b * T + 1) * Ht * D) + i]);
+  }
 }
 
 struct AttentionCase {

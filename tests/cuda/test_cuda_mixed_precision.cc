@@ -182,8 +182,8 @@ TEST_CASE("cuda 16-bit: rope and its inverse") {
   for (DType d : kHalves) {
     auto run = [&](Backend& be, DType dt, const Vec& xv) {
       Tensor X = up(be, {B, T, Ht, D}, xv, dt), Y = up(be, {B, T, Ht, D}, xv, dt);
-      be.rope(X, Ht, 4, 10000.f, false);
-      be.rope(Y, Ht, 4, 10000.f, true);
+      be.rope(X, Ht, 4, 10000.f, false, 0);
+      be.rope(Y, Ht, 4, 10000.f, true, 0);
       return Out{down_all(be, {&X, &Y}), {}};
     };
     compare(run(gpu, d, x), run(cpu, DType::f32, round_to(x, d)), d, "rope");

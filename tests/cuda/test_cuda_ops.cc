@@ -236,11 +236,15 @@ TEST_CASE("cuda: rope and its inverse") {
   const Vec x = random(B * T * Ht * D, 20);
   auto run = [&](Backend& b) {
     Tensor X = up(b, {B, T, Ht, D}, x);
-    b.rope(X, Ht, 4, 10000.f, false);
+    b.rope(X, Ht, 4, 10000.f, false, 0);
     Vec fwd = down(b, X);
-    b.rope(X, Ht, 4, 10000.f, true);
+    b.rope(X, Ht, 4, 10000.f, true, 0);
     Vec back = down(b, X);
     fwd.insert(fwd.end(), back.begin(), back.end());
+    // A chunk of a longer sequence (context parallelism) rotates from its first position.
+    b.rope(X, Ht, 4, 10000.f, false, 777);
+    Vec chunk = down(b, X);
+    fwd.insert(fwd.end(), chunk.begin(), chunk.end());
     return fwd;
   };
   expect_close(run(gpu), run(cpu), kF32, "rope");

@@ -122,6 +122,19 @@ TEST_CASE("measured peak memory matches the memory model under context paralleli
   check_memory(p, tiny_llama());
 }
 
+TEST_CASE("measured peak memory matches the memory model under ring context parallelism", "[parallel][memory][cp][ring]") {
+  // The ring keeps every block it received for backward, as the all-gather does, but works on one
+  // block pair at a time and rotates its own rows only: no whole-sequence working buffers.
+  for (int cp : {2, 4}) {
+    Plan p = make_plan(1, 2, 1, 1, ScheduleKind::one_f_one_b);
+    p.cp = cp, p.seq_len = 1024, p.cp_comm = ContextComm::ring;
+    check_memory(p, tiny_llama());
+  }
+  Plan p = make_plan(2, 2, 1, 2, ScheduleKind::one_f_one_b);
+  p.cp = 2, p.seq_len = 512, p.cp_comm = ContextComm::ring;
+  check_memory(p, tiny_llama());
+}
+
 TEST_CASE("measured peak memory matches the memory model under ZB-H1", "[parallel][memory][zb]") {
   // Stage r holds r micro-batches between their B and W passes: their activations and the output
   // gradients the deferred weight gradients read. Long sequences, so activations dominate.

@@ -130,10 +130,10 @@ TEST_CASE("context-parallel attention, causal or not, is the whole sequence's at
             Tensor full = b.empty(Shape{B, T, S, D}), out = b.empty(Shape{B, T, H, D}), lse = b.empty(Shape{B, H, T});
             Tensor dfull = b.empty(Shape{B, T, S, D}), dout_full = b.empty(Shape{B, T, H, D});
             b.write(full, qkv), b.write(dout_full, dout);
-            if (theta > 0) b.rope(full, S, H + G, theta, false);
+            if (theta > 0) b.rope(full, S, H + G, theta, false, 0);
             b.attention_forward(full, out, lse, op);
             b.attention_backward(dout_full, full, out, lse, dfull, op);
-            if (theta > 0) b.rope(dfull, S, H + G, theta, true);
+            if (theta > 0) b.rope(dfull, S, H + G, theta, true, 0);
             std::vector<float> ref_out(static_cast<std::size_t>(out.numel())), ref_dqkv(static_cast<std::size_t>(dfull.numel()));
             MT_TRY(b.read(out, ref_out));
             MT_TRY(b.read(dfull, ref_dqkv));

@@ -142,10 +142,10 @@ cudaError_t sign_compress(const float* x, float* error, std::int32_t* packets, i
 cudaError_t sign_decompress(const std::int32_t* packets, float* out, i64 C, i64 k, cudaStream_t s);
 
 // ---- rope.cu ---------------------------------------------------------------
-// x of storage `dtype`, rotated in fp32; scratch: 2 · T · D/2 floats (the cos
-// and sin table).
+// x of storage `dtype`, rotated in fp32, token t at position first_position + t;
+// scratch: 2 · T · D/2 floats (the cos and sin table).
 cudaError_t rope(void* x, int dtype, i64 B, i64 T, i64 heads_total, i64 rotate_heads, i64 D,
-                 double theta, bool inverse, float* scratch, cudaStream_t s);
+                 double theta, bool inverse, i64 first_position, float* scratch, cudaStream_t s);
 
 // ---- attention.cu ----------------------------------------------------------
 inline constexpr int kMaxHeadDim = 128;

@@ -6,11 +6,11 @@
 namespace meshtrain::cuda::kernels {
 namespace {
 
-__global__ void rope_table(i64 T, i64 P, i64 D, double theta, bool inverse, float* cs, float* sn) {
+__global__ void rope_table(i64 T, i64 t0, i64 P, i64 D, double theta, bool inverse, float* cs, float* sn) {
   for (i64 idx = blockIdx.x * (i64)blockDim.x + threadIdx.x; idx < T * P; idx += (i64)gridDim.x * blockDim.x) {
     const i64 t = idx / P, i = idx % P;
     const double freq = pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(D));
-    const double a = static_cast<double>(t) * freq;
+    const double a = static_cast<double>(t0 + t) * freq;
     cs[idx] = static_cast<float>(cos(a));
     sn[idx] = static_cast<float>(inverse ? -sin(a) : sin(a));
   }
@@ -34,12 +34,12 @@ __global__ void rope_apply(S* x, i64 rows, i64 T, i64 heads_total, i64 rotate_he
 }  // namespace
 
 cudaError_t rope(void* x, int dtype, i64 B, i64 T, i64 heads_total, i64 rotate_heads, i64 D,
-                 double theta, bool inverse, float* scratch, cudaStream_t s) {
+                 double theta, bool inverse, i64 first_position, float* scratch, cudaStream_t s) {
   const i64 P = D / 2;
   if (B * T * rotate_heads * P == 0) return cudaGetLastError();
   float* cs = scratch;
   float* sn = scratch + T * P;
-  rope_table<<<grid_for(T * P), kThreads, 0, s>>>(T, P, D, theta, inverse, cs, sn);
+  rope_table<<<grid_for(T * P), kThreads, 0, s>>>(T, first_position, P, D, theta, inverse, cs, sn);
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   return with_storage(dtype, [&](auto tag) {
