@@ -181,6 +181,7 @@ SimOptions simulation_options(const SimulateOptions& options, bool full) {
   o.fidelity = full ? Fidelity::full : Fidelity::representative;
   o.isolate_exclusive = options.isolate_exclusive;
   o.links = options.variation.links;
+  o.host_sharing = options.host_sharing;
   return o;
 }
 

@@ -78,6 +78,8 @@ struct SimulateOptions {
   // may overlap its forward (Plan::overlap_update). The peak memory and the
   // trace are the two-iteration run's.
   bool steady_state = false;
+  // The cpu backend's rank threads share this machine's cores (sim::host_sharing_for); off for GPUs.
+  sim::HostSharing host_sharing;
 };
 
 // A model with experts: its expert parallelism as simulated. The step

@@ -160,11 +160,51 @@ Status Executor::set_compute_factor(int device, double factor) {
   return ok_status();
 }
 
+Status Executor::share_host(const HostSharing& sharing, std::vector<double> ranks_by_device) {
+  if (ranks_by_device.size() != static_cast<size_t>(cluster_.num_gpus()))
+    return make_error("share_host: {} device weights for {} devices", ranks_by_device.size(), cluster_.num_gpus());
+  if (!(sharing.cores > 0 && sharing.threads_per_rank >= 1 && sharing.calibrated_share > 0 &&
+        sharing.calibrated_share <= 1))
+    return make_error("share_host: cores {}, threads per rank {}, calibrated share {} are not a machine", sharing.cores,
+                      sharing.threads_per_rank, sharing.calibrated_share);
+  host_ = sharing;
+  host_ranks_ = std::move(ranks_by_device);
+  compute_running_.assign(host_ranks_.size(), 0);
+  return ok_status();
+}
+
 // Full-speed picoseconds of compute done per picosecond on `device` now.
 double Executor::speed(int device) const {
   double v = comm_active_[device] > 0 ? 1.0 / (1.0 + constants_.comm_compute_slowdown) : 1.0;
   if (!compute_factor_.empty()) v /= compute_factor_[static_cast<size_t>(device)];
+  if (host_.on()) v *= host_.speed(host_computing_);
   return v;
+}
+
+void Executor::rebank(int device, double old_speed) {
+  for (StreamId s : device_streams_[device]) {
+    Stream& st = streams_[s];
+    if (!st.running || tasks_of(st)[st.head].kind != Kind::kCompute) continue;
+    st.work_left -= static_cast<double>(sim_.now() - st.updated) * old_speed;
+    if (st.work_left < 0) st.work_left = 0;
+    st.updated = sim_.now();
+    schedule_compute(s);
+  }
+}
+
+void Executor::set_compute_running(int device, int delta) {
+  if (!host_.on()) return;
+  int& running = compute_running_[static_cast<size_t>(device)];
+  const bool before = running > 0;
+  running += delta;
+  if (before == (running > 0)) return;
+  // Every running compute of the machine changes speed: bank each at its old speed.
+  std::vector<std::pair<int, double>> old;
+  for (size_t d = 0; d < compute_running_.size(); ++d)
+    if (compute_running_[d] > 0 && static_cast<int>(d) != device) old.emplace_back(static_cast<int>(d), speed(static_cast<int>(d)));
+  host_computing_ += (delta > 0 ? 1.0 : -1.0) * host_ranks_[static_cast<size_t>(device)];
+  if (host_computing_ < 1e-9) host_computing_ = 0;
+  for (const auto& [d, v] : old) rebank(d, v);
 }
 
 void Executor::schedule_compute(StreamId s) {
@@ -183,14 +223,7 @@ void Executor::set_comm_active(int device, int delta) {
   if (before == after) return;
   // The speed of running compute on this device changes: bank the progress
   // at the old speed and reschedule.
-  for (StreamId s : device_streams_[device]) {
-    Stream& st = streams_[s];
-    if (!st.running || tasks_of(st)[st.head].kind != Kind::kCompute) continue;
-    st.work_left -= static_cast<double>(sim_.now() - st.updated) * old_speed;
-    if (st.work_left < 0) st.work_left = 0;
-    st.updated = sim_.now();
-    schedule_compute(s);
-  }
+  rebank(device, old_speed);
 }
 
 void Executor::try_start(StreamId s) {
@@ -215,6 +248,7 @@ void Executor::try_start(StreamId s) {
     }
     switch (t.kind) {
       case Kind::kCompute:
+        set_compute_running(st.device, +1);
         st.running = true;
         st.started = sim_.now();
         st.updated = sim_.now();
@@ -303,6 +337,7 @@ void Executor::finish_head(StreamId s) {
     trace_.complete(st.device, st.tid, names_.name(t.name), cat, st.started, dur);
   }
   st.running = false;
+  if (t.kind == Kind::kCompute) set_compute_running(st.device, -1);
   ++st.head;
   report_.makespan = std::max(report_.makespan, sim_.now());
   try_start(s);

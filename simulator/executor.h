@@ -55,7 +55,9 @@
 //    the footprints. Two collectives of one isolated set that overlap in time
 //    are timed without sharing; RunReport::isolated_overlaps counts them.
 // Per-device compute factors (set_compute_factor) model a straggler: its
-// compute tasks take that many times as long.
+// compute tasks take that many times as long. Rank threads sharing one
+// machine's cores (share_host, host_sharing.h) run their compute faster
+// while fewer of them compute.
 #pragma once
 
 #include <array>
@@ -70,6 +72,7 @@
 
 #include "core/status.h"
 #include "simulator/collective.h"
+#include "simulator/host_sharing.h"
 #include "simulator/constants.h"
 #include "simulator/name_table.h"
 #include "simulator/network.h"
@@ -139,6 +142,10 @@ class Executor : public EventHandler {
 
   // Compute tasks on `device` take `factor` (> 0) times as long; 1 by default.
   Status set_compute_factor(int device, double factor);
+  // Every device is a rank thread of one machine sharing its cores as
+  // `sharing` says; a device with compute running counts as
+  // `ranks_by_device[d]` ranks (a representative stands for its replicas).
+  Status share_host(const HostSharing& sharing, std::vector<double> ranks_by_device);
   // `target` (a device with no streams of its own) runs `source`'s streams
   // again with devices taken through `map` (see "Full fidelity"). Call after
   // everything is submitted on `source`, before run().
@@ -213,6 +220,11 @@ class Executor : public EventHandler {
   void finish_head(StreamId s);
   void schedule_compute(StreamId s);
   void set_comm_active(int device, int delta);
+  // Compute starts (+1) or ends (-1) on `device`: with a shared host, every
+  // running compute of the machine changes speed.
+  void set_compute_running(int device, int delta);
+  // Banks the progress of `device`'s running compute at `old_speed` and reschedules it.
+  void rebank(int device, double old_speed);
   void start_p2p(uint32_t index);
   Error deadlock_error() const;
 
@@ -252,6 +264,10 @@ class Executor : public EventHandler {
   std::vector<uint8_t> isolated_;                          // by set
   std::vector<uint32_t> set_running_;                      // running collectives per set
   std::vector<double> compute_factor_;                     // by device; empty: all 1
+  HostSharing host_;                                       // off unless share_host()
+  std::vector<double> host_ranks_;                         // by device: ranks it counts as
+  std::vector<int> compute_running_;                       // by device: running compute tasks
+  double host_computing_ = 0;                              // ranks computing on the machine now
 
   RunReport report_;
   Trace trace_;

@@ -104,7 +104,19 @@ Result<std::unique_ptr<SimCluster>> SimCluster::create_jobs(const sim::ClusterSp
       else cluster.scale_bandwidth(l, change.factor);
     }
   }
-  return std::unique_ptr<SimCluster>(new SimCluster(std::move(cluster), spec, std::move(jobs), options));
+  const sim::HostSharing sharing = options.host_sharing;
+  std::unique_ptr<SimCluster> sim(new SimCluster(std::move(cluster), spec, std::move(jobs), std::move(options)));
+  if (sharing.on()) {
+    // A representative computes for every rank of its stage (they run the same ops at the same time).
+    std::vector<double> ranks(static_cast<std::size_t>(num_gpus), 1.0);
+    if (!full)
+      for (std::size_t j = 0; j < sim->jobs_.size(); ++j)
+        for (int rep : sim->jobs_[j].representatives)
+          ranks[static_cast<std::size_t>(sim->gpu(static_cast<int>(j), rep))] =
+              static_cast<double>(sim->jobs_[j].world_size) / static_cast<double>(sim->jobs_[j].representatives.size());
+    MT_TRY(sim->executor_->share_host(sharing, std::move(ranks)));
+  }
+  return sim;
 }
 
 SimCluster::SimCluster(sim::Cluster cluster, const sim::ClusterSpec& spec, std::vector<SimJob> jobs,

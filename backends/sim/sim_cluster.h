@@ -57,6 +57,7 @@
 #include "simulator/collective.h"
 #include "simulator/cost_model.h"
 #include "simulator/executor.h"
+#include "simulator/host_sharing.h"
 #include "simulator/topology.h"
 
 namespace meshtrain {
@@ -107,6 +108,8 @@ struct SimOptions {
   // every collective is flows (slower; for checking the shortcut).
   bool isolate_exclusive = true;
   std::vector<LinkChange> links;  // applied in order; full fidelity only
+  // The cpu backend's rank threads share the machine's cores (simulator/host_sharing.h); off for GPUs.
+  sim::HostSharing host_sharing;
 };
 
 // One job on the cluster (see "Jobs" above).

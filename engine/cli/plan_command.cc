@@ -54,7 +54,9 @@ Status run_plan(const PlanCommandFlags& f) {
   if (!f.calibration.empty()) {
     MT_ASSIGN(calibration, sim::load_calibration(f.calibration));
     // As `simulate` does for ranks as threads: the level of k ranks sharing a node's cores.
-    calibration = calibration.for_ranks_sharing(std::min(f.gpus, options.cluster.gpus_per_node)).for_transport("threads");
+    const int per_node = std::min(f.gpus, options.cluster.gpus_per_node);
+    calibration = calibration.for_ranks_sharing(per_node).for_transport("threads");
+    options.host_sharing = sim::host_sharing_for(calibration, per_node);
     MT_TRY(sim::check_calibration_device(calibration, options.cluster)
                .context(fmt::format("--calibration '{}'", f.calibration)));
     sim::apply_link_calibration(calibration, options.cluster);

@@ -267,6 +267,8 @@ Status run_simulate(SimulateFlags f, bool no_flags) {
                         "measured inside one bound MPI process)", f.calibration);
     const int per_node = mpi ? 1 : std::min(mp.plan.world_size(), options.cluster.gpus_per_node);
     calibration = calibration.for_ranks_sharing(per_node).for_transport(comm);
+    // Rank threads lend their cores to each other when some wait (pipeline bubbles); bound MPI ranks do not.
+    if (!mpi) options.host_sharing = sim::host_sharing_for(calibration, per_node);
     MT_TRY(sim::check_calibration_device(calibration, options.cluster)
                .context(fmt::format("--calibration '{}'", f.calibration)));
     sim::apply_link_calibration(calibration, options.cluster);

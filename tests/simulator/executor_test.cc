@@ -172,3 +172,73 @@ TEST_CASE("executor: deadlock is an error naming the stuck streams", "[simulator
     CHECK_FALSE(e.compute(st(e, 0, "s"), e.intern("neg"), -1).ok());
   }
 }
+
+// Rank threads of one 2-core machine, calibrated with 4 of them computing at
+// once (1 thread each, half a core each): a task's calibrated time holds
+// while 4 compute; with k < 4 computing each runs min(1, 2/k) / (1/2) as fast.
+TEST_CASE("executor: rank threads sharing a machine's cores speed up when others wait",
+          "[simulator][executor][host]") {
+  Cluster c = make(8);
+  CostConstants k;
+  const HostSharing two_cores{2, 1, 0.5};
+  auto run = [&](std::vector<Time> work, std::vector<double> ranks) {
+    Executor e(c, k);
+    ranks.resize(8, 1.0);
+    REQUIRE(e.share_host(two_cores, ranks).ok());
+    for (int d = 0; d < static_cast<int>(work.size()); ++d)
+      if (work[static_cast<std::size_t>(d)] > 0)
+        REQUIRE(e.compute(st(e, d, "compute"), e.intern("k"), work[static_cast<std::size_t>(d)]).ok());
+    auto r = e.run();
+    REQUIRE(r.ok());
+    return *r;
+  };
+  const Time us = kMicrosecond;
+  // Four at once: the calibrated time.
+  CHECK(run({10 * us, 10 * us, 10 * us, 10 * us}, {}).makespan == 10 * us);
+  // Two at once: a core each, twice the calibrated speed.
+  CHECK(run({10 * us, 10 * us}, {}).makespan == 5 * us);
+  // One alone still has one thread: a core, not two.
+  CHECK(run({10 * us}, {}).makespan == 5 * us);
+  // 4 run 10 µs at speed 1; then 3 share 2 cores (speed 4/3): the 20 µs left take 15 µs.
+  const RunReport mixed = run({10 * us, 30 * us, 30 * us, 30 * us}, {});
+  CHECK(mixed.makespan == 25 * us);
+  CHECK(report_of(mixed, 0, "compute").busy == 10 * us);
+  // A representative standing for two ranks: two devices of weight 2 are four ranks computing.
+  CHECK(run({10 * us, 10 * us}, {2, 2}).makespan == 10 * us);
+  CHECK(run({10 * us}, {2}).makespan == 5 * us);
+  // Not a machine: refused by name.
+  Executor e(c, k);
+  CHECK_THAT(e.share_host({2, 1, 0}, std::vector<double>(8, 1.0)).error().message(),
+             Catch::Contains("calibrated share"));
+  CHECK_THAT(e.share_host(two_cores, {1.0}).error().message(), Catch::Contains("1 device weights for 8"));
+}
+
+TEST_CASE("host sharing: the calibration's level and the plan's threads per rank", "[simulator][host]") {
+  Calibration cal;
+  cal.machine.backend = "cpu";
+  cal.machine.cores = 2;
+  cal.gemm.push_back({64, 64, 64, DType::kFp32, 10, {}});
+  cal.gemm.back().spread.ranks_sharing = 4;
+  // Calibrated with 4 rank threads (1 thread each, half a core); the plan has 4.
+  HostSharing h = host_sharing_for(cal, 4);
+  CHECK(h.cores == 2);
+  CHECK(h.threads_per_rank == 1);
+  CHECK(h.calibrated_share == 0.5);
+  CHECK(h.speed(4) == 1.0);
+  CHECK(h.speed(2) == 2.0);
+  // Levels 1 and 2: a 2-rank plan has a core per rank as measured, alone or not.
+  cal.gemm.back().spread.ranks_sharing = 2;
+  cal.gemm.push_back(cal.gemm.back());
+  cal.gemm.back().spread.ranks_sharing = 1;
+  h = host_sharing_for(cal, 2);
+  CHECK(h.calibrated_share == 1.0);
+  CHECK(h.speed(1) == 1.0);
+  CHECK(h.speed(2) == 1.0);
+  // One rank: two threads, as measured at level 1.
+  h = host_sharing_for(cal, 1);
+  CHECK(h.threads_per_rank == 2);
+  CHECK(h.calibrated_share == 1.0);
+  // A GPU calibration shares nothing.
+  cal.machine.backend = "";
+  CHECK_FALSE(host_sharing_for(cal, 4).on());
+}
