@@ -177,6 +177,9 @@ class SimBackend final : public Backend {
   void barrier(const Group& g) override;
 
   double compute_seconds() const;  // sum of issued compute durations
+  // The part of compute_seconds() issued on the default stream (the first
+  // created): what that stream's busy time would be without communication.
+  double compute_stream_seconds() const;
   const SimHostWork& host_work() const { return host_work_; }
   // Forgets the host work issued so far (a simulation's set-up: the offloaded master's first copy).
   void reset_host_work() { host_work_ = {}; }
@@ -214,7 +217,7 @@ class SimBackend final : public Backend {
   std::vector<sim::StreamId> streams_;  // by Stream::id
   Stream current_{};
   std::vector<sim::NameId> events_;  // by Event::id
-  sim::Time compute_ = 0;
+  sim::Time compute_ = 0, compute_stream_ = 0;
   SimHostWork host_work_;
   std::string region_;
   std::map<std::string, Region> regions_;

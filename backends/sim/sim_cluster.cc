@@ -244,6 +244,7 @@ Result<SimReport> SimCluster::run() {
     rr.host_peak_bytes = b.memory_stats().host_peak_bytes;
     rr.host_work = b.host_work();
     rr.compute_s = b.compute_seconds();
+    rr.compute_stream_s = b.compute_stream_seconds();
     const auto d = static_cast<std::size_t>(b.device());
     for (const auto& [name, region] : b.regions()) rr.regions[name] = {region.compute_s, region.sent_bytes};
     for (const sim::StreamReport& s : r.streams)

@@ -137,8 +137,9 @@ struct SimRankReport {
   std::int64_t peak_bytes = 0;
   std::int64_t host_peak_bytes = 0;  // host memory (Backend::host_zeros)
   SimHostWork host_work;             // offload: PCIe copies and host updates issued
-  double compute_s = 0;       // sum of issued compute durations (full speed)
-  double compute_busy_s = 0;  // busy time of the default stream (compute + comm issued on it)
+  double compute_s = 0;         // sum of issued compute durations (full speed), every stream
+  double compute_stream_s = 0;  // the part of compute_s issued on the default stream
+  double compute_busy_s = 0;    // busy time of the default stream (compute + comm issued on it)
   double idle_s = 0;          // iteration time minus that busy time
   std::uint64_t tasks = 0;
   // Per region (Backend::set_region): issued compute seconds and bytes sent.

@@ -12,6 +12,7 @@ using sim_internal::misuse;
 using sim_internal::seconds;
 
 double SimBackend::compute_seconds() const { return seconds(compute_); }
+double SimBackend::compute_stream_seconds() const { return seconds(compute_stream_); }
 
 std::string SimBackend::set_region(std::string name) {
   std::swap(region_, name);
@@ -28,6 +29,7 @@ sim::DType SimBackend::compute_dtype(DType t) const {
 void SimBackend::compute(sim::NameId name, sim::Time duration) {
   if (cluster_.error_) return;
   compute_ += duration;
+  if (current_.id == 0) compute_stream_ += duration;
   region().compute_s += seconds(duration);
   if (Status s = cluster_.executor_->compute(executor_stream(current_), name, duration); !s)
     cluster_.fail(std::move(s).error());

@@ -30,6 +30,21 @@ std::unique_ptr<SimCluster> unfused_cluster(float attention_dropout) {
   return std::move(c).value();
 }
 
+// Ranks 0..7 on one node; only rank 0 is simulated.
+const Group kNodeTp{1, {0, 1, 2, 3, 4, 5, 6, 7}};
+
+double gemm_seconds(const SimCluster& cluster, std::int64_t m, std::int64_t n, std::int64_t k) {
+  return static_cast<double>(cluster.cost_model().gemm(m, n, k, sim::DType::kBf16)) / 1e12;
+}
+
+// The analytic time of an all-reduce of `bytes` over `g` with nothing else on its links.
+double solo_all_reduce_seconds(const SimCluster& cluster, const Group& g, double bytes) {
+  sim::CollectiveRequest req{sim::CollectiveKind::kAllReduce, g.ranks, bytes};
+  auto plan = sim::plan_collective(cluster.cluster(), sim::CostConstants{}, req);
+  REQUIRE(plan.ok());
+  return static_cast<double>(sim::analytic_time(cluster.cluster(), sim::CostConstants{}, *plan)) / 1e12;
+}
+
 }  // namespace
 
 TEST_CASE("sim backend: live and peak bytes are numel · dtype size of live storage", "[sim_backend]") {
@@ -59,16 +74,11 @@ TEST_CASE("sim backend: a gemm takes the cost model's time, a solo tp all-reduce
   Tensor a = b.empty(Shape{4096, 1024}, DType::bf16), w = b.empty(Shape{1024, 2048}, DType::bf16);
   Tensor c = b.empty(Shape{4096, 2048}, DType::bf16);
   b.gemm(a, w, c, {});
-  // Ranks 0..7 on one node; only rank 0 is simulated.
-  const Group tp{1, {0, 1, 2, 3, 4, 5, 6, 7}};
-  b.all_reduce(c, tp, ReduceOp::sum);
+  b.all_reduce(c, kNodeTp, ReduceOp::sum);
   auto r = cluster->run();
   REQUIRE(r.ok());
-  const double gemm_s = static_cast<double>(cluster->cost_model().gemm(4096, 2048, 1024, sim::DType::kBf16)) / 1e12;
-  sim::CollectiveRequest req{sim::CollectiveKind::kAllReduce, tp.ranks, static_cast<double>(c.bytes())};
-  auto plan = sim::plan_collective(cluster->cluster(), sim::CostConstants{}, req);
-  REQUIRE(plan.ok());
-  const double ar_s = static_cast<double>(sim::analytic_time(cluster->cluster(), sim::CostConstants{}, *plan)) / 1e12;
+  const double gemm_s = gemm_seconds(*cluster, 4096, 2048, 1024);
+  const double ar_s = solo_all_reduce_seconds(*cluster, kNodeTp, static_cast<double>(c.bytes()));
   CHECK(r->ranks[0].compute_s == Approx(gemm_s));
   CHECK(r->iteration_s == Approx(gemm_s + ar_s).epsilon(1e-9));
   const auto& ar = r->collectives[static_cast<std::size_t>(sim::CollectiveKind::kAllReduce)];
@@ -76,6 +86,34 @@ TEST_CASE("sim backend: a gemm takes the cost model's time, a solo tp all-reduce
   CHECK(ar.bytes == static_cast<double>(c.bytes()));
   CHECK(ar.time_s == Approx(ar_s));
   CHECK(r->tasks == 2);
+}
+
+TEST_CASE("sim backend: the compute stream's own compute is reported apart from a side stream's",
+          "[sim_backend]") {
+  // Stream 0: a gemm, then a tp all-reduce; a side stream runs a longer gemm
+  // at the same time. What the compute stream spends beyond its own compute is
+  // the all-reduce; the side stream's gemm must not be subtracted from it
+  // (exposed communication, engine/simulation.h, would be clamped to 0).
+  auto cluster = make_cluster(8, {0});
+  SimBackend& b = cluster->backend(0);
+  Tensor a = b.empty(Shape{4096, 1024}, DType::bf16), w = b.empty(Shape{1024, 2048}, DType::bf16);
+  Tensor c = b.empty(Shape{4096, 2048}, DType::bf16);
+  Tensor w2 = b.empty(Shape{1024, 8192}, DType::bf16), c2 = b.empty(Shape{4096, 8192}, DType::bf16);
+  const Stream side = b.create_stream("side");
+  b.set_stream(side);
+  b.gemm(a, w2, c2, {});
+  b.set_stream(Stream{0});
+  b.gemm(a, w, c, {});
+  b.all_reduce(c, kNodeTp, ReduceOp::sum);
+  auto r = cluster->run();
+  REQUIRE(r.ok());
+  const double gemm_s = gemm_seconds(*cluster, 4096, 2048, 1024), side_s = gemm_seconds(*cluster, 4096, 8192, 1024);
+  const double ar_s = solo_all_reduce_seconds(*cluster, kNodeTp, static_cast<double>(c.bytes()));
+  REQUIRE(side_s > ar_s);  // else the old subtraction would not have hidden the all-reduce
+  CHECK(r->ranks[0].compute_s == Approx(gemm_s + side_s));
+  CHECK(r->ranks[0].compute_stream_s == Approx(gemm_s));
+  CHECK(r->ranks[0].compute_busy_s == Approx(gemm_s + ar_s).epsilon(1e-9));
+  CHECK(r->ranks[0].compute_busy_s - r->ranks[0].compute_stream_s == Approx(ar_s).epsilon(1e-9));
 }
 
 TEST_CASE("sim backend: unfused attention is the score GEMM, softmax, dropout and context GEMM",
