@@ -109,7 +109,8 @@ StepEngine::StepEngine(Backend& b, const ModelSpec& m, const Plan& p, const Mesh
   pipeline_ = std::make_unique<PipelineExecutor>(std::move(pipeline).value());
   compute_ = b.current_stream();
   comm_ = b.create_stream("data-parallel");
-  if (p.offload != Offload::none) offload_ = {b.create_stream("offload-d2h"), b.create_stream("offload-host")};
+  if (p.offload != Offload::none)
+    offload_ = {b.create_stream("offload-d2h"), b.create_stream("offload-host"), b.create_stream("offload-h2d")};
   const TensorParallel tp{*mesh.group_of(GroupKind::tensor, b.rank()), coord_.tp, p.tp};
   const Group& dp = replicas();
   const Group& context = *mesh.group_of(GroupKind::context, b.rank());
@@ -186,6 +187,9 @@ StepEngine::StepEngine(Backend& b, const ModelSpec& m, const Plan& p, const Mesh
     chunk->model->set_hooks(std::move(hooks));
     chunk->adam = std::make_unique<ShardedAdamW>(b, params, *chunk->buckets, gather, comm_, p.offload, offload_);
     chunk->updated.resize(chunk->buckets->buckets().size());
+    // Offloaded, each bucket's gradients go to the host as soon as they are reduced, under backward.
+    if (p.offload != Offload::none)
+      chunk->buckets->notify_reduced([adam = chunk->adam.get()](std::size_t i) { adam->offload_reduced(i); });
     // Without clipping a bucket's update needs nothing but its own reduced gradients.
     if (p.overlap_update)
       chunk->buckets->overlap_updates(options.optimizer.max_grad_norm > 0 ? std::function<void(std::size_t)>()
@@ -339,6 +343,7 @@ Status StepEngine::begin_step(const std::vector<HostBatch>& microbatches, std::i
     if (!plan_.overlap_update) c->model->parameters().zero_grads();  // else the buckets zero them
     c->model->moe_statistics().clear(b_);
     c->buckets->begin_step(step);
+    c->adam->begin_step();
     c->saved.clear();
     c->saved.resize(static_cast<std::size_t>(m));
     c->weights.clear();

@@ -196,6 +196,19 @@ class CudaBackend final : public Backend {
   void recv(Tensor& x, int peer_global_rank, int tag) override;
   void barrier(const Group& g) override;
 
+  // Bytes this rank has put on the wire so far, counted when a collective or
+  // send is issued to NCCL (element size times elements), by the cpu
+  // communicators' rule (Communicator::bytes_sent, backends/cpu/
+  // communicator.h): all_reduce sends n − own + (G−1)·own, own being its block
+  // n·j/G of the n elements (2·(G−1)/G·n in all, as a ring's reduce-scatter
+  // and all-gather phases send); reduce_scatter (G−1)·out; all_gather
+  // (G−1)·in; broadcast (G−1)·n from the root; all_to_all every block but its
+  // own; send n; barrier and groups of one nothing. That is the volume of
+  // NCCL's ring algorithms per rank, not what its tree or a broadcast's
+  // chain put on each link. Tests read it to check what a plan moves (gradient
+  // compression) on a device as on the cpu. Issuing thread only.
+  std::int64_t bytes_sent() const { return bytes_sent_; }
+
  private:
   CudaBackend(std::shared_ptr<DeviceState> state, int rank, int world);
 
@@ -238,6 +251,7 @@ class CudaBackend final : public Backend {
   mutable std::mutex error_mu_;  // guards error_ (the watchdog thread sets it too)
   std::optional<Error> error_;
   Tensor coef_host_;  // (1) page-locked: the clip coefficient an offloaded update reads
+  std::int64_t bytes_sent_ = 0;  // bytes_sent()
 };
 
 }  // namespace meshtrain::cuda

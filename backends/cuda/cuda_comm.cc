@@ -38,8 +38,9 @@ ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::sum ? ncclSum : ncclMa
 }  // namespace
 
 // Runs `issue(comm)` for op `name` on g: fetches (or creates) the
-// communicator, turns NCCL failures into the sticky error, and watches the op.
-#define MT_NCCL(name, g, call)                                                               \
+// communicator, turns NCCL failures into the sticky error, watches the op and
+// counts the `sent` bytes it puts on the wire (bytes_sent()).
+#define MT_NCCL(name, g, call, sent)                                                         \
   do {                                                                                       \
     auto comm_ = comms_->get(g);                                                             \
     if (!comm_.ok()) {                                                                       \
@@ -54,6 +55,7 @@ ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::sum ? ncclSum : ncclMa
       return;                                                                                \
     }                                                                                        \
     track(name, g);                                                                          \
+    bytes_sent_ += (sent);                                                                   \
   } while (0)
 
 void CudaBackend::all_reduce(Tensor& x, const Group& g, ReduceOp op) {
@@ -62,8 +64,11 @@ void CudaBackend::all_reduce(Tensor& x, const Group& g, ReduceOp op) {
   if (x.dtype() == DType::i32 && op == ReduceOp::sum) misuse("all_reduce: sum of i32 ids");
   if (failed() || g.size() == 1 || x.numel() == 0) return;
   const auto type = static_cast<ncclDataType_t>(nccl_dtype(x, "all_reduce"));
+  // Blocks n·j/G to their owners, then the own reduced block to the others (bytes_sent()).
+  const std::int64_t n = x.numel(), G = g.size(), j = g.index_of(rank_), own = n * (j + 1) / G - n * j / G;
   MT_NCCL("all_reduce", g,
-          ncclAllReduce(p, p, static_cast<std::size_t>(x.numel()), type, nccl_op(op), comm, MT_STREAM));
+          ncclAllReduce(p, p, static_cast<std::size_t>(n), type, nccl_op(op), comm, MT_STREAM),
+          (n - own + (G - 1) * own) * static_cast<std::int64_t>(dtype_size(x.dtype())));
 }
 
 void CudaBackend::reduce_scatter(const Tensor& in, Tensor& out, const Group& g, ReduceOp op) {
@@ -79,7 +84,8 @@ void CudaBackend::reduce_scatter(const Tensor& in, Tensor& out, const Group& g, 
   const auto type = static_cast<ncclDataType_t>(nccl_dtype(in, "reduce_scatter"));
   MT_NCCL("reduce_scatter", g,
           ncclReduceScatter(pi, po, static_cast<std::size_t>(out.numel()), type, nccl_op(op), comm,
-                            MT_STREAM));
+                            MT_STREAM),
+          (g.size() - 1) * static_cast<std::int64_t>(out.bytes()));
 }
 
 void CudaBackend::all_gather(const Tensor& in, Tensor& out, const Group& g) {
@@ -94,7 +100,8 @@ void CudaBackend::all_gather(const Tensor& in, Tensor& out, const Group& g) {
   }
   const auto type = static_cast<ncclDataType_t>(nccl_dtype(in, "all_gather"));
   MT_NCCL("all_gather", g,
-          ncclAllGather(pi, po, static_cast<std::size_t>(in.numel()), type, comm, MT_STREAM));
+          ncclAllGather(pi, po, static_cast<std::size_t>(in.numel()), type, comm, MT_STREAM),
+          (g.size() - 1) * static_cast<std::int64_t>(in.bytes()));
 }
 
 void CudaBackend::broadcast(Tensor& x, const Group& g, int root_global_rank) {
@@ -106,7 +113,8 @@ void CudaBackend::broadcast(Tensor& x, const Group& g, int root_global_rank) {
   if (failed() || g.size() == 1 || x.numel() == 0) return;
   const auto type = static_cast<ncclDataType_t>(nccl_dtype(x, "broadcast"));
   MT_NCCL("broadcast", g,
-          ncclBroadcast(p, p, static_cast<std::size_t>(x.numel()), type, root, comm, MT_STREAM));
+          ncclBroadcast(p, p, static_cast<std::size_t>(x.numel()), type, root, comm, MT_STREAM),
+          root_global_rank == rank_ ? (g.size() - 1) * static_cast<std::int64_t>(x.bytes()) : 0);
 }
 
 void CudaBackend::all_to_all(const Tensor& in, std::span<const std::int64_t> send_counts,
@@ -159,7 +167,10 @@ void CudaBackend::all_to_all(const Tensor& in, std::span<const std::int64_t> sen
     const ncclResult_t end = ncclGroupEnd();
     return r != ncclSuccess ? r : end;
   };
-  MT_NCCL("all_to_all", g, grouped(comm));
+  std::int64_t others = 0;  // elements to the other members
+  for (std::size_t i = 0; i < members; ++i)
+    if (i != self) others += send_counts[i];
+  MT_NCCL("all_to_all", g, grouped(comm), others * static_cast<std::int64_t>(size));
 }
 
 void CudaBackend::send(const Tensor& x, int peer, int tag) {
@@ -178,6 +189,7 @@ void CudaBackend::send(const Tensor& x, int peer, int tag) {
     return;
   }
   track(name, pair);
+  bytes_sent_ += static_cast<std::int64_t>(x.bytes());
 }
 
 void CudaBackend::recv(Tensor& x, int peer, int tag) {
@@ -208,7 +220,7 @@ void CudaBackend::barrier(const Group& g) {
   // Released before use is safe: a later owner of the block is ordered after
   // the all-reduce on this stream.
   release(tmp);
-  MT_NCCL("barrier", g, ncclAllReduce(p, p, 1, ncclFloat32, ncclSum, comm, MT_STREAM));
+  MT_NCCL("barrier", g, ncclAllReduce(p, p, 1, ncclFloat32, ncclSum, comm, MT_STREAM), 0);
 }
 
 }  // namespace meshtrain::cuda

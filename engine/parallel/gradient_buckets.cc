@@ -215,12 +215,9 @@ void GradientBuckets::finish() {
       issue(i);
     }
   }
-  if (!overlap_) {
-    b_.wait(compute_, b_.record(comm_));
-    return;
-  }
   // Units reduced per micro-batch without an armed last backward (zero-bubble schedules) end here.
   for (std::size_t i = buckets_.size(); i-- > 0;) reduced(i);
+  if (!overlap_) b_.wait(compute_, b_.record(comm_));
 }
 
 Result<std::vector<float>> GradientBuckets::export_errors() {

@@ -47,13 +47,17 @@
 // over the embedding group, which can only happen after the schedule has run.
 // Under the unit layout their gradient storage is kept for the iteration.
 //
+// Each bucket's last reduction of the step calls the `on_reduced` listener
+// (notify_reduced or overlap_updates) on the host right after it is issued,
+// once per bucket and step; finish() calls it for the buckets that had no
+// call by then. The reduction was issued on the communication stream: an
+// event recorded there during the call follows it.
+//
 // Overlapped updates (Plan::overlap_update, overlap_updates()): the optimizer
 // reads the reduced gradients on the communication stream, so finish() does
 // not make the compute stream wait for the reductions, and begin_step zeroes
 // the gradient buffers on the communication stream too (after the previous
 // step's updates read them); the first backward of the step waits for that.
-// Each bucket's last reduction of the step calls `on_reduced` on the host
-// right after it is issued, once per bucket and step.
 //
 // Compression (Plan::grad_compression, grad_compression.h): from the step
 // after the warm-up on, every bucket's reduction over a group of more than
@@ -126,6 +130,8 @@ class GradientBuckets {
   void finish();
   // Overlapped updates from now on (see above); `on_reduced` may be empty.
   void overlap_updates(std::function<void(std::size_t bucket)> on_reduced);
+  // The on_reduced listener alone (see above), the updates not overlapped.
+  void notify_reduced(std::function<void(std::size_t bucket)> on_reduced) { on_reduced_ = std::move(on_reduced); }
 
   const std::vector<Bucket>& buckets() const { return buckets_; }
   // The group a bucket reduces (and ZeRO shards) over, and this rank's index in it.

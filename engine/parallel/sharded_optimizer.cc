@@ -1,6 +1,7 @@
 #include "engine/parallel/sharded_optimizer.h"
 
 #include <algorithm>
+#include <cassert>
 
 namespace meshtrain {
 
@@ -13,6 +14,18 @@ ShardedAdamW::ShardedAdamW(Backend& b, ParameterStore& params, const GradientBuc
   v_ = host ? b.host_zeros(shape) : b.zeros(shape);
   if (host) host_grads_ = b.host_zeros(shape);
   pieces_ = bucket_pieces();
+  if (host) {
+    const std::vector<Bucket>& all = buckets.buckets();
+    for (const std::vector<Piece>& bucket : pieces_) {
+      std::size_t last = reach_.size();
+      for (const Piece& p : bucket)
+        while (last + 1 < all.size() && all[last + 1].begin < p.flat + p.n) ++last;
+      reach_.push_back(last);
+    }
+    reduced_.assign(pieces_.size(), false);
+    sent_.assign(pieces_.size(), false);
+    landed_.resize(pieces_.size());
+  }
   // Offloaded parameters are their own fp32 master (parameter_gather.h); offloaded optimizer state keeps one.
   if (offload == Offload::optimizer || (offload == Offload::none && params.value_dtype() != DType::f32)) {
     master_ = host ? b.host_zeros(shape) : b.empty(shape);
@@ -85,33 +98,53 @@ void ShardedAdamW::accumulate_sumsq(Tensor& out, const std::function<bool(const 
   }
 }
 
-void ShardedAdamW::update_on_host(const AdamWOp& base, float weight_decay, const Tensor& coef) {
+void ShardedAdamW::begin_step() {
+  std::fill(reduced_.begin(), reduced_.end(), false);
+  std::fill(sent_.begin(), sent_.end(), false);
+  copy_order_.clear();
+}
+
+void ShardedAdamW::offload_reduced(std::size_t i) {
+  reduced_[i] = true;
   const Tensor& grads = buckets_.sharded() ? buckets_.shard_grads() : params_.grads();
-  const Stream compute = b_.current_stream();
-  // The gradients are reduced and the clip coefficient computed on the compute stream.
-  const Event reduced = b_.record(compute);
-  std::vector<Event> landed;
-  {
+  bool after = false;  // streams_.down waits for the reduction
+  // Bucket k's pieces are final once it and every bucket they reach into are reduced.
+  for (std::size_t k = 0; k <= i; ++k) {
+    if (sent_[k] || reach_[k] < i) continue;
+    const auto first = reduced_.begin() + static_cast<std::ptrdiff_t>(k);
+    if (!std::all_of(first, first + static_cast<std::ptrdiff_t>(reach_[k] - k + 1), [](bool r) { return r; }))
+      continue;
+    sent_[k] = true;
+    copy_order_.push_back(k);
+    if (pieces_[k].empty()) continue;
+    if (!after) b_.wait(streams_.down, b_.record(comm_));
+    after = true;
     StreamScope down(b_, streams_.down);
-    b_.wait(streams_.down, reduced);
-    for (const std::vector<Piece>& bucket : pieces_) {
-      for (const Piece& p : bucket) {
-        Tensor dst = host_grads_.slice(p.local, p.n);
-        b_.copy(grads.slice(p.local, p.n), dst);
-      }
-      landed.push_back(b_.record(streams_.down));
+    for (const Piece& p : pieces_[k]) {
+      Tensor dst = host_grads_.slice(p.local, p.n);
+      b_.copy(grads.slice(p.local, p.n), dst);
     }
+    landed_[k] = b_.record(streams_.down);
   }
+}
+
+void ShardedAdamW::update_on_host(const AdamWOp& base, float weight_decay, const Tensor& coef) {
+  // GradientBuckets::finish reported every bucket's reduction, so every copy is issued.
+  assert(copy_order_.size() == pieces_.size());
+  const Stream compute = b_.current_stream();
   {
     StreamScope host(b_, streams_.host);
-    b_.wait(streams_.host, reduced);
+    // The clip coefficient was computed on the compute stream.
+    b_.wait(streams_.host, b_.record(compute));
     if (master_ready_.valid()) b_.wait(streams_.host, master_ready_);
-    for (std::size_t k = 0; k < pieces_.size(); ++k) {
+    for (std::size_t k : copy_order_) {
       const std::vector<Piece>& bucket = pieces_[k];
       if (bucket.empty()) continue;
-      b_.wait(streams_.host, landed[k]);
+      b_.wait(streams_.host, landed_[k]);
       b_.foreach_adamw(adamw_group(bucket, host_grads_, weight_decay), coef, base);
       if (!master_.defined()) continue;  // offloaded parameters: the master is what the gathers fetch
+      b_.wait(streams_.up, b_.record(streams_.host));
+      StreamScope up(b_, streams_.up);
       for (const Piece& p : bucket) {
         Tensor w = working(p.flat, p.local, p.n);
         copy_across(master_.slice(p.local, p.n), w);
@@ -119,6 +152,7 @@ void ShardedAdamW::update_on_host(const AdamWOp& base, float weight_decay, const
     }
   }
   b_.wait(compute, b_.record(streams_.host));
+  if (master_.defined()) b_.wait(compute, b_.record(streams_.up));
 }
 
 void ShardedAdamW::copy_across(const Tensor& src, Tensor& dst) {

@@ -20,14 +20,22 @@
 // Offloaded (Plan::offload, ZeRO-Offload): m, v and an fp32 master live in
 // host memory (Backend::host_zeros), whatever the precision; under
 // `params` the master is the ZeRO-3 shards themselves, which parameter_gather.h
-// keeps on the host. A step copies each bucket's reduced gradients to a host
-// staging buffer on one stream (`OffloadStreams::down`) and, on another
-// (`host`), runs the bucket's AdamW on the host's cores once they have
-// landed, then copies its master back into the device's working copy (16
-// bits: through an fp32 device buffer and a cast); so bucket k + 1's copy
-// overlaps bucket k's update. The compute stream waits for the last bucket.
-// The host update is the cpu backend's kernel on the same values: the bits
-// are those of the update on the device.
+// keeps on the host. As soon as a bucket's last reduction of the step is
+// issued (during backward: GradientBuckets' on_reduced listener calls
+// offload_reduced), its reduced gradients are copied to a host staging
+// buffer on one stream (`OffloadStreams::down`), after the reduction, so the
+// copies overlap the rest of backward, as ZeRO-Offload streams them. The
+// update, on another stream (`host`), waits for the clip coefficient: the
+// global norm needs every gradient, so it is computed as without offload, on
+// the device, from the reduced gradients still there (they stay resident; the
+// norm's fp32 summation order, and so the bits, are those without offload).
+// Then it runs each bucket's AdamW on the host's cores, in the order the
+// copies landed, and a third stream (`up`) copies the bucket's master back
+// into the device's working copy (16 bits: through an fp32 device buffer and
+// a cast) once its update is done, so bucket k's copy back overlaps bucket
+// k + 1's update. The compute stream waits for the last of both. The host
+// update is the cpu backend's kernel on the same values: the bits are those
+// of the update on the device.
 #pragma once
 
 #include <functional>
@@ -41,9 +49,9 @@
 
 namespace meshtrain {
 
-// The streams of an offloaded step: gradient copies to the host, and host updates with their copies back.
+// The streams of an offloaded step: gradient copies to the host, host updates, and the values' copies back.
 struct OffloadStreams {
-  Stream down, host;
+  Stream down, host, up;
 };
 
 class ShardedAdamW {
@@ -58,6 +66,13 @@ class ShardedAdamW {
   // sum over the right groups counts every parameter element once. One
   // foreach_sum_squares per gradient bucket, over its pieces in flat order.
   void accumulate_sumsq(Tensor& out, const std::function<bool(const ParamSlot&)>& counts);
+  // Offloaded: a new step's gradients are coming (forget the last step's copies).
+  void begin_step();
+  // Offloaded: bucket i's last reduction of the step has just been issued on
+  // the communication stream. Copies to the host, after it, the gradients of
+  // every bucket whose pieces are all reduced now (ZeRO 0: a slot's piece may
+  // run into the following buckets, which backward reduces first).
+  void offload_reduced(std::size_t i);
   // One AdamW step with the clip coefficient `coef` (undefined: none), one
   // foreach_adamw per gradient bucket; the weight decay applies to slots with
   // info.weight_decay. Then refreshes the working copy and (ZeRO 1/2)
@@ -124,6 +139,13 @@ class ShardedAdamW {
   Tensor host_grads_;  // offloaded: (like m_) the reduced gradients, copied to the host each step
   Event master_ready_;  // offloaded: the initial master's copy to the host (on streams_.down)
   std::vector<std::vector<Piece>> pieces_;  // bucket_pieces()
+  // Offloaded, by bucket: the last bucket its pieces reach into; whether it is
+  // reduced this step; the end of its gradients' copy to the host. And the
+  // buckets in the order their copies were issued this step.
+  std::vector<std::size_t> reach_;
+  std::vector<bool> reduced_, sent_;  // sent_: its copy issued this step
+  std::vector<Event> landed_;
+  std::vector<std::size_t> copy_order_;
 };
 
 }  // namespace meshtrain

@@ -6,19 +6,18 @@
 #include <catch2/catch.hpp>
 
 #include <chrono>
-#include <cstdio>
 #include <map>
 #include <numeric>
 #include <thread>
 
 #include "backends/comm/launch.h"
-#include "backends/comm/mpi_environment.h"
 #include "backends/cpu/comm/in_process.h"
 #include "backends/cpu/comm/mpi_communicator.h"
 #include "simulator/cluster_spec.h"
 #include "simulator/collective.h"
 #include "simulator/topology.h"
 #include "tests/comm/reference.h"
+#include "tests/mpi_catch_main.h"
 
 using namespace meshtrain;
 using meshtrain::testing::bit_difference;
@@ -301,15 +300,4 @@ TEST_CASE("the simulator picks the MPI communicator's algorithm and moves the sa
   }
 }
 
-int main(int argc, char** argv) {
-  auto env = MpiEnvironment::init(&argc, &argv);
-  if (!env.ok()) {
-    std::fprintf(stderr, "%s\n", env.error().message().c_str());
-    return 1;
-  }
-  int failed = Catch::Session().run(argc, argv);
-  // Every rank reports the job's verdict, so mpirun's exit status is the worst.
-  int worst = 0;
-  MPI_Allreduce(&failed, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  return worst;
-}
+int main(int argc, char** argv) { return meshtrain::testing::run_catch_under_mpi(argc, argv); }

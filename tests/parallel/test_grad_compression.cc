@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/parallel/grad_compression.h"
+#include "tests/parallel/compressed_bytes.h"
 #include "tests/parallel/parallel_check.h"
 
 using namespace meshtrain;
@@ -54,33 +55,12 @@ double worst_parameter_error(const PlanRun& a, const PlanRun& b) {
 
 TEST_CASE("compressed gradients: each rank sends the expected fraction of the fp32 bytes per step",
           "[parallel][compression][bytes]") {
-  // One bucket per stage (4 MiB): the per-step fixed traffic (loss, norm) is a few floats against
-  // the ~100k gradients. fp32 sends 2·(G−1)/G of the bucket's 4-byte elements per rank; bf16/fp16
-  // the same count of 2-byte ones; 1bit 9 words per chunk of 256: 36/1024.
   for (int zero : {0, 1}) {
     for (int dp : {2, 4}) {
       Plan p = make_plan(1, 1, dp, zero, ScheduleKind::one_f_one_b);
-      p.grad_bucket_mb = 4;
+      p.grad_bucket_mb = 4;  // one bucket per stage
       INFO("seed " << kSeed << ", zero " << zero << ", dp " << dp);
-      const std::vector<std::int64_t> plain = bytes_per_step(tiny_gpt(), p);
-      const auto ratio = [&](GradCompression c) {
-        const std::vector<std::int64_t> sent = bytes_per_step(tiny_gpt(), compressed(p, c));
-        return static_cast<double>(sent[1]) / static_cast<double>(plain[1]);
-      };
-      // Every step of the plain run sends the same bytes.
-      CHECK(plain[0] == plain[1]);
-      CHECK(plain[1] == plain[2]);
-      const double bf16 = ratio(GradCompression::bf16), fp16 = ratio(GradCompression::fp16);
-      const double one_bit = ratio(GradCompression::one_bit);
-      INFO("bf16 " << bf16 << ", fp16 " << fp16 << ", 1bit " << one_bit);
-      // ZeRO 0: the all-reduce is all of a step's traffic. ZeRO 1: the gradient reduce-scatter
-      // (its phase 1 only) is half; the other half, the all-gather of the updated fp32
-      // parameters, moves the same (G−1)·k elements and is not compressed: (1 + c) / 2.
-      const auto expected = [&](double c) { return zero == 0 ? c : (1 + c) / 2; };
-      CHECK(bf16 == Approx(expected(0.5)).margin(0.005));
-      CHECK(fp16 == Approx(expected(0.5)).margin(0.005));
-      // 1bit: a 4-byte scale and 32 bytes of signs per 256 gradients of 4 bytes.
-      CHECK(one_bit == Approx(expected(36.0 / 1024)).margin(0.002));
+      check_compressed_bytes(p, [](const Plan& q) { return bytes_per_step(tiny_gpt(), q); });
     }
   }
 }

@@ -1,7 +1,8 @@
 // CPU offload (Plan::offload): an offloaded run gives the bits of the same
 // plan on the device; the device peak drops by the bytes moved to the host,
 // as the memory model and the sim backend say; the bytes that cross the host
-// link per step follow from the parameter count.
+// link per step follow from the parameter count, and the gradients cross it
+// during backward, bucket by bucket.
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
@@ -47,7 +48,13 @@ class HostLinkCounter final : public BackendWrapper {
     gathered += static_cast<std::int64_t>(in.bytes());
     target().all_gather(in, out, g);
   }
+  // The embedding's backward is the last op of each micro-batch's backward.
+  void embedding_backward(const Tensor& dout, const Tensor& ids, Tensor& dtable, std::int64_t vocab_offset) override {
+    to_host_at_embedding_backward = to_host;
+    target().embedding_backward(dout, ids, dtable, vocab_offset);
+  }
   std::int64_t to_host = 0, to_device = 0, gathered = 0;
+  std::int64_t to_host_at_embedding_backward = 0;  // to_host when the step's last embedding backward was issued
 
  private:
   CpuBackend& cpu_;
@@ -56,6 +63,7 @@ class HostLinkCounter final : public BackendWrapper {
 struct StepFigures {
   std::vector<MemoryStats> memory;              // per rank, over one step
   std::vector<std::int64_t> to_host, to_device, gathered;  // per rank, over one step
+  std::vector<std::int64_t> to_host_in_backward;  // per rank: to_host before the last embedding backward
 };
 
 // One step of plan `p` on every rank (ranks as threads), counted from the step's start.
@@ -63,7 +71,7 @@ StepFigures one_step(const ModelSpec& m, const Plan& p) {
   const Mesh mesh(p);
   const auto n = static_cast<std::size_t>(p.world_size());
   StepFigures f{std::vector<MemoryStats>(n), std::vector<std::int64_t>(n), std::vector<std::int64_t>(n),
-                std::vector<std::int64_t>(n)};
+                std::vector<std::int64_t>(n), std::vector<std::int64_t>(n)};
   const Status s = run_ranks(p.world_size(), [&](int rank, Communicator& comm) -> Status {
     CpuBackend cpu(comm);
     HostLinkCounter b(cpu);
@@ -78,6 +86,7 @@ StepFigures one_step(const ModelSpec& m, const Plan& p) {
     const auto i = static_cast<std::size_t>(rank);
     f.memory[i] = b.memory_stats();
     f.to_host[i] = b.to_host, f.to_device[i] = b.to_device, f.gathered[i] = b.gathered;
+    f.to_host_in_backward[i] = b.to_host_at_embedding_backward;
     return ok_status();
   });
   REQUIRE(s.ok());
@@ -161,6 +170,13 @@ TEST_CASE("the bytes an offloaded step moves over the host link follow from the 
       CHECK(f.to_device[r] == f.to_host[r]);
     }
     if (zero > 0) CHECK(f.to_host[0] + f.to_host[1] == 4 * P);
+    // Each bucket goes down as soon as it is reduced: the layers' buckets before the last
+    // micro-batch's backward reaches the embeddings, whose bucket (the tied head's too) is last.
+    for (std::size_t r = 0; r < 2; ++r) {
+      INFO("rank " << r << ": " << f.to_host_in_backward[r] << " of " << f.to_host[r] << " bytes during backward");
+      CHECK(f.to_host_in_backward[r] > f.to_host[r] / 2);
+      CHECK(f.to_host_in_backward[r] < f.to_host[r]);
+    }
   }
   // Parameter offload: the gradients go down as before; nothing comes back after the update (the host
   // shards are the master), but every gather first brings its fp32 shard up: what the all-gathers send.

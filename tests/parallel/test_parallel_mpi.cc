@@ -5,14 +5,12 @@
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
-#include <mpi.h>
-
 #include <nlohmann/json.hpp>
 
-#include "backends/comm/mpi_environment.h"
 #include "backends/cpu/comm/in_process.h"
 #include "backends/cpu/comm/mpi_communicator.h"
 #include "engine/segments/segment_plan.h"
+#include "tests/mpi_catch_main.h"
 #include "tests/parallel/parallel_harness.h"
 
 using namespace meshtrain;
@@ -89,15 +87,4 @@ TEST_CASE("context parallelism under MPI (all-gather and ring) matches the in-pr
   }
 }
 
-int main(int argc, char** argv) {
-  auto env = MpiEnvironment::init(&argc, &argv);
-  if (!env.ok()) {
-    std::fprintf(stderr, "%s\n", env.error().message().c_str());
-    return 1;
-  }
-  int failed = Catch::Session().run(argc, argv);
-  // Every rank reports the job's verdict, so mpirun's exit status is the worst.
-  int worst = 0;
-  MPI_Allreduce(&failed, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  return worst;
-}
+int main(int argc, char** argv) { return meshtrain::testing::run_catch_under_mpi(argc, argv); }
