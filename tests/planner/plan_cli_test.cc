@@ -146,3 +146,48 @@ TEST_CASE("plan ranks segment layouts beside uniform plans and leaves them out u
   CHECK(bad.status == 1);
   CHECK_THAT(bad.out, Catch::Contains("--layouts") && Catch::Contains("segments"));
 }
+
+TEST_CASE("plan writes context parallelism, compression and the overlapped update to a plan file that simulate and train take unchanged") {
+  const std::string out = "plan_cli_test_dims.json";
+  std::remove(out.c_str());
+  const std::string job = "--model tiny --cluster local-cpu --precision fp32 --gpus 4 --global-batch 8 ";
+  const MeshtrainRun r = run_meshtrain("plan " + job +
+                                       "--fix cp=2,tp=1,pp=1,grad_compression=bf16 --simulate 4 --json --no-progress "
+                                       "--out " + out);
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  const auto best = nlohmann::json::parse(r.out)["ranked"][0];
+  CHECK(best["plan"]["cp"] == 2);
+  CHECK(best["plan"]["dp"] == 2);
+  CHECK(best["plan"]["grad_compression"] == "bf16");
+  CHECK(best["plan"]["overlap_update"] == true);
+  std::ifstream written(out);
+  REQUIRE(written.good());
+  CHECK(nlohmann::json::parse(written) == best["plan"]);
+
+  const MeshtrainRun s = run_meshtrain("simulate --model tiny --cluster local-cpu --gpus 4 --json --plan " + out);
+  INFO(s.out);
+  REQUIRE(s.status == 0);
+  CHECK(nlohmann::json::parse(s.out)["iteration_time_s"].get<double>() ==
+        Approx(best["iteration_time_s"].get<double>()).epsilon(1e-12));
+
+  // train: ranks as threads on the cpu backend; a language model's tokens are any file's bytes.
+  const auto data = std::filesystem::temp_directory_path() / "plan_cli_test_tokens.bin";
+  {
+    std::ofstream f(data, std::ios::binary);
+    for (int i = 0; i < 1 << 16; ++i) f.put(static_cast<char>((i * 2654435761u) >> 24));
+  }
+  const std::string metrics = (std::filesystem::temp_directory_path() / "plan_cli_test_dims.jsonl").string();
+  std::remove(metrics.c_str());
+  const MeshtrainRun t = run_meshtrain("train --model tiny --plan " + out + " --data " + data.string() +
+                                       " --steps 2 --lr 1e-3 --quiet --metrics " + metrics);
+  INFO(t.out);
+  REQUIRE(t.status == 0);
+  std::ifstream lines(metrics);
+  int steps = 0;
+  for (std::string line; std::getline(lines, line);)
+    if (!line.empty()) steps += nlohmann::json::parse(line).contains("loss") ? 1 : 0;
+  CHECK(steps == 2);
+  std::remove(out.c_str());
+  std::filesystem::remove(data);
+}
