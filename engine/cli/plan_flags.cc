@@ -10,6 +10,11 @@
 namespace meshtrain {
 
 void add_plan_flags(CLI::App& app, PlanFlags& f, const std::string& default_model) {
+  // A switch sets its field only when given: CLI11 (2.1) writes false into an
+  // optional<bool> flag that is absent, which would override a plan file's true.
+  auto on_switch = [&app](const char* name, std::optional<bool>& field, const char* help) {
+    app.add_flag_callback(name, [&field] { field = true; }, help);
+  };
   f.model = default_model;
   app.add_option("--model", f.model, "model preset name or JSON model file")->capture_default_str();
   app.add_option("--plan", f.plan_file, "JSON plan file (flags override its fields)");
@@ -31,27 +36,27 @@ void add_plan_flags(CLI::App& app, PlanFlags& f, const std::string& default_mode
                  "embedding or the head)")
       ->delimiter(',')
       ->check(CLI::Range(kChunkLayersRange.min, kChunkLayersRange.max));
-  app.add_flag("--account-for-embedding-in-pipeline-split", o.embedding_in_split,
+  on_switch("--account-for-embedding-in-pipeline-split", o.embedding_in_split,
                "count the embedding as a layer of the pipeline split (Megatron-Core)");
-  app.add_flag("--account-for-loss-in-pipeline-split", o.loss_in_split,
+  on_switch("--account-for-loss-in-pipeline-split", o.loss_in_split,
                "count the final norm, head and loss as a layer of the pipeline split (Megatron-Core)");
   app.add_option("--grad-compression", o.grad_compression,
                  "data-parallel gradients on the wire: none, bf16, fp16 (cast) or 1bit (signs, error feedback)");
   app.add_flag_callback(
       "--no-error-feedback", [&o] { o.error_feedback = false; },
       "1bit: drop each rank's compression error instead of adding it to the next step (to measure what it is worth)");
-  app.add_flag("--zero-reduce-once", o.zero_reduce_once,
+  on_switch("--zero-reduce-once", o.zero_reduce_once,
                "ZeRO 2/3: reduce-scatter gradients once per step after local accumulation, not per micro-batch");
   app.add_flag_callback(
       "--no-prefetch-across-chunks", [&o] { o.prefetch_across_chunks = false; },
       "ZeRO 3: prefetch parameters within a chunk's pass only, not the next schedule action's first layer");
-  app.add_flag("--overlap-update", o.overlap_update,
+  on_switch("--overlap-update", o.overlap_update,
                "run each bucket's optimizer update on the data-parallel stream; the next forward of a layer waits "
                "only for its own update");
   app.add_option("--offload", o.offload,
                  "host memory for the optimizer: none, optimizer (fp32 master weights and AdamW state, updated on "
                  "the host) or params (ZeRO 3: the parameter shards too)");
-  app.add_flag("--sequence-parallel", o.sequence_parallel, "split norms and dropout over the sequence (tp)");
+  on_switch("--sequence-parallel", o.sequence_parallel, "split norms and dropout over the sequence (tp)");
 }
 
 Status dp_from_gpus(PlanFlags& f, int gpus) {

@@ -60,15 +60,21 @@ Enumeration enumerate_candidates(const SearchContext& ctx, const SearchSpace& sp
 std::string describe_plan(const Plan& p, const ModelSpec& m) {
   if (!p.segments.empty()) return describe_segments_short(p);
   std::string s = fmt::format("tp {} pp {} dp {}", p.tp, p.pp, p.dp);
+  if (p.cp > 1) s += fmt::format(" cp {}{}", p.cp, p.cp_comm == ContextComm::ring ? " ring" : "");
   if (p.vpp > 1) s += fmt::format(" vpp {}", p.vpp);
   if (p.schedule == ScheduleKind::gpipe) s += " gpipe";
   s += fmt::format(" mb {}", p.micro_batch);
   if (p.zero > 0) s += fmt::format(" zero {}", p.zero);
+  if (p.zero_reduce_once) s += " reduce-once";
+  if (p.zero == 3 && !p.prefetch_across_chunks) s += " no-prefetch-across";
   if (p.recompute != Recompute::none) s += fmt::format(" rc {}", recompute_name(p.recompute));
   if (p.sequence_parallel) s += " sp";
   if (m.moe()) s += fmt::format(" ep {}", p.ep) + (p.etp == 1 && p.tp > 1 ? " etp 1" : "");
   if (p.first_stage_layers > 0 || p.last_stage_layers > 0)
     s += fmt::format(" ends {}/{}", p.first_stage_layers, p.last_stage_layers);
+  if (p.grad_compression != GradCompression::none) s += " gc " + grad_compression_name(p.grad_compression);
+  if (p.offload != Offload::none) s += " offload " + offload_name(p.offload);
+  if (p.overlap_update) s += " ou";
   return s;
 }
 

@@ -31,9 +31,37 @@ sim::ClusterSpec effective_spec(const SimulateOptions& o) {
   return s;
 }
 
+// Bytes a gradient element takes on the wire (grad_compression.h): fp32, 16
+// bits, or 1bit's sign and a 4-byte scale per kSignChunk elements.
+double wire_bytes(GradCompression c) {
+  switch (c) {
+    case GradCompression::none: return 4;
+    case GradCompression::bf16:
+    case GradCompression::fp16: return 2;
+    case GradCompression::one_bit: return 1.0 / 8 + 4.0 / 256;
+  }
+  return 4;
+}
+
+// Bytes the compression's kernels stream per gradient element: bf16 casts
+// down and back (4+2, 2+4); fp16 also divides by the group before and
+// multiplies after (4+4 each); 1bit adds the worker error (4+4+4), takes
+// signs and scales (4+..), decompresses and sums its block's copies (4+4),
+// and keeps the new error (4+4).
+double compression_kernel_bytes(GradCompression c) {
+  switch (c) {
+    case GradCompression::none: return 0;
+    case GradCompression::bf16: return 12;
+    case GradCompression::fp16: return 28;
+    case GradCompression::one_bit: return 32;
+  }
+  return 0;
+}
+
 }  // namespace
 
-FastEstimator::FastEstimator(const SearchContext& ctx, const SimulateOptions& options) : ctx_(ctx), options_(options) {
+FastEstimator::FastEstimator(const SearchContext& ctx, const SimulateOptions& options)
+    : ctx_(ctx), options_(options), cost_(options.cluster.device, sim::CostConstants{}, options.calibration) {
   const ModelBlocks blocks = model_blocks(ctx.model);
   const std::int64_t seq = ctx.base.effective_seq_len(ctx.model);
   for (const auto& b : blocks) {
@@ -51,14 +79,20 @@ FastEstimator::FastEstimator(const SearchContext& ctx, const SimulateOptions& op
 }
 
 FastEstimator::Key FastEstimator::key_of(const Plan& p) {
-  return {p.tp, p.sequence_parallel, p.micro_batch, static_cast<int>(p.recompute), p.ep, p.etp};
+  // cp_comm only matters with cp > 1: one reference for cp 1.
+  const int comm = p.cp > 1 ? static_cast<int>(p.cp_comm) : 0;
+  return {p.tp, p.sequence_parallel, p.micro_batch, static_cast<int>(p.recompute), p.ep, p.etp, p.cp, comm};
 }
 
 Result<FastEstimator::Reference> FastEstimator::simulate_reference(const Key& k) const {
   Plan p = ctx_.base;
-  std::tie(p.tp, p.sequence_parallel, p.micro_batch, std::ignore, p.ep, p.etp) = k;
+  std::tie(p.tp, p.sequence_parallel, p.micro_batch, std::ignore, p.ep, p.etp, p.cp, std::ignore) = k;
   p.recompute = static_cast<Recompute>(std::get<3>(k));
-  p.pp = 1, p.vpp = 1, p.zero = 0, p.dp = p.ep, p.cp = 1;
+  p.cp_comm = static_cast<ContextComm>(std::get<7>(k));
+  p.pp = 1, p.vpp = 1, p.zero = 0, p.dp = p.ep;
+  // The optimizer on the device's critical path, gradients as they are: the closed forms add the plan's own.
+  p.overlap_update = false, p.offload = Offload::none, p.grad_compression = GradCompression::none;
+  p.zero_reduce_once = false;
   p.schedule = ScheduleKind::one_f_one_b;
   p.first_stage_layers = p.last_stage_layers = 0;
   SimulateOptions o = options_;
@@ -139,14 +173,28 @@ double FastEstimator::collective_s(sim::CollectiveKind kind, int members, int st
   return f.latency + f.per_byte * bytes;
 }
 
+double FastEstimator::pcie_s(double bytes) const {
+  // As SimCluster::host_copy: the line rate at the copy efficiency unless a calibration measured "pcie".
+  bool measured = false;
+  if (options_.calibration != nullptr)
+    for (const auto& l : options_.calibration->links) measured = measured || l.kind == "pcie";
+  const sim::ClusterSpec& s = options_.cluster;
+  const double sharing = std::min(s.gpus_per_pcie_switch, ctx_.gpus);
+  const double rate = s.pcie_bandwidth * (measured ? 1.0 : sim::CostConstants{}.pcie_copy_efficiency) / sharing;
+  return sim::to_seconds(s.pcie_latency) + bytes / rate;
+}
+
 Status FastEstimator::prepare(const std::vector<const Plan*>& plans) {
   std::set<Key> wanted;
   std::set<CollectiveKey> groups;
   using K = sim::CollectiveKind;
   for (const Plan* p : plans) {
     if (!refs_.count(key_of(*p))) wanted.insert(key_of(*p));
-    if (p->dp > 1)
-      for (K k : {K::kAllReduce, K::kReduceScatter, K::kAllGather}) groups.insert({static_cast<int>(k), p->dp, p->tp});
+    // The dp·cp ranks holding the same parameters, tp apart (engine/mesh.h).
+    if (p->dp * p->cp > 1)
+      for (K k : {K::kAllReduce, K::kReduceScatter, K::kAllGather, K::kAllToAll})
+        if (k != K::kAllToAll || p->grad_compression == GradCompression::one_bit)
+          groups.insert({static_cast<int>(k), p->dp * p->cp, p->tp});
     if (p->pp > 1) groups.insert({static_cast<int>(K::kSendRecv), 2, p->tp * p->dp * p->cp});
   }
   for (const CollectiveKey& g : groups)
@@ -156,10 +204,10 @@ Status FastEstimator::prepare(const std::vector<const Plan*>& plans) {
   tbb::parallel_for(std::size_t{0}, keys.size(), [&](std::size_t i) { out[i] = simulate_reference(keys[i]); });
   for (std::size_t i = 0; i < keys.size(); ++i) {
     if (!*out[i]) {
-      const auto& [tp, sp, mb, rc, ep, etp] = keys[i];
+      const auto& [tp, sp, mb, rc, ep, etp, cp, comm] = keys[i];
       return std::move(*out[i]).error().context(fmt::format(
-          "fast tier: simulating one stage with tp {} sp {} micro-batch {} recompute {} ep {}", tp, sp, mb,
-          recompute_name(static_cast<Recompute>(rc)), ep));
+          "fast tier: simulating one stage with tp {} sp {} micro-batch {} recompute {} ep {} cp {}", tp, sp, mb,
+          recompute_name(static_cast<Recompute>(rc)), ep, cp));
     }
     refs_[keys[i]] = std::move(*out[i]).value();
   }
@@ -173,8 +221,25 @@ FastBreakdown FastEstimator::estimate(const Plan& p, const MemoryFit& fit) const
   const Reference& ref = refs_.at(key_of(p));
   const StageSplit split = p.stage_split();
   const std::size_t last = forward_flops_.size() - 1;
-  const int n = p.dp;
+  // The ranks holding the same parameters: dp·cp, tp apart (engine/mesh.h).
+  const int n = p.dp * p.cp;
   using K = sim::CollectiveKind;
+  const GradCompression compression = n > 1 ? p.grad_compression : GradCompression::none;
+  // A reduce-scatter of `elements` fp32 gradients (each rank gets its 1/n),
+  // compressed or not, with the compression's kernels.
+  auto reduce_scatter = [&](double elements) {
+    const double wire = elements * wire_bytes(compression);
+    const double kernels = sim::to_seconds(cost_.memory_bound(elements * compression_kernel_bytes(compression)));
+    if (compression == GradCompression::one_bit) return collective_s(K::kAllToAll, n, p.tp, wire) + kernels;
+    return collective_s(K::kReduceScatter, n, p.tp, wire) + kernels;
+  };
+  auto all_reduce = [&](double elements) {
+    const double wire = elements * wire_bytes(compression);
+    const double kernels = sim::to_seconds(cost_.memory_bound(elements * compression_kernel_bytes(compression)));
+    if (compression == GradCompression::one_bit)
+      return collective_s(K::kAllToAll, n, p.tp, wire) + collective_s(K::kAllGather, n, p.tp, wire) + kernels;
+    return collective_s(K::kAllReduce, n, p.tp, wire) + kernels;
+  };
   // A rank's share of a block's parameters: the most loaded stage's count over its unsharded blocks.
   double unsharded = 0;
   for (int ch = 0; ch < p.vpp; ++ch) {
@@ -187,16 +252,23 @@ FastBreakdown FastEstimator::estimate(const Plan& p, const MemoryFit& fit) const
   // A block's forward share of its forward and backward.
   const double forward_share = p.recompute == Recompute::full ? 0.25 : 1.0 / 3.0;
   // ZeRO 2 and 3 reduce-scatter each block's fp32 gradients after every
-  // micro-batch's backward of it, on the side stream; ZeRO 3 also gathers its
-  // parameters (prefetched one block ahead) before its forward and backward.
-  // A block's pass then takes at least as long as its communication.
+  // micro-batch's backward of it (once per step under zero_reduce_once, below),
+  // on the side stream; ZeRO 3 also gathers its parameters (prefetched one
+  // block ahead; under offload params first copied up from the host) before
+  // its forward and backward. A block's pass then takes at least as long as
+  // its communication.
+  const bool per_microbatch_reduce = p.zero >= 2 && !(p.zero_reduce_once && p.microbatches() > 1);
+  auto gather_s = [&](double params) {
+    double t = collective_s(K::kAllGather, n, p.tp, params * element_bytes(p.precision));
+    if (p.offload == Offload::params) t += pcie_s(params / n * 4);
+    return t;
+  };
   auto block_time = [&](std::size_t i) {
     const double t = ref.microbatch_s[i];
     if (p.zero < 2 || n == 1) return t;
     const double params = parameters_[i] * shard;
-    // nccl-tests sizes: a reduce-scatter's input and an all-gather's output are the whole (dp-sharded) block.
-    const double reduce = collective_s(K::kReduceScatter, n, p.tp, params * 4);
-    const double gather = p.zero == 3 ? collective_s(K::kAllGather, n, p.tp, params * element_bytes(p.precision)) : 0;
+    const double reduce = per_microbatch_reduce ? reduce_scatter(params) : 0;
+    const double gather = p.zero == 3 ? gather_s(params) : 0;
     return std::max(t * forward_share, gather) + std::max(t * (1 - forward_share), gather + reduce);
   };
   std::vector<double> stage_time(static_cast<std::size_t>(p.pp), 0.0), stage_step(static_cast<std::size_t>(p.pp), 0.0);
@@ -211,10 +283,11 @@ FastBreakdown FastEstimator::estimate(const Plan& p, const MemoryFit& fit) const
     }
     if (s == 0) t += block_time(0), w += ref.step_s[0];
     if (s == p.pp - 1) t += block_time(last), w += ref.step_s[last];
-    // ZeRO 3 prefetches within a chunk's pass only: each pass (a chunk's
-    // forward or backward of a micro-batch) first waits for its first block's gather.
-    if (p.zero == 3 && n > 1)
-      t += 2 * p.vpp * collective_s(K::kAllGather, n, p.tp, parameters_[1] * shard * element_bytes(p.precision));
+    // ZeRO 3 without prefetch across chunks prefetches within a chunk's pass
+    // only: each pass (a chunk's forward or backward of a micro-batch) first
+    // waits for its first block's gather. With it (the default) the gather
+    // is issued at the end of the previous action and hides behind the bubble or the compute.
+    if (p.zero == 3 && n > 1 && !p.prefetch_across_chunks) t += 2 * p.vpp * gather_s(parameters_[1] * shard);
     stage_time[static_cast<std::size_t>(s)] = t;
     stage_step[static_cast<std::size_t>(s)] = w;
   }
@@ -226,30 +299,53 @@ FastBreakdown FastEstimator::estimate(const Plan& p, const MemoryFit& fit) const
   const int mbs = p.microbatches();
   double hop = 0;
   if (p.pp > 1) {
-    const double bytes = static_cast<double>(p.micro_batch) * p.effective_seq_len(m) * m.hidden * element_bytes(p.precision);
+    const double bytes = static_cast<double>(p.micro_batch) * p.effective_seq_len(m) / p.cp * m.hidden *
+                         element_bytes(p.precision);
     hop = collective_s(K::kSendRecv, 2, p.tp * p.dp * p.cp, bytes);
   }
   const double v = p.vpp;
   b.pipeline_s = mbs * t_max + (p.pp - 1) * (t_mean / v + 2 * hop);
   b.bubble_s = (p.pp - 1) * t_mean / v;
   b.p2p_s = 2 * hop * (p.pp - 1);
-  b.optimizer_s = *std::max_element(stage_step.begin(), stage_step.end()) / (p.zero >= 1 ? n : 1);
 
+  const double params = static_cast<double>(fit.max_stage_parameters);
+  const double grads = params * 4;  // fp32 gradients (ParameterStore)
+  // Buckets of the flat gradient buffer (ZeRO 0, 1), else one per layer.
+  const double buckets = p.zero <= 1 ? std::max(1.0, grads / (p.grad_bucket_mb * (1 << 20)))
+                                     : std::max(1.0, static_cast<double>(m.layers) / (p.pp * 1.0));
+  const double owned = params / (p.zero >= 1 ? n : 1);  // parameters this rank updates
+  if (p.offload != Offload::none) {
+    // Bucket by bucket: gradients down, the host's AdamW (28 bytes an fp32
+    // parameter, the node's ranks sharing its CPUs), the master back up.
+    const double down = pcie_s(owned * 4), up = pcie_s(owned * 4);
+    const double host = sim::to_seconds(cost_.host_adamw(owned * 28, std::min(ctx_.gpus_per_node, ctx_.gpus)));
+    const double slowest = std::max({down, up, host});
+    b.optimizer_s = slowest + (down + up + host - slowest) / buckets;
+  } else {
+    b.optimizer_s = *std::max_element(stage_step.begin(), stage_step.end()) / (p.zero >= 1 ? n : 1);
+  }
+  const double backward_last = t_max * (1 - forward_share);
+  double reduction = 0, gather = 0;
   if (n > 1) {
-    const double params = static_cast<double>(fit.max_stage_parameters);
     const double param_bytes = params * element_bytes(p.precision);
-    const double backward_last = t_max * (1 - forward_share);
-    if (p.zero <= 1) {
-      const double grads = params * 4;  // fp32 gradients (ParameterStore)
-      const double buckets = std::max(1.0, grads / (p.grad_bucket_mb * (1 << 20)));
-      const double reduce =
-          buckets * collective_s(p.zero == 0 ? K::kAllReduce : K::kReduceScatter, n, p.tp, grads / buckets);
-      b.data_parallel_s = p.grad_sync == GradSync::after_backward
-                              ? reduce
-                              : std::max(reduce - backward_last, reduce / buckets);
+    if (p.zero <= 1 || !per_microbatch_reduce) {
+      const double per_bucket = p.zero == 0 ? all_reduce(params / buckets) : reduce_scatter(params / buckets);
+      reduction = buckets * per_bucket;
     }
     // ZeRO 1 and 2 all-gather the updated parameter shards after the optimizer step.
-    if (p.zero == 1 || p.zero == 2) b.data_parallel_s += collective_s(K::kAllGather, n, p.tp, param_bytes);
+    if (p.zero == 1 || p.zero == 2) gather = collective_s(K::kAllGather, n, p.tp, param_bytes);
+  }
+  if (p.overlap_update) {
+    // Reductions, updates and all-gathers bucket by bucket on the data-parallel stream.
+    const double stream = reduction + b.optimizer_s + gather;
+    const double exposed = std::max(stream - backward_last, stream / buckets);
+    b.data_parallel_s = std::max(0.0, exposed - b.optimizer_s / buckets);
+    b.optimizer_s /= buckets;
+  } else {
+    b.data_parallel_s = p.grad_sync == GradSync::after_backward
+                            ? reduction
+                            : std::max(reduction - backward_last, reduction / buckets);
+    b.data_parallel_s += gather;
   }
   b.iteration_s = b.pipeline_s + b.optimizer_s + b.data_parallel_s;
   return b;

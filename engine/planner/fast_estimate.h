@@ -2,10 +2,12 @@
 // from a few cached discrete-event simulations and closed forms.
 //
 // Cached DES. What a micro-batch costs inside a pipeline stage depends only
-// on (tp, sequence parallelism, micro-batch, recomputation, ep, etp): the
-// GEMMs, attention, memory-bound kernels, tensor-parallel collectives and
-// expert all-to-alls. For each such key the sim backend runs the model on
-// one pipeline stage (pp 1, dp = ep, ZeRO 0). When every body layer is alike
+// on (tp, sequence parallelism, micro-batch, recomputation, ep, etp, cp,
+// cp_comm): the GEMMs, attention, memory-bound kernels, tensor-parallel
+// collectives, expert all-to-alls and the context-parallel key/value
+// all-gathers or ring exchanges. For each such key the sim backend runs the
+// model on one pipeline stage (pp 1, dp = ep, ZeRO 0, tp·cp ranks: a
+// context group sits tp apart in the reference as in the plan). When every body layer is alike
 // (a decoder whose layers are all dense or all MoE) it runs the model cut to
 // L = 1 and 2 layers with k = 1 and 2 micro-batches, and
 //   T(L, k) = a + b·L + c·k + d·L·k
@@ -31,8 +33,9 @@
 //     compute (the DES shows it), so only the fill and drain wait for them
 //   ZeRO 2, 3: a block's backward takes at least its gradients'
 //     reduce-scatter (every micro-batch), and under ZeRO 3 its gather too;
-//     its forward at least its gather; each chunk's forward and backward pass
-//     also waits for its first block's gather (prefetch stays within a pass)
+//     its forward at least its gather; without prefetch_across_chunks each
+//     chunk's forward and backward pass also waits for its first block's
+//     gather (prefetch stays within a pass)
 //   stage time t_s: the sum over its blocks; t_max, t_mean over the stages
 //   pipeline = m·t_max + (p-1)·(t_mean/v + 2·t_hop)
 //     (engine/schedule/timing.h: (m·v + p - 1)·(f + b) on uniform stages;
@@ -40,10 +43,25 @@
 //   optimizer = the most loaded stage's per-iteration work / (dp under ZeRO >= 1)
 //   data parallel: an all-reduce of the stage's fp32 gradients (ZeRO 0) in
 //     buckets, or a reduce-scatter of them and an all-gather of the updated
-//     parameters (ZeRO 1, 2); exposed in full after
+//     parameters (ZeRO 1, 2), over the dp·cp ranks holding the same
+//     parameters (tp apart); exposed in full after
 //     backward (grad_sync after-backward, and the all-gather of updated
 //     parameters), otherwise beyond the last micro-batch's backward (at
-//     least one bucket's share)
+//     least one bucket's share). zero_reduce_once: ZeRO 2/3 reduce-scatter
+//     the whole stage once, after the last micro-batch, as ZeRO 1
+//   gradient compression: the wire bytes of every gradient reduction scaled
+//     (bf16, fp16: 2 bytes an element; 1bit: a bit and a 4-byte scale per
+//     256, by all-to-all, then all-gather under ZeRO 0), plus the cast or
+//     sign kernels as memory-bound kernels over the gradients
+//   offload: the optimizer step becomes the bucket-pipelined host AdamW
+//     (CostModel::host_adamw, the node's ranks sharing its CPUs) with the
+//     gradients' copy down and the fp32 master's copy up over PCIe (the
+//     slowest of the three, plus the others' share of one bucket); under
+//     `params` each ZeRO 3 gather also first copies its fp32 shard up
+//   overlap_update: each bucket's update (and all-gather) follows its
+//     reduction on the data-parallel stream: the optimizer and
+//     data-parallel work together are exposed beyond the last micro-batch's
+//     backward (at least one bucket's share)
 //   iteration = pipeline + optimizer + exposed data-parallel time
 //
 // Its job is to rank: the full tier re-times the best candidates with the
@@ -58,6 +76,7 @@
 #include "engine/planner/search_space.h"
 #include "engine/simulation.h"
 #include "simulator/collective.h"
+#include "simulator/cost_model.h"
 #include "simulator/topology.h"
 
 namespace meshtrain::planner {
@@ -83,7 +102,7 @@ class FastEstimator {
   std::size_t reference_simulations() const;
 
  private:
-  using Key = std::tuple<int, bool, int, int, int, int>;  // tp, sp, micro_batch, recompute, ep, etp
+  using Key = std::tuple<int, bool, int, int, int, int, int, int>;  // tp, sp, micro_batch, recompute, ep, etp, cp, cp_comm
   struct Reference {
     std::vector<double> microbatch_s;  // per block (embedding, layers, head): forward and backward of one micro-batch
     std::vector<double> step_s;        // per block: per-iteration work
@@ -97,9 +116,12 @@ class FastEstimator {
   using CollectiveKey = std::tuple<int, int, int>;  // kind, members, stride between them
   Status fit_collective(const CollectiveKey& key);
   double collective_s(sim::CollectiveKind kind, int members, int stride, double bytes) const;
+  // A copy between host and device of `bytes` (the sim backend's rate: PCIe shared by a switch's GPUs).
+  double pcie_s(double bytes) const;
 
   const SearchContext& ctx_;
   const SimulateOptions& options_;
+  sim::CostModel cost_;  // the device's memory-bound kernels and the host's AdamW, as the sim backend times them
   std::vector<double> forward_flops_;    // per block, one sample
   std::vector<double> attention_flops_;  // per block, one sample
   std::vector<double> parameters_;       // per block, unsharded

@@ -63,18 +63,29 @@ Status search_uniform(const SearchContext& ctx, const SearchSpace& space, const 
   std::vector<Candidate> all(e.valid.size());
   progress.set_phase("memory", out.valid);
   const double device = sim_options.cluster.device.memory_bytes;
+  // Offload plans whose plan without offload fits, unless --fix/--allow asked for offload.
+  std::vector<char> unneeded(all.size(), 0);
+  const bool prune_offload = !space.allowed[static_cast<std::size_t>(find_dimension("offload").value() -
+                                                                      dimensions().data())];
   tbb::parallel_for(tbb::blocked_range<std::size_t>(0, all.size(), 64), [&](const tbb::blocked_range<std::size_t>& r) {
     for (std::size_t i = r.begin(); i != r.end(); ++i) {
       all[i].plan = std::move(e.valid[i]);
       all[i].index = static_cast<std::int64_t>(i);
       all[i].memory = memory_fit(ctx.model, all[i].plan);
+      if (prune_offload && all[i].plan.offload != Offload::none && all[i].memory.peak_bytes <= device) {
+        Plan on_device = all[i].plan;
+        on_device.offload = Offload::none;
+        unneeded[i] = memory_fit(ctx.model, on_device).peak_bytes <= device;
+      }
     }
     progress.add_done(static_cast<std::int64_t>(r.size()));
     progress.update();
   });
-  for (Candidate& c : all)
-    if (c.memory.peak_bytes <= device) fits.push_back(c);
-  out.pruned = out.valid - static_cast<std::int64_t>(fits.size());
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    if (unneeded[i]) ++out.offload_unneeded;
+    else if (all[i].memory.peak_bytes <= device) fits.push_back(all[i]);
+  }
+  out.pruned = out.valid - out.offload_unneeded - static_cast<std::int64_t>(fits.size());
   progress.add_pruned(out.pruned);
   out.memory_s = seconds_since(start);
   if (fits.empty()) return nothing_fits(ctx, all, device);

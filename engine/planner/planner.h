@@ -46,6 +46,12 @@ struct Candidate {
 
 struct SearchResult {
   std::int64_t combinations = 0, valid = 0, pruned = 0, simulated = 0, reference_simulations = 0;
+  // Valid offload plans left out because the same plan without offload fits:
+  // offload only adds PCIe copies and the host's AdamW to a step (the DES
+  // and the fast tier agree), so it is searched where it is what makes a
+  // plan fit (search_space.h). Neither pruned nor estimated. Only under
+  // offload's defaults: --fix or --allow offload=... keeps every plan listed.
+  std::int64_t offload_unneeded = 0;
   double enumerate_s = 0, memory_s = 0, fast_s = 0, full_s = 0;  // wall time of each tier
   // Segment layouts: formed, valid, over the device, timed by the full tier.
   std::int64_t segment_combinations = 0, segment_valid = 0, segment_pruned = 0, segment_simulated = 0;

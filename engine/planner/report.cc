@@ -126,11 +126,14 @@ std::string text_report(const SearchResult& r, const ReportContext& c) {
   std::string out = fmt::format(
       "plan for {} on {} x {} ({}): global batch {}, seq {}, {}\n", m.name, c.ctx->gpus, c.cluster->device.name,
       c.cluster->name, base.effective_global_batch(), base.effective_seq_len(m), precision_name(base.precision));
-  const std::int64_t estimated = r.valid - r.pruned;
+  const std::int64_t estimated = r.valid - r.pruned - r.offload_unneeded;
   out += fmt::format(
-      "searched {} combinations: {} valid, {} pruned by the memory model, {} estimated (fast tier, {} reference "
+      "searched {} combinations: {} valid, {} pruned by the memory model, {}{} estimated (fast tier, {} reference "
       "simulations), {} simulated in full\n",
-      r.combinations, r.valid, r.pruned, estimated, r.reference_simulations, r.simulated);
+      r.combinations, r.valid, r.pruned,
+      r.offload_unneeded > 0 ? fmt::format("{} offload plans left out (the plan fits without), ", r.offload_unneeded)
+                             : std::string(),
+      estimated, r.reference_simulations, r.simulated);
   out += fmt::format("time: enumeration {:.2f} s ({:.0f} combinations/s), memory model {:.2f} s ({:.0f}/s), fast tier "
                      "{:.2f} s ({:.0f}/s), full tier {:.2f} s ({:.1f}/s)\n",
                      r.enumerate_s, r.combinations / std::max(r.enumerate_s, 1e-9), r.memory_s,
@@ -211,7 +214,7 @@ nlohmann::json json_report(const SearchResult& r, const ReportContext& c) {
     ranked.push_back(std::move(row));
   }
   const TierAgreement t = tier_agreement(r);
-  const std::int64_t estimated = r.valid - r.pruned;
+  const std::int64_t estimated = r.valid - r.pruned - r.offload_unneeded;
   return {{"model", m.name},
           {"cluster", c.cluster->name},
           {"gpus", c.ctx->gpus},
@@ -221,6 +224,7 @@ nlohmann::json json_report(const SearchResult& r, const ReportContext& c) {
            {{"combinations", r.combinations},
             {"valid", r.valid},
             {"pruned_by_memory", r.pruned},
+            {"offload_unneeded", r.offload_unneeded},
             {"estimated", estimated},
             {"reference_simulations", r.reference_simulations},
             {"simulated", r.simulated},

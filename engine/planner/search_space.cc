@@ -69,9 +69,64 @@ std::vector<int> tp_defaults(const SearchContext& c, const Plan&) {
 }
 
 std::vector<int> pp_defaults(const SearchContext& c, const Plan& p) {
-  if (c.gpus % p.tp != 0) return {};
-  return divisors(c.gpus / p.tp, c.model.layers);
+  const std::int64_t tp_cp = std::int64_t{p.tp} * p.cp;
+  if (c.gpus % tp_cp != 0) return {};
+  return divisors(static_cast<int>(c.gpus / tp_cp), c.model.layers);
 }
+
+// Powers of two that leave each rank kMinContextTokens (search_space.h) and
+// divide the sequence into 2·cp chunks (check_context_split); only decoders
+// without experts split their sequence (validate_plan).
+std::vector<int> cp_defaults(const SearchContext& c, const Plan& p) {
+  std::vector<int> out = {1};
+  if (c.model.vision() || c.model.moe()) return out;
+  const int seq = c.base.effective_seq_len(c.model);
+  for (int cp = 2; seq / cp >= kMinContextTokens && std::int64_t{p.tp} * cp <= c.gpus; cp *= 2)
+    if (c.gpus % (p.tp * cp) == 0 && seq % (2 * cp) == 0) out.push_back(cp);
+  return out;
+}
+
+Result<int> parse_cp_comm(std::string_view text) {
+  MT_ASSIGN(ContextComm comm, parse_context_comm(std::string(text)));
+  return static_cast<int>(comm);
+}
+std::string format_cp_comm(int v) { return context_comm_name(static_cast<ContextComm>(v)); }
+std::vector<int> cp_comm_defaults(const SearchContext&, const Plan&) {
+  return {static_cast<int>(ContextComm::all_gather), static_cast<int>(ContextComm::ring)};
+}
+bool has_cp(const SearchContext&, const Plan& p) { return p.cp > 1; }
+
+// The ranks holding the same parameters (the gradient reduction's group).
+bool has_replicas(const SearchContext&, const Plan& p) { return p.dp * p.cp > 1; }
+
+// Reducing once per step only differs from once per micro-batch with several of them, under ZeRO 2/3.
+bool reduces_per_microbatch(const SearchContext& c, const Plan& p) {
+  return p.zero >= 2 && has_replicas(c, p) && p.microbatches() > 1;
+}
+bool gathers_parameters(const SearchContext& c, const Plan& p) { return p.zero == 3 && has_replicas(c, p); }
+std::vector<int> off_and_on(const SearchContext&, const Plan&) { return {0, 1}; }
+std::vector<int> on_only(const SearchContext&, const Plan&) { return {1}; }
+
+Result<int> parse_compression(std::string_view text) {
+  MT_ASSIGN(GradCompression g, parse_grad_compression(std::string(text)));
+  return static_cast<int>(g);
+}
+std::string format_compression(int v) { return grad_compression_name(static_cast<GradCompression>(v)); }
+std::vector<int> compression_defaults(const SearchContext&, const Plan&) {
+  return {static_cast<int>(GradCompression::none)};
+}
+
+Result<int> parse_offload_value(std::string_view text) {
+  MT_ASSIGN(Offload o, parse_offload(std::string(text)));
+  return static_cast<int>(o);
+}
+std::string format_offload(int v) { return offload_name(static_cast<Offload>(v)); }
+std::vector<int> offload_defaults(const SearchContext&, const Plan& p) {
+  std::vector<int> out = {static_cast<int>(Offload::none), static_cast<int>(Offload::optimizer)};
+  if (p.zero == 3) out.push_back(static_cast<int>(Offload::params));
+  return out;
+}
+bool without_offload(const SearchContext&, const Plan& p) { return p.offload == Offload::none; }
 
 std::vector<int> dp_defaults(const SearchContext& c, const Plan& p) {
   const std::int64_t model_parallel = std::int64_t{p.tp} * p.pp * p.cp;
@@ -139,9 +194,15 @@ std::vector<int> end_stage_defaults(const SearchContext& c, const Plan& p) {
 const std::vector<Dimension> kDimensions = {
     {"tp", "tensor parallel degree (default: powers of two up to a node)", false, tp_defaults,
      [](Plan& p, int v) { p.tp = v; }, [](const Plan& p) { return p.tp; }, parse_count, format_int},
-    {"pp", "pipeline stages (default: divisors of gpus/tp up to the layers)", false, pp_defaults,
+    {"cp", "context parallel degree (default: 1, and powers of two leaving each rank >= 4096 tokens; decoders)",
+     false, cp_defaults, [](Plan& p, int v) { p.cp = v; }, [](const Plan& p) { return p.cp; }, parse_count,
+     format_int},
+    {"cp_comm", "context parallel key/value exchange: allgather, ring (default: both, where cp > 1)", false,
+     cp_comm_defaults, [](Plan& p, int v) { p.cp_comm = static_cast<ContextComm>(v); },
+     [](const Plan& p) { return static_cast<int>(p.cp_comm); }, parse_cp_comm, format_cp_comm, has_cp},
+    {"pp", "pipeline stages (default: divisors of gpus/(tp·cp) up to the layers)", false, pp_defaults,
      [](Plan& p, int v) { p.pp = v; }, [](const Plan& p) { return p.pp; }, parse_count, format_int},
-    {"dp", "data parallel degree (derived: gpus / (tp·pp))", true, dp_defaults, [](Plan& p, int v) { p.dp = v; },
+    {"dp", "data parallel degree (derived: gpus / (tp·pp·cp))", true, dp_defaults, [](Plan& p, int v) { p.dp = v; },
      [](const Plan& p) { return p.dp; }, parse_count, format_int},
     {"vpp", "model chunks per stage (default: 1 to 8 dividing the layers per stage)", false, vpp_defaults,
      [](Plan& p, int v) { p.vpp = v; }, [](const Plan& p) { return p.vpp; }, parse_count, format_int},
@@ -153,6 +214,13 @@ const std::vector<Dimension> kDimensions = {
      parse_count, format_int},
     {"zero", "ZeRO stage (default: 0 to 3; 0 when dp is 1)", false, zero_defaults, [](Plan& p, int v) { p.zero = v; },
      [](const Plan& p) { return p.zero; }, parse_zero, format_int},
+    {"zero_reduce_once", "ZeRO 2/3: reduce gradients once per step, not per micro-batch (default: off, on)", false,
+     off_and_on, [](Plan& p, int v) { p.zero_reduce_once = v != 0; },
+     [](const Plan& p) { return p.zero_reduce_once ? 1 : 0; }, parse_switch, format_switch, reduces_per_microbatch},
+    {"prefetch_across_chunks", "ZeRO 3: prefetch the next action's first layer across chunks (default: on)", false,
+     on_only, [](Plan& p, int v) { p.prefetch_across_chunks = v != 0; },
+     [](const Plan& p) { return p.prefetch_across_chunks ? 1 : 0; }, parse_switch, format_switch,
+     gathers_parameters},
     {"recompute", "activation recomputation (default: none, full; selective saves nothing with meshtrain's attention)", false, recompute_defaults,
      [](Plan& p, int v) { p.recompute = static_cast<Recompute>(v); },
      [](const Plan& p) { return static_cast<int>(p.recompute); }, parse_recompute_value, format_recompute},
@@ -169,6 +237,42 @@ const std::vector<Dimension> kDimensions = {
     {"last_stage_layers", "layers on the last stage (as first_stage_layers)", false, end_stage_defaults,
      [](Plan& p, int v) { p.last_stage_layers = v; }, [](const Plan& p) { return p.last_stage_layers; },
      parse_layers, format_int},
+    {"grad_compression",
+     "data-parallel gradients on the wire: none, bf16, fp16, 1bit (default: none; the others change the "
+     "gradients' values, so they are searched only when --allow lists them)",
+     false, compression_defaults, [](Plan& p, int v) { p.grad_compression = static_cast<GradCompression>(v); },
+     [](const Plan& p) { return static_cast<int>(p.grad_compression); }, parse_compression, format_compression,
+     has_replicas},
+    {"offload", "optimizer state (and ZeRO 3 parameters) in host memory: none, optimizer, params (default: all; "
+     "an offload plan is kept only where the same plan without offload does not fit)",
+     false, offload_defaults, [](Plan& p, int v) { p.offload = static_cast<Offload>(v); },
+     [](const Plan& p) { return static_cast<int>(p.offload); }, parse_offload_value, format_offload},
+    {"overlap_update", "optimizer step overlapped with the next forward, bucket by bucket (default: on without "
+     "offload)", false, on_only, [](Plan& p, int v) { p.overlap_update = v != 0; },
+     [](const Plan& p) { return p.overlap_update ? 1 : 0; }, parse_switch, format_switch, without_offload},
+};
+
+// Two pinned values the engine cannot combine: when `a` is pinned to a value
+// a_is accepts, `b` must be pinned to one b_allows accepts.
+struct PinConflict {
+  const char* a;
+  bool (*a_is)(int);
+  const char* b;
+  bool (*b_allows)(int);
+  const char* why;
+};
+const PinConflict kPinConflicts[] = {
+    {"offload", [](int v) { return v == static_cast<int>(Offload::params); }, "zero", [](int z) { return z == 3; },
+     "offload params keeps ZeRO 3's parameter shards on the host and needs zero 3"},
+    {"zero_reduce_once", [](int v) { return v != 0; }, "zero", [](int z) { return z >= 2; },
+     "zero_reduce_once needs zero 2 or 3 (ZeRO 0 and 1 already reduce once per step)"},
+    {"grad_compression", [](int v) { return v == static_cast<int>(GradCompression::one_bit); }, "zero",
+     [](int z) { return z <= 1; }, "1bit compression needs zero 0 or 1"},
+    {"overlap_update", [](int v) { return v != 0; }, "offload",
+     [](int o) { return o == static_cast<int>(Offload::none); },
+     "overlap_update does not combine with offload (the offloaded update already runs off the compute stream)"},
+    {"cp_comm", [](int v) { return v == static_cast<int>(ContextComm::ring); }, "cp", [](int c) { return c > 1; },
+     "cp_comm ring exchanges keys and values between context ranks and needs cp > 1"},
 };
 
 std::vector<std::string> dimension_names() {
@@ -222,6 +326,12 @@ Result<const Dimension*> find_dimension(std::string_view name) {
 
 std::vector<int> SearchSpace::values(std::size_t dim, const SearchContext& ctx, const Plan& partial) const {
   const Dimension& d = kDimensions[dim];
+  // Where the field means nothing, one value: a pin as given (validate_plan
+  // judges it), else the base plan's, which gives the same plan as any other.
+  if (d.applies != nullptr && !d.applies(ctx, partial)) {
+    if (allowed[dim] && allowed[dim]->size() == 1) return *allowed[dim];
+    return {d.get(ctx.base)};
+  }
   std::vector<int> defaults = d.defaults(ctx, partial);
   if (!allowed[dim]) return defaults;
   if (!d.derived) return *allowed[dim];
@@ -272,12 +382,15 @@ Result<SearchSpace> parse_search_space(const std::vector<std::string>& fix, cons
       fixed_by[item.dim] = item.text;
     }
   }
+  auto index_of = [](const char* name) {
+    return static_cast<std::size_t>(find_dimension(name).value() - kDimensions.data());
+  };
   // The degrees that multiply into the world: caught here with their names
   // rather than as an empty search.
   std::int64_t product = 1;
   std::string named;
-  for (const char* name : {"tp", "pp", "dp"}) {
-    const std::size_t i = static_cast<std::size_t>(find_dimension(name).value() - kDimensions.data());
+  for (const char* name : {"tp", "cp", "pp", "dp"}) {
+    const std::size_t i = index_of(name);
     if (!fixed_by[i]) continue;
     product *= space.allowed[i]->front();
     named += fmt::format("{}{}", named.empty() ? "" : " and --fix ", *fixed_by[i]);
@@ -285,9 +398,23 @@ Result<SearchSpace> parse_search_space(const std::vector<std::string>& fix, cons
       return make_error("--fix {} needs a multiple of {} GPUs, but --gpus is {}; change the fixed degrees or --gpus",
                         named, product, ctx.gpus);
   }
-  const bool all_fixed = fixed_by[0] && fixed_by[1] && fixed_by[2];
-  if (all_fixed && product != ctx.gpus)
-    return make_error("--fix {} make tp·pp·dp = {} ranks, but --gpus is {}", named, product, ctx.gpus);
+  const std::size_t tp = index_of("tp"), cp = index_of("cp"), pp = index_of("pp"), dp = index_of("dp");
+  if (fixed_by[tp] && fixed_by[pp] && fixed_by[dp] && product != ctx.gpus) {
+    // Unless the context-parallel degree left free can make up the rest.
+    Plan partial = ctx.base;
+    partial.tp = space.allowed[tp]->front();
+    const std::vector<int> cps = fixed_by[cp] ? std::vector<int>{} : space.values(cp, ctx, partial);
+    if (std::find(cps.begin(), cps.end(), ctx.gpus / product) == cps.end())
+      return make_error("--fix {} make {} = {} ranks, but --gpus is {}", named,
+                        fixed_by[cp] ? "tp·cp·pp·dp" : "tp·pp·dp", product, ctx.gpus);
+  }
+  // Pins of two fields the engine does not combine (validate_plan's rules), named before any search.
+  for (const PinConflict& c : kPinConflicts) {
+    const std::size_t a = index_of(c.a), b = index_of(c.b);
+    if (fixed_by[a] && fixed_by[b] && c.a_is(space.allowed[a]->front()) && !c.b_allows(space.allowed[b]->front()))
+      return make_error("--fix {} and --fix {} contradict: {}; drop or change one of them", *fixed_by[a],
+                        *fixed_by[b], c.why);
+  }
   return space;
 }
 

@@ -6,14 +6,33 @@
 // it, and how a value is written into a Plan. The enumeration
 // (candidates.h) walks the rows in table order, so a row may look at the
 // earlier rows' values (pp's divisors depend on tp; dp is what tp·pp leave).
-// Adding a dimension the engine has learnt (context parallelism, offload,
-// gradient compression) is adding one row here; nothing else in the planner
-// names dimensions.
+// Adding a dimension the engine has learnt is adding one row here; nothing
+// else in the planner names dimensions (the fast tier models what each
+// plan field costs, fast_estimate.h).
 //
 // Defaults skip values that give the same plan as another value (ZeRO with
 // dp 1, sequence parallelism or split experts with tp 1, uneven stages with
-// pp 1) and values that cannot divide (pp must divide gpus/tp); everything
-// else is left to validate_plan, the one judge of what the engine runs.
+// pp 1) and values that cannot divide (pp must divide gpus/(tp·cp));
+// everything else is left to validate_plan, the one judge of what the
+// engine runs. A row that only means something in some plans (cp_comm with
+// cp > 1, gradient compression with data parallelism) says where it
+// applies; elsewhere it takes the base plan's value whatever --allow lists,
+// so no two candidates differ only in a field the engine ignores.
+//
+// Which values are searched by default, and why (README "plan"):
+//   cp: 1, and powers of two that leave every rank at least
+//     kMinContextTokens of the sequence (decoders without experts);
+//   cp_comm: allgather and ring where cp > 1;
+//   zero_reduce_once: off and on under ZeRO 2/3 with several micro-batches
+//     (exact, a trade of gradient memory for fewer reductions);
+//   prefetch_across_chunks: on (the base plan's; exact and never later);
+//   grad_compression: none; bf16, fp16 and 1bit change the gradients'
+//     values, so a plan with them is only searched when --allow lists them;
+//   offload: none, optimizer, and params under ZeRO 3; the planner keeps an
+//     offload plan only where the same plan without offload does not fit
+//     (planner.h), since offload only adds PCIe and host time;
+//   overlap_update: on where it applies (no offload; exact, measured never
+//     slower in the DES), off under --allow.
 #pragma once
 
 #include <optional>
@@ -50,7 +69,16 @@ struct Dimension {
   // Text to value and back ("full" <-> 2, "on" <-> 1); an Error names the valid values.
   Result<int> (*parse)(std::string_view text);
   std::string (*format)(int value);
+  // Whether the field means anything given the earlier rows; null: always.
+  bool (*applies)(const SearchContext& ctx, const Plan& partial) = nullptr;
 };
+
+// Context parallelism is searched by default only while each rank keeps at
+// least this many tokens of a sequence: below it the attention that cp
+// splits is a small share of a layer, its per-layer key/value exchange is
+// latency-bound, and data parallelism splits the same work with one
+// reduction per step (Llama 3 trains 128K-token sequences with cp 16, 8K per rank).
+inline constexpr int kMinContextTokens = 4096;
 
 // The rows, in enumeration order.
 const std::vector<Dimension>& dimensions();

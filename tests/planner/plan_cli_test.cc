@@ -34,6 +34,35 @@ std::filesystem::path images(const std::string& name, int side, int n) {
   return dir;
 }
 
+// Runs `train` on the cpu backend for 2 steps of `plan` (ranks as threads) and
+// returns the steps its metrics file reports a loss for.
+int trained_steps(const std::string& model, const std::string& plan, const std::string& data) {
+  const std::string metrics = (std::filesystem::temp_directory_path() / "plan_cli_test_metrics.jsonl").string();
+  std::remove(metrics.c_str());
+  const MeshtrainRun t = run_meshtrain("train --model " + model + " --plan " + plan + " --data " + data +
+                                       " --steps 2 --lr 1e-3 --quiet --metrics " + metrics);
+  INFO(t.out);
+  REQUIRE(t.status == 0);
+  std::ifstream lines(metrics);
+  int steps = 0;
+  for (std::string line; std::getline(lines, line);)
+    if (!line.empty()) steps += nlohmann::json::parse(line).contains("loss") ? 1 : 0;
+  return steps;
+}
+
+// The plan file `out` holds the report row `best`'s plan, and `simulate` reads
+// it unchanged: the same DES time as the planner's full tier.
+void check_plan_file(const std::string& model, const std::string& out, const nlohmann::json& best) {
+  std::ifstream written(out);
+  REQUIRE(written.good());
+  CHECK(nlohmann::json::parse(written) == best["plan"]);
+  const MeshtrainRun s = run_meshtrain("simulate --model " + model + " --cluster local-cpu --gpus 4 --json --plan " + out);
+  INFO(s.out);
+  REQUIRE(s.status == 0);
+  CHECK(nlohmann::json::parse(s.out)["iteration_time_s"].get<double>() ==
+        Approx(best["iteration_time_s"].get<double>()).epsilon(1e-12));
+}
+
 }  // namespace
 
 TEST_CASE("plan prints a ranked table, explains the winner and writes a plan file simulate reads unchanged") {
@@ -92,30 +121,12 @@ TEST_CASE("plan searches a Swin's segment layouts and the chosen one simulates a
   // The two segments cover the blocks 0..9 (embedding, 3 stages of 2 blocks and their merges, head) in order.
   CHECK(segments[0]["blocks"][0] == 0);
   CHECK(segments[1]["blocks"][0].get<int>() == segments[0]["blocks"][1].get<int>() + 1);
-  std::ifstream written(out);
-  REQUIRE(written.good());
-  CHECK(nlohmann::json::parse(written) == best["plan"]);
-
   // simulate reads the file unchanged and times it as the planner's full tier did.
-  const MeshtrainRun s = run_meshtrain("simulate --model swin-micro --cluster local-cpu --gpus 4 --json --plan " + out);
-  INFO(s.out);
-  REQUIRE(s.status == 0);
-  CHECK(nlohmann::json::parse(s.out)["iteration_time_s"].get<double>() ==
-        Approx(best["iteration_time_s"].get<double>()).epsilon(1e-12));
+  check_plan_file("swin-micro", out, best);
 
   // train runs it for real: ranks as threads on the cpu backend.
   const auto data = images("plan_cli_test_images", 12, 64);
-  const std::string metrics = (std::filesystem::temp_directory_path() / "plan_cli_test_metrics.jsonl").string();
-  std::remove(metrics.c_str());
-  const MeshtrainRun t = run_meshtrain("train --model swin-micro --plan " + out + " --data " + data.string() +
-                                       " --steps 2 --lr 1e-3 --quiet --metrics " + metrics);
-  INFO(t.out);
-  REQUIRE(t.status == 0);
-  std::ifstream lines(metrics);
-  int steps = 0;
-  for (std::string line; std::getline(lines, line);)
-    if (!line.empty()) steps += nlohmann::json::parse(line).contains("loss") ? 1 : 0;
-  CHECK(steps == 2);
+  CHECK(trained_steps("swin-micro", out, data.string()) == 2);
   std::remove(out.c_str());
   std::filesystem::remove_all(data);
 }
@@ -145,4 +156,31 @@ TEST_CASE("plan ranks segment layouts beside uniform plans and leaves them out u
   const MeshtrainRun bad = run_meshtrain(job + " --layouts segmented");
   CHECK(bad.status == 1);
   CHECK_THAT(bad.out, Catch::Contains("--layouts") && Catch::Contains("segments"));
+}
+
+TEST_CASE("plan writes context parallelism, compression and the overlapped update to a plan file that simulate and train take unchanged") {
+  const std::string out = "plan_cli_test_dims.json";
+  std::remove(out.c_str());
+  const std::string job = "--model tiny --cluster local-cpu --precision fp32 --gpus 4 --global-batch 8 ";
+  const MeshtrainRun r = run_meshtrain("plan " + job +
+                                       "--fix cp=2,tp=1,pp=1,grad_compression=bf16 --simulate 4 --json --no-progress "
+                                       "--out " + out);
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  const auto best = nlohmann::json::parse(r.out)["ranked"][0];
+  CHECK(best["plan"]["cp"] == 2);
+  CHECK(best["plan"]["dp"] == 2);
+  CHECK(best["plan"]["grad_compression"] == "bf16");
+  CHECK(best["plan"]["overlap_update"] == true);
+  check_plan_file("tiny", out, best);
+
+  // train: ranks as threads on the cpu backend; a language model's tokens are any file's bytes.
+  const auto data = std::filesystem::temp_directory_path() / "plan_cli_test_tokens.bin";
+  {
+    std::ofstream f(data, std::ios::binary);
+    for (int i = 0; i < 1 << 16; ++i) f.put(static_cast<char>((i * 2654435761u) >> 24));
+  }
+  CHECK(trained_steps("tiny", out, data.string()) == 2);
+  std::remove(out.c_str());
+  std::filesystem::remove(data);
 }

@@ -2,6 +2,8 @@
 // candidates of a small case counted by hand.
 #include <catch2/catch.hpp>
 
+#include <map>
+
 #include "engine/planner/candidates.h"
 #include "engine/planner/search_space.h"
 
@@ -38,8 +40,11 @@ TEST_CASE("tiny on 4 GPUs with global batch 8 has the hand-counted 78 valid plan
   //   tp4 pp1 dp1: mb {1,2,4,8} x sp 2                                        8
   // = 78 valid; the interleaved ones with an odd micro-batch count (tp1 pp2
   // mb 4: 4 ZeRO stages; tp2 pp2 mb 8: 2 sp) are formed and rejected: 84.
+  // The dimensions that double a plan (offload, zero_reduce_once) are pinned
+  // off; cp (seq 64), compression and prefetch take one value by default and
+  // overlap_update is on in every plan.
   const SearchContext ctx = tiny_context(4, 8);
-  auto space = parse_search_space({"recompute=none"}, {}, ctx);
+  auto space = parse_search_space({"recompute=none,offload=none,zero_reduce_once=off"}, {}, ctx);
   REQUIRE(space.ok());
   const Enumeration e = enumerate_candidates(ctx, *space);
   CHECK(e.valid.size() == 78);
@@ -47,6 +52,7 @@ TEST_CASE("tiny on 4 GPUs with global batch 8 has the hand-counted 78 valid plan
   for (const Plan& p : e.valid) {
     CHECK(p.world_size() == 4);
     CHECK(p.recompute == Recompute::none);
+    CHECK((p.cp == 1 && p.overlap_update && p.grad_compression == GradCompression::none));
     CHECK(validate_plan(p, ctx.model, 4).ok());
   }
 }
@@ -77,6 +83,19 @@ TEST_CASE("fix and allow errors name the item and the fix") {
   CHECK_THAT(error_of({"=2"}, {}), Catch::Contains("unknown plan dimension ''"));
   CHECK_THAT(error_of({"2"}, {}), Catch::Contains("'2' has no dimension"));
   CHECK_THAT(error_of({}, {"tp=1,,2"}), Catch::Contains("an empty item"));
+  // Pins of the later dimensions the engine does not combine, named with why.
+  CHECK_THAT(error_of({"offload=params,zero=1"}, {}),
+             Catch::Contains("--fix offload=params and --fix zero=1 contradict") && Catch::Contains("needs zero 3"));
+  CHECK_THAT(error_of({"zero_reduce_once=on", "zero=0"}, {}),
+             Catch::Contains("--fix zero_reduce_once=on and --fix zero=0 contradict"));
+  CHECK_THAT(error_of({"grad_compression=1bit,zero=2"}, {}),
+             Catch::Contains("--fix grad_compression=1bit and --fix zero=2 contradict"));
+  CHECK_THAT(error_of({"overlap_update=on,offload=optimizer"}, {}),
+             Catch::Contains("--fix overlap_update=on and --fix offload=optimizer contradict"));
+  CHECK_THAT(error_of({"cp_comm=ring,cp=1"}, {}), Catch::Contains("--fix cp_comm=ring and --fix cp=1 contradict"));
+  CHECK_THAT(error_of({"tp=4,cp=4"}, {}), Catch::Contains("--fix tp=4 and --fix cp=4 needs a multiple of 16 GPUs"));
+  CHECK_THAT(error_of({"tp=2,cp=2,pp=1,dp=1"}, {}), Catch::Contains("make tp·cp·pp·dp = 4 ranks, but --gpus is 8"));
+  CHECK_THAT(error_of({"offload=disk"}, {}), Catch::Contains("offload value 'disk'"));
   // A repeated, agreeing --fix is fine.
   CHECK(parse_search_space({"tp=2", "tp=2"}, {}, tiny_context(8, 16)).ok());
 }
@@ -90,4 +109,69 @@ TEST_CASE("every dimension's values print and parse back") {
       CHECK(*back == v);
     }
   }
+}
+
+TEST_CASE("context parallelism is searched where every rank keeps 4096 tokens, its exchange only with cp > 1") {
+  SearchContext ctx;
+  ctx.model = load_model("llama3-70b").value();
+  ctx.gpus = 512;
+  ctx.base.global_batch = 64;
+  ctx.base.seq_len = 32768;
+  const std::size_t cp = static_cast<std::size_t>(find_dimension("cp").value() - dimensions().data());
+  const std::size_t comm = static_cast<std::size_t>(find_dimension("cp_comm").value() - dimensions().data());
+  const SearchSpace defaults;
+  Plan partial = ctx.base;
+  partial.tp = 8;
+  // 32768 / 8 = 4096 tokens a rank; cp 16 would leave 2048.
+  CHECK(defaults.values(cp, ctx, partial) == std::vector<int>{1, 2, 4, 8});
+  ctx.base.seq_len = 8192;
+  CHECK(defaults.values(cp, ctx, partial) == std::vector<int>{1, 2});
+  ctx.base.seq_len = 4096;  // the model's own: no context parallelism
+  CHECK(defaults.values(cp, ctx, partial) == std::vector<int>{1});
+  // gpt2 (learned positions up to 1024) and MoE or vision models never split by default.
+  for (const char* model : {"gpt2-124m", "vit-b16"}) {
+    SearchContext other = ctx;
+    other.model = load_model(model).value();
+    other.base.seq_len = 0;
+    CHECK(defaults.values(cp, other, partial) == std::vector<int>{1});
+  }
+  // The exchange: both kinds with cp > 1; with cp 1 the base's, whatever --allow lists.
+  auto both = parse_search_space({}, {"cp_comm=allgather,ring"}, ctx);
+  REQUIRE(both.ok());
+  partial.cp = 2;
+  CHECK(both->values(comm, ctx, partial).size() == 2);
+  partial.cp = 1;
+  CHECK(both->values(comm, ctx, partial) == std::vector<int>{static_cast<int>(ContextComm::all_gather)});
+
+  // A pin reaches every candidate: tiny's 64 tokens split over 2 context ranks of 4 GPUs.
+  const SearchContext tiny = tiny_context(4, 8);
+  auto pinned = parse_search_space({"cp=2"}, {}, tiny);
+  REQUIRE(pinned.ok());
+  const Enumeration e = enumerate_candidates(tiny, *pinned);
+  REQUIRE_FALSE(e.valid.empty());
+  int ring = 0;
+  for (const Plan& p : e.valid) {
+    CHECK(p.cp == 2);
+    CHECK(p.tp * p.pp * p.dp == 2);
+    ring += p.cp_comm == ContextComm::ring ? 1 : 0;
+  }
+  CHECK(ring * 2 == static_cast<int>(e.valid.size()));
+}
+
+TEST_CASE("gradient compression is searched only when allowed, and only where gradients are reduced") {
+  const SearchContext ctx = tiny_context(4, 8);
+  auto plain = parse_search_space({"recompute=none"}, {}, ctx);
+  REQUIRE(plain.ok());
+  for (const Plan& p : enumerate_candidates(ctx, *plain).valid) CHECK(p.grad_compression == GradCompression::none);
+  auto allowed = parse_search_space({"recompute=none,offload=none"}, {"grad_compression=none,bf16,1bit"}, ctx);
+  REQUIRE(allowed.ok());
+  std::map<std::string, int> kinds;
+  for (const Plan& p : enumerate_candidates(ctx, *allowed).valid) {
+    if (p.dp == 1) CHECK(p.grad_compression == GradCompression::none);
+    // validate_plan: 1bit under ZeRO 0 and 1 only.
+    if (p.zero >= 2) CHECK(p.grad_compression != GradCompression::one_bit);
+    ++kinds[grad_compression_name(p.grad_compression)];
+  }
+  CHECK(kinds.size() == 3);
+  CHECK(kinds["bf16"] > kinds["1bit"]);
 }
