@@ -15,11 +15,31 @@ Status check_goodput_inputs(const GoodputInputs& in) {
   return ok_status();
 }
 
-double goodput(const GoodputInputs& in, double tau) {
+namespace {
+
+// E[T](τ): the expected wall seconds of τ seconds of work and its checkpoint.
+double segment_wall_s(const GoodputInputs& in, double tau) {
   const double M = in.job_mtbf_s;
   // expm1 keeps e^x − 1 exact for the small x of rare failures.
-  const double wall = M * std::exp(in.restart_s / M) * std::expm1((tau + in.checkpoint_s) / M);
-  return tau / wall;
+  return M * std::exp(in.restart_s / M) * std::expm1((tau + in.checkpoint_s) / M);
+}
+
+}  // namespace
+
+double goodput(const GoodputInputs& in, double tau) { return tau / segment_wall_s(in, tau); }
+
+WallShares wall_shares(const GoodputInputs& in, double tau) {
+  const double wall = segment_wall_s(in, tau);
+  WallShares s;
+  if (!std::isfinite(wall)) {
+    s.failures = 1;
+    return s;
+  }
+  s.training = tau / wall;
+  s.checkpoints = in.checkpoint_s / wall;
+  // E[T] >= τ + C (e^x − 1 >= x, e^{R/M} >= 1): the rest is never negative but for rounding.
+  s.failures = std::max(0.0, 1 - s.training - s.checkpoints);
+  return s;
 }
 
 double optimal_interval_s(const GoodputInputs& in) {

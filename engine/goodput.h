@@ -51,6 +51,21 @@ double optimal_interval_s(const GoodputInputs& in);
 double young_interval_s(const GoodputInputs& in);  // √(2CM)
 double daly_interval_s(const GoodputInputs& in);   // Daly's higher-order estimate (M for C >= 2M)
 
+// Where the wall time of a run checkpointing every τ seconds of work goes,
+// exactly (the shares sum to 1): training, G(τ) = τ / E[T]; writing the
+// checkpoints that complete, C / E[T]; and failures, the rest: restarts,
+// work redone and checkpoints cut short. When failures outpace the
+// checkpoints E[T] overflows: training and checkpoints 0, failures 1.
+struct WallShares {
+  double training = 0, checkpoints = 0, failures = 0;
+};
+WallShares wall_shares(const GoodputInputs& in, double interval_s);
+
+// Below this goodput (one hour of training in 10,000 hours of wall time) a
+// run is reported as making no progress: failures come faster than the
+// restarts and checkpoints can save any work.
+inline constexpr double kNoProgressGoodput = 1e-4;
+
 struct GoodputPlan {
   std::int64_t steps = 0;  // checkpoint every this many steps
   double interval_s = 0;   // steps · iteration

@@ -279,6 +279,18 @@ PixelStats pixel_stats(const ImageSet& set) {
   return s;
 }
 
+bool names_image_dataset(const std::string& name_or_dir) {
+  std::error_code ec;
+  const auto st = fs::status(name_or_dir, ec);
+  if (fs::is_regular_file(st)) return false;
+  if (name_or_dir == "fashion-mnist") return true;
+  if (!fs::is_directory(st)) return false;
+  for (const char* file : kMnistFiles)
+    if (fs::exists(fs::path(name_or_dir) / file, ec) || fs::exists(fs::path(name_or_dir) / (std::string(file) + ".gz"), ec))
+      return true;
+  return false;
+}
+
 Result<ImageDataset> load_image_dataset(const std::string& name_or_dir, int classes) {
   MT_ASSIGN(const auto resolved, resolve_dir(name_or_dir));
   const auto& [dir, implied_classes] = resolved;

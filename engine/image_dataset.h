@@ -106,6 +106,11 @@ struct ImageDataset {
 // to get them.
 Result<ImageDataset> load_image_dataset(const std::string& name_or_dir, int classes = 0);
 
+// Whether `name_or_dir` is what load_image_dataset reads rather than a file
+// of tokens: the name fashion-mnist (unless a regular file has that name), or
+// a directory holding any of the four IDX files. Reads no file.
+bool names_image_dataset(const std::string& name_or_dir);
+
 // Checks a set's images are the size a model takes. The error names both
 // sizes (H×W×C) and the fix.
 Status check_image_shape(const ImageSet& set, int rows, int cols, int channels);

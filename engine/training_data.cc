@@ -1,7 +1,10 @@
 #include "engine/training_data.h"
 
+#include <filesystem>
 #include <map>
 #include <mutex>
+
+#include <fmt/ranges.h>
 
 #include "engine/byte_dataset.h"
 #include "engine/image_dataset.h"
@@ -212,6 +215,35 @@ Status check_vqa_data(const ImageDataset& d, const ModelSpec& m) {
   return ok_status();
 }
 
+// The presets that read `data`'s images: classifiers of 28×28 grey images
+// (Fashion-MNIST's) and VQA models of grids of them.
+std::string image_model_names() {
+  std::vector<std::string> names;
+  for (const std::string& name : model_preset_names()) {
+    const ModelSpec m = model_preset(name).value();
+    const bool classifier = m.vision() && !m.vqa() && m.image_size == 28 && m.channels == 1;
+    const bool vqa = m.vqa() && m.image_size == kVqaGridSide && m.channels == 1;
+    if (classifier || vqa) names.push_back(fmt::format("'{}'", name));
+  }
+  return fmt::format("{}", fmt::join(names, ", "));
+}
+
+// Image data for a language model, or a file of tokens for an image model:
+// named as the mismatch it is, before either loader reads (and misreads) it.
+Status check_data_kind(const std::string& data, const ModelSpec& m) {
+  if (!m.vision() && names_image_dataset(data))
+    return make_error("'{}' is an image dataset, but model '{}' is a language model (it trains on a file's bytes as "
+                      "tokens); train a vision model on the images ({}), or pass a text file with --data",
+                      data, m.name, image_model_names());
+  std::error_code ec;
+  if (m.vision() && std::filesystem::is_regular_file(data, ec))
+    return make_error("model '{}' is a vision model and trains on images, but --data '{}' is a file (the tokens a "
+                      "language model reads); pass --data fashion-mnist or a directory of IDX image files, or train "
+                      "a language model such as 'tiny' on the file",
+                      m.name, data);
+  return ok_status();
+}
+
 }  // namespace
 
 Status check_training_model(const ModelSpec& m) {
@@ -224,6 +256,7 @@ Status check_training_data(const std::string& data, const ModelSpec& m, const Pl
   if (data.empty() && m.vision())
     return make_error("no training images: pass --data fashion-mnist or a directory of IDX files");
   if (data.empty()) return make_error("no training data: pass --data FILE (any file; its bytes are the tokens)");
+  MT_TRY(check_data_kind(data, m));
   if (m.vqa()) {
     MT_ASSIGN(auto images, shared_images(data));
     return check_vqa_data(*images, m);
@@ -239,6 +272,7 @@ Status check_training_data(const std::string& data, const ModelSpec& m, const Pl
 
 Result<std::unique_ptr<TrainingData>> open_training_data(const std::string& data, const ModelSpec& m, const Plan& p,
                                                          std::uint64_t seed, int dp_rank, int dp) {
+  MT_TRY(check_data_kind(data, m));
   if (m.vqa()) {
     MT_ASSIGN(auto images, shared_images(data));
     MT_TRY(check_vqa_data(*images, m));

@@ -39,12 +39,22 @@ const ParamSlot& ParameterStore::operator[](const std::string& name) const {
   return slots_[it->second];
 }
 
+std::size_t ParameterStore::first_slot_ending_after(std::int64_t offset) const {
+  // Slots lie in offset order, back to back, so their ends never decrease: bisect.
+  const auto it = std::partition_point(slots_.begin(), slots_.end(),
+                                       [&](const ParamSlot& s) { return s.offset + s.numel <= offset; });
+  return static_cast<std::size_t>(it - slots_.begin());
+}
+
 template <class F>
 void ParameterStore::for_range(std::int64_t begin, std::int64_t size, const char* what, F f) {
-  for (std::size_t i = 0; i < slots_.size(); ++i) {
+  // The walk stops at the first slot starting at or past the range's end. A
+  // scan of every slot made each layer's bind and release O(slots): O(layers²)
+  // per micro-batch.
+  for (std::size_t i = first_slot_ending_after(begin); i < slots_.size(); ++i) {
     ParamSlot& s = slots_[i];
-    const std::int64_t n = shapes_[i].numel();
-    if (s.offset + n <= begin || s.offset >= begin + size) continue;
+    const std::int64_t n = s.numel;
+    if (s.offset >= begin + size) break;
     if (s.offset < begin || s.offset + n > begin + size) {
       std::fprintf(stderr, "meshtrain: %s [%lld, %lld) cuts parameter '%s'\n", what, static_cast<long long>(begin),
                    static_cast<long long>(begin + size), s.info.name.c_str());

@@ -72,6 +72,9 @@ class ParameterStore {
 
   const std::vector<ParamSlot>& slots() const { return slots_; }
   const ParamSlot& operator[](const std::string& name) const;
+  // The first slot (index into slots()) whose elements end past flat element
+  // `offset`; slots().size() when none does. O(log slots).
+  std::size_t first_slot_ending_after(std::int64_t offset) const;
   bool contains(const std::string& name) const { return index_.count(name) != 0; }
   // The persistent flat buffers (undefined when not persistent).
   Tensor& values() { return values_; }

@@ -30,7 +30,20 @@ struct GoodputFlags {
   bool json = false;
 };
 
-std::string hours(double s) { return s >= 3600 ? fmt::format("{:.2f} h", s / 3600) : fmt::format("{:.1f} min", s / 60); }
+std::string hours(double s) {
+  if (s >= 3600) return fmt::format("{:.2f} h", s / 3600);
+  return s >= 60 ? fmt::format("{:.1f} min", s / 60) : fmt::format("{:.3g} s", s);
+}
+
+nlohmann::json plan_json(const GoodputInputs& in, const GoodputPlan& p) {
+  const WallShares w = wall_shares(in, p.interval_s);
+  return {{"checkpoint_every_steps", p.steps},
+          {"interval_s", p.interval_s},
+          {"goodput", p.goodput},
+          {"makes_progress", p.goodput >= kNoProgressGoodput},
+          {"share_checkpoints", w.checkpoints},
+          {"share_failures", w.failures}};
+}
 
 Status run_goodput(GoodputFlags f) {
   MT_TRY(dp_from_gpus(f.plan, f.gpus));
@@ -68,18 +81,14 @@ Status run_goodput(GoodputFlags f) {
                           {"restart_s", in.restart_s},
                           {"gpu_mtbf_hours", f.mtbf_hours},
                           {"job_mtbf_s", in.job_mtbf_s},
-                          {"optimal",
-                           {{"checkpoint_every_steps", best.steps},
-                            {"interval_s", best.interval_s},
-                            {"goodput", best.goodput},
-                            {"continuous_interval_s", optimal_interval_s(in)}}},
+                          {"optimal", plan_json(in, best)},
                           {"young_interval_s", young},
                           {"daly_interval_s", daly}};
-    if (given)
-      out["given"] = {{"checkpoint_every_steps", given->steps},
-                      {"interval_s", given->interval_s},
-                      {"goodput", given->goodput},
-                      {"effective_tokens_per_s", tokens_per_step / iteration * given->goodput}};
+    out["optimal"]["continuous_interval_s"] = optimal_interval_s(in);
+    if (given) {
+      out["given"] = plan_json(in, *given);
+      out["given"]["effective_tokens_per_s"] = tokens_per_step / iteration * given->goodput;
+    }
     fmt::print("{}\n", out.dump(2));
     return {};
   }
@@ -91,18 +100,35 @@ Status run_goodput(GoodputFlags f) {
   fmt::print("failures         each GPU {} h between failures: the job {} ({:.2f} failures a day); restart {}\n",
              f.mtbf_hours, hours(in.job_mtbf_s), 86400 / in.job_mtbf_s, hours(in.restart_s));
   auto line = [&](const char* label, const GoodputPlan& p) {
-    // First-order shares of the wall time: writing checkpoints, and per failure the restart and half a segment redone.
-    const double ckpt = in.checkpoint_s / (p.interval_s + in.checkpoint_s);
-    const double per_failure = (in.restart_s + 0.5 * (p.interval_s + in.checkpoint_s)) / in.job_mtbf_s;
+    // The exact shares of the wall time (engine/goodput.h): they and the goodput sum to 100%.
+    const WallShares w = wall_shares(in, p.interval_s);
+    if (p.goodput < kNoProgressGoodput) {
+      fmt::print("{:<16} every {} steps ({} of training): no progress (goodput {:.2g}); failures take {:.2f}% of the "
+                 "wall time\n",
+                 label, p.steps, hours(p.interval_s), p.goodput, 100 * w.failures);
+      return;
+    }
     fmt::print("{:<16} every {} steps ({} of training): goodput {:.2f}% ({:.0f} tokens/s of {:.0f}); lost to "
-               "checkpoints ~{:.2f}%, to failures ~{:.2f}%\n",
+               "checkpoints {:.2f}%, to failures {:.2f}%\n",
                label, p.steps, hours(p.interval_s), 100 * p.goodput, tokens_per_step / iteration * p.goodput,
-               tokens_per_step / iteration, 100 * ckpt, 100 * per_failure);
+               tokens_per_step / iteration, 100 * w.checkpoints, 100 * w.failures);
   };
   if (given) line("as given", *given);
   line("optimum", best);
   fmt::print("first order      Young sqrt(2·C·MTBF) = {}, Daly {} (the optimum above: {})\n", hours(young),
              hours(daly), hours(optimal_interval_s(in)));
+  if (best.goodput < kNoProgressGoodput) {
+    fmt::print("no progress      the job fails every {} on average, but restarting takes {}, a step {} and a "
+               "checkpoint {}: failures undo the work faster than any checkpoint interval can save it. Make "
+               "failures rarer (a larger --mtbf-hours, fewer --gpus) or restarts and checkpoints faster "
+               "(--restart-minutes, --storage-GBps)\n",
+               hours(in.job_mtbf_s), hours(in.restart_s), hours(iteration), hours(in.checkpoint_s));
+  } else if (given && given->goodput < kNoProgressGoodput) {
+    fmt::print("no progress      at --checkpoint-every {} the job fails every {} on average, before most segments "
+               "of {} reach their checkpoint: checkpoint more often, e.g. --checkpoint-every {} (goodput "
+               "{:.2f}%)\n",
+               given->steps, hours(in.job_mtbf_s), hours(given->interval_s), best.steps, 100 * best.goodput);
+  }
   return {};
 }
 

@@ -42,8 +42,10 @@ GradientBuckets::GradientBuckets(Backend& b, const ModelSpec& m, ParameterStore&
     k.shard = (size + G - 1) / G;
     k.state_offset = shard_numel_;
     shard_numel_ += k.shard;
-    for (const ParamSlot& s : params.slots()) {
-      if (s.offset >= begin + size || s.offset + s.numel <= begin) continue;
+    // Only the slots overlapping the bucket: every slot for every bucket was O(layers²) per rank.
+    const std::vector<ParamSlot>& slots = params.slots();
+    for (std::size_t i = params.first_slot_ending_after(begin); i < slots.size() && slots[i].offset < begin + size; ++i) {
+      const ParamSlot& s = slots[i];
       for (int u : parameter_uses(m, s.info, chunk_has_head)) k.uses.push_back(u);
       if (defer_embedding && s.info.name == "embed.tokens") k.deferred = true;
     }

@@ -59,7 +59,10 @@ void ShardedAdamW::for_each_piece(
   for (const Bucket& k : buckets_.buckets()) {
     const int r = buckets_.rank_in(k);
     const std::int64_t lo = k.owned_begin(r), hi = lo + k.owned_size(r);
-    for (const ParamSlot& s : params_.slots()) {
+    // Only the slots overlapping [lo, hi): every slot for every bucket was O(layers²) per rank.
+    const std::vector<ParamSlot>& slots = params_.slots();
+    for (std::size_t i = params_.first_slot_ending_after(lo); i < slots.size() && slots[i].offset < hi; ++i) {
+      const ParamSlot& s = slots[i];
       const std::int64_t a = std::max(lo, s.offset), e = std::min(hi, s.offset + s.numel);
       if (a < e) f(s, a, e - a, k.state_offset + (a - lo));
     }

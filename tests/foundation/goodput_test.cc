@@ -3,8 +3,10 @@
 // Daly's first-order intervals, and `meshtrain goodput`.
 #include <catch2/catch.hpp>
 
+#include <cctype>
 #include <cmath>
 #include <random>
+#include <string>
 
 #include <nlohmann/json.hpp>
 
@@ -107,4 +109,71 @@ TEST_CASE("meshtrain goodput reports the optimum for the simulated plan", "[good
   MeshtrainRun bad = run_meshtrain("goodput --model gpt2-350m --gpus 8 --mtbf-hours 0");
   CHECK(bad.status != 0);
   CHECK_THAT(bad.out, Catch::Contains("--mtbf-hours"));
+}
+
+TEST_CASE("the wall time's shares sum to one and stay in [0, 1] however fast failures come", "[goodput]") {
+  // Without failures: only checkpoints cost time, C / (τ + C) of it.
+  const GoodputInputs never = inputs(60, 1e15, 600);
+  const WallShares calm = wall_shares(never, 3600);
+  CHECK(calm.training == Approx(3600.0 / 3660.0).epsilon(1e-9));
+  CHECK(calm.checkpoints == Approx(60.0 / 3660.0).epsilon(1e-9));
+  CHECK(calm.failures == Approx(0).margin(1e-9));
+  // From rare failures to a job that fails every microsecond (E[T] overflows).
+  for (double mtbf : {1e6, 3600.0, 60.0, 1.0, 1e-6}) {
+    CAPTURE(mtbf);
+    const GoodputInputs in = inputs(120, mtbf, 600, 1);
+    for (double tau : {1.0, 600.0, 1e5}) {
+      CAPTURE(tau);
+      const WallShares w = wall_shares(in, tau);
+      CHECK(w.training == Approx(goodput(in, tau)).margin(1e-12));
+      CHECK(w.training + w.checkpoints + w.failures == Approx(1.0));
+      for (double share : {w.training, w.checkpoints, w.failures}) {
+        CHECK(share >= 0);
+        CHECK(share <= 1);
+      }
+    }
+  }
+  // Failures every minute against a 10-minute restart: the best interval saves nothing.
+  const GoodputInputs hopeless = inputs(120, 60, 600, 1);
+  CHECK(optimal_steps(hopeless).goodput < kNoProgressGoodput);
+}
+
+TEST_CASE("meshtrain goodput says a job makes no progress instead of losing more than 100%", "[goodput][cli]") {
+  // Every share printed is a percentage of the wall time.
+  auto check_percentages = [](const std::string& out) {
+    std::size_t at = 0;
+    while ((at = out.find('%', at)) != std::string::npos) {
+      std::size_t from = at;
+      while (from > 0 && (std::isdigit(static_cast<unsigned char>(out[from - 1])) || out[from - 1] == '.')) --from;
+      if (from < at) CHECK(std::stod(out.substr(from, at - from)) <= 100.0);
+      ++at;
+    }
+  };
+  // The job fails every 0.45 s (8 GPUs at 0.001 h) and restarts in 10 minutes.
+  MeshtrainRun hopeless =
+      run_meshtrain("goodput --model tiny --cluster h200 --gpus 8 --iteration-s 1 --mtbf-hours 0.001");
+  INFO(hopeless.out);
+  REQUIRE(hopeless.status == 0);
+  CHECK_THAT(hopeless.out, Catch::Contains("no progress"));
+  CHECK_THAT(hopeless.out, Catch::Contains("the job fails every 0.45 s on average, but restarting takes 10.0 min"));
+  CHECK_THAT(hopeless.out, Catch::Contains("--mtbf-hours"));
+  check_percentages(hopeless.out);
+  // A job that could progress, checkpointing far too rarely (every 278 h against a job MTBF of 7.3 min).
+  MeshtrainRun rare = run_meshtrain(
+      "goodput --model gpt3-175b --cluster h200 --gpus 8192 --tp 8 --pp 16 --iteration-s 10 --mtbf-hours 1000 "
+      "--checkpoint-every 100000");
+  INFO(rare.out);
+  REQUIRE(rare.status == 0);
+  CHECK_THAT(rare.out, Catch::Contains("checkpoint more often, e.g. --checkpoint-every 17"));
+  check_percentages(rare.out);
+  MeshtrainRun json = run_meshtrain(
+      "goodput --model gpt3-175b --cluster h200 --gpus 8192 --tp 8 --pp 16 --iteration-s 10 --mtbf-hours 1000 "
+      "--checkpoint-every 100000 --json");
+  REQUIRE(json.status == 0);
+  const auto j = nlohmann::json::parse(json.out);
+  CHECK_FALSE(j["given"]["makes_progress"].get<bool>());
+  CHECK(j["optimal"]["makes_progress"].get<bool>());
+  CHECK(j["optimal"]["goodput"].get<double>() + j["optimal"]["share_checkpoints"].get<double>() +
+            j["optimal"]["share_failures"].get<double>() ==
+        Approx(1.0));
 }

@@ -101,6 +101,7 @@ TEST_CASE("image data that does not fit the model is refused naming the file and
   // A text model on an image set reads the directory as a file.
   MeshtrainRun text = run_meshtrain("train --data " + data.string() + " --model tiny --steps 1 --quiet");
   CHECK(text.status != 0);
+  CHECK_THAT(text.out, Catch::Contains("is an image dataset, but model 'tiny' is a language model"));
   // A truncated image file.
   std::ofstream(data / "t10k-images-idx3-ubyte", std::ios::binary | std::ios::app).write("xx", 2);
   MeshtrainRun bad = run_meshtrain("train --data " + data.string() + kVit + " --steps 6");
@@ -126,4 +127,27 @@ TEST_CASE("the small Swin learns Fashion-MNIST well above chance in a few hundre
   REQUIRE(lines.size() == 300);
   // 9,600 training images; chance is 10%, the majority class 10%.
   CHECK(lines.back()["val_accuracy"].get<double>() >= 0.70);
+}
+
+TEST_CASE("image data for a language model and a token file for an image model are refused as the mismatch",
+          "[train][vision]") {
+  // By name: nothing is read (the check runs whether or not Fashion-MNIST is installed).
+  MeshtrainRun named = run_meshtrain("train --model tiny --data fashion-mnist --steps 1 --quiet");
+  INFO(named.out);
+  CHECK(named.status != 0);
+  CHECK_THAT(named.out, Catch::Contains("'fashion-mnist' is an image dataset, but model 'tiny' is a language model"));
+  // The presets that take its 28×28 grey images, classifiers and VQA; not vit-tiny (8×8).
+  for (const char* model : {"'swin-fmnist'", "'vit-fmnist'", "'vqa-fmnist'"}) CHECK_THAT(named.out, Catch::Contains(model));
+  CHECK_THAT(named.out, !Catch::Contains("'vit-tiny'"));
+  // The reverse: a file of bytes for a vision model.
+  const fs::path file = scratch("tokens") / "text.txt";
+  write(file, std::string(4096, 'a'));
+  for (const char* model : {"vit-fmnist", "vqa-tiny"}) {
+    MeshtrainRun tokens =
+        run_meshtrain(std::string("train --model ") + model + " --data " + file.string() + " --steps 1 --quiet");
+    INFO(tokens.out);
+    CHECK(tokens.status != 0);
+    CHECK_THAT(tokens.out, Catch::Contains(std::string("model '") + model + "' is a vision model and trains on images"));
+    CHECK_THAT(tokens.out, Catch::Contains("a language model such as 'tiny'"));
+  }
 }
