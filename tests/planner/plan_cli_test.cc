@@ -86,7 +86,7 @@ TEST_CASE("plan searches a Swin's segment layouts and the chosen one simulates a
   REQUIRE(report["ranked"].size() == 6);
   const auto& best = report["ranked"][0];
   CHECK(best["layout"] == "segments");
-  CHECK(best["fast_iteration_time_s"].is_null());
+  CHECK(best["fast_iteration_time_s"].get<double>() > 0);  // the fast tier ranked the family
   const auto& segments = best["plan"]["segments"];
   REQUIRE(segments.size() == 2);
   // The two segments cover the blocks 0..9 (embedding, 3 stages of 2 blocks and their merges, head) in order.
@@ -145,4 +145,110 @@ TEST_CASE("plan ranks segment layouts beside uniform plans and leaves them out u
   const MeshtrainRun bad = run_meshtrain(job + " --layouts segmented");
   CHECK(bad.status == 1);
   CHECK_THAT(bad.out, Catch::Contains("--layouts") && Catch::Contains("segments"));
+}
+
+TEST_CASE("plan finds a three-segment VQA layout that simulate and train read as written", "[segments]") {
+  const std::string out = "plan_cli_test_vqa3.json";
+  std::remove(out.c_str());
+  // The mission's layout: the vision encoder on a tensor-parallel group, the language model on a pipeline group.
+  const std::string job = "--model vqa-tiny --cluster local-cpu --precision fp32 --gpus 4 --global-batch 8 ";
+  const MeshtrainRun r = run_meshtrain("plan " + job +
+                                       "--fix segments.count=3,vision.tp=2,vision.gpus=2,language.pp=2 --segments 4 "
+                                       "--json --no-progress --top 100 --out " + out);
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  const auto report = nlohmann::json::parse(r.out);
+  REQUIRE(!report["ranked"].empty());
+  for (const auto& row : report["ranked"]) {
+    REQUIRE(row["layout"] == "segments");
+    const auto& segs = row["plan"]["segments"];
+    REQUIRE(segs.size() == 3);
+    CHECK(segs[0]["name"] == "vision");
+    CHECK(segs[0]["tp"] == 2);
+    CHECK(segs[0]["ranks"] == nlohmann::json::array({0, 1}));
+    CHECK(segs[2]["name"] == "language");
+    CHECK(segs[2]["pp"] == 2);
+    CHECK(segs[2]["ranks"] == nlohmann::json::array({2, 3}));
+  }
+  const auto& best = report["ranked"][0];
+  std::ifstream written(out);
+  REQUIRE(written.good());
+  CHECK(nlohmann::json::parse(written) == best["plan"]);
+
+  const MeshtrainRun s = run_meshtrain("simulate --model vqa-tiny --cluster local-cpu --gpus 4 --json --plan " + out);
+  INFO(s.out);
+  REQUIRE(s.status == 0);
+  CHECK(nlohmann::json::parse(s.out)["iteration_time_s"].get<double>() ==
+        Approx(best["iteration_time_s"].get<double>()).epsilon(1e-12));
+
+  // Garments of 28×28 (vqa-tiny's 2×2 grids of them), from the synthetic IDX set.
+  const auto data = images("plan_cli_test_vqa_images", 28, 64);
+  const std::string metrics = (std::filesystem::temp_directory_path() / "plan_cli_test_vqa_metrics.jsonl").string();
+  std::remove(metrics.c_str());
+  const MeshtrainRun t = run_meshtrain("train --model vqa-tiny --plan " + out + " --data " + data.string() +
+                                       " --steps 2 --lr 1e-3 --quiet --metrics " + metrics);
+  INFO(t.out);
+  REQUIRE(t.status == 0);
+  std::ifstream lines(metrics);
+  int steps = 0;
+  for (std::string line; std::getline(lines, line);)
+    if (!line.empty()) steps += nlohmann::json::parse(line).contains("loss") ? 1 : 0;
+  CHECK(steps == 2);
+  std::remove(out.c_str());
+  std::filesystem::remove_all(data);
+}
+
+TEST_CASE("plan honors pins on segment degrees and names contradictions", "[segments]") {
+  const std::string job = "plan --model swin-micro --cluster local-cpu --precision fp32 --gpus 4 --global-batch 8 "
+                          "--simulate 2 --segments 2 --json --no-progress --top 100000 ";
+  const MeshtrainRun pinned = run_meshtrain(job + "--fix stage3.pp=2,embed.tp=2 --allow stage1.zero=0,1");
+  INFO(pinned.out);
+  REQUIRE(pinned.status == 0);
+  const auto report = nlohmann::json::parse(pinned.out);
+  int rows = 0;
+  for (const auto& row : report["ranked"]) {
+    REQUIRE(row["layout"] == "segments");  // only segment items: only segment layouts
+    const auto& segs = row["plan"]["segments"];
+    const auto holding = [&](const std::string& module) {
+      // swin-micro's blocks: 0 embed, 1-2 stage1, 3 merge, 4-5 stage2, 6 merge, 7-8 stage3, 9 head; "name" lists
+      // a segment's first and last modules.
+      for (const auto& seg : segs) {
+        const std::string name = seg["name"];
+        const int first = seg["blocks"][0], last = seg["blocks"][1];
+        const int block = module == "embed" ? 0 : module == "stage1" ? 1 : 7;
+        if (block >= first && block <= last) return seg;
+      }
+      FAIL("no segment holds " << module);
+      return segs[0];
+    };
+    CHECK(holding("stage3").value("pp", 1) == 2);
+    CHECK(holding("embed")["tp"] == 2);
+    CHECK(holding("stage1").value("zero", 0) <= 1);
+    ++rows;
+  }
+  CHECK(rows > 2);
+
+  const struct {
+    std::string flags, says;
+  } bad[] = {
+      {"--fix stage1.tp=2,stage1.tp=4", "contradict"},
+      {"--fix stage1.tp=8", "needs a multiple of 8 GPUs"},
+      {"--fix stage1.tp=2,stage1.pp=1,stage1.dp=1,stage1.gpus=4", "contradict"},
+      {"--fix stag1.tp=2", "did you mean 'stage1'"},
+      {"--fix stage1.tpp=2", "did you mean 'tp'"},
+      {"--fix stage1.zero=1 --allow stage1.zero=2,3", "outside --allow"},
+      {"--fix segments.count=1", "2 or 3 segments"},
+      {"--fix stage1.tp=2 --layouts uniform", "--layouts uniform"},
+      // Two pins that no layout can meet: embed and head in one segment with different tp.
+      {"--fix segments.count=2,embed.tp=2,stage1.tp=4,stage2.tp=1,stage3.tp=2,head.tp=4", "no valid segment layout"},
+  };
+  for (const auto& b : bad) {
+    const MeshtrainRun r = run_meshtrain(job + b.flags);
+    INFO(b.flags << "\n" << r.out);
+    CHECK(r.status == 1);
+    CHECK_THAT(r.out, Catch::Contains(b.says));
+  }
+  const MeshtrainRun decoder = run_meshtrain("plan --model tiny --gpus 4 --fix embed.tp=2 --no-progress");
+  CHECK(decoder.status == 1);
+  CHECK_THAT(decoder.out, Catch::Contains("no segment layouts"));
 }

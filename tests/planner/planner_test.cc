@@ -188,7 +188,7 @@ TEST_CASE("segment layouts of a Swin cover both kinds and every cut with each bl
   ctx.base.seq_len = 0;
   REQUIRE(has_segment_layouts(ctx.model));
   CHECK_FALSE(has_segment_layouts(load_model("tiny").value()));  // a decoder: the uniform search places it
-  const SegmentEnumeration e = enumerate_segment_candidates(ctx);
+  const SegmentEnumeration e = enumerate_segment_candidates(ctx, {}, 1e30);
   REQUIRE(!e.valid.empty());
   int same = 0, boundary = 0;
   std::set<int> cuts;
