@@ -83,7 +83,10 @@ TEST_CASE("plan searches a Swin's segment layouts and the chosen one simulates a
   const auto& family = report["search"]["segment_layouts"];
   CHECK(family["valid"].get<int>() > 6);
   CHECK(family["simulated"].get<int>() == 6);
-  REQUIRE(report["ranked"].size() == 6);
+  int timed = 0;  // the DES's six first, then the rest of the family by the fast tier
+  for (const auto& row : report["ranked"]) timed += row.contains("iteration_time_s") ? 1 : 0;
+  CHECK(timed == 6);
+  CHECK(report["ranked"].size() == std::min(100, family["estimated"].get<int>()));
   const auto& best = report["ranked"][0];
   CHECK(best["layout"] == "segments");
   CHECK(best["fast_iteration_time_s"].get<double>() > 0);  // the fast tier ranked the family
@@ -130,8 +133,8 @@ TEST_CASE("plan ranks segment layouts beside uniform plans and leaves them out u
   int segmented = 0, timed = 0;
   double previous = 0;
   for (const auto& row : report["ranked"]) {
-    segmented += row["layout"] == "segments" ? 1 : 0;
     if (!row.contains("iteration_time_s")) continue;
+    segmented += row["layout"] == "segments" ? 1 : 0;
     // The full tier's candidates of both kinds come first, in one order.
     CHECK(row["iteration_time_s"].get<double>() >= previous);
     previous = row["iteration_time_s"].get<double>();
@@ -251,4 +254,30 @@ TEST_CASE("plan honors pins on segment degrees and names contradictions", "[segm
   const MeshtrainRun decoder = run_meshtrain("plan --model tiny --gpus 4 --fix embed.tp=2 --no-progress");
   CHECK(decoder.status == 1);
   CHECK_THAT(decoder.out, Catch::Contains("no segment layouts"));
+}
+
+TEST_CASE("the segment layouts' fast tier ranks small families as the DES does, within a stated error", "[segments]") {
+  // Every layout of each family is timed by both tiers (RESULTS.md, "Segment layouts: the fast tier": the whole
+  // families measured 0.96-0.99 Spearman, worst 24-39%; these two 0.874 / 23.9% and 0.947 / 10.9%).
+  const struct {
+    std::string job;
+    double spearman, worst;
+  } families[] = {
+      {"--model swin-micro --gpus 4 --global-batch 8 --fix segments.microbatches=2", 0.8, 0.30},
+      {"--model vqa-tiny --gpus 4 --global-batch 8 --fix segments.count=3,segments.microbatches=2,vision.gpus=2", 0.9,
+       0.20},
+  };
+  for (const auto& f : families) {
+    const MeshtrainRun r = run_meshtrain("plan " + f.job +
+                                         " --cluster local-cpu --precision fp32 --layouts segments --segments 100000 "
+                                         "--json --no-progress --top 1");
+    INFO(f.job << "\n" << r.out);
+    REQUIRE(r.status == 0);
+    const auto report = nlohmann::json::parse(r.out);
+    const auto& a = report["segment_agreement"];
+    CHECK(a["compared"].get<int>() == report["search"]["segment_layouts"]["estimated"].get<int>());
+    CHECK(a["compared"].get<int>() > 20);
+    CHECK(a["spearman"].get<double>() >= f.spearman);
+    CHECK(a["worst_relative_error"].get<double>() <= f.worst);
+  }
 }
