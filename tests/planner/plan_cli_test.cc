@@ -34,6 +34,37 @@ std::filesystem::path images(const std::string& name, int side, int n) {
   return dir;
 }
 
+// The planner's winner as written to `out` (the row `best`): the file is the row's plan, `simulate --plan` times
+// it as the planner's full tier did, and `train --plan` runs it for 2 steps on the cpu backend (ranks as threads)
+// over a synthetic IDX set of `side` × `side` images.
+void check_written_plan_runs(const std::string& model, const std::string& out, const nlohmann::json& best, int side) {
+  std::ifstream written(out);
+  REQUIRE(written.good());
+  CHECK(nlohmann::json::parse(written) == best["plan"]);
+
+  const MeshtrainRun s = run_meshtrain("simulate --model " + model + " --cluster local-cpu --gpus 4 --json --plan " + out);
+  INFO(s.out);
+  REQUIRE(s.status == 0);
+  CHECK(nlohmann::json::parse(s.out)["iteration_time_s"].get<double>() ==
+        Approx(best["iteration_time_s"].get<double>()).epsilon(1e-12));
+
+  const auto data = images("plan_cli_test_images_" + model, side, 64);
+  const std::string metrics =
+      (std::filesystem::temp_directory_path() / ("plan_cli_test_metrics_" + model + ".jsonl")).string();
+  std::remove(metrics.c_str());
+  const MeshtrainRun t = run_meshtrain("train --model " + model + " --plan " + out + " --data " + data.string() +
+                                       " --steps 2 --lr 1e-3 --quiet --metrics " + metrics);
+  INFO(t.out);
+  REQUIRE(t.status == 0);
+  std::ifstream lines(metrics);
+  int steps = 0;
+  for (std::string line; std::getline(lines, line);)
+    if (!line.empty()) steps += nlohmann::json::parse(line).contains("loss") ? 1 : 0;
+  CHECK(steps == 2);
+  std::remove(out.c_str());
+  std::filesystem::remove_all(data);
+}
+
 }  // namespace
 
 TEST_CASE("plan prints a ranked table, explains the winner and writes a plan file simulate reads unchanged") {
@@ -95,32 +126,7 @@ TEST_CASE("plan searches a Swin's segment layouts and the chosen one simulates a
   // The two segments cover the blocks 0..9 (embedding, 3 stages of 2 blocks and their merges, head) in order.
   CHECK(segments[0]["blocks"][0] == 0);
   CHECK(segments[1]["blocks"][0].get<int>() == segments[0]["blocks"][1].get<int>() + 1);
-  std::ifstream written(out);
-  REQUIRE(written.good());
-  CHECK(nlohmann::json::parse(written) == best["plan"]);
-
-  // simulate reads the file unchanged and times it as the planner's full tier did.
-  const MeshtrainRun s = run_meshtrain("simulate --model swin-micro --cluster local-cpu --gpus 4 --json --plan " + out);
-  INFO(s.out);
-  REQUIRE(s.status == 0);
-  CHECK(nlohmann::json::parse(s.out)["iteration_time_s"].get<double>() ==
-        Approx(best["iteration_time_s"].get<double>()).epsilon(1e-12));
-
-  // train runs it for real: ranks as threads on the cpu backend.
-  const auto data = images("plan_cli_test_images", 12, 64);
-  const std::string metrics = (std::filesystem::temp_directory_path() / "plan_cli_test_metrics.jsonl").string();
-  std::remove(metrics.c_str());
-  const MeshtrainRun t = run_meshtrain("train --model swin-micro --plan " + out + " --data " + data.string() +
-                                       " --steps 2 --lr 1e-3 --quiet --metrics " + metrics);
-  INFO(t.out);
-  REQUIRE(t.status == 0);
-  std::ifstream lines(metrics);
-  int steps = 0;
-  for (std::string line; std::getline(lines, line);)
-    if (!line.empty()) steps += nlohmann::json::parse(line).contains("loss") ? 1 : 0;
-  CHECK(steps == 2);
-  std::remove(out.c_str());
-  std::filesystem::remove_all(data);
+  check_written_plan_runs("swin-micro", out, best, 12);
 }
 
 TEST_CASE("plan ranks segment layouts beside uniform plans and leaves them out under a pinned tp") {
@@ -173,32 +179,8 @@ TEST_CASE("plan finds a three-segment VQA layout that simulate and train read as
     CHECK(segs[2]["pp"] == 2);
     CHECK(segs[2]["ranks"] == nlohmann::json::array({2, 3}));
   }
-  const auto& best = report["ranked"][0];
-  std::ifstream written(out);
-  REQUIRE(written.good());
-  CHECK(nlohmann::json::parse(written) == best["plan"]);
-
-  const MeshtrainRun s = run_meshtrain("simulate --model vqa-tiny --cluster local-cpu --gpus 4 --json --plan " + out);
-  INFO(s.out);
-  REQUIRE(s.status == 0);
-  CHECK(nlohmann::json::parse(s.out)["iteration_time_s"].get<double>() ==
-        Approx(best["iteration_time_s"].get<double>()).epsilon(1e-12));
-
-  // Garments of 28×28 (vqa-tiny's 2×2 grids of them), from the synthetic IDX set.
-  const auto data = images("plan_cli_test_vqa_images", 28, 64);
-  const std::string metrics = (std::filesystem::temp_directory_path() / "plan_cli_test_vqa_metrics.jsonl").string();
-  std::remove(metrics.c_str());
-  const MeshtrainRun t = run_meshtrain("train --model vqa-tiny --plan " + out + " --data " + data.string() +
-                                       " --steps 2 --lr 1e-3 --quiet --metrics " + metrics);
-  INFO(t.out);
-  REQUIRE(t.status == 0);
-  std::ifstream lines(metrics);
-  int steps = 0;
-  for (std::string line; std::getline(lines, line);)
-    if (!line.empty()) steps += nlohmann::json::parse(line).contains("loss") ? 1 : 0;
-  CHECK(steps == 2);
-  std::remove(out.c_str());
-  std::filesystem::remove_all(data);
+  // Garments of 28×28 (vqa-tiny's 2×2 grids of them).
+  check_written_plan_runs("vqa-tiny", out, report["ranked"][0], 28);
 }
 
 TEST_CASE("plan honors pins on segment degrees and names contradictions", "[segments]") {
