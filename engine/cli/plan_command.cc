@@ -6,6 +6,7 @@
 #include <memory>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "core/input_file.h"
@@ -69,19 +70,29 @@ Status run_plan(const PlanCommandFlags& f) {
   step.dropout = f.dropout;
   MT_TRY(check_step_options(step));
 
-  MT_ASSIGN(planner::SearchSpace space, planner::parse_search_space(f.fix, f.allow, ctx));
+  MT_ASSIGN(planner::SplitPins pins, planner::split_pins(f.fix, f.allow, ctx));
+  MT_ASSIGN(planner::SearchSpace space, planner::parse_search_space(pins.uniform_fix, pins.uniform_allow, ctx));
   planner::PlannerOptions po;
   po.simulate = f.simulate;
-  // --fix and --allow name the uniform plans' dimensions, which segment layouts do not have.
-  const std::string layouts = !f.layouts.empty() ? f.layouts : f.fix.empty() && f.allow.empty() ? "all" : "uniform";
+  // Pins name the uniform plans' dimensions (tp=8) or the segments' (vision.tp=2): by default only the kinds named.
+  const bool uniform_pins = !pins.uniform_fix.empty() || !pins.uniform_allow.empty();
+  const bool segment_pins = !pins.segments.empty();
+  const std::string layouts = !f.layouts.empty()              ? f.layouts
+                              : uniform_pins == segment_pins ? "all"
+                              : uniform_pins                 ? "uniform"
+                                                             : "segments";
   if (layouts != "all" && layouts != "uniform" && layouts != "segments")
     return Error(unknown_name_message("--layouts", layouts, {"all", "uniform", "segments"}));
   po.uniform = layouts != "segments";
   po.segments = layouts == "uniform" ? 0 : f.segments;
   if (layouts == "segments" && po.segments == 0)
     return make_error("--layouts segments with --segments 0 searches nothing; give --segments 1 or more");
+  if (segment_pins && po.segments == 0)
+    return make_error("--fix/--allow {} pin segment layouts, which --layouts uniform (or --segments 0) leaves out; "
+                      "drop them or search segment layouts",
+                      pins.segments.describe());
   po.progress = !f.no_progress && (f.progress || isatty(STDERR_FILENO));
-  MT_ASSIGN(planner::SearchResult result, planner::search(ctx, space, options, po));
+  MT_ASSIGN(planner::SearchResult result, planner::search(ctx, space, options, po, pins.segments));
 
   const planner::ReportContext rc{&ctx, &options.cluster, f.top};
   if (!f.out.empty()) {
@@ -106,6 +117,11 @@ Status run_plan(const PlanCommandFlags& f) {
 std::string dimension_help() {
   std::string s = "plan dimensions:";
   for (const planner::Dimension& d : planner::dimensions()) s += fmt::format("\n  {:<19} {}", d.name, d.help);
+  s += fmt::format(
+      "\nsegment layouts (--fix/--allow MODULE.DIM, the segment holding MODULE; `meshtrain info --model M` lists the "
+      "modules):\n  MODULE.{{{}}}\n  segments.count      2 or 3 segments\n  segments.microbatches  micro-batches "
+      "of every segment",
+      fmt::join(planner::segment_dimension_names(), ","));
   return s;
 }
 
@@ -132,13 +148,17 @@ Command add_plan_command(CLI::App& app) {
       ->capture_default_str()
       ->check(int_in({0, 1 << 20}));
   sub->add_option("--layouts", f->layouts,
-                  "all, uniform or segments: segment layouts place an image model's modules apart (per-module "
-                  "tp/pp/dp, same ranks or a pipeline boundary); default all, uniform with --fix or --allow");
-  sub->add_option("--segments", f->segments, "segment layouts the full simulation times (spread over the family)")
+                  "all, uniform or segments: segment layouts place an image model's modules apart (2 or 3 segments, "
+                  "per-segment tp/pp/dp/ZeRO/recompute/sp, same ranks or a pipeline boundary); default all, or only "
+                  "the kind --fix/--allow name");
+  sub->add_option("--segments", f->segments, "segment layouts the full simulation times (the fast tier's best)")
       ->capture_default_str()
       ->check(int_in({0, 1 << 20}));
-  sub->add_option("--fix", f->fix, "pin dimensions: name=value[,name=value...], e.g. tp=8,pp=4");
-  sub->add_option("--allow", f->allow, "values to search: name=v1,v2[,...], e.g. tp=1,2,4,16 or recompute=full");
+  sub->add_option("--fix", f->fix,
+                  "pin dimensions: name=value[,name=value...], e.g. tp=8,pp=4; a segment's as MODULE.DIM, e.g. "
+                  "vision.tp=2,language.pp=4,segments.count=3");
+  sub->add_option("--allow", f->allow,
+                  "values to search: name=v1,v2[,...], e.g. tp=1,2,4,16 or recompute=full, or vision.zero=0,1");
   sub->add_option("--calibration", f->calibration, "calibration JSON (meshtrain calibrate) replacing the defaults");
   sub->add_option("--attention", f->attention, "attention kernels of the simulated software: flash or unfused")
       ->capture_default_str();

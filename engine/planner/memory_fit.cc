@@ -1,5 +1,9 @@
 #include "engine/planner/memory_fit.h"
 
+#include <map>
+#include <vector>
+
+#include "engine/mesh.h"
 #include "engine/segments/segment_plan.h"
 
 namespace meshtrain::planner {
@@ -18,9 +22,21 @@ bool layers_alike(const ModelSpec& m) {
 MemoryFit memory_fit(const ModelSpec& m, const Plan& p) {
   MemoryFit fit;
   if (!p.segments.empty()) {
-    // Ranks of one segment differ in what the others give them: every rank.
+    // A rank holds a stage of each segment it is in: ranks holding the same
+    // stages hold the same memory, so each such set is evaluated once.
+    std::vector<Mesh> meshes;
+    for (const Plan& s : p.segments) meshes.emplace_back(s);
+    std::map<std::vector<int>, MemoryBreakdown> seen;
     for (int rank = 0; rank < p.world_size(); ++rank) {
-      const MemoryBreakdown b = rank_memory(m, p, rank);
+      std::vector<int> stages;
+      for (std::size_t k = 0; k < p.segments.size(); ++k) {
+        const Plan& s = p.segments[k];
+        const bool in = rank >= s.first_rank && rank < s.first_rank + s.world_size();
+        stages.push_back(in ? meshes[k].coord_of(rank).pp : -1);
+      }
+      auto it = seen.find(stages);
+      if (it == seen.end()) it = seen.emplace(stages, rank_memory(m, p, rank)).first;
+      const MemoryBreakdown& b = it->second;
       fit.max_stage_parameters = std::max(fit.max_stage_parameters, b.parameter_count);
       if (b.total() > fit.peak_bytes || rank == 0) fit.peak_bytes = b.total(), fit.peak_stage = rank, fit.peak = b;
     }

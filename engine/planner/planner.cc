@@ -9,6 +9,7 @@
 #include "engine/planner/candidates.h"
 #include "engine/planner/progress.h"
 #include "engine/planner/segment_candidates.h"
+#include "engine/planner/segment_estimate.h"
 
 namespace meshtrain::planner {
 
@@ -116,52 +117,78 @@ Status search_uniform(const SearchContext& ctx, const SearchSpace& space, const 
   return ok_status();
 }
 
-// Segment layouts: the family, its memory, and the ones the full tier will time (`chosen`; their index
-// follows every uniform candidate's, so a tie goes to the uniform plan).
-Status search_segments(const SearchContext& ctx, const SimulateOptions& sim_options, const PlannerOptions& options,
-                       SearchResult& out, std::vector<Candidate>& chosen) {
-  SegmentEnumeration e = enumerate_segment_candidates(ctx);
-  out.segment_combinations = e.combinations;
-  out.segment_valid = static_cast<std::int64_t>(e.valid.size());
-  if (e.valid.empty()) {
-    if (options.uniform) return ok_status();
-    return make_error("no valid segment layout of {} on {} GPUs with global batch {} ({} formed){}", ctx.model.name,
-                      ctx.gpus, ctx.base.effective_global_batch(), e.combinations,
-                      e.example_rejection ? "; e.g. " + *e.example_rejection
-                                          : std::string("; the model has no modules to place apart"));
-  }
-  std::vector<Candidate> all(e.valid.size());
-  tbb::parallel_for(std::size_t{0}, all.size(), [&](std::size_t i) {
-    all[i].plan = std::move(e.valid[i].plan);
-    all[i].segments = std::move(e.valid[i].segments);
-    all[i].index = out.valid + static_cast<std::int64_t>(i);
-    all[i].memory = memory_fit(ctx.model, all[i].plan);
-  });
+// Segment layouts: the family, its memory, its fast estimate, and the fast tier's best that the full tier will
+// time (`chosen`; their index follows every uniform candidate's, so a tie goes to the uniform plan).
+Status search_segments(const SearchContext& ctx, const SegmentSpace& space, const SimulateOptions& sim_options,
+                       const PlannerOptions& options, ProgressLine& progress, SearchResult& out,
+                       std::vector<Candidate>& chosen, std::vector<Candidate>& rest) {
+  progress.set_phase("segment layouts", 0);
   const double device = sim_options.cluster.device.memory_bytes;
-  std::vector<Candidate> fits;
-  for (Candidate& c : all)
-    if (c.memory.peak_bytes <= device) fits.push_back(c);
-  out.segment_pruned = out.segment_valid - static_cast<std::int64_t>(fits.size());
-  if (fits.empty()) return options.uniform ? ok_status() : nothing_fits(ctx, all, device);
+  SegmentEnumeration e = enumerate_segment_candidates(ctx, space, device);
+  out.segment_combinations = e.combinations;
+  out.segment_valid = static_cast<std::int64_t>(e.valid.size()) + e.pruned;
+  out.segment_pruned = e.pruned;
+  const bool required = !options.uniform || !space.empty();  // the user asked for segment layouts
+  if (e.valid.empty() && e.closest) {
+    if (!required) return ok_status();
+    Candidate c;
+    c.plan = std::move(e.closest->plan);
+    c.memory = memory_fit(ctx.model, c.plan);
+    return nothing_fits(ctx, {c}, device);
+  }
+  if (e.valid.empty()) {
+    if (!required) return ok_status();
+    const std::string pins = space.describe();
+    return make_error("no valid segment layout of {} on {} GPUs with global batch {}{} ({} formed){}", ctx.model.name,
+                      ctx.gpus, ctx.base.effective_global_batch(),
+                      pins.empty() ? "" : fmt::format(" and the segment pins {}", pins), e.combinations,
+                      e.example_rejection ? "; e.g. " + *e.example_rejection
+                      : e.combinations > 0 ? std::string()
+                                           : std::string("; the model has no modules to place apart, or the pins "
+                                                         "leave no layout to form"));
+  }
+  std::vector<Candidate> fits(e.valid.size());
+  progress.set_phase("segment memory", static_cast<std::int64_t>(fits.size()));
+  tbb::parallel_for(std::size_t{0}, fits.size(), [&](std::size_t i) {
+    fits[i].plan = std::move(e.valid[i].plan);
+    fits[i].segments = std::move(e.valid[i].segments);
+    fits[i].index = out.valid + static_cast<std::int64_t>(i);
+    fits[i].memory = memory_fit(ctx.model, fits[i].plan);
+  });
+
+  // The fast tier over every layout that fits; the full tier times its best.
+  SegmentEstimator fast(ctx, sim_options);
+  {
+    std::vector<const Plan*> plans;
+    for (const Candidate& c : fits) plans.push_back(&c.plan);
+    progress.set_phase("segment references", 0);
+    MT_TRY(fast.prepare(plans));
+  }
+  progress.set_phase("segment fast tier", static_cast<std::int64_t>(fits.size()));
+  tbb::parallel_for(std::size_t{0}, fits.size(), [&](std::size_t i) { fits[i].fast = fast.estimate(fits[i].plan); });
+  std::stable_sort(fits.begin(), fits.end(),
+                   [](const Candidate& a, const Candidate& b) { return a.fast.iteration_s < b.fast.iteration_s; });
+  for (std::size_t i = 0; i < fits.size(); ++i) fits[i].fast_rank = static_cast<int>(i);
   const std::size_t n = std::min(fits.size(), static_cast<std::size_t>(std::max(0, options.segments)));
-  // Spread evenly over the family's order (every cut and kind of layout), first and last included.
-  for (std::size_t k = 0; k < n; ++k)
-    chosen.push_back(std::move(fits[n == 1 ? 0 : k * (fits.size() - 1) / (n - 1)]));
+  chosen.assign(std::make_move_iterator(fits.begin()), std::make_move_iterator(fits.begin() + static_cast<std::ptrdiff_t>(n)));
+  rest.assign(std::make_move_iterator(fits.begin() + static_cast<std::ptrdiff_t>(n)),
+              std::make_move_iterator(fits.end()));
   return ok_status();
 }
 
 }  // namespace
 
 Result<SearchResult> search(const SearchContext& ctx, const SearchSpace& space, const SimulateOptions& sim_options,
-                            const PlannerOptions& options) {
+                            const PlannerOptions& options, const SegmentSpace& segment_space) {
   SearchResult out;
   ProgressLine progress(options.progress);
   std::vector<Candidate> fits;  // uniform plans that fit, in the fast tier's order
   if (options.uniform) MT_TRY(search_uniform(ctx, space, sim_options, progress, out, fits));
 
   auto start = std::chrono::steady_clock::now();
-  std::vector<Candidate> segment_layouts;
-  if (options.segments > 0) MT_TRY(search_segments(ctx, sim_options, options, out, segment_layouts));
+  std::vector<Candidate> segment_layouts, segment_rest;  // the full tier's, and the rest in the fast tier's order
+  if (options.segments > 0)
+    MT_TRY(search_segments(ctx, segment_space, sim_options, options, progress, out, segment_layouts, segment_rest));
   out.segments_s = seconds_since(start);
 
   // Tier 2: the full simulation of the fast tier's best and of the segment layouts.
@@ -194,7 +221,12 @@ Result<SearchResult> search(const SearchContext& ctx, const SearchSpace& space, 
     return x.sim->iteration_s < y.sim->iteration_s;
   });
   out.ranked = std::move(head);
+  // Then the rest of both kinds by the fast estimate (a tie to the uniform plan).
+  const std::size_t first_rest = out.ranked.size();
   for (std::size_t i = n_full; i < fits.size(); ++i) out.ranked.push_back(std::move(fits[i]));
+  for (Candidate& c : segment_rest) out.ranked.push_back(std::move(c));
+  std::stable_sort(out.ranked.begin() + static_cast<std::ptrdiff_t>(first_rest), out.ranked.end(),
+                   [](const Candidate& a, const Candidate& b) { return a.fast.iteration_s < b.fast.iteration_s; });
   return out;
 }
 

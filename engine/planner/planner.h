@@ -15,6 +15,7 @@
 #include "engine/planner/fast_estimate.h"
 #include "engine/planner/memory_fit.h"
 #include "engine/planner/search_space.h"
+#include "engine/planner/segment_space.h"
 #include "engine/simulation.h"
 
 namespace meshtrain::planner {
@@ -23,10 +24,9 @@ struct PlannerOptions {
   int simulate = 32;      // candidates the full tier re-times (the fast tier's best)
   bool progress = false;  // draw the progress line on stderr
   bool uniform = true;    // search uniform plans (search_space.h)
-  // Segment layouts the full tier times (segment_candidates.h; the fast tier
-  // has no model of them): all that fit when there are no more, else this
-  // many spread evenly over the family's order. 0: none.
-  int segments = 64;
+  // Segment layouts (segment_candidates.h) the full tier times: the fast
+  // tier's best (segment_estimate.h) of the whole family. 0: none searched.
+  int segments = 16;
 };
 
 struct Candidate {
@@ -53,19 +53,20 @@ struct SearchResult {
   // offload's defaults: --fix or --allow offload=... keeps every plan listed.
   std::int64_t offload_unneeded = 0;
   double enumerate_s = 0, memory_s = 0, fast_s = 0, full_s = 0;  // wall time of each tier
-  // Segment layouts: formed, valid, over the device, timed by the full tier.
+  // Segment layouts: formed, valid, pruned (over the device, or a memory saving not needed), timed by the full tier.
   std::int64_t segment_combinations = 0, segment_valid = 0, segment_pruned = 0, segment_simulated = 0;
-  double segments_s = 0;  // wall time of the segment layouts (enumeration, memory, full tier)
+  double segments_s = 0;  // wall time of the segment layouts before the full tier (enumeration, memory, fast tier)
   // The full tier's candidates, uniform and segment layouts, fastest first by
-  // the DES (those it refused last), then every other fitting uniform plan by
-  // the fast estimate.
+  // the DES (those it refused last), then every other fitting candidate of
+  // both kinds by the fast estimate.
   std::vector<Candidate> ranked;
 };
 
 // An Error when nothing is valid (one rejected combination and why, with the
 // pinned dimensions) or nothing fits the device (the closest candidate, its
 // stage and memory, and by how much it is short).
+// `segment_space` pins and narrows the segment layouts (segment_space.h).
 Result<SearchResult> search(const SearchContext& ctx, const SearchSpace& space, const SimulateOptions& sim_options,
-                            const PlannerOptions& options);
+                            const PlannerOptions& options, const SegmentSpace& segment_space = {});
 
 }  // namespace meshtrain::planner

@@ -56,7 +56,6 @@ std::string seconds(double s) {
 }
 
 // The fast tier's time, or "-" for a segment layout (the fast tier has no model of them).
-std::string fast_cell(const Candidate& k) { return k.segments.is_null() ? seconds(k.fast.iteration_s) : "-"; }
 
 }  // namespace
 
@@ -75,12 +74,12 @@ double kendall_tau(const std::vector<double>& a, const std::vector<double>& b) {
   return denom > 0 ? (concordant - discordant) / denom : 0;
 }
 
-TierAgreement tier_agreement(const SearchResult& r) {
+TierAgreement tier_agreement(const SearchResult& r, bool segment_layouts) {
   TierAgreement t;
   std::vector<double> fast, full;
   std::vector<int> fast_place;
   for (const Candidate& c : r.ranked) {
-    if (!c.sim || c.fast_rank < 0) continue;
+    if (!c.sim || c.fast_rank < 0 || c.segments.is_null() == segment_layouts) continue;
     fast.push_back(c.fast.iteration_s);
     full.push_back(c.sim->iteration_s);
     fast_place.push_back(c.fast_rank);
@@ -141,9 +140,10 @@ std::string text_report(const SearchResult& r, const ReportContext& c) {
                      estimated / std::max(r.fast_s, 1e-9), r.full_s,
                      (r.simulated + r.segment_simulated) / std::max(r.full_s, 1e-9));
   if (r.segment_combinations > 0)
-    out += fmt::format("segment layouts: {} formed, {} valid, {} pruned by the memory model, {} simulated in full "
-                       "(no fast tier; {:.2f} s before the full tier)\n",
-                       r.segment_combinations, r.segment_valid, r.segment_pruned, r.segment_simulated, r.segments_s);
+    out += fmt::format("segment layouts: {} formed, {} valid, {} pruned by the memory model, {} estimated (fast "
+                       "tier), {} simulated in full ({:.2f} s before the full tier)\n",
+                       r.segment_combinations, r.segment_valid, r.segment_pruned,
+                       r.segment_valid - r.segment_pruned, r.segment_simulated, r.segments_s);
   out += fmt::format("{:>3}  {:<44} {:>10} {:>10} {:>14} {:>6} {:>10} {:>10} {:>7} {:>10}\n", "#", "plan",
                      "iteration", "fast tier", "throughput", "MFU", "peak mem", "headroom", "bubble", "exp comm");
   const double device = c.cluster->device.memory_bytes;
@@ -154,25 +154,28 @@ std::string text_report(const SearchResult& r, const ReportContext& c) {
     if (k.sim) {
       const SimulationResult& s = *k.sim;
       out += fmt::format("{:>3}  {:<44} {:>10} {:>10} {:>14} {:>5.1f}% {:>10} {:>10} {:>6.1f}% {:>10}\n", i + 1,
-                         plan, seconds(s.iteration_s), fast_cell(k), throughput(s, m), 100 * s.mfu,
+                         plan, seconds(s.iteration_s), seconds(k.fast.iteration_s), throughput(s, m), 100 * s.mfu,
                          human_bytes(static_cast<double>(s.peak_memory_bytes)),
                          human_bytes(device - static_cast<double>(s.peak_memory_bytes)), 100 * s.bubble_fraction,
                          seconds(s.exposed_comm_s));
     } else if (!k.sim_error.empty()) {
       out += fmt::format("{:>3}  {:<44} {:>10} {:>10}  refused by the DES: {:.60}\n", i + 1, plan, "-",
-                         fast_cell(k), k.sim_error);
+                         seconds(k.fast.iteration_s), k.sim_error);
     } else {
       out += fmt::format("{:>3}  {:<44} {:>10} {:>10} {:>14} {:>6} {:>10} {:>10}   (fast tier only)\n", i + 1, plan,
                          "-", seconds(k.fast.iteration_s), "-", "-", human_bytes(k.memory.peak_bytes),
                          human_bytes(device - k.memory.peak_bytes));
     }
   }
-  const TierAgreement t = tier_agreement(r);
-  if (t.compared > 1)
-    out += fmt::format(
-        "fast tier against the DES over {} candidates: Spearman {:.3f}, Kendall tau {:.3f}, worst relative error "
-        "{:.1f}%; the DES re-ranked {} of them; its winner was the fast tier's #{}\n",
-        t.compared, t.spearman, t.kendall_tau, 100 * t.worst_relative_error, t.reranked, t.winner_fast_rank + 1);
+  for (bool segments : {false, true}) {
+    const TierAgreement t = tier_agreement(r, segments);
+    if (t.compared > 1)
+      out += fmt::format(
+          "fast tier against the DES over {} {}: Spearman {:.3f}, Kendall tau {:.3f}, worst relative error "
+          "{:.1f}%; the DES re-ranked {} of them; its winner was the fast tier's #{}\n",
+          t.compared, segments ? "segment layouts" : "candidates", t.spearman, t.kendall_tau,
+          100 * t.worst_relative_error, t.reranked, t.winner_fast_rank + 1);
+  }
   return out;
 }
 
@@ -186,8 +189,7 @@ nlohmann::json json_report(const SearchResult& r, const ReportContext& c) {
                           {"plan", plan_file_json(k)},
                           {"summary", describe_plan(k.plan, m)},
                           {"layout", k.segments.is_null() ? "uniform" : "segments"},
-                          {"fast_iteration_time_s", k.segments.is_null() ? nlohmann::json(k.fast.iteration_s)
-                                                                         : nlohmann::json(nullptr)},
+                          {"fast_iteration_time_s", k.fast.iteration_s},
                           {"fast_breakdown",
                            {{"pipeline_s", k.fast.pipeline_s},
                             {"bubble_s", k.fast.bubble_s},
@@ -213,7 +215,15 @@ nlohmann::json json_report(const SearchResult& r, const ReportContext& c) {
     }
     ranked.push_back(std::move(row));
   }
-  const TierAgreement t = tier_agreement(r);
+  auto agreement = [&](bool segments) {
+    const TierAgreement t = tier_agreement(r, segments);
+    return nlohmann::json{{"compared", t.compared},
+                          {"spearman", t.spearman},
+                          {"kendall_tau", t.kendall_tau},
+                          {"worst_relative_error", t.worst_relative_error},
+                          {"reranked", t.reranked},
+                          {"winner_fast_rank", t.winner_fast_rank + 1}};
+  };
   const std::int64_t estimated = r.valid - r.pruned - r.offload_unneeded;
   return {{"model", m.name},
           {"cluster", c.cluster->name},
@@ -232,6 +242,7 @@ nlohmann::json json_report(const SearchResult& r, const ReportContext& c) {
              {{"formed", r.segment_combinations},
               {"valid", r.segment_valid},
               {"pruned_by_memory", r.segment_pruned},
+              {"estimated", r.segment_valid - r.segment_pruned},
               {"simulated", r.segment_simulated},
               {"wall_s", r.segments_s}}},
             {"enumerate_s", r.enumerate_s},
@@ -239,13 +250,8 @@ nlohmann::json json_report(const SearchResult& r, const ReportContext& c) {
             {"fast_s", r.fast_s},
             {"full_s", r.full_s},
             {"wall_s", r.enumerate_s + r.memory_s + r.fast_s + r.segments_s + r.full_s}}},
-          {"agreement",
-           {{"compared", t.compared},
-            {"spearman", t.spearman},
-            {"kendall_tau", t.kendall_tau},
-            {"worst_relative_error", t.worst_relative_error},
-            {"reranked", t.reranked},
-            {"winner_fast_rank", t.winner_fast_rank + 1}}},
+          {"agreement", agreement(false)},
+          {"segment_agreement", agreement(true)},
           {"ranked", ranked}};
 }
 

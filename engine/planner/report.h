@@ -11,7 +11,8 @@
 
 namespace meshtrain::planner {
 
-// Over the candidates both tiers timed (the DES's successes):
+// Over the candidates of one kind (uniform plans, or segment layouts: each
+// kind has its own fast-tier order) both tiers timed (the DES's successes):
 //   spearman, kendall_tau  rank correlations of the fast estimate with the DES
 //   worst_relative_error   max |fast - DES| / DES
 //   reranked               how many the DES moved from their fast-tier place
@@ -21,7 +22,7 @@ struct TierAgreement {
   double spearman = 0, kendall_tau = 0, worst_relative_error = 0;
   int reranked = 0, winner_fast_rank = -1;
 };
-TierAgreement tier_agreement(const SearchResult& r);
+TierAgreement tier_agreement(const SearchResult& r, bool segment_layouts = false);
 
 // Kendall's tau-b of two equally long series (ties count for neither order).
 double kendall_tau(const std::vector<double>& a, const std::vector<double>& b);

@@ -1,11 +1,13 @@
 #include "engine/planner/segment_candidates.h"
 
 #include <algorithm>
-#include <mutex>
+#include <set>
+#include <tuple>
 
 #include <fmt/format.h>
 #include <tbb/parallel_for.h>
 
+#include "engine/mesh.h"
 #include "engine/segments/segment_plan.h"
 #include "engine/step_engine.h"
 #include "models/model_tables.h"
@@ -30,30 +32,213 @@ std::vector<Module> modules_of(const ModelSpec& m) {
   return out;
 }
 
-// (tp, pp, dp) over `ranks` GPUs: tp a power of two up to a node dividing them, pp up to `max_pp` (a
-// stage needs a body layer) dividing what is left, dp the rest.
+// A segment's place in a layout: its modules and ranks.
+struct Part {
+  Module from, to;
+  std::vector<std::string> modules;
+  int first_rank = 0, ranks = 0;
+  bool last = false;
+};
+
 struct Degrees {
   int tp = 1, pp = 1, dp = 1;
 };
-std::vector<Degrees> degrees_over(int ranks, int gpus_per_node, int max_pp) {
+
+// (tp, pp, dp) over the part's GPUs: tp a power of two up to a node (or the pinned values) dividing them, pp (the
+// last segment's, up to one stage per body layer; others only when pinned) dividing what is left, dp the rest.
+std::vector<Degrees> degrees_of(const Part& part, const SearchContext& ctx, const SegmentSpace& space, int body) {
+  std::vector<int> tps;
+  for (int tp = 1; tp <= std::min(part.ranks, ctx.gpus_per_node); tp *= 2) tps.push_back(tp);
+  if (const auto pinned = space.values(part.modules, "tp")) tps = *pinned;
+  const int max_pp = part.last || space.values(part.modules, "pp") ? std::max(1, body) : 1;
   std::vector<Degrees> out;
-  for (int tp = 1; tp <= std::min(ranks, gpus_per_node); tp *= 2) {
-    if (ranks % tp != 0) continue;
-    for (int pp = 1; pp <= std::min(ranks / tp, std::max(1, max_pp)); ++pp)
-      if ((ranks / tp) % pp == 0) out.push_back({tp, pp, ranks / tp / pp});
+  for (int tp : tps) {
+    if (part.ranks % tp != 0) continue;
+    for (int pp = 1; pp <= std::min(part.ranks / tp, max_pp); ++pp) {
+      const Degrees d{tp, pp, part.ranks / tp / pp};
+      if ((part.ranks / tp) % pp == 0 && space.admits(part.modules, "pp", pp) && space.admits(part.modules, "dp", d.dp) &&
+          space.admits(part.modules, "gpus", part.ranks))
+        out.push_back(d);
+    }
   }
   return out;
 }
 
-nlohmann::json segment_json(const Module& from, const Module& to, const Degrees& d, int first_rank,
-                            int microbatches) {
-  return {{"name", from.name == to.name ? from.name : from.name + ".." + to.name},
-          {"blocks", {from.first, to.last}},
-          {"ranks", {first_rank, first_rank + d.tp * d.pp * d.dp - 1}},
+nlohmann::json segment_json(const Part& part, const Degrees& d, int microbatches) {
+  return {{"name", part.from.name == part.to.name ? part.from.name : part.from.name + ".." + part.to.name},
+          {"blocks", {part.from.first, part.to.last}},
+          {"ranks", {part.first_rank, part.first_rank + part.ranks - 1}},
           {"tp", d.tp},
           {"pp", d.pp},
           {"dp", d.dp},
           {"microbatches", microbatches}};
+}
+
+// A segment's ZeRO stage, recomputation and sequence parallelism.
+struct Choice {
+  int zero = 0;
+  Recompute recompute = Recompute::none;
+  bool sp = false;
+};
+
+// The choices a segment may take (its degrees known): the pinned values, else the defaults.
+std::vector<Choice> choices_of(const Plan& s, const std::vector<std::string>& modules, const SegmentSpace& space) {
+  const std::vector<int> zeros = space.values(modules, "zero").value_or(s.dp > 1 ? std::vector<int>{0, 1, 2, 3}
+                                                                                  : std::vector<int>{0});
+  const std::vector<int> recomputes = space.values(modules, "recompute")
+                                          .value_or(std::vector<int>{static_cast<int>(Recompute::none),
+                                                                     static_cast<int>(Recompute::full)});
+  const std::vector<int> sps =
+      space.values(modules, "sequence_parallel").value_or(s.tp > 1 ? std::vector<int>{0, 1} : std::vector<int>{0});
+  std::vector<Choice> out;
+  for (int zero : zeros)
+    for (int rc : recomputes)
+      for (int sp : sps) out.push_back({zero, static_cast<Recompute>(rc), sp != 0});
+  return out;
+}
+
+// The cuts of `modules` into `count` contiguous parts: the first module index of each part after the first.
+std::vector<std::vector<std::size_t>> cuts_of(std::size_t modules, int count) {
+  std::vector<std::vector<std::size_t>> out;
+  for (std::size_t a = 1; a < modules; ++a) {
+    if (count == 2) out.push_back({a});
+    else
+      for (std::size_t b = a + 1; b < modules; ++b) out.push_back({a, b});
+  }
+  return out;
+}
+
+// Validates one layout of the family (its degrees and micro-batches) and
+// expands it into its per-segment choices that fit, each kept unless a
+// choice that only saves memory was not needed.
+void expand(const SearchContext& ctx, const SegmentSpace& space, double device, const nlohmann::json& list,
+            const std::vector<std::vector<std::string>>& modules, std::vector<SegmentCandidate>& out,
+            std::int64_t& formed, std::int64_t& pruned, Status& rejection, std::optional<SegmentCandidate>& closest,
+            double& closest_bytes) {
+  const ModelSpec& m = ctx.model;
+  Plan base = ctx.base;
+  auto parsed = segments_from_json(list, m, base);
+  if (!parsed) {
+    formed += 1, rejection = parsed.error();
+    return;
+  }
+  base.segments = std::move(parsed).value();
+  if (Status v = validate_plan(base, m, ctx.gpus); !v) {
+    formed += 1, rejection = v;
+    return;
+  }
+  const std::size_t n = base.segments.size();
+  // Per segment: its valid choices and, per choice, the bytes each of its pipeline stages' ranks holds.
+  std::vector<std::vector<Choice>> choices(n);
+  std::vector<std::vector<std::vector<double>>> bytes(n);
+  for (std::size_t k = 0; k < n; ++k) {
+    for (const Choice& c : choices_of(base.segments[k], modules[k], space)) {
+      Plan s = base.segments[k];
+      s.zero = c.zero, s.recompute = c.recompute, s.sequence_parallel = c.sp;
+      Status v = validate_plan(s, m);
+      if (v) v = StepEngine::supports(s);
+      if (!v) {
+        rejection = v;
+        continue;
+      }
+      std::vector<double> per_stage;
+      for (int stage = 0; stage < s.pp; ++stage) per_stage.push_back(memory_per_rank(m, s, stage, meshtrain_layout(s)).total());
+      choices[k].push_back(c);
+      bytes[k].push_back(std::move(per_stage));
+    }
+    if (choices[k].empty()) return;
+  }
+  // A combination of choices (an index per segment): its peak over ranks (each rank sums its segments' stages).
+  std::vector<Mesh> meshes;
+  for (const Plan& s : base.segments) meshes.emplace_back(s);
+  auto stage_of = [&](std::size_t k, int rank) { return static_cast<std::size_t>(meshes[k].coord_of(rank).pp); };
+  auto holds = [&](std::size_t k, int rank) {
+    const Plan& s = base.segments[k];
+    return rank >= s.first_rank && rank < s.first_rank + s.world_size();
+  };
+  auto peak = [&](const std::vector<std::size_t>& at) {
+    std::pair<double, int> worst{0, 0};  // bytes, rank
+    for (int rank = 0; rank < ctx.gpus; ++rank) {
+      double total = 0;
+      for (std::size_t k = 0; k < n; ++k)
+        if (holds(k, rank)) total += bytes[k][at[k]][stage_of(k, rank)];
+      worst = std::max(worst, std::pair{total, rank});
+    }
+    return worst;
+  };
+  // Memory savings one step up a segment's ladder: ZeRO 2, ZeRO 3, then full
+  // recomputation (skipping what the segment cannot take or the pins leave out).
+  auto find = [&](std::size_t k, const Choice& c) -> std::optional<std::size_t> {
+    for (std::size_t i = 0; i < choices[k].size(); ++i)
+      if (choices[k][i].zero == c.zero && choices[k][i].recompute == c.recompute && choices[k][i].sp == c.sp) return i;
+    return std::nullopt;
+  };
+  auto step_up = [&](std::size_t k, std::size_t j) -> std::optional<std::size_t> {
+    Choice c = choices[k][j];
+    const bool zero_room = base.segments[k].dp > 1;
+    while (true) {
+      if (zero_room && c.zero < 3 && c.recompute == Recompute::none) c.zero = std::max(2, c.zero + 1);
+      else if (c.recompute != Recompute::full) c.recompute = Recompute::full;
+      else return std::nullopt;
+      if (const auto i = find(k, c)) return i;
+    }
+  };
+  // Where a segment's choices start: those no step up reaches (ZeRO 0/1 without recomputation, with and without sp).
+  std::vector<std::vector<std::size_t>> roots(n);
+  for (std::size_t k = 0; k < n; ++k) {
+    std::vector<bool> reached(choices[k].size(), false);
+    for (std::size_t j = 0; j < choices[k].size(); ++j)
+      if (const auto up = step_up(k, j)) reached[*up] = true;
+    for (std::size_t j = 0; j < choices[k].size(); ++j)
+      if (!reached[j]) roots[k].push_back(j);
+  }
+  // Each combination of roots, raised one step at a time on its most loaded
+  // rank (the segment there whose step saves the most) until it fits.
+  std::set<std::vector<std::size_t>> kept;
+  std::vector<std::size_t> root(n, 0);
+  while (true) {
+    formed += 1;
+    std::vector<std::size_t> pick(n);
+    for (std::size_t k = 0; k < n; ++k) pick[k] = roots[k][root[k]];
+    auto [need, rank] = peak(pick);
+    while (need > device) {
+      std::optional<std::size_t> best_k, best_j;
+      double best_saving = 0;
+      for (std::size_t k = 0; k < n; ++k) {
+        if (!holds(k, rank)) continue;
+        const auto up = step_up(k, pick[k]);
+        if (!up) continue;
+        const double saving = bytes[k][pick[k]][stage_of(k, rank)] - bytes[k][*up][stage_of(k, rank)];
+        if (saving > best_saving) best_saving = saving, best_k = k, best_j = up;
+      }
+      if (!best_k) break;
+      pick[*best_k] = *best_j;
+      std::tie(need, rank) = peak(pick);
+    }
+    const bool fits = need <= device;
+    if (!fits) pruned += 1;
+    if ((fits && kept.insert(pick).second) || (!fits && (!closest || need < closest_bytes))) {
+      Plan p = base;
+      nlohmann::json segs = list;
+      for (std::size_t k = 0; k < n; ++k) {
+        const Choice& c = choices[k][pick[k]];
+        Plan& s = p.segments[k];
+        s.zero = c.zero, s.recompute = c.recompute, s.sequence_parallel = c.sp;
+        if (c.zero != 0) segs[k]["zero"] = c.zero;
+        if (c.recompute != Recompute::none) segs[k]["recompute"] = recompute_name(c.recompute);
+        if (c.sp) segs[k]["sequence_parallel"] = true;
+      }
+      if (fits) {
+        out.push_back({std::move(p), std::move(segs)});
+      } else {
+        closest = SegmentCandidate{std::move(p), std::move(segs)};
+        closest_bytes = need;
+      }
+    }
+    std::size_t k = 0;
+    while (k < n && ++root[k] == roots[k].size()) root[k++] = 0;
+    if (k == n) break;
+  }
 }
 
 }  // namespace
@@ -62,59 +247,103 @@ bool has_segment_layouts(const ModelSpec& m) {
   return m.vision() && !m.moe() && !m.tied_embeddings && modules_of(m).size() >= 2;
 }
 
-SegmentEnumeration enumerate_segment_candidates(const SearchContext& ctx) {
+SegmentEnumeration enumerate_segment_candidates(const SearchContext& ctx, const SegmentSpace& space,
+                                                double device_bytes) {
   SegmentEnumeration e;
   const ModelSpec& m = ctx.model;
   if (ctx.gpus < 2 || !has_segment_layouts(m)) return e;
   const std::vector<Module> modules = modules_of(m);
   const int n = ctx.gpus, global = ctx.base.effective_global_batch();
-  // (ranks of A, or 0 for the same ranks as B)
+  std::vector<int> counts = {2};
+  if (modules.size() == 3) counts.push_back(3);
+  if (const auto pinned = space.layout_values("count")) counts = *pinned;
+  std::vector<int> micros = {1, 2, 4, 8, 16};
+  if (const auto pinned = space.layout_values("microbatches")) micros = *pinned;
+  // Where the pipeline boundary puts the first group's last rank: 0 for none.
   std::vector<int> splits = {0};
   if (n % 2 == 0) splits.push_back(n / 2);
   if (n % 4 == 0 && n >= 4) splits.push_back(n / 4), splits.push_back(3 * n / 4);
-  std::vector<nlohmann::json> lists;
-  for (std::size_t cut = 1; cut < modules.size(); ++cut) {
-    const Module &a_from = modules.front(), &a_to = modules[cut - 1];
-    const Module &b_from = modules[cut], &b_to = modules.back();
-    for (int a_ranks : splits) {
-      const int b_ranks = a_ranks == 0 ? n : n - a_ranks;
-      // B's body blocks: all but the model's first (the embedding) and last (the head).
-      const int b_body = std::min(b_to.last, modules.back().last - 1) - std::max(b_from.first, 1) + 1;
-      for (const Degrees& da : degrees_over(a_ranks == 0 ? n : a_ranks, ctx.gpus_per_node, 1))
-        for (const Degrees& db : degrees_over(b_ranks, ctx.gpus_per_node, b_body)) {
-          if (a_ranks == 0 && da.tp == db.tp && db.pp == 1) continue;  // a uniform plan's layout
-          for (int micro : {1, 2, 4, 8, 16}) {
-            if (global % (da.dp * micro) != 0 || global % (db.dp * micro) != 0) continue;
-            lists.push_back(nlohmann::json::array(
-                {segment_json(a_from, a_to, da, 0, micro), segment_json(b_from, b_to, db, a_ranks, micro)}));
+
+  // The layouts (degrees, micro-batches) to validate and expand, with each segment's modules.
+  struct Layout {
+    nlohmann::json list;
+    std::vector<std::vector<std::string>> modules;
+  };
+  std::vector<Layout> layouts;
+  for (int count : counts) {
+    if (static_cast<std::size_t>(count) > modules.size()) continue;
+    for (const std::vector<std::size_t>& cut : cuts_of(modules.size(), count)) {
+      std::vector<Part> parts;
+      for (std::size_t k = 0; k <= cut.size(); ++k) {
+        const std::size_t from = k == 0 ? 0 : cut[k - 1], to = k == cut.size() ? modules.size() - 1 : cut[k] - 1;
+        Part part{modules[from], modules[to], {}, 0, 0, k == cut.size()};
+        for (std::size_t i = from; i <= to; ++i) part.modules.push_back(modules[i].name);
+        parts.push_back(std::move(part));
+      }
+      // The boundary after part `at` (none when split is 0) gets ranks [0, split) before it, [split, n) after.
+      for (std::size_t at = 0; at < cut.size(); ++at)
+        for (int split : splits) {
+          if (split == 0 && at > 0) continue;  // one all-same-ranks arrangement
+          for (std::size_t k = 0; k < parts.size(); ++k) {
+            const bool before = k <= at;
+            parts[k].first_rank = split == 0 || before ? 0 : split;
+            parts[k].ranks = split == 0 ? n : before ? split : n - split;
+          }
+          std::vector<std::vector<Degrees>> options;
+          for (const Part& part : parts) {
+            const int body = std::min(part.to.last, modules.back().last - 1) - std::max(part.from.first, 1) + 1;
+            options.push_back(degrees_of(part, ctx, space, body));
+          }
+          std::vector<std::size_t> pick(parts.size(), 0);
+          bool any = true;
+          for (const auto& o : options) any = any && !o.empty();
+          while (any) {
+            bool uniform = split == 0;
+            for (std::size_t k = 0; k < parts.size(); ++k)
+              uniform = uniform && options[k][pick[k]].pp == 1 && options[k][pick[k]].tp == options[0][pick[0]].tp;
+            for (int micro : micros) {
+              bool divides = !uniform;
+              for (std::size_t k = 0; k < parts.size() && divides; ++k)
+                divides = global % (options[k][pick[k]].dp * micro) == 0;
+              if (!divides) continue;
+              Layout l;
+              l.list = nlohmann::json::array();
+              for (std::size_t k = 0; k < parts.size(); ++k) {
+                l.list.push_back(segment_json(parts[k], options[k][pick[k]], micro));
+                l.modules.push_back(parts[k].modules);
+              }
+              layouts.push_back(std::move(l));
+            }
+            std::size_t k = 0;
+            while (k < parts.size() && ++pick[k] == options[k].size()) pick[k++] = 0;
+            if (k == parts.size()) break;
           }
         }
     }
   }
-  e.combinations = static_cast<std::int64_t>(lists.size());
-  std::vector<std::optional<SegmentCandidate>> checked(lists.size());
-  std::mutex rejection_mutex;  // guards e.example_rejection
-  tbb::parallel_for(std::size_t{0}, lists.size(), [&](std::size_t i) {
-    Plan p = ctx.base;
-    Status s = ok_status();
-    auto parsed = segments_from_json(lists[i], m, p);
-    if (parsed) {
-      p.segments = std::move(parsed).value();
-      s = validate_plan(p, m, ctx.gpus);
-      for (const Plan& seg : p.segments)
-        if (s) s = StepEngine::supports(seg);
-    } else {
-      s = parsed.error();
-    }
-    if (s) {
-      checked[i] = SegmentCandidate{std::move(p), lists[i]};
-    } else {
-      std::lock_guard lock(rejection_mutex);
-      if (!e.example_rejection) e.example_rejection = fmt::format("{}: {}", lists[i].dump(), s.error().message());
-    }
+  struct Expanded {
+    std::vector<SegmentCandidate> kept;
+    std::int64_t formed = 0, pruned = 0;
+    Status rejection = ok_status();
+    std::optional<SegmentCandidate> closest;
+    double closest_bytes = 0;
+  };
+  std::vector<Expanded> expanded(layouts.size());
+  tbb::parallel_for(std::size_t{0}, layouts.size(), [&](std::size_t i) {
+    Expanded& x = expanded[i];
+    expand(ctx, space, device_bytes, layouts[i].list, layouts[i].modules, x.kept, x.formed, x.pruned, x.rejection,
+           x.closest, x.closest_bytes);
   });
-  for (auto& c : checked)
-    if (c) e.valid.push_back(std::move(*c));
+  for (std::size_t i = 0; i < layouts.size(); ++i) {
+    Expanded& x = expanded[i];
+    e.combinations += x.formed;
+    e.pruned += x.pruned;
+    if (!x.rejection && !e.example_rejection)
+      e.example_rejection = fmt::format("{}: {}", layouts[i].list.dump(), x.rejection.error().message());
+    if (x.closest && (!e.closest || x.closest_bytes < e.closest_bytes))
+      e.closest = std::move(x.closest), e.closest_bytes = x.closest_bytes;
+    for (SegmentCandidate& c : x.kept) e.valid.push_back(std::move(c));
+  }
   return e;
 }
 
@@ -125,6 +354,9 @@ std::string describe_segments_short(const Plan& p) {
     out += fmt::format("{}{} tp {}{} dp {}", k == 0 ? "" : " | ", s.segment_name, s.tp,
                        s.pp > 1 ? fmt::format(" pp {}", s.pp) : std::string(), s.dp);
     if (k > 0 && s.first_rank != p.segments[k - 1].first_rank) out += fmt::format(" @{}", s.first_rank);
+    if (s.zero > 0) out += fmt::format(" z{}", s.zero);
+    if (s.recompute != Recompute::none) out += s.recompute == Recompute::full ? " rc" : " rcs";
+    if (s.sequence_parallel) out += " sp";
   }
   return out + fmt::format(" m {}", p.segments.back().microbatches());
 }

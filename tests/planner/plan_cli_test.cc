@@ -37,7 +37,8 @@ std::filesystem::path images(const std::string& name, int side, int n) {
 // Runs `train` on the cpu backend for 2 steps of `plan` (ranks as threads) and
 // returns the steps its metrics file reports a loss for.
 int trained_steps(const std::string& model, const std::string& plan, const std::string& data) {
-  const std::string metrics = (std::filesystem::temp_directory_path() / "plan_cli_test_metrics.jsonl").string();
+  const std::string metrics =
+      (std::filesystem::temp_directory_path() / ("plan_cli_test_metrics_" + model + ".jsonl")).string();
   std::remove(metrics.c_str());
   const MeshtrainRun t = run_meshtrain("train --model " + model + " --plan " + plan + " --data " + data +
                                        " --steps 2 --lr 1e-3 --quiet --metrics " + metrics);
@@ -61,6 +62,16 @@ void check_plan_file(const std::string& model, const std::string& out, const nlo
   REQUIRE(s.status == 0);
   CHECK(nlohmann::json::parse(s.out)["iteration_time_s"].get<double>() ==
         Approx(best["iteration_time_s"].get<double>()).epsilon(1e-12));
+}
+
+// The planner's winner as written to `out` (the row `best`) read by simulate, and trained for 2 steps on the cpu
+// backend over a synthetic IDX set of `side` × `side` images.
+void check_written_plan_runs(const std::string& model, const std::string& out, const nlohmann::json& best, int side) {
+  check_plan_file(model, out, best);
+  const auto data = images("plan_cli_test_images_" + model, side, 64);
+  CHECK(trained_steps(model, out, data.string()) == 2);
+  std::remove(out.c_str());
+  std::filesystem::remove_all(data);
 }
 
 }  // namespace
@@ -112,23 +123,19 @@ TEST_CASE("plan searches a Swin's segment layouts and the chosen one simulates a
   const auto& family = report["search"]["segment_layouts"];
   CHECK(family["valid"].get<int>() > 6);
   CHECK(family["simulated"].get<int>() == 6);
-  REQUIRE(report["ranked"].size() == 6);
+  int timed = 0;  // the DES's six first, then the rest of the family by the fast tier
+  for (const auto& row : report["ranked"]) timed += row.contains("iteration_time_s") ? 1 : 0;
+  CHECK(timed == 6);
+  CHECK(static_cast<int>(report["ranked"].size()) == std::min(100, family["estimated"].get<int>()));
   const auto& best = report["ranked"][0];
   CHECK(best["layout"] == "segments");
-  CHECK(best["fast_iteration_time_s"].is_null());
+  CHECK(best["fast_iteration_time_s"].get<double>() > 0);  // the fast tier ranked the family
   const auto& segments = best["plan"]["segments"];
   REQUIRE(segments.size() == 2);
   // The two segments cover the blocks 0..9 (embedding, 3 stages of 2 blocks and their merges, head) in order.
   CHECK(segments[0]["blocks"][0] == 0);
   CHECK(segments[1]["blocks"][0].get<int>() == segments[0]["blocks"][1].get<int>() + 1);
-  // simulate reads the file unchanged and times it as the planner's full tier did.
-  check_plan_file("swin-micro", out, best);
-
-  // train runs it for real: ranks as threads on the cpu backend.
-  const auto data = images("plan_cli_test_images", 12, 64);
-  CHECK(trained_steps("swin-micro", out, data.string()) == 2);
-  std::remove(out.c_str());
-  std::filesystem::remove_all(data);
+  check_written_plan_runs("swin-micro", out, best, 12);
 }
 
 TEST_CASE("plan ranks segment layouts beside uniform plans and leaves them out under a pinned tp") {
@@ -141,8 +148,8 @@ TEST_CASE("plan ranks segment layouts beside uniform plans and leaves them out u
   int segmented = 0, timed = 0;
   double previous = 0;
   for (const auto& row : report["ranked"]) {
-    segmented += row["layout"] == "segments" ? 1 : 0;
     if (!row.contains("iteration_time_s")) continue;
+    segmented += row["layout"] == "segments" ? 1 : 0;
     // The full tier's candidates of both kinds come first, in one order.
     CHECK(row["iteration_time_s"].get<double>() >= previous);
     previous = row["iteration_time_s"].get<double>();
@@ -183,4 +190,112 @@ TEST_CASE("plan writes context parallelism, compression and the overlapped updat
   CHECK(trained_steps("tiny", out, data.string()) == 2);
   std::remove(out.c_str());
   std::filesystem::remove(data);
+}
+
+TEST_CASE("plan finds a three-segment VQA layout that simulate and train read as written", "[segments]") {
+  const std::string out = "plan_cli_test_vqa3.json";
+  std::remove(out.c_str());
+  // The mission's layout: the vision encoder on a tensor-parallel group, the language model on a pipeline group.
+  const std::string job = "--model vqa-tiny --cluster local-cpu --precision fp32 --gpus 4 --global-batch 8 ";
+  const MeshtrainRun r = run_meshtrain("plan " + job +
+                                       "--fix segments.count=3,vision.tp=2,vision.gpus=2,language.pp=2 --segments 4 "
+                                       "--json --no-progress --top 100 --out " + out);
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  const auto report = nlohmann::json::parse(r.out);
+  REQUIRE(!report["ranked"].empty());
+  for (const auto& row : report["ranked"]) {
+    REQUIRE(row["layout"] == "segments");
+    const auto& segs = row["plan"]["segments"];
+    REQUIRE(segs.size() == 3);
+    CHECK(segs[0]["name"] == "vision");
+    CHECK(segs[0]["tp"] == 2);
+    CHECK(segs[0]["ranks"] == nlohmann::json::array({0, 1}));
+    CHECK(segs[2]["name"] == "language");
+    CHECK(segs[2]["pp"] == 2);
+    CHECK(segs[2]["ranks"] == nlohmann::json::array({2, 3}));
+  }
+  // Garments of 28×28 (vqa-tiny's 2×2 grids of them).
+  check_written_plan_runs("vqa-tiny", out, report["ranked"][0], 28);
+}
+
+TEST_CASE("plan honors pins on segment degrees and names contradictions", "[segments]") {
+  const std::string job = "plan --model swin-micro --cluster local-cpu --precision fp32 --gpus 4 --global-batch 8 "
+                          "--simulate 2 --segments 2 --json --no-progress --top 100000 ";
+  const MeshtrainRun pinned = run_meshtrain(job + "--fix stage3.pp=2,embed.tp=2 --allow stage1.zero=0,1");
+  INFO(pinned.out);
+  REQUIRE(pinned.status == 0);
+  const auto report = nlohmann::json::parse(pinned.out);
+  int rows = 0;
+  for (const auto& row : report["ranked"]) {
+    REQUIRE(row["layout"] == "segments");  // only segment items: only segment layouts
+    const auto& segs = row["plan"]["segments"];
+    const auto holding = [&](const std::string& module) {
+      // swin-micro's blocks: 0 embed, 1-2 stage1, 3 merge, 4-5 stage2, 6 merge, 7-8 stage3, 9 head; "name" lists
+      // a segment's first and last modules.
+      for (const auto& seg : segs) {
+        const std::string name = seg["name"];
+        const int first = seg["blocks"][0], last = seg["blocks"][1];
+        const int block = module == "embed" ? 0 : module == "stage1" ? 1 : 7;
+        if (block >= first && block <= last) return seg;
+      }
+      FAIL("no segment holds " << module);
+      return segs[0];
+    };
+    CHECK(holding("stage3").value("pp", 1) == 2);
+    CHECK(holding("embed")["tp"] == 2);
+    CHECK(holding("stage1").value("zero", 0) <= 1);
+    ++rows;
+  }
+  CHECK(rows > 2);
+
+  const struct {
+    std::string flags, says;
+  } bad[] = {
+      {"--fix stage1.tp=2,stage1.tp=4", "contradict"},
+      {"--fix stage1.tp=8", "needs a multiple of 8 GPUs"},
+      {"--fix stage1.tp=2,stage1.pp=1,stage1.dp=1,stage1.gpus=4", "contradict"},
+      {"--fix stag1.tp=2", "did you mean 'stage1'"},
+      {"--fix stage1.tpp=2", "did you mean 'tp'"},
+      {"--fix stage1.zero=1 --allow stage1.zero=2,3", "outside --allow"},
+      {"--fix segments.count=1", "2 or 3 segments"},
+      {"--fix stage1.tp=2 --layouts uniform", "--layouts uniform"},
+      // Two pins that no layout can meet: embed and head in one segment with different tp.
+      {"--fix segments.count=2,embed.tp=2,stage1.tp=4,stage2.tp=1,stage3.tp=2,head.tp=4", "no valid segment layout"},
+  };
+  for (const auto& b : bad) {
+    const MeshtrainRun r = run_meshtrain(job + b.flags);
+    INFO(b.flags << "\n" << r.out);
+    CHECK(r.status == 1);
+    CHECK_THAT(r.out, Catch::Contains(b.says));
+  }
+  const MeshtrainRun decoder = run_meshtrain("plan --model tiny --gpus 4 --fix embed.tp=2 --no-progress");
+  CHECK(decoder.status == 1);
+  CHECK_THAT(decoder.out, Catch::Contains("no segment layouts"));
+}
+
+TEST_CASE("the segment layouts' fast tier ranks small families as the DES does, within a stated error", "[segments]") {
+  // Every layout of each family is timed by both tiers (RESULTS.md, "Segment layouts: the fast tier": the whole
+  // families measured 0.96-0.99 Spearman, worst 24-39%; these two 0.874 / 23.9% and 0.947 / 10.9%).
+  const struct {
+    std::string job;
+    double spearman, worst;
+  } families[] = {
+      {"--model swin-micro --gpus 4 --global-batch 8 --fix segments.microbatches=2", 0.8, 0.30},
+      {"--model vqa-tiny --gpus 4 --global-batch 8 --fix segments.count=3,segments.microbatches=2,vision.gpus=2", 0.9,
+       0.20},
+  };
+  for (const auto& f : families) {
+    const MeshtrainRun r = run_meshtrain("plan " + f.job +
+                                         " --cluster local-cpu --precision fp32 --layouts segments --segments 100000 "
+                                         "--json --no-progress --top 1");
+    INFO(f.job << "\n" << r.out);
+    REQUIRE(r.status == 0);
+    const auto report = nlohmann::json::parse(r.out);
+    const auto& a = report["segment_agreement"];
+    CHECK(a["compared"].get<int>() == report["search"]["segment_layouts"]["estimated"].get<int>());
+    CHECK(a["compared"].get<int>() > 20);
+    CHECK(a["spearman"].get<double>() >= f.spearman);
+    CHECK(a["worst_relative_error"].get<double>() <= f.worst);
+  }
 }

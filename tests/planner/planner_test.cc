@@ -270,7 +270,7 @@ TEST_CASE("the memory model's cached tables give what a freshly built parameter 
       for (int vpp : {1, 2})
         for (int first : {0, 2})
           for (const ModelSpec& m : {load_model("gpt2-124m").value(), untied, load_model("swin-micro").value()}) {
-            StageSplit split{pp, vpp, first, 0};
+            StageSplit split{pp, vpp, first, 0, {}};
             if (!check_stage_split(m, split).ok()) continue;
             for (int stage = 0; stage < pp; ++stage) {
               INFO(m.name << " tp " << tp << " pp " << pp << " vpp " << vpp << " first " << first << " stage " << stage);
@@ -293,7 +293,7 @@ TEST_CASE("segment layouts of a Swin cover both kinds and every cut with each bl
   ctx.base.seq_len = 0;
   REQUIRE(has_segment_layouts(ctx.model));
   CHECK_FALSE(has_segment_layouts(load_model("tiny").value()));  // a decoder: the uniform search places it
-  const SegmentEnumeration e = enumerate_segment_candidates(ctx);
+  const SegmentEnumeration e = enumerate_segment_candidates(ctx, {}, 1e30);
   REQUIRE(!e.valid.empty());
   int same = 0, boundary = 0;
   std::set<int> cuts;
