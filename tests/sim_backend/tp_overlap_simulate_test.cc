@@ -7,6 +7,7 @@
 #include <memory>
 #include <vector>
 
+#include "backends/sim/sim_backend.h"
 #include "backends/sim/sim_cluster.h"
 #include "models/block_context.h"
 #include "models/parameter_store.h"
