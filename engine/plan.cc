@@ -33,7 +33,7 @@ const std::vector<std::string> kPlanFields = {"tp",        "pp",        "dp",   
                                               "chunk_layers", "account_for_embedding_in_pipeline_split",
                                               "account_for_loss_in_pipeline_split", "grad_compression",
                                               "grad_compression_warmup", "error_feedback", "zero_reduce_once",
-                                              "prefetch_across_chunks", "overlap_update",
+                                              "prefetch_across_chunks", "overlap_update", "tp_comm_overlap",
                                               "offload"};
 
 template <class E>
@@ -180,6 +180,7 @@ Result<PlanOverrides> plan_overrides_from_json(const nlohmann::json& j) {
   MT_TRY(f.get_bool("zero_reduce_once", o.zero_reduce_once));
   MT_TRY(f.get_bool("prefetch_across_chunks", o.prefetch_across_chunks));
   MT_TRY(f.get_bool("overlap_update", o.overlap_update));
+  MT_TRY(f.get_bool("tp_comm_overlap", o.tp_comm_overlap));
   MT_TRY(f.get_string("offload", o.offload));
   if (f.has("segments")) o.segments = std::make_shared<const nlohmann::json>(j["segments"]);
   return o;
@@ -217,6 +218,7 @@ Result<Plan> apply_overrides(Plan p, const PlanOverrides& o) {
   if (o.zero_reduce_once) p.zero_reduce_once = *o.zero_reduce_once;
   if (o.prefetch_across_chunks) p.prefetch_across_chunks = *o.prefetch_across_chunks;
   if (o.overlap_update) p.overlap_update = *o.overlap_update;
+  if (o.tp_comm_overlap) p.tp_comm_overlap = *o.tp_comm_overlap;
   if (o.offload) {
     MT_ASSIGN(p.offload, parse_offload(*o.offload));
   }
@@ -301,6 +303,11 @@ Status validate_plan(const Plan& p, const ModelSpec& m, int world_size) {
     return make_error("overlap_update (--overlap-update) does not combine with offload (--offload) {}: the offloaded "
                       "update already runs off the compute stream, bucket by bucket on the host; drop one of them",
                       offload_name(p.offload));
+  if (p.tp_comm_overlap && (p.tp == 1 || !p.sequence_parallel))
+    return make_error("tp_comm_overlap (--tp-comm-overlap) needs tensor parallelism with sequence parallelism, got "
+                      "tp {}{}: it pipelines the sequence-parallel all-gather before the column-parallel GEMMs; use "
+                      "--tp 2 or more with --sequence-parallel, or drop the flag",
+                      p.tp, p.sequence_parallel ? "" : " without sequence_parallel");
   if (p.grad_compression_warmup < 0)
     return make_error("grad_compression_warmup (--grad-compression-warmup) must be >= 0, got {}",
                       p.grad_compression_warmup);
@@ -428,6 +435,7 @@ nlohmann::json plan_to_json(const Plan& p) {
   if (p.zero_reduce_once) j["zero_reduce_once"] = true;
   if (!p.prefetch_across_chunks) j["prefetch_across_chunks"] = false;
   if (p.overlap_update) j["overlap_update"] = true;
+  if (p.tp_comm_overlap) j["tp_comm_overlap"] = true;
   if (p.offload != Offload::none) j["offload"] = offload_name(p.offload);
   if (!p.segments.empty()) {
     j["segments"] = nlohmann::json::array();

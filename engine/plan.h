@@ -115,6 +115,14 @@ struct Plan {
   // norm and run in forward order (step_engine.h says what a non-finite step
   // then leaves behind).
   bool overlap_update = false;
+  // Sequence parallelism's all-gather before a column-parallel GEMM (QKV,
+  // MLP-up) pipelined with the GEMM, as Megatron's tp-comm-overlap does:
+  // tp-1 ring steps of send/recv on a side stream, each arrived shard's rows
+  // multiplied on the compute stream while the next shard travels
+  // (models/block_context.h); backward gathers the weight gradient's input on
+  // the side stream under the input-gradient GEMM. Needs sequence_parallel
+  // and tp > 1.
+  bool tp_comm_overlap = false;
   Offload offload = Offload::none;
 
   // A plan made of segments (engine/segments/segment_plan.h): each element is
@@ -156,7 +164,7 @@ struct PlanOverrides {
   std::optional<double> grad_bucket_mb;
   std::optional<std::string> recompute, schedule, precision, grad_sync, cp_comm, grad_compression, offload;
   std::optional<bool> sequence_parallel, embedding_in_split, loss_in_split, error_feedback, zero_reduce_once;
-  std::optional<bool> prefetch_across_chunks, overlap_update;
+  std::optional<bool> prefetch_across_chunks, overlap_update, tp_comm_overlap;
   std::optional<std::vector<int>> chunk_layers;
   // A plan file's "segments" list as written; the model resolves it
   // (engine/segments/segment_plan.h, segments_from_json).

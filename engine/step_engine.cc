@@ -141,6 +141,7 @@ StepEngine::StepEngine(Backend& b, const ModelSpec& m, const Plan& p, const Mesh
     chunk_options.storage.persistent_values = p.zero < 3;
     chunk_options.storage.value_dtype = activation_dtype(p.precision);
     chunk_options.sequence_parallel = p.sequence_parallel;
+    chunk_options.tp_comm_overlap = p.tp_comm_overlap;
     chunk_options.expert = expert;
     chunk_options.context = cp;
     chunk_options.routing = options.moe_routing;

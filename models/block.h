@@ -90,6 +90,10 @@ struct ChunkOptions {
   // in backward; norm weight gradients are all-reduced over tp. A chunk's
   // input and output are then (N/tp, C).
   bool sequence_parallel = false;
+  // With sequence parallelism: the all-gather before a column-parallel GEMM
+  // runs as a ring of send/recv on a side stream, pipelined with the GEMM's
+  // row blocks (BlockContext::linear; engine/plan.h tp_comm_overlap).
+  bool tp_comm_overlap = false;
   ExpertParallel expert;
   // Context parallelism (models/context_parallel.h): the micro-batch holds
   // this rank's T/cp tokens of each sequence; attention exchanges keys and

@@ -123,14 +123,54 @@ void BlockContext::linear(const std::string& name, const Tensor& x_in, Tensor& y
   // A row-parallel bias is added once, by tp rank 0, before the all-reduce sums the partial products.
   if (params.contains(name + ".bias") && (!row || tp.rank == 0)) op.bias = params[name + ".bias"].value;
   const std::int64_t in = w.value.shape()[0];
+  const bool gather = sp && kind == LinearKind::column;
+  if (gather && options.tp_comm_overlap) {
+    y = b.empty(Shape{x_in.numel() / in * tp.size, w.value.shape()[1]}, act);
+    ring_gather_gemm(x_in.view(Shape{x_in.numel() / in, in}), w.value, y, op);
+    return;
+  }
   // Sequence parallelism: a column-parallel GEMM reads every row, gathered from the shards.
-  const Tensor x = sp && kind == LinearKind::column ? sp_gather(x_in.view(Shape{x_in.numel() / in, in})) : x_in;
+  const Tensor x = gather ? sp_gather(x_in.view(Shape{x_in.numel() / in, in})) : x_in;
   const std::int64_t rows = x.numel() / in;
   y = b.empty(Shape{rows, w.value.shape()[1]}, act);
   b.gemm(x.view(Shape{rows, in}), w.value, y, op);
   if (!row) return;
   if (sp) y = sp_scatter(y);  // each rank keeps its sequence shard of the sum
   else tp_all_reduce(y);
+}
+
+// Step s multiplies the shard of rank - s, which arrived at step s - 1 (or is
+// this rank's own), while it travels on to the next rank and the shard of
+// rank - s - 1 comes in: the all-gather's tp-1 ring steps hide under tp-1 of
+// the tp row-block GEMMs. A ring step is an all-to-all over the tp group
+// whose only counts are to the next rank and from the previous one: the
+// send and the receive then run together (NCCL groups them; a ring of plain
+// sends then receives on one stream would wait on itself there), and the
+// side stream orders the steps, so a shard is forwarded only after it arrived.
+void BlockContext::ring_gather_gemm(const Tensor& x, const Tensor& w, Tensor& y, const GemmOp& op) {
+  const std::int64_t R = x.shape()[0], width = x.shape()[1];
+  const auto next = static_cast<std::size_t>((tp.rank + 1) % tp.size);
+  const auto prev = static_cast<std::size_t>((tp.rank + tp.size - 1) % tp.size);
+  std::vector<std::int64_t> send_counts(static_cast<std::size_t>(tp.size), 0), recv_counts = send_counts;
+  send_counts[next] = recv_counts[prev] = R * width;
+  Tensor full = b.empty(Shape{R * tp.size, width}, x.dtype());  // (N, in): the shards in rank order
+  Tensor own = full.rows(tp.rank * R, R);
+  b.copy(x, own);
+  const Stream compute = b.current_stream(), comm = tp_stream();
+  b.wait(comm, b.record(compute));  // the own shard is in place
+  for (int s = 0; s < tp.size; ++s) {
+    const int shard = (tp.rank - s + tp.size) % tp.size, incoming = (shard - 1 + tp.size) % tp.size;
+    Event arrived;
+    if (s < tp.size - 1) {
+      StreamScope on_comm(b, comm);
+      Tensor in = full.rows(incoming * R, R).view(Shape{R * width});
+      b.all_to_all(full.rows(shard * R, R).view(Shape{R * width}), send_counts, in, recv_counts, tp.group);
+      arrived = b.record(comm);
+    }
+    Tensor out = y.rows(shard * R, R);
+    b.gemm(full.rows(shard * R, R), w, out, op);
+    if (s < tp.size - 1) b.wait(compute, arrived);
+  }
 }
 
 void BlockContext::linear_backward(const std::string& name, const Tensor& x_in, const Tensor& dy_in, Tensor* dx,
@@ -143,9 +183,26 @@ void BlockContext::linear_backward(const std::string& name, const Tensor& x_in, 
   const Tensor dy = sp && row ? sp_gather(dy_in.view(Shape{dy_in.numel() / out, out})) : dy_in;
   const std::int64_t rows = dy.numel() / out;
   const Tensor dy2 = dy.view(Shape{rows, out});
+  // tp_comm_overlap: the weight gradient's input is gathered on the side stream under the input
+  // gradient's GEMM (a deferred pass gathers its own when it runs).
+  Tensor gathered;
+  Event gathered_event;
+  const bool early_gather = sp && column && options.tp_comm_overlap && deferred_weights == nullptr;
+  if (early_gather) {
+    const Stream compute = b.current_stream(), comm = tp_stream();
+    gathered = b.empty(Shape{rows, in}, x_in.dtype());
+    b.wait(comm, b.record(compute));  // after the compute stream's earlier tp collectives
+    StreamScope on_comm(b, comm);
+    b.all_gather(x_in.view(Shape{x_in.numel() / in, in}), gathered, tp.group);
+    gathered_event = b.record(comm);
+  }
   if (dx != nullptr) {
     *dx = b.empty(Shape{rows, in}, act);
     b.gemm(dy2, w.value, *dx, GemmOp{false, true});
+  }
+  // One tp collective at a time: the input gradient's reduce-scatter follows the gather.
+  if (early_gather) b.wait(b.current_stream(), gathered_event);
+  if (dx != nullptr) {
     // The input of a column-parallel layer fed every tp rank: its gradient sums their parts.
     if (column) {
       if (sp) *dx = sp_scatter(*dx);
@@ -153,8 +210,10 @@ void BlockContext::linear_backward(const std::string& name, const Tensor& x_in, 
     }
   }
   // A deferred pass keeps the input as this rank's sequence shard and gathers it when it runs.
-  auto weights = [this, name, x_in, dy2, in, rows, column] {
-    const Tensor x = sp && column ? sp_gather(x_in.view(Shape{x_in.numel() / in, in})) : x_in;
+  auto weights = [this, name, x_in, gathered, dy2, in, rows, column] {
+    const Tensor x = gathered.defined()              ? gathered
+                     : sp && column ? sp_gather(x_in.view(Shape{x_in.numel() / in, in}))
+                                    : x_in;
     Tensor dw = params[name + ".weight"].grad;
     b.gemm(x.view(Shape{rows, in}), dy2, dw, GemmOp{true, false, 1.f, 1.f});
     if (params.contains(name + ".bias")) {
@@ -232,6 +291,11 @@ const Tensor& BlockContext::constant_values(const std::string& key, const Shape&
   Tensor t = b.empty(shape, dtype);
   b.write(t, host);
   return constants_.emplace(key, t).first->second;
+}
+
+Stream BlockContext::tp_stream() {
+  if (!tp_stream_) tp_stream_ = b.create_stream("tensor-parallel");
+  return *tp_stream_;
 }
 
 Stream BlockContext::context_stream() {

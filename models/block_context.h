@@ -12,6 +12,16 @@
 // on the same input (small layers such as a patch embedding or Swin's patch
 // merging); no communication, and every rank gets the same gradients.
 //
+// Tensor-parallel communication overlap (options.tp_comm_overlap, under SP):
+// a column-parallel layer's all-gather runs as tp-1 ring steps (a send to the
+// next tp rank and a receive from the previous one) on tp_stream(); the compute stream multiplies each shard's rows as soon as
+// they arrive (rows r·R..(r+1)·R of y = shard_r · W) while the next shard
+// travels, as Megatron's tp-comm-overlap pipelines its all-gather. Backward
+// gathers the input for the weight gradient on tp_stream() while the input
+// gradient's GEMM runs. The cpu backend's GEMM of a row block may differ from
+// the whole GEMM's in the last bits (backends/cpu/kernels/gemm.h tiles by
+// shape), so the option is exact up to float rounding, not bit for bit.
+//
 // Legend: N rows, R this rank's rows (N, or N/tp under SP), X a width.
 #pragma once
 
@@ -30,6 +40,7 @@
 namespace meshtrain {
 
 enum class LinearKind { column, row, replicated };
+
 
 class BlockContext {
  public:
@@ -111,9 +122,15 @@ class BlockContext {
   // receives on, so that moving one K/V block overlaps attention on the one
   // before it; created on first use.
   Stream context_stream();
+  // The stream tensor-parallel overlap (options.tp_comm_overlap) moves
+  // sequence shards on; created on first use.
+  Stream tp_stream();
 
  private:
-  std::optional<Stream> context_stream_;
+  // y (N, out) = gather(x) · W [+ op.bias] with the gather pipelined row block by row block.
+  void ring_gather_gemm(const Tensor& x, const Tensor& w, Tensor& y, const GemmOp& op);
+
+  std::optional<Stream> context_stream_, tp_stream_;
   std::map<std::string, Tensor> constants_;
   MoeStatistics moe_;
 };

@@ -145,11 +145,12 @@ Status run_info(const InfoFlags& f) {
   fmt::print("FLOPs      {:.4g} per {}, {:.4g} per iteration (hardware {:.4g} with recompute {})\n",
              flops.per_token, m.vision() ? "image" : "token", flops.model, flops.hardware, recompute_name(p.recompute));
   fmt::print("plan       tp {} pp {} dp {} cp {} ep {} etp {} vpp {} zero {}, {} ranks; micro-batch {} x {} = global "
-             "batch {}, seq {}; schedule {}, recompute {}, {}{}\n",
+             "batch {}, seq {}; schedule {}, recompute {}, {}{}{}\n",
              p.tp, p.pp, p.dp, p.cp, p.ep, p.expert_tp(), p.vpp, p.zero, p.world_size(), p.micro_batch,
              p.microbatches() * p.dp,
              p.effective_global_batch(), seq, schedule_name(p.schedule), recompute_name(p.recompute),
-             precision_name(p.precision), p.sequence_parallel ? ", sequence parallel" : "");
+             precision_name(p.precision), p.sequence_parallel ? ", sequence parallel" : "",
+             p.tp_comm_overlap ? ", tp comm overlap" : "");
   fmt::print("rank {}     tp {} cp {} dp {} pp {}", f.rank, c.tp, c.cp, c.dp, c.pp);
   if (m.moe()) {
     const auto index = [&](GroupKind k) { return mesh.group_of(k, f.rank)->index_of(f.rank); };

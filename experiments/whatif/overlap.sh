@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Issue 14, overlap and prefetch: each on and off, simulated in the steady
+# Issue 14, overlap and prefetch (and tensor-parallel comm overlap under
+# sequence parallelism): each on and off, simulated in the steady
 # state (the second of two iterations) on gpt3-175b at 1024 A100 and
 # llama3-70b at 512 H100, printed as the rows of RESULTS.md's table.
 # Usage: experiments/whatif/overlap.sh [path/to/meshtrain]
@@ -26,4 +27,6 @@ for model in gpt3 llama; do
   row "$model ZeRO 3, --no-prefetch-across-chunks" $flags --zero 3 --no-prefetch-across-chunks
   row "$model ZeRO 3 (prefetch across chunks)" $flags --zero 3
   row "$model ZeRO 3, prefetch across chunks, --overlap-update" $flags --zero 3 --overlap-update
+  row "$model ZeRO 1, sp" $flags --zero 1 --sequence-parallel
+  row "$model ZeRO 1, sp, --tp-comm-overlap" $flags --zero 1 --sequence-parallel --tp-comm-overlap
 done

@@ -1,0 +1,123 @@
+// Tensor-parallel communication overlap (Plan::tp_comm_overlap): the
+// sequence-parallel all-gather before a column-parallel GEMM runs as a ring
+// of send/recv pipelined with the GEMM's row blocks. It moves the same rows
+// and multiplies them by the same weights; what may change is the cpu GEMM's
+// rounding of a row block against the whole product (backends/cpu/kernels/
+// gemm.h: OpenBLAS's bits depend on the call's sizes), so runs are compared
+// with the 1e-5 relative bound of the other plan checks, and against the
+// single-rank run.
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+
+#include "tests/parallel/parallel_check.h"
+
+using namespace meshtrain;
+using namespace meshtrain::testing;
+
+namespace {
+
+Plan sp(Plan p) {
+  p.sequence_parallel = true;
+  return p;
+}
+
+Plan overlapped(Plan p) {
+  p.tp_comm_overlap = true;
+  return p;
+}
+
+// Four kv heads, so tp 4 divides them.
+ModelSpec tiny_llama4() {
+  ModelSpec m = tiny_llama();
+  m.name = "tiny-llama-kv4";
+  m.kv_heads = 4;
+  return m;
+}
+
+// The run with the option against the run without: every rank's losses, norms, evaluation loss
+// and final parameters within 1e-5 relative.
+void check_close(const ModelSpec& m, const Plan& base) {
+  INFO("seed " << kSeed << ", plan " << describe(base) << ", model " << m.name);
+  const PlanRun a = run_plan(m, base), b = run_plan(m, overlapped(base));
+  REQUIRE(a.ranks.size() == b.ranks.size());
+  float worst = 0;  // |Δ| / (1 + |value|) over the final parameters
+  for (std::size_t r = 0; r < a.ranks.size(); ++r) {
+    INFO("rank " << r);
+    REQUIRE(a.ranks[r].losses.size() == b.ranks[r].losses.size());
+    for (std::size_t s = 0; s < a.ranks[r].losses.size(); ++s) {
+      CHECK(b.ranks[r].losses[s] == Approx(a.ranks[r].losses[s]).epsilon(1e-5));
+      CHECK(b.ranks[r].grad_norms[s] == Approx(a.ranks[r].grad_norms[s]).epsilon(1e-5));
+    }
+    CHECK(b.ranks[r].eval_loss == Approx(a.ranks[r].eval_loss).epsilon(1e-5));
+    REQUIRE(a.ranks[r].state.size() == b.ranks[r].state.size());
+    for (const auto& [name, values] : a.ranks[r].state) {
+      INFO("parameter " << name);
+      const std::vector<float>& other = b.ranks[r].state.at(name);
+      REQUIRE(values.size() == other.size());
+      std::size_t far = 0;
+      for (std::size_t i = 0; i < values.size(); ++i) {
+        const float d = std::abs(other[i] - values[i]) / (1.f + std::abs(values[i]));
+        worst = std::max(worst, d);
+        if (d > 1e-5f) ++far;
+      }
+      CHECK(far == 0);
+    }
+  }
+  bool same = true;
+  for (std::size_t r = 0; r < a.ranks.size(); ++r)
+    same = same && a.ranks[r].losses == b.ranks[r].losses && a.ranks[r].state == b.ranks[r].state;
+  WARN(describe(base) << ", " << m.name << ": " << (same ? "same bits" : "not the same bits")
+                     << " as without the overlap; worst parameter difference " << worst);
+}
+
+}  // namespace
+
+TEST_CASE("tp comm overlap matches the plan without it, GPT and Llama, tp 2 and 4 with pp and dp",
+          "[parallel][overlap][tp_overlap]") {
+  check_close(tiny_gpt(), sp(make_plan(2, 1, 1, 0, ScheduleKind::one_f_one_b)));
+  check_close(tiny_gpt(), sp(make_plan(2, 2, 2, 1, ScheduleKind::one_f_one_b)));
+  check_close(tiny_gpt(), sp(make_plan(4, 1, 2, 1, ScheduleKind::one_f_one_b)));
+  check_close(tiny_gpt(), sp(make_plan(2, 2, 2, 3, ScheduleKind::interleaved, 2)));
+  check_close(tiny_gpt(), sp(make_plan(2, 2, 1, 1, ScheduleKind::zb_h1)));  // deferred weight gradients
+  check_close(tiny_llama(), sp(make_plan(2, 2, 2, 2, ScheduleKind::gpipe)));
+  check_close(tiny_llama4(), sp(make_plan(4, 2, 1, 1, ScheduleKind::one_f_one_b)));
+}
+
+TEST_CASE("tp comm overlap matches the single-rank run", "[parallel][overlap][tp_overlap]") {
+  check_matches_reference(tiny_gpt(), overlapped(sp(make_plan(2, 2, 2, 1, ScheduleKind::one_f_one_b))));
+  check_matches_reference(tiny_llama(), overlapped(sp(make_plan(2, 2, 2, 2, ScheduleKind::gpipe))));
+}
+
+TEST_CASE("tp comm overlap is refused without tensor and sequence parallelism", "[parallel][overlap][tp_overlap][errors]") {
+  const ModelSpec m = tiny_gpt();
+  Plan no_tp = sp(make_plan(1, 1, 2, 0, ScheduleKind::one_f_one_b));
+  no_tp.tp_comm_overlap = true;
+  const Status a = validate_plan(no_tp, m);
+  REQUIRE(!a.ok());
+  CHECK_THAT(a.error().message(), Catch::Contains("--tp-comm-overlap") && Catch::Contains("tp 1"));
+  const Status b = validate_plan(overlapped(make_plan(2, 1, 1, 0, ScheduleKind::one_f_one_b)), m);
+  REQUIRE(!b.ok());
+  CHECK_THAT(b.error().message(),
+             Catch::Contains("tp_comm_overlap") && Catch::Contains("without sequence_parallel") &&
+                 Catch::Contains("--sequence-parallel"));
+  CHECK(validate_plan(overlapped(sp(make_plan(2, 1, 1, 0, ScheduleKind::one_f_one_b))), m).ok());
+  // A plan file's field must be a boolean.
+  auto bad = plan_overrides_from_json(nlohmann::json{{"tp_comm_overlap", "yes"}});
+  REQUIRE(!bad.ok());
+  CHECK_THAT(bad.error().message(), Catch::Contains("tp_comm_overlap"));
+}
+
+TEST_CASE("tp_comm_overlap round-trips through a plan file", "[parallel][overlap][tp_overlap]") {
+  const Plan p = overlapped(sp(make_plan(2, 1, 1, 0, ScheduleKind::one_f_one_b)));
+  const nlohmann::json j = plan_to_json(p);
+  CHECK(j.at("tp_comm_overlap") == true);
+  CHECK(!plan_to_json(sp(make_plan(2, 1, 1, 0, ScheduleKind::one_f_one_b))).contains("tp_comm_overlap"));
+  auto o = plan_overrides_from_json(nlohmann::json{{"tp_comm_overlap", j.at("tp_comm_overlap")}});
+  REQUIRE(o.ok());
+  auto back = apply_overrides(Plan{}, o.value());
+  REQUIRE(back.ok());
+  CHECK(back.value().tp_comm_overlap);
+}
