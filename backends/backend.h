@@ -516,6 +516,14 @@ class Backend {
   // Point to point; a send pairs with the recv of the same (peer, tag).
   virtual void send(const Tensor& x, int peer_global_rank, int tag) = 0;
   virtual void recv(Tensor& x, int peer_global_rank, int tag) = 0;
+  // One step of a ring: `out` to `to` and `in` from `from`, posted together.
+  // Every rank of a ring sends before it receives; where a send holds its
+  // stream until the peer's receive starts (NCCL), posting them apart would
+  // wait forever, so the cuda backend groups the two.
+  virtual void send_recv(const Tensor& out, int to, Tensor& in, int from, int tag) {
+    send(out, to, tag);
+    recv(in, from, tag);
+  }
   virtual void barrier(const Group& g) = 0;
 };
 

@@ -192,6 +192,9 @@ class BackendWrapper : public Backend {
   void recv(Tensor& x, int peer_global_rank, int tag) override {
     target_.recv(x, peer_global_rank, tag);
   }
+  void send_recv(const Tensor& out, int to, Tensor& in, int from, int tag) override {
+    target_.send_recv(out, to, in, from, tag);
+  }
   void barrier(const Group& g) override { target_.barrier(g); }
 
  private:

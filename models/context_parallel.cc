@@ -290,18 +290,12 @@ void ring_forward(BlockContext& ctx, const Dims& d, const AttentionOp& op, Conte
     Event arrived;
     if (s < g.N - 1) {
       StreamScope on_comm(b, comm);
-      b.send(saved.exchanged.rows(local + block * n, n), g.next, kContextRingTag + s);
+      Tensor in = saved.exchanged.rows(local + incoming * n, n);
+      b.send_recv(saved.exchanged.rows(local + block * n, n), g.next, in, g.prev, kContextRingTag + s);
+      arrived = b.record(comm);
     }
     attend_block(ctx, d, op, block, saved, started);
-    if (s < g.N - 1) {
-      {
-        StreamScope on_comm(b, comm);
-        Tensor in = saved.exchanged.rows(local + incoming * n, n);
-        b.recv(in, g.prev, kContextRingTag + s);
-        arrived = b.record(comm);
-      }
-      b.wait(compute, arrived);
-    }
+    if (s < g.N - 1) b.wait(compute, arrived);
   }
 }
 
@@ -343,17 +337,13 @@ Tensor ring_backward(BlockContext& ctx, const Dims& d, const AttentionOp& op, co
   for (int s = 0; s < g.N - 1; ++s) {
     Tensor incoming = b.empty(Shape{d.kv_rows(), op.head_dim}, ctx.act);
     b.wait(comm, b.record(compute));  // `partial` is summed
-    {
-      StreamScope on_comm(b, comm);
-      b.send(partial, g.next, kContextRingTag + g.N + s);
-    }
-    const Tensor mine = block_grads(ctx, d, op, (cp.rank - s - 2 + 2 * g.N) % g.N, saved, dchunks, dq);
     Event arrived;
     {
       StreamScope on_comm(b, comm);
-      b.recv(incoming, g.prev, kContextRingTag + g.N + s);
+      b.send_recv(partial, g.next, incoming, g.prev, kContextRingTag + g.N + s);
       arrived = b.record(comm);
     }
+    const Tensor mine = block_grads(ctx, d, op, (cp.rank - s - 2 + 2 * g.N) % g.N, saved, dchunks, dq);
     b.wait(compute, arrived);
     partial = b.empty(Shape{d.kv_rows(), op.head_dim}, ctx.act);
     b.add(incoming, mine, partial);

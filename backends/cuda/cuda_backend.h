@@ -194,6 +194,7 @@ class CudaBackend final : public Backend {
                   std::span<const std::int64_t> recv_counts, const Group& g) override;
   void send(const Tensor& x, int peer_global_rank, int tag) override;
   void recv(Tensor& x, int peer_global_rank, int tag) override;
+  void send_recv(const Tensor& out, int to, Tensor& in, int from, int tag) override;
   void barrier(const Group& g) override;
 
   // Bytes this rank has put on the wire so far, counted when a collective or

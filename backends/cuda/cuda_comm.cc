@@ -210,6 +210,21 @@ void CudaBackend::recv(Tensor& x, int peer, int tag) {
   track(name, pair);
 }
 
+void CudaBackend::send_recv(const Tensor& out, int to, Tensor& in, int from, int tag) {
+  // ncclSend holds the stream until the peer's ncclRecv starts: a ring step posted as a send, then a
+  // receive, on every rank waits forever. One group posts both.
+  if (failed()) return;
+  if (ncclResult_t r = ncclGroupStart(); r != ncclSuccess) {
+    fail(make_error("cuda rank {}: send_recv tag {}: {}", rank_, tag, ncclGetErrorString(r)));
+    return;
+  }
+  send(out, to, tag);
+  recv(in, from, tag);
+  if (ncclResult_t r = ncclGroupEnd(); r != ncclSuccess)
+    fail(make_error("cuda rank {}: send to {} and recv from {}, tag {}: {}", rank_, to, from, tag,
+                    ncclGetErrorString(r)));
+}
+
 void CudaBackend::barrier(const Group& g) {
   check_member(g, "barrier");
   if (failed() || g.size() == 1) return;

@@ -319,6 +319,11 @@ void TracingBackend::send(const Tensor& x, int peer_global_rank, int tag) {
         args_json({&x}, -1, fmt::format(R"(,"peer":{},"tag":{})", peer_global_rank, tag)),
         [&] { target().send(x, peer_global_rank, tag); });
 }
+void TracingBackend::send_recv(const Tensor& out, int to, Tensor& in, int from, int tag) {
+  timed("send_recv", "send_recv",
+        args_json({&out, &in}, -1, fmt::format(R"(,"to":{},"from":{},"tag":{})", to, from, tag)),
+        [&] { target().send_recv(out, to, in, from, tag); });
+}
 void TracingBackend::recv(Tensor& x, int peer_global_rank, int tag) {
   timed("recv", "recv",
         args_json({&x}, -1, fmt::format(R"(,"peer":{},"tag":{})", peer_global_rank, tag)),

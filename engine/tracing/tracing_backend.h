@@ -124,6 +124,7 @@ class TracingBackend final : public BackendWrapper {
                   std::span<const std::int64_t> recv_counts, const Group& g) override;
   void send(const Tensor& x, int peer_global_rank, int tag) override;
   void recv(Tensor& x, int peer_global_rank, int tag) override;
+  void send_recv(const Tensor& out, int to, Tensor& in, int from, int tag) override;
   void barrier(const Group& g) override;
 
  private:
