@@ -398,8 +398,11 @@ std::vector<std::pair<int, int>> flow_pairs(const CollectivePlan& plan) {
 }
 
 Time analytic_time(const Cluster& cluster, const CostConstants& c, const CollectivePlan& plan) {
-  // Scratch load per link, cleared through the touched list.
-  std::vector<double> load(cluster.links().size(), 0.0);
+  // Scratch load per link, zero between calls (cleared through the touched
+  // list): kept per thread, since allocating it per collective costs a
+  // million-GPU cluster's link count each time.
+  thread_local std::vector<double> load;
+  if (load.size() < cluster.links().size()) load.resize(cluster.links().size(), 0.0);
   std::vector<LinkId> touched;
   Time total = 0;
   for (const auto& step : plan.steps) {

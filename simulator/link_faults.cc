@@ -75,7 +75,7 @@ Result<std::array<LinkId, 2>> Cluster::cable(std::string_view name) const {
 }
 
 int Cluster::node_of_vertex(uint32_t v) const {
-  const Vertex& x = graph_[v];
+  const Vertex& x = (*graph_)[v];
   const int gpn = spec_.gpus_per_node;
   switch (x.kind) {
     case NodeKind::kGpu:
@@ -94,8 +94,8 @@ int Cluster::node_of_vertex(uint32_t v) const {
 
 std::string Cluster::link_name(LinkId id) const {
   const Link& l = links_[id];
-  const Vertex& a = graph_[l.from];
-  const Vertex& b = graph_[l.to];
+  const Vertex& a = (*graph_)[l.from];
+  const Vertex& b = (*graph_)[l.to];
   // The cable's GPU-side (or leaf-side) end names it; "up" leaves the GPU.
   const bool up = a.kind < b.kind;
   const Vertex& low = up ? a : b;
@@ -176,7 +176,7 @@ void node_bfs(const Graph& g, const std::vector<uint8_t>& failed, uint32_t start
 std::vector<LinkId> Cluster::node_path(int src, int dst) const {
   std::vector<LinkId> out;
   bool done = false;
-  node_bfs(graph_, failed_, gpu_vertex(src), node_of(src), true,
+  node_bfs(*graph_, failed_, gpu_vertex(src), node_of(src), true,
            [this](uint32_t v) { return node_of_vertex(v); },
            [&](uint32_t v, const std::vector<LinkId>& p) {
              if (!done && v == gpu_vertex(dst)) {
@@ -206,16 +206,16 @@ Route Cluster::reroute(int src, int dst) const {
       std::vector<LinkId> path;
     };
     std::vector<End> exits, entries;
-    node_bfs(graph_, failed_, gpu_vertex(src), node_of(src), true,
+    node_bfs(*graph_, failed_, gpu_vertex(src), node_of(src), true,
              [this](uint32_t v) { return node_of_vertex(v); },
              [&](uint32_t v, const std::vector<LinkId>& p) {
-               const Vertex& x = graph_[v];
+               const Vertex& x = (*graph_)[v];
                if (x.kind == NodeKind::kNic && !failed_[nic_leaf_[x.index]]) exits.push_back({x.index, p});
              });
-    node_bfs(graph_, failed_, gpu_vertex(dst), node_of(dst), false,
+    node_bfs(*graph_, failed_, gpu_vertex(dst), node_of(dst), false,
              [this](uint32_t v) { return node_of_vertex(v); },
              [&](uint32_t v, const std::vector<LinkId>& p) {
-               const Vertex& x = graph_[v];
+               const Vertex& x = (*graph_)[v];
                if (x.kind == NodeKind::kNic && !failed_[leaf_nic_[x.index]]) entries.push_back({x.index, p});
              });
     auto leaf_of = [&](int nic) { return (nic / gpn / spec_.nodes_per_leaf) * gpn + nic % gpn; };

@@ -32,13 +32,13 @@ const char* node_kind_name(NodeKind kind) {
 
 uint32_t Cluster::add_vertex(NodeKind kind, int index) {
   ++counts_[static_cast<int>(kind)];
-  return static_cast<uint32_t>(boost::add_vertex(Vertex{kind, index}, graph_));
+  return static_cast<uint32_t>(boost::add_vertex(Vertex{kind, index}, *graph_));
 }
 
 LinkId Cluster::add_link(uint32_t from, uint32_t to, double bandwidth, Time latency) {
   LinkId id = static_cast<LinkId>(links_.size());
   links_.push_back(Link{bandwidth, latency, from, to});
-  boost::add_edge(from, to, Edge{id}, graph_);
+  boost::add_edge(from, to, Edge{id}, *graph_);
   return id;
 }
 

@@ -40,6 +40,7 @@
 #pragma once
 
 #include <array>
+#include <memory>
 #include <boost/graph/adjacency_list.hpp>
 #include <cstdint>
 #include <string>
@@ -101,7 +102,7 @@ class Cluster {
   int num_spines() const { return num_spines_; }
   int count(NodeKind kind) const;
 
-  const Graph& graph() const { return graph_; }
+  const Graph& graph() const { return *graph_; }
   const std::vector<Link>& links() const { return links_; }
   const Link& link(LinkId id) const { return links_[id]; }
   uint32_t gpu_vertex(int gpu) const { return static_cast<uint32_t>(gpu); }
@@ -141,7 +142,10 @@ class Cluster {
   ClusterSpec spec_;
   int num_gpus_ = 0, num_nodes_ = 0, num_leaves_ = 0, num_spines_ = 0;
   std::array<int, 6> counts_{};
-  Graph graph_;
+  // Built once and never changed after (failures live in failed_): copies of
+  // the Cluster share it (Boost's adjacency_list has no move constructor, and
+  // a million-GPU graph copied at each hand-over cost seconds).
+  std::shared_ptr<Graph> graph_ = std::make_shared<Graph>();
   std::vector<Link> links_;
   // Link ids by role, indexed by GPU id (every GPU has its own NVLink port,
   // PCIe lane group, NIC and leaf port) or by leaf * spines + spine.
