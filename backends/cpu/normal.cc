@@ -6,7 +6,17 @@
 
 namespace meshtrain::cpu {
 
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+// GCC resolves target_clones through an ifunc while the program is being
+// relocated, before ThreadSanitizer's runtime has started; the instrumented
+// resolver then crashes every binary that links this file. TSan builds take
+// the default clone (the same results: normal.h).
+#if defined(__SANITIZE_THREAD__)
+#define MESHTRAIN_NORMAL_CLONES
+#else
+#define MESHTRAIN_NORMAL_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#endif
+
+MESHTRAIN_NORMAL_CLONES
 std::int64_t normal_fill(std::uint64_t key, std::uint64_t first, std::int64_t n, double stddev, float* out) {
   std::int64_t drawn = 0;
   for (std::int64_t b = 0; b < n; b += kNormalBlock)
