@@ -1,7 +1,5 @@
 #include "engine/mesh.h"
 
-#include <algorithm>
-
 namespace meshtrain {
 
 std::string group_kind_name(GroupKind k) {
@@ -20,91 +18,102 @@ Mesh::Mesh(const Plan& plan)
       etp_(plan.expert_tp()),
       world_(plan.tp * plan.pp * plan.dp * plan.cp),
       first_(plan.first_rank),
-      next_id_(plan.group_id_base) {
-  for (auto& m : membership_) m.assign(static_cast<std::size_t>(first_ + world_), -1);
-  // The ranks that vary one coordinate over [begin, end) by `step`, the
-  // others fixed at `base`: direct, so large meshes build in linear time.
-  auto vary = [&](Coord base, int Coord::*dim, int begin, int end, int step = 1) {
-    std::vector<int> r;
-    for (int i = begin; i < end; i += step) {
-      base.*dim = i;
-      r.push_back(rank_of(base));
-    }
-    return r;
-  };
-  for (int pp = 0; pp < pp_; ++pp)
-    for (int dp = 0; dp < dp_; ++dp)
-      for (int cp = 0; cp < cp_; ++cp) add(GroupKind::tensor, vary({0, cp, dp, pp}, &Coord::tp, 0, tp_));
-  for (int pp = 0; pp < pp_; ++pp)
-    for (int dp = 0; dp < dp_; ++dp)
-      for (int tp = 0; tp < tp_; ++tp) add(GroupKind::context, vary({tp, 0, dp, pp}, &Coord::cp, 0, cp_));
-  for (int pp = 0; pp < pp_; ++pp)
-    for (int cp = 0; cp < cp_; ++cp)
-      for (int tp = 0; tp < tp_; ++tp) {
-        add(GroupKind::data, vary({tp, cp, 0, pp}, &Coord::dp, 0, dp_));
-      }
-  // The expert mesh of each stage (see mesh.h), over stage-local indices l.
-  const int stage_ranks = tp_ * cp_ * dp_, etp = etp_, ep = ep_, edp = stage_ranks / (etp_ * ep_);
-  for (int pp = 0; pp < pp_; ++pp) {
-    const int base = first_ + pp * stage_ranks;
-    auto local = [&](int e_tp, int e_p, int e_dp) { return base + e_tp + etp * (e_p + ep * e_dp); };
-    for (int d = 0; d < edp; ++d) {
-      std::vector<int> model;
-      for (int e = 0; e < ep; ++e)
-        for (int t = 0; t < etp; ++t) model.push_back(local(t, e, d));
-      add(GroupKind::expert_model, std::move(model));
-      for (int t = 0; t < etp; ++t) {
-        std::vector<int> group;
-        for (int e = 0; e < ep; ++e) group.push_back(local(t, e, d));
-        add(GroupKind::expert, std::move(group));
-      }
-      for (int e = 0; e < ep; ++e) {
-        std::vector<int> group;
-        for (int t = 0; t < etp; ++t) group.push_back(local(t, e, d));
-        add(GroupKind::expert_tensor, std::move(group));
-      }
-    }
-    for (int e = 0; e < ep; ++e)
-      for (int t = 0; t < etp; ++t) {
-        std::vector<int> group;
-        for (int d = 0; d < edp; ++d) group.push_back(local(t, e, d));
-        add(GroupKind::expert_data, std::move(group));
-      }
+      id_base_(plan.group_id_base) {}
+
+int Mesh::group_count(GroupKind k) const {
+  switch (k) {
+    case GroupKind::tensor: return cp_ * dp_ * pp_;
+    case GroupKind::context: return tp_ * dp_ * pp_;
+    case GroupKind::data: return tp_ * cp_ * pp_;
+    case GroupKind::pipeline:
+    case GroupKind::embedding: return tp_ * cp_ * dp_;
+    case GroupKind::model_parallel: return cp_ * dp_;
+    case GroupKind::expert: return pp_ * edp() * etp_;
+    case GroupKind::expert_data: return pp_ * ep_ * etp_;
+    case GroupKind::expert_tensor: return pp_ * edp() * ep_;
+    case GroupKind::expert_model: return pp_ * edp();
+    case GroupKind::data_context: return tp_ * pp_;
   }
-  for (int dp = 0; dp < dp_; ++dp)
-    for (int cp = 0; cp < cp_; ++cp)
-      for (int tp = 0; tp < tp_; ++tp) {
-        auto pipeline = vary({tp, cp, dp, 0}, &Coord::pp, 0, pp_);
-        std::vector<int> embedding = {pipeline.front()};
-        if (pipeline.back() != pipeline.front()) embedding.push_back(pipeline.back());
-        add(GroupKind::pipeline, std::move(pipeline));
-        add(GroupKind::embedding, std::move(embedding));
-      }
-  // Model-parallel: every (tp, pp) rank of one (dp, cp) slice.
-  for (int dp = 0; dp < dp_; ++dp)
-    for (int cp = 0; cp < cp_; ++cp) {
-      std::vector<int> r;
-      for (int pp = 0; pp < pp_; ++pp)
-        for (int tp = 0; tp < tp_; ++tp) r.push_back(rank_of({tp, cp, dp, pp}));
-      std::sort(r.begin(), r.end());
-      add(GroupKind::model_parallel, std::move(r));
-    }
-  for (int pp = 0; pp < pp_; ++pp)
-    for (int tp = 0; tp < tp_; ++tp) {
-      std::vector<int> r;
-      for (int dp = 0; dp < dp_; ++dp)
-        for (int cp = 0; cp < cp_; ++cp) r.push_back(rank_of({tp, cp, dp, pp}));
-      add(GroupKind::data_context, std::move(r));
-    }
-  for (auto& list : groups_)
-    std::sort(list.begin(), list.end(), [](const Group& a, const Group& b) { return a.ranks[0] < b.ranks[0]; });
-  for (std::size_t k = 0; k < groups_.size(); ++k)
-    for (std::size_t i = 0; i < groups_[k].size(); ++i)
-      for (int r : groups_[k][i].ranks) membership_[k][static_cast<std::size_t>(r)] = static_cast<int>(i);
+  return 0;
 }
 
-void Mesh::add(GroupKind k, std::vector<int> ranks) {
-  groups_[static_cast<std::size_t>(k)].push_back(Group{next_id_++, std::move(ranks)});
+int Mesh::group_count() const {
+  int n = 0;
+  for (int k = 0; k < kGroupKinds; ++k) n += group_count(static_cast<GroupKind>(k));
+  return n;
+}
+
+// Each kind fixes some coordinates and varies the others; its groups are
+// ordered by the fixed ones, slowest (pipeline) last, which is the order of
+// their first ranks because the rank numbering has the same nesting.
+int Mesh::index_of(GroupKind k, int rank) const {
+  if (rank < first_ || rank >= first_ + world_) return -1;
+  const Coord c = coord_of(rank);
+  const int local = (rank - first_) % (tp_ * cp_ * dp_);  // the expert mesh's stage-local index
+  const int e_tp = local % etp_, e_p = local / etp_ % ep_, e_dp = local / (etp_ * ep_);
+  switch (k) {
+    case GroupKind::tensor: return c.cp + cp_ * (c.dp + dp_ * c.pp);
+    case GroupKind::context: return c.tp + tp_ * (c.dp + dp_ * c.pp);
+    case GroupKind::data: return c.tp + tp_ * (c.cp + cp_ * c.pp);
+    case GroupKind::embedding:
+      if (c.pp != 0 && c.pp != pp_ - 1) return -1;
+      [[fallthrough]];
+    case GroupKind::pipeline: return c.tp + tp_ * (c.cp + cp_ * c.dp);
+    case GroupKind::model_parallel: return c.cp + cp_ * c.dp;
+    case GroupKind::expert: return e_tp + etp_ * (e_dp + edp() * c.pp);
+    case GroupKind::expert_data: return e_tp + etp_ * (e_p + ep_ * c.pp);
+    case GroupKind::expert_tensor: return e_p + ep_ * (e_dp + edp() * c.pp);
+    case GroupKind::expert_model: return e_dp + edp() * c.pp;
+    case GroupKind::data_context: return c.tp + tp_ * c.pp;
+  }
+  return -1;
+}
+
+Group Mesh::group(GroupKind k, int i) const {
+  Group g;
+  g.id = id_base_ + i;
+  for (int j = 0; j < static_cast<int>(k); ++j) g.id += group_count(static_cast<GroupKind>(j));
+  std::vector<int>& r = g.ranks;
+  switch (k) {
+    case GroupKind::tensor:
+      for (int t = 0; t < tp_; ++t) r.push_back(first_ + tp_ * i + t);
+      break;
+    case GroupKind::context:
+      for (int x = 0; x < cp_; ++x) r.push_back(rank_of({i % tp_, x, i / tp_ % dp_, i / (tp_ * dp_)}));
+      break;
+    case GroupKind::data:
+      for (int d = 0; d < dp_; ++d) r.push_back(rank_of({i % tp_, i / tp_ % cp_, d, i / (tp_ * cp_)}));
+      break;
+    case GroupKind::pipeline:
+      for (int s = 0; s < pp_; ++s) r.push_back(rank_of({i % tp_, i / tp_ % cp_, i / (tp_ * cp_), s}));
+      break;
+    case GroupKind::embedding:
+      r.push_back(rank_of({i % tp_, i / tp_ % cp_, i / (tp_ * cp_), 0}));
+      if (pp_ > 1) r.push_back(rank_of({i % tp_, i / tp_ % cp_, i / (tp_ * cp_), pp_ - 1}));
+      break;
+    case GroupKind::model_parallel:  // every (tp, pp) rank of one (dp, cp) slice, ascending
+      for (int s = 0; s < pp_; ++s)
+        for (int t = 0; t < tp_; ++t) r.push_back(rank_of({t, i % cp_, i / cp_, s}));
+      break;
+    case GroupKind::expert:
+      for (int e = 0; e < ep_; ++e) r.push_back(expert_rank(i / etp_ / edp(), i % etp_, e, i / etp_ % edp()));
+      break;
+    case GroupKind::expert_data:
+      for (int d = 0; d < edp(); ++d) r.push_back(expert_rank(i / etp_ / ep_, i % etp_, i / etp_ % ep_, d));
+      break;
+    case GroupKind::expert_tensor:
+      for (int t = 0; t < etp_; ++t) r.push_back(expert_rank(i / ep_ / edp(), t, i % ep_, i / ep_ % edp()));
+      break;
+    case GroupKind::expert_model:
+      for (int e = 0; e < ep_; ++e)
+        for (int t = 0; t < etp_; ++t) r.push_back(expert_rank(i / edp(), t, e, i % edp()));
+      break;
+    case GroupKind::data_context:
+      for (int d = 0; d < dp_; ++d)
+        for (int x = 0; x < cp_; ++x) r.push_back(rank_of({i % tp_, x, d, i / tp_}));
+      break;
+  }
+  return g;
 }
 
 Coord Mesh::coord_of(int rank) const {
@@ -120,9 +129,12 @@ Coord Mesh::coord_of(int rank) const {
 }
 
 const Group* Mesh::group_of(GroupKind k, int rank) const {
-  if (rank < 0 || rank >= first_ + world_) return nullptr;
-  int i = membership_[static_cast<std::size_t>(k)][static_cast<std::size_t>(rank)];
-  return i < 0 ? nullptr : &groups_[static_cast<std::size_t>(k)][static_cast<std::size_t>(i)];
+  const int i = index_of(k, rank);
+  if (i < 0) return nullptr;
+  std::lock_guard lock(built_->mutex);
+  auto [it, added] = built_->groups.try_emplace({static_cast<int>(k), i});
+  if (added) it->second = group(k, i);
+  return &it->second;
 }
 
 }  // namespace meshtrain

@@ -1,5 +1,10 @@
-// Mesh: global ranks ↔ (tp, cp, dp, pp) coordinates, and every process group,
-// built once.
+// Mesh: global ranks ↔ (tp, cp, dp, pp) coordinates, and every process group.
+//
+// Groups are computed from the coordinates when asked for, not listed up
+// front: a rank needs about ten of them, and a million-rank mesh holds
+// millions (listing them cost seconds and gigabytes per simulated stage).
+// Group i of a kind is the i-th in ascending order of its first rank; its id
+// is the mesh's id base + the groups of the kinds before it + i.
 //
 // Layout as Megatron-Core: tensor parallel fastest, then context, then data,
 // pipeline slowest, so a tensor-parallel group is a block of consecutive ranks
@@ -26,8 +31,11 @@
 // rank of one edp index in the stage: each expert shard once).
 #pragma once
 
-#include <array>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backends/backend.h"
@@ -75,21 +83,33 @@ class Mesh {
   int rank_of(Coord c) const { return first_ + c.tp + tp_ * (c.cp + cp_ * (c.dp + dp_ * c.pp)); }
   Coord coord_of(int rank) const;
 
-  // Every group of a kind, in ascending order of their first rank.
-  const std::vector<Group>& groups(GroupKind k) const { return groups_[static_cast<std::size_t>(k)]; }
+  // How many groups of kind `k` (of every kind) the mesh has.
+  int group_count(GroupKind k) const;
+  int group_count() const;
+  // Group `i` (in [0, group_count(k))) of kind `k`.
+  Group group(GroupKind k, int i) const;
   // The group of kind `k` that contains `rank`, or nullptr (embedding groups
   // leave the middle pipeline stages out; a segment's mesh every rank
-  // outside it).
+  // outside it). Built on first use and kept (thread-safe; copies of the
+  // mesh share what was built), so the pointer stays valid while a copy lives.
   const Group* group_of(GroupKind k, int rank) const;
 
  private:
-  void add(GroupKind k, std::vector<int> ranks);
+  // The index of the group of kind `k` holding `rank` (in the mesh), or -1.
+  int index_of(GroupKind k, int rank) const;
+  // The ranks of the expert mesh's local index (etp, ep, edp) in stage pp.
+  int expert_rank(int pp, int e_tp, int e_p, int e_dp) const {
+    return first_ + pp * tp_ * cp_ * dp_ + e_tp + etp_ * (e_p + ep_ * e_dp);
+  }
+  int edp() const { return tp_ * cp_ * dp_ / (etp_ * ep_); }
 
   int tp_, cp_, dp_, pp_, ep_, etp_, world_, first_;
-  int next_id_;
-  std::array<std::vector<Group>, kGroupKinds> groups_;
-  // membership_[k][rank]: index into groups_[k], or -1.
-  std::array<std::vector<int>, kGroupKinds> membership_;
+  int id_base_;
+  struct Built {
+    std::mutex mutex;
+    std::map<std::pair<int, int>, Group> groups;  // by (kind, index); a map keeps addresses
+  };
+  std::shared_ptr<Built> built_ = std::make_shared<Built>();
 };
 
 }  // namespace meshtrain

@@ -23,8 +23,7 @@ Group world_group(const Plan& p) {
   const Mesh mesh(p);
   Group world;
   // The mesh numbers its groups 0, 1, 2, ...: the next id is free.
-  world.id = 0;
-  for (int k = 0; k < kGroupKinds; ++k) world.id += static_cast<int>(mesh.groups(static_cast<GroupKind>(k)).size());
+  world.id = mesh.group_count();
   world.ranks.resize(static_cast<std::size_t>(mesh.world_size()));
   std::iota(world.ranks.begin(), world.ranks.end(), 0);
   return world;

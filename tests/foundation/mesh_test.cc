@@ -1,5 +1,7 @@
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <map>
 #include <set>
 
 #include "engine/mesh.h"
@@ -9,7 +11,7 @@ using namespace meshtrain;
 namespace {
 std::vector<std::vector<int>> lists(const Mesh& m, GroupKind k) {
   std::vector<std::vector<int>> r;
-  for (const auto& g : m.groups(k)) r.push_back(g.ranks);
+  for (int i = 0; i < m.group_count(k); ++i) r.push_back(m.group(k, i).ranks);
   return r;
 }
 Plan plan(int tp, int pp, int dp, int ep = 1) {
@@ -80,7 +82,8 @@ TEST_CASE("group ids are unique and every rank is in one group per kind", "[mesh
   std::set<int> ids;
   std::size_t count = 0;
   for (int k = 0; k < kGroupKinds; ++k)
-    for (const auto& g : m.groups(static_cast<GroupKind>(k))) ids.insert(g.id), ++count;
+    for (int i = 0; i < m.group_count(static_cast<GroupKind>(k)); ++i)
+      ids.insert(m.group(static_cast<GroupKind>(k), i).id), ++count;
   CHECK(ids.size() == count);
   for (int r = 0; r < 8; ++r)
     for (GroupKind k : {GroupKind::tensor, GroupKind::data, GroupKind::pipeline, GroupKind::model_parallel})
@@ -90,7 +93,88 @@ TEST_CASE("group ids are unique and every rank is in one group per kind", "[mesh
 TEST_CASE("a 16384-rank mesh builds quickly", "[mesh]") {
   Plan p = plan(8, 16, 128);
   Mesh m(p);
-  CHECK(m.groups(GroupKind::tensor).size() == 2048);
-  CHECK(m.groups(GroupKind::data).size() == 128);
+  CHECK(m.group_count(GroupKind::tensor) == 2048);
+  CHECK(m.group_count(GroupKind::data) == 128);
   CHECK(m.group_of(GroupKind::pipeline, 16383)->ranks.front() == 16383 - 15 * 1024);
+}
+
+TEST_CASE("groups computed from coordinates match grouping every rank by its fixed coordinates", "[mesh]") {
+  // Independent of the mesh's index formulas: ranks are put in one group
+  // when the coordinates a kind holds fixed are equal, then the groups are
+  // ordered by first rank and compared with group(k, i) and group_of.
+  struct Case {
+    int tp, cp, dp, pp, ep, etp, first;
+  };
+  for (const Case& c : {Case{2, 1, 2, 4, 1, 0, 0}, Case{2, 2, 3, 2, 1, 0, 0}, Case{2, 1, 4, 2, 2, 0, 0},
+                        Case{2, 1, 4, 3, 2, 1, 0}, Case{4, 1, 2, 2, 4, 1, 0}, Case{1, 2, 2, 2, 1, 0, 6}}) {
+    Plan p;
+    p.tp = c.tp, p.cp = c.cp, p.dp = c.dp, p.pp = c.pp, p.ep = c.ep, p.first_rank = c.first, p.group_id_base = 100;
+    if (c.etp > 0) p.etp = c.etp;
+    const Mesh m(p);
+    const int S = c.tp * c.cp * c.dp, etp = p.expert_tp();
+    // The coordinates each kind holds fixed, for the rank at stage-local index l of stage s.
+    auto key = [&](GroupKind k, int rank) -> std::vector<int> {
+      const Coord x = m.coord_of(rank);
+      const int l = (rank - c.first) % S, e_tp = l % etp, e_p = l / etp % c.ep, e_dp = l / (etp * c.ep);
+      switch (k) {
+        case GroupKind::tensor: return {x.cp, x.dp, x.pp};
+        case GroupKind::context: return {x.tp, x.dp, x.pp};
+        case GroupKind::data: return {x.tp, x.cp, x.pp};
+        case GroupKind::pipeline: return {x.tp, x.cp, x.dp};
+        case GroupKind::embedding:
+          if (x.pp != 0 && x.pp != c.pp - 1) return {};
+          return {x.tp, x.cp, x.dp};
+        case GroupKind::model_parallel: return {x.cp, x.dp};
+        case GroupKind::expert: return {x.pp, e_dp, e_tp};
+        case GroupKind::expert_data: return {x.pp, e_p, e_tp};
+        case GroupKind::expert_tensor: return {x.pp, e_dp, e_p};
+        case GroupKind::expert_model: return {x.pp, e_dp};
+        case GroupKind::data_context: return {x.tp, x.pp};
+      }
+      return {};
+    };
+    std::set<int> ids;
+    int total = 0;
+    for (int kind = 0; kind < kGroupKinds; ++kind) {
+      const auto k = static_cast<GroupKind>(kind);
+      std::map<std::vector<int>, std::vector<int>> by_key;
+      for (int r = c.first; r < c.first + m.world_size(); ++r)
+        if (auto kk = key(k, r); !kk.empty()) by_key[kk].push_back(r);
+      std::vector<std::vector<int>> expected;
+      for (auto& [kk, ranks] : by_key) expected.push_back(ranks);
+      std::sort(expected.begin(), expected.end());
+      INFO(group_kind_name(k) << " tp " << c.tp << " cp " << c.cp << " dp " << c.dp << " pp " << c.pp << " ep "
+                              << c.ep << " etp " << etp);
+      REQUIRE(m.group_count(k) == static_cast<int>(expected.size()));
+      for (int i = 0; i < m.group_count(k); ++i) {
+        const Group g = m.group(k, i);
+        CHECK(g.ranks == expected[static_cast<std::size_t>(i)]);
+        ids.insert(g.id);
+        for (int r : g.ranks) CHECK(m.group_of(k, r)->ranks == g.ranks);
+      }
+      total += m.group_count(k);
+      for (int r = 0; r < c.first; ++r) CHECK(m.group_of(k, r) == nullptr);
+    }
+    // Ids: one per group, contiguous from the plan's base.
+    CHECK(static_cast<int>(ids.size()) == total);
+    CHECK(*ids.begin() == 100);
+    CHECK(*ids.rbegin() == 100 + total - 1);
+    CHECK(m.group_count() == total);
+  }
+}
+
+TEST_CASE("a million-rank mesh lists no groups up front", "[mesh]") {
+  // tp 2, pp 4, dp 131072: millions of groups, of which a rank asks for a
+  // few; the data group is built when asked for.
+  Plan p = plan(2, 4, 131072);
+  const Mesh m(p);
+  CHECK(m.group_count(GroupKind::tensor) == 4 * 131072);
+  const Group* data = m.group_of(GroupKind::data, 3);
+  REQUIRE(data != nullptr);
+  CHECK(data->size() == 131072);
+  CHECK(data->ranks[0] == 1);
+  CHECK(data->ranks[1] == 3);
+  CHECK(m.group_of(GroupKind::data, 3) == data);  // built once
+  const Mesh copy = m;                            // shares what was built
+  CHECK(copy.group_of(GroupKind::data, 1) == data);
 }
