@@ -30,15 +30,9 @@ const char* node_kind_name(NodeKind kind) {
   return "?";
 }
 
-uint32_t Cluster::add_vertex(NodeKind kind, int index) {
-  ++counts_[static_cast<int>(kind)];
-  return static_cast<uint32_t>(boost::add_vertex(Vertex{kind, index}, *graph_));
-}
-
 LinkId Cluster::add_link(uint32_t from, uint32_t to, double bandwidth, Time latency) {
   LinkId id = static_cast<LinkId>(links_.size());
   links_.push_back(Link{bandwidth, latency, from, to});
-  boost::add_edge(from, to, Edge{id}, *graph_);
   return id;
 }
 
@@ -61,15 +55,21 @@ Result<Cluster> Cluster::build(const ClusterSpec& spec, int num_gpus) {
   c.num_spines_ = network ? (spec.spines > 0 ? spec.spines : spec.nodes_per_leaf) : 0;
 
   // Vertex ids: GPUs first so gpu_vertex(g) == g.
-  for (int g = 0; g < num_gpus; ++g) c.add_vertex(NodeKind::kGpu, g);
+  std::vector<Vertex> vertices;
+  auto add_vertex = [&](NodeKind kind, int index) {
+    ++c.counts_[static_cast<int>(kind)];
+    vertices.push_back(Vertex{kind, index});
+    return static_cast<uint32_t>(vertices.size() - 1);
+  };
+  for (int g = 0; g < num_gpus; ++g) add_vertex(NodeKind::kGpu, g);
   std::vector<uint32_t> nvs(c.num_nodes_), nic(num_gpus), leaf(c.num_leaves_), spine(c.num_spines_);
   std::vector<uint32_t> pcie(static_cast<size_t>(c.num_nodes_) * (gpn / per_pcie));
-  for (int n = 0; n < c.num_nodes_; ++n) nvs[n] = c.add_vertex(NodeKind::kNvSwitch, n);
+  for (int n = 0; n < c.num_nodes_; ++n) nvs[n] = add_vertex(NodeKind::kNvSwitch, n);
   for (size_t p = 0; p < pcie.size(); ++p)
-    pcie[p] = c.add_vertex(NodeKind::kPcie, static_cast<int>(p));
-  for (int g = 0; g < num_gpus; ++g) nic[g] = c.add_vertex(NodeKind::kNic, g);
-  for (int l = 0; l < c.num_leaves_; ++l) leaf[l] = c.add_vertex(NodeKind::kLeaf, l);
-  for (int s = 0; s < c.num_spines_; ++s) spine[s] = c.add_vertex(NodeKind::kSpine, s);
+    pcie[p] = add_vertex(NodeKind::kPcie, static_cast<int>(p));
+  for (int g = 0; g < num_gpus; ++g) nic[g] = add_vertex(NodeKind::kNic, g);
+  for (int l = 0; l < c.num_leaves_; ++l) leaf[l] = add_vertex(NodeKind::kLeaf, l);
+  for (int s = 0; s < c.num_spines_; ++s) spine[s] = add_vertex(NodeKind::kSpine, s);
 
   const size_t links_estimate =
       static_cast<size_t>(num_gpus) * 8 + 2 * static_cast<size_t>(c.num_leaves_) * c.num_spines_;
@@ -107,6 +107,20 @@ Result<Cluster> Cluster::build(const ClusterSpec& spec, int num_gpus) {
         c.spine_leaf_[i] = c.add_link(spine[s], leaf[l], uplink, spec.switch_latency);
       }
   }
+  // The graph in one go from the link list (compressed sparse rows: a
+  // vertex's out-edges in the order their links were added).
+  std::vector<std::pair<uint32_t, uint32_t>> ends;
+  std::vector<Edge> ids;
+  ends.reserve(c.links_.size());
+  ids.reserve(c.links_.size());
+  for (const Link& l : c.links_) {
+    ids.push_back(Edge{static_cast<LinkId>(ends.size())});
+    ends.emplace_back(l.from, l.to);
+  }
+  auto graph = std::make_shared<Graph>(boost::edges_are_unsorted_multi_pass, ends.begin(), ends.end(), ids.begin(),
+                                       vertices.size());
+  for (std::size_t v = 0; v < vertices.size(); ++v) (*graph)[static_cast<uint32_t>(v)] = vertices[v];
+  c.graph_ = std::move(graph);
   return c;
 }
 
