@@ -307,7 +307,7 @@ void for_each_flow(const CollectivePlan& plan, const CollectivePlan::Step& step,
 }
 
 Result<CollectivePlan> choose_plan(const Cluster& cluster, const CostConstants& c,
-                                   const CollectiveRequest& req);
+                                   const CollectiveRequest& req, StepCosts* costs);
 
 }  // namespace
 
@@ -397,37 +397,56 @@ std::vector<std::pair<int, int>> flow_pairs(const CollectivePlan& plan) {
   return out;
 }
 
-Time analytic_time(const Cluster& cluster, const CostConstants& c, const CollectivePlan& plan) {
-  // Scratch load per link, zero between calls (cleared through the touched
-  // list): kept per thread, since allocating it per collective costs a
-  // million-GPU cluster's link count each time.
-  thread_local std::vector<double> load;
-  if (load.size() < cluster.links().size()) load.resize(cluster.links().size(), 0.0);
+namespace {
+
+StepCosts::Cost route_step(const Cluster& cluster, const CollectivePlan& plan, const CollectivePlan::Step& step) {
+  // Flows per link, zero between calls (cleared through the touched list):
+  // kept per thread, since allocating it per step costs a million-GPU
+  // cluster's link count each time.
+  thread_local std::vector<uint32_t> flows;
+  if (flows.size() < cluster.links().size()) flows.resize(cluster.links().size(), 0);
   std::vector<LinkId> touched;
+  StepCosts::Cost cost;
+  for_each_flow(plan, step, [&](int src, int dst) {
+    const Route r = cluster.route(src, dst);
+    cost.latency = std::max(cost.latency, cluster.route_latency(r));
+    for (LinkId l : r)
+      if (flows[l]++ == 0) touched.push_back(l);
+  });
+  for (LinkId l : touched) {
+    cost.seconds_per_byte = std::max(cost.seconds_per_byte, flows[l] / cluster.link(l).bandwidth);
+    flows[l] = 0;
+  }
+  return cost;
+}
+
+}  // namespace
+
+std::size_t StepCosts::KeyHash::operator()(const Key& k) const {
+  std::uint64_t h = (std::uint64_t{k.group_size} << 33) ^ (std::uint64_t{k.shift} << 1) ^ k.open;
+  for (int g : k.order) h = (h ^ static_cast<std::uint64_t>(g)) * 0x100000001b3ULL;
+  return static_cast<std::size_t>(h);
+}
+
+StepCosts::Cost StepCosts::get(const Cluster& cluster, const CollectivePlan& plan, const CollectivePlan::Step& step) {
+  Key key{plan.orders[step.order], step.group_size, step.shift, step.open};
+  if (auto it = costs_.find(key); it != costs_.end()) return it->second;
+  const Cost cost = route_step(cluster, plan, step);
+  costs_.emplace(std::move(key), cost);
+  return cost;
+}
+
+Time analytic_time(const Cluster& cluster, const CostConstants& c, const CollectivePlan& plan, StepCosts* costs) {
   Time total = 0;
   for (const auto& step : plan.steps) {
-    Time max_latency = 0;
-    for_each_flow(plan, step, [&](int src, int dst) {
-      const Route r = cluster.route(src, dst);
-      max_latency = std::max(max_latency, cluster.route_latency(r));
-      for (LinkId l : r) {
-        if (load[l] == 0) touched.push_back(l);
-        load[l] += step.bytes;
-      }
-    });
-    double worst = 0;  // seconds
-    for (LinkId l : touched) {
-      worst = std::max(worst, load[l] / cluster.link(l).bandwidth);
-      load[l] = 0;
-    }
-    touched.clear();
-    total += step.repeats * (c.collective_alpha + max_latency + from_seconds(worst));
+    const StepCosts::Cost k = costs != nullptr ? costs->get(cluster, plan, step) : route_step(cluster, plan, step);
+    total += step.repeats * (c.collective_alpha + k.latency + from_seconds(step.bytes * k.seconds_per_byte));
   }
   return total;
 }
 
 Result<CollectivePlan> plan_collective(const Cluster& cluster, const CostConstants& c,
-                                       const CollectiveRequest& req) {
+                                       const CollectiveRequest& req, StepCosts* costs) {
   const char* kind = collective_kind_name(req.kind);
   if (!(req.bytes >= 0) || !std::isfinite(req.bytes))
     return make_error("{}: bytes must be a finite number >= 0, got {}", kind, req.bytes);
@@ -449,7 +468,7 @@ Result<CollectivePlan> plan_collective(const Cluster& cluster, const CostConstan
   if (!fits(req.kind, req.algorithm))
     return make_error("{}: algorithm '{}' does not apply (use auto)", kind,
                       algorithm_name(req.algorithm));
-  MT_ASSIGN(CollectivePlan plan, choose_plan(cluster, c, req));
+  MT_ASSIGN(CollectivePlan plan, choose_plan(cluster, c, req, costs));
   if (cluster.has_failures()) {
     Status reachable = ok_status();
     for (const auto& step : plan.steps)
@@ -464,7 +483,7 @@ Result<CollectivePlan> plan_collective(const Cluster& cluster, const CostConstan
 namespace {
 
 Result<CollectivePlan> choose_plan(const Cluster& cluster, const CostConstants& c,
-                                   const CollectiveRequest& req) {
+                                   const CollectiveRequest& req, StepCosts* costs) {
   if (req.algorithm != Algorithm::kAuto) return expand(cluster, c, req, req.algorithm);
   const bool reduction_or_gather = req.kind == CollectiveKind::kAllReduce ||
                                    req.kind == CollectiveKind::kReduceScatter ||
@@ -497,7 +516,7 @@ Result<CollectivePlan> choose_plan(const Cluster& cluster, const CostConstants& 
   for (Algorithm a : candidates) {
     auto plan = expand(cluster, c, req, a);
     if (!plan.ok()) continue;  // e.g. hierarchical on one node: not applicable
-    const Time t = analytic_time(cluster, c, *plan);
+    const Time t = analytic_time(cluster, c, *plan, costs);
     if (t < best_time) {
       best_time = t;
       best = std::move(*plan);
@@ -531,8 +550,8 @@ Result<std::pair<Algorithm, Time>> CollectiveEngine::analytic(const CollectiveRe
     if (e.kind == req.kind && e.requested == req.algorithm && e.bytes == req.bytes &&
         e.root == req.root && e.members == req.members)
       return std::make_pair(e.chosen, e.time);
-  MT_ASSIGN(CollectivePlan plan, plan_collective(network_.cluster(), constants_, req));
-  Time t = analytic_time(network_.cluster(), constants_, plan);
+  MT_ASSIGN(CollectivePlan plan, plan_collective(network_.cluster(), constants_, req, &step_costs_));
+  Time t = analytic_time(network_.cluster(), constants_, plan, &step_costs_);
   const int n = static_cast<int>(req.members.size());
   if (calibration_ && n > 1 && req.bytes > 0)
     if (auto busbw = calibration_->collective_busbw(req.kind, n, req.bytes))

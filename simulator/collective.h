@@ -54,6 +54,7 @@
 #pragma once
 
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "core/status.h"
@@ -111,13 +112,44 @@ struct CollectivePlan {
   int total_steps() const;
 };
 
+// The part of a step's analytic cost that does not depend on its size:
+// the largest route latency of its flows, and the largest over links of
+// (flows crossing the link / its bandwidth), so that the step costs
+//   α + latency + bytes per flow · seconds_per_byte.
+// Kept by whoever times many collectives on one unchanging cluster: a
+// training step repeats the same groups at many sizes (gradient buckets,
+// the loss, the norm), and routing one pattern's flows on a million-GPU
+// cluster costs milliseconds. Not thread-safe: one per owner.
+class StepCosts {
+ public:
+  struct Cost {
+    Time latency = 0;
+    double seconds_per_byte = 0;
+  };
+  Cost get(const Cluster& cluster, const CollectivePlan& plan, const CollectivePlan::Step& step);
+  std::size_t patterns() const { return costs_.size(); }  // distinct patterns routed
+
+ private:
+  struct Key {
+    std::vector<int> order;
+    uint32_t group_size, shift;
+    bool open;
+    bool operator==(const Key&) const = default;
+  };
+  struct KeyHash {
+    std::size_t operator()(const Key& k) const;
+  };
+  std::unordered_map<Key, Cost, KeyHash> costs_;
+};
+
 // Validates the request (members distinct and valid, the algorithm fits the
 // kind and the layout) and expands it; kAuto resolves to the fastest.
+// `costs` (may be null) keeps the step costs that choosing computes.
 Result<CollectivePlan> plan_collective(const Cluster& cluster, const CostConstants& constants,
-                                       const CollectiveRequest& request);
-// The analytic time of a plan (see above).
-Time analytic_time(const Cluster& cluster, const CostConstants& constants,
-                   const CollectivePlan& plan);
+                                       const CollectiveRequest& request, StepCosts* costs = nullptr);
+// The analytic time of a plan (see above); `costs` as for plan_collective.
+Time analytic_time(const Cluster& cluster, const CostConstants& constants, const CollectivePlan& plan,
+                   StepCosts* costs = nullptr);
 // Every (src, dst) GPU pair a plan sends on, each once, sorted.
 std::vector<std::pair<int, int>> flow_pairs(const CollectivePlan& plan);
 
@@ -182,6 +214,7 @@ class CollectiveEngine : public EventHandler {
     Time time;
   };
   std::vector<std::vector<CacheEntry>> cache_;  // hashed buckets
+  StepCosts step_costs_;
 };
 
 // One collective alone on a fresh simulator: what nccl-tests would measure.

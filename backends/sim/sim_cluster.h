@@ -237,6 +237,7 @@ class SimCluster {
   std::map<std::pair<int, int>, std::vector<sim::CollectiveId>> group_collectives_;
   std::map<std::tuple<int, int, int>, std::size_t> joined_;  // (job, group, rank)
   std::map<std::tuple<int, double, std::vector<int>>, sim::Time> analytic_cache_;
+  sim::StepCosts step_costs_;  // of the analytic collectives, shared by their sizes
   std::map<std::tuple<int, int, int>, sim::StreamId> send_streams_;  // by (job, rank, peer)
   std::uint64_t sends_ = 0;
   std::array<SimCollectiveStats, sim::kNumCollectiveKinds> analytic_stats_{};

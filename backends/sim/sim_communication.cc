@@ -28,8 +28,8 @@ Result<sim::Time> SimCluster::analytic(const sim::CollectiveRequest& request) {
     t = static_cast<sim::Time>(request.bytes * sim::busbw_factor(request.kind, n) / *busbw *
                                static_cast<double>(sim::kSecond));
   } else {
-    MT_ASSIGN(sim::CollectivePlan plan, sim::plan_collective(cluster_, constants_, request));
-    t = sim::analytic_time(cluster_, constants_, plan);
+    MT_ASSIGN(sim::CollectivePlan plan, sim::plan_collective(cluster_, constants_, request, &step_costs_));
+    t = sim::analytic_time(cluster_, constants_, plan, &step_costs_);
   }
   analytic_cache_.emplace(std::move(key), t);
   return t;

@@ -156,10 +156,11 @@ Status FastEstimator::fit_collective(const CollectiveKey& key) {
   const sim::CostConstants constants;
   double t[2];
   const double sizes[2] = {1 << 20, 1 << 30};
+  sim::StepCosts costs;  // both sizes route the same flows
   for (int i = 0; i < 2; ++i) {
     r.bytes = sizes[i];
-    MT_ASSIGN(const sim::CollectivePlan plan, sim::plan_collective(*cluster_, constants, r));
-    t[i] = sim::to_seconds(sim::analytic_time(*cluster_, constants, plan));
+    MT_ASSIGN(const sim::CollectivePlan plan, sim::plan_collective(*cluster_, constants, r, &costs));
+    t[i] = sim::to_seconds(sim::analytic_time(*cluster_, constants, plan, &costs));
   }
   CollectiveFit fit;
   fit.per_byte = std::max(0.0, (t[1] - t[0]) / (sizes[1] - sizes[0]));

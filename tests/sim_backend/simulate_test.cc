@@ -168,14 +168,20 @@ TEST_CASE("simulate: the same input twice gives identical trace bytes", "[sim_ba
 }
 
 TEST_CASE("simulate: tasks do not grow with the data-parallel degree", "[sim_backend][scale]") {
-  // 8 and 1024 GPUs with the same tp and pp: one representative per stage
-  // issues the same ops; only the analytic dp collectives get longer.
+  // 8, 1024 and 1,048,576 GPUs with the same tp and pp: one representative
+  // per stage issues the same ops; only the analytic dp collectives get
+  // longer. (The million-GPU mesh lists no groups and its collectives route
+  // each ring once: engine/mesh.h, sim::StepCosts.)
   const ModelSpec m = small_gpt();
   const SimulationResult small = simulate(m, make_plan(m, 2, 2, 2, 1, 4, ScheduleKind::one_f_one_b));
   const SimulationResult large = simulate(m, make_plan(m, 2, 2, 256, 1, 4, ScheduleKind::one_f_one_b));
+  const SimulationResult huge = simulate(m, make_plan(m, 2, 2, 262144, 1, 4, ScheduleKind::one_f_one_b));
   CHECK(small.tasks == large.tasks);
+  CHECK(huge.tasks == small.tasks);
+  CHECK(huge.events == large.events);
   CHECK(small.stages.size() == large.stages.size());
   CHECK(large.iteration_s > small.iteration_s);
+  CHECK(huge.iteration_s > large.iteration_s);
 }
 
 TEST_CASE("simulate: a plan that does not fit names the rank and the breakdown", "[sim_backend][memory]") {

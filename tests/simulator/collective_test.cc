@@ -1,6 +1,7 @@
 #include "simulator/collective.h"
 
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <chrono>
 #include <numeric>
 
@@ -208,4 +209,34 @@ TEST_CASE("1024-member ring all-reduce at scale", "[simulator][collective][scale
   CollectiveResult naive = sim(c, CollectiveKind::kAllReduce, iota(1024), kGiB, Algorithm::kRing,
                                CollectiveMode::kAnalytic);
   CHECK(naive.duration > an.duration);
+}
+
+TEST_CASE("step costs route each flow pattern once, whatever the sizes", "[simulator][collective][scale]") {
+  // A training step times the same groups at many sizes. With StepCosts the
+  // routing of a pattern (here 4096 members over 512 nodes) is done once:
+  // the ring's one pattern, the trees' one, the hierarchical all-reduce's
+  // two (intra-node rings, per-rail rings); and each time equals the
+  // uncached one (the step cost is linear in its bytes).
+  const Cluster c = make("dgx-a100", 4096);
+  const CostConstants k;
+  StepCosts costs;
+  for (int i = 0; i < 40; ++i) {
+    const double bytes = 1024.0 * (1 << (i % 20)) * (1 + i / 20);
+    const CollectiveRequest req{CollectiveKind::kAllReduce, iota(4096), bytes, Algorithm::kAuto, 0};
+    auto cached = plan_collective(c, k, req, &costs);
+    auto plain = plan_collective(c, k, req);
+    REQUIRE(cached.ok());
+    REQUIRE(plain.ok());
+    CHECK(cached->algorithm == plain->algorithm);
+    const double t = static_cast<double>(analytic_time(c, k, *cached, &costs));
+    CHECK(t == Approx(static_cast<double>(analytic_time(c, k, *plain))).epsilon(1e-12));
+  }
+  CHECK(costs.patterns() == 4);
+  // Another group is another pattern; the same members in another order too (another ring).
+  std::vector<int> reversed = iota(4096);
+  std::reverse(reversed.begin(), reversed.end());
+  auto other = plan_collective(c, k, {CollectiveKind::kReduceScatter, reversed, 1e6, Algorithm::kRing, 0}, &costs);
+  REQUIRE(other.ok());
+  analytic_time(c, k, *other, &costs);
+  CHECK(costs.patterns() == 5);
 }
