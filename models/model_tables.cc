@@ -1,5 +1,6 @@
 #include "models/model_tables.h"
 
+#include <algorithm>
 #include <optional>
 #include <tuple>
 
@@ -18,6 +19,34 @@ ParamCount count_of(const ModelSpec& m, const std::vector<ParamInfo>& table) {
   }
   c.active += c.total;
   return c;
+}
+
+// What count_shard_parameters reads of a tensor (the name only for the embeddings' roles).
+auto shard_signature(const ParamInfo& p) {
+  return std::make_tuple(p.split, p.expert, p.numel(), p.name == "embed.positions", p.name == "embed.tokens");
+}
+
+std::vector<LayerRun> layer_runs(const std::vector<ParamInfo>& table) {
+  std::vector<LayerRun> runs;
+  std::size_t i = 0;
+  while (i < table.size()) {
+    // One layer's tensors: table[i, j).
+    std::size_t j = i;
+    while (j < table.size() && table[j].layer == table[i].layer) ++j;
+    const bool extends = !runs.empty() && runs.back().end == table[i].layer &&
+                         runs.back().tensors.size() == j - i &&
+                         std::equal(runs.back().tensors.begin(), runs.back().tensors.end(), table.begin() + static_cast<std::ptrdiff_t>(i),
+                                    [&](std::size_t a, const ParamInfo& b) { return shard_signature(table[a]) == shard_signature(b); });
+    if (extends) {
+      ++runs.back().end;
+    } else {
+      LayerRun run{table[i].layer, table[i].layer + 1, {}};
+      for (std::size_t k = i; k < j; ++k) run.tensors.push_back(k);
+      runs.push_back(std::move(run));
+    }
+    i = j;
+  }
+  return runs;
 }
 
 // Every field of ModelSpec (a VisionEncoderSpec compares itself). The size check fails to compile when
@@ -46,6 +75,7 @@ std::shared_ptr<const ModelTables> model_tables(const ModelSpec& m) {
   built->blocks = model_blocks(m);
   built->parameters = parameter_table(m);
   built->count = count_of(m, built->parameters);
+  built->runs = layer_runs(built->parameters);
   key = m;
   tables = std::move(built);
   return tables;

@@ -21,10 +21,21 @@
 
 namespace meshtrain {
 
+// Consecutive hook layers [begin, end) whose tensors are alike, in order
+// (split, expert, size, embedding role): the tensors of the run's first
+// layer, by index into ModelTables::parameters. count_shard_parameters sums
+// one layer of a run and multiplies, so a deep model's memory model costs
+// its runs and stages, not its every tensor, per candidate plan.
+struct LayerRun {
+  int begin = 0, end = 0;
+  std::vector<std::size_t> tensors;
+};
+
 struct ModelTables {
   ModelBlocks blocks;                 // model_blocks(m)
   std::vector<ParamInfo> parameters;  // parameter_table(m)
   ParamCount count;                   // count_parameters(m)
+  std::vector<LayerRun> runs;         // the parameters by runs of alike layers, in layer order
 };
 
 std::shared_ptr<const ModelTables> model_tables(const ModelSpec& m);

@@ -1,6 +1,8 @@
 #include "models/parameters.h"
 
+#include <algorithm>
 #include <iterator>
+#include <numeric>
 
 #include "models/block.h"
 #include "models/model_tables.h"
@@ -108,18 +110,21 @@ int given_stage_layers(const ModelSpec& m, const StageSplit& s, int stage) {
   return free > 0 ? (L - first - last) / free : 0;
 }
 
-// place_layer with the split's virtual_stage_layer_counts given (needed only for layers inside its window).
-StagePlacement placement(const ModelSpec& m, int layer, const StageSplit& s, const std::vector<int>& counts) {
-  const int virtual_stages = s.pp * s.vpp;
+// The layer past each virtual stage (from virtual_stage_layer_counts), for placement.
+std::vector<int> virtual_stage_ends(const StageSplit& s, const std::vector<int>& counts) {
+  std::vector<int> ends(counts.size());
+  std::partial_sum(counts.begin(), counts.end(), ends.begin());
+  for (int& e : ends) e += s.first_layer;
+  return ends;
+}
+
+// place_layer with the split's virtual_stage_ends given (needed only for
+// layers inside its window). A bisection: a deep model's parameters are
+// placed for every candidate plan, and vpp grows with the layers.
+StagePlacement placement(const ModelSpec& m, int layer, const StageSplit& s, const std::vector<int>& ends) {
   int vs = 0;
-  if (layer >= s.end_layer(m)) {
-    vs = virtual_stages - 1;
-  } else if (layer >= s.first_layer) {
-    for (int end = s.first_layer; vs < virtual_stages; ++vs) {
-      end += counts[static_cast<std::size_t>(vs)];
-      if (layer < end) break;
-    }
-  }
+  if (layer >= s.end_layer(m)) vs = s.pp * s.vpp - 1;
+  else if (layer >= s.first_layer) vs = static_cast<int>(std::upper_bound(ends.begin(), ends.end(), layer) - ends.begin());
   return {vs % s.pp, vs / s.pp};
 }
 
@@ -196,7 +201,7 @@ LayerRange virtual_stage_layers(const ModelSpec& m, const StageSplit& s, int vir
 
 StagePlacement place_layer(const ModelSpec& m, int layer, const StageSplit& s) {
   const bool inside = layer >= s.first_layer && layer < s.end_layer(m);
-  return placement(m, layer, s, inside ? virtual_stage_layer_counts(m, s) : std::vector<int>{});
+  return placement(m, layer, s, inside ? virtual_stage_ends(s, virtual_stage_layer_counts(m, s)) : std::vector<int>{});
 }
 
 StagePlacement place_layer(const ModelSpec& m, int layer, int pp, int vpp) {
@@ -265,23 +270,38 @@ ParamCount count_parameters(const ModelSpec& m) { return model_tables(m)->count;
 
 ShardCount count_shard_parameters(const ModelSpec& m, int tp, const StageSplit& split, int ep, int stage, int etp) {
   ShardCount c;
-  // The split's counts once, not once per tensor (the memory model asks for every candidate plan).
-  const std::vector<int> counts = virtual_stage_layer_counts(m, split);
-  const int head_stage = placement(m, m.layers, split, counts).stage;
-  const std::shared_ptr<const ModelTables> tables = model_tables(m);
-  for (const auto& p : tables->parameters) {
-    if (!split.holds(m, p.layer)) continue;
-    const bool embedding = p.split == TpSplit::vocab || p.name == "embed.positions";
-    std::int64_t n = shard_numel(m, p, tp, ep, etp);
-    if (placement(m, p.layer, split, counts).stage == stage) {
-      c.total += n;
-      if (embedding) c.embedding += n;
-      if (p.expert) c.expert += n;
+  // The split's stage ends once, not once per tensor (the memory model asks for every candidate plan).
+  const std::vector<int> ends = virtual_stage_ends(split, virtual_stage_layer_counts(m, split));
+  const int head_stage = placement(m, m.layers, split, ends).stage;
+  // How many layers of [begin, end) `stage` holds: the hooks (embeddings -1,
+  // head L) where placement puts them, body layers by its virtual stages.
+  auto held_here = [&](int begin, int end) -> std::int64_t {
+    std::int64_t n = 0;
+    for (int hook : {-1, m.layers})
+      if (begin <= hook && hook < end && split.holds(m, hook) && placement(m, hook, split, ends).stage == stage) ++n;
+    for (std::size_t vs = static_cast<std::size_t>(stage); vs < ends.size(); vs += static_cast<std::size_t>(split.pp)) {
+      const int from = std::max({vs == 0 ? split.first_layer : ends[vs - 1], begin, 0});
+      const int to = std::min({ends[vs], end, m.layers});
+      n += std::max(0, to - from);
     }
-    // The tied head reuses the token embedding: a separate stage needs a copy.
-    if (p.name == "embed.tokens" && m.tied_embeddings && split.head && split.pp > 1 && head_stage == stage) {
-      c.total += n;
-      c.embedding += n;
+    return n;
+  };
+  const std::shared_ptr<const ModelTables> tables = model_tables(m);
+  for (const LayerRun& run : tables->runs) {
+    const std::int64_t layers = held_here(run.begin, run.end);
+    for (std::size_t i : run.tensors) {
+      const ParamInfo& p = tables->parameters[i];
+      const bool embedding = p.split == TpSplit::vocab || p.name == "embed.positions";
+      const std::int64_t n = shard_numel(m, p, tp, ep, etp);
+      c.total += n * layers;
+      if (embedding) c.embedding += n * layers;
+      if (p.expert) c.expert += n * layers;
+      // The tied head reuses the token embedding: a separate stage needs a copy.
+      if (p.name == "embed.tokens" && m.tied_embeddings && split.holds(m, p.layer) && split.head && split.pp > 1 &&
+          head_stage == stage) {
+        c.total += n;
+        c.embedding += n;
+      }
     }
   }
   return c;

@@ -161,3 +161,50 @@ TEST_CASE("load_model reads files and suggests presets", "[model]") {
   REQUIRE_FALSE(missing.ok());
   CHECK_THAT(missing.error().message(), Catch::Contains("model file '/nonexistent/model.json' does not exist"));
 }
+
+TEST_CASE("count_shard_parameters by runs of alike layers equals the sum over every tensor", "[model]") {
+  // The oracle places each tensor with place_layer and sums its shard, as
+  // the memory model did before it summed runs of alike layers.
+  auto oracle = [](const ModelSpec& m, int tp, const StageSplit& split, int ep, int stage, int etp) {
+    ShardCount c;
+    const int head_stage = place_layer(m, m.layers, split).stage;
+    for (const ParamInfo& p : parameter_table(m)) {
+      if (!split.holds(m, p.layer)) continue;
+      const std::int64_t n = shard_numel(m, p, tp, ep, etp);
+      const bool embedding = p.split == TpSplit::vocab || p.name == "embed.positions";
+      if (place_layer(m, p.layer, split).stage == stage) {
+        c.total += n;
+        if (embedding) c.embedding += n;
+        if (p.expert) c.expert += n;
+      }
+      if (p.name == "embed.tokens" && m.tied_embeddings && split.head && split.pp > 1 && head_stage == stage)
+        c.total += n, c.embedding += n;
+    }
+    return c;
+  };
+  int checked = 0;
+  for (const std::string& name : model_preset_names()) {
+    const ModelSpec m = preset(name);
+    std::vector<StageSplit> splits{StageSplit{1, 1, 0, 0}, StageSplit{2, 1, 0, 0}, StageSplit{4, 1, 0, 0}};
+    if (m.layers % 4 == 0) splits.push_back(StageSplit{2, 2, 0, 0});
+    if (m.layers > 4) splits.push_back(StageSplit{2, 1, 1, 0});  // an uneven first stage
+    StageSplit window{2, 1, 0, 0};
+    window.first_layer = 1, window.layers = m.layers - 1, window.embedding = false;  // a segment's layers
+    splits.push_back(window);
+    for (const StageSplit& split : splits) {
+      if (!check_stage_split(m, split).ok()) continue;
+      const int ep = m.experts > 1 ? 2 : 1;
+      for (int stage = 0; stage < split.pp; ++stage) {
+        INFO(name << " pp " << split.pp << " vpp " << split.vpp << " first " << split.first_stage_layers
+                  << " window " << split.first_layer << " stage " << stage);
+        const ShardCount got = count_shard_parameters(m, 2, split, ep, stage);
+        const ShardCount want = oracle(m, 2, split, ep, stage, 0);
+        CHECK(got.total == want.total);
+        CHECK(got.embedding == want.embedding);
+        CHECK(got.expert == want.expert);
+        ++checked;
+      }
+    }
+  }
+  CHECK(checked > 50);
+}
