@@ -255,6 +255,24 @@ Status issue_iterations(SimCluster& cluster, int job, const ModelSpec& m, const 
   return ok_status();
 }
 
+Status apply_calibration(const std::string& file, const std::string& transport, int world_size,
+                         sim::Calibration& calibration, SimulateOptions& options) {
+  MT_ASSIGN(calibration, sim::load_calibration(file));
+  const bool mpi = transport == "mpi";
+  if (mpi && std::none_of(calibration.collectives.begin(), calibration.collectives.end(),
+                          [](const auto& c) { return c.transport == "mpi"; }))
+    return make_error("--comm mpi: calibration '{}' has no collectives measured over MPI; make it "
+                      "with `mpirun -np N meshtrain calibrate ...` (its kernels are then also "
+                      "measured inside one bound MPI process)", file);
+  const int per_node = mpi ? 1 : std::min(world_size, options.cluster.gpus_per_node);
+  calibration = calibration.for_ranks_sharing(per_node).for_transport(transport);
+  if (!mpi) options.host_sharing = sim::host_sharing_for(calibration, per_node);
+  MT_TRY(sim::check_calibration_device(calibration, options.cluster).context(fmt::format("--calibration '{}'", file)));
+  sim::apply_link_calibration(calibration, options.cluster);
+  options.calibration = &calibration;
+  return ok_status();
+}
+
 Result<SimulationResult> simulate_iteration(const ModelSpec& m, const Plan& p,
                                             const SimulateOptions& options) {
   if (Status s = StepEngine::supports(p); !s)

@@ -154,6 +154,22 @@ struct SimulationResult {
   double sent_bytes = 0;
 };
 
+// The calibration in `file` applied to the simulation of a plan of
+// `world_size` ranks (`simulate`, `plan`), its collectives those measured
+// over `transport` ("threads" or "mpi"). Rank threads placed on one node
+// share its cores: a calibration measured with k rank threads running at
+// once on one machine (the cpu backend's local-cpu) times a node of k ranks
+// with the k-level tables, and lends a waiting rank's cores to the others
+// (sim::host_sharing_for). MPI ranks are processes that mpirun binds to
+// cores of their own (Open MPI: a core each for -np <= 2, a socket beyond),
+// so each runs alone on its cores: level 1, as rank 0 of `mpirun -np N
+// meshtrain calibrate` measured it inside its own binding. GPU calibrations
+// measure one rank per device (level 1 only) and are unchanged. Then the
+// calibration's device is checked against the cluster's and its measured
+// links applied. `calibration` receives the tables and must outlive `options`.
+Status apply_calibration(const std::string& file, const std::string& transport, int world_size,
+                         sim::Calibration& calibration, SimulateOptions& options);
+
 // Validates that the step engine supports `p` and that the cluster has room,
 // then simulates one iteration.
 Result<SimulationResult> simulate_iteration(const ModelSpec& m, const Plan& p,

@@ -1,13 +1,12 @@
 #include "simulator/host_sharing.h"
 
 #include <algorithm>
-#include <cmath>
+
+#include "core/thread_share.h"
 
 namespace meshtrain::sim {
 
 namespace {
-// Threads per rank thread, as the cpu backend divides the cores (backends/cpu/threads.cc).
-double threads_for(double cores, int ranks) { return std::max(1.0, std::floor(cores / std::max(1, ranks))); }
 double share(double cores, double ranks, double threads) { return std::min(1.0, cores / (ranks * threads)); }
 }  // namespace
 
@@ -25,8 +24,8 @@ HostSharing host_sharing_for(const Calibration& picked, int ranks) {
   for (int l : levels)
     if (l <= ranks) level = l;
   h.cores = picked.machine.cores;
-  h.threads_per_rank = threads_for(h.cores, ranks);
-  h.calibrated_share = share(h.cores, level, threads_for(h.cores, level));
+  h.threads_per_rank = rank_thread_share(picked.machine.cores, ranks);
+  h.calibrated_share = share(h.cores, level, rank_thread_share(picked.machine.cores, level));
   return h;
 }
 

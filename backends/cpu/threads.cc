@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <thread>
 
+#include "core/thread_share.h"
+
 namespace meshtrain::cpu {
 
 int available_cores() {
@@ -16,7 +18,7 @@ int available_cores() {
   return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }
 
-int threads_per_rank(int ranks) { return std::max(1, available_cores() / std::max(1, ranks)); }
+int threads_per_rank(int ranks) { return rank_thread_share(available_cores(), ranks); }
 
 int rank_threads(int requested, int ranks) { return requested > 0 ? requested : threads_per_rank(ranks); }
 

@@ -52,17 +52,7 @@ Status run_plan(const PlanCommandFlags& f) {
   MT_ASSIGN(options.cluster, sim::cluster_spec_by_name_or_file(f.cluster));
   ctx.gpus_per_node = options.cluster.gpus_per_node;
   sim::Calibration calibration;
-  if (!f.calibration.empty()) {
-    MT_ASSIGN(calibration, sim::load_calibration(f.calibration));
-    // As `simulate` does for ranks as threads: the level of k ranks sharing a node's cores.
-    const int per_node = std::min(f.gpus, options.cluster.gpus_per_node);
-    calibration = calibration.for_ranks_sharing(per_node).for_transport("threads");
-    options.host_sharing = sim::host_sharing_for(calibration, per_node);
-    MT_TRY(sim::check_calibration_device(calibration, options.cluster)
-               .context(fmt::format("--calibration '{}'", f.calibration)));
-    sim::apply_link_calibration(calibration, options.cluster);
-    options.calibration = &calibration;
-  }
+  if (!f.calibration.empty()) MT_TRY(apply_calibration(f.calibration, "threads", f.gpus, calibration, options));
   MT_ASSIGN(options.attention, attention_impl_from_name(f.attention));
   options.dropout = f.dropout;
   MT_ASSIGN(options.moe_routing, MoeRouting::parse(f.moe_routing));

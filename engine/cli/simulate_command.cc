@@ -248,32 +248,9 @@ Status run_simulate(SimulateFlags f, bool no_flags) {
   SimulateOptions options;
   MT_ASSIGN(options.cluster, sim::cluster_spec_by_name_or_file(f.cluster));
   sim::Calibration calibration;
-  if (!f.calibration.empty()) {
-    MT_ASSIGN(calibration, sim::load_calibration(f.calibration));
-    // Rank threads placed on one node share its cores: a calibration measured
-    // with k rank threads running at once on one machine (the cpu backend's
-    // local-cpu) times a node of k ranks with the k-level tables. MPI ranks
-    // are processes that mpirun binds to cores of their own (Open MPI: a core
-    // each for -np <= 2, a socket beyond), so each runs alone on its cores:
-    // level 1, as rank 0 of `mpirun -np N meshtrain calibrate` measured it
-    // inside its own binding. GPU calibrations measure one rank per device
-    // (level 1 only) and are unchanged.
-    const std::string comm = f.comm.empty() ? "threads" : f.comm;
-    const bool mpi = comm == "mpi";
-    if (mpi && std::none_of(calibration.collectives.begin(), calibration.collectives.end(),
-                            [](const auto& c) { return c.transport == "mpi"; }))
-      return make_error("--comm mpi: calibration '{}' has no collectives measured over MPI; make it "
-                        "with `mpirun -np N meshtrain calibrate ...` (its kernels are then also "
-                        "measured inside one bound MPI process)", f.calibration);
-    const int per_node = mpi ? 1 : std::min(mp.plan.world_size(), options.cluster.gpus_per_node);
-    calibration = calibration.for_ranks_sharing(per_node).for_transport(comm);
-    // Rank threads lend their cores to each other when some wait (pipeline bubbles); bound MPI ranks do not.
-    if (!mpi) options.host_sharing = sim::host_sharing_for(calibration, per_node);
-    MT_TRY(sim::check_calibration_device(calibration, options.cluster)
-               .context(fmt::format("--calibration '{}'", f.calibration)));
-    sim::apply_link_calibration(calibration, options.cluster);
-    options.calibration = &calibration;
-  }
+  if (!f.calibration.empty())
+    MT_TRY(apply_calibration(f.calibration, f.comm.empty() ? "threads" : f.comm, mp.plan.world_size(), calibration,
+                             options));
   options.trace = !f.trace.empty();
   if (options.trace) MT_TRY(probe_output_file(f.trace, "--trace file"));  // before the simulation, not after
   options.check_memory = !f.ignore_memory;
