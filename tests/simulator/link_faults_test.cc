@@ -84,7 +84,9 @@ TEST_CASE("cables are named by their endpoints", "[simulator][faults]") {
 TEST_CASE("a degraded cable slows the flows over it by its factor", "[simulator][faults]") {
   Cluster c = make("dgx-h100", 16);
   const double before = c.route_bandwidth(c.route(3, 11));
-  for (LinkId l : *c.cable("node0.nic3")) c.scale_bandwidth(l, 0.25);
+  const auto cable = c.cable("node0.nic3");  // kept: a range-for over *c.cable(...) reads a destroyed Result
+  REQUIRE(cable.ok());
+  for (LinkId l : *cable) c.scale_bandwidth(l, 0.25);
   CHECK(c.route_bandwidth(c.route(3, 11)) == Approx(before * 0.25));
   CHECK(c.route_bandwidth(c.route(11, 3)) == Approx(before * 0.25));
   CHECK(c.route_bandwidth(c.route(4, 12)) == Approx(before));  // another rail
