@@ -128,14 +128,17 @@ MemoryBreakdown memory_per_rank(const ModelSpec& m, const Plan& p, int stage, co
   if (p.grad_compression == GradCompression::one_bit && p.error_feedback && p.dp > 1)
     r.optimizer += n * 4.0 * (1.0 + (p.zero == 0 ? 1.0 / p.dp : 0.0));
   if (p.zero >= 2) {
+    // The largest body layer's shard, one layer of each run of alike layers (ModelTables::runs).
     std::int64_t largest_layer = 0, tied_embedding = 0;
-    std::vector<std::int64_t> per_layer(static_cast<std::size_t>(m.layers), 0);
-    for (const auto& info : tables->parameters) {
-      if (info.layer >= 0 && info.layer < m.layers)
-        per_layer[static_cast<std::size_t>(info.layer)] += shard_numel(m, info, p.tp, p.ep, p.expert_tp());
-      if (info.name == "embed.tokens" && m.tied_embeddings) tied_embedding = shard_numel(m, info, p.tp, p.ep);
+    for (const LayerRun& run : tables->runs) {
+      std::int64_t layer = 0;
+      for (std::size_t i : run.tensors) {
+        const ParamInfo& info = tables->parameters[i];
+        layer += shard_numel(m, info, p.tp, p.ep, p.expert_tp());
+        if (info.name == "embed.tokens" && m.tied_embeddings) tied_embedding = shard_numel(m, info, p.tp, p.ep);
+      }
+      if (run.begin < m.layers && run.end > 0) largest_layer = std::max(largest_layer, layer);
     }
-    for (auto v : per_layer) largest_layer = std::max(largest_layer, v);
     // A chunk of one layer has no next layer to prefetch within its pass.
     const double gathered = layers_per_chunk > 1 ? 2.0 : 1.0;
     // Reduced once per step after several micro-batches, every layer's gradient stays until the last one.
@@ -153,9 +156,12 @@ MemoryBreakdown memory_per_rank(const ModelSpec& m, const Plan& p, int stage, co
   const ModelBlocks& blocks = tables->blocks;
   const ActivationQuery q = activation_query(m, p, a);
   std::vector<double> chunk_bytes(static_cast<std::size_t>(p.vpp), 0.0), deferred_bytes = chunk_bytes;
-  for (int c = 0; c < p.vpp; ++c) {
-    const LayerRange range = virtual_stage_layers(m, p.stage_split(), c * p.pp + stage);
-    for (int l = range.begin; l < range.end; ++l) {
+  // The stage's chunks' layers from the split's counts (read once: vpp grows with deep models).
+  int chunk_begin = p.stage_split().first_layer;
+  for (std::size_t vs = 0; vs < counts.size(); chunk_begin += counts[vs++]) {
+    if (static_cast<int>(vs) % p.pp != stage) continue;
+    const int c = static_cast<int>(vs) / p.pp;
+    for (int l = chunk_begin; l < chunk_begin + counts[vs]; ++l) {
       const BlockDef& block = *blocks[static_cast<std::size_t>(l + 1)];
       chunk_bytes[static_cast<std::size_t>(c)] += block.activation_bytes(q);
       if (p.schedule == ScheduleKind::zb_h1) deferred_bytes[static_cast<std::size_t>(c)] += block.deferred_weight_bytes(q);
