@@ -567,7 +567,7 @@ Result<Algorithm> CollectiveEngine::start(const CollectiveRequest& req, Collecti
     sim_.schedule(sim_.now() + at.second, done, tag);
     return at.first;
   }
-  MT_ASSIGN(CollectivePlan plan, plan_collective(network_.cluster(), constants_, req));
+  MT_ASSIGN(CollectivePlan plan, plan_collective(network_.cluster(), constants_, req, &step_costs_));
   uint32_t id;
   if (!free_.empty()) {
     id = free_.back();

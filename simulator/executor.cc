@@ -59,7 +59,7 @@ Status Executor::compute(StreamId s, NameId name, Time duration) {
 
 Result<CollectiveId> Executor::add_collective(const CollectiveRequest& request, NameId name,
                                               std::optional<CollectiveMode> mode) {
-  MT_TRY(plan_collective(cluster_, constants_, request).context(names_.name(name)));
+  MT_TRY(plan_collective(cluster_, constants_, request, &step_costs_).context(names_.name(name)));
   const uint32_t set = intern_set(request.members);
   const CollectiveId id = static_cast<CollectiveId>(colls_.size());
   const uint32_t seq = set_count_[set]++;

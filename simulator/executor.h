@@ -230,6 +230,7 @@ class Executor : public EventHandler {
 
   const Cluster& cluster_;
   const CostConstants& constants_;
+  StepCosts step_costs_;  // validating a collective chooses its algorithm: route each pattern once
   ExecutorOptions options_;
   NameTable names_;
   Simulator sim_;

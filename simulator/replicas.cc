@@ -93,7 +93,7 @@ Result<uint32_t> Executor::collective_instance(uint32_t replica, uint32_t tmpl) 
   c.submitted_joins = static_cast<uint32_t>(c.request.members.size());
   // Validates the mapped members (valid, distinct GPUs) and, with failed
   // links, that every pair of the plan has a working path.
-  MT_TRY(plan_collective(cluster_, constants_, c.request)
+  MT_TRY(plan_collective(cluster_, constants_, c.request, &step_costs_)
              .context(fmt::format("{} of replica device {} (of device {})", names_.name(c.name),
                                   r.target, r.source)));
   const CollectiveId id = static_cast<CollectiveId>(colls_.size());
