@@ -56,9 +56,8 @@ Status run_plan(const PlanCommandFlags& f) {
   MT_ASSIGN(options.attention, attention_impl_from_name(f.attention));
   options.dropout = f.dropout;
   MT_ASSIGN(options.moe_routing, MoeRouting::parse(f.moe_routing));
-  StepOptions step;
-  step.dropout = f.dropout;
-  MT_TRY(check_step_options(step));
+  ctx.step.dropout = f.dropout;
+  MT_TRY(check_step_options(ctx.step));
 
   MT_ASSIGN(planner::SplitPins pins, planner::split_pins(f.fix, f.allow, ctx));
   MT_ASSIGN(planner::SearchSpace space, planner::parse_search_space(pins.uniform_fix, pins.uniform_allow, ctx));

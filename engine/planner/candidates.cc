@@ -41,7 +41,7 @@ Enumeration enumerate_candidates(const SearchContext& ctx, const SearchSpace& sp
   tbb::parallel_for(tbb::blocked_range<std::size_t>(0, all.size(), 256), [&](const tbb::blocked_range<std::size_t>& r) {
     for (std::size_t i = r.begin(); i != r.end(); ++i) {
       Status s = validate_plan(all[i], ctx.model, ctx.gpus);
-      if (s) s = StepEngine::supports(all[i]);
+      if (s) s = StepEngine::supports(all[i], ctx.step);
       ok[i] = s.ok() ? 1 : 0;
       if (!s) {
         std::lock_guard lock(rejection_mutex);

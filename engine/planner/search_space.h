@@ -42,6 +42,7 @@
 
 #include "core/status.h"
 #include "engine/plan.h"
+#include "engine/step_engine.h"
 #include "models/model_spec.h"
 
 namespace meshtrain::planner {
@@ -54,6 +55,9 @@ struct SearchContext {
   // Plan fields that are not searched (global batch, seq_len, precision,
   // gradient buckets): every candidate starts from this plan.
   Plan base;
+  // What every candidate runs with (dropout): plans the step engine cannot
+  // run with it (dropout under context parallelism) are not candidates.
+  StepOptions step;
 };
 
 struct Dimension {

@@ -136,7 +136,7 @@ void expand(const SearchContext& ctx, const SegmentSpace& space, double device, 
       Plan s = base.segments[k];
       s.zero = c.zero, s.recompute = c.recompute, s.sequence_parallel = c.sp;
       Status v = validate_plan(s, m);
-      if (v) v = StepEngine::supports(s);
+      if (v) v = StepEngine::supports(s, ctx.step);
       if (!v) {
         rejection = v;
         continue;

@@ -91,7 +91,7 @@ bool SegmentEstimator::whole_model_takes(const FastEstimator::Key& key) const {
   p.cp_comm = static_cast<ContextComm>(comm);
   p.pp = p.vpp = 1, p.zero = 0, p.dp = p.ep;
   p.global_batch = p.micro_batch * p.dp;
-  return validate_plan(p, ctx_.model).ok() && StepEngine::supports(p).ok();
+  return validate_plan(p, ctx_.model).ok() && StepEngine::supports(p, ctx_.step).ok();
 }
 
 double SegmentEstimator::boundary_bytes(const Plan& producer, std::int64_t samples) const {

@@ -322,3 +322,28 @@ TEST_CASE("segment layouts of a Swin cover both kinds and every cut with each bl
   CHECK(cuts.size() == 4);  // swin-micro's modules: embed, stage1, stage2, stage3, head
   CHECK(e.combinations > static_cast<std::int64_t>(e.valid.size()));
 }
+
+TEST_CASE("with dropout the search leaves context-parallel plans out, and a pinned cp is refused saying why") {
+  // The step engine draws dropout masks per row block and cannot split them
+  // over context ranks: such plans are not candidates (they once reached the
+  // fast tier, whose reference simulation then failed the whole search).
+  SearchContext ctx = context("gpt2-124m", 8, 16);
+  ctx.base.seq_len = 1024;
+  ctx.step.dropout = 0.1f;
+  SimulateOptions options = a100();
+  options.dropout = 0.1f;
+  auto space = parse_search_space({"recompute=none"}, {"cp=1,2,4"}, ctx);
+  REQUIRE(space.ok());
+  PlannerOptions few;
+  few.simulate = 4;
+  auto r = search(ctx, *space, options, few);
+  REQUIRE(r.ok());
+  CHECK(r->ranked.size() > 4);
+  for (const Candidate& c : r->ranked) CHECK(c.plan.cp == 1);
+  auto pinned = parse_search_space({"recompute=none", "cp=2"}, {}, ctx);
+  REQUIRE(pinned.ok());
+  auto refused = search(ctx, *pinned, options, few);
+  REQUIRE_FALSE(refused.ok());
+  CHECK_THAT(refused.error().message(), Catch::Contains("--fix") && Catch::Contains("cp=2") &&
+                                            Catch::Contains("not implemented under context parallelism"));
+}
