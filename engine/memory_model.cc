@@ -105,11 +105,12 @@ MemoryBreakdown memory_per_rank(const ModelSpec& m, const Plan& p, int stage, co
   const double grad_bytes = a.gradient_bytes > 0 ? a.gradient_bytes : element_bytes(p.precision);
   const double optimizer_bytes = mixed ? 12.0 : 8.0;
   const double dp = static_cast<double>(p.dp) * p.cp;
-  // The most layers one of the stage's chunks holds (the plan's split, even or not).
+  // Every virtual stage's layers at once (vpp grows with deep models), and the
+  // most layers one of this stage's chunks holds (the plan's split, even or not).
+  const std::vector<LayerRange> ranges = virtual_stage_ranges(m, p.stage_split());
+  auto chunk = [&](int c) { return ranges[static_cast<std::size_t>(c * p.pp + stage)]; };
   int layers_per_chunk = 0;
-  const std::vector<int> counts = virtual_stage_layer_counts(m, p.stage_split());
-  for (int c = 0; c < p.vpp; ++c)
-    layers_per_chunk = std::max(layers_per_chunk, counts[static_cast<std::size_t>(c * p.pp + stage)]);
+  for (int c = 0; c < p.vpp; ++c) layers_per_chunk = std::max(layers_per_chunk, chunk(c).end - chunk(c).begin);
   r.parameters = sharded(3, param_bytes);
   r.gradients = sharded(2, grad_bytes);
   r.optimizer = sharded(1, optimizer_bytes);
@@ -156,12 +157,8 @@ MemoryBreakdown memory_per_rank(const ModelSpec& m, const Plan& p, int stage, co
   const ModelBlocks& blocks = tables->blocks;
   const ActivationQuery q = activation_query(m, p, a);
   std::vector<double> chunk_bytes(static_cast<std::size_t>(p.vpp), 0.0), deferred_bytes = chunk_bytes;
-  // The stage's chunks' layers from the split's counts (read once: vpp grows with deep models).
-  int chunk_begin = p.stage_split().first_layer;
-  for (std::size_t vs = 0; vs < counts.size(); chunk_begin += counts[vs++]) {
-    if (static_cast<int>(vs) % p.pp != stage) continue;
-    const int c = static_cast<int>(vs) / p.pp;
-    for (int l = chunk_begin; l < chunk_begin + counts[vs]; ++l) {
+  for (int c = 0; c < p.vpp; ++c) {
+    for (int l = chunk(c).begin; l < chunk(c).end; ++l) {
       const BlockDef& block = *blocks[static_cast<std::size_t>(l + 1)];
       chunk_bytes[static_cast<std::size_t>(c)] += block.activation_bytes(q);
       if (p.schedule == ScheduleKind::zb_h1) deferred_bytes[static_cast<std::size_t>(c)] += block.deferred_weight_bytes(q);

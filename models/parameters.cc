@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <iterator>
-#include <numeric>
 
 #include "models/block.h"
 #include "models/model_tables.h"
@@ -110,21 +109,16 @@ int given_stage_layers(const ModelSpec& m, const StageSplit& s, int stage) {
   return free > 0 ? (L - first - last) / free : 0;
 }
 
-// The layer past each virtual stage (from virtual_stage_layer_counts), for placement.
-std::vector<int> virtual_stage_ends(const StageSplit& s, const std::vector<int>& counts) {
-  std::vector<int> ends(counts.size());
-  std::partial_sum(counts.begin(), counts.end(), ends.begin());
-  for (int& e : ends) e += s.first_layer;
-  return ends;
-}
-
-// place_layer with the split's virtual_stage_ends given (needed only for
+// place_layer with the split's virtual_stage_ranges given (needed only for
 // layers inside its window). A bisection: a deep model's parameters are
 // placed for every candidate plan, and vpp grows with the layers.
-StagePlacement placement(const ModelSpec& m, int layer, const StageSplit& s, const std::vector<int>& ends) {
+StagePlacement placement(const ModelSpec& m, int layer, const StageSplit& s, const std::vector<LayerRange>& ranges) {
   int vs = 0;
   if (layer >= s.end_layer(m)) vs = s.pp * s.vpp - 1;
-  else if (layer >= s.first_layer) vs = static_cast<int>(std::upper_bound(ends.begin(), ends.end(), layer) - ends.begin());
+  else if (layer >= s.first_layer)
+    vs = static_cast<int>(std::upper_bound(ranges.begin(), ranges.end(), layer,
+                                           [](int l, const LayerRange& r) { return l < r.end; }) -
+                          ranges.begin());
   return {vs % s.pp, vs / s.pp};
 }
 
@@ -189,19 +183,23 @@ int stage_layer_count(const ModelSpec& m, const StageSplit& s, int stage) {
   return n;
 }
 
-LayerRange virtual_stage_layers(const ModelSpec& m, const StageSplit& s, int virtual_stage) {
-  const std::vector<int> counts = virtual_stage_layer_counts(m, s);
-  LayerRange r{s.first_layer, s.first_layer};
-  for (int vs = 0; vs <= virtual_stage; ++vs) {
-    r.begin = r.end;
-    r.end += counts[static_cast<std::size_t>(vs)];
+std::vector<LayerRange> virtual_stage_ranges(const ModelSpec& m, const StageSplit& s) {
+  std::vector<LayerRange> ranges;
+  int begin = s.first_layer;
+  for (int n : virtual_stage_layer_counts(m, s)) {
+    ranges.push_back({begin, begin + n});
+    begin += n;
   }
-  return r;
+  return ranges;
+}
+
+LayerRange virtual_stage_layers(const ModelSpec& m, const StageSplit& s, int virtual_stage) {
+  return virtual_stage_ranges(m, s)[static_cast<std::size_t>(virtual_stage)];
 }
 
 StagePlacement place_layer(const ModelSpec& m, int layer, const StageSplit& s) {
   const bool inside = layer >= s.first_layer && layer < s.end_layer(m);
-  return placement(m, layer, s, inside ? virtual_stage_ends(s, virtual_stage_layer_counts(m, s)) : std::vector<int>{});
+  return placement(m, layer, s, inside ? virtual_stage_ranges(m, s) : std::vector<LayerRange>{});
 }
 
 StagePlacement place_layer(const ModelSpec& m, int layer, int pp, int vpp) {
@@ -270,20 +268,17 @@ ParamCount count_parameters(const ModelSpec& m) { return model_tables(m)->count;
 
 ShardCount count_shard_parameters(const ModelSpec& m, int tp, const StageSplit& split, int ep, int stage, int etp) {
   ShardCount c;
-  // The split's stage ends once, not once per tensor (the memory model asks for every candidate plan).
-  const std::vector<int> ends = virtual_stage_ends(split, virtual_stage_layer_counts(m, split));
-  const int head_stage = placement(m, m.layers, split, ends).stage;
+  // The split's stages once, not once per tensor (the memory model asks for every candidate plan).
+  const std::vector<LayerRange> ranges = virtual_stage_ranges(m, split);
+  const int head_stage = placement(m, m.layers, split, ranges).stage;
   // How many layers of [begin, end) `stage` holds: the hooks (embeddings -1,
   // head L) where placement puts them, body layers by its virtual stages.
   auto held_here = [&](int begin, int end) -> std::int64_t {
     std::int64_t n = 0;
     for (int hook : {-1, m.layers})
-      if (begin <= hook && hook < end && split.holds(m, hook) && placement(m, hook, split, ends).stage == stage) ++n;
-    for (std::size_t vs = static_cast<std::size_t>(stage); vs < ends.size(); vs += static_cast<std::size_t>(split.pp)) {
-      const int from = std::max({vs == 0 ? split.first_layer : ends[vs - 1], begin, 0});
-      const int to = std::min({ends[vs], end, m.layers});
-      n += std::max(0, to - from);
-    }
+      if (begin <= hook && hook < end && split.holds(m, hook) && placement(m, hook, split, ranges).stage == stage) ++n;
+    for (std::size_t vs = static_cast<std::size_t>(stage); vs < ranges.size(); vs += static_cast<std::size_t>(split.pp))
+      n += std::max(0, std::min({ranges[vs].end, end, m.layers}) - std::max({ranges[vs].begin, begin, 0}));
     return n;
   };
   const std::shared_ptr<const ModelTables> tables = model_tables(m);

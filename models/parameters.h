@@ -121,6 +121,10 @@ Status check_stage_split(const ModelSpec& m, const StageSplit& s);
 struct LayerRange {
   int begin = 0, end = 0;  // [begin, end)
 };
+// The layers of every virtual stage, in virtual-stage order, back to back
+// from the split's first layer (for callers that visit many of them: one
+// pass over the counts, not one per stage).
+std::vector<LayerRange> virtual_stage_ranges(const ModelSpec& m, const StageSplit& s);
 // The layers of virtual stage `virtual_stage` (chunk c of stage s is c·pp + s).
 LayerRange virtual_stage_layers(const ModelSpec& m, const StageSplit& s, int virtual_stage);
 

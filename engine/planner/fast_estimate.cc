@@ -220,7 +220,7 @@ std::size_t FastEstimator::reference_simulations() const { return refs_.size() *
 FastBreakdown FastEstimator::estimate(const Plan& p, const MemoryFit& fit) const {
   const ModelSpec& m = ctx_.model;
   const Reference& ref = refs_.at(key_of(p));
-  const StageSplit split = p.stage_split();
+  const std::vector<LayerRange> ranges = virtual_stage_ranges(m, p.stage_split());  // every chunk's layers, once
   const std::size_t last = forward_flops_.size() - 1;
   // The ranks holding the same parameters: dp·cp, tp apart (engine/mesh.h).
   const int n = p.dp * p.cp;
@@ -244,7 +244,7 @@ FastBreakdown FastEstimator::estimate(const Plan& p, const MemoryFit& fit) const
   // A rank's share of a block's parameters: the most loaded stage's count over its unsharded blocks.
   double unsharded = 0;
   for (int ch = 0; ch < p.vpp; ++ch) {
-    const LayerRange r = virtual_stage_layers(m, split, ch * p.pp + fit.peak_stage);
+    const LayerRange r = ranges[static_cast<std::size_t>(ch * p.pp + fit.peak_stage)];
     for (int l = r.begin; l < r.end; ++l) unsharded += parameters_[static_cast<std::size_t>(l + 1)];
   }
   if (fit.peak_stage == 0) unsharded += parameters_[0];
@@ -276,7 +276,7 @@ FastBreakdown FastEstimator::estimate(const Plan& p, const MemoryFit& fit) const
   for (int s = 0; s < p.pp; ++s) {
     double t = 0, w = 0;
     for (int ch = 0; ch < p.vpp; ++ch) {
-      const LayerRange r = virtual_stage_layers(m, split, ch * p.pp + s);
+      const LayerRange r = ranges[static_cast<std::size_t>(ch * p.pp + s)];
       for (int l = r.begin; l < r.end; ++l) {
         t += block_time(static_cast<std::size_t>(l + 1));
         w += ref.step_s[static_cast<std::size_t>(l + 1)];

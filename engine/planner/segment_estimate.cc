@@ -137,10 +137,11 @@ SegmentEstimator::Terms SegmentEstimator::segment_terms(const Plan& s) const {
     return std::max(t * forward_share, gather) + std::max(t * (1 - forward_share), gather + reduce);
   };
   double t_max = 0, t_sum = 0, step_max = 0, params_max = 0;
+  const std::vector<LayerRange> ranges = virtual_stage_ranges(m, s.stage_split());
   for (int stage = 0; stage < s.pp; ++stage) {
     std::vector<std::size_t> blocks;
     for (int ch = 0; ch < s.vpp; ++ch) {
-      const LayerRange r = virtual_stage_layers(m, s.stage_split(), ch * s.pp + stage);
+      const LayerRange r = ranges[static_cast<std::size_t>(ch * s.pp + stage)];
       for (int l = r.begin; l < r.end; ++l) blocks.push_back(static_cast<std::size_t>(l + 1));
     }
     if (stage == 0 && s.embedding) blocks.push_back(0);
