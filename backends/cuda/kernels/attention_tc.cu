@@ -46,6 +46,13 @@ constexpr float kLn2 = 0.6931471805599453f;
 template <int D>
 constexpr int kInner = D == 128 ? 32 : 64;
 
+// Blocks per multiprocessor the forward and dQ kernels are held to (dK/dV:
+// one fewer): 4 at D = 64 caps a thread at 128 registers, 3 at D = 128 at
+// 168. Left free, the compiler took a few registers more (129, 175) and lost
+// a whole block of occupancy for it.
+template <int D>
+constexpr int kMinBlocks = D == 64 ? 4 : 3;
+
 // ---- tensor-core primitives ------------------------------------------------
 
 template <class T>
@@ -92,30 +99,40 @@ __device__ __forceinline__ std::uint32_t pack<__half>(float lo, float hi) {
   return *reinterpret_cast<const std::uint32_t*>(&v);
 }
 
-template <class T>
-__device__ __forceinline__ std::uint32_t word(const T* p) {
-  return *reinterpret_cast<const std::uint32_t*>(p);
+// Four 8x8 16-bit matrices as they are: lane l gives the address of row l%8
+// of matrix l/8; r[i] gets M_i(gr, 2tq..+1). One instruction in place of
+// four 32-bit shared loads per lane: the score products were bound by the
+// issue of those loads, not by the tensor cores.
+__device__ __forceinline__ void ldsm_x4(std::uint32_t r[4], const void* row) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
 }
 
 // A fragment: rows r0.., cols k0.. of a row-major tile (row stride S).
+// Matrices: (r0, k0) -> a0, (r0 + 8, k0) -> a1, (r0, k0 + 8) -> a2, (r0 + 8, k0 + 8) -> a3.
 template <class T>
 __device__ __forceinline__ void load_a(std::uint32_t a[4], const T* tile, int S, int r0, int k0,
                                        int lane) {
-  const T* p = tile + (r0 + (lane >> 2)) * S + k0 + 2 * (lane & 3);
-  a[0] = word(p);
-  a[1] = word(p + 8 * S);
-  a[2] = word(p + 8);
-  a[3] = word(p + 8 * S + 8);
+  const int m = lane >> 3, r = lane & 7;
+  ldsm_x4(a, tile + (r0 + (m & 1) * 8 + r) * S + k0 + (m >> 1) * 8);
 }
 
-// B fragment with B(k, n) = tile(n0 + n, k0 + k): the tile's rows are B's
-// columns (K or V for scores, Q or dO for the transposed scores).
+// B fragments of n-tiles n0 and n0 + 8 with B(k, n) = tile(n0 + n, k0 + k):
+// the tile's rows are B's columns (K or V for scores, Q or dO for the
+// transposed scores). Matrices: (n0, k0) -> b0[0], (n0, k0 + 8) -> b0[1],
+// (n0 + 8, k0) -> b1[0], (n0 + 8, k0 + 8) -> b1[1].
 template <class T>
-__device__ __forceinline__ void load_b_rows(std::uint32_t b[2], const T* tile, int S, int n0,
-                                            int k0, int lane) {
-  const T* p = tile + (n0 + (lane >> 2)) * S + k0 + 2 * (lane & 3);
-  b[0] = word(p);
-  b[1] = word(p + 8);
+__device__ __forceinline__ void load_b_rows(std::uint32_t b0[2], std::uint32_t b1[2], const T* tile, int S,
+                                            int n0, int k0, int lane) {
+  const int m = lane >> 3, r = lane & 7;
+  std::uint32_t x[4];
+  ldsm_x4(x, tile + (n0 + (m >> 1) * 8 + r) * S + k0 + (m & 1) * 8);
+  b0[0] = x[0];
+  b0[1] = x[1];
+  b1[0] = x[2];
+  b1[1] = x[3];
 }
 
 // B fragments of n-tiles n0 and n0 + 8 with B(k, n) = tile(k0 + k, n0 + n):
@@ -165,12 +182,14 @@ __device__ __forceinline__ void two_score_products(float c1[N / 8][4], float c2[
     std::uint32_t f1[4], f2[4];
     load_a(f1, a1, S, warp * 16, kk * 16, lane);
     load_a(f2, a2, S, warp * 16, kk * 16, lane);
-    for (int n = 0; n < N / 8; ++n) {
-      std::uint32_t bb[2];
-      load_b_rows(bb, b1, S, n * 8, kk * 16, lane);
-      mma<T>(c1[n], f1, bb);
-      load_b_rows(bb, b2, S, n * 8, kk * 16, lane);
-      mma<T>(c2[n], f2, bb);
+    for (int n = 0; n < N / 8; n += 2) {
+      std::uint32_t x0[2], x1[2];
+      load_b_rows(x0, x1, b1, S, n * 8, kk * 16, lane);
+      mma<T>(c1[n], f1, x0);
+      mma<T>(c1[n + 1], f1, x1);
+      load_b_rows(x0, x1, b2, S, n * 8, kk * 16, lane);
+      mma<T>(c2[n], f2, x0);
+      mma<T>(c2[n + 1], f2, x1);
     }
   }
 }
@@ -208,7 +227,7 @@ __device__ void load_tile(T* tile, int rows, const T* base, i64 first, i64 limit
 // ---- kernels ---------------------------------------------------------------
 
 template <class T, int D>
-__global__ void __launch_bounds__(kWarps * 32)
+__global__ void __launch_bounds__(kWarps * 32, kMinBlocks<D>)
     fwd_tc_kernel(const T* qkv, T* out, float* lse, AttentionLayout L, float scale, bool causal) {
   constexpr int S = D + kPad, kKeys = 64, kDt = D / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -224,29 +243,39 @@ __global__ void __launch_bounds__(kWarps * 32)
   const float c = scale * kLog2e;  // scores in the log2 domain
 
   load_tile<T, D>(qs, kRows, qkv + L.q(b, 0, h), q0, L.T, L.W);
+  __syncthreads();
+  // The warp's Q fragments stay in registers for every key tile.
+  std::uint32_t qa[D / 16][4];
+  for (int kk = 0; kk < D / 16; ++kk) load_a(qa[kk], qs, S, warp * 16, kk * 16, lane);
   float o[kDt][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   const i64 last = causal ? min(L.T - 1, q0 + kRows - 1) : L.T - 1;
+  const i64 first_row = q0 + warp * 16;  // the warp's first query row
   for (i64 k0 = 0; k0 <= last; k0 += kKeys) {
     __syncthreads();  // the previous tile is no longer read
     load_tile<T, D>(ks, kKeys, qkv + L.k(b, 0, g), k0, L.T, L.W);
     load_tile<T, D>(vs, kKeys, qkv + L.v(b, 0, g), k0, L.T, L.W);
     __syncthreads();
     float s[kKeys / 8][4] = {};
-    for (int kk = 0; kk < D / 16; ++kk) {
-      std::uint32_t a[4];
-      load_a(a, qs, S, warp * 16, kk * 16, lane);
-      for (int n = 0; n < kKeys / 8; ++n) {
-        std::uint32_t bb[2];
-        load_b_rows(bb, ks, S, n * 8, kk * 16, lane);
-        mma<T>(s[n], a, bb);
+    for (int kk = 0; kk < D / 16; ++kk)
+      for (int n = 0; n < kKeys / 8; n += 2) {
+        std::uint32_t b0[2], b1[2];
+        load_b_rows(b0, b1, ks, S, n * 8, kk * 16, lane);
+        mma<T>(s[n], qa[kk], b0);
+        mma<T>(s[n + 1], qa[kk], b1);
       }
-    }
     float mx[2] = {m[0], m[1]};
+    // Only a tile that crosses the diagonal or the sequence's end masks
+    // (warp-uniform): elsewhere every key is read, and the scores are the same.
+    const bool masked = (causal && k0 + kKeys - 1 > first_row) || k0 + kKeys > L.T;
     for (int n = 0; n < kKeys / 8; ++n)
       for (int e = 0; e < 4; ++e) {
-        const i64 j = k0 + n * 8 + 2 * tq + (e & 1);
-        s[n][e] = (j <= hi[e >> 1] && j < L.T) ? s[n][e] * c : -INFINITY;
+        if (masked) {
+          const i64 j = k0 + n * 8 + 2 * tq + (e & 1);
+          s[n][e] = (j <= hi[e >> 1] && j < L.T) ? s[n][e] * c : -INFINITY;
+        } else {
+          s[n][e] *= c;
+        }
         mx[e >> 1] = fmaxf(mx[e >> 1], s[n][e]);
       }
     float corr[2];
@@ -281,7 +310,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 }
 
 template <class T, int D>
-__global__ void __launch_bounds__(kWarps * 32)
+__global__ void __launch_bounds__(kWarps * 32, kMinBlocks<D>)
     dq_tc_kernel(const T* dout, const T* qkv, const float* lse, const float* di, T* dqkv, AttentionLayout L,
                  float scale, bool causal) {
   constexpr int S = D + kPad, kKeys = kInner<D>, kDt = D / 8;
@@ -306,6 +335,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
   float dq[kDt][4] = {};
   const i64 last = causal ? min(L.T - 1, q0 + kRows - 1) : L.T - 1;
+  const i64 first_row = q0 + warp * 16;  // the warp's first query row
   for (i64 k0 = 0; k0 <= last; k0 += kKeys) {
     __syncthreads();
     load_tile<T, D>(ks, kKeys, qkv + L.k(b, 0, g), k0, L.T, L.W);
@@ -313,11 +343,15 @@ __global__ void __launch_bounds__(kWarps * 32)
     __syncthreads();
     float s[kKeys / 8][4] = {}, dp[kKeys / 8][4] = {};
     two_score_products<T, D, kKeys>(s, dp, qs, dos, ks, vs, S, warp, lane);
+    // Masks only on a tile that crosses the diagonal (or, not causal, the
+    // sequence's end) or holds rows past T (warp-uniform); the rest is the same arithmetic.
+    const bool masked = (causal ? k0 + kKeys - 1 > first_row : k0 + kKeys > L.T) || first_row + 15 >= L.T;
     for (int n = 0; n < kKeys / 8; ++n)
       for (int e = 0; e < 4; ++e) {
         const int r = e >> 1;
         const i64 j = k0 + n * 8 + 2 * tq + (e & 1);
-        const float p = (j <= hi[r] && row[r] < L.T) ? exp2f(s[n][e] * c - lse2[r]) : 0.f;
+        const float p =
+            (!masked || (j <= hi[r] && row[r] < L.T)) ? exp2f(s[n][e] * c - lse2[r]) : 0.f;
         s[n][e] = p * (dp[n][e] - dii[r]);  // dS
       }
     accumulate_product<T, D, kKeys>(dq, s, ks, S, lane);
@@ -332,7 +366,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 }
 
 template <class T, int D>
-__global__ void __launch_bounds__(kWarps * 32)
+__global__ void __launch_bounds__(kWarps * 32, kMinBlocks<D> - 1)
     dkv_tc_kernel(const T* dout, const T* qkv, const float* lse, const float* di, T* dqkv, AttentionLayout L,
                   float scale, bool causal) {
   constexpr int S = D + kPad, kQueries = kInner<D>, kDt = D / 8;
@@ -348,6 +382,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, tq = lane & 3;
   const i64 key[2] = {k0 + warp * 16 + (lane >> 2), k0 + warp * 16 + (lane >> 2) + 8};
   const i64 lo[2] = {causal ? key[0] : 0, causal ? key[1] : 0};  // first query reading each key
+  const i64 first_key = k0 + warp * 16;                            // the warp's first key
   const float c = scale * kLog2e;
 
   load_tile<T, D>(ks, kRows, qkv + L.k(b, 0, g), k0, L.T, L.W);
@@ -367,11 +402,14 @@ __global__ void __launch_bounds__(kWarps * 32)
       __syncthreads();
       float s[kQueries / 8][4] = {}, dp[kQueries / 8][4] = {};  // Sᵀ, dPᵀ (keys x queries)
       two_score_products<T, D, kQueries>(s, dp, ks, vs, qs, dos, S, warp, lane);
+      // Masks only where a query of the tile precedes one of the warp's keys
+      // (causal) or lies past T (warp-uniform); keys past T are never written.
+      const bool masked = (causal && q0 < first_key + 15) || q0 + kQueries > L.T;
       for (int n = 0; n < kQueries / 8; ++n)
         for (int e = 0; e < 4; ++e) {
           const int col = n * 8 + 2 * tq + (e & 1);
           const i64 i = q0 + col;
-          const float p = (i >= lo[e >> 1] && i < L.T) ? exp2f(s[n][e] * c - ls[col]) : 0.f;
+          const float p = (!masked || (i >= lo[e >> 1] && i < L.T)) ? exp2f(s[n][e] * c - ls[col]) : 0.f;
           s[n][e] = p;
           dp[n][e] = p * (dp[n][e] - dis[col]);  // dSᵀ
         }
