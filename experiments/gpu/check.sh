@@ -1,22 +1,58 @@
 #!/usr/bin/env bash
-# The GPU check of issue 6, for a machine with one GPU (an H200 in mind):
-#   OUT=/some/dir experiments/gpu/check.sh
-# Builds for sm_90, runs the `gpu` tests, then training throughput (meshtrain
-# and PyTorch), calibration and the simulator's prediction. Every step records
-# an entry in $OUT/gpu-results.json (status ok / failed / not available) and
-# its output in $OUT/gpu-check.log; a failing step never stops the others.
+# The GPU check, for a bare machine with one GPU (an H200 in mind): run from
+# the tarball that experiments/gpu/pack.sh makes, with nothing of ours
+# installed there (only the NVIDIA driver, CUDA's runtime libraries and
+# Python with PyTorch):
+#
+#   tar xzf meshtrain-gpu.tar.gz -C /tmp && OUT=/some/dir /tmp/meshtrain-gpu/experiments/gpu/check.sh
+#
+# Steps, in order of what matters most if the time runs out (each under its
+# own time limit; DEADLINE seconds in all, default 480, after which the
+# remaining steps are recorded as skipped):
+#   1. the gpu tests (the test binaries themselves; no CMake there);
+#   2. the tiny model's first 20 steps, cuda fp32 and bf16 against the cpu backend;
+#   3. training throughput, bf16, T 1024: gpt2-124m-v256 (B16) and gpt3-xl-v256
+#      (1.21B, B8), meshtrain, then PyTorch eager and torch.compile on the
+#      same model file and batch (experiments/gpu/torch_gpt.py); MFU from
+#      meshtrain's own FLOPs per token (`meshtrain info`) against 989 TFLOP/s;
+#   4. a device-time trace of gpt2-124m-v256: where a step's device time goes, by op;
+#   5. `calibrate --backend cuda` at bf16 on both models' shapes, and the
+#      simulator's prediction of each measured step with it (target: within 10%);
+#   6. gpt2-124m with its real vocabulary on a token file (make_tokens.py), and
+#      fp32 throughput against PyTorch fp32.
+# Writes at most 8 files under $OUT (what a lent machine returns): gpu-check.log
+# (every command and its output), gpu-results.json (one entry per step:
+# status ok / failed / skipped / not available), gpu-summary.md (the tables),
+# and artifacts.tar.gz (metrics, traces, calibration, simulations, torch rows).
 set -uo pipefail
-cd "$(dirname "$0")/../.."
-
+HERE="$(cd "$(dirname "$0")" && pwd)"
+ROOT="$(cd "$HERE/../.." && pwd)"
 OUT="${OUT:-$PWD/gpu-out}"
+DEADLINE="${DEADLINE:-480}"
 mkdir -p "$OUT"
+WORK="$(mktemp -d)"
 LOG="$OUT/gpu-check.log"
 RESULTS="$OUT/gpu-results.json"
-BUILD="${BUILD:-build-gpu}"
-JOBS="${JOBS:-$(nproc)}"
-MT="$BUILD/engine/meshtrain"
+SUMMARY="$OUT/gpu-summary.md"
 : >"$LOG"
+: >"$SUMMARY"
 ENTRIES=()
+START=$SECONDS
+PEAK_TFLOPS=989
+
+# ---- the packed binaries, or a build tree's --------------------------------------------------
+if [[ -x "$ROOT/bin/meshtrain" ]]; then
+  BIN="$ROOT/bin"
+  export LD_LIBRARY_PATH="$ROOT/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+else
+  BIN="$ROOT/${BUILD:-build-gpu}/bin-flat"
+  mkdir -p "$BIN"
+  for b in engine/meshtrain tests/cuda/test_cuda_host tests/cuda/test_cuda_backend tests/cuda/test_cuda_training; do
+    ln -sf "$ROOT/${BUILD:-build-gpu}/$b" "$BIN/"
+  done
+fi
+MT="$BIN/meshtrain"
+MODELS="$HERE/models"
 
 json_str() {  # a JSON string literal of $1
   local s=${1//\\/\\\\}
@@ -29,23 +65,34 @@ json_str() {  # a JSON string literal of $1
 record() {
   local extra=${5:+, $5}
   ENTRIES+=("{\"step\": $(json_str "$1"), \"status\": $(json_str "$2"), \"seconds\": $3, \"detail\": $(json_str "$4")$extra}")
-  echo "== $1: $2 ($3 s) $4" | tee -a "$LOG"
+  echo "== $1: $2 ($3 s) $4${5:+ {$5}}" | tee -a "$LOG"
 }
-# run NAME CMD...: runs with output to the log; sets RC and SECS.
+# run NAME LIMIT CMD...: the command under a time limit, output to the log; sets RC and SECS.
 run() {
-  local name=$1
-  shift
-  echo "== $name: $*" >>"$LOG"
+  local name=$1 limit=$2
+  shift 2
+  echo "== $name (limit ${limit}s): $*" >>"$LOG"
   local t0=$SECONDS
-  "$@" >>"$LOG" 2>&1
+  timeout --kill-after=5 "$limit" "$@" >>"$LOG" 2>&1
   RC=$?
   SECS=$((SECONDS - t0))
+  [[ $RC -eq 124 || $RC -eq 137 ]] && echo "== $name: timed out after ${limit}s" >>"$LOG"
+}
+# left: seconds before the deadline.
+left() { echo $((DEADLINE - (SECONDS - START))); }
+# budget NAME NEEDED: false (and the step recorded skipped) when less than NEEDED seconds are left.
+budget() {
+  if (($(left) < $2)); then
+    record "$1" skipped 0 "$(left) s left of the ${DEADLINE} s deadline, $2 s needed"
+    return 1
+  fi
 }
 write_results() {
   {
     echo "{"
-    echo "  \"gpu\": $(json_str "$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo unknown)"),"
-    echo "  \"commit\": $(json_str "$(git rev-parse HEAD 2>/dev/null || echo unknown)"),"
+    echo "  \"gpu\": $(json_str "$(nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader 2>/dev/null || echo unknown)"),"
+    echo "  \"commit\": $(json_str "$(tr '\n' ' ' <"$ROOT/COMMIT" 2>/dev/null || git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)"),"
+    echo "  \"seconds\": $((SECONDS - START)),"
     echo "  \"steps\": ["
     local i
     for i in "${!ENTRIES[@]}"; do
@@ -56,156 +103,244 @@ write_results() {
     echo "  ]"
     echo "}"
   } >"$RESULTS"
+  tar -C "$WORK" -czf "$OUT/artifacts.tar.gz" . 2>/dev/null
 }
 trap write_results EXIT
 
-# A text corpus for the training runs: any bytes are tokens.
-DATA="$OUT/train.txt"
-if [[ ! -s "$DATA" ]]; then
-  for f in README.md DESIGN.md backends/*.h backends/*/*.h backends/*/*.cc engine/*.cc; do
-    [[ -f $f ]] && cat "$f"
-  done >"$DATA"
-  while [[ $(stat -c %s "$DATA") -lt 4000000 ]]; do cat "$DATA" "$DATA" >"$DATA.tmp" && mv "$DATA.tmp" "$DATA"; done
-fi
-
-# 1. Build for sm_90 and run the gpu tests.
-run configure cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90
-if [[ $RC -ne 0 ]]; then
-  record configure failed "$SECS" "cmake failed; see the log"
+# ---- 0. the machine and the libraries the binaries need ------------------------------------------
+{
+  echo "# GPU check: $(tr '\n' ' ' <"$ROOT/COMMIT" 2>/dev/null || echo unknown)"
+  echo
+  echo "GPU: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo none)"
+  echo
+} >>"$SUMMARY"
+nvidia-smi >>"$LOG" 2>&1
+# CUDA's libraries are not packed: find the machine's (the toolkit's lib64,
+# or the pip wheels PyTorch brought) for each library ldd cannot resolve.
+for lib in $(ldd "$MT" "$BIN"/test_cuda_* 2>/dev/null | awk '/not found/{print $1}' | sort -u); do
+  found=$(find /usr/local /usr/lib /opt /usr/local/lib/python3* /usr/lib/python3 -name "$lib" 2>/dev/null | head -1)
+  if [[ -z $found ]]; then
+    found=$(python3 -c "import nvidia, os, sys; [print(os.path.join(r, sys.argv[1])) for p in nvidia.__path__ for r, _, fs in os.walk(p) if sys.argv[1] in fs]" "$lib" 2>/dev/null | head -1)
+  fi
+  [[ -n $found ]] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$(dirname "$found")"
+  echo "library $lib: ${found:-NOT FOUND}" >>"$LOG"
+done
+missing=$(ldd "$MT" | grep 'not found' | tr -s ' \t' ' ')
+if [[ -n $missing ]]; then
+  record libraries failed 0 "unresolved: $missing"
   exit 1
 fi
-record configure ok "$SECS" "$(grep -m1 'cuda backend' "$LOG" || true)"
-run build ninja -C "$BUILD" -j "$JOBS" test_cuda_host test_cuda_backend test_cuda_training meshtrain
-record build "$([[ $RC -eq 0 ]] && echo ok || echo failed)" "$SECS" \
-  "ninja test_cuda_host test_cuda_backend test_cuda_training meshtrain"
-[[ $RC -ne 0 ]] && exit 1
+record libraries ok 0 "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
 
-run gpu-tests ctest --test-dir "$BUILD" -L gpu --output-on-failure --output-junit "$OUT/gpu-tests.xml"
-tests_rc=$RC
-summary=$(grep -E 'tests passed|tests failed' "$LOG" | tail -1)
-skipped=$(grep -c 'SKIPPED: no CUDA device' "$LOG" || true)
-status=ok
-[[ $tests_rc -ne 0 ]] && status=failed
-[[ $skipped -gt 0 ]] && status=failed && summary="$summary; $skipped tests saw no CUDA device"
-record gpu-tests "$status" "$SECS" "$summary"
-run host-tests ctest --test-dir "$BUILD" -R '^test_cuda_host' --output-on-failure
-record host-tests "$([[ $RC -eq 0 ]] && echo ok || echo failed)" "$SECS" "$(grep -E 'tests passed|tests failed' "$LOG" | tail -1)"
+# A text corpus (any bytes are tokens for the vocab-256 models).
+DATA="$WORK/train.txt"
+for f in "$ROOT"/README.md "$HERE"/*.sh "$HERE"/*.py; do cat "$f"; done >"$DATA"
+while [[ $(stat -c %s "$DATA") -lt 8000000 ]]; do cat "$DATA" "$DATA" >"$DATA.tmp" && mv "$DATA.tmp" "$DATA"; done
 
-# Reads a metrics file (one JSON object per step): "<last loss> <mean tokens/s over steps > 5>".
-metrics_summary() {
-  python3 - "$1" <<'PY' 2>/dev/null || echo "unparsed"
-import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-late = [r["tokens_per_s"] for r in rows if r.get("step", 0) > 5] or [r["tokens_per_s"] for r in rows]
-print(rows[-1]["loss"], sum(late) / len(late))
-PY
-}
+# ---- 1. gpu tests ----------------------------------------------------------------------------------
+for t in test_cuda_host test_cuda_backend test_cuda_training; do
+  budget "$t" 30 || continue
+  run "$t" 150 "$BIN/$t"
+  line=$(grep -E 'All tests passed|test cases:' "$LOG" | tail -1)
+  record "$t" "$([[ $RC -eq 0 ]] && echo ok || echo failed)" "$SECS" "$line"
+done
+# The names of failing test cases, for the summary.
+grep -B1 -A0 'FAILED:' "$LOG" | head -40 >"$WORK/failed-tests.txt"
 
-# 1b. The tiny model's first 20 steps, cuda against the cpu backend. The cpu
-# backend is the fp32 reference and refuses 16-bit compute, so both cuda runs
-# compare with its fp32 losses: cuda fp32 within 1e-4, cuda bf16 within 2%.
-rm -f "$OUT/tiny-cpu-fp32.jsonl"
-run tiny-cpu-fp32 "$MT" train --backend cpu --model tiny --precision fp32 \
-  --steps 20 --seed 1 --dropout 0 --data "$DATA" --metrics "$OUT/tiny-cpu-fp32.jsonl"
-rc_cpu=$RC
-for precision in fp32 bf16; do
-  rm -f "$OUT/tiny-cuda-$precision.jsonl"
-  run "tiny-cuda-$precision" "$MT" train --backend cuda --model tiny --precision "$precision" \
-    --steps 20 --seed 1 --dropout 0 --data "$DATA" --metrics "$OUT/tiny-cuda-$precision.jsonl"
-  if [[ $rc_cpu -ne 0 || $RC -ne 0 ]]; then
-    record "tiny-20-steps-$precision" "not available" "$SECS" \
-      "meshtrain train --model tiny: cpu fp32 exit $rc_cpu, cuda $precision exit $RC (see the log)"
-    continue
-  fi
-  tol=$([[ $precision == fp32 ]] && echo 1e-4 || echo 0.02)
-  verdict=$(python3 - "$OUT/tiny-cpu-fp32.jsonl" "$OUT/tiny-cuda-$precision.jsonl" "$precision" "$tol" <<'PY'
+# ---- 2. tiny, cuda against cpu ---------------------------------------------------------------------
+if budget tiny-20-steps 40; then
+  run tiny-cpu-fp32 60 "$MT" train --backend cpu --model tiny --precision fp32 --steps 20 --seed 1 --dropout 0 \
+    --data "$DATA" --metrics "$WORK/tiny-cpu-fp32.jsonl" --quiet
+  rc_cpu=$RC
+  for precision in fp32 bf16; do
+    run "tiny-cuda-$precision" 60 "$MT" train --backend cuda --model tiny --precision "$precision" --steps 20 \
+      --seed 1 --dropout 0 --data "$DATA" --metrics "$WORK/tiny-cuda-$precision.jsonl" --quiet
+    if [[ $rc_cpu -ne 0 || $RC -ne 0 ]]; then
+      record "tiny-20-steps-$precision" failed "$SECS" "cpu exit $rc_cpu, cuda $precision exit $RC (see the log)"
+      continue
+    fi
+    # cuda fp32 within 1e-4 of cpu fp32 (absolute, per step); bf16 within 2% (relative).
+    tol=$([[ $precision == fp32 ]] && echo 1e-4 || echo 0.02)
+    verdict=$(python3 - "$WORK/tiny-cpu-fp32.jsonl" "$WORK/tiny-cuda-$precision.jsonl" "$precision" "$tol" <<'PY'
 import json, sys
 a = [json.loads(l)["loss"] for l in open(sys.argv[1]) if l.strip()]
 b = [json.loads(l)["loss"] for l in open(sys.argv[2]) if l.strip()]
 tol = float(sys.argv[4])
-if sys.argv[3] == "fp32":
-    worst = max(abs(x - y) for x, y in zip(a, b))
-else:
-    worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
-print(("ok" if len(a) == len(b) == 20 and worst <= tol else "failed"), worst)
+d = [abs(x - y) if sys.argv[3] == "fp32" else abs(x - y) / abs(x) for x, y in zip(a, b)]
+print("ok" if len(a) == len(b) == 20 and max(d) <= tol else "failed", max(d))
 PY
 )
-  record "tiny-20-steps-$precision" "${verdict%% *}" "$SECS" \
-    "worst loss difference against cpu fp32 ${verdict#* } (tolerance $tol)"
-done
-
-# 2. gpt2-124m throughput, B=16 T=1024 bf16, meshtrain and PyTorch.
-rm -f "$OUT/gpt2-cuda.jsonl"
-run train-gpt2 "$MT" train --backend cuda --model gpt2-124m --micro-batch 16 --seq-len 1024 \
-  --precision bf16 --steps 30 --data "$DATA" --metrics "$OUT/gpt2-cuda.jsonl"
-if [[ $RC -eq 0 && -s "$OUT/gpt2-cuda.jsonl" ]]; then
-  read -r loss mt_tps < <(metrics_summary "$OUT/gpt2-cuda.jsonl")
-  # MFU against the H200's dense bf16 peak (989 TFLOP/s), with meshtrain's own
-  # model FLOPs per token (models/flops.cc, the count the simulator uses).
-  fpt=$("$MT" info --model gpt2-124m --seq-len 1024 --micro-batch 16 --json |
-        python3 -c "import json, sys; print(json.load(sys.stdin)['flops_per_token'])" 2>/dev/null)
-  mfu=$(python3 -c "print(round($mt_tps * ${fpt:-0} / 989e12, 4))" 2>/dev/null || echo null)
-  [[ -z "$fpt" ]] && mfu=null
-  record train-gpt2 ok "$SECS" "last loss $loss" "\"tokens_per_s\": ${mt_tps:-null}, \"mfu\": ${mfu:-null}"
-else
-  mt_tps=""
-  record train-gpt2 "not available" "$SECS" "meshtrain train --backend cuda --model gpt2-124m failed (see the log)"
-fi
-for mode in eager compile; do
-  run "torch-$mode" python3 experiments/gpu/torch_gpt2.py --mode "$mode" --out "$OUT/torch-$mode.json"
-  if [[ $RC -eq 0 && -s "$OUT/torch-$mode.json" ]]; then
-    tps=$(python3 -c "import json; print(json.load(open('$OUT/torch-$mode.json'))['tokens_per_s'])")
-    ratio=null
-    [[ -n "$mt_tps" ]] && ratio=$(python3 -c "print(round($mt_tps / $tps, 3))")
-    record "torch-$mode" ok "$SECS" "PyTorch $mode gpt2-124m" "\"tokens_per_s\": $tps, \"meshtrain_ratio\": $ratio"
-  else
-    record "torch-$mode" "not available" "$SECS" "PyTorch (or torch.compile) not usable here (see the log)"
-  fi
-done
-
-# 3. Calibration in the simulator's format.
-CAL="$OUT/calibration-h200.json"
-# The gpt2-124m step's own shapes join the grid, so step 4 predicts from
-# measured shapes rather than interpolated ones.
-run calibrate "$MT" calibrate --backend cuda --out "$CAL" --workload gpt2-124m:16:1024
-if [[ $RC -eq 0 && -s "$CAL" ]]; then
-  record calibrate ok "$SECS" "$CAL"
-else
-  record calibrate "not available" "$SECS" "meshtrain calibrate --backend cuda failed (see the log)"
+    record "tiny-20-steps-$precision" "${verdict%% *}" "$SECS" "worst loss difference against cpu fp32 ${verdict#* } (tolerance $tol)"
+  done
 fi
 
-# 4. The simulator's prediction of the same step with that calibration.
-sim_args=(simulate --model gpt2-124m --cluster h200 --gpus 1 --micro-batch 16 --seq-len 1024 --precision bf16)
-[[ -s "$CAL" ]] && sim_args+=(--calibration "$CAL")
-to_file() {  # to_file FILE CMD...: CMD's stdout into FILE
-  local file=$1
-  shift
-  "$@" >"$file"
-}
-SIM_JSON="$OUT/gpt2-simulate.json"
-run simulate to_file "$SIM_JSON" "$MT" "${sim_args[@]}" --json
-# The measured step is the median step_time_s of the steps after 5 of step 2's
-# run. Target: within 10%.
-if [[ $RC -eq 0 && -s "$OUT/gpt2-cuda.jsonl" ]]; then
-  verdict=$(python3 - "$SIM_JSON" "$OUT/gpt2-cuda.jsonl" <<'PY' 2>/dev/null
+# ---- 3. throughput against PyTorch ---------------------------------------------------------------------
+# name:model-file:batch
+CONFIGS=("gpt2-124m-v256:$MODELS/gpt2-124m-v256.json:16" "gpt3-xl-v256:$MODELS/gpt3-xl-v256.json:8")
+declare -A MT_TPS MT_STEP FPT
+# metrics_summary FILE: "<last loss> <median tokens/s after step 5> <median step_time_s after step 5> <first step s>"
+metrics_summary() {
+  python3 - "$1" <<'PY' 2>/dev/null || echo "unparsed"
 import json, statistics, sys
-sim = json.load(open(sys.argv[1]))
-rows = [json.loads(l) for l in open(sys.argv[2]) if l.strip()]
-measured = statistics.median(r["step_time_s"] for r in rows if r["step"] > 5)
-predicted = sim["iteration_time_s"]
-error = (predicted - measured) / measured
-print("ok" if abs(error) <= 0.10 else "failed",
-      f'"predicted_s": {predicted}, "measured_s": {measured}, "error": {round(error, 4)}')
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+late = [r for r in rows if r.get("step", 0) > 5] or rows
+print(rows[-1]["loss"], statistics.median(r["tokens_per_s"] for r in late),
+      statistics.median(r["step_time_s"] for r in late), rows[0]["step_time_s"])
+PY
+}
+for cfg in "${CONFIGS[@]}"; do
+  IFS=: read -r name model batch <<<"$cfg"
+  budget "train-$name" 60 || continue
+  fpt=$("$MT" info --model "$model" --seq-len 1024 --micro-batch "$batch" --json 2>>"$LOG" |
+        python3 -c "import json, sys; print(json.load(sys.stdin)['flops_per_token'])" 2>>"$LOG")
+  FPT[$name]=${fpt:-0}
+  t0=$SECONDS
+  run "train-$name" 150 "$MT" train --backend cuda --model "$model" --micro-batch "$batch" --seq-len 1024 \
+    --precision bf16 --steps 30 --data "$DATA" --metrics "$WORK/$name-cuda.jsonl" --quiet
+  if [[ $RC -eq 0 && -s "$WORK/$name-cuda.jsonl" ]]; then
+    read -r loss tps step first < <(metrics_summary "$WORK/$name-cuda.jsonl")
+    MT_TPS[$name]=$tps
+    MT_STEP[$name]=$step
+    mfu=$(python3 -c "print(round($tps * ${fpt:-0} / ($PEAK_TFLOPS * 1e12), 4))")
+    record "train-$name" ok "$SECS" "B$batch T1024 bf16, last loss $loss; process wall $SECS s, first step ${first}s" \
+      "\"tokens_per_s\": $tps, \"step_s\": $step, \"mfu\": $mfu, \"flops_per_token\": ${fpt:-null}"
+  else
+    record "train-$name" failed "$SECS" "meshtrain train --backend cuda --model $model failed (exit $RC; see the log)"
+  fi
+done
+# PyTorch in one process (imported once): compile first, it is the target.
+torch_args=()
+for cfg in "${CONFIGS[@]}"; do
+  IFS=: read -r name model batch <<<"$cfg"
+  torch_args+=(--config "$name:$model:$batch:1024:bf16")
+done
+if budget torch-bf16 120; then
+  run torch-bf16 $(($(left) > 260 ? 260 : $(left))) python3 "$HERE/torch_gpt.py" "${torch_args[@]}" \
+    --modes compile eager --out "$WORK/torch.jsonl"
+  record torch-bf16 "$([[ -s $WORK/torch.jsonl ]] && echo ok || echo failed)" "$SECS" "torch_gpt.py, exit $RC"
+fi
+{
+  echo "## Throughput, bf16, T 1024, one GPU (median step after 5 of 30; PyTorch: 15 steps, 5 warm-up)"
+  echo
+  echo "| model | batch | meshtrain tok/s | MFU | PyTorch mode | PyTorch tok/s | meshtrain / PyTorch |"
+  echo "|---|---|---|---|---|---|---|"
+} >>"$SUMMARY"
+for cfg in "${CONFIGS[@]}"; do
+  IFS=: read -r name model batch <<<"$cfg"
+  python3 - "$WORK/torch.jsonl" "$name" "$batch" "${MT_TPS[$name]:-0}" "${FPT[$name]:-0}" "$PEAK_TFLOPS" <<'PY' >>"$SUMMARY" 2>>"$LOG"
+import json, sys
+path, name, batch, tps, fpt, peak = sys.argv[1:7]
+tps, fpt = float(tps), float(fpt)
+rows = [json.loads(l) for l in open(path) if l.strip()] if __import__("os").path.exists(path) else []
+mfu = f"{tps * fpt / (float(peak) * 1e12):.1%}" if tps else "-"
+mine = [r for r in rows if r["name"] == name] or [{"mode": "-", "error": "not run"}]
+for r in mine:
+    if "tokens_per_s" in r:
+        print(f"| {name} | {batch} | {tps:,.0f} | {mfu} | {r['mode']} | {r['tokens_per_s']:,.0f} "
+              f"(MFU {r['tokens_per_s'] * fpt / (float(peak) * 1e12):.1%}) | {tps / r['tokens_per_s']:.2f}x |")
+    else:
+        print(f"| {name} | {batch} | {tps:,.0f} | {mfu} | {r['mode']} | {r.get('error', '')[:80]} | - |")
+PY
+done
+echo >>"$SUMMARY"
+
+# ---- 4. a trace with device times ----------------------------------------------------------------------
+if budget trace 30; then
+  name=gpt2-124m-v256
+  run "trace-$name" 90 "$MT" train --backend cuda --model "$MODELS/$name.json" --micro-batch 16 --seq-len 1024 \
+    --precision bf16 --steps 4 --data "$DATA" --trace "$WORK/$name-trace.json" --quiet
+  if [[ $RC -eq 0 && -s "$WORK/$name-trace.json" ]]; then
+    python3 - "$WORK/$name-trace.json" <<'PY' >"$WORK/trace-summary.md" 2>>"$LOG"
+import collections, json, sys
+doc = json.load(open(sys.argv[1]))
+events = doc["traceEvents"] if isinstance(doc, dict) else doc
+xs = [e for e in events if e.get("ph") == "X"]
+dev = [e for e in xs if (e.get("args") or {}).get("clock") == "device"]
+use = dev or xs
+# The last step only: events after the last "step" marker if the trace has them, else all of them / steps.
+by = collections.defaultdict(lambda: [0.0, 0])
+for e in use:
+    by[e["name"]][0] += e.get("dur", 0)
+    by[e["name"]][1] += 1
+total = sum(v[0] for v in by.values()) or 1
+print(f"Trace of 4 steps: {len(xs)} events, {len(dev)} with device times "
+      f"({'device' if dev else 'HOST ENQUEUE'} clock used below); summed op time {total / 1e3:.1f} ms.\n")
+print("| op | calls | time ms | share |")
+print("|---|---|---|---|")
+for name, (t, n) in sorted(by.items(), key=lambda kv: -kv[1][0])[:25]:
+    print(f"| {name} | {n} | {t / 1e3:.1f} | {t / total:.1%} |")
+PY
+    record "trace-$name" "$(grep -q 'with device times' "$WORK/trace-summary.md" && ! grep -q ' 0 with device' "$WORK/trace-summary.md" && echo ok || echo failed)" \
+      "$SECS" "$(head -1 "$WORK/trace-summary.md")"
+    { echo "## Where the device time goes (gpt2-124m-v256, B16, bf16)"; echo; cat "$WORK/trace-summary.md"; echo; } >>"$SUMMARY"
+    gzip -f "$WORK/$name-trace.json"
+  else
+    record "trace-$name" failed "$SECS" "train --trace failed (exit $RC)"
+  fi
+fi
+
+# ---- 5. calibration at bf16 and the simulator's prediction ----------------------------------------------
+{
+  echo "## Simulated against measured step (calibrate --backend cuda --precision bf16)"
+  echo
+  echo "| model | measured s | simulated s | error |"
+  echo "|---|---|---|---|"
+} >>"$SUMMARY"
+for cfg in "${CONFIGS[@]}"; do
+  IFS=: read -r name model batch <<<"$cfg"
+  budget "calibrate-$name" 45 || continue
+  CAL="$WORK/calibration-$name.json"
+  run "calibrate-$name" 90 "$MT" calibrate --backend cuda --precision bf16 --out "$CAL" --workload "$model:$batch:1024"
+  if [[ $RC -ne 0 || ! -s "$CAL" ]]; then
+    record "calibrate-$name" failed "$SECS" "meshtrain calibrate --backend cuda --precision bf16 failed (exit $RC)"
+    continue
+  fi
+  record "calibrate-$name" ok "$SECS" "$CAL"
+  sim="$WORK/simulate-$name.json"
+  run "simulate-$name" 60 sh -c "\"$MT\" simulate --model \"$model\" --cluster h200 --gpus 1 --micro-batch $batch \
+    --seq-len 1024 --precision bf16 --calibration \"$CAL\" --json >\"$sim\""
+  if [[ $RC -eq 0 && -n "${MT_STEP[$name]:-}" ]]; then
+    verdict=$(python3 - "$sim" "${MT_STEP[$name]}" <<'PY' 2>>"$LOG"
+import json, sys
+predicted = json.load(open(sys.argv[1]))["iteration_time_s"]
+measured = float(sys.argv[2])
+e = (predicted - measured) / measured
+print("ok" if abs(e) <= 0.10 else "failed", predicted, measured, round(e, 4))
 PY
 )
-  if [[ -n "$verdict" ]]; then
-    record simulate "${verdict%% *}" "$SECS" "predicted vs measured gpt2-124m step (target within 10%)" \
-      "${verdict#* }"
+    read -r st pred meas err <<<"$verdict"
+    record "simulate-$name" "${st:-failed}" "$SECS" "predicted vs measured step (target within 10%)" \
+      "\"predicted_s\": ${pred:-null}, \"measured_s\": ${meas:-null}, \"error\": ${err:-null}"
+    echo "| $name | $meas | $pred | $(python3 -c "print(f'{$err:+.1%}')" 2>/dev/null) |" >>"$SUMMARY"
   else
-    record simulate failed "$SECS" "could not read the simulate JSON or the step times (see the log)"
+    record "simulate-$name" failed "$SECS" "simulate exit $RC, or no measured step to compare"
   fi
-elif [[ $RC -eq 0 ]]; then
-  record simulate "not available" "$SECS" "simulated, but no measured gpt2-124m step to compare with"
-else
-  record simulate "not available" "$SECS" "meshtrain ${sim_args[*]} failed (see the log)"
+done
+echo >>"$SUMMARY"
+
+# ---- 6. real vocabulary on a token file; fp32 -------------------------------------------------------------
+if budget train-gpt2-124m-tokens 40 && [[ -f "$HERE/make_tokens.py" ]]; then
+  TOK="$WORK/tokens-50257.bin"
+  python3 "$HERE/make_tokens.py" "$DATA" "$TOK" --vocab 50257 >>"$LOG" 2>&1
+  run train-gpt2-124m-tokens 90 "$MT" train --backend cuda --model gpt2-124m --micro-batch 16 --seq-len 1024 \
+    --precision bf16 --steps 20 --data "$TOK" --metrics "$WORK/gpt2-124m-tokens.jsonl" --quiet
+  if [[ $RC -eq 0 && -s "$WORK/gpt2-124m-tokens.jsonl" ]]; then
+    read -r loss tps step first < <(metrics_summary "$WORK/gpt2-124m-tokens.jsonl")
+    record train-gpt2-124m-tokens ok "$SECS" "vocab 50257 from an llm.c token file, last loss $loss" "\"tokens_per_s\": $tps"
+  else
+    record train-gpt2-124m-tokens failed "$SECS" "exit $RC (see the log)"
+  fi
 fi
+if budget fp32 60; then
+  name=gpt2-124m-v256
+  run "train-$name-fp32" 90 "$MT" train --backend cuda --model "$MODELS/$name.json" --micro-batch 8 --seq-len 1024 \
+    --precision fp32 --steps 12 --data "$DATA" --metrics "$WORK/$name-fp32.jsonl" --quiet
+  [[ $RC -eq 0 ]] && read -r loss tps step first < <(metrics_summary "$WORK/$name-fp32.jsonl")
+  run torch-fp32 $(($(left) > 120 ? 120 : $(left))) python3 "$HERE/torch_gpt.py" \
+    --config "$name:$MODELS/$name.json:8:1024:fp32" --modes eager --steps 10 --warmup 4 --out "$WORK/torch-fp32.jsonl"
+  ttps=$(python3 -c "import json; print(json.loads(open('$WORK/torch-fp32.jsonl').readline())['tokens_per_s'])" 2>/dev/null)
+  record "fp32-$name" "$([[ -n ${tps:-} && -n $ttps ]] && echo ok || echo failed)" "$SECS" \
+    "B8 fp32 (no TF32 on either side)" "\"tokens_per_s\": ${tps:-null}, \"torch_eager_tokens_per_s\": ${ttps:-null}"
+fi
+echo "Total: $((SECONDS - START)) s" >>"$SUMMARY"
+cat "$SUMMARY"
