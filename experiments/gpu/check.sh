@@ -63,9 +63,10 @@ json_str() {  # a JSON string literal of $1
 }
 # record NAME STATUS SECONDS DETAIL [EXTRA_JSON_FIELDS]
 record() {
-  local extra=${5:+, $5}
+  local extra=${5:+, $5} shown=""
+  [[ -n ${5:-} ]] && shown=" {$5}"
   ENTRIES+=("{\"step\": $(json_str "$1"), \"status\": $(json_str "$2"), \"seconds\": $3, \"detail\": $(json_str "$4")$extra}")
-  echo "== $1: $2 ($3 s) $4${5:+ {$5}}" | tee -a "$LOG"
+  echo "== $1: $2 ($3 s) $4$shown" | tee -a "$LOG"
 }
 # run NAME LIMIT CMD...: the command under a time limit, output to the log; sets RC and SECS.
 run() {
@@ -103,7 +104,7 @@ write_results() {
     echo "  ]"
     echo "}"
   } >"$RESULTS"
-  tar -C "$WORK" -czf "$OUT/artifacts.tar.gz" . 2>/dev/null
+  tar -C "$WORK" --exclude=train.txt --exclude='tokens-*.bin' -czf "$OUT/artifacts.tar.gz" . 2>/dev/null
 }
 trap write_results EXIT
 
@@ -140,9 +141,14 @@ while [[ $(stat -c %s "$DATA") -lt 8000000 ]]; do cat "$DATA" "$DATA" >"$DATA.tm
 # ---- 1. gpu tests ----------------------------------------------------------------------------------
 for t in test_cuda_host test_cuda_backend test_cuda_training; do
   budget "$t" 30 || continue
+  before=$(grep -c 'SKIPPED: no CUDA device' "$LOG")
   run "$t" 150 "$BIN/$t"
   line=$(grep -E 'All tests passed|test cases:' "$LOG" | tail -1)
-  record "$t" "$([[ $RC -eq 0 ]] && echo ok || echo failed)" "$SECS" "$line"
+  # A test that saw no device checked nothing: on a GPU machine that is a failure.
+  skipped=$(($(grep -c 'SKIPPED: no CUDA device' "$LOG") - before))
+  status=$([[ $RC -eq 0 ]] && echo ok || echo failed)
+  [[ $skipped -gt 0 ]] && status=failed && line="$line; $skipped checks saw no CUDA device"
+  record "$t" "$status" "$SECS" "$line"
 done
 # The names of failing test cases, for the summary.
 grep -B1 -A0 'FAILED:' "$LOG" | head -40 >"$WORK/failed-tests.txt"
