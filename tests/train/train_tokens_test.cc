@@ -45,15 +45,16 @@ std::string model512() {
   return path;
 }
 
-// Ids a model can learn: each id fixes the next (a cycle through 500 of the
-// 512 ids with stride 7), so the loss falls from ln 512 within a few steps.
+// Ids a model learns in a few steps: a cycle through 16 ids between 300 and
+// 495 (past bytes' 256), each fixing the next, so the loss falls from ln 512
+// towards ln 16 and below.
 std::vector<std::uint32_t> cycle(std::size_t n, std::size_t first = 0) {
   std::vector<std::uint32_t> ids(n);
-  for (std::size_t i = 0; i < n; ++i) ids[i] = static_cast<std::uint32_t>((first + i) * 7 % 500);
+  for (std::size_t i = 0; i < n; ++i) ids[i] = static_cast<std::uint32_t>(300 + (first + i) * 5 % 16 * 13);
   return ids;
 }
 
-const std::string kRun = " --seq-len 16 --micro-batch 4 --lr 1e-2 --warmup 2 --quiet";
+const std::string kRun = " --seq-len 16 --micro-batch 4 --lr 3e-3 --warmup 2 --quiet";
 
 }  // namespace
 
@@ -100,13 +101,13 @@ TEST_CASE("token files whose ids do not fit the model, and bytes for a larger mo
   auto ids = cycle(5000);
   ids[4321] = 50000;
   write_llmc(data.string(), ids);
-  MeshtrainRun r = run_meshtrain("train --model " + model512() + " --data " + data.string() + kRun + " --steps 1");
+  MeshtrainRun r = run_meshtrain("train --model " + model512() + " --data " + data.string() + kRun + " --steps 3");
   CHECK(r.status != 0);
   CHECK_THAT(r.out, Catch::Contains("token file '" + data.string() + "' holds token id 50000 (token 4321") &&
                         Catch::Contains("has vocab 512"));
   const fs::path text = scratch("text.txt");
   std::ofstream(text) << std::string(5000, 'a');
-  MeshtrainRun bytes = run_meshtrain("train --model " + model512() + " --data " + text.string() + kRun + " --steps 1");
+  MeshtrainRun bytes = run_meshtrain("train --model " + model512() + " --data " + text.string() + kRun + " --steps 3");
   CHECK(bytes.status != 0);
   CHECK_THAT(bytes.out, Catch::Contains("is read as bytes (vocab 256)"));
 }
