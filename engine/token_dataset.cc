@@ -55,17 +55,17 @@ Status check_length(const std::string& file, std::size_t tokens, int seq_len) {
 
 std::uint32_t max_token(TokenSpan t) {
   // One switch per file, not per token: the loop vectorises for each width.
-  const std::uint8_t* p = t.bytes().data();
+  const std::span<const std::uint8_t> b = t.bytes();
   std::uint32_t m = 0;
   switch (t.width()) {
     case 1:
-      for (std::size_t i = 0; i < t.size(); ++i) m = std::max<std::uint32_t>(m, p[i]);
+      for (std::size_t i = 0; i < t.size(); ++i) m = std::max<std::uint32_t>(m, b[i]);
       break;
     case 2:
-      for (std::size_t i = 0; i < t.size(); ++i) m = std::max<std::uint32_t>(m, read_le<std::uint16_t>(t.bytes(), 2 * i));
+      for (std::size_t i = 0; i < t.size(); ++i) m = std::max<std::uint32_t>(m, read_le<std::uint16_t>(b, 2 * i));
       break;
     default:
-      for (std::size_t i = 0; i < t.size(); ++i) m = std::max(m, read_le<std::uint32_t>(t.bytes(), 4 * i));
+      for (std::size_t i = 0; i < t.size(); ++i) m = std::max(m, read_le<std::uint32_t>(b, 4 * i));
   }
   return m;
 }
@@ -151,7 +151,8 @@ Status load_megatron(TokenDataset& d, const std::shared_ptr<const MappedFile>& i
     return make_error("index file '{}' is {} bytes, but its header's sequence count {} and document count {} "
                       "(fields 'sequence_count', 'document_count') need {} bytes; the file is {}: write it again",
                       idx, b.size(), sequences, documents, kMegatronIndexHeaderBytes + sequences * 12 + documents * 8,
-                      sequences * 12 + documents * 8 > rest ? "truncated" : "corrupt (or multimodal, which is not read)");
+                      sequences * 12 + documents * 8 > rest ? "truncated"
+                                                            : "corrupt (or multimodal, which is not read)");
   const std::size_t lengths_at = kMegatronIndexHeaderBytes, pointers_at = lengths_at + 4 * sequences,
                     documents_at = pointers_at + 8 * sequences;
   // Sequences lie back to back in .bin: the pointers are the running byte sum.

@@ -262,8 +262,9 @@ std::string image_model_names() {
 // named as the mismatch it is, before either loader reads (and misreads) it.
 Status check_data_kind(const std::string& data, const ModelSpec& m) {
   if (!m.vision() && names_image_dataset(data))
-    return make_error("'{}' is an image dataset, but model '{}' is a language model (it trains on a file's bytes as "
-                      "tokens); train a vision model on the images ({}), or pass a text file with --data",
+    return make_error("'{}' is an image dataset, but model '{}' is a language model (it trains on a token file, or "
+                      "on a file's bytes as tokens); train a vision model on the images ({}), or pass such a file "
+                      "with --data",
                       data, m.name, image_model_names());
   std::error_code ec;
   if (m.vision() && std::filesystem::is_regular_file(data, ec))
