@@ -44,10 +44,11 @@ Status check_sizes(std::size_t tokens, int batch, int seq) {
   return ok_status();
 }
 
-void append_sequence(Batch& b, std::span<const std::uint8_t> tokens, std::uint64_t offset) {
+void append_sequence(Batch& b, TokenSpan tokens, std::uint64_t offset) {
+  // Ids below the model's vocabulary (checked when the data was opened) fit an int32.
   for (int t = 0; t < b.seq; ++t) {
-    b.ids.push_back(tokens[offset + t]);
-    b.targets.push_back(tokens[offset + t + 1]);
+    b.ids.push_back(static_cast<std::int32_t>(tokens[offset + t]));
+    b.targets.push_back(static_cast<std::int32_t>(tokens[offset + t + 1]));
   }
   ++b.rows;
 }
@@ -70,7 +71,7 @@ Result<LoaderState> loader_state_from_json(const nlohmann::json& j) {
   return s;
 }
 
-DataLoader::DataLoader(std::span<const std::uint8_t> tokens, std::uint64_t seed, int dp_rank,
+DataLoader::DataLoader(TokenSpan tokens, std::uint64_t seed, int dp_rank,
                        int dp)
     : tokens_(tokens), dp_rank_(dp_rank), dp_(dp), state_{seed, 0} {
   // The mesh hands out coordinates; a rank outside the group is a caller bug.
@@ -94,7 +95,7 @@ Result<Batch> DataLoader::next(int batch, int seq) {
   return b;
 }
 
-Result<std::vector<Batch>> validation_batches(std::span<const std::uint8_t> tokens, int batch,
+Result<std::vector<Batch>> validation_batches(TokenSpan tokens, int batch,
                                               int seq, int max_sequences) {
   MT_TRY(check_sizes(tokens.size(), batch, seq));
   if (max_sequences < 1)

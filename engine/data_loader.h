@@ -20,9 +20,16 @@
 //
 // Batch layout (B, T) row-major: ids[b·T + t] = tokens[o_b + t] and
 // targets[b·T + t] = tokens[o_b + t + 1].
+//
+// The tokens are a TokenSpan: bytes (a ByteDataset, token = byte) or the
+// little-endian 2- or 4-byte ids of a token file (engine/token_dataset.h),
+// read in place from its memory mapping.
 #pragma once
 
+#include <bit>
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <nlohmann/json_fwd.hpp>
 #include <span>
 #include <vector>
@@ -30,6 +37,44 @@
 #include "core/status.h"
 
 namespace meshtrain {
+
+// Token files are little-endian; reading them in place assumes the host is too.
+static_assert(std::endian::native == std::endian::little, "token files are read in place as little-endian");
+
+// A borrowed run of `size()` token ids of `width` bytes each (1, 2 or 4,
+// unsigned). Views of it view the same memory.
+class TokenSpan {
+ public:
+  TokenSpan() = default;
+  // Bytes are tokens as they are (vocabulary 256): implicit, as a span converts.
+  TokenSpan(std::span<const std::uint8_t> bytes) : data_(bytes.data()), count_(bytes.size()), width_(1) {}
+  TokenSpan(const std::vector<std::uint8_t>& bytes) : TokenSpan(std::span<const std::uint8_t>(bytes)) {}
+  TokenSpan(const std::uint8_t* data, std::size_t count, int width) : data_(data), count_(count), width_(width) {}
+
+  std::size_t size() const { return count_; }
+  int width() const { return width_; }
+  std::uint32_t operator[](std::size_t i) const {
+    const std::uint8_t* p = data_ + i * static_cast<std::size_t>(width_);
+    if (width_ == 1) return *p;
+    if (width_ == 2) {
+      std::uint16_t v;
+      std::memcpy(&v, p, 2);
+      return v;
+    }
+    std::uint32_t v;
+    std::memcpy(&v, p, 4);
+    return v;
+  }
+  TokenSpan first(std::size_t n) const { return {data_, n, width_}; }
+  TokenSpan last(std::size_t n) const { return {data_ + (count_ - n) * static_cast<std::size_t>(width_), n, width_}; }
+  // The tokens' bytes as stored.
+  std::span<const std::uint8_t> bytes() const { return {data_, count_ * static_cast<std::size_t>(width_)}; }
+
+ private:
+  const std::uint8_t* data_ = nullptr;
+  std::size_t count_ = 0;
+  int width_ = 1;
+};
 
 struct Batch {
   int rows = 0;                       // B
@@ -54,8 +99,8 @@ std::uint64_t uniform_draw(std::uint64_t seed, std::uint64_t index, std::uint64_
 
 class DataLoader {
  public:
-  // `tokens` is borrowed: it must outlive the loader (a ByteDataset split).
-  DataLoader(std::span<const std::uint8_t> tokens, std::uint64_t seed, int dp_rank = 0, int dp = 1);
+  // `tokens` is borrowed: it must outlive the loader (a dataset's split).
+  DataLoader(TokenSpan tokens, std::uint64_t seed, int dp_rank = 0, int dp = 1);
 
   // The next `batch` sequences of `seq` tokens for this rank. Errors if the
   // split is shorter than seq + 1 tokens or the sizes are not positive.
@@ -69,7 +114,7 @@ class DataLoader {
   std::uint64_t offset_of(std::uint64_t index, int seq) const;
 
  private:
-  std::span<const std::uint8_t> tokens_;
+  TokenSpan tokens_;
   int dp_rank_;
   int dp_;
   LoaderState state_;
@@ -80,7 +125,7 @@ class DataLoader {
 // batches of `batch` rows. The last batch may have fewer rows; average the loss
 // per token so it weighs right. Fewer sequences are returned when the split
 // holds fewer; at least one when it has seq + 1 tokens.
-Result<std::vector<Batch>> validation_batches(std::span<const std::uint8_t> tokens, int batch,
+Result<std::vector<Batch>> validation_batches(TokenSpan tokens, int batch,
                                               int seq, int max_sequences);
 
 }  // namespace meshtrain

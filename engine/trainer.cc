@@ -93,7 +93,6 @@ Status save_checkpoint(Backend& b, TrainingEngine& engine, bool writer, const Mo
 int warmup_steps(const TrainOptions& o) { return o.warmup.value_or(std::min(kDefaultWarmup, o.steps)); }
 
 Status check_train_options(const TrainOptions& o, const ModelSpec& m, const Plan& p, int host_ranks) {
-  MT_TRY(check_training_model(m));
   if (o.steps <= 0) return make_error("--steps must be positive, got {}", o.steps);
   if (o.stop_at < 0 || o.stop_at > o.steps)
     return make_error("--stop-at {} must be within 1..--steps {}", o.stop_at, o.steps);

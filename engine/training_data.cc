@@ -9,17 +9,26 @@
 #include "engine/byte_dataset.h"
 #include "engine/image_dataset.h"
 #include "engine/image_loader.h"
+#include "engine/token_dataset.h"
 #include "engine/vqa_loader.h"
 
 namespace meshtrain {
 
 namespace {
 
-// Bytes of a file: next-token prediction over sequences of the plan's length.
+// Tokens, from a file's bytes or a token file: what the text model reads.
+struct TextSource {
+  std::string path;
+  std::span<const std::uint8_t> content;  // the bytes a checkpoint's crc32 covers
+  TokenSpan train, val;
+  std::shared_ptr<const void> owner;  // keeps the spans' memory (a ByteDataset, or a TokenDataset's mapping)
+};
+
+// Next-token prediction over sequences of the plan's length.
 class TextData : public TrainingData {
  public:
-  TextData(ByteDataset data, int seq, std::uint64_t seed, int dp_rank, int dp)
-      : data_(std::move(data)), seq_(seq), loader_(data_.train(), seed, dp_rank, dp) {}
+  TextData(TextSource data, int seq, std::uint64_t seed, int dp_rank, int dp)
+      : data_(std::move(data)), seq_(seq), loader_(data_.train, seed, dp_rank, dp) {}
 
   Result<std::vector<HostBatch>> next(int micro_batch, int count) override {
     MT_ASSIGN(Batch batch, loader_.next(micro_batch * count, seq_));
@@ -28,7 +37,7 @@ class TextData : public TrainingData {
   LoaderState state() const override { return loader_.state(); }
   void restore(const LoaderState& s) override { loader_.restore(s); }
   Result<std::vector<HostBatch>> held_out(int micro_batch, int max_samples) const override {
-    MT_ASSIGN(auto batches, validation_batches(data_.val(), micro_batch, seq_, max_samples));
+    MT_ASSIGN(auto batches, validation_batches(data_.val, micro_batch, seq_, max_samples));
     std::vector<HostBatch> out;
     for (const Batch& b : batches) {
       auto parts = split(b, b.rows);
@@ -38,7 +47,7 @@ class TextData : public TrainingData {
   }
   const char* unit() const override { return "tok"; }
   const std::string& source() const override { return data_.path; }
-  std::span<const std::uint8_t> content() const override { return data_.bytes; }
+  std::span<const std::uint8_t> content() const override { return data_.content; }
 
  private:
   static std::vector<HostBatch> split(const Batch& b, int micro_batch) {
@@ -55,10 +64,31 @@ class TextData : public TrainingData {
     return out;
   }
 
-  ByteDataset data_;
+  TextSource data_;
   int seq_;
   DataLoader loader_;
 };
+
+// Opens the text a language model trains on and checks its ids against the
+// model's vocabulary: bytes need vocab 256 (a larger model on raw bytes is
+// almost surely an untokenized file passed by mistake), token files ids below
+// the vocabulary.
+Result<TextSource> open_text(const std::string& data, const ModelSpec& m, int seq) {
+  const DataSource source = identify_data(data);
+  if (source.format == DataFormat::bytes) {
+    if (m.vocab != kByteVocab)
+      return make_error("model '{}' has vocab {}, but '{}' is read as bytes (vocab 256): it is neither an llm.c "
+                        "token file nor a Megatron .bin/.idx pair; pass a token file written with the model's "
+                        "tokenizer, or train a model with \"vocab\": 256 such as 'tiny' on the bytes",
+                        m.name, m.vocab, data);
+    MT_ASSIGN(ByteDataset bytes, load_byte_dataset(data, seq));
+    auto owned = std::make_shared<const ByteDataset>(std::move(bytes));
+    return TextSource{owned->path, owned->bytes, owned->train(), owned->val(), owned};
+  }
+  MT_ASSIGN(TokenDataset tokens, load_token_dataset(source, seq));
+  MT_TRY(check_token_vocab(tokens, m.vocab, m.name));
+  return TextSource{tokens.path, tokens.file->bytes(), tokens.train(), tokens.val(), tokens.file};
+}
 
 HostBatch host_batch(ImageBatch&& b, int tokens) {
   HostBatch h;
@@ -232,8 +262,9 @@ std::string image_model_names() {
 // named as the mismatch it is, before either loader reads (and misreads) it.
 Status check_data_kind(const std::string& data, const ModelSpec& m) {
   if (!m.vision() && names_image_dataset(data))
-    return make_error("'{}' is an image dataset, but model '{}' is a language model (it trains on a file's bytes as "
-                      "tokens); train a vision model on the images ({}), or pass a text file with --data",
+    return make_error("'{}' is an image dataset, but model '{}' is a language model (it trains on a token file, or "
+                      "on a file's bytes as tokens); train a vision model on the images ({}), or pass such a file "
+                      "with --data",
                       data, m.name, image_model_names());
   std::error_code ec;
   if (m.vision() && std::filesystem::is_regular_file(data, ec))
@@ -246,16 +277,12 @@ Status check_data_kind(const std::string& data, const ModelSpec& m) {
 
 }  // namespace
 
-Status check_training_model(const ModelSpec& m) {
-  if (m.vision() || m.vocab == kByteVocab) return ok_status();
-  return make_error("model '{}' has vocab {}, but training reads bytes (vocab 256); use a model with "
-                    "\"vocab\": 256 such as 'tiny'", m.name, m.vocab);
-}
-
 Status check_training_data(const std::string& data, const ModelSpec& m, const Plan& p) {
   if (data.empty() && m.vision())
     return make_error("no training images: pass --data fashion-mnist or a directory of IDX files");
-  if (data.empty()) return make_error("no training data: pass --data FILE (any file; its bytes are the tokens)");
+  if (data.empty())
+    return make_error("no training data: pass --data FILE (an llm.c token file, a Megatron PREFIX of a .bin/.idx "
+                      "pair, or any file, whose bytes are the tokens)");
   MT_TRY(check_data_kind(data, m));
   if (m.vqa()) {
     MT_ASSIGN(auto images, shared_images(data));
@@ -265,8 +292,7 @@ Status check_training_data(const std::string& data, const ModelSpec& m, const Pl
     MT_ASSIGN(auto images, shared_images(data));
     return check_images(*images, m);
   }
-  MT_TRY(check_training_model(m));
-  MT_TRY(load_byte_dataset(data, p.effective_seq_len(m)));
+  MT_TRY(open_text(data, m, p.effective_seq_len(m)));
   return ok_status();
 }
 
@@ -283,9 +309,9 @@ Result<std::unique_ptr<TrainingData>> open_training_data(const std::string& data
     MT_TRY(check_images(*images, m));
     return std::unique_ptr<TrainingData>(std::make_unique<ImageData>(images, m.seq_len, seed, dp_rank, dp));
   }
-  MT_ASSIGN(ByteDataset bytes, load_byte_dataset(data, p.effective_seq_len(m)));
+  MT_ASSIGN(TextSource text, open_text(data, m, p.effective_seq_len(m)));
   return std::unique_ptr<TrainingData>(
-      std::make_unique<TextData>(std::move(bytes), p.effective_seq_len(m), seed, dp_rank, dp));
+      std::make_unique<TextData>(std::move(text), p.effective_seq_len(m), seed, dp_rank, dp));
 }
 
 }  // namespace meshtrain

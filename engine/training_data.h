@@ -1,7 +1,9 @@
 // TrainingData: what the training loop reads, whatever the model reads.
 //
-// Three sources, chosen by the model: a language model trains on any file's
-// bytes (engine/byte_dataset.h, engine/data_loader.h; the last 10% held out),
+// Three sources, chosen by the model: a language model trains on tokens, an
+// llm.c token file's or a Megatron indexed dataset's (engine/token_dataset.h)
+// or any other file's bytes (engine/byte_dataset.h), through
+// engine/data_loader.h with the last 10% held out,
 // a vision model on an IDX image set (engine/image_dataset.h,
 // engine/image_loader.h; "fashion-mnist" or a directory), evaluated on its
 // test split, and a VQA model on questions about 2×2 grids of such a set's
@@ -46,12 +48,10 @@ class TrainingData {
   virtual std::span<const std::uint8_t> content() const = 0;
 };
 
-// Whether the model can train on this project's data at all (a language
-// model must read bytes: vocabulary 256), before the data is read.
-Status check_training_model(const ModelSpec& m);
 // Checks the data against the model before anything runs: the file or image
 // set exists and is well formed, and fits the model (vocabulary 256 for
-// text; image size, channels and classes for images).
+// bytes, every id below the vocabulary for token files; image size, channels
+// and classes for images).
 Status check_training_data(const std::string& data, const ModelSpec& m, const Plan& p);
 
 // The data source of data-parallel rank `dp_rank` of `dp`. Image sets are

@@ -1,10 +1,11 @@
-# Training support: the host-only pieces the trainer calls (byte dataset, data
+# Training support: the host-only pieces the trainer calls (byte and token datasets, data
 # loader, image dataset and loader, LR schedule, checkpoints, metrics). No
 # backend dependency. zlib: checkpoint crc32s and gzipped IDX image files.
 find_package(ZLIB REQUIRED)
 
 add_library(meshtrain_training_support STATIC
   byte_dataset.cc
+  token_dataset.cc
   data_loader.cc
   image_dataset.cc
   image_loader.cc

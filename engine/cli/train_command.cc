@@ -170,9 +170,10 @@ Command add_train_command(CLI::App& app) {
   add_plan_flags(*sub, f->plan, "tiny");
   TrainOptions& t = f->train;
   sub->add_option("--data", t.data,
-                  "a language model: any file, its bytes are the tokens; a vision model: fashion-mnist or a "
-                  "directory of IDX image files (train-* and t10k-*); a VQA model: the same, as questions about "
-                  "2x2 grids of its images")
+                  "a language model: an llm.c token file (uint16 or uint32 ids after a 1024-byte header), the "
+                  "PREFIX of a Megatron .bin/.idx pair, or any other file, whose bytes are the tokens; a vision "
+                  "model: fashion-mnist or a directory of IDX image files (train-* and t10k-*); a VQA model: the "
+                  "same, as questions about 2x2 grids of its images")
       ->required();
   sub->add_option("--backend", f->backend, "cpu, or cuda (one rank per process; a build with CUDA)")
       ->capture_default_str();
