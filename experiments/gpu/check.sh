@@ -327,7 +327,7 @@ echo >>"$SUMMARY"
 # ---- 6. real vocabulary on a token file; fp32 -------------------------------------------------------------
 if budget train-gpt2-124m-tokens 40 && [[ -f "$HERE/make_tokens.py" ]]; then
   TOK="$WORK/tokens-50257.bin"
-  python3 "$HERE/make_tokens.py" "$DATA" "$TOK" --vocab 50257 >>"$LOG" 2>&1
+  python3 "$HERE/make_tokens.py" "$DATA" "$TOK" --vocab 50257 --tokens 4000000 >>"$LOG" 2>&1
   run train-gpt2-124m-tokens 90 "$MT" train --backend cuda --model gpt2-124m --micro-batch 16 --seq-len 1024 \
     --precision bf16 --steps 20 --data "$TOK" --metrics "$WORK/gpt2-124m-tokens.jsonl" --quiet
   if [[ $RC -eq 0 && -s "$WORK/gpt2-124m-tokens.jsonl" ]]; then
