@@ -208,8 +208,11 @@ StepEngine::StepEngine(Backend& b, const ModelSpec& m, const Plan& p, const Mesh
       prev = &a;
     }
   }
-  loss_total_ = b.empty(Shape{1});
-  grad_sumsq_ = b.empty(Shape{1});
+  // The loss and the squared norm side by side, so that the step reads both back at once: one wait for the
+  // device per step. Each half keeps its own collectives.
+  step_stats_ = b.empty(Shape{2});
+  loss_total_ = step_stats_.slice(0, 1);
+  grad_sumsq_ = step_stats_.slice(1, 1);
   clip_coef_ = b.empty(Shape{1});
 }
 
@@ -527,10 +530,12 @@ Result<StepResult> StepEngine::step(const std::vector<HostBatch>& microbatches, 
     StreamScope on(b_, overlap ? comm_ : compute_);
     reduce_grad_norm();
     reduce_loss();
-    MT_TRY(b_.read(loss_total_, std::span<float>(host, 1)).context(fmt::format("step {}", step)));
-    MT_TRY(b_.read(grad_sumsq_, std::span<float>(host + 1, 1)).context(fmt::format("step {}", step)));
+    // The step's only wait for the device (but a MoE model's statistics, moe_statistics).
+    MT_TRY(b_.read(step_stats_, host).context(fmt::format("step {}", step)));
   }
   StepResult r{host[0] / loss_terms_, std::sqrt(static_cast<double>(host[1])), {}};
+  // A second wait, for MoE models only: their routing statistics are read after the loss. Folding them
+  // into step_stats_ would need their sums reduced before the loss's read, on the loss's stream.
   if (m_.moe()) {
     MT_ASSIGN(r.moe, moe_statistics());
   }

@@ -10,9 +10,10 @@
 // only while backward works on it) and of the parameters (stage 3, gathered
 // layer by layer with prefetch: parameter_gather.h), gradient clipping by global norm and the update, all
 // as backend ops. The host waits only for the loss and the gradient norm at
-// the end of the iteration (the progress line needs them; a NaN loss must stop
-// the run before the update, so the parameters stay those of the last good
-// step). Errors of any collective on the way (a timeout names op, group and
+// the end of the iteration, both in one read (the progress line needs them; a
+// NaN loss must stop the run before the update, so the parameters stay those
+// of the last good step): one wait for the device per step, plus one for a
+// mixture-of-experts model's routing statistics. Errors of any collective on the way (a timeout names op, group and
 // peers) surface there, as the Status of step().
 //
 // Every rank of the mesh constructs a StepEngine and calls each method the
@@ -262,8 +263,11 @@ class StepEngine {
   OffloadStreams offload_;  // Plan::offload: the offloaded optimizer step's streams
   std::vector<std::unique_ptr<Chunk>> chunks_;  // local chunk c: virtual stage c·pp + stage
   std::unique_ptr<PipelineExecutor> pipeline_;
-  Tensor loss_total_;  // (1) Σ token losses of the iteration on this rank
-  Tensor grad_sumsq_, clip_coef_;
+  // (2) [loss_total_, grad_sumsq_]: step() reads both with one wait for the device.
+  Tensor step_stats_;
+  Tensor loss_total_;  // (1) view of step_stats_: Σ token losses of the iteration on this rank
+  Tensor grad_sumsq_;  // (1) view of step_stats_: Σ g² (reduce_grad_norm)
+  Tensor clip_coef_;
   Tensor eval_stats_;  // (3) of the evaluation in progress
   int moe_layers_ = 0;  // of the whole model
   std::optional<Error> setup_error_;

@@ -9,7 +9,7 @@ void StepTimer::begin_step() {
   in_step_ = true;
   step_start_ = mark_ = Clock::now();
   host_comm_s_ = 0;
-  device_comms_.clear();
+  // device_comms_ keeps the previous step's communication that its end_step left unread.
   device_comm_s_ = device_on_compute_s_ = 0;
   device_error_.reset();
   compute_stream_ = current_stream();
@@ -28,6 +28,8 @@ void StepTimer::communicate(Op&& op) {
   mark_ = Clock::now();
   if (device_) {
     device_comms_.push_back({start, target().timed_event(s), s == compute_stream_});
+    // A safety valve for a step with thousands of collectives and no blocking call: the oldest
+    // are long finished, and the backend keeps only the last 16384 timing events.
     if (device_comms_.size() >= 4096) read_device_comms(2048);
   } else {
     host_comm_s_ += std::chrono::duration<double>(mark_ - t0).count();
@@ -47,6 +49,19 @@ void StepTimer::read_device_comms(std::size_t count) {
     if (c.on_compute_stream) device_on_compute_s_ += *s;
   }
   device_comms_.erase(device_comms_.begin(), device_comms_.begin() + static_cast<std::ptrdiff_t>(count));
+  settled_ -= std::min(settled_, count);
+}
+
+Status StepTimer::read(const Tensor& src, std::span<float> host) {
+  Status s = target().read(src, host);
+  settled_ = device_comms_.size();
+  return s;
+}
+
+Status StepTimer::synchronize() {
+  Status s = target().synchronize();
+  settled_ = device_comms_.size();
+  return s;
 }
 
 Result<RankTiming> StepTimer::end_step() {
@@ -59,8 +74,8 @@ Result<RankTiming> StepTimer::end_step() {
     return t;
   }
   // The step ended with a blocking read (the loss), so its host time spans
-  // its device work.
-  read_device_comms(device_comms_.size());
+  // its device work; what came after that read is read after the next one.
+  read_device_comms(settled_);
   if (device_error_) return *device_error_;
   t.comm_s = device_comm_s_;
   t.compute_s = std::max(0.0, t.step_s - device_on_compute_s_);

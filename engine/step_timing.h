@@ -16,6 +16,15 @@
 // (communication on other streams overlaps compute); the step ends with a
 // blocking read of the loss, so its host time spans its device work.
 //
+// Step timing adds no wait of its own: end_step reads back (seconds_between)
+// only the communication issued before the step's last blocking call (read,
+// synchronize), whose events have happened by then (the engine's streams
+// join before that read: the compute stream waits for the reductions). What
+// was issued after it (ZeRO's all-gathers of the updated parameters, an
+// overlapped update's tail) is still running on the device at end_step; it
+// is read at a later end_step, after the next blocking call, and counts in
+// that step's comm_s.
+//
 // Every rank then contributes its timing to an all-gather over the world
 // (gather_timings), and straggler_report names the rank whose compute lags
 // most behind its peers: the median of its pipeline stage (ranks of a stage
@@ -58,6 +67,9 @@ class StepTimer final : public BackendWrapper {
   void send(const Tensor& x, int peer_global_rank, int tag) override;
   void recv(Tensor& x, int peer_global_rank, int tag) override;
   void barrier(const Group& g) override;
+  // Blocking calls: the communication issued before them is complete after.
+  Status read(const Tensor& src, std::span<float> host) override;
+  Status synchronize() override;
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -79,6 +91,9 @@ class StepTimer final : public BackendWrapper {
   // backend keeps the last 16384 timing events) the oldest half is read,
   // long finished by then, into the sums below.
   std::vector<DeviceComm> device_comms_;
+  // How many of device_comms_ (the first ones) were issued before the last
+  // blocking call: those can be read without waiting.
+  std::size_t settled_ = 0;
   double device_comm_s_ = 0, device_on_compute_s_ = 0;
   std::optional<Error> device_error_;
   void read_device_comms(std::size_t count);

@@ -63,7 +63,17 @@ std::string TraceRecorder::to_json() const {
       sep();
       out += fmt::format(R"({{"ph":"X","pid":{},"tid":{},"name":"{}","cat":"{}","ts":{},"dur":{})",
                          rank, e.stream, e.name, e.category, us(e.start_ns), us(e.duration_ns));
-      if (e.args_size > 0) {
+      if (e.device_clock) {
+        // The args object with the clock as its last member.
+        out += ",\"args\":";
+        if (e.args_size > 0) {
+          out.append(t.args, e.args_begin, e.args_size - 1);  // without its closing brace
+          if (e.args_size > 2) out += ',';
+        } else {
+          out += '{';
+        }
+        out += "\"clock\":\"device\"}";
+      } else if (e.args_size > 0) {
         out += ",\"args\":";
         out.append(t.args, e.args_begin, e.args_size);
       }

@@ -14,6 +14,8 @@
 // ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all"),
 // point to point as "send" / "recv". Timestamps are microseconds since the
 // recorder was made, printed from integer nanoseconds with three decimals.
+// An event timed on the device (TraceEvent::device_clock) says so in its args,
+// "clock":"device"; its times are on the host's time base all the same.
 // Metadata come first, then each rank's events in issue order, ranks
 // ascending, so a file reads rank by rank.
 //
@@ -44,6 +46,9 @@ struct TraceEvent {
   const char* category = "";  // "compute", "host", a collective's name, "send" or "recv"
   std::int64_t start_ns = 0;  // since the recorder's origin
   std::int64_t duration_ns = 0;
+  // start and duration measured on the device (TracingBackend), written with
+  // "clock":"device" in the event's args; else the host clock's.
+  bool device_clock = false;
   // The event's args, a rendered JSON object ("{...}"), as [begin, begin +
   // size) of its RankTrace's `args`; size 0: none.
   std::size_t args_begin = 0, args_size = 0;

@@ -1,6 +1,9 @@
 #include "engine/tracing/tracing_backend.h"
 
+#include <algorithm>
+#include <cmath>
 #include <numeric>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 
@@ -40,21 +43,111 @@ std::string foreach_args_json(std::size_t tensors, double bytes, const Tensor* o
 
 }  // namespace
 
+namespace {
+
+// Pending pairs without a blocking call before the oldest are read back (see the header), and a
+// base older than this many timing events is replaced: both well inside the cuda backend's ring
+// of 16384 timing events, which the step timer above shares.
+constexpr std::size_t kMaxPending = 4096;
+constexpr std::int64_t kBaseAge = 4096;
+
+}  // namespace
+
 TracingBackend::TracingBackend(Backend& target, TraceRecorder& recorder)
     : BackendWrapper(target), recorder_(recorder) {
   trace_.label = fmt::format("rank {} ({})", target.rank(), target.name());
   trace_.streams[0] = "compute";  // the default stream every backend starts with
+  // The probe is the default stream's first base: nothing runs on it yet.
+  const Stream s = target.current_stream();
+  const std::int64_t host_ns = recorder_.now_ns();
+  const Event probe = mark(s);
+  device_ = probe.valid();
+  if (device_) bases_[s.id] = {probe, host_ns, timed_events_};
 }
 
-TracingBackend::~TracingBackend() { recorder_.add_rank(rank(), std::move(trace_)); }
+TracingBackend::~TracingBackend() {
+  // The end of the run: waiting for the last pairs costs nothing the run would notice.
+  resolve_oldest(pending_.size());
+  if (unread_ > 0)
+    fmt::print(stderr, "warning: --trace: {} ops of rank {} could not be timed on the device ({}); they keep "
+               "their host issue times, without \"clock\":\"device\"\n", unread_, rank(), first_unread_error_);
+  recorder_.add_rank(rank(), std::move(trace_));
+}
+
+Event TracingBackend::mark(Stream s) {
+  const Event e = target().timed_event(s);
+  if (e.valid()) ++timed_events_;
+  return e;
+}
+
+Event TracingBackend::timed_event(Stream s) { return mark(s); }
+
+const TracingBackend::Base& TracingBackend::base_for(Stream s) {
+  auto it = bases_.find(s.id);
+  if (it == bases_.end() || timed_events_ - it->second.issued > kBaseAge) {
+    const std::int64_t host_ns = recorder_.now_ns();
+    const Event e = mark(s);
+    it = bases_.insert_or_assign(s.id, Base{e, host_ns, timed_events_}).first;
+  }
+  return it->second;
+}
+
+void TracingBackend::resolve(const Pending& p) {
+  TraceEvent& e = trace_.events[p.index];
+  Result<double> from = target().seconds_between(p.base.event, p.start);
+  Result<double> to = from.ok() ? target().seconds_between(p.base.event, p.end) : from;
+  if (!to.ok()) {
+    if (unread_++ == 0) first_unread_error_ = to.error().message();
+    return;
+  }
+  e.start_ns = p.base.host_ns + static_cast<std::int64_t>(std::llround(*from * 1e9));
+  e.duration_ns = static_cast<std::int64_t>(std::llround((*to - *from) * 1e9));
+  e.device_clock = true;
+}
+
+void TracingBackend::resolve_oldest(std::size_t count) {
+  count = std::min(count, pending_.size());
+  for (std::size_t i = 0; i < count; ++i) resolve(pending_[i]);
+  pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(count));
+  before_last_block_ -= std::min(before_last_block_, count);
+}
+
+void TracingBackend::after_blocking(const Stream* waited) {
+  if (!device_) return;
+  std::vector<Pending> keep;
+  for (std::size_t i = 0; i < pending_.size(); ++i) {
+    const Pending& p = pending_[i];
+    if (waited == nullptr || p.stream == waited->id || i < before_last_block_) resolve(p);
+    else keep.push_back(p);
+  }
+  pending_ = std::move(keep);
+  before_last_block_ = pending_.size();
+  // The streams the call waited for are idle: a base issued now runs now.
+  const std::int64_t host_ns = recorder_.now_ns();
+  for (auto& [id, base] : bases_) {
+    if (waited != nullptr && id != waited->id) continue;
+    const Event e = mark(Stream{id});
+    base = {e, host_ns, timed_events_};
+  }
+}
 
 template <class F>
 auto TracingBackend::timed(const char* name, const char* category, std::string args, F&& call) {
-  TraceEvent e{target().current_stream().id, name, category, 0, 0};
+  const Stream s = target().current_stream();
+  TraceEvent e{s.id, name, category, 0, 0};
+  // Host calls (write, read, synchronize) keep host time.
+  const bool on_device = device_ && std::string_view(category) != "host";
+  Pending p{0, s.id, on_device ? base_for(s) : Base{}, {}, {}};
+  if (on_device) p.start = mark(s);
   e.start_ns = recorder_.now_ns();
   auto finish = [&] {
     e.duration_ns = recorder_.now_ns() - e.start_ns;
     trace_.add(e, args);
+    if (!on_device) return;
+    p.end = mark(s);
+    p.index = trace_.events.size() - 1;
+    pending_.push_back(p);
+    if (pending_.size() >= kMaxPending) resolve_oldest(kMaxPending / 2);
   };
   if constexpr (std::is_void_v<decltype(call())>) {
     call();
@@ -88,7 +181,10 @@ void TracingBackend::write(Tensor& dst, std::span<const std::int32_t> host) {
   timed("write", "host", args_json({&dst}), [&] { target().write(dst, host); });
 }
 Status TracingBackend::read(const Tensor& src, std::span<float> host) {
-  return timed("read", "host", args_json({&src}), [&] { return target().read(src, host); });
+  const Stream s = target().current_stream();
+  Status r = timed("read", "host", args_json({&src}), [&] { return target().read(src, host); });
+  after_blocking(&s);
+  return r;
 }
 Stream TracingBackend::create_stream(std::string_view name) {
   const Stream s = target().create_stream(name);
@@ -96,7 +192,9 @@ Stream TracingBackend::create_stream(std::string_view name) {
   return s;
 }
 Status TracingBackend::synchronize() {
-  return timed("synchronize", "host", {}, [&] { return target().synchronize(); });
+  Status r = timed("synchronize", "host", {}, [&] { return target().synchronize(); });
+  after_blocking(nullptr);
+  return r;
 }
 
 // ---- compute ----------------------------------------------------------------------------

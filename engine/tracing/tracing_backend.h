@@ -2,11 +2,29 @@
 // wraps and hands the events to a TraceRecorder (trace_recorder.h), for
 // `meshtrain train --trace FILE`.
 //
-// What a duration means: each traced method records the host wall time of
-// the inner call. The cpu backend runs ops eagerly on the issuing thread, so
-// there it is the op's run time, and a collective's or recv's includes the
-// wait for its peers. On a backend that only enqueues (cuda) it is the issue
-// time, not device time; device timing would need events on the device.
+// What a duration means depends on the wrapped backend.
+//  * A backend with device timing (Backend::timed_event gives a valid Event:
+//    cuda): the op's time ON THE DEVICE. A timing event goes on the op's
+//    stream before and after it, and the event's "ts" and "dur" are the
+//    device's: seconds from a base timing event of that stream, placed on the
+//    host clock where the base was issued (right after a blocking call, when
+//    the stream is idle, so the device reached it then; on a stream's first
+//    op otherwise). Such an event carries "clock":"device" in its args. This
+//    holds for compute ops, collectives and send/recv; write, read and
+//    synchronize are host calls and keep host time.
+//    Tracing adds no wait: the pairs are read back (seconds_between) only
+//    where the host already waits. After a read on stream s, the pairs of s
+//    issued before it (the read waited for them) and those of other streams
+//    issued before the previous blocking call (the engine's streams join at
+//    least once per step, so they have finished); after synchronize and at
+//    destruction, all of them. A run with no blocking call for 4096 traced
+//    ops reads its oldest 2048 (long finished; the backend keeps only the
+//    last 16384 timing events). A pair that cannot be read keeps the host
+//    times below, and the destructor warns how many did so.
+//  * A backend without it (cpu, sim): the host wall time of the inner call.
+//    The cpu backend runs ops eagerly on the issuing thread, so that is the
+//    op's run time, and a collective's or recv's includes the wait for its
+//    peers.
 //
 // Traced: every compute op (category "compute"; the multi-tensor ops under
 // the name of the op they repeat, as the simulator names them, with
@@ -31,7 +49,9 @@
 #pragma once
 
 #include <initializer_list>
+#include <map>
 #include <string>
+#include <vector>
 
 #include "backends/backend_wrapper.h"
 #include "engine/tracing/trace_recorder.h"
@@ -50,6 +70,8 @@ class TracingBackend final : public BackendWrapper {
   Status read(const Tensor& src, std::span<float> host) override;
   Stream create_stream(std::string_view name) override;
   Status synchronize() override;
+  // Counted (the backend's ring of timing events is shared with the wrappers above), not traced.
+  Event timed_event(Stream s) override;
 
   void fill(Tensor& x, float value) override;
   void copy(const Tensor& src, Tensor& dst) override;
@@ -137,8 +159,37 @@ class TracingBackend final : public BackendWrapper {
   void collective(const char* name, std::initializer_list<const Tensor*> tensors, double bytes,
                   const Group& g, F&& call);
 
+  // Device timing (see above). A base: a timing event of one stream and the
+  // host time it was issued at.
+  struct Base {
+    Event event;
+    std::int64_t host_ns = 0;
+    std::int64_t issued = 0;  // timed_events_ when it was issued
+  };
+  // trace_.events[index] timed on the device from `start` to `end` on `stream`.
+  struct Pending {
+    std::size_t index;
+    int stream;
+    Base base;
+    Event start, end;
+  };
+  Event mark(Stream s);           // a timing event on `s`, counted
+  const Base& base_for(Stream s);  // the stream's base, issued now if it has none or an old one
+  // After a blocking call that waited for stream `waited` (null: for all of them): reads back what has
+  // finished and gives the idle streams new bases.
+  void after_blocking(const Stream* waited);
+  void resolve(const Pending& p);
+  void resolve_oldest(std::size_t count);
+
   TraceRecorder& recorder_;
   RankTrace trace_;
+  bool device_ = false;
+  std::int64_t timed_events_ = 0;
+  std::map<int, Base> bases_;     // by stream id
+  std::vector<Pending> pending_;  // issue order
+  std::size_t before_last_block_ = 0;  // pending_[0, this) were issued before the last blocking call
+  std::int64_t unread_ = 0;            // pairs that could not be read back
+  std::string first_unread_error_;
 };
 
 }  // namespace meshtrain
