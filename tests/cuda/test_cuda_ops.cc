@@ -225,8 +225,12 @@ TEST_CASE("cuda: gelu, swiglu and counter-based dropout") {
   };
   const Vec g = run(gpu), c = run(cpu);
   expect_close(g, c, kF32, "activations and dropout");
-  for (std::size_t i = 0; i < g.size(); ++i)
-    if (c[i] == 0.f) CHECK(g[i] == 0.f);  // the same dropout mask
+  // The same dropout mask: zeros exactly where the cpu's are, in the two
+  // dropout outputs only (the last 2·N·2F values). A GELU of a very negative
+  // x is 0 or a denormal-sized value depending on whether tanh rounds to -1,
+  // which the gpu's tanhf and the cpu's tanh need not agree on.
+  for (std::size_t i = g.size() - static_cast<std::size_t>(2 * N * 2 * F); i < g.size(); ++i)
+    CHECK((c[i] == 0.f) == (g[i] == 0.f));
 }
 
 TEST_CASE("cuda: rope and its inverse") {

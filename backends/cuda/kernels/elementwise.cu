@@ -1,6 +1,6 @@
-// Elementwise kernels, whole-tensor reductions, activations, dropout and the
-// optimizer: the same formulas as backends/cpu/kernels/, in fp32, over
-// storage type T (float, bf16 or f16; see with_storage).
+// Elementwise kernels, activations, dropout and the clip coefficient (sums
+// and AdamW are multi_tensor.cu's): the same formulas as backends/cpu/kernels/,
+// in fp32, over storage type T (float, bf16 or f16; see with_storage).
 #include "backends/cuda/kernels/common.cuh"
 
 namespace meshtrain::cuda::kernels {
@@ -31,29 +31,6 @@ __global__ void scale_kernel(T* x, i64 n, float alpha) {
 template <class T>
 __global__ void axpy_kernel(float alpha, const T* x, T* y, i64 n) {
   MT_GRID_STRIDE(i, n) y[i] = from_float<T>(to_float(y[i]) + alpha * to_float(x[i]));
-}
-
-// Pass 1: block b sums its grid-stride elements in double, in a fixed order.
-template <class T>
-__global__ void reduce_partials(const T* x, i64 n, bool squares, double* partials) {
-  __shared__ double sh[32];
-  double acc = 0.0;
-  MT_GRID_STRIDE(i, n) {
-    const double v = static_cast<double>(to_float(x[i]));
-    acc += squares ? v * v : v;
-  }
-  acc = block_sum(acc, sh);
-  if (threadIdx.x == 0) partials[blockIdx.x] = acc;
-}
-
-// Pass 2: one block sums the kReduceBlocks partials.
-__global__ void reduce_finish(const double* partials, float scale, bool accumulate, float* out) {
-  __shared__ double sh[32];
-  double acc = block_sum(partials[threadIdx.x], sh);
-  if (threadIdx.x == 0) {
-    const double s = static_cast<double>(scale) * acc;
-    *out = static_cast<float>(accumulate ? static_cast<double>(*out) + s : s);
-  }
 }
 
 __global__ void gemm_k0_kernel(float* c, const float* bias, i64 m, i64 n, float beta) {
@@ -128,19 +105,6 @@ __global__ void clip_kernel(const float* sumsq, float max_norm, float* coef) {
   *coef = c < 1.f ? c : 1.f;
 }
 
-__global__ void adamw_kernel(float* param, const float* grad, float* m, float* v, const float* coef,
-                             i64 n, AdamWArgs a) {
-  const float cf = coef ? *coef : 1.f;
-  MT_GRID_STRIDE(i, n) {
-    const float g = grad[i] * cf;
-    const float mi = a.beta1 * m[i] + (1.f - a.beta1) * g;
-    const float vi = a.beta2 * v[i] + (1.f - a.beta2) * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    param[i] = param[i] * a.decay - a.lr * (mi * a.c1) / (sqrtf(vi * a.c2) + a.eps);
-  }
-}
-
 }  // namespace
 
 cudaError_t fill(void* x, int dtype, i64 n, float value, cudaStream_t s) {
@@ -171,16 +135,6 @@ cudaError_t axpy(float alpha, const void* x, void* y, int dtype, i64 n, cudaStre
     axpy_kernel<<<grid_for(n), kThreads, 0, s>>>(alpha, typed(tag, x), typed(tag, y), n);
     return cudaGetLastError();
   });
-}
-cudaError_t reduce_sum(const void* x, int dtype, i64 n, bool squares, float scale,
-                       bool accumulate, float* out, double* scratch, cudaStream_t s) {
-  const cudaError_t e = with_storage(dtype, [&](auto tag) {
-    reduce_partials<<<kReduceBlocks, kThreads, 0, s>>>(typed(tag, x), n, squares, scratch);
-    return cudaGetLastError();
-  });
-  if (e != cudaSuccess) return e;
-  reduce_finish<<<1, kReduceBlocks, 0, s>>>(scratch, scale, accumulate, out);
-  return cudaGetLastError();
 }
 cudaError_t gemm_k0(float* c, const float* bias, i64 m, i64 n, float beta, cudaStream_t s) {
   if (m * n > 0) gemm_k0_kernel<<<grid_for(m * n), kThreads, 0, s>>>(c, bias, m, n, beta);
@@ -229,10 +183,4 @@ cudaError_t clip_coefficient(const float* sumsq, float max_norm, float* coef, cu
   clip_kernel<<<1, 1, 0, s>>>(sumsq, max_norm, coef);
   return cudaGetLastError();
 }
-cudaError_t adamw(float* param, const float* grad, float* m, float* v, const float* coef, i64 n,
-                  const AdamWArgs& a, cudaStream_t s) {
-  if (n > 0) adamw_kernel<<<grid_for(n), kThreads, 0, s>>>(param, grad, m, v, coef, n, a);
-  return cudaGetLastError();
-}
-
 }  // namespace meshtrain::cuda::kernels
