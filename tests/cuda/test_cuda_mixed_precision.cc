@@ -214,8 +214,7 @@ TEST_CASE("cuda 16-bit: flash attention forward and backward in bf16 and fp16") 
                         Case{2, 1024, 4, 2, 128, 0}, Case{1, 100, 4, 2, 64, 1}}) {
     const std::int64_t W = c.H + 2 * c.G, n = c.B * c.T * W * c.D;
     const Vec qkv = random(n, 120 + c.T + c.D), dout = random(c.B * c.T * c.H * c.D, 121 + c.T);
-    const AttentionOp op{static_cast<int>(c.H), static_cast<int>(c.G), static_cast<int>(c.D),
-                         1.f / std::sqrt(static_cast<float>(c.D))};
+    const AttentionOp op = attention_op(c.H, c.G, c.D);
     for (DType d : kHalves) {
       auto run = [&](Backend& be, DType dt, const Vec& q, const Vec& dv) {
         Vec padded(static_cast<std::size_t>(c.offset), 0.f);

@@ -289,8 +289,7 @@ TEST_CASE("cuda: flash attention forward and backward, causal GQA, fp32 and bf16
                         Case{2, 100, 8, 2, 64}, Case{1, 100, 4, 2, 128}, Case{2, 1024, 12, 12, 64}}) {
     const std::int64_t W = c.H + 2 * c.G;
     const Vec qkv = random(c.B * c.T * W * c.D, 21 + c.D), dout = random(c.B * c.T * c.H * c.D, 22);
-    const AttentionOp op{static_cast<int>(c.H), static_cast<int>(c.G), static_cast<int>(c.D),
-                         1.f / std::sqrt(static_cast<float>(c.D))};
+    const AttentionOp op = attention_op(c.H, c.G, c.D);
     auto run = [&](Backend& b, DType dt, const Vec& q, const Vec& d) {
       return attention_outputs(b, dt, op, c.B, c.T, q, d);
     };
@@ -322,8 +321,7 @@ TEST_CASE("cuda: attention over a query window, forward and backward") {
                         Case{2, 48, 2, 1, 64, 40, 8, false}}) {
     const std::int64_t W = c.H + 2 * c.G;
     const Vec qkv = random(c.B * c.T * W * c.D, 31 + c.D), dout = random(c.B * c.Q * c.H * c.D, 32);
-    AttentionOp op{static_cast<int>(c.H), static_cast<int>(c.G), static_cast<int>(c.D),
-                   1.f / std::sqrt(static_cast<float>(c.D))};
+    AttentionOp op = attention_op(c.H, c.G, c.D);
     op.causal = c.causal;
     op.query_begin = c.q0;
     op.query_rows = c.Q;
