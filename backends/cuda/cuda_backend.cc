@@ -496,28 +496,45 @@ void CudaBackend::axpy(float alpha, const Tensor& x, Tensor& y) {
 }
 
 void CudaBackend::sum(const Tensor& x, Tensor& out, float scale, bool accumulate) {
-  const DType dt = storage_of({{"x", &x}}, "sum");
-  const void* px = ptr(x, "sum");
-  float* po = f32(out, "sum");
-  if (out.numel() != 1) misuse("sum: out {} must have one element", out.shape().str());
-  if (failed()) return;
-  const auto tmp = scratch(sizeof(double) * kernels::kReduceBlocks, "sum");
-  check(kernels::reduce_sum(px, code(dt), x.numel(), false, scale, accumulate, po,
-                            static_cast<double*>(tmp.ptr), MT_STREAM),
-        "sum");
-  release(tmp);
+  reduce({&x, 1}, out, false, scale, accumulate, "sum");
 }
 
 void CudaBackend::sum_squares(const Tensor& x, Tensor& out, bool accumulate) {
-  const DType dt = storage_of({{"x", &x}}, "sum_squares");
-  const void* px = ptr(x, "sum_squares");
-  float* po = f32(out, "sum_squares");
-  if (out.numel() != 1) misuse("sum_squares: out {} must have one element", out.shape().str());
-  if (failed()) return;
-  const auto tmp = scratch(sizeof(double) * kernels::kReduceBlocks, "sum_squares");
-  check(kernels::reduce_sum(px, code(dt), x.numel(), true, 1.f, accumulate, po,
-                            static_cast<double*>(tmp.ptr), MT_STREAM),
-        "sum_squares");
+  reduce({&x, 1}, out, true, 1.f, accumulate, "sum_squares");
+}
+
+// One pass for every tensor (two launches per kMaxForeach tensors, one
+// scratch): the same kernels as sum_squares on each in turn, so the same bits.
+void CudaBackend::foreach_sum_squares(std::span<const Tensor> xs, Tensor& out) {
+  reduce(xs, out, true, 1.f, true, "foreach_sum_squares");
+}
+
+void CudaBackend::reduce(std::span<const Tensor> xs, Tensor& out, bool squares, float scale, bool accumulate,
+                         std::string_view op) {
+  float* po = f32(out, op);
+  if (out.numel() != 1) misuse("{}: out {} must have one element", op, out.shape().str());
+  std::vector<kernels::ReduceInput> in;
+  in.reserve(xs.size());
+  for (const Tensor& x : xs) {
+    const DType dt = storage_of({{"x", &x}}, op);
+    in.push_back({ptr(x, op), code(dt), x.numel()});
+  }
+  if (failed() || in.empty()) return;
+  std::size_t most = 0;  // partials of the largest launch
+  for (std::size_t b = 0; b < in.size(); b += kernels::kMaxForeach) {
+    std::size_t blocks = 0;
+    for (std::size_t k = b; k < std::min(in.size(), b + kernels::kMaxForeach); ++k)
+      blocks += static_cast<std::size_t>(kernels::reduce_blocks(in[k].n));
+    most = std::max(most, blocks);
+  }
+  const auto tmp = scratch(sizeof(double) * most, op);
+  for (std::size_t b = 0; b < in.size(); b += kernels::kMaxForeach) {
+    const int count = static_cast<int>(std::min<std::size_t>(kernels::kMaxForeach, in.size() - b));
+    // Launches after the first add onto what the ones before left in out.
+    check(kernels::reduce_sum(in.data() + b, count, squares, scale, accumulate || b > 0, po,
+                              static_cast<double*>(tmp.ptr), MT_STREAM),
+          op);
+  }
   release(tmp);
 }
 

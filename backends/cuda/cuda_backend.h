@@ -121,6 +121,9 @@ class CudaBackend final : public Backend {
   void axpy(float alpha, const Tensor& x, Tensor& y) override;
   void sum(const Tensor& x, Tensor& out, float scale, bool accumulate) override;
   void sum_squares(const Tensor& x, Tensor& out, bool accumulate) override;
+  // Every tensor in one pass: exactly sum_squares on each in turn (the same
+  // kernels, a per-tensor tree and fp32 rounding of out after each tensor).
+  void foreach_sum_squares(std::span<const Tensor> xs, Tensor& out) override;
 
   void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp& op) override;
   void batched_gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp& op) override;
@@ -183,8 +186,14 @@ class CudaBackend final : public Backend {
              const AdamWOp& op) override;
   // On host tensors: the clip coefficient is copied to page-locked memory and
   // the update runs on the host's cores in stream order (host_adamw.h);
-  // on device tensors: adamw per tensor.
+  // on device tensors: one launch per kernels::kMaxForeach tensors, the bits
+  // of adamw on each.
   void foreach_adamw(std::span<const AdamWTensors> params, const Tensor& coef, const AdamWOp& op) override;
+  // Drawn on the device (kernels::init_normal), in x's dtype: the cpu
+  // backend's fp32 values bit for bit as tested on an H200 (CUDA's double log
+  // and cos are within an ulp of the C library's, which could move an fp32
+  // rounding once in ~2^29 draws: tests/cuda/test_cuda_foreach.cc).
+  void init_normal(Tensor& x, const NormalInitOp& op) override;
 
   void all_reduce(Tensor& x, const Group& g, ReduceOp op) override;
   void reduce_scatter(const Tensor& in, Tensor& out, const Group& g, ReduceOp op) override;
@@ -222,6 +231,12 @@ class CudaBackend final : public Backend {
   // Scratch device memory for one op, released (stream-ordered) by the caller.
   CachingAllocator::Allocation scratch(std::size_t bytes, std::string_view op);
   void release(const CachingAllocator::Allocation& a);
+  // foreach_adamw on device tensors (kernels::foreach_adamw).
+  void foreach_adamw_device(std::span<const AdamWTensors> params, const Tensor& coef, const AdamWOp& op);
+  // out (1) = scale · Σ x (Σ x² when squares) of xs[0], += of each next one
+  // (+= for the first too when accumulate): sum, sum_squares, foreach_sum_squares.
+  void reduce(std::span<const Tensor> xs, Tensor& out, bool squares, float scale, bool accumulate,
+              std::string_view op);
   void* stream_handle() const;  // the current cudaStream_t
   // op's causal flag, bias and mask (W windows) as the attention kernels take
   // them; a bias is first converted, heads first in f32, into scratch that

@@ -2,7 +2,9 @@
 // or one of the kernels of kernels/. Legend as backends/backend.h.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/gemm.h"
@@ -28,6 +30,20 @@ void must(Status s, std::string_view op) {
 // The shared storage dtype of an op's activation-like tensors, as a kernel dtype code.
 int storage(std::initializer_list<Named> tensors, std::string_view op) {
   return kernel_dtype(must(storage_dtype(tensors), op));
+}
+// Bias corrections in double on the host, rounded once, as the cpu backend.
+// A frozen variance (AdamWOp::variance_frozen_at) is v = 1·v + 0·g², corrected as at its step.
+kernels::AdamWArgs adamw_args(const AdamWOp& op, float weight_decay) {
+  const double t = static_cast<double>(op.step);
+  const double t2 = static_cast<double>(op.variance_frozen_at > 0 ? op.variance_frozen_at : op.step);
+  return kernels::AdamWArgs{
+      op.lr,
+      op.beta1,
+      op.variance_frozen_at > 0 ? 1.f : op.beta2,
+      op.eps,
+      static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(op.beta1), t))),
+      static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(op.beta2), t2))),
+      static_cast<float>(1.0 - static_cast<double>(op.lr) * static_cast<double>(weight_decay))};
 }
 std::int64_t cols_of(const Tensor& t, std::string_view op) {
   if (t.shape().rank() == 0) misuse("{}: tensor without dimensions", op);
@@ -568,24 +584,13 @@ void CudaBackend::adamw(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v,
     pc = f32(coef, "adamw");
   }
   if (failed()) return;
-  // Bias corrections in double on the host, rounded once, as the cpu backend.
-  // A frozen variance (AdamWOp::variance_frozen_at) is v = 1·v + 0·g², corrected as at its step.
-  const double t = static_cast<double>(op.step);
-  const double t2 = static_cast<double>(op.variance_frozen_at > 0 ? op.variance_frozen_at : op.step);
-  const kernels::AdamWArgs a{
-      op.lr,
-      op.beta1,
-      op.variance_frozen_at > 0 ? 1.f : op.beta2,
-      op.eps,
-      static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(op.beta1), t))),
-      static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(op.beta2), t2))),
-      static_cast<float>(1.0 - static_cast<double>(op.lr) * static_cast<double>(op.weight_decay))};
-  check(kernels::adamw(pp, pg, pm, pv, pc, n, a, MT_STREAM), "adamw");
+  check(kernels::adamw(pp, pg, pm, pv, pc, n, adamw_args(op, op.weight_decay), MT_STREAM), "adamw");
 }
 
 void CudaBackend::foreach_adamw(std::span<const AdamWTensors> params, const Tensor& coef, const AdamWOp& op) {
-  if (params.empty() || !on_host(params.front().param)) {
-    Backend::foreach_adamw(params, coef, op);
+  if (params.empty()) return;
+  if (!on_host(params.front().param)) {
+    foreach_adamw_device(params, coef, op);
     return;
   }
   if (op.step < 1) misuse("foreach_adamw: step {} must be 1-based", op.step);
@@ -612,6 +617,79 @@ void CudaBackend::foreach_adamw(std::span<const AdamWTensors> params, const Tens
   }
   if (failed()) return;
   check(enqueue_host_adamw(stream_handle(), std::move(update)), "foreach_adamw (on the host)");
+}
+
+// The update of every tensor in one launch per kMaxForeach tensors: the table
+// of pointers travels as the kernel's parameter, so nothing is allocated or
+// copied, and each element gets adamw's bits (the same device function).
+void CudaBackend::foreach_adamw_device(std::span<const AdamWTensors> params, const Tensor& coef,
+                                       const AdamWOp& op) {
+  constexpr std::string_view name = "foreach_adamw";
+  if (op.step < 1) misuse("foreach_adamw: step {} must be 1-based", op.step);
+  std::vector<kernels::AdamWTensor> table;
+  table.reserve(params.size());
+  for (const AdamWTensors& t : params) {
+    for (const Tensor* x : {&t.param, &t.grad, &t.m, &t.v})
+      if (on_host(*x))
+        misuse("foreach_adamw: host tensor {} among device tensors: an update runs all on the host or all on the "
+               "device", x->shape().str());
+    const std::int64_t n = t.param.numel();
+    must(expect_numel(t.grad, n, "grad"), name);
+    must(expect_numel(t.m, n, "m"), name);
+    must(expect_numel(t.v, n, "v"), name);
+    const kernels::AdamWArgs one = adamw_args(op, t.weight_decay);
+    table.push_back({f32(t.param, name), f32(t.grad, name), f32(t.m, name), f32(t.v, name), n, one.decay});
+  }
+  const float* pc = nullptr;
+  if (coef.defined()) {
+    must(expect_numel(coef, 1, "coef"), name);
+    if (on_host(coef)) misuse("foreach_adamw: the clip coefficient must be in device memory");
+    pc = f32(coef, name);
+  }
+  if (failed()) return;
+  const kernels::AdamWArgs a = adamw_args(op, 0.f);  // decay comes from each entry
+  for (std::size_t b = 0; b < table.size(); b += kernels::kMaxForeach) {
+    const int count = static_cast<int>(std::min<std::size_t>(kernels::kMaxForeach, table.size() - b));
+    check(kernels::foreach_adamw(table.data() + b, count, pc, a, MT_STREAM), name);
+  }
+}
+
+// ---- initialisation ----------------------------------------------------------------------
+
+void CudaBackend::init_normal(Tensor& x, const NormalInitOp& op) {
+  if (on_host(x)) {  // page-locked host memory: drawn on the host, as write() fills it
+    Backend::init_normal(x, op);
+    return;
+  }
+  const int dt = storage({{"x", &x}}, "init_normal");
+  void* px = ptr(x, "init_normal");
+  if (op.cols <= 0 || x.numel() % op.cols != 0)
+    misuse("init_normal: {} is not a whole number of rows of {}", x.shape().str(), op.cols);
+  std::int64_t end = 0;
+  for (const NormalInitOp::Run& r : op.runs)
+    if (r.col < end || r.width < 0 || r.col + r.width > op.cols)
+      misuse("init_normal: runs must be sorted, disjoint and within {} columns", op.cols);
+    else
+      end = r.col + r.width;
+  if (failed()) return;
+  // kMaxNormalRuns runs per launch; the first launch also zeroes what no run
+  // covers, the later ones write only their own runs' columns.
+  kernels::NormalInitArgs a{};
+  a.key = op.key;
+  a.stddev = op.stddev;
+  a.cols = op.cols;
+  a.row_stride = op.row_stride;
+  std::size_t b = 0;
+  do {
+    a.nruns = static_cast<int>(std::min<std::size_t>(kernels::kMaxNormalRuns, op.runs.size() - b));
+    a.zero_rest = b == 0;
+    for (int k = 0; k < a.nruns; ++k) {
+      const NormalInitOp::Run& r = op.runs[b + static_cast<std::size_t>(k)];
+      a.runs[k] = {r.col, r.width, r.counter};
+    }
+    check(kernels::init_normal(px, dt, x.numel(), a, MT_STREAM), "init_normal");
+    b += static_cast<std::size_t>(a.nruns);
+  } while (b < op.runs.size());
 }
 
 }  // namespace meshtrain::cuda

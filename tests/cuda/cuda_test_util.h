@@ -97,4 +97,15 @@ inline Vec bf16_round(Vec v) { return round_to(std::move(v), DType::bf16); }
 
 constexpr double kF32 = 1e-5;
 
+// Attention of H query heads, G kv heads of dimension D, scale 1/sqrt(D), no
+// bias or mask (set field by field: the op has more members than a test sets).
+inline AttentionOp attention_op(std::int64_t H, std::int64_t G, std::int64_t D) {
+  AttentionOp op;
+  op.heads = static_cast<int>(H);
+  op.kv_heads = static_cast<int>(G);
+  op.head_dim = static_cast<int>(D);
+  op.scale = 1.f / std::sqrt(static_cast<float>(D));
+  return op;
+}
+
 }  // namespace meshtrain::cuda::testing

@@ -2,7 +2,7 @@
 // sign compression with error feedback (same signs and packets, scales and
 // errors to fp32 rounding), its decompression, and AdamW with a frozen
 // variance (1-bit Adam). Without a CUDA device each test prints "SKIPPED: no
-// CUDA device" and passes.
+// CUDA device" (ctest: Skipped).
 #include <catch2/catch.hpp>
 
 #include "backends/cpu/cpu_backend.h"

@@ -5,7 +5,7 @@
 // roundoff (normwise); fp32 outputs computed from 16-bit inputs (statistics,
 // parameter gradients, sums) within 1e-5, which fails if anything
 // accumulates in 16 bits. Reductions must give the same bits twice.
-// Without a device each test prints "SKIPPED: no CUDA device" and passes.
+// Without a device each test prints "SKIPPED: no CUDA device" (ctest: Skipped).
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -52,6 +52,10 @@ TEST_CASE("cuda 16-bit: add, scale, axpy, sum and sum_squares") {
       Tensor S = up(be, {n}, av, dt), Y = up(be, {n}, bv, dt);
       be.scale(S, 0.5f);
       be.axpy(-2.f, A, Y);
+      // The reference (fp32 storage) rounds Y as the gpu stores it, so that
+      // the sum below reads the same values: unrounded, the 1e5 rounding
+      // errors of up to 2^-9 relative add up to ~1e-5 of the result.
+      if (dt == DType::f32) be.write(Y, round_to(down(be, Y), d));
       be.add(B, A, B);  // out aliasing an input, as the engine's x += pe
       Tensor s = be.empty({1}), q = be.empty({1});
       be.sum(A, s, 0.25f, false);
@@ -169,8 +173,12 @@ TEST_CASE("cuda 16-bit: gelu, swiglu and counter-based dropout (in place too)") 
     };
     const Out g = run(gpu, d, x, dv), c = run(cpu, DType::f32, round_to(x, d), round_to(dv, d));
     compare(g, c, d, "activations and dropout");
-    for (std::size_t i = 0; i < g.stored.size(); ++i)
-      if (c.stored[i] == 0.f) CHECK(g.stored[i] == 0.f);  // the same dropout mask
+    // The same dropout mask, in the two dropout outputs (the last 2·N·2F
+    // values) only: a GELU of a very negative x is 0 or tiny depending on
+    // whether tanh rounds to -1, where the gpu's tanhf and the cpu's tanh
+    // may differ.
+    for (std::size_t i = g.stored.size() - static_cast<std::size_t>(2 * N * 2 * F); i < g.stored.size(); ++i)
+      CHECK((c.stored[i] == 0.f) == (g.stored[i] == 0.f));
   }
 }
 
@@ -206,8 +214,7 @@ TEST_CASE("cuda 16-bit: flash attention forward and backward in bf16 and fp16") 
                         Case{2, 1024, 4, 2, 128, 0}, Case{1, 100, 4, 2, 64, 1}}) {
     const std::int64_t W = c.H + 2 * c.G, n = c.B * c.T * W * c.D;
     const Vec qkv = random(n, 120 + c.T + c.D), dout = random(c.B * c.T * c.H * c.D, 121 + c.T);
-    const AttentionOp op{static_cast<int>(c.H), static_cast<int>(c.G), static_cast<int>(c.D),
-                         1.f / std::sqrt(static_cast<float>(c.D))};
+    const AttentionOp op = attention_op(c.H, c.G, c.D);
     for (DType d : kHalves) {
       auto run = [&](Backend& be, DType dt, const Vec& q, const Vec& dv) {
         Vec padded(static_cast<std::size_t>(c.offset), 0.f);

@@ -3,7 +3,7 @@
 // backward with the balance and z-loss terms, and the combine and its
 // backward in fp32 and bf16 storage; plus a tiny MoE model's training steps
 // under the engine. Without a CUDA device each test prints "SKIPPED: no CUDA
-// device" and passes.
+// device" (ctest: Skipped).
 #include <catch2/catch.hpp>
 
 #include <vector>

@@ -1,10 +1,12 @@
 // Offload on the cuda backend: page-locked host memory counted apart from the
 // device's, copies both ways, the host AdamW (the cpu backend's kernel run in
 // stream order) giving the cpu backend's bits, and a tiny model's training
-// with its optimizer state on the host close to the run without (the device
-// AdamW kernel is compiled with nvcc's FMA contraction, the host one is the
-// cpu backend's: the last bits of an update may differ).
-// Without a CUDA device each test prints "SKIPPED: no CUDA device" and passes.
+// with its optimizer state on the host giving the bits of the run without:
+// the device AdamW kernel rounds every operation as the cpu backend's does
+// (no FMA contraction), so where the update runs changes nothing. (When it
+// contracted, one last-bit difference in a master weight flipped its bf16
+// working copy and bf16 training drifted to 4.7e-3 relative in 5 steps.)
+// Without a CUDA device each test prints "SKIPPED: no CUDA device" (ctest: Skipped).
 #include <catch2/catch.hpp>
 
 #include "backends/cpu/cpu_backend.h"
@@ -63,14 +65,12 @@ TEST_CASE("cuda training with the optimizer offloaded matches training without",
     REQUIRE(meshtrain::testing::run_rank(gpu, m, p, base).ok());
     p.offload = Offload::optimizer;
     REQUIRE(meshtrain::testing::run_rank(gpu, m, p, off).ok());
-    for (std::size_t s = 0; s < base.losses.size(); ++s) {
-      CHECK(off.losses[s] == Approx(base.losses[s]).epsilon(1e-5));
-      CHECK(off.grad_norms[s] == Approx(base.grad_norms[s]).epsilon(1e-4));
-    }
+    CHECK(off.losses == base.losses);
+    CHECK(off.grad_norms == base.grad_norms);
     REQUIRE(off.state.size() == base.state.size());
     for (const auto& [name, values] : base.state) {
-      INFO(name);
-      CHECK(meshtrain::testing::relative_error(off.state.at(name), values) < 1e-4);
+      INFO(name << ": relative error " << meshtrain::testing::relative_error(off.state.at(name), values));
+      CHECK(off.state.at(name) == values);
     }
   }
 }

@@ -1,5 +1,5 @@
 // Every op of the cuda backend against the cpu reference on the same inputs.
-// Without a CUDA device each test prints "SKIPPED: no CUDA device" and passes;
+// Without a CUDA device each test prints "SKIPPED: no CUDA device" (ctest: Skipped);
 // with one, it checks values: fp32 within 1e-5 (normwise relative), bf16 looser.
 #include <catch2/catch.hpp>
 
@@ -225,8 +225,12 @@ TEST_CASE("cuda: gelu, swiglu and counter-based dropout") {
   };
   const Vec g = run(gpu), c = run(cpu);
   expect_close(g, c, kF32, "activations and dropout");
-  for (std::size_t i = 0; i < g.size(); ++i)
-    if (c[i] == 0.f) CHECK(g[i] == 0.f);  // the same dropout mask
+  // The same dropout mask: zeros exactly where the cpu's are, in the two
+  // dropout outputs only (the last 2·N·2F values). A GELU of a very negative
+  // x is 0 or a denormal-sized value depending on whether tanh rounds to -1,
+  // which the gpu's tanhf and the cpu's tanh need not agree on.
+  for (std::size_t i = g.size() - static_cast<std::size_t>(2 * N * 2 * F); i < g.size(); ++i)
+    CHECK((c[i] == 0.f) == (g[i] == 0.f));
 }
 
 TEST_CASE("cuda: rope and its inverse") {
@@ -285,8 +289,7 @@ TEST_CASE("cuda: flash attention forward and backward, causal GQA, fp32 and bf16
                         Case{2, 100, 8, 2, 64}, Case{1, 100, 4, 2, 128}, Case{2, 1024, 12, 12, 64}}) {
     const std::int64_t W = c.H + 2 * c.G;
     const Vec qkv = random(c.B * c.T * W * c.D, 21 + c.D), dout = random(c.B * c.T * c.H * c.D, 22);
-    const AttentionOp op{static_cast<int>(c.H), static_cast<int>(c.G), static_cast<int>(c.D),
-                         1.f / std::sqrt(static_cast<float>(c.D))};
+    const AttentionOp op = attention_op(c.H, c.G, c.D);
     auto run = [&](Backend& b, DType dt, const Vec& q, const Vec& d) {
       return attention_outputs(b, dt, op, c.B, c.T, q, d);
     };
@@ -318,8 +321,7 @@ TEST_CASE("cuda: attention over a query window, forward and backward") {
                         Case{2, 48, 2, 1, 64, 40, 8, false}}) {
     const std::int64_t W = c.H + 2 * c.G;
     const Vec qkv = random(c.B * c.T * W * c.D, 31 + c.D), dout = random(c.B * c.Q * c.H * c.D, 32);
-    AttentionOp op{static_cast<int>(c.H), static_cast<int>(c.G), static_cast<int>(c.D),
-                   1.f / std::sqrt(static_cast<float>(c.D))};
+    AttentionOp op = attention_op(c.H, c.G, c.D);
     op.causal = c.causal;
     op.query_begin = c.q0;
     op.query_rows = c.Q;

@@ -7,7 +7,7 @@
 // bidirectional attention, the patch embedding and class token, the
 // classifier; swin-micro window attention with its relative position bias and
 // shifted-window mask, patch merging over an odd grid and mean pooling.
-// Without a device the test prints "SKIPPED: no CUDA device" and passes.
+// Without a device the test prints "SKIPPED: no CUDA device" (ctest: Skipped).
 #include <catch2/catch.hpp>
 
 #include <cmath>

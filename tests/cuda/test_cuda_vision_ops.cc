@@ -2,7 +2,7 @@
 // without the causal mask (ViT), with a relative position bias, a shifted-
 // window mask and the bias gradient (Swin), grouped-query attention with a
 // bias, gather_rows and cross_entropy_accuracy. Without a CUDA device each
-// test prints "SKIPPED: no CUDA device" and passes.
+// test prints "SKIPPED: no CUDA device" (ctest: Skipped).
 #include <catch2/catch.hpp>
 
 #include <cmath>

@@ -4,7 +4,7 @@
 // (tests/parallel/test_grad_compression.cc): the same tiny plans, data
 // parallel over the ranks, the same check (compressed_bytes.h). NCCL refuses
 // two ranks on one device, so with fewer devices than ranks every rank prints
-// "SKIPPED" and passes.
+// "SKIPPED" (ctest: Skipped).
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 

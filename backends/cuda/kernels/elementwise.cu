@@ -1,6 +1,6 @@
-// Elementwise kernels, whole-tensor reductions, activations, dropout and the
-// optimizer: the same formulas as backends/cpu/kernels/, in fp32, over
-// storage type T (float, bf16 or f16; see with_storage).
+// Elementwise kernels, activations, dropout and the clip coefficient (sums
+// and AdamW are multi_tensor.cu's): the same formulas as backends/cpu/kernels/,
+// in fp32, over storage type T (float, bf16 or f16; see with_storage).
 #include "backends/cuda/kernels/common.cuh"
 
 namespace meshtrain::cuda::kernels {
@@ -9,6 +9,79 @@ namespace meshtrain::cuda::kernels {
   for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < (n); i += (i64)gridDim.x * blockDim.x)
 
 namespace {
+
+// ---- 16-byte accesses ----------------------------------------------------------
+// The per-step elementwise ops on bf16 (add, GELU and its backward, the master
+// to working-copy cast) are bound by memory: a thread moves 16 bytes per load
+// and store (8 bf16 or 4 fp32 elements) where every pointer is aligned to
+// that, and one element at a time otherwise and for the tail. Each element's
+// math is the same functor on either path, so the path never changes a bit.
+template <class T, int V>
+struct alignas(sizeof(T) * V) Pack {
+  T v[V];
+};
+inline bool aligned(const void* p, std::size_t bytes) { return reinterpret_cast<std::uintptr_t>(p) % bytes == 0; }
+
+// out[i] = f(x[i]).
+template <int V, class S, class D, class F>
+__global__ void map1_kernel(const S* x, D* out, i64 n, bool packed, F f) {
+  i64 done = 0;
+  if (packed) {
+    const i64 np = n / V;
+    MT_GRID_STRIDE(i, np) {
+      const Pack<S, V> a = reinterpret_cast<const Pack<S, V>*>(x)[i];
+      Pack<D, V> o;
+#pragma unroll
+      for (int k = 0; k < V; ++k) o.v[k] = f(a.v[k]);
+      reinterpret_cast<Pack<D, V>*>(out)[i] = o;
+    }
+    done = np * V;
+  }
+  MT_GRID_STRIDE(i, n - done) out[done + i] = f(x[done + i]);
+}
+
+// out[i] = f(x[i], y[i]); out may be x or y (each element is read before it is written).
+template <int V, class T, class F>
+__global__ void map2_kernel(const T* x, const T* y, T* out, i64 n, bool packed, F f) {
+  i64 done = 0;
+  if (packed) {
+    const i64 np = n / V;
+    MT_GRID_STRIDE(i, np) {
+      const Pack<T, V> a = reinterpret_cast<const Pack<T, V>*>(x)[i];
+      const Pack<T, V> b = reinterpret_cast<const Pack<T, V>*>(y)[i];
+      Pack<T, V> o;
+#pragma unroll
+      for (int k = 0; k < V; ++k) o.v[k] = f(a.v[k], b.v[k]);
+      reinterpret_cast<Pack<T, V>*>(out)[i] = o;
+    }
+    done = np * V;
+  }
+  MT_GRID_STRIDE(i, n - done) out[done + i] = f(x[done + i], y[done + i]);
+}
+
+template <class S, class D, class F>
+cudaError_t map1(const S* x, D* out, i64 n, F f, cudaStream_t s) {
+  constexpr int V = 16 / (sizeof(S) > sizeof(D) ? sizeof(S) : sizeof(D));
+  const bool packed = aligned(x, sizeof(S) * V) && aligned(out, sizeof(D) * V);
+  map1_kernel<V><<<grid_for(packed ? n / V : n), kThreads, 0, s>>>(x, out, n, packed, f);
+  return cudaGetLastError();
+}
+template <class T, class F>
+cudaError_t map2(const T* x, const T* y, T* out, i64 n, F f, cudaStream_t s) {
+  constexpr int V = 16 / sizeof(T);
+  const bool packed = aligned(x, 16) && aligned(y, 16) && aligned(out, 16);
+  map2_kernel<V><<<grid_for(packed ? n / V : n), kThreads, 0, s>>>(x, y, out, n, packed, f);
+  return cudaGetLastError();
+}
+
+template <class S, class D>
+struct CastOp {
+  __device__ D operator()(S x) const { return from_float<D>(to_float(x)); }
+};
+template <class T>
+struct AddOp {
+  __device__ T operator()(T a, T b) const { return from_float<T>(to_float(a) + to_float(b)); }
+};
 
 __global__ void fill_kernel(void* x, int dtype, i64 n, float v) {
   MT_GRID_STRIDE(i, n) store_float(x, dtype, i, v);
@@ -19,11 +92,6 @@ __global__ void cast_kernel(const void* src, int sdt, void* dst, int ddt, i64 n)
 }
 
 template <class T>
-__global__ void add_kernel(const T* a, const T* b, T* out, i64 n) {
-  MT_GRID_STRIDE(i, n) out[i] = from_float<T>(to_float(a[i]) + to_float(b[i]));
-}
-
-template <class T>
 __global__ void scale_kernel(T* x, i64 n, float alpha) {
   MT_GRID_STRIDE(i, n) x[i] = from_float<T>(to_float(x[i]) * alpha);
 }
@@ -31,29 +99,6 @@ __global__ void scale_kernel(T* x, i64 n, float alpha) {
 template <class T>
 __global__ void axpy_kernel(float alpha, const T* x, T* y, i64 n) {
   MT_GRID_STRIDE(i, n) y[i] = from_float<T>(to_float(y[i]) + alpha * to_float(x[i]));
-}
-
-// Pass 1: block b sums its grid-stride elements in double, in a fixed order.
-template <class T>
-__global__ void reduce_partials(const T* x, i64 n, bool squares, double* partials) {
-  __shared__ double sh[32];
-  double acc = 0.0;
-  MT_GRID_STRIDE(i, n) {
-    const double v = static_cast<double>(to_float(x[i]));
-    acc += squares ? v * v : v;
-  }
-  acc = block_sum(acc, sh);
-  if (threadIdx.x == 0) partials[blockIdx.x] = acc;
-}
-
-// Pass 2: one block sums the kReduceBlocks partials.
-__global__ void reduce_finish(const double* partials, float scale, bool accumulate, float* out) {
-  __shared__ double sh[32];
-  double acc = block_sum(partials[threadIdx.x], sh);
-  if (threadIdx.x == 0) {
-    const double s = static_cast<double>(scale) * acc;
-    *out = static_cast<float>(accumulate ? static_cast<double>(*out) + s : s);
-  }
 }
 
 __global__ void gemm_k0_kernel(float* c, const float* bias, i64 m, i64 n, float beta) {
@@ -67,22 +112,22 @@ constexpr float kGeluK = 0.7978845608028654f;  // sqrt(2/pi)
 constexpr float kGeluC = 0.044715f;
 
 template <class T>
-__global__ void gelu_fwd_kernel(const T* x, T* out, i64 n) {
-  MT_GRID_STRIDE(i, n) {
-    const float v = to_float(x[i]);
-    out[i] = from_float<T>(0.5f * v * (1.f + tanhf(kGeluK * (v + kGeluC * v * v * v))));
+struct GeluForward {
+  __device__ T operator()(T x) const {
+    const float v = to_float(x);
+    return from_float<T>(0.5f * v * (1.f + tanhf(kGeluK * (v + kGeluC * v * v * v))));
   }
-}
+};
 
 template <class T>
-__global__ void gelu_bwd_kernel(const T* dout, const T* x, T* dx, i64 n) {
-  MT_GRID_STRIDE(i, n) {
-    const float v = to_float(x[i]);
+struct GeluBackward {  // (dout, x) -> dx
+  __device__ T operator()(T dout, T x) const {
+    const float v = to_float(x);
     const float t = tanhf(kGeluK * (v + kGeluC * v * v * v));
     const float dt = kGeluK * (1.f + 3.f * kGeluC * v * v) * (1.f - t * t);
-    dx[i] = from_float<T>(to_float(dout[i]) * (0.5f * (1.f + t) + 0.5f * v * dt));
+    return from_float<T>(to_float(dout) * (0.5f * (1.f + t) + 0.5f * v * dt));
   }
-}
+};
 
 template <class T>
 __global__ void swiglu_fwd_kernel(const T* x, T* out, i64 N, i64 F) {
@@ -128,19 +173,6 @@ __global__ void clip_kernel(const float* sumsq, float max_norm, float* coef) {
   *coef = c < 1.f ? c : 1.f;
 }
 
-__global__ void adamw_kernel(float* param, const float* grad, float* m, float* v, const float* coef,
-                             i64 n, AdamWArgs a) {
-  const float cf = coef ? *coef : 1.f;
-  MT_GRID_STRIDE(i, n) {
-    const float g = grad[i] * cf;
-    const float mi = a.beta1 * m[i] + (1.f - a.beta1) * g;
-    const float vi = a.beta2 * v[i] + (1.f - a.beta2) * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    param[i] = param[i] * a.decay - a.lr * (mi * a.c1) / (sqrtf(vi * a.c2) + a.eps);
-  }
-}
-
 }  // namespace
 
 cudaError_t fill(void* x, int dtype, i64 n, float value, cudaStream_t s) {
@@ -148,14 +180,24 @@ cudaError_t fill(void* x, int dtype, i64 n, float value, cudaStream_t s) {
   return cudaGetLastError();
 }
 cudaError_t cast(const void* src, int sdt, void* dst, int ddt, i64 n, cudaStream_t s) {
-  if (n > 0) cast_kernel<<<grid_for(n), kThreads, 0, s>>>(src, sdt, dst, ddt, n);
-  return cudaGetLastError();
+  if (n <= 0) return cudaGetLastError();
+  if (sdt > 2 || ddt > 2) {  // int32 on either side: one element at a time
+    cast_kernel<<<grid_for(n), kThreads, 0, s>>>(src, sdt, dst, ddt, n);
+    return cudaGetLastError();
+  }
+  return with_storage(sdt, [&](auto from) {
+    return with_storage(ddt, [&](auto to) {
+      using S = typename decltype(from)::type;
+      using D = typename decltype(to)::type;
+      return map1(typed(from, src), typed(to, dst), n, CastOp<S, D>{}, s);
+    });
+  });
 }
 cudaError_t add(const void* a, const void* b, void* out, int dtype, i64 n, cudaStream_t s) {
   if (n <= 0) return cudaGetLastError();
   return with_storage(dtype, [&](auto tag) {
-    add_kernel<<<grid_for(n), kThreads, 0, s>>>(typed(tag, a), typed(tag, b), typed(tag, out), n);
-    return cudaGetLastError();
+    using T = typename decltype(tag)::type;
+    return map2(typed(tag, a), typed(tag, b), typed(tag, out), n, AddOp<T>{}, s);
   });
 }
 cudaError_t scale(void* x, int dtype, i64 n, float alpha, cudaStream_t s) {
@@ -172,16 +214,6 @@ cudaError_t axpy(float alpha, const void* x, void* y, int dtype, i64 n, cudaStre
     return cudaGetLastError();
   });
 }
-cudaError_t reduce_sum(const void* x, int dtype, i64 n, bool squares, float scale,
-                       bool accumulate, float* out, double* scratch, cudaStream_t s) {
-  const cudaError_t e = with_storage(dtype, [&](auto tag) {
-    reduce_partials<<<kReduceBlocks, kThreads, 0, s>>>(typed(tag, x), n, squares, scratch);
-    return cudaGetLastError();
-  });
-  if (e != cudaSuccess) return e;
-  reduce_finish<<<1, kReduceBlocks, 0, s>>>(scratch, scale, accumulate, out);
-  return cudaGetLastError();
-}
 cudaError_t gemm_k0(float* c, const float* bias, i64 m, i64 n, float beta, cudaStream_t s) {
   if (m * n > 0) gemm_k0_kernel<<<grid_for(m * n), kThreads, 0, s>>>(c, bias, m, n, beta);
   return cudaGetLastError();
@@ -189,16 +221,16 @@ cudaError_t gemm_k0(float* c, const float* bias, i64 m, i64 n, float beta, cudaS
 cudaError_t gelu_forward(const void* x, void* out, int dtype, i64 n, cudaStream_t s) {
   if (n <= 0) return cudaGetLastError();
   return with_storage(dtype, [&](auto tag) {
-    gelu_fwd_kernel<<<grid_for(n), kThreads, 0, s>>>(typed(tag, x), typed(tag, out), n);
-    return cudaGetLastError();
+    using T = typename decltype(tag)::type;
+    return map1(typed(tag, x), typed(tag, out), n, GeluForward<T>{}, s);
   });
 }
 cudaError_t gelu_backward(const void* dout, const void* x, void* dx, int dtype, i64 n,
                           cudaStream_t s) {
   if (n <= 0) return cudaGetLastError();
   return with_storage(dtype, [&](auto tag) {
-    gelu_bwd_kernel<<<grid_for(n), kThreads, 0, s>>>(typed(tag, dout), typed(tag, x), typed(tag, dx), n);
-    return cudaGetLastError();
+    using T = typename decltype(tag)::type;
+    return map2(typed(tag, dout), typed(tag, x), typed(tag, dx), n, GeluBackward<T>{}, s);
   });
 }
 cudaError_t swiglu_forward(const void* x, void* out, int dtype, i64 N, i64 F, cudaStream_t s) {
@@ -229,10 +261,4 @@ cudaError_t clip_coefficient(const float* sumsq, float max_norm, float* coef, cu
   clip_kernel<<<1, 1, 0, s>>>(sumsq, max_norm, coef);
   return cudaGetLastError();
 }
-cudaError_t adamw(float* param, const float* grad, float* m, float* v, const float* coef, i64 n,
-                  const AdamWArgs& a, cudaStream_t s) {
-  if (n > 0) adamw_kernel<<<grid_for(n), kThreads, 0, s>>>(param, grad, m, v, coef, n, a);
-  return cudaGetLastError();
-}
-
 }  // namespace meshtrain::cuda::kernels

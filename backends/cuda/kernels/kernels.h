@@ -40,10 +40,6 @@ cudaError_t cast(const void* src, int src_dtype, void* dst, int dst_dtype, i64 n
 cudaError_t add(const void* a, const void* b, void* out, int dtype, i64 n, cudaStream_t s);
 cudaError_t scale(void* x, int dtype, i64 n, float alpha, cudaStream_t s);
 cudaError_t axpy(float alpha, const void* x, void* y, int dtype, i64 n, cudaStream_t s);
-// out (1) = scale · Σ x (or Σ x² when squares), += when accumulate; scratch
-// holds kReduceBlocks doubles.
-cudaError_t reduce_sum(const void* x, int dtype, i64 n, bool squares, float scale,
-                       bool accumulate, float* out, double* scratch, cudaStream_t s);
 // c (m, n) = beta · c + bias: a GEMM with k = 0 (bias may be null).
 cudaError_t gemm_k0(float* c, const float* bias, i64 m, i64 n, float beta, cudaStream_t s);
 cudaError_t gelu_forward(const void* x, void* out, int dtype, i64 n, cudaStream_t s);
@@ -56,13 +52,75 @@ cudaError_t swiglu_backward(const void* dout, const void* x, void* dx, int dtype
 cudaError_t dropout(const void* x, void* out, int dtype, i64 n, float p, std::uint64_t seed,
                     std::uint64_t offset, cudaStream_t s);
 cudaError_t clip_coefficient(const float* sumsq, float max_norm, float* coef, cudaStream_t s);
+
+// ---- multi_tensor.cu: whole-tensor sums and AdamW, one tensor or many ------
+// A multi-tensor launch takes its table of tensors as a kernel parameter (up
+// to kMaxForeach tensors, ~12 KiB: CUDA 12.1+ allows 32 KiB of parameters),
+// so nothing is uploaded and no host buffer must outlive the launch; callers
+// split longer lists into launches of kMaxForeach.
+inline constexpr int kMaxForeach = 256;
+
+// One tensor of a sum: x of storage `dtype`, n elements.
+struct ReduceInput {
+  const void* x;
+  int dtype;
+  i64 n;
+};
+// Tensor k is summed by min(kReduceBlocks, ceil(n / 256)) blocks (at least
+// one), each over a fixed grid-stride set of its elements in double, then
+// those partials by one block in a fixed tree: the bits depend on n only.
+i64 reduce_blocks(i64 n);
+// out (1) = scale · Σ x (or Σ x² when squares) of xs[0], then out +=
+// scale · Σ of xs[1], xs[2], ... in order, rounding out to fp32 after each
+// tensor: exactly the per-tensor reduce of each one in turn. accumulate: the
+// first is added to out too. count <= kMaxForeach; scratch holds
+// Σ reduce_blocks(n) doubles. Two launches whatever count is.
+cudaError_t reduce_sum(const ReduceInput* xs, int count, bool squares, float scale, bool accumulate,
+                       float* out, double* scratch, cudaStream_t s);
+
 // c1 = 1/(1-β1^t), c2 = 1/(1-β2^t), decay = 1 - lr·wd, computed by the host
-// in double as the cpu backend does. coef may be null (no clipping).
+// in double as the cpu backend does. coef may be null (no clipping). The
+// update is the cpu backend's, operation for operation and without FMA
+// contraction (explicitly rounded intrinsics), so it gives its bits.
 struct AdamWArgs {
   float lr, beta1, beta2, eps, c1, c2, decay;
 };
 cudaError_t adamw(float* param, const float* grad, float* m, float* v, const float* coef, i64 n,
                   const AdamWArgs& a, cudaStream_t s);
+// One tensor of a multi-tensor AdamW: decay replaces AdamWArgs::decay.
+struct AdamWTensor {
+  float* param;
+  const float* grad;
+  float* m;
+  float* v;
+  i64 n;
+  float decay;
+};
+// adamw of each tensor (count <= kMaxForeach) in one launch, the same bits.
+cudaError_t foreach_adamw(const AdamWTensor* ts, int count, const float* coef, const AdamWArgs& a,
+                          cudaStream_t s);
+
+// ---- normal_init.cu ----------------------------------------------------------
+// Backend::init_normal on the device: x (n elements of storage dtype) viewed
+// as (n / cols, cols); columns [col, col + width) of row r get
+// stddev · normal_at(key, counter + r·row_stride + j) rounded to fp32, then
+// to dtype. Elements no run covers are zeroed when zero_rest, else kept.
+// runs are sorted and disjoint (checked by the caller), count <= kMaxNormalRuns.
+struct NormalRun {
+  i64 col, width;
+  std::uint64_t counter;
+};
+inline constexpr int kMaxNormalRuns = 64;
+struct NormalInitArgs {
+  std::uint64_t key;
+  double stddev;
+  i64 cols;
+  std::uint64_t row_stride;
+  int nruns;
+  bool zero_rest;
+  NormalRun runs[kMaxNormalRuns];
+};
+cudaError_t init_normal(void* x, int dtype, i64 n, const NormalInitArgs& a, cudaStream_t s);
 
 // ---- cross_entropy.cu ------------------------------------------------------
 // logits and dlogits of storage `dtype`; the row statistics and losses fp32.
