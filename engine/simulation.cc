@@ -255,9 +255,12 @@ Status issue_iterations(SimCluster& cluster, int job, const ModelSpec& m, const 
   return ok_status();
 }
 
-Status apply_calibration(const std::string& file, const std::string& transport, int world_size,
+Status apply_calibration(const std::string& file, const std::string& transport, int world_size, Precision precision,
                          sim::Calibration& calibration, SimulateOptions& options) {
   MT_ASSIGN(calibration, sim::load_calibration(file));
+  // fp16 costs as bf16 (sim::DType), so a bf16 calibration stands for both.
+  const sim::DType run = precision == Precision::fp32 ? sim::DType::kFp32 : sim::DType::kBf16;
+  MT_TRY(sim::check_calibration_precision(calibration, run).context(fmt::format("--calibration '{}'", file)));
   const bool mpi = transport == "mpi";
   if (mpi && std::none_of(calibration.collectives.begin(), calibration.collectives.end(),
                           [](const auto& c) { return c.transport == "mpi"; }))

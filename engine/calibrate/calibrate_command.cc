@@ -77,6 +77,7 @@ using calibrate::OpShape;
 
 struct CalibrateFlags {
   std::string backend = "cpu";
+  std::string precision;  // empty: train's default on the backend (precision_for_backend)
   std::string out;
   bool quick = false;
   bool no_grid = false;              // only the workloads' shapes
@@ -106,27 +107,42 @@ Status check_shapes_fit(const std::set<GemmShape>& gemm, const std::set<Attentio
                            "sequence length or model in --workload");
 }
 
-// The log-spaced grids every calibration has.
-void grid_shapes(bool quick, std::set<GemmShape>& gemm, std::set<AttentionShape>& attention,
+// The precision a calibration measures at: --precision, or what `meshtrain
+// train` runs on that backend when not told (the cpu backend computes in fp32
+// only; the cuda backend trains in the plan's default, bf16). The cpu backend
+// has no bf16 compute, so a bf16 calibration of it would time nothing a run does.
+Result<Precision> precision_for_backend(const std::string& backend, const std::string& flag) {
+  if (flag.empty()) return backend == "cuda" ? Precision::bf16 : Precision::fp32;
+  if (flag != "fp32" && flag != "bf16") return Error(unknown_name_message("--precision", flag, {"fp32", "bf16"}));
+  const Precision p = flag == "bf16" ? Precision::bf16 : Precision::fp32;
+  if (backend == "cpu" && p != Precision::fp32)
+    return make_error("--precision {}: the cpu backend computes in fp32 only (as `meshtrain train` does on it); "
+                      "calibrate it with --precision fp32, or a GPU with --backend cuda --precision {}",
+                      flag, flag);
+  return p;
+}
+
+// The log-spaced grids every calibration has, with activations at `dtype`.
+void grid_shapes(bool quick, DType dtype, std::set<GemmShape>& gemm, std::set<AttentionShape>& attention,
                  std::set<OpShape>& ops) {
   const std::vector<std::int64_t> cube =
       quick ? std::vector<std::int64_t>{32, 128, 512} : std::vector<std::int64_t>{16, 32, 64, 128, 256, 512, 1024};
-  for (std::int64_t s : cube) gemm.insert({s, s, s});
+  for (std::int64_t s : cube) gemm.insert({s, s, s, false, false, dtype, dtype});
   for (std::int64_t seq : quick ? std::vector<std::int64_t>{64, 256} : std::vector<std::int64_t>{32, 64, 128, 256, 512})
-    attention.insert({1, 8, seq, 64});
+    attention.insert({1, 8, seq, 64, true, 0, dtype});
   const int step = quick ? 4 : 2;  // powers of two of element counts
   for (const std::string& op : calibrate::measured_ops()) {
     if (op == "clip_coefficient") {
-      ops.insert({op, 1, 1});
+      ops.insert({op, 1, 1, DType::f32});
       continue;
     }
     if (op == "cross_entropy_loss" || op == "cross_entropy_accuracy") {  // per-row statistics only
-      for (int e = 6; e <= 16; e += step) ops.insert({op, std::int64_t{1} << e, 1});
+      for (int e = 6; e <= 16; e += step) ops.insert({op, std::int64_t{1} << e, 1, DType::f32});
       continue;
     }
     for (int e = 10; e <= (quick ? 20 : 22); e += step) {
       const std::int64_t elems = std::int64_t{1} << e, cols = std::min<std::int64_t>(elems, 256);
-      ops.insert({op, elems / cols, cols});
+      ops.insert({op, elems / cols, cols, dtype});
     }
   }
 }
@@ -302,7 +318,7 @@ Status write_calibration(const sim::Calibration& cal, const std::string& path) {
 // rank per device, so ranks_sharing 1 only) and, under mpirun, the
 // collectives of all ranks over the backend's own communicator (NCCL; no
 // transport named).
-Status calibrate_cuda(const CalibrateFlags& f, const std::vector<GemmShape>& gemm,
+Status calibrate_cuda(const CalibrateFlags& f, Precision precision, const std::vector<GemmShape>& gemm,
                       const std::vector<AttentionShape>& attention, const std::vector<OpShape>& ops,
                       const calibrate::Timing& timing, MpiEnvironment* env) {
   CudaBackendOptions options;
@@ -311,6 +327,7 @@ Status calibrate_cuda(const CalibrateFlags& f, const std::vector<GemmShape>& gem
   MT_ASSIGN(std::unique_ptr<Backend> b, make_cuda_backend(options));
   const bool leader = b->rank() == 0;
   sim::Calibration cal;
+  cal.precision = precision == Precision::fp32 ? sim::DType::kFp32 : sim::DType::kBf16;
   cal.machine = describe_machine("cuda");
   // The GPU's own name: simulate checks it against the cluster's device.
   cal.device = fmt::format("{} (cuda backend)", cuda_device_name());
@@ -355,6 +372,8 @@ Status run_calibrate(const CalibrateFlags& f) {
   }
   if (f.backend != "cpu" && f.backend != "cuda")
     return Error(unknown_name_message("calibration backend", f.backend, {"cpu", "cuda"}));
+  MT_ASSIGN(const Precision precision, precision_for_backend(f.backend, f.precision));
+  const DType dtype = precision == Precision::fp32 ? DType::f32 : DType::bf16;
   if (f.out.empty()) return make_error("--out FILE is required (where the calibration is written)");
   // Before the measurement, not after it: an unwritable --out would waste it.
   MT_TRY(probe_output_file(f.out, "--out calibration file"));
@@ -380,12 +399,12 @@ Status run_calibrate(const CalibrateFlags& f) {
     MT_TRY(check_host_memory(4.0 * 4 * static_cast<double>(wl.batch) * static_cast<double>(wl.seq) * widest,
                              "measuring the largest --workload shape",
                              "use a smaller micro-batch, sequence length or model in --workload"));
-    MT_TRY(calibrate::record_workload_shapes(wl.model, wl.batch, wl.seq, shapes));
+    MT_TRY(calibrate::record_workload_shapes(wl.model, wl.batch, wl.seq, precision, shapes));
   }
   std::set<GemmShape>& gemm = shapes.gemm;
   std::set<AttentionShape>& attention = shapes.attention;
   std::set<OpShape>& ops = shapes.ops;
-  if (!f.no_grid) grid_shapes(f.quick, gemm, attention, ops);
+  if (!f.no_grid) grid_shapes(f.quick, dtype, gemm, attention, ops);
   if (gemm.empty() && attention.empty() && ops.empty())
     return make_error("--no-grid needs at least one --workload");
   MT_TRY(check_shapes_fit(gemm, attention, ops));
@@ -405,9 +424,10 @@ Status run_calibrate(const CalibrateFlags& f) {
   }
   const bool leader = !env || env->rank() == 0;
 
-  if (f.backend == "cuda") return calibrate_cuda(f, sorted(gemm), sorted(attention), sorted(ops),
+  if (f.backend == "cuda") return calibrate_cuda(f, precision, sorted(gemm), sorted(attention), sorted(ops),
                                                  timing, env.get());
   sim::Calibration cal;
+  cal.precision = sim::DType::kFp32;  // precision_for_backend refused any other on the cpu backend
   cal.machine = describe_machine(f.backend);
   cal.device = fmt::format("{} ({} cores, cpu backend)", cal.machine.cpu, cal.machine.cores);
   ProgressLine progress;
@@ -462,6 +482,10 @@ Command add_calibrate_command(CLI::App& app) {
       "calibrate", "measure this machine's kernels and communicators into a simulator calibration file");
   sub->add_option("--backend", f->backend, "cpu or cuda")
       ->capture_default_str();
+  sub->add_option("--precision", f->precision,
+                  "fp32 or bf16: the dtype of the measured kernels, as the runs simulated with the file train "
+                  "(default: train's on the backend, fp32 on cpu, bf16 on cuda); simulate refuses a calibration "
+                  "of another precision than its run's");
   sub->add_option("--out", f->out, "calibration JSON to write (required unless --profile)");
   sub->add_flag("--quick", f->quick, "fewer shapes and samples (seconds, for tests)");
   sub->add_flag("--no-grid", f->no_grid, "measure only the --workload shapes (no log-spaced grids)");
