@@ -87,6 +87,7 @@ struct CalibrateFlags {
   int max_ranks = 0;         // default max(2, cores)
   std::string profile, calibration;  // --profile mode (op_profile.h)
   int profile_steps = 5, profile_ranks = 1;
+  double profile_budget_s = 10;
   int threads = 0;  // per rank thread, as train's --threads; 0: the cores shared out among the ranks
 };
 
@@ -367,8 +368,8 @@ Status run_calibrate(const CalibrateFlags& f) {
   if (!f.profile.empty()) {
     if (f.calibration.empty())
       return make_error("--profile needs --calibration FILE (from `meshtrain calibrate --out`)");
-    return calibrate::print_op_profile(f.profile, f.calibration, f.profile_steps,
-                                       f.profile_ranks, f.threads);
+    return calibrate::print_op_profile({f.profile, f.calibration, f.profile_steps, f.profile_budget_s,
+                                        f.profile_ranks, f.threads});
   }
   if (f.backend != "cpu" && f.backend != "cuda")
     return Error(unknown_name_message("calibration backend", f.backend, {"cpu", "cuda"}));
@@ -506,11 +507,16 @@ Command add_calibrate_command(CLI::App& app) {
   sub->add_option("--max-ranks", f->max_ranks, "largest in-process group measured (default max(2, cores))")
       ->check(int_in({0, 64}));
   sub->add_option("--profile", f->profile,
-                  "instead: compare a real single-rank step of MODEL:B:T with its simulation, op by op");
+                  "instead: compare a real single-rank step of MODEL:B:T with its simulation, op by op, on the "
+                  "backend and at the precision of --calibration");
   sub->add_option("--calibration", f->calibration, "with --profile: the calibration to simulate with");
-  sub->add_option("--profile-steps", f->profile_steps, "with --profile: steps averaged")
+  sub->add_option("--profile-steps", f->profile_steps, "with --profile: steps averaged, at most")
       ->capture_default_str()
       ->check(int_in({1, 1 << 20}));
+  sub->add_option("--profile-budget", f->profile_budget_s,
+                  "with --profile: seconds of timed steps after which no further step starts (at least one runs)")
+      ->capture_default_str()
+      ->check(real_in({0, 3600}));
   sub->add_option("--profile-ranks", f->profile_ranks,
                   "with --profile: independent ranks running at once (threads)")
       ->capture_default_str()
