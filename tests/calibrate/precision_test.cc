@@ -207,3 +207,33 @@ TEST_CASE("a bf16 simulation takes its GEMM times from the calibration's bf16 en
   CHECK(mixed_s == fast_s);
   CHECK(mixed_gemm_us == fast_gemm_us);
 }
+
+TEST_CASE("calibrate --profile runs at the calibration's precision within its step budget", "[calibrate][precision]") {
+  // A cpu calibration (one fp32 GEMM; the rest from the cost model's defaults) is enough to compare with.
+  const std::string cpu_cal = write_file(
+      "precision_profile_cpu.json",
+      R"j({"version": 1, "device": "test cpu (cpu backend)", "precision": "fp32", "machine": {"backend": "cpu"},
+           "gemm": [{"m": 64, "n": 64, "k": 64, "dtype": "fp32", "time_us": 20}]})j");
+  // 1000 steps of ~5 ms would take 5 s; the 0.2 s budget stops them after a few dozen at most.
+  auto r = run_meshtrain("calibrate --profile tiny:2:16 --calibration " + cpu_cal +
+                         " --profile-steps 1000 --profile-budget 0.2");
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  CHECK_THAT(r.out, Catch::Contains("gemm") && Catch::Contains("fp32 step(s) timed on the cpu backend"));
+  const auto at = r.out.find("simulated iteration");
+  REQUIRE(at != std::string::npos);
+  const auto semicolon = r.out.find("; ", at);
+  REQUIRE(semicolon != std::string::npos);
+  const int steps = std::stoi(r.out.substr(semicolon + 2));
+  CHECK(steps >= 1);
+  CHECK(steps < 1000);
+  // The cpu backend computes in fp32 only: a bf16 calibration cannot be profiled on it.
+  const std::string bf16_cal = write_file(
+      "precision_profile_bf16.json",
+      R"j({"version": 1, "device": "test cpu (cpu backend)", "precision": "bf16", "machine": {"backend": "cpu"}})j");
+  auto refused = run_meshtrain("calibrate --profile tiny:2:16 --calibration " + bf16_cal);
+  CHECK(refused.status == 1);
+  CHECK_THAT(refused.out, Catch::Contains("is bf16 but the cpu backend runs fp32 only"));
+  std::remove(cpu_cal.c_str());
+  std::remove(bf16_cal.c_str());
+}
