@@ -213,7 +213,7 @@ Result<std::vector<sim::Calibration::Attention>> measure_attention(
   for (std::size_t i = 0; i < shapes.size(); ++i) {
     const AttentionShape& s = shapes[i];
     const std::int64_t h = s.heads, d = s.head_dim;
-    // The log-sum-exp statistics are fp32 at any precision (backends/cuda/op_checks.h).
+    // The log-sum-exp statistics are fp32 at any precision (the cuda backend requires it).
     Tensor qkv = filled(b, Shape{s.batch, s.seq, 3 * h, d}, 0.01f, s.dtype);
     Tensor o = filled(b, Shape{s.batch, s.seq, h, d}, 0.f, s.dtype);
     Tensor lse = filled(b, Shape{s.batch, h, s.seq}, 0.f);
