@@ -309,8 +309,8 @@ std::vector<T> sorted(const std::set<T>& s) {
 // Saves the finished calibration and says what it holds.
 Status write_calibration(const sim::Calibration& cal, const std::string& path) {
   MT_TRY(sim::save_calibration(cal, path));
-  std::fprintf(stderr, "calibrate: wrote %s (%zu gemm, %zu attention, %zu ops, %zu collectives)\n",
-               path.c_str(), cal.gemm.size(), cal.attention.size(), cal.ops.size(),
+  std::fprintf(stderr, "calibrate: wrote %s (precision %s: %zu gemm, %zu attention, %zu ops, %zu collectives)\n",
+               path.c_str(), sim::dtype_name(cal.precision), cal.gemm.size(), cal.attention.size(), cal.ops.size(),
                cal.collectives.size());
   return ok_status();
 }
