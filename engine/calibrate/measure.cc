@@ -219,8 +219,10 @@ Result<std::vector<sim::Calibration::Attention>> measure_attention(
     Tensor lse = filled(b, Shape{s.batch, h, s.seq}, 0.f);
     Tensor dout = filled(b, Shape{s.batch, s.seq, h, d}, 0.01f, s.dtype);
     Tensor dqkv = filled(b, Shape{s.batch, s.seq, 3 * h, d}, 0.f, s.dtype);
-    AttentionOp op{static_cast<int>(h), static_cast<int>(h), static_cast<int>(d),
-                   1.f / std::sqrt(static_cast<float>(d))};
+    AttentionOp op;
+    op.heads = op.kv_heads = static_cast<int>(h);
+    op.head_dim = static_cast<int>(d);
+    op.scale = 1.f / std::sqrt(static_cast<float>(d));
     op.causal = s.causal;
     auto time_pair = [&](const AttentionOp& a) -> Result<std::pair<sim::Calibration::Attention,
                                                                    sim::Calibration::Attention>> {
