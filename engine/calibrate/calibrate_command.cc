@@ -2,6 +2,12 @@
 // through the backend interface and writes the simulator's calibration file
 // (simulator/calibration.h).
 //
+// It measures at one precision (--precision; default as `meshtrain train`
+// on the backend: fp32 on cpu, bf16 on cuda), recorded in the file: the
+// workloads' shapes carry the dtypes their step gives each tensor at that
+// precision (bf16 GEMM inputs, fp32 weight-gradient accumulation, fp32
+// optimizer state), the grids its activation dtype.
+//
 // What it measures, and how (the timing rules are in measure.h):
 //  * GEMM: the (m, n, k, transposes) each --workload issues under tp 1 and 2
 //    (every linear layer forward, its input and weight gradients, the tied
