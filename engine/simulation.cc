@@ -255,7 +255,7 @@ Status issue_iterations(SimCluster& cluster, int job, const ModelSpec& m, const 
   return ok_status();
 }
 
-Status apply_calibration(const std::string& file, const std::string& transport, int world_size,
+Status apply_calibration(const std::string& file, const std::string& transport, int world_size, Precision precision,
                          sim::Calibration& calibration, SimulateOptions& options) {
   MT_ASSIGN(calibration, sim::load_calibration(file));
   const bool mpi = transport == "mpi";
@@ -268,6 +268,10 @@ Status apply_calibration(const std::string& file, const std::string& transport, 
   calibration = calibration.for_ranks_sharing(per_node).for_transport(transport);
   if (!mpi) options.host_sharing = sim::host_sharing_for(calibration, per_node);
   MT_TRY(sim::check_calibration_device(calibration, options.cluster).context(fmt::format("--calibration '{}'", file)));
+  // After the device: another machine's times are wrong whatever their dtype. fp16 costs as bf16
+  // (sim::DType), so a bf16 calibration stands for both.
+  const sim::DType run = precision == Precision::fp32 ? sim::DType::kFp32 : sim::DType::kBf16;
+  MT_TRY(sim::check_calibration_precision(calibration, run).context(fmt::format("--calibration '{}'", file)));
   sim::apply_link_calibration(calibration, options.cluster);
   options.calibration = &calibration;
   return ok_status();

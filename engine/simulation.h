@@ -165,9 +165,11 @@ struct SimulationResult {
 // so each runs alone on its cores: level 1, as rank 0 of `mpirun -np N
 // meshtrain calibrate` measured it inside its own binding. GPU calibrations
 // measure one rank per device (level 1 only) and are unchanged. Then the
-// calibration's device is checked against the cluster's and its measured
-// links applied. `calibration` receives the tables and must outlive `options`.
-Status apply_calibration(const std::string& file, const std::string& transport, int world_size,
+// calibration's device is checked against the cluster's, its precision
+// against the run's `precision` (a calibration of another precision is
+// refused: sim::check_calibration_precision), and its measured links
+// applied. `calibration` receives the tables and must outlive `options`.
+Status apply_calibration(const std::string& file, const std::string& transport, int world_size, Precision precision,
                          sim::Calibration& calibration, SimulateOptions& options);
 
 // Validates that the step engine supports `p` and that the cluster has room,

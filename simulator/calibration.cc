@@ -295,12 +295,12 @@ Result<Calibration> calibration_from_json(std::string_view text) {
   MT_ASSIGN(const json j, parse_json(text, "calibration"));
   if (!j.is_object()) return make_error("calibration must be a JSON object {{...}}");
   for (auto it = j.begin(); it != j.end(); ++it) {
-    static const char* known[] = {"version", "device", "machine", "gemm",       "attention",
-                                  "memory",  "ops",    "links",   "collectives"};
+    static const char* known[] = {"version", "device", "precision", "machine", "gemm", "attention",
+                                  "memory",  "ops",    "links",     "collectives"};
     if (std::find_if(std::begin(known), std::end(known),
                      [&](const char* k) { return it.key() == k; }) == std::end(known))
       return make_error(
-          "unknown calibration field '{}'; known: version, device, machine, gemm, attention, "
+          "unknown calibration field '{}'; known: version, device, precision, machine, gemm, attention, "
           "memory, ops, links, collectives",
           it.key());
   }
@@ -317,6 +317,13 @@ Result<Calibration> calibration_from_json(std::string_view text) {
   if (j.contains("device")) {
     if (!j["device"].is_string()) return make_error("field 'device' must be a string");
     c.device = j["device"].get<std::string>();
+  }
+  // A file from before the field was written was measured in fp32 (calibration.h).
+  if (j.contains("precision")) {
+    const std::string p = j["precision"].is_string() ? j["precision"].get<std::string>() : "";
+    if (p != "bf16" && p != "fp32")
+      return make_error("field 'precision' must be \"bf16\" or \"fp32\", got {}", j["precision"].dump());
+    c.precision = p == "bf16" ? DType::kBf16 : DType::kFp32;
   }
   if (j.contains("machine")) {
     MT_ASSIGN(c.machine, machine_from_json(j["machine"]));
@@ -425,6 +432,7 @@ std::string calibration_to_json(const Calibration& c) {
   json j = json::object();
   j["version"] = c.version;
   if (!c.device.empty()) j["device"] = c.device;
+  j["precision"] = dtype_name(c.precision);
   if (!c.machine.empty()) j["machine"] = machine_to_json(c.machine);
   json& g = j["gemm"] = json::array();
   for (const auto& e : c.gemm) {
@@ -543,6 +551,14 @@ Status check_calibration_device(const Calibration& c, const ClusterSpec& cluster
   if (cal_device.find(family) == std::string::npos && device.find(cal_device) == std::string::npos)
     return mismatch();
   return ok_status();
+}
+
+Status check_calibration_precision(const Calibration& c, DType run) {
+  if (c.precision == run) return ok_status();
+  return make_error("the calibration was measured at precision {} but the run is {}: its attention and "
+                    "memory-bound times are another dtype's; re-run `meshtrain calibrate --precision {} ...` "
+                    "(or simulate with --precision {})",
+                    dtype_name(c.precision), dtype_name(run), dtype_name(run), dtype_name(c.precision));
 }
 
 CalibrationCoverage calibration_coverage(const Calibration& c, DType dtype) {

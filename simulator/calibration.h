@@ -7,6 +7,7 @@
 //   {
 //     "version": 1,                       // required; this reader knows version 1
 //     "device": "A100-SXM4-80GB",         // optional, informative
+//     "precision": "bf16",                // the run precision it was measured at: "bf16" | "fp32"
 //     "gemm": [                           // C(m×n) = A(m×k)·B(k×n), one kernel
 //       {"m": 4096, "n": 4096, "k": 4096, "dtype": "bf16", "time_us": 510.2}],
 //     "attention": [                      // fused attention forward
@@ -40,6 +41,13 @@
 // collectives take "transport": "threads" or "mpi" (default "" = unspecified,
 // e.g. NCCL), and kind "send_recv" for point-to-point bandwidth (busbw =
 // algbw = bytes / time).
+//
+// "precision" is the precision of the runs the file stands for: its GEMMs,
+// attention and memory-bound ops were measured on tensors of that dtype
+// (attention and "ops" entries carry no dtype of their own), so a simulation
+// at another precision must not use it (apply_calibration refuses it). Files
+// written before the field existed were all measured in fp32 (calibrate only
+// built fp32 tensors), so a file without it reads as fp32.
 //
 // Op names of "ops" are the backend.h method names as the sim backend
 // issues them (add, copy, layernorm_forward, adamw, ...); bytes are counted
@@ -128,6 +136,7 @@ struct Calibration {
 
   int version = kVersion;
   std::string device;
+  DType precision = DType::kFp32;  // absent from the file: fp32 (see the format above)
   Machine machine;
   std::vector<Gemm> gemm;
   std::vector<Attention> attention;
@@ -179,6 +188,12 @@ void apply_link_calibration(const Calibration& calibration, ClusterSpec& spec);
 // the cluster device's family ("A100" for "A100-SXM4-80GB"). A calibration
 // that names no device passes (there is nothing to compare).
 Status check_calibration_device(const Calibration& calibration, const ClusterSpec& cluster);
+
+// An Error naming both precisions and the command that makes a matching
+// calibration when `calibration` was measured at another precision than the
+// simulated run's `run`: its attention and memory-bound times are those of
+// another dtype (a bf16 step simulated with fp32 attention was 6-9x too slow).
+Status check_calibration_precision(const Calibration& calibration, DType run);
 
 // Which of the simulator's tables a simulation at `dtype` takes from the
 // calibration and which from the cost model's defaults, as two lists:

@@ -2,6 +2,12 @@
 // through the backend interface and writes the simulator's calibration file
 // (simulator/calibration.h).
 //
+// It measures at one precision (--precision; default as `meshtrain train`
+// on the backend: fp32 on cpu, bf16 on cuda), recorded in the file: the
+// workloads' shapes carry the dtypes their step gives each tensor at that
+// precision (bf16 GEMM inputs, fp32 weight-gradient accumulation, fp32
+// optimizer state), the grids its activation dtype.
+//
 // What it measures, and how (the timing rules are in measure.h):
 //  * GEMM: the (m, n, k, transposes) each --workload issues under tp 1 and 2
 //    (every linear layer forward, its input and weight gradients, the tied
@@ -77,6 +83,7 @@ using calibrate::OpShape;
 
 struct CalibrateFlags {
   std::string backend = "cpu";
+  std::string precision;  // empty: train's default on the backend (precision_for_backend)
   std::string out;
   bool quick = false;
   bool no_grid = false;              // only the workloads' shapes
@@ -86,6 +93,7 @@ struct CalibrateFlags {
   int max_ranks = 0;         // default max(2, cores)
   std::string profile, calibration;  // --profile mode (op_profile.h)
   int profile_steps = 5, profile_ranks = 1;
+  double profile_budget_s = 10;
   int threads = 0;  // per rank thread, as train's --threads; 0: the cores shared out among the ranks
 };
 
@@ -106,27 +114,42 @@ Status check_shapes_fit(const std::set<GemmShape>& gemm, const std::set<Attentio
                            "sequence length or model in --workload");
 }
 
-// The log-spaced grids every calibration has.
-void grid_shapes(bool quick, std::set<GemmShape>& gemm, std::set<AttentionShape>& attention,
+// The precision a calibration measures at: --precision, or what `meshtrain
+// train` runs on that backend when not told (the cpu backend computes in fp32
+// only; the cuda backend trains in the plan's default, bf16). The cpu backend
+// has no bf16 compute, so a bf16 calibration of it would time nothing a run does.
+Result<Precision> precision_for_backend(const std::string& backend, const std::string& flag) {
+  if (flag.empty()) return backend == "cuda" ? Precision::bf16 : Precision::fp32;
+  if (flag != "fp32" && flag != "bf16") return Error(unknown_name_message("--precision", flag, {"fp32", "bf16"}));
+  const Precision p = flag == "bf16" ? Precision::bf16 : Precision::fp32;
+  if (backend == "cpu" && p != Precision::fp32)
+    return make_error("--precision {}: the cpu backend computes in fp32 only (as `meshtrain train` does on it); "
+                      "calibrate it with --precision fp32, or a GPU with --backend cuda --precision {}",
+                      flag, flag);
+  return p;
+}
+
+// The log-spaced grids every calibration has, with activations at `dtype`.
+void grid_shapes(bool quick, DType dtype, std::set<GemmShape>& gemm, std::set<AttentionShape>& attention,
                  std::set<OpShape>& ops) {
   const std::vector<std::int64_t> cube =
       quick ? std::vector<std::int64_t>{32, 128, 512} : std::vector<std::int64_t>{16, 32, 64, 128, 256, 512, 1024};
-  for (std::int64_t s : cube) gemm.insert({s, s, s});
+  for (std::int64_t s : cube) gemm.insert({s, s, s, false, false, dtype, dtype});
   for (std::int64_t seq : quick ? std::vector<std::int64_t>{64, 256} : std::vector<std::int64_t>{32, 64, 128, 256, 512})
-    attention.insert({1, 8, seq, 64});
+    attention.insert({1, 8, seq, 64, true, 0, dtype});
   const int step = quick ? 4 : 2;  // powers of two of element counts
   for (const std::string& op : calibrate::measured_ops()) {
     if (op == "clip_coefficient") {
-      ops.insert({op, 1, 1});
+      ops.insert({op, 1, 1, DType::f32});
       continue;
     }
     if (op == "cross_entropy_loss" || op == "cross_entropy_accuracy") {  // per-row statistics only
-      for (int e = 6; e <= 16; e += step) ops.insert({op, std::int64_t{1} << e, 1});
+      for (int e = 6; e <= 16; e += step) ops.insert({op, std::int64_t{1} << e, 1, DType::f32});
       continue;
     }
     for (int e = 10; e <= (quick ? 20 : 22); e += step) {
       const std::int64_t elems = std::int64_t{1} << e, cols = std::min<std::int64_t>(elems, 256);
-      ops.insert({op, elems / cols, cols});
+      ops.insert({op, elems / cols, cols, dtype});
     }
   }
 }
@@ -292,8 +315,8 @@ std::vector<T> sorted(const std::set<T>& s) {
 // Saves the finished calibration and says what it holds.
 Status write_calibration(const sim::Calibration& cal, const std::string& path) {
   MT_TRY(sim::save_calibration(cal, path));
-  std::fprintf(stderr, "calibrate: wrote %s (%zu gemm, %zu attention, %zu ops, %zu collectives)\n",
-               path.c_str(), cal.gemm.size(), cal.attention.size(), cal.ops.size(),
+  std::fprintf(stderr, "calibrate: wrote %s (precision %s: %zu gemm, %zu attention, %zu ops, %zu collectives)\n",
+               path.c_str(), sim::dtype_name(cal.precision), cal.gemm.size(), cal.attention.size(), cal.ops.size(),
                cal.collectives.size());
   return ok_status();
 }
@@ -302,7 +325,7 @@ Status write_calibration(const sim::Calibration& cal, const std::string& path) {
 // rank per device, so ranks_sharing 1 only) and, under mpirun, the
 // collectives of all ranks over the backend's own communicator (NCCL; no
 // transport named).
-Status calibrate_cuda(const CalibrateFlags& f, const std::vector<GemmShape>& gemm,
+Status calibrate_cuda(const CalibrateFlags& f, Precision precision, const std::vector<GemmShape>& gemm,
                       const std::vector<AttentionShape>& attention, const std::vector<OpShape>& ops,
                       const calibrate::Timing& timing, MpiEnvironment* env) {
   CudaBackendOptions options;
@@ -311,6 +334,7 @@ Status calibrate_cuda(const CalibrateFlags& f, const std::vector<GemmShape>& gem
   MT_ASSIGN(std::unique_ptr<Backend> b, make_cuda_backend(options));
   const bool leader = b->rank() == 0;
   sim::Calibration cal;
+  cal.precision = precision == Precision::fp32 ? sim::DType::kFp32 : sim::DType::kBf16;
   cal.machine = describe_machine("cuda");
   // The GPU's own name: simulate checks it against the cluster's device.
   cal.device = fmt::format("{} (cuda backend)", cuda_device_name());
@@ -350,11 +374,13 @@ Status run_calibrate(const CalibrateFlags& f) {
   if (!f.profile.empty()) {
     if (f.calibration.empty())
       return make_error("--profile needs --calibration FILE (from `meshtrain calibrate --out`)");
-    return calibrate::print_op_profile(f.profile, f.calibration, f.profile_steps,
-                                       f.profile_ranks, f.threads);
+    return calibrate::print_op_profile({f.profile, f.calibration, f.profile_steps, f.profile_budget_s,
+                                        f.profile_ranks, f.threads});
   }
   if (f.backend != "cpu" && f.backend != "cuda")
     return Error(unknown_name_message("calibration backend", f.backend, {"cpu", "cuda"}));
+  MT_ASSIGN(const Precision precision, precision_for_backend(f.backend, f.precision));
+  const DType dtype = precision == Precision::fp32 ? DType::f32 : DType::bf16;
   if (f.out.empty()) return make_error("--out FILE is required (where the calibration is written)");
   // Before the measurement, not after it: an unwritable --out would waste it.
   MT_TRY(probe_output_file(f.out, "--out calibration file"));
@@ -380,12 +406,12 @@ Status run_calibrate(const CalibrateFlags& f) {
     MT_TRY(check_host_memory(4.0 * 4 * static_cast<double>(wl.batch) * static_cast<double>(wl.seq) * widest,
                              "measuring the largest --workload shape",
                              "use a smaller micro-batch, sequence length or model in --workload"));
-    MT_TRY(calibrate::record_workload_shapes(wl.model, wl.batch, wl.seq, shapes));
+    MT_TRY(calibrate::record_workload_shapes(wl.model, wl.batch, wl.seq, precision, shapes));
   }
   std::set<GemmShape>& gemm = shapes.gemm;
   std::set<AttentionShape>& attention = shapes.attention;
   std::set<OpShape>& ops = shapes.ops;
-  if (!f.no_grid) grid_shapes(f.quick, gemm, attention, ops);
+  if (!f.no_grid) grid_shapes(f.quick, dtype, gemm, attention, ops);
   if (gemm.empty() && attention.empty() && ops.empty())
     return make_error("--no-grid needs at least one --workload");
   MT_TRY(check_shapes_fit(gemm, attention, ops));
@@ -405,9 +431,10 @@ Status run_calibrate(const CalibrateFlags& f) {
   }
   const bool leader = !env || env->rank() == 0;
 
-  if (f.backend == "cuda") return calibrate_cuda(f, sorted(gemm), sorted(attention), sorted(ops),
+  if (f.backend == "cuda") return calibrate_cuda(f, precision, sorted(gemm), sorted(attention), sorted(ops),
                                                  timing, env.get());
   sim::Calibration cal;
+  cal.precision = sim::DType::kFp32;  // precision_for_backend refused any other on the cpu backend
   cal.machine = describe_machine(f.backend);
   cal.device = fmt::format("{} ({} cores, cpu backend)", cal.machine.cpu, cal.machine.cores);
   ProgressLine progress;
@@ -462,6 +489,10 @@ Command add_calibrate_command(CLI::App& app) {
       "calibrate", "measure this machine's kernels and communicators into a simulator calibration file");
   sub->add_option("--backend", f->backend, "cpu or cuda")
       ->capture_default_str();
+  sub->add_option("--precision", f->precision,
+                  "fp32 or bf16: the dtype of the measured kernels, as the runs simulated with the file train "
+                  "(default: train's on the backend, fp32 on cpu, bf16 on cuda); simulate refuses a calibration "
+                  "of another precision than its run's");
   sub->add_option("--out", f->out, "calibration JSON to write (required unless --profile)");
   sub->add_flag("--quick", f->quick, "fewer shapes and samples (seconds, for tests)");
   sub->add_flag("--no-grid", f->no_grid, "measure only the --workload shapes (no log-spaced grids)");
@@ -482,11 +513,16 @@ Command add_calibrate_command(CLI::App& app) {
   sub->add_option("--max-ranks", f->max_ranks, "largest in-process group measured (default max(2, cores))")
       ->check(int_in({0, 64}));
   sub->add_option("--profile", f->profile,
-                  "instead: compare a real single-rank step of MODEL:B:T with its simulation, op by op");
+                  "instead: compare a real single-rank step of MODEL:B:T with its simulation, op by op, on the "
+                  "backend and at the precision of --calibration");
   sub->add_option("--calibration", f->calibration, "with --profile: the calibration to simulate with");
-  sub->add_option("--profile-steps", f->profile_steps, "with --profile: steps averaged")
+  sub->add_option("--profile-steps", f->profile_steps, "with --profile: steps averaged, at most")
       ->capture_default_str()
       ->check(int_in({1, 1 << 20}));
+  sub->add_option("--profile-budget", f->profile_budget_s,
+                  "with --profile: seconds of timed steps after which no further step starts (at least one runs)")
+      ->capture_default_str()
+      ->check(real_in({0, 3600}));
   sub->add_option("--profile-ranks", f->profile_ranks,
                   "with --profile: independent ranks running at once (threads)")
       ->capture_default_str()

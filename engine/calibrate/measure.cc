@@ -77,8 +77,8 @@ Result<std::pair<double, sim::Calibration::Spread>> time_op(Backend& b,
   return std::make_pair(median, spread);
 }
 
-Tensor filled(Backend& b, Shape s, float v) {
-  Tensor x = b.empty(s);
+Tensor filled(Backend& b, Shape s, float v, DType dtype = DType::f32) {
+  Tensor x = b.empty(s, dtype);
   b.fill(x, v);
   return x;
 }
@@ -144,15 +144,17 @@ void round_trip(Backend& b, Tensor& x, const Group& g, int me, int tag) {
 }  // namespace
 
 bool GemmShape::operator<(const GemmShape& o) const {
-  return std::tie(m, n, k, trans_a, trans_b) < std::tie(o.m, o.n, o.k, o.trans_a, o.trans_b);
+  return std::tie(m, n, k, trans_a, trans_b, in, out) < std::tie(o.m, o.n, o.k, o.trans_a, o.trans_b, o.in, o.out);
 }
 bool AttentionShape::operator<(const AttentionShape& o) const {
-  return std::tie(batch, heads, seq, head_dim, causal, windows) <
-         std::tie(o.batch, o.heads, o.seq, o.head_dim, o.causal, o.windows);
+  return std::tie(batch, heads, seq, head_dim, causal, windows, dtype) <
+         std::tie(o.batch, o.heads, o.seq, o.head_dim, o.causal, o.windows, o.dtype);
 }
 bool OpShape::operator<(const OpShape& o) const {
-  return std::tie(op, rows, cols) < std::tie(o.op, o.rows, o.cols);
+  return std::tie(op, rows, cols, dtype) < std::tie(o.op, o.rows, o.cols, o.dtype);
 }
+
+sim::DType sim_dtype(DType d) { return d == DType::f32 ? sim::DType::kFp32 : sim::DType::kBf16; }
 
 const std::vector<std::string>& measured_ops() {
   static const std::vector<std::string> ops = {
@@ -160,7 +162,7 @@ const std::vector<std::string>& measured_ops() {
       "embedding_forward", "embedding_backward", "layernorm_forward", "layernorm_backward",
       "gelu_forward", "gelu_backward", "cross_entropy_max", "cross_entropy_partials",
       "cross_entropy_loss", "cross_entropy_backward", "cross_entropy_accuracy", "gather_rows",
-      "clip_coefficient", "adamw", "host_adamw", "sign_compress", "sign_decompress"};
+      "clip_coefficient", "adamw", "host_adamw", "sign_compress", "sign_decompress", "cast"};
   return ops;
 }
 
@@ -171,17 +173,18 @@ Result<std::vector<sim::Calibration::Gemm>> measure_gemm(Backend& b,
   std::vector<sim::Calibration::Gemm> out;
   for (std::size_t i = 0; i < shapes.size(); ++i) {
     const GemmShape& g = shapes[i];
-    const double set_bytes = 4.0 * static_cast<double>(g.m * g.k + g.k * g.n + g.m * g.n);
+    const auto in = static_cast<double>(dtype_size(g.in)), out_size = static_cast<double>(dtype_size(g.out));
+    const double set_bytes = in * static_cast<double>(g.m * g.k + g.k * g.n) + out_size * static_cast<double>(g.m * g.n);
     std::vector<std::function<void()>> calls;
     for (int c = 0; c < cold_sets(set_bytes, Residency::kL3); ++c) {
-      Tensor x = filled(b, g.trans_a ? Shape{g.k, g.m} : Shape{g.m, g.k}, 0.01f);
-      Tensor w = filled(b, g.trans_b ? Shape{g.n, g.k} : Shape{g.k, g.n}, 0.01f);
-      Tensor y = filled(b, Shape{g.m, g.n}, 0.f);
+      Tensor x = filled(b, g.trans_a ? Shape{g.k, g.m} : Shape{g.m, g.k}, 0.01f, g.in);
+      Tensor w = filled(b, g.trans_b ? Shape{g.n, g.k} : Shape{g.k, g.n}, 0.01f, g.in);
+      Tensor y = filled(b, Shape{g.m, g.n}, 0.f, g.out);
       const GemmOp op{g.trans_a, g.trans_b, 1.f, 0.f, Tensor{}};
       calls.push_back([=, &b]() mutable { b.gemm(x, w, y, op); });
     }
     MT_ASSIGN(auto r, time_op(b, rotating(std::move(calls)), t, sync, sharing));
-    out.push_back({g.m, g.n, g.k, sim::DType::kFp32, r.first, r.second});
+    out.push_back({g.m, g.n, g.k, sim_dtype(g.in), r.first, r.second});
     if (progress) progress(i + 1);
   }
   return out;
@@ -210,13 +213,16 @@ Result<std::vector<sim::Calibration::Attention>> measure_attention(
   for (std::size_t i = 0; i < shapes.size(); ++i) {
     const AttentionShape& s = shapes[i];
     const std::int64_t h = s.heads, d = s.head_dim;
-    Tensor qkv = filled(b, Shape{s.batch, s.seq, 3 * h, d}, 0.01f);
-    Tensor o = filled(b, Shape{s.batch, s.seq, h, d}, 0.f);
+    // The log-sum-exp statistics are fp32 at any precision (the cuda backend requires it).
+    Tensor qkv = filled(b, Shape{s.batch, s.seq, 3 * h, d}, 0.01f, s.dtype);
+    Tensor o = filled(b, Shape{s.batch, s.seq, h, d}, 0.f, s.dtype);
     Tensor lse = filled(b, Shape{s.batch, h, s.seq}, 0.f);
-    Tensor dout = filled(b, Shape{s.batch, s.seq, h, d}, 0.01f);
-    Tensor dqkv = filled(b, Shape{s.batch, s.seq, 3 * h, d}, 0.f);
-    AttentionOp op{static_cast<int>(h), static_cast<int>(h), static_cast<int>(d),
-                   1.f / std::sqrt(static_cast<float>(d))};
+    Tensor dout = filled(b, Shape{s.batch, s.seq, h, d}, 0.01f, s.dtype);
+    Tensor dqkv = filled(b, Shape{s.batch, s.seq, 3 * h, d}, 0.f, s.dtype);
+    AttentionOp op;
+    op.heads = op.kv_heads = static_cast<int>(h);
+    op.head_dim = static_cast<int>(d);
+    op.scale = 1.f / std::sqrt(static_cast<float>(d));
     op.causal = s.causal;
     auto time_pair = [&](const AttentionOp& a) -> Result<std::pair<sim::Calibration::Attention,
                                                                    sim::Calibration::Attention>> {
@@ -269,9 +275,12 @@ Result<std::pair<std::function<void()>, double>> make_op(Backend& b, const OpSha
   // simulation counts finds these entries.
   std::function<void()> op;
   double bytes = 0;
-  Tensor x = filled(b, Shape{n, c}, 0.5f), y = filled(b, Shape{n, c}, 0.25f);
-  Tensor z = filled(b, Shape{n, c}, 0.f);
-  Tensor row = filled(b, Shape{c}, 1.f), one = filled(b, Shape{1}, 0.f);
+  // x, y, z and row (a layernorm's weight) at the shape's dtype; per-row
+  // statistics, reductions and weight gradients (rowf) fp32, as the step keeps them.
+  const DType dt = s.dtype;
+  Tensor x = filled(b, Shape{n, c}, 0.5f, dt), y = filled(b, Shape{n, c}, 0.25f, dt);
+  Tensor z = filled(b, Shape{n, c}, 0.f, dt);
+  Tensor row = filled(b, Shape{c}, 1.f, dt), rowf = filled(b, Shape{c}, 0.f), one = filled(b, Shape{1}, 0.f);
   Tensor stat1 = filled(b, Shape{n}, 0.f), stat2 = filled(b, Shape{n}, 1.f);
   Tensor stat3 = filled(b, Shape{n}, 0.f), stat4 = filled(b, Shape{n}, 0.f);
   Tensor tok = ids(b, n, c);
@@ -290,10 +299,10 @@ Result<std::pair<std::function<void()>, double>> make_op(Backend& b, const OpSha
   } else if (s.op == "sum_squares") {
     op = [=, &b]() mutable { b.sum_squares(x, one, false); }, bytes = bytes_of({&x, &one});
   } else if (s.op == "bias_backward") {
-    op = [=, &b]() mutable { b.bias_backward(x, row); }, bytes = bytes_of({&x, &row});
+    op = [=, &b]() mutable { b.bias_backward(x, rowf); }, bytes = bytes_of({&x, &rowf});
   } else if (s.op == "embedding_forward") {
     // The table has `cols` rows of width cols: a (V, C) table with V = C.
-    Tensor table = filled(b, Shape{c, c}, 0.1f), e = filled(b, Shape{n, c}, 0.f);
+    Tensor table = filled(b, Shape{c, c}, 0.1f, dt), e = filled(b, Shape{n, c}, 0.f, dt);
     op = [=, &b]() mutable { b.embedding_forward(table, tok, e, 0); };
     bytes = bytes_of({&tok, &e, &e});
   } else if (s.op == "embedding_backward") {
@@ -331,18 +340,26 @@ Result<std::pair<std::function<void()>, double>> make_op(Backend& b, const OpSha
   } else if (s.op == "cross_entropy_accuracy") {
     op = [=, &b]() mutable { b.cross_entropy_accuracy(stat1, stat3, one, false); };
     bytes = bytes_of({&stat1, &stat3, &one});
+  } else if (s.op == "cast") {
+    // The step casts fp32 master weights to the compute dtype and half-width gradients back to fp32.
+    Tensor from = filled(b, Shape{n, c}, 0.5f, dt == DType::f32 ? DType::bf16 : DType::f32);
+    op = [=, &b]() mutable { b.cast(from, z); }, bytes = bytes_of({&from, &z});
   } else if (s.op == "clip_coefficient") {
     Tensor sumsq = filled(b, Shape{1}, 4.f);
     op = [=, &b]() mutable { b.clip_coefficient(sumsq, 1.f, one); };
     bytes = bytes_of({&sumsq, &one});
   } else if (s.op == "adamw") {
+    // The step's update: one multi-tensor AdamW over the fp32 masters, their
+    // fp32 gradients and moments (the recorder gives it their total size).
+    Tensor p = filled(b, Shape{n, c}, 0.f), g = filled(b, Shape{n, c}, 0.25f);
     Tensor m = filled(b, Shape{n, c}, 0.f), v = filled(b, Shape{n, c}, 0.f);
     AdamWOp a;
     a.lr = 1e-6f;
     // With a clip coefficient, as the step passes one whenever it clips.
     Tensor coef = filled(b, Shape{1}, 1.f);
-    op = [=, &b]() mutable { b.adamw(z, y, m, v, coef, a); };
-    bytes = bytes_of({&z, &y, &m, &v, &z, &m, &v, &coef});
+    const std::vector<AdamWTensors> group = {{p, g, m, v, 0.f}};
+    op = [=, &b]() mutable { b.foreach_adamw(group, coef, a); };
+    bytes = bytes_of({&p, &g, &m, &v, &p, &m, &v, &coef});
   } else if (s.op == "host_adamw") {
     // The offloaded update (Plan::offload): every tensor in host memory, on the host's cores.
     Tensor p = b.host_zeros(Shape{n, c}), g = b.host_zeros(Shape{n, c});
@@ -354,7 +371,8 @@ Result<std::pair<std::function<void()>, double>> make_op(Backend& b, const OpSha
     op = [=, &b]() mutable { b.foreach_adamw(group, coef, a); };
     bytes = bytes_of({&p, &g, &m, &v, &p, &m, &v, &coef});
   } else if (s.op == "sign_compress" || s.op == "sign_decompress") {
-    // Rows are chunks of `cols` gradients, compressed with error feedback (1-bit gradients).
+    // Rows are chunks of `cols` fp32 gradients, compressed with error feedback (1-bit gradients).
+    x = filled(b, Shape{n, c}, 0.5f), y = filled(b, Shape{n, c}, 0.25f), z = filled(b, Shape{n, c}, 0.f);
     Tensor packets = b.empty(Shape{n, 1 + (c + 31) / 32}, DType::i32);
     b.sign_compress(x, y, packets);
     if (s.op == "sign_compress") {

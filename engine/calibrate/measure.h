@@ -43,10 +43,17 @@ struct Timing {
 
 using Sync = std::function<void()>;
 
-// (m, n, k) with the transposes the engine issues them with.
+// Tensors are built at the dtypes a shape names: the run's precision for
+// activations (bf16 on the cuda backend's mixed precision), fp32 where the
+// engine keeps fp32 whatever the precision (statistics, weight gradients,
+// optimizer state), as the backends require (backends/cuda/op_checks.h).
+
+// (m, n, k) with the transposes and dtypes the engine issues them with: A and
+// B at `in`, C at `out` (a bf16 step accumulates weight gradients into fp32).
 struct GemmShape {
   std::int64_t m, n, k;
   bool trans_a = false, trans_b = false;
+  DType in = DType::f32, out = DType::f32;
   bool operator<(const GemmShape& o) const;
 };
 // Attention over batch·heads sequences (kv heads = heads), causal or not.
@@ -57,14 +64,22 @@ struct AttentionShape {
   std::int64_t batch, heads, seq, head_dim;
   bool causal = true;
   std::int64_t windows = 0;
+  DType dtype = DType::f32;  // of q, k, v, the output and their gradients
   bool operator<(const AttentionShape& o) const;
 };
-// A memory-bound op on (rows, cols) tensors; the op decides what the tensors are.
+// A memory-bound op on (rows, cols) tensors; the op decides what the tensors
+// are. `dtype` is that of its activation-like tensors (cast: its output's,
+// from fp32, or to fp32 from bf16); the optimizer's ops, the loss statistics
+// and the gradient compression are fp32 whatever it says, as in the step.
 struct OpShape {
   std::string op;
   std::int64_t rows, cols;
+  DType dtype = DType::f32;
   bool operator<(const OpShape& o) const;
 };
+
+// The simulator's cost dtype of a backend dtype (fp16 costs as bf16).
+sim::DType sim_dtype(DType d);
 
 // The memory-bound ops measured per kind, by their backend.h names.
 const std::vector<std::string>& measured_ops();

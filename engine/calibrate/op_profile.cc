@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backends/cpu/cpu_backend.h"
+#include "backends/cuda/cuda_factory.h"
 #include "engine/calibrate/workload.h"
 #include "backends/cpu/threads.h"
 #include "engine/cli/plan_flags.h"
@@ -21,10 +22,16 @@ namespace meshtrain::calibrate {
 
 using Clock = std::chrono::steady_clock;
 
+void OpTimer::sync() {
+  if (Status s = target().synchronize(); !s && status_) status_ = std::move(s);
+}
+
 template <class F>
 void OpTimer::timed(const char* name, F&& f) {
+  if (synchronize_) sync();
   const auto t0 = Clock::now();
   f();
+  if (synchronize_) sync();
   OpTotals& t = totals_[name];
   t.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
   ++t.calls;
@@ -73,57 +80,94 @@ void OpTimer::write(Tensor& dst, std::span<const float> host) { timed("write", [
 void OpTimer::write(Tensor& dst, std::span<const std::int32_t> host) { timed("write", [&] { target().write(dst, host); }); }
 // clang-format on
 
-Status print_op_profile(const std::string& workload, const std::string& calibration_path,
-                        int steps, int ranks, int rank_threads) {
-  if (steps < 1) return make_error("--profile-steps {} must be >= 1", steps);
-  if (ranks < 1 || ranks > 64) return make_error("--profile-ranks {} must be in [1, 64]", ranks);
-  MT_ASSIGN(const Workload w, parse_workload(workload, "--profile"));
+namespace {
+
+// The cluster preset whose device the calibration was measured on (local-cpu for the cpu backend).
+Result<sim::ClusterSpec> cluster_of(const sim::Calibration& cal, const std::string& path) {
+  for (const std::string& name : sim::cluster_preset_names()) {
+    MT_ASSIGN(sim::ClusterSpec spec, sim::cluster_preset(name));
+    if (sim::check_calibration_device(cal, spec).ok()) return spec;
+  }
+  return make_error("--calibration '{}' was measured on '{}', which no cluster preset ({}) has; --profile "
+                    "compares with a simulation of that device",
+                    path, cal.device, fmt::join(sim::cluster_preset_names(), ", "));
+}
+
+}  // namespace
+
+Status print_op_profile(const ProfileOptions& o) {
+  if (o.steps < 1) return make_error("--profile-steps {} must be >= 1", o.steps);
+  if (o.ranks < 1 || o.ranks > 64) return make_error("--profile-ranks {} must be in [1, 64]", o.ranks);
+  MT_ASSIGN(const Workload w, parse_workload(o.workload, "--profile"));
+  // The calibration first: it decides the backend and precision of the real step, and a wrong
+  // one should not cost a profile's run.
+  MT_ASSIGN(sim::Calibration cal, sim::load_calibration(o.calibration));
+  const bool cuda = cal.machine.backend == "cuda";
+  if (!cuda && cal.precision != sim::DType::kFp32)
+    return make_error("--calibration '{}' is {} but the cpu backend runs fp32 only; profile it on the GPU it "
+                      "was measured on (a cuda calibration) or with an fp32 calibration",
+                      o.calibration, sim::dtype_name(cal.precision));
+  if (cuda && o.ranks != 1)
+    return make_error("--profile-ranks {}: a cuda profile runs one rank on one GPU; use --profile-ranks 1", o.ranks);
+  MT_ASSIGN(sim::ClusterSpec cluster, cluster_of(cal, o.calibration));
   PlanFlags flags;
-  flags.model = workload.substr(0, workload.find(':'));
+  flags.model = o.workload.substr(0, o.workload.find(':'));
   flags.overrides.micro_batch = static_cast<int>(w.batch);
   flags.overrides.seq_len = static_cast<int>(w.seq);
   flags.overrides.global_batch = flags.overrides.micro_batch;
-  flags.overrides.precision = "fp32";
+  flags.overrides.precision = sim::dtype_name(cal.precision);
   MT_ASSIGN(ModelAndPlan mp, resolve_model_and_plan(flags, 1));
   const int seq = mp.plan.effective_seq_len(mp.model);
   const std::vector<HostBatch> microbatches(1, example_batch(mp.model, mp.plan.micro_batch, seq));
 
   // `ranks` independent single-rank engines run at once, each on its share of
   // the cores (the compute of dp replicas without their gradient sync); rank 0 reports.
-  std::vector<std::map<std::string, OpTotals>> totals(static_cast<std::size_t>(ranks));
-  std::vector<double> step_s(static_cast<std::size_t>(ranks));
-  std::vector<Status> status(static_cast<std::size_t>(ranks));
-  auto body = [&](int rank) {
-    CpuBackend backend(CpuBackendOptions{cpu::rank_threads(rank_threads, ranks)});
-    OpTimer timer(backend);
+  std::vector<std::map<std::string, OpTotals>> totals(static_cast<std::size_t>(o.ranks));
+  std::vector<double> step_s(static_cast<std::size_t>(o.ranks));
+  std::vector<int> timed_steps(static_cast<std::size_t>(o.ranks));
+  std::vector<Status> status(static_cast<std::size_t>(o.ranks));
+  auto run = [&](Backend& backend, int rank) {
+    const auto i = static_cast<std::size_t>(rank);
+    OpTimer timer(backend, cuda);
     const Mesh mesh(mp.plan);
     StepEngine engine(timer, mp.model, mp.plan, mesh, StepOptions{});
-    auto run_steps = [&](int first, int count) -> Status {
-      for (int s = first; s < first + count; ++s) {
-        auto r = engine.step(microbatches, 1e-4f, s);
-        if (!r) return std::move(r).error();
-      }
-      return ok_status();
+    auto step = [&](int s) -> Status {
+      auto r = engine.step(microbatches, 1e-4f, s);
+      if (!r) return std::move(r).error();
+      return timer.status();
     };
-    const auto i = static_cast<std::size_t>(rank);
-    if (status[i] = run_steps(1, 2); !status[i]) return;
+    if (status[i] = step(1); !status[i]) return;  // warm-up: first allocations, library heuristics
     timer.reset();
     const auto t0 = Clock::now();
-    status[i] = run_steps(3, steps);
-    step_s[i] = std::chrono::duration<double>(Clock::now() - t0).count() / steps;
+    int s = 0;
+    while (s < o.steps && (s == 0 || std::chrono::duration<double>(Clock::now() - t0).count() < o.budget_s)) {
+      if (status[i] = step(2 + s); !status[i]) return;
+      ++s;
+    }
+    step_s[i] = std::chrono::duration<double>(Clock::now() - t0).count() / s;
+    timed_steps[i] = s;
     totals[i] = timer.totals();
   };
-  std::vector<std::thread> threads;
-  for (int r = 1; r < ranks; ++r) threads.emplace_back(body, r);
-  body(0);
-  for (auto& t : threads) t.join();
+  if (cuda) {
+    MT_ASSIGN(std::unique_ptr<Backend> backend, make_cuda_backend(CudaBackendOptions{}));
+    run(*backend, 0);
+  } else {
+    auto body = [&](int rank) {
+      CpuBackend backend(CpuBackendOptions{cpu::rank_threads(o.rank_threads, o.ranks)});
+      run(backend, rank);
+    };
+    std::vector<std::thread> threads;
+    for (int r = 1; r < o.ranks; ++r) threads.emplace_back(body, r);
+    body(0);
+    for (auto& t : threads) t.join();
+  }
   for (auto& st : status) MT_TRY(st);
   const double real_step = step_s[0];
+  const int steps = timed_steps[0];
 
-  MT_ASSIGN(sim::Calibration cal, sim::load_calibration(calibration_path));
-  cal = cal.for_ranks_sharing(ranks);
+  cal = cal.for_ranks_sharing(o.ranks);
   SimulateOptions options;
-  MT_ASSIGN(options.cluster, sim::cluster_preset("local-cpu"));
+  options.cluster = cluster;
   sim::apply_link_calibration(cal, options.cluster);
   options.calibration = &cal;
   options.trace = true;
@@ -151,8 +195,9 @@ Status print_op_profile(const std::string& workload, const std::string& calibrat
     fmt::print("{:<24} {:>7} {:>10.3f} {:>10.3f} {:>7.2f}\n", row.op, row.calls, row.real * 1e3,
                row.sim * 1e3, row.real > 0 ? row.sim / row.real : 0);
   fmt::print("ops total {:.3f} ms; real step {:.3f} ms (host outside ops {:.3f} ms); "
-             "simulated iteration {:.3f} ms\n",
-             real_ops * 1e3, real_step * 1e3, (real_step - real_ops) * 1e3, r.iteration_s * 1e3);
+             "simulated iteration {:.3f} ms; {} {} step(s) timed on the {} backend\n",
+             real_ops * 1e3, real_step * 1e3, (real_step - real_ops) * 1e3, r.iteration_s * 1e3, steps,
+             sim::dtype_name(cal.precision), cuda ? "cuda" : "cpu");
   return ok_status();
 }
 

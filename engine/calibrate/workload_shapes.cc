@@ -24,6 +24,8 @@ class ShapeRecorder final : public BackendWrapper {
 
   void fill(Tensor& x, float v) override { op("fill", x), target().fill(x, v); }
   void copy(const Tensor& s, Tensor& d) override { op("copy", s), target().copy(s, d); }
+  // By the output's dtype: measure.cc casts into it from the other width.
+  void cast(const Tensor& s, Tensor& d) override { op("cast", d), target().cast(s, d); }
   void add(const Tensor& a, const Tensor& b, Tensor& o) override { op("add", a), target().add(a, b, o); }
   void scale(Tensor& x, float a) override { op("scale", x), target().scale(x, a); }
   void axpy(float a, const Tensor& x, Tensor& y) override { op("axpy", x), target().axpy(a, x, y); }
@@ -89,7 +91,8 @@ class ShapeRecorder final : public BackendWrapper {
   void foreach_sum_squares(std::span<const Tensor> xs, Tensor& out) override {
     std::int64_t n = 0;
     for (const Tensor& x : xs) n += x.numel();
-    out_.ops.insert({"sum_squares", 1, n}), target().foreach_sum_squares(xs, out);
+    const DType dtype = xs.empty() ? DType::f32 : xs.front().dtype();
+    out_.ops.insert({"sum_squares", 1, n, dtype}), target().foreach_sum_squares(xs, out);
   }
   void foreach_adamw(std::span<const AdamWTensors> params, const Tensor& coef, const AdamWOp& a) override {
     std::int64_t n = 0;
@@ -99,12 +102,12 @@ class ShapeRecorder final : public BackendWrapper {
   void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp& g) override {
     const auto [rows, cols] = matrix(c);
     const auto [a_rows, a_cols] = matrix(a);
-    out_.gemm.insert({rows, cols, g.trans_a ? a_rows : a_cols, g.trans_a, g.trans_b});
+    out_.gemm.insert({rows, cols, g.trans_a ? a_rows : a_cols, g.trans_a, g.trans_b, a.dtype(), c.dtype()});
     target().gemm(a, b, c, g);
   }
   void attention_forward(const Tensor& qkv, Tensor& o, Tensor& lse, const AttentionOp& a) override {
     const std::int64_t seq = qkv.shape()[1];
-    AttentionShape s{qkv.shape()[0], a.heads, seq, a.head_dim, a.causal, 0};
+    AttentionShape s{qkv.shape()[0], a.heads, seq, a.head_dim, a.causal, 0, qkv.dtype()};
     if (a.bias.defined() || a.mask.defined()) s.windows = a.mask.defined() ? a.mask.numel() / (seq * seq) : 1;
     out_.attention.insert(s);
     target().attention_forward(qkv, o, lse, a);
@@ -113,21 +116,22 @@ class ShapeRecorder final : public BackendWrapper {
  private:
   void op(const char* name, const Tensor& t) {
     const auto [rows, cols] = matrix(t);
-    out_.ops.insert({name, rows, cols});
+    out_.ops.insert({name, rows, cols, t.dtype()});
   }
   WorkloadShapes& out_;
 };
 
 }  // namespace
 
-Status record_workload_shapes(const ModelSpec& m, std::int64_t micro_batch, std::int64_t seq, WorkloadShapes& out) {
+Status record_workload_shapes(const ModelSpec& m, std::int64_t micro_batch, std::int64_t seq, Precision precision,
+                              WorkloadShapes& out) {
   MT_ASSIGN(sim::ClusterSpec spec, sim::cluster_preset("dgx-a100"));
   for (int tp : {1, 2}) {
     Plan p;
     p.tp = tp;
     p.micro_batch = static_cast<int>(micro_batch);
     p.seq_len = m.vision() ? 0 : static_cast<int>(seq);
-    p.precision = Precision::fp32;  // the cpu backend's
+    p.precision = precision;  // the dtypes of the step's tensors follow it
     if (tp > 1 && !validate_plan(p, m).ok()) continue;  // a model tp does not split
     MT_TRY(validate_plan(p, m).context(fmt::format("workload {}:{}:{}", m.name, micro_batch, seq)));
     const Mesh mesh(p);

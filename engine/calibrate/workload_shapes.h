@@ -12,6 +12,7 @@
 
 #include "core/status.h"
 #include "engine/calibrate/measure.h"
+#include "engine/plan.h"
 #include "models/model_spec.h"
 
 namespace meshtrain::calibrate {
@@ -23,7 +24,9 @@ struct WorkloadShapes {
 };
 
 // Adds the shapes of one step of `micro_batch` samples of `seq` tokens (the
-// model's own for images) under tp 1 and, where the model splits, tp 2.
-Status record_workload_shapes(const ModelSpec& m, std::int64_t micro_batch, std::int64_t seq, WorkloadShapes& out);
+// model's own for images) at `precision` under tp 1 and, where the model
+// splits, tp 2, each with the dtypes that step gives its tensors.
+Status record_workload_shapes(const ModelSpec& m, std::int64_t micro_batch, std::int64_t seq, Precision precision,
+                              WorkloadShapes& out);
 
 }  // namespace meshtrain::calibrate

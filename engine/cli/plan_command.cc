@@ -52,7 +52,8 @@ Status run_plan(const PlanCommandFlags& f) {
   MT_ASSIGN(options.cluster, sim::cluster_spec_by_name_or_file(f.cluster));
   ctx.gpus_per_node = options.cluster.gpus_per_node;
   sim::Calibration calibration;
-  if (!f.calibration.empty()) MT_TRY(apply_calibration(f.calibration, "threads", f.gpus, calibration, options));
+  if (!f.calibration.empty())
+    MT_TRY(apply_calibration(f.calibration, "threads", f.gpus, ctx.base.precision, calibration, options));
   MT_ASSIGN(options.attention, attention_impl_from_name(f.attention));
   options.dropout = f.dropout;
   MT_ASSIGN(options.moe_routing, MoeRouting::parse(f.moe_routing));

@@ -249,8 +249,8 @@ Status run_simulate(SimulateFlags f, bool no_flags) {
   MT_ASSIGN(options.cluster, sim::cluster_spec_by_name_or_file(f.cluster));
   sim::Calibration calibration;
   if (!f.calibration.empty())
-    MT_TRY(apply_calibration(f.calibration, f.comm.empty() ? "threads" : f.comm, mp.plan.world_size(), calibration,
-                             options));
+    MT_TRY(apply_calibration(f.calibration, f.comm.empty() ? "threads" : f.comm, mp.plan.world_size(),
+                             mp.plan.precision, calibration, options));
   options.trace = !f.trace.empty();
   if (options.trace) MT_TRY(probe_output_file(f.trace, "--trace file"));  // before the simulation, not after
   options.check_memory = !f.ignore_memory;

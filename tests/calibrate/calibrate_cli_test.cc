@@ -24,13 +24,13 @@ TEST_CASE("calibrate --quick writes a versioned calibration that states the mach
   auto c = meshtrain::sim::load_calibration(path);
   REQUIRE(c.ok());
   // Made without mpirun: it cannot time an MPI run, and simulate says how to get one that can.
-  auto mpi = run_meshtrain("simulate --cluster local-cpu --gpus 2 --dp 2 --model tiny --calibration " +
-                           path + " --comm mpi");
+  auto mpi = run_meshtrain("simulate --cluster local-cpu --gpus 2 --dp 2 --model tiny --precision fp32 "
+                           "--calibration " + path + " --comm mpi");
   CHECK(mpi.status == 1);
   CHECK_THAT(mpi.out, Catch::Contains("no collectives measured over MPI") &&
                           Catch::Contains("mpirun -np N meshtrain calibrate"));
-  auto threads = run_meshtrain("simulate --cluster local-cpu --gpus 2 --dp 2 --model tiny --calibration " +
-                               path + " --comm threads");
+  auto threads = run_meshtrain("simulate --cluster local-cpu --gpus 2 --dp 2 --model tiny --precision fp32 "
+                               "--calibration " + path + " --comm threads");
   CHECK(threads.status == 0);
   std::remove(path.c_str());
   CHECK(c->version == Calibration::kVersion);

@@ -98,7 +98,8 @@ TEST_CASE("a calibration of another device is refused; the report says what came
                  "the calibration was measured on 'AMD EPYC (2 cores, cpu backend)', but cluster 'dgx-a100' has "
                  "'A100-SXM4-80GB' devices");
   const std::string h100_cal = write_text(
-      "h100-cal.json", R"j({"version": 1, "device": "NVIDIA H100 80GB HBM3 (cuda backend)", "machine": {"backend": "cuda"}})j");
+      "h100-cal.json", R"j({"version": 1, "device": "NVIDIA H100 80GB HBM3 (cuda backend)", "precision": "bf16",
+                             "machine": {"backend": "cuda"}})j");
   expect_refusal("simulate --model tiny --gpus 8 --cluster dgx-a100 --calibration " + h100_cal,
                  "but cluster 'dgx-a100' has 'A100-SXM4-80GB' devices");
   CHECK(run_meshtrain("simulate --model tiny --gpus 8 --cluster dgx-h100 --calibration " + h100_cal).status == 0);
