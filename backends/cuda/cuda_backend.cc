@@ -127,6 +127,7 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const CudaOptions& opti
     channel = std::move(mpi);
   }
   std::unique_ptr<CudaBackend> b(new CudaBackend(state, rank, world));
+  b->tuned_attention_ = options.tuned_attention;
   MT_ASSIGN(b->gemm_, GemmRunner::create(state->allocator));
   b->comms_ = std::make_unique<NcclComms>(rank, world, device, std::move(channel),
                                           options.comm_timeout,

@@ -63,6 +63,12 @@ struct CudaOptions {
   int device = -1;       // -1: chosen from the launcher's local rank (device_select.h)
   bool use_mpi = false;  // rank and world from MPI_COMM_WORLD (MPI already initialised)
   std::chrono::milliseconds comm_timeout{std::chrono::minutes(5)};
+  // Attention's tuned tensor-core kernels (kernels/kernels.h,
+  // AttentionTerms::tuned_tc): the same bits as the reference ones by
+  // construction, off until a GPU run has checked that
+  // (tests/cuda/test_cuda_attention_tuned.cc); MESHTRAIN_CUDA_ATTENTION=tuned
+  // turns them on for `meshtrain` (cuda_factory.cc).
+  bool tuned_attention = false;
 };
 
 // Visible CUDA devices; 0 when there is no device or no driver.
@@ -258,6 +264,7 @@ class CudaBackend final : public Backend {
   std::shared_ptr<DeviceState> state_;  // device, allocator, streams, events
   std::unique_ptr<GemmRunner> gemm_;
   std::unique_ptr<NcclComms> comms_;
+  bool tuned_attention_ = false;  // CudaOptions::tuned_attention
   int rank_ = 0;
   int world_size_ = 1;
   Stream current_{};

@@ -2,6 +2,9 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdlib>
+#include <string_view>
+
 #include "backends/cuda/cuda_backend.h"
 
 namespace meshtrain {
@@ -24,6 +27,15 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(const CudaBackendOptions& opt
   o.device = options.device;
   o.use_mpi = options.use_mpi;
   o.comm_timeout = options.comm_timeout;
+  // The tuned attention kernels stay opt-in until a GPU run has verified them
+  // (CudaOptions::tuned_attention); an unknown value is refused, not ignored.
+  if (const char* v = std::getenv("MESHTRAIN_CUDA_ATTENTION")) {
+    const std::string_view choice = v;
+    if (choice != "tuned" && choice != "reference")
+      return make_error("MESHTRAIN_CUDA_ATTENTION is '{}'; set it to 'tuned' or 'reference', or unset it (reference)",
+                        choice);
+    o.tuned_attention = choice == "tuned";
+  }
   MT_ASSIGN(std::unique_ptr<cuda::CudaBackend> b, cuda::CudaBackend::create(o));
   return std::unique_ptr<Backend>(std::move(b));
 }

@@ -415,6 +415,7 @@ kernels::AttentionTerms CudaBackend::attention_terms(const AttentionOp& op, std:
                                                      CachingAllocator::Allocation& bias_scratch) {
   kernels::AttentionTerms terms;
   terms.causal = op.causal;
+  terms.tuned_tc = tuned_attention_;
   if (op.mask.defined()) {
     terms.mask = f32(op.mask, name);
     terms.windows = windows;

@@ -12,7 +12,8 @@
 #   1. the gpu tests (the test binaries themselves; no CMake there);
 #   2. the tiny model's first 20 steps, cuda fp32 and bf16 against the cpu backend;
 #   3. training throughput, bf16, T 1024: gpt2-124m-v256 (B16) and gpt3-xl-v256
-#      (1.21B, B8), meshtrain, then PyTorch eager and torch.compile on the
+#      (1.21B, B8), meshtrain (and again with MESHTRAIN_CUDA_ATTENTION=tuned),
+#      then PyTorch eager and torch.compile on the
 #      same model file and batch (experiments/gpu/torch_gpt.py); MFU from
 #      meshtrain's own FLOPs per token (`meshtrain info`) against 989 TFLOP/s;
 #   4. a device-time trace of gpt2-124m-v256: where a step's device time goes, by op;
@@ -212,6 +213,24 @@ for cfg in "${CONFIGS[@]}"; do
       "\"tokens_per_s\": $tps, \"step_s\": $step, \"mfu\": $mfu, \"flops_per_token\": ${fpt:-null}"
   else
     record "train-$name" failed "$SECS" "meshtrain train --backend cuda --model $model failed (exit $RC; see the log)"
+  fi
+done
+# The tuned attention kernels (opt-in until the gpu test
+# test_cuda_attention_tuned has shown their bits equal the reference's): the
+# same runs with MESHTRAIN_CUDA_ATTENTION=tuned.
+for cfg in "${CONFIGS[@]}"; do
+  IFS=: read -r name model batch <<<"$cfg"
+  budget "train-$name-tuned-attention" 60 || continue
+  run "train-$name-tuned-attention" 150 env MESHTRAIN_CUDA_ATTENTION=tuned "$MT" train --backend cuda \
+    --model "$model" --micro-batch "$batch" --seq-len 1024 --precision bf16 --steps 30 --data "$DATA" \
+    --metrics "$WORK/$name-cuda-tuned.jsonl" --quiet
+  if [[ $RC -eq 0 && -s "$WORK/$name-cuda-tuned.jsonl" ]]; then
+    read -r loss tps step first < <(metrics_summary "$WORK/$name-cuda-tuned.jsonl")
+    ratio=$(python3 -c "print(round($tps / ${MT_TPS[$name]:-0}, 3))" 2>/dev/null || echo null)
+    record "train-$name-tuned-attention" ok "$SECS" "last loss $loss" \
+      "\"tokens_per_s\": $tps, \"step_s\": $step, \"over_reference\": $ratio"
+  else
+    record "train-$name-tuned-attention" failed "$SECS" "exit $RC (see the log)"
   fi
 done
 # PyTorch in one process (imported once): compile first, it is the target.

@@ -349,7 +349,7 @@ cudaError_t backward(const void* dout, const void* qkv, const void* out, const f
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   if (attention_tc_supported(d, dtype, terms, {dout, qkv, dqkv}))
-    return attention_backward_tc(dout, qkv, lse, di, dqkv, d, terms.causal, dtype, s);
+    return attention_backward_tc(dout, qkv, lse, di, dqkv, d, terms.causal, terms.tuned_tc, dtype, s);
   if (d.rows() < d.T) {
     const i64 outside = d.B * (d.T - d.rows()) * d.H * d.D;
     zero_query_rows_kernel<T><<<grid_for(outside), kThreads, 0, s>>>(static_cast<T*>(dqkv), L, d.B);
@@ -381,7 +381,7 @@ cudaError_t attention_forward(const void* qkv, void* out, float* lse, const Atte
                               const AttentionTerms& terms, int dtype, cudaStream_t s) {
   if (d.B * d.T * d.H == 0) return cudaGetLastError();
   if (attention_tc_supported(d, dtype, terms, {qkv, out}))
-    return attention_forward_tc(qkv, out, lse, d, terms.causal, dtype, s);
+    return attention_forward_tc(qkv, out, lse, d, terms.causal, terms.tuned_tc, dtype, s);
   return with_storage(dtype, [&](auto tag) {
     return forward<typename decltype(tag)::type>(qkv, out, lse, d, terms, s);
   });

@@ -16,6 +16,15 @@
 // The C tiles of n-tiles 2j and 2j+1 are, packed in pairs, the A fragment of
 // k-step j: P and dS feed the next product straight from registers.
 //
+// Two versions of each kernel, of the same arithmetic (AttentionTerms::tuned_tc
+// picks): the reference loads fragments with 32-bit shared loads, reloads Q
+// for every key tile and masks every score; the tuned one loads them with
+// ldmatrix (one instruction for four 8x8 matrices), keeps the forward's Q
+// fragments in registers, masks only the tiles that cross the diagonal or
+// the sequence's end, and holds blocks per multiprocessor with launch bounds.
+// The tuned one is unverified on a GPU until a run checks it bit for bit
+// against the reference (tests/cuda/test_cuda_attention_tuned.cc).
+//
 // Work split: 4 warps, each owning 16 rows of the block's 64.
 //  * forward: a block owns 64 query rows of one (b, h); key tiles of 64 (up
 //    to the block's last row when causal, all T otherwise).
@@ -46,12 +55,13 @@ constexpr float kLn2 = 0.6931471805599453f;
 template <int D>
 constexpr int kInner = D == 128 ? 32 : 64;
 
-// Blocks per multiprocessor the forward and dQ kernels are held to (dK/dV:
-// one fewer): 4 at D = 64 caps a thread at 128 registers, 3 at D = 128 at
-// 168. Left free, the compiler took a few registers more (129, 175) and lost
-// a whole block of occupancy for it.
-template <int D>
-constexpr int kMinBlocks = D == 64 ? 4 : 3;
+// Blocks per multiprocessor the tuned forward and dQ kernels are held to
+// (dK/dV: one fewer): 4 at D = 64 caps a thread at 128 registers, 3 at D =
+// 128 at 168. Left free, the compiler took a few registers more (129, 175)
+// and lost a whole block of occupancy for it. The reference kernels: 0, no
+// hold (their registers are those they always had).
+template <int D, bool Tuned>
+constexpr int kMinBlocks = !Tuned ? 0 : D == 64 ? 4 : 3;
 
 // ---- tensor-core primitives ------------------------------------------------
 
@@ -110,22 +120,45 @@ __device__ __forceinline__ void ldsm_x4(std::uint32_t r[4], const void* row) {
                : "r"(addr));
 }
 
-// A fragment: rows r0.., cols k0.. of a row-major tile (row stride S).
-// Matrices: (r0, k0) -> a0, (r0 + 8, k0) -> a1, (r0, k0 + 8) -> a2, (r0 + 8, k0 + 8) -> a3.
 template <class T>
-__device__ __forceinline__ void load_a(std::uint32_t a[4], const T* tile, int S, int r0, int k0,
-                                       int lane) {
-  const int m = lane >> 3, r = lane & 7;
-  ldsm_x4(a, tile + (r0 + (m & 1) * 8 + r) * S + k0 + (m >> 1) * 8);
+__device__ __forceinline__ std::uint32_t word(const T* p) {
+  return *reinterpret_cast<const std::uint32_t*>(p);
 }
 
-// B fragments of n-tiles n0 and n0 + 8 with B(k, n) = tile(n0 + n, k0 + k):
-// the tile's rows are B's columns (K or V for scores, Q or dO for the
-// transposed scores). Matrices: (n0, k0) -> b0[0], (n0, k0 + 8) -> b0[1],
-// (n0 + 8, k0) -> b1[0], (n0 + 8, k0 + 8) -> b1[1].
+// A fragment: rows r0.., cols k0.. of a row-major tile (row stride S).
+// Tuned, matrices (r0, k0) -> a0, (r0 + 8, k0) -> a1, (r0, k0 + 8) -> a2,
+// (r0 + 8, k0 + 8) -> a3; the reference loads the same words one by one.
+template <bool Tuned, class T>
+__device__ __forceinline__ void load_a(std::uint32_t a[4], const T* tile, int S, int r0, int k0,
+                                       int lane) {
+  if constexpr (Tuned) {
+    const int m = lane >> 3, r = lane & 7;
+    ldsm_x4(a, tile + (r0 + (m & 1) * 8 + r) * S + k0 + (m >> 1) * 8);
+  } else {
+    const T* p = tile + (r0 + (lane >> 2)) * S + k0 + 2 * (lane & 3);
+    a[0] = word(p);
+    a[1] = word(p + 8 * S);
+    a[2] = word(p + 8);
+    a[3] = word(p + 8 * S + 8);
+  }
+}
+
+// B fragment with B(k, n) = tile(n0 + n, k0 + k): the tile's rows are B's
+// columns (K or V for scores, Q or dO for the transposed scores). The
+// reference kernels' loads, 32 bits at a time.
 template <class T>
-__device__ __forceinline__ void load_b_rows(std::uint32_t b0[2], std::uint32_t b1[2], const T* tile, int S,
-                                            int n0, int k0, int lane) {
+__device__ __forceinline__ void load_b_row(std::uint32_t b[2], const T* tile, int S, int n0, int k0, int lane) {
+  const T* p = tile + (n0 + (lane >> 2)) * S + k0 + 2 * (lane & 3);
+  b[0] = word(p);
+  b[1] = word(p + 8);
+}
+
+// The same for n-tiles n0 and n0 + 8 in one ldmatrix (the tuned kernels):
+// matrices (n0, k0) -> b0[0], (n0, k0 + 8) -> b0[1], (n0 + 8, k0) -> b1[0],
+// (n0 + 8, k0 + 8) -> b1[1].
+template <class T>
+__device__ __forceinline__ void load_b_rows_x2(std::uint32_t b0[2], std::uint32_t b1[2], const T* tile, int S,
+                                               int n0, int k0, int lane) {
   const int m = lane >> 3, r = lane & 7;
   std::uint32_t x[4];
   ldsm_x4(x, tile + (n0 + (m >> 1) * 8 + r) * S + k0 + (m & 1) * 8);
@@ -133,6 +166,26 @@ __device__ __forceinline__ void load_b_rows(std::uint32_t b0[2], std::uint32_t b
   b0[1] = x[1];
   b1[0] = x[2];
   b1[1] = x[3];
+}
+
+// c[n] += a · B for the N/8 n-tiles of B(k, n) = tile(n + ..., k0 + k).
+template <bool Tuned, class T, int N>
+__device__ __forceinline__ void score_tiles(float c[N / 8][4], const std::uint32_t a[4], const T* tile, int S,
+                                            int k0, int lane) {
+  if constexpr (Tuned) {
+    for (int n = 0; n < N / 8; n += 2) {
+      std::uint32_t b0[2], b1[2];
+      load_b_rows_x2(b0, b1, tile, S, n * 8, k0, lane);
+      mma<T>(c[n], a, b0);
+      mma<T>(c[n + 1], a, b1);
+    }
+  } else {
+    for (int n = 0; n < N / 8; ++n) {
+      std::uint32_t b[2];
+      load_b_row(b, tile, S, n * 8, k0, lane);
+      mma<T>(c[n], a, b);
+    }
+  }
 }
 
 // B fragments of n-tiles n0 and n0 + 8 with B(k, n) = tile(k0 + k, n0 + n):
@@ -174,22 +227,25 @@ __device__ __forceinline__ float quad_sum(float v) {
 // dimension: c1 = A1·B1ᵀ and c2 = A2·B2ᵀ for the warp's 16 rows of the A
 // tiles against the N rows of the B tiles (dQ: S = Q·Kᵀ and dP = dO·Vᵀ;
 // dK/dV: Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ). Tiles are row-major with row stride S.
-template <class T, int D, int N>
+template <bool Tuned, class T, int D, int N>
 __device__ __forceinline__ void two_score_products(float c1[N / 8][4], float c2[N / 8][4],
                                                    const T* a1, const T* a2, const T* b1,
                                                    const T* b2, int S, int warp, int lane) {
   for (int kk = 0; kk < D / 16; ++kk) {
     std::uint32_t f1[4], f2[4];
-    load_a(f1, a1, S, warp * 16, kk * 16, lane);
-    load_a(f2, a2, S, warp * 16, kk * 16, lane);
-    for (int n = 0; n < N / 8; n += 2) {
-      std::uint32_t x0[2], x1[2];
-      load_b_rows(x0, x1, b1, S, n * 8, kk * 16, lane);
-      mma<T>(c1[n], f1, x0);
-      mma<T>(c1[n + 1], f1, x1);
-      load_b_rows(x0, x1, b2, S, n * 8, kk * 16, lane);
-      mma<T>(c2[n], f2, x0);
-      mma<T>(c2[n + 1], f2, x1);
+    load_a<Tuned>(f1, a1, S, warp * 16, kk * 16, lane);
+    load_a<Tuned>(f2, a2, S, warp * 16, kk * 16, lane);
+    if constexpr (Tuned) {
+      score_tiles<Tuned, T, N>(c1, f1, b1, S, kk * 16, lane);
+      score_tiles<Tuned, T, N>(c2, f2, b2, S, kk * 16, lane);
+    } else {
+      for (int n = 0; n < N / 8; ++n) {  // interleaved, as the reference always was
+        std::uint32_t bb[2];
+        load_b_row(bb, b1, S, n * 8, kk * 16, lane);
+        mma<T>(c1[n], f1, bb);
+        load_b_row(bb, b2, S, n * 8, kk * 16, lane);
+        mma<T>(c2[n], f2, bb);
+      }
     }
   }
 }
@@ -226,8 +282,8 @@ __device__ void load_tile(T* tile, int rows, const T* base, i64 first, i64 limit
 
 // ---- kernels ---------------------------------------------------------------
 
-template <class T, int D>
-__global__ void __launch_bounds__(kWarps * 32, kMinBlocks<D>)
+template <class T, int D, bool Tuned>
+__global__ void __launch_bounds__(kWarps * 32, kMinBlocks<D, Tuned>)
     fwd_tc_kernel(const T* qkv, T* out, float* lse, AttentionLayout L, float scale, bool causal) {
   constexpr int S = D + kPad, kKeys = 64, kDt = D / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -244,9 +300,10 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks<D>)
 
   load_tile<T, D>(qs, kRows, qkv + L.q(b, 0, h), q0, L.T, L.W);
   __syncthreads();
-  // The warp's Q fragments stay in registers for every key tile.
-  std::uint32_t qa[D / 16][4];
-  for (int kk = 0; kk < D / 16; ++kk) load_a(qa[kk], qs, S, warp * 16, kk * 16, lane);
+  // Tuned, the warp's Q fragments stay in registers for every key tile.
+  std::uint32_t qa[Tuned ? D / 16 : 1][4];
+  if constexpr (Tuned)
+    for (int kk = 0; kk < D / 16; ++kk) load_a<Tuned>(qa[kk], qs, S, warp * 16, kk * 16, lane);
   float o[kDt][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   const i64 last = causal ? min(L.T - 1, q0 + kRows - 1) : L.T - 1;
@@ -257,17 +314,15 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks<D>)
     load_tile<T, D>(vs, kKeys, qkv + L.v(b, 0, g), k0, L.T, L.W);
     __syncthreads();
     float s[kKeys / 8][4] = {};
-    for (int kk = 0; kk < D / 16; ++kk)
-      for (int n = 0; n < kKeys / 8; n += 2) {
-        std::uint32_t b0[2], b1[2];
-        load_b_rows(b0, b1, ks, S, n * 8, kk * 16, lane);
-        mma<T>(s[n], qa[kk], b0);
-        mma<T>(s[n + 1], qa[kk], b1);
-      }
+    for (int kk = 0; kk < D / 16; ++kk) {
+      std::uint32_t* a = qa[Tuned ? kk : 0];
+      if constexpr (!Tuned) load_a<Tuned>(a, qs, S, warp * 16, kk * 16, lane);
+      score_tiles<Tuned, T, kKeys>(s, a, ks, S, kk * 16, lane);
+    }
     float mx[2] = {m[0], m[1]};
     // Only a tile that crosses the diagonal or the sequence's end masks
     // (warp-uniform): elsewhere every key is read, and the scores are the same.
-    const bool masked = (causal && k0 + kKeys - 1 > first_row) || k0 + kKeys > L.T;
+    const bool masked = !Tuned || (causal && k0 + kKeys - 1 > first_row) || k0 + kKeys > L.T;
     for (int n = 0; n < kKeys / 8; ++n)
       for (int e = 0; e < 4; ++e) {
         if (masked) {
@@ -309,8 +364,8 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks<D>)
   }
 }
 
-template <class T, int D>
-__global__ void __launch_bounds__(kWarps * 32, kMinBlocks<D>)
+template <class T, int D, bool Tuned>
+__global__ void __launch_bounds__(kWarps * 32, kMinBlocks<D, Tuned>)
     dq_tc_kernel(const T* dout, const T* qkv, const float* lse, const float* di, T* dqkv, AttentionLayout L,
                  float scale, bool causal) {
   constexpr int S = D + kPad, kKeys = kInner<D>, kDt = D / 8;
@@ -342,10 +397,11 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks<D>)
     load_tile<T, D>(vs, kKeys, qkv + L.v(b, 0, g), k0, L.T, L.W);
     __syncthreads();
     float s[kKeys / 8][4] = {}, dp[kKeys / 8][4] = {};
-    two_score_products<T, D, kKeys>(s, dp, qs, dos, ks, vs, S, warp, lane);
+    two_score_products<Tuned, T, D, kKeys>(s, dp, qs, dos, ks, vs, S, warp, lane);
     // Masks only on a tile that crosses the diagonal (or, not causal, the
     // sequence's end) or holds rows past T (warp-uniform); the rest is the same arithmetic.
-    const bool masked = (causal ? k0 + kKeys - 1 > first_row : k0 + kKeys > L.T) || first_row + 15 >= L.T;
+    const bool masked =
+        !Tuned || (causal ? k0 + kKeys - 1 > first_row : k0 + kKeys > L.T) || first_row + 15 >= L.T;
     for (int n = 0; n < kKeys / 8; ++n)
       for (int e = 0; e < 4; ++e) {
         const int r = e >> 1;
@@ -365,8 +421,8 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks<D>)
   }
 }
 
-template <class T, int D>
-__global__ void __launch_bounds__(kWarps * 32, kMinBlocks<D> - 1)
+template <class T, int D, bool Tuned>
+__global__ void __launch_bounds__(kWarps * 32, Tuned ? kMinBlocks<D, Tuned> - 1 : 0)
     dkv_tc_kernel(const T* dout, const T* qkv, const float* lse, const float* di, T* dqkv, AttentionLayout L,
                   float scale, bool causal) {
   constexpr int S = D + kPad, kQueries = kInner<D>, kDt = D / 8;
@@ -401,10 +457,10 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks<D> - 1)
       }
       __syncthreads();
       float s[kQueries / 8][4] = {}, dp[kQueries / 8][4] = {};  // Sᵀ, dPᵀ (keys x queries)
-      two_score_products<T, D, kQueries>(s, dp, ks, vs, qs, dos, S, warp, lane);
+      two_score_products<Tuned, T, D, kQueries>(s, dp, ks, vs, qs, dos, S, warp, lane);
       // Masks only where a query of the tile precedes one of the warp's keys
       // (causal) or lies past T (warp-uniform); keys past T are never written.
-      const bool masked = (causal && q0 < first_key + 15) || q0 + kQueries > L.T;
+      const bool masked = !Tuned || (causal && q0 < first_key + 15) || q0 + kQueries > L.T;
       for (int n = 0; n < kQueries / 8; ++n)
         for (int e = 0; e < 4; ++e) {
           const int col = n * 8 + 2 * tq + (e & 1);
@@ -447,16 +503,16 @@ unsigned row_blocks(const AttentionShape& d) {
   return static_cast<unsigned>((d.T + kRows - 1) / kRows);
 }
 
-template <class T, int D>
+template <class T, int D, bool Tuned>
 cudaError_t forward(const void* qkv, void* out, float* lse, const AttentionShape& d, bool causal,
                     cudaStream_t s) {
   const std::size_t smem = sizeof(T) * (3 * kRows * (D + kPad));
-  return launch_with_smem(fwd_tc_kernel<T, D>, dim3(row_blocks(d), static_cast<unsigned>(d.B * d.H)),
+  return launch_with_smem(fwd_tc_kernel<T, D, Tuned>, dim3(row_blocks(d), static_cast<unsigned>(d.B * d.H)),
                           kWarps * 32, smem, s, static_cast<const T*>(qkv), static_cast<T*>(out),
                           lse, attention_layout(d), d.scale, causal);
 }
 
-template <class T, int D>
+template <class T, int D, bool Tuned>
 cudaError_t backward(const void* dout, const void* qkv, const float* lse, const float* di,
                      void* dqkv, const AttentionShape& d, bool causal, cudaStream_t s) {
   const AttentionLayout L = attention_layout(d);
@@ -464,13 +520,34 @@ cudaError_t backward(const void* dout, const void* qkv, const float* lse, const 
   const T* pq = static_cast<const T*>(qkv);
   T* pdq = static_cast<T*>(dqkv);
   const std::size_t tiles = sizeof(T) * (2 * kRows + 2 * kInner<D>) * (D + kPad);
-  cudaError_t e = launch_with_smem(dq_tc_kernel<T, D>,
+  cudaError_t e = launch_with_smem(dq_tc_kernel<T, D, Tuned>,
                                    dim3(row_blocks(d), static_cast<unsigned>(d.B * d.H)),
                                    kWarps * 32, tiles, s, pd, pq, lse, di, pdq, L, d.scale, causal);
   if (e != cudaSuccess) return e;
-  return launch_with_smem(dkv_tc_kernel<T, D>, dim3(row_blocks(d), static_cast<unsigned>(d.B * d.G)),
+  return launch_with_smem(dkv_tc_kernel<T, D, Tuned>, dim3(row_blocks(d), static_cast<unsigned>(d.B * d.G)),
                           kWarps * 32, tiles + sizeof(float) * 2 * kInner<D>, s, pd, pq, lse, di,
                           pdq, L, d.scale, causal);
+}
+
+// The storage type and head dim as template arguments.
+template <bool Tuned>
+cudaError_t forward_tc(const void* qkv, void* out, float* lse, const AttentionShape& d, bool causal, int dtype,
+                       cudaStream_t s) {
+  if (dtype == 1)
+    return d.D == 64 ? forward<__nv_bfloat16, 64, Tuned>(qkv, out, lse, d, causal, s)
+                     : forward<__nv_bfloat16, 128, Tuned>(qkv, out, lse, d, causal, s);
+  return d.D == 64 ? forward<__half, 64, Tuned>(qkv, out, lse, d, causal, s)
+                   : forward<__half, 128, Tuned>(qkv, out, lse, d, causal, s);
+}
+
+template <bool Tuned>
+cudaError_t backward_tc(const void* dout, const void* qkv, const float* lse, const float* di, void* dqkv,
+                        const AttentionShape& d, bool causal, int dtype, cudaStream_t s) {
+  if (dtype == 1)
+    return d.D == 64 ? backward<__nv_bfloat16, 64, Tuned>(dout, qkv, lse, di, dqkv, d, causal, s)
+                     : backward<__nv_bfloat16, 128, Tuned>(dout, qkv, lse, di, dqkv, d, causal, s);
+  return d.D == 64 ? backward<__half, 64, Tuned>(dout, qkv, lse, di, dqkv, d, causal, s)
+                   : backward<__half, 128, Tuned>(dout, qkv, lse, di, dqkv, d, causal, s);
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
@@ -489,22 +566,16 @@ bool attention_tc_supported(const AttentionShape& d, int dtype, const AttentionT
 }
 
 cudaError_t attention_forward_tc(const void* qkv, void* out, float* lse, const AttentionShape& d,
-                                 bool causal, int dtype, cudaStream_t s) {
-  if (dtype == 1)
-    return d.D == 64 ? forward<__nv_bfloat16, 64>(qkv, out, lse, d, causal, s)
-                     : forward<__nv_bfloat16, 128>(qkv, out, lse, d, causal, s);
-  return d.D == 64 ? forward<__half, 64>(qkv, out, lse, d, causal, s)
-                   : forward<__half, 128>(qkv, out, lse, d, causal, s);
+                                 bool causal, bool tuned, int dtype, cudaStream_t s) {
+  return tuned ? forward_tc<true>(qkv, out, lse, d, causal, dtype, s)
+               : forward_tc<false>(qkv, out, lse, d, causal, dtype, s);
 }
 
 cudaError_t attention_backward_tc(const void* dout, const void* qkv, const float* lse,
                                   const float* di, void* dqkv, const AttentionShape& d,
-                                  bool causal, int dtype, cudaStream_t s) {
-  if (dtype == 1)
-    return d.D == 64 ? backward<__nv_bfloat16, 64>(dout, qkv, lse, di, dqkv, d, causal, s)
-                     : backward<__nv_bfloat16, 128>(dout, qkv, lse, di, dqkv, d, causal, s);
-  return d.D == 64 ? backward<__half, 64>(dout, qkv, lse, di, dqkv, d, causal, s)
-                   : backward<__half, 128>(dout, qkv, lse, di, dqkv, d, causal, s);
+                                  bool causal, bool tuned, int dtype, cudaStream_t s) {
+  return tuned ? backward_tc<true>(dout, qkv, lse, di, dqkv, d, causal, dtype, s)
+               : backward_tc<false>(dout, qkv, lse, di, dqkv, d, causal, dtype, s);
 }
 
 }  // namespace meshtrain::cuda::kernels

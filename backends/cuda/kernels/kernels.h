@@ -224,6 +224,12 @@ struct AttentionTerms {
   const float* mask = nullptr;  // (W, T, T) f32: batch entry b adds window b mod W
   i64 windows = 1;              // W
   float* dscores = nullptr;     // backward: (B, H, T, T) f32 receives every dS, or null
+  // The tensor-core path's tuned kernels (attention_tc.cu: ldmatrix loads,
+  // Q kept in registers, masks only where a tile needs them, occupancy held
+  // by launch bounds) instead of the reference ones. Same arithmetic, so the
+  // same bits by construction; off until a GPU run has verified exactly that
+  // (CudaOptions::tuned_attention).
+  bool tuned_tc = false;
   // Nothing beyond the causal flag: the tensor-core kernels' case.
   bool plain() const { return bias == nullptr && mask == nullptr && dscores == nullptr; }
 };
@@ -255,9 +261,9 @@ cudaError_t attention_dbias(const float* dscores, float* dbias, i64 B, i64 H, i6
 bool attention_tc_supported(const AttentionShape& d, int dtype, const AttentionTerms& terms,
                             std::initializer_list<const void*> tensors);
 cudaError_t attention_forward_tc(const void* qkv, void* out, float* lse, const AttentionShape& d,
-                                 bool causal, int dtype, cudaStream_t s);
+                                 bool causal, bool tuned, int dtype, cudaStream_t s);
 cudaError_t attention_backward_tc(const void* dout, const void* qkv, const float* lse,
                                   const float* di, void* dqkv, const AttentionShape& d,
-                                  bool causal, int dtype, cudaStream_t s);
+                                  bool causal, bool tuned, int dtype, cudaStream_t s);
 
 }  // namespace meshtrain::cuda::kernels
