@@ -95,15 +95,29 @@ Status probe_output_file(const std::string& path, std::string_view what) {
 }
 
 Status write_output_file(const std::string& path, std::string_view text, std::string_view what) {
+  if (path.empty()) return make_error("the {} path is empty; name a file", what);
   bool existed = false;
-  MT_ASSIGN(Fd fd, open_output(path, what, O_TRUNC, existed));
+  // The file as it is (a regular one, or none), checked as the probe checks it.
+  { MT_ASSIGN(Fd probe, open_output(path, what, 0, existed)); }
+  if (!existed) ::unlink(path.c_str());
+  // Written beside it under a temporary name and renamed over it, so a failure
+  // part-way (a full disk, a signal) leaves the old file whole.
+  const std::string tmp = fmt::format("{}.tmp-{}", path, ::getpid());
+  Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
+  if (fd.get() < 0) return make_error("cannot write {} '{}': {}", what, tmp, std::strerror(errno));
+  auto fail = [&](const char* doing) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    return make_error("{} {} '{}' failed: {}", doing, what, path, std::strerror(err));
+  };
   for (std::size_t done = 0; done < text.size();) {
     const ssize_t w = ::write(fd.get(), text.data() + done, text.size() - done);
     if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return make_error("writing {} '{}' failed: {}", what, path, std::strerror(errno));
+    if (w <= 0) return fail("writing");
     done += static_cast<std::size_t>(w);
   }
-  if (!fd.close()) return make_error("writing {} '{}' failed: {}", what, path, std::strerror(errno));
+  if (::fsync(fd.get()) != 0 || !fd.close()) return fail("writing");
+  if (::rename(tmp.c_str(), path.c_str()) != 0) return fail("replacing");
   return ok_status();
 }
 

@@ -30,10 +30,12 @@ Result<std::string> read_input_file(const std::string& path, std::string_view wh
 // not exist is created and removed again.
 Status probe_output_file(const std::string& path, std::string_view what);
 
-// Writes `text` to `path` (created or truncated): the one path every output
+// Writes `text` to `path` (created or replaced): the one path every output
 // a user names takes (plan --out, traces, calibrations). Like the probe, only
-// a regular file or a new one is written, and the open does not block, so a
-// FIFO with no reader is refused instead of hanging; errors carry the OS's reason.
+// a regular file or a new one is written, so a FIFO is refused instead of
+// hanging; the text goes to a temporary file beside it (PATH.tmp-PID), flushed
+// to disk, then renamed over `path`, so a failure leaves the old file whole.
+// An empty path is refused; errors carry the OS's reason.
 Status write_output_file(const std::string& path, std::string_view text, std::string_view what);
 
 // "a directory", "a FIFO (named pipe)", "a character device", ... for the

@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 
 #include "engine/cli/commands.h"
+#include "engine/cli/path_guard.h"
 #include "engine/stop_request.h"
 
 int main(int argc, char** argv) {
@@ -26,9 +27,10 @@ int main(int argc, char** argv) {
     if (!command.app->parsed()) continue;
     // Errors are values; an exception here is a bug or the process out of
     // memory, and still ends with a message rather than an abort.
-    meshtrain::Status status;
+    // What the command writes must not destroy what it reads: one check for every command.
+    meshtrain::Status status = meshtrain::check_command_paths(*command.app);
     try {
-      status = command.run();
+      if (status.ok()) status = command.run();
     } catch (const std::bad_alloc&) {
       status = meshtrain::make_error("out of memory; use a smaller model, batch or sequence, or more ranks");
     } catch (const std::exception& e) {

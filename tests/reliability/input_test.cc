@@ -126,3 +126,31 @@ TEST_CASE("host memory: a request beyond the machine is refused with both figure
   CHECK_THAT(s.error().message(), Catch::Contains("training model 'm' needs about 888.18 PiB, but this machine has") &&
                                       Catch::Contains("of memory; use a smaller model"));
 }
+
+TEST_CASE("an output is replaced whole or not at all", "[reliability][input]") {
+  const fs::path p = scratch("replaced.json");
+  std::ofstream(p) << "old contents\n";
+  REQUIRE(write_output_file(p.string(), "new contents\n", "test output").ok());
+  std::ifstream in(p);
+  std::string line;
+  std::getline(in, line);
+  CHECK(line == "new contents");
+  // Nothing is left beside it: the temporary was renamed onto it.
+  int beside = 0;
+  for (const auto& e : fs::directory_iterator(p.parent_path()))
+    if (e.path().filename().string().starts_with("replaced.json")) ++beside;
+  CHECK(beside == 1);
+  // A write that cannot finish (its temporary's name is taken by a folder)
+  // fails with the reason and leaves the old file as it was.
+  fs::create_directory(p.string() + ".tmp-" + std::to_string(::getpid()));
+  const Status s = write_output_file(p.string(), "newer contents\n", "test output");
+  REQUIRE_FALSE(s.ok());
+  CHECK_THAT(s.error().message(), Catch::Contains("test output"));
+  std::ifstream again(p);
+  std::getline(again, line);
+  CHECK(line == "new contents");
+  fs::remove(p.string() + ".tmp-" + std::to_string(::getpid()));
+  const Status empty = write_output_file("", "x", "test output");
+  REQUIRE_FALSE(empty.ok());
+  CHECK_THAT(empty.error().message(), Catch::Contains("empty"));
+}
