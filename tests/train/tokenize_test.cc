@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/checkpoint.h"
 #include "engine/token_dataset.h"
 #include "engine/tokenizer.h"
 #include "tests/run_meshtrain.h"
@@ -266,4 +267,52 @@ TEST_CASE("train --tokenizer: the checkpoint keeps the tokenizer the model was t
                                  " --steps 1 --tokenizer " + bpe400());
   CHECK(too_small.status != 0);
   CHECK_THAT(too_small.out, Catch::Contains("400 pieces") && Catch::Contains("vocab 300"));
+}
+
+TEST_CASE("a checkpoint's tokenizer copy is verified on load and removed when no manifest names it") {
+  const fs::path dir = scratch("ckpt-unit");
+  fs::create_directories(dir);
+  // A directory holding only a tokenizer copy (a run stopped before its first commit) is still ours.
+  auto installed = install_checkpoint_tokenizer(dir.string(), bpe400(), 400);
+  REQUIRE(installed.ok());
+  CHECK(installed->file.starts_with("tokenizer-"));
+  const std::string model = read_file(bpe400());
+  CHECK(installed->bytes == model.size());
+  CHECK(installed->crc32 == checkpoint_crc32({reinterpret_cast<const std::uint8_t*>(model.data()), model.size()}));
+  CHECK(read_file(dir / installed->file) == model);
+  REQUIRE(claim_checkpoint_dir(dir.string(), CheckpointUse::fresh).ok());
+
+  auto commit = [&](bool with_tokenizer) {
+    CheckpointWriter w;
+    w.set_step(1);
+    w.set_rng({{"seed", 1}});
+    if (with_tokenizer) w.set_tokenizer(*installed);
+    REQUIRE(w.add_tensor("rank0/w", {2}, {1.f, 2.f}).ok());
+    const Status s = w.commit(dir.string());
+    INFO((s.ok() ? std::string() : s.error().message()));
+    REQUIRE(s.ok());
+  };
+  commit(true);
+  auto loaded = load_checkpoint(dir.string());
+  REQUIRE(loaded.ok());
+  REQUIRE(loaded->meta.tokenizer.has_value());
+  CHECK(loaded->meta.tokenizer->file == installed->file);
+  CHECK(loaded->meta.tokenizer->crc32 == installed->crc32);
+  CHECK(loaded->meta.tokenizer->vocab == 400);
+
+  const fs::path copy = dir / installed->file;
+  const std::string good = read_file(copy);
+  std::string bad = good;
+  bad[bad.size() / 2] ^= 0x20;
+  std::ofstream(copy, std::ios::binary) << bad;
+  auto damaged = load_checkpoint(dir.string());
+  REQUIRE_FALSE(damaged.ok());
+  CHECK_THAT(damaged.error().message(), Catch::Contains("checkpoint tokenizer") && Catch::Contains(bpe400()));
+  std::ofstream(copy, std::ios::binary) << good;
+
+  commit(false);
+  CHECK_FALSE(fs::exists(copy));
+  auto without = load_checkpoint(dir.string());
+  REQUIRE(without.ok());
+  CHECK_FALSE(without->meta.tokenizer.has_value());
 }
