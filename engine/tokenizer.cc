@@ -121,7 +121,8 @@ Result<std::vector<std::uint32_t>> Tokenizer::encode(std::string_view text) cons
 
 Result<std::string> Tokenizer::decode(std::span<const std::uint32_t> ids) const {
   const auto vocab = static_cast<std::uint32_t>(vocab_size());
-  const int newline = sp_->PieceToId(kNewline);
+  // PieceToId answers <unk>'s id for a model without the newline piece: -1 then matches no id.
+  const int newline = sp_->IdToPiece(sp_->PieceToId(kNewline)) == kNewline ? sp_->PieceToId(kNewline) : -1;
   std::string out, line;
   std::vector<int> part;
   // Each line decodes alone, as encode made it (its leading "▁" is the dummy prefix).
@@ -138,7 +139,7 @@ Result<std::string> Tokenizer::decode(std::span<const std::uint32_t> ids) const 
       return make_error("token {} is id {}, but tokenizer '{}' has {} pieces; the tokens were made by another "
                         "tokenizer: decode them with that one",
                         i, ids[i], path_, vocab);
-    if (static_cast<int>(ids[i]) == newline && sp_->IdToPiece(newline) == kNewline) {
+    if (static_cast<int>(ids[i]) == newline) {
       MT_TRY(flush());
       out += '\n';
     } else {
