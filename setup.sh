@@ -13,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 packages=(cmake ninja-build g++ pkg-config catch2 libtbb-dev libboost-graph-dev libopenmpi-dev openmpi-bin
-          nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev libopenblas-dev zlib1g-dev
+          nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev libopenblas-dev zlib1g-dev libsentencepiece-dev
           dataset-fashion-mnist)
 missing=()
 for p in "${packages[@]}"; do

@@ -106,24 +106,36 @@ bool is_payload_name(const std::string& name) {
   return name.starts_with("payload-") && (name.ends_with(".bin") || name.ends_with(".bin.tmp"));
 }
 
+// tokenizer-<crc32>.model: the copy of a run's tokenizer (no '/': it names a file in the directory).
+bool is_tokenizer_name(const std::string& name) {
+  return name.starts_with("tokenizer-") && name.ends_with(".model") && name.find('/') == std::string::npos;
+}
+
 bool is_temporary_name(const std::string& name) {
   return name == kManifestTmp || (name.starts_with("payload-") && name.ends_with(".bin.tmp")) ||
+         (name.starts_with("tokenizer-") && name.ends_with(".model.tmp")) ||
          (name.starts_with(".write-probe-") && name.ends_with(".tmp"));
 }
 
 // Every name a checkpoint directory holds of ours.
 bool is_our_name(const std::string& name) {
-  return name == kManifest || name == kLockFile || is_payload_name(name) || is_temporary_name(name);
+  return name == kManifest || name == kLockFile || is_payload_name(name) || is_tokenizer_name(name) ||
+         is_temporary_name(name);
 }
 
 // Removes what an interrupted commit left: temporaries, and payloads that are
-// not the live one (when the manifest names it; otherwise none are touched).
-void remove_leftovers(const fs::path& dir, const std::string& live_payload) {
+// not the live one (when the manifest names it; otherwise none are touched),
+// and, given the live manifest's tokenizer file ("" for none), other tokenizer
+// copies. Only a commit whose own manifest is durable passes the tokenizer: a
+// run's new copy lies unnamed until its first commit.
+void remove_leftovers(const fs::path& dir, const std::string& live_payload,
+                      const std::string* live_tokenizer = nullptr) {
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
     const bool stale_payload = !live_payload.empty() && is_payload_name(name) && name != live_payload;
-    if (is_temporary_name(name) || stale_payload) fs::remove(entry.path(), ec);
+    const bool stale_tokenizer = live_tokenizer != nullptr && is_tokenizer_name(name) && name != *live_tokenizer;
+    if (is_temporary_name(name) || stale_payload || stale_tokenizer) fs::remove(entry.path(), ec);
   }
 }
 
@@ -274,6 +286,11 @@ Status CheckpointWriter::commit(const std::string& dir_name) const {
                              {"payload", {{"file", payload}, {"bytes", offset}, {"crc32", crc}}},
                              {"tensors", std::move(tensors)}};
   if (!meta_.run.is_null()) manifest["run"] = meta_.run;
+  if (meta_.tokenizer) {
+    const CheckpointTokenizer& t = *meta_.tokenizer;
+    manifest["tokenizer"] = {
+        {"file", t.file}, {"source", t.source}, {"bytes", t.bytes}, {"crc32", t.crc32}, {"vocab", t.vocab}};
+  }
   manifest["manifest_crc32"] = manifest_crc(manifest);
   const std::string text = manifest.dump(2) + "\n";
   if (Status s = write_durably(dir / kManifest, {{text.data(), text.size()}}); !s.ok()) {
@@ -282,8 +299,9 @@ Status CheckpointWriter::commit(const std::string& dir_name) const {
   }
   MT_TRY(fsync_dir(dir));
 
-  // The new manifest is durable: older payloads are garbage now.
-  remove_leftovers(dir, payload);
+  // The new manifest is durable: older payloads and tokenizer copies are garbage now.
+  const std::string tokenizer = meta_.tokenizer ? meta_.tokenizer->file : std::string();
+  remove_leftovers(dir, payload, &tokenizer);
   return fsync_dir(dir);
 }
 
@@ -332,6 +350,22 @@ Result<CheckpointManifest> parse_checkpoint_manifest(std::string_view text, cons
     m.meta.plan = fields.at("plan");
     m.meta.rng = fields.at("rng");
     if (fields.has("run")) m.meta.run = fields.at("run");
+    if (fields.has("tokenizer")) {
+      MT_ASSIGN(const JsonFields tf, JsonFields::of(fields.at("tokenizer"), "field 'tokenizer'",
+                                                    "field 'tokenizer' must be an object"));
+      for (const char* key : {"file", "source", "bytes", "crc32", "vocab"})
+        if (!tf.has(key)) return make_error("field 'tokenizer' needs file, source, bytes, crc32 and vocab");
+      CheckpointTokenizer t;
+      MT_TRY(tf.get_string("file", t.file));
+      MT_TRY(tf.get_string("source", t.source));
+      MT_TRY(tf.get_uint64("bytes", std::uint64_t{1} << 40, t.bytes));
+      MT_TRY(tf.get_int("crc32", IntRange{0, 0xffffffff}, t.crc32));
+      MT_TRY(tf.get_int("vocab", IntRange{1, 1 << 30}, t.vocab));
+      if (!is_tokenizer_name(t.file))
+        return make_error("field 'tokenizer': file '{}' is not a tokenizer copy's name (tokenizer-<crc32>.model)",
+                          t.file);
+      m.meta.tokenizer = std::move(t);
+    }
     MT_TRY(fields.get_int("step", IntRange{0, std::int64_t{1} << 62}, m.meta.step));
     MT_ASSIGN(m.meta.data_loader, loader_state_from_json(fields.at("data_loader")));
     MT_ASSIGN(const JsonFields payload, JsonFields::of(fields.at("payload"), "field 'payload'",
@@ -385,6 +419,30 @@ Result<CheckpointManifest> parse_checkpoint_manifest(std::string_view text, cons
                       expect_offset, m.payload, m.payload_bytes, kRefuse);
   }
   return m;
+}
+
+Result<CheckpointManifest> read_checkpoint_manifest(const std::string& dir) {
+  const std::string path = (fs::path(dir) / kManifest).string();
+  MT_ASSIGN(const std::string text, read_input_file(path, "checkpoint manifest"));
+  return parse_checkpoint_manifest(text, path);
+}
+
+Result<CheckpointTokenizer> install_checkpoint_tokenizer(const std::string& dir_name, const std::string& source,
+                                                         int vocab) {
+  MT_ASSIGN(const std::string bytes, read_input_file(source, "tokenizer model"));
+  CheckpointTokenizer t;
+  t.source = source;
+  t.bytes = bytes.size();
+  t.crc32 = crc_update(0, bytes.data(), bytes.size());
+  t.vocab = vocab;
+  t.file = fmt::format("tokenizer-{:08x}.model", t.crc32);
+  const fs::path dir(dir_name), path = dir / t.file;
+  // A copy with this content is there already (a resumed or repeated run): keep it.
+  auto there = read_input_file(path.string(), "checkpoint tokenizer");
+  if (there.ok() && *there == bytes) return t;
+  MT_TRY(write_durably(path, {{bytes.data(), bytes.size()}}));
+  MT_TRY(fsync_dir(dir));
+  return t;
 }
 
 std::uint32_t checkpoint_manifest_crc(const nlohmann::json& manifest_without_crc) {
@@ -456,6 +514,17 @@ Result<Checkpoint> load_checkpoint(const std::string& dir_name) {
     return make_error(
         "checkpoint payload '{}' is corrupted: crc32 expected {:#010x}, actual {:#010x}; {}",
         payload_path.string(), payload_crc, crc, kRefuse);
+  }
+  if (c.meta.tokenizer) {
+    const CheckpointTokenizer& t = *c.meta.tokenizer;
+    const fs::path path = dir / t.file;
+    MT_ASSIGN(const std::string bytes, read_input_file(path.string(), "checkpoint tokenizer")
+                                           .context(fmt::format("checkpoint in '{}' names a tokenizer copy", dir_name)));
+    const std::uint32_t actual = crc_update(0, bytes.data(), bytes.size());
+    if (bytes.size() != t.bytes || actual != t.crc32)
+      return make_error("checkpoint tokenizer '{}' is {} bytes with crc32 {:#010x}, the manifest expects {} bytes "
+                        "with crc32 {:#010x} (overwritten or damaged); copy '{}' back there, or {}",
+                        path.string(), bytes.size(), actual, t.bytes, t.crc32, t.source, kRefuse);
   }
   return c;
 }

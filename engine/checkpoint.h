@@ -7,8 +7,9 @@
 // plan (plan_to_json, seq_len resolved against the model), step, data_loader
 // (LoaderState), rng (free-form JSON the trainer owns), payload {file, bytes,
 // crc32} and tensors [{name, dtype "f32", shape, offset, bytes}] in payload
-// order, plus manifest_crc32: zlib crc32 of the compact dump of every other
-// field, so an edited or damaged manifest is caught as surely as the payload.
+// order, optionally tokenizer {file, source, bytes, crc32, vocab} (below),
+// plus manifest_crc32: zlib crc32 of the compact dump of every other field, so
+// an edited or damaged manifest is caught as surely as the payload.
 //
 // Tensor names carry the rank: "rank0/layers.0.attn.qkv.weight",
 // "rank0/adam_m/layers.0.attn.qkv.weight", "rank0/adam_v/...". One writer holds
@@ -30,6 +31,14 @@
 //  * Only files with these names (and meshtrain.lock) are touched, so the
 //    directory may hold other things (a metrics file, logs) beside a checkpoint.
 //
+// A run trained on tokens of a SentencePiece model (`train --tokenizer`)
+// keeps a copy of that model in the directory, DIR/tokenizer-<crc32>.model,
+// and its manifest names it, so that whatever reads the checkpoint decodes
+// with the tokenizer the model was trained with. The copy is written like a
+// payload (temporary, fsync, rename) under a name given by its content, so a
+// live manifest's tokenizer is never overwritten; a commit whose manifest
+// names no tokenizer file (or another) removes the others once it is durable.
+//
 // A run claims its directory first (claim_checkpoint_dir): an exclusive lock
 // (flock on DIR/meshtrain.lock, released when the process ends, kill -9
 // included) so that two runs never write one checkpoint, and a look at what
@@ -39,6 +48,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <span>
 #include <string>
@@ -61,6 +71,15 @@ struct CheckpointTensor {
   std::vector<float> data;  // prod(shape) elements
 };
 
+// The tokenizer a checkpoint's model was trained with.
+struct CheckpointTokenizer {
+  std::string file;    // its copy's name in the checkpoint directory
+  std::string source;  // the path it was copied from (for messages)
+  std::uint64_t bytes = 0;
+  std::uint32_t crc32 = 0;  // checkpoint_crc32 of its bytes: the same file is the same tokenizer
+  int vocab = 0;            // its pieces
+};
+
 struct CheckpointMeta {
   nlohmann::json model;  // model_to_json of the run that wrote it
   nlohmann::json plan;   // checkpoint_plan_json of that run
@@ -70,6 +89,7 @@ struct CheckpointMeta {
   // What the run was (data file, learning-rate schedule, ...), free-form like
   // rng, for --resume's checks; null in checkpoints written before it existed.
   nlohmann::json run;
+  std::optional<CheckpointTokenizer> tokenizer;  // absent: trained without --tokenizer
 };
 
 struct Checkpoint {
@@ -88,6 +108,8 @@ class CheckpointWriter {
   void set_data_loader(const LoaderState& s) { meta_.data_loader = s; }
   void set_rng(nlohmann::json rng) { meta_.rng = std::move(rng); }
   void set_run(nlohmann::json run) { meta_.run = std::move(run); }
+  // The tokenizer, already copied into the directory (install_checkpoint_tokenizer).
+  void set_tokenizer(CheckpointTokenizer t) { meta_.tokenizer = std::move(t); }
 
   // Takes the host copy of one tensor. Errors on a duplicate name or when
   // data.size() != prod(shape).
@@ -110,6 +132,11 @@ bool has_checkpoint(const std::string& dir);
 // corrupted or missing file is refused naming the file and expected vs actual.
 Result<Checkpoint> load_checkpoint(const std::string& dir);
 
+// Copies the tokenizer model `source` (of `vocab` pieces) into `dir` as
+// tokenizer-<crc32>.model, durably, and returns the record a writer is given.
+// A copy already there with that content is kept as it is.
+Result<CheckpointTokenizer> install_checkpoint_tokenizer(const std::string& dir, const std::string& source, int vocab);
+
 // A manifest's content, verified (checksum, format, version, every field's
 // type and range, tensors tiling the payload) but without its payload.
 struct CheckpointManifest {
@@ -127,6 +154,8 @@ struct CheckpointManifest {
 // `path` names the manifest in errors. What load_checkpoint reads first; the
 // fuzz target (tests/fuzz) feeds it arbitrary text.
 Result<CheckpointManifest> parse_checkpoint_manifest(std::string_view text, const std::string& path);
+// DIR/manifest.json, read and parsed (without loading the payload).
+Result<CheckpointManifest> read_checkpoint_manifest(const std::string& dir);
 // The manifest_crc32 a manifest (without that field) must carry: lets tests
 // and the fuzz target write manifests that pass the checksum.
 std::uint32_t checkpoint_manifest_crc(const nlohmann::json& manifest_without_crc);

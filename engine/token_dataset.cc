@@ -287,6 +287,61 @@ Result<TokenDataset> load_token_dataset(const DataSource& s, int seq_len) {
   return d;
 }
 
+Status write_llmc_tokens(const std::string& path, std::span<const std::uint32_t> ids, std::uint32_t vocab) {
+  if (ids.size() > static_cast<std::size_t>(std::numeric_limits<std::int32_t>::max()))
+    return make_error("{} tokens do not fit an llm.c token file (its header counts them in an int32, at most {}); "
+                      "split the text into several files",
+                      ids.size(), std::numeric_limits<std::int32_t>::max());
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    if (ids[i] >= vocab) return make_error("token {} is id {}, past the vocabulary of {}", i, ids[i], vocab);
+  const bool narrow = vocab <= 65536;
+  std::vector<std::int32_t> header(kLlmcHeaderBytes / 4, 0);
+  header[0] = narrow ? kLlmcMagicGpt2 : kLlmcMagicLlama3;
+  header[1] = narrow ? kLlmcVersionGpt2 : kLlmcVersionLlama3;
+  header[2] = static_cast<std::int32_t>(ids.size());
+  std::vector<std::uint16_t> ids16;
+  if (narrow) ids16.assign(ids.begin(), ids.end());
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) return make_error("cannot create token file '{}': {}; pass a writable --out path", tmp, std::strerror(errno));
+    out.write(reinterpret_cast<const char*>(header.data()), static_cast<std::streamsize>(kLlmcHeaderBytes));
+    if (narrow)
+      out.write(reinterpret_cast<const char*>(ids16.data()), static_cast<std::streamsize>(2 * ids16.size()));
+    else
+      out.write(reinterpret_cast<const char*>(ids.data()), static_cast<std::streamsize>(4 * ids.size()));
+    out.close();
+    if (!out) {
+      const std::string why = std::strerror(errno);
+      std::error_code ec;
+      std::filesystem::remove(tmp, ec);
+      return make_error("cannot write token file '{}': {}", tmp, why);
+    }
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    std::filesystem::remove(tmp, ec);
+    return make_error("cannot rename '{}' to '{}': {}", tmp, path, ec.message());
+  }
+  return ok_status();
+}
+
+Result<std::vector<std::uint32_t>> read_llmc_tokens(const std::string& path) {
+  if (!is_file(path)) return make_error("token file '{}' does not exist or is not a regular file", path);
+  if (!is_llmc_magic(leading_int32(path)))
+    return make_error("'{}' is not an llm.c token file (it does not start with magic {} or {}); pass a file that "
+                      "`meshtrain tokenize encode` wrote",
+                      path, kLlmcMagicGpt2, kLlmcMagicLlama3);
+  TokenDataset d;
+  d.path = d.tokens_file = path;
+  MT_ASSIGN(d.file, MappedFile::open(path, "token file"));
+  MT_TRY(load_llmc(d));
+  std::vector<std::uint32_t> ids(d.tokens.size());
+  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = d.tokens[i];
+  return ids;
+}
+
 Status check_token_vocab(const TokenDataset& d, int vocab, const std::string& model) {
   if (d.max_id < static_cast<std::uint32_t>(vocab)) return ok_status();
   // Only a refusal pays for the second pass that finds where.

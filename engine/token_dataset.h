@@ -110,6 +110,17 @@ struct TokenDataset {
 // `seq_len` in each split.
 Result<TokenDataset> load_token_dataset(const DataSource& s, int seq_len);
 
+// Writes an llm.c token file (the header above, then the ids): uint16 ids
+// (magic 20240520) when every id fits, i.e. `vocab` <= 65536, else uint32
+// (magic 20240801). Written as PATH.tmp and renamed, so a failed write never
+// leaves a truncated file under the name. Refuses more than 2^31 - 1 tokens
+// (header[2] is an int32) and ids at or past `vocab`.
+Status write_llmc_tokens(const std::string& path, std::span<const std::uint32_t> ids, std::uint32_t vocab);
+
+// Every id of an llm.c token file, checked as load_token_dataset checks it
+// (header, version, size), without its length needs: what decoding reads.
+Result<std::vector<std::uint32_t>> read_llmc_tokens(const std::string& path);
+
 // Every id below `vocab` (the model's), else an error naming the file, the
 // first id too large and its position.
 Status check_token_vocab(const TokenDataset& d, int vocab, const std::string& model);

@@ -81,6 +81,7 @@ Status save_checkpoint(Backend& b, TrainingEngine& engine, bool writer, const Mo
   // Every random draw is counter-based on (seed, step): the seed is the whole RNG state.
   w.set_rng({{"seed", o.seed}});
   w.set_run(run);
+  if (o.tokenizer) w.set_tokenizer(*o.tokenizer);
   for (auto& [name, data] : state) {
     const std::int64_t n = static_cast<std::int64_t>(data.size());
     MT_TRY(w.add_tensor(name, {n}, std::move(data)));

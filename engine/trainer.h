@@ -34,6 +34,7 @@ struct TrainOptions {
   std::optional<int> warmup;    // linear warm-up steps; unset: kDefaultWarmup, at most `steps`
   std::uint64_t seed = 1234;
   std::string checkpoint_dir;   // empty: no checkpoints
+  std::optional<CheckpointTokenizer> tokenizer;  // copied into checkpoint_dir; every manifest names it
   int checkpoint_every = 0;     // 0: only at the end
   bool resume = false;
   bool overwrite_checkpoint = false;  // start afresh, replacing a checkpoint in checkpoint_dir

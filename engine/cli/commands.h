@@ -21,5 +21,6 @@ Command add_simulate_command(CLI::App& app);
 Command add_goodput_command(CLI::App& app);
 Command add_plan_command(CLI::App& app);  // engine/planner/
 Command add_calibrate_command(CLI::App& app);  // engine/calibrate/
+Command add_tokenize_command(CLI::App& app);
 
 }  // namespace meshtrain

@@ -12,11 +12,13 @@
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/threads.h"
 #include "backends/cuda/cuda_factory.h"
+#include "core/input_file.h"
 #include "core/names.h"
 #include "engine/cli/bounded_flags.h"
 #include "engine/cli/commands.h"
 #include "engine/cli/plan_flags.h"
 #include "engine/stop_request.h"
+#include "engine/tokenizer.h"
 #include "engine/tracing/tracing_backend.h"
 #include "engine/trainer.h"
 
@@ -34,7 +36,49 @@ struct TrainFlags {
   bool quiet = false;
   int threads = 0;  // cpu threads per rank; 0: the process's cores shared out among its ranks
   std::vector<std::string> faults;  // --fault-inject specs (engine/fault_injection.h)
+  std::string tokenizer;  // --tokenizer: the SentencePiece model the --data tokens were made with
 };
+
+// --tokenizer's pieces, which must all be ids the model can embed.
+Result<int> tokenizer_vocab(const std::string& path, const ModelSpec& m) {
+  Result<Tokenizer> loaded = Tokenizer::load(path);
+  if (!loaded.ok()) return std::move(loaded.context("--tokenizer")).error();
+  const Tokenizer& t = *loaded;
+  if (t.vocab_size() > m.vocab)
+    return make_error("--tokenizer '{}' has {} pieces, but model '{}' has vocab {}, so its ids past {} have no "
+                      "embedding; use a model with \"vocab\" of at least {}, or train the tokenizer with "
+                      "--vocab-size {} or less",
+                      path, t.vocab_size(), m.name, m.vocab, m.vocab - 1, t.vocab_size(), m.vocab);
+  return t.vocab_size();
+}
+
+// The tokenizer the run's checkpoints record (after its directory is
+// claimed): --tokenizer, copied in; or, resuming without --tokenizer, the one
+// the checkpoint recorded. Resuming with another tokenizer than the recorded
+// one is refused: the model's ids would mean other pieces.
+Result<std::optional<CheckpointTokenizer>> run_tokenizer(const TrainOptions& o, const std::string& tokenizer,
+                                                         int vocab) {
+  std::optional<CheckpointTokenizer> recorded;
+  if (o.resume && has_checkpoint(o.checkpoint_dir)) {
+    MT_ASSIGN(const CheckpointManifest m, read_checkpoint_manifest(o.checkpoint_dir));
+    recorded = m.meta.tokenizer;
+  }
+  if (tokenizer.empty()) return recorded;
+  if (recorded) {
+    MT_ASSIGN(const std::string bytes, read_input_file(tokenizer, "tokenizer model"));
+    const std::uint32_t crc = checkpoint_crc32(
+        {reinterpret_cast<const std::uint8_t*>(bytes.data()), bytes.size()});
+    if (bytes.size() != recorded->bytes || crc != recorded->crc32)
+      return make_error("the checkpoint in '{}' was trained with tokenizer '{}' ({} bytes, crc32 {:#010x}), but "
+                        "--tokenizer '{}' is another file ({} bytes, crc32 {:#010x}); resume with the same "
+                        "tokenizer, or start a new run in another --checkpoint directory",
+                        o.checkpoint_dir, recorded->source, recorded->bytes, recorded->crc32, tokenizer,
+                        bytes.size(), crc);
+    return recorded;
+  }
+  MT_ASSIGN(CheckpointTokenizer t, install_checkpoint_tokenizer(o.checkpoint_dir, tokenizer, vocab));
+  return std::optional<CheckpointTokenizer>(std::move(t));
+}
 
 // The cpu backend of a rank that shares this process's cores with
 // `ranks_sharing` ranks (threads of this process, or unbound MPI processes).
@@ -113,7 +157,12 @@ Status run_train(TrainFlags f) {
     std::optional<CheckpointLock> lock;  // rank 0 writes the checkpoints and holds their directory
     if (env->rank() == 0) {
       MT_TRY(check_train_options(f.train, mp.model, mp.plan, cuda ? 0 : 1));
+      MT_ASSIGN(const int tokenizer_pieces,
+                f.tokenizer.empty() ? Result<int>(0) : tokenizer_vocab(f.tokenizer, mp.model));
       MT_ASSIGN(lock, claim_checkpoint(f.train));
+      if (lock) {
+        MT_ASSIGN(f.train.tokenizer, run_tokenizer(f.train, f.tokenizer, tokenizer_pieces));
+      }
     }
     // Each process writes its own rank's trace (trace_recorder.h, rank_trace_path).
     const std::string trace_path = rank_trace_path(f.trace, env->rank());
@@ -138,7 +187,11 @@ Status run_train(TrainFlags f) {
     return status;
   }
   MT_TRY(check_train_options(f.train, mp.model, mp.plan, cuda ? 0 : mp.plan.world_size()));
+  MT_ASSIGN(const int tokenizer_pieces, f.tokenizer.empty() ? Result<int>(0) : tokenizer_vocab(f.tokenizer, mp.model));
   MT_ASSIGN(const std::optional<CheckpointLock> lock, claim_checkpoint(f.train));
+  if (lock) {
+    MT_ASSIGN(f.train.tokenizer, run_tokenizer(f.train, f.tokenizer, tokenizer_pieces));
+  }
   if (recorder) MT_TRY(TraceRecorder::probe(f.trace));
   if (mp.plan.world_size() == 1) {
     std::unique_ptr<Backend> backend;
@@ -228,6 +281,10 @@ Command add_train_command(CLI::App& app) {
                   "cpu backend: threads per rank (default: this process's cores divided among its "
                   "rank threads; results do not depend on it)")
       ->check(int_in({0, cpu::kMaxRankThreads}));
+  sub->add_option("--tokenizer", f->tokenizer,
+                  "the SentencePiece model (PREFIX.model of `meshtrain tokenize train`) that made the --data tokens: "
+                  "its pieces must fit the model's vocab; with --checkpoint it is copied into the checkpoint, and "
+                  "--resume checks it is the same file");
   sub->add_flag("--quiet", f->quiet, "no progress lines");
   sub->add_option("--fault-inject", f->faults,
                   "RANK:slow:STEP[:FACTOR], RANK:hang:STEP or RANK:exit:STEP: make a rank slow down, stop answering or "
