@@ -22,5 +22,7 @@ Command add_goodput_command(CLI::App& app);
 Command add_plan_command(CLI::App& app);  // engine/planner/
 Command add_calibrate_command(CLI::App& app);  // engine/calibrate/
 Command add_tokenize_command(CLI::App& app);
+Command add_plot_command(CLI::App& app);       // engine/pictures/
+Command add_compare_command(CLI::App& app);
 
 }  // namespace meshtrain

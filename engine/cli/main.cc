@@ -18,7 +18,9 @@ int main(int argc, char** argv) {
                                               meshtrain::add_goodput_command(app),
                                               meshtrain::add_plan_command(app),
                                               meshtrain::add_calibrate_command(app),
-                                              meshtrain::add_tokenize_command(app)};
+                                              meshtrain::add_tokenize_command(app),
+                                              meshtrain::add_plot_command(app),
+                                              meshtrain::add_compare_command(app)};
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -13,6 +13,9 @@
 #include "core/names.h"
 #include "engine/cli/bounded_flags.h"
 #include "engine/cli/commands.h"
+#include "engine/pictures/pictures.h"
+#include "engine/planner/candidates.h"
+#include "engine/planner/segment_candidates.h"
 #include "engine/planner/planner.h"
 #include "engine/planner/report.h"
 #include "engine/step_engine.h"
@@ -23,7 +26,7 @@ namespace meshtrain {
 namespace {
 
 struct PlanCommandFlags {
-  std::string model, cluster = "dgx-a100", calibration, out, attention = "flash", moe_routing = "uniform";
+  std::string model, cluster = "dgx-a100", calibration, out, svg, attention = "flash", moe_routing = "uniform";
   int gpus = 0;
   std::optional<int> global_batch, seq_len;
   std::string precision = "bf16", grad_sync = "overlap";
@@ -39,6 +42,7 @@ Status run_plan(const PlanCommandFlags& f) {
   if (f.model.empty()) return make_error("--model NAME|FILE is required");
   if (f.gpus <= 0) return make_error("--gpus N is required: the GPUs the plan must use");
   if (!f.out.empty()) MT_TRY(probe_output_file(f.out, "--out plan file"));  // before the search, not after
+  if (!f.svg.empty()) MT_TRY(probe_output_file(f.svg, "--svg picture"));
   planner::SearchContext ctx;
   MT_ASSIGN(ctx.model, load_model(f.model));
   ctx.gpus = f.gpus;
@@ -91,6 +95,17 @@ Status run_plan(const PlanCommandFlags& f) {
       return make_error("--out: the full simulation refused every candidate it timed (first: {}); nothing to write",
                         best.sim_error.empty() ? "none simulated, use --simulate 1 or more" : best.sim_error);
     MT_TRY(write_output_file(f.out, planner::plan_file_json(best).dump(2) + "\n", "--out plan file"));
+  }
+  if (!f.svg.empty()) {
+    std::vector<std::string> labels;
+    for (const planner::Candidate& c : result.ranked)
+      labels.push_back(c.plan.segments.empty() ? planner::describe_plan(c.plan, ctx.model)
+                                               : planner::describe_segments_short(c.plan));
+    const std::string title = fmt::format("Plans for {} on {} x {}: step time against memory", ctx.model.name, f.gpus,
+                                          options.cluster.device.name);
+    MT_TRY(write_output_file(
+        f.svg, pictures::candidates_svg(result.ranked, options.cluster.device.memory_bytes, labels, title),
+        "--svg picture"));
   }
   if (f.json) {
     nlohmann::json j = planner::json_report(result, rc);
@@ -155,6 +170,8 @@ Command add_plan_command(CLI::App& app) {
   sub->add_option("--dropout", f->dropout, "dropout probability of the simulated run")->capture_default_str();
   sub->add_option("--moe-routing", f->moe_routing, "uniform, zipf:S or file:F (as simulate)")->capture_default_str();
   sub->add_option("--out", f->out, "write the winner as a plan file (train/simulate --plan)");
+  sub->add_option("--svg", f->svg,
+                  "write an SVG picture of the candidates: step time against peak memory, the chosen one marked");
   sub->add_flag("--json", f->json, "print one JSON object");
   sub->add_flag("--explain", f->explain, "say why the winner beats the runner-up");
   sub->add_flag("--progress", f->progress, "draw the progress line even when stderr is not a terminal");

@@ -13,6 +13,7 @@
 #include "engine/cli/plan_flags.h"
 #include "engine/cli/simulate_jobs.h"
 #include "engine/memory_model.h"
+#include "engine/pictures/pictures.h"
 #include "engine/segments/segment_plan.h"
 #include "engine/simulation.h"
 #include "engine/step_engine.h"
@@ -27,6 +28,7 @@ struct SimulateFlags {
   std::string cluster = "dgx-a100";
   std::optional<int> gpus;  // unset: the plan's world
   std::string calibration, trace;
+  std::string svg;   // --svg FILE: the step's timeline and memory per rank (engine/pictures/pictures.h)
   std::string comm;  // which measured collectives apply: "threads" (the default) or "mpi"
   bool json = false;
   bool ignore_memory = false;
@@ -214,6 +216,13 @@ void print_text(const SimulationResult& r, const ModelSpec& m, const Plan& p, co
              r.median_compute_s > 0 ? 100 * (r.slowest_compute_s / r.median_compute_s - 1) : 0.0);
 }
 
+// "tp 2 pp 2 dp 2 mb 4 1f1b": the plan in a picture's title.
+std::string describe_plan_short(const Plan& p) {
+  if (!p.segments.empty()) return fmt::format("{} segments", p.segments.size());
+  return fmt::format("tp {} pp {} dp {} vpp {} zero {}, micro-batch {}, {}", p.tp, p.pp, p.dp, p.vpp, p.zero,
+                     p.micro_batch, schedule_name(p.schedule));
+}
+
 // The what-if flags that do not depend on the plan.
 Status apply_link_flags(const SimulateFlags& f, SimulateOptions& options) {
   for (const std::string& spec : f.link_degrade) {
@@ -232,6 +241,7 @@ Status run_jobs(const SimulateFlags& f) {
   MT_ASSIGN(options.moe_routing, MoeRouting::parse(f.moe_routing));
   MT_TRY(apply_link_flags(f, options));
   if (!f.stragglers.empty()) return make_error("--straggler names ranks of one job; it does not combine with --job");
+  if (!f.svg.empty()) return make_error("--svg draws one job's step; it does not combine with --job (simulate each job alone)");
   return run_simulate_jobs(f.jobs, options, f.gpus.value_or(0), f.json);
 }
 
@@ -251,8 +261,10 @@ Status run_simulate(SimulateFlags f, bool no_flags) {
   if (!f.calibration.empty())
     MT_TRY(apply_calibration(f.calibration, f.comm.empty() ? "threads" : f.comm, mp.plan.world_size(),
                              mp.plan.precision, calibration, options));
-  options.trace = !f.trace.empty();
-  if (options.trace) MT_TRY(probe_output_file(f.trace, "--trace file"));  // before the simulation, not after
+  // The picture's timeline is drawn from the same trace --trace writes.
+  options.trace = !f.trace.empty() || !f.svg.empty();
+  if (!f.trace.empty()) MT_TRY(probe_output_file(f.trace, "--trace file"));  // before the simulation, not after
+  if (!f.svg.empty()) MT_TRY(probe_output_file(f.svg, "--svg picture"));
   options.check_memory = !f.ignore_memory;
   options.steady_state = f.steady_state;
   MT_ASSIGN(options.attention, attention_impl_from_name(f.attention));
@@ -264,8 +276,13 @@ Status run_simulate(SimulateFlags f, bool no_flags) {
   if (!options.variation.stragglers.empty())
     fmt::print(stderr, "stragglers: {}\n", describe_stragglers(options.variation.stragglers));
   MT_ASSIGN(SimulationResult r, simulate_iteration(mp.model, mp.plan, options));
-  if (options.trace) {
-    MT_TRY(write_output_file(f.trace, r.trace_json, "--trace file"));
+  if (!f.trace.empty()) MT_TRY(write_output_file(f.trace, r.trace_json, "--trace file"));
+  if (!f.svg.empty()) {
+    MT_ASSIGN(pictures::Timeline timeline, pictures::timeline_from_trace(r.trace_json));
+    const std::string title = fmt::format("{} on {} x {}: {}", mp.model.name, mp.plan.world_size(),
+                                          options.cluster.device.name, describe_plan_short(mp.plan));
+    MT_TRY(write_output_file(f.svg, pictures::simulation_svg(timeline, r, options.cluster.device.memory_bytes, title),
+                             "--svg picture"));
   }
   // Say which timings came from the calibration and which from the cost model's defaults.
   const sim::CalibrationCoverage coverage = sim::calibration_coverage(
@@ -333,6 +350,9 @@ Command add_simulate_command(CLI::App& app) {
   std::vector<CLI::Option*> output = {
       sub->add_option("--calibration", flags->calibration, "calibration JSON (meshtrain calibrate) replacing the defaults"),
       sub->add_option("--trace", flags->trace, "write a Chrome trace (open in Perfetto)"),
+      sub->add_option("--svg", flags->svg,
+                      "write an SVG picture: the step's timeline per rank (compute, communication, idle by cause) "
+                      "above the memory per rank against the device capacity"),
       sub->add_option("--comm", flags->comm,
                       "with --calibration: use its collectives measured over threads or mpi")
           ->check(CLI::IsMember({"threads", "mpi"})),
