@@ -94,16 +94,33 @@ Status check_paths(const std::vector<PathFlag>& flags) {
   return ok_status();
 }
 
+// Positional arguments that name files: `plot METRICS`, `compare PLAN...`.
+const std::map<std::string, PathRole>& positional_roles() {
+  static const std::map<std::string, PathRole> table = {{"metrics", PathRole::input}, {"plans", PathRole::input}};
+  return table;
+}
+
 std::vector<PathFlag> path_flags(const CLI::App& command) {
   std::vector<PathFlag> flags;
   for (const CLI::Option* opt : command.get_options()) {
     if (opt->count() == 0) continue;
+    if (opt->get_lnames().empty()) {  // a positional argument
+      const auto it = positional_roles().find(opt->get_name());
+      if (it != positional_roles().end())
+        for (const std::string& value : opt->results()) flags.push_back({it->first, value, it->second});
+      continue;
+    }
     for (const std::string& name : opt->get_lnames()) {
       const auto it = roles().find("--" + name);
       if (it == roles().end()) continue;
       for (const std::string& value : opt->results()) flags.push_back({it->first, value, it->second});
       break;
     }
+  }
+  // A command's own subcommands (`tokenize encode`) take their flags with it.
+  for (const CLI::App* sub : command.get_subcommands()) {
+    std::vector<PathFlag> more = path_flags(*sub);
+    flags.insert(flags.end(), more.begin(), more.end());
   }
   return flags;
 }

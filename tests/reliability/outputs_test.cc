@@ -87,3 +87,12 @@ TEST_CASE("an output inside a checkpoint folder is refused, and the checkpoint s
   INFO(resumed.out);
   CHECK(resumed.status == 0);
 }
+
+TEST_CASE("positional inputs and a subcommand's flags are guarded too", "[reliability][outputs]") {
+  const fs::path metrics = write_text("outputs-metrics.jsonl", "{\"step\": 1, \"loss\": 5.5}\n");
+  refused_keeping("plot " + metrics.string() + " --out " + metrics.string(), metrics, "--out", "metrics");
+  const fs::path text = write_text("outputs-text.txt", "some text\n");
+  refused_keeping("tokenize encode --model " + text.string() + " --input " + text.string() + " --out " +
+                      text.string(),
+                  text, "--out", "--input");
+}
