@@ -27,24 +27,30 @@ Point point_of(const planner::Candidate& c) {
 std::string candidates_svg(const std::vector<planner::Candidate>& ranked, double device_bytes,
                            const std::vector<std::string>& labels, std::string_view title) {
   constexpr double kLeft = 100, kRight = 40, kTop = 60, kPlotH = 480, kGiB = 1024.0 * 1024 * 1024;
-  Svg svg(1000, kTop + kPlotH + 120, title);
+  Svg svg(1000, kTop + kPlotH + 80, title);
   svg.text(20, 28, title, 17, "start", "#000", true);
   std::vector<Point> points;
   for (const planner::Candidate& c : ranked) points.push_back(point_of(c));
-  double max_mem = device_bytes / kGiB, max_t = 0;
+  double max_mem = 0, max_t = 0;
   for (const Point& p : points) {
     max_mem = std::max(max_mem, p.memory_gib);
     max_t = std::max(max_t, p.time_s);
   }
+  // The device line when it would not squeeze the candidates into a corner (as the memory panel).
+  const bool device_on_scale = device_bytes > 0 && device_bytes / kGiB <= 4 * max_mem;
+  if (device_on_scale) max_mem = std::max(max_mem, device_bytes / kGiB);
   const double right = svg.width() - kRight, bottom = kTop + kPlotH;
   const Scale x{0, std::max(max_mem * 1.05, 1e-3), kLeft, right};
   const Scale y{0, std::max(max_t * 1.1, 1e-6), bottom, kTop};
   svg.x_axis(x, bottom, kTop, "peak memory per rank (GiB)");
   svg.y_axis(y, kLeft, right, "step time (s)");
-  if (device_bytes > 0) {
+  if (device_on_scale) {
     const double cx = x(device_bytes / kGiB);
     svg.line(cx, kTop, cx, bottom, "#c00", 2, "8 4");
     svg.text(cx - 4, kTop + 14, fmt::format("device {}", human_bytes(device_bytes)), 11, "end", "#c00");
+  } else if (device_bytes > 0) {
+    svg.text(right - 4, kTop - 8, fmt::format("device memory {} is right of this scale", human_bytes(device_bytes)),
+             11, "end", "#c00");
   }
   // The chosen one last, so that it is drawn above the others.
   for (std::size_t i = points.size(); i-- > 0;) {
@@ -65,13 +71,12 @@ std::string candidates_svg(const std::vector<planner::Candidate>& ranked, double
     const std::string text = fmt::format("{} ({:.4f} s)", label, p.time_s);
     const bool left = cx + 14 + text_width(text, 12) > right;
     svg.text(left ? cx - 14 : cx + 14, cy > kTop + 30 ? cy - 12 : cy + 22, text, 12, left ? "end" : "start", "#000",
-             true);
+             true, 0, true);
   }
   svg.legend(kLeft, bottom + 50, right - kLeft,
              {{"#ffb000", "chosen (fastest the full simulation timed)"},
               {"#4c72b0", "timed by the full simulation"},
-              {"#b8c6e0", "fast estimate only"},
-              {"#c00", "device memory"}});
+              {"#b8c6e0", "fast estimate only"}});
   return svg.str();
 }
 

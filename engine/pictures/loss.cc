@@ -41,7 +41,7 @@ Result<std::vector<MetricsRow>> parse_metrics(std::string_view text, std::string
 
 std::string loss_svg(const std::vector<MetricsRow>& rows, std::string_view title) {
   constexpr double kLeft = 90, kRight = 90, kTop = 60, kPlotH = 420;
-  Svg svg(1000, kTop + kPlotH + 110, title);
+  Svg svg(1000, kTop + kPlotH + 80, title);
   svg.text(20, 28, title, 17, "start", "#000", true);
   double lo_step = rows.front().step, hi_step = rows.front().step;
   double lo = rows.front().loss, hi = rows.front().loss, max_lr = 0;

@@ -82,10 +82,11 @@ void Svg::line(double x1, double y1, double x2, double y2, std::string_view stro
 }
 
 void Svg::text(double x, double y, std::string_view s, double size, std::string_view anchor, std::string_view fill,
-               bool bold, double rotate) {
+               bool bold, double rotate, bool halo) {
   body_ += fmt::format("<text x=\"{:.2f}\" y=\"{:.2f}\" font-size=\"{}\" text-anchor=\"{}\" fill=\"{}\"", x, y, size,
                        xml_escape(anchor), xml_escape(fill));
   if (bold) body_ += " font-weight=\"bold\"";
+  if (halo) body_ += " stroke=\"white\" stroke-width=\"4\" paint-order=\"stroke\" stroke-linejoin=\"round\"";
   if (rotate != 0) body_ += fmt::format(" transform=\"rotate({} {:.2f} {:.2f})\"", rotate, x, y);
   body_ += fmt::format(">{}</text>\n", xml_escape(s));
 }

@@ -49,9 +49,10 @@ class Svg {
             std::string_view tooltip = {});
   void line(double x1, double y1, double x2, double y2, std::string_view stroke, double width = 1,
             std::string_view dash = {});
-  // anchor: start, middle or end; rotate: degrees about (x, y).
+  // anchor: start, middle or end; rotate: degrees about (x, y); halo: a white outline that keeps the
+  // text readable over markers.
   void text(double x, double y, std::string_view s, double size = 12, std::string_view anchor = "start",
-            std::string_view fill = "#222", bool bold = false, double rotate = 0);
+            std::string_view fill = "#222", bool bold = false, double rotate = 0, bool halo = false);
   void polyline(const std::vector<std::pair<double, double>>& points, std::string_view stroke, double width,
                 std::string_view cls = {}, std::string_view dash = {});
   void circle(double cx, double cy, double r, std::string_view fill, std::string_view stroke = "none",
