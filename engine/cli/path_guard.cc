@@ -47,18 +47,16 @@ bool is_checkpoint_dir(const fs::path& dir) {
   return fs::is_regular_file(dir / "manifest.json", ec) || fs::is_regular_file(dir / "meshtrain.lock", ec);
 }
 
-// The checkpoint folder `path` lies in, if any: this command's own
-// --checkpoint (a folder it is about to make one), or a parent that is one.
+// The checkpoint folder of another run that `path` lies in, if any: a parent
+// holding a checkpoint that is not this command's own --checkpoint (the
+// checkpoint writer keeps this run's metrics and trace beside its own files).
 std::optional<fs::path> checkpoint_holding(const std::string& path, const std::vector<PathFlag>& flags) {
   const fs::path p = resolved(path);
-  for (const PathFlag& f : flags) {
-    if (f.role != PathRole::checkpoint_dir) continue;
-    const fs::path dir = resolved(f.path);
-    const auto [end, _] = std::mismatch(dir.begin(), dir.end(), p.begin(), p.end());
-    if (end == dir.end() && p != dir) return dir;
-  }
   for (fs::path dir = p.parent_path(); !dir.empty(); dir = dir.parent_path()) {
-    if (is_checkpoint_dir(dir)) return dir;
+    const bool own = std::any_of(flags.begin(), flags.end(), [&](const PathFlag& f) {
+      return f.role == PathRole::checkpoint_dir && resolved(f.path) == dir;
+    });
+    if (!own && is_checkpoint_dir(dir)) return dir;
     if (dir == dir.root_path()) break;
   }
   return std::nullopt;
@@ -88,7 +86,8 @@ Status check_paths(const std::vector<PathFlag>& flags) {
                           out.path);
     if (const auto dir = checkpoint_holding(out.path, flags))
       return make_error("{} '{}' lies inside the checkpoint folder '{}', which holds only what the checkpoint "
-                        "writes (a file of another kind there makes resuming refuse it); write {} outside it",
+                        "writes for its own run (another run's file there would make resuming it refuse the "
+                        "folder); write {} outside it",
                         out.flag, out.path, dir->string(), out.flag);
   }
   return ok_status();

@@ -10,10 +10,9 @@
 //    corpus.txt` would overwrite the training data, `plan --out model.json`
 //    the model it read;
 //  * two outputs of one command on one file;
-//  * an output inside a checkpoint folder (one holding a checkpoint manifest
-//    or lock, or this command's own --checkpoint): a checkpoint folder holds
-//    only what the checkpoint writes, and a foreign file there makes the next
-//    resume refuse it;
+//  * an output inside another run's checkpoint folder (one holding a
+//    checkpoint manifest or lock that is not this command's --checkpoint): a
+//    foreign file there makes resuming that run refuse the folder;
 //  * an empty output path.
 // Replacing an output is atomic (core/input_file.h, write_output_file).
 #pragma once
