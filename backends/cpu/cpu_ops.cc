@@ -12,6 +12,7 @@
 #include "backends/cpu/kernels/moe.h"
 #include "backends/cpu/kernels/norm.h"
 #include "backends/cpu/kernels/normal.h"
+#include "backends/normal_init_check.h"
 #include "backends/cpu/kernels/optimizer.h"
 #include "backends/cpu/kernels/rope.h"
 #include "backends/cpu/kernels/sign_compression.h"
@@ -656,14 +657,7 @@ void CpuBackend::init_normal(Tensor& x, const NormalInitOp& op) {
     return;
   }
   float* px = f32(x, "init_normal");
-  if (op.cols <= 0 || x.numel() % op.cols != 0)
-    misuse("init_normal: {} is not a whole number of rows of {}", x.shape().str(), op.cols);
-  std::int64_t end = 0;
-  for (const NormalInitOp::Run& r : op.runs)
-    if (r.col < end || r.width < 0 || r.col + r.width > op.cols)
-      misuse("init_normal: runs must be sorted, disjoint and within {} columns", op.cols);
-    else
-      end = r.col + r.width;
+  if (const auto bad = normal_init_misuse(x, op)) misuse("{}", *bad);
   if (error_) return;
   const auto threads = on_threads();
   cpu::init_normal(op, x.numel(), px);

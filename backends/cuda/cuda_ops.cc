@@ -12,6 +12,7 @@
 #include "backends/cuda/kernels/kernels.h"
 #include "backends/cuda/misuse.h"
 #include "backends/cuda/op_checks.h"
+#include "backends/normal_init_check.h"
 
 namespace meshtrain::cuda {
 
@@ -664,14 +665,7 @@ void CudaBackend::init_normal(Tensor& x, const NormalInitOp& op) {
   }
   const int dt = storage({{"x", &x}}, "init_normal");
   void* px = ptr(x, "init_normal");
-  if (op.cols <= 0 || x.numel() % op.cols != 0)
-    misuse("init_normal: {} is not a whole number of rows of {}", x.shape().str(), op.cols);
-  std::int64_t end = 0;
-  for (const NormalInitOp::Run& r : op.runs)
-    if (r.col < end || r.width < 0 || r.col + r.width > op.cols)
-      misuse("init_normal: runs must be sorted, disjoint and within {} columns", op.cols);
-    else
-      end = r.col + r.width;
+  if (const auto bad = normal_init_misuse(x, op)) misuse("{}", *bad);
   if (failed()) return;
   // kMaxNormalRuns runs per launch; the first launch also zeroes what no run
   // covers, the later ones write only their own runs' columns.
