@@ -14,7 +14,7 @@ cd "$(dirname "$0")"
 
 packages=(cmake ninja-build g++ pkg-config catch2 libtbb-dev libboost-graph-dev libopenmpi-dev openmpi-bin
           nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev libopenblas-dev zlib1g-dev libsentencepiece-dev
-          dataset-fashion-mnist)
+          dataset-fashion-mnist python3-torch python3-numpy)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
