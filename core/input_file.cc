@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "core/durable_file.h"
 #include "core/fd.h"
 
 namespace meshtrain {
@@ -103,21 +104,9 @@ Status write_output_file(const std::string& path, std::string_view text, std::st
   // Written beside it under a temporary name and renamed over it, so a failure
   // part-way (a full disk, a signal) leaves the old file whole.
   const std::string tmp = fmt::format("{}.tmp-{}", path, ::getpid());
-  Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
-  if (fd.get() < 0) return make_error("cannot write {} '{}': {}", what, tmp, std::strerror(errno));
-  auto fail = [&](const char* doing) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    return make_error("{} {} '{}' failed: {}", doing, what, path, std::strerror(err));
-  };
-  for (std::size_t done = 0; done < text.size();) {
-    const ssize_t w = ::write(fd.get(), text.data() + done, text.size() - done);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return fail("writing");
-    done += static_cast<std::size_t>(w);
-  }
-  if (::fsync(fd.get()) != 0 || !fd.close()) return fail("writing");
-  if (::rename(tmp.c_str(), path.c_str()) != 0) return fail("replacing");
+  const ByteChunk chunk{text.data(), text.size()};
+  Status written = write_durably(path, tmp, {&chunk, 1}, /*exclusive=*/true);
+  if (!written.ok()) return std::move(written).error().context(fmt::format("writing {} '{}'", what, path));
   return ok_status();
 }
 

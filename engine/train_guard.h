@@ -17,7 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backends/backend.h"
-#include "engine/checkpoint.h"
+#include "engine/checkpoint/checkpoint.h"
 #include "engine/mesh.h"
 #include "engine/plan.h"
 #include "engine/trainer.h"

@@ -11,7 +11,7 @@
 #include <fmt/format.h>
 
 #include "core/json_input.h"
-#include "engine/checkpoint.h"
+#include "engine/checkpoint/checkpoint.h"
 #include "engine/lr_schedule.h"
 #include "engine/mesh.h"
 #include "engine/metrics.h"

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "backends/backend.h"
-#include "engine/checkpoint.h"
+#include "engine/checkpoint/checkpoint.h"
 #include "engine/fault_injection.h"
 #include "engine/plan.h"
 #include "engine/step_engine.h"

@@ -13,7 +13,11 @@ add_library(meshtrain_training_support STATIC
   vqa_loader.cc
   training_data.cc
   lr_schedule.cc
-  checkpoint.cc
+  checkpoint/files.cc
+  checkpoint/manifest.cc
+  checkpoint/writer.cc
+  checkpoint/reader.cc
+  checkpoint/claim.cc
   metrics.cc
   stop_request.cc
 )

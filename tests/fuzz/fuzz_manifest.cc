@@ -7,7 +7,7 @@
 #include <string_view>
 
 #include "core/json_input.h"
-#include "engine/checkpoint.h"
+#include "engine/checkpoint/checkpoint.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   using namespace meshtrain;

@@ -16,7 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/checkpoint.h"
+#include "engine/checkpoint/checkpoint.h"
 #include "engine/token_dataset.h"
 #include "engine/tokenizer.h"
 #include "tests/run_meshtrain.h"

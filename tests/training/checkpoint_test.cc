@@ -1,4 +1,4 @@
-#include "engine/checkpoint.h"
+#include "engine/checkpoint/checkpoint.h"
 
 #include <bit>
 #include <catch2/catch.hpp>

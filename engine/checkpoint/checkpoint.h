@@ -1,4 +1,7 @@
 // Checkpoints: a directory holding one JSON manifest and one binary payload.
+// Split by job: the manifest format (manifest.cc), writing (writer.cc), reading
+// (reader.cc), a run's claim on its directory (claim.cc); the atomic I/O they
+// share is core/durable_file.h.
 //
 //   DIR/manifest.json            the current checkpoint; names its payload
 //   DIR/payload-<step>-<n>.bin   float32 tensors back to back, little-endian
