@@ -36,23 +36,19 @@ HostBatch sample_range(const HostBatch& all, std::int64_t begin, std::int64_t en
 }
 
 HostBatch example_batch(const ModelSpec& m, int micro_batch, int seq) {
+  const ModelIo io = model_io(m, seq);
   HostBatch h;
   h.batch = micro_batch;
-  h.seq = m.vision() ? m.seq_len : seq;
-  if (m.vqa()) {
-    // Blank images, a question of ids and an answer word each.
-    h.pixels.assign(static_cast<std::size_t>(micro_batch) * m.image_size * m.image_size * m.channels, 0.f);
-    for (int i = 0; i < micro_batch * m.question_len; ++i) h.ids.push_back(i * 31 % m.vocab);
-    for (int i = 0; i < micro_batch; ++i) h.targets.push_back(i * 17 % m.vocab);
-    return h;
+  h.seq = static_cast<int>(io.tokens_per_sample);
+  h.pixels.assign(static_cast<std::size_t>(micro_batch * io.pixels_per_sample()), 0.f);  // blank images
+  for (std::int64_t i = 0; i < micro_batch * io.ids_per_sample; ++i)
+    h.ids.push_back(static_cast<std::int32_t>(i * 31 % m.vocab));
+  if (io.targets_are_ids) {
+    h.targets = h.ids;
+  } else {
+    for (std::int64_t i = 0; i < micro_batch * io.targets_per_sample; ++i)
+      h.targets.push_back(static_cast<std::int32_t>(i * 17 % io.target_range));
   }
-  if (m.vision()) {
-    h.pixels.assign(static_cast<std::size_t>(micro_batch) * m.image_size * m.image_size * m.channels, 0.f);
-    for (int i = 0; i < micro_batch; ++i) h.targets.push_back(i % m.classes);
-    return h;
-  }
-  for (int i = 0; i < micro_batch * seq; ++i) h.ids.push_back(i * 31 % m.vocab);
-  h.targets = h.ids;
   return h;
 }
 
@@ -96,7 +92,8 @@ Status check_step_options(const StepOptions& o) {
 StepEngine::~StepEngine() = default;
 
 StepEngine::StepEngine(Backend& b, const ModelSpec& m, const Plan& p, const Mesh& mesh, StepOptions options)
-    : b_(b), m_(m), plan_(p), mesh_(mesh), options_(options), coord_(mesh.coord_of(b.rank())) {
+    : b_(b), m_(m), io_(model_io(m, m.seq_len)), plan_(p), mesh_(mesh), options_(options),
+      coord_(mesh.coord_of(b.rank())) {
   if (Status s = supports(p, options); !s) {
     setup_error_ = s.error();
     return;
@@ -244,8 +241,8 @@ MicroBatch StepEngine::upload(const HostBatch& full, std::uint64_t dropout_seed)
     mb.ids = b_.empty(Shape{static_cast<std::int64_t>(h.ids.size())}, DType::i32);
     b_.write(mb.ids, h.ids);
   }
-  if (m_.vision() && !h.pixels.empty()) {
-    mb.pixels = b_.empty(Shape{h.batch, m_.image_size, m_.image_size, m_.channels}, activation_dtype(plan_.precision));
+  if (io_.image_side > 0 && !h.pixels.empty()) {
+    mb.pixels = b_.empty(Shape{h.batch, io_.image_side, io_.image_side, io_.channels}, activation_dtype(plan_.precision));
     b_.write(mb.pixels, h.pixels);
   }
   // A segment without the head gets no targets (engine/segments/).
@@ -267,27 +264,28 @@ std::function<Shape(int, int, bool)> StepEngine::boundaries(const std::vector<Mi
 }
 
 Status StepEngine::check_batch(const HostBatch& h) const {
-  const std::int64_t n = static_cast<std::int64_t>(h.batch) * h.seq;
-  const std::size_t targets = static_cast<std::size_t>(h.batch * loss_terms_per_sample(m_, h.seq));
   if (h.batch <= 0) return make_error("a micro-batch needs at least one sample, got {}", h.batch);
+  const ModelIo io = model_io(m_, h.seq);
+  const std::size_t targets = static_cast<std::size_t>(h.batch * io.targets_per_sample);
   // A plan's segment reads the samples only if it holds the embedding, the targets only if it holds the head.
   if (plan_.head && h.targets.size() != targets)
     return make_error("a micro-batch of {} samples needs {} targets, got {}", h.batch, targets, h.targets.size());
-  if (!plan_.embedding) {
-    // Nothing to read.
-  } else if (m_.vision()) {
-    const std::size_t pixels = static_cast<std::size_t>(h.batch) * m_.image_size * m_.image_size * m_.channels;
-    if (h.seq != m_.seq_len || h.pixels.size() != pixels)
-      return make_error("model '{}' reads {}×{}×{} images ({} tokens each): a micro-batch of {} needs {} pixels, "
-                        "got {}", m_.name, m_.image_size, m_.image_size, m_.channels, m_.seq_len, h.batch, pixels,
-                        h.pixels.size());
-    const std::size_t ids = static_cast<std::size_t>(h.batch) * m_.question_len;
-    if (m_.vqa() && h.ids.size() != ids)
-      return make_error("model '{}' reads questions of {} tokens: a micro-batch of {} needs {} ids, got {}", m_.name,
-                        m_.question_len, h.batch, ids, h.ids.size());
-  } else if (h.ids.size() != static_cast<std::size_t>(n)) {
-    return make_error("a micro-batch of {}·{} tokens needs as many ids, got {}", h.batch, h.seq, h.ids.size());
-  }
+  if (!plan_.embedding) return check_sequence_split(h);
+  if (io.tokens_fixed_by_model && h.seq != io.tokens_per_sample)
+    return make_error("model '{}' reads {} ({} tokens each): a micro-batch has {} tokens per sample", m_.name,
+                      io.describe(), io.tokens_per_sample, h.seq);
+  const std::size_t pixels = static_cast<std::size_t>(h.batch * io.pixels_per_sample());
+  if (h.pixels.size() != pixels)
+    return make_error("model '{}' reads {} ({} tokens each): a micro-batch of {} needs {} pixels, got {}", m_.name,
+                      io.describe(), io.tokens_per_sample, h.batch, pixels, h.pixels.size());
+  const std::size_t ids = static_cast<std::size_t>(h.batch * io.ids_per_sample);
+  if (h.ids.size() != ids)
+    return make_error("model '{}' reads {}: a micro-batch of {} samples needs {} ids, got {}", m_.name,
+                      io.describe(), h.batch, ids, h.ids.size());
+  return check_sequence_split(h);
+}
+
+Status StepEngine::check_sequence_split(const HostBatch& h) const {
   if (!plan_.sequence_parallel) return ok_status();
   for (const auto& block : model_blocks(m_)) {
     const BlockIo io = block->io(h.seq);
@@ -304,7 +302,7 @@ Status StepEngine::check_batch(const HostBatch& h) const {
 }
 
 void StepEngine::add_expert_sumsq() {
-  if (!m_.moe()) return;
+  if (!io_.routes_to_experts) return;
   Tensor sumsq = b_.empty(Shape{1});
   b_.fill(sumsq, 0.f);
   for (auto& c : chunks_) c->adam->accumulate_sumsq(sumsq, [](const ParamSlot& s) { return s.info.expert; });
@@ -536,7 +534,7 @@ Result<StepResult> StepEngine::step(const std::vector<HostBatch>& microbatches, 
   StepResult r{host[0] / loss_terms_, std::sqrt(static_cast<double>(host[1])), {}};
   // A second wait, for MoE models only: their routing statistics are read after the loss. Folding them
   // into step_stats_ would need their sums reduced before the loss's read, on the loss's stream.
-  if (m_.moe()) {
+  if (io_.routes_to_experts) {
     MT_ASSIGN(r.moe, moe_statistics());
   }
   MT_TRY(check_finite(r, step));

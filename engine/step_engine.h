@@ -36,6 +36,7 @@
 #include "engine/parallel/sharded_optimizer.h"
 #include "engine/plan.h"
 #include "models/model_chunk.h"
+#include "models/model_io.h"
 
 namespace meshtrain {
 
@@ -225,6 +226,8 @@ class StepEngine {
   // Checks a micro-batch against the model: its size, and under sequence
   // parallelism that tp divides the rows at every block.
   Status check_batch(const HostBatch& h) const;
+  // Under sequence parallelism, tp must divide the rows of every layer.
+  Status check_sequence_split(const HostBatch& h) const;
   // What chunk c's neighbours send it for `mbs[j]` (PipelineCompute::boundary).
   std::function<Shape(int, int, bool)> boundaries(const std::vector<MicroBatch>& mbs) const;
   bool counts_in_norm(const Chunk& c, const ParamSlot& slot) const;
@@ -255,6 +258,9 @@ class StepEngine {
 
   Backend& b_;
   ModelSpec m_;
+  // What the model reads and reports (its per-sequence fields are those at the model's seq_len;
+  // per-batch ones come from model_io at the batch's own length).
+  ModelIo io_;
   Plan plan_;
   Mesh mesh_;
   StepOptions options_;

@@ -20,6 +20,7 @@
 #include "engine/train_guard.h"
 #include "engine/training_data.h"
 #include "engine/training_engine.h"
+#include "models/model_io.h"
 
 namespace meshtrain {
 
@@ -133,6 +134,7 @@ Result<std::optional<CheckpointLock>> claim_checkpoint(const TrainOptions& o) {
 Status train_rank(Backend& b, const ModelSpec& m, const Plan& p, const TrainOptions& o) {
   const bool leader = b.rank() == 0;
   const int seq = p.effective_seq_len(m);
+  const ModelIo io = model_io(m, seq);
   StepTimer timer(b);
   FaultInjector faults(o.faults, b.rank(), o.ranks_are_processes, 3 * o.comm_timeout + std::chrono::seconds(1));
   if (!faults.empty()) timer.on_communication([&faults](double compute_s) { faults.before_communication(compute_s); });
@@ -186,7 +188,8 @@ Status train_rank(Backend& b, const ModelSpec& m, const Plan& p, const TrainOpti
   }
   std::vector<HostBatch> val;
   if (o.eval_every > 0) {
-    MT_ASSIGN(val, data->held_out(p.micro_batch, m.vision() ? o.eval_images : o.eval_sequences));
+    // Held-out samples are counted as images where the model reads images, as sequences otherwise.
+    MT_ASSIGN(val, data->held_out(p.micro_batch, io.pixels_per_sample() > 0 ? o.eval_images : o.eval_sequences));
   }
 
   const bool checkpointing = !o.checkpoint_dir.empty();
@@ -204,8 +207,8 @@ Status train_rank(Backend& b, const ModelSpec& m, const Plan& p, const TrainOpti
     return s;
   };
   const std::int64_t last_step = o.stop_at > 0 ? o.stop_at : o.steps;
-  // Tokens (or images) per step, for throughput.
-  const double tokens_per_step = static_cast<double>(p.effective_global_batch()) * (m.vision() ? 1 : seq);
+  // Loss terms (tokens, or images) per step, for throughput.
+  const double tokens_per_step = static_cast<double>(p.effective_global_batch()) * static_cast<double>(io.throughput_tokens());
   const auto start = Clock::now();
   for (std::int64_t step = first_step; step <= last_step; ++step) {
     const auto t0 = Clock::now();
@@ -236,7 +239,7 @@ Status train_rank(Backend& b, const ModelSpec& m, const Plan& p, const TrainOpti
         rt.comm_s.push_back(t.comm_s);
       }
     }
-    if (m.moe()) {
+    if (io.routes_to_experts) {
       const MoeStepStats& e = (*result)->moe;
       sm.moe = MoeMetrics{e.aux_loss,           e.z_loss,
                           e.balance,            e.load_max_over_mean,
@@ -246,7 +249,7 @@ Status train_rank(Backend& b, const ModelSpec& m, const Plan& p, const TrainOpti
     if (o.eval_every > 0 && (step % o.eval_every == 0 || step == last_step)) {
       MT_ASSIGN(Evaluation v, engine.evaluate_metrics(val));
       sm.val_loss = v.loss;
-      if (m.vision()) sm.val_accuracy = v.accuracy;
+      if (io.reports_accuracy) sm.val_accuracy = v.accuracy;
     }
     const bool due = checkpointing && ((o.checkpoint_every > 0 && step % o.checkpoint_every == 0) || step == last_step);
     if (due) MT_TRY(save(step, lr));

@@ -11,6 +11,7 @@
 #include "engine/image_loader.h"
 #include "engine/token_dataset.h"
 #include "engine/vqa_loader.h"
+#include "models/model_io.h"
 
 namespace meshtrain {
 
@@ -245,14 +246,22 @@ Status check_vqa_data(const ImageDataset& d, const ModelSpec& m) {
   return ok_status();
 }
 
+// What the model reads decides the data source (models/model_io.h): images,
+// images with questions, or token ids.
+bool reads_images(const ModelSpec& m) { return model_io(m, m.seq_len).image_side > 0; }
+bool reads_questions(const ModelSpec& m) {
+  const ModelIo io = model_io(m, m.seq_len);
+  return io.image_side > 0 && io.ids_per_sample > 0;
+}
+
 // The presets that read `data`'s images: classifiers of 28×28 grey images
 // (Fashion-MNIST's) and VQA models of grids of them.
 std::string image_model_names() {
   std::vector<std::string> names;
   for (const std::string& name : model_preset_names()) {
     const ModelSpec m = model_preset(name).value();
-    const bool classifier = m.vision() && !m.vqa() && m.image_size == 28 && m.channels == 1;
-    const bool vqa = m.vqa() && m.image_size == kVqaGridSide && m.channels == 1;
+    const bool classifier = reads_images(m) && !reads_questions(m) && m.image_size == 28 && m.channels == 1;
+    const bool vqa = reads_questions(m) && m.image_size == kVqaGridSide && m.channels == 1;
     if (classifier || vqa) names.push_back(fmt::format("'{}'", name));
   }
   return fmt::format("{}", fmt::join(names, ", "));
@@ -261,13 +270,13 @@ std::string image_model_names() {
 // Image data for a language model, or a file of tokens for an image model:
 // named as the mismatch it is, before either loader reads (and misreads) it.
 Status check_data_kind(const std::string& data, const ModelSpec& m) {
-  if (!m.vision() && names_image_dataset(data))
+  if (!reads_images(m) && names_image_dataset(data))
     return make_error("'{}' is an image dataset, but model '{}' is a language model (it trains on a token file, or "
                       "on a file's bytes as tokens); train a vision model on the images ({}), or pass such a file "
                       "with --data",
                       data, m.name, image_model_names());
   std::error_code ec;
-  if (m.vision() && std::filesystem::is_regular_file(data, ec))
+  if (reads_images(m) && std::filesystem::is_regular_file(data, ec))
     return make_error("model '{}' is a vision model and trains on images, but --data '{}' is a file (the tokens a "
                       "language model reads); pass --data fashion-mnist or a directory of IDX image files, or train "
                       "a language model such as 'tiny' on the file",
@@ -278,17 +287,17 @@ Status check_data_kind(const std::string& data, const ModelSpec& m) {
 }  // namespace
 
 Status check_training_data(const std::string& data, const ModelSpec& m, const Plan& p) {
-  if (data.empty() && m.vision())
+  if (data.empty() && reads_images(m))
     return make_error("no training images: pass --data fashion-mnist or a directory of IDX files");
   if (data.empty())
     return make_error("no training data: pass --data FILE (an llm.c token file, a Megatron PREFIX of a .bin/.idx "
                       "pair, or any file, whose bytes are the tokens)");
   MT_TRY(check_data_kind(data, m));
-  if (m.vqa()) {
+  if (reads_questions(m)) {
     MT_ASSIGN(auto images, shared_images(data));
     return check_vqa_data(*images, m);
   }
-  if (m.vision()) {
+  if (reads_images(m)) {
     MT_ASSIGN(auto images, shared_images(data));
     return check_images(*images, m);
   }
@@ -299,12 +308,12 @@ Status check_training_data(const std::string& data, const ModelSpec& m, const Pl
 Result<std::unique_ptr<TrainingData>> open_training_data(const std::string& data, const ModelSpec& m, const Plan& p,
                                                          std::uint64_t seed, int dp_rank, int dp) {
   MT_TRY(check_data_kind(data, m));
-  if (m.vqa()) {
+  if (reads_questions(m)) {
     MT_ASSIGN(auto images, shared_images(data));
     MT_TRY(check_vqa_data(*images, m));
     return std::unique_ptr<TrainingData>(std::make_unique<VqaData>(images, m, seed, dp_rank, dp));
   }
-  if (m.vision()) {
+  if (reads_images(m)) {
     MT_ASSIGN(auto images, shared_images(data));
     MT_TRY(check_images(*images, m));
     return std::unique_ptr<TrainingData>(std::make_unique<ImageData>(images, m.seq_len, seed, dp_rank, dp));

@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 
 #include "models/block.h"
+#include "models/model_io.h"
 #include "models/decoder_blocks.h"
 #include "models/transformer_layer.h"
 #include "models/vision_blocks.h"
@@ -91,6 +92,6 @@ ModelBlocks model_blocks(const ModelSpec& m) {
   return out;
 }
 
-std::int64_t loss_terms_per_sample(const ModelSpec& m, std::int64_t seq) { return m.vision() ? 1 : seq; }
+std::int64_t loss_terms_per_sample(const ModelSpec& m, std::int64_t seq) { return model_io(m, seq).targets_per_sample; }
 
 }  // namespace meshtrain

@@ -419,12 +419,16 @@ double TransformerLayerDef::deferred_weight_bytes(const ActivationQuery& q) cons
 }
 
 Status TransformerLayerDef::check_tensor_parallel(int tp) const {
-  if (shape_.heads % tp != 0 || shape_.kv_heads % tp != 0)
-    return make_error("{}: heads {} (kv heads {}) are not divisible by tp {}; choose tp dividing the heads of "
-                      "every layer",
-                      name_, shape_.heads, shape_.kv_heads, tp);
+  if (shape_.heads % tp != 0)
+    return make_error("{}: heads {} are not divisible by tp {}; use a tp that divides the heads of every layer",
+                      name_, shape_.heads, tp);
+  if (shape_.kv_heads % tp != 0)
+    return make_error("{}: kv_heads {} are not divisible by tp {}; use a tp that divides {}", name_, shape_.kv_heads,
+                      tp, shape_.kv_heads);
+  // Routed experts split over etp (validated with the expert plan); a dense MLP over tp.
   if (shape_.ffn % tp != 0 && shape_.moe.experts == 0)
-    return make_error("{}: ffn {} is not divisible by tp {}", name_, shape_.ffn, tp);
+    return make_error("{}: ffn width {} is not divisible by tp {}; use a tp that divides {}", name_, shape_.ffn, tp,
+                      shape_.ffn);
   return ok_status();
 }
 

@@ -1,5 +1,6 @@
 #include "engine/calibrate/workload.h"
 
+#include "models/model_io.h"
 #include "core/bounded.h"
 
 namespace meshtrain::calibrate {
@@ -12,9 +13,10 @@ Result<Workload> parse_workload(const std::string& text, std::string_view flag) 
   Workload w;
   MT_ASSIGN(w.model, load_model(text.substr(0, a)));
   const bool with_seq = a != b;
-  if (with_seq == w.model.vision())
+  const bool fixed = model_io(w.model, w.model.seq_len).tokens_fixed_by_model;
+  if (with_seq == fixed)
     return make_error("{} '{}': give {} for model '{}'", flag, text,
-                      w.model.vision() ? "MODEL:MICRO_BATCH (its images fix the tokens)" : "MODEL:MICRO_BATCH:SEQ_LEN",
+                      fixed ? "MODEL:MICRO_BATCH (its images fix the tokens)" : "MODEL:MICRO_BATCH:SEQ_LEN",
                       w.model.name);
   const std::string where = fmt::format("{} '{}':", flag, text);
   MT_ASSIGN(w.batch, parse_int(where + " the micro-batch", text.substr(a + 1, with_seq ? b - a - 1 : std::string::npos),

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "models/model_io.h"
 #include "backends/backend_wrapper.h"
 #include "backends/sim/sim_backend.h"
 #include "engine/mesh.h"
@@ -130,7 +131,7 @@ Status record_workload_shapes(const ModelSpec& m, std::int64_t micro_batch, std:
     Plan p;
     p.tp = tp;
     p.micro_batch = static_cast<int>(micro_batch);
-    p.seq_len = m.vision() ? 0 : static_cast<int>(seq);
+    p.seq_len = model_io(m, seq).tokens_fixed_by_model ? 0 : static_cast<int>(seq);
     p.precision = precision;  // the dtypes of the step's tensors follow it
     if (tp > 1 && !validate_plan(p, m).ok()) continue;  // a model tp does not split
     MT_TRY(validate_plan(p, m).context(fmt::format("workload {}:{}:{}", m.name, micro_batch, seq)));

@@ -9,6 +9,7 @@
 #include "models/block.h"
 #include "models/parameters.h"
 #include "simulator/constants.h"
+#include "models/model_io.h"
 
 namespace meshtrain::planner {
 
@@ -74,8 +75,7 @@ FastEstimator::FastEstimator(const SearchContext& ctx, const SimulateOptions& op
   }
   const ModelSpec& m = ctx.model;
   if (auto c = sim::Cluster::build(effective_spec(options), ctx.gpus)) cluster_.emplace(std::move(c).value());
-  layers_alike_ = !m.vision();
-  for (int l = 1; l < m.layers && layers_alike_; ++l) layers_alike_ = m.moe_layer(l) == m.moe_layer(0);
+  layers_alike_ = model_io(m, m.seq_len).layers_alike;
 }
 
 FastEstimator::Key FastEstimator::key_of(const Plan& p) {

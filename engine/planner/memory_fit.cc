@@ -5,17 +5,13 @@
 
 #include "engine/mesh.h"
 #include "engine/segments/segment_plan.h"
+#include "models/model_io.h"
 
 namespace meshtrain::planner {
 
 namespace {
 
-bool layers_alike(const ModelSpec& m) {
-  if (m.vision()) return false;
-  for (int l = 1; l < m.layers; ++l)
-    if (m.moe_layer(l) != m.moe_layer(0)) return false;
-  return true;
-}
+bool layers_alike(const ModelSpec& m) { return model_io(m, m.seq_len).layers_alike; }
 
 }  // namespace
 

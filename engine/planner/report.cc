@@ -9,6 +9,7 @@
 
 #include "core/input_file.h"
 #include "engine/planner/candidates.h"
+#include "models/model_io.h"
 
 namespace meshtrain::planner {
 
@@ -42,7 +43,8 @@ const Candidate* simulated(const SearchResult& r, std::size_t i) {
 }
 
 std::string throughput(const SimulationResult& s, const ModelSpec& m) {
-  return m.vision() ? fmt::format("{:.1f} img/s", s.samples_per_s) : fmt::format("{:.0f} tok/s", s.tokens_per_s);
+  return model_io(m, m.seq_len).unit() == "image" ? fmt::format("{:.1f} img/s", s.samples_per_s)
+                                                   : fmt::format("{:.0f} tok/s", s.tokens_per_s);
 }
 
 // Time per collective kind, each counted once (SimulationResult::collectives).
@@ -203,7 +205,7 @@ nlohmann::json json_report(const SearchResult& r, const ReportContext& c) {
       const SimulationResult& s = *k.sim;
       row["iteration_time_s"] = s.iteration_s;
       row["tokens_per_s"] = s.tokens_per_s;
-      if (m.vision()) row["images_per_s"] = s.samples_per_s;
+      if (model_io(m, m.seq_len).unit() == "image") row["images_per_s"] = s.samples_per_s;
       row["mfu"] = s.mfu;
       row["tflops_per_gpu"] = s.tflops_per_gpu;
       row["peak_memory_bytes"] = s.peak_memory_bytes;

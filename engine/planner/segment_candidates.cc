@@ -11,6 +11,7 @@
 #include "engine/segments/segment_plan.h"
 #include "engine/step_engine.h"
 #include "models/model_tables.h"
+#include "models/model_io.h"
 
 namespace meshtrain::planner {
 
@@ -244,7 +245,8 @@ void expand(const SearchContext& ctx, const SegmentSpace& space, double device, 
 }  // namespace
 
 bool has_segment_layouts(const ModelSpec& m) {
-  return m.vision() && !m.moe() && !m.tied_embeddings && modules_of(m).size() >= 2;
+  const ModelIo io = model_io(m, m.seq_len);
+  return io.image_side > 0 && !io.routes_to_experts && !m.tied_embeddings && modules_of(m).size() >= 2;
 }
 
 SegmentEnumeration enumerate_segment_candidates(const SearchContext& ctx, const SegmentSpace& space,

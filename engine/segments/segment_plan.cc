@@ -6,6 +6,7 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include "models/model_io.h"
 #include "core/json_input.h"
 #include "core/names.h"
 #include "engine/mesh.h"
@@ -192,7 +193,7 @@ Status validate_segments(const Plan& p, const ModelSpec& m, int world_size) {
                                         : fmt::format("the segment before ends at block {}", next_block - 1),
                         blocks.size() - 1);
     next_block = r.last + 1;
-    if (m.moe())
+    if (model_io(m, m.seq_len).routes_to_experts)
       return make_error("{}: mixture-of-experts models run under one plan for the whole model (their router "
                         "statistics are per plan); drop \"segments\"", label);
     if (s.cp != 1 || s.ep != 1)
