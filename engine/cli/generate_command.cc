@@ -1,0 +1,132 @@
+// `meshtrain generate`: samples text from a trained checkpoint with a KV
+// cache (models/cached_decoder.h) on the cpu or cuda backend, encoding the
+// prompt and decoding the result with the tokenizer the model was trained
+// with (engine/generate/text_model.h).
+#include <cstdio>
+#include <limits>
+#include <memory>
+#include <span>
+
+#include <nlohmann/json.hpp>
+
+#include "backends/cpu/cpu_backend.h"
+#include "backends/cuda/cuda_factory.h"
+#include "core/input_file.h"
+#include "core/names.h"
+#include "engine/cli/bounded_flags.h"
+#include "engine/cli/commands.h"
+#include "engine/generate/generation.h"
+#include "engine/generate/text_model.h"
+
+namespace meshtrain {
+
+namespace {
+
+struct GenerateFlags {
+  std::string checkpoint, prompt, prompt_file, backend = "cpu";
+  int max_new_tokens = 64;
+  int threads = 0;
+  SamplingOptions sampling;
+  bool json = false;
+};
+
+Result<std::unique_ptr<Backend>> make_backend(const GenerateFlags& f) {
+  if (f.backend == "cpu") return std::unique_ptr<Backend>(std::make_unique<CpuBackend>(CpuBackendOptions{f.threads}));
+  if (f.backend == "cuda") return make_cuda_backend({.device = -1, .use_mpi = false});
+  return Error(unknown_name_message("--backend", f.backend, {"cpu", "cuda"}));
+}
+
+Result<std::string> prompt_text(const GenerateFlags& f) {
+  if (!f.prompt_file.empty()) return read_input_file(f.prompt_file, "prompt file");
+  return f.prompt;
+}
+
+std::string stop_note(StopReason r, const GenerationOptions& o, std::int64_t context) {
+  switch (r) {
+    case StopReason::max_new_tokens: return fmt::format("stopped after --max-new-tokens {}", o.max_new_tokens);
+    case StopReason::context: return fmt::format("stopped at the model's context of {} tokens", context);
+    case StopReason::end_of_sequence: return "stopped at the tokenizer's end-of-sequence token";
+  }
+  return {};
+}
+
+void print_json(const GenerateFlags& f, const TrainedModel& t, std::span<const std::int32_t> prompt,
+                const GenerationResult& r, const std::string& text) {
+  const double decoded = static_cast<double>(r.tokens.size() > 1 ? r.tokens.size() - 1 : 0);
+  nlohmann::json j = {{"model", t.model.name},
+                      {"step", t.step},
+                      {"backend", f.backend},
+                      {"tokenizer", t.codec.describe()},
+                      {"prompt_tokens", prompt.size()},
+                      {"tokens", r.tokens},
+                      {"new_tokens", r.tokens.size()},
+                      {"text", text},
+                      {"stop", stop_reason_name(r.stop)},
+                      {"prefill_s", r.prefill_s},
+                      {"decode_s", r.decode_s},
+                      {"decode_tokens_per_s", r.decode_s > 0 ? decoded / r.decode_s : 0.0}};
+  // Bytes a byte-level model made need not be UTF-8: JSON gets U+FFFD for them.
+  fmt::print("{}\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+}
+
+Status run_generate(const GenerateFlags& f) {
+  if (!f.prompt.empty() && !f.prompt_file.empty()) return make_error("give --prompt or --prompt-file, not both");
+  MT_ASSIGN(const std::string text, prompt_text(f));
+  MT_ASSIGN(const TrainedModel t, load_trained_model(f.checkpoint));
+  MT_ASSIGN(const std::vector<std::int32_t> prompt, t.codec.encode(text));
+  GenerationOptions o{f.max_new_tokens, f.sampling, t.codec.eos()};
+  MT_ASSIGN(std::unique_ptr<Backend> b, make_backend(f));
+  CachedDecoder decoder(*b, t.model, t.model.seq_len);
+  MT_TRY(check_generation(decoder, prompt, o));
+  MT_TRY(load_parameters(decoder, t));
+  MT_ASSIGN(const GenerationResult r, generate_tokens(decoder, prompt, o));
+  MT_ASSIGN(const std::string continuation, t.codec.continuation(prompt, r.tokens));
+  if (f.json) {
+    print_json(f, t, prompt, r, continuation);
+    return ok_status();
+  }
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  std::fwrite(continuation.data(), 1, continuation.size(), stdout);
+  std::fputc('\n', stdout);
+  std::fflush(stdout);
+  const double rate = r.decode_s > 0 && r.tokens.size() > 1 ? static_cast<double>(r.tokens.size() - 1) / r.decode_s : 0;
+  fmt::print(stderr, "[{} prompt tokens, {} new; {}; prefill {:.1f} ms, decode {:.1f} tokens/s on {}]\n",
+             prompt.size(), r.tokens.size(), stop_note(r.stop, o, decoder.capacity()), 1e3 * r.prefill_s, rate,
+             f.backend);
+  return ok_status();
+}
+
+}  // namespace
+
+Command add_generate_command(CLI::App& app) {
+  auto f = std::make_shared<GenerateFlags>();
+  CLI::App* sub = app.add_subcommand("generate", "sample text from a trained checkpoint (greedy, temperature, "
+                                                 "top-k, top-p) with a KV cache");
+  sub->add_option("--checkpoint", f->checkpoint, "the --checkpoint DIR of a `meshtrain train` run")->required();
+  sub->add_option("--prompt", f->prompt, "the text to continue");
+  sub->add_option("--prompt-file", f->prompt_file, "a file holding the text to continue (in place of --prompt)");
+  sub->add_option("--max-new-tokens", f->max_new_tokens, "tokens to generate at most")
+      ->capture_default_str()
+      ->check(int_in({1, 1 << 24}));
+  sub->add_option("--temperature", f->sampling.temperature, "softmax temperature; 0 is greedy")
+      ->capture_default_str()
+      ->check(real_in({0, 1e6}));
+  sub->add_option("--top-k", f->sampling.top_k, "sample among the k most probable tokens; 0: all")
+      ->capture_default_str()
+      ->check(int_in({0, 1 << 24}));
+  sub->add_option("--top-p", f->sampling.top_p,
+                  "sample among the most probable tokens whose probabilities sum to p (nucleus); 1: all")
+      ->capture_default_str()
+      ->check(real_in({0, 1, true, false}));
+  sub->add_option("--seed", f->sampling.seed, "seed of the draws: the same seed gives the same text")
+      ->capture_default_str()
+      ->check(uint64_up_to(std::numeric_limits<std::uint64_t>::max()));
+  sub->add_option("--backend", f->backend, "cpu or cuda")->capture_default_str();
+  sub->add_option("--threads", f->threads, "cpu backend threads; 0: every core this process may use")
+      ->capture_default_str()
+      ->check(int_in({0, 4096}));
+  sub->add_flag("--json", f->json, "print one JSON object: tokens, text, why it stopped, timings");
+  return {sub, [f] { return run_generate(*f); }};
+}
+
+}  // namespace meshtrain
