@@ -48,12 +48,25 @@ Status CachedDecoder::check_model(const ModelSpec& m) {
                     m.name, what, family_name(m.family));
 }
 
+double CachedDecoder::resident_bytes(const ModelSpec& m, std::int64_t capacity) {
+  double elements = 0;
+  for (const auto& d : model_blocks(m)) {
+    for (const ParamInfo& p : d->parameters()) elements += static_cast<double>(p.numel());
+    if (const auto* layer = dynamic_cast<const TransformerLayerDef*>(d.get())) {
+      const LayerShape& s = layer->shape();
+      elements += static_cast<double>(capacity) * (s.heads + 2 * s.kv_heads) * s.dim();
+    }
+  }
+  return elements * static_cast<double>(dtype_size(DType::f32));
+}
+
 CachedDecoder::CachedDecoder(Backend& b, const ModelSpec& m, std::int64_t capacity)
     : b_(b),
       m_(m),
       capacity_(capacity),
       defs_(model_blocks(m_)),
-      params_(b, m_, all_parameters(defs_), ShardCoord{}),
+      // Values only: inference keeps no gradients.
+      params_(b, m_, all_parameters(defs_), ShardCoord{}, ParameterStorage{true, false, DType::f32}),
       ctx_(b, m_, params_, single_rank(b), ChunkOptions{}) {
   if (Status s = check_model(m_); !s.ok()) misuse(s.error().message());
   if (capacity_ < 1 || (m_.position == PositionKind::learned && capacity_ > m_.seq_len))

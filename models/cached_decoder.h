@@ -50,6 +50,10 @@ class CachedDecoder {
   // VQA), naming what it is.
   static Status check_model(const ModelSpec& m);
 
+  // Bytes of device memory a decoder holds for its lifetime: the parameters
+  // (f32) and the caches; a step's activations come on top.
+  static double resident_bytes(const ModelSpec& m, std::int64_t capacity);
+
   // A decoder for contexts of up to `capacity` tokens (at most m.seq_len
   // with learned positions). The parameters are allocated, not initialised:
   // fill parameters() (from a checkpoint, or initialize(seed)).

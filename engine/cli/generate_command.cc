@@ -2,6 +2,7 @@
 // cache (models/cached_decoder.h) on the cpu or cuda backend, encoding the
 // prompt and decoding the result with the tokenizer the model was trained
 // with (engine/generate/text_model.h).
+#include <algorithm>
 #include <cstdio>
 #include <limits>
 #include <memory>
@@ -11,6 +12,7 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/cuda_factory.h"
+#include "core/host_memory.h"
 #include "core/input_file.h"
 #include "core/names.h"
 #include "engine/cli/bounded_flags.h"
@@ -75,8 +77,15 @@ Status run_generate(const GenerateFlags& f) {
   MT_ASSIGN(const TrainedModel t, load_trained_model(f.checkpoint));
   MT_ASSIGN(const std::vector<std::int32_t> prompt, t.codec.encode(text));
   GenerationOptions o{f.max_new_tokens, f.sampling, t.codec.eos()};
+  // The cache holds what this run can reach: the prompt and its new tokens, within the model's context.
+  const std::int64_t capacity = std::min<std::int64_t>(
+      t.model.seq_len, static_cast<std::int64_t>(prompt.size()) + std::max(f.max_new_tokens, 1));
+  if (f.backend == "cpu")
+    MT_TRY(check_host_memory(CachedDecoder::resident_bytes(t.model, capacity),
+                             fmt::format("the model's parameters and a KV cache of {} positions", capacity),
+                             "lower --max-new-tokens or shorten the prompt, or use a machine with more memory"));
   MT_ASSIGN(std::unique_ptr<Backend> b, make_backend(f));
-  CachedDecoder decoder(*b, t.model, t.model.seq_len);
+  CachedDecoder decoder(*b, t.model, capacity);
   MT_TRY(check_generation(decoder, prompt, o));
   MT_TRY(load_parameters(decoder, t));
   MT_ASSIGN(const GenerationResult r, generate_tokens(decoder, prompt, o));
@@ -91,7 +100,7 @@ Status run_generate(const GenerateFlags& f) {
   std::fflush(stdout);
   const double rate = r.decode_s > 0 && r.tokens.size() > 1 ? static_cast<double>(r.tokens.size() - 1) / r.decode_s : 0;
   fmt::print(stderr, "[{} prompt tokens, {} new; {}; prefill {:.1f} ms, decode {:.1f} tokens/s on {}]\n",
-             prompt.size(), r.tokens.size(), stop_note(r.stop, o, decoder.capacity()), 1e3 * r.prefill_s, rate,
+             prompt.size(), r.tokens.size(), stop_note(r.stop, o, t.model.seq_len), 1e3 * r.prefill_s, rate,
              f.backend);
   return ok_status();
 }

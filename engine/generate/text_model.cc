@@ -2,6 +2,7 @@
 
 #include <filesystem>
 
+#include "core/host_memory.h"
 #include "engine/checkpoint/checkpoint.h"
 
 namespace meshtrain {
@@ -60,12 +61,16 @@ Result<TrainedModel> load_trained_model(const std::string& dir) {
     return make_error("'{}' holds no checkpoint (no manifest.json); pass the --checkpoint DIR of a `meshtrain train "
                       "--checkpoint DIR` run",
                       dir);
-  MT_ASSIGN(Checkpoint ckpt, load_checkpoint(dir));
+  // The manifest first: the model is checked before its payload is read.
+  MT_ASSIGN(const CheckpointManifest manifest, read_checkpoint_manifest(dir));
   TrainedModel t;
   t.dir = dir;
-  t.step = ckpt.meta.step;
-  MT_ASSIGN(t.model, model_from_json(ckpt.meta.model).context(fmt::format("checkpoint '{}': model", dir)));
+  MT_ASSIGN(t.model, model_from_json(manifest.meta.model).context(fmt::format("checkpoint '{}': model", dir)));
   MT_TRY(CachedDecoder::check_model(t.model).context(fmt::format("checkpoint '{}'", dir)));
+  MT_TRY(check_host_memory(static_cast<double>(manifest.payload_bytes), fmt::format("reading checkpoint '{}'", dir),
+                           "use a machine with more memory"));
+  MT_ASSIGN(Checkpoint ckpt, load_checkpoint(dir));
+  t.step = ckpt.meta.step;
   if (ckpt.meta.tokenizer) {
     const std::string path = (std::filesystem::path(dir) / ckpt.meta.tokenizer->file).string();
     MT_ASSIGN(Tokenizer tok, Tokenizer::load(path));

@@ -55,8 +55,9 @@ struct TrainedModel {
 
 // Reads and verifies the checkpoint in `dir`. Refused, naming the problem: a
 // missing directory or one without a checkpoint, a damaged checkpoint, a
-// model that is not a text decoder (ViT, Swin, VQA), and a model whose
-// vocabulary is not bytes but that was trained without --tokenizer.
+// model that is not a text decoder (ViT, Swin, VQA), a model whose
+// vocabulary is not bytes but that was trained without --tokenizer, and,
+// before it is read, a payload that would not fit this machine's memory.
 Result<TrainedModel> load_trained_model(const std::string& dir);
 
 // Writes the trained parameters into the decoder's store (each present with

@@ -166,3 +166,18 @@ TEST_CASE("vision and VQA models are not text decoders", "[generate]") {
   CHECK(CachedDecoder::check_model(*model_preset("tiny")).ok());
   CHECK(CachedDecoder::check_model(*model_preset("llama3-8b")).ok());
 }
+
+TEST_CASE("a decoder holds its parameters and caches, no gradients", "[generate]") {
+  for (const ModelSpec& m : {gpt_spec(), llama_spec()}) {
+    CpuBackend b;
+    const std::int64_t before = b.memory_stats().live_bytes;
+    CachedDecoder d(b, m, 16);
+    // The cpu backend counts live bytes exactly: parameters and (layers, 16, H + 2G, D) f32 caches.
+    std::int64_t params = 0;
+    for (const ParamSlot& s : d.parameters().slots()) params += s.numel;
+    const std::int64_t caches = static_cast<std::int64_t>(m.layers) * 16 * (m.heads + 2 * m.kv_heads) * m.head_dim();
+    CHECK(b.memory_stats().live_bytes - before == 4 * (params + caches));
+    CHECK(CachedDecoder::resident_bytes(m, 16) == Approx(4.0 * static_cast<double>(params + caches)));
+    CHECK_FALSE(d.parameters().grads().defined());
+  }
+}
