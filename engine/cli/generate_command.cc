@@ -71,12 +71,38 @@ void print_json(const GenerateFlags& f, const TrainedModel& t, std::span<const s
   fmt::print("{}\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
 }
 
+// Prints each token's text as it comes: the continuation decoded so far,
+// less what was printed (a tokenizer may join pieces only once both are there).
+class StreamPrinter {
+ public:
+  StreamPrinter(const TextCodec& codec, std::span<const std::int32_t> prompt) : codec_(codec), prompt_(prompt) {}
+  Status operator()(std::span<const std::int32_t> tokens) {
+    MT_ASSIGN(const std::string text, codec_.continuation(prompt_, tokens));
+    if (!text.starts_with(printed_)) return ok_status();  // rewritten: wait for the text to settle
+    std::fwrite(text.data() + printed_.size(), 1, text.size() - printed_.size(), stdout);
+    std::fflush(stdout);
+    printed_ = text;
+    return ok_status();
+  }
+  // The rest of the final continuation, where the stream had to wait.
+  void finish(const std::string& text) {
+    if (text.starts_with(printed_)) std::fwrite(text.data() + printed_.size(), 1, text.size() - printed_.size(), stdout);
+    std::fputc('\n', stdout);
+    std::fflush(stdout);
+  }
+
+ private:
+  const TextCodec& codec_;
+  std::span<const std::int32_t> prompt_;
+  std::string printed_;
+};
+
 Status run_generate(const GenerateFlags& f) {
   if (!f.prompt.empty() && !f.prompt_file.empty()) return make_error("give --prompt or --prompt-file, not both");
   MT_ASSIGN(const std::string text, prompt_text(f));
   MT_ASSIGN(const TrainedModel t, load_trained_model(f.checkpoint));
   MT_ASSIGN(const std::vector<std::int32_t> prompt, t.codec.encode(text));
-  GenerationOptions o{f.max_new_tokens, f.sampling, t.codec.eos()};
+  GenerationOptions o{f.max_new_tokens, f.sampling, t.codec.eos(), {}};
   // The cache holds what this run can reach: the prompt and its new tokens, within the model's context.
   const std::int64_t capacity = std::min<std::int64_t>(
       t.model.seq_len, static_cast<std::int64_t>(prompt.size()) + std::max(f.max_new_tokens, 1));
@@ -88,16 +114,19 @@ Status run_generate(const GenerateFlags& f) {
   CachedDecoder decoder(*b, t.model, capacity);
   MT_TRY(check_generation(decoder, prompt, o));
   MT_TRY(load_parameters(decoder, t));
+  StreamPrinter stream(t.codec, prompt);
+  if (!f.json) {
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::fflush(stdout);
+    o.on_token = std::ref(stream);
+  }
   MT_ASSIGN(const GenerationResult r, generate_tokens(decoder, prompt, o));
   MT_ASSIGN(const std::string continuation, t.codec.continuation(prompt, r.tokens));
   if (f.json) {
     print_json(f, t, prompt, r, continuation);
     return ok_status();
   }
-  std::fwrite(text.data(), 1, text.size(), stdout);
-  std::fwrite(continuation.data(), 1, continuation.size(), stdout);
-  std::fputc('\n', stdout);
-  std::fflush(stdout);
+  stream.finish(continuation);
   const double rate = r.decode_s > 0 && r.tokens.size() > 1 ? static_cast<double>(r.tokens.size() - 1) / r.decode_s : 0;
   fmt::print(stderr, "[{} prompt tokens, {} new; {}; prefill {:.1f} ms, decode {:.1f} tokens/s on {}]\n",
              prompt.size(), r.tokens.size(), stop_note(r.stop, o, t.model.seq_len), 1e3 * r.prefill_s, rate,

@@ -56,6 +56,7 @@ Result<GenerationResult> generate_tokens(CachedDecoder& d, std::span<const std::
       break;
     }
     r.tokens.push_back(token);
+    if (o.on_token) MT_TRY(o.on_token(r.tokens));
     if (static_cast<int>(r.tokens.size()) == o.max_new_tokens) {
       r.stop = StopReason::max_new_tokens;
       break;

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string_view>
@@ -29,6 +30,9 @@ struct GenerationOptions {
   int max_new_tokens = 64;  // >= 1
   SamplingOptions sampling;
   std::optional<std::int32_t> eos;  // the end-of-sequence id, if the vocabulary has one
+  // Called with the new tokens so far after each one is kept (streaming
+  // output); an Error stops generation with it.
+  std::function<Status(std::span<const std::int32_t> tokens)> on_token;
 };
 
 struct GenerationResult {

@@ -180,4 +180,10 @@ TEST_CASE("a model trained with a tokenizer generates text decoded by it", "[gen
   // The continuation keeps its first space ("▁brown"), and the text is words, not ids or bytes.
   CHECK_THAT(j["text"].get<std::string>(), Catch::StartsWith(" brown fox jumps over the lazy dog."));
   CHECK_THAT(j["tokenizer"].get<std::string>(), Catch::EndsWith(".model"));
+  // Streamed piece by piece, the printed text is the same.
+  const MeshtrainRun streamed = run_meshtrain("generate --checkpoint " + (root / "ckpt").string() +
+                                              " --prompt 'the quick' --temperature 0 --max-new-tokens 30");
+  INFO(streamed.out);
+  REQUIRE(streamed.status == 0);
+  CHECK_THAT(streamed.out, Catch::StartsWith("the quick" + j["text"].get<std::string>() + "\n"));
 }
