@@ -102,7 +102,7 @@ Status run_generate(const GenerateFlags& f) {
   MT_ASSIGN(const std::string text, prompt_text(f));
   MT_ASSIGN(const TrainedModel t, load_trained_model(f.checkpoint));
   MT_ASSIGN(const std::vector<std::int32_t> prompt, t.codec.encode(text));
-  GenerationOptions o{f.max_new_tokens, f.sampling, t.codec.eos(), {}};
+  GenerationOptions o{f.max_new_tokens, f.sampling, t.codec.eos(), t.codec.vocab(), {}};
   // The cache holds what this run can reach: the prompt and its new tokens, within the model's context.
   const std::int64_t capacity = std::min<std::int64_t>(
       t.model.seq_len, static_cast<std::int64_t>(prompt.size()) + std::max(f.max_new_tokens, 1));

@@ -1,5 +1,6 @@
 #include "engine/generate/generation.h"
 
+#include <algorithm>
 #include <chrono>
 
 namespace meshtrain {
@@ -24,6 +25,7 @@ std::string_view stop_reason_name(StopReason r) {
 Status check_generation(const CachedDecoder& d, std::span<const std::int32_t> prompt, const GenerationOptions& o) {
   MT_TRY(check_sampling(o.sampling));
   if (o.max_new_tokens < 1) return make_error("--max-new-tokens must be >= 1, got {}", o.max_new_tokens);
+  if (o.token_limit < 0) return make_error("the token limit must be >= 0, got {}", o.token_limit);
   if (prompt.empty()) return make_error("the prompt is empty; give --prompt TEXT with at least one token");
   const auto n = static_cast<std::int64_t>(prompt.size());
   if (n >= d.capacity())
@@ -44,12 +46,14 @@ Result<GenerationResult> generate_tokens(CachedDecoder& d, std::span<const std::
   GenerationResult r;
   const Sampler sampler(o.sampling);
   std::vector<float> logits(static_cast<std::size_t>(d.model().vocab));
+  const std::size_t drawable = o.token_limit > 0 ? std::min(logits.size(), static_cast<std::size_t>(o.token_limit))
+                                                 : logits.size();
   d.clear();
   const auto start = Clock::now();
   Tensor row = d.forward(prompt, false);
   for (std::uint64_t step = 0;; ++step) {
     MT_TRY(b.read(row, logits));  // BLOCKS: the only wait of a step
-    MT_ASSIGN(const std::int32_t token, sampler.next(logits, step));
+    MT_ASSIGN(const std::int32_t token, sampler.next(std::span<const float>(logits).first(drawable), step));
     if (step == 0) r.prefill_s = seconds_since(start);
     if (o.eos && token == *o.eos) {
       r.stop = StopReason::end_of_sequence;

@@ -30,6 +30,9 @@ struct GenerationOptions {
   int max_new_tokens = 64;  // >= 1
   SamplingOptions sampling;
   std::optional<std::int32_t> eos;  // the end-of-sequence id, if the vocabulary has one
+  // Only ids below this are drawn (0: the model's whole vocabulary): a model
+  // may have more rows than its tokenizer has pieces, and those ids have no text.
+  int token_limit = 0;
   // Called with the new tokens so far after each one is kept (streaming
   // output); an Error stops generation with it.
   std::function<Status(std::span<const std::int32_t> tokens)> on_token;

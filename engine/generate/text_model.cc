@@ -49,6 +49,8 @@ std::optional<std::int32_t> TextCodec::eos() const {
   return tokenizer_->eos_id();
 }
 
+int TextCodec::vocab() const { return tokenizer_ ? tokenizer_->vocab_size() : kByteVocab; }
+
 std::string TextCodec::describe() const { return tokenizer_ ? tokenizer_->path() : "bytes"; }
 
 Result<TrainedModel> load_trained_model(const std::string& dir) {

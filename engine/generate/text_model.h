@@ -36,6 +36,8 @@ class TextCodec {
   Result<std::string> continuation(std::span<const std::int32_t> prompt, std::span<const std::int32_t> tokens) const;
   // The tokenizer's end-of-sequence id; none for bytes.
   std::optional<std::int32_t> eos() const;
+  // Ids that have text: the tokenizer's pieces, or 256 bytes.
+  int vocab() const;
   // "bytes", or the tokenizer's path.
   std::string describe() const;
 

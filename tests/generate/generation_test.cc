@@ -86,6 +86,23 @@ TEST_CASE("sampled generation is fixed by its seed", "[generate]") {
   CHECK(a->tokens != c->tokens);
 }
 
+TEST_CASE("only ids below the token limit are drawn", "[generate]") {
+  Fixture f(1.f);
+  GenerationOptions o;
+  o.max_new_tokens = 20;
+  o.sampling.temperature = 1, o.sampling.seed = 2;
+  auto free = generate_tokens(f.d, kPrompt, o);
+  o.token_limit = 5;
+  auto limited = generate_tokens(f.d, kPrompt, o);
+  REQUIRE((free.ok() && limited.ok()));
+  CHECK(std::any_of(free->tokens.begin(), free->tokens.end(), [](std::int32_t t) { return t >= 5; }));
+  CHECK(std::all_of(limited->tokens.begin(), limited->tokens.end(), [](std::int32_t t) { return t < 5; }));
+  o.token_limit = 1;  // one id left: every draw is it
+  auto one = generate_tokens(f.d, kPrompt, o);
+  REQUIRE(one.ok());
+  CHECK(one->tokens == std::vector<std::int32_t>(20, 0));
+}
+
 TEST_CASE("the loop refuses what it cannot run", "[generate]") {
   Fixture f;
   auto refused = [&](std::vector<std::int32_t> prompt, GenerationOptions o) {
