@@ -143,6 +143,12 @@ TEST_CASE("decoding over the KV cache gives the full forward's logits at every p
     m.capacity_factor = 1.0f;  // would drop tokens of a full micro-batch; generation routes dropless
     check_decode_matches_full(m);
   }
+  SECTION("heads wider than the residual stream (Qwen3's head_dim)") {
+    ModelSpec m = llama_spec();
+    m.head_dim_size = 16;  // q is 4 · 16 = 64 wide over a width of 32
+    check_decode_matches_full(m);
+    check_same_function_as_training(m);
+  }
   SECTION("the tiny-moe preset (GPT-style experts)") {
     ModelSpec m = *model_preset("tiny-moe");
     m.seq_len = 24;
