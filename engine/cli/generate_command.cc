@@ -34,8 +34,7 @@ struct GenerateFlags {
 
 Result<std::unique_ptr<Backend>> make_backend(const GenerateFlags& f) {
   if (f.backend == "cpu") return std::unique_ptr<Backend>(std::make_unique<CpuBackend>(CpuBackendOptions{f.threads}));
-  if (f.backend == "cuda") return make_cuda_backend({.device = -1, .use_mpi = false});
-  return Error(unknown_name_message("--backend", f.backend, {"cpu", "cuda"}));
+  return make_cuda_backend({.device = -1, .use_mpi = false});
 }
 
 Result<std::string> prompt_text(const GenerateFlags& f) {
@@ -98,6 +97,7 @@ class StreamPrinter {
 };
 
 Status run_generate(const GenerateFlags& f) {
+  if (f.backend != "cpu" && f.backend != "cuda") return Error(unknown_name_message("--backend", f.backend, {"cpu", "cuda"}));
   if (!f.prompt.empty() && !f.prompt_file.empty()) return make_error("give --prompt or --prompt-file, not both");
   MT_ASSIGN(const std::string text, prompt_text(f));
   MT_ASSIGN(const TrainedModel t, load_trained_model(f.checkpoint));
