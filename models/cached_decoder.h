@@ -2,7 +2,7 @@
 // learned positions, Llama with RoPE, grouped-query attention, SwiGLU and
 // RMSNorm, mixture-of-experts layers) one step at a time with a KV cache,
 // written against backends/backend.h alone, so the same code runs on the cpu
-// and cuda backends (and is costed on sim).
+// and cuda backends.
 //
 // Each transformer layer keeps a cache of (capacity, H + 2G, D) rows: the
 // qkv rows of every position seen so far, keys and values (RoPE already
