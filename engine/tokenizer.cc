@@ -90,6 +90,7 @@ Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 Tokenizer::~Tokenizer() = default;
 
 int Tokenizer::vocab_size() const { return sp_->GetPieceSize(); }
+int Tokenizer::eos_id() const { return sp_->eos_id(); }
 
 Result<std::vector<std::uint32_t>> Tokenizer::encode(std::string_view text) const {
   // Line by line, as the trainer saw the corpus: each line starts a word (the

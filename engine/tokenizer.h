@@ -58,6 +58,8 @@ class Tokenizer {
   ~Tokenizer();
 
   int vocab_size() const;
+  // The end-of-sequence id (</s>, 2 in the models `tokenize train` writes); -1 when the model has none.
+  int eos_id() const;
   const std::string& path() const { return path_; }
 
   Result<std::vector<std::uint32_t>> encode(std::string_view text) const;
