@@ -24,5 +24,6 @@ Command add_calibrate_command(CLI::App& app);  // engine/calibrate/
 Command add_tokenize_command(CLI::App& app);
 Command add_plot_command(CLI::App& app);       // engine/pictures/
 Command add_compare_command(CLI::App& app);
+Command add_export_command(CLI::App& app);  // engine/export/
 
 }  // namespace meshtrain
