@@ -73,7 +73,7 @@ TEST_CASE("bf16 and f16 round to nearest even and read back exactly", "[export]"
   CHECK(bf[1] == 1.f + 0x1p-6f);
   CHECK(bf[2] == -2.5f);
   const std::vector<float> h = to_float32({"t", SafeDType::f16, {8}, from_float32(v, SafeDType::f16)});
-  CHECK(h[0] == 1.f);  // f16 keeps 10 bits: 1 + 2^-8 is exact
+  CHECK(h[0] == 1.f + 0x1p-8f);  // f16 keeps 10 bits: 1 + 2^-8 is exact
   CHECK(h[1] == 1.f + 3 * 0x1p-8f);
   CHECK(h[3] == 65504.f);
   CHECK(std::isinf(h[4]));
