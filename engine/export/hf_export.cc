@@ -87,7 +87,10 @@ Result<std::string> encode_hf_safetensors(const ModelSpec& m, const ParamMap& pa
 Result<ParamMap> from_hf_tensors(const ModelSpec& m, const SafetensorsFile& file, const std::string& path) {
   MT_ASSIGN(const HfArch arch, hf_arch(m));
   std::map<std::string, const SafeTensor*> by_name;
-  for (const SafeTensor& t : file.tensors) by_name.emplace(canonical_name(arch, t.name), &t);
+  for (const SafeTensor& t : file.tensors)
+    if (!by_name.emplace(canonical_name(arch, t.name), &t).second)
+      return make_error("'{}' holds tensor '{}' twice (with and without the \"transformer.\" prefix)", path,
+                        canonical_name(arch, t.name));
   const std::vector<HfTensorMap> maps = hf_tensor_maps(m, arch);
   std::vector<std::string> missing, misshaped;
   ParamMap params;
@@ -160,6 +163,9 @@ Result<ExportPaths> export_checkpoint(const std::string& dir, const std::string&
   MT_ASSIGN(const std::string bytes, encode_hf_safetensors(c.model, c.params, dtype));
   const ExportPaths paths = export_paths(out);
   std::error_code ec;
+  if (fs::exists(out, ec) && !fs::is_directory(out, ec) && fs::path(out).extension() != ".safetensors")
+    return make_error("--out '{}' is a file; name a directory (for model.safetensors and config.json) or a "
+                      "FILE.safetensors", out);
   const fs::path parent = fs::path(paths.safetensors).parent_path();
   if (!parent.empty() && !fs::exists(parent, ec) && !fs::create_directories(parent, ec))
     return make_error("cannot create directory '{}' for --out: {}", parent.string(), ec.message());

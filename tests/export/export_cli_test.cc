@@ -139,6 +139,9 @@ TEST_CASE("export and --init-from refuse what does not fit, naming it", "[export
   CHECK_THAT(r.out, Catch::Contains("--format") && Catch::Contains("onnx"));
   r = run_meshtrain("export --checkpoint " + (dir / "ckpt") + " --dtype fp16 --out " + (dir / "x"));
   CHECK_THAT(r.out, Catch::Contains("--dtype") && Catch::Contains("fp16"));
+  r = run_meshtrain("export --checkpoint " + (dir / "ckpt") + " --out " + data);
+  CHECK(r.status == 1);
+  CHECK_THAT(r.out, Catch::Contains("is a file; name a directory"));
 
   r = run_meshtrain(train(data, "--checkpoint " + (dir / "moe"), "tiny-moe"));
   REQUIRE(r.status == 0);

@@ -203,6 +203,8 @@ TEST_CASE("a file that does not fit the model is refused with the tensors named"
     for (SafeTensor& t : f.tensors) t.name = t.name.substr(std::strlen("transformer."));
     f.tensors.push_back({"h.0.attn.bias", SafeDType::f32, {1}, std::string(4, '\0')});
     CHECK(from_hf_tensors(m, f, "x").ok());
+    f.tensors.push_back(good.tensors[0]);  // transformer.wte.weight, also there as wte.weight
+    CHECK_THAT(import_error(m, f), Catch::Contains("holds tensor 'transformer.wte.weight' twice"));
   }
 }
 
