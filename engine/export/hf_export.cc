@@ -26,7 +26,8 @@ std::string shape_text(const std::vector<std::int64_t>& s) { return fmt::format(
 // "a, b, c and 4 more"
 std::string name_list(const std::vector<std::string>& names) {
   constexpr std::size_t kShown = 6;
-  std::vector<std::string> shown(names.begin(), names.begin() + static_cast<std::ptrdiff_t>(std::min(names.size(), kShown)));
+  const auto count = static_cast<std::ptrdiff_t>(std::min(names.size(), kShown));
+  const std::vector<std::string> shown(names.begin(), names.begin() + count);
   std::string out = fmt::format("{}", fmt::join(shown, ", "));
   if (names.size() > kShown) out += fmt::format(" and {} more", names.size() - kShown);
   return out;
@@ -40,7 +41,9 @@ std::string canonical_name(HfArch arch, const std::string& name) {
   return "transformer." + name;
 }
 bool is_gpt2_buffer(HfArch arch, const std::string& name) {
-  auto ends_with = [&](std::string_view s) { return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0; };
+  auto ends_with = [&](std::string_view s) {
+    return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
+  };
   return arch == HfArch::gpt2 && (ends_with(".attn.bias") || ends_with(".attn.masked_bias"));
 }
 
@@ -102,14 +105,16 @@ Result<ParamMap> from_hf_tensors(const ModelSpec& m, const SafetensorsFile& file
     }
     const SafeTensor& t = *it->second;
     if (t.shape != map.hf_shape) {
-      misshaped.push_back(fmt::format("'{}' is {}, expected {}", t.name, shape_text(t.shape), shape_text(map.hf_shape)));
+      misshaped.push_back(
+          fmt::format("'{}' is {}, expected {}", t.name, shape_text(t.shape), shape_text(map.hf_shape)));
       continue;
     }
     const std::vector<float> values = to_float32(t);
     MT_TRY(check_finite(t.name, values, path));
     std::vector<float>& p = params[map.param];
     p.resize(static_cast<std::size_t>(map.rows * map.cols));
-    for (std::int64_t k = 0; k < map.numel(); ++k) p[static_cast<std::size_t>(map.source(k))] = values[static_cast<std::size_t>(k)];
+    for (std::int64_t k = 0; k < map.numel(); ++k)
+      p[static_cast<std::size_t>(map.source(k))] = values[static_cast<std::size_t>(k)];
     by_name.erase(it);
   }
   const auto head = by_name.find("lm_head.weight");

@@ -79,7 +79,8 @@ void add_llama_layer(const ModelSpec& m, const ParamInfo& p, const std::string& 
     out.push_back(part(prefix + "self_attn.k_proj." + kind, p, q, kv, D));
     return out.push_back(part(prefix + "self_attn.v_proj." + kind, p, q + kv, kv));
   }
-  if (rest.rfind("attn.out.", 0) == 0) return out.push_back(whole(prefix + "self_attn.o_proj." + kind, p, kind == "weight"));
+  if (rest.rfind("attn.out.", 0) == 0)
+    return out.push_back(whole(prefix + "self_attn.o_proj." + kind, p, kind == "weight"));
   if (rest.rfind("mlp.up.", 0) == 0) {
     out.push_back(part(prefix + "mlp.gate_proj." + kind, p, 0, F));
     return out.push_back(part(prefix + "mlp.up_proj." + kind, p, F, F));
@@ -101,7 +102,8 @@ void add_llama(const ModelSpec& m, const ParamInfo& p, std::vector<HfTensorMap>&
 double shortest(float v) { return std::stod(fmt::format("{}", v)); }
 
 std::string features(const ModelSpec& m) {
-  return fmt::format("norm {}, activation {}, positions {}, bias {}", m.norm == NormKind::layernorm ? "layernorm" : "rmsnorm",
+  return fmt::format("norm {}, activation {}, positions {}, bias {}",
+                     m.norm == NormKind::layernorm ? "layernorm" : "rmsnorm",
                      m.activation == Activation::gelu ? "gelu" : "swiglu",
                      m.position == PositionKind::learned ? "learned" : "rope", m.bias);
 }
@@ -137,8 +139,10 @@ Result<HfArch> hf_arch(const ModelSpec& m) {
   if (m.moe())
     return make_error("model '{}' has {} experts; Hugging Face layouts are mapped for dense GPT-2 and Llama "
                       "decoders only (Mixtral's names are not mapped)", m.name, m.experts);
-  const bool gpt2 = m.norm == NormKind::layernorm && m.activation == Activation::gelu && m.position == PositionKind::learned;
-  const bool llama = m.norm == NormKind::rmsnorm && m.activation == Activation::swiglu && m.position == PositionKind::rope;
+  const bool gpt2 =
+      m.norm == NormKind::layernorm && m.activation == Activation::gelu && m.position == PositionKind::learned;
+  const bool llama =
+      m.norm == NormKind::rmsnorm && m.activation == Activation::swiglu && m.position == PositionKind::rope;
   if (!gpt2 && !llama)
     return make_error("model '{}' ({}) is neither GPT-2 (layernorm, gelu, learned positions) nor Llama (rmsnorm, "
                       "swiglu, rope), so it has no Hugging Face layout", m.name, features(m));
@@ -180,14 +184,15 @@ std::vector<HfTensorMap> hf_tensor_maps(const ModelSpec& m, HfArch arch) {
 nlohmann::json hf_config(const ModelSpec& m, HfArch arch, SafeDType dtype) {
   const char* torch_dtype = dtype == SafeDType::f32 ? "float32" : dtype == SafeDType::bf16 ? "bfloat16" : "float16";
   if (arch == HfArch::gpt2) {
+    // GPT-2's <|endoftext|> is id 50256 of its own vocabulary only.
+    const nlohmann::json gpt2_eos = m.vocab == 50257 ? nlohmann::json(50256) : nlohmann::json(nullptr);
     // The dropouts are 0: meshtrain's model has none of its own (train --dropout is a run's choice).
     return {{"architectures", {"GPT2LMHeadModel"}}, {"model_type", "gpt2"}, {"activation_function", "gelu_new"},
             {"attn_pdrop", 0.0}, {"embd_pdrop", 0.0}, {"resid_pdrop", 0.0}, {"initializer_range", 0.02},
             {"layer_norm_epsilon", shortest(m.norm_eps)}, {"n_ctx", m.seq_len}, {"n_positions", m.seq_len},
             {"n_embd", m.hidden}, {"n_head", m.heads}, {"n_layer", m.layers},
             {"n_inner", m.ffn == 4 * m.hidden ? nlohmann::json(nullptr) : nlohmann::json(m.ffn)},
-            {"vocab_size", m.vocab}, {"bos_token_id", m.vocab == 50257 ? nlohmann::json(50256) : nlohmann::json(nullptr)},
-            {"eos_token_id", m.vocab == 50257 ? nlohmann::json(50256) : nlohmann::json(nullptr)},
+            {"vocab_size", m.vocab}, {"bos_token_id", gpt2_eos}, {"eos_token_id", gpt2_eos},
             {"scale_attn_weights", true}, {"scale_attn_by_inverse_layer_idx", false},
             {"reorder_and_upcast_attn", false}, {"tie_word_embeddings", m.tied_embeddings},
             {"torch_dtype", torch_dtype}, {"use_cache", true}};

@@ -70,7 +70,9 @@ Result<std::vector<std::int64_t>> parse_shape(const nlohmann::json& v, const std
   for (const nlohmann::json& d : v) {
     if (!d.is_number_unsigned()) return make_error("{}: \"shape\" holds {}, not a size", where, json_excerpt(d));
     const std::uint64_t size = d.get<std::uint64_t>();
-    if (size > static_cast<std::uint64_t>(kMaxElements) || (size > 0 && n > kMaxElements / static_cast<std::int64_t>(size)))
+    const bool too_large = size > static_cast<std::uint64_t>(kMaxElements) ||
+                           (size > 0 && n > kMaxElements / static_cast<std::int64_t>(size));
+    if (too_large)
       return make_error("{}: shape {} is too large", where, v.dump());
     shape.push_back(static_cast<std::int64_t>(size));
     n *= static_cast<std::int64_t>(size);
@@ -182,7 +184,8 @@ Result<SafetensorsFile> decode_safetensors(std::string_view file, const std::str
     return make_error("'{}': the header length {} runs past the end of the file ({} bytes): truncated, or not a "
                       "safetensors file",
                       path, n, file.size());
-  if (n > kMaxHeaderBytes) return make_error("'{}': the header of {} bytes is over the format's limit of {}", path, n, kMaxHeaderBytes);
+  if (n > kMaxHeaderBytes)
+    return make_error("'{}': the header of {} bytes is over the format's limit of {}", path, n, kMaxHeaderBytes);
   const nlohmann::json header = nlohmann::json::parse(file.substr(8, n), nullptr, false);
   if (header.is_discarded() || !header.is_object())
     return make_error("'{}': the {}-byte header is not a JSON object; the file is damaged or not a safetensors file",
@@ -218,7 +221,8 @@ Result<SafetensorsFile> decode_safetensors(std::string_view file, const std::str
   // In the order of their data, as the writer laid them out.
   std::vector<std::size_t> order(out.tensors.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return extents[a].begin < extents[b].begin; });
+  std::sort(order.begin(), order.end(),
+            [&](std::size_t a, std::size_t b) { return extents[a].begin < extents[b].begin; });
   std::vector<SafeTensor> sorted;
   sorted.reserve(order.size());
   for (std::size_t i : order) sorted.push_back(std::move(out.tensors[i]));

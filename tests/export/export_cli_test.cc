@@ -96,7 +96,8 @@ TEST_CASE("export writes model.safetensors and config.json, fp32 or bf16, that t
   TempDir dir;
   const std::string data = make_data(dir);
   REQUIRE(run_meshtrain(train(data, "--checkpoint " + (dir / "ckpt"))).status == 0);
-  const MeshtrainRun out = run_meshtrain("export --checkpoint " + (dir / "ckpt") + " --format safetensors --out " + (dir / "hf"));
+  const MeshtrainRun out =
+      run_meshtrain("export --checkpoint " + (dir / "ckpt") + " --format safetensors --out " + (dir / "hf"));
   INFO(out.out);
   REQUIRE(out.status == 0);
   CHECK_THAT(out.out, Catch::Contains("model.safetensors") && Catch::Contains("config.json"));
@@ -108,7 +109,8 @@ TEST_CASE("export writes model.safetensors and config.json, fp32 or bf16, that t
   CHECK(config["n_layer"] == 4);
   CHECK(config["torch_dtype"] == "float32");
 
-  REQUIRE(run_meshtrain("export --checkpoint " + (dir / "ckpt") + " --out " + (dir / "bf/w.safetensors") + " --dtype bf16").status == 0);
+  const std::string bf16 = "export --checkpoint " + (dir / "ckpt") + " --out " + (dir / "bf/w.safetensors");
+  REQUIRE(run_meshtrain(bf16 + " --dtype bf16").status == 0);
   auto bf = decode_safetensors(read(dir / "bf/w.safetensors"), "w");
   REQUIRE(bf.ok());
   CHECK(bf->tensors[0].dtype == SafeDType::bf16);
@@ -122,7 +124,8 @@ TEST_CASE("export writes model.safetensors and config.json, fp32 or bf16, that t
   REQUIRE(run_meshtrain("export --checkpoint " + (dir / "ckpt2") + " --out " + (dir / "hf2")).status == 0);
   // A resumed checkpoint takes precedence over --init-from (whose file may be gone by then).
   const MeshtrainRun resumed = run_meshtrain(
-      train(data, "--init-from " + (dir / "gone.safetensors") + " --checkpoint " + (dir / "ckpt") + " --resume", "tiny", 4));
+      train(data, "--init-from " + (dir / "gone.safetensors") + " --checkpoint " + (dir / "ckpt") + " --resume",
+            "tiny", 4));
   INFO(resumed.out);
   CHECK(resumed.status == 0);
 }

@@ -70,7 +70,8 @@ Status run(const std::string& dir, const std::string& tokens_file, const std::st
   MT_ASSIGN(const CheckpointParams c, load_checkpoint_params(dir));
   const ModelSpec& m = c.model;
   std::ifstream in(tokens_file);
-  const std::vector<std::int32_t> tokens{std::istream_iterator<std::int32_t>(in), std::istream_iterator<std::int32_t>()};
+  const std::vector<std::int32_t> tokens{std::istream_iterator<std::int32_t>(in),
+                                         std::istream_iterator<std::int32_t>()};
   if (tokens.size() < 2 || tokens.size() > static_cast<std::size_t>(m.seq_len) + 1)
     return make_error("'{}' holds {} tokens; give 2 to seq_len + 1 = {}", tokens_file, tokens.size(), m.seq_len + 1);
   CpuBackend b;
