@@ -71,9 +71,9 @@ Result<std::vector<SafeTensor>> to_hf_tensors(const ModelSpec& m, const ParamMap
   for (const HfTensorMap& map : hf_tensor_maps(m, arch)) {
     const auto it = params.find(map.param);
     if (it == params.end()) return make_error("the parameters of '{}' have no '{}'", m.name, map.param);
-    if (static_cast<std::int64_t>(it->second.size()) != map.rows * map.cols)
+    if (static_cast<std::int64_t>(it->second.size()) != map.param_numel)
       return make_error("parameter '{}' has {} values, model '{}' needs {}", map.param, it->second.size(), m.name,
-                        map.rows * map.cols);
+                        map.param_numel);
     std::vector<float> values(static_cast<std::size_t>(map.numel()));
     for (std::int64_t k = 0; k < map.numel(); ++k)
       values[static_cast<std::size_t>(k)] = it->second[static_cast<std::size_t>(map.source(k))];
@@ -112,7 +112,7 @@ Result<ParamMap> from_hf_tensors(const ModelSpec& m, const SafetensorsFile& file
     const std::vector<float> values = to_float32(t);
     MT_TRY(check_finite(t.name, values, path));
     std::vector<float>& p = params[map.param];
-    p.resize(static_cast<std::size_t>(map.rows * map.cols));
+    p.resize(static_cast<std::size_t>(map.param_numel));
     for (std::int64_t k = 0; k < map.numel(); ++k)
       p[static_cast<std::size_t>(map.source(k))] = values[static_cast<std::size_t>(k)];
     by_name.erase(it);

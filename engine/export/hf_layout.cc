@@ -16,6 +16,7 @@ HfTensorMap whole(std::string hf_name, const ParamInfo& p, bool transpose) {
   HfTensorMap t;
   t.hf_name = std::move(hf_name);
   t.param = p.name;
+  t.param_numel = p.numel();
   t.rows = p.shape.size() == 2 ? p.shape[0] : 1;
   t.cols = p.shape.back();
   t.columns = t.cols;
@@ -34,6 +35,38 @@ HfTensorMap part(std::string hf_name, const ParamInfo& p, std::int64_t column, s
   t.rope_head_dim = rope_head_dim;
   t.hf_shape = p.shape.size() == 2 ? std::vector<std::int64_t>{columns, t.rows} : std::vector<std::int64_t>{columns};
   return t;
+}
+
+// Columns [column, column + columns) of expert e's matrix of `p` (E, rows, cols), transposed to (out, in).
+HfTensorMap expert_part(std::string hf_name, const ParamInfo& p, std::int64_t e, std::int64_t column,
+                        std::int64_t columns) {
+  HfTensorMap t;
+  t.hf_name = std::move(hf_name);
+  t.param = p.name;
+  t.param_numel = p.numel();
+  t.rows = p.shape[1];
+  t.cols = p.shape[2];
+  t.base = e * t.rows * t.cols;
+  t.column = column;
+  t.columns = columns;
+  t.transpose = true;
+  t.hf_shape = {columns, t.rows};
+  return t;
+}
+
+void add_mixtral_experts(const ModelSpec& m, const ParamInfo& p, const std::string& prefix, const std::string& rest,
+                         std::vector<HfTensorMap>& out) {
+  const std::string moe = prefix + "block_sparse_moe.";
+  if (rest == "moe.router") return out.push_back(whole(moe + "gate.weight", p, true));
+  for (std::int64_t e = 0; e < m.experts; ++e) {
+    const std::string expert = fmt::format("{}experts.{}.", moe, e);
+    if (rest == "moe.up") {
+      out.push_back(expert_part(expert + "w1.weight", p, e, 0, m.ffn));  // the gate
+      out.push_back(expert_part(expert + "w3.weight", p, e, m.ffn, m.ffn));
+    } else {
+      out.push_back(expert_part(expert + "w2.weight", p, e, 0, m.hidden));  // moe.down
+    }
+  }
 }
 
 // The suffix after "layers.N." of a body parameter name, and N.
@@ -74,6 +107,7 @@ void add_llama_layer(const ModelSpec& m, const ParamInfo& p, const std::string& 
                      F = m.ffn;
   if (rest == "norm1.weight") return out.push_back(whole(prefix + "input_layernorm.weight", p, false));
   if (rest == "norm2.weight") return out.push_back(whole(prefix + "post_attention_layernorm.weight", p, false));
+  if (rest.rfind("moe.", 0) == 0) return add_mixtral_experts(m, p, prefix, rest, out);
   if (rest.rfind("attn.qkv.", 0) == 0) {
     out.push_back(part(prefix + "self_attn.q_proj." + kind, p, 0, q, D));
     out.push_back(part(prefix + "self_attn.k_proj." + kind, p, q, kv, D));
@@ -110,7 +144,7 @@ std::string features(const ModelSpec& m) {
 
 // The value transformers takes for `key` when a config.json leaves it out
 // (GPT2Config / LlamaConfig defaults); null: the key is required.
-nlohmann::json default_of(const std::string& key, const ModelSpec& m) {
+nlohmann::json default_of(const std::string& key, const ModelSpec& m, HfArch arch) {
   static const std::map<std::string, nlohmann::json> defaults = {
       {"tie_word_embeddings", true}, {"attention_bias", false}, {"mlp_bias", false},
       {"activation_function", "gelu_new"}, {"hidden_act", "silu"}, {"layer_norm_epsilon", 1e-5},
@@ -118,6 +152,8 @@ nlohmann::json default_of(const std::string& key, const ModelSpec& m) {
   if (key == "n_inner") return 4 * m.hidden;  // null or absent: 4 · n_embd
   if (key == "head_dim") return m.hidden / m.heads;
   if (key == "num_key_value_heads") return m.heads;
+  if (arch == HfArch::mixtral && key == "rope_theta") return 1e6;
+  if (arch == HfArch::mixtral && key == "rms_norm_eps") return 1e-5;
   const auto it = defaults.find(key);
   return it == defaults.end() ? nlohmann::json() : it->second;
 }
@@ -130,15 +166,26 @@ bool same_value(const nlohmann::json& a, const nlohmann::json& b) {
   return a == b;
 }
 
+// A model with experts maps to Mixtral when its MoE is Mixtral's: every layer
+// routed, top-k weights renormalised, no shared experts, no biases.
+Result<HfArch> mixtral_arch(const ModelSpec& m, bool gpt2) {
+  std::vector<std::string> why;
+  if (gpt2) why.push_back("its layers are GPT-2's, Mixtral's are Llama's (rmsnorm, swiglu, rope)");
+  if (m.bias) why.push_back("it has biases");
+  if (m.shared_experts > 0) why.push_back(fmt::format("it has {} shared experts", m.shared_experts));
+  if (m.moe_every != 1 || m.dense_layers != 0) why.push_back("some of its layers are dense");
+  if (!m.renormalize) why.push_back("its top-k weights are not renormalised");
+  if (why.empty()) return HfArch::mixtral;
+  return make_error("model '{}' has {} experts but no Hugging Face layout: Mixtral's is the only MoE one mapped, "
+                    "and {}", m.name, m.experts, fmt::join(why, ", "));
+}
+
 }  // namespace
 
 Result<HfArch> hf_arch(const ModelSpec& m) {
   if (m.family != ModelFamily::decoder)
     return make_error("model '{}' is a {} model; Hugging Face layouts are mapped for GPT-2 and Llama decoders only",
                       m.name, family_name(m.family));
-  if (m.moe())
-    return make_error("model '{}' has {} experts; Hugging Face layouts are mapped for dense GPT-2 and Llama "
-                      "decoders only (Mixtral's names are not mapped)", m.name, m.experts);
   const bool gpt2 =
       m.norm == NormKind::layernorm && m.activation == Activation::gelu && m.position == PositionKind::learned;
   const bool llama =
@@ -155,10 +202,13 @@ Result<HfArch> hf_arch(const ModelSpec& m) {
                       m.name, m.kv_heads, m.head_dim(), m.heads, m.hidden);
   if (llama && m.head_dim() % 2 != 0)
     return make_error("model '{}' has an odd head dim {}; rotary embeddings rotate pairs", m.name, m.head_dim());
+  if (m.moe()) return mixtral_arch(m, gpt2);
   return gpt2 ? HfArch::gpt2 : HfArch::llama;
 }
 
-std::string_view hf_arch_name(HfArch a) { return a == HfArch::gpt2 ? "GPT-2" : "Llama"; }
+std::string_view hf_arch_name(HfArch a) {
+  return a == HfArch::gpt2 ? "GPT-2" : a == HfArch::llama ? "Llama" : "Mixtral";
+}
 
 std::int64_t HfTensorMap::source(std::int64_t k) const {
   // Element k of the HF tensor is (row r, slice column j), or (j, r) transposed.
@@ -169,7 +219,7 @@ std::int64_t HfTensorMap::source(std::int64_t k) const {
     const std::int64_t D = rope_head_dim, h = j / D, within = j % D, half = within / (D / 2), i = within % (D / 2);
     c = h * D + 2 * i + half;
   }
-  return r * cols + column + c;
+  return base + r * cols + column + c;
 }
 
 std::vector<HfTensorMap> hf_tensor_maps(const ModelSpec& m, HfArch arch) {
@@ -197,7 +247,7 @@ nlohmann::json hf_config(const ModelSpec& m, HfArch arch, SafeDType dtype) {
             {"reorder_and_upcast_attn", false}, {"tie_word_embeddings", m.tied_embeddings},
             {"torch_dtype", torch_dtype}, {"use_cache", true}};
   }
-  return {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}, {"hidden_act", "silu"},
+  nlohmann::json c = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}, {"hidden_act", "silu"},
           {"hidden_size", m.hidden}, {"intermediate_size", m.ffn}, {"num_hidden_layers", m.layers},
           {"num_attention_heads", m.heads}, {"num_key_value_heads", m.kv_heads}, {"head_dim", m.head_dim()},
           {"max_position_embeddings", m.seq_len}, {"vocab_size", m.vocab}, {"rms_norm_eps", shortest(m.norm_eps)},
@@ -205,24 +255,38 @@ nlohmann::json hf_config(const ModelSpec& m, HfArch arch, SafeDType dtype) {
           {"attention_dropout", 0.0}, {"mlp_bias", m.bias}, {"initializer_range", 0.02}, {"pretraining_tp", 1},
           {"bos_token_id", nullptr}, {"eos_token_id", nullptr}, {"tie_word_embeddings", m.tied_embeddings},
           {"torch_dtype", torch_dtype}, {"use_cache", true}};
+  if (arch == HfArch::llama) return c;
+  // MixtralConfig: Llama's keys without the bias flags, plus the experts.
+  for (const char* key : {"attention_bias", "mlp_bias", "pretraining_tp"}) c.erase(key);
+  c["architectures"] = {"MixtralForCausalLM"};
+  c["model_type"] = "mixtral";
+  c["num_local_experts"] = m.experts;
+  c["num_experts_per_tok"] = m.top_k;
+  c["router_aux_loss_coef"] = shortest(m.aux_loss_coeff);
+  c["router_jitter_noise"] = 0.0;
+  c["output_router_logits"] = false;
+  c["sliding_window"] = nullptr;
+  return c;
 }
 
 Status check_hf_config(const nlohmann::json& config, const ModelSpec& m, const std::string& path) {
   if (!config.is_object()) return make_error("'{}' is not a JSON object", path);
   MT_ASSIGN(const HfArch arch, hf_arch(m));
   const nlohmann::json expected = hf_config(m, arch, SafeDType::f32);
-  const std::vector<std::string> keys =
+  std::vector<std::string> keys =
       arch == HfArch::gpt2
           ? std::vector<std::string>{"model_type", "n_embd", "n_layer", "n_head", "n_inner", "n_positions",
                                      "vocab_size", "layer_norm_epsilon", "activation_function", "tie_word_embeddings"}
           : std::vector<std::string>{"model_type", "hidden_size", "num_hidden_layers", "num_attention_heads",
                                      "num_key_value_heads", "head_dim", "intermediate_size", "vocab_size",
-                                     "rms_norm_eps", "rope_theta", "rope_scaling", "hidden_act", "attention_bias",
-                                     "mlp_bias", "tie_word_embeddings"};
+                                     "rms_norm_eps", "rope_theta", "rope_scaling", "hidden_act",
+                                     "tie_word_embeddings"};
+  if (arch == HfArch::llama) keys.insert(keys.end(), {"attention_bias", "mlp_bias"});
+  if (arch == HfArch::mixtral) keys.insert(keys.end(), {"num_local_experts", "num_experts_per_tok"});
   std::vector<std::string> problems;
   for (const std::string& key : keys) {
     const bool given = config.contains(key) && !(key == "n_inner" && config.at(key).is_null());
-    nlohmann::json have = given ? config.at(key) : default_of(key, m);
+    nlohmann::json have = given ? config.at(key) : default_of(key, m, arch);
     nlohmann::json want = key == "n_inner" ? nlohmann::json(m.ffn) : expected.at(key);
     if (have == "gelu_pytorch_tanh") have = "gelu_new";  // the same tanh approximation
     if (key == "rope_scaling" && !have.is_null())

@@ -1,5 +1,7 @@
 // Hugging Face names and layouts of meshtrain's decoder parameters, for
-// GPT-2 (GPT2LMHeadModel) and Llama (LlamaForCausalLM), and their config.json.
+// GPT-2 (GPT2LMHeadModel), Llama (LlamaForCausalLM) and Mixtral
+// (MixtralForCausalLM: Llama's layers with a block of SwiGLU experts), and
+// their config.json.
 //
 // meshtrain keeps linear weights (in, out) and fuses some of them; Hugging
 // Face keeps nn.Linear weights (out, in) and GPT-2's Conv1D weights (in, out):
@@ -14,6 +16,9 @@
 //   layers.N.mlp.up (C, [gate|up])  h.N.mlp.c_fc (as is)  mlp.{gate,up}_proj (columns, transposed)
 //   layers.N.mlp.down (F, C)  h.N.mlp.c_proj (as is)     mlp.down_proj (transposed)
 //   final_norm                ln_f                       norm
+//   layers.N.moe.router (C, E)  -                        layers.N.block_sparse_moe.gate (transposed)
+//   layers.N.moe.up (E, C, [gate|up])  -                 block_sparse_moe.experts.e.{w1,w3} (split, transposed)
+//   layers.N.moe.down (E, F, C)  -                       block_sparse_moe.experts.e.w2 (transposed)
 //   head (C, V), untied only  lm_head.weight (V, C)      lm_head.weight (V, C)
 //
 // Rotary embeddings: meshtrain's rope (backends/backend.h) rotates the
@@ -39,21 +44,24 @@
 
 namespace meshtrain {
 
-enum class HfArch { gpt2, llama };
+enum class HfArch { gpt2, llama, mixtral };
 
 // The Hugging Face architecture of `m`, or an Error saying why it has none
 // (a vision or VQA model, experts, a mix of GPT-2 and Llama features, ...).
 Result<HfArch> hf_arch(const ModelSpec& m);
-std::string_view hf_arch_name(HfArch a);  // "GPT-2", "Llama"
+std::string_view hf_arch_name(HfArch a);  // "GPT-2", "Llama", "Mixtral"
 
 // One Hugging Face tensor: columns [column, column + columns) of meshtrain
-// parameter `param` (rows × cols, or a vector: 1 × cols), transposed or not,
+// parameter `param` (rows × cols, or a vector: 1 × cols; for an expert's
+// matrix, the rows × cols starting at element `base`), transposed or not,
 // each head of `rope_head_dim` columns permuted from adjacent to half pairs.
 struct HfTensorMap {
   std::string hf_name;
   std::vector<std::int64_t> hf_shape;
   std::string param;
-  std::int64_t rows = 1, cols = 0;  // the meshtrain parameter, as a matrix
+  std::int64_t param_numel = 0;     // elements of the whole parameter
+  std::int64_t base = 0;            // the matrix's first element in the parameter
+  std::int64_t rows = 1, cols = 0;  // the meshtrain parameter (or expert), as a matrix
   std::int64_t column = 0, columns = 0;
   bool transpose = false;
   std::int64_t rope_head_dim = 0;  // 0: no permutation

@@ -31,6 +31,16 @@ inline ModelSpec tiny_llama() {
   return m;
 }
 
+// Its Mixtral sibling: 4 SwiGLU experts of width 32, top 2, renormalised.
+inline ModelSpec tiny_mixtral() {
+  ModelSpec m = tiny_llama();
+  m.name = "tiny-mixtral";
+  m.ffn = 32;
+  m.experts = 4;
+  m.top_k = 2;
+  return m;
+}
+
 // Every parameter of `m`, full, of distinct normal values.
 inline ParamMap random_params(const ModelSpec& m, unsigned seed) {
   std::mt19937 rng(seed);

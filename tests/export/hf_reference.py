@@ -3,10 +3,11 @@
 
 Usage: hf_reference.py MESHTRAIN_BIN EXPORT_LOGITS_BIN
 
-For a GPT-2 and two Llama shaped models: trains a few steps with `meshtrain
+For a GPT-2, two Llama and a Mixtral shaped model: trains a few steps with `meshtrain
 train --checkpoint`, exports the checkpoint (`meshtrain export`), builds the
 model that config.json describes from the Hugging Face architectures
-(GPT2LMHeadModel, LlamaForCausalLM; transformers itself is not needed),
+(GPT2LMHeadModel, LlamaForCausalLM, MixtralForCausalLM; transformers itself
+is not needed),
 loads model.safetensors by the format's spec (8-byte header length, JSON
 header, raw little-endian data), and compares its logits for one sequence
 with meshtrain's (tests/export/export_logits) within fp32 tolerance; a bf16
@@ -88,8 +89,26 @@ def rotate_half(x):
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def swiglu(x, w1, w3, w2):
+    return (torch.nn.functional.silu(x @ w1.T) * (x @ w3.T)) @ w2.T
+
+
+def mixtral_moe(x, w, b, cfg):
+    """MixtralSparseMoeBlock: softmax over the experts, the top k renormalised, their SwiGLUs summed."""
+    moe = b + "block_sparse_moe."
+    probs = torch.softmax(x @ w[moe + "gate.weight"].T, dim=-1)
+    weights, experts = torch.topk(probs, cfg["num_experts_per_tok"], dim=-1)
+    weights = weights / weights.sum(dim=-1, keepdim=True)
+    out = torch.zeros_like(x)
+    for t in range(x.shape[0]):
+        for k in range(experts.shape[1]):
+            e = f"{moe}experts.{experts[t, k].item()}."
+            out[t] += weights[t, k] * swiglu(x[t], w[e + "w1.weight"], w[e + "w3.weight"], w[e + "w2.weight"])
+    return out
+
+
 def llama_logits(cfg, w, ids):
-    """LlamaForCausalLM.forward in eval mode (nn.Linear weights are (out, in))."""
+    """LlamaForCausalLM / MixtralForCausalLM.forward in eval mode (nn.Linear weights are (out, in))."""
     C, H, G = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
     D = cfg.get("head_dim", C // H)
     T, eps = len(ids), cfg["rms_norm_eps"]
@@ -119,6 +138,9 @@ def llama_logits(cfg, w, ids):
         a = causal_attention(q, k, v).transpose(0, 1).reshape(T, H * D)
         h = h + linear(a, b + "self_attn.o_proj")
         x = rms(h, b + "post_attention_layernorm")
+        if cfg["model_type"] == "mixtral":
+            h = h + mixtral_moe(x, w, b, cfg)
+            continue
         gate = linear(x, b + "mlp.gate_proj")
         h = h + linear(torch.nn.functional.silu(gate) * linear(x, b + "mlp.up_proj"), b + "mlp.down_proj")
     head = w["model.embed_tokens.weight"] if cfg["tie_word_embeddings"] else w["lm_head.weight"]
@@ -129,7 +151,7 @@ def reference_logits(export_dir, file_name, ids):
     with open(os.path.join(export_dir, "config.json")) as f:
         cfg = json.load(f)
     w = load_safetensors(os.path.join(export_dir, file_name))
-    build = {"gpt2": gpt2_logits, "llama": llama_logits}[cfg["model_type"]]
+    build = {"gpt2": gpt2_logits, "llama": llama_logits, "mixtral": llama_logits}[cfg["model_type"]]
     return build(cfg, w, torch.tensor(ids)), cfg
 
 
@@ -188,11 +210,12 @@ def main():
                  "position": "rope", "rope_theta": 10000.0, "norm_eps": 1e-5}
         # Llama with biases (attention_bias, mlp_bias) and a tied head: the q/k bias permutation too.
         llama_bias = dict(llama, name="ref-llama-bias", bias=True, tied_embeddings=True, kv_heads=4)
+        mixtral = dict(llama, name="ref-mixtral", ffn=32, experts=4, top_k=2)
         problems = []
-        for spec in (llama, llama_bias):
+        for spec in (llama, llama_bias, mixtral):
             with open(os.path.join(work, spec["name"] + ".json"), "w") as f:
                 json.dump(spec, f)
-        models = [("gpt2", "tiny")] + [(s["name"], os.path.join(work, s["name"] + ".json")) for s in (llama, llama_bias)]
+        models = [("gpt2", "tiny")] + [(s["name"], os.path.join(work, s["name"] + ".json")) for s in (llama, llama_bias, mixtral)]
         for name, model in models:
             problems += check(name, model, meshtrain, export_logits, work, data, tokens)
         if problems:

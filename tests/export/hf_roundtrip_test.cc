@@ -21,6 +21,7 @@ using namespace meshtrain;
 using testing::random_params;
 using testing::tiny_gpt2;
 using testing::tiny_llama;
+using testing::tiny_mixtral;
 
 namespace {
 
@@ -78,7 +79,7 @@ std::string import_error(const ModelSpec& m, const SafetensorsFile& f) {
 }  // namespace
 
 TEST_CASE("every element of every parameter has exactly one Hugging Face place", "[export]") {
-  for (const ModelSpec& m : {tiny_gpt2(), tiny_llama()}) {
+  for (const ModelSpec& m : {tiny_gpt2(), tiny_llama(), tiny_mixtral()}) {
     INFO(m.name);
     const HfArch arch = *hf_arch(m);
     std::map<std::string, std::vector<int>> hits;
@@ -135,8 +136,30 @@ TEST_CASE("Llama tensors are nn.Linear (out, in), split from the fused ones, q a
   CHECK(to_float32(find(f, "model.norm.weight")) == params.at("final_norm.weight"));
 }
 
+TEST_CASE("Mixtral experts are split per expert into w1 (gate), w3 (up) and w2, nn.Linear (out, in)", "[export]") {
+  const ModelSpec m = tiny_mixtral();  // 4 experts of width 32 over hidden 64
+  const ParamMap params = random_params(m, 6);
+  const SafetensorsFile f = decode(*encode_hf_safetensors(m, params, SafeDType::f32));
+  const std::vector<float>& up = params.at("layers.1.moe.up");      // (4, 64, [gate 32 | up 32])
+  const std::vector<float>& down = params.at("layers.1.moe.down");  // (4, 32, 64)
+  const std::string e2 = "model.layers.1.block_sparse_moe.experts.2.";
+  CHECK(find(f, e2 + "w1.weight").shape == std::vector<std::int64_t>{32, 64});
+  CHECK(at(find(f, e2 + "w1.weight"), 5, 7) == up[(2 * 64 + 7) * 64 + 5]);
+  CHECK(at(find(f, e2 + "w3.weight"), 5, 7) == up[(2 * 64 + 7) * 64 + 32 + 5]);
+  CHECK(at(find(f, e2 + "w2.weight"), 9, 4) == down[(2 * 32 + 4) * 64 + 9]);
+  const SafeTensor& gate = find(f, "model.layers.1.block_sparse_moe.gate.weight");
+  CHECK(gate.shape == std::vector<std::int64_t>{4, 64});
+  CHECK(at(gate, 3, 10) == params.at("layers.1.moe.router")[10 * 4 + 3]);
+  const nlohmann::json c = hf_config(m, HfArch::mixtral, SafeDType::f32);
+  CHECK(c["model_type"] == "mixtral");
+  CHECK(c["num_local_experts"] == 4);
+  CHECK(c["num_experts_per_tok"] == 2);
+  CHECK_FALSE(c.contains("mlp_bias"));
+  CHECK(check_hf_config(c, m, "config.json").ok());
+}
+
 TEST_CASE("export -> import -> export is bit for bit, also through tp = 2 and pp = 2 engines", "[export]") {
-  for (const ModelSpec& m : {tiny_gpt2(), tiny_llama()}) {
+  for (const ModelSpec& m : {tiny_gpt2(), tiny_llama(), tiny_mixtral()}) {
     for (SafeDType dtype : {SafeDType::f32, SafeDType::bf16}) {
       INFO(m.name << " " << safe_dtype_name(dtype));
       const ParamMap params = random_params(m, 3);
@@ -216,7 +239,11 @@ TEST_CASE("models without a Hugging Face layout are refused with the reason", "[
   };
   CHECK_THAT(why(*model_preset("vit-tiny")), Catch::Contains("is a vit model"));
   CHECK_THAT(why(*model_preset("vqa-tiny")), Catch::Contains("is a vqa model"));
-  CHECK_THAT(why(*model_preset("tiny-moe")), Catch::Contains("8 experts") && Catch::Contains("Mixtral"));
+  CHECK_THAT(why(*model_preset("tiny-moe")), Catch::Contains("8 experts") && Catch::Contains("layers are GPT-2's"));
+  ModelSpec shared = tiny_mixtral();
+  shared.shared_experts = 1;
+  CHECK_THAT(why(shared), Catch::Contains("1 shared experts"));
+  CHECK(*hf_arch(*model_preset("mixtral-8x7b")) == HfArch::mixtral);
   ModelSpec mixed = tiny_gpt2();
   mixed.position = PositionKind::rope;
   CHECK_THAT(why(mixed), Catch::Contains("neither GPT-2") && Catch::Contains("positions rope"));
