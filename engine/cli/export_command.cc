@@ -1,7 +1,8 @@
 // `meshtrain export --checkpoint DIR --format safetensors --out DIR_OR_FILE
 // [--dtype fp32|bf16]`: a checkpoint's parameters as a safetensors file with
 // Hugging Face names and a config.json beside it (engine/export/hf_export.h),
-// loadable by transformers' GPT2LMHeadModel / LlamaForCausalLM and by
+// loadable by transformers' GPT2LMHeadModel, LlamaForCausalLM or
+// MixtralForCausalLM and by
 // `train --init-from`.
 #include <memory>
 
@@ -33,7 +34,8 @@ Status run_export(const ExportFlags& f) {
 Command add_export_command(CLI::App& app) {
   auto f = std::make_shared<ExportFlags>();
   CLI::App* sub = app.add_subcommand(
-      "export", "write a checkpoint's weights as safetensors with Hugging Face names (GPT-2, Llama) and a config.json");
+      "export",
+      "write a checkpoint's weights as safetensors with Hugging Face names (GPT-2, Llama, Mixtral) and a config.json");
   sub->add_option("--checkpoint", f->checkpoint, "checkpoint directory (train --checkpoint)")->required();
   sub->add_option("--format", f->format, "output format (safetensors)")->capture_default_str();
   sub->add_option("--out", f->out,

@@ -298,9 +298,9 @@ Command add_train_command(CLI::App& app) {
                   "its pieces must fit the model's vocab; with --checkpoint it is copied into the checkpoint, and "
                   "--resume checks it is the same file");
   sub->add_option("--init-from", t.init_from,
-                  "start from the weights of a safetensors file with Hugging Face names (meshtrain export; GPT-2 "
-                  "and Llama layouts), checked against the config.json beside it; a resumed checkpoint takes "
-                  "precedence");
+                  "start from the weights of a safetensors file with Hugging Face names (meshtrain export; GPT-2, "
+                  "Llama and Mixtral layouts), checked against the config.json beside it; a resumed checkpoint "
+                  "takes precedence");
   sub->add_flag("--quiet", f->quiet, "no progress lines");
   sub->add_option("--fault-inject", f->faults,
                   "RANK:slow:STEP[:FACTOR], RANK:hang:STEP or RANK:exit:STEP: make a rank slow down, stop answering or "
