@@ -151,6 +151,10 @@ TEST_CASE("export and --init-from refuse what does not fit, naming it", "[export
   r = run_meshtrain("export --checkpoint " + (dir / "moe") + " --out " + (dir / "x"));
   CHECK(r.status == 1);
   CHECK_THAT(r.out, Catch::Contains("8 experts but no Hugging Face layout") && Catch::Contains("layers are GPT-2's"));
+  // Outputs pass the path guard: not into another run's checkpoint folder.
+  r = run_meshtrain("export --checkpoint " + (dir / "ckpt") + " --out " + (dir / "moe/hf"));
+  CHECK(r.status == 1);
+  CHECK_THAT(r.out, Catch::Contains("--out") && Catch::Contains("lies inside the checkpoint folder"));
 
   // Another model than the file's: its config.json says so, key by key.
   r = run_meshtrain(train(data, "--init-from " + file, "gpt2-124m"));
