@@ -12,6 +12,7 @@
 
 #include "core/json_input.h"
 #include "engine/checkpoint/checkpoint.h"
+#include "engine/export/hf_export.h"
 #include "engine/lr_schedule.h"
 #include "engine/mesh.h"
 #include "engine/metrics.h"
@@ -178,8 +179,14 @@ Status train_rank(Backend& b, const ModelSpec& m, const Plan& p, const TrainOpti
     if (leader && ckpt.meta.step == o.steps)
       warn(fmt::format("the checkpoint in '{}' is at step {}, which is --steps: the run is complete and there is "
                        "nothing to do; raise --steps to train further", o.checkpoint_dir, o.steps));
-  } else if (o.resume && leader) {
-    warn(fmt::format("--resume: no checkpoint in '{}' yet; starting from step 1", o.checkpoint_dir));
+  } else {
+    if (o.resume && leader) warn(fmt::format("--resume: no checkpoint in '{}' yet; starting from step 1", o.checkpoint_dir));
+    if (o.init_parameters) {
+      // As a resume loads a checkpoint's state, with the zero AdamW moments of a fresh run.
+      MT_TRY(engine.import_state(initial_training_state(*o.init_parameters))
+                 .context(fmt::format("--init-from '{}'", o.init_from)));
+      if (leader && o.progress) fmt::print("initialised from {}\n", o.init_from);
+    }
   }
   std::optional<MetricsWriter> metrics;
   if (leader && !o.metrics.empty()) {

@@ -13,6 +13,8 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -38,6 +40,11 @@ struct TrainOptions {
   int checkpoint_every = 0;     // 0: only at the end
   bool resume = false;
   bool overwrite_checkpoint = false;  // start afresh, replacing a checkpoint in checkpoint_dir
+  // --init-from: a run that starts at step 1 takes these full parameters (by
+  // name, engine/export/hf_export.h) with zero AdamW moments; a resumed
+  // checkpoint takes precedence. Loaded once per process, shared by its ranks.
+  std::string init_from;
+  std::shared_ptr<const std::map<std::string, std::vector<float>>> init_parameters;
   std::string metrics;          // JSON lines, appended
   int eval_every = 0;           // 0: no validation loss
   int eval_sequences = 16;      // held-out sequences per evaluation (text)

@@ -25,5 +25,6 @@ Command add_tokenize_command(CLI::App& app);
 Command add_plot_command(CLI::App& app);       // engine/pictures/
 Command add_compare_command(CLI::App& app);
 Command add_generate_command(CLI::App& app);  // engine/generate/
+Command add_export_command(CLI::App& app);  // engine/export/
 
 }  // namespace meshtrain

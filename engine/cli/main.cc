@@ -21,7 +21,8 @@ int main(int argc, char** argv) {
                                               meshtrain::add_tokenize_command(app),
                                               meshtrain::add_plot_command(app),
                                               meshtrain::add_compare_command(app),
-                                              meshtrain::add_generate_command(app)};
+                                              meshtrain::add_generate_command(app),
+                                              meshtrain::add_export_command(app)};
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

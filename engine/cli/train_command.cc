@@ -17,6 +17,7 @@
 #include "engine/cli/bounded_flags.h"
 #include "engine/cli/commands.h"
 #include "engine/cli/plan_flags.h"
+#include "engine/export/hf_export.h"
 #include "engine/stop_request.h"
 #include "engine/tokenizer.h"
 #include "engine/tracing/tracing_backend.h"
@@ -80,6 +81,16 @@ Result<std::optional<CheckpointTokenizer>> run_tokenizer(const TrainOptions& o, 
   return std::optional<CheckpointTokenizer>(std::move(t));
 }
 
+// --init-from's parameters, read once for this process's ranks; not read when
+// the run resumes a checkpoint (which takes precedence), so a job script can
+// keep the flag after a preemption even if the file has gone.
+Status load_init_from(TrainOptions& o, const ModelSpec& m) {
+  if (o.init_from.empty() || (o.resume && has_checkpoint(o.checkpoint_dir))) return {};
+  MT_ASSIGN(ParamMap params, load_hf_parameters(o.init_from, m).context("--init-from"));
+  o.init_parameters = std::make_shared<const ParamMap>(std::move(params));
+  return {};
+}
+
 // The cpu backend of a rank that shares this process's cores with
 // `ranks_sharing` ranks (threads of this process, or unbound MPI processes).
 CpuBackendOptions cpu_options(const TrainFlags& f, int ranks_sharing) {
@@ -121,6 +132,7 @@ Status run_train(TrainFlags f) {
   const bool mpi = f.ranks == "mpi" || launch.has_value();
   MT_ASSIGN(ModelAndPlan mp, resolve_model_and_plan(f.plan, mpi && launch ? launch->world_size : 0));
   MT_TRY(check_precision(f.backend, mp.plan.precision));
+  MT_TRY(load_init_from(f.train, mp.model));
   if (cuda && !mpi && mp.plan.world_size() > 1)
     return make_error("the cuda backend runs one rank per process, and this plan has {} ranks; launch "
                       "them with `mpirun -np {} meshtrain train ...` or srun",
@@ -285,6 +297,10 @@ Command add_train_command(CLI::App& app) {
                   "the SentencePiece model (PREFIX.model of `meshtrain tokenize train`) that made the --data tokens: "
                   "its pieces must fit the model's vocab; with --checkpoint it is copied into the checkpoint, and "
                   "--resume checks it is the same file");
+  sub->add_option("--init-from", t.init_from,
+                  "start from the weights of a safetensors file with Hugging Face names (meshtrain export; GPT-2, "
+                  "Llama and Mixtral layouts), checked against the config.json beside it; a resumed checkpoint "
+                  "takes precedence");
   sub->add_flag("--quiet", f->quiet, "no progress lines");
   sub->add_option("--fault-inject", f->faults,
                   "RANK:slow:STEP[:FACTOR], RANK:hang:STEP or RANK:exit:STEP: make a rank slow down, stop answering or "
