@@ -32,7 +32,9 @@ namespace meshtrain::sim {
 // The share of a sequence's attention scores that its query rows [q_begin,
 // q_begin + q_rows) compute: causal, row t scores keys 0..t, so the window
 // holds Σ_{t in window} (t + 1) of the T(T + 1)/2; otherwise q_rows / T.
-double attention_window_share(int64_t seq, int64_t q_begin, int64_t q_rows, bool causal);
+// With a sliding window W (causal only) row t scores min(t + 1, W) keys.
+double attention_window_share(int64_t seq, int64_t q_begin, int64_t q_rows, bool causal,
+                              int64_t sliding_window = 0);
 
 class CostModel {
  public:
@@ -54,9 +56,9 @@ class CostModel {
   // Attention computing only the query rows [q_begin, q_begin + q_rows) of
   // the sequence against its keys (a context-parallel rank's chunk): the
   // full attention's time times the window's share of its scores
-  // (attention_window_share).
+  // (attention_window_share), also under a sliding window (0: none).
   Time attention_window(int64_t batch_heads, int64_t seq, int64_t head_dim, bool causal, bool backward,
-                        DType dtype, int64_t q_begin, int64_t q_rows) const;
+                        DType dtype, int64_t q_begin, int64_t q_rows, int64_t sliding_window = 0) const;
   // A memory-bound kernel (element-wise, norm, softmax, copy, optimizer) moving `bytes`.
   // `op` (a backend op name) selects the calibration's per-op table when it
   // measured that op; otherwise the by-bytes memory table, then the roofline.

@@ -261,7 +261,8 @@ void SimBackend::attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse,
                              op.head_dim, qkv.dtype(), false);
   compute(op_name("attention_forward"),
           cluster_.cost_.attention_window(qkv.shape()[0] * op.heads, qkv.shape()[1], op.head_dim, op.causal,
-                                          false, compute_dtype(qkv.dtype()), op.query_begin, op.query_rows));
+                                          false, compute_dtype(qkv.dtype()), op.query_begin, op.query_rows,
+                                          op.sliding_window));
   score_terms(qkv, op, false);
 }
 void SimBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
@@ -276,7 +277,8 @@ void SimBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
                              op.head_dim, qkv.dtype(), true);
   compute(op_name("attention_backward"),
           cluster_.cost_.attention_window(qkv.shape()[0] * op.heads, qkv.shape()[1], op.head_dim, op.causal,
-                                          true, compute_dtype(qkv.dtype()), op.query_begin, op.query_rows));
+                                          true, compute_dtype(qkv.dtype()), op.query_begin, op.query_rows,
+                                          op.sliding_window));
   score_terms(qkv, op, true);
 }
 
