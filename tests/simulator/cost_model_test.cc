@@ -167,3 +167,27 @@ TEST_CASE("a query window's attention is its share of the scores", "[simulator][
         Approx(to_seconds(full - k.kernel_overhead) * attention_window_share(8192, 4096, 4096, true)).epsilon(1e-6));
   CHECK(m.attention_window(256, 8192, 128, true, false, DType::kBf16, 0, 0) == full);
 }
+
+TEST_CASE("a sliding window's attention is its share of the scores: Σ_t min(t + 1, W) of T(T + 1)/2",
+          "[simulator][cost][attention-variants]") {
+  // Counted score by score: causal row t reads min(t + 1, W) keys.
+  auto counted = [](std::int64_t T, std::int64_t begin, std::int64_t rows, std::int64_t W) {
+    double n = 0;
+    for (std::int64_t t = begin; t < begin + rows; ++t) n += static_cast<double>(std::min(t + 1, W));
+    return n / (static_cast<double>(T) * (T + 1) / 2);
+  };
+  // seq 4096, window 1024: 1024·1025/2 + 3072·1024 = 3,670,528 of 8,390,656 scores.
+  CHECK(attention_window_share(4096, 0, 4096, true, 1024) == Approx(3670528.0 / 8390656.0).epsilon(1e-12));
+  for (std::int64_t begin : {0, 100, 1000, 3000})
+    CHECK(attention_window_share(4096, begin, 512, true, 1024) == Approx(counted(4096, begin, 512, 1024)));
+  CHECK(attention_window_share(4096, 0, 4096, true, 8192) == Approx(1.0));  // a window past T: no effect
+  const CostConstants k;
+  const CostModel model(kA100, k);
+  for (bool backward : {false, true}) {
+    const Time full = model.attention(64, 4096, 128, true, backward, DType::kBf16);
+    const Time local = model.attention_window(64, 4096, 128, true, backward, DType::kBf16, 0, 0, 1024);
+    CHECK(to_seconds(local - k.kernel_overhead) ==
+          Approx(to_seconds(full - k.kernel_overhead) * 3670528.0 / 8390656.0).epsilon(1e-6));
+  }
+}
+
