@@ -342,6 +342,13 @@ class Backend {
   virtual void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp& op) = 0;
   // The same for each of L matrices: a (L, m, k), b (L, k, n), c (L, m, n).
   virtual void batched_gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp& op) = 0;
+  // One grouped GEMM: c[g] = alpha · op(a[g]) op(b[g]) + beta · c[g] for every
+  // group g, shapes as gemm's, the groups' rows uneven (an MoE layer's
+  // experts over their tokens, as Megatron-Core's GroupedMLP runs them in one
+  // kernel). The default issues one gemm per group (the same bits); the sim
+  // backend times the groups as one grouped kernel.
+  virtual void grouped_gemm(const std::vector<Tensor>& a, const std::vector<Tensor>& b, std::vector<Tensor>& c,
+                            const GemmOp& op);
   // db (n) += column sums of dy (m, n): the gradient of a fused bias.
   virtual void bias_backward(const Tensor& dy, Tensor& db) = 0;
 

@@ -46,6 +46,26 @@ Time CostModel::gemm(int64_t m, int64_t n, int64_t k, DType dtype, int64_t batch
   return roofline(b * gemm_flops(m, n, k), bytes, gemm_efficiency(m, n, k), dtype);
 }
 
+Time CostModel::grouped_gemm(const std::vector<int64_t>& rows, int64_t n, int64_t k, DType dtype) const {
+  const int64_t tile = std::max<int64_t>(1, constants_.grouped_gemm_tile_rows);
+  int64_t padded = 0;
+  for (int64_t m : rows) padded += m > 0 ? (m + tile - 1) / tile * tile : 0;
+  // The padded total as one GEMM: the same tiles, the same launch.
+  return gemm(padded, n, k, dtype);
+}
+
+Time CostModel::grouped_gemm_wgrad(const std::vector<int64_t>& tokens, int64_t m, int64_t n, DType dtype) const {
+  Time total = 0;
+  bool any = false;
+  for (int64_t t : tokens) {
+    if (t <= 0) continue;
+    // Each group's GEMM without its own launch: one launch for the kernel.
+    total += std::max<Time>(gemm(m, n, t, dtype) - constants_.kernel_overhead, 0);
+    any = true;
+  }
+  return any ? total + constants_.kernel_overhead : 0;
+}
+
 Time CostModel::attention(int64_t bh, int64_t seq, int64_t d, bool causal, bool backward,
                           DType dtype) const {
   if (bh <= 0 || seq <= 0 || d <= 0) return 0;

@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <string_view>
+#include <vector>
 
 #include "simulator/calibration.h"
 #include "simulator/cluster_spec.h"
@@ -50,6 +51,17 @@ class CostModel {
 
   // One GEMM of `batch` independent (m,n,k) products.
   Time gemm(int64_t m, int64_t n, int64_t k, DType dtype, int64_t batch = 1) const;
+  // One grouped GEMM over groups of rows[g] × k by k × n (MoE experts over
+  // their tokens, forward or input gradient): every group's rows padded to
+  // the kernel's tile (CostConstants::grouped_gemm_tile_rows), all tiles run
+  // as one GEMM of the padded total would (its efficiency, or its measured
+  // time from a calibration's gemm table), with one launch. Empty groups
+  // cost nothing; uneven groups cost their padding.
+  Time grouped_gemm(const std::vector<int64_t>& rows, int64_t n, int64_t k, DType dtype) const;
+  // The weight gradients of such groups: dW_g (m × n) = a_gᵀ d_g, each a
+  // GEMM whose reduction runs over the group's tokens[g] (its own
+  // efficiency: few tokens, a short reduction), launched once.
+  Time grouped_gemm_wgrad(const std::vector<int64_t>& tokens, int64_t m, int64_t n, DType dtype) const;
   // Fused attention over batch·heads sequences of `seq` with head size `head_dim`.
   Time attention(int64_t batch_heads, int64_t seq, int64_t head_dim, bool causal, bool backward,
                  DType dtype) const;
