@@ -305,9 +305,8 @@ Tensor MoeMlp::forward(const MicroBatch& mb, std::int64_t tokens, const Tensor& 
 Tensor MoeMlp::backward(const MicroBatch& mb, Block::Saved& saved, const Tensor& dout_in, float loss_scale) {
   Backend& b = ctx_.b;
   Saved& s = static_cast<Saved&>(saved);
-  const ExpertParallel& ep = ctx_.options.expert;
   const std::int64_t N = s.tokens, C = width_, E = s_.experts, K = s_.top_k;
-  const std::int64_t R = ctx_.local_rows(N), El = E / ep.size, F = ffn_;
+  const std::int64_t R = ctx_.local_rows(N), F = ffn_;
   const std::int64_t up_width = activation_ == Activation::swiglu ? 2 * F : F;
   const std::int64_t S = s.send_index.numel(), M = s.grouped.numel() / C;
   const Tensor dout = dout_in.view(Shape{R, C});
@@ -333,11 +332,14 @@ Tensor MoeMlp::backward(const MicroBatch& mb, Block::Saved& saved, const Tensor&
   Tensor dact = b.empty(Shape{M, F}, ctx_.act), dup = b.empty(Shape{M, up_width}, ctx_.act);
   Tensor dgrouped = b.empty(Shape{M, C}, ctx_.act);
   Tensor down_grad = down.grad, up_grad = up.grad;
-  expert_gemm(ddown, down.value, dact, GemmOp{false, true}, s.expert_rows);
-  expert_gemm(s.act, ddown, down_grad, GemmOp{true, false, 1.f, 1.f}, s.expert_rows);
+  GemmOp dgrad, wgrad;  // dx = dy · Wᵀ; dW += xᵀ · dy
+  dgrad.trans_b = true;
+  wgrad.trans_a = true, wgrad.beta = 1.f;
+  expert_gemm(ddown, down.value, dact, dgrad, s.expert_rows);
+  expert_gemm(s.act, ddown, down_grad, wgrad, s.expert_rows);
   if (M > 0) activation_backward(dact, s.up, dup);
-  expert_gemm(dup, up.value, dgrouped, GemmOp{false, true}, s.expert_rows);
-  expert_gemm(s.grouped, dup, up_grad, GemmOp{true, false, 1.f, 1.f}, s.expert_rows);
+  expert_gemm(dup, up.value, dgrouped, dgrad, s.expert_rows);
+  expert_gemm(s.grouped, dup, up_grad, wgrad, s.expert_rows);
   ddown = dact = dup = Tensor();
   // The input gradients summed over the etp slices, back to the tokens' ranks.
   Tensor dsent = exchange(from_experts(dgrouped, s), s.recv_rows, s.send_rows);

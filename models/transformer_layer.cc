@@ -109,7 +109,9 @@ class TransformerLayer : public Block {
 
 AttentionOp TransformerLayer::attention_op() const {
   const int D = s_.dim();
-  AttentionOp op{heads_, kv_heads_, D, 1.f / std::sqrt(static_cast<float>(D))};
+  AttentionOp op;
+  op.heads = heads_, op.kv_heads = kv_heads_, op.head_dim = D;
+  op.scale = 1.f / std::sqrt(static_cast<float>(D));
   op.causal = s_.causal;
   op.sliding_window = s_.sliding_window;
   if (s_.sinks) op.sinks = ctx_.params[name("attn.sinks")].value;

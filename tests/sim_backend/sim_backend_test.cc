@@ -217,3 +217,22 @@ TEST_CASE("sim backend: fused attention of a sliding-window layer takes the wind
   const double overhead = static_cast<double>(sim::CostConstants{}.kernel_overhead) / 1e12;
   CHECK(seconds(1024) - overhead == Approx((seconds(0) - overhead) * 3670528.0 / 8390656.0).epsilon(1e-6));
 }
+
+TEST_CASE("sim backend: the experts' grouped GEMM is one task of the cost model's grouped time",
+          "[sim_backend][moe]") {
+  // Three experts with 130, 40 and 700 tokens: (256 + 128 + 768) padded rows as one kernel.
+  auto cluster = make_cluster(1, {0});
+  SimBackend& b = cluster->backend(0);
+  const std::int64_t C = 1024, F = 2816;
+  std::vector<Tensor> x, w, y;
+  for (std::int64_t rows : {130, 40, 700}) {
+    x.push_back(b.empty(Shape{rows, C}, DType::bf16));
+    w.push_back(b.empty(Shape{C, F}, DType::bf16));
+    y.push_back(b.empty(Shape{rows, F}, DType::bf16));
+  }
+  b.grouped_gemm(x, w, y, GemmOp{});
+  auto r = cluster->run();
+  REQUIRE(r.ok());
+  CHECK(r->tasks == 1);
+  CHECK(r->ranks[0].compute_s == Approx(gemm_seconds(*cluster, 256 + 128 + 768, F, C)));
+}

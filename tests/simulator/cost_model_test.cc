@@ -191,3 +191,26 @@ TEST_CASE("a sliding window's attention is its share of the scores: Σ_t min(t +
   }
 }
 
+
+TEST_CASE("a grouped GEMM pads each group's rows to the kernel's tile and runs them as one launch",
+          "[simulator][cost][moe]") {
+  const CostConstants k;
+  const CostModel m(kA100, k);
+  const std::int64_t n = 4096, kk = 1024;
+  // Experts with known uneven token counts: 130 rows take two 128-row tiles, 300 three, 1000 eight, an
+  // empty expert none: 256 + 384 + 1024 = 1664 padded rows.
+  const std::vector<std::int64_t> rows = {130, 0, 300, 1000};
+  const double M = 1664;
+  const double eff = k.gemm_efficiency_max * M / (M + k.gemm_m_half) * n / (n + k.gemm_n_half) * kk / (kk + k.gemm_k_half);
+  const double compute = 2 * M * n * kk / (kA100.peak_bf16_flops * eff);
+  const double memory = 2.0 * (M * kk + kk * n + M * n) / (kA100.memory_bandwidth * k.memory_efficiency);
+  const double want = std::max(compute, memory) + to_seconds(k.kernel_overhead);
+  CHECK(to_seconds(m.grouped_gemm(rows, n, kk, DType::kBf16)) == Approx(want).epsilon(1e-9));
+  // Eight experts of 256 tokens: one launch at the efficiency of 2048 rows, faster than eight GEMMs of 256.
+  const std::vector<std::int64_t> even(8, 256);
+  CHECK(m.grouped_gemm(even, n, kk, DType::kBf16) < 8 * m.gemm(256, n, kk, DType::kBf16));
+  CHECK(m.grouped_gemm(std::vector<std::int64_t>(4, 0), n, kk, DType::kBf16) == 0);
+  // Weight gradients: each group reduces over its own tokens, one launch for all.
+  const Time wgrad = m.grouped_gemm_wgrad({100, 0, 50}, kk, n, DType::kBf16);
+  CHECK(wgrad == m.gemm(kk, n, 100, DType::kBf16) + m.gemm(kk, n, 50, DType::kBf16) - k.kernel_overhead);
+}
