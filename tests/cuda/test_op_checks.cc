@@ -72,7 +72,8 @@ TEST_CASE("attention takes (B, T, H + 2G, D) with D even and at most 128") {
 }
 
 TEST_CASE("the flash kernels refuse a sliding window and attention sinks, naming the cpu backend") {
-  AttentionOp op{4, 2, 64, 0.125f};
+  AttentionOp op;
+  op.heads = 4, op.kv_heads = 2, op.head_dim = 64, op.scale = 0.125f;
   op.sliding_window = 16;
   auto windowed = attention_dims(t({2, 8, 8, 64}), op);
   REQUIRE_FALSE(windowed.ok());
