@@ -96,6 +96,14 @@ void Backend::init_normal(Tensor& x, const NormalInitOp& op) {
   write(x, host);
 }
 
+void Backend::grouped_gemm(const std::vector<Tensor>& a, const std::vector<Tensor>& b, std::vector<Tensor>& c,
+                           const GemmOp& op) {
+  if (a.size() != b.size() || a.size() != c.size())
+    misuse(fmt::format("grouped_gemm: {} a, {} b and {} c operands must be one per group", a.size(), b.size(),
+                       c.size()));
+  for (std::size_t g = 0; g < a.size(); ++g) gemm(a[g], b[g], c[g], op);
+}
+
 void Backend::attention_merge(Tensor& out, Tensor& lse, const Tensor& part_out, const Tensor& part_lse) {
   const Shape& s = out.shape();
   if (s.rank() != 4 || part_out.shape() != s || lse.numel() != s[0] * s[2] * s[1] || part_lse.numel() != lse.numel())

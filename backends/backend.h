@@ -169,6 +169,16 @@ struct AttentionOp {
   // dqkv (B, T, H + 2G, D) gets zero query gradients outside it. 0 rows: the
   // whole sequence. Not combined with bias or mask.
   std::int64_t query_begin = 0, query_rows = 0;
+  // Sliding-window attention (Mistral, Gemma 2, gpt-oss; causal only): the
+  // query at row t reads only keys t - sliding_window + 1 .. t. 0: every key
+  // up to t. Rows are positions, so a query window (above) masks alike.
+  std::int64_t sliding_window = 0;
+  // Attention sinks as gpt-oss trains them: sinks (H) f32, one learned logit
+  // per query head that joins every row's softmax denominator and carries no
+  // value, so a head can attend to "nothing". lse includes it. dsinks (H)
+  // f32, attention_backward only: the gradient, ADDED into (the caller zeroes
+  // or accumulates). Undefined tensors: no sinks.
+  Tensor sinks, dsinks;
   std::int64_t window_rows(std::int64_t T) const { return query_rows > 0 ? query_rows : T; }
 };
 
@@ -332,6 +342,13 @@ class Backend {
   virtual void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp& op) = 0;
   // The same for each of L matrices: a (L, m, k), b (L, k, n), c (L, m, n).
   virtual void batched_gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp& op) = 0;
+  // One grouped GEMM: c[g] = alpha · op(a[g]) op(b[g]) + beta · c[g] for every
+  // group g, shapes as gemm's, the groups' rows uneven (an MoE layer's
+  // experts over their tokens, as Megatron-Core's GroupedMLP runs them in one
+  // kernel). The default issues one gemm per group (the same bits); the sim
+  // backend times the groups as one grouped kernel.
+  virtual void grouped_gemm(const std::vector<Tensor>& a, const std::vector<Tensor>& b, std::vector<Tensor>& c,
+                            const GemmOp& op);
   // db (n) += column sums of dy (m, n): the gradient of a fused bias.
   virtual void bias_backward(const Tensor& dy, Tensor& db) = 0;
 

@@ -179,6 +179,11 @@ Status validate_context_plan(const Plan& p, const ModelSpec& m, const ModelIo& i
     return make_error("context parallelism (cp {}) is not combined with experts yet (model '{}'): the expert "
                       "mesh would have to take the context ranks too; use cp 1 or a dense model",
                       p.cp, m.name);
+  // A ring block pairs chunks by index, not position: a window would cut inside an earlier key chunk.
+  if (p.cp_comm == ContextComm::ring && m.sliding_window > 0)
+    return make_error("ring attention (cp {}) does not mask a sliding window across chunks (model '{}' has "
+                      "sliding_window {}); use --cp-comm all_gather, whose query windows mask by position",
+                      p.cp, m.name, m.sliding_window);
   MT_TRY(check_context_split(seq, p.cp));
   if (p.sequence_parallel && (p.micro_batch * (seq / p.cp)) % p.tp != 0)
     return make_error("sequence parallelism splits a context rank's micro_batch·seq_len/cp = {}·{} rows over tp "

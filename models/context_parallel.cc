@@ -190,13 +190,14 @@ Tensor rotate_local(BlockContext& ctx, const Dims& d, const Tensor& rows, std::i
 struct ChunkPair {
   int w, r, kw;
   bool diagonal;
+  bool same;  // the query chunk itself: where a row's attention sink joins its softmax, once
 };
 std::vector<ChunkPair> pairs_with(const Dims& d, int rank, int r, bool causal) {
   std::vector<ChunkPair> out;
   for (int w = 0; w < 2; ++w)
     for (int kw = 0; kw < 2; ++kw) {
       const std::int64_t qc = chunk_of(d, rank, w), kc = chunk_of(d, r, kw);
-      if (!causal || kc <= qc) out.push_back({w, r, kw, causal && kc == qc});
+      if (!causal || kc <= qc) out.push_back({w, r, kw, causal && kc == qc, kc == qc});
     }
   return out;
 }
@@ -243,6 +244,9 @@ const Tensor& pair_grads(BlockContext& ctx, const Dims& d, const ChunkPair& p, b
 AttentionOp pair_op(const AttentionOp& base, const ChunkPair& p) {
   AttentionOp op = base;
   op.causal = p.diagonal;
+  // The merge through the log-sum-exps counts a sink in one part of a row: that part's
+  // backward then gives its whole gradient (from the merged output and lse).
+  if (!p.same) op.sinks = op.dsinks = Tensor();
   return op;
 }
 

@@ -28,6 +28,8 @@ void add_decoder(const ModelSpec& m, ModelBlocks& out) {
   int moe_index = 0;
   for (int l = 0; l < m.layers; ++l) {
     LayerShape layer = shape;
+    layer.sliding_window = m.layer_window(l);
+    layer.sinks = m.attention_sinks;
     if (m.moe_layer(l)) {
       layer.moe = MoeShape{m.experts,         m.top_k,          m.shared_experts, m.renormalize,
                            m.capacity_factor, m.aux_loss_coeff, m.z_loss_coeff,   moe_index++};

@@ -242,7 +242,7 @@ const std::vector<std::string> kFields = {
     "name",   "family",  "layers", "hidden",          "heads", "kv_heads",   "ffn",        "vocab",   "seq_len",
     "tied_embeddings", "bias", "norm", "activation", "position", "norm_eps", "rope_theta",
     "experts", "top_k", "shared_experts", "moe_every", "dense_layers", "dense_ffn", "renormalize",
-    "capacity_factor", "aux_loss_coeff", "z_loss_coeff", "head_dim", "image_size", "patch", "channels", "classes", "window", "depths", "stage_heads",
+    "capacity_factor", "aux_loss_coeff", "z_loss_coeff", "head_dim", "sliding_window", "window_pattern", "attention_sinks", "image_size", "patch", "channels", "classes", "window", "depths", "stage_heads",
     "vision", "projector", "decoder_layers", "question_len"};
 
 // Fields a family does not read, and why: given, they would be silently ignored.
@@ -271,6 +271,9 @@ Status check_family_fields(const nlohmann::json& j, ModelFamily family) {
       {"experts", true, false, false, "mixture-of-experts layers are a decoder option"},
       {"top_k", true, false, false, "mixture-of-experts layers are a decoder option"},
       {"head_dim", true, false, false, "a vision model's heads split its width evenly"},
+      {"sliding_window", true, false, false, "sliding-window attention is a decoder option"},
+      {"window_pattern", true, false, false, "sliding-window attention is a decoder option"},
+      {"attention_sinks", true, false, false, "attention sinks are a decoder option"},
       {"vision", false, false, false, "only a vqa model has a vision encoder"},
       {"projector", false, false, false, "only a vqa model has a projector"},
       {"decoder_layers", false, false, false, "only a vqa model has a decoder besides an encoder; give `layers`"},
@@ -298,6 +301,7 @@ IntRange model_field_range(std::string_view key) {
   if (key == "heads" || key == "kv_heads") return {1, 1 << 16};
   if (key == "ffn") return {1, 1 << 22};
   if (key == "vocab" || key == "seq_len") return {1, 1 << 24};
+  if (key == "sliding_window") return {0, 1 << 24};
   if (key == "image_size") return {1, 1 << 16};
   if (key == "patch" || key == "channels" || key == "window") return {1, 1 << 12};
   if (key == "classes") return {1, 1 << 24};
@@ -383,6 +387,9 @@ Result<ModelSpec> model_from_json(const nlohmann::json& j) {
   MT_TRY(get_float("norm_eps", m.norm_eps));
   MT_TRY(get_float("rope_theta", m.rope_theta));
   MT_TRY(get_int("head_dim", m.head_dim_size));
+  MT_TRY(get_int("sliding_window", m.sliding_window));
+  MT_TRY(get_int("window_pattern", m.window_pattern));
+  MT_TRY(get_bool("attention_sinks", m.attention_sinks));
   MT_TRY(get_int("experts", m.experts));
   MT_TRY(get_int("top_k", m.top_k));
   MT_TRY(get_int("shared_experts", m.shared_experts));
@@ -475,6 +482,21 @@ Status validate_vision(const ModelSpec& m) {
   return ok_status();
 }
 
+Status validate_attention_variants(const ModelSpec& m) {
+  if ((m.sliding_window != 0 || m.window_pattern != 0 || m.attention_sinks) && m.family != ModelFamily::decoder)
+    return make_error("model '{}': sliding_window, window_pattern and attention_sinks are decoder options, not "
+                      "for a {} model; remove them", m.name, family_name(m.family));
+  if (m.sliding_window < 0)
+    return make_error("model '{}': sliding_window must be >= 0 (0: no window), got {}", m.name, m.sliding_window);
+  if (m.window_pattern != 0 && m.sliding_window == 0)
+    return make_error("model '{}': window_pattern {} given without sliding_window; set sliding_window (the keys a "
+                      "local layer reads) or remove window_pattern", m.name, m.window_pattern);
+  if (m.window_pattern == 1 || m.window_pattern < 0)
+    return make_error("model '{}': window_pattern must be 0 (every layer local) or >= 2 (every P-th layer global), "
+                      "got {}; for no local layer remove sliding_window", m.name, m.window_pattern);
+  return ok_status();
+}
+
 Status validate_moe(const ModelSpec& m) {
   if (m.shared_experts < 0)
     return make_error("model '{}': shared_experts must not be negative, got {}", m.name, m.shared_experts);
@@ -525,6 +547,7 @@ Status validate_model(const ModelSpec& m) {
     return make_error("model '{}': top_k {} given without experts; set experts or drop top_k", m.name, m.top_k);
   if (m.head_dim_size < 0) return make_error("model '{}': head_dim must be positive, got {}", m.name, m.head_dim_size);
   if (m.moe()) MT_TRY(validate_moe(m));
+  MT_TRY(validate_attention_variants(m));
   if (m.norm == NormKind::layernorm && !m.bias)
     return make_error("model '{}': layernorm without bias is not supported; use \"norm\": \"rmsnorm\" or \"bias\": true",
                       m.name);
@@ -552,6 +575,11 @@ std::string describe_model(const ModelSpec& m) {
   std::string text = fmt::format("{}: {} layers, hidden {}, heads {} (kv {}), ffn {}, vocab {}, seq {}", m.name,
                                  m.layers, m.hidden, m.heads, m.kv_heads, m.ffn, m.vocab, m.seq_len);
   if (m.head_dim_size > 0) text += fmt::format(", head dim {}", m.head_dim_size);
+  if (m.sliding_window > 0)
+    text += m.window_pattern >= 2
+                ? fmt::format(", sliding window {} (1 in {} layers global)", m.sliding_window, m.window_pattern)
+                : fmt::format(", sliding window {} on every layer", m.sliding_window);
+  if (m.attention_sinks) text += ", attention sinks";
   if (m.moe()) {
     text += fmt::format("; {} experts (top {}{}) on {} of the layers", m.experts, m.top_k,
                         m.renormalize ? ", renormalised" : "", m.moe_layer_count());
@@ -595,6 +623,9 @@ nlohmann::json model_to_json(const ModelSpec& m) {
   // Only when they differ from the defaults, so that files and checkpoints
   // from before these fields read the same.
   if (m.head_dim_size > 0) j["head_dim"] = m.head_dim_size;
+  if (m.sliding_window > 0) j["sliding_window"] = m.sliding_window;
+  if (m.window_pattern > 0) j["window_pattern"] = m.window_pattern;
+  if (m.attention_sinks) j["attention_sinks"] = true;
   if (m.moe()) {
     const ModelSpec d;
     j["experts"] = m.experts;

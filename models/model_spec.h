@@ -68,6 +68,19 @@ struct ModelSpec {
   // Attention head width D; 0: hidden / heads (Qwen3 uses 128 with hidden
   // 2048 and 32 heads, so q is wider than the residual stream).
   int head_dim_size = 0;
+  // Sliding-window attention (decoders): a local layer's query at position t
+  // reads only keys t - sliding_window + 1 .. t (Mistral, Gemma 2, gpt-oss);
+  // 0: every layer reads every earlier key. window_pattern says which layers
+  // are local: 0 every layer (Mistral 7B v0.1); P >= 2 all but every P-th,
+  // layer l being global when (l + 1) % P == 0 (Gemma 2 and gpt-oss: 2,
+  // local and global alternating from a local layer 0; Gemma 3: 6).
+  int sliding_window = 0;
+  int window_pattern = 0;
+  // Attention sinks as gpt-oss trains them: one learned logit per query head
+  // and layer that joins the softmax's denominator (a head may attend to
+  // nothing). StreamingLLM's sink tokens are an inference-time cache policy,
+  // not a trained parameter, so they are not modelled.
+  bool attention_sinks = false;
   // Mixture of experts (models/moe_layer.h). A layer l is an MoE layer when
   // experts > 0, l >= dense_layers and l % moe_every == 0 (the rule of
   // DeepSeek's first_k_dense_replace and moe_layer_freq); the others keep a
@@ -105,6 +118,11 @@ struct ModelSpec {
   int question_len = 0;
 
   int head_dim() const { return head_dim_size > 0 ? head_dim_size : hidden / heads; }
+  // Body layer l's sliding window (see sliding_window), 0 for a global layer.
+  int layer_window(int l) const {
+    if (sliding_window == 0) return 0;
+    return window_pattern >= 2 && (l + 1) % window_pattern == 0 ? 0 : sliding_window;
+  }
   bool moe() const { return experts > 0; }
   // Whether body layer l routes its tokens to experts (see experts above).
   bool moe_layer(int l) const { return experts > 0 && l >= dense_layers && l % moe_every == 0; }

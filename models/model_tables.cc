@@ -52,11 +52,11 @@ std::vector<LayerRun> layer_runs(const std::vector<ParamInfo>& table) {
 // Every field of ModelSpec (a VisionEncoderSpec compares itself). The size check fails to compile when
 // a field is added, until it is added here too: a field left out would hand one model another's tables.
 bool same_spec(const ModelSpec& a, const ModelSpec& b) {
-  static_assert(sizeof(ModelSpec) == 240, "a ModelSpec field was added or removed: update same_spec's list");
+  static_assert(sizeof(ModelSpec) == 256, "a ModelSpec field was added or removed: update same_spec's list");
   const auto fields = [](const ModelSpec& m) {
     return std::tie(m.name, m.family, m.layers, m.hidden, m.heads, m.kv_heads, m.ffn, m.vocab, m.seq_len,
                     m.tied_embeddings, m.bias, m.norm, m.activation, m.position, m.norm_eps, m.rope_theta,
-                    m.head_dim_size, m.experts, m.top_k, m.shared_experts, m.moe_every, m.dense_layers, m.dense_ffn,
+                    m.head_dim_size, m.sliding_window, m.window_pattern, m.attention_sinks, m.experts, m.top_k, m.shared_experts, m.moe_every, m.dense_layers, m.dense_ffn,
                     m.renormalize, m.capacity_factor, m.aux_loss_coeff, m.z_loss_coeff, m.image_size, m.patch,
                     m.channels, m.classes, m.window, m.depths, m.stage_heads, m.vision_encoder, m.projector,
                     m.decoder_layers, m.question_len);

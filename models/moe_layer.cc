@@ -109,6 +109,23 @@ Tensor MoeMlp::expert_matrix(const Tensor& all, int e) const {
   return all.slice(e * a * b, a * b, Shape{a, b});
 }
 
+void MoeMlp::expert_gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp& op,
+                         const std::vector<std::int64_t>& expert_rows) {
+  // One group per local expert with rows: its rows of the expert-ordered operands, and its matrix of
+  // the (El, ., .) weight (b) or weight gradient (c, when op.trans_a: dW_e += a_eᵀ b_e).
+  std::vector<Tensor> as, bs, cs;
+  std::int64_t at = 0;
+  for (std::size_t e = 0; e < expert_rows.size(); ++e) {
+    const std::int64_t n = expert_rows[e];
+    if (n == 0) continue;
+    as.push_back(a.rows(at, n));
+    bs.push_back(op.trans_a ? b.rows(at, n) : expert_matrix(b, static_cast<int>(e)));
+    cs.push_back(op.trans_a ? expert_matrix(c, static_cast<int>(e)) : c.rows(at, n));
+    at += n;
+  }
+  if (!as.empty()) ctx_.b.grouped_gemm(as, bs, cs, op);
+}
+
 void MoeMlp::activation_forward(const Tensor& up, Tensor& act) {
   if (activation_ == Activation::gelu) ctx_.b.gelu_forward(up, act);
   else ctx_.b.swiglu_forward(up, act);
@@ -234,23 +251,9 @@ Tensor MoeMlp::forward(const MicroBatch& mb, std::int64_t tokens, const Tensor& 
   s->up = b.empty(Shape{M, up_width}, ctx_.act);
   s->act = b.empty(Shape{M, F}, ctx_.act);
   Tensor down = b.empty(Shape{M, C}, ctx_.act);
-  std::int64_t at = 0;
-  for (int e = 0; e < El; ++e) {
-    const std::int64_t n = s->expert_rows[static_cast<std::size_t>(e)];
-    if (n == 0) continue;
-    Tensor up_rows = s->up.rows(at, n);
-    b.gemm(s->grouped.rows(at, n), expert_matrix(w_up, e), up_rows, GemmOp{});
-    at += n;
-  }
+  expert_gemm(s->grouped, w_up, s->up, GemmOp{}, s->expert_rows);
   if (M > 0) activation_forward(s->up, s->act);
-  at = 0;
-  for (int e = 0; e < El; ++e) {
-    const std::int64_t n = s->expert_rows[static_cast<std::size_t>(e)];
-    if (n == 0) continue;
-    Tensor down_rows = down.rows(at, n);
-    b.gemm(s->act.rows(at, n), expert_matrix(w_down, e), down_rows, GemmOp{});
-    at += n;
-  }
+  expert_gemm(s->act, w_down, down, GemmOp{}, s->expert_rows);
 
   // Back (summed over the etp slices) to the tokens' ranks, in send order,
   // and the weighted sum per token: each tp rank holds its tokens' outputs whole.
@@ -302,9 +305,8 @@ Tensor MoeMlp::forward(const MicroBatch& mb, std::int64_t tokens, const Tensor& 
 Tensor MoeMlp::backward(const MicroBatch& mb, Block::Saved& saved, const Tensor& dout_in, float loss_scale) {
   Backend& b = ctx_.b;
   Saved& s = static_cast<Saved&>(saved);
-  const ExpertParallel& ep = ctx_.options.expert;
   const std::int64_t N = s.tokens, C = width_, E = s_.experts, K = s_.top_k;
-  const std::int64_t R = ctx_.local_rows(N), El = E / ep.size, F = ffn_;
+  const std::int64_t R = ctx_.local_rows(N), F = ffn_;
   const std::int64_t up_width = activation_ == Activation::swiglu ? 2 * F : F;
   const std::int64_t S = s.send_index.numel(), M = s.grouped.numel() / C;
   const Tensor dout = dout_in.view(Shape{R, C});
@@ -329,25 +331,15 @@ Tensor MoeMlp::backward(const MicroBatch& mb, Block::Saved& saved, const Tensor&
   const ParamSlot& down = ctx_.params[name("down")];
   Tensor dact = b.empty(Shape{M, F}, ctx_.act), dup = b.empty(Shape{M, up_width}, ctx_.act);
   Tensor dgrouped = b.empty(Shape{M, C}, ctx_.act);
-  std::int64_t at = 0;
-  for (int e = 0; e < El; ++e) {
-    const std::int64_t n = s.expert_rows[static_cast<std::size_t>(e)];
-    if (n == 0) continue;
-    Tensor dact_rows = dact.rows(at, n), dw = expert_matrix(down.grad, e);
-    b.gemm(ddown.rows(at, n), expert_matrix(down.value, e), dact_rows, GemmOp{false, true});
-    b.gemm(s.act.rows(at, n), ddown.rows(at, n), dw, GemmOp{true, false, 1.f, 1.f});
-    at += n;
-  }
+  Tensor down_grad = down.grad, up_grad = up.grad;
+  GemmOp dgrad, wgrad;  // dx = dy · Wᵀ; dW += xᵀ · dy
+  dgrad.trans_b = true;
+  wgrad.trans_a = true, wgrad.beta = 1.f;
+  expert_gemm(ddown, down.value, dact, dgrad, s.expert_rows);
+  expert_gemm(s.act, ddown, down_grad, wgrad, s.expert_rows);
   if (M > 0) activation_backward(dact, s.up, dup);
-  at = 0;
-  for (int e = 0; e < El; ++e) {
-    const std::int64_t n = s.expert_rows[static_cast<std::size_t>(e)];
-    if (n == 0) continue;
-    Tensor dx_rows = dgrouped.rows(at, n), dw = expert_matrix(up.grad, e);
-    b.gemm(dup.rows(at, n), expert_matrix(up.value, e), dx_rows, GemmOp{false, true});
-    b.gemm(s.grouped.rows(at, n), dup.rows(at, n), dw, GemmOp{true, false, 1.f, 1.f});
-    at += n;
-  }
+  expert_gemm(dup, up.value, dgrouped, dgrad, s.expert_rows);
+  expert_gemm(s.grouped, dup, up_grad, wgrad, s.expert_rows);
   ddown = dact = dup = Tensor();
   // The input gradients summed over the etp slices, back to the tokens' ranks.
   Tensor dsent = exchange(from_experts(dgrouped, s), s.recv_rows, s.send_rows);

@@ -12,7 +12,8 @@
 //   all-to-alls, as in Megatron-Core) ── capacity drops and the send plan ──
 //   all_to_all of the per-expert counts over the EP group ── gather_rows into
 //   send order ── all_to_all (per-peer row counts) ── gather_rows into
-//   expert order ── per local expert: up GEMM, activation, down GEMM ── the
+//   expert order ── the local experts' up GEMMs as one grouped GEMM,
+//   activation, down GEMMs likewise (Backend::grouped_gemm) ── the
 //   inverse gather and all_to_all back ── moe_combine (each token's slots in
 //   slot order). Backward mirrors it; a token's dispatch gradient sums its
 //   slots with embedding_backward in send order, and the router receives
@@ -93,6 +94,11 @@ class MoeMlp {
   Tensor upload(const std::vector<std::int32_t>& host, Shape shape);
   // Expert e's slice of an (El, a, b) expert weight or its gradient.
   Tensor expert_matrix(const Tensor& all, int e) const;
+  // The local experts' GEMMs as one grouped GEMM (Backend::grouped_gemm) over their expert_rows:
+  // c_e = a_e · op(W_e) with b the (El, ., .) weights, or (op.trans_a) the
+  // weight gradients c (El, ., .) += a_eᵀ · b_e.
+  void expert_gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp& op,
+                   const std::vector<std::int64_t>& expert_rows);
   void activation_forward(const Tensor& up, Tensor& act);
   void activation_backward(const Tensor& dact, const Tensor& up, Tensor& dup);
   std::string name(const char* what) const { return prefix_ + "." + what; }

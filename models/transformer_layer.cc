@@ -1,5 +1,6 @@
 #include "models/transformer_layer.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "models/block_context.h"
@@ -108,8 +109,12 @@ class TransformerLayer : public Block {
 
 AttentionOp TransformerLayer::attention_op() const {
   const int D = s_.dim();
-  AttentionOp op{heads_, kv_heads_, D, 1.f / std::sqrt(static_cast<float>(D))};
+  AttentionOp op;
+  op.heads = heads_, op.kv_heads = kv_heads_, op.head_dim = D;
+  op.scale = 1.f / std::sqrt(static_cast<float>(D));
   op.causal = s_.causal;
+  op.sliding_window = s_.sliding_window;
+  if (s_.sinks) op.sinks = ctx_.params[name("attn.sinks")].value;
   if (windowed() && s_.shift > 0) {
     const std::int64_t T = static_cast<std::int64_t>(s_.window) * s_.window;
     const std::int64_t windows = def_.windows_per_sample();
@@ -231,6 +236,7 @@ Tensor TransformerLayer::backward(const MicroBatch& mb, Block::Saved& saved, con
   }
   std::int64_t entries = B, span = T;
   AttentionOp op = attention_op();
+  if (s_.sinks) op.dsinks = ctx_.params[name("attn.sinks")].grad;  // added into, as every gradient
   if (windowed()) {
     // The output projection read the attention output in the image's row order: gather it again.
     Tensor attn = b.empty(s.attn.shape(), ctx_.act);
@@ -299,6 +305,7 @@ std::vector<ParamInfo> TransformerLayerDef::parameters() const {
     const std::int64_t offsets = (2 * s.window - 1) * (2 * s.window - 1);
     t.add(name_ + ".attn.rel_bias", {offsets, H}, TpSplit::column, 1);
   }
+  if (s.sinks) t.add(name_ + ".attn.sinks", {H}, TpSplit::column, 0);  // one logit per head (gpt-oss)
   t.linear(name_ + ".attn.out", H * D, C, TpSplit::row, s.bias);
   t.norm(name_ + ".norm2", C, norm_);
   const bool glu = s.activation == Activation::swiglu;
@@ -327,9 +334,12 @@ ForwardFlops TransformerLayerDef::flops(double samples, std::int64_t seq) const 
     if (p.expert) macs_per_token = macs_per_token / shape_.moe.experts * shape_.moe.top_k;
     f.layers += 2.0 * rows * macs_per_token;
   }
-  // q·kᵀ and p·v: each 2·rows·span·(H·D), the full score matrix (Megatron's convention).
+  // q·kᵀ and p·v: each 2·rows·span·(H·D), the full score matrix (Megatron's convention). A sliding
+  // window's query reads at most `sliding_window` keys: the same convention over the window's width.
   const double width = static_cast<double>(shape_.dim()) * shape_.heads;
-  f.attention = 2.0 * (2.0 * rows * static_cast<double>(attention_span(seq)) * width);
+  std::int64_t span = attention_span(seq);
+  if (shape_.sliding_window > 0) span = std::min<std::int64_t>(span, shape_.sliding_window);
+  f.attention = 2.0 * (2.0 * rows * static_cast<double>(span) * width);
   f.layers += f.attention;
   return f;
 }

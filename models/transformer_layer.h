@@ -4,8 +4,11 @@
 // slice, attention-out and MLP-down row-parallel).
 //
 // Three attention layouts, one code path:
-//  * decoder (GPT, Llama): causal over the sequence, optional RoPE and
-//    grouped-query attention;
+//  * decoder (GPT, Llama): causal over the sequence, optional RoPE,
+//    grouped-query attention, a sliding window (Mistral, Gemma 2, gpt-oss:
+//    the layer's FLOPs count only the window's keys) and attention sinks
+//    (gpt-oss: a parameter `attn.sinks` of one logit per head, split with
+//    the heads under tensor parallelism);
 //  * encoder (ViT): bidirectional over the image's tokens;
 //  * Swin window attention (Liu et al. 2021): the grid × grid tokens are
 //    cut into windows of window × window tokens, cyclically shifted by
@@ -45,6 +48,10 @@ struct LayerShape {
   int grid = 0, window = 0, shift = 0;
   float rope_theta = 10000.f;
   int head_dim = 0;  // D; 0: width / heads
+  // Causal layers: a query reads only its last sliding_window keys (0: all
+  // before it); `sinks`: a learned sink logit per head (AttentionOp::sinks).
+  int sliding_window = 0;
+  bool sinks = false;
   MoeShape moe;      // experts > 0: the MLP is a mixture of experts (models/moe_layer.h)
   int dim() const { return head_dim > 0 ? head_dim : width / heads; }
 };

@@ -35,6 +35,11 @@ struct CostConstants {
   double gemm_m_half = 64;
   double gemm_n_half = 64;
   double gemm_k_half = 64;
+  // A grouped GEMM (MoE experts; CostModel::grouped_gemm) tiles each group's
+  // rows in blocks of this many (CUTLASS's and Transformer Engine's grouped
+  // kernels use 128-row tiles on A100/H100): a group of 130 tokens costs two
+  // tiles. A kernel property, not fitted.
+  std::int64_t grouped_gemm_tile_rows = 128;
   // FlashAttention-2 reaches 50-70% of peak in the forward pass on A100/H100
   // (Dao 2023); short sequences and small heads are worse.
   double attention_efficiency_max = 0.6;

@@ -46,6 +46,26 @@ Time CostModel::gemm(int64_t m, int64_t n, int64_t k, DType dtype, int64_t batch
   return roofline(b * gemm_flops(m, n, k), bytes, gemm_efficiency(m, n, k), dtype);
 }
 
+Time CostModel::grouped_gemm(const std::vector<int64_t>& rows, int64_t n, int64_t k, DType dtype) const {
+  const int64_t tile = std::max<int64_t>(1, constants_.grouped_gemm_tile_rows);
+  int64_t padded = 0;
+  for (int64_t m : rows) padded += m > 0 ? (m + tile - 1) / tile * tile : 0;
+  // The padded total as one GEMM: the same tiles, the same launch.
+  return gemm(padded, n, k, dtype);
+}
+
+Time CostModel::grouped_gemm_wgrad(const std::vector<int64_t>& tokens, int64_t m, int64_t n, DType dtype) const {
+  Time total = 0;
+  bool any = false;
+  for (int64_t t : tokens) {
+    if (t <= 0) continue;
+    // Each group's GEMM without its own launch: one launch for the kernel.
+    total += std::max<Time>(gemm(m, n, t, dtype) - constants_.kernel_overhead, 0);
+    any = true;
+  }
+  return any ? total + constants_.kernel_overhead : 0;
+}
+
 Time CostModel::attention(int64_t bh, int64_t seq, int64_t d, bool causal, bool backward,
                           DType dtype) const {
   if (bh <= 0 || seq <= 0 || d <= 0) return 0;
@@ -65,21 +85,28 @@ Time CostModel::attention(int64_t bh, int64_t seq, int64_t d, bool causal, bool 
                   dtype);
 }
 
-double attention_window_share(int64_t seq, int64_t q_begin, int64_t q_rows, bool causal) {
+double attention_window_share(int64_t seq, int64_t q_begin, int64_t q_rows, bool causal, int64_t sliding_window) {
   if (seq <= 0 || q_rows <= 0) return 0;
   const double T = static_cast<double>(seq), b = static_cast<double>(q_begin), n = static_cast<double>(q_rows);
   if (!causal) return n / T;
-  // Σ_{t=b}^{b+n-1} (t + 1) = n·b + n(n + 1)/2.
-  return (n * b + n * (n + 1) / 2) / (T * (T + 1) / 2);
+  // Row t scores min(t + 1, W) keys (W = T without a window): rows below W
+  // add t + 1 each, Σ_{t=b}^{e-1} (t + 1) = (e - b)(b + e + 1)/2, the rest W.
+  const double W = sliding_window > 0 ? std::min<double>(static_cast<double>(sliding_window), T) : T;
+  const double e = std::min(b + n, W), growing = e > b ? (e - b) * (b + e + 1) / 2 : 0.0;
+  const double full_rows = n - std::max(e - b, 0.0);
+  return (growing + full_rows * W) / (T * (T + 1) / 2);
 }
 
 Time CostModel::attention_window(int64_t bh, int64_t seq, int64_t d, bool causal, bool backward, DType dtype,
-                                 int64_t q_begin, int64_t q_rows) const {
+                                 int64_t q_begin, int64_t q_rows, int64_t sliding_window) const {
   const Time full = attention(bh, seq, d, causal, backward, dtype);
-  if (q_rows <= 0 || q_rows >= seq) return full;
-  // The launch overhead is paid once; the work scales with the scores.
+  const bool windowed = causal && sliding_window > 0 && sliding_window < seq;
+  if ((q_rows <= 0 || q_rows >= seq) && !windowed) return full;
+  if (q_rows <= 0 || q_rows >= seq) q_begin = 0, q_rows = seq;
+  // The launch overhead is paid once; the work scales with the scores (a
+  // fused kernel skips the key blocks outside the window).
   const Time overhead = constants_.kernel_overhead;
-  const double share = attention_window_share(seq, q_begin, q_rows, causal);
+  const double share = attention_window_share(seq, q_begin, q_rows, causal, sliding_window);
   return overhead + static_cast<Time>(static_cast<double>(std::max<Time>(full - overhead, 0)) * share);
 }
 

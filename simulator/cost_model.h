@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <string_view>
+#include <vector>
 
 #include "simulator/calibration.h"
 #include "simulator/cluster_spec.h"
@@ -32,7 +33,9 @@ namespace meshtrain::sim {
 // The share of a sequence's attention scores that its query rows [q_begin,
 // q_begin + q_rows) compute: causal, row t scores keys 0..t, so the window
 // holds Σ_{t in window} (t + 1) of the T(T + 1)/2; otherwise q_rows / T.
-double attention_window_share(int64_t seq, int64_t q_begin, int64_t q_rows, bool causal);
+// With a sliding window W (causal only) row t scores min(t + 1, W) keys.
+double attention_window_share(int64_t seq, int64_t q_begin, int64_t q_rows, bool causal,
+                              int64_t sliding_window = 0);
 
 class CostModel {
  public:
@@ -48,15 +51,26 @@ class CostModel {
 
   // One GEMM of `batch` independent (m,n,k) products.
   Time gemm(int64_t m, int64_t n, int64_t k, DType dtype, int64_t batch = 1) const;
+  // One grouped GEMM over groups of rows[g] × k by k × n (MoE experts over
+  // their tokens, forward or input gradient): every group's rows padded to
+  // the kernel's tile (CostConstants::grouped_gemm_tile_rows), all tiles run
+  // as one GEMM of the padded total would (its efficiency, or its measured
+  // time from a calibration's gemm table), with one launch. Empty groups
+  // cost nothing; uneven groups cost their padding.
+  Time grouped_gemm(const std::vector<int64_t>& rows, int64_t n, int64_t k, DType dtype) const;
+  // The weight gradients of such groups: dW_g (m × n) = a_gᵀ d_g, each a
+  // GEMM whose reduction runs over the group's tokens[g] (its own
+  // efficiency: few tokens, a short reduction), launched once.
+  Time grouped_gemm_wgrad(const std::vector<int64_t>& tokens, int64_t m, int64_t n, DType dtype) const;
   // Fused attention over batch·heads sequences of `seq` with head size `head_dim`.
   Time attention(int64_t batch_heads, int64_t seq, int64_t head_dim, bool causal, bool backward,
                  DType dtype) const;
   // Attention computing only the query rows [q_begin, q_begin + q_rows) of
   // the sequence against its keys (a context-parallel rank's chunk): the
   // full attention's time times the window's share of its scores
-  // (attention_window_share).
+  // (attention_window_share), also under a sliding window (0: none).
   Time attention_window(int64_t batch_heads, int64_t seq, int64_t head_dim, bool causal, bool backward,
-                        DType dtype, int64_t q_begin, int64_t q_rows) const;
+                        DType dtype, int64_t q_begin, int64_t q_rows, int64_t sliding_window = 0) const;
   // A memory-bound kernel (element-wise, norm, softmax, copy, optimizer) moving `bytes`.
   // `op` (a backend op name) selects the calibration's per-op table when it
   // measured that op; otherwise the by-bytes memory table, then the roofline.

@@ -175,7 +175,7 @@ class CpuBackend final : public Backend {
   std::byte* bytes_of(const Tensor& t, std::string_view op) const;
   float* f32(const Tensor& t, std::string_view op) const;
   std::int32_t* i32(const Tensor& t, std::string_view op) const;
-  // The bias and mask of `op` as the attention kernel reads them (the bias
+  // The bias, mask, sliding window and sinks of `op` as the attention kernel reads them (the bias
   // transposed into `bias_scratch`).
   cpu::ScoreTerms<float> score_terms(const AttentionOp& op, const cpu::AttentionDims& d, std::string_view name,
                                      std::vector<float>& bias_scratch) const;

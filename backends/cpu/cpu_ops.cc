@@ -378,6 +378,9 @@ cpu::AttentionDims attention_dims(const Tensor& qkv, const AttentionOp& op, std:
     if (op.bias.defined() || op.mask.defined()) misuse("{}: a query window takes no bias or mask", name);
     d.q0 = op.query_begin, d.Q = op.query_rows;
   }
+  if (op.sliding_window < 0 || (op.sliding_window > 0 && !op.causal))
+    misuse("{}: sliding window {} must be >= 0 and only on causal attention", name, op.sliding_window);
+  if (op.sinks.defined()) expect_numel(op.sinks, d.H, name, "sinks (H)");
   if (op.bias.defined()) expect_numel(op.bias, d.T * d.T * d.H, name, "bias (T, T, H)");
   if (op.mask.defined()) {
     const std::int64_t windows = op.mask.numel() / std::max<std::int64_t>(1, d.T * d.T);
@@ -401,6 +404,8 @@ cpu::ScoreTerms<float> CpuBackend::score_terms(const AttentionOp& op, const cpu:
                                                 std::string_view name, std::vector<float>& bias_scratch) const {
   cpu::ScoreTerms<float> terms;
   terms.causal = op.causal;
+  terms.sliding_window = op.sliding_window;
+  if (op.sinks.defined()) terms.sinks = f32(op.sinks, name);
   if (op.bias.defined()) {
     bias_scratch = heads_first(f32(op.bias, name), d.T, d.H);
     terms.bias = bias_scratch.data();
@@ -443,13 +448,31 @@ void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
   if (op.bias.defined() && !op.dbias.defined()) misuse("{}: a bias needs a dbias output", name);
   float* pdb = op.bias.defined() ? f32(op.dbias, name) : nullptr;
   if (pdb != nullptr) expect_numel(op.dbias, d.T * d.T * d.H, name, "dbias (T, T, H)");
+  if (op.sinks.defined() && !op.dsinks.defined()) misuse("{}: sinks need a dsinks output", name);
+  float* pds = op.sinks.defined() ? f32(op.dsinks, name) : nullptr;
+  if (pds != nullptr) expect_numel(op.dsinks, d.H, name, "dsinks (H)");
   if (error_) return;
   const auto threads = on_threads();
-  if (pdb == nullptr) return cpu::attention_backward(d, op.scale, pd, pq, po, pl, pdq, terms);
+  // Each (b, h) sink gradient is kept, then added over b in ascending order:
+  // the same bits whatever the threads.
+  std::vector<double> dsinks(pds != nullptr ? static_cast<std::size_t>(d.B * d.H) : 0);
+  double* psinks = pds != nullptr ? dsinks.data() : nullptr;
+  auto add_sinks = [&] {
+    for (std::int64_t h = 0; h < d.H && pds != nullptr; ++h) {
+      double acc = 0.0;
+      for (std::int64_t b = 0; b < d.B; ++b) acc += dsinks[static_cast<std::size_t>(b * d.H + h)];
+      pds[h] += static_cast<float>(acc);
+    }
+  };
+  if (pdb == nullptr) {
+    cpu::attention_backward(d, op.scale, pd, pq, po, pl, pdq, terms, static_cast<float*>(nullptr), psinks);
+    return add_sinks();
+  }
   // Every (b, h) score gradient is kept, then summed over b in ascending order
   // (in double) into the (T, T, H) layout: the same bits whatever the threads.
   std::vector<float> dscores(static_cast<std::size_t>(d.B * d.H * d.T * d.T));
-  cpu::attention_backward(d, op.scale, pd, pq, po, pl, pdq, terms, dscores.data());
+  cpu::attention_backward(d, op.scale, pd, pq, po, pl, pdq, terms, dscores.data(), psinks);
+  add_sinks();
   const std::int64_t TT = d.T * d.T;
   cpu::for_rows(TT, d.H * d.B, [&](std::int64_t ij) {
     for (std::int64_t h = 0; h < d.H; ++h) {

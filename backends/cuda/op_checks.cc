@@ -66,6 +66,10 @@ Result<AttentionDims> attention_dims(const Tensor& qkv, const AttentionOp& op) {
                       op.head_dim);
   if (!is_float(qkv.dtype()))
     return make_error("qkv is {}; attention takes f32, bf16 or f16", dtype_name(qkv.dtype()));
+  // The flash kernels mask causally or not at all and normalise over keys only.
+  if (op.sliding_window > 0 || op.sinks.defined())
+    return make_error("sliding-window attention and attention sinks are not implemented in the cuda attention "
+                      "kernels; train such a model on the cpu backend (or simulate it)");
   AttentionDims d{s[0], s[1], op.heads, op.kv_heads, op.head_dim};
   if (op.query_rows != 0) {
     if (op.query_begin < 0 || op.query_rows < 0 || op.query_begin + op.query_rows > d.T)

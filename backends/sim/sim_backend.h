@@ -103,6 +103,9 @@ class SimBackend final : public Backend {
   void sum_squares(const Tensor& x, Tensor& out, bool accumulate) override;
 
   void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp& op) override;
+  // One task for all groups (CostModel::grouped_gemm, or _wgrad when op.trans_a).
+  void grouped_gemm(const std::vector<Tensor>& a, const std::vector<Tensor>& b, std::vector<Tensor>& c,
+                    const GemmOp& op) override;
   void batched_gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp& op) override;
   void bias_backward(const Tensor& dy, Tensor& db) override;
 

@@ -100,6 +100,33 @@ void SimBackend::gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp&
     misuse("gemm: a {} b {} c {} do not agree", a.shape().str(), b.shape().str(), c.shape().str());
   compute(op_name("gemm"), cluster_.cost_.gemm(m, n, k, compute_dtype(a.dtype())));
 }
+void SimBackend::grouped_gemm(const std::vector<Tensor>& a, const std::vector<Tensor>& b, std::vector<Tensor>& c,
+                              const GemmOp& op) {
+  if (a.empty() || a.size() != b.size() || a.size() != c.size())
+    misuse("grouped_gemm: {} a, {} b and {} c operands must be one per group, at least one", a.size(), b.size(),
+           c.size());
+  // Each group's (m, n, k) as gemm reads them; the groups share n and either k (row groups: experts over
+  // their tokens) or m (weight gradients, reduced over each group's tokens).
+  std::vector<std::int64_t> ms, ks;
+  const std::int64_t n = c.front().shape().back();
+  for (std::size_t g = 0; g < a.size(); ++g) {
+    check(a[g], "grouped_gemm"), check(b[g], "grouped_gemm"), check(c[g], "grouped_gemm");
+    const std::int64_t m = c[g].numel() / std::max<std::int64_t>(n, 1), k = a[g].numel() / std::max<std::int64_t>(m, 1);
+    if (c[g].shape().back() != n || m * k != a[g].numel() || k * n != b[g].numel())
+      misuse("grouped_gemm: group {}: a {} b {} c {} do not agree with the groups' n {}", g, a[g].shape().str(),
+             b[g].shape().str(), c[g].shape().str(), n);
+    ms.push_back(m), ks.push_back(k);
+  }
+  const sim::DType t = compute_dtype(a.front().dtype());
+  if (op.trans_a) {
+    for (std::int64_t m : ms)
+      if (m != ms.front()) misuse("grouped_gemm: weight-gradient groups must share m, got {} and {}", ms.front(), m);
+    return compute(op_name("grouped_gemm"), cluster_.cost_.grouped_gemm_wgrad(ks, ms.front(), n, t));
+  }
+  for (std::int64_t k : ks)
+    if (k != ks.front()) misuse("grouped_gemm: row groups must share k, got {} and {}", ks.front(), k);
+  compute(op_name("grouped_gemm"), cluster_.cost_.grouped_gemm(ms, n, ks.front(), t));
+}
 void SimBackend::batched_gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp&) {
   check(a, "batched_gemm"), check(b, "batched_gemm"), check(c, "batched_gemm");
   if (a.shape().rank() != 3 || c.shape().rank() != 3)
@@ -261,7 +288,8 @@ void SimBackend::attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse,
                              op.head_dim, qkv.dtype(), false);
   compute(op_name("attention_forward"),
           cluster_.cost_.attention_window(qkv.shape()[0] * op.heads, qkv.shape()[1], op.head_dim, op.causal,
-                                          false, compute_dtype(qkv.dtype()), op.query_begin, op.query_rows));
+                                          false, compute_dtype(qkv.dtype()), op.query_begin, op.query_rows,
+                                          op.sliding_window));
   score_terms(qkv, op, false);
 }
 void SimBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
@@ -276,7 +304,8 @@ void SimBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
                              op.head_dim, qkv.dtype(), true);
   compute(op_name("attention_backward"),
           cluster_.cost_.attention_window(qkv.shape()[0] * op.heads, qkv.shape()[1], op.head_dim, op.causal,
-                                          true, compute_dtype(qkv.dtype()), op.query_begin, op.query_rows));
+                                          true, compute_dtype(qkv.dtype()), op.query_begin, op.query_rows,
+                                          op.sliding_window));
   score_terms(qkv, op, true);
 }
 

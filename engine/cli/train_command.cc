@@ -132,6 +132,11 @@ Status run_train(TrainFlags f) {
   const bool mpi = f.ranks == "mpi" || launch.has_value();
   MT_ASSIGN(ModelAndPlan mp, resolve_model_and_plan(f.plan, mpi && launch ? launch->world_size : 0));
   MT_TRY(check_precision(f.backend, mp.plan.precision));
+  // The cuda flash kernels mask causally or not at all and normalise over the keys only.
+  if (cuda && (mp.model.sliding_window > 0 || mp.model.attention_sinks))
+    return make_error("model '{}' has {}; the cuda attention kernels implement neither: train it with --backend cpu "
+                      "or simulate it", mp.model.name,
+                      mp.model.sliding_window > 0 ? "a sliding window" : "attention sinks");
   MT_TRY(load_init_from(f.train, mp.model));
   if (cuda && !mpi && mp.plan.world_size() > 1)
     return make_error("the cuda backend runs one rank per process, and this plan has {} ranks; launch "

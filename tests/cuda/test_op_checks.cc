@@ -71,6 +71,18 @@ TEST_CASE("attention takes (B, T, H + 2G, D) with D even and at most 128") {
   CHECK_FALSE(attention_dims(t({2, 8, 7, 64}), uneven).ok());
 }
 
+TEST_CASE("the flash kernels refuse a sliding window and attention sinks, naming the cpu backend") {
+  AttentionOp op;
+  op.heads = 4, op.kv_heads = 2, op.head_dim = 64, op.scale = 0.125f;
+  op.sliding_window = 16;
+  auto windowed = attention_dims(t({2, 8, 8, 64}), op);
+  REQUIRE_FALSE(windowed.ok());
+  CHECK_THAT(windowed.error().message(), Catch::Contains("sliding-window") && Catch::Contains("cpu backend"));
+  op.sliding_window = 0;
+  op.sinks = t({4});
+  CHECK_FALSE(attention_dims(t({2, 8, 8, 64}), op).ok());
+}
+
 TEST_CASE("attention's query window lies inside the sequence and takes no bias or mask") {
   AttentionOp op{4, 2, 64, 0.125f};
   op.query_begin = 3;

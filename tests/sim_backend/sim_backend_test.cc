@@ -197,3 +197,42 @@ TEST_CASE("sim backend: a node's all-reduce reaches the busbw nccl-tests measure
   const double busbw = S * 2 * 7 / 8 / r->iteration_s;
   CHECK(busbw == Approx(0.77 * 300e9).epsilon(0.03));
 }
+
+TEST_CASE("sim backend: fused attention of a sliding-window layer takes the window's share of the scores",
+          "[sim_backend][attention][attention-variants]") {
+  // seq 4096, window 1024, causal: Σ_t min(t + 1, 1024) = 3,670,528 of the causal 8,390,656 scores.
+  const std::int64_t B = 1, H = 8, G = 2, T = 4096, D = 128;
+  auto seconds = [&](std::int64_t window) {
+    auto cluster = make_cluster(1, {0});
+    SimBackend& b = cluster->backend(0);
+    Tensor qkv = b.empty(Shape{B, T, H + 2 * G, D}, DType::bf16), out = b.empty(Shape{B, T, H, D}, DType::bf16);
+    Tensor lse = b.empty(Shape{B, H, T});
+    AttentionOp op;
+    op.heads = H, op.kv_heads = G, op.head_dim = D, op.scale = 0.088f, op.sliding_window = window;
+    b.attention_forward(qkv, out, lse, op);
+    auto r = cluster->run();
+    REQUIRE(r.ok());
+    return r->ranks[0].compute_s;
+  };
+  const double overhead = static_cast<double>(sim::CostConstants{}.kernel_overhead) / 1e12;
+  CHECK(seconds(1024) - overhead == Approx((seconds(0) - overhead) * 3670528.0 / 8390656.0).epsilon(1e-6));
+}
+
+TEST_CASE("sim backend: the experts' grouped GEMM is one task of the cost model's grouped time",
+          "[sim_backend][moe]") {
+  // Three experts with 130, 40 and 700 tokens: (256 + 128 + 768) padded rows as one kernel.
+  auto cluster = make_cluster(1, {0});
+  SimBackend& b = cluster->backend(0);
+  const std::int64_t C = 1024, F = 2816;
+  std::vector<Tensor> x, w, y;
+  for (std::int64_t rows : {130, 40, 700}) {
+    x.push_back(b.empty(Shape{rows, C}, DType::bf16));
+    w.push_back(b.empty(Shape{C, F}, DType::bf16));
+    y.push_back(b.empty(Shape{rows, F}, DType::bf16));
+  }
+  b.grouped_gemm(x, w, y, GemmOp{});
+  auto r = cluster->run();
+  REQUIRE(r.ok());
+  CHECK(r->tasks == 1);
+  CHECK(r->ranks[0].compute_s == Approx(gemm_seconds(*cluster, 256 + 128 + 768, F, C)));
+}

@@ -167,3 +167,50 @@ TEST_CASE("a query window's attention is its share of the scores", "[simulator][
         Approx(to_seconds(full - k.kernel_overhead) * attention_window_share(8192, 4096, 4096, true)).epsilon(1e-6));
   CHECK(m.attention_window(256, 8192, 128, true, false, DType::kBf16, 0, 0) == full);
 }
+
+TEST_CASE("a sliding window's attention is its share of the scores: Σ_t min(t + 1, W) of T(T + 1)/2",
+          "[simulator][cost][attention-variants]") {
+  // Counted score by score: causal row t reads min(t + 1, W) keys.
+  auto counted = [](std::int64_t T, std::int64_t begin, std::int64_t rows, std::int64_t W) {
+    double n = 0;
+    for (std::int64_t t = begin; t < begin + rows; ++t) n += static_cast<double>(std::min(t + 1, W));
+    return n / (static_cast<double>(T) * (T + 1) / 2);
+  };
+  // seq 4096, window 1024: 1024·1025/2 + 3072·1024 = 3,670,528 of 8,390,656 scores.
+  CHECK(attention_window_share(4096, 0, 4096, true, 1024) == Approx(3670528.0 / 8390656.0).epsilon(1e-12));
+  for (std::int64_t begin : {0, 100, 1000, 3000})
+    CHECK(attention_window_share(4096, begin, 512, true, 1024) == Approx(counted(4096, begin, 512, 1024)));
+  CHECK(attention_window_share(4096, 0, 4096, true, 8192) == Approx(1.0));  // a window past T: no effect
+  const CostConstants k;
+  const CostModel model(kA100, k);
+  for (bool backward : {false, true}) {
+    const Time full = model.attention(64, 4096, 128, true, backward, DType::kBf16);
+    const Time local = model.attention_window(64, 4096, 128, true, backward, DType::kBf16, 0, 0, 1024);
+    CHECK(to_seconds(local - k.kernel_overhead) ==
+          Approx(to_seconds(full - k.kernel_overhead) * 3670528.0 / 8390656.0).epsilon(1e-6));
+  }
+}
+
+
+TEST_CASE("a grouped GEMM pads each group's rows to the kernel's tile and runs them as one launch",
+          "[simulator][cost][moe]") {
+  const CostConstants k;
+  const CostModel m(kA100, k);
+  const std::int64_t n = 4096, kk = 1024;
+  // Experts with known uneven token counts: 130 rows take two 128-row tiles, 300 three, 1000 eight, an
+  // empty expert none: 256 + 384 + 1024 = 1664 padded rows.
+  const std::vector<std::int64_t> rows = {130, 0, 300, 1000};
+  const double M = 1664;
+  const double eff = k.gemm_efficiency_max * M / (M + k.gemm_m_half) * n / (n + k.gemm_n_half) * kk / (kk + k.gemm_k_half);
+  const double compute = 2 * M * n * kk / (kA100.peak_bf16_flops * eff);
+  const double memory = 2.0 * (M * kk + kk * n + M * n) / (kA100.memory_bandwidth * k.memory_efficiency);
+  const double want = std::max(compute, memory) + to_seconds(k.kernel_overhead);
+  CHECK(to_seconds(m.grouped_gemm(rows, n, kk, DType::kBf16)) == Approx(want).epsilon(1e-9));
+  // Eight experts of 256 tokens: one launch at the efficiency of 2048 rows, faster than eight GEMMs of 256.
+  const std::vector<std::int64_t> even(8, 256);
+  CHECK(m.grouped_gemm(even, n, kk, DType::kBf16) < 8 * m.gemm(256, n, kk, DType::kBf16));
+  CHECK(m.grouped_gemm(std::vector<std::int64_t>(4, 0), n, kk, DType::kBf16) == 0);
+  // Weight gradients: each group reduces over its own tokens, one launch for all.
+  const Time wgrad = m.grouped_gemm_wgrad({100, 0, 50}, kk, n, DType::kBf16);
+  CHECK(wgrad == m.gemm(kk, n, 100, DType::kBf16) + m.gemm(kk, n, 50, DType::kBf16) - k.kernel_overhead);
+}

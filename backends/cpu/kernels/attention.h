@@ -1,6 +1,8 @@
 // Grouped-query attention, causal or not, with optional additive score terms
-// (a per-head bias shared by the batch, a per-window mask), forward and
-// backward, with the softmax statistics kept as a log-sum-exp so backward
+// (a per-head bias shared by the batch, a per-window mask), an optional
+// sliding window (causal rows read only their last `sliding_window` keys)
+// and optional attention sinks (a learned logit per head in every row's
+// softmax denominator, as gpt-oss trains), forward and backward, with the softmax statistics kept as a log-sum-exp so backward
 // recomputes the probabilities exactly (as flash attention does) instead of
 // storing them.
 // Legend: B batch, T sequence, H query heads, G kv heads, D head dim,
@@ -34,19 +36,25 @@ struct ScoreTerms {
   const T* bias = nullptr;  // (H, T, T): head-major, the kernel's own layout
   const T* mask = nullptr;  // (M, T, T): batch entry b adds window b mod M
   std::int64_t windows = 1;
+  std::int64_t sliding_window = 0;  // causal rows read keys t - sliding_window + 1 .. t; 0: from key 0
+  const T* sinks = nullptr;         // (H): head h's sink logit joins every row's denominator
 
-  // Keys a query row reads: 0..t when causal, all T otherwise.
+  // Keys a query row reads: [first_key(t), keys(t)): 0..t when causal (the
+  // last sliding_window of them with a window), all T otherwise.
+  std::int64_t first_key(std::int64_t t) const {
+    return causal && sliding_window > 0 ? std::max<std::int64_t>(0, t - sliding_window + 1) : 0;
+  }
   std::int64_t keys(std::int64_t t, std::int64_t Tn) const { return causal ? t + 1 : Tn; }
-  // row (keys(t)) += bias and mask terms of (b, h, query t).
+  // row (keys read by t) += bias and mask terms of (b, h, query t).
   void add(std::int64_t b, std::int64_t h, std::int64_t t, std::int64_t Tn, T* row) const {
-    const std::int64_t n = keys(t, Tn);
+    const std::int64_t lo = first_key(t), n = keys(t, Tn);
     if (bias != nullptr) {
       const T* r = bias + (h * Tn + t) * Tn;
-      for (std::int64_t j = 0; j < n; ++j) row[j] += r[j];
+      for (std::int64_t j = lo; j < n; ++j) row[j] += r[j];
     }
     if (mask != nullptr) {
       const T* r = mask + ((b % windows) * Tn + t) * Tn;
-      for (std::int64_t j = 0; j < n; ++j) row[j] += r[j];
+      for (std::int64_t j = lo; j < n; ++j) row[j] += r[j];
     }
   }
 };
@@ -81,17 +89,21 @@ void attention_forward(const AttentionDims& d, T scale, const T* qkv, T* out, T*
           for (std::int64_t r = 0; r < Q; ++r) {
             const std::int64_t t = d.q0 + r;
             T* row = p.data() + r * Tn;
-            const std::int64_t n = terms.keys(t, Tn);
+            const std::int64_t lo = terms.first_key(t), n = terms.keys(t, Tn);
             terms.add(b, h, t, Tn, row);
-            T m = row[0];
-            for (std::int64_t j = 1; j < n; ++j) m = row[j] > m ? row[j] : m;
+            T m = row[lo];
+            for (std::int64_t j = lo + 1; j < n; ++j) m = row[j] > m ? row[j] : m;
+            if (terms.sinks != nullptr) m = std::max(m, terms.sinks[h]);
             // One exp per score (the loop vectorizes), then the ordered sum in
-            // double, then normalise: P = exp(s - m) / z, lse = m + log z.
-            for (std::int64_t j = 0; j < n; ++j) row[j] = exp_approx(row[j] - m);
+            // double, then normalise: P = exp(s - m) / z, lse = m + log z. A
+            // sink adds its exp to z and takes no value.
+            for (std::int64_t j = lo; j < n; ++j) row[j] = exp_approx(row[j] - m);
             double z = 0.0;
-            for (std::int64_t j = 0; j < n; ++j) z += static_cast<double>(row[j]);
+            for (std::int64_t j = lo; j < n; ++j) z += static_cast<double>(row[j]);
+            if (terms.sinks != nullptr) z += std::exp(static_cast<double>(terms.sinks[h] - m));
             const T l = m + static_cast<T>(std::log(z)), inv = static_cast<T>(1.0 / z);
-            for (std::int64_t j = 0; j < n; ++j) row[j] *= inv;
+            for (std::int64_t j = lo; j < n; ++j) row[j] *= inv;
+            for (std::int64_t j = 0; j < lo; ++j) row[j] = T(0);
             for (std::int64_t j = n; j < Tn; ++j) row[j] = T(0);
             lse[(b * d.H + h) * Q + r] = l;
           }
@@ -106,10 +118,13 @@ void attention_forward(const AttentionDims& d, T scale, const T* qkv, T* out, T*
 // One task per (b, kv head): the query heads sharing it add into its dk, dv
 // in head order, so the sums are deterministic without atomics. With
 // `dscores` (B, H, Q, T) the score gradient dS of every (b, h) is stored
-// there too, for the caller to sum over the batch in a fixed order.
+// there too, for the caller to sum over the batch in a fixed order; with
+// sinks, `dsinks` (B, H) gets each (b, h)'s sink gradient, for the same:
+// -Σ_t P_sink(t) · D_t, P_sink = exp(sink - lse_t), D_t = dO_t · O_t.
 template <class T>
 void attention_backward(const AttentionDims& d, T scale, const T* dout, const T* qkv, const T* out,
-                        const T* lse, T* dqkv, const ScoreTerms<T>& terms = {}, T* dscores = nullptr) {
+                        const T* lse, T* dqkv, const ScoreTerms<T>& terms = {}, T* dscores = nullptr,
+                        double* dsinks = nullptr) {
   const std::int64_t W = d.width(), R = d.H / d.G, Tn = d.T, Q = d.rows(), OW = d.H * d.D;
   for_chunks(d.B * d.G, 1, [&](std::int64_t begin, std::int64_t end) {
     std::vector<T> p(static_cast<std::size_t>(Q * Tn)), dp(static_cast<std::size_t>(Q * Tn));
@@ -137,14 +152,22 @@ void attention_backward(const AttentionDims& d, T scale, const T* dout, const T*
         for (std::int64_t r = 0; r < Q; ++r) {
           const std::int64_t t = d.q0 + r;
           T* row = p.data() + r * Tn;
-          const std::int64_t n = terms.keys(t, Tn);
+          const std::int64_t lo = terms.first_key(t), n = terms.keys(t, Tn);
           terms.add(b, h, t, Tn, row);
-          for (std::int64_t j = 0; j < n; ++j) row[j] = exp_approx(row[j] - l[r]);
+          for (std::int64_t j = lo; j < n; ++j) row[j] = exp_approx(row[j] - l[r]);
+          for (std::int64_t j = 0; j < lo; ++j) row[j] = T(0);
           for (std::int64_t j = n; j < Tn; ++j) row[j] = T(0);
           double s = 0.0;  // D_t = Σ_j P_tj dP_tj = dO_t · O_t
           for (std::int64_t j = 0; j < d.D; ++j)
             s += static_cast<double>(dout_h[r * OW + j]) * static_cast<double>(o[r * OW + j]);
           di[static_cast<std::size_t>(r)] = static_cast<T>(s);
+        }
+        if (terms.sinks != nullptr && dsinks != nullptr) {
+          double acc = 0.0;
+          for (std::int64_t r = 0; r < Q; ++r)
+            acc -= std::exp(static_cast<double>(terms.sinks[h]) - static_cast<double>(l[r])) *
+                   static_cast<double>(di[static_cast<std::size_t>(r)]);
+          dsinks[b * d.H + h] = acc;
         }
         // dP (Q, T) = dO vᵀ; dS = P ∘ (dP - D) (zero where P is: above the diagonal when causal).
         blas_gemm(false, true, Q, Tn, d.D, T(1), dout_h, OW, v, W, T(0), dp.data(), Tn);
