@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <map>
 #include <numeric>
+#include <string>
 
 #include <fmt/format.h>
 
@@ -82,6 +83,14 @@ Status check_train_memory(const TrainOptions& o, const ModelSpec& m, const Plan&
       "ranks over processes (mpirun)");
 }
 
+namespace {
+
+// The float as the shortest decimal that reads back as it (0.99, not
+// 0.9900000095367432): what a person typed, and what names it in messages.
+double shortest(float v) { return std::stod(fmt::format("{}", v)); }
+
+}  // namespace
+
 nlohmann::json run_record(const TrainOptions& o, const std::string& data_path, std::span<const std::uint8_t> data) {
   return {{"data", {{"path", data_path}, {"bytes", data.size()}, {"crc32", checkpoint_crc32(data)}}},
           {"steps", o.steps},
@@ -93,9 +102,9 @@ nlohmann::json run_record(const TrainOptions& o, const std::string& data_path, s
           {"dropout", o.step.dropout},
           {"weight_decay", o.step.optimizer.weight_decay},
           {"weight_decay_params", decayed_params_name(o.step.optimizer.decayed)},
-          {"adam_beta1", o.step.optimizer.beta1},
-          {"adam_beta2", o.step.optimizer.beta2},
-          {"adam_eps", o.step.optimizer.eps},
+          {"adam_beta1", shortest(o.step.optimizer.beta1)},
+          {"adam_beta2", shortest(o.step.optimizer.beta2)},
+          {"adam_eps", shortest(o.step.optimizer.eps)},
           {"grad_clip", o.step.optimizer.max_grad_norm}};
 }
 

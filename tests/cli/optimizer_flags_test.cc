@@ -94,7 +94,7 @@ TEST_CASE("non-default AdamW betas and epsilon give the hand-computed update", "
   CHECK(run.at("warmup") == 0);
 }
 
-TEST_CASE("--weight-decay-params all decays norms too; embeddings with linear+embeddings", "[cli][optimizer]") {
+TEST_CASE("weight-decay-params all decays norms too, linear+embeddings the embeddings", "[cli][optimizer]") {
   const fs::path dir = fs::temp_directory_path() / "meshtrain_cli_decay_all";
   const std::string base = " --lr 0.01 --warmup 0 --lr-decay constant --weight-decay 0.5";
   {
@@ -114,7 +114,7 @@ TEST_CASE("--weight-decay-params all decays norms too; embeddings with linear+em
   }
 }
 
-TEST_CASE("--resume keeps the checkpoint's AdamW settings and refuses other ones", "[cli][optimizer]") {
+TEST_CASE("resume keeps the checkpoint's AdamW settings and refuses other ones", "[cli][optimizer]") {
   const fs::path dir = fs::temp_directory_path() / "meshtrain_cli_resume_adamw";
   fs::remove_all(dir);
   const std::string ckpt = " --checkpoint " + (dir / "ckpt").string();

@@ -45,17 +45,24 @@ std::vector<std::string> listed_subcommands() {
   return names;
 }
 
+// The flag's first column in `help`: "--steps INT:INT in [1, 1073741824]=100"
+// (CLI11 pads it to column 30 for the description, or puts that on the next line).
 std::string help_line(const std::string& help, const std::string& flag) {
   std::istringstream lines(help);
   std::string line;
   while (std::getline(lines, line))
-    if (line.rfind("  " + flag + " ", 0) == 0) return line;
+    if (line.rfind("  " + flag + " ", 0) == 0) {
+      // A description on the same line starts in column 30.
+      const bool described = line.size() > 30 && line[29] == ' ' && line[30] != ' ';
+      std::string first = described ? line.substr(2, 27) : line.substr(2);
+      return first.substr(0, first.find_last_not_of(' ') + 1);
+    }
   return "";
 }
 
 }  // namespace
 
-TEST_CASE("--version prints the project version", "[cli]") {
+TEST_CASE("version prints the project version", "[cli]") {
   const MeshtrainRun r = run_meshtrain("--version");
   CHECK(r.status == 0);
   CHECK_THAT(r.out, Catch::StartsWith("meshtrain 0.1"));
@@ -75,12 +82,14 @@ TEST_CASE("every subcommand's help shows its defaults and an example of itself",
   const std::string train = run_meshtrain("train --help").out;
   CHECK_THAT(help_line(train, "--steps"), Catch::EndsWith("=100"));
   CHECK_THAT(help_line(train, "--lr"), Catch::EndsWith("=0.001"));
-  CHECK_THAT(help_line(train, "--model"), Catch::Contains("=tiny"));
-  CHECK_THAT(help_line(train, "--adam-beta2"), Catch::Contains("=0.95"));
-  CHECK_THAT(help_line(train, "--lr-decay"), Catch::Contains("=cosine"));
-  CHECK_THAT(help_line(train, "--tp"), Catch::Contains("=1"));
-  CHECK_THAT(help_line(train, "--schedule"), Catch::Contains("=1f1b"));
-  CHECK_THAT(help_line(run_meshtrain("simulate --help").out, "--cluster"), Catch::Contains("=dgx-a100"));
+  CHECK_THAT(help_line(train, "--model"), Catch::EndsWith("=tiny"));
+  CHECK_THAT(help_line(train, "--adam-beta2"), Catch::EndsWith("=0.95"));
+  CHECK_THAT(help_line(train, "--adam-eps"), Catch::EndsWith("=1e-08"));
+  CHECK_THAT(help_line(train, "--weight-decay-params"), Catch::EndsWith("=linear"));
+  CHECK_THAT(help_line(train, "--lr-decay"), Catch::EndsWith("=cosine"));
+  CHECK_THAT(help_line(train, "--tp"), Catch::EndsWith("=1"));
+  CHECK_THAT(help_line(train, "--schedule"), Catch::EndsWith("=1f1b"));
+  CHECK_THAT(help_line(run_meshtrain("simulate --help").out, "--cluster"), Catch::EndsWith("=dgx-a100"));
   for (const std::string& inner : {"train", "encode", "decode"})
     CHECK_THAT(run_meshtrain("tokenize " + inner + " --help").out,
                Catch::Contains("Example:\n  meshtrain tokenize " + inner));
@@ -107,7 +116,7 @@ TEST_CASE("a mistyped subcommand or flag names the nearest and the choices", "[c
 TEST_CASE("train into a pipe prints plain lines and ends with a summary", "[cli]") {
   const fs::path dir = fresh_dir("summary");
   const std::string metrics = (dir / "m.jsonl").string(), ckpt = (dir / "ckpt").string();
-  const MeshtrainRun r = run_meshtrain("train" + kTiny + kData + " --steps 3 --peak-tflops 0.5 --metrics " + metrics +
+  const MeshtrainRun r = run_meshtrain("train" + kTiny + kData + " --steps 3 --peak-tflops 0.01 --metrics " + metrics +
                                        " --checkpoint " + ckpt);
   REQUIRE(r.status == 0);
   CHECK(r.out.find('\r') == std::string::npos);
@@ -115,7 +124,7 @@ TEST_CASE("train into a pipe prints plain lines and ends with a summary", "[cli]
   CHECK_THAT(r.out, Catch::Contains("run summary\n  steps        3 (1..3 of 3)\n"));
   CHECK_THAT(r.out, Catch::Contains("  checkpoint   " + ckpt + " (step 3)\n"));
   CHECK_THAT(r.out, Catch::Contains("  metrics      " + metrics + "\n"));
-  CHECK_THAT(r.out, Catch::Contains("of 0.5 peak, from --peak-tflops 0.5 x 1 ranks"));
+  CHECK_THAT(r.out, Catch::Contains("of 0.01 peak, from --peak-tflops 0.01 x 1 ranks"));
   // The final loss is the last step's, as --metrics recorded it.
   std::ifstream in(metrics);
   std::string line, last;
@@ -130,7 +139,8 @@ TEST_CASE("train into a pipe prints plain lines and ends with a summary", "[cli]
   const std::string mfu = r.out.substr(r.out.find("  MFU          "));
   double pct = 0, achieved = 0;
   REQUIRE(std::sscanf(mfu.c_str(), "  MFU          %lf%% (%lf model TFLOP/s", &pct, &achieved) == 2);
-  CHECK(pct == Approx(100 * achieved / 0.5).epsilon(0.01));
+  // Both printed rounded: the percentage to 0.1, the TFLOP/s to 3 digits.
+  CHECK(pct == Approx(100 * achieved / 0.01).epsilon(0.005).margin(0.06));
   const MeshtrainRun bare = run_meshtrain("train" + kTiny + kData + " --steps 2 --quiet");
   CHECK_THAT(bare.out, Catch::Contains("checkpoint   none (no --checkpoint)"));
   CHECK_THAT(bare.out, Catch::Contains("metrics      none (no --metrics)"));

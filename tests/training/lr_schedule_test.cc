@@ -27,7 +27,7 @@ TEST_CASE("cosine decay reaches min_lr at total and stays there", "[lr]") {
   CHECK(lr_at(s, 500) == 1e-4);
 }
 
-TEST_CASE("no warm-up starts on the cosine; warm-up over all steps never decays", "[lr]") {
+TEST_CASE("no warm-up starts on the cosine, warm-up over all steps never decays", "[lr]") {
   const LrSchedule none{.lr = 2.0, .min_lr = 0.0, .warmup = 0, .total = 4};
   // Steps 1..4: ½(1 + cos(kπ/4)) · 2 = 1 + cos(kπ/4).
   CHECK(lr_at(none, 1) == Approx(1.70710678119));
@@ -76,7 +76,7 @@ TEST_CASE("linear decay falls in a straight line to min_lr, over --decay-steps w
   CHECK(lr_at(short_cosine, 20) == Approx(0.1 + 0.9 * 0.5 * (1 + std::sqrt(0.5))));
 }
 
-TEST_CASE("constant holds lr after the warm-up; wsd holds it, then decays over the last steps", "[lr]") {
+TEST_CASE("constant holds lr after the warm-up, wsd holds it, then decays over the last steps", "[lr]") {
   const LrSchedule c{.lr = 1.0, .min_lr = 0.1, .warmup = 10, .total = 110, .decay = LrDecay::constant};
   CHECK(lr_at(c, 5) == Approx(0.5));
   CHECK(lr_at(c, 11) == 1.0);
@@ -96,7 +96,7 @@ TEST_CASE("constant holds lr after the warm-up; wsd holds it, then decays over t
   CHECK(lr_at(w10, 105) == Approx(0.55));
 }
 
-TEST_CASE("decay steps past the steps after the warm-up are refused; decay names parse", "[lr]") {
+TEST_CASE("decay steps past the steps after the warm-up are refused, decay names parse", "[lr]") {
   const LrSchedule s{.lr = 1, .min_lr = 0, .warmup = 10, .total = 110, .decay = LrDecay::wsd, .decay_steps = 101};
   const Status st = validate_lr_schedule(s);
   REQUIRE_FALSE(st.ok());
