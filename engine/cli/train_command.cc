@@ -149,8 +149,7 @@ Status check_precision(const std::string& backend, Precision p, const std::strin
                       "(the flag overrides the plan file), or on --backend cuda",
                       source, precision_name(p));
   if (p == Precision::fp16)
-    return make_error("{} asks for fp16, which needs loss scaling, which the trainer does not do; use "
-                      "--precision bf16 or fp32", source);
+    return make_error("{} needs loss scaling, which the trainer does not do; use --precision bf16 or fp32", source);
   return ok_status();
 }
 

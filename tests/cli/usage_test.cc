@@ -174,7 +174,7 @@ TEST_CASE("train --plan honours the plan's precision or refuses it with the reas
   const std::string none = plan_file("none.json", R"({"dp": 1})");
   CHECK(run_meshtrain("train" + kTiny + kData + " --steps 1 --quiet --plan " + none).status == 0);
   CHECK_THAT(run_meshtrain("train" + kTiny + kData + " --steps 1 --precision fp16").out,
-             Catch::Contains("--precision fp16 asks for fp16"));
+             Catch::Contains("--precision fp16 needs loss scaling"));
 }
 
 TEST_CASE("simulate says what is missing, and that a default plan does not fit", "[cli]") {
