@@ -243,14 +243,15 @@ Error missing_model(const SimulateFlags& f) {
                     f.cluster, presets, f.cluster);
 }
 
-// A plan of no layout flags and no plan file is the default one (every GPU
-// data-parallel, ZeRO 0, no recomputation): where its most loaded stage
+// A plan of no plan flags (but --gpus) and no plan file is the default one
+// (every GPU data-parallel, ZeRO 0, no recomputation): where its most loaded stage
 // cannot fit the device by the memory model, say so before simulating, and
 // point at the planner, which searches for a plan that fits.
 Status check_default_plan_fits(const SimulateFlags& f, const ModelAndPlan& mp, const sim::ClusterSpec& c) {
   const PlanOverrides& o = f.plan.overrides;
   const bool chosen = !f.plan.plan_file.empty() || o.tp || o.pp || o.cp || o.ep || o.vpp || o.zero || o.recompute ||
-                      o.offload || o.sequence_parallel;
+                      o.offload || o.sequence_parallel || o.micro_batch || o.global_batch || o.microbatches ||
+                      o.seq_len || o.precision;
   if (chosen || !mp.plan.segments.empty()) return ok_status();
   double peak = 0;
   for (int stage = 0; stage < mp.plan.pp; ++stage)

@@ -173,7 +173,7 @@ TEST_CASE("train --plan honours the plan's precision or refuses it with the reas
   CHECK(run_meshtrain("train" + kTiny + kData + " --steps 1 --quiet --plan " + fp32).status == 0);
   const std::string none = plan_file("none.json", R"({"dp": 1})");
   CHECK(run_meshtrain("train" + kTiny + kData + " --steps 1 --quiet --plan " + none).status == 0);
-  CHECK_THAT(run_meshtrain("train" + kTiny + kData + " --steps 1 --precision fp16").out,
+  CHECK_THAT(run_meshtrain("train" + kTiny + kData + " --steps 1 --backend cuda --precision fp16").out,
              Catch::Contains("--precision fp16 needs loss scaling"));
 }
 
