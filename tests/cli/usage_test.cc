@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -90,6 +91,15 @@ TEST_CASE("every subcommand's help shows its defaults and an example of itself",
   CHECK_THAT(help_line(train, "--tp"), Catch::EndsWith("=1"));
   CHECK_THAT(help_line(train, "--schedule"), Catch::EndsWith("=1f1b"));
   CHECK_THAT(help_line(run_meshtrain("simulate --help").out, "--cluster"), Catch::EndsWith("=dgx-a100"));
+  // docs/commands.md gives the same examples.
+  std::ifstream doc_file(std::string(MESHTRAIN_SOURCE_DIR) + "/docs/commands.md");
+  const std::string doc((std::istreambuf_iterator<char>(doc_file)), std::istreambuf_iterator<char>());
+  for (const std::string& sub : subs) {
+    const std::string help = run_meshtrain(sub + " --help").out;
+    const std::size_t at = help.find("Example:\n  ") + 11;
+    INFO(sub);
+    CHECK_THAT(doc, Catch::Contains("    " + help.substr(at, help.find('\n', at) - at) + "\n"));
+  }
   for (const std::string& inner : {"train", "encode", "decode"})
     CHECK_THAT(run_meshtrain("tokenize " + inner + " --help").out,
                Catch::Contains("Example:\n  meshtrain tokenize " + inner));
