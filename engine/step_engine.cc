@@ -85,6 +85,9 @@ const Group& StepEngine::replicas() const {
 Status check_step_options(const StepOptions& o) {
   MT_TRY(check_real("dropout (--dropout)", o.dropout, kDropoutRange));
   MT_TRY(check_real("weight decay (--weight-decay)", o.optimizer.weight_decay, kWeightDecayRange));
+  MT_TRY(check_real("AdamW beta1 (--adam-beta1)", o.optimizer.beta1, kAdamBetaRange));
+  MT_TRY(check_real("AdamW beta2 (--adam-beta2)", o.optimizer.beta2, kAdamBetaRange));
+  MT_TRY(check_real("AdamW epsilon (--adam-eps)", o.optimizer.eps, kAdamEpsRange));
   MT_TRY(check_real("gradient clip norm (--grad-clip, 0: off)", o.optimizer.max_grad_norm, kGradClipRange));
   return ok_status();
 }
@@ -475,14 +478,14 @@ AdamWOp StepEngine::adamw_op(float lr, std::int64_t step) const {
 
 void StepEngine::apply_update(float lr, std::int64_t step, const Tensor& coef) {
   const AdamWOp op = adamw_op(lr, step);
-  for (auto& c : chunks_) c->adam->update(op, options_.optimizer.weight_decay, coef);
+  for (auto& c : chunks_) c->adam->update(op, weight_decay(), coef);
   for (auto& c : chunks_) c->saved.clear();
 }
 
 void StepEngine::update_bucket(Chunk& c, std::size_t i, const Tensor& coef) {
   // The bucket's reduction (and the norm, for `coef`) came before on this stream.
   StreamScope on_comm(b_, comm_);
-  c.adam->update_bucket(i, update_op_, options_.optimizer.weight_decay, coef);
+  c.adam->update_bucket(i, update_op_, weight_decay(), coef);
   if (!c.adam->gathers()) c.updated[i] = b_.record(comm_);
 }
 

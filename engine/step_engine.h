@@ -42,7 +42,8 @@ namespace meshtrain {
 
 struct OptimizerOptions {
   float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
-  float weight_decay = 0.1f;  // on matrices only (ParamInfo::weight_decay)
+  float weight_decay = 0.1f;
+  DecayedParams decayed = DecayedParams::linear;  // which parameters weight_decay applies to
   float max_grad_norm = 1.0f; // <= 0: no clipping
 };
 
@@ -66,6 +67,8 @@ DType activation_dtype(Precision p);
 inline constexpr RealRange kDropoutRange{0, 1, false, true};
 inline constexpr RealRange kWeightDecayRange{0, 1e3};
 inline constexpr RealRange kGradClipRange{0, 1e30};  // 0: no clipping
+inline constexpr RealRange kAdamBetaRange{0, 1, false, true};  // [0, 1)
+inline constexpr RealRange kAdamEpsRange{0, 1, true, false};   // (0, 1]
 
 // An Error naming the option unless `o` is usable: each number finite and in its range.
 Status check_step_options(const StepOptions& o);
@@ -236,6 +239,7 @@ class StepEngine {
   void add_expert_sumsq();
   // AdamW's hyper-parameters at `step` (1-bit Adam's frozen variance included).
   AdamWOp adamw_op(float lr, std::int64_t step) const;
+  WeightDecay weight_decay() const { return {options_.optimizer.weight_decay, options_.optimizer.decayed}; }
   // Plan::overlap_update: bucket i of chunk c updated on the data-parallel
   // stream with this step's update_op_ and clip coefficient `coef`; the
   // remaining updates (clipping) and ZeRO 1/2 all-gathers at the step's end;

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <map>
 #include <numeric>
+#include <string>
 
 #include <fmt/format.h>
 
@@ -82,16 +83,36 @@ Status check_train_memory(const TrainOptions& o, const ModelSpec& m, const Plan&
       "ranks over processes (mpirun)");
 }
 
+namespace {
+
+// The float as the shortest decimal that reads back as it (0.99, not
+// 0.9900000095367432): what a person typed, and what names it in messages.
+double shortest(float v) { return std::stod(fmt::format("{}", v)); }
+
+}  // namespace
+
 nlohmann::json run_record(const TrainOptions& o, const std::string& data_path, std::span<const std::uint8_t> data) {
   return {{"data", {{"path", data_path}, {"bytes", data.size()}, {"crc32", checkpoint_crc32(data)}}},
           {"steps", o.steps},
           {"lr", o.lr},
           {"min_lr", o.min_lr},
           {"warmup", warmup_steps(o)},
+          {"lr_decay", lr_decay_name(o.lr_decay)},
+          {"decay_steps", decay_steps(lr_schedule(o))},
           {"dropout", o.step.dropout},
           {"weight_decay", o.step.optimizer.weight_decay},
+          {"weight_decay_params", decayed_params_name(o.step.optimizer.decayed)},
+          {"adam_beta1", shortest(o.step.optimizer.beta1)},
+          {"adam_beta2", shortest(o.step.optimizer.beta2)},
+          {"adam_eps", shortest(o.step.optimizer.eps)},
           {"grad_clip", o.step.optimizer.max_grad_norm}};
 }
+
+// The run record's keys that define the optimizer state, with their flags.
+constexpr std::pair<const char*, const char*> kOptimizerState[] = {{"adam_beta1", "--adam-beta1"},
+                                                                   {"adam_beta2", "--adam-beta2"},
+                                                                   {"adam_eps", "--adam-eps"},
+                                                                   {"weight_decay_params", "--weight-decay-params"}};
 
 Status check_resume(const CheckpointMeta& meta, const TrainOptions& o, const nlohmann::json& run, bool leader) {
   const std::string& dir = o.checkpoint_dir;
@@ -115,9 +136,19 @@ Status check_resume(const CheckpointMeta& meta, const TrainOptions& o, const nlo
                       json_excerpt(a.value("crc32", nlohmann::json())), json_excerpt(b["path"]), json_excerpt(b["bytes"]),
                       json_excerpt(b["crc32"]));
   }
+  // AdamW's moments were accumulated under these: a resume keeps them (the
+  // CLI takes them from the checkpoint unless given), and refuses others.
+  for (const auto& [key, flag] : kOptimizerState) {
+    if (!was.contains(key) || was[key] == run[key]) continue;
+    return make_error("the checkpoint in '{}' was trained with {} {}, this run gives {} {}; its AdamW state was "
+                      "accumulated under the first: resume without {} (the checkpoint's value is used), or start a "
+                      "new run in another --checkpoint directory",
+                      dir, flag, json_excerpt(was[key]), flag, json_excerpt(run[key]), flag);
+  }
   if (!leader) return ok_status();
   std::string changes;
-  for (const char* key : {"steps", "lr", "min_lr", "warmup", "dropout", "weight_decay", "grad_clip"}) {
+  for (const char* key :
+       {"steps", "lr", "min_lr", "warmup", "lr_decay", "decay_steps", "dropout", "weight_decay", "grad_clip"}) {
     if (!was.contains(key) || was[key] == run[key]) continue;
     changes += fmt::format("{}{} {} (was {})", changes.empty() ? "" : ", ", key, json_excerpt(run[key]),
                            json_excerpt(was[key]));

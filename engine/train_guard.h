@@ -39,8 +39,9 @@ nlohmann::json run_record(const TrainOptions& o, const std::string& data_path, s
 
 // Checks a checkpoint against this run before resuming it: an Error where
 // continuing would be wrong (other data; --steps or --stop-at already
-// passed), a warning (on the leader) where it is legitimate (a new learning
-// rate, length, dropout, ...).
+// passed; other AdamW betas, epsilon or decayed parameters, which the
+// moments were accumulated under), a warning (on the leader) where it is
+// legitimate (a new learning rate, schedule shape, length, dropout, ...).
 Status check_resume(const CheckpointMeta& meta, const TrainOptions& o, const nlohmann::json& run, bool leader);
 
 // Every rank of plan `p` in one group, with an id that no group of its mesh

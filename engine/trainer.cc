@@ -16,6 +16,8 @@
 #include "engine/lr_schedule.h"
 #include "engine/mesh.h"
 #include "engine/metrics.h"
+#include "engine/run_summary.h"
+#include "models/flops.h"
 #include "engine/step_timing.h"
 #include "engine/stop_request.h"
 #include "engine/train_guard.h"
@@ -95,13 +97,17 @@ Status save_checkpoint(Backend& b, TrainingEngine& engine, bool writer, const Mo
 
 int warmup_steps(const TrainOptions& o) { return o.warmup.value_or(std::min(kDefaultWarmup, o.steps)); }
 
+LrSchedule lr_schedule(const TrainOptions& o) {
+  return {o.lr, o.min_lr, warmup_steps(o), o.steps, o.lr_decay, o.decay_steps};
+}
+
 Status check_train_options(const TrainOptions& o, const ModelSpec& m, const Plan& p, int host_ranks) {
   if (o.steps <= 0) return make_error("--steps must be positive, got {}", o.steps);
   if (o.stop_at < 0 || o.stop_at > o.steps)
     return make_error("--stop-at {} must be within 1..--steps {}", o.stop_at, o.steps);
   if (!(o.lr > 0) || !std::isfinite(o.lr) || o.min_lr < 0 || o.min_lr > o.lr)
     return make_error("need finite --lr > 0 and 0 <= --min-lr <= --lr, got lr {} min-lr {}", o.lr, o.min_lr);
-  MT_TRY(validate_lr_schedule(LrSchedule{o.lr, o.min_lr, warmup_steps(o), o.steps}));
+  MT_TRY(validate_lr_schedule(lr_schedule(o)));
   MT_TRY(check_step_options(o.step));
   if (o.checkpoint_dir.empty()) {
     // Flags that only mean something with a checkpoint do nothing without one: say so.
@@ -133,6 +139,7 @@ Result<std::optional<CheckpointLock>> claim_checkpoint(const TrainOptions& o) {
 }
 
 Status train_rank(Backend& b, const ModelSpec& m, const Plan& p, const TrainOptions& o) {
+  const auto run_start = Clock::now();
   const bool leader = b.rank() == 0;
   const int seq = p.effective_seq_len(m);
   const ModelIo io = model_io(m, seq);
@@ -146,7 +153,7 @@ Status train_rank(Backend& b, const ModelSpec& m, const Plan& p, const TrainOpti
   const DataShare share = engine.data_share();
   MT_ASSIGN(std::unique_ptr<TrainingData> data,
             open_training_data(o.data, m, p, o.seed, share.replica, share.replicas));
-  const LrSchedule schedule{o.lr, o.min_lr, warmup_steps(o), o.steps};
+  const LrSchedule schedule = lr_schedule(o);
   const nlohmann::json run = run_record(o, data->source(), data->content());
   // The stop vote and the step timings are gathered over every rank; ranks
   // of one role (stage) tell the straggler report which ranks compare.
@@ -217,6 +224,11 @@ Status train_rank(Backend& b, const ModelSpec& m, const Plan& p, const TrainOpti
   // Loss terms (tokens, or images) per step, for throughput.
   const double tokens_per_step = static_cast<double>(p.effective_global_batch()) * static_cast<double>(io.throughput_tokens());
   const auto start = Clock::now();
+  RunSummary summary;
+  summary.first_step = first_step, summary.last_step = last_step, summary.total_steps = o.steps;
+  summary.flops_per_token = training_flops(m, 1, seq, p.recompute).per_token;
+  summary.peak_flops = o.peak_flops, summary.peak_source = o.peak_source, summary.unit = data->unit();
+  summary.checkpoint = o.checkpoint_dir, summary.metrics = o.metrics;
   for (std::int64_t step = first_step; step <= last_step; ++step) {
     const auto t0 = Clock::now();
     MT_ASSIGN(std::vector<HostBatch> batches, data->next(share.micro_batch, share.count));
@@ -258,6 +270,11 @@ Status train_rank(Backend& b, const ModelSpec& m, const Plan& p, const TrainOpti
       sm.val_loss = v.loss;
       if (io.reports_accuracy) sm.val_accuracy = v.accuracy;
     }
+    summary.tokens += tokens_per_step;
+    summary.step_seconds += sm.step_time_s;
+    summary.final_loss = sm.loss;
+    if (sm.val_loss) summary.final_val_loss = sm.val_loss;
+    if (sm.val_accuracy) summary.final_val_accuracy = sm.val_accuracy;
     const bool due = checkpointing && ((o.checkpoint_every > 0 && step % o.checkpoint_every == 0) || step == last_step);
     if (due) MT_TRY(save(step, lr));
     if (leader) {
@@ -287,7 +304,14 @@ Status train_rank(Backend& b, const ModelSpec& m, const Plan& p, const TrainOpti
     return make_error("stopped by {} after step {} of {}; {}{}", stop_signal_name(signal), step, o.steps,
                       checkpoint_note(), checkpointing ? ": continue it with --resume" : "");
   }
-  return b.synchronize();
+  MT_TRY(b.synchronize());
+  if (leader && first_step <= last_step) {
+    summary.wall_seconds = seconds_since(run_start);
+    summary.checkpoint_step = last_saved;
+    fmt::print("{}", format_run_summary(summary));
+    std::fflush(stdout);
+  }
+  return ok_status();
 }
 
 }  // namespace meshtrain

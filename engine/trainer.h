@@ -22,6 +22,7 @@
 #include "backends/backend.h"
 #include "engine/checkpoint/checkpoint.h"
 #include "engine/fault_injection.h"
+#include "engine/lr_schedule.h"
 #include "engine/plan.h"
 #include "engine/step_engine.h"
 #include "models/model_spec.h"
@@ -34,6 +35,8 @@ struct TrainOptions {
   int stop_at = 0;              // > 0: stop after this step (a planned preemption)
   double lr = 1e-3, min_lr = 1e-4;
   std::optional<int> warmup;    // linear warm-up steps; unset: kDefaultWarmup, at most `steps`
+  LrDecay lr_decay = LrDecay::cosine;  // the shape after the warm-up (engine/lr_schedule.h)
+  int decay_steps = 0;          // 0: the shape's default
   std::uint64_t seed = 1234;
   std::string checkpoint_dir;   // empty: no checkpoints
   std::optional<CheckpointTokenizer> tokenizer;  // copied into checkpoint_dir; every manifest names it
@@ -50,6 +53,8 @@ struct TrainOptions {
   int eval_sequences = 16;      // held-out sequences per evaluation (text)
   int eval_images = 0;          // test images per evaluation (images; 0: the whole test set)
   bool progress = true;
+  double peak_flops = 0;        // all ranks' peak FLOP/s, for the run summary's MFU; 0: unknown
+  std::string peak_source;      // where peak_flops came from, as the summary names it
   StepOptions step;
   // Faults to inject (engine/fault_injection.h); an injected exit kills the
   // process when ranks are processes; an injected hang lasts 3x comm_timeout.
@@ -61,6 +66,9 @@ struct TrainOptions {
 inline constexpr int kDefaultWarmup = 10;
 // The warm-up the run uses: --warmup as given, else the default clamped to --steps.
 int warmup_steps(const TrainOptions& o);
+
+// The run's learning-rate schedule: --lr, --min-lr, the warm-up, --steps and the decay's shape.
+LrSchedule lr_schedule(const TrainOptions& o);
 
 // Validates the options against the data before any work (missing data,
 // too short for one sequence, flags that do nothing or contradict, ...) and
@@ -76,7 +84,8 @@ Status check_train_options(const TrainOptions& o, const ModelSpec& m, const Plan
 // checkpoints) calls it before training and holds the lock until the end.
 Result<std::optional<CheckpointLock>> claim_checkpoint(const TrainOptions& o);
 
-// Trains one rank. A stop requested by SIGTERM or SIGINT (engine/stop_request.h)
+// Trains one rank; rank 0 ends a finished run with its summary (engine/run_summary.h).
+// A stop requested by SIGTERM or SIGINT (engine/stop_request.h)
 // ends every rank after the same step, with a checkpoint when one is
 // configured, and returns an Error saying where the run stopped.
 Status train_rank(Backend& b, const ModelSpec& m, const Plan& p, const TrainOptions& o);

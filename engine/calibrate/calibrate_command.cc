@@ -35,6 +35,8 @@
 #include <sys/utsname.h>
 
 #include <algorithm>
+#include <unistd.h>
+
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -192,11 +194,16 @@ sim::Calibration::Machine describe_machine(const std::string& backend) {
   return m;
 }
 
-// One progress line, rewritten in place on a terminal.
+// One progress line, rewritten in place on a terminal; into a file or a pipe
+// (a log), a line per finished measurement group and never a '\r'.
 class ProgressLine {
  public:
   void show(const std::string& what, std::size_t done, std::size_t total) {
     const double s = std::chrono::duration<double>(Clock::now() - start_).count();
+    if (!terminal_) {
+      if (done == total) std::fprintf(stderr, "calibrate [%6.1f s] %s %zu/%zu\n", s, what.c_str(), done, total);
+      return;
+    }
     std::fprintf(stderr, "\rcalibrate [%6.1f s] %-40s %zu/%zu   ", s, what.c_str(), done, total);
     if (done == total) std::fprintf(stderr, "\n");
     std::fflush(stderr);
@@ -205,6 +212,7 @@ class ProgressLine {
  private:
   using Clock = std::chrono::steady_clock;
   Clock::time_point start_ = Clock::now();
+  bool terminal_ = isatty(STDERR_FILENO) != 0;
 };
 
 // A reusable barrier for the rank threads of one sharing level.

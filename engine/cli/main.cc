@@ -6,12 +6,14 @@
 
 #include <CLI/CLI.hpp>
 
+#include "engine/cli/command_line.h"
 #include "engine/cli/commands.h"
 #include "engine/cli/path_guard.h"
 #include "engine/stop_request.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"meshtrain: simulation-first hybrid-parallel transformer training"};
+  meshtrain::configure_app(app);
   app.require_subcommand(1);
   std::vector<meshtrain::Command> commands = {meshtrain::add_info_command(app), meshtrain::add_train_command(app),
                                               meshtrain::add_simulate_command(app),
@@ -23,10 +25,19 @@ int main(int argc, char** argv) {
                                               meshtrain::add_compare_command(app),
                                               meshtrain::add_generate_command(app),
                                               meshtrain::add_export_command(app)};
+  meshtrain::add_examples(app);
   try {
     app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
+  } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    // A mistyped subcommand or flag is the cause to name, before what CLI11 noticed first.
+    const auto unknown = meshtrain::explain_unknown_words(app, std::vector<std::string>(argv + 1, argv + argc));
+    if (!unknown) return app.exit(e);
+    std::fprintf(stderr, "%s\n", unknown->c_str());
+    return e.get_exit_code();
   }
   for (auto& command : commands) {
     if (!command.app->parsed()) continue;

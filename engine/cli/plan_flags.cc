@@ -19,18 +19,30 @@ void add_plan_flags(CLI::App& app, PlanFlags& f, const std::string& default_mode
   app.add_option("--model", f.model, "model preset name or JSON model file")->capture_default_str();
   app.add_option("--plan", f.plan_file, "JSON plan file (flags override its fields)");
   auto& o = f.overrides;
+  // An unset plan flag leaves the plan file's value or the default plan's: --help shows the latter.
+  const nlohmann::json defaults = plan_to_json(Plan{});
+  auto shown = [&defaults](CLI::Option* option, const char* key) {
+    const auto it = defaults.find(key);
+    if (it != defaults.end() && !it->is_null()) option->default_str(it->is_string() ? it->get<std::string>() : it->dump());
+    return option;
+  };
   for (const PlanIntField& field : plan_int_fields())
-    app.add_option(field.flag, o.*field.member, field.help)->check(int_in(field.range));
-  app.add_option("--recompute", o.recompute, "activation recomputation: none, selective, full");
-  app.add_option("--schedule", o.schedule, "pipeline schedule: gpipe, 1f1b, interleaved, zb-h1");
-  app.add_option("--precision", o.precision, "fp32, bf16 or fp16");
-  app.add_option("--grad-bucket-mb", o.grad_bucket_mb,
-                 "MiB of fp32 gradients per data-parallel all-reduce under ZeRO 0/1 (default 4; PyTorch DDP: 25)")
+    shown(app.add_option(field.flag, o.*field.member, field.help), field.key)->check(int_in(field.range));
+  shown(app.add_option("--recompute", o.recompute, "activation recomputation: none, selective, full"), "recompute");
+  shown(app.add_option("--schedule", o.schedule, "pipeline schedule: gpipe, 1f1b, interleaved, zb-h1"), "schedule");
+  shown(app.add_option("--precision", o.precision, "fp32, bf16 or fp16 (train on the cpu backend: fp32)"),
+        "precision");
+  shown(app.add_option("--grad-bucket-mb", o.grad_bucket_mb,
+                       "MiB of fp32 gradients per data-parallel all-reduce under ZeRO 0/1 (PyTorch DDP: 25)"),
+        "grad_bucket_mb")
       ->check(real_in(kGradBucketMbRange));
-  app.add_option("--grad-sync", o.grad_sync,
-                 "when gradient buckets are reduced: overlap (with backward) or after-backward (Megatron local DDP)");
-  app.add_option("--cp-comm", o.cp_comm,
-                 "how context parallelism exchanges keys and values: allgather (Llama 3) or ring");
+  shown(app.add_option("--grad-sync", o.grad_sync,
+                       "when gradient buckets are reduced: overlap (with backward) or after-backward (Megatron "
+                       "local DDP)"),
+        "grad_sync");
+  shown(app.add_option("--cp-comm", o.cp_comm,
+                       "how context parallelism exchanges keys and values: allgather (Llama 3) or ring"),
+        "cp_comm");
   app.add_option("--chunk-layers", o.chunk_layers,
                  "layers of every virtual stage, comma-separated (pp·vpp numbers; 0 for a chunk holding only the "
                  "embedding or the head)")
@@ -40,8 +52,9 @@ void add_plan_flags(CLI::App& app, PlanFlags& f, const std::string& default_mode
                "count the embedding as a layer of the pipeline split (Megatron-Core)");
   on_switch("--account-for-loss-in-pipeline-split", o.loss_in_split,
                "count the final norm, head and loss as a layer of the pipeline split (Megatron-Core)");
-  app.add_option("--grad-compression", o.grad_compression,
-                 "data-parallel gradients on the wire: none, bf16, fp16 (cast) or 1bit (signs, error feedback)");
+  shown(app.add_option("--grad-compression", o.grad_compression,
+                       "data-parallel gradients on the wire: none, bf16, fp16 (cast) or 1bit (signs, error feedback)"),
+        "grad_compression");
   app.add_flag_callback(
       "--no-error-feedback", [&o] { o.error_feedback = false; },
       "1bit: drop each rank's compression error instead of adding it to the next step (to measure what it is worth)");
@@ -56,9 +69,10 @@ void add_plan_flags(CLI::App& app, PlanFlags& f, const std::string& default_mode
   app.add_flag("--tp-comm-overlap", o.tp_comm_overlap,
                "sequence parallelism: pipeline the all-gather before the column-parallel GEMMs with them (a ring of "
                "send/recv on a side stream, the GEMM row block by row block)");
-  app.add_option("--offload", o.offload,
-                 "host memory for the optimizer: none, optimizer (fp32 master weights and AdamW state, updated on "
-                 "the host) or params (ZeRO 3: the parameter shards too)");
+  shown(app.add_option("--offload", o.offload,
+                       "host memory for the optimizer: none, optimizer (fp32 master weights and AdamW state, updated "
+                       "on the host) or params (ZeRO 3: the parameter shards too)"),
+        "offload");
   on_switch("--sequence-parallel", o.sequence_parallel, "split norms and dropout over the sequence (tp)");
 }
 

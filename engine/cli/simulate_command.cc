@@ -233,6 +233,38 @@ Status apply_link_flags(const SimulateFlags& f, SimulateOptions& options) {
   return {};
 }
 
+// Flags that choose the machine but not what runs on it: name what is missing.
+Error missing_model(const SimulateFlags& f) {
+  std::string presets;
+  for (const std::string& name : model_preset_names()) presets += (presets.empty() ? "" : ", ") + name;
+  return make_error("no model to simulate on cluster '{}': add --model NAME|FILE (a JSON model file, or a preset: "
+                    "{}), e.g. `meshtrain simulate --cluster {} --model gpt2-124m --gpus 8`; with no flags at "
+                    "all, simulate runs its built-in example (megatron-18.4b on 64 DGX A100 GPUs)",
+                    f.cluster, presets, f.cluster);
+}
+
+// A plan of no plan flags (but --gpus) and no plan file is the default one
+// (every GPU data-parallel, ZeRO 0, no recomputation): where its most loaded stage
+// cannot fit the device by the memory model, say so before simulating, and
+// point at the planner, which searches for a plan that fits.
+Status check_default_plan_fits(const SimulateFlags& f, const ModelAndPlan& mp, const sim::ClusterSpec& c) {
+  const PlanOverrides& o = f.plan.overrides;
+  const bool chosen = !f.plan.plan_file.empty() || o.tp || o.pp || o.cp || o.ep || o.vpp || o.zero || o.recompute ||
+                      o.offload || o.sequence_parallel || o.micro_batch || o.global_batch || o.microbatches ||
+                      o.seq_len || o.precision;
+  if (chosen || !mp.plan.segments.empty()) return ok_status();
+  double peak = 0;
+  for (int stage = 0; stage < mp.plan.pp; ++stage)
+    peak = std::max(peak, memory_per_rank(mp.model, mp.plan, stage, meshtrain_layout(mp.plan)).total());
+  if (peak <= c.device.memory_bytes) return ok_status();
+  return make_error("the default plan (tp 1 pp 1 dp {}, ZeRO 0, no recomputation) does not fit: the memory model "
+                    "estimates {} per GPU for {}, and a {} has {}. Let the planner find a plan that fits: "
+                    "`meshtrain plan --model {} --gpus {} --cluster {}` (its --out FILE feeds simulate --plan), or "
+                    "give --tp, --pp, --zero or --recompute yourself (--ignore-memory times it anyway)",
+                    mp.plan.dp, human_bytes(peak), mp.model.name, c.device.name, human_bytes(c.device.memory_bytes),
+                    f.plan.model, mp.plan.world_size(), f.cluster);
+}
+
 Status run_jobs(const SimulateFlags& f) {
   SimulateOptions options;
   MT_ASSIGN(options.cluster, sim::cluster_spec_by_name_or_file(f.cluster));
@@ -248,7 +280,7 @@ Status run_jobs(const SimulateFlags& f) {
 Status run_simulate(SimulateFlags f, bool no_flags) {
   if (!f.jobs.empty()) return run_jobs(f);
   if (no_flags) use_example(f);
-  if (f.plan.model.empty()) return make_error("--model NAME|FILE is required (give no model, plan or --gpus flags for the example)");
+  if (f.plan.model.empty()) return missing_model(f);
   if (f.calibration.empty() && !f.comm.empty())
     return make_error("--comm {} chooses which measured collectives of --calibration apply; without "
                       "--calibration it does nothing: add --calibration FILE or drop --comm", f.comm);
@@ -257,6 +289,7 @@ Status run_simulate(SimulateFlags f, bool no_flags) {
   MT_ASSIGN(ModelAndPlan mp, resolve_model_and_plan(f.plan, gpus));
   SimulateOptions options;
   MT_ASSIGN(options.cluster, sim::cluster_spec_by_name_or_file(f.cluster));
+  if (!f.ignore_memory) MT_TRY(check_default_plan_fits(f, mp, options.cluster));
   sim::Calibration calibration;
   if (!f.calibration.empty())
     MT_TRY(apply_calibration(f.calibration, f.comm.empty() ? "threads" : f.comm, mp.plan.world_size(),

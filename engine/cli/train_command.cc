@@ -5,6 +5,8 @@
 #include <memory>
 #include <optional>
 
+#include <nlohmann/json.hpp>
+
 #include "backends/comm/launch.h"
 #include "backends/comm/mpi_environment.h"
 #include "backends/cpu/comm/in_process.h"
@@ -18,6 +20,8 @@
 #include "engine/cli/commands.h"
 #include "engine/cli/plan_flags.h"
 #include "engine/export/hf_export.h"
+#include "engine/lr_schedule.h"
+#include "engine/parallel/weight_decay.h"
 #include "engine/stop_request.h"
 #include "engine/tokenizer.h"
 #include "engine/tracing/tracing_backend.h"
@@ -38,7 +42,55 @@ struct TrainFlags {
   int threads = 0;  // cpu threads per rank; 0: the process's cores shared out among its ranks
   std::vector<std::string> faults;  // --fault-inject specs (engine/fault_injection.h)
   std::string tokenizer;  // --tokenizer: the SentencePiece model the --data tokens were made with
+  // AdamW: a flag not given takes a resumed checkpoint's value, else OptimizerOptions' default.
+  std::optional<double> beta1, beta2, eps;
+  std::optional<std::string> decayed;
+  std::string lr_decay = "cosine";
+  std::optional<double> peak_tflops;  // per rank, for the run summary's MFU
 };
+
+// The optimizer settings of the run: each flag given, else (resuming) the
+// value the checkpoint's run record holds, else the default. Every rank
+// resolves them alike: each reads the manifest, as each loads the checkpoint.
+Status resolve_optimizer(TrainFlags& f) {
+  nlohmann::json recorded = nlohmann::json::object();
+  if (f.train.resume && !f.train.checkpoint_dir.empty() && has_checkpoint(f.train.checkpoint_dir)) {
+    MT_ASSIGN(const CheckpointManifest m, read_checkpoint_manifest(f.train.checkpoint_dir));
+    if (m.meta.run.is_object()) recorded = m.meta.run;
+  }
+  OptimizerOptions& o = f.train.step.optimizer;
+  auto pick = [&recorded](const std::optional<double>& flag, const char* key, float& out) {
+    if (flag) out = static_cast<float>(*flag);
+    else if (recorded.contains(key) && recorded[key].is_number()) out = recorded[key].get<float>();
+  };
+  pick(f.beta1, "adam_beta1", o.beta1);
+  pick(f.beta2, "adam_beta2", o.beta2);
+  pick(f.eps, "adam_eps", o.eps);
+  std::string decayed = decayed_params_name(o.decayed);
+  if (f.decayed) decayed = *f.decayed;
+  else if (recorded.contains("weight_decay_params") && recorded["weight_decay_params"].is_string())
+    decayed = recorded["weight_decay_params"].get<std::string>();
+  MT_ASSIGN(o.decayed, parse_decayed_params(decayed));
+  MT_ASSIGN(f.train.lr_decay, parse_lr_decay(f.lr_decay));
+  return ok_status();
+}
+
+// All ranks' peak FLOP/s for the summary's MFU: --peak-tflops per rank; else
+// on the cpu backend with ranks as threads, this process's cores at the
+// local-cpu preset's per-core rate; else unknown (0).
+void set_peak(TrainFlags& f, const Plan& p, bool cuda, bool mpi) {
+  if (f.peak_tflops) {
+    f.train.peak_flops = *f.peak_tflops * 1e12 * p.world_size();
+    f.train.peak_source = fmt::format("--peak-tflops {:g} x {} ranks", *f.peak_tflops, p.world_size());
+  } else if (!cuda && !mpi) {
+    // The local-cpu preset: 2.6 GHz, two 8-wide fp32 FMAs a cycle (32 FLOP/cycle) per core.
+    constexpr double kCoreFlops = 2.6e9 * 32;
+    const int cores = cpu::available_cores();
+    f.train.peak_flops = kCoreFlops * cores;
+    f.train.peak_source = fmt::format("{} cores x {:.0f} GFLOP/s, the local-cpu preset's rate; --peak-tflops to "
+                                      "set it", cores, kCoreFlops / 1e9);
+  }
+}
 
 // --tokenizer's pieces, which must all be ids the model can embed.
 Result<int> tokenizer_vocab(const std::string& path, const ModelSpec& m) {
@@ -100,14 +152,26 @@ CpuBackendOptions cpu_options(const TrainFlags& f, int ranks_sharing) {
 // The precisions a backend trains in: the cpu backend computes in fp32 only;
 // the cuda backend also in bf16 (fp32 master weights and optimizer state).
 // fp16 would need loss scaling, which the trainer does not do.
-Status check_precision(const std::string& backend, Precision p) {
+// `source` names where the precision came from (the flag or the plan file):
+// a plan's precision is trained in as given, or refused, never changed.
+Status check_precision(const std::string& backend, Precision p, const std::string& source) {
   if (backend == "cpu" && p != Precision::fp32)
-    return make_error("the cpu backend trains in fp32, got --precision {}; use --precision fp32",
-                      precision_name(p));
+    return make_error("{} asks for {}, but the cpu backend trains in fp32 only; train it with --precision fp32 "
+                      "(the flag overrides the plan file), or on --backend cuda",
+                      source, precision_name(p));
   if (p == Precision::fp16)
-    return make_error("--precision fp16 needs loss scaling, which the trainer does not do; use "
-                      "--precision bf16 or fp32");
+    return make_error("{} needs loss scaling, which the trainer does not do; use --precision bf16 or fp32", source);
   return ok_status();
+}
+
+// Where the run's precision comes from: the flag, the plan file, or neither
+// (nullopt: the backend's default applies).
+Result<std::optional<std::string>> precision_source(const PlanFlags& f) {
+  if (f.overrides.precision) return std::optional<std::string>(fmt::format("--precision {}", *f.overrides.precision));
+  if (f.plan_file.empty()) return std::optional<std::string>();
+  MT_ASSIGN(const PlanOverrides file, plan_overrides_from_file(f.plan_file));
+  if (!file.precision) return std::optional<std::string>();
+  return std::optional<std::string>(fmt::format("plan file '{}' (\"precision\": \"{}\")", f.plan_file, *file.precision));
 }
 
 // The trace collected so far goes to `path` whatever `status` says (a trace
@@ -126,12 +190,16 @@ Status run_train(TrainFlags f) {
   const bool cuda = f.backend == "cuda";
   if (f.ranks != "threads" && f.ranks != "mpi")
     return Error(unknown_name_message("--ranks", f.ranks, {"threads", "mpi"}));
-  // fp32 is the cpu backend's default (and only choice); cuda keeps the plan's (bf16).
-  if (!cuda && !f.plan.overrides.precision) f.plan.overrides.precision = "fp32";
+  // fp32 is the cpu backend's default (and only choice); cuda keeps the plan's (bf16). A precision
+  // given by the flag or the plan file is honoured or refused.
+  MT_ASSIGN(const std::optional<std::string> precision_from, precision_source(f.plan));
+  if (!cuda && !precision_from) f.plan.overrides.precision = "fp32";
   MT_ASSIGN(auto launch, detect_launch());
   const bool mpi = f.ranks == "mpi" || launch.has_value();
   MT_ASSIGN(ModelAndPlan mp, resolve_model_and_plan(f.plan, mpi && launch ? launch->world_size : 0));
-  MT_TRY(check_precision(f.backend, mp.plan.precision));
+  MT_TRY(check_precision(f.backend, mp.plan.precision, precision_from.value_or("the default")));
+  MT_TRY(resolve_optimizer(f));
+  set_peak(f, mp.plan, cuda, mpi);
   // The cuda flash kernels mask causally or not at all and normalise over the keys only.
   if (cuda && (mp.model.sliding_window > 0 || mp.model.attention_sinks))
     return make_error("model '{}' has {}; the cuda attention kernels implement neither: train it with --backend cpu "
@@ -251,11 +319,37 @@ Command add_train_command(CLI::App& app) {
   const RealRange kRate{0, std::numeric_limits<double>::max(), true};
   sub->add_option("--steps", t.steps, "optimizer steps")->capture_default_str()->check(int_in(kSteps));
   sub->add_option("--lr", t.lr, "peak learning rate")->capture_default_str()->check(real_in(kRate));
-  sub->add_option("--min-lr", t.min_lr, "learning rate at the end of the cosine decay")
+  sub->add_option("--min-lr", t.min_lr, "learning rate at the end of the decay")
       ->capture_default_str()
       ->check(real_in({0, std::numeric_limits<double>::max()}));
-  sub->add_option("--warmup", t.warmup, "linear warm-up steps (default 10, at most --steps)")
+  sub->add_option("--warmup,--warmup-steps", t.warmup, "linear warm-up steps (default 10, at most --steps)")
       ->check(int_in({0, 1 << 30}));
+  sub->add_option("--lr-decay", f->lr_decay,
+                  "the learning rate after the warm-up: cosine or linear to --min-lr, constant, or wsd (stable, then "
+                  "linear to --min-lr over the last --decay-steps)")
+      ->capture_default_str();
+  sub->add_option("--decay-steps", t.decay_steps,
+                  "steps of the decay (0: cosine and linear to the last step, wsd the last 20% after the warm-up)")
+      ->capture_default_str()
+      ->check(int_in({0, 1 << 30}));
+  const OptimizerOptions adam;
+  sub->add_option("--adam-beta1", f->beta1, "AdamW's first-moment decay (resuming: the checkpoint's)")
+      ->default_str(fmt::format("{:g}", adam.beta1))
+      ->check(real_in(kAdamBetaRange));
+  sub->add_option("--adam-beta2", f->beta2, "AdamW's second-moment decay (resuming: the checkpoint's)")
+      ->default_str(fmt::format("{:g}", adam.beta2))
+      ->check(real_in(kAdamBetaRange));
+  sub->add_option("--adam-eps", f->eps, "AdamW's epsilon (resuming: the checkpoint's)")
+      ->default_str(fmt::format("{:g}", adam.eps))
+      ->check(real_in(kAdamEpsRange));
+  sub->add_option("--weight-decay-params", f->decayed,
+                  "what --weight-decay applies to: linear (the linear layers' weights), linear+embeddings, or all "
+                  "(norms and biases too) (resuming: the checkpoint's)")
+      ->default_str(decayed_params_name(adam.decayed));
+  sub->add_option("--peak-tflops", f->peak_tflops,
+                  "peak TFLOP/s of one rank, for the run summary's MFU (default on the cpu backend: this process's "
+                  "cores at the local-cpu preset's rate; on cuda: none)")
+      ->check(real_in({0, 1e7, true}));
   sub->add_option("--seed", t.seed, "seed of initialisation, data order and dropout")
       ->capture_default_str()
       ->check(uint64_up_to(std::numeric_limits<std::uint64_t>::max()));
@@ -281,7 +375,8 @@ Command add_train_command(CLI::App& app) {
   sub->add_option("--dropout", t.step.dropout, "dropout probability")
       ->capture_default_str()
       ->check(real_in(kDropoutRange));
-  sub->add_option("--weight-decay", t.step.optimizer.weight_decay, "AdamW weight decay")
+  sub->add_option("--weight-decay", t.step.optimizer.weight_decay,
+                  "AdamW's decoupled weight decay (see --weight-decay-params)")
       ->capture_default_str()
       ->check(real_in(kWeightDecayRange));
   sub->add_option("--grad-clip", t.step.optimizer.max_grad_norm, "clip gradients to this global norm (0: off)")

@@ -131,7 +131,7 @@ void ShardedAdamW::offload_reduced(std::size_t i) {
   }
 }
 
-void ShardedAdamW::update_on_host(const AdamWOp& base, float weight_decay, const Tensor& coef) {
+void ShardedAdamW::update_on_host(const AdamWOp& base, const WeightDecay& decay, const Tensor& coef) {
   // GradientBuckets::finish reported every bucket's reduction, so every copy is issued.
   assert(copy_order_.size() == pieces_.size());
   const Stream compute = b_.current_stream();
@@ -144,7 +144,7 @@ void ShardedAdamW::update_on_host(const AdamWOp& base, float weight_decay, const
       const std::vector<Piece>& bucket = pieces_[k];
       if (bucket.empty()) continue;
       b_.wait(streams_.host, landed_[k]);
-      b_.foreach_adamw(adamw_group(bucket, host_grads_, weight_decay), coef, base);
+      b_.foreach_adamw(adamw_group(bucket, host_grads_, decay), coef, base);
       if (!master_.defined()) continue;  // offloaded parameters: the master is what the gathers fetch
       b_.wait(streams_.up, b_.record(streams_.host));
       StreamScope up(b_, streams_.up);
@@ -174,20 +174,19 @@ void ShardedAdamW::copy_across(const Tensor& src, Tensor& dst) {
 }
 
 std::vector<AdamWTensors> ShardedAdamW::adamw_group(const std::vector<Piece>& bucket, const Tensor& grads,
-                                                    float weight_decay) {
+                                                    const WeightDecay& decay) {
   std::vector<AdamWTensors> group;
   for (const Piece& p : bucket) {
-    const float decay = params_.slots()[p.slot].info.weight_decay ? weight_decay : 0.f;
     group.push_back({master(p.flat, p.local, p.n), grads.slice(p.local, p.n), m_.slice(p.local, p.n),
-                     v_.slice(p.local, p.n), decay});
+                     v_.slice(p.local, p.n), decay_rate(params_.slots()[p.slot].info, decay)});
   }
   return group;
 }
 
-void ShardedAdamW::update_bucket(std::size_t i, const AdamWOp& base, float weight_decay, const Tensor& coef) {
+void ShardedAdamW::update_bucket(std::size_t i, const AdamWOp& base, const WeightDecay& decay, const Tensor& coef) {
   const Tensor& grads = buckets_.sharded() ? buckets_.shard_grads() : params_.grads();
   const std::vector<Piece>& bucket = pieces_[i];
-  if (!bucket.empty()) b_.foreach_adamw(adamw_group(bucket, grads, weight_decay), coef, base);
+  if (!bucket.empty()) b_.foreach_adamw(adamw_group(bucket, grads, decay), coef, base);
   if (!master_.defined()) return;
   for (const Piece& p : bucket) {
     Tensor w = working(p.flat, p.local, p.n);
@@ -223,11 +222,11 @@ void ShardedAdamW::gather_bucket(std::size_t i) {
   }
 }
 
-void ShardedAdamW::update(const AdamWOp& base, float weight_decay, const Tensor& coef) {
+void ShardedAdamW::update(const AdamWOp& base, const WeightDecay& decay, const Tensor& coef) {
   if (offload_ != Offload::none) {
-    update_on_host(base, weight_decay, coef);
+    update_on_host(base, decay, coef);
   } else {
-    for (std::size_t i = 0; i < pieces_.size(); ++i) update_bucket(i, base, weight_decay, coef);
+    for (std::size_t i = 0; i < pieces_.size(); ++i) update_bucket(i, base, decay, coef);
   }
   if (!gathers()) return;
   // Every replica needs the whole chunk for the next forward.

@@ -44,6 +44,7 @@
 #include "backends/backend.h"
 #include "engine/parallel/gradient_buckets.h"
 #include "engine/parallel/parameter_gather.h"
+#include "engine/parallel/weight_decay.h"
 #include "engine/plan.h"
 #include "models/parameter_store.h"
 
@@ -74,17 +75,16 @@ class ShardedAdamW {
   // run into the following buckets, which backward reduces first).
   void offload_reduced(std::size_t i);
   // One AdamW step with the clip coefficient `coef` (undefined: none), one
-  // foreach_adamw per gradient bucket; the weight decay applies to slots with
-  // info.weight_decay. Then refreshes the working copy and (ZeRO 1/2)
+  // foreach_adamw per gradient bucket; each slot decays at decay_rate(info, decay). Then refreshes the working copy and (ZeRO 1/2)
   // all-gathers the parameters.
-  void update(const AdamWOp& op, float weight_decay, const Tensor& coef);
+  void update(const AdamWOp& op, const WeightDecay& decay, const Tensor& coef);
   // The same for gradient bucket i alone, on the current stream: its AdamW
   // step and working-copy refresh (update_bucket), then, if gathers(), its
   // all-gather over the group (gather_bucket). update() is every bucket's
   // update_bucket, then every gather_bucket on the communication stream.
   // Not with offload (the plan refuses --overlap-update with it): update()
   // then runs the host update.
-  void update_bucket(std::size_t i, const AdamWOp& op, float weight_decay, const Tensor& coef);
+  void update_bucket(std::size_t i, const AdamWOp& op, const WeightDecay& decay, const Tensor& coef);
   void gather_bucket(std::size_t i);
   // Whether the update ends in all-gathers (ZeRO 1/2 over groups of more than one rank).
   bool gathers() const;
@@ -117,13 +117,14 @@ class ShardedAdamW {
   // Whether the master is sharded like m and v (else it is the store's whole flat buffer).
   bool sharded_master() const;
   // One foreach_adamw's tensors: the bucket's pieces of the master, `grads`, m and v.
-  std::vector<AdamWTensors> adamw_group(const std::vector<Piece>& bucket, const Tensor& grads, float weight_decay);
+  std::vector<AdamWTensors> adamw_group(const std::vector<Piece>& bucket, const Tensor& grads,
+                                        const WeightDecay& decay);
   // dst = src between host and device memory, one of them fp32: a copy moves
   // bytes without converting, so a 16-bit side is cast through an fp32 device
   // staging tensor.
   void copy_across(const Tensor& src, Tensor& dst);
   // update() with the state in host memory.
-  void update_on_host(const AdamWOp& op, float weight_decay, const Tensor& coef);
+  void update_on_host(const AdamWOp& op, const WeightDecay& decay, const Tensor& coef);
   // `t` itself, or a device copy when it is in host memory (a collective's input).
   Tensor on_device(const Tensor& t);
 

@@ -1,10 +1,14 @@
 #include "engine/planner/progress.h"
 
+#include <unistd.h>
+
 #include <cstdio>
 
 #include <fmt/format.h>
 
 namespace meshtrain::planner {
+
+ProgressLine::ProgressLine(bool enabled) : enabled_(enabled), terminal_(isatty(STDERR_FILENO) != 0) {}
 
 void ProgressLine::set_phase(const char* phase, std::int64_t total) {
   {
@@ -39,9 +43,13 @@ void ProgressLine::update(bool force) {
   std::unique_lock lock(draw_, std::try_to_lock);
   if (!lock.owns_lock()) return;  // another thread is drawing it
   const auto now = std::chrono::steady_clock::now();
-  if (!force && now - last_draw_ < std::chrono::milliseconds(200)) return;
+  const auto interval = terminal_ ? std::chrono::milliseconds(200) : std::chrono::milliseconds(10000);
+  if (!force && now - last_draw_ < interval) return;
   last_draw_ = now;
-  std::fprintf(stderr, "\r%-110s", text().c_str());
+  if (terminal_)
+    std::fprintf(stderr, "\r%-110s", text().c_str());
+  else
+    std::fprintf(stderr, "%s\n", text().c_str());
   std::fflush(stderr);
   drawn_ = true;
 }
@@ -50,7 +58,7 @@ void ProgressLine::finish() {
   if (!enabled_) return;
   std::lock_guard lock(draw_);
   if (!drawn_) return;
-  std::fprintf(stderr, "\r%-110s\n", text().c_str());
+  std::fprintf(stderr, terminal_ ? "\r%-110s\n" : "%s\n", text().c_str());
   drawn_ = false;
 }
 

@@ -1,7 +1,10 @@
 // The planner's progress line on stderr: candidates seen, pruned by memory,
 // estimated, simulated, the best iteration time so far and the time left.
 // Counters are atomics that any worker thread bumps; `update` redraws the
-// line at most five times a second, from whichever thread calls it.
+// line at most five times a second, from whichever thread calls it. On a
+// terminal the line is rewritten in place ('\r'); into a file or a pipe (a
+// log) each update is a line of its own, at most one every 10 s and one per
+// phase, and never a '\r'.
 #pragma once
 
 #include <atomic>
@@ -14,7 +17,7 @@ namespace meshtrain::planner {
 
 class ProgressLine {
  public:
-  explicit ProgressLine(bool enabled) : enabled_(enabled) {}
+  explicit ProgressLine(bool enabled);
   ~ProgressLine() { finish(); }
 
   void set_phase(const char* phase, std::int64_t total);  // starts a tier: its name and work items
@@ -31,6 +34,7 @@ class ProgressLine {
   std::string text() const;
 
   const bool enabled_;
+  const bool terminal_;  // stderr is a terminal: redraw in place
   std::atomic<std::int64_t> seen_{0}, pruned_{0}, estimated_{0}, simulated_{0}, done_{0}, total_{0};
   std::atomic<double> best_{0};
   std::mutex draw_;  // guards phase_, phase_start_, last_draw_, drawn_ and the terminal
