@@ -33,7 +33,7 @@ const std::vector<std::string> kPlanFields = {"tp",        "pp",        "dp",   
                                               "chunk_layers", "account_for_embedding_in_pipeline_split",
                                               "account_for_loss_in_pipeline_split", "grad_compression",
                                               "grad_compression_warmup", "error_feedback", "zero_reduce_once",
-                                              "prefetch_across_chunks", "overlap_update", "tp_comm_overlap",
+                                              "prefetch_across_chunks", "overlap_update", "tp_comm_overlap", "megatron_buckets",
                                               "offload"};
 
 template <class E>
@@ -180,6 +180,7 @@ Result<PlanOverrides> plan_overrides_from_json(const nlohmann::json& j) {
   MT_TRY(f.get_bool("zero_reduce_once", o.zero_reduce_once));
   MT_TRY(f.get_bool("prefetch_across_chunks", o.prefetch_across_chunks));
   MT_TRY(f.get_bool("overlap_update", o.overlap_update));
+  MT_TRY(f.get_bool("megatron_buckets", o.megatron_buckets));
   MT_TRY(f.get_bool("tp_comm_overlap", o.tp_comm_overlap));
   MT_TRY(f.get_string("offload", o.offload));
   if (f.has("segments")) o.segments = std::make_shared<const nlohmann::json>(j["segments"]);
@@ -218,6 +219,7 @@ Result<Plan> apply_overrides(Plan p, const PlanOverrides& o) {
   if (o.zero_reduce_once) p.zero_reduce_once = *o.zero_reduce_once;
   if (o.prefetch_across_chunks) p.prefetch_across_chunks = *o.prefetch_across_chunks;
   if (o.overlap_update) p.overlap_update = *o.overlap_update;
+  if (o.megatron_buckets) p.megatron_buckets = *o.megatron_buckets;
   if (o.tp_comm_overlap) p.tp_comm_overlap = *o.tp_comm_overlap;
   if (o.offload) {
     MT_ASSIGN(p.offload, parse_offload(*o.offload));
@@ -351,7 +353,11 @@ Status validate_plan(const Plan& p, const ModelSpec& m, int world_size) {
       return make_error("ffn width {} is not divisible by tp {}; use a tp that divides {}", mlp, p.tp, mlp);
   }
   MT_TRY(check_stage_split(m, p.stage_split()));
-  if (p.zero <= 1) {
+  if (p.megatron_buckets && p.zero >= 2)
+    return make_error("megatron_buckets (--megatron-buckets) sizes ZeRO 0/1 buckets, but zero is {}: ZeRO 2 and 3 "
+                      "reduce one layer per bucket; drop it or use zero 0 or 1",
+                      p.zero);
+  if (p.zero <= 1 && !p.megatron_buckets) {
     // ZeRO 0 and 1 cut a rank's gradients into buckets of grad_bucket_mb (at
     // least dp elements); a tiny bucket would mean millions of collectives.
     const double per_rank = static_cast<double>(count_parameters(m).total) / (static_cast<double>(p.tp) * p.pp);
@@ -435,6 +441,7 @@ nlohmann::json plan_to_json(const Plan& p) {
   if (p.zero_reduce_once) j["zero_reduce_once"] = true;
   if (!p.prefetch_across_chunks) j["prefetch_across_chunks"] = false;
   if (p.overlap_update) j["overlap_update"] = true;
+  if (p.megatron_buckets) j["megatron_buckets"] = true;
   if (p.tp_comm_overlap) j["tp_comm_overlap"] = true;
   if (p.offload != Offload::none) j["offload"] = offload_name(p.offload);
   if (!p.segments.empty()) {
