@@ -22,7 +22,11 @@ double& bucket_of(const sim::IdleCause& c, IdleBreakdown& b) {
     case Wait::kTail:
       break;
   }
-  if (starts_with(c.stream, "data-parallel")) return c.communication ? b.data_parallel_s : b.optimizer_s;
+  // On the data-parallel stream a copy is the tail of a ZeRO parameter
+  // all-gather (its padding cut off, sharded_optimizer.cc gather_bucket): the
+  // wait was for the gather. The other kernels there are the optimizer's.
+  if (starts_with(c.stream, "data-parallel"))
+    return c.communication || c.task == "copy" ? b.data_parallel_s : b.optimizer_s;
   if (starts_with(c.stream, "tensor-parallel") || starts_with(c.stream, "context-parallel")) return b.model_parallel_s;
   if (starts_with(c.stream, "offload")) return b.optimizer_s;
   return b.other_s;

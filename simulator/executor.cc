@@ -316,8 +316,10 @@ void Executor::try_start(StreamId s) {
       case Kind::kWait:
         if (events_recorded_[t.a] < t.b) return;  // released by the record
         // The record that released it came after the stream went idle: it is what the stream waited for.
-        if (static_cast<std::size_t>(t.a) < event_causes_.size() && event_causes_[t.a].second > st.idle_since)
+        if (static_cast<std::size_t>(t.a) < event_causes_.size() && event_causes_[t.a].second > st.idle_since) {
           st.cause = event_causes_[t.a].first;
+          if (!st.running) charge_wait(st, st.cause.stream, st.cause);
+        }
         ++st.head;
         break;
     }
@@ -354,6 +356,8 @@ void Executor::finish_head(StreamId s) {
   st.cause = {};
   st.last_task = t.name;
   st.last_communication = t.kind != Kind::kCompute;
+  if (st.recent.size() >= 2 * kRecentTasks) st.recent.erase(st.recent.begin(), st.recent.end() - kRecentTasks);
+  st.recent.push_back({st.started, sim_.now(), t.name, st.last_communication});
   if (t.kind == Kind::kCompute) set_compute_running(st.device, -1);
   ++st.head;
   report_.makespan = std::max(report_.makespan, sim_.now());
@@ -466,10 +470,39 @@ void Executor::charge_idle(Stream& st, Time until, const Cause& cause) {
   if (until > st.idle_since) {
     if (options_.trace && st.tid == 0) trace_.idle(st.device, 0, cause_name(cause), st.idle_since, until - st.idle_since);
     auto it = std::find_if(st.idle.begin(), st.idle.end(), [&](const auto& c) { return c.first == cause; });
-    if (it == st.idle.end()) st.idle.emplace_back(cause, 0);
-    (it == st.idle.end() ? st.idle.back() : *it).second += until - st.idle_since;
+    if (it != st.idle.end()) it->second += until - st.idle_since;
+    else st.idle.emplace_back(cause, until - st.idle_since);
   }
   st.idle_since = std::max(st.idle_since, until);
+}
+
+void Executor::charge_wait(Stream& st, StreamId releaser, const Cause& rest) {
+  const Time from = st.idle_since, to = sim_.now();
+  if (to <= from) return;
+  Time covered = 0;
+  // Each task of the releaser that ran during the wait takes its overlap.
+  for (const Stream::Finished& f : streams_[releaser].recent) {
+    const Time lo = std::max(from, f.start), hi = std::min(to, f.end);
+    if (hi <= lo) continue;
+    Time& slot = [&]() -> Time& {
+      const Cause c{IdleCause::Wait::kEvent, releaser, f.name, f.communication};
+      auto it = std::find_if(st.idle.begin(), st.idle.end(), [&](const auto& x) { return x.first == c; });
+      if (it != st.idle.end()) return it->second;
+      st.idle.emplace_back(c, 0);
+      return st.idle.back().second;
+    }();
+    slot += hi - lo;
+    covered += hi - lo;
+    if (options_.trace && st.tid == 0) trace_.idle(st.device, 0, cause_name({IdleCause::Wait::kEvent, releaser, f.name, f.communication}), lo, hi - lo);
+  }
+  // The rest (the releaser itself waiting) to `rest`, as one span.
+  const Time left = to - from - covered;
+  if (left > 0) {
+    auto it = std::find_if(st.idle.begin(), st.idle.end(), [&](const auto& x) { return x.first == rest; });
+    if (it != st.idle.end()) it->second += left;
+    else st.idle.emplace_back(rest, left);
+  }
+  st.idle_since = to;
 }
 
 void Executor::charge_tails() {

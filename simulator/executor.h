@@ -56,9 +56,10 @@
 //    are timed without sharing; RunReport::isolated_overlaps counts them.
 // Idle by cause. A stream is idle from the end of one task to the start of
 // the next; each such gap is charged to what the stream was waiting for:
-//  - an event (wait): the stream that recorded it, and the task that stream
-//    had last finished when it did (e.g. the data-parallel stream's
-//    all_gather: exposed data-parallel communication);
+//  - an event (wait): the stream that recorded it, split by the tasks that
+//    stream ran during the wait (e.g. the data-parallel stream's
+//    reduce_scatter: exposed data-parallel communication; its adamw: the
+//    optimizer), the rest to the task it had last finished when it recorded;
 //  - the other members of a collective it joined, or the peer of a
 //    send/recv (a pipeline neighbour still computing: the bubble);
 //  - at the end, the device's stream that finished last, and its last task
@@ -214,6 +215,13 @@ class Executor : public EventHandler {
     NameId last_task = 0;
     bool last_communication = false;
     std::vector<std::pair<Cause, Time>> idle;
+    // Its latest finished tasks (start, end, name, communication), oldest first, at most kRecentTasks.
+    struct Finished {
+      Time start, end;
+      NameId name;
+      bool communication;
+    };
+    std::vector<Finished> recent;
     // Running compute: full-speed picoseconds left as of `updated`.
     double work_left = 0;
     Time updated = 0;
@@ -290,6 +298,9 @@ class Executor : public EventHandler {
   // Charges st's idle time from idle_since to `until` to `cause`.
   // Traced, the gaps of each device's first (default) stream become idle slices.
   void charge_idle(Stream& st, Time until, const Cause& cause);
+  // Charges st's idle time until now to what stream `releaser` ran meanwhile, the rest to `rest`.
+  void charge_wait(Stream& st, StreamId releaser, const Cause& rest);
+  static constexpr std::size_t kRecentTasks = 256;
   std::string cause_name(const Cause& cause) const;
   // The trailing idle time of every stream, and the causes with their names.
   void charge_tails();
