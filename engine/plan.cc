@@ -29,7 +29,7 @@ const std::vector<std::string> kPlanFields = {"tp",        "pp",        "dp",   
                                               "chunk_layers", "account_for_embedding_in_pipeline_split",
                                               "account_for_loss_in_pipeline_split", "grad_compression",
                                               "grad_compression_warmup", "error_feedback", "zero_reduce_once",
-                                              "prefetch_across_chunks", "overlap_update", "tp_comm_overlap",
+                                              "prefetch_across_chunks", "overlap_update", "tp_comm_overlap", "megatron_buckets",
                                               "offload"};
 
 template <class E>
@@ -129,6 +129,7 @@ Result<PlanOverrides> plan_overrides_from_json(const nlohmann::json& j) {
   MT_TRY(f.get_bool("zero_reduce_once", o.zero_reduce_once));
   MT_TRY(f.get_bool("prefetch_across_chunks", o.prefetch_across_chunks));
   MT_TRY(f.get_bool("overlap_update", o.overlap_update));
+  MT_TRY(f.get_bool("megatron_buckets", o.megatron_buckets));
   MT_TRY(f.get_bool("tp_comm_overlap", o.tp_comm_overlap));
   MT_TRY(f.get_string("offload", o.offload));
   if (f.has("segments")) o.segments = std::make_shared<const nlohmann::json>(j["segments"]);
@@ -167,6 +168,7 @@ Result<Plan> apply_overrides(Plan p, const PlanOverrides& o) {
   if (o.zero_reduce_once) p.zero_reduce_once = *o.zero_reduce_once;
   if (o.prefetch_across_chunks) p.prefetch_across_chunks = *o.prefetch_across_chunks;
   if (o.overlap_update) p.overlap_update = *o.overlap_update;
+  if (o.megatron_buckets) p.megatron_buckets = *o.megatron_buckets;
   if (o.tp_comm_overlap) p.tp_comm_overlap = *o.tp_comm_overlap;
   if (o.offload) {
     MT_ASSIGN(p.offload, parse_offload(*o.offload));
@@ -241,6 +243,7 @@ nlohmann::json plan_to_json(const Plan& p) {
   if (p.zero_reduce_once) j["zero_reduce_once"] = true;
   if (!p.prefetch_across_chunks) j["prefetch_across_chunks"] = false;
   if (p.overlap_update) j["overlap_update"] = true;
+  if (p.megatron_buckets) j["megatron_buckets"] = true;
   if (p.tp_comm_overlap) j["tp_comm_overlap"] = true;
   if (p.offload != Offload::none) j["offload"] = offload_name(p.offload);
   if (!p.segments.empty()) {

@@ -87,6 +87,11 @@ struct Plan {
   // latency each, which over many nodes can dominate (experiments/RESULTS.md,
   // "Table 1 with each row's DDP implementation").
   double grad_bucket_mb = 4;
+  // Megatron-Core's buckets instead (DistributedDataParallel, r0.8 to today):
+  // max(40M, 1M·dp) parameters per bucket on the first pipeline stage's
+  // first model chunk, and one bucket per model chunk everywhere else (its
+  // gradients are not on the critical path there); grad_bucket_mb is unused.
+  bool megatron_buckets = false;
   GradSync grad_sync = GradSync::overlap;
   GradCompression grad_compression = GradCompression::none;
   // Steps whose gradients are reduced uncompressed before compression starts
@@ -164,7 +169,7 @@ struct PlanOverrides {
   std::optional<double> grad_bucket_mb;
   std::optional<std::string> recompute, schedule, precision, grad_sync, cp_comm, grad_compression, offload;
   std::optional<bool> sequence_parallel, embedding_in_split, loss_in_split, error_feedback, zero_reduce_once;
-  std::optional<bool> prefetch_across_chunks, overlap_update, tp_comm_overlap;
+  std::optional<bool> prefetch_across_chunks, overlap_update, tp_comm_overlap, megatron_buckets;
   std::optional<std::vector<int>> chunk_layers;
   // A plan file's "segments" list as written; the model resolves it
   // (engine/segments/segment_plan.h, segments_from_json).

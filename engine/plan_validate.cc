@@ -125,7 +125,12 @@ Status check_model_split(const Plan& p, const ModelSpec& m, const ModelIo& io) {
 // ZeRO 0 and 1 cut a rank's gradients into buckets of grad_bucket_mb (at
 // least dp elements); a tiny bucket would mean millions of collectives.
 Status check_buckets(const Plan& p, const ModelSpec& m) {
-  if (p.zero > 1) return ok_status();
+  if (p.megatron_buckets && p.zero >= 2)
+    return make_error("megatron_buckets (--megatron-buckets) sizes ZeRO 0/1 buckets, but zero is {}: ZeRO 2 and 3 "
+                      "reduce one layer per bucket; drop it or use zero 0 or 1",
+                      p.zero);
+  // Megatron's rule sizes its own buckets (at least 40M parameters each).
+  if (p.zero > 1 || p.megatron_buckets) return ok_status();
   const double per_rank = static_cast<double>(count_parameters(m).total) / (static_cast<double>(p.tp) * p.pp);
   const double bucket = std::max(p.grad_bucket_mb * (1 << 20) / 4, static_cast<double>(p.dp));
   if (per_rank / bucket <= kMaxGradBuckets) return ok_status();

@@ -208,6 +208,7 @@ SimReport second_iteration(const SimReport& one, const SimReport& two) {
     a.compute_stream_s -= b.compute_stream_s;
     a.compute_busy_s -= b.compute_busy_s;
     a.idle_s = std::max(0.0, r.iteration_s - a.compute_busy_s);
+    a.idle_causes = subtract_idle(a.idle_causes, b.idle_causes);
     a.tasks -= b.tasks;
     for (auto& [name, figures] : a.regions)
       if (auto it = b.regions.find(name); it != b.regions.end()) {
@@ -220,6 +221,16 @@ SimReport second_iteration(const SimReport& one, const SimReport& two) {
     for (std::size_t k = 0; k < r.jobs[j].compute_s.size(); ++k) r.jobs[j].compute_s[k] -= one.jobs[j].compute_s[k];
   }
   return r;
+}
+
+// The causes' sum made to match the stage's idle time: the executor charges
+// idle time up to the last task of the whole run, a job's idle ends with the
+// job, and a steady-state difference of two runs need not split exactly.
+IdleBreakdown reconciled(IdleBreakdown b, double idle_s) {
+  const double total = b.total();
+  if (total > idle_s && total > 0) return b.scaled(idle_s / total);
+  b.other_s += idle_s - total;
+  return b;
 }
 
 }  // namespace
@@ -354,11 +365,15 @@ Result<SimulationResult> simulate_iteration(const ModelSpec& m, const Plan& p,
     s.model = segmented ? rank_memory(m, p, r.rank) : memory_per_rank(m, p, s.stage, meshtrain_layout(p));
     s.compute_s = r.compute_s;
     s.idle_s = r.idle_s;
+    s.idle = reconciled(classify_idle(r.idle_causes), r.idle_s);
     // Compute issued on other streams (casts of compressed gradients, an
     // overlapped update) keeps the compute stream no busier: not subtracted.
     s.exposed_comm_s = std::max(0.0, r.compute_busy_s - r.compute_stream_s);
     s.tasks = r.tasks;
-    out.bubble_fraction += s.idle_s / out.iteration_s / static_cast<double>(report.ranks.size());
+    const double share = 1.0 / static_cast<double>(report.ranks.size());
+    out.idle_fraction += s.idle_s / out.iteration_s * share;
+    out.bubble_fraction += s.idle.pipeline_s / out.iteration_s * share;
+    out.idle += s.idle.scaled(share);
     out.exposed_comm_s += s.exposed_comm_s / static_cast<double>(report.ranks.size());
     if (s.peak_bytes > out.peak_memory_bytes) {
       out.peak_memory_bytes = s.peak_bytes;

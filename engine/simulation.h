@@ -14,9 +14,13 @@
 //   model TFLOP/s    training_flops(...).model / iteration time / GPUs (models/flops.h);
 //                    MFU divides it by the device's dense bf16 peak
 //   hardware TFLOP/s the same with recomputation counted
-//   bubble fraction  per stage, the time its compute stream is idle (neither
+//   idle fraction    per stage, the time its compute stream is idle (neither
 //                    computing nor communicating) over the iteration time; the
-//                    mean over stages
+//                    mean over stages; `idle` splits it by cause
+//                    (simulation_idle.h: pipeline bubble, exposed
+//                    data-parallel or model-parallel communication, optimizer)
+//   bubble fraction  the pipeline-bubble part of it alone (waiting for
+//                    pipeline neighbours, fill and drain): zero without a pipeline
 //   exposed comm     per stage, the compute stream's busy time minus its
 //                    full-speed compute: communication issued on the compute
 //                    stream (which it waits for) and the slowdown concurrent
@@ -46,6 +50,7 @@
 #include "backends/sim/sim_backend.h"
 #include "engine/memory_model.h"
 #include "engine/plan.h"
+#include "engine/simulation_idle.h"
 #include "engine/variation.h"
 #include "models/model_spec.h"
 #include "models/moe_routing.h"
@@ -114,6 +119,7 @@ struct StageResult {
   SimHostWork host_work;    // offload: per iteration, PCIe bytes and seconds, host AdamW seconds
   MemoryBreakdown model;        // the analytic memory model of this stage
   double compute_s = 0, idle_s = 0, exposed_comm_s = 0;
+  IdleBreakdown idle;  // idle_s by cause
   std::uint64_t tasks = 0;
 };
 
@@ -130,7 +136,8 @@ struct RegionResult {
 struct SimulationResult {
   double iteration_s = 0, tokens_per_s = 0, samples_per_s = 0;
   double tflops_per_gpu = 0, hardware_tflops_per_gpu = 0, mfu = 0;
-  double bubble_fraction = 0, exposed_comm_s = 0;
+  double bubble_fraction = 0, idle_fraction = 0, exposed_comm_s = 0;
+  IdleBreakdown idle;  // per stage, the mean over stages (seconds)
   std::int64_t peak_memory_bytes = 0;
   int peak_rank = 0;
   std::vector<StageResult> stages;

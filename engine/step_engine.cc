@@ -126,8 +126,10 @@ StepEngine::StepEngine(Backend& b, const ModelSpec& m, const Plan& p, const Mesh
   // Both pipeline ends hold the tied embedding; their gradients are summed before the dp reduction.
   const bool defer_embedding = m.tied_embeddings && p.pp > 1;
   // Gradients are fp32 (ParameterStore), so a MiB holds 2^18 of them.
-  const auto bucket_elements = static_cast<std::int64_t>(p.grad_bucket_mb * (1 << 20) / 4);
+  const auto fixed_bucket = static_cast<std::int64_t>(p.grad_bucket_mb * (1 << 20) / 4);
   for (int c = 0; c < p.vpp; ++c) {
+    const std::int64_t bucket_elements =
+        p.megatron_buckets ? megatron_bucket_elements(p.dp, coord_.pp, c) : fixed_bucket;
     auto chunk = std::make_unique<Chunk>();
     chunk->virtual_stage = c * p.pp + coord_.pp;
     const int vs = chunk->virtual_stage;
@@ -427,8 +429,19 @@ PipelineCompute StepEngine::compute(bool training) {
     for (auto& w : work) w();
     work.clear();  // frees the inputs and output gradients they kept
   };
+  // Full recomputation re-runs a chunk's last block before its output
+  // gradient's recv: that forward needs only the block's saved input, so it
+  // fills the wait for the next stage instead of lengthening every hop of
+  // the pipeline's drain. Not under ZeRO 3 (the block's parameters are
+  // gathered by its backward hook) nor split backward passes.
+  auto before_grad = [this](int c, int j) {
+    Chunk& ch = *chunks_[static_cast<std::size_t>(c)];
+    ch.model->recompute_first(mbs_[static_cast<std::size_t>(j)], ch.saved[static_cast<std::size_t>(j)]);
+  };
   PipelineCompute out{forward, {}, {}, boundaries(mbs_)};
   if (training) out.backward = backward, out.weight = weight;
+  if (training && plan_.recompute == Recompute::full && plan_.zero < 3 && plan_.schedule != ScheduleKind::zb_h1)
+    out.before_grad = before_grad;
   return out;
 }
 

@@ -87,6 +87,12 @@ Tensor ModelChunk::forward(const MicroBatch& mb, const Tensor& input, SavedActiv
   return h;
 }
 
+void ModelChunk::recompute_first(const MicroBatch& mb, SavedActivations& saved) {
+  if (!saved || blocks_.empty()) return;
+  const std::size_t k = blocks_.size() - 1;
+  if (saved->inputs[k].defined() && !saved->blocks[k]) blocks_[k]->forward(mb, saved->inputs[k], &saved->blocks[k]);
+}
+
 Tensor ModelChunk::backward(const MicroBatch& mb, SavedActivations& saved, const Tensor& dout, float loss_scale) {
   Tensor g = dout;
   for (std::size_t k = blocks_.size(); k-- > 0;) {
@@ -94,7 +100,7 @@ Tensor ModelChunk::backward(const MicroBatch& mb, SavedActivations& saved, const
     const bool body = def.layer() >= 0 && def.layer() < m_.layers;
     if (hooks_.before_backward) hooks_.before_backward(def.layer());
     std::unique_ptr<Block::Saved>& s = saved->blocks[k];
-    if (saved->inputs[k].defined()) blocks_[k]->forward(mb, saved->inputs[k], &s);
+    if (saved->inputs[k].defined() && !s) blocks_[k]->forward(mb, saved->inputs[k], &s);
     if (!s) s = std::make_unique<Block::Saved>();  // a block that keeps nothing
     g = blocks_[k]->backward(mb, *s, g, loss_scale);
     // A body block's activations go before its hook (which may reduce and free

@@ -212,14 +212,13 @@ Result<CollectivePlan> expand_host(const Cluster& cluster, const CostConstants& 
 
 Result<CollectivePlan> expand(const Cluster& cluster, const CostConstants& c,
                               const CollectiveRequest& req, Algorithm a) {
-  const bool host_algorithm = a == Algorithm::kHierarchical ? req.kind != CollectiveKind::kAllReduce ||
-                                                                  runs_host_collectives(cluster)
+  const bool host_algorithm = a == Algorithm::kHierarchical ? runs_host_collectives(cluster)
                                                             : a == Algorithm::kDirect && req.kind != CollectiveKind::kSendRecv;
   if (host_algorithm) {
     if (!runs_host_collectives(cluster))
-      return make_error("{} '{}' is the host communicator's algorithm; cluster '{}' runs NCCL's (ring, tree{})",
-                        collective_kind_name(req.kind), algorithm_name(a), cluster.spec().name,
-                        req.kind == CollectiveKind::kAllReduce ? ", hierarchical" : "");
+      return make_error("{} '{}' is the host communicator's algorithm; cluster '{}' runs NCCL's (ring, tree, "
+                        "hierarchical)",
+                        collective_kind_name(req.kind), algorithm_name(a), cluster.spec().name);
     if (req.members.size() < 2 || req.bytes <= 0) return CollectivePlan{a, {}, {}};
     return expand_host(cluster, c, req, a);
   }
@@ -270,9 +269,15 @@ Result<CollectivePlan> expand(const Cluster& cluster, const CostConstants& c,
         for (const auto& g : groups) rails.push_back(g[j]);
       p.orders.push_back(std::move(intra));
       p.orders.push_back(std::move(rails));
-      if (L > 1) p.steps.push_back(Step{0, static_cast<uint32_t>(L), 1, false, S / L, L - 1});
-      p.steps.push_back(Step{1, static_cast<uint32_t>(N), 1, false, S / L / N, 2 * (N - 1)});
-      if (L > 1) p.steps.push_back(Step{0, static_cast<uint32_t>(L), 1, false, S / L, L - 1});
+      const auto uL = static_cast<uint32_t>(L), uN = static_cast<uint32_t>(N);
+      const Step in_node{0, uL, 1, false, S / L, L - 1}, across{1, uN, 1, false, S / L / N, N - 1};
+      // Reduce-scatter: the node's sum first, so that only each member's
+      // 1/L crosses the network; all-gather the reverse; all-reduce both
+      // (its rail rings all-reduce: 2(N-1) steps).
+      if (L > 1 && req.kind != CollectiveKind::kAllGather) p.steps.push_back(in_node);
+      p.steps.push_back(across);
+      if (req.kind == CollectiveKind::kAllReduce) p.steps.back().repeats = 2 * (N - 1);
+      if (L > 1 && req.kind != CollectiveKind::kReduceScatter) p.steps.push_back(in_node);
       return p;
     }
     case Algorithm::kPairwise:
@@ -410,6 +415,7 @@ StepCosts::Cost route_step(const Cluster& cluster, const CollectivePlan& plan, c
   for_each_flow(plan, step, [&](int src, int dst) {
     const Route r = cluster.route(src, dst);
     cost.latency = std::max(cost.latency, cluster.route_latency(r));
+    cost.crosses_nodes = cost.crosses_nodes || cluster.node_of(src) != cluster.node_of(dst);
     for (LinkId l : r)
       if (flows[l]++ == 0) touched.push_back(l);
   });
@@ -440,7 +446,8 @@ Time analytic_time(const Cluster& cluster, const CostConstants& c, const Collect
   Time total = 0;
   for (const auto& step : plan.steps) {
     const StepCosts::Cost k = costs != nullptr ? costs->get(cluster, plan, step) : route_step(cluster, plan, step);
-    total += step.repeats * (c.collective_alpha + k.latency + from_seconds(step.bytes * k.seconds_per_byte));
+    const Time alpha = k.crosses_nodes ? c.collective_net_alpha : c.collective_alpha;
+    total += step.repeats * (alpha + k.latency + from_seconds(step.bytes * k.seconds_per_byte));
   }
   return total;
 }
@@ -500,6 +507,8 @@ Result<CollectivePlan> choose_plan(const Cluster& cluster, const CostConstants& 
       break;
     case CollectiveKind::kReduceScatter:
     case CollectiveKind::kAllGather:
+      candidates = {Algorithm::kRing, Algorithm::kHierarchical};
+      break;
     case CollectiveKind::kBroadcast:
       candidates = {Algorithm::kRing};
       break;
@@ -601,7 +610,12 @@ void CollectiveEngine::begin_step(uint32_t id) {
     free_.push_back(id);
     return;
   }
-  sim_.schedule(sim_.now() + constants_.collective_alpha, this, static_cast<uint64_t>(id) << 1);
+  const auto& step = r.plan.steps[r.step];
+  bool crosses = false;
+  const Cluster& cluster = network_.cluster();
+  for_each_flow(r.plan, step, [&](int src, int dst) { crosses = crosses || cluster.node_of(src) != cluster.node_of(dst); });
+  sim_.schedule(sim_.now() + (crosses ? constants_.collective_net_alpha : constants_.collective_alpha), this,
+                static_cast<uint64_t>(id) << 1);
 }
 
 void CollectiveEngine::launch_flows(uint32_t id) {

@@ -2,8 +2,9 @@
 //
 // A collective over n member GPUs becomes a CollectivePlan: a list of steps,
 // each a pattern of point-to-point flows that all start together, repeated
-// `repeats` times. A step costs α (CostConstants::collective_alpha) and then
-// lasts until its slowest flow has arrived; the next step starts after that
+// `repeats` times. A step costs α (CostConstants::collective_alpha, or
+// collective_net_alpha when a flow of it leaves its node) and then lasts
+// until its slowest flow has arrived; the next step starts after that
 // (steps are globally synchronised: a simplification of NCCL's per-peer
 // pipelining that is exact when all members see the same links).
 //
@@ -18,6 +19,16 @@
 //                              intra-node ring reduce-scatter, L-1 steps of S/L;
 //                              per-rail inter-node ring all-reduce, 2(N-1) steps of S/(L·N);
 //                              intra-node ring all-gather, L-1 steps of S/L
+//   reduce-scatter, hier.:     the first two phases, the rail rings reduce-scattering:
+//                              L-1 steps of S/L, then N-1 steps of S/(L·N)
+//   all-gather, hier.:         the reverse: N-1 rail steps of S/(L·N), then L-1 of S/L
+//
+// "Hierarchical" is NCCL's ring as it lays it out on a rail-optimized
+// cluster: its channels enter and leave each node on every NIC at once (one
+// ring per rail, node by node), so a member's share crosses the network once
+// per node boundary on its own rail, while a flat ring over the members in
+// rank order would put every node crossing of a step on one NIC. NCCL has no
+// algorithm by that name; it is how its rings load the links.
 //   reduce-scatter, ring:      n-1 steps of S/n
 //   all-gather, ring:          n-1 steps of S/n
 //   all-to-all, pairwise:      for k = 1..n-1: member i -> member i+k, S/n
@@ -125,6 +136,7 @@ class StepCosts {
   struct Cost {
     Time latency = 0;
     double seconds_per_byte = 0;
+    bool crosses_nodes = false;  // some flow leaves its node: the step costs the network α
   };
   Cost get(const Cluster& cluster, const CollectivePlan& plan, const CollectivePlan::Step& step);
   std::size_t patterns() const { return costs_.size(); }  // distinct patterns routed

@@ -98,6 +98,15 @@ struct CostConstants {
   // protocol handshake between neighbours). NCCL's tuning model uses a few µs
   // per step for its Simple protocol.
   Time collective_alpha = 2 * kMicrosecond;
+  // α of a step whose flows leave the node (a network hop of an inter-node
+  // ring, tree or rail ring): NCCL's tuner (src/graph/tuning.cc,
+  // hwLatencies[NET]) charges 14 µs per network step of its Simple protocol,
+  // the one it picks for the megabyte-sized buckets that matter here (2.7
+  // and 4 µs for LL and LL128, used below ~64 KiB), against 3.4 µs per
+  // NVLink step: a network step waits for the proxy thread, the NIC's RDMA
+  // write and the flag poll on the far side. A ring over n nodes pays it
+  // n-1 times (reduce-scatter, all-gather) or 2(n-1) (all-reduce).
+  Time collective_net_alpha = 14 * kMicrosecond;
   // Pipelined algorithms (tree, broadcast) split the buffer into chunks of
   // about this size, between 1 and max_pipeline_chunks chunks.
   double pipeline_chunk_bytes = 1 << 20;

@@ -248,6 +248,7 @@ void Executor::try_start(StreamId s) {
     }
     switch (t.kind) {
       case Kind::kCompute:
+        charge_idle(st, sim_.now(), st.cause);
         set_compute_running(st.device, +1);
         st.running = true;
         st.started = sim_.now();
@@ -258,6 +259,8 @@ void Executor::try_start(StreamId s) {
       case Kind::kJoin: {
         st.running = true;
         st.started = sim_.now();
+        charge_idle(st, sim_.now(), st.cause);
+        st.cause = {IdleCause::Wait::kPeers, s, t.name, true};
         Collective& c = colls_[t.a];
         c.joined.push_back(s);
         if (c.joined.size() == c.request.members.size()) {
@@ -265,6 +268,7 @@ void Executor::try_start(StreamId s) {
           // when each member arrived (waiting is idle time).
           c.started = sim_.now();
           for (StreamId m : c.joined) {
+            charge_idle(streams_[m], sim_.now(), streams_[m].cause);
             streams_[m].started = sim_.now();
             set_comm_active(streams_[m].device, +1);
           }
@@ -286,6 +290,8 @@ void Executor::try_start(StreamId s) {
       case Kind::kRecv: {
         st.running = true;
         st.started = sim_.now();
+        charge_idle(st, sim_.now(), st.cause);
+        st.cause = {IdleCause::Wait::kTransfer, s, t.name, true};
         P2P& p = p2p_[t.a];
         if (t.kind == Kind::kSend) {
           p.send_ready = true;
@@ -299,6 +305,8 @@ void Executor::try_start(StreamId s) {
       }
       case Kind::kRecord: {
         events_recorded_[t.a] = std::max(events_recorded_[t.a], t.b);
+        if (event_causes_.size() < events_recorded_.size()) event_causes_.resize(events_recorded_.size());
+        event_causes_[t.a] = {{IdleCause::Wait::kEvent, s, st.last_task, st.last_communication}, sim_.now()};
         ++st.head;
         // A record can release waits on the other streams of this device.
         for (StreamId o : device_streams_[st.device])
@@ -307,6 +315,11 @@ void Executor::try_start(StreamId s) {
       }
       case Kind::kWait:
         if (events_recorded_[t.a] < t.b) return;  // released by the record
+        // The record that released it came after the stream went idle: it is what the stream waited for.
+        if (static_cast<std::size_t>(t.a) < event_causes_.size() && event_causes_[t.a].second > st.idle_since) {
+          st.cause = event_causes_[t.a].first;
+          if (!st.running) charge_wait(st, st.cause.stream, st.cause);
+        }
         ++st.head;
         break;
     }
@@ -316,8 +329,10 @@ void Executor::try_start(StreamId s) {
 void Executor::start_p2p(uint32_t index) {
   P2P& p = p2p_[index];
   p.started = sim_.now();
-  streams_[p.send_stream].started = sim_.now();
-  streams_[p.recv_stream].started = sim_.now();
+  for (StreamId m : {p.send_stream, p.recv_stream}) {
+    charge_idle(streams_[m], sim_.now(), streams_[m].cause);
+    streams_[m].started = sim_.now();
+  }
   set_comm_active(p.src, +1);
   set_comm_active(p.dst, +1);
   network_->start_flow(p.src, p.dst, p.bytes, this, tag_of(kP2PDone, index));
@@ -337,6 +352,12 @@ void Executor::finish_head(StreamId s) {
     trace_.complete(st.device, st.tid, names_.name(t.name), cat, st.started, dur);
   }
   st.running = false;
+  st.idle_since = sim_.now();
+  st.cause = {};
+  st.last_task = t.name;
+  st.last_communication = t.kind != Kind::kCompute;
+  if (st.recent.size() >= 2 * kRecentTasks) st.recent.erase(st.recent.begin(), st.recent.end() - kRecentTasks);
+  st.recent.push_back({st.started, sim_.now(), t.name, st.last_communication});
   if (t.kind == Kind::kCompute) set_compute_running(st.device, -1);
   ++st.head;
   report_.makespan = std::max(report_.makespan, sim_.now());
@@ -445,6 +466,88 @@ Error Executor::deadlock_error() const {
   return make_error("deadlock: {} streams have tasks left but none can run:{}", stuck, what);
 }
 
+void Executor::charge_idle(Stream& st, Time until, const Cause& cause) {
+  if (until > st.idle_since) {
+    if (options_.trace && st.tid == 0) trace_.idle(st.device, 0, cause_name(cause), st.idle_since, until - st.idle_since);
+    auto it = std::find_if(st.idle.begin(), st.idle.end(), [&](const auto& c) { return c.first == cause; });
+    if (it != st.idle.end()) it->second += until - st.idle_since;
+    else st.idle.emplace_back(cause, until - st.idle_since);
+  }
+  st.idle_since = std::max(st.idle_since, until);
+}
+
+void Executor::charge_wait(Stream& st, StreamId releaser, const Cause& rest) {
+  const Time from = st.idle_since, to = sim_.now();
+  if (to <= from) return;
+  Time covered = 0;
+  // Each task of the releaser that ran during the wait takes its overlap.
+  for (const Stream::Finished& f : streams_[releaser].recent) {
+    const Time lo = std::max(from, f.start), hi = std::min(to, f.end);
+    if (hi <= lo) continue;
+    Time& slot = [&]() -> Time& {
+      const Cause c{IdleCause::Wait::kEvent, releaser, f.name, f.communication};
+      auto it = std::find_if(st.idle.begin(), st.idle.end(), [&](const auto& x) { return x.first == c; });
+      if (it != st.idle.end()) return it->second;
+      st.idle.emplace_back(c, 0);
+      return st.idle.back().second;
+    }();
+    slot += hi - lo;
+    covered += hi - lo;
+    if (options_.trace && st.tid == 0) trace_.idle(st.device, 0, cause_name({IdleCause::Wait::kEvent, releaser, f.name, f.communication}), lo, hi - lo);
+  }
+  // The rest (the releaser itself waiting) to `rest`, as one span.
+  const Time left = to - from - covered;
+  if (left > 0) {
+    auto it = std::find_if(st.idle.begin(), st.idle.end(), [&](const auto& x) { return x.first == rest; });
+    if (it != st.idle.end()) it->second += left;
+    else st.idle.emplace_back(rest, left);
+  }
+  st.idle_since = to;
+}
+
+void Executor::charge_tails() {
+  for (StreamId s = 0; s < streams_.size(); ++s) {
+    Stream& st = streams_[s];
+    if (st.running) continue;  // a deadlocked run reports no tails
+    // The device's stream that ran longest past this one: its tail is what this one waits for.
+    const Stream* last = nullptr;
+    StreamId last_id = 0;
+    for (StreamId o : device_streams_[st.device])
+      if (o != s && streams_[o].end > st.end && (last == nullptr || streams_[o].end > last->end))
+        last = &streams_[o], last_id = o;
+    if (last != nullptr)
+      charge_idle(st, last->end, {IdleCause::Wait::kTail, last_id, last->last_task, last->last_communication});
+    charge_idle(st, report_.makespan, {});
+  }
+}
+
+std::string Executor::cause_name(const Cause& c) const {
+  const std::string stream = names_.name(streams_[c.stream].name), task = names_.name(c.task);
+  switch (c.wait) {
+    case IdleCause::Wait::kEvent:
+      return fmt::format("waits for {} ({})", stream, task);
+    case IdleCause::Wait::kPeers:
+      return fmt::format("waits for the other members of {}", task);
+    case IdleCause::Wait::kTransfer:
+      return fmt::format("waits for the peer of {}", task);
+    case IdleCause::Wait::kTail:
+      return fmt::format("waits for {} to finish ({})", stream, task);
+    case IdleCause::Wait::kNothing:
+      break;
+  }
+  return "nothing to run on this device";
+}
+
+std::vector<IdleCause> Executor::idle_report(const Stream& st) const {
+  std::vector<IdleCause> out;
+  for (const auto& [cause, time] : st.idle) {
+    const bool named = cause.wait != IdleCause::Wait::kNothing;
+    out.push_back({cause.wait, named ? names_.name(streams_[cause.stream].name) : std::string(),
+                   named ? names_.name(cause.task) : std::string(), cause.communication, time});
+  }
+  return out;
+}
+
 Result<RunReport> Executor::run() {
   if (ran_) return make_error("executor already ran; build a new one for another run");
   ran_ = true;
@@ -466,11 +569,12 @@ Result<RunReport> Executor::run() {
     if (st.head < tasks_of(st).size()) return deadlock_error();
   report_.events = sim_.events_processed();
   report_.flows = network_->flows_started();
+  charge_tails();
   for (const Stream& st : streams_) {
     report_.tasks_run += tasks_of(st).size();
     const uint64_t submitted = st.replica != 0 ? streams_[st.source].submitted : st.submitted;
     report_.streams.push_back(
-        {st.device, names_.name(st.name), st.busy, submitted, st.end, st.compute});
+        {st.device, names_.name(st.name), st.busy, submitted, st.end, st.compute, idle_report(st)});
   }
   std::stable_sort(
       report_.streams.begin(), report_.streams.end(),

@@ -54,6 +54,18 @@
 //    hold a link for nanoseconds): they are always analytic and left out of
 //    the footprints. Two collectives of one isolated set that overlap in time
 //    are timed without sharing; RunReport::isolated_overlaps counts them.
+// Idle by cause. A stream is idle from the end of one task to the start of
+// the next; each such gap is charged to what the stream was waiting for:
+//  - an event (wait): the stream that recorded it, split by the tasks that
+//    stream ran during the wait (e.g. the data-parallel stream's
+//    reduce_scatter: exposed data-parallel communication; its adamw: the
+//    optimizer), the rest to the task it had last finished when it recorded;
+//  - the other members of a collective it joined, or the peer of a
+//    send/recv (a pipeline neighbour still computing: the bubble);
+//  - at the end, the device's stream that finished last, and its last task
+//    (the step's tail), or nothing on this device (other devices' work).
+// Waiting is charged once, to the wait that released it; what delayed the
+// releasing stream in turn is not followed.
 // Per-device compute factors (set_compute_factor) model a straggler: its
 // compute tasks take that many times as long. Rank threads sharing one
 // machine's cores (share_host, host_sharing.h) run their compute faster
@@ -89,6 +101,15 @@ struct ExecutorOptions {
   double latency_bound_bytes = 64 * 1024;
 };
 
+// One cause of a stream's idle time (see "Idle by cause" above).
+struct IdleCause {
+  enum class Wait : uint8_t { kEvent, kPeers, kTransfer, kTail, kNothing };
+  Wait wait = Wait::kNothing;
+  std::string stream;          // kEvent, kTail: the stream it waited for; kPeers, kTransfer: its own
+  std::string task;            // that stream's last finished task, or the collective or transfer joined
+  bool communication = false;  // `task` is a collective or a transfer (else compute)
+  Time time = 0;
+};
 struct StreamReport {
   int device = 0;
   std::string stream;
@@ -96,6 +117,7 @@ struct StreamReport {
   uint64_t tasks = 0;
   Time end = 0;         // when its last task finished
   Time compute = 0;     // time its compute tasks ran (at the speed they ran)
+  std::vector<IdleCause> idle;  // its idle time until the makespan, by cause
 };
 
 struct RunReport {
@@ -166,6 +188,14 @@ class Executor : public EventHandler {
     uint32_t b;     // wait: record count it waits for
     int64_t value;  // compute: duration (ps)
   };
+  // A cause of idle time while running (IdleCause without the strings).
+  struct Cause {
+    IdleCause::Wait wait = IdleCause::Wait::kNothing;
+    StreamId stream = 0;
+    NameId task = 0;
+    bool communication = false;
+    bool operator==(const Cause&) const = default;
+  };
   struct Stream {
     int device;
     NameId name;
@@ -178,6 +208,20 @@ class Executor : public EventHandler {
     Time started = 0;
     Time busy = 0, compute = 0, end = 0;
     uint64_t submitted = 0;  // tasks submitted (before merging)
+    // Idle by cause: since when it is idle, what it waits for now, its last
+    // finished task, and the idle time charged so far.
+    Time idle_since = 0;
+    Cause cause;
+    NameId last_task = 0;
+    bool last_communication = false;
+    std::vector<std::pair<Cause, Time>> idle;
+    // Its latest finished tasks (start, end, name, communication), oldest first, at most kRecentTasks.
+    struct Finished {
+      Time start, end;
+      NameId name;
+      bool communication;
+    };
+    std::vector<Finished> recent;
     // Running compute: full-speed picoseconds left as of `updated`.
     double work_left = 0;
     Time updated = 0;
@@ -250,6 +294,17 @@ class Executor : public EventHandler {
   std::map<std::pair<int, int>, PairState> p2p_by_pair_;
   std::map<std::pair<int, NameId>, uint32_t> event_slots_;
   std::vector<uint32_t> events_submitted_, events_recorded_;
+  std::vector<std::pair<Cause, Time>> event_causes_;  // by slot: its last record's releaser and time
+  // Charges st's idle time from idle_since to `until` to `cause`.
+  // Traced, the gaps of each device's first (default) stream become idle slices.
+  void charge_idle(Stream& st, Time until, const Cause& cause);
+  // Charges st's idle time until now to what stream `releaser` ran meanwhile, the rest to `rest`.
+  void charge_wait(Stream& st, StreamId releaser, const Cause& rest);
+  static constexpr std::size_t kRecentTasks = 256;
+  std::string cause_name(const Cause& cause) const;
+  // The trailing idle time of every stream, and the causes with their names.
+  void charge_tails();
+  std::vector<IdleCause> idle_report(const Stream& st) const;
   // Full fidelity (replicas.cc).
   struct Replica {
     int source, target;

@@ -39,6 +39,11 @@ void Trace::flow_end(int pid, int tid, uint64_t id, Time at) {
       {Ph::kFlowEnd, pid, tid, names_.intern("p2p"), names_.intern("p2p"), at, 0, id});
 }
 
+void Trace::idle(int pid, int tid, std::string_view cause, Time start, Time duration) {
+  const NameId name = names_.intern(cause);
+  events_.push_back({Ph::kIdle, pid, tid, name, names_.intern("idle"), start, duration, events_.size()});
+}
+
 std::string Trace::to_json() const {
   std::string out = "{\"displayTimeUnit\":\"ns\",\"traceEvents\":[\n";
   bool first = true;
@@ -68,6 +73,14 @@ std::string Trace::to_json() const {
         out += fmt::format(
             R"({{"ph":"s","pid":{},"tid":{},"name":"p2p","cat":"p2p","id":{},"ts":{}}})", e.pid,
             e.tid, e.id, us(e.start));
+        break;
+      case Ph::kIdle:
+        out += fmt::format(
+            R"({{"ph":"b","pid":{},"tid":{},"name":{},"cat":"idle","id":{},"ts":{}}},)"
+            "\n"
+            R"({{"ph":"e","pid":{},"tid":{},"name":{},"cat":"idle","id":{},"ts":{}}})",
+            e.pid, e.tid, quote(names_.name(e.name)), e.id, us(e.start), e.pid, e.tid, quote(names_.name(e.name)),
+            e.id, us(e.start + e.duration));
         break;
       case Ph::kFlowEnd:
         out += fmt::format(

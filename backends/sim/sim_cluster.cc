@@ -250,6 +250,7 @@ Result<SimReport> SimCluster::run() {
     for (const sim::StreamReport& s : r.streams)
       if (s.device == b.device()) rr.tasks += s.tasks;
     if (first[d] != nullptr) rr.compute_busy_s = seconds(first[d]->busy);
+    if (first[d] != nullptr) rr.idle_causes = first[d]->idle;
     rr.idle_s = std::max(0.0, out.jobs[static_cast<std::size_t>(b.job())].iteration_s - rr.compute_busy_s);
     out.ranks.push_back(rr);
   }

@@ -141,6 +141,7 @@ struct SimRankReport {
   double compute_stream_s = 0;  // the part of compute_s issued on the default stream
   double compute_busy_s = 0;    // busy time of the default stream (compute + comm issued on it)
   double idle_s = 0;          // iteration time minus that busy time
+  std::vector<sim::IdleCause> idle_causes;  // the default stream's idle time by what it waited for
   std::uint64_t tasks = 0;
   // Per region (Backend::set_region): issued compute seconds and bytes sent.
   std::map<std::string, std::pair<double, double>> regions;

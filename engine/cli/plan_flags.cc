@@ -63,6 +63,9 @@ void add_plan_flags(CLI::App& app, PlanFlags& f, const std::string& default_mode
   app.add_flag_callback(
       "--no-prefetch-across-chunks", [&o] { o.prefetch_across_chunks = false; },
       "ZeRO 3: prefetch parameters within a chunk's pass only, not the next schedule action's first layer");
+  on_switch("--megatron-buckets", o.megatron_buckets,
+            "ZeRO 0/1: Megatron-Core's gradient buckets (max(40M, 1M·dp) parameters on the first stage's first "
+            "chunk, one bucket per chunk elsewhere) instead of --grad-bucket-mb");
   on_switch("--overlap-update", o.overlap_update,
                "run each bucket's optimizer update on the data-parallel stream; the next forward of a layer waits "
                "only for its own update");

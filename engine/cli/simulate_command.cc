@@ -54,6 +54,12 @@ void use_example(SimulateFlags& f) {
   f.plan.overrides.global_batch = 256;
 }
 
+// The compute stream's idle seconds by cause (simulation_idle.h).
+nlohmann::json idle_json(const IdleBreakdown& b) {
+  return {{"pipeline_bubble_s", b.pipeline_s}, {"data_parallel_s", b.data_parallel_s},
+          {"model_parallel_s", b.model_parallel_s}, {"optimizer_s", b.optimizer_s}, {"other_s", b.other_s}};
+}
+
 nlohmann::json to_json(const SimulationResult& r, const ModelSpec& m, const Plan& p, const sim::ClusterSpec& c) {
   nlohmann::json collectives = nlohmann::json::object();
   for (int k = 0; k < sim::kNumCollectiveKinds; ++k) {
@@ -74,6 +80,7 @@ nlohmann::json to_json(const SimulationResult& r, const ModelSpec& m, const Plan
                       {"host_adamw_s", s.host_work.adamw_s},
                       {"compute_s", s.compute_s},
                       {"idle_s", s.idle_s},
+                      {"idle", idle_json(s.idle)},
                       {"exposed_comm_s", s.exposed_comm_s},
                       {"tasks", s.tasks}});
   nlohmann::json out = {{"model", m.name},
@@ -86,6 +93,8 @@ nlohmann::json to_json(const SimulationResult& r, const ModelSpec& m, const Plan
           {"hardware_tflops_per_gpu", r.hardware_tflops_per_gpu},
           {"mfu", r.mfu},
           {"bubble_fraction", r.bubble_fraction},
+          {"idle_fraction", r.idle_fraction},
+          {"idle", idle_json(r.idle)},
           {"exposed_comm_s", r.exposed_comm_s},
           {"peak_memory_bytes", r.peak_memory_bytes},
           {"peak_memory_rank", r.peak_rank},
@@ -148,8 +157,14 @@ void print_text(const SimulationResult& r, const ModelSpec& m, const Plan& p, co
   fmt::print("model FLOP/s     {:.1f} TFLOP/s per GPU, MFU {:.1f}% (of {:.0f} TFLOP/s bf16 peak)\n",
              r.tflops_per_gpu, 100 * r.mfu, c.device.peak_bf16_flops / 1e12);
   fmt::print("hardware FLOP/s  {:.1f} TFLOP/s per GPU\n", r.hardware_tflops_per_gpu);
-  fmt::print("bubble           {:.1f}% of the iteration (compute stream idle, mean over stages)\n",
-             100 * r.bubble_fraction);
+  fmt::print("idle             {:.1f}% of the iteration (compute stream idle, mean over stages)\n",
+             100 * r.idle_fraction);
+  const auto share = [&](double s) { return fmt::format("{:.4f} s ({:.1f}%)", s, 100 * s / r.iteration_s); };
+  fmt::print("  pipeline bubble          {}\n", share(r.idle.pipeline_s));
+  fmt::print("  exposed data-parallel    {}\n", share(r.idle.data_parallel_s));
+  fmt::print("  exposed TP/CP/EP comm    {}\n", share(r.idle.model_parallel_s));
+  fmt::print("  optimizer                {}\n", share(r.idle.optimizer_s));
+  if (r.idle.other_s > 0) fmt::print("  other                    {}\n", share(r.idle.other_s));
   fmt::print("exposed comm     {:.4f} s per stage (mean)\n", r.exposed_comm_s);
   fmt::print("memory           peak {} on rank {} (device {})\n", human_bytes(static_cast<double>(r.peak_memory_bytes)),
              r.peak_rank, human_bytes(c.device.memory_bytes));

@@ -1,6 +1,7 @@
 #include "engine/parallel/gradient_buckets.h"
 
 #include <algorithm>
+#include <limits>
 #include <tuple>
 
 namespace meshtrain {
@@ -8,6 +9,11 @@ namespace meshtrain {
 std::int64_t Bucket::owned_begin(int r) const { return begin + std::min(size, r * shard); }
 std::int64_t Bucket::owned_size(int r) const {
   return std::min(size, (r + 1) * shard) - std::min(size, r * shard);
+}
+
+std::int64_t megatron_bucket_elements(int dp, int pipeline_stage, int model_chunk) {
+  if (pipeline_stage > 0 || model_chunk > 0) return std::numeric_limits<std::int64_t>::max() / 2;
+  return std::max<std::int64_t>(40'000'000, 1'000'000 * static_cast<std::int64_t>(dp));
 }
 
 std::vector<int> parameter_uses(const ModelSpec& m, const ParamInfo& info, bool chunk_has_head) {

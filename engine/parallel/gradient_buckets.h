@@ -91,6 +91,14 @@ struct Bucket {
   std::int64_t owned_size(int dp_rank) const;   // its length, <= shard
 };
 
+// Megatron-Core's gradient bucket size (DistributedDataParallel, r0.8 and
+// later) in elements: max(40M, 1M·dp) on pipeline stage 0's first model
+// chunk, so that each NCCL ring step of a large data-parallel group still
+// moves enough to be bandwidth-bound; no bucketing (one bucket, the whole
+// chunk) on later stages, whose gradients are reduced while stage 0 still
+// drains the pipeline, and on later model chunks.
+std::int64_t megatron_bucket_elements(int dp, int pipeline_stage, int model_chunk);
+
 // Where a chunk's parameter is used (LayerHooks numbering): its layer, and
 // for the tied token embedding also the head (L) when the chunk has it.
 std::vector<int> parameter_uses(const ModelSpec& m, const ParamInfo& info, bool chunk_has_head);
