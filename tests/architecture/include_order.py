@@ -10,6 +10,9 @@ against the documented order (docs/ARCHITECTURE.md, "Dependency arrows"):
      entry points that pick a backend (ENTRY_POINTS); the rest of the code
      goes through backends/backend.h.
 
+  4. engine/ never branches on the model's kind (ModelSpec::vision(), vqa(),
+     moe()): it asks the model what it reads and reports (models/model_io.h).
+
 usage: include_order.py REPO_ROOT"""
 import os
 import re
@@ -39,6 +42,7 @@ ENTRY_POINTS = {
 CONCRETE = ("backends/cpu/", "backends/cuda/")
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
+KIND_BRANCH = re.compile(r'\.(vision|vqa|moe)\(\)')
 
 
 def engine_part(path):
@@ -56,6 +60,8 @@ def level_of(part):
 def check_file(path, text, problems):
     top = path.split("/")[0]
     for n, line in enumerate(text.splitlines(), 1):
+        if top == "engine" and KIND_BRANCH.search(line.split("//")[0]):
+            problems.append(f"{path}:{n}: branches on the model's kind; ask models/model_io.h instead")
         m = INCLUDE.match(line)
         if not m:
             continue
@@ -86,6 +92,8 @@ def self_test():
         ("engine/trainer.cc", '#include "backends/cpu/cpu_backend.h"'): "only the entry points",
         ("engine/cli/train_command.cc", '#include "backends/cpu/cpu_backend.h"'): None,
         ("engine/newfolder/x.cc", '#include "engine/plan.h"'): "has no level",
+        ("engine/trainer.cc", "  if (m.vision()) return;"): "branches on the model's kind",
+        ("models/model_io.cc", "  io.routes_to_experts = m.moe();"): None,
     }
     failed = 0
     for (path, line), expect in cases.items():
