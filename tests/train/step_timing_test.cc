@@ -53,9 +53,9 @@ TEST_CASE("StepTimer counts the wait for a slow peer as communication", "[train]
   // Lower bounds only, and comparisons between the ranks: load on the machine
   // can stretch any interval, but never shorten one below what was slept.
   CHECK(timing[1].compute_s > 0.14);
-  CHECK(timing[0].compute_s < timing[1].compute_s);
-  CHECK(timing[0].compute_s + timing[0].comm_s > 0.14);  // its step spans rank 1's compute
-  CHECK(timing[1].comm_s < timing[0].comm_s);
+  CHECK(timing[0].compute_s > 0.045);
+  CHECK(timing[0].compute_s < timing[1].compute_s);  // rank 0's wait is not compute...
+  CHECK(timing[1].comm_s < timing[0].comm_s);        // ...but communication
 }
 
 TEST_CASE("fault specs parse", "[train][faults]") {
