@@ -137,7 +137,7 @@ struct GemmOp {
   bool trans_b = false;
   float alpha = 1.0f;
   float beta = 0.0f;  // c = alpha * op(a) op(b) + beta * c
-  Tensor bias;        // optional (n): added to every row of the product
+  Tensor bias{};      // optional (n): added to every row of the product
 };
 
 struct AttentionOp {
@@ -160,7 +160,7 @@ struct AttentionOp {
   //    the gradient of the loss with respect to bias, summed over the batch,
   //    in a fixed order. A handle to a caller-allocated output; attention
   //    backward with a bias must be given one.
-  Tensor bias, mask, dbias;
+  Tensor bias{}, mask{}, dbias{};
   // A query window (context parallelism, models/context_parallel.h): only
   // the query rows [query_begin, query_begin + query_rows) of qkv's T are
   // computed, against every key (causal: a query at row t reads keys 0..t,

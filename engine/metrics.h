@@ -37,10 +37,10 @@ struct StepMetrics {
   double lr = 0;
   double step_time_s = 0;
   double tokens_per_s = 0;
-  std::optional<double> val_loss;      // written only when measured this step
-  std::optional<double> val_accuracy;  // top-1, vision models, with val_loss
-  std::optional<MoeMetrics> moe;       // models with experts
-  std::optional<RankTimes> ranks;      // with several ranks
+  std::optional<double> val_loss{};      // written only when measured this step
+  std::optional<double> val_accuracy{};  // top-1, vision models, with val_loss
+  std::optional<MoeMetrics> moe{};       // models with experts
+  std::optional<RankTimes> ranks{};      // with several ranks
 };
 
 // Appends to the file (a resumed run continues the same file) and flushes each

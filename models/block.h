@@ -80,7 +80,7 @@ struct ChunkOptions {
   // as Megatron does, while parameter gradients (GEMM outputs in fp32),
   // norm statistics, attention lse, the loss and the cross-entropy row
   // statistics stay fp32. The cpu backend computes in fp32 only.
-  ParameterStorage storage;
+  ParameterStorage storage{};
   // Sequence parallelism (Korthikanti et al. 2022), with tp > 1: the residual
   // stream, norms and dropout work on this rank's N/tp rows (a contiguous
   // block of the B·T rows; N must divide by tp); the inputs of the
@@ -94,14 +94,14 @@ struct ChunkOptions {
   // runs as a ring of send/recv on a side stream, pipelined with the GEMM's
   // row blocks (BlockContext::linear; engine/plan.h tp_comm_overlap).
   bool tp_comm_overlap = false;
-  ExpertParallel expert;
+  ExpertParallel expert{};
   // Context parallelism (models/context_parallel.h): the micro-batch holds
   // this rank's T/cp tokens of each sequence; attention exchanges keys and
   // values over the group.
-  ContextParallel context;
+  ContextParallel context{};
   // How tokens spread over experts where the backend holds no data to route
   // them (the sim backend); null: the router decides on the data.
-  std::shared_ptr<const MoeRouting> routing;
+  std::shared_ptr<const MoeRouting> routing{};
 };
 
 // One micro-batch as the blocks read it.

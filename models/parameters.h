@@ -98,7 +98,7 @@ struct StageSplit {
   int first_stage_layers = 0, last_stage_layers = 0;  // 0: an even share
   int first_layer = 0, layers = -1;                   // -1: to the model's end
   bool embedding = true, head = true;
-  std::vector<int> chunk_layers;  // empty: derived from the fields above
+  std::vector<int> chunk_layers{};  // empty: derived from the fields above
   bool embedding_in_split = false, loss_in_split = false;
 
   int layer_count(const ModelSpec& m) const { return layers < 0 ? m.layers - first_layer : layers; }

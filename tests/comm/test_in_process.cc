@@ -211,12 +211,14 @@ TEST_CASE("a rank that skips a collective times out the others, naming it", "[co
   for (int r : {0, 1}) {
     CAPTURE(r, errors[static_cast<std::size_t>(r)]);
     CHECK_THAT(errors[static_cast<std::size_t>(r)], Catch::Contains("still waiting for rank 2"));
+    // Not before the timeout; after it, load on the machine may delay the
+    // thread, so the upper bound only rules out waiting on for rank 2 (20 s).
     CHECK(elapsed[static_cast<std::size_t>(r)] >= 190);
-    CHECK(elapsed[static_cast<std::size_t>(r)] < 200 + 500);
+    CHECK(elapsed[static_cast<std::size_t>(r)] < 10000);
   }
   CHECK_THAT(errors[2], Catch::Contains("rank 2: barrier on group 0") && Catch::Contains("poisoned") &&
                             Catch::Contains("still waiting for rank 2"));
-  CHECK(elapsed[2] < 50);
+  CHECK(elapsed[2] < 10000);  // "poisoned": it failed on the others' timeout, not on a wait of its own
 }
 
 TEST_CASE("a rank that returns early fails its waiting peers at once", "[comm]") {

@@ -137,8 +137,11 @@ TEST_CASE("an MPI rank that does not arrive is named by the others' timeout", "[
     REQUIRE_FALSE(st.ok());
     CHECK_THAT(st.error().message(),
                Catch::Contains(fmt::format("rank {}: all_reduce on group 0 (ranks [0, 1, 2, 3]): timed out after 300 ms; still waiting for rank 3", c.rank())));
+    // Not before the timeout; the message says which wait ran out, and the
+    // upper bound, loose because 4 processes share a loaded machine, that
+    // nothing waited for rank 3 for good.
     CHECK(ms >= 290);
-    CHECK(ms < 800);
+    CHECK(ms < 10000);
     Status later = c.barrier(world);
     REQUIRE_FALSE(later.ok());
     CHECK_THAT(later.error().message(), Catch::Contains("poisoned") && Catch::Contains("still waiting for rank 3"));

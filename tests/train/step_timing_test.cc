@@ -50,10 +50,12 @@ TEST_CASE("StepTimer counts the wait for a slow peer as communication", "[train]
   });
   REQUIRE(s.ok());
   // Rank 1 computes 50 ms and sleeps 100 more (factor 3); rank 0 waits for it.
+  // Lower bounds only, and comparisons between the ranks: load on the machine
+  // can stretch any interval, but never shorten one below what was slept.
   CHECK(timing[1].compute_s > 0.14);
-  CHECK(timing[0].compute_s < 0.1);
-  CHECK(timing[0].comm_s > 0.08);
-  CHECK(timing[1].comm_s < timing[0].comm_s);
+  CHECK(timing[0].compute_s > 0.045);
+  CHECK(timing[0].compute_s < timing[1].compute_s);  // rank 0's wait is not compute...
+  CHECK(timing[1].comm_s < timing[0].comm_s);        // ...but communication
 }
 
 TEST_CASE("fault specs parse", "[train][faults]") {

@@ -12,6 +12,7 @@
 
 #include "engine/image_dataset.h"
 #include "tests/run_meshtrain.h"
+#include "tests/skip.h"
 #include "tests/train/train_files.h"
 #include "tests/training/idx_files.h"
 
@@ -114,8 +115,7 @@ TEST_CASE("image data that does not fit the model is refused naming the file and
 
 TEST_CASE("the small Swin learns Fashion-MNIST well above chance in a few hundred steps", "[train][vision][fmnist]") {
   if (!fs::exists(meshtrain::kFashionMnistDir)) {
-    WARN("SKIPPED: " << meshtrain::kFashionMnistDir << " is missing; apt-get install dataset-fashion-mnist");
-    return;
+    MT_SKIP_MISSING(meshtrain::kFashionMnistDir, "dataset-fashion-mnist");
   }
   const fs::path m = scratch("fmnist") / "m.jsonl";
   MeshtrainRun r = run_meshtrain(

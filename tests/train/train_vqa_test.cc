@@ -14,6 +14,7 @@
 #include "engine/image_dataset.h"
 #include "engine/vqa_loader.h"
 #include "tests/run_meshtrain.h"
+#include "tests/skip.h"
 #include "tests/train/train_files.h"
 #include "tests/training/idx_files.h"
 
@@ -24,11 +25,8 @@ namespace {
 fs::path scratch(const std::string& name) { return meshtrain::testing::train_scratch("vqa-test", name); }
 using meshtrain::testing::read_metrics;
 
-bool have_fashion_mnist() {
-  if (fs::exists(meshtrain::kFashionMnistDir)) return true;
-  WARN("SKIPPED: " << meshtrain::kFashionMnistDir << " is missing; apt-get install dataset-fashion-mnist");
-  return false;
-}
+#define REQUIRE_FASHION_MNIST() \
+  if (!fs::exists(meshtrain::kFashionMnistDir)) MT_SKIP_MISSING(meshtrain::kFashionMnistDir, "dataset-fashion-mnist")
 
 constexpr int kEvalQuestions = 1000;
 
@@ -48,7 +46,7 @@ double majority_baseline(int train_questions) {
 }  // namespace
 
 TEST_CASE("the tiny VQA model answers Fashion-MNIST questions well above the majority answer", "[train][vqa]") {
-  if (!have_fashion_mnist()) return;
+  REQUIRE_FASHION_MNIST();
   const int steps = 300, batch = 32;
   const fs::path m = scratch("learn") / "m.jsonl";
   MeshtrainRun r = run_meshtrain("train --data fashion-mnist --model vqa-tiny --micro-batch " + std::to_string(batch) +
@@ -67,7 +65,7 @@ TEST_CASE("the tiny VQA model answers Fashion-MNIST questions well above the maj
 }
 
 TEST_CASE("VQA training resumes bit for bit under data parallelism", "[train][vqa]") {
-  if (!have_fashion_mnist()) return;
+  REQUIRE_FASHION_MNIST();
   const fs::path dir = scratch("resume"), once = dir / "once.jsonl", twice = dir / "twice.jsonl", ckpt = dir / "ckpt";
   const std::string base = "train --data fashion-mnist --model vqa-tiny --dp 2 --zero 1 --micro-batch 4 --lr 1e-3 "
                            "--warmup 2 --quiet --steps 8 --dropout 0.1";
@@ -96,7 +94,7 @@ TEST_CASE("images that cannot make VQA grids, or a model that cannot read them, 
   MeshtrainRun small = run_meshtrain("train --data " + dir.string() + " --model vqa-tiny --steps 1 --warmup 0 --quiet");
   CHECK(small.status != 0);
   CHECK_THAT(small.out, Catch::Contains("8×8×1") && Catch::Contains("28×28×1"));
-  if (!have_fashion_mnist()) return;
+  REQUIRE_FASHION_MNIST();
   // A VQA model whose images are not the 56×56 grids.
   const fs::path model = dir / "vqa28.json";
   std::ofstream(model) << R"({"family": "vqa", "image_size": 28, "patch": 7, "channels": 1,

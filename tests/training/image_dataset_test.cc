@@ -8,6 +8,7 @@
 #include "error_of.h"
 #include "idx_files.h"
 #include "temp_dir.h"
+#include "tests/skip.h"
 
 using namespace meshtrain;
 using meshtrain::testing::error_of;
@@ -298,10 +299,9 @@ TEST_CASE("pixel statistics are computed from the data, per channel", "[image-da
 
 TEST_CASE("Fashion-MNIST from dataset-fashion-mnist", "[image-dataset]") {
   if (!std::filesystem::is_directory(kFashionMnistDir)) {
-    WARN("SKIPPED: " << kFashionMnistDir
-                     << " is missing; apt-get install dataset-fashion-mnist to run this test");
-    CHECK_THAT(dataset_error("fashion-mnist"), Catch::Contains("Fashion-MNIST is not installed"));
-    return;
+    // The missing package is named before the test skips itself.
+    REQUIRE_THAT(dataset_error("fashion-mnist"), Catch::Contains("Fashion-MNIST is not installed"));
+    MT_SKIP_MISSING(kFashionMnistDir, "dataset-fashion-mnist");
   }
   auto d = load_image_dataset("fashion-mnist");
   REQUIRE(d.ok());

@@ -10,6 +10,7 @@
 
 #include "engine/image_dataset.h"
 #include "engine/vqa_loader.h"
+#include "tests/skip.h"
 
 using namespace meshtrain;
 
@@ -47,7 +48,8 @@ const ImageDataset* fashion_mnist() {
   static const std::optional<ImageDataset> data = []() -> std::optional<ImageDataset> {
     if (!std::filesystem::is_directory(kFashionMnistDir)) return std::nullopt;
     auto d = load_image_dataset("fashion-mnist");
-    if (!d.ok()) return std::nullopt;
+    INFO((d.ok() ? std::string() : d.error().message()));
+    REQUIRE(d.ok());  // installed but unreadable: a failure, not a skip
     return std::move(d).value();
   }();
   return data ? &*data : nullptr;
@@ -56,8 +58,7 @@ const ImageDataset* fashion_mnist() {
 #define REQUIRE_FASHION_MNIST()                                                                             \
   const ImageDataset* data = fashion_mnist();                                                               \
   if (data == nullptr) {                                                                                    \
-    WARN("SKIPPED: " << kFashionMnistDir << " is missing; apt-get install dataset-fashion-mnist to run it"); \
-    return;                                                                                                 \
+    MT_SKIP_MISSING(kFashionMnistDir, "dataset-fashion-mnist");                                             \
   }
 
 }  // namespace
