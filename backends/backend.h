@@ -178,7 +178,7 @@ struct AttentionOp {
   // value, so a head can attend to "nothing". lse includes it. dsinks (H)
   // f32, attention_backward only: the gradient, ADDED into (the caller zeroes
   // or accumulates). Undefined tensors: no sinks.
-  Tensor sinks, dsinks;
+  Tensor sinks{}, dsinks{};
   std::int64_t window_rows(std::int64_t T) const { return query_rows > 0 ? query_rows : T; }
 };
 
