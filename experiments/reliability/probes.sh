@@ -358,9 +358,9 @@ echo '{"layers":2,"hidden":65536,"heads":4,"vocab":1048576,"seq_len":64,"ffn":41
 echo '{"segments":[{"modules":["vision","projector"],"tp":2,"bogus":1},{"modules":["language"]}]}' > seg-unknown.json
 echo '{"segments":[{"modules":[]},{"modules":["vision","projector","language"]}]}' > seg-no-modules.json
 echo '{"base":"h200","device":{"name":"x","bogus":1}}' > cluster-deep-unknown.json
-echo '{"base":"h200","nic_latency_us":-1}' > cluster-neg.json
-echo '[{"model":"tiny","gpus":"0-3","plan":{"tp":2,"bogus":1}}]' > job-plan-unknown.json
-echo '[{"model":"tiny","gpus":"0-3"},{"model":"tiny","gpus":"4-7","extra":1}]' > job-unknown.json
+echo '{"base":"h200","nvlink_GBps":-5}' > cluster-neg.json
+echo '{"model":"tiny","gpus":"0-3","plan":{"tp":2,"bogus":1}}' > job-plan-unknown.json
+echo '{"model":"tiny","gpus":"0-3","plan":{"tp":1},"extra":1}' > job-unknown.json
 echo '{"step":1,"loss":2.5,"lr":0.001,"step_time_s":-1,"tokens_per_s":5}' > metrics-neg.jsonl
 echo '{"step":1,"loss":2.5,"lr":0.001,"step_time_s":1,"tokens_per_s":5,"bogus":1}' > metrics-unknown.jsonl
 echo '{"loss":2.5,"lr":0.001,"step_time_s":1,"tokens_per_s":5}' > metrics-nostep.jsonl
@@ -439,5 +439,5 @@ probe "29.5 segment no modules" -- $M simulate --model vqa-tiny --plan $F/seg-no
 probe "29.5 cal A100+cpu on dgx-a100" -- $M simulate --model tiny --gpus 8 --cluster dgx-a100 --calibration $F/cal-a100-cpu.json
 probe "29.5 cal cpu device cuda backend" -- $M simulate --model tiny --gpus 8 --cluster dgx-a100 --calibration $F/cal-cpu-cuda.json
 probe "29.5 out of memory (simulate)" -- $M simulate --model gpt3-175b --cluster h200 --gpus 8 --tp 8
-probe "29.5 NaN stop --overlap-update" -- $T --steps 3 --dp 2 --zero 1 --overlap-update --lr 1e30
+probe "29.5 NaN stop --overlap-update" -- $T --steps 3 --dp 2 --zero 1 --overlap-update --grad-clip 0 --lr 1e30
 rm -rf "$W"
