@@ -120,7 +120,7 @@ TEST_CASE("MoE model fields: layer rule, JSON round trip and refusals naming the
   };
   nlohmann::json k = j;
   k["capacity_factor"] = -0.5;
-  CHECK_THAT(refused(k), Catch::Contains("'capacity_factor' must be a number in [0, 1000000], got -0.5"));
+  CHECK_THAT(refused(k), Catch::Contains("'capacity_factor' is negative (-0.5); it must be a number in [0, 1000000]"));
   k = j;
   k["top_k"] = 9;
   CHECK_THAT(refused(k), Catch::Contains("top_k must be in 1..experts (8), got 9"));
