@@ -37,7 +37,7 @@ TEST_CASE("a calibration refused for its backend says backend", "[reliability][m
   CHECK(r.status == 1);
   CHECK_THAT(r.out, Catch::Contains("machine.backend is \"cpu\""));
   CHECK_THAT(r.out, !Catch::Contains("but cluster 'dgx-a100' has 'A100-SXM4-80GB' devices"));
-  const std::string cpu = write_text("cpu.json", R"({"version": 1, "device": "AMD EPYC (2 cores, cpu backend)", "machine": {"backend": "cpu"}})");
+  const std::string cpu = write_text("cpu.json", R"j({"version": 1, "device": "AMD EPYC (2 cores, cpu backend)", "machine": {"backend": "cpu"}})j");
   expect_refusal("simulate --model tiny --gpus 8 --cluster dgx-a100 --calibration " + cpu,
                  "the calibration was measured by the cpu backend (on 'AMD EPYC (2 cores, cpu backend)'), but cluster "
                  "'dgx-a100' has GPU devices");

@@ -49,7 +49,8 @@ TEST_CASE("per-expert load with top-k routing stays within experts/k of the mean
                                          write_text("onehot.json", "[0, 0, 0, 0, 0, 0, 0, 1]"));
   INFO(one.out);
   REQUIRE(one.status == 0);
-  const auto& t = nlohmann::json::parse(one.out).at("moe").at("tokens_per_expert").at(0);
+  const auto report = nlohmann::json::parse(one.out);
+  const auto& t = report.at("moe").at("tokens_per_expert").at(0);
   CHECK(t.at(7).get<double>() == Approx(t.at(0).get<double>() * 7));
 }
 
