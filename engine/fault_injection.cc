@@ -92,9 +92,13 @@ void RankLosses::record_failure(std::int64_t step) {
 Status RankLosses::summarize(Status status, std::int64_t steps) const {
   const std::lock_guard lock(mu_);
   if (status.ok() || failed_step_ == 0) return status;
-  if (lost_.empty())
-    return make_error("step {} of {}: {}; the run did not complete its steps", failed_step_, steps,
-                      status.error().message());
+  if (lost_.empty()) {
+    // The engine's own errors already name their step; a peer's timeout, raised below it, does not.
+    const std::string& what = status.error().message();
+    if (what.find(fmt::format("step {}:", failed_step_)) != std::string::npos)
+      return make_error("{}; the run did not complete its {} steps", what, steps);
+    return make_error("step {} of {}: {}; the run did not complete its steps", failed_step_, steps, what);
+  }
   std::vector<std::string> parts;
   for (const auto& [rank, step] : lost_) parts.push_back(fmt::format("rank {} at step {}", rank, step));
   std::string message = fmt::format("the run lost {} ({}, by --fault-inject) and stopped at step {} of {}, so it "
