@@ -60,7 +60,8 @@ Status check_int(std::string_view name, std::int64_t v, const IntRange& r) {
 
 Status check_real(std::string_view name, double v, const RealRange& r) {
   if (in_range(v, r)) return ok_status();
-  if (v < 0 && r.min >= 0) return make_error("{} is negative ({}); it must be a finite number {}", name, v, describe(r));
+  if (std::isfinite(v) && v < 0 && r.min >= 0)
+    return make_error("{} is negative ({}); it must be a finite number {}", name, v, describe(r));
   return make_error("{} must be a finite number {}, got {}", name, describe(r), v);
 }
 
