@@ -53,11 +53,15 @@ bool in_range(double v, const RealRange& r) {
 
 Status check_int(std::string_view name, std::int64_t v, const IntRange& r) {
   if (in_range(v, r)) return ok_status();
+  // A negative count, rank or size is its own mistake (a sign, not a magnitude): say so first.
+  if (v < 0 && r.min >= 0) return make_error("{} is negative ({}); it must be an integer {}", name, v, describe(r));
   return make_error("{} must be an integer {}, got {}", name, describe(r), v);
 }
 
 Status check_real(std::string_view name, double v, const RealRange& r) {
   if (in_range(v, r)) return ok_status();
+  if (std::isfinite(v) && v < 0 && r.min >= 0)
+    return make_error("{} is negative ({}); it must be a finite number {}", name, v, describe(r));
   return make_error("{} must be a finite number {}, got {}", name, describe(r), v);
 }
 
@@ -78,6 +82,8 @@ Result<std::uint64_t> parse_uint64(std::string_view name, std::string_view text,
   const std::string range = fmt::format("in [0, {}]", max);
   std::string_view digits = text;
   if (!digits.empty() && digits[0] == '+') digits.remove_prefix(1);
+  if (digits.size() > 1 && digits[0] == '-' && all_digits(digits.substr(1)))
+    return make_error("{} is negative ({}); it must be an integer {}", name, text, range);
   if (!all_digits(digits)) return make_error("{} must be an integer {}, got {}", name, range, quoted(text));
   std::uint64_t v = 0;
   auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), v);

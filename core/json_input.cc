@@ -81,6 +81,12 @@ Status JsonFields::check_known(const std::vector<std::string>& known) const {
   return ok_status();
 }
 
+Status JsonFields::require(const std::vector<std::string>& required, std::string_view why) const {
+  for (const auto& key : required)
+    if (!has(key)) return make_error("{} is missing; {}", name(key), why);
+  return ok_status();
+}
+
 Result<std::int64_t> json_int(const nlohmann::json& v, std::string_view name, const IntRange& range) {
   std::int64_t out = 0;
   bool fits = false;
@@ -92,8 +98,8 @@ Result<std::int64_t> json_int(const nlohmann::json& v, std::string_view name, co
     fits = true;
     out = v.get<std::int64_t>();
   }
-  if (!fits || !in_range(out, range))
-    return make_error("{} must be an integer {}, got {}", name, describe(range), json_excerpt(v));
+  if (fits && !in_range(out, range)) MT_TRY(check_int(name, out, range));  // says "negative" for a negative one
+  if (!fits) return make_error("{} must be an integer {}, got {}", name, describe(range), json_excerpt(v));
   return out;
 }
 
@@ -114,7 +120,10 @@ Status JsonFields::get_uint64(std::string_view key, std::uint64_t max, std::uint
 Status JsonFields::get_real(std::string_view key, const RealRange& range, double& out) const {
   if (!has(key)) return ok_status();
   const nlohmann::json& v = at(key);
-  if (!v.is_number() || !in_range(v.get<double>(), range))
+  if (!v.is_number()) return make_error("{} must be a number {}, got {}", name(key), describe(range), json_excerpt(v));
+  if (v.get<double>() < 0 && range.min >= 0)
+    return make_error("{} is negative ({}); it must be a number {}", name(key), json_excerpt(v), describe(range));
+  if (!in_range(v.get<double>(), range))
     return make_error("{} must be a number {}, got {}", name(key), describe(range), json_excerpt(v));
   out = v.get<double>();
   return ok_status();

@@ -54,6 +54,9 @@ class JsonFields {
 
   // Every key must be one of `known`; otherwise an Error suggesting the nearest.
   Status check_known(const std::vector<std::string>& known) const;
+  // Every key of `required` must be present; the first absent one is named as
+  // missing ("model field 'layers' is missing; <why>"), not as a default's range.
+  Status require(const std::vector<std::string>& required, std::string_view why) const;
 
   template <class T>
   Status get_int(std::string_view key, const IntRange& range, T& out) const {

@@ -14,6 +14,14 @@
 //                            node would); a rank thread stops without a word (its
 //                            peers see a rank that returned without joining)
 //
+// A fault must be one the run can see: a hang on a run of one rank has no
+// peer to wait for it (it would sleep, then finish normally), a fault at a
+// step the run never reaches never fires, and a hang and an exit of one rank
+// at one step contradict each other: check_faults refuses each up front.
+// A rank that dies ends the run with an error naming the ranks and the step,
+// whatever the launch mode: a rank thread's error, collected in RankLosses
+// when several die; a process's SIGKILL, which mpirun reports.
+//
 // The faults apply inside StepTimer's step window (engine/step_timing.h),
 // whose communication hook calls before_communication.
 #pragma once
@@ -21,6 +29,8 @@
 #include <chrono>
 #include <cstdint>
 #include <exception>
+#include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -37,9 +47,36 @@ struct Fault {
 };
 
 Result<Fault> parse_fault(const std::string& spec);
+// "0:exit:2": the spec that parse_fault reads, for messages.
+std::string fault_spec(const Fault& f);
+
+// Refuses faults this run could not show (see the top of this file): the
+// world has `world_size` ranks and the run ends after step `last_step`.
+Status check_faults(const std::vector<Fault>& faults, int world_size, std::int64_t last_step);
+
+// How the rank threads of one process failed: the ranks that died by an
+// injected exit, and the first step in which any rank failed. A run of rank
+// threads keeps the first error recorded (the root cause, often a peer's
+// timeout, raised below the step loop); this adds what it cannot know: every
+// rank lost, and the step.
+class RankLosses {
+ public:
+  // `message`: the dead rank's own error (what the run reports when it came first).
+  void record_death(int rank, std::int64_t step, std::string message);
+  void record_failure(std::int64_t step);
+  // `status` as it is when nothing was recorded (or it succeeded); else an
+  // error naming each lost rank and the step against the run's `steps`.
+  Status summarize(Status status, std::int64_t steps) const;
+
+ private:
+  mutable std::mutex mu_;
+  std::map<int, std::int64_t> lost_;  // rank -> step
+  std::vector<std::string> messages_;  // the dead ranks' errors
+  std::int64_t failed_step_ = 0;      // 0: no rank failed in a step
+};
 
 // Thrown by a rank thread's injected exit; train_rank catches it and ends
-// the rank quietly.
+// the rank with an error naming it and the step.
 struct InjectedExit : std::exception {
   const char* what() const noexcept override { return "fault injected: this rank exits"; }
 };

@@ -22,14 +22,23 @@ namespace {
 
 Error out_of_memory(const StageResult& s, const Plan& p, double device_bytes) {
   const MemoryBreakdown& m = s.model;
+  // The consumer to shrink first: the largest part of the breakdown.
+  const std::pair<const char*, double> parts[] = {{"parameters", m.parameters},
+                                                  {"gradients", m.gradients},
+                                                  {"optimizer state", m.optimizer},
+                                                  {"zero-3 gathered parameters", m.zero3_working},
+                                                  {"activations", m.activations}};
+  const auto largest = *std::max_element(std::begin(parts), std::end(parts),
+                                         [](const auto& a, const auto& b) { return a.second < b.second; });
   return make_error(
       "out of memory: rank {} (pipeline stage {}, and every tp rank and dp replica of that stage) "
-      "peaks at {} but the device has {}. Analytic breakdown for this stage: parameters {}, "
+      "peaks at an estimated {} against the device's capacity of {}; its largest consumer is the {} ({}). "
+      "Analytic breakdown for this stage: parameters {}, "
       "gradients {}, optimizer {}, zero-3 gathered {}, activations {} ({} micro-batches in flight), "
       "total {}. Try more pipeline or tensor parallelism, --zero {}, or --recompute full; or keep the "
       "optimizer state in host memory with --offload optimizer",
-      s.rank, s.stage, human_bytes(static_cast<double>(s.peak_bytes)), human_bytes(device_bytes),
-      human_bytes(m.parameters), human_bytes(m.gradients), human_bytes(m.optimizer),
+      s.rank, s.stage, human_bytes(static_cast<double>(s.peak_bytes)), human_bytes(device_bytes), largest.first,
+      human_bytes(largest.second), human_bytes(m.parameters), human_bytes(m.gradients), human_bytes(m.optimizer),
       human_bytes(m.zero3_working), human_bytes(m.activations), m.inflight, human_bytes(m.total()),
       std::min(p.zero + 1, 2));
 }
@@ -75,7 +84,7 @@ MoeSimulation moe_simulation(const ModelSpec& m, const Plan& p, const MoeRouting
   const double assignments = static_cast<double>(p.effective_global_batch()) * p.effective_seq_len(m) * m.top_k;
   const int local = m.experts / p.ep;
   for (int l = 0; l < moe_layers; ++l) {
-    const std::vector<double> shares = routing.shares(l, m.experts);
+    const std::vector<double> shares = routing.shares(l, m.experts, m.top_k);
     std::vector<double> tokens;
     double max = 0, busiest = 0;
     for (double share : shares) tokens.push_back(share * assignments), max = std::max(max, share);
@@ -248,8 +257,9 @@ Status issue_iterations(SimCluster& cluster, int job, const ModelSpec& m, const 
   step_options.initialize_parameters = false;  // the sim backend holds no values
   step_options.dropout = options.dropout;       // the engine's dropout kernels, timed
   MT_TRY(check_step_options(step_options));
-  if (model_io(m, m.seq_len).routes_to_experts) {
-    MT_TRY(options.moe_routing.check(m.experts, m.moe_layer_count()));
+  const bool routes = model_io(m, m.seq_len).routes_to_experts;
+  MT_TRY(options.moe_routing.check(m.experts, routes ? m.moe_layer_count() : 0));
+  if (routes) {
     step_options.moe_routing = std::make_shared<MoeRouting>(options.moe_routing);
   }
   const std::vector<int>& reps = cluster.representatives(job);

@@ -553,6 +553,13 @@ Result<StepResult> StepEngine::step(const std::vector<HostBatch>& microbatches, 
   if (io_.routes_to_experts) {
     MT_ASSIGN(r.moe, moe_statistics());
   }
+  // Overlapped without clipping, every bucket was updated during backward, before this read: say so.
+  if (plan_.overlap_update && options_.optimizer.max_grad_norm <= 0 && !check_finite(r, step).ok())
+    return make_error("step {}: the loss is {} (gradient norm {}); with --overlap-update and no --grad-clip each "
+                      "gradient bucket's update ran as soon as it was reduced, before the loss was read, so the "
+                      "parameters already hold this step's update and are no longer those of step {}; resume from "
+                      "the last checkpoint, and lower --lr or check the data",
+                      step, r.loss, r.grad_norm, step - 1);
   MT_TRY(check_finite(r, step));
   Tensor coef;
   const bool clip = options_.optimizer.max_grad_norm > 0;

@@ -109,6 +109,7 @@ Status check_train_options(const TrainOptions& o, const ModelSpec& m, const Plan
     return make_error("need finite --lr > 0 and 0 <= --min-lr <= --lr, got lr {} min-lr {}", o.lr, o.min_lr);
   MT_TRY(validate_lr_schedule(lr_schedule(o)));
   MT_TRY(check_step_options(o.step));
+  MT_TRY(check_faults(o.faults, p.world_size(), o.stop_at > 0 ? o.stop_at : o.steps));
   if (o.checkpoint_dir.empty()) {
     // Flags that only mean something with a checkpoint do nothing without one: say so.
     if (o.resume) return make_error("--resume needs --checkpoint DIR");
@@ -195,6 +196,10 @@ Status train_rank(Backend& b, const ModelSpec& m, const Plan& p, const TrainOpti
       if (leader && o.progress) fmt::print("initialised from {}\n", o.init_from);
     }
   }
+  for (const Fault& f : o.faults)
+    if (f.step < first_step)
+      return make_error("--fault-inject {}: step {} is never reached, this run resumes at step {}; inject it at a "
+                        "step in {}..{}", fault_spec(f), f.step, first_step, first_step, o.steps);
   std::optional<MetricsWriter> metrics;
   if (leader && !o.metrics.empty()) {
     MT_ASSIGN(auto w, MetricsWriter::open(o.metrics));
@@ -239,14 +244,26 @@ Status train_rank(Backend& b, const ModelSpec& m, const Plan& p, const TrainOpti
     try {
       result.emplace(engine.step(batches, static_cast<float>(lr), step));
     } catch (const InjectedExit&) {
-      return ok_status();  // a rank thread that "died": its peers find out on their own
+      // A rank thread that "died": its peers find out on their own; the run must not end in success.
+      Error died = make_error("rank {} died at step {} of {} (--fault-inject), so the run did not complete its "
+                              "steps; {}", b.rank(), step, o.steps, checkpoint_note());
+      if (o.rank_losses) o.rank_losses->record_death(b.rank(), step, died.message());
+      return died;
     }
-    if (!result->ok()) return make_error("{}; {}", result->error().message(), checkpoint_note());
+    if (!result->ok()) {
+      if (o.rank_losses) o.rank_losses->record_failure(step);
+      // The engine names the step where its read failed; elsewhere it is added here.
+      const std::string& what = result->error().message();
+      const std::string where = fmt::format("step {}: ", step);
+      return make_error("{}{}; {}", what.starts_with(where) ? "" : where, what, checkpoint_note());
+    }
     MT_ASSIGN(const RankTiming timing, timer.end_step());
     StepMetrics sm{step, (*result)->loss, lr, seconds_since(t0), 0, std::nullopt};
     sm.tokens_per_s = tokens_per_step / sm.step_time_s;
     if (p.world_size() > 1) {
-      MT_ASSIGN(std::vector<RankTiming> all, gather_timings(b, timing, world).context(fmt::format("step {}", step)));
+      auto gathered = gather_timings(b, timing, world).context(fmt::format("step {}", step));
+      if (!gathered.ok() && o.rank_losses) o.rank_losses->record_failure(step);
+      MT_ASSIGN(std::vector<RankTiming> all, std::move(gathered));
       const StragglerReport report = straggler_report(std::move(all), stage);
       RankTimes& rt = sm.ranks.emplace();
       rt.slowest_rank = report.slowest_rank;
@@ -294,7 +311,7 @@ Status train_rank(Backend& b, const ModelSpec& m, const Plan& p, const TrainOpti
       }
     }
     if (step == last_step) break;
-    MT_ASSIGN(const int signal, stop_vote.agree());
+    MT_ASSIGN(const int signal, stop_vote.agree().context(fmt::format("after step {}", step)));
     if (signal == 0) continue;
     // Every rank stops after this step: save it (unless just saved), and let
     // no rank leave before the leader's commit is on disk.

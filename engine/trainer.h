@@ -60,6 +60,9 @@ struct TrainOptions {
   // process when ranks are processes; an injected hang lasts 3x comm_timeout.
   std::vector<Fault> faults;
   bool ranks_are_processes = false;
+  // Where rank threads record an injected death (shared by the run's ranks);
+  // null: a rank that dies still fails, but alone names itself.
+  std::shared_ptr<RankLosses> rank_losses;
   std::chrono::milliseconds comm_timeout{std::chrono::minutes(5)};
 };
 
@@ -85,7 +88,9 @@ Status check_train_options(const TrainOptions& o, const ModelSpec& m, const Plan
 Result<std::optional<CheckpointLock>> claim_checkpoint(const TrainOptions& o);
 
 // Trains one rank; rank 0 ends a finished run with its summary (engine/run_summary.h).
-// A stop requested by SIGTERM or SIGINT (engine/stop_request.h)
+// A rank thread that dies by --fault-inject returns an error naming itself
+// and the step (recorded in o.rank_losses), so that the run fails rather than
+// ending early with success. A stop requested by SIGTERM or SIGINT (engine/stop_request.h)
 // ends every rank after the same step, with a checkpoint when one is
 // configured, and returns an Error saying where the run stopped.
 Status train_rank(Backend& b, const ModelSpec& m, const Plan& p, const TrainOptions& o);

@@ -70,6 +70,9 @@ Result<std::map<int, double>> parse_stragglers(const std::vector<std::string>& s
       while (start <= what.size()) {
         const std::size_t comma = std::min(what.find(',', start), what.size());
         const std::string_view item = what.substr(start, comma - start);
+        if (item.starts_with("-"))
+          return make_error("--straggler '{}': rank {} is negative; ranks are 0..{} (write 17, 3,5,9 or 8-15)", spec,
+                            item, world - 1);
         const std::size_t dash = item.find('-');
         MT_ASSIGN(const int lo, parse_rank(item.substr(0, dash), spec, world));
         int hi = lo;
@@ -99,6 +102,34 @@ Result<LinkChange> parse_link_degrade(const std::string& spec) {
 }
 
 LinkChange link_failure(const std::string& cable) { return LinkChange{cable, 0, true}; }
+
+namespace {
+
+std::string describe_link(const LinkChange& c) {
+  return c.fail ? fmt::format("--link-fail {}", c.cable) : fmt::format("--link-degrade {}:{:g}", c.cable, c.factor);
+}
+
+}  // namespace
+
+Status add_link_change(Variation& v, LinkChange change) {
+  for (const LinkChange& c : v.links)
+    if (c.cable == change.cable)
+      return make_error("{} and {} both change cable {}: a cable is failed or degraded once; give one of them",
+                        describe_link(c), describe_link(change), c.cable);
+  v.links.push_back(std::move(change));
+  return ok_status();
+}
+
+std::vector<std::string> describe_variation(const Variation& v) {
+  std::vector<std::string> out;
+  if (!v.stragglers.empty())
+    out.push_back(fmt::format("{} straggler{}: {}", v.stragglers.size(), v.stragglers.size() == 1 ? "" : "s",
+                              describe_stragglers(v.stragglers)));
+  for (const LinkChange& c : v.links)
+    out.push_back(c.fail ? fmt::format("cable {} failed", c.cable)
+                         : fmt::format("cable {} at {:g} of its bandwidth", c.cable, c.factor));
+  return out;
+}
 
 std::string describe_stragglers(const std::map<int, double>& stragglers, std::size_t limit) {
   std::string out;

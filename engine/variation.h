@@ -8,7 +8,8 @@
 //   --link-degrade CABLE:FACTOR  the cable keeps FACTOR (0 < FACTOR <= 1) of its bandwidth
 //   --link-fail CABLE            the cable is down; traffic reroutes or the job stops
 // Cables are named as simulator/topology.h names them (node3.nic5,
-// leaf2-spine7, node0.gpu3, node1.pcie2). A rank given twice is an error.
+// leaf2-spine7, node0.gpu3, node1.pcie2). A rank or a cable given twice is an
+// error, and every what-if applied is listed in the report.
 #pragma once
 
 #include <cstdint>
@@ -34,6 +35,11 @@ Result<std::map<int, double>> parse_stragglers(const std::vector<std::string>& s
 // when the cluster is built.
 Result<LinkChange> parse_link_degrade(const std::string& spec);
 LinkChange link_failure(const std::string& cable);
+// Adds one --link-degrade or --link-fail to `v`; a cable changed twice (failed
+// and degraded, failed twice, degraded twice) is refused naming both flags.
+Status add_link_change(Variation& v, LinkChange change);
+// One line per applied what-if, for the report: "cable node0.nic0 failed".
+std::vector<std::string> describe_variation(const Variation& v);
 
 // "rank 17 ×1.30, rank 40 ×1.30" (at most `limit` listed, then "... and N more").
 std::string describe_stragglers(const std::map<int, double>& stragglers, std::size_t limit = 8);

@@ -288,6 +288,50 @@ Status check_family_fields(const nlohmann::json& j, ModelFamily family) {
   return ok_status();
 }
 
+// The fields a family has no default for: absent, they are named as missing
+// (not as "must be positive, got 0", a value the user never wrote).
+Status require_family_fields(const JsonFields& f, ModelFamily family) {
+  switch (family) {
+    case ModelFamily::decoder:
+      return f.require({"layers", "hidden", "heads", "vocab", "seq_len"},
+                       "a decoder model needs layers, hidden, heads, vocab and seq_len");
+    case ModelFamily::vit:
+      return f.require({"layers", "hidden", "heads", "image_size", "patch", "channels", "classes"},
+                       "a vit model needs layers, hidden, heads, image_size, patch, channels and classes");
+    case ModelFamily::swin:
+      return f.require({"hidden", "image_size", "patch", "channels", "classes", "window", "depths", "stage_heads"},
+                       "a swin model needs hidden, image_size, patch, channels, classes, window, depths and "
+                       "stage_heads");
+    case ModelFamily::vqa:
+      break;  // models/vqa_spec.cc reads its own
+  }
+  return ok_status();
+}
+
+// Quantities derived from the fields, computed in 64 bits before they are
+// stored in an int: each is checked against the range the field it stands
+// for would have, and an error names the fields the user set.
+Status check_derived_sizes(const ModelSpec& m) {
+  if (m.family != ModelFamily::vit && m.family != ModelFamily::swin) return ok_status();
+  if (m.patch > m.image_size)
+    return make_error("model field 'patch' {} is larger than image_size {}; a patch must fit in the image", m.patch,
+                      m.image_size);
+  const std::int64_t grid = m.image_size / m.patch;
+  const std::int64_t tokens = grid * grid + (m.family == ModelFamily::vit ? 1 : 0);
+  const IntRange limit = model_field_range("seq_len");
+  if (tokens > limit.max)
+    return make_error("model fields image_size {} and patch {} make a {}x{} grid of patches: {} tokens, more than "
+                      "the {} a model may have; use a larger patch or a smaller image",
+                      m.image_size, m.patch, grid, grid, tokens, limit.max);
+  // Swin doubles its width at every stage: the last stage's must stay a valid hidden size.
+  const std::int64_t widest = m.depths.empty() ? m.hidden : std::int64_t{m.hidden} << std::min<std::size_t>(m.depths.size() - 1, 40);
+  if (m.family == ModelFamily::swin && widest > model_field_range("hidden").max)
+    return make_error("model fields hidden {} and depths ({} stages) make the last stage {} wide (hidden doubles at "
+                      "each stage), more than the {} a model may have; use fewer stages or a smaller hidden",
+                      m.hidden, m.depths.size(), widest, model_field_range("hidden").max);
+  return ok_status();
+}
+
 const RealRange kNormEpsRange{1e-20, 1};  // a float, and positive
 const RealRange kRopeThetaRange{0, 1e12, true, false};
 // Capacity factor (0: dropless) and the router's loss coefficients.
@@ -361,6 +405,7 @@ Result<ModelSpec> model_from_json(const nlohmann::json& j) {
   }
   // A VQA model's own fields (models/vqa_spec.h) and the ones it refuses.
   MT_TRY(m.vqa() ? read_vqa_fields(j, m) : check_family_fields(j, m.family));
+  MT_TRY(require_family_fields(f, m.family));
   if (m.vision()) {
     m.norm_eps = m.family == ModelFamily::vit ? 1e-6f : 1e-5f;  // the released models' LayerNorm eps
     m.tied_embeddings = false;
@@ -419,6 +464,7 @@ Result<ModelSpec> model_from_json(const nlohmann::json& j) {
     MT_TRY(get_string("position", s));
     MT_ASSIGN(m.position, kPositions.parse("position", s));
   }
+  MT_TRY(check_derived_sizes(m));
   derive_model_fields(m);
   MT_TRY(validate_model(m));
   return m;

@@ -193,7 +193,7 @@ Tensor MoeMlp::forward(const MicroBatch& mb, std::int64_t tokens, const Tensor& 
   Tensor all_counts = b.empty(Shape{etp_ * E}, DType::i32);
   const std::vector<std::int64_t> each(static_cast<std::size_t>(ep.size), El);
   if (ctx_.options.routing) {
-    ModelledDispatch d = modelled_dispatch(ctx_.options.routing->shares(s_.index, s_.experts), N, s->rows,
+    ModelledDispatch d = modelled_dispatch(ctx_.options.routing->shares(s_.index, s_.experts, s_.top_k), N, s->rows,
                                            s_.top_k, ep.size, capacity, etp_);
     routing = std::move(d.routing), send = std::move(d.send), receive = std::move(d.receive);
     // Timed as the real exchanges; the sim holds no counts.

@@ -69,6 +69,11 @@ Result<MoeRouting> MoeRouting::parse(const std::string& spec) {
 }
 
 Status MoeRouting::check(int experts, int moe_layers) const {
+  if (experts == 0) {
+    if (kind_ == Kind::uniform) return ok_status();
+    return make_error("--moe-routing {}: the model has no experts, so there is nothing to route; drop the flag "
+                      "(it applies to models with experts, e.g. tiny-moe)", spec_);
+  }
   if (kind_ != Kind::table) return ok_status();
   if (table_.size() != 1 && static_cast<int>(table_.size()) != moe_layers)
     return make_error("--moe-routing {}: {} lists of shares, the model has {} MoE layers; give one list or {}", spec_,
@@ -80,7 +85,32 @@ Status MoeRouting::check(int experts, int moe_layers) const {
   return ok_status();
 }
 
-std::vector<double> MoeRouting::shares(int moe_layer, int experts) const {
+namespace {
+
+// Top-k routing sends each token to k distinct experts, so one expert gets at
+// most 1/k of the assignments (max/mean load at most E/k). Shares above that
+// are cut to 1/k and the excess goes to the others in proportion to their
+// shares (evenly where they have none), until none exceeds it.
+void cap_at_one_kth(std::vector<double>& w, int top_k) {
+  const double cap = 1.0 / top_k;
+  std::vector<bool> capped(w.size(), false);
+  for (bool changed = true; changed;) {
+    changed = false;
+    double excess = 0, free_sum = 0;
+    std::size_t free_count = 0;
+    for (std::size_t e = 0; e < w.size(); ++e) {
+      if (!capped[e] && w[e] > cap) excess += w[e] - cap, w[e] = cap, capped[e] = true, changed = true;
+      if (!capped[e]) free_sum += w[e], ++free_count;
+    }
+    if (!changed || free_count == 0) break;
+    for (std::size_t e = 0; e < w.size(); ++e)
+      if (!capped[e]) w[e] += free_sum > 0 ? excess * w[e] / free_sum : excess / static_cast<double>(free_count);
+  }
+}
+
+}  // namespace
+
+std::vector<double> MoeRouting::shares(int moe_layer, int experts, int top_k) const {
   std::vector<double> w(static_cast<std::size_t>(experts), 1.0);
   if (kind_ == Kind::zipf)
     for (int e = 0; e < experts; ++e) w[static_cast<std::size_t>(e)] = std::pow(e + 1.0, -exponent_);
@@ -88,6 +118,7 @@ std::vector<double> MoeRouting::shares(int moe_layer, int experts) const {
   double sum = 0;
   for (double v : w) sum += v;
   for (double& v : w) v /= sum;
+  if (top_k > 1) cap_at_one_kth(w, top_k);
   return w;
 }
 

@@ -27,10 +27,13 @@ class MoeRouting {
   static Result<MoeRouting> parse(const std::string& spec);
   static MoeRouting uniform() { return MoeRouting(); }
 
-  // Checks a file's lists against the model: E entries each, one list or one per MoE layer.
+  // Checks the routing against the model: a model without experts takes none
+  // but uniform (the default); a file's lists hold E entries each, one list or one per MoE layer.
   Status check(int experts, int moe_layers) const;
   // Shares of the assignments per expert (E numbers summing to 1) in MoE layer `moe_layer` (0-based among them).
-  std::vector<double> shares(int moe_layer, int experts) const;
+  // With top-k routing no expert gets more than 1/k of them (a token picks k distinct experts): larger shares
+  // are cut to 1/k and the rest spread over the others, so max/mean load stays within E/k.
+  std::vector<double> shares(int moe_layer, int experts, int top_k) const;
   const std::string& spec() const { return spec_; }
 
  private:

@@ -80,11 +80,29 @@ Result<int64_t> positive_int(const json& e, const char* key, const char* where, 
   return v;
 }
 
+// The fields an entry of each list may hold: every entry is checked against
+// them, so a misspelt field is refused rather than silently left at its default.
+std::vector<std::string> entry_fields_of(std::string_view list) {
+  const std::vector<std::string> spread = {"p10_us", "p90_us", "samples", "ranks_sharing"};
+  std::vector<std::string> own;
+  if (list == "gemm") own = {"m", "n", "k", "dtype", "time_us"};
+  if (list == "attention") own = {"batch_heads", "seq", "head_dim", "causal", "backward", "time_us"};
+  if (list == "memory") own = {"bytes", "time_us"};
+  if (list == "ops") own = {"op", "bytes", "time_us"};
+  if (list == "links") return {"kind", "GBps", "latency_us"};
+  if (list == "collectives") own = {"kind", "members", "bytes", "busbw_GBps", "transport"};
+  own.insert(own.end(), spread.begin(), spread.end());
+  return own;
+}
+
 Result<const json*> list(const json& j, const char* key) {
   if (!j.contains(key)) return static_cast<const json*>(nullptr);
   if (!j[key].is_array()) return make_error("field '{}' must be a list [...]", key);
-  for (size_t i = 0; i < j[key].size(); ++i)
+  const std::vector<std::string> known = entry_fields_of(key);
+  for (size_t i = 0; i < j[key].size(); ++i) {
     if (!j[key][i].is_object()) return make_error("{}[{}] must be an object {{...}}", key, i);
+    MT_TRY(entry_fields(j[key][i], key, i).check_known(known));
+  }
   return &j[key];
 }
 
@@ -116,6 +134,9 @@ Result<Calibration::Machine> machine_from_json(const json& m) {
     if (key == "backend" || key == "cpu" || key == "date") {
       if (!v.is_string()) return make_error("field 'machine.{}' must be a string", key);
       (key == "backend" ? out.backend : key == "cpu" ? out.cpu : out.date) = v.get<std::string>();
+      if (key == "backend" && out.backend != "cpu" && out.backend != "cuda")
+        return make_error("field 'machine.backend' must be \"cpu\" or \"cuda\" (the backend that measured it), "
+                          "got {}", v.dump());
     } else if (key == "cores") {
       MT_TRY(JsonFields::of(m, "machine field", "").value().get_int("cores", IntRange{1, 1 << 20}, out.cores));
     } else if (key == "libraries") {
@@ -529,27 +550,56 @@ bool measured_on_cpu(const Calibration& c) {
   return c.machine.backend == "cpu" || lower(c.device).find("cpu backend") != std::string::npos;
 }
 
+// A device name that can only be an accelerator's (the cpu backend names the host's CPU).
+bool names_accelerator(const std::string& device) {
+  const std::string d = lower(device);
+  for (const char* word : {"nvidia", "gpu", "a100", "h100", "h200", "b200", "v100", "l40", "instinct", "mi250", "mi300"})
+    if (d.find(word) != std::string::npos) return true;
+  return false;
+}
+
+// The file against itself: its machine.backend and its device must describe one machine.
+Status check_backend_and_device(const Calibration& c) {
+  if (c.machine.backend.empty() || c.device.empty()) return ok_status();
+  const bool device_cpu = lower(c.device).find("cpu backend") != std::string::npos;
+  if (c.machine.backend == "cpu" && names_accelerator(c.device))
+    return make_error("the calibration's machine.backend is \"cpu\", but its device '{}' is an accelerator: the "
+                      "cpu backend measures the host's CPU, so one of the two is wrong; re-run `meshtrain calibrate` "
+                      "on the machine you mean to simulate", c.device);
+  if (c.machine.backend == "cuda" && device_cpu)
+    return make_error("the calibration's machine.backend is \"cuda\", but its device '{}' is the cpu backend's; one "
+                      "of the two is wrong; re-run `meshtrain calibrate` on the machine you mean to simulate", c.device);
+  return ok_status();
+}
+
 }  // namespace
 
 Status check_calibration_device(const Calibration& c, const ClusterSpec& cluster) {
   if (c.device.empty() && c.machine.backend.empty()) return ok_status();
+  MT_TRY(check_backend_and_device(c));
   const std::string device = lower(cluster.device.name);
   const bool cluster_cpu = device.find("cpu") != std::string::npos;
   const std::string measured = c.device.empty() ? c.machine.backend + " backend" : c.device;
-  const auto mismatch = [&] {
-    return make_error("the calibration was measured on '{}', but cluster '{}' has '{}' devices; its times would "
-                      "be another machine's: calibrate on that device, simulate a cluster of the measured one "
-                      "(--cluster local-cpu for a cpu-backend calibration), or describe the measured device in a "
-                      "cluster file (\"base\": \"{}\", \"device\": {{\"name\": \"{}\"}})",
-                      measured, cluster.name, cluster.device.name, cluster.name, measured);
-  };
-  if (measured_on_cpu(c) != cluster_cpu) return mismatch();
+  if (measured_on_cpu(c) != cluster_cpu) {
+    // The backend decides: a cpu-backend file holds a CPU's times whatever its device says, and the reverse.
+    const std::string backend = measured_on_cpu(c) ? "cpu" : "cuda";
+    return make_error("the calibration was measured by the {} backend (on '{}'), but cluster '{}' has {} devices "
+                      "('{}'): its times are another backend's; calibrate with the backend of that cluster, or "
+                      "simulate a cluster of the measured machine ({})",
+                      backend, measured, cluster.name, cluster_cpu ? "cpu" : "GPU", cluster.device.name,
+                      measured_on_cpu(c) ? "--cluster local-cpu for a cpu-backend calibration"
+                                         : "a GPU preset such as dgx-a100, dgx-h100 or h200");
+  }
   if (cluster_cpu || c.device.empty()) return ok_status();
   // The family is the device name's first word: "a100" of "A100-SXM4-80GB".
   const std::string family = device.substr(0, device.find_first_of("- _"));
   const std::string cal_device = lower(c.device);
   if (cal_device.find(family) == std::string::npos && device.find(cal_device) == std::string::npos)
-    return mismatch();
+    return make_error("the calibration was measured on '{}', but cluster '{}' has '{}' devices; its times would "
+                      "be another machine's: calibrate on that device, simulate a cluster of the measured one, or "
+                      "describe the measured device in a cluster file (\"base\": \"{}\", \"device\": "
+                      "{{\"name\": \"{}\"}})",
+                      measured, cluster.name, cluster.device.name, cluster.name, measured);
   return ok_status();
 }
 

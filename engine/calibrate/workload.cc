@@ -1,7 +1,9 @@
 #include "engine/calibrate/workload.h"
 
-#include "models/model_io.h"
+#include <algorithm>
+
 #include "core/bounded.h"
+#include "models/model_io.h"
 
 namespace meshtrain::calibrate {
 
@@ -10,6 +12,10 @@ Result<Workload> parse_workload(const std::string& text, std::string_view flag) 
   if (a == std::string::npos)
     return make_error("{} '{}' must be MODEL:MICRO_BATCH:SEQ_LEN (MODEL:MICRO_BATCH for a vision model), e.g. "
                       "tiny:8:64 or swin-fmnist:16", flag, text);
+  const auto fields = 1 + std::count(text.begin(), text.end(), ':');
+  if (fields > 3)
+    return make_error("{} '{}' has {} fields; it takes at most 3: MODEL:MICRO_BATCH:SEQ_LEN (MODEL:MICRO_BATCH for a "
+                      "vision model), e.g. tiny:8:64", flag, text, fields);
   Workload w;
   MT_ASSIGN(w.model, load_model(text.substr(0, a)));
   const bool with_seq = a != b;

@@ -243,9 +243,9 @@ std::string describe_plan_short(const Plan& p) {
 Status apply_link_flags(const SimulateFlags& f, SimulateOptions& options) {
   for (const std::string& spec : f.link_degrade) {
     MT_ASSIGN(LinkChange change, parse_link_degrade(spec));
-    options.variation.links.push_back(change);
+    MT_TRY(add_link_change(options.variation, std::move(change)));
   }
-  for (const std::string& cable : f.link_fail) options.variation.links.push_back(link_failure(cable));
+  for (const std::string& cable : f.link_fail) MT_TRY(add_link_change(options.variation, link_failure(cable)));
   return {};
 }
 
@@ -338,12 +338,14 @@ Status run_simulate(SimulateFlags f, bool no_flags) {
       calibration, mp.plan.precision == Precision::fp32 ? sim::DType::kFp32 : sim::DType::kBf16);
   if (f.json) {
     nlohmann::json j = to_json(r, mp.model, mp.plan, options.cluster);
+    j["what_ifs"] = describe_variation(options.variation);
     if (options.calibration)
       j["calibration"] = {{"file", f.calibration}, {"device", calibration.device},
                           {"measured", coverage.measured}, {"defaults", coverage.defaults}};
     fmt::print("{}\n", j.dump(2));
   } else {
     print_text(r, mp.model, mp.plan, options.cluster);
+    for (const std::string& what_if : describe_variation(options.variation)) fmt::print("what-if          {}\n", what_if);
     if (options.calibration)
       fmt::print("calibration      {} ({}): measured {}; cost-model defaults for {}\n", f.calibration,
                  calibration.device.empty() ? "no device named" : calibration.device,

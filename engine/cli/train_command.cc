@@ -223,6 +223,7 @@ Status run_train(TrainFlags f) {
     f.train.faults.push_back(fault);
   }
   f.train.ranks_are_processes = mpi;
+  f.train.rank_losses = std::make_shared<RankLosses>();
   f.train.comm_timeout = timeout;
   std::optional<TraceRecorder> recorder;
   if (!f.trace.empty()) recorder.emplace();
@@ -296,6 +297,7 @@ Status run_train(TrainFlags f) {
         return status;
       },
       comm);
+  status = f.train.rank_losses->summarize(std::move(status), f.train.steps);
   return finish_trace(std::move(status), recorder, f.trace);
 }
 

@@ -5,9 +5,48 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "core/json_input.h"
 #include "engine/pictures/pictures.h"
 
 namespace meshtrain::pictures {
+
+namespace {
+
+// Every field `meshtrain train --metrics` writes (engine/metrics.cc): others are misspellings.
+const std::vector<std::string> kMetricsFields = {
+    "step",         "loss",           "lr",        "step_time_s",         "tokens_per_s",
+    "val_loss",     "val_accuracy",   "aux_loss",  "z_loss",              "moe_balance",
+    "expert_load_max_mean", "expert_load_mean_max_mean", "dropped_fraction", "tokens_per_expert",
+    "slowest_rank", "slowest_compute_s", "median_compute_s", "straggler_lag_s", "rank_compute_s",
+    "rank_comm_s"};
+
+// One line's row; every field it holds is checked, the ones plotted and the rest.
+Result<MetricsRow> metrics_row(const nlohmann::json& j) {
+  MT_ASSIGN(const JsonFields f, JsonFields::of(j, "metrics field", "not a JSON object; a metrics file has one object "
+                                                                   "per line, as `meshtrain train --metrics` writes it"));
+  MT_TRY(f.check_known(kMetricsFields));
+  MT_TRY(f.require({"step", "loss"}, "each line needs \"step\" and \"loss\" (e.g. {\"step\": 1, \"loss\": 3.2})"));
+  MetricsRow row;
+  std::int64_t step = 0;
+  MT_TRY(f.get_int("step", IntRange{1, std::int64_t{1} << 53}, step));
+  row.step = static_cast<double>(step);
+  if (!f.at("loss").is_number() || !std::isfinite(f.at("loss").get<double>()))
+    return make_error("the loss is not finite; the run diverged at step {}", step);
+  MT_TRY(f.get_real("loss", RealRange{}, row.loss));
+  MT_TRY(f.get_real("val_loss", RealRange{}, row.val_loss));
+  MT_TRY(f.get_real("lr", RealRange{0, 1e6}, row.lr));
+  // Times, rates, shares and ranks cannot be negative.
+  double unused = 0;
+  for (const char* key : {"step_time_s", "tokens_per_s", "slowest_compute_s", "median_compute_s", "straggler_lag_s",
+                          "expert_load_max_mean", "expert_load_mean_max_mean"})
+    MT_TRY(f.get_real(key, RealRange{0, 1e300}, unused));
+  for (const char* key : {"val_accuracy", "dropped_fraction"}) MT_TRY(f.get_real(key, RealRange{0, 1}, unused));
+  int rank = 0;
+  MT_TRY(f.get_int("slowest_rank", IntRange{0, 1 << 20}, rank));
+  return row;
+}
+
+}  // namespace
 
 Result<std::vector<MetricsRow>> parse_metrics(std::string_view text, std::string_view file) {
   std::vector<MetricsRow> rows;
@@ -18,22 +57,11 @@ Result<std::vector<MetricsRow>> parse_metrics(std::string_view text, std::string
     at = nl + 1;
     ++line_no;
     if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
-    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
-    auto number = [&](const char* key) -> std::optional<double> {
-      if (!j.contains(key) || !j[key].is_number()) return std::nullopt;
-      return j[key].get<double>();
-    };
-    if (j.is_discarded() || !j.is_object())
-      return make_error("{} line {}: not a JSON object; a metrics file has one object per line, as `meshtrain train "
-                        "--metrics` writes it",
-                        file, line_no);
-    const std::optional<double> step = number("step"), loss = number("loss");
-    if (!step || !loss)
-      return make_error("{} line {}: needs numeric \"step\" and \"loss\" (e.g. {{\"step\": 1, \"loss\": 3.2}})", file,
-                        line_no);
-    if (!std::isfinite(*loss))
-      return make_error("{} line {}: the loss is not finite; the run diverged at step {}", file, line_no, *step);
-    rows.push_back({*step, *loss, number("val_loss"), number("lr")});
+    auto j = parse_json(line, fmt::format("{} line {}", file, line_no));
+    if (!j.ok()) return std::move(j).error();
+    auto row = metrics_row(*j);
+    if (!row.ok()) return std::move(row.context(fmt::format("{} line {}", file, line_no))).error();
+    rows.push_back(*row);
   }
   if (rows.empty()) return make_error("{} holds no metrics rows; give the file `meshtrain train --metrics` wrote", file);
   return rows;

@@ -52,6 +52,9 @@ Result<BlockRange> blocks_of(const nlohmann::json& seg, const ModelBlocks& block
   } else {
     return make_error("{}: give its blocks as \"modules\": [...] or \"blocks\": [first, last]", label);
   }
+  if (names.empty())
+    return make_error("{}: \"modules\" is empty, so the segment holds no blocks; list the modules it runs (e.g. "
+                      "[\"vision\"]) or remove the segment", label);
   std::vector<std::string> known;
   for (const auto& b : blocks)
     if (known.empty() || known.back() != b->module()) known.push_back(b->module());

@@ -120,7 +120,7 @@ TEST_CASE("MoE model fields: layer rule, JSON round trip and refusals naming the
   };
   nlohmann::json k = j;
   k["capacity_factor"] = -0.5;
-  CHECK_THAT(refused(k), Catch::Contains("'capacity_factor' must be a number in [0, 1000000], got -0.5"));
+  CHECK_THAT(refused(k), Catch::Contains("'capacity_factor' is negative (-0.5); it must be a number in [0, 1000000]"));
   k = j;
   k["top_k"] = 9;
   CHECK_THAT(refused(k), Catch::Contains("top_k must be in 1..experts (8), got 9"));
@@ -179,10 +179,10 @@ TEST_CASE("received rows are regrouped by local expert, then peer, and back", "[
 TEST_CASE("the routing model: uniform, zipf and files, and the busiest EP rank's plan", "[model][moe][routing]") {
   auto uniform = MoeRouting::parse("uniform");
   REQUIRE(uniform.ok());
-  CHECK(uniform->shares(0, 4) == std::vector<double>{0.25, 0.25, 0.25, 0.25});
+  CHECK(uniform->shares(0, 4, 1) == std::vector<double>{0.25, 0.25, 0.25, 0.25});
   auto zipf = MoeRouting::parse("zipf:1");
   REQUIRE(zipf.ok());
-  const std::vector<double> z = zipf->shares(0, 4);
+  const std::vector<double> z = zipf->shares(0, 4, 1);
   CHECK(z[0] == Approx(1.0 / (1 + 0.5 + 1.0 / 3 + 0.25)));
   CHECK(z[3] == Approx(0.25 / (1 + 0.5 + 1.0 / 3 + 0.25)));
   const std::string path = "moe_routing_test.json";
@@ -195,19 +195,22 @@ TEST_CASE("the routing model: uniform, zipf and files, and the busiest EP rank's
   CHECK(file->check(4, 2).ok());
   CHECK_THAT(file->check(8, 2).error().message(), Catch::Contains("holds 4 shares, the model has 8 experts"));
   CHECK_THAT(file->check(4, 3).error().message(), Catch::Contains("2 lists of shares, the model has 3 MoE layers"));
-  CHECK(file->shares(0, 4) == std::vector<double>{0.75, 0.25, 0, 0});
+  CHECK(file->shares(0, 4, 1) == std::vector<double>{0.75, 0.25, 0, 0});
+  // Top-2: a token picks two distinct experts, so no expert takes more than half; the excess goes to the others.
+  CHECK(file->shares(0, 4, 2) == std::vector<double>{0.5, 0.5, 0, 0});
+  CHECK(file->shares(1, 4, 2) == std::vector<double>{0.25, 0.25, 0.25, 0.25});
   std::remove(path.c_str());
   CHECK_THAT(MoeRouting::parse("zipf:-1").error().message(), Catch::Contains("non-negative exponent"));
   CHECK_THAT(MoeRouting::parse("skewed").error().message(), Catch::Contains("uniform, zipf:S"));
 
   // 64 tokens, top 2, 4 experts over 2 EP ranks, shares 3:1:0:0: rank 0 is
   // the busiest; every peer sends it 96 and 32 rows; capacity 40 drops 56.
-  const ModelledDispatch d = modelled_dispatch(file->shares(0, 4), 64, 64, 2, 2, 0);
+  const ModelledDispatch d = modelled_dispatch(file->shares(0, 4, 1), 64, 64, 2, 2, 0);
   CHECK(d.busiest_rank == 0);
   CHECK(d.routing.routed == std::vector<std::int64_t>{96, 32, 0, 0});
   CHECK(d.send.peer_rows == std::vector<std::int64_t>{128, 0});
   CHECK(d.receive.expert_rows == std::vector<std::int64_t>{192, 64});
-  const ModelledDispatch capped = modelled_dispatch(file->shares(0, 4), 64, 64, 2, 2, 40);
+  const ModelledDispatch capped = modelled_dispatch(file->shares(0, 4, 1), 64, 64, 2, 2, 40);
   CHECK(capped.routing.dropped == 56 + 0);
   CHECK(capped.receive.expert_rows == std::vector<std::int64_t>{80, 64});
 }

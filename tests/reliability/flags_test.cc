@@ -22,19 +22,19 @@ TEST_CASE("training numbers: finite, in range, and meaningful", "[reliability][f
   expect_refusal(t + " --lr nan", "--lr: must be a finite number > 0");
   expect_refusal(t + " --lr 0", "--lr: must be a finite number > 0");
   expect_refusal(t + " --dropout 1.5", "--dropout: must be a finite number in [0, 1), got 1.5");
-  expect_refusal(t + " --dropout -0.5", "--dropout: must be a finite number in [0, 1)");
+  expect_refusal(t + " --dropout -0.5", "--dropout: is negative (-0.5); it must be a finite number in [0, 1)");
   expect_refusal(t + " --dropout nan", "--dropout: must be a finite number in [0, 1)");
-  expect_refusal(t + " --seed -1", "--seed: must be an integer in [0, 18446744073709551615], got '-1'");
+  expect_refusal(t + " --seed -1", "--seed: is negative (-1); it must be an integer in [0, 18446744073709551615]");
   expect_refusal(t + " --seed 1e23", "--seed: must be an integer");
   expect_refusal(t + " --grad-clip nan", "--grad-clip: must be a finite number");
   expect_refusal(t + " --comm-timeout nan", "--comm-timeout: must be a finite number in [0.001, 604800]");
-  expect_refusal(t + " --comm-timeout -1", "--comm-timeout: must be a finite number");
+  expect_refusal(t + " --comm-timeout -1", "--comm-timeout: is negative (-1); it must be a finite number");
   expect_refusal(t + " --comm-timeout 0", "--comm-timeout: must be a finite number");
   expect_refusal(t + " --steps 0", "--steps: must be an integer in [1, ");
   expect_refusal(t + " --micro-batch 1e8", "--micro-batch: must be an integer in [1, 1048576], got '1e8'");
   // 2^31 - 1 threads per rank was a SIGSEGV.
   expect_refusal(t + " --threads 2147483647", "--threads: must be an integer in [0, 65536], got 2147483647");
-  expect_refusal(t + " --threads -5", "--threads: must be an integer in [0, 65536], got -5");
+  expect_refusal(t + " --threads -5", "--threads: is negative (-5); it must be an integer in [0, 65536]");
 }
 
 TEST_CASE("flags that would do nothing are refused, saying what they need", "[reliability][flags]") {

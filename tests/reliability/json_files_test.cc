@@ -95,8 +95,8 @@ TEST_CASE("a calibration of another device is refused; the report says what came
       "cpu-cal.json", R"j({"version": 1, "device": "AMD EPYC (2 cores, cpu backend)", "machine": {"backend": "cpu"},
                            "gemm": [{"m": 64, "n": 64, "k": 64, "dtype": "fp32", "time_us": 20}]})j");
   expect_refusal("simulate --model tiny --gpus 8 --cluster dgx-a100 --calibration " + cpu_cal,
-                 "the calibration was measured on 'AMD EPYC (2 cores, cpu backend)', but cluster 'dgx-a100' has "
-                 "'A100-SXM4-80GB' devices");
+                 "the calibration was measured by the cpu backend (on 'AMD EPYC (2 cores, cpu backend)'), but "
+                 "cluster 'dgx-a100' has GPU devices ('A100-SXM4-80GB')");
   const std::string h100_cal = write_text(
       "h100-cal.json", R"j({"version": 1, "device": "NVIDIA H100 80GB HBM3 (cuda backend)", "precision": "bf16",
                              "machine": {"backend": "cuda"}})j");

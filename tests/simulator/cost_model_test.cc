@@ -116,7 +116,7 @@ TEST_CASE("calibration file round-trips and rejects bad input", "[simulator][cos
   CHECK_THAT(err(R"({"version": 1, "gemm": [{"m": 1, "n": 1, "time_us": 1}]})"),
              Catch::Contains("gemm[0]: missing field 'k'"));
   CHECK_THAT(err(R"({"version": 1, "memory": [{"bytes": 10, "time_us": -1}]})"),
-             Catch::Contains("'time_us' must be a number in [0.001, 1000000000]"));
+             Catch::Contains("'time_us' is negative (-1); it must be a number in [0.001, 1000000000]"));
   CHECK_THAT(err(R"({"version": 1, "links": [{"kind": "ethernet", "GBps": 1}]})"),
              Catch::Contains("'kind' must be"));
   CHECK_THAT(err(R"({"version": 1, "kernels": []})"),

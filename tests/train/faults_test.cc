@@ -60,12 +60,13 @@ TEST_CASE("a rank that stops answering is named after the comm timeout and the l
   check_resumes(common, 3, 6);  // the checkpoint of step 2 is intact
 }
 
-TEST_CASE("a rank that dies mid-step is named by the peer waiting for it", "[train][faults]") {
+TEST_CASE("a rank that dies mid-step fails the run, named with its step", "[train][faults]") {
   MeshtrainRun r = run_meshtrain("train --data " + training_text() + kTrain +
                                  " --tp 2 --pp 2 --steps 4 --comm-timeout 5 --fault-inject 3:exit:2");
   INFO(r.out);
   CHECK(r.status != 0);
-  CHECK_THAT(r.out, Catch::Contains("rank 3 dies at step 2") && Catch::Contains("rank 3 returned without"));
+  CHECK_THAT(r.out, Catch::Contains("rank 3 dies at step 2") &&
+                        Catch::Contains("the run lost a rank (rank 3 at step 2, by --fault-inject)"));
 }
 
 TEST_CASE("fault-inject specs are checked", "[train][faults]") {
