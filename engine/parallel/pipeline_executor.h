@@ -41,7 +41,7 @@ struct PipelineCompute {
   // Work the backward of (c, j) can do before its output gradient arrives
   // (full recomputation: its first block's forward again), run just before
   // the gradient's recv; may be empty.
-  std::function<void(int chunk, int microbatch)> before_grad;
+  std::function<void(int chunk, int microbatch)> before_grad{};
 };
 
 class PipelineExecutor {

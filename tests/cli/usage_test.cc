@@ -100,9 +100,9 @@ TEST_CASE("every subcommand's help shows its defaults and an example of itself",
     INFO(sub);
     CHECK_THAT(doc, Catch::Contains("    " + help.substr(at, help.find('\n', at) - at) + "\n"));
   }
-  for (const std::string& inner : {"train", "encode", "decode"})
-    CHECK_THAT(run_meshtrain("tokenize " + inner + " --help").out,
-               Catch::Contains("Example:\n  meshtrain tokenize " + inner));
+  for (const char* inner : {"train", "encode", "decode"})
+    CHECK_THAT(run_meshtrain(std::string("tokenize ") + inner + " --help").out,
+               Catch::Contains(std::string("Example:\n  meshtrain tokenize ") + inner));
 }
 
 TEST_CASE("a mistyped subcommand or flag names the nearest and the choices", "[cli]") {
