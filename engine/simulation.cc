@@ -383,7 +383,11 @@ Result<SimulationResult> simulate_iteration(const ModelSpec& m, const Plan& p,
     s.tasks = r.tasks;
     const double share = 1.0 / static_cast<double>(report.ranks.size());
     out.idle_fraction += s.idle_s / out.iteration_s * share;
-    out.bubble_fraction += s.idle.pipeline_s / out.iteration_s * share;
+    // With a pipeline, the compute stream's idle is its fill and drain plus what
+    // they expose (the pipeline formula's bubble; `idle` breaks it down by cause);
+    // without one there is no bubble, whatever else the stream waited for.
+    const double bubble_s = p.pp > 1 || segmented ? s.idle_s : s.idle.pipeline_s;
+    out.bubble_fraction += bubble_s / out.iteration_s * share;
     out.idle += s.idle.scaled(share);
     out.exposed_comm_s += s.exposed_comm_s / static_cast<double>(report.ranks.size());
     if (s.peak_bytes > out.peak_memory_bytes) {

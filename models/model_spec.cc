@@ -405,7 +405,6 @@ Result<ModelSpec> model_from_json(const nlohmann::json& j) {
   }
   // A VQA model's own fields (models/vqa_spec.h) and the ones it refuses.
   MT_TRY(m.vqa() ? read_vqa_fields(j, m) : check_family_fields(j, m.family));
-  MT_TRY(require_family_fields(f, m.family));
   if (m.vision()) {
     m.norm_eps = m.family == ModelFamily::vit ? 1e-6f : 1e-5f;  // the released models' LayerNorm eps
     m.tied_embeddings = false;
@@ -445,6 +444,8 @@ Result<ModelSpec> model_from_json(const nlohmann::json& j) {
   MT_TRY(get_float("capacity_factor", m.capacity_factor));
   MT_TRY(get_float("aux_loss_coeff", m.aux_loss_coeff));
   MT_TRY(get_float("z_loss_coeff", m.z_loss_coeff));
+  // Missing fields after the present ones' types: a wrong value is named before what is absent.
+  MT_TRY(require_family_fields(f, m.family));
   // Mixture-of-experts settings without experts would be silently ignored.
   if (!j.contains("experts") || m.experts == 0)
     for (const char* f : {"shared_experts", "moe_every", "dense_layers", "dense_ffn", "renormalize",

@@ -22,7 +22,7 @@ TEST_CASE("contradictory or duplicated what-ifs on one cable are refused", "[rel
   expect_refusal(kSim + " --straggler 3:2 --straggler 3:1.5", "rank 3 is already a straggler");
 }
 
-TEST_CASE("--moe-routing on a model without experts is refused", "[reliability][what_ifs]") {
+TEST_CASE("a --moe-routing flag on a model without experts is refused", "[reliability][what_ifs]") {
   expect_refusal("simulate --model tiny --cluster h200 --gpus 8 --moe-routing zipf:1.2",
                  "--moe-routing zipf:1.2: the model has no experts, so there is nothing to route");
   CHECK(run_meshtrain("simulate --model tiny --cluster h200 --gpus 8 --moe-routing uniform").status == 0);
