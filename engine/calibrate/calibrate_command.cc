@@ -431,6 +431,7 @@ Status run_calibrate(const CalibrateFlags& f) {
   // A mean stands for the load only when each sample spans several
   // scheduler slices (a few ms each): a sample of >= 20 ms does.
   if (timing.mean) timing = {f.quick ? 3 : 5, 20e-3, true};
+  if (f.quick) timing.max_cold_bytes = 64.0 * (1 << 20);
 
   MT_ASSIGN(auto launch, detect_launch());
   std::unique_ptr<MpiEnvironment> env;
@@ -502,7 +503,7 @@ Command add_calibrate_command(CLI::App& app) {
                   "(default: train's on the backend, fp32 on cpu, bf16 on cuda); simulate refuses a calibration "
                   "of another precision than its run's");
   sub->add_option("--out", f->out, "calibration JSON to write (required unless --profile)");
-  sub->add_flag("--quick", f->quick, "fewer shapes and samples (seconds, for tests)");
+  sub->add_flag("--quick", f->quick, "fewer shapes and samples, operands cycled through at most 64 MiB (seconds, for tests)");
   sub->add_flag("--no-grid", f->no_grid, "measure only the --workload shapes (no log-spaced grids)");
   sub->add_option("--statistic", f->statistic,
                   "time_us of an entry: median of the samples (idle-machine speed) or mean "

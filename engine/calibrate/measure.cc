@@ -115,8 +115,9 @@ double last_level_cache_bytes() {
   }();
   return bytes;
 }
-int cold_sets(double set_bytes, Residency r) {
-  const double target = r == Residency::kL3 ? last_level_cache_bytes() : 2 * last_level_cache_bytes();
+int cold_sets(double set_bytes, Residency r, const Timing& t) {
+  double target = r == Residency::kL3 ? last_level_cache_bytes() : 2 * last_level_cache_bytes();
+  if (t.max_cold_bytes > 0) target = std::min(target, t.max_cold_bytes);
   const double max_sets = r == Residency::kL3 ? 16.0 : 256.0;
   return static_cast<int>(std::clamp(std::ceil(target / std::max(set_bytes, 1.0)), 1.0, max_sets));
 }
@@ -176,7 +177,7 @@ Result<std::vector<sim::Calibration::Gemm>> measure_gemm(Backend& b,
     const auto in = static_cast<double>(dtype_size(g.in)), out_size = static_cast<double>(dtype_size(g.out));
     const double set_bytes = in * static_cast<double>(g.m * g.k + g.k * g.n) + out_size * static_cast<double>(g.m * g.n);
     std::vector<std::function<void()>> calls;
-    for (int c = 0; c < cold_sets(set_bytes, Residency::kL3); ++c) {
+    for (int c = 0; c < cold_sets(set_bytes, Residency::kL3, t); ++c) {
       Tensor x = filled(b, g.trans_a ? Shape{g.k, g.m} : Shape{g.m, g.k}, 0.01f, g.in);
       Tensor w = filled(b, g.trans_b ? Shape{g.n, g.k} : Shape{g.k, g.n}, 0.01f, g.in);
       Tensor y = filled(b, Shape{g.m, g.n}, 0.f, g.out);
@@ -397,7 +398,7 @@ Result<std::vector<sim::Calibration::Op>> measure_ops(Backend& b, const std::vec
     MT_ASSIGN(auto first, make_op(b, s));
     const double bytes = first.second;
     std::vector<std::function<void()>> calls = {std::move(first.first)};
-    for (int k = 1; k < cold_sets(bytes, Residency::kBeyondL3); ++k) {
+    for (int k = 1; k < cold_sets(bytes, Residency::kBeyondL3, t); ++k) {
       MT_ASSIGN(auto more, make_op(b, s));
       calls.push_back(std::move(more.first));
     }

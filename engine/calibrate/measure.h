@@ -39,6 +39,12 @@ struct Timing {
   // with `mean`, their mean (the op under the machine's current load,
   // including the time other processes take from it).
   bool mean = false;
+  // Cap on the bytes of the buffer sets an op cycles through (0: none).
+  // Without it the sets span twice the last-level cache the machine reports,
+  // which on a VM slice of a large server is the whole socket's L3 (512 MiB
+  // here): gigabytes of fresh pages per op, whose first touch then dominates
+  // a calibration's time. --quick caps it; its entries are less exact anyway.
+  double max_cold_bytes = 0;
 };
 
 using Sync = std::function<void()>;
