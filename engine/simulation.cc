@@ -257,7 +257,7 @@ Status issue_iterations(SimCluster& cluster, int job, const ModelSpec& m, const 
   step_options.initialize_parameters = false;  // the sim backend holds no values
   step_options.dropout = options.dropout;       // the engine's dropout kernels, timed
   MT_TRY(check_step_options(step_options));
-  const bool routes = model_io(m, m.seq_len).routes_to_experts;
+  const bool routes = model_io(m).routes_to_experts;
   MT_TRY(options.moe_routing.check(m.experts, routes ? m.moe_layer_count() : 0));
   if (routes) {
     step_options.moe_routing = std::make_shared<MoeRouting>(options.moe_routing);
@@ -396,7 +396,7 @@ Result<SimulationResult> simulate_iteration(const ModelSpec& m, const Plan& p,
     }
     out.stages.push_back(s);
   }
-  if (model_io(m, m.seq_len).routes_to_experts) out.moe = moe_simulation(m, p, options.moe_routing, m.moe_layer_count(), out);
+  if (model_io(m).routes_to_experts) out.moe = moe_simulation(m, p, options.moe_routing, m.moe_layer_count(), out);
   if (segmented) out.regions = segment_regions(m, p, report);
   // Representatives stand for the tp·cp·dp ranks of their stage; every rank of a segmented plan is simulated.
   const double stand_for = segmented ? 1.0 : static_cast<double>(p.tp) * p.cp * p.dp;

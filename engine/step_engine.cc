@@ -95,7 +95,7 @@ Status check_step_options(const StepOptions& o) {
 StepEngine::~StepEngine() = default;
 
 StepEngine::StepEngine(Backend& b, const ModelSpec& m, const Plan& p, const Mesh& mesh, StepOptions options)
-    : b_(b), m_(m), io_(model_io(m, m.seq_len)), plan_(p), mesh_(mesh), options_(options),
+    : b_(b), m_(m), io_(model_io(m)), plan_(p), mesh_(mesh), options_(options),
       coord_(mesh.coord_of(b.rank())) {
   if (Status s = supports(p, options); !s) {
     setup_error_ = s.error();

@@ -248,9 +248,9 @@ Status check_vqa_data(const ImageDataset& d, const ModelSpec& m) {
 
 // What the model reads decides the data source (models/model_io.h): images,
 // images with questions, or token ids.
-bool reads_images(const ModelSpec& m) { return model_io(m, m.seq_len).image_side > 0; }
+bool reads_images(const ModelSpec& m) { return model_io(m).image_side > 0; }
 bool reads_questions(const ModelSpec& m) {
-  const ModelIo io = model_io(m, m.seq_len);
+  const ModelIo io = model_io(m);
   return io.image_side > 0 && io.ids_per_sample > 0;
 }
 

@@ -50,5 +50,8 @@ struct ModelIo {
 // Model `m`'s inputs and loss at sequence length `seq` (ignored where the
 // model fixes its own tokens).
 ModelIo model_io(const ModelSpec& m, std::int64_t seq);
+// The same at the model's own sequence length (the kind-level facts:
+// unit, routing, what it reads).
+inline ModelIo model_io(const ModelSpec& m) { return model_io(m, m.seq_len); }
 
 }  // namespace meshtrain

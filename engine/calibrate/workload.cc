@@ -19,7 +19,7 @@ Result<Workload> parse_workload(const std::string& text, std::string_view flag) 
   Workload w;
   MT_ASSIGN(w.model, load_model(text.substr(0, a)));
   const bool with_seq = a != b;
-  const bool fixed = model_io(w.model, w.model.seq_len).tokens_fixed_by_model;
+  const bool fixed = model_io(w.model).tokens_fixed_by_model;
   if (with_seq == fixed)
     return make_error("{} '{}': give {} for model '{}'", flag, text,
                       fixed ? "MODEL:MICRO_BATCH (its images fix the tokens)" : "MODEL:MICRO_BATCH:SEQ_LEN",

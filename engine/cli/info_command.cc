@@ -109,7 +109,7 @@ Status run_info(const InfoFlags& f) {
         {"parameters", params.total},
         {"embedding_parameters", params.embedding},
         {"active_parameters", params.active},
-        {fmt::format("flops_per_{}", model_io(m, m.seq_len).unit()), flops.per_token},
+        {fmt::format("flops_per_{}", model_io(m).unit()), flops.per_token},
         {"model_flops_per_iteration", flops.model},
         {"hardware_flops_per_iteration", flops.hardware},
         {"plan", plan_to_json(p)},
@@ -140,11 +140,11 @@ Status run_info(const InfoFlags& f) {
                                              : fmt::format("blocks {}-{}", mb.first, mb.last));
   fmt::print("modules    {}\n", names);
   fmt::print("parameters {} ({} without embeddings)\n", params.total, params.non_embedding());
-  if (model_io(m, m.seq_len).routes_to_experts)
+  if (model_io(m).routes_to_experts)
     fmt::print("           {} active per token ({} in experts, top {} of {})\n", params.active, params.expert, m.top_k,
                m.experts);
   fmt::print("FLOPs      {:.4g} per {}, {:.4g} per iteration (hardware {:.4g} with recompute {})\n",
-             flops.per_token, model_io(m, m.seq_len).unit(), flops.model, flops.hardware, recompute_name(p.recompute));
+             flops.per_token, model_io(m).unit(), flops.model, flops.hardware, recompute_name(p.recompute));
   fmt::print("plan       tp {} pp {} dp {} cp {} ep {} etp {} vpp {} zero {}, {} ranks; micro-batch {} x {} = global "
              "batch {}, seq {}; schedule {}, recompute {}, {}{}{}\n",
              p.tp, p.pp, p.dp, p.cp, p.ep, p.expert_tp(), p.vpp, p.zero, p.world_size(), p.micro_batch,
@@ -153,7 +153,7 @@ Status run_info(const InfoFlags& f) {
              precision_name(p.precision), p.sequence_parallel ? ", sequence parallel" : "",
              p.tp_comm_overlap ? ", tp comm overlap" : "");
   fmt::print("rank {}     tp {} cp {} dp {} pp {}", f.rank, c.tp, c.cp, c.dp, c.pp);
-  if (model_io(m, m.seq_len).routes_to_experts) {
+  if (model_io(m).routes_to_experts) {
     const auto index = [&](GroupKind k) { return mesh.group_of(k, f.rank)->index_of(f.rank); };
     fmt::print("; expert tp {} ep {} edp {} (experts {}..{})", index(GroupKind::expert_tensor),
                index(GroupKind::expert), index(GroupKind::expert_data), index(GroupKind::expert) * m.experts / p.ep,

@@ -107,7 +107,7 @@ nlohmann::json to_json(const SimulationResult& r, const ModelSpec& m, const Plan
           {"events", r.events},
           {"fidelity", fidelity_name(r.fidelity)},
           {"simulator_wall_s", r.simulator_wall_s}};
-  if (model_io(m, m.seq_len).unit() == "image") out["images_per_s"] = r.samples_per_s;
+  if (model_io(m).unit() == "image") out["images_per_s"] = r.samples_per_s;
   if (!r.regions.empty()) {
     nlohmann::json regions = nlohmann::json::array();
     for (const RegionResult& g : r.regions)
@@ -153,7 +153,7 @@ void print_text(const SimulationResult& r, const ModelSpec& m, const Plan& p, co
                precision_name(p.precision));
   }
   fmt::print("iteration        {:.4f} s\n", r.iteration_s);
-  if (model_io(m, m.seq_len).unit() == "image") fmt::print("throughput       {:.1f} images/s ({:.0f} tokens/s)\n", r.samples_per_s, r.tokens_per_s);
+  if (model_io(m).unit() == "image") fmt::print("throughput       {:.1f} images/s ({:.0f} tokens/s)\n", r.samples_per_s, r.tokens_per_s);
   else fmt::print("throughput       {:.0f} tokens/s\n", r.tokens_per_s);
   fmt::print("model FLOP/s     {:.1f} TFLOP/s per GPU, MFU {:.1f}% (of {:.0f} TFLOP/s bf16 peak)\n",
              r.tflops_per_gpu, 100 * r.mfu, c.device.peak_bf16_flops / 1e12);

@@ -203,7 +203,7 @@ Result<HfArch> hf_arch(const ModelSpec& m) {
                       m.name, m.kv_heads, m.head_dim(), m.heads, m.hidden);
   if (llama && m.head_dim() % 2 != 0)
     return make_error("model '{}' has an odd head dim {}; rotary embeddings rotate pairs", m.name, m.head_dim());
-  if (model_io(m, m.seq_len).routes_to_experts) return mixtral_arch(m, gpt2);
+  if (model_io(m).routes_to_experts) return mixtral_arch(m, gpt2);
   return gpt2 ? HfArch::gpt2 : HfArch::llama;
 }
 

@@ -75,7 +75,7 @@ FastEstimator::FastEstimator(const SearchContext& ctx, const SimulateOptions& op
   }
   const ModelSpec& m = ctx.model;
   if (auto c = sim::Cluster::build(effective_spec(options), ctx.gpus)) cluster_.emplace(std::move(c).value());
-  layers_alike_ = model_io(m, m.seq_len).layers_alike;
+  layers_alike_ = model_io(m).layers_alike;
 }
 
 FastEstimator::Key FastEstimator::key_of(const Plan& p) {

@@ -11,7 +11,7 @@ namespace meshtrain::planner {
 
 namespace {
 
-bool layers_alike(const ModelSpec& m) { return model_io(m, m.seq_len).layers_alike; }
+bool layers_alike(const ModelSpec& m) { return model_io(m).layers_alike; }
 
 }  // namespace
 

@@ -43,7 +43,7 @@ const Candidate* simulated(const SearchResult& r, std::size_t i) {
 }
 
 std::string throughput(const SimulationResult& s, const ModelSpec& m) {
-  return model_io(m, m.seq_len).unit() == "image" ? fmt::format("{:.1f} img/s", s.samples_per_s)
+  return model_io(m).unit() == "image" ? fmt::format("{:.1f} img/s", s.samples_per_s)
                                                    : fmt::format("{:.0f} tok/s", s.tokens_per_s);
 }
 
@@ -205,7 +205,7 @@ nlohmann::json json_report(const SearchResult& r, const ReportContext& c) {
       const SimulationResult& s = *k.sim;
       row["iteration_time_s"] = s.iteration_s;
       row["tokens_per_s"] = s.tokens_per_s;
-      if (model_io(m, m.seq_len).unit() == "image") row["images_per_s"] = s.samples_per_s;
+      if (model_io(m).unit() == "image") row["images_per_s"] = s.samples_per_s;
       row["mfu"] = s.mfu;
       row["tflops_per_gpu"] = s.tflops_per_gpu;
       row["peak_memory_bytes"] = s.peak_memory_bytes;

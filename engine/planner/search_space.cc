@@ -80,7 +80,7 @@ std::vector<int> pp_defaults(const SearchContext& c, const Plan& p) {
 // without experts split their sequence (validate_plan).
 std::vector<int> cp_defaults(const SearchContext& c, const Plan& p) {
   std::vector<int> out = {1};
-  const ModelIo io = model_io(c.model, c.model.seq_len);
+  const ModelIo io = model_io(c.model);
   if (io.tokens_fixed_by_model || io.routes_to_experts) return out;
   const int seq = c.base.effective_seq_len(c.model);
   for (int cp = 2; seq / cp >= kMinContextTokens && std::int64_t{p.tp} * cp <= c.gpus; cp *= 2)
@@ -174,12 +174,12 @@ std::vector<int> sp_defaults(const SearchContext&, const Plan& p) {
 }
 
 std::vector<int> ep_defaults(const SearchContext& c, const Plan& p) {
-  if (!model_io(c.model, c.model.seq_len).routes_to_experts) return {1};
+  if (!model_io(c.model).routes_to_experts) return {1};
   return divisors(std::gcd(c.model.experts, p.dp), c.model.experts);
 }
 
 std::vector<int> etp_defaults(const SearchContext& c, const Plan& p) {
-  if (!model_io(c.model, c.model.seq_len).routes_to_experts || p.tp == 1) return {0};
+  if (!model_io(c.model).routes_to_experts || p.tp == 1) return {0};
   return {0, 1};
 }
 

@@ -245,7 +245,7 @@ void expand(const SearchContext& ctx, const SegmentSpace& space, double device, 
 }  // namespace
 
 bool has_segment_layouts(const ModelSpec& m) {
-  const ModelIo io = model_io(m, m.seq_len);
+  const ModelIo io = model_io(m);
   return io.image_side > 0 && !io.routes_to_experts && !m.tied_embeddings && modules_of(m).size() >= 2;
 }
 

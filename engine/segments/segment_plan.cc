@@ -196,7 +196,7 @@ Status validate_segments(const Plan& p, const ModelSpec& m, int world_size) {
                                         : fmt::format("the segment before ends at block {}", next_block - 1),
                         blocks.size() - 1);
     next_block = r.last + 1;
-    if (model_io(m, m.seq_len).routes_to_experts)
+    if (model_io(m).routes_to_experts)
       return make_error("{}: mixture-of-experts models run under one plan for the whole model (their router "
                         "statistics are per plan); drop \"segments\"", label);
     if (s.cp != 1 || s.ep != 1)

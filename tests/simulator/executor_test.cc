@@ -1,29 +1,12 @@
-#include "simulator/executor.h"
-
-#include <catch2/catch.hpp>
+#include "tests/simulator/executor_fixture.h"
 
 using namespace meshtrain::sim;
 
 namespace {
 
-Cluster make(int gpus) {
-  auto c = Cluster::build(*cluster_preset("dgx-h100"), gpus);
-  REQUIRE(c.ok());
-  return std::move(c).value();
-}
-
-StreamId st(Executor& e, int dev, const char* name) {
-  auto s = e.stream(dev, name);
-  REQUIRE(s.ok());
-  return *s;
-}
-
-const StreamReport& report_of(const RunReport& r, int dev, const std::string& name) {
-  for (const auto& s : r.streams)
-    if (s.device == dev && s.stream == name) return s;
-  FAIL("no stream");
-  return r.streams.front();
-}
+using testing::make;
+using testing::report_of;
+using testing::st;
 
 // A small pipeline: two devices compute, exchange with send/recv, then all
 // four all-reduce; device 0 overlaps a second stream through an event.

@@ -1,31 +1,14 @@
 // Overlap of bucketed gradient reductions with backward, and the idle time
 // it leaves, worked by hand (simulator/executor.h, "Idle by cause").
-#include <catch2/catch.hpp>
-
-#include "simulator/executor.h"
+#include "tests/simulator/executor_fixture.h"
 
 using namespace meshtrain::sim;
 
 namespace {
 
-Cluster make(int gpus) {
-  auto c = Cluster::build(*cluster_preset("dgx-h100"), gpus);
-  REQUIRE(c.ok());
-  return std::move(c).value();
-}
-
-StreamId st(Executor& e, int dev, const char* name) {
-  auto s = e.stream(dev, name);
-  REQUIRE(s.ok());
-  return *s;
-}
-
-const StreamReport& report_of(const RunReport& r, int dev, const std::string& name) {
-  for (const auto& s : r.streams)
-    if (s.device == dev && s.stream == name) return s;
-  FAIL("no stream " << name);
-  return r.streams.front();
-}
+using testing::make;
+using testing::report_of;
+using testing::st;
 
 // Equal to a few picoseconds: compute progress is tracked in doubles.
 bool near(Time a, Time b) { return a - b <= 10 && b - a <= 10; }
