@@ -157,45 +157,47 @@ Tensor MoeMlp::from_experts(const Tensor& grouped, const Saved& s) {
   return etp_ > 1 ? scatter_blocks(blocks, s.received) : blocks;
 }
 
-Tensor MoeMlp::forward(const MicroBatch& mb, std::int64_t tokens, const Tensor& x_in,
-                       std::unique_ptr<Block::Saved>* saved) {
+// The router, in fp32, over every token of the micro-batch on every tp
+// rank: the routing, the drops and the losses do not depend on the plan.
+void MoeMlp::route(Saved& s, std::int64_t N) {
   Backend& b = ctx_.b;
-  const ExpertParallel& ep = ctx_.options.expert;
-  const std::int64_t N = tokens, C = width_, E = s_.experts, K = s_.top_k;
-  const std::int64_t R = ctx_.local_rows(N), El = E / ep.size, F = ffn_;
-  const std::int64_t up_width = activation_ == Activation::swiglu ? 2 * F : F;
-  auto s = std::make_unique<Saved>();
-  s->x_in = x_in.view(Shape{R, C});
-  s->x = ctx_.sp ? ctx_.sp_gather(s->x_in) : s->x_in;
-  s->tokens = N;
-  s->rows = split_rows_ ? N / ctx_.tp.size : N;
-  s->first = split_rows_ ? ctx_.tp.rank * s->rows : 0;
-
-  // The router, in fp32, over every token of the micro-batch on every tp
-  // rank: the routing, the drops and the losses do not depend on the plan.
+  const std::int64_t E = s_.experts, K = s_.top_k;
   Tensor logits = b.empty(Shape{N, E});
-  b.gemm(s->x, ctx_.params[name("router")].value, logits, GemmOp{});
-  s->probs = b.empty(Shape{N, E});
-  s->lse = b.empty(Shape{N});
-  s->weights = b.empty(Shape{N, K});
-  s->experts = b.empty(Shape{N, K}, DType::i32);
-  b.moe_route(logits, s_.renormalize, s->probs, s->lse, s->weights, s->experts);
+  b.gemm(s.x, ctx_.params[name("router")].value, logits, GemmOp{});
+  s.probs = b.empty(Shape{N, E});
+  s.lse = b.empty(Shape{N});
+  s.weights = b.empty(Shape{N, K});
+  s.experts = b.empty(Shape{N, K}, DType::i32);
+  b.moe_route(logits, s_.renormalize, s.probs, s.lse, s.weights, s.experts);
   logits = Tensor();
+}
 
-  // The routing on the host: drops, what goes where, and what arrives.
-  const std::int64_t capacity = expert_capacity(s_.capacity_factor, N, s_.top_k, s_.experts);
+// What goes where: the routing decided on the host (or, under a routing
+// model, as modelled), the rows sent to each peer and those received.
+struct MoeMlp::Dispatch {
   RoutingSummary routing;
   SendPlan send;
   ReceivePlan receive;
+};
+
+MoeMlp::Dispatch MoeMlp::plan_dispatch(const Saved& s, std::int64_t N) {
+  Backend& b = ctx_.b;
+  const ExpertParallel& ep = ctx_.options.expert;
+  const std::int64_t E = s_.experts, K = s_.top_k, El = E / ep.size;
+  const std::int64_t capacity = expert_capacity(s_.capacity_factor, N, s_.top_k, s_.experts);
+  Dispatch d;
+  RoutingSummary& routing = d.routing;
+  SendPlan& send = d.send;
+  ReceivePlan& receive = d.receive;
   // Rows per local expert: sent (E, to every peer), received ((ep · El) from every peer), and
   // those of the etp ranks ((etp · ep · El)).
   Tensor my_counts = b.empty(Shape{E}, DType::i32), their_counts = b.empty(Shape{E}, DType::i32);
   Tensor all_counts = b.empty(Shape{etp_ * E}, DType::i32);
   const std::vector<std::int64_t> each(static_cast<std::size_t>(ep.size), El);
   if (ctx_.options.routing) {
-    ModelledDispatch d = modelled_dispatch(ctx_.options.routing->shares(s_.index, s_.experts, s_.top_k), N, s->rows,
+    ModelledDispatch m = modelled_dispatch(ctx_.options.routing->shares(s_.index, s_.experts, s_.top_k), N, s.rows,
                                            s_.top_k, ep.size, capacity, etp_);
-    routing = std::move(d.routing), send = std::move(d.send), receive = std::move(d.receive);
+    routing = std::move(m.routing), send = std::move(m.send), receive = std::move(m.receive);
     // Timed as the real exchanges; the sim holds no counts.
     if (ep.size > 1) b.all_to_all(my_counts, each, their_counts, each, ep.group);
     if (etp_ > 1) b.all_gather(their_counts, all_counts, ep.tensor);
@@ -203,12 +205,12 @@ Tensor MoeMlp::forward(const MicroBatch& mb, std::int64_t tokens, const Tensor& 
     // BLOCKS until the router has run. A failed backend reads zeros; its
     // later ops are no-ops and the step returns the error.
     std::vector<float> chosen(static_cast<std::size_t>(N * K));
-    (void)b.read(s->experts, chosen);
+    (void)b.read(s.experts, chosen);
     std::vector<std::int32_t> ids(chosen.size());
     for (std::size_t i = 0; i < chosen.size(); ++i)
       ids[i] = std::clamp(static_cast<std::int32_t>(chosen[i]), 0, static_cast<std::int32_t>(E - 1));
     routing = summarize_routing(ids, s_.experts, capacity);
-    send = plan_send(ids, routing, s_.top_k, s_.experts, ep.size, s->first, s->rows);
+    send = plan_send(ids, routing, s_.top_k, s_.experts, ep.size, s.first, s.rows);
     std::vector<std::int64_t> counts(send.expert_rows.begin(), send.expert_rows.end());
     if (ep.size > 1 || etp_ > 1) {
       b.write(my_counts, send.expert_rows);
@@ -225,23 +227,88 @@ Tensor MoeMlp::forward(const MicroBatch& mb, std::int64_t tokens, const Tensor& 
     }
     receive = plan_receive(counts, ep.size, etp_, ep.tensor_rank);
   }
-  s->routed = routing.routed;
-  s->send_rows = send.peer_rows;
-  s->recv_rows = receive.peer_rows;
-  s->expert_rows = receive.expert_rows;
-  s->block = receive.block_rows;
-  for (std::int64_t r : receive.peer_rows) s->received += r;
-  const auto S = static_cast<std::int64_t>(send.send_index.size());
-  const auto M = static_cast<std::int64_t>(receive.group_index.size());
-  s->send_index = upload(send.send_index, Shape{S});
-  s->slot_index = upload(send.slot_index, Shape{s->rows, K});
-  s->group_index = upload(receive.group_index, Shape{M});
-  s->ungroup_index = upload(receive.ungroup_index, Shape{static_cast<std::int64_t>(receive.ungroup_index.size())});
+  return d;
+}
+
+// The dispatch's counts and indices, kept for the backward.
+void MoeMlp::keep_dispatch(Saved& s, const Dispatch& d) {
+  const std::int64_t K = s_.top_k;
+  s.routed = d.routing.routed;
+  s.send_rows = d.send.peer_rows;
+  s.recv_rows = d.receive.peer_rows;
+  s.expert_rows = d.receive.expert_rows;
+  s.block = d.receive.block_rows;
+  for (std::int64_t r : d.receive.peer_rows) s.received += r;
+  const auto S = static_cast<std::int64_t>(d.send.send_index.size());
+  const auto M = static_cast<std::int64_t>(d.receive.group_index.size());
+  s.send_index = upload(d.send.send_index, Shape{S});
+  s.slot_index = upload(d.send.slot_index, Shape{s.rows, K});
+  s.group_index = upload(d.receive.group_index, Shape{M});
+  s.ungroup_index = upload(d.receive.ungroup_index, Shape{static_cast<std::int64_t>(d.receive.ungroup_index.size())});
+}
+
+// The losses' values and the load figures, once per micro-batch (not in a
+// recomputation's first forward).
+void MoeMlp::record_statistics(const Saved& s, const RoutingSummary& routing, std::int64_t N) {
+  Backend& b = ctx_.b;
+  const std::int64_t E = s_.experts, K = s_.top_k;
+  MoeStatistics& stats = ctx_.moe_statistics();
+  auto& tokens_of = stats.tokens[s_.index];
+  if (tokens_of.empty()) tokens_of.assign(static_cast<std::size_t>(E), 0.0);
+  for (std::int64_t e = 0; e < E; ++e)
+    tokens_of[static_cast<std::size_t>(e)] += static_cast<double>(routing.routed[static_cast<std::size_t>(e)]);
+  stats.assignments += static_cast<double>(N * K);
+  stats.dropped += static_cast<double>(routing.dropped);
+  // E·Σ_e f_e·P_e = E / (N²K) · Σ_e (Σ_n p_ne) · routed_e.
+  Tensor column_sums = b.empty(Shape{E});
+  b.fill(column_sums, 0.f);
+  b.bias_backward(s.probs, column_sums);
+  std::vector<float> routed(s.routed.begin(), s.routed.end());
+  Tensor routed_t = b.empty(Shape{E, 1});
+  b.write(routed_t, routed);
+  Tensor balance = stats.losses.slice(0, 1, Shape{1, 1});
+  const double scale = static_cast<double>(E) / (static_cast<double>(N) * static_cast<double>(N) * K);
+  b.gemm(column_sums.view(Shape{1, E}), routed_t, balance, GemmOp{false, false, static_cast<float>(scale), 1.f});
+  Tensor z = b.empty(Shape{1});
+  b.sum_squares(s.lse, z, false);
+  Tensor z_sum = stats.losses.slice(1, 1);
+  b.axpy(static_cast<float>(1.0 / static_cast<double>(N)), z, z_sum);
+}
+
+// The shared experts: a dense MLP every token passes, added to `out`.
+void MoeMlp::shared_experts(Saved& s, Tensor& out) {
+  Backend& b = ctx_.b;
+  ctx_.linear(name("shared.up"), s.x_in, s.shared_up, LinearKind::column);
+  const std::int64_t shared_width = s.shared_up.shape()[1] / (activation_ == Activation::swiglu ? 2 : 1);
+  s.shared_act = b.empty(Shape{s.shared_up.shape()[0], shared_width}, ctx_.act);
+  activation_forward(s.shared_up, s.shared_act);
+  Tensor shared;
+  ctx_.linear(name("shared.down"), s.shared_act, shared, LinearKind::row);
+  b.add(out, shared, out);
+}
+
+Tensor MoeMlp::forward(const MicroBatch& mb, std::int64_t tokens, const Tensor& x_in,
+                       std::unique_ptr<Block::Saved>* saved) {
+  Backend& b = ctx_.b;
+  const std::int64_t N = tokens, C = width_, F = ffn_;
+  const std::int64_t R = ctx_.local_rows(N);
+  const std::int64_t up_width = activation_ == Activation::swiglu ? 2 * F : F;
+  auto s = std::make_unique<Saved>();
+  s->x_in = x_in.view(Shape{R, C});
+  s->x = ctx_.sp ? ctx_.sp_gather(s->x_in) : s->x_in;
+  s->tokens = N;
+  s->rows = split_rows_ ? N / ctx_.tp.size : N;
+  s->first = split_rows_ ? ctx_.tp.rank * s->rows : 0;
+  route(*s, N);
+  const Dispatch d = plan_dispatch(*s, N);
+  keep_dispatch(*s, d);
+  const auto S = static_cast<std::int64_t>(d.send.send_index.size());
+  const auto M = static_cast<std::int64_t>(d.receive.group_index.size());
 
   // Dispatch: send order, the EP peers, the etp ranks' blocks, expert order.
   Tensor sent = b.empty(Shape{S, C}, ctx_.act);
   if (S > 0) b.gather_rows(s->x.rows(s->first, s->rows), s->send_index, sent);
-  s->grouped = to_experts(exchange(sent, send.peer_rows, receive.peer_rows), *s);
+  s->grouped = to_experts(exchange(sent, d.send.peer_rows, d.receive.peer_rows), *s);
   sent = Tensor();
 
   // The experts: one GEMM per local expert over its rows (this rank's slice
@@ -257,45 +324,14 @@ Tensor MoeMlp::forward(const MicroBatch& mb, std::int64_t tokens, const Tensor& 
 
   // Back (summed over the etp slices) to the tokens' ranks, in send order,
   // and the weighted sum per token: each tp rank holds its tokens' outputs whole.
-  s->back = exchange(from_experts(down, *s), receive.peer_rows, send.peer_rows);
+  s->back = exchange(from_experts(down, *s), d.receive.peer_rows, d.send.peer_rows);
   down = Tensor();
   Tensor combined = b.empty(Shape{s->rows, C}, ctx_.act);
   b.moe_combine(s->back, s->slot_index, s->weights.rows(s->first, s->rows), combined);
   Tensor out = split_rows_ && !ctx_.sp ? ctx_.sp_gather(combined) : combined;
-  if (s_.shared_experts > 0) {
-    ctx_.linear(name("shared.up"), s->x_in, s->shared_up, LinearKind::column);
-    const std::int64_t shared_width = s->shared_up.shape()[1] / (activation_ == Activation::swiglu ? 2 : 1);
-    s->shared_act = b.empty(Shape{s->shared_up.shape()[0], shared_width}, ctx_.act);
-    activation_forward(s->shared_up, s->shared_act);
-    Tensor shared;
-    ctx_.linear(name("shared.down"), s->shared_act, shared, LinearKind::row);
-    b.add(out, shared, out);
-  }
-
+  if (s_.shared_experts > 0) shared_experts(*s, out);
   if (saved) {
-    // The losses' values and the load figures, once per micro-batch (not in a
-    // recomputation's first forward).
-    MoeStatistics& stats = ctx_.moe_statistics();
-    auto& tokens_of = stats.tokens[s_.index];
-    if (tokens_of.empty()) tokens_of.assign(static_cast<std::size_t>(E), 0.0);
-    for (std::int64_t e = 0; e < E; ++e)
-      tokens_of[static_cast<std::size_t>(e)] += static_cast<double>(routing.routed[static_cast<std::size_t>(e)]);
-    stats.assignments += static_cast<double>(N * K);
-    stats.dropped += static_cast<double>(routing.dropped);
-    // E·Σ_e f_e·P_e = E / (N²K) · Σ_e (Σ_n p_ne) · routed_e.
-    Tensor column_sums = b.empty(Shape{E});
-    b.fill(column_sums, 0.f);
-    b.bias_backward(s->probs, column_sums);
-    std::vector<float> routed(s->routed.begin(), s->routed.end());
-    Tensor routed_t = b.empty(Shape{E, 1});
-    b.write(routed_t, routed);
-    Tensor balance = stats.losses.slice(0, 1, Shape{1, 1});
-    const double scale = static_cast<double>(E) / (static_cast<double>(N) * static_cast<double>(N) * K);
-    b.gemm(column_sums.view(Shape{1, E}), routed_t, balance, GemmOp{false, false, static_cast<float>(scale), 1.f});
-    Tensor z = b.empty(Shape{1});
-    b.sum_squares(s->lse, z, false);
-    Tensor z_sum = stats.losses.slice(1, 1);
-    b.axpy(static_cast<float>(1.0 / static_cast<double>(N)), z, z_sum);
+    record_statistics(*s, d.routing, N);
     *saved = std::move(s);
   }
   (void)mb;

@@ -51,6 +51,8 @@
 
 namespace meshtrain {
 
+struct RoutingSummary;  // models/moe_dispatch.h
+
 struct MoeShape {
   int experts = 0, top_k = 0, shared_experts = 0;
   bool renormalize = true;
@@ -82,6 +84,13 @@ class MoeMlp {
 
  private:
   struct Saved;
+  struct Dispatch;
+  // The steps of forward, in order.
+  void route(Saved& s, std::int64_t tokens);
+  Dispatch plan_dispatch(const Saved& s, std::int64_t tokens);
+  void keep_dispatch(Saved& s, const Dispatch& d);
+  void shared_experts(Saved& s, Tensor& out);
+  void record_statistics(const Saved& s, const RoutingSummary& routing, std::int64_t tokens);
   // in (rows, C) to the EP peers by `send` rows each; `recv` rows arrive (ep 1: `in` itself).
   Tensor exchange(const Tensor& in, const std::vector<std::int64_t>& send, const std::vector<std::int64_t>& recv);
   // Received rows (rows, C) -> (etp · block, C): every etp rank's, each block padded with zero rows.

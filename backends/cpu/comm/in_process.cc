@@ -174,83 +174,11 @@ Status InProcessCommunicator::check_alive(std::string_view what) {
                     what, hub_->failure()->message());
 }
 
-Status InProcessCommunicator::collective(const Group& g, InProcessHub::Call& call) {
-  const std::string_view op = kind_name(call.kind);
-  const std::string where = fmt::format("rank {}: {} on {}", rank_, op, comm::describe(g));
-  MT_TRY(check_alive(fmt::format("{} on {}", op, comm::describe(g))));
-  if (auto s = comm::check_group(g, rank_, world_size(), op); !s.ok())
-    return fail(Error(fmt::format("rank {}: {}", rank_, s.error().message())));
-
-  InProcessHub::GroupState* gs = nullptr;
-  if (auto it = groups_.find(g.id); it != groups_.end() && it->second->ranks == g.ranks) {
-    gs = it->second;
-  } else {
-    auto found = hub_->group_state(g, op);
-    if (!found.ok()) return fail(Error(fmt::format("rank {}: {}", rank_, found.error().message())));
-    gs = *found;
-    groups_[g.id] = gs;
-  }
-
+// Whether every member posted the same collective: a pure function of all
+// posts, so every member reaches the same verdict and none touches a peer's
+// buffers when the posts disagree. Empty when they agree.
+std::string InProcessCommunicator::posts_mismatch(const Group& g, const std::vector<const InProcessHub::Call*>& calls) {
   const int G = g.size();
-  const auto me = static_cast<std::size_t>(g.index_of(rank_));
-  const auto deadline = Clock::now() + hub_->options().timeout;
-
-  // ---- arrive --------------------------------------------------------------
-  std::unique_lock lock(gs->mu);
-  const std::uint64_t seq = gs->completed + 1;
-  gs->posted[me] = seq;
-  gs->calls[me] = &call;
-  gs->arrived_now.store(++gs->arrived, std::memory_order_release);
-  if (gs->arrived == G) {
-    gs->cv.notify_all();
-  } else {
-    lock.unlock();
-    poll_briefly([&] {
-      return gs->arrived_now.load(std::memory_order_acquire) == G || hub_->poisoned();
-    });
-    lock.lock();
-  }
-  auto missing = [&] {
-    std::vector<int> m;
-    for (std::size_t i = 0; i < gs->ranks.size(); ++i)
-      if (gs->posted[i] != seq) m.push_back(gs->ranks[i]);
-    return m;
-  };
-  auto missing_exited = [&] {
-    std::vector<int> m;
-    for (std::size_t i = 0; i < gs->ranks.size(); ++i)
-      if (gs->posted[i] != seq && hub_->exited(gs->ranks[i])) m.push_back(gs->ranks[i]);
-    return m;
-  };
-  gs->cv.wait_until(lock, deadline, [&] {
-    return gs->arrived == G || hub_->poisoned() || !missing_exited().empty();
-  });
-  if (gs->arrived != G) {
-    if (hub_->poisoned()) {
-      withdraw_locked(*gs, me);
-      lock.unlock();
-      return make_error("{}: aborted, another rank failed: {}", where, hub_->failure()->message());
-    }
-    // The failure is recorded before this rank withdraws, under the group's
-    // lock, so a peer timing out at the same moment reads it as the cause
-    // instead of naming this rank as missing.
-    const std::vector<int> gone = missing_exited();
-    Error e = !gone.empty()
-                  ? make_error("{}: {} returned without joining it", where, comm::describe_ranks(gone))
-                  : make_error("{}: timed out after {} ms; still waiting for {}", where,
-                               hub_->options().timeout.count(), comm::describe_ranks(missing()));
-    hub_->record_failure(e);
-    withdraw_locked(*gs, me);
-    lock.unlock();
-    hub_->wake_all();
-    return e;
-  }
-  const std::vector<const InProcessHub::Call*> calls = gs->calls;
-  lock.unlock();
-
-  // ---- check that every member posted the same collective --------------------
-  // A pure function of all posts, so every member reaches the same verdict and
-  // none touches a peer's buffers when the posts disagree.
   std::string mismatch;
   const auto& c0 = *calls[0];
   for (int j = 1; j < G && mismatch.empty(); ++j) {
@@ -280,75 +208,168 @@ Status InProcessCommunicator::collective(const Group& g, InProcessHub::Call& cal
                                  g.ranks[static_cast<std::size_t>(k)], expected);
       }
   }
+  return mismatch;
+}
 
-  // ---- this member's share of the data movement ------------------------------
-  if (mismatch.empty()) {
-    const auto k = me;
-    const auto uG = static_cast<std::size_t>(G);
-    switch (call.kind) {
-      case Kind::all_reduce: {
-        // Block k of the reduction: fold every member's block k in group
-        // order, then store it into every member's buffer. Only this member
-        // touches block k of any buffer.
-        const std::size_t n = call.out_n, lo = n * k / uG, hi = n * (k + 1) / uG;
-        float tile[kTile];
-        for (std::size_t b = lo; b < hi; b += kTile) {
-          const std::size_t len = std::min(kTile, hi - b);
-          comm::copy_floats(tile, calls[0]->out + b, len);
-          for (std::size_t j = 1; j < uG; ++j) comm::combine(tile, calls[j]->out + b, len, call.op);
-          for (std::size_t j = 0; j < uG; ++j) comm::copy_floats(calls[j]->out + b, tile, len);
-        }
-        break;
+// Member `k`'s share of the data movement of a collective whose posts agree:
+// each member writes only its own block (all_reduce) or its own output, so
+// the members' shares run at once without locks.
+void InProcessCommunicator::move_share(const Group& g, const InProcessHub::Call& call,
+                                      const std::vector<const InProcessHub::Call*>& calls, std::size_t k) {
+  const auto uG = static_cast<std::size_t>(g.size());
+  switch (call.kind) {
+    case Kind::all_reduce: {
+      // Block k of the reduction: fold every member's block k in group
+      // order, then store it into every member's buffer. Only this member
+      // touches block k of any buffer.
+      const std::size_t n = call.out_n, lo = n * k / uG, hi = n * (k + 1) / uG;
+      float tile[kTile];
+      for (std::size_t b = lo; b < hi; b += kTile) {
+        const std::size_t len = std::min(kTile, hi - b);
+        comm::copy_floats(tile, calls[0]->out + b, len);
+        for (std::size_t j = 1; j < uG; ++j) comm::combine(tile, calls[j]->out + b, len, call.op);
+        for (std::size_t j = 0; j < uG; ++j) comm::copy_floats(calls[j]->out + b, tile, len);
       }
-      case Kind::reduce_scatter: {
-        const std::size_t n = call.out_n;
-        for (std::size_t b = 0; b < n; b += kTile) {
-          const std::size_t len = std::min(kTile, n - b);
-          comm::copy_floats(call.out + b, calls[0]->in + k * n + b, len);
-          for (std::size_t j = 1; j < uG; ++j)
-            comm::combine(call.out + b, calls[j]->in + k * n + b, len, call.op);
-        }
-        break;
-      }
-      case Kind::all_gather:
-        for (std::size_t j = 0; j < uG; ++j) comm::copy_floats(call.out + j * call.in_n, calls[j]->in, call.in_n);
-        break;
-      case Kind::broadcast: {
-        const auto root = static_cast<std::size_t>(g.index_of(call.root));
-        if (root != k) comm::copy_floats(call.out, calls[root]->out, call.out_n);
-        break;
-      }
-      case Kind::all_to_all:
-        for (std::size_t j = 0; j < uG; ++j)
-          comm::copy_floats(call.out + call.recv_offsets[j], calls[j]->in + calls[j]->send_offsets[k],
-                      static_cast<std::size_t>(call.recv_counts[j]));
-        break;
-      case Kind::barrier: break;
+      break;
     }
+    case Kind::reduce_scatter: {
+      const std::size_t n = call.out_n;
+      for (std::size_t b = 0; b < n; b += kTile) {
+        const std::size_t len = std::min(kTile, n - b);
+        comm::copy_floats(call.out + b, calls[0]->in + k * n + b, len);
+        for (std::size_t j = 1; j < uG; ++j)
+          comm::combine(call.out + b, calls[j]->in + k * n + b, len, call.op);
+      }
+      break;
+    }
+    case Kind::all_gather:
+      for (std::size_t j = 0; j < uG; ++j) comm::copy_floats(call.out + j * call.in_n, calls[j]->in, call.in_n);
+      break;
+    case Kind::broadcast: {
+      const auto root = static_cast<std::size_t>(g.index_of(call.root));
+      if (root != k) comm::copy_floats(call.out, calls[root]->out, call.out_n);
+      break;
+    }
+    case Kind::all_to_all:
+      for (std::size_t j = 0; j < uG; ++j)
+        comm::copy_floats(call.out + call.recv_offsets[j], calls[j]->in + calls[j]->send_offsets[k],
+                    static_cast<std::size_t>(call.recv_counts[j]));
+      break;
+    case Kind::barrier: break;
   }
+}
 
-  // ---- depart ------------------------------------------------------------------
-  // No timeout and no poison check here: every member has arrived, and what is
-  // left of its share is local copying that cannot block, so this wait ends
-  // soon; returning earlier would let the caller free buffers a peer is still
-  // reading or writing.
-  lock.lock();
-  if (++gs->departed == G) {
-    gs->arrived = 0;
-    gs->departed = 0;
-    gs->completed = seq;
-    gs->arrived_now.store(0, std::memory_order_release);
-    gs->completed_now.store(seq, std::memory_order_release);
-    gs->cv.notify_all();
+// Posts this member's call as collective number `seq` and waits until every
+// member has posted (or a member exited, the hub was poisoned, or the
+// timeout passed: then this member withdraws and the cause is returned).
+Result<std::vector<const InProcessHub::Call*>> InProcessCommunicator::arrive(
+    InProcessHub::GroupState& gs, std::size_t me, std::uint64_t seq, InProcessHub::Call& call,
+    const std::string& where) {
+  const int G = static_cast<int>(gs.ranks.size());
+  const auto deadline = Clock::now() + hub_->options().timeout;
+  std::unique_lock lock(gs.mu);
+  gs.posted[me] = seq;
+  gs.calls[me] = &call;
+  gs.arrived_now.store(++gs.arrived, std::memory_order_release);
+  if (gs.arrived == G) {
+    gs.cv.notify_all();
   } else {
     lock.unlock();
-    poll_briefly([&] { return gs->completed_now.load(std::memory_order_acquire) >= seq; });
+    poll_briefly([&] {
+      return gs.arrived_now.load(std::memory_order_acquire) == G || hub_->poisoned();
+    });
     lock.lock();
-    gs->cv.wait(lock, [&] { return gs->completed >= seq; });
+  }
+  auto missing = [&] {
+    std::vector<int> m;
+    for (std::size_t i = 0; i < gs.ranks.size(); ++i)
+      if (gs.posted[i] != seq) m.push_back(gs.ranks[i]);
+    return m;
+  };
+  auto missing_exited = [&] {
+    std::vector<int> m;
+    for (std::size_t i = 0; i < gs.ranks.size(); ++i)
+      if (gs.posted[i] != seq && hub_->exited(gs.ranks[i])) m.push_back(gs.ranks[i]);
+    return m;
+  };
+  gs.cv.wait_until(lock, deadline, [&] {
+    return gs.arrived == G || hub_->poisoned() || !missing_exited().empty();
+  });
+  if (gs.arrived != G) {
+    if (hub_->poisoned()) {
+      withdraw_locked(gs, me);
+      lock.unlock();
+      return make_error("{}: aborted, another rank failed: {}", where, hub_->failure()->message());
+    }
+    // The failure is recorded before this rank withdraws, under the group's
+    // lock, so a peer timing out at the same moment reads it as the cause
+    // instead of naming this rank as missing.
+    const std::vector<int> gone = missing_exited();
+    Error e = !gone.empty()
+                  ? make_error("{}: {} returned without joining it", where, comm::describe_ranks(gone))
+                  : make_error("{}: timed out after {} ms; still waiting for {}", where,
+                               hub_->options().timeout.count(), comm::describe_ranks(missing()));
+    hub_->record_failure(e);
+    withdraw_locked(gs, me);
+    lock.unlock();
+    hub_->wake_all();
+    return e;
+  }
+  return gs.calls;
+}
+
+// Waits until every member has done its share; the last to depart opens
+// collective `seq + 1`. No timeout and no poison check here: every member
+// has arrived, and what is left of its share is local copying that cannot
+// block, so this wait ends soon; returning earlier would let the caller free
+// buffers a peer is still reading or writing.
+void InProcessCommunicator::depart(InProcessHub::GroupState& gs, std::uint64_t seq) {
+  const int G = static_cast<int>(gs.ranks.size());
+  std::unique_lock lock(gs.mu);
+  if (++gs.departed == G) {
+    gs.arrived = 0;
+    gs.departed = 0;
+    gs.completed = seq;
+    gs.arrived_now.store(0, std::memory_order_release);
+    gs.completed_now.store(seq, std::memory_order_release);
+    gs.cv.notify_all();
+  } else {
+    lock.unlock();
+    poll_briefly([&] { return gs.completed_now.load(std::memory_order_acquire) >= seq; });
+    lock.lock();
+    gs.cv.wait(lock, [&] { return gs.completed >= seq; });
   }
   lock.unlock();
+}
+
+Status InProcessCommunicator::collective(const Group& g, InProcessHub::Call& call) {
+  const std::string_view op = kind_name(call.kind);
+  const std::string where = fmt::format("rank {}: {} on {}", rank_, op, comm::describe(g));
+  MT_TRY(check_alive(fmt::format("{} on {}", op, comm::describe(g))));
+  if (auto s = comm::check_group(g, rank_, world_size(), op); !s.ok())
+    return fail(Error(fmt::format("rank {}: {}", rank_, s.error().message())));
+  MT_ASSIGN(InProcessHub::GroupState* gs, group_state(g, op));
+  const auto me = static_cast<std::size_t>(g.index_of(rank_));
+  std::uint64_t seq = 0;
+  {
+    std::lock_guard lock(gs->mu);
+    seq = gs->completed + 1;
+  }
+  MT_ASSIGN(const std::vector<const InProcessHub::Call*> calls, arrive(*gs, me, seq, call, where));
+  const std::string mismatch = posts_mismatch(g, calls);
+  if (mismatch.empty()) move_share(g, call, calls, me);
+  depart(*gs, seq);
   if (!mismatch.empty()) return fail(make_error("{}: members disagree: {}", where, mismatch));
   return ok_status();
+}
+
+// This rank's state of group g, looked up in the hub once per group.
+Result<InProcessHub::GroupState*> InProcessCommunicator::group_state(const Group& g, std::string_view op) {
+  if (auto it = groups_.find(g.id); it != groups_.end() && it->second->ranks == g.ranks) return it->second;
+  auto found = hub_->group_state(g, op);
+  if (!found.ok()) return fail(Error(fmt::format("rank {}: {}", rank_, found.error().message())));
+  groups_[g.id] = *found;
+  return *found;
 }
 
 Status InProcessCommunicator::all_reduce(std::span<float> data, const Group& g, ReduceOp op) {

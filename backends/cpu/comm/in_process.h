@@ -117,6 +117,14 @@ class InProcessCommunicator final : public Communicator {
   // Posts this rank's part of a collective, waits for the group, does this
   // member's share of the data movement, waits for the group to finish.
   Status collective(const Group& g, InProcessHub::Call& call);
+  Result<InProcessHub::GroupState*> group_state(const Group& g, std::string_view op);
+  Result<std::vector<const InProcessHub::Call*>> arrive(InProcessHub::GroupState& gs, std::size_t me,
+                                                        std::uint64_t seq, InProcessHub::Call& call,
+                                                        const std::string& where);
+  void depart(InProcessHub::GroupState& gs, std::uint64_t seq);
+  static std::string posts_mismatch(const Group& g, const std::vector<const InProcessHub::Call*>& calls);
+  static void move_share(const Group& g, const InProcessHub::Call& call,
+                         const std::vector<const InProcessHub::Call*>& calls, std::size_t k);
   // With gs.mu held.
   void withdraw_locked(InProcessHub::GroupState& gs, std::size_t member);
   // Poisons the hub with `e` and returns it.
