@@ -99,7 +99,9 @@ Result<ClockOffset> clock_offset_to_root(const MpiEnvironment& env, const std::f
     std::int64_t t = clock();
     const std::int64_t t1 = t;
     MT_ASSIGN(bool done, exchange(&t, sizeof t, 0, kClockTag, true, deadline));
-    if (done) MT_ASSIGN(done, exchange(&t, sizeof t, 0, kClockTag, false, deadline));
+    if (done) {
+      MT_ASSIGN(done, exchange(&t, sizeof t, 0, kClockTag, false, deadline));
+    }
     if (!done)
       return make_error("rank {}: rank 0 did not answer the trace's clock exchange within {:g} s", env.rank(),
                         seconds(timeout));
