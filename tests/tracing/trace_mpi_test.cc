@@ -80,3 +80,23 @@ TEST_CASE("under MPI rank 0 writes one trace of every rank on one clock", "[trac
   }
   CHECK(matched == 8);
 }
+
+TEST_CASE("under MPI a rank that stops answering is left out of the trace, not waited for", "[trace][mpi]") {
+  const auto path = trace_scratch("mpi-hang.json");
+  MeshtrainRun run = run_meshtrain("train --data " + training_text() +
+                                   " --model tiny --seq-len 32 --micro-batch 2 --global-batch 4 --steps 4 --warmup 0"
+                                   " --quiet --pp 2 --comm-timeout 1 --fault-inject 1:hang:2 --trace " + path.string());
+  INFO(run.out);
+  CHECK(run.status != 0);
+  CHECK_THAT(run.out, Catch::Contains("timed out"));
+  // Rank 0 still wrote what it had: its own row, its steps up to the failure.
+  std::ifstream in(path);
+  REQUIRE(in.good());
+  const json trace = json::parse(in);
+  int ops = 0;
+  for (const json& e : trace.at("traceEvents")) {
+    CHECK(e.at("pid") == 0);
+    ops += e.at("ph") == "X";
+  }
+  CHECK(ops > 0);
+}
