@@ -141,8 +141,10 @@ Result<std::vector<std::optional<std::string>>> receive_all(const MpiEnvironment
         }
         bytes[p].resize(sizes[p]);
         for (std::size_t at = 0; at < sizes[p]; at += kChunk)
-          MPI_Irecv(bytes[p].data() + at, static_cast<int>(std::min(kChunk, sizes[p] - at)), MPI_BYTE, p, kDataTag,
-                    MPI_COMM_WORLD, &data_req[p].emplace_back());
+          if (int e = MPI_Irecv(bytes[p].data() + at, static_cast<int>(std::min(kChunk, sizes[p] - at)), MPI_BYTE, p,
+                                kDataTag, MPI_COMM_WORLD, &data_req[p].emplace_back());
+              e != MPI_SUCCESS)
+            return make_error("MPI_Irecv of rank {}'s {} bytes failed: {}", p, sizes[p], mpi_error_text(e));
         posted[p] = true;
       }
       int done = 0;
