@@ -24,6 +24,7 @@
 #include "engine/parallel/weight_decay.h"
 #include "engine/stop_request.h"
 #include "engine/tokenizer.h"
+#include "engine/tracing/mpi_trace.h"
 #include "engine/tracing/tracing_backend.h"
 #include "engine/trainer.h"
 
@@ -250,11 +251,10 @@ Status run_train(TrainFlags f) {
         MT_ASSIGN(f.train.tokenizer, run_tokenizer(f.train, f.tokenizer, tokenizer_pieces));
       }
     }
-    // Each process writes its own rank's trace (trace_recorder.h, rank_trace_path).
-    const std::string trace_path = rank_trace_path(f.trace, env->rank());
+    // Rank 0 writes the one trace of every rank (mpi_trace.h).
     // A failed rank must not leave its peers waiting: stop the whole job.
-    if (recorder)
-      if (Status s = TraceRecorder::probe(trace_path); !s.ok()) abort_job(s.error());
+    if (recorder && env->rank() == 0)
+      if (Status s = TraceRecorder::probe(f.trace); !s.ok()) abort_job(s.error());
     std::unique_ptr<MpiCommunicator> communicator;
     std::unique_ptr<Backend> backend;
     if (cuda) {
@@ -267,7 +267,12 @@ Status run_train(TrainFlags f) {
       communicator = std::move(made).value();
       backend = std::make_unique<CpuBackend>(*communicator, cpu_options(f, cpu::mpi_ranks_sharing_cores()));
     }
-    Status status = finish_trace(train_on(*backend), recorder, trace_path);
+    Status status = train_on(*backend);
+    std::string trace_sent;  // outlives abort_job: a send rank 0 never took may still read it
+    if (recorder) {
+      Status written = write_mpi_trace(*env, *recorder, f.trace, timeout, trace_sent);
+      if (status.ok()) status = std::move(written);
+    }
     // A stop that every rank agreed on ends each rank alike; any other failure stops the job.
     if (!status.ok() && stop_signal() == 0) abort_job(status.error());
     return status;
@@ -390,7 +395,7 @@ Command add_train_command(CLI::App& app) {
       ->check(real_in({1e-3, 7 * 24 * 3600.0}));
   sub->add_option("--trace", f->trace,
                   "write a Chrome trace of the run (one process per rank, one track per stream); "
-                  "under MPI each rank writes FILE.rank<N>.json");
+                  "under MPI rank 0 gathers every rank's events into this one file, on its clock");
   sub->add_option("--threads", f->threads,
                   "cpu backend: threads per rank (default: this process's cores divided among its "
                   "rank threads; results do not depend on it)")

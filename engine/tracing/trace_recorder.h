@@ -13,7 +13,8 @@
 // collectives are named and categorised as the simulator names them
 // ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all"),
 // point to point as "send" / "recv". Timestamps are microseconds since the
-// recorder was made, printed from integer nanoseconds with three decimals.
+// recorder was made, printed from integer nanoseconds with three decimals;
+// under MPI, since rank 0's recorder was made (trace_merge.h, mpi_trace.h).
 // An event timed on the device (TraceEvent::device_clock) says so in its args,
 // "clock":"device"; its times are on the host's time base all the same.
 // Metadata come first, then each rank's events in issue order, ranks
@@ -39,6 +40,8 @@
 #include "core/status.h"
 
 namespace meshtrain {
+
+struct ClockOffset;  // backends/comm/root_exchange.h
 
 struct TraceEvent {
   int stream = 0;             // tid
@@ -83,6 +86,9 @@ class TraceRecorder {
   void add_rank(int rank, RankTrace trace);
 
   std::string to_json() const;
+  // This process's ranks, their times moved by `clock` (trace_merge.h's
+  // fragments, packed), for rank 0 to merge.
+  std::string packed_fragments(const ClockOffset& clock) const;
   // Writes to_json() to `path`, replacing the file.
   Status write(const std::string& path) const;
 
@@ -96,11 +102,5 @@ class TraceRecorder {
   mutable std::mutex mu_;         // guards ranks_
   std::map<int, RankTrace> ranks_;  // by global rank
 };
-
-// The file rank `rank` of an MPI job writes for `--trace path`: each process
-// writes its own ranks, "t.json" -> "t.rank3.json" (".rank3.json" appended
-// when the path does not end in ".json"). Their pids differ, so the files'
-// traceEvents arrays concatenate into one trace of the whole job.
-std::string rank_trace_path(const std::string& path, int rank);
 
 }  // namespace meshtrain

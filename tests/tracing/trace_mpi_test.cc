@@ -1,11 +1,17 @@
-// `mpirun -np 2 meshtrain train --tp 2 --trace t.json`: each process writes
-// its own rank's trace, t.rank0.json and t.rank1.json, each valid and holding
-// only its rank, with the tensor-parallel all-reduces on both.
+// `mpirun -np 2 meshtrain train --pp 2 --trace t.json`: rank 0 writes one
+// trace of both ranks, on its clock. Checked by causality, which no load can
+// break, never by wall time: each recv of a pipeline message ends after the
+// matching send began, and every event of rank 1 comes after rank 0 began
+// recording (rank 0's recorder exists before the communicator both ranks
+// make together), each up to the clock estimate's stated uncertainty.
 #include <catch2/catch.hpp>
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -16,31 +22,81 @@ using meshtrain::testing::trace_scratch;
 using meshtrain::testing::training_text;
 using nlohmann::json;
 
-TEST_CASE("under MPI each rank writes FILE.rank<N>.json", "[trace][mpi]") {
+namespace {
+
+// (pid, peer, tag) -> the [start, end] in µs of each send or recv, in issue order.
+using Messages = std::map<std::tuple<int, int, int>, std::vector<std::pair<double, double>>>;
+
+}  // namespace
+
+TEST_CASE("under MPI rank 0 writes one trace of every rank on one clock", "[trace][mpi]") {
   const auto path = trace_scratch("mpi.json");
-  const auto rank_file = [&](int r) {
-    return path.parent_path() / ("mpi.rank" + std::to_string(r) + ".json");
-  };
-  for (int r : {0, 1}) std::filesystem::remove(rank_file(r));
   MeshtrainRun run = run_meshtrain("train --data " + training_text() +
-                                   " --model tiny --seq-len 32 --micro-batch 2 --steps 2 --warmup 0"
-                                   " --quiet --tp 2 --trace " + path.string());
+                                   " --model tiny --seq-len 32 --micro-batch 2 --global-batch 4 --steps 2 --warmup 0"
+                                   " --quiet --pp 2 --trace " + path.string());
   INFO(run.out);
   REQUIRE(run.status == 0);
-  CHECK_FALSE(std::filesystem::exists(path));  // no shared file under MPI
-  for (int r : {0, 1}) {
-    INFO("rank " << r);
-    std::ifstream in(rank_file(r));
-    REQUIRE(in.good());
-    const json trace = json::parse(in);
-    int all_reduces = 0;
-    for (const json& e : trace.at("traceEvents")) {
-      CHECK(e.at("pid") == r);
-      if (e.at("ph") == "M" && e.at("name") == "process_name")
-        CHECK(e.at("args").at("name") == "rank " + std::to_string(r) + " (cpu)");
-      if (e.at("ph") == "X" && e.at("name") == "all_reduce" && e.at("args").at("members") == 2)
-        ++all_reduces;
-    }
-    CHECK(all_reduces > 0);
+  for (int r : {0, 1})  // no per-rank files any more
+    CHECK_FALSE(std::filesystem::exists(path.parent_path() / ("mpi.rank" + std::to_string(r) + ".json")));
+  std::ifstream in(path);
+  REQUIRE(in.good());
+  const json trace = json::parse(in);
+  std::map<int, json> process;  // pid -> process_name args
+  std::map<int, int> ops;       // pid -> complete events
+  Messages sends, recvs;
+  std::map<int, double> first;  // pid -> its earliest event's start
+  for (const json& e : trace.at("traceEvents")) {
+    const int pid = e.at("pid");
+    if (e.at("ph") == "M" && e.at("name") == "process_name") process[pid] = e.at("args");
+    if (e.at("ph") != "X") continue;
+    ++ops[pid];
+    const double ts = e.at("ts"), end = ts + e.at("dur").get<double>();
+    if (!first.count(pid) || ts < first[pid]) first[pid] = ts;
+    if (e.at("name") == "send" || e.at("name") == "recv")
+      (e.at("name") == "send" ? sends : recvs)[{pid, e.at("args").at("peer"), e.at("args").at("tag")}].push_back(
+          {ts, end});
   }
+  REQUIRE(process.size() == 2);
+  CHECK(process[0].at("name") == "rank 0 (cpu)");
+  CHECK(process[1].at("name") == "rank 1 (cpu)");
+  CHECK(process[0].at("clock_offset_ns") == 0);
+  CHECK(process[0].at("clock_uncertainty_ns") == 0);
+  const double uncertainty_us = process[1].at("clock_uncertainty_ns").get<double>() / 1000;
+  CHECK(uncertainty_us >= 0);
+  CHECK(ops[0] > 0);
+  CHECK(ops[1] > 0);
+  CHECK(first[1] >= -uncertainty_us);
+  // 2 micro-batches x 2 steps: activations 0 -> 1, gradients 1 -> 0.
+  int matched = 0;
+  for (const auto& [key, sent] : sends) {
+    const auto [from, to, tag] = key;
+    const auto got = recvs.find({to, from, tag});
+    REQUIRE(got != recvs.end());
+    REQUIRE(got->second.size() == sent.size());
+    for (std::size_t i = 0; i < sent.size(); ++i, ++matched) {
+      INFO("message " << i << " from rank " << from << " to " << to << " tag " << tag);
+      CHECK(got->second[i].second + uncertainty_us >= sent[i].first);
+    }
+  }
+  CHECK(matched == 8);
+}
+
+TEST_CASE("under MPI a rank that stops answering is left out of the trace, not waited for", "[trace][mpi]") {
+  const auto path = trace_scratch("mpi-hang.json");
+  MeshtrainRun run = run_meshtrain("train --data " + training_text() +
+                                   " --model tiny --seq-len 32 --micro-batch 2 --global-batch 4 --steps 4 --warmup 0"
+                                   " --quiet --pp 2 --comm-timeout 1 --fault-inject 1:hang:2 --trace " + path.string());
+  INFO(run.out);
+  CHECK(run.status != 0);
+  CHECK_THAT(run.out, Catch::Contains("timed out"));
+  // Rank 0 still wrote what it had: its own row, its steps up to the failure.
+  std::ifstream in(path);
+  REQUIRE(in.good());
+  const json trace = json::parse(in);
+  int ops = 0;
+  for (const json& e : trace.at("traceEvents")) {
+    CHECK(e.at("pid") == 0);
+    ops += e.at("ph") == "X";
+  }
+  CHECK(ops > 0);
 }

@@ -80,12 +80,6 @@ TEST_CASE("two thread ranks trace into one recorder", "[trace]") {
   }
 }
 
-TEST_CASE("MPI ranks write one file each", "[trace]") {
-  CHECK(rank_trace_path("out/trace.json", 3) == "out/trace.rank3.json");
-  CHECK(rank_trace_path("trace", 0) == "trace.rank0.json");
-  CHECK(rank_trace_path(".json", 1) == ".json.rank1.json");
-}
-
 TEST_CASE("a trace path that cannot be written is an error naming it", "[trace]") {
   const std::string dir = std::filesystem::temp_directory_path().string();
   auto s = TraceRecorder::probe(dir);  // a directory, not a file
