@@ -268,6 +268,7 @@ Status run_train(TrainFlags f) {
       backend = std::make_unique<CpuBackend>(*communicator, cpu_options(f, cpu::mpi_ranks_sharing_cores()));
     }
     Status status = finish_trace(train_on(*backend), recorder, trace_path);
+    status = f.train.rank_losses->summarize(std::move(status), f.train.steps);  // the step, as under threads
     // A stop that every rank agreed on ends each rank alike; any other failure stops the job.
     if (!status.ok() && stop_signal() == 0) abort_job(status.error());
     return status;
