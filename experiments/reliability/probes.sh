@@ -8,6 +8,7 @@
 #   BAD  killed by a signal, by the limit (a hang or a runaway), or crashed
 #
 #   experiments/reliability/probes.sh [build-dev/engine/meshtrain] > probes.log
+#   ONLY=29 experiments/reliability/probes.sh ...   only the probes whose names start with 29
 # Results: experiments/RESULTS.md, "Reliability probes and sanitizers".
 # Timings under a loaded machine can exceed PT for work that is merely slow:
 # rerun a BAD line alone before calling it a hang.
@@ -28,6 +29,7 @@ limited() {
 probe() {
   local name=$1; shift; [ "$1" = "--" ] && shift
   local verdict msg
+  [[ "$name" == "${ONLY:-}"* ]] || return 0
   limited "$@"
   verdict=ok; [ $RC -ge 124 ] && verdict=BAD; [ $RC -eq 0 ] && verdict=ran
   msg=$(echo "$OUT" | grep -iE "error|refus|must|warn|cannot|not |is a" | head -2 | tr '\n' ' ' | cut -c1-300)
@@ -232,6 +234,7 @@ probe "15 train --metrics unwritable" -- $T --steps 1 --metrics /proc/nope/m.jso
 probe "15 plan --out dir" -- $M plan --model tiny --gpus 2 --out $F/adir
 T="$M train --model tiny --data $F/data.txt --seq-len 16 --micro-batch 2 --quiet"
 echo "## 3 signals"
+if [ -z "${ONLY:-}" ]; then  # background runs, not probes: ONLY leaves them out
 rm -rf $W/ck4
 $T --steps 100000 --checkpoint $W/ck4 > $W/sig.out 2>&1 & pid=$!
 sleep 8
@@ -243,6 +246,7 @@ rm -rf $W/ck5
 $M train --model tiny --data $F/data.txt --seq-len 16 --micro-batch 2 --quiet --dp 2 --steps 100000 --checkpoint $W/ck5 > $W/sig2.out 2>&1 & pid=$!
 sleep 8; kill -INT $pid; wait $pid; echo "rc=$?" >> $W/sig2.out
 echo "3 SIGINT dp2 threads: $(tail -2 $W/sig2.out | tr '\n' ' ') ; dir: $(ls $W/ck5 | tr '\n' ' ')"
+fi
 probe "3 resume after SIGINT" -- $M train --model tiny --data $F/data.txt --seq-len 16 --micro-batch 2 --quiet --dp 2 --steps 100000 --stop-at 1 --checkpoint $W/ck5 --resume
 CAL=$R/experiments/calibration/cpu-local-cpu-2026-12-02.json
 echo "## 14 calibration"
@@ -386,6 +390,7 @@ p29() {
   local class=${1%%:*} kind=${1#*:} name="29.${1%%:*} $2"; shift 2; [ "$1" = "--" ] && shift
   [ "$class" != "$LAST29" ] && echo "## 29.$class ${C29[$class]}" && LAST29=$class
   [ "$kind" != lost ] && { probe "$name" -- "$@"; return; }
+  [[ "$name" == "${ONLY:-}"* ]] || return 0
   limited "$@"
   local verdict=BAD
   [ $RC -ne 0 ] && [ $RC -ne 124 ] && echo "$OUT" | grep -qiE "rank [0-9].*step [0-9]" && verdict=ok
