@@ -278,19 +278,19 @@ Status check_default_plan_fits(const SimulateFlags& f, const ModelAndPlan& mp, c
     if (stage == 0 || b.total() > peak.total()) peak = b, peak_stage = stage;
   }
   if (peak.total() <= c.device.memory_bytes) return ok_status();
-  OutOfMemory o;
-  o.rank = Mesh(mp.plan).rank_of({0, 0, 0, peak_stage});
-  o.where = fmt::format("pipeline stage {}, and every rank of that stage", peak_stage);
-  o.peak = peak.total();
-  o.capacity = c.device.memory_bytes;
-  o.capacity_of = fmt::format("the {}", c.device.name);
-  o.consumers = memory_consumers(peak);
-  o.fix = fmt::format("Let the planner find a plan that fits: `meshtrain plan --model {} --gpus {} --cluster {}` (its "
+  OutOfMemory oom;
+  oom.rank = Mesh(mp.plan).rank_of({0, 0, 0, peak_stage});
+  oom.where = fmt::format("pipeline stage {}, and every rank of that stage", peak_stage);
+  oom.peak = peak.total();
+  oom.capacity = c.device.memory_bytes;
+  oom.capacity_of = fmt::format("the {}", c.device.name);
+  oom.consumers = memory_consumers(peak);
+  oom.fix = fmt::format("Let the planner find a plan that fits: `meshtrain plan --model {} --gpus {} --cluster {}` (its "
                       "--out FILE feeds simulate --plan), or give --tp, --pp, --zero or --recompute yourself "
                       "(--ignore-memory times it anyway)",
                       f.plan.model, mp.plan.world_size(), f.cluster);
   return make_error("the default plan (tp 1 pp {} dp {}, ZeRO 0, no recomputation) does not fit {}: {}", mp.plan.pp,
-                    mp.plan.dp, mp.model.name, out_of_memory_message(o));
+                    mp.plan.dp, mp.model.name, out_of_memory_message(oom));
 }
 
 Status run_jobs(const SimulateFlags& f) {
