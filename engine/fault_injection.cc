@@ -79,9 +79,14 @@ Status check_faults(const std::vector<Fault>& faults, int world_size, std::int64
 
 void RankLosses::record_death(int rank, std::int64_t step, std::string message) {
   const std::lock_guard lock(mu_);
-  lost_[rank] = step;
+  lost_[rank] = {step, false};
   messages_.push_back(std::move(message));
   failed_step_ = failed_step_ == 0 ? step : std::min(failed_step_, step);
+}
+
+void RankLosses::record_hang(int rank, std::int64_t step) {
+  const std::lock_guard lock(mu_);
+  lost_[rank] = {step, true};
 }
 
 void RankLosses::record_failure(std::int64_t step) {
@@ -100,7 +105,8 @@ Status RankLosses::summarize(Status status, std::int64_t steps) const {
     return make_error("step {} of {}: {}; the run did not complete its steps", failed_step_, steps, what);
   }
   std::vector<std::string> parts;
-  for (const auto& [rank, step] : lost_) parts.push_back(fmt::format("rank {} at step {}", rank, step));
+  for (const auto& [rank, loss] : lost_)
+    parts.push_back(fmt::format("rank {} {}at step {}", rank, loss.hung ? "stopped answering " : "", loss.step));
   std::string message = fmt::format("the run lost {} ({}, by --fault-inject) and stopped at step {} of {}, so it "
                                     "did not complete its steps",
                                     lost_.size() == 1 ? "a rank" : fmt::format("{} ranks", lost_.size()),
@@ -114,8 +120,8 @@ Status RankLosses::summarize(Status status, std::int64_t steps) const {
 }
 
 FaultInjector::FaultInjector(const std::vector<Fault>& faults, int rank, bool process,
-                             std::chrono::milliseconds hang_for)
-    : rank_(rank), process_(process), hang_for_(hang_for) {
+                             std::chrono::milliseconds hang_for, RankLosses* losses)
+    : rank_(rank), process_(process), hang_for_(hang_for), losses_(losses) {
   for (const Fault& f : faults)
     if (f.rank == rank) faults_.push_back(f);
 }
@@ -132,6 +138,7 @@ void FaultInjector::before_communication(double compute_s) {
     if (f.kind == Fault::Kind::hang) {
       std::fprintf(stderr, "meshtrain: fault injected: rank %d stops answering at step %lld\n", rank_,
                    static_cast<long long>(step_));
+      if (losses_) losses_->record_hang(rank_, step_);
       std::this_thread::sleep_for(hang_for_);
       continue;
     }

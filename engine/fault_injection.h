@@ -18,9 +18,11 @@
 // peer to wait for it (it would sleep, then finish normally), a fault at a
 // step the run never reaches never fires, and a hang and an exit of one rank
 // at one step contradict each other: check_faults refuses each up front.
-// A rank that dies ends the run with an error naming the ranks and the step,
-// whatever the launch mode: a rank thread's error, collected in RankLosses
-// when several die; a process's SIGKILL, which mpirun reports.
+// A rank that dies or hangs ends the run with an error naming the ranks and
+// the step, whatever the launch mode: a rank thread's death or hang, collected
+// in RankLosses (its peers only see a rank that returned without joining or
+// stopped answering); a process's SIGKILL, which mpirun reports; a hung
+// process's own error, after its peers have given up on it.
 //
 // The faults apply inside StepTimer's step window (engine/step_timing.h),
 // whose communication hook calls before_communication.
@@ -55,7 +57,8 @@ std::string fault_spec(const Fault& f);
 Status check_faults(const std::vector<Fault>& faults, int world_size, std::int64_t last_step);
 
 // How the rank threads of one process failed: the ranks that died by an
-// injected exit, and the first step in which any rank failed. A run of rank
+// injected exit or stopped answering by an injected hang, and the first step
+// in which any rank failed. A run of rank
 // threads keeps the first error recorded (the root cause, often a peer's
 // timeout, raised below the step loop); this adds what it cannot know: every
 // rank lost, and the step.
@@ -63,6 +66,8 @@ class RankLosses {
  public:
   // `message`: the dead rank's own error (what the run reports when it came first).
   void record_death(int rank, std::int64_t step, std::string message);
+  // The rank stopped answering at `step` (its peers will time out waiting for it).
+  void record_hang(int rank, std::int64_t step);
   void record_failure(std::int64_t step);
   // `status` as it is when nothing was recorded (or it succeeded); else an
   // error naming each lost rank and the step against the run's `steps`.
@@ -70,7 +75,11 @@ class RankLosses {
 
  private:
   mutable std::mutex mu_;
-  std::map<int, std::int64_t> lost_;  // rank -> step
+  struct Loss {
+    std::int64_t step = 0;
+    bool hung = false;  // else died
+  };
+  std::map<int, Loss> lost_;  // by rank
   std::vector<std::string> messages_;  // the dead ranks' errors
   std::int64_t failed_step_ = 0;      // 0: no rank failed in a step
 };
@@ -83,8 +92,10 @@ struct InjectedExit : std::exception {
 
 class FaultInjector {
  public:
-  // The faults of `rank`; `process`: ranks are processes (an exit kills this one).
-  FaultInjector(const std::vector<Fault>& faults, int rank, bool process, std::chrono::milliseconds hang_for);
+  // The faults of `rank`; `process`: ranks are processes (an exit kills this
+  // one); `losses` (may be null) records a hang as it begins.
+  FaultInjector(const std::vector<Fault>& faults, int rank, bool process, std::chrono::milliseconds hang_for,
+                RankLosses* losses = nullptr);
   bool empty() const { return faults_.empty(); }
   void begin_step(std::int64_t step) { step_ = step; }
   // Before a communication op; `compute_s` computed since the previous one.
@@ -95,6 +106,7 @@ class FaultInjector {
   int rank_;
   bool process_;
   std::chrono::milliseconds hang_for_;
+  RankLosses* losses_;
   std::int64_t step_ = 0;
   std::int64_t fired_step_ = -1;  // hang and exit fire once, at the step's first op
 };

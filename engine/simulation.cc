@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "engine/mesh.h"
+#include "engine/out_of_memory.h"
 #include "engine/segments/segment_plan.h"
 #include "engine/step_engine.h"
 #include "engine/training_engine.h"
@@ -22,25 +23,18 @@ namespace {
 
 Error out_of_memory(const StageResult& s, const Plan& p, double device_bytes) {
   const MemoryBreakdown& m = s.model;
-  // The consumer to shrink first: the largest part of the breakdown.
-  const std::pair<const char*, double> parts[] = {{"parameters", m.parameters},
-                                                  {"gradients", m.gradients},
-                                                  {"optimizer state", m.optimizer},
-                                                  {"zero-3 gathered parameters", m.zero3_working},
-                                                  {"activations", m.activations}};
-  const auto largest = *std::max_element(std::begin(parts), std::end(parts),
-                                         [](const auto& a, const auto& b) { return a.second < b.second; });
-  return make_error(
-      "out of memory: rank {} (pipeline stage {}, and every tp rank and dp replica of that stage) "
-      "peaks at an estimated {} against the device's capacity of {}; its largest consumer is the {} ({}). "
-      "Analytic breakdown for this stage: parameters {}, "
-      "gradients {}, optimizer {}, zero-3 gathered {}, activations {} ({} micro-batches in flight), "
-      "total {}. Try more pipeline or tensor parallelism, --zero {}, or --recompute full; or keep the "
-      "optimizer state in host memory with --offload optimizer",
-      s.rank, s.stage, human_bytes(static_cast<double>(s.peak_bytes)), human_bytes(device_bytes), largest.first,
-      human_bytes(largest.second), human_bytes(m.parameters), human_bytes(m.gradients), human_bytes(m.optimizer),
-      human_bytes(m.zero3_working), human_bytes(m.activations), m.inflight, human_bytes(m.total()),
-      std::min(p.zero + 1, 2));
+  OutOfMemory o;
+  o.rank = s.rank;
+  o.where = p.segments.empty() ? fmt::format("pipeline stage {}, and every tp rank and dp replica of that stage", s.stage)
+                               : "and every rank holding the same segment stages";
+  o.peak = static_cast<double>(s.peak_bytes);
+  o.capacity = device_bytes;
+  o.consumers = memory_consumers(m);
+  o.detail = fmt::format("{} micro-batches in flight, analytic total {}", m.inflight, human_bytes(m.total()));
+  o.fix = fmt::format("Try more pipeline or tensor parallelism, --zero {}, or --recompute full; or keep the optimizer "
+                      "state in host memory with --offload optimizer",
+                      std::min(p.zero + 1, 2));
+  return make_error("{}", out_of_memory_message(o));
 }
 
 // Each segment's and boundary's compute and bytes (the backends' regions), in plan order.

@@ -12,6 +12,8 @@
 #include "core/host_memory.h"
 #include "core/json_input.h"
 #include "engine/memory_model.h"
+#include "engine/mesh.h"
+#include "engine/out_of_memory.h"
 #include "engine/stop_request.h"
 #include "models/parameters.h"
 
@@ -53,6 +55,31 @@ void warn(std::string_view message) {
   fmt::print(stderr, "meshtrain train: warning: {}\n", message);
 }
 
+namespace {
+
+// One rank's estimated host memory, standing for `count` ranks alike.
+struct RankNeed {
+  int rank = 0;
+  std::string where;  // "pipeline stage 1, and every rank of that stage"; empty for a segment layout's rank
+  MemoryBreakdown model;
+  int count = 1;
+};
+
+std::vector<RankNeed> rank_needs(const ModelSpec& m, const Plan& p) {
+  std::vector<RankNeed> out;
+  if (!p.segments.empty()) {
+    for (int rank = 0; rank < p.world_size(); ++rank) out.push_back({rank, "", rank_memory(m, p, rank), 1});
+    return out;
+  }
+  const Mesh mesh(p);
+  for (int stage = 0; stage < p.pp; ++stage)
+    out.push_back({mesh.rank_of({0, 0, 0, stage}), fmt::format("pipeline stage {}, and every rank of that stage", stage),
+                   memory_per_rank(m, p, stage, meshtrain_layout(p)), p.world_size() / p.pp});
+  return out;
+}
+
+}  // namespace
+
 Status check_train_memory(const TrainOptions& o, const ModelSpec& m, const Plan& p, int host_ranks) {
   if (host_ranks <= 0) return ok_status();
   // Each rank here holds its stage's parameters, gradients, AdamW state and
@@ -63,24 +90,33 @@ Status check_train_memory(const TrainOptions& o, const ModelSpec& m, const Plan&
   const double data_bytes = ec ? 0 : static_cast<double>(file_bytes);
   const double full_state =
       o.checkpoint_dir.empty() ? 0 : 3.0 * static_cast<double>(count_parameters(m).total) * sizeof(float);
-  double bytes = 0;
-  if (!p.segments.empty()) {
-    for (int rank = 0; rank < p.world_size(); ++rank) {
-      const double rank_bytes = rank_memory(m, p, rank).total() + data_bytes + full_state;
-      bytes = host_ranks == 1 ? std::max(bytes, rank_bytes) : bytes + rank_bytes;
-    }
+  const std::vector<RankNeed> needs = rank_needs(m, p);
+  auto bytes_of = [&](const RankNeed& n) { return n.model.total() + data_bytes + full_state; };
+  const RankNeed* top = &needs.front();
+  double together = 0;  // rank threads share this machine: their sum is what must fit
+  for (const RankNeed& n : needs) {
+    together += bytes_of(n) * n.count;
+    if (bytes_of(n) > bytes_of(*top)) top = &n;
   }
-  const int per_stage = p.segments.empty() ? p.world_size() / p.pp : 0;
-  for (int stage = 0; stage < p.pp && p.segments.empty(); ++stage) {
-    const double rank_bytes = memory_per_rank(m, p, stage, meshtrain_layout(p)).total() + data_bytes + full_state;
-    bytes = host_ranks == 1 ? std::max(bytes, rank_bytes) : bytes + rank_bytes * per_stage;
-  }
-  return check_host_memory(
-      bytes,
-      fmt::format("training model '{}' on the cpu backend with {} rank{} in this process", m.name, host_ranks,
-                  host_ranks == 1 ? "" : "s"),
-      "use a smaller model, --micro-batch or --seq-len, --recompute full, more pipeline stages, or spread the "
-      "ranks over processes (mpirun)");
+  const double needed = host_ranks == 1 ? bytes_of(*top) : together;
+  const double have = host_memory_bytes();
+  if (needed <= have) return ok_status();
+  OutOfMemory oom;
+  oom.rank = top->rank;
+  oom.where = top->where;
+  oom.peak = bytes_of(*top);
+  oom.capacity = have;
+  oom.capacity_of = "this machine";
+  oom.sharing_ranks = host_ranks;
+  oom.shared_total = needed;
+  oom.consumers = memory_consumers(top->model);
+  if (data_bytes > 0) oom.consumers.push_back({"copy of the --data file", data_bytes});
+  if (full_state > 0) oom.consumers.push_back({"checkpoint's gathered full state", full_state});
+  oom.detail = fmt::format("training model '{}' on the cpu backend with {} rank{} in this process", m.name, host_ranks,
+                           host_ranks == 1 ? "" : "s");
+  oom.fix = "Use a smaller model, --micro-batch or --seq-len, --recompute full, more pipeline stages, or spread the "
+            "ranks over processes (mpirun)";
+  return make_error("{}", out_of_memory_message(oom));
 }
 
 namespace {

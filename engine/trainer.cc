@@ -145,7 +145,8 @@ Status train_rank(Backend& b, const ModelSpec& m, const Plan& p, const TrainOpti
   const int seq = p.effective_seq_len(m);
   const ModelIo io = model_io(m, seq);
   StepTimer timer(b);
-  FaultInjector faults(o.faults, b.rank(), o.ranks_are_processes, 3 * o.comm_timeout + std::chrono::seconds(1));
+  FaultInjector faults(o.faults, b.rank(), o.ranks_are_processes, 3 * o.comm_timeout + std::chrono::seconds(1),
+                       o.rank_losses.get());
   if (!faults.empty()) timer.on_communication([&faults](double compute_s) { faults.before_communication(compute_s); });
   const std::unique_ptr<TrainingEngine> engine_ptr = make_engine(timer, m, p, o.step);
   TrainingEngine& engine = *engine_ptr;

@@ -13,6 +13,8 @@
 #include "engine/cli/plan_flags.h"
 #include "engine/cli/simulate_jobs.h"
 #include "engine/memory_model.h"
+#include "engine/mesh.h"
+#include "engine/out_of_memory.h"
 #include "engine/pictures/pictures.h"
 #include "engine/segments/segment_plan.h"
 #include "engine/simulation.h"
@@ -269,16 +271,26 @@ Status check_default_plan_fits(const SimulateFlags& f, const ModelAndPlan& mp, c
                       o.offload || o.sequence_parallel || o.micro_batch || o.global_batch || o.microbatches ||
                       o.seq_len || o.precision;
   if (chosen || !mp.plan.segments.empty()) return ok_status();
-  double peak = 0;
-  for (int stage = 0; stage < mp.plan.pp; ++stage)
-    peak = std::max(peak, memory_per_rank(mp.model, mp.plan, stage, meshtrain_layout(mp.plan)).total());
-  if (peak <= c.device.memory_bytes) return ok_status();
-  return make_error("the default plan (tp 1 pp 1 dp {}, ZeRO 0, no recomputation) does not fit: the memory model "
-                    "estimates {} per GPU for {}, and a {} has {}. Let the planner find a plan that fits: "
-                    "`meshtrain plan --model {} --gpus {} --cluster {}` (its --out FILE feeds simulate --plan), or "
-                    "give --tp, --pp, --zero or --recompute yourself (--ignore-memory times it anyway)",
-                    mp.plan.dp, human_bytes(peak), mp.model.name, c.device.name, human_bytes(c.device.memory_bytes),
-                    f.plan.model, mp.plan.world_size(), f.cluster);
+  MemoryBreakdown peak;
+  int peak_stage = 0;
+  for (int stage = 0; stage < mp.plan.pp; ++stage) {
+    MemoryBreakdown b = memory_per_rank(mp.model, mp.plan, stage, meshtrain_layout(mp.plan));
+    if (stage == 0 || b.total() > peak.total()) peak = b, peak_stage = stage;
+  }
+  if (peak.total() <= c.device.memory_bytes) return ok_status();
+  OutOfMemory oom;
+  oom.rank = Mesh(mp.plan).rank_of({0, 0, 0, peak_stage});
+  oom.where = fmt::format("pipeline stage {}, and every rank of that stage", peak_stage);
+  oom.peak = peak.total();
+  oom.capacity = c.device.memory_bytes;
+  oom.capacity_of = fmt::format("the {}", c.device.name);
+  oom.consumers = memory_consumers(peak);
+  oom.fix = fmt::format("Let the planner find a plan that fits: `meshtrain plan --model {} --gpus {} --cluster {}` (its "
+                      "--out FILE feeds simulate --plan), or give --tp, --pp, --zero or --recompute yourself "
+                      "(--ignore-memory times it anyway)",
+                      f.plan.model, mp.plan.world_size(), f.cluster);
+  return make_error("the default plan (tp 1 pp {} dp {}, ZeRO 0, no recomputation) does not fit {}: {}", mp.plan.pp,
+                    mp.plan.dp, mp.model.name, out_of_memory_message(oom));
 }
 
 Status run_jobs(const SimulateFlags& f) {

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/shared_fabric.h"
+#include "engine/variation.h"
 
 namespace meshtrain {
 
@@ -19,7 +20,8 @@ Status run_simulate_jobs(const std::vector<std::string>& files, const SimulateOp
     nlohmann::json out = {{"cluster", options.cluster.name},
                           {"gpus", r.num_gpus},
                           {"simulator_wall_s", r.simulator_wall_s},
-                          {"jobs", nlohmann::json::array()}};
+                          {"jobs", nlohmann::json::array()},
+                          {"what_ifs", describe_variation(options.variation)}};
     for (const SharedJobResult& j : r.jobs)
       out["jobs"].push_back({{"name", j.name},
                              {"gpus", j.gpus},
@@ -39,6 +41,8 @@ Status run_simulate_jobs(const std::vector<std::string>& files, const SimulateOp
   for (const SharedJobResult& j : r.jobs)
     fmt::print("  {:<16} {:>6} {:>11} {:>6} {:>12.4f} {:>12.4f} {:>8.3f}x\n", j.name, j.gpus,
                fmt::format("{}-{}", j.first_gpu, j.last_gpu), j.iterations, j.alone_s, j.shared_s, j.slowdown());
+  // The link what-ifs apply to the shared fabric, so to every job: listed as a single run lists them.
+  for (const std::string& what_if : describe_variation(options.variation)) fmt::print("what-if          {}\n", what_if);
   fmt::print("simulator        {:.2f} s\n", r.simulator_wall_s);
   return {};
 }

@@ -267,7 +267,8 @@ Status run_train(TrainFlags f) {
       communicator = std::move(made).value();
       backend = std::make_unique<CpuBackend>(*communicator, cpu_options(f, cpu::mpi_ranks_sharing_cores()));
     }
-    Status status = train_on(*backend);
+    // The step a failure stopped at, as under threads.
+    Status status = f.train.rank_losses->summarize(train_on(*backend), f.train.steps);
     std::string trace_sent;  // outlives abort_job: a send rank 0 never took may still read it
     if (recorder) {
       Status written = write_mpi_trace(*env, *recorder, f.trace, timeout, trace_sent);

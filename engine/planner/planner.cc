@@ -6,6 +6,8 @@
 #include <fmt/format.h>
 #include <tbb/parallel_for.h>
 
+#include "engine/mesh.h"
+#include "engine/out_of_memory.h"
 #include "engine/planner/candidates.h"
 #include "engine/planner/progress.h"
 #include "engine/planner/segment_candidates.h"
@@ -23,17 +25,22 @@ Error nothing_fits(const SearchContext& ctx, const std::vector<Candidate>& all, 
   const auto closest = std::min_element(all.begin(), all.end(), [](const Candidate& a, const Candidate& b) {
     return a.memory.peak_bytes < b.memory.peak_bytes;
   });
-  const MemoryBreakdown& m = closest->memory.peak;
+  const MemoryFit& fit = closest->memory;
+  const bool segmented = !closest->plan.segments.empty();
+  OutOfMemory o;
+  // A plan of segments names its peak rank already; a uniform plan its stage, whose first rank stands for it.
+  o.rank = segmented ? fit.peak_stage : Mesh(closest->plan).rank_of({0, 0, 0, fit.peak_stage});
+  o.where = segmented ? "" : fmt::format("pipeline stage {}, and every rank of that stage", fit.peak_stage);
+  o.peak = fit.peak_bytes;
+  o.capacity = device;
+  o.consumers = memory_consumers(fit.peak);
+  o.detail = fmt::format("{} micro-batches in flight ({} short)", fit.peak.inflight, human_bytes(fit.peak_bytes - device));
   return make_error(
-      "no plan of {} on {} GPUs fits {} of device memory ({} valid plans searched). Closest: {} needs {} on "
-      "{} {} ({} short): parameters {}, gradients {}, optimizer {}, activations {} ({} micro-batches "
-      "in flight). Use more GPUs, a device with more memory, a smaller --global-batch or --seq-len, or widen the "
-      "search (--allow tp=16, --allow micro_batch=1)",
+      "no plan of {} on {} GPUs fits {} of device memory ({} valid plans searched). Closest: {}: {}. Use more GPUs, a "
+      "device with more memory, a smaller --global-batch or --seq-len, or widen the search (--allow tp=16, --allow "
+      "micro_batch=1)",
       ctx.model.name, ctx.gpus, human_bytes(device), all.size(), describe_plan(closest->plan, ctx.model),
-      human_bytes(closest->memory.peak_bytes), closest->plan.segments.empty() ? "pipeline stage" : "rank",
-      closest->memory.peak_stage,
-      human_bytes(closest->memory.peak_bytes - device), human_bytes(m.parameters), human_bytes(m.gradients),
-      human_bytes(m.optimizer), human_bytes(m.activations), m.inflight);
+      out_of_memory_message(o));
 }
 
 // Tier 0 and 1 for uniform plans: every valid combination, those that fit, ranked by the fast tier.

@@ -8,6 +8,7 @@
 #   BAD  killed by a signal, by the limit (a hang or a runaway), or crashed
 #
 #   experiments/reliability/probes.sh [build-dev/engine/meshtrain] > probes.log
+#   ONLY=29 experiments/reliability/probes.sh ...   only the probes whose names start with 29
 # Results: experiments/RESULTS.md, "Reliability probes and sanitizers".
 # Timings under a loaded machine can exceed PT for work that is merely slow:
 # rerun a BAD line alone before calling it a hang.
@@ -19,16 +20,21 @@ W=$(mktemp -d /tmp/meshtrain-probes.XXXXXX)
 F=$W/f
 PT=${PT:-60}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# Runs "$@" under the limits: sets OUT, RC and DT (seconds).
+limited() {
+  local t0; t0=$(date +%s.%N)
+  OUT=$( (ulimit -v 6000000; timeout -s KILL "$PT" "$@") 2>&1 ); RC=$?
+  DT=$(echo "$(date +%s.%N) - $t0" | bc)
+}
 probe() {
   local name=$1; shift; [ "$1" = "--" ] && shift
-  local t0 out rc dt verdict msg
-  t0=$(date +%s.%N)
-  out=$( (ulimit -v 6000000; timeout -s KILL "$PT" "$@") 2>&1 ); rc=$?
-  dt=$(echo "$(date +%s.%N) - $t0" | bc)
-  verdict=ok; [ $rc -ge 124 ] && verdict=BAD; [ $rc -eq 0 ] && verdict=ran
-  msg=$(echo "$out" | grep -iE "error|refus|must|warn|cannot|not |is a" | head -2 | tr '\n' ' ' | cut -c1-300)
-  [ -z "$msg" ] && msg=$(echo "$out" | tail -2 | tr '\n' ' ' | cut -c1-300)
-  printf '%-5s rc=%-3s %5.1fs %-42s | %s\n' "$verdict" "$rc" "$dt" "$name" "$msg"
+  local verdict msg
+  [[ "$name" == "${ONLY:-}"* ]] || return 0
+  limited "$@"
+  verdict=ok; [ $RC -ge 124 ] && verdict=BAD; [ $RC -eq 0 ] && verdict=ran
+  msg=$(echo "$OUT" | grep -iE "error|refus|must|warn|cannot|not |is a" | head -2 | tr '\n' ' ' | cut -c1-300)
+  [ -z "$msg" ] && msg=$(echo "$OUT" | tail -2 | tr '\n' ' ' | cut -c1-300)
+  printf '%-5s rc=%-3s %5.1fs %-42s | %s\n' "$verdict" "$RC" "$DT" "$name" "$msg"
 }
 mkdir -p $F; cd $F
 deep() { python3 - "$@" <<'PY'
@@ -228,6 +234,7 @@ probe "15 train --metrics unwritable" -- $T --steps 1 --metrics /proc/nope/m.jso
 probe "15 plan --out dir" -- $M plan --model tiny --gpus 2 --out $F/adir
 T="$M train --model tiny --data $F/data.txt --seq-len 16 --micro-batch 2 --quiet"
 echo "## 3 signals"
+if [ -z "${ONLY:-}" ]; then  # background runs, not probes: ONLY leaves them out
 rm -rf $W/ck4
 $T --steps 100000 --checkpoint $W/ck4 > $W/sig.out 2>&1 & pid=$!
 sleep 8
@@ -239,6 +246,7 @@ rm -rf $W/ck5
 $M train --model tiny --data $F/data.txt --seq-len 16 --micro-batch 2 --quiet --dp 2 --steps 100000 --checkpoint $W/ck5 > $W/sig2.out 2>&1 & pid=$!
 sleep 8; kill -INT $pid; wait $pid; echo "rc=$?" >> $W/sig2.out
 echo "3 SIGINT dp2 threads: $(tail -2 $W/sig2.out | tr '\n' ' ') ; dir: $(ls $W/ck5 | tr '\n' ' ')"
+fi
 probe "3 resume after SIGINT" -- $M train --model tiny --data $F/data.txt --seq-len 16 --micro-batch 2 --quiet --dp 2 --steps 100000 --stop-at 1 --checkpoint $W/ck5 --resume
 CAL=$R/experiments/calibration/cpu-local-cpu-2026-12-02.json
 echo "## 14 calibration"
@@ -337,7 +345,7 @@ truncate -s 40G $F/sparse.bin
 probe "data 40G sparse file" -- $M train --model tiny --data $F/sparse.bin --seq-len 16 --micro-batch 2 --steps 1
 rm -f $F/sparse.bin
 
-# ---- issue 29, classes 2 to 5 (each a block; see experiments/RESULTS.md, "Reliability: issue 29") ----
+# ---- issue 29, classes 2 to 5 (p29 prints each class's header; see experiments/RESULTS.md, "Reliability: issue 29") ----
 cd $F
 echo '{"version":1,"gemm":[{"m":4,"n":4,"k":4,"time_us":1,"bogus":1}]}' > cal-gemm-unknown.json
 echo '{"version":1,"collectives":[{"kind":"all_reduce","members":2,"bytes":1024,"busbw_GBps":1,"bogus":1}]}' > cal-coll-unknown.json
@@ -365,79 +373,94 @@ echo '{"step":1,"loss":2.5,"lr":0.001,"step_time_s":-1,"tokens_per_s":5}' > metr
 echo '{"step":1,"loss":2.5,"lr":0.001,"step_time_s":1,"tokens_per_s":5,"bogus":1}' > metrics-unknown.jsonl
 echo '{"loss":2.5,"lr":0.001,"step_time_s":1,"tokens_per_s":5}' > metrics-nostep.jsonl
 echo '[0,0,0,0,0,0,0,1]' > routing-onehot.json
+echo '{"name":"a","model":"tiny","gpus":"0-15","plan":{"dp":16}}' > job16.json
+echo '{"layers":4,"hidden":1048576,"heads":4,"vocab":256,"seq_len":64}' > m-wide.json
+echo '{"pp":2,"first_stage_layers":1}' > plan-pp2-first1.json
 cd "$W"
 T="$M train --model tiny --data $F/data.txt --seq-len 16 --micro-batch 2 --quiet"
-# A rank SIGKILLed under mpirun is a real death: mpirun itself exits 137 and names the rank. This
-# verdict is ok when the run exits non-zero and some line names a rank and a step.
-lost() {
-  local name=$1; shift; [ "$1" = "--" ] && shift
-  local out rc
-  out=$( (ulimit -v 6000000; timeout -s KILL "$PT" "$@") 2>&1 ); rc=$?
+declare -A C29=([2]="a run that lost a rank exits non-zero, naming the ranks and the step"
+                [3]="every field of every input file, at every depth" [4]="what-ifs and statistics"
+                [5]="messages name the real cause")
+LAST29=
+# p29 CLASS[:lost] NAME -- COMMAND: one issue-29 probe, under its class's header (printed once).
+# CLASS:lost judges a rank lost: a rank SIGKILLed under mpirun is a real death (mpirun itself exits
+# 137 and names it), and a hang under threads ends in the peers' timeout, so the verdict is ok when
+# the run exits non-zero (not by the time limit) and some line names a rank and a step.
+p29() {
+  local class=${1%%:*} kind=${1#*:} name="29.${1%%:*} $2"; shift 2; [ "$1" = "--" ] && shift
+  [ "$class" != "$LAST29" ] && echo "## 29.$class ${C29[$class]}" && LAST29=$class
+  [ "$kind" != lost ] && { probe "$name" -- "$@"; return; }
+  [[ "$name" == "${ONLY:-}"* ]] || return 0
+  limited "$@"
   local verdict=BAD
-  [ $rc -ne 0 ] && [ $rc -ne 124 ] && echo "$out" | grep -qiE "rank [0-9].*step [0-9]" && verdict=ok
-  [ $rc -eq 0 ] && verdict=ran
-  printf '%-5s rc=%-3s        %-42s | %s\n' "$verdict" "$rc" "$name" \
-    "$(echo "$out" | grep -iE "error|rank [0-9].*step|refus" | head -2 | tr '\n' ' ' | cut -c1-300)"
+  [ $RC -ne 0 ] && [ $RC -ne 124 ] && echo "$OUT" | grep -qiE "rank [0-9].*step [0-9]" && verdict=ok
+  [ $RC -eq 0 ] && verdict=ran
+  printf '%-5s rc=%-3s %5.1fs %-42s | %s\n' "$verdict" "$RC" "$DT" "$name" \
+    "$(echo "$OUT" | grep -iE "error|rank [0-9].*step|refus" | head -2 | tr '\n' ' ' | cut -c1-300)"
 }
-echo "## 29.2 a run that lost a rank exits non-zero"
-probe "29.2 one rank exits (threads)" -- $T --steps 6 --fault-inject 0:exit:2
-probe "29.2 every rank exits (threads dp2)" -- $T --steps 6 --dp 2 --fault-inject 0:exit:2 --fault-inject 1:exit:2
-probe "29.2 rank 1 of 2 exits (threads)" -- $T --steps 6 --dp 2 --fault-inject 1:exit:3
-probe "29.2 rank 3 of 4 exits (tp2 pp2)" -- $T --steps 4 --tp 2 --pp 2 --fault-inject 3:exit:2
-probe "29.2 hang on one rank (no peer)" -- $T --steps 4 --fault-inject 0:hang:2 --comm-timeout 1
-probe "29.2 hang rank 1 of 2 (threads)" -- $T --steps 4 --dp 2 --fault-inject 1:hang:2 --comm-timeout 1
-probe "29.2 exit beyond --steps" -- $T --steps 3 --dp 2 --fault-inject 1:exit:9
-probe "29.2 hang beyond --stop-at" -- $T --steps 6 --dp 2 --stop-at 2 --checkpoint $W/ck29 --fault-inject 1:hang:4
-probe "29.2 exit and hang same rank+step" -- $T --steps 4 --dp 2 --fault-inject 1:exit:2 --fault-inject 1:hang:2
-lost "29.2 mpirun -np 1 exit" -- mpirun -np 1 $T --steps 6 --fault-inject 0:exit:2
-lost "29.2 mpirun -np 2 rank 1 exits" -- mpirun -np 2 --oversubscribe $T --steps 6 --dp 2 --fault-inject 1:exit:2
-probe "29.2 mpirun -np 1 hang (no peer)" -- mpirun -np 1 $T --steps 4 --fault-inject 0:hang:2 --comm-timeout 1
-probe "29.2 mpirun -np 2 hang rank 1" -- mpirun -np 2 --oversubscribe $T --steps 4 --dp 2 --fault-inject 1:hang:2 --comm-timeout 1
-echo "## 29.3 every field of every input file, at every depth"
+p29 2 "one rank exits (threads)" -- $T --steps 6 --fault-inject 0:exit:2
+p29 2 "every rank exits (threads dp2)" -- $T --steps 6 --dp 2 --fault-inject 0:exit:2 --fault-inject 1:exit:2
+p29 2 "rank 1 of 2 exits (threads)" -- $T --steps 6 --dp 2 --fault-inject 1:exit:3
+p29 2 "rank 3 of 4 exits (tp2 pp2)" -- $T --steps 4 --tp 2 --pp 2 --fault-inject 3:exit:2
+p29 2 "hang on one rank (no peer)" -- $T --steps 4 --fault-inject 0:hang:2 --comm-timeout 1
+p29 2:lost "hang rank 1 of 2 (threads)" -- $T --steps 4 --dp 2 --fault-inject 1:hang:2 --comm-timeout 1
+p29 2:lost "hang rank 0 of 2 (threads pp2)" -- $T --steps 4 --pp 2 --fault-inject 0:hang:3 --comm-timeout 1
+p29 2:lost "hang 1 + exit 3 of 4 (threads)" -- $T --steps 4 --dp 4 --fault-inject 1:hang:2 --fault-inject 3:exit:2 --comm-timeout 1
+p29 2 "exit beyond --steps" -- $T --steps 3 --dp 2 --fault-inject 1:exit:9
+p29 2 "hang beyond --stop-at" -- $T --steps 6 --dp 2 --stop-at 2 --checkpoint $W/ck29 --fault-inject 1:hang:4
+p29 2 "exit and hang same rank+step" -- $T --steps 4 --dp 2 --fault-inject 1:exit:2 --fault-inject 1:hang:2
+p29 2:lost "mpirun -np 1 exit" -- mpirun -np 1 $T --steps 6 --fault-inject 0:exit:2
+p29 2:lost "mpirun -np 2 rank 1 exits" -- mpirun -np 2 --oversubscribe $T --steps 6 --dp 2 --fault-inject 1:exit:2
+p29 2 "mpirun -np 1 hang (no peer)" -- mpirun -np 1 $T --steps 4 --fault-inject 0:hang:2 --comm-timeout 1
+p29 2:lost "mpirun -np 2 hang rank 1" -- mpirun -np 2 --oversubscribe $T --steps 4 --dp 2 --fault-inject 1:hang:2 --comm-timeout 1
 C1="$M simulate --model tiny --gpus 1 --cluster local-cpu --precision fp32 --calibration"
-probe "29.3 cal unknown key in gemm[0]" -- $C1 $F/cal-gemm-unknown.json
-probe "29.3 cal unknown key in collectives[0]" -- $C1 $F/cal-coll-unknown.json
-probe "29.3 cal unknown key in attention[0]" -- $C1 $F/cal-att-unknown.json
-probe "29.3 cal negative latency" -- $C1 $F/cal-neg-latency.json
-probe "29.3 cal negative time" -- $C1 $F/cal-neg-time.json
-probe "29.3 cal A100 on local-cpu" -- $C1 $F/cal-a100.json
-probe "29.3 cal A100 + backend cpu on local-cpu" -- $C1 $F/cal-a100-cpu.json
-probe "29.3 cal backend tpu" -- $C1 $F/cal-backend-tpu.json
-probe "29.3 model missing layers" -- $M info --model $F/m-no-layers.json
-probe "29.3 model missing hidden" -- $M info --model $F/m-no-hidden.json
-probe "29.3 model unknown nested" -- $M info --model $F/m-extra.json
-probe "29.3 vit 65536^2 patches" -- $M info --model $F/m-vit-huge.json
-probe "29.3 vit 46341^2x3 patches" -- $M info --model $F/m-vit-wrap.json
-probe "29.3 vit patch > image" -- $M info --model $F/m-vit-patch.json
-probe "29.3 model derived params huge" -- $M info --model $F/m-huge-derived.json
-probe "29.3 segment unknown key" -- $M simulate --model vqa-tiny --plan $F/seg-unknown.json
-probe "29.3 cluster device unknown key" -- $M simulate --model tiny --gpus 8 --cluster $F/cluster-deep-unknown.json
-probe "29.3 cluster negative latency" -- $M simulate --model tiny --gpus 8 --cluster $F/cluster-neg.json
-probe "29.3 job plan unknown key" -- $M simulate --cluster h200 --job $F/job-plan-unknown.json
-probe "29.3 job entry unknown key" -- $M simulate --cluster h200 --job $F/job-unknown.json
-probe "29.3 plot metrics negative time" -- $M plot $F/metrics-neg.jsonl --out $W/m1.svg
-probe "29.3 plot metrics unknown key" -- $M plot $F/metrics-unknown.jsonl --out $W/m2.svg
-probe "29.3 plot metrics no step" -- $M plot $F/metrics-nostep.jsonl --out $W/m3.svg
-echo "## 29.4 what-ifs and statistics"
+p29 3 "cal unknown key in gemm[0]" -- $C1 $F/cal-gemm-unknown.json
+p29 3 "cal unknown key in collectives[0]" -- $C1 $F/cal-coll-unknown.json
+p29 3 "cal unknown key in attention[0]" -- $C1 $F/cal-att-unknown.json
+p29 3 "cal negative latency" -- $C1 $F/cal-neg-latency.json
+p29 3 "cal negative time" -- $C1 $F/cal-neg-time.json
+p29 3 "cal A100 on local-cpu" -- $C1 $F/cal-a100.json
+p29 3 "cal A100 + backend cpu on local-cpu" -- $C1 $F/cal-a100-cpu.json
+p29 3 "cal backend tpu" -- $C1 $F/cal-backend-tpu.json
+p29 3 "model missing layers" -- $M info --model $F/m-no-layers.json
+p29 3 "model missing hidden" -- $M info --model $F/m-no-hidden.json
+p29 3 "model unknown nested" -- $M info --model $F/m-extra.json
+p29 3 "vit 65536^2 patches" -- $M info --model $F/m-vit-huge.json
+p29 3 "vit 46341^2x3 patches" -- $M info --model $F/m-vit-wrap.json
+p29 3 "vit patch > image" -- $M info --model $F/m-vit-patch.json
+p29 3 "model derived params huge" -- $M info --model $F/m-huge-derived.json
+p29 3 "segment unknown key" -- $M simulate --model vqa-tiny --plan $F/seg-unknown.json
+p29 3 "cluster device unknown key" -- $M simulate --model tiny --gpus 8 --cluster $F/cluster-deep-unknown.json
+p29 3 "cluster negative latency" -- $M simulate --model tiny --gpus 8 --cluster $F/cluster-neg.json
+p29 3 "job plan unknown key" -- $M simulate --cluster h200 --job $F/job-plan-unknown.json
+p29 3 "job entry unknown key" -- $M simulate --cluster h200 --job $F/job-unknown.json
+p29 3 "plot metrics negative time" -- $M plot $F/metrics-neg.jsonl --out $W/m1.svg
+p29 3 "plot metrics unknown key" -- $M plot $F/metrics-unknown.jsonl --out $W/m2.svg
+p29 3 "plot metrics no step" -- $M plot $F/metrics-nostep.jsonl --out $W/m3.svg
 S8="$M simulate --model tiny --cluster h200 --gpus 16 --dp 16"
-probe "29.4 link failed and degraded" -- $S8 --link-fail node0.nic0 --link-degrade node0.nic0:0.5
-probe "29.4 link failed twice" -- $S8 --link-fail node0.nic0 --link-fail node0.nic0
-probe "29.4 link degraded twice" -- $S8 --link-degrade node0.nic0:0.5 --link-degrade node0.nic0:0.25
-probe "29.4 straggler twice" -- $S8 --straggler 3:2 --straggler 3:1.5
-probe "29.4 --moe-routing on dense" -- $M simulate --model tiny --cluster h200 --gpus 8 --moe-routing zipf:1.2
-probe "29.4 plan --moe-routing on dense" -- $M plan --model tiny --cluster h200 --gpus 8 --moe-routing zipf:1.2
-probe "29.4 zipf:3 top-2 load (<= 4)" -- $M simulate --model tiny-moe --cluster h200 --gpus 8 --ep 8 --moe-routing zipf:3
-probe "29.4 file one-hot top-2 load" -- $M simulate --model tiny-moe --cluster h200 --gpus 8 --ep 8 --moe-routing file:$F/routing-onehot.json
-probe "29.4 what-ifs listed" -- $S8 --straggler 3:2 --link-degrade node0.nic1:0.5 --link-fail node1.nic2
-echo "## 29.5 messages name the real cause"
-probe "29.5 --straggler -1:2" -- $S8 --straggler -1:2
-probe "29.5 info --rank -1" -- $M info --model tiny --rank -1
-probe "29.5 --fault-inject -1:exit:1" -- $T --steps 2 --fault-inject -1:exit:1
-probe "29.5 workload 4 fields" -- $M calibrate --backend cpu --quick --out $W/c.json --workload tiny:2:16:5
-probe "29.5 workload 2 fields" -- $M calibrate --backend cpu --quick --out $W/c.json --workload tiny:2
-probe "29.5 segment no modules" -- $M simulate --model vqa-tiny --plan $F/seg-no-modules.json
-probe "29.5 cal A100+cpu on dgx-a100" -- $M simulate --model tiny --gpus 8 --cluster dgx-a100 --calibration $F/cal-a100-cpu.json
-probe "29.5 cal cpu device cuda backend" -- $M simulate --model tiny --gpus 8 --cluster dgx-a100 --calibration $F/cal-cpu-cuda.json
-probe "29.5 out of memory (simulate)" -- $M simulate --model gpt3-175b --cluster h200 --gpus 8 --tp 8
-probe "29.5 NaN stop --overlap-update" -- $T --steps 3 --dp 2 --zero 1 --overlap-update --grad-clip 0 --lr 1e30
+p29 4 "link failed and degraded" -- $S8 --link-fail node0.nic0 --link-degrade node0.nic0:0.5
+p29 4 "link failed twice" -- $S8 --link-fail node0.nic0 --link-fail node0.nic0
+p29 4 "link degraded twice" -- $S8 --link-degrade node0.nic0:0.5 --link-degrade node0.nic0:0.25
+p29 4 "straggler twice" -- $S8 --straggler 3:2 --straggler 3:1.5
+p29 4 "--moe-routing on dense" -- $M simulate --model tiny --cluster h200 --gpus 8 --moe-routing zipf:1.2
+p29 4 "plan --moe-routing on dense" -- $M plan --model tiny --cluster h200 --gpus 8 --moe-routing zipf:1.2
+p29 4 "zipf:3 top-2 load (<= 4)" -- $M simulate --model tiny-moe --cluster h200 --gpus 8 --ep 8 --moe-routing zipf:3
+p29 4 "file one-hot top-2 load" -- $M simulate --model tiny-moe --cluster h200 --gpus 8 --ep 8 --moe-routing file:$F/routing-onehot.json
+p29 4 "what-ifs listed" -- $S8 --straggler 3:2 --link-degrade node0.nic1:0.5 --link-fail node1.nic2
+p29 4 "--job what-ifs listed" -- $M simulate --cluster h200 --job $F/job16.json --link-degrade node1.nic0:0.5 --link-fail node0.nic1
+p29 5 "--straggler -1:2" -- $S8 --straggler -1:2
+p29 5 "info --rank -1" -- $M info --model tiny --rank -1
+p29 5 "--fault-inject -1:exit:1" -- $T --steps 2 --fault-inject -1:exit:1
+p29 5 "workload 4 fields" -- $M calibrate --backend cpu --quick --out $W/c.json --workload tiny:2:16:5
+p29 5 "workload 2 fields" -- $M calibrate --backend cpu --quick --out $W/c.json --workload tiny:2
+p29 5 "segment no modules" -- $M simulate --model vqa-tiny --plan $F/seg-no-modules.json
+p29 5 "cal A100+cpu on dgx-a100" -- $M simulate --model tiny --gpus 8 --cluster dgx-a100 --calibration $F/cal-a100-cpu.json
+p29 5 "cal cpu device cuda backend" -- $M simulate --model tiny --gpus 8 --cluster dgx-a100 --calibration $F/cal-cpu-cuda.json
+p29 5 "out of memory (simulate)" -- $M simulate --model gpt3-175b --cluster h200 --gpus 8 --tp 8
+p29 5 "out of memory (default plan)" -- $M simulate --model llama3-70b --gpus 8
+p29 5 "out of memory (planner)" -- $M plan --model gpt3-175b --gpus 8 --no-progress
+p29 5 "out of memory (train, 1 rank)" -- $M train --model $F/m-wide.json --data $F/data.txt --seq-len 16 --steps 1 --grad-bucket-mb 1048576
+p29 5 "out of memory (train, 2 rank threads)" -- $M train --model $F/m-wide.json --data $F/data.txt --seq-len 16 --steps 1 --grad-bucket-mb 1048576 --dp 2
+p29 5 "out of memory (train, pp2, stage 1)" -- $M train --model $F/m-wide.json --data $F/data.txt --seq-len 16 --steps 1 --grad-bucket-mb 1048576 --plan $F/plan-pp2-first1.json
+p29 5 "NaN stop --overlap-update" -- $T --steps 3 --dp 2 --zero 1 --overlap-update --grad-clip 0 --lr 1e30
 rm -rf "$W"

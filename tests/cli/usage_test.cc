@@ -197,7 +197,8 @@ TEST_CASE("simulate says what is missing, and that a default plan does not fit",
   const MeshtrainRun oom = run_meshtrain("simulate --model llama3-70b --gpus 8");
   CHECK(oom.status != 0);
   CHECK_THAT(oom.out, Catch::Contains("the default plan (tp 1 pp 1 dp 8, ZeRO 0, no recomputation) does not fit"));
-  CHECK_THAT(oom.out, Catch::Contains("TiB per GPU for llama3-70b"));
+  CHECK_THAT(oom.out, Catch::Contains("does not fit llama3-70b: out of memory: rank 0 (pipeline stage 0"));
+  CHECK_THAT(oom.out, Catch::Contains("TiB against the A100-SXM4-80GB's capacity of 80.00 GiB"));
   CHECK_THAT(oom.out, Catch::Contains("`meshtrain plan --model llama3-70b --gpus 8 --cluster dgx-a100`"));
   // A plan the user chose gets the simulator's own out-of-memory report instead.
   CHECK_THAT(run_meshtrain("simulate --model llama3-70b --gpus 8 --tp 8").out,

@@ -23,11 +23,17 @@ TEST_CASE("a rank thread that dies fails the run, naming the ranks and the step"
   CHECK_THAT(r.out, !Catch::Contains("returned without joining"));
 }
 
-TEST_CASE("a rank that stops answering fails the run at its step", "[reliability][rank_loss]") {
-  expect_refusal(tiny_train() + " --steps 4 --dp 2 --comm-timeout 1 --fault-inject 1:hang:2",
-                 "step 2 of 4: rank 0: ");
-  expect_refusal(tiny_train() + " --steps 4 --dp 2 --comm-timeout 1 --fault-inject 1:hang:2",
-                 "still waiting for rank 1; the run did not complete its steps");
+TEST_CASE("a rank that stops answering fails the run, naming it and its step", "[reliability][rank_loss]") {
+  const std::string t = tiny_train() + " --steps 4 --comm-timeout 1";
+  // The hung rank itself is named, not only through its peer's timeout (which the message keeps as the first error).
+  expect_refusal(t + " --dp 2 --fault-inject 1:hang:2",
+                 "the run lost a rank (rank 1 stopped answering at step 2, by --fault-inject) and stopped at step 2 of "
+                 "4, so it did not complete its steps; first error: ");
+  expect_refusal(t + " --dp 2 --fault-inject 1:hang:2", "still waiting for rank 1");
+  // Under pipeline parallelism too, and with another rank dying at the same time.
+  expect_refusal(t + " --pp 2 --fault-inject 0:hang:3", "(rank 0 stopped answering at step 3, by --fault-inject)");
+  expect_refusal(t + " --dp 4 --fault-inject 1:hang:2 --fault-inject 3:exit:2",
+                 "the run lost 2 ranks (rank 1 stopped answering at step 2, rank 3 at step 2, by --fault-inject)");
 }
 
 TEST_CASE("a fault the run could not show is refused up front", "[reliability][rank_loss]") {
@@ -53,4 +59,11 @@ TEST_CASE("under MPI a lost rank ends the job non-zero; a hang of one process is
   INFO(alone.out);
   CHECK(alone.status != 0);
   CHECK_THAT(alone.out, Catch::Contains("this run has one rank, so no peer waits for it"));
+  // A hung process: its peer gives up at that step and names the rank it waited for; the job ends non-zero.
+  const MeshtrainRun hung = run_shell(mpirun + "2 " + exe + " --steps 4 --dp 2 --comm-timeout 1 --fault-inject 1:hang:2");
+  INFO(hung.out);
+  CHECK(hung.status != 0);
+  CHECK_THAT(hung.out, Catch::Contains("fault injected: rank 1 stops answering at step 2"));
+  CHECK_THAT(hung.out, Catch::Contains("step 2 of 4: rank 0: ") || Catch::Contains("step 2: "));
+  CHECK_THAT(hung.out, Catch::Contains("still waiting for rank 1"));
 }

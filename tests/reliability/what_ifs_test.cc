@@ -65,3 +65,27 @@ TEST_CASE("every applied what-if is listed in the report", "[reliability][what_i
   REQUIRE(j.status == 0);
   CHECK(nlohmann::json::parse(j.out).at("what_ifs") == nlohmann::json::array({"cable node1.nic2 failed"}));
 }
+
+TEST_CASE("a --job run lists every applied link what-if, as a single run does", "[reliability][what_ifs]") {
+  const std::string job = write_text("job16.json", R"({"name": "a", "model": "tiny", "gpus": "0-15", "plan": {"dp": 16}})");
+  const std::string jobs = "simulate --cluster h200 --job " + job;
+  const std::string what_ifs = " --link-degrade node1.nic0:0.5 --link-fail node0.nic1";
+  const MeshtrainRun r = run_meshtrain(jobs + what_ifs);
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  CHECK_THAT(r.out, Catch::Contains("what-if          cable node1.nic0 at 0.5 of its bandwidth"));
+  CHECK_THAT(r.out, Catch::Contains("what-if          cable node0.nic1 failed"));
+  const MeshtrainRun j = run_meshtrain(jobs + what_ifs + " --json");
+  INFO(j.out);
+  REQUIRE(j.status == 0);
+  CHECK(nlohmann::json::parse(j.out).at("what_ifs") ==
+        nlohmann::json::array({"cable node1.nic0 at 0.5 of its bandwidth", "cable node0.nic1 failed"}));
+  // With none applied the report says none: no line, an empty list.
+  const MeshtrainRun plain = run_meshtrain(jobs);
+  INFO(plain.out);
+  REQUIRE(plain.status == 0);
+  CHECK_THAT(plain.out, !Catch::Contains("what-if"));
+  const MeshtrainRun plain_json = run_meshtrain(jobs + " --json");
+  REQUIRE(plain_json.status == 0);
+  CHECK(nlohmann::json::parse(plain_json.out).at("what_ifs") == nlohmann::json::array());
+}
