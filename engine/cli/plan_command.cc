@@ -143,7 +143,7 @@ Command add_plan_command(CLI::App& app) {
   sub->add_option("--global-batch", f->global_batch, "sequences (images) per iteration (default: one per GPU)")
       ->check(int_in({1, kMaxGlobalBatch}));
   sub->add_option("--seq-len", f->seq_len, "sequence length (default: the model's)")->check(int_in({1, 1 << 24}));
-  sub->add_option("--precision", f->precision, "fp32, bf16 or fp16")->capture_default_str();
+  sub->add_option("--precision", f->precision, "fp32, bf16, fp16 or fp8 (FP8 linear GEMMs; needs FP8 devices)")->capture_default_str();
   sub->add_option("--grad-bucket-mb", f->grad_bucket_mb, "MiB per data-parallel gradient bucket (every candidate)")
       ->capture_default_str()
       ->check(real_in(kGradBucketMbRange));
