@@ -13,6 +13,7 @@
 #include "core/names.h"
 #include "engine/cli/bounded_flags.h"
 #include "engine/cli/commands.h"
+#include "engine/fp8_recipe.h"
 #include "engine/pictures/pictures.h"
 #include "engine/planner/candidates.h"
 #include "engine/planner/segment_candidates.h"
@@ -55,6 +56,8 @@ Status run_plan(const PlanCommandFlags& f) {
   SimulateOptions options;
   MT_ASSIGN(options.cluster, sim::cluster_spec_by_name_or_file(f.cluster));
   ctx.gpus_per_node = options.cluster.gpus_per_node;
+  // Before the search: otherwise every candidate would be refused one by one for the same reason.
+  if (ctx.base.precision == Precision::fp8) MT_TRY(check_fp8_device(options.cluster.device));
   sim::Calibration calibration;
   if (!f.calibration.empty())
     MT_TRY(apply_calibration(f.calibration, "threads", f.gpus, ctx.base.precision, calibration, options));
