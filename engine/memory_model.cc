@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "engine/fp8_recipe.h"
 #include "engine/schedule/builders.h"
 #include "models/model_tables.h"
 #include "models/parameters.h"
@@ -12,7 +13,11 @@ namespace meshtrain {
 
 ActivationLayout korthikanti_layout() { return {2, 1, true, false, 0}; }
 
-ActivationLayout meshtrain_layout(const Plan& p) { return {element_bytes(p.precision), 0, false, true, 4}; }
+ActivationLayout meshtrain_layout(const Plan& p) {
+  ActivationLayout a{element_bytes(p.precision), 0, false, true, 4};
+  if (p.precision == Precision::fp8) a.gemm_input_bytes = kFp8SavedGemmInputBytes;
+  return a;
+}
 
 ActivationQuery activation_query(const ModelSpec& m, const Plan& p, const ActivationLayout& a) {
   ActivationQuery q;
@@ -101,7 +106,8 @@ MemoryBreakdown memory_per_rank(const ModelSpec& m, const Plan& p, int stage, co
     return ((n - experts) / p.dp + experts / edp) * bytes;
   };
   const bool mixed = p.precision != Precision::fp32;
-  const double param_bytes = element_bytes(p.precision);
+  // FP8 keeps an FP8 copy of every weight next to the bf16 one (engine/fp8_recipe.h).
+  const double param_bytes = element_bytes(p.precision) + (p.precision == Precision::fp8 ? kFp8WeightCopyBytes : 0);
   const double grad_bytes = a.gradient_bytes > 0 ? a.gradient_bytes : element_bytes(p.precision);
   const double optimizer_bytes = mixed ? 12.0 : 8.0;
   const double dp = static_cast<double>(p.dp) * p.cp;

@@ -16,7 +16,7 @@ namespace meshtrain {
 namespace {
 
 const std::vector<std::string> kRecomputes = {"none", "selective", "full"};
-const std::vector<std::string> kPrecisions = {"fp32", "bf16", "fp16"};
+const std::vector<std::string> kPrecisions = {"fp32", "bf16", "fp16", "fp8"};
 const std::vector<std::string> kGradSyncs = {"overlap", "after-backward"};
 const std::vector<std::string> kGradCompressions = {"none", "bf16", "fp16", "1bit"};
 const std::vector<std::string> kOffloads = {"none", "optimizer", "params"};

@@ -26,7 +26,10 @@ namespace meshtrain {
 // The schedule library's enum (engine/schedule/builders.h), so a plan's
 // schedule goes to build_schedule as it is.
 using schedule::ScheduleKind;
-enum class Precision { fp32, bf16, fp16 };
+// fp8: bf16 training whose linear layers' GEMMs take FP8 operands (E4M3
+// forward, E5M2 gradients, per-tensor delayed scaling; Transformer Engine's
+// recipe, engine/fp8_recipe.h). Simulated only: train refuses it.
+enum class Precision { fp32, bf16, fp16, fp8 };
 // When the data-parallel gradient buckets are reduced: `overlap` issues each
 // bucket as soon as the last micro-batch's backward has completed it (PyTorch
 // DDP, Megatron's --DDP-impl torch); `after_backward` issues every bucket once

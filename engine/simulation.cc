@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "engine/fp8_recipe.h"
 #include "engine/mesh.h"
 #include "engine/out_of_memory.h"
 #include "engine/segments/segment_plan.h"
@@ -16,6 +17,7 @@
 #include "engine/training_engine.h"
 #include "models/flops.h"
 #include "models/model_io.h"
+#include "models/parameters.h"
 
 namespace meshtrain {
 
@@ -237,6 +239,18 @@ IdleBreakdown reconciled(IdleBreakdown b, double idle_s) {
   return b;
 }
 
+// Precision fp8 needs FP8 units; a plan of segments does not take it yet (each segment would need its own).
+Status check_fp8_plan(const Plan& p, const sim::DeviceSpec& device) {
+  const bool any = p.precision == Precision::fp8 ||
+                   std::any_of(p.segments.begin(), p.segments.end(),
+                               [](const Plan& s) { return s.precision == Precision::fp8; });
+  if (!any) return ok_status();
+  if (!p.segments.empty())
+    return make_error("precision fp8 is simulated for uniform plans only, not yet for a plan of segments; "
+                      "give the segments precision bf16");
+  return check_fp8_device(device);
+}
+
 }  // namespace
 
 Status issue_iterations(SimCluster& cluster, int job, const ModelSpec& m, const Plan& p,
@@ -259,6 +273,9 @@ Status issue_iterations(SimCluster& cluster, int job, const ModelSpec& m, const 
   const std::vector<int>& reps = cluster.representatives(job);
   std::vector<std::unique_ptr<TrainingEngine>> engines;
   for (int r : reps) engines.push_back(make_engine(cluster.backend(job, r), m, p, step_options));
+  // The output layer's GEMMs (a dimension of the vocabulary shard) stay bf16 (engine/fp8_recipe.h).
+  if (p.precision == Precision::fp8)
+    for (int r : reps) cluster.backend(job, r).use_fp8_gemms(padded_vocab(m, p.tp) / p.tp);
   // The iterations' PCIe traffic and host updates, without the set-up's (SimRankReport::host_work).
   for (int r : reps) cluster.backend(job, r).reset_host_work();
   // Nothing blocks on data in the sim backend, so each representative issues
@@ -286,6 +303,7 @@ Status apply_calibration(const std::string& file, const std::string& transport, 
   MT_TRY(sim::check_calibration_device(calibration, options.cluster).context(fmt::format("--calibration '{}'", file)));
   // After the device: another machine's times are wrong whatever their dtype. fp16 costs as bf16
   // (sim::DType), so a bf16 calibration stands for both.
+  // An fp8 run is a bf16 one but for its linear GEMMs, which a bf16 file's "fp8" GEMM entries time.
   const sim::DType run = precision == Precision::fp32 ? sim::DType::kFp32 : sim::DType::kBf16;
   MT_TRY(sim::check_calibration_precision(calibration, run).context(fmt::format("--calibration '{}'", file)));
   sim::apply_link_calibration(calibration, options.cluster);
@@ -299,6 +317,7 @@ Result<SimulationResult> simulate_iteration(const ModelSpec& m, const Plan& p,
     return std::move(s.context("the step engine cannot run this plan yet")).error();
   const bool segmented = !p.segments.empty();
   MT_TRY(check_simulation_size(m, p));
+  MT_TRY(check_fp8_plan(p, options.cluster.device));
   const auto wall_start = std::chrono::steady_clock::now();
   const bool full = options.fidelity == Fidelity::full || !options.variation.empty();
   MT_ASSIGN(std::unique_ptr<SimCluster> cluster,
@@ -365,6 +384,9 @@ Result<SimulationResult> simulate_iteration(const ModelSpec& m, const Plan& p,
     s.stage = static_cast<int>(i);
     s.rank = r.rank;
     s.peak_bytes = r.peak_bytes;
+    // The sim backend allocated the bf16 tensors; FP8's weight copies and narrower saved inputs are counted here.
+    if (p.precision == Precision::fp8)
+      s.peak_bytes += static_cast<std::int64_t>(fp8_extra_bytes(m, p, s.stage));
     s.host_peak_bytes = r.host_peak_bytes;
     s.host_work = r.host_work;
     s.model = segmented ? rank_memory(m, p, r.rank) : memory_per_rank(m, p, s.stage, meshtrain_layout(p));

@@ -13,7 +13,8 @@ namespace meshtrain {
 
 DType activation_dtype(Precision p) {
   switch (p) {
-    case Precision::bf16: return DType::bf16;
+    case Precision::bf16:
+    case Precision::fp8: return DType::bf16;  // values and weights stay bf16; only GEMM operands are FP8
     case Precision::fp16: return DType::f16;
     case Precision::fp32: return DType::f32;
   }

@@ -139,6 +139,10 @@ struct ActivationLayout {
   // 16-bit gradients). meshtrain accumulates gradients in fp32 as Megatron
   // does (main_grad), so mixed precision costs 2 + 4 + 12 bytes a parameter.
   int gradient_bytes = 0;
+  // Bytes of a saved input of a linear layer's GEMM (the norms' outputs, the
+  // attention output, the MLP's second input); 0: value_bytes. FP8 training
+  // keeps the FP8 cast it multiplied (1 byte), as Transformer Engine does.
+  int gemm_input_bytes = 0;
 };
 struct ActivationQuery {
   double micro_batch = 1;  // B

@@ -360,9 +360,11 @@ double TransformerLayerDef::activation_bytes(const ActivationQuery& q) const {
   const double D = static_cast<double>(s.dim());
   const double qkv = static_cast<double>(s.heads + 2 * s.kv_heads) * D / h;
   const double attention_out = static_cast<double>(s.heads) * D / h;
-  const double mlp = s.moe.experts > 0 ? 0.0 : glu * s.ffn / h + s.ffn / h;
-  const double split_values = qkv + attention_out + mlp;
-  double bytes = a.value_bytes * (4.0 * sbh / rep + split_values * sbh / t);
+  const double mlp_in = s.moe.experts > 0 ? 0.0 : glu * s.ffn / h, mlp_out = s.moe.experts > 0 ? 0.0 : s.ffn / h;
+  // GEMM inputs (the two norms' outputs, the attention output, the MLP's second input) may be kept narrower.
+  const double gemm_in = a.gemm_input_bytes > 0 ? a.gemm_input_bytes : a.value_bytes;
+  double bytes = a.value_bytes * (2.0 * sbh / rep + (qkv + mlp_in) * sbh / t) +
+                 gemm_in * (2.0 * sbh / rep + (attention_out + mlp_out) * sbh / t);
   if (s.moe.experts > 0)
     bytes += moe_activation_bytes(rows, s.width, s.ffn, s.activation, s.moe, a.value_bytes, q.tp,
                                   q.expert_tp > 0 ? q.expert_tp : q.tp);

@@ -203,7 +203,14 @@ std::vector<T> at_level(const std::vector<T>& v, int ranks) {
 
 }  // namespace
 
-const char* dtype_name(DType d) { return d == DType::kBf16 ? "bf16" : "fp32"; }
+const char* dtype_name(DType d) {
+  switch (d) {
+    case DType::kBf16: return "bf16";
+    case DType::kFp32: return "fp32";
+    case DType::kFp8: return "fp8";
+  }
+  return "fp32";
+}
 
 double gemm_flops(int64_t m, int64_t n, int64_t k) {
   return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
@@ -361,8 +368,10 @@ Result<Calibration> calibration_from_json(std::string_view text) {
       const std::string s = e["dtype"].is_string() ? e["dtype"].get<std::string>() : "";
       if (s == "fp32")
         dt = DType::kFp32;
+      else if (s == "fp8")
+        dt = DType::kFp8;
       else if (s != "bf16" && s != "fp16")
-        return make_error("gemm[{}]: field 'dtype' must be \"bf16\", \"fp16\" or \"fp32\", got {}",
+        return make_error("gemm[{}]: field 'dtype' must be \"bf16\", \"fp16\", \"fp8\" or \"fp32\", got {}",
                           i, e["dtype"].dump());
     }
     MT_ASSIGN(Calibration::Spread sp, spread_of(e, "gemm", i));

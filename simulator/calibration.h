@@ -10,6 +10,9 @@
 //     "precision": "bf16",                // the run precision it was measured at: "bf16" | "fp32"
 //     "gemm": [                           // C(m×n) = A(m×k)·B(k×n), one kernel
 //       {"m": 4096, "n": 4096, "k": 4096, "dtype": "bf16", "time_us": 510.2}],
+//                                         // dtype "fp8": FP8 operands, for a run at precision fp8
+//                                         // (its file's "precision" is "bf16": attention and the
+//                                         // other ops of such a run are bf16)
 //     "attention": [                      // fused attention forward
 //       {"batch_heads": 256, "seq": 2048, "head_dim": 128, "causal": true, "time_us": 1830}],
 //     "memory": [                         // memory-bound kernels by bytes moved (read + write)
@@ -73,7 +76,10 @@
 
 namespace meshtrain::sim {
 
-enum class DType : uint8_t { kBf16, kFp32 };  // fp16 costs as bf16
+// fp16 costs as bf16. kFp8: a GEMM with FP8 (E4M3/E5M2) operands and bf16
+// output, as a plan with precision fp8 runs its linear layers; only GEMMs
+// have it (attention and memory-bound ops of such a run are bf16).
+enum class DType : uint8_t { kBf16, kFp32, kFp8 };
 const char* dtype_name(DType d);
 
 struct Calibration {

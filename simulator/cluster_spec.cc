@@ -28,7 +28,7 @@ ClusterSpec dgx_h100() {
   s.pcie_latency = 250 * kNanosecond;
   s.nic_latency = 600 * kNanosecond;
   s.switch_latency = 300 * kNanosecond;
-  s.device = {"H100-SXM5-80GB", 989 * kTera, 67 * kTera, 80 * kGiB, 3.35e12};
+  s.device = {"H100-SXM5-80GB", 989 * kTera, 67 * kTera, 80 * kGiB, 3.35e12, 1979 * kTera};
   return s;
 }
 
@@ -47,7 +47,7 @@ ClusterSpec dgx_a100() {
 ClusterSpec h200() {
   ClusterSpec s = dgx_h100();
   s.name = "h200";
-  s.device = {"H200-SXM-141GB", 989 * kTera, 67 * kTera, 141e9, 4.8e12};
+  s.device = {"H200-SXM-141GB", 989 * kTera, 67 * kTera, 141e9, 4.8e12, 1979 * kTera};
   return s;
 }
 
@@ -77,6 +77,7 @@ using nlohmann::json;
 // machine, far from where a time in picoseconds or a byte count overflows.
 constexpr RealRange kBandwidthRange{1e-3, 1e7};  // GB/s or Gb/s
 constexpr RealRange kFlopsRange{1e-3, 1e7};      // TFLOP/s
+constexpr RealRange kFp8FlopsRange{0, 1e7};      // TFLOP/s; 0: no FP8 units
 constexpr RealRange kMemoryRange{1e-3, 1e7};     // GiB
 constexpr RealRange kLatencyRange{0, 1e9};       // ns (one second)
 constexpr RealRange kOversubscriptionRange{1, 1e3};
@@ -137,8 +138,8 @@ const std::vector<std::string> kTopFields = {"base",
                                              "nic_latency_ns",
                                              "switch_latency_ns",
                                              "device"};
-const std::vector<std::string> kDeviceFields = {"name", "bf16_TFLOPS", "fp32_TFLOPS", "memory_GiB",
-                                                "memory_GBps"};
+const std::vector<std::string> kDeviceFields = {"name",       "bf16_TFLOPS", "fp32_TFLOPS",
+                                                "memory_GiB", "memory_GBps", "fp8_TFLOPS"};
 // Fields that must be given when there is no "base" preset to inherit from.
 const std::vector<std::string> kRequiredWithoutBase = {
     "gpus_per_node", "nvlink_GBps", "pcie_GBps", "nic_Gbps", "nodes_per_leaf", "device"};
@@ -244,6 +245,9 @@ Result<ClusterSpec> cluster_spec_from_json(std::string_view text) {
     if (st.ok()) st = read_number(d, "memory_GiB", kGiB, kMemoryRange, s.device.memory_bytes, "GiB, e.g. 80");
     if (st.ok())
       st = read_number(d, "memory_GBps", kGB, kBandwidthRange, s.device.memory_bandwidth, "GB/s, e.g. 2039");
+    if (st.ok())
+      st = read_number(d, "fp8_TFLOPS", kTera, kFp8FlopsRange, s.device.peak_fp8_flops,
+                       "dense FP8 TFLOP/s, e.g. 1979; 0: no FP8 units");
     MT_TRY(st.context("device"));
   }
   MT_TRY(validate(s));

@@ -18,11 +18,12 @@
 //
 // Presets (bandwidths per direction unless said; 1 GB = 1e9 bytes):
 //
-// | preset   | device         | bf16 dense | fp32      | memory       | HBM bw     |
-// |----------|----------------|------------|-----------|--------------|------------|
-// | dgx-a100 | A100-SXM4-80GB | 312 TF/s   | 19.5 TF/s | 80 GiB HBM2e | 2.039 TB/s |
-// | dgx-h100 | H100-SXM5-80GB | 989 TF/s   | 67 TF/s   | 80 GiB HBM3  | 3.35 TB/s  |
-// | h200     | H200-SXM-141GB | 989 TF/s   | 67 TF/s   | 141 GB HBM3e | 4.8 TB/s   |
+// | preset   | device         | bf16 dense | fp8 dense  | fp32      | memory       | HBM bw     |
+// |----------|----------------|------------|------------|-----------|--------------|------------|
+// | dgx-a100 | A100-SXM4-80GB | 312 TF/s   | none       | 19.5 TF/s | 80 GiB HBM2e | 2.039 TB/s |
+// | dgx-h100 | H100-SXM5-80GB | 989 TF/s   | 1979 TF/s  | 67 TF/s   | 80 GiB HBM3  | 3.35 TB/s  |
+// | h200     | H200-SXM-141GB | 989 TF/s   | 1979 TF/s  | 67 TF/s   | 141 GB HBM3e | 4.8 TB/s   |
+// (FP8 dense peaks: NVIDIA H100/H200 datasheets, 3958 TF/s with sparsity.)
 //
 // | preset   | NVLink per GPU          | NIC per GPU  | PCIe         | nodes/leaf, spines    |
 // |----------|-------------------------|--------------|--------------|-----------------------|
@@ -73,6 +74,9 @@ struct DeviceSpec {
   double peak_fp32_flops = 0;   // fp32 (non-tensor-core) FLOP/s
   double memory_bytes = 0;      // HBM capacity
   double memory_bandwidth = 0;  // HBM bytes/s
+  // Dense FP8 (E4M3/E5M2) tensor-core FLOP/s; 0: the device has no FP8 units
+  // (A100), and a plan with precision fp8 is refused on it.
+  double peak_fp8_flops = 0;
 };
 
 struct ClusterSpec {
@@ -112,7 +116,8 @@ Result<ClusterSpec> cluster_preset(std::string_view name);
 //     "nvlink_latency_ns": 250, "pcie_latency_ns": 250,   // per hop, >= 0
 //     "nic_latency_ns": 600, "switch_latency_ns": 300,
 //     "device": {"name": "H100", "bf16_TFLOPS": 989, "fp32_TFLOPS": 67,
-//                "memory_GiB": 80, "memory_GBps": 3350}
+//                "memory_GiB": 80, "memory_GBps": 3350,
+//                "fp8_TFLOPS": 1979}  // optional: 0 or absent (without a base) = no FP8
 //   }
 //
 // Unknown fields are errors (they are usually typos). Every error names the

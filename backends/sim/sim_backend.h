@@ -184,6 +184,15 @@ class SimBackend final : public Backend {
   // created): what that stream's busy time would be without communication.
   double compute_stream_seconds() const;
   const SimHostWork& host_work() const { return host_work_; }
+  // FP8 GEMMs (a plan with precision fp8, Transformer Engine's recipe): from
+  // now on every gemm and grouped_gemm on 16-bit operands costs as
+  // sim::DType::kFp8, except those with a dimension of `bf16_width` (the
+  // output layer's vocabulary shard, kept in bf16 as Megatron's output layer
+  // is not a Transformer Engine module); batched_gemm and attention stay bf16.
+  void use_fp8_gemms(std::int64_t bf16_width) {
+    fp8_gemms_ = true;
+    fp8_exempt_width_ = bf16_width;
+  }
   // Forgets the host work issued so far (a simulation's set-up: the offloaded master's first copy).
   void reset_host_work() { host_work_ = {}; }
   std::string set_region(std::string name) override;
@@ -211,6 +220,8 @@ class SimBackend final : public Backend {
   void check(const Tensor& t, const char* op) const;
   sim::StreamId executor_stream(Stream s) const;
   sim::DType compute_dtype(DType t) const;
+  // compute_dtype, or kFp8 for an (m, n, k) GEMM that use_fp8_gemms covers.
+  sim::DType gemm_dtype(DType t, std::int64_t m, std::int64_t n, std::int64_t k) const;
   sim::NameId op_name(std::string_view name);  // interned once per distinct name
   void collective(sim::CollectiveKind kind, double bytes, const Group& g, int root = 0);
 
@@ -223,6 +234,8 @@ class SimBackend final : public Backend {
   sim::Time compute_ = 0, compute_stream_ = 0;
   SimHostWork host_work_;
   std::string region_;
+  bool fp8_gemms_ = false;
+  std::int64_t fp8_exempt_width_ = 0;
   std::map<std::string, Region> regions_;
   Region* current_region_ = nullptr;  // regions_[region_], once looked up (map nodes stay put)
   Region& region() {

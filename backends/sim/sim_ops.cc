@@ -26,6 +26,13 @@ sim::DType SimBackend::compute_dtype(DType t) const {
   return t == DType::bf16 || t == DType::f16 ? sim::DType::kBf16 : sim::DType::kFp32;
 }
 
+sim::DType SimBackend::gemm_dtype(DType t, std::int64_t m, std::int64_t n, std::int64_t k) const {
+  const sim::DType d = compute_dtype(t);
+  if (!fp8_gemms_ || d != sim::DType::kBf16) return d;
+  const std::int64_t w = fp8_exempt_width_;
+  return m == w || n == w || k == w ? d : sim::DType::kFp8;
+}
+
 void SimBackend::compute(sim::NameId name, sim::Time duration) {
   if (cluster_.error_) return;
   compute_ += duration;
@@ -98,7 +105,7 @@ void SimBackend::gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp&
   const std::int64_t k = a.numel() / std::max<std::int64_t>(m, 1);
   if (m * k != a.numel() || k * n != b.numel())
     misuse("gemm: a {} b {} c {} do not agree", a.shape().str(), b.shape().str(), c.shape().str());
-  compute(op_name("gemm"), cluster_.cost_.gemm(m, n, k, compute_dtype(a.dtype())));
+  compute(op_name("gemm"), cluster_.cost_.gemm(m, n, k, gemm_dtype(a.dtype(), m, n, k)));
 }
 void SimBackend::grouped_gemm(const std::vector<Tensor>& a, const std::vector<Tensor>& b, std::vector<Tensor>& c,
                               const GemmOp& op) {
@@ -117,7 +124,7 @@ void SimBackend::grouped_gemm(const std::vector<Tensor>& a, const std::vector<Te
              b[g].shape().str(), c[g].shape().str(), n);
     ms.push_back(m), ks.push_back(k);
   }
-  const sim::DType t = compute_dtype(a.front().dtype());
+  const sim::DType t = gemm_dtype(a.front().dtype(), ms.front(), n, ks.front());
   if (op.trans_a) {
     for (std::int64_t m : ms)
       if (m != ms.front()) misuse("grouped_gemm: weight-gradient groups must share m, got {} and {}", ms.front(), m);

@@ -13,6 +13,7 @@
 #include "core/names.h"
 #include "engine/cli/bounded_flags.h"
 #include "engine/cli/commands.h"
+#include "engine/fp8_recipe.h"
 #include "engine/pictures/pictures.h"
 #include "engine/planner/candidates.h"
 #include "engine/planner/segment_candidates.h"
@@ -55,6 +56,8 @@ Status run_plan(const PlanCommandFlags& f) {
   SimulateOptions options;
   MT_ASSIGN(options.cluster, sim::cluster_spec_by_name_or_file(f.cluster));
   ctx.gpus_per_node = options.cluster.gpus_per_node;
+  // Before the search: otherwise every candidate would be refused one by one for the same reason.
+  if (ctx.base.precision == Precision::fp8) MT_TRY(check_fp8_device(options.cluster.device));
   sim::Calibration calibration;
   if (!f.calibration.empty())
     MT_TRY(apply_calibration(f.calibration, "threads", f.gpus, ctx.base.precision, calibration, options));
@@ -143,7 +146,7 @@ Command add_plan_command(CLI::App& app) {
   sub->add_option("--global-batch", f->global_batch, "sequences (images) per iteration (default: one per GPU)")
       ->check(int_in({1, kMaxGlobalBatch}));
   sub->add_option("--seq-len", f->seq_len, "sequence length (default: the model's)")->check(int_in({1, 1 << 24}));
-  sub->add_option("--precision", f->precision, "fp32, bf16 or fp16")->capture_default_str();
+  sub->add_option("--precision", f->precision, "fp32, bf16, fp16 or fp8 (FP8 linear GEMMs; needs FP8 devices)")->capture_default_str();
   sub->add_option("--grad-bucket-mb", f->grad_bucket_mb, "MiB per data-parallel gradient bucket (every candidate)")
       ->capture_default_str()
       ->check(real_in(kGradBucketMbRange));

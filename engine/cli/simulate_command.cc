@@ -347,7 +347,9 @@ Status run_simulate(SimulateFlags f, bool no_flags) {
   }
   // Say which timings came from the calibration and which from the cost model's defaults.
   const sim::CalibrationCoverage coverage = sim::calibration_coverage(
-      calibration, mp.plan.precision == Precision::fp32 ? sim::DType::kFp32 : sim::DType::kBf16);
+      calibration, mp.plan.precision == Precision::fp32   ? sim::DType::kFp32
+                   : mp.plan.precision == Precision::fp8 ? sim::DType::kFp8
+                                                         : sim::DType::kBf16);
   if (f.json) {
     nlohmann::json j = to_json(r, mp.model, mp.plan, options.cluster);
     j["what_ifs"] = describe_variation(options.variation);

@@ -156,10 +156,14 @@ CpuBackendOptions cpu_options(const TrainFlags& f, int ranks_sharing) {
 // `source` names where the precision came from (the flag or the plan file):
 // a plan's precision is trained in as given, or refused, never changed.
 Status check_precision(const std::string& backend, Precision p, const std::string& source) {
-  if (backend == "cpu" && p != Precision::fp32)
+  if (backend == "cpu" && p != Precision::fp32 && p != Precision::fp8)
     return make_error("{} asks for {}, but the cpu backend trains in fp32 only; train it with --precision fp32 "
                       "(the flag overrides the plan file), or on --backend cuda",
                       source, precision_name(p));
+  if (p == Precision::fp8)
+    return make_error("{} asks for fp8, which meshtrain simulates (`meshtrain simulate --precision fp8`) but "
+                      "does not train yet: no backend runs FP8 GEMMs; train with --precision bf16",
+                      source);
   if (p == Precision::fp16)
     return make_error("{} needs loss scaling, which the trainer does not do; use --precision bf16 or fp32", source);
   return ok_status();

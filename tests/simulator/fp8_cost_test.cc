@@ -1,0 +1,76 @@
+// FP8 GEMMs in the simulator: the devices' FP8 peaks, the cost model's FP8
+// GEMM time (the bf16 efficiency curve at the FP8 peak, or a calibration's
+// fp8 entries, or its bf16 ones scaled to the FP8 peak) and "fp8" in files.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+
+#include "simulator/calibration.h"
+#include "simulator/cluster_spec.h"
+#include "simulator/cost_model.h"
+
+using namespace meshtrain::sim;
+
+TEST_CASE("presets carry the dense FP8 peaks of their datasheets", "[simulator][fp8]") {
+  CHECK(cluster_preset("dgx-h100")->device.peak_fp8_flops == 1979e12);
+  CHECK(cluster_preset("h200")->device.peak_fp8_flops == 1979e12);
+  CHECK(cluster_preset("dgx-a100")->device.peak_fp8_flops == 0);  // Ampere has no FP8 tensor cores
+}
+
+TEST_CASE("an FP8 GEMM runs the bf16 efficiency curve at the FP8 peak", "[simulator][fp8][cost]") {
+  const CostConstants k;
+  const CostModel h100(cluster_preset("dgx-h100")->device, k);
+  const double oh = to_seconds(k.kernel_overhead);
+  const double n = 8192;
+  const double eff = h100.gemm_efficiency(8192, 8192, 8192);
+  const double fp8 = to_seconds(h100.gemm(8192, 8192, 8192, DType::kFp8));
+  const double bf16 = to_seconds(h100.gemm(8192, 8192, 8192, DType::kBf16));
+  CHECK(fp8 == Approx(2 * n * n * n / (1979e12 * eff) + oh).epsilon(1e-6));
+  // Compute bound: the GEMM's time (without the launch) halves, 989/1979 of bf16's.
+  CHECK((fp8 - oh) / (bf16 - oh) == Approx(989.0 / 1979).epsilon(1e-6));
+  // Memory bound (k = 1): FP8 operands move half the bytes: (8192 + 8192 + 8192²)·1 byte.
+  const double bytes = 8192.0 + 8192 + 8192.0 * 8192;
+  CHECK(to_seconds(h100.gemm(8192, 8192, 1, DType::kFp8)) == Approx(bytes / (3.35e12 * 0.8) + oh).epsilon(1e-6));
+}
+
+TEST_CASE("calibration files carry fp8 GEMM entries", "[simulator][fp8][calibration]") {
+  const std::string text = R"({"version": 1, "precision": "bf16", "gemm": [
+      {"m": 4096, "n": 4096, "k": 4096, "dtype": "bf16", "time_us": 200},
+      {"m": 4096, "n": 4096, "k": 4096, "dtype": "fp8", "time_us": 120}]})";
+  auto c = calibration_from_json(text);
+  REQUIRE(c.ok());
+  REQUIRE(c->gemm.size() == 2);
+  CHECK(c->gemm[1].dtype == DType::kFp8);
+  CHECK(*c->gemm_time(4096, 4096, 4096, DType::kFp8) == Approx(120e-6));
+  CHECK(std::string(dtype_name(DType::kFp8)) == "fp8");
+  // Written back as "fp8".
+  CHECK(calibration_to_json(*c).find("\"fp8\"") != std::string::npos);
+
+  const DeviceSpec h100 = cluster_preset("dgx-h100")->device;
+  SECTION("a measured fp8 entry is the FP8 GEMM's time") {
+    CHECK(to_seconds(CostModel(h100, CostConstants{}, &*c).gemm(4096, 4096, 4096, DType::kFp8)) == Approx(120e-6));
+  }
+  SECTION("without fp8 entries, the measured bf16 time at the FP8 peak") {
+    c->gemm.pop_back();
+    CHECK(to_seconds(CostModel(h100, CostConstants{}, &*c).gemm(4096, 4096, 4096, DType::kFp8)) ==
+          Approx(200e-6 * 989 / 1979));
+  }
+  auto bad = calibration_from_json(R"({"version": 1, "gemm": [{"m": 1, "n": 1, "k": 1, "dtype": "fp4", "time_us": 1}]})");
+  REQUIRE_FALSE(bad.ok());
+  CHECK_THAT(bad.error().message(), Catch::Contains("\"fp8\"") && Catch::Contains("gemm[0]"));
+}
+
+TEST_CASE("a cluster file gives or inherits the FP8 peak", "[simulator][fp8][cluster]") {
+  auto inherit = cluster_spec_from_json(R"({"base": "dgx-h100", "device": {"name": "my-h100"}})");
+  REQUIRE(inherit.ok());
+  CHECK(inherit->device.peak_fp8_flops == 1979e12);
+  auto own = cluster_spec_from_json(R"({"base": "dgx-a100", "device": {"fp8_TFLOPS": 700}})");
+  REQUIRE(own.ok());
+  CHECK(own->device.peak_fp8_flops == 700e12);
+  auto none = cluster_spec_from_json(R"({"base": "dgx-h100", "device": {"fp8_TFLOPS": 0}})");
+  REQUIRE(none.ok());
+  CHECK(none->device.peak_fp8_flops == 0);
+  auto bad = cluster_spec_from_json(R"({"base": "dgx-h100", "device": {"fp8_TFLOPS": -1}})");
+  REQUIRE_FALSE(bad.ok());
+  CHECK_THAT(bad.error().message(), Catch::Contains("fp8_TFLOPS"));
+}
