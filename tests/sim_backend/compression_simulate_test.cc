@@ -9,18 +9,13 @@
 
 #include "engine/simulation.h"
 #include "models/parameters.h"
+#include "tests/sim_backend/small_gpt.h"
 
 using namespace meshtrain;
 
 namespace {
 
-ModelSpec small_gpt() {
-  auto m = model_preset("gpt2-124m");
-  REQUIRE(m.ok());
-  ModelSpec s = *m;
-  s.seq_len = 256;
-  return s;
-}
+using sim_testing::small_gpt;
 
 // dp 16 over two DGX A100 nodes, ZeRO 0 or 1: the gradient buckets cross the network.
 Plan dp_plan(const ModelSpec& m, int zero, GradCompression c) {

@@ -10,18 +10,13 @@
 #include "engine/simulation.h"
 #include "models/parameters.h"
 #include "simulator/cost_model.h"
+#include "tests/sim_backend/small_gpt.h"
 
 using namespace meshtrain;
 
 namespace {
 
-ModelSpec small_gpt() {
-  auto m = model_preset("gpt2-124m");
-  REQUIRE(m.ok());
-  ModelSpec s = *m;
-  s.seq_len = 256;
-  return s;
-}
+using sim_testing::small_gpt;
 
 // One rank, one micro-batch of 2 sequences: every GEMM of the step is issued once.
 Plan one_rank(Precision precision) {

@@ -12,18 +12,13 @@
 #include "engine/memory_model.h"
 #include "engine/simulation.h"
 #include "models/parameters.h"
+#include "tests/sim_backend/small_gpt.h"
 
 using namespace meshtrain;
 
 namespace {
 
-ModelSpec small_gpt() {
-  auto m = model_preset("gpt2-124m");
-  REQUIRE(m.ok());
-  ModelSpec s = *m;
-  s.seq_len = 256;
-  return s;
-}
+using sim_testing::small_gpt;
 
 Plan bf16_plan(const ModelSpec& m, ScheduleKind s) {
   Plan p;

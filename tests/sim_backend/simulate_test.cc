@@ -11,6 +11,7 @@
 
 #include "engine/memory_model.h"
 #include "engine/simulation.h"
+#include "tests/sim_backend/small_gpt.h"
 
 using namespace meshtrain;
 
@@ -66,13 +67,7 @@ ModelSpec uniform_model() {
   return m;
 }
 
-ModelSpec small_gpt() {
-  auto m = model_preset("gpt2-124m");
-  REQUIRE(m.ok());
-  ModelSpec s = *m;
-  s.seq_len = 256;
-  return s;
-}
+using sim_testing::small_gpt;
 
 }  // namespace
 
