@@ -139,6 +139,81 @@ Result<std::optional<CheckpointLock>> claim_checkpoint(const TrainOptions& o) {
   return std::optional<CheckpointLock>(std::move(lock));
 }
 
+namespace {
+
+// Where a run starts: from its checkpoint under --resume (after checking
+// that the checkpoint fits this run), else from step 1, with --init-from's
+// parameters when given.
+struct ResumePoint {
+  std::int64_t first_step = 1;
+  std::int64_t last_saved = 0;  // the step of the checkpoint on disk; 0: none yet
+};
+
+Result<ResumePoint> resume_or_init(Backend& b, TrainingEngine& engine, TrainingData& data, const ModelSpec& m,
+                                   const Plan& p, const TrainOptions& o, const nlohmann::json& run, bool leader) {
+  if (o.resume && has_checkpoint(o.checkpoint_dir)) {
+    MT_ASSIGN(Checkpoint ckpt, load_checkpoint(o.checkpoint_dir));
+    MT_TRY(check_compatible(ckpt, m, p));
+    const nlohmann::json& seed = ckpt.meta.rng.is_object() ? ckpt.meta.rng.value("seed", nlohmann::json()) : nlohmann::json();
+    if (!seed.is_number_unsigned() || seed.get<std::uint64_t>() != o.seed)
+      return make_error("checkpoint '{}' was written with --seed {}, this run has --seed {}; resume with the "
+                        "same seed", o.checkpoint_dir, json_excerpt(seed), o.seed);
+    MT_TRY(check_resume(ckpt.meta, o, run, leader));
+    std::map<std::string, std::vector<float>> state;
+    for (auto& [name, t] : ckpt.tensors) state.emplace(name, std::move(t.data));
+    MT_TRY(engine.import_state(state));
+    // A rank's own state is absent where it has none (or the checkpoint predates it: then the
+    // import names the values it misses).
+    const auto own = state.find(rank_state_name(b.rank()));
+    MT_TRY(engine.import_rank_state(own == state.end() ? std::span<const float>() : std::span<const float>(own->second))
+               .context(fmt::format("checkpoint '{}'", o.checkpoint_dir)));
+    data.restore(ckpt.meta.data_loader);
+    if (leader && o.progress) fmt::print("resumed from {} at step {}\n", o.checkpoint_dir, ckpt.meta.step);
+    if (leader && ckpt.meta.step == o.steps)
+      warn(fmt::format("the checkpoint in '{}' is at step {}, which is --steps: the run is complete and there is "
+                       "nothing to do; raise --steps to train further", o.checkpoint_dir, o.steps));
+    return ResumePoint{ckpt.meta.step + 1, ckpt.meta.step};
+  }
+  if (o.resume && leader) warn(fmt::format("--resume: no checkpoint in '{}' yet; starting from step 1", o.checkpoint_dir));
+  if (o.init_parameters) {
+    // As a resume loads a checkpoint's state, with the zero AdamW moments of a fresh run.
+    MT_TRY(engine.import_state(initial_training_state(*o.init_parameters))
+               .context(fmt::format("--init-from '{}'", o.init_from)));
+    if (leader && o.progress) fmt::print("initialised from {}\n", o.init_from);
+  }
+  return ResumePoint{};
+}
+
+// One step's progress line: loss and throughput, then what the step measured besides.
+std::string progress_line(const StepMetrics& sm, std::int64_t steps, double elapsed_s, const char* unit,
+                          bool drops_tokens) {
+  std::string line = format_progress(sm.step, steps, sm.loss, sm.tokens_per_s, elapsed_s, unit);
+  if (sm.val_loss) line += fmt::format(" | val {:.4f}", *sm.val_loss);
+  if (sm.val_accuracy) line += fmt::format(" | val acc {:.2f}%", 100 * *sm.val_accuracy);
+  if (sm.moe) {
+    line += fmt::format(" | aux {:.4f} | load max/mean {:.2f}", sm.moe->aux_loss, sm.moe->load_max_over_mean);
+    if (drops_tokens) line += fmt::format(" | dropped {:.1f}%", 100 * sm.moe->dropped_fraction);
+  }
+  if (sm.ranks) line += format_straggler(*sm.ranks);
+  return line;
+}
+
+// The per-rank timings a multi-rank step's metrics carry.
+RankTimes rank_times(const StragglerReport& report) {
+  RankTimes rt;
+  rt.slowest_rank = report.slowest_rank;
+  rt.slowest_compute_s = report.slowest_compute_s;
+  rt.median_compute_s = report.median_compute_s;
+  rt.lag_s = report.lag_s;
+  for (const RankTiming& t : report.ranks) {
+    rt.compute_s.push_back(t.compute_s);
+    rt.comm_s.push_back(t.comm_s);
+  }
+  return rt;
+}
+
+}  // namespace
+
 Status train_rank(Backend& b, const ModelSpec& m, const Plan& p, const TrainOptions& o) {
   const auto run_start = Clock::now();
   const bool leader = b.rank() == 0;
@@ -163,40 +238,9 @@ Status train_rank(Backend& b, const ModelSpec& m, const Plan& p, const TrainOpti
   StopVote stop_vote(b, world);
   const std::vector<int> stage = rank_roles(p);
 
-  std::int64_t first_step = 1;
-  std::int64_t last_saved = 0;  // the step of the checkpoint on disk; 0: none yet
-  if (o.resume && has_checkpoint(o.checkpoint_dir)) {
-    MT_ASSIGN(Checkpoint ckpt, load_checkpoint(o.checkpoint_dir));
-    MT_TRY(check_compatible(ckpt, m, p));
-    const nlohmann::json& seed = ckpt.meta.rng.is_object() ? ckpt.meta.rng.value("seed", nlohmann::json()) : nlohmann::json();
-    if (!seed.is_number_unsigned() || seed.get<std::uint64_t>() != o.seed)
-      return make_error("checkpoint '{}' was written with --seed {}, this run has --seed {}; resume with the "
-                        "same seed", o.checkpoint_dir, json_excerpt(seed), o.seed);
-    MT_TRY(check_resume(ckpt.meta, o, run, leader));
-    std::map<std::string, std::vector<float>> state;
-    for (auto& [name, t] : ckpt.tensors) state.emplace(name, std::move(t.data));
-    MT_TRY(engine.import_state(state));
-    // A rank's own state is absent where it has none (or the checkpoint predates it: then the
-    // import names the values it misses).
-    const auto own = state.find(rank_state_name(b.rank()));
-    MT_TRY(engine.import_rank_state(own == state.end() ? std::span<const float>() : std::span<const float>(own->second))
-               .context(fmt::format("checkpoint '{}'", o.checkpoint_dir)));
-    data->restore(ckpt.meta.data_loader);
-    first_step = ckpt.meta.step + 1;
-    last_saved = ckpt.meta.step;
-    if (leader && o.progress) fmt::print("resumed from {} at step {}\n", o.checkpoint_dir, ckpt.meta.step);
-    if (leader && ckpt.meta.step == o.steps)
-      warn(fmt::format("the checkpoint in '{}' is at step {}, which is --steps: the run is complete and there is "
-                       "nothing to do; raise --steps to train further", o.checkpoint_dir, o.steps));
-  } else {
-    if (o.resume && leader) warn(fmt::format("--resume: no checkpoint in '{}' yet; starting from step 1", o.checkpoint_dir));
-    if (o.init_parameters) {
-      // As a resume loads a checkpoint's state, with the zero AdamW moments of a fresh run.
-      MT_TRY(engine.import_state(initial_training_state(*o.init_parameters))
-                 .context(fmt::format("--init-from '{}'", o.init_from)));
-      if (leader && o.progress) fmt::print("initialised from {}\n", o.init_from);
-    }
-  }
+  MT_ASSIGN(const ResumePoint start_at, resume_or_init(b, engine, *data, m, p, o, run, leader));
+  const std::int64_t first_step = start_at.first_step;
+  std::int64_t last_saved = start_at.last_saved;
   for (const Fault& f : o.faults)
     if (f.step < first_step)
       return make_error("--fault-inject {}: step {} is never reached, this run resumes at step {}; inject it at a "
@@ -265,16 +309,7 @@ Status train_rank(Backend& b, const ModelSpec& m, const Plan& p, const TrainOpti
       auto gathered = gather_timings(b, timing, world).context(fmt::format("step {}", step));
       if (!gathered.ok() && o.rank_losses) o.rank_losses->record_failure(step);
       MT_ASSIGN(std::vector<RankTiming> all, std::move(gathered));
-      const StragglerReport report = straggler_report(std::move(all), stage);
-      RankTimes& rt = sm.ranks.emplace();
-      rt.slowest_rank = report.slowest_rank;
-      rt.slowest_compute_s = report.slowest_compute_s;
-      rt.median_compute_s = report.median_compute_s;
-      rt.lag_s = report.lag_s;
-      for (const RankTiming& t : report.ranks) {
-        rt.compute_s.push_back(t.compute_s);
-        rt.comm_s.push_back(t.comm_s);
-      }
+      sm.ranks = rank_times(straggler_report(std::move(all), stage));
     }
     if (io.routes_to_experts) {
       const MoeStepStats& e = (*result)->moe;
@@ -298,16 +333,7 @@ Status train_rank(Backend& b, const ModelSpec& m, const Plan& p, const TrainOpti
     if (leader) {
       if (metrics) MT_TRY(metrics->write(sm));
       if (o.progress) {
-        std::string line =
-            format_progress(step, o.steps, sm.loss, sm.tokens_per_s, seconds_since(start), data->unit());
-        if (sm.val_loss) line += fmt::format(" | val {:.4f}", *sm.val_loss);
-        if (sm.val_accuracy) line += fmt::format(" | val acc {:.2f}%", 100 * *sm.val_accuracy);
-        if (sm.moe) {
-          line += fmt::format(" | aux {:.4f} | load max/mean {:.2f}", sm.moe->aux_loss, sm.moe->load_max_over_mean);
-          if (m.capacity_factor > 0) line += fmt::format(" | dropped {:.1f}%", 100 * sm.moe->dropped_fraction);
-        }
-        if (sm.ranks) line += format_straggler(*sm.ranks);
-        fmt::print("{}\n", line);
+        fmt::print("{}\n", progress_line(sm, o.steps, seconds_since(start), data->unit(), m.capacity_factor > 0));
         std::fflush(stdout);
       }
     }
