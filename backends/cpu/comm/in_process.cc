@@ -259,15 +259,17 @@ void InProcessCommunicator::move_share(const Group& g, const InProcessHub::Call&
   }
 }
 
-// Posts this member's call as collective number `seq` and waits until every
-// member has posted (or a member exited, the hub was poisoned, or the
-// timeout passed: then this member withdraws and the cause is returned).
+// Posts this member's call as the group's next collective (its number into
+// `seq`, read under the same lock as the post) and waits until every member
+// has posted (or a member exited, the hub was poisoned, or the timeout
+// passed: then this member withdraws and the cause is returned).
 Result<std::vector<const InProcessHub::Call*>> InProcessCommunicator::arrive(
-    InProcessHub::GroupState& gs, std::size_t me, std::uint64_t seq, InProcessHub::Call& call,
-    const std::string& where) {
+    InProcessHub::GroupState& gs, std::size_t me, InProcessHub::Call& call, const std::string& where,
+    std::uint64_t& seq) {
   const int G = static_cast<int>(gs.ranks.size());
   const auto deadline = Clock::now() + hub_->options().timeout;
   std::unique_lock lock(gs.mu);
+  seq = gs.completed + 1;
   gs.posted[me] = seq;
   gs.calls[me] = &call;
   gs.arrived_now.store(++gs.arrived, std::memory_order_release);
@@ -350,12 +352,8 @@ Status InProcessCommunicator::collective(const Group& g, InProcessHub::Call& cal
     return fail(Error(fmt::format("rank {}: {}", rank_, s.error().message())));
   MT_ASSIGN(InProcessHub::GroupState* gs, group_state(g, op));
   const auto me = static_cast<std::size_t>(g.index_of(rank_));
-  std::uint64_t seq = 0;
-  {
-    std::lock_guard lock(gs->mu);
-    seq = gs->completed + 1;
-  }
-  MT_ASSIGN(const std::vector<const InProcessHub::Call*> calls, arrive(*gs, me, seq, call, where));
+  std::uint64_t seq = 0;  // this collective's number on the group, set by arrive
+  MT_ASSIGN(const std::vector<const InProcessHub::Call*> calls, arrive(*gs, me, call, where, seq));
   const std::string mismatch = posts_mismatch(g, calls);
   if (mismatch.empty()) move_share(g, call, calls, me);
   depart(*gs, seq);

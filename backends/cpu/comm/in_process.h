@@ -119,8 +119,8 @@ class InProcessCommunicator final : public Communicator {
   Status collective(const Group& g, InProcessHub::Call& call);
   Result<InProcessHub::GroupState*> group_state(const Group& g, std::string_view op);
   Result<std::vector<const InProcessHub::Call*>> arrive(InProcessHub::GroupState& gs, std::size_t me,
-                                                        std::uint64_t seq, InProcessHub::Call& call,
-                                                        const std::string& where);
+                                                        InProcessHub::Call& call, const std::string& where,
+                                                        std::uint64_t& seq);
   void depart(InProcessHub::GroupState& gs, std::uint64_t seq);
   static std::string posts_mismatch(const Group& g, const std::vector<const InProcessHub::Call*>& calls);
   static void move_share(const Group& g, const InProcessHub::Call& call,
