@@ -1,8 +1,8 @@
 // abort_job must stop every rank of the job with a non-zero exit. Rank 1 fails
 // at once; rank 0 waits on it with a long timeout and, if it is still alive
 // when that runs out, says so and exits 0. The CTest (tests/cmake/
-// expect_exit.cmake) wants status 1, rank 1's message and Open MPI's report
-// of the abort, and fails on rank 0's line.
+// expect_exit.cmake) wants status 1 and rank 1's message, and fails on rank
+// 0's line.
 #include <chrono>
 #include <cstdio>
 
