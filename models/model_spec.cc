@@ -370,22 +370,25 @@ Result<ModelSpec> model_preset(const std::string& name) {
   return it->second;
 }
 
-Result<ModelSpec> model_from_json(const nlohmann::json& j) {
-  MT_ASSIGN(const JsonFields f, JsonFields::of(j, "model field",
-                                              "a model spec must be a JSON object with fields such as layers, hidden, heads"));
-  MT_TRY(f.check_known(kFields));
-  ModelSpec m;
-  // Every number is bounded (core/bounded.h): far above any real model, far
-  // below where a count of parameters, FLOPs or bytes would overflow.
-  auto get_int = [&](const char* key, int& out) { return f.get_int(key, model_field_range(key), out); };
-  auto get_float = [&](const char* key, float& out) {
+namespace {
+
+// The typed, bounded reads of one model file's fields. Every number is
+// bounded (core/bounded.h): far above any real model, far below where a
+// count of parameters, FLOPs or bytes would overflow.
+class ModelFields {
+ public:
+  explicit ModelFields(const JsonFields& f) : f_(f) {}
+  Status get(const char* key, int& out) const { return f_.get_int(key, model_field_range(key), out); }
+  Status get(const char* key, float& out) const {
     const std::string_view k = key;
     const RealRange& range = k == "norm_eps" ? kNormEpsRange : k == "rope_theta" ? kRopeThetaRange : kMoeCoefficientRange;
-    return f.get_real(key, range, out);
-  };
-  auto get_int_list = [&](const char* key, std::vector<int>& out) -> Status {
-    if (!f.has(key)) return {};
-    const auto& list = f.at(key);
+    return f_.get_real(key, range, out);
+  }
+  Status get(const char* key, bool& out) const { return f_.get_bool(key, out); }
+  Status get(const char* key, std::string& out) const { return f_.get_string(key, out); }
+  Status get(const char* key, std::vector<int>& out) const {
+    if (!f_.has(key)) return {};
+    const auto& list = f_.at(key);
     if (!list.is_array() || list.size() > 64)
       return make_error("model field '{}' must be a list of at most 64 integers, got {}", key, list.dump());
     out.clear();
@@ -394,77 +397,103 @@ Result<ModelSpec> model_from_json(const nlohmann::json& j) {
       out.push_back(static_cast<int>(x));
     }
     return {};
-  };
-  auto get_bool = [&](const char* key, bool& out) { return f.get_bool(key, out); };
-  auto get_string = [&](const char* key, std::string& out) { return f.get_string(key, out); };
-  MT_TRY(get_string("name", m.name));
-  if (j.contains("family")) {
-    std::string family;
-    MT_TRY(get_string("family", family));
-    MT_ASSIGN(m.family, kFamilies.parse("family", family));
   }
-  // A VQA model's own fields (models/vqa_spec.h) and the ones it refuses.
-  MT_TRY(m.vqa() ? read_vqa_fields(j, m) : check_family_fields(j, m.family));
+  // An enumerated field (norm, activation, position, family), when present.
+  template <class E, class Names>
+  Status choice(const char* key, const Names& names, E& out) const {
+    if (!f_.has(key)) return {};
+    std::string s;
+    MT_TRY(get(key, s));
+    MT_ASSIGN(out, names.parse(key, s));
+    return {};
+  }
+
+ private:
+  const JsonFields& f_;
+};
+
+// The vision fields (ViT, Swin) with the released models' defaults.
+Status read_vision_fields(const ModelFields& r, ModelSpec& m) {
   if (m.vision()) {
     m.norm_eps = m.family == ModelFamily::vit ? 1e-6f : 1e-5f;  // the released models' LayerNorm eps
     m.tied_embeddings = false;
   }
-  MT_TRY(get_int("image_size", m.image_size));
-  MT_TRY(get_int("patch", m.patch));
-  MT_TRY(get_int("channels", m.channels));
-  MT_TRY(get_int("classes", m.classes));
-  MT_TRY(get_int("window", m.window));
-  MT_TRY(get_int_list("depths", m.depths));
-  MT_TRY(get_int_list("stage_heads", m.stage_heads));
+  MT_TRY(r.get("image_size", m.image_size));
+  MT_TRY(r.get("patch", m.patch));
+  MT_TRY(r.get("channels", m.channels));
+  MT_TRY(r.get("classes", m.classes));
+  MT_TRY(r.get("window", m.window));
+  MT_TRY(r.get("depths", m.depths));
+  MT_TRY(r.get("stage_heads", m.stage_heads));
   if (!m.stage_heads.empty()) m.heads = m.stage_heads.front();
-  MT_TRY(get_int("layers", m.layers));
-  MT_TRY(get_int("hidden", m.hidden));
-  MT_TRY(get_int("heads", m.heads));
+  return {};
+}
+
+// The transformer's shape and attention: layers, widths, vocabulary, norms, positions, windows, sinks.
+Status read_transformer_fields(const ModelFields& r, ModelSpec& m) {
+  MT_TRY(r.get("layers", m.layers));
+  MT_TRY(r.get("hidden", m.hidden));
+  MT_TRY(r.get("heads", m.heads));
   m.kv_heads = m.heads;
-  MT_TRY(get_int("kv_heads", m.kv_heads));
+  MT_TRY(r.get("kv_heads", m.kv_heads));
   m.ffn = 4 * m.hidden;
-  MT_TRY(get_int("ffn", m.ffn));
-  MT_TRY(get_int("vocab", m.vocab));
-  MT_TRY(get_int("seq_len", m.seq_len));
-  MT_TRY(get_bool("tied_embeddings", m.tied_embeddings));
-  MT_TRY(get_bool("bias", m.bias));
-  MT_TRY(get_float("norm_eps", m.norm_eps));
-  MT_TRY(get_float("rope_theta", m.rope_theta));
-  MT_TRY(get_int("head_dim", m.head_dim_size));
-  MT_TRY(get_int("sliding_window", m.sliding_window));
-  MT_TRY(get_int("window_pattern", m.window_pattern));
-  MT_TRY(get_bool("attention_sinks", m.attention_sinks));
-  MT_TRY(get_int("experts", m.experts));
-  MT_TRY(get_int("top_k", m.top_k));
-  MT_TRY(get_int("shared_experts", m.shared_experts));
-  MT_TRY(get_int("moe_every", m.moe_every));
-  MT_TRY(get_int("dense_layers", m.dense_layers));
-  MT_TRY(get_int("dense_ffn", m.dense_ffn));
-  MT_TRY(get_bool("renormalize", m.renormalize));
-  MT_TRY(get_float("capacity_factor", m.capacity_factor));
-  MT_TRY(get_float("aux_loss_coeff", m.aux_loss_coeff));
-  MT_TRY(get_float("z_loss_coeff", m.z_loss_coeff));
+  MT_TRY(r.get("ffn", m.ffn));
+  MT_TRY(r.get("vocab", m.vocab));
+  MT_TRY(r.get("seq_len", m.seq_len));
+  MT_TRY(r.get("tied_embeddings", m.tied_embeddings));
+  MT_TRY(r.get("bias", m.bias));
+  MT_TRY(r.get("norm_eps", m.norm_eps));
+  MT_TRY(r.get("rope_theta", m.rope_theta));
+  MT_TRY(r.get("head_dim", m.head_dim_size));
+  MT_TRY(r.get("sliding_window", m.sliding_window));
+  MT_TRY(r.get("window_pattern", m.window_pattern));
+  return r.get("attention_sinks", m.attention_sinks);
+}
+
+// The mixture-of-experts fields; refused without experts, where they would be silently ignored.
+Status read_moe_fields(const ModelFields& r, ModelSpec& m) {
+  MT_TRY(r.get("experts", m.experts));
+  MT_TRY(r.get("top_k", m.top_k));
+  MT_TRY(r.get("shared_experts", m.shared_experts));
+  MT_TRY(r.get("moe_every", m.moe_every));
+  MT_TRY(r.get("dense_layers", m.dense_layers));
+  MT_TRY(r.get("dense_ffn", m.dense_ffn));
+  MT_TRY(r.get("renormalize", m.renormalize));
+  MT_TRY(r.get("capacity_factor", m.capacity_factor));
+  MT_TRY(r.get("aux_loss_coeff", m.aux_loss_coeff));
+  return r.get("z_loss_coeff", m.z_loss_coeff);
+}
+
+Status check_moe_fields_have_experts(const nlohmann::json& j, const ModelSpec& m) {
+  if (j.contains("experts") && m.experts != 0) return {};
+  for (const char* f : {"shared_experts", "moe_every", "dense_layers", "dense_ffn", "renormalize",
+                        "capacity_factor", "aux_loss_coeff", "z_loss_coeff"})
+    if (j.contains(f))
+      return make_error("model field '{}' given without experts; set experts (and top_k) or remove it", f);
+  return {};
+}
+
+}  // namespace
+
+Result<ModelSpec> model_from_json(const nlohmann::json& j) {
+  MT_ASSIGN(const JsonFields f, JsonFields::of(j, "model field",
+                                              "a model spec must be a JSON object with fields such as layers, hidden, heads"));
+  MT_TRY(f.check_known(kFields));
+  const ModelFields r(f);
+  ModelSpec m;
+  MT_TRY(r.get("name", m.name));
+  MT_TRY(r.choice("family", kFamilies, m.family));
+  // A VQA model's own fields (models/vqa_spec.h) and the ones it refuses.
+  MT_TRY(m.vqa() ? read_vqa_fields(j, m) : check_family_fields(j, m.family));
+  MT_TRY(read_vision_fields(r, m));
+  MT_TRY(read_transformer_fields(r, m));
+  MT_TRY(read_moe_fields(r, m));
   // Missing fields after the present ones' types: a wrong value is named before what is absent.
   MT_TRY(require_family_fields(f, m.family));
-  // Mixture-of-experts settings without experts would be silently ignored.
-  if (!j.contains("experts") || m.experts == 0)
-    for (const char* f : {"shared_experts", "moe_every", "dense_layers", "dense_ffn", "renormalize",
-                          "capacity_factor", "aux_loss_coeff", "z_loss_coeff"})
-      if (j.contains(f))
-        return make_error("model field '{}' given without experts; set experts (and top_k) or remove it", f);
-  std::string s;
-  if (j.contains("norm")) {
-    MT_TRY(get_string("norm", s));
-    MT_ASSIGN(m.norm, kNorms.parse("norm", s));
-  }
-  if (j.contains("activation")) {
-    MT_TRY(get_string("activation", s));
-    MT_ASSIGN(m.activation, kActivations.parse("activation", s));
-  }
-  if (j.contains("position")) {
-    MT_TRY(get_string("position", s));
-    MT_ASSIGN(m.position, kPositions.parse("position", s));
-  }
+  MT_TRY(check_moe_fields_have_experts(j, m));
+  MT_TRY(r.choice("norm", kNorms, m.norm));
+  MT_TRY(r.choice("activation", kActivations, m.activation));
+  MT_TRY(r.choice("position", kPositions, m.position));
   MT_TRY(check_derived_sizes(m));
   derive_model_fields(m);
   MT_TRY(validate_model(m));

@@ -319,9 +319,10 @@ std::optional<double> Calibration::collective_busbw(CollectiveKind kind, int mem
   return bytes / *t;
 }
 
-Result<Calibration> calibration_from_json(std::string_view text) {
-  MT_ASSIGN(const json j, parse_json(text, "calibration"));
-  if (!j.is_object()) return make_error("calibration must be a JSON object {{...}}");
+namespace {
+
+// Refuses a top-level field the format does not have.
+Status check_top_level_fields(const json& j) {
   for (auto it = j.begin(); it != j.end(); ++it) {
     static const char* known[] = {"version", "device", "precision", "machine", "gemm", "attention",
                                   "memory",  "ops",    "links",     "collectives"};
@@ -332,16 +333,11 @@ Result<Calibration> calibration_from_json(std::string_view text) {
           "memory, ops, links, collectives",
           it.key());
   }
-  if (!j.contains("version") || !j["version"].is_number_integer())
-    return make_error("calibration needs an integer field 'version' (this build reads {})",
-                      Calibration::kVersion);
-  Calibration c;
-  MT_TRY(JsonFields::of(j, "calibration field", "").value().get_int("version", IntRange{0, 1 << 20}, c.version));
-  if (c.version != Calibration::kVersion)
-    return make_error(
-        "calibration version {} is not supported (this build reads {}); "
-        "re-run the calibration",
-        c.version, Calibration::kVersion);
+  return ok_status();
+}
+
+// The optional fields that describe what was measured: device, precision, machine.
+Status read_description(const json& j, Calibration& c) {
   if (j.contains("device")) {
     if (!j["device"].is_string()) return make_error("field 'device' must be a string");
     c.device = j["device"].get<std::string>();
@@ -356,6 +352,11 @@ Result<Calibration> calibration_from_json(std::string_view text) {
   if (j.contains("machine")) {
     MT_ASSIGN(c.machine, machine_from_json(j["machine"]));
   }
+  return ok_status();
+}
+
+// The calibration's `gemm` entries: measured GEMM times by shape and dtype.
+Status read_gemm(const json& j, Calibration& c) {
   MT_ASSIGN(const json* gemm, list(j, "gemm"));
   for (size_t i = 0; gemm && i < gemm->size(); ++i) {
     const json& e = (*gemm)[i];
@@ -377,6 +378,11 @@ Result<Calibration> calibration_from_json(std::string_view text) {
     MT_ASSIGN(Calibration::Spread sp, spread_of(e, "gemm", i));
     c.gemm.push_back({m, n, k, dt, us, sp});
   }
+  return ok_status();
+}
+
+// The `attention` entries: fused attention times, forward or backward.
+Status read_attention(const json& j, Calibration& c) {
   MT_ASSIGN(const json* att, list(j, "attention"));
   for (size_t i = 0; att && i < att->size(); ++i) {
     const json& e = (*att)[i];
@@ -399,6 +405,11 @@ Result<Calibration> calibration_from_json(std::string_view text) {
     MT_ASSIGN(Calibration::Spread sp, spread_of(e, "attention", i));
     c.attention.push_back({bh, s, d, causal, us, backward, sp});
   }
+  return ok_status();
+}
+
+// The `memory` entries: copy times by bytes (the memory-bound roofline).
+Status read_memory(const json& j, Calibration& c) {
   MT_ASSIGN(const json* mem, list(j, "memory"));
   for (size_t i = 0; mem && i < mem->size(); ++i) {
     MT_ASSIGN(double bytes, positive((*mem)[i], "bytes", "memory", i));
@@ -406,6 +417,11 @@ Result<Calibration> calibration_from_json(std::string_view text) {
     MT_ASSIGN(Calibration::Spread sp, spread_of((*mem)[i], "memory", i));
     c.memory.push_back({bytes, us, sp});
   }
+  return ok_status();
+}
+
+// The `ops` entries: memory-bound op times by op name and bytes.
+Status read_ops(const json& j, Calibration& c) {
   MT_ASSIGN(const json* ops, list(j, "ops"));
   for (size_t i = 0; ops && i < ops->size(); ++i) {
     const json& e = (*ops)[i];
@@ -417,6 +433,11 @@ Result<Calibration> calibration_from_json(std::string_view text) {
     MT_ASSIGN(Calibration::Spread sp, spread_of(e, "ops", i));
     c.ops.push_back({e["op"].get<std::string>(), bytes, us, sp});
   }
+  return ok_status();
+}
+
+// The `links` entries: measured link bandwidths and latencies.
+Status read_links(const json& j, Calibration& c) {
   MT_ASSIGN(const json* links, list(j, "links"));
   for (size_t i = 0; links && i < links->size(); ++i) {
     const json& e = (*links)[i];
@@ -432,6 +453,11 @@ Result<Calibration> calibration_from_json(std::string_view text) {
     }
     c.links.push_back({kind, gbps, latency});
   }
+  return ok_status();
+}
+
+// The `collectives` entries: bus bandwidths by kind, members and bytes.
+Status read_collectives(const json& j, Calibration& c) {
   MT_ASSIGN(const json* coll, list(j, "collectives"));
   for (size_t i = 0; coll && i < coll->size(); ++i) {
     const json& e = (*coll)[i];
@@ -454,6 +480,31 @@ Result<Calibration> calibration_from_json(std::string_view text) {
     MT_ASSIGN(Calibration::Spread sp, spread_of(e, "collectives", i));
     c.collectives.push_back({kind, static_cast<int>(members), bytes, busbw, transport, sp});
   }
+  return ok_status();
+}
+}  // namespace
+
+Result<Calibration> calibration_from_json(std::string_view text) {
+  MT_ASSIGN(const json j, parse_json(text, "calibration"));
+  if (!j.is_object()) return make_error("calibration must be a JSON object {{...}}");
+  MT_TRY(check_top_level_fields(j));
+  if (!j.contains("version") || !j["version"].is_number_integer())
+    return make_error("calibration needs an integer field 'version' (this build reads {})",
+                      Calibration::kVersion);
+  Calibration c;
+  MT_TRY(JsonFields::of(j, "calibration field", "").value().get_int("version", IntRange{0, 1 << 20}, c.version));
+  if (c.version != Calibration::kVersion)
+    return make_error(
+        "calibration version {} is not supported (this build reads {}); "
+        "re-run the calibration",
+        c.version, Calibration::kVersion);
+  MT_TRY(read_description(j, c));
+  MT_TRY(read_gemm(j, c));
+  MT_TRY(read_attention(j, c));
+  MT_TRY(read_memory(j, c));
+  MT_TRY(read_ops(j, c));
+  MT_TRY(read_links(j, c));
+  MT_TRY(read_collectives(j, c));
   return c;
 }
 
