@@ -19,6 +19,7 @@
 #include "backends/cpu/kernels/elementwise.h"
 #include "backends/cpu/kernels/gemm.h"
 #include "backends/cpu/kernels/parallel.h"
+#include "backends/allocation_failure.h"
 #include "backends/collective_checks.h"
 #include "backends/cpu/comm/common.h"
 #include "backends/cpu/misuse.h"
@@ -212,9 +213,10 @@ Tensor CpuBackend::allocate(const Shape& shape, DType dtype, bool zeroed, std::s
   const auto bytes = static_cast<std::size_t>(shape.numel()) * dtype_size(dtype);
   auto storage = std::make_shared<CpuStorage>(accounting_, bytes, zeroed, host);
   if (storage->failed() && !error_)
-    note(make_error("out of host memory: cannot allocate {} bytes for a {} tensor {} (this rank holds {} bytes "
-                    "already); use a smaller model, batch or sequence, or more ranks",
-                    bytes, dtype_name(dtype), shape.str(), accounting_->live.load()),
+    note(make_error("{} (this rank holds {} bytes already); use a smaller model, batch or sequence, or more ranks",
+                    allocation_failure_message("host", bytes,
+                                               fmt::format("a {} tensor {}", dtype_name(dtype), shape.str())),
+                    accounting_->live.load()),
          "empty");
   accounting_->peak = std::max(accounting_->peak, accounting_->live.load());
   accounting_->host_peak = std::max(accounting_->host_peak, accounting_->host_live.load());

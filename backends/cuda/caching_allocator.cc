@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "backends/allocation_failure.h"
+
 namespace meshtrain::cuda {
 
 CachingAllocator::~CachingAllocator() {
@@ -52,9 +54,9 @@ Result<CachingAllocator::Allocation> CachingAllocator::allocate(std::size_t byte
       p = raw_.allocate(seg);
     }
     if (p == nullptr)
-      return make_error(
-          "out of device memory: {} bytes requested (segment of {}), {} live, {} reserved", bytes,
-          seg, live_, reserved_);
+      return make_error("{} ({} live, {} reserved)",
+                        allocation_failure_message("device", bytes, fmt::format("a segment of {}", seg)), live_,
+                        reserved_);
     ++raw_allocations_;
     reserved_ += static_cast<std::int64_t>(seg);
     b = new Block{reinterpret_cast<std::uintptr_t>(p), seg, 0, stream, small, false, nullptr, nullptr};
