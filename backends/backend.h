@@ -309,7 +309,7 @@ class Backend {
 
   // ---- timing (optional) ---------------------------------------------------
   // Device time of the work on a stream (per-rank step timing,
-  // engine/step_timing.h): timed_event(s) marks the current position of
+  // engine/training/step_timing.h): timed_event(s) marks the current position of
   // stream `s`; seconds_between(a, b) BLOCKS until `b` has happened and
   // returns the device seconds from `a` to `b`. A backend that runs ops on
   // the host as they are issued (cpu) has no device time of its own and

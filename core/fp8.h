@@ -1,5 +1,5 @@
 // Exact emulation of FP8 rounding and per-tensor delayed scaling, as FP8
-// training runs its GEMM operands (engine/fp8_recipe.h): a value is scaled,
+// training runs its GEMM operands (engine/plan/fp8_recipe.h): a value is scaled,
 // rounded to the nearest FP8 number (ties to even, saturating at the format's
 // largest finite value, as CUDA's __nv_cvt_float_to_fp8 with __NV_SATFINITE
 // and Transformer Engine's casts do) and multiplied back by the inverse scale.

@@ -4,22 +4,22 @@
 find_package(ZLIB REQUIRED)
 
 add_library(meshtrain_training_support STATIC
-  byte_dataset.cc
-  token_dataset.cc
-  data_loader.cc
-  image_dataset.cc
-  image_loader.cc
-  vqa_questions.cc
-  vqa_loader.cc
-  training_data.cc
-  lr_schedule.cc
+  data/byte_dataset.cc
+  data/token_dataset.cc
+  data/data_loader.cc
+  data/image_dataset.cc
+  data/image_loader.cc
+  data/vqa_questions.cc
+  data/vqa_loader.cc
+  training/training_data.cc
+  training/lr_schedule.cc
   checkpoint/files.cc
   checkpoint/manifest.cc
   checkpoint/writer.cc
   checkpoint/reader.cc
   checkpoint/claim.cc
-  metrics.cc
-  stop_request.cc
+  training/metrics.cc
+  training/stop_request.cc
 )
 target_link_libraries(meshtrain_training_support
   PUBLIC meshtrain_engine nlohmann_json::nlohmann_json fmt::fmt

@@ -92,7 +92,7 @@ struct ChunkOptions {
   bool sequence_parallel = false;
   // With sequence parallelism: the all-gather before a column-parallel GEMM
   // runs as a ring of send/recv on a side stream, pipelined with the GEMM's
-  // row blocks (BlockContext::linear; engine/plan.h tp_comm_overlap).
+  // row blocks (BlockContext::linear; engine/plan/plan.h tp_comm_overlap).
   bool tp_comm_overlap = false;
   ExpertParallel expert{};
   // Context parallelism (models/context_parallel.h): the micro-batch holds

@@ -75,7 +75,7 @@ std::int64_t padded_vocab(const ModelSpec& m, int tp);
 // Virtual stage c·pp + s (chunk c of stage s) holds the next layers in
 // virtual-stage order: virtual stage 0 holds layers [0, n0), 1 the next n1...
 //
-// A plan's segment (engine/plan.h) splits only its window of the model:
+// A plan's segment (engine/plan/plan.h) splits only its window of the model:
 // body layers [first_layer, first_layer + layers), with the embedding on its
 // virtual stage 0 only when it holds the model's first block and the head on
 // its last only when it holds the last; the defaults are the whole model.

@@ -345,7 +345,7 @@ ForwardFlops TransformerLayerDef::flops(double samples, std::int64_t seq) const 
 }
 
 // Korthikanti et al. 2022, Sec. 4, as a list of saved tensors in units of
-// rows·width (engine/memory_model.h spells out the terms): the norms' inputs
+// rows·width (engine/memory/memory_model.h spells out the terms): the norms' inputs
 // and outputs (4, replicated over tp unless sequence parallel), q, k, v, the
 // attention output, the MLP's first output and second input (split over tp),
 // dropout masks, materialised attention probabilities, fp32 row statistics.

@@ -36,7 +36,7 @@ void derive_vqa_fields(ModelSpec& m) {
 
 std::vector<ModelSpec> vqa_presets() {
   std::vector<ModelSpec> out;
-  // Fashion-MNIST grids (engine/vqa_questions.h): 56×56 grey images of 2×2
+  // Fashion-MNIST grids (engine/data/vqa_questions.h): 56×56 grey images of 2×2
   // garments, questions of at most 7 words, a vocabulary of under 48 words.
   auto fmnist = [](std::string name, int patch, VisionEncoderSpec vision, int layers, int hidden, int heads,
                    int ffn, int vocab) {

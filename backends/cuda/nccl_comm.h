@@ -23,7 +23,7 @@
 // clusters models that tuner (simulator/collective.h). NCCL orders its rings
 // from the topology, not from the rank numbers, so the member order meshtrain
 // passes does not matter to it. What meshtrain controls is which ranks form a
-// group: the mesh (engine/mesh.h) lays ranks out tensor-parallel fastest, so
+// group: the mesh (engine/plan/mesh.h) lays ranks out tensor-parallel fastest, so
 // that under a by-slot placement a tensor-parallel group sits inside a node
 // on NVLink and only data- and pipeline-parallel groups cross nodes.
 #pragma once

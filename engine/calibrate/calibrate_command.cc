@@ -57,19 +57,15 @@
 
 #include "backends/comm/launch.h"
 #include "backends/comm/mpi_environment.h"
-#include "backends/cpu/comm/in_process.h"
-#include "backends/cpu/comm/mpi_communicator.h"
-#include "backends/cpu/cpu_backend.h"
-#include "backends/cpu/threads.h"
-#include "backends/cuda/cuda_factory.h"
 #include "core/bounded.h"
 #include "core/host_memory.h"
 #include "core/input_file.h"
 #include "core/names.h"
 #include "engine/calibrate/measure.h"
 #include "engine/calibrate/op_profile.h"
-#include "engine/calibrate/workload_shapes.h"
 #include "engine/calibrate/workload.h"
+#include "engine/calibrate/workload_shapes.h"
+#include "engine/cli/backend_registry.h"
 #include "engine/cli/bounded_flags.h"
 #include "engine/cli/commands.h"
 #include "models/model_spec.h"
@@ -248,7 +244,11 @@ Status measure_compute(int sharing, const std::vector<GemmShape>& gemm,
   std::vector<Status> status(static_cast<std::size_t>(sharing));
   auto body = [&](int rank) {
     // Each rank thread gets its share of the cores, as `meshtrain train` gives it.
-    CpuBackend b(CpuBackendOptions{cpu::rank_threads(rank_threads, sharing)});
+    // (The cpu backend's name is known; make_backend cannot refuse it, so no
+    // rank leaves its peers waiting at the barrier.)
+    auto made = make_backend({.name = "cpu", .threads = rank_threads, .ranks_sharing = sharing});
+    if (!made) return void(status[static_cast<std::size_t>(rank)] = std::move(made).error());
+    Backend& b = **made;
     calibrate::Sync sync = sharing > 1 ? calibrate::Sync([&] { barrier.arrive_and_wait(); })
                                        : calibrate::Sync{};
     auto show = [&](const char* what, std::size_t total) {
@@ -299,8 +299,7 @@ Status measure_threads(int members, bool quick, const calibrate::Timing& timing,
                        sim::Calibration& cal, ProgressLine& progress) {
   const std::vector<double> sizes = comm_sizes(quick);
   const std::size_t total = sizes.size() * (members == 2 ? 6 : 5);
-  return run_ranks(members, [&](int rank, Communicator& comm) -> Status {
-    CpuBackend b(comm, CpuBackendOptions{cpu::rank_threads(threads, members)});
+  return run_thread_ranks({.name = "cpu", .threads = threads}, members, [&](int rank, Backend& b) -> Status {
     const Group g = world_group(members);
     auto show = [&](std::size_t done) {
       if (rank == 0) progress.show(fmt::format("collectives, {} threads", members), done, total);
@@ -336,16 +335,22 @@ Status write_calibration(const sim::Calibration& cal, const std::string& path) {
 Status calibrate_cuda(const CalibrateFlags& f, Precision precision, const std::vector<GemmShape>& gemm,
                       const std::vector<AttentionShape>& attention, const std::vector<OpShape>& ops,
                       const calibrate::Timing& timing, MpiEnvironment* env) {
-  CudaBackendOptions options;
-  options.use_mpi = env != nullptr;
-  options.comm_timeout = std::chrono::hours(2);  // peers wait while rank 0 measures kernels
-  MT_ASSIGN(std::unique_ptr<Backend> b, make_cuda_backend(options));
+  // Peers wait while rank 0 measures kernels.
+  const BackendRequest request{.name = "cuda", .comm_timeout = std::chrono::hours(2)};
+  std::optional<MpiRankBackend> mpi_rank;
+  std::unique_ptr<Backend> alone;
+  if (env) {
+    MT_ASSIGN(mpi_rank, MpiRankBackend::create(request));
+  } else {
+    MT_ASSIGN(alone, make_backend(request));
+  }
+  Backend* b = env ? &mpi_rank->backend() : alone.get();
   const bool leader = b->rank() == 0;
   sim::Calibration cal;
   cal.precision = precision == Precision::fp32 ? sim::DType::kFp32 : sim::DType::kBf16;
   cal.machine = describe_machine("cuda");
   // The GPU's own name: simulate checks it against the cluster's device.
-  cal.device = fmt::format("{} (cuda backend)", cuda_device_name());
+  cal.device = fmt::format("{} (cuda backend)", backend_device_name("cuda"));
   ProgressLine progress;
   if (leader) {
     auto show = [&](const char* what, std::size_t total) {
@@ -385,14 +390,13 @@ Status run_calibrate(const CalibrateFlags& f) {
     return calibrate::print_op_profile({f.profile, f.calibration, f.profile_steps, f.profile_budget_s,
                                         f.profile_ranks, f.threads});
   }
-  if (f.backend != "cpu" && f.backend != "cuda")
-    return Error(unknown_name_message("calibration backend", f.backend, {"cpu", "cuda"}));
+  MT_TRY(check_backend_name(f.backend));
   MT_ASSIGN(const Precision precision, precision_for_backend(f.backend, f.precision));
   const DType dtype = precision == Precision::fp32 ? DType::f32 : DType::bf16;
   if (f.out.empty()) return make_error("--out FILE is required (where the calibration is written)");
   // Before the measurement, not after it: an unwritable --out would waste it.
   MT_TRY(probe_output_file(f.out, "--out calibration file"));
-  const int cores = cpu::available_cores();
+  const int cores = available_cpu_cores();
   const int max_ranks = f.max_ranks > 0 ? f.max_ranks : std::max(2, cores);
   if (max_ranks < 2 || max_ranks > 64)
     return make_error("--max-ranks {} must be in [2, 64]", max_ranks);
@@ -460,8 +464,9 @@ Status run_calibrate(const CalibrateFlags& f) {
     // they would busy-poll the cores the kernels are timed on (that made
     // every kernel of an mpirun -np 2 calibration ~1.6x slower on 2 cores).
     MT_TRY(env->barrier_asleep());
-    MT_ASSIGN(auto comm, MpiCommunicator::create(CommOptions{std::chrono::hours(2)}));
-    CpuBackend b(*comm, CpuBackendOptions{cpu::rank_threads(f.threads, cpu::mpi_ranks_sharing_cores())});
+    MT_ASSIGN(MpiRankBackend rank, MpiRankBackend::create({.name = "cpu", .threads = f.threads,
+                                                           .comm_timeout = std::chrono::hours(2)}));
+    Backend& b = rank.backend();
     const std::vector<double> sizes = comm_sizes(f.quick);
     auto show = [&](std::size_t done) {
       if (leader) progress.show(fmt::format("collectives, {} MPI ranks", env->world_size()), done,
@@ -481,7 +486,7 @@ Status run_calibrate(const CalibrateFlags& f) {
         "to add transport \"mpi\" collectives)");
   }
   std::vector<std::string> levels;
-  for (int s : sharing) levels.push_back(fmt::format("{} x {} thread(s)", s, cpu::rank_threads(f.threads, s)));
+  for (int s : sharing) levels.push_back(fmt::format("{} x {} thread(s)", s, cpu_threads_per_rank(f.threads, s)));
   cal.machine.notes.push_back(fmt::format(
       "kernels measured with {} rank thread(s) running at once (ranks_sharing), each with threads of its own "
       "({} of {} cores); collectives among 2..{} threads; time_us is the {} of the samples",
@@ -518,7 +523,7 @@ Command add_calibrate_command(CLI::App& app) {
   sub->add_option("--threads", f->threads,
                   "cpu backend: threads per rank thread, as train's --threads (default: this process's cores "
                   "divided among the rank threads of each --sharing level, as train divides them)")
-      ->check(int_in({0, cpu::kMaxRankThreads}));
+      ->check(int_in({0, max_cpu_threads_per_rank()}));
   sub->add_option("--max-ranks", f->max_ranks, "largest in-process group measured (default max(2, cores))")
       ->check(int_in({0, 64}));
   sub->add_option("--profile", f->profile,

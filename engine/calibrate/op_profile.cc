@@ -8,14 +8,12 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "backends/cpu/cpu_backend.h"
-#include "backends/cuda/cuda_factory.h"
 #include "engine/calibrate/workload.h"
-#include "backends/cpu/threads.h"
+#include "engine/cli/backend_registry.h"
 #include "engine/cli/plan_flags.h"
-#include "engine/mesh.h"
-#include "engine/simulation.h"
-#include "engine/step_engine.h"
+#include "engine/plan/mesh.h"
+#include "engine/simulation/simulation.h"
+#include "engine/step/step_engine.h"
 #include "simulator/calibration.h"
 
 namespace meshtrain::calibrate {
@@ -149,12 +147,13 @@ Status print_op_profile(const ProfileOptions& o) {
     totals[i] = timer.totals();
   };
   if (cuda) {
-    MT_ASSIGN(std::unique_ptr<Backend> backend, make_cuda_backend(CudaBackendOptions{}));
+    MT_ASSIGN(std::unique_ptr<Backend> backend, make_backend({.name = "cuda"}));
     run(*backend, 0);
   } else {
     auto body = [&](int rank) {
-      CpuBackend backend(CpuBackendOptions{cpu::rank_threads(o.rank_threads, o.ranks)});
-      run(backend, rank);
+      auto backend = make_backend({.name = "cpu", .threads = o.rank_threads, .ranks_sharing = o.ranks});
+      if (!backend) return void(status[static_cast<std::size_t>(rank)] = std::move(backend).error());
+      run(**backend, rank);
     };
     std::vector<std::thread> threads;
     for (int r = 1; r < o.ranks; ++r) threads.emplace_back(body, r);

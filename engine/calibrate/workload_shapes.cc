@@ -2,11 +2,11 @@
 
 #include <algorithm>
 
-#include "models/model_io.h"
 #include "backends/backend_wrapper.h"
 #include "backends/sim/sim_backend.h"
-#include "engine/mesh.h"
-#include "engine/step_engine.h"
+#include "engine/plan/mesh.h"
+#include "engine/step/step_engine.h"
+#include "models/model_io.h"
 #include "simulator/cluster_spec.h"
 
 namespace meshtrain::calibrate {

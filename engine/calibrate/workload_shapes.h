@@ -12,7 +12,7 @@
 
 #include "core/status.h"
 #include "engine/calibrate/measure.h"
-#include "engine/plan.h"
+#include "engine/plan/plan.h"
 #include "models/model_spec.h"
 
 namespace meshtrain::calibrate {

@@ -61,8 +61,8 @@
 
 #include "core/fd.h"
 #include "core/status.h"
-#include "engine/data_loader.h"
-#include "engine/plan.h"
+#include "engine/data/data_loader.h"
+#include "engine/plan/plan.h"
 #include "models/model_spec.h"
 
 namespace meshtrain {

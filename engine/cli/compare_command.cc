@@ -14,7 +14,7 @@
 #include "engine/cli/commands.h"
 #include "engine/cli/plan_flags.h"
 #include "engine/pictures/pictures.h"
-#include "engine/simulation.h"
+#include "engine/simulation/simulation.h"
 #include "simulator/calibration.h"
 
 namespace meshtrain {

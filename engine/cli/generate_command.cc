@@ -10,11 +10,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "backends/cpu/cpu_backend.h"
-#include "backends/cuda/cuda_factory.h"
 #include "core/host_memory.h"
 #include "core/input_file.h"
 #include "core/names.h"
+#include "engine/cli/backend_registry.h"
 #include "engine/cli/bounded_flags.h"
 #include "engine/cli/commands.h"
 #include "engine/generate/generation.h"
@@ -31,11 +30,6 @@ struct GenerateFlags {
   SamplingOptions sampling;
   bool json = false;
 };
-
-Result<std::unique_ptr<Backend>> make_backend(const GenerateFlags& f) {
-  if (f.backend == "cpu") return std::unique_ptr<Backend>(std::make_unique<CpuBackend>(CpuBackendOptions{f.threads}));
-  return make_cuda_backend({.device = -1, .use_mpi = false});
-}
 
 Result<std::string> prompt_text(const GenerateFlags& f) {
   if (!f.prompt_file.empty()) return read_input_file(f.prompt_file, "prompt file");
@@ -97,7 +91,7 @@ class StreamPrinter {
 };
 
 Status run_generate(const GenerateFlags& f) {
-  if (f.backend != "cpu" && f.backend != "cuda") return Error(unknown_name_message("--backend", f.backend, {"cpu", "cuda"}));
+  MT_TRY(check_backend_name(f.backend));
   if (!f.prompt.empty() && !f.prompt_file.empty()) return make_error("give --prompt or --prompt-file, not both");
   MT_ASSIGN(const std::string text, prompt_text(f));
   MT_ASSIGN(const TrainedModel t, load_trained_model(f.checkpoint));
@@ -110,7 +104,7 @@ Status run_generate(const GenerateFlags& f) {
     MT_TRY(check_host_memory(CachedDecoder::resident_bytes(t.model, capacity),
                              fmt::format("the model's parameters and a KV cache of {} positions", capacity),
                              "lower --max-new-tokens or shorten the prompt, or use a machine with more memory"));
-  MT_ASSIGN(std::unique_ptr<Backend> b, make_backend(f));
+  MT_ASSIGN(std::unique_ptr<Backend> b, make_backend({.name = f.backend, .threads = f.threads}));
   CachedDecoder decoder(*b, t.model, capacity);
   MT_TRY(check_generation(decoder, prompt, o));
   MT_TRY(load_parameters(decoder, t));

@@ -1,6 +1,6 @@
 // `meshtrain goodput`: the simulated iteration time, the checkpoint write
 // time and a per-GPU failure rate combined into the expected goodput of a
-// run and the checkpoint interval that maximises it (engine/goodput.h).
+// run and the checkpoint interval that maximises it (engine/simulation/goodput.h).
 #include <memory>
 
 #include <fmt/format.h>
@@ -9,9 +9,9 @@
 #include "engine/cli/bounded_flags.h"
 #include "engine/cli/commands.h"
 #include "engine/cli/plan_flags.h"
-#include "engine/goodput.h"
-#include "engine/memory_model.h"
-#include "engine/simulation.h"
+#include "engine/memory/memory_model.h"
+#include "engine/simulation/goodput.h"
+#include "engine/simulation/simulation.h"
 #include "models/parameters.h"
 
 namespace meshtrain {
@@ -100,7 +100,7 @@ Status run_goodput(GoodputFlags f) {
   fmt::print("failures         each GPU {} h between failures: the job {} ({:.2f} failures a day); restart {}\n",
              f.mtbf_hours, hours(in.job_mtbf_s), 86400 / in.job_mtbf_s, hours(in.restart_s));
   auto line = [&](const char* label, const GoodputPlan& p) {
-    // The exact shares of the wall time (engine/goodput.h): they and the goodput sum to 100%.
+    // The exact shares of the wall time (engine/simulation/goodput.h): they and the goodput sum to 100%.
     const WallShares w = wall_shares(in, p.interval_s);
     if (p.goodput < kNoProgressGoodput) {
       fmt::print("{:<16} every {} steps ({} of training): no progress (goodput {:.2g}); failures take {:.2f}% of the "

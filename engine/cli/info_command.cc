@@ -8,13 +8,13 @@
 #include "engine/cli/bounded_flags.h"
 #include "engine/cli/commands.h"
 #include "engine/cli/plan_flags.h"
-#include "engine/memory_model.h"
-#include "engine/mesh.h"
-#include "engine/segments/segment_plan.h"
+#include "engine/memory/memory_model.h"
+#include "engine/plan/mesh.h"
+#include "engine/plan/segment_plan.h"
 #include "models/block.h"
 #include "models/flops.h"
-#include "models/parameters.h"
 #include "models/model_io.h"
+#include "models/parameters.h"
 
 namespace meshtrain {
 

@@ -9,7 +9,7 @@
 #include "engine/cli/command_line.h"
 #include "engine/cli/commands.h"
 #include "engine/cli/path_guard.h"
-#include "engine/stop_request.h"
+#include "engine/training/stop_request.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"meshtrain: simulation-first hybrid-parallel transformer training"};

@@ -13,13 +13,13 @@
 #include "core/names.h"
 #include "engine/cli/bounded_flags.h"
 #include "engine/cli/commands.h"
-#include "engine/fp8_recipe.h"
 #include "engine/pictures/pictures.h"
+#include "engine/plan/fp8_recipe.h"
 #include "engine/planner/candidates.h"
-#include "engine/planner/segment_candidates.h"
 #include "engine/planner/planner.h"
 #include "engine/planner/report.h"
-#include "engine/step_engine.h"
+#include "engine/planner/segment_candidates.h"
+#include "engine/step/step_engine.h"
 #include "simulator/calibration.h"
 
 namespace meshtrain {

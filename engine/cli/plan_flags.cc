@@ -5,7 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/cli/bounded_flags.h"
-#include "engine/segments/segment_plan.h"
+#include "engine/plan/segment_plan.h"
 
 namespace meshtrain {
 

@@ -5,7 +5,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "engine/plan.h"
+#include "engine/plan/plan.h"
 #include "models/model_spec.h"
 
 namespace meshtrain {

@@ -1,5 +1,5 @@
 // `meshtrain simulate`: parses the flags, runs one simulated iteration
-// (engine/simulation.h) and prints it as text or JSON.
+// (engine/simulation/simulation.h) and prints it as text or JSON.
 #include <algorithm>
 #include <memory>
 
@@ -12,15 +12,15 @@
 #include "engine/cli/commands.h"
 #include "engine/cli/plan_flags.h"
 #include "engine/cli/simulate_jobs.h"
-#include "engine/memory_model.h"
-#include "engine/mesh.h"
-#include "engine/out_of_memory.h"
+#include "engine/memory/memory_model.h"
+#include "engine/memory/out_of_memory.h"
 #include "engine/pictures/pictures.h"
-#include "engine/segments/segment_plan.h"
-#include "engine/simulation.h"
-#include "engine/step_engine.h"
-#include "simulator/calibration.h"
+#include "engine/plan/mesh.h"
+#include "engine/plan/segment_plan.h"
+#include "engine/simulation/simulation.h"
+#include "engine/step/step_engine.h"
 #include "models/model_io.h"
+#include "simulator/calibration.h"
 
 namespace meshtrain {
 
@@ -39,7 +39,7 @@ struct SimulateFlags {
   std::string attention = "flash";  // the simulated software stack: see SimulateOptions
   float dropout = 0.f;
   std::string moe_routing = "uniform";
-  // What-ifs (engine/variation.h); any of them means full fidelity.
+  // What-ifs (engine/simulation/variation.h); any of them means full fidelity.
   std::string fidelity = "representative";
   std::vector<std::string> stragglers, link_degrade, link_fail;
   std::uint64_t seed = 1;

@@ -3,8 +3,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "engine/shared_fabric.h"
-#include "engine/variation.h"
+#include "engine/simulation/shared_fabric.h"
+#include "engine/simulation/variation.h"
 
 namespace meshtrain {
 

@@ -1,11 +1,11 @@
 // `meshtrain simulate --job A.json --job B.json`: several jobs on one
-// cluster (engine/shared_fabric.h), printed as a table or JSON.
+// cluster (engine/simulation/shared_fabric.h), printed as a table or JSON.
 #pragma once
 
 #include <string>
 #include <vector>
 
-#include "engine/simulation.h"
+#include "engine/simulation/simulation.h"
 
 namespace meshtrain {
 

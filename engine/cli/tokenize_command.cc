@@ -11,8 +11,8 @@
 #include "core/names.h"
 #include "engine/cli/bounded_flags.h"
 #include "engine/cli/commands.h"
-#include "engine/token_dataset.h"
-#include "engine/tokenizer.h"
+#include "engine/data/token_dataset.h"
+#include "engine/data/tokenizer.h"
 
 namespace meshtrain {
 

@@ -9,24 +9,21 @@
 
 #include "backends/comm/launch.h"
 #include "backends/comm/mpi_environment.h"
-#include "backends/cpu/comm/in_process.h"
-#include "backends/cpu/comm/mpi_communicator.h"
-#include "backends/cpu/cpu_backend.h"
-#include "backends/cpu/threads.h"
-#include "backends/cuda/cuda_factory.h"
 #include "core/input_file.h"
 #include "core/names.h"
+#include "engine/cli/backend_registry.h"
 #include "engine/cli/bounded_flags.h"
 #include "engine/cli/commands.h"
 #include "engine/cli/plan_flags.h"
+#include "engine/data/tokenizer.h"
 #include "engine/export/hf_export.h"
-#include "engine/lr_schedule.h"
 #include "engine/parallel/weight_decay.h"
-#include "engine/stop_request.h"
-#include "engine/tokenizer.h"
 #include "engine/tracing/mpi_trace.h"
 #include "engine/tracing/tracing_backend.h"
-#include "engine/trainer.h"
+#include "engine/training/lr_schedule.h"
+#include "engine/training/stop_request.h"
+#include "engine/training/train_guard.h"
+#include "engine/training/trainer.h"
 
 namespace meshtrain {
 
@@ -41,7 +38,7 @@ struct TrainFlags {
   std::string trace;  // empty: no trace
   bool quiet = false;
   int threads = 0;  // cpu threads per rank; 0: the process's cores shared out among its ranks
-  std::vector<std::string> faults;  // --fault-inject specs (engine/fault_injection.h)
+  std::vector<std::string> faults;  // --fault-inject specs (engine/training/fault_injection.h)
   std::string tokenizer;  // --tokenizer: the SentencePiece model the --data tokens were made with
   // AdamW: a flag not given takes a resumed checkpoint's value, else OptimizerOptions' default.
   std::optional<double> beta1, beta2, eps;
@@ -86,7 +83,7 @@ void set_peak(TrainFlags& f, const Plan& p, bool cuda, bool mpi) {
   } else if (!cuda && !mpi) {
     // The local-cpu preset: 2.6 GHz, two 8-wide fp32 FMAs a cycle (32 FLOP/cycle) per core.
     constexpr double kCoreFlops = 2.6e9 * 32;
-    const int cores = cpu::available_cores();
+    const int cores = available_cpu_cores();
     f.train.peak_flops = kCoreFlops * cores;
     f.train.peak_source = fmt::format("{} cores x {:.0f} GFLOP/s, the local-cpu preset's rate; --peak-tflops to "
                                       "set it", cores, kCoreFlops / 1e9);
@@ -144,12 +141,6 @@ Status load_init_from(TrainOptions& o, const ModelSpec& m) {
   return {};
 }
 
-// The cpu backend of a rank that shares this process's cores with
-// `ranks_sharing` ranks (threads of this process, or unbound MPI processes).
-CpuBackendOptions cpu_options(const TrainFlags& f, int ranks_sharing) {
-  return {cpu::rank_threads(f.threads, ranks_sharing)};
-}
-
 // The precisions a backend trains in: the cpu backend computes in fp32 only;
 // the cuda backend also in bf16 (fp32 master weights and optimizer state).
 // fp16 would need loss scaling, which the trainer does not do.
@@ -189,9 +180,8 @@ Status finish_trace(Status status, const std::optional<TraceRecorder>& recorder,
 }
 
 Status run_train(TrainFlags f) {
-  if (f.backend != "cpu" && f.backend != "cuda")
-    return Error(unknown_name_message("training backend", f.backend, {"cpu", "cuda"}) +
-                 "; the sim backend runs under `meshtrain simulate`");
+  if (Status known = check_backend_name(f.backend); !known.ok())
+    return Error(known.error().message() + "; the sim backend runs under `meshtrain simulate`");
   const bool cuda = f.backend == "cuda";
   if (f.ranks != "threads" && f.ranks != "mpi")
     return Error(unknown_name_message("--ranks", f.ranks, {"threads", "mpi"}));
@@ -219,7 +209,7 @@ Status run_train(TrainFlags f) {
   f.train.progress = !f.quiet;
   f.train.step.seed = f.train.seed;
   const auto timeout = std::chrono::milliseconds(static_cast<long long>(f.comm_timeout_s * 1000));
-  const CommOptions comm{timeout};
+  const BackendRequest backends{.name = f.backend, .threads = f.threads, .comm_timeout = timeout};
   for (const std::string& spec : f.faults) {
     MT_ASSIGN(Fault fault, parse_fault(spec));
     if (fault.rank >= mp.plan.world_size())
@@ -234,10 +224,17 @@ Status run_train(TrainFlags f) {
   if (!f.trace.empty()) recorder.emplace();
   // Trains one rank on `b`, through a TracingBackend when tracing; the
   // wrapper hands its events to the recorder when it goes out of scope here.
+  // Ranks whose memory is this machine's: the rank threads, or this MPI process (none on cuda).
+  const int host_ranks = cuda ? 0 : mpi ? 1 : mp.plan.world_size();
   auto train_on = [&](Backend& b) -> Status {
-    if (!recorder) return train_rank(b, mp.model, mp.plan, f.train);
-    TracingBackend traced(b, *recorder);
-    return train_rank(traced, mp.model, mp.plan, f.train);
+    Status status = ok_status();
+    if (!recorder) {
+      status = train_rank(b, mp.model, mp.plan, f.train);
+    } else {
+      TracingBackend traced(b, *recorder);
+      status = train_rank(traced, mp.model, mp.plan, f.train);
+    }
+    return explain_allocation_failure(std::move(status), f.train, mp.model, mp.plan, b.rank(), host_ranks);
   };
 
   if (mpi) {
@@ -247,7 +244,7 @@ Status run_train(TrainFlags f) {
                         mp.plan.world_size());
     std::optional<CheckpointLock> lock;  // rank 0 writes the checkpoints and holds their directory
     if (env->rank() == 0) {
-      MT_TRY(check_train_options(f.train, mp.model, mp.plan, cuda ? 0 : 1));
+      MT_TRY(check_train_options(f.train, mp.model, mp.plan, host_ranks));
       MT_ASSIGN(const int tokenizer_pieces,
                 f.tokenizer.empty() ? Result<int>(0) : tokenizer_vocab(f.tokenizer, mp.model));
       MT_ASSIGN(lock, claim_checkpoint(f.train));
@@ -259,20 +256,10 @@ Status run_train(TrainFlags f) {
     // A failed rank must not leave its peers waiting: stop the whole job.
     if (recorder && env->rank() == 0)
       if (Status s = TraceRecorder::probe(f.trace); !s.ok()) abort_job(s.error());
-    std::unique_ptr<MpiCommunicator> communicator;
-    std::unique_ptr<Backend> backend;
-    if (cuda) {
-      auto made = make_cuda_backend({.device = -1, .use_mpi = true, .comm_timeout = timeout});
-      if (!made.ok()) abort_job(made.error());
-      backend = std::move(made).value();
-    } else {
-      auto made = MpiCommunicator::create(comm);
-      if (!made.ok()) abort_job(made.error());
-      communicator = std::move(made).value();
-      backend = std::make_unique<CpuBackend>(*communicator, cpu_options(f, cpu::mpi_ranks_sharing_cores()));
-    }
+    auto rank = MpiRankBackend::create(backends);
+    if (!rank.ok()) abort_job(rank.error());
     // The step a failure stopped at, as under threads.
-    Status status = f.train.rank_losses->summarize(train_on(*backend), f.train.steps);
+    Status status = f.train.rank_losses->summarize(train_on(rank->backend()), f.train.steps);
     std::string trace_sent;  // outlives abort_job: a send rank 0 never took may still read it
     if (recorder) {
       Status written = write_mpi_trace(*env, *recorder, f.trace, timeout, trace_sent);
@@ -282,7 +269,7 @@ Status run_train(TrainFlags f) {
     if (!status.ok() && stop_signal() == 0) abort_job(status.error());
     return status;
   }
-  MT_TRY(check_train_options(f.train, mp.model, mp.plan, cuda ? 0 : mp.plan.world_size()));
+  MT_TRY(check_train_options(f.train, mp.model, mp.plan, host_ranks));
   MT_ASSIGN(const int tokenizer_pieces, f.tokenizer.empty() ? Result<int>(0) : tokenizer_vocab(f.tokenizer, mp.model));
   MT_ASSIGN(const std::optional<CheckpointLock> lock, claim_checkpoint(f.train));
   if (lock) {
@@ -290,44 +277,23 @@ Status run_train(TrainFlags f) {
   }
   if (recorder) MT_TRY(TraceRecorder::probe(f.trace));
   if (mp.plan.world_size() == 1) {
-    std::unique_ptr<Backend> backend;
-    if (cuda) {
-      MT_ASSIGN(backend, make_cuda_backend({.device = -1, .use_mpi = false, .comm_timeout = timeout}));
-    } else {
-      backend = std::make_unique<CpuBackend>(cpu_options(f, 1));
-    }
+    MT_ASSIGN(std::unique_ptr<Backend> backend, make_backend(backends));
     return finish_trace(train_on(*backend), recorder, f.trace);
   }
-  Status status = run_ranks(
-      mp.plan.world_size(),
-      [&](int rank, Communicator& c) {
-        CpuBackend backend(c, cpu_options(f, mp.plan.world_size()));
-        auto status = train_on(backend);
-        if (!status.ok()) status.context(fmt::format("rank {}", rank));
-        return status;
-      },
-      comm);
+  Status status = run_thread_ranks(backends, mp.plan.world_size(), [&](int rank, Backend& backend) {
+    auto status = train_on(backend);
+    if (!status.ok()) status.context(fmt::format("rank {}", rank));
+    return status;
+  });
   status = f.train.rank_losses->summarize(std::move(status), f.train.steps);
   return finish_trace(std::move(status), recorder, f.trace);
 }
 
-}  // namespace
+constexpr IntRange kSteps{1, 1 << 30};
 
-Command add_train_command(CLI::App& app) {
-  auto f = std::make_shared<TrainFlags>();
-  CLI::App* sub = app.add_subcommand(
-      "train", "train a model with a parallel plan: a language model on a file (byte tokens), a vision model on images");
-  add_plan_flags(*sub, f->plan, "tiny");
+// --steps, the learning-rate schedule, AdamW and its regularisation.
+void add_optimizer_flags(CLI::App* sub, TrainFlags* f) {
   TrainOptions& t = f->train;
-  sub->add_option("--data", t.data,
-                  "a language model: an llm.c token file (uint16 or uint32 ids after a 1024-byte header), the "
-                  "PREFIX of a Megatron .bin/.idx pair, or any other file, whose bytes are the tokens; a vision "
-                  "model: fashion-mnist or a directory of IDX image files (train-* and t10k-*); a VQA model: the "
-                  "same, as questions about 2x2 grids of its images")
-      ->required();
-  sub->add_option("--backend", f->backend, "cpu, or cuda (one rank per process; a build with CUDA)")
-      ->capture_default_str();
-  constexpr IntRange kSteps{1, 1 << 30};
   const RealRange kRate{0, std::numeric_limits<double>::max(), true};
   sub->add_option("--steps", t.steps, "optimizer steps")->capture_default_str()->check(int_in(kSteps));
   sub->add_option("--lr", t.lr, "peak learning rate")->capture_default_str()->check(real_in(kRate));
@@ -358,13 +324,21 @@ Command add_train_command(CLI::App& app) {
                   "what --weight-decay applies to: linear (the linear layers' weights), linear+embeddings, or all "
                   "(norms and biases too) (resuming: the checkpoint's)")
       ->default_str(decayed_params_name(adam.decayed));
-  sub->add_option("--peak-tflops", f->peak_tflops,
-                  "peak TFLOP/s of one rank, for the run summary's MFU (default on the cpu backend: this process's "
-                  "cores at the local-cpu preset's rate; on cuda: none)")
-      ->check(real_in({0, 1e7, true}));
-  sub->add_option("--seed", t.seed, "seed of initialisation, data order and dropout")
+  sub->add_option("--dropout", t.step.dropout, "dropout probability")
       ->capture_default_str()
-      ->check(uint64_up_to(std::numeric_limits<std::uint64_t>::max()));
+      ->check(real_in(kDropoutRange));
+  sub->add_option("--weight-decay", t.step.optimizer.weight_decay,
+                  "AdamW's decoupled weight decay (see --weight-decay-params)")
+      ->capture_default_str()
+      ->check(real_in(kWeightDecayRange));
+  sub->add_option("--grad-clip", t.step.optimizer.max_grad_norm, "clip gradients to this global norm (0: off)")
+      ->capture_default_str()
+      ->check(real_in(kGradClipRange));
+}
+
+// Checkpoints, stops, metrics and evaluation.
+void add_checkpoint_flags(CLI::App* sub, TrainFlags* f) {
+  TrainOptions& t = f->train;
   sub->add_option("--checkpoint", t.checkpoint_dir, "checkpoint directory");
   sub->add_option("--checkpoint-every", t.checkpoint_every, "steps between checkpoints (0: at the end only)")
       ->check(int_in({0, 1 << 30}));
@@ -384,16 +358,19 @@ Command add_train_command(CLI::App& app) {
                   "four test images)")
       ->capture_default_str()
       ->check(int_in({0, 1 << 30}));
-  sub->add_option("--dropout", t.step.dropout, "dropout probability")
+}
+
+// How the ranks run and what the run reports: MFU's peak, seed, ranks,
+// threads, trace, tokenizer, initial weights, fault injection.
+void add_run_flags(CLI::App* sub, TrainFlags* f) {
+  TrainOptions& t = f->train;
+  sub->add_option("--peak-tflops", f->peak_tflops,
+                  "peak TFLOP/s of one rank, for the run summary's MFU (default on the cpu backend: this process's "
+                  "cores at the local-cpu preset's rate; on cuda: none)")
+      ->check(real_in({0, 1e7, true}));
+  sub->add_option("--seed", t.seed, "seed of initialisation, data order and dropout")
       ->capture_default_str()
-      ->check(real_in(kDropoutRange));
-  sub->add_option("--weight-decay", t.step.optimizer.weight_decay,
-                  "AdamW's decoupled weight decay (see --weight-decay-params)")
-      ->capture_default_str()
-      ->check(real_in(kWeightDecayRange));
-  sub->add_option("--grad-clip", t.step.optimizer.max_grad_norm, "clip gradients to this global norm (0: off)")
-      ->capture_default_str()
-      ->check(real_in(kGradClipRange));
+      ->check(uint64_up_to(std::numeric_limits<std::uint64_t>::max()));
   sub->add_option("--ranks", f->ranks, "threads (one process) or mpi (under mpirun/srun)")->capture_default_str();
   sub->add_option("--comm-timeout", f->comm_timeout_s, "seconds a rank waits for its peers before failing")
       ->capture_default_str()
@@ -404,7 +381,7 @@ Command add_train_command(CLI::App& app) {
   sub->add_option("--threads", f->threads,
                   "cpu backend: threads per rank (default: this process's cores divided among its "
                   "rank threads; results do not depend on it)")
-      ->check(int_in({0, cpu::kMaxRankThreads}));
+      ->check(int_in({0, max_cpu_threads_per_rank()}));
   sub->add_option("--tokenizer", f->tokenizer,
                   "the SentencePiece model (PREFIX.model of `meshtrain tokenize train`) that made the --data tokens: "
                   "its pieces must fit the model's vocab; with --checkpoint it is copied into the checkpoint, and "
@@ -417,6 +394,26 @@ Command add_train_command(CLI::App& app) {
   sub->add_option("--fault-inject", f->faults,
                   "RANK:slow:STEP[:FACTOR], RANK:hang:STEP or RANK:exit:STEP: make a rank slow down, stop answering or "
                   "die at a step (tests of straggler reports, --comm-timeout and checkpoints); repeatable");
+}
+
+}  // namespace
+
+Command add_train_command(CLI::App& app) {
+  auto f = std::make_shared<TrainFlags>();
+  CLI::App* sub = app.add_subcommand(
+      "train", "train a model with a parallel plan: a language model on a file (byte tokens), a vision model on images");
+  add_plan_flags(*sub, f->plan, "tiny");
+  sub->add_option("--data", f->train.data,
+                  "a language model: an llm.c token file (uint16 or uint32 ids after a 1024-byte header), the "
+                  "PREFIX of a Megatron .bin/.idx pair, or any other file, whose bytes are the tokens; a vision "
+                  "model: fashion-mnist or a directory of IDX image files (train-* and t10k-*); a VQA model: the "
+                  "same, as questions about 2x2 grids of its images")
+      ->required();
+  sub->add_option("--backend", f->backend, "cpu, or cuda (one rank per process; a build with CUDA)")
+      ->capture_default_str();
+  add_optimizer_flags(sub, f.get());
+  add_checkpoint_flags(sub, f.get());
+  add_run_flags(sub, f.get());
   return {sub, [f] { return run_train(*f); }};
 }
 

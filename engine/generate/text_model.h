@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "core/status.h"
-#include "engine/tokenizer.h"
+#include "engine/data/tokenizer.h"
 #include "models/cached_decoder.h"
 #include "models/model_spec.h"
 

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "engine/plan.h"
+#include "engine/plan/plan.h"
 
 namespace meshtrain {
 

@@ -72,7 +72,7 @@
 
 #include "backends/backend.h"
 #include "engine/parallel/grad_compression.h"
-#include "engine/plan.h"
+#include "engine/plan/plan.h"
 #include "models/model_spec.h"
 #include "models/parameter_store.h"
 

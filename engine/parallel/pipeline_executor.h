@@ -16,8 +16,8 @@
 #include <utility>
 
 #include "backends/backend.h"
-#include "engine/mesh.h"
-#include "engine/plan.h"
+#include "engine/plan/mesh.h"
+#include "engine/plan/plan.h"
 #include "engine/schedule/builders.h"
 #include "engine/schedule/schedule.h"
 

@@ -45,7 +45,7 @@
 #include "engine/parallel/gradient_buckets.h"
 #include "engine/parallel/parameter_gather.h"
 #include "engine/parallel/weight_decay.h"
-#include "engine/plan.h"
+#include "engine/plan/plan.h"
 #include "models/parameter_store.h"
 
 namespace meshtrain {

@@ -12,7 +12,7 @@ namespace meshtrain::pictures {
 
 namespace {
 
-// Every field `meshtrain train --metrics` writes (engine/metrics.cc): others are misspellings.
+// Every field `meshtrain train --metrics` writes (engine/training/metrics.cc): others are misspellings.
 const std::vector<std::string> kMetricsFields = {
     "step",         "loss",           "lr",        "step_time_s",         "tokens_per_s",
     "val_loss",     "val_accuracy",   "aux_loss",  "z_loss",              "moe_balance",

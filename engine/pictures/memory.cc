@@ -1,5 +1,5 @@
 // simulate --svg, lower panel: memory per rank, the analytic breakdown
-// (engine/memory_model.h) stacked against the device capacity, with the
+// (engine/memory/memory_model.h) stacked against the device capacity, with the
 // peak the sim backend measured beside it.
 #include <algorithm>
 #include <cmath>

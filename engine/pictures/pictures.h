@@ -24,9 +24,9 @@
 #include <vector>
 
 #include "core/status.h"
-#include "engine/planner/planner.h"
 #include "engine/pictures/svg.h"
-#include "engine/simulation.h"
+#include "engine/planner/planner.h"
+#include "engine/simulation/simulation.h"
 
 namespace meshtrain::pictures {
 
@@ -82,7 +82,7 @@ std::string simulation_svg(const Timeline& timeline, const SimulationResult& r, 
 std::string candidates_svg(const std::vector<planner::Candidate>& ranked, double device_bytes,
                            const std::vector<std::string>& labels, std::string_view title);
 
-// plot: one row of a metrics file (engine/metrics.h writes them).
+// plot: one row of a metrics file (engine/training/metrics.h writes them).
 struct MetricsRow {
   double step = 0, loss = 0;
   std::optional<double> val_loss, lr;

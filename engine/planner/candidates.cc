@@ -7,7 +7,7 @@
 #include <tbb/parallel_for.h>
 
 #include "engine/planner/segment_candidates.h"
-#include "engine/step_engine.h"
+#include "engine/step/step_engine.h"
 #include "models/model_io.h"
 
 namespace meshtrain::planner {

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "engine/plan/plan.h"
 #include "engine/planner/search_space.h"
-#include "engine/plan.h"
 
 namespace meshtrain::planner {
 

@@ -7,9 +7,9 @@
 #include <tbb/parallel_for.h>
 
 #include "models/block.h"
+#include "models/model_io.h"
 #include "models/parameters.h"
 #include "simulator/constants.h"
-#include "models/model_io.h"
 
 namespace meshtrain::planner {
 
@@ -191,7 +191,7 @@ Status FastEstimator::prepare(const std::vector<const Plan*>& plans) {
   using K = sim::CollectiveKind;
   for (const Plan* p : plans) {
     if (!refs_.count(key_of(*p))) wanted.insert(key_of(*p));
-    // The dp·cp ranks holding the same parameters, tp apart (engine/mesh.h).
+    // The dp·cp ranks holding the same parameters, tp apart (engine/plan/mesh.h).
     if (p->dp * p->cp > 1)
       for (K k : {K::kAllReduce, K::kReduceScatter, K::kAllGather, K::kAllToAll})
         if (k != K::kAllToAll || p->grad_compression == GradCompression::one_bit)
@@ -222,7 +222,7 @@ FastBreakdown FastEstimator::estimate(const Plan& p, const MemoryFit& fit) const
   const Reference& ref = refs_.at(key_of(p));
   const std::vector<LayerRange> ranges = virtual_stage_ranges(m, p.stage_split());  // every chunk's layers, once
   const std::size_t last = forward_flops_.size() - 1;
-  // The ranks holding the same parameters: dp·cp, tp apart (engine/mesh.h).
+  // The ranks holding the same parameters: dp·cp, tp apart (engine/plan/mesh.h).
   const int n = p.dp * p.cp;
   using K = sim::CollectiveKind;
   const GradCompression compression = n > 1 ? p.grad_compression : GradCompression::none;

@@ -74,7 +74,7 @@
 
 #include "engine/planner/memory_fit.h"
 #include "engine/planner/search_space.h"
-#include "engine/simulation.h"
+#include "engine/simulation/simulation.h"
 #include "simulator/collective.h"
 #include "simulator/cost_model.h"
 #include "simulator/topology.h"

@@ -3,8 +3,8 @@
 #include <map>
 #include <vector>
 
-#include "engine/mesh.h"
-#include "engine/segments/segment_plan.h"
+#include "engine/plan/mesh.h"
+#include "engine/plan/segment_plan.h"
 #include "models/model_io.h"
 
 namespace meshtrain::planner {

@@ -1,12 +1,12 @@
-// A candidate's memory by the analytic memory model (engine/memory_model.h):
+// A candidate's memory by the analytic memory model (engine/memory/memory_model.h):
 // the planner's first tier prunes every plan whose most loaded rank does not
 // fit the device.
 #pragma once
 
 #include <cstdint>
 
-#include "engine/memory_model.h"
-#include "engine/plan.h"
+#include "engine/memory/memory_model.h"
+#include "engine/plan/plan.h"
 #include "models/model_spec.h"
 
 namespace meshtrain::planner {
@@ -26,7 +26,7 @@ struct MemoryFit {
 // flight of them in every schedule; with an even first stage, stage 0 holds
 // all stage 1 does and more, so stage 1 is skipped too (the test checks this
 // against all stages). A plan made of segments: the maximum over its ranks of
-// rank_memory (engine/segments/segment_plan.h).
+// rank_memory (engine/plan/segment_plan.h).
 MemoryFit memory_fit(const ModelSpec& m, const Plan& p);
 
 }  // namespace meshtrain::planner

@@ -6,8 +6,8 @@
 #include <fmt/format.h>
 #include <tbb/parallel_for.h>
 
-#include "engine/mesh.h"
-#include "engine/out_of_memory.h"
+#include "engine/memory/out_of_memory.h"
+#include "engine/plan/mesh.h"
 #include "engine/planner/candidates.h"
 #include "engine/planner/progress.h"
 #include "engine/planner/segment_candidates.h"

@@ -1,7 +1,7 @@
 // `meshtrain plan`'s search: enumerate the space (candidates.h), prune by
 // the memory model (memory_fit.h), rank the rest with the fast tier
 // (fast_estimate.h), re-time the best with the full discrete-event
-// simulation (engine/simulation.h), whose order is final. Every tier runs
+// simulation (engine/simulation/simulation.h), whose order is final. Every tier runs
 // on all cores (oneTBB).
 #pragma once
 
@@ -16,7 +16,7 @@
 #include "engine/planner/memory_fit.h"
 #include "engine/planner/search_space.h"
 #include "engine/planner/segment_space.h"
-#include "engine/simulation.h"
+#include "engine/simulation/simulation.h"
 
 namespace meshtrain::planner {
 

@@ -41,8 +41,8 @@
 #include <vector>
 
 #include "core/status.h"
-#include "engine/plan.h"
-#include "engine/step_engine.h"
+#include "engine/plan/plan.h"
+#include "engine/step/step_engine.h"
 #include "models/model_spec.h"
 
 namespace meshtrain::planner {

@@ -7,11 +7,11 @@
 #include <fmt/format.h>
 #include <tbb/parallel_for.h>
 
-#include "engine/mesh.h"
-#include "engine/segments/segment_plan.h"
-#include "engine/step_engine.h"
-#include "models/model_tables.h"
+#include "engine/plan/mesh.h"
+#include "engine/plan/segment_plan.h"
+#include "engine/step/step_engine.h"
 #include "models/model_io.h"
+#include "models/model_tables.h"
 
 namespace meshtrain::planner {
 

@@ -1,6 +1,6 @@
 // Segment layouts for models made of several modules (a Swin's patch
 // embedding and stages, a VQA model's vision encoder, projector and language
-// model): plans of two or three segments (engine/segments/segment_plan.h),
+// model): plans of two or three segments (engine/plan/segment_plan.h),
 // each with its own degrees, searched beside the uniform plans.
 //
 // The family, for every way to cut the modules into 2 or 3 contiguous

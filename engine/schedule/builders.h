@@ -9,7 +9,7 @@
 
 namespace meshtrain::schedule {
 
-// The one schedule enum of the project: Plan::schedule (engine/plan.h) holds
+// The one schedule enum of the project: Plan::schedule (engine/plan/plan.h) holds
 // it too, so the trainer passes a plan's schedule straight to build_schedule.
 enum class ScheduleKind { gpipe, one_f_one_b, interleaved, zb_h1 };
 

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "backends/cpu/cpu_backend.h"
-#include "engine/step_engine.h"
+#include "engine/step/step_engine.h"
 #include "models/flops.h"
 
 using namespace meshtrain;

@@ -25,7 +25,7 @@
 
 #include <fmt/format.h>
 
-#include "engine/simulation.h"
+#include "engine/simulation/simulation.h"
 
 namespace meshtrain {
 namespace {

@@ -33,8 +33,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/json_input.h"
-#include "engine/plan.h"
-#include "engine/simulation.h"
+#include "engine/plan/plan.h"
+#include "engine/simulation/simulation.h"
 #include "models/model_spec.h"
 
 namespace meshtrain {

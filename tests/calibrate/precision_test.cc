@@ -11,7 +11,7 @@
 
 #include "engine/calibrate/workload_shapes.h"
 #include "engine/cli/plan_flags.h"
-#include "engine/simulation.h"
+#include "engine/simulation/simulation.h"
 #include "simulator/calibration.h"
 #include "tests/run_meshtrain.h"
 

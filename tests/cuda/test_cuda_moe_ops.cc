@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "backends/cpu/cpu_backend.h"
-#include "engine/mesh.h"
-#include "engine/step_engine.h"
+#include "engine/plan/mesh.h"
+#include "engine/step/step_engine.h"
 #include "tests/cuda/cuda_test_util.h"
 
 using namespace meshtrain;

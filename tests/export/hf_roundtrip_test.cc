@@ -13,7 +13,7 @@
 #include "backends/cpu/comm/in_process.h"
 #include "backends/cpu/cpu_backend.h"
 #include "engine/export/hf_export.h"
-#include "engine/training_engine.h"
+#include "engine/step/training_engine.h"
 #include "models/parameters.h"
 #include "tests/export/export_models.h"
 

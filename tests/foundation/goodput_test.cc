@@ -1,4 +1,4 @@
-// Goodput under failures (engine/goodput.h): the formula against a Monte
+// Goodput under failures (engine/simulation/goodput.h): the formula against a Monte
 // Carlo run of failures and restarts, its optimum against Young's and
 // Daly's first-order intervals, and `meshtrain goodput`.
 #include <catch2/catch.hpp>
@@ -10,7 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/goodput.h"
+#include "engine/simulation/goodput.h"
 #include "tests/run_meshtrain.h"
 
 using namespace meshtrain;

@@ -1,6 +1,6 @@
 #include <catch2/catch.hpp>
 
-#include "engine/memory_model.h"
+#include "engine/memory/memory_model.h"
 #include "models/parameters.h"
 
 using namespace meshtrain;

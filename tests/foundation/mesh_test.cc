@@ -4,7 +4,7 @@
 #include <map>
 #include <set>
 
-#include "engine/mesh.h"
+#include "engine/plan/mesh.h"
 
 using namespace meshtrain;
 

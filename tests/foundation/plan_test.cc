@@ -2,7 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/plan.h"
+#include "engine/plan/plan.h"
 
 using namespace meshtrain;
 

@@ -1,14 +1,14 @@
-// Fuzz target: the plan file reader (engine/plan.h), then the merge with
+// Fuzz target: the plan file reader (engine/plan/plan.h), then the merge with
 // defaults and the validation every command runs on an accepted plan; a
 // "segments" list is resolved on models with modules (Swin, VQA) and a decoder
-// (engine/segments/segment_plan.h), as resolve_model_and_plan does.
+// (engine/plan/segment_plan.h), as resolve_model_and_plan does.
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
 
 #include "core/json_input.h"
-#include "engine/plan.h"
-#include "engine/segments/segment_plan.h"
+#include "engine/plan/plan.h"
+#include "engine/plan/segment_plan.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   using namespace meshtrain;

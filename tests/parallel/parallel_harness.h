@@ -9,10 +9,10 @@
 #include <vector>
 
 #include "backends/cpu/cpu_backend.h"
-#include "engine/mesh.h"
-#include "engine/plan.h"
-#include "engine/step_engine.h"
-#include "engine/training_engine.h"
+#include "engine/plan/mesh.h"
+#include "engine/plan/plan.h"
+#include "engine/step/step_engine.h"
+#include "engine/step/training_engine.h"
 #include "models/init.h"
 #include "models/model_spec.h"
 

@@ -1,10 +1,10 @@
 // The measured per-rank peak of live tensor bytes during a step (cpu backend,
 // reset at the start of the step) agrees with the analytic memory model
-// (engine/memory_model.h, meshtrain's activation layout) within 10%.
+// (engine/memory/memory_model.h, meshtrain's activation layout) within 10%.
 #include <catch2/catch.hpp>
 
 #include "backends/cpu/comm/in_process.h"
-#include "engine/memory_model.h"
+#include "engine/memory/memory_model.h"
 #include "tests/parallel/parallel_harness.h"
 
 using namespace meshtrain;

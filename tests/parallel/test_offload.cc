@@ -7,8 +7,8 @@
 #include <nlohmann/json.hpp>
 
 #include "backends/backend_wrapper.h"
-#include "engine/memory_model.h"
-#include "engine/simulation.h"
+#include "engine/memory/memory_model.h"
+#include "engine/simulation/simulation.h"
 #include "models/parameters.h"
 #include "tests/parallel/parallel_check.h"
 

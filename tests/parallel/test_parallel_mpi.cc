@@ -9,7 +9,7 @@
 
 #include "backends/cpu/comm/in_process.h"
 #include "backends/cpu/comm/mpi_communicator.h"
-#include "engine/segments/segment_plan.h"
+#include "engine/plan/segment_plan.h"
 #include "tests/mpi_catch_main.h"
 #include "tests/parallel/parallel_harness.h"
 

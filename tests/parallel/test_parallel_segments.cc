@@ -7,7 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/segments/segment_plan.h"
+#include "engine/plan/segment_plan.h"
 #include "tests/parallel/parallel_check.h"
 
 using namespace meshtrain;

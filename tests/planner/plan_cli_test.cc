@@ -9,7 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/image_dataset.h"
+#include "engine/data/image_dataset.h"
 #include "tests/run_meshtrain.h"
 #include "tests/training/idx_files.h"
 

@@ -6,12 +6,12 @@
 #include <algorithm>
 #include <set>
 
+#include "engine/plan/segment_plan.h"
 #include "engine/planner/candidates.h"
-#include "engine/planner/segment_candidates.h"
-#include "engine/segments/segment_plan.h"
-#include "models/parameters.h"
 #include "engine/planner/planner.h"
 #include "engine/planner/report.h"
+#include "engine/planner/segment_candidates.h"
+#include "models/parameters.h"
 #include "simulator/cluster_spec.h"
 
 using namespace meshtrain;

@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include "engine/simulation.h"
+#include "engine/simulation/simulation.h"
 #include "models/parameters.h"
 #include "tests/sim_backend/small_gpt.h"
 

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "backends/sim/sim_cluster.h"
-#include "engine/simulation.h"
+#include "engine/simulation/simulation.h"
 #include "models/block_context.h"
 #include "models/context_parallel.h"
 #include "models/parameter_store.h"

@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "engine/parallel/gradient_buckets.h"
-#include "engine/simulation.h"
+#include "engine/simulation/simulation.h"
 #include "models/parameters.h"
 
 using namespace meshtrain;

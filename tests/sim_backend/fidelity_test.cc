@@ -1,4 +1,4 @@
-// Full fidelity and what-ifs (engine/simulation.h, engine/variation.h):
+// Full fidelity and what-ifs (engine/simulation/simulation.h, engine/simulation/variation.h):
 // every rank's ops and flows agree with the representative ranks on plans
 // without variation, the exclusive-link shortcut agrees with plain flows,
 // and a straggler, a degraded cable and a failed cable cost what they should
@@ -8,8 +8,8 @@
 #include <cmath>
 #include <string>
 
-#include "engine/simulation.h"
-#include "engine/variation.h"
+#include "engine/simulation/simulation.h"
+#include "engine/simulation/variation.h"
 
 using namespace meshtrain;
 

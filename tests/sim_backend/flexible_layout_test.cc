@@ -8,8 +8,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/memory_model.h"
-#include "engine/plan.h"
+#include "engine/memory/memory_model.h"
+#include "engine/plan/plan.h"
 #include "models/parameters.h"
 
 using namespace meshtrain;

@@ -9,8 +9,8 @@
 
 #include <string>
 
-#include "engine/memory_model.h"
-#include "engine/simulation.h"
+#include "engine/memory/memory_model.h"
+#include "engine/simulation/simulation.h"
 #include "models/parameters.h"
 #include "tests/sim_backend/small_gpt.h"
 

@@ -11,7 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/simulation.h"
+#include "engine/simulation/simulation.h"
 
 using namespace meshtrain;
 

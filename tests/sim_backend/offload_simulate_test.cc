@@ -5,7 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include "backends/sim/sim_backend.h"
-#include "engine/simulation.h"
+#include "engine/simulation/simulation.h"
 #include "models/parameters.h"
 
 using namespace meshtrain;

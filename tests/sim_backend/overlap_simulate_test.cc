@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/simulation.h"
+#include "engine/simulation/simulation.h"
 
 using namespace meshtrain;
 

@@ -3,7 +3,7 @@
 // before_grad), so each hop of the drain is shorter by one block's forward.
 #include <catch2/catch.hpp>
 
-#include "engine/simulation.h"
+#include "engine/simulation/simulation.h"
 
 using namespace meshtrain;
 

@@ -6,8 +6,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/segments/segment_plan.h"
-#include "engine/simulation.h"
+#include "engine/plan/segment_plan.h"
+#include "engine/simulation/simulation.h"
 #include "models/parameters.h"
 
 using namespace meshtrain;

@@ -1,10 +1,10 @@
-// Several jobs on one cluster (engine/shared_fabric.h): job files, their
+// Several jobs on one cluster (engine/simulation/shared_fabric.h): job files, their
 // placement, and slowdowns that come from shared links only.
 #include <catch2/catch.hpp>
 
 #include <nlohmann/json.hpp>
 
-#include "engine/shared_fabric.h"
+#include "engine/simulation/shared_fabric.h"
 
 using namespace meshtrain;
 

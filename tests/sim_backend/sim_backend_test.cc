@@ -93,7 +93,7 @@ TEST_CASE("sim backend: the compute stream's own compute is reported apart from 
   // Stream 0: a gemm, then a tp all-reduce; a side stream runs a longer gemm
   // at the same time. What the compute stream spends beyond its own compute is
   // the all-reduce; the side stream's gemm must not be subtracted from it
-  // (exposed communication, engine/simulation.h, would be clamped to 0).
+  // (exposed communication, engine/simulation/simulation.h, would be clamped to 0).
   auto cluster = make_cluster(8, {0});
   SimBackend& b = cluster->backend(0);
   Tensor a = b.empty(Shape{4096, 1024}, DType::bf16), w = b.empty(Shape{1024, 2048}, DType::bf16);

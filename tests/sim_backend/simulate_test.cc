@@ -9,8 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/memory_model.h"
-#include "engine/simulation.h"
+#include "engine/memory/memory_model.h"
+#include "engine/simulation/simulation.h"
 #include "tests/sim_backend/small_gpt.h"
 
 using namespace meshtrain;
@@ -166,7 +166,7 @@ TEST_CASE("simulate: tasks do not grow with the data-parallel degree", "[sim_bac
   // 8, 1024 and 1,048,576 GPUs with the same tp and pp: one representative
   // per stage issues the same ops; only the analytic dp collectives get
   // longer. (The million-GPU mesh lists no groups and its collectives route
-  // each ring once: engine/mesh.h, sim::StepCosts.)
+  // each ring once: engine/plan/mesh.h, sim::StepCosts.)
   const ModelSpec m = small_gpt();
   const SimulationResult small = simulate(m, make_plan(m, 2, 2, 2, 1, 4, ScheduleKind::one_f_one_b));
   const SimulationResult large = simulate(m, make_plan(m, 2, 2, 256, 1, 4, ScheduleKind::one_f_one_b));

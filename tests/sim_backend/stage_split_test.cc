@@ -4,7 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/plan.h"
+#include "engine/plan/plan.h"
 #include "models/parameters.h"
 
 using namespace meshtrain;

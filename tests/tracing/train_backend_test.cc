@@ -53,7 +53,7 @@ TEST_CASE("train with backend cuda and several ranks needs one process per rank"
 TEST_CASE("an unknown backend suggests the nearest", "[backend]") {
   MeshtrainRun cudaa = run_meshtrain("train --data " + training_text() + kRun + " --backend cudaa");
   CHECK(cudaa.status == 1);
-  CHECK_THAT(cudaa.out, Catch::Contains("unknown training backend 'cudaa' (did you mean 'cuda'?"));
+  CHECK_THAT(cudaa.out, Catch::Contains("unknown --backend 'cudaa' (did you mean 'cuda'?"));
   MeshtrainRun gpu = run_meshtrain("train --data " + training_text() + kRun + " --backend gpu");
   CHECK(gpu.status == 1);
   CHECK_THAT(gpu.out, Catch::Contains("(did you mean 'cpu'? valid: cpu, cuda)"));

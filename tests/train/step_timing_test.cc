@@ -1,4 +1,4 @@
-// StepTimer and the straggler report (engine/step_timing.h) without a
+// StepTimer and the straggler report (engine/training/step_timing.h) without a
 // training run: communication is timed apart from compute, including the
 // wait for peers, and the report compares ranks of a stage.
 #include <catch2/catch.hpp>
@@ -8,8 +8,8 @@
 
 #include "backends/cpu/comm/in_process.h"
 #include "backends/cpu/cpu_backend.h"
-#include "engine/fault_injection.h"
-#include "engine/step_timing.h"
+#include "engine/training/fault_injection.h"
+#include "engine/training/step_timing.h"
 
 using namespace meshtrain;
 

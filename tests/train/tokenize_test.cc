@@ -1,4 +1,4 @@
-// SentencePiece tokenizers (engine/tokenizer.h, `meshtrain tokenize`,
+// SentencePiece tokenizers (engine/data/tokenizer.h, `meshtrain tokenize`,
 // `train --tokenizer`): a BPE and a unigram model trained on a corpus the test
 // writes round-trip it; the token file is what the token dataset reads; a
 // model of the tokenizer's vocabulary trains on it and its checkpoint keeps
@@ -17,8 +17,8 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/checkpoint/checkpoint.h"
-#include "engine/token_dataset.h"
-#include "engine/tokenizer.h"
+#include "engine/data/token_dataset.h"
+#include "engine/data/tokenizer.h"
 #include "tests/run_meshtrain.h"
 
 namespace fs = std::filesystem;

@@ -10,7 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/image_dataset.h"
+#include "engine/data/image_dataset.h"
 #include "tests/run_meshtrain.h"
 #include "tests/skip.h"
 #include "tests/train/train_files.h"

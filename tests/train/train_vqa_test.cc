@@ -11,8 +11,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/image_dataset.h"
-#include "engine/vqa_loader.h"
+#include "engine/data/image_dataset.h"
+#include "engine/data/vqa_loader.h"
 #include "tests/run_meshtrain.h"
 #include "tests/skip.h"
 #include "tests/train/train_files.h"

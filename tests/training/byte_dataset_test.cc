@@ -1,4 +1,4 @@
-#include "engine/byte_dataset.h"
+#include "engine/data/byte_dataset.h"
 
 #include <catch2/catch.hpp>
 

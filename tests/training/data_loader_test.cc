@@ -1,4 +1,4 @@
-#include "engine/data_loader.h"
+#include "engine/data/data_loader.h"
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>

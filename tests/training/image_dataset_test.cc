@@ -1,4 +1,4 @@
-#include "engine/image_dataset.h"
+#include "engine/data/image_dataset.h"
 
 #include <zlib.h>
 

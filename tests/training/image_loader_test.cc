@@ -1,4 +1,4 @@
-#include "engine/image_loader.h"
+#include "engine/data/image_loader.h"
 
 #include <catch2/catch.hpp>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "engine/lr_schedule.h"
+#include "engine/training/lr_schedule.h"
 
 #include <catch2/catch.hpp>
 

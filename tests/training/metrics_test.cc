@@ -1,4 +1,4 @@
-#include "engine/metrics.h"
+#include "engine/training/metrics.h"
 
 #include <catch2/catch.hpp>
 #include <cmath>

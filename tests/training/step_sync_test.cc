@@ -1,6 +1,6 @@
 // How often a training step waits for the device. StepEngine::step reads the
 // loss and the gradient norm back together, so a step blocks once; the step
-// timer (engine/step_timing.h) and tracing (engine/tracing/) read their
+// timer (engine/training/step_timing.h) and tracing (engine/tracing/) read their
 // device times only where the step already waited. The cpu backend runs
 // under DeviceClockBackend, which counts the calls that would block on an
 // asynchronous device and, with a clock, gives device timing events.
@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "backends/cpu/comm/in_process.h"
-#include "engine/step_timing.h"
 #include "engine/tracing/tracing_backend.h"
+#include "engine/training/step_timing.h"
 #include "tests/parallel/parallel_harness.h"
 #include "tests/tracing/device_clock_backend.h"
 

@@ -1,9 +1,9 @@
-#include "engine/token_dataset.h"
+#include "engine/data/token_dataset.h"
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
-#include "engine/training_data.h"
+#include "engine/training/training_data.h"
 #include "error_of.h"
 #include "temp_dir.h"
 #include "token_files.h"

@@ -1,4 +1,4 @@
-// Writers of the token files `train --data` reads (engine/token_dataset.h),
+// Writers of the token files `train --data` reads (engine/data/token_dataset.h),
 // for tests: llm.c's header + ids, and Megatron's PREFIX.bin + PREFIX.idx.
 // They write what the formats' own writers write (llm.c's
 // dev/data/data_common.py, Megatron's _IndexWriter), so a test can then
@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/token_dataset.h"
+#include "engine/data/token_dataset.h"
 
 namespace meshtrain::testing {
 

@@ -8,8 +8,8 @@
 #include <set>
 #include <sstream>
 
-#include "engine/image_dataset.h"
-#include "engine/vqa_loader.h"
+#include "engine/data/image_dataset.h"
+#include "engine/data/vqa_loader.h"
 #include "tests/skip.h"
 
 using namespace meshtrain;

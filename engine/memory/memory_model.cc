@@ -1,0 +1,188 @@
+#include "engine/memory/memory_model.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "engine/plan/fp8_recipe.h"
+#include "engine/schedule/builders.h"
+#include "models/model_tables.h"
+#include "models/parameters.h"
+
+namespace meshtrain {
+
+ActivationLayout korthikanti_layout() { return {2, 1, true, false, 0}; }
+
+ActivationLayout meshtrain_layout(const Plan& p) {
+  ActivationLayout a{element_bytes(p.precision), 0, false, true, 4};
+  if (p.precision == Precision::fp8) a.gemm_input_bytes = kFp8SavedGemmInputBytes;
+  return a;
+}
+
+ActivationQuery activation_query(const ModelSpec& m, const Plan& p, const ActivationLayout& a) {
+  ActivationQuery q;
+  q.micro_batch = p.micro_batch;
+  q.seq = static_cast<double>(p.effective_seq_len(m)) / p.cp;
+  q.tp = p.tp;
+  q.cp = p.cp;
+  q.cp_ring = p.cp_comm == ContextComm::ring;
+  q.expert_tp = p.expert_tp();
+  q.sequence_parallel = p.sequence_parallel;
+  q.recompute = p.recompute;
+  q.layout = a;
+  return q;
+}
+
+double layer_activation_bytes(const ModelSpec& m, const Plan& p, const ActivationLayout& a) {
+  return model_tables(m)->blocks[1]->activation_bytes(activation_query(m, p, a));
+}
+
+double head_activation_bytes(const ModelSpec& m, const Plan& p, const ActivationLayout& a) {
+  return model_tables(m)->blocks.back()->activation_bytes(activation_query(m, p, a));
+}
+
+double layer_backward_working_bytes(const ModelSpec& m, const Plan& p, const ActivationLayout& a) {
+  return model_tables(m)->blocks[1]->backward_working_bytes(activation_query(m, p, a));
+}
+
+int inflight_microbatches(const Plan& p, int stage) {
+  const int m = p.microbatches();
+  switch (p.schedule) {
+    case ScheduleKind::gpipe: return m;
+    case ScheduleKind::one_f_one_b: return std::min(p.pp - stage, m);
+    // Between F and W: rank r holds p-r-1 warm-up micro-batches and r waiting for W (which keep only
+    // what W reads: peak_activation_bytes).
+    case ScheduleKind::zb_h1: return std::min(p.pp, m);
+    case ScheduleKind::interleaved:
+      return std::min(schedule::interleaved_warmup({p.pp, p.vpp, m}, stage) + 1, m * p.vpp);
+  }
+  return m;
+}
+
+double peak_activation_bytes(const Plan& p, int stage, const std::vector<double>& chunk_bytes,
+                             const std::vector<double>& deferred_bytes) {
+  // Walk the stage's schedule: a forward of chunk c keeps its bytes until that micro-batch's backward;
+  // where the schedule has W passes, B frees them but for what the deferred dW reads (its GEMMs'
+  // inputs and output gradients), which stays until W.
+  const schedule::PipelineLayout layout{p.pp, p.vpp, p.microbatches()};
+  auto built = schedule::build_schedule(p.schedule, layout);
+  const auto deferred = [&](int chunk) {
+    return deferred_bytes.empty() ? 0.0 : deferred_bytes[static_cast<std::size_t>(chunk)];
+  };
+  if (!built) {
+    // validate_plan refuses such plans; the even-chunk bound keeps this total.
+    double all = 0;
+    for (double b : chunk_bytes) all += b;
+    for (int c = 0; c < p.vpp; ++c) all += deferred(c);
+    return inflight_microbatches(p, stage) * all / p.vpp;
+  }
+  const bool weight_pass = p.schedule == ScheduleKind::zb_h1;
+  double live = 0, peak = 0;
+  for (const schedule::Action& a : built->ranks[static_cast<std::size_t>(stage)]) {
+    const double bytes = chunk_bytes[static_cast<std::size_t>(a.chunk)];
+    if (a.kind == schedule::Action::forward) live += bytes;
+    else if (a.kind == schedule::Action::backward) live += (weight_pass ? deferred(a.chunk) : 0.0) - bytes;
+    else if (a.kind == schedule::Action::weight) live -= deferred(a.chunk);
+    else continue;
+    peak = std::max(peak, live);
+  }
+  return peak;
+}
+
+MemoryBreakdown memory_per_rank(const ModelSpec& m, const Plan& p, int stage, const ActivationLayout& a) {
+  MemoryBreakdown r;
+  const std::shared_ptr<const ModelTables> tables = model_tables(m);
+  const ShardCount shard = count_shard_parameters(m, p.tp, p.stage_split(), p.ep, stage, p.expert_tp());
+  r.parameter_count = shard.total;
+  // ZeRO shards dense parameters over dp and expert ones over their expert-data group
+  // (tp·cp·dp / (etp·ep) ranks): n counts a parameter as the share of it a rank holds.
+  const double experts = static_cast<double>(shard.expert);
+  const double edp = static_cast<double>(p.tp * p.cp * p.dp) / (p.expert_tp() * p.ep);
+  const double n = static_cast<double>(shard.total);
+  const auto sharded = [&](int stage_needed, double bytes) {
+    if (p.zero < stage_needed) return n * bytes;
+    // Under context parallelism the dp·cp ranks hold the same parameters and shard over all of them.
+    if (experts == 0) return n * bytes / (static_cast<double>(p.dp) * p.cp);
+    return ((n - experts) / p.dp + experts / edp) * bytes;
+  };
+  const bool mixed = p.precision != Precision::fp32;
+  // FP8 keeps an FP8 copy of every weight next to the bf16 one (engine/plan/fp8_recipe.h).
+  const double param_bytes = element_bytes(p.precision) + (p.precision == Precision::fp8 ? kFp8WeightCopyBytes : 0);
+  const double grad_bytes = a.gradient_bytes > 0 ? a.gradient_bytes : element_bytes(p.precision);
+  const double optimizer_bytes = mixed ? 12.0 : 8.0;
+  const double dp = static_cast<double>(p.dp) * p.cp;
+  // Every virtual stage's layers at once (vpp grows with deep models), and the
+  // most layers one of this stage's chunks holds (the plan's split, even or not).
+  const std::vector<LayerRange> ranges = virtual_stage_ranges(m, p.stage_split());
+  auto chunk = [&](int c) { return ranges[static_cast<std::size_t>(c * p.pp + stage)]; };
+  int layers_per_chunk = 0;
+  for (int c = 0; c < p.vpp; ++c) layers_per_chunk = std::max(layers_per_chunk, chunk(c).end - chunk(c).begin);
+  r.parameters = sharded(3, param_bytes);
+  r.gradients = sharded(2, grad_bytes);
+  r.optimizer = sharded(1, optimizer_bytes);
+  if (p.offload != Offload::none) {
+    r.offloaded = r.optimizer;
+    r.optimizer = 0;
+    r.host = sharded(1, 16.0);
+    if (p.offload == Offload::params) {
+      r.offloaded += r.parameters;
+      r.parameters = 0;
+    }
+  }
+  // 1-bit gradients keep their error feedback across steps like optimizer state
+  // (engine/parallel/grad_compression.h): an fp32 worker error as large as the
+  // gradients, and under ZeRO 0 a server error of the rank's 1/dp block.
+  if (p.grad_compression == GradCompression::one_bit && p.error_feedback && p.dp > 1)
+    r.optimizer += n * 4.0 * (1.0 + (p.zero == 0 ? 1.0 / p.dp : 0.0));
+  if (p.zero >= 2) {
+    // The largest body layer's shard, one layer of each run of alike layers (ModelTables::runs).
+    std::int64_t largest_layer = 0, tied_embedding = 0;
+    for (const LayerRun& run : tables->runs) {
+      std::int64_t layer = 0;
+      for (std::size_t i : run.tensors) {
+        const ParamInfo& info = tables->parameters[i];
+        layer += shard_numel(m, info, p.tp, p.ep, p.expert_tp());
+        if (info.name == "embed.tokens" && m.tied_embeddings) tied_embedding = shard_numel(m, info, p.tp, p.ep);
+      }
+      if (run.begin < m.layers && run.end > 0) largest_layer = std::max(largest_layer, layer);
+    }
+    // A chunk of one layer has no next layer to prefetch within its pass.
+    const double gathered = layers_per_chunk > 1 ? 2.0 : 1.0;
+    // Reduced once per step after several micro-batches, every layer's gradient stays until the last one.
+    const bool whole = p.zero_reduce_once && p.microbatches() > 1;
+    const double layer_grads = whole ? 0.0 : grad_bytes;
+    if (p.zero >= 3) r.zero3_working = static_cast<double>(largest_layer) * (gathered * param_bytes + layer_grads);
+    else r.gradient_working = static_cast<double>(largest_layer) * layer_grads;
+    if (whole) r.gradient_working = n * grad_bytes;
+    else if (stage == 0 || stage == p.pp - 1) r.gradient_working += static_cast<double>(tied_embedding) * grad_bytes;
+  }
+  if (p.zero == 1) r.gradient_shard = experts == 0 ? n * grad_bytes / dp : sharded(1, grad_bytes);
+  r.inflight = inflight_microbatches(p, stage);
+  // Each chunk's bytes per micro-batch (its body blocks; hook index h is block h + 1, and the embedding
+  // with virtual stage 0), which may differ (StageSplit: uneven and flexible layouts).
+  const ModelBlocks& blocks = tables->blocks;
+  const ActivationQuery q = activation_query(m, p, a);
+  std::vector<double> chunk_bytes(static_cast<std::size_t>(p.vpp), 0.0), deferred_bytes = chunk_bytes;
+  for (int c = 0; c < p.vpp; ++c) {
+    for (int l = chunk(c).begin; l < chunk(c).end; ++l) {
+      const BlockDef& block = *blocks[static_cast<std::size_t>(l + 1)];
+      chunk_bytes[static_cast<std::size_t>(c)] += block.activation_bytes(q);
+      if (p.schedule == ScheduleKind::zb_h1) deferred_bytes[static_cast<std::size_t>(c)] += block.deferred_weight_bytes(q);
+      r.backward_working = std::max(r.backward_working, block.backward_working_bytes(q));
+    }
+  }
+  if (stage == 0 && p.embedding) chunk_bytes.front() += blocks.front()->activation_bytes(q);
+  r.activations = peak_activation_bytes(p, stage, chunk_bytes, deferred_bytes);
+  if (stage == p.pp - 1) {
+    // The head's backward frees a micro-batch's logits before any layer's backward of that micro-batch
+    // starts: the stage peaks with the one working set or the other (the head's: its saved tensors and
+    // the logits' gradient), not both.
+    const int head_inflight = p.schedule == ScheduleKind::gpipe ? p.microbatches() : 1;
+    const double head = blocks.back()->activation_bytes(q);
+    r.activations += (head_inflight - 1) * head;
+    r.backward_working = std::max(r.backward_working, head + blocks.back()->backward_working_bytes(q));
+  }
+  return r;
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,42 @@
+// FP8 training as a plan's precision (Precision::fp8): Transformer Engine's
+// recipe, which the simulator costs and the memory model counts.
+//
+// The recipe (NVIDIA Transformer Engine, "Using FP8 with Transformer Engine",
+// https://docs.nvidia.com/deeplearning/transformer-engine/user-guide/examples/fp8_primer.html,
+// recipe.DelayedScaling with Format.HYBRID; Micikevicius et al. 2022, "FP8
+// Formats for Deep Learning"):
+//   - the GEMMs of linear layers take FP8 operands: activations and weights
+//     as E4M3 in forward, gradients as E5M2 in backward, accumulating in
+//     higher precision and writing bf16;
+//   - each tensor has one scale, fp8_max / amax, where amax is the largest
+//     of the last steps' amax history (delayed scaling: the scale a step
+//     uses is known before its GEMM runs);
+//   - everything else (attention, norms, activations, the output layer) stays
+//     bf16, parameters are bf16 with an FP8 copy for the GEMMs, master weights
+//     and Adam state fp32;
+//   - a linear layer saves for backward the FP8 cast of its input (1 byte).
+// meshtrain simulates this precision; no backend trains in it yet.
+#pragma once
+
+#include "core/status.h"
+#include "engine/plan/plan.h"
+#include "models/model_spec.h"
+#include "simulator/cluster_spec.h"
+
+namespace meshtrain {
+
+// Bytes per parameter of the FP8 weight copy a rank keeps next to its bf16 weights.
+inline constexpr double kFp8WeightCopyBytes = 1;
+// Bytes per element of a saved linear-layer input (its FP8 cast).
+inline constexpr int kFp8SavedGemmInputBytes = 1;
+
+// An Error naming the device and the fix when `d` has no FP8 tensor cores.
+Status check_fp8_device(const sim::DeviceSpec& d);
+
+// Bytes a rank of pipeline stage `stage` holds under `p` (precision fp8) more
+// than under the same plan in bf16: its FP8 weight copies less the saved GEMM
+// inputs kept at 1 byte instead of 2 (negative when activations dominate).
+// The sim backend allocates the bf16 run's tensors; a simulated fp8 peak adds this.
+double fp8_extra_bytes(const ModelSpec& m, const Plan& p, int stage);
+
+}  // namespace meshtrain
