@@ -35,6 +35,28 @@ Result<sim::Time> SimCluster::analytic(const sim::CollectiveRequest& request) {
   return t;
 }
 
+bool SimCluster::across_stages(int job, const Group& g) const {
+  const SimJob& j = jobs_[static_cast<std::size_t>(job)];
+  if (!j.stages) return false;
+  // A rank's stage: the representative it is, or whose replica it is.
+  auto stage_of = [&](int r) {
+    for (std::size_t s = 0; s < j.representatives.size(); ++s) {
+      if (j.representatives[s] == r) return static_cast<int>(s);
+      if (s < j.replicas.size() && std::find(j.replicas[s].begin(), j.replicas[s].end(), r) != j.replicas[s].end())
+        return static_cast<int>(s);
+    }
+    return -1;  // not simulated (representative fidelity): a rank of some stage's class
+  };
+  int first = -1;
+  for (int r : g.ranks) {
+    const int s = stage_of(r);
+    if (s < 0) continue;
+    if (first < 0) first = s;
+    else if (s != first) return true;
+  }
+  return false;
+}
+
 void SimCluster::collective(int job, int rank, sim::StreamId stream, const Group& g,
                             sim::CollectiveRequest request) {
   if (error_) return;
@@ -50,6 +72,7 @@ void SimCluster::collective(int job, int rank, sim::StreamId stream, const Group
                                     request.members.begin());
   }
   const char* kind = sim::collective_kind_name(request.kind);
+  const std::string name = across_stages(job, g) ? fmt::format("{}{}", kind, kAcrossStages) : std::string(kind);
   std::vector<int> simulated_members;
   for (int r : g.ranks)
     if (simulated(job, r)) simulated_members.push_back(gpu(job, r));
@@ -65,7 +88,7 @@ void SimCluster::collective(int job, int rank, sim::StreamId stream, const Group
       // Only some members are simulated: they meet with no payload, and the
       // full collective is timed analytically below.
       if (!all) joined.bytes = 0;
-      auto id = ex.add_collective(joined, ex.intern(kind));
+      auto id = ex.add_collective(joined, ex.intern(name));
       if (!id)
         return fail(std::move(id).error().context(fmt::format("{} on group {}", kind, g.id)));
       list.push_back(*id);

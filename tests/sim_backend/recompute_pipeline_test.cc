@@ -115,6 +115,10 @@ void check_step(const SimulationResult& full, const SimulationResult& selective,
   const double bubble = (slots - m) * (2 * c.tf + c.tb);
   CHECK(middle.idle_s > 0.99 * bubble);
   CHECK(middle.idle_s < 1.01 * (bubble + m * c.ends));
+  // All of it is the pipeline's, also the drain's wait at the gradient norm's
+  // all-reduce over the stages (tp 1: there is no TP/CP/EP to expose).
+  CHECK(middle.idle.model_parallel_s == 0);
+  CHECK(middle.idle.pipeline_s == Approx(middle.idle_s).epsilon(1e-9));
 }
 
 }  // namespace
@@ -143,4 +147,31 @@ TEST_CASE("full recomputation: interleaved 1F1B takes (m + (p - 1)/v)(2 tf + tb)
     check_step(simulate(p, v, m, Recompute::full), simulate(p, v, m, Recompute::selective),
                m + static_cast<double>(p - 1) / v, m, c);
   }
+}
+
+TEST_CASE("idle by cause: waiting for other stages at a collective is the bubble, for a TP peer exposed TP",
+          "[sim_backend][pipeline]") {
+  // tp 2, pp 2, every rank simulated; rank 1 (stage 0's second TP rank) 30%
+  // slower: its TP peer waits for it at every tensor-parallel all-reduce,
+  // and stage 1, drained first, waits for stage 0 at the norm's all-reduce.
+  const ModelSpec m = uniform_gpt(2 * kLayersPerStage);
+  Plan p;
+  p.tp = 2;
+  p.pp = 2;
+  p.micro_batch = 1;
+  p.global_batch = 4;
+  REQUIRE(validate_plan(p, m, p.world_size()).ok());
+  SimulateOptions o;
+  o.cluster = fast_links();
+  o.check_memory = false;
+  o.variation.stragglers = {{1, 1.3}};
+  auto res = simulate_iteration(m, p, o);
+  REQUIRE(res.ok());
+  const StageResult& first = res->stages[0];
+  const StageResult& second = res->stages[1];
+  INFO("stage 0 idle " << first.idle_s << " s (pipeline " << first.idle.pipeline_s << ", TP "
+                       << first.idle.model_parallel_s << "); stage 1 idle " << second.idle_s << " s (pipeline "
+                       << second.idle.pipeline_s << ", TP " << second.idle.model_parallel_s << ")");
+  CHECK(first.idle.model_parallel_s > 0.1 * first.idle_s);
+  CHECK(second.idle.model_parallel_s < 0.01 * second.idle_s);
 }
