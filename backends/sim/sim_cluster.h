@@ -243,6 +243,8 @@ class SimCluster {
   std::unique_ptr<sim::Executor> executor_;
   std::vector<SimJob> jobs_;
   std::vector<std::pair<int, int>> rank_of_gpu_;  // by GPU: (job, rank), or (-1, -1)
+  // By job, by rank: its pipeline stage (SimJob::stages), -1 if not simulated; empty without stages.
+  std::vector<std::vector<int>> stage_of_rank_;
   std::map<std::pair<int, int>, std::size_t> rep_index_;  // (job, rank) -> backends_
   std::vector<std::unique_ptr<SimBackend>> backends_;
   // Executor collectives by (job, group id) in issue order, and how many

@@ -36,20 +36,12 @@ Result<sim::Time> SimCluster::analytic(const sim::CollectiveRequest& request) {
 }
 
 bool SimCluster::across_stages(int job, const Group& g) const {
-  const SimJob& j = jobs_[static_cast<std::size_t>(job)];
-  if (!j.stages) return false;
-  // A rank's stage: the representative it is, or whose replica it is.
-  auto stage_of = [&](int r) {
-    for (std::size_t s = 0; s < j.representatives.size(); ++s) {
-      if (j.representatives[s] == r) return static_cast<int>(s);
-      if (s < j.replicas.size() && std::find(j.replicas[s].begin(), j.replicas[s].end(), r) != j.replicas[s].end())
-        return static_cast<int>(s);
-    }
-    return -1;  // not simulated (representative fidelity): a rank of some stage's class
-  };
+  const std::vector<int>& stage_of = stage_of_rank_[static_cast<std::size_t>(job)];
+  if (stage_of.empty()) return false;
+  // Ranks that are not simulated (-1, representative fidelity) belong to some stage's class: skipped.
   int first = -1;
   for (int r : g.ranks) {
-    const int s = stage_of(r);
+    const int s = stage_of[static_cast<std::size_t>(r)];
     if (s < 0) continue;
     if (first < 0) first = s;
     else if (s != first) return true;
