@@ -76,12 +76,15 @@ struct StageCosts {
   double tf = 0, tb = 0, ends = 0, once = 0;
 };
 
-double compute_s(int layers_of_stages, int microbatches, Recompute r) {
-  return simulate(1, 1, microbatches, r, layers_of_stages).stages[0].compute_s;
+// The compute of one stage (pp 1) holding `stages` stages' worth of layers.
+double compute_s(int stages, int microbatches, Recompute r) {
+  return simulate(1, 1, microbatches, r, stages).stages[0].compute_s;
 }
 
 StageCosts one_stage() {
-  const auto per_microbatch = [](int stages) { return compute_s(stages, 2, Recompute::selective) - compute_s(stages, 1, Recompute::selective); };
+  const auto per_microbatch = [](int stages) {
+    return compute_s(stages, 2, Recompute::selective) - compute_s(stages, 1, Recompute::selective);
+  };
   StageCosts c;
   c.tf = compute_s(1, 1, Recompute::full) - compute_s(1, 1, Recompute::selective);
   c.tb = per_microbatch(2) - per_microbatch(1) - c.tf;
