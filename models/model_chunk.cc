@@ -87,12 +87,6 @@ Tensor ModelChunk::forward(const MicroBatch& mb, const Tensor& input, SavedActiv
   return h;
 }
 
-void ModelChunk::recompute_first(const MicroBatch& mb, SavedActivations& saved) {
-  if (!saved || blocks_.empty()) return;
-  const std::size_t k = blocks_.size() - 1;
-  if (saved->inputs[k].defined() && !saved->blocks[k]) blocks_[k]->forward(mb, saved->inputs[k], &saved->blocks[k]);
-}
-
 Tensor ModelChunk::backward(const MicroBatch& mb, SavedActivations& saved, const Tensor& dout, float loss_scale) {
   Tensor g = dout;
   for (std::size_t k = blocks_.size(); k-- > 0;) {
@@ -100,7 +94,10 @@ Tensor ModelChunk::backward(const MicroBatch& mb, SavedActivations& saved, const
     const bool body = def.layer() >= 0 && def.layer() < m_.layers;
     if (hooks_.before_backward) hooks_.before_backward(def.layer());
     std::unique_ptr<Block::Saved>& s = saved->blocks[k];
-    if (saved->inputs[k].defined() && !s) blocks_[k]->forward(mb, saved->inputs[k], &s);
+    // Full recomputation: the block's forward again, just before its backward
+    // and so after `dout` arrived, as Megatron-LM's checkpointed layers run it
+    // inside autograd's backward (one block's activations alive at a time).
+    if (saved->inputs[k].defined()) blocks_[k]->forward(mb, saved->inputs[k], &s);
     if (!s) s = std::make_unique<Block::Saved>();  // a block that keeps nothing
     g = blocks_[k]->backward(mb, *s, g, loss_scale);
     // A body block's activations go before its hook (which may reduce and free

@@ -59,12 +59,6 @@ class ModelChunk {
   // Accumulates parameter gradients and consumes `saved`; returns d input
   // (undefined for the chunk with the embedding).
   Tensor backward(const MicroBatch& mb, SavedActivations& saved, const Tensor& dout, float loss_scale);
-  // Full recomputation: runs the forward again of the block backward starts
-  // with (the chunk's last, when it is a recomputed body block), which needs
-  // only its saved input, not `dout`; backward then uses it. The pipeline
-  // calls it before waiting for `dout`, so that the recomputation fills that
-  // wait instead of following it. A no-op when there is nothing to recompute.
-  void recompute_first(const MicroBatch& mb, SavedActivations& saved);
 
   // The shape of the chunk's input (or, `output`, of its output) for a
   // micro-batch of `batch` samples of `seq` tokens at the model's input.

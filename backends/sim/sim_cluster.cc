@@ -140,6 +140,16 @@ SimCluster::SimCluster(sim::Cluster cluster, const sim::ClusterSpec& spec, std::
       rep_index_[{job, rep}] = backends_.size();
       backends_.push_back(std::make_unique<SimBackend>(*this, job, rep, jobs_[j].world_size, gpu(job, rep)));
     }
+    stage_of_rank_.emplace_back();
+    if (!jobs_[j].stages) continue;
+    // A representative's stage is its index; its replicas' (full fidelity) the same.
+    std::vector<int>& stage = stage_of_rank_.back();
+    stage.assign(static_cast<std::size_t>(jobs_[j].world_size), -1);
+    for (std::size_t s = 0; s < jobs_[j].representatives.size(); ++s) {
+      stage[static_cast<std::size_t>(jobs_[j].representatives[s])] = static_cast<int>(s);
+      if (s < jobs_[j].replicas.size())
+        for (int r : jobs_[j].replicas[s]) stage[static_cast<std::size_t>(r)] = static_cast<int>(s);
+    }
   }
 }
 

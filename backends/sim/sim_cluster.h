@@ -48,6 +48,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <vector>
 
@@ -123,7 +124,16 @@ struct SimJob {
   std::vector<std::vector<int>> replicas;
   std::function<int(int representative, int member, int rank)> rank_map;
   std::map<int, double> stragglers;  // rank -> compute factor (1.3: 30% slower); full only
+  // The representatives are the pipeline stages of a uniform plan (with
+  // their replicas, the ranks of each stage): a collective over ranks of
+  // different stages is named with kAcrossStages, so that a wait for its
+  // members (stages still in their schedule) reads as the pipeline's.
+  bool stages = false;
 };
+
+// The suffix of a collective's task name when its members sit on different
+// pipeline stages (SimJob::stages), e.g. "all_reduce across stages".
+inline constexpr std::string_view kAcrossStages = " across stages";
 
 // Offload: bytes copied between a GPU and host memory, and the seconds of
 // those copies and of the host's AdamW updates, as issued.
@@ -205,6 +215,8 @@ class SimCluster {
   bool full() const { return options_.fidelity == Fidelity::full; }
   bool simulated(int job, int rank) const { return full() || rep_index_.count({job, rank}) != 0; }
   int gpu(int job, int rank) const;
+  // Whether `g` holds ranks of two pipeline stages or more (SimJob::stages).
+  bool across_stages(int job, const Group& g) const;
   void fail(Error e);
   // Hands every non-representative rank its class's op streams (full fidelity).
   Status replicate();
@@ -231,6 +243,8 @@ class SimCluster {
   std::unique_ptr<sim::Executor> executor_;
   std::vector<SimJob> jobs_;
   std::vector<std::pair<int, int>> rank_of_gpu_;  // by GPU: (job, rank), or (-1, -1)
+  // By job, by rank: its pipeline stage (SimJob::stages), -1 if not simulated; empty without stages.
+  std::vector<std::vector<int>> stage_of_rank_;
   std::map<std::pair<int, int>, std::size_t> rep_index_;  // (job, rank) -> backends_
   std::vector<std::unique_ptr<SimBackend>> backends_;
   // Executor collectives by (job, group id) in issue order, and how many

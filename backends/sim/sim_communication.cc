@@ -35,6 +35,20 @@ Result<sim::Time> SimCluster::analytic(const sim::CollectiveRequest& request) {
   return t;
 }
 
+bool SimCluster::across_stages(int job, const Group& g) const {
+  const std::vector<int>& stage_of = stage_of_rank_[static_cast<std::size_t>(job)];
+  if (stage_of.empty()) return false;
+  // Ranks that are not simulated (-1, representative fidelity) belong to some stage's class: skipped.
+  int first = -1;
+  for (int r : g.ranks) {
+    const int s = stage_of[static_cast<std::size_t>(r)];
+    if (s < 0) continue;
+    if (first < 0) first = s;
+    else if (s != first) return true;
+  }
+  return false;
+}
+
 void SimCluster::collective(int job, int rank, sim::StreamId stream, const Group& g,
                             sim::CollectiveRequest request) {
   if (error_) return;
@@ -50,6 +64,7 @@ void SimCluster::collective(int job, int rank, sim::StreamId stream, const Group
                                     request.members.begin());
   }
   const char* kind = sim::collective_kind_name(request.kind);
+  const std::string name = across_stages(job, g) ? fmt::format("{}{}", kind, kAcrossStages) : std::string(kind);
   std::vector<int> simulated_members;
   for (int r : g.ranks)
     if (simulated(job, r)) simulated_members.push_back(gpu(job, r));
@@ -65,7 +80,7 @@ void SimCluster::collective(int job, int rank, sim::StreamId stream, const Group
       // Only some members are simulated: they meet with no payload, and the
       // full collective is timed analytically below.
       if (!all) joined.bytes = 0;
-      auto id = ex.add_collective(joined, ex.intern(kind));
+      auto id = ex.add_collective(joined, ex.intern(name));
       if (!id)
         return fail(std::move(id).error().context(fmt::format("{} on group {}", kind, g.id)));
       list.push_back(*id);

@@ -72,7 +72,6 @@ void PipelineExecutor::run(Backend& b, const PipelineCompute& compute, DType dty
         outputs.erase(key);
         break;
       case K::recv_grad: {
-        if (compute.before_grad) compute.before_grad(a.chunk, a.microbatch);
         Tensor g = b.empty(compute.boundary(a.chunk, a.microbatch, true), dtype);
         b.recv(g, peer(a), tag(a, m));
         douts[key] = g;

@@ -38,10 +38,6 @@ struct PipelineCompute {
   // micro-batch j: what arrives from, or leaves to, its neighbours (and the
   // gradients that go the other way).
   std::function<Shape(int chunk, int microbatch, bool output)> boundary;
-  // Work the backward of (c, j) can do before its output gradient arrives
-  // (full recomputation: its first block's forward again), run just before
-  // the gradient's recv; may be empty.
-  std::function<void(int chunk, int microbatch)> before_grad{};
 };
 
 class PipelineExecutor {

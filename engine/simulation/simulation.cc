@@ -162,6 +162,7 @@ SimJob simulation_job(const Plan& p, bool full, std::map<int, double> stragglers
   }
   const Mesh mesh(p);
   for (int stage = 0; stage < p.pp; ++stage) job.representatives.push_back(mesh.rank_of(Coord{0, 0, 0, stage}));
+  job.stages = true;
   if (!full) return job;
   job.stragglers = std::move(stragglers);
   job.replicas.resize(job.representatives.size());

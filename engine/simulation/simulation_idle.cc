@@ -3,12 +3,17 @@
 #include <algorithm>
 #include <string_view>
 
+#include "backends/sim/sim_cluster.h"
+
 namespace meshtrain {
 namespace {
 
 using Wait = sim::IdleCause::Wait;
 
 bool starts_with(std::string_view s, std::string_view prefix) { return s.substr(0, prefix.size()) == prefix; }
+bool ends_with(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
 
 // Where one cause's time goes.
 double& bucket_of(const sim::IdleCause& c, IdleBreakdown& b) {
@@ -17,7 +22,10 @@ double& bucket_of(const sim::IdleCause& c, IdleBreakdown& b) {
     case Wait::kNothing:
       return b.pipeline_s;
     case Wait::kPeers:
-      return b.model_parallel_s;
+      // Members on other pipeline stages (the loss and gradient-norm
+      // reductions after the schedule) arrive when their own schedule
+      // ends: that wait is the pipeline's drain, not exposed TP/CP/EP.
+      return ends_with(c.task, kAcrossStages) ? b.pipeline_s : b.model_parallel_s;
     case Wait::kEvent:
     case Wait::kTail:
       break;

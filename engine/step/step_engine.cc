@@ -430,19 +430,8 @@ PipelineCompute StepEngine::compute(bool training) {
     for (auto& w : work) w();
     work.clear();  // frees the inputs and output gradients they kept
   };
-  // Full recomputation re-runs a chunk's last block before its output
-  // gradient's recv: that forward needs only the block's saved input, so it
-  // fills the wait for the next stage instead of lengthening every hop of
-  // the pipeline's drain. Not under ZeRO 3 (the block's parameters are
-  // gathered by its backward hook) nor split backward passes.
-  auto before_grad = [this](int c, int j) {
-    Chunk& ch = *chunks_[static_cast<std::size_t>(c)];
-    ch.model->recompute_first(mbs_[static_cast<std::size_t>(j)], ch.saved[static_cast<std::size_t>(j)]);
-  };
   PipelineCompute out{forward, {}, {}, boundaries(mbs_)};
   if (training) out.backward = backward, out.weight = weight;
-  if (training && plan_.recompute == Recompute::full && plan_.zero < 3 && plan_.schedule != ScheduleKind::zb_h1)
-    out.before_grad = before_grad;
   return out;
 }
 
