@@ -32,7 +32,7 @@ void append_elementwise(std::vector<OpInfo>& t) {
                }});
   t.push_back({.name = "cast", .cost_name = "cast", .cls = CostClass::memory,
                .operands = "src (N, C) -> dst (N, C) of another float dtype", .traffic = {1, 1},
-               .sample = [](Backend& b, const SS& s) -> Sample {
+               .shape_of = 1, .sample = [](Backend& b, const SS& s) -> Sample {
                  // The step casts fp32 master weights to the compute dtype and half-width gradients to fp32.
                  Tensor from = filled(b, Shape{s.rows, s.cols}, 0.5f, s.dtype == DType::f32 ? DType::bf16 : DType::f32);
                  Tensor z = act(b, s, 0.f);
@@ -106,7 +106,7 @@ void append_embedding_and_maps(std::vector<OpInfo>& t) {
   // The table has `cols` rows of width cols: a (V, C) table with V = C.
   t.push_back({.name = "embedding_forward", .cost_name = "embedding_forward", .cls = CostClass::memory,
                .operands = "table (V, C), ids (N) i32 -> out (N, C)", .traffic = {0, 1, 2},
-               .sample = [](Backend& b, const SS& s) -> Sample {
+               .shape_of = 2, .sample = [](Backend& b, const SS& s) -> Sample {
                  Tensor table = filled(b, Shape{s.cols, s.cols}, 0.1f, s.dtype), tok = ids(b, s.rows, s.cols);
                  Tensor e = act(b, s, 0.f);
                  return sampled("embedding_forward", [=, &b]() mutable { b.embedding_forward(table, tok, e, 0); },
@@ -121,7 +121,7 @@ void append_embedding_and_maps(std::vector<OpInfo>& t) {
                }});
   t.push_back({.name = "gather_rows", .cost_name = "gather_rows", .cls = CostClass::memory,
                .operands = "src (M, X), index (N) i32 -> out (N, X)", .traffic = {0, 1, 2},
-               .sample = [](Backend& b, const SS& s) -> Sample {
+               .shape_of = 2, .sample = [](Backend& b, const SS& s) -> Sample {
                  // A map of the rows of x onto themselves, as the window partition issues one.
                  Tensor x = act(b, s, 0.5f), index = ids(b, s.rows, s.rows), z = act(b, s, 0.f);
                  return sampled("gather_rows", [=, &b]() mutable { b.gather_rows(x, index, z); }, {&x, &index, &z});
@@ -158,7 +158,7 @@ void append_moe(std::vector<OpInfo>& t) {
                }});
   t.push_back({.name = "moe_route_backward", .cost_name = "moe_route_backward", .cls = CostClass::memory,
                .operands = "dweights (N, K), probs (N, E), lse (N), experts (N, K) i32, prob_grad (E) -> dlogits (N, E)",
-               .traffic = {1, 1, 1, 1, 1, 1}, .sample = [](Backend& b, const SS& s) -> Sample {
+               .traffic = {1, 1, 1, 1, 1, 1}, .shape_of = 1, .sample = [](Backend& b, const SS& s) -> Sample {
                  Routed r = route(b, s);
                  Tensor dw = filled(b, r.weights.shape(), 0.1f), pg = filled(b, Shape{s.cols}, 0.01f);
                  Tensor dl = filled(b, Shape{s.rows, s.cols}, 0.f);
@@ -168,7 +168,7 @@ void append_moe(std::vector<OpInfo>& t) {
                }});
   t.push_back({.name = "moe_combine", .cost_name = "moe_combine", .cls = CostClass::memory,
                .operands = "rows (M, C), index (N, K) i32, weights (N, K) f32 -> out (N, C)", .traffic = {1, 1, 1, 1},
-               .sample = [](Backend& b, const SS& s) -> Sample {
+               .shape_of = 3, .sample = [](Backend& b, const SS& s) -> Sample {
                  Tensor rows = filled(b, Shape{2 * s.rows, s.cols}, 0.5f, s.dtype), index = slots(b, s.rows, 2);
                  Tensor w = filled(b, Shape{s.rows, 2}, 0.5f), out = act(b, s, 0.f);
                  return sampled("moe_combine", [=, &b]() mutable { b.moe_combine(rows, index, w, out); },
@@ -198,7 +198,7 @@ void append_norms(std::vector<OpInfo>& t) {
                }});
   t.push_back({.name = "layernorm_backward", .cost_name = "layernorm_backward", .cls = CostClass::memory,
                .operands = "dout, x (N, C), weight (C), mean, rstd (N) -> dx (N, C), dweight, dbias (C) f32 +=",
-               .traffic = {1, 1, 1, 1, 1, 1, 1, 1}, .sample = [](Backend& b, const SS& s) -> Sample {
+               .traffic = {1, 1, 1, 1, 1, 1, 1, 1}, .shape_of = 1, .sample = [](Backend& b, const SS& s) -> Sample {
                  Tensor y = act(b, s, 0.25f), x = act(b, s, 0.5f), row = filled(b, Shape{s.cols}, 1.f, s.dtype);
                  Tensor mean = filled(b, Shape{s.rows}, 0.f), rstd = filled(b, Shape{s.rows}, 1.f), z = act(b, s, 0.f);
                  Tensor dw = filled(b, Shape{s.cols}, 0.f), db = filled(b, Shape{s.cols}, 0.f);
@@ -216,7 +216,7 @@ void append_norms(std::vector<OpInfo>& t) {
                }});
   t.push_back({.name = "rmsnorm_backward", .cost_name = "rmsnorm_backward", .cls = CostClass::memory,
                .operands = "dout, x (N, C), weight (C), rstd (N) -> dx (N, C), dweight (C) f32 +=",
-               .traffic = {1, 1, 1, 1, 1, 1}, .sample = [](Backend& b, const SS& s) -> Sample {
+               .traffic = {1, 1, 1, 1, 1, 1}, .shape_of = 1, .sample = [](Backend& b, const SS& s) -> Sample {
                  Tensor y = act(b, s, 0.25f), x = act(b, s, 0.5f), row = filled(b, Shape{s.cols}, 1.f, s.dtype);
                  Tensor rstd = filled(b, Shape{s.rows}, 1.f), z = act(b, s, 0.f), dw = filled(b, Shape{s.cols}, 0.f);
                  return sampled("rmsnorm_backward", [=, &b]() mutable { b.rmsnorm_backward(y, x, row, rstd, z, dw); },
@@ -232,13 +232,13 @@ void append_activations(std::vector<OpInfo>& t) {
                }});
   t.push_back({.name = "gelu_backward", .cost_name = "gelu_backward", .cls = CostClass::memory,
                .operands = "dout, x (N, C) -> dx (N, C)", .traffic = {1, 1, 1},
-               .sample = [](Backend& b, const SS& s) -> Sample {
+               .shape_of = 1, .sample = [](Backend& b, const SS& s) -> Sample {
                  Tensor y = act(b, s, 0.25f), x = act(b, s, 0.5f), z = act(b, s, 0.f);
                  return sampled("gelu_backward", [=, &b]() mutable { b.gelu_backward(y, x, z); }, {&y, &x, &z});
                }});
   // x (N, 2C) = [gate | up] -> out (N, C).
   t.push_back({.name = "swiglu_forward", .cost_name = "swiglu_forward", .cls = CostClass::memory,
-               .operands = "x (N, 2F) -> out (N, F)", .traffic = {1, 1}, .sample = [](Backend& b, const SS& s) -> Sample {
+               .operands = "x (N, 2F) -> out (N, F)", .traffic = {1, 1}, .shape_of = 1, .sample = [](Backend& b, const SS& s) -> Sample {
                  Tensor x = filled(b, Shape{s.rows, 2 * s.cols}, 0.5f, s.dtype), z = act(b, s, 0.f);
                  return sampled("swiglu_forward", [=, &b]() mutable { b.swiglu_forward(x, z); }, {&x, &z});
                }});
@@ -277,10 +277,9 @@ void append_attention(std::vector<OpInfo>& t) {
   t.push_back({.name = "rope", .cost_name = "rope", .cls = CostClass::memory,
                .operands = "x (B, T, heads, D) in place, its first rotate_heads heads", .traffic = {2},
                .sample = [](Backend& b, const SS& s) -> Sample {
-                 Tensor x = filled(b, Shape{1, s.rows, 2, s.cols}, 0.5f, s.dtype);
-                 OpArgs half;
-                 half.share = 0.5;
-                 return sampled("rope", [=, &b]() mutable { b.rope(x, 2, 1, 10000.f, false, 0); }, {&x}, half);
+                 // One head of D = cols over T = rows positions: x viewed as (rows, cols), as calibration records it.
+                 Tensor x = filled(b, Shape{1, s.rows, 1, s.cols}, 0.5f, s.dtype);
+                 return sampled("rope", [=, &b]() mutable { b.rope(x, 1, 1, 10000.f, false, 0); }, {&x});
                }});
   t.push_back({.name = "attention_forward", .cost_name = "attention_forward", .cls = CostClass::attention,
                .operands = "qkv (B, T, H + 2G, D) -> out (B, T, H, D), lse (B, H, T) f32", .cost = attention_cost,

@@ -138,7 +138,7 @@ void append_compression(std::vector<OpInfo>& t) {
                }});
   t.push_back({.name = "sign_decompress", .cost_name = "sign_decompress", .cls = CostClass::memory,
                .operands = "packets (C, 1 + ceil(k/32)) i32 -> out (C, k) f32", .traffic = {1, 1},
-               .sample = [](Backend& b, const SS& s) -> Sample {
+               .shape_of = 1, .sample = [](Backend& b, const SS& s) -> Sample {
                  Tensor x = filled(b, Shape{s.rows, s.cols}, 0.5f), e = filled(b, Shape{s.rows, s.cols}, 0.25f);
                  Tensor packets = b.empty(Shape{s.rows, 1 + (s.cols + 31) / 32}, DType::i32), z = filled(b, x.shape(), 0.f);
                  b.sign_compress(x, e, packets);

@@ -71,6 +71,7 @@ struct OpCost {
 // needs beyond shapes.
 struct OpArgs {
   std::span<const Tensor* const> tensors;
+  const GemmOp* gemm = nullptr;            // gemm ops (transposes; not needed for the cost)
   const AttentionOp* attention = nullptr;  // attention ops
   double share = 1.0;                      // rope: the share of the heads it rotates
   std::int64_t exchanged = 0;              // all_to_all: the larger of elements sent and received
@@ -112,6 +113,9 @@ struct OpInfo {
   std::uint8_t repeat = 0;
   bool host_memory = false;  // takes tensors in host memory (Backend::host_zeros)
   Grid grid = Grid::matrix;
+  // The operand whose (rows, last dimension) and dtype calibration's
+  // workload recorder keeps for the op (engine/calibrate/workload_shapes.cc).
+  std::uint8_t shape_of = 0;
   CostFn cost = nullptr;  // null: by traffic
   // Builds operands of `shape` on `b` (activations at shape.dtype, statistics
   // and optimizer state f32, as the step keeps them) and calls the op;
@@ -128,7 +132,9 @@ const std::vector<OpInfo>& op_table();
 const OpInfo* find_op(std::string_view name);
 // The entry of `name`; a name not in the table is a programming error (aborts).
 const OpInfo& op_info(std::string_view name);
-// The entries calibration measures one by one, by cost name, each once.
+// The entries calibration measures one by one (measured_per_op classes),
+// one per cost name: of the ops sharing one, the multi-tensor form the step
+// issues (foreach_adamw for "adamw").
 std::vector<const OpInfo*> per_op_measured();
 
 // The cost of a call with `args`.

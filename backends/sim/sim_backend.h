@@ -57,12 +57,14 @@
 #include <vector>
 
 #include "backends/backend.h"
-#include "backends/op_table.h"
 #include "backends/sim/sim_cluster.h"
 #include "simulator/collective.h"
 #include "simulator/executor.h"
 
 namespace meshtrain {
+
+struct OpInfo;  // backends/op_table.h
+struct OpArgs;
 
 class SimBackend final : public Backend {
  public:
@@ -213,10 +215,10 @@ class SimBackend final : public Backend {
   void off_device(sim::NameId name, sim::Time duration);
   // A memory-bound task of op `op` on `tensors` (in its table entry's order), moving the bytes
   // backends/op_table.h counts for them, under the op's cost name.
-  void charge(const OpInfo& op, std::initializer_list<const Tensor*> tensors, OpArgs args = {});
+  void charge(const OpInfo& op, std::initializer_list<const Tensor*> tensors);
   void charge(const OpInfo& op, const OpArgs& args);
   // A fused attention task of `info`'s work on `tensors` at `dtype`.
-  void fused_attention(const OpInfo& info, std::initializer_list<const Tensor*> tensors, OpArgs args, DType dtype);
+  void fused_attention(const OpInfo& info, const OpArgs& args, DType dtype);
   // The memory-bound part of an attention with a bias or mask (AttentionOp).
   void score_terms(const Tensor& qkv, const AttentionOp& op, bool backward);
   // The kernels of AttentionImpl::unfused over `bh` (batch·heads) sequences

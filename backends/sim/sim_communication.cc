@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "backends/op_table.h"
 #include "backends/sim/sim_internal.h"
 
 namespace meshtrain {

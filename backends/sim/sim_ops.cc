@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "backends/op_table.h"
 #include "backends/sim/sim_internal.h"
 
 namespace meshtrain {
@@ -48,9 +49,8 @@ void SimBackend::off_device(sim::NameId name, sim::Time duration) {
     cluster_.fail(std::move(s).error());
 }
 
-void SimBackend::charge(const OpInfo& op, std::initializer_list<const Tensor*> tensors, OpArgs args) {
-  args.tensors = std::span<const Tensor* const>(tensors.begin(), tensors.size());
-  charge(op, args);
+void SimBackend::charge(const OpInfo& op, std::initializer_list<const Tensor*> tensors) {
+  charge(op, OpArgs{std::span<const Tensor* const>(tensors.begin(), tensors.size())});
 }
 void SimBackend::charge(const OpInfo& op, const OpArgs& args) {
   const OpCost c = op_cost(op, args);
@@ -272,9 +272,10 @@ void SimBackend::dropout_backward(const Tensor& dout, Tensor& dx, const DropoutO
 
 void SimBackend::rope(Tensor& x, int heads_total, int rotate_heads, float, bool, std::int64_t) {
   check(x, "rope");
-  OpArgs args;
+  const Tensor* tensors[] = {&x};
+  OpArgs args{tensors};
   args.share = heads_total > 0 ? static_cast<double>(rotate_heads) / heads_total : 1.0;
-  charge(op_info("rope"), {&x}, args);
+  charge(op_info("rope"), args);
 }
 
 void SimBackend::attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse,
@@ -285,9 +286,10 @@ void SimBackend::attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse,
   if (cluster_.options_.attention == AttentionImpl::unfused)
     return unfused_attention(qkv.shape()[0] * op.heads, qkv.shape()[1], op.window_rows(qkv.shape()[1]),
                              op.head_dim, qkv.dtype(), false);
-  OpArgs args;
+  const Tensor* tensors[] = {&qkv, &out, &lse};
+  OpArgs args{tensors};
   args.attention = &op;
-  fused_attention(op_info("attention_forward"), {&qkv, &out, &lse}, args, qkv.dtype());
+  fused_attention(op_info("attention_forward"), args, qkv.dtype());
   score_terms(qkv, op, false);
 }
 void SimBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
@@ -300,9 +302,10 @@ void SimBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
   if (cluster_.options_.attention == AttentionImpl::unfused)
     return unfused_attention(qkv.shape()[0] * op.heads, qkv.shape()[1], op.window_rows(qkv.shape()[1]),
                              op.head_dim, qkv.dtype(), true);
-  OpArgs args;
+  const Tensor* tensors[] = {&dout, &qkv, &out, &lse, &dqkv};
+  OpArgs args{tensors};
   args.attention = &op;
-  fused_attention(op_info("attention_backward"), {&dout, &qkv, &out, &lse, &dqkv}, args, qkv.dtype());
+  fused_attention(op_info("attention_backward"), args, qkv.dtype());
   score_terms(qkv, op, true);
 }
 
@@ -312,9 +315,7 @@ void SimBackend::attention_merge(Tensor& out, Tensor& lse, const Tensor& part_ou
   charge(op_info("attention_merge"), {&out, &lse, &part_out, &part_lse});
 }
 
-void SimBackend::fused_attention(const OpInfo& info, std::initializer_list<const Tensor*> tensors, OpArgs args,
-                                 DType dtype) {
-  args.tensors = std::span<const Tensor* const>(tensors.begin(), tensors.size());
+void SimBackend::fused_attention(const OpInfo& info, const OpArgs& args, DType dtype) {
   const AttentionWork w = op_cost(info, args).attention;
   compute(op_name(info.cost_name),
           cluster_.cost_.attention_window(w.batch_heads, w.seq, w.head_dim, w.causal, w.backward, compute_dtype(dtype),
