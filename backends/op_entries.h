@@ -14,9 +14,21 @@ namespace meshtrain::op_entries {
 void append_compute(std::vector<OpInfo>& table);   // elementwise, dense, embedding, MoE, norms, attention
 void append_training(std::vector<OpInfo>& table);  // loss, optimizer, compression, communication
 
+// The cost functions of the ops that do not cost by traffic (op_table.cc).
 OpCost gemm_cost(const OpInfo& op, const OpArgs& args);
-OpCost attention_cost(const OpInfo& op, const OpArgs& args);
-OpCost collective_cost(const OpInfo& op, const OpArgs& args);
+OpCost batched_gemm_cost(const OpInfo& op, const OpArgs& args);
+OpCost grouped_gemm_cost(const OpInfo& op, const OpArgs& args);
+OpCost attention_forward_cost(const OpInfo& op, const OpArgs& args);
+OpCost attention_backward_cost(const OpInfo& op, const OpArgs& args);
+OpCost all_to_all_cost(const OpInfo& op, const OpArgs& args);
+OpCost barrier_cost(const OpInfo& op, const OpArgs& args);
+// A collective's or message's nccl-tests size: the bytes of operand I (all-reduce and broadcast the
+// buffer, reduce-scatter its input, all-gather its output, point to point the message).
+template <std::size_t I>
+OpCost operand_bytes_cost(const OpInfo& op, const OpArgs& args) {
+  const Tensor* t = args.tensors[I];
+  return OpCost{op.cls, 0, t->defined() ? static_cast<double>(t->bytes()) : 0.0, {}, {}};
+}
 MatmulDims matmul_of(const Tensor& a, const Tensor& c);
 
 // A tensor of `shape` holding `value`.

@@ -37,12 +37,24 @@ class OpObserver : public BackendWrapper {
     void (*run_)(void*);
   };
 
-  void fill(Tensor& x, float v) override { see("fill", {&x}, [&] { target().fill(x, v); }); }
-  void copy(const Tensor& s, Tensor& d) override { see("copy", {&s, &d}, [&] { target().copy(s, d); }); }
-  void cast(const Tensor& s, Tensor& d) override { see("cast", {&s, &d}, [&] { target().cast(s, d); }); }
-  void add(const Tensor& a, const Tensor& b, Tensor& o) override { see("add", {&a, &b, &o}, [&] { target().add(a, b, o); }); }
-  void scale(Tensor& x, float a) override { see("scale", {&x}, [&] { target().scale(x, a); }); }
-  void axpy(float a, const Tensor& x, Tensor& y) override { see("axpy", {&x, &y}, [&] { target().axpy(a, x, y); }); }
+  void fill(Tensor& x, float v) override {
+    see("fill", {&x}, [&] { target().fill(x, v); });
+  }
+  void copy(const Tensor& s, Tensor& d) override {
+    see("copy", {&s, &d}, [&] { target().copy(s, d); });
+  }
+  void cast(const Tensor& s, Tensor& d) override {
+    see("cast", {&s, &d}, [&] { target().cast(s, d); });
+  }
+  void add(const Tensor& a, const Tensor& b, Tensor& o) override {
+    see("add", {&a, &b, &o}, [&] { target().add(a, b, o); });
+  }
+  void scale(Tensor& x, float a) override {
+    see("scale", {&x}, [&] { target().scale(x, a); });
+  }
+  void axpy(float a, const Tensor& x, Tensor& y) override {
+    see("axpy", {&x, &y}, [&] { target().axpy(a, x, y); });
+  }
   void sum(const Tensor& x, Tensor& o, float s, bool acc) override {
     see("sum", {&x, &o}, [&] { target().sum(x, o, s, acc); });
   }
@@ -52,12 +64,14 @@ class OpObserver : public BackendWrapper {
   void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp& op) override {
     OpArgs args;
     args.gemm = &op;
-    see("gemm", {&a, &b, &c, &op.bias}, [&] { target().gemm(a, b, c, op); }, args);
+    see(
+        "gemm", {&a, &b, &c, &op.bias}, [&] { target().gemm(a, b, c, op); }, args);
   }
   void batched_gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp& op) override {
     OpArgs args;
     args.gemm = &op;
-    see("batched_gemm", {&a, &b, &c, &op.bias}, [&] { target().batched_gemm(a, b, c, op); }, args);
+    see(
+        "batched_gemm", {&a, &b, &c, &op.bias}, [&] { target().batched_gemm(a, b, c, op); }, args);
   }
   void bias_backward(const Tensor& dy, Tensor& db) override {
     see("bias_backward", {&dy, &db}, [&] { target().bias_backward(dy, db); });
@@ -103,7 +117,9 @@ class OpObserver : public BackendWrapper {
                         Tensor& dw) override {
     see("rmsnorm_backward", {&d, &x, &w, &r, &dx, &dw}, [&] { target().rmsnorm_backward(d, x, w, r, dx, dw); });
   }
-  void gelu_forward(const Tensor& x, Tensor& o) override { see("gelu_forward", {&x, &o}, [&] { target().gelu_forward(x, o); }); }
+  void gelu_forward(const Tensor& x, Tensor& o) override {
+    see("gelu_forward", {&x, &o}, [&] { target().gelu_forward(x, o); });
+  }
   void gelu_backward(const Tensor& d, const Tensor& x, Tensor& dx) override {
     see("gelu_backward", {&d, &x, &dx}, [&] { target().gelu_backward(d, x, dx); });
   }
@@ -123,13 +139,15 @@ class OpObserver : public BackendWrapper {
   void attention_forward(const Tensor& qkv, Tensor& o, Tensor& lse, const AttentionOp& op) override {
     OpArgs args;
     args.attention = &op;
-    see("attention_forward", {&qkv, &o, &lse}, [&] { target().attention_forward(qkv, o, lse, op); }, args);
+    see(
+        "attention_forward", {&qkv, &o, &lse}, [&] { target().attention_forward(qkv, o, lse, op); }, args);
   }
   void attention_backward(const Tensor& d, const Tensor& qkv, const Tensor& o, const Tensor& lse, Tensor& dqkv,
                           const AttentionOp& op) override {
     OpArgs args;
     args.attention = &op;
-    see("attention_backward", {&d, &qkv, &o, &lse, &dqkv},
+    see(
+        "attention_backward", {&d, &qkv, &o, &lse, &dqkv},
         [&] { target().attention_backward(d, qkv, o, lse, dqkv, op); }, args);
   }
   void attention_merge(Tensor& o, Tensor& lse, const Tensor& po, const Tensor& pl) override {

@@ -3,8 +3,8 @@
 #include "backends/op_table.h"
 
 #include <algorithm>
-#include <unordered_map>
 #include <string>
+#include <unordered_map>
 
 #include "backends/misuse.h"
 #include "backends/op_entries.h"
@@ -15,12 +15,18 @@ namespace meshtrain {
 
 std::string_view cost_class_name(CostClass c) {
   switch (c) {
-    case CostClass::gemm: return "gemm";
-    case CostClass::attention: return "attention";
-    case CostClass::memory: return "memory";
-    case CostClass::host: return "host";
-    case CostClass::collective: return "collective";
-    case CostClass::p2p: return "p2p";
+    case CostClass::gemm:
+      return "gemm";
+    case CostClass::attention:
+      return "attention";
+    case CostClass::memory:
+      return "memory";
+    case CostClass::host:
+      return "host";
+    case CostClass::collective:
+      return "collective";
+    case CostClass::p2p:
+      return "p2p";
   }
   return "?";
 }
@@ -67,8 +73,10 @@ std::vector<const OpInfo*> per_op_measured() {
     if (!measured_per_op(op.cls)) continue;
     auto same = std::find_if(out.begin(), out.end(), [&](const OpInfo* o) { return o->cost_name == op.cost_name; });
     // Of the ops one cost name covers, the multi-tensor form: the step issues that one.
-    if (same == out.end()) out.push_back(&op);
-    else if (op.repeat > 0) *same = &op;
+    if (same == out.end())
+      out.push_back(&op);
+    else if (op.repeat > 0)
+      *same = &op;
   }
   return out;
 }
@@ -84,8 +92,9 @@ double traffic_bytes(const OpInfo& op, std::span<const Tensor* const> tensors) {
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     std::size_t w = i;
     if (i >= fixed) {
-      if (op.repeat == 0) abort_misuse("op table", fmt::format("{}: {} tensors, {} expected", op.name,
-                                                                tensors.size(), op.traffic.size()));
+      if (op.repeat == 0)
+        abort_misuse("op table",
+                     fmt::format("{}: {} tensors, {} expected", op.name, tensors.size(), op.traffic.size()));
       w = fixed + (i - fixed) % op.repeat;
     }
     bytes += op.traffic[w] * bytes_of(tensors[i]);
@@ -103,10 +112,10 @@ OpCost op_cost(const OpInfo& op, const OpArgs& args) {
   return c;
 }
 
-double attention_score_term_bytes(std::int64_t batch, std::int64_t heads, std::int64_t seq, DType bias_dtype,
-                                  bool bias, bool mask, bool backward) {
-  const double scores = static_cast<double>(batch) * static_cast<double>(heads) * static_cast<double>(seq) *
-                        static_cast<double>(seq);
+double attention_score_term_bytes(std::int64_t batch, std::int64_t heads, std::int64_t seq, DType bias_dtype, bool bias,
+                                  bool mask, bool backward) {
+  const double scores =
+      static_cast<double>(batch) * static_cast<double>(heads) * static_cast<double>(seq) * static_cast<double>(seq);
   double bytes = 0;
   if (bias) bytes += scores * static_cast<double>(dtype_size(bias_dtype));
   if (mask) bytes += scores * 4.0;
@@ -122,54 +131,72 @@ MatmulDims matmul_of(const Tensor& a, const Tensor& c) {
   return {1, m, n, a.numel() / std::max<std::int64_t>(m, 1)};
 }
 
-OpCost gemm_cost(const OpInfo& op, const OpArgs& args) {
-  const auto t = args.tensors;  // a, b, c, bias
-  OpCost c{op.cls, 0, 0, {}, {}};
-  const bool batched = op.name == "batched_gemm";
-  // grouped_gemm: a, b, c per group; gemm and batched_gemm one (a, b, c, bias).
-  const std::size_t stride = op.name == "grouped_gemm" ? 3 : t.size();
-  for (std::size_t g = 0; g + 2 < t.size(); g += stride) {
-    const Tensor &a = *t[g], &cc = *t[g + 2];
-    MatmulDims d = matmul_of(a, cc);
-    if (batched && cc.shape().rank() == 3) {
-      d = {cc.shape()[0], cc.shape()[1], cc.shape()[2], 0};
-      d.k = a.numel() / std::max<std::int64_t>(d.batch * d.m, 1);
-    }
-    c.matmuls.push_back(d);
-    c.flops += 2.0 * static_cast<double>(d.batch) * static_cast<double>(d.m) * static_cast<double>(d.n) *
-               static_cast<double>(d.k);
-    for (std::size_t i = g; i < std::min(g + stride, t.size()); ++i) c.bytes += bytes_of(t[i]);
-  }
-  return c;
+namespace {
+
+// One product of `d` over the tensors [first, last) of `t`.
+void add_product(OpCost& c, const MatmulDims& d, std::span<const Tensor* const> tensors) {
+  c.matmuls.push_back(d);
+  c.flops += 2.0 * static_cast<double>(d.batch) * static_cast<double>(d.m) * static_cast<double>(d.n) *
+             static_cast<double>(d.k);
+  for (const Tensor* t : tensors) c.bytes += bytes_of(t);
 }
 
-OpCost attention_cost(const OpInfo& op, const OpArgs& args) {
+OpCost attention_cost(const OpInfo& op, const OpArgs& args, bool backward) {
   OpCost c{op.cls, 0, 0, {}, {}};
-  const bool backward = op.name == "attention_backward";
   const Tensor& qkv = *args.tensors[backward ? 1 : 0];
   for (const Tensor* t : args.tensors) c.bytes += bytes_of(t);
   if (args.attention == nullptr || qkv.shape().rank() != 4) return c;
   const AttentionOp& a = *args.attention;
   const std::int64_t seq = qkv.shape()[1];
-  c.attention = {qkv.shape()[0] * a.heads, seq, a.head_dim, a.causal, backward,
-                 a.query_begin, a.query_rows, a.sliding_window};
+  c.attention = {qkv.shape()[0] * a.heads, seq, a.head_dim, a.causal, backward, a.query_begin, a.query_rows,
+                 a.sliding_window};
   const bool windowed = a.query_rows > 0 && a.query_rows < seq;
   const double share = sim::attention_window_share(seq, windowed ? a.query_begin : 0, windowed ? a.query_rows : seq,
                                                    a.causal, a.sliding_window);
-  c.flops = (backward ? 2.5 : 1.0) * share *
-            sim::attention_flops(c.attention.batch_heads, seq, a.head_dim, a.causal);
+  c.flops = (backward ? 2.5 : 1.0) * share * sim::attention_flops(c.attention.batch_heads, seq, a.head_dim, a.causal);
   return c;
 }
 
-OpCost collective_cost(const OpInfo& op, const OpArgs& args) {
+}  // namespace
+
+// a, b, c, bias.
+OpCost gemm_cost(const OpInfo& op, const OpArgs& args) {
   OpCost c{op.cls, 0, 0, {}, {}};
-  const auto t = args.tensors;
-  if (op.name == "barrier") c.bytes = 4;  // timed as the one-element all-reduce NCCL would run
-  else if (op.name == "all_to_all") c.bytes = static_cast<double>(args.exchanged) * static_cast<double>(dtype_size(t[0]->dtype()));
-  else if (op.name == "all_gather") c.bytes = bytes_of(t[1]);  // the gathered output
-  else c.bytes = bytes_of(t[0]);  // all-reduce, broadcast: the buffer; reduce-scatter: its input; p2p: the message
+  add_product(c, matmul_of(*args.tensors[0], *args.tensors[2]), args.tensors);
   return c;
 }
+
+// a (L, m, k), b, c (L, m, n), bias.
+OpCost batched_gemm_cost(const OpInfo& op, const OpArgs& args) {
+  OpCost c{op.cls, 0, 0, {}, {}};
+  const Tensor &a = *args.tensors[0], &out = *args.tensors[2];
+  MatmulDims d = matmul_of(a, out);
+  if (out.shape().rank() == 3) {
+    d = {out.shape()[0], out.shape()[1], out.shape()[2], 0};
+    d.k = a.numel() / std::max<std::int64_t>(d.batch * d.m, 1);
+  }
+  add_product(c, d, args.tensors);
+  return c;
+}
+
+// a, b, c of each group in turn.
+OpCost grouped_gemm_cost(const OpInfo& op, const OpArgs& args) {
+  OpCost c{op.cls, 0, 0, {}, {}};
+  for (std::size_t g = 0; g + 2 < args.tensors.size(); g += 3)
+    add_product(c, matmul_of(*args.tensors[g], *args.tensors[g + 2]), args.tensors.subspan(g, 3));
+  return c;
+}
+
+OpCost attention_forward_cost(const OpInfo& op, const OpArgs& args) { return attention_cost(op, args, false); }
+OpCost attention_backward_cost(const OpInfo& op, const OpArgs& args) { return attention_cost(op, args, true); }
+
+OpCost all_to_all_cost(const OpInfo& op, const OpArgs& args) {
+  const double element = static_cast<double>(dtype_size(args.tensors[0]->dtype()));
+  return OpCost{op.cls, 0, static_cast<double>(args.exchanged) * element, {}, {}};
+}
+
+// NCCL has no barrier: timed as the one-element all-reduce frameworks run.
+OpCost barrier_cost(const OpInfo& op, const OpArgs&) { return OpCost{op.cls, 0, 4.0, {}, {}}; }
 
 }  // namespace op_entries
 }  // namespace meshtrain

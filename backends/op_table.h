@@ -60,8 +60,8 @@ struct AttentionWork {
 
 struct OpCost {
   CostClass cls = CostClass::memory;
-  double flops = 0;  // arithmetic (gemm and attention; 0 where the op is bound by memory)
-  double bytes = 0;  // bytes moved: memory traffic, or a collective's nccl-tests size
+  double flops = 0;                 // arithmetic (gemm and attention; 0 where the op is bound by memory)
+  double bytes = 0;                 // bytes moved: memory traffic, or a collective's nccl-tests size
   std::vector<MatmulDims> matmuls;  // gemm: one per product (grouped_gemm: one per group)
   AttentionWork attention;          // attention
 };
@@ -147,7 +147,7 @@ inline OpCost op_cost(const OpInfo& op, std::initializer_list<const Tensor*> ten
 // each of the B·H·T·T scores reads its bias (its dtype) and mask (f32) term;
 // backward also writes each score's gradient and reads it again for the sum
 // into dbias (f32).
-double attention_score_term_bytes(std::int64_t batch, std::int64_t heads, std::int64_t seq, DType bias_dtype,
-                                  bool bias, bool mask, bool backward);
+double attention_score_term_bytes(std::int64_t batch, std::int64_t heads, std::int64_t seq, DType bias_dtype, bool bias,
+                                  bool mask, bool backward);
 
 }  // namespace meshtrain

@@ -1,8 +1,9 @@
 // The op table (backends/op_table.h): every op has a cost and a sample that
 // every backend runs, and the sim backend charges what the table counts,
 // checked against FLOP and byte counts derived here by hand.
-#include <catch2/catch.hpp>
+#include "backends/op_table.h"
 
+#include <catch2/catch.hpp>
 #include <set>
 #include <string>
 #include <vector>
@@ -10,7 +11,6 @@
 #include "backends/cpu/comm/in_process.h"
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/cuda_factory.h"
-#include "backends/op_table.h"
 #include "backends/sim/sim_backend.h"
 #include "tests/skip.h"
 
@@ -55,15 +55,17 @@ TEST_CASE("op table: every op is named, described and costed, once", "[op_table]
     CHECK(op.sample != nullptr);
     CHECK(find_op(op.name) == &op);
     // An op costs by its traffic (memory-bound and host ops) or by a function of its own.
-    if (measured_per_op(op.cls)) CHECK(!op.traffic.empty());
-    else CHECK(op.cost != nullptr);
+    if (measured_per_op(op.cls))
+      CHECK(!op.traffic.empty());
+    else
+      CHECK(op.cost != nullptr);
   }
   CHECK(find_op("no_such_op") == nullptr);
   // Backend ops the table must hold (a sample of the groups of backend.h).
-  for (std::string_view name : {"fill", "gemm", "grouped_gemm", "embedding_backward", "moe_combine_backward",
-                                "rmsnorm_backward", "swiglu_backward", "rope", "attention_backward",
-                                "attention_merge", "cross_entropy_accuracy", "foreach_adamw", "sign_decompress",
-                                "all_to_all", "send_recv", "barrier"})
+  for (std::string_view name :
+       {"fill", "gemm", "grouped_gemm", "embedding_backward", "moe_combine_backward", "rmsnorm_backward",
+        "swiglu_backward", "rope", "attention_backward", "attention_merge", "cross_entropy_accuracy", "foreach_adamw",
+        "sign_decompress", "all_to_all", "send_recv", "barrier"})
     CHECK(find_op(name) != nullptr);
 }
 
@@ -115,7 +117,8 @@ TEST_CASE("op table: the sim backend runs every op's sample and times its comput
 }
 
 TEST_CASE("op table: the cuda backend runs every op's sample", "[op_table][gpu]") {
-  if (!cuda_backend_built()) MT_SKIP_MISSING("the cuda backend (this build has no CUDA Toolkit)", "nvidia-cuda-toolkit");
+  if (!cuda_backend_built())
+    MT_SKIP_MISSING("the cuda backend (this build has no CUDA Toolkit)", "nvidia-cuda-toolkit");
   if (cuda_device_name().empty()) MT_SKIP_MISSING("a CUDA device", "nvidia-driver");
   auto b = make_cuda_backend(CudaBackendOptions{});
   REQUIRE(b.ok());

@@ -2,9 +2,8 @@
 // class calibration measures one by one is on it, each measurement runs the
 // op's sample on the cpu backend, and the bytes it records are the bytes the
 // simulator charges for the same call.
-#include <catch2/catch.hpp>
-
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <set>
 #include <string>
 
@@ -54,7 +53,7 @@ TEST_CASE("each measurement runs its op and records the bytes the simulator coun
     if (e.op == "add") CHECK(e.bytes == 3 * 128.0);
     if (e.op == "scale") CHECK(e.bytes == 2 * 128.0);
     if (e.op == "layernorm_forward") CHECK(e.bytes == 128 + 32 + 32 + 128 + 16 + 16);
-    if (e.op == "adamw") CHECK(e.bytes == 7 * 128.0 + 4);  // param, m, v read and written, grad read, coef
+    if (e.op == "adamw") CHECK(e.bytes == 7 * 128.0 + 4);             // param, m, v read and written, grad read, coef
     if (e.op == "swiglu_forward") CHECK(e.bytes == 2 * 128.0 + 128);  // x (4, 16) in, out (4, 8)
   }
   auto unknown = calibrate::measure_ops(b, {{"no_such_op", 4, 8, DType::f32}}, quick, {}, 1, {});
