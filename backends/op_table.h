@@ -10,7 +10,8 @@
 //    calibration sizes, its bytes counted by the same op_cost the simulator
 //    uses, so a lookup by the simulated bytes finds the measured entries);
 //  * trace and profile names (the cost name: the multi-tensor ops under the
-//    name of the op they repeat);
+//    name of the op they repeat), through BackendWrapper's one hook
+//    (backends/backend_wrapper.h);
 //  * which ops take host memory (backends/misuse.h).
 // The Backend's typed virtual methods stay: a backend implements kernels;
 // tests/backends/op_table_test.cc walks this table and fails if a backend

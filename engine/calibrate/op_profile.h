@@ -31,7 +31,7 @@
 #include <map>
 #include <string>
 
-#include "backends/op_observer.h"
+#include "backends/backend_wrapper.h"
 #include "core/status.h"
 
 namespace meshtrain::calibrate {
@@ -43,12 +43,12 @@ struct OpTotals {
 
 // Times every op of the op table under its cost name (the name the
 // simulator's trace gives it), and host writes.
-class OpTimer final : public OpObserver {
+class OpTimer final : public BackendWrapper {
  public:
   // `synchronize_each_op`: for an asynchronous backend, each op is timed from
   // an idle device to its completion (the first failed synchronize is kept in status()).
   explicit OpTimer(Backend& target, bool synchronize_each_op = false)
-      : OpObserver(target), synchronize_(synchronize_each_op) {}
+      : BackendWrapper(target), synchronize_(synchronize_each_op) {}
   const std::map<std::string, OpTotals>& totals() const { return totals_; }
   void reset() { totals_.clear(); }
   const Status& status() const { return status_; }

@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "models/model_io.h"
-#include "backends/op_observer.h"
+#include "backends/backend_wrapper.h"
 #include "backends/sim/sim_backend.h"
 #include "engine/mesh.h"
 #include "engine/step_engine.h"
@@ -21,9 +21,9 @@ std::pair<std::int64_t, std::int64_t> matrix(const Tensor& t) {
 
 // Records the shape of every op calibration measures: GEMMs and attention by
 // their own shapes, the memory-bound and host ops as the op table says.
-class ShapeRecorder final : public OpObserver {
+class ShapeRecorder final : public BackendWrapper {
  public:
-  ShapeRecorder(Backend& target, WorkloadShapes& out) : OpObserver(target), out_(out) {}
+  ShapeRecorder(Backend& target, WorkloadShapes& out) : BackendWrapper(target), out_(out) {}
 
  private:
   void on_op(const OpInfo& op, const OpArgs& args, const Call& call) override {

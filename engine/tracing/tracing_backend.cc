@@ -60,7 +60,7 @@ constexpr std::int64_t kBaseAge = 4096;
 }  // namespace
 
 TracingBackend::TracingBackend(Backend& target, TraceRecorder& recorder)
-    : OpObserver(target), recorder_(recorder) {
+    : BackendWrapper(target), recorder_(recorder) {
   trace_.label = fmt::format("rank {} ({})", target.rank(), target.name());
   trace_.streams[0] = "compute";  // the default stream every backend starts with
   // The probe is the default stream's first base: nothing runs on it yet.

@@ -55,12 +55,12 @@
 #include <string>
 #include <vector>
 
-#include "backends/op_observer.h"
+#include "backends/backend_wrapper.h"
 #include "engine/tracing/trace_recorder.h"
 
 namespace meshtrain {
 
-class TracingBackend final : public OpObserver {
+class TracingBackend final : public BackendWrapper {
  public:
   TracingBackend(Backend& target, TraceRecorder& recorder);
   ~TracingBackend() override;  // hands the events to the recorder
