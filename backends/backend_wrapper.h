@@ -2,9 +2,25 @@
 // tracing, fault-injecting or recording backend overrides only what it
 // changes (as leveldb's EnvWrapper). The wrapped backend must outlive the
 // wrapper; the wrapper adds no state and no thread-safety of its own.
+//
+// Every compute op of the op table (backends/op_table.h) goes through one
+// hook, on_op(entry, operands, call), whose default just makes the call: a
+// wrapper that times, traces or records every op (engine/calibrate/
+// op_profile.h, engine/tracing/tracing_backend.h, engine/calibrate/
+// workload_shapes.cc) overrides that hook instead of one method per op, and
+// this file is the only list of them. Operands go in the entry's order; the
+// multi-tensor ops pass their fixed operands, then each group's.
+// grouped_gemm is left to Backend's default: wrappers see one gemm per
+// group. Communication, host transfers, init_normal and streams are
+// forwarded without the hook.
 #pragma once
 
+#include <initializer_list>
+#include <string_view>
+#include <type_traits>
+
 #include "backends/backend.h"
+#include "backends/op_table.h"
 
 namespace meshtrain {
 
@@ -12,6 +28,19 @@ class BackendWrapper : public Backend {
  public:
   explicit BackendWrapper(Backend& target) : target_(target) {}
   Backend& target() const { return target_; }
+
+  // The call an on_op override must make exactly once: the op on the wrapped backend.
+  class Call {
+   public:
+    template <class F>
+    explicit Call(F& f) : f_(&f), run_([](void* p) { (*static_cast<F*>(p))(); }) {}
+    void operator()() const { run_(f_); }
+
+   private:
+    void* f_;
+    void (*run_)(void*);
+  };
+
 
   std::string_view name() const override { return target_.name(); }
   int rank() const override { return target_.rank(); }
@@ -42,136 +71,155 @@ class BackendWrapper : public Backend {
   Result<double> seconds_between(Event start, Event end) override {
     return target_.seconds_between(start, end);
   }
-  void fill(Tensor& x, float value) override { target_.fill(x, value); }
-  void copy(const Tensor& src, Tensor& dst) override { target_.copy(src, dst); }
-  void cast(const Tensor& src, Tensor& dst) override { target_.cast(src, dst); }
-  void add(const Tensor& a, const Tensor& b, Tensor& out) override { target_.add(a, b, out); }
-  void scale(Tensor& x, float alpha) override { target_.scale(x, alpha); }
-  void axpy(float alpha, const Tensor& x, Tensor& y) override { target_.axpy(alpha, x, y); }
-  void sum(const Tensor& x, Tensor& out, float scale, bool accumulate) override {
-    target_.sum(x, out, scale, accumulate);
+  void fill(Tensor& x, float v) override {
+    see("fill", {&x}, [&] { target().fill(x, v); });
   }
-  void sum_squares(const Tensor& x, Tensor& out, bool accumulate) override {
-    target_.sum_squares(x, out, accumulate);
+  void copy(const Tensor& s, Tensor& d) override {
+    see("copy", {&s, &d}, [&] { target().copy(s, d); });
+  }
+  void cast(const Tensor& s, Tensor& d) override {
+    see("cast", {&s, &d}, [&] { target().cast(s, d); });
+  }
+  void add(const Tensor& a, const Tensor& b, Tensor& o) override {
+    see("add", {&a, &b, &o}, [&] { target().add(a, b, o); });
+  }
+  void scale(Tensor& x, float a) override {
+    see("scale", {&x}, [&] { target().scale(x, a); });
+  }
+  void axpy(float a, const Tensor& x, Tensor& y) override {
+    see("axpy", {&x, &y}, [&] { target().axpy(a, x, y); });
+  }
+  void sum(const Tensor& x, Tensor& o, float s, bool acc) override {
+    see("sum", {&x, &o}, [&] { target().sum(x, o, s, acc); });
+  }
+  void sum_squares(const Tensor& x, Tensor& o, bool acc) override {
+    see("sum_squares", {&x, &o}, [&] { target().sum_squares(x, o, acc); });
   }
   void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp& op) override {
-    target_.gemm(a, b, c, op);
+    OpArgs args;
+    args.gemm = &op;
+    see(
+        "gemm", {&a, &b, &c, &op.bias}, [&] { target().gemm(a, b, c, op); }, args);
   }
   void batched_gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp& op) override {
-    target_.batched_gemm(a, b, c, op);
+    OpArgs args;
+    args.gemm = &op;
+    see(
+        "batched_gemm", {&a, &b, &c, &op.bias}, [&] { target().batched_gemm(a, b, c, op); }, args);
   }
-  void bias_backward(const Tensor& dy, Tensor& db) override { target_.bias_backward(dy, db); }
-  void embedding_forward(const Tensor& table, const Tensor& ids, Tensor& out,
-                         std::int64_t vocab_offset) override {
-    target_.embedding_forward(table, ids, out, vocab_offset);
+  void bias_backward(const Tensor& dy, Tensor& db) override {
+    see("bias_backward", {&dy, &db}, [&] { target().bias_backward(dy, db); });
   }
-  void embedding_backward(const Tensor& dout, const Tensor& ids, Tensor& dtable,
-                          std::int64_t vocab_offset) override {
-    target_.embedding_backward(dout, ids, dtable, vocab_offset);
+  void embedding_forward(const Tensor& t, const Tensor& ids, Tensor& o, std::int64_t off) override {
+    see("embedding_forward", {&t, &ids, &o}, [&] { target().embedding_forward(t, ids, o, off); });
   }
-  void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& out,
-                         Tensor& mean, Tensor& rstd, float eps) override {
-    target_.layernorm_forward(x, weight, bias, out, mean, rstd, eps);
+  void embedding_backward(const Tensor& d, const Tensor& ids, Tensor& dt, std::int64_t off) override {
+    see("embedding_backward", {&d, &ids, &dt}, [&] { target().embedding_backward(d, ids, dt, off); });
   }
-  void layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight,
-                          const Tensor& mean, const Tensor& rstd, Tensor& dx, Tensor& dweight,
-                          Tensor& dbias) override {
-    target_.layernorm_backward(dout, x, weight, mean, rstd, dx, dweight, dbias);
+  void gather_rows(const Tensor& s, const Tensor& i, Tensor& o) override {
+    see("gather_rows", {&s, &i, &o}, [&] { target().gather_rows(s, i, o); });
   }
-  void rmsnorm_forward(const Tensor& x, const Tensor& weight, Tensor& out, Tensor& rstd,
-                       float eps) override {
-    target_.rmsnorm_forward(x, weight, out, rstd, eps);
+  void moe_route(const Tensor& l, bool r, Tensor& p, Tensor& lse, Tensor& w, Tensor& e) override {
+    see("moe_route", {&l, &p, &lse, &w, &e}, [&] { target().moe_route(l, r, p, lse, w, e); });
   }
-  void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight,
-                        const Tensor& rstd, Tensor& dx, Tensor& dweight) override {
-    target_.rmsnorm_backward(dout, x, weight, rstd, dx, dweight);
+  void moe_route_backward(const Tensor& dw, const Tensor& p, const Tensor& lse, const Tensor& e, const Tensor& g,
+                          float z, bool r, Tensor& dl) override {
+    see("moe_route_backward", {&dw, &p, &lse, &e, &g, &dl},
+        [&] { target().moe_route_backward(dw, p, lse, e, g, z, r, dl); });
   }
-  void gelu_forward(const Tensor& x, Tensor& out) override { target_.gelu_forward(x, out); }
-  void gelu_backward(const Tensor& dout, const Tensor& x, Tensor& dx) override {
-    target_.gelu_backward(dout, x, dx);
+  void moe_combine(const Tensor& rows, const Tensor& i, const Tensor& w, Tensor& o) override {
+    see("moe_combine", {&rows, &i, &w, &o}, [&] { target().moe_combine(rows, i, w, o); });
   }
-  void swiglu_forward(const Tensor& x, Tensor& out) override { target_.swiglu_forward(x, out); }
-  void swiglu_backward(const Tensor& dout, const Tensor& x, Tensor& dx) override {
-    target_.swiglu_backward(dout, x, dx);
+  void moe_combine_backward(const Tensor& d, const Tensor& rows, const Tensor& i, const Tensor& w, Tensor& dr,
+                            Tensor& dw) override {
+    see("moe_combine_backward", {&d, &rows, &i, &w, &dr, &dw},
+        [&] { target().moe_combine_backward(d, rows, i, w, dr, dw); });
   }
-  void dropout_forward(const Tensor& x, Tensor& out, const DropoutOp& op) override {
-    target_.dropout_forward(x, out, op);
+  void layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& o, Tensor& m, Tensor& r,
+                         float eps) override {
+    see("layernorm_forward", {&x, &w, &b, &o, &m, &r}, [&] { target().layernorm_forward(x, w, b, o, m, r, eps); });
   }
-  void dropout_backward(const Tensor& dout, Tensor& dx, const DropoutOp& op) override {
-    target_.dropout_backward(dout, dx, op);
+  void layernorm_backward(const Tensor& d, const Tensor& x, const Tensor& w, const Tensor& m, const Tensor& r,
+                          Tensor& dx, Tensor& dw, Tensor& db) override {
+    see("layernorm_backward", {&d, &x, &w, &m, &r, &dx, &dw, &db},
+        [&] { target().layernorm_backward(d, x, w, m, r, dx, dw, db); });
   }
-  void gather_rows(const Tensor& src, const Tensor& index, Tensor& out) override {
-    target_.gather_rows(src, index, out);
+  void rmsnorm_forward(const Tensor& x, const Tensor& w, Tensor& o, Tensor& r, float eps) override {
+    see("rmsnorm_forward", {&x, &w, &o, &r}, [&] { target().rmsnorm_forward(x, w, o, r, eps); });
   }
-  void moe_route(const Tensor& logits, bool renormalize, Tensor& probs, Tensor& lse, Tensor& weights,
-                 Tensor& experts) override {
-    target_.moe_route(logits, renormalize, probs, lse, weights, experts);
+  void rmsnorm_backward(const Tensor& d, const Tensor& x, const Tensor& w, const Tensor& r, Tensor& dx,
+                        Tensor& dw) override {
+    see("rmsnorm_backward", {&d, &x, &w, &r, &dx, &dw}, [&] { target().rmsnorm_backward(d, x, w, r, dx, dw); });
   }
-  void moe_route_backward(const Tensor& dweights, const Tensor& probs, const Tensor& lse, const Tensor& experts,
-                          const Tensor& prob_grad, float z_scale, bool renormalize, Tensor& dlogits) override {
-    target_.moe_route_backward(dweights, probs, lse, experts, prob_grad, z_scale, renormalize, dlogits);
+  void gelu_forward(const Tensor& x, Tensor& o) override {
+    see("gelu_forward", {&x, &o}, [&] { target().gelu_forward(x, o); });
   }
-  void moe_combine(const Tensor& rows, const Tensor& index, const Tensor& weights, Tensor& out) override {
-    target_.moe_combine(rows, index, weights, out);
+  void gelu_backward(const Tensor& d, const Tensor& x, Tensor& dx) override {
+    see("gelu_backward", {&d, &x, &dx}, [&] { target().gelu_backward(d, x, dx); });
   }
-  void moe_combine_backward(const Tensor& dout, const Tensor& rows, const Tensor& index, const Tensor& weights,
-                            Tensor& drows, Tensor& dweights) override {
-    target_.moe_combine_backward(dout, rows, index, weights, drows, dweights);
+  void swiglu_forward(const Tensor& x, Tensor& o) override {
+    see("swiglu_forward", {&x, &o}, [&] { target().swiglu_forward(x, o); });
   }
-  void rope(Tensor& x, int heads_total, int rotate_heads, float theta, bool inverse,
-            std::int64_t first_position) override {
-    target_.rope(x, heads_total, rotate_heads, theta, inverse, first_position);
+  void swiglu_backward(const Tensor& d, const Tensor& x, Tensor& dx) override {
+    see("swiglu_backward", {&d, &x, &dx}, [&] { target().swiglu_backward(d, x, dx); });
   }
-  void attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse,
-                         const AttentionOp& op) override {
-    target_.attention_forward(qkv, out, lse, op);
+  void dropout_forward(const Tensor& x, Tensor& o, const DropoutOp& op) override {
+    see("dropout_forward", {&x, &o}, [&] { target().dropout_forward(x, o, op); });
   }
-  void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                          const Tensor& lse, Tensor& dqkv, const AttentionOp& op) override {
-    target_.attention_backward(dout, qkv, out, lse, dqkv, op);
+  void dropout_backward(const Tensor& d, Tensor& dx, const DropoutOp& op) override {
+    see("dropout_backward", {&d, &dx}, [&] { target().dropout_backward(d, dx, op); });
   }
-  void attention_merge(Tensor& out, Tensor& lse, const Tensor& part_out, const Tensor& part_lse) override {
-    target_.attention_merge(out, lse, part_out, part_lse);
+  void rope(Tensor& x, int total, int rotate, float theta, bool inverse, std::int64_t first) override;
+  void attention_forward(const Tensor& qkv, Tensor& o, Tensor& lse, const AttentionOp& op) override {
+    OpArgs args;
+    args.attention = &op;
+    see(
+        "attention_forward", {&qkv, &o, &lse}, [&] { target().attention_forward(qkv, o, lse, op); }, args);
   }
-  void cross_entropy_max(const Tensor& logits, Tensor& row_max) override {
-    target_.cross_entropy_max(logits, row_max);
+  void attention_backward(const Tensor& d, const Tensor& qkv, const Tensor& o, const Tensor& lse, Tensor& dqkv,
+                          const AttentionOp& op) override {
+    OpArgs args;
+    args.attention = &op;
+    see(
+        "attention_backward", {&d, &qkv, &o, &lse, &dqkv},
+        [&] { target().attention_backward(d, qkv, o, lse, dqkv, op); }, args);
   }
-  void cross_entropy_partials(const Tensor& logits, const Tensor& targets, const Tensor& row_max,
-                              std::int64_t vocab_offset, Tensor& sumexp,
-                              Tensor& target_logit) override {
-    target_.cross_entropy_partials(logits, targets, row_max, vocab_offset, sumexp, target_logit);
+  void attention_merge(Tensor& o, Tensor& lse, const Tensor& po, const Tensor& pl) override {
+    see("attention_merge", {&o, &lse, &po, &pl}, [&] { target().attention_merge(o, lse, po, pl); });
   }
-  void cross_entropy_loss(const Tensor& row_max, const Tensor& sumexp, const Tensor& target_logit,
-                          Tensor& losses) override {
-    target_.cross_entropy_loss(row_max, sumexp, target_logit, losses);
+  void cross_entropy_max(const Tensor& l, Tensor& m) override {
+    see("cross_entropy_max", {&l, &m}, [&] { target().cross_entropy_max(l, m); });
   }
-  void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& row_max,
-                              const Tensor& sumexp, std::int64_t vocab_offset, float dloss,
-                              Tensor& dlogits) override {
-    target_.cross_entropy_backward(logits, targets, row_max, sumexp, vocab_offset, dloss, dlogits);
+  void cross_entropy_partials(const Tensor& l, const Tensor& t, const Tensor& m, std::int64_t off, Tensor& s,
+                              Tensor& tl) override {
+    see("cross_entropy_partials", {&l, &t, &m, &s, &tl}, [&] { target().cross_entropy_partials(l, t, m, off, s, tl); });
   }
-  void cross_entropy_accuracy(const Tensor& row_max, const Tensor& target_logit, Tensor& correct,
-                              bool accumulate) override {
-    target_.cross_entropy_accuracy(row_max, target_logit, correct, accumulate);
+  void cross_entropy_loss(const Tensor& m, const Tensor& s, const Tensor& tl, Tensor& l) override {
+    see("cross_entropy_loss", {&m, &s, &tl, &l}, [&] { target().cross_entropy_loss(m, s, tl, l); });
   }
-  void clip_coefficient(const Tensor& sumsq, float max_norm, Tensor& coef) override {
-    target_.clip_coefficient(sumsq, max_norm, coef);
+  void cross_entropy_backward(const Tensor& l, const Tensor& t, const Tensor& m, const Tensor& s, std::int64_t off,
+                              float d, Tensor& dl) override {
+    see("cross_entropy_backward", {&l, &t, &m, &s, &dl},
+        [&] { target().cross_entropy_backward(l, t, m, s, off, d, dl); });
   }
-  void adamw(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const Tensor& coef,
-             const AdamWOp& op) override {
-    target_.adamw(param, grad, m, v, coef, op);
+  void cross_entropy_accuracy(const Tensor& m, const Tensor& tl, Tensor& c, bool acc) override {
+    see("cross_entropy_accuracy", {&m, &tl, &c}, [&] { target().cross_entropy_accuracy(m, tl, c, acc); });
   }
-  void foreach_sum_squares(std::span<const Tensor> xs, Tensor& out) override {
-    target_.foreach_sum_squares(xs, out);
+  void clip_coefficient(const Tensor& s, float n, Tensor& c) override {
+    see("clip_coefficient", {&s, &c}, [&] { target().clip_coefficient(s, n, c); });
   }
-  void foreach_adamw(std::span<const AdamWTensors> params, const Tensor& coef,
-                     const AdamWOp& op) override {
-    target_.foreach_adamw(params, coef, op);
+  void adamw(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const Tensor& c, const AdamWOp& op) override {
+    see("adamw", {&p, &g, &m, &v, &c}, [&] { target().adamw(p, g, m, v, c, op); });
   }
-  void sign_compress(const Tensor& x, Tensor& error, Tensor& packets) override {
-    target_.sign_compress(x, error, packets);
+  void foreach_sum_squares(std::span<const Tensor> xs, Tensor& out) override;
+  void foreach_adamw(std::span<const AdamWTensors> params, const Tensor& coef, const AdamWOp& op) override;
+  void sign_compress(const Tensor& x, Tensor& e, Tensor& p) override {
+    see("sign_compress", {&x, &e, &p}, [&] { target().sign_compress(x, e, p); });
   }
-  void sign_decompress(const Tensor& packets, Tensor& out) override { target_.sign_decompress(packets, out); }
+  void sign_decompress(const Tensor& p, Tensor& o) override {
+    see("sign_decompress", {&p, &o}, [&] { target().sign_decompress(p, o); });
+  }
+
   void all_reduce(Tensor& x, const Group& g, ReduceOp op) override { target_.all_reduce(x, g, op); }
   void reduce_scatter(const Tensor& in, Tensor& out, const Group& g, ReduceOp op) override {
     target_.reduce_scatter(in, out, g, op);
@@ -197,8 +245,21 @@ class BackendWrapper : public Backend {
   }
   void barrier(const Group& g) override { target_.barrier(g); }
 
+ protected:
+  // Called for every observed op; must run `call` once. The default runs it.
+  virtual void on_op(const OpInfo& op, const OpArgs& args, const Call& call) {
+    (void)op, (void)args;
+    call();
+  }
+
  private:
   Backend& target_;
+  template <class F>
+  void see(std::string_view name, std::initializer_list<const Tensor*> tensors, F&& f, OpArgs args = {}) {
+    static_assert(std::is_invocable_v<F&>);
+    args.tensors = std::span<const Tensor* const>(tensors.begin(), tensors.size());
+    on_op(op_info(name), args, Call(f));
+  }
 };
 
 }  // namespace meshtrain

@@ -19,9 +19,8 @@ namespace meshtrain {
 }
 
 // Whether backend op `op` takes a tensor in host memory (Backend::host_zeros):
-// the backends' tensor checks ask this with the op's name.
-inline bool takes_host_memory(std::string_view op) {
-  return op == "copy" || op == "write" || op == "read" || op == "foreach_adamw";
-}
+// the backends' tensor checks ask this with the op's name. write and read,
+// and the ops the op table (backends/op_table.h) marks host_memory.
+bool takes_host_memory(std::string_view op);
 
 }  // namespace meshtrain

@@ -10,8 +10,9 @@
 //    "attention_score_terms" task for the bytes of a bias and mask read per
 //    batch entry (and the score gradient summed into dbias); every other compute
 //    op is memory-bound on the bytes it reads and writes
-//    (CostModel::memory_bound with the op name, so a calibration can time
-//    each op kind on its own).
+//    (CostModel::memory_bound with the op's cost name, so a calibration can
+//    time each op kind on its own). Dimensions, FLOPs and bytes are the op
+//    table's (backends/op_table.h), not formulas of this backend.
 //  * A collective whose members are all representatives is one executor
 //    collective they all join (the k-th call on a group by each member is the
 //    same collective). One whose other members are not simulated is a task
@@ -61,6 +62,9 @@
 #include "simulator/executor.h"
 
 namespace meshtrain {
+
+struct OpInfo;  // backends/op_table.h
+struct OpArgs;
 
 class SimBackend final : public Backend {
  public:
@@ -209,8 +213,12 @@ class SimBackend final : public Backend {
   void compute(sim::NameId name, sim::Time duration);
   // A task of `duration` on the current stream that is not device compute (PCIe, the host's CPUs).
   void off_device(sim::NameId name, sim::Time duration);
-  // A memory-bound task moving the bytes of `tensors` (each read or written once).
-  void memory_op(sim::NameId name, std::initializer_list<const Tensor*> tensors);
+  // A memory-bound task of op `op` on `tensors` (in its table entry's order), moving the bytes
+  // backends/op_table.h counts for them, under the op's cost name.
+  void charge(const OpInfo& op, std::initializer_list<const Tensor*> tensors);
+  void charge(const OpInfo& op, const OpArgs& args);
+  // A fused attention task of `info`'s work on `tensors` at `dtype`.
+  void fused_attention(const OpInfo& info, const OpArgs& args, DType dtype);
   // The memory-bound part of an attention with a bias or mask (AttentionOp).
   void score_terms(const Tensor& qkv, const AttentionOp& op, bool backward);
   // The kernels of AttentionImpl::unfused over `bh` (batch·heads) sequences

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "backends/op_table.h"
 #include "backends/sim/sim_internal.h"
 
 namespace meshtrain {
@@ -166,26 +167,26 @@ void SimBackend::collective(sim::CollectiveKind kind, double bytes, const Group&
 
 void SimBackend::all_reduce(Tensor& x, const Group& g, ReduceOp) {
   check(x, "all_reduce");
-  collective(sim::CollectiveKind::kAllReduce, static_cast<double>(x.bytes()), g);
+  collective(sim::CollectiveKind::kAllReduce, op_cost(op_info("all_reduce"), {&x}).bytes, g);
 }
 void SimBackend::reduce_scatter(const Tensor& in, Tensor& out, const Group& g, ReduceOp) {
   check(in, "reduce_scatter"), check(out, "reduce_scatter");
   if (in.numel() != out.numel() * g.size())
     misuse("reduce_scatter: in {} is not {} x out {}", in.shape().str(), g.size(),
            out.shape().str());
-  collective(sim::CollectiveKind::kReduceScatter, static_cast<double>(in.bytes()), g);
+  collective(sim::CollectiveKind::kReduceScatter, op_cost(op_info("reduce_scatter"), {&in, &out}).bytes, g);
 }
 void SimBackend::all_gather(const Tensor& in, Tensor& out, const Group& g) {
   check(in, "all_gather"), check(out, "all_gather");
   if (out.numel() != in.numel() * g.size())
     misuse("all_gather: out {} is not {} x in {}", out.shape().str(), g.size(), in.shape().str());
-  collective(sim::CollectiveKind::kAllGather, static_cast<double>(out.bytes()), g);
+  collective(sim::CollectiveKind::kAllGather, op_cost(op_info("all_gather"), {&in, &out}).bytes, g);
 }
 void SimBackend::broadcast(Tensor& x, const Group& g, int root_global_rank) {
   check(x, "broadcast");
   const int root = g.index_of(root_global_rank);
   if (root < 0) misuse("broadcast: root {} is not in group {}", root_global_rank, g.id);
-  collective(sim::CollectiveKind::kBroadcast, static_cast<double>(x.bytes()), g, root);
+  collective(sim::CollectiveKind::kBroadcast, op_cost(op_info("broadcast"), {&x}).bytes, g, root);
 }
 void SimBackend::all_to_all(const Tensor& in, std::span<const std::int64_t> send_counts,
                             Tensor& out, std::span<const std::int64_t> recv_counts, const Group& g) {
@@ -200,24 +201,26 @@ void SimBackend::all_to_all(const Tensor& in, std::span<const std::int64_t> send
   const double element = static_cast<double>(dtype_size(in.dtype()));
   const std::int64_t to_self = send_counts[static_cast<std::size_t>(g.index_of(rank_))];
   region().sent_bytes += static_cast<double>(sent - to_self) * element;
-  collective(sim::CollectiveKind::kAllToAll, static_cast<double>(std::max(sent, received)) * element, g);
+  const Tensor* tensors[] = {&in, &out};
+  OpArgs args{tensors};
+  args.exchanged = std::max(sent, received);
+  collective(sim::CollectiveKind::kAllToAll, op_cost(op_info("all_to_all"), args).bytes, g);
 }
 void SimBackend::send(const Tensor& x, int peer, int) {
   check(x, "send");
   if (peer == rank_ || peer < 0 || peer >= world_size_) misuse("send: bad peer {}", peer);
-  region().sent_bytes += static_cast<double>(x.bytes());
-  cluster_.point_to_point(job_, rank_, executor_stream(current_), peer, static_cast<double>(x.bytes()),
-                          true);
+  const double bytes = op_cost(op_info("send"), {&x}).bytes;
+  region().sent_bytes += bytes;
+  cluster_.point_to_point(job_, rank_, executor_stream(current_), peer, bytes, true);
 }
 void SimBackend::recv(Tensor& x, int peer, int) {
   check(x, "recv");
   if (peer == rank_ || peer < 0 || peer >= world_size_) misuse("recv: bad peer {}", peer);
-  cluster_.point_to_point(job_, rank_, executor_stream(current_), peer, static_cast<double>(x.bytes()),
-                          false);
+  cluster_.point_to_point(job_, rank_, executor_stream(current_), peer, op_cost(op_info("recv"), {&x}).bytes, false);
 }
 void SimBackend::barrier(const Group& g) {
-  // NCCL has no barrier; frameworks all-reduce one element.
-  collective(sim::CollectiveKind::kAllReduce, 4.0, g);
+  // NCCL has no barrier; frameworks all-reduce one element (the table's barrier bytes).
+  collective(sim::CollectiveKind::kAllReduce, op_cost(op_info("barrier"), OpArgs{}).bytes, g);
 }
 
 }  // namespace meshtrain

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "backends/op_table.h"
 #include "backends/sim/sim_internal.h"
 
 namespace meshtrain {
@@ -48,16 +49,17 @@ void SimBackend::off_device(sim::NameId name, sim::Time duration) {
     cluster_.fail(std::move(s).error());
 }
 
-void SimBackend::memory_op(sim::NameId name, std::initializer_list<const Tensor*> tensors) {
-  double bytes = 0;
-  for (const Tensor* t : tensors)
-    if (t->defined()) bytes += static_cast<double>(t->bytes());
-  compute(name, cluster_.cost_.memory_bound(bytes, cluster_.executor_->name(name)));
+void SimBackend::charge(const OpInfo& op, std::initializer_list<const Tensor*> tensors) {
+  charge(op, OpArgs{std::span<const Tensor* const>(tensors.begin(), tensors.size())});
+}
+void SimBackend::charge(const OpInfo& op, const OpArgs& args) {
+  const OpCost c = op_cost(op, args);
+  compute(op_name(op.cost_name), cluster_.cost_.memory_bound(c.bytes, op.cost_name));
 }
 
 void SimBackend::fill(Tensor& x, float) {
   check(x, "fill");
-  memory_op(op_name("fill"), {&x});
+  charge(op_info("fill"), {&x});
 }
 void SimBackend::copy(const Tensor& src, Tensor& dst) {
   check(src, "copy"), check(dst, "copy");
@@ -71,54 +73,58 @@ void SimBackend::copy(const Tensor& src, Tensor& dst) {
     off_device(op_name(on_host(src) ? "copy_h2d" : "copy_d2h"), t);
     return;
   }
-  memory_op(op_name("copy"), {&src, &dst});
+  charge(op_info("copy"), {&src, &dst});
 }
 void SimBackend::cast(const Tensor& src, Tensor& dst) {
   check(src, "cast"), check(dst, "cast");
   if (src.numel() != dst.numel()) misuse("cast: {} into {}", src.shape().str(), dst.shape().str());
-  memory_op(op_name("cast"), {&src, &dst});
+  charge(op_info("cast"), {&src, &dst});
 }
 void SimBackend::add(const Tensor& a, const Tensor& b, Tensor& out) {
   check(a, "add"), check(b, "add"), check(out, "add");
-  memory_op(op_name("add"), {&a, &b, &out});
+  charge(op_info("add"), {&a, &b, &out});
 }
 void SimBackend::scale(Tensor& x, float) {
   check(x, "scale");
-  memory_op(op_name("scale"), {&x, &x});
+  charge(op_info("scale"), {&x});
 }
 void SimBackend::axpy(float, const Tensor& x, Tensor& y) {
   check(x, "axpy"), check(y, "axpy");
-  memory_op(op_name("axpy"), {&x, &y, &y});
+  charge(op_info("axpy"), {&x, &y});
 }
 void SimBackend::sum(const Tensor& x, Tensor& out, float, bool) {
   check(x, "sum"), check(out, "sum");
-  memory_op(op_name("sum"), {&x, &out});
+  charge(op_info("sum"), {&x, &out});
 }
 void SimBackend::sum_squares(const Tensor& x, Tensor& out, bool) {
   check(x, "sum_squares"), check(out, "sum_squares");
-  memory_op(op_name("sum_squares"), {&x, &out});
+  charge(op_info("sum_squares"), {&x, &out});
 }
 
 void SimBackend::gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp&) {
   check(a, "gemm"), check(b, "gemm"), check(c, "gemm");
-  const std::int64_t n = c.shape().back(), m = c.numel() / std::max<std::int64_t>(n, 1);
-  const std::int64_t k = a.numel() / std::max<std::int64_t>(m, 1);
-  if (m * k != a.numel() || k * n != b.numel())
+  const MatmulDims d = op_cost(op_info("gemm"), {&a, &b, &c}).matmuls.front();
+  if (d.m * d.k != a.numel() || d.k * d.n != b.numel())
     misuse("gemm: a {} b {} c {} do not agree", a.shape().str(), b.shape().str(), c.shape().str());
-  compute(op_name("gemm"), cluster_.cost_.gemm(m, n, k, gemm_dtype(a.dtype(), m, n, k)));
+  compute(op_name("gemm"), cluster_.cost_.gemm(d.m, d.n, d.k, gemm_dtype(a.dtype(), d.m, d.n, d.k)));
 }
 void SimBackend::grouped_gemm(const std::vector<Tensor>& a, const std::vector<Tensor>& b, std::vector<Tensor>& c,
                               const GemmOp& op) {
   if (a.empty() || a.size() != b.size() || a.size() != c.size())
     misuse("grouped_gemm: {} a, {} b and {} c operands must be one per group, at least one", a.size(), b.size(),
            c.size());
-  // Each group's (m, n, k) as gemm reads them; the groups share n and either k (row groups: experts over
-  // their tokens) or m (weight gradients, reduced over each group's tokens).
+  // Each group's (m, n, k) as the table reads them; the groups share n and either k (row groups: experts
+  // over their tokens) or m (weight gradients, reduced over each group's tokens).
+  std::vector<const Tensor*> operands;
+  for (std::size_t g = 0; g < a.size(); ++g) {
+    check(a[g], "grouped_gemm"), check(b[g], "grouped_gemm"), check(c[g], "grouped_gemm");
+    operands.insert(operands.end(), {&a[g], &b[g], &c[g]});
+  }
+  const OpCost cost = op_cost(op_info("grouped_gemm"), OpArgs{operands});
   std::vector<std::int64_t> ms, ks;
   const std::int64_t n = c.front().shape().back();
   for (std::size_t g = 0; g < a.size(); ++g) {
-    check(a[g], "grouped_gemm"), check(b[g], "grouped_gemm"), check(c[g], "grouped_gemm");
-    const std::int64_t m = c[g].numel() / std::max<std::int64_t>(n, 1), k = a[g].numel() / std::max<std::int64_t>(m, 1);
+    const std::int64_t m = cost.matmuls[g].m, k = cost.matmuls[g].k;
     if (c[g].shape().back() != n || m * k != a[g].numel() || k * n != b[g].numel())
       misuse("grouped_gemm: group {}: a {} b {} c {} do not agree with the groups' n {}", g, a[g].shape().str(),
              b[g].shape().str(), c[g].shape().str(), n);
@@ -138,151 +144,138 @@ void SimBackend::batched_gemm(const Tensor& a, const Tensor& b, Tensor& c, const
   check(a, "batched_gemm"), check(b, "batched_gemm"), check(c, "batched_gemm");
   if (a.shape().rank() != 3 || c.shape().rank() != 3)
     misuse("batched_gemm: a {} and c {} must be (L, ., .)", a.shape().str(), c.shape().str());
-  const std::int64_t l = c.shape()[0], m = c.shape()[1], n = c.shape()[2];
-  const std::int64_t k = a.numel() / std::max<std::int64_t>(l * m, 1);
-  compute(op_name("batched_gemm"), cluster_.cost_.gemm(m, n, k, compute_dtype(a.dtype()), l));
+  const MatmulDims d = op_cost(op_info("batched_gemm"), {&a, &b, &c}).matmuls.front();
+  compute(op_name("batched_gemm"), cluster_.cost_.gemm(d.m, d.n, d.k, compute_dtype(a.dtype()), d.batch));
 }
 void SimBackend::bias_backward(const Tensor& dy, Tensor& db) {
   check(dy, "bias_backward"), check(db, "bias_backward");
-  memory_op(op_name("bias_backward"), {&dy, &db});
+  charge(op_info("bias_backward"), {&dy, &db});
 }
 
 void SimBackend::embedding_forward(const Tensor& table, const Tensor& ids, Tensor& out,
                                    std::int64_t) {
   check(table, "embedding_forward"), check(ids, "embedding_forward"),
       check(out, "embedding_forward");
-  // Reads one row per token, not the whole table.
-  memory_op(op_name("embedding_forward"), {&ids, &out, &out});
+  charge(op_info("embedding_forward"), {&table, &ids, &out});
 }
 void SimBackend::foreach_sum_squares(std::span<const Tensor> xs, Tensor& out) {
   check(out, "sum_squares");
-  double bytes = static_cast<double>(out.bytes());
-  for (const Tensor& x : xs) {
-    check(x, "sum_squares");
-    bytes += static_cast<double>(x.bytes());
-  }
-  compute(op_name("sum_squares"), cluster_.cost_.memory_bound(bytes, "sum_squares"));
+  std::vector<const Tensor*> operands = {&out};
+  for (const Tensor& x : xs) check(x, "sum_squares"), operands.push_back(&x);
+  charge(op_info("foreach_sum_squares"), OpArgs{operands});
 }
 
-// Memory-bound: reads x and the error, writes the error and the packets (decompress: reads
-// the packets, writes out), at the bytes engine/calibrate/measure.cc measures them.
 void SimBackend::sign_compress(const Tensor& x, Tensor& error, Tensor& packets) {
   check(x, "sign_compress"), check(packets, "sign_compress");
   if (error.defined()) check(error, "sign_compress");
-  memory_op(op_name("sign_compress"), {&x, &error, &error, &packets});
+  charge(op_info("sign_compress"), {&x, &error, &packets});
 }
 void SimBackend::sign_decompress(const Tensor& packets, Tensor& out) {
   check(packets, "sign_decompress"), check(out, "sign_decompress");
-  memory_op(op_name("sign_decompress"), {&packets, &out});
+  charge(op_info("sign_decompress"), {&packets, &out});
 }
 
 void SimBackend::foreach_adamw(std::span<const AdamWTensors> params, const Tensor& coef, const AdamWOp&) {
-  // Per tensor as adamw counts it: reads param, grad, m, v and writes param, m, v; coef once.
-  double bytes = coef.defined() ? static_cast<double>(coef.bytes()) : 0.0;
   const bool host = !params.empty() && on_host(params.front().param);
+  std::vector<const Tensor*> operands = {&coef};
   for (const AdamWTensors& t : params) {
     check(t.param, "foreach_adamw"), check(t.grad, "foreach_adamw"), check(t.m, "foreach_adamw"),
         check(t.v, "foreach_adamw");
     for (const Tensor* x : {&t.param, &t.grad, &t.m, &t.v})
       if (on_host(*x) != host) misuse("foreach_adamw: host and device tensors in one update");
-    bytes += static_cast<double>(2 * t.param.bytes() + t.grad.bytes() + 2 * t.m.bytes() + 2 * t.v.bytes());
+    operands.insert(operands.end(), {&t.param, &t.grad, &t.m, &t.v});
   }
-  if (host) {
-    const sim::Time t = cluster_.cost_.host_adamw(bytes, cluster_.host_sharing(world_size_));
-    host_work_.adamw_s += seconds(t);
-    off_device(op_name("host_adamw"), t);
-    return;
-  }
-  compute(op_name("adamw"), cluster_.cost_.memory_bound(bytes, "adamw"));
+  if (!host) return charge(op_info("foreach_adamw"), OpArgs{operands});
+  const OpInfo& op = op_info("host_adamw");
+  const sim::Time t = cluster_.cost_.host_adamw(op_cost(op, OpArgs{operands}).bytes, cluster_.host_sharing(world_size_));
+  host_work_.adamw_s += seconds(t);
+  off_device(op_name(op.cost_name), t);
 }
 
 void SimBackend::gather_rows(const Tensor& src, const Tensor& index, Tensor& out) {
   check(src, "gather_rows"), check(index, "gather_rows"), check(out, "gather_rows");
-  // Reads one source row per output row.
-  memory_op(op_name("gather_rows"), {&index, &out, &out});
+  charge(op_info("gather_rows"), {&src, &index, &out});
 }
-// The router and the combine are memory-bound: each reads and writes its tensors once
-// (the combine reads one expert row per slot, as many bytes as its output per slot).
 void SimBackend::moe_route(const Tensor& logits, bool, Tensor& probs, Tensor& lse, Tensor& weights,
                            Tensor& experts) {
   check(logits, "moe_route"), check(probs, "moe_route"), check(experts, "moe_route");
-  memory_op(op_name("moe_route"), {&logits, &probs, &lse, &weights, &experts});
+  charge(op_info("moe_route"), {&logits, &probs, &lse, &weights, &experts});
 }
 void SimBackend::moe_route_backward(const Tensor& dweights, const Tensor& probs, const Tensor& lse,
                                     const Tensor& experts, const Tensor& prob_grad, float, bool, Tensor& dlogits) {
   check(probs, "moe_route_backward"), check(dlogits, "moe_route_backward");
-  memory_op(op_name("moe_route_backward"), {&dweights, &probs, &lse, &experts, &prob_grad, &dlogits});
+  charge(op_info("moe_route_backward"), {&dweights, &probs, &lse, &experts, &prob_grad, &dlogits});
 }
 void SimBackend::moe_combine(const Tensor& rows, const Tensor& index, const Tensor& weights, Tensor& out) {
   check(rows, "moe_combine"), check(index, "moe_combine"), check(out, "moe_combine");
-  memory_op(op_name("moe_combine"), {&rows, &index, &weights, &out});
+  charge(op_info("moe_combine"), {&rows, &index, &weights, &out});
 }
 void SimBackend::moe_combine_backward(const Tensor& dout, const Tensor& rows, const Tensor& index,
                                       const Tensor& weights, Tensor& drows, Tensor& dweights) {
   check(dout, "moe_combine_backward"), check(drows, "moe_combine_backward");
-  memory_op(op_name("moe_combine_backward"), {&dout, &rows, &index, &weights, &drows, &dweights});
+  charge(op_info("moe_combine_backward"), {&dout, &rows, &index, &weights, &drows, &dweights});
 }
 void SimBackend::embedding_backward(const Tensor& dout, const Tensor& ids, Tensor& dtable,
                                     std::int64_t) {
   check(dout, "embedding_backward"), check(ids, "embedding_backward"),
       check(dtable, "embedding_backward");
-  memory_op(op_name("embedding_backward"), {&dout, &ids, &dout});
+  charge(op_info("embedding_backward"), {&dout, &ids, &dtable});
 }
 
 void SimBackend::layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                    Tensor& out, Tensor& mean, Tensor& rstd, float) {
   check(x, "layernorm_forward"), check(out, "layernorm_forward");
-  memory_op(op_name("layernorm_forward"), {&x, &weight, &bias, &out, &mean, &rstd});
+  charge(op_info("layernorm_forward"), {&x, &weight, &bias, &out, &mean, &rstd});
 }
 void SimBackend::layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight,
                                     const Tensor& mean, const Tensor& rstd, Tensor& dx,
                                     Tensor& dweight, Tensor& dbias) {
   check(dout, "layernorm_backward"), check(dx, "layernorm_backward");
-  memory_op(op_name("layernorm_backward"),
+  charge(op_info("layernorm_backward"),
             {&dout, &x, &weight, &mean, &rstd, &dx, &dweight, &dbias});
 }
 void SimBackend::rmsnorm_forward(const Tensor& x, const Tensor& weight, Tensor& out, Tensor& rstd,
                                  float) {
   check(x, "rmsnorm_forward"), check(out, "rmsnorm_forward");
-  memory_op(op_name("rmsnorm_forward"), {&x, &weight, &out, &rstd});
+  charge(op_info("rmsnorm_forward"), {&x, &weight, &out, &rstd});
 }
 void SimBackend::rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight,
                                   const Tensor& rstd, Tensor& dx, Tensor& dweight) {
   check(dout, "rmsnorm_backward"), check(dx, "rmsnorm_backward");
-  memory_op(op_name("rmsnorm_backward"), {&dout, &x, &weight, &rstd, &dx, &dweight});
+  charge(op_info("rmsnorm_backward"), {&dout, &x, &weight, &rstd, &dx, &dweight});
 }
 
 void SimBackend::gelu_forward(const Tensor& x, Tensor& out) {
   check(x, "gelu_forward"), check(out, "gelu_forward");
-  memory_op(op_name("gelu_forward"), {&x, &out});
+  charge(op_info("gelu_forward"), {&x, &out});
 }
 void SimBackend::gelu_backward(const Tensor& dout, const Tensor& x, Tensor& dx) {
   check(dout, "gelu_backward"), check(dx, "gelu_backward");
-  memory_op(op_name("gelu_backward"), {&dout, &x, &dx});
+  charge(op_info("gelu_backward"), {&dout, &x, &dx});
 }
 void SimBackend::swiglu_forward(const Tensor& x, Tensor& out) {
   check(x, "swiglu_forward"), check(out, "swiglu_forward");
-  memory_op(op_name("swiglu_forward"), {&x, &out});
+  charge(op_info("swiglu_forward"), {&x, &out});
 }
 void SimBackend::swiglu_backward(const Tensor& dout, const Tensor& x, Tensor& dx) {
   check(dout, "swiglu_backward"), check(dx, "swiglu_backward");
-  memory_op(op_name("swiglu_backward"), {&dout, &x, &dx});
+  charge(op_info("swiglu_backward"), {&dout, &x, &dx});
 }
 void SimBackend::dropout_forward(const Tensor& x, Tensor& out, const DropoutOp&) {
   check(x, "dropout_forward"), check(out, "dropout_forward");
-  memory_op(op_name("dropout_forward"), {&x, &out});
+  charge(op_info("dropout_forward"), {&x, &out});
 }
 void SimBackend::dropout_backward(const Tensor& dout, Tensor& dx, const DropoutOp&) {
   check(dout, "dropout_backward"), check(dx, "dropout_backward");
-  memory_op(op_name("dropout_backward"), {&dout, &dx});
+  charge(op_info("dropout_backward"), {&dout, &dx});
 }
 
 void SimBackend::rope(Tensor& x, int heads_total, int rotate_heads, float, bool, std::int64_t) {
   check(x, "rope");
-  // Only the rotated heads are read and written.
-  const double share = heads_total > 0 ? static_cast<double>(rotate_heads) / heads_total : 1.0;
-  compute(op_name("rope"),
-          cluster_.cost_.memory_bound(2.0 * static_cast<double>(x.bytes()) * share));
+  const Tensor* tensors[] = {&x};
+  OpArgs args{tensors};
+  args.share = heads_total > 0 ? static_cast<double>(rotate_heads) / heads_total : 1.0;
+  charge(op_info("rope"), args);
 }
 
 void SimBackend::attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse,
@@ -293,10 +286,10 @@ void SimBackend::attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse,
   if (cluster_.options_.attention == AttentionImpl::unfused)
     return unfused_attention(qkv.shape()[0] * op.heads, qkv.shape()[1], op.window_rows(qkv.shape()[1]),
                              op.head_dim, qkv.dtype(), false);
-  compute(op_name("attention_forward"),
-          cluster_.cost_.attention_window(qkv.shape()[0] * op.heads, qkv.shape()[1], op.head_dim, op.causal,
-                                          false, compute_dtype(qkv.dtype()), op.query_begin, op.query_rows,
-                                          op.sliding_window));
+  const Tensor* tensors[] = {&qkv, &out, &lse};
+  OpArgs args{tensors};
+  args.attention = &op;
+  fused_attention(op_info("attention_forward"), args, qkv.dtype());
   score_terms(qkv, op, false);
 }
 void SimBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
@@ -309,30 +302,30 @@ void SimBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
   if (cluster_.options_.attention == AttentionImpl::unfused)
     return unfused_attention(qkv.shape()[0] * op.heads, qkv.shape()[1], op.window_rows(qkv.shape()[1]),
                              op.head_dim, qkv.dtype(), true);
-  compute(op_name("attention_backward"),
-          cluster_.cost_.attention_window(qkv.shape()[0] * op.heads, qkv.shape()[1], op.head_dim, op.causal,
-                                          true, compute_dtype(qkv.dtype()), op.query_begin, op.query_rows,
-                                          op.sliding_window));
+  const Tensor* tensors[] = {&dout, &qkv, &out, &lse, &dqkv};
+  OpArgs args{tensors};
+  args.attention = &op;
+  fused_attention(op_info("attention_backward"), args, qkv.dtype());
   score_terms(qkv, op, true);
 }
 
 void SimBackend::attention_merge(Tensor& out, Tensor& lse, const Tensor& part_out, const Tensor& part_lse) {
   check(out, "attention_merge"), check(lse, "attention_merge"), check(part_out, "attention_merge");
   check(part_lse, "attention_merge");
-  // One elementwise pass: reads both results and writes the merged one.
-  memory_op(op_name("attention_merge"), {&out, &lse, &part_out, &part_lse, &out, &lse});
+  charge(op_info("attention_merge"), {&out, &lse, &part_out, &part_lse});
+}
+
+void SimBackend::fused_attention(const OpInfo& info, const OpArgs& args, DType dtype) {
+  const AttentionWork w = op_cost(info, args).attention;
+  compute(op_name(info.cost_name),
+          cluster_.cost_.attention_window(w.batch_heads, w.seq, w.head_dim, w.causal, w.backward, compute_dtype(dtype),
+                                          w.query_begin, w.query_rows, w.sliding_window));
 }
 
 void SimBackend::score_terms(const Tensor& qkv, const AttentionOp& op, bool backward) {
   if (!op.bias.defined() && !op.mask.defined()) return;
-  // A fused kernel reads the (T, T) terms of its head (bias) and window (mask)
-  // once per batch entry and head; backward also writes every score gradient
-  // for the sum into dbias.
-  const double scores = static_cast<double>(qkv.shape()[0]) * op.heads * qkv.shape()[1] * qkv.shape()[1];
-  double bytes = 0;
-  if (op.bias.defined()) bytes += scores * static_cast<double>(dtype_size(op.bias.dtype()));
-  if (op.mask.defined()) bytes += scores * 4.0;
-  if (backward && op.bias.defined()) bytes += 2.0 * scores * 4.0;
+  const double bytes = attention_score_term_bytes(qkv.shape()[0], op.heads, qkv.shape()[1], op.bias.dtype(),
+                                                  op.bias.defined(), op.mask.defined(), backward);
   compute(op_name("attention_score_terms"), cluster_.cost_.memory_bound(bytes, "attention_score_terms"));
 }
 
@@ -365,41 +358,40 @@ void SimBackend::unfused_attention(std::int64_t bh, std::int64_t seq, std::int64
 
 void SimBackend::cross_entropy_max(const Tensor& logits, Tensor& row_max) {
   check(logits, "cross_entropy_max"), check(row_max, "cross_entropy_max");
-  memory_op(op_name("cross_entropy_max"), {&logits, &row_max});
+  charge(op_info("cross_entropy_max"), {&logits, &row_max});
 }
 void SimBackend::cross_entropy_partials(const Tensor& logits, const Tensor& targets,
                                         const Tensor& row_max, std::int64_t, Tensor& sumexp,
                                         Tensor& target_logit) {
   check(logits, "cross_entropy_partials"), check(sumexp, "cross_entropy_partials");
-  memory_op(op_name("cross_entropy_partials"),
+  charge(op_info("cross_entropy_partials"),
             {&logits, &targets, &row_max, &sumexp, &target_logit});
 }
 void SimBackend::cross_entropy_loss(const Tensor& row_max, const Tensor& sumexp,
                                     const Tensor& target_logit, Tensor& losses) {
   check(row_max, "cross_entropy_loss"), check(losses, "cross_entropy_loss");
-  memory_op(op_name("cross_entropy_loss"), {&row_max, &sumexp, &target_logit, &losses});
+  charge(op_info("cross_entropy_loss"), {&row_max, &sumexp, &target_logit, &losses});
 }
 void SimBackend::cross_entropy_accuracy(const Tensor& row_max, const Tensor& target_logit, Tensor& correct,
                                         bool) {
   check(row_max, "cross_entropy_accuracy"), check(correct, "cross_entropy_accuracy");
-  memory_op(op_name("cross_entropy_accuracy"), {&row_max, &target_logit, &correct});
+  charge(op_info("cross_entropy_accuracy"), {&row_max, &target_logit, &correct});
 }
 void SimBackend::cross_entropy_backward(const Tensor& logits, const Tensor& targets,
                                         const Tensor& row_max, const Tensor& sumexp, std::int64_t,
                                         float, Tensor& dlogits) {
   check(logits, "cross_entropy_backward"), check(dlogits, "cross_entropy_backward");
-  memory_op(op_name("cross_entropy_backward"), {&logits, &targets, &row_max, &sumexp, &dlogits});
+  charge(op_info("cross_entropy_backward"), {&logits, &targets, &row_max, &sumexp, &dlogits});
 }
 
 void SimBackend::clip_coefficient(const Tensor& sumsq, float, Tensor& coef) {
   check(sumsq, "clip_coefficient"), check(coef, "clip_coefficient");
-  memory_op(op_name("clip_coefficient"), {&sumsq, &coef});
+  charge(op_info("clip_coefficient"), {&sumsq, &coef});
 }
 void SimBackend::adamw(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const Tensor& coef,
                        const AdamWOp&) {
   check(param, "adamw"), check(grad, "adamw"), check(m, "adamw"), check(v, "adamw");
-  // Reads param, grad, m, v and writes param, m, v.
-  memory_op(op_name("adamw"), {&param, &grad, &m, &v, &param, &m, &v, &coef});
+  charge(op_info("adamw"), {&param, &grad, &m, &v, &coef});
 }
 
 }  // namespace meshtrain

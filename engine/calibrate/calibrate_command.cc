@@ -14,7 +14,8 @@
 //    head), plus a log-spaced cube grid.
 //  * attention forward and backward: the workloads' (batch, heads/tp, seq,
 //    head dim) plus a small grid.
-//  * memory-bound ops, each kind on its own (measured_ops()), over a
+//  * memory-bound and host ops, each kind on its own (every one of the op
+//    table's, backends/op_table.h: measured_ops()), over a
 //    log-spaced grid of sizes plus the workloads' (tokens, width) shapes;
 //    copy also fills the by-bytes "memory" table.
 //  * each of those at every --sharing level k: k rank threads, each with its
@@ -56,6 +57,7 @@
 #include <optional>
 
 #include "backends/comm/launch.h"
+#include "backends/op_table.h"
 #include "backends/comm/mpi_environment.h"
 #include "core/bounded.h"
 #include "core/host_memory.h"
@@ -136,18 +138,19 @@ void grid_shapes(bool quick, DType dtype, std::set<GemmShape>& gemm, std::set<At
   for (std::int64_t seq : quick ? std::vector<std::int64_t>{64, 256} : std::vector<std::int64_t>{32, 64, 128, 256, 512})
     attention.insert({1, 8, seq, 64, true, 0, dtype});
   const int step = quick ? 4 : 2;  // powers of two of element counts
-  for (const std::string& op : calibrate::measured_ops()) {
-    if (op == "clip_coefficient") {
-      ops.insert({op, 1, 1, DType::f32});
-      continue;
-    }
-    if (op == "cross_entropy_loss" || op == "cross_entropy_accuracy") {  // per-row statistics only
-      for (int e = 6; e <= 16; e += step) ops.insert({op, std::int64_t{1} << e, 1, DType::f32});
-      continue;
-    }
-    for (int e = 10; e <= (quick ? 20 : 22); e += step) {
-      const std::int64_t elems = std::int64_t{1} << e, cols = std::min<std::int64_t>(elems, 256);
-      ops.insert({op, elems / cols, cols, dtype});
+  for (const OpInfo* info : per_op_measured()) {
+    const std::string op(info->cost_name);
+    switch (info->grid) {
+      case Grid::scalar: ops.insert({op, 1, 1, DType::f32}); break;
+      case Grid::rows:  // per-row statistics only
+        for (int e = 6; e <= 16; e += step) ops.insert({op, std::int64_t{1} << e, 1, DType::f32});
+        break;
+      case Grid::matrix:
+        for (int e = 10; e <= (quick ? 20 : 22); e += step) {
+          const std::int64_t elems = std::int64_t{1} << e, cols = std::min<std::int64_t>(elems, 256);
+          ops.insert({op, elems / cols, cols, dtype});
+        }
+        break;
     }
   }
 }

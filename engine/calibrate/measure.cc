@@ -8,6 +8,9 @@
 #include <unistd.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "backends/op_table.h"
 
 namespace meshtrain::calibrate {
 namespace {
@@ -83,22 +86,6 @@ Tensor filled(Backend& b, Shape s, float v, DType dtype = DType::f32) {
   return x;
 }
 
-Tensor ids(Backend& b, std::int64_t n, std::int64_t vocab) {
-  Tensor x = b.empty(Shape{n}, DType::i32);
-  std::vector<std::int32_t> host(static_cast<std::size_t>(n));
-  for (std::int64_t i = 0; i < n; ++i)
-    host[static_cast<std::size_t>(i)] = static_cast<std::int32_t>((i * 7919) % vocab);
-  b.write(x, host);
-  return x;
-}
-
-double bytes_of(std::initializer_list<const Tensor*> ts) {
-  double s = 0;
-  for (const Tensor* t : ts)
-    if (t->defined()) s += static_cast<double>(t->bytes());
-  return s;
-}
-
 // Buffer sets an op cycles through so that its inputs are in the cache state
 // they have inside a training step. Measured on this machine (RESULTS.md,
 // issue 7): memory-bound ops find their operands beyond the L3 — with 16 sets
@@ -158,12 +145,11 @@ bool OpShape::operator<(const OpShape& o) const {
 sim::DType sim_dtype(DType d) { return d == DType::f32 ? sim::DType::kFp32 : sim::DType::kBf16; }
 
 const std::vector<std::string>& measured_ops() {
-  static const std::vector<std::string> ops = {
-      "fill",  "copy",  "add",   "scale", "axpy", "sum", "sum_squares", "bias_backward",
-      "embedding_forward", "embedding_backward", "layernorm_forward", "layernorm_backward",
-      "gelu_forward", "gelu_backward", "cross_entropy_max", "cross_entropy_partials",
-      "cross_entropy_loss", "cross_entropy_backward", "cross_entropy_accuracy", "gather_rows",
-      "clip_coefficient", "adamw", "host_adamw", "sign_compress", "sign_decompress", "cast"};
+  static const std::vector<std::string> ops = [] {
+    std::vector<std::string> names;
+    for (const OpInfo* op : per_op_measured()) names.emplace_back(op->cost_name);
+    return names;
+  }();
   return ops;
 }
 
@@ -237,20 +223,18 @@ Result<std::vector<sim::Calibration::Attention>> measure_attention(
     out.push_back(plain.first);
     out.push_back(plain.second);
     if (s.windows > 0) {
-      // The terms' own time: the scored attention's minus the plain one's, at the bytes
-      // backends/sim/sim_ops.cc counts for them (each score reads its bias and mask term; backward
-      // also writes and sums the score gradients into dbias). That difference of two noisy times can be
+      // The terms' own time: the scored attention's minus the plain one's, at the bytes the
+      // simulator counts for them (backends/op_table.h's attention_score_term_bytes). That difference of two noisy times can be
       // tiny, zero or negative on a loaded machine (0.0 was written and then refused by the reader);
       // but the terms cannot take less than streaming their bytes once, so each is at least a copy of
       // that many bytes, measured here on the same backend and sharing.
-      const double scores = static_cast<double>(s.batch * h * s.seq * s.seq);
       op.bias = filled(b, Shape{s.seq, s.seq, h}, 0.01f);
       op.dbias = filled(b, Shape{s.seq, s.seq, h}, 0.f);
       for (bool masked : {false, true}) {
         op.mask = masked ? filled(b, Shape{s.windows, s.seq, s.seq}, 0.f) : Tensor();
         MT_ASSIGN(auto scored, time_pair(op));
-        const double forward_bytes = scores * 4.0 * (masked ? 2 : 1);
-        const double backward_bytes = forward_bytes + 2.0 * scores * 4.0;
+        const double forward_bytes = attention_score_term_bytes(s.batch, h, s.seq, DType::f32, true, masked, false);
+        const double backward_bytes = attention_score_term_bytes(s.batch, h, s.seq, DType::f32, true, masked, true);
         MT_ASSIGN(const double forward_floor, streaming_floor_us(b, forward_bytes, t, sync, sharing));
         MT_ASSIGN(const double backward_floor, streaming_floor_us(b, backward_bytes, t, sync, sharing));
         score_terms.push_back({"attention_score_terms", forward_bytes,
@@ -268,123 +252,17 @@ Result<std::vector<sim::Calibration::Attention>> measure_attention(
 
 namespace {
 
-// A call of op `s.op` on fresh tensors of shape s, and the bytes it moves.
+// A call of op `s.op` (a cost name) on fresh tensors of shape s: the op table's sample, and the bytes it
+// moves as the table counts them for the simulator too, so that a lookup by the simulated bytes finds
+// these entries.
 Result<std::pair<std::function<void()>, double>> make_op(Backend& b, const OpShape& s) {
-  const std::int64_t n = s.rows, c = s.cols;
-  // Byte counts follow backends/sim/sim_ops.cc op by op (each tensor
-  // argument the sim backend lists, once), so a lookup by the bytes the
-  // simulation counts finds these entries.
-  std::function<void()> op;
-  double bytes = 0;
-  // x, y, z and row (a layernorm's weight) at the shape's dtype; per-row
-  // statistics, reductions and weight gradients (rowf) fp32, as the step keeps them.
-  const DType dt = s.dtype;
-  Tensor x = filled(b, Shape{n, c}, 0.5f, dt), y = filled(b, Shape{n, c}, 0.25f, dt);
-  Tensor z = filled(b, Shape{n, c}, 0.f, dt);
-  Tensor row = filled(b, Shape{c}, 1.f, dt), rowf = filled(b, Shape{c}, 0.f), one = filled(b, Shape{1}, 0.f);
-  Tensor stat1 = filled(b, Shape{n}, 0.f), stat2 = filled(b, Shape{n}, 1.f);
-  Tensor stat3 = filled(b, Shape{n}, 0.f), stat4 = filled(b, Shape{n}, 0.f);
-  Tensor tok = ids(b, n, c);
-  if (s.op == "fill") {
-    op = [=, &b]() mutable { b.fill(z, 1.f); }, bytes = bytes_of({&z});
-  } else if (s.op == "copy") {
-    op = [=, &b]() mutable { b.copy(x, z); }, bytes = bytes_of({&x, &z});
-  } else if (s.op == "add") {
-    op = [=, &b]() mutable { b.add(x, y, z); }, bytes = bytes_of({&x, &y, &z});
-  } else if (s.op == "scale") {
-    op = [=, &b]() mutable { b.scale(z, 0.999f); }, bytes = bytes_of({&z, &z});
-  } else if (s.op == "axpy") {
-    op = [=, &b]() mutable { b.axpy(0.5f, x, z); }, bytes = bytes_of({&x, &z, &z});
-  } else if (s.op == "sum") {
-    op = [=, &b]() mutable { b.sum(x, one, 1.f, false); }, bytes = bytes_of({&x, &one});
-  } else if (s.op == "sum_squares") {
-    op = [=, &b]() mutable { b.sum_squares(x, one, false); }, bytes = bytes_of({&x, &one});
-  } else if (s.op == "bias_backward") {
-    op = [=, &b]() mutable { b.bias_backward(x, rowf); }, bytes = bytes_of({&x, &rowf});
-  } else if (s.op == "embedding_forward") {
-    // The table has `cols` rows of width cols: a (V, C) table with V = C.
-    Tensor table = filled(b, Shape{c, c}, 0.1f, dt), e = filled(b, Shape{n, c}, 0.f, dt);
-    op = [=, &b]() mutable { b.embedding_forward(table, tok, e, 0); };
-    bytes = bytes_of({&tok, &e, &e});
-  } else if (s.op == "embedding_backward") {
-    Tensor dtable = filled(b, Shape{c, c}, 0.f);
-    op = [=, &b]() mutable { b.embedding_backward(x, tok, dtable, 0); };
-    bytes = bytes_of({&x, &tok, &x});
-  } else if (s.op == "gather_rows") {
-    // A permutation of the rows of x, as the window partition issues one.
-    Tensor index = ids(b, n, n);
-    op = [=, &b]() mutable { b.gather_rows(x, index, z); }, bytes = bytes_of({&index, &z, &z});
-  } else if (s.op == "layernorm_forward") {
-    op = [=, &b]() mutable { b.layernorm_forward(x, row, row, z, stat1, stat2, 1e-5f); };
-    bytes = bytes_of({&x, &row, &row, &z, &stat1, &stat2});
-  } else if (s.op == "layernorm_backward") {
-    Tensor dw = filled(b, Shape{c}, 0.f), db = filled(b, Shape{c}, 0.f);
-    op = [=, &b]() mutable {
-      b.layernorm_backward(y, x, row, stat1, stat2, z, dw, db);
-    };
-    bytes = bytes_of({&y, &x, &row, &stat1, &stat2, &z, &dw, &db});
-  } else if (s.op == "gelu_forward") {
-    op = [=, &b]() mutable { b.gelu_forward(x, z); }, bytes = bytes_of({&x, &z});
-  } else if (s.op == "gelu_backward") {
-    op = [=, &b]() mutable { b.gelu_backward(y, x, z); }, bytes = bytes_of({&y, &x, &z});
-  } else if (s.op == "cross_entropy_max") {
-    op = [=, &b]() mutable { b.cross_entropy_max(x, stat1); }, bytes = bytes_of({&x, &stat1});
-  } else if (s.op == "cross_entropy_partials") {
-    op = [=, &b]() mutable { b.cross_entropy_partials(x, tok, stat1, 0, stat2, stat3); };
-    bytes = bytes_of({&x, &tok, &stat1, &stat2, &stat3});
-  } else if (s.op == "cross_entropy_loss") {
-    op = [=, &b]() mutable { b.cross_entropy_loss(stat1, stat2, stat3, stat4); };
-    bytes = bytes_of({&stat1, &stat2, &stat3, &stat4});
-  } else if (s.op == "cross_entropy_backward") {
-    op = [=, &b]() mutable { b.cross_entropy_backward(x, tok, stat1, stat2, 0, 1e-3f, z); };
-    bytes = bytes_of({&x, &tok, &stat1, &stat2, &z});
-  } else if (s.op == "cross_entropy_accuracy") {
-    op = [=, &b]() mutable { b.cross_entropy_accuracy(stat1, stat3, one, false); };
-    bytes = bytes_of({&stat1, &stat3, &one});
-  } else if (s.op == "cast") {
-    // The step casts fp32 master weights to the compute dtype and half-width gradients back to fp32.
-    Tensor from = filled(b, Shape{n, c}, 0.5f, dt == DType::f32 ? DType::bf16 : DType::f32);
-    op = [=, &b]() mutable { b.cast(from, z); }, bytes = bytes_of({&from, &z});
-  } else if (s.op == "clip_coefficient") {
-    Tensor sumsq = filled(b, Shape{1}, 4.f);
-    op = [=, &b]() mutable { b.clip_coefficient(sumsq, 1.f, one); };
-    bytes = bytes_of({&sumsq, &one});
-  } else if (s.op == "adamw") {
-    // The step's update: one multi-tensor AdamW over the fp32 masters, their
-    // fp32 gradients and moments (the recorder gives it their total size).
-    Tensor p = filled(b, Shape{n, c}, 0.f), g = filled(b, Shape{n, c}, 0.25f);
-    Tensor m = filled(b, Shape{n, c}, 0.f), v = filled(b, Shape{n, c}, 0.f);
-    AdamWOp a;
-    a.lr = 1e-6f;
-    // With a clip coefficient, as the step passes one whenever it clips.
-    Tensor coef = filled(b, Shape{1}, 1.f);
-    const std::vector<AdamWTensors> group = {{p, g, m, v, 0.f}};
-    op = [=, &b]() mutable { b.foreach_adamw(group, coef, a); };
-    bytes = bytes_of({&p, &g, &m, &v, &p, &m, &v, &coef});
-  } else if (s.op == "host_adamw") {
-    // The offloaded update (Plan::offload): every tensor in host memory, on the host's cores.
-    Tensor p = b.host_zeros(Shape{n, c}), g = b.host_zeros(Shape{n, c});
-    Tensor m = b.host_zeros(Shape{n, c}), v = b.host_zeros(Shape{n, c});
-    AdamWOp a;
-    a.lr = 1e-6f;
-    Tensor coef = filled(b, Shape{1}, 1.f);
-    const std::vector<AdamWTensors> group = {{p, g, m, v, 0.f}};
-    op = [=, &b]() mutable { b.foreach_adamw(group, coef, a); };
-    bytes = bytes_of({&p, &g, &m, &v, &p, &m, &v, &coef});
-  } else if (s.op == "sign_compress" || s.op == "sign_decompress") {
-    // Rows are chunks of `cols` fp32 gradients, compressed with error feedback (1-bit gradients).
-    x = filled(b, Shape{n, c}, 0.5f), y = filled(b, Shape{n, c}, 0.25f), z = filled(b, Shape{n, c}, 0.f);
-    Tensor packets = b.empty(Shape{n, 1 + (c + 31) / 32}, DType::i32);
-    b.sign_compress(x, y, packets);
-    if (s.op == "sign_compress") {
-      op = [=, &b]() mutable { b.sign_compress(x, y, packets); }, bytes = bytes_of({&x, &y, &y, &packets});
-    } else {
-      op = [=, &b]() mutable { b.sign_decompress(packets, z); }, bytes = bytes_of({&packets, &z});
-    }
-  } else {
-    return make_error("calibrate: no measurement for op '{}'", s.op);
+  for (const OpInfo* op : per_op_measured()) {
+    if (op->cost_name != s.op) continue;
+    MT_ASSIGN(OpSample sample, op->sample(b, SampleShape{s.rows, s.cols, s.dtype}));
+    return std::make_pair(std::move(sample.run), sample.cost.bytes);
   }
-  return std::make_pair(std::move(op), bytes);
+  return make_error("calibrate: no measurement for op '{}'; the measured ops are {}", s.op,
+                    fmt::join(measured_ops(), ", "));
 }
 
 }  // namespace

@@ -87,7 +87,8 @@ struct OpShape {
 // The simulator's cost dtype of a backend dtype (fp16 costs as bf16).
 sim::DType sim_dtype(DType d);
 
-// The memory-bound ops measured per kind, by their backend.h names.
+// The ops measured one by one, by their cost names: one per cost name of the
+// op table's memory-bound and host ops (backends/op_table.h, per_op_measured).
 const std::vector<std::string>& measured_ops();
 
 // Each function returns one entry per shape, in shape order. `progress(i)`

@@ -25,58 +25,21 @@ void OpTimer::sync() {
 }
 
 template <class F>
-void OpTimer::timed(const char* name, F&& f) {
+void OpTimer::timed(std::string_view name, F&& f) {
   if (synchronize_) sync();
   const auto t0 = Clock::now();
   f();
   if (synchronize_) sync();
-  OpTotals& t = totals_[name];
+  OpTotals& t = totals_[std::string(name)];
   t.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
   ++t.calls;
 }
 
-// clang-format off
-void OpTimer::fill(Tensor& x, float v) { timed("fill", [&] { target().fill(x, v); }); }
-void OpTimer::copy(const Tensor& s, Tensor& d) { timed("copy", [&] { target().copy(s, d); }); }
-void OpTimer::cast(const Tensor& s, Tensor& d) { timed("cast", [&] { target().cast(s, d); }); }
-void OpTimer::add(const Tensor& a, const Tensor& b, Tensor& o) { timed("add", [&] { target().add(a, b, o); }); }
-void OpTimer::scale(Tensor& x, float a) { timed("scale", [&] { target().scale(x, a); }); }
-void OpTimer::axpy(float a, const Tensor& x, Tensor& y) { timed("axpy", [&] { target().axpy(a, x, y); }); }
-void OpTimer::sum(const Tensor& x, Tensor& o, float s, bool acc) { timed("sum", [&] { target().sum(x, o, s, acc); }); }
-void OpTimer::sum_squares(const Tensor& x, Tensor& o, bool acc) { timed("sum_squares", [&] { target().sum_squares(x, o, acc); }); }
-void OpTimer::gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp& op) { timed("gemm", [&] { target().gemm(a, b, c, op); }); }
-void OpTimer::batched_gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp& op) { timed("batched_gemm", [&] { target().batched_gemm(a, b, c, op); }); }
-void OpTimer::bias_backward(const Tensor& dy, Tensor& db) { timed("bias_backward", [&] { target().bias_backward(dy, db); }); }
-void OpTimer::embedding_forward(const Tensor& t, const Tensor& ids, Tensor& o, std::int64_t off) { timed("embedding_forward", [&] { target().embedding_forward(t, ids, o, off); }); }
-void OpTimer::embedding_backward(const Tensor& d, const Tensor& ids, Tensor& dt, std::int64_t off) { timed("embedding_backward", [&] { target().embedding_backward(d, ids, dt, off); }); }
-void OpTimer::layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& o, Tensor& m, Tensor& r, float eps) { timed("layernorm_forward", [&] { target().layernorm_forward(x, w, b, o, m, r, eps); }); }
-void OpTimer::layernorm_backward(const Tensor& d, const Tensor& x, const Tensor& w, const Tensor& m, const Tensor& r, Tensor& dx, Tensor& dw, Tensor& db) { timed("layernorm_backward", [&] { target().layernorm_backward(d, x, w, m, r, dx, dw, db); }); }
-void OpTimer::gelu_forward(const Tensor& x, Tensor& o) { timed("gelu_forward", [&] { target().gelu_forward(x, o); }); }
-void OpTimer::gelu_backward(const Tensor& d, const Tensor& x, Tensor& dx) { timed("gelu_backward", [&] { target().gelu_backward(d, x, dx); }); }
-void OpTimer::dropout_forward(const Tensor& x, Tensor& o, const DropoutOp& op) { timed("dropout_forward", [&] { target().dropout_forward(x, o, op); }); }
-void OpTimer::dropout_backward(const Tensor& d, Tensor& dx, const DropoutOp& op) { timed("dropout_backward", [&] { target().dropout_backward(d, dx, op); }); }
-void OpTimer::gather_rows(const Tensor& s, const Tensor& i, Tensor& o) { timed("gather_rows", [&] { target().gather_rows(s, i, o); }); }
-void OpTimer::moe_route(const Tensor& l, bool r, Tensor& p, Tensor& lse, Tensor& w, Tensor& e) { timed("moe_route", [&] { target().moe_route(l, r, p, lse, w, e); }); }
-void OpTimer::moe_route_backward(const Tensor& dw, const Tensor& p, const Tensor& lse, const Tensor& e, const Tensor& g, float z, bool r, Tensor& dl) { timed("moe_route_backward", [&] { target().moe_route_backward(dw, p, lse, e, g, z, r, dl); }); }
-void OpTimer::moe_combine(const Tensor& rows, const Tensor& i, const Tensor& w, Tensor& o) { timed("moe_combine", [&] { target().moe_combine(rows, i, w, o); }); }
-void OpTimer::moe_combine_backward(const Tensor& d, const Tensor& rows, const Tensor& i, const Tensor& w, Tensor& dr, Tensor& dw) { timed("moe_combine_backward", [&] { target().moe_combine_backward(d, rows, i, w, dr, dw); }); }
-void OpTimer::attention_forward(const Tensor& qkv, Tensor& o, Tensor& lse, const AttentionOp& op) { timed("attention_forward", [&] { target().attention_forward(qkv, o, lse, op); }); }
-void OpTimer::attention_backward(const Tensor& d, const Tensor& qkv, const Tensor& o, const Tensor& lse, Tensor& dqkv, const AttentionOp& op) { timed("attention_backward", [&] { target().attention_backward(d, qkv, o, lse, dqkv, op); }); }
-void OpTimer::cross_entropy_max(const Tensor& l, Tensor& m) { timed("cross_entropy_max", [&] { target().cross_entropy_max(l, m); }); }
-void OpTimer::cross_entropy_partials(const Tensor& l, const Tensor& t, const Tensor& m, std::int64_t off, Tensor& s, Tensor& tl) { timed("cross_entropy_partials", [&] { target().cross_entropy_partials(l, t, m, off, s, tl); }); }
-void OpTimer::cross_entropy_loss(const Tensor& m, const Tensor& s, const Tensor& tl, Tensor& l) { timed("cross_entropy_loss", [&] { target().cross_entropy_loss(m, s, tl, l); }); }
-void OpTimer::cross_entropy_backward(const Tensor& l, const Tensor& t, const Tensor& m, const Tensor& s, std::int64_t off, float d, Tensor& dl) { timed("cross_entropy_backward", [&] { target().cross_entropy_backward(l, t, m, s, off, d, dl); }); }
-void OpTimer::cross_entropy_accuracy(const Tensor& m, const Tensor& tl, Tensor& c, bool acc) { timed("cross_entropy_accuracy", [&] { target().cross_entropy_accuracy(m, tl, c, acc); }); }
-void OpTimer::clip_coefficient(const Tensor& s, float n, Tensor& c) { timed("clip_coefficient", [&] { target().clip_coefficient(s, n, c); }); }
-void OpTimer::adamw(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const Tensor& c, const AdamWOp& op) { timed("adamw", [&] { target().adamw(p, g, m, v, c, op); }); }
-// The multi-tensor ops under the names the simulator gives them.
-void OpTimer::foreach_sum_squares(std::span<const Tensor> xs, Tensor& o) { timed("sum_squares", [&] { target().foreach_sum_squares(xs, o); }); }
-void OpTimer::foreach_adamw(std::span<const AdamWTensors> ps, const Tensor& c, const AdamWOp& op) { timed("adamw", [&] { target().foreach_adamw(ps, c, op); }); }
-void OpTimer::sign_compress(const Tensor& x, Tensor& e, Tensor& p) { timed("sign_compress", [&] { target().sign_compress(x, e, p); }); }
-void OpTimer::sign_decompress(const Tensor& p, Tensor& o) { timed("sign_decompress", [&] { target().sign_decompress(p, o); }); }
+void OpTimer::on_op(const OpInfo& op, const OpArgs&, const Call& call) { timed(op.cost_name, call); }
 void OpTimer::write(Tensor& dst, std::span<const float> host) { timed("write", [&] { target().write(dst, host); }); }
-void OpTimer::write(Tensor& dst, std::span<const std::int32_t> host) { timed("write", [&] { target().write(dst, host); }); }
-// clang-format on
+void OpTimer::write(Tensor& dst, std::span<const std::int32_t> host) {
+  timed("write", [&] { target().write(dst, host); });
+}
 
 namespace {
 

@@ -41,6 +41,8 @@ struct OpTotals {
   long calls = 0;
 };
 
+// Times every op of the op table under its cost name (the name the
+// simulator's trace gives it), and host writes.
 class OpTimer final : public BackendWrapper {
  public:
   // `synchronize_each_op`: for an asynchronous backend, each op is timed from
@@ -51,57 +53,13 @@ class OpTimer final : public BackendWrapper {
   void reset() { totals_.clear(); }
   const Status& status() const { return status_; }
 
-  void fill(Tensor& x, float v) override;
-  void copy(const Tensor& s, Tensor& d) override;
-  void cast(const Tensor& s, Tensor& d) override;
-  void add(const Tensor& a, const Tensor& b, Tensor& o) override;
-  void scale(Tensor& x, float a) override;
-  void axpy(float a, const Tensor& x, Tensor& y) override;
-  void sum(const Tensor& x, Tensor& o, float s, bool acc) override;
-  void sum_squares(const Tensor& x, Tensor& o, bool acc) override;
-  void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp& op) override;
-  void batched_gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp& op) override;
-  void bias_backward(const Tensor& dy, Tensor& db) override;
-  void embedding_forward(const Tensor& t, const Tensor& ids, Tensor& o, std::int64_t off) override;
-  void embedding_backward(const Tensor& d, const Tensor& ids, Tensor& dt, std::int64_t off) override;
-  void layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& o, Tensor& m,
-                         Tensor& r, float eps) override;
-  void layernorm_backward(const Tensor& d, const Tensor& x, const Tensor& w, const Tensor& m,
-                          const Tensor& r, Tensor& dx, Tensor& dw, Tensor& db) override;
-  void gelu_forward(const Tensor& x, Tensor& o) override;
-  void gelu_backward(const Tensor& d, const Tensor& x, Tensor& dx) override;
-  void dropout_forward(const Tensor& x, Tensor& o, const DropoutOp& op) override;
-  void dropout_backward(const Tensor& d, Tensor& dx, const DropoutOp& op) override;
-  void gather_rows(const Tensor& s, const Tensor& i, Tensor& o) override;
-  void moe_route(const Tensor& l, bool r, Tensor& p, Tensor& lse, Tensor& w, Tensor& e) override;
-  void moe_route_backward(const Tensor& dw, const Tensor& p, const Tensor& lse, const Tensor& e, const Tensor& g,
-                          float z, bool r, Tensor& dl) override;
-  void moe_combine(const Tensor& rows, const Tensor& i, const Tensor& w, Tensor& o) override;
-  void moe_combine_backward(const Tensor& d, const Tensor& rows, const Tensor& i, const Tensor& w, Tensor& dr,
-                            Tensor& dw) override;
-  void attention_forward(const Tensor& qkv, Tensor& o, Tensor& lse, const AttentionOp& op) override;
-  void attention_backward(const Tensor& d, const Tensor& qkv, const Tensor& o, const Tensor& lse,
-                          Tensor& dqkv, const AttentionOp& op) override;
-  void cross_entropy_max(const Tensor& l, Tensor& m) override;
-  void cross_entropy_partials(const Tensor& l, const Tensor& t, const Tensor& m, std::int64_t off,
-                              Tensor& s, Tensor& tl) override;
-  void cross_entropy_loss(const Tensor& m, const Tensor& s, const Tensor& tl, Tensor& l) override;
-  void cross_entropy_backward(const Tensor& l, const Tensor& t, const Tensor& m, const Tensor& s,
-                              std::int64_t off, float d, Tensor& dl) override;
-  void cross_entropy_accuracy(const Tensor& m, const Tensor& tl, Tensor& c, bool acc) override;
-  void clip_coefficient(const Tensor& s, float n, Tensor& c) override;
-  void adamw(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const Tensor& c,
-             const AdamWOp& op) override;
-  void foreach_sum_squares(std::span<const Tensor> xs, Tensor& o) override;
-  void foreach_adamw(std::span<const AdamWTensors> ps, const Tensor& c, const AdamWOp& op) override;
-  void sign_compress(const Tensor& x, Tensor& e, Tensor& p) override;
-  void sign_decompress(const Tensor& p, Tensor& o) override;
   void write(Tensor& dst, std::span<const float> host) override;
   void write(Tensor& dst, std::span<const std::int32_t> host) override;
 
  private:
+  void on_op(const OpInfo& op, const OpArgs& args, const Call& call) override;
   template <class F>
-  void timed(const char* name, F&& f);
+  void timed(std::string_view name, F&& f);
   void sync();
   const bool synchronize_;
   std::map<std::string, OpTotals> totals_;

@@ -16,8 +16,7 @@ namespace {
 // {"shapes":["(4, 32)",null,...],"bytes":N<extra>}; an undefined optional
 // tensor (a missing bias, no clip coefficient) is null. `bytes` < 0: the sum of
 // the defined tensors' bytes.
-std::string args_json(std::initializer_list<const Tensor*> tensors, double bytes = -1,
-                      const std::string& extra = {}) {
+std::string args_json(std::span<const Tensor* const> tensors, double bytes = -1, const std::string& extra = {}) {
   std::string shapes;
   double total = 0;
   for (const Tensor* t : tensors) {
@@ -32,13 +31,20 @@ std::string args_json(std::initializer_list<const Tensor*> tensors, double bytes
   return fmt::format(R"({{"shapes":[{}],"bytes":{:.0f}{}}})", shapes, bytes < 0 ? total : bytes,
                      extra);
 }
+std::string args_json(std::initializer_list<const Tensor*> tensors, double bytes = -1,
+                      const std::string& extra = {}) {
+  return args_json(std::span<const Tensor* const>(tensors.begin(), tensors.size()), bytes, extra);
+}
 
-// The same for the tensors of a multi-tensor op: the shape of `out` only, and
-// "tensors": how many the op covers, the bytes of all of them.
-std::string foreach_args_json(std::size_t tensors, double bytes, const Tensor* out) {
-  return fmt::format(R"({{"shapes":[{}],"bytes":{:.0f},"tensors":{}}})",
-                     out != nullptr && out->defined() ? '"' + out->shape().str() + '"' : "null", bytes,
-                     tensors);
+// The same for the tensors of a multi-tensor op: the shapes of its fixed
+// operands, "tensors": how many groups it covers, the bytes of all of them.
+std::string foreach_args_json(std::span<const Tensor* const> fixed, std::size_t tensors, double bytes) {
+  std::string shapes;
+  for (const Tensor* t : fixed) {
+    if (!shapes.empty()) shapes += ',';
+    shapes += t->defined() ? '"' + t->shape().str() + '"' : "null";
+  }
+  return fmt::format(R"({{"shapes":[{}],"bytes":{:.0f},"tensors":{}}})", shapes, bytes, tensors);
 }
 
 }  // namespace
@@ -132,9 +138,10 @@ void TracingBackend::after_blocking(const Stream* waited) {
 }
 
 template <class F>
-auto TracingBackend::timed(const char* name, const char* category, std::string args, F&& call) {
+auto TracingBackend::timed(std::string_view name, const char* category, std::string args, F&& call) {
   const Stream s = target().current_stream();
-  TraceEvent e{s.id, name, category, 0, 0};
+  // `name` is a literal here or an op table name (a view of one): its data() is one, terminated, for good.
+  TraceEvent e{s.id, name.data(), category, 0, 0};
   // Host calls (write, read, synchronize) keep host time.
   const bool on_device = device_ && std::string_view(category) != "host";
   Pending p{0, s.id, on_device ? base_for(s) : Base{}, {}, {}};
@@ -157,12 +164,6 @@ auto TracingBackend::timed(const char* name, const char* category, std::string a
     finish();
     return result;
   }
-}
-
-template <class F>
-void TracingBackend::compute(const char* name, std::initializer_list<const Tensor*> tensors,
-                             F&& call) {
-  timed(name, "compute", args_json(tensors), std::forward<F>(call));
 }
 
 template <class F>
@@ -199,190 +200,17 @@ Status TracingBackend::synchronize() {
 
 // ---- compute ----------------------------------------------------------------------------
 
-void TracingBackend::fill(Tensor& x, float value) {
-  compute("fill", {&x}, [&] { target().fill(x, value); });
-}
-void TracingBackend::copy(const Tensor& src, Tensor& dst) {
-  compute("copy", {&src, &dst}, [&] { target().copy(src, dst); });
-}
-void TracingBackend::cast(const Tensor& src, Tensor& dst) {
-  compute("cast", {&src, &dst}, [&] { target().cast(src, dst); });
-}
-void TracingBackend::add(const Tensor& a, const Tensor& b, Tensor& out) {
-  compute("add", {&a, &b, &out}, [&] { target().add(a, b, out); });
-}
-void TracingBackend::scale(Tensor& x, float alpha) {
-  compute("scale", {&x}, [&] { target().scale(x, alpha); });
-}
-void TracingBackend::axpy(float alpha, const Tensor& x, Tensor& y) {
-  compute("axpy", {&x, &y}, [&] { target().axpy(alpha, x, y); });
-}
-void TracingBackend::sum(const Tensor& x, Tensor& out, float scale, bool accumulate) {
-  compute("sum", {&x, &out}, [&] { target().sum(x, out, scale, accumulate); });
-}
-void TracingBackend::sum_squares(const Tensor& x, Tensor& out, bool accumulate) {
-  compute("sum_squares", {&x, &out}, [&] { target().sum_squares(x, out, accumulate); });
-}
-void TracingBackend::gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp& op) {
-  compute("gemm", {&a, &b, &c, &op.bias}, [&] { target().gemm(a, b, c, op); });
-}
-void TracingBackend::batched_gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp& op) {
-  compute("batched_gemm", {&a, &b, &c, &op.bias}, [&] { target().batched_gemm(a, b, c, op); });
-}
-void TracingBackend::bias_backward(const Tensor& dy, Tensor& db) {
-  compute("bias_backward", {&dy, &db}, [&] { target().bias_backward(dy, db); });
-}
-void TracingBackend::embedding_forward(const Tensor& table, const Tensor& ids, Tensor& out,
-                                       std::int64_t vocab_offset) {
-  compute("embedding_forward", {&table, &ids, &out},
-          [&] { target().embedding_forward(table, ids, out, vocab_offset); });
-}
-void TracingBackend::embedding_backward(const Tensor& dout, const Tensor& ids, Tensor& dtable,
-                                        std::int64_t vocab_offset) {
-  compute("embedding_backward", {&dout, &ids, &dtable},
-          [&] { target().embedding_backward(dout, ids, dtable, vocab_offset); });
-}
-void TracingBackend::layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                                       Tensor& out, Tensor& mean, Tensor& rstd, float eps) {
-  compute("layernorm_forward", {&x, &weight, &bias, &out, &mean, &rstd},
-          [&] { target().layernorm_forward(x, weight, bias, out, mean, rstd, eps); });
-}
-void TracingBackend::layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight,
-                                        const Tensor& mean, const Tensor& rstd, Tensor& dx,
-                                        Tensor& dweight, Tensor& dbias) {
-  compute("layernorm_backward", {&dout, &x, &weight, &mean, &rstd, &dx, &dweight, &dbias},
-          [&] { target().layernorm_backward(dout, x, weight, mean, rstd, dx, dweight, dbias); });
-}
-void TracingBackend::rmsnorm_forward(const Tensor& x, const Tensor& weight, Tensor& out,
-                                     Tensor& rstd, float eps) {
-  compute("rmsnorm_forward", {&x, &weight, &out, &rstd},
-          [&] { target().rmsnorm_forward(x, weight, out, rstd, eps); });
-}
-void TracingBackend::rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight,
-                                      const Tensor& rstd, Tensor& dx, Tensor& dweight) {
-  compute("rmsnorm_backward", {&dout, &x, &weight, &rstd, &dx, &dweight},
-          [&] { target().rmsnorm_backward(dout, x, weight, rstd, dx, dweight); });
-}
-void TracingBackend::gelu_forward(const Tensor& x, Tensor& out) {
-  compute("gelu_forward", {&x, &out}, [&] { target().gelu_forward(x, out); });
-}
-void TracingBackend::gelu_backward(const Tensor& dout, const Tensor& x, Tensor& dx) {
-  compute("gelu_backward", {&dout, &x, &dx}, [&] { target().gelu_backward(dout, x, dx); });
-}
-void TracingBackend::swiglu_forward(const Tensor& x, Tensor& out) {
-  compute("swiglu_forward", {&x, &out}, [&] { target().swiglu_forward(x, out); });
-}
-void TracingBackend::swiglu_backward(const Tensor& dout, const Tensor& x, Tensor& dx) {
-  compute("swiglu_backward", {&dout, &x, &dx}, [&] { target().swiglu_backward(dout, x, dx); });
-}
-void TracingBackend::dropout_forward(const Tensor& x, Tensor& out, const DropoutOp& op) {
-  compute("dropout_forward", {&x, &out}, [&] { target().dropout_forward(x, out, op); });
-}
-void TracingBackend::dropout_backward(const Tensor& dout, Tensor& dx, const DropoutOp& op) {
-  compute("dropout_backward", {&dout, &dx}, [&] { target().dropout_backward(dout, dx, op); });
-}
-void TracingBackend::gather_rows(const Tensor& src, const Tensor& index, Tensor& out) {
-  compute("gather_rows", {&src, &index, &out}, [&] { target().gather_rows(src, index, out); });
-}
-void TracingBackend::moe_route(const Tensor& logits, bool renormalize, Tensor& probs, Tensor& lse, Tensor& weights,
-                               Tensor& experts) {
-  compute("moe_route", {&logits, &probs, &lse, &weights, &experts},
-          [&] { target().moe_route(logits, renormalize, probs, lse, weights, experts); });
-}
-void TracingBackend::moe_route_backward(const Tensor& dweights, const Tensor& probs, const Tensor& lse,
-                                        const Tensor& experts, const Tensor& prob_grad, float z_scale,
-                                        bool renormalize, Tensor& dlogits) {
-  compute("moe_route_backward", {&dweights, &probs, &lse, &experts, &prob_grad, &dlogits}, [&] {
-    target().moe_route_backward(dweights, probs, lse, experts, prob_grad, z_scale, renormalize, dlogits);
-  });
-}
-void TracingBackend::moe_combine(const Tensor& rows, const Tensor& index, const Tensor& weights, Tensor& out) {
-  compute("moe_combine", {&rows, &index, &weights, &out}, [&] { target().moe_combine(rows, index, weights, out); });
-}
-void TracingBackend::moe_combine_backward(const Tensor& dout, const Tensor& rows, const Tensor& index,
-                                          const Tensor& weights, Tensor& drows, Tensor& dweights) {
-  compute("moe_combine_backward", {&dout, &rows, &index, &weights, &drows, &dweights},
-          [&] { target().moe_combine_backward(dout, rows, index, weights, drows, dweights); });
-}
-void TracingBackend::rope(Tensor& x, int heads_total, int rotate_heads, float theta, bool inverse,
-                          std::int64_t first_position) {
-  compute("rope", {&x}, [&] { target().rope(x, heads_total, rotate_heads, theta, inverse, first_position); });
-}
-void TracingBackend::attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse,
-                                       const AttentionOp& op) {
-  compute("attention_forward", {&qkv, &out, &lse},
-          [&] { target().attention_forward(qkv, out, lse, op); });
-}
-void TracingBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                                        const Tensor& lse, Tensor& dqkv, const AttentionOp& op) {
-  compute("attention_backward", {&dout, &qkv, &out, &lse, &dqkv},
-          [&] { target().attention_backward(dout, qkv, out, lse, dqkv, op); });
-}
-void TracingBackend::attention_merge(Tensor& out, Tensor& lse, const Tensor& part_out, const Tensor& part_lse) {
-  compute("attention_merge", {&out, &lse, &part_out, &part_lse},
-          [&] { target().attention_merge(out, lse, part_out, part_lse); });
-}
-void TracingBackend::cross_entropy_max(const Tensor& logits, Tensor& row_max) {
-  compute("cross_entropy_max", {&logits, &row_max},
-          [&] { target().cross_entropy_max(logits, row_max); });
-}
-void TracingBackend::cross_entropy_partials(const Tensor& logits, const Tensor& targets,
-                                            const Tensor& row_max, std::int64_t vocab_offset,
-                                            Tensor& sumexp, Tensor& target_logit) {
-  compute("cross_entropy_partials", {&logits, &targets, &row_max, &sumexp, &target_logit}, [&] {
-    target().cross_entropy_partials(logits, targets, row_max, vocab_offset, sumexp, target_logit);
-  });
-}
-void TracingBackend::cross_entropy_loss(const Tensor& row_max, const Tensor& sumexp,
-                                        const Tensor& target_logit, Tensor& losses) {
-  compute("cross_entropy_loss", {&row_max, &sumexp, &target_logit, &losses},
-          [&] { target().cross_entropy_loss(row_max, sumexp, target_logit, losses); });
-}
-void TracingBackend::cross_entropy_backward(const Tensor& logits, const Tensor& targets,
-                                            const Tensor& row_max, const Tensor& sumexp,
-                                            std::int64_t vocab_offset, float dloss,
-                                            Tensor& dlogits) {
-  compute("cross_entropy_backward", {&logits, &targets, &row_max, &sumexp, &dlogits}, [&] {
-    target().cross_entropy_backward(logits, targets, row_max, sumexp, vocab_offset, dloss, dlogits);
-  });
-}
-void TracingBackend::cross_entropy_accuracy(const Tensor& row_max, const Tensor& target_logit, Tensor& correct,
-                                            bool accumulate) {
-  compute("cross_entropy_accuracy", {&row_max, &target_logit, &correct},
-          [&] { target().cross_entropy_accuracy(row_max, target_logit, correct, accumulate); });
-}
-void TracingBackend::clip_coefficient(const Tensor& sumsq, float max_norm, Tensor& coef) {
-  compute("clip_coefficient", {&sumsq, &coef},
-          [&] { target().clip_coefficient(sumsq, max_norm, coef); });
-}
-void TracingBackend::adamw(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v,
-                           const Tensor& coef, const AdamWOp& op) {
-  compute("adamw", {&param, &grad, &m, &v, &coef},
-          [&] { target().adamw(param, grad, m, v, coef, op); });
-}
-
-void TracingBackend::foreach_sum_squares(std::span<const Tensor> xs, Tensor& out) {
-  double bytes = static_cast<double>(out.bytes());
-  for (const Tensor& x : xs) bytes += static_cast<double>(x.bytes());
-  timed("sum_squares", "compute", foreach_args_json(xs.size(), bytes, &out),
-        [&] { target().foreach_sum_squares(xs, out); });
-}
-void TracingBackend::foreach_adamw(std::span<const AdamWTensors> params, const Tensor& coef,
-                                   const AdamWOp& op) {
-  double bytes = coef.defined() ? static_cast<double>(coef.bytes()) : 0.0;
-  for (const AdamWTensors& t : params)
-    bytes += static_cast<double>(t.param.bytes() + t.grad.bytes() + t.m.bytes() + t.v.bytes());
-  timed("adamw", "compute", foreach_args_json(params.size(), bytes, nullptr),
-        [&] { target().foreach_adamw(params, coef, op); });
-}
-void TracingBackend::sign_compress(const Tensor& x, Tensor& error, Tensor& packets) {
-  compute("sign_compress", {&x, &error, &error, &packets}, [&] { target().sign_compress(x, error, packets); });
-}
-void TracingBackend::sign_decompress(const Tensor& packets, Tensor& out) {
-  compute("sign_decompress", {&packets, &out}, [&] { target().sign_decompress(packets, out); });
+void TracingBackend::on_op(const OpInfo& op, const OpArgs& args, const Call& call) {
+  if (op.repeat == 0) return void(timed(op.cost_name, "compute", args_json(args.tensors), call));
+  const std::size_t fixed = op.traffic.size() - op.repeat;
+  double bytes = 0;
+  for (const Tensor* t : args.tensors)
+    if (t->defined()) bytes += static_cast<double>(t->bytes());
+  timed(op.cost_name, "compute",
+        foreach_args_json(args.tensors.first(fixed), (args.tensors.size() - fixed) / op.repeat, bytes), call);
 }
 void TracingBackend::init_normal(Tensor& x, const NormalInitOp& op) {
-  compute("init_normal", {&x}, [&] { target().init_normal(x, op); });
+  timed("init_normal", "compute", args_json({&x}), [&] { target().init_normal(x, op); });
 }
 
 // ---- communication ----------------------------------------------------------------------

@@ -26,9 +26,10 @@
 //    op's run time, and a collective's or recv's includes the wait for its
 //    peers.
 //
-// Traced: every compute op (category "compute"; the multi-tensor ops under
-// the name of the op they repeat, as the simulator names them, with
-// "tensors": their count), write / read / synchronize
+// Traced: every compute op of the op table (backends/op_table.h; category
+// "compute", under its cost name: the multi-tensor ops under the name of the
+// op they repeat, as the simulator names them, with "tensors": their count)
+// and init_normal, write / read / synchronize
 // ("host"), collectives (name and category as the simulator's:
 // "all_reduce", ...; a barrier is the one-element all_reduce the simulator
 // times it as, with "barrier": true in its args) and send / recv. Untraced,
@@ -36,7 +37,8 @@
 // (create_stream only names the track), record and wait.
 //
 // Args of each event: "shapes", the shapes of its tensor arguments in
-// signature order, and "bytes": for compute and host ops the bytes of those
+// the table's operand order (a multi-tensor op: its fixed operands only),
+// and "bytes": for compute and host ops the bytes of those
 // tensors, for collectives the nccl-tests size the simulator uses (all_reduce
 // and broadcast the buffer, reduce_scatter its input, all_gather its output,
 // all_to_all the bytes sent), for send/recv the message; collectives add
@@ -73,70 +75,6 @@ class TracingBackend final : public BackendWrapper {
   // Counted (the backend's ring of timing events is shared with the wrappers above), not traced.
   Event timed_event(Stream s) override;
 
-  void fill(Tensor& x, float value) override;
-  void copy(const Tensor& src, Tensor& dst) override;
-  void cast(const Tensor& src, Tensor& dst) override;
-  void add(const Tensor& a, const Tensor& b, Tensor& out) override;
-  void scale(Tensor& x, float alpha) override;
-  void axpy(float alpha, const Tensor& x, Tensor& y) override;
-  void sum(const Tensor& x, Tensor& out, float scale, bool accumulate) override;
-  void sum_squares(const Tensor& x, Tensor& out, bool accumulate) override;
-  void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp& op) override;
-  void batched_gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp& op) override;
-  void bias_backward(const Tensor& dy, Tensor& db) override;
-  void embedding_forward(const Tensor& table, const Tensor& ids, Tensor& out,
-                         std::int64_t vocab_offset) override;
-  void embedding_backward(const Tensor& dout, const Tensor& ids, Tensor& dtable,
-                          std::int64_t vocab_offset) override;
-  void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& out,
-                         Tensor& mean, Tensor& rstd, float eps) override;
-  void layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight,
-                          const Tensor& mean, const Tensor& rstd, Tensor& dx, Tensor& dweight,
-                          Tensor& dbias) override;
-  void rmsnorm_forward(const Tensor& x, const Tensor& weight, Tensor& out, Tensor& rstd,
-                       float eps) override;
-  void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight,
-                        const Tensor& rstd, Tensor& dx, Tensor& dweight) override;
-  void gelu_forward(const Tensor& x, Tensor& out) override;
-  void gelu_backward(const Tensor& dout, const Tensor& x, Tensor& dx) override;
-  void swiglu_forward(const Tensor& x, Tensor& out) override;
-  void swiglu_backward(const Tensor& dout, const Tensor& x, Tensor& dx) override;
-  void dropout_forward(const Tensor& x, Tensor& out, const DropoutOp& op) override;
-  void dropout_backward(const Tensor& dout, Tensor& dx, const DropoutOp& op) override;
-  void gather_rows(const Tensor& src, const Tensor& index, Tensor& out) override;
-  void moe_route(const Tensor& logits, bool renormalize, Tensor& probs, Tensor& lse, Tensor& weights,
-                 Tensor& experts) override;
-  void moe_route_backward(const Tensor& dweights, const Tensor& probs, const Tensor& lse, const Tensor& experts,
-                          const Tensor& prob_grad, float z_scale, bool renormalize, Tensor& dlogits) override;
-  void moe_combine(const Tensor& rows, const Tensor& index, const Tensor& weights, Tensor& out) override;
-  void moe_combine_backward(const Tensor& dout, const Tensor& rows, const Tensor& index, const Tensor& weights,
-                            Tensor& drows, Tensor& dweights) override;
-  void rope(Tensor& x, int heads_total, int rotate_heads, float theta, bool inverse,
-            std::int64_t first_position) override;
-  void attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse,
-                         const AttentionOp& op) override;
-  void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                          const Tensor& lse, Tensor& dqkv, const AttentionOp& op) override;
-  void attention_merge(Tensor& out, Tensor& lse, const Tensor& part_out, const Tensor& part_lse) override;
-  void cross_entropy_max(const Tensor& logits, Tensor& row_max) override;
-  void cross_entropy_partials(const Tensor& logits, const Tensor& targets, const Tensor& row_max,
-                              std::int64_t vocab_offset, Tensor& sumexp,
-                              Tensor& target_logit) override;
-  void cross_entropy_loss(const Tensor& row_max, const Tensor& sumexp, const Tensor& target_logit,
-                          Tensor& losses) override;
-  void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& row_max,
-                              const Tensor& sumexp, std::int64_t vocab_offset, float dloss,
-                              Tensor& dlogits) override;
-  void cross_entropy_accuracy(const Tensor& row_max, const Tensor& target_logit, Tensor& correct,
-                              bool accumulate) override;
-  void clip_coefficient(const Tensor& sumsq, float max_norm, Tensor& coef) override;
-  void adamw(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const Tensor& coef,
-             const AdamWOp& op) override;
-  void foreach_sum_squares(std::span<const Tensor> xs, Tensor& out) override;
-  void foreach_adamw(std::span<const AdamWTensors> params, const Tensor& coef,
-                     const AdamWOp& op) override;
-  void sign_compress(const Tensor& x, Tensor& error, Tensor& packets) override;
-  void sign_decompress(const Tensor& packets, Tensor& out) override;
   void init_normal(Tensor& x, const NormalInitOp& op) override;
   void all_reduce(Tensor& x, const Group& g, ReduceOp op) override;
   void reduce_scatter(const Tensor& in, Tensor& out, const Group& g, ReduceOp op) override;
@@ -150,11 +88,11 @@ class TracingBackend final : public BackendWrapper {
   void barrier(const Group& g) override;
 
  private:
+  // Every compute op of the op table, under its cost name.
+  void on_op(const OpInfo& op, const OpArgs& args, const Call& call) override;
   // Runs `call`, recording it as `name` in `category` on the current stream.
   template <class F>
-  auto timed(const char* name, const char* category, std::string args, F&& call);
-  template <class F>
-  void compute(const char* name, std::initializer_list<const Tensor*> tensors, F&& call);
+  auto timed(std::string_view name, const char* category, std::string args, F&& call);
   template <class F>
   void collective(const char* name, std::initializer_list<const Tensor*> tensors, double bytes,
                   const Group& g, F&& call);
