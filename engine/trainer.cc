@@ -22,6 +22,7 @@
 #include "engine/stop_request.h"
 #include "engine/train_guard.h"
 #include "engine/training_data.h"
+#include "engine/fp8_training.h"
 #include "engine/training_engine.h"
 #include "models/model_io.h"
 
@@ -122,6 +123,7 @@ Status check_train_options(const TrainOptions& o, const ModelSpec& m, const Plan
   if (o.resume && o.overwrite_checkpoint)
     return make_error("--resume continues the checkpoint and --overwrite-checkpoint replaces it; give one of them");
   MT_TRY(StepEngine::supports(p, o.step));
+  if (p.precision == Precision::fp8 && o.step.emulate_fp8) MT_TRY(check_fp8_training(m, p));
   MT_TRY(check_training_data(o.data, m, p));
   MT_TRY(check_train_memory(o, m, p, host_ranks));
   if (!o.metrics.empty()) MT_TRY(MetricsWriter::open(o.metrics));
