@@ -2,13 +2,15 @@
 
 #include <fmt/format.h>
 
+#include "models/model_io.h"
+
 namespace meshtrain {
 
 Status check_fp8_training(const ModelSpec& m, const Plan& p) {
   if (!p.segments.empty() || !p.segment_name.empty())
     return make_error("precision fp8 is not trained for a plan made of segments (each segment would reduce its "
                       "own FP8 amax); use a uniform plan, or --precision fp32");
-  if (m.moe())
+  if (model_io(m).routes_to_experts)
     return make_error("model '{}' has experts, and fp8 training emulates the tensor-parallel linears only: the "
                       "routed experts' grouped GEMMs have no per-expert FP8 scaling yet; train it with "
                       "--precision fp32",

@@ -193,3 +193,16 @@ TEST_CASE("fp8: a run resumed from its exported state continues bit for bit", "[
   REQUIRE_FALSE(refused.ok());
   CHECK_THAT(refused.error().message(), Catch::Contains("no tensor 'fp8/layers.1.attn.out'"));
 }
+
+TEST_CASE("fp8: a model with experts is refused naming the fix", "[parallel][fp8]") {
+  const ModelSpec m = *model_preset("tiny-moe");
+  const Status s = run_ranks(1, [&](int, Communicator& comm) -> Status {
+    CpuBackend b(comm, CpuBackendOptions{1});
+    auto r = make_engine(b, m, fp8_plan(1, 1, 1, 0, ScheduleKind::one_f_one_b), fp8_options())
+                 ->step(global_batch(m, 1), 1e-2f, 1);
+    return r.ok() ? ok_status() : Status(r.error());
+  });
+  REQUIRE_FALSE(s.ok());
+  CHECK_THAT(s.error().message(), Catch::Contains("has experts"));
+  CHECK_THAT(s.error().message(), Catch::Contains("--precision fp32"));
+}
