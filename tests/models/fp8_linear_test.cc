@@ -93,5 +93,10 @@ TEST_CASE("FP8 scaling state round-trips and refuses what no history holds", "[f
   const Status bad = t.restore("a", negative);
   REQUIRE_FALSE(bad.ok());
   CHECK_THAT(bad.error().message(), Catch::Contains("amax -1 is not a finite number >= 0"));
+  std::vector<float> zero_scale = state;
+  zero_scale[0] = 0.f;
+  const Status no_scale = t.restore("a", zero_scale);
+  REQUIRE_FALSE(no_scale.ok());
+  CHECK_THAT(no_scale.error().message(), Catch::Contains("scale 0 is not a finite positive number"));
   CHECK_FALSE(t.end_step(std::vector<float>{1.f}).ok());
 }

@@ -109,6 +109,12 @@ TEST_CASE("fp8: hybrid plans (tp2 pp2 dp2, sequence and context parallel) match 
   Plan sp = fp8_plan(2, 2, 2, 3, ScheduleKind::gpipe);
   sp.sequence_parallel = true;
   check_fp8_matches(tiny_llama(), sp);
+  // The all-gather as a ring under the GEMM's row blocks: each shard is cast before it travels.
+  Plan overlap = fp8_plan(2, 1, 1, 0, ScheduleKind::one_f_one_b);
+  overlap.sequence_parallel = overlap.tp_comm_overlap = true;
+  check_fp8_matches(tiny_gpt(), overlap);
+  // Zero-bubble: the weight gradients run in their own pass, on the casts made in backward.
+  check_fp8_matches(tiny_gpt(), fp8_plan(1, 2, 1, 0, ScheduleKind::zb_h1));
   Plan cp = fp8_plan(2, 1, 1, 0, ScheduleKind::one_f_one_b);
   cp.cp = 2;
   check_fp8_matches(tiny_llama(), cp);
