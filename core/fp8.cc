@@ -105,4 +105,26 @@ void DelayedScaling::record(float step_amax) {
   if (m > 0) scale_ = std::ldexp(fp8_max(format_) / m, -margin_);
 }
 
+std::vector<float> DelayedScaling::state() const {
+  std::vector<float> out{scale_};
+  for (std::size_t i = 0; i < history_.size(); ++i) out.push_back(history_[(next_ + i) % history_.size()]);
+  return out;
+}
+
+Status DelayedScaling::restore(std::span<const float> state) {
+  if (state.size() != history_.size() + 1)
+    return make_error("FP8 scaling state of {} values; this recipe keeps {} (the scale and an amax history of {} "
+                      "steps)",
+                      state.size(), history_.size() + 1, history_.size());
+  if (!std::isfinite(state[0]) || !(state[0] > 0))
+    return make_error("FP8 scaling state: scale {} is not a finite positive number", state[0]);
+  for (float a : state.subspan(1))
+    if (!std::isfinite(a) || a < 0)
+      return make_error("FP8 scaling state: amax {} is not a finite number >= 0", a);
+  scale_ = state[0];
+  std::copy(state.begin() + 1, state.end(), history_.begin());
+  next_ = 0;  // the oldest first: the next step overwrites it
+  return ok_status();
+}
+
 }  // namespace meshtrain

@@ -23,6 +23,10 @@ namespace meshtrain {
 
 enum class Fp8Format { e4m3, e5m2 };
 
+// Transformer Engine's default amax history (recipe.DelayedScaling,
+// amax_history_len = 1024 since TE 1.0) and margin (0).
+inline constexpr int kDefaultAmaxHistory = 1024;
+
 // The largest finite value: 448 (E4M3) or 57344 (E5M2).
 float fp8_max(Fp8Format f);
 
@@ -54,8 +58,15 @@ class DelayedScaling {
   static Result<DelayedScaling> make(Fp8Format format, int history, int margin = 0);
 
   float scale() const { return scale_; }
+  int history_length() const { return static_cast<int>(history_.size()); }
   // After a step: its tensor's amax joins the history (the oldest leaves) and the scale follows.
   void record(float step_amax);
+
+  // The state as a checkpoint keeps it: [scale, amax history oldest first].
+  std::vector<float> state() const;
+  // Restores what state() returned; an Error names a wrong size or a value
+  // that no history could hold (negative, not finite, a scale <= 0).
+  Status restore(std::span<const float> state);
 
  private:
   DelayedScaling(Fp8Format format, int history, int margin);

@@ -116,24 +116,33 @@ void BlockContext::norm_backward(const std::string& prefix, const Tensor& dout, 
   }
 }
 
-void BlockContext::linear(const std::string& name, const Tensor& x_in, Tensor& y, LinearKind kind) {
+Tensor BlockContext::fp8_operand(const std::string& name, LinearKind kind, Fp8Operand which, const Tensor& x) {
+  if (fp8 == nullptr || kind == LinearKind::replicated) return x;
+  return fp8->quantize(b, name, which, x);
+}
+
+void BlockContext::linear(const std::string& name, const Tensor& x_fp, Tensor& y, LinearKind kind) {
   const ParamSlot& w = params[name + ".weight"];
   const bool row = kind == LinearKind::row;
   GemmOp op;
   // A row-parallel bias is added once, by tp rank 0, before the all-reduce sums the partial products.
   if (params.contains(name + ".bias") && (!row || tp.rank == 0)) op.bias = params[name + ".bias"].value;
-  const std::int64_t in = w.value.shape()[0];
+  // FP8 (models/fp8_linear.h): one scale per tensor, elementwise, so quantizing this rank's rows
+  // before a gather is quantizing the gathered rows.
+  const Tensor weight = fp8_operand(name, kind, Fp8Operand::weight, w.value);
+  const Tensor x_in = fp8_operand(name, kind, Fp8Operand::input, x_fp);
+  const std::int64_t in = weight.shape()[0];
   const bool gather = sp && kind == LinearKind::column;
   if (gather && options.tp_comm_overlap) {
-    y = b.empty(Shape{x_in.numel() / in * tp.size, w.value.shape()[1]}, act);
-    ring_gather_gemm(x_in.view(Shape{x_in.numel() / in, in}), w.value, y, op);
+    y = b.empty(Shape{x_in.numel() / in * tp.size, weight.shape()[1]}, act);
+    ring_gather_gemm(x_in.view(Shape{x_in.numel() / in, in}), weight, y, op);
     return;
   }
   // Sequence parallelism: a column-parallel GEMM reads every row, gathered from the shards.
   const Tensor x = gather ? sp_gather(x_in.view(Shape{x_in.numel() / in, in})) : x_in;
   const std::int64_t rows = x.numel() / in;
-  y = b.empty(Shape{rows, w.value.shape()[1]}, act);
-  b.gemm(x.view(Shape{rows, in}), w.value, y, op);
+  y = b.empty(Shape{rows, weight.shape()[1]}, act);
+  b.gemm(x.view(Shape{rows, in}), weight, y, op);
   if (!row) return;
   if (sp) y = sp_scatter(y);  // each rank keeps its sequence shard of the sum
   else tp_all_reduce(y);
@@ -173,7 +182,7 @@ void BlockContext::ring_gather_gemm(const Tensor& x, const Tensor& w, Tensor& y,
   }
 }
 
-void BlockContext::linear_backward(const std::string& name, const Tensor& x_in, const Tensor& dy_in, Tensor* dx,
+void BlockContext::linear_backward(const std::string& name, const Tensor& x_fp, const Tensor& dy_in, Tensor* dx,
                                    LinearKind kind) {
   const ParamSlot& w = params[name + ".weight"];
   const std::int64_t in = w.value.shape()[0], out = w.value.shape()[1];
@@ -183,6 +192,11 @@ void BlockContext::linear_backward(const std::string& name, const Tensor& x_in, 
   const Tensor dy = sp && row ? sp_gather(dy_in.view(Shape{dy_in.numel() / out, out})) : dy_in;
   const std::int64_t rows = dy.numel() / out;
   const Tensor dy2 = dy.view(Shape{rows, out});
+  // FP8: both GEMMs read the E5M2 output gradient, dgrad the weight's and wgrad the input's E4M3
+  // casts (the forward's, recomputed: same values, same scales); the bias gradient reads dy in fp32.
+  const Tensor dy_q = fp8_operand(name, kind, Fp8Operand::grad, dy2);
+  const Tensor weight = fp8_operand(name, kind, Fp8Operand::weight, w.value);
+  const Tensor x_in = fp8_operand(name, kind, Fp8Operand::input, x_fp);
   // tp_comm_overlap: the weight gradient's input is gathered on the side stream under the input
   // gradient's GEMM (a deferred pass gathers its own when it runs).
   Tensor gathered;
@@ -198,7 +212,7 @@ void BlockContext::linear_backward(const std::string& name, const Tensor& x_in, 
   }
   if (dx != nullptr) {
     *dx = b.empty(Shape{rows, in}, act);
-    b.gemm(dy2, w.value, *dx, GemmOp{false, true});
+    b.gemm(dy_q, weight, *dx, GemmOp{false, true});
   }
   // One tp collective at a time: the input gradient's reduce-scatter follows the gather.
   if (early_gather) b.wait(b.current_stream(), gathered_event);
@@ -210,12 +224,12 @@ void BlockContext::linear_backward(const std::string& name, const Tensor& x_in, 
     }
   }
   // A deferred pass keeps the input as this rank's sequence shard and gathers it when it runs.
-  auto weights = [this, name, x_in, gathered, dy2, in, rows, column] {
+  auto weights = [this, name, x_in, gathered, dy2, dy_q, in, rows, column] {
     const Tensor x = gathered.defined()              ? gathered
                      : sp && column ? sp_gather(x_in.view(Shape{x_in.numel() / in, in}))
                                     : x_in;
     Tensor dw = params[name + ".weight"].grad;
-    b.gemm(x.view(Shape{rows, in}), dy2, dw, GemmOp{true, false, 1.f, 1.f});
+    b.gemm(x.view(Shape{rows, in}), dy_q, dw, GemmOp{true, false, 1.f, 1.f});
     if (params.contains(name + ".bias")) {
       Tensor db = params[name + ".bias"].grad;
       b.bias_backward(dy2, db);

@@ -34,6 +34,7 @@
 
 #include "backends/backend.h"
 #include "models/block.h"
+#include "models/fp8_linear.h"
 #include "models/model_spec.h"
 #include "models/parameter_store.h"
 
@@ -97,6 +98,10 @@ class BlockContext {
   // whole tensor, whatever sequence parallelism does afterwards (site 0).
   DropoutOp whole_dropout(const MicroBatch& mb, int layer, std::int64_t rows, std::int64_t width) const;
 
+  // Precision fp8 (models/fp8_linear.h): when set, the column- and
+  // row-parallel linears run their GEMMs on FP8 operands scaled by it.
+  Fp8Scaling* fp8 = nullptr;
+
   // Zero-bubble schedules (engine/schedule/builders.h, ZB-H1): when set,
   // linear_backward leaves its parameter gradients (dW, db) here as work
   // for the schedule's W pass instead of computing them; the input gradient
@@ -127,6 +132,8 @@ class BlockContext {
   Stream tp_stream();
 
  private:
+  // `x`, or its FP8 cast when `kind` of linear `name` runs in FP8.
+  Tensor fp8_operand(const std::string& name, LinearKind kind, Fp8Operand which, const Tensor& x);
   // y (N, out) = gather(x) · W [+ op.bias] with the gather pipelined row block by row block.
   void ring_gather_gemm(const Tensor& x, const Tensor& w, Tensor& y, const GemmOp& op);
 

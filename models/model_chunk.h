@@ -68,6 +68,8 @@ class ModelChunk {
   // Where backward leaves its linear layers' parameter gradients (null: computed in backward);
   // BlockContext::deferred_weights.
   void defer_weight_gradients(std::vector<std::function<void()>>* sink) { ctx_.deferred_weights = sink; }
+  // Precision fp8: the scaling state the chunk's FP8 linears use (null: fp32 GEMMs); must outlive the chunk's use.
+  void use_fp8(Fp8Scaling* scaling) { ctx_.fp8 = scaling; }
   // What the chunk's mixture-of-experts layers reported since the last clear.
   MoeStatistics& moe_statistics() { return ctx_.moe_statistics(); }
 

@@ -30,7 +30,7 @@ void add_plan_flags(CLI::App& app, PlanFlags& f, const std::string& default_mode
     shown(app.add_option(field.flag, o.*field.member, field.help), field.key)->check(int_in(field.range));
   shown(app.add_option("--recompute", o.recompute, "activation recomputation: none, selective, full"), "recompute");
   shown(app.add_option("--schedule", o.schedule, "pipeline schedule: gpipe, 1f1b, interleaved, zb-h1"), "schedule");
-  shown(app.add_option("--precision", o.precision, "fp32, bf16, fp16 or fp8 (fp8: simulated only, H100/H200; train on the cpu backend: fp32)"),
+  shown(app.add_option("--precision", o.precision, "fp32, bf16, fp16 or fp8 (fp8: simulated on H100/H200; trained on the cpu backend as exact emulation)"),
         "precision");
   shown(app.add_option("--grad-bucket-mb", o.grad_bucket_mb,
                        "MiB of fp32 gradients per data-parallel all-reduce under ZeRO 0/1 (PyTorch DDP: 25)"),

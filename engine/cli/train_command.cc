@@ -141,19 +141,22 @@ Status load_init_from(TrainOptions& o, const ModelSpec& m) {
   return {};
 }
 
-// The precisions a backend trains in: the cpu backend computes in fp32 only;
-// the cuda backend also in bf16 (fp32 master weights and optimizer state).
+// The precisions a backend trains in: the cpu backend computes in fp32, and
+// trains fp8 as exact emulation of its FP8 GEMMs (engine/step/fp8_training.h);
+// the cuda backend in fp32 or bf16 (fp32 master weights and optimizer state).
 // fp16 would need loss scaling, which the trainer does not do.
 // `source` names where the precision came from (the flag or the plan file):
 // a plan's precision is trained in as given, or refused, never changed.
 Status check_precision(const std::string& backend, Precision p, const std::string& source) {
   if (backend == "cpu" && p != Precision::fp32 && p != Precision::fp8)
-    return make_error("{} asks for {}, but the cpu backend trains in fp32 only; train it with --precision fp32 "
-                      "(the flag overrides the plan file), or on --backend cuda",
+    return make_error("{} asks for {}, but the cpu backend trains in fp32 only (and fp8, as emulation); train it "
+                      "with --precision fp32 (the flag overrides the plan file), or on --backend cuda",
                       source, precision_name(p));
-  if (p == Precision::fp8)
-    return make_error("{} asks for fp8, which meshtrain simulates (`meshtrain simulate --precision fp8`) but "
-                      "does not train yet: no backend runs FP8 GEMMs; train with --precision bf16",
+  // cuBLASLt's FP8 GEMMs (sm_90) are not wired up: no GPU was at hand to verify them.
+  if (backend == "cuda" && p == Precision::fp8)
+    return make_error("{} asks for fp8, which the cuda backend does not train: it has no FP8 GEMMs (cuBLASLt's "
+                      "FP8 matmul on sm_90 with per-tensor scales is not implemented); train with --precision "
+                      "bf16, or emulate fp8 exactly with --backend cpu",
                       source);
   if (p == Precision::fp16)
     return make_error("{} needs loss scaling, which the trainer does not do; use --precision bf16 or fp32", source);
@@ -208,6 +211,7 @@ Status run_train(TrainFlags f) {
   install_stop_handlers();
   f.train.progress = !f.quiet;
   f.train.step.seed = f.train.seed;
+  f.train.step.emulate_fp8 = mp.plan.precision == Precision::fp8;  // the cpu backend: cuda refused it above
   const auto timeout = std::chrono::milliseconds(static_cast<long long>(f.comm_timeout_s * 1000));
   const BackendRequest backends{.name = f.backend, .threads = f.threads, .comm_timeout = timeout};
   for (const std::string& spec : f.faults) {

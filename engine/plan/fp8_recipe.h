@@ -15,7 +15,8 @@
 //     bf16, parameters are bf16 with an FP8 copy for the GEMMs, master weights
 //     and Adam state fp32;
 //   - a linear layer saves for backward the FP8 cast of its input (1 byte).
-// meshtrain simulates this precision; no backend trains in it yet.
+// meshtrain simulates this precision, and the cpu backend trains in it as
+// exact emulation (engine/step/fp8_training.h; fp32 in place of bf16 there).
 #pragma once
 
 #include "core/status.h"

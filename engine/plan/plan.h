@@ -28,7 +28,7 @@ namespace meshtrain {
 using schedule::ScheduleKind;
 // fp8: bf16 training whose linear layers' GEMMs take FP8 operands (E4M3
 // forward, E5M2 gradients, per-tensor delayed scaling; Transformer Engine's
-// recipe, engine/plan/fp8_recipe.h). Simulated only: train refuses it.
+// recipe, engine/plan/fp8_recipe.h). Simulated; trained on cpu as emulation.
 enum class Precision { fp32, bf16, fp16, fp8 };
 // When the data-parallel gradient buckets are reduced: `overlap` issues each
 // bucket as soon as the last micro-batch's backward has completed it (PyTorch

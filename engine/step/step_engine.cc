@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "engine/step/fp8_training.h"
 #include "engine/parallel/gradient_buckets.h"
 #include "engine/parallel/parameter_gather.h"
 #include "engine/parallel/sharded_optimizer.h"
@@ -19,6 +20,10 @@ DType activation_dtype(Precision p) {
     case Precision::fp32: return DType::f32;
   }
   return DType::f32;
+}
+
+DType activation_dtype(Precision p, const StepOptions& o) {
+  return p == Precision::fp8 && o.emulate_fp8 ? DType::f32 : activation_dtype(p);
 }
 
 HostBatch sample_range(const HostBatch& all, std::int64_t begin, std::int64_t end) {
@@ -59,6 +64,7 @@ struct StepEngine::Chunk {
   std::unique_ptr<GradientBuckets> buckets;
   std::unique_ptr<ParameterGather> gather;  // ZeRO-3 only
   std::unique_ptr<ShardedAdamW> adam;
+  std::unique_ptr<Fp8Scaling> fp8;  // StepOptions::emulate_fp8 under precision fp8
   std::vector<SavedActivations> saved;  // by micro-batch, between its forward and backward
   // By micro-batch, between its backward and its weight pass (zero-bubble schedules).
   std::vector<std::vector<std::function<void()>>> weights;
@@ -102,6 +108,11 @@ StepEngine::StepEngine(Backend& b, const ModelSpec& m, const Plan& p, const Mesh
     setup_error_ = s.error();
     return;
   }
+  const bool fp8 = p.precision == Precision::fp8 && options.emulate_fp8;
+  if (Status s = fp8 ? check_fp8_training(m, p) : ok_status(); !s) {
+    setup_error_ = s.error();
+    return;
+  }
   auto pipeline = PipelineExecutor::create(p, mesh, b.rank());
   if (!pipeline) {
     setup_error_ = std::move(pipeline).error();
@@ -142,7 +153,7 @@ StepEngine::StepEngine(Backend& b, const ModelSpec& m, const Plan& p, const Mesh
     // ZeRO-2 frees gradients between uses, ZeRO-3 parameters too (gradient_buckets.h, parameter_gather.h).
     chunk_options.storage.persistent_grads = p.zero < 2;
     chunk_options.storage.persistent_values = p.zero < 3;
-    chunk_options.storage.value_dtype = activation_dtype(p.precision);
+    chunk_options.storage.value_dtype = activation_dtype(p.precision, options);
     chunk_options.sequence_parallel = p.sequence_parallel;
     chunk_options.tp_comm_overlap = p.tp_comm_overlap;
     chunk_options.expert = expert;
@@ -150,6 +161,12 @@ StepEngine::StepEngine(Backend& b, const ModelSpec& m, const Plan& p, const Mesh
     chunk_options.routing = options.moe_routing;
     chunk->model = std::make_unique<ModelChunk>(b, m_, layers, tp, chunk_options);
     ParameterStore& params = chunk->model->parameters();
+    if (fp8) {
+      std::vector<ParamInfo> infos;
+      for (const ParamSlot& slot : params.slots()) infos.push_back(slot.info);
+      chunk->fp8 = std::make_unique<Fp8Scaling>(infos);
+      chunk->model->use_fp8(chunk->fp8.get());
+    }
     chunk->buckets = std::make_unique<GradientBuckets>(b, m_, params, layers.head, dp, p.zero, bucket_elements,
                                                        defer_embedding, compute_, comm_,
                                                        *mesh.group_of(GroupKind::expert_data, b.rank()),
@@ -248,7 +265,7 @@ MicroBatch StepEngine::upload(const HostBatch& full, std::uint64_t dropout_seed)
     b_.write(mb.ids, h.ids);
   }
   if (io_.image_side > 0 && !h.pixels.empty()) {
-    mb.pixels = b_.empty(Shape{h.batch, io_.image_side, io_.image_side, io_.channels}, activation_dtype(plan_.precision));
+    mb.pixels = b_.empty(Shape{h.batch, io_.image_side, io_.image_side, io_.channels}, value_dtype());
     b_.write(mb.pixels, h.pixels);
   }
   // A segment without the head gets no targets (engine/segments/).
@@ -356,6 +373,7 @@ Status StepEngine::begin_step(const std::vector<HostBatch>& microbatches, std::i
     c->saved.resize(static_cast<std::size_t>(m));
     c->weights.clear();
     c->weights.resize(static_cast<std::size_t>(m));
+    if (c->fp8) c->fp8->begin_step();
   }
   b_.fill(loss_total_, 0.f);
   const int seq = microbatches.front().seq;
@@ -389,7 +407,7 @@ void StepEngine::name_next_pass(int c, int j, bool backward, bool training) {
 
 PipelineCompute StepEngine::compute(bool training) {
   const int last = plan_.pp * plan_.vpp - 1, m = static_cast<int>(mbs_.size());
-  const DType act = activation_dtype(plan_.precision);
+  const DType act = value_dtype();
   auto forward = [this, training, last, act](int c, int j, const Tensor& in) {
     Chunk& ch = *chunks_[static_cast<std::size_t>(c)];
     const MicroBatch& mb = mbs_[static_cast<std::size_t>(j)];
@@ -437,7 +455,7 @@ PipelineCompute StepEngine::compute(bool training) {
 
 void StepEngine::run(Phase phase) {
   const PipelineCompute c = compute(true);
-  const DType act = activation_dtype(plan_.precision);
+  const DType act = value_dtype();
   switch (phase) {
     case Phase::all: pipeline_->run(b_, c, act); break;
     case Phase::forward: pipeline_->run(b_, c, act, PipelineExecutor::Part::before_backward); break;
@@ -534,6 +552,10 @@ Result<StepResult> StepEngine::step(const std::vector<HostBatch>& microbatches, 
     StreamScope on(b_, overlap ? comm_ : compute_);
     reduce_grad_norm();
     reduce_loss();
+    // Step t's amax, over every rank holding part of each tensor, set step t+1's FP8 scales.
+    const std::vector<Fp8Scaling*> fp8 = fp8_chunks();
+    const Group* amax_groups[] = {mesh_.group_of(GroupKind::tensor, b_.rank()), &replicas()};
+    if (!fp8.empty()) MT_TRY(fold_fp8_amax(b_, fp8, amax_groups).context(fmt::format("step {}", step)));
     // The step's only wait for the device (but a MoE model's statistics, moe_statistics).
     MT_TRY(b_.read(step_stats_, host).context(fmt::format("step {}", step)));
   }
@@ -638,7 +660,7 @@ Status StepEngine::begin_evaluation(const std::vector<HostBatch>& batches) {
 }
 
 void StepEngine::run_evaluation() {
-  pipeline_->run_forward(b_, static_cast<int>(mbs_.size()), compute(false), activation_dtype(plan_.precision));
+  pipeline_->run_forward(b_, static_cast<int>(mbs_.size()), compute(false), value_dtype());
 }
 
 const Tensor& StepEngine::evaluation_stats() {
@@ -706,6 +728,8 @@ Result<std::map<std::string, std::vector<float>>> StepEngine::export_state() {
       }
     }
   }
+  if (const std::vector<Fp8Scaling*> fp8 = fp8_chunks(); !fp8.empty())
+    MT_TRY(export_fp8_state(b_, m_, plan_, mesh_, fp8, out));
   if (plan_.pp == 1) return out;
   // Pipeline stages: every parameter from the stage that owns it to every stage.
   const Group& pipe = *mesh_.group_of(GroupKind::pipeline, b_.rank());
@@ -752,7 +776,15 @@ Status StepEngine::import_state(const std::map<std::string, std::vector<float>>&
     }
     c->adam->load_state(flat[0], flat[1], flat[2]);
   }
+  MT_TRY(import_fp8_state(fp8_chunks(), state));
   return b_.synchronize();
+}
+
+std::vector<Fp8Scaling*> StepEngine::fp8_chunks() const {
+  std::vector<Fp8Scaling*> out;
+  for (const auto& c : chunks_)
+    if (c->fp8) out.push_back(c->fp8.get());
+  return out;
 }
 
 std::int64_t StepEngine::rank_state_numel() const {

@@ -58,10 +58,18 @@ struct StepOptions {
   // backend holds no data, and the host-side init loop over every element
   // would dominate simulating a 100B+ model.
   bool initialize_parameters = true;
+  // Precision fp8 trained as exact emulation (engine/step/fp8_training.h): the
+  // linears' GEMM operands rounded to FP8 with delayed scaling, everything
+  // else in fp32 (the cpu backend's only precision). false: a plan of
+  // precision fp8 runs as the bf16 plan it is costed as (the sim backend,
+  // which times FP8 GEMMs by itself).
+  bool emulate_fp8 = false;
 };
 
 // Mixed precision: 16-bit working weights and activations (fp32 masters, gradients and AdamW state).
 DType activation_dtype(Precision p);
+// The same for an engine run with `o`: fp32 under the FP8 emulation.
+DType activation_dtype(Precision p, const StepOptions& o);
 
 // The ranges of StepOptions' numbers, which the flags that set them share.
 inline constexpr RealRange kDropoutRange{0, 1, false, true};
@@ -292,6 +300,9 @@ class StepEngine {
   std::map<std::tuple<bool, int, int>, std::pair<int, bool>> next_pass_;
   // What PipelineExecutor runs for mbs_: training (forward and backward) or evaluation (forward only).
   PipelineCompute compute(bool training);
+  DType value_dtype() const { return activation_dtype(plan_.precision, options_); }
+  // Each chunk's FP8 scaling state (StepOptions::emulate_fp8), else none.
+  std::vector<Fp8Scaling*> fp8_chunks() const;
 };
 
 }  // namespace meshtrain

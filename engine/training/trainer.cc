@@ -14,6 +14,7 @@
 #include "engine/checkpoint/checkpoint.h"
 #include "engine/export/hf_export.h"
 #include "engine/plan/mesh.h"
+#include "engine/step/fp8_training.h"
 #include "engine/step/training_engine.h"
 #include "engine/training/lr_schedule.h"
 #include "engine/training/metrics.h"
@@ -122,6 +123,7 @@ Status check_train_options(const TrainOptions& o, const ModelSpec& m, const Plan
   if (o.resume && o.overwrite_checkpoint)
     return make_error("--resume continues the checkpoint and --overwrite-checkpoint replaces it; give one of them");
   MT_TRY(StepEngine::supports(p, o.step));
+  if (p.precision == Precision::fp8 && o.step.emulate_fp8) MT_TRY(check_fp8_training(m, p));
   MT_TRY(check_training_data(o.data, m, p));
   MT_TRY(check_train_memory(o, m, p, host_ranks));
   if (!o.metrics.empty()) MT_TRY(MetricsWriter::open(o.metrics));

@@ -63,10 +63,12 @@ inline std::string describe(const Plan& p) {
          (p.embedding_in_split ? " embedding-in-split" : "") + (p.loss_in_split ? " loss-in-split" : "");
 }
 
-inline void check_matches_reference(const ModelSpec& m, const Plan& p) {
+// `p`'s run with `options` against `ref`, the single-rank run of the same
+// model, precision and options. Parameters, and the FP8 scaling state of an
+// fp8 run, within 1e-5 of the reference's (relative_error).
+inline void check_matches(const ModelSpec& m, const Plan& p, const PlanRun& ref, const StepOptions& options) {
   INFO("seed " << kSeed << ", plan " << describe(p) << ", model " << m.name);
-  const PlanRun& ref = reference(m);
-  const PlanRun run = run_plan(m, p);
+  const PlanRun run = run_plan(m, p, 0, options);
   const RankRun& r0 = ref.ranks[0];
   for (const RankRun& r : run.ranks) {
     // Every rank reports the same loss and norm bits.
@@ -83,7 +85,7 @@ inline void check_matches_reference(const ModelSpec& m, const Plan& p) {
   REQUIRE(run.ranks[0].state.size() == r0.state.size());
   double worst = 0;
   for (const auto& [name, ref_values] : r0.state) {
-    if (!name.starts_with("params/")) continue;
+    if (!name.starts_with("params/") && !name.starts_with("fp8/")) continue;
     INFO(name);
     auto it = run.ranks[0].state.find(name);
     REQUIRE(it != run.ranks[0].state.end());
@@ -93,6 +95,10 @@ inline void check_matches_reference(const ModelSpec& m, const Plan& p) {
     CHECK(e <= 1e-5);
   }
   WARN(describe(p) << ": worst relative parameter error " << worst);
+}
+
+inline void check_matches_reference(const ModelSpec& m, const Plan& p) {
+  check_matches(m, p, reference(m), step_options());
 }
 
 

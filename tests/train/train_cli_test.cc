@@ -116,6 +116,39 @@ TEST_CASE("a 1bit-compressed run resumes bit for bit: every rank's error feedbac
   }
 }
 
+TEST_CASE("fp8 on the cpu backend: emulated, checkpointed with its scaling state, resumed bit for bit",
+          "[train][fp8]") {
+  fs::path fp32 = scratch("fp8-fp32.jsonl"), once = scratch("fp8-once.jsonl"), twice = scratch("fp8-twice.jsonl"),
+           dir = scratch("fp8-ckpt");
+  const std::string args = "train --data " + corpus() + kBase + kLr + " --tp 2 --steps 6";
+  REQUIRE(run_meshtrain(args + " --metrics " + fp32.string()).status == 0);
+  REQUIRE(run_meshtrain(args + " --precision fp8 --metrics " + once.string()).status == 0);
+  REQUIRE(run_meshtrain(args + " --precision fp8 --stop-at 3 --checkpoint " + dir.string() + " --metrics " +
+                        twice.string()).status == 0);
+  std::ifstream manifest(dir / "manifest.json");
+  const auto m = nlohmann::json::parse(manifest);
+  std::vector<std::string> names;
+  for (const auto& t : m["tensors"]) names.push_back(t["name"]);
+  for (const char* name : {"fp8/layers.0.attn.qkv", "fp8/layers.1.mlp.down"})
+    CHECK(std::find(names.begin(), names.end(), name) != names.end());
+  MeshtrainRun resumed =
+      run_meshtrain(args + " --precision fp8 --checkpoint " + dir.string() + " --resume --metrics " + twice.string());
+  INFO(resumed.out);
+  REQUIRE(resumed.status == 0);
+  const auto a = losses(once), b = losses(twice), c = losses(fp32);
+  REQUIRE(a.size() == 6);
+  CHECK(a == b);
+  CHECK(a.front() != c.front());  // the FP8 casts change the first step's logits already
+  CHECK(a.front() == Approx(c.front()).epsilon(1e-2));
+}
+
+TEST_CASE("fp8 on the cuda backend is refused naming the missing FP8 GEMMs", "[train][fp8]") {
+  MeshtrainRun r = run_meshtrain("train --data " + corpus() + kBase + " --steps 1 --backend cuda --precision fp8");
+  CHECK(r.status != 0);
+  CHECK_THAT(r.out, Catch::Contains("the cuda backend does not train: it has no FP8 GEMMs"));
+  CHECK_THAT(r.out, Catch::Contains("--backend cpu"));
+}
+
 TEST_CASE("losses, parameters and AdamW state are the same bits on 1, 2 and 3 threads per rank (--threads)",
           "[train][threads]") {
   // Wide enough that every GEMM is cut into tiles (512 x 768 x 256 and up) and

@@ -1,0 +1,82 @@
+#include "engine/step/fp8_training.h"
+
+#include <fmt/format.h>
+
+#include "models/model_io.h"
+
+namespace meshtrain {
+
+Status check_fp8_training(const ModelSpec& m, const Plan& p) {
+  if (!p.segments.empty() || !p.segment_name.empty())
+    return make_error("precision fp8 is not trained for a plan made of segments (each segment would reduce its "
+                      "own FP8 amax); use a uniform plan, or --precision fp32");
+  if (model_io(m).routes_to_experts)
+    return make_error("model '{}' has experts, and fp8 training emulates the tensor-parallel linears only: the "
+                      "routed experts' grouped GEMMs have no per-expert FP8 scaling yet; train it with "
+                      "--precision fp32",
+                      m.name);
+  return ok_status();
+}
+
+Status fold_fp8_amax(Backend& b, std::span<Fp8Scaling* const> chunks, std::span<const Group* const> groups) {
+  std::vector<float> amax;
+  for (const Fp8Scaling* c : chunks) {
+    const std::vector<float> one = c->step_amax();
+    amax.insert(amax.end(), one.begin(), one.end());
+  }
+  // Every rank of a group holds the same layers, so the same layout (possibly empty).
+  if (!amax.empty()) {
+    Tensor t = b.empty(Shape{static_cast<std::int64_t>(amax.size())});
+    b.write(t, amax);
+    for (const Group* g : groups)
+      if (g->size() > 1) b.all_reduce(t, *g, ReduceOp::max);
+    MT_TRY(b.read(t, amax));
+  }
+  std::size_t at = 0;
+  for (Fp8Scaling* c : chunks) {
+    const std::size_t n = c->step_amax().size();
+    MT_TRY(c->end_step(std::span<const float>(amax).subspan(at, n)));
+    at += n;
+  }
+  return ok_status();
+}
+
+std::string fp8_state_name(const std::string& linear) { return "fp8/" + linear; }
+
+Status export_fp8_state(Backend& b, const ModelSpec& m, const Plan& p, const Mesh& mesh,
+                        std::span<Fp8Scaling* const> chunks, std::map<std::string, std::vector<float>>& out) {
+  std::size_t size = 0;
+  for (const Fp8Scaling* c : chunks) {
+    size = c->state_size();
+    for (const std::string& linear : c->linears()) out[fp8_state_name(linear)] = c->state(linear);
+  }
+  if (p.pp == 1) return ok_status();
+  const Coord me = mesh.coord_of(b.rank());
+  const Group& pipe = *mesh.group_of(GroupKind::pipeline, b.rank());
+  for (const ParamInfo& info : parameter_table(m)) {
+    if (!is_fp8_linear(info) || !p.stage_split().holds(m, info.layer)) continue;
+    const int owner = place_layer(m, info.layer, p.stage_split()).stage;
+    const std::string name = fp8_state_name(fp8_linear_name(info));
+    Tensor t = b.empty(Shape{static_cast<std::int64_t>(size)});
+    if (owner == me.pp) b.write(t, out.at(name));
+    b.broadcast(t, pipe, mesh.rank_of({me.tp, me.cp, me.dp, owner}));
+    std::vector<float> host(size);
+    MT_TRY(b.read(t, host));
+    out[name] = std::move(host);
+  }
+  return ok_status();
+}
+
+Status import_fp8_state(std::span<Fp8Scaling* const> chunks, const std::map<std::string, std::vector<float>>& state) {
+  for (Fp8Scaling* c : chunks)
+    for (const std::string& linear : c->linears()) {
+      auto it = state.find(fp8_state_name(linear));
+      if (it == state.end())
+        return make_error("the checkpoint has no tensor '{}' (the FP8 scaling state of an fp8 run)",
+                          fp8_state_name(linear));
+      MT_TRY(c->restore(linear, it->second));
+    }
+  return ok_status();
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,51 @@
+// Precision fp8 trained, not only simulated: the exact emulation of
+// models/fp8_linear.h run by the step engine (StepOptions::emulate_fp8).
+//
+// Per step (Transformer Engine's and Megatron's amax reduction): each
+// chunk's FP8 tensors record their amax over the step's micro-batches; at the
+// end of the step the amax are all-reduced (max) over every rank that holds
+// part of a tensor, the tensor-parallel group (weight shards, the
+// row-parallel inputs, the column-parallel gradients) and the replicas (data
+// and context parallel: other samples and other tokens), Megatron's
+// DP x TP x CP amax reduction group, then folded into the histories. Max is
+// exact in any order, so every rank, and the single-rank run, gets the same
+// bits, and step t's scales depend only on steps before t. A pipeline stage
+// owns its layers' histories (no reduction over pp).
+//
+// Checkpoints keep each FP8 linear's state as tensor "fp8/<linear>" (3 x
+// [scale, amax history oldest first]), so a resumed run continues bit for bit.
+#pragma once
+
+#include <map>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "backends/backend.h"
+#include "core/status.h"
+#include "engine/plan/mesh.h"
+#include "engine/plan/plan.h"
+#include "models/fp8_linear.h"
+#include "models/model_spec.h"
+
+namespace meshtrain {
+
+// An Error naming what the emulation does not cover in `m` under `p`, and the fix.
+Status check_fp8_training(const ModelSpec& m, const Plan& p);
+
+// Reduces the step's amax of `chunks` (max over each of `groups` in turn) and
+// folds them into their histories. Collective over the groups; reads once.
+Status fold_fp8_amax(Backend& b, std::span<Fp8Scaling* const> chunks, std::span<const Group* const> groups);
+
+// The checkpoint tensor of one FP8 linear's scaling state.
+std::string fp8_state_name(const std::string& linear);
+
+// Adds the scaling state of `chunks` to `out`, and under pipeline parallelism
+// every stage's (broadcast from the stage that owns the layer), so that each
+// rank returns the whole model's. Collective over the pipeline group.
+Status export_fp8_state(Backend& b, const ModelSpec& m, const Plan& p, const Mesh& mesh,
+                        std::span<Fp8Scaling* const> chunks, std::map<std::string, std::vector<float>>& out);
+// Restores the state of `chunks`' linears from `state` (what export_fp8_state wrote).
+Status import_fp8_state(std::span<Fp8Scaling* const> chunks, const std::map<std::string, std::vector<float>>& state);
+
+}  // namespace meshtrain

@@ -1,0 +1,122 @@
+#include "models/fp8_linear.h"
+
+#include <cstdio>
+#include <cstdlib>
+
+#include <fmt/format.h>
+
+namespace meshtrain {
+
+namespace {
+
+constexpr const char* kWeightSuffix = ".weight";
+
+// Forward operands are E4M3, the output gradient E5M2 (Format.HYBRID).
+Fp8Format format_of(int operand) {
+  return operand == static_cast<int>(Fp8Operand::grad) ? Fp8Format::e5m2 : Fp8Format::e4m3;
+}
+
+}  // namespace
+
+bool is_fp8_linear(const ParamInfo& p) {
+  return p.matmul && !p.expert && (p.split == TpSplit::column || p.split == TpSplit::row) &&
+         p.name.ends_with(kWeightSuffix);
+}
+
+std::string fp8_linear_name(const ParamInfo& p) {
+  return p.name.substr(0, p.name.size() - std::string_view(kWeightSuffix).size());
+}
+
+Fp8Scaling::Fp8Scaling(std::span<const ParamInfo> params, int history) : history_(history) {
+  for (const ParamInfo& p : params) {
+    if (!is_fp8_linear(p)) continue;
+    Linear l;
+    for (int k = 0; k < kFp8Operands; ++k) l.scaling.push_back(*DelayedScaling::make(format_of(k), history));
+    linears_.emplace(fp8_linear_name(p), std::move(l));
+  }
+}
+
+Fp8Scaling::Linear& Fp8Scaling::find(const std::string& linear) {
+  return const_cast<Linear&>(static_cast<const Fp8Scaling&>(*this).find(linear));
+}
+
+const Fp8Scaling::Linear& Fp8Scaling::find(const std::string& linear) const {
+  auto it = linears_.find(linear);
+  if (it == linears_.end()) {
+    // A linear the chunk's parameter table did not list as FP8: a model wiring error, not user input.
+    std::fprintf(stderr, "meshtrain: '%s' is not an FP8 linear of this chunk\n", linear.c_str());
+    std::abort();
+  }
+  return it->second;
+}
+
+Tensor Fp8Scaling::quantize(Backend& b, const std::string& linear, Fp8Operand which, const Tensor& x) {
+  Linear& l = find(linear);
+  const auto k = static_cast<std::size_t>(which);
+  std::vector<float> host(static_cast<std::size_t>(x.numel()));
+  // A failed read leaves the backend in its error state: the step's own read reports it, and the
+  // values written here meanwhile are never used.
+  if (b.read(x, host).ok()) {
+    l.amax[k] = std::max(l.amax[k], amax(host));
+    fp8_quantize(host, l.scaling[k].scale(), format_of(static_cast<int>(k)), host);
+  }
+  Tensor out = b.empty(x.shape(), x.dtype());
+  b.write(out, host);
+  return out;
+}
+
+void Fp8Scaling::begin_step() {
+  for (auto& [name, l] : linears_) std::fill(std::begin(l.amax), std::end(l.amax), 0.f);
+}
+
+std::vector<float> Fp8Scaling::step_amax() const {
+  std::vector<float> out;
+  for (const auto& [name, l] : linears_) out.insert(out.end(), std::begin(l.amax), std::end(l.amax));
+  return out;
+}
+
+Status Fp8Scaling::end_step(std::span<const float> amax) {
+  if (amax.size() != linears_.size() * kFp8Operands)
+    return make_error("FP8 amax of {} tensors for a chunk of {} FP8 linears ({} tensors)", amax.size(),
+                      linears_.size(), linears_.size() * kFp8Operands);
+  std::size_t i = 0;
+  for (auto& [name, l] : linears_)
+    for (DelayedScaling& s : l.scaling) s.record(amax[i++]);
+  begin_step();
+  return ok_status();
+}
+
+float Fp8Scaling::scale(const std::string& linear, Fp8Operand which) const {
+  return find(linear).scaling[static_cast<std::size_t>(which)].scale();
+}
+
+std::vector<std::string> Fp8Scaling::linears() const {
+  std::vector<std::string> out;
+  for (const auto& [name, l] : linears_) out.push_back(name);
+  return out;
+}
+
+std::size_t Fp8Scaling::state_size() const { return kFp8Operands * (static_cast<std::size_t>(history_) + 1); }
+
+std::vector<float> Fp8Scaling::state(const std::string& linear) const {
+  std::vector<float> out;
+  for (const DelayedScaling& s : find(linear).scaling) {
+    const std::vector<float> one = s.state();
+    out.insert(out.end(), one.begin(), one.end());
+  }
+  return out;
+}
+
+Status Fp8Scaling::restore(const std::string& linear, std::span<const float> state) {
+  if (state.size() != state_size())
+    return make_error("FP8 scaling state of linear '{}' has {} values; this recipe keeps {} (3 tensors, each a "
+                      "scale and an amax history of {} steps)",
+                      linear, state.size(), state_size(), history_);
+  Linear& l = find(linear);
+  const std::size_t per = state_size() / kFp8Operands;
+  for (std::size_t k = 0; k < l.scaling.size(); ++k)
+    MT_TRY(l.scaling[k].restore(state.subspan(k * per, per)).context(fmt::format("linear '{}'", linear)));
+  return ok_status();
+}
+
+}  // namespace meshtrain
