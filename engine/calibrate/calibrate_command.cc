@@ -343,7 +343,8 @@ Status calibrate_cuda(const CalibrateFlags& f, Precision precision, const std::v
   std::optional<MpiRankBackend> mpi_rank;
   std::unique_ptr<Backend> alone;
   if (env) {
-    MT_ASSIGN(mpi_rank, MpiRankBackend::create(request));
+    MT_ASSIGN(MpiRankBackend rank, MpiRankBackend::create(request));
+    mpi_rank.emplace(std::move(rank));
   } else {
     MT_ASSIGN(alone, make_backend(request));
   }

@@ -48,9 +48,14 @@ Result<std::unique_ptr<Backend>> make_backend(const BackendRequest& r);
 class MpiRankBackend {
  public:
   static Result<MpiRankBackend> create(const BackendRequest& r);
+  MpiRankBackend(MpiRankBackend&&) = default;
+  // Assigning over a live rank would free its communicator (the first member)
+  // while its backend still uses it.
+  MpiRankBackend& operator=(MpiRankBackend&&) = delete;
   Backend& backend() { return *backend_; }
 
  private:
+  MpiRankBackend() = default;
   std::shared_ptr<void> communicator_;  // the cpu backend's; declared first so that it outlives the backend
   std::unique_ptr<Backend> backend_;
 };

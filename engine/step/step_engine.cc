@@ -556,7 +556,8 @@ Result<StepResult> StepEngine::step(const std::vector<HostBatch>& microbatches, 
     const std::vector<Fp8Scaling*> fp8 = fp8_chunks();
     const Group* amax_groups[] = {mesh_.group_of(GroupKind::tensor, b_.rank()), &replicas()};
     if (!fp8.empty()) MT_TRY(fold_fp8_amax(b_, fp8, amax_groups).context(fmt::format("step {}", step)));
-    // The step's only wait for the device (but a MoE model's statistics, moe_statistics).
+    // The step's only wait for the device (but a MoE model's statistics, moe_statistics, and under
+    // cpu fp8 emulation the amax read above and each FP8 cast's round trip, models/fp8_linear.h).
     MT_TRY(b_.read(step_stats_, host).context(fmt::format("step {}", step)));
   }
   StepResult r{host[0] / loss_terms_, std::sqrt(static_cast<double>(host[1])), {}};

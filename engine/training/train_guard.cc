@@ -152,10 +152,12 @@ Status explain_allocation_failure(Status status, const TrainOptions& o, const Mo
   const std::size_t at = p.segments.empty() ? static_cast<std::size_t>(Mesh(p).coord_of(rank).pp)
                                             : static_cast<std::size_t>(rank);
   if (at >= needs.size()) return status;
-  const std::vector<MemoryConsumer> extras = host_extras(o, m);
+  // The data copy and the gathered checkpoint state live in host memory: they count against a host
+  // failure only, not against a GPU's (host_ranks 0: the cuda backend).
+  const std::vector<MemoryConsumer> extras = host_ranks > 0 ? host_extras(o, m) : std::vector<MemoryConsumer>{};
   const RankNeed& need = needs[at];
   const MemoryConsumer top = largest_consumer(consumers_of(need, extras));
-  std::string why = fmt::format("rank {} ran out of memory mid-step; the memory model estimates its peak at {}, "
+  std::string why = fmt::format("rank {} ran out of memory; the memory model estimates its peak at {}, "
                                 "of which the largest consumer is the {} ({})",
                                 rank, human_bytes(total_of(need, extras)), top.name, human_bytes(top.bytes));
   if (host_ranks > 0) {

@@ -1,4 +1,4 @@
-// A backend's allocation failure mid-step (backends/allocation_failure.h)
+// A backend's allocation failure in training (backends/allocation_failure.h)
 // reaches the user with the memory model's estimate for the failing rank:
 // its peak, its largest consumer, and the machine it ran out of (issue 29).
 #include <catch2/catch.hpp>
@@ -25,7 +25,7 @@ Status failed_allocation() {
 
 }  // namespace
 
-TEST_CASE("an allocation failure mid-step names the rank's estimated peak and largest consumer",
+TEST_CASE("an allocation failure in training names the rank's estimated peak and largest consumer",
           "[train][reliability][memory]") {
   const Status failed = failed_allocation();
   REQUIRE_FALSE(failed.ok());
@@ -44,7 +44,7 @@ TEST_CASE("an allocation failure mid-step names the rank's estimated peak and la
   // Rank 1 is pipeline stage 1: the memory model's figures for that stage.
   const MemoryBreakdown stage1 = memory_per_rank(m, p, 1, meshtrain_layout(p));
   const MemoryConsumer top = largest_consumer(memory_consumers(stage1));
-  CHECK_THAT(msg, Catch::Contains(fmt::format("rank 1 ran out of memory mid-step; the memory model estimates its "
+  CHECK_THAT(msg, Catch::Contains(fmt::format("rank 1 ran out of memory; the memory model estimates its "
                                               "peak at {}, of which the largest consumer is the {} ({})",
                                               human_bytes(stage1.total()), top.name, human_bytes(top.bytes))));
   // Two rank threads share the machine: its capacity and their sum.
