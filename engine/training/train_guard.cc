@@ -102,6 +102,13 @@ double total_of(const RankNeed& n, const std::vector<MemoryConsumer>& extras) {
   return t;
 }
 
+// What every rank of the run needs together: rank threads share this machine, so their sum is what must fit.
+double all_ranks_total(const std::vector<RankNeed>& needs, const std::vector<MemoryConsumer>& extras) {
+  double together = 0;
+  for (const RankNeed& n : needs) together += total_of(n, extras) * n.count;
+  return together;
+}
+
 std::vector<MemoryConsumer> consumers_of(const RankNeed& n, const std::vector<MemoryConsumer>& extras) {
   std::vector<MemoryConsumer> out = memory_consumers(n.model);
   out.insert(out.end(), extras.begin(), extras.end());
@@ -121,12 +128,9 @@ Status check_train_memory(const TrainOptions& o, const ModelSpec& m, const Plan&
   const std::vector<MemoryConsumer> extras = host_extras(o, m);
   const std::vector<RankNeed> needs = rank_needs(m, p);
   const RankNeed* top = &needs.front();
-  double together = 0;  // rank threads share this machine: their sum is what must fit
-  for (const RankNeed& n : needs) {
-    together += total_of(n, extras) * n.count;
+  for (const RankNeed& n : needs)
     if (total_of(n, extras) > total_of(*top, extras)) top = &n;
-  }
-  const double needed = host_ranks == 1 ? total_of(*top, extras) : together;
+  const double needed = host_ranks == 1 ? total_of(*top, extras) : all_ranks_total(needs, extras);
   const double have = host_memory_bytes();
   if (needed <= have) return ok_status();
   OutOfMemory oom;
@@ -161,11 +165,9 @@ Status explain_allocation_failure(Status status, const TrainOptions& o, const Mo
                                 "of which the largest consumer is the {} ({})",
                                 rank, human_bytes(total_of(need, extras)), top.name, human_bytes(top.bytes));
   if (host_ranks > 0) {
-    double together = 0;
-    for (const RankNeed& n : needs) together += total_of(n, extras) * n.count;
     why += fmt::format(", against this machine's {}{}. {}", human_bytes(host_memory_bytes()),
                        host_ranks > 1 ? fmt::format(" for the {} ranks of this process, which need {} together",
-                                                    host_ranks, human_bytes(together))
+                                                    host_ranks, human_bytes(all_ranks_total(needs, extras)))
                                       : "",
                        kHostMemoryFix);
   }
