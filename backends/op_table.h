@@ -13,9 +13,12 @@
 //    name of the op they repeat), through BackendWrapper's one hook
 //    (backends/backend_wrapper.h);
 //  * which ops take host memory (backends/misuse.h).
-// The Backend's typed virtual methods stay: a backend implements kernels;
-// tests/backends/op_table_test.cc walks this table and fails if a backend
-// lacks an op or an op lacks a cost.
+// The Backend's typed virtual methods stay: a backend implements kernels,
+// and cannot lack one (each is a pure virtual of backend.h). An op this table
+// lacks stops at its first call through the sim backend or a BackendWrapper
+// (op_info names it); tests/backends/op_table_test.cc walks the table and
+// fails if an entry lacks a name, operands, a cost or a sample, or if a
+// sample does not run on the cpu and sim backends (cuda where present).
 //
 // Adding an op: its virtual in backend.h (and BackendWrapper's forward), an
 // entry here with its sample, the cpu and cuda kernels, the sim method's one

@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include "backends/misuse.h"
+
 namespace meshtrain {
 
 namespace {
@@ -31,7 +33,12 @@ Fp8Scaling::Fp8Scaling(std::span<const ParamInfo> params, int history) : history
   for (const ParamInfo& p : params) {
     if (!is_fp8_linear(p)) continue;
     Linear l;
-    for (int k = 0; k < kFp8Operands; ++k) l.scaling.push_back(*DelayedScaling::make(format_of(k), history));
+    for (int k = 0; k < kFp8Operands; ++k) {
+      // `history` is the engine's own constant, never user input: a bad one is a programming error.
+      auto scaling = DelayedScaling::make(format_of(k), history);
+      if (!scaling) abort_misuse("Fp8Scaling", scaling.error().message());
+      l.scaling.push_back(*scaling);
+    }
     linears_.emplace(fp8_linear_name(p), std::move(l));
   }
 }

@@ -23,6 +23,11 @@
 // Swin's patch merging, a classifier head, a VQA projector), the vocabulary
 // projection, attention itself and routed experts stay in fp32.
 //
+// Under full recomputation the recomputed forward quantizes its operands a
+// second time: the same values with the step's fixed scales, so the same FP8
+// operands, and the step's amax is a maximum, which the repeat leaves alone.
+// Only the cost doubles (one more host round trip per operand).
+//
 // The emulation reads each operand to the host and writes its FP8 values
 // back (Backend::read/write): exact and backend-neutral, but a device round
 // trip per operand, which is why only the cpu backend trains this way.

@@ -6,12 +6,7 @@
 namespace meshtrain {
 namespace {
 
-using testing::download;
-using testing::kF32Tol;
-using testing::kFdTol;
-using testing::rel_err;
-using testing::upload;
-using testing::Vec;
+using namespace testing;  // cpu_test_util.h
 
 TEST_CASE("cpu rope: angles, inverse, backward", "[cpu]") {
   std::mt19937_64 rng(testing::seed_for("rope"));

@@ -7,12 +7,7 @@
 namespace meshtrain {
 namespace {
 
-using testing::download;
-using testing::kF32Tol;
-using testing::kFdTol;
-using testing::rel_err;
-using testing::upload;
-using testing::Vec;
+using namespace testing;  // cpu_test_util.h
 
 struct VariantCase {
   std::int64_t B, T, H, G, D;

@@ -10,10 +10,7 @@
 namespace meshtrain {
 namespace {
 
-using testing::download;
-using testing::rel_err;
-using testing::upload;
-using testing::Vec;
+using namespace testing;  // cpu_test_util.h
 
 // The gradients of L = Σ w ∘ c for c = alpha·op(a) op(b) + beta·c0 + bias,
 // written as the engine will write them: as GEMMs and a bias_backward.

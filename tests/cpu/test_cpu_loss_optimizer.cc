@@ -6,12 +6,7 @@
 namespace meshtrain {
 namespace {
 
-using testing::download;
-using testing::kF32Tol;
-using testing::kFdTol;
-using testing::rel_err;
-using testing::upload;
-using testing::Vec;
+using namespace testing;  // cpu_test_util.h
 
 // losses (N) of one unsharded shard, phases back to back.
 Vec ce_losses(std::int64_t N, std::int64_t V, const Vec& logits,

@@ -14,13 +14,7 @@
 namespace meshtrain {
 namespace {
 
-using testing::download;
-using testing::kF32Tol;
-using testing::kFdTol;
-using testing::numeric_grad;
-using testing::rel_err;
-using testing::upload;
-using testing::Vec;
+using namespace testing;  // cpu_test_util.h
 
 Vec minus(const Vec& a, const Vec& b) {
   Vec d(a.size());

@@ -9,13 +9,13 @@
 
 #include "engine/simulation/simulation.h"
 #include "models/parameters.h"
-#include "tests/sim_backend/small_gpt.h"
+#include "tests/sim_backend/sim_testing.h"
 
 using namespace meshtrain;
 
 namespace {
 
-using sim_testing::small_gpt;
+using namespace sim_testing;
 
 // dp 16 over two DGX A100 nodes, ZeRO 0 or 1: the gradient buckets cross the network.
 Plan dp_plan(const ModelSpec& m, int zero, GradCompression c) {
@@ -25,26 +25,13 @@ Plan dp_plan(const ModelSpec& m, int zero, GradCompression c) {
   p.global_batch = 2 * 16;
   p.precision = Precision::bf16;
   p.grad_compression = c;
-  const Status valid = validate_plan(p, m, p.world_size());
-  INFO((valid.ok() ? std::string() : valid.error().message()));
-  REQUIRE(valid.ok());
-  return p;
+  return checked(p, m);
 }
 
 SimulationResult simulate(const ModelSpec& m, const Plan& p) {
-  SimulateOptions o;
-  auto spec = sim::cluster_preset("dgx-a100");
-  REQUIRE(spec.ok());
-  o.cluster = *spec;
+  SimulateOptions o = on_cluster("dgx-a100");
   o.trace = true;
-  auto r = simulate_iteration(m, p, o);
-  INFO((r.ok() ? std::string() : r.error().message()));
-  REQUIRE(r.ok());
-  return std::move(r).value();
-}
-
-const SimCollectiveStats& stats(const SimulationResult& r, sim::CollectiveKind k) {
-  return r.collectives[static_cast<std::size_t>(k)];
+  return simulated(m, p, o);
 }
 
 }  // namespace

@@ -10,8 +10,10 @@
 #include "models/block_context.h"
 #include "models/context_parallel.h"
 #include "models/parameter_store.h"
+#include "tests/sim_backend/sim_testing.h"
 
 using namespace meshtrain;
+using namespace meshtrain::sim_testing;
 
 namespace {
 
@@ -21,26 +23,10 @@ Plan context_plan(const ModelSpec& m, int cp, ContextComm comm = ContextComm::al
   Plan p;
   p.tp = 8, p.cp = cp, p.micro_batch = 1, p.global_batch = 1, p.seq_len = kSeq;
   p.cp_comm = comm;
-  const Status valid = validate_plan(p, m, p.world_size());
-  INFO((valid.ok() ? std::string() : valid.error().message()));
-  REQUIRE(valid.ok());
-  return p;
+  return checked(p, m);
 }
 
-SimulationResult simulate(const ModelSpec& m, const Plan& p) {
-  SimulateOptions o;
-  auto cluster = sim::cluster_preset("dgx-h100");
-  REQUIRE(cluster.ok());
-  o.cluster = *cluster;
-  auto r = simulate_iteration(m, p, o);
-  INFO((r.ok() ? std::string() : r.error().message()));
-  REQUIRE(r.ok());
-  return std::move(r).value();
-}
-
-const SimCollectiveStats& stats(const SimulationResult& r, sim::CollectiveKind k) {
-  return r.collectives[static_cast<std::size_t>(k)];
-}
+SimulationResult simulate(const ModelSpec& m, const Plan& p) { return simulated(m, p, on_cluster("dgx-h100")); }
 
 }  // namespace
 

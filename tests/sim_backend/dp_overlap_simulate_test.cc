@@ -8,20 +8,17 @@
 #include "engine/parallel/gradient_buckets.h"
 #include "engine/simulation/simulation.h"
 #include "models/parameters.h"
+#include "tests/sim_backend/sim_testing.h"
 
 using namespace meshtrain;
+using namespace meshtrain::sim_testing;
 
 namespace {
 
 SimulationResult simulate(const ModelSpec& m, const Plan& p) {
-  REQUIRE(validate_plan(p, m, p.world_size()).ok());
-  SimulateOptions o;
-  o.cluster = *sim::cluster_preset("dgx-h100");
+  SimulateOptions o = on_cluster("dgx-h100");
   o.check_memory = false;
-  auto r = simulate_iteration(m, p, o);
-  INFO((r.ok() ? std::string() : r.error().message()));
-  REQUIRE(r.ok());
-  return std::move(r).value();
+  return simulated(m, checked(p, m), o);
 }
 
 ModelSpec gpt() {

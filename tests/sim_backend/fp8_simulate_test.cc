@@ -10,13 +10,12 @@
 #include "engine/simulation/simulation.h"
 #include "models/parameters.h"
 #include "simulator/cost_model.h"
-#include "tests/sim_backend/small_gpt.h"
+#include "tests/sim_backend/sim_testing.h"
 
 using namespace meshtrain;
+using namespace meshtrain::sim_testing;
 
 namespace {
-
-using sim_testing::small_gpt;
 
 // One rank, one micro-batch of 2 sequences: every GEMM of the step is issued once.
 Plan one_rank(Precision precision) {
@@ -26,11 +25,7 @@ Plan one_rank(Precision precision) {
   return p;
 }
 
-sim::ClusterSpec h100() {
-  auto spec = sim::cluster_preset("dgx-h100");
-  REQUIRE(spec.ok());
-  return *spec;
-}
+sim::ClusterSpec h100() { return preset("dgx-h100"); }
 
 Result<SimulationResult> simulate(const ModelSpec& m, const Plan& p, const sim::ClusterSpec& c) {
   SimulateOptions o;
@@ -39,10 +34,9 @@ Result<SimulationResult> simulate(const ModelSpec& m, const Plan& p, const sim::
 }
 
 SimulationResult simulated(const ModelSpec& m, const Plan& p, const sim::ClusterSpec& c) {
-  auto r = simulate(m, p, c);
-  INFO((r.ok() ? std::string() : r.error().message()));
-  REQUIRE(r.ok());
-  return std::move(r).value();
+  SimulateOptions o;
+  o.cluster = c;
+  return sim_testing::simulated(m, p, o);
 }
 
 }  // namespace

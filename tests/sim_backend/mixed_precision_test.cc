@@ -12,13 +12,13 @@
 #include "engine/memory/memory_model.h"
 #include "engine/simulation/simulation.h"
 #include "models/parameters.h"
-#include "tests/sim_backend/small_gpt.h"
+#include "tests/sim_backend/sim_testing.h"
 
 using namespace meshtrain;
+using namespace meshtrain::sim_testing;
 
 namespace {
 
-using sim_testing::small_gpt;
 
 Plan bf16_plan(const ModelSpec& m, ScheduleKind s) {
   Plan p;
@@ -27,22 +27,10 @@ Plan bf16_plan(const ModelSpec& m, ScheduleKind s) {
   p.global_batch = 2 * 2 * 4;  // m = 4 per replica
   p.schedule = s;
   p.precision = Precision::bf16;
-  const Status valid = validate_plan(p, m, p.world_size());
-  INFO((valid.ok() ? std::string() : valid.error().message()));
-  REQUIRE(valid.ok());
-  return p;
+  return checked(p, m);
 }
 
-SimulationResult simulate(const ModelSpec& m, const Plan& p) {
-  SimulateOptions o;
-  auto spec = sim::cluster_preset("dgx-a100");
-  REQUIRE(spec.ok());
-  o.cluster = *spec;
-  auto r = simulate_iteration(m, p, o);
-  INFO((r.ok() ? std::string() : r.error().message()));
-  REQUIRE(r.ok());
-  return std::move(r).value();
-}
+SimulationResult simulate(const ModelSpec& m, const Plan& p) { return simulated(m, p, on_cluster("dgx-a100")); }
 
 double bytes_of(const SimulationResult& r, sim::CollectiveKind k) {
   return r.collectives[static_cast<std::size_t>(k)].bytes;

@@ -15,8 +15,10 @@
 #include <vector>
 
 #include "engine/simulation/simulation.h"
+#include "tests/sim_backend/sim_testing.h"
 
 using namespace meshtrain;
+using namespace meshtrain::sim_testing;
 
 namespace {
 
@@ -64,19 +66,10 @@ std::pair<double, int> total(const std::vector<TraceOp>& ops, const std::string&
 }
 
 SimulationResult simulate(const ModelSpec& m, const Plan& p, bool steady, bool trace) {
-  const Status valid = validate_plan(p, m, p.world_size());
-  INFO((valid.ok() ? std::string() : valid.error().message()));
-  REQUIRE(valid.ok());
-  SimulateOptions o;
-  auto spec = sim::cluster_preset("dgx-a100");
-  REQUIRE(spec.ok());
-  o.cluster = *spec;
+  SimulateOptions o = on_cluster("dgx-a100");
   o.trace = trace;
   o.steady_state = steady;
-  auto r = simulate_iteration(m, p, o);
-  INFO((r.ok() ? std::string() : r.error().message()));
-  REQUIRE(r.ok());
-  return std::move(r).value();
+  return simulated(m, checked(p, m), o);
 }
 
 ModelSpec gpt2() {

@@ -16,8 +16,10 @@
 #include <catch2/catch.hpp>
 
 #include "engine/simulation/simulation.h"
+#include "tests/sim_backend/sim_testing.h"
 
 using namespace meshtrain;
+using namespace meshtrain::sim_testing;
 
 namespace {
 
@@ -41,7 +43,7 @@ ModelSpec uniform_gpt(int layers) {
 // dgx-h100 with links a thousand times faster: a pipeline hop costs its
 // latency only, so the step is the schedule of the compute alone.
 sim::ClusterSpec fast_links() {
-  sim::ClusterSpec c = *sim::cluster_preset("dgx-h100");
+  sim::ClusterSpec c = preset("dgx-h100");
   c.nvlink_bandwidth *= 1000;
   c.pcie_bandwidth *= 1000;
   c.nic_bandwidth *= 1000;
@@ -58,13 +60,10 @@ SimulationResult simulate(int pp, int vpp, int microbatches, Recompute r, int st
   p.global_batch = microbatches;
   p.schedule = vpp > 1 ? ScheduleKind::interleaved : ScheduleKind::one_f_one_b;
   p.recompute = r;
-  REQUIRE(validate_plan(p, m, p.world_size()).ok());
   SimulateOptions o;
   o.cluster = fast_links();
   o.check_memory = false;
-  auto res = simulate_iteration(m, p, o);
-  REQUIRE(res.ok());
-  return std::move(res).value();
+  return simulated(m, checked(p, m), o);
 }
 
 // One stage's forward tf, backward tb and once-per-step work, from pp 1 runs
@@ -163,15 +162,13 @@ TEST_CASE("idle by cause: waiting for other stages at a collective is the bubble
   p.pp = 2;
   p.micro_batch = 1;
   p.global_batch = 4;
-  REQUIRE(validate_plan(p, m, p.world_size()).ok());
   SimulateOptions o;
   o.cluster = fast_links();
   o.check_memory = false;
   o.variation.stragglers = {{1, 1.3}};
-  auto res = simulate_iteration(m, p, o);
-  REQUIRE(res.ok());
-  const StageResult& first = res->stages[0];
-  const StageResult& second = res->stages[1];
+  const SimulationResult res = simulated(m, checked(p, m), o);
+  const StageResult& first = res.stages[0];
+  const StageResult& second = res.stages[1];
   INFO("stage 0 idle " << first.idle_s << " s (pipeline " << first.idle.pipeline_s << ", TP "
                        << first.idle.model_parallel_s << "); stage 1 idle " << second.idle_s << " s (pipeline "
                        << second.idle.pipeline_s << ", TP " << second.idle.model_parallel_s << ")");

@@ -9,8 +9,10 @@
 #include "engine/plan/segment_plan.h"
 #include "engine/simulation/simulation.h"
 #include "models/parameters.h"
+#include "tests/sim_backend/sim_testing.h"
 
 using namespace meshtrain;
+using namespace meshtrain::sim_testing;
 
 namespace {
 
@@ -25,16 +27,7 @@ Plan segmented(const ModelSpec& m, Plan base, const char* segments) {
   return base;
 }
 
-SimulationResult simulate(const ModelSpec& m, const Plan& p) {
-  SimulateOptions o;
-  auto spec = sim::cluster_preset("dgx-a100");
-  REQUIRE(spec.ok());
-  o.cluster = *spec;
-  auto r = simulate_iteration(m, p, o);
-  INFO((r.ok() ? std::string() : r.error().message()));
-  REQUIRE(r.ok());
-  return std::move(r).value();
-}
+SimulationResult simulate(const ModelSpec& m, const Plan& p) { return simulated(m, p, on_cluster("dgx-a100")); }
 
 const RegionResult& region(const SimulationResult& r, const std::string& name) {
   for (const RegionResult& g : r.regions)

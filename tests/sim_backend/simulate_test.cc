@@ -11,17 +11,14 @@
 
 #include "engine/memory/memory_model.h"
 #include "engine/simulation/simulation.h"
-#include "tests/sim_backend/small_gpt.h"
+#include "tests/sim_backend/sim_testing.h"
 
 using namespace meshtrain;
+using namespace meshtrain::sim_testing;
 
 namespace {
 
-sim::ClusterSpec a100() {
-  auto spec = sim::cluster_preset("dgx-a100");
-  REQUIRE(spec.ok());
-  return *spec;
-}
+sim::ClusterSpec a100() { return preset("dgx-a100"); }
 
 Plan make_plan(const ModelSpec& m, int tp, int pp, int dp, int micro_batch, int microbatches, ScheduleKind s,
                Precision precision = Precision::bf16) {
@@ -33,10 +30,7 @@ Plan make_plan(const ModelSpec& m, int tp, int pp, int dp, int micro_batch, int 
   p.global_batch = micro_batch * dp * microbatches;
   p.schedule = s;
   p.precision = precision;
-  const Status valid = validate_plan(p, m, p.world_size());
-  INFO((valid.ok() ? std::string() : valid.error().message()));
-  REQUIRE(valid.ok());
-  return p;
+  return checked(p, m);
 }
 
 SimulationResult simulate(const ModelSpec& m, const Plan& p, bool check_memory = true, bool trace = false) {
@@ -44,10 +38,7 @@ SimulationResult simulate(const ModelSpec& m, const Plan& p, bool check_memory =
   o.cluster = a100();
   o.check_memory = check_memory;
   o.trace = trace;
-  auto r = simulate_iteration(m, p, o);
-  INFO((r.ok() ? std::string() : r.error().message()));
-  REQUIRE(r.ok());
-  return std::move(r).value();
+  return simulated(m, p, o);
 }
 
 // Wide layers and a tiny vocabulary: each stage's work is its transformer
@@ -67,7 +58,6 @@ ModelSpec uniform_model() {
   return m;
 }
 
-using sim_testing::small_gpt;
 
 }  // namespace
 
