@@ -7,38 +7,13 @@
 
 #include "core/input_file.h"
 #include "core/json_input.h"
+#include "simulator/calibration_interpolate.h"
 
 namespace meshtrain::sim {
 namespace {
 
 using nlohmann::json;
-
-struct Point {
-  double work;        // FLOPs or bytes
-  double throughput;  // work per second
-};
-
-// Piecewise linear in log(work) of the throughput, clamped at the ends.
-std::optional<double> interpolate(std::vector<Point> pts, double work) {
-  if (pts.empty() || !(work > 0)) return std::nullopt;
-  std::sort(pts.begin(), pts.end(), [](const Point& a, const Point& b) {
-    return a.work != b.work ? a.work < b.work : a.throughput < b.throughput;
-  });
-  double thr;
-  if (work <= pts.front().work) {
-    thr = pts.front().throughput;
-  } else if (work >= pts.back().work) {
-    thr = pts.back().throughput;
-  } else {
-    size_t i = 1;
-    while (pts[i].work < work) ++i;
-    const Point& a = pts[i - 1];
-    const Point& b = pts[i];
-    const double t = (std::log(work) - std::log(a.work)) / (std::log(b.work) - std::log(a.work));
-    thr = a.throughput + t * (b.throughput - a.throughput);
-  }
-  return work / thr;
-}
+using Point = ThroughputPoint;
 
 Status need(const json& e, const char* key, const char* where, size_t i) {
   if (!e.contains(key)) return make_error("{}[{}]: missing field '{}'", where, i, key);
@@ -59,7 +34,8 @@ IntRange int_range(std::string_view key) {
   if (key == "members") return {1, 1 << 20};
   if (key == "samples") return {1, 1 << 30};
   if (key == "ranks_sharing") return {1, 1 << 10};
-  return {1, 1 << 24};  // m, n, k, batch_heads, seq
+  if (key == "groups") return {1, 1 << 16};
+  return {1, 1 << 24};  // m, n, k, rows, batch_heads, seq
 }
 
 JsonFields entry_fields(const json& e, const char* where, size_t i) {
@@ -86,6 +62,7 @@ std::vector<std::string> entry_fields_of(std::string_view list) {
   const std::vector<std::string> spread = {"p10_us", "p90_us", "samples", "ranks_sharing"};
   std::vector<std::string> own;
   if (list == "gemm") own = {"m", "n", "k", "dtype", "time_us"};
+  if (list == "grouped_gemm") own = {"groups", "rows", "n", "k", "dtype", "wgrad", "time_us"};
   if (list == "attention") own = {"batch_heads", "seq", "head_dim", "causal", "backward", "time_us"};
   if (list == "memory") own = {"bytes", "time_us"};
   if (list == "ops") own = {"op", "bytes", "time_us"};
@@ -229,7 +206,7 @@ std::optional<double> Calibration::gemm_time(int64_t m, int64_t n, int64_t k, DT
     if (g.m == m && g.n == n && g.k == k) return g.time_us * 1e-6;
     pts.push_back({gemm_flops(g.m, g.n, g.k), gemm_flops(g.m, g.n, g.k) / (g.time_us * 1e-6)});
   }
-  return interpolate(std::move(pts), gemm_flops(m, n, k));
+  return interpolate_time(std::move(pts), gemm_flops(m, n, k));
 }
 
 namespace {
@@ -244,7 +221,7 @@ std::optional<double> attention_lookup(const std::vector<Calibration::Attention>
     const double f = attention_flops(a.batch_heads, a.seq, a.head_dim, a.causal);
     pts.push_back({f, f / (a.time_us * 1e-6)});
   }
-  return interpolate(std::move(pts), attention_flops(bh, seq, d, causal));
+  return interpolate_time(std::move(pts), attention_flops(bh, seq, d, causal));
 }
 
 }  // namespace
@@ -266,7 +243,7 @@ std::optional<double> Calibration::op_time(std::string_view op, double bytes) co
     if (o.bytes == bytes) return o.time_us * 1e-6;
     pts.push_back({o.bytes, o.bytes / (o.time_us * 1e-6)});
   }
-  return interpolate(std::move(pts), bytes);
+  return interpolate_time(std::move(pts), bytes);
 }
 
 std::vector<int> Calibration::sharing_levels() const {
@@ -274,7 +251,7 @@ std::vector<int> Calibration::sharing_levels() const {
   auto add = [&](const auto& v) {
     for (const auto& e : v) levels.push_back(e.spread.ranks_sharing);
   };
-  add(gemm), add(attention), add(memory), add(ops), add(collectives);
+  add(gemm), add(grouped_gemm), add(attention), add(memory), add(ops), add(collectives);
   if (levels.empty()) levels.push_back(1);
   std::sort(levels.begin(), levels.end());
   levels.erase(std::unique(levels.begin(), levels.end()), levels.end());
@@ -284,6 +261,7 @@ std::vector<int> Calibration::sharing_levels() const {
 Calibration Calibration::for_ranks_sharing(int ranks) const {
   Calibration c = *this;
   c.gemm = at_level(gemm, ranks);
+  c.grouped_gemm = at_level(grouped_gemm, ranks);
   c.attention = at_level(attention, ranks);
   c.memory = at_level(memory, ranks);
   c.ops = at_level(ops, ranks);
@@ -305,7 +283,7 @@ std::optional<double> Calibration::memory_time(double bytes) const {
     if (m.bytes == bytes) return m.time_us * 1e-6;
     pts.push_back({m.bytes, m.bytes / (m.time_us * 1e-6)});
   }
-  return interpolate(std::move(pts), bytes);
+  return interpolate_time(std::move(pts), bytes);
 }
 
 std::optional<double> Calibration::collective_busbw(CollectiveKind kind, int members,
@@ -314,7 +292,7 @@ std::optional<double> Calibration::collective_busbw(CollectiveKind kind, int mem
   std::vector<Point> pts;
   for (const auto& c : collectives)
     if (c.kind == kind && c.members == members) pts.push_back({c.bytes, c.busbw_GBps * 1e9});
-  auto t = interpolate(std::move(pts), bytes);
+  auto t = interpolate_time(std::move(pts), bytes);
   if (!t) return std::nullopt;
   return bytes / *t;
 }
@@ -324,13 +302,13 @@ namespace {
 // Refuses a top-level field the format does not have.
 Status check_top_level_fields(const json& j) {
   for (auto it = j.begin(); it != j.end(); ++it) {
-    static const char* known[] = {"version", "device", "precision", "machine", "gemm", "attention",
-                                  "memory",  "ops",    "links",     "collectives"};
+    static const char* known[] = {"version", "device", "precision", "machine", "gemm", "grouped_gemm",
+                                  "attention", "memory", "ops", "links", "collectives"};
     if (std::find_if(std::begin(known), std::end(known),
                      [&](const char* k) { return it.key() == k; }) == std::end(known))
       return make_error(
-          "unknown calibration field '{}'; known: version, device, precision, machine, gemm, attention, "
-          "memory, ops, links, collectives",
+          "unknown calibration field '{}'; known: version, device, precision, machine, gemm, grouped_gemm, "
+          "attention, memory, ops, links, collectives",
           it.key());
   }
   return ok_status();
@@ -355,6 +333,18 @@ Status read_description(const json& j, Calibration& c) {
   return ok_status();
 }
 
+// The optional "dtype" of entry i of a GEMM list (`where`): bf16 when absent.
+Result<DType> gemm_dtype_of(const json& e, const char* where, size_t i) {
+  if (!e.contains("dtype")) return DType::kBf16;
+  const std::string s = e["dtype"].is_string() ? e["dtype"].get<std::string>() : "";
+  if (s == "fp32") return DType::kFp32;
+  if (s == "fp8") return DType::kFp8;
+  if (s != "bf16" && s != "fp16")
+    return make_error("{}[{}]: field 'dtype' must be \"bf16\", \"fp16\", \"fp8\" or \"fp32\", got {}", where, i,
+                      e["dtype"].dump());
+  return DType::kBf16;
+}
+
 // The calibration's `gemm` entries: measured GEMM times by shape and dtype.
 Status read_gemm(const json& j, Calibration& c) {
   MT_ASSIGN(const json* gemm, list(j, "gemm"));
@@ -364,19 +354,32 @@ Status read_gemm(const json& j, Calibration& c) {
     MT_ASSIGN(int64_t n, positive_int(e, "n", "gemm", i));
     MT_ASSIGN(int64_t k, positive_int(e, "k", "gemm", i));
     MT_ASSIGN(double us, positive(e, "time_us", "gemm", i));
-    DType dt = DType::kBf16;
-    if (e.contains("dtype")) {
-      const std::string s = e["dtype"].is_string() ? e["dtype"].get<std::string>() : "";
-      if (s == "fp32")
-        dt = DType::kFp32;
-      else if (s == "fp8")
-        dt = DType::kFp8;
-      else if (s != "bf16" && s != "fp16")
-        return make_error("gemm[{}]: field 'dtype' must be \"bf16\", \"fp16\", \"fp8\" or \"fp32\", got {}",
-                          i, e["dtype"].dump());
-    }
+    MT_ASSIGN(DType dt, gemm_dtype_of(e, "gemm", i));
     MT_ASSIGN(Calibration::Spread sp, spread_of(e, "gemm", i));
     c.gemm.push_back({m, n, k, dt, us, sp});
+  }
+  return ok_status();
+}
+
+// The `grouped_gemm` entries: one grouped kernel over equal groups, forward or weight gradient.
+Status read_grouped_gemm(const json& j, Calibration& c) {
+  MT_ASSIGN(const json* grouped, list(j, "grouped_gemm"));
+  for (size_t i = 0; grouped && i < grouped->size(); ++i) {
+    const json& e = (*grouped)[i];
+    MT_ASSIGN(int64_t groups, positive_int(e, "groups", "grouped_gemm", i));
+    MT_ASSIGN(int64_t rows, positive_int(e, "rows", "grouped_gemm", i));
+    MT_ASSIGN(int64_t n, positive_int(e, "n", "grouped_gemm", i));
+    MT_ASSIGN(int64_t k, positive_int(e, "k", "grouped_gemm", i));
+    MT_ASSIGN(double us, positive(e, "time_us", "grouped_gemm", i));
+    MT_ASSIGN(DType dt, gemm_dtype_of(e, "grouped_gemm", i));
+    bool wgrad = false;
+    if (e.contains("wgrad")) {
+      if (!e["wgrad"].is_boolean())
+        return make_error("grouped_gemm[{}]: field 'wgrad' must be true (weight gradients) or false (forward)", i);
+      wgrad = e["wgrad"].get<bool>();
+    }
+    MT_ASSIGN(Calibration::Spread sp, spread_of(e, "grouped_gemm", i));
+    c.grouped_gemm.push_back({groups, rows, n, k, dt, us, wgrad, sp});
   }
   return ok_status();
 }
@@ -500,6 +503,7 @@ Result<Calibration> calibration_from_json(std::string_view text) {
         c.version, Calibration::kVersion);
   MT_TRY(read_description(j, c));
   MT_TRY(read_gemm(j, c));
+  MT_TRY(read_grouped_gemm(j, c));
   MT_TRY(read_attention(j, c));
   MT_TRY(read_memory(j, c));
   MT_TRY(read_ops(j, c));
@@ -524,6 +528,16 @@ std::string calibration_to_json(const Calibration& c) {
               {"time_us", e.time_us}};
     put_spread(x, e.spread);
     g.push_back(std::move(x));
+  }
+  if (!c.grouped_gemm.empty()) {  // a file without them reads and writes as before
+    json& gg = j["grouped_gemm"] = json::array();
+    for (const auto& e : c.grouped_gemm) {
+      json x = {{"groups", e.groups}, {"rows", e.rows}, {"n", e.n}, {"k", e.k}, {"dtype", dtype_name(e.dtype)},
+                {"time_us", e.time_us}};
+      if (e.wgrad) x["wgrad"] = true;
+      put_spread(x, e.spread);
+      gg.push_back(std::move(x));
+    }
   }
   json& a = j["attention"] = json::array();
   for (const auto& e : c.attention) {
@@ -677,6 +691,10 @@ CalibrationCoverage calibration_coverage(const Calibration& c, DType dtype) {
   std::size_t gemms = 0;
   for (const auto& g : c.gemm) gemms += g.dtype == dtype;
   add(gemms > 0, fmt::format("gemm {}{}", dtype_name(dtype), gemms ? fmt::format(" ({} shapes)", gemms) : ""));
+  std::size_t grouped = 0;
+  for (const auto& g : c.grouped_gemm) grouped += g.dtype == dtype;
+  add(grouped > 0, fmt::format("grouped gemm {}{}", dtype_name(dtype),
+                               grouped ? fmt::format(" ({} shapes)", grouped) : " (tile model)"));
   for (bool backward : {false, true}) {
     const bool any = std::any_of(c.attention.begin(), c.attention.end(),
                                  [&](const Calibration::Attention& a) { return a.backward == backward; });

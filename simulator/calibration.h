@@ -31,6 +31,12 @@
 //     "notes": ["mpi: not measured (not launched by mpirun)"]},
 //   "ops": [                              // memory-bound kernels by name and bytes moved
 //     {"op": "gelu_forward", "bytes": 1048576, "time_us": 210}],
+//   "grouped_gemm": [                     // one grouped kernel over `groups` equal groups (MoE
+//     {"groups": 8, "rows": 256,          // experts over their tokens): c_g (rows×n) = a_g (rows×k)·b_g (k×n);
+//      "n": 768, "k": 2048, "dtype": "bf16", "time_us": 310.5},
+//     {"groups": 8, "rows": 256, "n": 768, "k": 2048, "wgrad": true, ...}],
+//                                         // "wgrad": true: the weight gradients dW_g (k×n) = a_gᵀ·d_g,
+//                                         // each reduced over the group's `rows` tokens
 //
 // and, on any entry of gemm / attention / memory / ops / collectives:
 //   "p10_us", "p90_us"  the spread of the measured samples (time_us is their median;
@@ -55,6 +61,19 @@
 // Op names of "ops" are the backend.h method names as the sim backend
 // issues them (add, copy, layernorm_forward, adamw, ...); bytes are counted
 // as the sim backend counts them (each tensor argument read or written once).
+//
+// Grouped GEMMs (grouped_gemm_time): the entries of the query's dtype and
+// kind (forward or wgrad) at the measured (n, k) nearest the query's (in log
+// n + log k) when that is within a factor of 2 of the query's n and of its k
+// (else none: the cost model keeps its tile model for a shape not measured),
+// and of those the group count nearest the query's non-empty
+// groups (in log; a tie takes the larger), give a per-group throughput over
+// rows per group: the measured time's FLOPs over it, piecewise linear in
+// log(rows) between neighbours and constant beyond the ends, as below. A
+// group of the query costs its own FLOPs at the throughput of its own rows,
+// and the kernel the sum over its groups: uneven groups cost what each one's
+// rows cost (a group of 4096 rows more than one of 16), empty ones nothing.
+// For even groups at a measured entry's shape that sum is its time_us.
 //
 // Interpolation between measured shapes: entries of the same kind (and
 // dtype; collectives: same kind and member count) are ordered by work
@@ -96,6 +115,13 @@ struct Calibration {
     int64_t m, n, k;
     DType dtype;
     double time_us;
+    Spread spread = {};
+  };
+  struct GroupedGemm {
+    int64_t groups, rows, n, k;
+    DType dtype;
+    double time_us;
+    bool wgrad = false;
     Spread spread = {};
   };
   struct Attention {
@@ -145,6 +171,7 @@ struct Calibration {
   DType precision = DType::kFp32;  // absent from the file: fp32 (see the format above)
   Machine machine;
   std::vector<Gemm> gemm;
+  std::vector<GroupedGemm> grouped_gemm;
   std::vector<Attention> attention;
   std::vector<Memory> memory;
   std::vector<Op> ops;
@@ -153,6 +180,12 @@ struct Calibration {
 
   // Interpolated times in seconds; nullopt when nothing of that kind was measured.
   std::optional<double> gemm_time(int64_t m, int64_t n, int64_t k, DType dtype) const;
+  // One grouped GEMM over groups of rows[g] (forward and input gradient: rows
+  // × k by k × n; wgrad: the (k × n) weight gradient reduced over rows[g]
+  // tokens), from the grouped_gemm entries as described above; nullopt when
+  // none of that dtype and kind was measured near (n, k).
+  std::optional<double> grouped_gemm_time(const std::vector<int64_t>& rows, int64_t n, int64_t k, DType dtype,
+                                          bool wgrad) const;
   // Forward entries only; attention_backward_time reads the "backward" ones.
   std::optional<double> attention_time(int64_t batch_heads, int64_t seq, int64_t head_dim,
                                        bool causal) const;

@@ -14,13 +14,14 @@
 // All constants are in CostConstants (constants.h).
 //
 // With a calibration, a measured (or interpolated, see calibration.h) time
-// replaces the roofline for GEMM, attention and memory-bound kernels; the
+// replaces the roofline for GEMM, grouped GEMM, attention and memory-bound kernels; the
 // roofline stays the fallback for kinds with no measurements. A measured
 // attention backward is used as such; without one, backward is 2.5x the
 // measured forward.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string_view>
 #include <vector>
 
@@ -52,15 +53,20 @@ class CostModel {
   // One GEMM of `batch` independent (m,n,k) products.
   Time gemm(int64_t m, int64_t n, int64_t k, DType dtype, int64_t batch = 1) const;
   // One grouped GEMM over groups of rows[g] × k by k × n (MoE experts over
-  // their tokens, forward or input gradient): every group's rows padded to
-  // the kernel's tile (CostConstants::grouped_gemm_tile_rows), all tiles run
-  // as one GEMM of the padded total would (its efficiency, or its measured
-  // time from a calibration's gemm table), with one launch. Empty groups
-  // cost nothing; uneven groups cost their padding.
+  // their tokens, forward or input gradient). With a calibration holding
+  // grouped_gemm entries of the dtype: the sum over groups of each one's
+  // FLOPs at the measured grouped throughput of its rows per group
+  // (Calibration::grouped_gemm_time). Otherwise the tile model: every
+  // group's rows padded to the kernel's tile
+  // (CostConstants::grouped_gemm_tile_rows), all tiles run as one GEMM of
+  // the padded total would (its efficiency, or its measured time from a
+  // calibration's gemm table), with one launch. Either way empty groups
+  // cost nothing and a group of many rows more than one of few.
   Time grouped_gemm(const std::vector<int64_t>& rows, int64_t n, int64_t k, DType dtype) const;
   // The weight gradients of such groups: dW_g (m × n) = a_gᵀ d_g, each a
-  // GEMM whose reduction runs over the group's tokens[g] (its own
-  // efficiency: few tokens, a short reduction), launched once.
+  // GEMM whose reduction runs over the group's tokens[g]. Measured: the
+  // calibration's wgrad entries as above; otherwise each group's GEMM at its
+  // own efficiency (few tokens, a short reduction), launched once.
   Time grouped_gemm_wgrad(const std::vector<int64_t>& tokens, int64_t m, int64_t n, DType dtype) const;
   // Fused attention over batch·heads sequences of `seq` with head size `head_dim`.
   Time attention(int64_t batch_heads, int64_t seq, int64_t head_dim, bool causal, bool backward,
@@ -86,6 +92,10 @@ class CostModel {
   Time roofline(double flops, double bytes, double efficiency, DType dtype) const;
 
  private:
+  // The calibration's grouped_gemm entries' time (fp8 from bf16 ones at FP8's peak); nullopt without them.
+  std::optional<Time> measured_grouped_gemm(const std::vector<int64_t>& rows, int64_t n, int64_t k, DType dtype,
+                                            bool wgrad) const;
+
   DeviceSpec device_;
   CostConstants constants_;
   const Calibration* calibration_;

@@ -12,6 +12,9 @@
 //  * GEMM: the (m, n, k, transposes) each --workload issues under tp 1 and 2
 //    (every linear layer forward, its input and weight gradients, the tied
 //    head), plus a log-spaced cube grid.
+//  * grouped GEMM (MoE experts over their tokens), forward and weight
+//    gradients, over a grid of rows per expert (grouped_grid.h), each
+//    beside the plain GEMM of the same total rows.
 //  * attention forward and backward: the workloads' (batch, heads/tp, seq,
 //    head dim) plus a small grid.
 //  * memory-bound and host ops, each kind on its own (every one of the op
@@ -63,6 +66,7 @@
 #include "core/host_memory.h"
 #include "core/input_file.h"
 #include "core/names.h"
+#include "engine/calibrate/grouped_grid.h"
 #include "engine/calibrate/measure.h"
 #include "engine/calibrate/op_profile.h"
 #include "engine/calibrate/workload.h"
@@ -79,6 +83,7 @@ namespace {
 
 using calibrate::AttentionShape;
 using calibrate::GemmShape;
+using calibrate::GroupedGemmShape;
 using calibrate::OpShape;
 
 struct CalibrateFlags {
@@ -240,7 +245,7 @@ class ThreadBarrier {
 
 // Runs the compute measurements at `sharing` ranks at once; rank 0's results go into `cal`.
 Status measure_compute(int sharing, const std::vector<GemmShape>& gemm,
-                       const std::vector<AttentionShape>& attention,
+                       const std::vector<GroupedGemmShape>& grouped, const std::vector<AttentionShape>& attention,
                        const std::vector<OpShape>& ops, const calibrate::Timing& timing, int rank_threads,
                        sim::Calibration& cal, ProgressLine& progress) {
   ThreadBarrier barrier(sharing);
@@ -261,6 +266,8 @@ Status measure_compute(int sharing, const std::vector<GemmShape>& gemm,
     };
     auto g = calibrate::measure_gemm(b, gemm, timing, sync, sharing, show("gemm", gemm.size()));
     if (!g) return void(status[static_cast<std::size_t>(rank)] = std::move(g).error());
+    auto gg = calibrate::measure_grouped_gemm(b, grouped, timing, sync, sharing, show("grouped gemm", grouped.size()));
+    if (!gg) return void(status[static_cast<std::size_t>(rank)] = std::move(gg).error());
     std::vector<sim::Calibration::Op> score_terms;
     auto a = calibrate::measure_attention(b, attention, timing, sync, sharing,
                                           show("attention", attention.size()), score_terms);
@@ -269,6 +276,7 @@ Status measure_compute(int sharing, const std::vector<GemmShape>& gemm,
     if (!o) return void(status[static_cast<std::size_t>(rank)] = std::move(o).error());
     if (rank != 0) return;
     cal.gemm.insert(cal.gemm.end(), g->begin(), g->end());
+    cal.grouped_gemm.insert(cal.grouped_gemm.end(), gg->begin(), gg->end());
     cal.attention.insert(cal.attention.end(), a->begin(), a->end());
     cal.ops.insert(cal.ops.end(), score_terms.begin(), score_terms.end());
     for (const auto& e : *o) {
@@ -325,9 +333,11 @@ std::vector<T> sorted(const std::set<T>& s) {
 // Saves the finished calibration and says what it holds.
 Status write_calibration(const sim::Calibration& cal, const std::string& path) {
   MT_TRY(sim::save_calibration(cal, path));
-  std::fprintf(stderr, "calibrate: wrote %s (precision %s: %zu gemm, %zu attention, %zu ops, %zu collectives)\n",
-               path.c_str(), sim::dtype_name(cal.precision), cal.gemm.size(), cal.attention.size(), cal.ops.size(),
-               cal.collectives.size());
+  std::fprintf(stderr,
+               "calibrate: wrote %s (precision %s: %zu gemm, %zu grouped gemm, %zu attention, %zu ops, %zu "
+               "collectives)\n",
+               path.c_str(), sim::dtype_name(cal.precision), cal.gemm.size(), cal.grouped_gemm.size(),
+               cal.attention.size(), cal.ops.size(), cal.collectives.size());
   return ok_status();
 }
 
@@ -336,7 +346,7 @@ Status write_calibration(const sim::Calibration& cal, const std::string& path) {
 // collectives of all ranks over the backend's own communicator (NCCL; no
 // transport named).
 Status calibrate_cuda(const CalibrateFlags& f, Precision precision, const std::vector<GemmShape>& gemm,
-                      const std::vector<AttentionShape>& attention, const std::vector<OpShape>& ops,
+                      const std::vector<GroupedGemmShape>& grouped, const std::vector<AttentionShape>& attention, const std::vector<OpShape>& ops,
                       const calibrate::Timing& timing, MpiEnvironment* env) {
   // Peers wait while rank 0 measures kernels.
   const BackendRequest request{.name = "cuda", .comm_timeout = std::chrono::hours(2)};
@@ -361,6 +371,8 @@ Status calibrate_cuda(const CalibrateFlags& f, Precision precision, const std::v
       return [&progress, what, total](std::size_t done) { progress.show(what, done, total); };
     };
     MT_ASSIGN(cal.gemm, calibrate::measure_gemm(*b, gemm, timing, {}, 1, show("gemm", gemm.size())));
+    MT_ASSIGN(cal.grouped_gemm,
+              calibrate::measure_grouped_gemm(*b, grouped, timing, {}, 1, show("grouped gemm", grouped.size())));
     std::vector<sim::Calibration::Op> score_terms;
     MT_ASSIGN(cal.attention, calibrate::measure_attention(*b, attention, timing, {}, 1,
                                                           show("attention", attention.size()), score_terms));
@@ -427,7 +439,13 @@ Status run_calibrate(const CalibrateFlags& f) {
   std::set<GemmShape>& gemm = shapes.gemm;
   std::set<AttentionShape>& attention = shapes.attention;
   std::set<OpShape>& ops = shapes.ops;
-  if (!f.no_grid) grid_shapes(f.quick, dtype, gemm, attention, ops);
+  std::set<GroupedGemmShape> grouped;
+  if (!f.no_grid) {
+    grid_shapes(f.quick, dtype, gemm, attention, ops);
+    grouped = calibrate::grouped_gemm_grid(f.quick, f.backend == "cuda", dtype);
+    const std::set<GemmShape> plain = calibrate::plain_gemms_of(grouped);
+    gemm.insert(plain.begin(), plain.end());
+  }
   if (gemm.empty() && attention.empty() && ops.empty())
     return make_error("--no-grid needs at least one --workload");
   MT_TRY(check_shapes_fit(gemm, attention, ops));
@@ -448,8 +466,9 @@ Status run_calibrate(const CalibrateFlags& f) {
   }
   const bool leader = !env || env->rank() == 0;
 
-  if (f.backend == "cuda") return calibrate_cuda(f, precision, sorted(gemm), sorted(attention), sorted(ops),
-                                                 timing, env.get());
+  if (f.backend == "cuda")
+    return calibrate_cuda(f, precision, sorted(gemm), sorted(grouped), sorted(attention), sorted(ops), timing,
+                          env.get());
   sim::Calibration cal;
   cal.precision = sim::DType::kFp32;  // precision_for_backend refused any other on the cpu backend
   cal.machine = describe_machine(f.backend);
@@ -457,7 +476,8 @@ Status run_calibrate(const CalibrateFlags& f) {
   ProgressLine progress;
   if (leader) {
     for (int s : sharing)
-      MT_TRY(measure_compute(s, sorted(gemm), sorted(attention), sorted(ops), timing, f.threads, cal, progress)
+      MT_TRY(measure_compute(s, sorted(gemm), sorted(grouped), sorted(attention), sorted(ops), timing, f.threads,
+                             cal, progress)
                  .context(fmt::format("measuring kernels with {} ranks sharing", s)));
     for (int n = 2; n <= max_ranks; ++n)
       MT_TRY(measure_threads(n, f.quick, timing, f.threads, cal, progress)

@@ -134,6 +134,9 @@ void round_trip(Backend& b, Tensor& x, const Group& g, int me, int tag) {
 bool GemmShape::operator<(const GemmShape& o) const {
   return std::tie(m, n, k, trans_a, trans_b, in, out) < std::tie(o.m, o.n, o.k, o.trans_a, o.trans_b, o.in, o.out);
 }
+bool GroupedGemmShape::operator<(const GroupedGemmShape& o) const {
+  return std::tie(groups, rows, n, k, wgrad, in, out) < std::tie(o.groups, o.rows, o.n, o.k, o.wgrad, o.in, o.out);
+}
 bool AttentionShape::operator<(const AttentionShape& o) const {
   return std::tie(batch, heads, seq, head_dim, causal, windows, dtype) <
          std::tie(o.batch, o.heads, o.seq, o.head_dim, o.causal, o.windows, o.dtype);
@@ -172,6 +175,43 @@ Result<std::vector<sim::Calibration::Gemm>> measure_gemm(Backend& b,
     }
     MT_ASSIGN(auto r, time_op(b, rotating(std::move(calls)), t, sync, sharing));
     out.push_back({g.m, g.n, g.k, sim_dtype(g.in), r.first, r.second});
+    if (progress) progress(i + 1);
+  }
+  return out;
+}
+
+namespace {
+
+// One call of the grouped GEMM `g` on fresh operands: forward c_g = a_g·b_g, or wgrad dW_g += a_gᵀ·d_g.
+std::function<void()> grouped_call(Backend& b, const GroupedGemmShape& g) {
+  std::vector<Tensor> a, w, c;
+  for (std::int64_t e = 0; e < g.groups; ++e) {
+    a.push_back(filled(b, Shape{g.rows, g.k}, 0.01f, g.in));
+    w.push_back(filled(b, g.wgrad ? Shape{g.rows, g.n} : Shape{g.k, g.n}, 0.01f, g.in));
+    c.push_back(g.wgrad ? filled(b, Shape{g.k, g.n}, 0.f, g.out) : filled(b, Shape{g.rows, g.n}, 0.f, g.in));
+  }
+  const GemmOp op{g.wgrad, false, 1.f, g.wgrad ? 1.f : 0.f, Tensor{}};
+  return [=, &b]() mutable { b.grouped_gemm(a, w, c, op); };
+}
+
+}  // namespace
+
+Result<std::vector<sim::Calibration::GroupedGemm>> measure_grouped_gemm(
+    Backend& b, const std::vector<GroupedGemmShape>& shapes, const Timing& t, const Sync& sync, int sharing,
+    const Progress& progress) {
+  std::vector<sim::Calibration::GroupedGemm> out;
+  for (std::size_t i = 0; i < shapes.size(); ++i) {
+    const GroupedGemmShape& g = shapes[i];
+    const auto in = static_cast<double>(dtype_size(g.in));
+    const double c_bytes = g.wgrad ? static_cast<double>(dtype_size(g.out)) * static_cast<double>(g.k * g.n)
+                                   : in * static_cast<double>(g.rows * g.n);
+    const double b_bytes = in * static_cast<double>(g.wgrad ? g.rows * g.n : g.k * g.n);
+    const double set_bytes =
+        static_cast<double>(g.groups) * (in * static_cast<double>(g.rows * g.k) + b_bytes + c_bytes);
+    std::vector<std::function<void()>> calls;
+    for (int c = 0; c < cold_sets(set_bytes, Residency::kL3, t); ++c) calls.push_back(grouped_call(b, g));
+    MT_ASSIGN(auto r, time_op(b, rotating(std::move(calls)), t, sync, sharing));
+    out.push_back({g.groups, g.rows, g.n, g.k, sim_dtype(g.in), r.first, g.wgrad, r.second});
     if (progress) progress(i + 1);
   }
   return out;

@@ -62,6 +62,17 @@ struct GemmShape {
   DType in = DType::f32, out = DType::f32;
   bool operator<(const GemmShape& o) const;
 };
+// One grouped GEMM over `groups` groups of `rows` rows each, as an MoE
+// layer's experts issue it (models/moe_layer.cc): forward (and input
+// gradient) c_g (rows×n) = a_g (rows×k)·b_g (k×n) at `in`; wgrad the weight
+// gradients dW_g (k×n) += a_gᵀ·d_g, a_g (rows×k) and d_g (rows×n) at `in`,
+// dW_g at `out` (fp32 in a bf16 step).
+struct GroupedGemmShape {
+  std::int64_t groups, rows, n, k;
+  bool wgrad = false;
+  DType in = DType::f32, out = DType::f32;
+  bool operator<(const GroupedGemmShape& o) const;
+};
 // Attention over batch·heads sequences (kv heads = heads), causal or not.
 // windows > 0: the attention also carries Swin's score terms (a (T, T, H)
 // bias, and a (windows, T, T) mask on the shifted blocks), whose extra time
@@ -99,6 +110,10 @@ Result<std::vector<sim::Calibration::Gemm>> measure_gemm(Backend& b,
                                                          const std::vector<GemmShape>& shapes,
                                                          const Timing& t, const Sync& sync,
                                                          int sharing, const Progress& progress);
+// One grouped_gemm entry per shape, the backend's grouped_gemm timed as a whole.
+Result<std::vector<sim::Calibration::GroupedGemm>> measure_grouped_gemm(
+    Backend& b, const std::vector<GroupedGemmShape>& shapes, const Timing& t, const Sync& sync, int sharing,
+    const Progress& progress);
 // Forward and backward entries for each shape; for shapes with score terms
 // also "attention_score_terms" ops entries in `score_terms`: the time a bias
 // (and a bias and a mask) add to the plain attention, forward and backward,

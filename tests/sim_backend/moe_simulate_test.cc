@@ -5,6 +5,7 @@
 // expert, and every MoE preset simulates.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -12,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/simulation/simulation.h"
+#include "simulator/cost_model.h"
 
 using namespace meshtrain;
 
@@ -111,6 +113,71 @@ TEST_CASE("a routing file gives shares per expert; a wrong one is refused naming
   REQUIRE_FALSE(bad.ok());
   CHECK_THAT(bad.error().message(), Catch::Contains("holds 3 shares, the model has 8 experts"));
   std::remove(path.c_str());
+}
+
+namespace {
+
+// The compute-stream durations (µs) of the ops named `name` on the first rank of a trace, in start order.
+std::vector<double> durations_of(const std::string& trace, const std::string& name) {
+  const nlohmann::json t = nlohmann::json::parse(trace);
+  int pid0 = -1;
+  for (const auto& e : t.at("traceEvents"))
+    if (e.at("ph") == "X" && pid0 < 0) pid0 = e.at("pid").get<int>();
+  std::vector<std::pair<double, double>> found;  // (start, duration)
+  for (const auto& e : t.at("traceEvents"))
+    if (e.at("ph") == "X" && e.at("pid").get<int>() == pid0 && e.at("name") == name)
+      found.emplace_back(e.at("ts").get<double>(), e.at("dur").get<double>());
+  std::sort(found.begin(), found.end());
+  std::vector<double> out;
+  for (const auto& f : found) out.push_back(f.second);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("dropless uneven routing: the busiest EP rank's expert rows set every rank's grouped GEMMs",
+          "[sim][moe]") {
+  // 8 experts over ep 4 (2 local experts per rank), top 2, one micro-batch of 2048 tokens per rank: 4096
+  // assignments. Shares 6:2:2:2:1:1:1:1 of 16 route 1536, 512, 512, 512 and 256 to each of the rest; EP
+  // rank 0 (experts 0 and 1) is the busiest, and receives from each of its 4 peers (who route alike)
+  // 1536 and 512 rows: its grouped GEMMs run groups of {6144, 2048} rows, where uniform routing gives
+  // {2048, 2048}.
+  const ModelSpec m = small_moe();
+  Plan p = moe_plan(m, 1, 1, 4, 4);
+  p.global_batch = 4;
+  const std::string path = "moe_simulate_busiest.json";
+  auto run = [&](const std::string& shares) {
+    std::ofstream(path) << shares;
+    SimulateOptions o;
+    o.cluster = *sim::cluster_preset("dgx-h100");
+    o.moe_routing = *MoeRouting::parse("file:" + path);
+    o.trace = true;
+    auto r = simulate_iteration(m, p, o);
+    REQUIRE(r.ok());
+    return std::move(r).value();
+  };
+  const SimulationResult skewed = run("[6, 2, 2, 2, 1, 1, 1, 1]");
+  const SimulationResult uniform = run("[1, 1, 1, 1, 1, 1, 1, 1]");
+  // The same loads with EP rank 1 the busiest (experts 2 and 3).
+  const SimulationResult moved = run("[1, 1, 6, 2, 2, 2, 1, 1]");
+  std::remove(path.c_str());
+  const sim::CostModel cost(sim::cluster_preset("dgx-h100")->device, sim::CostConstants{});
+  const std::int64_t C = m.hidden, F = m.ffn;
+  // The first MoE layer's forward: the SwiGLU up projection (n = 2F, k = C), then the down projection.
+  auto expected_us = [&](std::vector<std::int64_t> rows, std::int64_t n, std::int64_t k) {
+    return sim::to_seconds(cost.grouped_gemm(rows, n, k, sim::DType::kBf16)) * 1e6;
+  };
+  const std::vector<double> got = durations_of(skewed.trace_json, "grouped_gemm");
+  REQUIRE(got.size() >= 2);
+  CHECK(got[0] == Approx(expected_us({6144, 2048}, 2 * F, C)).epsilon(1e-6));
+  CHECK(got[1] == Approx(expected_us({6144, 2048}, C, F)).epsilon(1e-6));
+  const std::vector<double> even = durations_of(uniform.trace_json, "grouped_gemm");
+  REQUIRE(even.size() >= 1);
+  CHECK(even[0] == Approx(expected_us({2048, 2048}, 2 * F, C)).epsilon(1e-6));
+  // Every rank waits for the busiest: which rank it is does not change the step.
+  CHECK(durations_of(moved.trace_json, "grouped_gemm") == got);
+  CHECK(moved.iteration_s == Approx(skewed.iteration_s).epsilon(1e-3));
+  CHECK(skewed.iteration_s > uniform.iteration_s);
 }
 
 TEST_CASE("every MoE preset simulates with expert, tensor and pipeline parallelism", "[sim][moe]") {
