@@ -39,9 +39,8 @@ void diff_fields(const nlohmann::json& written, const nlohmann::json& now,
   }
 }
 
-}  // namespace
-
-Result<CheckpointManifest> parse_checkpoint_manifest(std::string_view text, const std::string& path) {
+// The manifest's JSON object, its manifest_crc32 checked and removed.
+Result<nlohmann::json> checksummed_json(std::string_view text, const std::string& path) {
   auto parsed = parse_json(text, fmt::format("checkpoint manifest '{}'", path));
   if (!parsed.ok() || !parsed->is_object()) {
     return make_error("checkpoint manifest '{}' is not valid JSON ({} bytes; truncated or corrupted{}); {}", path,
@@ -58,83 +57,103 @@ Result<CheckpointManifest> parse_checkpoint_manifest(std::string_view text, cons
     return make_error("checkpoint manifest '{}' is corrupted: crc32 expected {:#010x}, actual {:#010x}; {}", path,
                       stored_crc, actual_crc, kRefuse);
   }
-  const auto malformed = [&](const Error& e) {
-    return make_error("checkpoint manifest '{}' is malformed ({}); {}", path, e.message(), kRefuse);
-  };
-  const auto fields = JsonFields::of(manifest, "field", "").value();
+  return std::move(manifest);
+}
+
+Error malformed(const std::string& path, const Error& e) {
+  return make_error("checkpoint manifest '{}' is malformed ({}); {}", path, e.message(), kRefuse);
+}
+
+// A meshtrain manifest of the format version this build reads.
+Status check_format_version(const JsonFields& fields, const std::string& path) {
   std::string format;
   int version = 0;
   if (!fields.get_string("format", format).ok() || format != kFormat) {
     return make_error("'{}' is not a meshtrain checkpoint manifest; {}", path, kRefuse);
   }
-  if (Status s = fields.get_int("version", IntRange{0, 1 << 20}, version); !s.ok()) return malformed(s.error());
+  if (Status s = fields.get_int("version", IntRange{0, 1 << 20}, version); !s.ok()) return malformed(path, s.error());
   if (version != kCheckpointVersion) {
     return make_error("checkpoint '{}' has format version {}, this build reads version {}; {}", path, version,
                       kCheckpointVersion, kRefuse);
   }
-  // Every field, its type and its range; the first problem is the message.
-  CheckpointManifest m;
-  Status status = [&]() -> Status {
-    for (const char* key : {"model", "plan", "step", "rng", "data_loader", "payload", "tensors"})
-      if (!fields.has(key)) return make_error("field '{}' is missing", key);
-    m.meta.model = fields.at("model");
-    m.meta.plan = fields.at("plan");
-    m.meta.rng = fields.at("rng");
-    if (fields.has("run")) m.meta.run = fields.at("run");
-    if (fields.has("tokenizer")) {
-      MT_ASSIGN(const JsonFields tf, JsonFields::of(fields.at("tokenizer"), "field 'tokenizer'",
-                                                    "field 'tokenizer' must be an object"));
-      for (const char* key : {"file", "source", "bytes", "crc32", "vocab"})
-        if (!tf.has(key)) return make_error("field 'tokenizer' needs file, source, bytes, crc32 and vocab");
-      CheckpointTokenizer t;
-      MT_TRY(tf.get_string("file", t.file));
-      MT_TRY(tf.get_string("source", t.source));
-      MT_TRY(tf.get_uint64("bytes", std::uint64_t{1} << 40, t.bytes));
-      MT_TRY(tf.get_int("crc32", IntRange{0, 0xffffffff}, t.crc32));
-      MT_TRY(tf.get_int("vocab", IntRange{1, 1 << 30}, t.vocab));
-      if (!is_tokenizer_name(t.file))
-        return make_error("field 'tokenizer': file '{}' is not a tokenizer copy's name (tokenizer-<crc32>.model)",
-                          t.file);
-      m.meta.tokenizer = std::move(t);
-    }
-    MT_TRY(fields.get_int("step", IntRange{0, std::int64_t{1} << 62}, m.meta.step));
-    MT_ASSIGN(m.meta.data_loader, loader_state_from_json(fields.at("data_loader")));
-    MT_ASSIGN(const JsonFields payload, JsonFields::of(fields.at("payload"), "field 'payload'",
-                                                       "field 'payload' must be an object"));
-    if (!payload.has("file") || !payload.has("bytes") || !payload.has("crc32"))
-      return make_error("field 'payload' needs file, bytes and crc32");
-    MT_TRY(payload.get_string("file", m.payload));
-    MT_TRY(payload.get_uint64("bytes", std::uint64_t{1} << 52, m.payload_bytes));
-    MT_TRY(payload.get_int("crc32", IntRange{0, 0xffffffff}, m.payload_crc));
-    if (!fields.at("tensors").is_array()) return make_error("field 'tensors' must be a list");
-    std::size_t i = 0;
-    for (const auto& t : fields.at("tensors")) {
-      MT_ASSIGN(const JsonFields tf, JsonFields::of(t, fmt::format("tensors[{}] field", i),
-                                                    fmt::format("tensors[{}] must be an object", i)));
-      for (const char* key : {"name", "dtype", "shape", "offset", "bytes"})
-        if (!tf.has(key)) return make_error("tensors[{}]: field '{}' is missing", i, key);
-      CheckpointManifest::Tensor entry;
-      std::string dtype;
-      MT_TRY(tf.get_string("name", entry.name));
-      MT_TRY(tf.get_string("dtype", dtype));
-      if (dtype != "f32") return make_error("tensor '{}' has dtype {}; this build reads f32 only", entry.name, dtype);
-      if (!tf.at("shape").is_array()) return make_error("tensors[{}]: field 'shape' must be a list", i);
-      const auto shape = tf.at("shape");
-      for (std::size_t d = 0; d < shape.size(); ++d) {
-        MT_ASSIGN(const std::int64_t dim, json_int(shape[d], fmt::format("tensors[{}] shape[{}]", i, d),
-                                                   IntRange{0, kMaxTensorElements}));
-        entry.shape.push_back(dim);
-      }
-      MT_TRY(tf.get_uint64("offset", std::uint64_t{1} << 52, entry.offset));
-      MT_TRY(tf.get_uint64("bytes", std::uint64_t{1} << 52, entry.bytes));
-      m.tensors.push_back(std::move(entry));
-      ++i;
-    }
-    return ok_status();
-  }();
-  if (!status.ok()) return malformed(status.error());
+  return ok_status();
+}
 
-  // Tensors tile the payload in order; anything else is a manifest no writer makes.
+Result<CheckpointTokenizer> read_tokenizer(const nlohmann::json& j) {
+  MT_ASSIGN(const JsonFields tf, JsonFields::of(j, "field 'tokenizer'", "field 'tokenizer' must be an object"));
+  for (const char* key : {"file", "source", "bytes", "crc32", "vocab"})
+    if (!tf.has(key)) return make_error("field 'tokenizer' needs file, source, bytes, crc32 and vocab");
+  CheckpointTokenizer t;
+  MT_TRY(tf.get_string("file", t.file));
+  MT_TRY(tf.get_string("source", t.source));
+  MT_TRY(tf.get_uint64("bytes", std::uint64_t{1} << 40, t.bytes));
+  MT_TRY(tf.get_int("crc32", IntRange{0, 0xffffffff}, t.crc32));
+  MT_TRY(tf.get_int("vocab", IntRange{1, 1 << 30}, t.vocab));
+  if (!is_tokenizer_name(t.file))
+    return make_error("field 'tokenizer': file '{}' is not a tokenizer copy's name (tokenizer-<crc32>.model)",
+                      t.file);
+  return t;
+}
+
+Status read_payload(const nlohmann::json& j, CheckpointManifest& m) {
+  MT_ASSIGN(const JsonFields payload, JsonFields::of(j, "field 'payload'", "field 'payload' must be an object"));
+  if (!payload.has("file") || !payload.has("bytes") || !payload.has("crc32"))
+    return make_error("field 'payload' needs file, bytes and crc32");
+  MT_TRY(payload.get_string("file", m.payload));
+  MT_TRY(payload.get_uint64("bytes", std::uint64_t{1} << 52, m.payload_bytes));
+  MT_TRY(payload.get_int("crc32", IntRange{0, 0xffffffff}, m.payload_crc));
+  return ok_status();
+}
+
+// Entry i of the field 'tensors'.
+Result<CheckpointManifest::Tensor> read_tensor_entry(const nlohmann::json& t, std::size_t i) {
+  MT_ASSIGN(const JsonFields tf, JsonFields::of(t, fmt::format("tensors[{}] field", i),
+                                                fmt::format("tensors[{}] must be an object", i)));
+  for (const char* key : {"name", "dtype", "shape", "offset", "bytes"})
+    if (!tf.has(key)) return make_error("tensors[{}]: field '{}' is missing", i, key);
+  CheckpointManifest::Tensor entry;
+  std::string dtype;
+  MT_TRY(tf.get_string("name", entry.name));
+  MT_TRY(tf.get_string("dtype", dtype));
+  if (dtype != "f32") return make_error("tensor '{}' has dtype {}; this build reads f32 only", entry.name, dtype);
+  if (!tf.at("shape").is_array()) return make_error("tensors[{}]: field 'shape' must be a list", i);
+  const auto shape = tf.at("shape");
+  for (std::size_t d = 0; d < shape.size(); ++d) {
+    MT_ASSIGN(const std::int64_t dim, json_int(shape[d], fmt::format("tensors[{}] shape[{}]", i, d),
+                                               IntRange{0, kMaxTensorElements}));
+    entry.shape.push_back(dim);
+  }
+  MT_TRY(tf.get_uint64("offset", std::uint64_t{1} << 52, entry.offset));
+  MT_TRY(tf.get_uint64("bytes", std::uint64_t{1} << 52, entry.bytes));
+  return entry;
+}
+
+// Every field, its type and its range; the first problem is the message.
+Status read_fields(const JsonFields& fields, CheckpointManifest& m) {
+  for (const char* key : {"model", "plan", "step", "rng", "data_loader", "payload", "tensors"})
+    if (!fields.has(key)) return make_error("field '{}' is missing", key);
+  m.meta.model = fields.at("model");
+  m.meta.plan = fields.at("plan");
+  m.meta.rng = fields.at("rng");
+  if (fields.has("run")) m.meta.run = fields.at("run");
+  if (fields.has("tokenizer")) {
+    MT_ASSIGN(m.meta.tokenizer, read_tokenizer(fields.at("tokenizer")));
+  }
+  MT_TRY(fields.get_int("step", IntRange{0, std::int64_t{1} << 62}, m.meta.step));
+  MT_ASSIGN(m.meta.data_loader, loader_state_from_json(fields.at("data_loader")));
+  MT_TRY(read_payload(fields.at("payload"), m));
+  if (!fields.at("tensors").is_array()) return make_error("field 'tensors' must be a list");
+  std::size_t i = 0;
+  for (const auto& t : fields.at("tensors")) {
+    MT_ASSIGN(CheckpointManifest::Tensor entry, read_tensor_entry(t, i));
+    m.tensors.push_back(std::move(entry));
+    ++i;
+  }
+  return ok_status();
+}
+
+// Tensors tile the payload in order; anything else is a manifest no writer makes.
+Status check_payload_layout(const CheckpointManifest& m, const std::string& path) {
   std::uint64_t expect_offset = 0;
   for (const CheckpointManifest::Tensor& t : m.tensors) {
     const std::int64_t n = element_count(t.shape);
@@ -149,6 +168,18 @@ Result<CheckpointManifest> parse_checkpoint_manifest(std::string_view text, cons
     return make_error("checkpoint manifest '{}': tensors cover {} bytes but the payload '{}' is {}; {}", path,
                       expect_offset, m.payload, m.payload_bytes, kRefuse);
   }
+  return ok_status();
+}
+
+}  // namespace
+
+Result<CheckpointManifest> parse_checkpoint_manifest(std::string_view text, const std::string& path) {
+  MT_ASSIGN(const nlohmann::json manifest, checksummed_json(text, path));
+  const auto fields = JsonFields::of(manifest, "field", "").value();
+  MT_TRY(check_format_version(fields, path));
+  CheckpointManifest m;
+  if (Status s = read_fields(fields, m); !s.ok()) return malformed(path, s.error());
+  MT_TRY(check_payload_layout(m, path));
   return m;
 }
 

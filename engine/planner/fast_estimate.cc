@@ -217,31 +217,55 @@ Status FastEstimator::prepare(const std::vector<const Plan*>& plans) {
 
 std::size_t FastEstimator::reference_simulations() const { return refs_.size() * (layers_alike_ ? 4 : 2); }
 
-FastBreakdown FastEstimator::estimate(const Plan& p, const MemoryFit& fit) const {
-  const ModelSpec& m = ctx_.model;
-  const Reference& ref = refs_.at(key_of(p));
-  const std::vector<LayerRange> ranges = virtual_stage_ranges(m, p.stage_split());  // every chunk's layers, once
-  const std::size_t last = forward_flops_.size() - 1;
-  // The ranks holding the same parameters: dp·cp, tp apart (engine/plan/mesh.h).
-  const int n = p.dp * p.cp;
+namespace {
+
+// The ranks holding the same parameters: dp·cp, tp apart (engine/plan/mesh.h).
+int replicas(const Plan& p) { return p.dp * p.cp; }
+
+// The gradients' compression on the wire: none without replicas to reduce over.
+GradCompression wire_compression(const Plan& p) {
+  return replicas(p) > 1 ? p.grad_compression : GradCompression::none;
+}
+
+// A block's forward share of its forward and backward.
+double forward_share(const Plan& p) { return p.recompute == Recompute::full ? 0.25 : 1.0 / 3.0; }
+
+// ZeRO 2 and 3 reduce-scatter each block's fp32 gradients after every
+// micro-batch's backward of it, unless zero_reduce_once leaves it to once per step.
+bool reduces_per_microbatch(const Plan& p) { return p.zero >= 2 && !(p.zero_reduce_once && p.microbatches() > 1); }
+
+}  // namespace
+
+double FastEstimator::reduce_scatter_s(const Plan& p, double elements) const {
   using K = sim::CollectiveKind;
-  const GradCompression compression = n > 1 ? p.grad_compression : GradCompression::none;
-  // A reduce-scatter of `elements` fp32 gradients (each rank gets its 1/n),
-  // compressed or not, with the compression's kernels.
-  auto reduce_scatter = [&](double elements) {
-    const double wire = elements * wire_bytes(compression);
-    const double kernels = sim::to_seconds(cost_.memory_bound(elements * compression_kernel_bytes(compression)));
-    if (compression == GradCompression::one_bit) return collective_s(K::kAllToAll, n, p.tp, wire) + kernels;
-    return collective_s(K::kReduceScatter, n, p.tp, wire) + kernels;
-  };
-  auto all_reduce = [&](double elements) {
-    const double wire = elements * wire_bytes(compression);
-    const double kernels = sim::to_seconds(cost_.memory_bound(elements * compression_kernel_bytes(compression)));
-    if (compression == GradCompression::one_bit)
-      return collective_s(K::kAllToAll, n, p.tp, wire) + collective_s(K::kAllGather, n, p.tp, wire) + kernels;
-    return collective_s(K::kAllReduce, n, p.tp, wire) + kernels;
-  };
-  // A rank's share of a block's parameters: the most loaded stage's count over its unsharded blocks.
+  const GradCompression compression = wire_compression(p);
+  const double wire = elements * wire_bytes(compression);
+  const double kernels = sim::to_seconds(cost_.memory_bound(elements * compression_kernel_bytes(compression)));
+  if (compression == GradCompression::one_bit) return collective_s(K::kAllToAll, replicas(p), p.tp, wire) + kernels;
+  return collective_s(K::kReduceScatter, replicas(p), p.tp, wire) + kernels;
+}
+
+double FastEstimator::all_reduce_s(const Plan& p, double elements) const {
+  using K = sim::CollectiveKind;
+  const GradCompression compression = wire_compression(p);
+  const int n = replicas(p);
+  const double wire = elements * wire_bytes(compression);
+  const double kernels = sim::to_seconds(cost_.memory_bound(elements * compression_kernel_bytes(compression)));
+  if (compression == GradCompression::one_bit)
+    return collective_s(K::kAllToAll, n, p.tp, wire) + collective_s(K::kAllGather, n, p.tp, wire) + kernels;
+  return collective_s(K::kAllReduce, n, p.tp, wire) + kernels;
+}
+
+double FastEstimator::gather_s(const Plan& p, double params) const {
+  const int n = replicas(p);
+  double t = collective_s(sim::CollectiveKind::kAllGather, n, p.tp, params * element_bytes(p.precision));
+  if (p.offload == Offload::params) t += pcie_s(params / n * 4);
+  return t;
+}
+
+double FastEstimator::shard(const Plan& p, const MemoryFit& fit, const std::vector<LayerRange>& ranges) const {
+  // The most loaded stage's count over its unsharded blocks.
+  const std::size_t last = forward_flops_.size() - 1;
   double unsharded = 0;
   for (int ch = 0; ch < p.vpp; ++ch) {
     const LayerRange r = ranges[static_cast<std::size_t>(ch * p.pp + fit.peak_stage)];
@@ -249,92 +273,104 @@ FastBreakdown FastEstimator::estimate(const Plan& p, const MemoryFit& fit) const
   }
   if (fit.peak_stage == 0) unsharded += parameters_[0];
   if (fit.peak_stage == p.pp - 1) unsharded += parameters_[last];
-  const double shard = unsharded > 0 ? static_cast<double>(fit.max_stage_parameters) / unsharded : 1.0 / p.tp;
-  // A block's forward share of its forward and backward.
-  const double forward_share = p.recompute == Recompute::full ? 0.25 : 1.0 / 3.0;
-  // ZeRO 2 and 3 reduce-scatter each block's fp32 gradients after every
-  // micro-batch's backward of it (once per step under zero_reduce_once, below),
-  // on the side stream; ZeRO 3 also gathers its parameters (prefetched one
-  // block ahead; under offload params first copied up from the host) before
-  // its forward and backward. A block's pass then takes at least as long as
-  // its communication.
-  const bool per_microbatch_reduce = p.zero >= 2 && !(p.zero_reduce_once && p.microbatches() > 1);
-  auto gather_s = [&](double params) {
-    double t = collective_s(K::kAllGather, n, p.tp, params * element_bytes(p.precision));
-    if (p.offload == Offload::params) t += pcie_s(params / n * 4);
-    return t;
-  };
-  auto block_time = [&](std::size_t i) {
-    const double t = ref.microbatch_s[i];
-    if (p.zero < 2 || n == 1) return t;
-    const double params = parameters_[i] * shard;
-    const double reduce = per_microbatch_reduce ? reduce_scatter(params) : 0;
-    const double gather = p.zero == 3 ? gather_s(params) : 0;
-    return std::max(t * forward_share, gather) + std::max(t * (1 - forward_share), gather + reduce);
-  };
-  std::vector<double> stage_time(static_cast<std::size_t>(p.pp), 0.0), stage_step(static_cast<std::size_t>(p.pp), 0.0);
+  return unsharded > 0 ? static_cast<double>(fit.max_stage_parameters) / unsharded : 1.0 / p.tp;
+}
+
+double FastEstimator::block_s(const Plan& p, const Reference& ref, std::size_t i, double shard) const {
+  // ZeRO 2 and 3 reduce-scatter the block's gradients on the side stream; ZeRO 3
+  // also gathers its parameters (prefetched one block ahead) before its forward
+  // and backward. A block's pass then takes at least as long as its communication.
+  const double t = ref.microbatch_s[i];
+  if (p.zero < 2 || replicas(p) == 1) return t;
+  const double params = parameters_[i] * shard;
+  const double reduce = reduces_per_microbatch(p) ? reduce_scatter_s(p, params) : 0;
+  const double gather = p.zero == 3 ? gather_s(p, params) : 0;
+  const double fwd = forward_share(p);
+  return std::max(t * fwd, gather) + std::max(t * (1 - fwd), gather + reduce);
+}
+
+FastEstimator::StageTimes FastEstimator::stage_times(const Plan& p, const MemoryFit& fit, const Reference& ref) const {
+  // Every chunk's layers, once.
+  const std::vector<LayerRange> ranges = virtual_stage_ranges(ctx_.model, p.stage_split());
+  const std::size_t last = forward_flops_.size() - 1;
+  const double share = shard(p, fit, ranges);
+  StageTimes out;
+  out.microbatch_s.assign(static_cast<std::size_t>(p.pp), 0.0);
+  out.step_s.assign(static_cast<std::size_t>(p.pp), 0.0);
   for (int s = 0; s < p.pp; ++s) {
     double t = 0, w = 0;
     for (int ch = 0; ch < p.vpp; ++ch) {
       const LayerRange r = ranges[static_cast<std::size_t>(ch * p.pp + s)];
       for (int l = r.begin; l < r.end; ++l) {
-        t += block_time(static_cast<std::size_t>(l + 1));
+        t += block_s(p, ref, static_cast<std::size_t>(l + 1), share);
         w += ref.step_s[static_cast<std::size_t>(l + 1)];
       }
     }
-    if (s == 0) t += block_time(0), w += ref.step_s[0];
-    if (s == p.pp - 1) t += block_time(last), w += ref.step_s[last];
+    if (s == 0) t += block_s(p, ref, 0, share), w += ref.step_s[0];
+    if (s == p.pp - 1) t += block_s(p, ref, last, share), w += ref.step_s[last];
     // ZeRO 3 without prefetch across chunks prefetches within a chunk's pass
     // only: each pass (a chunk's forward or backward of a micro-batch) first
     // waits for its first block's gather. With it (the default) the gather
     // is issued at the end of the previous action and hides behind the bubble or the compute.
-    if (p.zero == 3 && n > 1 && !p.prefetch_across_chunks) t += 2 * p.vpp * gather_s(parameters_[1] * shard);
-    stage_time[static_cast<std::size_t>(s)] = t;
-    stage_step[static_cast<std::size_t>(s)] = w;
+    if (p.zero == 3 && replicas(p) > 1 && !p.prefetch_across_chunks)
+      t += 2 * p.vpp * gather_s(p, parameters_[1] * share);
+    out.microbatch_s[static_cast<std::size_t>(s)] = t;
+    out.step_s[static_cast<std::size_t>(s)] = w;
   }
-  const double t_max = *std::max_element(stage_time.begin(), stage_time.end());
-  double t_mean = 0;
-  for (double t : stage_time) t_mean += t / p.pp;
+  return out;
+}
 
-  FastBreakdown b;
-  const int mbs = p.microbatches();
+void FastEstimator::add_pipeline(const Plan& p, const std::vector<double>& stage_s, FastBreakdown& b) const {
+  const ModelSpec& m = ctx_.model;
+  const double t_max = *std::max_element(stage_s.begin(), stage_s.end());
+  double t_mean = 0;
+  for (double t : stage_s) t_mean += t / p.pp;
   double hop = 0;
   if (p.pp > 1) {
     const double bytes = static_cast<double>(p.micro_batch) * p.effective_seq_len(m) / p.cp * m.hidden *
                          element_bytes(p.precision);
-    hop = collective_s(K::kSendRecv, 2, p.tp * p.dp * p.cp, bytes);
+    hop = collective_s(sim::CollectiveKind::kSendRecv, 2, p.tp * p.dp * p.cp, bytes);
   }
   const double v = p.vpp;
-  b.pipeline_s = mbs * t_max + (p.pp - 1) * (t_mean / v + 2 * hop);
+  b.pipeline_s = p.microbatches() * t_max + (p.pp - 1) * (t_mean / v + 2 * hop);
   b.bubble_s = (p.pp - 1) * t_mean / v;
   b.p2p_s = 2 * hop * (p.pp - 1);
+}
 
+double FastEstimator::optimizer_s(const Plan& p, double params, double buckets,
+                                  const std::vector<double>& stage_step_s) const {
+  const int n = replicas(p);
+  if (p.offload == Offload::none)
+    return *std::max_element(stage_step_s.begin(), stage_step_s.end()) / (p.zero >= 1 ? n : 1);
+  // Bucket by bucket: gradients down, the host's AdamW (28 bytes an fp32
+  // parameter, the node's ranks sharing its CPUs), the master back up.
+  const double owned = params / (p.zero >= 1 ? n : 1);  // parameters this rank updates
+  const double down = pcie_s(owned * 4), up = pcie_s(owned * 4);
+  const double host = sim::to_seconds(cost_.host_adamw(owned * 28, std::min(ctx_.gpus_per_node, ctx_.gpus)));
+  const double slowest = std::max({down, up, host});
+  return slowest + (down + up + host - slowest) / buckets;
+}
+
+void FastEstimator::add_update(const Plan& p, const MemoryFit& fit, const StageTimes& stages, FastBreakdown& b) const {
+  const int n = replicas(p);
   const double params = static_cast<double>(fit.max_stage_parameters);
   const double grads = params * 4;  // fp32 gradients (ParameterStore)
   // Buckets of the flat gradient buffer (ZeRO 0, 1), else one per layer.
   const double buckets = p.zero <= 1 ? std::max(1.0, grads / (p.grad_bucket_mb * (1 << 20)))
-                                     : std::max(1.0, static_cast<double>(m.layers) / (p.pp * 1.0));
-  const double owned = params / (p.zero >= 1 ? n : 1);  // parameters this rank updates
-  if (p.offload != Offload::none) {
-    // Bucket by bucket: gradients down, the host's AdamW (28 bytes an fp32
-    // parameter, the node's ranks sharing its CPUs), the master back up.
-    const double down = pcie_s(owned * 4), up = pcie_s(owned * 4);
-    const double host = sim::to_seconds(cost_.host_adamw(owned * 28, std::min(ctx_.gpus_per_node, ctx_.gpus)));
-    const double slowest = std::max({down, up, host});
-    b.optimizer_s = slowest + (down + up + host - slowest) / buckets;
-  } else {
-    b.optimizer_s = *std::max_element(stage_step.begin(), stage_step.end()) / (p.zero >= 1 ? n : 1);
-  }
-  const double backward_last = t_max * (1 - forward_share);
+                                     : std::max(1.0, static_cast<double>(ctx_.model.layers) / (p.pp * 1.0));
+  b.optimizer_s = optimizer_s(p, params, buckets, stages.step_s);
+  const double t_max = *std::max_element(stages.microbatch_s.begin(), stages.microbatch_s.end());
+  const double backward_last = t_max * (1 - forward_share(p));
   double reduction = 0, gather = 0;
   if (n > 1) {
     const double param_bytes = params * element_bytes(p.precision);
-    if (p.zero <= 1 || !per_microbatch_reduce) {
-      const double per_bucket = p.zero == 0 ? all_reduce(params / buckets) : reduce_scatter(params / buckets);
+    if (p.zero <= 1 || !reduces_per_microbatch(p)) {
+      const double per_bucket =
+          p.zero == 0 ? all_reduce_s(p, params / buckets) : reduce_scatter_s(p, params / buckets);
       reduction = buckets * per_bucket;
     }
     // ZeRO 1 and 2 all-gather the updated parameter shards after the optimizer step.
-    if (p.zero == 1 || p.zero == 2) gather = collective_s(K::kAllGather, n, p.tp, param_bytes);
+    if (p.zero == 1 || p.zero == 2) gather = collective_s(sim::CollectiveKind::kAllGather, n, p.tp, param_bytes);
   }
   if (p.overlap_update) {
     // Reductions, updates and all-gathers bucket by bucket on the data-parallel stream.
@@ -348,6 +384,13 @@ FastBreakdown FastEstimator::estimate(const Plan& p, const MemoryFit& fit) const
                             : std::max(reduction - backward_last, reduction / buckets);
     b.data_parallel_s += gather;
   }
+}
+
+FastBreakdown FastEstimator::estimate(const Plan& p, const MemoryFit& fit) const {
+  const StageTimes stages = stage_times(p, fit, refs_.at(key_of(p)));
+  FastBreakdown b;
+  add_pipeline(p, stages.microbatch_s, b);
+  add_update(p, fit, stages, b);
   b.iteration_s = b.pipeline_s + b.optimizer_s + b.data_parallel_s;
   return b;
 }

@@ -121,6 +121,29 @@ class FastEstimator {
   // A copy between host and device of `bytes` (the sim backend's rate: PCIe shared by a switch's GPUs).
   double pcie_s(double bytes) const;
 
+  // estimate()'s terms. The plan's gradient collectives over the dp·cp ranks
+  // holding the same parameters, with its compression's kernels: a
+  // reduce-scatter or an all-reduce of `elements` fp32 gradients; ZeRO 3's
+  // gather of `params` parameters.
+  double reduce_scatter_s(const Plan& p, double elements) const;
+  double all_reduce_s(const Plan& p, double elements) const;
+  double gather_s(const Plan& p, double params) const;
+  // The share of a block's parameters a rank holds (ZeRO and tp sharding), from the memory fit's peak stage.
+  double shard(const Plan& p, const MemoryFit& fit, const std::vector<LayerRange>& ranges) const;
+  // Block i's forward and backward of one micro-batch, stretched by ZeRO 2/3's communication.
+  double block_s(const Plan& p, const Reference& ref, std::size_t i, double shard) const;
+  struct StageTimes {
+    std::vector<double> microbatch_s;  // per pipeline stage: one micro-batch's forward and backward
+    std::vector<double> step_s;        // per pipeline stage: per-iteration work (the optimizer's)
+  };
+  StageTimes stage_times(const Plan& p, const MemoryFit& fit, const Reference& ref) const;
+  // pipeline_s, bubble_s and p2p_s of `b`.
+  void add_pipeline(const Plan& p, const std::vector<double>& stage_s, FastBreakdown& b) const;
+  // The optimizer step of the most loaded rank, before any overlap.
+  double optimizer_s(const Plan& p, double params, double buckets, const std::vector<double>& stage_step_s) const;
+  // optimizer_s and data_parallel_s of `b`.
+  void add_update(const Plan& p, const MemoryFit& fit, const StageTimes& stages, FastBreakdown& b) const;
+
   const SearchContext& ctx_;
   const SimulateOptions& options_;
   sim::CostModel cost_;  // the device's memory-bound kernels and the host's AdamW, as the sim backend times them

@@ -312,6 +312,115 @@ Status apply_calibration(const std::string& file, const std::string& transport, 
   return ok_status();
 }
 
+namespace {
+
+// The simulated iteration: its report (the second of two under steady_state) and the cluster that ran it, for
+// its trace.
+struct SimulatedRun {
+  std::unique_ptr<SimCluster> cluster;
+  SimReport report;
+};
+
+Result<SimulatedRun> run_iterations(const ModelSpec& m, const Plan& p, const SimulateOptions& options, bool full) {
+  auto new_cluster = [&] {
+    return SimCluster::create_jobs(options.cluster, p.world_size(),
+                                   {simulation_job(p, full, options.variation.stragglers)},
+                                   simulation_options(options, full));
+  };
+  SimulatedRun run;
+  MT_ASSIGN(run.cluster, new_cluster());
+  MT_TRY(issue_iterations(*run.cluster, 0, m, p, options, 1));
+  MT_ASSIGN(run.report, run.cluster->run());
+  if (options.steady_state) {
+    MT_ASSIGN(run.cluster, new_cluster());
+    MT_TRY(issue_iterations(*run.cluster, 0, m, p, options, 2));
+    MT_ASSIGN(const SimReport two, run.cluster->run());
+    run.report = second_iteration(run.report, two);
+  }
+  return run;
+}
+
+// Under full fidelity: ranks of one stage run the same ops, so each is measured against its stage's median and
+// the one furthest above it named.
+void find_slowest_rank(const Plan& p, const SimReport& report, SimulationResult& out) {
+  const Mesh mesh(p);
+  const std::vector<double>& compute = report.jobs.front().compute_s;
+  std::vector<std::vector<double>> by_stage(static_cast<std::size_t>(p.pp));
+  for (int r = 0; r < p.world_size(); ++r)
+    by_stage[static_cast<std::size_t>(mesh.coord_of(r).pp)].push_back(compute[static_cast<std::size_t>(r)]);
+  std::vector<double> median;
+  for (auto& v : by_stage) {
+    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+    median.push_back(v[v.size() / 2]);
+  }
+  double worst = 0;
+  for (int r = 0; r < p.world_size(); ++r) {
+    const double m = median[static_cast<std::size_t>(mesh.coord_of(r).pp)];
+    const double ratio = m > 0 ? compute[static_cast<std::size_t>(r)] / m : 1.0;
+    if (out.slowest_rank < 0 || ratio > worst) {
+      worst = ratio;
+      out.slowest_rank = r;
+      out.slowest_compute_s = compute[static_cast<std::size_t>(r)];
+      out.median_compute_s = m;
+    }
+  }
+}
+
+// Throughput and FLOP rates at out.iteration_s.
+void add_rates(const ModelSpec& m, const Plan& p, const SimulateOptions& options, SimulationResult& out) {
+  const int seq = p.effective_seq_len(m);
+  const double tokens = static_cast<double>(p.effective_global_batch()) * seq;
+  out.tokens_per_s = tokens / out.iteration_s;
+  out.samples_per_s = static_cast<double>(p.effective_global_batch()) / out.iteration_s;
+  const FlopCount flops = training_flops(m, p.effective_global_batch(), seq, p.recompute);
+  const double per_gpu = 1.0 / out.iteration_s / p.world_size();
+  out.tflops_per_gpu = flops.model * per_gpu / 1e12;
+  out.hardware_tflops_per_gpu = flops.hardware * per_gpu / 1e12;
+  out.mfu = flops.model * per_gpu / options.cluster.device.peak_bf16_flops;
+}
+
+// What simulated rank `r` (the representative of stage `stage` of a uniform plan) measured.
+StageResult stage_result(const ModelSpec& m, const Plan& p, const SimRankReport& r, int stage) {
+  StageResult s;
+  s.stage = stage;
+  s.rank = r.rank;
+  s.peak_bytes = r.peak_bytes;
+  // The sim backend allocated the bf16 tensors; FP8's weight copies and narrower saved inputs are counted here.
+  if (p.precision == Precision::fp8)
+    s.peak_bytes += static_cast<std::int64_t>(fp8_extra_bytes(m, p, s.stage));
+  s.host_peak_bytes = r.host_peak_bytes;
+  s.host_work = r.host_work;
+  s.model = !p.segments.empty() ? rank_memory(m, p, r.rank) : memory_per_rank(m, p, s.stage, meshtrain_layout(p));
+  s.compute_s = r.compute_s;
+  s.idle_s = r.idle_s;
+  s.idle = reconciled(classify_idle(r.idle_causes), r.idle_s);
+  // Compute issued on other streams (casts of compressed gradients, an
+  // overlapped update) keeps the compute stream no busier: not subtracted.
+  s.exposed_comm_s = std::max(0.0, r.compute_busy_s - r.compute_stream_s);
+  s.tasks = r.tasks;
+  return s;
+}
+
+// Adds stage `s` to the result: its share (one of `ranks` simulated ranks) of the means, and the peak memory.
+void add_stage(const Plan& p, const StageResult& s, std::size_t ranks, SimulationResult& out) {
+  const double share = 1.0 / static_cast<double>(ranks);
+  out.idle_fraction += s.idle_s / out.iteration_s * share;
+  // With a pipeline, the compute stream's idle is its fill and drain plus what
+  // they expose (the pipeline formula's bubble; `idle` breaks it down by cause);
+  // without one there is no bubble, whatever else the stream waited for.
+  const double bubble_s = p.pp > 1 || !p.segments.empty() ? s.idle_s : s.idle.pipeline_s;
+  out.bubble_fraction += bubble_s / out.iteration_s * share;
+  out.idle += s.idle.scaled(share);
+  out.exposed_comm_s += s.exposed_comm_s / static_cast<double>(ranks);
+  if (s.peak_bytes > out.peak_memory_bytes) {
+    out.peak_memory_bytes = s.peak_bytes;
+    out.peak_rank = s.rank;
+  }
+  out.stages.push_back(s);
+}
+
+}  // namespace
+
 Result<SimulationResult> simulate_iteration(const ModelSpec& m, const Plan& p,
                                             const SimulateOptions& options) {
   if (Status s = StepEngine::supports(p); !s)
@@ -321,98 +430,22 @@ Result<SimulationResult> simulate_iteration(const ModelSpec& m, const Plan& p,
   MT_TRY(check_fp8_plan(p, options.cluster.device));
   const auto wall_start = std::chrono::steady_clock::now();
   const bool full = options.fidelity == Fidelity::full || !options.variation.empty();
-  MT_ASSIGN(std::unique_ptr<SimCluster> cluster,
-            SimCluster::create_jobs(options.cluster, p.world_size(),
-                                    {simulation_job(p, full, options.variation.stragglers)},
-                                    simulation_options(options, full)));
-  const int seq = p.effective_seq_len(m);
-  MT_TRY(issue_iterations(*cluster, 0, m, p, options, 1));
-  MT_ASSIGN(SimReport report, cluster->run());
-  if (options.steady_state) {
-    MT_ASSIGN(cluster, SimCluster::create_jobs(options.cluster, p.world_size(),
-                                               {simulation_job(p, full, options.variation.stragglers)},
-                                               simulation_options(options, full)));
-    MT_TRY(issue_iterations(*cluster, 0, m, p, options, 2));
-    MT_ASSIGN(const SimReport two, cluster->run());
-    report = second_iteration(report, two);
-  }
-
+  MT_ASSIGN(const SimulatedRun run, run_iterations(m, p, options, full));
+  const SimReport& report = run.report;
   SimulationResult out;
   out.fidelity = full ? Fidelity::full : Fidelity::representative;
   out.tasks_run = report.tasks_run;
   out.flows = report.flows;
   out.isolated_collectives = report.isolated_collectives;
   out.isolated_overlaps = report.isolated_overlaps;
-  if (full) {
-    // Ranks of one stage run the same ops: each is measured against its stage's median.
-    const Mesh mesh(p);
-    const std::vector<double>& compute = report.jobs.front().compute_s;
-    std::vector<std::vector<double>> by_stage(static_cast<std::size_t>(p.pp));
-    for (int r = 0; r < p.world_size(); ++r)
-      by_stage[static_cast<std::size_t>(mesh.coord_of(r).pp)].push_back(compute[static_cast<std::size_t>(r)]);
-    std::vector<double> median;
-    for (auto& v : by_stage) {
-      std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
-      median.push_back(v[v.size() / 2]);
-    }
-    double worst = 0;
-    for (int r = 0; r < p.world_size(); ++r) {
-      const double m = median[static_cast<std::size_t>(mesh.coord_of(r).pp)];
-      const double ratio = m > 0 ? compute[static_cast<std::size_t>(r)] / m : 1.0;
-      if (out.slowest_rank < 0 || ratio > worst) {
-        worst = ratio;
-        out.slowest_rank = r;
-        out.slowest_compute_s = compute[static_cast<std::size_t>(r)];
-        out.median_compute_s = m;
-      }
-    }
-  }
+  if (full) find_slowest_rank(p, report, out);
   out.iteration_s = report.iteration_s;
   out.tasks = report.tasks;
   out.events = report.events;
   out.collectives = report.collectives;
-  const double tokens = static_cast<double>(p.effective_global_batch()) * seq;
-  out.tokens_per_s = tokens / out.iteration_s;
-  out.samples_per_s = static_cast<double>(p.effective_global_batch()) / out.iteration_s;
-  const FlopCount flops = training_flops(m, p.effective_global_batch(), seq, p.recompute);
-  const double per_gpu = 1.0 / out.iteration_s / p.world_size();
-  out.tflops_per_gpu = flops.model * per_gpu / 1e12;
-  out.hardware_tflops_per_gpu = flops.hardware * per_gpu / 1e12;
-  out.mfu = flops.model * per_gpu / options.cluster.device.peak_bf16_flops;
-  for (std::size_t i = 0; i < report.ranks.size(); ++i) {
-    const SimRankReport& r = report.ranks[i];
-    StageResult s;
-    s.stage = static_cast<int>(i);
-    s.rank = r.rank;
-    s.peak_bytes = r.peak_bytes;
-    // The sim backend allocated the bf16 tensors; FP8's weight copies and narrower saved inputs are counted here.
-    if (p.precision == Precision::fp8)
-      s.peak_bytes += static_cast<std::int64_t>(fp8_extra_bytes(m, p, s.stage));
-    s.host_peak_bytes = r.host_peak_bytes;
-    s.host_work = r.host_work;
-    s.model = segmented ? rank_memory(m, p, r.rank) : memory_per_rank(m, p, s.stage, meshtrain_layout(p));
-    s.compute_s = r.compute_s;
-    s.idle_s = r.idle_s;
-    s.idle = reconciled(classify_idle(r.idle_causes), r.idle_s);
-    // Compute issued on other streams (casts of compressed gradients, an
-    // overlapped update) keeps the compute stream no busier: not subtracted.
-    s.exposed_comm_s = std::max(0.0, r.compute_busy_s - r.compute_stream_s);
-    s.tasks = r.tasks;
-    const double share = 1.0 / static_cast<double>(report.ranks.size());
-    out.idle_fraction += s.idle_s / out.iteration_s * share;
-    // With a pipeline, the compute stream's idle is its fill and drain plus what
-    // they expose (the pipeline formula's bubble; `idle` breaks it down by cause);
-    // without one there is no bubble, whatever else the stream waited for.
-    const double bubble_s = p.pp > 1 || segmented ? s.idle_s : s.idle.pipeline_s;
-    out.bubble_fraction += bubble_s / out.iteration_s * share;
-    out.idle += s.idle.scaled(share);
-    out.exposed_comm_s += s.exposed_comm_s / static_cast<double>(report.ranks.size());
-    if (s.peak_bytes > out.peak_memory_bytes) {
-      out.peak_memory_bytes = s.peak_bytes;
-      out.peak_rank = s.rank;
-    }
-    out.stages.push_back(s);
-  }
+  add_rates(m, p, options, out);
+  for (std::size_t i = 0; i < report.ranks.size(); ++i)
+    add_stage(p, stage_result(m, p, report.ranks[i], static_cast<int>(i)), report.ranks.size(), out);
   if (model_io(m).routes_to_experts) out.moe = moe_simulation(m, p, options.moe_routing, m.moe_layer_count(), out);
   if (segmented) out.regions = segment_regions(m, p, report);
   // Representatives stand for the tp·cp·dp ranks of their stage; every rank of a segmented plan is simulated.
@@ -423,7 +456,7 @@ Result<SimulationResult> simulate_iteration(const ModelSpec& m, const Plan& p,
     for (const StageResult& s : out.stages)
       if (static_cast<double>(s.peak_bytes) > options.cluster.device.memory_bytes)
         return out_of_memory(s, p, options.cluster.device.memory_bytes);
-  if (options.trace) out.trace_json = cluster->trace().to_json();
+  if (options.trace) out.trace_json = run.cluster->trace().to_json();
   out.simulator_wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
   return out;
 }

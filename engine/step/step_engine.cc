@@ -3,10 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "engine/step/fp8_training.h"
-#include "engine/parallel/gradient_buckets.h"
-#include "engine/parallel/parameter_gather.h"
-#include "engine/parallel/sharded_optimizer.h"
+#include "engine/step/step_chunk.h"
 #include "models/init.h"
 #include "models/parameters.h"
 
@@ -58,21 +55,6 @@ HostBatch example_batch(const ModelSpec& m, int micro_batch, int seq) {
   return h;
 }
 
-struct StepEngine::Chunk {
-  int virtual_stage = 0;
-  std::unique_ptr<ModelChunk> model;
-  std::unique_ptr<GradientBuckets> buckets;
-  std::unique_ptr<ParameterGather> gather;  // ZeRO-3 only
-  std::unique_ptr<ShardedAdamW> adam;
-  std::unique_ptr<Fp8Scaling> fp8;  // StepOptions::emulate_fp8 under precision fp8
-  std::vector<SavedActivations> saved;  // by micro-batch, between its forward and backward
-  // By micro-batch, between its backward and its weight pass (zero-bubble schedules).
-  std::vector<std::vector<std::function<void()>>> weights;
-  // Plan::overlap_update: by gradient bucket, the end of its update (and all-gather) on the
-  // data-parallel stream, until the compute stream has waited for it.
-  std::vector<Event> updated;
-};
-
 Status StepEngine::supports(const Plan& p, const StepOptions& o) {
   // Dropout masks are drawn per row of a contiguous block (BlockContext::dropout); a context rank's rows are
   // two chunks of each sequence, so its masks would not be the single-rank run's.
@@ -104,136 +86,151 @@ StepEngine::~StepEngine() = default;
 StepEngine::StepEngine(Backend& b, const ModelSpec& m, const Plan& p, const Mesh& mesh, StepOptions options)
     : b_(b), m_(m), io_(model_io(m)), plan_(p), mesh_(mesh), options_(options),
       coord_(mesh.coord_of(b.rank())) {
-  if (Status s = supports(p, options); !s) {
+  if (Status s = check_and_build_pipeline(); !s) {
     setup_error_ = s.error();
     return;
   }
-  const bool fp8 = p.precision == Precision::fp8 && options.emulate_fp8;
-  if (Status s = fp8 ? check_fp8_training(m, p) : ok_status(); !s) {
-    setup_error_ = s.error();
-    return;
-  }
-  auto pipeline = PipelineExecutor::create(p, mesh, b.rank());
-  if (!pipeline) {
-    setup_error_ = std::move(pipeline).error();
-    return;
-  }
-  pipeline_ = std::make_unique<PipelineExecutor>(std::move(pipeline).value());
   compute_ = b.current_stream();
   comm_ = b.create_stream("data-parallel");
   if (p.offload != Offload::none)
     offload_ = {b.create_stream("offload-d2h"), b.create_stream("offload-host"), b.create_stream("offload-h2d")};
   const TensorParallel tp{*mesh.group_of(GroupKind::tensor, b.rank()), coord_.tp, p.tp};
-  const Group& dp = replicas();
-  const Group& context = *mesh.group_of(GroupKind::context, b.rank());
-  const ContextParallel cp{context, context.index_of(b.rank()), context.size(), p.cp_comm};
-  // The expert mesh (engine/plan/mesh.h): used by the MoE layers and their gradients.
-  ExpertParallel expert;
-  const Group& ep_group = *mesh.group_of(GroupKind::expert, b.rank());
-  const Group& etp_group = *mesh.group_of(GroupKind::expert_tensor, b.rank());
-  expert.group = ep_group, expert.rank = ep_group.index_of(b.rank()), expert.size = ep_group.size();
-  expert.tensor = etp_group, expert.tensor_rank = etp_group.index_of(b.rank()), expert.tensor_size = etp_group.size();
+  const ChunkOptions shared = chunk_options();
   moe_layers_ = m.moe_layer_count();
-  const int virtual_stages = p.pp * p.vpp;
-  // Both pipeline ends hold the tied embedding; their gradients are summed before the dp reduction.
-  const bool defer_embedding = m.tied_embeddings && p.pp > 1;
-  // Gradients are fp32 (ParameterStore), so a MiB holds 2^18 of them.
-  const auto fixed_bucket = static_cast<std::int64_t>(p.grad_bucket_mb * (1 << 20) / 4);
-  for (int c = 0; c < p.vpp; ++c) {
-    const std::int64_t bucket_elements =
-        p.megatron_buckets ? megatron_bucket_elements(p.dp, coord_.pp, c) : fixed_bucket;
-    auto chunk = std::make_unique<Chunk>();
-    chunk->virtual_stage = c * p.pp + coord_.pp;
-    const int vs = chunk->virtual_stage;
-    // The plan's split: even, or Megatron-Core's given first/last stage layer counts (models/parameters.h).
-    const LayerRange range = virtual_stage_layers(m, p.stage_split(), vs);
-    // A segment holds the model's first (last) block only if the plan says so (engine/plan/plan.h).
-    const ChunkLayers layers{range.begin, range.end, vs == 0 && p.embedding, vs == virtual_stages - 1 && p.head};
-    ChunkOptions chunk_options{p.recompute, options.dropout, {}};
-    // ZeRO-2 frees gradients between uses, ZeRO-3 parameters too (gradient_buckets.h, parameter_gather.h).
-    chunk_options.storage.persistent_grads = p.zero < 2;
-    chunk_options.storage.persistent_values = p.zero < 3;
-    chunk_options.storage.value_dtype = activation_dtype(p.precision, options);
-    chunk_options.sequence_parallel = p.sequence_parallel;
-    chunk_options.tp_comm_overlap = p.tp_comm_overlap;
-    chunk_options.expert = expert;
-    chunk_options.context = cp;
-    chunk_options.routing = options.moe_routing;
-    chunk->model = std::make_unique<ModelChunk>(b, m_, layers, tp, chunk_options);
-    ParameterStore& params = chunk->model->parameters();
-    if (fp8) {
-      std::vector<ParamInfo> infos;
-      for (const ParamSlot& slot : params.slots()) infos.push_back(slot.info);
-      chunk->fp8 = std::make_unique<Fp8Scaling>(infos);
-      chunk->model->use_fp8(chunk->fp8.get());
-    }
-    chunk->buckets = std::make_unique<GradientBuckets>(b, m_, params, layers.head, dp, p.zero, bucket_elements,
-                                                       defer_embedding, compute_, comm_,
-                                                       *mesh.group_of(GroupKind::expert_data, b.rank()),
-                                                       BucketCompression{p.grad_compression, p.grad_compression_warmup,
-                                                                         p.error_feedback},
-                                                       p.zero_reduce_once ? UnitReduce::once_per_step
-                                                                          : UnitReduce::per_microbatch);
-    if (p.zero >= 3) {
-      std::vector<int> order;
-      if (layers.embedding) order.push_back(-1);
-      for (int l = layers.first; l < layers.last; ++l) order.push_back(l);
-      if (layers.head) order.push_back(m.layers);
-      chunk->gather = std::make_unique<ParameterGather>(b, params, *chunk->buckets, std::move(order), compute_, comm_,
-                                                        p.offload == Offload::params);
-    }
-    // Counter-based init: every shard and the tied copy draw the single-rank values.
-    if (options.initialize_parameters) {
-      if (chunk->gather) chunk->gather->initialize(options.seed);
-      else params.initialize(options.seed);
-    }
-    GradientBuckets* buckets = chunk->buckets.get();
-    ParameterGather* gather = chunk->gather.get();
-    LayerHooks hooks;
-    hooks.before_backward = [buckets, gather](int layer) {
-      if (gather) gather->before(layer, true);
-      buckets->before_backward(layer);
-    };
-    hooks.after_backward = [buckets, gather](int layer) {
-      buckets->after_backward(layer);
-      if (gather) gather->after(layer, true);
-    };
-    Chunk* self = chunk.get();
-    if (gather || p.overlap_update)
-      hooks.before_forward = [this, self, gather](int layer) {
-        wait_for_update(*self, layer);
-        if (gather) gather->before(layer, false);
-      };
-    if (gather) hooks.after_forward = [gather](int layer) { gather->after(layer, false); };
-    chunk->model->set_hooks(std::move(hooks));
-    chunk->adam = std::make_unique<ShardedAdamW>(b, params, *chunk->buckets, gather, comm_, p.offload, offload_);
-    chunk->updated.resize(chunk->buckets->buckets().size());
-    // Offloaded, each bucket's gradients go to the host as soon as they are reduced, under backward.
-    if (p.offload != Offload::none)
-      chunk->buckets->notify_reduced([adam = chunk->adam.get()](std::size_t i) { adam->offload_reduced(i); });
-    // Without clipping a bucket's update needs nothing but its own reduced gradients.
-    if (p.overlap_update)
-      chunk->buckets->overlap_updates(options.optimizer.max_grad_norm > 0 ? std::function<void(std::size_t)>()
-                                                                          : [this, self](std::size_t i) {
-                                                                              update_bucket(*self, i, Tensor());
-                                                                            });
-    chunks_.push_back(std::move(chunk));
-  }
-  if (p.zero >= 3 && p.prefetch_across_chunks) {
-    using K = schedule::Action;
-    const K* prev = nullptr;
-    for (const K& a : pipeline_->schedule().ranks[static_cast<std::size_t>(pipeline_->stage())]) {
-      if (a.kind != K::forward && a.kind != K::backward) continue;  // a W pass reads no parameters
-      if (prev) next_pass_[{prev->kind == K::backward, prev->chunk, prev->microbatch}] = {a.chunk, a.kind == K::backward};
-      prev = &a;
-    }
-  }
+  for (int c = 0; c < p.vpp; ++c) chunks_.push_back(build_chunk(c, tp, shared));
+  if (p.zero >= 3 && p.prefetch_across_chunks) map_next_passes();
   // The loss and the squared norm side by side, so that the step reads both back at once: one wait for the
   // device per step. Each half keeps its own collectives.
   step_stats_ = b.empty(Shape{2});
   loss_total_ = step_stats_.slice(0, 1);
   grad_sumsq_ = step_stats_.slice(1, 1);
   clip_coef_ = b.empty(Shape{1});
+}
+
+Status StepEngine::check_and_build_pipeline() {
+  MT_TRY(supports(plan_, options_));
+  if (emulates_fp8()) MT_TRY(check_fp8_training(m_, plan_));
+  MT_ASSIGN(PipelineExecutor pipeline, PipelineExecutor::create(plan_, mesh_, b_.rank()));
+  pipeline_ = std::make_unique<PipelineExecutor>(std::move(pipeline));
+  return ok_status();
+}
+
+ChunkOptions StepEngine::chunk_options() const {
+  ChunkOptions o{plan_.recompute, options_.dropout, {}};
+  // ZeRO-2 frees gradients between uses, ZeRO-3 parameters too (gradient_buckets.h, parameter_gather.h).
+  o.storage.persistent_grads = plan_.zero < 2;
+  o.storage.persistent_values = plan_.zero < 3;
+  o.storage.value_dtype = value_dtype();
+  o.sequence_parallel = plan_.sequence_parallel;
+  o.tp_comm_overlap = plan_.tp_comm_overlap;
+  // The expert mesh (engine/plan/mesh.h): used by the MoE layers and their gradients.
+  const int rank = b_.rank();
+  const Group& ep = *mesh_.group_of(GroupKind::expert, rank);
+  const Group& etp = *mesh_.group_of(GroupKind::expert_tensor, rank);
+  o.expert = ExpertParallel{ep, ep.index_of(rank), ep.size(), etp, etp.index_of(rank), etp.size()};
+  const Group& context = *mesh_.group_of(GroupKind::context, rank);
+  o.context = ContextParallel{context, context.index_of(rank), context.size(), plan_.cp_comm};
+  o.routing = options_.moe_routing;
+  return o;
+}
+
+std::unique_ptr<StepEngine::Chunk> StepEngine::build_chunk(int c, const TensorParallel& tp,
+                                                           const ChunkOptions& shared) {
+  auto chunk = std::make_unique<Chunk>();
+  chunk->virtual_stage = c * plan_.pp + coord_.pp;
+  const int vs = chunk->virtual_stage;
+  // The plan's split: even, or Megatron-Core's given first/last stage layer counts (models/parameters.h).
+  const LayerRange range = virtual_stage_layers(m_, plan_.stage_split(), vs);
+  // A segment holds the model's first (last) block only if the plan says so (engine/plan/plan.h).
+  const ChunkLayers layers{range.begin, range.end, vs == 0 && plan_.embedding,
+                           vs == plan_.pp * plan_.vpp - 1 && plan_.head};
+  chunk->model = std::make_unique<ModelChunk>(b_, m_, layers, tp, shared);
+  ParameterStore& params = chunk->model->parameters();
+  if (emulates_fp8()) {
+    std::vector<ParamInfo> infos;
+    for (const ParamSlot& slot : params.slots()) infos.push_back(slot.info);
+    chunk->fp8 = std::make_unique<Fp8Scaling>(infos);
+    chunk->model->use_fp8(chunk->fp8.get());
+  }
+  add_buckets(*chunk, c);
+  if (plan_.zero >= 3) {
+    std::vector<int> order;
+    if (layers.embedding) order.push_back(-1);
+    for (int l = layers.first; l < layers.last; ++l) order.push_back(l);
+    if (layers.head) order.push_back(m_.layers);
+    chunk->gather = std::make_unique<ParameterGather>(b_, params, *chunk->buckets, std::move(order), compute_, comm_,
+                                                      plan_.offload == Offload::params);
+  }
+  // Counter-based init: every shard and the tied copy draw the single-rank values.
+  if (options_.initialize_parameters) {
+    if (chunk->gather) chunk->gather->initialize(options_.seed);
+    else params.initialize(options_.seed);
+  }
+  set_layer_hooks(*chunk);
+  add_optimizer(*chunk);
+  return chunk;
+}
+
+void StepEngine::add_buckets(Chunk& chunk, int c) {
+  // Gradients are fp32 (ParameterStore), so a MiB holds 2^18 of them.
+  const std::int64_t elements = plan_.megatron_buckets
+                                    ? megatron_bucket_elements(plan_.dp, coord_.pp, c)
+                                    : static_cast<std::int64_t>(plan_.grad_bucket_mb * (1 << 20) / 4);
+  // Both pipeline ends hold the tied embedding; their gradients are summed before the dp reduction.
+  const bool defer_embedding = m_.tied_embeddings && plan_.pp > 1;
+  chunk.buckets = std::make_unique<GradientBuckets>(
+      b_, m_, chunk.model->parameters(), chunk.model->layers().head, replicas(), plan_.zero, elements,
+      defer_embedding, compute_, comm_, *mesh_.group_of(GroupKind::expert_data, b_.rank()),
+      BucketCompression{plan_.grad_compression, plan_.grad_compression_warmup, plan_.error_feedback},
+      plan_.zero_reduce_once ? UnitReduce::once_per_step : UnitReduce::per_microbatch);
+}
+
+void StepEngine::set_layer_hooks(Chunk& chunk) {
+  GradientBuckets* buckets = chunk.buckets.get();
+  ParameterGather* gather = chunk.gather.get();
+  LayerHooks hooks;
+  hooks.before_backward = [buckets, gather](int layer) {
+    if (gather) gather->before(layer, true);
+    buckets->before_backward(layer);
+  };
+  hooks.after_backward = [buckets, gather](int layer) {
+    buckets->after_backward(layer);
+    if (gather) gather->after(layer, true);
+  };
+  Chunk* self = &chunk;
+  if (gather || plan_.overlap_update)
+    hooks.before_forward = [this, self, gather](int layer) {
+      wait_for_update(*self, layer);
+      if (gather) gather->before(layer, false);
+    };
+  if (gather) hooks.after_forward = [gather](int layer) { gather->after(layer, false); };
+  chunk.model->set_hooks(std::move(hooks));
+}
+
+void StepEngine::add_optimizer(Chunk& chunk) {
+  chunk.adam = std::make_unique<ShardedAdamW>(b_, chunk.model->parameters(), *chunk.buckets, chunk.gather.get(),
+                                              comm_, plan_.offload, offload_);
+  chunk.updated.resize(chunk.buckets->buckets().size());
+  // Offloaded, each bucket's gradients go to the host as soon as they are reduced, under backward.
+  if (plan_.offload != Offload::none)
+    chunk.buckets->notify_reduced([adam = chunk.adam.get()](std::size_t i) { adam->offload_reduced(i); });
+  // Without clipping a bucket's update needs nothing but its own reduced gradients.
+  Chunk* self = &chunk;
+  if (plan_.overlap_update)
+    chunk.buckets->overlap_updates(options_.optimizer.max_grad_norm > 0 ? std::function<void(std::size_t)>()
+                                                                        : [this, self](std::size_t i) {
+                                                                            update_bucket(*self, i, Tensor());
+                                                                          });
+}
+
+void StepEngine::map_next_passes() {
+  using K = schedule::Action;
+  const K* prev = nullptr;
+  for (const K& a : pipeline_->schedule().ranks[static_cast<std::size_t>(pipeline_->stage())]) {
+    if (a.kind != K::forward && a.kind != K::backward) continue;  // a W pass reads no parameters
+    if (prev) next_pass_[{prev->kind == K::backward, prev->chunk, prev->microbatch}] = {a.chunk, a.kind == K::backward};
+    prev = &a;
+  }
 }
 
 namespace {
@@ -683,139 +680,11 @@ Result<Evaluation> StepEngine::evaluate_metrics(const std::vector<HostBatch>& ba
   return Evaluation{static_cast<double>(host[0]) / host[1], static_cast<double>(host[2]) / host[1]};
 }
 
-namespace {
-
-const char* const kPrefixes[3] = {"params/", "adam_m/", "adam_v/"};
-
-}  // namespace
-
-Result<std::map<std::string, std::vector<float>>> StepEngine::export_state() {
-  if (setup_error_) return *setup_error_;
-  settle();
-  std::map<std::string, std::vector<float>> out;
-  const Group& tp = *mesh_.group_of(GroupKind::tensor, b_.rank());
-  // Expert shards differ over the expert_model group: member q holds expert
-  // tensor shard q % etp of the experts of EP rank q / etp.
-  const Group& experts = *mesh_.group_of(GroupKind::expert_model, b_.rank());
-  const int etp = plan_.expert_tp();
-  for (auto& c : chunks_) {
-    ParameterStore& params = c->model->parameters();
-    std::vector<float> flat[3];
-    MT_TRY(c->adam->gather_state(flat[0], flat[1], flat[2]));
-    for (const ParamSlot& slot : params.slots()) {
-      // The tied copy on the last stage equals the first stage's embedding.
-      if (slot.info.name == "embed.tokens" && !c->model->layers().embedding) continue;
-      const std::int64_t n = slot.numel;
-      const Group& over = slot.info.expert ? experts : tp;
-      const int G = over.size();
-      for (int k = 0; k < 3; ++k) {
-        // Every tp (or expert) rank's shard, then each element to its place in the full tensor.
-        Tensor shard = b_.empty(Shape{n}), all = b_.empty(Shape{n * G});
-        b_.write(shard, std::span<const float>(flat[k]).subspan(static_cast<std::size_t>(slot.offset),
-                                                                 static_cast<std::size_t>(n)));
-        b_.all_gather(shard, all, over);
-        std::vector<float> host(static_cast<std::size_t>(n * G));
-        MT_TRY(b_.read(all, host));
-        std::vector<float> full(static_cast<std::size_t>(slot.info.numel()));
-        for (int t = 0; t < G; ++t) {
-          const ShardCoord sc = slot.info.expert ? ShardCoord{0, plan_.tp, t / etp, G / etp, t % etp, etp}
-                                                 : ShardCoord{t, plan_.tp, 0, 1};
-          for (std::int64_t i = 0; i < n; ++i) {
-            const std::int64_t f = full_index(m_, slot.info, sc, i);
-            if (f >= 0) full[static_cast<std::size_t>(f)] = host[static_cast<std::size_t>(t * n + i)];
-          }
-        }
-        out.emplace(kPrefixes[k] + slot.info.name, std::move(full));
-      }
-    }
-  }
-  if (const std::vector<Fp8Scaling*> fp8 = fp8_chunks(); !fp8.empty())
-    MT_TRY(export_fp8_state(b_, m_, plan_, mesh_, fp8, out));
-  if (plan_.pp == 1) return out;
-  // Pipeline stages: every parameter from the stage that owns it to every stage.
-  const Group& pipe = *mesh_.group_of(GroupKind::pipeline, b_.rank());
-  for (const ParamInfo& info : parameter_table(m_)) {
-    if (!plan_.stage_split().holds(m_, info.layer)) continue;  // another segment's
-    const int owner = place_layer(m_, info.layer, plan_.stage_split()).stage;
-    const int root = mesh_.rank_of({coord_.tp, coord_.cp, coord_.dp, owner});
-    for (const char* prefix : kPrefixes) {
-      const std::string name = prefix + info.name;
-      Tensor t = b_.empty(Shape{info.numel()});
-      if (owner == coord_.pp) b_.write(t, out.at(name));
-      b_.broadcast(t, pipe, root);
-      std::vector<float> host(static_cast<std::size_t>(info.numel()));
-      MT_TRY(b_.read(t, host));
-      out[name] = std::move(host);
-    }
-  }
-  return out;
-}
-
-Status StepEngine::import_state(const std::map<std::string, std::vector<float>>& state) {
-  if (setup_error_) return *setup_error_;
-  settle();
-  for (auto& c : chunks_) {
-    ParameterStore& params = c->model->parameters();
-    std::vector<float> flat[3];
-    for (auto& f : flat) f.assign(static_cast<std::size_t>(params.numel()), 0.f);
-    for (const ParamSlot& slot : params.slots()) {
-      const std::int64_t n = slot.numel;
-      for (int k = 0; k < 3; ++k) {
-        auto it = state.find(kPrefixes[k] + slot.info.name);
-        if (it == state.end())
-          return make_error("the checkpoint has no tensor '{}{}'", kPrefixes[k], slot.info.name);
-        if (static_cast<std::int64_t>(it->second.size()) != slot.info.numel())
-          return make_error("checkpoint tensor '{}{}' has {} elements, this model needs {}", kPrefixes[k],
-                            slot.info.name, it->second.size(), slot.info.numel());
-        std::vector<float> shard(static_cast<std::size_t>(n));
-        for (std::int64_t i = 0; i < n; ++i) {
-          const std::int64_t f = full_index(m_, slot.info, params.coord(), i);
-          shard[static_cast<std::size_t>(i)] = f < 0 ? 0.f : it->second[static_cast<std::size_t>(f)];
-        }
-        std::copy(shard.begin(), shard.end(), flat[k].begin() + slot.offset);
-      }
-    }
-    c->adam->load_state(flat[0], flat[1], flat[2]);
-  }
-  MT_TRY(import_fp8_state(fp8_chunks(), state));
-  return b_.synchronize();
-}
-
 std::vector<Fp8Scaling*> StepEngine::fp8_chunks() const {
   std::vector<Fp8Scaling*> out;
   for (const auto& c : chunks_)
     if (c->fp8) out.push_back(c->fp8.get());
   return out;
-}
-
-std::int64_t StepEngine::rank_state_numel() const {
-  std::int64_t n = 0;
-  for (const auto& c : chunks_) n += c->buckets->error_numel();
-  return n;
-}
-
-Result<std::vector<float>> StepEngine::export_rank_state() {
-  if (setup_error_) return *setup_error_;
-  std::vector<float> out;
-  for (auto& c : chunks_) {
-    MT_ASSIGN(std::vector<float> errors, c->buckets->export_errors());
-    out.insert(out.end(), errors.begin(), errors.end());
-  }
-  return out;
-}
-
-Status StepEngine::import_rank_state(std::span<const float> state) {
-  if (setup_error_) return *setup_error_;
-  if (static_cast<std::int64_t>(state.size()) != rank_state_numel())
-    return make_error("the checkpoint holds {} values of rank {}'s own state (1bit error feedback), this plan has {}",
-                      state.size(), b_.rank(), rank_state_numel());
-  std::size_t at = 0;
-  for (auto& c : chunks_) {
-    const auto n = static_cast<std::size_t>(c->buckets->error_numel());
-    MT_TRY(c->buckets->import_errors(state.subspan(at, n)));
-    at += n;
-  }
-  return b_.synchronize();
 }
 
 }  // namespace meshtrain

@@ -232,7 +232,24 @@ class StepEngine {
   const Tensor& evaluation_stats();
 
  private:
-  struct Chunk;
+  struct Chunk;  // engine/step/step_chunk.h
+  // The constructor's steps. supports() and FP8 training's checks, then this rank's pipeline executor.
+  Status check_and_build_pipeline();
+  // What every chunk of this rank shares: recompute, dropout, ZeRO's storage, the value dtype,
+  // sequence parallelism and the expert and context meshes.
+  ChunkOptions chunk_options() const;
+  // Local chunk c: its layers and parameters (initialised), FP8 scaling, gradient buckets, ZeRO-3
+  // gather, layer hooks and optimizer.
+  std::unique_ptr<Chunk> build_chunk(int c, const TensorParallel& tp, const ChunkOptions& shared);
+  void add_buckets(Chunk& chunk, int c);
+  // The hooks around each layer's passes: bucket reductions, ZeRO-3 gathers, overlapped updates.
+  void set_layer_hooks(Chunk& chunk);
+  // The chunk's AdamW, and under offload or overlap_update the bucket callbacks that start its work early.
+  void add_optimizer(Chunk& chunk);
+  // Fills next_pass_ from this rank's schedule.
+  void map_next_passes();
+  // Precision fp8 trained as exact emulation (StepOptions::emulate_fp8).
+  bool emulates_fp8() const { return plan_.precision == Precision::fp8 && options_.emulate_fp8; }
   MicroBatch upload(const HostBatch& h, std::uint64_t dropout_seed);
   // Checks a micro-batch against the model: its size, and under sequence
   // parallelism that tp divides the rows at every block.

@@ -214,150 +214,228 @@ RankTimes rank_times(const StragglerReport& report) {
   return rt;
 }
 
-}  // namespace
+// One rank's training run: what it opens once, then each step of the loop.
+class RankRun {
+ public:
+  RankRun(Backend& b, const ModelSpec& m, const Plan& p, const TrainOptions& o);
+  // The data, where the run starts (checkpoint, --init-from or step 1), the metrics file and the held-out batches.
+  Status open();
+  // Every step, then the summary.
+  Status train();
 
-Status train_rank(Backend& b, const ModelSpec& m, const Plan& p, const TrainOptions& o) {
-  const auto run_start = Clock::now();
-  const bool leader = b.rank() == 0;
-  const int seq = p.effective_seq_len(m);
-  const ModelIo io = model_io(m, seq);
-  StepTimer timer(b);
-  FaultInjector faults(o.faults, b.rank(), o.ranks_are_processes, 3 * o.comm_timeout + std::chrono::seconds(1),
-                       o.rank_losses.get());
-  if (!faults.empty()) timer.on_communication([&faults](double compute_s) { faults.before_communication(compute_s); });
-  const std::unique_ptr<TrainingEngine> engine_ptr = make_engine(timer, m, p, o.step);
-  TrainingEngine& engine = *engine_ptr;
+ private:
+  // The engine's step on the next batches; a failure, or this rank's injected death, says where the
+  // last good checkpoint is.
+  Result<StepResult> train_step(std::int64_t step, double lr);
+  // The step's figures: throughput, every rank's timings, the MoE statistics, the held-out evaluation.
+  Result<StepMetrics> measure(const StepResult& r, std::int64_t step, double lr, Clock::time_point t0);
+  void add_to_summary(const StepMetrics& sm);
+  // The checkpoint when due, the metrics line and the progress line; whether it saved.
+  Result<bool> record(const StepMetrics& sm, double lr);
+  // The ranks' vote after a step: an Error stops every rank there, with the step saved unless it just was.
+  Status stop_if_requested(std::int64_t step, double lr, bool saved);
+  Status save(std::int64_t step, double lr);
+  // Errors after a step say where the last good checkpoint is.
+  std::string checkpoint_note() const;
+  bool checkpointing() const { return !o_.checkpoint_dir.empty(); }
+
+  Backend& b_;
+  const ModelSpec& m_;
+  const Plan& p_;
+  const TrainOptions& o_;
+  const Clock::time_point run_start_ = Clock::now();
+  const bool leader_;
+  const int seq_;
+  const ModelIo io_;
+  StepTimer timer_;
+  FaultInjector faults_;
+  std::unique_ptr<TrainingEngine> engine_;
   // A uniform plan's rank reads its data-parallel replica's micro-batches; a
   // plan made of segments reads the whole global batch on every rank.
-  const DataShare share = engine.data_share();
-  MT_ASSIGN(std::unique_ptr<TrainingData> data,
-            open_training_data(o.data, m, p, o.seed, share.replica, share.replicas));
-  const LrSchedule schedule = lr_schedule(o);
-  const nlohmann::json run = run_record(o, data->source(), data->content());
+  DataShare share_;
+  std::unique_ptr<TrainingData> data_;
+  const LrSchedule schedule_;
+  nlohmann::json run_;
   // The stop vote and the step timings are gathered over every rank; ranks
   // of one role (stage) tell the straggler report which ranks compare.
-  const Group world = world_group(p);
-  StopVote stop_vote(b, world);
-  const std::vector<int> stage = rank_roles(p);
-
-  MT_ASSIGN(const ResumePoint start_at, resume_or_init(b, engine, *data, m, p, o, run, leader));
-  const std::int64_t first_step = start_at.first_step;
-  std::int64_t last_saved = start_at.last_saved;
-  for (const Fault& f : o.faults)
-    if (f.step < first_step)
-      return make_error("--fault-inject {}: step {} is never reached, this run resumes at step {}; inject it at a "
-                        "step in {}..{}", fault_spec(f), f.step, first_step, first_step, o.steps);
-  std::optional<MetricsWriter> metrics;
-  if (leader && !o.metrics.empty()) {
-    MT_ASSIGN(auto w, MetricsWriter::open(o.metrics));
-    metrics.emplace(std::move(w));
-  }
-  std::vector<HostBatch> val;
-  if (o.eval_every > 0) {
-    // Held-out samples are counted as images where the model reads images, as sequences otherwise.
-    MT_ASSIGN(val, data->held_out(p.micro_batch, io.pixels_per_sample() > 0 ? o.eval_images : o.eval_sequences));
-  }
-
-  const bool checkpointing = !o.checkpoint_dir.empty();
-  // Errors after a step say where the last good checkpoint is.
-  auto checkpoint_note = [&] {
-    if (!checkpointing) return std::string("no --checkpoint was given, so nothing was saved");
-    if (last_saved == 0) return fmt::format("no checkpoint was written to '{}' yet", o.checkpoint_dir);
-    return fmt::format("the last checkpoint in '{}' is of step {}", o.checkpoint_dir, last_saved);
-  };
-  auto save = [&](std::int64_t step, double lr) -> Status {
-    Status s = save_checkpoint(b, engine, leader, m, p, o, step, data->state(), run);
-    if (!s.ok())
-      return make_error("step {} (lr {:g}): {}; {}", step, lr, s.error().message(), checkpoint_note());
-    last_saved = step;
-    return s;
-  };
-  const std::int64_t last_step = o.stop_at > 0 ? o.stop_at : o.steps;
+  const Group world_;
+  std::optional<StopVote> stop_vote_;
+  const std::vector<int> stage_;
+  std::int64_t first_step_ = 1;
+  std::int64_t last_saved_ = 0;  // the step of the checkpoint on disk; 0: none yet
+  const std::int64_t last_step_;
+  std::optional<MetricsWriter> metrics_;
+  std::vector<HostBatch> val_;
   // Loss terms (tokens, or images) per step, for throughput.
-  const double tokens_per_step = static_cast<double>(p.effective_global_batch()) * static_cast<double>(io.throughput_tokens());
-  const auto start = Clock::now();
-  RunSummary summary;
-  summary.first_step = first_step, summary.last_step = last_step, summary.total_steps = o.steps;
-  summary.flops_per_token = training_flops(m, 1, seq, p.recompute).per_token;
-  summary.peak_flops = o.peak_flops, summary.peak_source = o.peak_source, summary.unit = data->unit();
-  summary.checkpoint = o.checkpoint_dir, summary.metrics = o.metrics;
-  for (std::int64_t step = first_step; step <= last_step; ++step) {
-    const auto t0 = Clock::now();
-    MT_ASSIGN(std::vector<HostBatch> batches, data->next(share.micro_batch, share.count));
-    const double lr = lr_at(schedule, static_cast<int>(step));
-    faults.begin_step(step);
-    timer.begin_step();
-    std::optional<Result<StepResult>> result;
-    try {
-      result.emplace(engine.step(batches, static_cast<float>(lr), step));
-    } catch (const InjectedExit&) {
-      // A rank thread that "died": its peers find out on their own; the run must not end in success.
-      Error died = make_error("rank {} died at step {} of {} (--fault-inject), so the run did not complete its "
-                              "steps; {}", b.rank(), step, o.steps, checkpoint_note());
-      if (o.rank_losses) o.rank_losses->record_death(b.rank(), step, died.message());
-      return died;
-    }
-    if (!result->ok()) {
-      if (o.rank_losses) o.rank_losses->record_failure(step);
-      // The engine names the step where its read failed; elsewhere it is added here.
-      const std::string& what = result->error().message();
-      const std::string where = fmt::format("step {}: ", step);
-      return make_error("{}{}; {}", what.starts_with(where) ? "" : where, what, checkpoint_note());
-    }
-    MT_ASSIGN(const RankTiming timing, timer.end_step());
-    StepMetrics sm{step, (*result)->loss, lr, seconds_since(t0), 0, std::nullopt};
-    sm.tokens_per_s = tokens_per_step / sm.step_time_s;
-    if (p.world_size() > 1) {
-      auto gathered = gather_timings(b, timing, world).context(fmt::format("step {}", step));
-      if (!gathered.ok() && o.rank_losses) o.rank_losses->record_failure(step);
-      MT_ASSIGN(std::vector<RankTiming> all, std::move(gathered));
-      sm.ranks = rank_times(straggler_report(std::move(all), stage));
-    }
-    if (io.routes_to_experts) {
-      const MoeStepStats& e = (*result)->moe;
-      sm.moe = MoeMetrics{e.aux_loss,           e.z_loss,
-                          e.balance,            e.load_max_over_mean,
-                          e.load_mean_max_over_mean, e.dropped_fraction,
-                          e.tokens_per_expert};
-    }
-    if (o.eval_every > 0 && (step % o.eval_every == 0 || step == last_step)) {
-      MT_ASSIGN(Evaluation v, engine.evaluate_metrics(val));
-      sm.val_loss = v.loss;
-      if (io.reports_accuracy) sm.val_accuracy = v.accuracy;
-    }
-    summary.tokens += tokens_per_step;
-    summary.step_seconds += sm.step_time_s;
-    summary.final_loss = sm.loss;
-    if (sm.val_loss) summary.final_val_loss = sm.val_loss;
-    if (sm.val_accuracy) summary.final_val_accuracy = sm.val_accuracy;
-    const bool due = checkpointing && ((o.checkpoint_every > 0 && step % o.checkpoint_every == 0) || step == last_step);
-    if (due) MT_TRY(save(step, lr));
-    if (leader) {
-      if (metrics) MT_TRY(metrics->write(sm));
-      if (o.progress) {
-        fmt::print("{}\n", progress_line(sm, o.steps, seconds_since(start), data->unit(), m.capacity_factor > 0));
-        std::fflush(stdout);
-      }
-    }
-    if (step == last_step) break;
-    MT_ASSIGN(const int signal, stop_vote.agree().context(fmt::format("after step {}", step)));
-    if (signal == 0) continue;
-    // Every rank stops after this step: save it (unless just saved), and let
-    // no rank leave before the leader's commit is on disk.
-    Status saved = checkpointing && !due ? save(step, lr) : ok_status();
-    MT_TRY(stop_vote.barrier());
-    MT_TRY(saved);
-    return make_error("stopped by {} after step {} of {}; {}{}", stop_signal_name(signal), step, o.steps,
-                      checkpoint_note(), checkpointing ? ": continue it with --resume" : "");
+  const double tokens_per_step_;
+  Clock::time_point start_;
+  RunSummary summary_;
+};
+
+RankRun::RankRun(Backend& b, const ModelSpec& m, const Plan& p, const TrainOptions& o)
+    : b_(b), m_(m), p_(p), o_(o), leader_(b.rank() == 0), seq_(p.effective_seq_len(m)), io_(model_io(m, seq_)),
+      timer_(b),
+      faults_(o.faults, b.rank(), o.ranks_are_processes, 3 * o.comm_timeout + std::chrono::seconds(1),
+              o.rank_losses.get()),
+      schedule_(lr_schedule(o)), world_(world_group(p)), stage_(rank_roles(p)),
+      last_step_(o.stop_at > 0 ? o.stop_at : o.steps),
+      tokens_per_step_(static_cast<double>(p.effective_global_batch()) * static_cast<double>(io_.throughput_tokens())) {
+  if (!faults_.empty()) timer_.on_communication([this](double compute_s) { faults_.before_communication(compute_s); });
+  engine_ = make_engine(timer_, m, p, o.step);
+  share_ = engine_->data_share();
+}
+
+Status RankRun::open() {
+  MT_ASSIGN(data_, open_training_data(o_.data, m_, p_, o_.seed, share_.replica, share_.replicas));
+  run_ = run_record(o_, data_->source(), data_->content());
+  stop_vote_.emplace(b_, world_);
+  MT_ASSIGN(const ResumePoint start_at, resume_or_init(b_, *engine_, *data_, m_, p_, o_, run_, leader_));
+  first_step_ = start_at.first_step;
+  last_saved_ = start_at.last_saved;
+  for (const Fault& f : o_.faults)
+    if (f.step < first_step_)
+      return make_error("--fault-inject {}: step {} is never reached, this run resumes at step {}; inject it at a "
+                        "step in {}..{}", fault_spec(f), f.step, first_step_, first_step_, o_.steps);
+  if (leader_ && !o_.metrics.empty()) {
+    MT_ASSIGN(auto w, MetricsWriter::open(o_.metrics));
+    metrics_.emplace(std::move(w));
   }
-  MT_TRY(b.synchronize());
-  if (leader && first_step <= last_step) {
-    summary.wall_seconds = seconds_since(run_start);
-    summary.checkpoint_step = last_saved;
-    fmt::print("{}", format_run_summary(summary));
+  if (o_.eval_every > 0) {
+    // Held-out samples are counted as images where the model reads images, as sequences otherwise.
+    MT_ASSIGN(val_, data_->held_out(p_.micro_batch, io_.pixels_per_sample() > 0 ? o_.eval_images : o_.eval_sequences));
+  }
+  return ok_status();
+}
+
+std::string RankRun::checkpoint_note() const {
+  if (!checkpointing()) return std::string("no --checkpoint was given, so nothing was saved");
+  if (last_saved_ == 0) return fmt::format("no checkpoint was written to '{}' yet", o_.checkpoint_dir);
+  return fmt::format("the last checkpoint in '{}' is of step {}", o_.checkpoint_dir, last_saved_);
+}
+
+Status RankRun::save(std::int64_t step, double lr) {
+  Status s = save_checkpoint(b_, *engine_, leader_, m_, p_, o_, step, data_->state(), run_);
+  if (!s.ok()) return make_error("step {} (lr {:g}): {}; {}", step, lr, s.error().message(), checkpoint_note());
+  last_saved_ = step;
+  return s;
+}
+
+Result<StepResult> RankRun::train_step(std::int64_t step, double lr) {
+  MT_ASSIGN(std::vector<HostBatch> batches, data_->next(share_.micro_batch, share_.count));
+  faults_.begin_step(step);
+  timer_.begin_step();
+  std::optional<Result<StepResult>> result;
+  try {
+    result.emplace(engine_->step(batches, static_cast<float>(lr), step));
+  } catch (const InjectedExit&) {
+    // A rank thread that "died": its peers find out on their own; the run must not end in success.
+    Error died = make_error("rank {} died at step {} of {} (--fault-inject), so the run did not complete its "
+                            "steps; {}", b_.rank(), step, o_.steps, checkpoint_note());
+    if (o_.rank_losses) o_.rank_losses->record_death(b_.rank(), step, died.message());
+    return died;
+  }
+  if (!result->ok()) {
+    if (o_.rank_losses) o_.rank_losses->record_failure(step);
+    // The engine names the step where its read failed; elsewhere it is added here.
+    const std::string& what = result->error().message();
+    const std::string where = fmt::format("step {}: ", step);
+    return make_error("{}{}; {}", what.starts_with(where) ? "" : where, what, checkpoint_note());
+  }
+  return std::move(*result);
+}
+
+Result<StepMetrics> RankRun::measure(const StepResult& r, std::int64_t step, double lr, Clock::time_point t0) {
+  MT_ASSIGN(const RankTiming timing, timer_.end_step());
+  StepMetrics sm{step, r.loss, lr, seconds_since(t0), 0, std::nullopt};
+  sm.tokens_per_s = tokens_per_step_ / sm.step_time_s;
+  if (p_.world_size() > 1) {
+    auto gathered = gather_timings(b_, timing, world_).context(fmt::format("step {}", step));
+    if (!gathered.ok() && o_.rank_losses) o_.rank_losses->record_failure(step);
+    MT_ASSIGN(std::vector<RankTiming> all, std::move(gathered));
+    sm.ranks = rank_times(straggler_report(std::move(all), stage_));
+  }
+  if (io_.routes_to_experts) {
+    const MoeStepStats& e = r.moe;
+    sm.moe = MoeMetrics{e.aux_loss,           e.z_loss,
+                        e.balance,            e.load_max_over_mean,
+                        e.load_mean_max_over_mean, e.dropped_fraction,
+                        e.tokens_per_expert};
+  }
+  if (o_.eval_every > 0 && (step % o_.eval_every == 0 || step == last_step_)) {
+    MT_ASSIGN(Evaluation v, engine_->evaluate_metrics(val_));
+    sm.val_loss = v.loss;
+    if (io_.reports_accuracy) sm.val_accuracy = v.accuracy;
+  }
+  return sm;
+}
+
+void RankRun::add_to_summary(const StepMetrics& sm) {
+  summary_.tokens += tokens_per_step_;
+  summary_.step_seconds += sm.step_time_s;
+  summary_.final_loss = sm.loss;
+  if (sm.val_loss) summary_.final_val_loss = sm.val_loss;
+  if (sm.val_accuracy) summary_.final_val_accuracy = sm.val_accuracy;
+}
+
+Result<bool> RankRun::record(const StepMetrics& sm, double lr) {
+  const std::int64_t step = sm.step;
+  const bool due =
+      checkpointing() && ((o_.checkpoint_every > 0 && step % o_.checkpoint_every == 0) || step == last_step_);
+  if (due) MT_TRY(save(step, lr));
+  if (leader_) {
+    if (metrics_) MT_TRY(metrics_->write(sm));
+    if (o_.progress) {
+      fmt::print("{}\n", progress_line(sm, o_.steps, seconds_since(start_), data_->unit(), m_.capacity_factor > 0));
+      std::fflush(stdout);
+    }
+  }
+  return due;
+}
+
+Status RankRun::stop_if_requested(std::int64_t step, double lr, bool saved) {
+  MT_ASSIGN(const int signal, stop_vote_->agree().context(fmt::format("after step {}", step)));
+  if (signal == 0) return ok_status();
+  // Every rank stops after this step: save it (unless just saved), and let
+  // no rank leave before the leader's commit is on disk.
+  Status saving = checkpointing() && !saved ? save(step, lr) : ok_status();
+  MT_TRY(stop_vote_->barrier());
+  MT_TRY(saving);
+  return make_error("stopped by {} after step {} of {}; {}{}", stop_signal_name(signal), step, o_.steps,
+                    checkpoint_note(), checkpointing() ? ": continue it with --resume" : "");
+}
+
+Status RankRun::train() {
+  start_ = Clock::now();
+  summary_.first_step = first_step_, summary_.last_step = last_step_, summary_.total_steps = o_.steps;
+  summary_.flops_per_token = training_flops(m_, 1, seq_, p_.recompute).per_token;
+  summary_.peak_flops = o_.peak_flops, summary_.peak_source = o_.peak_source, summary_.unit = data_->unit();
+  summary_.checkpoint = o_.checkpoint_dir, summary_.metrics = o_.metrics;
+  for (std::int64_t step = first_step_; step <= last_step_; ++step) {
+    const auto t0 = Clock::now();
+    const double lr = lr_at(schedule_, static_cast<int>(step));
+    MT_ASSIGN(const StepResult result, train_step(step, lr));
+    MT_ASSIGN(const StepMetrics sm, measure(result, step, lr, t0));
+    add_to_summary(sm);
+    MT_ASSIGN(const bool saved, record(sm, lr));
+    if (step == last_step_) break;
+    MT_TRY(stop_if_requested(step, lr, saved));
+  }
+  MT_TRY(b_.synchronize());
+  if (leader_ && first_step_ <= last_step_) {
+    summary_.wall_seconds = seconds_since(run_start_);
+    summary_.checkpoint_step = last_saved_;
+    fmt::print("{}", format_run_summary(summary_));
     std::fflush(stdout);
   }
   return ok_status();
+}
+
+}  // namespace
+
+Status train_rank(Backend& b, const ModelSpec& m, const Plan& p, const TrainOptions& o) {
+  RankRun run(b, m, p, o);
+  MT_TRY(run.open());
+  return run.train();
 }
 
 }  // namespace meshtrain
