@@ -33,6 +33,9 @@ Status check_job(const SimJob& job, int index, int num_gpus, bool full) {
     if (g < 0 || g >= num_gpus) return make_error("{}: GPU {} is outside the cluster of {}", where, g, num_gpus);
   if (!full && (!job.stragglers.empty() || !job.replicas.empty()))
     return make_error("{}: stragglers and replicas need full fidelity (every rank simulated)", where);
+  if (!job.stands_for.empty() && job.stands_for.size() != job.representatives.size())
+    return make_error("{}: {} class sizes for {} representatives", where, job.stands_for.size(),
+                      job.representatives.size());
   if (full) {
     if (job.replicas.size() != job.representatives.size() || !job.rank_map)
       return make_error("{}: full fidelity needs each representative's class of ranks and a rank map", where);
@@ -107,13 +110,17 @@ Result<std::unique_ptr<SimCluster>> SimCluster::create_jobs(const sim::ClusterSp
   const sim::HostSharing sharing = options.host_sharing;
   std::unique_ptr<SimCluster> sim(new SimCluster(std::move(cluster), spec, std::move(jobs), std::move(options)));
   if (sharing.on()) {
-    // A representative computes for every rank of its stage (they run the same ops at the same time).
+    // A representative computes for every rank of its class (they run the same ops at the same time).
     std::vector<double> ranks(static_cast<std::size_t>(num_gpus), 1.0);
     if (!full)
-      for (std::size_t j = 0; j < sim->jobs_.size(); ++j)
-        for (int rep : sim->jobs_[j].representatives)
-          ranks[static_cast<std::size_t>(sim->gpu(static_cast<int>(j), rep))] =
-              static_cast<double>(sim->jobs_[j].world_size) / static_cast<double>(sim->jobs_[j].representatives.size());
+      for (std::size_t j = 0; j < sim->jobs_.size(); ++j) {
+        const SimJob& job = sim->jobs_[j];
+        for (std::size_t i = 0; i < job.representatives.size(); ++i)
+          ranks[static_cast<std::size_t>(sim->gpu(static_cast<int>(j), job.representatives[i]))] =
+              job.stands_for.empty()
+                  ? static_cast<double>(job.world_size) / static_cast<double>(job.representatives.size())
+                  : job.stands_for[i];
+      }
     MT_TRY(sim->executor_->share_host(sharing, std::move(ranks)));
   }
   return sim;

@@ -124,6 +124,10 @@ struct SimJob {
   std::vector<std::vector<int>> replicas;
   std::function<int(int representative, int member, int rank)> rank_map;
   std::map<int, double> stragglers;  // rank -> compute factor (1.3: 30% slower); full only
+  // Representative fidelity, by representative: the ranks of its class
+  // (whose host cores it shares, SimOptions::host_sharing). Empty: the world
+  // split evenly among the representatives.
+  std::vector<int> stands_for;
   // The representatives are the pipeline stages of a uniform plan (with
   // their replicas, the ranks of each stage): a collective over ranks of
   // different stages is named with kAcrossStages, so that a wait for its

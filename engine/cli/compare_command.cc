@@ -92,7 +92,7 @@ nlohmann::json to_json(const std::vector<Row>& rows, const ModelSpec& m, const s
     const SimulationResult& r = *row.result;
     nlohmann::json ranks = nlohmann::json::array();
     for (const StageResult& s : r.stages)
-      ranks.push_back({{"rank", s.rank}, {"stage", s.stage}, {"peak_memory_bytes", s.peak_bytes},
+      ranks.push_back({{"rank", s.rank}, {"stage", s.stage}, {"ranks", s.ranks}, {"peak_memory_bytes", s.peak_bytes},
                        {"compute_s", s.compute_s}, {"idle_s", s.idle_s}, {"exposed_comm_s", s.exposed_comm_s}});
     j.update({{"iteration_time_s", r.iteration_s},
               {"tokens_per_s", r.tokens_per_s},

@@ -74,6 +74,7 @@ nlohmann::json to_json(const SimulationResult& r, const ModelSpec& m, const Plan
   for (const StageResult& s : r.stages)
     stages.push_back({{"stage", s.stage},
                       {"rank", s.rank},
+                      {"ranks", s.ranks},
                       {"peak_memory_bytes", s.peak_bytes},
                       {"model_memory_bytes", s.model.total()},
                       {"offloaded_bytes", s.model.offloaded},
@@ -171,9 +172,11 @@ void print_text(const SimulationResult& r, const ModelSpec& m, const Plan& p, co
   fmt::print("exposed comm     {:.4f} s per stage (mean)\n", r.exposed_comm_s);
   fmt::print("memory           peak {} on rank {} (device {})\n", human_bytes(static_cast<double>(r.peak_memory_bytes)),
              r.peak_rank, human_bytes(c.device.memory_bytes));
-  fmt::print("  {:>5} {:>6} {:>12} {:>12} {:>10} {:>10}\n", "stage", "rank", "peak", "model", "compute s", "idle s");
+  // One line per simulated rank, standing for the `ranks` of its class.
+  fmt::print("  {:>5} {:>6} {:>6} {:>12} {:>12} {:>10} {:>10}\n", "stage", "rank", "ranks", "peak", "model",
+             "compute s", "idle s");
   for (const StageResult& s : r.stages)
-    fmt::print("  {:>5} {:>6} {:>12} {:>12} {:>10.4f} {:>10.4f}\n", s.stage, s.rank,
+    fmt::print("  {:>5} {:>6} {:>6} {:>12} {:>12} {:>10.4f} {:>10.4f}\n", s.stage, s.rank, s.ranks,
                human_bytes(static_cast<double>(s.peak_bytes)), human_bytes(s.model.total()), s.compute_s, s.idle_s);
   if (p.offload != Offload::none) {
     // Per stage: what the device no longer holds, the host memory that holds it, and the step's host work

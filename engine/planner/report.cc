@@ -279,9 +279,9 @@ std::string explain(const SearchResult& r, const ReportContext& c) {
   out += fmt::format("  differs in: {}\n", diff.empty() ? "nothing searched" : diff);
   // Per stage means (SimulationResult's terms): compute, idle (the bubble) and exposed communication.
   auto mean = [](const SimulationResult& s, double StageResult::*f) {
-    double t = 0;
-    for (const StageResult& st : s.stages) t += st.*f / static_cast<double>(s.stages.size());
-    return t;
+    double t = 0, ranks = 0;
+    for (const StageResult& st : s.stages) t += st.*f * st.ranks, ranks += st.ranks;
+    return t / ranks;
   };
   struct Term {
     const char* name;

@@ -13,6 +13,7 @@
 #include "engine/plan/fp8_recipe.h"
 #include "engine/plan/mesh.h"
 #include "engine/plan/segment_plan.h"
+#include "engine/simulation/rank_classes.h"
 #include "engine/step/step_engine.h"
 #include "engine/step/training_engine.h"
 #include "models/flops.h"
@@ -40,16 +41,19 @@ Error out_of_memory(const StageResult& s, const Plan& p, double device_bytes) {
 }
 
 // Each segment's and boundary's compute and bytes (the backends' regions), in plan order.
-std::vector<RegionResult> segment_regions(const ModelSpec& m, const Plan& p, const SimReport& report) {
+// Simulated rank i stands for stands_for[i] ranks.
+std::vector<RegionResult> segment_regions(const ModelSpec& m, const Plan& p, const SimReport& report,
+                                          const std::vector<int>& stands_for) {
   std::map<std::string, RegionResult> by_name;
-  for (const SimRankReport& r : report.ranks)
-    for (const auto& [name, figures] : r.regions) {
+  for (std::size_t i = 0; i < report.ranks.size(); ++i)
+    for (const auto& [name, figures] : report.ranks[i].regions) {
       if (name.empty()) continue;  // outside every segment (set-up)
       RegionResult& g = by_name[name];
-      ++g.ranks;
+      const int n = stands_for[i];
+      g.ranks += n;
       g.compute_max_s = std::max(g.compute_max_s, figures.first);
-      g.compute_mean_s += figures.first;
-      g.sent_bytes += figures.second;
+      g.compute_mean_s += figures.first * n;
+      g.sent_bytes += figures.second * n;
     }
   std::vector<RegionResult> out;
   auto take = [&](const std::string& region, std::string label, double memory) {
@@ -153,18 +157,23 @@ SimJob simulation_job(const Plan& p, bool full, std::map<int, double> stragglers
   SimJob job;
   job.world_size = p.world_size();
   job.gpus = std::move(gpus);
-  if (!p.segments.empty()) {
-    // A plan made of segments simulates every rank: its boundaries pair
-    // particular ranks, and ranks of one segment differ in the others.
+  const bool segmented = !p.segments.empty();
+  if (segmented && full) {
+    // Every rank is its own class: the boundaries pair particular ranks, so
+    // no rank's part is a shifted copy of another's.
     for (int r = 0; r < job.world_size; ++r) job.representatives.push_back(r);
+    job.replicas.resize(job.representatives.size());
+    job.rank_map = [](int, int, int rank) { return rank; };
     job.stragglers = std::move(stragglers);
     return job;
   }
-  const Mesh mesh(p);
-  for (int stage = 0; stage < p.pp; ++stage) job.representatives.push_back(mesh.rank_of(Coord{0, 0, 0, stage}));
-  job.stages = true;
+  RankClasses classes = rank_classes(p);
+  job.representatives = std::move(classes.representatives);
+  job.stands_for = std::move(classes.stands_for);
+  job.stages = !segmented;
   if (!full) return job;
   job.stragglers = std::move(stragglers);
+  const Mesh mesh(p);
   job.replicas.resize(job.representatives.size());
   for (int r = 0; r < job.world_size; ++r) {
     const Coord c = mesh.coord_of(r);
@@ -340,22 +349,23 @@ Result<SimulatedRun> run_iterations(const ModelSpec& m, const Plan& p, const Sim
   return run;
 }
 
-// Under full fidelity: ranks of one stage run the same ops, so each is measured against its stage's median and
-// the one furthest above it named.
+// Under full fidelity: ranks of one class (rank_classes.h) run the same ops, so each is measured against its
+// class's median and the one furthest above it named.
 void find_slowest_rank(const Plan& p, const SimReport& report, SimulationResult& out) {
-  const Mesh mesh(p);
+  const RankClasses classes = rank_classes(p);
   const std::vector<double>& compute = report.jobs.front().compute_s;
-  std::vector<std::vector<double>> by_stage(static_cast<std::size_t>(p.pp));
+  std::vector<std::vector<double>> by_class(static_cast<std::size_t>(classes.classes));
   for (int r = 0; r < p.world_size(); ++r)
-    by_stage[static_cast<std::size_t>(mesh.coord_of(r).pp)].push_back(compute[static_cast<std::size_t>(r)]);
+    by_class[static_cast<std::size_t>(classes.class_of[static_cast<std::size_t>(r)])].push_back(
+        compute[static_cast<std::size_t>(r)]);
   std::vector<double> median;
-  for (auto& v : by_stage) {
+  for (auto& v : by_class) {
     std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
     median.push_back(v[v.size() / 2]);
   }
   double worst = 0;
   for (int r = 0; r < p.world_size(); ++r) {
-    const double m = median[static_cast<std::size_t>(mesh.coord_of(r).pp)];
+    const double m = median[static_cast<std::size_t>(classes.class_of[static_cast<std::size_t>(r)])];
     const double ratio = m > 0 ? compute[static_cast<std::size_t>(r)] / m : 1.0;
     if (out.slowest_rank < 0 || ratio > worst) {
       worst = ratio;
@@ -401,9 +411,10 @@ StageResult stage_result(const ModelSpec& m, const Plan& p, const SimRankReport&
   return s;
 }
 
-// Adds stage `s` to the result: its share (one of `ranks` simulated ranks) of the means, and the peak memory.
-void add_stage(const Plan& p, const StageResult& s, std::size_t ranks, SimulationResult& out) {
-  const double share = 1.0 / static_cast<double>(ranks);
+// Adds stage `s` to the result: its share (the ranks it stands for, of the world) of the means, and the peak
+// memory.
+void add_stage(const Plan& p, const StageResult& s, SimulationResult& out) {
+  const double share = static_cast<double>(s.ranks) / p.world_size();
   out.idle_fraction += s.idle_s / out.iteration_s * share;
   // With a pipeline, the compute stream's idle is its fill and drain plus what
   // they expose (the pipeline formula's bubble; `idle` breaks it down by cause);
@@ -411,7 +422,7 @@ void add_stage(const Plan& p, const StageResult& s, std::size_t ranks, Simulatio
   const double bubble_s = p.pp > 1 || !p.segments.empty() ? s.idle_s : s.idle.pipeline_s;
   out.bubble_fraction += bubble_s / out.iteration_s * share;
   out.idle += s.idle.scaled(share);
-  out.exposed_comm_s += s.exposed_comm_s / static_cast<double>(ranks);
+  out.exposed_comm_s += s.exposed_comm_s * share;
   if (s.peak_bytes > out.peak_memory_bytes) {
     out.peak_memory_bytes = s.peak_bytes;
     out.peak_rank = s.rank;
@@ -444,14 +455,18 @@ Result<SimulationResult> simulate_iteration(const ModelSpec& m, const Plan& p,
   out.events = report.events;
   out.collectives = report.collectives;
   add_rates(m, p, options, out);
-  for (std::size_t i = 0; i < report.ranks.size(); ++i)
-    add_stage(p, stage_result(m, p, report.ranks[i], static_cast<int>(i)), report.ranks.size(), out);
+  // Each simulated rank stands for its class: under full fidelity a segmented plan's ranks are each their own.
+  const std::vector<int> stands_for =
+      segmented && full ? std::vector<int>(report.ranks.size(), 1) : rank_classes(p).stands_for;
+  for (std::size_t i = 0; i < report.ranks.size(); ++i) {
+    StageResult s = stage_result(m, p, report.ranks[i], static_cast<int>(i));
+    s.ranks = stands_for[i];
+    add_stage(p, s, out);
+  }
   if (model_io(m).routes_to_experts) out.moe = moe_simulation(m, p, options.moe_routing, m.moe_layer_count(), out);
-  if (segmented) out.regions = segment_regions(m, p, report);
-  // Representatives stand for the tp·cp·dp ranks of their stage; every rank of a segmented plan is simulated.
-  const double stand_for = segmented ? 1.0 : static_cast<double>(p.tp) * p.cp * p.dp;
-  for (const SimRankReport& r : report.ranks)
-    for (const auto& [name, figures] : r.regions) out.sent_bytes += figures.second * stand_for;
+  if (segmented) out.regions = segment_regions(m, p, report, stands_for);
+  for (std::size_t i = 0; i < report.ranks.size(); ++i)
+    for (const auto& [name, figures] : report.ranks[i].regions) out.sent_bytes += figures.second * stands_for[i];
   if (options.check_memory)
     for (const StageResult& s : out.stages)
       if (static_cast<double>(s.peak_bytes) > options.cluster.device.memory_bytes)

@@ -3,10 +3,11 @@
 // simulate` prints it, `meshtrain calibrate --profile` compares it with a
 // real step, validate_sim with published runs.
 //
-// The StepEngine issues the iteration on one SimBackend per pipeline stage
-// (the rank with tp 0, dp 0 of that stage); every other rank of a stage issues
-// the same ops (see the equivalence assumption in sim_cluster.h), so the
-// simulated work does not grow with the data-parallel degree.
+// The StepEngine issues the iteration on one SimBackend per class of ranks
+// that issue the same ops (rank_classes.h; a uniform plan's pipeline stage,
+// represented by its rank with tp 0, dp 0), see the equivalence assumption
+// in sim_cluster.h, so the simulated work does not grow with the
+// data-parallel degree, for a plan made of segments as for a uniform one.
 //
 // Reported (per iteration):
 //   tokens/s         global batch · seq / iteration time (an image's tokens: its patches)
@@ -28,7 +29,8 @@
 //                    show up as idle time instead
 //
 // Full fidelity (SimulateOptions::fidelity, and whenever variation is asked
-// for): the representatives still issue the ops, and every rank of a stage
+// for; a plan made of segments then simulates every rank as its own class):
+// the representatives still issue the ops, and every rank of a stage
 // runs them (sim_cluster.h), a rank (t, d, s) playing for rank r of the
 // representative (0, 0, s) the rank with r's coordinates shifted by (t, d):
 // its tp group, dp group, pipeline neighbours and embedding partner. What
@@ -114,6 +116,7 @@ std::string_view attention_impl_name(AttentionImpl a);
 
 struct StageResult {
   int stage = 0, rank = 0;
+  int ranks = 1;  // the ranks this simulated rank stands for (rank_classes.h), itself included
   std::int64_t peak_bytes = 0;  // measured by the sim backend
   std::int64_t host_peak_bytes = 0;  // the same for host memory (offload)
   SimHostWork host_work;    // offload: per iteration, PCIe bytes and seconds, host AdamW seconds
@@ -149,15 +152,14 @@ struct SimulationResult {
   double simulator_wall_s = 0;  // host time of the simulation: issuing the ops and the event run
   // Full fidelity: tasks every rank ran, flows, collectives timed
   // analytically on exclusive links (sim_cluster.h), and the rank whose
-  // compute took longest against the median of its stage (whose ranks run
+  // compute took longest against the median of its class (rank_classes.h: ranks that run
   // the same ops), with that median.
   std::uint64_t tasks_run = 0, flows = 0, isolated_collectives = 0, isolated_overlaps = 0;
   int slowest_rank = -1;
   double slowest_compute_s = 0, median_compute_s = 0;
   std::vector<RegionResult> regions;  // plans made of segments: segments, then boundaries
   // Bytes every rank puts on the wire in one iteration (ring algorithms),
-  // summed over ranks; a uniform plan's representatives stand for the tp·cp·dp
-  // ranks of their stage.
+  // summed over ranks; each simulated rank stands for the ranks of its class.
   double sent_bytes = 0;
 };
 
@@ -185,7 +187,7 @@ Result<SimulationResult> simulate_iteration(const ModelSpec& m, const Plan& p,
                                             const SimulateOptions& options);
 
 // Building blocks for several jobs on one cluster (shared_fabric.h).
-// The job of plan `p` (representatives one per stage; in full fidelity their
+// The job of plan `p` (representatives one per class, rank_classes.h; in full fidelity their
 // classes and the rank map above), placed on `gpus` (empty: rank r on GPU r).
 SimJob simulation_job(const Plan& p, bool full, std::map<int, double> stragglers, std::vector<int> gpus = {});
 SimOptions simulation_options(const SimulateOptions& options, bool full);

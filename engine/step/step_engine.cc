@@ -27,6 +27,7 @@ HostBatch sample_range(const HostBatch& all, std::int64_t begin, std::int64_t en
   HostBatch out;
   out.batch = static_cast<int>(end - begin);
   out.seq = all.seq;
+  out.blank_pixels = all.blank_pixels;
   auto cut = [&](const auto& v, auto& dst) {
     const std::size_t per = v.size() / static_cast<std::size_t>(all.batch);
     dst.assign(v.begin() + static_cast<std::ptrdiff_t>(per * static_cast<std::size_t>(begin)),
@@ -43,7 +44,7 @@ HostBatch example_batch(const ModelSpec& m, int micro_batch, int seq) {
   HostBatch h;
   h.batch = micro_batch;
   h.seq = static_cast<int>(io.tokens_per_sample);
-  h.pixels.assign(static_cast<std::size_t>(micro_batch * io.pixels_per_sample()), 0.f);  // blank images
+  h.blank_pixels = io.pixels_per_sample() > 0;
   for (std::int64_t i = 0; i < micro_batch * io.ids_per_sample; ++i)
     h.ids.push_back(static_cast<std::int32_t>(i * 31 % m.vocab));
   if (io.targets_are_ids) {
@@ -261,9 +262,10 @@ MicroBatch StepEngine::upload(const HostBatch& full, std::uint64_t dropout_seed)
     mb.ids = b_.empty(Shape{static_cast<std::int64_t>(h.ids.size())}, DType::i32);
     b_.write(mb.ids, h.ids);
   }
-  if (io_.image_side > 0 && !h.pixels.empty()) {
+  if (io_.image_side > 0 && (h.blank_pixels || !h.pixels.empty())) {
     mb.pixels = b_.empty(Shape{h.batch, io_.image_side, io_.image_side, io_.channels}, value_dtype());
-    b_.write(mb.pixels, h.pixels);
+    if (h.blank_pixels) b_.write(mb.pixels, std::vector<float>(static_cast<std::size_t>(mb.pixels.numel()), 0.f));
+    else b_.write(mb.pixels, h.pixels);
   }
   // A segment without the head gets no targets (engine/segments/).
   if (!h.targets.empty()) {
@@ -295,7 +297,7 @@ Status StepEngine::check_batch(const HostBatch& h) const {
     return make_error("model '{}' reads {} ({} tokens each): a micro-batch has {} tokens per sample", m_.name,
                       io.describe(), io.tokens_per_sample, h.seq);
   const std::size_t pixels = static_cast<std::size_t>(h.batch * io.pixels_per_sample());
-  if (h.pixels.size() != pixels)
+  if (!h.blank_pixels && h.pixels.size() != pixels)
     return make_error("model '{}' reads {} ({} tokens each): a micro-batch of {} needs {} pixels, got {}", m_.name,
                       io.describe(), io.tokens_per_sample, h.batch, pixels, h.pixels.size());
   const std::size_t ids = static_cast<std::size_t>(h.batch * io.ids_per_sample);

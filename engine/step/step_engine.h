@@ -90,6 +90,10 @@ Status check_step_options(const StepOptions& o);
 struct HostBatch {
   std::vector<std::int32_t> ids, targets;
   std::vector<float> pixels;
+  // Blank images, not stored (example_batch): a plan made of segments takes
+  // the whole global batch, gigabytes of pixels at 1024 GPUs, of which each
+  // rank writes only its micro-batches' zeros.
+  bool blank_pixels = false;
   int batch = 0, seq = 0;
 };
 

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/plan/segment_plan.h"
+#include "engine/simulation/rank_classes.h"
 #include "engine/simulation/simulation.h"
 #include "models/parameters.h"
 #include "tests/sim_backend/sim_testing.h"
@@ -92,4 +93,83 @@ TEST_CASE("the bytes all ranks send are the ring algorithms' wire bytes", "[sim]
   const SimulationResult r = simulate(m, p);
   const double grads = static_cast<double>(count_parameters(m).total) * 4;
   CHECK(r.sent_bytes == Approx(4 * 1.5 * (grads + 4)));
+}
+
+TEST_CASE("a plan made of segments simulates a few ranks per class of ranks that act alike", "[sim][segments]") {
+  const ModelSpec m = *model_preset("swin-fmnist");
+  Plan base;
+  base.global_batch = 64, base.micro_batch = 4, base.precision = Precision::fp32;
+  const Plan p = segmented(m, base, R"([
+      {"modules": ["embed"], "dp": 16},
+      {"modules": ["stage1", "stage2"], "tp": 2, "dp": 8},
+      {"modules": ["stage3", "stage4", "head"], "pp": 2, "dp": 8, "microbatches": 4}])");
+  // Worked from the layouts: segment 1 puts rank r at tp r mod 2, dp r / 2;
+  // segment 2 puts ranks 0-7 on stage 0 (dp r) and 8-15 on stage 1. At
+  // boundary 1, replica d of segment 1 (samples 8d..8d+7) feeds stage-0
+  // rank d, which holds the same samples: only rank 0 (d = 0, tp 0) keeps
+  // its own. Classes: {0}; odd ranks of stage 0 {1, 3, 5, 7}; even {2, 4, 6};
+  // stage 1 by tp index of segment 1: {8, 10, 12, 14} and {9, 11, 13, 15}.
+  // Representatives: the lowest of each, and 10, the pipeline peer of 2.
+  const RankClasses c = rank_classes(p);
+  CHECK(c.classes == 5);
+  CHECK(c.representatives == std::vector<int>{0, 1, 2, 8, 9, 10});
+  CHECK(c.stands_for == std::vector<int>{1, 4, 3, 3, 4, 1});
+  CHECK(c.class_of[6] == c.class_of[2]);
+  CHECK(c.class_of[10] == c.class_of[8]);
+
+  SimulateOptions o = on_cluster("dgx-a100");
+  const SimulationResult rep = simulated(m, p, o);
+  o.fidelity = Fidelity::full;
+  const SimulationResult full = simulated(m, p, o);
+  CHECK(rep.stages.size() == 6);
+  CHECK(full.stages.size() == 16);
+  // Contention the representatives cannot see only slows full fidelity down, and not by much.
+  CHECK(full.iteration_s >= rep.iteration_s * 0.999);
+  CHECK(full.iteration_s <= rep.iteration_s * 1.05);
+  // The classes' weights give every rank's bytes and every region's ranks.
+  CHECK(rep.sent_bytes == Approx(full.sent_bytes).epsilon(1e-9));
+  REQUIRE(rep.regions.size() == full.regions.size());
+  for (std::size_t i = 0; i < rep.regions.size(); ++i) {
+    CAPTURE(rep.regions[i].name);
+    CHECK(rep.regions[i].ranks == full.regions[i].ranks);
+    CHECK(rep.regions[i].sent_bytes == Approx(full.regions[i].sent_bytes).epsilon(1e-9));
+    CHECK(rep.regions[i].compute_max_s == Approx(full.regions[i].compute_max_s).epsilon(1e-6));
+  }
+  CHECK(full.slowest_compute_s == Approx(full.median_compute_s).epsilon(1e-6));
+}
+
+TEST_CASE("a plan made of segments on disjoint ranks: representatives agree with every rank", "[sim][segments]") {
+  ModelSpec m = *model_preset("tiny");
+  m.tied_embeddings = false;
+  Plan base;
+  base.global_batch = 16, base.micro_batch = 2, base.seq_len = 32, base.precision = Precision::fp32;
+  const Plan p = segmented(m, base, R"([
+      {"blocks": [0, 2], "tp": 2, "dp": 2, "ranks": [0, 3]},
+      {"blocks": [3, 5], "pp": 2, "dp": 4, "microbatches": 2, "ranks": [4, 11]}])");
+  SimulateOptions o = on_cluster("dgx-a100");
+  const SimulationResult rep = simulated(m, p, o);
+  o.fidelity = Fidelity::full;
+  const SimulationResult full = simulated(m, p, o);
+  // The producer's tp ranks differ at the boundary; its dp replicas do not,
+  // but each feeds consumer replicas the consumer's representatives wait for.
+  CHECK(rep.stages.size() < full.stages.size());
+  CHECK(full.iteration_s >= rep.iteration_s * 0.999);
+  CHECK(full.iteration_s <= rep.iteration_s * 1.05);
+  CHECK(rep.sent_bytes == Approx(full.sent_bytes).epsilon(1e-9));
+}
+
+TEST_CASE("a plan made of segments on 1024 GPUs simulates no more ranks than on 16", "[sim][segments]") {
+  const ModelSpec m = *model_preset("swin-fmnist");
+  Plan base;
+  base.global_batch = 4096, base.micro_batch = 4;
+  const Plan p = segmented(m, base, R"([
+      {"modules": ["embed"], "dp": 1024},
+      {"modules": ["stage1", "stage2"], "tp": 2, "dp": 512},
+      {"modules": ["stage3", "stage4", "head"], "pp": 2, "dp": 512, "microbatches": 4}])");
+  const SimulationResult r = simulated(m, p, on_cluster("dgx-a100"));
+  CHECK(r.stages.size() == 6);
+  int ranks = 0;
+  for (const StageResult& s : r.stages) ranks += s.ranks;
+  CHECK(ranks == 1024);
+  CHECK(region(r, "segment 2").ranks == 1024);
 }
