@@ -259,6 +259,7 @@ void Executor::try_start(StreamId s) {
       case Kind::kJoin: {
         st.running = true;
         st.started = sim_.now();
+        st.reached = sim_.now();
         charge_idle(st, sim_.now(), st.cause);
         st.cause = {IdleCause::Wait::kPeers, s, t.name, true};
         Collective& c = colls_[t.a];
@@ -290,6 +291,7 @@ void Executor::try_start(StreamId s) {
       case Kind::kRecv: {
         st.running = true;
         st.started = sim_.now();
+        st.reached = sim_.now();
         charge_idle(st, sim_.now(), st.cause);
         st.cause = {IdleCause::Wait::kTransfer, s, t.name, true};
         P2P& p = p2p_[t.a];
@@ -357,7 +359,7 @@ void Executor::finish_head(StreamId s) {
   st.last_task = t.name;
   st.last_communication = t.kind != Kind::kCompute;
   if (st.recent.size() >= 2 * kRecentTasks) st.recent.erase(st.recent.begin(), st.recent.end() - kRecentTasks);
-  st.recent.push_back({st.started, sim_.now(), t.name, st.last_communication});
+  st.recent.push_back({st.last_communication ? st.reached : st.started, sim_.now(), t.name, st.last_communication});
   if (t.kind == Kind::kCompute) set_compute_running(st.device, -1);
   ++st.head;
   report_.makespan = std::max(report_.makespan, sim_.now());

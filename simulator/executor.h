@@ -215,7 +215,11 @@ class Executor : public EventHandler {
     NameId last_task = 0;
     bool last_communication = false;
     std::vector<std::pair<Cause, Time>> idle;
-    // Its latest finished tasks (start, end, name, communication), oldest first, at most kRecentTasks.
+    // When it reached its head task (a collective or transfer then waits for its peers).
+    Time reached = 0;
+    // Its latest finished tasks (start, end, name, communication), oldest first, at most kRecentTasks. A
+    // collective's or transfer's start is when this stream reached it: a stream waiting on this one waited
+    // for it from then, its peers' arrival included.
     struct Finished {
       Time start, end;
       NameId name;

@@ -33,8 +33,13 @@ double& bucket_of(const sim::IdleCause& c, IdleBreakdown& b) {
   // On the data-parallel stream a copy is the tail of a ZeRO parameter
   // all-gather (its padding cut off, sharded_optimizer.cc gather_bucket): the
   // wait was for the gather. The other kernels there are the optimizer's.
-  if (starts_with(c.stream, "data-parallel"))
+  if (starts_with(c.stream, "data-parallel")) {
+    // A collective there over ranks of several stages (the tied embedding's
+    // gradient between the first and last stage, the loss and the gradient
+    // norm) starts when the last of its stages drains: the pipeline's wait.
+    if (ends_with(c.task, kAcrossStages)) return b.pipeline_s;
     return c.communication || c.task == "copy" ? b.data_parallel_s : b.optimizer_s;
+  }
   if (starts_with(c.stream, "tensor-parallel") || starts_with(c.stream, "context-parallel")) return b.model_parallel_s;
   if (starts_with(c.stream, "offload")) return b.optimizer_s;
   return b.other_s;

@@ -36,7 +36,7 @@ std::string calibration_text(const std::string& precision) {
 
 }  // namespace
 
-TEST_CASE("a calibration records its precision; a file without the field is fp32", "[calibrate][precision]") {
+TEST_CASE("a calibration records its precision, a file without the field is fp32", "[calibrate][precision]") {
   auto old = meshtrain::sim::calibration_from_json(calibration_text(""));
   REQUIRE(old.ok());
   CHECK(old->precision == DType::kFp32);

@@ -56,7 +56,7 @@ TEST_CASE("rank 0 gathers every rank's string, by rank", "[comm][mpi]") {
   }
 }
 
-TEST_CASE("a rank that never sends is missing on rank 0 after the timeout; the others arrive", "[comm][mpi]") {
+TEST_CASE("a rank that never sends is missing on rank 0 after the timeout, the others arrive", "[comm][mpi]") {
   const int r = env().rank();
   if (r == 2) return;  // stands for a process that died or hangs
   const std::string mine = "from " + std::to_string(r);

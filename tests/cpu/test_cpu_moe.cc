@@ -94,7 +94,7 @@ TEST_CASE("moe_route_backward matches central differences of weights, balance an
   }
 }
 
-TEST_CASE("moe_combine sums each token's slots, skips dropped ones; its backward", "[cpu][moe]") {
+TEST_CASE("moe_combine sums each token's slots, skips dropped ones, its backward", "[cpu][moe]") {
   std::mt19937_64 rng(seed_for("moe_combine"));
   constexpr int M = 9, C = 7;
   // Each row read by one slot at most; dropped slots (-1), token 4 with both

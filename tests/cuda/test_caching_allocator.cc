@@ -112,7 +112,7 @@ TEST_CASE("peak tracks the maximum live bytes until reset") {
   a.free(*y);
 }
 
-TEST_CASE("freed neighbours merge; fragmentation measures scattered free memory") {
+TEST_CASE("freed neighbours merge, fragmentation measures scattered free memory") {
   FakeRaw raw;
   CachingAllocator a(raw);
   std::vector<CachingAllocator::Allocation> blocks;

@@ -391,7 +391,7 @@ TEST_CASE("cuda: clip coefficient and AdamW") {
   expect_close(run(gpu), run(cpu), kF32, "clip + adamw");
 }
 
-TEST_CASE("cuda: streams and events order work; the allocator stops growing after warm-up") {
+TEST_CASE("cuda: streams and events order work, the allocator stops growing after warm-up") {
   MT_GPU_OR_SKIP(gpu);
   const Stream side = gpu.create_stream("side");
   const Vec x = random(1 << 20, 28);

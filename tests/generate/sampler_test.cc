@@ -90,7 +90,7 @@ TEST_CASE("draws follow the sampling probabilities", "[generate][sampler]") {
   }
 }
 
-TEST_CASE("the same seed draws the same tokens; top-k 1 is greedy", "[generate][sampler]") {
+TEST_CASE("the same seed draws the same tokens, top-k 1 is greedy", "[generate][sampler]") {
   std::vector<std::vector<float>> rows;
   std::uint32_t x = 7;
   for (int r = 0; r < 200; ++r) {

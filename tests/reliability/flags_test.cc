@@ -47,7 +47,7 @@ TEST_CASE("flags that would do nothing are refused, saying what they need", "[re
   expect_refusal("simulate --model tiny --gpus 2 --comm mpi", "--comm mpi chooses which measured collectives of --calibration apply");
 }
 
-TEST_CASE("the default warm-up fits short runs; an explicit one must fit", "[reliability][flags]") {
+TEST_CASE("the default warm-up fits short runs, an explicit one must fit", "[reliability][flags]") {
   const MeshtrainRun three = run_meshtrain(tiny_train() + " --steps 3");
   INFO(three.out);
   CHECK(three.status == 0);

@@ -47,7 +47,7 @@ TEST_CASE("a fault the run could not show is refused up front", "[reliability][r
   expect_refusal(t + " --dp 2 --fault-inject 0:slow:1:2 --fault-inject 0:slow:2:3", "rank 0 is slowed twice");
 }
 
-TEST_CASE("under MPI a lost rank ends the job non-zero; a hang of one process is refused", "[reliability][rank_loss][mpi]") {
+TEST_CASE("under MPI a lost rank ends the job non-zero, a hang of one process is refused", "[reliability][rank_loss][mpi]") {
   const std::string mpirun = std::string(MESHTRAIN_MPIRUN) + " ";
   const std::string exe = std::string(MESHTRAIN_EXE) + " " + tiny_train();
   // The dying process SIGKILLs itself, as a lost node would; it says so first, and mpirun names it.

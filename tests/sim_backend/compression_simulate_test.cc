@@ -72,7 +72,7 @@ TEST_CASE("simulated 1-bit gradients move a bit per element plus a scale per blo
   CHECK(r.trace_json.find("\"sign_decompress\"") != std::string::npos);
 }
 
-TEST_CASE("simulated ZeRO-1 with 1-bit gradients sends phase 1 only; parameters are gathered in bf16",
+TEST_CASE("simulated ZeRO-1 with 1-bit gradients sends phase 1 only, parameters are gathered in bf16",
           "[sim_backend][compression]") {
   const ModelSpec m = small_gpt();
   const double params = static_cast<double>(count_shard_parameters(m, 1, 1, 1, 1, 0).total);

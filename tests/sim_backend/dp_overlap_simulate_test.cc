@@ -68,7 +68,7 @@ TEST_CASE("simulate: Megatron buckets give one reduce-scatter and all-gather per
   CHECK(r.collectives[static_cast<std::size_t>(sim::CollectiveKind::kAllGather)].count == buckets);
 }
 
-TEST_CASE("simulate: without a pipeline there is no bubble; idle time is charged to its cause",
+TEST_CASE("simulate: without a pipeline there is no bubble, idle time is charged to its cause",
           "[sim_backend][data_parallel]") {
   const ModelSpec m = gpt();
   // 16 ranks on two nodes: each bucket's reduce-scatter crosses the network.

@@ -62,7 +62,7 @@ double all_to_all_per_call(const SimulationResult& r) {
 
 }  // namespace
 
-TEST_CASE("an EP group across nodes pays the network; inside a node NVLink", "[sim][moe]") {
+TEST_CASE("an EP group across nodes pays the network, inside a node NVLink", "[sim][moe]") {
   const ModelSpec m = small_moe();
   // Every rank sends the same rows either way (its tokens · top_k); ep 8 on
   // one DGX H100 goes over NVSwitch, ep 16 over two nodes sends half its
@@ -99,7 +99,7 @@ TEST_CASE("skewed routing makes the step wait for the most loaded expert rank", 
   CHECK(uniform.moe->tokens_per_expert.size() == 4);
 }
 
-TEST_CASE("a routing file gives shares per expert; a wrong one is refused naming the counts", "[sim][moe]") {
+TEST_CASE("a routing file gives shares per expert, a wrong one is refused naming the counts", "[sim][moe]") {
   const ModelSpec m = small_moe();
   const std::string path = "moe_simulate_routing.json";
   std::ofstream(path) << "[4, 1, 1, 1, 1, 1, 1, 1]";

@@ -10,7 +10,7 @@
 
 using namespace meshtrain;
 
-TEST_CASE("sim backend: host memory is counted apart; PCIe copies and the host AdamW take their rates",
+TEST_CASE("sim backend: host memory is counted apart, PCIe copies and the host AdamW take their rates",
           "[sim_backend][offload]") {
   auto spec = sim::cluster_preset("dgx-a100");
   REQUIRE(spec.ok());

@@ -260,7 +260,7 @@ TEST_CASE("an unusable checkpoint directory is reported before training", "[chec
   CHECK(fs::is_empty(nested));  // the probe file is gone
 }
 
-TEST_CASE("non-finite values are never checkpointed; the previous checkpoint stays", "[checkpoint]") {
+TEST_CASE("non-finite values are never checkpointed, the previous checkpoint stays", "[checkpoint]") {
   TempDir dir;
   REQUIRE(make_writer(1, 0.5f).commit(dir.path().string()).ok());
   for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),

@@ -66,7 +66,7 @@ TEST_CASE("offsets cover the whole split and never run past it", "[loader]") {
   CHECK_FALSE(DataLoader(tokens, kSeed).next(0, 4).ok());
 }
 
-TEST_CASE("the same seed gives the same batches; another seed others", "[loader]") {
+TEST_CASE("the same seed gives the same batches, another seed others", "[loader]") {
   INFO("seed " << kSeed);
   const auto tokens = counting_tokens(100000);
   DataLoader a(tokens, kSeed), b(tokens, kSeed), c(tokens, kSeed + 1);

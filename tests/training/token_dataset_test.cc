@@ -85,7 +85,7 @@ TEST_CASE("llm.c token files round trip, uint16 and uint32", "[dataset][tokens]"
   }
 }
 
-TEST_CASE("a file without an llm.c magic is bytes; a Megatron pair is found from any of its names",
+TEST_CASE("a file without an llm.c magic is bytes, a Megatron pair is found from any of its names",
           "[dataset][tokens]") {
   TempDir tmp;
   const std::string text = tmp / "text.txt";
