@@ -63,6 +63,7 @@ bool fits(CollectiveKind kind, Algorithm a) {
       return kind == CollectiveKind::kAllReduce || kind == CollectiveKind::kReduceScatter ||
              kind == CollectiveKind::kAllGather || (a == Algorithm::kDirect && kind == CollectiveKind::kSendRecv);
     case Algorithm::kPairwise:
+    case Algorithm::kDeduplicated:
       return kind == CollectiveKind::kAllToAll;
   }
   return false;
@@ -210,6 +211,52 @@ Result<CollectivePlan> expand_host(const Cluster& cluster, const CostConstants& 
   return p;
 }
 
+// The token rows of a mixture-of-experts layer as DeepEP's internode
+// dispatch and HybridEP move them (csrc/kernels/internode.cu there: a token
+// goes once to each destination node, to the GPU of its own local rank
+// there, with a bit per GPU of that node that hosts one of its experts; that
+// GPU forwards it over NVLink to those GPUs, once each, and they copy it into
+// their experts' rows). Under uniform routing a member's T token bytes reach
+// each other node with P(node) = expert_hit_probability(E, K, experts of the
+// node) and each GPU with P(GPU) (its E/n experts); a GPU forwards to each
+// other GPU of its node what its own and one member of every other node sent
+// it for that GPU. The combine is the reverse and costs the same. The
+// phases run one after the other here (the kernels pipeline them: with
+// NVLink ~9x the NIC the second adds ~1/9 of the first).
+Result<CollectivePlan> expand_deduplicated(const Cluster& cluster, const CollectiveRequest& req) {
+  const int n = static_cast<int>(req.members.size());
+  if (req.experts <= 0 || req.top_k <= 0 || req.top_k > req.experts || req.experts % n != 0)
+    return make_error("deduplicated all_to_all: needs experts ({}) split evenly over the {} members and 0 < top_k "
+                      "({}) <= experts",
+                      req.experts, n, req.top_k);
+  std::vector<std::vector<int>> groups;
+  std::vector<int> nodes = req.members;
+  std::sort(nodes.begin(), nodes.end());
+  if (cluster.node_of(nodes.front()) == cluster.node_of(nodes.back())) {
+    groups.push_back(std::move(nodes));
+  } else {
+    MT_ASSIGN(groups, per_node_groups(cluster, req.members));
+  }
+  const int N = static_cast<int>(groups.size()), L = static_cast<int>(groups[0].size());
+  const int per_gpu = req.experts / n;
+  const double tokens = req.bytes / req.top_k;
+  std::vector<int> intra, rails;
+  for (const auto& g : groups) intra.insert(intra.end(), g.begin(), g.end());
+  for (int j = 0; j < L; ++j)
+    for (const auto& g : groups) rails.push_back(g[static_cast<std::size_t>(j)]);
+  CollectivePlan p;
+  p.algorithm = Algorithm::kDeduplicated;
+  p.orders = {std::move(intra), std::move(rails)};
+  using Step = CollectivePlan::Step;
+  const double to_node = tokens * expert_hit_probability(req.experts, req.top_k, per_gpu * L);
+  for (int k = 1; k < N; ++k)
+    p.steps.push_back(Step{1, static_cast<uint32_t>(N), static_cast<uint32_t>(k), false, to_node, 1});
+  const double to_gpu = N * tokens * expert_hit_probability(req.experts, req.top_k, per_gpu);
+  for (int k = 1; k < L; ++k)
+    p.steps.push_back(Step{0, static_cast<uint32_t>(L), static_cast<uint32_t>(k), false, to_gpu, 1});
+  return p;
+}
+
 Result<CollectivePlan> expand(const Cluster& cluster, const CostConstants& c,
                               const CollectiveRequest& req, Algorithm a) {
   const bool host_algorithm = a == Algorithm::kHierarchical ? runs_host_collectives(cluster)
@@ -289,6 +336,8 @@ Result<CollectivePlan> expand(const Cluster& cluster, const CostConstants& c,
       p.orders.push_back({req.members[0], req.members[1]});
       p.steps.push_back(Step{0, 0, 0, false, S, 1});
       return p;
+    case Algorithm::kDeduplicated:
+      return expand_deduplicated(cluster, req);
     case Algorithm::kAuto:
       break;
   }
@@ -348,6 +397,8 @@ const char* algorithm_name(Algorithm a) {
       return "pairwise";
     case Algorithm::kDirect:
       return "direct";
+    case Algorithm::kDeduplicated:
+      return "deduplicated";
   }
   return "?";
 }
@@ -385,6 +436,14 @@ double busbw_factor(CollectiveKind kind, int n) {
       return 1.0;
   }
   return 0;
+}
+
+double expert_hit_probability(int experts, int top_k, int held) {
+  // C(E - h, K) / C(E, K) = Π_{i<K} (E - h - i) / (E - i): the chance all K miss.
+  double miss = 1;
+  for (int i = 0; i < top_k && miss > 0; ++i)
+    miss = experts - held - i <= 0 ? 0 : miss * (experts - held - i) / (experts - i);
+  return 1 - miss;
 }
 
 int CollectivePlan::total_steps() const {
@@ -513,7 +572,7 @@ Result<CollectivePlan> choose_plan(const Cluster& cluster, const CostConstants& 
       candidates = {Algorithm::kRing};
       break;
     case CollectiveKind::kAllToAll:
-      candidates = {Algorithm::kPairwise};
+      candidates = {req.experts > 0 ? Algorithm::kDeduplicated : Algorithm::kPairwise};
       break;
     case CollectiveKind::kSendRecv:
       candidates = {Algorithm::kDirect};
@@ -554,18 +613,21 @@ Result<std::pair<Algorithm, Time>> CollectiveEngine::analytic(const CollectiveRe
   uint64_t h = static_cast<uint64_t>(req.kind) * 31 + static_cast<uint64_t>(req.algorithm);
   h = h * 1000003 + static_cast<uint64_t>(req.bytes) + static_cast<uint64_t>(req.root) * 7;
   for (int g : req.members) h = h * 1000003 + static_cast<uint64_t>(g);
+  h = h * 31 + static_cast<uint64_t>(req.experts) * 7 + static_cast<uint64_t>(req.top_k);
   auto& bucket = cache_[h % cache_.size()];
   for (const auto& e : bucket)
     if (e.kind == req.kind && e.requested == req.algorithm && e.bytes == req.bytes &&
-        e.root == req.root && e.members == req.members)
+        e.root == req.root && e.members == req.members && e.experts == req.experts && e.top_k == req.top_k)
       return std::make_pair(e.chosen, e.time);
   MT_ASSIGN(CollectivePlan plan, plan_collective(network_.cluster(), constants_, req, &step_costs_));
   Time t = analytic_time(network_.cluster(), constants_, plan, &step_costs_);
   const int n = static_cast<int>(req.members.size());
-  if (calibration_ && n > 1 && req.bytes > 0)
+  // A calibration measures NCCL's all-to-all, not a deduplicating dispatcher's.
+  if (calibration_ && n > 1 && req.bytes > 0 && plan.algorithm != Algorithm::kDeduplicated)
     if (auto busbw = calibration_->collective_busbw(req.kind, n, req.bytes))
       t = from_seconds(req.bytes * busbw_factor(req.kind, n) / *busbw);
-  bucket.push_back({req.kind, req.algorithm, req.bytes, req.root, req.members, plan.algorithm, t});
+  bucket.push_back(
+      {req.kind, req.algorithm, req.bytes, req.root, req.members, req.experts, req.top_k, plan.algorithm, t});
   return std::make_pair(plan.algorithm, t);
 }
 

@@ -32,6 +32,14 @@
 //   reduce-scatter, ring:      n-1 steps of S/n
 //   all-gather, ring:          n-1 steps of S/n
 //   all-to-all, pairwise:      for k = 1..n-1: member i -> member i+k, S/n
+//   all-to-all, deduplicated:  the token rows of a mixture-of-experts layer
+//                              (CollectiveRequest::experts) as DeepEP and
+//                              HybridEP move them, L members per node, N nodes,
+//                              T = S / top_k the bytes of the member's tokens:
+//                              N-1 rail steps (member -> the same local GPU
+//                              of node +k) of T · P(node), then L-1 steps in
+//                              the node of N · T · P(GPU)
+//                              (expert_hit_probability; see expand_deduplicated)
 //   broadcast, ring:           chain from the root, C chunks: n+C-2 steps of S/C
 //   send/recv, direct:         1 step: S from members[0] to members[1]
 //
@@ -85,7 +93,9 @@ enum class CollectiveKind : uint8_t {
   kSendRecv
 };
 inline constexpr int kNumCollectiveKinds = 6;
-enum class Algorithm : uint8_t { kAuto, kRing, kTree, kHierarchical, kPairwise, kDirect };
+// kDeduplicated last: the algorithms a caller may name end at kDirect (it
+// applies only to a request that states its experts).
+enum class Algorithm : uint8_t { kAuto, kRing, kTree, kHierarchical, kPairwise, kDirect, kDeduplicated };
 enum class CollectiveMode : uint8_t { kFlows, kAnalytic };
 
 const char* collective_kind_name(CollectiveKind kind);  // "all_reduce", ...
@@ -102,7 +112,18 @@ struct CollectiveRequest {
   double bytes = 0;          // nccl-tests "size" (all-gather: the gathered output)
   Algorithm algorithm = Algorithm::kAuto;
   int root = 0;  // broadcast: index into members
+  // All-to-all of a mixture-of-experts layer's token rows under a dispatcher
+  // that sends each token once per destination node and GPU (DeepEP,
+  // HybridEP): every row is one of a token's top_k slots, the experts split
+  // evenly over the members in order; bytes = the slots' bytes. 0: a plain
+  // all-to-all, each row to its member.
+  int experts = 0, top_k = 0;
 };
+
+// The chance that a token's top_k distinct experts, drawn uniformly from
+// `experts`, include at least one of `held` given ones:
+// 1 - C(experts - held, top_k) / C(experts, top_k).
+double expert_hit_probability(int experts, int top_k, int held);
 
 struct CollectivePlan {
   Algorithm algorithm = Algorithm::kRing;
@@ -222,6 +243,7 @@ class CollectiveEngine : public EventHandler {
     double bytes;
     int root;
     std::vector<int> members;
+    int experts, top_k;
     Algorithm chosen;
     Time time;
   };

@@ -197,6 +197,17 @@ class SimBackend final : public Backend {
     fp8_gemms_ = true;
     fp8_exempt_width_ = bf16_width;
   }
+  // A dispatcher that sends each token once per destination node and GPU
+  // (DeepEP, HybridEP): from now on the all-to-alls of activations on group
+  // `group_id` (the expert group) are a mixture-of-experts layer's token rows,
+  // each a slot of one of `experts` experts, top_k per token, and cost as
+  // sim::Algorithm::kDeduplicated. The layer's other exchange on that group,
+  // its i32 row counts, stays a plain all-to-all (models/moe_layer.h).
+  void use_expert_dispatch(int group_id, int experts, int top_k) {
+    expert_group_ = group_id;
+    experts_ = experts;
+    top_k_ = top_k;
+  }
   // Forgets the host work issued so far (a simulation's set-up: the offloaded master's first copy).
   void reset_host_work() { host_work_ = {}; }
   std::string set_region(std::string name) override;
@@ -232,6 +243,7 @@ class SimBackend final : public Backend {
   sim::DType gemm_dtype(DType t, std::int64_t m, std::int64_t n, std::int64_t k) const;
   sim::NameId op_name(std::string_view name);  // interned once per distinct name
   void collective(sim::CollectiveKind kind, double bytes, const Group& g, int root = 0);
+  void collective(const Group& g, sim::CollectiveRequest request);
 
   SimCluster& cluster_;
   int job_, rank_, world_size_, device_;
@@ -243,6 +255,7 @@ class SimBackend final : public Backend {
   SimHostWork host_work_;
   std::string region_;
   bool fp8_gemms_ = false;
+  int expert_group_ = -1, experts_ = 0, top_k_ = 0;  // use_expert_dispatch
   std::int64_t fp8_exempt_width_ = 0;
   std::map<std::string, Region> regions_;
   Region* current_region_ = nullptr;  // regions_[region_], once looked up (map nodes stay put)

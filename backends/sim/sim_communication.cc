@@ -162,6 +162,10 @@ void SimBackend::collective(sim::CollectiveKind kind, double bytes, const Group&
   request.kind = kind;
   request.bytes = bytes;
   request.root = root;
+  collective(g, std::move(request));
+}
+
+void SimBackend::collective(const Group& g, sim::CollectiveRequest request) {
   cluster_.collective(job_, rank_, executor_stream(current_), g, std::move(request));
 }
 
@@ -204,7 +208,14 @@ void SimBackend::all_to_all(const Tensor& in, std::span<const std::int64_t> send
   const Tensor* tensors[] = {&in, &out};
   OpArgs args{tensors};
   args.exchanged = std::max(sent, received);
-  collective(sim::CollectiveKind::kAllToAll, op_cost(op_info("all_to_all"), args).bytes, g);
+  sim::CollectiveRequest request;
+  request.kind = sim::CollectiveKind::kAllToAll;
+  request.bytes = op_cost(op_info("all_to_all"), args).bytes;
+  if (g.id == expert_group_ && in.dtype() != DType::i32) {
+    request.experts = experts_;
+    request.top_k = top_k_;
+  }
+  collective(g, std::move(request));
 }
 void SimBackend::send(const Tensor& x, int peer, int) {
   check(x, "send");

@@ -39,6 +39,7 @@ struct SimulateFlags {
   std::string attention = "flash";  // the simulated software stack: see SimulateOptions
   float dropout = 0.f;
   std::string moe_routing = "uniform";
+  std::string moe_dispatcher = "alltoall";
   // What-ifs (engine/simulation/variation.h); any of them means full fidelity.
   std::string fidelity = "representative";
   std::vector<std::string> stragglers, link_degrade, link_fail;
@@ -302,6 +303,7 @@ Status run_jobs(const SimulateFlags& f) {
   MT_ASSIGN(options.attention, attention_impl_from_name(f.attention));
   options.dropout = f.dropout;
   MT_ASSIGN(options.moe_routing, MoeRouting::parse(f.moe_routing));
+  options.moe_dispatcher = f.moe_dispatcher;
   MT_TRY(apply_link_flags(f, options));
   if (!f.stragglers.empty()) return make_error("--straggler names ranks of one job; it does not combine with --job");
   if (!f.svg.empty()) return make_error("--svg draws one job's step; it does not combine with --job (simulate each job alone)");
@@ -334,6 +336,7 @@ Status run_simulate(SimulateFlags f, bool no_flags) {
   MT_ASSIGN(options.attention, attention_impl_from_name(f.attention));
   options.dropout = f.dropout;
   MT_ASSIGN(options.moe_routing, MoeRouting::parse(f.moe_routing));
+  options.moe_dispatcher = f.moe_dispatcher;
   MT_ASSIGN(options.fidelity, fidelity_from_name(f.fidelity));
   MT_ASSIGN(options.variation.stragglers, parse_stragglers(f.stragglers, mp.plan.world_size(), f.seed));
   MT_TRY(apply_link_flags(f, options));
@@ -394,6 +397,11 @@ Command add_simulate_command(CLI::App& app) {
                   "how tokens spread over experts: uniform, zipf:S (share of expert e ∝ 1/(e+1)^S) or file:F "
                   "(a JSON list of shares per expert, or one list per MoE layer)")
       ->capture_default_str();
+  sub->add_option("--moe-dispatcher", flags->moe_dispatcher,
+                  "how the token rows cross the expert group: alltoall (every expert slot, NCCL) or deepep / "
+                  "hybridep (Megatron-Core's flex dispatcher: each token once per destination node and GPU)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"alltoall", "deepep", "hybridep"}));
   sub->add_option("--fidelity", flags->fidelity,
                   "representative (one rank per pipeline stage) or full (every rank's ops and flows; used "
                   "whenever a straggler or link what-if is given)")

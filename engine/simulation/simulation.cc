@@ -1,6 +1,7 @@
 #include "engine/simulation/simulation.h"
 
 #include "core/host_memory.h"
+#include "core/names.h"
 
 #include <algorithm>
 #include <chrono>
@@ -263,6 +264,25 @@ Status check_fp8_plan(const Plan& p, const sim::DeviceSpec& device) {
 
 }  // namespace
 
+namespace {
+
+// SimulateOptions::moe_dispatcher on the representatives' expert groups (the
+// step engines' meshes are Mesh(p), so the ids agree).
+Status use_moe_dispatcher(SimCluster& cluster, int job, const ModelSpec& m, const Plan& p,
+                          const std::string& dispatcher) {
+  if (dispatcher == "alltoall") return ok_status();
+  if (dispatcher != "deepep" && dispatcher != "hybridep")
+    return Error(unknown_name_message("MoE dispatcher", dispatcher, {"alltoall", "deepep", "hybridep"}));
+  if (!model_io(m).routes_to_experts) return make_error("MoE dispatcher '{}': the model has no experts", dispatcher);
+  if (!p.segments.empty()) return make_error("MoE dispatcher '{}': not simulated for a plan of segments", dispatcher);
+  const Mesh mesh(p);
+  for (int r : cluster.representatives(job))
+    cluster.backend(job, r).use_expert_dispatch(mesh.group_of(GroupKind::expert, r)->id, m.experts, m.top_k);
+  return ok_status();
+}
+
+}  // namespace
+
 Status issue_iterations(SimCluster& cluster, int job, const ModelSpec& m, const Plan& p,
                         const SimulateOptions& options, int iterations) {
   const int seq = p.effective_seq_len(m);
@@ -283,6 +303,7 @@ Status issue_iterations(SimCluster& cluster, int job, const ModelSpec& m, const 
   const std::vector<int>& reps = cluster.representatives(job);
   std::vector<std::unique_ptr<TrainingEngine>> engines;
   for (int r : reps) engines.push_back(make_engine(cluster.backend(job, r), m, p, step_options));
+  MT_TRY(use_moe_dispatcher(cluster, job, m, p, options.moe_dispatcher));
   // The output layer's GEMMs (a dimension of the vocabulary shard) stay bf16 (engine/plan/fp8_recipe.h).
   if (p.precision == Precision::fp8)
     for (int r : reps) cluster.backend(job, r).use_fp8_gemms(padded_vocab(m, p.tp) / p.tp);

@@ -74,6 +74,14 @@ struct SimulateOptions {
   // How a model with experts spreads its tokens over them (the sim holds no
   // data to route): models/moe_routing.h.
   MoeRouting moe_routing = MoeRouting::uniform();
+  // How the software moves a model's token rows over the expert group (the
+  // engine issues the same all-to-all either way; only its cost differs):
+  // "alltoall", NCCL's all-to-all of every (token, expert) slot
+  // (Megatron-Core's alltoall dispatcher); "deepep" or "hybridep",
+  // Megatron-Core's flex dispatcher with that backend, which sends a token
+  // once per destination node over the network and once per destination GPU
+  // over NVLink, both in bf16 (sim::Algorithm::kDeduplicated).
+  std::string moe_dispatcher = "alltoall";
   // Full fidelity is used when asked for or when `variation` is not empty.
   Fidelity fidelity = Fidelity::representative;
   Variation variation;

@@ -4,7 +4,8 @@
 //
 // A table (experiments/validation/*.json) names its source, the cluster
 // preset, how the publication counted FLOPs, and rows of {model, gpus, plan,
-// measured, source} (a row of a model with experts may add "moe_routing"). Each row is simulated once with `meshtrain simulate`'s
+// measured, source} (a row of a model with experts may add "moe_routing" and
+// "moe_dispatcher"). Each row is simulated once with `meshtrain simulate`'s
 // simulate_iteration and the built-in constants (simulator/constants.h and
 // the cluster preset): nothing here is tuned per row. The predicted figure is
 // the publication's own FLOP count divided by the predicted iteration time
@@ -142,11 +143,13 @@ Result<std::vector<Row>> run_table(const std::string& path) {
     const std::string where = fmt::format("table '{}' row {} ({})", path, rows.size() + 1, row.model);
     if (t.contains("system")) MT_TRY(apply_system(t["system"], options).context(where));
     if (r.contains("system")) MT_TRY(apply_system(r["system"], options).context(where));
+    if (r.contains("moe_dispatcher")) options.moe_dispatcher = r["moe_dispatcher"].get<std::string>();
     if (r.contains("moe_routing")) {
       MT_ASSIGN(options.moe_routing, MoeRouting::parse(r["moe_routing"].get<std::string>()));
     }
     row.plan = describe(p) + fmt::format(" {}-attn", attention_impl_name(options.attention));
     if (options.dropout > 0) row.plan += fmt::format(" drop{:g}", options.dropout);
+    if (options.moe_dispatcher != "alltoall") row.plan += " " + options.moe_dispatcher;
     // The measured runs fit on the real machines; a predicted peak above the
     // device is reported in its own column rather than stopping the table.
     options.check_memory = false;
