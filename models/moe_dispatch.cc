@@ -59,13 +59,31 @@ SendPlan plan_send(const std::vector<std::int32_t>& experts, const RoutingSummar
   return p;
 }
 
+ReceivePlan receive_counts(const std::vector<std::int64_t>& counts, int ep, int etp, int me) {
+  const auto E = static_cast<std::size_t>(ep), T = static_cast<std::size_t>(etp);
+  const std::size_t local = counts.size() / (E * T);
+  ReceivePlan r;
+  r.peer_rows.assign(E, 0);
+  r.expert_rows.assign(local, 0);
+  for (std::size_t t = 0; t < T; ++t) {
+    std::int64_t at = 0;
+    for (std::size_t q = 0; q < E; ++q)
+      for (std::size_t e = 0; e < local; ++e) {
+        const std::int64_t n = counts[(t * E + q) * local + e];
+        at += n;
+        r.expert_rows[e] += n;
+        if (t == static_cast<std::size_t>(me)) r.peer_rows[q] += n;
+      }
+    r.block_rows = std::max(r.block_rows, at);
+  }
+  return r;
+}
+
 ReceivePlan plan_receive(const std::vector<std::int64_t>& counts, int ep, int etp, int me) {
   const auto E = static_cast<std::size_t>(ep), T = static_cast<std::size_t>(etp);
   const std::size_t local = counts.size() / (E * T);
   const auto count = [&](std::size_t t, std::size_t q, std::size_t e) { return counts[(t * E + q) * local + e]; };
-  ReceivePlan r;
-  r.peer_rows.assign(E, 0);
-  r.expert_rows.assign(local, 0);
+  ReceivePlan r = receive_counts(counts, ep, etp, me);
   // start[t][q][e]: where etp rank t's block for peer q and local expert e begins within its block.
   std::vector<std::int64_t> start(counts.size());
   for (std::size_t t = 0; t < T; ++t) {
@@ -74,10 +92,7 @@ ReceivePlan plan_receive(const std::vector<std::int64_t>& counts, int ep, int et
       for (std::size_t e = 0; e < local; ++e) {
         start[(t * E + q) * local + e] = at;
         at += count(t, q, e);
-        r.expert_rows[e] += count(t, q, e);
-        if (t == static_cast<std::size_t>(me)) r.peer_rows[q] += count(t, q, e);
       }
-    r.block_rows = std::max(r.block_rows, at);
   }
   for (std::size_t e = 0; e < local; ++e)
     for (std::size_t t = 0; t < T; ++t)
@@ -141,8 +156,6 @@ ModelledDispatch modelled_dispatch(const std::vector<double>& shares, std::int64
     s.expert_rows[static_cast<std::size_t>(e)] = static_cast<std::int32_t>(mine[static_cast<std::size_t>(e)]);
     s.peer_rows[static_cast<std::size_t>(e / local)] += mine[static_cast<std::size_t>(e)];
   }
-  s.send_index.assign(static_cast<std::size_t>(std::accumulate(s.peer_rows.begin(), s.peer_rows.end(), 0LL)), 0);
-  s.slot_index.assign(static_cast<std::size_t>(rows * top_k), -1);
   // Every peer (and etp rank) routes like this one: the busiest rank receives each peer's rows for its experts.
   std::vector<std::int64_t> counts(static_cast<std::size_t>(etp * ep * local));
   for (int t = 0; t < etp; ++t)
@@ -150,7 +163,7 @@ ModelledDispatch modelled_dispatch(const std::vector<double>& shares, std::int64
       for (int e = 0; e < local; ++e)
         counts[static_cast<std::size_t>((t * ep + q) * local + e)] =
             mine[static_cast<std::size_t>(d.busiest_rank * local + e)];
-  d.receive = plan_receive(counts, ep, etp, 0);
+  d.receive = receive_counts(counts, ep, etp, 0);
   return d;
 }
 

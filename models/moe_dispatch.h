@@ -70,13 +70,18 @@ struct ReceivePlan {
 // local expert (what q's SendPlan::expert_rows holds for them); this rank is
 // etp rank `me`.
 ReceivePlan plan_receive(const std::vector<std::int64_t>& counts, int ep, int etp = 1, int me = 0);
+// The same plan's counts only (peer_rows, block_rows, expert_rows), without the index maps.
+ReceivePlan receive_counts(const std::vector<std::int64_t>& counts, int ep, int etp = 1, int me = 0);
 
 // The routing the sim backend assumes in place of the data it does not hold
 // (models/moe_routing.h): `shares` (E) of the assignments per expert. The
 // plans of the EP rank whose local experts receive the most, as if every
 // peer (and every etp rank) routed its D tokens by the same shares: what it sends (D·K
-// assignments split over the experts by largest remainder, capped), what it
-// receives, and index maps of the right sizes (their contents are not read).
+// assignments split over the experts by largest remainder, capped) and what it
+// receives, as counts only: no index maps (send_index, slot_index,
+// group_index, ungroup_index stay empty), whose lengths follow from the counts
+// and whose contents the sim backend would not read; building them cost host
+// time and memory in proportion to the tokens, every MoE layer and micro-batch.
 struct ModelledDispatch {
   RoutingSummary routing;  // over the micro-batch's N tokens
   SendPlan send;

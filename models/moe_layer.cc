@@ -1,6 +1,7 @@
 #include "models/moe_layer.h"
 
 #include <algorithm>
+#include <numeric>
 
 #include "models/block_context.h"
 #include "models/moe_dispatch.h"
@@ -178,6 +179,12 @@ struct MoeMlp::Dispatch {
   RoutingSummary routing;
   SendPlan send;
   ReceivePlan receive;
+  // The index maps' lengths, from the counts: a modelled dispatch builds no maps (the sim holds no values,
+  // and building them costs host time and memory in proportion to the tokens).
+  std::int64_t sent() const { return std::accumulate(send.peer_rows.begin(), send.peer_rows.end(), std::int64_t{0}); }
+  std::int64_t grouped() const {
+    return std::accumulate(receive.expert_rows.begin(), receive.expert_rows.end(), std::int64_t{0});
+  }
 };
 
 MoeMlp::Dispatch MoeMlp::plan_dispatch(const Saved& s, std::int64_t N) {
@@ -239,12 +246,10 @@ void MoeMlp::keep_dispatch(Saved& s, const Dispatch& d) {
   s.expert_rows = d.receive.expert_rows;
   s.block = d.receive.block_rows;
   for (std::int64_t r : d.receive.peer_rows) s.received += r;
-  const auto S = static_cast<std::int64_t>(d.send.send_index.size());
-  const auto M = static_cast<std::int64_t>(d.receive.group_index.size());
-  s.send_index = upload(d.send.send_index, Shape{S});
+  s.send_index = upload(d.send.send_index, Shape{d.sent()});
   s.slot_index = upload(d.send.slot_index, Shape{s.rows, K});
-  s.group_index = upload(d.receive.group_index, Shape{M});
-  s.ungroup_index = upload(d.receive.ungroup_index, Shape{static_cast<std::int64_t>(d.receive.ungroup_index.size())});
+  s.group_index = upload(d.receive.group_index, Shape{d.grouped()});
+  s.ungroup_index = upload(d.receive.ungroup_index, Shape{etp_ * d.receive.block_rows});
 }
 
 // The losses' values and the load figures, once per micro-batch (not in a
@@ -302,8 +307,7 @@ Tensor MoeMlp::forward(const MicroBatch& mb, std::int64_t tokens, const Tensor& 
   route(*s, N);
   const Dispatch d = plan_dispatch(*s, N);
   keep_dispatch(*s, d);
-  const auto S = static_cast<std::int64_t>(d.send.send_index.size());
-  const auto M = static_cast<std::int64_t>(d.receive.group_index.size());
+  const std::int64_t S = d.sent(), M = d.grouped();
 
   // Dispatch: send order, the EP peers, the etp ranks' blocks, expert order.
   Tensor sent = b.empty(Shape{S, C}, ctx_.act);

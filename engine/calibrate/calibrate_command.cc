@@ -13,7 +13,8 @@
 //    (every linear layer forward, its input and weight gradients, the tied
 //    head), plus a log-spaced cube grid.
 //  * grouped GEMM (MoE experts over their tokens), forward and weight
-//    gradients, over a grid of rows per expert (grouped_grid.h), each
+//    gradients, the MoE workloads' (uniform routing) and a grid of rows per
+//    expert (grouped_grid.h), each
 //    beside the plain GEMM of the same total rows.
 //  * attention forward and backward: the workloads' (batch, heads/tp, seq,
 //    head dim) plus a small grid.
@@ -439,13 +440,14 @@ Status run_calibrate(const CalibrateFlags& f) {
   std::set<GemmShape>& gemm = shapes.gemm;
   std::set<AttentionShape>& attention = shapes.attention;
   std::set<OpShape>& ops = shapes.ops;
-  std::set<GroupedGemmShape> grouped;
+  std::set<GroupedGemmShape>& grouped = shapes.grouped;
   if (!f.no_grid) {
     grid_shapes(f.quick, dtype, gemm, attention, ops);
-    grouped = calibrate::grouped_gemm_grid(f.quick, f.backend == "cuda", dtype);
-    const std::set<GemmShape> plain = calibrate::plain_gemms_of(grouped);
-    gemm.insert(plain.begin(), plain.end());
+    const std::set<GroupedGemmShape> grid = calibrate::grouped_gemm_grid(f.quick, f.backend == "cuda", dtype);
+    grouped.insert(grid.begin(), grid.end());
   }
+  const std::set<GemmShape> plain = calibrate::plain_gemms_of(grouped);
+  gemm.insert(plain.begin(), plain.end());
   if (gemm.empty() && attention.empty() && ops.empty())
     return make_error("--no-grid needs at least one --workload");
   MT_TRY(check_shapes_fit(gemm, attention, ops));

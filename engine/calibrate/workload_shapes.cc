@@ -7,6 +7,7 @@
 #include "engine/plan/mesh.h"
 #include "engine/step/step_engine.h"
 #include "models/model_io.h"
+#include "models/moe_routing.h"
 #include "simulator/cluster_spec.h"
 
 namespace meshtrain::calibrate {
@@ -25,6 +26,14 @@ class ShapeRecorder final : public BackendWrapper {
  public:
   ShapeRecorder(Backend& target, WorkloadShapes& out) : BackendWrapper(target), out_(out) {}
 
+  // An MoE layer's experts, as one grouped shape: calibration times the grouped kernel as a whole, which
+  // is what the simulator looks up (the wrapper's default would show one plain GEMM per expert instead).
+  void grouped_gemm(const std::vector<Tensor>& a, const std::vector<Tensor>& b, std::vector<Tensor>& c,
+                    const GemmOp& op) override {
+    if (!a.empty() && a.size() == c.size()) record_grouped(a, c, op);
+    target().grouped_gemm(a, b, c, op);
+  }
+
  private:
   void on_op(const OpInfo& op, const OpArgs& args, const Call& call) override {
     if (op.name == "gemm") record_gemm(args);
@@ -38,6 +47,15 @@ class ShapeRecorder final : public BackendWrapper {
     const auto [a_rows, a_cols] = matrix(a);
     const GemmOp& g = *args.gemm;
     out_.gemm.insert({rows, cols, g.trans_a ? a_rows : a_cols, g.trans_a, g.trans_b, a.dtype(), c.dtype()});
+  }
+  // Groups of a_g (rows_g, k) into c_g (rows_g, n), or with op.trans_a the weight gradients c_g (k, n);
+  // rows per group as their mean, rounded up (uniform routing gives every expert the same rows, ±1).
+  void record_grouped(const std::vector<Tensor>& a, const std::vector<Tensor>& c, const GemmOp& op) {
+    std::int64_t rows = 0;
+    for (const Tensor& t : a) rows += matrix(t).first;
+    const auto groups = static_cast<std::int64_t>(a.size());
+    const std::int64_t k = matrix(a.front()).second, n = matrix(c.front()).second;
+    out_.grouped.insert({groups, (rows + groups - 1) / groups, n, k, op.trans_a, a.front().dtype(), c.front().dtype()});
   }
   void record_attention(const OpArgs& args) {
     const Tensor& qkv = *args.tensors[0];
@@ -97,6 +115,9 @@ Status record_workload_shapes(const ModelSpec& m, std::int64_t micro_batch, std:
     MT_ASSIGN(auto cluster, SimCluster::create(spec, tp, ranks, {}));
     StepOptions options;
     options.initialize_parameters = false;  // nothing to compute: the sim backend holds no values
+    // Nor routers' choices: without a routing model every expert would receive no rows. Uniform is the
+    // balance simulate assumes by default, so the expert GEMMs recorded are the ones it costs.
+    if (model_io(m, seq).routes_to_experts) options.moe_routing = std::make_shared<MoeRouting>(MoeRouting::uniform());
     const std::vector<HostBatch> batches(1, example_batch(m, p.micro_batch, p.effective_seq_len(m)));
     // The sim backend blocks on nothing, so each rank issues its whole step in turn.
     for (int r : ranks) {

@@ -2,7 +2,8 @@
 // --workload MODEL:B:T` to measure: found by running the step itself (one
 // iteration of the StepEngine, under tensor parallelism 1 and 2, on the sim
 // backend, which issues every op without computing anything) through a
-// recorder that keeps each GEMM's (m, n, k, transposes), each attention's
+// recorder that keeps each GEMM's (m, n, k, transposes), each grouped GEMM's
+// (experts, rows per expert, n, k), each attention's
 // shape and each measured memory-bound op's (rows, cols). Whatever blocks a
 // model has, its calibration then covers the shapes its step runs.
 #pragma once
@@ -19,6 +20,7 @@ namespace meshtrain::calibrate {
 
 struct WorkloadShapes {
   std::set<GemmShape> gemm;
+  std::set<GroupedGemmShape> grouped;  // an MoE model's experts
   std::set<AttentionShape> attention;
   std::set<OpShape> ops;
 };

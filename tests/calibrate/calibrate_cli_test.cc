@@ -116,3 +116,35 @@ TEST_CASE("calibrate refuses what it cannot do, naming it", "[calibrate]") {
   CHECK(stat.status == 1);
   CHECK_THAT(stat.out, Catch::Contains("--statistic"));
 }
+
+TEST_CASE("calibrate measures an MoE workload's expert GEMMs as the simulator costs them", "[calibrate]") {
+  // It aborted ("slice of 0 elements viewed as (64, 64)"): the sim backend holds no router choices, so
+  // without a routing model every expert received no rows. Now it records the step under uniform routing.
+  const std::string path = "test_calibrate_moe.json";
+  auto r = run_meshtrain("calibrate --backend cpu --out " + path +
+                         " --quick --no-grid --workload tiny-moe:2:32 --sharing 1 --max-ranks 2");
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  auto c = meshtrain::sim::load_calibration(path);
+  REQUIRE(c.ok());
+  const auto m = *meshtrain::model_preset("tiny-moe");
+  // 2 · 32 tokens, each to top_k experts, spread evenly over the experts.
+  const std::int64_t rows = 2 * 32 * m.top_k / m.experts;
+  auto grouped = [&](std::int64_t n, std::int64_t k, bool wgrad) {
+    return std::any_of(c->grouped_gemm.begin(), c->grouped_gemm.end(), [&](const auto& g) {
+      return g.groups == m.experts && g.rows == rows && g.n == n && g.k == k && g.wgrad == wgrad;
+    });
+  };
+  // tp 1: the up projection (hidden -> ffn) and the down one (ffn -> hidden), forward and weight gradient.
+  for (bool wgrad : {false, true}) {
+    CHECK(grouped(m.ffn, m.hidden, wgrad));
+    CHECK(grouped(m.hidden, m.ffn, wgrad));
+  }
+  CHECK(std::any_of(c->ops.begin(), c->ops.end(), [](const auto& o) { return o.op == "moe_route"; }));
+  auto sim = run_meshtrain("simulate --cluster local-cpu --gpus 2 --dp 2 --model tiny-moe --precision fp32 "
+                           "--micro-batch 2 --seq-len 32 --comm threads --calibration " + path);
+  std::remove(path.c_str());
+  INFO(sim.out);
+  CHECK(sim.status == 0);
+  CHECK_THAT(sim.out, Catch::Contains("grouped gemm fp32"));
+}
