@@ -78,7 +78,7 @@ TEST_CASE("calibrate times a Swin's attention score terms no faster than streami
   // reader refused) or a nanosecond. A copy of their bytes, measured beside them, is their floor.
   const std::string path = "test_calibrate_swin.json";
   auto r = run_meshtrain("calibrate --backend cpu --out " + path +
-                         " --quick --no-grid --workload swin-micro:2 --sharing 2 --max-ranks 2 --statistic mean");
+                         " --quick --no-grid --workload swin-micro:2 --sharing 1 --max-ranks 2 --statistic mean");
   INFO(r.out);
   REQUIRE(r.status == 0);
   auto c = meshtrain::sim::load_calibration(path);
