@@ -124,9 +124,9 @@ struct SimJob {
   std::vector<std::vector<int>> replicas;
   std::function<int(int representative, int member, int rank)> rank_map;
   std::map<int, double> stragglers;  // rank -> compute factor (1.3: 30% slower); full only
-  // Representative fidelity, by representative: the ranks of its class
-  // (whose host cores it shares, SimOptions::host_sharing). Empty: the world
-  // split evenly among the representatives.
+  // Representative fidelity, by representative: how many ranks it stands
+  // for, itself included (their host cores it shares, SimOptions::host_sharing).
+  // Empty: the world split evenly among the representatives.
   std::vector<int> stands_for;
   // The representatives are the pipeline stages of a uniform plan (with
   // their replicas, the ranks of each stage): a collective over ranks of
@@ -255,7 +255,8 @@ class SimCluster {
   // each member has joined: the k-th call on a group is the k-th collective.
   std::map<std::pair<int, int>, std::vector<sim::CollectiveId>> group_collectives_;
   std::map<std::tuple<int, int, int>, std::size_t> joined_;  // (job, group, rank)
-  std::map<std::tuple<int, double, std::vector<int>>, sim::Time> analytic_cache_;
+  // (kind, bytes, members, experts, top_k) -> analytic time.
+  std::map<std::tuple<int, double, std::vector<int>, int, int>, sim::Time> analytic_cache_;
   sim::StepCosts step_costs_;  // of the analytic collectives, shared by their sizes
   std::map<std::tuple<int, int, int>, sim::StreamId> send_streams_;  // by (job, rank, peer)
   std::uint64_t sends_ = 0;

@@ -17,12 +17,14 @@ using sim_internal::misuse;
 using sim_internal::seconds;
 
 Result<sim::Time> SimCluster::analytic(const sim::CollectiveRequest& request) {
-  auto key = std::make_tuple(static_cast<int>(request.kind), request.bytes, request.members);
+  auto key = std::make_tuple(static_cast<int>(request.kind), request.bytes, request.members, request.experts,
+                             request.top_k);
   if (auto it = analytic_cache_.find(key); it != analytic_cache_.end()) return it->second;
   const int n = static_cast<int>(request.members.size());
   sim::Time t = 0;
   std::optional<double> busbw;
-  if (options_.calibration != nullptr)
+  // A deduplicated dispatch (request.experts) is not what nccl-tests measured: the model times it.
+  if (options_.calibration != nullptr && request.experts == 0)
     busbw = options_.calibration->collective_busbw(request.kind, n, request.bytes);
   if (busbw && *busbw > 0) {
     // Measured bus bandwidth already includes per-step costs (as CollectiveEngine uses it).

@@ -4,6 +4,7 @@
 // compute stream's idle time by cause.
 #include <algorithm>
 #include <filesystem>
+#include <map>
 #include <memory>
 
 #include <fmt/format.h>
@@ -140,7 +141,9 @@ Status run_compare(const CompareFlags& f) {
     auto r = simulate_iteration(mp.model, mp.plan, options);
     if (r) {
       MT_ASSIGN(pictures::Timeline timeline, pictures::timeline_from_trace(r->trace_json));
-      row.idle = pictures::idle_by_cause(timeline);
+      std::map<int, int> stands_for;
+      for (const StageResult& s : r->stages) stands_for[s.rank] = s.ranks;
+      row.idle = pictures::idle_by_cause(timeline, stands_for);
       row.result = std::move(r).value();
       row.result->trace_json.clear();  // not kept: a large plan's trace is large
     } else {

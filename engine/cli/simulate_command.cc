@@ -162,7 +162,7 @@ void print_text(const SimulationResult& r, const ModelSpec& m, const Plan& p, co
   fmt::print("model FLOP/s     {:.1f} TFLOP/s per GPU, MFU {:.1f}% (of {:.0f} TFLOP/s bf16 peak)\n",
              r.tflops_per_gpu, 100 * r.mfu, c.device.peak_bf16_flops / 1e12);
   fmt::print("hardware FLOP/s  {:.1f} TFLOP/s per GPU\n", r.hardware_tflops_per_gpu);
-  fmt::print("idle             {:.1f}% of the iteration (compute stream idle, mean over stages)\n",
+  fmt::print("idle             {:.1f}% of the iteration (compute stream idle, mean over ranks)\n",
              100 * r.idle_fraction);
   const auto share = [&](double s) { return fmt::format("{:.4f} s ({:.1f}%)", s, 100 * s / r.iteration_s); };
   fmt::print("  pipeline bubble          {}\n", share(r.idle.pipeline_s));
@@ -233,7 +233,7 @@ void print_text(const SimulationResult& r, const ModelSpec& m, const Plan& p, co
              "timed analytically{}\n",
              p.world_size(), r.tasks_run, r.flows, r.isolated_collectives,
              r.isolated_overlaps ? fmt::format(" ({} overlapped)", r.isolated_overlaps) : std::string());
-  fmt::print("slowest rank     {} computes {:.4f} s, the median rank of its stage {:.4f} s (+{:.1f}%)\n", r.slowest_rank,
+  fmt::print("slowest rank     {} computes {:.4f} s, the median rank of its class {:.4f} s (+{:.1f}%)\n", r.slowest_rank,
              r.slowest_compute_s, r.median_compute_s,
              r.median_compute_s > 0 ? 100 * (r.slowest_compute_s / r.median_compute_s - 1) : 0.0);
 }
@@ -403,8 +403,8 @@ Command add_simulate_command(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::IsMember({"alltoall", "deepep", "hybridep"}));
   sub->add_option("--fidelity", flags->fidelity,
-                  "representative (one rank per pipeline stage) or full (every rank's ops and flows; used "
-                  "whenever a straggler or link what-if is given)")
+                  "representative (a few ranks per class of ranks that act alike: a uniform plan's pipeline "
+                  "stages) or full (every rank's ops and flows; used whenever a straggler or link what-if is given)")
       ->capture_default_str();
   sub->add_option("--straggler", flags->stragglers,
                   "RANKS:FACTOR (17:1.3, 3,5,8-11:1.5) or random:P:FACTOR: those ranks' kernels take FACTOR times "

@@ -18,6 +18,7 @@
 // <polyline class="curve curve-loss">.
 #pragma once
 
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -61,11 +62,12 @@ Result<Timeline> timeline_from_trace(const std::string& trace_json);
 // ranks: nothing to run (pipeline fill, drain and bubbles), waiting while
 // another stream of the rank communicates, and waiting in a recv issued on
 // the compute stream (the previous stage's activations or the next one's
-// gradients).
+// gradients). `stands_for`: by rank, the ranks a simulated rank stands for
+// (StageResult::ranks), 1 where absent.
 struct IdleByCause {
   double bubble_s = 0, comm_wait_s = 0, recv_wait_s = 0;
 };
-IdleByCause idle_by_cause(const Timeline& timeline);
+IdleByCause idle_by_cause(const Timeline& timeline, const std::map<int, int>& stands_for = {});
 
 // The panels of `simulate --svg`; each draws from `top` and returns the y below it.
 double draw_timeline(Svg& svg, double top, const Timeline& timeline, std::string_view heading);

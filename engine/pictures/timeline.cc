@@ -132,18 +132,20 @@ Result<Timeline> timeline_from_trace(const std::string& trace_json) {
   return out;
 }
 
-IdleByCause idle_by_cause(const Timeline& t) {
+IdleByCause idle_by_cause(const Timeline& t, const std::map<int, int>& stands_for) {
   IdleByCause out;
-  if (t.ranks.empty()) return out;
-  for (const TimelineRank& rank : t.ranks)
-  {
+  double ranks = 0;
+  for (const TimelineRank& rank : t.ranks) {
+    const auto it = stands_for.find(rank.rank);
+    const double w = it == stands_for.end() ? 1.0 : it->second;
+    ranks += w;
     for (const TimelineSpan& s : rank.idle)
-      (s.category == "idle-comm" ? out.comm_wait_s : out.bubble_s) += s.end_s - s.start_s;
+      (s.category == "idle-comm" ? out.comm_wait_s : out.bubble_s) += w * (s.end_s - s.start_s);
     for (const TimelineSpan& s : rank.streams.front().spans)
-      if (s.category == "recv") out.recv_wait_s += s.end_s - s.start_s;
+      if (s.category == "recv") out.recv_wait_s += w * (s.end_s - s.start_s);
   }
-  const auto n = static_cast<double>(t.ranks.size());
-  return {out.bubble_s / n, out.comm_wait_s / n, out.recv_wait_s / n};
+  if (ranks == 0) return out;
+  return {out.bubble_s / ranks, out.comm_wait_s / ranks, out.recv_wait_s / ranks};
 }
 
 double draw_timeline(Svg& svg, double top, const Timeline& t, std::string_view heading) {

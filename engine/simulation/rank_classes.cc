@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 
 #include "engine/plan/mesh.h"
 #include "engine/step/segment_boundary.h"
@@ -30,10 +31,35 @@ SampleRange replica_samples(const SampleLayout& layout, int d) {
 
 bool holds(const Plan& s, int rank) { return rank >= s.first_rank && rank < s.first_rank + s.world_size(); }
 
+// Rank `rank`'s end of boundary k (segments k and k + 1) on disjoint ranks:
+// the consumer's first stage or the producer's last, with the segment it
+// sits in there and the other one; nullopt where it is neither.
+struct BoundaryEnd {
+  std::size_t mine, theirs;
+  Coord at;
+  bool consumer;
+};
+std::optional<BoundaryEnd> disjoint_end(const Plan& p, const std::vector<Mesh>& meshes, std::size_t k, int rank) {
+  const Plan &producer = p.segments[k], &consumer = p.segments[k + 1];
+  if (producer.first_rank == consumer.first_rank) return std::nullopt;  // the same ranks: an all-to-all
+  const bool consumes = holds(consumer, rank);
+  if (!consumes && !holds(producer, rank)) return std::nullopt;
+  const std::size_t mine = consumes ? k + 1 : k;
+  const Coord c = meshes[mine].coord_of(rank);
+  if (c.pp != (consumes ? 0 : producer.pp - 1)) return std::nullopt;
+  return BoundaryEnd{mine, consumes ? k : k + 1, c, consumes};
+}
+
+std::int64_t overlap(const SampleRange& a, const SampleRange& b) {
+  return std::max<std::int64_t>(0, std::min(a.end, b.end) - std::max(a.begin, b.begin));
+}
+
 // Where rank `rank` sits in each segment, (stage, tp, cp), -1s where it is
-// not in the segment; then, per boundary, the samples whose activations and
-// gradients it sends to itself (a rank that is both the producer's and the
-// consumer's end keeps what both hold), -1s where it is not both.
+// not in the segment; then, per boundary on the same ranks, the samples
+// whose activations and gradients it sends to itself (a rank that is both
+// the producer's and the consumer's end keeps what both hold), and per
+// boundary between disjoint ranks, its pieces in order: (own micro-batch,
+// the other end's micro-batch, samples), which says when each arrives.
 std::vector<int> place(const Plan& p, const std::vector<Mesh>& meshes, const std::vector<SampleLayout>& layouts,
                        int rank) {
   std::vector<int> out;
@@ -46,6 +72,16 @@ std::vector<int> place(const Plan& p, const std::vector<Mesh>& meshes, const std
     out.insert(out.end(), {x.pp, x.tp, x.cp});
   }
   for (std::size_t k = 0; k + 1 < p.segments.size(); ++k) {
+    if (const auto end = disjoint_end(p, meshes, k, rank)) {
+      const auto& own = layouts[end->mine][static_cast<std::size_t>(end->at.dp)];
+      for (std::size_t j = 0; j < own.size(); ++j)
+        for (const auto& replica : layouts[end->theirs])
+          for (std::size_t m = 0; m < replica.size(); ++m)
+            if (const std::int64_t n = overlap(own[j], replica[m]); n > 0)
+              out.insert(out.end(), {static_cast<int>(j), static_cast<int>(m), static_cast<int>(n)});
+      out.push_back(-2);
+      continue;
+    }
     const Plan &producer = p.segments[k], &consumer = p.segments[k + 1];
     const bool both = holds(producer, rank) && holds(consumer, rank);
     const Coord a = both ? meshes[k].coord_of(rank) : Coord{}, b = both ? meshes[k + 1].coord_of(rank) : Coord{};
@@ -53,8 +89,8 @@ std::vector<int> place(const Plan& p, const std::vector<Mesh>& meshes, const std
       out.insert(out.end(), {-1, -1});
       continue;
     }
-    const SampleRange x = replica_samples(layouts[k], a.dp), y = replica_samples(layouts[k + 1], b.dp);
-    const int kept = static_cast<int>(std::max<std::int64_t>(0, std::min(x.end, y.end) - std::max(x.begin, y.begin)));
+    const auto kept =
+        static_cast<int>(overlap(replica_samples(layouts[k], a.dp), replica_samples(layouts[k + 1], b.dp)));
     // segment_boundary.h: activations go from producer tp t to consumer tp t' with t' mod tp_P = t, gradients
     // return from consumer tp t mod tp_C.
     out.push_back(b.tp % producer.tp == a.tp ? kept : 0);
@@ -63,14 +99,13 @@ std::vector<int> place(const Plan& p, const std::vector<Mesh>& meshes, const std
   return out;
 }
 
-// The ranks `rank` waits for besides its collectives' members: the other
-// pipeline stages of its (tp, cp, dp) column in every segment, and across a
-// boundary between disjoint ranks the peers whose pieces it receives
-// (segment_boundary.h): a consumer's first stage receives activations from
-// the producer's last-stage ranks holding its samples, a producer's last
-// stage their gradients from the consumer's first-stage ranks.
-std::vector<int> waits_for(const Plan& p, const std::vector<Mesh>& meshes, const std::vector<SampleLayout>& layouts,
-                           int rank) {
+// The ranks `rank` waits for or sends to besides its collectives' members:
+// the other pipeline stages of its (tp, cp, dp) column in every segment, and
+// across a boundary between disjoint ranks every rank at the other end that
+// holds some of its samples (segment_boundary.h: pieces go between the
+// producer's last stage and the consumer's first, both ways).
+std::vector<int> peers(const Plan& p, const std::vector<Mesh>& meshes, const std::vector<SampleLayout>& layouts,
+                       int rank) {
   std::vector<int> out;
   for (std::size_t k = 0; k < p.segments.size(); ++k) {
     if (!holds(p.segments[k], rank)) continue;
@@ -78,19 +113,14 @@ std::vector<int> waits_for(const Plan& p, const std::vector<Mesh>& meshes, const
     for (int s = 0; s < p.segments[k].pp; ++s) out.push_back(meshes[k].rank_of({c.tp, c.cp, c.dp, s}));
   }
   for (std::size_t k = 0; k + 1 < p.segments.size(); ++k) {
-    const Plan &producer = p.segments[k], &consumer = p.segments[k + 1];
-    if (producer.first_rank == consumer.first_rank) continue;  // the same ranks: an all-to-all
-    const bool consumes = holds(consumer, rank);
-    if (!consumes && !holds(producer, rank)) continue;
-    const std::size_t mine = consumes ? k + 1 : k, theirs = consumes ? k : k + 1;
-    const Coord c = meshes[mine].coord_of(rank);
-    if (c.pp != (consumes ? 0 : producer.pp - 1)) continue;
-    const SampleRange own = replica_samples(layouts[mine], c.dp);
-    const Plan& other = p.segments[theirs];
+    const auto end = disjoint_end(p, meshes, k, rank);
+    if (!end) continue;
+    const SampleRange own = replica_samples(layouts[end->mine], end->at.dp);
+    const Plan& other = p.segments[end->theirs];
     for (int d = 0; d < other.dp; ++d) {
-      const SampleRange x = replica_samples(layouts[theirs], d);
-      if (std::max(x.begin, own.begin) >= std::min(x.end, own.end)) continue;
-      out.push_back(meshes[theirs].rank_of({c.tp % other.tp, 0, d, consumes ? other.pp - 1 : 0}));
+      if (overlap(replica_samples(layouts[end->theirs], d), own) == 0) continue;
+      for (int t = 0; t < other.tp; ++t)
+        out.push_back(meshes[end->theirs].rank_of({t, 0, d, end->consumer ? other.pp - 1 : 0}));
     }
   }
   return out;
@@ -110,16 +140,17 @@ RankClasses segment_classes(const Plan& p) {
     ++size[static_cast<std::size_t>(it->second)];
     c.class_of.push_back(it->second);
   }
-  // The lowest rank of each class, and every rank a chosen one waits for: a
-  // stage then waits for its simulated neighbours (the bubble), not for a
-  // send's analytic time.
+  // The lowest rank of each class, and every rank a chosen one exchanges
+  // with point to point: a stage then waits for its simulated neighbours
+  // (the bubble), and its sends run beside its compute, as a real send does,
+  // not as an analytic task on its stream (sim_backend.h).
   std::vector<int> work;
   for (int r = 0; r < p.world_size(); ++r)
     if (chosen[static_cast<std::size_t>(r)]) work.push_back(r);
   while (!work.empty()) {
     const int r = work.back();
     work.pop_back();
-    for (int peer : waits_for(p, meshes, layouts, r))
+    for (int peer : peers(p, meshes, layouts, r))
       if (!chosen[static_cast<std::size_t>(peer)]) chosen[static_cast<std::size_t>(peer)] = true, work.push_back(peer);
   }
   // A class's extra representatives stand for themselves, its lowest rank for the rest.

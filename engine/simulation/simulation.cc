@@ -150,8 +150,8 @@ std::string_view fidelity_name(Fidelity f) { return f == Fidelity::full ? "full"
 Result<Fidelity> fidelity_from_name(std::string_view name) {
   if (name == "representative") return Fidelity::representative;
   if (name == "full") return Fidelity::full;
-  return make_error("unknown fidelity '{}'; known: representative (one rank per pipeline stage), full (every "
-                    "rank's ops and flows)", name);
+  return make_error("unknown fidelity '{}'; known: representative (a few ranks per class of ranks that act "
+                    "alike), full (every rank's ops and flows)", name);
 }
 
 SimJob simulation_job(const Plan& p, bool full, std::map<int, double> stragglers, std::vector<int> gpus) {

@@ -15,9 +15,9 @@
 //   model TFLOP/s    training_flops(...).model / iteration time / GPUs (models/flops.h);
 //                    MFU divides it by the device's dense bf16 peak
 //   hardware TFLOP/s the same with recomputation counted
-//   idle fraction    per stage, the time its compute stream is idle (neither
+//   idle fraction    per rank, the time its compute stream is idle (neither
 //                    computing nor communicating) over the iteration time; the
-//                    mean over stages; `idle` splits it by cause
+//                    mean over ranks; `idle` splits it by cause
 //                    (simulation_idle.h: pipeline bubble, exposed
 //                    data-parallel or model-parallel communication, optimizer)
 //   bubble fraction  the pipeline-bubble part of it alone (waiting for
@@ -148,7 +148,7 @@ struct SimulationResult {
   double iteration_s = 0, tokens_per_s = 0, samples_per_s = 0;
   double tflops_per_gpu = 0, hardware_tflops_per_gpu = 0, mfu = 0;
   double bubble_fraction = 0, idle_fraction = 0, exposed_comm_s = 0;
-  IdleBreakdown idle;  // per stage, the mean over stages (seconds)
+  IdleBreakdown idle;  // per rank, the mean over ranks (seconds)
   std::int64_t peak_memory_bytes = 0;
   int peak_rank = 0;
   std::vector<StageResult> stages;
