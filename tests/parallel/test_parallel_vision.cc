@@ -53,3 +53,33 @@ TEST_CASE("Swin under data parallelism, ZeRO 1-3 and recomputation matches the s
   check_matches_reference(swin(), recompute);
   check_matches_reference(swin(), sp(make_plan(2, 2, 2, 3, ScheduleKind::interleaved, 2)));
 }
+
+TEST_CASE("example batches hold blank images unstored, and a step on them is a step on stored zeros",
+          "[parallel][vision]") {
+  const ModelSpec m = vit();
+  const Plan p = make_plan(1, 1, 1, 0, ScheduleKind::one_f_one_b);
+  const HostBatch blank = example_batch(m, p.micro_batch, p.effective_seq_len(m));
+  CHECK(blank.blank_pixels);
+  CHECK(blank.pixels.empty());
+  const HostBatch part = sample_range(blank, 1, 2);
+  CHECK(part.blank_pixels);
+  CHECK(part.batch == 1);
+  HostBatch stored = blank;
+  stored.blank_pixels = false;
+  stored.pixels.assign(static_cast<std::size_t>(blank.batch * model_io(m, blank.seq).pixels_per_sample()), 0.f);
+  std::vector<StepResult> results;
+  for (const HostBatch& h : {blank, stored}) {
+    const Status s = run_ranks(1, [&](int, Communicator& comm) -> Status {
+      CpuBackend b(comm);
+      const auto engine = make_engine(b, m, p, StepOptions{});
+      MT_ASSIGN(const StepResult r,
+                engine->step(std::vector<HostBatch>(static_cast<std::size_t>(p.microbatches()), h), 1e-3f, 1));
+      results.push_back(r);
+      return ok_status();
+    });
+    INFO((s.ok() ? std::string() : s.error().message()));
+    REQUIRE(s.ok());
+  }
+  CHECK(results[0].loss == results[1].loss);
+  CHECK(results[0].grad_norm == results[1].grad_norm);
+}
