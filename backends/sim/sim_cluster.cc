@@ -147,7 +147,7 @@ SimCluster::SimCluster(sim::Cluster cluster, const sim::ClusterSpec& spec, std::
       rep_index_[{job, rep}] = backends_.size();
       backends_.push_back(std::make_unique<SimBackend>(*this, job, rep, jobs_[j].world_size, gpu(job, rep)));
     }
-    stage_of_rank_.emplace_back();
+    stage_of_rank_.push_back(jobs_[j].stage_of);
     if (!jobs_[j].stages) continue;
     // A representative's stage is its index; its replicas' (full fidelity) the same.
     std::vector<int>& stage = stage_of_rank_.back();

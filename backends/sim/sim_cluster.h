@@ -133,6 +133,9 @@ struct SimJob {
   // different stages is named with kAcrossStages, so that a wait for its
   // members (stages still in their schedule) reads as the pipeline's.
   bool stages = false;
+  // The same for a plan made of segments, by rank: the ranks holding the
+  // same pipeline stage of every segment share a number (empty: none).
+  std::vector<int> stage_of;
 };
 
 // The suffix of a collective's task name when its members sit on different

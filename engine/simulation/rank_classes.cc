@@ -130,7 +130,7 @@ RankClasses segment_classes(const Plan& p) {
   std::vector<Mesh> meshes;
   std::vector<SampleLayout> layouts;
   for (const Plan& s : p.segments) meshes.emplace_back(s), layouts.push_back(training_layout(s));
-  std::map<std::vector<int>, int> index;
+  std::map<std::vector<int>, int> index, positions;
   RankClasses c;
   std::vector<int> size;
   std::vector<bool> chosen(static_cast<std::size_t>(p.world_size()), false);
@@ -139,6 +139,10 @@ RankClasses segment_classes(const Plan& p) {
     if (added) ++c.classes, size.push_back(0), chosen[static_cast<std::size_t>(rank)] = true;
     ++size[static_cast<std::size_t>(it->second)];
     c.class_of.push_back(it->second);
+    std::vector<int> stages;
+    for (std::size_t k = 0; k < p.segments.size(); ++k)
+      stages.push_back(holds(p.segments[k], rank) ? meshes[k].coord_of(rank).pp : -1);
+    c.position_of.push_back(positions.emplace(stages, static_cast<int>(positions.size())).first->second);
   }
   // The lowest rank of each class, and every rank a chosen one exchanges
   // with point to point: a stage then waits for its simulated neighbours

@@ -40,6 +40,9 @@ struct RankClasses {
   std::vector<int> stands_for;
   int classes = 0;
   std::vector<int> class_of;  // by rank: its class, 0 .. classes - 1
+  // A plan made of segments, by rank: its pipeline position, the same for ranks holding the same stage of
+  // every segment (SimJob::stage_of; a uniform plan's is its stage, SimJob::stages).
+  std::vector<int> position_of;
 };
 
 RankClasses rank_classes(const Plan& p);

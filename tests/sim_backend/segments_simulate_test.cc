@@ -168,6 +168,27 @@ TEST_CASE("a plan made of segments on disjoint ranks: representatives agree with
   }
 }
 
+TEST_CASE("a plan made of segments without tensor parallelism waits for no model-parallel communication",
+          "[sim][segments]") {
+  const ModelSpec m = *model_preset("swin-fmnist");
+  Plan base;
+  base.global_batch = 64, base.micro_batch = 16, base.precision = Precision::fp32;
+  const Plan p = segmented(m, base, R"([
+      {"modules": ["embed"], "dp": 4},
+      {"modules": ["stage1", "stage2"], "dp": 4},
+      {"modules": ["stage3", "stage4", "head"], "pp": 4, "microbatches": 4}])");
+  // The loss and gradient-norm reduction over every rank, and the early
+  // segments' data-parallel reductions, wait for the last segment's stages
+  // to drain: the pipeline's idle, not exposed TP/CP/EP communication.
+  for (const Fidelity f : {Fidelity::representative, Fidelity::full}) {
+    SimulateOptions o = on_cluster("dgx-a100");
+    o.fidelity = f;
+    const SimulationResult r = simulated(m, p, o);
+    CHECK(r.idle.model_parallel_s == 0.0);
+    CHECK(r.idle.pipeline_s > 0.0);
+  }
+}
+
 TEST_CASE("a plan made of segments on 1024 GPUs simulates no more ranks than on 16", "[sim][segments]") {
   const ModelSpec m = *model_preset("swin-fmnist");
   Plan base;
