@@ -46,6 +46,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/fp8.h"
 #include "core/status.h"
 
 namespace meshtrain {
@@ -138,6 +139,20 @@ struct GemmOp {
   float alpha = 1.0f;
   float beta = 0.0f;  // c = alpha * op(a) op(b) + beta * c
   Tensor bias{};      // optional (n): added to every row of the product
+};
+
+// An FP8 cast as Transformer Engine makes one of a GEMM operand (models/fp8_linear.h):
+// y = round_to_fp8(x · scale) / scale, and amax (1) = max(amax, max |x|).
+struct Fp8CastOp {
+  float scale = 1.f;
+  Fp8Format format = Fp8Format::e4m3;
+  // The FP8 copies a device run writes, for the cost only (y holds the values
+  // once, in its own dtype, as the emulation keeps them): 2 where an operand
+  // is first cast, the cast and its transpose (Hopper's FP8 GEMMs read an
+  // activation, a gradient and a weight in both layouts: TE's
+  // cast_transpose); 0 where the emulation casts again what a real run kept
+  // (the forward's input and weight, read back by the backward GEMMs).
+  int copies = 2;
 };
 
 struct AttentionOp {
@@ -335,6 +350,8 @@ class Backend {
   virtual void sum(const Tensor& x, Tensor& out, float scale, bool accumulate) = 0;
   // out (1) = sum(x^2) in fp32 (+= when accumulate). Building block of global norms.
   virtual void sum_squares(const Tensor& x, Tensor& out, bool accumulate) = 0;
+  // y (x's shape) = x on op's FP8 grid (Fp8CastOp); amax (1, f32) = max(amax, max |x|).
+  virtual void fp8_cast(const Tensor& x, const Fp8CastOp& op, Tensor& y, Tensor& amax) = 0;
 
   // ---- dense ---------------------------------------------------------------
   // c (m, n) = alpha * op(a) op(b) + beta * c [+ bias]; a (m,k) or (k,m) when

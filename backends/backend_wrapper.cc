@@ -1,5 +1,5 @@
-// The forwarded ops whose operands are not a fixed list: rope's share of the
-// heads, and the multi-tensor ops' groups.
+// The forwarded ops whose costs need more than their operands (rope's share
+// of the heads, an FP8 cast's copies) and the multi-tensor ops' groups.
 #include "backends/backend_wrapper.h"
 
 namespace meshtrain {
@@ -10,6 +10,14 @@ void BackendWrapper::rope(Tensor& x, int total, int rotate, float theta, bool in
   args.share = total > 0 ? static_cast<double>(rotate) / total : 1.0;
   auto f = [&] { target().rope(x, total, rotate, theta, inverse, first); };
   on_op(op_info("rope"), args, Call(f));
+}
+
+void BackendWrapper::fp8_cast(const Tensor& x, const Fp8CastOp& op, Tensor& y, Tensor& amax) {
+  const Tensor* tensors[] = {&x, &y, &amax};
+  OpArgs args{tensors};
+  args.fp8_cast = &op;
+  auto f = [&] { target().fp8_cast(x, op, y, amax); };
+  on_op(op_info("fp8_cast"), args, Call(f));
 }
 
 void BackendWrapper::foreach_sum_squares(std::span<const Tensor> xs, Tensor& out) {

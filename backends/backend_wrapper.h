@@ -95,6 +95,7 @@ class BackendWrapper : public Backend {
   void sum_squares(const Tensor& x, Tensor& o, bool acc) override {
     see("sum_squares", {&x, &o}, [&] { target().sum_squares(x, o, acc); });
   }
+  void fp8_cast(const Tensor& x, const Fp8CastOp& op, Tensor& y, Tensor& amax) override;
   void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp& op) override {
     OpArgs args;
     args.gemm = &op;

@@ -22,6 +22,7 @@ OpCost attention_forward_cost(const OpInfo& op, const OpArgs& args);
 OpCost attention_backward_cost(const OpInfo& op, const OpArgs& args);
 OpCost all_to_all_cost(const OpInfo& op, const OpArgs& args);
 OpCost barrier_cost(const OpInfo& op, const OpArgs& args);
+OpCost fp8_cast_cost(const OpInfo& op, const OpArgs& args);
 // A collective's or message's nccl-tests size: the bytes of operand I (all-reduce and broadcast the
 // buffer, reduce-scatter its input, all-gather its output, point to point the message).
 template <std::size_t I>

@@ -95,6 +95,20 @@ void append_elementwise(std::vector<OpInfo>& t) {
                  Tensor x = act(b, s, 0.5f), one = filled(b, Shape{1}, 0.f);
                  return sampled("sum_squares", [=, &b]() mutable { b.sum_squares(x, one, false); }, {&x, &one});
                }});
+  t.push_back({.name = "fp8_cast",
+               .cost_name = "fp8_cast",
+               .cls = CostClass::memory,
+               .operands = "x (N, C) -> y (N, C), amax (1) f32",
+               .shape_of = 0,
+               .cost = fp8_cast_cost,
+               .sample = [](Backend& b, const SS& s) -> Sample {
+                 Tensor x = act(b, s, 0.3f), y = act(b, s, 0.f), amax = filled(b, Shape{1}, 0.f);
+                 const Fp8CastOp op{};
+                 OpArgs args;
+                 args.fp8_cast = &op;
+                 return sampled("fp8_cast", [=, &b]() mutable { b.fp8_cast(x, op, y, amax); }, {&x, &y, &amax},
+                                args);
+               }});
 }
 
 void append_dense(std::vector<OpInfo>& t) {

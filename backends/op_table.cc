@@ -198,5 +198,16 @@ OpCost all_to_all_cost(const OpInfo& op, const OpArgs& args) {
 // NCCL has no barrier: timed as the one-element all-reduce frameworks run.
 OpCost barrier_cost(const OpInfo& op, const OpArgs&) { return OpCost{op.cls, 0, 4.0, {}, {}}; }
 
+// A device reads x once and writes one byte per element for each FP8 copy,
+// and reads and writes the amax; a cast a real run kept moves nothing.
+OpCost fp8_cast_cost(const OpInfo& op, const OpArgs& args) {
+  const int copies = args.fp8_cast != nullptr ? args.fp8_cast->copies : 2;
+  const Tensor& x = *args.tensors[0];
+  if (copies <= 0) return OpCost{op.cls, 0, 0.0, {}, {}};
+  const double bytes = static_cast<double>(x.bytes()) + static_cast<double>(copies) * static_cast<double>(x.numel()) +
+                       2.0 * static_cast<double>(dtype_size(DType::f32));
+  return OpCost{op.cls, 0, bytes, {}, {}};
+}
+
 }  // namespace op_entries
 }  // namespace meshtrain

@@ -79,6 +79,7 @@ struct OpArgs {
   const AttentionOp* attention = nullptr;  // attention ops
   double share = 1.0;                      // rope: the share of the heads it rotates
   std::int64_t exchanged = 0;              // all_to_all: the larger of elements sent and received
+  const Fp8CastOp* fp8_cast = nullptr;     // fp8_cast: the FP8 copies a device writes
 };
 
 // Calibration's size of a memory-bound or host op: rows × cols elements

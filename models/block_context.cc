@@ -116,9 +116,10 @@ void BlockContext::norm_backward(const std::string& prefix, const Tensor& dout, 
   }
 }
 
-Tensor BlockContext::fp8_operand(const std::string& name, LinearKind kind, Fp8Operand which, const Tensor& x) {
+Tensor BlockContext::fp8_operand(const std::string& name, LinearKind kind, Fp8Operand which, const Tensor& x,
+                                 Fp8Cast cast) {
   if (fp8 == nullptr || kind == LinearKind::replicated) return x;
-  return fp8->quantize(b, name, which, x);
+  return fp8->quantize(name, which, x, cast);
 }
 
 void BlockContext::linear(const std::string& name, const Tensor& x_fp, Tensor& y, LinearKind kind) {
@@ -129,8 +130,8 @@ void BlockContext::linear(const std::string& name, const Tensor& x_fp, Tensor& y
   if (params.contains(name + ".bias") && (!row || tp.rank == 0)) op.bias = params[name + ".bias"].value;
   // FP8 (models/fp8_linear.h): one scale per tensor, elementwise, so quantizing this rank's rows
   // before a gather is quantizing the gathered rows.
-  const Tensor weight = fp8_operand(name, kind, Fp8Operand::weight, w.value);
-  const Tensor x_in = fp8_operand(name, kind, Fp8Operand::input, x_fp);
+  const Tensor weight = fp8_operand(name, kind, Fp8Operand::weight, w.value, Fp8Cast::made);
+  const Tensor x_in = fp8_operand(name, kind, Fp8Operand::input, x_fp, Fp8Cast::made);
   const std::int64_t in = weight.shape()[0];
   const bool gather = sp && kind == LinearKind::column;
   if (gather && options.tp_comm_overlap) {
@@ -194,9 +195,9 @@ void BlockContext::linear_backward(const std::string& name, const Tensor& x_fp, 
   const Tensor dy2 = dy.view(Shape{rows, out});
   // FP8: both GEMMs read the E5M2 output gradient, dgrad the weight's and wgrad the input's E4M3
   // casts (the forward's, recomputed: same values, same scales); the bias gradient reads dy in fp32.
-  const Tensor dy_q = fp8_operand(name, kind, Fp8Operand::grad, dy2);
-  const Tensor weight = fp8_operand(name, kind, Fp8Operand::weight, w.value);
-  const Tensor x_in = fp8_operand(name, kind, Fp8Operand::input, x_fp);
+  const Tensor dy_q = fp8_operand(name, kind, Fp8Operand::grad, dy2, Fp8Cast::made);
+  const Tensor weight = fp8_operand(name, kind, Fp8Operand::weight, w.value, Fp8Cast::kept);
+  const Tensor x_in = fp8_operand(name, kind, Fp8Operand::input, x_fp, Fp8Cast::kept);
   // tp_comm_overlap: the weight gradient's input is gathered on the side stream under the input
   // gradient's GEMM (a deferred pass gathers its own when it runs).
   Tensor gathered;

@@ -133,7 +133,7 @@ class BlockContext {
 
  private:
   // `x`, or its FP8 cast when `kind` of linear `name` runs in FP8.
-  Tensor fp8_operand(const std::string& name, LinearKind kind, Fp8Operand which, const Tensor& x);
+  Tensor fp8_operand(const std::string& name, LinearKind kind, Fp8Operand which, const Tensor& x, Fp8Cast cast);
   // y (N, out) = gather(x) · W [+ op.bias] with the gather pipelined row block by row block.
   void ring_gather_gemm(const Tensor& x, const Tensor& w, Tensor& y, const GemmOp& op);
 

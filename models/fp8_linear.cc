@@ -29,7 +29,7 @@ std::string fp8_linear_name(const ParamInfo& p) {
   return p.name.substr(0, p.name.size() - std::string_view(kWeightSuffix).size());
 }
 
-Fp8Scaling::Fp8Scaling(std::span<const ParamInfo> params, int history) : history_(history) {
+Fp8Scaling::Fp8Scaling(Backend& b, std::span<const ParamInfo> params, int history) : b_(b), history_(history) {
   for (const ParamInfo& p : params) {
     if (!is_fp8_linear(p)) continue;
     Linear l;
@@ -41,6 +41,9 @@ Fp8Scaling::Fp8Scaling(std::span<const ParamInfo> params, int history) : history
     }
     linears_.emplace(fp8_linear_name(p), std::move(l));
   }
+  std::int64_t index = 0;
+  for (auto& [name, l] : linears_) l.index = index, index += kFp8Operands;
+  if (index > 0) amax_ = b_.zeros(Shape{index});
 }
 
 Fp8Scaling::Linear& Fp8Scaling::find(const std::string& linear) {
@@ -57,28 +60,26 @@ const Fp8Scaling::Linear& Fp8Scaling::find(const std::string& linear) const {
   return it->second;
 }
 
-Tensor Fp8Scaling::quantize(Backend& b, const std::string& linear, Fp8Operand which, const Tensor& x) {
+Tensor Fp8Scaling::quantize(const std::string& linear, Fp8Operand which, const Tensor& x, Fp8Cast cast) {
   Linear& l = find(linear);
   const auto k = static_cast<std::size_t>(which);
-  std::vector<float> host(static_cast<std::size_t>(x.numel()));
-  // A failed read leaves the backend in its error state: the step's own read reports it, and the
-  // values written here meanwhile are never used.
-  if (b.read(x, host).ok()) {
-    l.amax[k] = std::max(l.amax[k], amax(host));
-    fp8_quantize(host, l.scaling[k].scale(), format_of(static_cast<int>(k)), host);
-  }
-  Tensor out = b.empty(x.shape(), x.dtype());
-  b.write(out, host);
+  Fp8CastOp op{l.scaling[k].scale(), format_of(static_cast<int>(k)), 2};
+  if (cast == Fp8Cast::kept || (which == Fp8Operand::weight && l.weight_cast)) op.copies = 0;
+  if (which == Fp8Operand::weight) l.weight_cast = true;
+  Tensor out = b_.empty(x.shape(), x.dtype());
+  Tensor amax = amax_.slice(l.index + static_cast<std::int64_t>(k), 1);
+  b_.fp8_cast(x, op, out, amax);
   return out;
 }
 
 void Fp8Scaling::begin_step() {
-  for (auto& [name, l] : linears_) std::fill(std::begin(l.amax), std::end(l.amax), 0.f);
+  if (amax_.defined()) b_.fill(amax_, 0.f);
+  for (auto& [name, l] : linears_) l.weight_cast = false;
 }
 
-std::vector<float> Fp8Scaling::step_amax() const {
-  std::vector<float> out;
-  for (const auto& [name, l] : linears_) out.insert(out.end(), std::begin(l.amax), std::end(l.amax));
+Result<std::vector<float>> Fp8Scaling::step_amax() const {
+  std::vector<float> out(amax_.defined() ? static_cast<std::size_t>(amax_.numel()) : 0);
+  if (amax_.defined()) MT_TRY(b_.read(amax_, out));
   return out;
 }
 

@@ -26,11 +26,16 @@
 // Under full recomputation the recomputed forward quantizes its operands a
 // second time: the same values with the step's fixed scales, so the same FP8
 // operands, and the step's amax is a maximum, which the repeat leaves alone.
-// Only the cost doubles (one more host round trip per operand).
 //
-// The emulation reads each operand to the host and writes its FP8 values
-// back (Backend::read/write): exact and backend-neutral, but a device round
-// trip per operand, which is why only the cpu backend trains this way.
+// Each cast is one Backend::fp8_cast, which also folds the operand's amax
+// into a device tensor, read once a step (end of step, fold_fp8_amax). Its
+// cost is what a Transformer Engine run pays (Fp8CastOp::copies): a forward
+// input and an output gradient are cast with their transpose where they are
+// made; a weight once a step, at its first micro-batch (TE keeps the cast
+// over the step's micro-batches); the backward GEMMs' input and weight are
+// the forward's casts, which a real run kept and the emulation casts again
+// at no cost. The cpu backend trains this way (exact emulation); the sim
+// backend costs the casts (and times the GEMMs at FP8, use_fp8_gemms).
 #pragma once
 
 #include <map>
@@ -53,22 +58,28 @@ bool is_fp8_linear(const ParamInfo& p);
 // The linear's name ("layers.0.attn.qkv") of such a weight.
 std::string fp8_linear_name(const ParamInfo& p);
 
+// Where a cast is made: as a real FP8 run makes it, or again where a real run
+// reads the cast it kept (the backward's input and weight).
+enum class Fp8Cast { made, kept };
+
 // The delayed-scaling state of the FP8 linears of one model chunk (a
-// pipeline stage owns its layers' state).
+// pipeline stage owns its layers' state) on backend `b`.
 class Fp8Scaling {
  public:
   // The linears of `params` (those is_fp8_linear selects), each with a fresh
   // history of `history` steps.
-  Fp8Scaling(std::span<const ParamInfo> params, int history = kDefaultAmaxHistory);
+  Fp8Scaling(Backend& b, std::span<const ParamInfo> params, int history = kDefaultAmaxHistory);
 
   // `x` quantized with the scale of `linear`'s `which` tensor, as a new
   // tensor of x's shape; x's amax joins the step's.
-  Tensor quantize(Backend& b, const std::string& linear, Fp8Operand which, const Tensor& x);
+  Tensor quantize(const std::string& linear, Fp8Operand which, const Tensor& x, Fp8Cast cast);
 
   // Forgets the amax recorded so far (an evaluation's forward records none).
   void begin_step();
-  // This step's amax of every tensor, linear by linear in name order, operand by operand.
-  std::vector<float> step_amax() const;
+  // The step's amax of every tensor, linear by linear in name order, operand by operand, on the device.
+  const Tensor& amax() const { return amax_; }
+  // The same, read to the host.
+  Result<std::vector<float>> step_amax() const;
   // Folds `amax` (step_amax's layout, reduced over the ranks) into the histories.
   Status end_step(std::span<const float> amax);
 
@@ -85,11 +96,14 @@ class Fp8Scaling {
  private:
   struct Linear {
     std::vector<DelayedScaling> scaling;  // by Fp8Operand
-    float amax[kFp8Operands] = {0, 0, 0};
+    std::int64_t index = 0;               // its first tensor's place in amax_
+    bool weight_cast = false;             // this step's weight cast is made (and kept)
   };
   Linear& find(const std::string& linear);
   const Linear& find(const std::string& linear) const;
+  Backend& b_;
   std::map<std::string, Linear> linears_;
+  Tensor amax_;  // (linears · kFp8Operands) f32
   int history_;
 };
 

@@ -9,6 +9,7 @@
 #include <malloc.h>
 #include <oneapi/tbb/task_scheduler_observer.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -428,6 +429,18 @@ void CpuBackend::sum_squares(const Tensor& x, Tensor& out, bool accumulate) {
   const auto threads = on_threads();
   const double s = cpu::sum_squares(x.numel(), px);
   *po = static_cast<float>(accumulate ? static_cast<double>(*po) + s : s);
+}
+
+void CpuBackend::fp8_cast(const Tensor& x, const Fp8CastOp& op, Tensor& y, Tensor& amax) {
+  const float* px = f32(x, "fp8_cast");
+  float* py = f32(y, "fp8_cast");
+  float* pa = f32(amax, "fp8_cast");
+  expect_same_numel(x, y, "fp8_cast");
+  if (amax.numel() != 1) misuse("fp8_cast: amax {} must have one element", amax.shape().str());
+  if (error_) return;
+  const std::span<const float> in(px, static_cast<std::size_t>(x.numel()));
+  *pa = std::max(*pa, meshtrain::amax(in));
+  fp8_quantize(in, op.scale, op.format, std::span<float>(py, static_cast<std::size_t>(y.numel())));
 }
 
 // ---- collectives -------------------------------------------------------------------

@@ -93,6 +93,7 @@ class CpuBackend final : public Backend {
   void axpy(float alpha, const Tensor& x, Tensor& y) override;
   void sum(const Tensor& x, Tensor& out, float scale, bool accumulate) override;
   void sum_squares(const Tensor& x, Tensor& out, bool accumulate) override;
+  void fp8_cast(const Tensor& x, const Fp8CastOp& op, Tensor& y, Tensor& amax) override;
 
   void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp& op) override;
   void batched_gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp& op) override;

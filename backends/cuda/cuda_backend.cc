@@ -504,6 +504,18 @@ void CudaBackend::sum_squares(const Tensor& x, Tensor& out, bool accumulate) {
   reduce({&x, 1}, out, true, 1.f, accumulate, "sum_squares");
 }
 
+void CudaBackend::fp8_cast(const Tensor& x, const Fp8CastOp& op, Tensor& y, Tensor& amax) {
+  const DType dt = storage_of({{"x", &x}, {"y", &y}}, "fp8_cast");
+  const void* px = ptr(x, "fp8_cast");
+  void* py = ptr(y, "fp8_cast");
+  float* pa = f32(amax, "fp8_cast");
+  expect_same_numel(x, y, "fp8_cast");
+  if (amax.numel() != 1) misuse("fp8_cast: amax {} must have one element", amax.shape().str());
+  if (failed()) return;
+  check(kernels::fp8_cast(px, py, code(dt), x.numel(), op.scale, op.format == Fp8Format::e5m2, pa, MT_STREAM),
+        "fp8_cast");
+}
+
 // One pass for every tensor (two launches per kMaxForeach tensors, one
 // scratch): the same kernels as sum_squares on each in turn, so the same bits.
 void CudaBackend::foreach_sum_squares(std::span<const Tensor> xs, Tensor& out) {

@@ -127,6 +127,7 @@ class CudaBackend final : public Backend {
   void axpy(float alpha, const Tensor& x, Tensor& y) override;
   void sum(const Tensor& x, Tensor& out, float scale, bool accumulate) override;
   void sum_squares(const Tensor& x, Tensor& out, bool accumulate) override;
+  void fp8_cast(const Tensor& x, const Fp8CastOp& op, Tensor& y, Tensor& amax) override;
   // Every tensor in one pass: exactly sum_squares on each in turn (the same
   // kernels, a per-tensor tree and fp32 rounding of out after each tensor).
   void foreach_sum_squares(std::span<const Tensor> xs, Tensor& out) override;

@@ -105,6 +105,7 @@ class SimBackend final : public Backend {
   void axpy(float alpha, const Tensor& x, Tensor& y) override;
   void sum(const Tensor& x, Tensor& out, float scale, bool accumulate) override;
   void sum_squares(const Tensor& x, Tensor& out, bool accumulate) override;
+  void fp8_cast(const Tensor& x, const Fp8CastOp& op, Tensor& y, Tensor& amax) override;
 
   void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp& op) override;
   // One task for all groups (CostModel::grouped_gemm, or _wgrad when op.trans_a).

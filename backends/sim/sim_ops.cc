@@ -101,6 +101,15 @@ void SimBackend::sum_squares(const Tensor& x, Tensor& out, bool) {
   charge(op_info("sum_squares"), {&x, &out});
 }
 
+void SimBackend::fp8_cast(const Tensor& x, const Fp8CastOp& op, Tensor& y, Tensor& amax) {
+  check(x, "fp8_cast"), check(y, "fp8_cast"), check(amax, "fp8_cast");
+  if (op.copies <= 0) return;  // a cast a real run kept: no kernel
+  const Tensor* tensors[] = {&x, &y, &amax};
+  OpArgs args{tensors};
+  args.fp8_cast = &op;
+  charge(op_info("fp8_cast"), args);
+}
+
 void SimBackend::gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp&) {
   check(a, "gemm"), check(b, "gemm"), check(c, "gemm");
   const MatmulDims d = op_cost(op_info("gemm"), {&a, &b, &c}).matmuls.front();

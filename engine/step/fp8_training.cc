@@ -19,22 +19,26 @@ Status check_fp8_training(const ModelSpec& m, const Plan& p) {
 }
 
 Status fold_fp8_amax(Backend& b, std::span<Fp8Scaling* const> chunks, std::span<const Group* const> groups) {
-  std::vector<float> amax;
-  for (const Fp8Scaling* c : chunks) {
-    const std::vector<float> one = c->step_amax();
-    amax.insert(amax.end(), one.begin(), one.end());
-  }
+  std::int64_t total = 0;
+  for (const Fp8Scaling* c : chunks) total += c->amax().defined() ? c->amax().numel() : 0;
+  std::vector<float> amax(static_cast<std::size_t>(total));
   // Every rank of a group holds the same layers, so the same layout (possibly empty).
-  if (!amax.empty()) {
-    Tensor t = b.empty(Shape{static_cast<std::int64_t>(amax.size())});
-    b.write(t, amax);
+  if (total > 0) {
+    Tensor t = b.empty(Shape{total});
+    std::int64_t at = 0;
+    for (const Fp8Scaling* c : chunks)
+      if (c->amax().defined()) {
+        Tensor part = t.slice(at, c->amax().numel());
+        b.copy(c->amax(), part);
+        at += c->amax().numel();
+      }
     for (const Group* g : groups)
       if (g->size() > 1) b.all_reduce(t, *g, ReduceOp::max);
     MT_TRY(b.read(t, amax));
   }
   std::size_t at = 0;
   for (Fp8Scaling* c : chunks) {
-    const std::size_t n = c->step_amax().size();
+    const std::size_t n = c->amax().defined() ? static_cast<std::size_t>(c->amax().numel()) : 0;
     MT_TRY(c->end_step(std::span<const float>(amax).subspan(at, n)));
     at += n;
   }

@@ -1,5 +1,6 @@
-// Precision fp8 trained, not only simulated: the exact emulation of
-// models/fp8_linear.h run by the step engine (StepOptions::emulate_fp8).
+// Precision fp8 run by the step engine: the FP8 scaling of
+// models/fp8_linear.h, trained as exact emulation on the cpu backend
+// (StepOptions::emulate_fp8) and costed on the sim backend.
 //
 // Per step (Transformer Engine's and Megatron's amax reduction): each
 // chunk's FP8 tensors record their amax over the step's micro-batches; at the

@@ -21,7 +21,7 @@ struct StepEngine::Chunk {
   std::unique_ptr<GradientBuckets> buckets;
   std::unique_ptr<ParameterGather> gather;  // ZeRO-3 only
   std::unique_ptr<ShardedAdamW> adam;
-  std::unique_ptr<Fp8Scaling> fp8;  // StepOptions::emulate_fp8 under precision fp8
+  std::unique_ptr<Fp8Scaling> fp8;  // under precision fp8
   std::vector<SavedActivations> saved;  // by micro-batch, between its forward and backward
   // By micro-batch, between its backward and its weight pass (zero-bubble schedules).
   std::vector<std::vector<std::function<void()>>> weights;

@@ -147,10 +147,11 @@ std::unique_ptr<StepEngine::Chunk> StepEngine::build_chunk(int c, const TensorPa
                            vs == plan_.pp * plan_.vpp - 1 && plan_.head};
   chunk->model = std::make_unique<ModelChunk>(b_, m_, layers, tp, shared);
   ParameterStore& params = chunk->model->parameters();
-  if (emulates_fp8()) {
+  // Every backend casts FP8 operands: the cpu emulates them exactly, the sim costs them.
+  if (plan_.precision == Precision::fp8) {
     std::vector<ParamInfo> infos;
     for (const ParamSlot& slot : params.slots()) infos.push_back(slot.info);
-    chunk->fp8 = std::make_unique<Fp8Scaling>(infos);
+    chunk->fp8 = std::make_unique<Fp8Scaling>(b_, infos);
     chunk->model->use_fp8(chunk->fp8.get());
   }
   add_buckets(*chunk, c);
@@ -556,7 +557,7 @@ Result<StepResult> StepEngine::step(const std::vector<HostBatch>& microbatches, 
     const Group* amax_groups[] = {mesh_.group_of(GroupKind::tensor, b_.rank()), &replicas()};
     if (!fp8.empty()) MT_TRY(fold_fp8_amax(b_, fp8, amax_groups).context(fmt::format("step {}", step)));
     // The step's only wait for the device (but a MoE model's statistics, moe_statistics, and under
-    // cpu fp8 emulation the amax read above and each FP8 cast's round trip, models/fp8_linear.h).
+    // precision fp8 the amax read above).
     MT_TRY(b_.read(step_stats_, host).context(fmt::format("step {}", step)));
   }
   StepResult r{host[0] / loss_terms_, std::sqrt(static_cast<double>(host[1])), {}};

@@ -61,8 +61,8 @@ struct StepOptions {
   // Precision fp8 trained as exact emulation (engine/step/fp8_training.h): the
   // linears' GEMM operands rounded to FP8 with delayed scaling, everything
   // else in fp32 (the cpu backend's only precision). false: a plan of
-  // precision fp8 runs as the bf16 plan it is costed as (the sim backend,
-  // which times FP8 GEMMs by itself).
+  // precision fp8 keeps bf16 activations and casts only its GEMM operands
+  // (the sim backend, which costs the casts and times the GEMMs at FP8).
   bool emulate_fp8 = false;
 };
 
@@ -322,7 +322,7 @@ class StepEngine {
   // What PipelineExecutor runs for mbs_: training (forward and backward) or evaluation (forward only).
   PipelineCompute compute(bool training);
   DType value_dtype() const { return activation_dtype(plan_.precision, options_); }
-  // Each chunk's FP8 scaling state (StepOptions::emulate_fp8), else none.
+  // Each chunk's FP8 scaling state (precision fp8), else none.
   std::vector<Fp8Scaling*> fp8_chunks() const;
 };
 

@@ -32,7 +32,7 @@ TEST_CASE("an FP8 linear's GEMMs are the fp32 GEMMs of its FP8-rounded operands"
   ParameterStore store(b, m, infos, ShardCoord{0, 1, 0, 1});
   Tensor w = store["lin.weight"].value;
   b.write(w, std::vector<float>{0.7f, -2.6f});
-  Fp8Scaling scaling(infos);
+  Fp8Scaling scaling(b, infos);
   BlockContext ctx(b, m, store, TensorParallel{Group{0, {0}}, 0, 1}, ChunkOptions{});
   ctx.fp8 = &scaling;
   Tensor x = b.empty(Shape{1, 2});
@@ -52,13 +52,13 @@ TEST_CASE("an FP8 linear's GEMMs are the fp32 GEMMs of its FP8-rounded operands"
   CHECK(read(b, store["lin.weight"].grad) == std::vector<float>{1.125f * 0.3125f, -0.3125f * 0.3125f});
 
   // The step's amax per tensor (input, weight, gradient), then the next step's scales fp8_max / amax.
-  CHECK(scaling.step_amax() == std::vector<float>{1.1f, 2.6f, 0.3f});
-  REQUIRE(scaling.end_step(scaling.step_amax()).ok());
+  CHECK(*scaling.step_amax() == std::vector<float>{1.1f, 2.6f, 0.3f});
+  REQUIRE(scaling.end_step(*scaling.step_amax()).ok());
   const float sx = 448.f / 1.1f, sw = 448.f / 2.6f;
   CHECK(scaling.scale("lin", Fp8Operand::input) == sx);
   CHECK(scaling.scale("lin", Fp8Operand::weight) == sw);
   CHECK(scaling.scale("lin", Fp8Operand::grad) == 57344.f / 0.3f);
-  CHECK(scaling.step_amax() == std::vector<float>{0, 0, 0});
+  CHECK(*scaling.step_amax() == std::vector<float>{0, 0, 0});
   // Scaled: the largest values land on 448 (1.1 and -2.6 back exactly, up to fp32's rounding of the
   // scale); -0.3·sx = -122.2 -> -120 and 0.7·sw = 120.6 -> 120 (E4M3 spacing 8 in [64, 128)), so
   // y = 1.1 · 120/sw + (120/sx) · 2.6 = 2 · 120 · 1.1 · 2.6 / 448.
@@ -71,14 +71,15 @@ TEST_CASE("FP8 scaling state round-trips and refuses what no history holds", "[f
   table.linear("a", 4, 4, TpSplit::row, true);
   table.linear("b", 4, 4, TpSplit::replicated, false);  // not FP8: a replicated linear stays fp32
   const std::vector<ParamInfo> infos = table.take();
-  Fp8Scaling s(infos, 4);
+  CpuBackend b(CpuBackendOptions{1});
+  Fp8Scaling s(b, infos, 4);
   CHECK(s.linears() == std::vector<std::string>{"a"});
   REQUIRE(s.end_step(std::vector<float>{2.f, 0.5f, 8.f}).ok());
   REQUIRE(s.end_step(std::vector<float>{1.f, 0.25f, 16.f}).ok());
   const std::vector<float> state = s.state("a");
   // Per tensor: the scale from the history's max, then the history oldest first (two steps, two empty).
   CHECK(state == std::vector<float>{224.f, 0, 0, 2.f, 1.f, 896.f, 0, 0, 0.5f, 0.25f, 3584.f, 0, 0, 8.f, 16.f});
-  Fp8Scaling t(infos, 4);
+  Fp8Scaling t(b, infos, 4);
   REQUIRE(t.restore("a", state).ok());
   CHECK(t.state("a") == state);
   // Two more steps push the oldest out in the same order on both.

@@ -53,6 +53,10 @@ cudaError_t dropout(const void* x, void* out, int dtype, i64 n, float p, std::ui
                     std::uint64_t offset, cudaStream_t s);
 cudaError_t clip_coefficient(const float* sumsq, float max_norm, float* coef, cudaStream_t s);
 
+// ---- fp8_cast.cu -----------------------------------------------------------
+// y = x on the FP8 grid of `scale` (E4M3, or E5M2), in x's storage type; *amax = max(*amax, max |x|).
+cudaError_t fp8_cast(const void* x, void* y, int dtype, i64 n, float scale, bool e5m2, float* amax, cudaStream_t s);
+
 // ---- multi_tensor.cu: whole-tensor sums and AdamW, one tensor or many ------
 // A multi-tensor launch takes its table of tensors as a kernel parameter (up
 // to kMaxForeach tensors, ~12 KiB: CUDA 12.1+ allows 32 KiB of parameters),
