@@ -269,8 +269,10 @@ Status run_train(TrainFlags f) {
       if (Status s = TraceRecorder::probe(f.trace); !s.ok()) abort_job(s.error());
     auto rank = MpiRankBackend::create(backends);
     if (!rank.ok()) abort_job(rank.error());
-    // The step a failure stopped at, as under threads.
-    Status status = f.train.rank_losses->summarize(train_on(rank->backend()), f.train.steps);
+    // The rank and the step a failure stopped at, as under threads.
+    Status trained = train_on(rank->backend());
+    if (!trained.ok()) trained.context(fmt::format("rank {}", env->rank()));
+    Status status = f.train.rank_losses->summarize(std::move(trained), f.train.steps);
     std::string trace_sent;  // outlives abort_job: a send rank 0 never took may still read it
     if (recorder) {
       Status written = write_mpi_trace(*env, *recorder, f.trace, timeout, trace_sent);
@@ -406,8 +408,10 @@ void add_run_flags(CLI::App* sub, TrainFlags* f) {
                   "takes precedence");
   sub->add_flag("--quiet", f->quiet, "no progress lines");
   sub->add_option("--fault-inject", f->faults,
-                  "RANK:slow:STEP[:FACTOR], RANK:hang:STEP or RANK:exit:STEP: make a rank slow down, stop answering or "
-                  "die at a step (tests of straggler reports, --comm-timeout and checkpoints); repeatable");
+                  "RANK:slow:STEP[:FACTOR], RANK:hang:STEP, RANK:exit:STEP, RANK:signal:STEP:SIG or RANK:throw:STEP: "
+                  "make a rank slow down, stop answering, die (SIGKILL under MPI), crash by SIG (SEGV, BUS, FPE, ILL, "
+                  "ABRT, KILL) or throw at a step (tests of straggler reports, --comm-timeout, crash reports and "
+                  "checkpoints); repeatable");
 }
 
 }  // namespace

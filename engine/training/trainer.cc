@@ -4,6 +4,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <exception>
+#include <new>
 #include <optional>
 
 #include <nlohmann/json.hpp>
@@ -340,6 +342,13 @@ Result<StepResult> RankRun::train_step(std::int64_t step, double lr) {
                             "steps; {}", b_.rank(), step, o_.steps, checkpoint_note());
     if (o_.rank_losses) o_.rank_losses->record_death(b_.rank(), step, died.message());
     return died;
+  } catch (const std::bad_alloc&) {
+    throw;  // main names it: out of memory
+  } catch (const std::exception& e) {
+    // A bug's exception, caught here rather than in main so that the error (under MPI, the job's abort) names
+    // the rank, the step and the last checkpoint.
+    if (o_.rank_losses) o_.rank_losses->record_failure(step);
+    return make_error("step {}: uncaught exception (please report it): {}; {}", step, e.what(), checkpoint_note());
   }
   if (!result->ok()) {
     if (o_.rank_losses) o_.rank_losses->record_failure(step);
