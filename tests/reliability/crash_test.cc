@@ -7,8 +7,10 @@
 //
 // mpirun ends the survivors one second after a death (SIGTERM, then SIGKILL
 // one second later); the survivor waits for the dead rank from its step's
-// first collective on, milliseconds after the step starts, so it is always
-// waiting by then.
+// first collective on, milliseconds after the step starts, so it is nearly
+// always waiting by then. A loaded machine may hold it back past that
+// second: its line then places it without a peer, so a test asks the peer
+// only of a survivor that says it was waiting (survivor_says).
 #include <signal.h>
 
 #include <nlohmann/json.hpp>
@@ -36,6 +38,20 @@ std::string step2_note(const fs::path& ckpt) {
   return "the last checkpoint in '" + ckpt.string() + "' is of step 2: continue it with --resume (from step 3)";
 }
 
+// The survivor `rank`'s line, ended by mpirun's SIGTERM: where it stopped and the checkpoint, and
+// the rank it was waiting for, `dead`, if it was waiting.
+void survivor_says(const std::string& out, int rank, int dead, const fs::path& ckpt) {
+  const std::string head = "meshtrain: rank " + std::to_string(rank) + " got SIGTERM ";
+  const std::size_t at = out.find(head);
+  REQUIRE(at != std::string::npos);
+  const std::string line = out.substr(at, out.find('\n', at) - at);
+  INFO(line);
+  CHECK_THAT(line, Catch::Contains(step2_note(ckpt)));
+  CHECK_THAT(line, Catch::Contains(" step 3 of 6") || Catch::Contains(" after step 2 of 6"));
+  if (line.find("while waiting") != std::string::npos)
+    CHECK_THAT(line, Catch::Contains(" s for rank " + std::to_string(dead) + ";"));
+}
+
 }  // namespace
 
 TEST_CASE("under mpirun a rank that crashes names itself, its signal, its step and the checkpoint",
@@ -47,8 +63,7 @@ TEST_CASE("under mpirun a rank that crashes names itself, its signal, its step a
   CHECK_THAT(r.out, Catch::Contains("meshtrain: rank 1 died of SIGSEGV in step 3 of 6; " + step2_note(ckpt)));
   CHECK_THAT(r.out, Catch::Contains("exited on signal 11"));
   // The survivor, ended by mpirun, names the rank it was waiting for.
-  CHECK_THAT(r.out, Catch::Contains("meshtrain: rank 0 got SIGTERM in step 3 of 6 while waiting "));
-  CHECK_THAT(r.out, Catch::Contains(" s for rank 1; " + step2_note(ckpt)));
+  survivor_says(r.out, 0, 1, ckpt);
   CHECK(manifest_step(ckpt) == 2);
 }
 
@@ -59,7 +74,7 @@ TEST_CASE("under mpirun the leader aborting is named by itself and by its peer",
   CHECK(r.status == 128 + SIGABRT);
   CHECK_THAT(r.out, Catch::Contains("meshtrain: rank 0 died of SIGABRT in step 3 of 6; " + step2_note(ckpt)));
   CHECK_THAT(r.out, Catch::Contains("exited on signal 6"));
-  CHECK_THAT(r.out, Catch::Contains(" s for rank 0; " + step2_note(ckpt)));
+  survivor_says(r.out, 1, 0, ckpt);
 }
 
 TEST_CASE("under mpirun a SIGKILLed rank is named by mpirun and placed by the survivor; the run resumes",
@@ -73,8 +88,7 @@ TEST_CASE("under mpirun a SIGKILLed rank is named by mpirun and placed by the su
   CHECK(r.status == 128 + SIGKILL);
   CHECK_THAT(r.out, Catch::Contains("process rank 1 with PID") && Catch::Contains("exited on signal 9 (Killed)"));
   CHECK_THAT(r.out, !Catch::Contains("rank 1 died of"));
-  CHECK_THAT(r.out, Catch::Contains("meshtrain: rank 0 got SIGTERM in step 3 of 6 while waiting "));
-  CHECK_THAT(r.out, Catch::Contains(" s for rank 1; " + step2_note(ckpt)));
+  survivor_says(r.out, 0, 1, ckpt);
   // Nothing checkpointed is lost: --resume continues from step 3 (the dead rank's stale lock does not block it).
   const MeshtrainRun resumed = run_shell(std::string(MESHTRAIN_MPIRUN) + " 2 " + MESHTRAIN_EXE + " " + tiny_train() +
                                          " --steps 6 --dp 2 --checkpoint " + ckpt.string() + " --resume");
