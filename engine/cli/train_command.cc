@@ -10,6 +10,7 @@
 #include "backends/comm/launch.h"
 #include "backends/comm/mpi_environment.h"
 #include "core/input_file.h"
+#include "core/last_words.h"
 #include "core/names.h"
 #include "engine/cli/backend_registry.h"
 #include "engine/cli/bounded_flags.h"
@@ -209,6 +210,7 @@ Status run_train(TrainFlags f) {
                       "them with `mpirun -np {} meshtrain train ...` or srun",
                       mp.plan.world_size(), mp.plan.world_size());
   install_stop_handlers();
+  last_words::set_checkpoint_dir(f.train.checkpoint_dir);
   f.train.progress = !f.quiet;
   f.train.step.seed = f.train.seed;
   f.train.step.emulate_fp8 = mp.plan.precision == Precision::fp8;  // the cpu backend: cuda refused it above
@@ -246,6 +248,11 @@ Status run_train(TrainFlags f) {
     if (env->world_size() != mp.plan.world_size())
       return make_error("mpirun started {} processes, the plan needs tp·pp·dp·cp = {}", env->world_size(),
                         mp.plan.world_size());
+    // After MPI_Init: a crash's line comes first, then Open MPI's backtrace. Only the ranks' lines can
+    // place a death in a step, since mpirun names the process but not where it was.
+    last_words::set_process_rank(env->rank());
+    last_words::announce_stops(true);
+    last_words::install_fatal_handlers();
     std::optional<CheckpointLock> lock;  // rank 0 writes the checkpoints and holds their directory
     if (env->rank() == 0) {
       MT_TRY(check_train_options(f.train, mp.model, mp.plan, host_ranks));
@@ -262,8 +269,10 @@ Status run_train(TrainFlags f) {
       if (Status s = TraceRecorder::probe(f.trace); !s.ok()) abort_job(s.error());
     auto rank = MpiRankBackend::create(backends);
     if (!rank.ok()) abort_job(rank.error());
-    // The step a failure stopped at, as under threads.
-    Status status = f.train.rank_losses->summarize(train_on(rank->backend()), f.train.steps);
+    // The rank and the step a failure stopped at, as under threads.
+    Status trained = train_on(rank->backend());
+    if (!trained.ok()) trained.context(fmt::format("rank {}", env->rank()));
+    Status status = f.train.rank_losses->summarize(std::move(trained), f.train.steps);
     std::string trace_sent;  // outlives abort_job: a send rank 0 never took may still read it
     if (recorder) {
       Status written = write_mpi_trace(*env, *recorder, f.trace, timeout, trace_sent);
@@ -280,6 +289,9 @@ Status run_train(TrainFlags f) {
     MT_ASSIGN(f.train.tokenizer, run_tokenizer(f.train, f.tokenizer, tokenizer_pieces));
   }
   if (recorder) MT_TRY(TraceRecorder::probe(f.trace));
+  // A crash names the rank thread it happened on (one rank: the process is it).
+  if (mp.plan.world_size() == 1) last_words::set_process_rank(0);
+  last_words::install_fatal_handlers();
   if (mp.plan.world_size() == 1) {
     MT_ASSIGN(std::unique_ptr<Backend> backend, make_backend(backends));
     return finish_trace(train_on(*backend), recorder, f.trace);
@@ -396,8 +408,10 @@ void add_run_flags(CLI::App* sub, TrainFlags* f) {
                   "takes precedence");
   sub->add_flag("--quiet", f->quiet, "no progress lines");
   sub->add_option("--fault-inject", f->faults,
-                  "RANK:slow:STEP[:FACTOR], RANK:hang:STEP or RANK:exit:STEP: make a rank slow down, stop answering or "
-                  "die at a step (tests of straggler reports, --comm-timeout and checkpoints); repeatable");
+                  "RANK:slow:STEP[:FACTOR], RANK:hang:STEP, RANK:exit:STEP, RANK:signal:STEP:SIG or RANK:throw:STEP: "
+                  "make a rank slow down, stop answering, die (SIGKILL under MPI), crash by SIG (SEGV, BUS, FPE, ILL, "
+                  "ABRT, KILL) or throw at a step (tests of straggler reports, --comm-timeout, crash reports and "
+                  "checkpoints); repeatable");
 }
 
 }  // namespace

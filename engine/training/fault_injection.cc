@@ -1,9 +1,12 @@
 #include "engine/training/fault_injection.h"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <limits>
+#include <stdexcept>
 #include <thread>
 #include <type_traits>
 
@@ -11,13 +14,33 @@
 #include <fmt/ranges.h>
 
 #include "core/bounded.h"
+#include "core/last_words.h"
 #include "engine/plan/plan.h"
 
 namespace meshtrain {
 
+namespace {
+
+// The signals a fault may raise: the crashes the fatal handlers name, and the uncatchable kill.
+constexpr int kFaultSignals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGKILL};
+
+const char* kind_name(Fault::Kind kind) {
+  switch (kind) {
+    case Fault::Kind::slow: return "slow";
+    case Fault::Kind::hang: return "hang";
+    case Fault::Kind::exit: return "exit";
+    case Fault::Kind::signal: return "signal";
+    case Fault::Kind::throw_: return "throw";
+  }
+  return "?";
+}
+
+}  // namespace
+
 Result<Fault> parse_fault(const std::string& spec) {
   auto bad = [&] {
-    return make_error("--fault-inject '{}': write RANK:slow:STEP[:FACTOR], RANK:hang:STEP or RANK:exit:STEP", spec);
+    return make_error("--fault-inject '{}': write RANK:slow:STEP[:FACTOR], RANK:hang:STEP, RANK:exit:STEP, "
+                      "RANK:signal:STEP:SIG or RANK:throw:STEP", spec);
   };
   std::vector<std::string> parts;
   std::size_t start = 0;
@@ -33,21 +56,35 @@ Result<Fault> parse_fault(const std::string& spec) {
   };
   MT_TRY(number(parse_int("the rank", parts[0], {0, kMaxWorldSize - 1}), f.rank));
   MT_TRY(number(parse_int("the step", parts[2], {1, std::numeric_limits<std::int64_t>::max()}), f.step));
-  // A slow rank at most 1000 times slower: a test's straggler, not a hang (that is `hang`).
-  if (parts.size() == 4) MT_TRY(number(parse_real("the slow factor", parts[3], {1, 1000}), f.factor));
   if (parts[1] == "slow") f.kind = Fault::Kind::slow;
   else if (parts[1] == "hang") f.kind = Fault::Kind::hang;
   else if (parts[1] == "exit") f.kind = Fault::Kind::exit;
-  else return make_error("--fault-inject '{}': the kind is slow, hang or exit, not '{}'", spec, parts[1]);
+  else if (parts[1] == "signal") f.kind = Fault::Kind::signal;
+  else if (parts[1] == "throw") f.kind = Fault::Kind::throw_;
+  else return make_error("--fault-inject '{}': the kind is slow, hang, exit, signal or throw, not '{}'", spec, parts[1]);
+  if (f.kind == Fault::Kind::signal) {
+    if (parts.size() != 4)
+      return make_error("--fault-inject '{}': signal needs the signal to raise: RANK:signal:STEP:SIG, SIG one of SEGV, "
+                        "BUS, FPE, ILL, ABRT, KILL", spec);
+    const std::string name = parts[3].starts_with("SIG") ? parts[3] : "SIG" + parts[3];
+    for (const int signal : kFaultSignals)
+      if (name == last_words::signal_name(signal)) f.signal = signal;
+    if (f.signal == 0)
+      return make_error("--fault-inject '{}': '{}' is not a signal a fault raises: SEGV, BUS, FPE, ILL, ABRT or KILL",
+                        spec, parts[3]);
+    return f;
+  }
   if (parts.size() == 4 && f.kind != Fault::Kind::slow)
     return make_error("--fault-inject '{}': only slow takes a factor", spec);
+  // A slow rank at most 1000 times slower: a test's straggler, not a hang (that is `hang`).
+  if (parts.size() == 4) MT_TRY(number(parse_real("the slow factor", parts[3], {1, 1000}), f.factor));
   return f;
 }
 
 std::string fault_spec(const Fault& f) {
-  const char* kind = f.kind == Fault::Kind::slow ? "slow" : f.kind == Fault::Kind::hang ? "hang" : "exit";
-  std::string s = fmt::format("{}:{}:{}", f.rank, kind, f.step);
+  std::string s = fmt::format("{}:{}:{}", f.rank, kind_name(f.kind), f.step);
   if (f.kind == Fault::Kind::slow) s += fmt::format(":{:g}", f.factor);
+  if (f.kind == Fault::Kind::signal) s += fmt::format(":{}", last_words::signal_name(f.signal) + 3);
   return s;
 }
 
@@ -68,7 +105,7 @@ Status check_faults(const std::vector<Fault>& faults, int world_size, std::int64
       const Fault& g = faults[j];
       if (g.rank == f.rank && g.kind != Fault::Kind::slow && f.kind != Fault::Kind::slow)
         return make_error("--fault-inject {} and {}: rank {} can stop only once (it {} at step {}); give one of them",
-                          fault_spec(g), spec, f.rank, g.kind == Fault::Kind::exit ? "dies" : "hangs", g.step);
+                          fault_spec(g), spec, f.rank, g.kind == Fault::Kind::hang ? "hangs" : "dies", g.step);
       if (g.rank == f.rank && g.kind == Fault::Kind::slow && f.kind == Fault::Kind::slow)
         return make_error("--fault-inject {} and {}: rank {} is slowed twice; give one factor", fault_spec(g), spec,
                           f.rank);
@@ -141,6 +178,17 @@ void FaultInjector::before_communication(double compute_s) {
       if (losses_) losses_->record_hang(rank_, step_);
       std::this_thread::sleep_for(hang_for_);
       continue;
+    }
+    if (f.kind == Fault::Kind::throw_)
+      throw std::runtime_error(fmt::format("fault injected: rank {} throws at step {}", rank_, step_));
+    if (f.kind == Fault::Kind::signal) {
+      std::fprintf(stderr, "meshtrain: fault injected: rank %d raises %s at step %lld\n", rank_,
+                   last_words::signal_name(f.signal), static_cast<long long>(step_));
+      std::fflush(stderr);
+      // A test's crash leaves no core file behind.
+      const rlimit no_core{0, 0};
+      setrlimit(RLIMIT_CORE, &no_core);
+      std::raise(f.signal);
     }
     std::fprintf(stderr, "meshtrain: fault injected: rank %d dies at step %lld\n", rank_, static_cast<long long>(step_));
     std::fflush(stderr);

@@ -13,6 +13,11 @@
 //                            a process kills itself (SIGKILL, as kill -9 or a lost
 //                            node would); a rank thread stops without a word (its
 //                            peers see a rank that returned without joining)
+//   RANK:signal:STEP:SIG     at that op the rank raises SIG (SEGV, BUS, FPE, ILL, ABRT
+//                            or KILL): a crash, which takes the whole process down,
+//                            rank threads and all, as a real one would (no core file)
+//   RANK:throw:STEP          at that op the rank throws an exception nothing in the
+//                            engine catches (a bug's): the trainer's last resort
 //
 // A fault must be one the run can see: a hang on a run of one rank has no
 // peer to wait for it (it would sleep, then finish normally), a fault at a
@@ -21,8 +26,10 @@
 // A rank that dies or hangs ends the run with an error naming the ranks and
 // the step, whatever the launch mode: a rank thread's death or hang, collected
 // in RankLosses (its peers only see a rank that returned without joining or
-// stopped answering); a process's SIGKILL, which mpirun reports; a hung
-// process's own error, after its peers have given up on it.
+// stopped answering); a process's SIGKILL, which mpirun reports and the
+// survivors' last words (core/last_words.h) place; a crash's signal, which the
+// crashing rank's last words name; a hung process's own error, after its
+// peers have given up on it.
 //
 // The faults apply inside StepTimer's step window (engine/training/step_timing.h),
 // whose communication hook calls before_communication.
@@ -41,11 +48,12 @@
 namespace meshtrain {
 
 struct Fault {
-  enum class Kind { slow, hang, exit };
+  enum class Kind { slow, hang, exit, signal, throw_ };
   Kind kind = Kind::slow;
   int rank = 0;
   std::int64_t step = 1;
   double factor = 4;  // slow only
+  int signal = 0;     // signal only
 };
 
 Result<Fault> parse_fault(const std::string& spec);

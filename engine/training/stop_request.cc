@@ -5,6 +5,8 @@
 #include <atomic>
 #include <mutex>
 
+#include "core/last_words.h"
+
 namespace meshtrain {
 
 namespace {
@@ -12,7 +14,12 @@ namespace {
 std::atomic<int> g_stop_signal{0};
 static_assert(std::atomic<int>::is_always_lock_free, "the signal handler needs a lock-free flag");
 
-extern "C" void on_stop_signal(int signal) { request_stop(signal); }
+extern "C" void on_stop_signal(int signal) {
+  const bool first = stop_signal() == 0;
+  request_stop(signal);
+  // Under mpirun this SIGTERM may be the job's end (a peer died): say where this rank was, while it can.
+  if (first) last_words::announce_stop(signal);
+}
 
 }  // namespace
 
@@ -36,12 +43,6 @@ void request_stop(int signal) {
   g_stop_signal.compare_exchange_strong(none, signal, std::memory_order_relaxed);
 }
 
-const char* stop_signal_name(int signal) {
-  switch (signal) {
-    case SIGTERM: return "SIGTERM";
-    case SIGINT: return "SIGINT";
-    default: return "a signal";
-  }
-}
+const char* stop_signal_name(int signal) { return last_words::signal_name(signal); }
 
 }  // namespace meshtrain

@@ -4,6 +4,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <exception>
+#include <new>
 #include <optional>
 
 #include <nlohmann/json.hpp>
@@ -11,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "core/json_input.h"
+#include "core/last_words.h"
 #include "engine/checkpoint/checkpoint.h"
 #include "engine/export/hf_export.h"
 #include "engine/plan/mesh.h"
@@ -281,6 +284,8 @@ RankRun::RankRun(Backend& b, const ModelSpec& m, const Plan& p, const TrainOptio
       last_step_(o.stop_at > 0 ? o.stop_at : o.steps),
       tokens_per_step_(static_cast<double>(p.effective_global_batch()) * static_cast<double>(io_.throughput_tokens())) {
   if (!faults_.empty()) timer_.on_communication([this](double compute_s) { faults_.before_communication(compute_s); });
+  // A crash on this rank's thread names it (rank threads; under MPI the process is the rank).
+  last_words::set_thread_rank(b.rank());
   engine_ = make_engine(timer_, m, p, o.step);
   share_ = engine_->data_share();
 }
@@ -292,6 +297,8 @@ Status RankRun::open() {
   MT_ASSIGN(const ResumePoint start_at, resume_or_init(b_, *engine_, *data_, m_, p_, o_, run_, leader_));
   first_step_ = start_at.first_step;
   last_saved_ = start_at.last_saved;
+  last_words::set_saved_step(last_saved_);
+  last_words::set_step(0, o_.steps);
   for (const Fault& f : o_.faults)
     if (f.step < first_step_)
       return make_error("--fault-inject {}: step {} is never reached, this run resumes at step {}; inject it at a "
@@ -317,12 +324,14 @@ Status RankRun::save(std::int64_t step, double lr) {
   Status s = save_checkpoint(b_, *engine_, leader_, m_, p_, o_, step, data_->state(), run_);
   if (!s.ok()) return make_error("step {} (lr {:g}): {}; {}", step, lr, s.error().message(), checkpoint_note());
   last_saved_ = step;
+  last_words::set_saved_step(step);
   return s;
 }
 
 Result<StepResult> RankRun::train_step(std::int64_t step, double lr) {
   MT_ASSIGN(std::vector<HostBatch> batches, data_->next(share_.micro_batch, share_.count));
   faults_.begin_step(step);
+  last_words::set_step(step, o_.steps);
   timer_.begin_step();
   std::optional<Result<StepResult>> result;
   try {
@@ -333,6 +342,13 @@ Result<StepResult> RankRun::train_step(std::int64_t step, double lr) {
                             "steps; {}", b_.rank(), step, o_.steps, checkpoint_note());
     if (o_.rank_losses) o_.rank_losses->record_death(b_.rank(), step, died.message());
     return died;
+  } catch (const std::bad_alloc&) {
+    throw;  // main names it: out of memory
+  } catch (const std::exception& e) {
+    // A bug's exception, caught here rather than in main so that the error (under MPI, the job's abort) names
+    // the rank, the step and the last checkpoint.
+    if (o_.rank_losses) o_.rank_losses->record_failure(step);
+    return make_error("step {}: uncaught exception (please report it): {}; {}", step, e.what(), checkpoint_note());
   }
   if (!result->ok()) {
     if (o_.rank_losses) o_.rank_losses->record_failure(step);
@@ -417,6 +433,7 @@ Status RankRun::train() {
     MT_ASSIGN(const StepMetrics sm, measure(result, step, lr, t0));
     add_to_summary(sm);
     MT_ASSIGN(const bool saved, record(sm, lr));
+    last_words::set_step(step, o_.steps, true);
     if (step == last_step_) break;
     MT_TRY(stop_if_requested(step, lr, saved));
   }

@@ -413,6 +413,10 @@ p29 2:lost "mpirun -np 1 exit" -- mpirun -np 1 $T --steps 6 --fault-inject 0:exi
 p29 2:lost "mpirun -np 2 rank 1 exits" -- mpirun -np 2 --oversubscribe $T --steps 6 --dp 2 --fault-inject 1:exit:2
 p29 2 "mpirun -np 1 hang (no peer)" -- mpirun -np 1 $T --steps 4 --fault-inject 0:hang:2 --comm-timeout 1
 p29 2:lost "mpirun -np 2 hang rank 1" -- mpirun -np 2 --oversubscribe $T --steps 4 --dp 2 --fault-inject 1:hang:2 --comm-timeout 1
+# Issue 31: a crash, an abort of the leader and an exception under mpirun name the rank, the signal and the step.
+p29 2:lost "mpirun -np 2 rank 1 SIGSEGV" -- mpirun -np 2 --oversubscribe $T --steps 6 --dp 2 --fault-inject 1:signal:3:SEGV
+p29 2:lost "mpirun -np 2 rank 0 SIGABRT" -- mpirun -np 2 --oversubscribe $T --steps 6 --dp 2 --fault-inject 0:signal:3:ABRT
+p29 2:lost "mpirun -np 2 rank 1 throws" -- mpirun -np 2 --oversubscribe $T --steps 6 --dp 2 --fault-inject 1:throw:3
 C1="$M simulate --model tiny --gpus 1 --cluster local-cpu --precision fp32 --calibration"
 p29 3 "cal unknown key in gemm[0]" -- $C1 $F/cal-gemm-unknown.json
 p29 3 "cal unknown key in collectives[0]" -- $C1 $F/cal-coll-unknown.json

@@ -71,7 +71,7 @@ TEST_CASE("a rank that dies mid-step fails the run, named with its step", "[trai
 
 TEST_CASE("fault-inject specs are checked", "[train][faults]") {
   const std::string base = "train --data " + training_text() + kTrain + " --dp 2 --steps 2 --fault-inject ";
-  CHECK_THAT(run_meshtrain(base + "1:explode:2").out, Catch::Contains("the kind is slow, hang or exit"));
+  CHECK_THAT(run_meshtrain(base + "1:explode:2").out, Catch::Contains("the kind is slow, hang, exit, signal or throw"));
   CHECK_THAT(run_meshtrain(base + "2:exit:1").out, Catch::Contains("rank 2 is outside the world of 2 ranks"));
   CHECK_THAT(run_meshtrain(base + "1:hang:2:3").out, Catch::Contains("only slow takes a factor"));
   CHECK_THAT(run_meshtrain(base + "1:slow").out, Catch::Contains("write RANK:slow:STEP[:FACTOR]"));

@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <chrono>
+#include <csignal>
 #include <thread>
 
 #include "backends/cpu/comm/in_process.h"
@@ -70,4 +71,9 @@ TEST_CASE("fault specs parse", "[train][faults]") {
   CHECK_FALSE(parse_fault("0:hang:0").ok());
   CHECK_FALSE(parse_fault("a:hang:1").ok());
   CHECK_FALSE(parse_fault("0:slow:1:0.5").ok());
+  // A crash names its signal with or without SIG, and prints back without it.
+  CHECK(parse_fault("1:signal:2:SIGSEGV")->signal == SIGSEGV);
+  CHECK(fault_spec(*parse_fault("1:signal:2:ABRT")) == "1:signal:2:ABRT");
+  CHECK(parse_fault("0:throw:4")->kind == Fault::Kind::throw_);
+  CHECK_FALSE(parse_fault("0:signal:1:HUP").ok());
 }

@@ -12,6 +12,7 @@
 
 #include "backends/comm/mpi_environment.h"
 #include "backends/cpu/comm/common.h"
+#include "core/last_words.h"
 
 namespace meshtrain {
 
@@ -135,9 +136,14 @@ Status MpiCommunicator::check_alive(const std::string& where) const {
 
 Status MpiCommunicator::wait_all(std::vector<Pending>& pending, const std::string& where) {
   const auto deadline = Clock::now() + options_.timeout;
+  // A signal that ends this rank while it waits names the peer it waited for (core/last_words.h).
+  struct WaitNotice {
+    ~WaitNotice() { last_words::set_waiting_for(-1); }
+  } notice;
   std::string error;
   for (std::size_t polls = 0;; ++polls) {
     bool done = true;
+    int waiting_for = -1;
     for (auto& p : pending) {
       if (p.request == MPI_REQUEST_NULL) continue;
       int flag = 0;
@@ -149,6 +155,7 @@ Status MpiCommunicator::wait_all(std::vector<Pending>& pending, const std::strin
       }
       if (!flag) {
         done = false;
+        if (waiting_for < 0) waiting_for = p.peer;
         continue;
       }
       if (p.is_recv) {
@@ -162,6 +169,7 @@ Status MpiCommunicator::wait_all(std::vector<Pending>& pending, const std::strin
       }
     }
     if (done && error.empty()) return ok_status();
+    last_words::set_waiting_for(waiting_for);
     if (error.empty() && Clock::now() > deadline) {
       std::vector<int> peers;
       for (auto& p : pending)
