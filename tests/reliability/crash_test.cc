@@ -77,7 +77,7 @@ TEST_CASE("under mpirun the leader aborting is named by itself and by its peer",
   survivor_says(r.out, 1, 0, ckpt);
 }
 
-TEST_CASE("under mpirun a SIGKILLed rank is named by mpirun and placed by the survivor; the run resumes",
+TEST_CASE("under mpirun a SIGKILLed rank is named by mpirun and placed by the survivor, and the run resumes",
           "[reliability][rank_loss][crash][mpi]") {
   // SIGKILL cannot be caught: the dying rank says nothing of its own (the
   // line "fault injected: ..." is the injection's), mpirun names the rank and
