@@ -77,9 +77,10 @@ TEST_CASE("cuda: gemm, every transpose, bias and beta, fp32 and bf16") {
   for (int ta = 0; ta < 2; ++ta)
     for (int tb = 0; tb < 2; ++tb)
       for (int with_bias = 0; with_bias < 2; ++with_bias) {
-        auto run = [&](Backend& be, DType in) {
-          Tensor A = up(be, ta ? Shape{k, m} : Shape{m, k}, a, in);
-          Tensor B = up(be, tb ? Shape{n, k} : Shape{k, n}, b, in);
+        // C = 0.75 · op(A) · op(B) + 0.5 · C0 (+ bias), A and B of values av and bv stored in `in`.
+        auto gemm = [&](Backend& be, const Vec& av, const Vec& bv, DType in) {
+          Tensor A = up(be, ta ? Shape{k, m} : Shape{m, k}, av, in);
+          Tensor B = up(be, tb ? Shape{n, k} : Shape{k, n}, bv, in);
           Tensor C = up(be, {m, n}, c0);
           GemmOp op;
           op.trans_a = ta;
@@ -92,22 +93,10 @@ TEST_CASE("cuda: gemm, every transpose, bias and beta, fp32 and bf16") {
         };
         const std::string what = "gemm ta=" + std::to_string(ta) + " tb=" + std::to_string(tb) +
                                  " bias=" + std::to_string(with_bias);
-        expect_close(run(gpu, DType::f32), run(cpu, DType::f32), kF32, what);
+        expect_close(gemm(gpu, a, b, DType::f32), gemm(cpu, a, b, DType::f32), kF32, what);
         // bf16 inputs, fp32 accumulation: against fp32 math on the rounded inputs.
-        auto ref = [&](Backend& be) {
-          Tensor A = up(be, ta ? Shape{k, m} : Shape{m, k}, bf16_round(a));
-          Tensor B = up(be, tb ? Shape{n, k} : Shape{k, n}, bf16_round(b));
-          Tensor C = up(be, {m, n}, c0);
-          GemmOp op;
-          op.trans_a = ta;
-          op.trans_b = tb;
-          op.alpha = 0.75f;
-          op.beta = 0.5f;
-          if (with_bias) op.bias = up(be, {n}, bias);
-          be.gemm(A, B, C, op);
-          return down(be, C);
-        };
-        expect_close(run(gpu, DType::bf16), ref(cpu), 1e-5, what + " bf16");
+        expect_close(gemm(gpu, a, b, DType::bf16), gemm(cpu, bf16_round(a), bf16_round(b), DType::f32), 1e-5,
+                     what + " bf16");
       }
 }
 
