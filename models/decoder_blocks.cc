@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "models/block_context.h"
+#include "models/vocab_shard.h"
 
 namespace meshtrain {
 
@@ -59,26 +60,18 @@ class TokenEmbedding : public Block {
 
 class LmHead : public Block {
  public:
-  LmHead(const ModelSpec& m, BlockContext& ctx)
-      : m_(m),
-        ctx_(ctx),
-        vocab_rows_(padded_vocab(m, ctx.tp.size) / ctx.tp.size),
-        padding_(ctx.vocab_padding_bias(m.vocab, vocab_rows_)) {}
+  LmHead(const ModelSpec& m, BlockContext& ctx) : m_(m), ctx_(ctx), vocab_(m, ctx) {}
 
   Tensor forward(const MicroBatch& mb, const Tensor& x, std::unique_ptr<Block::Saved>* saved) override {
-    Backend& b = ctx_.b;
     const std::int64_t N = static_cast<std::int64_t>(mb.batch) * mb.seq;
     auto s = std::make_unique<Saved>();
     s->x = x.view(Shape{ctx_.local_rows(N), m_.hidden});
     ctx_.norm_forward("final_norm", s->x, s->nf, s->meanf, s->rstdf);
     // The vocabulary-parallel projection reads every row: gathered under SP (and again in backward).
     const Tensor nf = ctx_.sp ? ctx_.sp_gather(s->nf) : s->nf;
-    s->logits = b.empty(Shape{N, vocab_rows_}, ctx_.act);
-    if (m_.tied_embeddings)
-      b.gemm(nf, ctx_.params["embed.tokens"].value, s->logits, GemmOp{false, true, 1.f, 0.f, padding_});
-    else
-      b.gemm(nf, ctx_.params["head"].value, s->logits, GemmOp{false, false, 1.f, 0.f, padding_});
-    Tensor loss_sum = ctx_.cross_entropy(s->logits, mb, ctx_.tp.rank * vocab_rows_, true, s->row_max, s->sumexp);
+    const bool tied = m_.tied_embeddings;
+    Tensor loss_sum = vocab_.forward(mb, nf, N, ctx_.params[tied ? "embed.tokens" : "head"].value, tied, s->logits,
+                                     s->row_max, s->sumexp);
     if (saved) *saved = std::move(s);
     return loss_sum;
   }
@@ -87,9 +80,7 @@ class LmHead : public Block {
     Backend& b = ctx_.b;
     Saved& s = static_cast<Saved&>(saved);
     const std::int64_t N = static_cast<std::int64_t>(mb.batch) * mb.seq;
-    Tensor dlogits = b.empty(s.logits.shape(), ctx_.act);
-    b.cross_entropy_backward(s.logits, mb.targets, s.row_max, s.sumexp, ctx_.tp.rank * vocab_rows_, loss_scale,
-                             dlogits);
+    Tensor dlogits = vocab_.logits_grad(mb, s.logits, s.row_max, s.sumexp, loss_scale);
     s.logits = Tensor();  // the largest activation: free it before the next allocations
     Tensor dnf = b.empty(Shape{N, m_.hidden}, ctx_.act);
     const Tensor nf = ctx_.sp ? ctx_.sp_gather(s.nf) : s.nf;
@@ -99,10 +90,7 @@ class LmHead : public Block {
       Tensor dw = w.grad;
       b.gemm(dlogits, nf, dw, GemmOp{true, false, 1.f, 1.f});
     } else {
-      const ParamSlot& w = ctx_.params["head"];
-      b.gemm(dlogits, w.value, dnf, GemmOp{false, true});
-      Tensor dw = w.grad;
-      b.gemm(nf, dlogits, dw, GemmOp{true, false, 1.f, 1.f});
+      vocab_.untied_backward(ctx_.params["head"], nf, dlogits, dnf);
     }
     // The head is column-parallel over the vocabulary: its input gradient sums the shards' parts.
     if (ctx_.sp) dnf = ctx_.sp_scatter(dnf);
@@ -119,8 +107,7 @@ class LmHead : public Block {
 
   const ModelSpec& m_;
   BlockContext& ctx_;
-  std::int64_t vocab_rows_;
-  Tensor padding_;  // (vocab_rows_): BlockContext::vocab_padding_bias; undefined without padding
+  VocabShard vocab_;
 };
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include "models/transformer_layer.h"
 #include "models/vision_blocks.h"
 #include "models/vqa_spec.h"
+#include "models/vocab_shard.h"
 
 namespace meshtrain {
 
@@ -156,8 +157,7 @@ class AnswerHead : public Block {
   AnswerHead(const AnswerHeadDef& def, BlockContext& ctx)
       : m_(def.spec()),
         ctx_(ctx),
-        vocab_rows_(padded_vocab(m_, ctx.tp.size) / ctx.tp.size),
-        padding_(ctx.vocab_padding_bias(m_.vocab, vocab_rows_)) {}
+        vocab_(m_, ctx) {}
 
   Tensor forward(const MicroBatch& mb, const Tensor& x_in, std::unique_ptr<Block::Saved>* saved) override {
     Backend& b = ctx_.b;
@@ -167,9 +167,8 @@ class AnswerHead : public Block {
     b.gather_rows(ctx_.all_rows(x_in, C), rows(mb.batch, false), s->answer);
     // Every tp rank normalises the same B rows: the norm is not split.
     ctx_.norm_forward("language.final_norm", s->answer, s->nf, s->mean, s->rstd);
-    s->logits = b.empty(Shape{B, vocab_rows_}, ctx_.act);
-    b.gemm(s->nf, ctx_.params["language.head"].value, s->logits, GemmOp{false, false, 1.f, 0.f, padding_});
-    Tensor loss_sum = ctx_.cross_entropy(s->logits, mb, ctx_.tp.rank * vocab_rows_, true, s->row_max, s->sumexp);
+    Tensor loss_sum = vocab_.forward(mb, s->nf, B, ctx_.params["language.head"].value, false, s->logits, s->row_max,
+                                     s->sumexp);
     if (saved) *saved = std::move(s);
     return loss_sum;
   }
@@ -178,14 +177,9 @@ class AnswerHead : public Block {
     Backend& b = ctx_.b;
     Saved& s = static_cast<Saved&>(saved);
     const std::int64_t B = mb.batch, C = m_.hidden;
-    Tensor dlogits = b.empty(s.logits.shape(), ctx_.act);
-    b.cross_entropy_backward(s.logits, mb.targets, s.row_max, s.sumexp, ctx_.tp.rank * vocab_rows_, loss_scale,
-                             dlogits);
-    const ParamSlot& w = ctx_.params["language.head"];
+    Tensor dlogits = vocab_.logits_grad(mb, s.logits, s.row_max, s.sumexp, loss_scale);
     Tensor dnf = b.empty(Shape{B, C}, ctx_.act);
-    b.gemm(dlogits, w.value, dnf, GemmOp{false, true});
-    Tensor dw = w.grad;
-    b.gemm(s.nf, dlogits, dw, GemmOp{true, false, 1.f, 1.f});
+    vocab_.untied_backward(ctx_.params["language.head"], s.nf, dlogits, dnf);
     // Column-parallel over the vocabulary: the input gradient sums the shards' parts.
     ctx_.tp_all_reduce(dnf);
     Tensor danswer;
@@ -210,8 +204,7 @@ class AnswerHead : public Block {
 
   const ModelSpec& m_;
   BlockContext& ctx_;
-  std::int64_t vocab_rows_;
-  Tensor padding_;  // (vocab_rows_): BlockContext::vocab_padding_bias; undefined without padding
+  VocabShard vocab_;
 };
 
 // Bytes a body block's input takes under full recomputation (the chunk keeps only that).

@@ -56,6 +56,15 @@ Result<int64_t> positive_int(const json& e, const char* key, const char* where, 
   return v;
 }
 
+// The optional boolean field `key` of entry i of list `where`: false when
+// absent; `what` says what its values mean.
+Result<bool> optional_bool(const json& e, const char* key, const char* where, size_t i,
+                           const char* what = "true or false") {
+  if (!e.contains(key)) return false;
+  if (!e[key].is_boolean()) return make_error("{}[{}]: field '{}' must be {}", where, i, key, what);
+  return e[key].get<bool>();
+}
+
 // The fields an entry of each list may hold: every entry is checked against
 // them, so a misspelt field is refused rather than silently left at its default.
 std::vector<std::string> entry_fields_of(std::string_view list) {
@@ -372,12 +381,8 @@ Status read_grouped_gemm(const json& j, Calibration& c) {
     MT_ASSIGN(int64_t k, positive_int(e, "k", "grouped_gemm", i));
     MT_ASSIGN(double us, positive(e, "time_us", "grouped_gemm", i));
     MT_ASSIGN(DType dt, gemm_dtype_of(e, "grouped_gemm", i));
-    bool wgrad = false;
-    if (e.contains("wgrad")) {
-      if (!e["wgrad"].is_boolean())
-        return make_error("grouped_gemm[{}]: field 'wgrad' must be true (weight gradients) or false (forward)", i);
-      wgrad = e["wgrad"].get<bool>();
-    }
+    MT_ASSIGN(bool wgrad,
+              optional_bool(e, "wgrad", "grouped_gemm", i, "true (weight gradients) or false (forward)"));
     MT_ASSIGN(Calibration::Spread sp, spread_of(e, "grouped_gemm", i));
     c.grouped_gemm.push_back({groups, rows, n, k, dt, us, wgrad, sp});
   }
@@ -393,18 +398,8 @@ Status read_attention(const json& j, Calibration& c) {
     MT_ASSIGN(int64_t s, positive_int(e, "seq", "attention", i));
     MT_ASSIGN(int64_t d, positive_int(e, "head_dim", "attention", i));
     MT_ASSIGN(double us, positive(e, "time_us", "attention", i));
-    bool causal = false;
-    if (e.contains("causal")) {
-      if (!e["causal"].is_boolean())
-        return make_error("attention[{}]: field 'causal' must be true or false", i);
-      causal = e["causal"].get<bool>();
-    }
-    bool backward = false;
-    if (e.contains("backward")) {
-      if (!e["backward"].is_boolean())
-        return make_error("attention[{}]: field 'backward' must be true or false", i);
-      backward = e["backward"].get<bool>();
-    }
+    MT_ASSIGN(bool causal, optional_bool(e, "causal", "attention", i));
+    MT_ASSIGN(bool backward, optional_bool(e, "backward", "attention", i));
     MT_ASSIGN(Calibration::Spread sp, spread_of(e, "attention", i));
     c.attention.push_back({bh, s, d, causal, us, backward, sp});
   }

@@ -79,6 +79,14 @@ Result<CachingAllocator::Allocation> CachingAllocator::allocate(std::size_t byte
   return Allocation{reinterpret_cast<void*>(b->addr), b->size, b};
 }
 
+void CachingAllocator::absorb_next(Block* b) {
+  Block* n = b->next;
+  b->size += n->size;
+  b->next = n->next;
+  if (n->next) n->next->prev = b;
+  delete n;
+}
+
 void CachingAllocator::return_block(Block* b) {
   b->allocated = false;
   Pool& pool = pool_of(b);
@@ -86,19 +94,12 @@ void CachingAllocator::return_block(Block* b) {
   if (b->prev && !b->prev->allocated) {
     Block* p = b->prev;
     pool.erase(p);
-    p->size += b->size;
-    p->next = b->next;
-    if (b->next) b->next->prev = p;
-    delete b;
+    absorb_next(p);  // frees b
     b = p;
   }
   if (b->next && !b->next->allocated) {
-    Block* n = b->next;
-    pool.erase(n);
-    b->size += n->size;
-    b->next = n->next;
-    if (n->next) n->next->prev = b;
-    delete n;
+    pool.erase(b->next);
+    absorb_next(b);
   }
   pool.insert(b);
 }

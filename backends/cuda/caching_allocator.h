@@ -109,6 +109,8 @@ class CachingAllocator {
   Pool& pool_of(const Block* b) { return b->small ? small_ : large_; }
   Block* take_from_pool(Pool& pool, std::size_t size, int stream);
   void return_block(Block* b);  // marks free, merges neighbours, pools it
+  // Merges b's next block (out of any pool) into b, which keeps its address, and frees its record.
+  static void absorb_next(Block* b);
   void poll_pending();
   void release_free_segments();
 

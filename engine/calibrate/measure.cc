@@ -119,6 +119,21 @@ std::function<void()> rotating(std::vector<std::function<void()>> calls) {
 
 // Members 0 and 1 of g exchange x once each way under `tag` (0 sends first):
 // the round trip that send/recv and link timing measure.
+// `count` samples of a communication op on group g: each after a barrier of
+// the group, the seconds per call of `iters` calls, synchronized.
+Result<std::vector<double>> samples_after_barriers(Backend& b, const Group& g, int count, int iters,
+                                                   const std::function<void()>& op) {
+  std::vector<double> samples;
+  for (int s = 0; s < count; ++s) {
+    b.barrier(g);
+    const auto t0 = Clock::now();
+    for (int i = 0; i < iters; ++i) op();
+    MT_TRY(b.synchronize());
+    samples.push_back(since(t0) / iters);
+  }
+  return samples;
+}
+
 void round_trip(Backend& b, Tensor& x, const Group& g, int me, int tag) {
   if (me == 0) {
     b.send(x, g.ranks[1], tag);
@@ -383,14 +398,7 @@ Result<std::vector<sim::Calibration::Collective>> measure_collectives(
       const int iters = static_cast<int>(
           std::clamp(std::ceil(t.min_sample_s / std::max(1e-9, static_cast<double>(host[0]))), 1.0,
                      1e5));
-      std::vector<double> samples;
-      for (int s = 0; s < t.samples; ++s) {
-        b.barrier(g);
-        const auto t0 = Clock::now();
-        for (int i = 0; i < iters; ++i) op();
-        MT_TRY(b.synchronize());
-        samples.push_back(since(t0) / iters);
-      }
+      MT_ASSIGN(std::vector<double> samples, samples_after_barriers(b, g, t.samples, iters, op));
       if (kind == CollectiveKind::kSendRecv)
         for (double& s : samples) s /= 2;  // one message of the round trip
       double median_us = 0;
@@ -419,14 +427,8 @@ Result<sim::Calibration::Link> measure_link(Backend& b, const Group& g, double b
     };
     const int iters = 64;
     op();
-    std::vector<double> samples;
-    for (int s = 0; s < t.samples; ++s) {
-      b.barrier(g);
-      const auto t0 = Clock::now();
-      for (int i = 0; i < iters; ++i) op();
-      MT_TRY(b.synchronize());
-      samples.push_back(since(t0) / iters / 2);
-    }
+    MT_ASSIGN(std::vector<double> samples, samples_after_barriers(b, g, t.samples, iters, op));
+    for (double& s : samples) s /= 2;  // one message of the round trip
     double median_us = 0;
     spread_of(samples, 1, median_us);
     return median_us;

@@ -24,7 +24,10 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SMALL_GPT = os.path.join(HERE, "..", "validation", "cpu-loop", "small-gpt.json")
+CPU_LOOP = os.path.join(HERE, "..", "validation", "cpu-loop")
+SMALL_GPT = os.path.join(CPU_LOOP, "small-gpt.json")
+sys.path.insert(0, CPU_LOOP)
+from idx_images import write_images  # noqa: E402  (the cpu loop's synthetic image set)
 # (label, model, global batch, seq or None for images, calibration workloads)
 MODELS = [
     ("small-gpt", SMALL_GPT, 16, 128, [f"{SMALL_GPT}:{b}:128" for b in (1, 4)]),
@@ -48,17 +51,6 @@ def kendall(a, b):
             c += s > 0
             d += s < 0
     return (c - d) / max(1, c + d)
-
-
-def write_images(path):
-    """A synthetic 28×28 IDX set (MNIST layout): timing does not depend on the pixels."""
-    os.makedirs(path, exist_ok=True)
-    for prefix, n in (("train", 2048), ("t10k", 256)):
-        head = lambda magic, dims: b"".join(v.to_bytes(4, "big") for v in [magic] + dims)
-        with open(os.path.join(path, prefix + "-images-idx3-ubyte"), "wb") as f:
-            f.write(head(0x803, [n, 28, 28]) + bytes((i * 2654435761 >> 13) & 255 for i in range(n * 784)))
-        with open(os.path.join(path, prefix + "-labels-idx1-ubyte"), "wb") as f:
-            f.write(head(0x801, [n]) + bytes(i % 10 for i in range(n)))
 
 
 def main():

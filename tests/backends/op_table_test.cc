@@ -29,6 +29,18 @@ std::unique_ptr<SimCluster> sim_cluster(int world = 2) {
   return std::move(c).value();
 }
 
+// Hands every op's sample of 4 x 8 fp32 values on `b` to check(op, sample),
+// under the op's name; a sample that cannot be built fails the test.
+template <class F>
+void for_each_sample(Backend& b, F&& check) {
+  for (const OpInfo& op : op_table()) {
+    INFO(op.name);
+    auto sample = op.sample(b, SampleShape{4, 8, DType::f32});
+    REQUIRE(sample.ok());
+    check(op, *sample);
+  }
+}
+
 // Runs every sample of class other than p2p on `b` (point to point needs two ranks: below); returns the
 // ops whose sample or run failed, with why.
 std::vector<std::string> run_samples(Backend& b, bool p2p) {
@@ -107,15 +119,11 @@ TEST_CASE("op table: every op is named, described and costed, once", "[op_table]
 
 TEST_CASE("op table: every sample costs positive FLOPs or bytes of its op's class", "[op_table]") {
   auto cluster = sim_cluster();
-  SimBackend& b = cluster->backend(0);
-  for (const OpInfo& op : op_table()) {
-    INFO(op.name);
-    auto sample = op.sample(b, SampleShape{4, 8, DType::f32});
-    REQUIRE(sample.ok());
-    CHECK(sample->cost.cls == op.cls);
-    CHECK((sample->cost.flops > 0 || sample->cost.bytes > 0));
-    if (op.cls == CostClass::gemm || op.cls == CostClass::attention) CHECK(sample->cost.flops > 0);
-  }
+  for_each_sample(cluster->backend(0), [](const OpInfo& op, OpSample& sample) {
+    CHECK(sample.cost.cls == op.cls);
+    CHECK((sample.cost.flops > 0 || sample.cost.bytes > 0));
+    if (op.cls == CostClass::gemm || op.cls == CostClass::attention) CHECK(sample.cost.flops > 0);
+  });
 }
 
 TEST_CASE("op table: the cpu backend runs every op's sample", "[op_table]") {
@@ -140,15 +148,12 @@ TEST_CASE("op table: the cpu backend runs every op's sample", "[op_table]") {
 TEST_CASE("op table: the sim backend runs every op's sample and times its compute", "[op_table]") {
   auto cluster = sim_cluster();
   SimBackend& b = cluster->backend(0);
-  for (const OpInfo& op : op_table()) {
-    INFO(op.name);
-    auto sample = op.sample(b, SampleShape{4, 8, DType::f32});
-    REQUIRE(sample.ok());
+  for_each_sample(b, [&](const OpInfo& op, OpSample& sample) {
     const double before = b.compute_seconds();
-    sample->run();
+    sample.run();
     if (op.cls == CostClass::memory || op.cls == CostClass::gemm || op.cls == CostClass::attention)
       CHECK(b.compute_seconds() > before);
-  }
+  });
   REQUIRE(b.synchronize().ok());
 }
 

@@ -8,6 +8,7 @@
 #include "backends/cpu/cpu_backend.h"
 #include "engine/calibrate/grouped_grid.h"
 #include "engine/calibrate/measure.h"
+#include "tests/calibrate/quick_timing.h"
 
 using namespace meshtrain;
 
@@ -33,10 +34,7 @@ TEST_CASE("the grouped grid covers rows per expert at expert shapes, forward and
 
 TEST_CASE("grouped GEMMs are measured on the cpu backend, one entry per shape", "[calibrate][moe]") {
   CpuBackend b(CpuBackendOptions{1});
-  calibrate::Timing quick;
-  quick.samples = 3;
-  quick.min_sample_s = 1e-4;
-  quick.max_cold_bytes = 1 << 16;
+  const calibrate::Timing quick = testing::quick_timing(3, 1e-4);
   const std::vector<calibrate::GroupedGemmShape> shapes = {{3, 4, 8, 16, false, DType::f32, DType::f32},
                                                            {3, 4, 8, 16, true, DType::f32, DType::f32},
                                                            {2, 64, 32, 48, false, DType::f32, DType::f32}};

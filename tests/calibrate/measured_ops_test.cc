@@ -10,6 +10,7 @@
 #include "backends/cpu/cpu_backend.h"
 #include "backends/op_table.h"
 #include "engine/calibrate/measure.h"
+#include "tests/calibrate/quick_timing.h"
 
 using namespace meshtrain;
 
@@ -37,10 +38,7 @@ TEST_CASE("calibration measures every memory-bound and host op of the table", "[
 
 TEST_CASE("each measurement runs its op and records the bytes the simulator counts", "[calibrate][op_table]") {
   CpuBackend b(CpuBackendOptions{1});
-  calibrate::Timing quick;
-  quick.samples = 1;
-  quick.min_sample_s = 1e-6;
-  quick.max_cold_bytes = 1 << 16;
+  const calibrate::Timing quick = testing::quick_timing(1, 1e-6);
   std::vector<calibrate::OpShape> shapes;
   for (const std::string& op : calibrate::measured_ops()) shapes.push_back({op, 4, 8, DType::f32});
   auto entries = calibrate::measure_ops(b, shapes, quick, {}, 1, {});

@@ -105,13 +105,25 @@ TEST_CASE("cpu clip_coefficient", "[cpu]") {
   CHECK(cpu::clip_coefficient<double>(0.0, 1.0) == 1.0);
 }
 
+// Parameters, gradients and moments of n elements drawn from rng in that
+// order, the second moments squared (a variance is not negative).
+struct AdamWInputs {
+  Vec p, g, m, v;
+};
+AdamWInputs random_adamw_inputs(std::mt19937_64& rng, std::int64_t n) {
+  AdamWInputs in;
+  in.p = testing::random_vec(rng, n);
+  in.g = testing::random_vec(rng, n);
+  in.m = testing::random_vec(rng, n, 0.1);
+  in.v = testing::random_vec(rng, n, 0.1);
+  for (double& x : in.v) x = x * x;
+  return in;
+}
+
 TEST_CASE("cpu adamw: one step against a hand-written reference", "[cpu]") {
   std::mt19937_64 rng(testing::seed_for("adamw"));
   const std::int64_t n = 1000;
-  const Vec p0 = testing::random_vec(rng, n), g = testing::random_vec(rng, n);
-  const Vec m0 = testing::random_vec(rng, n, 0.1);
-  Vec v0 = testing::random_vec(rng, n, 0.1);
-  for (double& x : v0) x = x * x;
+  const auto [p0, g, m0, v0] = random_adamw_inputs(rng, n);
   const AdamWOp op{1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 3};
   const double coef = 0.5;
   CpuBackend be;
@@ -146,10 +158,7 @@ TEST_CASE("cpu adamw: one step against a hand-written reference", "[cpu]") {
 TEST_CASE("cpu adamw with a frozen variance (1-bit Adam): v keeps its bits, corrected as at its step", "[cpu]") {
   std::mt19937_64 rng(testing::seed_for("adamw frozen variance"));
   const std::int64_t n = 1000;
-  const Vec p0 = testing::random_vec(rng, n), g = testing::random_vec(rng, n);
-  const Vec m0 = testing::random_vec(rng, n, 0.1);
-  Vec v0 = testing::random_vec(rng, n, 0.1);
-  for (double& x : v0) x = x * x;
+  const auto [p0, g, m0, v0] = random_adamw_inputs(rng, n);
   AdamWOp op{1e-2f, 0.9f, 0.95f, 1e-8f, 0.f, 40};
   op.variance_frozen_at = 7;
   CpuBackend be;

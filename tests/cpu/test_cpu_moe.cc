@@ -43,6 +43,16 @@ Route naive_route(const Vec& logits, bool renormalize, const std::vector<std::in
   return r;
 }
 
+// The cpu backend's router on (N, E) logits.
+struct Routed {
+  Tensor probs, lse, weights, experts;
+};
+Routed route(CpuBackend& b, const Vec& logits, bool renormalize) {
+  Routed r{b.empty({N, E}), b.empty({N}), b.empty({N, K}), b.empty({N, K}, DType::i32)};
+  b.moe_route(upload(b, {N, E}, logits), renormalize, r.probs, r.lse, r.weights, r.experts);
+  return r;
+}
+
 }  // namespace
 
 TEST_CASE("moe_route: softmax, top-k in descending order with ties to the lower expert, renormalised or not",
@@ -53,14 +63,12 @@ TEST_CASE("moe_route: softmax, top-k in descending order with ties to the lower 
   for (bool renormalize : {true, false}) {
     INFO("renormalize " << renormalize);
     CpuBackend b;
-    Tensor l = upload(b, {N, E}, logits), probs = b.empty({N, E}), lse = b.empty({N}), w = b.empty({N, K});
-    Tensor experts = b.empty({N, K}, DType::i32);
-    b.moe_route(l, renormalize, probs, lse, w, experts);
+    const Routed r = route(b, logits, renormalize);
     const Route ref = naive_route(logits, renormalize);
-    CHECK(rel_err(download(b, probs), ref.probs) < 1e-6);
-    CHECK(rel_err(download(b, lse), ref.lse) < 1e-6);
-    CHECK(rel_err(download(b, w), ref.weights) < 1e-6);
-    const Vec got = download(b, experts);
+    CHECK(rel_err(download(b, r.probs), ref.probs) < 1e-6);
+    CHECK(rel_err(download(b, r.lse), ref.lse) < 1e-6);
+    CHECK(rel_err(download(b, r.weights), ref.weights) < 1e-6);
+    const Vec got = download(b, r.experts);
     for (int i = 0; i < N * K; ++i) CHECK(got[i] == ref.experts[i]);
     CHECK(got[3 * K] == 1);
     CHECK(got[3 * K + 1] == 3);
@@ -74,11 +82,9 @@ TEST_CASE("moe_route_backward matches central differences of weights, balance an
   for (bool renormalize : {true, false}) {
     INFO("renormalize " << renormalize);
     CpuBackend b;
-    Tensor l = upload(b, {N, E}, logits), probs = b.empty({N, E}), lse = b.empty({N}), w = b.empty({N, K});
-    Tensor experts = b.empty({N, K}, DType::i32);
-    b.moe_route(l, renormalize, probs, lse, w, experts);
+    const Routed routed = route(b, logits, renormalize);
     Tensor dl = b.empty({N, E});
-    b.moe_route_backward(upload(b, {N, K}, dweights), probs, lse, experts, upload(b, {E}, prob_grad),
+    b.moe_route_backward(upload(b, {N, K}, dweights), routed.probs, routed.lse, routed.experts, upload(b, {E}, prob_grad),
                          static_cast<float>(z_scale), renormalize, dl);
     const std::vector<std::int32_t> chosen = naive_route(logits, renormalize).experts;
     auto objective = [&] {

@@ -85,6 +85,15 @@ inline double expect_close(const Vec& got, const Vec& want, double tol, const st
   return err;
 }
 
+// run(gpu) against run(cpu) (expect_close), and a second run(gpu) the same
+// bits as the first: a deterministic kernel.
+template <class Run>
+void expect_close_and_repeatable(Backend& gpu, Backend& cpu, Run&& run, double tol, const std::string& what) {
+  const Vec g = run(gpu);
+  expect_close(g, run(cpu), tol, what);
+  CHECK(run(gpu) == g);
+}
+
 // v as stored in dtype d and read back (what a 16-bit tensor holds).
 inline Vec round_to(Vec v, DType d) {
   for (auto& x : v) {

@@ -7,6 +7,7 @@
 #include "backends/cpu/cpu_backend.h"
 #include "engine/generate/generation.h"
 #include "tests/cuda/cuda_test_util.h"
+#include "tests/models/model_specs.h"
 
 using namespace meshtrain;
 using namespace meshtrain::cuda::testing;
@@ -14,11 +15,9 @@ using namespace meshtrain::cuda::testing;
 namespace {
 
 ModelSpec llama_moe() {
-  ModelSpec m;
+  ModelSpec m = meshtrain::testing::llama_layers({});
   m.name = "llama-moe-test";
   m.layers = 2, m.hidden = 64, m.heads = 4, m.kv_heads = 2, m.ffn = 32, m.vocab = 96, m.seq_len = 48;
-  m.tied_embeddings = false, m.bias = false;
-  m.norm = NormKind::rmsnorm, m.activation = Activation::swiglu, m.position = PositionKind::rope;
   m.experts = 4, m.top_k = 2, m.dense_layers = 1, m.dense_ffn = 96;
   return m;
 }

@@ -77,9 +77,10 @@ TEST_CASE("cuda: gemm, every transpose, bias and beta, fp32 and bf16") {
   for (int ta = 0; ta < 2; ++ta)
     for (int tb = 0; tb < 2; ++tb)
       for (int with_bias = 0; with_bias < 2; ++with_bias) {
-        auto run = [&](Backend& be, DType in) {
-          Tensor A = up(be, ta ? Shape{k, m} : Shape{m, k}, a, in);
-          Tensor B = up(be, tb ? Shape{n, k} : Shape{k, n}, b, in);
+        // C = 0.75 · op(A) · op(B) + 0.5 · C0 (+ bias), A and B of values av and bv stored in `in`.
+        auto gemm = [&](Backend& be, const Vec& av, const Vec& bv, DType in) {
+          Tensor A = up(be, ta ? Shape{k, m} : Shape{m, k}, av, in);
+          Tensor B = up(be, tb ? Shape{n, k} : Shape{k, n}, bv, in);
           Tensor C = up(be, {m, n}, c0);
           GemmOp op;
           op.trans_a = ta;
@@ -92,22 +93,10 @@ TEST_CASE("cuda: gemm, every transpose, bias and beta, fp32 and bf16") {
         };
         const std::string what = "gemm ta=" + std::to_string(ta) + " tb=" + std::to_string(tb) +
                                  " bias=" + std::to_string(with_bias);
-        expect_close(run(gpu, DType::f32), run(cpu, DType::f32), kF32, what);
+        expect_close(gemm(gpu, a, b, DType::f32), gemm(cpu, a, b, DType::f32), kF32, what);
         // bf16 inputs, fp32 accumulation: against fp32 math on the rounded inputs.
-        auto ref = [&](Backend& be) {
-          Tensor A = up(be, ta ? Shape{k, m} : Shape{m, k}, bf16_round(a));
-          Tensor B = up(be, tb ? Shape{n, k} : Shape{k, n}, bf16_round(b));
-          Tensor C = up(be, {m, n}, c0);
-          GemmOp op;
-          op.trans_a = ta;
-          op.trans_b = tb;
-          op.alpha = 0.75f;
-          op.beta = 0.5f;
-          if (with_bias) op.bias = up(be, {n}, bias);
-          be.gemm(A, B, C, op);
-          return down(be, C);
-        };
-        expect_close(run(gpu, DType::bf16), ref(cpu), 1e-5, what + " bf16");
+        expect_close(gemm(gpu, a, b, DType::bf16), gemm(cpu, bf16_round(a), bf16_round(b), DType::f32), 1e-5,
+                     what + " bf16");
       }
 }
 
@@ -123,9 +112,7 @@ TEST_CASE("cuda: batched gemm and bias backward") {
     be.batched_gemm(A, B, C, op);
     Tensor DY = up(be, {1000, n}, dy), db = up(be, {n}, Vec(static_cast<std::size_t>(n), 1.f));
     be.bias_backward(DY, db);
-    Vec out = down(be, C), dbv = down(be, db);
-    out.insert(out.end(), dbv.begin(), dbv.end());
-    return out;
+    return down_all(be, {&C, &db});
   };
   expect_close(run(gpu), run(cpu), kF32, "batched gemm + bias_backward");
 }
@@ -143,13 +130,9 @@ TEST_CASE("cuda: embedding forward and deterministic backward with a vocab shard
     b.embedding_forward(T, I, O, offset);
     Tensor D = up(b, {N, C}, dout), dT = up(b, {V, C}, table);
     b.embedding_backward(D, I, dT, offset);
-    Vec out = down(b, O), dt = down(b, dT);
-    out.insert(out.end(), dt.begin(), dt.end());
-    return out;
+    return down_all(b, {&O, &dT});
   };
-  const Vec g = run(gpu);
-  expect_close(g, run(cpu), kF32, "embedding");
-  CHECK(run(gpu) == g);
+  expect_close_and_repeatable(gpu, cpu, run, kF32, "embedding");
 }
 
 // A vocabulary shard of gpt2's size and a skewed id stream: one id takes half
@@ -168,9 +151,7 @@ TEST_CASE("cuda: embedding backward with many repeated ids and a large vocabular
     b.embedding_backward(D, I, dT, offset);
     return down(b, dT);
   };
-  const Vec g = run(gpu);
-  expect_close(g, run(cpu), kF32, "embedding backward, V=49257 N=16384");
-  CHECK(run(gpu) == g);
+  expect_close_and_repeatable(gpu, cpu, run, kF32, "embedding backward, V=49257 N=16384");
 }
 
 TEST_CASE("cuda: layernorm and rmsnorm forward and backward") {
@@ -187,16 +168,9 @@ TEST_CASE("cuda: layernorm and rmsnorm forward and backward") {
     Tensor O2 = b.empty({N, C}), r2 = b.empty({N}), dX2 = b.empty({N, C}), dW2 = up(b, {C}, w);
     b.rmsnorm_forward(X, W, O2, r2, 1e-6f);
     b.rmsnorm_backward(D, X, W, r2, dX2, dW2);
-    Vec out;
-    for (const Tensor* t : {&O, &mean, &rstd, &dX, &dW, &dB, &O2, &r2, &dX2, &dW2}) {
-      Vec v = down(b, *t);
-      out.insert(out.end(), v.begin(), v.end());
-    }
-    return out;
+    return down_all(b, {&O, &mean, &rstd, &dX, &dW, &dB, &O2, &r2, &dX2, &dW2});
   };
-  const Vec g = run(gpu);
-  expect_close(g, run(cpu), kF32, "norms");
-  CHECK(run(gpu) == g);
+  expect_close_and_repeatable(gpu, cpu, run, kF32, "norms");
 }
 
 TEST_CASE("cuda: gelu, swiglu and counter-based dropout") {
@@ -216,12 +190,7 @@ TEST_CASE("cuda: gelu, swiglu and counter-based dropout") {
     const DropoutOp op{0.3f, 1234, 777};
     b.dropout_forward(X, dr, op);
     b.dropout_backward(D, bdr, op);
-    Vec out;
-    for (const Tensor* t : {&g, &dg, &s, &ds, &dr, &bdr}) {
-      Vec v = down(b, *t);
-      out.insert(out.end(), v.begin(), v.end());
-    }
-    return out;
+    return down_all(b, {&g, &dg, &s, &ds, &dr, &bdr});
   };
   const Vec g = run(gpu), c = run(cpu);
   expect_close(g, c, kF32, "activations and dropout");
@@ -266,12 +235,7 @@ Vec attention_outputs(Backend& b, DType dt, const AttentionOp& op, std::int64_t 
   Tensor dQKV = b.empty({B, T, W, D}, dt);
   b.attention_forward(QKV, O, L, op);
   b.attention_backward(DO, QKV, O, L, dQKV, op);
-  Vec out;
-  for (const Tensor* t : {&O, &L, &dQKV}) {
-    Vec v = down(b, *t);
-    out.insert(out.end(), v.begin(), v.end());
-  }
-  return out;
+  return down_all(b, {&O, &L, &dQKV});
 }
 
 }  // namespace
@@ -353,12 +317,7 @@ TEST_CASE("cuda: vocab-parallel cross-entropy phases") {
     b.cross_entropy_partials(Lg, Tg, mx, offset, se, tl);
     b.cross_entropy_loss(mx, se, tl, loss);
     b.cross_entropy_backward(Lg, Tg, mx, se, offset, 0.25f, dl);
-    Vec out;
-    for (const Tensor* t : {&mx, &se, &tl, &loss, &dl}) {
-      Vec v = down(b, *t);
-      out.insert(out.end(), v.begin(), v.end());
-    }
-    return out;
+    return down_all(b, {&mx, &se, &tl, &loss, &dl});
   };
   expect_close(run(gpu), run(cpu), kF32, "cross-entropy");
 }
@@ -381,12 +340,7 @@ TEST_CASE("cuda: clip coefficient and AdamW") {
     op.step = 3;
     b.adamw(P, G, M, Vv, coef, op);
     b.adamw(P, G, M, Vv, Tensor(), op);
-    Vec out;
-    for (const Tensor* t : {&P, &M, &Vv, &coef}) {
-      Vec x = down(b, *t);
-      out.insert(out.end(), x.begin(), x.end());
-    }
-    return out;
+    return down_all(b, {&P, &M, &Vv, &coef});
   };
   expect_close(run(gpu), run(cpu), kF32, "clip + adamw");
 }

@@ -20,12 +20,7 @@ using testing::TempDir;
 
 namespace {
 
-std::string read(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+std::string read(const std::string& path) { return testing::read_file(path); }
 
 void write(const std::string& path, const std::string& bytes) { testing::write_file(path, bytes); }
 

@@ -1,35 +1,14 @@
-// The small GPT-2 and Llama shaped models the export tests map, and
-// parameters for them.
+// The small GPT-2, Llama and Mixtral shaped models the export tests map
+// (the first two: tests/models/model_specs.h), and parameters for them.
 #pragma once
 
 #include <random>
 
 #include "engine/export/hf_export.h"
 #include "models/parameters.h"
+#include "tests/models/model_specs.h"
 
 namespace meshtrain::testing {
-
-// `tiny` with 2 layers of 16 tokens: hidden 64, 4 heads, vocab 256, tied.
-inline ModelSpec tiny_gpt2() {
-  ModelSpec m = *model_preset("tiny");
-  m.layers = 2;
-  m.seq_len = 16;
-  return m;
-}
-
-// Its Llama sibling: RMSNorm, SwiGLU of width 96, rope, 2 kv heads, untied, no biases.
-inline ModelSpec tiny_llama() {
-  ModelSpec m = tiny_gpt2();
-  m.name = "tiny-llama";
-  m.norm = NormKind::rmsnorm;
-  m.activation = Activation::swiglu;
-  m.position = PositionKind::rope;
-  m.tied_embeddings = false;
-  m.bias = false;
-  m.kv_heads = 2;
-  m.ffn = 96;
-  return m;
-}
 
 // Its Mixtral sibling: 4 SwiGLU experts of width 32, top 2, renormalised.
 inline ModelSpec tiny_mixtral() {

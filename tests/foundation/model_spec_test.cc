@@ -7,16 +7,10 @@
 
 #include "models/model_spec.h"
 #include "models/parameters.h"
+#include "tests/models/model_specs.h"
 
 using namespace meshtrain;
-
-namespace {
-ModelSpec preset(const std::string& name) {
-  auto m = model_preset(name);
-  REQUIRE(m.ok());
-  return *m;
-}
-}  // namespace
+using testing::preset;
 
 TEST_CASE("GPT-2 124M has 124,439,808 parameters", "[model]") {
   // Tied embeddings, vocab 50257, 1024 learned positions (HF gpt2 num_parameters()).

@@ -8,17 +8,16 @@
 #include "backends/cpu/cpu_backend.h"
 #include "engine/generate/generation.h"
 #include "engine/generate/text_model.h"
+#include "tests/models/model_specs.h"
 
 using namespace meshtrain;
 
 namespace {
 
 ModelSpec small_llama() {
-  ModelSpec m;
+  ModelSpec m = testing::llama_layers({});
   m.name = "loop-test";
   m.layers = 2, m.hidden = 32, m.heads = 4, m.kv_heads = 2, m.ffn = 48, m.vocab = 32, m.seq_len = 24;
-  m.tied_embeddings = false, m.bias = false;
-  m.norm = NormKind::rmsnorm, m.activation = Activation::swiglu, m.position = PositionKind::rope;
   return m;
 }
 

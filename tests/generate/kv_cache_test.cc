@@ -12,6 +12,7 @@
 #include "backends/cpu/cpu_backend.h"
 #include "models/cached_decoder.h"
 #include "models/model_chunk.h"
+#include "tests/models/model_specs.h"
 
 using namespace meshtrain;
 
@@ -25,11 +26,9 @@ ModelSpec gpt_spec() {
 }
 
 ModelSpec llama_spec() {
-  ModelSpec m;
+  ModelSpec m = testing::llama_layers({});
   m.name = "llama-test";
   m.layers = 2, m.hidden = 32, m.heads = 4, m.kv_heads = 2, m.ffn = 48, m.vocab = 48, m.seq_len = 20;
-  m.tied_embeddings = false, m.bias = false;
-  m.norm = NormKind::rmsnorm, m.activation = Activation::swiglu, m.position = PositionKind::rope;
   m.norm_eps = 1e-6f, m.rope_theta = 500.f;
   return m;
 }

@@ -8,30 +8,14 @@
 #include "backends/cpu/cpu_backend.h"
 #include "models/model_chunk.h"
 #include "tests/models/directional_derivatives.h"
+#include "tests/models/model_specs.h"
 
 using namespace meshtrain;
 
 namespace {
 
-ModelSpec tiny_gpt2() {
-  ModelSpec m = *model_preset("tiny");
-  m.layers = 2;
-  m.seq_len = 16;
-  return m;
-}
-
-ModelSpec tiny_llama() {
-  ModelSpec m = tiny_gpt2();
-  m.name = "tiny-llama";
-  m.norm = NormKind::rmsnorm;
-  m.activation = Activation::swiglu;
-  m.position = PositionKind::rope;
-  m.tied_embeddings = false;
-  m.bias = false;
-  m.kv_heads = 2;
-  m.ffn = 96;
-  return m;
-}
+using testing::tiny_gpt2;
+using testing::tiny_llama;
 
 using Fixture = testing::TokenModel;
 

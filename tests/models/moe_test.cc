@@ -17,16 +17,13 @@
 #include "models/moe_routing.h"
 #include "models/parameters.h"
 #include "tests/models/directional_derivatives.h"
+#include "tests/models/model_specs.h"
 
 using namespace meshtrain;
 
 namespace {
 
-ModelSpec preset(const std::string& name) {
-  auto m = model_preset(name);
-  REQUIRE(m.ok());
-  return *m;
-}
+using testing::preset;
 
 // The parameter count written out from the architecture, not from the
 // blocks' tables: attention, norms, the dense or MoE MLP per layer, the

@@ -10,10 +10,10 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <string>
 
 #include "tests/run_meshtrain.h"
+#include "tests/training/temp_dir.h"
 
 namespace fs = std::filesystem;
 
@@ -25,12 +25,7 @@ fs::path scratch(const std::string& name) {
   return dir / name;
 }
 
-std::string contents(const fs::path& p) {
-  std::ifstream in(p);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+std::string contents(const fs::path& p) { return meshtrain::testing::read_file(p); }
 
 int count(const std::string& text, const std::string& what) {
   int n = 0;

@@ -11,17 +11,13 @@
 #include <string>
 
 #include "tests/run_meshtrain.h"
+#include "tests/training/temp_dir.h"
 
 namespace meshtrain::testing {
 
 namespace fs = std::filesystem;
 
-inline fs::path scratch(const std::string& name) {
-  fs::path dir = fs::temp_directory_path() / ("meshtrain-reliability-" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  fs::remove_all(dir / name);
-  return dir / name;
-}
+inline fs::path scratch(const std::string& name) { return scratch_path("reliability", name); }
 
 inline std::string write_text(const std::string& name, const std::string& text) {
   const fs::path p = scratch(name);

@@ -14,18 +14,14 @@
 #include "core/host_memory.h"
 #include "core/input_file.h"
 #include "core/json_input.h"
+#include "tests/training/temp_dir.h"
 
 using namespace meshtrain;
 namespace fs = std::filesystem;
 
 namespace {
 
-fs::path scratch(const std::string& name) {
-  fs::path dir = fs::temp_directory_path() / ("meshtrain-input-test-" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  fs::remove_all(dir / name);
-  return dir / name;
-}
+fs::path scratch(const std::string& name) { return testing::scratch_path("input-test", name); }
 
 template <class T>
 std::string error_of(const Result<T>& r) {

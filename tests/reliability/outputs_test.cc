@@ -5,21 +5,16 @@
 
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <string>
 
 #include "tests/reliability/cli.h"
+#include "tests/training/temp_dir.h"
 
 using namespace meshtrain::testing;
 
 namespace {
 
-std::string contents(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+std::string contents(const fs::path& p) { return read_file(p); }
 
 // Runs `args`, expects the refusal naming both flags, and the input unchanged.
 void refused_keeping(const std::string& args, const fs::path& input, const std::string& out_flag,

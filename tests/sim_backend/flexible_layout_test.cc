@@ -11,16 +11,13 @@
 #include "engine/memory/memory_model.h"
 #include "engine/plan/plan.h"
 #include "models/parameters.h"
+#include "tests/models/model_specs.h"
 
 using namespace meshtrain;
 
 namespace {
 
-ModelSpec llama405b() {
-  auto m = model_preset("llama3-405b");
-  REQUIRE(m.ok());
-  return *m;
-}
+ModelSpec llama405b() { return testing::preset("llama3-405b"); }
 
 StageSplit accounted(int pp, int vpp, bool embedding, bool loss) {
   StageSplit s{pp, vpp};

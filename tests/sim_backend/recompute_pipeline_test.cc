@@ -26,19 +26,7 @@ namespace {
 constexpr int kLayersPerStage = 2;
 
 // A vocabulary of 256 keeps the embedding and the head negligible next to the layers.
-ModelSpec uniform_gpt(int layers) {
-  ModelSpec m;
-  m.name = "uniform";
-  m.layers = layers;
-  m.hidden = 8192;
-  m.heads = 64;
-  m.kv_heads = 64;
-  m.ffn = 32768;
-  m.vocab = 256;
-  m.seq_len = 2048;
-  m.tied_embeddings = false;
-  return m;
-}
+ModelSpec uniform_gpt(int layers) { return uniform_model(layers, 8192, 64); }
 
 // dgx-h100 with links a thousand times faster: a pipeline hop costs its
 // latency only, so the step is the schedule of the compute alone.

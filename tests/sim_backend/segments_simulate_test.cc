@@ -28,6 +28,13 @@ Plan segmented(const ModelSpec& m, Plan base, const char* segments) {
   return base;
 }
 
+// The plan segments refine: fp32, of the given global and micro-batch.
+Plan fp32_plan(int global_batch, int micro_batch) {
+  Plan p;
+  p.global_batch = global_batch, p.micro_batch = micro_batch, p.precision = Precision::fp32;
+  return p;
+}
+
 SimulationResult simulate(const ModelSpec& m, const Plan& p) { return simulated(m, p, on_cluster("dgx-a100")); }
 
 const RegionResult& region(const SimulationResult& r, const std::string& name) {
@@ -63,9 +70,7 @@ TEST_CASE("a boundary between disjoint ranks sends the activations once and thei
 
 TEST_CASE("a boundary on the same ranks moves by all-to-all only what changes rank", "[sim][segments]") {
   const ModelSpec m = *model_preset("swin-fmnist");
-  Plan base;
-  base.global_batch = 64, base.micro_batch = 16, base.precision = Precision::fp32;
-  const Plan p = segmented(m, base, R"([
+  const Plan p = segmented(m, fp32_plan(64, 16), R"([
       {"modules": ["embed"], "dp": 4},
       {"modules": ["stage1", "stage2"], "tp": 2, "dp": 2},
       {"modules": ["stage3", "stage4", "head"], "pp": 4, "microbatches": 4}])");
@@ -97,9 +102,7 @@ TEST_CASE("the bytes all ranks send are the ring algorithms' wire bytes", "[sim]
 
 TEST_CASE("a plan made of segments simulates a few ranks per class of ranks that act alike", "[sim][segments]") {
   const ModelSpec m = *model_preset("swin-fmnist");
-  Plan base;
-  base.global_batch = 64, base.micro_batch = 4, base.precision = Precision::fp32;
-  const Plan p = segmented(m, base, R"([
+  const Plan p = segmented(m, fp32_plan(64, 4), R"([
       {"modules": ["embed"], "dp": 16},
       {"modules": ["stage1", "stage2"], "tp": 2, "dp": 8},
       {"modules": ["stage3", "stage4", "head"], "pp": 2, "dp": 8, "microbatches": 4}])");
@@ -171,9 +174,7 @@ TEST_CASE("a plan made of segments on disjoint ranks: representatives agree with
 TEST_CASE("a plan made of segments without tensor parallelism waits for no model-parallel communication",
           "[sim][segments]") {
   const ModelSpec m = *model_preset("swin-fmnist");
-  Plan base;
-  base.global_batch = 64, base.micro_batch = 16, base.precision = Precision::fp32;
-  const Plan p = segmented(m, base, R"([
+  const Plan p = segmented(m, fp32_plan(64, 16), R"([
       {"modules": ["embed"], "dp": 4},
       {"modules": ["stage1", "stage2"], "dp": 4},
       {"modules": ["stage3", "stage4", "head"], "pp": 4, "microbatches": 4}])");

@@ -33,6 +33,15 @@ std::unique_ptr<SimCluster> unfused_cluster(float attention_dropout) {
 // Ranks 0..7 on one node; only rank 0 is simulated.
 const Group kNodeTp{1, {0, 1, 2, 3, 4, 5, 6, 7}};
 
+// The bf16 operands of the (4096, 1024) · (1024, 2048) GEMM whose output the tests all-reduce over kNodeTp.
+struct GemmOperands {
+  Tensor a, w, c;
+};
+GemmOperands tp_gemm_operands(Backend& b) {
+  return {b.empty(Shape{4096, 1024}, DType::bf16), b.empty(Shape{1024, 2048}, DType::bf16),
+          b.empty(Shape{4096, 2048}, DType::bf16)};
+}
+
 double gemm_seconds(const SimCluster& cluster, std::int64_t m, std::int64_t n, std::int64_t k) {
   return static_cast<double>(cluster.cost_model().gemm(m, n, k, sim::DType::kBf16)) / 1e12;
 }
@@ -71,8 +80,7 @@ TEST_CASE("sim backend: a gemm takes the cost model's time, a solo tp all-reduce
           "[sim_backend]") {
   auto cluster = make_cluster(8, {0});
   SimBackend& b = cluster->backend(0);
-  Tensor a = b.empty(Shape{4096, 1024}, DType::bf16), w = b.empty(Shape{1024, 2048}, DType::bf16);
-  Tensor c = b.empty(Shape{4096, 2048}, DType::bf16);
+  auto [a, w, c] = tp_gemm_operands(b);
   b.gemm(a, w, c, {});
   b.all_reduce(c, kNodeTp, ReduceOp::sum);
   auto r = cluster->run();
@@ -96,8 +104,7 @@ TEST_CASE("sim backend: the compute stream's own compute is reported apart from 
   // (exposed communication, engine/simulation/simulation.h, would be clamped to 0).
   auto cluster = make_cluster(8, {0});
   SimBackend& b = cluster->backend(0);
-  Tensor a = b.empty(Shape{4096, 1024}, DType::bf16), w = b.empty(Shape{1024, 2048}, DType::bf16);
-  Tensor c = b.empty(Shape{4096, 2048}, DType::bf16);
+  auto [a, w, c] = tp_gemm_operands(b);
   Tensor w2 = b.empty(Shape{1024, 8192}, DType::bf16), c2 = b.empty(Shape{4096, 8192}, DType::bf16);
   const Stream side = b.create_stream("side");
   b.set_stream(side);

@@ -24,6 +24,23 @@ inline ModelSpec small_gpt() {
   return s;
 }
 
+// A GPT of `layers` wide layers (width `hidden`, `heads` heads, an MLP of
+// 4·hidden) over 2048 tokens with a vocabulary of 256, untied: each
+// pipeline stage's work is its layers, the embedding and head are negligible.
+inline ModelSpec uniform_model(int layers, int hidden, int heads) {
+  ModelSpec m;
+  m.name = "uniform";
+  m.layers = layers;
+  m.hidden = hidden;
+  m.heads = heads;
+  m.kv_heads = heads;
+  m.ffn = 4 * hidden;
+  m.vocab = 256;
+  m.seq_len = 2048;
+  m.tied_embeddings = false;
+  return m;
+}
+
 inline sim::ClusterSpec preset(std::string_view name) {
   auto spec = sim::cluster_preset(name);
   REQUIRE(spec.ok());

@@ -44,19 +44,7 @@ SimulationResult simulate(const ModelSpec& m, const Plan& p, bool check_memory =
 // Wide layers and a tiny vocabulary: each stage's work is its transformer
 // layers, and a micro-batch's compute (∝ tokens·h²·layers) dwarfs the
 // activation it sends to the next stage (∝ tokens·h).
-ModelSpec uniform_model() {
-  ModelSpec m;
-  m.name = "uniform";
-  m.layers = 32;
-  m.hidden = 2048;
-  m.heads = 16;
-  m.kv_heads = 16;
-  m.ffn = 8192;
-  m.vocab = 256;
-  m.seq_len = 2048;
-  m.tied_embeddings = false;
-  return m;
-}
+ModelSpec uniform_model() { return sim_testing::uniform_model(32, 2048, 16); }
 
 
 }  // namespace

@@ -5,15 +5,13 @@
 #include <chrono>
 #include <numeric>
 
+#include "tests/simulator/executor_fixture.h"
+
 using namespace meshtrain::sim;
 
 namespace {
 
-Cluster make(const std::string& preset, int gpus) {
-  auto c = Cluster::build(*cluster_preset(preset), gpus);
-  REQUIRE(c.ok());
-  return std::move(c).value();
-}
+using testing::make;
 
 std::vector<int> iota(int n) {
   std::vector<int> v(n);

@@ -1,4 +1,5 @@
-// What the executor tests share: a cluster, a stream, a stream's report.
+// What the simulator's tests share: a cluster (of a preset; dgx-h100 by
+// default), a stream, a stream's report.
 #pragma once
 
 #include <catch2/catch.hpp>
@@ -9,11 +10,13 @@
 
 namespace meshtrain::sim::testing {
 
-inline Cluster make(int gpus) {
-  auto c = Cluster::build(*cluster_preset("dgx-h100"), gpus);
+inline Cluster make(const std::string& preset, int gpus) {
+  auto c = Cluster::build(*cluster_preset(preset), gpus);
   REQUIRE(c.ok());
   return std::move(c).value();
 }
+
+inline Cluster make(int gpus) { return make("dgx-h100", gpus); }
 
 inline StreamId st(Executor& e, int dev, const char* name) {
   auto s = e.stream(dev, name);

@@ -7,16 +7,13 @@
 
 #include "simulator/network.h"
 #include "simulator/topology.h"
+#include "tests/simulator/executor_fixture.h"
 
 using namespace meshtrain::sim;
 
 namespace {
 
-Cluster make(const std::string& preset, int gpus) {
-  auto c = Cluster::build(*cluster_preset(preset), gpus);
-  REQUIRE(c.ok());
-  return std::move(c).value();
-}
+using testing::make;
 
 // The route is a connected walk from src to dst over working links.
 void check_walk(const Cluster& c, const Route& r, int src, int dst) {

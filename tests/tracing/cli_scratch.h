@@ -8,16 +8,11 @@
 #include <fstream>
 #include <string>
 
+#include "tests/training/temp_dir.h"
+
 namespace meshtrain::testing {
 
-inline std::filesystem::path trace_scratch(const std::string& name) {
-  namespace fs = std::filesystem;
-  fs::path dir = fs::temp_directory_path() / ("meshtrain-trace-test-" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  fs::path p = dir / name;
-  fs::remove_all(p);
-  return p;
-}
+inline std::filesystem::path trace_scratch(const std::string& name) { return scratch_path("trace-test", name); }
 
 // 20 KB of text: enough for the tiny model's sequences and a held-out tail.
 inline std::string training_text() {

@@ -10,7 +10,6 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -20,25 +19,16 @@
 #include "engine/data/token_dataset.h"
 #include "engine/data/tokenizer.h"
 #include "tests/run_meshtrain.h"
+#include "tests/training/temp_dir.h"
 
 namespace fs = std::filesystem;
 using namespace meshtrain;
 
 namespace {
 
-fs::path scratch(const std::string& name) {
-  fs::path dir = fs::temp_directory_path() / ("meshtrain-tokenize-test-" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  fs::remove_all(dir / name);
-  return dir / name;
-}
+fs::path scratch(const std::string& name) { return testing::scratch_path("tokenize-test", name); }
 
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using testing::read_file;
 
 std::string write_file(const std::string& name, const std::string& text) {
   const fs::path p = scratch(name);

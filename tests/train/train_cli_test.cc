@@ -14,18 +14,14 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/run_meshtrain.h"
+#include "tests/training/temp_dir.h"
 
 namespace fs = std::filesystem;
 
 namespace {
 
 
-fs::path scratch(const std::string& name) {
-  fs::path p = fs::temp_directory_path() / ("meshtrain-train-test-" + std::to_string(::getpid())) / name;
-  fs::remove_all(p);
-  fs::create_directories(p.parent_path());
-  return p;
-}
+fs::path scratch(const std::string& name) { return meshtrain::testing::scratch_path("train-test", name); }
 
 // Text every checkout has: the project's own sources and docs.
 std::string corpus() {

@@ -11,14 +11,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tests/training/temp_dir.h"
+
 namespace meshtrain::testing {
 
 // <temp>/meshtrain-<suite>-<pid>/<name>, empty.
 inline std::filesystem::path train_scratch(const std::string& suite, const std::string& name) {
-  namespace fs = std::filesystem;
-  fs::path p = fs::temp_directory_path() / ("meshtrain-" + suite + "-" + std::to_string(::getpid())) / name;
-  fs::remove_all(p);
-  fs::create_directories(p);
+  std::filesystem::path p = scratch_path(suite, name);
+  std::filesystem::create_directories(p);
   return p;
 }
 

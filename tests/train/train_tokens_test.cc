@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/run_meshtrain.h"
+#include "tests/training/temp_dir.h"
 #include "tests/training/token_files.h"
 
 namespace fs = std::filesystem;
@@ -21,12 +22,7 @@ using namespace meshtrain::testing;
 
 namespace {
 
-fs::path scratch(const std::string& name) {
-  fs::path p = fs::temp_directory_path() / ("meshtrain-tokens-test-" + std::to_string(::getpid())) / name;
-  fs::remove_all(p);
-  fs::create_directories(p.parent_path());
-  return p;
-}
+fs::path scratch(const std::string& name) { return meshtrain::testing::scratch_path("tokens-test", name); }
 
 std::vector<double> losses(const fs::path& metrics) {
   std::vector<double> out;

@@ -1,5 +1,6 @@
 // A fresh directory under the system temp dir, removed with everything in it
-// when the test ends.
+// when the test ends; a named scratch path kept for the process's tests;
+// whole files written and read.
 #pragma once
 
 #include <unistd.h>
@@ -32,6 +33,17 @@ class TempDir {
  private:
   std::filesystem::path path_;
 };
+
+// `name` in this process's scratch folder of `suite` (meshtrain-SUITE-PID
+// under the system temp dir, created if need be), emptied of what an earlier
+// run left there.
+inline std::filesystem::path scratch_path(const std::string& suite, const std::string& name) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("meshtrain-" + suite + "-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::filesystem::remove_all(dir / name);
+  return dir / name;
+}
 
 inline void write_file(const std::string& path, std::string_view bytes) {
   std::ofstream(path, std::ios::binary)

@@ -433,15 +433,21 @@ void MpiCommunicator::reap_sends() {
   }
 }
 
-Status MpiCommunicator::send(std::span<const float> data, int peer, int tag) {
-  const std::string at = fmt::format("rank {}: send to rank {} (tag {})", rank_, peer, tag);
+Status MpiCommunicator::check_point_to_point(std::size_t count, int peer, int tag,
+                                             const std::string& at) {
   MT_TRY(check_alive(at));
   if (peer < 0 || peer >= world_)
     return fail(make_error("{}: no such rank in a world of {}", at, world_));
   if (tag < 0 || tag > tag_ub_)
     return fail(make_error("{}: tag is outside the MPI tag range [0, {}]", at, tag_ub_));
-  if (data.size() > static_cast<std::size_t>(INT_MAX))
-    return fail(make_error("{}: {} elements exceed the MPI count limit of {}", at, data.size(), INT_MAX));
+  if (count > static_cast<std::size_t>(INT_MAX))
+    return fail(make_error("{}: {} elements exceed the MPI count limit of {}", at, count, INT_MAX));
+  return ok_status();
+}
+
+Status MpiCommunicator::send(std::span<const float> data, int peer, int tag) {
+  const std::string at = fmt::format("rank {}: send to rank {} (tag {})", rank_, peer, tag);
+  MT_TRY(check_point_to_point(data.size(), peer, tag, at));
   reap_sends();
   BufferedSend& s = sends_.emplace_back();
   s.data.assign(data.begin(), data.end());
@@ -457,13 +463,7 @@ Status MpiCommunicator::send(std::span<const float> data, int peer, int tag) {
 
 Status MpiCommunicator::recv(std::span<float> data, int peer, int tag) {
   const std::string at = fmt::format("rank {}: recv from rank {} (tag {})", rank_, peer, tag);
-  MT_TRY(check_alive(at));
-  if (peer < 0 || peer >= world_)
-    return fail(make_error("{}: no such rank in a world of {}", at, world_));
-  if (tag < 0 || tag > tag_ub_)
-    return fail(make_error("{}: tag is outside the MPI tag range [0, {}]", at, tag_ub_));
-  if (data.size() > static_cast<std::size_t>(INT_MAX))
-    return fail(make_error("{}: {} elements exceed the MPI count limit of {}", at, data.size(), INT_MAX));
+  MT_TRY(check_point_to_point(data.size(), peer, tag, at));
   reap_sends();
   std::vector<Pending> pending(1);
   pending[0].peer = peer;

@@ -165,6 +165,10 @@ class MpiCommunicator final : public Communicator {
   void reap_sends();
   Error fail(Error e);
   Status check_alive(const std::string& where) const;
+  // What send and recv of `count` elements check first (`at` names the
+  // call): the communicator is alive, `peer` is a rank, `tag` and `count`
+  // are within MPI's limits; a bad peer, tag or count poisons it.
+  Status check_point_to_point(std::size_t count, int peer, int tag, const std::string& at);
 
   CommOptions options_;
   int rank_ = 0;

@@ -28,6 +28,8 @@ import subprocess
 import sys
 import tempfile
 
+from idx_images import write_images
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SMALL = os.path.join(HERE, "small-gpt.json")
 
@@ -81,17 +83,6 @@ def common(workload, flags, microbatches):
     seq = ["--seq-len", str(t)] if t else []
     return ["--model", model, "--micro-batch", str(b)] + seq + [
             "--global-batch", str(b * dp * microbatches)] + flags
-
-
-def write_images(path):
-    """A synthetic 28×28 IDX set (MNIST layout): timing does not depend on the pixels."""
-    os.makedirs(path, exist_ok=True)
-    for prefix, n in (("train", 2048), ("t10k", 256)):
-        head = lambda magic, dims: b"".join(v.to_bytes(4, "big") for v in [magic] + dims)
-        with open(os.path.join(path, prefix + "-images-idx3-ubyte"), "wb") as f:
-            f.write(head(0x803, [n, 28, 28]) + bytes((i * 2654435761 >> 13) & 255 for i in range(n * 784)))
-        with open(os.path.join(path, prefix + "-labels-idx1-ubyte"), "wb") as f:
-            f.write(head(0x801, [n]) + bytes(i % 10 for i in range(n)))
 
 
 def data_for(workload, text, images):
