@@ -101,6 +101,9 @@ class BlockContext {
   // Precision fp8 (models/fp8_linear.h): when set, the column- and
   // row-parallel linears run their GEMMs on FP8 operands scaled by it.
   Fp8Scaling* fp8 = nullptr;
+  // `x`, or its FP8 cast when `kind` of linear `name` runs in FP8 (linear,
+  // linear_backward, and the MoE layer's grouped expert GEMMs).
+  Tensor fp8_operand(const std::string& name, LinearKind kind, Fp8Operand which, const Tensor& x, Fp8Cast cast);
 
   // Zero-bubble schedules (engine/schedule/builders.h, ZB-H1): when set,
   // linear_backward leaves its parameter gradients (dW, db) here as work
@@ -132,8 +135,6 @@ class BlockContext {
   Stream tp_stream();
 
  private:
-  // `x`, or its FP8 cast when `kind` of linear `name` runs in FP8.
-  Tensor fp8_operand(const std::string& name, LinearKind kind, Fp8Operand which, const Tensor& x, Fp8Cast cast);
   // y (N, out) = gather(x) · W [+ op.bias] with the gather pipelined row block by row block.
   void ring_gather_gemm(const Tensor& x, const Tensor& w, Tensor& y, const GemmOp& op);
 

@@ -21,11 +21,13 @@ Fp8Format format_of(int operand) {
 }  // namespace
 
 bool is_fp8_linear(const ParamInfo& p) {
-  return p.matmul && !p.expert && (p.split == TpSplit::column || p.split == TpSplit::row) &&
-         p.name.ends_with(kWeightSuffix);
+  if (!p.matmul || (p.split != TpSplit::column && p.split != TpSplit::row)) return false;
+  return p.expert || p.name.ends_with(kWeightSuffix);
 }
 
 std::string fp8_linear_name(const ParamInfo& p) {
+  // A routed experts' grouped weight (E, in, out) has no ".weight": it is named as its linear.
+  if (p.expert) return p.name;
   return p.name.substr(0, p.name.size() - std::string_view(kWeightSuffix).size());
 }
 

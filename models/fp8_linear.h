@@ -18,10 +18,15 @@
 // tensor sharded over ranks uses the single-rank run's scale, bit for bit.
 //
 // Which linears: the tensor-parallel ones (column and row; TpSplit column or
-// row, not experts): the transformer layers' QKV, attention output, MLP up
-// and down, and MoE shared experts. Replicated linears (a patch embedding,
-// Swin's patch merging, a classifier head, a VQA projector), the vocabulary
-// projection, attention itself and routed experts stay in fp32.
+// row): the transformer layers' QKV, attention output, MLP up and down, MoE
+// shared experts, and the routed experts' grouped up and down GEMMs.
+// Replicated linears (a patch embedding, Swin's patch merging, a classifier
+// head, a VQA projector), the vocabulary projection and attention itself
+// stay in fp32. The routed experts have one scale per grouped tensor, where
+// TE's GroupedLinear keeps one per expert, and their amax would need the
+// expert-data-parallel group: the cpu backend does not train them in fp8
+// (engine/step/fp8_training.h refuses models with experts), and the sim
+// backend costs their casts, whose bytes are the same either way.
 //
 // Under full recomputation the recomputed forward quantizes its operands a
 // second time: the same values with the step's fixed scales, so the same FP8
@@ -55,7 +60,7 @@ inline constexpr int kFp8Operands = 3;
 
 // Whether `p` is the weight of a linear layer whose GEMMs run in FP8.
 bool is_fp8_linear(const ParamInfo& p);
-// The linear's name ("layers.0.attn.qkv") of such a weight.
+// The linear's name ("layers.0.attn.qkv"; a routed experts' weight's own name) of such a weight.
 std::string fp8_linear_name(const ParamInfo& p);
 
 // Where a cast is made: as a real FP8 run makes it, or again where a real run

@@ -127,6 +127,12 @@ void MoeMlp::expert_gemm(const Tensor& a, const Tensor& b, Tensor& c, const Gemm
   if (!as.empty()) ctx_.b.grouped_gemm(as, bs, cs, op);
 }
 
+Tensor MoeMlp::fp8_operand(const char* linear, Fp8Operand which, const Tensor& x, Fp8Cast cast, std::int64_t rows) {
+  // No rows routed here: no GEMM, so no cast (the weight's included).
+  if (rows == 0) return x;
+  return ctx_.fp8_operand(name(linear), LinearKind::column, which, x, cast);
+}
+
 void MoeMlp::activation_forward(const Tensor& up, Tensor& act) {
   if (activation_ == Activation::gelu) ctx_.b.gelu_forward(up, act);
   else ctx_.b.swiglu_forward(up, act);
@@ -317,14 +323,15 @@ Tensor MoeMlp::forward(const MicroBatch& mb, std::int64_t tokens, const Tensor& 
 
   // The experts: one GEMM per local expert over its rows (this rank's slice
   // of each expert's matrices under etp).
-  const Tensor& w_up = ctx_.params[name("up")].value;
-  const Tensor& w_down = ctx_.params[name("down")].value;
+  const Tensor w_up = fp8_operand("up", Fp8Operand::weight, ctx_.params[name("up")].value, Fp8Cast::made, M);
+  const Tensor w_down = fp8_operand("down", Fp8Operand::weight, ctx_.params[name("down")].value, Fp8Cast::made, M);
   s->up = b.empty(Shape{M, up_width}, ctx_.act);
   s->act = b.empty(Shape{M, F}, ctx_.act);
   Tensor down = b.empty(Shape{M, C}, ctx_.act);
-  expert_gemm(s->grouped, w_up, s->up, GemmOp{}, s->expert_rows);
+  const Tensor grouped = fp8_operand("up", Fp8Operand::input, s->grouped, Fp8Cast::made, M);
+  expert_gemm(grouped, w_up, s->up, GemmOp{}, s->expert_rows);
   if (M > 0) activation_forward(s->up, s->act);
-  expert_gemm(s->act, w_down, down, GemmOp{}, s->expert_rows);
+  expert_gemm(fp8_operand("down", Fp8Operand::input, s->act, Fp8Cast::made, M), w_down, down, GemmOp{}, s->expert_rows);
 
   // Back (summed over the etp slices) to the tokens' ranks, in send order,
   // and the weighted sum per token: each tp rank holds its tokens' outputs whole.
@@ -375,11 +382,21 @@ Tensor MoeMlp::backward(const MicroBatch& mb, Block::Saved& saved, const Tensor&
   GemmOp dgrad, wgrad;  // dx = dy · Wᵀ; dW += xᵀ · dy
   dgrad.trans_b = true;
   wgrad.trans_a = true, wgrad.beta = 1.f;
-  expert_gemm(ddown, down.value, dact, dgrad, s.expert_rows);
-  expert_gemm(s.act, ddown, down_grad, wgrad, s.expert_rows);
-  if (M > 0) activation_backward(dact, s.up, dup);
-  expert_gemm(dup, up.value, dgrouped, dgrad, s.expert_rows);
-  expert_gemm(s.grouped, dup, up_grad, wgrad, s.expert_rows);
+  // FP8: as a linear's backward (BlockContext::linear_backward), both GEMMs read the output
+  // gradient's cast, dgrad the weight's and wgrad the input's (the forward's).
+  {  // the casts (under fp8) and the operands they stand for go before the frees below
+    const Tensor ddown_q = fp8_operand("down", Fp8Operand::grad, ddown, Fp8Cast::made, M);
+    const Tensor w_down = fp8_operand("down", Fp8Operand::weight, down.value, Fp8Cast::kept, M);
+    expert_gemm(ddown_q, w_down, dact, dgrad, s.expert_rows);
+    const Tensor act = fp8_operand("down", Fp8Operand::input, s.act, Fp8Cast::kept, M);
+    expert_gemm(act, ddown_q, down_grad, wgrad, s.expert_rows);
+    if (M > 0) activation_backward(dact, s.up, dup);
+    const Tensor dup_q = fp8_operand("up", Fp8Operand::grad, dup, Fp8Cast::made, M);
+    const Tensor w_up = fp8_operand("up", Fp8Operand::weight, up.value, Fp8Cast::kept, M);
+    expert_gemm(dup_q, w_up, dgrouped, dgrad, s.expert_rows);
+    const Tensor grouped = fp8_operand("up", Fp8Operand::input, s.grouped, Fp8Cast::kept, M);
+    expert_gemm(grouped, dup_q, up_grad, wgrad, s.expert_rows);
+  }
   ddown = dact = dup = Tensor();
   // The input gradients summed over the etp slices, back to the tokens' ranks.
   Tensor dsent = exchange(from_experts(dgrouped, s), s.recv_rows, s.send_rows);

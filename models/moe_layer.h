@@ -47,6 +47,7 @@
 #include <string>
 
 #include "models/block.h"
+#include "models/fp8_linear.h"
 #include "models/parameters.h"
 
 namespace meshtrain {
@@ -108,6 +109,9 @@ class MoeMlp {
   // weight gradients c (El, ., .) += a_eᵀ · b_e.
   void expert_gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp& op,
                    const std::vector<std::int64_t>& expert_rows);
+  // `x`, or its FP8 cast under precision fp8 (BlockContext::fp8_operand), for a GEMM of expert
+  // linear `linear` ("up", "down") over `rows` grouped rows.
+  Tensor fp8_operand(const char* linear, Fp8Operand which, const Tensor& x, Fp8Cast cast, std::int64_t rows);
   void activation_forward(const Tensor& up, Tensor& act);
   void activation_backward(const Tensor& dact, const Tensor& up, Tensor& dup);
   std::string name(const char* what) const { return prefix_ + "." + what; }

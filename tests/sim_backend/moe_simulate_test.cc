@@ -224,3 +224,44 @@ TEST_CASE("every MoE preset simulates with expert, tensor and pipeline paralleli
     CHECK(r.moe->all_to_all_s > 0);
   }
 }
+
+TEST_CASE("fp8: the routed experts' grouped GEMMs cast their operands as Transformer Engine does", "[sim][moe][fp8]") {
+  // 8 experts over ep 4 (2 local experts per rank), top 2, uniform routing: each rank's experts
+  // receive M = 4 · 1280 · 2 · 2 / 8 = 2560 rows per micro-batch of 1280 tokens, two micro-batches a
+  // step. (1280 tokens keep every cast size below apart from the attention's.)
+  const ModelSpec m = small_moe();
+  Plan p = moe_plan(m, 1, 1, 4, 4);
+  p.global_batch = 8;
+  p.seq_len = 1280;
+  auto run = [&](Precision precision) {
+    p.precision = precision;
+    SimulateOptions o;
+    o.cluster = *sim::cluster_preset("dgx-h100");
+    o.moe_routing = *MoeRouting::parse("uniform");
+    o.trace = true;
+    auto r = simulate_iteration(m, p, o);
+    REQUIRE(r.ok());
+    return std::move(r).value();
+  };
+  CHECK(durations_of(run(Precision::bf16).trace_json, "fp8_cast").empty());
+  const std::vector<double> casts = durations_of(run(Precision::fp8).trace_json, "fp8_cast");
+  const sim::CostModel cost(sim::cluster_preset("dgx-h100")->device, sim::CostConstants{});
+  // A cast of n bf16 elements reads 2 bytes and writes the FP8 value and its transpose, 1 + 1.
+  auto cast_us = [&](std::int64_t n) {
+    return sim::to_seconds(cost.memory_bound(4.0 * static_cast<double>(n) + 8, "fp8_cast")) * 1e6;
+  };
+  auto count = [&](std::int64_t n) {
+    return std::count_if(casts.begin(), casts.end(), [&](double d) { return d == Approx(cast_us(n)).epsilon(1e-9); });
+  };
+  const std::int64_t M = 2560, C = m.hidden, F = m.ffn, El = 2;
+  // Per layer and step: each weight once (up (El, C, 2F), down (El, F, C)); per micro-batch the up
+  // GEMM's input (M, C), the down GEMM's (M, F), and in backward the down output's gradient (M, C) and
+  // the up output's (M, 2F). The backward GEMMs read the forward's input and weight casts.
+  const auto weights = count(El * C * 2 * F);
+  REQUIRE(weights > 0);
+  CHECK(weights % m.layers == 0);
+  CHECK(count(El * F * C) == weights);
+  CHECK(count(M * C) == 2 * 2 * weights);  // the up input and the down gradient, two micro-batches
+  CHECK(count(M * F) == 2 * weights);
+  CHECK(count(M * 2 * F) == 2 * weights);
+}
