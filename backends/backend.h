@@ -256,6 +256,11 @@ class Backend {
   virtual std::string_view name() const = 0;
   virtual int rank() const = 0;        // global rank of this backend
   virtual int world_size() const = 0;
+  // Whether the backend computes values (cpu, cuda), or only shapes, costs
+  // and memory (sim): where an op's output is there only for its cost (an
+  // FP8 cast, models/fp8_linear.h), a caller may then let it alias its input
+  // and keep the memory a run without it would hold.
+  virtual bool holds_values() const { return true; }
 
   // ---- memory --------------------------------------------------------------
   // Uninitialised storage of `shape` (sim: no storage, only bookkeeping).

@@ -45,6 +45,7 @@ class BackendWrapper : public Backend {
   std::string_view name() const override { return target_.name(); }
   int rank() const override { return target_.rank(); }
   int world_size() const override { return target_.world_size(); }
+  bool holds_values() const override { return target_.holds_values(); }
   Tensor empty(const Shape& shape, DType dtype = DType::f32) override {
     return target_.empty(shape, dtype);
   }

@@ -39,7 +39,9 @@
 // made; a weight once a step, at its first micro-batch (TE keeps the cast
 // over the step's micro-batches); the backward GEMMs' input and weight are
 // the forward's casts, which a real run kept and the emulation casts again
-// at no cost. The cpu backend trains this way (exact emulation); the sim
+// at no cost in time. On a backend that holds no values (the sim) a cast's
+// output is its input, so memory is the bf16 run's plus what the memory
+// model adds for FP8 (engine/plan/fp8_recipe.h). The cpu backend trains this way (exact emulation); the sim
 // backend costs the casts (and times the GEMMs at FP8, use_fp8_gemms).
 #pragma once
 

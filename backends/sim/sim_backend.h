@@ -75,6 +75,7 @@ class SimBackend final : public Backend {
   std::string_view name() const override { return "sim"; }
   int rank() const override { return rank_; }
   int world_size() const override { return world_size_; }
+  bool holds_values() const override { return false; }
   int job() const { return job_; }
   int device() const { return device_; }
 

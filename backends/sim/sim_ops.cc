@@ -103,6 +103,9 @@ void SimBackend::sum_squares(const Tensor& x, Tensor& out, bool) {
 
 void SimBackend::fp8_cast(const Tensor& x, const Fp8CastOp& op, Tensor& y, Tensor& amax) {
   check(x, "fp8_cast"), check(y, "fp8_cast"), check(amax, "fp8_cast");
+  if (x.numel() != y.numel() || amax.numel() != 1)
+    misuse("fp8_cast: x {} into y {} with amax {} (one element)", x.shape().str(), y.shape().str(),
+           amax.shape().str());
   if (op.copies <= 0) return;  // a cast a real run kept: no kernel
   const Tensor* tensors[] = {&x, &y, &amax};
   OpArgs args{tensors};

@@ -37,7 +37,8 @@ Status check_fp8_device(const sim::DeviceSpec& d);
 // Bytes a rank of pipeline stage `stage` holds under `p` (precision fp8) more
 // than under the same plan in bf16: its FP8 weight copies less the saved GEMM
 // inputs kept at 1 byte instead of 2 (negative when activations dominate).
-// The sim backend allocates the bf16 run's tensors; a simulated fp8 peak adds this.
+// The sim backend allocates the bf16 run's tensors (an FP8 cast there is costed, not held:
+// models/fp8_linear.h); a simulated fp8 peak adds this.
 double fp8_extra_bytes(const ModelSpec& m, const Plan& p, int stage);
 
 }  // namespace meshtrain

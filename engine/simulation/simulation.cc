@@ -336,7 +336,8 @@ Status apply_calibration(const std::string& file, const std::string& transport, 
   MT_TRY(sim::check_calibration_device(calibration, options.cluster).context(fmt::format("--calibration '{}'", file)));
   // After the device: another machine's times are wrong whatever their dtype. fp16 costs as bf16
   // (sim::DType), so a bf16 calibration stands for both.
-  // An fp8 run is a bf16 one but for its linear GEMMs, which a bf16 file's "fp8" GEMM entries time.
+  // An fp8 run is a bf16 one but for its linear GEMMs, which a bf16 file's "fp8" GEMM entries time,
+  // and their operands' casts (memory-bound, as the file's fp8_cast entries or its memory curve).
   const sim::DType run = precision == Precision::fp32 ? sim::DType::kFp32 : sim::DType::kBf16;
   MT_TRY(sim::check_calibration_precision(calibration, run).context(fmt::format("--calibration '{}'", file)));
   sim::apply_link_calibration(calibration, options.cluster);

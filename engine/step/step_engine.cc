@@ -147,8 +147,9 @@ std::unique_ptr<StepEngine::Chunk> StepEngine::build_chunk(int c, const TensorPa
                            vs == plan_.pp * plan_.vpp - 1 && plan_.head};
   chunk->model = std::make_unique<ModelChunk>(b_, m_, layers, tp, shared);
   ParameterStore& params = chunk->model->parameters();
-  // Every backend casts FP8 operands: the cpu emulates them exactly, the sim costs them.
-  if (plan_.precision == Precision::fp8) {
+  // FP8 operands are cast where the cpu emulates them exactly and where the sim costs them (a
+  // backend of shapes only); cuda has no FP8 GEMMs to feed (the CLI refuses fp8 there).
+  if (emulates_fp8() || (plan_.precision == Precision::fp8 && !b_.holds_values())) {
     std::vector<ParamInfo> infos;
     for (const ParamSlot& slot : params.slots()) infos.push_back(slot.info);
     chunk->fp8 = std::make_unique<Fp8Scaling>(b_, infos);

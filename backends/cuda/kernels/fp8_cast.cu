@@ -16,11 +16,15 @@ __device__ __forceinline__ float fp8_round(float v, __nv_fp8_interpretation_t fo
   return __half2float(__half(__nv_cvt_fp8_to_halfraw(bits, format)));
 }
 
-// Non-negative floats order as their bit patterns: an integer atomicMax folds
-// the block maxima. fmaxf drops NaN, as the cpu backend's running maximum does.
+// One atomic per block: the block's maximum (block_max), folded into *amax as
+// an integer maximum, since non-negative floats order as their bit patterns.
+// fmaxf drops NaN elements, so a tensor with a NaN gives its finite
+// elements' maximum here where the cpu keeps the running one; either way
+// the step's loss is NaN and check_finite stops it.
 template <class T>
 __global__ void fp8_cast_kernel(const T* x, T* y, i64 n, float scale, __nv_fp8_interpretation_t format,
                                 float* amax) {
+  __shared__ float shared[32];
   float largest = 0.f;
   const float inverse = 1.f / scale;
   for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
@@ -28,8 +32,8 @@ __global__ void fp8_cast_kernel(const T* x, T* y, i64 n, float scale, __nv_fp8_i
     largest = fmaxf(largest, fabsf(v));
     y[i] = from_float<T>(fp8_round(v * scale, format) * inverse);
   }
-  for (int offset = 16; offset > 0; offset /= 2) largest = fmaxf(largest, __shfl_xor_sync(0xffffffffu, largest, offset));
-  if ((threadIdx.x & 31) == 0) atomicMax(reinterpret_cast<int*>(amax), __float_as_int(largest));
+  largest = block_max(largest, shared);
+  if (threadIdx.x == 0) atomicMax(reinterpret_cast<int*>(amax), __float_as_int(largest));
 }
 
 }  // namespace
@@ -38,7 +42,11 @@ cudaError_t fp8_cast(const void* x, void* y, int dtype, i64 n, float scale, bool
   if (n <= 0) return cudaGetLastError();
   const __nv_fp8_interpretation_t format = e5m2 ? __NV_E5M2 : __NV_E4M3;
   return with_storage(dtype, [&](auto tag) {
-    fp8_cast_kernel<<<grid_for(n), kThreads, 0, s>>>(typed(tag, x), typed(tag, y), n, scale, format, amax);
+    // At most 4096 blocks (about 30 per H100 SM): the grid-stride loop covers the rest, and the
+    // amax takes one atomic per block.
+    constexpr i64 kMaxBlocks = 4096;
+    const unsigned blocks = grid_for(n) < kMaxBlocks ? grid_for(n) : static_cast<unsigned>(kMaxBlocks);
+    fp8_cast_kernel<<<blocks, kThreads, 0, s>>>(typed(tag, x), typed(tag, y), n, scale, format, amax);
     return cudaGetLastError();
   });
 }
