@@ -159,6 +159,8 @@ SimJob simulation_job(const Plan& p, bool full, std::map<int, double> stragglers
   job.world_size = p.world_size();
   job.gpus = std::move(gpus);
   const bool segmented = !p.segments.empty();
+  RankClasses classes = rank_classes(p);
+  if (segmented) job.stage_of = std::move(classes.position_of);
   if (segmented && full) {
     // Every rank is its own class: the boundaries pair particular ranks, so
     // no rank's part is a shifted copy of another's.
@@ -166,14 +168,11 @@ SimJob simulation_job(const Plan& p, bool full, std::map<int, double> stragglers
     job.replicas.resize(job.representatives.size());
     job.rank_map = [](int, int, int rank) { return rank; };
     job.stragglers = std::move(stragglers);
-    job.stage_of = rank_classes(p).position_of;
     return job;
   }
-  RankClasses classes = rank_classes(p);
   job.representatives = std::move(classes.representatives);
   job.stands_for = std::move(classes.stands_for);
   job.stages = !segmented;
-  if (segmented) job.stage_of = std::move(classes.position_of);
   if (!full) return job;
   job.stragglers = std::move(stragglers);
   const Mesh mesh(p);

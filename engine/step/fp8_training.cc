@@ -19,18 +19,20 @@ Status check_fp8_training(const ModelSpec& m, const Plan& p) {
 }
 
 Status fold_fp8_amax(Backend& b, std::span<Fp8Scaling* const> chunks, std::span<const Group* const> groups) {
+  // A chunk without FP8 linears (an embedding-only stage) has no amax tensor.
+  auto size = [](const Fp8Scaling* c) -> std::int64_t { return c->amax().defined() ? c->amax().numel() : 0; };
   std::int64_t total = 0;
-  for (const Fp8Scaling* c : chunks) total += c->amax().defined() ? c->amax().numel() : 0;
+  for (const Fp8Scaling* c : chunks) total += size(c);
   std::vector<float> amax(static_cast<std::size_t>(total));
   // Every rank of a group holds the same layers, so the same layout (possibly empty).
   if (total > 0) {
     Tensor t = b.empty(Shape{total});
     std::int64_t at = 0;
     for (const Fp8Scaling* c : chunks)
-      if (c->amax().defined()) {
-        Tensor part = t.slice(at, c->amax().numel());
+      if (const std::int64_t n = size(c); n > 0) {
+        Tensor part = t.slice(at, n);
         b.copy(c->amax(), part);
-        at += c->amax().numel();
+        at += n;
       }
     for (const Group* g : groups)
       if (g->size() > 1) b.all_reduce(t, *g, ReduceOp::max);
@@ -38,7 +40,7 @@ Status fold_fp8_amax(Backend& b, std::span<Fp8Scaling* const> chunks, std::span<
   }
   std::size_t at = 0;
   for (Fp8Scaling* c : chunks) {
-    const std::size_t n = c->amax().defined() ? static_cast<std::size_t>(c->amax().numel()) : 0;
+    const auto n = static_cast<std::size_t>(size(c));
     MT_TRY(c->end_step(std::span<const float>(amax).subspan(at, n)));
     at += n;
   }
