@@ -11,9 +11,8 @@
 #include "engine/calibrate/workload.h"
 #include "engine/cli/backend_registry.h"
 #include "engine/cli/plan_flags.h"
-#include "engine/plan/mesh.h"
 #include "engine/simulation/simulation.h"
-#include "engine/step/step_engine.h"
+#include "engine/step/training_engine.h"
 #include "simulator/calibration.h"
 
 namespace meshtrain::calibrate {
@@ -90,8 +89,7 @@ Status print_op_profile(const ProfileOptions& o) {
   auto run = [&](Backend& backend, int rank) {
     const auto i = static_cast<std::size_t>(rank);
     OpTimer timer(backend, cuda);
-    const Mesh mesh(mp.plan);
-    StepEngine engine(timer, mp.model, mp.plan, mesh, StepOptions{});
+    TrainingEngine engine(timer, mp.model, mp.plan, StepOptions{});
     auto step = [&](int s) -> Status {
       auto r = engine.step(microbatches, 1e-4f, s);
       if (!r) return std::move(r).error();

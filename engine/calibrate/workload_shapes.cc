@@ -4,8 +4,7 @@
 
 #include "backends/backend_wrapper.h"
 #include "backends/sim/sim_backend.h"
-#include "engine/plan/mesh.h"
-#include "engine/step/step_engine.h"
+#include "engine/step/training_engine.h"
 #include "models/model_io.h"
 #include "models/moe_routing.h"
 #include "simulator/cluster_spec.h"
@@ -109,7 +108,6 @@ Status record_workload_shapes(const ModelSpec& m, std::int64_t micro_batch, std:
     p.precision = precision;  // the dtypes of the step's tensors follow it
     if (tp > 1 && !validate_plan(p, m).ok()) continue;  // a model tp does not split
     MT_TRY(validate_plan(p, m).context(fmt::format("workload {}:{}:{}", m.name, micro_batch, seq)));
-    const Mesh mesh(p);
     std::vector<int> ranks(static_cast<std::size_t>(tp));
     for (int r = 0; r < tp; ++r) ranks[static_cast<std::size_t>(r)] = r;
     MT_ASSIGN(auto cluster, SimCluster::create(spec, tp, ranks, {}));
@@ -122,7 +120,7 @@ Status record_workload_shapes(const ModelSpec& m, std::int64_t micro_batch, std:
     // The sim backend blocks on nothing, so each rank issues its whole step in turn.
     for (int r : ranks) {
       ShapeRecorder recorder(cluster->backend(r), out);
-      StepEngine engine(recorder, m, p, mesh, options);
+      TrainingEngine engine(recorder, m, p, options);
       auto step = engine.step(batches, 1e-4f, 1);
       if (!step) return std::move(step).error();
     }

@@ -99,6 +99,8 @@ MemoryBreakdown rank_memory(const ModelSpec& m, const Plan& p, int rank) {
   return total;
 }
 
+std::vector<Plan> plan_segments(const Plan& p) { return p.segments.empty() ? std::vector<Plan>{p} : p.segments; }
+
 Group segments_world(const Plan& p) {
   Group g;
   g.id = static_cast<int>(p.segments.size()) * kGroupIdsPerSegment;

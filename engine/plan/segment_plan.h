@@ -19,7 +19,7 @@
 // micro-batch is global batch / (dp · microbatches), microbatches defaulting
 // to global batch / (dp · the plan's micro_batch).
 //
-// How segments meet (engine/step/segmented_engine.h): consecutive
+// How segments meet (engine/step/training_engine.h): consecutive
 // segments run on the same ranks (the second starts once the first's forward
 // is done, the activations resharded by collectives of send/recv between
 // the ranks that hold each sample) or on disjoint ranks (the second is a
@@ -45,6 +45,10 @@ namespace meshtrain {
 // Ids of the process groups of segment k start at k · kGroupIdsPerSegment
 // (Plan::group_id_base); the uniform mesh's at 0.
 inline constexpr int kGroupIdsPerSegment = 1 << 20;
+
+// The plan's segments: Plan::segments, or for a uniform plan the plan itself,
+// a plan of one segment.
+std::vector<Plan> plan_segments(const Plan& p);
 
 // Every rank of a plan made of segments, as a group whose id no segment's group has.
 Group segments_world(const Plan& p);

@@ -16,7 +16,7 @@
 //   l_s = Σ stages t + 2·(p−1)·t_hop            one micro-batch through them
 //   optimizer, data parallel: the uniform tier's forms over the segment's
 //     own replicas and its most loaded stage's parameters
-// Composition (engine/step/segmented_engine.h runs consecutive segments
+// Composition (engine/step/training_engine.h runs consecutive segments
 // on the same ranks one after the other, and a segment on ranks of its own as
 // a downstream pipeline stage of the one before):
 //   a group = consecutive segments on the same ranks; it runs its segments in

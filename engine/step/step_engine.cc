@@ -105,7 +105,6 @@ StepEngine::StepEngine(Backend& b, const ModelSpec& m, const Plan& p, const Mesh
   step_stats_ = b.empty(Shape{2});
   loss_total_ = step_stats_.slice(0, 1);
   grad_sumsq_ = step_stats_.slice(1, 1);
-  clip_coef_ = b.empty(Shape{1});
 }
 
 Status StepEngine::check_and_build_pipeline() {
@@ -359,8 +358,9 @@ Status StepEngine::all_reduce_tied_embedding() {
   return ok_status();
 }
 
-Status StepEngine::begin_step(const std::vector<HostBatch>& microbatches, std::int64_t step) {
+Status StepEngine::begin_step(const std::vector<HostBatch>& microbatches, std::int64_t step, float lr) {
   if (setup_error_) return *setup_error_;
+  update_op_ = adamw_op(lr, step);
   const int m = plan_.microbatches();
   if (static_cast<int>(microbatches.size()) != m)
     return make_error("step {}: got {} micro-batches, the plan runs {} per data-parallel replica", step,
@@ -470,7 +470,22 @@ Status StepEngine::finish_gradients() {
   return ok_status();
 }
 
-const Tensor& StepEngine::reduce_grad_norm() {
+Status StepEngine::reduce_statistics(std::int64_t step) {
+  MT_TRY(finish_gradients());
+  // Overlapped, the gradients are reduced on the data-parallel stream and stay there; the loss
+  // joins them, so that its collectives over the data-parallel group keep one stream's order.
+  if (plan_.overlap_update) b_.wait(comm_, b_.record(compute_));
+  StreamScope on(b_, update_stream());
+  reduce_grad_norm();
+  reduce_loss();
+  // Step t's amax, over every rank holding part of each tensor, set step t+1's FP8 scales.
+  const std::vector<Fp8Scaling*> fp8 = fp8_chunks();
+  const Group* amax_groups[] = {mesh_.group_of(GroupKind::tensor, b_.rank()), &replicas()};
+  if (!fp8.empty()) MT_TRY(fold_fp8_amax(b_, fp8, amax_groups).context(fmt::format("step {}", step)));
+  return ok_status();
+}
+
+void StepEngine::reduce_grad_norm() {
   b_.fill(grad_sumsq_, 0.f);
   for (auto& c : chunks_)
     c->adam->accumulate_sumsq(grad_sumsq_, [&](const ParamSlot& s) { return counts_in_norm(*c, s); });
@@ -478,14 +493,12 @@ const Tensor& StepEngine::reduce_grad_norm() {
   if (plan_.zero >= 1) b_.all_reduce(grad_sumsq_, replicas(), ReduceOp::sum);
   b_.all_reduce(grad_sumsq_, *mesh_.group_of(GroupKind::model_parallel, b_.rank()), ReduceOp::sum);
   add_expert_sumsq();
-  return grad_sumsq_;
 }
 
-const Tensor& StepEngine::reduce_loss() {
+void StepEngine::reduce_loss() {
   // The loss lives on the last stage (the same on each of its tp ranks; a share of it on each context rank).
   b_.all_reduce(loss_total_, replicas(), ReduceOp::sum);
   b_.all_reduce(loss_total_, *mesh_.group_of(GroupKind::pipeline, b_.rank()), ReduceOp::sum);
-  return loss_total_;
 }
 
 AdamWOp StepEngine::adamw_op(float lr, std::int64_t step) const {
@@ -498,9 +511,9 @@ AdamWOp StepEngine::adamw_op(float lr, std::int64_t step) const {
   return op;
 }
 
-void StepEngine::apply_update(float lr, std::int64_t step, const Tensor& coef) {
-  const AdamWOp op = adamw_op(lr, step);
-  for (auto& c : chunks_) c->adam->update(op, weight_decay(), coef);
+void StepEngine::finish_update(const Tensor& coef) {
+  if (plan_.overlap_update) return finish_overlapped_update(coef);
+  for (auto& c : chunks_) c->adam->update(update_op_, weight_decay(), coef);
   for (auto& c : chunks_) c->saved.clear();
 }
 
@@ -537,54 +550,6 @@ void StepEngine::settle() {
   if (!plan_.overlap_update) return;
   b_.wait(compute_, b_.record(comm_));
   for (auto& c : chunks_) std::fill(c->updated.begin(), c->updated.end(), Event{});
-}
-
-Result<StepResult> StepEngine::step(const std::vector<HostBatch>& microbatches, float lr, std::int64_t step) {
-  MT_TRY(begin_step(microbatches, step));
-  update_op_ = adamw_op(lr, step);
-  run(Phase::all);
-  MT_TRY(finish_gradients());
-  float host[2] = {0, 0};
-  {
-    // Overlapped, the gradients are reduced on the data-parallel stream and stay there; the loss
-    // joins them, so that its collectives over the data-parallel group keep one stream's order.
-    const bool overlap = plan_.overlap_update;
-    if (overlap) b_.wait(comm_, b_.record(compute_));
-    StreamScope on(b_, overlap ? comm_ : compute_);
-    reduce_grad_norm();
-    reduce_loss();
-    // Step t's amax, over every rank holding part of each tensor, set step t+1's FP8 scales.
-    const std::vector<Fp8Scaling*> fp8 = fp8_chunks();
-    const Group* amax_groups[] = {mesh_.group_of(GroupKind::tensor, b_.rank()), &replicas()};
-    if (!fp8.empty()) MT_TRY(fold_fp8_amax(b_, fp8, amax_groups).context(fmt::format("step {}", step)));
-    // The step's only wait for the device (but a MoE model's statistics, moe_statistics, and under
-    // precision fp8 the amax read above).
-    MT_TRY(b_.read(step_stats_, host).context(fmt::format("step {}", step)));
-  }
-  StepResult r{host[0] / loss_terms_, std::sqrt(static_cast<double>(host[1])), {}};
-  // A second wait, for MoE models only: their routing statistics are read after the loss. Folding them
-  // into step_stats_ would need their sums reduced before the loss's read, on the loss's stream.
-  if (io_.routes_to_experts) {
-    MT_ASSIGN(r.moe, moe_statistics());
-  }
-  // Overlapped without clipping, every bucket was updated during backward, before this read: say so.
-  if (plan_.overlap_update && options_.optimizer.max_grad_norm <= 0 && !check_finite(r, step).ok())
-    return make_error("step {}: the loss is {} (gradient norm {}); with --overlap-update and no --grad-clip each "
-                      "gradient bucket's update ran as soon as it was reduced, before the loss was read, so the "
-                      "parameters already hold this step's update and are no longer those of step {}; resume from "
-                      "the last checkpoint, and lower --lr or check the data",
-                      step, r.loss, r.grad_norm, step - 1);
-  MT_TRY(check_finite(r, step));
-  Tensor coef;
-  const bool clip = options_.optimizer.max_grad_norm > 0;
-  if (clip) {
-    StreamScope on(b_, plan_.overlap_update ? comm_ : compute_);
-    b_.clip_coefficient(grad_sumsq_, options_.optimizer.max_grad_norm, clip_coef_);
-    coef = clip_coef_;
-  }
-  if (plan_.overlap_update) finish_overlapped_update(coef);
-  else apply_update(lr, step, coef);
-  return r;
 }
 
 Status check_finite(const StepResult& r, std::int64_t step) {
@@ -634,11 +599,6 @@ Result<MoeStepStats> StepEngine::moe_statistics() {
   return st;
 }
 
-Result<double> StepEngine::evaluate(const std::vector<HostBatch>& batches) {
-  MT_ASSIGN(Evaluation e, evaluate_metrics(batches));
-  return e.loss;
-}
-
 Status StepEngine::begin_evaluation(const std::vector<HostBatch>& batches) {
   if (setup_error_) return *setup_error_;
   settle();
@@ -673,15 +633,6 @@ const Tensor& StepEngine::evaluation_stats() {
   b_.all_reduce(eval_stats_, *mesh_.group_of(GroupKind::pipeline, b_.rank()), ReduceOp::sum);
   b_.all_reduce(eval_stats_, replicas(), ReduceOp::sum);
   return eval_stats_;
-}
-
-Result<Evaluation> StepEngine::evaluate_metrics(const std::vector<HostBatch>& batches) {
-  MT_TRY(begin_evaluation(batches));
-  run_evaluation();
-  evaluation_stats();
-  float host[3] = {0, 0, 0};
-  MT_TRY(b_.read(eval_stats_, host));
-  return Evaluation{static_cast<double>(host[0]) / host[1], static_cast<double>(host[2]) / host[1]};
 }
 
 std::vector<Fp8Scaling*> StepEngine::fp8_chunks() const {

@@ -1,4 +1,7 @@
-// StepEngine: one rank's part of a training iteration under any hybrid plan.
+// StepEngine: one rank's part of one segment's training iteration
+// (engine/plan/segment_plan.h; a uniform plan is a plan of one segment),
+// under any hybrid plan. TrainingEngine (training_engine.h) runs the
+// segments' StepEngines as one iteration.
 //
 // It owns the rank's model chunk(s) (vpp of them, virtual stages c·pp + stage,
 // each with Megatron tensor parallelism inside), gradient buckets and AdamW
@@ -8,16 +11,11 @@
 // after it (Plan::grad_bucket_mb and grad_sync; gradient_buckets.h), ZeRO
 // sharding of the optimizer state (sharded_optimizer.h), of the gradients (stage 2: a layer's gradient lives
 // only while backward works on it) and of the parameters (stage 3, gathered
-// layer by layer with prefetch: parameter_gather.h), gradient clipping by global norm and the update, all
-// as backend ops. The host waits only for the loss and the gradient norm at
-// the end of the iteration, both in one read (the progress line needs them; a
-// NaN loss must stop the run before the update, so the parameters stay those
-// of the last good step): one wait for the device per step, plus one for a
-// mixture-of-experts model's routing statistics. Errors of any collective on the way (a timeout names op, group and
-// peers) surface there, as the Status of step().
+// layer by layer with prefetch: parameter_gather.h), the loss and gradient
+// norm reduced over the segment, and the update, all as backend ops.
 //
-// Every rank of the mesh constructs a StepEngine and calls each method the
-// same number of times in the same order: they are collective.
+// Every rank of the segment's mesh constructs a StepEngine and calls each
+// method the same number of times in the same order: they are collective.
 #pragma once
 
 #include <cstdint>
@@ -162,40 +160,11 @@ class StepEngine {
   static Status supports(const Plan& p, const StepOptions& o = {});
 
 
-  // Runs one iteration over this rank's micro-batches, with learning rate
-  // `lr` at 1-based optimizer step `step`. A rank receives its data-parallel
-  // replica's share of the global batch: plan.microbatches() micro-batches of
-  // plan.micro_batch sequences, replica d (Coord::dp) getting global
-  // micro-batches [d·m, (d+1)·m). Every rank of one replica (its tensor- and
-  // pipeline-parallel peers) receives the same ones. The objective is the mean
-  // token loss over the global batch; the result is the same on every rank.
-  //
-  // Plan::overlap_update: the reductions' tail, the gradient norm, the loss's
-  // reduction and the updates run on the data-parallel stream, and the next
-  // step's forward of a layer waits only for its buckets' updates. The
-  // parameters' bits are those of the plan without it (each bucket's update
-  // is the same op on the same data). Without clipping (max_grad_norm 0) a
-  // bucket updates as soon as its last reduction is issued, during backward,
-  // before the host has seen the loss: a non-finite step still returns the
-  // Error of check_finite, but its update has been applied (resume from the
-  // last checkpoint). With clipping every update waits for the global norm
-  // and is issued after the host's check, as without the option; the
-  // updates (and ZeRO 1/2 all-gathers) then run in forward order, under the
-  // next forward. On a real device the host's read of the loss and norm at
-  // the end of step() still waits for the last reduction before it issues
-  // the next step: the device-side dependencies are per layer, the host's
-  // are per step.
-  Result<StepResult> step(const std::vector<HostBatch>& microbatches, float lr, std::int64_t step);
-  // Mean loss over `batches` without updating anything: each replica
-  // passes its own batches (same rule as step), the mean is over all of them.
-  Result<double> evaluate(const std::vector<HostBatch>& batches);
-  // The same, with the top-1 accuracy.
-  Result<Evaluation> evaluate_metrics(const std::vector<HostBatch>& batches);
-
   // The full (unsharded) parameters and AdamW moments by name ("params/<name>",
   // "adam_m/<name>", "adam_v/<name>"), for checkpoints and comparisons.
   // Gathered over tensor-parallel shards, pipeline stages and ZeRO shards, so
-  // the content does not depend on the plan; every rank returns all of it.
+  // the content does not depend on the plan; every rank of the segment
+  // returns all of the segment's.
   Result<std::map<std::string, std::vector<float>>> export_state();
   // Loads what export_state produced (under any plan); every name must be
   // present with its full size. Each rank keeps its own shards.
@@ -207,27 +176,53 @@ class StepEngine {
   Status import_rank_state(std::span<const float> state);  // what export_rank_state returned
   std::int64_t rank_state_numel() const;
 
-  // ---- The pieces of step() and evaluate_metrics(), for the engine of one
-  // segment of a plan made of segments (engine/step/segmented_engine.h),
-  // where several engines share one iteration. step() is begin_step,
-  // run(all), finish_gradients, reduce_grad_norm, reduce_loss, then the
-  // clip coefficient and apply_update on one engine. ----
+  // ---- One iteration, in the order TrainingEngine (training_engine.h) calls
+  // the pieces on every segment: begin_step, run, reduce_statistics, the
+  // host's read of step_stats on update_stream, then finish_update. ----
+  //
+  // A rank receives its data-parallel replica's share of the segment's
+  // global batch: plan.microbatches() micro-batches of plan.micro_batch
+  // samples, replica d (Coord::dp) getting global micro-batches [d·m, (d+1)·m).
+  // Every rank of one replica (its tensor- and pipeline-parallel peers)
+  // receives the same ones. The objective is the mean loss over the global
+  // batch's targets.
+  //
+  // Plan::overlap_update: the reductions' tail, the gradient norm, the loss's
+  // reduction and the updates run on the data-parallel stream, and the next
+  // step's forward of a layer waits only for its buckets' updates. The
+  // parameters' bits are those of the plan without it (each bucket's update
+  // is the same op on the same data). Without clipping (max_grad_norm 0) a
+  // bucket updates as soon as its last reduction is issued, during backward,
+  // before the host has seen the loss. With clipping every update waits for
+  // the global norm and is issued after the host's check, as without the
+  // option; the updates (and ZeRO 1/2 all-gathers) then run in forward order,
+  // under the next forward. On a real device the host's read of the loss and
+  // norm still waits for the last reduction before it issues the next step:
+  // the device-side dependencies are per layer, the host's are per step.
   enum class Phase { all, forward, backward };
   // Null: the segment is the whole model. Must outlive the engine's use.
   void set_boundary(SegmentBoundary* boundary) { boundary_ = boundary; }
-  Status begin_step(const std::vector<HostBatch>& microbatches, std::int64_t step);
+  // Learning rate `lr` at 1-based optimizer step `step`.
+  Status begin_step(const std::vector<HostBatch>& microbatches, std::int64_t step, float lr);
   // The schedule's actions, or those before (forward) or from (backward) its
   // first backward: a GPipe schedule's forward and backward halves.
   void run(Phase phase);
-  // The tied embedding's two copies summed, every gradient bucket reduced.
-  Status finish_gradients();
-  // (1) Σ g² over the segment's parameters, each element once, reduced over
-  // the segment's ranks (the same on all of them).
-  const Tensor& reduce_grad_norm();
-  // (1) Σ of the losses of the step, reduced over the segment's ranks (zero
-  // unless it holds the head).
-  const Tensor& reduce_loss();
-  void apply_update(float lr, std::int64_t step, const Tensor& coef);
+  // Gradients complete (the tied embedding's two copies summed, every bucket
+  // reduced), then step_stats reduced over the segment's ranks and, under
+  // precision fp8, step t's amax folded into step t+1's scales.
+  Status reduce_statistics(std::int64_t step);
+  // (2) [Σ of the step's losses (zero unless the segment holds the head),
+  // Σ g² over the segment's parameters, each element once], the same on
+  // every rank of the segment after reduce_statistics.
+  const Tensor& step_stats() const { return step_stats_; }
+  // Where the statistics and the update are issued: the data-parallel stream
+  // under Plan::overlap_update, else the compute stream.
+  Stream update_stream() const { return plan_.overlap_update ? comm_ : compute_; }
+  // The routed experts' statistics of the step, summed over the segment's
+  // replicas and stages (a model with experts). BLOCKS.
+  Result<MoeStepStats> moe_statistics();
+  // AdamW on every parameter, gradients scaled by `coef` (clipping; undefined: none).
+  void finish_update(const Tensor& coef);
   // Forward only over `batches`: begin_evaluation, run_evaluation, then
   // evaluation_stats: (3) [Σ loss, targets, correct] reduced over the
   // segment's ranks (zeros unless it holds the head).
@@ -286,8 +281,10 @@ class StepEngine {
   // The ranks holding this rank's parameters: the data-parallel group, or
   // under context parallelism the data and context ranks together.
   const Group& replicas() const;
-  // The MoE layers' statistics of this step, summed over replicas and stages. BLOCKS.
-  Result<MoeStepStats> moe_statistics();
+  // reduce_statistics' steps.
+  Status finish_gradients();
+  void reduce_grad_norm();
+  void reduce_loss();
 
   Backend& b_;
   ModelSpec m_;
@@ -306,7 +303,6 @@ class StepEngine {
   Tensor step_stats_;
   Tensor loss_total_;  // (1) view of step_stats_: Σ token losses of the iteration on this rank
   Tensor grad_sumsq_;  // (1) view of step_stats_: Σ g² (reduce_grad_norm)
-  Tensor clip_coef_;
   Tensor eval_stats_;  // (3) of the evaluation in progress
   int moe_layers_ = 0;  // of the whole model
   std::optional<Error> setup_error_;
@@ -315,7 +311,7 @@ class StepEngine {
   std::vector<MicroBatch> mbs_;
   double loss_terms_ = 0;  // targets (tokens or images) of the global batch
   float loss_scale_ = 0;   // 1 / loss_terms_
-  AdamWOp update_op_{};    // the step's AdamW hyper-parameters (overlap_update)
+  AdamWOp update_op_{};    // the step's AdamW hyper-parameters
   // (backward, chunk, micro-batch) of each forward and backward in this rank's
   // schedule -> (chunk, backward) of the next one; the last has none.
   std::map<std::tuple<bool, int, int>, std::pair<int, bool>> next_pass_;

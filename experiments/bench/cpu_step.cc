@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "backends/cpu/cpu_backend.h"
-#include "engine/step/step_engine.h"
+#include "engine/step/training_engine.h"
 #include "models/flops.h"
 
 using namespace meshtrain;
@@ -53,7 +53,7 @@ int main(int argc, char** argv) {
   plan.precision = Precision::fp32;
   CpuBackend b;
   const double bound = sgemm_gflops(b, 1024, 7);
-  StepEngine engine(b, *model, plan, Mesh(plan), StepOptions{});
+  TrainingEngine engine(b, *model, plan, StepOptions{});
   HostBatch mb;
   mb.batch = batch, mb.seq = seq;
   for (int i = 0; i < batch * seq; ++i) {

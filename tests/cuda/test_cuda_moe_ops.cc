@@ -9,8 +9,7 @@
 #include <vector>
 
 #include "backends/cpu/cpu_backend.h"
-#include "engine/plan/mesh.h"
-#include "engine/step/step_engine.h"
+#include "engine/step/training_engine.h"
 #include "tests/cuda/cuda_test_util.h"
 
 using namespace meshtrain;
@@ -86,11 +85,10 @@ TEST_CASE("a tiny MoE model's training steps on cuda match the cpu (fp32)", "[cu
   Plan p;
   p.micro_batch = 2, p.global_batch = 4, p.seq_len = 32, p.precision = Precision::fp32;
   REQUIRE(validate_plan(p, m).ok());
-  const Mesh mesh(p);
   StepOptions o;
   o.seed = 5;
   CpuBackend cpu;
-  StepEngine on_cpu(cpu, m, p, mesh, o), on_gpu(gpu, m, p, mesh, o);
+  TrainingEngine on_cpu(cpu, m, p, o), on_gpu(gpu, m, p, o);
   for (int s = 1; s <= 3; ++s) {
     std::vector<HostBatch> batches;
     for (int j = 0; j < 2; ++j) {

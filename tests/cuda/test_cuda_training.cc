@@ -29,8 +29,7 @@ std::vector<double> losses(Backend& b, const ModelSpec& m, Precision precision) 
   Plan p = make_plan(1, 1, 1, 0, ScheduleKind::one_f_one_b);
   p.precision = precision;
   if (m.vision()) p.seq_len = 0;  // the images fix the tokens
-  const Mesh mesh(p);
-  StepEngine engine(b, m, p, mesh, step_options());
+  TrainingEngine engine(b, m, p, step_options());
   std::vector<double> out;
   for (int s = 1; s <= kTrainSteps; ++s) {
     auto r = engine.step(global_batch(m, s), 1e-2f, s);

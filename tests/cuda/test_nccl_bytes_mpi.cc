@@ -33,7 +33,7 @@ std::vector<std::int64_t> bytes_per_step(const ModelSpec& m, const Plan& p) {
   cuda::CudaBackend& b = **created;
   REQUIRE(b.world_size() == p.world_size());
   const Mesh mesh(p);
-  StepEngine engine(b, m, p, mesh, step_options());
+  TrainingEngine engine(b, m, p, step_options());
   const int d = mesh.coord_of(b.rank()).dp, per = p.microbatches();
   std::vector<std::int64_t> out;
   for (int step = 1; step <= kSteps; ++step) {

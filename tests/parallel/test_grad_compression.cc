@@ -27,7 +27,7 @@ std::vector<std::int64_t> bytes_per_step(const ModelSpec& m, const Plan& p) {
   const Status s = run_ranks(p.world_size(), [&](int rank, Communicator& comm) -> Status {
     CpuBackend b(comm, CpuBackendOptions{1});
     const Mesh mesh(p);
-    StepEngine engine(b, m, p, mesh, step_options());
+    TrainingEngine engine(b, m, p, step_options());
     const int d = mesh.coord_of(rank).dp, per = p.microbatches();
     for (int step = 1; step <= kSteps; ++step) {
       const std::vector<HostBatch> all = global_batch(m, step);

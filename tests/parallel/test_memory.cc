@@ -32,7 +32,7 @@ void check_memory(const Plan& p, const ModelSpec& m = tiny_gpt(), int only_stage
   std::vector<MemoryStats> peaks(static_cast<std::size_t>(p.world_size()));
   const Status s = run_ranks(p.world_size(), [&](int rank, Communicator& comm) -> Status {
     CpuBackend b(comm);
-    StepEngine engine(b, m, p, mesh, step_options());
+    TrainingEngine engine(b, m, p, step_options());
     const int d = mesh.coord_of(rank).dp, per = p.microbatches();
     const std::vector<HostBatch> all = step_batch(m, p);
     const std::vector<HostBatch> mine(all.begin() + d * per, all.begin() + (d + 1) * per);

@@ -75,7 +75,7 @@ StepFigures one_step(const ModelSpec& m, const Plan& p) {
   const Status s = run_ranks(p.world_size(), [&](int rank, Communicator& comm) -> Status {
     CpuBackend cpu(comm);
     HostLinkCounter b(cpu);
-    StepEngine engine(b, m, p, mesh, step_options());
+    TrainingEngine engine(b, m, p, step_options());
     const int d = mesh.coord_of(rank).dp, per = p.microbatches();
     const std::vector<HostBatch> all = global_batch(m, 1);
     const std::vector<HostBatch> mine(all.begin() + d * per, all.begin() + (d + 1) * per);

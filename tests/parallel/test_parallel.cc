@@ -135,7 +135,6 @@ TEST_CASE("the same plan on 1 or 3 threads per rank gives identical bits", "[par
 TEST_CASE("a rank that stops makes its peers' step fail with the op and group named", "[parallel][errors]") {
   const ModelSpec m = tiny_gpt();
   const Plan p = make_plan(1, 1, 2, 1, ScheduleKind::one_f_one_b);
-  const Mesh mesh(p);
   std::vector<std::string> errors(2);
   CommOptions fast;
   fast.timeout = std::chrono::milliseconds(2000);
@@ -143,7 +142,7 @@ TEST_CASE("a rank that stops makes its peers' step fail with the op and group na
       2,
       [&](int rank, Communicator& comm) -> Status {
         CpuBackend b(comm);
-        StepEngine engine(b, m, p, mesh, step_options());
+        TrainingEngine engine(b, m, p, step_options());
         if (rank == 1) return ok_status();  // never joins the gradient reduction
         const std::vector<HostBatch> all = global_batch(m, 1);
         auto r = engine.step({all.begin(), all.begin() + p.microbatches()}, 1e-2f, 1);

@@ -1,4 +1,4 @@
-// How often a training step waits for the device. StepEngine::step reads the
+// How often a training step waits for the device. TrainingEngine::step reads the
 // loss and the gradient norm back together, so a step blocks once; the step
 // timer (engine/training/step_timing.h) and tracing (engine/tracing/) read their
 // device times only where the step already waited. The cpu backend runs
@@ -41,7 +41,7 @@ Status count_steps(Backend& cpu, const Plan& p, bool device_clock, TraceRecorder
   {
     StepTimer timer(under);
     const ModelSpec m = tiny_gpt();
-    StepEngine engine(timer, m, p, Mesh(p), step_options());
+    TrainingEngine engine(timer, m, p, step_options());
     const int replica = Mesh(p).coord_of(cpu.rank()).dp, n = p.microbatches();
     for (int s = 1; s <= kSteps; ++s) {
       const std::vector<HostBatch> all = global_batch(m, s);
