@@ -102,8 +102,8 @@ class FastEstimator {
   std::size_t reference_simulations() const;
 
  private:
-  // Segment layouts reuse the references and collective fits (segment_estimate.h).
-  friend class SegmentEstimator;
+  // Segment layouts reuse the references and collective fits (plan_estimate.h).
+  friend class PlanEstimator;
   using Key = std::tuple<int, bool, int, int, int, int, int, int>;  // tp, sp, micro_batch, recompute, ep, etp, cp, cp_comm
   struct Reference {
     std::vector<double> microbatch_s;  // per block (embedding, layers, head): forward and backward of one micro-batch

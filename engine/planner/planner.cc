@@ -9,9 +9,9 @@
 #include "engine/memory/out_of_memory.h"
 #include "engine/plan/mesh.h"
 #include "engine/planner/candidates.h"
+#include "engine/planner/plan_estimate.h"
 #include "engine/planner/progress.h"
 #include "engine/planner/segment_candidates.h"
-#include "engine/planner/segment_estimate.h"
 
 namespace meshtrain::planner {
 
@@ -43,10 +43,45 @@ Error nothing_fits(const SearchContext& ctx, const std::vector<Candidate>& all, 
       out_of_memory_message(o));
 }
 
-// Tier 0 and 1 for uniform plans: every valid combination, those that fit, ranked by the fast tier.
+// The tiers every candidate goes through, whichever family formed it.
+
+// Tier 1a: the memory model of every candidate, on all cores.
+void fit_memory(const ModelSpec& m, std::vector<Candidate>& c, ProgressLine& progress) {
+  tbb::parallel_for(tbb::blocked_range<std::size_t>(0, c.size(), 64), [&](const tbb::blocked_range<std::size_t>& r) {
+    for (std::size_t i = r.begin(); i != r.end(); ++i) c[i].memory = memory_fit(m, c[i].plan);
+    progress.add_done(static_cast<std::int64_t>(r.size()));
+    progress.update();
+  });
+}
+
+// Tier 1b: the fast estimate of the candidates that fit, then their order by it (ties keep enumeration order,
+// so one input gives one ranking) and each one's fast_rank.
+Status rank_fast(PlanEstimator& fast, std::vector<Candidate>& fits, ProgressLine& progress, const char* references,
+                 const char* phase) {
+  {
+    std::vector<const Plan*> plans;
+    for (const Candidate& c : fits) plans.push_back(&c.plan);
+    progress.set_phase(references, 0);
+    MT_TRY(fast.prepare(plans));
+  }
+  progress.set_phase(phase, static_cast<std::int64_t>(fits.size()));
+  tbb::parallel_for(tbb::blocked_range<std::size_t>(0, fits.size(), 256), [&](const tbb::blocked_range<std::size_t>& r) {
+    for (std::size_t i = r.begin(); i != r.end(); ++i) fits[i].fast = fast.estimate(fits[i].plan, fits[i].memory);
+    progress.add_estimated(static_cast<std::int64_t>(r.size()));
+    progress.add_done(static_cast<std::int64_t>(r.size()));
+    progress.update();
+  });
+  std::stable_sort(fits.begin(), fits.end(),
+                   [](const Candidate& a, const Candidate& b) { return a.fast.iteration_s < b.fast.iteration_s; });
+  for (std::size_t i = 0; i < fits.size(); ++i) fits[i].fast_rank = static_cast<int>(i);
+  return ok_status();
+}
+
+// Uniform plans: every valid combination, those that fit, ranked by the fast tier.
 // `fits` ends in the fast tier's order.
-Status search_uniform(const SearchContext& ctx, const SearchSpace& space, const SimulateOptions& sim_options,
-                      ProgressLine& progress, SearchResult& out, std::vector<Candidate>& fits) {
+Status search_uniform(const SearchContext& ctx, const SearchSpace& space, PlanEstimator& fast,
+                      const SimulateOptions& sim_options, ProgressLine& progress, SearchResult& out,
+                      std::vector<Candidate>& fits) {
   auto start = std::chrono::steady_clock::now();
   progress.set_phase("checking", 0);
   Enumeration e = enumerate_candidates(ctx, space, [&](std::int64_t n) {
@@ -66,29 +101,26 @@ Status search_uniform(const SearchContext& ctx, const SearchSpace& space, const 
 
   out.enumerate_s = seconds_since(start);
 
-  // Tier 1a: the memory model, on all cores.
   start = std::chrono::steady_clock::now();
   std::vector<Candidate> all(e.valid.size());
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    all[i].plan = std::move(e.valid[i]);
+    all[i].index = static_cast<std::int64_t>(i);
+  }
   progress.set_phase("memory", out.valid);
+  fit_memory(ctx.model, all, progress);
   const double device = sim_options.cluster.device.memory_bytes;
   // Offload plans whose plan without offload fits, unless --fix/--allow asked for offload.
   std::vector<char> unneeded(all.size(), 0);
   const bool prune_offload = !space.allowed[static_cast<std::size_t>(find_dimension("offload").value() -
                                                                       dimensions().data())];
-  tbb::parallel_for(tbb::blocked_range<std::size_t>(0, all.size(), 64), [&](const tbb::blocked_range<std::size_t>& r) {
-    for (std::size_t i = r.begin(); i != r.end(); ++i) {
-      all[i].plan = std::move(e.valid[i]);
-      all[i].index = static_cast<std::int64_t>(i);
-      all[i].memory = memory_fit(ctx.model, all[i].plan);
-      if (prune_offload && all[i].plan.offload != Offload::none && all[i].memory.peak_bytes <= device) {
-        Plan on_device = all[i].plan;
-        on_device.offload = Offload::none;
-        unneeded[i] = memory_fit(ctx.model, on_device).peak_bytes <= device;
-      }
-    }
-    progress.add_done(static_cast<std::int64_t>(r.size()));
-    progress.update();
-  });
+  if (prune_offload)
+    tbb::parallel_for(std::size_t{0}, all.size(), [&](std::size_t i) {
+      if (all[i].plan.offload == Offload::none || all[i].memory.peak_bytes > device) return;
+      Plan on_device = all[i].plan;
+      on_device.offload = Offload::none;
+      unneeded[i] = memory_fit(ctx.model, on_device).peak_bytes <= device;
+    });
   for (std::size_t i = 0; i < all.size(); ++i) {
     if (unneeded[i]) ++out.offload_unneeded;
     else if (all[i].memory.peak_bytes <= device) fits.push_back(all[i]);
@@ -99,36 +131,18 @@ Status search_uniform(const SearchContext& ctx, const SearchSpace& space, const 
   if (fits.empty()) return nothing_fits(ctx, all, device);
   all.clear();
 
-  // Tier 1b: the fast estimate.
   start = std::chrono::steady_clock::now();
-  FastEstimator fast(ctx, sim_options);
-  {
-    std::vector<const Plan*> plans;
-    for (const Candidate& c : fits) plans.push_back(&c.plan);
-    progress.set_phase("reference simulations", 0);
-    MT_TRY(fast.prepare(plans));
-  }
+  MT_TRY(rank_fast(fast, fits, progress, "reference simulations", "fast tier"));
   out.reference_simulations = static_cast<std::int64_t>(fast.reference_simulations());
-  progress.set_phase("fast tier", static_cast<std::int64_t>(fits.size()));
-  tbb::parallel_for(tbb::blocked_range<std::size_t>(0, fits.size(), 256), [&](const tbb::blocked_range<std::size_t>& r) {
-    for (std::size_t i = r.begin(); i != r.end(); ++i) fits[i].fast = fast.estimate(fits[i].plan, fits[i].memory);
-    progress.add_estimated(static_cast<std::int64_t>(r.size()));
-    progress.add_done(static_cast<std::int64_t>(r.size()));
-    progress.update();
-  });
-  // Ties (equal estimates) keep enumeration order, so one input gives one ranking.
-  std::stable_sort(fits.begin(), fits.end(),
-                   [](const Candidate& a, const Candidate& b) { return a.fast.iteration_s < b.fast.iteration_s; });
-  for (std::size_t i = 0; i < fits.size(); ++i) fits[i].fast_rank = static_cast<int>(i);
   out.fast_s = seconds_since(start);
   return ok_status();
 }
 
 // Segment layouts: the family, its memory, its fast estimate, and the fast tier's best that the full tier will
 // time (`chosen`; their index follows every uniform candidate's, so a tie goes to the uniform plan).
-Status search_segments(const SearchContext& ctx, const SegmentSpace& space, const SimulateOptions& sim_options,
-                       const PlannerOptions& options, ProgressLine& progress, SearchResult& out,
-                       std::vector<Candidate>& chosen, std::vector<Candidate>& rest) {
+Status search_segments(const SearchContext& ctx, const SegmentSpace& space, PlanEstimator& fast,
+                       const SimulateOptions& sim_options, const PlannerOptions& options, ProgressLine& progress,
+                       SearchResult& out, std::vector<Candidate>& chosen, std::vector<Candidate>& rest) {
   progress.set_phase("segment layouts", 0);
   const double device = sim_options.cluster.device.memory_bytes;
   SegmentEnumeration e = enumerate_segment_candidates(ctx, space, device);
@@ -155,27 +169,15 @@ Status search_segments(const SearchContext& ctx, const SegmentSpace& space, cons
                                                          "leave no layout to form"));
   }
   std::vector<Candidate> fits(e.valid.size());
-  progress.set_phase("segment memory", static_cast<std::int64_t>(fits.size()));
-  tbb::parallel_for(std::size_t{0}, fits.size(), [&](std::size_t i) {
+  for (std::size_t i = 0; i < fits.size(); ++i) {
     fits[i].plan = std::move(e.valid[i].plan);
     fits[i].segments = std::move(e.valid[i].segments);
     fits[i].index = out.valid + static_cast<std::int64_t>(i);
-    fits[i].memory = memory_fit(ctx.model, fits[i].plan);
-  });
-
-  // The fast tier over every layout that fits; the full tier times its best.
-  SegmentEstimator fast(ctx, sim_options);
-  {
-    std::vector<const Plan*> plans;
-    for (const Candidate& c : fits) plans.push_back(&c.plan);
-    progress.set_phase("segment references", 0);
-    MT_TRY(fast.prepare(plans));
   }
-  progress.set_phase("segment fast tier", static_cast<std::int64_t>(fits.size()));
-  tbb::parallel_for(std::size_t{0}, fits.size(), [&](std::size_t i) { fits[i].fast = fast.estimate(fits[i].plan); });
-  std::stable_sort(fits.begin(), fits.end(),
-                   [](const Candidate& a, const Candidate& b) { return a.fast.iteration_s < b.fast.iteration_s; });
-  for (std::size_t i = 0; i < fits.size(); ++i) fits[i].fast_rank = static_cast<int>(i);
+  progress.set_phase("segment memory", static_cast<std::int64_t>(fits.size()));
+  fit_memory(ctx.model, fits, progress);
+  // The fast tier over every layout that fits; the full tier times its best.
+  MT_TRY(rank_fast(fast, fits, progress, "segment references", "segment fast tier"));
   const std::size_t n = std::min(fits.size(), static_cast<std::size_t>(std::max(0, options.segments)));
   chosen.assign(std::make_move_iterator(fits.begin()), std::make_move_iterator(fits.begin() + static_cast<std::ptrdiff_t>(n)));
   rest.assign(std::make_move_iterator(fits.begin() + static_cast<std::ptrdiff_t>(n)),
@@ -189,13 +191,15 @@ Result<SearchResult> search(const SearchContext& ctx, const SearchSpace& space, 
                             const PlannerOptions& options, const SegmentSpace& segment_space) {
   SearchResult out;
   ProgressLine progress(options.progress);
+  // One estimator for both families: the segment layouts reuse the uniform plans' references.
+  PlanEstimator fast(ctx, sim_options);
   std::vector<Candidate> fits;  // uniform plans that fit, in the fast tier's order
-  if (options.uniform) MT_TRY(search_uniform(ctx, space, sim_options, progress, out, fits));
+  if (options.uniform) MT_TRY(search_uniform(ctx, space, fast, sim_options, progress, out, fits));
 
   auto start = std::chrono::steady_clock::now();
   std::vector<Candidate> segment_layouts, segment_rest;  // the full tier's, and the rest in the fast tier's order
   if (options.segments > 0)
-    MT_TRY(search_segments(ctx, segment_space, sim_options, options, progress, out, segment_layouts, segment_rest));
+    MT_TRY(search_segments(ctx, segment_space, fast, sim_options, options, progress, out, segment_layouts, segment_rest));
   out.segments_s = seconds_since(start);
 
   // Tier 2: the full simulation of the fast tier's best and of the segment layouts.

@@ -1,8 +1,10 @@
-// `meshtrain plan`'s search: enumerate the space (candidates.h), prune by
-// the memory model (memory_fit.h), rank the rest with the fast tier
-// (fast_estimate.h), re-time the best with the full discrete-event
-// simulation (engine/simulation/simulation.h), whose order is final. Every tier runs
-// on all cores (oneTBB).
+// `meshtrain plan`'s search, one pipeline for both families of candidates:
+// enumerate uniform plans (candidates.h) and segment layouts
+// (segment_candidates.h), prune both by the memory model (memory_fit.h),
+// rank the rest with one fast tier (plan_estimate.h), re-time the best of
+// each family with the full discrete-event simulation
+// (engine/simulation/simulation.h), whose order is final. Every tier runs on
+// all cores (oneTBB).
 #pragma once
 
 #include <cstdint>
@@ -25,7 +27,7 @@ struct PlannerOptions {
   bool progress = false;  // draw the progress line on stderr
   bool uniform = true;    // search uniform plans (search_space.h)
   // Segment layouts (segment_candidates.h) the full tier times: the fast
-  // tier's best (segment_estimate.h) of the whole family. 0: none searched.
+  // tier's best (plan_estimate.h) of the whole family. 0: none searched.
   int segments = 16;
 };
 

@@ -1,7 +1,14 @@
-// The fast tier for plans made of segments (segment_candidates.h): an
-// iteration time for every segment layout that fits, composed from the
-// uniform tier's per-block references and closed forms (fast_estimate.h), so
-// the whole family is ranked and only its best go to the full simulation.
+// The fast tier for every candidate the planner forms (planner.h): an
+// iteration time for each plan that fits, so that both families, uniform
+// plans (candidates.h) and segment layouts (segment_candidates.h), are
+// ranked the same way and only their best go to the full simulation. One
+// estimator serves both: a reference simulation or collective fit one
+// family needed serves the other.
+//
+// A uniform plan is a plan of one segment; it is timed by fast_estimate.h's
+// closed forms, which cover every dimension a uniform plan has (vpp, ep, cp,
+// offload, compression, overlap). A plan of several segments is composed
+// from the same references and collective fits, as follows.
 //
 // Per segment s (its own tp, pp, dp, micro-batch, ZeRO, recomputation, sp):
 //   block times: the uniform tier's cached DES of the whole model at the
@@ -40,18 +47,21 @@
 
 namespace meshtrain::planner {
 
-class SegmentEstimator {
+class PlanEstimator {
  public:
   // As FastEstimator: `options` is what the full tier simulates with and must outlive the estimator.
-  SegmentEstimator(const SearchContext& ctx, const SimulateOptions& options);
+  PlanEstimator(const SearchContext& ctx, const SimulateOptions& options);
 
-  // Runs the reference simulations and collective fits the plans' segments need, on all cores.
+  // Runs the reference simulations and collective fits the plans need that are not cached yet, on all cores.
   Status prepare(const std::vector<const Plan*>& plans);
-  // `p` has segments; needs prepare() for them.
-  FastBreakdown estimate(const Plan& p) const;
+  // Needs prepare() for `p`; `fit` is its memory_fit.
+  FastBreakdown estimate(const Plan& p, const MemoryFit& fit) const;
+  // Reference simulations run so far, for every plan prepared.
   std::size_t reference_simulations() const { return fast_.reference_simulations(); }
 
  private:
+  Status prepare_segments(const std::vector<const Plan*>& plans);
+  FastBreakdown compose_segments(const Plan& p) const;
   struct Terms {
     double pipeline = 0, latency = 0, bubble = 0, p2p = 0;
     double optimizer = 0, data_parallel = 0;

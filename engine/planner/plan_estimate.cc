@@ -1,4 +1,4 @@
-#include "engine/planner/segment_estimate.h"
+#include "engine/planner/plan_estimate.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -22,13 +22,25 @@ bool same_ranks(const Plan& a, const Plan& b) {
 
 }  // namespace
 
-SegmentEstimator::SegmentEstimator(const SearchContext& ctx, const SimulateOptions& options)
+PlanEstimator::PlanEstimator(const SearchContext& ctx, const SimulateOptions& options)
     : ctx_(ctx), fast_(ctx, options) {
   const std::int64_t seq = ctx.base.effective_seq_len(ctx.model);
   for (const auto& b : model_tables(ctx.model)->blocks) io_.push_back(b->io(seq));
 }
 
-Status SegmentEstimator::prepare(const std::vector<const Plan*>& plans) {
+Status PlanEstimator::prepare(const std::vector<const Plan*>& plans) {
+  std::vector<const Plan*> uniform, segmented;
+  for (const Plan* p : plans) (p->segments.empty() ? uniform : segmented).push_back(p);
+  if (!uniform.empty()) MT_TRY(fast_.prepare(uniform));
+  if (!segmented.empty()) MT_TRY(prepare_segments(segmented));
+  return {};
+}
+
+FastBreakdown PlanEstimator::estimate(const Plan& p, const MemoryFit& fit) const {
+  return p.segments.empty() ? fast_.estimate(p, fit) : compose_segments(p);
+}
+
+Status PlanEstimator::prepare_segments(const std::vector<const Plan*>& plans) {
   std::set<FastEstimator::Key> wanted;
   std::set<FastEstimator::CollectiveKey> groups;
   auto group = [&](K kind, int members, int stride) {
@@ -83,7 +95,7 @@ Status SegmentEstimator::prepare(const std::vector<const Plan*>& plans) {
 
 // Whether the whole model runs one stage at `key` (the reference the uniform tier simulates): a segment's tp
 // need only divide its own modules' heads.
-bool SegmentEstimator::whole_model_takes(const FastEstimator::Key& key) const {
+bool PlanEstimator::whole_model_takes(const FastEstimator::Key& key) const {
   Plan p = ctx_.base;
   int rc = 0, comm = 0;
   std::tie(p.tp, p.sequence_parallel, p.micro_batch, rc, p.ep, p.etp, p.cp, comm) = key;
@@ -94,13 +106,13 @@ bool SegmentEstimator::whole_model_takes(const FastEstimator::Key& key) const {
   return validate_plan(p, ctx_.model).ok() && StepEngine::supports(p, ctx_.step).ok();
 }
 
-double SegmentEstimator::boundary_bytes(const Plan& producer, std::int64_t samples) const {
+double PlanEstimator::boundary_bytes(const Plan& producer, std::int64_t samples) const {
   const BlockIo& io = io_[static_cast<std::size_t>(block_range(producer, ctx_.model).last)];
   return static_cast<double>(samples) * static_cast<double>(io.tokens_out * io.width_out) *
          element_bytes(producer.precision);
 }
 
-double SegmentEstimator::boundary_s(const Plan& producer, const Plan& consumer) const {
+double PlanEstimator::boundary_s(const Plan& producer, const Plan& consumer) const {
   if (same_ranks(producer, consumer))
     // One all-to-all: each rank sends its replica's whole activation out.
     return fast_.collective_s(K::kAllToAll, consumer.world_size(), 1,
@@ -110,7 +122,7 @@ double SegmentEstimator::boundary_s(const Plan& producer, const Plan& consumer) 
                             boundary_bytes(producer, consumer.micro_batch));
 }
 
-SegmentEstimator::Terms SegmentEstimator::segment_terms(const Plan& s) const {
+PlanEstimator::Terms PlanEstimator::segment_terms(const Plan& s) const {
   const ModelSpec& m = ctx_.model;
   const FastEstimator::Key key = FastEstimator::key_of(s);
   const bool scaled = scaled_.count(key) > 0;
@@ -175,7 +187,7 @@ SegmentEstimator::Terms SegmentEstimator::segment_terms(const Plan& s) const {
   return out;
 }
 
-FastBreakdown SegmentEstimator::estimate(const Plan& p) const {
+FastBreakdown PlanEstimator::compose_segments(const Plan& p) const {
   const std::size_t n = p.segments.size();
   std::vector<Terms> terms;
   for (const Plan& s : p.segments) terms.push_back(segment_terms(s));
