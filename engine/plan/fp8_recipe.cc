@@ -1,6 +1,8 @@
 #include "engine/plan/fp8_recipe.h"
 
 #include "engine/memory/memory_model.h"
+#include "engine/plan/mesh.h"
+#include "engine/plan/segment_plan.h"
 
 namespace meshtrain {
 
@@ -12,11 +14,17 @@ Status check_fp8_device(const sim::DeviceSpec& d) {
                     d.name);
 }
 
-double fp8_extra_bytes(const ModelSpec& m, const Plan& p, int stage) {
-  Plan bf16 = p;
-  bf16.precision = Precision::bf16;
-  return memory_per_rank(m, p, stage, meshtrain_layout(p)).total() -
-         memory_per_rank(m, bf16, stage, meshtrain_layout(bf16)).total();
+double fp8_extra_bytes(const ModelSpec& m, const Plan& p, int rank) {
+  double extra = 0;
+  for (const Plan& s : plan_segments(p)) {
+    if (s.precision != Precision::fp8 || rank < s.first_rank || rank >= s.first_rank + s.world_size()) continue;
+    Plan bf16 = s;
+    bf16.precision = Precision::bf16;
+    const int stage = Mesh(s).coord_of(rank).pp;
+    extra += memory_per_rank(m, s, stage, meshtrain_layout(s)).total() -
+             memory_per_rank(m, bf16, stage, meshtrain_layout(bf16)).total();
+  }
+  return extra;
 }
 
 }  // namespace meshtrain

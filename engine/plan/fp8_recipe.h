@@ -34,11 +34,12 @@ inline constexpr int kFp8SavedGemmInputBytes = 1;
 // An Error naming the device and the fix when `d` has no FP8 tensor cores.
 Status check_fp8_device(const sim::DeviceSpec& d);
 
-// Bytes a rank of pipeline stage `stage` holds under `p` (precision fp8) more
-// than under the same plan in bf16: its FP8 weight copies less the saved GEMM
-// inputs kept at 1 byte instead of 2 (negative when activations dominate).
-// The sim backend allocates the bf16 run's tensors (an FP8 cast there is costed, not held:
+// Bytes rank `rank` holds under `p` more than under the same plan with its
+// fp8 segments (a uniform plan is one) in bf16, summed over the segments it
+// is in: their FP8 weight copies less the saved GEMM inputs kept at 1 byte
+// instead of 2 (negative when activations dominate). The sim backend
+// allocates the bf16 run's tensors (an FP8 cast there is costed, not held:
 // models/fp8_linear.h); a simulated fp8 peak adds this.
-double fp8_extra_bytes(const ModelSpec& m, const Plan& p, int stage);
+double fp8_extra_bytes(const ModelSpec& m, const Plan& p, int rank);
 
 }  // namespace meshtrain

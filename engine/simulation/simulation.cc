@@ -251,16 +251,12 @@ IdleBreakdown reconciled(IdleBreakdown b, double idle_s) {
   return b;
 }
 
-// Precision fp8 needs FP8 units; a plan of segments does not take it yet (each segment would need its own).
+// Precision fp8 needs FP8 units, in any segment.
 Status check_fp8_plan(const Plan& p, const sim::DeviceSpec& device) {
-  const bool any = p.precision == Precision::fp8 ||
-                   std::any_of(p.segments.begin(), p.segments.end(),
-                               [](const Plan& s) { return s.precision == Precision::fp8; });
-  if (!any) return ok_status();
-  if (!p.segments.empty())
-    return make_error("precision fp8 is simulated for uniform plans only, not yet for a plan of segments; "
-                      "give the segments precision bf16");
-  return check_fp8_device(device);
+  const std::vector<Plan> segments = plan_segments(p);
+  const bool any =
+      std::any_of(segments.begin(), segments.end(), [](const Plan& s) { return s.precision == Precision::fp8; });
+  return any ? check_fp8_device(device) : ok_status();
 }
 
 }  // namespace
@@ -419,8 +415,7 @@ StageResult stage_result(const ModelSpec& m, const Plan& p, const SimRankReport&
   s.rank = r.rank;
   s.peak_bytes = r.peak_bytes;
   // The sim backend allocated the bf16 tensors; FP8's weight copies and narrower saved inputs are counted here.
-  if (p.precision == Precision::fp8)
-    s.peak_bytes += static_cast<std::int64_t>(fp8_extra_bytes(m, p, s.stage));
+  s.peak_bytes += static_cast<std::int64_t>(fp8_extra_bytes(m, p, r.rank));
   s.host_peak_bytes = r.host_peak_bytes;
   s.host_work = r.host_work;
   s.model = !p.segments.empty() ? rank_memory(m, p, r.rank) : memory_per_rank(m, p, s.stage, meshtrain_layout(p));

@@ -7,9 +7,6 @@
 namespace meshtrain {
 
 Status check_fp8_training(const ModelSpec& m, const Plan& p) {
-  if (!p.segments.empty() || !p.segment_name.empty())
-    return make_error("precision fp8 is not trained for a plan made of segments (each segment would reduce its "
-                      "own FP8 amax); use a uniform plan, or --precision fp32");
   if (model_io(m).routes_to_experts)
     return make_error("model '{}' has experts, and fp8 training emulates the tensor-parallel linears only: the "
                       "routed experts' grouped GEMMs have no per-expert FP8 scaling yet; train it with "
@@ -48,6 +45,15 @@ Status fold_fp8_amax(Backend& b, std::span<Fp8Scaling* const> chunks, std::span<
 }
 
 std::string fp8_state_name(const std::string& linear) { return "fp8/" + linear; }
+
+std::vector<std::pair<std::string, std::int64_t>> fp8_state_sizes(const ModelSpec& m, const Plan& p) {
+  std::vector<std::pair<std::string, std::int64_t>> out;
+  if (p.precision != Precision::fp8) return out;
+  for (const ParamInfo& info : parameter_table(m))
+    if (is_fp8_linear(info) && p.stage_split().holds(m, info.layer))
+      out.push_back({fp8_state_name(fp8_linear_name(info)), kFp8Operands * (kDefaultAmaxHistory + 1)});
+  return out;
+}
 
 Status export_fp8_state(Backend& b, const ModelSpec& m, const Plan& p, const Mesh& mesh,
                         std::span<Fp8Scaling* const> chunks, std::map<std::string, std::vector<float>>& out) {

@@ -11,7 +11,9 @@
 // DP x TP x CP amax reduction group, then folded into the histories. Max is
 // exact in any order, so every rank, and the single-rank run, gets the same
 // bits, and step t's scales depend only on steps before t. A pipeline stage
-// owns its layers' histories (no reduction over pp).
+// owns its layers' histories (no reduction over pp), and so does a segment of
+// a plan made of segments: it reduces over its own tp, dp and cp groups, with
+// one read per segment a rank is in.
 //
 // Checkpoints keep each FP8 linear's state as tensor "fp8/<linear>" (3 x
 // [scale, amax history oldest first]), so a resumed run continues bit for bit.
@@ -20,6 +22,7 @@
 #include <map>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backends/backend.h"
@@ -40,6 +43,9 @@ Status fold_fp8_amax(Backend& b, std::span<Fp8Scaling* const> chunks, std::span<
 
 // The checkpoint tensor of one FP8 linear's scaling state.
 std::string fp8_state_name(const std::string& linear);
+// The checkpoint tensors, with their sizes, of the FP8 scaling state of the
+// layers plan (or segment) `p` holds; none unless the plan trains in fp8.
+std::vector<std::pair<std::string, std::int64_t>> fp8_state_sizes(const ModelSpec& m, const Plan& p);
 
 // Adds the scaling state of `chunks` to `out`, and under pipeline parallelism
 // every stage's (broadcast from the stage that owns the layer), so that each

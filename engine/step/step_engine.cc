@@ -62,9 +62,6 @@ Status StepEngine::supports(const Plan& p, const StepOptions& o) {
   if (p.cp > 1 && o.dropout > 0)
     return make_error("dropout {} is not implemented under context parallelism (cp {}); use --dropout 0 or cp 1",
                       o.dropout, p.cp);
-  if (p.overlap_update && (!p.segments.empty() || !p.segment_name.empty()))
-    return make_error("overlap_update (--overlap-update) is not implemented for plans made of segments: their "
-                      "engines share one update; drop the flag");
   return ok_status();
 }
 

@@ -131,7 +131,7 @@ struct Evaluation {
   double accuracy = 0;  // share of targets whose logit is the largest (top-1)
 };
 
-// How the engine of one segment of a plan (engine/segments/) meets its
+// How the engine of one segment of a plan (engine/plan/segment_plan.h) meets its
 // neighbours: where its first virtual stage's input comes from when it does
 // not start the model, where its last virtual stage's output goes when it
 // does not end it, and the gradients the other way, by micro-batch of this
@@ -158,7 +158,6 @@ class StepEngine {
   // validate_plan): an Error names what it cannot do. A StepEngine built for
   // such a plan returns the same Error from every method.
   static Status supports(const Plan& p, const StepOptions& o = {});
-
 
   // The full (unsharded) parameters and AdamW moments by name ("params/<name>",
   // "adam_m/<name>", "adam_v/<name>"), for checkpoints and comparisons.

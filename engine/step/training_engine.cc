@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "engine/plan/segment_plan.h"
+#include "engine/step/fp8_training.h"
 #include "models/block.h"
 
 namespace meshtrain {
@@ -45,7 +46,7 @@ Status& named(Status& s, const Plan& segment) {
 TrainingEngine::~TrainingEngine() = default;
 
 TrainingEngine::TrainingEngine(Backend& b, const ModelSpec& m, const Plan& p, StepOptions options)
-    : b_(b), m_(m), plan_(p), options_(options) {
+    : b_(b), m_(m), plan_(p), options_(options), main_(b.current_stream()) {
   const int rank = b.rank();
   auto holds = [rank](const Plan& s) { return rank >= s.first_rank && rank < s.first_rank + s.world_size(); };
   for (const Plan& s : plan_segments(p)) {
@@ -65,7 +66,7 @@ TrainingEngine::TrainingEngine(Backend& b, const ModelSpec& m, const Plan& p, St
     const BlockIo io = blocks[static_cast<std::size_t>(block_range(producer, m).last)]->io(seq);
     boundaries_.push_back(std::make_unique<BoundaryExchange>(b, static_cast<int>(k), producer, consumer,
                                                              io.tokens_out, io.width_out,
-                                                             activation_dtype(p.precision)));
+                                                             activation_dtype(p.precision, options)));
   }
   for (std::size_t k = 0; k < segments_.size(); ++k) {
     Segment& seg = *segments_[k];
@@ -88,6 +89,10 @@ void TrainingEngine::enter(std::size_t k) {
 
 void TrainingEngine::enter(const std::string& name) {
   if (!one_segment()) b_.set_region(name);
+}
+
+void TrainingEngine::join(Stream waiting, Stream done) {
+  if (waiting != done) b_.wait(waiting, b_.record(done));
 }
 
 StepEngine& TrainingEngine::first_engine() {
@@ -149,6 +154,8 @@ Result<Tensor> TrainingEngine::step_totals(std::int64_t step) {
     enter(k);
     MT_TRY(s.engine->reduce_statistics(step));
     if (one_segment()) return s.engine->step_stats();
+    // The sums are taken on the main stream; an overlapping segment reduced its statistics on its own.
+    join(main_, s.engine->update_stream());
     if (!s.leader) continue;
     Tensor sums_loss = sums_.slice(0, 1), sums_sq = sums_.slice(1, 1);
     b_.axpy(1.f, s.engine->step_stats().slice(0, 1), sums_loss);
@@ -177,9 +184,11 @@ Result<StepResult> TrainingEngine::step(const std::vector<HostBatch>& batches, f
   run_passes(true);
   MT_ASSIGN(const Tensor totals, step_totals(step));
   StepEngine& lead = first_engine();
+  // Where the totals are: one segment's on its update stream, the sums over several on the main stream.
+  const Stream totals_stream = one_segment() ? lead.update_stream() : main_;
   float host[2] = {0, 0};
   {
-    StreamScope on(b_, lead.update_stream());
+    StreamScope on(b_, totals_stream);
     MT_TRY(b_.read(totals, host).context(fmt::format("step {}", step)));
   }
   const double terms = static_cast<double>(G) * static_cast<double>(loss_terms_per_sample(m_, batches.front().seq));
@@ -191,7 +200,9 @@ Result<StepResult> TrainingEngine::step(const std::vector<HostBatch>& batches, f
   }
   const float max_norm = options_.optimizer.max_grad_norm;
   // Overlapped without clipping, every bucket was updated during backward, before this read: say so.
-  if (plan_.overlap_update && max_norm <= 0 && !check_finite(r, step).ok())
+  const bool overlapped = std::any_of(segments_.begin(), segments_.end(),
+                                      [](const auto& s) { return s->engine && s->plan.overlap_update; });
+  if (overlapped && max_norm <= 0 && !check_finite(r, step).ok())
     return make_error("step {}: the loss is {} (gradient norm {}); with --overlap-update and no --grad-clip each "
                       "gradient bucket's update ran as soon as it was reduced, before the loss was read, so the "
                       "parameters already hold this step's update and are no longer those of step {}; resume from "
@@ -200,13 +211,16 @@ Result<StepResult> TrainingEngine::step(const std::vector<HostBatch>& batches, f
   MT_TRY(check_finite(r, step));
   Tensor coef;
   if (max_norm > 0) {
-    StreamScope on(b_, lead.update_stream());
+    StreamScope on(b_, totals_stream);
     b_.clip_coefficient(totals.slice(1, 1), max_norm, coef_);
     coef = coef_;
   }
   for (std::size_t k = 0; k < segments_.size(); ++k) {
     enter(k);
-    if (segments_[k]->engine) segments_[k]->engine->finish_update(coef);
+    StepEngine* e = segments_[k]->engine.get();
+    if (!e) continue;
+    if (coef.defined()) join(e->update_stream(), totals_stream);
+    e->finish_update(coef);
   }
   enter("");
   return r;
@@ -244,7 +258,7 @@ Result<Evaluation> TrainingEngine::evaluate_metrics(const std::vector<HostBatch>
 Result<std::map<std::string, std::vector<float>>> TrainingEngine::export_state() {
   // A segment on every rank has gathered its whole state on each of them.
   if (one_segment()) return first_engine().export_state();
-  // Each segment's engine gathers its parameters on its ranks; its first rank
+  // Each segment's engine gathers its parameters (and FP8 scaling state) on its ranks; its first rank
   // then broadcasts them, packed in name order, to every rank.
   std::map<std::string, std::vector<float>> out;
   for (auto& s : segments_) {
@@ -256,6 +270,8 @@ Result<std::map<std::string, std::vector<float>>> TrainingEngine::export_state()
     for (const ParamInfo& info : parameter_table(m_))
       if (s->plan.stage_split().holds(m_, info.layer))
         for (const char* prefix : {"adam_m/", "adam_v/", "params/"}) names.push_back({prefix + info.name, info.numel()});
+    if (options_.emulate_fp8)
+      for (auto& named : fp8_state_sizes(m_, s->plan)) names.push_back(std::move(named));
     std::sort(names.begin(), names.end());
     std::int64_t total = 0;
     for (const auto& [name, n] : names) total += n;

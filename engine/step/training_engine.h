@@ -106,11 +106,16 @@ class TrainingEngine {
   void run_passes(bool training);
   // (2) [Σ loss, Σ g²] of the step over every rank, after each segment's reduce_statistics.
   Result<Tensor> step_totals(std::int64_t step);
+  // Makes `waiting` wait for the work issued so far on `done` (nothing when they are one stream).
+  void join(Stream waiting, Stream done);
 
   Backend& b_;
   ModelSpec m_;
   Plan plan_;
   StepOptions options_;
+  // The stream the segments' engines compute on (each one's compute stream); under overlap_update a
+  // segment reduces and updates on a data-parallel stream of its own (StepEngine::update_stream).
+  Stream main_;
   std::vector<std::unique_ptr<Segment>> segments_;
   std::vector<std::unique_ptr<BoundaryExchange>> boundaries_;  // k: between segments k and k + 1; null if not ours
   Group world_;  // every rank, for the sums over segments (several segments only)

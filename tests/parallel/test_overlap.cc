@@ -70,13 +70,33 @@ TEST_CASE("optimizer updates off the critical path give the bits of the plan wit
   check_matches_reference(tiny_gpt(), hybrid);
 }
 
-TEST_CASE("overlapped updates are refused for plans made of segments", "[parallel][overlap][errors]") {
-  Plan p = make_plan(1, 1, 2, 1, ScheduleKind::one_f_one_b);
-  p.overlap_update = true;
-  p.segment_name = "segment 0";
-  const Status s = StepEngine::supports(p);
-  REQUIRE(!s.ok());
-  CHECK_THAT(s.error().message(), Catch::Contains("--overlap-update") && Catch::Contains("segments"));
+TEST_CASE("overlapped updates in a plan made of segments give the bits of the plan without",
+          "[parallel][overlap][segments]") {
+  // Each segment reduces and updates on its own data-parallel stream; the sums over segments and the
+  // clip coefficient every segment's update waits for cross to and from the main stream.
+  const ModelSpec m = tiny_llama();
+  const char* disjoint = R"([
+      {"blocks": [0, 2], "dp": 2, "ranks": [0, 1]},
+      {"blocks": [3, 5], "pp": 2, "dp": 2, "microbatches": 2, "ranks": [2, 5], "zero": 1}])";
+  const char* same_ranks = R"([
+      {"blocks": [0, 2], "dp": 2, "zero": 2},
+      {"blocks": [3, 5], "tp": 2}])";
+  for (const float clip : {0.5f, 0.f}) {
+    StepOptions options = step_options();
+    options.optimizer.max_grad_norm = clip;
+    for (const char* segments : {disjoint, same_ranks}) {
+      Plan overlapped = make_plan(1, 1, 1, 0, ScheduleKind::one_f_one_b);
+      overlapped.overlap_update = true;
+      const Plan p = segmented(m, segments, overlapped);
+      for (const Plan& s : p.segments) REQUIRE(s.overlap_update);
+      INFO("seed " << kSeed << ", plan " << describe(p) << ", clip " << clip);
+      check_same_bits(run_plan(m, p, 0, options), run_plan(m, segmented(m, segments), 0, options));
+    }
+  }
+  // And the single-rank values.
+  Plan overlapped = make_plan(1, 1, 1, 0, ScheduleKind::one_f_one_b);
+  overlapped.overlap_update = true;
+  check_matches_reference(m, segmented(m, disjoint, overlapped));
 }
 
 TEST_CASE("the overlap fields round-trip through a plan file", "[parallel][overlap]") {

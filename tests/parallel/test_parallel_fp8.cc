@@ -120,6 +120,23 @@ TEST_CASE("fp8: hybrid plans (tp2 pp2 dp2, sequence and context parallel) match 
   check_fp8_matches(tiny_llama(), cp);
 }
 
+TEST_CASE("fp8: plans made of segments match the single-rank fp8 run", "[parallel][fp8][segments]") {
+  // Each segment holds its own layers, so reducing its linears' amax over its own tensor- and data-parallel
+  // ranks gives every FP8 tensor the amax the single rank sees.
+  const ModelSpec m = tiny_llama();
+  const Plan base = fp8_plan(1, 1, 1, 0, ScheduleKind::one_f_one_b);
+  // Disjoint ranks: a tensor-parallel segment feeds a pipelined, data-parallel one.
+  check_fp8_matches(m, segmented(m, R"([
+      {"blocks": [0, 2], "tp": 2, "ranks": [0, 1]},
+      {"blocks": [3, 5], "pp": 2, "dp": 2, "microbatches": 2, "ranks": [2, 5], "zero": 1}])",
+                                 base));
+  // The same ranks: data parallel, then tensor parallel with sequence parallelism.
+  check_fp8_matches(m, segmented(m, R"([
+      {"blocks": [0, 2], "dp": 2},
+      {"blocks": [3, 5], "tp": 2, "sequence_parallel": true}])",
+                                 base));
+}
+
 TEST_CASE("fp8: the emulation changes the losses, which stay close to fp32's", "[parallel][fp8]") {
   for (const ModelSpec& m : {tiny_gpt(), tiny_llama()}) {
     INFO(m.name);

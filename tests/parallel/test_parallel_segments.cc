@@ -1,33 +1,16 @@
-// Plans made of segments (engine/segments/): each segment its own tp, pp,
+// Plans made of segments (engine/plan/segment_plan.h): each segment its own tp, pp,
 // dp, micro-batches, ZeRO and sequence parallelism, on the same ranks as its
 // neighbour or on ranks of its own, compute what the single-rank run
 // computes (the same checks and tolerances as every other plan,
 // parallel_check.h), ranks as threads.
 #include <catch2/catch.hpp>
 
-#include <nlohmann/json.hpp>
-
-#include "engine/plan/segment_plan.h"
 #include "tests/parallel/parallel_check.h"
 
 using namespace meshtrain;
 using namespace meshtrain::testing;
 
 namespace {
-
-// The plan file's "segments" list, resolved on the model as `meshtrain train --plan` does.
-Plan segmented(const ModelSpec& m, const char* segments) {
-  Plan p = make_plan(1, 1, 1, 0, ScheduleKind::one_f_one_b);
-  if (m.vision()) p.seq_len = 0;
-  auto parsed = segments_from_json(nlohmann::json::parse(segments), m, p);
-  INFO((parsed.ok() ? std::string() : parsed.error().message()));
-  REQUIRE(parsed.ok());
-  p.segments = *parsed;
-  const Status valid = validate_plan(p, m);
-  INFO((valid.ok() ? std::string() : valid.error().message()));
-  REQUIRE(valid.ok());
-  return p;
-}
 
 ModelSpec swin() { return *model_preset("swin-micro"); }
 

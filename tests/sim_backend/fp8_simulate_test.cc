@@ -8,6 +8,9 @@
 
 #include <string>
 
+#include <nlohmann/json.hpp>
+
+#include "engine/plan/segment_plan.h"
 #include "engine/simulation/simulation.h"
 #include "models/parameters.h"
 #include "simulator/cost_model.h"
@@ -129,6 +132,45 @@ TEST_CASE("fp8: every pipeline stage's peak adds exactly what the memory model a
             Approx(b.stages[s].model.total() - a.stages[s].model.total()).margin(amax));
     }
   }
+}
+
+TEST_CASE("fp8: a plan made of segments changes compute and peak as the uniform plan does, less one amax per segment",
+          "[sim_backend][fp8][segments]") {
+  // The same rank runs the same GEMMs and casts whether its layers form one segment or two; what
+  // differs is the step's amax bookkeeping, which each segment does for its own linears. (A tied
+  // embedding and head would have to share a segment.)
+  ModelSpec m = small_gpt();
+  m.tied_embeddings = false;
+  const sim::ClusterSpec c = h100();
+  const sim::CostModel cost(c.device, sim::CostConstants{});
+  auto with_segments = [&](Precision precision) {
+    Plan p = one_rank(precision);
+    auto parsed = segments_from_json(nlohmann::json::parse(R"([{"blocks": [0, 6]}, {"blocks": [7, 13]}])"), m, p);
+    REQUIRE(parsed.ok());
+    p.segments = *parsed;
+    const Status valid = validate_plan(p, m);
+    INFO((valid.ok() ? std::string() : valid.error().message()));
+    REQUIRE(valid.ok());
+    return p;
+  };
+  const SimulationResult uniform_bf16 = simulated(m, one_rank(Precision::bf16), c);
+  const SimulationResult uniform_fp8 = simulated(m, one_rank(Precision::fp8), c);
+  const SimulationResult split_bf16 = simulated(m, with_segments(Precision::bf16), c);
+  const SimulationResult split_fp8 = simulated(m, with_segments(Precision::fp8), c);
+  REQUIRE(split_fp8.stages.size() == 1);
+  // Zeroing the amax as the step begins and once folded, and copying it into the reduction's buffer:
+  // 3 f32 for each of 4 linears a layer, for the 12 layers at once or for 6 and 6.
+  auto amax_ops = [&](int layers) {
+    const double bytes = 4.0 * 3 * 4 * layers;
+    return 2 * sim::to_seconds(cost.memory_bound(bytes, "fill")) +
+           sim::to_seconds(cost.memory_bound(2 * bytes, "copy"));
+  };
+  const double uniform_change = uniform_fp8.stages[0].compute_s - uniform_bf16.stages[0].compute_s;
+  const double split_change = split_fp8.stages[0].compute_s - split_bf16.stages[0].compute_s;
+  CHECK(split_change == Approx(uniform_change + 2 * amax_ops(6) - amax_ops(12)).epsilon(1e-6));
+  // Each segment's FP8 weight copies and 1-byte saved inputs: the whole model's, summed.
+  CHECK(split_fp8.stages[0].peak_bytes - split_bf16.stages[0].peak_bytes ==
+        uniform_fp8.stages[0].peak_bytes - uniform_bf16.stages[0].peak_bytes);
 }
 
 TEST_CASE("fp8: refused on a device without FP8 units, naming it", "[sim_backend][fp8]") {
