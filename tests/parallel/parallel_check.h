@@ -10,12 +10,10 @@
 #include <mutex>
 #include <string>
 
-#include <nlohmann/json.hpp>
-
 #include "backends/cpu/comm/in_process.h"
 #include "backends/cpu/threads.h"
-#include "engine/plan/segment_plan.h"
 #include "tests/parallel/parallel_harness.h"
+#include "tests/segmented_plan.h"
 
 namespace meshtrain::testing {
 
@@ -104,18 +102,9 @@ inline void check_matches_reference(const ModelSpec& m, const Plan& p) {
   check_matches(m, p, reference(m), step_options());
 }
 
-// `base` made of the plan file's "segments" list, resolved on the model as `meshtrain train --plan` does.
-inline Plan segmented(const ModelSpec& m, const char* segments, Plan base = make_plan(1, 1, 1, 0,
-                                                                                      ScheduleKind::one_f_one_b)) {
-  if (m.vision()) base.seq_len = 0;
-  auto parsed = segments_from_json(nlohmann::json::parse(segments), m, base);
-  INFO((parsed.ok() ? std::string() : parsed.error().message()));
-  REQUIRE(parsed.ok());
-  base.segments = *parsed;
-  const Status valid = validate_plan(base, m);
-  INFO((valid.ok() ? std::string() : valid.error().message()));
-  REQUIRE(valid.ok());
-  return base;
+// A plan of the given "segments" (tests/segmented_plan.h) over the single-rank plan.
+inline Plan segmented(const ModelSpec& m, const char* segments) {
+  return segmented(m, make_plan(1, 1, 1, 0, ScheduleKind::one_f_one_b), segments);
 }
 
 }  // namespace meshtrain::testing

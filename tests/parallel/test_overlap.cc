@@ -87,7 +87,7 @@ TEST_CASE("overlapped updates in a plan made of segments give the bits of the pl
     for (const char* segments : {disjoint, same_ranks}) {
       Plan overlapped = make_plan(1, 1, 1, 0, ScheduleKind::one_f_one_b);
       overlapped.overlap_update = true;
-      const Plan p = segmented(m, segments, overlapped);
+      const Plan p = segmented(m, overlapped, segments);
       for (const Plan& s : p.segments) REQUIRE(s.overlap_update);
       INFO("seed " << kSeed << ", plan " << describe(p) << ", clip " << clip);
       check_same_bits(run_plan(m, p, 0, options), run_plan(m, segmented(m, segments), 0, options));
@@ -96,7 +96,7 @@ TEST_CASE("overlapped updates in a plan made of segments give the bits of the pl
   // And the single-rank values.
   Plan overlapped = make_plan(1, 1, 1, 0, ScheduleKind::one_f_one_b);
   overlapped.overlap_update = true;
-  check_matches_reference(m, segmented(m, disjoint, overlapped));
+  check_matches_reference(m, segmented(m, overlapped, disjoint));
 }
 
 TEST_CASE("the overlap fields round-trip through a plan file", "[parallel][overlap]") {

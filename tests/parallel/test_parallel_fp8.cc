@@ -126,15 +126,13 @@ TEST_CASE("fp8: plans made of segments match the single-rank fp8 run", "[paralle
   const ModelSpec m = tiny_llama();
   const Plan base = fp8_plan(1, 1, 1, 0, ScheduleKind::one_f_one_b);
   // Disjoint ranks: a tensor-parallel segment feeds a pipelined, data-parallel one.
-  check_fp8_matches(m, segmented(m, R"([
+  check_fp8_matches(m, segmented(m, base, R"([
       {"blocks": [0, 2], "tp": 2, "ranks": [0, 1]},
-      {"blocks": [3, 5], "pp": 2, "dp": 2, "microbatches": 2, "ranks": [2, 5], "zero": 1}])",
-                                 base));
+      {"blocks": [3, 5], "pp": 2, "dp": 2, "microbatches": 2, "ranks": [2, 5], "zero": 1}])"));
   // The same ranks: data parallel, then tensor parallel with sequence parallelism.
-  check_fp8_matches(m, segmented(m, R"([
+  check_fp8_matches(m, segmented(m, base, R"([
       {"blocks": [0, 2], "dp": 2},
-      {"blocks": [3, 5], "tp": 2, "sequence_parallel": true}])",
-                                 base));
+      {"blocks": [3, 5], "tp": 2, "sequence_parallel": true}])"));
 }
 
 TEST_CASE("fp8: the emulation changes the losses, which stay close to fp32's", "[parallel][fp8]") {

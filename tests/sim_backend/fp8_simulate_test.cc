@@ -8,12 +8,10 @@
 
 #include <string>
 
-#include <nlohmann/json.hpp>
-
-#include "engine/plan/segment_plan.h"
 #include "engine/simulation/simulation.h"
 #include "models/parameters.h"
 #include "simulator/cost_model.h"
+#include "tests/segmented_plan.h"
 #include "tests/sim_backend/sim_testing.h"
 
 using namespace meshtrain;
@@ -144,14 +142,7 @@ TEST_CASE("fp8: a plan made of segments changes compute and peak as the uniform 
   const sim::ClusterSpec c = h100();
   const sim::CostModel cost(c.device, sim::CostConstants{});
   auto with_segments = [&](Precision precision) {
-    Plan p = one_rank(precision);
-    auto parsed = segments_from_json(nlohmann::json::parse(R"([{"blocks": [0, 6]}, {"blocks": [7, 13]}])"), m, p);
-    REQUIRE(parsed.ok());
-    p.segments = *parsed;
-    const Status valid = validate_plan(p, m);
-    INFO((valid.ok() ? std::string() : valid.error().message()));
-    REQUIRE(valid.ok());
-    return p;
+    return testing::segmented(m, one_rank(precision), R"([{"blocks": [0, 6]}, {"blocks": [7, 13]}])");
   };
   const SimulationResult uniform_bf16 = simulated(m, one_rank(Precision::bf16), c);
   const SimulationResult uniform_fp8 = simulated(m, one_rank(Precision::fp8), c);

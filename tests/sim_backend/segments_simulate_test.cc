@@ -10,23 +10,14 @@
 #include "engine/simulation/rank_classes.h"
 #include "engine/simulation/simulation.h"
 #include "models/parameters.h"
+#include "tests/segmented_plan.h"
 #include "tests/sim_backend/sim_testing.h"
 
 using namespace meshtrain;
 using namespace meshtrain::sim_testing;
+using meshtrain::testing::segmented;
 
 namespace {
-
-Plan segmented(const ModelSpec& m, Plan base, const char* segments) {
-  auto parsed = segments_from_json(nlohmann::json::parse(segments), m, base);
-  INFO((parsed.ok() ? std::string() : parsed.error().message()));
-  REQUIRE(parsed.ok());
-  base.segments = *parsed;
-  const Status valid = validate_plan(base, m);
-  INFO((valid.ok() ? std::string() : valid.error().message()));
-  REQUIRE(valid.ok());
-  return base;
-}
 
 // The plan segments refine: fp32, of the given global and micro-batch.
 Plan fp32_plan(int global_batch, int micro_batch) {
