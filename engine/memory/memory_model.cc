@@ -89,6 +89,22 @@ double peak_activation_bytes(const Plan& p, int stage, const std::vector<double>
   return peak;
 }
 
+MemoryBreakdown& MemoryBreakdown::operator+=(const MemoryBreakdown& o) {
+  parameter_count += o.parameter_count;
+  parameters += o.parameters;
+  gradients += o.gradients;
+  optimizer += o.optimizer;
+  zero3_working += o.zero3_working;
+  gradient_working += o.gradient_working;
+  gradient_shard += o.gradient_shard;
+  activations += o.activations;
+  backward_working += o.backward_working;
+  inflight = std::max(inflight, o.inflight);
+  offloaded += o.offloaded;
+  host += o.host;
+  return *this;
+}
+
 MemoryBreakdown memory_per_rank(const ModelSpec& m, const Plan& p, int stage, const ActivationLayout& a) {
   MemoryBreakdown r;
   const std::shared_ptr<const ModelTables> tables = model_tables(m);

@@ -126,6 +126,10 @@ struct MemoryBreakdown {
     return parameters + gradients + optimizer + zero3_working + gradient_working + gradient_shard + activations +
            backward_working;
   }
+  // Adds what a rank also holds of another part of the model (a segment of a
+  // plan made of segments): every byte and parameter adds; the micro-batches
+  // in flight are the larger count.
+  MemoryBreakdown& operator+=(const MemoryBreakdown& o);
 };
 
 // The rank at pipeline stage `stage`: its parameters and its layers per chunk

@@ -85,16 +85,9 @@ BlockRange block_range(const Plan& s, const ModelSpec& m) {
 // a segment's forward activations wait for its backward at the iteration's end).
 MemoryBreakdown rank_memory(const ModelSpec& m, const Plan& p, int rank) {
   MemoryBreakdown total;
-  for (const Plan& s : p.segments) {
+  for (const Plan& s : plan_segments(p)) {
     if (rank < s.first_rank || rank >= s.first_rank + s.world_size()) continue;
-    const MemoryBreakdown b = memory_per_rank(m, s, Mesh(s).coord_of(rank).pp, meshtrain_layout(s));
-    total.parameter_count += b.parameter_count;
-    total.parameters += b.parameters;
-    total.gradients += b.gradients;
-    total.optimizer += b.optimizer;
-    total.zero3_working += b.zero3_working;
-    total.activations += b.activations;
-    total.inflight = std::max(total.inflight, b.inflight);
+    total += memory_per_rank(m, s, Mesh(s).coord_of(rank).pp, meshtrain_layout(s));
   }
   return total;
 }

@@ -55,7 +55,7 @@ Group segments_world(const Plan& p);
 
 // What rank `rank` holds of every segment it is in (memory_model.h; the
 // activations of all: a segment's forward activations wait for its backward
-// at the iteration's end).
+// at the iteration's end). A uniform plan: its stage's memory_per_rank.
 MemoryBreakdown rank_memory(const ModelSpec& m, const Plan& p, int rank);
 
 // A segment's blocks, by index in model_blocks order (0: the embedding).

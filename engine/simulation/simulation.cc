@@ -418,7 +418,7 @@ StageResult stage_result(const ModelSpec& m, const Plan& p, const SimRankReport&
   s.peak_bytes += static_cast<std::int64_t>(fp8_extra_bytes(m, p, r.rank));
   s.host_peak_bytes = r.host_peak_bytes;
   s.host_work = r.host_work;
-  s.model = !p.segments.empty() ? rank_memory(m, p, r.rank) : memory_per_rank(m, p, s.stage, meshtrain_layout(p));
+  s.model = rank_memory(m, p, r.rank);
   s.compute_s = r.compute_s;
   s.idle_s = r.idle_s;
   s.idle = reconciled(classify_idle(r.idle_causes), r.idle_s);

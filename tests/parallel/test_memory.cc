@@ -5,7 +5,9 @@
 
 #include "backends/cpu/comm/in_process.h"
 #include "engine/memory/memory_model.h"
+#include "engine/plan/segment_plan.h"
 #include "tests/parallel/parallel_harness.h"
+#include "tests/segmented_plan.h"
 
 using namespace meshtrain;
 using namespace meshtrain::testing;
@@ -26,16 +28,18 @@ std::vector<HostBatch> step_batch(const ModelSpec& m, const Plan& p) {
   return all;
 }
 
-// `stage` >= 0: check that pipeline stage's ranks only.
+// `stage` >= 0: check that pipeline stage's ranks only (of a uniform plan).
 void check_memory(const Plan& p, const ModelSpec& m = tiny_gpt(), int only_stage = -1) {
   const Mesh mesh(p);
   std::vector<MemoryStats> peaks(static_cast<std::size_t>(p.world_size()));
   const Status s = run_ranks(p.world_size(), [&](int rank, Communicator& comm) -> Status {
     CpuBackend b(comm);
     TrainingEngine engine(b, m, p, step_options());
-    const int d = mesh.coord_of(rank).dp, per = p.microbatches();
-    const std::vector<HostBatch> all = step_batch(m, p);
-    const std::vector<HostBatch> mine(all.begin() + d * per, all.begin() + (d + 1) * per);
+    // This rank's share: its replica's micro-batches, or the whole batch for a plan made of segments.
+    const DataShare share = engine.data_share();
+    const std::vector<HostBatch> all = recut(step_batch(m, p), share.micro_batch);
+    const std::vector<HostBatch> mine(all.begin() + share.replica * share.count,
+                                      all.begin() + (share.replica + 1) * share.count);
     b.reset_peak();
     MT_ASSIGN(StepResult r, engine.step(mine, 1e-2f, 1));
     (void)r;
@@ -44,16 +48,18 @@ void check_memory(const Plan& p, const ModelSpec& m = tiny_gpt(), int only_stage
   });
   REQUIRE(s.ok());
   for (int rank = 0; rank < p.world_size(); ++rank) {
-    const int stage = mesh.coord_of(rank).pp;
+    const int stage = p.segments.empty() ? mesh.coord_of(rank).pp : -1;
     if (only_stage >= 0 && stage != only_stage) continue;
-    const MemoryBreakdown model = memory_per_rank(m, p, stage, meshtrain_layout(p));
+    const MemoryBreakdown model = rank_memory(m, p, rank);
     const double measured = static_cast<double>(peaks[static_cast<std::size_t>(rank)].peak_bytes);
     INFO("plan tp " << p.tp << (p.sequence_parallel ? " sp" : "") << " zero " << p.zero << " " << schedule_name(p.schedule) << " pp" << p.pp << " dp" << p.dp
-                      << " cp" << p.cp << " stage layers " << p.first_stage_layers << "/" << p.last_stage_layers << ", rank "
+                      << " cp" << p.cp << " stage layers " << p.first_stage_layers << "/" << p.last_stage_layers
+                      << " segments " << p.segments.size() << ", rank "
                       << rank << " (stage " << stage << "): measured " << measured << " B, model " << model.total()
                       << " B (parameters " << model.parameters << ", gradients " << model.gradients
                       << ", optimizer " << model.optimizer << ", zero-3 working " << model.zero3_working
-                      << ", gradient working " << model.gradient_working << ", activations " << model.activations
+                      << ", gradient working " << model.gradient_working << ", gradient shard " << model.gradient_shard
+                      << ", activations " << model.activations << ", backward working " << model.backward_working
                       << ")");
     CHECK(measured == Approx(model.total()).epsilon(0.10));
   }
@@ -154,4 +160,17 @@ TEST_CASE("measured peak memory matches the memory model with flexible interleav
   Plan ends = make_plan(1, 2, 1, 1, ScheduleKind::interleaved, 4);
   ends.embedding_in_split = ends.loss_in_split = true;
   check_memory(ends, tiny_gpt6());
+}
+
+TEST_CASE("measured peak memory matches the memory model for plans made of segments", "[parallel][memory][segments]") {
+  // Each rank holds what rank_memory sums over the segments it is in: on disjoint ranks one segment's
+  // stage, on the same ranks both segments' parameters, state and activations.
+  const ModelSpec m = tiny_llama();
+  const Plan single = make_plan(1, 1, 1, 0, ScheduleKind::one_f_one_b);
+  check_memory(segmented(m, single, R"([
+      {"blocks": [0, 2], "tp": 2, "ranks": [0, 1], "zero": 1},
+      {"blocks": [3, 5], "pp": 2, "dp": 2, "microbatches": 2, "ranks": [2, 5], "zero": 2}])"), m);
+  check_memory(segmented(m, single, R"([
+      {"blocks": [0, 2], "dp": 2, "zero": 1},
+      {"blocks": [3, 5], "tp": 2}])"), m);
 }
