@@ -79,111 +79,21 @@ class SimBackend final : public Backend {
   int job() const { return job_; }
   int device() const { return device_; }
 
-  Tensor empty(const Shape& shape, DType dtype = DType::f32) override;
+  #include "backends/runtime_overrides.inc"
   Tensor zeros(const Shape& shape, DType dtype = DType::f32) override;  // empty: there is no data
-  Tensor host_zeros(const Shape& shape, DType dtype = DType::f32) override;
   bool on_host(const Tensor& t) const;
-  MemoryStats memory_stats() const override;
-  void reset_peak() override;
-
-  void write(Tensor& dst, std::span<const float> host) override;
-  void write(Tensor& dst, std::span<const std::int32_t> host) override;
   void init_normal(Tensor& x, const NormalInitOp& op) override;  // like write: no data, no time
-  Status read(const Tensor& src, std::span<float> host) override;
-
-  Stream create_stream(std::string_view name) override;
-  void set_stream(Stream s) override;
   Stream current_stream() const override { return current_; }
-  Event record(Stream s) override;
-  void wait(Stream s, Event e) override;
-  Status synchronize() override;
 
-  void fill(Tensor& x, float value) override;
-  void copy(const Tensor& src, Tensor& dst) override;
-  void cast(const Tensor& src, Tensor& dst) override;
-  void add(const Tensor& a, const Tensor& b, Tensor& out) override;
-  void scale(Tensor& x, float alpha) override;
-  void axpy(float alpha, const Tensor& x, Tensor& y) override;
-  void sum(const Tensor& x, Tensor& out, float scale, bool accumulate) override;
-  void sum_squares(const Tensor& x, Tensor& out, bool accumulate) override;
-  void fp8_cast(const Tensor& x, const Fp8CastOp& op, Tensor& y, Tensor& amax) override;
+  #include "backends/kernel_overrides.inc"
 
-  void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp& op) override;
   // One task for all groups (CostModel::grouped_gemm, or _wgrad when op.trans_a).
   void grouped_gemm(const std::vector<Tensor>& a, const std::vector<Tensor>& b, std::vector<Tensor>& c,
                     const GemmOp& op) override;
-  void batched_gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp& op) override;
-  void bias_backward(const Tensor& dy, Tensor& db) override;
 
-  void embedding_forward(const Tensor& table, const Tensor& ids, Tensor& out,
-                         std::int64_t vocab_offset) override;
-  void embedding_backward(const Tensor& dout, const Tensor& ids, Tensor& dtable,
-                          std::int64_t vocab_offset) override;
-
-  void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& out,
-                         Tensor& mean, Tensor& rstd, float eps) override;
-  void layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight,
-                          const Tensor& mean, const Tensor& rstd, Tensor& dx, Tensor& dweight,
-                          Tensor& dbias) override;
-  void rmsnorm_forward(const Tensor& x, const Tensor& weight, Tensor& out, Tensor& rstd,
-                       float eps) override;
-  void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight,
-                        const Tensor& rstd, Tensor& dx, Tensor& dweight) override;
-
-  void gelu_forward(const Tensor& x, Tensor& out) override;
-  void gelu_backward(const Tensor& dout, const Tensor& x, Tensor& dx) override;
-  void swiglu_forward(const Tensor& x, Tensor& out) override;
-  void swiglu_backward(const Tensor& dout, const Tensor& x, Tensor& dx) override;
-  void dropout_forward(const Tensor& x, Tensor& out, const DropoutOp& op) override;
-  void dropout_backward(const Tensor& dout, Tensor& dx, const DropoutOp& op) override;
-
-  void gather_rows(const Tensor& src, const Tensor& index, Tensor& out) override;
-  void moe_route(const Tensor& logits, bool renormalize, Tensor& probs, Tensor& lse, Tensor& weights,
-                 Tensor& experts) override;
-  void moe_route_backward(const Tensor& dweights, const Tensor& probs, const Tensor& lse, const Tensor& experts,
-                          const Tensor& prob_grad, float z_scale, bool renormalize, Tensor& dlogits) override;
-  void moe_combine(const Tensor& rows, const Tensor& index, const Tensor& weights, Tensor& out) override;
-  void moe_combine_backward(const Tensor& dout, const Tensor& rows, const Tensor& index, const Tensor& weights,
-                            Tensor& drows, Tensor& dweights) override;
-  void rope(Tensor& x, int heads_total, int rotate_heads, float theta, bool inverse,
-            std::int64_t first_position) override;
-  void attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse,
-                         const AttentionOp& op) override;
-  void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                          const Tensor& lse, Tensor& dqkv, const AttentionOp& op) override;
   void attention_merge(Tensor& out, Tensor& lse, const Tensor& part_out, const Tensor& part_lse) override;
 
-  void cross_entropy_max(const Tensor& logits, Tensor& row_max) override;
-  void cross_entropy_partials(const Tensor& logits, const Tensor& targets, const Tensor& row_max,
-                              std::int64_t vocab_offset, Tensor& sumexp,
-                              Tensor& target_logit) override;
-  void cross_entropy_loss(const Tensor& row_max, const Tensor& sumexp, const Tensor& target_logit,
-                          Tensor& losses) override;
-  void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& row_max,
-                              const Tensor& sumexp, std::int64_t vocab_offset, float dloss,
-                              Tensor& dlogits) override;
-
-  void cross_entropy_accuracy(const Tensor& row_max, const Tensor& target_logit, Tensor& correct,
-                              bool accumulate) override;
-  void clip_coefficient(const Tensor& sumsq, float max_norm, Tensor& coef) override;
-  void adamw(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const Tensor& coef,
-             const AdamWOp& op) override;
-  // One op under the per-tensor op's name, timed by the bytes of all its tensors.
-  void foreach_sum_squares(std::span<const Tensor> xs, Tensor& out) override;
-  void sign_compress(const Tensor& x, Tensor& error, Tensor& packets) override;
-  void sign_decompress(const Tensor& packets, Tensor& out) override;
-  void foreach_adamw(std::span<const AdamWTensors> params, const Tensor& coef,
-                     const AdamWOp& op) override;
-
-  void all_reduce(Tensor& x, const Group& g, ReduceOp op) override;
-  void reduce_scatter(const Tensor& in, Tensor& out, const Group& g, ReduceOp op) override;
-  void all_gather(const Tensor& in, Tensor& out, const Group& g) override;
-  void broadcast(Tensor& x, const Group& g, int root_global_rank) override;
-  void all_to_all(const Tensor& in, std::span<const std::int64_t> send_counts, Tensor& out,
-                  std::span<const std::int64_t> recv_counts, const Group& g) override;
-  void send(const Tensor& x, int peer_global_rank, int tag) override;
-  void recv(Tensor& x, int peer_global_rank, int tag) override;
-  void barrier(const Group& g) override;
+  #include "backends/collective_overrides.inc"
 
   double compute_seconds() const;  // sum of issued compute durations
   // The part of compute_seconds() issued on the default stream (the first

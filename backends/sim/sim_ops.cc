@@ -170,6 +170,8 @@ void SimBackend::embedding_forward(const Tensor& table, const Tensor& ids, Tenso
       check(out, "embedding_forward");
   charge(op_info("embedding_forward"), {&table, &ids, &out});
 }
+
+// One op under the per-tensor op's name, timed by the bytes of all its tensors.
 void SimBackend::foreach_sum_squares(std::span<const Tensor> xs, Tensor& out) {
   check(out, "sum_squares");
   std::vector<const Tensor*> operands = {&out};

@@ -76,16 +76,8 @@ class TracingBackend final : public BackendWrapper {
   Event timed_event(Stream s) override;
 
   void init_normal(Tensor& x, const NormalInitOp& op) override;
-  void all_reduce(Tensor& x, const Group& g, ReduceOp op) override;
-  void reduce_scatter(const Tensor& in, Tensor& out, const Group& g, ReduceOp op) override;
-  void all_gather(const Tensor& in, Tensor& out, const Group& g) override;
-  void broadcast(Tensor& x, const Group& g, int root_global_rank) override;
-  void all_to_all(const Tensor& in, std::span<const std::int64_t> send_counts, Tensor& out,
-                  std::span<const std::int64_t> recv_counts, const Group& g) override;
-  void send(const Tensor& x, int peer_global_rank, int tag) override;
-  void recv(Tensor& x, int peer_global_rank, int tag) override;
+  #include "backends/collective_overrides.inc"
   void send_recv(const Tensor& out, int to, Tensor& in, int from, int tag) override;
-  void barrier(const Group& g) override;
 
  private:
   // Every compute op of the op table, under its cost name.

@@ -58,15 +58,7 @@ class StepTimer final : public BackendWrapper {
   // slows, stops or ends the rank there (engine/training/fault_injection.h).
   void on_communication(std::function<void(double compute_s)> hook) { hook_ = std::move(hook); }
 
-  void all_reduce(Tensor& x, const Group& g, ReduceOp op) override;
-  void reduce_scatter(const Tensor& in, Tensor& out, const Group& g, ReduceOp op) override;
-  void all_gather(const Tensor& in, Tensor& out, const Group& g) override;
-  void broadcast(Tensor& x, const Group& g, int root_global_rank) override;
-  void all_to_all(const Tensor& in, std::span<const std::int64_t> send_counts, Tensor& out,
-                  std::span<const std::int64_t> recv_counts, const Group& g) override;
-  void send(const Tensor& x, int peer_global_rank, int tag) override;
-  void recv(Tensor& x, int peer_global_rank, int tag) override;
-  void barrier(const Group& g) override;
+  #include "backends/collective_overrides.inc"
   // Blocking calls: the communication issued before them is complete after.
   Status read(const Tensor& src, std::span<float> host) override;
   Status synchronize() override;

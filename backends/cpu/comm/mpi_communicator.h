@@ -88,17 +88,7 @@ class MpiCommunicator final : public Communicator {
   int world_size() const override { return world_; }
   std::string_view kind() const override { return "mpi"; }
 
-  Status all_reduce(std::span<float> data, const Group& g, ReduceOp op) override;
-  Status reduce_scatter(std::span<const float> in, std::span<float> out, const Group& g,
-                        ReduceOp op) override;
-  Status all_gather(std::span<const float> in, std::span<float> out, const Group& g) override;
-  Status broadcast(std::span<float> data, const Group& g, int root_global_rank) override;
-  Status all_to_all(std::span<const float> in, std::span<const std::int64_t> send_counts,
-                    std::span<float> out, std::span<const std::int64_t> recv_counts,
-                    const Group& g) override;
-  Status send(std::span<const float> data, int peer_global_rank, int tag) override;
-  Status recv(std::span<float> data, int peer_global_rank, int tag) override;
-  Status barrier(const Group& g) override;
+  #include "backends/cpu/communicator_overrides.inc"
 
   // The node id of every global rank, as create() found them.
   const std::vector<int>& nodes() const { return node_of_; }
