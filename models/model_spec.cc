@@ -164,9 +164,8 @@ const std::map<std::string, ModelSpec>& presets() {
     add(moe("moe-seed", 24, 2048, 16, 4, 5632, 8, 2, 32000, 0.01f));
     // Tests and the training study: `tiny` with 8 GELU experts of width 128,
     // top 2, so a token's active MLP (2 · 128) is tiny's dense 256.
-    ModelSpec tiny_moe = gpt2("tiny-moe", 4, 64, 4);
-    tiny_moe.vocab = 256;
-    tiny_moe.seq_len = 64;
+    ModelSpec tiny_moe = tiny;
+    tiny_moe.name = "tiny-moe";
     tiny_moe.ffn = 128;
     tiny_moe.experts = 8;
     tiny_moe.top_k = 2;

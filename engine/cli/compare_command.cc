@@ -165,9 +165,8 @@ Command add_compare_command(CLI::App& app) {
       "compare", "simulate plan files side by side on one model and cluster: step time, MFU, memory, idle by cause");
   sub->add_option("plans", f->plans, "plan files (plan --out writes them; simulate --plan reads them)")->required();
   sub->add_option("--model", f->model, "model preset name or JSON model file")->required();
-  sub->add_option("--cluster", f->cluster, "cluster preset name or JSON file")->capture_default_str();
-  sub->add_option("--gpus", f->gpus, "GPUs in the cluster (dp defaults to gpus / (tp·pp·cp) when a plan has none)")
-      ->check(int_in({1, kMaxWorldSize}));
+  add_cluster_flags(*sub, f->cluster, f->gpus,
+                    "GPUs in the cluster (dp defaults to gpus / (tp·pp·cp) when a plan has none)");
   sub->add_option("--calibration", f->calibration, "calibration JSON (meshtrain calibrate) replacing the defaults");
   sub->add_option("--attention", f->attention, "attention kernels of the simulated software: flash or unfused")
       ->capture_default_str();

@@ -139,10 +139,9 @@ Command add_goodput_command(CLI::App& app) {
   CLI::App* sub = app.add_subcommand(
       "goodput", "expected goodput of a run under GPU failures, and the checkpoint interval that maximises it");
   add_plan_flags(*sub, f->plan, "gpt3-175b");
-  sub->add_option("--cluster", f->cluster, "cluster preset name or JSON file")->capture_default_str();
+  add_cluster_flags(*sub, f->cluster, f->gpus, "GPUs (dp defaults to gpus / (tp·pp·cp))");
   // Bounds far beyond any real run (a century of MTBF, a year per step) that keep every product finite.
   const RealRange kPositive{0, 1e9, true};
-  sub->add_option("--gpus", f->gpus, "GPUs (dp defaults to gpus / (tp·pp·cp))")->check(int_in({1, kMaxWorldSize}));
   sub->add_option("--mtbf-hours", f->mtbf_hours, "mean time between failures of one GPU, hours")
       ->required()
       ->check(real_in(kPositive));

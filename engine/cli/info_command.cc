@@ -34,7 +34,7 @@ Status print_segments(const ModelSpec& m, const Plan& p, const InfoFlags& f) {
   std::string memory;
   for (std::size_t k = 0; k < p.segments.size(); ++k) {
     const Plan& s = p.segments[k];
-    if (f.rank < s.first_rank || f.rank >= s.first_rank + s.world_size()) continue;
+    if (!s.holds_rank(f.rank)) continue;
     const Coord c = Mesh(s).coord_of(f.rank);
     const MemoryBreakdown mem = memory_per_rank(m, s, c.pp, meshtrain_layout(s));
     per_segment.push_back({{"segment", k},

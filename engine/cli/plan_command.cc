@@ -13,6 +13,7 @@
 #include "core/names.h"
 #include "engine/cli/bounded_flags.h"
 #include "engine/cli/commands.h"
+#include "engine/cli/plan_flags.h"
 #include "engine/pictures/pictures.h"
 #include "engine/plan/fp8_recipe.h"
 #include "engine/planner/candidates.h"
@@ -141,8 +142,7 @@ Command add_plan_command(CLI::App& app) {
                                              "estimate, then the full simulation of the best");
   sub->footer(dimension_help());
   sub->add_option("--model", f->model, "model preset name or JSON model file")->required();
-  sub->add_option("--cluster", f->cluster, "cluster preset name or JSON file")->capture_default_str();
-  sub->add_option("--gpus", f->gpus, "GPUs the plan uses")->required()->check(int_in({1, kMaxWorldSize}));
+  add_cluster_flags(*sub, f->cluster, f->gpus, "GPUs the plan uses")->required();
   sub->add_option("--global-batch", f->global_batch, "sequences (images) per iteration (default: one per GPU)")
       ->check(int_in({1, kMaxGlobalBatch}));
   sub->add_option("--seq-len", f->seq_len, "sequence length (default: the model's)")->check(int_in({1, 1 << 24}));

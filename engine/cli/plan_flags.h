@@ -5,6 +5,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "engine/cli/bounded_flags.h"
 #include "engine/plan/plan.h"
 #include "models/model_spec.h"
 
@@ -18,6 +19,15 @@ struct PlanFlags {
 
 // Adds --model, --plan FILE and one flag per plan field (--tp, --pp, ...).
 void add_plan_flags(CLI::App& app, PlanFlags& flags, const std::string& default_model);
+
+// Adds --cluster (a preset name or JSON file) and --gpus (1 to kMaxWorldSize,
+// described by `gpus_help`), the pair every command that sizes a cluster
+// takes; returns --gpus for a command that requires it.
+template <class Gpus>
+CLI::Option* add_cluster_flags(CLI::App& app, std::string& cluster, Gpus& gpus, const std::string& gpus_help) {
+  app.add_option("--cluster", cluster, "cluster preset name or JSON file")->capture_default_str();
+  return app.add_option("--gpus", gpus, gpus_help)->check(int_in({1, kMaxWorldSize}));
+}
 
 // With `gpus` > 0 and no dp given (flag or plan file): dp fills the GPUs
 // left by the model-parallel dimensions, gpus / (tp·pp·cp).

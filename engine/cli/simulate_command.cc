@@ -382,9 +382,8 @@ Command add_simulate_command(CLI::App& app) {
   CLI::App* sub = app.add_subcommand(
       "simulate", "time one training iteration on a simulated cluster (no model, plan or --gpus: a built-in example)");
   add_plan_flags(*sub, flags->plan, "");
-  sub->add_option("--cluster", flags->cluster, "cluster preset name or JSON file")->capture_default_str();
-  sub->add_option("--gpus", flags->gpus, "GPUs in the cluster (the plan's world; dp defaults to gpus / (tp·pp·cp))")
-      ->check(int_in({1, kMaxWorldSize}));
+  add_cluster_flags(*sub, flags->cluster, flags->gpus,
+                    "GPUs in the cluster (the plan's world; dp defaults to gpus / (tp·pp·cp))");
   sub->add_option("--attention", flags->attention,
                   "attention kernels of the simulated software: flash (fused) or unfused (Megatron-LM 2021: "
                   "score GEMM, softmax, dropout, context GEMM)")

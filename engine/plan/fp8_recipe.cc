@@ -17,7 +17,7 @@ Status check_fp8_device(const sim::DeviceSpec& d) {
 double fp8_extra_bytes(const ModelSpec& m, const Plan& p, int rank) {
   double extra = 0;
   for (const Plan& s : plan_segments(p)) {
-    if (s.precision != Precision::fp8 || rank < s.first_rank || rank >= s.first_rank + s.world_size()) continue;
+    if (s.precision != Precision::fp8 || !s.holds_rank(rank)) continue;
     Plan bf16 = s;
     bf16.precision = Precision::bf16;
     const int stage = Mesh(s).coord_of(rank).pp;

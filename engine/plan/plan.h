@@ -150,6 +150,8 @@ struct Plan {
 
   // Ranks the plan runs on: tp·pp·dp·cp, or every segment's (the union).
   int world_size() const;
+  // Whether global rank `rank` is one of this plan's (a segment's: first_rank onwards).
+  bool holds_rank(int rank) const { return rank >= first_rank && rank < first_rank + world_size(); }
   int expert_tp() const { return etp > 0 ? etp : tp; }
   int effective_global_batch() const { return global_batch > 0 ? global_batch : micro_batch * dp; }
   // Micro-batches each pipeline runs per iteration.

@@ -1,6 +1,7 @@
 #include "engine/plan/segment_plan.h"
 
 #include <algorithm>
+#include <map>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -86,7 +87,7 @@ BlockRange block_range(const Plan& s, const ModelSpec& m) {
 MemoryBreakdown rank_memory(const ModelSpec& m, const Plan& p, int rank) {
   MemoryBreakdown total;
   for (const Plan& s : plan_segments(p)) {
-    if (rank < s.first_rank || rank >= s.first_rank + s.world_size()) continue;
+    if (!s.holds_rank(rank)) continue;
     total += memory_per_rank(m, s, Mesh(s).coord_of(rank).pp, meshtrain_layout(s));
   }
   return total;
@@ -94,11 +95,25 @@ MemoryBreakdown rank_memory(const ModelSpec& m, const Plan& p, int rank) {
 
 std::vector<Plan> plan_segments(const Plan& p) { return p.segments.empty() ? std::vector<Plan>{p} : p.segments; }
 
-Group segments_world(const Plan& p) {
+Group plan_world(const Plan& p) {
   Group g;
-  g.id = static_cast<int>(p.segments.size()) * kGroupIdsPerSegment;
+  g.id = static_cast<int>(plan_segments(p).size()) * kGroupIdsPerSegment;
   for (int r = 0; r < p.world_size(); ++r) g.ranks.push_back(r);
   return g;
+}
+
+std::vector<int> pipeline_positions(const Plan& p) {
+  const std::vector<Plan> segments = plan_segments(p);
+  const std::vector<Mesh> meshes(segments.begin(), segments.end());
+  std::map<std::vector<int>, int> seen;
+  std::vector<int> out;
+  for (int r = 0; r < p.world_size(); ++r) {
+    std::vector<int> stages;
+    for (std::size_t k = 0; k < segments.size(); ++k)
+      stages.push_back(segments[k].holds_rank(r) ? meshes[k].coord_of(r).pp : -1);
+    out.push_back(seen.emplace(std::move(stages), static_cast<int>(seen.size())).first->second);
+  }
+  return out;
 }
 
 Result<std::vector<Plan>> segments_from_json(const nlohmann::json& list, const ModelSpec& m, const Plan& base) {
@@ -260,7 +275,7 @@ std::string describe_segments(const Plan& p, const ModelSpec& m) {
     std::string line = fmt::format("  rank {:>3}:", rank);
     for (std::size_t k = 0; k < p.segments.size(); ++k) {
       const Plan& s = p.segments[k];
-      if (rank < s.first_rank || rank >= s.first_rank + s.world_size()) continue;
+      if (!s.holds_rank(rank)) continue;
       const Mesh mesh(s);
       const Coord c = mesh.coord_of(rank);
       std::vector<std::string> held;

@@ -50,8 +50,16 @@ inline constexpr int kGroupIdsPerSegment = 1 << 20;
 // a plan of one segment.
 std::vector<Plan> plan_segments(const Plan& p);
 
-// Every rank of a plan made of segments, as a group whose id no segment's group has.
-Group segments_world(const Plan& p);
+// Every rank of `p`, as a group whose id no group of its segments (a
+// uniform plan: its mesh) has: the boundaries' sums, the stop vote and the
+// step timings go over it.
+Group plan_world(const Plan& p);
+
+// By rank: its place in the pipelines of `p`, one number for the ranks that
+// hold the same stage of every segment (so the same layers and memory),
+// numbered in order of first appearance: a uniform plan's is the rank's
+// pipeline stage.
+std::vector<int> pipeline_positions(const Plan& p);
 
 // What rank `rank` holds of every segment it is in (memory_model.h; the
 // activations of all: a segment's forward activations wait for its backward

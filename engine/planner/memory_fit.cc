@@ -18,20 +18,14 @@ bool layers_alike(const ModelSpec& m) { return model_io(m).layers_alike; }
 MemoryFit memory_fit(const ModelSpec& m, const Plan& p) {
   MemoryFit fit;
   if (!p.segments.empty()) {
-    // A rank holds a stage of each segment it is in: ranks holding the same
-    // stages hold the same memory, so each such set is evaluated once.
-    std::vector<Mesh> meshes;
-    for (const Plan& s : p.segments) meshes.emplace_back(s);
-    std::map<std::vector<int>, MemoryBreakdown> seen;
+    // Ranks holding the same stage of every segment hold the same memory,
+    // so each such set is evaluated once.
+    const std::vector<int> positions = pipeline_positions(p);
+    std::map<int, MemoryBreakdown> seen;
     for (int rank = 0; rank < p.world_size(); ++rank) {
-      std::vector<int> stages;
-      for (std::size_t k = 0; k < p.segments.size(); ++k) {
-        const Plan& s = p.segments[k];
-        const bool in = rank >= s.first_rank && rank < s.first_rank + s.world_size();
-        stages.push_back(in ? meshes[k].coord_of(rank).pp : -1);
-      }
-      auto it = seen.find(stages);
-      if (it == seen.end()) it = seen.emplace(stages, rank_memory(m, p, rank)).first;
+      const int at = positions[static_cast<std::size_t>(rank)];
+      auto it = seen.find(at);
+      if (it == seen.end()) it = seen.emplace(at, rank_memory(m, p, rank)).first;
       const MemoryBreakdown& b = it->second;
       fit.max_stage_parameters = std::max(fit.max_stage_parameters, b.parameter_count);
       if (b.total() > fit.peak_bytes || rank == 0) fit.peak_bytes = b.total(), fit.peak_stage = rank, fit.peak = b;

@@ -153,10 +153,7 @@ void expand(const SearchContext& ctx, const SegmentSpace& space, double device, 
   std::vector<Mesh> meshes;
   for (const Plan& s : base.segments) meshes.emplace_back(s);
   auto stage_of = [&](std::size_t k, int rank) { return static_cast<std::size_t>(meshes[k].coord_of(rank).pp); };
-  auto holds = [&](std::size_t k, int rank) {
-    const Plan& s = base.segments[k];
-    return rank >= s.first_rank && rank < s.first_rank + s.world_size();
-  };
+  auto holds = [&](std::size_t k, int rank) { return base.segments[k].holds_rank(rank); };
   auto peak = [&](const std::vector<std::size_t>& at) {
     std::pair<double, int> worst{0, 0};  // bytes, rank
     for (int rank = 0; rank < ctx.gpus; ++rank) {

@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "engine/plan/mesh.h"
+#include "engine/plan/segment_plan.h"
 #include "engine/step/segment_boundary.h"
 
 namespace meshtrain {
@@ -29,7 +30,6 @@ SampleRange replica_samples(const SampleLayout& layout, int d) {
   return {mine.front().begin, mine.back().end};
 }
 
-bool holds(const Plan& s, int rank) { return rank >= s.first_rank && rank < s.first_rank + s.world_size(); }
 
 // Rank `rank`'s end of boundary k (segments k and k + 1) on disjoint ranks:
 // the consumer's first stage or the producer's last, with the segment it
@@ -42,8 +42,8 @@ struct BoundaryEnd {
 std::optional<BoundaryEnd> disjoint_end(const Plan& p, const std::vector<Mesh>& meshes, std::size_t k, int rank) {
   const Plan &producer = p.segments[k], &consumer = p.segments[k + 1];
   if (producer.first_rank == consumer.first_rank) return std::nullopt;  // the same ranks: an all-to-all
-  const bool consumes = holds(consumer, rank);
-  if (!consumes && !holds(producer, rank)) return std::nullopt;
+  const bool consumes = consumer.holds_rank(rank);
+  if (!consumes && !producer.holds_rank(rank)) return std::nullopt;
   const std::size_t mine = consumes ? k + 1 : k;
   const Coord c = meshes[mine].coord_of(rank);
   if (c.pp != (consumes ? 0 : producer.pp - 1)) return std::nullopt;
@@ -64,7 +64,7 @@ std::vector<int> place(const Plan& p, const std::vector<Mesh>& meshes, const std
                        int rank) {
   std::vector<int> out;
   for (std::size_t k = 0; k < p.segments.size(); ++k) {
-    if (!holds(p.segments[k], rank)) {
+    if (!p.segments[k].holds_rank(rank)) {
       out.insert(out.end(), {-1, -1, -1});
       continue;
     }
@@ -83,7 +83,7 @@ std::vector<int> place(const Plan& p, const std::vector<Mesh>& meshes, const std
       continue;
     }
     const Plan &producer = p.segments[k], &consumer = p.segments[k + 1];
-    const bool both = holds(producer, rank) && holds(consumer, rank);
+    const bool both = producer.holds_rank(rank) && consumer.holds_rank(rank);
     const Coord a = both ? meshes[k].coord_of(rank) : Coord{}, b = both ? meshes[k + 1].coord_of(rank) : Coord{};
     if (!both || a.pp != producer.pp - 1 || b.pp != 0) {
       out.insert(out.end(), {-1, -1});
@@ -108,7 +108,7 @@ std::vector<int> peers(const Plan& p, const std::vector<Mesh>& meshes, const std
                        int rank) {
   std::vector<int> out;
   for (std::size_t k = 0; k < p.segments.size(); ++k) {
-    if (!holds(p.segments[k], rank)) continue;
+    if (!p.segments[k].holds_rank(rank)) continue;
     const Coord c = meshes[k].coord_of(rank);
     for (int s = 0; s < p.segments[k].pp; ++s) out.push_back(meshes[k].rank_of({c.tp, c.cp, c.dp, s}));
   }
@@ -130,7 +130,7 @@ RankClasses segment_classes(const Plan& p) {
   std::vector<Mesh> meshes;
   std::vector<SampleLayout> layouts;
   for (const Plan& s : p.segments) meshes.emplace_back(s), layouts.push_back(training_layout(s));
-  std::map<std::vector<int>, int> index, positions;
+  std::map<std::vector<int>, int> index;
   RankClasses c;
   std::vector<int> size;
   std::vector<bool> chosen(static_cast<std::size_t>(p.world_size()), false);
@@ -139,11 +139,8 @@ RankClasses segment_classes(const Plan& p) {
     if (added) ++c.classes, size.push_back(0), chosen[static_cast<std::size_t>(rank)] = true;
     ++size[static_cast<std::size_t>(it->second)];
     c.class_of.push_back(it->second);
-    std::vector<int> stages;
-    for (std::size_t k = 0; k < p.segments.size(); ++k)
-      stages.push_back(holds(p.segments[k], rank) ? meshes[k].coord_of(rank).pp : -1);
-    c.position_of.push_back(positions.emplace(stages, static_cast<int>(positions.size())).first->second);
   }
+  c.position_of = pipeline_positions(p);
   // The lowest rank of each class, and every rank a chosen one exchanges
   // with point to point: a stage then waits for its simulated neighbours
   // (the bubble), and its sends run beside its compute, as a real send does,

@@ -271,8 +271,7 @@ Status use_moe_dispatcher(SimCluster& cluster, int job, const ModelSpec& m, cons
   if (dispatcher != "deepep" && dispatcher != "hybridep")
     return Error(unknown_name_message("MoE dispatcher", dispatcher, {"alltoall", "deepep", "hybridep"}));
   if (!model_io(m).routes_to_experts) return make_error("MoE dispatcher '{}': the model has no experts", dispatcher);
-  if (!p.segments.empty()) return make_error("MoE dispatcher '{}': not simulated for a plan of segments", dispatcher);
-  const Mesh mesh(p);
+  const Mesh mesh(p);  // a model with experts runs under one plan for the whole model (validate_plan)
   for (int r : cluster.representatives(job))
     cluster.backend(job, r).use_expert_dispatch(mesh.group_of(GroupKind::expert, r)->id, m.experts, m.top_k);
   return ok_status();

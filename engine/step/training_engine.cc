@@ -77,7 +77,7 @@ TrainingEngine::TrainingEngine(Backend& b, const ModelSpec& m, const Plan& p, St
     seg.engine->set_boundary(seg.boundary.get());
   }
   if (!one_segment()) {
-    world_ = segments_world(p);
+    world_ = plan_world(p);
     sums_ = b.empty(Shape{3});
   }
   coef_ = b.empty(Shape{1});

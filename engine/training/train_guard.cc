@@ -3,8 +3,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
-#include <map>
-#include <numeric>
 #include <string>
 
 #include <fmt/format.h>
@@ -15,41 +13,11 @@
 #include "engine/memory/memory_model.h"
 #include "engine/memory/out_of_memory.h"
 #include "engine/plan/mesh.h"
+#include "engine/plan/segment_plan.h"
 #include "engine/training/stop_request.h"
 #include "models/parameters.h"
 
-#include "engine/plan/segment_plan.h"
-
 namespace meshtrain {
-
-Group world_group(const Plan& p) {
-  if (!p.segments.empty()) return segments_world(p);
-  const Mesh mesh(p);
-  Group world;
-  // The mesh numbers its groups 0, 1, 2, ...: the next id is free.
-  world.id = mesh.group_count();
-  world.ranks.resize(static_cast<std::size_t>(mesh.world_size()));
-  std::iota(world.ranks.begin(), world.ranks.end(), 0);
-  return world;
-}
-
-std::vector<int> rank_roles(const Plan& p) {
-  std::vector<int> out;
-  if (p.segments.empty()) {
-    const Mesh mesh(p);
-    for (int r = 0; r < p.world_size(); ++r) out.push_back(mesh.coord_of(r).pp);
-    return out;
-  }
-  // A rank's role: its pipeline stage in each segment it is in.
-  std::map<std::vector<int>, int> roles;
-  for (int r = 0; r < p.world_size(); ++r) {
-    std::vector<int> key;
-    for (const Plan& s : p.segments)
-      key.push_back(r >= s.first_rank && r < s.first_rank + s.world_size() ? Mesh(s).coord_of(r).pp : -1);
-    out.push_back(roles.emplace(key, static_cast<int>(roles.size())).first->second);
-  }
-  return out;
-}
 
 void warn(std::string_view message) {
   std::fflush(stdout);

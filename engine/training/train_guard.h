@@ -51,14 +51,6 @@ nlohmann::json run_record(const TrainOptions& o, const std::string& data_path, s
 // legitimate (a new learning rate, schedule shape, length, dropout, ...).
 Status check_resume(const CheckpointMeta& meta, const TrainOptions& o, const nlohmann::json& run, bool leader);
 
-// Every rank of plan `p` in one group, with an id that no group of its mesh
-// (or its segments') has: the stop vote and the step timings
-// (engine/training/step_timing.h) go over it.
-Group world_group(const Plan& p);
-// Per rank, its role: ranks of one role run the same ops (a uniform plan's
-// pipeline stage; under segments, the stage in each segment), so the
-// straggler report compares them.
-std::vector<int> rank_roles(const Plan& p);
 
 // The ranks' agreement to stop: each rank calls agree() after every step
 // (a one-element all-reduce over all ranks of `world` when there are several),

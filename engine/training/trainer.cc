@@ -17,6 +17,7 @@
 #include "engine/checkpoint/checkpoint.h"
 #include "engine/export/hf_export.h"
 #include "engine/plan/mesh.h"
+#include "engine/plan/segment_plan.h"
 #include "engine/step/fp8_training.h"
 #include "engine/step/training_engine.h"
 #include "engine/training/lr_schedule.h"
@@ -78,7 +79,7 @@ Status save_checkpoint(Backend& b, TrainingEngine& engine, bool writer, const Mo
                        const TrainOptions& o, std::int64_t step, const LoaderState& loader, const nlohmann::json& run) {
   MT_ASSIGN(auto state, engine.export_state());
   MT_ASSIGN(const std::vector<float> own, engine.export_rank_state());
-  MT_ASSIGN(auto per_rank, gather_rank_states(b, world_group(p), own));
+  MT_ASSIGN(auto per_rank, gather_rank_states(b, plan_world(p), own));
   if (!writer) return {};
   for (std::size_t r = 0; r < per_rank.size(); ++r)
     if (!per_rank[r].empty()) state.emplace(rank_state_name(static_cast<int>(r)), std::move(per_rank[r]));
@@ -280,7 +281,7 @@ RankRun::RankRun(Backend& b, const ModelSpec& m, const Plan& p, const TrainOptio
       timer_(b),
       faults_(o.faults, b.rank(), o.ranks_are_processes, 3 * o.comm_timeout + std::chrono::seconds(1),
               o.rank_losses.get()),
-      schedule_(lr_schedule(o)), world_(world_group(p)), stage_(rank_roles(p)),
+      schedule_(lr_schedule(o)), world_(plan_world(p)), stage_(pipeline_positions(p)),
       last_step_(o.stop_at > 0 ? o.stop_at : o.steps),
       tokens_per_step_(static_cast<double>(p.effective_global_batch()) * static_cast<double>(io_.throughput_tokens())) {
   if (!faults_.empty()) timer_.on_communication([this](double compute_s) { faults_.before_communication(compute_s); });
