@@ -171,6 +171,8 @@ class CudaBackend final : public Backend {
   void check_member(const Group& g, std::string_view op) const;
   int nccl_dtype(const Tensor& t, std::string_view op) const;
   void track(std::string op, const Group& g);
+  // send (sending) or recv of x with `peer` on the world communicator, as one ncclSend or ncclRecv.
+  void point_to_point(const Tensor& x, int peer, int tag, bool sending);
 
   std::shared_ptr<DeviceState> state_;  // device, allocator, streams, events
   std::unique_ptr<GemmRunner> gemm_;

@@ -173,42 +173,31 @@ void CudaBackend::all_to_all(const Tensor& in, std::span<const std::int64_t> sen
   MT_NCCL("all_to_all", g, grouped(comm), others * static_cast<std::int64_t>(size));
 }
 
-void CudaBackend::send(const Tensor& x, int peer, int tag) {
-  const void* p = ptr(x, "send");
+void CudaBackend::point_to_point(const Tensor& x, int peer, int tag, bool sending) {
+  const char* op = sending ? "send" : "recv";
+  void* p = ptr(x, op);
   if (peer < 0 || peer >= world_size_ || peer == rank_)
-    misuse("send: peer {} from rank {} of {}", peer, rank_, world_size_);
+    misuse("{}: peer {} of rank {} of {}", op, peer, rank_, world_size_);
   if (failed() || x.numel() == 0) return;
-  const auto type = static_cast<ncclDataType_t>(nccl_dtype(x, "send"));
+  const auto type = static_cast<ncclDataType_t>(nccl_dtype(x, op));
   const Group pair{NcclComms::kWorldGroup, {std::min(rank_, peer), std::max(rank_, peer)}};
-  const std::string name = fmt::format("send to rank {} tag {}", peer, tag);
+  const std::string name = fmt::format("{} rank {} tag {}", sending ? "send to" : "recv from", peer, tag);
   ncclComm_t comm = comms_->world();
-  if (comm == nullptr) misuse("send: no point-to-point communicator (world of one)");
-  if (ncclResult_t r = ncclSend(p, static_cast<std::size_t>(x.numel()), type, peer, comm, MT_STREAM);
+  if (comm == nullptr) misuse("{}: no point-to-point communicator (world of one)", op);
+  const auto count = static_cast<std::size_t>(x.numel());
+  if (ncclResult_t r = sending ? ncclSend(p, count, type, peer, comm, MT_STREAM)
+                               : ncclRecv(p, count, type, peer, comm, MT_STREAM);
       r != ncclSuccess) {
     fail(make_error("cuda rank {}: {}: {}", rank_, name, ncclGetErrorString(r)));
     return;
   }
   track(name, pair);
-  bytes_sent_ += static_cast<std::int64_t>(x.bytes());
+  if (sending) bytes_sent_ += static_cast<std::int64_t>(x.bytes());
 }
 
-void CudaBackend::recv(Tensor& x, int peer, int tag) {
-  void* p = ptr(x, "recv");
-  if (peer < 0 || peer >= world_size_ || peer == rank_)
-    misuse("recv: peer {} at rank {} of {}", peer, rank_, world_size_);
-  if (failed() || x.numel() == 0) return;
-  const auto type = static_cast<ncclDataType_t>(nccl_dtype(x, "recv"));
-  const Group pair{NcclComms::kWorldGroup, {std::min(rank_, peer), std::max(rank_, peer)}};
-  const std::string name = fmt::format("recv from rank {} tag {}", peer, tag);
-  ncclComm_t comm = comms_->world();
-  if (comm == nullptr) misuse("recv: no point-to-point communicator (world of one)");
-  if (ncclResult_t r = ncclRecv(p, static_cast<std::size_t>(x.numel()), type, peer, comm, MT_STREAM);
-      r != ncclSuccess) {
-    fail(make_error("cuda rank {}: {}: {}", rank_, name, ncclGetErrorString(r)));
-    return;
-  }
-  track(name, pair);
-}
+void CudaBackend::send(const Tensor& x, int peer, int tag) { point_to_point(x, peer, tag, true); }
+
+void CudaBackend::recv(Tensor& x, int peer, int tag) { point_to_point(x, peer, tag, false); }
 
 void CudaBackend::send_recv(const Tensor& out, int to, Tensor& in, int from, int tag) {
   // ncclSend holds the stream until the peer's ncclRecv starts: a ring step posted as a send, then a

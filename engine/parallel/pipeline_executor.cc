@@ -50,47 +50,29 @@ void PipelineExecutor::run(Backend& b, const PipelineCompute& compute, DType dty
     const K& a = *it;
     const std::pair<int, int> key{a.chunk, a.microbatch};
     const int s = schedule::virtual_stage(schedule_.layout, a);
+    // The tensor waiting in `from` under this action's key, taken out; undefined where none waits
+    // (the first stage's input, the last stage's output gradient).
+    auto take = [&key](std::map<std::pair<int, int>, Tensor>& from) {
+      Tensor t;
+      if (auto found = from.find(key); found != from.end()) t = found->second, from.erase(found);
+      return t;
+    };
+    auto receive = [&](bool grad) {
+      Tensor x = b.empty(compute.boundary(a.chunk, a.microbatch, grad), dtype);
+      b.recv(x, peer(a), tag(a, m));
+      return x;
+    };
     switch (a.kind) {
-      case K::recv_act: {
-        Tensor x = b.empty(compute.boundary(a.chunk, a.microbatch, false), dtype);
-        b.recv(x, peer(a), tag(a, m));
-        inputs[key] = x;
+      case K::recv_act: inputs[key] = receive(false); break;
+      case K::forward:
+        if (Tensor out = compute.forward(a.chunk, a.microbatch, take(inputs)); s < last) outputs[key] = out;
         break;
-      }
-      case K::forward: {
-        Tensor in;
-        if (auto it = inputs.find(key); it != inputs.end()) {
-          in = it->second;
-          inputs.erase(it);
-        }
-        Tensor out = compute.forward(a.chunk, a.microbatch, in);
-        if (s < last) outputs[key] = out;
+      case K::send_act: b.send(take(outputs), peer(a), tag(a, m)); break;
+      case K::recv_grad: douts[key] = receive(true); break;
+      case K::backward:
+        if (Tensor din = compute.backward(a.chunk, a.microbatch, take(douts)); s > 0) dinputs[key] = din;
         break;
-      }
-      case K::send_act:
-        b.send(outputs.at(key), peer(a), tag(a, m));
-        outputs.erase(key);
-        break;
-      case K::recv_grad: {
-        Tensor g = b.empty(compute.boundary(a.chunk, a.microbatch, true), dtype);
-        b.recv(g, peer(a), tag(a, m));
-        douts[key] = g;
-        break;
-      }
-      case K::backward: {
-        Tensor dout;
-        if (auto it = douts.find(key); it != douts.end()) {
-          dout = it->second;
-          douts.erase(it);
-        }
-        Tensor din = compute.backward(a.chunk, a.microbatch, dout);
-        if (s > 0) dinputs[key] = din;
-        break;
-      }
-      case K::send_grad:
-        b.send(dinputs.at(key), peer(a), tag(a, m));
-        dinputs.erase(key);
-        break;
+      case K::send_grad: b.send(take(dinputs), peer(a), tag(a, m)); break;
       case K::weight:
         compute.weight(a.chunk, a.microbatch);
         break;

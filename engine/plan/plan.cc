@@ -1,6 +1,7 @@
 #include "engine/plan/plan.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "engine/plan/segment_plan.h"
 #include "models/block.h"
@@ -73,25 +74,28 @@ const std::vector<PlanIntField>& plan_int_fields() {
   using O = PlanOverrides;
   constexpr IntRange kDegree{1, kMaxWorldSize};
   static const std::vector<PlanIntField> fields = {
-      {"tp", "--tp", &O::tp, kDegree, "tensor-parallel size"},
-      {"pp", "--pp", &O::pp, kDegree, "pipeline-parallel size"},
-      {"dp", "--dp", &O::dp, kDegree, "data-parallel size"},
-      {"cp", "--cp", &O::cp, kDegree, "context-parallel size"},
-      {"ep", "--ep", &O::ep, kDegree, "expert-parallel size (divides dp; with --etp 1, tp·dp)"},
-      {"etp", "--etp", &O::etp, {0, kMaxWorldSize}, "expert tensor-parallel size: 1 (whole experts) or tp (0, the default)"},
-      {"vpp", "--vpp", &O::vpp, {1, 1 << 16}, "model chunks per pipeline stage (interleaved schedule)"},
-      {"zero", "--zero", &O::zero, {0, 3}, "ZeRO stage 0-3"},
-      {"micro_batch", "--micro-batch", &O::micro_batch, {1, 1 << 20}, "sequences per micro-batch"},
-      {"global_batch", "--global-batch", &O::global_batch, {0, kMaxGlobalBatch},
+      {"tp", "--tp", &O::tp, &Plan::tp, kDegree, "tensor-parallel size"},
+      {"pp", "--pp", &O::pp, &Plan::pp, kDegree, "pipeline-parallel size"},
+      {"dp", "--dp", &O::dp, &Plan::dp, kDegree, "data-parallel size"},
+      {"cp", "--cp", &O::cp, &Plan::cp, kDegree, "context-parallel size"},
+      {"ep", "--ep", &O::ep, &Plan::ep, kDegree, "expert-parallel size (divides dp; with --etp 1, tp·dp)"},
+      {"etp", "--etp", &O::etp, &Plan::etp, {0, kMaxWorldSize},
+       "expert tensor-parallel size: 1 (whole experts) or tp (0, the default)"},
+      {"vpp", "--vpp", &O::vpp, &Plan::vpp, {1, 1 << 16}, "model chunks per pipeline stage (interleaved schedule)"},
+      {"zero", "--zero", &O::zero, &Plan::zero, {0, 3}, "ZeRO stage 0-3"},
+      {"micro_batch", "--micro-batch", &O::micro_batch, &Plan::micro_batch, {1, 1 << 20},
+       "sequences per micro-batch"},
+      {"global_batch", "--global-batch", &O::global_batch, &Plan::global_batch, {0, kMaxGlobalBatch},
        "sequences per iteration (default micro-batch x dp)"},
-      {"microbatches", "--micro-batches", &O::microbatches, {1, 1 << 20},
+      {"microbatches", "--micro-batches", &O::microbatches, nullptr, {1, 1 << 20},
        "micro-batches per pipeline per iteration (sets the global batch)"},
-      {"seq_len", "--seq-len", &O::seq_len, {0, 1 << 24}, "sequence length (default: the model's)"},
-      {"first_stage_layers", "--first-stage-layers", &O::first_stage_layers, {0, 1 << 16},
+      {"seq_len", "--seq-len", &O::seq_len, &Plan::seq_len, {0, 1 << 24}, "sequence length (default: the model's)"},
+      {"first_stage_layers", "--first-stage-layers", &O::first_stage_layers, &Plan::first_stage_layers, {0, 1 << 16},
        "layers on the first pipeline stage (default 0: an even share)"},
-      {"last_stage_layers", "--last-stage-layers", &O::last_stage_layers, {0, 1 << 16},
+      {"last_stage_layers", "--last-stage-layers", &O::last_stage_layers, &Plan::last_stage_layers, {0, 1 << 16},
        "layers on the last pipeline stage (default 0: an even share)"},
-      {"grad_compression_warmup", "--grad-compression-warmup", &O::grad_compression_warmup, {0, 1 << 30},
+      {"grad_compression_warmup", "--grad-compression-warmup", &O::grad_compression_warmup,
+       &Plan::grad_compression_warmup, {0, 1 << 30},
        "steps reduced uncompressed before --grad-compression starts (default 0)"},
   };
   return fields;
@@ -144,32 +148,24 @@ Result<PlanOverrides> plan_overrides_from_file(const std::string& path) {
 }
 
 Result<Plan> apply_overrides(Plan p, const PlanOverrides& o) {
-  auto set = [](int& dst, const std::optional<int>& v) {
-    if (v) dst = *v;
-  };
-  set(p.tp, o.tp);
-  set(p.pp, o.pp);
-  set(p.dp, o.dp);
-  set(p.cp, o.cp);
-  set(p.ep, o.ep);
-  set(p.etp, o.etp);
-  set(p.vpp, o.vpp);
-  set(p.zero, o.zero);
-  set(p.micro_batch, o.micro_batch);
-  set(p.global_batch, o.global_batch);
-  set(p.seq_len, o.seq_len);
-  set(p.first_stage_layers, o.first_stage_layers);
-  set(p.last_stage_layers, o.last_stage_layers);
-  set(p.grad_compression_warmup, o.grad_compression_warmup);
+  for (const PlanIntField& f : plan_int_fields())
+    if (f.field != nullptr && o.*f.member) p.*f.field = *(o.*f.member);
+  using O = PlanOverrides;
+  static constexpr std::pair<std::optional<bool> O::*, bool Plan::*> kSwitches[] = {
+      {&O::error_feedback, &Plan::error_feedback},
+      {&O::zero_reduce_once, &Plan::zero_reduce_once},
+      {&O::prefetch_across_chunks, &Plan::prefetch_across_chunks},
+      {&O::overlap_update, &Plan::overlap_update},
+      {&O::megatron_buckets, &Plan::megatron_buckets},
+      {&O::tp_comm_overlap, &Plan::tp_comm_overlap},
+      {&O::sequence_parallel, &Plan::sequence_parallel},
+      {&O::embedding_in_split, &Plan::embedding_in_split},
+      {&O::loss_in_split, &Plan::loss_in_split}};
+  for (const auto& [given, field] : kSwitches)
+    if (o.*given) p.*field = *(o.*given);
   if (o.grad_compression) {
     MT_ASSIGN(p.grad_compression, parse_grad_compression(*o.grad_compression));
   }
-  if (o.error_feedback) p.error_feedback = *o.error_feedback;
-  if (o.zero_reduce_once) p.zero_reduce_once = *o.zero_reduce_once;
-  if (o.prefetch_across_chunks) p.prefetch_across_chunks = *o.prefetch_across_chunks;
-  if (o.overlap_update) p.overlap_update = *o.overlap_update;
-  if (o.megatron_buckets) p.megatron_buckets = *o.megatron_buckets;
-  if (o.tp_comm_overlap) p.tp_comm_overlap = *o.tp_comm_overlap;
   if (o.offload) {
     MT_ASSIGN(p.offload, parse_offload(*o.offload));
   }
@@ -189,9 +185,6 @@ Result<Plan> apply_overrides(Plan p, const PlanOverrides& o) {
     MT_ASSIGN(p.cp_comm, parse_context_comm(*o.cp_comm));
   }
   if (o.grad_bucket_mb) p.grad_bucket_mb = *o.grad_bucket_mb;
-  if (o.sequence_parallel) p.sequence_parallel = *o.sequence_parallel;
-  if (o.embedding_in_split) p.embedding_in_split = *o.embedding_in_split;
-  if (o.loss_in_split) p.loss_in_split = *o.loss_in_split;
   if (o.chunk_layers) p.chunk_layers = *o.chunk_layers;
   if (o.microbatches) {
     if (*o.microbatches <= 0) return make_error("microbatches must be positive, got {}", *o.microbatches);

@@ -196,6 +196,7 @@ struct PlanIntField {
   const char* key;   // "micro_batch"
   const char* flag;  // "--micro-batch"
   std::optional<int> PlanOverrides::*member;
+  int Plan::*field;  // the plan's own field; nullptr where the flag sets others (microbatches)
   IntRange range;
   const char* help;
 };

@@ -111,6 +111,13 @@ HostBatch host_batch(VqaBatch&& b, int tokens) {
 }
 
 // Replica r evaluates batches r, r + dp, ...; the engine sums over replicas.
+// Rows [first, first + count) of `all`, a flat array of rows of `width` values.
+template <class T>
+std::vector<T> rows_of(const std::vector<T>& all, std::size_t first, std::size_t count, std::size_t width) {
+  const auto at = [&](std::size_t row) { return all.begin() + static_cast<std::ptrdiff_t>(row * width); };
+  return std::vector<T>(at(first), at(first + count));
+}
+
 template <class Batch>
 std::vector<HostBatch> replica_share(std::vector<Batch>& batches, int dp_rank, int dp, int tokens) {
   std::vector<HostBatch> out;
@@ -134,11 +141,9 @@ class ImageData : public TrainingData {
     for (int j = 0; j < count; ++j) {
       ImageBatch part;
       part.rows = micro_batch;
-      const std::size_t first = static_cast<std::size_t>(j) * micro_batch;
-      part.pixels.assign(all.pixels.begin() + static_cast<std::ptrdiff_t>(first * image),
-                         all.pixels.begin() + static_cast<std::ptrdiff_t>((first + micro_batch) * image));
-      part.labels.assign(all.labels.begin() + static_cast<std::ptrdiff_t>(first),
-                         all.labels.begin() + static_cast<std::ptrdiff_t>(first + micro_batch));
+      const std::size_t first = static_cast<std::size_t>(j) * micro_batch, rows = static_cast<std::size_t>(micro_batch);
+      part.pixels = rows_of(all.pixels, first, rows, image);
+      part.labels = rows_of(all.labels, first, rows, 1);
       out.push_back(host_batch(std::move(part), tokens_));
     }
     return out;
@@ -178,12 +183,9 @@ class VqaData : public TrainingData {
     for (std::size_t first = 0; first < static_cast<std::size_t>(all.rows); first += per) {
       VqaBatch part;
       part.rows = micro_batch;
-      part.pixels.assign(all.pixels.begin() + static_cast<std::ptrdiff_t>(first * grid),
-                         all.pixels.begin() + static_cast<std::ptrdiff_t>((first + per) * grid));
-      part.ids.assign(all.ids.begin() + static_cast<std::ptrdiff_t>(first * q),
-                      all.ids.begin() + static_cast<std::ptrdiff_t>((first + per) * q));
-      part.answers.assign(all.answers.begin() + static_cast<std::ptrdiff_t>(first),
-                          all.answers.begin() + static_cast<std::ptrdiff_t>(first + per));
+      part.pixels = rows_of(all.pixels, first, per, grid);
+      part.ids = rows_of(all.ids, first, per, q);
+      part.answers = rows_of(all.answers, first, per, 1);
       out.push_back(host_batch(std::move(part), tokens_));
     }
     return out;
