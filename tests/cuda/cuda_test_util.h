@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <concepts>
 #include <cstdio>
 #include <memory>
 #include <random>
@@ -43,6 +44,26 @@ inline Vec random(std::size_t n, std::uint64_t seed, float scale = 1.f) {
   Vec v(n);
   for (auto& x : v) x = d(rng);
   return v;
+}
+
+// AdamW's second moment: squares of normal(0, 0.1) values, all >= 0.
+inline Vec random_second_moment(std::size_t n, std::uint64_t seed) {
+  Vec v = random(n, seed, 0.1f);
+  for (float& x : v) x = x * x;
+  return v;
+}
+
+// n token ids, each next(rng) of one mt19937 seeded with seed.
+template <std::invocable<std::mt19937&> Next>
+std::vector<std::int32_t> random_ids(std::int64_t n, std::uint32_t seed, Next&& next) {
+  std::mt19937 rng(seed);
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(n));
+  for (auto& i : ids) i = static_cast<std::int32_t>(next(rng));
+  return ids;
+}
+// n token ids uniform in [0, below).
+inline std::vector<std::int32_t> random_ids(std::int64_t n, std::uint32_t seed, std::uint32_t below) {
+  return random_ids(n, seed, [below](std::mt19937& rng) { return rng() % below; });
 }
 
 inline Tensor up(Backend& b, Shape s, const Vec& v, DType d = DType::f32) {

@@ -121,9 +121,7 @@ TEST_CASE("cuda: embedding forward and deterministic backward with a vocab shard
   MT_GPU_OR_SKIP(gpu);
   CpuBackend cpu;
   const std::int64_t V = 50, C = 300, N = 700, offset = 25;
-  std::mt19937 rng(11);
-  std::vector<std::int32_t> ids(N);
-  for (auto& i : ids) i = static_cast<std::int32_t>(rng() % 90);  // some outside the shard
+  const std::vector<std::int32_t> ids = random_ids(N, 11, 90);  // some outside the shard
   const Vec table = random(V * C, 12), dout = random(N * C, 13);
   auto run = [&](Backend& b) {
     Tensor T = up(b, {V, C}, table), I = up_ids(b, {N}, ids), O = b.empty({N, C});
@@ -142,9 +140,8 @@ TEST_CASE("cuda: embedding backward with many repeated ids and a large vocabular
   MT_GPU_OR_SKIP(gpu);
   CpuBackend cpu;
   const std::int64_t V = 49257, C = 96, N = 16384, offset = 1000;
-  std::mt19937 rng(29);
-  std::vector<std::int32_t> ids(N);
-  for (auto& i : ids) i = static_cast<std::int32_t>(rng() % 2 == 0 ? 1198 : rng() % 400 * 125);
+  const std::vector<std::int32_t> ids =
+      random_ids(N, 29, [](std::mt19937& rng) { return rng() % 2 == 0 ? 1198 : rng() % 400 * 125; });
   const Vec dout = random(N * C, 30), grad0 = random(V * C, 31);
   auto run = [&](Backend& b) {
     Tensor I = up_ids(b, {N}, ids), D = up(b, {N, C}, dout), dT = up(b, {V, C}, grad0);
@@ -327,8 +324,7 @@ TEST_CASE("cuda: clip coefficient and AdamW") {
   CpuBackend cpu;
   const std::int64_t n = 5000;
   const Vec p = random(n, 24), g = random(n, 25), m = random(n, 26, 0.1f);
-  Vec v = random(n, 27, 0.1f);
-  for (auto& x : v) x = x * x;
+  const Vec v = random_second_moment(n, 27);
   auto run = [&](Backend& b) {
     Tensor P = up(b, {n}, p), G = up(b, {n}, g), M = up(b, {n}, m), Vv = up(b, {n}, v);
     Tensor ss = b.empty({1}), coef = b.empty({1});
