@@ -66,6 +66,14 @@ inline std::vector<std::int32_t> random_ids(std::int64_t n, std::uint32_t seed, 
   return random_ids(n, seed, [below](std::mt19937& rng) { return rng() % below; });
 }
 
+// n cross-entropy targets, i·37 mod 1500: spread over a 1500-token
+// vocabulary, so that a shard of it holds some and not others.
+inline std::vector<std::int32_t> cross_entropy_targets(std::int64_t n) {
+  std::vector<std::int32_t> targets(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) targets[static_cast<std::size_t>(i)] = static_cast<std::int32_t>((i * 37) % 1500);
+  return targets;
+}
+
 inline Tensor up(Backend& b, Shape s, const Vec& v, DType d = DType::f32) {
   Tensor t = b.empty(s, d);
   b.write(t, v);

@@ -45,6 +45,12 @@ CachingAllocator::Allocation allocated(CachingAllocator& a, std::size_t bytes, i
   REQUIRE(r.ok());
   return *r;
 }
+
+// An allocator over fake memory of the default budget: what most cases start from.
+struct Allocator {
+  FakeRaw raw;
+  CachingAllocator a{raw};
+};
 }  // namespace
 
 TEST_CASE("size classes round to 512 bytes and pick segment sizes") {
@@ -59,9 +65,7 @@ TEST_CASE("size classes round to 512 bytes and pick segment sizes") {
   CHECK(CachingAllocator::segment_size(11 * MiB + 512) == 12 * MiB);
 }
 
-TEST_CASE("small blocks split one segment and freed blocks are reused") {
-  FakeRaw raw;
-  CachingAllocator a(raw);
+TEST_CASE_METHOD(Allocator, "small blocks split one segment and freed blocks are reused") {
   const auto x = allocated(a, 1000);
   const auto y = allocated(a, 3000);
   CHECK(raw.allocs == 1);  // both from one 2 MiB segment
@@ -82,9 +86,7 @@ TEST_CASE("small blocks split one segment and freed blocks are reused") {
   CHECK(a.stats().live_bytes == 0);
 }
 
-TEST_CASE("a warmed-up step loop makes no raw allocations") {
-  FakeRaw raw;
-  CachingAllocator a(raw);
+TEST_CASE_METHOD(Allocator, "a warmed-up step loop makes no raw allocations") {
   auto step = [&] {
     std::vector<CachingAllocator::Allocation> held;
     for (std::size_t sz : {4 * KiB, 3 * MiB, 700 * KiB, 12 * MiB, std::size_t{64}, 3 * MiB}) {
@@ -99,9 +101,7 @@ TEST_CASE("a warmed-up step loop makes no raw allocations") {
   CHECK(a.stats().live_bytes == 0);
 }
 
-TEST_CASE("peak tracks the maximum live bytes until reset") {
-  FakeRaw raw;
-  CachingAllocator a(raw);
+TEST_CASE_METHOD(Allocator, "peak tracks the maximum live bytes until reset") {
   const auto x = allocated(a, 2 * MiB);
   const auto y = allocated(a, 2 * MiB);
   a.free(x);
@@ -112,9 +112,7 @@ TEST_CASE("peak tracks the maximum live bytes until reset") {
   a.free(y);
 }
 
-TEST_CASE("freed neighbours merge, fragmentation measures scattered free memory") {
-  FakeRaw raw;
-  CachingAllocator a(raw);
+TEST_CASE_METHOD(Allocator, "freed neighbours merge, fragmentation measures scattered free memory") {
   std::vector<CachingAllocator::Allocation> blocks;
   for (int i = 0; i < 8; ++i) {
     blocks.push_back(allocated(a, 128 * KiB));
@@ -134,9 +132,7 @@ TEST_CASE("freed neighbours merge, fragmentation measures scattered free memory"
   a.free(whole);
 }
 
-TEST_CASE("streams keep separate pools") {
-  FakeRaw raw;
-  CachingAllocator a(raw);
+TEST_CASE_METHOD(Allocator, "streams keep separate pools") {
   const auto x = allocated(a, 4 * KiB);
   a.free(x);
   const auto y = allocated(a, 4 * KiB, 1);  // stream 1 may not take stream 0's block
@@ -144,9 +140,7 @@ TEST_CASE("streams keep separate pools") {
   a.free(y);
 }
 
-TEST_CASE("free_when blocks wait for their predicate") {
-  FakeRaw raw;
-  CachingAllocator a(raw);
+TEST_CASE_METHOD(Allocator, "free_when blocks wait for their predicate") {
   const auto x = allocated(a, 3 * MiB);
   bool done = false;
   a.free_when(x, [&] { return done; });

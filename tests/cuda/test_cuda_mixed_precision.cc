@@ -244,8 +244,7 @@ TEST_CASE("cuda 16-bit: vocab-parallel cross-entropy (16-bit logits, fp32 statis
   CpuBackend cpu;
   const std::int64_t N = 40, V = 1000, offset = 500;
   const Vec logits = random(N * V, 122, 3.f);
-  std::vector<std::int32_t> targets(N);
-  for (std::int64_t i = 0; i < N; ++i) targets[static_cast<std::size_t>(i)] = static_cast<std::int32_t>((i * 37) % 1500);
+  const std::vector<std::int32_t> targets = cross_entropy_targets(N);
   auto run = [&](Backend& be, DType dt, const Vec& lv) {
     Tensor Lg = up(be, {N, V}, lv, dt), Tg = up_ids(be, {N}, targets);
     Tensor mx = be.empty({N}), se = be.empty({N}), tl = be.empty({N}), loss = be.empty({N});

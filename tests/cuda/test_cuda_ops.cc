@@ -304,8 +304,7 @@ TEST_CASE("cuda: vocab-parallel cross-entropy phases") {
   CpuBackend cpu;
   const std::int64_t N = 40, V = 1000, offset = 500;
   const Vec logits = random(N * V, 23, 3.f);
-  std::vector<std::int32_t> targets(N);
-  for (std::int64_t i = 0; i < N; ++i) targets[static_cast<std::size_t>(i)] = static_cast<std::int32_t>((i * 37) % 1500);
+  const std::vector<std::int32_t> targets = cross_entropy_targets(N);
   auto run = [&](Backend& b) {
     Tensor Lg = up(b, {N, V}, logits), Tg = up_ids(b, {N}, targets);
     Tensor mx = b.empty({N}), se = b.empty({N}), tl = b.empty({N}), loss = b.empty({N});
