@@ -98,18 +98,20 @@ TEST_CASE("calibrate refuses what it cannot do, naming it", "[calibrate]") {
   auto cuda = run_meshtrain("calibrate --backend cuda --quick --no-grid --out x.json");
   CHECK(cuda.status == 1);
   CHECK_THAT(cuda.out, Catch::Contains("built without CUDA") || Catch::Contains("no CUDA device"));
-  auto tpu = run_meshtrain("calibrate --backend tpu --out x.json");
-  CHECK(tpu.status == 1);
-  CHECK_THAT(tpu.out, Catch::Contains("cpu"));
-  auto out = run_meshtrain("calibrate --backend cpu");
-  CHECK(out.status == 1);
-  CHECK_THAT(out.out, Catch::Contains("--out FILE is required"));
-  auto wl = run_meshtrain("calibrate --backend cpu --out x.json --workload tiny:8");
-  CHECK(wl.status == 1);
-  CHECK_THAT(wl.out, Catch::Contains("MODEL:MICRO_BATCH:SEQ_LEN"));
-  auto stat = run_meshtrain("calibrate --backend cpu --out x.json --statistic mode --quick");
-  CHECK(stat.status == 1);
-  CHECK_THAT(stat.out, Catch::Contains("--statistic"));
+  const struct {
+    std::string args, says;
+  } refused[] = {
+      {"--backend tpu --out x.json", "cpu"},
+      {"--backend cpu", "--out FILE is required"},
+      {"--backend cpu --out x.json --workload tiny:8", "MODEL:MICRO_BATCH:SEQ_LEN"},
+      {"--backend cpu --out x.json --statistic mode --quick", "--statistic"},
+  };
+  for (const auto& r : refused) {
+    auto run = run_meshtrain("calibrate " + r.args);
+    INFO(r.args);
+    CHECK(run.status == 1);
+    CHECK_THAT(run.out, Catch::Contains(r.says));
+  }
 }
 
 TEST_CASE("calibrate measures an MoE workload's expert GEMMs as the simulator costs them", "[calibrate]") {
