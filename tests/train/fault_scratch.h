@@ -1,6 +1,6 @@
 // What the fault-injection tests (threads and MPI) share: the CLI tests'
 // scratch files and training text (tests/tracing/cli_scratch.h), the
-// metrics lines a run wrote, and the checks that a run fails naming its
+// training command, the metrics lines a run wrote, and the checks that a run fails naming its
 // fault, that rank 1 is reported as the straggler, and that a run resumes
 // from its last checkpoint.
 #pragma once
@@ -16,6 +16,13 @@
 #include "tests/tracing/cli_scratch.h"
 
 namespace meshtrain::testing {
+
+// `train` of the tiny model on the training text, as every fault test runs
+// it, with flags.
+inline std::string fault_train(const std::string& flags) {
+  return "train --data " + training_text() + " --model tiny --seq-len 64 --micro-batch 4 --lr 1e-3 --warmup 1 --quiet" +
+         flags;
+}
 
 inline std::vector<nlohmann::json> metrics_lines(const std::filesystem::path& p) {
   std::vector<nlohmann::json> out;

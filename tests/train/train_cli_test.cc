@@ -15,9 +15,13 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/run_meshtrain.h"
+#include "tests/train/train_files.h"
 #include "tests/training/temp_dir.h"
 
 namespace fs = std::filesystem;
+
+using meshtrain::testing::run_resumed;
+using meshtrain::testing::run_stopped_at;
 
 namespace {
 
@@ -48,20 +52,6 @@ std::vector<double> losses(const fs::path& metrics) {
   return out;
 }
 
-// `args` trained up to --stop-at `step`, checkpointed into dir, its losses
-// written to metrics.
-void stop_at(const std::string& args, int step, const fs::path& dir, const fs::path& metrics) {
-  REQUIRE(run_meshtrain(args + " --stop-at " + std::to_string(step) + " --checkpoint " + dir.string() + " --metrics " +
-                        metrics.string()).status == 0);
-}
-
-// `args` resumed from the checkpoint in dir, its losses appended to metrics.
-void resume(const std::string& args, const fs::path& dir, const fs::path& metrics) {
-  MeshtrainRun resumed = run_meshtrain(args + " --checkpoint " + dir.string() + " --resume --metrics " + metrics.string());
-  INFO(resumed.out);
-  REQUIRE(resumed.status == 0);
-}
-
 // The checkpoint in dir holds tensors of each of these names.
 void check_checkpoint_holds(const fs::path& dir, std::initializer_list<const char*> wanted) {
   std::ifstream manifest(dir / "manifest.json");
@@ -73,7 +63,7 @@ void check_checkpoint_holds(const fs::path& dir, std::initializer_list<const cha
 
 // The run of `once` and the stopped and resumed one of `twice` wrote the same
 // `steps` losses, bit for bit; returns them.
-std::vector<double> check_same_losses(const fs::path& once, const fs::path& twice, std::size_t steps) {
+std::vector<double> check_same_step_losses(const fs::path& once, const fs::path& twice, std::size_t steps) {
   const auto a = losses(once), b = losses(twice);
   REQUIRE(a.size() == steps);
   CHECK(a == b);
@@ -112,9 +102,9 @@ TEST_CASE("stop and resume give the losses of one uninterrupted run, bit for bit
   fs::path once = scratch("once.jsonl"), twice = scratch("twice.jsonl"), dir = scratch("ckpt");
   const std::string args = "train --data " + corpus() + kBase + kLr + " --steps 12 --dropout 0.1";
   REQUIRE(run_meshtrain(args + " --metrics " + once.string()).status == 0);
-  stop_at(args, 6, dir, twice);
-  resume(args, dir, twice);
-  check_same_losses(once, twice, 12);
+  run_stopped_at(args, 6, dir, twice);
+  run_resumed(args, dir, twice);
+  check_same_step_losses(once, twice, 12);
 }
 
 TEST_CASE("a 1bit-compressed run resumes bit for bit: every rank's error feedback is in the checkpoint",
@@ -126,10 +116,10 @@ TEST_CASE("a 1bit-compressed run resumes bit for bit: every rank's error feedbac
     const std::string args = "train --data " + corpus() + kBase + kLr + plan +
                              " --steps 9 --grad-compression 1bit --grad-compression-warmup 2";
     REQUIRE(run_meshtrain(args + " --metrics " + once.string()).status == 0);
-    stop_at(args, 5, dir, twice);
+    run_stopped_at(args, 5, dir, twice);
     check_checkpoint_holds(dir, {"grad_error/rank0", "grad_error/rank1"});
-    resume(args, dir, twice);
-    check_same_losses(once, twice, 9);
+    run_resumed(args, dir, twice);
+    check_same_step_losses(once, twice, 9);
   }
 }
 
@@ -140,10 +130,10 @@ TEST_CASE("fp8 on the cpu backend: emulated, checkpointed with its scaling state
   const std::string args = "train --data " + corpus() + kBase + kLr + " --tp 2 --steps 6";
   REQUIRE(run_meshtrain(args + " --metrics " + fp32.string()).status == 0);
   REQUIRE(run_meshtrain(args + " --precision fp8 --metrics " + once.string()).status == 0);
-  stop_at(args + " --precision fp8", 3, dir, twice);
+  run_stopped_at(args + " --precision fp8", 3, dir, twice);
   check_checkpoint_holds(dir, {"fp8/layers.0.attn.qkv", "fp8/layers.1.mlp.down"});
-  resume(args + " --precision fp8", dir, twice);
-  const auto a = check_same_losses(once, twice, 6), c = losses(fp32);
+  run_resumed(args + " --precision fp8", dir, twice);
+  const auto a = check_same_step_losses(once, twice, 6), c = losses(fp32);
   CHECK(a.front() != c.front());  // the FP8 casts change the first step's logits already
   CHECK(a.front() == Approx(c.front()).epsilon(1e-2));
 }
