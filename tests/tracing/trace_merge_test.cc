@@ -6,10 +6,10 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/tracing/trace_merge.h"
-#include "tests/error_testing.h"
+#include "tests/training/error_of.h"
 
 using namespace meshtrain;
-using testing::check_fails_with;
+using testing::error_of;
 using nlohmann::json;
 
 namespace {
@@ -104,8 +104,8 @@ TEST_CASE("a rank with no events still has its row", "[trace]") {
 TEST_CASE("a malformed packed fragment is an error naming the fault", "[trace]") {
   const std::string good = pack_fragments({{3, "{\"a\":1}", "{\"b\":2}"}});
   CHECK(unpack_fragments(good).ok());
-  check_fails_with(unpack_fragments("3 7"), "header has no end");
-  check_fails_with(unpack_fragments("3 x 7\n"), "is not three counts");
-  check_fails_with(unpack_fragments(good.substr(0, good.size() - 1)),
-                   "rank 3's packed trace fragment holds 13 bytes, its header says 14");
+  CHECK_THAT(error_of(unpack_fragments("3 7")), Catch::Contains("header has no end"));
+  CHECK_THAT(error_of(unpack_fragments("3 x 7\n")), Catch::Contains("is not three counts"));
+  CHECK_THAT(error_of(unpack_fragments(good.substr(0, good.size() - 1))),
+                   Catch::Contains("rank 3's packed trace fragment holds 13 bytes, its header says 14"));
 }
