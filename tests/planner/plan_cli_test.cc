@@ -247,12 +247,7 @@ TEST_CASE("plan honors pins on segment degrees and names contradictions", "[segm
       // Two pins that no layout can meet: embed and head in one segment with different tp.
       {"--fix segments.count=2,embed.tp=2,stage1.tp=4,stage2.tp=1,stage3.tp=2,head.tp=4", "no valid segment layout"},
   };
-  for (const auto& b : bad) {
-    const MeshtrainRun r = run_meshtrain(job + b.flags);
-    INFO(b.flags << "\n" << r.out);
-    CHECK(r.status == 1);
-    CHECK_THAT(r.out, Catch::Contains(b.says));
-  }
+  for (const auto& b : bad) check_refused(job + b.flags, b.says);
   const MeshtrainRun decoder = run_meshtrain("plan --model tiny --gpus 4 --fix embed.tp=2 --no-progress");
   CHECK(decoder.status == 1);
   CHECK_THAT(decoder.out, Catch::Contains("no segment layouts"));
