@@ -99,6 +99,23 @@ inline Vec down_all(Backend& b, std::initializer_list<const Tensor*> ts) {
   return out;
 }
 
+// The vocab-parallel cross-entropy phases as the engine runs them, over
+// logits (N, V) whose shard starts at vocabulary id offset: the row maxima,
+// the partial sums and target logits, the losses, and the backward (scale
+// 0.25) into dlogits of the logits' dtype.
+struct CrossEntropyRun {
+  Tensor max, sums, target_logits, loss, dlogits;
+};
+inline CrossEntropyRun cross_entropy_phases(Backend& b, const Tensor& logits, const Tensor& targets, std::int64_t N,
+                                            std::int64_t V, std::int64_t offset) {
+  CrossEntropyRun r{b.empty({N}), b.empty({N}), b.empty({N}), b.empty({N}), b.empty({N, V}, logits.dtype())};
+  b.cross_entropy_max(logits, r.max);
+  b.cross_entropy_partials(logits, targets, r.max, offset, r.sums, r.target_logits);
+  b.cross_entropy_loss(r.max, r.sums, r.target_logits, r.loss);
+  b.cross_entropy_backward(logits, targets, r.max, r.sums, offset, 0.25f, r.dlogits);
+  return r;
+}
+
 // ||got - want|| / ||want||; returns it after checking it against tol.
 inline double expect_close(const Vec& got, const Vec& want, double tol, const std::string& what) {
   REQUIRE(got.size() == want.size());

@@ -307,13 +307,8 @@ TEST_CASE("cuda: vocab-parallel cross-entropy phases") {
   const std::vector<std::int32_t> targets = cross_entropy_targets(N);
   auto run = [&](Backend& b) {
     Tensor Lg = up(b, {N, V}, logits), Tg = up_ids(b, {N}, targets);
-    Tensor mx = b.empty({N}), se = b.empty({N}), tl = b.empty({N}), loss = b.empty({N});
-    Tensor dl = b.empty({N, V});
-    b.cross_entropy_max(Lg, mx);
-    b.cross_entropy_partials(Lg, Tg, mx, offset, se, tl);
-    b.cross_entropy_loss(mx, se, tl, loss);
-    b.cross_entropy_backward(Lg, Tg, mx, se, offset, 0.25f, dl);
-    return down_all(b, {&mx, &se, &tl, &loss, &dl});
+    CrossEntropyRun ce = cross_entropy_phases(b, Lg, Tg, N, V, offset);
+    return down_all(b, {&ce.max, &ce.sums, &ce.target_logits, &ce.loss, &ce.dlogits});
   };
   expect_close(run(gpu), run(cpu), kF32, "cross-entropy");
 }
