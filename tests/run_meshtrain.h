@@ -25,3 +25,11 @@ inline MeshtrainRun run_meshtrain(const std::string& args) {
   int status = pclose(f);
   return {WEXITSTATUS(status), out};
 }
+
+// `meshtrain args` is refused: exit status 1, and its output says `says`.
+inline void check_refused(const std::string& args, const std::string& says) {
+  const MeshtrainRun r = run_meshtrain(args);
+  INFO(args << "\n" << r.out);
+  CHECK(r.status == 1);
+  CHECK_THAT(r.out, Catch::Contains(says));
+}

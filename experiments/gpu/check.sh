@@ -82,6 +82,12 @@ run() {
 }
 # left: seconds before the deadline.
 left() { echo $((DEADLINE - (SECONDS - START))); }
+table() {  # a section of the summary: heading $1, then a Markdown table's header of the columns $2...
+  local title=$1 header="|" rule="|" col
+  shift
+  for col in "$@"; do header+=" $col |" rule+="---|"; done
+  { echo "## $title"; echo; echo "$header"; echo "$rule"; } >>"$SUMMARY"
+}
 # budget NAME NEEDED: false (and the step recorded skipped) when less than NEEDED seconds are left.
 budget() {
   if (($(left) < $2)); then
@@ -244,12 +250,8 @@ if budget torch-bf16 120; then
     --modes compile eager --out "$WORK/torch.jsonl"
   record torch-bf16 "$([[ -s $WORK/torch.jsonl ]] && echo ok || echo failed)" "$SECS" "torch_gpt.py, exit $RC"
 fi
-{
-  echo "## Throughput, bf16, T 1024, one GPU (median step after 5 of 30; PyTorch: 15 steps, 5 warm-up)"
-  echo
-  echo "| model | batch | meshtrain tok/s | MFU | PyTorch mode | PyTorch tok/s | meshtrain / PyTorch |"
-  echo "|---|---|---|---|---|---|---|"
-} >>"$SUMMARY"
+table "Throughput, bf16, T 1024, one GPU (median step after 5 of 30; PyTorch: 15 steps, 5 warm-up)" \
+  model batch "meshtrain tok/s" MFU "PyTorch mode" "PyTorch tok/s" "meshtrain / PyTorch"
 for cfg in "${CONFIGS[@]}"; do
   IFS=: read -r name model batch <<<"$cfg"
   python3 - "$WORK/torch.jsonl" "$name" "$batch" "${MT_TPS[$name]:-0}" "${FPT[$name]:-0}" "$PEAK_TFLOPS" <<'PY' >>"$SUMMARY" 2>>"$LOG"
@@ -312,12 +314,8 @@ PY
 fi
 
 # ---- 5. calibration at bf16 and the simulator's prediction ----------------------------------------------
-{
-  echo "## Simulated against measured step (calibrate --backend cuda --precision bf16)"
-  echo
-  echo "| model | measured s | simulated s | error |"
-  echo "|---|---|---|---|"
-} >>"$SUMMARY"
+table "Simulated against measured step (calibrate --backend cuda --precision bf16)" \
+  model "measured s" "simulated s" error
 for cfg in "${CONFIGS[@]}"; do
   IFS=: read -r name model batch <<<"$cfg"
   budget "calibrate-$name" 45 || continue

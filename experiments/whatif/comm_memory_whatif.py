@@ -90,31 +90,33 @@ WORKLOADS = {
     },
 }
 
+def flag_row(*flags):
+    """A (label, flags) row labelled with its own flags."""
+    return (" ".join(flags), list(flags))
+
+
+# The switches both ZeRO stages try: gradient compression and reduce-once, then
+# the overlapped update and the offloads.
+COMPRESSION_ROWS = [flag_row("--grad-compression", c) for c in ("bf16", "fp16", "1bit")] + [
+    flag_row("--zero-reduce-once")
+]
+UPDATE_ROWS = [flag_row("--overlap-update"), flag_row("--offload", "optimizer"), flag_row("--offload", "params")]
+
 # (label, flags) per ZeRO stage; the first row of each stage is its baseline.
 ROWS = {
     1: [
         ("baseline", []),
-        ("--grad-compression bf16", ["--grad-compression", "bf16"]),
-        ("--grad-compression fp16", ["--grad-compression", "fp16"]),
-        ("--grad-compression 1bit", ["--grad-compression", "1bit"]),
-        ("--zero-reduce-once", ["--zero-reduce-once"]),
+        *COMPRESSION_ROWS,
         ("--no-prefetch-across-chunks", None),
-        ("--overlap-update", ["--overlap-update"]),
-        ("--offload optimizer", ["--offload", "optimizer"]),
-        ("--offload params", ["--offload", "params"]),
+        *UPDATE_ROWS,
         ("combined: 1bit + --overlap-update", ["--grad-compression", "1bit", "--overlap-update"]),
         ("combined: 1bit + --offload optimizer", ["--grad-compression", "1bit", "--offload", "optimizer"]),
     ],
     3: [
         ("baseline (prefetch across chunks: the default)", []),
-        ("--grad-compression bf16", ["--grad-compression", "bf16"]),
-        ("--grad-compression fp16", ["--grad-compression", "fp16"]),
-        ("--grad-compression 1bit", ["--grad-compression", "1bit"]),
-        ("--zero-reduce-once", ["--zero-reduce-once"]),
-        ("--no-prefetch-across-chunks", ["--no-prefetch-across-chunks"]),
-        ("--overlap-update", ["--overlap-update"]),
-        ("--offload optimizer", ["--offload", "optimizer"]),
-        ("--offload params", ["--offload", "params"]),
+        *COMPRESSION_ROWS,
+        flag_row("--no-prefetch-across-chunks"),
+        *UPDATE_ROWS,
         ("combined: bf16 + --zero-reduce-once + --overlap-update",
          ["--grad-compression", "bf16", "--zero-reduce-once", "--overlap-update"]),
         ("combined: bf16 + --zero-reduce-once + --offload params",

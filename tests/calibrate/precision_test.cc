@@ -13,6 +13,7 @@
 #include "engine/cli/plan_flags.h"
 #include "engine/simulation/simulation.h"
 #include "simulator/calibration.h"
+#include "tests/calibrate/calibrate_cpu.h"
 #include "tests/run_meshtrain.h"
 
 namespace {
@@ -107,16 +108,13 @@ TEST_CASE("calibrate chooses its precision as train does and refuses bf16 on the
   CHECK_THAT(fp8.out, Catch::Contains("--precision") && Catch::Contains("bf16"));
   // Without --precision the cpu backend measures fp32 and says so in the file.
   const std::string path = "precision_cpu.json";
-  auto r = run_meshtrain("calibrate --backend cpu --out " + path +
-                         " --quick --no-grid --workload tiny:2:16 --sharing 1 --max-ranks 2");
-  INFO(r.out);
-  REQUIRE(r.status == 0);
-  auto c = meshtrain::sim::load_calibration(path);
+  const Calibration c =
+      meshtrain::testing::calibrate_cpu(path, "--quick --no-grid --workload tiny:2:16 --sharing 1 --max-ranks 2")
+          .calibration;
   std::remove(path.c_str());
-  REQUIRE(c.ok());
-  CHECK(c->precision == DType::kFp32);
-  REQUIRE_FALSE(c->gemm.empty());
-  for (const auto& g : c->gemm) CHECK(g.dtype == DType::kFp32);
+  CHECK(c.precision == DType::kFp32);
+  REQUIRE_FALSE(c.gemm.empty());
+  for (const auto& g : c.gemm) CHECK(g.dtype == DType::kFp32);
 }
 
 TEST_CASE("the workload's shapes carry the dtypes of its step at the calibrated precision", "[calibrate][precision]") {

@@ -96,6 +96,25 @@ inline std::vector<float> download_f32(Backend& b, const Tensor& t) {
   return f;
 }
 
+// A backend's attention_forward and attention_backward of op over qkv
+// (B, T, H + 2G, D) and dout (B, T, H, D): out, lse (B, H, T) and dqkv.
+// poison_dqkv fills dqkv with NaN first, so that backward must write every
+// element.
+struct BackendAttention {
+  Vec out, lse, dqkv;
+};
+inline BackendAttention backend_attention(Backend& be, const AttentionOp& op, std::int64_t B, std::int64_t T,
+                                          const Vec& qkv, const Vec& dout, bool poison_dqkv = false) {
+  const std::int64_t H = op.heads, G = op.kv_heads, D = op.head_dim;
+  Tensor tq = upload(be, {B, T, H + 2 * G, D}, qkv);
+  Tensor to = be.empty({B, T, H, D}), tl = be.empty({B, H, T});
+  be.attention_forward(tq, to, tl, op);
+  Tensor tdq = be.empty(tq.shape());
+  if (poison_dqkv) be.fill(tdq, std::nanf(""));
+  be.attention_backward(upload(be, to.shape(), dout), tq, to, tl, tdq, op);
+  return {download(be, to), download(be, tl), download(be, tdq)};
+}
+
 // Tolerances: fp64 kernels against finite differences, and the fp32 backend
 // against the fp64 kernels.
 inline constexpr double kFdTol = 1e-6;

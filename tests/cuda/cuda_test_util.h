@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <concepts>
 #include <cstdio>
 #include <memory>
 #include <random>
@@ -45,6 +46,34 @@ inline Vec random(std::size_t n, std::uint64_t seed, float scale = 1.f) {
   return v;
 }
 
+// AdamW's second moment: squares of normal(0, 0.1) values, all >= 0.
+inline Vec random_second_moment(std::size_t n, std::uint64_t seed) {
+  Vec v = random(n, seed, 0.1f);
+  for (float& x : v) x = x * x;
+  return v;
+}
+
+// n token ids, each next(rng) of one mt19937 seeded with seed.
+template <std::invocable<std::mt19937&> Next>
+std::vector<std::int32_t> random_ids(std::int64_t n, std::uint32_t seed, Next&& next) {
+  std::mt19937 rng(seed);
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(n));
+  for (auto& i : ids) i = static_cast<std::int32_t>(next(rng));
+  return ids;
+}
+// n token ids uniform in [0, below).
+inline std::vector<std::int32_t> random_ids(std::int64_t n, std::uint32_t seed, std::uint32_t below) {
+  return random_ids(n, seed, [below](std::mt19937& rng) { return rng() % below; });
+}
+
+// n cross-entropy targets, i·37 mod 1500: spread over a 1500-token
+// vocabulary, so that a shard of it holds some and not others.
+inline std::vector<std::int32_t> cross_entropy_targets(std::int64_t n) {
+  std::vector<std::int32_t> targets(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) targets[static_cast<std::size_t>(i)] = static_cast<std::int32_t>((i * 37) % 1500);
+  return targets;
+}
+
 inline Tensor up(Backend& b, Shape s, const Vec& v, DType d = DType::f32) {
   Tensor t = b.empty(s, d);
   b.write(t, v);
@@ -68,6 +97,23 @@ inline Vec down_all(Backend& b, std::initializer_list<const Tensor*> ts) {
     out.insert(out.end(), v.begin(), v.end());
   }
   return out;
+}
+
+// The vocab-parallel cross-entropy phases as the engine runs them, over
+// logits (N, V) whose shard starts at vocabulary id offset: the row maxima,
+// the partial sums and target logits, the losses, and the backward (scale
+// 0.25) into dlogits of the logits' dtype.
+struct CrossEntropyRun {
+  Tensor max, sums, target_logits, loss, dlogits;
+};
+inline CrossEntropyRun cross_entropy_phases(Backend& b, const Tensor& logits, const Tensor& targets, std::int64_t N,
+                                            std::int64_t V, std::int64_t offset) {
+  CrossEntropyRun r{b.empty({N}), b.empty({N}), b.empty({N}), b.empty({N}), b.empty({N, V}, logits.dtype())};
+  b.cross_entropy_max(logits, r.max);
+  b.cross_entropy_partials(logits, targets, r.max, offset, r.sums, r.target_logits);
+  b.cross_entropy_loss(r.max, r.sums, r.target_logits, r.loss);
+  b.cross_entropy_backward(logits, targets, r.max, r.sums, offset, 0.25f, r.dlogits);
+  return r;
 }
 
 // ||got - want|| / ||want||; returns it after checking it against tol.

@@ -50,8 +50,7 @@ AdamWSet adamw_set(Backend& b, const std::vector<std::int64_t>& sizes) {
   AdamWSet s;
   std::uint64_t seed = 900;
   for (std::int64_t n : sizes) {
-    Vec v = random(static_cast<std::size_t>(n), seed + 3, 0.1f);
-    for (float& x : v) x = x * x;
+    const Vec v = random_second_moment(static_cast<std::size_t>(n), seed + 3);
     s.p.push_back(up(b, {n}, random(static_cast<std::size_t>(n), seed)));
     s.g.push_back(up(b, {n}, random(static_cast<std::size_t>(n), seed + 1)));
     s.m.push_back(up(b, {n}, random(static_cast<std::size_t>(n), seed + 2, 0.1f)));

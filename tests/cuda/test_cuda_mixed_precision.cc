@@ -38,6 +38,21 @@ void compare(const Out& gpu, const Out& cpu, DType d, const std::string& what) {
   if (!cpu.wide.empty()) expect_close(gpu.wide, cpu.wide, kF32, name + " (fp32 outputs)");
 }
 
+enum class Repeatable { no, yes };
+
+// For each 16-bit dtype d: run(gpu, d, inputs...) against run(cpu, fp32, the
+// inputs rounded to d) (compare); where repeatable, a second gpu run gives
+// the same bits.
+template <class Run, class... Inputs>
+void compare_halves(Backend& gpu, Backend& cpu, const std::string& what, Repeatable repeatable, Run&& run,
+                    const Inputs&... inputs) {
+  for (DType d : kHalves) {
+    const Out g = run(gpu, d, inputs...);
+    compare(g, run(cpu, DType::f32, round_to(inputs, d)...), d, what);
+    if (repeatable == Repeatable::yes) CHECK(run(gpu, d, inputs...) == g);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("cuda 16-bit: add, scale, axpy, sum and sum_squares") {
@@ -76,52 +91,42 @@ TEST_CASE("cuda 16-bit: GEMMs as the engine issues them (16-bit output with bias
   const std::int64_t rows = 96, in = 72, out = 136;
   const Vec x = random(rows * in, 103), w = random(in * out, 104, 0.1f), bias = random(out, 105);
   const Vec dy = random(rows * out, 106), dw0 = random(in * out, 107);
-  for (DType d : kHalves) {
-    auto run = [&](Backend& be, DType dt, const Vec& xv, const Vec& wv, const Vec& bv, const Vec& dyv) {
-      Tensor X = up(be, {rows, in}, xv, dt), W = up(be, {in, out}, wv, dt);
-      Tensor DY = up(be, {rows, out}, dyv, dt);
-      GemmOp forward;
-      forward.bias = up(be, {out}, bv, dt);
-      Tensor Y = be.empty({rows, out}, dt);
-      be.gemm(X, W, Y, forward);  // linear: y = x w + b
-      GemmOp input_grad, weight_grad;
-      input_grad.trans_b = true;
-      weight_grad.trans_a = true;
-      weight_grad.beta = 1.f;
-      Tensor DX = be.empty({rows, in}, dt);
-      be.gemm(DY, W, DX, input_grad);   // dx = dy wᵀ
-      Tensor DW = up(be, {in, out}, dw0);  // the fp32 gradient, accumulated
-      be.gemm(X, DY, DW, weight_grad);  // dw += xᵀ dy
-      return Out{down_all(be, {&Y, &DX}), down(be, DW)};
-    };
-    const Out g = run(gpu, d, x, w, bias, dy);
-    compare(g, run(cpu, DType::f32, round_to(x, d), round_to(w, d), round_to(bias, d), round_to(dy, d)), d,
-            "gemm");
-  }
+  auto run = [&](Backend& be, DType dt, const Vec& xv, const Vec& wv, const Vec& bv, const Vec& dyv) {
+    Tensor X = up(be, {rows, in}, xv, dt), W = up(be, {in, out}, wv, dt);
+    Tensor DY = up(be, {rows, out}, dyv, dt);
+    GemmOp forward;
+    forward.bias = up(be, {out}, bv, dt);
+    Tensor Y = be.empty({rows, out}, dt);
+    be.gemm(X, W, Y, forward);  // linear: y = x w + b
+    GemmOp input_grad, weight_grad;
+    input_grad.trans_b = true;
+    weight_grad.trans_a = true;
+    weight_grad.beta = 1.f;
+    Tensor DX = be.empty({rows, in}, dt);
+    be.gemm(DY, W, DX, input_grad);   // dx = dy wᵀ
+    Tensor DW = up(be, {in, out}, dw0);  // the fp32 gradient, accumulated
+    be.gemm(X, DY, DW, weight_grad);  // dw += xᵀ dy
+    return Out{down_all(be, {&Y, &DX}), down(be, DW)};
+  };
+  compare_halves(gpu, cpu, "gemm", Repeatable::no, run, x, w, bias, dy);
 }
 
 TEST_CASE("cuda 16-bit: bias_backward and embedding forward/backward into fp32 gradients, deterministic") {
   MT_GPU_OR_SKIP(gpu);
   CpuBackend cpu;
   const std::int64_t V = 50, C = 300, N = 700, offset = 25;
-  std::mt19937 rng(108);
-  std::vector<std::int32_t> ids(N);
-  for (auto& i : ids) i = static_cast<std::int32_t>(rng() % 90);  // some outside the shard
+  const std::vector<std::int32_t> ids = random_ids(N, 108, 90);  // some outside the shard
   const Vec table = random(V * C, 109), dout = random(N * C, 110), grad0 = random(V * C, 111);
-  for (DType d : kHalves) {
-    auto run = [&](Backend& be, DType dt, const Vec& tv, const Vec& dv) {
-      Tensor T = up(be, {V, C}, tv, dt), I = up_ids(be, {N}, ids), O = be.empty({N, C}, dt);
-      be.embedding_forward(T, I, O, offset);
-      Tensor D = up(be, {N, C}, dv, dt), dT = up(be, {V, C}, grad0);
-      be.embedding_backward(D, I, dT, offset);
-      Tensor db = up(be, {C}, Vec(grad0.begin(), grad0.begin() + C));
-      be.bias_backward(D, db);
-      return Out{down(be, O), down_all(be, {&dT, &db})};
-    };
-    const Out g = run(gpu, d, table, dout);
-    compare(g, run(cpu, DType::f32, round_to(table, d), round_to(dout, d)), d, "embedding + bias_backward");
-    CHECK(run(gpu, d, table, dout) == g);
-  }
+  auto run = [&](Backend& be, DType dt, const Vec& tv, const Vec& dv) {
+    Tensor T = up(be, {V, C}, tv, dt), I = up_ids(be, {N}, ids), O = be.empty({N, C}, dt);
+    be.embedding_forward(T, I, O, offset);
+    Tensor D = up(be, {N, C}, dv, dt), dT = up(be, {V, C}, grad0);
+    be.embedding_backward(D, I, dT, offset);
+    Tensor db = up(be, {C}, Vec(grad0.begin(), grad0.begin() + C));
+    be.bias_backward(D, db);
+    return Out{down(be, O), down_all(be, {&dT, &db})};
+  };
+  compare_halves(gpu, cpu, "embedding + bias_backward", Repeatable::yes, run, table, dout);
 }
 
 TEST_CASE("cuda 16-bit: layernorm and rmsnorm (16-bit rows and weights, fp32 statistics and gradients)") {
@@ -130,25 +135,20 @@ TEST_CASE("cuda 16-bit: layernorm and rmsnorm (16-bit rows and weights, fp32 sta
   const std::int64_t N = 300, C = 200;
   const Vec x = random(N * C, 112, 2.f), w = random(C, 113), bias = random(C, 114);
   const Vec dout = random(N * C, 115), g0 = random(C, 116);
-  for (DType d : kHalves) {
-    auto run = [&](Backend& be, DType dt, const Vec& xv, const Vec& wv, const Vec& bv, const Vec& dv) {
-      Tensor X = up(be, {N, C}, xv, dt), W = up(be, {C}, wv, dt), Bi = up(be, {C}, bv, dt);
-      Tensor D = up(be, {N, C}, dv, dt);
-      Tensor O = be.empty({N, C}, dt), mean = be.empty({N}), rstd = be.empty({N});
-      Tensor dX = be.empty({N, C}, dt), dW = up(be, {C}, g0), dB = up(be, {C}, g0);
-      be.layernorm_forward(X, W, Bi, O, mean, rstd, 1e-5f);
-      be.layernorm_backward(D, X, W, mean, rstd, dX, dW, dB);
-      Tensor O2 = be.empty({N, C}, dt), r2 = be.empty({N}), dX2 = be.empty({N, C}, dt);
-      Tensor dW2 = up(be, {C}, g0);
-      be.rmsnorm_forward(X, W, O2, r2, 1e-6f);
-      be.rmsnorm_backward(D, X, W, r2, dX2, dW2);
-      return Out{down_all(be, {&O, &dX, &O2, &dX2}), down_all(be, {&mean, &rstd, &dW, &dB, &r2, &dW2})};
-    };
-    const Out g = run(gpu, d, x, w, bias, dout);
-    compare(g, run(cpu, DType::f32, round_to(x, d), round_to(w, d), round_to(bias, d), round_to(dout, d)), d,
-            "norms");
-    CHECK(run(gpu, d, x, w, bias, dout) == g);
-  }
+  auto run = [&](Backend& be, DType dt, const Vec& xv, const Vec& wv, const Vec& bv, const Vec& dv) {
+    Tensor X = up(be, {N, C}, xv, dt), W = up(be, {C}, wv, dt), Bi = up(be, {C}, bv, dt);
+    Tensor D = up(be, {N, C}, dv, dt);
+    Tensor O = be.empty({N, C}, dt), mean = be.empty({N}), rstd = be.empty({N});
+    Tensor dX = be.empty({N, C}, dt), dW = up(be, {C}, g0), dB = up(be, {C}, g0);
+    be.layernorm_forward(X, W, Bi, O, mean, rstd, 1e-5f);
+    be.layernorm_backward(D, X, W, mean, rstd, dX, dW, dB);
+    Tensor O2 = be.empty({N, C}, dt), r2 = be.empty({N}), dX2 = be.empty({N, C}, dt);
+    Tensor dW2 = up(be, {C}, g0);
+    be.rmsnorm_forward(X, W, O2, r2, 1e-6f);
+    be.rmsnorm_backward(D, X, W, r2, dX2, dW2);
+    return Out{down_all(be, {&O, &dX, &O2, &dX2}), down_all(be, {&mean, &rstd, &dW, &dB, &r2, &dW2})};
+  };
+  compare_halves(gpu, cpu, "norms", Repeatable::yes, run, x, w, bias, dout);
 }
 
 TEST_CASE("cuda 16-bit: gelu, swiglu and counter-based dropout (in place too)") {
@@ -187,15 +187,13 @@ TEST_CASE("cuda 16-bit: rope and its inverse") {
   CpuBackend cpu;
   const std::int64_t B = 2, T = 50, Ht = 6, D = 32;
   const Vec x = random(B * T * Ht * D, 119);
-  for (DType d : kHalves) {
-    auto run = [&](Backend& be, DType dt, const Vec& xv) {
-      Tensor X = up(be, {B, T, Ht, D}, xv, dt), Y = up(be, {B, T, Ht, D}, xv, dt);
-      be.rope(X, Ht, 4, 10000.f, false, 0);
-      be.rope(Y, Ht, 4, 10000.f, true, 0);
-      return Out{down_all(be, {&X, &Y}), {}};
-    };
-    compare(run(gpu, d, x), run(cpu, DType::f32, round_to(x, d)), d, "rope");
-  }
+  auto run = [&](Backend& be, DType dt, const Vec& xv) {
+    Tensor X = up(be, {B, T, Ht, D}, xv, dt), Y = up(be, {B, T, Ht, D}, xv, dt);
+    be.rope(X, Ht, 4, 10000.f, false, 0);
+    be.rope(Y, Ht, 4, 10000.f, true, 0);
+    return Out{down_all(be, {&X, &Y}), {}};
+  };
+  compare_halves(gpu, cpu, "rope", Repeatable::no, run, x);
 }
 
 // 16-bit storage with D = 64 or 128 runs the tensor-core kernels (which also
@@ -246,22 +244,13 @@ TEST_CASE("cuda 16-bit: vocab-parallel cross-entropy (16-bit logits, fp32 statis
   CpuBackend cpu;
   const std::int64_t N = 40, V = 1000, offset = 500;
   const Vec logits = random(N * V, 122, 3.f);
-  std::vector<std::int32_t> targets(N);
-  for (std::int64_t i = 0; i < N; ++i) targets[static_cast<std::size_t>(i)] = static_cast<std::int32_t>((i * 37) % 1500);
-  for (DType d : kHalves) {
-    auto run = [&](Backend& be, DType dt, const Vec& lv) {
-      Tensor Lg = up(be, {N, V}, lv, dt), Tg = up_ids(be, {N}, targets);
-      Tensor mx = be.empty({N}), se = be.empty({N}), tl = be.empty({N}), loss = be.empty({N});
-      Tensor dl = be.empty({N, V}, dt), total = be.empty({1});
-      be.cross_entropy_max(Lg, mx);
-      be.cross_entropy_partials(Lg, Tg, mx, offset, se, tl);
-      be.cross_entropy_loss(mx, se, tl, loss);
-      be.sum(loss, total, 1.f, false);
-      be.cross_entropy_backward(Lg, Tg, mx, se, offset, 0.25f, dl);
-      return Out{down(be, dl), down_all(be, {&mx, &se, &tl, &loss, &total})};
-    };
-    const Out g = run(gpu, d, logits);
-    compare(g, run(cpu, DType::f32, round_to(logits, d)), d, "cross-entropy");
-    CHECK(run(gpu, d, logits) == g);
-  }
+  const std::vector<std::int32_t> targets = cross_entropy_targets(N);
+  auto run = [&](Backend& be, DType dt, const Vec& lv) {
+    Tensor Lg = up(be, {N, V}, lv, dt), Tg = up_ids(be, {N}, targets);
+    CrossEntropyRun ce = cross_entropy_phases(be, Lg, Tg, N, V, offset);
+    Tensor total = be.empty({1});
+    be.sum(ce.loss, total, 1.f, false);
+    return Out{down(be, ce.dlogits), down_all(be, {&ce.max, &ce.sums, &ce.target_logits, &ce.loss, &total})};
+  };
+  compare_halves(gpu, cpu, "cross-entropy", Repeatable::yes, run, logits);
 }

@@ -121,9 +121,7 @@ TEST_CASE("cuda: embedding forward and deterministic backward with a vocab shard
   MT_GPU_OR_SKIP(gpu);
   CpuBackend cpu;
   const std::int64_t V = 50, C = 300, N = 700, offset = 25;
-  std::mt19937 rng(11);
-  std::vector<std::int32_t> ids(N);
-  for (auto& i : ids) i = static_cast<std::int32_t>(rng() % 90);  // some outside the shard
+  const std::vector<std::int32_t> ids = random_ids(N, 11, 90);  // some outside the shard
   const Vec table = random(V * C, 12), dout = random(N * C, 13);
   auto run = [&](Backend& b) {
     Tensor T = up(b, {V, C}, table), I = up_ids(b, {N}, ids), O = b.empty({N, C});
@@ -142,9 +140,8 @@ TEST_CASE("cuda: embedding backward with many repeated ids and a large vocabular
   MT_GPU_OR_SKIP(gpu);
   CpuBackend cpu;
   const std::int64_t V = 49257, C = 96, N = 16384, offset = 1000;
-  std::mt19937 rng(29);
-  std::vector<std::int32_t> ids(N);
-  for (auto& i : ids) i = static_cast<std::int32_t>(rng() % 2 == 0 ? 1198 : rng() % 400 * 125);
+  const std::vector<std::int32_t> ids =
+      random_ids(N, 29, [](std::mt19937& rng) { return rng() % 2 == 0 ? 1198 : rng() % 400 * 125; });
   const Vec dout = random(N * C, 30), grad0 = random(V * C, 31);
   auto run = [&](Backend& b) {
     Tensor I = up_ids(b, {N}, ids), D = up(b, {N, C}, dout), dT = up(b, {V, C}, grad0);
@@ -307,17 +304,11 @@ TEST_CASE("cuda: vocab-parallel cross-entropy phases") {
   CpuBackend cpu;
   const std::int64_t N = 40, V = 1000, offset = 500;
   const Vec logits = random(N * V, 23, 3.f);
-  std::vector<std::int32_t> targets(N);
-  for (std::int64_t i = 0; i < N; ++i) targets[static_cast<std::size_t>(i)] = static_cast<std::int32_t>((i * 37) % 1500);
+  const std::vector<std::int32_t> targets = cross_entropy_targets(N);
   auto run = [&](Backend& b) {
     Tensor Lg = up(b, {N, V}, logits), Tg = up_ids(b, {N}, targets);
-    Tensor mx = b.empty({N}), se = b.empty({N}), tl = b.empty({N}), loss = b.empty({N});
-    Tensor dl = b.empty({N, V});
-    b.cross_entropy_max(Lg, mx);
-    b.cross_entropy_partials(Lg, Tg, mx, offset, se, tl);
-    b.cross_entropy_loss(mx, se, tl, loss);
-    b.cross_entropy_backward(Lg, Tg, mx, se, offset, 0.25f, dl);
-    return down_all(b, {&mx, &se, &tl, &loss, &dl});
+    CrossEntropyRun ce = cross_entropy_phases(b, Lg, Tg, N, V, offset);
+    return down_all(b, {&ce.max, &ce.sums, &ce.target_logits, &ce.loss, &ce.dlogits});
   };
   expect_close(run(gpu), run(cpu), kF32, "cross-entropy");
 }
@@ -327,8 +318,7 @@ TEST_CASE("cuda: clip coefficient and AdamW") {
   CpuBackend cpu;
   const std::int64_t n = 5000;
   const Vec p = random(n, 24), g = random(n, 25), m = random(n, 26, 0.1f);
-  Vec v = random(n, 27, 0.1f);
-  for (auto& x : v) x = x * x;
+  const Vec v = random_second_moment(n, 27);
   auto run = [&](Backend& b) {
     Tensor P = up(b, {n}, p), G = up(b, {n}, g), M = up(b, {n}, m), Vv = up(b, {n}, v);
     Tensor ss = b.empty({1}), coef = b.empty({1});

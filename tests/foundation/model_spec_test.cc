@@ -8,8 +8,10 @@
 #include "models/model_spec.h"
 #include "models/parameters.h"
 #include "tests/models/model_specs.h"
+#include "tests/training/error_of.h"
 
 using namespace meshtrain;
+using testing::error_of;
 using testing::preset;
 
 TEST_CASE("GPT-2 124M has 124,439,808 parameters", "[model]") {
@@ -130,14 +132,10 @@ TEST_CASE("model specs load from JSON with the preset field names", "[model]") {
   CHECK_THAT(bad.error().message(), Catch::Contains("hiden") && Catch::Contains("did you mean 'hidden'"));
 
   nlohmann::json wrong_type = {{"layers", "two"}};
-  auto e = model_from_json(wrong_type);
-  REQUIRE_FALSE(e.ok());
-  CHECK_THAT(e.error().message(), Catch::Contains("'layers' must be an integer"));
+  CHECK_THAT(error_of(model_from_json(wrong_type)), Catch::Contains("'layers' must be an integer"));
 
   nlohmann::json indivisible = {{"layers", 2}, {"hidden", 30}, {"heads", 4}, {"vocab", 10}, {"seq_len", 8}};
-  auto d = model_from_json(indivisible);
-  REQUIRE_FALSE(d.ok());
-  CHECK_THAT(d.error().message(), Catch::Contains("hidden 30 is not divisible by heads 4"));
+  CHECK_THAT(error_of(model_from_json(indivisible)), Catch::Contains("hidden 30 is not divisible by heads 4"));
 }
 
 TEST_CASE("load_model reads files and suggests presets", "[model]") {
@@ -148,12 +146,9 @@ TEST_CASE("load_model reads files and suggests presets", "[model]") {
   CHECK(m->layers == 3);
   std::remove(path.c_str());
 
-  auto typo = load_model("gpt2-124M");
-  REQUIRE_FALSE(typo.ok());
-  CHECK_THAT(typo.error().message(), Catch::Contains("did you mean 'gpt2-124m'"));
-  auto missing = load_model("/nonexistent/model.json");
-  REQUIRE_FALSE(missing.ok());
-  CHECK_THAT(missing.error().message(), Catch::Contains("model file '/nonexistent/model.json' does not exist"));
+  CHECK_THAT(error_of(load_model("gpt2-124M")), Catch::Contains("did you mean 'gpt2-124m'"));
+  CHECK_THAT(error_of(load_model("/nonexistent/model.json")),
+             Catch::Contains("model file '/nonexistent/model.json' does not exist"));
 }
 
 TEST_CASE("count_shard_parameters by runs of alike layers equals the sum over every tensor", "[model]") {

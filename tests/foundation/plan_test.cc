@@ -3,8 +3,10 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/plan/plan.h"
+#include "tests/training/error_of.h"
 
 using namespace meshtrain;
+using testing::error_of;
 
 namespace {
 ModelSpec tiny() { return *model_preset("tiny"); }
@@ -115,15 +117,9 @@ TEST_CASE("expert parallelism that does not fit is refused naming the numbers", 
 }
 
 TEST_CASE("unknown names suggest the nearest valid one", "[plan]") {
-  auto s = parse_schedule("1f1f");
-  REQUIRE_FALSE(s.ok());
-  CHECK_THAT(s.error().message(), Catch::Contains("did you mean '1f1b'"));
-  auto r = parse_recompute("ful");
-  REQUIRE_FALSE(r.ok());
-  CHECK_THAT(r.error().message(), Catch::Contains("did you mean 'full'"));
-  auto f = plan_overrides_from_json({{"tpp", 2}});
-  REQUIRE_FALSE(f.ok());
-  CHECK_THAT(f.error().message(), Catch::Contains("did you mean 'tp'"));
+  CHECK_THAT(error_of(parse_schedule("1f1f")), Catch::Contains("did you mean '1f1b'"));
+  CHECK_THAT(error_of(parse_recompute("ful")), Catch::Contains("did you mean 'full'"));
+  CHECK_THAT(error_of(plan_overrides_from_json({{"tpp", 2}})), Catch::Contains("did you mean 'tp'"));
 }
 
 TEST_CASE("flags override the plan file field by field", "[plan]") {
@@ -141,9 +137,7 @@ TEST_CASE("flags override the plan file field by field", "[plan]") {
   CHECK(merged->zero == 1);
   CHECK(merged->schedule == ScheduleKind::one_f_one_b);
 
-  auto bad_type = plan_overrides_from_json({{"tp", "two"}});
-  REQUIRE_FALSE(bad_type.ok());
-  CHECK_THAT(bad_type.error().message(), Catch::Contains("'tp' must be an integer"));
+  CHECK_THAT(error_of(plan_overrides_from_json({{"tp", "two"}})), Catch::Contains("'tp' must be an integer"));
 }
 
 TEST_CASE("micro-batches per pipeline set the global batch", "[plan]") {
@@ -154,9 +148,7 @@ TEST_CASE("micro-batches per pipeline set the global batch", "[plan]") {
   CHECK(p->effective_global_batch() == 2 * 2 * 8);
   CHECK(p->microbatches() == 8);
   o.global_batch = 16;
-  auto clash = apply_overrides(Plan{}, o);
-  REQUIRE_FALSE(clash.ok());
-  CHECK_THAT(clash.error().message(), Catch::Contains("global batch 16 and 8 micro-batches disagree"));
+  CHECK_THAT(error_of(apply_overrides(Plan{}, o)), Catch::Contains("global batch 16 and 8 micro-batches disagree"));
   auto from_json = plan_overrides_from_json({{"microbatches", 4}, {"dp", 2}});
   REQUIRE(from_json.ok());
   CHECK(apply_overrides(Plan{}, *from_json)->effective_global_batch() == 8);
@@ -184,14 +176,11 @@ TEST_CASE("the gradient bucket size and sync mode are plan fields with checked v
   flags.grad_bucket_mb = 0.5;
   CHECK(apply_overrides(*p, flags)->grad_bucket_mb == 0.5);
 
-  auto bad_type = plan_overrides_from_json({{"grad_bucket_mb", "25MB"}});
-  REQUIRE_FALSE(bad_type.ok());
-  CHECK_THAT(bad_type.error().message(), Catch::Contains("'grad_bucket_mb' must be a number in (0, 1048576]"));
+  CHECK_THAT(error_of(plan_overrides_from_json({{"grad_bucket_mb", "25MB"}})),
+                   Catch::Contains("'grad_bucket_mb' must be a number in (0, 1048576]"));
   auto bad_mode = plan_overrides_from_json({{"grad_sync", "after_backward"}});
   REQUIRE(bad_mode.ok());
-  auto bad_mode_plan = apply_overrides(Plan{}, *bad_mode);
-  REQUIRE_FALSE(bad_mode_plan.ok());
-  CHECK_THAT(bad_mode_plan.error().message(), Catch::Contains("did you mean 'after-backward'"));
+  CHECK_THAT(error_of(apply_overrides(Plan{}, *bad_mode)), Catch::Contains("did you mean 'after-backward'"));
 
   for (double mb : {0.0, -1.0, 2e6}) {
     Plan bad;

@@ -7,10 +7,11 @@
 #include <string_view>
 
 #include "simulator/calibration.h"
+#include "tests/fuzz/fuzz_input.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   using namespace meshtrain::sim;
-  auto c = calibration_from_json(std::string_view(reinterpret_cast<const char*>(data), size));
+  auto c = calibration_from_json(meshtrain::fuzz::fuzz_text(data, size));
   if (!c.ok()) return 0;
   auto again = calibration_from_json(calibration_to_json(*c));
   if (!again.ok()) std::abort();  // what the writer writes, the reader must read

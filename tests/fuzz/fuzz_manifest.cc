@@ -8,10 +8,11 @@
 
 #include "core/json_input.h"
 #include "engine/checkpoint/checkpoint.h"
+#include "tests/fuzz/fuzz_input.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   using namespace meshtrain;
-  const std::string_view text(reinterpret_cast<const char*>(data), size);
+  const std::string_view text = meshtrain::fuzz::fuzz_text(data, size);
   (void)parse_checkpoint_manifest(text, "fuzz/manifest.json");
   auto j = parse_json(text, "fuzz manifest");
   if (!j.ok() || !j->is_object()) return 0;

@@ -8,10 +8,11 @@
 #include "models/flops.h"
 #include "models/model_spec.h"
 #include "models/parameters.h"
+#include "tests/fuzz/fuzz_input.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   using namespace meshtrain;
-  auto j = parse_json(std::string_view(reinterpret_cast<const char*>(data), size), "fuzz model");
+  auto j = parse_json(meshtrain::fuzz::fuzz_text(data, size), "fuzz model");
   if (!j.ok()) return 0;
   auto m = model_from_json(*j);
   if (!m.ok()) return 0;

@@ -9,10 +9,11 @@
 #include "core/json_input.h"
 #include "engine/plan/plan.h"
 #include "engine/plan/segment_plan.h"
+#include "tests/fuzz/fuzz_input.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   using namespace meshtrain;
-  auto j = parse_json(std::string_view(reinterpret_cast<const char*>(data), size), "fuzz plan");
+  auto j = parse_json(meshtrain::fuzz::fuzz_text(data, size), "fuzz plan");
   if (!j.ok()) return 0;
   auto o = plan_overrides_from_json(*j);
   if (!o.ok()) return 0;

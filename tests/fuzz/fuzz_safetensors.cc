@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "engine/export/hf_export.h"
+#include "tests/fuzz/fuzz_input.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   using namespace meshtrain;
@@ -16,7 +17,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     m.layers = 1, m.hidden = 4, m.heads = m.kv_heads = 1, m.ffn = 16, m.seq_len = 4;
     return m;
   }();
-  auto file = decode_safetensors(std::string_view(reinterpret_cast<const char*>(data), size), "fuzz.safetensors");
+  auto file = decode_safetensors(meshtrain::fuzz::fuzz_text(data, size), "fuzz.safetensors");
   if (!file.ok()) return 0;
   for (const SafeTensor& t : file->tensors) (void)to_float32(t);
   (void)from_hf_tensors(micro, *file, "fuzz.safetensors");

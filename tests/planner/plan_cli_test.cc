@@ -34,6 +34,14 @@ std::filesystem::path images(const std::string& name, int side, int n) {
   return dir;
 }
 
+// `meshtrain args` succeeds; its output (--json) parsed.
+nlohmann::json json_output(const std::string& args) {
+  const MeshtrainRun r = run_meshtrain(args);
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  return nlohmann::json::parse(r.out);
+}
+
 // Runs `train` on the cpu backend for 2 steps of `plan` (ranks as threads) and
 // returns the steps its metrics file reports a loss for.
 int trained_steps(const std::string& model, const std::string& plan, const std::string& data) {
@@ -57,11 +65,8 @@ void check_plan_file(const std::string& model, const std::string& out, const nlo
   std::ifstream written(out);
   REQUIRE(written.good());
   CHECK(nlohmann::json::parse(written) == best["plan"]);
-  const MeshtrainRun s = run_meshtrain("simulate --model " + model + " --cluster local-cpu --gpus 4 --json --plan " + out);
-  INFO(s.out);
-  REQUIRE(s.status == 0);
-  CHECK(nlohmann::json::parse(s.out)["iteration_time_s"].get<double>() ==
-        Approx(best["iteration_time_s"].get<double>()).epsilon(1e-12));
+  const auto simulated = json_output("simulate --model " + model + " --cluster local-cpu --gpus 4 --json --plan " + out);
+  CHECK(simulated["iteration_time_s"].get<double>() == Approx(best["iteration_time_s"].get<double>()).epsilon(1e-12));
 }
 
 // The planner's winner as written to `out` (the row `best`) read by simulate, and trained for 2 steps on the cpu
@@ -85,14 +90,10 @@ TEST_CASE("plan prints a ranked table, explains the winner and writes a plan fil
   REQUIRE(r.status == 0);
   CHECK_THAT(r.out, Catch::Contains("searched") && Catch::Contains("  1  tp ") && Catch::Contains("why tp ") &&
                         Catch::Contains("bubble: compute stream idle") && Catch::Contains("wrote the winner"));
-  const MeshtrainRun j = run_meshtrain("plan --model tiny --gpus 8 --global-batch 32 --simulate 8 --json --no-progress");
-  REQUIRE(j.status == 0);
-  const auto report = nlohmann::json::parse(j.out);
+  const auto report = json_output("plan --model tiny --gpus 8 --global-batch 32 --simulate 8 --json --no-progress");
   const double best = report["ranked"][0]["iteration_time_s"].get<double>();
-  const MeshtrainRun s = run_meshtrain("simulate --model tiny --cluster dgx-a100 --gpus 8 --json --plan " + out);
-  INFO(s.out);
-  REQUIRE(s.status == 0);
-  CHECK(nlohmann::json::parse(s.out)["iteration_time_s"].get<double>() == Approx(best).epsilon(1e-12));
+  const auto simulated = json_output("simulate --model tiny --cluster dgx-a100 --gpus 8 --json --plan " + out);
+  CHECK(simulated["iteration_time_s"].get<double>() == Approx(best).epsilon(1e-12));
   std::remove(out.c_str());
 }
 
@@ -115,11 +116,8 @@ TEST_CASE("plan searches a Swin's segment layouts and the chosen one simulates a
   const std::string out = "plan_cli_test_segments.json";
   std::remove(out.c_str());
   const std::string job = "--model swin-micro --cluster local-cpu --precision fp32 --gpus 4 --global-batch 8 ";
-  const MeshtrainRun r =
-      run_meshtrain("plan " + job + "--layouts segments --segments 6 --json --no-progress --top 100 --out " + out);
-  INFO(r.out);
-  REQUIRE(r.status == 0);
-  const auto report = nlohmann::json::parse(r.out);
+  const auto report =
+      json_output("plan " + job + "--layouts segments --segments 6 --json --no-progress --top 100 --out " + out);
   const auto& family = report["search"]["segment_layouts"];
   CHECK(family["valid"].get<int>() > 6);
   CHECK(family["simulated"].get<int>() == 6);
@@ -141,10 +139,7 @@ TEST_CASE("plan searches a Swin's segment layouts and the chosen one simulates a
 TEST_CASE("plan ranks segment layouts beside uniform plans and leaves them out under a pinned tp") {
   const std::string job = "plan --model swin-micro --cluster local-cpu --precision fp32 --gpus 4 --global-batch 8 "
                           "--simulate 4 --segments 3 --json --no-progress --top 1000";
-  const MeshtrainRun both = run_meshtrain(job);
-  INFO(both.out);
-  REQUIRE(both.status == 0);
-  const auto report = nlohmann::json::parse(both.out);
+  const auto report = json_output(job);
   int segmented = 0, timed = 0;
   double previous = 0;
   for (const auto& row : report["ranked"]) {
@@ -157,9 +152,7 @@ TEST_CASE("plan ranks segment layouts beside uniform plans and leaves them out u
   }
   CHECK(segmented == 3);
   CHECK(timed == 7);
-  const MeshtrainRun fixed = run_meshtrain(job + " --fix tp=1");
-  REQUIRE(fixed.status == 0);
-  CHECK(nlohmann::json::parse(fixed.out)["search"]["segment_layouts"]["formed"] == 0);
+  CHECK(json_output(job + " --fix tp=1")["search"]["segment_layouts"]["formed"] == 0);
   const MeshtrainRun bad = run_meshtrain(job + " --layouts segmented");
   CHECK(bad.status == 1);
   CHECK_THAT(bad.out, Catch::Contains("--layouts") && Catch::Contains("segments"));
@@ -169,12 +162,9 @@ TEST_CASE("plan writes context parallelism, compression and the overlapped updat
   const std::string out = "plan_cli_test_dims.json";
   std::remove(out.c_str());
   const std::string job = "--model tiny --cluster local-cpu --precision fp32 --gpus 4 --global-batch 8 ";
-  const MeshtrainRun r = run_meshtrain("plan " + job +
-                                       "--fix cp=2,tp=1,pp=1,grad_compression=bf16 --simulate 4 --json --no-progress "
-                                       "--out " + out);
-  INFO(r.out);
-  REQUIRE(r.status == 0);
-  const auto best = nlohmann::json::parse(r.out)["ranked"][0];
+  const auto best = json_output("plan " + job +
+                                "--fix cp=2,tp=1,pp=1,grad_compression=bf16 --simulate 4 --json --no-progress --out " +
+                                out)["ranked"][0];
   CHECK(best["plan"]["cp"] == 2);
   CHECK(best["plan"]["dp"] == 2);
   CHECK(best["plan"]["grad_compression"] == "bf16");
@@ -197,12 +187,9 @@ TEST_CASE("plan finds a three-segment VQA layout that simulate and train read as
   std::remove(out.c_str());
   // The mission's layout: the vision encoder on a tensor-parallel group, the language model on a pipeline group.
   const std::string job = "--model vqa-tiny --cluster local-cpu --precision fp32 --gpus 4 --global-batch 8 ";
-  const MeshtrainRun r = run_meshtrain("plan " + job +
-                                       "--fix segments.count=3,vision.tp=2,vision.gpus=2,language.pp=2 --segments 4 "
-                                       "--json --no-progress --top 100 --out " + out);
-  INFO(r.out);
-  REQUIRE(r.status == 0);
-  const auto report = nlohmann::json::parse(r.out);
+  const auto report = json_output("plan " + job +
+                                  "--fix segments.count=3,vision.tp=2,vision.gpus=2,language.pp=2 --segments 4 "
+                                  "--json --no-progress --top 100 --out " + out);
   REQUIRE(!report["ranked"].empty());
   for (const auto& row : report["ranked"]) {
     REQUIRE(row["layout"] == "segments");
@@ -222,10 +209,7 @@ TEST_CASE("plan finds a three-segment VQA layout that simulate and train read as
 TEST_CASE("plan honors pins on segment degrees and names contradictions", "[segments]") {
   const std::string job = "plan --model swin-micro --cluster local-cpu --precision fp32 --gpus 4 --global-batch 8 "
                           "--simulate 2 --segments 2 --json --no-progress --top 100000 ";
-  const MeshtrainRun pinned = run_meshtrain(job + "--fix stage3.pp=2,embed.tp=2 --allow stage1.zero=0,1");
-  INFO(pinned.out);
-  REQUIRE(pinned.status == 0);
-  const auto report = nlohmann::json::parse(pinned.out);
+  const auto report = json_output(job + "--fix stage3.pp=2,embed.tp=2 --allow stage1.zero=0,1");
   int rows = 0;
   for (const auto& row : report["ranked"]) {
     REQUIRE(row["layout"] == "segments");  // only segment items: only segment layouts
@@ -263,12 +247,7 @@ TEST_CASE("plan honors pins on segment degrees and names contradictions", "[segm
       // Two pins that no layout can meet: embed and head in one segment with different tp.
       {"--fix segments.count=2,embed.tp=2,stage1.tp=4,stage2.tp=1,stage3.tp=2,head.tp=4", "no valid segment layout"},
   };
-  for (const auto& b : bad) {
-    const MeshtrainRun r = run_meshtrain(job + b.flags);
-    INFO(b.flags << "\n" << r.out);
-    CHECK(r.status == 1);
-    CHECK_THAT(r.out, Catch::Contains(b.says));
-  }
+  for (const auto& b : bad) check_refused(job + b.flags, b.says);
   const MeshtrainRun decoder = run_meshtrain("plan --model tiny --gpus 4 --fix embed.tp=2 --no-progress");
   CHECK(decoder.status == 1);
   CHECK_THAT(decoder.out, Catch::Contains("no segment layouts"));
@@ -286,12 +265,10 @@ TEST_CASE("the segment layouts' fast tier ranks small families as the DES does, 
        0.20},
   };
   for (const auto& f : families) {
-    const MeshtrainRun r = run_meshtrain("plan " + f.job +
-                                         " --cluster local-cpu --precision fp32 --layouts segments --segments 100000 "
-                                         "--json --no-progress --top 1");
-    INFO(f.job << "\n" << r.out);
-    REQUIRE(r.status == 0);
-    const auto report = nlohmann::json::parse(r.out);
+    INFO(f.job);
+    const auto report = json_output("plan " + f.job +
+                                    " --cluster local-cpu --precision fp32 --layouts segments --segments 100000 "
+                                    "--json --no-progress --top 1");
     const auto& a = report["segment_agreement"];
     CHECK(a["compared"].get<int>() == report["search"]["segment_layouts"]["estimated"].get<int>());
     CHECK(a["compared"].get<int>() > 20);

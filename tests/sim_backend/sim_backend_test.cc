@@ -30,6 +30,25 @@ std::unique_ptr<SimCluster> unfused_cluster(float attention_dropout) {
   return std::move(c).value();
 }
 
+// Seconds of a simulated time (picoseconds).
+double seconds(sim::Time t) { return static_cast<double>(t) / 1e12; }
+
+// One bf16 attention forward and backward of op, on `rows` query rows (op's
+// window, or all T) against T keys of batch B, then the run: rank 0's
+// compute seconds.
+double attention_seconds(SimCluster& cluster, const AttentionOp& op, std::int64_t B, std::int64_t T,
+                         std::int64_t rows) {
+  const std::int64_t H = op.heads, D = op.head_dim;
+  SimBackend& b = cluster.backend(0);
+  Tensor qkv = b.empty(Shape{B, T, 3 * H, D}, DType::bf16), out = b.empty(Shape{B, rows, H, D}, DType::bf16);
+  Tensor lse = b.empty(Shape{B, H, rows}), dqkv = b.empty(Shape{B, T, 3 * H, D}, DType::bf16);
+  b.attention_forward(qkv, out, lse, op);
+  b.attention_backward(out, qkv, out, lse, dqkv, op);
+  auto r = cluster.run();
+  REQUIRE(r.ok());
+  return r->ranks[0].compute_s;
+}
+
 // Ranks 0..7 on one node; only rank 0 is simulated.
 const Group kNodeTp{1, {0, 1, 2, 3, 4, 5, 6, 7}};
 
@@ -132,28 +151,21 @@ TEST_CASE("sim backend: unfused attention is the score GEMM, softmax, dropout an
     INFO("attention dropout " << dropout);
     const std::unique_ptr<SimCluster> made = unfused_cluster(dropout);
     SimCluster& cluster = *made;
-    SimBackend& b = cluster.backend(0);
-    Tensor qkv = b.empty(Shape{B, T, 3 * H, D}, DType::bf16), out = b.empty(Shape{B, T, H, D}, DType::bf16);
-    Tensor lse = b.empty(Shape{B, H, T}), dqkv = b.empty(Shape{B, T, 3 * H, D}, DType::bf16);
     const AttentionOp op{static_cast<int>(H), static_cast<int>(H), static_cast<int>(D), 0.125f};
-    b.attention_forward(qkv, out, lse, op);
-    b.attention_backward(out, qkv, out, lse, dqkv, op);
-    auto r = cluster.run();
-    REQUIRE(r.ok());
+    const double compute_s = attention_seconds(cluster, op, B, T, T);
     const sim::CostModel& c = cluster.cost_model();
-    auto s = [](sim::Time t) { return static_cast<double>(t) / 1e12; };
-    const double scores = s(c.gemm(T, T, D, sim::DType::kBf16, bh));   // q·kᵀ, dP = dO·vᵀ
-    const double context = s(c.gemm(T, D, T, sim::DType::kBf16, bh));  // P·v, dV, and dQ, dK below
+    const double scores = seconds(c.gemm(T, T, D, sim::DType::kBf16, bh));   // q·kᵀ, dP = dO·vᵀ
+    const double context = seconds(c.gemm(T, D, T, sim::DType::kBf16, bh));  // P·v, dV, and dQ, dK below
     // 2-byte scores: softmax reads and writes them (backward also reads P); dropout adds a 1-byte mask.
-    const double drop = dropout > 0 ? s(c.memory_bound(5 * s2)) : 0.0;
-    const double forward = scores + s(c.memory_bound(4 * s2)) + drop + context;
-    const double backward = context + scores + drop + s(c.memory_bound(6 * s2)) +
-                            s(c.gemm(T, D, T, sim::DType::kBf16, 2 * bh));
-    CHECK(r->ranks[0].compute_s == Approx(forward + backward).epsilon(1e-9));
+    const double drop = dropout > 0 ? seconds(c.memory_bound(5 * s2)) : 0.0;
+    const double forward = scores + seconds(c.memory_bound(4 * s2)) + drop + context;
+    const double backward = context + scores + drop + seconds(c.memory_bound(6 * s2)) +
+                            seconds(c.gemm(T, D, T, sim::DType::kBf16, 2 * bh));
+    CHECK(compute_s == Approx(forward + backward).epsilon(1e-9));
     // Far slower than the fused kernel, which never writes the scores to HBM.
-    const double flash = s(c.attention(bh, T, D, true, false, sim::DType::kBf16)) +
-                         s(c.attention(bh, T, D, true, true, sim::DType::kBf16));
-    CHECK(r->ranks[0].compute_s > 1.5 * flash);
+    const double flash = seconds(c.attention(bh, T, D, true, false, sim::DType::kBf16)) +
+                         seconds(c.attention(bh, T, D, true, true, sim::DType::kBf16));
+    CHECK(compute_s > 1.5 * flash);
   }
 }
 
@@ -163,26 +175,21 @@ TEST_CASE("sim backend: unfused attention of a query window computes only the wi
   const std::int64_t B = 2, H = 4, T = 1024, D = 64, bh = B * H, c = T / 4;
   const std::unique_ptr<SimCluster> made = unfused_cluster(0.f);
   SimCluster& cluster = *made;
-  SimBackend& b = cluster.backend(0);
-  Tensor qkv = b.empty(Shape{B, T, 3 * H, D}, DType::bf16), out = b.empty(Shape{B, c, H, D}, DType::bf16);
-  Tensor lse = b.empty(Shape{B, H, c}), dqkv = b.empty(Shape{B, T, 3 * H, D}, DType::bf16);
   AttentionOp op{static_cast<int>(H), static_cast<int>(H), static_cast<int>(D), 0.125f};
   op.query_begin = 2 * c, op.query_rows = c;
-  b.attention_forward(qkv, out, lse, op);
-  b.attention_backward(out, qkv, out, lse, dqkv, op);
-  auto r = cluster.run();
-  REQUIRE(r.ok());
+  const double compute_s = attention_seconds(cluster, op, B, T, c);
   const sim::CostModel& cm = cluster.cost_model();
-  auto s = [](sim::Time t) { return static_cast<double>(t) / 1e12; };
   const double scores = static_cast<double>(bh) * c * T;  // the window's (c, T) scores per (b, h)
-  const double qk = s(cm.gemm(c, T, D, sim::DType::kBf16, bh));   // q·kᵀ, dP = dO·vᵀ
-  const double pv = s(cm.gemm(c, D, T, sim::DType::kBf16, bh));   // P·v, dV
-  const double forward = qk + s(cm.memory_bound(4 * scores)) + pv;
-  const double backward = pv + qk + s(cm.memory_bound(6 * scores)) + s(cm.gemm(c, D, T, sim::DType::kBf16, 2 * bh));
-  CHECK(r->ranks[0].compute_s == Approx(forward + backward).epsilon(1e-9));
+  const double qk = seconds(cm.gemm(c, T, D, sim::DType::kBf16, bh));   // q·kᵀ, dP = dO·vᵀ
+  const double pv = seconds(cm.gemm(c, D, T, sim::DType::kBf16, bh));   // P·v, dV
+  const double forward = qk + seconds(cm.memory_bound(4 * scores)) + pv;
+  const double backward =
+      pv + qk + seconds(cm.memory_bound(6 * scores)) + seconds(cm.gemm(c, D, T, sim::DType::kBf16, 2 * bh));
+  CHECK(compute_s == Approx(forward + backward).epsilon(1e-9));
   // A quarter of the rows: under the whole sequence's unfused cost (by less than 4x: kernel overheads).
-  const double whole_forward = s(cm.gemm(T, T, D, sim::DType::kBf16, bh)) +
-                               s(cm.memory_bound(4.0 * bh * T * T)) + s(cm.gemm(T, D, T, sim::DType::kBf16, bh));
+  const double whole_forward = seconds(cm.gemm(T, T, D, sim::DType::kBf16, bh)) +
+                               seconds(cm.memory_bound(4.0 * bh * T * T)) +
+                               seconds(cm.gemm(T, D, T, sim::DType::kBf16, bh));
   CHECK(forward < whole_forward);
 }
 

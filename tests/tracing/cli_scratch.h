@@ -1,5 +1,6 @@
 // Scratch files for the CLI tests of this folder: a per-process directory
-// under the system temp dir and a small deterministic training text.
+// under the system temp dir, a small deterministic training text, and a JSON
+// file a run wrote, read back.
 #pragma once
 
 #include <unistd.h>
@@ -7,6 +8,9 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
 
 #include "tests/training/temp_dir.h"
 
@@ -23,6 +27,13 @@ inline std::string training_text() {
     return p.string();
   }();
   return path;
+}
+
+// The JSON file at p, which must exist; invalid JSON throws (fails the test).
+inline nlohmann::json read_json(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  REQUIRE(in.good());
+  return nlohmann::json::parse(in);
 }
 
 }  // namespace meshtrain::testing

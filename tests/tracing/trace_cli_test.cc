@@ -14,6 +14,7 @@
 #include "tests/run_meshtrain.h"
 #include "tests/tracing/cli_scratch.h"
 
+using meshtrain::testing::read_json;
 using meshtrain::testing::trace_scratch;
 using meshtrain::testing::training_text;
 using nlohmann::json;
@@ -22,10 +23,13 @@ namespace {
 
 const std::string kRun = " --model tiny --seq-len 32 --micro-batch 2 --steps 2 --warmup 0 --quiet";
 
-json load(const std::filesystem::path& p) {
-  std::ifstream in(p);
-  REQUIRE(in.good());
-  return json::parse(in);  // throws (fails the test) on invalid JSON
+// The trace file `name` of a successful `train ... flags --trace`.
+json traced(const std::string& name, const std::string& flags) {
+  const auto path = trace_scratch(name);
+  MeshtrainRun r = run_meshtrain("train --data " + training_text() + kRun + flags + " --trace " + path.string());
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  return read_json(path);
 }
 
 // Integer nanoseconds from the file's microseconds (three decimals).
@@ -70,11 +74,7 @@ Summary summarise(const json& trace) {
 }  // namespace
 
 TEST_CASE("a tp2 run with ranks as threads traces both ranks", "[trace]") {
-  const auto path = trace_scratch("tp2.json");
-  MeshtrainRun r = run_meshtrain("train --data " + training_text() + kRun + " --tp 2 --trace " + path.string());
-  INFO(r.out);
-  REQUIRE(r.status == 0);
-  const Summary s = summarise(load(path));
+  const Summary s = summarise(traced("tp2.json", " --tp 2"));
   CHECK(s.processes == std::map<int, std::string>{{0, "rank 0 (cpu)"}, {1, "rank 1 (cpu)"}});
   CHECK(s.tracks.at({0, 0}) == "compute");
   CHECK(s.tracks.at({1, 0}) == "compute");
@@ -103,11 +103,7 @@ TEST_CASE("a tp2 run with ranks as threads traces both ranks", "[trace]") {
 }
 
 TEST_CASE("a single-rank run traces one process", "[trace]") {
-  const auto path = trace_scratch("single.json");
-  MeshtrainRun r = run_meshtrain("train --data " + training_text() + kRun + " --trace " + path.string());
-  INFO(r.out);
-  REQUIRE(r.status == 0);
-  const Summary s = summarise(load(path));
+  const Summary s = summarise(traced("single.json", ""));
   CHECK(s.processes == std::map<int, std::string>{{0, "rank 0 (cpu)"}});
   for (const char* op : {"gemm", "embedding_forward", "gelu_forward", "adamw", "synchronize"})
     CHECK(s.ops.at(0).count(op) > 0);
@@ -119,12 +115,7 @@ TEST_CASE("a single-rank run traces one process", "[trace]") {
 }
 
 TEST_CASE("a pipeline run traces send and recv with their peers", "[trace]") {
-  const auto path = trace_scratch("pp2.json");
-  MeshtrainRun r = run_meshtrain("train --data " + training_text() + kRun +
-                                 " --pp 2 --global-batch 4 --trace " + path.string());
-  INFO(r.out);
-  REQUIRE(r.status == 0);
-  const Summary s = summarise(load(path));
+  const Summary s = summarise(traced("pp2.json", " --pp 2 --global-batch 4"));
   REQUIRE(s.processes.size() == 2);
   int sends = 0, recvs = 0;
   for (const json& e : s.events) {

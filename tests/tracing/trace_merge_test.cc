@@ -6,22 +6,22 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/tracing/trace_merge.h"
+#include "tests/training/error_of.h"
 
 using namespace meshtrain;
+using testing::error_of;
 using nlohmann::json;
 
 namespace {
 
 TraceEvent op(int stream, const char* name, const char* category, std::int64_t start_ns, std::int64_t duration_ns,
               bool device_clock = false) {
-  TraceEvent e;
-  e.stream = stream;
-  e.name = name;
-  e.category = category;
-  e.start_ns = start_ns;
-  e.duration_ns = duration_ns;
-  e.device_clock = device_clock;
-  return e;
+  return TraceEvent{.stream = stream,
+                    .name = name,
+                    .category = category,
+                    .start_ns = start_ns,
+                    .duration_ns = duration_ns,
+                    .device_clock = device_clock};
 }
 
 RankTrace rank_trace(int rank, std::vector<TraceEvent> events) {
@@ -104,13 +104,8 @@ TEST_CASE("a rank with no events still has its row", "[trace]") {
 TEST_CASE("a malformed packed fragment is an error naming the fault", "[trace]") {
   const std::string good = pack_fragments({{3, "{\"a\":1}", "{\"b\":2}"}});
   CHECK(unpack_fragments(good).ok());
-  auto no_end = unpack_fragments("3 7");
-  REQUIRE_FALSE(no_end.ok());
-  CHECK_THAT(no_end.error().message(), Catch::Contains("header has no end"));
-  auto bad_counts = unpack_fragments("3 x 7\n");
-  REQUIRE_FALSE(bad_counts.ok());
-  CHECK_THAT(bad_counts.error().message(), Catch::Contains("is not three counts"));
-  auto short_body = unpack_fragments(good.substr(0, good.size() - 1));
-  REQUIRE_FALSE(short_body.ok());
-  CHECK_THAT(short_body.error().message(), Catch::Contains("rank 3's packed trace fragment holds 13 bytes, its header says 14"));
+  CHECK_THAT(error_of(unpack_fragments("3 7")), Catch::Contains("header has no end"));
+  CHECK_THAT(error_of(unpack_fragments("3 x 7\n")), Catch::Contains("is not three counts"));
+  CHECK_THAT(error_of(unpack_fragments(good.substr(0, good.size() - 1))),
+                   Catch::Contains("rank 3's packed trace fragment holds 13 bytes, its header says 14"));
 }

@@ -18,6 +18,7 @@
 #include "tests/run_meshtrain.h"
 #include "tests/tracing/cli_scratch.h"
 
+using meshtrain::testing::read_json;
 using meshtrain::testing::trace_scratch;
 using meshtrain::testing::training_text;
 using nlohmann::json;
@@ -27,20 +28,23 @@ namespace {
 // (pid, peer, tag) -> the [start, end] in µs of each send or recv, in issue order.
 using Messages = std::map<std::tuple<int, int, int>, std::vector<std::pair<double, double>>>;
 
+// `train` of the tiny model on 2 pipeline stages, tracing to path.
+MeshtrainRun train_traced(const std::filesystem::path& path, const std::string& flags) {
+  return run_meshtrain("train --data " + training_text() +
+                       " --model tiny --seq-len 32 --micro-batch 2 --global-batch 4 --warmup 0 --quiet --pp 2" + flags +
+                       " --trace " + path.string());
+}
+
 }  // namespace
 
 TEST_CASE("under MPI rank 0 writes one trace of every rank on one clock", "[trace][mpi]") {
   const auto path = trace_scratch("mpi.json");
-  MeshtrainRun run = run_meshtrain("train --data " + training_text() +
-                                   " --model tiny --seq-len 32 --micro-batch 2 --global-batch 4 --steps 2 --warmup 0"
-                                   " --quiet --pp 2 --trace " + path.string());
+  MeshtrainRun run = train_traced(path, " --steps 2");
   INFO(run.out);
   REQUIRE(run.status == 0);
   for (int r : {0, 1})  // no per-rank files any more
     CHECK_FALSE(std::filesystem::exists(path.parent_path() / ("mpi.rank" + std::to_string(r) + ".json")));
-  std::ifstream in(path);
-  REQUIRE(in.good());
-  const json trace = json::parse(in);
+  const json trace = read_json(path);
   std::map<int, json> process;  // pid -> process_name args
   std::map<int, int> ops;       // pid -> complete events
   Messages sends, recvs;
@@ -83,16 +87,12 @@ TEST_CASE("under MPI rank 0 writes one trace of every rank on one clock", "[trac
 
 TEST_CASE("under MPI a rank that stops answering is left out of the trace, not waited for", "[trace][mpi]") {
   const auto path = trace_scratch("mpi-hang.json");
-  MeshtrainRun run = run_meshtrain("train --data " + training_text() +
-                                   " --model tiny --seq-len 32 --micro-batch 2 --global-batch 4 --steps 4 --warmup 0"
-                                   " --quiet --pp 2 --comm-timeout 1 --fault-inject 1:hang:2 --trace " + path.string());
+  MeshtrainRun run = train_traced(path, " --steps 4 --comm-timeout 1 --fault-inject 1:hang:2");
   INFO(run.out);
   CHECK(run.status != 0);
   CHECK_THAT(run.out, Catch::Contains("timed out"));
   // Rank 0 still wrote what it had: its own row, its steps up to the failure.
-  std::ifstream in(path);
-  REQUIRE(in.good());
-  const json trace = json::parse(in);
+  const json trace = read_json(path);
   int ops = 0;
   for (const json& e : trace.at("traceEvents")) {
     CHECK(e.at("pid") == 0);

@@ -1,7 +1,8 @@
 // What the fault-injection tests (threads and MPI) share: the CLI tests'
 // scratch files and training text (tests/tracing/cli_scratch.h), the
-// metrics lines a run wrote, and the check that a run resumes from its last
-// checkpoint.
+// training command, the metrics lines a run wrote, and the checks that a run fails naming its
+// fault, that rank 1 is reported as the straggler, and that a run resumes
+// from its last checkpoint.
 #pragma once
 
 #include <filesystem>
@@ -16,11 +17,35 @@
 
 namespace meshtrain::testing {
 
+// `train` of the tiny model on the training text, as every fault test runs
+// it, with flags.
+inline std::string fault_train(const std::string& flags) {
+  return "train --data " + training_text() + " --model tiny --seq-len 64 --micro-batch 4 --lr 1e-3 --warmup 1 --quiet" +
+         flags;
+}
+
 inline std::vector<nlohmann::json> metrics_lines(const std::filesystem::path& p) {
   std::vector<nlohmann::json> out;
   std::ifstream in(p);
   for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
   return out;
+}
+
+// `command` fails (status non-zero) and its output matches `names` (what it
+// says of the fault).
+template <class Matcher>
+void check_fails_naming(const std::string& command, const Matcher& names) {
+  MeshtrainRun r = run_meshtrain(command);
+  INFO(r.out);
+  CHECK(r.status != 0);
+  CHECK_THAT(r.out, names);
+}
+
+// A metrics line of a step after the slowdown of rank 1 began: the straggler
+// report names rank 1, computing more than twice the median.
+inline void check_rank_1_straggles(const nlohmann::json& j) {
+  CHECK(j["slowest_rank"] == 1);
+  CHECK(j["slowest_compute_s"].get<double>() > 2 * j["median_compute_s"].get<double>());
 }
 
 // `command --resume` succeeds and trains steps first_step..last_step: the

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -14,9 +15,13 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/run_meshtrain.h"
+#include "tests/train/train_files.h"
 #include "tests/training/temp_dir.h"
 
 namespace fs = std::filesystem;
+
+using meshtrain::testing::run_resumed;
+using meshtrain::testing::run_stopped_at;
 
 namespace {
 
@@ -45,6 +50,24 @@ std::vector<double> losses(const fs::path& metrics) {
   std::ifstream in(metrics);
   for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line)["loss"].get<double>());
   return out;
+}
+
+// The checkpoint in dir holds tensors of each of these names.
+void check_checkpoint_holds(const fs::path& dir, std::initializer_list<const char*> wanted) {
+  std::ifstream manifest(dir / "manifest.json");
+  const auto m = nlohmann::json::parse(manifest);
+  std::vector<std::string> names;
+  for (const auto& t : m["tensors"]) names.push_back(t["name"]);
+  for (const char* name : wanted) CHECK(std::find(names.begin(), names.end(), name) != names.end());
+}
+
+// The run of `once` and the stopped and resumed one of `twice` wrote the same
+// `steps` losses, bit for bit; returns them.
+std::vector<double> check_same_step_losses(const fs::path& once, const fs::path& twice, std::size_t steps) {
+  const auto a = losses(once), b = losses(twice);
+  REQUIRE(a.size() == steps);
+  CHECK(a == b);
+  return a;
 }
 
 const std::string kBase = " --model tiny --seq-len 32 --micro-batch 4 --quiet";
@@ -79,12 +102,9 @@ TEST_CASE("stop and resume give the losses of one uninterrupted run, bit for bit
   fs::path once = scratch("once.jsonl"), twice = scratch("twice.jsonl"), dir = scratch("ckpt");
   const std::string args = "train --data " + corpus() + kBase + kLr + " --steps 12 --dropout 0.1";
   REQUIRE(run_meshtrain(args + " --metrics " + once.string()).status == 0);
-  REQUIRE(run_meshtrain(args + " --stop-at 6 --checkpoint " + dir.string() + " --metrics " + twice.string()).status == 0);
-  MeshtrainRun resumed = run_meshtrain(args + " --checkpoint " + dir.string() + " --resume --metrics " + twice.string());
-  REQUIRE(resumed.status == 0);
-  auto a = losses(once), b = losses(twice);
-  REQUIRE(a.size() == 12);
-  CHECK(a == b);
+  run_stopped_at(args, 6, dir, twice);
+  run_resumed(args, dir, twice);
+  check_same_step_losses(once, twice, 12);
 }
 
 TEST_CASE("a 1bit-compressed run resumes bit for bit: every rank's error feedback is in the checkpoint",
@@ -96,19 +116,10 @@ TEST_CASE("a 1bit-compressed run resumes bit for bit: every rank's error feedbac
     const std::string args = "train --data " + corpus() + kBase + kLr + plan +
                              " --steps 9 --grad-compression 1bit --grad-compression-warmup 2";
     REQUIRE(run_meshtrain(args + " --metrics " + once.string()).status == 0);
-    REQUIRE(run_meshtrain(args + " --stop-at 5 --checkpoint " + dir.string() + " --metrics " + twice.string()).status == 0);
-    std::ifstream manifest(dir / "manifest.json");
-    const auto m = nlohmann::json::parse(manifest);
-    std::vector<std::string> names;
-    for (const auto& t : m["tensors"]) names.push_back(t["name"]);
-    for (const char* name : {"grad_error/rank0", "grad_error/rank1"})
-      CHECK(std::find(names.begin(), names.end(), name) != names.end());
-    MeshtrainRun resumed = run_meshtrain(args + " --checkpoint " + dir.string() + " --resume --metrics " + twice.string());
-    INFO(resumed.out);
-    REQUIRE(resumed.status == 0);
-    auto a = losses(once), b = losses(twice);
-    REQUIRE(a.size() == 9);
-    CHECK(a == b);
+    run_stopped_at(args, 5, dir, twice);
+    check_checkpoint_holds(dir, {"grad_error/rank0", "grad_error/rank1"});
+    run_resumed(args, dir, twice);
+    check_same_step_losses(once, twice, 9);
   }
 }
 
@@ -119,21 +130,10 @@ TEST_CASE("fp8 on the cpu backend: emulated, checkpointed with its scaling state
   const std::string args = "train --data " + corpus() + kBase + kLr + " --tp 2 --steps 6";
   REQUIRE(run_meshtrain(args + " --metrics " + fp32.string()).status == 0);
   REQUIRE(run_meshtrain(args + " --precision fp8 --metrics " + once.string()).status == 0);
-  REQUIRE(run_meshtrain(args + " --precision fp8 --stop-at 3 --checkpoint " + dir.string() + " --metrics " +
-                        twice.string()).status == 0);
-  std::ifstream manifest(dir / "manifest.json");
-  const auto m = nlohmann::json::parse(manifest);
-  std::vector<std::string> names;
-  for (const auto& t : m["tensors"]) names.push_back(t["name"]);
-  for (const char* name : {"fp8/layers.0.attn.qkv", "fp8/layers.1.mlp.down"})
-    CHECK(std::find(names.begin(), names.end(), name) != names.end());
-  MeshtrainRun resumed =
-      run_meshtrain(args + " --precision fp8 --checkpoint " + dir.string() + " --resume --metrics " + twice.string());
-  INFO(resumed.out);
-  REQUIRE(resumed.status == 0);
-  const auto a = losses(once), b = losses(twice), c = losses(fp32);
-  REQUIRE(a.size() == 6);
-  CHECK(a == b);
+  run_stopped_at(args + " --precision fp8", 3, dir, twice);
+  check_checkpoint_holds(dir, {"fp8/layers.0.attn.qkv", "fp8/layers.1.mlp.down"});
+  run_resumed(args + " --precision fp8", dir, twice);
+  const auto a = check_same_step_losses(once, twice, 6), c = losses(fp32);
   CHECK(a.front() != c.front());  // the FP8 casts change the first step's logits already
   CHECK(a.front() == Approx(c.front()).epsilon(1e-2));
 }

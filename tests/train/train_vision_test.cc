@@ -85,15 +85,9 @@ TEST_CASE("image training resumes bit for bit, under data parallelism too", "[tr
       continue;
     }
     REQUIRE(run_meshtrain(base + " --metrics " + once.string()).status == 0);
-    REQUIRE(run_meshtrain(base + " --stop-at 4 --checkpoint " + ckpt.string() + " --metrics " + twice.string())
-                .status == 0);
-    MeshtrainRun resumed =
-        run_meshtrain(base + " --checkpoint " + ckpt.string() + " --resume --metrics " + twice.string());
-    INFO(resumed.out);
-    REQUIRE(resumed.status == 0);
-    const auto a = metrics(once), b = metrics(twice);
-    REQUIRE(a.size() == b.size());
-    for (std::size_t i = 0; i < a.size(); ++i) CHECK(a[i]["loss"] == b[i]["loss"]);
+    meshtrain::testing::run_stopped_at(base, 4, ckpt, twice);
+    meshtrain::testing::run_resumed(base, ckpt, twice);
+    meshtrain::testing::check_same_losses(once, twice);
   }
 }
 

@@ -70,15 +70,9 @@ TEST_CASE("VQA training resumes bit for bit under data parallelism", "[train][vq
   const std::string base = "train --data fashion-mnist --model vqa-tiny --dp 2 --zero 1 --micro-batch 4 --lr 1e-3 "
                            "--warmup 2 --quiet --steps 8 --dropout 0.1";
   REQUIRE(run_meshtrain(base + " --metrics " + once.string()).status == 0);
-  REQUIRE(run_meshtrain(base + " --stop-at 4 --checkpoint " + ckpt.string() + " --metrics " + twice.string()).status ==
-          0);
-  MeshtrainRun resumed =
-      run_meshtrain(base + " --checkpoint " + ckpt.string() + " --resume --metrics " + twice.string());
-  INFO(resumed.out);
-  REQUIRE(resumed.status == 0);
-  const auto a = read_metrics(once), b = read_metrics(twice);
-  REQUIRE(a.size() == b.size());
-  for (std::size_t i = 0; i < a.size(); ++i) CHECK(a[i]["loss"] == b[i]["loss"]);
+  meshtrain::testing::run_stopped_at(base, 4, ckpt, twice);
+  meshtrain::testing::run_resumed(base, ckpt, twice);
+  meshtrain::testing::check_same_losses(once, twice);
 }
 
 TEST_CASE("images that cannot make VQA grids, or a model that cannot read them, are refused", "[train][vqa]") {
