@@ -11,20 +11,31 @@ std::string member_problem(const Group& g, int rank, std::string_view op) {
   return fmt::format("{}: rank {} is not a member of group {}", op, rank, g.id);
 }
 
-std::string reduce_scatter_problem(const Tensor& in, const Tensor& out, const Group& g) {
-  if (in.dtype() != out.dtype()) return "reduce_scatter: in and out dtypes differ";
-  if (in.numel() != out.numel() * g.size())
-    return fmt::format("reduce_scatter: in {} is not {} blocks of out {}", in.shape().str(), g.size(),
-                       out.shape().str());
+namespace {
+
+// A collective whose `whole` tensor holds one `block` per member of g, in one dtype.
+std::string blocks_problem(std::string_view op, const char* whole_name, const Tensor& whole, const char* block_name,
+                           const Tensor& block, const Group& g) {
+  if (whole.dtype() != block.dtype()) return fmt::format("{}: in and out dtypes differ", op);
+  if (whole.numel() != block.numel() * g.size())
+    return fmt::format("{}: {} {} is not {} blocks of {} {}", op, whole_name, whole.shape().str(), g.size(),
+                       block_name, block.shape().str());
   return {};
 }
 
+}  // namespace
+
+std::string reduce_scatter_problem(const Tensor& in, const Tensor& out, const Group& g) {
+  return blocks_problem("reduce_scatter", "in", in, "out", out, g);
+}
+
 std::string all_gather_problem(const Tensor& in, const Tensor& out, const Group& g) {
-  if (in.dtype() != out.dtype()) return "all_gather: in and out dtypes differ";
-  if (out.numel() != in.numel() * g.size())
-    return fmt::format("all_gather: out {} is not {} blocks of in {}", out.shape().str(), g.size(),
-                       in.shape().str());
-  return {};
+  return blocks_problem("all_gather", "out", out, "in", in, g);
+}
+
+std::string peer_problem(std::string_view op, int peer, int rank, int world_size) {
+  if (peer >= 0 && peer < world_size && peer != rank) return {};
+  return fmt::format("{}: peer {} of rank {} of {}", op, peer, rank, world_size);
 }
 
 std::string broadcast_root_problem(const Group& g, int root_global_rank) {

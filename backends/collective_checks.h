@@ -19,6 +19,8 @@ std::string reduce_scatter_problem(const Tensor& in, const Tensor& out, const Gr
 // in (n) -> out (g.size() · n), same dtype.
 std::string all_gather_problem(const Tensor& in, const Tensor& out, const Group& g);
 std::string broadcast_root_problem(const Group& g, int root_global_rank);
+// A send's or recv's peer: another rank of the world (rank `rank` of `world_size`).
+std::string peer_problem(std::string_view op, int peer, int rank, int world_size);
 // One count per member each way, summing to the tensors' sizes; same dtype.
 std::string all_to_all_problem(const Tensor& in, std::span<const std::int64_t> send_counts,
                                const Tensor& out, std::span<const std::int64_t> recv_counts,

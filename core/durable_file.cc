@@ -10,27 +10,28 @@
 
 namespace meshtrain {
 
-bool write_all(int fd, const void* data, std::size_t n) {
-  auto p = static_cast<const char*>(data);
+namespace {
+
+// All n bytes through `io` (::read or ::write), which may move fewer at a
+// time or be interrupted by a signal; false on an error or end of file.
+template <class Byte, class Io>
+bool transfer_all(int fd, Byte* p, std::size_t n, Io io) {
   while (n > 0) {
-    const ssize_t w = ::write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return false;
-    p += w, n -= static_cast<std::size_t>(w);
+    const ssize_t done = io(fd, p, n);
+    if (done < 0 && errno == EINTR) continue;
+    if (done <= 0) return false;
+    p += done, n -= static_cast<std::size_t>(done);
   }
   return true;
 }
 
-bool read_all(int fd, void* data, std::size_t n) {
-  auto p = static_cast<char*>(data);
-  while (n > 0) {
-    const ssize_t r = ::read(fd, p, n);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return false;
-    p += r, n -= static_cast<std::size_t>(r);
-  }
-  return true;
+}  // namespace
+
+bool write_all(int fd, const void* data, std::size_t n) {
+  return transfer_all(fd, static_cast<const char*>(data), n, ::write);
 }
+
+bool read_all(int fd, void* data, std::size_t n) { return transfer_all(fd, static_cast<char*>(data), n, ::read); }
 
 Status write_durably(const std::string& final_path, const std::string& tmp_path, std::span<const ByteChunk> chunks,
                      bool exclusive) {

@@ -643,8 +643,8 @@ void CpuBackend::all_to_all(const Tensor& in, std::span<const std::int64_t> send
 void CpuBackend::send(const Tensor& x, int peer_global_rank, int tag) {
   const auto* p = reinterpret_cast<const float*>(bytes_of(x, "send"));
   expect_transportable(x, "send");
-  if (peer_global_rank < 0 || peer_global_rank >= world_size_ || peer_global_rank == rank_)
-    misuse("send: peer {} from rank {} of {}", peer_global_rank, rank_, world_size_);
+  if (auto problem = peer_problem("send", peer_global_rank, rank_, world_size_); !problem.empty())
+    misuse("{}", problem);
   if (error_) return;
   note(comm("send").send({p, static_cast<std::size_t>(x.numel())}, peer_global_rank, tag),
        fmt::format("send to rank {} tag {}", peer_global_rank, tag));
@@ -653,8 +653,8 @@ void CpuBackend::send(const Tensor& x, int peer_global_rank, int tag) {
 void CpuBackend::recv(Tensor& x, int peer_global_rank, int tag) {
   auto* p = reinterpret_cast<float*>(bytes_of(x, "recv"));
   expect_transportable(x, "recv");
-  if (peer_global_rank < 0 || peer_global_rank >= world_size_ || peer_global_rank == rank_)
-    misuse("recv: peer {} at rank {} of {}", peer_global_rank, rank_, world_size_);
+  if (auto problem = peer_problem("recv", peer_global_rank, rank_, world_size_); !problem.empty())
+    misuse("{}", problem);
   if (error_) return;
   note(comm("recv").recv({p, static_cast<std::size_t>(x.numel())}, peer_global_rank, tag),
        fmt::format("recv from rank {} tag {}", peer_global_rank, tag));

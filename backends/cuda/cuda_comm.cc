@@ -176,8 +176,7 @@ void CudaBackend::all_to_all(const Tensor& in, std::span<const std::int64_t> sen
 void CudaBackend::point_to_point(const Tensor& x, int peer, int tag, bool sending) {
   const char* op = sending ? "send" : "recv";
   void* p = ptr(x, op);
-  if (peer < 0 || peer >= world_size_ || peer == rank_)
-    misuse("{}: peer {} of rank {} of {}", op, peer, rank_, world_size_);
+  if (auto problem = peer_problem(op, peer, rank_, world_size_); !problem.empty()) misuse("{}", problem);
   if (failed() || x.numel() == 0) return;
   const auto type = static_cast<ncclDataType_t>(nccl_dtype(x, op));
   const Group pair{NcclComms::kWorldGroup, {std::min(rank_, peer), std::max(rank_, peer)}};

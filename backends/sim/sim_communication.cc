@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "backends/collective_checks.h"
 #include "backends/op_table.h"
 #include "backends/sim/sim_internal.h"
 
@@ -221,14 +222,14 @@ void SimBackend::all_to_all(const Tensor& in, std::span<const std::int64_t> send
 }
 void SimBackend::send(const Tensor& x, int peer, int) {
   check(x, "send");
-  if (peer == rank_ || peer < 0 || peer >= world_size_) misuse("send: bad peer {}", peer);
+  if (auto problem = peer_problem("send", peer, rank_, world_size_); !problem.empty()) misuse("{}", problem);
   const double bytes = op_cost(op_info("send"), {&x}).bytes;
   region().sent_bytes += bytes;
   cluster_.point_to_point(job_, rank_, executor_stream(current_), peer, bytes, true);
 }
 void SimBackend::recv(Tensor& x, int peer, int) {
   check(x, "recv");
-  if (peer == rank_ || peer < 0 || peer >= world_size_) misuse("recv: bad peer {}", peer);
+  if (auto problem = peer_problem("recv", peer, rank_, world_size_); !problem.empty()) misuse("{}", problem);
   cluster_.point_to_point(job_, rank_, executor_stream(current_), peer, op_cost(op_info("recv"), {&x}).bytes, false);
 }
 void SimBackend::barrier(const Group& g) {

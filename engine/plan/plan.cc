@@ -163,27 +163,19 @@ Result<Plan> apply_overrides(Plan p, const PlanOverrides& o) {
       {&O::loss_in_split, &Plan::loss_in_split}};
   for (const auto& [given, field] : kSwitches)
     if (o.*given) p.*field = *(o.*given);
-  if (o.grad_compression) {
-    MT_ASSIGN(p.grad_compression, parse_grad_compression(*o.grad_compression));
-  }
-  if (o.offload) {
-    MT_ASSIGN(p.offload, parse_offload(*o.offload));
-  }
-  if (o.recompute) {
-    MT_ASSIGN(p.recompute, parse_recompute(*o.recompute));
-  }
-  if (o.schedule) {
-    MT_ASSIGN(p.schedule, parse_schedule(*o.schedule));
-  }
-  if (o.precision) {
-    MT_ASSIGN(p.precision, parse_precision(*o.precision));
-  }
-  if (o.grad_sync) {
-    MT_ASSIGN(p.grad_sync, parse_grad_sync(*o.grad_sync));
-  }
-  if (o.cp_comm) {
-    MT_ASSIGN(p.cp_comm, parse_context_comm(*o.cp_comm));
-  }
+  // A field given by name: parsed (an unknown name is refused with the nearest known one) and set.
+  auto named = [](auto& field, const std::optional<std::string>& name, auto parse) -> Status {
+    if (!name) return ok_status();
+    MT_ASSIGN(field, parse(*name));
+    return ok_status();
+  };
+  MT_TRY(named(p.grad_compression, o.grad_compression, parse_grad_compression));
+  MT_TRY(named(p.offload, o.offload, parse_offload));
+  MT_TRY(named(p.recompute, o.recompute, parse_recompute));
+  MT_TRY(named(p.schedule, o.schedule, parse_schedule));
+  MT_TRY(named(p.precision, o.precision, parse_precision));
+  MT_TRY(named(p.grad_sync, o.grad_sync, parse_grad_sync));
+  MT_TRY(named(p.cp_comm, o.cp_comm, parse_context_comm));
   if (o.grad_bucket_mb) p.grad_bucket_mb = *o.grad_bucket_mb;
   if (o.chunk_layers) p.chunk_layers = *o.chunk_layers;
   if (o.microbatches) {
