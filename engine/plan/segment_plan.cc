@@ -102,6 +102,11 @@ Group plan_world(const Plan& p) {
   return g;
 }
 
+std::string position_holders(const Plan& p, int rank) {
+  if (!p.segments.empty()) return "and every rank holding the same segment stages";
+  return fmt::format("pipeline stage {}, and every tp rank and dp replica of that stage", Mesh(p).coord_of(rank).pp);
+}
+
 std::vector<int> pipeline_positions(const Plan& p) {
   const std::vector<Plan> segments = plan_segments(p);
   const std::vector<Mesh> meshes(segments.begin(), segments.end());

@@ -60,6 +60,10 @@ Group plan_world(const Plan& p);
 // numbered in order of first appearance: a uniform plan's is the rank's
 // pipeline stage.
 std::vector<int> pipeline_positions(const Plan& p);
+// Who holds what rank `rank` holds, for a message about its memory: its
+// pipeline stage's ranks in a uniform plan, in a plan made of segments the
+// ranks at its pipeline position.
+std::string position_holders(const Plan& p, int rank);
 
 // What rank `rank` holds of every segment it is in (memory_model.h; the
 // activations of all: a segment's forward activations wait for its backward

@@ -29,8 +29,7 @@ Error out_of_memory(const StageResult& s, const Plan& p, double device_bytes) {
   const MemoryBreakdown& m = s.model;
   OutOfMemory o;
   o.rank = s.rank;
-  o.where = p.segments.empty() ? fmt::format("pipeline stage {}, and every tp rank and dp replica of that stage", s.stage)
-                               : "and every rank holding the same segment stages";
+  o.where = position_holders(p, s.rank);
   o.peak = static_cast<double>(s.peak_bytes);
   o.capacity = device_bytes;
   o.consumers = memory_consumers(m);

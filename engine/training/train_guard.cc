@@ -12,7 +12,6 @@
 #include "core/json_input.h"
 #include "engine/memory/memory_model.h"
 #include "engine/memory/out_of_memory.h"
-#include "engine/plan/mesh.h"
 #include "engine/plan/segment_plan.h"
 #include "engine/training/stop_request.h"
 #include "models/parameters.h"
@@ -29,21 +28,21 @@ namespace {
 // One rank's estimated host memory, standing for `count` ranks alike.
 struct RankNeed {
   int rank = 0;
-  std::string where;  // "pipeline stage 1, and every rank of that stage"; empty for a segment layout's rank
+  std::string where;  // position_holders: who holds the same
   MemoryBreakdown model;
-  int count = 1;
+  int count = 0;
 };
 
-std::vector<RankNeed> rank_needs(const ModelSpec& m, const Plan& p) {
+// By pipeline position (pipeline_positions: ranks holding the same stage of
+// every segment hold the same memory), its lowest rank's need.
+std::vector<RankNeed> rank_needs(const ModelSpec& m, const Plan& p, const std::vector<int>& positions) {
   std::vector<RankNeed> out;
-  if (!p.segments.empty()) {
-    for (int rank = 0; rank < p.world_size(); ++rank) out.push_back({rank, "", rank_memory(m, p, rank), 1});
-    return out;
+  for (int rank = 0; rank < p.world_size(); ++rank) {
+    // Positions are numbered in order of first appearance: a new one is the next index.
+    const auto at = static_cast<std::size_t>(positions[static_cast<std::size_t>(rank)]);
+    if (at == out.size()) out.push_back({rank, position_holders(p, rank), rank_memory(m, p, rank)});
+    ++out[at].count;
   }
-  const Mesh mesh(p);
-  for (int stage = 0; stage < p.pp; ++stage)
-    out.push_back({mesh.rank_of({0, 0, 0, stage}), fmt::format("pipeline stage {}, and every rank of that stage", stage),
-                   memory_per_rank(m, p, stage, meshtrain_layout(p)), p.world_size() / p.pp});
   return out;
 }
 
@@ -94,7 +93,7 @@ Status check_train_memory(const TrainOptions& o, const ModelSpec& m, const Plan&
   // Each rank here holds its stage's parameters, gradients, AdamW state and
   // activations (memory_model.h) and the extras above.
   const std::vector<MemoryConsumer> extras = host_extras(o, m);
-  const std::vector<RankNeed> needs = rank_needs(m, p);
+  const std::vector<RankNeed> needs = rank_needs(m, p, pipeline_positions(p));
   const RankNeed* top = &needs.front();
   for (const RankNeed& n : needs)
     if (total_of(n, extras) > total_of(*top, extras)) top = &n;
@@ -119,11 +118,10 @@ Status check_train_memory(const TrainOptions& o, const ModelSpec& m, const Plan&
 Status explain_allocation_failure(Status status, const TrainOptions& o, const ModelSpec& m, const Plan& p, int rank,
                                   int host_ranks) {
   if (status.ok() || !is_allocation_failure(status.error())) return status;
-  const std::vector<RankNeed> needs = rank_needs(m, p);
-  // Uniform plans list one need per pipeline stage; a segment layout one per rank.
-  const std::size_t at = p.segments.empty() ? static_cast<std::size_t>(Mesh(p).coord_of(rank).pp)
-                                            : static_cast<std::size_t>(rank);
-  if (at >= needs.size()) return status;
+  const std::vector<int> positions = pipeline_positions(p);
+  if (rank < 0 || rank >= p.world_size()) return status;
+  const std::vector<RankNeed> needs = rank_needs(m, p, positions);
+  const std::size_t at = static_cast<std::size_t>(positions[static_cast<std::size_t>(rank)]);
   // The data copy and the gathered checkpoint state live in host memory: they count against a host
   // failure only, not against a GPU's (host_ranks 0: the cuda backend).
   const std::vector<MemoryConsumer> extras = host_ranks > 0 ? host_extras(o, m) : std::vector<MemoryConsumer>{};
