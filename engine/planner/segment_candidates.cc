@@ -1,8 +1,10 @@
 #include "engine/planner/segment_candidates.h"
 
 #include <algorithm>
+#include <optional>
 #include <set>
 #include <tuple>
+#include <utility>
 
 #include <fmt/format.h>
 #include <tbb/parallel_for.h>
@@ -109,69 +111,42 @@ std::vector<std::vector<std::size_t>> cuts_of(std::size_t modules, int count) {
   return out;
 }
 
-// Validates one layout of the family (its degrees and micro-batches) and
-// expands it into its per-segment choices that fit, each kept unless a
-// choice that only saves memory was not needed.
-void expand(const SearchContext& ctx, const SegmentSpace& space, double device, const nlohmann::json& list,
-            const std::vector<std::vector<std::string>>& modules, std::vector<SegmentCandidate>& out,
-            std::int64_t& formed, std::int64_t& pruned, Status& rejection, std::optional<SegmentCandidate>& closest,
-            double& closest_bytes) {
-  const ModelSpec& m = ctx.model;
-  Plan base = ctx.base;
-  auto parsed = segments_from_json(list, m, base);
-  if (!parsed) {
-    formed += 1, rejection = parsed.error();
-    return;
-  }
-  base.segments = std::move(parsed).value();
-  if (Status v = validate_plan(base, m, ctx.gpus); !v) {
-    formed += 1, rejection = v;
-    return;
-  }
-  const std::size_t n = base.segments.size();
-  // Per segment: its valid choices and, per choice, the bytes each of its pipeline stages' ranks holds.
-  std::vector<std::vector<Choice>> choices(n);
-  std::vector<std::vector<std::vector<double>>> bytes(n);
-  for (std::size_t k = 0; k < n; ++k) {
-    for (const Choice& c : choices_of(base.segments[k], modules[k], space)) {
-      Plan s = base.segments[k];
-      s.zero = c.zero, s.recompute = c.recompute, s.sequence_parallel = c.sp;
-      Status v = validate_plan(s, m);
-      if (v) v = StepEngine::supports(s, ctx.step);
-      if (!v) {
-        rejection = v;
-        continue;
-      }
-      std::vector<double> per_stage;
-      for (int stage = 0; stage < s.pp; ++stage) per_stage.push_back(memory_per_rank(m, s, stage, meshtrain_layout(s)).total());
-      choices[k].push_back(c);
-      bytes[k].push_back(std::move(per_stage));
-    }
-    if (choices[k].empty()) return;
-  }
-  // A combination of choices (an index per segment): its peak over ranks (each rank sums its segments' stages).
+// One layout of the family, valid: per segment its valid choices and, per
+// choice, the bytes each of its pipeline stages' ranks holds.
+struct LayoutChoices {
+  Plan base;  // with its segments
+  std::vector<std::vector<Choice>> choices;
+  std::vector<std::vector<std::vector<double>>> bytes;  // [segment][choice][stage]
   std::vector<Mesh> meshes;
-  for (const Plan& s : base.segments) meshes.emplace_back(s);
-  auto stage_of = [&](std::size_t k, int rank) { return static_cast<std::size_t>(meshes[k].coord_of(rank).pp); };
-  auto holds = [&](std::size_t k, int rank) { return base.segments[k].holds_rank(rank); };
-  auto peak = [&](const std::vector<std::size_t>& at) {
-    std::pair<double, int> worst{0, 0};  // bytes, rank
-    for (int rank = 0; rank < ctx.gpus; ++rank) {
+
+  std::size_t segments() const { return choices.size(); }
+  bool holds(std::size_t k, int rank) const { return base.segments[k].holds_rank(rank); }
+  std::size_t stage_of(std::size_t k, int rank) const {
+    return static_cast<std::size_t>(meshes[k].coord_of(rank).pp);
+  }
+
+  // A combination of choices (an index per segment): its peak bytes and the
+  // rank that holds them (each rank sums its segments' stages).
+  std::pair<double, int> peak(const std::vector<std::size_t>& at, int gpus) const {
+    std::pair<double, int> worst{0, 0};
+    for (int rank = 0; rank < gpus; ++rank) {
       double total = 0;
-      for (std::size_t k = 0; k < n; ++k)
+      for (std::size_t k = 0; k < segments(); ++k)
         if (holds(k, rank)) total += bytes[k][at[k]][stage_of(k, rank)];
       worst = std::max(worst, std::pair{total, rank});
     }
     return worst;
-  };
-  // Memory savings one step up a segment's ladder: ZeRO 2, ZeRO 3, then full
-  // recomputation (skipping what the segment cannot take or the pins leave out).
-  auto find = [&](std::size_t k, const Choice& c) -> std::optional<std::size_t> {
+  }
+
+  std::optional<std::size_t> find(std::size_t k, const Choice& c) const {
     for (std::size_t i = 0; i < choices[k].size(); ++i)
       if (choices[k][i].zero == c.zero && choices[k][i].recompute == c.recompute && choices[k][i].sp == c.sp) return i;
     return std::nullopt;
-  };
-  auto step_up = [&](std::size_t k, std::size_t j) -> std::optional<std::size_t> {
+  }
+
+  // Memory savings one step up a segment's ladder: ZeRO 2, ZeRO 3, then full
+  // recomputation (skipping what the segment cannot take or the pins leave out).
+  std::optional<std::size_t> step_up(std::size_t k, std::size_t j) const {
     Choice c = choices[k][j];
     const bool zero_room = base.segments[k].dp > 1;
     while (true) {
@@ -180,29 +155,30 @@ void expand(const SearchContext& ctx, const SegmentSpace& space, double device, 
       else return std::nullopt;
       if (const auto i = find(k, c)) return i;
     }
-  };
-  // Where a segment's choices start: those no step up reaches (ZeRO 0/1 without recomputation, with and without sp).
-  std::vector<std::vector<std::size_t>> roots(n);
-  for (std::size_t k = 0; k < n; ++k) {
-    std::vector<bool> reached(choices[k].size(), false);
-    for (std::size_t j = 0; j < choices[k].size(); ++j)
-      if (const auto up = step_up(k, j)) reached[*up] = true;
-    for (std::size_t j = 0; j < choices[k].size(); ++j)
-      if (!reached[j]) roots[k].push_back(j);
   }
-  // Each combination of roots, raised one step at a time on its most loaded
-  // rank (the segment there whose step saves the most) until it fits.
-  std::set<std::vector<std::size_t>> kept;
-  std::vector<std::size_t> root(n, 0);
-  while (true) {
-    formed += 1;
-    std::vector<std::size_t> pick(n);
-    for (std::size_t k = 0; k < n; ++k) pick[k] = roots[k][root[k]];
-    auto [need, rank] = peak(pick);
+
+  // Where a segment's choices start: those no step up reaches (ZeRO 0/1 without recomputation, with and without sp).
+  std::vector<std::vector<std::size_t>> roots() const {
+    std::vector<std::vector<std::size_t>> out(segments());
+    for (std::size_t k = 0; k < segments(); ++k) {
+      std::vector<bool> reached(choices[k].size(), false);
+      for (std::size_t j = 0; j < choices[k].size(); ++j)
+        if (const auto up = step_up(k, j)) reached[*up] = true;
+      for (std::size_t j = 0; j < choices[k].size(); ++j)
+        if (!reached[j]) out[k].push_back(j);
+    }
+    return out;
+  }
+
+  // Raises `pick` one step at a time on its most loaded rank (the segment
+  // there whose step saves the most) until it fits `device` bytes or no step
+  // is left; returns its peak bytes.
+  double raise_until_fits(std::vector<std::size_t>& pick, double device, int gpus) const {
+    auto [need, rank] = peak(pick, gpus);
     while (need > device) {
       std::optional<std::size_t> best_k, best_j;
       double best_saving = 0;
-      for (std::size_t k = 0; k < n; ++k) {
+      for (std::size_t k = 0; k < segments(); ++k) {
         if (!holds(k, rank)) continue;
         const auto up = step_up(k, pick[k]);
         if (!up) continue;
@@ -211,27 +187,95 @@ void expand(const SearchContext& ctx, const SegmentSpace& space, double device, 
       }
       if (!best_k) break;
       pick[*best_k] = *best_j;
-      std::tie(need, rank) = peak(pick);
+      std::tie(need, rank) = peak(pick, gpus);
     }
-    const bool fits = need <= device;
-    if (!fits) pruned += 1;
-    if ((fits && kept.insert(pick).second) || (!fits && (!closest || need < closest_bytes))) {
-      Plan p = base;
-      nlohmann::json segs = list;
-      for (std::size_t k = 0; k < n; ++k) {
-        const Choice& c = choices[k][pick[k]];
-        Plan& s = p.segments[k];
-        s.zero = c.zero, s.recompute = c.recompute, s.sequence_parallel = c.sp;
-        if (c.zero != 0) segs[k]["zero"] = c.zero;
-        if (c.recompute != Recompute::none) segs[k]["recompute"] = recompute_name(c.recompute);
-        if (c.sp) segs[k]["sequence_parallel"] = true;
+    return need;
+  }
+
+  // The plan of `pick`, and its plan file's segments (`list` with the choices written in).
+  SegmentCandidate candidate(const std::vector<std::size_t>& pick, const nlohmann::json& list) const {
+    Plan p = base;
+    nlohmann::json segs = list;
+    for (std::size_t k = 0; k < segments(); ++k) {
+      const Choice& c = choices[k][pick[k]];
+      Plan& s = p.segments[k];
+      s.zero = c.zero, s.recompute = c.recompute, s.sequence_parallel = c.sp;
+      if (c.zero != 0) segs[k]["zero"] = c.zero;
+      if (c.recompute != Recompute::none) segs[k]["recompute"] = recompute_name(c.recompute);
+      if (c.sp) segs[k]["sequence_parallel"] = true;
+    }
+    return {std::move(p), std::move(segs)};
+  }
+};
+
+// The layout `list` parsed and validated, with each segment's choices that
+// validate. nullopt where the layout is invalid (counted in `formed`) or a
+// segment has no valid choice; `rejection` keeps the last reason.
+std::optional<LayoutChoices> layout_choices(const SearchContext& ctx, const SegmentSpace& space,
+                                            const nlohmann::json& list,
+                                            const std::vector<std::vector<std::string>>& modules, std::int64_t& formed,
+                                            Status& rejection) {
+  const ModelSpec& m = ctx.model;
+  LayoutChoices out;
+  out.base = ctx.base;
+  auto parsed = segments_from_json(list, m, out.base);
+  if (!parsed) {
+    formed += 1, rejection = parsed.error();
+    return std::nullopt;
+  }
+  out.base.segments = std::move(parsed).value();
+  if (Status v = validate_plan(out.base, m, ctx.gpus); !v) {
+    formed += 1, rejection = v;
+    return std::nullopt;
+  }
+  const std::size_t n = out.base.segments.size();
+  out.choices.resize(n), out.bytes.resize(n);
+  for (std::size_t k = 0; k < n; ++k) {
+    for (const Choice& c : choices_of(out.base.segments[k], modules[k], space)) {
+      Plan s = out.base.segments[k];
+      s.zero = c.zero, s.recompute = c.recompute, s.sequence_parallel = c.sp;
+      Status v = validate_plan(s, m);
+      if (v) v = StepEngine::supports(s, ctx.step);
+      if (!v) {
+        rejection = v;
+        continue;
       }
-      if (fits) {
-        out.push_back({std::move(p), std::move(segs)});
-      } else {
-        closest = SegmentCandidate{std::move(p), std::move(segs)};
-        closest_bytes = need;
-      }
+      std::vector<double> per_stage;
+      for (int stage = 0; stage < s.pp; ++stage)
+        per_stage.push_back(memory_per_rank(m, s, stage, meshtrain_layout(s)).total());
+      out.choices[k].push_back(c);
+      out.bytes[k].push_back(std::move(per_stage));
+    }
+    if (out.choices[k].empty()) return std::nullopt;
+  }
+  for (const Plan& s : out.base.segments) out.meshes.emplace_back(s);
+  return out;
+}
+
+// Validates one layout of the family (its degrees and micro-batches) and
+// expands it into its per-segment choices that fit: each combination of
+// roots, raised until it fits, is kept once; of those that cannot fit, the
+// one closest to fitting is remembered.
+void expand(const SearchContext& ctx, const SegmentSpace& space, double device, const nlohmann::json& list,
+            const std::vector<std::vector<std::string>>& modules, std::vector<SegmentCandidate>& out,
+            std::int64_t& formed, std::int64_t& pruned, Status& rejection, std::optional<SegmentCandidate>& closest,
+            double& closest_bytes) {
+  const std::optional<LayoutChoices> layout = layout_choices(ctx, space, list, modules, formed, rejection);
+  if (!layout) return;
+  const std::size_t n = layout->segments();
+  const std::vector<std::vector<std::size_t>> roots = layout->roots();
+  std::set<std::vector<std::size_t>> kept;
+  std::vector<std::size_t> root(n, 0);
+  while (true) {
+    formed += 1;
+    std::vector<std::size_t> pick(n);
+    for (std::size_t k = 0; k < n; ++k) pick[k] = roots[k][root[k]];
+    const double need = layout->raise_until_fits(pick, device, ctx.gpus);
+    if (need <= device) {
+      if (kept.insert(pick).second) out.push_back(layout->candidate(pick, list));
+    } else {
+      pruned += 1;
+      if (!closest || need < closest_bytes) closest = layout->candidate(pick, list), closest_bytes = need;
     }
     std::size_t k = 0;
     while (k < n && ++root[k] == roots[k].size()) root[k++] = 0;
