@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <utility>
 
 #include "models/block_context.h"
 #include "models/moe_dispatch.h"
@@ -349,31 +350,18 @@ Tensor MoeMlp::forward(const MicroBatch& mb, std::int64_t tokens, const Tensor& 
   return out;
 }
 
-Tensor MoeMlp::backward(const MicroBatch& mb, Block::Saved& saved, const Tensor& dout_in, float loss_scale) {
+Tensor MoeMlp::shared_experts_backward(const Saved& s, const Tensor& dout) {
+  Tensor dact, dup = ctx_.b.empty(s.shared_up.shape(), ctx_.act), dx;
+  ctx_.linear_backward(name("shared.down"), s.shared_act, dout, &dact, LinearKind::row);
+  activation_backward(dact, s.shared_up, dup);
+  ctx_.linear_backward(name("shared.up"), s.x_in, dup, &dx, LinearKind::column);
+  return dx;
+}
+
+Tensor MoeMlp::experts_backward(const Saved& s, Tensor ddown) {
   Backend& b = ctx_.b;
-  Saved& s = static_cast<Saved&>(saved);
-  const std::int64_t N = s.tokens, C = width_, E = s_.experts, K = s_.top_k;
-  const std::int64_t R = ctx_.local_rows(N), F = ffn_;
+  const std::int64_t C = width_, F = ffn_, M = s.grouped.numel() / C;
   const std::int64_t up_width = activation_ == Activation::swiglu ? 2 * F : F;
-  const std::int64_t S = s.send_index.numel(), M = s.grouped.numel() / C;
-  const Tensor dout = dout_in.view(Shape{R, C});
-
-  Tensor dx_shared;
-  if (s_.shared_experts > 0) {
-    Tensor dact, dup = b.empty(s.shared_up.shape(), ctx_.act);
-    ctx_.linear_backward(name("shared.down"), s.shared_act, dout, &dact, LinearKind::row);
-    activation_backward(dact, s.shared_up, dup);
-    ctx_.linear_backward(name("shared.up"), s.x_in, dup, &dx_shared, LinearKind::column);
-  }
-
-  // The combine's gradient on this rank's dispatched rows.
-  const Tensor dcombined = split_rows_ && !ctx_.sp ? ctx_.local_part(dout) : dout;
-  Tensor dback = b.empty(Shape{S, C}, ctx_.act), dweights = b.empty(Shape{s.rows, K});
-  b.moe_combine_backward(dcombined, s.back, s.slot_index, s.weights.rows(s.first, s.rows), dback, dweights);
-
-  // To the experts again (every etp rank needs every row's output gradient), and their backward.
-  Tensor ddown = to_experts(exchange(dback, s.send_rows, s.recv_rows), s);
-  dback = Tensor();
   const ParamSlot& up = ctx_.params[name("up")];
   const ParamSlot& down = ctx_.params[name("down")];
   Tensor dact = b.empty(Shape{M, F}, ctx_.act), dup = b.empty(Shape{M, up_width}, ctx_.act);
@@ -383,21 +371,25 @@ Tensor MoeMlp::backward(const MicroBatch& mb, Block::Saved& saved, const Tensor&
   dgrad.trans_b = true;
   wgrad.trans_a = true, wgrad.beta = 1.f;
   // FP8: as a linear's backward (BlockContext::linear_backward), both GEMMs read the output
-  // gradient's cast, dgrad the weight's and wgrad the input's (the forward's).
-  {  // the casts (under fp8) and the operands they stand for go before the frees below
-    const Tensor ddown_q = fp8_operand("down", Fp8Operand::grad, ddown, Fp8Cast::made, M);
-    const Tensor w_down = fp8_operand("down", Fp8Operand::weight, down.value, Fp8Cast::kept, M);
-    expert_gemm(ddown_q, w_down, dact, dgrad, s.expert_rows);
-    const Tensor act = fp8_operand("down", Fp8Operand::input, s.act, Fp8Cast::kept, M);
-    expert_gemm(act, ddown_q, down_grad, wgrad, s.expert_rows);
-    if (M > 0) activation_backward(dact, s.up, dup);
-    const Tensor dup_q = fp8_operand("up", Fp8Operand::grad, dup, Fp8Cast::made, M);
-    const Tensor w_up = fp8_operand("up", Fp8Operand::weight, up.value, Fp8Cast::kept, M);
-    expert_gemm(dup_q, w_up, dgrouped, dgrad, s.expert_rows);
-    const Tensor grouped = fp8_operand("up", Fp8Operand::input, s.grouped, Fp8Cast::kept, M);
-    expert_gemm(grouped, dup_q, up_grad, wgrad, s.expert_rows);
-  }
-  ddown = dact = dup = Tensor();
+  // gradient's cast, dgrad the weight's and wgrad the input's (the forward's). The casts and
+  // the operands they stand for are freed on return, before the caller's exchange.
+  const Tensor ddown_q = fp8_operand("down", Fp8Operand::grad, ddown, Fp8Cast::made, M);
+  const Tensor w_down = fp8_operand("down", Fp8Operand::weight, down.value, Fp8Cast::kept, M);
+  expert_gemm(ddown_q, w_down, dact, dgrad, s.expert_rows);
+  const Tensor act = fp8_operand("down", Fp8Operand::input, s.act, Fp8Cast::kept, M);
+  expert_gemm(act, ddown_q, down_grad, wgrad, s.expert_rows);
+  if (M > 0) activation_backward(dact, s.up, dup);
+  const Tensor dup_q = fp8_operand("up", Fp8Operand::grad, dup, Fp8Cast::made, M);
+  const Tensor w_up = fp8_operand("up", Fp8Operand::weight, up.value, Fp8Cast::kept, M);
+  expert_gemm(dup_q, w_up, dgrouped, dgrad, s.expert_rows);
+  const Tensor grouped = fp8_operand("up", Fp8Operand::input, s.grouped, Fp8Cast::kept, M);
+  expert_gemm(grouped, dup_q, up_grad, wgrad, s.expert_rows);
+  return dgrouped;
+}
+
+Tensor MoeMlp::token_gradients(const Saved& s, Tensor dgrouped) {
+  Backend& b = ctx_.b;
+  const std::int64_t C = width_, S = s.send_index.numel();
   // The input gradients summed over the etp slices, back to the tokens' ranks.
   Tensor dsent = exchange(from_experts(dgrouped, s), s.recv_rows, s.send_rows);
   dgrouped = Tensor();
@@ -406,13 +398,16 @@ Tensor MoeMlp::backward(const MicroBatch& mb, Block::Saved& saved, const Tensor&
   b.fill(dx_rows, 0.f);
   if (S > 0) b.embedding_backward(dsent, s.send_index, dx_rows, 0);
   dsent = Tensor();
-  if (ctx_.act != DType::f32) {
-    Tensor cast = b.empty(Shape{s.rows, C}, ctx_.act);
-    b.cast(dx_rows, cast);
-    dx_rows = cast;
-  }
+  if (ctx_.act == DType::f32) return dx_rows;
+  Tensor cast = b.empty(Shape{s.rows, C}, ctx_.act);
+  b.cast(dx_rows, cast);
+  return cast;
+}
 
-  // The router: the weights' gradient of every token, the balance loss, the z-loss.
+Tensor MoeMlp::router_backward(const Saved& s, const Tensor& dweights, float loss_scale) {
+  Backend& b = ctx_.b;
+  const std::int64_t N = s.tokens, C = width_, E = s_.experts, K = s_.top_k;
+  // The weights' gradient of every token, the balance loss, the z-loss.
   Tensor dweights_all = dweights;
   if (split_rows_) {
     dweights_all = b.empty(Shape{N, K});
@@ -439,6 +434,28 @@ Tensor MoeMlp::backward(const MicroBatch& mb, Block::Saved& saved, const Tensor&
   b.gemm(s.x, dlogits, drouter, GemmOp{true, false, 1.f, 1.f});
   Tensor dx_router = b.empty(Shape{N, C}, ctx_.act);
   b.gemm(dlogits, router.value, dx_router, GemmOp{false, true});
+  return dx_router;
+}
+
+Tensor MoeMlp::backward(const MicroBatch& mb, Block::Saved& saved, const Tensor& dout_in, float loss_scale) {
+  Backend& b = ctx_.b;
+  Saved& s = static_cast<Saved&>(saved);
+  const std::int64_t C = width_, K = s_.top_k, S = s.send_index.numel();
+  const Tensor dout = dout_in.view(Shape{ctx_.local_rows(s.tokens), C});
+  const Tensor dx_shared = s_.shared_experts > 0 ? shared_experts_backward(s, dout) : Tensor();
+
+  // The combine's gradient on this rank's dispatched rows.
+  const Tensor dcombined = split_rows_ && !ctx_.sp ? ctx_.local_part(dout) : dout;
+  Tensor dback = b.empty(Shape{S, C}, ctx_.act), dweights = b.empty(Shape{s.rows, K});
+  b.moe_combine_backward(dcombined, s.back, s.slot_index, s.weights.rows(s.first, s.rows), dback, dweights);
+
+  // To the experts again (every etp rank needs every row's output gradient), and their backward.
+  Tensor ddown = to_experts(exchange(dback, s.send_rows, s.recv_rows), s);
+  dback = Tensor();
+  // Separate statements: each step's arguments are freed before the next step allocates.
+  Tensor dgrouped = experts_backward(s, std::move(ddown));
+  Tensor dx_rows = token_gradients(s, std::move(dgrouped));
+  const Tensor dx_router = router_backward(s, dweights, loss_scale);
 
   // This rank's tokens' gradient from the experts, the whole router's (the
   // same on every tp rank, so taken once: its rows, not a sum).

@@ -92,6 +92,14 @@ class MoeMlp {
   void keep_dispatch(Saved& s, const Dispatch& d);
   void shared_experts(Saved& s, Tensor& out);
   void record_statistics(const Saved& s, const RoutingSummary& routing, std::int64_t tokens);
+  // The steps of backward, in order: the shared experts' input gradient; the
+  // routed experts' GEMMs from their output gradient (M, C) to their input
+  // gradient (M, C), weight gradients added; each token's sum of its slots'
+  // gradients (rows, C); the router's input gradient (N, C).
+  Tensor shared_experts_backward(const Saved& s, const Tensor& dout);
+  Tensor experts_backward(const Saved& s, Tensor ddown);
+  Tensor token_gradients(const Saved& s, Tensor dgrouped);
+  Tensor router_backward(const Saved& s, const Tensor& dweights, float loss_scale);
   // in (rows, C) to the EP peers by `send` rows each; `recv` rows arrive (ep 1: `in` itself).
   Tensor exchange(const Tensor& in, const std::vector<std::int64_t>& send, const std::vector<std::int64_t>& recv);
   // Received rows (rows, C) -> (etp · block, C): every etp rank's, each block padded with zero rows.
