@@ -252,50 +252,99 @@ std::optional<LayoutChoices> layout_choices(const SearchContext& ctx, const Segm
   return out;
 }
 
-// Validates one layout of the family (its degrees and micro-batches) and
-// expands it into its per-segment choices that fit: each combination of
-// roots, raised until it fits, is kept once; of those that cannot fit, the
-// one closest to fitting is remembered.
-void expand(const SearchContext& ctx, const SegmentSpace& space, double device, const nlohmann::json& list,
-            const std::vector<std::vector<std::string>>& modules, std::vector<SegmentCandidate>& out,
-            std::int64_t& formed, std::int64_t& pruned, Status& rejection, std::optional<SegmentCandidate>& closest,
-            double& closest_bytes) {
-  const std::optional<LayoutChoices> layout = layout_choices(ctx, space, list, modules, formed, rejection);
-  if (!layout) return;
+// A layout of the family to validate and expand: its segments (degrees,
+// micro-batches) and each segment's modules.
+struct Layout {
+  nlohmann::json list;
+  std::vector<std::vector<std::string>> modules;
+};
+
+// What one layout expanded into: the candidates that fit, the combinations
+// formed and pruned, the last rejection, the one closest to fitting.
+struct Expanded {
+  std::vector<SegmentCandidate> kept;
+  std::int64_t formed = 0, pruned = 0;
+  Status rejection = ok_status();
+  std::optional<SegmentCandidate> closest;
+  double closest_bytes = 0;
+};
+
+// Validates one layout of the family and expands it into its per-segment
+// choices that fit: each combination of roots, raised until it fits, is kept
+// once; of those that cannot fit, the one closest to fitting is remembered.
+Expanded expand(const SearchContext& ctx, const SegmentSpace& space, double device, const Layout& l) {
+  Expanded x;
+  const std::optional<LayoutChoices> layout = layout_choices(ctx, space, l.list, l.modules, x.formed, x.rejection);
+  if (!layout) return x;
   const std::size_t n = layout->segments();
   const std::vector<std::vector<std::size_t>> roots = layout->roots();
   std::set<std::vector<std::size_t>> kept;
   std::vector<std::size_t> root(n, 0);
   while (true) {
-    formed += 1;
+    x.formed += 1;
     std::vector<std::size_t> pick(n);
     for (std::size_t k = 0; k < n; ++k) pick[k] = roots[k][root[k]];
     const double need = layout->raise_until_fits(pick, device, ctx.gpus);
     if (need <= device) {
-      if (kept.insert(pick).second) out.push_back(layout->candidate(pick, list));
+      if (kept.insert(pick).second) x.kept.push_back(layout->candidate(pick, l.list));
     } else {
-      pruned += 1;
-      if (!closest || need < closest_bytes) closest = layout->candidate(pick, list), closest_bytes = need;
+      x.pruned += 1;
+      if (!x.closest || need < x.closest_bytes) x.closest = layout->candidate(pick, l.list), x.closest_bytes = need;
     }
     std::size_t k = 0;
     while (k < n && ++root[k] == roots[k].size()) root[k++] = 0;
     if (k == n) break;
   }
+  return x;
 }
 
-}  // namespace
-
-bool has_segment_layouts(const ModelSpec& m) {
-  const ModelIo io = model_io(m);
-  return io.image_side > 0 && !io.routes_to_experts && !m.tied_embeddings && modules_of(m).size() >= 2;
+// The parts of `modules` cut at `cut` (the first module of each part after the first).
+std::vector<Part> parts_of(const std::vector<Module>& modules, const std::vector<std::size_t>& cut) {
+  std::vector<Part> parts;
+  for (std::size_t k = 0; k <= cut.size(); ++k) {
+    const std::size_t from = k == 0 ? 0 : cut[k - 1], to = k == cut.size() ? modules.size() - 1 : cut[k] - 1;
+    Part part{modules[from], modules[to], {}, 0, 0, k == cut.size()};
+    for (std::size_t i = from; i <= to; ++i) part.modules.push_back(modules[i].name);
+    parts.push_back(std::move(part));
+  }
+  return parts;
 }
 
-SegmentEnumeration enumerate_segment_candidates(const SearchContext& ctx, const SegmentSpace& space,
-                                                double device_bytes) {
-  SegmentEnumeration e;
-  const ModelSpec& m = ctx.model;
-  if (ctx.gpus < 2 || !has_segment_layouts(m)) return e;
-  const std::vector<Module> modules = modules_of(m);
+// Every combination of the parts' degrees (`options`, one list per part) with
+// every micro-batch count that the global batch divides into, as layouts;
+// on the same ranks (`same_ranks`), not the one that is a uniform plan (no
+// pipeline and one tp everywhere).
+void add_layouts(const std::vector<Part>& parts, const std::vector<std::vector<Degrees>>& options, bool same_ranks,
+                 const std::vector<int>& micros, int global, std::vector<Layout>& layouts) {
+  for (const auto& o : options)
+    if (o.empty()) return;
+  std::vector<std::size_t> pick(parts.size(), 0);
+  while (true) {
+    bool uniform = same_ranks;
+    for (std::size_t k = 0; k < parts.size(); ++k)
+      uniform = uniform && options[k][pick[k]].pp == 1 && options[k][pick[k]].tp == options[0][pick[0]].tp;
+    for (int micro : micros) {
+      bool divides = !uniform;
+      for (std::size_t k = 0; k < parts.size() && divides; ++k) divides = global % (options[k][pick[k]].dp * micro) == 0;
+      if (!divides) continue;
+      Layout l;
+      l.list = nlohmann::json::array();
+      for (std::size_t k = 0; k < parts.size(); ++k) {
+        l.list.push_back(segment_json(parts[k], options[k][pick[k]], micro));
+        l.modules.push_back(parts[k].modules);
+      }
+      layouts.push_back(std::move(l));
+    }
+    std::size_t k = 0;
+    while (k < parts.size() && ++pick[k] == options[k].size()) pick[k++] = 0;
+    if (k == parts.size()) return;
+  }
+}
+
+// The family's layouts: cuts into 2 (or 3) segments, all on the same ranks
+// or with one pipeline boundary at a half or a quarter of the GPUs, each
+// part's degrees, and the micro-batch counts (the pins of `space` first).
+std::vector<Layout> layouts_of(const SearchContext& ctx, const SegmentSpace& space, const std::vector<Module>& modules) {
   const int n = ctx.gpus, global = ctx.base.effective_global_batch();
   std::vector<int> counts = {2};
   if (modules.size() == 3) counts.push_back(3);
@@ -306,23 +355,11 @@ SegmentEnumeration enumerate_segment_candidates(const SearchContext& ctx, const 
   std::vector<int> splits = {0};
   if (n % 2 == 0) splits.push_back(n / 2);
   if (n % 4 == 0 && n >= 4) splits.push_back(n / 4), splits.push_back(3 * n / 4);
-
-  // The layouts (degrees, micro-batches) to validate and expand, with each segment's modules.
-  struct Layout {
-    nlohmann::json list;
-    std::vector<std::vector<std::string>> modules;
-  };
   std::vector<Layout> layouts;
   for (int count : counts) {
     if (static_cast<std::size_t>(count) > modules.size()) continue;
     for (const std::vector<std::size_t>& cut : cuts_of(modules.size(), count)) {
-      std::vector<Part> parts;
-      for (std::size_t k = 0; k <= cut.size(); ++k) {
-        const std::size_t from = k == 0 ? 0 : cut[k - 1], to = k == cut.size() ? modules.size() - 1 : cut[k] - 1;
-        Part part{modules[from], modules[to], {}, 0, 0, k == cut.size()};
-        for (std::size_t i = from; i <= to; ++i) part.modules.push_back(modules[i].name);
-        parts.push_back(std::move(part));
-      }
+      std::vector<Part> parts = parts_of(modules, cut);
       // The boundary after part `at` (none when split is 0) gets ranks [0, split) before it, [split, n) after.
       for (std::size_t at = 0; at < cut.size(); ++at)
         for (int split : splits) {
@@ -337,46 +374,29 @@ SegmentEnumeration enumerate_segment_candidates(const SearchContext& ctx, const 
             const int body = std::min(part.to.last, modules.back().last - 1) - std::max(part.from.first, 1) + 1;
             options.push_back(degrees_of(part, ctx, space, body));
           }
-          std::vector<std::size_t> pick(parts.size(), 0);
-          bool any = true;
-          for (const auto& o : options) any = any && !o.empty();
-          while (any) {
-            bool uniform = split == 0;
-            for (std::size_t k = 0; k < parts.size(); ++k)
-              uniform = uniform && options[k][pick[k]].pp == 1 && options[k][pick[k]].tp == options[0][pick[0]].tp;
-            for (int micro : micros) {
-              bool divides = !uniform;
-              for (std::size_t k = 0; k < parts.size() && divides; ++k)
-                divides = global % (options[k][pick[k]].dp * micro) == 0;
-              if (!divides) continue;
-              Layout l;
-              l.list = nlohmann::json::array();
-              for (std::size_t k = 0; k < parts.size(); ++k) {
-                l.list.push_back(segment_json(parts[k], options[k][pick[k]], micro));
-                l.modules.push_back(parts[k].modules);
-              }
-              layouts.push_back(std::move(l));
-            }
-            std::size_t k = 0;
-            while (k < parts.size() && ++pick[k] == options[k].size()) pick[k++] = 0;
-            if (k == parts.size()) break;
-          }
+          add_layouts(parts, options, split == 0, micros, global, layouts);
         }
     }
   }
-  struct Expanded {
-    std::vector<SegmentCandidate> kept;
-    std::int64_t formed = 0, pruned = 0;
-    Status rejection = ok_status();
-    std::optional<SegmentCandidate> closest;
-    double closest_bytes = 0;
-  };
+  return layouts;
+}
+
+}  // namespace
+
+bool has_segment_layouts(const ModelSpec& m) {
+  const ModelIo io = model_io(m);
+  return io.image_side > 0 && !io.routes_to_experts && !m.tied_embeddings && modules_of(m).size() >= 2;
+}
+
+SegmentEnumeration enumerate_segment_candidates(const SearchContext& ctx, const SegmentSpace& space,
+                                                double device_bytes) {
+  SegmentEnumeration e;
+  const ModelSpec& m = ctx.model;
+  if (ctx.gpus < 2 || !has_segment_layouts(m)) return e;
+  const std::vector<Layout> layouts = layouts_of(ctx, space, modules_of(m));
   std::vector<Expanded> expanded(layouts.size());
-  tbb::parallel_for(std::size_t{0}, layouts.size(), [&](std::size_t i) {
-    Expanded& x = expanded[i];
-    expand(ctx, space, device_bytes, layouts[i].list, layouts[i].modules, x.kept, x.formed, x.pruned, x.rejection,
-           x.closest, x.closest_bytes);
-  });
+  tbb::parallel_for(std::size_t{0}, layouts.size(),
+                    [&](std::size_t i) { expanded[i] = expand(ctx, space, device_bytes, layouts[i]); });
   for (std::size_t i = 0; i < layouts.size(); ++i) {
     Expanded& x = expanded[i];
     e.combinations += x.formed;
