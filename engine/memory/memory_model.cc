@@ -105,41 +105,39 @@ MemoryBreakdown& MemoryBreakdown::operator+=(const MemoryBreakdown& o) {
   return *this;
 }
 
-MemoryBreakdown memory_per_rank(const ModelSpec& m, const Plan& p, int stage, const ActivationLayout& a) {
-  MemoryBreakdown r;
-  const std::shared_ptr<const ModelTables> tables = model_tables(m);
-  const ShardCount shard = count_shard_parameters(m, p.tp, p.stage_split(), p.ep, stage, p.expert_tp());
-  r.parameter_count = shard.total;
-  // ZeRO shards dense parameters over dp and expert ones over their expert-data group
-  // (tp·cp·dp / (etp·ep) ranks): n counts a parameter as the share of it a rank holds.
-  const double experts = static_cast<double>(shard.expert);
-  const double edp = static_cast<double>(p.tp * p.cp * p.dp) / (p.expert_tp() * p.ep);
-  const double n = static_cast<double>(shard.total);
-  const auto sharded = [&](int stage_needed, double bytes) {
+namespace {
+
+// A stage's rank's share of the parameters and the bytes per element its
+// state is kept in.
+struct StageShare {
+  const Plan& p;
+  double n = 0;        // parameters of the stage on this rank (its tp/ep shard)
+  double experts = 0;  // of which expert parameters
+  double edp = 1;      // the expert-data group: tp·cp·dp / (etp·ep) ranks
+  double param_bytes = 0, grad_bytes = 0;
+
+  // `bytes` per parameter, or under ZeRO `stage_needed` and above the share
+  // of it a rank holds: dense parameters sharded over dp·cp (the ranks that
+  // hold the same parameters), expert ones over their expert-data group.
+  double sharded(int stage_needed, double bytes) const {
     if (p.zero < stage_needed) return n * bytes;
-    // Under context parallelism the dp·cp ranks hold the same parameters and shard over all of them.
     if (experts == 0) return n * bytes / (static_cast<double>(p.dp) * p.cp);
     return ((n - experts) / p.dp + experts / edp) * bytes;
-  };
-  const bool mixed = p.precision != Precision::fp32;
-  // FP8 keeps an FP8 copy of every weight next to the bf16 one (engine/plan/fp8_recipe.h).
-  const double param_bytes = element_bytes(p.precision) + (p.precision == Precision::fp8 ? kFp8WeightCopyBytes : 0);
-  const double grad_bytes = a.gradient_bytes > 0 ? a.gradient_bytes : element_bytes(p.precision);
-  const double optimizer_bytes = mixed ? 12.0 : 8.0;
-  const double dp = static_cast<double>(p.dp) * p.cp;
-  // Every virtual stage's layers at once (vpp grows with deep models), and the
-  // most layers one of this stage's chunks holds (the plan's split, even or not).
-  const std::vector<LayerRange> ranges = virtual_stage_ranges(m, p.stage_split());
-  auto chunk = [&](int c) { return ranges[static_cast<std::size_t>(c * p.pp + stage)]; };
-  int layers_per_chunk = 0;
-  for (int c = 0; c < p.vpp; ++c) layers_per_chunk = std::max(layers_per_chunk, chunk(c).end - chunk(c).begin);
-  r.parameters = sharded(3, param_bytes);
-  r.gradients = sharded(2, grad_bytes);
-  r.optimizer = sharded(1, optimizer_bytes);
+  }
+};
+
+// Parameters, gradients and optimizer state; what offload moves to the host;
+// 1-bit compression's error feedback.
+void add_model_state(MemoryBreakdown& r, const StageShare& share) {
+  const Plan& p = share.p;
+  const double optimizer_bytes = p.precision != Precision::fp32 ? 12.0 : 8.0;
+  r.parameters = share.sharded(3, share.param_bytes);
+  r.gradients = share.sharded(2, share.grad_bytes);
+  r.optimizer = share.sharded(1, optimizer_bytes);
   if (p.offload != Offload::none) {
     r.offloaded = r.optimizer;
     r.optimizer = 0;
-    r.host = sharded(1, 16.0);
+    r.host = share.sharded(1, 16.0);
     if (p.offload == Offload::params) {
       r.offloaded += r.parameters;
       r.parameters = 0;
@@ -149,34 +147,49 @@ MemoryBreakdown memory_per_rank(const ModelSpec& m, const Plan& p, int stage, co
   // (engine/parallel/grad_compression.h): an fp32 worker error as large as the
   // gradients, and under ZeRO 0 a server error of the rank's 1/dp block.
   if (p.grad_compression == GradCompression::one_bit && p.error_feedback && p.dp > 1)
-    r.optimizer += n * 4.0 * (1.0 + (p.zero == 0 ? 1.0 / p.dp : 0.0));
-  if (p.zero >= 2) {
-    // The largest body layer's shard, one layer of each run of alike layers (ModelTables::runs).
-    std::int64_t largest_layer = 0, tied_embedding = 0;
-    for (const LayerRun& run : tables->runs) {
-      std::int64_t layer = 0;
-      for (std::size_t i : run.tensors) {
-        const ParamInfo& info = tables->parameters[i];
-        layer += shard_numel(m, info, p.tp, p.ep, p.expert_tp());
-        if (info.name == "embed.tokens" && m.tied_embeddings) tied_embedding = shard_numel(m, info, p.tp, p.ep);
-      }
-      if (run.begin < m.layers && run.end > 0) largest_layer = std::max(largest_layer, layer);
+    r.optimizer += share.n * 4.0 * (1.0 + (p.zero == 0 ? 1.0 / p.dp : 0.0));
+}
+
+// ZeRO's working buffers: under 2/3 the largest body layer's shard gathered
+// (and its gradient) and a tied embedding's gradient; under 1 the gradient
+// shard a rank reduces into.
+void add_zero_working(MemoryBreakdown& r, const StageShare& share, const ModelSpec& m, const ModelTables& tables,
+                      int stage, int layers_per_chunk) {
+  const Plan& p = share.p;
+  if (p.zero == 1)
+    r.gradient_shard = share.experts == 0 ? share.n * share.grad_bytes / (static_cast<double>(p.dp) * p.cp)
+                                          : share.sharded(1, share.grad_bytes);
+  if (p.zero < 2) return;
+  // The largest body layer's shard, one layer of each run of alike layers (ModelTables::runs).
+  std::int64_t largest_layer = 0, tied_embedding = 0;
+  for (const LayerRun& run : tables.runs) {
+    std::int64_t layer = 0;
+    for (std::size_t i : run.tensors) {
+      const ParamInfo& info = tables.parameters[i];
+      layer += shard_numel(m, info, p.tp, p.ep, p.expert_tp());
+      if (info.name == "embed.tokens" && m.tied_embeddings) tied_embedding = shard_numel(m, info, p.tp, p.ep);
     }
-    // A chunk of one layer has no next layer to prefetch within its pass.
-    const double gathered = layers_per_chunk > 1 ? 2.0 : 1.0;
-    // Reduced once per step after several micro-batches, every layer's gradient stays until the last one.
-    const bool whole = p.zero_reduce_once && p.microbatches() > 1;
-    const double layer_grads = whole ? 0.0 : grad_bytes;
-    if (p.zero >= 3) r.zero3_working = static_cast<double>(largest_layer) * (gathered * param_bytes + layer_grads);
-    else r.gradient_working = static_cast<double>(largest_layer) * layer_grads;
-    if (whole) r.gradient_working = n * grad_bytes;
-    else if (stage == 0 || stage == p.pp - 1) r.gradient_working += static_cast<double>(tied_embedding) * grad_bytes;
+    if (run.begin < m.layers && run.end > 0) largest_layer = std::max(largest_layer, layer);
   }
-  if (p.zero == 1) r.gradient_shard = experts == 0 ? n * grad_bytes / dp : sharded(1, grad_bytes);
+  // A chunk of one layer has no next layer to prefetch within its pass.
+  const double gathered = layers_per_chunk > 1 ? 2.0 : 1.0;
+  // Reduced once per step after several micro-batches, every layer's gradient stays until the last one.
+  const bool whole = p.zero_reduce_once && p.microbatches() > 1;
+  const double layer_grads = whole ? 0.0 : share.grad_bytes;
+  if (p.zero >= 3) r.zero3_working = static_cast<double>(largest_layer) * (gathered * share.param_bytes + layer_grads);
+  else r.gradient_working = static_cast<double>(largest_layer) * layer_grads;
+  if (whole) r.gradient_working = share.n * share.grad_bytes;
+  else if (stage == 0 || stage == p.pp - 1) r.gradient_working += static_cast<double>(tied_embedding) * share.grad_bytes;
+}
+
+// The activations a stage holds at its peak, and the largest backward working set.
+void add_activations(MemoryBreakdown& r, const ModelSpec& m, const Plan& p, int stage, const ActivationLayout& a,
+                     const ModelTables& tables, const std::vector<LayerRange>& ranges) {
+  auto chunk = [&](int c) { return ranges[static_cast<std::size_t>(c * p.pp + stage)]; };
   r.inflight = inflight_microbatches(p, stage);
   // Each chunk's bytes per micro-batch (its body blocks; hook index h is block h + 1, and the embedding
   // with virtual stage 0), which may differ (StageSplit: uneven and flexible layouts).
-  const ModelBlocks& blocks = tables->blocks;
+  const ModelBlocks& blocks = tables.blocks;
   const ActivationQuery q = activation_query(m, p, a);
   std::vector<double> chunk_bytes(static_cast<std::size_t>(p.vpp), 0.0), deferred_bytes = chunk_bytes;
   for (int c = 0; c < p.vpp; ++c) {
@@ -198,6 +211,33 @@ MemoryBreakdown memory_per_rank(const ModelSpec& m, const Plan& p, int stage, co
     r.activations += (head_inflight - 1) * head;
     r.backward_working = std::max(r.backward_working, head + blocks.back()->backward_working_bytes(q));
   }
+}
+
+}  // namespace
+
+MemoryBreakdown memory_per_rank(const ModelSpec& m, const Plan& p, int stage, const ActivationLayout& a) {
+  MemoryBreakdown r;
+  const std::shared_ptr<const ModelTables> tables = model_tables(m);
+  const ShardCount shard = count_shard_parameters(m, p.tp, p.stage_split(), p.ep, stage, p.expert_tp());
+  r.parameter_count = shard.total;
+  StageShare share{p};
+  share.n = static_cast<double>(shard.total);
+  share.experts = static_cast<double>(shard.expert);
+  share.edp = static_cast<double>(p.tp * p.cp * p.dp) / (p.expert_tp() * p.ep);
+  // FP8 keeps an FP8 copy of every weight next to the bf16 one (engine/plan/fp8_recipe.h).
+  share.param_bytes = element_bytes(p.precision) + (p.precision == Precision::fp8 ? kFp8WeightCopyBytes : 0);
+  share.grad_bytes = a.gradient_bytes > 0 ? a.gradient_bytes : element_bytes(p.precision);
+  add_model_state(r, share);
+  // Every virtual stage's layers at once (vpp grows with deep models), and the
+  // most layers one of this stage's chunks holds (the plan's split, even or not).
+  const std::vector<LayerRange> ranges = virtual_stage_ranges(m, p.stage_split());
+  int layers_per_chunk = 0;
+  for (int c = 0; c < p.vpp; ++c) {
+    const LayerRange& range = ranges[static_cast<std::size_t>(c * p.pp + stage)];
+    layers_per_chunk = std::max(layers_per_chunk, range.end - range.begin);
+  }
+  add_zero_working(r, share, m, *tables, stage, layers_per_chunk);
+  add_activations(r, m, p, stage, a, *tables, ranges);
   return r;
 }
 
