@@ -54,9 +54,11 @@ Status check_rows(const Schedule& schedule) {
   return ok_status();
 }
 
-Status check_invariants(const Schedule& schedule) {
+namespace {
+
+// Each action's row position; an error where one appears twice.
+Result<Positions> positions_of(const Schedule& schedule) {
   const PipelineLayout& layout = schedule.layout;
-  MT_TRY(check_rows(schedule));
   Positions pos(layout);
   for (int r = 0; r < layout.stages; ++r) {
     const auto& row = schedule.ranks[static_cast<size_t>(r)];
@@ -67,84 +69,86 @@ Status check_invariants(const Schedule& schedule) {
       p = static_cast<int>(i);
     }
   }
+  return pos;
+}
 
+// Micro-batch j on virtual stage s: its forward, backward (and, in a
+// zero-bubble schedule, weight pass) in order, each after what it reads: the
+// communication around it across ranks, or the neighbouring stage's compute
+// on a single rank.
+Status check_microbatch(const PipelineLayout& layout, Positions& pos, bool split, int s, int j) {
   const int last = layout.virtual_stages() - 1;
-  const bool remote = layout.stages > 1;
-  // Zero-bubble schedules split every backward: all of them or none.
-  bool split = false;
-  for (const auto& row : schedule.ranks)
-    for (const Action& a : row) split = split || a.kind == Action::weight;
-  for (int s = 0; s <= last; ++s) {
-    for (int j = 0; j < layout.microbatches; ++j) {
-      const Action f = on_stage(layout, Action::forward, s, j);
-      const Action b = on_stage(layout, Action::backward, s, j);
-      const int fp = pos.at(f), bp = pos.at(b);
-      if (fp < 0) return make_error("{} never runs", format_action(f));
-      if (bp < 0) return make_error("{} has no backward {}", format_action(f), format_action(b));
-      if (bp < fp)
-        return make_error("{} comes before its forward {}", format_action(b), format_action(f));
-      if (split) {
-        const Action w = on_stage(layout, Action::weight, s, j);
-        const int wp = pos.at(w);
-        if (wp < 0) return make_error("{} has no weight gradient pass {}", format_action(b), format_action(w));
-        if (wp < bp) return make_error("{} comes before its backward {}", format_action(w), format_action(b));
-      }
-
-      // `needed` must sit before (before=true) or after `user` in the same row.
-      auto require = [&](const Action& user, int user_pos, const Action& needed, bool before,
-                         const char* what) -> Status {
-        const int np = pos.at(needed);
-        if (np < 0 || (before ? np > user_pos : np < user_pos))
-          return make_error("{} needs {} {} it ({})", format_action(user), format_action(needed),
-                            before ? "before" : "after", what);
-        return ok_status();
-      };
-      if (remote) {
-        if (s > 0)
-          MT_TRY(require(f, fp, on_stage(layout, Action::recv_act, s, j), true,
-                         "its input activation"));
-        if (s < last)
-          MT_TRY(require(f, fp, on_stage(layout, Action::send_act, s, j), false,
-                         "the next stage's input"));
-        if (s < last)
-          MT_TRY(require(b, bp, on_stage(layout, Action::recv_grad, s, j), true,
-                         "its output gradient"));
-        if (s > 0)
-          MT_TRY(require(b, bp, on_stage(layout, Action::send_grad, s, j), false,
-                         "the previous stage's gradient"));
-      } else {
-        if (s > 0)
-          MT_TRY(require(f, fp, on_stage(layout, Action::forward, s - 1, j), true,
-                         "its input activation, same rank"));
-        if (s < last)
-          MT_TRY(require(b, bp, on_stage(layout, Action::backward, s + 1, j), true,
-                         "its output gradient, same rank"));
-      }
-    }
+  const Action f = on_stage(layout, Action::forward, s, j);
+  const Action b = on_stage(layout, Action::backward, s, j);
+  const int fp = pos.at(f), bp = pos.at(b);
+  if (fp < 0) return make_error("{} never runs", format_action(f));
+  if (bp < 0) return make_error("{} has no backward {}", format_action(f), format_action(b));
+  if (bp < fp) return make_error("{} comes before its forward {}", format_action(b), format_action(f));
+  if (split) {
+    const Action w = on_stage(layout, Action::weight, s, j);
+    const int wp = pos.at(w);
+    if (wp < 0) return make_error("{} has no weight gradient pass {}", format_action(b), format_action(w));
+    if (wp < bp) return make_error("{} comes before its backward {}", format_action(w), format_action(b));
   }
+  // `needed` must sit before (before=true) or after `user` in the same row.
+  auto require = [&](const Action& user, int user_pos, const Action& needed, bool before, const char* what) -> Status {
+    const int np = pos.at(needed);
+    if (np < 0 || (before ? np > user_pos : np < user_pos))
+      return make_error("{} needs {} {} it ({})", format_action(user), format_action(needed),
+                        before ? "before" : "after", what);
+    return ok_status();
+  };
+  if (layout.stages > 1) {
+    if (s > 0) MT_TRY(require(f, fp, on_stage(layout, Action::recv_act, s, j), true, "its input activation"));
+    if (s < last) MT_TRY(require(f, fp, on_stage(layout, Action::send_act, s, j), false, "the next stage's input"));
+    if (s < last) MT_TRY(require(b, bp, on_stage(layout, Action::recv_grad, s, j), true, "its output gradient"));
+    if (s > 0)
+      MT_TRY(require(b, bp, on_stage(layout, Action::send_grad, s, j), false, "the previous stage's gradient"));
+  } else {
+    if (s > 0)
+      MT_TRY(require(f, fp, on_stage(layout, Action::forward, s - 1, j), true, "its input activation, same rank"));
+    if (s < last)
+      MT_TRY(require(b, bp, on_stage(layout, Action::backward, s + 1, j), true, "its output gradient, same rank"));
+  }
+  return ok_status();
+}
 
-  // Every communication action present has its partner; stray ones (a send
-  // with no compute next to it, a receive of a stage that has no sender) are
-  // caught here too.
+// Every communication action present has its partner; stray ones (a send
+// with no compute next to it, a receive of a stage that has no sender) are
+// caught here too.
+Status check_partners(const Schedule& schedule, Positions& pos) {
+  const PipelineLayout& layout = schedule.layout;
+  const int last = layout.virtual_stages() - 1;
   for (const auto& row : schedule.ranks) {
     for (const Action& a : row) {
       if (a.is_compute()) continue;
       const int s = virtual_stage(layout, a);
       const int peer = s + ((a.kind == Action::send_act || a.kind == Action::recv_grad) ? 1 : -1);
-      if (!remote)
-        return make_error(
-            "{} on a single-rank pipeline: its chunks share the rank and exchange data in "
-            "memory",
-            format_action(a));
+      if (layout.stages == 1)
+        return make_error("{} on a single-rank pipeline: its chunks share the rank and exchange data in memory",
+                          format_action(a));
       if (peer < 0 || peer > last)
-        return make_error("{} has no peer stage (virtual stage {} of {})", format_action(a), peer,
-                          last + 1);
+        return make_error("{} has no peer stage (virtual stage {} of {})", format_action(a), peer, last + 1);
       const Action match = matching_action(layout, a);
-      if (pos.at(match) < 0)
-        return make_error("{} has no matching {}", format_action(a), format_action(match));
+      if (pos.at(match) < 0) return make_error("{} has no matching {}", format_action(a), format_action(match));
     }
   }
   return ok_status();
+}
+
+}  // namespace
+
+Status check_invariants(const Schedule& schedule) {
+  const PipelineLayout& layout = schedule.layout;
+  MT_TRY(check_rows(schedule));
+  MT_ASSIGN(Positions pos, positions_of(schedule));
+  // Zero-bubble schedules split every backward: all of them or none.
+  bool split = false;
+  for (const auto& row : schedule.ranks)
+    for (const Action& a : row) split = split || a.kind == Action::weight;
+  for (int s = 0; s < layout.virtual_stages(); ++s)
+    for (int j = 0; j < layout.microbatches; ++j) MT_TRY(check_microbatch(layout, pos, split, s, j));
+  return check_partners(schedule, pos);
 }
 
 InFlight peak_in_flight(const Schedule& schedule) {
