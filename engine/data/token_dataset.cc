@@ -112,9 +112,14 @@ constexpr MegatronDtype kMegatronDtypes[] = {
     {5, "int64", 8}, {6, "float64", 8}, {7, "float32", 4}, {8, "uint16", 2},
 };
 
-Status load_megatron(TokenDataset& d, const std::shared_ptr<const MappedFile>& index) {
-  const std::string idx = d.path + ".idx";
-  const std::span<const std::uint8_t> b = index->bytes();
+// A Megatron index's header, checked against the file's size, and where its arrays start.
+struct MegatronIndex {
+  const MegatronDtype* dtype = nullptr;
+  std::uint64_t sequences = 0, documents = 0;
+  std::size_t lengths_at = 0, pointers_at = 0, documents_at = 0;
+};
+
+Result<MegatronIndex> read_megatron_header(const std::string& idx, std::span<const std::uint8_t> b) {
   if (b.size() < kMegatronIndexHeaderBytes)
     return make_error("index file '{}' is {} bytes, shorter than the {}-byte header of a Megatron index (magic, "
                       "version, dtype, sequence and document counts); the file is truncated: write it again with "
@@ -129,81 +134,101 @@ Status load_megatron(TokenDataset& d, const std::shared_ptr<const MappedFile>& i
   if (version != 1)
     return make_error("index file '{}' has version {} (field 'version'); meshtrain reads Megatron's version 1", idx,
                       version);
+  MegatronIndex h;
   const auto code = read_le<std::uint8_t>(b, 17);
-  const MegatronDtype* dtype = nullptr;
   for (const MegatronDtype& t : kMegatronDtypes)
-    if (t.code == code) dtype = &t;
-  if (dtype == nullptr || (code != kMegatronUint8 && code != kMegatronUint16 && code != kMegatronInt32))
+    if (t.code == code) h.dtype = &t;
+  if (h.dtype == nullptr || (code != kMegatronUint8 && code != kMegatronUint16 && code != kMegatronInt32))
     return make_error("index file '{}' has dtype code {} ({}) (field 'dtype'); token ids are read as uint8 (1), "
                       "uint16 (8) or int32 (4), as preprocess_data.py writes them",
-                      idx, code, dtype ? dtype->name : "unknown");
-  const auto sequences = read_le<std::uint64_t>(b, 18);
-  const auto documents = read_le<std::uint64_t>(b, 26);
+                      idx, code, h.dtype ? h.dtype->name : "unknown");
+  h.sequences = read_le<std::uint64_t>(b, 18);
+  h.documents = read_le<std::uint64_t>(b, 26);
   // 4 + 8 bytes per sequence and 8 per document follow the header; counts
   // that cannot fit the file are refused before any arithmetic can overflow.
   const std::size_t rest = b.size() - kMegatronIndexHeaderBytes;
-  if (sequences > rest / 12 || documents > rest / 8)
+  if (h.sequences > rest / 12 || h.documents > rest / 8)
     return make_error("index file '{}' is {} bytes, too short for its header's sequence count {} and document "
                       "count {} (fields 'sequence_count', 'document_count'); the file is truncated or corrupt: write "
                       "it again",
-                      idx, b.size(), sequences, documents);
-  if (sequences * 12 + documents * 8 != rest)
+                      idx, b.size(), h.sequences, h.documents);
+  if (h.sequences * 12 + h.documents * 8 != rest)
     return make_error("index file '{}' is {} bytes, but its header's sequence count {} and document count {} "
                       "(fields 'sequence_count', 'document_count') need {} bytes; the file is {}: write it again",
-                      idx, b.size(), sequences, documents, kMegatronIndexHeaderBytes + sequences * 12 + documents * 8,
-                      sequences * 12 + documents * 8 > rest ? "truncated"
-                                                            : "corrupt (or multimodal, which is not read)");
-  const std::size_t lengths_at = kMegatronIndexHeaderBytes, pointers_at = lengths_at + 4 * sequences,
-                    documents_at = pointers_at + 8 * sequences;
-  // Sequences lie back to back in .bin: the pointers are the running byte sum.
+                      idx, b.size(), h.sequences, h.documents,
+                      kMegatronIndexHeaderBytes + h.sequences * 12 + h.documents * 8,
+                      h.sequences * 12 + h.documents * 8 > rest ? "truncated"
+                                                                : "corrupt (or multimodal, which is not read)");
+  h.lengths_at = kMegatronIndexHeaderBytes;
+  h.pointers_at = h.lengths_at + 4 * h.sequences;
+  h.documents_at = h.pointers_at + 8 * h.sequences;
+  return h;
+}
+
+// The tokens of all sequences, which lie back to back in .bin: the pointers
+// are the running byte sum.
+Result<std::uint64_t> sequence_tokens(const std::string& idx, std::span<const std::uint8_t> b, const MegatronIndex& h) {
   std::uint64_t total = 0;
-  for (std::uint64_t s = 0; s < sequences; ++s) {
-    const auto length = read_le<std::int32_t>(b, lengths_at + 4 * s);
+  for (std::uint64_t s = 0; s < h.sequences; ++s) {
+    const auto length = read_le<std::int32_t>(b, h.lengths_at + 4 * s);
     if (length < 0)
       return make_error("index file '{}': sequence_lengths[{}] is {}, negative; the index is corrupt", idx, s, length);
-    const auto pointer = read_le<std::int64_t>(b, pointers_at + 8 * s);
-    if (static_cast<std::uint64_t>(pointer) != total * dtype->width || pointer < 0)
+    const auto pointer = read_le<std::int64_t>(b, h.pointers_at + 8 * s);
+    if (static_cast<std::uint64_t>(pointer) != total * h.dtype->width || pointer < 0)
       return make_error("index file '{}': sequence_pointers[{}] is {}, but the sequences before it end at byte {}; "
                         "meshtrain reads sequences stored back to back as preprocess_data.py writes them: the index "
                         "is corrupt or was rewritten",
-                        idx, s, pointer, total * dtype->width);
+                        idx, s, pointer, total * h.dtype->width);
     total += static_cast<std::uint64_t>(length);
   }
-  if (documents < 1 || read_le<std::int64_t>(b, documents_at) != 0 ||
-      read_le<std::int64_t>(b, documents_at + 8 * (documents - 1)) != static_cast<std::int64_t>(sequences))
+  return total;
+}
+
+// Each document's first token. Document k spans sequences [indices[k],
+// indices[k+1]); its first token is the lengths summed before sequence
+// indices[k] (pointer / width), or `total` past the last sequence.
+Result<std::vector<std::uint64_t>> document_starts(const std::string& idx, std::span<const std::uint8_t> b,
+                                                   const MegatronIndex& h, std::uint64_t total) {
+  const auto index_at = [&](std::uint64_t k) { return read_le<std::int64_t>(b, h.documents_at + 8 * k); };
+  const auto sequences = static_cast<std::int64_t>(h.sequences);
+  if (h.documents < 1 || index_at(0) != 0 || index_at(h.documents - 1) != sequences)
     return make_error("index file '{}': document_indices must run from 0 to the sequence count {} (field "
                       "'document_indices'), got {} entries{}; the index is corrupt",
-                      idx, sequences, documents,
-                      documents < 1 ? std::string()
-                                    : fmt::format(" from {} to {}", read_le<std::int64_t>(b, documents_at),
-                                                  read_le<std::int64_t>(b, documents_at + 8 * (documents - 1))));
-  // Document k spans sequences [indices[k], indices[k+1]); its first token is
-  // the lengths summed before sequence indices[k] (pointer / width).
-  d.document_starts.reserve(documents - 1);
+                      idx, h.sequences, h.documents,
+                      h.documents < 1 ? std::string()
+                                      : fmt::format(" from {} to {}", index_at(0), index_at(h.documents - 1)));
+  std::vector<std::uint64_t> starts;
+  starts.reserve(h.documents - 1);
   std::int64_t previous = 0;
-  for (std::uint64_t k = 0; k + 1 < documents; ++k) {
-    const auto first = read_le<std::int64_t>(b, documents_at + 8 * k);
-    if (first < previous || first > static_cast<std::int64_t>(sequences))
+  for (std::uint64_t k = 0; k + 1 < h.documents; ++k) {
+    const std::int64_t first = index_at(k);
+    if (first < previous || first > sequences)
       return make_error("index file '{}': document_indices[{}] is {}, outside [{}, {}] (field 'document_indices': "
                         "they rise from 0 to the sequence count); the index is corrupt",
-                        idx, k, first, previous, sequences);
+                        idx, k, first, previous, h.sequences);
     previous = first;
-    const std::uint64_t start =
-        first == static_cast<std::int64_t>(sequences)
-            ? total
-            : static_cast<std::uint64_t>(read_le<std::int64_t>(b, pointers_at + 8 * static_cast<std::size_t>(first))) /
-                  dtype->width;
-    d.document_starts.push_back(start);
+    starts.push_back(first == sequences ? total
+                                        : static_cast<std::uint64_t>(read_le<std::int64_t>(
+                                              b, h.pointers_at + 8 * static_cast<std::size_t>(first))) /
+                                              h.dtype->width);
   }
+  return starts;
+}
 
+Status load_megatron(TokenDataset& d, const std::shared_ptr<const MappedFile>& index) {
+  const std::string idx = d.path + ".idx";
+  const std::span<const std::uint8_t> b = index->bytes();
+  MT_ASSIGN(const MegatronIndex h, read_megatron_header(idx, b));
+  MT_ASSIGN(const std::uint64_t total, sequence_tokens(idx, b, h));
+  MT_ASSIGN(d.document_starts, document_starts(idx, b, h, total));
   const std::size_t bin_bytes = d.file->bytes().size();
-  if (bin_bytes != total * dtype->width)
+  if (bin_bytes != total * h.dtype->width)
     return make_error("data file '{}' holds {} bytes, but its index '{}' lists {} tokens of {} ({} bytes; field "
                       "'sequence_lengths'); the .bin is {}: write the pair again",
-                      d.tokens_file, bin_bytes, idx, total, dtype->name, total * dtype->width,
-                      bin_bytes < total * dtype->width ? "truncated" : "longer than its index");
-  d.tokens = TokenSpan(d.file->bytes().data(), total, dtype->width);
-  d.signed_ids = code == kMegatronInt32;
+                      d.tokens_file, bin_bytes, idx, total, h.dtype->name, total * h.dtype->width,
+                      bin_bytes < total * h.dtype->width ? "truncated" : "longer than its index");
+  d.tokens = TokenSpan(d.file->bytes().data(), total, h.dtype->width);
+  d.signed_ids = h.dtype->code == kMegatronInt32;
   return ok_status();
 }
 
