@@ -100,13 +100,7 @@ void Network::finish(FlowId id) {
   free_.push_back(id);
 }
 
-void Network::recompute() {
-  ++recomputations_;
-  ++epoch_;
-  const Time now = sim_.now();
-  // 1. The component: links reachable from the dirty links through flows.
-  std::vector<LinkId> links;
-  std::vector<FlowId> flows;
+void Network::collect_component(std::vector<LinkId>& links, std::vector<FlowId>& flows) {
   for (LinkId l : dirty_) {
     is_dirty_[l] = 0;
     if (link_mark_[l] != epoch_) {
@@ -128,16 +122,22 @@ void Network::recompute() {
         }
     }
   }
-  flows_touched_ += flows.size();
-  // 2. Bring every flow's remaining bytes up to now at its old rate.
+}
+
+// Every flow's remaining bytes brought up to `now` at its old rate.
+void Network::advance(const std::vector<FlowId>& flows, Time now) {
   for (FlowId fid : flows) {
     Flow& f = flows_[fid];
     f.remaining -= f.rate * static_cast<double>(now - f.updated) * 1e-12;
     if (f.remaining < 0) f.remaining = 0;
     f.updated = now;
   }
-  // 3. Progressive filling. Heap of (fair share, link), smallest first; ties
-  // by link id so the order is fixed. Stale entries are skipped by version.
+}
+
+// Progressive filling. Heap of (fair share, link), smallest first; ties by
+// link id so the order is fixed. Stale entries are skipped by version. The
+// component's flows come in with rate -1 (not yet frozen).
+void Network::fill(const std::vector<LinkId>& links) {
   struct Entry {
     double share;
     LinkId link;
@@ -152,13 +152,6 @@ void Network::recompute() {
     unfrozen_[l] = static_cast<uint32_t>(link_flows_[l].size());
     ++version_[l];
     if (unfrozen_[l] > 0) heap.push({cap_[l] / unfrozen_[l], l, version_[l]});
-  }
-  // Rate -1 marks a component flow as not yet frozen; the old rate is kept
-  // so that flows whose rate did not change keep their scheduled drain.
-  std::vector<double> old_rate(flows.size());
-  for (size_t i = 0; i < flows.size(); ++i) {
-    old_rate[i] = flows_[flows[i]].rate;
-    flows_[flows[i]].rate = -1;
   }
   while (!heap.empty()) {
     Entry e = heap.top();
@@ -178,7 +171,10 @@ void Network::recompute() {
       }
     }
   }
-  // 4. Reschedule the drain of each flow whose rate changed.
+}
+
+// The drain of each flow whose rate changed, rescheduled.
+void Network::reschedule(const std::vector<FlowId>& flows, const std::vector<double>& old_rate, Time now) {
   for (size_t i = 0; i < flows.size(); ++i) {
     Flow& f = flows_[flows[i]];
     if (f.rate == old_rate[i]) continue;
@@ -186,6 +182,26 @@ void Network::recompute() {
     const Time drain = f.rate > 0 ? ceil_ps(f.remaining * 1e12 / f.rate) : 0;
     sim_.schedule(now + drain, this, (static_cast<uint64_t>(flows[i]) << 32) | f.generation);
   }
+}
+
+void Network::recompute() {
+  ++recomputations_;
+  ++epoch_;
+  const Time now = sim_.now();
+  std::vector<LinkId> links;
+  std::vector<FlowId> flows;
+  collect_component(links, flows);
+  flows_touched_ += flows.size();
+  advance(flows, now);
+  // Rate -1 marks a component flow as not yet frozen; the old rate is kept
+  // so that flows whose rate did not change keep their scheduled drain.
+  std::vector<double> old_rate(flows.size());
+  for (size_t i = 0; i < flows.size(); ++i) {
+    old_rate[i] = flows_[flows[i]].rate;
+    flows_[flows[i]].rate = -1;
+  }
+  fill(links);
+  reschedule(flows, old_rate, now);
 }
 
 }  // namespace meshtrain::sim

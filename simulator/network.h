@@ -78,7 +78,14 @@ class Network : public EventHandler {
     bool active = false;
   };
   void mark_dirty(const Route& r);
+  // Max-min fair rates again for the flows that share links with the dirty
+  // ones, in steps: the component (links and flows reachable from the dirty
+  // links), bytes drained so far, progressive filling, drain events.
   void recompute();
+  void collect_component(std::vector<LinkId>& links, std::vector<FlowId>& flows);
+  void advance(const std::vector<FlowId>& flows, Time now);
+  void fill(const std::vector<LinkId>& links);
+  void reschedule(const std::vector<FlowId>& flows, const std::vector<double>& old_rate, Time now);
   void finish(FlowId id);
 
   Simulator& sim_;
