@@ -87,40 +87,35 @@ Result<std::uint32_t> read_u32(gzFile f, const std::string& path) {
   return std::uint32_t{b[0]} << 24 | std::uint32_t{b[1]} << 16 | std::uint32_t{b[2]} << 8 | b[3];
 }
 
-// One IDX file of unsigned bytes whose magic must be `magic`; `kind` ("image"
-// or "label") words the messages.
-Result<IdxFile> read_idx(const std::string& path, std::uint32_t magic, const char* kind) {
+// The size of `path`, which must be a regular file, in bytes; `kind`
+// ("image" or "label") words the messages.
+Result<std::uint64_t> idx_file_bytes(const std::string& path, const char* kind) {
   std::error_code ec;
   const auto st = fs::status(path, ec);
-  if (!fs::exists(st)) {
-    return make_error("IDX {} file '{}' does not exist; {}", kind, path, kInstall);
-  }
+  if (!fs::exists(st)) return make_error("IDX {} file '{}' does not exist; {}", kind, path, kInstall);
   if (fs::is_directory(st)) {
     return make_error(
         "'{}' is a directory, not an IDX {} file; pass the file itself, or move the directory "
         "away so the file can take its place",
         path, kind);
   }
-  if (!fs::is_regular_file(st)) {
-    return make_error("'{}' is not a regular file; pass an IDX {} file", path, kind);
-  }
+  if (!fs::is_regular_file(st)) return make_error("'{}' is not a regular file; pass an IDX {} file", path, kind);
   const std::uint64_t file_bytes = fs::file_size(path, ec);
   if (ec) {
     return make_error("cannot read the size of IDX file '{}': {}; check its permissions", path,
                       ec.message());
   }
-  GzHandle f(gzopen(path.c_str(), "rb"), gzclose);
-  if (!f) {
-    return make_error("cannot read IDX file '{}': {}; check its permissions", path,
-                      std::strerror(errno));
-  }
-  gzbuffer(f.get(), 1 << 17);
+  return file_bytes;
+}
 
-  MT_ASSIGN(const std::uint32_t found_magic, read_u32(f.get(), path));
+// The IDX header after the file's start: its magic (which must be `magic`)
+// and the sizes it declares (dims), with their product in bytes.
+Result<std::uint64_t> read_idx_header(gzFile f, const std::string& path, std::uint32_t magic, const char* kind,
+                                      IdxFile& idx) {
+  MT_ASSIGN(const std::uint32_t found_magic, read_u32(f, path));
   // gzread passes plain files through; a `.gz` name on plain bytes means the
   // download is damaged (or was never gzip) rather than a different format.
-  const bool plain = gzdirect(f.get()) == 1;
-  if (plain && path.ends_with(".gz")) {
+  if (gzdirect(f) == 1 && path.ends_with(".gz")) {
     return make_error("'{}' is named .gz but is not gzip data (no gzip header); {}", path, kFix);
   }
   if (found_magic != magic) {
@@ -129,10 +124,9 @@ Result<IdxFile> read_idx(const std::string& path, std::uint32_t magic, const cha
         "label paths are not swapped, or {}",
         path, found_magic, describe_magic(found_magic), describe_magic(magic), magic, kFix);
   }
-  IdxFile idx;
   unsigned __int128 declared = 1;  // three 32-bit sizes can overflow 64 bits
   for (std::uint32_t d = 0; d < (magic & 0xff); ++d) {
-    MT_ASSIGN(const std::uint32_t size, read_u32(f.get(), path));
+    MT_ASSIGN(const std::uint32_t size, read_u32(f, path));
     idx.dims.push_back(size);
     declared *= size;
   }
@@ -144,7 +138,23 @@ Result<IdxFile> read_idx(const std::string& path, std::uint32_t magic, const cha
     return make_error("'{}' declares {} bytes of {}s, more than any file holds; {}", path,
                       fmt::join(idx.dims, "×"), kind, kFix);
   }
-  const auto want = static_cast<std::uint64_t>(declared);
+  return static_cast<std::uint64_t>(declared);
+}
+
+// One IDX file of unsigned bytes whose magic must be `magic`; `kind` ("image"
+// or "label") words the messages.
+Result<IdxFile> read_idx(const std::string& path, std::uint32_t magic, const char* kind) {
+  MT_ASSIGN(const std::uint64_t file_bytes, idx_file_bytes(path, kind));
+  GzHandle f(gzopen(path.c_str(), "rb"), gzclose);
+  if (!f) {
+    return make_error("cannot read IDX file '{}': {}; check its permissions", path,
+                      std::strerror(errno));
+  }
+  gzbuffer(f.get(), 1 << 17);
+  IdxFile idx;
+  MT_ASSIGN(const std::uint64_t want, read_idx_header(f.get(), path, magic, kind, idx));
+  const bool plain = gzdirect(f.get()) == 1;
+  const std::uint64_t header_bytes = 4 * (1 + idx.dims.size());
   auto size_error = [&](std::uint64_t found) {
     return make_error("'{}' {}: header says {}, found {}; {}", path,
                       found < want ? "is truncated" : "has trailing data",
