@@ -1,13 +1,18 @@
 // Programming errors in the use of a backend abort with a message
 // (backends/backend.h: misuse is not an Error value). Each backend has a
 // misuse() of its own that names it (cpu/misuse.h, cuda/misuse.h,
-// sim/sim_internal.h) and ends here, so that all of them print alike.
+// sim/sim_internal.h), a Misuse below, so that all of them print alike.
 #pragma once
 
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <string_view>
+#include <utility>
 
 namespace meshtrain {
 
@@ -17,6 +22,23 @@ namespace meshtrain {
                backend.data(), message.c_str());
   std::abort();
 }
+
+// A backend's name as a template argument; implicit, so that Misuse<"cpu"> converts the literal.
+template <std::size_t N>
+struct BackendName {
+  constexpr BackendName(const char (&name)[N]) { std::copy_n(name, N, chars); }
+  char chars[N];
+};
+
+// The misuse() of backend Name: misuse("format", args...) formats as fmt::format
+// and aborts through abort_misuse.
+template <BackendName Name>
+struct Misuse {
+  template <class... Args>
+  [[noreturn]] void operator()(fmt::format_string<Args...> f, Args&&... args) const {
+    abort_misuse(Name.chars, fmt::format(f, std::forward<Args>(args)...));
+  }
+};
 
 // Whether backend op `op` takes a tensor in host memory (Backend::host_zeros):
 // the backends' tensor checks ask this with the op's name. write and read,

@@ -3,6 +3,10 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <initializer_list>
+#include <string>
+#include <vector>
+
 #include "core/json_input.h"
 #include "core/names.h"
 
@@ -109,6 +113,24 @@ namespace {
 const char* activation_name(Activation a) { return a == Activation::gelu ? "gelu" : "swiglu"; }
 const char* projector_name(ProjectorKind p) { return p == ProjectorKind::linear ? "linear" : "mlp"; }
 
+// The optional string field `key`: the one of `values` that `name` calls so; `out` is kept when absent.
+template <class E>
+Status read_named(const JsonFields& f, const char* key, std::initializer_list<E> values, const char* (*name)(E),
+                  E& out) {
+  if (!f.has(key)) return ok_status();
+  std::string s;
+  MT_TRY(f.get_string(key, s));
+  std::vector<std::string> names;
+  for (E v : values) {
+    if (s == name(v)) {
+      out = v;
+      return ok_status();
+    }
+    names.emplace_back(name(v));
+  }
+  return Error(unknown_name_message(key, s, names));
+}
+
 Status read_vision(const nlohmann::json& j, VisionEncoderSpec& v) {
   MT_ASSIGN(const JsonFields f,
             JsonFields::of(j, "vision encoder field",
@@ -120,13 +142,7 @@ Status read_vision(const nlohmann::json& j, VisionEncoderSpec& v) {
   for (auto [key, out] : sizes) MT_TRY(f.get_int(key, model_field_range(key), *out));
   if (!f.has("ffn")) v.ffn = 4 * v.hidden;
   MT_TRY(f.get_bool("bias", v.bias));
-  if (f.has("activation")) {
-    std::string a;
-    MT_TRY(f.get_string("activation", a));
-    if (a != "gelu" && a != "swiglu") return Error(unknown_name_message("activation", a, {"gelu", "swiglu"}));
-    v.activation = a == "gelu" ? Activation::gelu : Activation::swiglu;
-  }
-  return ok_status();
+  return read_named(f, "activation", {Activation::gelu, Activation::swiglu}, activation_name, v.activation);
 }
 
 }  // namespace
@@ -158,13 +174,7 @@ Status read_vqa_fields(const nlohmann::json& j, ModelSpec& m) {
     if (!f.has(key)) return make_error("a vqa model needs the integer field '{}'", key);
     MT_TRY(f.get_int(key, model_field_range(key), *out));
   }
-  if (f.has("projector")) {
-    std::string p;
-    MT_TRY(f.get_string("projector", p));
-    if (p != "linear" && p != "mlp") return Error(unknown_name_message("projector", p, {"linear", "mlp"}));
-    m.projector = p == "linear" ? ProjectorKind::linear : ProjectorKind::mlp;
-  }
-  return ok_status();
+  return read_named(f, "projector", {ProjectorKind::linear, ProjectorKind::mlp}, projector_name, m.projector);
 }
 
 Status validate_vqa(const ModelSpec& m) {

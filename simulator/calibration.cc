@@ -15,8 +15,15 @@ namespace {
 using nlohmann::json;
 using Point = ThroughputPoint;
 
-Status need(const json& e, const char* key, const char* where, size_t i) {
-  if (!e.contains(key)) return make_error("{}[{}]: missing field '{}'", where, i, key);
+// Entry i of the calibration list `where`: the readers of its fields name both in their errors.
+struct Entry {
+  const json& value;
+  const char* where;
+  size_t i;
+};
+
+Status need(const Entry& e, const char* key) {
+  if (!e.value.contains(key)) return make_error("{}[{}]: missing field '{}'", e.where, e.i, key);
   return ok_status();
 }
 
@@ -38,31 +45,30 @@ IntRange int_range(std::string_view key) {
   return {1, 1 << 24};  // m, n, k, rows, batch_heads, seq
 }
 
-JsonFields entry_fields(const json& e, const char* where, size_t i) {
-  return JsonFields::of(e, fmt::format("{}[{}]: field", where, i), "").value();
+JsonFields entry_fields(const Entry& e) {
+  return JsonFields::of(e.value, fmt::format("{}[{}]: field", e.where, e.i), "").value();
 }
 
-Result<double> positive(const json& e, const char* key, const char* where, size_t i) {
-  MT_TRY(need(e, key, where, i));
+Result<double> positive(const Entry& e, const char* key) {
+  MT_TRY(need(e, key));
   double v = 0;
-  MT_TRY(entry_fields(e, where, i).get_real(key, real_range(key), v));
+  MT_TRY(entry_fields(e).get_real(key, real_range(key), v));
   return v;
 }
 
-Result<int64_t> positive_int(const json& e, const char* key, const char* where, size_t i) {
-  MT_TRY(need(e, key, where, i));
+Result<int64_t> positive_int(const Entry& e, const char* key) {
+  MT_TRY(need(e, key));
   int64_t v = 0;
-  MT_TRY(entry_fields(e, where, i).get_int(key, int_range(key), v));
+  MT_TRY(entry_fields(e).get_int(key, int_range(key), v));
   return v;
 }
 
-// The optional boolean field `key` of entry i of list `where`: false when
+// The optional boolean field `key` of entry e: false when
 // absent; `what` says what its values mean.
-Result<bool> optional_bool(const json& e, const char* key, const char* where, size_t i,
-                           const char* what = "true or false") {
-  if (!e.contains(key)) return false;
-  if (!e[key].is_boolean()) return make_error("{}[{}]: field '{}' must be {}", where, i, key, what);
-  return e[key].get<bool>();
+Result<bool> optional_bool(const Entry& e, const char* key, const char* what = "true or false") {
+  if (!e.value.contains(key)) return false;
+  if (!e.value[key].is_boolean()) return make_error("{}[{}]: field '{}' must be {}", e.where, e.i, key, what);
+  return e.value[key].get<bool>();
 }
 
 // The fields an entry of each list may hold: every entry is checked against
@@ -87,25 +93,33 @@ Result<const json*> list(const json& j, const char* key) {
   const std::vector<std::string> known = entry_fields_of(key);
   for (size_t i = 0; i < j[key].size(); ++i) {
     if (!j[key][i].is_object()) return make_error("{}[{}] must be an object {{...}}", key, i);
-    MT_TRY(entry_fields(j[key][i], key, i).check_known(known));
+    MT_TRY(entry_fields({j[key][i], key, i}).check_known(known));
   }
   return &j[key];
 }
 
-// The optional spread fields of entry i of `where`.
-Result<Calibration::Spread> spread_of(const json& e, const char* where, size_t i) {
+// read(entry) for each entry of the optional list `key`, after list()'s checks; the first error stops.
+template <class Read>
+Status for_each_entry(const json& j, const char* key, Read read) {
+  MT_ASSIGN(const json* entries, list(j, key));
+  for (size_t i = 0; entries && i < entries->size(); ++i) MT_TRY(read(Entry{(*entries)[i], key, i}));
+  return ok_status();
+}
+
+// The optional spread fields of an entry.
+Result<Calibration::Spread> spread_of(const Entry& e) {
   Calibration::Spread s;
   for (const char* key : {"p10_us", "p90_us"})
-    if (e.contains(key)) {
-      MT_ASSIGN(double v, positive(e, key, where, i));
+    if (e.value.contains(key)) {
+      MT_ASSIGN(double v, positive(e, key));
       (std::string_view(key) == "p10_us" ? s.p10_us : s.p90_us) = v;
     }
-  if (e.contains("samples")) {
-    MT_ASSIGN(int64_t n, positive_int(e, "samples", where, i));
+  if (e.value.contains("samples")) {
+    MT_ASSIGN(int64_t n, positive_int(e, "samples"));
     s.samples = static_cast<int>(n);
   }
-  if (e.contains("ranks_sharing")) {
-    MT_ASSIGN(int64_t n, positive_int(e, "ranks_sharing", where, i));
+  if (e.value.contains("ranks_sharing")) {
+    MT_ASSIGN(int64_t n, positive_int(e, "ranks_sharing"));
     s.ranks_sharing = static_cast<int>(n);
   }
   return s;
@@ -342,143 +356,130 @@ Status read_description(const json& j, Calibration& c) {
   return ok_status();
 }
 
-// The optional "dtype" of entry i of a GEMM list (`where`): bf16 when absent.
-Result<DType> gemm_dtype_of(const json& e, const char* where, size_t i) {
-  if (!e.contains("dtype")) return DType::kBf16;
-  const std::string s = e["dtype"].is_string() ? e["dtype"].get<std::string>() : "";
+// The optional "dtype" of an entry of a GEMM list: bf16 when absent.
+Result<DType> gemm_dtype_of(const Entry& e) {
+  if (!e.value.contains("dtype")) return DType::kBf16;
+  const json& dtype = e.value["dtype"];
+  const std::string s = dtype.is_string() ? dtype.get<std::string>() : "";
   if (s == "fp32") return DType::kFp32;
   if (s == "fp8") return DType::kFp8;
   if (s != "bf16" && s != "fp16")
-    return make_error("{}[{}]: field 'dtype' must be \"bf16\", \"fp16\", \"fp8\" or \"fp32\", got {}", where, i,
-                      e["dtype"].dump());
+    return make_error("{}[{}]: field 'dtype' must be \"bf16\", \"fp16\", \"fp8\" or \"fp32\", got {}", e.where, e.i,
+                      dtype.dump());
   return DType::kBf16;
 }
 
 // The calibration's `gemm` entries: measured GEMM times by shape and dtype.
 Status read_gemm(const json& j, Calibration& c) {
-  MT_ASSIGN(const json* gemm, list(j, "gemm"));
-  for (size_t i = 0; gemm && i < gemm->size(); ++i) {
-    const json& e = (*gemm)[i];
-    MT_ASSIGN(int64_t m, positive_int(e, "m", "gemm", i));
-    MT_ASSIGN(int64_t n, positive_int(e, "n", "gemm", i));
-    MT_ASSIGN(int64_t k, positive_int(e, "k", "gemm", i));
-    MT_ASSIGN(double us, positive(e, "time_us", "gemm", i));
-    MT_ASSIGN(DType dt, gemm_dtype_of(e, "gemm", i));
-    MT_ASSIGN(Calibration::Spread sp, spread_of(e, "gemm", i));
+  return for_each_entry(j, "gemm", [&](const Entry& e) -> Status {
+    MT_ASSIGN(int64_t m, positive_int(e, "m"));
+    MT_ASSIGN(int64_t n, positive_int(e, "n"));
+    MT_ASSIGN(int64_t k, positive_int(e, "k"));
+    MT_ASSIGN(double us, positive(e, "time_us"));
+    MT_ASSIGN(DType dt, gemm_dtype_of(e));
+    MT_ASSIGN(Calibration::Spread sp, spread_of(e));
     c.gemm.push_back({m, n, k, dt, us, sp});
-  }
-  return ok_status();
+    return ok_status();
+  });
 }
 
 // The `grouped_gemm` entries: one grouped kernel over equal groups, forward or weight gradient.
 Status read_grouped_gemm(const json& j, Calibration& c) {
-  MT_ASSIGN(const json* grouped, list(j, "grouped_gemm"));
-  for (size_t i = 0; grouped && i < grouped->size(); ++i) {
-    const json& e = (*grouped)[i];
-    MT_ASSIGN(int64_t groups, positive_int(e, "groups", "grouped_gemm", i));
-    MT_ASSIGN(int64_t rows, positive_int(e, "rows", "grouped_gemm", i));
-    MT_ASSIGN(int64_t n, positive_int(e, "n", "grouped_gemm", i));
-    MT_ASSIGN(int64_t k, positive_int(e, "k", "grouped_gemm", i));
-    MT_ASSIGN(double us, positive(e, "time_us", "grouped_gemm", i));
-    MT_ASSIGN(DType dt, gemm_dtype_of(e, "grouped_gemm", i));
-    MT_ASSIGN(bool wgrad,
-              optional_bool(e, "wgrad", "grouped_gemm", i, "true (weight gradients) or false (forward)"));
-    MT_ASSIGN(Calibration::Spread sp, spread_of(e, "grouped_gemm", i));
+  return for_each_entry(j, "grouped_gemm", [&](const Entry& e) -> Status {
+    MT_ASSIGN(int64_t groups, positive_int(e, "groups"));
+    MT_ASSIGN(int64_t rows, positive_int(e, "rows"));
+    MT_ASSIGN(int64_t n, positive_int(e, "n"));
+    MT_ASSIGN(int64_t k, positive_int(e, "k"));
+    MT_ASSIGN(double us, positive(e, "time_us"));
+    MT_ASSIGN(DType dt, gemm_dtype_of(e));
+    MT_ASSIGN(bool wgrad, optional_bool(e, "wgrad", "true (weight gradients) or false (forward)"));
+    MT_ASSIGN(Calibration::Spread sp, spread_of(e));
     c.grouped_gemm.push_back({groups, rows, n, k, dt, us, wgrad, sp});
-  }
-  return ok_status();
+    return ok_status();
+  });
 }
 
 // The `attention` entries: fused attention times, forward or backward.
 Status read_attention(const json& j, Calibration& c) {
-  MT_ASSIGN(const json* att, list(j, "attention"));
-  for (size_t i = 0; att && i < att->size(); ++i) {
-    const json& e = (*att)[i];
-    MT_ASSIGN(int64_t bh, positive_int(e, "batch_heads", "attention", i));
-    MT_ASSIGN(int64_t s, positive_int(e, "seq", "attention", i));
-    MT_ASSIGN(int64_t d, positive_int(e, "head_dim", "attention", i));
-    MT_ASSIGN(double us, positive(e, "time_us", "attention", i));
-    MT_ASSIGN(bool causal, optional_bool(e, "causal", "attention", i));
-    MT_ASSIGN(bool backward, optional_bool(e, "backward", "attention", i));
-    MT_ASSIGN(Calibration::Spread sp, spread_of(e, "attention", i));
+  return for_each_entry(j, "attention", [&](const Entry& e) -> Status {
+    MT_ASSIGN(int64_t bh, positive_int(e, "batch_heads"));
+    MT_ASSIGN(int64_t s, positive_int(e, "seq"));
+    MT_ASSIGN(int64_t d, positive_int(e, "head_dim"));
+    MT_ASSIGN(double us, positive(e, "time_us"));
+    MT_ASSIGN(bool causal, optional_bool(e, "causal"));
+    MT_ASSIGN(bool backward, optional_bool(e, "backward"));
+    MT_ASSIGN(Calibration::Spread sp, spread_of(e));
     c.attention.push_back({bh, s, d, causal, us, backward, sp});
-  }
-  return ok_status();
+    return ok_status();
+  });
 }
 
 // The `memory` entries: copy times by bytes (the memory-bound roofline).
 Status read_memory(const json& j, Calibration& c) {
-  MT_ASSIGN(const json* mem, list(j, "memory"));
-  for (size_t i = 0; mem && i < mem->size(); ++i) {
-    MT_ASSIGN(double bytes, positive((*mem)[i], "bytes", "memory", i));
-    MT_ASSIGN(double us, positive((*mem)[i], "time_us", "memory", i));
-    MT_ASSIGN(Calibration::Spread sp, spread_of((*mem)[i], "memory", i));
+  return for_each_entry(j, "memory", [&](const Entry& e) -> Status {
+    MT_ASSIGN(double bytes, positive(e, "bytes"));
+    MT_ASSIGN(double us, positive(e, "time_us"));
+    MT_ASSIGN(Calibration::Spread sp, spread_of(e));
     c.memory.push_back({bytes, us, sp});
-  }
-  return ok_status();
+    return ok_status();
+  });
 }
 
 // The `ops` entries: memory-bound op times by op name and bytes.
 Status read_ops(const json& j, Calibration& c) {
-  MT_ASSIGN(const json* ops, list(j, "ops"));
-  for (size_t i = 0; ops && i < ops->size(); ++i) {
-    const json& e = (*ops)[i];
-    MT_TRY(need(e, "op", "ops", i));
-    if (!e["op"].is_string() || e["op"].get<std::string>().empty())
-      return make_error("ops[{}]: field 'op' must be a backend op name, e.g. \"gelu_forward\"", i);
-    MT_ASSIGN(double bytes, positive(e, "bytes", "ops", i));
-    MT_ASSIGN(double us, positive(e, "time_us", "ops", i));
-    MT_ASSIGN(Calibration::Spread sp, spread_of(e, "ops", i));
-    c.ops.push_back({e["op"].get<std::string>(), bytes, us, sp});
-  }
-  return ok_status();
+  return for_each_entry(j, "ops", [&](const Entry& e) -> Status {
+    MT_TRY(need(e, "op"));
+    if (!e.value["op"].is_string() || e.value["op"].get<std::string>().empty())
+      return make_error("ops[{}]: field 'op' must be a backend op name, e.g. \"gelu_forward\"", e.i);
+    MT_ASSIGN(double bytes, positive(e, "bytes"));
+    MT_ASSIGN(double us, positive(e, "time_us"));
+    MT_ASSIGN(Calibration::Spread sp, spread_of(e));
+    c.ops.push_back({e.value["op"].get<std::string>(), bytes, us, sp});
+    return ok_status();
+  });
 }
 
 // The `links` entries: measured link bandwidths and latencies.
 Status read_links(const json& j, Calibration& c) {
-  MT_ASSIGN(const json* links, list(j, "links"));
-  for (size_t i = 0; links && i < links->size(); ++i) {
-    const json& e = (*links)[i];
-    MT_TRY(need(e, "kind", "links", i));
-    const std::string kind = e["kind"].is_string() ? e["kind"].get<std::string>() : "";
+  return for_each_entry(j, "links", [&](const Entry& e) -> Status {
+    MT_TRY(need(e, "kind"));
+    const std::string kind = e.value["kind"].is_string() ? e.value["kind"].get<std::string>() : "";
     if (kind != "nvlink" && kind != "pcie" && kind != "nic")
       return make_error("links[{}]: field 'kind' must be \"nvlink\", \"pcie\" or \"nic\", got {}",
-                        i, e["kind"].dump());
-    MT_ASSIGN(double gbps, positive(e, "GBps", "links", i));
+                        e.i, e.value["kind"].dump());
+    MT_ASSIGN(double gbps, positive(e, "GBps"));
     double latency = 0;
-    if (e.contains("latency_us")) {
-      MT_ASSIGN(latency, positive(e, "latency_us", "links", i));
+    if (e.value.contains("latency_us")) {
+      MT_ASSIGN(latency, positive(e, "latency_us"));
     }
     c.links.push_back({kind, gbps, latency});
-  }
-  return ok_status();
+    return ok_status();
+  });
 }
 
 // The `collectives` entries: bus bandwidths by kind, members and bytes.
 Status read_collectives(const json& j, Calibration& c) {
-  MT_ASSIGN(const json* coll, list(j, "collectives"));
-  for (size_t i = 0; coll && i < coll->size(); ++i) {
-    const json& e = (*coll)[i];
-    MT_TRY(need(e, "kind", "collectives", i));
-    if (!e["kind"].is_string())
-      return make_error("collectives[{}]: field 'kind' must be a string", i);
-    MT_ASSIGN(CollectiveKind kind, parse_collective_kind(e["kind"].get<std::string>())
-                                       .context(fmt::format("collectives[{}]", i)));
-    MT_ASSIGN(int64_t members, positive_int(e, "members", "collectives", i));
-    MT_ASSIGN(double bytes, positive(e, "bytes", "collectives", i));
-    MT_ASSIGN(double busbw, positive(e, "busbw_GBps", "collectives", i));
+  return for_each_entry(j, "collectives", [&](const Entry& e) -> Status {
+    MT_TRY(need(e, "kind"));
+    if (!e.value["kind"].is_string())
+      return make_error("collectives[{}]: field 'kind' must be a string", e.i);
+    MT_ASSIGN(CollectiveKind kind, parse_collective_kind(e.value["kind"].get<std::string>())
+                                       .context(fmt::format("collectives[{}]", e.i)));
+    MT_ASSIGN(int64_t members, positive_int(e, "members"));
+    MT_ASSIGN(double bytes, positive(e, "bytes"));
+    MT_ASSIGN(double busbw, positive(e, "busbw_GBps"));
     std::string transport;
-    if (e.contains("transport")) {
-      transport = e["transport"].is_string() ? e["transport"].get<std::string>() : "";
+    if (e.value.contains("transport")) {
+      transport = e.value["transport"].is_string() ? e.value["transport"].get<std::string>() : "";
       if (transport != "threads" && transport != "mpi")
         return make_error(
-            "collectives[{}]: field 'transport' must be \"threads\" or \"mpi\", got {}", i,
-            e["transport"].dump());
+            "collectives[{}]: field 'transport' must be \"threads\" or \"mpi\", got {}", e.i,
+            e.value["transport"].dump());
     }
-    MT_ASSIGN(Calibration::Spread sp, spread_of(e, "collectives", i));
+    MT_ASSIGN(Calibration::Spread sp, spread_of(e));
     c.collectives.push_back({kind, static_cast<int>(members), bytes, busbw, transport, sp});
-  }
-  return ok_status();
+    return ok_status();
+  });
 }
 }  // namespace
 

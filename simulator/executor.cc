@@ -257,11 +257,7 @@ void Executor::try_start(StreamId s) {
         schedule_compute(s);
         return;
       case Kind::kJoin: {
-        st.running = true;
-        st.started = sim_.now();
-        st.reached = sim_.now();
-        charge_idle(st, sim_.now(), st.cause);
-        st.cause = {IdleCause::Wait::kPeers, s, t.name, true};
+        start_waiting(st, {IdleCause::Wait::kPeers, s, t.name, true});
         Collective& c = colls_[t.a];
         c.joined.push_back(s);
         if (c.joined.size() == c.request.members.size()) {
@@ -289,11 +285,7 @@ void Executor::try_start(StreamId s) {
       }
       case Kind::kSend:
       case Kind::kRecv: {
-        st.running = true;
-        st.started = sim_.now();
-        st.reached = sim_.now();
-        charge_idle(st, sim_.now(), st.cause);
-        st.cause = {IdleCause::Wait::kTransfer, s, t.name, true};
+        start_waiting(st, {IdleCause::Wait::kTransfer, s, t.name, true});
         P2P& p = p2p_[t.a];
         if (t.kind == Kind::kSend) {
           p.send_ready = true;
@@ -466,6 +458,14 @@ Error Executor::deadlock_error() const {
   }
   if (stuck > 16) what += fmt::format("\n  ... and {} more streams", stuck - 16);
   return make_error("deadlock: {} streams have tasks left but none can run:{}", stuck, what);
+}
+
+void Executor::start_waiting(Stream& st, const Cause& waiting_on) {
+  st.running = true;
+  st.started = sim_.now();
+  st.reached = sim_.now();
+  charge_idle(st, sim_.now(), st.cause);
+  st.cause = waiting_on;
 }
 
 void Executor::charge_idle(Stream& st, Time until, const Cause& cause) {

@@ -302,6 +302,9 @@ class Executor : public EventHandler {
   // Charges st's idle time from idle_since to `until` to `cause`.
   // Traced, the gaps of each device's first (default) stream become idle slices.
   void charge_idle(Stream& st, Time until, const Cause& cause);
+  // st starts a collective or transfer now: its idle time so far is charged, and what it waits
+  // on from here is `waiting_on` (the time before the partner arrives is idle, not busy).
+  void start_waiting(Stream& st, const Cause& waiting_on);
   // Charges st's idle time until now to what stream `releaser` ran meanwhile, the rest to `rest`.
   void charge_wait(Stream& st, StreamId releaser, const Cause& rest);
   static constexpr std::size_t kRecentTasks = 256;

@@ -640,24 +640,24 @@ void CpuBackend::all_to_all(const Tensor& in, std::span<const std::int64_t> send
        "all_to_all", g);
 }
 
-void CpuBackend::send(const Tensor& x, int peer_global_rank, int tag) {
-  const auto* p = reinterpret_cast<const float*>(bytes_of(x, "send"));
-  expect_transportable(x, "send");
-  if (auto problem = peer_problem("send", peer_global_rank, rank_, world_size_); !problem.empty())
+std::span<float> CpuBackend::point_to_point_buffer(const Tensor& x, int peer_global_rank, std::string_view op) const {
+  auto* p = reinterpret_cast<float*>(bytes_of(x, op));
+  expect_transportable(x, op);
+  if (auto problem = peer_problem(op, peer_global_rank, rank_, world_size_); !problem.empty())
     misuse("{}", problem);
+  return {p, static_cast<std::size_t>(x.numel())};
+}
+
+void CpuBackend::send(const Tensor& x, int peer_global_rank, int tag) {
+  const std::span<const float> data = point_to_point_buffer(x, peer_global_rank, "send");
   if (error_) return;
-  note(comm("send").send({p, static_cast<std::size_t>(x.numel())}, peer_global_rank, tag),
-       fmt::format("send to rank {} tag {}", peer_global_rank, tag));
+  note(comm("send").send(data, peer_global_rank, tag), fmt::format("send to rank {} tag {}", peer_global_rank, tag));
 }
 
 void CpuBackend::recv(Tensor& x, int peer_global_rank, int tag) {
-  auto* p = reinterpret_cast<float*>(bytes_of(x, "recv"));
-  expect_transportable(x, "recv");
-  if (auto problem = peer_problem("recv", peer_global_rank, rank_, world_size_); !problem.empty())
-    misuse("{}", problem);
+  const std::span<float> data = point_to_point_buffer(x, peer_global_rank, "recv");
   if (error_) return;
-  note(comm("recv").recv({p, static_cast<std::size_t>(x.numel())}, peer_global_rank, tag),
-       fmt::format("recv from rank {} tag {}", peer_global_rank, tag));
+  note(comm("recv").recv(data, peer_global_rank, tag), fmt::format("recv from rank {} tag {}", peer_global_rank, tag));
 }
 
 void CpuBackend::barrier(const Group& g) {

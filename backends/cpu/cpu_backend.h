@@ -93,6 +93,8 @@ class CpuBackend final : public Backend {
   Status half_reduce(const Tensor& in, Tensor& out, const Group& g, ReduceOp op, bool all);
   // Aborts unless this rank is a member of g.
   void check_member(const Group& g, std::string_view op) const;
+  // x's elements for send or recv (`op`) with peer_global_rank, after their checks (aborts on misuse).
+  std::span<float> point_to_point_buffer(const Tensor& x, int peer_global_rank, std::string_view op) const;
   // The communicator for a group of more than one rank; aborts without one.
   Communicator& comm(std::string_view op) const;
   // Makes a failed collective's status the sticky error.

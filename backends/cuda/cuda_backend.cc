@@ -261,24 +261,27 @@ void* CudaBackend::stream_handle() const {
 // ---- host transfer -----------------------------------------------------------------
 
 namespace {
-// Host values converted to `dtype`'s bytes, as the cpu backend stores them.
-std::vector<std::byte> to_device_bytes(std::span<const float> host, DType dtype) {
+// Host values (float, or int32 ids taken as floats) converted to `dtype`'s bytes, as the cpu
+// backend stores them.
+template <class T>
+std::vector<std::byte> to_device_bytes(std::span<const T> host, DType dtype) {
   std::vector<std::byte> out(host.size() * dtype_size(dtype));
   for (std::size_t i = 0; i < host.size(); ++i) {
+    const auto x = static_cast<float>(host[i]);
     switch (dtype) {
-      case DType::f32: std::memcpy(out.data() + 4 * i, &host[i], 4); break;
+      case DType::f32: std::memcpy(out.data() + 4 * i, &x, 4); break;
       case DType::bf16: {
-        const std::uint16_t h = float_to_bf16(host[i]);
+        const std::uint16_t h = float_to_bf16(x);
         std::memcpy(out.data() + 2 * i, &h, 2);
         break;
       }
       case DType::f16: {
-        const std::uint16_t h = float_to_f16(host[i]);
+        const std::uint16_t h = float_to_f16(x);
         std::memcpy(out.data() + 2 * i, &h, 2);
         break;
       }
       case DType::i32: {
-        const auto v = static_cast<std::int32_t>(std::lround(host[i]));
+        const auto v = static_cast<std::int32_t>(std::lround(x));
         std::memcpy(out.data() + 4 * i, &v, 4);
         break;
       }
@@ -288,7 +291,8 @@ std::vector<std::byte> to_device_bytes(std::span<const float> host, DType dtype)
 }
 }  // namespace
 
-void CudaBackend::write(Tensor& dst, std::span<const float> host) {
+template <class T>
+void CudaBackend::write_host(Tensor& dst, std::span<const T> host, DType as_is) {
   void* d = ptr(dst, "write");
   if (static_cast<std::int64_t>(host.size()) != dst.numel())
     misuse("write: {} host values into a tensor {}", host.size(), dst.shape().str());
@@ -296,7 +300,7 @@ void CudaBackend::write(Tensor& dst, std::span<const float> host) {
   // From pageable memory cudaMemcpyAsync returns once the bytes are staged,
   // so the host buffer (and the converted copy) may go away on return.
   const auto s = static_cast<cudaStream_t>(stream_handle());
-  if (dst.dtype() == DType::f32) {
+  if (dst.dtype() == as_is) {
     check(cudaMemcpyAsync(d, host.data(), host.size_bytes(), cudaMemcpyDefault, s), "write");
     return;
   }
@@ -304,20 +308,9 @@ void CudaBackend::write(Tensor& dst, std::span<const float> host) {
   check(cudaMemcpyAsync(d, bytes.data(), bytes.size(), cudaMemcpyDefault, s), "write");
 }
 
-void CudaBackend::write(Tensor& dst, std::span<const std::int32_t> host) {
-  void* d = ptr(dst, "write");
-  if (static_cast<std::int64_t>(host.size()) != dst.numel())
-    misuse("write: {} host values into a tensor {}", host.size(), dst.shape().str());
-  if (failed() || host.empty()) return;
-  const auto s = static_cast<cudaStream_t>(stream_handle());
-  if (dst.dtype() == DType::i32) {
-    check(cudaMemcpyAsync(d, host.data(), host.size_bytes(), cudaMemcpyDefault, s), "write");
-    return;
-  }
-  const std::vector<float> as_float(host.begin(), host.end());
-  const std::vector<std::byte> bytes = to_device_bytes(as_float, dst.dtype());
-  check(cudaMemcpyAsync(d, bytes.data(), bytes.size(), cudaMemcpyDefault, s), "write");
-}
+void CudaBackend::write(Tensor& dst, std::span<const float> host) { write_host(dst, host, DType::f32); }
+
+void CudaBackend::write(Tensor& dst, std::span<const std::int32_t> host) { write_host(dst, host, DType::i32); }
 
 Status CudaBackend::read(const Tensor& src, std::span<float> host) {
   const void* d = ptr(src, "read");
@@ -352,6 +345,22 @@ Status CudaBackend::read(const Tensor& src, std::span<float> host) {
 
 // ---- streams and events --------------------------------------------------------------
 
+namespace {
+// The handle of stream s, which `op` (in the message) requires to have been created here.
+cudaStream_t stream_of(const DeviceState& state, Stream s, std::string_view op) {
+  if (s.id < 0 || s.id >= static_cast<int>(state.streams.size()))
+    misuse("{}: stream {} was not created here", op, s.id);
+  return state.streams[static_cast<std::size_t>(s.id)];
+}
+
+// The slot of event number `id` in a lazily grown ring of `ring` events (null until created).
+cudaEvent_t& ring_slot(std::vector<cudaEvent_t>& events, std::int64_t id, std::int64_t ring) {
+  const auto slot = static_cast<std::size_t>(id % ring);
+  if (events.size() <= slot) events.resize(slot + 1, nullptr);
+  return events[slot];
+}
+}  // namespace
+
 Stream CudaBackend::create_stream(std::string_view name) {
   if (static_cast<int>(state_->streams.size()) >= kMaxStreams)
     misuse("create_stream '{}': at most {} streams", name, kMaxStreams);
@@ -363,43 +372,34 @@ Stream CudaBackend::create_stream(std::string_view name) {
 }
 
 void CudaBackend::set_stream(Stream s) {
-  if (s.id < 0 || s.id >= static_cast<int>(state_->streams.size()))
-    misuse("set_stream: stream {} was not created here", s.id);
+  stream_of(*state_, s, "set_stream");
   current_ = s;
 }
 
 Event CudaBackend::record(Stream s) {
-  if (s.id < 0 || s.id >= static_cast<int>(state_->streams.size()))
-    misuse("record: stream {} was not created here", s.id);
+  const cudaStream_t stream = stream_of(*state_, s, "record");
   const std::int64_t id = events_++;
-  const auto slot = static_cast<std::size_t>(id % kEventRing);
-  if (state_->events.size() <= slot) state_->events.resize(slot + 1, nullptr);
-  cudaEvent_t& e = state_->events[slot];
+  cudaEvent_t& e = ring_slot(state_->events, id, kEventRing);
   if (e == nullptr) check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "record");
-  if (e != nullptr) check(cudaEventRecord(e, state_->streams[static_cast<std::size_t>(s.id)]), "record");
+  if (e != nullptr) check(cudaEventRecord(e, stream), "record");
   return Event{id};
 }
 
 void CudaBackend::wait(Stream s, Event e) {
-  if (s.id < 0 || s.id >= static_cast<int>(state_->streams.size()))
-    misuse("wait: stream {} was not created here", s.id);
+  const cudaStream_t stream = stream_of(*state_, s, "wait");
   if (!e.valid() || e.id >= events_) misuse("wait: event {} was not recorded here", e.id);
   if (events_ - e.id > kEventRing)
     misuse("wait: event {} is older than the last {} events and was recycled", e.id, kEventRing);
   cudaEvent_t ev = state_->events[static_cast<std::size_t>(e.id % kEventRing)];
-  if (ev != nullptr)
-    check(cudaStreamWaitEvent(state_->streams[static_cast<std::size_t>(s.id)], ev, 0), "wait");
+  if (ev != nullptr) check(cudaStreamWaitEvent(stream, ev, 0), "wait");
 }
 
 Event CudaBackend::timed_event(Stream s) {
-  if (s.id < 0 || s.id >= static_cast<int>(state_->streams.size()))
-    misuse("timed_event: stream {} was not created here", s.id);
+  const cudaStream_t stream = stream_of(*state_, s, "timed_event");
   const std::int64_t id = timed_events_++;
-  const auto slot = static_cast<std::size_t>(id % kTimingRing);
-  if (state_->timing.size() <= slot) state_->timing.resize(slot + 1, nullptr);
-  cudaEvent_t& e = state_->timing[slot];
+  cudaEvent_t& e = ring_slot(state_->timing, id, kTimingRing);
   if (e == nullptr) check(cudaEventCreate(&e), "timed_event");  // timing enabled
-  if (e != nullptr) check(cudaEventRecord(e, state_->streams[static_cast<std::size_t>(s.id)]), "timed_event");
+  if (e != nullptr) check(cudaEventRecord(e, stream), "timed_event");
   return Event{id};
 }
 

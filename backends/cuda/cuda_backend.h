@@ -155,6 +155,10 @@ class CudaBackend final : public Backend {
   void reduce(std::span<const Tensor> xs, Tensor& out, bool squares, float scale, bool accumulate,
               std::string_view op);
   void* stream_handle() const;  // the current cudaStream_t
+  // Both writes: host values of type T into dst, copied as they are when dst's dtype is `as_is`,
+  // else converted (int32 ids through float, as the cpu backend converts them).
+  template <class T>
+  void write_host(Tensor& dst, std::span<const T> host, DType as_is);
   // op's causal flag, bias and mask (W windows) as the attention kernels take
   // them; a bias is first converted, heads first in f32, into scratch that
   // `bias_scratch` receives (to release after the kernel; untouched without one).
@@ -169,6 +173,10 @@ class CudaBackend final : public Backend {
   void check(int cuda_status, std::string_view op);
   Status sticky() const;
   void check_member(const Group& g, std::string_view op) const;
+  // What reduce_scatter and all_gather share: the member check, `problem` (their blocks check)
+  // as misuse, and a plain copy on a group of one; false when nothing is left to launch.
+  bool blocks_to_launch(const Tensor& in, Tensor& out, const Group& g, std::string_view op,
+                        const std::string& problem);
   int nccl_dtype(const Tensor& t, std::string_view op) const;
   void track(std::string op, const Group& g);
   // send (sending) or recv of x with `peer` on the world communicator, as one ncclSend or ncclRecv.

@@ -71,16 +71,22 @@ void CudaBackend::all_reduce(Tensor& x, const Group& g, ReduceOp op) {
           (n - own + (G - 1) * own) * static_cast<std::int64_t>(dtype_size(x.dtype())));
 }
 
+bool CudaBackend::blocks_to_launch(const Tensor& in, Tensor& out, const Group& g, std::string_view op,
+                                   const std::string& problem) {
+  check_member(g, op);
+  if (!problem.empty()) misuse("{}", problem);
+  if (failed()) return false;
+  if (g.size() == 1) {
+    copy(in, out);
+    return false;
+  }
+  return true;
+}
+
 void CudaBackend::reduce_scatter(const Tensor& in, Tensor& out, const Group& g, ReduceOp op) {
   const void* pi = ptr(in, "reduce_scatter");
   void* po = ptr(out, "reduce_scatter");
-  check_member(g, "reduce_scatter");
-  if (auto problem = reduce_scatter_problem(in, out, g); !problem.empty()) misuse("{}", problem);
-  if (failed()) return;
-  if (g.size() == 1) {
-    copy(in, out);
-    return;
-  }
+  if (!blocks_to_launch(in, out, g, "reduce_scatter", reduce_scatter_problem(in, out, g))) return;
   const auto type = static_cast<ncclDataType_t>(nccl_dtype(in, "reduce_scatter"));
   MT_NCCL("reduce_scatter", g,
           ncclReduceScatter(pi, po, static_cast<std::size_t>(out.numel()), type, nccl_op(op), comm,
@@ -91,13 +97,7 @@ void CudaBackend::reduce_scatter(const Tensor& in, Tensor& out, const Group& g, 
 void CudaBackend::all_gather(const Tensor& in, Tensor& out, const Group& g) {
   const void* pi = ptr(in, "all_gather");
   void* po = ptr(out, "all_gather");
-  check_member(g, "all_gather");
-  if (auto problem = all_gather_problem(in, out, g); !problem.empty()) misuse("{}", problem);
-  if (failed()) return;
-  if (g.size() == 1) {
-    copy(in, out);
-    return;
-  }
+  if (!blocks_to_launch(in, out, g, "all_gather", all_gather_problem(in, out, g))) return;
   const auto type = static_cast<ncclDataType_t>(nccl_dtype(in, "all_gather"));
   MT_NCCL("all_gather", g,
           ncclAllGather(pi, po, static_cast<std::size_t>(in.numel()), type, comm, MT_STREAM),

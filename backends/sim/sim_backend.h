@@ -140,6 +140,10 @@ class SimBackend final : public Backend {
   // backends/op_table.h counts for them, under the op's cost name.
   void charge(const OpInfo& op, std::initializer_list<const Tensor*> tensors);
   void charge(const OpInfo& op, const OpArgs& args);
+  // check() each of `checked` (by default every tensor), then charge op `op` on `tensors`.
+  void checked_charge(const char* op, std::initializer_list<const Tensor*> tensors);
+  void checked_charge(const char* op, std::initializer_list<const Tensor*> checked,
+                      std::initializer_list<const Tensor*> tensors);
   // A fused attention task of `info`'s work on `tensors` at `dtype`.
   void fused_attention(const OpInfo& info, const OpArgs& args, DType dtype);
   // The memory-bound part of an attention with a bias or mask (AttentionOp).

@@ -1,8 +1,6 @@
 // What the sim backend's source files share and its users do not.
 #pragma once
 
-#include <fmt/format.h>
-
 #include <cstdint>
 
 #include "backends/misuse.h"
@@ -22,10 +20,7 @@ struct SimBackend::Accounting {
 
 namespace sim_internal {
 
-template <class... Args>
-[[noreturn]] void misuse(fmt::format_string<Args...> f, Args&&... args) {
-  abort_misuse("sim", fmt::format(f, std::forward<Args>(args)...));
-}
+inline constexpr Misuse<"sim"> misuse;
 
 // Simulated picoseconds as the reports' seconds. Dividing by kSecond (not
 // sim::to_seconds's multiplication by 1e-12) keeps every reported figure

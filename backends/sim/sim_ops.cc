@@ -57,9 +57,17 @@ void SimBackend::charge(const OpInfo& op, const OpArgs& args) {
   compute(op_name(op.cost_name), cluster_.cost_.memory_bound(c.bytes, op.cost_name));
 }
 
+void SimBackend::checked_charge(const char* op, std::initializer_list<const Tensor*> tensors) {
+  checked_charge(op, tensors, tensors);
+}
+void SimBackend::checked_charge(const char* op, std::initializer_list<const Tensor*> checked,
+                                std::initializer_list<const Tensor*> tensors) {
+  for (const Tensor* t : checked) check(*t, op);
+  charge(op_info(op), tensors);
+}
+
 void SimBackend::fill(Tensor& x, float) {
-  check(x, "fill");
-  charge(op_info("fill"), {&x});
+  checked_charge("fill", {&x});
 }
 void SimBackend::copy(const Tensor& src, Tensor& dst) {
   check(src, "copy"), check(dst, "copy");
@@ -81,24 +89,19 @@ void SimBackend::cast(const Tensor& src, Tensor& dst) {
   charge(op_info("cast"), {&src, &dst});
 }
 void SimBackend::add(const Tensor& a, const Tensor& b, Tensor& out) {
-  check(a, "add"), check(b, "add"), check(out, "add");
-  charge(op_info("add"), {&a, &b, &out});
+  checked_charge("add", {&a, &b, &out});
 }
 void SimBackend::scale(Tensor& x, float) {
-  check(x, "scale");
-  charge(op_info("scale"), {&x});
+  checked_charge("scale", {&x});
 }
 void SimBackend::axpy(float, const Tensor& x, Tensor& y) {
-  check(x, "axpy"), check(y, "axpy");
-  charge(op_info("axpy"), {&x, &y});
+  checked_charge("axpy", {&x, &y});
 }
 void SimBackend::sum(const Tensor& x, Tensor& out, float, bool) {
-  check(x, "sum"), check(out, "sum");
-  charge(op_info("sum"), {&x, &out});
+  checked_charge("sum", {&x, &out});
 }
 void SimBackend::sum_squares(const Tensor& x, Tensor& out, bool) {
-  check(x, "sum_squares"), check(out, "sum_squares");
-  charge(op_info("sum_squares"), {&x, &out});
+  checked_charge("sum_squares", {&x, &out});
 }
 
 void SimBackend::fp8_cast(const Tensor& x, const Fp8CastOp& op, Tensor& y, Tensor& amax) {
@@ -160,15 +163,12 @@ void SimBackend::batched_gemm(const Tensor& a, const Tensor& b, Tensor& c, const
   compute(op_name("batched_gemm"), cluster_.cost_.gemm(d.m, d.n, d.k, compute_dtype(a.dtype()), d.batch));
 }
 void SimBackend::bias_backward(const Tensor& dy, Tensor& db) {
-  check(dy, "bias_backward"), check(db, "bias_backward");
-  charge(op_info("bias_backward"), {&dy, &db});
+  checked_charge("bias_backward", {&dy, &db});
 }
 
 void SimBackend::embedding_forward(const Tensor& table, const Tensor& ids, Tensor& out,
                                    std::int64_t) {
-  check(table, "embedding_forward"), check(ids, "embedding_forward"),
-      check(out, "embedding_forward");
-  charge(op_info("embedding_forward"), {&table, &ids, &out});
+  checked_charge("embedding_forward", {&table, &ids, &out});
 }
 
 // One op under the per-tensor op's name, timed by the bytes of all its tensors.
@@ -185,8 +185,7 @@ void SimBackend::sign_compress(const Tensor& x, Tensor& error, Tensor& packets) 
   charge(op_info("sign_compress"), {&x, &error, &packets});
 }
 void SimBackend::sign_decompress(const Tensor& packets, Tensor& out) {
-  check(packets, "sign_decompress"), check(out, "sign_decompress");
-  charge(op_info("sign_decompress"), {&packets, &out});
+  checked_charge("sign_decompress", {&packets, &out});
 }
 
 void SimBackend::foreach_adamw(std::span<const AdamWTensors> params, const Tensor& coef, const AdamWOp&) {
@@ -207,81 +206,65 @@ void SimBackend::foreach_adamw(std::span<const AdamWTensors> params, const Tenso
 }
 
 void SimBackend::gather_rows(const Tensor& src, const Tensor& index, Tensor& out) {
-  check(src, "gather_rows"), check(index, "gather_rows"), check(out, "gather_rows");
-  charge(op_info("gather_rows"), {&src, &index, &out});
+  checked_charge("gather_rows", {&src, &index, &out});
 }
 void SimBackend::moe_route(const Tensor& logits, bool, Tensor& probs, Tensor& lse, Tensor& weights,
                            Tensor& experts) {
-  check(logits, "moe_route"), check(probs, "moe_route"), check(experts, "moe_route");
-  charge(op_info("moe_route"), {&logits, &probs, &lse, &weights, &experts});
+  checked_charge("moe_route", {&logits, &probs, &experts}, {&logits, &probs, &lse, &weights, &experts});
 }
 void SimBackend::moe_route_backward(const Tensor& dweights, const Tensor& probs, const Tensor& lse,
                                     const Tensor& experts, const Tensor& prob_grad, float, bool, Tensor& dlogits) {
-  check(probs, "moe_route_backward"), check(dlogits, "moe_route_backward");
-  charge(op_info("moe_route_backward"), {&dweights, &probs, &lse, &experts, &prob_grad, &dlogits});
+  checked_charge("moe_route_backward", {&probs, &dlogits},
+                 {&dweights, &probs, &lse, &experts, &prob_grad, &dlogits});
 }
 void SimBackend::moe_combine(const Tensor& rows, const Tensor& index, const Tensor& weights, Tensor& out) {
-  check(rows, "moe_combine"), check(index, "moe_combine"), check(out, "moe_combine");
-  charge(op_info("moe_combine"), {&rows, &index, &weights, &out});
+  checked_charge("moe_combine", {&rows, &index, &out}, {&rows, &index, &weights, &out});
 }
 void SimBackend::moe_combine_backward(const Tensor& dout, const Tensor& rows, const Tensor& index,
                                       const Tensor& weights, Tensor& drows, Tensor& dweights) {
-  check(dout, "moe_combine_backward"), check(drows, "moe_combine_backward");
-  charge(op_info("moe_combine_backward"), {&dout, &rows, &index, &weights, &drows, &dweights});
+  checked_charge("moe_combine_backward", {&dout, &drows},
+                 {&dout, &rows, &index, &weights, &drows, &dweights});
 }
 void SimBackend::embedding_backward(const Tensor& dout, const Tensor& ids, Tensor& dtable,
                                     std::int64_t) {
-  check(dout, "embedding_backward"), check(ids, "embedding_backward"),
-      check(dtable, "embedding_backward");
-  charge(op_info("embedding_backward"), {&dout, &ids, &dtable});
+  checked_charge("embedding_backward", {&dout, &ids, &dtable});
 }
 
 void SimBackend::layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                    Tensor& out, Tensor& mean, Tensor& rstd, float) {
-  check(x, "layernorm_forward"), check(out, "layernorm_forward");
-  charge(op_info("layernorm_forward"), {&x, &weight, &bias, &out, &mean, &rstd});
+  checked_charge("layernorm_forward", {&x, &out}, {&x, &weight, &bias, &out, &mean, &rstd});
 }
 void SimBackend::layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight,
                                     const Tensor& mean, const Tensor& rstd, Tensor& dx,
                                     Tensor& dweight, Tensor& dbias) {
-  check(dout, "layernorm_backward"), check(dx, "layernorm_backward");
-  charge(op_info("layernorm_backward"),
-            {&dout, &x, &weight, &mean, &rstd, &dx, &dweight, &dbias});
+  checked_charge("layernorm_backward", {&dout, &dx}, {&dout, &x, &weight, &mean, &rstd, &dx, &dweight, &dbias});
 }
 void SimBackend::rmsnorm_forward(const Tensor& x, const Tensor& weight, Tensor& out, Tensor& rstd,
                                  float) {
-  check(x, "rmsnorm_forward"), check(out, "rmsnorm_forward");
-  charge(op_info("rmsnorm_forward"), {&x, &weight, &out, &rstd});
+  checked_charge("rmsnorm_forward", {&x, &out}, {&x, &weight, &out, &rstd});
 }
 void SimBackend::rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight,
                                   const Tensor& rstd, Tensor& dx, Tensor& dweight) {
-  check(dout, "rmsnorm_backward"), check(dx, "rmsnorm_backward");
-  charge(op_info("rmsnorm_backward"), {&dout, &x, &weight, &rstd, &dx, &dweight});
+  checked_charge("rmsnorm_backward", {&dout, &dx}, {&dout, &x, &weight, &rstd, &dx, &dweight});
 }
 
 void SimBackend::gelu_forward(const Tensor& x, Tensor& out) {
-  check(x, "gelu_forward"), check(out, "gelu_forward");
-  charge(op_info("gelu_forward"), {&x, &out});
+  checked_charge("gelu_forward", {&x, &out});
 }
 void SimBackend::gelu_backward(const Tensor& dout, const Tensor& x, Tensor& dx) {
-  check(dout, "gelu_backward"), check(dx, "gelu_backward");
-  charge(op_info("gelu_backward"), {&dout, &x, &dx});
+  checked_charge("gelu_backward", {&dout, &dx}, {&dout, &x, &dx});
 }
 void SimBackend::swiglu_forward(const Tensor& x, Tensor& out) {
-  check(x, "swiglu_forward"), check(out, "swiglu_forward");
-  charge(op_info("swiglu_forward"), {&x, &out});
+  checked_charge("swiglu_forward", {&x, &out});
 }
 void SimBackend::swiglu_backward(const Tensor& dout, const Tensor& x, Tensor& dx) {
-  check(dout, "swiglu_backward"), check(dx, "swiglu_backward");
-  charge(op_info("swiglu_backward"), {&dout, &x, &dx});
+  checked_charge("swiglu_backward", {&dout, &dx}, {&dout, &x, &dx});
 }
 void SimBackend::dropout_forward(const Tensor& x, Tensor& out, const DropoutOp&) {
-  check(x, "dropout_forward"), check(out, "dropout_forward");
-  charge(op_info("dropout_forward"), {&x, &out});
+  checked_charge("dropout_forward", {&x, &out});
 }
 void SimBackend::dropout_backward(const Tensor& dout, Tensor& dx, const DropoutOp&) {
-  check(dout, "dropout_backward"), check(dx, "dropout_backward");
-  charge(op_info("dropout_backward"), {&dout, &dx});
+  checked_charge("dropout_backward", {&dout, &dx});
 }
 
 void SimBackend::rope(Tensor& x, int heads_total, int rotate_heads, float, bool, std::int64_t) {
@@ -324,9 +307,7 @@ void SimBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
 }
 
 void SimBackend::attention_merge(Tensor& out, Tensor& lse, const Tensor& part_out, const Tensor& part_lse) {
-  check(out, "attention_merge"), check(lse, "attention_merge"), check(part_out, "attention_merge");
-  check(part_lse, "attention_merge");
-  charge(op_info("attention_merge"), {&out, &lse, &part_out, &part_lse});
+  checked_charge("attention_merge", {&out, &lse, &part_out, &part_lse});
 }
 
 void SimBackend::fused_attention(const OpInfo& info, const OpArgs& args, DType dtype) {
@@ -371,41 +352,34 @@ void SimBackend::unfused_attention(std::int64_t bh, std::int64_t seq, std::int64
 }
 
 void SimBackend::cross_entropy_max(const Tensor& logits, Tensor& row_max) {
-  check(logits, "cross_entropy_max"), check(row_max, "cross_entropy_max");
-  charge(op_info("cross_entropy_max"), {&logits, &row_max});
+  checked_charge("cross_entropy_max", {&logits, &row_max});
 }
 void SimBackend::cross_entropy_partials(const Tensor& logits, const Tensor& targets,
                                         const Tensor& row_max, std::int64_t, Tensor& sumexp,
                                         Tensor& target_logit) {
-  check(logits, "cross_entropy_partials"), check(sumexp, "cross_entropy_partials");
-  charge(op_info("cross_entropy_partials"),
-            {&logits, &targets, &row_max, &sumexp, &target_logit});
+  checked_charge("cross_entropy_partials", {&logits, &sumexp}, {&logits, &targets, &row_max, &sumexp, &target_logit});
 }
 void SimBackend::cross_entropy_loss(const Tensor& row_max, const Tensor& sumexp,
                                     const Tensor& target_logit, Tensor& losses) {
-  check(row_max, "cross_entropy_loss"), check(losses, "cross_entropy_loss");
-  charge(op_info("cross_entropy_loss"), {&row_max, &sumexp, &target_logit, &losses});
+  checked_charge("cross_entropy_loss", {&row_max, &losses}, {&row_max, &sumexp, &target_logit, &losses});
 }
 void SimBackend::cross_entropy_accuracy(const Tensor& row_max, const Tensor& target_logit, Tensor& correct,
                                         bool) {
-  check(row_max, "cross_entropy_accuracy"), check(correct, "cross_entropy_accuracy");
-  charge(op_info("cross_entropy_accuracy"), {&row_max, &target_logit, &correct});
+  checked_charge("cross_entropy_accuracy", {&row_max, &correct}, {&row_max, &target_logit, &correct});
 }
 void SimBackend::cross_entropy_backward(const Tensor& logits, const Tensor& targets,
                                         const Tensor& row_max, const Tensor& sumexp, std::int64_t,
                                         float, Tensor& dlogits) {
-  check(logits, "cross_entropy_backward"), check(dlogits, "cross_entropy_backward");
-  charge(op_info("cross_entropy_backward"), {&logits, &targets, &row_max, &sumexp, &dlogits});
+  checked_charge("cross_entropy_backward", {&logits, &dlogits},
+                 {&logits, &targets, &row_max, &sumexp, &dlogits});
 }
 
 void SimBackend::clip_coefficient(const Tensor& sumsq, float, Tensor& coef) {
-  check(sumsq, "clip_coefficient"), check(coef, "clip_coefficient");
-  charge(op_info("clip_coefficient"), {&sumsq, &coef});
+  checked_charge("clip_coefficient", {&sumsq, &coef});
 }
 void SimBackend::adamw(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const Tensor& coef,
                        const AdamWOp&) {
-  check(param, "adamw"), check(grad, "adamw"), check(m, "adamw"), check(v, "adamw");
-  charge(op_info("adamw"), {&param, &grad, &m, &v, &coef});
+  checked_charge("adamw", {&param, &grad, &m, &v}, {&param, &grad, &m, &v, &coef});
 }
 
 }  // namespace meshtrain

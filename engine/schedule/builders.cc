@@ -33,6 +33,28 @@ Action compute(Action::Kind kind, int rank, int chunk, int microbatch) {
   return Action{kind, rank, chunk, microbatch};
 }
 
+// A schedule of one chunk per stage (`name` in its message), rank r's row filled by fill_row(row, r).
+template <class FillRow>
+Result<Schedule> single_chunk_schedule(const PipelineLayout& layout, std::string_view name, FillRow fill_row) {
+  MT_TRY(check_single_chunk(layout, name));
+  Schedule s = empty_schedule(layout);
+  for (int r = 0; r < layout.stages; ++r) fill_row(s.ranks[static_cast<size_t>(r)], r);
+  return s;
+}
+
+// 1F1B's order on rank r: the warm-up forwards, then a forward and a backward in turn, then the
+// remaining backwards; backward(j) appends micro-batch j's backward work.
+template <class Backward>
+void one_f_one_b_row(std::vector<Action>& row, const PipelineLayout& layout, int r, Backward backward) {
+  const int m = layout.microbatches, warmup = std::min(layout.stages - r - 1, m);
+  for (int j = 0; j < warmup; ++j) row.push_back(compute(Action::forward, r, 0, j));
+  for (int i = 0; i < m - warmup; ++i) {
+    row.push_back(compute(Action::forward, r, 0, warmup + i));
+    backward(i);
+  }
+  for (int j = m - warmup; j < m; ++j) backward(j);
+}
+
 }  // namespace
 
 Result<ScheduleKind> parse_schedule_kind(std::string_view name) {
@@ -59,54 +81,29 @@ std::string_view schedule_kind_name(ScheduleKind kind) {
 }
 
 Result<Schedule> build_gpipe(const PipelineLayout& layout) {
-  MT_TRY(check_single_chunk(layout, "GPipe"));
-  Schedule s = empty_schedule(layout);
-  for (int r = 0; r < layout.stages; ++r) {
-    auto& row = s.ranks[static_cast<size_t>(r)];
+  return single_chunk_schedule(layout, "GPipe", [&](std::vector<Action>& row, int r) {
     for (int j = 0; j < layout.microbatches; ++j) row.push_back(compute(Action::forward, r, 0, j));
     for (int j = 0; j < layout.microbatches; ++j) row.push_back(compute(Action::backward, r, 0, j));
-  }
-  return s;
+  });
 }
 
 Result<Schedule> build_1f1b(const PipelineLayout& layout) {
-  MT_TRY(check_single_chunk(layout, "1F1B"));
-  const int p = layout.stages, m = layout.microbatches;
-  Schedule s = empty_schedule(layout);
-  for (int r = 0; r < p; ++r) {
-    auto& row = s.ranks[static_cast<size_t>(r)];
-    const int warmup = std::min(p - r - 1, m);
-    for (int j = 0; j < warmup; ++j) row.push_back(compute(Action::forward, r, 0, j));
-    for (int i = 0; i < m - warmup; ++i) {
-      row.push_back(compute(Action::forward, r, 0, warmup + i));
-      row.push_back(compute(Action::backward, r, 0, i));
-    }
-    for (int j = m - warmup; j < m; ++j) row.push_back(compute(Action::backward, r, 0, j));
-  }
-  return s;
+  return single_chunk_schedule(layout, "1F1B", [&](std::vector<Action>& row, int r) {
+    one_f_one_b_row(row, layout, r, [&](int j) { row.push_back(compute(Action::backward, r, 0, j)); });
+  });
 }
 
 Result<Schedule> build_zb_h1(const PipelineLayout& layout) {
-  MT_TRY(check_single_chunk(layout, "ZB-H1"));
-  const int p = layout.stages, m = layout.microbatches;
-  Schedule s = empty_schedule(layout);
-  for (int r = 0; r < p; ++r) {
-    auto& row = s.ranks[static_cast<size_t>(r)];
-    const int warmup = std::min(p - r - 1, m);
+  const int m = layout.microbatches;
+  return single_chunk_schedule(layout, "ZB-H1", [&](std::vector<Action>& row, int r) {
     // W of micro-batch j follows B of micro-batch j + r.
     auto backward = [&](int j) {
       row.push_back(compute(Action::backward, r, 0, j));
       if (j - r >= 0) row.push_back(compute(Action::weight, r, 0, j - r));
     };
-    for (int j = 0; j < warmup; ++j) row.push_back(compute(Action::forward, r, 0, j));
-    for (int i = 0; i < m - warmup; ++i) {
-      row.push_back(compute(Action::forward, r, 0, warmup + i));
-      backward(i);
-    }
-    for (int j = m - warmup; j < m; ++j) backward(j);
+    one_f_one_b_row(row, layout, r, backward);
     for (int j = std::max(0, m - r); j < m; ++j) row.push_back(compute(Action::weight, r, 0, j));
-  }
-  return s;
+  });
 }
 
 int interleaved_warmup(const PipelineLayout& layout, int rank) {

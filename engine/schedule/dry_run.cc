@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,21 @@ struct State {
 
 enum class Outcome { ran, waits };
 
+// A prerequisite of a compute action: whether it holds, and what it is ("{a} runs before its {what}").
+struct Need {
+  bool met;
+  const char* what;
+};
+
+// Runs compute action `a` once (done(a) records it), after each of `needs`: the first unmet one is the error.
+Result<Outcome> run_once(Flags& done, const Action& a, std::initializer_list<Need> needs) {
+  if (done(a)) return make_error("{} runs twice", format_action(a));
+  for (const Need& n : needs)
+    if (!n.met) return make_error("{} runs before its {}", format_action(a), n.what);
+  done(a) = true;
+  return Outcome::ran;
+}
+
 // Runs `a` on rank `r` if it can; returns an Error if it never could.
 Result<Outcome> step_action(const PipelineLayout& layout, State& st, const Action& a,
                             std::vector<Action>& sends_this_step) {
@@ -90,31 +106,18 @@ Result<Outcome> step_action(const PipelineLayout& layout, State& st, const Actio
       return Outcome::ran;
     }
     case Action::forward: {
-      if (st.forwarded(a)) return make_error("{} runs twice", format_action(a));
       // The input of stage s is stage s-1's output: in memory when that stage
       // is on this rank, else only through a receive already done.
       const bool has_input = s == 0 || (layout.stages == 1 ? st.forwarded(s - 1, j) : st.act_in(a));
-      if (!has_input)
-        return make_error("{} runs before its input activation arrived", format_action(a));
-      st.forwarded(a) = true;
-      return Outcome::ran;
+      return run_once(st.forwarded, a, {{has_input, "input activation arrived"}});
     }
     case Action::backward: {
-      if (st.backwarded(a)) return make_error("{} runs twice", format_action(a));
-      if (!st.forwarded(a)) return make_error("{} runs before its forward", format_action(a));
       const bool has_grad =
           s == last || (layout.stages == 1 ? st.backwarded(s + 1, j) : st.grad_in(a));
-      if (!has_grad)
-        return make_error("{} runs before its output gradient arrived", format_action(a));
-      st.backwarded(a) = true;
-      return Outcome::ran;
+      return run_once(st.backwarded, a, {{st.forwarded(a), "forward"}, {has_grad, "output gradient arrived"}});
     }
-    case Action::weight: {
-      if (st.weighted(a)) return make_error("{} runs twice", format_action(a));
-      if (!st.backwarded(a)) return make_error("{} runs before its backward", format_action(a));
-      st.weighted(a) = true;
-      return Outcome::ran;
-    }
+    case Action::weight:
+      return run_once(st.weighted, a, {{st.backwarded(a), "backward"}});
   }
   return Outcome::waits;
 }

@@ -1,8 +1,8 @@
 // What the fault-injection tests (threads and MPI) share: the CLI tests'
 // scratch files and training text (tests/tracing/cli_scratch.h), the
-// training command, the metrics lines a run wrote, and the checks that a run fails naming its
-// fault, that rank 1 is reported as the straggler, and that a run resumes
-// from its last checkpoint.
+// training command (and its checkpointed form), the metrics lines a run
+// wrote, and the checks that a run fails naming its fault, that rank 1 is
+// reported as the straggler, and that a run resumes from its last checkpoint.
 #pragma once
 
 #include <filesystem>
@@ -29,6 +29,22 @@ inline std::vector<nlohmann::json> metrics_lines(const std::filesystem::path& p)
   std::ifstream in(p);
   for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
   return out;
+}
+
+// fault_train with two data-parallel ranks over 6 steps, checkpointing every 2 into scratch
+// directory `name`, each collective timing out after 2 s: the runs whose faults resume.
+inline std::string checkpointed_train(const std::string& name) {
+  return fault_train(" --dp 2 --steps 6 --checkpoint " + trace_scratch(name).string() +
+                     " --checkpoint-every 2 --comm-timeout 2");
+}
+
+// The metrics lines of fault_train(flags), written to scratch file `name`; the run must succeed.
+inline std::vector<nlohmann::json> metrics_of_run(const std::string& name, const std::string& flags) {
+  const auto metrics = trace_scratch(name);
+  MeshtrainRun r = run_meshtrain(fault_train(flags + " --metrics " + metrics.string()));
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  return metrics_lines(metrics);
 }
 
 // `command` fails (status non-zero) and its output matches `names` (what it

@@ -18,9 +18,7 @@
 using namespace meshtrain::testing;
 
 TEST_CASE("under mpirun a rank killed mid-step is named and the last checkpoint resumes", "[train][faults][mpi]") {
-  const auto ckpt = trace_scratch("kill-ckpt");
-  const std::string common =
-      fault_train(" --dp 2 --steps 6 --checkpoint " + ckpt.string() + " --checkpoint-every 2 --comm-timeout 2");
+  const std::string common = checkpointed_train("kill-ckpt");
   check_fails_naming(common + " --fault-inject 1:exit:4",
                      Catch::Contains("rank 1 dies at step 4") && Catch::Contains("on group") &&
                          Catch::Contains("timed out after 2000 ms; still waiting for rank 1"));
@@ -34,12 +32,7 @@ TEST_CASE("under mpirun a frozen rank is named and the job ends", "[train][fault
 }
 
 TEST_CASE("under mpirun a slowed rank is named as the straggler", "[train][faults][mpi]") {
-  const auto metrics = trace_scratch("mpi-slow.jsonl");
-  MeshtrainRun r =
-      run_meshtrain(fault_train(" --dp 2 --steps 4 --metrics " + metrics.string() + " --fault-inject 1:slow:1:8"));
-  INFO(r.out);
-  REQUIRE(r.status == 0);
-  const auto lines = metrics_lines(metrics);
+  const auto lines = metrics_of_run("mpi-slow.jsonl", " --dp 2 --steps 4 --fault-inject 1:slow:1:8");
   REQUIRE(lines.size() == 4);
   for (const auto& j : lines) {
     if (j["step"] >= 2) check_rank_1_straggles(j);

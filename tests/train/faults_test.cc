@@ -13,12 +13,7 @@
 using namespace meshtrain::testing;
 
 TEST_CASE("a deliberately slowed rank is named as the straggler", "[train][faults]") {
-  const auto metrics = trace_scratch("slow.jsonl");
-  MeshtrainRun r =
-      run_meshtrain(fault_train(" --dp 2 --steps 5 --metrics " + metrics.string() + " --fault-inject 1:slow:2:8"));
-  INFO(r.out);
-  REQUIRE(r.status == 0);
-  const auto lines = metrics_lines(metrics);
+  const auto lines = metrics_of_run("slow.jsonl", " --dp 2 --steps 5 --fault-inject 1:slow:2:8");
   REQUIRE(lines.size() == 5);
   for (const auto& j : lines) {
     REQUIRE(j.contains("rank_compute_s"));
@@ -38,9 +33,7 @@ TEST_CASE("a deliberately slowed rank is named as the straggler", "[train][fault
 
 TEST_CASE("a rank that stops answering is named after the comm timeout and the last checkpoint resumes",
           "[train][faults]") {
-  const auto ckpt = trace_scratch("hang-ckpt");
-  const std::string common =
-      fault_train(" --dp 2 --steps 6 --checkpoint " + ckpt.string() + " --checkpoint-every 2 --comm-timeout 2");
+  const std::string common = checkpointed_train("hang-ckpt");
   const auto start = std::chrono::steady_clock::now();
   check_fails_naming(common + " --fault-inject 1:hang:4",
                      Catch::Contains("rank 1 stops answering at step 4") && Catch::Contains("on group") &&

@@ -50,6 +50,17 @@ struct InProcessHub::Call {
   std::span<const std::int64_t> recv_counts;
   std::vector<std::size_t> send_offsets;      // all_to_all: prefix sums of the counts
   std::vector<std::size_t> recv_offsets;
+
+  // A call of `kind` reading `in` and writing `out` (the same buffer for the in-place ones).
+  static Call over(Kind kind, std::span<const float> in, std::span<float> out) {
+    Call call;
+    call.kind = kind;
+    call.in = in.data();
+    call.in_n = in.size();
+    call.out = out.data();
+    call.out_n = out.size();
+    return call;
+  }
 };
 
 // The collective being assembled on one group. Collective number `completed+1`
@@ -371,12 +382,8 @@ Result<InProcessHub::GroupState*> InProcessCommunicator::group_state(const Group
 }
 
 Status InProcessCommunicator::all_reduce(std::span<float> data, const Group& g, ReduceOp op) {
-  InProcessHub::Call call;
-  call.kind = Kind::all_reduce;
+  auto call = InProcessHub::Call::over(Kind::all_reduce, data, data);
   call.op = op;
-  call.in = data.data();
-  call.out = data.data();
-  call.in_n = call.out_n = data.size();
   // As the MPI communicator: blocks n·j/G to their owners, then the own reduced block to the others.
   const auto G = static_cast<std::size_t>(g.size()), k = static_cast<std::size_t>(std::max(0, g.index_of(rank_)));
   const std::size_t own = data.size() * (k + 1) / G - data.size() * k / G;
@@ -390,13 +397,8 @@ Status InProcessCommunicator::reduce_scatter(std::span<const float> in, std::spa
     return fail(make_error("rank {}: reduce_scatter on {}: input has {} elements, expected {} ({} blocks of {})",
                            rank_, comm::describe(g), in.size(), out.size() * g.ranks.size(),
                            g.size(), out.size()));
-  InProcessHub::Call call;
-  call.kind = Kind::reduce_scatter;
+  auto call = InProcessHub::Call::over(Kind::reduce_scatter, in, out);
   call.op = op;
-  call.in = in.data();
-  call.in_n = in.size();
-  call.out = out.data();
-  call.out_n = out.size();
   count_sent((g.ranks.size() - 1) * out.size());
   return collective(g, call);
 }
@@ -407,12 +409,7 @@ Status InProcessCommunicator::all_gather(std::span<const float> in, std::span<fl
     return fail(make_error("rank {}: all_gather on {}: output has {} elements, expected {} ({} blocks of {})",
                            rank_, comm::describe(g), out.size(), in.size() * g.ranks.size(),
                            g.size(), in.size()));
-  InProcessHub::Call call;
-  call.kind = Kind::all_gather;
-  call.in = in.data();
-  call.in_n = in.size();
-  call.out = out.data();
-  call.out_n = out.size();
+  auto call = InProcessHub::Call::over(Kind::all_gather, in, out);
   count_sent((g.ranks.size() - 1) * in.size());
   return collective(g, call);
 }
@@ -421,12 +418,8 @@ Status InProcessCommunicator::broadcast(std::span<float> data, const Group& g, i
   if (g.index_of(root_global_rank) < 0)
     return fail(make_error("rank {}: broadcast on {}: root rank {} is not a member", rank_,
                            comm::describe(g), root_global_rank));
-  InProcessHub::Call call;
-  call.kind = Kind::broadcast;
+  auto call = InProcessHub::Call::over(Kind::broadcast, data, data);
   call.root = root_global_rank;
-  call.in = data.data();
-  call.out = data.data();
-  call.in_n = call.out_n = data.size();
   if (root_global_rank == rank_) count_sent((g.ranks.size() - 1) * data.size());
   return collective(g, call);
 }
@@ -436,8 +429,7 @@ Status InProcessCommunicator::all_to_all(std::span<const float> in,
                                          std::span<float> out,
                                          std::span<const std::int64_t> recv_counts,
                                          const Group& g) {
-  InProcessHub::Call call;
-  call.kind = Kind::all_to_all;
+  auto call = InProcessHub::Call::over(Kind::all_to_all, in, out);
   auto sends = comm::block_offsets(send_counts, in.size(), g.size(), "send_counts");
   auto recvs = comm::block_offsets(recv_counts, out.size(), g.size(), "recv_counts");
   for (auto* r : {&sends, &recvs})
@@ -446,10 +438,6 @@ Status InProcessCommunicator::all_to_all(std::span<const float> in,
                              r->error().message()));
   call.send_offsets = std::move(sends).value();
   call.recv_offsets = std::move(recvs).value();
-  call.in = in.data();
-  call.in_n = in.size();
-  call.out = out.data();
-  call.out_n = out.size();
   call.send_counts = send_counts;
   call.recv_counts = recv_counts;
   const int self = g.index_of(rank_);

@@ -261,6 +261,16 @@ Result<MPI_Comm> MpiCommunicator::begin(const Group& g, const std::string& where
   return sub_comm(g, where);
 }
 
+Result<MPI_Comm> MpiCommunicator::begin_blocks(const Group& g, const std::string& where, std::string_view op,
+                                              std::string_view whole_name, std::size_t whole, std::size_t block) {
+  MT_ASSIGN(MPI_Comm comm, begin(g, where, op, block));
+  const auto G = static_cast<std::size_t>(g.size());
+  if (whole != block * G)
+    return fail(make_error("{}: {} has {} elements, expected {} ({} blocks of {})", where, whole_name, whole,
+                           block * G, G, block));
+  return comm;
+}
+
 void MpiCommunicator::post_recv(std::vector<Pending>& pending, MPI_Comm comm, const Group& g,
                                 int member, float* buf, std::size_t n, int tag) {
   Pending& p = pending.emplace_back();
@@ -326,15 +336,12 @@ Status MpiCommunicator::all_reduce(std::span<float> data, const Group& g, Reduce
 Status MpiCommunicator::reduce_scatter(std::span<const float> in, std::span<float> out,
                                        const Group& g, ReduceOp op) {
   const std::string at = where("reduce_scatter", g);
-  MT_ASSIGN(MPI_Comm comm, begin(g, at, "reduce_scatter", out.size()));
+  MT_ASSIGN(MPI_Comm comm, begin_blocks(g, at, "reduce_scatter", "input", in.size(), out.size()));
+  if (auto nb = hierarchy(g, static_cast<double>(in.size_bytes())))
+    return hierarchical_reduce_scatter(in, out, g, op, comm, *nb, at);
   const auto G = static_cast<std::size_t>(g.size());
   const auto k = static_cast<std::size_t>(g.index_of(rank_));
   const std::size_t n = out.size();
-  if (in.size() != n * G)
-    return fail(make_error("{}: input has {} elements, expected {} ({} blocks of {})", at, in.size(),
-                           n * G, G, n));
-  if (auto nb = hierarchy(g, static_cast<double>(in.size_bytes())))
-    return hierarchical_reduce_scatter(in, out, g, op, comm, *nb, at);
   scratch_.resize(G * n);
   std::vector<Pending> pending;
   for (std::size_t j = 0; j < G; ++j) {
@@ -351,15 +358,12 @@ Status MpiCommunicator::reduce_scatter(std::span<const float> in, std::span<floa
 
 Status MpiCommunicator::all_gather(std::span<const float> in, std::span<float> out, const Group& g) {
   const std::string at = where("all_gather", g);
-  MT_ASSIGN(MPI_Comm comm, begin(g, at, "all_gather", in.size()));
+  MT_ASSIGN(MPI_Comm comm, begin_blocks(g, at, "all_gather", "output", out.size(), in.size()));
+  if (auto nb = hierarchy(g, static_cast<double>(out.size_bytes())))
+    return hierarchical_all_gather(in, out, g, comm, *nb, at);
   const auto G = static_cast<std::size_t>(g.size());
   const auto k = static_cast<std::size_t>(g.index_of(rank_));
   const std::size_t n = in.size();
-  if (out.size() != n * G)
-    return fail(make_error("{}: output has {} elements, expected {} ({} blocks of {})", at,
-                           out.size(), n * G, G, n));
-  if (auto nb = hierarchy(g, static_cast<double>(out.size_bytes())))
-    return hierarchical_all_gather(in, out, g, comm, *nb, at);
   std::vector<Pending> pending;
   for (std::size_t j = 0; j < G; ++j) {
     if (j == k) continue;

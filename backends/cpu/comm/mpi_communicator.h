@@ -121,6 +121,10 @@ class MpiCommunicator final : public Communicator {
   // returns the group's communicator.
   Result<MPI_Comm> begin(const Group& g, const std::string& where, std::string_view op,
                          std::size_t largest);
+  // begin() for reduce_scatter and all_gather, `block` elements per member, after checking that
+  // their `whole` (reduce_scatter's input, all_gather's output: `whole_name`) holds one block per member.
+  Result<MPI_Comm> begin_blocks(const Group& g, const std::string& where, std::string_view op,
+                                std::string_view whole_name, std::size_t whole, std::size_t block);
   // Post one message of a call on group communicator `comm`; `member` is a
   // group index.
   void post_recv(std::vector<Pending>& pending, MPI_Comm comm, const Group& g, int member,

@@ -14,6 +14,7 @@
 
 #include <bit>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 
 #include "backends/backend.h"
@@ -32,6 +33,15 @@ inline double u53_to_double(std::uint64_t x) {
   return hi * 0x1p26 + lo;
 }
 
+// coeffs[0]·z^(N-1) + ... + coeffs[N-1] by Horner's rule: each step p·z + c, the
+// order of operations the series' error bounds assume (a - b is a + (-b) exactly).
+template <std::size_t N>
+[[gnu::always_inline]] inline double horner(double z, const double (&coeffs)[N]) {
+  double p = coeffs[0];
+  for (std::size_t i = 1; i < N; ++i) p = p * z + coeffs[i];
+  return p;
+}
+
 // log(u) for normal u > 0: u = 2^e·m with m in [√2/2, √2), log m = 2·atanh(s),
 // s = (m - 1)/(m + 1), |s| <= 0.1716, as its series to s^21 (truncation
 // < 1e-18 relative). m - 1 is exact, so the result is accurate relative to
@@ -45,16 +55,9 @@ inline double log_poly(double u) {
   e = high ? e + 1.0 : e;
   const double f = m - 1.0;
   const double s = f / (2.0 + f), z = s * s;
-  double p = 2.0 / 21.0;
-  p = p * z + 2.0 / 19.0;
-  p = p * z + 2.0 / 17.0;
-  p = p * z + 2.0 / 15.0;
-  p = p * z + 2.0 / 13.0;
-  p = p * z + 2.0 / 11.0;
-  p = p * z + 2.0 / 9.0;
-  p = p * z + 2.0 / 7.0;
-  p = p * z + 2.0 / 5.0;
-  p = p * z + 2.0 / 3.0;
+  constexpr double kAtanh[] = {2.0 / 21.0, 2.0 / 19.0, 2.0 / 17.0, 2.0 / 15.0, 2.0 / 13.0,
+                               2.0 / 11.0, 2.0 / 9.0,  2.0 / 7.0,  2.0 / 5.0,  2.0 / 3.0};
+  const double p = horner(z, kAtanh);
   const double log_m = 2.0 * s + s * (z * p);
   return e * 0.6931471805599453 + log_m;
 }
@@ -67,24 +70,15 @@ inline double cos_poly(double x) {
   const double r = ((x - k * 0x1.921fb54400000p+0) - k * 0x1.0b4611a600000p-34) -
                    k * 0x1.3198a2e037073p-69;
   const double z = r * r;
-  double c = 1.0 / 20922789888000.0;  // 1/16!
-  c = c * z - 1.0 / 87178291200.0;
-  c = c * z + 1.0 / 479001600.0;
-  c = c * z - 1.0 / 3628800.0;
-  c = c * z + 1.0 / 40320.0;
-  c = c * z - 1.0 / 720.0;
-  c = c * z + 1.0 / 24.0;
-  c = c * z - 0.5;
-  c = c * z + 1.0;
-  double s = 1.0 / 355687428096000.0;  // 1/17!
-  s = s * z - 1.0 / 1307674368000.0;
-  s = s * z + 1.0 / 6227020800.0;
-  s = s * z - 1.0 / 39916800.0;
-  s = s * z + 1.0 / 362880.0;
-  s = s * z - 1.0 / 5040.0;
-  s = s * z + 1.0 / 120.0;
-  s = s * z - 1.0 / 6.0;
-  s = r + r * (z * s);
+  // (-1)^i / (2i)! and (-1)^i / (2i+1)!, from 1/16! and 1/17! down.
+  constexpr double kCos[] = {1.0 / 20922789888000.0, -1.0 / 87178291200.0, 1.0 / 479001600.0,
+                             -1.0 / 3628800.0,       1.0 / 40320.0,        -1.0 / 720.0,
+                             1.0 / 24.0,             -0.5,                 1.0};
+  constexpr double kSin[] = {1.0 / 355687428096000.0, -1.0 / 1307674368000.0, 1.0 / 6227020800.0,
+                             -1.0 / 39916800.0,       1.0 / 362880.0,         -1.0 / 5040.0,
+                             1.0 / 120.0,             -1.0 / 6.0};
+  const double c = horner(z, kCos);
+  const double s = r + r * (z * horner(z, kSin));
   // cos(kπ/2 + r) = cos r, -sin r, -cos r, sin r, cos r for k = 0, 1, 2, 3, 4.
   const double v = (k == 1.0 || k == 3.0) ? s : c;
   return (k == 1.0 || k == 2.0) ? -v : v;
