@@ -58,7 +58,10 @@ void check_fails_naming(const std::string& command, const Matcher& names) {
 }
 
 // A metrics line of a step after the slowdown of rank 1 began: the straggler
-// report names rank 1, computing more than twice the median.
+// report names rank 1, computing more than twice the median. The callers slow
+// rank 1 32x against the lower median (rank 0's compute): a ratio in one run,
+// with room for rank 0's compute to be inflated up to 16x by a loaded machine
+// (at 8x a busy 2-core run failed once).
 inline void check_rank_1_straggles(const nlohmann::json& j) {
   CHECK(j["slowest_rank"] == 1);
   CHECK(j["slowest_compute_s"].get<double>() > 2 * j["median_compute_s"].get<double>());

@@ -32,7 +32,7 @@ TEST_CASE("under mpirun a frozen rank is named and the job ends", "[train][fault
 }
 
 TEST_CASE("under mpirun a slowed rank is named as the straggler", "[train][faults][mpi]") {
-  const auto lines = metrics_of_run("mpi-slow.jsonl", " --dp 2 --steps 4 --fault-inject 1:slow:1:8");
+  const auto lines = metrics_of_run("mpi-slow.jsonl", " --dp 2 --steps 4 --fault-inject 1:slow:1:32");
   REQUIRE(lines.size() == 4);
   for (const auto& j : lines) {
     if (j["step"] >= 2) check_rank_1_straggles(j);

@@ -13,7 +13,7 @@
 using namespace meshtrain::testing;
 
 TEST_CASE("a deliberately slowed rank is named as the straggler", "[train][faults]") {
-  const auto lines = metrics_of_run("slow.jsonl", " --dp 2 --steps 5 --fault-inject 1:slow:2:8");
+  const auto lines = metrics_of_run("slow.jsonl", " --dp 2 --steps 5 --fault-inject 1:slow:2:32");
   REQUIRE(lines.size() == 5);
   for (const auto& j : lines) {
     REQUIRE(j.contains("rank_compute_s"));
@@ -27,7 +27,7 @@ TEST_CASE("a deliberately slowed rank is named as the straggler", "[train][fault
     CHECK(j["rank_comm_s"][0].get<double>() > j["rank_comm_s"][1].get<double>());
   }
   MeshtrainRun shown = run_meshtrain("train --data " + training_text() + " --model tiny --seq-len 64 --micro-batch 4"
-                                     " --warmup 1 --dp 2 --steps 3 --fault-inject 1:slow:1:8");
+                                     " --warmup 1 --dp 2 --steps 3 --fault-inject 1:slow:1:32");
   CHECK_THAT(shown.out, Catch::Contains("| slowest rank 1 +"));
 }
 
