@@ -2,6 +2,8 @@
 // this process by default, or as MPI processes under mpirun/srun) or on the
 // cuda backend (one rank per process: alone, or under mpirun/srun). With
 // --trace every rank's backend is wrapped in a TracingBackend.
+#include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 
@@ -183,7 +185,15 @@ Status finish_trace(Status status, const std::optional<TraceRecorder>& recorder,
   return status.ok() ? written : status;
 }
 
-Status run_train(TrainFlags f) {
+// The run's launch: MPI processes (under mpirun or srun, or --ranks mpi) or rank threads.
+struct TrainLaunch {
+  bool cuda = false, mpi = false;
+};
+
+// The flags checked against each other, the model and plan resolved (at
+// the launcher's world size under MPI), and everything refused that this
+// backend cannot train.
+Result<ModelAndPlan> resolve_training(TrainFlags& f, TrainLaunch& launch_out) {
   if (Status known = check_backend_name(f.backend); !known.ok())
     return Error(known.error().message() + "; the sim backend runs under `meshtrain simulate`");
   const bool cuda = f.backend == "cuda";
@@ -209,13 +219,17 @@ Status run_train(TrainFlags f) {
     return make_error("the cuda backend runs one rank per process, and this plan has {} ranks; launch "
                       "them with `mpirun -np {} meshtrain train ...` or srun",
                       mp.plan.world_size(), mp.plan.world_size());
-  install_stop_handlers();
-  last_words::set_checkpoint_dir(f.train.checkpoint_dir);
+  launch_out = {cuda, mpi};
+  return mp;
+}
+
+// The training options the flags leave to derive: progress, seed, FP8
+// emulation, the injected faults (checked against the world), the ranks'
+// launch and the communication timeout.
+Status set_train_options(TrainFlags& f, const ModelAndPlan& mp, bool mpi, std::chrono::milliseconds timeout) {
   f.train.progress = !f.quiet;
   f.train.step.seed = f.train.seed;
-  f.train.step.emulate_fp8 = mp.plan.precision == Precision::fp8;  // the cpu backend: cuda refused it above
-  const auto timeout = std::chrono::milliseconds(static_cast<long long>(f.comm_timeout_s * 1000));
-  const BackendRequest backends{.name = f.backend, .threads = f.threads, .comm_timeout = timeout};
+  f.train.step.emulate_fp8 = mp.plan.precision == Precision::fp8;  // the cpu backend: cuda refused it
   for (const std::string& spec : f.faults) {
     MT_ASSIGN(Fault fault, parse_fault(spec));
     if (fault.rank >= mp.plan.world_size())
@@ -226,68 +240,61 @@ Status run_train(TrainFlags f) {
   f.train.ranks_are_processes = mpi;
   f.train.rank_losses = std::make_shared<RankLosses>();
   f.train.comm_timeout = timeout;
-  std::optional<TraceRecorder> recorder;
-  if (!f.trace.empty()) recorder.emplace();
-  // Trains one rank on `b`, through a TracingBackend when tracing; the
-  // wrapper hands its events to the recorder when it goes out of scope here.
-  // Ranks whose memory is this machine's: the rank threads, or this MPI process (none on cuda).
-  const int host_ranks = cuda ? 0 : mpi ? 1 : mp.plan.world_size();
-  auto train_on = [&](Backend& b) -> Status {
-    Status status = ok_status();
-    if (!recorder) {
-      status = train_rank(b, mp.model, mp.plan, f.train);
-    } else {
-      TracingBackend traced(b, *recorder);
-      status = train_rank(traced, mp.model, mp.plan, f.train);
-    }
-    return explain_allocation_failure(std::move(status), f.train, mp.model, mp.plan, b.rank(), host_ranks);
-  };
+  return ok_status();
+}
 
-  if (mpi) {
-    MT_ASSIGN(auto env, MpiEnvironment::init(nullptr, nullptr));
-    if (env->world_size() != mp.plan.world_size())
-      return make_error("mpirun started {} processes, the plan needs tp·pp·dp·cp = {}", env->world_size(),
-                        mp.plan.world_size());
-    // After MPI_Init: a crash's line comes first, then Open MPI's backtrace. Only the ranks' lines can
-    // place a death in a step, since mpirun names the process but not where it was.
-    last_words::set_process_rank(env->rank());
-    last_words::announce_stops(true);
-    last_words::install_fatal_handlers();
-    std::optional<CheckpointLock> lock;  // rank 0 writes the checkpoints and holds their directory
-    if (env->rank() == 0) {
-      MT_TRY(check_train_options(f.train, mp.model, mp.plan, host_ranks));
-      MT_ASSIGN(const int tokenizer_pieces,
-                f.tokenizer.empty() ? Result<int>(0) : tokenizer_vocab(f.tokenizer, mp.model));
-      MT_ASSIGN(lock, claim_checkpoint(f.train));
-      if (lock) {
-        MT_ASSIGN(f.train.tokenizer, run_tokenizer(f.train, f.tokenizer, tokenizer_pieces));
-      }
-    }
-    // Rank 0 writes the one trace of every rank (mpi_trace.h).
-    // A failed rank must not leave its peers waiting: stop the whole job.
-    if (recorder && env->rank() == 0)
-      if (Status s = TraceRecorder::probe(f.trace); !s.ok()) abort_job(s.error());
-    auto rank = MpiRankBackend::create(backends);
-    if (!rank.ok()) abort_job(rank.error());
-    // The rank and the step a failure stopped at, as under threads.
-    Status trained = train_on(rank->backend());
-    if (!trained.ok()) trained.context(fmt::format("rank {}", env->rank()));
-    Status status = f.train.rank_losses->summarize(std::move(trained), f.train.steps);
-    std::string trace_sent;  // outlives abort_job: a send rank 0 never took may still read it
-    if (recorder) {
-      Status written = write_mpi_trace(*env, *recorder, f.trace, timeout, trace_sent);
-      if (status.ok()) status = std::move(written);
-    }
-    // A stop that every rank agreed on ends each rank alike; any other failure stops the job.
-    if (!status.ok() && stop_signal() == 0) abort_job(status.error());
-    return status;
-  }
+// The run's guards, then the checkpoint directory claimed and the tokenizer
+// run (by the one process that writes checkpoints).
+Status claim_run(TrainFlags& f, const ModelAndPlan& mp, int host_ranks, std::optional<CheckpointLock>& lock) {
   MT_TRY(check_train_options(f.train, mp.model, mp.plan, host_ranks));
   MT_ASSIGN(const int tokenizer_pieces, f.tokenizer.empty() ? Result<int>(0) : tokenizer_vocab(f.tokenizer, mp.model));
-  MT_ASSIGN(const std::optional<CheckpointLock> lock, claim_checkpoint(f.train));
+  MT_ASSIGN(lock, claim_checkpoint(f.train));
   if (lock) {
     MT_ASSIGN(f.train.tokenizer, run_tokenizer(f.train, f.tokenizer, tokenizer_pieces));
   }
+  return ok_status();
+}
+
+using TrainOn = std::function<Status(Backend&)>;
+
+// This process's rank of an MPI job. A failed rank must not leave its peers
+// waiting: any failure but an agreed stop ends the whole job.
+Status train_mpi(TrainFlags& f, const ModelAndPlan& mp, const BackendRequest& backends, int host_ranks,
+                 std::optional<TraceRecorder>& recorder, const TrainOn& train_on) {
+  MT_ASSIGN(auto env, MpiEnvironment::init(nullptr, nullptr));
+  if (env->world_size() != mp.plan.world_size())
+    return make_error("mpirun started {} processes, the plan needs tp·pp·dp·cp = {}", env->world_size(),
+                      mp.plan.world_size());
+  // After MPI_Init: a crash's line comes first, then Open MPI's backtrace. Only the ranks' lines can
+  // place a death in a step, since mpirun names the process but not where it was.
+  last_words::set_process_rank(env->rank());
+  last_words::announce_stops(true);
+  last_words::install_fatal_handlers();
+  std::optional<CheckpointLock> lock;  // rank 0 writes the checkpoints and holds their directory
+  if (env->rank() == 0) MT_TRY(claim_run(f, mp, host_ranks, lock));
+  // Rank 0 writes the one trace of every rank (mpi_trace.h).
+  if (recorder && env->rank() == 0)
+    if (Status s = TraceRecorder::probe(f.trace); !s.ok()) abort_job(s.error());
+  auto rank = MpiRankBackend::create(backends);
+  if (!rank.ok()) abort_job(rank.error());
+  // The rank and the step a failure stopped at, as under threads.
+  Status trained = train_on(rank->backend());
+  if (!trained.ok()) trained.context(fmt::format("rank {}", env->rank()));
+  Status status = f.train.rank_losses->summarize(std::move(trained), f.train.steps);
+  std::string trace_sent;  // outlives abort_job: a send rank 0 never took may still read it
+  if (recorder) {
+    Status written = write_mpi_trace(*env, *recorder, f.trace, backends.comm_timeout, trace_sent);
+    if (status.ok()) status = std::move(written);
+  }
+  if (!status.ok() && stop_signal() == 0) abort_job(status.error());
+  return status;
+}
+
+// Every rank in this process: one, or one thread per rank.
+Status train_threads(TrainFlags& f, const ModelAndPlan& mp, const BackendRequest& backends, int host_ranks,
+                     std::optional<TraceRecorder>& recorder, const TrainOn& train_on) {
+  std::optional<CheckpointLock> lock;
+  MT_TRY(claim_run(f, mp, host_ranks, lock));
   if (recorder) MT_TRY(TraceRecorder::probe(f.trace));
   // A crash names the rank thread it happened on (one rank: the process is it).
   if (mp.plan.world_size() == 1) last_words::set_process_rank(0);
@@ -303,6 +310,34 @@ Status run_train(TrainFlags f) {
   });
   status = f.train.rank_losses->summarize(std::move(status), f.train.steps);
   return finish_trace(std::move(status), recorder, f.trace);
+}
+
+Status run_train(TrainFlags f) {
+  TrainLaunch launch;
+  MT_ASSIGN(const ModelAndPlan mp, resolve_training(f, launch));
+  install_stop_handlers();
+  last_words::set_checkpoint_dir(f.train.checkpoint_dir);
+  const auto timeout = std::chrono::milliseconds(static_cast<long long>(f.comm_timeout_s * 1000));
+  MT_TRY(set_train_options(f, mp, launch.mpi, timeout));
+  const BackendRequest backends{.name = f.backend, .threads = f.threads, .comm_timeout = timeout};
+  std::optional<TraceRecorder> recorder;
+  if (!f.trace.empty()) recorder.emplace();
+  // Ranks whose memory is this machine's: the rank threads, or this MPI process (none on cuda).
+  const int host_ranks = launch.cuda ? 0 : launch.mpi ? 1 : mp.plan.world_size();
+  // Trains one rank on `b`, through a TracingBackend when tracing; the
+  // wrapper hands its events to the recorder when it goes out of scope here.
+  const TrainOn train_on = [&](Backend& b) -> Status {
+    Status status = ok_status();
+    if (!recorder) {
+      status = train_rank(b, mp.model, mp.plan, f.train);
+    } else {
+      TracingBackend traced(b, *recorder);
+      status = train_rank(traced, mp.model, mp.plan, f.train);
+    }
+    return explain_allocation_failure(std::move(status), f.train, mp.model, mp.plan, b.rank(), host_ranks);
+  };
+  return launch.mpi ? train_mpi(f, mp, backends, host_ranks, recorder, train_on)
+                    : train_threads(f, mp, backends, host_ranks, recorder, train_on);
 }
 
 constexpr IntRange kSteps{1, 1 << 30};
