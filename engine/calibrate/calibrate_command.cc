@@ -400,6 +400,93 @@ Status calibrate_cuda(const CalibrateFlags& f, Precision precision, const std::v
   return write_calibration(cal, f.out);
 }
 
+// The sharing levels kernels are measured at (--sharing, default 1 and 2), sorted and unique.
+Result<std::vector<int>> sharing_levels(const CalibrateFlags& f) {
+  std::vector<int> sharing = f.sharing.empty() ? std::vector<int>{1, 2} : f.sharing;
+  for (int s : sharing)
+    if (s < 1 || s > 64) return make_error("--sharing {} must be in [1, 64]", s);
+  std::sort(sharing.begin(), sharing.end());
+  sharing.erase(std::unique(sharing.begin(), sharing.end()), sharing.end());
+  return sharing;
+}
+
+// The shapes to measure: the --workload steps' own, the grid's unless
+// --no-grid, and the plain GEMMs the grouped ones are compared with.
+Result<calibrate::WorkloadShapes> shapes_to_measure(const CalibrateFlags& f, Precision precision, DType dtype) {
+  calibrate::WorkloadShapes shapes;
+  for (const std::string& w : f.workloads) {
+    MT_ASSIGN(calibrate::Workload wl, calibrate::parse_workload(w, "--workload"));
+    // Recording runs the workload's step on the sim backend with a real
+    // batch on the host: refuse a shape that cannot fit before that, from
+    // its widest activation (the logits, or the MLP's), as check_shapes_fit
+    // would after.
+    const ModelSpec& m = wl.model;
+    const double widest = std::max({static_cast<double>(m.vocab), static_cast<double>(m.ffn), 3.0 * m.hidden});
+    MT_TRY(check_host_memory(4.0 * 4 * static_cast<double>(wl.batch) * static_cast<double>(wl.seq) * widest,
+                             "measuring the largest --workload shape",
+                             "use a smaller micro-batch, sequence length or model in --workload"));
+    MT_TRY(calibrate::record_workload_shapes(wl.model, wl.batch, wl.seq, precision, shapes));
+  }
+  if (!f.no_grid) {
+    grid_shapes(f.quick, dtype, shapes.gemm, shapes.attention, shapes.ops);
+    const std::set<GroupedGemmShape> grid = calibrate::grouped_gemm_grid(f.quick, f.backend == "cuda", dtype);
+    shapes.grouped.insert(grid.begin(), grid.end());
+  }
+  const std::set<GemmShape> plain = calibrate::plain_gemms_of(shapes.grouped);
+  shapes.gemm.insert(plain.begin(), plain.end());
+  if (shapes.gemm.empty() && shapes.attention.empty() && shapes.ops.empty())
+    return make_error("--no-grid needs at least one --workload");
+  MT_TRY(check_shapes_fit(shapes.gemm, shapes.attention, shapes.ops));
+  return shapes;
+}
+
+// How each shape is sampled: --quick, and the median or (--statistic mean) the mean.
+Result<calibrate::Timing> timing_of(const CalibrateFlags& f) {
+  calibrate::Timing timing;
+  if (f.quick) timing = {5, 1e-3};
+  if (f.statistic != "median" && f.statistic != "mean")
+    return Error(unknown_name_message("--statistic", f.statistic, {"median", "mean"}));
+  timing.mean = f.statistic == "mean";
+  // A mean stands for the load only when each sample spans several
+  // scheduler slices (a few ms each): a sample of >= 20 ms does.
+  if (timing.mean) timing = {f.quick ? 3 : 5, 20e-3, true};
+  if (f.quick) timing.max_cold_bytes = 64.0 * (1 << 20);
+  return timing;
+}
+
+// Under mpirun: the collectives among the job's processes (transport "mpi"),
+// after rank 0 measured the rest; otherwise a note saying how to add them.
+Status measure_mpi_collectives(const CalibrateFlags& f, MpiEnvironment* env, const calibrate::Timing& timing,
+                               sim::Calibration& cal, ProgressLine& progress) {
+  if (!env) {
+    cal.machine.notes.push_back(
+        "mpi: not measured (not launched by mpirun; run `mpirun -np N meshtrain calibrate ...` "
+        "to add transport \"mpi\" collectives)");
+    return ok_status();
+  }
+  const bool leader = env->rank() == 0;
+  // Peers wait asleep while rank 0 measures the rest: blocked inside MPI
+  // they would busy-poll the cores the kernels are timed on (that made
+  // every kernel of an mpirun -np 2 calibration ~1.6x slower on 2 cores).
+  MT_TRY(env->barrier_asleep());
+  MT_ASSIGN(MpiRankBackend rank, MpiRankBackend::create({.name = "cpu", .threads = f.threads,
+                                                         .comm_timeout = std::chrono::hours(2)}));
+  Backend& b = rank.backend();
+  const std::vector<double> sizes = comm_sizes(f.quick);
+  auto show = [&](std::size_t done) {
+    if (leader) progress.show(fmt::format("collectives, {} MPI ranks", env->world_size()), done,
+                              sizes.size() * (env->world_size() == 2 ? 6 : 5));
+  };
+  if (env->world_size() < 2) {
+    cal.machine.notes.push_back("mpi: not measured (mpirun started a single process)");
+    return ok_status();
+  }
+  auto entries = calibrate::measure_collectives(b, world_group(env->world_size()), sizes, timing, "mpi", show);
+  if (!entries) abort_job(entries.error());
+  cal.collectives.insert(cal.collectives.end(), entries->begin(), entries->end());
+  return ok_status();
+}
+
 Status run_calibrate(const CalibrateFlags& f) {
   if (!f.profile.empty()) {
     if (f.calibration.empty())
@@ -417,49 +504,9 @@ Status run_calibrate(const CalibrateFlags& f) {
   const int max_ranks = f.max_ranks > 0 ? f.max_ranks : std::max(2, cores);
   if (max_ranks < 2 || max_ranks > 64)
     return make_error("--max-ranks {} must be in [2, 64]", max_ranks);
-  std::vector<int> sharing = f.sharing.empty() ? std::vector<int>{1, 2} : f.sharing;
-  for (int s : sharing)
-    if (s < 1 || s > 64) return make_error("--sharing {} must be in [1, 64]", s);
-  std::sort(sharing.begin(), sharing.end());
-  sharing.erase(std::unique(sharing.begin(), sharing.end()), sharing.end());
-
-  calibrate::WorkloadShapes shapes;
-  for (const std::string& w : f.workloads) {
-    MT_ASSIGN(calibrate::Workload wl, calibrate::parse_workload(w, "--workload"));
-    // Recording runs the workload's step on the sim backend with a real
-    // batch on the host: refuse a shape that cannot fit before that, from
-    // its widest activation (the logits, or the MLP's), as check_shapes_fit
-    // would after.
-    const ModelSpec& m = wl.model;
-    const double widest = std::max({static_cast<double>(m.vocab), static_cast<double>(m.ffn), 3.0 * m.hidden});
-    MT_TRY(check_host_memory(4.0 * 4 * static_cast<double>(wl.batch) * static_cast<double>(wl.seq) * widest,
-                             "measuring the largest --workload shape",
-                             "use a smaller micro-batch, sequence length or model in --workload"));
-    MT_TRY(calibrate::record_workload_shapes(wl.model, wl.batch, wl.seq, precision, shapes));
-  }
-  std::set<GemmShape>& gemm = shapes.gemm;
-  std::set<AttentionShape>& attention = shapes.attention;
-  std::set<OpShape>& ops = shapes.ops;
-  std::set<GroupedGemmShape>& grouped = shapes.grouped;
-  if (!f.no_grid) {
-    grid_shapes(f.quick, dtype, gemm, attention, ops);
-    const std::set<GroupedGemmShape> grid = calibrate::grouped_gemm_grid(f.quick, f.backend == "cuda", dtype);
-    grouped.insert(grid.begin(), grid.end());
-  }
-  const std::set<GemmShape> plain = calibrate::plain_gemms_of(grouped);
-  gemm.insert(plain.begin(), plain.end());
-  if (gemm.empty() && attention.empty() && ops.empty())
-    return make_error("--no-grid needs at least one --workload");
-  MT_TRY(check_shapes_fit(gemm, attention, ops));
-  calibrate::Timing timing;
-  if (f.quick) timing = {5, 1e-3};
-  if (f.statistic != "median" && f.statistic != "mean")
-    return Error(unknown_name_message("--statistic", f.statistic, {"median", "mean"}));
-  timing.mean = f.statistic == "mean";
-  // A mean stands for the load only when each sample spans several
-  // scheduler slices (a few ms each): a sample of >= 20 ms does.
-  if (timing.mean) timing = {f.quick ? 3 : 5, 20e-3, true};
-  if (f.quick) timing.max_cold_bytes = 64.0 * (1 << 20);
+  MT_ASSIGN(const std::vector<int> sharing, sharing_levels(f));
+  MT_ASSIGN(const calibrate::WorkloadShapes shapes, shapes_to_measure(f, precision, dtype));
+  MT_ASSIGN(const calibrate::Timing timing, timing_of(f));
 
   MT_ASSIGN(auto launch, detect_launch());
   std::unique_ptr<MpiEnvironment> env;
@@ -469,8 +516,8 @@ Status run_calibrate(const CalibrateFlags& f) {
   const bool leader = !env || env->rank() == 0;
 
   if (f.backend == "cuda")
-    return calibrate_cuda(f, precision, sorted(gemm), sorted(grouped), sorted(attention), sorted(ops), timing,
-                          env.get());
+    return calibrate_cuda(f, precision, sorted(shapes.gemm), sorted(shapes.grouped), sorted(shapes.attention),
+                          sorted(shapes.ops), timing, env.get());
   sim::Calibration cal;
   cal.precision = sim::DType::kFp32;  // precision_for_backend refused any other on the cpu backend
   cal.machine = describe_machine(f.backend);
@@ -478,39 +525,14 @@ Status run_calibrate(const CalibrateFlags& f) {
   ProgressLine progress;
   if (leader) {
     for (int s : sharing)
-      MT_TRY(measure_compute(s, sorted(gemm), sorted(grouped), sorted(attention), sorted(ops), timing, f.threads,
-                             cal, progress)
+      MT_TRY(measure_compute(s, sorted(shapes.gemm), sorted(shapes.grouped), sorted(shapes.attention),
+                             sorted(shapes.ops), timing, f.threads, cal, progress)
                  .context(fmt::format("measuring kernels with {} ranks sharing", s)));
     for (int n = 2; n <= max_ranks; ++n)
       MT_TRY(measure_threads(n, f.quick, timing, f.threads, cal, progress)
                  .context(fmt::format("measuring collectives among {} threads", n)));
   }
-  if (env) {
-    // Peers wait asleep while rank 0 measures the rest: blocked inside MPI
-    // they would busy-poll the cores the kernels are timed on (that made
-    // every kernel of an mpirun -np 2 calibration ~1.6x slower on 2 cores).
-    MT_TRY(env->barrier_asleep());
-    MT_ASSIGN(MpiRankBackend rank, MpiRankBackend::create({.name = "cpu", .threads = f.threads,
-                                                           .comm_timeout = std::chrono::hours(2)}));
-    Backend& b = rank.backend();
-    const std::vector<double> sizes = comm_sizes(f.quick);
-    auto show = [&](std::size_t done) {
-      if (leader) progress.show(fmt::format("collectives, {} MPI ranks", env->world_size()), done,
-                                sizes.size() * (env->world_size() == 2 ? 6 : 5));
-    };
-    if (env->world_size() >= 2) {
-      auto entries = calibrate::measure_collectives(b, world_group(env->world_size()), sizes,
-                                                    timing, "mpi", show);
-      if (!entries) abort_job(entries.error());
-      cal.collectives.insert(cal.collectives.end(), entries->begin(), entries->end());
-    } else {
-      cal.machine.notes.push_back("mpi: not measured (mpirun started a single process)");
-    }
-  } else {
-    cal.machine.notes.push_back(
-        "mpi: not measured (not launched by mpirun; run `mpirun -np N meshtrain calibrate ...` "
-        "to add transport \"mpi\" collectives)");
-  }
+  MT_TRY(measure_mpi_collectives(f, env.get(), timing, cal, progress));
   std::vector<std::string> levels;
   for (int s : sharing) levels.push_back(fmt::format("{} x {} thread(s)", s, cpu_threads_per_rank(f.threads, s)));
   cal.machine.notes.push_back(fmt::format(
