@@ -81,91 +81,107 @@ std::vector<ModuleBlocks> module_blocks(const ModelSpec& m) {
   return out;
 }
 
-Status run_info(const InfoFlags& f) {
-  MT_ASSIGN(ModelAndPlan mp, resolve_model_and_plan(f.plan));
-  const ModelSpec& m = mp.model;
-  const Plan& p = mp.plan;
-  if (f.rank < 0 || f.rank >= p.world_size())
-    return make_error("--rank {} is outside the world of {} ranks (tp·pp·dp·cp); use 0..{}", f.rank,
-                      p.world_size(), p.world_size() - 1);
-  if (!p.segments.empty()) return print_segments(m, p, f);
-  const Mesh mesh(p);
-  const Coord c = mesh.coord_of(f.rank);
-  const ParamCount params = count_parameters(m);
-  const int seq = p.effective_seq_len(m);
-  const FlopCount flops = training_flops(m, p.effective_global_batch(), seq, p.recompute);
-  const MemoryBreakdown mem = memory_per_rank(m, p, c.pp, meshtrain_layout(p));
-  const std::vector<ModuleBlocks> modules = module_blocks(m);
+// What `info` reports of a uniform plan's rank, computed once for both forms of output.
+struct RankInfo {
+  const ModelSpec& m;
+  const Plan& p;
+  const Mesh mesh;
+  int rank = 0;
+  Coord c;
+  ParamCount params;
+  int seq = 0;
+  FlopCount flops;
+  MemoryBreakdown mem;
+  std::vector<ModuleBlocks> modules;
 
-  if (f.json) {
-    nlohmann::json groups = nlohmann::json::object();
-    for (int k = 0; k < kGroupKinds; ++k) {
-      const Group* g = mesh.group_of(static_cast<GroupKind>(k), f.rank);
-      groups[group_kind_name(static_cast<GroupKind>(k))] = g ? nlohmann::json(g->ranks) : nlohmann::json();
-    }
-    nlohmann::json j = {
-        {"model", model_to_json(m)},
-        {"modules", nlohmann::json::array()},
-        {"parameters", params.total},
-        {"embedding_parameters", params.embedding},
-        {"active_parameters", params.active},
-        {fmt::format("flops_per_{}", model_io(m).unit()), flops.per_token},
-        {"model_flops_per_iteration", flops.model},
-        {"hardware_flops_per_iteration", flops.hardware},
-        {"plan", plan_to_json(p)},
-        {"rank", f.rank},
-        {"coord", {{"tp", c.tp}, {"cp", c.cp}, {"dp", c.dp}, {"pp", c.pp}}},
-        {"groups", groups},
-        {"memory",
-         {{"parameter_count", mem.parameter_count},
-          {"parameters_bytes", mem.parameters},
-          {"gradients_bytes", mem.gradients},
-          {"optimizer_bytes", mem.optimizer},
-          {"zero3_working_bytes", mem.zero3_working},
-          {"offloaded_bytes", mem.offloaded},
-          {"host_bytes", mem.host},
-          {"activations_bytes", mem.activations},
-          {"inflight_microbatches", mem.inflight},
-          {"total_bytes", mem.total()}}}};
-    for (const ModuleBlocks& mb : modules)
-      j["modules"].push_back({{"name", mb.name}, {"first_block", mb.first}, {"last_block", mb.last}});
-    fmt::print("{}\n", j.dump(2));
-    return {};
+  RankInfo(const ModelSpec& model, const Plan& plan, int r)
+      : m(model), p(plan), mesh(plan), rank(r), c(mesh.coord_of(r)), params(count_parameters(model)),
+        seq(plan.effective_seq_len(model)),
+        flops(training_flops(model, plan.effective_global_batch(), seq, plan.recompute)),
+        mem(memory_per_rank(model, plan, c.pp, meshtrain_layout(plan))), modules(module_blocks(model)) {}
+};
+
+void print_json(const RankInfo& r) {
+  const MemoryBreakdown& mem = r.mem;
+  nlohmann::json groups = nlohmann::json::object();
+  for (int k = 0; k < kGroupKinds; ++k) {
+    const Group* g = r.mesh.group_of(static_cast<GroupKind>(k), r.rank);
+    groups[group_kind_name(static_cast<GroupKind>(k))] = g ? nlohmann::json(g->ranks) : nlohmann::json();
   }
+  nlohmann::json j = {
+      {"model", model_to_json(r.m)},
+      {"modules", nlohmann::json::array()},
+      {"parameters", r.params.total},
+      {"embedding_parameters", r.params.embedding},
+      {"active_parameters", r.params.active},
+      {fmt::format("flops_per_{}", model_io(r.m).unit()), r.flops.per_token},
+      {"model_flops_per_iteration", r.flops.model},
+      {"hardware_flops_per_iteration", r.flops.hardware},
+      {"plan", plan_to_json(r.p)},
+      {"rank", r.rank},
+      {"coord", {{"tp", r.c.tp}, {"cp", r.c.cp}, {"dp", r.c.dp}, {"pp", r.c.pp}}},
+      {"groups", groups},
+      {"memory",
+       {{"parameter_count", mem.parameter_count},
+        {"parameters_bytes", mem.parameters},
+        {"gradients_bytes", mem.gradients},
+        {"optimizer_bytes", mem.optimizer},
+        {"zero3_working_bytes", mem.zero3_working},
+        {"offloaded_bytes", mem.offloaded},
+        {"host_bytes", mem.host},
+        {"activations_bytes", mem.activations},
+        {"inflight_microbatches", mem.inflight},
+        {"total_bytes", mem.total()}}}};
+  for (const ModuleBlocks& mb : r.modules)
+    j["modules"].push_back({{"name", mb.name}, {"first_block", mb.first}, {"last_block", mb.last}});
+  fmt::print("{}\n", j.dump(2));
+}
+
+// The model, its modules, parameters and FLOPs, and the plan, one line each.
+void print_model_and_plan(const RankInfo& r) {
+  const ModelSpec& m = r.m;
+  const Plan& p = r.p;
   fmt::print("model      {}\n", describe_model(m));
   std::string names;
-  for (const ModuleBlocks& mb : modules)
+  for (const ModuleBlocks& mb : r.modules)
     names += fmt::format("{}{} ({})", names.empty() ? "" : ", ", mb.name,
                          mb.first == mb.last ? fmt::format("block {}", mb.first)
                                              : fmt::format("blocks {}-{}", mb.first, mb.last));
   fmt::print("modules    {}\n", names);
-  fmt::print("parameters {} ({} without embeddings)\n", params.total, params.non_embedding());
+  fmt::print("parameters {} ({} without embeddings)\n", r.params.total, r.params.non_embedding());
   if (model_io(m).routes_to_experts)
-    fmt::print("           {} active per token ({} in experts, top {} of {})\n", params.active, params.expert, m.top_k,
-               m.experts);
+    fmt::print("           {} active per token ({} in experts, top {} of {})\n", r.params.active, r.params.expert,
+               m.top_k, m.experts);
   fmt::print("FLOPs      {:.4g} per {}, {:.4g} per iteration (hardware {:.4g} with recompute {})\n",
-             flops.per_token, model_io(m).unit(), flops.model, flops.hardware, recompute_name(p.recompute));
+             r.flops.per_token, model_io(m).unit(), r.flops.model, r.flops.hardware, recompute_name(p.recompute));
   fmt::print("plan       tp {} pp {} dp {} cp {} ep {} etp {} vpp {} zero {}, {} ranks; micro-batch {} x {} = global "
              "batch {}, seq {}; schedule {}, recompute {}, {}{}{}\n",
              p.tp, p.pp, p.dp, p.cp, p.ep, p.expert_tp(), p.vpp, p.zero, p.world_size(), p.micro_batch,
              p.microbatches() * p.dp,
-             p.effective_global_batch(), seq, schedule_name(p.schedule), recompute_name(p.recompute),
+             p.effective_global_batch(), r.seq, schedule_name(p.schedule), recompute_name(p.recompute),
              precision_name(p.precision), p.sequence_parallel ? ", sequence parallel" : "",
              p.tp_comm_overlap ? ", tp comm overlap" : "");
-  fmt::print("rank {}     tp {} cp {} dp {} pp {}", f.rank, c.tp, c.cp, c.dp, c.pp);
+}
+
+// The rank's coordinates and groups, then its memory by kind.
+void print_rank(const RankInfo& r) {
+  const ModelSpec& m = r.m;
+  const Plan& p = r.p;
+  const MemoryBreakdown& mem = r.mem;
+  fmt::print("rank {}     tp {} cp {} dp {} pp {}", r.rank, r.c.tp, r.c.cp, r.c.dp, r.c.pp);
   if (model_io(m).routes_to_experts) {
-    const auto index = [&](GroupKind k) { return mesh.group_of(k, f.rank)->index_of(f.rank); };
+    const auto index = [&](GroupKind k) { return r.mesh.group_of(k, r.rank)->index_of(r.rank); };
     fmt::print("; expert tp {} ep {} edp {} (experts {}..{})", index(GroupKind::expert_tensor),
                index(GroupKind::expert), index(GroupKind::expert_data), index(GroupKind::expert) * m.experts / p.ep,
                (index(GroupKind::expert) + 1) * m.experts / p.ep - 1);
   }
   fmt::print("\n");
   for (int k = 0; k < kGroupKinds; ++k) {
-    const Group* g = mesh.group_of(static_cast<GroupKind>(k), f.rank);
+    const Group* g = r.mesh.group_of(static_cast<GroupKind>(k), r.rank);
     fmt::print("  {:<15} {}\n", group_kind_name(static_cast<GroupKind>(k)),
                g ? fmt::format("[{}]", fmt::join(g->ranks, ",")) : std::string("(not a member)"));
   }
-  fmt::print("memory of rank {} (stage {}, {} parameters):\n", f.rank, c.pp, mem.parameter_count);
+  fmt::print("memory of rank {} (stage {}, {} parameters):\n", r.rank, r.c.pp, mem.parameter_count);
   fmt::print("  parameters      {:>12}\n", human_bytes(mem.parameters));
   fmt::print("  gradients       {:>12}\n", human_bytes(mem.gradients));
   fmt::print("  optimizer       {:>12}\n", human_bytes(mem.optimizer));
@@ -175,6 +191,22 @@ Status run_info(const InfoFlags& f) {
   if (p.offload != Offload::none)
     fmt::print("  offload {}: device memory saved {}, host memory {}\n", offload_name(p.offload),
                human_bytes(mem.offloaded), human_bytes(mem.host));
+}
+
+Status run_info(const InfoFlags& f) {
+  MT_ASSIGN(ModelAndPlan mp, resolve_model_and_plan(f.plan));
+  const Plan& p = mp.plan;
+  if (f.rank < 0 || f.rank >= p.world_size())
+    return make_error("--rank {} is outside the world of {} ranks (tp·pp·dp·cp); use 0..{}", f.rank,
+                      p.world_size(), p.world_size() - 1);
+  if (!p.segments.empty()) return print_segments(mp.model, p, f);
+  const RankInfo info(mp.model, p, f.rank);
+  if (f.json) {
+    print_json(info);
+    return {};
+  }
+  print_model_and_plan(info);
+  print_rank(info);
   return {};
 }
 
