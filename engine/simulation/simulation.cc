@@ -97,9 +97,11 @@ MoeSimulation moe_simulation(const ModelSpec& m, const Plan& p, const MoeRouting
     s.busiest_rank_load = std::max(s.busiest_rank_load, busiest);
     s.tokens_per_expert.push_back(std::move(tokens));
   }
-  // Each stage's EP groups are its own: the summed time over stages, per stage.
+  // Each stage's EP groups are its own: the summed time over stages, per stage. A representative run
+  // counts one EP group a stage; full fidelity counts each of them (world / (pp·ep)): per group.
   const auto& a2a = r.collectives[static_cast<std::size_t>(sim::CollectiveKind::kAllToAll)];
-  s.all_to_all_s = a2a.time_s / p.pp;
+  const double groups = r.fidelity == Fidelity::full ? static_cast<double>(p.world_size()) / (p.pp * p.ep) : 1.0;
+  s.all_to_all_s = a2a.time_s / p.pp / groups;
   s.all_to_all_exposed_s = s.all_to_all_s;
   s.all_to_all_share = s.all_to_all_exposed_s / r.iteration_s;
   return s;
@@ -153,6 +155,13 @@ Result<Fidelity> fidelity_from_name(std::string_view name) {
                     "alike), full (every rank's ops and flows)", name);
 }
 
+// Under full fidelity, whether every rank runs as its own representative
+// because no rank's part is a shifted copy of another's: a segmented plan's
+// boundaries pair particular ranks, and an expert group (ep > 1) is a block
+// of the data-parallel ranks that a shift along dp would cut across (the
+// shifted replicas would meet in groups that do not exist).
+bool each_rank_its_own(const Plan& p, bool full) { return full && (!p.segments.empty() || p.ep > 1); }
+
 SimJob simulation_job(const Plan& p, bool full, std::map<int, double> stragglers, std::vector<int> gpus) {
   SimJob job;
   job.world_size = p.world_size();
@@ -160,9 +169,8 @@ SimJob simulation_job(const Plan& p, bool full, std::map<int, double> stragglers
   const bool segmented = !p.segments.empty();
   RankClasses classes = rank_classes(p);
   if (segmented) job.stage_of = std::move(classes.position_of);
-  if (segmented && full) {
-    // Every rank is its own class: the boundaries pair particular ranks, so
-    // no rank's part is a shifted copy of another's.
+  if (each_rank_its_own(p, full)) {
+    if (!segmented) job.stage_of = pipeline_positions(p);  // a uniform plan's: the rank's stage
     for (int r = 0; r < job.world_size; ++r) job.representatives.push_back(r);
     job.replicas.resize(job.representatives.size());
     job.rank_map = [](int, int, int rank) { return rank; };
@@ -471,9 +479,9 @@ Result<SimulationResult> simulate_iteration(const ModelSpec& m, const Plan& p,
   out.events = report.events;
   out.collectives = report.collectives;
   add_rates(m, p, options, out);
-  // Each simulated rank stands for its class: under full fidelity a segmented plan's ranks are each their own.
+  // Each simulated rank stands for its class, or for itself alone (each_rank_its_own).
   const std::vector<int> stands_for =
-      segmented && full ? std::vector<int>(report.ranks.size(), 1) : rank_classes(p).stands_for;
+      each_rank_its_own(p, full) ? std::vector<int>(report.ranks.size(), 1) : rank_classes(p).stands_for;
   for (std::size_t i = 0; i < report.ranks.size(); ++i) {
     StageResult s = stage_result(m, p, report.ranks[i], static_cast<int>(i));
     s.ranks = stands_for[i];

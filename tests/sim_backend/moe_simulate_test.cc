@@ -104,6 +104,27 @@ TEST_CASE("a deduplicated dispatch is timed by its model, with or without a cali
   CHECK(dedup_calibrated < 0.5 * measured);
 }
 
+TEST_CASE("full fidelity simulates expert parallelism narrower than data parallelism", "[sim][moe]") {
+  ModelSpec m = small_moe();
+  m.experts = 16;
+  // ep 8 of dp 16: two expert groups, ranks 0-7 and 8-15. A replica shifted along dp would meet in {1..8},
+  // which is no group: every rank runs as its own representative instead (it used to deadlock).
+  const Plan p = moe_plan(m, 1, 1, 16, 8);
+  SimulateOptions o;
+  o.cluster = *sim::cluster_preset("dgx-h100");
+  const SimulationResult representative = simulate(m, p);
+  o.fidelity = Fidelity::full;
+  auto full = simulate_iteration(m, p, o);
+  INFO((full.ok() ? std::string() : full.error().message()));
+  REQUIRE(full.ok());
+  CHECK(full->stages.size() == 16);
+  for (const StageResult& s : full->stages) CHECK(s.ranks == 1);
+  // The same ops on every rank: full and representative agree but for the NICs the two groups share.
+  CHECK(full->iteration_s == Approx(representative.iteration_s).epsilon(0.1));
+  REQUIRE(full->moe.has_value());
+  CHECK(full->moe->all_to_all_s == Approx(representative.moe->all_to_all_s).epsilon(0.3));
+}
+
 TEST_CASE("skewed routing makes the step wait for the most loaded expert rank", "[sim][moe]") {
   const ModelSpec m = small_moe();
   const Plan p = moe_plan(m, 1, 1, 8, 4);
