@@ -143,7 +143,8 @@ nlohmann::json to_json(const SimulationResult& r, const ModelSpec& m, const Plan
   return out;
 }
 
-void print_text(const SimulationResult& r, const ModelSpec& m, const Plan& p, const sim::ClusterSpec& c) {
+// The plan: its layers' layout by segment (a plan made of segments), or its degrees.
+void print_heading(const ModelSpec& m, const Plan& p, const sim::ClusterSpec& c) {
   if (!p.segments.empty()) {
     // The layout by segment; the table below is then by rank.
     fmt::print("simulated {} on {} x {} ({}): {} segments, global batch {}, {}\n{}", m.name, p.world_size(),
@@ -156,6 +157,10 @@ void print_text(const SimulationResult& r, const ModelSpec& m, const Plan& p, co
                p.effective_global_batch(), schedule_name(p.schedule), recompute_name(p.recompute),
                precision_name(p.precision));
   }
+}
+
+// Iteration time, throughput, FLOP rates and idle time by cause.
+void print_rates(const SimulationResult& r, const ModelSpec& m, const sim::ClusterSpec& c) {
   fmt::print("iteration        {:.4f} s\n", r.iteration_s);
   if (model_io(m).unit() == "image") fmt::print("throughput       {:.1f} images/s ({:.0f} tokens/s)\n", r.samples_per_s, r.tokens_per_s);
   else fmt::print("throughput       {:.0f} tokens/s\n", r.tokens_per_s);
@@ -171,6 +176,10 @@ void print_text(const SimulationResult& r, const ModelSpec& m, const Plan& p, co
   fmt::print("  optimizer                {}\n", share(r.idle.optimizer_s));
   if (r.idle.other_s > 0) fmt::print("  other                    {}\n", share(r.idle.other_s));
   fmt::print("exposed comm     {:.4f} s per stage (mean)\n", r.exposed_comm_s);
+}
+
+// Memory peak, then one line per simulated rank; offload's host side; segments and boundaries.
+void print_ranks(const SimulationResult& r, const Plan& p, const sim::ClusterSpec& c) {
   fmt::print("memory           peak {} on rank {} (device {})\n", human_bytes(static_cast<double>(r.peak_memory_bytes)),
              r.peak_rank, human_bytes(c.device.memory_bytes));
   // One line per simulated rank, standing for the `ranks` of its class.
@@ -200,6 +209,10 @@ void print_text(const SimulationResult& r, const ModelSpec& m, const Plan& p, co
                  100 * g.compute_max_s / r.iteration_s, g.compute_mean_s, human_bytes(g.sent_bytes),
                  g.memory_bytes > 0 ? human_bytes(g.memory_bytes) : std::string("-"));
   }
+}
+
+// Each collective kind's calls, time and bytes.
+void print_communication(const SimulationResult& r) {
   fmt::print("communication (each collective counted once; all ranks sent {} this iteration)\n",
              human_bytes(r.sent_bytes));
   for (int k = 0; k < sim::kNumCollectiveKinds; ++k) {
@@ -208,25 +221,31 @@ void print_text(const SimulationResult& r, const ModelSpec& m, const Plan& p, co
     fmt::print("  {:<15} {:>8} calls {:>10.4f} s {:>12}\n", sim::collective_kind_name(static_cast<sim::CollectiveKind>(k)),
                s.count, s.time_s, human_bytes(s.bytes));
   }
-  if (r.moe) {
-    const MoeSimulation& e = *r.moe;
-    fmt::print("experts          {} per MoE layer, top {}, ep {} etp {}; routing {}\n", m.experts, m.top_k, p.ep,
-               p.expert_tp(), e.routing);
-    fmt::print("  all-to-all     {:.4f} s per stage, exposed {:.4f} s = {:.1f}% of the iteration\n", e.all_to_all_s,
-               e.all_to_all_exposed_s, 100 * e.all_to_all_share);
-    fmt::print("  load           max/mean tokens per expert {:.2f}; busiest EP rank {:.2f}x an even share\n",
-               e.load_max_over_mean, e.busiest_rank_load);
-    if (!e.tokens_per_expert.empty()) {
-      const std::vector<double>& first = e.tokens_per_expert.front();
-      std::string list;
-      if (first.size() <= 16)
-        for (double t : first) list += fmt::format(" {:.0f}", t);
-      else
-        list = fmt::format(" {:.0f} (expert 0) ... {:.0f} (expert {}); --json lists all", first.front(), first.back(),
-                           first.size() - 1);
-      fmt::print("  tokens/expert  per iteration, first MoE layer:{}\n", list);
-    }
+}
+
+// A mixture of experts' all-to-all, load and tokens per expert.
+void print_experts(const SimulationResult& r, const ModelSpec& m, const Plan& p) {
+  const MoeSimulation& e = *r.moe;
+  fmt::print("experts          {} per MoE layer, top {}, ep {} etp {}; routing {}\n", m.experts, m.top_k, p.ep,
+             p.expert_tp(), e.routing);
+  fmt::print("  all-to-all     {:.4f} s per stage, exposed {:.4f} s = {:.1f}% of the iteration\n", e.all_to_all_s,
+             e.all_to_all_exposed_s, 100 * e.all_to_all_share);
+  fmt::print("  load           max/mean tokens per expert {:.2f}; busiest EP rank {:.2f}x an even share\n",
+             e.load_max_over_mean, e.busiest_rank_load);
+  if (!e.tokens_per_expert.empty()) {
+    const std::vector<double>& first = e.tokens_per_expert.front();
+    std::string list;
+    if (first.size() <= 16)
+      for (double t : first) list += fmt::format(" {:.0f}", t);
+    else
+      list = fmt::format(" {:.0f} (expert 0) ... {:.0f} (expert {}); --json lists all", first.front(), first.back(),
+                         first.size() - 1);
+    fmt::print("  tokens/expert  per iteration, first MoE layer:{}\n", list);
   }
+}
+
+// The simulator's own work, and under full fidelity the slowest rank.
+void print_simulator(const SimulationResult& r, const Plan& p) {
   fmt::print("simulator        {} tasks, {} events, {:.2f} s\n", r.tasks, r.events, r.simulator_wall_s);
   if (r.fidelity != Fidelity::full) return;
   fmt::print("full fidelity    {} ranks ran {} tasks, {} flows; {} collectives on exclusive links or latency-bound "
@@ -236,6 +255,15 @@ void print_text(const SimulationResult& r, const ModelSpec& m, const Plan& p, co
   fmt::print("slowest rank     {} computes {:.4f} s, the median rank of its class {:.4f} s (+{:.1f}%)\n", r.slowest_rank,
              r.slowest_compute_s, r.median_compute_s,
              r.median_compute_s > 0 ? 100 * (r.slowest_compute_s / r.median_compute_s - 1) : 0.0);
+}
+
+void print_text(const SimulationResult& r, const ModelSpec& m, const Plan& p, const sim::ClusterSpec& c) {
+  print_heading(m, p, c);
+  print_rates(r, m, c);
+  print_ranks(r, p, c);
+  print_communication(r);
+  if (r.moe) print_experts(r, m, p);
+  print_simulator(r, p);
 }
 
 // "tp 2 pp 2 dp 2 mb 4 1f1b": the plan in a picture's title.
