@@ -226,26 +226,67 @@ void Executor::set_comm_active(int device, int delta) {
   rebank(device, old_speed);
 }
 
+bool Executor::to_replica(const Stream& st, Task& t) {
+  // A replica's task names the source's collective, transfer or event:
+  // take it to this replica's own (replicas.cc).
+  Result<uint32_t> own = static_cast<uint32_t>(t.a);
+  if (t.kind == Kind::kJoin) own = collective_instance(st.replica - 1, static_cast<uint32_t>(t.a));
+  if (t.kind == Kind::kSend || t.kind == Kind::kRecv) own = p2p_instance(st.replica - 1, static_cast<uint32_t>(t.a));
+  if (t.kind == Kind::kRecord || t.kind == Kind::kWait)
+    own = static_cast<uint32_t>(t.a + replicas_[st.replica - 1].slot_offset);
+  if (!own.ok()) {
+    if (!error_) error_ = std::move(own).error();
+    return false;
+  }
+  t.a = static_cast<int32_t>(*own);
+  return true;
+}
+
+void Executor::join_collective(StreamId s, const Task& t) {
+  start_waiting(streams_[s], {IdleCause::Wait::kPeers, s, t.name, true});
+  Collective& c = colls_[t.a];
+  c.joined.push_back(s);
+  if (c.joined.size() != c.request.members.size()) return;
+  // Busy time and trace slices start when the collective does, not
+  // when each member arrived (waiting is idle time).
+  c.started = sim_.now();
+  for (StreamId m : c.joined) {
+    charge_idle(streams_[m], sim_.now(), streams_[m].cause);
+    streams_[m].started = sim_.now();
+    set_comm_active(streams_[m].device, +1);
+  }
+  const CollectiveMode mode = mode_of(c);
+  if (options_.isolate_exclusive) {
+    if (set_running_.size() <= c.set) set_running_.resize(sets_.size(), 0);
+    if (mode == CollectiveMode::kAnalytic && c.mode != CollectiveMode::kAnalytic) {
+      ++report_.isolated_collectives;
+      if (set_running_[c.set] > 0) ++report_.isolated_overlaps;
+    }
+    ++set_running_[c.set];
+  }
+  auto r = collectives_->start(c.request, mode, this, tag_of(kCollectiveDone, t.a));
+  if (!r.ok() && !error_) error_ = r.error();
+}
+
+void Executor::post_transfer(StreamId s, const Task& t) {
+  start_waiting(streams_[s], {IdleCause::Wait::kTransfer, s, t.name, true});
+  P2P& p = p2p_[t.a];
+  if (t.kind == Kind::kSend) {
+    p.send_ready = true;
+    p.send_stream = s;
+  } else {
+    p.recv_ready = true;
+    p.recv_stream = s;
+  }
+  if (p.send_ready && p.recv_ready) start_p2p(static_cast<uint32_t>(t.a));
+}
+
 void Executor::try_start(StreamId s) {
   Stream& st = streams_[s];
   const std::vector<Task>& tasks = tasks_of(st);
   while (!st.running && st.head < tasks.size()) {
     Task t = tasks[st.head];
-    if (st.replica != 0) {
-      // A replica's task names the source's collective, transfer or event:
-      // take it to this replica's own (replicas.cc).
-      Result<uint32_t> own = static_cast<uint32_t>(t.a);
-      if (t.kind == Kind::kJoin) own = collective_instance(st.replica - 1, static_cast<uint32_t>(t.a));
-      if (t.kind == Kind::kSend || t.kind == Kind::kRecv)
-        own = p2p_instance(st.replica - 1, static_cast<uint32_t>(t.a));
-      if (t.kind == Kind::kRecord || t.kind == Kind::kWait)
-        own = static_cast<uint32_t>(t.a + replicas_[st.replica - 1].slot_offset);
-      if (!own.ok()) {
-        if (!error_) error_ = std::move(own).error();
-        return;
-      }
-      t.a = static_cast<int32_t>(*own);
-    }
+    if (st.replica != 0 && !to_replica(st, t)) return;
     switch (t.kind) {
       case Kind::kCompute:
         charge_idle(st, sim_.now(), st.cause);
@@ -256,47 +297,9 @@ void Executor::try_start(StreamId s) {
         st.work_left = static_cast<double>(t.value);
         schedule_compute(s);
         return;
-      case Kind::kJoin: {
-        start_waiting(st, {IdleCause::Wait::kPeers, s, t.name, true});
-        Collective& c = colls_[t.a];
-        c.joined.push_back(s);
-        if (c.joined.size() == c.request.members.size()) {
-          // Busy time and trace slices start when the collective does, not
-          // when each member arrived (waiting is idle time).
-          c.started = sim_.now();
-          for (StreamId m : c.joined) {
-            charge_idle(streams_[m], sim_.now(), streams_[m].cause);
-            streams_[m].started = sim_.now();
-            set_comm_active(streams_[m].device, +1);
-          }
-          const CollectiveMode mode = mode_of(c);
-          if (options_.isolate_exclusive) {
-            if (set_running_.size() <= c.set) set_running_.resize(sets_.size(), 0);
-            if (mode == CollectiveMode::kAnalytic && c.mode != CollectiveMode::kAnalytic) {
-              ++report_.isolated_collectives;
-              if (set_running_[c.set] > 0) ++report_.isolated_overlaps;
-            }
-            ++set_running_[c.set];
-          }
-          auto r = collectives_->start(c.request, mode, this, tag_of(kCollectiveDone, t.a));
-          if (!r.ok() && !error_) error_ = r.error();
-        }
-        return;
-      }
+      case Kind::kJoin: join_collective(s, t); return;
       case Kind::kSend:
-      case Kind::kRecv: {
-        start_waiting(st, {IdleCause::Wait::kTransfer, s, t.name, true});
-        P2P& p = p2p_[t.a];
-        if (t.kind == Kind::kSend) {
-          p.send_ready = true;
-          p.send_stream = s;
-        } else {
-          p.recv_ready = true;
-          p.recv_stream = s;
-        }
-        if (p.send_ready && p.recv_ready) start_p2p(static_cast<uint32_t>(t.a));
-        return;
-      }
+      case Kind::kRecv: post_transfer(s, t); return;
       case Kind::kRecord: {
         events_recorded_[t.a] = std::max(events_recorded_[t.a], t.b);
         if (event_causes_.size() < events_recorded_.size()) event_causes_.resize(events_recorded_.size());

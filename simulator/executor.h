@@ -256,6 +256,13 @@ class Executor : public EventHandler {
   Status check_stream(StreamId s) const;
   double speed(int device) const;
   void try_start(StreamId s);
+  // try_start's steps: a replica's task taken to its own collective,
+  // transfer or event (false, error_ set, where it has none); stream s
+  // joining collective t.a (started once every member joined); s posting
+  // its side of transfer t.a (started once both sides are posted).
+  bool to_replica(const Stream& st, Task& t);
+  void join_collective(StreamId s, const Task& t);
+  void post_transfer(StreamId s, const Task& t);
   // replicas.cc: the set id of sorted `members`; a replica's instance of a
   // template collective, p2p or event slot; merging; the isolation analysis.
   uint32_t intern_set(std::vector<int> members);
