@@ -45,7 +45,19 @@ nlohmann::json plan_json(const GoodputInputs& in, const GoodputPlan& p) {
           {"share_failures", w.failures}};
 }
 
-Status run_goodput(GoodputFlags f) {
+// What the report is made of: the run's inputs, the optimum and the given interval, per step's tokens.
+struct GoodputReport {
+  const GoodputFlags& f;
+  ModelAndPlan mp;
+  sim::ClusterSpec cluster;
+  int gpus = 0;
+  double bytes = 0, tokens_per_step = 0;
+  GoodputInputs in{};
+  GoodputPlan best{};
+  std::optional<GoodputPlan> given{};
+};
+
+Result<GoodputReport> goodput_report(GoodputFlags& f) {
   MT_TRY(dp_from_gpus(f.plan, f.gpus));
   MT_ASSIGN(ModelAndPlan mp, resolve_model_and_plan(f.plan, f.gpus));
   SimulateOptions options;
@@ -56,79 +68,92 @@ Status run_goodput(GoodputFlags f) {
     MT_ASSIGN(SimulationResult r, simulate_iteration(mp.model, mp.plan, options));
     iteration = r.iteration_s;
   }
-  const int gpus = mp.plan.world_size();
-  const double params = static_cast<double>(count_parameters(mp.model).total);
-  const double bytes = checkpoint_bytes(params);
-  GoodputInputs in;
-  in.iteration_s = iteration;
-  in.checkpoint_s = bytes / (f.storage_gbps * 1e9);
-  in.restart_s = f.restart_minutes * 60;
-  in.job_mtbf_s = f.mtbf_hours * 3600 / gpus;
-  MT_TRY(check_goodput_inputs(in));
-  const GoodputPlan best = optimal_steps(in);
-  const double young = young_interval_s(in), daly = daly_interval_s(in);
-  std::optional<GoodputPlan> given;
-  if (f.checkpoint_every > 0) given = at_steps(in, f.checkpoint_every);
-  const double tokens_per_step = static_cast<double>(mp.plan.effective_global_batch()) * mp.plan.effective_seq_len(mp.model);
+  GoodputReport g{f, std::move(mp), options.cluster};
+  g.gpus = g.mp.plan.world_size();
+  g.bytes = checkpoint_bytes(static_cast<double>(count_parameters(g.mp.model).total));
+  g.in.iteration_s = iteration;
+  g.in.checkpoint_s = g.bytes / (f.storage_gbps * 1e9);
+  g.in.restart_s = f.restart_minutes * 60;
+  g.in.job_mtbf_s = f.mtbf_hours * 3600 / g.gpus;
+  MT_TRY(check_goodput_inputs(g.in));
+  g.best = optimal_steps(g.in);
+  if (f.checkpoint_every > 0) g.given = at_steps(g.in, f.checkpoint_every);
+  g.tokens_per_step = static_cast<double>(g.mp.plan.effective_global_batch()) * g.mp.plan.effective_seq_len(g.mp.model);
+  return g;
+}
 
-  if (f.json) {
-    nlohmann::json out = {{"model", mp.model.name},
-                          {"cluster", options.cluster.name},
-                          {"gpus", gpus},
-                          {"iteration_time_s", iteration},
-                          {"checkpoint_bytes", bytes},
-                          {"checkpoint_write_s", in.checkpoint_s},
-                          {"restart_s", in.restart_s},
-                          {"gpu_mtbf_hours", f.mtbf_hours},
-                          {"job_mtbf_s", in.job_mtbf_s},
-                          {"optimal", plan_json(in, best)},
-                          {"young_interval_s", young},
-                          {"daly_interval_s", daly}};
-    out["optimal"]["continuous_interval_s"] = optimal_interval_s(in);
-    if (given) {
-      out["given"] = plan_json(in, *given);
-      out["given"]["effective_tokens_per_s"] = tokens_per_step / iteration * given->goodput;
-    }
-    fmt::print("{}\n", out.dump(2));
-    return {};
+void print_goodput_json(const GoodputReport& g) {
+  const GoodputInputs& in = g.in;
+  nlohmann::json out = {{"model", g.mp.model.name},
+                        {"cluster", g.cluster.name},
+                        {"gpus", g.gpus},
+                        {"iteration_time_s", in.iteration_s},
+                        {"checkpoint_bytes", g.bytes},
+                        {"checkpoint_write_s", in.checkpoint_s},
+                        {"restart_s", in.restart_s},
+                        {"gpu_mtbf_hours", g.f.mtbf_hours},
+                        {"job_mtbf_s", in.job_mtbf_s},
+                        {"optimal", plan_json(in, g.best)},
+                        {"young_interval_s", young_interval_s(in)},
+                        {"daly_interval_s", daly_interval_s(in)}};
+  out["optimal"]["continuous_interval_s"] = optimal_interval_s(in);
+  if (g.given) {
+    out["given"] = plan_json(in, *g.given);
+    out["given"]["effective_tokens_per_s"] = g.tokens_per_step / in.iteration_s * g.given->goodput;
   }
-  fmt::print("goodput of {} on {} x {} ({}): tp {} pp {} dp {}\n", mp.model.name, gpus, options.cluster.device.name,
-             options.cluster.name, mp.plan.tp, mp.plan.pp, mp.plan.dp);
-  fmt::print("iteration        {:.4f} s ({})\n", iteration, f.iteration_s > 0 ? "given" : "simulated");
+  fmt::print("{}\n", out.dump(2));
+}
+
+// One checkpoint interval's line: its goodput and where the rest of the wall time goes.
+void print_interval(const GoodputReport& g, const char* label, const GoodputPlan& p) {
+  const GoodputInputs& in = g.in;
+  // The exact shares of the wall time (engine/simulation/goodput.h): they and the goodput sum to 100%.
+  const WallShares w = wall_shares(in, p.interval_s);
+  if (p.goodput < kNoProgressGoodput) {
+    fmt::print("{:<16} every {} steps ({} of training): no progress (goodput {:.2g}); failures take {:.2f}% of the "
+               "wall time\n",
+               label, p.steps, hours(p.interval_s), p.goodput, 100 * w.failures);
+    return;
+  }
+  fmt::print("{:<16} every {} steps ({} of training): goodput {:.2f}% ({:.0f} tokens/s of {:.0f}); lost to "
+             "checkpoints {:.2f}%, to failures {:.2f}%\n",
+             label, p.steps, hours(p.interval_s), 100 * p.goodput, g.tokens_per_step / in.iteration_s * p.goodput,
+             g.tokens_per_step / in.iteration_s, 100 * w.checkpoints, 100 * w.failures);
+}
+
+void print_goodput_text(const GoodputReport& g) {
+  const GoodputFlags& f = g.f;
+  const GoodputInputs& in = g.in;
+  const Plan& p = g.mp.plan;
+  fmt::print("goodput of {} on {} x {} ({}): tp {} pp {} dp {}\n", g.mp.model.name, g.gpus, g.cluster.device.name,
+             g.cluster.name, p.tp, p.pp, p.dp);
+  fmt::print("iteration        {:.4f} s ({})\n", in.iteration_s, f.iteration_s > 0 ? "given" : "simulated");
   fmt::print("checkpoint       {} (12 B per parameter: fp32 weights and AdamW moments) written in {:.1f} s at {} GB/s\n",
-             human_bytes(bytes), in.checkpoint_s, f.storage_gbps);
+             human_bytes(g.bytes), in.checkpoint_s, f.storage_gbps);
   fmt::print("failures         each GPU {} h between failures: the job {} ({:.2f} failures a day); restart {}\n",
              f.mtbf_hours, hours(in.job_mtbf_s), 86400 / in.job_mtbf_s, hours(in.restart_s));
-  auto line = [&](const char* label, const GoodputPlan& p) {
-    // The exact shares of the wall time (engine/simulation/goodput.h): they and the goodput sum to 100%.
-    const WallShares w = wall_shares(in, p.interval_s);
-    if (p.goodput < kNoProgressGoodput) {
-      fmt::print("{:<16} every {} steps ({} of training): no progress (goodput {:.2g}); failures take {:.2f}% of the "
-                 "wall time\n",
-                 label, p.steps, hours(p.interval_s), p.goodput, 100 * w.failures);
-      return;
-    }
-    fmt::print("{:<16} every {} steps ({} of training): goodput {:.2f}% ({:.0f} tokens/s of {:.0f}); lost to "
-               "checkpoints {:.2f}%, to failures {:.2f}%\n",
-               label, p.steps, hours(p.interval_s), 100 * p.goodput, tokens_per_step / iteration * p.goodput,
-               tokens_per_step / iteration, 100 * w.checkpoints, 100 * w.failures);
-  };
-  if (given) line("as given", *given);
-  line("optimum", best);
-  fmt::print("first order      Young sqrt(2·C·MTBF) = {}, Daly {} (the optimum above: {})\n", hours(young),
-             hours(daly), hours(optimal_interval_s(in)));
-  if (best.goodput < kNoProgressGoodput) {
+  if (g.given) print_interval(g, "as given", *g.given);
+  print_interval(g, "optimum", g.best);
+  fmt::print("first order      Young sqrt(2·C·MTBF) = {}, Daly {} (the optimum above: {})\n",
+             hours(young_interval_s(in)), hours(daly_interval_s(in)), hours(optimal_interval_s(in)));
+  if (g.best.goodput < kNoProgressGoodput) {
     fmt::print("no progress      the job fails every {} on average, but restarting takes {}, a step {} and a "
                "checkpoint {}: failures undo the work faster than any checkpoint interval can save it. Make "
                "failures rarer (a larger --mtbf-hours, fewer --gpus) or restarts and checkpoints faster "
                "(--restart-minutes, --storage-GBps)\n",
-               hours(in.job_mtbf_s), hours(in.restart_s), hours(iteration), hours(in.checkpoint_s));
-  } else if (given && given->goodput < kNoProgressGoodput) {
+               hours(in.job_mtbf_s), hours(in.restart_s), hours(in.iteration_s), hours(in.checkpoint_s));
+  } else if (g.given && g.given->goodput < kNoProgressGoodput) {
     fmt::print("no progress      at --checkpoint-every {} the job fails every {} on average, before most segments "
                "of {} reach their checkpoint: checkpoint more often, e.g. --checkpoint-every {} (goodput "
                "{:.2f}%)\n",
-               given->steps, hours(in.job_mtbf_s), hours(given->interval_s), best.steps, 100 * best.goodput);
+               g.given->steps, hours(in.job_mtbf_s), hours(g.given->interval_s), g.best.steps, 100 * g.best.goodput);
   }
+}
+
+Status run_goodput(GoodputFlags f) {
+  MT_ASSIGN(const GoodputReport g, goodput_report(f));
+  if (f.json) print_goodput_json(g);
+  else print_goodput_text(g);
   return {};
 }
 
