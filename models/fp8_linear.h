@@ -23,10 +23,12 @@
 // Replicated linears (a patch embedding, Swin's patch merging, a classifier
 // head, a VQA projector), the vocabulary projection and attention itself
 // stay in fp32. The routed experts have one scale per grouped tensor, where
-// TE's GroupedLinear keeps one per expert, and their amax would need the
-// expert-data-parallel group: the cpu backend does not train them in fp8
-// (engine/step/fp8_training.h refuses models with experts), and the sim
-// backend costs their casts, whose bytes are the same either way.
+// TE's GroupedLinear keeps one per expert: a rank casts its own experts'
+// operands, and the amax reduction over the stage's tensor and replica
+// groups (engine/step/fp8_training.h) covers every expert, so a grouped
+// tensor takes the single-rank run's scale under expert parallelism too
+// (tests/parallel/test_parallel_fp8.cc). The sim backend costs their casts,
+// whose bytes are the same with one scale or one per expert.
 //
 // Under full recomputation the recomputed forward quantizes its operands a
 // second time: the same values with the step's fixed scales, so the same FP8

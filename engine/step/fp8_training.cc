@@ -2,18 +2,8 @@
 
 #include <fmt/format.h>
 
-#include "models/model_io.h"
 
 namespace meshtrain {
-
-Status check_fp8_training(const ModelSpec& m, const Plan& p) {
-  if (model_io(m).routes_to_experts)
-    return make_error("model '{}' has experts, and fp8 training emulates the tensor-parallel linears only: the "
-                      "routed experts' grouped GEMMs have no per-expert FP8 scaling yet; train it with "
-                      "--precision fp32",
-                      m.name);
-  return ok_status();
-}
 
 Status fold_fp8_amax(Backend& b, std::span<Fp8Scaling* const> chunks, std::span<const Group* const> groups) {
   // A chunk without FP8 linears (an embedding-only stage) has no amax tensor.

@@ -8,7 +8,9 @@
 // part of a tensor, the tensor-parallel group (weight shards, the
 // row-parallel inputs, the column-parallel gradients) and the replicas (data
 // and context parallel: other samples and other tokens), Megatron's
-// DP x TP x CP amax reduction group, then folded into the histories. Max is
+// DP x TP x CP amax reduction group (which, the whole stage, also holds every
+// expert-parallel and expert-data-parallel rank of a routed experts' grouped
+// tensor), then folded into the histories. Max is
 // exact in any order, so every rank, and the single-rank run, gets the same
 // bits, and step t's scales depend only on steps before t. A pipeline stage
 // owns its layers' histories (no reduction over pp), and so does a segment of
@@ -33,9 +35,6 @@
 #include "models/model_spec.h"
 
 namespace meshtrain {
-
-// An Error naming what the emulation does not cover in `m` under `p`, and the fix.
-Status check_fp8_training(const ModelSpec& m, const Plan& p);
 
 // Reduces the step's amax of `chunks` (max over each of `groups` in turn) and
 // folds them into their histories. Collective over the groups; reads once.

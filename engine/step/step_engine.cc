@@ -106,7 +106,6 @@ StepEngine::StepEngine(Backend& b, const ModelSpec& m, const Plan& p, const Mesh
 
 Status StepEngine::check_and_build_pipeline() {
   MT_TRY(supports(plan_, options_));
-  if (emulates_fp8()) MT_TRY(check_fp8_training(m_, plan_));
   MT_ASSIGN(PipelineExecutor pipeline, PipelineExecutor::create(plan_, mesh_, b_.rank()));
   pipeline_ = std::make_unique<PipelineExecutor>(std::move(pipeline));
   return ok_status();

@@ -127,7 +127,6 @@ Status check_train_options(const TrainOptions& o, const ModelSpec& m, const Plan
   if (o.resume && o.overwrite_checkpoint)
     return make_error("--resume continues the checkpoint and --overwrite-checkpoint replaces it; give one of them");
   MT_TRY(StepEngine::supports(p, o.step));
-  if (p.precision == Precision::fp8 && o.step.emulate_fp8) MT_TRY(check_fp8_training(m, p));
   MT_TRY(check_training_data(o.data, m, p));
   MT_TRY(check_train_memory(o, m, p, host_ranks));
   if (!o.metrics.empty()) MT_TRY(MetricsWriter::open(o.metrics));
