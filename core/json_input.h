@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/bounded.h"
+#include "core/names.h"
 #include "core/status.h"
 
 namespace meshtrain {
@@ -82,6 +83,15 @@ class JsonFields {
   Status get_bool(std::string_view key, std::optional<bool>& out) const;
   Status get_string(std::string_view key, std::string& out) const;
   Status get_string(std::string_view key, std::optional<std::string>& out) const;
+  // A string field naming one of `names`' values (an unknown name is refused with the nearest).
+  template <class E>
+  Status get_choice(std::string_view key, const EnumNames<E>& names, E& out) const {
+    if (!has(key)) return ok_status();
+    std::string s;
+    MT_TRY(get_string(key, s));
+    MT_ASSIGN(out, names.parse(std::string(key), s));
+    return ok_status();
+  }
 
  private:
   JsonFields(const nlohmann::json& j, std::string what) : j_(&j), what_(std::move(what)) {}

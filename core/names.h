@@ -4,7 +4,10 @@
 #include <algorithm>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
+
+#include "core/status.h"
 
 namespace meshtrain {
 
@@ -42,5 +45,25 @@ inline std::string unknown_name_message(std::string_view what, std::string_view 
   return "unknown " + std::string(what) + " '" + std::string(name) + "' (did you mean '" +
          nearest_name(name, valid) + "'? valid: " + list + ")";
 }
+
+// The names of an enumeration's values, as files and flags spell them.
+template <class E>
+struct EnumNames {
+  std::vector<std::pair<E, std::string>> items;
+  std::string name(E e) const {
+    for (auto& [k, v] : items)
+      if (k == e) return v;
+    return "?";
+  }
+  // The value `s` names; an unknown name is refused with the nearest (`field` names what was read).
+  Result<E> parse(const std::string& field, const std::string& s) const {
+    std::vector<std::string> valid;
+    for (auto& [k, v] : items) {
+      if (v == s) return k;
+      valid.push_back(v);
+    }
+    return Error(unknown_name_message(field, s, valid));
+  }
+};
 
 }  // namespace meshtrain

@@ -212,24 +212,6 @@ const std::map<std::string, ModelSpec>& presets() {
   return table;
 }
 
-template <class E>
-struct EnumNames {
-  std::vector<std::pair<E, std::string>> items;
-  std::string name(E e) const {
-    for (auto& [k, v] : items)
-      if (k == e) return v;
-    return "?";
-  }
-  Result<E> parse(const std::string& field, const std::string& s) const {
-    std::vector<std::string> valid;
-    for (auto& [k, v] : items) {
-      if (v == s) return k;
-      valid.push_back(v);
-    }
-    return Error(unknown_name_message(field, s, valid));
-  }
-};
-
 const EnumNames<NormKind> kNorms{{{NormKind::layernorm, "layernorm"}, {NormKind::rmsnorm, "rmsnorm"}}};
 const EnumNames<Activation> kActivations{{{Activation::gelu, "gelu"}, {Activation::swiglu, "swiglu"}}};
 const EnumNames<PositionKind> kPositions{{{PositionKind::learned, "learned"}, {PositionKind::rope, "rope"}}};
@@ -400,11 +382,7 @@ class ModelFields {
   // An enumerated field (norm, activation, position, family), when present.
   template <class E, class Names>
   Status choice(const char* key, const Names& names, E& out) const {
-    if (!f_.has(key)) return {};
-    std::string s;
-    MT_TRY(get(key, s));
-    MT_ASSIGN(out, names.parse(key, s));
-    return {};
+    return f_.get_choice(key, names, out);
   }
 
  private:
@@ -631,6 +609,7 @@ Status validate_model(const ModelSpec& m) {
 }
 
 std::string family_name(ModelFamily f) { return kFamilies.name(f); }
+const EnumNames<Activation>& activation_names() { return kActivations; }
 
 std::string describe_model(const ModelSpec& m) {
   const std::string image = fmt::format("{}x{}x{} images in {}x{} patches, {} classes", m.image_size, m.image_size,

@@ -17,6 +17,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "core/bounded.h"
+#include "core/names.h"
 #include "core/status.h"
 
 namespace meshtrain {
@@ -139,6 +140,8 @@ struct ModelSpec {
 };
 
 std::string family_name(ModelFamily f);
+// The names model files give the activations ("gelu", "swiglu").
+const EnumNames<Activation>& activation_names();
 // One line: "gpt2-124m: 12 layers, hidden 768, ..." or the vision model's
 // image, patch, stages and classes.
 std::string describe_model(const ModelSpec& m);

@@ -3,9 +3,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include <initializer_list>
 #include <string>
-#include <vector>
 
 #include "core/json_input.h"
 #include "core/names.h"
@@ -110,26 +108,7 @@ std::vector<ModelSpec> vqa_presets() {
 
 namespace {
 
-const char* activation_name(Activation a) { return a == Activation::gelu ? "gelu" : "swiglu"; }
-const char* projector_name(ProjectorKind p) { return p == ProjectorKind::linear ? "linear" : "mlp"; }
-
-// The optional string field `key`: the one of `values` that `name` calls so; `out` is kept when absent.
-template <class E>
-Status read_named(const JsonFields& f, const char* key, std::initializer_list<E> values, const char* (*name)(E),
-                  E& out) {
-  if (!f.has(key)) return ok_status();
-  std::string s;
-  MT_TRY(f.get_string(key, s));
-  std::vector<std::string> names;
-  for (E v : values) {
-    if (s == name(v)) {
-      out = v;
-      return ok_status();
-    }
-    names.emplace_back(name(v));
-  }
-  return Error(unknown_name_message(key, s, names));
-}
+const EnumNames<ProjectorKind> kProjectors{{{ProjectorKind::linear, "linear"}, {ProjectorKind::mlp, "mlp"}}};
 
 Status read_vision(const nlohmann::json& j, VisionEncoderSpec& v) {
   MT_ASSIGN(const JsonFields f,
@@ -142,7 +121,7 @@ Status read_vision(const nlohmann::json& j, VisionEncoderSpec& v) {
   for (auto [key, out] : sizes) MT_TRY(f.get_int(key, model_field_range(key), *out));
   if (!f.has("ffn")) v.ffn = 4 * v.hidden;
   MT_TRY(f.get_bool("bias", v.bias));
-  return read_named(f, "activation", {Activation::gelu, Activation::swiglu}, activation_name, v.activation);
+  return f.get_choice("activation", activation_names(), v.activation);
 }
 
 }  // namespace
@@ -174,7 +153,7 @@ Status read_vqa_fields(const nlohmann::json& j, ModelSpec& m) {
     if (!f.has(key)) return make_error("a vqa model needs the integer field '{}'", key);
     MT_TRY(f.get_int(key, model_field_range(key), *out));
   }
-  return read_named(f, "projector", {ProjectorKind::linear, ProjectorKind::mlp}, projector_name, m.projector);
+  return f.get_choice("projector", kProjectors, m.projector);
 }
 
 Status validate_vqa(const ModelSpec& m) {
@@ -206,7 +185,7 @@ std::string describe_vqa(const ModelSpec& m) {
                      "({} image tokens); {} projector; language {} layers, hidden {}, heads {} (kv {}), ffn {}, "
                      "vocab {}, {} question tokens ({} tokens)",
                      m.name, v.layers, v.hidden, v.heads, v.ffn, m.image_size, m.image_size, m.channels, m.patch,
-                     m.patch, vqa_image_tokens(m), projector_name(m.projector), m.decoder_layers, m.hidden, m.heads,
+                     m.patch, vqa_image_tokens(m), kProjectors.name(m.projector), m.decoder_layers, m.hidden, m.heads,
                      m.kv_heads, m.ffn, m.vocab, m.question_len, m.seq_len);
 }
 
@@ -222,9 +201,9 @@ nlohmann::json vqa_to_json(const ModelSpec& m) {
             {"hidden", v.hidden},
             {"heads", v.heads},
             {"ffn", v.ffn},
-            {"activation", activation_name(v.activation)},
+            {"activation", activation_names().name(v.activation)},
             {"bias", v.bias}}},
-          {"projector", projector_name(m.projector)},
+          {"projector", kProjectors.name(m.projector)},
           {"decoder_layers", m.decoder_layers},
           {"hidden", m.hidden},
           {"heads", m.heads},
@@ -235,7 +214,7 @@ nlohmann::json vqa_to_json(const ModelSpec& m) {
           {"tied_embeddings", false},
           {"bias", m.bias},
           {"norm", m.norm == NormKind::layernorm ? "layernorm" : "rmsnorm"},
-          {"activation", activation_name(m.activation)},
+          {"activation", activation_names().name(m.activation)},
           {"position", m.position == PositionKind::learned ? "learned" : "rope"},
           {"norm_eps", m.norm_eps},
           {"rope_theta", m.rope_theta}};
