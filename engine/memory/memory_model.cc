@@ -156,9 +156,7 @@ void add_model_state(MemoryBreakdown& r, const StageShare& share) {
 void add_zero_working(MemoryBreakdown& r, const StageShare& share, const ModelSpec& m, const ModelTables& tables,
                       int stage, int layers_per_chunk) {
   const Plan& p = share.p;
-  if (p.zero == 1)
-    r.gradient_shard = share.experts == 0 ? share.n * share.grad_bytes / (static_cast<double>(p.dp) * p.cp)
-                                          : share.sharded(1, share.grad_bytes);
+  if (p.zero == 1) r.gradient_shard = share.sharded(1, share.grad_bytes);
   if (p.zero < 2) return;
   // The largest body layer's shard, one layer of each run of alike layers (ModelTables::runs).
   std::int64_t largest_layer = 0, tied_embedding = 0;

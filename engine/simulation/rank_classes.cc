@@ -30,7 +30,6 @@ SampleRange replica_samples(const SampleLayout& layout, int d) {
   return {mine.front().begin, mine.back().end};
 }
 
-
 // Rank `rank`'s end of boundary k (segments k and k + 1) on disjoint ranks:
 // the consumer's first stage or the producer's last, with the segment it
 // sits in there and the other one; nullopt where it is neither.

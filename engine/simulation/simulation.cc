@@ -167,16 +167,16 @@ SimJob simulation_job(const Plan& p, bool full, std::map<int, double> stragglers
   job.world_size = p.world_size();
   job.gpus = std::move(gpus);
   const bool segmented = !p.segments.empty();
-  RankClasses classes = rank_classes(p);
-  if (segmented) job.stage_of = std::move(classes.position_of);
   if (each_rank_its_own(p, full)) {
-    if (!segmented) job.stage_of = pipeline_positions(p);  // a uniform plan's: the rank's stage
+    job.stage_of = pipeline_positions(p);  // a uniform plan's: the rank's stage
     for (int r = 0; r < job.world_size; ++r) job.representatives.push_back(r);
     job.replicas.resize(job.representatives.size());
     job.rank_map = [](int, int, int rank) { return rank; };
     job.stragglers = std::move(stragglers);
     return job;
   }
+  RankClasses classes = rank_classes(p);
+  if (segmented) job.stage_of = std::move(classes.position_of);
   job.representatives = std::move(classes.representatives);
   job.stands_for = std::move(classes.stands_for);
   job.stages = !segmented;

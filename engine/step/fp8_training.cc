@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 
-
 namespace meshtrain {
 
 Status fold_fp8_amax(Backend& b, std::span<Fp8Scaling* const> chunks, std::span<const Group* const> groups) {

@@ -118,8 +118,8 @@ Status check_train_memory(const TrainOptions& o, const ModelSpec& m, const Plan&
 Status explain_allocation_failure(Status status, const TrainOptions& o, const ModelSpec& m, const Plan& p, int rank,
                                   int host_ranks) {
   if (status.ok() || !is_allocation_failure(status.error())) return status;
-  const std::vector<int> positions = pipeline_positions(p);
   if (rank < 0 || rank >= p.world_size()) return status;
+  const std::vector<int> positions = pipeline_positions(p);
   const std::vector<RankNeed> needs = rank_needs(m, p, positions);
   const std::size_t at = static_cast<std::size_t>(positions[static_cast<std::size_t>(rank)]);
   // The data copy and the gathered checkpoint state live in host memory: they count against a host

@@ -51,7 +51,6 @@ nlohmann::json run_record(const TrainOptions& o, const std::string& data_path, s
 // legitimate (a new learning rate, schedule shape, length, dropout, ...).
 Status check_resume(const CheckpointMeta& meta, const TrainOptions& o, const nlohmann::json& run, bool leader);
 
-
 // The ranks' agreement to stop: each rank calls agree() after every step
 // (a one-element all-reduce over all ranks of `world` when there are several),
 // and all get the same answer, so they stop after the same step.

@@ -110,7 +110,6 @@ HostBatch host_batch(VqaBatch&& b, int tokens) {
   return h;
 }
 
-// Replica r evaluates batches r, r + dp, ...; the engine sums over replicas.
 // Rows [first, first + count) of `all`, a flat array of rows of `width` values.
 template <class T>
 std::vector<T> rows_of(const std::vector<T>& all, std::size_t first, std::size_t count, std::size_t width) {
@@ -118,6 +117,7 @@ std::vector<T> rows_of(const std::vector<T>& all, std::size_t first, std::size_t
   return std::vector<T>(at(first), at(first + count));
 }
 
+// Replica r evaluates batches r, r + dp, ...; the engine sums over replicas.
 template <class Batch>
 std::vector<HostBatch> replica_share(std::vector<Batch>& batches, int dp_rank, int dp, int tokens) {
   std::vector<HostBatch> out;
