@@ -28,7 +28,7 @@ ClusterSpec dgx_h100() {
   s.pcie_latency = 250 * kNanosecond;
   s.nic_latency = 600 * kNanosecond;
   s.switch_latency = 300 * kNanosecond;
-  s.device = {"H100-SXM5-80GB", 989 * kTera, 67 * kTera, 80 * kGiB, 3.35e12, 1979 * kTera};
+  s.device = {"H100-SXM5-80GB", 989 * kTera, 67 * kTera, 80 * kGiB, 3.35e12, 1979 * kTera, 132};
   return s;
 }
 
@@ -40,14 +40,14 @@ ClusterSpec dgx_a100() {
   s.nic_bandwidth = 200 * kGbit;
   s.nodes_per_leaf = 20;
   s.spines = 20;
-  s.device = {"A100-SXM4-80GB", 312 * kTera, 19.5 * kTera, 80 * kGiB, 2.039e12};
+  s.device = {"A100-SXM4-80GB", 312 * kTera, 19.5 * kTera, 80 * kGiB, 2.039e12, 0, 108};
   return s;
 }
 
 ClusterSpec h200() {
   ClusterSpec s = dgx_h100();
   s.name = "h200";
-  s.device = {"H200-SXM-141GB", 989 * kTera, 67 * kTera, 141e9, 4.8e12, 1979 * kTera};
+  s.device = {"H200-SXM-141GB", 989 * kTera, 67 * kTera, 141e9, 4.8e12, 1979 * kTera, 132};
   return s;
 }
 
@@ -139,7 +139,7 @@ const std::vector<std::string> kTopFields = {"base",
                                              "switch_latency_ns",
                                              "device"};
 const std::vector<std::string> kDeviceFields = {"name",       "bf16_TFLOPS", "fp32_TFLOPS",
-                                                "memory_GiB", "memory_GBps", "fp8_TFLOPS"};
+                                                "memory_GiB", "memory_GBps", "fp8_TFLOPS", "sms"};
 // Fields that must be given when there is no "base" preset to inherit from.
 const std::vector<std::string> kRequiredWithoutBase = {
     "gpus_per_node", "nvlink_GBps", "pcie_GBps", "nic_Gbps", "nodes_per_leaf", "device"};
@@ -248,6 +248,8 @@ Result<ClusterSpec> cluster_spec_from_json(std::string_view text) {
     if (st.ok())
       st = read_number(d, "fp8_TFLOPS", kTera, kFp8FlopsRange, s.device.peak_fp8_flops,
                        "dense FP8 TFLOP/s, e.g. 1979; 0: no FP8 units");
+    if (st.ok() && d.contains("sms"))
+      st = fields_of(d).get_int("sms", IntRange{0, 100'000}, s.device.sm_count);
     MT_TRY(st.context("device"));
   }
   MT_TRY(validate(s));

@@ -77,6 +77,11 @@ struct DeviceSpec {
   // Dense FP8 (E4M3/E5M2) tensor-core FLOP/s; 0: the device has no FP8 units
   // (A100), and a plan with precision fp8 is refused on it.
   double peak_fp8_flops = 0;
+  // Streaming multiprocessors (A100 108, H100 and H200 132: the
+  // architecture whitepapers' SXM parts). GEMMs are costed tile by tile
+  // over them (cost_model.h); 0: a device without SMs (the cpu), whose
+  // GEMMs follow the saturating shape curve instead.
+  int sm_count = 0;
 };
 
 struct ClusterSpec {
@@ -117,7 +122,8 @@ Result<ClusterSpec> cluster_preset(std::string_view name);
 //     "nic_latency_ns": 600, "switch_latency_ns": 300,
 //     "device": {"name": "H100", "bf16_TFLOPS": 989, "fp32_TFLOPS": 67,
 //                "memory_GiB": 80, "memory_GBps": 3350,
-//                "fp8_TFLOPS": 1979}  // optional: 0 or absent (without a base) = no FP8
+//                "fp8_TFLOPS": 1979,  // optional: 0 or absent (without a base) = no FP8
+//                "sms": 132}          // optional: SMs; 0 or absent (without a base) = GEMMs by the shape curve
 //   }
 //
 // Unknown fields are errors (they are usually typos). Every error names the

@@ -1,11 +1,27 @@
 #include "simulator/cost_model.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 
 namespace meshtrain::sim {
 namespace {
 
 double saturate(double x, double half) { return x / (x + half); }
+
+// Output tiles (rows × columns per SM) among which cuBLAS and CUTLASS pick
+// for an sm_80/sm_90 GEMM: the large tiles for large outputs, the smaller
+// ones when the large leave SMs idle. A kernel property, not fitted.
+struct Tile {
+  double m, n;
+};
+constexpr Tile kGemmTiles[] = {{128, 256}, {256, 128}, {128, 128}, {128, 64}, {64, 128}};
+
+// Bytes of one output element: bf16 for bf16 and fp8 operands (Transformer
+// Engine's FP8 GEMMs write bf16), fp32 for fp32.
+double output_bytes(DType d) { return d == DType::kFp32 ? 4.0 : 2.0; }
+
+double tiles_over(std::int64_t extent, double tile) { return std::ceil(static_cast<double>(extent) / tile); }
 double elem_bytes(DType d) {
   switch (d) {
     case DType::kBf16: return 2.0;
@@ -29,7 +45,34 @@ double CostModel::peak_flops(DType dtype) const {
   return device_.peak_fp32_flops;
 }
 
-double CostModel::gemm_efficiency(int64_t m, int64_t n, int64_t k) const {
+double CostModel::tiled_efficiency(const std::vector<GemmGroup>& groups, int64_t n, DType dtype) const {
+  const double sms = device_.sm_count;
+  const double main_rate = peak_flops(dtype) / sms * constants_.gemm_mainloop_efficiency;
+  const double store_rate = device_.memory_bandwidth / sms;
+  double flops = 0;
+  for (const auto& g : groups) flops += static_cast<double>(g.count) * gemm_flops(g.rows, n, g.k);
+  double best = std::numeric_limits<double>::infinity();
+  for (const Tile& t : kGemmTiles) {
+    // Every group's tiles share the SMs (one launch); a wave runs sm_count
+    // tiles, the last one partly empty. Groups of different k: the waves
+    // run the mean tile.
+    double tiles = 0, busy = 0;
+    for (const auto& g : groups) {
+      const double count = static_cast<double>(g.count) * tiles_over(g.rows, t.m) * tiles_over(n, t.n);
+      tiles += count;
+      busy += count * (2 * t.m * t.n * static_cast<double>(g.k) / main_rate +
+                       output_bytes(dtype) * t.m * t.n / store_rate);
+    }
+    if (tiles > 0) best = std::min(best, std::ceil(tiles / sms) * busy / tiles);
+  }
+  // The main loop's share of the kernel's time, at the sustained level.
+  const double kept = flops / (best * peak_flops(dtype) * constants_.gemm_mainloop_efficiency);
+  return constants_.gemm_efficiency_max * kept;
+}
+
+double CostModel::gemm_efficiency(int64_t m, int64_t n, int64_t k, DType dtype, int64_t batch) const {
+  if (m <= 0 || n <= 0 || k <= 0 || batch <= 0) return 0;
+  if (device_.sm_count > 0) return tiled_efficiency({{m, k, batch}}, n, dtype);
   const auto& c = constants_;
   return c.gemm_efficiency_max * saturate(static_cast<double>(m), c.gemm_m_half) *
          saturate(static_cast<double>(n), c.gemm_n_half) *
@@ -49,18 +92,33 @@ Time CostModel::roofline(double flops, double bytes, double efficiency, DType dt
   return from_seconds(std::max(compute, memory)) + constants_.kernel_overhead;
 }
 
+std::optional<Time> CostModel::measured_gemm(int64_t m, int64_t n, int64_t k, DType dtype) const {
+  if (!calibration_) return std::nullopt;
+  if (auto t = calibration_->gemm_time(m, n, k, dtype)) return from_seconds(*t);
+  // An FP8 GEMM the file did not measure: the measured bf16 curve's efficiency at FP8's peak.
+  if (dtype == DType::kFp8 && device_.peak_fp8_flops > 0)
+    if (auto t = calibration_->gemm_time(m, n, k, DType::kBf16))
+      return from_seconds(*t * device_.peak_bf16_flops / device_.peak_fp8_flops);
+  return std::nullopt;
+}
+
 Time CostModel::gemm(int64_t m, int64_t n, int64_t k, DType dtype, int64_t batch) const {
   if (m <= 0 || n <= 0 || k <= 0 || batch <= 0) return 0;
+  if (auto t = measured_gemm(m, n, k, dtype)) return *t * batch;
   const double b = static_cast<double>(batch);
-  if (calibration_) {
-    if (auto t = calibration_->gemm_time(m, n, k, dtype)) return from_seconds(*t * b);
-    // An FP8 GEMM the file did not measure: the measured bf16 curve's efficiency at FP8's peak.
-    if (dtype == DType::kFp8 && device_.peak_fp8_flops > 0)
-      if (auto t = calibration_->gemm_time(m, n, k, DType::kBf16))
-        return from_seconds(*t * b * device_.peak_bf16_flops / device_.peak_fp8_flops);
-  }
   const double bytes = b * elem_bytes(dtype) * static_cast<double>(m * k + k * n + m * n);
-  return roofline(b * gemm_flops(m, n, k), bytes, gemm_efficiency(m, n, k), dtype);
+  return roofline(b * gemm_flops(m, n, k), bytes, gemm_efficiency(m, n, k, dtype, batch), dtype);
+}
+
+Time CostModel::tiled_groups(const std::vector<GemmGroup>& groups, int64_t n, DType dtype) const {
+  double flops = 0, bytes = 0;
+  for (const auto& g : groups) {
+    const double count = static_cast<double>(g.count);
+    flops += count * gemm_flops(g.rows, n, g.k);
+    bytes += count * elem_bytes(dtype) * static_cast<double>(g.rows * g.k + g.k * n + g.rows * n);
+  }
+  if (groups.empty() || n <= 0) return 0;
+  return roofline(flops, bytes, tiled_efficiency(groups, n, dtype), dtype);
 }
 
 std::optional<Time> CostModel::measured_grouped_gemm(const std::vector<int64_t>& rows, int64_t n, int64_t k,
@@ -78,23 +136,31 @@ Time CostModel::grouped_gemm(const std::vector<int64_t>& rows, int64_t n, int64_
   if (auto t = measured_grouped_gemm(rows, n, k, dtype, false)) return *t;
   const int64_t tile = std::max<int64_t>(1, constants_.grouped_gemm_tile_rows);
   int64_t padded = 0;
-  for (int64_t m : rows) padded += m > 0 ? (m + tile - 1) / tile * tile : 0;
-  // The padded total as one GEMM: the same tiles, the same launch.
-  return gemm(padded, n, k, dtype);
+  std::vector<GemmGroup> groups;
+  for (int64_t m : rows) {
+    if (m <= 0) continue;
+    padded += (m + tile - 1) / tile * tile;
+    groups.push_back({m, k, 1});
+  }
+  if (padded == 0 || n <= 0 || k <= 0) return 0;
+  // Measured plain GEMMs, or no SMs to tile over: the padded total as one
+  // GEMM (the same tiles, the same launch).
+  if (device_.sm_count <= 0 || measured_gemm(padded, n, k, dtype)) return gemm(padded, n, k, dtype);
+  return tiled_groups(groups, n, dtype);
 }
 
 Time CostModel::grouped_gemm_wgrad(const std::vector<int64_t>& tokens, int64_t m, int64_t n, DType dtype) const {
   // The measured entries' weight gradient is (k × n), reduced over each group's rows: k is this m.
   if (auto t = measured_grouped_gemm(tokens, n, m, dtype, true)) return *t;
+  std::vector<GemmGroup> groups;
+  for (int64_t t : tokens)
+    if (t > 0) groups.push_back({m, t, 1});
+  if (groups.empty() || m <= 0 || n <= 0) return 0;
+  if (device_.sm_count > 0 && !measured_gemm(m, n, groups.front().k, dtype)) return tiled_groups(groups, n, dtype);
+  // Each group's GEMM without its own launch: one launch for the kernel.
   Time total = 0;
-  bool any = false;
-  for (int64_t t : tokens) {
-    if (t <= 0) continue;
-    // Each group's GEMM without its own launch: one launch for the kernel.
-    total += std::max<Time>(gemm(m, n, t, dtype) - constants_.kernel_overhead, 0);
-    any = true;
-  }
-  return any ? total + constants_.kernel_overhead : 0;
+  for (const auto& g : groups) total += std::max<Time>(gemm(m, n, g.k, dtype) - constants_.kernel_overhead, 0);
+  return total + constants_.kernel_overhead;
 }
 
 Time CostModel::attention(int64_t bh, int64_t seq, int64_t d, bool causal, bool backward,

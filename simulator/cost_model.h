@@ -4,10 +4,20 @@
 //   time = max(flops / (peak(dtype) · eff(shape)), bytes / (mem_bw · memory_efficiency))
 //          + kernel_overhead
 //
-// with, for a GEMM C(m×n) = A(m×k)·B(k×n) (2mnk FLOPs, bytes = (mk + kn + mn)·elem):
+// with, for a GEMM C(m×n) = A(m×k)·B(k×n) (2mnk FLOPs, bytes = (mk + kn + mn)·elem),
+// on a device with SMs, the tile model: for each output tile tm×tn the
+// kernels offer (128×256 ... 64×128), the SMs run ⌈m/tm⌉·⌈n/tn⌉ tiles in
+// waves of sm_count, a tile taking
+//   2·tm·tn·k / (peak/sms · mainloop_eff)  +  out_bytes·tm·tn / (hbm_bw/sms)
+// (main loop, then the epilogue storing the tile); the best tile's time T
+// gives
+//   eff(m,n,k) = gemm_efficiency_max · 2mnk / (T · peak · mainloop_eff)
+// so large GEMMs approach gemm_efficiency_max and small ones lose to
+// partial waves and epilogues, more on a faster device or at FP8's doubled
+// peak (the epilogue does not speed up). Grouped GEMMs count every group's
+// tiles in one launch. On a device without SMs (the cpu):
 //   eff(m,n,k) = gemm_efficiency_max · m/(m+m_half) · n/(n+n_half) · k/(k+k_half)
-// a saturating function: large GEMMs approach gemm_efficiency_max, a
-// dimension equal to its half-size halves its factor. For attention
+// For attention
 // (4·bh·s²·d FLOPs, half when causal; backward 2.5× forward as in
 // FlashAttention-2: five matmuls instead of two):
 //   eff = attention_efficiency_max · s/(s+seq_half) · d/(d+head_dim_half)
@@ -47,7 +57,10 @@ class CostModel {
   const DeviceSpec& device() const { return device_; }
 
   double peak_flops(DType dtype) const;
-  double gemm_efficiency(int64_t m, int64_t n, int64_t k) const;
+  // The share of peak(dtype) that `batch` (m,n,k) GEMMs sustain: on a
+  // device with SMs the tile model (constants.h, gemm_mainloop_efficiency),
+  // else the saturating shape curve.
+  double gemm_efficiency(int64_t m, int64_t n, int64_t k, DType dtype = DType::kBf16, int64_t batch = 1) const;
   double attention_efficiency(int64_t seq, int64_t head_dim) const;
 
   // One GEMM of `batch` independent (m,n,k) products.
@@ -56,17 +69,18 @@ class CostModel {
   // their tokens, forward or input gradient). With a calibration holding
   // grouped_gemm entries of the dtype: the sum over groups of each one's
   // FLOPs at the measured grouped throughput of its rows per group
-  // (Calibration::grouped_gemm_time). Otherwise the tile model: every
-  // group's rows padded to the kernel's tile
-  // (CostConstants::grouped_gemm_tile_rows), all tiles run as one GEMM of
+  // (Calibration::grouped_gemm_time). Otherwise, with SMs, the tile model
+  // over every group's tiles in one launch; without, every group's rows
+  // padded to CostConstants::grouped_gemm_tile_rows and run as one GEMM of
   // the padded total would (its efficiency, or its measured time from a
-  // calibration's gemm table), with one launch. Either way empty groups
-  // cost nothing and a group of many rows more than one of few.
+  // calibration's gemm table). Either way empty groups cost nothing and a
+  // group of many rows more than one of few.
   Time grouped_gemm(const std::vector<int64_t>& rows, int64_t n, int64_t k, DType dtype) const;
   // The weight gradients of such groups: dW_g (m × n) = a_gᵀ d_g, each a
   // GEMM whose reduction runs over the group's tokens[g]. Measured: the
-  // calibration's wgrad entries as above; otherwise each group's GEMM at its
-  // own efficiency (few tokens, a short reduction), launched once.
+  // calibration's wgrad entries as above; otherwise, with SMs, every
+  // group's tiles (each reducing over its own tokens) in one launch; without,
+  // each group's GEMM at its own efficiency, launched once.
   Time grouped_gemm_wgrad(const std::vector<int64_t>& tokens, int64_t m, int64_t n, DType dtype) const;
   // Fused attention over batch·heads sequences of `seq` with head size `head_dim`.
   Time attention(int64_t batch_heads, int64_t seq, int64_t head_dim, bool causal, bool backward,
@@ -92,6 +106,16 @@ class CostModel {
   Time roofline(double flops, double bytes, double efficiency, DType dtype) const;
 
  private:
+  // `count` GEMMs of rows × n outputs reducing over k.
+  struct GemmGroup {
+    int64_t rows, k, count;
+  };
+  // The tile model's efficiency for groups that share one launch and the n columns.
+  double tiled_efficiency(const std::vector<GemmGroup>& groups, int64_t n, DType dtype) const;
+  // Such groups' kernel time: their FLOPs and bytes at that efficiency, one launch.
+  Time tiled_groups(const std::vector<GemmGroup>& groups, int64_t n, DType dtype) const;
+  // A calibration's time for one (m,n,k) GEMM (fp8 from bf16 entries at FP8's peak); nullopt without one.
+  std::optional<Time> measured_gemm(int64_t m, int64_t n, int64_t k, DType dtype) const;
   // The calibration's grouped_gemm entries' time (fp8 from bf16 ones at FP8's peak); nullopt without them.
   std::optional<Time> measured_grouped_gemm(const std::vector<int64_t>& rows, int64_t n, int64_t k, DType dtype,
                                             bool wgrad) const;

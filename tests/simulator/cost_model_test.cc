@@ -8,11 +8,16 @@ using namespace meshtrain::sim;
 
 namespace {
 const DeviceSpec kA100 = cluster_preset("dgx-a100")->device;
+// The A100 without its SM count: GEMMs on the saturating shape curve (the cpu device's).
+DeviceSpec without_sms(DeviceSpec d) {
+  d.sm_count = 0;
+  return d;
 }
+}  // namespace
 
 TEST_CASE("roofline kernel times", "[simulator][cost]") {
   const CostConstants k;
-  CostModel m(kA100, k);
+  CostModel m(without_sms(kA100), k);
   const double oh = to_seconds(k.kernel_overhead);
   SECTION("large GEMM is compute bound at the saturated efficiency") {
     const double n = 8192;
@@ -192,10 +197,10 @@ TEST_CASE("a sliding window's attention is its share of the scores: Σ_t min(t +
 }
 
 
-TEST_CASE("a grouped GEMM pads each group's rows to the kernel's tile and runs them as one launch",
+TEST_CASE("without SMs a grouped GEMM pads each group's rows to the kernel's tile and runs them as one launch",
           "[simulator][cost][moe]") {
   const CostConstants k;
-  const CostModel m(kA100, k);
+  const CostModel m(without_sms(kA100), k);
   const std::int64_t n = 4096, kk = 1024;
   // Experts with known uneven token counts: 130 rows take two 128-row tiles, 300 three, 1000 eight, an
   // empty expert none: 256 + 384 + 1024 = 1664 padded rows.
