@@ -152,6 +152,8 @@ class SimBackend final : public Backend {
   // of `seq` keys, for `rows` query rows (AttentionOp's query window).
   void unfused_attention(std::int64_t bh, std::int64_t seq, std::int64_t rows, std::int64_t head_dim,
                          DType dtype, bool backward);
+  // CrossEntropyImpl::unfused: one memory-bound kernel per (name, bytes per logit) pass over `logits`.
+  bool unfused_cross_entropy(const Tensor& logits, std::initializer_list<std::pair<const char*, double>> passes);
   void check(const Tensor& t, const char* op) const;
   sim::StreamId executor_stream(Stream s) const;
   sim::DType compute_dtype(DType t) const;

@@ -85,6 +85,28 @@ enum class AttentionImpl {
   unfused,
 };
 
+// How the simulated software computes the language-model loss over the
+// (rows, vocab) logits. The engine issues the same cross-entropy ops either
+// way; only their timing differs.
+enum class CrossEntropyImpl {
+  // Fused kernels reading the 16-bit logits: a pass for the row maxima,
+  // one for the sums of exponentials, and one reading them again to write
+  // the gradient (Megatron-Core's --cross-entropy-loss-fusion, Transformer
+  // Engine's and Apex's fused losses).
+  fused,
+  // Megatron's vocab-parallel cross-entropy in PyTorch ops, the default
+  // before --cross-entropy-loss-fusion (megatron/core/tensor_parallel/
+  // cross_entropy.py of core_r0.8.0; Megatron-LM 2021 alike): the logits
+  // are cast to fp32 (read 16-bit, write fp32), then, each a kernel over
+  // the fp32 copy, the max (read), the max subtracted in place (read,
+  // write), exp in place (read, write), the sum (read), the softmax
+  // normalized in place (read, write); backward scales the softmax by the
+  // loss gradient in place (read, write) and casts it back to 16 bits
+  // (read fp32, write 16-bit). 52 bytes per logit with bf16 logits, against
+  // the fused kernels' 8. Only time is modelled, as for unfused attention.
+  unfused,
+};
+
 enum class Fidelity { representative, full };
 
 // A cable (simulator/topology.h names) at `factor` of its bandwidth, or failed.
@@ -97,6 +119,7 @@ struct LinkChange {
 struct SimOptions {
   bool trace = false;  // collect a Chrome trace (SimCluster::trace())
   AttentionImpl attention = AttentionImpl::flash;
+  CrossEntropyImpl cross_entropy = CrossEntropyImpl::fused;
   // With AttentionImpl::unfused: the dropout probability on the attention
   // probabilities (0: no dropout kernel). Flash attention fuses it.
   float attention_dropout = 0.f;

@@ -351,12 +351,31 @@ void SimBackend::unfused_attention(std::int64_t bh, std::int64_t seq, std::int64
   compute(op_name("attention_query_key_backward"), cost.gemm(rows, head_dim, seq, t, 2 * bh));  // dQ, dK
 }
 
+bool SimBackend::unfused_cross_entropy(const Tensor& logits,
+                                       std::initializer_list<std::pair<const char*, double>> passes) {
+  if (cluster_.options_.cross_entropy != CrossEntropyImpl::unfused) return false;
+  check(logits, "cross_entropy");
+  const double count = static_cast<double>(logits.numel());
+  for (const auto& [name, bytes_per_logit] : passes)
+    if (bytes_per_logit > 0) compute(op_name(name), cluster_.cost_.memory_bound(bytes_per_logit * count));
+  return true;
+}
+
+// The unfused passes' bytes per logit: `e` bytes of a 16-bit (or fp32) logit, 4 of its fp32 copy; a cast
+// from fp32 logits is no kernel.
 void SimBackend::cross_entropy_max(const Tensor& logits, Tensor& row_max) {
+  const double e = static_cast<double>(dtype_size(logits.dtype()));
+  if (unfused_cross_entropy(logits, {{"cross_entropy_float", e < 4 ? e + 4 : 0}, {"cross_entropy_max", 4}})) return;
   checked_charge("cross_entropy_max", {&logits, &row_max});
 }
 void SimBackend::cross_entropy_partials(const Tensor& logits, const Tensor& targets,
                                         const Tensor& row_max, std::int64_t, Tensor& sumexp,
                                         Tensor& target_logit) {
+  if (unfused_cross_entropy(logits, {{"cross_entropy_shift", 8},
+                                     {"cross_entropy_exp", 8},
+                                     {"cross_entropy_sum", 4},
+                                     {"cross_entropy_softmax", 8}}))
+    return;
   checked_charge("cross_entropy_partials", {&logits, &sumexp}, {&logits, &targets, &row_max, &sumexp, &target_logit});
 }
 void SimBackend::cross_entropy_loss(const Tensor& row_max, const Tensor& sumexp,
@@ -370,6 +389,9 @@ void SimBackend::cross_entropy_accuracy(const Tensor& row_max, const Tensor& tar
 void SimBackend::cross_entropy_backward(const Tensor& logits, const Tensor& targets,
                                         const Tensor& row_max, const Tensor& sumexp, std::int64_t,
                                         float, Tensor& dlogits) {
+  const double e = static_cast<double>(dtype_size(logits.dtype()));
+  if (unfused_cross_entropy(logits, {{"cross_entropy_scale_backward", 8}, {"cross_entropy_cast_backward", e < 4 ? e + 4 : 0}}))
+    return;
   checked_charge("cross_entropy_backward", {&logits, &dlogits},
                  {&logits, &targets, &row_max, &sumexp, &dlogits});
 }

@@ -28,7 +28,7 @@ namespace meshtrain {
 namespace {
 
 struct PlanCommandFlags {
-  std::string model, cluster = "dgx-a100", calibration, out, svg, attention = "flash", moe_routing = "uniform";
+  std::string model, cluster = "dgx-a100", calibration, out, svg, attention = "flash", cross_entropy = "fused", moe_routing = "uniform";
   int gpus = 0;
   std::optional<int> global_batch, seq_len;
   std::string precision = "bf16", grad_sync = "overlap";
@@ -63,6 +63,7 @@ Status run_plan(const PlanCommandFlags& f) {
   if (!f.calibration.empty())
     MT_TRY(apply_calibration(f.calibration, "threads", f.gpus, ctx.base.precision, calibration, options));
   MT_ASSIGN(options.attention, attention_impl_from_name(f.attention));
+  MT_ASSIGN(options.cross_entropy, cross_entropy_impl_from_name(f.cross_entropy));
   options.dropout = f.dropout;
   MT_ASSIGN(options.moe_routing, MoeRouting::parse(f.moe_routing));
   ctx.step.dropout = f.dropout;
@@ -168,6 +169,8 @@ Command add_plan_command(CLI::App& app) {
   sub->add_option("--allow", f->allow,
                   "values to search: name=v1,v2[,...], e.g. tp=1,2,4,16 or recompute=full, or vision.zero=0,1");
   sub->add_option("--calibration", f->calibration, "calibration JSON (meshtrain calibrate) replacing the defaults");
+  sub->add_option("--cross-entropy", f->cross_entropy, "loss kernels of the simulated software: fused or unfused")
+      ->capture_default_str();
   sub->add_option("--attention", f->attention, "attention kernels of the simulated software: flash or unfused")
       ->capture_default_str();
   sub->add_option("--dropout", f->dropout, "dropout probability of the simulated run")->capture_default_str();

@@ -37,6 +37,7 @@ struct SimulateFlags {
   bool ignore_memory = false;
   bool steady_state = false;
   std::string attention = "flash";  // the simulated software stack: see SimulateOptions
+  std::string cross_entropy = "fused";
   float dropout = 0.f;
   std::string moe_routing = "uniform";
   std::string moe_dispatcher = "alltoall";
@@ -329,6 +330,7 @@ Status run_jobs(const SimulateFlags& f) {
   SimulateOptions options;
   MT_ASSIGN(options.cluster, sim::cluster_spec_by_name_or_file(f.cluster));
   MT_ASSIGN(options.attention, attention_impl_from_name(f.attention));
+  MT_ASSIGN(options.cross_entropy, cross_entropy_impl_from_name(f.cross_entropy));
   options.dropout = f.dropout;
   MT_ASSIGN(options.moe_routing, MoeRouting::parse(f.moe_routing));
   options.moe_dispatcher = f.moe_dispatcher;
@@ -362,6 +364,7 @@ Status run_simulate(SimulateFlags f, bool no_flags) {
   options.check_memory = !f.ignore_memory;
   options.steady_state = f.steady_state;
   MT_ASSIGN(options.attention, attention_impl_from_name(f.attention));
+  MT_ASSIGN(options.cross_entropy, cross_entropy_impl_from_name(f.cross_entropy));
   options.dropout = f.dropout;
   MT_ASSIGN(options.moe_routing, MoeRouting::parse(f.moe_routing));
   options.moe_dispatcher = f.moe_dispatcher;
@@ -415,6 +418,10 @@ Command add_simulate_command(CLI::App& app) {
   sub->add_option("--attention", flags->attention,
                   "attention kernels of the simulated software: flash (fused) or unfused (Megatron-LM 2021: "
                   "score GEMM, softmax, dropout, context GEMM)")
+      ->capture_default_str();
+  sub->add_option("--cross-entropy", flags->cross_entropy,
+                  "loss kernels of the simulated software: fused (reading the 16-bit logits) or unfused "
+                  "(Megatron's fp32 PyTorch ops, its default before --cross-entropy-loss-fusion)")
       ->capture_default_str();
   sub->add_option("--dropout", flags->dropout, "dropout probability of the simulated run (hidden states; "
                   "with --attention unfused also the attention probabilities)")

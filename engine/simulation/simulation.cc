@@ -121,6 +121,15 @@ std::string_view attention_impl_name(AttentionImpl a) {
   return a == AttentionImpl::unfused ? "unfused" : "flash";
 }
 
+Result<CrossEntropyImpl> cross_entropy_impl_from_name(std::string_view name) {
+  if (name == "fused") return CrossEntropyImpl::fused;
+  if (name == "unfused") return CrossEntropyImpl::unfused;
+  return make_error("unknown cross-entropy implementation '{}'; known: fused (kernels reading the 16-bit logits, "
+                    "Megatron-Core's --cross-entropy-loss-fusion), unfused (Megatron's PyTorch ops over an fp32 copy, "
+                    "its default before that flag)",
+                    name);
+}
+
 namespace {
 
 // What a simulation holds, measured on dgx-a100 runs (RESULTS.md, reliability):
@@ -202,6 +211,7 @@ SimOptions simulation_options(const SimulateOptions& options, bool full) {
   o.trace = options.trace;
   o.calibration = options.calibration;
   o.attention = options.attention;
+  o.cross_entropy = options.cross_entropy;
   o.attention_dropout = options.dropout;
   o.fidelity = full ? Fidelity::full : Fidelity::representative;
   o.isolate_exclusive = options.isolate_exclusive;

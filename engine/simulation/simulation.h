@@ -68,8 +68,9 @@ struct SimulateOptions {
   // The simulated software stack (facts of the system, e.g. of a published
   // run being reproduced): its attention kernels (sim_cluster.h) and the
   // dropout probability on hidden states (and, with unfused attention, on
-  // the attention probabilities), as the training run used.
+  // the attention probabilities), as the training run used; its loss kernels.
   AttentionImpl attention = AttentionImpl::flash;
+  CrossEntropyImpl cross_entropy = CrossEntropyImpl::fused;
   float dropout = 0.f;
   // How a model with experts spreads its tokens over them (the sim holds no
   // data to route): models/moe_routing.h.
@@ -121,6 +122,8 @@ Result<Fidelity> fidelity_from_name(std::string_view name);
 // "flash" / "unfused", and back; unknown names are an Error listing both.
 Result<AttentionImpl> attention_impl_from_name(std::string_view name);
 std::string_view attention_impl_name(AttentionImpl a);
+// "fused" / "unfused" (sim_cluster.h); unknown names are an Error listing both.
+Result<CrossEntropyImpl> cross_entropy_impl_from_name(std::string_view name);
 
 struct StageResult {
   int stage = 0, rank = 0;

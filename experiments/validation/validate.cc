@@ -17,9 +17,10 @@
 // table), so a script (and ctest) can gate on it.
 //
 // A table (or a row, overriding it) may describe the measured system's
-// software in "system": {"attention": "flash" | "unfused", "dropout": P}:
-// facts of how the published runs were made (which attention kernels their
-// framework had, which dropout they trained with), applied as
+// software in "system": {"attention": "flash" | "unfused", "cross_entropy":
+// "fused" | "unfused", "dropout": P}: facts of how the published runs were
+// made (which attention and loss kernels their framework had, which dropout
+// they trained with), applied as
 // SimulateOptions, never fitted.
 #include <algorithm>
 #include <chrono>
@@ -95,11 +96,13 @@ Status apply_system(const json& system, SimulateOptions& o) {
   for (const auto& [key, value] : system.items()) {
     if (key == "attention" && value.is_string()) {
       MT_ASSIGN(o.attention, attention_impl_from_name(value.get<std::string>()));
+    } else if (key == "cross_entropy" && value.is_string()) {
+      MT_ASSIGN(o.cross_entropy, cross_entropy_impl_from_name(value.get<std::string>()));
     } else if (key == "dropout" && value.is_number()) {
       o.dropout = value.get<float>();
     } else {
       return make_error("\"system\": unknown or mistyped field '{}'; known: \"attention\" (\"flash\" or \"unfused\"), "
-                        "\"dropout\" (a number in [0, 1))",
+                        "\"cross_entropy\" (\"fused\" or \"unfused\"), \"dropout\" (a number in [0, 1))",
                         key);
     }
   }
@@ -149,6 +152,7 @@ Result<std::vector<Row>> run_table(const std::string& path) {
     }
     row.plan = describe(p) + fmt::format(" {}-attn", attention_impl_name(options.attention));
     if (options.dropout > 0) row.plan += fmt::format(" drop{:g}", options.dropout);
+    if (options.cross_entropy == CrossEntropyImpl::unfused) row.plan += " unfused-ce";
     if (options.moe_dispatcher != "alltoall") row.plan += " " + options.moe_dispatcher;
     // The measured runs fit on the real machines; a predicted peak above the
     // device is reported in its own column rather than stopping the table.

@@ -234,7 +234,7 @@ TEST_CASE("sim backend: fused attention of a sliding-window layer takes the wind
 
 TEST_CASE("sim backend: the experts' grouped GEMM is one task of the cost model's grouped time",
           "[sim_backend][moe]") {
-  // Three experts with 130, 40 and 700 tokens: (256 + 128 + 768) padded rows as one kernel.
+  // Three experts with 130, 40 and 700 tokens: one kernel of their tiles (simulator/cost_model.h).
   auto cluster = make_cluster(1, {0});
   SimBackend& b = cluster->backend(0);
   const std::int64_t C = 1024, F = 2816;
@@ -248,5 +248,42 @@ TEST_CASE("sim backend: the experts' grouped GEMM is one task of the cost model'
   auto r = cluster->run();
   REQUIRE(r.ok());
   CHECK(r->tasks == 1);
-  CHECK(r->ranks[0].compute_s == Approx(gemm_seconds(*cluster, 256 + 128 + 768, F, C)));
+  CHECK(r->ranks[0].compute_s ==
+        Approx(seconds(cluster->cost_model().grouped_gemm({130, 40, 700}, F, C, sim::DType::kBf16))));
+}
+
+TEST_CASE("sim backend: Megatron's unfused cross-entropy is eight passes over the logits, 52 bytes each in bf16",
+          "[sim_backend][loss]") {
+  // One micro-batch's loss over (4096, 32768) bf16 logits, forward and backward, fused and unfused.
+  const std::int64_t rows = 4096, vocab = 32768;
+  const double logits = static_cast<double>(rows) * vocab;
+  auto loss_seconds = [&](CrossEntropyImpl impl) {
+    auto spec = sim::cluster_preset("dgx-h100");
+    REQUIRE(spec.ok());
+    SimOptions o;
+    o.cross_entropy = impl;
+    auto made = SimCluster::create(*spec, 1, {0}, o);
+    REQUIRE(made.ok());
+    SimBackend& b = (*made)->backend(0);
+    Tensor x = b.empty(Shape{rows, vocab}, DType::bf16), dx = b.empty(Shape{rows, vocab}, DType::bf16);
+    Tensor targets = b.empty(Shape{rows}, DType::i32), row_max = b.empty(Shape{rows}), sumexp = b.empty(Shape{rows});
+    Tensor target_logit = b.empty(Shape{rows});
+    b.cross_entropy_max(x, row_max);
+    b.cross_entropy_partials(x, targets, row_max, 0, sumexp, target_logit);
+    b.cross_entropy_backward(x, targets, row_max, sumexp, 0, 1.f, dx);
+    auto r = (*made)->run();
+    REQUIRE(r.ok());
+    return std::pair{r->ranks[0].compute_s, (*made)->cost_model().constants()};
+  };
+  const auto [unfused, k] = loss_seconds(CrossEntropyImpl::unfused);
+  const auto [fused, unused] = loss_seconds(CrossEntropyImpl::fused);
+  // Counted from megatron/core/tensor_parallel/cross_entropy.py (core_r0.8.0), bytes per logit: the fp32
+  // copy (read 2, write 4), max (read 4), subtract the max in place (8), exp in place (8), sum (read 4),
+  // normalize in place (8); backward: scale by the loss gradient in place (8), cast back (read 4, write 2).
+  const double per_logit[] = {6, 4, 8, 8, 4, 8, 8, 6};
+  double want = 0;
+  for (double bytes : per_logit) want += bytes * logits / (3.35e12 * k.memory_efficiency) + seconds(k.kernel_overhead);
+  CHECK(unfused == Approx(want).epsilon(1e-6));
+  // The fused kernels read the bf16 logits three times and write the gradient once: 8 bytes per logit.
+  CHECK(fused == Approx(8 * logits / (3.35e12 * k.memory_efficiency) + 3 * seconds(k.kernel_overhead)).epsilon(1e-3));
 }
