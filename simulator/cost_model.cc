@@ -21,6 +21,11 @@ constexpr Tile kGemmTiles[] = {{128, 256}, {256, 128}, {128, 128}, {128, 64}, {6
 // Engine's FP8 GEMMs write bf16), fp32 for fp32.
 double output_bytes(DType d) { return d == DType::kFp32 ? 4.0 : 2.0; }
 
+// Bytes an epilogue moves per output element.
+double epilogue_bytes(DType d, const GemmOutput& out) {
+  return (out.bytes > 0 ? out.bytes : output_bytes(d)) * (out.accumulate ? 2.0 : 1.0);
+}
+
 double tiles_over(std::int64_t extent, double tile) { return std::ceil(static_cast<double>(extent) / tile); }
 double elem_bytes(DType d) {
   switch (d) {
@@ -45,7 +50,8 @@ double CostModel::peak_flops(DType dtype) const {
   return device_.peak_fp32_flops;
 }
 
-double CostModel::tiled_efficiency(const std::vector<GemmGroup>& groups, int64_t n, DType dtype) const {
+double CostModel::tiled_efficiency(const std::vector<GemmGroup>& groups, int64_t n, DType dtype,
+                                   const GemmOutput& out) const {
   const double sms = device_.sm_count;
   const double main_rate = peak_flops(dtype) / sms * constants_.gemm_mainloop_efficiency;
   const double store_rate = device_.memory_bandwidth / sms;
@@ -61,7 +67,7 @@ double CostModel::tiled_efficiency(const std::vector<GemmGroup>& groups, int64_t
       const double count = static_cast<double>(g.count) * tiles_over(g.rows, t.m) * tiles_over(n, t.n);
       tiles += count;
       busy += count * (2 * t.m * t.n * static_cast<double>(g.k) / main_rate +
-                       output_bytes(dtype) * t.m * t.n / store_rate);
+                       epilogue_bytes(dtype, out) * t.m * t.n / store_rate);
     }
     if (tiles > 0) best = std::min(best, std::ceil(tiles / sms) * busy / tiles);
   }
@@ -70,9 +76,10 @@ double CostModel::tiled_efficiency(const std::vector<GemmGroup>& groups, int64_t
   return constants_.gemm_efficiency_max * kept;
 }
 
-double CostModel::gemm_efficiency(int64_t m, int64_t n, int64_t k, DType dtype, int64_t batch) const {
+double CostModel::gemm_efficiency(int64_t m, int64_t n, int64_t k, DType dtype, int64_t batch,
+                                  const GemmOutput& out) const {
   if (m <= 0 || n <= 0 || k <= 0 || batch <= 0) return 0;
-  if (device_.sm_count > 0) return tiled_efficiency({{m, k, batch}}, n, dtype);
+  if (device_.sm_count > 0) return tiled_efficiency({{m, k, batch}}, n, dtype, out);
   const auto& c = constants_;
   return c.gemm_efficiency_max * saturate(static_cast<double>(m), c.gemm_m_half) *
          saturate(static_cast<double>(n), c.gemm_n_half) *
@@ -102,15 +109,15 @@ std::optional<Time> CostModel::measured_gemm(int64_t m, int64_t n, int64_t k, DT
   return std::nullopt;
 }
 
-Time CostModel::gemm(int64_t m, int64_t n, int64_t k, DType dtype, int64_t batch) const {
+Time CostModel::gemm(int64_t m, int64_t n, int64_t k, DType dtype, int64_t batch, const GemmOutput& out) const {
   if (m <= 0 || n <= 0 || k <= 0 || batch <= 0) return 0;
   if (auto t = measured_gemm(m, n, k, dtype)) return *t * batch;
   const double b = static_cast<double>(batch);
   const double bytes = b * elem_bytes(dtype) * static_cast<double>(m * k + k * n + m * n);
-  return roofline(b * gemm_flops(m, n, k), bytes, gemm_efficiency(m, n, k, dtype, batch), dtype);
+  return roofline(b * gemm_flops(m, n, k), bytes, gemm_efficiency(m, n, k, dtype, batch, out), dtype);
 }
 
-Time CostModel::tiled_groups(const std::vector<GemmGroup>& groups, int64_t n, DType dtype) const {
+Time CostModel::tiled_groups(const std::vector<GemmGroup>& groups, int64_t n, DType dtype, const GemmOutput& out) const {
   double flops = 0, bytes = 0;
   for (const auto& g : groups) {
     const double count = static_cast<double>(g.count);
@@ -118,7 +125,7 @@ Time CostModel::tiled_groups(const std::vector<GemmGroup>& groups, int64_t n, DT
     bytes += count * elem_bytes(dtype) * static_cast<double>(g.rows * g.k + g.k * n + g.rows * n);
   }
   if (groups.empty() || n <= 0) return 0;
-  return roofline(flops, bytes, tiled_efficiency(groups, n, dtype), dtype);
+  return roofline(flops, bytes, tiled_efficiency(groups, n, dtype, out), dtype);
 }
 
 std::optional<Time> CostModel::measured_grouped_gemm(const std::vector<int64_t>& rows, int64_t n, int64_t k,
@@ -149,17 +156,18 @@ Time CostModel::grouped_gemm(const std::vector<int64_t>& rows, int64_t n, int64_
   return tiled_groups(groups, n, dtype);
 }
 
-Time CostModel::grouped_gemm_wgrad(const std::vector<int64_t>& tokens, int64_t m, int64_t n, DType dtype) const {
+Time CostModel::grouped_gemm_wgrad(const std::vector<int64_t>& tokens, int64_t m, int64_t n, DType dtype,
+                                   const GemmOutput& out) const {
   // The measured entries' weight gradient is (k × n), reduced over each group's rows: k is this m.
   if (auto t = measured_grouped_gemm(tokens, n, m, dtype, true)) return *t;
   std::vector<GemmGroup> groups;
   for (int64_t t : tokens)
     if (t > 0) groups.push_back({m, t, 1});
   if (groups.empty() || m <= 0 || n <= 0) return 0;
-  if (device_.sm_count > 0 && !measured_gemm(m, n, groups.front().k, dtype)) return tiled_groups(groups, n, dtype);
+  if (device_.sm_count > 0 && !measured_gemm(m, n, groups.front().k, dtype)) return tiled_groups(groups, n, dtype, out);
   // Each group's GEMM without its own launch: one launch for the kernel.
   Time total = 0;
-  for (const auto& g : groups) total += std::max<Time>(gemm(m, n, g.k, dtype) - constants_.kernel_overhead, 0);
+  for (const auto& g : groups) total += std::max<Time>(gemm(m, n, g.k, dtype, 1, out) - constants_.kernel_overhead, 0);
   return total + constants_.kernel_overhead;
 }
 

@@ -48,6 +48,16 @@ namespace meshtrain::sim {
 double attention_window_share(int64_t seq, int64_t q_begin, int64_t q_rows, bool causal,
                               int64_t sliding_window = 0);
 
+// What a GEMM's epilogue does with each output element: store it at
+// `bytes` (0: 2 for bf16 and fp8 operands, 4 for fp32), after reading the
+// element already there when it accumulates (C += A·B: a weight gradient
+// summed into an fp32 gradient over micro-batches, Megatron's
+// gradient_accumulation_fusion).
+struct GemmOutput {
+  double bytes = 0;
+  bool accumulate = false;
+};
+
 class CostModel {
  public:
   // `calibration` may be null; when not, it must outlive the model.
@@ -60,11 +70,12 @@ class CostModel {
   // The share of peak(dtype) that `batch` (m,n,k) GEMMs sustain: on a
   // device with SMs the tile model (constants.h, gemm_mainloop_efficiency),
   // else the saturating shape curve.
-  double gemm_efficiency(int64_t m, int64_t n, int64_t k, DType dtype = DType::kBf16, int64_t batch = 1) const;
+  double gemm_efficiency(int64_t m, int64_t n, int64_t k, DType dtype = DType::kBf16, int64_t batch = 1,
+                         const GemmOutput& out = {}) const;
   double attention_efficiency(int64_t seq, int64_t head_dim) const;
 
   // One GEMM of `batch` independent (m,n,k) products.
-  Time gemm(int64_t m, int64_t n, int64_t k, DType dtype, int64_t batch = 1) const;
+  Time gemm(int64_t m, int64_t n, int64_t k, DType dtype, int64_t batch = 1, const GemmOutput& out = {}) const;
   // One grouped GEMM over groups of rows[g] × k by k × n (MoE experts over
   // their tokens, forward or input gradient). With a calibration holding
   // grouped_gemm entries of the dtype: the sum over groups of each one's
@@ -81,7 +92,8 @@ class CostModel {
   // calibration's wgrad entries as above; otherwise, with SMs, every
   // group's tiles (each reducing over its own tokens) in one launch; without,
   // each group's GEMM at its own efficiency, launched once.
-  Time grouped_gemm_wgrad(const std::vector<int64_t>& tokens, int64_t m, int64_t n, DType dtype) const;
+  Time grouped_gemm_wgrad(const std::vector<int64_t>& tokens, int64_t m, int64_t n, DType dtype,
+                          const GemmOutput& out = {}) const;
   // Fused attention over batch·heads sequences of `seq` with head size `head_dim`.
   Time attention(int64_t batch_heads, int64_t seq, int64_t head_dim, bool causal, bool backward,
                  DType dtype) const;
@@ -111,9 +123,10 @@ class CostModel {
     int64_t rows, k, count;
   };
   // The tile model's efficiency for groups that share one launch and the n columns.
-  double tiled_efficiency(const std::vector<GemmGroup>& groups, int64_t n, DType dtype) const;
+  double tiled_efficiency(const std::vector<GemmGroup>& groups, int64_t n, DType dtype,
+                          const GemmOutput& out = {}) const;
   // Such groups' kernel time: their FLOPs and bytes at that efficiency, one launch.
-  Time tiled_groups(const std::vector<GemmGroup>& groups, int64_t n, DType dtype) const;
+  Time tiled_groups(const std::vector<GemmGroup>& groups, int64_t n, DType dtype, const GemmOutput& out = {}) const;
   // A calibration's time for one (m,n,k) GEMM (fp8 from bf16 entries at FP8's peak); nullopt without one.
   std::optional<Time> measured_gemm(int64_t m, int64_t n, int64_t k, DType dtype) const;
   // The calibration's grouped_gemm entries' time (fp8 from bf16 ones at FP8's peak); nullopt without them.

@@ -116,12 +116,14 @@ void SimBackend::fp8_cast(const Tensor& x, const Fp8CastOp& op, Tensor& y, Tenso
   charge(op_info("fp8_cast"), args);
 }
 
-void SimBackend::gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp&) {
+void SimBackend::gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp& op) {
   check(a, "gemm"), check(b, "gemm"), check(c, "gemm");
   const MatmulDims d = op_cost(op_info("gemm"), {&a, &b, &c}).matmuls.front();
   if (d.m * d.k != a.numel() || d.k * d.n != b.numel())
     misuse("gemm: a {} b {} c {} do not agree", a.shape().str(), b.shape().str(), c.shape().str());
-  compute(op_name("gemm"), cluster_.cost_.gemm(d.m, d.n, d.k, gemm_dtype(a.dtype(), d.m, d.n, d.k)));
+  // The epilogue stores c in its own dtype, after reading it when the product is added (beta != 0).
+  const sim::GemmOutput out{static_cast<double>(dtype_size(c.dtype())), op.beta != 0.f};
+  compute(op_name("gemm"), cluster_.cost_.gemm(d.m, d.n, d.k, gemm_dtype(a.dtype(), d.m, d.n, d.k), 1, out));
 }
 void SimBackend::grouped_gemm(const std::vector<Tensor>& a, const std::vector<Tensor>& b, std::vector<Tensor>& c,
                               const GemmOp& op) {
@@ -149,7 +151,8 @@ void SimBackend::grouped_gemm(const std::vector<Tensor>& a, const std::vector<Te
   if (op.trans_a) {
     for (std::int64_t m : ms)
       if (m != ms.front()) misuse("grouped_gemm: weight-gradient groups must share m, got {} and {}", ms.front(), m);
-    return compute(op_name("grouped_gemm"), cluster_.cost_.grouped_gemm_wgrad(ks, ms.front(), n, t));
+    const sim::GemmOutput out{static_cast<double>(dtype_size(c.front().dtype())), op.beta != 0.f};
+    return compute(op_name("grouped_gemm"), cluster_.cost_.grouped_gemm_wgrad(ks, ms.front(), n, t, out));
   }
   for (std::int64_t k : ks)
     if (k != ks.front()) misuse("grouped_gemm: row groups must share k, got {} and {}", ks.front(), k);

@@ -115,6 +115,31 @@ TEST_CASE("sim backend: a gemm takes the cost model's time, a solo tp all-reduce
   CHECK(r->tasks == 2);
 }
 
+TEST_CASE("sim backend: a weight gradient added into an fp32 gradient pays the accumulating epilogue",
+          "[sim_backend]") {
+  // dW (1024 x 2048, fp32) += xᵀ (1024 x 4096) · dy (4096 x 2048): beta 1 on an fp32 c, as the engine's linear
+  // backward issues it; the same product into a fresh bf16 c stores 2 bytes an element and reads none.
+  auto cluster = make_cluster(1, {0});
+  SimBackend& b = cluster->backend(0);
+  Tensor x = b.empty(Shape{4096, 1024}, DType::bf16), dy = b.empty(Shape{4096, 2048}, DType::bf16);
+  Tensor dw = b.empty(Shape{1024, 2048});
+  b.gemm(x, dy, dw, GemmOp{true, false, 1.f, 1.f});
+  auto r = cluster->run();
+  REQUIRE(r.ok());
+  const sim::CostModel& cost = cluster->cost_model();
+  CHECK(r->ranks[0].compute_s ==
+        Approx(seconds(cost.gemm(1024, 2048, 4096, sim::DType::kBf16, 1, sim::GemmOutput{4, true}))));
+  auto plain = make_cluster(1, {0});
+  SimBackend& pb = plain->backend(0);
+  Tensor px = pb.empty(Shape{4096, 1024}, DType::bf16), pdy = pb.empty(Shape{4096, 2048}, DType::bf16);
+  Tensor fresh = pb.empty(Shape{1024, 2048}, DType::bf16);
+  pb.gemm(px, pdy, fresh, GemmOp{true, false});
+  auto p = plain->run();
+  REQUIRE(p.ok());
+  CHECK(p->ranks[0].compute_s == Approx(gemm_seconds(*plain, 1024, 2048, 4096)));
+  CHECK(r->ranks[0].compute_s > p->ranks[0].compute_s);
+}
+
 TEST_CASE("sim backend: the compute stream's own compute is reported apart from a side stream's",
           "[sim_backend]") {
   // Stream 0: a gemm, then a tp all-reduce; a side stream runs a longer gemm

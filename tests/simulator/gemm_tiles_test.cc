@@ -23,10 +23,10 @@ DeviceSpec four_sms() {
   return d;
 }
 
-// One tile's time on that device: its main loop, then its bf16 output stored.
-double tile_seconds(double tm, double tn, double k, double per_sm_flops) {
+// One tile's time on that device: its main loop, then its output stored (bf16: 2 bytes an element).
+double tile_seconds(double tm, double tn, double k, double per_sm_flops, double out_bytes = 2) {
   const CostConstants c;
-  return 2 * tm * tn * k / (per_sm_flops * c.gemm_mainloop_efficiency) + 2 * tm * tn / 1e12;
+  return 2 * tm * tn * k / (per_sm_flops * c.gemm_mainloop_efficiency) + out_bytes * tm * tn / 1e12;
 }
 
 // Kernel time without the launch: the busy time scaled from the main loop's burst level to the sustained one.
@@ -54,6 +54,23 @@ TEST_CASE("a GEMM whose tiles fill the SMs once keeps the main loop's share of e
   const double fp8_tile = tile_seconds(128, 256, 4096, 2e12);
   CHECK(to_seconds(m.gemm(256, 512, 4096, DType::kFp8)) == Approx(sustained(fp8_tile) + oh).epsilon(1e-6));
   CHECK(m.gemm_efficiency(256, 512, 4096, DType::kFp8) < m.gemm_efficiency(256, 512, 4096, DType::kBf16));
+}
+
+TEST_CASE("a GEMM accumulating into an fp32 output reads and writes 8 bytes an element in its epilogue",
+          "[simulator][cost][gemm-tiles]") {
+  const CostConstants c;
+  const CostModel m(four_sms(), c);
+  const double oh = to_seconds(c.kernel_overhead);
+  // A weight gradient summed into an fp32 gradient (Megatron's gradient_accumulation_fusion): the one-wave
+  // 256 x 512 shape, k = 4096 tokens; the epilogue reads the fp32 tile and writes it back.
+  const GemmOutput accumulate{4, true};
+  CHECK(to_seconds(m.gemm(256, 512, 4096, DType::kBf16, 1, accumulate)) ==
+        Approx(sustained(tile_seconds(128, 256, 4096, 1e12, 8)) + oh).epsilon(1e-6));
+  CHECK(to_seconds(m.gemm(256, 512, 4096, DType::kBf16, 1, GemmOutput{4, false})) ==
+        Approx(sustained(tile_seconds(128, 256, 4096, 1e12, 4)) + oh).epsilon(1e-6));
+  // Grouped weight gradients alike: two experts' 64 x 128 gradients over 4096 tokens each, one wave.
+  CHECK(to_seconds(m.grouped_gemm_wgrad({4096, 4096}, 64, 128, DType::kBf16, accumulate)) ==
+        Approx(sustained(tile_seconds(64, 128, 4096, 1e12, 8)) + oh).epsilon(1e-6));
 }
 
 TEST_CASE("one row more than the SMs hold costs a partial wave of the best tile", "[simulator][cost][gemm-tiles]") {
