@@ -28,6 +28,7 @@ ClusterSpec dgx_h100() {
   s.pcie_latency = 250 * kNanosecond;
   s.nic_latency = 600 * kNanosecond;
   s.switch_latency = 300 * kNanosecond;
+  s.nvlink_sharp = true;
   s.device = {"H100-SXM5-80GB", 989 * kTera, 67 * kTera, 80 * kGiB, 3.35e12, 1979 * kTera, 132};
   return s;
 }
@@ -40,6 +41,7 @@ ClusterSpec dgx_a100() {
   s.nic_bandwidth = 200 * kGbit;
   s.nodes_per_leaf = 20;
   s.spines = 20;
+  s.nvlink_sharp = false;  // second-generation NVSwitch: no in-switch reduction
   s.device = {"A100-SXM4-80GB", 312 * kTera, 19.5 * kTera, 80 * kGiB, 2.039e12, 0, 108};
   return s;
 }
@@ -137,6 +139,7 @@ const std::vector<std::string> kTopFields = {"base",
                                              "pcie_latency_ns",
                                              "nic_latency_ns",
                                              "switch_latency_ns",
+                                             "nvlink_sharp",
                                              "device"};
 const std::vector<std::string> kDeviceFields = {"name",       "bf16_TFLOPS", "fp32_TFLOPS",
                                                 "memory_GiB", "memory_GBps", "fp8_TFLOPS", "sms"};
@@ -225,6 +228,12 @@ Result<ClusterSpec> cluster_spec_from_json(std::string_view text) {
   MT_TRY(read_latency(j, "pcie_latency_ns", s.pcie_latency));
   MT_TRY(read_latency(j, "nic_latency_ns", s.nic_latency));
   MT_TRY(read_latency(j, "switch_latency_ns", s.switch_latency));
+  if (j.contains("nvlink_sharp")) {
+    if (!j["nvlink_sharp"].is_boolean())
+      return make_error("field 'nvlink_sharp' must be true or false (whether the NVSwitches reduce: NVLS), got {}",
+                        j["nvlink_sharp"].dump());
+    s.nvlink_sharp = j["nvlink_sharp"].get<bool>();
+  }
 
   if (j.contains("device")) {
     const json& d = j["device"];

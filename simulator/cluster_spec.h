@@ -44,6 +44,8 @@
 // backend), calibrate measures each level k the same way, and simulate picks
 // the measured ranks_sharing level for the plan's ranks per node.
 //
+// NVLink SHARP: dgx-h100 and h200 (third-generation NVSwitch), not dgx-a100.
+//
 // Hop latencies (dgx-a100, dgx-h100, h200): NVLink 250 ns, PCIe 250 ns, NIC<->leaf 600 ns,
 // leaf<->spine 300 ns.
 //
@@ -98,6 +100,9 @@ struct ClusterSpec {
   Time pcie_latency = 0;          // per hop on PCIe
   Time nic_latency = 0;           // NIC<->leaf hop (NIC processing + cable)
   Time switch_latency = 0;        // leaf<->spine hop
+  // The NVSwitches reduce and multicast (NVLink SHARP, third-generation
+  // NVSwitch of DGX H100/H200): NCCL runs a node's all-reduce as NVLS.
+  bool nvlink_sharp = false;
   DeviceSpec device;
 };
 
@@ -120,6 +125,7 @@ Result<ClusterSpec> cluster_preset(std::string_view name);
 //     "oversubscription": 1.0,      // >= 1; 2: uplinks carry half the downlink bandwidth
 //     "nvlink_latency_ns": 250, "pcie_latency_ns": 250,   // per hop, >= 0
 //     "nic_latency_ns": 600, "switch_latency_ns": 300,
+//     "nvlink_sharp": true,         // NVSwitch reduces and multicasts (NCCL's NVLS all-reduce)
 //     "device": {"name": "H100", "bf16_TFLOPS": 989, "fp32_TFLOPS": 67,
 //                "memory_GiB": 80, "memory_GBps": 3350,
 //                "fp8_TFLOPS": 1979,  // optional: 0 or absent (without a base) = no FP8

@@ -57,6 +57,7 @@ bool fits(CollectiveKind kind, Algorithm a) {
       return kind == CollectiveKind::kAllReduce || kind == CollectiveKind::kReduceScatter ||
              kind == CollectiveKind::kAllGather || kind == CollectiveKind::kBroadcast;
     case Algorithm::kTree:
+    case Algorithm::kNvls:
       return kind == CollectiveKind::kAllReduce;
     case Algorithm::kHierarchical:
     case Algorithm::kDirect:  // send/recv; host all-reduce, reduce-scatter, all-gather
@@ -336,6 +337,23 @@ Result<CollectivePlan> expand(const Cluster& cluster, const CostConstants& c,
       p.orders.push_back({req.members[0], req.members[1]});
       p.steps.push_back(Step{0, 0, 0, false, S, 1});
       return p;
+    case Algorithm::kNvls: {
+      if (!cluster.spec().nvlink_sharp)
+        return make_error("all_reduce 'nvls' needs an NVSwitch with NVLink SHARP; cluster '{}' has none",
+                          cluster.spec().name);
+      const auto nodes = member_nodes(cluster, req.members);
+      if (std::any_of(nodes.begin(), nodes.end(), [&](int node) { return node != nodes[0]; }))
+        return make_error("all_reduce 'nvls' runs inside one node; the members span several");
+      // One pass: S out of and S into every GPU through the switch, drawn as
+      // flows of S/(n-1) to every other member at the switch's share of the link.
+      std::vector<int> pairs;
+      for (int i : req.members)
+        for (int j : req.members)
+          if (i != j) pairs.insert(pairs.end(), {i, j});
+      p.orders.push_back(std::move(pairs));
+      p.steps.push_back(Step{0, 0, 0, false, S / (n - 1) / c.nvls_efficiency, 1});
+      return p;
+    }
     case Algorithm::kDeduplicated:
       return expand_deduplicated(cluster, req);
     case Algorithm::kAuto:
@@ -397,6 +415,8 @@ const char* algorithm_name(Algorithm a) {
       return "pairwise";
     case Algorithm::kDirect:
       return "direct";
+    case Algorithm::kNvls:
+      return "nvls";
     case Algorithm::kDeduplicated:
       return "deduplicated";
   }
@@ -414,11 +434,11 @@ Result<CollectiveKind> parse_collective_kind(std::string_view name) {
 }
 
 Result<Algorithm> parse_algorithm(std::string_view name) {
-  for (int a = 0; a <= static_cast<int>(Algorithm::kDirect); ++a)
+  for (int a = 0; a <= static_cast<int>(Algorithm::kNvls); ++a)
     if (name == algorithm_name(static_cast<Algorithm>(a))) return static_cast<Algorithm>(a);
   return make_error(
       "unknown collective algorithm '{}'; known: auto, ring, tree, hierarchical, "
-      "pairwise, direct",
+      "pairwise, direct, nvls",
       name);
 }
 
@@ -562,7 +582,7 @@ Result<CollectivePlan> choose_plan(const Cluster& cluster, const CostConstants& 
   std::vector<Algorithm> candidates;
   switch (req.kind) {
     case CollectiveKind::kAllReduce:
-      candidates = {Algorithm::kRing, Algorithm::kTree, Algorithm::kHierarchical};
+      candidates = {Algorithm::kRing, Algorithm::kTree, Algorithm::kHierarchical, Algorithm::kNvls};
       break;
     case CollectiveKind::kReduceScatter:
     case CollectiveKind::kAllGather:

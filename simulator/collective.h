@@ -93,9 +93,13 @@ enum class CollectiveKind : uint8_t {
   kSendRecv
 };
 inline constexpr int kNumCollectiveKinds = 6;
-// kDeduplicated last: the algorithms a caller may name end at kDirect (it
-// applies only to a request that states its experts).
-enum class Algorithm : uint8_t { kAuto, kRing, kTree, kHierarchical, kPairwise, kDirect, kDeduplicated };
+// kDeduplicated last: the algorithms a caller may name end at kNvls (it
+// applies only to a request that states its experts). kNvls: NVLink SHARP
+// (an all-reduce of one node's GPUs on an NVSwitch that reduces and
+// multicasts, ClusterSpec::nvlink_sharp): every GPU's whole buffer goes up to
+// the switch and the whole sum comes back, S each way per GPU, at
+// CostConstants::nvls_efficiency of the NVLink's NCCL rate.
+enum class Algorithm : uint8_t { kAuto, kRing, kTree, kHierarchical, kPairwise, kDirect, kNvls, kDeduplicated };
 enum class CollectiveMode : uint8_t { kFlows, kAnalytic };
 
 const char* collective_kind_name(CollectiveKind kind);  // "all_reduce", ...

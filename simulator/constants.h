@@ -89,6 +89,16 @@ struct CostConstants {
   // (NVIDIA's DGX A100 / NCCL 2.x published figures; ~0.77). DGX H100 rings
   // reach ~360 GB/s of 450 (0.80; NVLS all-reduce more, not modelled).
   double nvlink_efficiency = 0.77;
+  // NVLink SHARP all-reduce (Algorithm::kNvls): the switch reduces and
+  // multicasts, so each GPU moves its buffer once each way, at this share of
+  // the NVLink's NCCL rate (nvlink_efficiency). NCCL's maintainers quote an
+  // 8-GPU H100 all-reduce at ~275 GB/s algbw (~480 GB/s busbw) with NVLS
+  // against ~370 GB/s busbw for rings (NVIDIA/nccl-tests#212, NVIDIA/nccl#1442:
+  // "a 30% improvement"), and a measured sweep gives 258-273 GB/s algbw for
+  // 5-8 GPUs (NVIDIA/nccl#1455): 274 / (450 · 0.77) = 0.79. Below 5 GPUs the
+  // same sweep finds NVLS no faster than a ring; the model still prefers it
+  // there (by ~10% at 4).
+  double nvls_efficiency = 0.79;
   // Network: nccl-tests across DGX A100 nodes reach ~185 Gb/s busbw per
   // 200 Gb/s HDR rail (~0.92); NDR rails on DGX H100 likewise ~370 of 400.
   double network_efficiency = 0.92;

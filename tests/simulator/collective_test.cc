@@ -280,3 +280,40 @@ TEST_CASE("step costs route each flow pattern once, whatever the sizes", "[simul
   analytic_time(c, k, *other, &costs);
   CHECK(costs.patterns() == 5);
 }
+
+TEST_CASE("NVLS all-reduce: each GPU's buffer up to the switch and the sum back, S/(e·B) + one alpha",
+          "[simulator][collective][nvls]") {
+  Cluster c = make("dgx-h100", 8);
+  const CostConstants k;
+  const double B = 450e9, S = kGiB;
+  // One pass: S leaves and S enters every GPU, at the switch's share e of the link.
+  const CollectiveResult nvls = sim(c, CollectiveKind::kAllReduce, iota(8), S, Algorithm::kNvls);
+  CHECK(to_seconds(nvls.duration) == Approx(S / (k.nvls_efficiency * B) + to_seconds(k.collective_alpha)).epsilon(0.01));
+  // nccl-tests' busbw of it, 2(n-1)/n · S/t, exceeds the link: 1.75 · 0.79 · 450 ≈ 622 GB/s at line rate
+  // (about 480 measured, at NCCL's 0.77 of line rate: NVIDIA/nccl-tests#212).
+  CHECK(nvls.busbw == Approx(1.75 * k.nvls_efficiency * B).epsilon(0.01));
+  // NCCL's tuner picks it over the ring for a node's large all-reduce: 2·7/8 / (1/0.79) = 1.38x the ring's time.
+  const CollectiveResult ring = sim(c, CollectiveKind::kAllReduce, iota(8), S, Algorithm::kRing);
+  CHECK(to_seconds(ring.duration) / to_seconds(nvls.duration) == Approx(1.75 * k.nvls_efficiency).epsilon(0.02));
+  const CollectiveResult chosen = sim(c, CollectiveKind::kAllReduce, iota(8), S, Algorithm::kAuto);
+  CHECK(chosen.algorithm == Algorithm::kNvls);
+  CHECK(parse_algorithm("nvls").value() == Algorithm::kNvls);
+}
+
+TEST_CASE("NVLS needs an NVSwitch that reduces and a group inside one node", "[simulator][collective][nvls]") {
+  const CostConstants k;
+  // A100's NVSwitch does not reduce: asked for, NVLS is refused; left to the tuner, a ring runs.
+  Cluster a100 = make("dgx-a100", 8);
+  auto refused = plan_collective(a100, k, CollectiveRequest{CollectiveKind::kAllReduce, iota(8), kGiB, Algorithm::kNvls, 0});
+  REQUIRE_FALSE(refused.ok());
+  CHECK_THAT(refused.error().message(), Catch::Contains("NVLink SHARP"));
+  CHECK(sim(a100, CollectiveKind::kAllReduce, iota(8), kGiB, Algorithm::kAuto).algorithm != Algorithm::kNvls);
+  // Two H100 nodes: NVLS alone does not span them.
+  Cluster h100 = make("dgx-h100", 16);
+  auto across = plan_collective(h100, k, CollectiveRequest{CollectiveKind::kAllReduce, iota(16), kGiB, Algorithm::kNvls, 0});
+  REQUIRE_FALSE(across.ok());
+  CHECK_THAT(across.error().message(), Catch::Contains("one node"));
+  CHECK(sim(h100, CollectiveKind::kAllReduce, iota(16), kGiB, Algorithm::kAuto).algorithm != Algorithm::kNvls);
+  // Reductions other than all-reduce do not take it.
+  CHECK_FALSE(plan_collective(h100, k, CollectiveRequest{CollectiveKind::kReduceScatter, iota(8), kGiB, Algorithm::kNvls, 0}).ok());
+}
