@@ -120,6 +120,11 @@ struct SimOptions {
   bool trace = false;  // collect a Chrome trace (SimCluster::trace())
   AttentionImpl attention = AttentionImpl::flash;
   CrossEntropyImpl cross_entropy = CrossEntropyImpl::fused;
+  // Whether the simulated software runs a layer's local experts as one
+  // grouped GEMM (Megatron-Core's --moe-grouped-gemm: GroupedMLP or
+  // TEGroupedMLP) or one GEMM per expert in turn (SequentialMLP, its default
+  // without the flag). The engine issues the same grouped op either way.
+  bool moe_grouped_gemm = true;
   // With AttentionImpl::unfused: the dropout probability on the attention
   // probabilities (0: no dropout kernel). Flash attention fuses it.
   float attention_dropout = 0.f;

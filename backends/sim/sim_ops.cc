@@ -148,14 +148,21 @@ void SimBackend::grouped_gemm(const std::vector<Tensor>& a, const std::vector<Te
     ms.push_back(m), ks.push_back(k);
   }
   const sim::DType t = gemm_dtype(a.front().dtype(), ms.front(), n, ks.front());
+  const sim::GemmOutput out{static_cast<double>(dtype_size(c.front().dtype())), op.beta != 0.f};
   if (op.trans_a) {
     for (std::int64_t m : ms)
       if (m != ms.front()) misuse("grouped_gemm: weight-gradient groups must share m, got {} and {}", ms.front(), m);
-    const sim::GemmOutput out{static_cast<double>(dtype_size(c.front().dtype())), op.beta != 0.f};
-    return compute(op_name("grouped_gemm"), cluster_.cost_.grouped_gemm_wgrad(ks, ms.front(), n, t, out));
+  } else {
+    for (std::int64_t k : ks)
+      if (k != ks.front()) misuse("grouped_gemm: row groups must share k, got {} and {}", ks.front(), k);
   }
-  for (std::int64_t k : ks)
-    if (k != ks.front()) misuse("grouped_gemm: row groups must share k, got {} and {}", ks.front(), k);
+  if (!cluster_.options_.moe_grouped_gemm) {
+    // One GEMM per expert, one after another (Megatron's SequentialMLP): each its own launch and waves.
+    for (std::size_t g = 0; g < a.size(); ++g) compute(op_name("expert_gemm"), cluster_.cost_.gemm(ms[g], n, ks[g], t, 1, out));
+    return;
+  }
+  if (op.trans_a)
+    return compute(op_name("grouped_gemm"), cluster_.cost_.grouped_gemm_wgrad(ks, ms.front(), n, t, out));
   compute(op_name("grouped_gemm"), cluster_.cost_.grouped_gemm(ms, n, ks.front(), t));
 }
 void SimBackend::batched_gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp&) {

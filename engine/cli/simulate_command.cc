@@ -41,6 +41,7 @@ struct SimulateFlags {
   float dropout = 0.f;
   std::string moe_routing = "uniform";
   std::string moe_dispatcher = "alltoall";
+  bool moe_sequential_experts = false;
   // What-ifs (engine/simulation/variation.h); any of them means full fidelity.
   std::string fidelity = "representative";
   std::vector<std::string> stragglers, link_degrade, link_fail;
@@ -334,6 +335,7 @@ Status run_jobs(const SimulateFlags& f) {
   options.dropout = f.dropout;
   MT_ASSIGN(options.moe_routing, MoeRouting::parse(f.moe_routing));
   options.moe_dispatcher = f.moe_dispatcher;
+  options.moe_grouped_gemm = !f.moe_sequential_experts;
   MT_TRY(apply_link_flags(f, options));
   if (!f.stragglers.empty()) return make_error("--straggler names ranks of one job; it does not combine with --job");
   if (!f.svg.empty()) return make_error("--svg draws one job's step; it does not combine with --job (simulate each job alone)");
@@ -368,6 +370,7 @@ Status run_simulate(SimulateFlags f, bool no_flags) {
   options.dropout = f.dropout;
   MT_ASSIGN(options.moe_routing, MoeRouting::parse(f.moe_routing));
   options.moe_dispatcher = f.moe_dispatcher;
+  options.moe_grouped_gemm = !f.moe_sequential_experts;
   MT_ASSIGN(options.fidelity, fidelity_from_name(f.fidelity));
   MT_ASSIGN(options.variation.stragglers, parse_stragglers(f.stragglers, mp.plan.world_size(), f.seed));
   MT_TRY(apply_link_flags(f, options));
@@ -436,6 +439,9 @@ Command add_simulate_command(CLI::App& app) {
                   "hybridep (Megatron-Core's flex dispatcher: each token once per destination node and GPU)")
       ->capture_default_str()
       ->check(CLI::IsMember({"alltoall", "deepep", "hybridep"}));
+  sub->add_flag("--moe-sequential-experts", flags->moe_sequential_experts,
+                "the simulated software runs each local expert's GEMMs in turn, one launch each (Megatron's "
+                "SequentialMLP, without --moe-grouped-gemm), not as one grouped GEMM");
   sub->add_option("--fidelity", flags->fidelity,
                   "representative (a few ranks per class of ranks that act alike: a uniform plan's pipeline "
                   "stages) or full (every rank's ops and flows; used whenever a straggler or link what-if is given)")

@@ -212,6 +212,7 @@ SimOptions simulation_options(const SimulateOptions& options, bool full) {
   o.calibration = options.calibration;
   o.attention = options.attention;
   o.cross_entropy = options.cross_entropy;
+  o.moe_grouped_gemm = options.moe_grouped_gemm;
   o.attention_dropout = options.dropout;
   o.fidelity = full ? Fidelity::full : Fidelity::representative;
   o.isolate_exclusive = options.isolate_exclusive;

@@ -83,6 +83,8 @@ struct SimulateOptions {
   // once per destination node over the network and once per destination GPU
   // over NVLink, both in bf16 (sim::Algorithm::kDeduplicated).
   std::string moe_dispatcher = "alltoall";
+  // Whether the local experts run as one grouped GEMM (--moe-grouped-gemm) or one GEMM each (SimOptions).
+  bool moe_grouped_gemm = true;
   // Full fidelity is used when asked for or when `variation` is not empty.
   Fidelity fidelity = Fidelity::representative;
   Variation variation;

@@ -18,9 +18,9 @@
 //
 // A table (or a row, overriding it) may describe the measured system's
 // software in "system": {"attention": "flash" | "unfused", "cross_entropy":
-// "fused" | "unfused", "dropout": P}: facts of how the published runs were
-// made (which attention and loss kernels their framework had, which dropout
-// they trained with), applied as
+// "fused" | "unfused", "moe_grouped_gemm": true | false, "dropout": P}: facts
+// of how the published runs were made (which attention, loss and expert
+// kernels their framework had, which dropout they trained with), applied as
 // SimulateOptions, never fitted.
 #include <algorithm>
 #include <chrono>
@@ -98,11 +98,14 @@ Status apply_system(const json& system, SimulateOptions& o) {
       MT_ASSIGN(o.attention, attention_impl_from_name(value.get<std::string>()));
     } else if (key == "cross_entropy" && value.is_string()) {
       MT_ASSIGN(o.cross_entropy, cross_entropy_impl_from_name(value.get<std::string>()));
+    } else if (key == "moe_grouped_gemm" && value.is_boolean()) {
+      o.moe_grouped_gemm = value.get<bool>();
     } else if (key == "dropout" && value.is_number()) {
       o.dropout = value.get<float>();
     } else {
       return make_error("\"system\": unknown or mistyped field '{}'; known: \"attention\" (\"flash\" or \"unfused\"), "
-                        "\"cross_entropy\" (\"fused\" or \"unfused\"), \"dropout\" (a number in [0, 1))",
+                        "\"cross_entropy\" (\"fused\" or \"unfused\"), \"moe_grouped_gemm\" (true or false), "
+                        "\"dropout\" (a number in [0, 1))",
                         key);
     }
   }
@@ -153,6 +156,7 @@ Result<std::vector<Row>> run_table(const std::string& path) {
     row.plan = describe(p) + fmt::format(" {}-attn", attention_impl_name(options.attention));
     if (options.dropout > 0) row.plan += fmt::format(" drop{:g}", options.dropout);
     if (options.cross_entropy == CrossEntropyImpl::unfused) row.plan += " unfused-ce";
+    if (!options.moe_grouped_gemm) row.plan += " seq-experts";
     if (options.moe_dispatcher != "alltoall") row.plan += " " + options.moe_dispatcher;
     // The measured runs fit on the real machines; a predicted peak above the
     // device is reported in its own column rather than stopping the table.

@@ -277,6 +277,42 @@ TEST_CASE("sim backend: the experts' grouped GEMM is one task of the cost model'
         Approx(seconds(cluster->cost_model().grouped_gemm({130, 40, 700}, F, C, sim::DType::kBf16))));
 }
 
+TEST_CASE("sim backend: sequential experts are one GEMM per expert, each with its launch",
+          "[sim_backend][moe]") {
+  // Megatron's SequentialMLP (SimOptions::moe_grouped_gemm false): experts of 130, 40 and 700 tokens, their
+  // forward GEMMs and their weight gradients (beta 1 into fp32) one by one.
+  auto spec = sim::cluster_preset("dgx-h100");
+  REQUIRE(spec.ok());
+  SimOptions o;
+  o.moe_grouped_gemm = false;
+  auto made = SimCluster::create(*spec, 1, {0}, o);
+  REQUIRE(made.ok());
+  SimBackend& b = (*made)->backend(0);
+  const std::int64_t C = 1024, F = 2816;
+  std::vector<Tensor> x, w, y, dy, dw;
+  for (std::int64_t rows : {130, 40, 700}) {
+    x.push_back(b.empty(Shape{rows, C}, DType::bf16));
+    w.push_back(b.empty(Shape{C, F}, DType::bf16));
+    y.push_back(b.empty(Shape{rows, F}, DType::bf16));
+    dy.push_back(b.empty(Shape{rows, F}, DType::bf16));
+    dw.push_back(b.empty(Shape{C, F}));
+  }
+  b.grouped_gemm(x, w, y, GemmOp{});
+  b.grouped_gemm(x, dy, dw, GemmOp{true, false, 1.f, 1.f});
+  auto r = (*made)->run();
+  REQUIRE(r.ok());
+  CHECK(r->tasks == 6);
+  const sim::CostModel& cost = (*made)->cost_model();
+  double want = 0;
+  for (std::int64_t rows : {130, 40, 700})
+    want += seconds(cost.gemm(rows, F, C, sim::DType::kBf16)) +
+            seconds(cost.gemm(C, F, rows, sim::DType::kBf16, 1, sim::GemmOutput{4, true}));
+  CHECK(r->ranks[0].compute_s == Approx(want));
+  // More than the one grouped kernel each: three launches and three partial waves.
+  CHECK(want > seconds(cost.grouped_gemm({130, 40, 700}, F, C, sim::DType::kBf16)) +
+                   seconds(cost.grouped_gemm_wgrad({130, 40, 700}, C, F, sim::DType::kBf16, sim::GemmOutput{4, true})));
+}
+
 TEST_CASE("sim backend: Megatron's unfused cross-entropy is eight passes over the logits, 52 bytes each in bf16",
           "[sim_backend][loss]") {
   // One micro-batch's loss over (4096, 32768) bf16 logits, forward and backward, fused and unfused.
