@@ -228,12 +228,10 @@ Result<ClusterSpec> cluster_spec_from_json(std::string_view text) {
   MT_TRY(read_latency(j, "pcie_latency_ns", s.pcie_latency));
   MT_TRY(read_latency(j, "nic_latency_ns", s.nic_latency));
   MT_TRY(read_latency(j, "switch_latency_ns", s.switch_latency));
-  if (j.contains("nvlink_sharp")) {
-    if (!j["nvlink_sharp"].is_boolean())
-      return make_error("field 'nvlink_sharp' must be true or false (whether the NVSwitches reduce: NVLS), got {}",
-                        j["nvlink_sharp"].dump());
-    s.nvlink_sharp = j["nvlink_sharp"].get<bool>();
-  }
+  if (j.contains("nvlink_sharp"))
+    if (Status st = fields_of(j).get_bool("nvlink_sharp", s.nvlink_sharp); !st.ok())
+      return make_error("{} (whether the NVSwitches reduce and multicast, NCCL's NVLS: true on DGX H100)",
+                        st.error().message());
 
   if (j.contains("device")) {
     const json& d = j["device"];
@@ -257,8 +255,7 @@ Result<ClusterSpec> cluster_spec_from_json(std::string_view text) {
     if (st.ok())
       st = read_number(d, "fp8_TFLOPS", kTera, kFp8FlopsRange, s.device.peak_fp8_flops,
                        "dense FP8 TFLOP/s, e.g. 1979; 0: no FP8 units");
-    if (st.ok() && d.contains("sms"))
-      st = fields_of(d).get_int("sms", IntRange{0, 100'000}, s.device.sm_count);
+    if (st.ok() && d.contains("sms")) st = read_int(d, "sms", 0, s.device.sm_count, "streaming multiprocessors, e.g. 132");
     MT_TRY(st.context("device"));
   }
   MT_TRY(validate(s));

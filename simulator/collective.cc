@@ -49,6 +49,12 @@ int pipeline_chunks(const CostConstants& c, double bytes) {
   return static_cast<int>(std::clamp(chunks, 1.0, static_cast<double>(c.max_pipeline_chunks)));
 }
 
+// A step's fixed cost: its own (NVLS) or the collective α of where its flows go.
+Time step_alpha(const CostConstants& c, const CollectivePlan::Step& step, bool crosses_nodes) {
+  if (step.alpha > 0) return step.alpha;
+  return crosses_nodes ? c.collective_net_alpha : c.collective_alpha;
+}
+
 bool fits(CollectiveKind kind, Algorithm a) {
   switch (a) {
     case Algorithm::kAuto:
@@ -258,6 +264,30 @@ Result<CollectivePlan> expand_deduplicated(const Cluster& cluster, const Collect
   return p;
 }
 
+// NVLink SHARP all-reduce (Algorithm::kNvls): one pass through the node's
+// switch, S out of and S into every GPU, drawn as flows of S/(n-1) to every
+// other member at the switch's share of the link, with NCCL's NVLS latency.
+Result<CollectivePlan> expand_nvls(const Cluster& cluster, const CostConstants& c, const CollectiveRequest& req) {
+  if (!cluster.spec().nvlink_sharp)
+    return make_error("all_reduce 'nvls' needs an NVSwitch with NVLink SHARP; cluster '{}' has none",
+                      cluster.spec().name);
+  const auto nodes = member_nodes(cluster, req.members);
+  if (std::any_of(nodes.begin(), nodes.end(), [&](int node) { return node != nodes[0]; }))
+    return make_error("all_reduce 'nvls' runs inside one node; the members span several");
+  CollectivePlan p;
+  p.algorithm = Algorithm::kNvls;
+  const int n = static_cast<int>(req.members.size());
+  std::vector<int> pairs;
+  for (int i : req.members)
+    for (int j : req.members)
+      if (i != j) pairs.insert(pairs.end(), {i, j});
+  p.orders.push_back(std::move(pairs));
+  CollectivePlan::Step step{0, 0, 0, false, req.bytes / (n - 1) / c.nvls_efficiency, 1};
+  step.alpha = c.nvls_alpha;
+  p.steps.push_back(step);
+  return p;
+}
+
 Result<CollectivePlan> expand(const Cluster& cluster, const CostConstants& c,
                               const CollectiveRequest& req, Algorithm a) {
   const bool host_algorithm = a == Algorithm::kHierarchical ? runs_host_collectives(cluster)
@@ -265,7 +295,7 @@ Result<CollectivePlan> expand(const Cluster& cluster, const CostConstants& c,
   if (host_algorithm) {
     if (!runs_host_collectives(cluster))
       return make_error("{} '{}' is the host communicator's algorithm; cluster '{}' runs NCCL's (ring, tree, "
-                        "hierarchical)",
+                        "hierarchical, nvls)",
                         collective_kind_name(req.kind), algorithm_name(a), cluster.spec().name);
     if (req.members.size() < 2 || req.bytes <= 0) return CollectivePlan{a, {}, {}};
     return expand_host(cluster, c, req, a);
@@ -337,23 +367,8 @@ Result<CollectivePlan> expand(const Cluster& cluster, const CostConstants& c,
       p.orders.push_back({req.members[0], req.members[1]});
       p.steps.push_back(Step{0, 0, 0, false, S, 1});
       return p;
-    case Algorithm::kNvls: {
-      if (!cluster.spec().nvlink_sharp)
-        return make_error("all_reduce 'nvls' needs an NVSwitch with NVLink SHARP; cluster '{}' has none",
-                          cluster.spec().name);
-      const auto nodes = member_nodes(cluster, req.members);
-      if (std::any_of(nodes.begin(), nodes.end(), [&](int node) { return node != nodes[0]; }))
-        return make_error("all_reduce 'nvls' runs inside one node; the members span several");
-      // One pass: S out of and S into every GPU through the switch, drawn as
-      // flows of S/(n-1) to every other member at the switch's share of the link.
-      std::vector<int> pairs;
-      for (int i : req.members)
-        for (int j : req.members)
-          if (i != j) pairs.insert(pairs.end(), {i, j});
-      p.orders.push_back(std::move(pairs));
-      p.steps.push_back(Step{0, 0, 0, false, S / (n - 1) / c.nvls_efficiency, 1});
-      return p;
-    }
+    case Algorithm::kNvls:
+      return expand_nvls(cluster, c, req);
     case Algorithm::kDeduplicated:
       return expand_deduplicated(cluster, req);
     case Algorithm::kAuto:
@@ -525,7 +540,7 @@ Time analytic_time(const Cluster& cluster, const CostConstants& c, const Collect
   Time total = 0;
   for (const auto& step : plan.steps) {
     const StepCosts::Cost k = costs != nullptr ? costs->get(cluster, plan, step) : route_step(cluster, plan, step);
-    const Time alpha = k.crosses_nodes ? c.collective_net_alpha : c.collective_alpha;
+    const Time alpha = step_alpha(c, step, k.crosses_nodes);
     total += step.repeats * (alpha + k.latency + from_seconds(step.bytes * k.seconds_per_byte));
   }
   return total;
@@ -696,7 +711,7 @@ void CollectiveEngine::begin_step(uint32_t id) {
   bool crosses = false;
   const Cluster& cluster = network_.cluster();
   for_each_flow(r.plan, step, [&](int src, int dst) { crosses = crosses || cluster.node_of(src) != cluster.node_of(dst); });
-  sim_.schedule(sim_.now() + (crosses ? constants_.collective_net_alpha : constants_.collective_alpha), this,
+  sim_.schedule(sim_.now() + step_alpha(constants_, step, crosses), this,
                 static_cast<uint64_t>(id) << 1);
 }
 

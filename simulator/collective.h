@@ -42,13 +42,16 @@
 //                              (expert_hit_probability; see expand_deduplicated)
 //   broadcast, ring:           chain from the root, C chunks: n+C-2 steps of S/C
 //   send/recv, direct:         1 step: S from members[0] to members[1]
+//   all-reduce, nvls:          one node on an NVLink SHARP switch: 1 step, every member ->
+//                              every other, S/((n-1)·nvls_efficiency), NVLS's own α
 //
 // C = clamp(round(S / pipeline_chunk_bytes), 1, max_pipeline_chunks).
 //
 // Choice (Algorithm::kAuto): like NCCL's tuner, predict every applicable
 // algorithm's time with the analytic model below and take the fastest
 // (ties: the earlier in the enum). Small all-reduces at scale pick the tree
-// (log n steps), large ones the ring or hierarchical. A cluster of CPU
+// (log n steps), large ones the ring or hierarchical, a node's large ones on
+// H100/H200 NVLS. A cluster of CPU
 // devices runs the cpu backend's MPI communicator instead: its all-reduce,
 // reduce-scatter and all-gather expand into that communicator's direct or
 // hierarchical exchange, flow for flow, chosen by its own rule
@@ -143,6 +146,7 @@ struct CollectivePlan {
     bool open = false;
     double bytes = 0;  // per flow
     int repeats = 1;
+    Time alpha = 0;  // > 0: the step's fixed cost in place of the collective α (NVLS's)
   };
   std::vector<Step> steps;
   int total_steps() const;

@@ -10,8 +10,11 @@ namespace {
 double saturate(double x, double half) { return x / (x + half); }
 
 // Output tiles (rows × columns per SM) among which cuBLAS and CUTLASS pick
-// for an sm_80/sm_90 GEMM: the large tiles for large outputs, the smaller
-// ones when the large leave SMs idle. A kernel property, not fitted.
+// for an sm_80/sm_90 GEMM, a kernel property, not fitted. The model charges
+// a tile only its FLOPs and its output, not the operand traffic that makes
+// small tiles slower per FLOP on the hardware, so the smallest tiles tie or
+// win: the choice bounds what padding and the last wave waste, and is
+// optimistic for shapes the large tiles would leave ragged.
 struct Tile {
   double m, n;
 };
@@ -60,16 +63,18 @@ double CostModel::tiled_efficiency(const std::vector<GemmGroup>& groups, int64_t
   double best = std::numeric_limits<double>::infinity();
   for (const Tile& t : kGemmTiles) {
     // Every group's tiles share the SMs (one launch); a wave runs sm_count
-    // tiles, the last one partly empty. Groups of different k: the waves
-    // run the mean tile.
-    double tiles = 0, busy = 0;
+    // tiles, the last one partly empty. Groups of different k: the waves run
+    // the mean tile, and no kernel is shorter than its longest tile.
+    double tiles = 0, busy = 0, longest = 0;
     for (const auto& g : groups) {
       const double count = static_cast<double>(g.count) * tiles_over(g.rows, t.m) * tiles_over(n, t.n);
+      const double tile = 2 * t.m * t.n * static_cast<double>(g.k) / main_rate +
+                          epilogue_bytes(dtype, out) * t.m * t.n / store_rate;
       tiles += count;
-      busy += count * (2 * t.m * t.n * static_cast<double>(g.k) / main_rate +
-                       epilogue_bytes(dtype, out) * t.m * t.n / store_rate);
+      busy += count * tile;
+      longest = std::max(longest, tile);
     }
-    if (tiles > 0) best = std::min(best, std::ceil(tiles / sms) * busy / tiles);
+    if (tiles > 0) best = std::min(best, std::max(std::ceil(tiles / sms) * busy / tiles, longest));
   }
   // The main loop's share of the kernel's time, at the sustained level.
   const double kept = flops / (best * peak_flops(dtype) * constants_.gemm_mainloop_efficiency);

@@ -371,16 +371,25 @@ bool SimBackend::unfused_cross_entropy(const Tensor& logits,
   return true;
 }
 
-// The unfused passes' bytes per logit: `e` bytes of a 16-bit (or fp32) logit, 4 of its fp32 copy; a cast
-// from fp32 logits is no kernel.
-void SimBackend::cross_entropy_max(const Tensor& logits, Tensor& row_max) {
+namespace {
+// The unfused loss's cast between the logits' `e`-byte type and its fp32 copy, in bytes per logit (read one,
+// write the other); fp32 logits need none.
+double cast_bytes(const Tensor& logits) {
   const double e = static_cast<double>(dtype_size(logits.dtype()));
-  if (unfused_cross_entropy(logits, {{"cross_entropy_float", e < 4 ? e + 4 : 0}, {"cross_entropy_max", 4}})) return;
+  return e < 4 ? e + 4 : 0;
+}
+}  // namespace
+
+void SimBackend::cross_entropy_max(const Tensor& logits, Tensor& row_max) {
+  check(row_max, "cross_entropy_max");
+  if (unfused_cross_entropy(logits, {{"cross_entropy_float", cast_bytes(logits)}, {"cross_entropy_max", 4}})) return;
   checked_charge("cross_entropy_max", {&logits, &row_max});
 }
 void SimBackend::cross_entropy_partials(const Tensor& logits, const Tensor& targets,
                                         const Tensor& row_max, std::int64_t, Tensor& sumexp,
                                         Tensor& target_logit) {
+  check(targets, "cross_entropy_partials"), check(row_max, "cross_entropy_partials");
+  check(sumexp, "cross_entropy_partials"), check(target_logit, "cross_entropy_partials");
   if (unfused_cross_entropy(logits, {{"cross_entropy_shift", 8},
                                      {"cross_entropy_exp", 8},
                                      {"cross_entropy_sum", 4},
@@ -399,8 +408,9 @@ void SimBackend::cross_entropy_accuracy(const Tensor& row_max, const Tensor& tar
 void SimBackend::cross_entropy_backward(const Tensor& logits, const Tensor& targets,
                                         const Tensor& row_max, const Tensor& sumexp, std::int64_t,
                                         float, Tensor& dlogits) {
-  const double e = static_cast<double>(dtype_size(logits.dtype()));
-  if (unfused_cross_entropy(logits, {{"cross_entropy_scale_backward", 8}, {"cross_entropy_cast_backward", e < 4 ? e + 4 : 0}}))
+  check(targets, "cross_entropy_backward"), check(row_max, "cross_entropy_backward");
+  check(sumexp, "cross_entropy_backward"), check(dlogits, "cross_entropy_backward");
+  if (unfused_cross_entropy(logits, {{"cross_entropy_scale_backward", 8}, {"cross_entropy_cast_backward", cast_bytes(logits)}}))
     return;
   checked_charge("cross_entropy_backward", {&logits, &dlogits},
                  {&logits, &targets, &row_max, &sumexp, &dlogits});

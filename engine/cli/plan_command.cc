@@ -28,7 +28,8 @@ namespace meshtrain {
 namespace {
 
 struct PlanCommandFlags {
-  std::string model, cluster = "dgx-a100", calibration, out, svg, attention = "flash", cross_entropy = "fused", moe_routing = "uniform";
+  std::string model, cluster = "dgx-a100", calibration, out, svg, moe_routing = "uniform";
+  std::string attention = "flash", cross_entropy = "fused";  // the simulated software stack
   int gpus = 0;
   std::optional<int> global_batch, seq_len;
   std::string precision = "bf16", grad_sync = "overlap";

@@ -345,6 +345,26 @@ TEST_CASE("sim backend: Megatron's unfused cross-entropy is eight passes over th
   double want = 0;
   for (double bytes : per_logit) want += bytes * logits / (3.35e12 * k.memory_efficiency) + seconds(k.kernel_overhead);
   CHECK(unfused == Approx(want).epsilon(1e-6));
+  // fp32 logits need no casts: six passes (4 + 8 + 8 + 4 + 8, then 8).
+  {
+    auto spec = sim::cluster_preset("dgx-h100");
+    SimOptions o;
+    o.cross_entropy = CrossEntropyImpl::unfused;
+    auto made = SimCluster::create(*spec, 1, {0}, o);
+    REQUIRE(made.ok());
+    SimBackend& b = (*made)->backend(0);
+    Tensor x = b.empty(Shape{rows, vocab}), dx = b.empty(Shape{rows, vocab});
+    Tensor targets = b.empty(Shape{rows}, DType::i32), row_max = b.empty(Shape{rows}), sumexp = b.empty(Shape{rows});
+    Tensor target_logit = b.empty(Shape{rows});
+    b.cross_entropy_max(x, row_max);
+    b.cross_entropy_partials(x, targets, row_max, 0, sumexp, target_logit);
+    b.cross_entropy_backward(x, targets, row_max, sumexp, 0, 1.f, dx);
+    auto r = (*made)->run();
+    REQUIRE(r.ok());
+    CHECK(r->tasks == 6);
+    CHECK(r->ranks[0].compute_s ==
+          Approx(40 * logits / (3.35e12 * k.memory_efficiency) + 6 * seconds(k.kernel_overhead)).epsilon(1e-6));
+  }
   // The fused kernels read the bf16 logits three times and write the gradient once: 8 bytes per logit.
   CHECK(fused == Approx(8 * logits / (3.35e12 * k.memory_efficiency) + 3 * seconds(k.kernel_overhead)).epsilon(1e-3));
 }

@@ -240,6 +240,16 @@ TEST_CASE("simulate: dropout issues its kernels, and a probability of 1 is refus
   CHECK_THAT(bad.error().message(), Catch::Contains("dropout"));
   CHECK_FALSE(attention_impl_from_name("fused").ok());
   CHECK(attention_impl_from_name("unfused").value() == AttentionImpl::unfused);
+  CHECK(cross_entropy_impl_from_name("unfused").value() == CrossEntropyImpl::unfused);
+  auto typo = cross_entropy_impl_from_name("flash");
+  REQUIRE_FALSE(typo.ok());
+  CHECK_THAT(typo.error().message(), Catch::Contains("'flash'") && Catch::Contains("fused") && Catch::Contains("unfused"));
+  // The unfused loss makes a step slower (eight passes over the logits, through an fp32 copy, in place of three).
+  o.dropout = 0.f;
+  o.cross_entropy = CrossEntropyImpl::unfused;
+  auto unfused = simulate_iteration(m, p, o);
+  REQUIRE(unfused.ok());
+  CHECK(unfused->stages[0].compute_s > plain->stages[0].compute_s);
 }
 
 namespace {

@@ -106,10 +106,14 @@ TEST_CASE("a grouped GEMM's tiles share one launch and the busiest group adds th
   CHECK(to_seconds(h100.grouped_gemm({2, 2, 2, 2}, 4096, 4096, DType::kBf16)) ==
         Approx(bytes / (3.35e12 * c.memory_efficiency) + oh).epsilon(1e-6));
   // Weight gradients: each expert's 64 x 128 gradient reduces over its own tokens (4096 and 2048): two
-  // quarter tiles of different lengths in one wave, so the wave's tile is their mean.
-  const double mean = (tile_seconds(64, 128, 4096, 1e12) + tile_seconds(64, 128, 2048, 1e12)) / 2;
+  // quarter tiles of different lengths in one wave, which lasts as long as the longer.
   CHECK(to_seconds(m.grouped_gemm_wgrad({4096, 0, 2048}, 64, 128, DType::kBf16)) ==
-        Approx(sustained(mean) + oh).epsilon(1e-6));
+        Approx(sustained(tile_seconds(64, 128, 4096, 1e12)) + oh).epsilon(1e-6));
+  // Ten such tiles (eight experts of 2048 tokens, two of 4096) over four SMs: three waves of the mean tile.
+  std::vector<std::int64_t> tokens(8, 2048);
+  tokens.insert(tokens.end(), {4096, 4096});
+  const double mean = (8 * tile_seconds(64, 128, 2048, 1e12) + 2 * tile_seconds(64, 128, 4096, 1e12)) / 10;
+  CHECK(to_seconds(m.grouped_gemm_wgrad(tokens, 64, 128, DType::kBf16)) == Approx(sustained(3 * mean) + oh).epsilon(1e-6));
 }
 
 TEST_CASE("the presets' SMs: a 4096-cubed GEMM on an H100 loses its partial last wave",
@@ -128,4 +132,21 @@ TEST_CASE("the presets' SMs: a 4096-cubed GEMM on an H100 loses its partial last
   const double flops = 2.0 * 4096 * 4096 * 4096;
   CHECK(m.gemm_efficiency(4096, 4096, 4096) ==
         Approx(c.gemm_efficiency_max * flops / (4 * tile * 989e12 * c.gemm_mainloop_efficiency)).epsilon(1e-12));
+}
+
+TEST_CASE("cluster files give SMs and NVLink SHARP, and say what is wrong with them", "[simulator][gemm-tiles][nvls]") {
+  auto a100 = cluster_spec_from_json(R"({"base": "dgx-a100", "device": {"sms": 84}, "nvlink_sharp": true})");
+  REQUIRE(a100.ok());
+  CHECK(a100->device.sm_count == 84);
+  CHECK(a100->nvlink_sharp);
+  for (const char* text : {R"({"base": "dgx-h100", "device": {"sms": -1}})", R"({"base": "dgx-h100", "device": {"sms": "132"}})",
+                           R"({"base": "dgx-h100", "device": {"sms": 1.5}})"}) {
+    auto bad = cluster_spec_from_json(text);
+    INFO(text);
+    REQUIRE_FALSE(bad.ok());
+    CHECK_THAT(bad.error().message(), Catch::Contains("sms") && Catch::Contains("e.g. 132"));
+  }
+  auto sharp = cluster_spec_from_json(R"({"base": "dgx-h100", "nvlink_sharp": "yes"})");
+  REQUIRE_FALSE(sharp.ok());
+  CHECK_THAT(sharp.error().message(), Catch::Contains("nvlink_sharp") && Catch::Contains("NVLS"));
 }
