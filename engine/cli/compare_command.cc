@@ -24,7 +24,8 @@ namespace {
 
 struct CompareFlags {
   std::vector<std::string> plans;
-  std::string model, cluster = "dgx-a100", calibration, attention = "flash", cross_entropy = "fused";
+  std::string model, cluster = "dgx-a100", calibration;
+  SoftwareFlags software;  // the simulated software stack
   std::optional<int> gpus;
   bool json = false, ignore_memory = false, steady_state = false;
 };
@@ -115,8 +116,7 @@ Status run_compare(const CompareFlags& f) {
   if (f.plans.size() < 2) return make_error("give two or more plan files to compare (plan --out writes them)");
   SimulateOptions options;
   MT_ASSIGN(options.cluster, sim::cluster_spec_by_name_or_file(f.cluster));
-  MT_ASSIGN(options.attention, attention_impl_from_name(f.attention));
-  MT_ASSIGN(options.cross_entropy, cross_entropy_impl_from_name(f.cross_entropy));
+  MT_TRY(apply_software_flags(f.software, options));
   options.check_memory = !f.ignore_memory;
   options.steady_state = f.steady_state;
   // The trace is what the idle time by cause is read from (the timeline of simulate --svg).
@@ -169,10 +169,7 @@ Command add_compare_command(CLI::App& app) {
   add_cluster_flags(*sub, f->cluster, f->gpus,
                     "GPUs in the cluster (dp defaults to gpus / (tp·pp·cp) when a plan has none)");
   sub->add_option("--calibration", f->calibration, "calibration JSON (meshtrain calibrate) replacing the defaults");
-  sub->add_option("--cross-entropy", f->cross_entropy, "loss kernels of the simulated software: fused or unfused")
-      ->capture_default_str();
-  sub->add_option("--attention", f->attention, "attention kernels of the simulated software: flash or unfused")
-      ->capture_default_str();
+  add_software_flags(*sub, f->software);
   sub->add_flag("--steady-state", f->steady_state, "time the second of two iterations (as simulate)");
   sub->add_flag("--ignore-memory", f->ignore_memory, "time plans whose peak exceeds the device memory too");
   sub->add_flag("--json", f->json, "print one JSON object");

@@ -28,13 +28,12 @@ namespace meshtrain {
 namespace {
 
 struct PlanCommandFlags {
-  std::string model, cluster = "dgx-a100", calibration, out, svg, moe_routing = "uniform";
-  std::string attention = "flash", cross_entropy = "fused";  // the simulated software stack
+  std::string model, cluster = "dgx-a100", calibration, out, svg;
+  SoftwareFlags software;  // the simulated software stack
   int gpus = 0;
   std::optional<int> global_batch, seq_len;
   std::string precision = "bf16", grad_sync = "overlap";
   double grad_bucket_mb = Plan{}.grad_bucket_mb;
-  float dropout = 0.f;
   int top = 10, simulate = 32, segments = planner::PlannerOptions{}.segments;
   std::string layouts;  // empty: all, or uniform when --fix/--allow pin the uniform dimensions
   bool json = false, explain = false, progress = false, no_progress = false;
@@ -63,11 +62,8 @@ Status run_plan(const PlanCommandFlags& f) {
   sim::Calibration calibration;
   if (!f.calibration.empty())
     MT_TRY(apply_calibration(f.calibration, "threads", f.gpus, ctx.base.precision, calibration, options));
-  MT_ASSIGN(options.attention, attention_impl_from_name(f.attention));
-  MT_ASSIGN(options.cross_entropy, cross_entropy_impl_from_name(f.cross_entropy));
-  options.dropout = f.dropout;
-  MT_ASSIGN(options.moe_routing, MoeRouting::parse(f.moe_routing));
-  ctx.step.dropout = f.dropout;
+  MT_TRY(apply_software_flags(f.software, options));
+  ctx.step.dropout = f.software.dropout;
   MT_TRY(check_step_options(ctx.step));
 
   MT_ASSIGN(planner::SplitPins pins, planner::split_pins(f.fix, f.allow, ctx));
@@ -170,12 +166,7 @@ Command add_plan_command(CLI::App& app) {
   sub->add_option("--allow", f->allow,
                   "values to search: name=v1,v2[,...], e.g. tp=1,2,4,16 or recompute=full, or vision.zero=0,1");
   sub->add_option("--calibration", f->calibration, "calibration JSON (meshtrain calibrate) replacing the defaults");
-  sub->add_option("--cross-entropy", f->cross_entropy, "loss kernels of the simulated software: fused or unfused")
-      ->capture_default_str();
-  sub->add_option("--attention", f->attention, "attention kernels of the simulated software: flash or unfused")
-      ->capture_default_str();
-  sub->add_option("--dropout", f->dropout, "dropout probability of the simulated run")->capture_default_str();
-  sub->add_option("--moe-routing", f->moe_routing, "uniform, zipf:S or file:F (as simulate)")->capture_default_str();
+  add_software_flags(*sub, f->software);
   sub->add_option("--out", f->out, "write the winner as a plan file (train/simulate --plan)");
   sub->add_option("--svg", f->svg,
                   "write an SVG picture of the candidates: step time against peak memory, the chosen one marked");

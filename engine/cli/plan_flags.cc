@@ -6,8 +6,46 @@
 
 #include "engine/cli/bounded_flags.h"
 #include "engine/plan/segment_plan.h"
+#include "engine/step/step_engine.h"
 
 namespace meshtrain {
+
+void add_software_flags(CLI::App& app, SoftwareFlags& f) {
+  app.add_option("--attention", f.attention,
+                 "attention kernels of the simulated software: flash (fused) or unfused (Megatron-LM 2021: "
+                 "score GEMM, softmax, dropout, context GEMM)")
+      ->capture_default_str();
+  app.add_option("--cross-entropy", f.cross_entropy,
+                 "loss kernels of the simulated software: fused (reading the 16-bit logits) or unfused "
+                 "(Megatron's fp32 PyTorch ops, its default before --cross-entropy-loss-fusion)")
+      ->capture_default_str();
+  app.add_option("--dropout", f.dropout, "dropout probability of the simulated run (hidden states; "
+                 "with --attention unfused also the attention probabilities)")
+      ->capture_default_str()
+      ->check(real_in(kDropoutRange));
+  app.add_option("--moe-routing", f.moe_routing,
+                 "how tokens spread over experts: uniform, zipf:S (share of expert e ∝ 1/(e+1)^S) or file:F "
+                 "(a JSON list of shares per expert, or one list per MoE layer)")
+      ->capture_default_str();
+  app.add_option("--moe-dispatcher", f.moe_dispatcher,
+                 "how the token rows cross the expert group: alltoall (every expert slot, NCCL) or deepep / "
+                 "hybridep (Megatron-Core's flex dispatcher: each token once per destination node and GPU)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"alltoall", "deepep", "hybridep"}));
+  app.add_flag("--moe-sequential-experts", f.moe_sequential_experts,
+               "the simulated software runs each local expert's GEMMs in turn, one launch each (Megatron's "
+               "SequentialMLP, without --moe-grouped-gemm), not as one grouped GEMM");
+}
+
+Status apply_software_flags(const SoftwareFlags& f, SimulateOptions& o) {
+  MT_ASSIGN(o.attention, attention_impl_from_name(f.attention));
+  MT_ASSIGN(o.cross_entropy, cross_entropy_impl_from_name(f.cross_entropy));
+  o.dropout = f.dropout;
+  MT_ASSIGN(o.moe_routing, MoeRouting::parse(f.moe_routing));
+  o.moe_dispatcher = f.moe_dispatcher;
+  o.moe_grouped_gemm = !f.moe_sequential_experts;
+  return ok_status();
+}
 
 void add_plan_flags(CLI::App& app, PlanFlags& f, const std::string& default_model) {
   // A switch sets its field only when given: CLI11 (2.1) writes false into an

@@ -7,6 +7,7 @@
 
 #include "engine/cli/bounded_flags.h"
 #include "engine/plan/plan.h"
+#include "engine/simulation/simulation.h"
 #include "models/model_spec.h"
 
 namespace meshtrain {
@@ -28,6 +29,20 @@ CLI::Option* add_cluster_flags(CLI::App& app, std::string& cluster, Gpus& gpus, 
   app.add_option("--cluster", cluster, "cluster preset name or JSON file")->capture_default_str();
   return app.add_option("--gpus", gpus, gpus_help)->check(int_in({1, kMaxWorldSize}));
 }
+
+// The software of the run being simulated: its attention, loss and expert
+// kernels, its dropout, how its tokens spread over experts and cross the
+// expert group (SimulateOptions). simulate, plan and compare take the same
+// flags, read the same way.
+struct SoftwareFlags {
+  std::string attention = "flash", cross_entropy = "fused", moe_routing = "uniform", moe_dispatcher = "alltoall";
+  float dropout = 0.f;
+  bool moe_sequential_experts = false;
+};
+// Adds --attention, --cross-entropy, --dropout, --moe-routing, --moe-dispatcher and --moe-sequential-experts.
+void add_software_flags(CLI::App& app, SoftwareFlags& flags);
+// Sets `options`' software stack from the flags; an unknown name is an Error listing the known ones.
+Status apply_software_flags(const SoftwareFlags& flags, SimulateOptions& options);
 
 // With `gpus` > 0 and no dp given (flag or plan file): dp fills the GPUs
 // left by the model-parallel dimensions, gpus / (tp·pp·cp).

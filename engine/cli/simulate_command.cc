@@ -36,12 +36,7 @@ struct SimulateFlags {
   bool json = false;
   bool ignore_memory = false;
   bool steady_state = false;
-  std::string attention = "flash";  // the simulated software stack: see SimulateOptions
-  std::string cross_entropy = "fused";
-  float dropout = 0.f;
-  std::string moe_routing = "uniform";
-  std::string moe_dispatcher = "alltoall";
-  bool moe_sequential_experts = false;
+  SoftwareFlags software;  // the simulated software stack
   // What-ifs (engine/simulation/variation.h); any of them means full fidelity.
   std::string fidelity = "representative";
   std::vector<std::string> stragglers, link_degrade, link_fail;
@@ -330,12 +325,7 @@ Status check_default_plan_fits(const SimulateFlags& f, const ModelAndPlan& mp, c
 Status run_jobs(const SimulateFlags& f) {
   SimulateOptions options;
   MT_ASSIGN(options.cluster, sim::cluster_spec_by_name_or_file(f.cluster));
-  MT_ASSIGN(options.attention, attention_impl_from_name(f.attention));
-  MT_ASSIGN(options.cross_entropy, cross_entropy_impl_from_name(f.cross_entropy));
-  options.dropout = f.dropout;
-  MT_ASSIGN(options.moe_routing, MoeRouting::parse(f.moe_routing));
-  options.moe_dispatcher = f.moe_dispatcher;
-  options.moe_grouped_gemm = !f.moe_sequential_experts;
+  MT_TRY(apply_software_flags(f.software, options));
   MT_TRY(apply_link_flags(f, options));
   if (!f.stragglers.empty()) return make_error("--straggler names ranks of one job; it does not combine with --job");
   if (!f.svg.empty()) return make_error("--svg draws one job's step; it does not combine with --job (simulate each job alone)");
@@ -365,12 +355,7 @@ Status run_simulate(SimulateFlags f, bool no_flags) {
   if (!f.svg.empty()) MT_TRY(probe_output_file(f.svg, "--svg picture"));
   options.check_memory = !f.ignore_memory;
   options.steady_state = f.steady_state;
-  MT_ASSIGN(options.attention, attention_impl_from_name(f.attention));
-  MT_ASSIGN(options.cross_entropy, cross_entropy_impl_from_name(f.cross_entropy));
-  options.dropout = f.dropout;
-  MT_ASSIGN(options.moe_routing, MoeRouting::parse(f.moe_routing));
-  options.moe_dispatcher = f.moe_dispatcher;
-  options.moe_grouped_gemm = !f.moe_sequential_experts;
+  MT_TRY(apply_software_flags(f.software, options));
   MT_ASSIGN(options.fidelity, fidelity_from_name(f.fidelity));
   MT_ASSIGN(options.variation.stragglers, parse_stragglers(f.stragglers, mp.plan.world_size(), f.seed));
   MT_TRY(apply_link_flags(f, options));
@@ -418,30 +403,7 @@ Command add_simulate_command(CLI::App& app) {
   add_plan_flags(*sub, flags->plan, "");
   add_cluster_flags(*sub, flags->cluster, flags->gpus,
                     "GPUs in the cluster (the plan's world; dp defaults to gpus / (tp·pp·cp))");
-  sub->add_option("--attention", flags->attention,
-                  "attention kernels of the simulated software: flash (fused) or unfused (Megatron-LM 2021: "
-                  "score GEMM, softmax, dropout, context GEMM)")
-      ->capture_default_str();
-  sub->add_option("--cross-entropy", flags->cross_entropy,
-                  "loss kernels of the simulated software: fused (reading the 16-bit logits) or unfused "
-                  "(Megatron's fp32 PyTorch ops, its default before --cross-entropy-loss-fusion)")
-      ->capture_default_str();
-  sub->add_option("--dropout", flags->dropout, "dropout probability of the simulated run (hidden states; "
-                  "with --attention unfused also the attention probabilities)")
-      ->capture_default_str()
-      ->check(real_in(kDropoutRange));
-  sub->add_option("--moe-routing", flags->moe_routing,
-                  "how tokens spread over experts: uniform, zipf:S (share of expert e ∝ 1/(e+1)^S) or file:F "
-                  "(a JSON list of shares per expert, or one list per MoE layer)")
-      ->capture_default_str();
-  sub->add_option("--moe-dispatcher", flags->moe_dispatcher,
-                  "how the token rows cross the expert group: alltoall (every expert slot, NCCL) or deepep / "
-                  "hybridep (Megatron-Core's flex dispatcher: each token once per destination node and GPU)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"alltoall", "deepep", "hybridep"}));
-  sub->add_flag("--moe-sequential-experts", flags->moe_sequential_experts,
-                "the simulated software runs each local expert's GEMMs in turn, one launch each (Megatron's "
-                "SequentialMLP, without --moe-grouped-gemm), not as one grouped GEMM");
+  add_software_flags(*sub, flags->software);
   sub->add_option("--fidelity", flags->fidelity,
                   "representative (a few ranks per class of ranks that act alike: a uniform plan's pipeline "
                   "stages) or full (every rank's ops and flows; used whenever a straggler or link what-if is given)")
