@@ -318,7 +318,13 @@ TEST_CASE("sim backend: Megatron's unfused cross-entropy is eight passes over th
   // One micro-batch's loss over (4096, 32768) bf16 logits, forward and backward, fused and unfused.
   const std::int64_t rows = 4096, vocab = 32768;
   const double logits = static_cast<double>(rows) * vocab;
-  auto loss_seconds = [&](CrossEntropyImpl impl) {
+  // The loss's compute seconds and tasks on one H100, and the cost model's constants.
+  struct Loss {
+    double seconds;
+    std::size_t tasks;
+    sim::CostConstants k;
+  };
+  auto loss = [&](CrossEntropyImpl impl, DType logits_dtype) {
     auto spec = sim::cluster_preset("dgx-h100");
     REQUIRE(spec.ok());
     SimOptions o;
@@ -326,7 +332,7 @@ TEST_CASE("sim backend: Megatron's unfused cross-entropy is eight passes over th
     auto made = SimCluster::create(*spec, 1, {0}, o);
     REQUIRE(made.ok());
     SimBackend& b = (*made)->backend(0);
-    Tensor x = b.empty(Shape{rows, vocab}, DType::bf16), dx = b.empty(Shape{rows, vocab}, DType::bf16);
+    Tensor x = b.empty(Shape{rows, vocab}, logits_dtype), dx = b.empty(Shape{rows, vocab}, logits_dtype);
     Tensor targets = b.empty(Shape{rows}, DType::i32), row_max = b.empty(Shape{rows}), sumexp = b.empty(Shape{rows});
     Tensor target_logit = b.empty(Shape{rows});
     b.cross_entropy_max(x, row_max);
@@ -334,37 +340,21 @@ TEST_CASE("sim backend: Megatron's unfused cross-entropy is eight passes over th
     b.cross_entropy_backward(x, targets, row_max, sumexp, 0, 1.f, dx);
     auto r = (*made)->run();
     REQUIRE(r.ok());
-    return std::pair{r->ranks[0].compute_s, (*made)->cost_model().constants()};
+    return Loss{r->ranks[0].compute_s, static_cast<std::size_t>(r->tasks), (*made)->cost_model().constants()};
   };
-  const auto [unfused, k] = loss_seconds(CrossEntropyImpl::unfused);
-  const auto [fused, unused] = loss_seconds(CrossEntropyImpl::fused);
+  const Loss unfused = loss(CrossEntropyImpl::unfused, DType::bf16), fused = loss(CrossEntropyImpl::fused, DType::bf16);
+  const sim::CostConstants& k = unfused.k;
   // Counted from megatron/core/tensor_parallel/cross_entropy.py (core_r0.8.0), bytes per logit: the fp32
   // copy (read 2, write 4), max (read 4), subtract the max in place (8), exp in place (8), sum (read 4),
   // normalize in place (8); backward: scale by the loss gradient in place (8), cast back (read 4, write 2).
   const double per_logit[] = {6, 4, 8, 8, 4, 8, 8, 6};
   double want = 0;
   for (double bytes : per_logit) want += bytes * logits / (3.35e12 * k.memory_efficiency) + seconds(k.kernel_overhead);
-  CHECK(unfused == Approx(want).epsilon(1e-6));
+  CHECK(unfused.seconds == Approx(want).epsilon(1e-6));
   // fp32 logits need no casts: six passes (4 + 8 + 8 + 4 + 8, then 8).
-  {
-    auto spec = sim::cluster_preset("dgx-h100");
-    SimOptions o;
-    o.cross_entropy = CrossEntropyImpl::unfused;
-    auto made = SimCluster::create(*spec, 1, {0}, o);
-    REQUIRE(made.ok());
-    SimBackend& b = (*made)->backend(0);
-    Tensor x = b.empty(Shape{rows, vocab}), dx = b.empty(Shape{rows, vocab});
-    Tensor targets = b.empty(Shape{rows}, DType::i32), row_max = b.empty(Shape{rows}), sumexp = b.empty(Shape{rows});
-    Tensor target_logit = b.empty(Shape{rows});
-    b.cross_entropy_max(x, row_max);
-    b.cross_entropy_partials(x, targets, row_max, 0, sumexp, target_logit);
-    b.cross_entropy_backward(x, targets, row_max, sumexp, 0, 1.f, dx);
-    auto r = (*made)->run();
-    REQUIRE(r.ok());
-    CHECK(r->tasks == 6);
-    CHECK(r->ranks[0].compute_s ==
-          Approx(40 * logits / (3.35e12 * k.memory_efficiency) + 6 * seconds(k.kernel_overhead)).epsilon(1e-6));
-  }
+  const Loss fp32 = loss(CrossEntropyImpl::unfused, DType::f32);
+  CHECK(fp32.tasks == 6);
+  CHECK(fp32.seconds == Approx(40 * logits / (3.35e12 * k.memory_efficiency) + 6 * seconds(k.kernel_overhead)).epsilon(1e-6));
   // The fused kernels read the bf16 logits three times and write the gradient once: 8 bytes per logit.
-  CHECK(fused == Approx(8 * logits / (3.35e12 * k.memory_efficiency) + 3 * seconds(k.kernel_overhead)).epsilon(1e-3));
+  CHECK(fused.seconds == Approx(8 * logits / (3.35e12 * k.memory_efficiency) + 3 * seconds(k.kernel_overhead)).epsilon(1e-3));
 }
