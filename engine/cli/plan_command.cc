@@ -40,6 +40,54 @@ struct PlanCommandFlags {
   std::vector<std::string> fix, allow;
 };
 
+// The search's options: what to simulate, which layouts (by default only the kinds the pins name), progress.
+Result<planner::PlannerOptions> planner_options(const PlanCommandFlags& f, const planner::SplitPins& pins) {
+  planner::PlannerOptions po;
+  po.simulate = f.simulate;
+  // Pins name the uniform plans' dimensions (tp=8) or the segments' (vision.tp=2): by default only the kinds named.
+  const bool uniform_pins = !pins.uniform_fix.empty() || !pins.uniform_allow.empty();
+  const bool segment_pins = !pins.segments.empty();
+  const std::string layouts = !f.layouts.empty()              ? f.layouts
+                              : uniform_pins == segment_pins ? "all"
+                              : uniform_pins                 ? "uniform"
+                                                             : "segments";
+  if (layouts != "all" && layouts != "uniform" && layouts != "segments")
+    return Error(unknown_name_message("--layouts", layouts, {"all", "uniform", "segments"}));
+  po.uniform = layouts != "segments";
+  po.segments = layouts == "uniform" ? 0 : f.segments;
+  if (layouts == "segments" && po.segments == 0)
+    return make_error("--layouts segments with --segments 0 searches nothing; give --segments 1 or more");
+  if (segment_pins && po.segments == 0)
+    return make_error("--fix/--allow {} pin segment layouts, which --layouts uniform (or --segments 0) leaves out; "
+                      "drop them or search segment layouts",
+                      pins.segments.describe());
+  po.progress = !f.no_progress && (f.progress || isatty(STDERR_FILENO));
+  return po;
+}
+
+// --out (the winner's plan file) and --svg (the candidates' picture).
+Status write_plan_outputs(const PlanCommandFlags& f, const planner::SearchResult& result,
+                          const planner::SearchContext& ctx, const sim::ClusterSpec& cluster) {
+  if (!f.out.empty()) {
+    const planner::Candidate& best = result.ranked.front();
+    if (!best.sim)
+      return make_error("--out: the full simulation refused every candidate it timed (first: {}); nothing to write",
+                        best.sim_error.empty() ? "none simulated, use --simulate 1 or more" : best.sim_error);
+    MT_TRY(write_output_file(f.out, planner::plan_file_json(best).dump(2) + "\n", "--out plan file"));
+  }
+  if (!f.svg.empty()) {
+    std::vector<std::string> labels;
+    for (const planner::Candidate& c : result.ranked)
+      labels.push_back(c.plan.segments.empty() ? planner::describe_plan(c.plan, ctx.model)
+                                               : planner::describe_segments_short(c.plan));
+    const std::string title = fmt::format("Plans for {} on {} x {}: step time against memory", ctx.model.name, f.gpus,
+                                          cluster.device.name);
+    MT_TRY(write_output_file(f.svg, pictures::candidates_svg(result.ranked, cluster.device.memory_bytes, labels, title),
+                             "--svg picture"));
+  }
+  return ok_status();
+}
+
 Status run_plan(const PlanCommandFlags& f) {
   if (f.model.empty()) return make_error("--model NAME|FILE is required");
   if (f.gpus <= 0) return make_error("--gpus N is required: the GPUs the plan must use");
@@ -68,47 +116,11 @@ Status run_plan(const PlanCommandFlags& f) {
 
   MT_ASSIGN(planner::SplitPins pins, planner::split_pins(f.fix, f.allow, ctx));
   MT_ASSIGN(planner::SearchSpace space, planner::parse_search_space(pins.uniform_fix, pins.uniform_allow, ctx));
-  planner::PlannerOptions po;
-  po.simulate = f.simulate;
-  // Pins name the uniform plans' dimensions (tp=8) or the segments' (vision.tp=2): by default only the kinds named.
-  const bool uniform_pins = !pins.uniform_fix.empty() || !pins.uniform_allow.empty();
-  const bool segment_pins = !pins.segments.empty();
-  const std::string layouts = !f.layouts.empty()              ? f.layouts
-                              : uniform_pins == segment_pins ? "all"
-                              : uniform_pins                 ? "uniform"
-                                                             : "segments";
-  if (layouts != "all" && layouts != "uniform" && layouts != "segments")
-    return Error(unknown_name_message("--layouts", layouts, {"all", "uniform", "segments"}));
-  po.uniform = layouts != "segments";
-  po.segments = layouts == "uniform" ? 0 : f.segments;
-  if (layouts == "segments" && po.segments == 0)
-    return make_error("--layouts segments with --segments 0 searches nothing; give --segments 1 or more");
-  if (segment_pins && po.segments == 0)
-    return make_error("--fix/--allow {} pin segment layouts, which --layouts uniform (or --segments 0) leaves out; "
-                      "drop them or search segment layouts",
-                      pins.segments.describe());
-  po.progress = !f.no_progress && (f.progress || isatty(STDERR_FILENO));
+  MT_ASSIGN(const planner::PlannerOptions po, planner_options(f, pins));
   MT_ASSIGN(planner::SearchResult result, planner::search(ctx, space, options, po, pins.segments));
+  MT_TRY(write_plan_outputs(f, result, ctx, options.cluster));
 
   const planner::ReportContext rc{&ctx, &options.cluster, f.top};
-  if (!f.out.empty()) {
-    const planner::Candidate& best = result.ranked.front();
-    if (!best.sim)
-      return make_error("--out: the full simulation refused every candidate it timed (first: {}); nothing to write",
-                        best.sim_error.empty() ? "none simulated, use --simulate 1 or more" : best.sim_error);
-    MT_TRY(write_output_file(f.out, planner::plan_file_json(best).dump(2) + "\n", "--out plan file"));
-  }
-  if (!f.svg.empty()) {
-    std::vector<std::string> labels;
-    for (const planner::Candidate& c : result.ranked)
-      labels.push_back(c.plan.segments.empty() ? planner::describe_plan(c.plan, ctx.model)
-                                               : planner::describe_segments_short(c.plan));
-    const std::string title = fmt::format("Plans for {} on {} x {}: step time against memory", ctx.model.name, f.gpus,
-                                          options.cluster.device.name);
-    MT_TRY(write_output_file(
-        f.svg, pictures::candidates_svg(result.ranked, options.cluster.device.memory_bytes, labels, title),
-        "--svg picture"));
-  }
   if (f.json) {
     nlohmann::json j = planner::json_report(result, rc);
     if (f.explain) j["explain"] = planner::explain(result, rc);
