@@ -449,7 +449,7 @@ Result<CollectiveKind> parse_collective_kind(std::string_view name) {
 }
 
 Result<Algorithm> parse_algorithm(std::string_view name) {
-  for (int a = 0; a <= static_cast<int>(Algorithm::kNvls); ++a)
+  for (int a = 0; a <= static_cast<int>(kLastNamedAlgorithm); ++a)
     if (name == algorithm_name(static_cast<Algorithm>(a))) return static_cast<Algorithm>(a);
   return make_error(
       "unknown collective algorithm '{}'; known: auto, ring, tree, hierarchical, "

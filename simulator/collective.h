@@ -103,6 +103,8 @@ inline constexpr int kNumCollectiveKinds = 6;
 // the switch and the whole sum comes back, S each way per GPU, at
 // CostConstants::nvls_efficiency of the NVLink's NCCL rate.
 enum class Algorithm : uint8_t { kAuto, kRing, kTree, kHierarchical, kPairwise, kDirect, kNvls, kDeduplicated };
+// The last algorithm a caller may name (parse_algorithm reads up to it).
+inline constexpr Algorithm kLastNamedAlgorithm = Algorithm::kNvls;
 enum class CollectiveMode : uint8_t { kFlows, kAnalytic };
 
 const char* collective_kind_name(CollectiveKind kind);  // "all_reduce", ...

@@ -104,14 +104,18 @@ Time CostModel::roofline(double flops, double bytes, double efficiency, DType dt
   return from_seconds(std::max(compute, memory)) + constants_.kernel_overhead;
 }
 
-std::optional<Time> CostModel::measured_gemm(int64_t m, int64_t n, int64_t k, DType dtype) const {
+template <class Lookup>
+std::optional<Time> CostModel::measured(DType dtype, Lookup lookup) const {
   if (!calibration_) return std::nullopt;
-  if (auto t = calibration_->gemm_time(m, n, k, dtype)) return from_seconds(*t);
-  // An FP8 GEMM the file did not measure: the measured bf16 curve's efficiency at FP8's peak.
+  if (auto t = lookup(dtype)) return from_seconds(*t);
+  // An FP8 kernel the file did not measure: the measured bf16 curve's efficiency at FP8's peak.
   if (dtype == DType::kFp8 && device_.peak_fp8_flops > 0)
-    if (auto t = calibration_->gemm_time(m, n, k, DType::kBf16))
-      return from_seconds(*t * device_.peak_bf16_flops / device_.peak_fp8_flops);
+    if (auto t = lookup(DType::kBf16)) return from_seconds(*t * device_.peak_bf16_flops / device_.peak_fp8_flops);
   return std::nullopt;
+}
+
+std::optional<Time> CostModel::measured_gemm(int64_t m, int64_t n, int64_t k, DType dtype) const {
+  return measured(dtype, [&](DType d) { return calibration_->gemm_time(m, n, k, d); });
 }
 
 Time CostModel::gemm(int64_t m, int64_t n, int64_t k, DType dtype, int64_t batch, const GemmOutput& out) const {
@@ -135,13 +139,7 @@ Time CostModel::tiled_groups(const std::vector<GemmGroup>& groups, int64_t n, DT
 
 std::optional<Time> CostModel::measured_grouped_gemm(const std::vector<int64_t>& rows, int64_t n, int64_t k,
                                                      DType dtype, bool wgrad) const {
-  if (!calibration_) return std::nullopt;
-  if (auto t = calibration_->grouped_gemm_time(rows, n, k, dtype, wgrad)) return from_seconds(*t);
-  // An FP8 grouped GEMM the file did not measure: the measured bf16 curve's efficiency at FP8's peak, as gemm().
-  if (dtype == DType::kFp8 && device_.peak_fp8_flops > 0)
-    if (auto t = calibration_->grouped_gemm_time(rows, n, k, DType::kBf16, wgrad))
-      return from_seconds(*t * device_.peak_bf16_flops / device_.peak_fp8_flops);
-  return std::nullopt;
+  return measured(dtype, [&](DType d) { return calibration_->grouped_gemm_time(rows, n, k, d, wgrad); });
 }
 
 Time CostModel::grouped_gemm(const std::vector<int64_t>& rows, int64_t n, int64_t k, DType dtype) const {

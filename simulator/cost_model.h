@@ -128,6 +128,9 @@ class CostModel {
                           const GemmOutput& out = {}) const;
   // Such groups' kernel time: their FLOPs and bytes at that efficiency, one launch.
   Time tiled_groups(const std::vector<GemmGroup>& groups, int64_t n, DType dtype, const GemmOutput& out = {}) const;
+  // A calibration's time from `lookup(dtype)` (seconds or nullopt), an FP8 one from lookup(kBf16) at FP8's peak.
+  template <class Lookup>
+  std::optional<Time> measured(DType dtype, Lookup lookup) const;
   // A calibration's time for one (m,n,k) GEMM (fp8 from bf16 entries at FP8's peak); nullopt without one.
   std::optional<Time> measured_gemm(int64_t m, int64_t n, int64_t k, DType dtype) const;
   // The calibration's grouped_gemm entries' time (fp8 from bf16 ones at FP8's peak); nullopt without them.

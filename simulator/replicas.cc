@@ -183,7 +183,7 @@ void Executor::analyse_isolation() {
     std::vector<LinkId>& links = footprint[set];
     for (int k = 0; k < kNumCollectiveKinds; ++k) {
       if (!(kinds[set] & (1u << k))) continue;
-      for (int a = static_cast<int>(Algorithm::kRing); a <= static_cast<int>(Algorithm::kNvls); ++a) {
+      for (int a = static_cast<int>(Algorithm::kRing); a <= static_cast<int>(kLastNamedAlgorithm); ++a) {
         CollectiveRequest req{static_cast<CollectiveKind>(k), sets_[set], 1 << 20, static_cast<Algorithm>(a), 0};
         auto plan = plan_collective(cluster_, constants_, req);
         if (!plan.ok()) continue;  // the algorithm does not apply

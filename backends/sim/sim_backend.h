@@ -155,6 +155,7 @@ class SimBackend final : public Backend {
   // CrossEntropyImpl::unfused: one memory-bound kernel per (name, bytes per logit) pass over `logits`.
   bool unfused_cross_entropy(const Tensor& logits, std::initializer_list<std::pair<const char*, double>> passes);
   void check(const Tensor& t, const char* op) const;
+  void check_all(const char* op, std::initializer_list<const Tensor*> tensors) const;
   sim::StreamId executor_stream(Stream s) const;
   sim::DType compute_dtype(DType t) const;
   // compute_dtype, or kFp8 for an (m, n, k) GEMM that use_fp8_gemms covers.

@@ -62,8 +62,11 @@ void SimBackend::checked_charge(const char* op, std::initializer_list<const Tens
 }
 void SimBackend::checked_charge(const char* op, std::initializer_list<const Tensor*> checked,
                                 std::initializer_list<const Tensor*> tensors) {
-  for (const Tensor* t : checked) check(*t, op);
+  check_all(op, checked);
   charge(op_info(op), tensors);
+}
+void SimBackend::check_all(const char* op, std::initializer_list<const Tensor*> tensors) const {
+  for (const Tensor* t : tensors) check(*t, op);
 }
 
 void SimBackend::fill(Tensor& x, float) {
@@ -364,7 +367,6 @@ void SimBackend::unfused_attention(std::int64_t bh, std::int64_t seq, std::int64
 bool SimBackend::unfused_cross_entropy(const Tensor& logits,
                                        std::initializer_list<std::pair<const char*, double>> passes) {
   if (cluster_.options_.cross_entropy != CrossEntropyImpl::unfused) return false;
-  check(logits, "cross_entropy");
   const double count = static_cast<double>(logits.numel());
   for (const auto& [name, bytes_per_logit] : passes)
     if (bytes_per_logit > 0) compute(op_name(name), cluster_.cost_.memory_bound(bytes_per_logit * count));
@@ -381,21 +383,20 @@ double cast_bytes(const Tensor& logits) {
 }  // namespace
 
 void SimBackend::cross_entropy_max(const Tensor& logits, Tensor& row_max) {
-  check(row_max, "cross_entropy_max");
+  check(logits, "cross_entropy_max"), check(row_max, "cross_entropy_max");
   if (unfused_cross_entropy(logits, {{"cross_entropy_float", cast_bytes(logits)}, {"cross_entropy_max", 4}})) return;
-  checked_charge("cross_entropy_max", {&logits, &row_max});
+  charge(op_info("cross_entropy_max"), {&logits, &row_max});
 }
 void SimBackend::cross_entropy_partials(const Tensor& logits, const Tensor& targets,
                                         const Tensor& row_max, std::int64_t, Tensor& sumexp,
                                         Tensor& target_logit) {
-  check(targets, "cross_entropy_partials"), check(row_max, "cross_entropy_partials");
-  check(sumexp, "cross_entropy_partials"), check(target_logit, "cross_entropy_partials");
+  check_all("cross_entropy_partials", {&logits, &targets, &row_max, &sumexp, &target_logit});
   if (unfused_cross_entropy(logits, {{"cross_entropy_shift", 8},
                                      {"cross_entropy_exp", 8},
                                      {"cross_entropy_sum", 4},
                                      {"cross_entropy_softmax", 8}}))
     return;
-  checked_charge("cross_entropy_partials", {&logits, &sumexp}, {&logits, &targets, &row_max, &sumexp, &target_logit});
+  charge(op_info("cross_entropy_partials"), {&logits, &targets, &row_max, &sumexp, &target_logit});
 }
 void SimBackend::cross_entropy_loss(const Tensor& row_max, const Tensor& sumexp,
                                     const Tensor& target_logit, Tensor& losses) {
@@ -408,12 +409,10 @@ void SimBackend::cross_entropy_accuracy(const Tensor& row_max, const Tensor& tar
 void SimBackend::cross_entropy_backward(const Tensor& logits, const Tensor& targets,
                                         const Tensor& row_max, const Tensor& sumexp, std::int64_t,
                                         float, Tensor& dlogits) {
-  check(targets, "cross_entropy_backward"), check(row_max, "cross_entropy_backward");
-  check(sumexp, "cross_entropy_backward"), check(dlogits, "cross_entropy_backward");
+  check_all("cross_entropy_backward", {&logits, &targets, &row_max, &sumexp, &dlogits});
   if (unfused_cross_entropy(logits, {{"cross_entropy_scale_backward", 8}, {"cross_entropy_cast_backward", cast_bytes(logits)}}))
     return;
-  checked_charge("cross_entropy_backward", {&logits, &dlogits},
-                 {&logits, &targets, &row_max, &sumexp, &dlogits});
+  charge(op_info("cross_entropy_backward"), {&logits, &targets, &row_max, &sumexp, &dlogits});
 }
 
 void SimBackend::clip_coefficient(const Tensor& sumsq, float, Tensor& coef) {
