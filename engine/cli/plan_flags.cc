@@ -107,9 +107,9 @@ void add_plan_flags(CLI::App& app, PlanFlags& f, const std::string& default_mode
   on_switch("--overlap-update", o.overlap_update,
                "run each bucket's optimizer update on the data-parallel stream; the next forward of a layer waits "
                "only for its own update");
-  app.add_flag("--tp-comm-overlap", o.tp_comm_overlap,
-               "sequence parallelism: pipeline the all-gather before the column-parallel GEMMs with them (a ring of "
-               "send/recv on a side stream, the GEMM row block by row block)");
+  on_switch("--tp-comm-overlap", o.tp_comm_overlap,
+            "sequence parallelism: pipeline the all-gather before the column-parallel GEMMs with them (a ring of "
+            "send/recv on a side stream, the GEMM row block by row block)");
   shown(app.add_option("--offload", o.offload,
                        "host memory for the optimizer: none, optimizer (fp32 master weights and AdamW state, updated "
                        "on the host) or params (ZeRO 3: the parameter shards too)"),

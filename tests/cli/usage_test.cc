@@ -204,3 +204,21 @@ TEST_CASE("simulate says what is missing, and that a default plan does not fit",
   CHECK_THAT(run_meshtrain("simulate --model llama3-70b --gpus 8 --tp 8").out,
              !Catch::Contains("the default plan"));
 }
+
+// A plan file's switches hold unless a flag is given: --tp-comm-overlap once
+// overrode the file's "tp_comm_overlap": true with false when it was absent.
+TEST_CASE("simulate --plan honours the file's switches as the flags would set them", "[cli]") {
+  const fs::path dir = fresh_dir("switches");
+  const fs::path plan = dir / "overlap.json";
+  std::ofstream(plan) << R"({"tp": 4, "sequence_parallel": true, "tp_comm_overlap": true})";
+  const std::string run = "simulate --model gpt2-124m --cluster dgx-h100 --gpus 8";
+  auto iteration = [](const MeshtrainRun& r) {
+    REQUIRE(r.status == 0);
+    const std::size_t at = r.out.find("iteration");
+    REQUIRE(at != std::string::npos);
+    return r.out.substr(at, r.out.find('\n', at) - at);
+  };
+  const std::string from_file = iteration(run_meshtrain(run + " --plan " + plan.string()));
+  CHECK(from_file == iteration(run_meshtrain(run + " --tp 4 --sequence-parallel --tp-comm-overlap")));
+  CHECK(from_file != iteration(run_meshtrain(run + " --tp 4 --sequence-parallel")));
+}
