@@ -137,7 +137,8 @@ struct ActivationLayout {
   bool row_stats = false;              // fp32 norm statistics and attention lse are saved
   // Bytes of a parameter gradient; 0: the plan's precision (the ZeRO paper's
   // 16-bit gradients). meshtrain accumulates gradients in fp32 as Megatron
-  // does (main_grad), so mixed precision costs 2 + 4 + 12 bytes a parameter.
+  // does (main_grad), so mixed precision costs 2 + 4 + 12 bytes a parameter,
+  // unless the plan keeps them in bf16 (engine/plan/plan.h GradDtype).
   int gradient_bytes = 0;
   // Bytes of a saved input of a linear layer's GEMM (the norms' outputs, the
   // attention output, the MLP's second input); 0: value_bytes. FP8 training

@@ -17,7 +17,7 @@ ParameterStore::ParameterStore(Backend& b, const ModelSpec& m, std::vector<Param
     numel_ += shapes_.back().numel();
   }
   if (storage.persistent_values) values_ = b.empty(Shape{numel_}, storage.value_dtype);
-  if (storage.persistent_grads) grads_ = b.zeros(Shape{numel_});
+  if (storage.persistent_grads) grads_ = b.zeros(Shape{numel_}, storage.grad_dtype);
   std::int64_t offset = 0;
   for (std::size_t i = 0; i < infos.size(); ++i) {
     const std::int64_t n = shapes_[i].numel();

@@ -13,7 +13,9 @@
 //
 // Values are held in `value_dtype` (the 16-bit working copy under mixed
 // precision: GEMMs read it; the fp32 master lives with the optimizer);
-// gradients are always fp32 (micro-batches accumulate into them).
+// gradients in `grad_dtype`, where micro-batches accumulate: fp32 by default
+// (Megatron's main_grad), or the 16-bit working dtype when a plan reduces
+// gradients in it (engine/plan/plan.h GradDtype).
 #pragma once
 
 #include <cstdint>
@@ -29,7 +31,7 @@ namespace meshtrain {
 struct ParamSlot {
   ParamInfo info;            // full shape and split
   Tensor value;              // this rank's shard, a view of the flat (or bound) values
-  Tensor grad;               // its gradient, same shape, fp32
+  Tensor grad;               // its gradient, same shape, in the store's grad_dtype
   std::int64_t offset = 0;   // first element in the flat buffers
   std::int64_t numel = 0;    // elements of this rank's shard (also while unbound)
 };
@@ -44,6 +46,7 @@ struct ParameterStorage {
   bool persistent_values = true;
   bool persistent_grads = true;
   DType value_dtype = DType::f32;
+  DType grad_dtype = DType::f32;
 };
 
 class ParameterStore {
@@ -81,6 +84,7 @@ class ParameterStore {
   Tensor& grads() { return grads_; }
   std::int64_t numel() const { return numel_; }
   DType value_dtype() const { return storage_.value_dtype; }
+  DType grad_dtype() const { return storage_.grad_dtype; }
   const ShardCoord& coord() const { return coord_; }
 
  private:
@@ -97,7 +101,7 @@ class ParameterStore {
   std::unordered_map<std::string, std::size_t> index_;
   std::int64_t numel_ = 0;
   Tensor values_;  // (numel) value_dtype, when persistent
-  Tensor grads_;   // (numel) fp32, when persistent
+  Tensor grads_;   // (numel) grad_dtype, when persistent
 };
 
 }  // namespace meshtrain

@@ -32,7 +32,7 @@ struct PlanCommandFlags {
   SoftwareFlags software;  // the simulated software stack
   int gpus = 0;
   std::optional<int> global_batch, seq_len;
-  std::string precision = "bf16", grad_sync = "overlap";
+  std::string precision = "bf16", grad_sync = "overlap", grad_dtype = "fp32";
   double grad_bucket_mb = Plan{}.grad_bucket_mb;
   int top = 10, simulate = 32, segments = planner::PlannerOptions{}.segments;
   std::string layouts;  // empty: all, or uniform when --fix/--allow pin the uniform dimensions
@@ -100,6 +100,7 @@ Status run_plan(const PlanCommandFlags& f) {
   ctx.base.seq_len = f.seq_len.value_or(0);
   MT_ASSIGN(ctx.base.precision, parse_precision(f.precision));
   MT_ASSIGN(ctx.base.grad_sync, parse_grad_sync(f.grad_sync));
+  MT_ASSIGN(ctx.base.grad_dtype, parse_grad_dtype(f.grad_dtype));
   ctx.base.grad_bucket_mb = f.grad_bucket_mb;
 
   SimulateOptions options;
@@ -161,6 +162,9 @@ Command add_plan_command(CLI::App& app) {
       ->capture_default_str()
       ->check(real_in(kGradBucketMbRange));
   sub->add_option("--grad-sync", f->grad_sync, "overlap or after-backward (every candidate)")->capture_default_str();
+  sub->add_option("--grad-dtype", f->grad_dtype,
+                  "gradients in fp32 or bf16 (every candidate; bf16 needs a 16-bit precision)")
+      ->capture_default_str();
   sub->add_option("--top", f->top, "rows to print")->capture_default_str()->check(int_in({1, 1 << 20}));
   sub->add_option("--simulate", f->simulate, "candidates the full simulation re-times (the fast tier's best)")
       ->capture_default_str()

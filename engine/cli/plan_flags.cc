@@ -78,6 +78,10 @@ void add_plan_flags(CLI::App& app, PlanFlags& f, const std::string& default_mode
                        "when gradient buckets are reduced: overlap (with backward) or after-backward (Megatron "
                        "local DDP)"),
         "grad_sync");
+  shown(app.add_option("--grad-dtype", o.grad_dtype,
+                       "what gradients accumulate and are reduced in: fp32 (Megatron's main_grad) or bf16 (the 16-bit "
+                       "working dtype, Megatron-Core's grad_reduce_in_fp32 false; simulated only, train refuses it)"),
+        "grad_dtype");
   shown(app.add_option("--cp-comm", o.cp_comm,
                        "how context parallelism exchanges keys and values: allgather (Llama 3) or ring"),
         "cp_comm");

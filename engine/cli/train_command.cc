@@ -207,6 +207,14 @@ Result<ModelAndPlan> resolve_training(TrainFlags& f, TrainLaunch& launch_out) {
   const bool mpi = f.ranks == "mpi" || launch.has_value();
   MT_ASSIGN(ModelAndPlan mp, resolve_model_and_plan(f.plan, mpi && launch ? launch->world_size : 0));
   MT_TRY(check_precision(f.backend, mp.plan.precision, precision_from.value_or("the default")));
+  // bf16 gradient buffers are a simulated plan fact: the cpu backend holds fp32 tensors only, and the cuda
+  // kernels that accumulate into gradients or read them (GEMM epilogues, norms, embeddings, AdamW) have not
+  // been run in bf16 on a GPU.
+  if (mp.plan.grad_dtype != GradDtype::fp32)
+    return make_error("the plan keeps gradients in {} (grad_dtype), which meshtrain trains in fp32 only: train with "
+                      "--grad-dtype fp32 (the flag overrides the plan file), or time the plan with `meshtrain "
+                      "simulate`",
+                      grad_dtype_name(mp.plan.grad_dtype));
   MT_TRY(resolve_optimizer(f));
   set_peak(f, mp.plan, cuda, mpi);
   // The cuda flash kernels mask causally or not at all and normalise over the keys only.

@@ -14,7 +14,7 @@ namespace meshtrain {
 ActivationLayout korthikanti_layout() { return {2, 1, true, false, 0}; }
 
 ActivationLayout meshtrain_layout(const Plan& p) {
-  ActivationLayout a{element_bytes(p.precision), 0, false, true, 4};
+  ActivationLayout a{element_bytes(p.precision), 0, false, true, gradient_bytes(p)};
   if (p.precision == Precision::fp8) a.gemm_input_bytes = kFp8SavedGemmInputBytes;
   return a;
 }

@@ -92,7 +92,7 @@ GradientBuckets::GradientBuckets(Backend& b, const ModelSpec& m, ParameterStore&
   issued_.assign(buckets_.size(), false);
   reduced_.assign(buckets_.size(), false);
   unit_grads_.resize(buckets_.size());
-  if (sharded()) shard_grads_ = b.empty(Shape{shard_numel_});
+  if (sharded()) shard_grads_ = b.empty(Shape{shard_numel_}, params.grad_dtype());
   if (compression.kind != GradCompression::none) {
     compression_ = std::make_unique<CompressedReduction>(b, compression.kind, compression.error_feedback,
                                                          buckets_.size());
@@ -137,7 +137,7 @@ void GradientBuckets::before_backward(int layer) {
   for (std::size_t i = 0; i < buckets_.size(); ++i) {
     const Bucket& k = buckets_[i];
     if (k.uses.back() != layer || unit_grads_[i].defined()) continue;
-    unit_grads_[i] = b_.empty(Shape{k.shard * group_of(k).size()});
+    unit_grads_[i] = b_.empty(Shape{k.shard * group_of(k).size()}, params_.grad_dtype());
     b_.fill(unit_grads_[i], 0.f);
     params_.bind_grads(k.begin, unit_grads_[i].slice(0, k.size));
   }
@@ -161,7 +161,7 @@ void GradientBuckets::reduce_unit(std::size_t i, bool last) {
   {
     StreamScope on_comm(b_, comm_);
     // Each micro-batch's sum over replicas is added to the owned shard: this rank keeps only k elements.
-    Tensor part = b_.empty(Shape{k.shard});
+    Tensor part = b_.empty(Shape{k.shard}, params_.grad_dtype());
     if (compress_ && group_of(k).size() > 1)
       compression_->reduce_scatter(i, unit_grads_[i], part, k.shard, group_of(k));
     else
@@ -208,7 +208,7 @@ void GradientBuckets::reduce_range(std::size_t i) {
     return;
   }
   // Only the last bucket is ragged: reduce a zero-padded copy.
-  Tensor staging = b_.empty(Shape{padded});
+  Tensor staging = b_.empty(Shape{padded}, params_.grad_dtype());
   b_.fill(staging, 0.f);
   Tensor head = staging.slice(0, k.size);
   b_.copy(grads, head);

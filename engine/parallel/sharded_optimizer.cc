@@ -125,7 +125,7 @@ void ShardedAdamW::offload_reduced(std::size_t i) {
     StreamScope down(b_, streams_.down);
     for (const Piece& p : pieces_[k]) {
       Tensor dst = host_grads_.slice(p.local, p.n);
-      b_.copy(grads.slice(p.local, p.n), dst);
+      copy_across(grads.slice(p.local, p.n), dst);  // 16-bit gradients (GradDtype::bf16) widen to the host's fp32
     }
     landed_[k] = b_.record(streams_.down);
   }

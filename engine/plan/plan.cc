@@ -19,6 +19,7 @@ namespace {
 const std::vector<std::string> kRecomputes = {"none", "selective", "full"};
 const std::vector<std::string> kPrecisions = {"fp32", "bf16", "fp16", "fp8"};
 const std::vector<std::string> kGradSyncs = {"overlap", "after-backward"};
+const std::vector<std::string> kGradDtypes = {"fp32", "bf16"};
 const std::vector<std::string> kGradCompressions = {"none", "bf16", "fp16", "1bit"};
 const std::vector<std::string> kOffloads = {"none", "optimizer", "params"};
 const std::vector<std::string> kPlanFields = {"tp",        "pp",        "dp",           "cp",
@@ -26,7 +27,8 @@ const std::vector<std::string> kPlanFields = {"tp",        "pp",        "dp",   
                                               "global_batch", "seq_len", "recompute",   "schedule",
                                               "precision", "sequence_parallel",
                                               "first_stage_layers", "last_stage_layers",
-                                              "microbatches", "grad_bucket_mb", "grad_sync", "cp_comm", "segments",
+                                              "microbatches", "grad_bucket_mb", "grad_sync", "grad_dtype", "cp_comm",
+                                              "segments",
                                               "chunk_layers", "account_for_embedding_in_pipeline_split",
                                               "account_for_loss_in_pipeline_split", "grad_compression",
                                               "grad_compression_warmup", "error_feedback", "zero_reduce_once",
@@ -52,6 +54,12 @@ std::string grad_sync_name(GradSync g) { return kGradSyncs[static_cast<std::size
 Result<GradSync> parse_grad_sync(const std::string& s) {
   return parse_enum<GradSync>("gradient sync mode", s, kGradSyncs);
 }
+
+std::string grad_dtype_name(GradDtype g) { return kGradDtypes[static_cast<std::size_t>(g)]; }
+Result<GradDtype> parse_grad_dtype(const std::string& s) {
+  return parse_enum<GradDtype>("gradient dtype", s, kGradDtypes);
+}
+int gradient_bytes(const Plan& p) { return p.grad_dtype == GradDtype::bf16 ? 2 : 4; }
 
 std::string grad_compression_name(GradCompression c) { return kGradCompressions[static_cast<std::size_t>(c)]; }
 Result<GradCompression> parse_grad_compression(const std::string& s) {
@@ -111,6 +119,7 @@ Result<PlanOverrides> plan_overrides_from_json(const nlohmann::json& j) {
   MT_TRY(f.get_string("schedule", o.schedule));
   MT_TRY(f.get_string("precision", o.precision));
   MT_TRY(f.get_string("grad_sync", o.grad_sync));
+  MT_TRY(f.get_string("grad_dtype", o.grad_dtype));
   MT_TRY(f.get_string("cp_comm", o.cp_comm));
   MT_TRY(f.get_real("grad_bucket_mb", kGradBucketMbRange, o.grad_bucket_mb));
   MT_TRY(f.get_bool("sequence_parallel", o.sequence_parallel));
@@ -175,6 +184,7 @@ Result<Plan> apply_overrides(Plan p, const PlanOverrides& o) {
   MT_TRY(named(p.schedule, o.schedule, parse_schedule));
   MT_TRY(named(p.precision, o.precision, parse_precision));
   MT_TRY(named(p.grad_sync, o.grad_sync, parse_grad_sync));
+  MT_TRY(named(p.grad_dtype, o.grad_dtype, parse_grad_dtype));
   MT_TRY(named(p.cp_comm, o.cp_comm, parse_context_comm));
   if (o.grad_bucket_mb) p.grad_bucket_mb = *o.grad_bucket_mb;
   if (o.chunk_layers) p.chunk_layers = *o.chunk_layers;
@@ -216,6 +226,7 @@ nlohmann::json plan_to_json(const Plan& p) {
   if (p.last_stage_layers != 0) j["last_stage_layers"] = p.last_stage_layers;
   if (p.grad_bucket_mb != Plan{}.grad_bucket_mb) j["grad_bucket_mb"] = p.grad_bucket_mb;
   if (p.grad_sync != GradSync::overlap) j["grad_sync"] = grad_sync_name(p.grad_sync);
+  if (p.grad_dtype != GradDtype::fp32) j["grad_dtype"] = grad_dtype_name(p.grad_dtype);
   if (p.cp_comm != ContextComm::all_gather) j["cp_comm"] = context_comm_name(p.cp_comm);
   if (!p.chunk_layers.empty()) j["chunk_layers"] = p.chunk_layers;
   if (p.embedding_in_split) j["account_for_embedding_in_pipeline_split"] = true;

@@ -36,6 +36,12 @@ enum class Precision { fp32, bf16, fp16, fp8 };
 // the whole pipeline schedule has run (Megatron's --DDP-impl local, which
 // all-reduces its contiguous gradient buffer after backward).
 enum class GradSync { overlap, after_backward };
+// What the gradient buffers hold: fp32 (Megatron's main_grad with
+// --accumulate-allreduce-grads-in-fp32, which Megatron-LM sets with --bf16),
+// or the 16-bit working dtype (Megatron-Core's grad_reduce_in_fp32 = False,
+// which NeMo's and Megatron-Bridge's recipes set): micro-batches accumulate
+// into it and data parallelism reduces it at half the bytes.
+enum class GradDtype { fp32, bf16 };
 // How data-parallel gradient buckets travel (engine/parallel/grad_compression.h):
 // as they are (fp32), cast to bf16 or fp16 for the wire (PyTorch DDP's
 // compress hooks), or as signs with one scale per chunk and error feedback
@@ -96,6 +102,7 @@ struct Plan {
   // gradients are not on the critical path there); grad_bucket_mb is unused.
   bool megatron_buckets = false;
   GradSync grad_sync = GradSync::overlap;
+  GradDtype grad_dtype = GradDtype::fp32;
   GradCompression grad_compression = GradCompression::none;
   // Steps whose gradients are reduced uncompressed before compression starts
   // (1-bit Adam's warm-up: the first steps' large, fast-changing gradients
@@ -172,7 +179,7 @@ struct PlanOverrides {
   // micro_batch · dp · microbatches (the two must agree when both are given).
   std::optional<int> microbatches;
   std::optional<double> grad_bucket_mb;
-  std::optional<std::string> recompute, schedule, precision, grad_sync, cp_comm, grad_compression, offload;
+  std::optional<std::string> recompute, schedule, precision, grad_sync, grad_dtype, cp_comm, grad_compression, offload;
   std::optional<bool> sequence_parallel, embedding_in_split, loss_in_split, error_feedback, zero_reduce_once;
   std::optional<bool> prefetch_across_chunks, overlap_update, tp_comm_overlap, megatron_buckets;
   std::optional<std::vector<int>> chunk_layers;
@@ -216,17 +223,21 @@ std::string schedule_name(ScheduleKind s);
 std::string recompute_name(Recompute r);
 std::string precision_name(Precision p);
 std::string grad_sync_name(GradSync g);
+std::string grad_dtype_name(GradDtype g);
 std::string grad_compression_name(GradCompression c);
 std::string offload_name(Offload o);
 Result<ScheduleKind> parse_schedule(const std::string& s);
 Result<Recompute> parse_recompute(const std::string& s);
 Result<Precision> parse_precision(const std::string& s);
 Result<GradSync> parse_grad_sync(const std::string& s);
+Result<GradDtype> parse_grad_dtype(const std::string& s);
 Result<GradCompression> parse_grad_compression(const std::string& s);
 Result<Offload> parse_offload(const std::string& s);
 
 nlohmann::json plan_to_json(const Plan& p);
 // Bytes of one parameter, gradient or activation element at this precision.
 int element_bytes(Precision p);
+// Bytes of one element of the plan's gradient buffers.
+int gradient_bytes(const Plan& p);
 
 }  // namespace meshtrain

@@ -80,6 +80,14 @@ Status check_feature_combinations(const Plan& p) {
                       "tp {}{}: it pipelines the sequence-parallel all-gather before the column-parallel GEMMs; use "
                       "--tp 2 or more with --sequence-parallel, or drop the flag",
                       p.tp, p.sequence_parallel ? "" : " without sequence_parallel");
+  if (p.grad_dtype == GradDtype::bf16 && p.precision != Precision::bf16 && p.precision != Precision::fp8)
+    return make_error("grad_dtype (--grad-dtype) bf16 needs precision bf16 or fp8, got {}: the gradients are kept in "
+                      "the 16-bit working dtype of the weights; use --precision bf16, or --grad-dtype fp32",
+                      precision_name(p.precision));
+  if (p.grad_dtype == GradDtype::bf16 && p.grad_compression != GradCompression::none)
+    return make_error("grad_dtype (--grad-dtype) bf16 does not combine with grad_compression (--grad-compression) {}: "
+                      "the compressors read and write fp32 gradients; drop one of them",
+                      grad_compression_name(p.grad_compression));
   if (p.grad_sync == GradSync::after_backward && p.zero >= 2)
     return make_error("grad_sync (--grad-sync) after-backward needs zero 0 or 1, got zero {}: ZeRO 2 and 3 "
                       "reduce each layer's gradients during backward to free them; use --grad-sync overlap",

@@ -32,11 +32,12 @@ sim::ClusterSpec effective_spec(const SimulateOptions& o) {
   return s;
 }
 
-// Bytes a gradient element takes on the wire (grad_compression.h): fp32, 16
-// bits, or 1bit's sign and a 4-byte scale per kSignChunk elements.
-double wire_bytes(GradCompression c) {
+// Bytes a gradient element takes on the wire (grad_compression.h): the
+// plan's gradient dtype, 16 bits, or 1bit's sign and a 4-byte scale per
+// kSignChunk elements.
+double wire_bytes(const Plan& p, GradCompression c) {
   switch (c) {
-    case GradCompression::none: return 4;
+    case GradCompression::none: return gradient_bytes(p);
     case GradCompression::bf16:
     case GradCompression::fp16: return 2;
     case GradCompression::one_bit: return 1.0 / 8 + 4.0 / 256;
@@ -230,7 +231,7 @@ GradCompression wire_compression(const Plan& p) {
 // A block's forward share of its forward and backward.
 double forward_share(const Plan& p) { return p.recompute == Recompute::full ? 0.25 : 1.0 / 3.0; }
 
-// ZeRO 2 and 3 reduce-scatter each block's fp32 gradients after every
+// ZeRO 2 and 3 reduce-scatter each block's gradients after every
 // micro-batch's backward of it, unless zero_reduce_once leaves it to once per step.
 bool reduces_per_microbatch(const Plan& p) { return p.zero >= 2 && !(p.zero_reduce_once && p.microbatches() > 1); }
 
@@ -239,7 +240,7 @@ bool reduces_per_microbatch(const Plan& p) { return p.zero >= 2 && !(p.zero_redu
 double FastEstimator::reduce_scatter_s(const Plan& p, double elements) const {
   using K = sim::CollectiveKind;
   const GradCompression compression = wire_compression(p);
-  const double wire = elements * wire_bytes(compression);
+  const double wire = elements * wire_bytes(p, compression);
   const double kernels = sim::to_seconds(cost_.memory_bound(elements * compression_kernel_bytes(compression)));
   if (compression == GradCompression::one_bit) return collective_s(K::kAllToAll, replicas(p), p.tp, wire) + kernels;
   return collective_s(K::kReduceScatter, replicas(p), p.tp, wire) + kernels;
@@ -249,7 +250,7 @@ double FastEstimator::all_reduce_s(const Plan& p, double elements) const {
   using K = sim::CollectiveKind;
   const GradCompression compression = wire_compression(p);
   const int n = replicas(p);
-  const double wire = elements * wire_bytes(compression);
+  const double wire = elements * wire_bytes(p, compression);
   const double kernels = sim::to_seconds(cost_.memory_bound(elements * compression_kernel_bytes(compression)));
   if (compression == GradCompression::one_bit)
     return collective_s(K::kAllToAll, n, p.tp, wire) + collective_s(K::kAllGather, n, p.tp, wire) + kernels;
@@ -354,7 +355,7 @@ double FastEstimator::optimizer_s(const Plan& p, double params, double buckets,
 void FastEstimator::add_update(const Plan& p, const MemoryFit& fit, const StageTimes& stages, FastBreakdown& b) const {
   const int n = replicas(p);
   const double params = static_cast<double>(fit.max_stage_parameters);
-  const double grads = params * 4;  // fp32 gradients (ParameterStore)
+  const double grads = params * 4;  // grad_bucket_mb counts MiB of fp32 gradients, whatever they are kept in
   // Buckets of the flat gradient buffer (ZeRO 0, 1), else one per layer.
   const double buckets = p.zero <= 1 ? std::max(1.0, grads / (p.grad_bucket_mb * (1 << 20)))
                                      : std::max(1.0, static_cast<double>(ctx_.model.layers) / (p.pp * 1.0));

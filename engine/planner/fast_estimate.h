@@ -41,7 +41,7 @@
 //     (engine/schedule/timing.h: (m·v + p - 1)·(f + b) on uniform stages;
 //     the slowest stage paces the steady state)
 //   optimizer = the most loaded stage's per-iteration work / (dp under ZeRO >= 1)
-//   data parallel: an all-reduce of the stage's fp32 gradients (ZeRO 0) in
+//   data parallel: an all-reduce of the stage's gradients (ZeRO 0; grad_dtype) in
 //     buckets, or a reduce-scatter of them and an all-gather of the updated
 //     parameters (ZeRO 1, 2), over the dp·cp ranks holding the same
 //     parameters (tp apart); exposed in full after
@@ -123,7 +123,7 @@ class FastEstimator {
 
   // estimate()'s terms. The plan's gradient collectives over the dp·cp ranks
   // holding the same parameters, with its compression's kernels: a
-  // reduce-scatter or an all-reduce of `elements` fp32 gradients; ZeRO 3's
+  // reduce-scatter or an all-reduce of `elements` gradients (grad_dtype); ZeRO 3's
   // gather of `params` parameters.
   double reduce_scatter_s(const Plan& p, double elements) const;
   double all_reduce_s(const Plan& p, double elements) const;

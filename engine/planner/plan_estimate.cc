@@ -144,7 +144,7 @@ PlanEstimator::Terms PlanEstimator::segment_terms(const Plan& s) const {
     if (s.zero < 2 || n == 1) return t;
     // As the uniform tier: ZeRO 2 reduce-scatters every micro-batch's
     // gradients of the block, ZeRO 3 also gathers its parameters first.
-    const double reduce = fast_.collective_s(K::kReduceScatter, n, s.tp, params(i) * 4);
+    const double reduce = fast_.collective_s(K::kReduceScatter, n, s.tp, params(i) * gradient_bytes(s));
     const double gather = s.zero == 3 ? fast_.collective_s(K::kAllGather, n, s.tp, params(i) * act) : 0;
     return std::max(t * forward_share, gather) + std::max(t * (1 - forward_share), gather + reduce);
   };
@@ -175,7 +175,9 @@ PlanEstimator::Terms PlanEstimator::segment_terms(const Plan& s) const {
   out.optimizer = step_max / (s.zero >= 1 ? n : 1);
   if (n > 1) {
     if (s.zero <= 1) {
-      const double grads = params_max * 4, buckets = std::max(1.0, grads / (s.grad_bucket_mb * (1 << 20)));
+      // grad_bucket_mb counts MiB of fp32 gradients, whatever they are kept in.
+      const double buckets = std::max(1.0, params_max * 4 / (s.grad_bucket_mb * (1 << 20)));
+      const double grads = params_max * gradient_bytes(s);
       const double reduce =
           buckets * fast_.collective_s(s.zero == 0 ? K::kAllReduce : K::kReduceScatter, n, s.tp, grads / buckets);
       out.data_parallel = s.grad_sync == GradSync::after_backward

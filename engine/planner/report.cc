@@ -111,6 +111,7 @@ nlohmann::json plan_file_json(const Candidate& c) {
     if (p.seq_len != 0) j["seq_len"] = p.seq_len;
     if (p.grad_bucket_mb != Plan{}.grad_bucket_mb) j["grad_bucket_mb"] = p.grad_bucket_mb;
     if (p.grad_sync != GradSync::overlap) j["grad_sync"] = grad_sync_name(p.grad_sync);
+    if (p.grad_dtype != GradDtype::fp32) j["grad_dtype"] = grad_dtype_name(p.grad_dtype);
     return j;
   }
   nlohmann::json j = plan_to_json(p);

@@ -85,6 +85,7 @@ std::string describe(const Plan& p) {
   s += fmt::format(" mb{} gb{} {}", p.micro_batch, p.effective_global_batch(),
                    schedule_name(p.schedule));
   if (p.recompute != Recompute::none) s += " rc-" + recompute_name(p.recompute);
+  if (p.grad_dtype != GradDtype::fp32) s += " " + grad_dtype_name(p.grad_dtype) + "-grads";
   return s;
 }
 

@@ -222,3 +222,15 @@ TEST_CASE("simulate --plan honours the file's switches as the flags would set th
   CHECK(from_file == iteration(run_meshtrain(run + " --tp 4 --sequence-parallel --tp-comm-overlap")));
   CHECK(from_file != iteration(run_meshtrain(run + " --tp 4 --sequence-parallel")));
 }
+
+TEST_CASE("train refuses a plan's bf16 gradients and says how to run it", "[cli]") {
+  const MeshtrainRun r = run_meshtrain("train" + kTiny + kData + " --steps 1 --precision fp8 --grad-dtype bf16");
+  CHECK(r.status != 0);
+  CHECK_THAT(r.out, Catch::Contains("the plan keeps gradients in bf16 (grad_dtype)"));
+  CHECK_THAT(r.out, Catch::Contains("--grad-dtype fp32") && Catch::Contains("meshtrain simulate"));
+  // simulate takes it, and so does info
+  CHECK(run_meshtrain("simulate --model gpt2-124m --cluster dgx-h100 --gpus 8 --grad-dtype bf16").status == 0);
+  const MeshtrainRun info = run_meshtrain("info --model gpt2-124m --dp 2 --grad-dtype bf16");
+  CHECK(info.status == 0);
+  CHECK_THAT(info.out, Catch::Contains("bf16 gradients"));
+}

@@ -195,3 +195,37 @@ TEST_CASE("the gradient bucket size and sync mode are plan fields with checked v
   zero2.zero = 1;
   CHECK(validate_plan(zero2, tiny()).ok());
 }
+
+TEST_CASE("the gradient dtype is a plan field: fp32 by default, bf16 with a 16-bit precision", "[plan]") {
+  CHECK(Plan{}.grad_dtype == GradDtype::fp32);
+  CHECK_FALSE(plan_to_json(Plan{}).contains("grad_dtype"));  // old plans and checkpoints read the same
+  CHECK(gradient_bytes(Plan{}) == 4);
+
+  auto file = plan_overrides_from_json({{"grad_dtype", "bf16"}, {"dp", 2}});
+  REQUIRE(file.ok());
+  auto p = apply_overrides(Plan{}, *file);
+  REQUIRE(p.ok());
+  CHECK(p->grad_dtype == GradDtype::bf16);
+  CHECK(gradient_bytes(*p) == 2);
+  CHECK(validate_plan(*p, tiny()).ok());  // the default precision is bf16
+  CHECK(plan_to_json(*p)["grad_dtype"] == "bf16");
+  PlanOverrides flags;
+  flags.grad_dtype = "fp32";
+  CHECK(apply_overrides(*p, flags)->grad_dtype == GradDtype::fp32);
+
+  auto typo = plan_overrides_from_json({{"grad_dtype", "bf61"}});
+  REQUIRE(typo.ok());
+  CHECK_THAT(error_of(apply_overrides(Plan{}, *typo)), Catch::Contains("did you mean 'bf16'"));
+  CHECK_THAT(error_of(plan_overrides_from_json({{"grad_dtype", 16}})), Catch::Contains("grad_dtype"));
+
+  Plan fp32 = *p;
+  fp32.precision = Precision::fp32;
+  CHECK_THAT(rejection(fp32, tiny()), Catch::Contains("grad_dtype (--grad-dtype) bf16 needs precision bf16 or fp8, "
+                                                      "got fp32"));
+  fp32.precision = Precision::fp8;
+  CHECK(validate_plan(fp32, tiny()).ok());
+  Plan compressed = *p;
+  compressed.grad_compression = GradCompression::fp16;
+  CHECK_THAT(rejection(compressed, tiny()),
+             Catch::Contains("does not combine with grad_compression (--grad-compression) fp16"));
+}

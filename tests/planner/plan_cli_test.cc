@@ -276,3 +276,19 @@ TEST_CASE("the segment layouts' fast tier ranks small families as the DES does, 
     CHECK(a["worst_relative_error"].get<double>() <= f.worst);
   }
 }
+
+TEST_CASE("plan keeps --grad-dtype bf16 in every candidate and writes it to the plan file", "[planner]") {
+  const std::string out = "plan_cli_test_grads.json";
+  std::remove(out.c_str());
+  const std::string job = "plan --model tiny --cluster local-cpu --gpus 4 --global-batch 8 --fix tp=1,pp=1,zero=1 "
+                          "--simulate 2 --json --no-progress ";
+  const nlohmann::json bf16 = json_output(job + "--grad-dtype bf16 --out " + out);
+  const nlohmann::json fp32 = json_output(job);
+  REQUIRE(!bf16["ranked"].empty());
+  for (const auto& row : bf16["ranked"]) CHECK(row["plan"]["grad_dtype"] == "bf16");
+  for (const auto& row : fp32["ranked"]) CHECK_FALSE(row["plan"].contains("grad_dtype"));
+  // Half the data-parallel bytes: the same plan is no slower with bf16 gradients.
+  CHECK(bf16["ranked"][0]["iteration_time_s"].get<double>() <= fp32["ranked"][0]["iteration_time_s"].get<double>());
+  check_plan_file("tiny", out, bf16["ranked"][0]);
+  std::remove(out.c_str());
+}

@@ -68,6 +68,9 @@ TEST_CASE("a GEMM accumulating into an fp32 output reads and writes 8 bytes an e
         Approx(sustained(tile_seconds(128, 256, 4096, 1e12, 8)) + oh).epsilon(1e-6));
   CHECK(to_seconds(m.gemm(256, 512, 4096, DType::kBf16, 1, GemmOutput{4, false})) ==
         Approx(sustained(tile_seconds(128, 256, 4096, 1e12, 4)) + oh).epsilon(1e-6));
+  // Into a bf16 gradient (Megatron-Core's grad_reduce_in_fp32 false): 2 bytes read and 2 written.
+  CHECK(to_seconds(m.gemm(256, 512, 4096, DType::kBf16, 1, GemmOutput{2, true})) ==
+        Approx(sustained(tile_seconds(128, 256, 4096, 1e12, 4)) + oh).epsilon(1e-6));
   // Grouped weight gradients alike: two experts' 64 x 128 gradients over 4096 tokens each, one wave.
   CHECK(to_seconds(m.grouped_gemm_wgrad({4096, 4096}, 64, 128, DType::kBf16, accumulate)) ==
         Approx(sustained(tile_seconds(64, 128, 4096, 1e12, 8)) + oh).epsilon(1e-6));
