@@ -359,20 +359,22 @@ Status apply_calibration(const std::string& file, const std::string& transport, 
 
 namespace {
 
-// The simulated iteration: its report (the second of two under steady_state) and the cluster that ran it, for
-// its trace.
+// The simulated iteration: its report (the second of two under steady_state), the cluster that ran it, for
+// its trace, and how many ranks each simulated rank stood for (SimJob::stands_for; empty: itself alone).
 struct SimulatedRun {
   std::unique_ptr<SimCluster> cluster;
   SimReport report;
+  std::vector<int> stands_for;
 };
 
 Result<SimulatedRun> run_iterations(const ModelSpec& m, const Plan& p, const SimulateOptions& options, bool full) {
+  // One job for both clusters of a steady-state run: its rank classes are the plan's, not the run's.
+  const SimJob job = simulation_job(p, full, options.variation.stragglers);
   auto new_cluster = [&] {
-    return SimCluster::create_jobs(options.cluster, p.world_size(),
-                                   {simulation_job(p, full, options.variation.stragglers)},
-                                   simulation_options(options, full));
+    return SimCluster::create_jobs(options.cluster, p.world_size(), {job}, simulation_options(options, full));
   };
   SimulatedRun run;
+  run.stands_for = job.stands_for;
   MT_ASSIGN(run.cluster, new_cluster());
   MT_TRY(issue_iterations(*run.cluster, 0, m, p, options, 1));
   MT_ASSIGN(run.report, run.cluster->run());
@@ -492,7 +494,7 @@ Result<SimulationResult> simulate_iteration(const ModelSpec& m, const Plan& p,
   add_rates(m, p, options, out);
   // Each simulated rank stands for its class, or for itself alone (each_rank_its_own).
   const std::vector<int> stands_for =
-      each_rank_its_own(p, full) ? std::vector<int>(report.ranks.size(), 1) : rank_classes(p).stands_for;
+      run.stands_for.empty() ? std::vector<int>(report.ranks.size(), 1) : run.stands_for;
   for (std::size_t i = 0; i < report.ranks.size(); ++i) {
     StageResult s = stage_result(m, p, report.ranks[i], static_cast<int>(i));
     s.ranks = stands_for[i];
