@@ -116,8 +116,10 @@ struct LinkChange {
   bool fail = false;
 };
 
-struct SimOptions {
-  bool trace = false;  // collect a Chrome trace (SimCluster::trace())
+// The simulated software's kernels where the engine issues one op either
+// way: facts of the system simulated (e.g. of a published run being
+// reproduced), which simulate's flags and the validation tables set.
+struct SimulatedKernels {
   AttentionImpl attention = AttentionImpl::flash;
   CrossEntropyImpl cross_entropy = CrossEntropyImpl::fused;
   // Whether the simulated software runs a layer's local experts as one
@@ -125,9 +127,15 @@ struct SimOptions {
   // TEGroupedMLP) or one GEMM per expert in turn (SequentialMLP, its default
   // without the flag). The engine issues the same grouped op either way.
   bool moe_grouped_gemm = true;
-  // With AttentionImpl::unfused: the dropout probability on the attention
-  // probabilities (0: no dropout kernel). Flash attention fuses it.
-  float attention_dropout = 0.f;
+  // The run's dropout probability: the engine's dropout kernels on hidden
+  // states, and with AttentionImpl::unfused a kernel on the attention
+  // probabilities too (0: none). Flash attention fuses the latter.
+  float dropout = 0.f;
+};
+
+struct SimOptions {
+  bool trace = false;  // collect a Chrome trace (SimCluster::trace())
+  SimulatedKernels kernels;
   // How collectives among representatives are timed (flows see contention).
   sim::CollectiveMode mode = sim::CollectiveMode::kFlows;
   const sim::Calibration* calibration = nullptr;  // may be null; must outlive the cluster

@@ -159,7 +159,7 @@ void SimBackend::grouped_gemm(const std::vector<Tensor>& a, const std::vector<Te
     for (std::int64_t k : ks)
       if (k != ks.front()) misuse("grouped_gemm: row groups must share k, got {} and {}", ks.front(), k);
   }
-  if (!cluster_.options_.moe_grouped_gemm) {
+  if (!cluster_.options_.kernels.moe_grouped_gemm) {
     // One GEMM per expert, one after another (Megatron's SequentialMLP): each its own launch and waves.
     for (std::size_t g = 0; g < a.size(); ++g) compute(op_name("expert_gemm"), cluster_.cost_.gemm(ms[g], n, ks[g], t, 1, out));
     return;
@@ -293,7 +293,7 @@ void SimBackend::attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse,
   check(qkv, "attention_forward"), check(out, "attention_forward"), check(lse, "attention_forward");
   if (qkv.shape().rank() != 4)
     misuse("attention_forward: qkv {} must be (B, T, H + 2G, D)", qkv.shape().str());
-  if (cluster_.options_.attention == AttentionImpl::unfused)
+  if (cluster_.options_.kernels.attention == AttentionImpl::unfused)
     return unfused_attention(qkv.shape()[0] * op.heads, qkv.shape()[1], op.window_rows(qkv.shape()[1]),
                              op.head_dim, qkv.dtype(), false);
   const Tensor* tensors[] = {&qkv, &out, &lse};
@@ -309,7 +309,7 @@ void SimBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
   check(lse, "attention_backward"), check(dqkv, "attention_backward");
   if (qkv.shape().rank() != 4)
     misuse("attention_backward: qkv {} must be (B, T, H + 2G, D)", qkv.shape().str());
-  if (cluster_.options_.attention == AttentionImpl::unfused)
+  if (cluster_.options_.kernels.attention == AttentionImpl::unfused)
     return unfused_attention(qkv.shape()[0] * op.heads, qkv.shape()[1], op.window_rows(qkv.shape()[1]),
                              op.head_dim, qkv.dtype(), true);
   const Tensor* tensors[] = {&dout, &qkv, &out, &lse, &dqkv};
@@ -345,7 +345,7 @@ void SimBackend::unfused_attention(std::int64_t bh, std::int64_t seq, std::int64
   // The (rows, s) scores of the query window against every key (rows = s without one); the
   // unfused kernels compute the masked half of a causal matrix too.
   const double scores = static_cast<double>(bh) * static_cast<double>(rows) * seq;  // b·a·rows·s
-  const bool dropout = cluster_.options_.attention_dropout > 0;
+  const bool dropout = cluster_.options_.kernels.dropout > 0;
   // One (rows, s) by (s, d) or (rows, d) by (d, s) product per sequence and head.
   const sim::Time scores_gemm = cost.gemm(rows, seq, head_dim, t, bh);   // q·kᵀ or dO·Vᵀ
   const sim::Time context_gemm = cost.gemm(rows, head_dim, seq, t, bh);  // P·v, Pᵀ·dO, dS·K, dSᵀ·Q
@@ -366,7 +366,7 @@ void SimBackend::unfused_attention(std::int64_t bh, std::int64_t seq, std::int64
 
 bool SimBackend::unfused_cross_entropy(const Tensor& logits,
                                        std::initializer_list<std::pair<const char*, double>> passes) {
-  if (cluster_.options_.cross_entropy != CrossEntropyImpl::unfused) return false;
+  if (cluster_.options_.kernels.cross_entropy != CrossEntropyImpl::unfused) return false;
   const double count = static_cast<double>(logits.numel());
   for (const auto& [name, bytes_per_logit] : passes)
     if (bytes_per_logit > 0) compute(op_name(name), cluster_.cost_.memory_bound(bytes_per_logit * count));

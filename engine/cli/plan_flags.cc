@@ -38,12 +38,12 @@ void add_software_flags(CLI::App& app, SoftwareFlags& f) {
 }
 
 Status apply_software_flags(const SoftwareFlags& f, SimulateOptions& o) {
-  MT_ASSIGN(o.attention, attention_impl_from_name(f.attention));
-  MT_ASSIGN(o.cross_entropy, cross_entropy_impl_from_name(f.cross_entropy));
-  o.dropout = f.dropout;
+  MT_ASSIGN(o.kernels.attention, attention_impl_from_name(f.attention));
+  MT_ASSIGN(o.kernels.cross_entropy, cross_entropy_impl_from_name(f.cross_entropy));
+  o.kernels.dropout = f.dropout;
   MT_ASSIGN(o.moe_routing, MoeRouting::parse(f.moe_routing));
   o.moe_dispatcher = f.moe_dispatcher;
-  o.moe_grouped_gemm = !f.moe_sequential_experts;
+  o.kernels.moe_grouped_gemm = !f.moe_sequential_experts;
   return ok_status();
 }
 

@@ -210,10 +210,7 @@ SimOptions simulation_options(const SimulateOptions& options, bool full) {
   SimOptions o;
   o.trace = options.trace;
   o.calibration = options.calibration;
-  o.attention = options.attention;
-  o.cross_entropy = options.cross_entropy;
-  o.moe_grouped_gemm = options.moe_grouped_gemm;
-  o.attention_dropout = options.dropout;
+  o.kernels = options.kernels;
   o.fidelity = full ? Fidelity::full : Fidelity::representative;
   o.isolate_exclusive = options.isolate_exclusive;
   o.links = options.variation.links;
@@ -307,7 +304,7 @@ Status issue_iterations(SimCluster& cluster, int job, const ModelSpec& m, const 
           : std::vector<HostBatch>{example_batch(m, p.effective_global_batch(), seq)};
   StepOptions step_options;
   step_options.initialize_parameters = false;  // the sim backend holds no values
-  step_options.dropout = options.dropout;       // the engine's dropout kernels, timed
+  step_options.dropout = options.kernels.dropout;       // the engine's dropout kernels, timed
   MT_TRY(check_step_options(step_options));
   const bool routes = model_io(m).routes_to_experts;
   MT_TRY(options.moe_routing.check(m.experts, routes ? m.moe_layer_count() : 0));

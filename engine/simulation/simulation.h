@@ -65,13 +65,8 @@ struct SimulateOptions {
   const sim::Calibration* calibration = nullptr;  // may be null
   bool trace = false;                             // fill SimulationResult::trace_json
   bool check_memory = true;  // an Error when a rank's peak exceeds the device memory
-  // The simulated software stack (facts of the system, e.g. of a published
-  // run being reproduced): its attention kernels (sim_cluster.h) and the
-  // dropout probability on hidden states (and, with unfused attention, on
-  // the attention probabilities), as the training run used; its loss kernels.
-  AttentionImpl attention = AttentionImpl::flash;
-  CrossEntropyImpl cross_entropy = CrossEntropyImpl::fused;
-  float dropout = 0.f;
+  // The simulated software stack's kernels and dropout (sim_cluster.h).
+  SimulatedKernels kernels;
   // How a model with experts spreads its tokens over them (the sim holds no
   // data to route): models/moe_routing.h.
   MoeRouting moe_routing = MoeRouting::uniform();
@@ -83,8 +78,6 @@ struct SimulateOptions {
   // once per destination node over the network and once per destination GPU
   // over NVLink, both in bf16 (sim::Algorithm::kDeduplicated).
   std::string moe_dispatcher = "alltoall";
-  // Whether the local experts run as one grouped GEMM (--moe-grouped-gemm) or one GEMM each (SimOptions).
-  bool moe_grouped_gemm = true;
   // Full fidelity is used when asked for or when `variation` is not empty.
   Fidelity fidelity = Fidelity::representative;
   Variation variation;

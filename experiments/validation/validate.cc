@@ -96,13 +96,13 @@ Status apply_system(const json& system, SimulateOptions& o) {
   if (!system.is_object()) return make_error("\"system\" must be an object like {{\"attention\": \"unfused\", \"dropout\": 0.1}}");
   for (const auto& [key, value] : system.items()) {
     if (key == "attention" && value.is_string()) {
-      MT_ASSIGN(o.attention, attention_impl_from_name(value.get<std::string>()));
+      MT_ASSIGN(o.kernels.attention, attention_impl_from_name(value.get<std::string>()));
     } else if (key == "cross_entropy" && value.is_string()) {
-      MT_ASSIGN(o.cross_entropy, cross_entropy_impl_from_name(value.get<std::string>()));
+      MT_ASSIGN(o.kernels.cross_entropy, cross_entropy_impl_from_name(value.get<std::string>()));
     } else if (key == "moe_grouped_gemm" && value.is_boolean()) {
-      o.moe_grouped_gemm = value.get<bool>();
+      o.kernels.moe_grouped_gemm = value.get<bool>();
     } else if (key == "dropout" && value.is_number()) {
-      o.dropout = value.get<float>();
+      o.kernels.dropout = value.get<float>();
     } else {
       return make_error("\"system\": unknown or mistyped field '{}'; known: \"attention\" (\"flash\" or \"unfused\"), "
                         "\"cross_entropy\" (\"fused\" or \"unfused\"), \"moe_grouped_gemm\" (true or false), "
@@ -154,10 +154,10 @@ Result<std::vector<Row>> run_table(const std::string& path) {
     if (r.contains("moe_routing")) {
       MT_ASSIGN(options.moe_routing, MoeRouting::parse(r["moe_routing"].get<std::string>()));
     }
-    row.plan = describe(p) + fmt::format(" {}-attn", attention_impl_name(options.attention));
-    if (options.dropout > 0) row.plan += fmt::format(" drop{:g}", options.dropout);
-    if (options.cross_entropy == CrossEntropyImpl::unfused) row.plan += " unfused-ce";
-    if (!options.moe_grouped_gemm) row.plan += " seq-experts";
+    row.plan = describe(p) + fmt::format(" {}-attn", attention_impl_name(options.kernels.attention));
+    if (options.kernels.dropout > 0) row.plan += fmt::format(" drop{:g}", options.kernels.dropout);
+    if (options.kernels.cross_entropy == CrossEntropyImpl::unfused) row.plan += " unfused-ce";
+    if (!options.kernels.moe_grouped_gemm) row.plan += " seq-experts";
     if (options.moe_dispatcher != "alltoall") row.plan += " " + options.moe_dispatcher;
     // The measured runs fit on the real machines; a predicted peak above the
     // device is reported in its own column rather than stopping the table.

@@ -331,7 +331,7 @@ TEST_CASE("with dropout the search leaves context-parallel plans out, and a pinn
   ctx.base.seq_len = 1024;
   ctx.step.dropout = 0.1f;
   SimulateOptions options = a100();
-  options.dropout = 0.1f;
+  options.kernels.dropout = 0.1f;
   auto space = parse_search_space({"recompute=none"}, {"cp=1,2,4"}, ctx);
   REQUIRE(space.ok());
   PlannerOptions few;

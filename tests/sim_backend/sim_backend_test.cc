@@ -23,8 +23,8 @@ std::unique_ptr<SimCluster> unfused_cluster(float attention_dropout) {
   auto spec = sim::cluster_preset("dgx-a100");
   REQUIRE(spec.ok());
   SimOptions o;
-  o.attention = AttentionImpl::unfused;
-  o.attention_dropout = attention_dropout;
+  o.kernels.attention = AttentionImpl::unfused;
+  o.kernels.dropout = attention_dropout;
   auto c = SimCluster::create(*spec, 1, {0}, o);
   REQUIRE(c.ok());
   return std::move(c).value();
@@ -284,7 +284,7 @@ TEST_CASE("sim backend: sequential experts are one GEMM per expert, each with it
   auto spec = sim::cluster_preset("dgx-h100");
   REQUIRE(spec.ok());
   SimOptions o;
-  o.moe_grouped_gemm = false;
+  o.kernels.moe_grouped_gemm = false;
   auto made = SimCluster::create(*spec, 1, {0}, o);
   REQUIRE(made.ok());
   SimBackend& b = (*made)->backend(0);
@@ -328,7 +328,7 @@ TEST_CASE("sim backend: Megatron's unfused cross-entropy is eight passes over th
     auto spec = sim::cluster_preset("dgx-h100");
     REQUIRE(spec.ok());
     SimOptions o;
-    o.cross_entropy = impl;
+    o.kernels.cross_entropy = impl;
     auto made = SimCluster::create(*spec, 1, {0}, o);
     REQUIRE(made.ok());
     SimBackend& b = (*made)->backend(0);

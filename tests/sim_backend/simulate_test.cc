@@ -229,12 +229,12 @@ TEST_CASE("simulate: dropout issues its kernels, and a probability of 1 is refus
   SimulateOptions o;
   o.cluster = a100();
   auto plain = simulate_iteration(m, p, o);
-  o.dropout = 0.1f;
+  o.kernels.dropout = 0.1f;
   auto dropped = simulate_iteration(m, p, o);
   REQUIRE(plain.ok());
   REQUIRE(dropped.ok());
   CHECK(dropped->stages[0].compute_s > plain->stages[0].compute_s);
-  o.dropout = 1.f;
+  o.kernels.dropout = 1.f;
   auto bad = simulate_iteration(m, p, o);
   REQUIRE_FALSE(bad.ok());
   CHECK_THAT(bad.error().message(), Catch::Contains("dropout"));
@@ -245,8 +245,8 @@ TEST_CASE("simulate: dropout issues its kernels, and a probability of 1 is refus
   REQUIRE_FALSE(typo.ok());
   CHECK_THAT(typo.error().message(), Catch::Contains("'flash'") && Catch::Contains("fused") && Catch::Contains("unfused"));
   // The unfused loss makes a step slower (eight passes over the logits, through an fp32 copy, in place of three).
-  o.dropout = 0.f;
-  o.cross_entropy = CrossEntropyImpl::unfused;
+  o.kernels.dropout = 0.f;
+  o.kernels.cross_entropy = CrossEntropyImpl::unfused;
   auto unfused = simulate_iteration(m, p, o);
   REQUIRE(unfused.ok());
   CHECK(unfused->stages[0].compute_s > plain->stages[0].compute_s);
