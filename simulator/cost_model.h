@@ -51,7 +51,7 @@ double attention_window_share(int64_t seq, int64_t q_begin, int64_t q_rows, bool
 // What a GEMM's epilogue does with each output element: store it at
 // `bytes` (0: 2 for bf16 and fp8 operands, 4 for fp32), after reading the
 // element already there when it accumulates (C += A·B: a weight gradient
-// summed into an fp32 gradient over micro-batches, Megatron's
+// summed into its gradient over micro-batches, fp32 or bf16, Megatron's
 // gradient_accumulation_fusion). Only the tile model reads it: a measured
 // GEMM's time and the saturating curve (no SMs) stand as they are.
 struct GemmOutput {

@@ -58,8 +58,10 @@ Status print_segments(const ModelSpec& m, const Plan& p, const InfoFlags& f) {
   fmt::print("model      {}\n", describe_model(m));
   fmt::print("parameters {}\n", params.total);
   fmt::print("blocks\n{}", describe_blocks(m));
-  fmt::print("segments   {} ranks, global batch {}, seq {}, {}\n{}", p.world_size(), p.effective_global_batch(),
-             p.effective_seq_len(m), precision_name(p.precision), describe_segments(p, m));
+  fmt::print("segments   {} ranks, global batch {}, seq {}, {}{}\n{}", p.world_size(), p.effective_global_batch(),
+             p.effective_seq_len(m), precision_name(p.precision),
+             p.grad_dtype == GradDtype::fp32 ? "" : ", " + grad_dtype_name(p.grad_dtype) + " gradients",
+             describe_segments(p, m));
   fmt::print("memory of rank {}:\n{}", f.rank, memory);
   return {};
 }

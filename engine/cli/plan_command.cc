@@ -158,12 +158,12 @@ Command add_plan_command(CLI::App& app) {
       ->check(int_in({1, kMaxGlobalBatch}));
   sub->add_option("--seq-len", f->seq_len, "sequence length (default: the model's)")->check(int_in({1, 1 << 24}));
   sub->add_option("--precision", f->precision, "fp32, bf16, fp16 or fp8 (FP8 linear GEMMs; needs FP8 devices)")->capture_default_str();
-  sub->add_option("--grad-bucket-mb", f->grad_bucket_mb, "MiB per data-parallel gradient bucket (every candidate)")
+  sub->add_option("--grad-bucket-mb", f->grad_bucket_mb, "MiB of fp32 gradients per data-parallel bucket (every candidate)")
       ->capture_default_str()
       ->check(real_in(kGradBucketMbRange));
   sub->add_option("--grad-sync", f->grad_sync, "overlap or after-backward (every candidate)")->capture_default_str();
   sub->add_option("--grad-dtype", f->grad_dtype,
-                  "gradients in fp32 or bf16 (every candidate; bf16 needs a 16-bit precision)")
+                  "gradients in fp32 or bf16 (every candidate; bf16 needs precision bf16 or fp8)")
       ->capture_default_str();
   sub->add_option("--top", f->top, "rows to print")->capture_default_str()->check(int_in({1, 1 << 20}));
   sub->add_option("--simulate", f->simulate, "candidates the full simulation re-times (the fast tier's best)")

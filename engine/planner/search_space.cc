@@ -417,6 +417,14 @@ Result<SearchSpace> parse_search_space(const std::vector<std::string>& fix, cons
       return make_error("--fix {} and --fix {} contradict: {}; drop or change one of them", *fixed_by[a],
                         *fixed_by[b], c.why);
   }
+  // Every candidate keeps the job's gradient dtype, and the compressors read fp32 gradients.
+  const std::optional<std::vector<int>>& compression = space.allowed[index_of("grad_compression")];
+  if (ctx.base.grad_dtype != GradDtype::fp32 && compression &&
+      std::any_of(compression->begin(), compression->end(),
+                  [](int v) { return v != static_cast<int>(GradCompression::none); }))
+    return make_error("--grad-dtype {} does not combine with gradient compression, which reads and writes fp32 "
+                      "gradients; drop grad_compression from --fix/--allow, or use --grad-dtype fp32",
+                      grad_dtype_name(ctx.base.grad_dtype));
   return space;
 }
 

@@ -175,3 +175,14 @@ TEST_CASE("gradient compression is searched only when allowed, and only where gr
   CHECK(kinds.size() == 3);
   CHECK(kinds["bf16"] > kinds["1bit"]);
 }
+
+TEST_CASE("bf16 gradients refuse a search over gradient compression up front", "[planner]") {
+  SearchContext ctx = tiny_context(8, 16);
+  ctx.base.grad_dtype = GradDtype::bf16;
+  auto refused = parse_search_space({}, {"grad_compression=none,bf16"}, ctx);
+  REQUIRE_FALSE(refused.ok());
+  CHECK_THAT(refused.error().message(), Catch::Contains("--grad-dtype bf16 does not combine with gradient compression") &&
+                                            Catch::Contains("--grad-dtype fp32"));
+  CHECK(parse_search_space({}, {"grad_compression=none"}, ctx).ok());
+  CHECK(parse_search_space({}, {}, ctx).ok());
+}

@@ -118,3 +118,31 @@ TEST_CASE("bf16 gradients: the peak drops by 2 bytes a parameter, as the memory 
     CHECK(static_cast<double>(y.peak_bytes) == Approx(y.model.total()).epsilon(0.10));
   }
 }
+
+TEST_CASE("bf16 gradients under ZeRO 2 and 3 and with the optimizer offloaded: half the reduce-scatter bytes",
+          "[sim_backend][comm][bf16]") {
+  // The same elements cross the wire in every layout (ZeRO 2/3 reduce each layer's gradients per micro-batch,
+  // ZeRO 1 once per step), so bf16 gradients halve the reduce-scatter's bytes exactly; the parameters'
+  // all-gathers do not change. Offload widens each reduced bf16 shard to the host's fp32 on the way down.
+  const ModelSpec m = small_gpt();
+  struct Layout {
+    int zero;
+    Offload offload;
+  };
+  for (const Layout l : {Layout{2, Offload::none}, Layout{3, Offload::none}, Layout{1, Offload::optimizer},
+                         Layout{3, Offload::params}}) {
+    INFO("zero " << l.zero << ", offload " << offload_name(l.offload));
+    auto plan = [&](GradDtype grads) {
+      Plan p = bf16_plan(m, ScheduleKind::one_f_one_b, grads);
+      p.zero = l.zero;
+      p.offload = l.offload;
+      return checked(p, m);
+    };
+    const SimulationResult fp32 = simulate(m, plan(GradDtype::fp32)), bf16 = simulate(m, plan(GradDtype::bf16));
+    CHECK(bytes_of(bf16, sim::CollectiveKind::kReduceScatter) ==
+          Approx(bytes_of(fp32, sim::CollectiveKind::kReduceScatter) / 2).epsilon(1e-9));
+    CHECK(bytes_of(bf16, sim::CollectiveKind::kAllGather) ==
+          Approx(bytes_of(fp32, sim::CollectiveKind::kAllGather)).epsilon(1e-9));
+    CHECK(bf16.iteration_s <= fp32.iteration_s);
+  }
+}

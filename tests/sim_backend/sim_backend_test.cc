@@ -279,7 +279,7 @@ TEST_CASE("sim backend: the experts' grouped GEMM is one task of the cost model'
 
 TEST_CASE("sim backend: sequential experts are one GEMM per expert, each with its launch",
           "[sim_backend][moe]") {
-  // Megatron's SequentialMLP (SimOptions::moe_grouped_gemm false): experts of 130, 40 and 700 tokens, their
+  // Megatron's SequentialMLP (SimulatedKernels::moe_grouped_gemm false): experts of 130, 40 and 700 tokens, their
   // forward GEMMs and their weight gradients (beta 1 into fp32) one by one.
   auto spec = sim::cluster_preset("dgx-h100");
   REQUIRE(spec.ok());

@@ -92,6 +92,9 @@ TEST_CASE("a segment layout that cannot run is refused naming the segment", "[tr
   CHECK_THAT(refused(R"([{"blocks": [0, 2], "dp": 3}, {"blocks": [3, 5], "dp": 3}])"),
              Catch::Contains("does not split into dp 3"));
   CHECK_THAT(refused(R"([{"blocks": [0, 2], "cp": 2}, {"blocks": [3, 5]}])"), Catch::Contains("whole plan"));
+  // The gradients' dtype is the whole plan's, where train refuses bf16 (a segment's own once got past it).
+  CHECK_THAT(refused(R"([{"blocks": [0, 2], "grad_dtype": "bf16"}, {"blocks": [3, 5]}])"),
+             Catch::Contains("'grad_dtype' is the whole plan's"));
   // Tied embeddings keep the embedding and the head together.
   const auto r = run_meshtrain("train --model tiny" + kData + " --steps 1 --plan " +
                                write("tied.json", R"({"segments": [{"blocks": [0, 2]}, {"blocks": [3, 5]}]})").string());
