@@ -18,16 +18,21 @@ std::unique_ptr<SimCluster> make_cluster(int world, std::vector<int> reps) {
   return std::move(c).value();
 }
 
-// One dgx-a100 GPU running attention as Megatron-LM 2021 did (AttentionImpl::unfused).
-std::unique_ptr<SimCluster> unfused_cluster(float attention_dropout) {
-  auto spec = sim::cluster_preset("dgx-a100");
+// One GPU of cluster preset `preset` running the software `o` describes.
+std::unique_ptr<SimCluster> one_gpu(const char* preset, const SimOptions& o) {
+  auto spec = sim::cluster_preset(preset);
   REQUIRE(spec.ok());
-  SimOptions o;
-  o.kernels.attention = AttentionImpl::unfused;
-  o.kernels.dropout = attention_dropout;
   auto c = SimCluster::create(*spec, 1, {0}, o);
   REQUIRE(c.ok());
   return std::move(c).value();
+}
+
+// One dgx-a100 GPU running attention as Megatron-LM 2021 did (AttentionImpl::unfused).
+std::unique_ptr<SimCluster> unfused_cluster(float attention_dropout) {
+  SimOptions o;
+  o.kernels.attention = AttentionImpl::unfused;
+  o.kernels.dropout = attention_dropout;
+  return one_gpu("dgx-a100", o);
 }
 
 // Seconds of a simulated time (picoseconds).
@@ -281,13 +286,10 @@ TEST_CASE("sim backend: sequential experts are one GEMM per expert, each with it
           "[sim_backend][moe]") {
   // Megatron's SequentialMLP (SimulatedKernels::moe_grouped_gemm false): experts of 130, 40 and 700 tokens, their
   // forward GEMMs and their weight gradients (beta 1 into fp32) one by one.
-  auto spec = sim::cluster_preset("dgx-h100");
-  REQUIRE(spec.ok());
   SimOptions o;
   o.kernels.moe_grouped_gemm = false;
-  auto made = SimCluster::create(*spec, 1, {0}, o);
-  REQUIRE(made.ok());
-  SimBackend& b = (*made)->backend(0);
+  const auto made = one_gpu("dgx-h100", o);
+  SimBackend& b = made->backend(0);
   const std::int64_t C = 1024, F = 2816;
   std::vector<Tensor> x, w, y, dy, dw;
   for (std::int64_t rows : {130, 40, 700}) {
@@ -299,10 +301,10 @@ TEST_CASE("sim backend: sequential experts are one GEMM per expert, each with it
   }
   b.grouped_gemm(x, w, y, GemmOp{});
   b.grouped_gemm(x, dy, dw, GemmOp{true, false, 1.f, 1.f});
-  auto r = (*made)->run();
+  auto r = made->run();
   REQUIRE(r.ok());
   CHECK(r->tasks == 6);
-  const sim::CostModel& cost = (*made)->cost_model();
+  const sim::CostModel& cost = made->cost_model();
   double want = 0;
   for (std::int64_t rows : {130, 40, 700})
     want += seconds(cost.gemm(rows, F, C, sim::DType::kBf16)) +
@@ -325,22 +327,19 @@ TEST_CASE("sim backend: Megatron's unfused cross-entropy is eight passes over th
     sim::CostConstants k;
   };
   auto loss = [&](CrossEntropyImpl impl, DType logits_dtype) {
-    auto spec = sim::cluster_preset("dgx-h100");
-    REQUIRE(spec.ok());
     SimOptions o;
     o.kernels.cross_entropy = impl;
-    auto made = SimCluster::create(*spec, 1, {0}, o);
-    REQUIRE(made.ok());
-    SimBackend& b = (*made)->backend(0);
+    const auto made = one_gpu("dgx-h100", o);
+    SimBackend& b = made->backend(0);
     Tensor x = b.empty(Shape{rows, vocab}, logits_dtype), dx = b.empty(Shape{rows, vocab}, logits_dtype);
     Tensor targets = b.empty(Shape{rows}, DType::i32), row_max = b.empty(Shape{rows}), sumexp = b.empty(Shape{rows});
     Tensor target_logit = b.empty(Shape{rows});
     b.cross_entropy_max(x, row_max);
     b.cross_entropy_partials(x, targets, row_max, 0, sumexp, target_logit);
     b.cross_entropy_backward(x, targets, row_max, sumexp, 0, 1.f, dx);
-    auto r = (*made)->run();
+    auto r = made->run();
     REQUIRE(r.ok());
-    return Loss{r->ranks[0].compute_s, static_cast<std::size_t>(r->tasks), (*made)->cost_model().constants()};
+    return Loss{r->ranks[0].compute_s, static_cast<std::size_t>(r->tasks), made->cost_model().constants()};
   };
   const Loss unfused = loss(CrossEntropyImpl::unfused, DType::bf16), fused = loss(CrossEntropyImpl::fused, DType::bf16);
   const sim::CostConstants& k = unfused.k;
