@@ -35,13 +35,17 @@ double sustained(double busy_seconds) {
   return busy_seconds * c.gemm_mainloop_efficiency / c.gemm_efficiency_max;
 }
 
+// What each test on that device starts from: the constants, the cost model and its kernel launch.
+struct FourSms {
+  const CostConstants c;
+  const CostModel m{four_sms(), c};
+  const double oh = to_seconds(c.kernel_overhead);
+};
+
 }  // namespace
 
-TEST_CASE("a GEMM whose tiles fill the SMs once keeps the main loop's share of each tile",
-          "[simulator][cost][gemm-tiles]") {
-  const CostConstants c;
-  const CostModel m(four_sms(), c);
-  const double oh = to_seconds(c.kernel_overhead);
+TEST_CASE_METHOD(FourSms, "a GEMM whose tiles fill the SMs once keeps the main loop's share of each tile",
+                 "[simulator][cost][gemm-tiles]") {
   // 256 x 512 outputs: four 128x256 tiles, one wave (so are eight 128x128 in two waves, and sixteen of
   // 64x128 or 128x64 in four: the same time). k = 4096.
   const double tile = tile_seconds(128, 256, 4096, 1e12);
@@ -56,11 +60,8 @@ TEST_CASE("a GEMM whose tiles fill the SMs once keeps the main loop's share of e
   CHECK(m.gemm_efficiency(256, 512, 4096, DType::kFp8) < m.gemm_efficiency(256, 512, 4096, DType::kBf16));
 }
 
-TEST_CASE("a GEMM accumulating into an fp32 output reads and writes 8 bytes an element in its epilogue",
-          "[simulator][cost][gemm-tiles]") {
-  const CostConstants c;
-  const CostModel m(four_sms(), c);
-  const double oh = to_seconds(c.kernel_overhead);
+TEST_CASE_METHOD(FourSms, "a GEMM accumulating into an fp32 output reads and writes 8 bytes an element in its epilogue",
+                 "[simulator][cost][gemm-tiles]") {
   // A weight gradient summed into an fp32 gradient (Megatron's gradient_accumulation_fusion): the one-wave
   // 256 x 512 shape, k = 4096 tokens; the epilogue reads the fp32 tile and writes it back.
   const GemmOutput accumulate{4, true};
@@ -76,10 +77,7 @@ TEST_CASE("a GEMM accumulating into an fp32 output reads and writes 8 bytes an e
         Approx(sustained(tile_seconds(64, 128, 4096, 1e12, 8)) + oh).epsilon(1e-6));
 }
 
-TEST_CASE("one row more than the SMs hold costs a partial wave of the best tile", "[simulator][cost][gemm-tiles]") {
-  const CostConstants c;
-  const CostModel m(four_sms(), c);
-  const double oh = to_seconds(c.kernel_overhead);
+TEST_CASE_METHOD(FourSms, "one row more than the SMs hold costs a partial wave of the best tile", "[simulator][cost][gemm-tiles]") {
   // 257 x 512: 128x256 tiles 3·2 = 6 (two waves of a whole tile); 128x128 3·4 = 12 (three waves of a
   // half); 64x128 5·4 = 20 and 128x64 3·8 = 24 (five and six waves of a quarter); 256x128 2·4 = 8 (two
   // waves of a half). Best: five quarter-tile waves, 1.25 of the 256-row GEMM's one whole-tile wave.
@@ -89,11 +87,8 @@ TEST_CASE("one row more than the SMs hold costs a partial wave of the best tile"
   CHECK((to_seconds(m.gemm(257, 512, 4096, DType::kBf16)) - oh) / whole == Approx(1.25).epsilon(1e-3));
 }
 
-TEST_CASE("a grouped GEMM's tiles share one launch and the busiest group adds the wave",
-          "[simulator][cost][gemm-tiles][moe]") {
-  const CostConstants c;
-  const CostModel m(four_sms(), c);
-  const double oh = to_seconds(c.kernel_overhead);
+TEST_CASE_METHOD(FourSms, "a grouped GEMM's tiles share one launch and the busiest group adds the wave",
+                 "[simulator][cost][gemm-tiles][moe]") {
   // Four experts of 64 tokens, n = 128, k = 4096: four 64x128 tiles, one wave of a quarter tile.
   const double quarter = tile_seconds(64, 128, 4096, 1e12);
   const Time even = m.grouped_gemm({64, 64, 64, 64}, 128, 4096, DType::kBf16);
