@@ -60,7 +60,8 @@ TEST_CASE_METHOD(FourSms, "a GEMM whose tiles fill the SMs once keeps the main l
   CHECK(m.gemm_efficiency(256, 512, 4096, DType::kFp8) < m.gemm_efficiency(256, 512, 4096, DType::kBf16));
 }
 
-TEST_CASE_METHOD(FourSms, "a GEMM accumulating into an fp32 output reads and writes 8 bytes an element in its epilogue",
+TEST_CASE_METHOD(FourSms,
+                 "a GEMM accumulating into an fp32 output reads and writes 8 bytes an element in its epilogue",
                  "[simulator][cost][gemm-tiles]") {
   // A weight gradient summed into an fp32 gradient (Megatron's gradient_accumulation_fusion): the one-wave
   // 256 x 512 shape, k = 4096 tokens; the epilogue reads the fp32 tile and writes it back.
@@ -77,7 +78,8 @@ TEST_CASE_METHOD(FourSms, "a GEMM accumulating into an fp32 output reads and wri
         Approx(sustained(tile_seconds(64, 128, 4096, 1e12, 8)) + oh).epsilon(1e-6));
 }
 
-TEST_CASE_METHOD(FourSms, "one row more than the SMs hold costs a partial wave of the best tile", "[simulator][cost][gemm-tiles]") {
+TEST_CASE_METHOD(FourSms, "one row more than the SMs hold costs a partial wave of the best tile",
+                 "[simulator][cost][gemm-tiles]") {
   // 257 x 512: 128x256 tiles 3·2 = 6 (two waves of a whole tile); 128x128 3·4 = 12 (three waves of a
   // half); 64x128 5·4 = 20 and 128x64 3·8 = 24 (five and six waves of a quarter); 256x128 2·4 = 8 (two
   // waves of a half). Best: five quarter-tile waves, 1.25 of the 256-row GEMM's one whole-tile wave.
