@@ -60,6 +60,7 @@ Result<GradDtype> parse_grad_dtype(const std::string& s) {
   return parse_enum<GradDtype>("gradient dtype", s, kGradDtypes);
 }
 int gradient_bytes(const Plan& p) { return p.grad_dtype == GradDtype::bf16 ? 2 : 4; }
+double grad_bucket_elements(const Plan& p) { return p.grad_bucket_mb * (1 << 20) / 4; }
 
 std::string grad_compression_name(GradCompression c) { return kGradCompressions[static_cast<std::size_t>(c)]; }
 Result<GradCompression> parse_grad_compression(const std::string& s) {

@@ -355,9 +355,8 @@ double FastEstimator::optimizer_s(const Plan& p, double params, double buckets,
 void FastEstimator::add_update(const Plan& p, const MemoryFit& fit, const StageTimes& stages, FastBreakdown& b) const {
   const int n = replicas(p);
   const double params = static_cast<double>(fit.max_stage_parameters);
-  const double grads = params * 4;  // grad_bucket_mb counts MiB of fp32 gradients, whatever they are kept in
   // Buckets of the flat gradient buffer (ZeRO 0, 1), else one per layer.
-  const double buckets = p.zero <= 1 ? std::max(1.0, grads / (p.grad_bucket_mb * (1 << 20)))
+  const double buckets = p.zero <= 1 ? std::max(1.0, params / grad_bucket_elements(p))
                                      : std::max(1.0, static_cast<double>(ctx_.model.layers) / (p.pp * 1.0));
   b.optimizer_s = optimizer_s(p, params, buckets, stages.step_s);
   const double t_max = *std::max_element(stages.microbatch_s.begin(), stages.microbatch_s.end());

@@ -175,8 +175,7 @@ PlanEstimator::Terms PlanEstimator::segment_terms(const Plan& s) const {
   out.optimizer = step_max / (s.zero >= 1 ? n : 1);
   if (n > 1) {
     if (s.zero <= 1) {
-      // grad_bucket_mb counts MiB of fp32 gradients, whatever they are kept in.
-      const double buckets = std::max(1.0, params_max * 4 / (s.grad_bucket_mb * (1 << 20)));
+      const double buckets = std::max(1.0, params_max / grad_bucket_elements(s));
       const double grads = params_max * gradient_bytes(s);
       const double reduce =
           buckets * fast_.collective_s(s.zero == 0 ? K::kAllReduce : K::kReduceScatter, n, s.tp, grads / buckets);

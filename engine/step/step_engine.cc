@@ -171,10 +171,8 @@ std::unique_ptr<StepEngine::Chunk> StepEngine::build_chunk(int c, const TensorPa
 }
 
 void StepEngine::add_buckets(Chunk& chunk, int c) {
-  // Gradients are fp32 (ParameterStore), so a MiB holds 2^18 of them.
-  const std::int64_t elements = plan_.megatron_buckets
-                                    ? megatron_bucket_elements(plan_.dp, coord_.pp, c)
-                                    : static_cast<std::int64_t>(plan_.grad_bucket_mb * (1 << 20) / 4);
+  const std::int64_t elements = plan_.megatron_buckets ? megatron_bucket_elements(plan_.dp, coord_.pp, c)
+                                                       : static_cast<std::int64_t>(grad_bucket_elements(plan_));
   // Both pipeline ends hold the tied embedding; their gradients are summed before the dp reduction.
   const bool defer_embedding = m_.tied_embeddings && plan_.pp > 1;
   chunk.buckets = std::make_unique<GradientBuckets>(
