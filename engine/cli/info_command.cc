@@ -60,7 +60,7 @@ Status print_segments(const ModelSpec& m, const Plan& p, const InfoFlags& f) {
   fmt::print("blocks\n{}", describe_blocks(m));
   fmt::print("segments   {} ranks, global batch {}, seq {}, {}{}\n{}", p.world_size(), p.effective_global_batch(),
              p.effective_seq_len(m), precision_name(p.precision),
-             p.grad_dtype == GradDtype::fp32 ? "" : ", " + grad_dtype_name(p.grad_dtype) + " gradients",
+             grad_dtype_note(p),
              describe_segments(p, m));
   fmt::print("memory of rank {}:\n{}", f.rank, memory);
   return {};
@@ -163,7 +163,7 @@ void print_model_and_plan(const RankInfo& r) {
              p.effective_global_batch(), r.seq, schedule_name(p.schedule), recompute_name(p.recompute),
              precision_name(p.precision), p.sequence_parallel ? ", sequence parallel" : "",
              p.tp_comm_overlap ? ", tp comm overlap" : "",
-             p.grad_dtype == GradDtype::fp32 ? "" : ", " + grad_dtype_name(p.grad_dtype) + " gradients");
+             grad_dtype_note(p));
 }
 
 // The rank's coordinates and groups, then its memory by kind.

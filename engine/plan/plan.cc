@@ -60,6 +60,9 @@ Result<GradDtype> parse_grad_dtype(const std::string& s) {
   return parse_enum<GradDtype>("gradient dtype", s, kGradDtypes);
 }
 int gradient_bytes(const Plan& p) { return p.grad_dtype == GradDtype::bf16 ? 2 : 4; }
+std::string grad_dtype_note(const Plan& p) {
+  return p.grad_dtype == GradDtype::fp32 ? "" : ", " + grad_dtype_name(p.grad_dtype) + " gradients";
+}
 double grad_bucket_elements(const Plan& p) { return p.grad_bucket_mb * (1 << 20) / 4; }
 
 std::string grad_compression_name(GradCompression c) { return kGradCompressions[static_cast<std::size_t>(c)]; }

@@ -239,6 +239,9 @@ nlohmann::json plan_to_json(const Plan& p);
 int element_bytes(Precision p);
 // Bytes of one element of the plan's gradient buffers.
 int gradient_bytes(const Plan& p);
+// ", bf16 gradients" when the plan keeps them in something other than the
+// default fp32, else empty: for the one-line summaries of a plan.
+std::string grad_dtype_note(const Plan& p);
 // Gradient elements in one of grad_bucket_mb's buckets (ZeRO 0 and 1): the
 // MiB count fp32 gradients, whatever grad_dtype keeps them in, so a plan's
 // buckets cut the same parameters either way.

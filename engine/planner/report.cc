@@ -128,7 +128,7 @@ std::string text_report(const SearchResult& r, const ReportContext& c) {
   std::string out = fmt::format(
       "plan for {} on {} x {} ({}): global batch {}, seq {}, {}{}\n", m.name, c.ctx->gpus, c.cluster->device.name,
       c.cluster->name, base.effective_global_batch(), base.effective_seq_len(m), precision_name(base.precision),
-      base.grad_dtype == GradDtype::fp32 ? "" : ", " + grad_dtype_name(base.grad_dtype) + " gradients");
+      grad_dtype_note(base));
   const std::int64_t estimated = r.valid - r.pruned - r.offload_unneeded;
   out += fmt::format(
       "searched {} combinations: {} valid, {} pruned by the memory model, {}{} estimated (fast tier, {} reference "
