@@ -76,6 +76,17 @@ bool fits(CollectiveKind kind, Algorithm a) {
   return false;
 }
 
+// (src, dst) pairs, the order of a step that sends at once from every
+// member of each group to every other member of it.
+std::vector<int> pairs_within(const std::vector<std::vector<int>>& groups) {
+  std::vector<int> pairs;
+  for (const auto& g : groups)
+    for (int src : g)
+      for (int dst : g)
+        if (src != dst) pairs.insert(pairs.end(), {src, dst});
+  return pairs;
+}
+
 // Members grouped by node, each group sorted by GPU id; Error unless every
 // node holds the same number of members on the same local ranks (so the
 // inter-node rings run rail by rail).
@@ -227,9 +238,10 @@ Result<CollectivePlan> expand_host(const Cluster& cluster, const CostConstants& 
 // each other node with P(node) = expert_hit_probability(E, K, experts of the
 // node) and each GPU with P(GPU) (its E/n experts); a GPU forwards to each
 // other GPU of its node what its own and one member of every other node sent
-// it for that GPU. The combine is the reverse and costs the same. The
-// phases run one after the other here (the kernels pipeline them: with
-// NVLink ~9x the NIC the second adds ~1/9 of the first).
+// it for that GPU. The combine is the reverse and costs the same. Each
+// phase sends to all its peers at once; the phases run one after the other
+// here (the kernels pipeline them: with NVLink ~9x the NIC the second adds
+// ~1/9 of the first).
 Result<CollectivePlan> expand_deduplicated(const Cluster& cluster, const CollectiveRequest& req) {
   const int n = static_cast<int>(req.members.size());
   if (req.experts <= 0 || req.top_k <= 0 || req.top_k > req.experts || req.experts % n != 0)
@@ -247,20 +259,18 @@ Result<CollectivePlan> expand_deduplicated(const Cluster& cluster, const Collect
   const int N = static_cast<int>(groups.size()), L = static_cast<int>(groups[0].size());
   const int per_gpu = req.experts / n;
   const double tokens = req.bytes / req.top_k;
-  std::vector<int> intra, rails;
-  for (const auto& g : groups) intra.insert(intra.end(), g.begin(), g.end());
-  for (int j = 0; j < L; ++j)
-    for (const auto& g : groups) rails.push_back(g[static_cast<std::size_t>(j)]);
+  std::vector<std::vector<int>> lanes(static_cast<std::size_t>(L));
+  for (const auto& g : groups)
+    for (int j = 0; j < L; ++j) lanes[static_cast<std::size_t>(j)].push_back(g[static_cast<std::size_t>(j)]);
   CollectivePlan p;
   p.algorithm = Algorithm::kDeduplicated;
-  p.orders = {std::move(intra), std::move(rails)};
+  p.orders = {pairs_within(lanes), pairs_within(groups)};
   using Step = CollectivePlan::Step;
+  // Each phase sends to all its peers at once (one kernel, a channel per peer).
   const double to_node = tokens * expert_hit_probability(req.experts, req.top_k, per_gpu * L);
-  for (int k = 1; k < N; ++k)
-    p.steps.push_back(Step{1, static_cast<uint32_t>(N), static_cast<uint32_t>(k), false, to_node, 1});
+  if (N > 1) p.steps.push_back(Step{0, 0, 0, false, to_node, 1});
   const double to_gpu = N * tokens * expert_hit_probability(req.experts, req.top_k, per_gpu);
-  for (int k = 1; k < L; ++k)
-    p.steps.push_back(Step{0, static_cast<uint32_t>(L), static_cast<uint32_t>(k), false, to_gpu, 1});
+  if (L > 1) p.steps.push_back(Step{1, 0, 0, false, to_gpu, 1});
   return p;
 }
 
@@ -277,11 +287,7 @@ Result<CollectivePlan> expand_nvls(const Cluster& cluster, const CostConstants& 
   CollectivePlan p;
   p.algorithm = Algorithm::kNvls;
   const int n = static_cast<int>(req.members.size());
-  std::vector<int> pairs;
-  for (int i : req.members)
-    for (int j : req.members)
-      if (i != j) pairs.insert(pairs.end(), {i, j});
-  p.orders.push_back(std::move(pairs));
+  p.orders.push_back(pairs_within({req.members}));
   CollectivePlan::Step step{0, 0, 0, false, req.bytes / (n - 1) / c.nvls_efficiency, 1};
   step.alpha = c.nvls_alpha;
   p.steps.push_back(step);
@@ -359,9 +365,8 @@ Result<CollectivePlan> expand(const Cluster& cluster, const CostConstants& c,
       return p;
     }
     case Algorithm::kPairwise:
-      p.orders.push_back(req.members);
-      for (int k = 1; k < n; ++k)
-        p.steps.push_back(Step{0, un, static_cast<uint32_t>(k), false, S / n, 1});
+      p.orders.push_back(pairs_within({req.members}));
+      p.steps.push_back(Step{0, 0, 0, false, S / n, 1});
       return p;
     case Algorithm::kDirect:
       p.orders.push_back({req.members[0], req.members[1]});

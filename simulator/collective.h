@@ -31,14 +31,24 @@
 // algorithm by that name; it is how its rings load the links.
 //   reduce-scatter, ring:      n-1 steps of S/n
 //   all-gather, ring:          n-1 steps of S/n
-//   all-to-all, pairwise:      for k = 1..n-1: member i -> member i+k, S/n
+//   all-to-all, pairwise:      1 step: every member -> every other, S/n each. NCCL
+//                              runs an all-to-all as one group of sends and
+//                              receives to all peers at once, so a member's
+//                              bytes leave through its own links together
+//                              and its NIC carries the (n-L)/n that cross
+//                              nodes: nccl-tests' all-to-all busbw reaches
+//                              N/(N-1) x the NIC's rate on N nodes
+//                              (NVIDIA/nccl-tests#130, #267), not the n-1
+//                              serialised steps of a pairwise exchange, each
+//                              as long as its node crossings
 //   all-to-all, deduplicated:  the token rows of a mixture-of-experts layer
 //                              (CollectiveRequest::experts) as DeepEP and
 //                              HybridEP move them, L members per node, N nodes,
 //                              T = S / top_k the bytes of the member's tokens:
-//                              N-1 rail steps (member -> the same local GPU
-//                              of node +k) of T · P(node), then L-1 steps in
-//                              the node of N · T · P(GPU)
+//                              1 rail step (member -> the same local GPU of
+//                              every other node at once) of T · P(node), then
+//                              1 step in the node (-> every other GPU of it) of
+//                              N · T · P(GPU)
 //                              (expert_hit_probability; see expand_deduplicated)
 //   broadcast, ring:           chain from the root, C chunks: n+C-2 steps of S/C
 //   send/recv, direct:         1 step: S from members[0] to members[1]

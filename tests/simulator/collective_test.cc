@@ -178,10 +178,11 @@ TEST_CASE("pairwise all-to-all, ring reduce-scatter, broadcast and send/recv",
   const CostConstants k;
   const double B = 450e9, S = kGiB, alpha = to_seconds(k.collective_alpha), lat = 500e-9;
   const int n = 8;
-  // all-to-all: n-1 steps, each member sends S/n to one peer.
+  // all-to-all: one step, each member sends S/n to every peer at once, so its
+  // NVLink port carries n-1 of them.
   CollectiveResult a2a = sim(c, CollectiveKind::kAllToAll, iota(n), S, Algorithm::kAuto);
   CHECK(a2a.algorithm == Algorithm::kPairwise);
-  CHECK(to_seconds(a2a.duration) == Approx((n - 1) * (alpha + lat + S / n / B)).epsilon(0.001));
+  CHECK(to_seconds(a2a.duration) == Approx(alpha + lat + (n - 1) * S / n / B).epsilon(0.001));
   CHECK(a2a.busbw == Approx(a2a.algbw * (n - 1) / n));
   // reduce-scatter: n-1 ring steps of S/n.
   CollectiveResult rs = sim(c, CollectiveKind::kReduceScatter, iota(n), S, Algorithm::kRing);
@@ -195,6 +196,37 @@ TEST_CASE("pairwise all-to-all, ring reduce-scatter, broadcast and send/recv",
   CollectiveResult sr = sim(c, CollectiveKind::kSendRecv, {2, 5}, S, Algorithm::kAuto);
   CHECK(to_seconds(sr.duration) == Approx(alpha + lat + S / B).epsilon(1e-6));
   CHECK(sr.busbw == Approx(sr.algbw));
+}
+
+TEST_CASE("all-to-all across nodes: every peer at once, bound by the NIC as nccl-tests finds",
+          "[simulator][collective]") {
+  // NCCL runs an all-to-all as one group of sends and receives to every
+  // peer, so each member's network share leaves through its own NIC at once:
+  // of S, (n - L)/n crosses nodes, and nccl-tests' busbw, algbw · (n-1)/n,
+  // comes to (n-1)/(n-L) NIC rates, "N/(N-1) x the bandwidth per GPU" on N
+  // nodes (NVIDIA/nccl-tests#130), not one NIC rate or less as n-1
+  // serialised pairwise steps would give.
+  Cluster c = make("dgx-h100", 64);
+  const CostConstants k;
+  const double S = kGiB, Bnic = 50e9, Bnv = 450e9;
+  const double net_alpha = to_seconds(k.collective_net_alpha), lat_net = 2.2e-6;
+  const int L = 8;
+  for (int N : {2, 4, 8}) {
+    const int n = L * N;
+    INFO(N << " nodes");
+    const CollectiveResult r = sim(c, CollectiveKind::kAllToAll, iota(n), S, Algorithm::kAuto);
+    CHECK(r.algorithm == Algorithm::kPairwise);
+    // The NIC is the bound: the node's own share over NVLink is smaller.
+    const double network = S * (n - L) / n / Bnic;
+    REQUIRE(network > S * (L - 1) / n / Bnv);
+    CHECK(to_seconds(r.duration) == Approx(net_alpha + lat_net + network).epsilon(0.005));
+    CHECK(r.busbw == Approx(Bnic * (n - 1) / (n - L)).epsilon(0.005));
+    CHECK(r.busbw == Approx(Bnic * N / (N - 1)).epsilon(0.07));
+  }
+  // A member per node (an expert group strided over the nodes): all of it
+  // crosses, busbw one NIC rate.
+  const CollectiveResult strided = sim(c, CollectiveKind::kAllToAll, {0, 8, 16, 24}, S, Algorithm::kAuto);
+  CHECK(to_seconds(strided.duration) == Approx(net_alpha + lat_net + S * 3 / 4 / Bnic).epsilon(0.005));
 }
 
 TEST_CASE("bad collective requests are errors", "[simulator][collective]") {
