@@ -229,6 +229,49 @@ Result<CollectivePlan> expand_host(const Cluster& cluster, const CostConstants& 
   return p;
 }
 
+// The members of each local index across per-node groups (the rails).
+std::vector<std::vector<int>> lanes_of(const std::vector<std::vector<int>>& groups) {
+  std::vector<std::vector<int>> lanes(groups[0].size());
+  for (const auto& g : groups)
+    for (std::size_t j = 0; j < g.size(); ++j) lanes[j].push_back(g[j]);
+  return lanes;
+}
+
+// NCCL's all-to-all: one group of sends and receives to every peer at once,
+// so a member's blocks leave through all its links together (nccl-tests'
+// busbw reaches N/(N-1) NIC rates on N nodes, NVIDIA/nccl-tests#130). Across
+// rail-optimised nodes NCCL moves them with PXN (NCCL >= 2.12, on by
+// default): a block for GPU j of another node first crosses NVLink to the
+// sender node's GPU on j's rail, which sends the L blocks its node holds for
+// j over that rail in one transfer. So: inside each node, every member to
+// every other its own block and the N-1 it forwards (N·S/n); then along each
+// rail, every member to every other node's (L·S/n). Each NIC carries
+// (N-1)·L·S/n, what crosses nodes, and no traffic changes rail on the
+// spines. NCCL's proxy pipelines the two phases (a chunk goes out on the
+// rail as soon as it has crossed NVLink), so they start together and the
+// slower, the NIC's, sets the time (Step::with_next). Members not laid out as whole
+// nodes of equal lanes, or on one node, send directly: one step of S/n to
+// every peer.
+Result<CollectivePlan> expand_all_to_all(const Cluster& cluster, const CollectiveRequest& req) {
+  const int n = static_cast<int>(req.members.size());
+  const double S = req.bytes;
+  using Step = CollectivePlan::Step;
+  CollectivePlan p;
+  p.algorithm = Algorithm::kPairwise;
+  auto groups = per_node_groups(cluster, req.members);
+  if (!groups.ok() || (*groups)[0].size() == 1) {
+    p.orders.push_back(pairs_within({req.members}));
+    p.steps.push_back(Step{0, 0, 0, false, S / n, 1});
+    return p;
+  }
+  const int N = static_cast<int>(groups->size()), L = static_cast<int>((*groups)[0].size());
+  p.orders = {pairs_within(*groups), pairs_within(lanes_of(*groups))};
+  p.steps.push_back(Step{0, 0, 0, false, N * S / n, 1});
+  p.steps.back().with_next = true;
+  p.steps.push_back(Step{1, 0, 0, false, L * S / n, 1});
+  return p;
+}
+
 // The token rows of a mixture-of-experts layer as DeepEP's internode
 // dispatch and HybridEP move them (csrc/kernels/internode.cu there: a token
 // goes once to each destination node, to the GPU of its own local rank
@@ -239,9 +282,9 @@ Result<CollectivePlan> expand_host(const Cluster& cluster, const CostConstants& 
 // node) and each GPU with P(GPU) (its E/n experts); a GPU forwards to each
 // other GPU of its node what its own and one member of every other node sent
 // it for that GPU. The combine is the reverse and costs the same. Each
-// phase sends to all its peers at once; the phases run one after the other
-// here (the kernels pipeline them: with NVLink ~9x the NIC the second adds
-// ~1/9 of the first).
+// phase sends to all its peers at once, and the kernels pipeline the two
+// (a token is forwarded as it arrives), so they start together
+// (Step::with_next).
 Result<CollectivePlan> expand_deduplicated(const Cluster& cluster, const CollectiveRequest& req) {
   const int n = static_cast<int>(req.members.size());
   if (req.experts <= 0 || req.top_k <= 0 || req.top_k > req.experts || req.experts % n != 0)
@@ -259,16 +302,13 @@ Result<CollectivePlan> expand_deduplicated(const Cluster& cluster, const Collect
   const int N = static_cast<int>(groups.size()), L = static_cast<int>(groups[0].size());
   const int per_gpu = req.experts / n;
   const double tokens = req.bytes / req.top_k;
-  std::vector<std::vector<int>> lanes(static_cast<std::size_t>(L));
-  for (const auto& g : groups)
-    for (int j = 0; j < L; ++j) lanes[static_cast<std::size_t>(j)].push_back(g[static_cast<std::size_t>(j)]);
   CollectivePlan p;
   p.algorithm = Algorithm::kDeduplicated;
-  p.orders = {pairs_within(lanes), pairs_within(groups)};
+  p.orders = {pairs_within(lanes_of(groups)), pairs_within(groups)};
   using Step = CollectivePlan::Step;
   // Each phase sends to all its peers at once (one kernel, a channel per peer).
   const double to_node = tokens * expert_hit_probability(req.experts, req.top_k, per_gpu * L);
-  if (N > 1) p.steps.push_back(Step{0, 0, 0, false, to_node, 1});
+  if (N > 1) p.steps.push_back(Step{0, 0, 0, false, to_node, 1, 0, L > 1});
   const double to_gpu = N * tokens * expert_hit_probability(req.experts, req.top_k, per_gpu);
   if (L > 1) p.steps.push_back(Step{1, 0, 0, false, to_gpu, 1});
   return p;
@@ -365,9 +405,7 @@ Result<CollectivePlan> expand(const Cluster& cluster, const CostConstants& c,
       return p;
     }
     case Algorithm::kPairwise:
-      p.orders.push_back(pairs_within({req.members}));
-      p.steps.push_back(Step{0, 0, 0, false, S / n, 1});
-      return p;
+      return expand_all_to_all(cluster, req);
     case Algorithm::kDirect:
       p.orders.push_back({req.members[0], req.members[1]});
       p.steps.push_back(Step{0, 0, 0, false, S, 1});
@@ -543,10 +581,19 @@ StepCosts::Cost StepCosts::get(const Cluster& cluster, const CollectivePlan& pla
 
 Time analytic_time(const Cluster& cluster, const CostConstants& c, const CollectivePlan& plan, StepCosts* costs) {
   Time total = 0;
-  for (const auto& step : plan.steps) {
-    const StepCosts::Cost k = costs != nullptr ? costs->get(cluster, plan, step) : route_step(cluster, plan, step);
-    const Time alpha = step_alpha(c, step, k.crosses_nodes);
-    total += step.repeats * (alpha + k.latency + from_seconds(step.bytes * k.seconds_per_byte));
+  for (std::size_t i = 0; i < plan.steps.size();) {
+    Time alpha = 0, latency = 0, transfer = 0;  // over the steps that start together (with_next)
+    const int repeats = plan.steps[i].repeats;
+    bool joined = true;
+    for (; i < plan.steps.size() && joined; ++i) {
+      const auto& step = plan.steps[i];
+      const StepCosts::Cost k = costs != nullptr ? costs->get(cluster, plan, step) : route_step(cluster, plan, step);
+      alpha = std::max(alpha, step_alpha(c, step, k.crosses_nodes));
+      latency = std::max(latency, k.latency);
+      transfer = std::max(transfer, from_seconds(step.bytes * k.seconds_per_byte));
+      joined = step.with_next;
+    }
+    total += repeats * (alpha + latency + transfer);
   }
   return total;
 }
@@ -712,22 +759,29 @@ void CollectiveEngine::begin_step(uint32_t id) {
     free_.push_back(id);
     return;
   }
-  const auto& step = r.plan.steps[r.step];
-  bool crosses = false;
+  Time alpha = 0;  // the largest of the steps that start together (with_next)
   const Cluster& cluster = network_.cluster();
-  for_each_flow(r.plan, step, [&](int src, int dst) { crosses = crosses || cluster.node_of(src) != cluster.node_of(dst); });
-  sim_.schedule(sim_.now() + step_alpha(constants_, step, crosses), this,
-                static_cast<uint64_t>(id) << 1);
+  for (std::size_t i = r.step; i < r.plan.steps.size(); ++i) {
+    const auto& step = r.plan.steps[i];
+    bool crosses = false;
+    for_each_flow(r.plan, step, [&](int src, int dst) { crosses = crosses || cluster.node_of(src) != cluster.node_of(dst); });
+    alpha = std::max(alpha, step_alpha(constants_, step, crosses));
+    if (!step.with_next) break;
+  }
+  sim_.schedule(sim_.now() + alpha, this, static_cast<uint64_t>(id) << 1);
 }
 
 void CollectiveEngine::launch_flows(uint32_t id) {
   Running& r = running_[id];
-  const auto& step = r.plan.steps[r.step];
   const uint64_t tag = (static_cast<uint64_t>(id) << 1) | 1;
-  for_each_flow(r.plan, step, [&](int src, int dst) {
-    ++r.outstanding;
-    network_.start_flow(src, dst, step.bytes, this, tag);
-  });
+  for (;; ++r.step) {  // ends on the last step that starts with this one
+    const auto& step = r.plan.steps[r.step];
+    for_each_flow(r.plan, step, [&](int src, int dst) {
+      ++r.outstanding;
+      network_.start_flow(src, dst, step.bytes, this, tag);
+    });
+    if (!step.with_next || r.step + 1 == r.plan.steps.size()) break;
+  }
   if (r.outstanding == 0) {
     ++r.repeat;
     begin_step(id);

@@ -31,22 +31,22 @@
 // algorithm by that name; it is how its rings load the links.
 //   reduce-scatter, ring:      n-1 steps of S/n
 //   all-gather, ring:          n-1 steps of S/n
-//   all-to-all, pairwise:      1 step: every member -> every other, S/n each. NCCL
-//                              runs an all-to-all as one group of sends and
-//                              receives to all peers at once, so a member's
-//                              bytes leave through its own links together
-//                              and its NIC carries the (n-L)/n that cross
-//                              nodes: nccl-tests' all-to-all busbw reaches
-//                              N/(N-1) x the NIC's rate on N nodes
-//                              (NVIDIA/nccl-tests#130, #267), not the n-1
-//                              serialised steps of a pairwise exchange, each
-//                              as long as its node crossings
+//   all-to-all, pairwise:      NCCL's: every peer at once (nccl-tests' busbw N/(N-1)
+//                              NIC rates on N nodes, NVIDIA/nccl-tests#130). On
+//                              one node, or members not in whole nodes of
+//                              equal lanes: 1 step, every member -> every
+//                              other, S/n. Across nodes, PXN: 1 step in each
+//                              node, every member -> every other, N·S/n (its
+//                              own block and the N-1 it forwards to their
+//                              rails), pipelined with (with_next) 1 rail
+//                              step, every member -> its lane on every other
+//                              node, L·S/n
 //   all-to-all, deduplicated:  the token rows of a mixture-of-experts layer
 //                              (CollectiveRequest::experts) as DeepEP and
 //                              HybridEP move them, L members per node, N nodes,
 //                              T = S / top_k the bytes of the member's tokens:
 //                              1 rail step (member -> the same local GPU of
-//                              every other node at once) of T · P(node), then
+//                              every other node at once) of T · P(node), pipelined with
 //                              1 step in the node (-> every other GPU of it) of
 //                              N · T · P(GPU)
 //                              (expert_hit_probability; see expand_deduplicated)
@@ -159,6 +159,11 @@ struct CollectivePlan {
     double bytes = 0;  // per flow
     int repeats = 1;
     Time alpha = 0;  // > 0: the step's fixed cost in place of the collective α (NVLS's)
+    // The next step's flows start with this one's, and both end with the
+    // last flow of either: a pipeline of phases on different links (one α,
+    // the larger; analytically the slower step, exact while the two share
+    // no link). Only with repeats 1 on both.
+    bool with_next = false;
   };
   std::vector<Step> steps;
   int total_steps() const;

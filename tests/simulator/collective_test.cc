@@ -205,7 +205,8 @@ TEST_CASE("all-to-all across nodes: every peer at once, bound by the NIC as nccl
   // of S, (n - L)/n crosses nodes, and nccl-tests' busbw, algbw · (n-1)/n,
   // comes to (n-1)/(n-L) NIC rates, "N/(N-1) x the bandwidth per GPU" on N
   // nodes (NVIDIA/nccl-tests#130), not one NIC rate or less as n-1
-  // serialised pairwise steps would give.
+  // serialised pairwise steps would give. PXN's forwarding over NVLink
+  // (N·S/n to each of L-1 peers) runs under the rail transfers.
   Cluster c = make("dgx-h100", 64);
   const CostConstants k;
   const double S = kGiB, Bnic = 50e9, Bnv = 450e9;
@@ -216,9 +217,9 @@ TEST_CASE("all-to-all across nodes: every peer at once, bound by the NIC as nccl
     INFO(N << " nodes");
     const CollectiveResult r = sim(c, CollectiveKind::kAllToAll, iota(n), S, Algorithm::kAuto);
     CHECK(r.algorithm == Algorithm::kPairwise);
-    // The NIC is the bound: the node's own share over NVLink is smaller.
+    // The NIC is the bound: what crosses NVLink, forwarded blocks included, takes less.
     const double network = S * (n - L) / n / Bnic;
-    REQUIRE(network > S * (L - 1) / n / Bnv);
+    REQUIRE(network > (L - 1) * N * S / n / Bnv);
     CHECK(to_seconds(r.duration) == Approx(net_alpha + lat_net + network).epsilon(0.005));
     CHECK(r.busbw == Approx(Bnic * (n - 1) / (n - L)).epsilon(0.005));
     CHECK(r.busbw == Approx(Bnic * N / (N - 1)).epsilon(0.07));
@@ -227,6 +228,15 @@ TEST_CASE("all-to-all across nodes: every peer at once, bound by the NIC as nccl
   // crosses, busbw one NIC rate.
   const CollectiveResult strided = sim(c, CollectiveKind::kAllToAll, {0, 8, 16, 24}, S, Algorithm::kAuto);
   CHECK(to_seconds(strided.duration) == Approx(net_alpha + lat_net + S * 3 / 4 / Bnic).epsilon(0.005));
+  // With PXN no flow changes rail, so flows on the network time what the
+  // analytic model does, and the flows stay few: L·(L-1)·N in the nodes and
+  // N·(N-1)·L on the rails, not n·(n-1).
+  const std::vector<int> four_nodes = iota(32);
+  CHECK(sim(c, CollectiveKind::kAllToAll, four_nodes, S, Algorithm::kAuto, CollectiveMode::kAnalytic).duration ==
+        sim(c, CollectiveKind::kAllToAll, four_nodes, S, Algorithm::kAuto).duration);
+  auto plan = plan_collective(c, k, {CollectiveKind::kAllToAll, four_nodes, S});
+  REQUIRE(plan.ok());
+  CHECK(flow_pairs(*plan).size() == 8 * 7 * 4 + 4 * 3 * 8);
 }
 
 TEST_CASE("bad collective requests are errors", "[simulator][collective]") {
