@@ -249,9 +249,11 @@ std::vector<std::vector<int>> lanes_of(const std::vector<std::vector<int>>& grou
 // (N-1)·L·S/n, what crosses nodes, and no traffic changes rail on the
 // spines. NCCL's proxy pipelines the two phases (a chunk goes out on the
 // rail as soon as it has crossed NVLink), so they start together and the
-// slower, the NIC's, sets the time (Step::with_next). Members not laid out as whole
-// nodes of equal lanes, or on one node, send directly: one step of S/n to
-// every peer.
+// slower, the NIC's, sets the time (Step::with_next). Members on one node,
+// one per node, or not the same number on the same local ranks of every
+// node, send directly: one step of S/n to every peer; so does the cpu
+// backend's MPI all-to-all (runs_host_collectives), which posts every send
+// and receive at once.
 Result<CollectivePlan> expand_all_to_all(const Cluster& cluster, const CollectiveRequest& req) {
   const int n = static_cast<int>(req.members.size());
   const double S = req.bytes;
@@ -259,7 +261,7 @@ Result<CollectivePlan> expand_all_to_all(const Cluster& cluster, const Collectiv
   CollectivePlan p;
   p.algorithm = Algorithm::kPairwise;
   auto groups = per_node_groups(cluster, req.members);
-  if (!groups.ok() || (*groups)[0].size() == 1) {
+  if (runs_host_collectives(cluster) || !groups.ok() || (*groups)[0].size() == 1) {
     p.orders.push_back(pairs_within({req.members}));
     p.steps.push_back(Step{0, 0, 0, false, S / n, 1});
     return p;
@@ -306,9 +308,11 @@ Result<CollectivePlan> expand_deduplicated(const Cluster& cluster, const Collect
   p.algorithm = Algorithm::kDeduplicated;
   p.orders = {pairs_within(lanes_of(groups)), pairs_within(groups)};
   using Step = CollectivePlan::Step;
-  // Each phase sends to all its peers at once (one kernel, a channel per peer).
   const double to_node = tokens * expert_hit_probability(req.experts, req.top_k, per_gpu * L);
-  if (N > 1) p.steps.push_back(Step{0, 0, 0, false, to_node, 1, 0, L > 1});
+  if (N > 1) {
+    p.steps.push_back(Step{0, 0, 0, false, to_node, 1});
+    p.steps.back().with_next = L > 1;
+  }
   const double to_gpu = N * tokens * expert_hit_probability(req.experts, req.top_k, per_gpu);
   if (L > 1) p.steps.push_back(Step{1, 0, 0, false, to_gpu, 1});
   return p;
@@ -524,12 +528,6 @@ double expert_hit_probability(int experts, int top_k, int held) {
   return 1 - miss;
 }
 
-int CollectivePlan::total_steps() const {
-  int t = 0;
-  for (const auto& s : steps) t += s.repeats;
-  return t;
-}
-
 std::vector<std::pair<int, int>> flow_pairs(const CollectivePlan& plan) {
   std::vector<std::pair<int, int>> out;
   for (const auto& step : plan.steps)
@@ -622,6 +620,10 @@ Result<CollectivePlan> plan_collective(const Cluster& cluster, const CostConstan
     return make_error("{}: algorithm '{}' does not apply (use auto)", kind,
                       algorithm_name(req.algorithm));
   MT_ASSIGN(CollectivePlan plan, choose_plan(cluster, c, req, costs));
+  for (std::size_t i = 0; i < plan.steps.size(); ++i)
+    if (plan.steps[i].with_next && (plan.steps[i].repeats != 1 || i + 1 == plan.steps.size() ||
+                                    plan.steps[i + 1].repeats != 1))
+      return make_error("internal: {} step {} starts with the next but repeats or is last", kind, i);
   if (cluster.has_failures()) {
     Status reachable = ok_status();
     for (const auto& step : plan.steps)

@@ -31,11 +31,13 @@
 // algorithm by that name; it is how its rings load the links.
 //   reduce-scatter, ring:      n-1 steps of S/n
 //   all-gather, ring:          n-1 steps of S/n
-//   all-to-all, pairwise:      NCCL's: every peer at once (nccl-tests' busbw N/(N-1)
-//                              NIC rates on N nodes, NVIDIA/nccl-tests#130). On
-//                              one node, or members not in whole nodes of
-//                              equal lanes: 1 step, every member -> every
-//                              other, S/n. Across nodes, PXN: 1 step in each
+//   all-to-all, pairwise:      NCCL's: every peer at once (nccl-tests' busbw
+//                              (n-1)/(n-L) ~ N/(N-1) NIC rates on N nodes,
+//                              NVIDIA/nccl-tests#130). On one node, one member
+//                              per node, members not the same number on the
+//                              same local ranks of every node, or a cluster
+//                              of CPU devices (MPI): 1 step, every member ->
+//                              every other, S/n. Across nodes, PXN: 1 step in each
 //                              node, every member -> every other, N·S/n (its
 //                              own block and the N-1 it forwards to their
 //                              rails), pipelined with (with_next) 1 rail
@@ -166,7 +168,6 @@ struct CollectivePlan {
     bool with_next = false;
   };
   std::vector<Step> steps;
-  int total_steps() const;
 };
 
 // The part of a step's analytic cost that does not depend on its size:

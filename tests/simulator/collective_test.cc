@@ -237,6 +237,17 @@ TEST_CASE("all-to-all across nodes: every peer at once, bound by the NIC as nccl
   auto plan = plan_collective(c, k, {CollectiveKind::kAllToAll, four_nodes, S});
   REQUIRE(plan.ok());
   CHECK(flow_pairs(*plan).size() == 8 * 7 * 4 + 4 * 3 * 8);
+  // The cpu backend's MPI all-to-all forwards nothing: on a cluster of CPU
+  // devices, 2 nodes of 2, every rank sends S/n straight to each of the others.
+  auto host_spec = cluster_spec_from_json(R"({"base": "local-cpu", "gpus_per_node": 2})");
+  REQUIRE(host_spec.ok());
+  auto host = Cluster::build(*host_spec, 4);
+  REQUIRE(host.ok());
+  auto direct = plan_collective(*host, k, {CollectiveKind::kAllToAll, iota(4), S});
+  REQUIRE(direct.ok());
+  REQUIRE(direct->steps.size() == 1);
+  CHECK(direct->steps[0].bytes == S / 4);
+  CHECK(flow_pairs(*direct).size() == 4 * 3);
 }
 
 TEST_CASE("bad collective requests are errors", "[simulator][collective]") {

@@ -120,6 +120,10 @@ TEST_CASE("deduplicated all-to-all moves what DeepEP's routing of every top-k ch
   CHECK(pairwise->algorithm == Algorithm::kPairwise);
   CHECK(plan_bytes(c, *pairwise).inter == Approx(4 * tokens * K * token_bytes / 2));
   CHECK(plan_bytes(c, *pairwise).inter > got.inter);
+  // PXN: inside each node a member sends its peer its own block and the one
+  // it forwards to the other node's GPU on that rail: 4 members · 1 peer · 2 blocks of S/4.
+  const double S = tokens * K * token_bytes;
+  CHECK(plan_bytes(c, *pairwise).intra == Approx(4 * 1 * 2 * S / 4));
 }
 
 TEST_CASE("deduplicated all-to-all needs the experts split evenly", "[simulator][collective]") {
