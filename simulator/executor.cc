@@ -47,12 +47,12 @@ Status Executor::check_stream(StreamId s) const {
   return ok_status();
 }
 
-Status Executor::compute(StreamId s, NameId name, Time duration) {
+Status Executor::compute(StreamId s, NameId name, Time duration, bool communication) {
   MT_TRY(check_stream(s));
   if (duration < 0)
     return make_error("compute '{}': duration must be >= 0, got {} ps", names_.name(name),
                       duration);
-  streams_[s].tasks.push_back({Kind::kCompute, name, 0, 0, duration});
+  streams_[s].tasks.push_back({Kind::kCompute, name, communication ? 1 : 0, 0, duration});
   ++streams_[s].submitted;
   return ok_status();
 }
@@ -352,7 +352,7 @@ void Executor::finish_head(StreamId s) {
   st.idle_since = sim_.now();
   st.cause = {};
   st.last_task = t.name;
-  st.last_communication = t.kind != Kind::kCompute;
+  st.last_communication = t.kind != Kind::kCompute || t.a != 0;
   if (st.recent.size() >= 2 * kRecentTasks) st.recent.erase(st.recent.begin(), st.recent.end() - kRecentTasks);
   st.recent.push_back({st.last_communication ? st.reached : st.started, sim_.now(), t.name, st.last_communication});
   if (t.kind == Kind::kCompute) set_compute_running(st.device, -1);

@@ -150,7 +150,11 @@ class Executor : public EventHandler {
   // The stream called `name` on `device`, created on first use.
   Result<StreamId> stream(int device, std::string_view name);
 
-  Status compute(StreamId stream, NameId name, Time duration);
+  // `communication`: the task stands for a collective or transfer timed
+  // elsewhere (analytically, its members not all simulated), so waiting for
+  // it is charged as communication (IdleCause::communication); it runs as
+  // compute does otherwise (it does not slow the device's compute).
+  Status compute(StreamId stream, NameId name, Time duration, bool communication = false);
   // Validates the request now; members then join on their own streams.
   // `mode` overrides ExecutorOptions::mode for this collective (e.g. analytic
   // for groups known to be uncontended, flows for the rest).
@@ -184,7 +188,7 @@ class Executor : public EventHandler {
   struct Task {
     Kind kind;
     NameId name;
-    int32_t a;      // compute: -, join: collective, send/recv: p2p index, record/wait: event slot
+    int32_t a;      // compute: 1 if it stands for communication, join: collective, send/recv: p2p index, record/wait: event slot
     uint32_t b;     // wait: record count it waits for
     int64_t value;  // compute: duration (ps)
   };

@@ -127,7 +127,9 @@ void Executor::merge_compute_tasks() {
     std::vector<Task> merged;
     merged.reserve(st.tasks.size());
     for (const Task& t : st.tasks) {
-      if (t.kind == Kind::kCompute && !merged.empty() && merged.back().kind == Kind::kCompute)
+      // Only alike tasks merge: one that stands for communication keeps its mark.
+      if (t.kind == Kind::kCompute && !merged.empty() && merged.back().kind == Kind::kCompute &&
+          merged.back().a == t.a)
         merged.back().value += t.value;
       else
         merged.push_back(t);

@@ -98,7 +98,7 @@ void SimCluster::collective(int job, int rank, sim::StreamId stream, const Group
   if (g.size() == 1) return;
   auto t = analytic(request);
   if (!t) return fail(std::move(t).error().context(fmt::format("{} on group {}", kind, g.id)));
-  if (Status s = ex.compute(stream, ex.intern(kind), *t); !s) return fail(std::move(s).error());
+  if (Status s = ex.compute(stream, ex.intern(kind), *t, true); !s) return fail(std::move(s).error());
   // Counted once per collective: by its lowest simulated member.
   if (simulated_members.front() == gpu(job, rank)) {
     SimCollectiveStats& st = analytic_stats_[static_cast<std::size_t>(request.kind)];
@@ -142,7 +142,7 @@ void SimCluster::point_to_point(int job, int rank, sim::StreamId stream, int pee
       is_send ? std::vector<int>{self_gpu, peer_gpu} : std::vector<int>{peer_gpu, self_gpu}, bytes};
   auto t = analytic(request);
   if (!t) return fail(std::move(t).error().context(is_send ? "send" : "recv"));
-  if (Status s = ex.compute(stream, name, *t); !s) return fail(std::move(s).error());
+  if (Status s = ex.compute(stream, name, *t, true); !s) return fail(std::move(s).error());
   SimCollectiveStats& st =
       analytic_stats_[static_cast<std::size_t>(sim::CollectiveKind::kSendRecv)];
   st.time_s += seconds(*t);

@@ -133,3 +133,44 @@ TEST_CASE("idle by cause: pipeline waits, peers and the tail", "[simulator][idle
   CHECK_THAT(e.trace().to_json(), Catch::Contains(R"("cat":"idle")") &&
                                       Catch::Contains("waits for the peer of act"));
 }
+
+TEST_CASE("a collective timed elsewhere and issued as a marked task is charged as communication",
+          "[simulator][idle]") {
+  // Representative fidelity times a collective whose members are not all
+  // simulated analytically and issues it as one task of that duration: a
+  // stream waiting for it waited for communication (exposed data-parallel),
+  // not for the optimizer's kernels on the same stream.
+  Cluster c = make(8);
+  CostConstants k;
+  Executor e(c, k, {CollectiveMode::kAnalytic, true, true});
+  const StreamId compute = st(e, 0, "compute"), dp = st(e, 0, "data-parallel 1");
+  REQUIRE(e.compute(compute, e.intern("backward"), 1 * kMillisecond).ok());
+  REQUIRE(e.record(compute, e.intern("grads")).ok());
+  REQUIRE(e.wait(dp, e.intern("grads")).ok());
+  REQUIRE(e.compute(dp, e.intern("reduce_scatter"), 4 * kMillisecond, true).ok());
+  REQUIRE(e.compute(dp, e.intern("adamw"), 1 * kMillisecond).ok());
+  REQUIRE(e.record(dp, e.intern("updated")).ok());
+  REQUIRE(e.wait(compute, e.intern("updated")).ok());
+  REQUIRE(e.compute(compute, e.intern("forward"), 1 * kMillisecond).ok());
+  auto r = e.run();
+  REQUIRE(r.ok());
+  const StreamReport& s = report_of(*r, 0, "compute");
+  bool reduce_scatter = false, adamw = false;
+  for (const IdleCause& x : s.idle) {
+    if (x.task == "reduce_scatter") {
+      reduce_scatter = true;
+      CHECK(x.communication);
+      CHECK(near(x.time, 4 * kMillisecond));
+    }
+    if (x.task == "adamw") {
+      adamw = true;
+      CHECK_FALSE(x.communication);
+      CHECK(near(x.time, 1 * kMillisecond));
+    }
+  }
+  CHECK(reduce_scatter);
+  CHECK(adamw);
+  // merge_compute (the third option above) keeps the two apart: merged, the
+  // reduce-scatter would have lost its mark or the AdamW gained it.
+  CHECK(near(r->makespan, 7 * kMillisecond));
+}
