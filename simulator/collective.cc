@@ -424,22 +424,6 @@ Result<CollectivePlan> expand(const Cluster& cluster, const CostConstants& c,
   return make_error("internal: unexpanded algorithm");
 }
 
-// Calls f(src, dst) for every flow of one repetition of `step`.
-template <class F>
-void for_each_flow(const CollectivePlan& plan, const CollectivePlan::Step& step, F&& f) {
-  const std::vector<int>& o = plan.orders[step.order];
-  if (step.group_size == 0) {
-    for (size_t i = 0; i + 1 < o.size(); i += 2) f(o[i], o[i + 1]);
-    return;
-  }
-  const size_t gs = step.group_size;
-  for (size_t g = 0; g + gs <= o.size(); g += gs)
-    for (size_t i = 0; i < gs; ++i) {
-      if (step.open && i == gs - 1) continue;
-      f(o[g + i], o[g + (i + step.shift) % gs]);
-    }
-}
-
 Result<CollectivePlan> choose_plan(const Cluster& cluster, const CostConstants& c,
                                    const CollectiveRequest& req, StepCosts* costs);
 

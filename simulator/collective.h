@@ -170,6 +170,23 @@ struct CollectivePlan {
   std::vector<Step> steps;
 };
 
+// Calls f(src, dst) for every flow of one repetition of `step` (the order
+// as CollectivePlan defines it: rings of group_size, or (src, dst) pairs).
+template <class F>
+void for_each_flow(const CollectivePlan& plan, const CollectivePlan::Step& step, F&& f) {
+  const std::vector<int>& o = plan.orders[step.order];
+  if (step.group_size == 0) {
+    for (std::size_t i = 0; i + 1 < o.size(); i += 2) f(o[i], o[i + 1]);
+    return;
+  }
+  const std::size_t gs = step.group_size;
+  for (std::size_t g = 0; g + gs <= o.size(); g += gs)
+    for (std::size_t i = 0; i < gs; ++i) {
+      if (step.open && i == gs - 1) continue;
+      f(o[g + i], o[g + (i + step.shift) % gs]);
+    }
+}
+
 // The part of a step's analytic cost that does not depend on its size:
 // the largest route latency of its flows, and the largest over links of
 // (flows crossing the link / its bandwidth), so that the step costs

@@ -207,23 +207,13 @@ OffNode run_checked(MpiCommunicator& c, const Group& g, std::size_t n, ReduceOp 
   return off;
 }
 
-// Bytes a simulator plan sends between nodes, read from its steps as
-// collective.h defines them: (src, dst) pairs, or rings of group_size.
+// Bytes a simulator plan sends between nodes, flow by flow.
 double plan_off_node_bytes(const sim::Cluster& cluster, const sim::CollectivePlan& plan) {
   double total = 0;
-  for (const auto& step : plan.steps) {
-    const std::vector<int>& o = plan.orders[step.order];
-    auto flow = [&](int src, int dst) {
+  for (const auto& step : plan.steps)
+    sim::for_each_flow(plan, step, [&](int src, int dst) {
       if (cluster.node_of(src) != cluster.node_of(dst)) total += step.bytes * step.repeats;
-    };
-    if (step.group_size == 0) {
-      for (std::size_t i = 0; i + 1 < o.size(); i += 2) flow(o[i], o[i + 1]);
-      continue;
-    }
-    for (std::size_t g = 0; g + step.group_size <= o.size(); g += step.group_size)
-      for (std::size_t i = 0; i < step.group_size; ++i)
-        if (!(step.open && i + 1 == step.group_size)) flow(o[g + i], o[g + (i + step.shift) % step.group_size]);
-  }
+    });
   return total;
 }
 

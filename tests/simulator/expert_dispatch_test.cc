@@ -31,24 +31,13 @@ struct Bytes {
   double inter = 0, intra = 0;  // over the network, over NVLink
 };
 
-// Bytes a plan moves, flow by flow (collective.h: member i of a group of
-// group_size sends to member (i + shift) mod group_size; group_size 0: the
-// order is (src, dst) pairs).
+// Bytes a plan moves, flow by flow.
 Bytes plan_bytes(const Cluster& c, const CollectivePlan& p) {
   Bytes b;
-  for (const auto& step : p.steps) {
-    const std::vector<int>& o = p.orders[step.order];
-    auto add = [&](int src, int dst) {
+  for (const auto& step : p.steps)
+    for_each_flow(p, step, [&](int src, int dst) {
       (c.node_of(src) == c.node_of(dst) ? b.intra : b.inter) += step.bytes * step.repeats;
-    };
-    const std::size_t gs = step.group_size;
-    if (gs == 0) {
-      for (std::size_t i = 0; i + 1 < o.size(); i += 2) add(o[i], o[i + 1]);
-      continue;
-    }
-    for (std::size_t g = 0; g + gs <= o.size(); g += gs)
-      for (std::size_t i = 0; i < gs; ++i) add(o[g + i], o[g + (i + step.shift) % gs]);
-  }
+    });
   return b;
 }
 
