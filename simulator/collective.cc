@@ -260,12 +260,14 @@ Result<CollectivePlan> expand_all_to_all(const Cluster& cluster, const Collectiv
   using Step = CollectivePlan::Step;
   CollectivePlan p;
   p.algorithm = Algorithm::kPairwise;
-  auto groups = per_node_groups(cluster, req.members);
-  if (runs_host_collectives(cluster) || !groups.ok() || (*groups)[0].size() == 1) {
+  auto direct = [&] {
     p.orders.push_back(pairs_within({req.members}));
     p.steps.push_back(Step{0, 0, 0, false, S / n, 1});
-    return p;
-  }
+    return std::move(p);
+  };
+  if (runs_host_collectives(cluster)) return direct();
+  auto groups = per_node_groups(cluster, req.members);
+  if (!groups.ok() || (*groups)[0].size() == 1) return direct();
   const int N = static_cast<int>(groups->size()), L = static_cast<int>((*groups)[0].size());
   p.orders = {pairs_within(*groups), pairs_within(lanes_of(*groups))};
   p.steps.push_back(Step{0, 0, 0, false, N * S / n, 1});

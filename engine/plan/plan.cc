@@ -59,7 +59,8 @@ std::string grad_dtype_name(GradDtype g) { return kGradDtypes[static_cast<std::s
 Result<GradDtype> parse_grad_dtype(const std::string& s) {
   return parse_enum<GradDtype>("gradient dtype", s, kGradDtypes);
 }
-int gradient_bytes(const Plan& p) { return p.grad_dtype == GradDtype::bf16 ? 2 : 4; }
+DType gradient_dtype(const Plan& p) { return p.grad_dtype == GradDtype::bf16 ? DType::bf16 : DType::f32; }
+int gradient_bytes(const Plan& p) { return static_cast<int>(dtype_size(gradient_dtype(p))); }
 std::string grad_dtype_note(const Plan& p) {
   return p.grad_dtype == GradDtype::fp32 ? "" : ", " + grad_dtype_name(p.grad_dtype) + " gradients";
 }

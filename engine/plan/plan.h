@@ -237,7 +237,8 @@ Result<Offload> parse_offload(const std::string& s);
 nlohmann::json plan_to_json(const Plan& p);
 // Bytes of one parameter, gradient or activation element at this precision.
 int element_bytes(Precision p);
-// Bytes of one element of the plan's gradient buffers.
+// The dtype of the plan's gradient buffers, and the bytes of one element.
+DType gradient_dtype(const Plan& p);
 int gradient_bytes(const Plan& p);
 // ", bf16 gradients" when the plan keeps them in something other than the
 // default fp32, else empty: for the one-line summaries of a plan.

@@ -304,7 +304,7 @@ Status issue_iterations(SimCluster& cluster, int job, const ModelSpec& m, const 
           : std::vector<HostBatch>{example_batch(m, p.effective_global_batch(), seq)};
   StepOptions step_options;
   step_options.initialize_parameters = false;  // the sim backend holds no values
-  step_options.dropout = options.kernels.dropout;       // the engine's dropout kernels, timed
+  step_options.dropout = options.kernels.dropout;  // the engine's dropout kernels, timed
   MT_TRY(check_step_options(step_options));
   const bool routes = model_io(m).routes_to_experts;
   MT_TRY(options.moe_routing.check(m.experts, routes ? m.moe_layer_count() : 0));

@@ -117,7 +117,7 @@ ChunkOptions StepEngine::chunk_options() const {
   o.storage.persistent_grads = plan_.zero < 2;
   o.storage.persistent_values = plan_.zero < 3;
   o.storage.value_dtype = value_dtype();
-  o.storage.grad_dtype = plan_.grad_dtype == GradDtype::bf16 ? DType::bf16 : DType::f32;
+  o.storage.grad_dtype = gradient_dtype(plan_);
   o.sequence_parallel = plan_.sequence_parallel;
   o.tp_comm_overlap = plan_.tp_comm_overlap;
   // The expert mesh (engine/plan/mesh.h): used by the MoE layers and their gradients.
