@@ -153,6 +153,11 @@ struct Fp8CastOp {
   // cast_transpose); 0 where the emulation casts again what a real run kept
   // (the forward's input and weight, read back by the backward GEMMs).
   int copies = 2;
+  // Current scaling (core/fp8.h, Fp8Recipe::current): the scale is
+  // current_scale(amax, format) of the amax tensor passed in, which holds
+  // this tensor's amax (Backend::amax, reduced over the ranks that hold
+  // parts of it), and amax is left as it is; `scale` is not read.
+  bool current = false;
 };
 
 struct AttentionOp {
@@ -355,8 +360,11 @@ class Backend {
   virtual void sum(const Tensor& x, Tensor& out, float scale, bool accumulate) = 0;
   // out (1) = sum(x^2) in fp32 (+= when accumulate). Building block of global norms.
   virtual void sum_squares(const Tensor& x, Tensor& out, bool accumulate) = 0;
-  // y (x's shape) = x on op's FP8 grid (Fp8CastOp); amax (1, f32) = max(amax, max |x|).
+  // y (x's shape) = x on op's FP8 grid (Fp8CastOp); amax (1, f32) = max(amax, max |x|),
+  // or, with op.current, the amax that sets the scale.
   virtual void fp8_cast(const Tensor& x, const Fp8CastOp& op, Tensor& y, Tensor& amax) = 0;
+  // out (1, f32) = max(out, max |x|): FP8 current scaling's pass over a tensor before its cast.
+  virtual void amax(const Tensor& x, Tensor& out) = 0;
 
   // ---- dense ---------------------------------------------------------------
   // c (m, n) = alpha * op(a) op(b) + beta * c [+ bias]; a (m,k) or (k,m) when

@@ -97,6 +97,9 @@ class BackendWrapper : public Backend {
     see("sum_squares", {&x, &o}, [&] { target().sum_squares(x, o, acc); });
   }
   void fp8_cast(const Tensor& x, const Fp8CastOp& op, Tensor& y, Tensor& amax) override;
+  void amax(const Tensor& x, Tensor& o) override {
+    see("amax", {&x, &o}, [&] { target().amax(x, o); });
+  }
   void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp& op) override {
     OpArgs args;
     args.gemm = &op;

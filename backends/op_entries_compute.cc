@@ -95,6 +95,15 @@ void append_elementwise(std::vector<OpInfo>& t) {
                  Tensor x = act(b, s, 0.5f), one = filled(b, Shape{1}, 0.f);
                  return sampled("sum_squares", [=, &b]() mutable { b.sum_squares(x, one, false); }, {&x, &one});
                }});
+  t.push_back({.name = "amax",
+               .cost_name = "amax",
+               .cls = CostClass::memory,
+               .operands = "x (N, C) -> out (1) f32",
+               .traffic = {1, 1},
+               .sample = [](Backend& b, const SS& s) -> Sample {
+                 Tensor x = act(b, s, 0.3f), one = filled(b, Shape{1}, 0.f);
+                 return sampled("amax", [=, &b]() mutable { b.amax(x, one); }, {&x, &one});
+               }});
   t.push_back({.name = "fp8_cast",
                .cost_name = "fp8_cast",
                .cls = CostClass::memory,

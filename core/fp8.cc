@@ -84,6 +84,13 @@ void fp8_quantize(std::span<const float> xs, float scale, Fp8Format f, std::span
   for (std::size_t i = 0; i < n; ++i) out[i] = round_to_fp8(xs[i] * scale, f) * inverse;
 }
 
+float current_scale(float amax, Fp8Format f) {
+  if (!std::isfinite(amax) || amax == 0.f) return 1.f;
+  const float scale = fp8_max(f) / std::fabs(amax);
+  if (std::isinf(scale)) return std::numeric_limits<float>::max();
+  return std::isnan(scale) ? 1.f : scale;
+}
+
 Result<DelayedScaling> DelayedScaling::make(Fp8Format format, int history, int margin) {
   if (history < 1 || history > 1 << 20)
     return make_error("FP8 delayed scaling: amax history of {} steps; give 1 to 1048576 (Transformer Engine's "

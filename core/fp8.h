@@ -42,6 +42,18 @@ float fp8_value(std::uint8_t bits, Fp8Format f);
 // bad values cannot hide in the scale).
 float amax(std::span<const float> xs);
 
+// Per-tensor current scaling (Transformer Engine's recipe.Float8CurrentScaling,
+// Megatron's --fp8-recipe tensorwise): a tensor's scale comes from its own
+// amax, measured by a pass over it just before the cast, as TE's
+// compute_scale_from_amax (transformer_engine/common/recipe/
+// recipe_common.cuh) makes it: fp8_max / amax; 1 when the amax is 0, not
+// finite or gives a NaN; the largest float when the quotient overflows.
+float current_scale(float amax, Fp8Format f);
+
+// How a run's FP8 tensors get their scales: from the last steps' amax
+// (DelayedScaling below) or from their own (current_scale).
+enum class Fp8Recipe { delayed, current };
+
 // One tensor's quantization as an FP8 GEMM sees it: each x becomes
 // round_to_fp8(x·scale)·(1/scale), all in fp32.
 void fp8_quantize(std::span<const float> xs, float scale, Fp8Format f, std::span<float> out);

@@ -116,10 +116,31 @@ void BlockContext::norm_backward(const std::string& prefix, const Tensor& dout, 
   }
 }
 
+// Which groups split the operand (the groups of its rows and columns that
+// hold other parts of the same micro-batch's tensor): context parallelism the
+// tokens of every activation and gradient; tensor parallelism a weight, the
+// input of a row-parallel layer and the output gradient of a column-parallel
+// one (their columns), and a column-parallel input's rows under SP (a
+// row-parallel gradient is gathered before its cast, and otherwise whole).
+// Transformer Engine reduces only the last, the one it gathers in FP8.
 Tensor BlockContext::fp8_operand(const std::string& name, LinearKind kind, Fp8Operand which, const Tensor& x,
                                  Fp8Cast cast) {
   if (fp8 == nullptr || kind == LinearKind::replicated) return x;
-  return fp8->quantize(name, which, x, cast);
+  const bool column = kind == LinearKind::column;
+  const bool gathered = which == Fp8Operand::input && column && sp;
+  const bool tp_split = which == Fp8Operand::weight || gathered || (which == Fp8Operand::input && !column) ||
+                        (which == Fp8Operand::grad && column);
+  Fp8Split split;
+  if (tp_split) split.over.push_back(&tp.group);
+  if (gathered) split.by_te.push_back(&tp.group);
+  if (which != Fp8Operand::weight) split.over.push_back(&options.context.group);
+  return fp8->quantize(name, which, x, cast, split);
+}
+
+Tensor BlockContext::fp8_operand(const std::string& name, Fp8Operand which, const Tensor& x, Fp8Cast cast,
+                                 const Fp8Split& split) {
+  if (fp8 == nullptr) return x;
+  return fp8->quantize(name, which, x, cast, split);
 }
 
 void BlockContext::linear(const std::string& name, const Tensor& x_fp, Tensor& y, LinearKind kind) {

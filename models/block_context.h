@@ -102,8 +102,11 @@ class BlockContext {
   // row-parallel linears run their GEMMs on FP8 operands scaled by it.
   Fp8Scaling* fp8 = nullptr;
   // `x`, or its FP8 cast when `kind` of linear `name` runs in FP8 (linear,
-  // linear_backward, and the MoE layer's grouped expert GEMMs).
+  // linear_backward).
   Tensor fp8_operand(const std::string& name, LinearKind kind, Fp8Operand which, const Tensor& x, Fp8Cast cast);
+  // `x`, or its FP8 cast under precision fp8, where x is one part of a tensor
+  // split as `split` says (Fp8Scaling::quantize): the MoE layer's grouped GEMMs.
+  Tensor fp8_operand(const std::string& name, Fp8Operand which, const Tensor& x, Fp8Cast cast, const Fp8Split& split);
 
   // Zero-bubble schedules (engine/schedule/builders.h, ZB-H1): when set,
   // linear_backward leaves its parameter gradients (dW, db) here as work

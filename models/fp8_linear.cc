@@ -1,5 +1,6 @@
 #include "models/fp8_linear.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
@@ -31,7 +32,8 @@ std::string fp8_linear_name(const ParamInfo& p) {
   return p.name.substr(0, p.name.size() - std::string_view(kWeightSuffix).size());
 }
 
-Fp8Scaling::Fp8Scaling(Backend& b, std::span<const ParamInfo> params, int history) : b_(b), history_(history) {
+Fp8Scaling::Fp8Scaling(Backend& b, std::span<const ParamInfo> params, Fp8Recipe recipe, int history)
+    : b_(b), recipe_(recipe), history_(history) {
   for (const ParamInfo& p : params) {
     if (!is_fp8_linear(p)) continue;
     Linear l;
@@ -45,7 +47,7 @@ Fp8Scaling::Fp8Scaling(Backend& b, std::span<const ParamInfo> params, int histor
   }
   std::int64_t index = 0;
   for (auto& [name, l] : linears_) l.index = index, index += kFp8Operands;
-  if (index > 0) amax_ = b_.zeros(Shape{index});
+  if (index > 0 && recipe_ == Fp8Recipe::delayed) amax_ = b_.zeros(Shape{index});
 }
 
 Fp8Scaling::Linear& Fp8Scaling::find(const std::string& linear) {
@@ -62,8 +64,10 @@ const Fp8Scaling::Linear& Fp8Scaling::find(const std::string& linear) const {
   return it->second;
 }
 
-Tensor Fp8Scaling::quantize(const std::string& linear, Fp8Operand which, const Tensor& x, Fp8Cast cast) {
+Tensor Fp8Scaling::quantize(const std::string& linear, Fp8Operand which, const Tensor& x, Fp8Cast cast,
+                            const Fp8Split& split) {
   Linear& l = find(linear);
+  if (recipe_ == Fp8Recipe::current) return quantize_current(l, which, x, cast, split);
   const auto k = static_cast<std::size_t>(which);
   Fp8CastOp op{l.scaling[k].scale(), format_of(static_cast<int>(k)), 2};
   if (cast == Fp8Cast::kept || (which == Fp8Operand::weight && l.weight_cast)) op.copies = 0;
@@ -72,6 +76,25 @@ Tensor Fp8Scaling::quantize(const std::string& linear, Fp8Operand which, const T
   // memory model's (engine/plan/fp8_recipe.h), not a second bf16 tensor.
   Tensor out = b_.holds_values() ? b_.empty(x.shape(), x.dtype()) : x;
   Tensor amax = amax_.slice(l.index + static_cast<std::int64_t>(k), 1);
+  b_.fp8_cast(x, op, out, amax);
+  return out;
+}
+
+Tensor Fp8Scaling::quantize_current(Linear& l, Fp8Operand which, const Tensor& x, Fp8Cast cast,
+                                    const Fp8Split& split) {
+  if (which == Fp8Operand::weight && l.weight_cast) cast = Fp8Cast::kept;
+  if (which == Fp8Operand::weight) l.weight_cast = true;
+  if (cast == Fp8Cast::kept && !b_.holds_values()) return x;  // what a real run kept: no kernel, no reduction
+  // Zeroed as TE zeroes it before its amax kernel (a memset: a kernel's cost on the sim).
+  Tensor amax = b_.empty(Shape{1});
+  b_.fill(amax, 0.f);
+  b_.amax(x, amax);
+  for (const Group* g : split.over) {
+    const bool by_te = std::find(split.by_te.begin(), split.by_te.end(), g) != split.by_te.end();
+    if (g->size() > 1 && (by_te || b_.holds_values())) b_.all_reduce(amax, *g, ReduceOp::max);
+  }
+  Fp8CastOp op{1.f, format_of(static_cast<int>(which)), cast == Fp8Cast::kept ? 0 : 2, true};
+  Tensor out = b_.holds_values() ? b_.empty(x.shape(), x.dtype()) : x;
   b_.fp8_cast(x, op, out, amax);
   return out;
 }

@@ -30,6 +30,24 @@
 // (tests/parallel/test_parallel_fp8.cc). The sim backend costs their casts,
 // whose bytes are the same with one scale or one per expert.
 //
+// Current scaling (Fp8Recipe::current, TE's Float8CurrentScaling): a cast
+// takes its scale from the tensor it casts. A pass over the tensor
+// (Backend::amax, after TE's memset of the amax) measures its amax, an
+// all-reduce (max) over the groups the tensor is split over makes it the
+// whole tensor's, and the cast scales by current_scale of it: the
+// single-rank run's scale, bit for bit, since max is exact in any order.
+// TE reduces only where it casts before a gather (a sequence-parallel input,
+// over tp); a weight shard, a column slice or a context rank's tokens keep
+// their own amax there, which would make a parallel plan's values differ
+// from the single rank's. So the emulation reduces over every group that
+// splits the tensor, and a backend of shapes only (the sim) issues the
+// reductions TE issues: the time a real run takes. No state crosses steps,
+// so a checkpoint keeps none. A cast a real run kept (the backward's input
+// and weight, a weight's later micro-batches) measures again only where
+// values are held: the cpu emulation needs its values; on the sim it is
+// nothing, as in a real run. TE's one-thread kernel that turns the amax into
+// the scale is folded into the cast here (a kernel launch fewer per cast).
+//
 // Under full recomputation the recomputed forward quantizes its operands a
 // second time: the same values with the step's fixed scales, so the same FP8
 // operands, and the step's amax is a maximum, which the repeat leaves alone.
@@ -71,17 +89,31 @@ std::string fp8_linear_name(const ParamInfo& p);
 // reads the cast it kept (the backward's input and weight).
 enum class Fp8Cast { made, kept };
 
+// The groups among which a cast tensor is split into parts (current scaling
+// reduces its amax over them): `over` all of them, `by_te` those over which
+// Transformer Engine reduces it too.
+struct Fp8Split {
+  std::vector<const Group*> over;
+  std::vector<const Group*> by_te;
+};
+
 // The delayed-scaling state of the FP8 linears of one model chunk (a
 // pipeline stage owns its layers' state) on backend `b`.
 class Fp8Scaling {
  public:
   // The linears of `params` (those is_fp8_linear selects), each with a fresh
-  // history of `history` steps.
-  Fp8Scaling(Backend& b, std::span<const ParamInfo> params, int history = kDefaultAmaxHistory);
+  // history of `history` steps under delayed scaling.
+  Fp8Scaling(Backend& b, std::span<const ParamInfo> params, Fp8Recipe recipe = Fp8Recipe::delayed,
+             int history = kDefaultAmaxHistory);
+
+  Fp8Recipe recipe() const { return recipe_; }
 
   // `x` quantized with the scale of `linear`'s `which` tensor, as a new
-  // tensor of x's shape; x's amax joins the step's.
-  Tensor quantize(const std::string& linear, Fp8Operand which, const Tensor& x, Fp8Cast cast);
+  // tensor of x's shape. Delayed scaling: x's amax joins the step's. Current
+  // scaling: the scale is x's own amax, reduced over split.over, the groups
+  // among which x is one part of a tensor (collective over them).
+  Tensor quantize(const std::string& linear, Fp8Operand which, const Tensor& x, Fp8Cast cast,
+                  const Fp8Split& split = {});
 
   // Forgets the amax recorded so far (an evaluation's forward records none).
   void begin_step();
@@ -110,9 +142,11 @@ class Fp8Scaling {
   };
   Linear& find(const std::string& linear);
   const Linear& find(const std::string& linear) const;
+  Tensor quantize_current(Linear& l, Fp8Operand which, const Tensor& x, Fp8Cast cast, const Fp8Split& split);
   Backend& b_;
+  Fp8Recipe recipe_;
   std::map<std::string, Linear> linears_;
-  Tensor amax_;  // (linears · kFp8Operands) f32
+  Tensor amax_;  // (linears · kFp8Operands) f32; delayed scaling only
   int history_;
 };
 

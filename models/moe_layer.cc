@@ -129,9 +129,18 @@ void MoeMlp::expert_gemm(const Tensor& a, const Tensor& b, Tensor& c, const Gemm
 }
 
 Tensor MoeMlp::fp8_operand(const char* linear, Fp8Operand which, const Tensor& x, Fp8Cast cast, std::int64_t rows) {
-  // No rows routed here: no GEMM, so no cast (the weight's included).
-  if (rows == 0) return x;
-  return ctx_.fp8_operand(name(linear), LinearKind::column, which, x, cast);
+  if (ctx_.fp8 == nullptr) return x;
+  // Delayed scaling: no rows routed here, no GEMM, so no cast (the weight's included). Current
+  // scaling casts anyway: the emulation reduces its amax over the ranks that share the
+  // micro-batch (tp and cp), which hold every expert's rows of it and its expert shards among
+  // them (where the expert group spans data-parallel ranks, engine/step/fp8_training.h refuses
+  // the emulation), a collective every rank joins. TE's grouped linears keep each rank's own
+  // amax: the sim issues no reduction.
+  if (ctx_.fp8->recipe() == Fp8Recipe::delayed) {
+    if (rows == 0) return x;
+    return ctx_.fp8_operand(name(linear), which, x, cast, Fp8Split{});
+  }
+  return ctx_.fp8_operand(name(linear), which, x, cast, Fp8Split{{&ctx_.tp.group, &ctx_.options.context.group}, {}});
 }
 
 void MoeMlp::activation_forward(const Tensor& up, Tensor& act) {

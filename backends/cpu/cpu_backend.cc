@@ -439,8 +439,18 @@ void CpuBackend::fp8_cast(const Tensor& x, const Fp8CastOp& op, Tensor& y, Tenso
   if (amax.numel() != 1) misuse("fp8_cast: amax {} must have one element", amax.shape().str());
   if (error_) return;
   const std::span<const float> in(px, static_cast<std::size_t>(x.numel()));
-  *pa = std::max(*pa, meshtrain::amax(in));
-  fp8_quantize(in, op.scale, op.format, std::span<float>(py, static_cast<std::size_t>(y.numel())));
+  float scale = op.scale;
+  if (op.current) scale = current_scale(*pa, op.format);
+  else *pa = std::max(*pa, meshtrain::amax(in));
+  fp8_quantize(in, scale, op.format, std::span<float>(py, static_cast<std::size_t>(y.numel())));
+}
+
+void CpuBackend::amax(const Tensor& x, Tensor& out) {
+  const float* px = f32(x, "amax");
+  float* po = f32(out, "amax");
+  if (out.numel() != 1) misuse("amax: out {} must have one element", out.shape().str());
+  if (error_) return;
+  *po = std::max(*po, meshtrain::amax(std::span<const float>(px, static_cast<std::size_t>(x.numel()))));
 }
 
 // ---- collectives -------------------------------------------------------------------

@@ -512,8 +512,18 @@ void CudaBackend::fp8_cast(const Tensor& x, const Fp8CastOp& op, Tensor& y, Tens
   expect_same_numel(x, y, "fp8_cast");
   if (amax.numel() != 1) misuse("fp8_cast: amax {} must have one element", amax.shape().str());
   if (failed()) return;
-  check(kernels::fp8_cast(px, py, code(dt), x.numel(), op.scale, op.format == Fp8Format::e5m2, pa, MT_STREAM),
+  check(kernels::fp8_cast(px, py, code(dt), x.numel(), op.scale, op.format == Fp8Format::e5m2, op.current, pa,
+                          MT_STREAM),
         "fp8_cast");
+}
+
+void CudaBackend::amax(const Tensor& x, Tensor& out) {
+  const DType dt = storage_of({{"x", &x}}, "amax");
+  const void* px = ptr(x, "amax");
+  float* po = f32(out, "amax");
+  if (out.numel() != 1) misuse("amax: out {} must have one element", out.shape().str());
+  if (failed()) return;
+  check(kernels::amax(px, code(dt), x.numel(), po, MT_STREAM), "amax");
 }
 
 // One pass for every tensor (two launches per kMaxForeach tensors, one

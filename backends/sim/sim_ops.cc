@@ -107,6 +107,10 @@ void SimBackend::sum_squares(const Tensor& x, Tensor& out, bool) {
   checked_charge("sum_squares", {&x, &out});
 }
 
+void SimBackend::amax(const Tensor& x, Tensor& out) {
+  checked_charge("amax", {&x, &out});
+}
+
 void SimBackend::fp8_cast(const Tensor& x, const Fp8CastOp& op, Tensor& y, Tensor& amax) {
   check(x, "fp8_cast"), check(y, "fp8_cast"), check(amax, "fp8_cast");
   if (x.numel() != y.numel() || amax.numel() != 1)

@@ -59,7 +59,7 @@ Status print_segments(const ModelSpec& m, const Plan& p, const InfoFlags& f) {
   fmt::print("parameters {}\n", params.total);
   fmt::print("blocks\n{}", describe_blocks(m));
   fmt::print("segments   {} ranks, global batch {}, seq {}, {}{}\n{}", p.world_size(), p.effective_global_batch(),
-             p.effective_seq_len(m), precision_name(p.precision),
+             p.effective_seq_len(m), precision_label(p),
              grad_dtype_note(p),
              describe_segments(p, m));
   fmt::print("memory of rank {}:\n{}", f.rank, memory);
@@ -161,7 +161,7 @@ void print_model_and_plan(const RankInfo& r) {
              p.tp, p.pp, p.dp, p.cp, p.ep, p.expert_tp(), p.vpp, p.zero, p.world_size(), p.micro_batch,
              p.microbatches() * p.dp,
              p.effective_global_batch(), r.seq, schedule_name(p.schedule), recompute_name(p.recompute),
-             precision_name(p.precision), p.sequence_parallel ? ", sequence parallel" : "",
+             precision_label(p), p.sequence_parallel ? ", sequence parallel" : "",
              p.tp_comm_overlap ? ", tp comm overlap" : "",
              grad_dtype_note(p));
 }

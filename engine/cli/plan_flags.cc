@@ -82,6 +82,11 @@ void add_plan_flags(CLI::App& app, PlanFlags& f, const std::string& default_mode
                        "what gradients accumulate and are reduced in: fp32 (Megatron's main_grad) or bf16 (the 16-bit "
                        "working dtype, Megatron-Core's grad_reduce_in_fp32 false; simulated only, train refuses it)"),
         "grad_dtype");
+  shown(app.add_option("--fp8-recipe", o.fp8_recipe,
+                       "with --precision fp8, how FP8 tensors are scaled: delayed (Transformer Engine's "
+                       "DelayedScaling, from the last steps' amax) or current (Float8CurrentScaling, Megatron's "
+                       "tensorwise: each tensor's own amax, measured before its cast)"),
+        "fp8_recipe");
   shown(app.add_option("--cp-comm", o.cp_comm,
                        "how context parallelism exchanges keys and values: allgather (Llama 3) or ring"),
         "cp_comm");

@@ -145,14 +145,14 @@ void print_heading(const ModelSpec& m, const Plan& p, const sim::ClusterSpec& c)
   if (!p.segments.empty()) {
     // The layout by segment; the table below is then by rank.
     fmt::print("simulated {} on {} x {} ({}): {} segments, global batch {}, {}\n{}", m.name, p.world_size(),
-               c.device.name, c.name, p.segments.size(), p.effective_global_batch(), precision_name(p.precision),
+               c.device.name, c.name, p.segments.size(), p.effective_global_batch(), precision_label(p),
                describe_segments(p, m));
   } else {
     fmt::print("simulated {} on {} x {} ({}): tp {} pp {} dp {} vpp {} zero {}, micro-batch {}, global batch {}, "
                "schedule {}, recompute {}, {}\n",
                m.name, p.world_size(), c.device.name, c.name, p.tp, p.pp, p.dp, p.vpp, p.zero, p.micro_batch,
                p.effective_global_batch(), schedule_name(p.schedule), recompute_name(p.recompute),
-               precision_name(p.precision));
+               precision_label(p));
   }
 }
 

@@ -20,6 +20,7 @@ const std::vector<std::string> kRecomputes = {"none", "selective", "full"};
 const std::vector<std::string> kPrecisions = {"fp32", "bf16", "fp16", "fp8"};
 const std::vector<std::string> kGradSyncs = {"overlap", "after-backward"};
 const std::vector<std::string> kGradDtypes = {"fp32", "bf16"};
+const std::vector<std::string> kFp8Recipes = {"delayed", "current"};
 const std::vector<std::string> kGradCompressions = {"none", "bf16", "fp16", "1bit"};
 const std::vector<std::string> kOffloads = {"none", "optimizer", "params"};
 const std::vector<std::string> kPlanFields = {"tp",        "pp",        "dp",           "cp",
@@ -27,7 +28,7 @@ const std::vector<std::string> kPlanFields = {"tp",        "pp",        "dp",   
                                               "global_batch", "seq_len", "recompute",   "schedule",
                                               "precision", "sequence_parallel",
                                               "first_stage_layers", "last_stage_layers",
-                                              "microbatches", "grad_bucket_mb", "grad_sync", "grad_dtype", "cp_comm",
+                                              "microbatches", "grad_bucket_mb", "grad_sync", "grad_dtype", "fp8_recipe", "cp_comm",
                                               "segments",
                                               "chunk_layers", "account_for_embedding_in_pipeline_split",
                                               "account_for_loss_in_pipeline_split", "grad_compression",
@@ -58,6 +59,12 @@ Result<GradSync> parse_grad_sync(const std::string& s) {
 std::string grad_dtype_name(GradDtype g) { return kGradDtypes[static_cast<std::size_t>(g)]; }
 Result<GradDtype> parse_grad_dtype(const std::string& s) {
   return parse_enum<GradDtype>("gradient dtype", s, kGradDtypes);
+}
+std::string fp8_recipe_name(Fp8Recipe r) { return kFp8Recipes[static_cast<std::size_t>(r)]; }
+Result<Fp8Recipe> parse_fp8_recipe(const std::string& s) { return parse_enum<Fp8Recipe>("FP8 recipe", s, kFp8Recipes); }
+std::string precision_label(const Plan& p) {
+  if (p.precision == Precision::fp8 && p.fp8_recipe == Fp8Recipe::current) return "fp8 (current scaling)";
+  return precision_name(p.precision);
 }
 DType gradient_dtype(const Plan& p) { return p.grad_dtype == GradDtype::bf16 ? DType::bf16 : DType::f32; }
 int gradient_bytes(const Plan& p) { return static_cast<int>(dtype_size(gradient_dtype(p))); }
@@ -125,6 +132,7 @@ Result<PlanOverrides> plan_overrides_from_json(const nlohmann::json& j) {
   MT_TRY(f.get_string("precision", o.precision));
   MT_TRY(f.get_string("grad_sync", o.grad_sync));
   MT_TRY(f.get_string("grad_dtype", o.grad_dtype));
+  MT_TRY(f.get_string("fp8_recipe", o.fp8_recipe));
   MT_TRY(f.get_string("cp_comm", o.cp_comm));
   MT_TRY(f.get_real("grad_bucket_mb", kGradBucketMbRange, o.grad_bucket_mb));
   MT_TRY(f.get_bool("sequence_parallel", o.sequence_parallel));
@@ -190,6 +198,7 @@ Result<Plan> apply_overrides(Plan p, const PlanOverrides& o) {
   MT_TRY(named(p.precision, o.precision, parse_precision));
   MT_TRY(named(p.grad_sync, o.grad_sync, parse_grad_sync));
   MT_TRY(named(p.grad_dtype, o.grad_dtype, parse_grad_dtype));
+  MT_TRY(named(p.fp8_recipe, o.fp8_recipe, parse_fp8_recipe));
   MT_TRY(named(p.cp_comm, o.cp_comm, parse_context_comm));
   if (o.grad_bucket_mb) p.grad_bucket_mb = *o.grad_bucket_mb;
   if (o.chunk_layers) p.chunk_layers = *o.chunk_layers;
@@ -232,6 +241,7 @@ nlohmann::json plan_to_json(const Plan& p) {
   if (p.grad_bucket_mb != Plan{}.grad_bucket_mb) j["grad_bucket_mb"] = p.grad_bucket_mb;
   if (p.grad_sync != GradSync::overlap) j["grad_sync"] = grad_sync_name(p.grad_sync);
   if (p.grad_dtype != GradDtype::fp32) j["grad_dtype"] = grad_dtype_name(p.grad_dtype);
+  if (p.fp8_recipe != Fp8Recipe::delayed) j["fp8_recipe"] = fp8_recipe_name(p.fp8_recipe);
   if (p.cp_comm != ContextComm::all_gather) j["cp_comm"] = context_comm_name(p.cp_comm);
   if (!p.chunk_layers.empty()) j["chunk_layers"] = p.chunk_layers;
   if (p.embedding_in_split) j["account_for_embedding_in_pipeline_split"] = true;

@@ -14,6 +14,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "core/bounded.h"
+#include "core/fp8.h"
 #include "core/status.h"
 #include "engine/schedule/builders.h"
 #include "models/context_parallel.h"
@@ -103,6 +104,11 @@ struct Plan {
   bool megatron_buckets = false;
   GradSync grad_sync = GradSync::overlap;
   GradDtype grad_dtype = GradDtype::fp32;
+  // Under precision fp8, how each FP8 tensor gets its scale (core/fp8.h):
+  // delayed (Transformer Engine's DelayedScaling, Megatron's --fp8-recipe
+  // delayed) or current (Float8CurrentScaling, --fp8-recipe tensorwise,
+  // NeMo's fp8_cs: an amax pass before every cast).
+  Fp8Recipe fp8_recipe = Fp8Recipe::delayed;
   GradCompression grad_compression = GradCompression::none;
   // Steps whose gradients are reduced uncompressed before compression starts
   // (1-bit Adam's warm-up: the first steps' large, fast-changing gradients
@@ -179,7 +185,8 @@ struct PlanOverrides {
   // micro_batch · dp · microbatches (the two must agree when both are given).
   std::optional<int> microbatches;
   std::optional<double> grad_bucket_mb;
-  std::optional<std::string> recompute, schedule, precision, grad_sync, grad_dtype, cp_comm, grad_compression, offload;
+  std::optional<std::string> recompute, schedule, precision, grad_sync, grad_dtype, fp8_recipe, cp_comm,
+      grad_compression, offload;
   std::optional<bool> sequence_parallel, embedding_in_split, loss_in_split, error_feedback, zero_reduce_once;
   std::optional<bool> prefetch_across_chunks, overlap_update, tp_comm_overlap, megatron_buckets;
   std::optional<std::vector<int>> chunk_layers;
@@ -224,6 +231,7 @@ std::string recompute_name(Recompute r);
 std::string precision_name(Precision p);
 std::string grad_sync_name(GradSync g);
 std::string grad_dtype_name(GradDtype g);
+std::string fp8_recipe_name(Fp8Recipe r);
 std::string grad_compression_name(GradCompression c);
 std::string offload_name(Offload o);
 Result<ScheduleKind> parse_schedule(const std::string& s);
@@ -231,6 +239,7 @@ Result<Recompute> parse_recompute(const std::string& s);
 Result<Precision> parse_precision(const std::string& s);
 Result<GradSync> parse_grad_sync(const std::string& s);
 Result<GradDtype> parse_grad_dtype(const std::string& s);
+Result<Fp8Recipe> parse_fp8_recipe(const std::string& s);
 Result<GradCompression> parse_grad_compression(const std::string& s);
 Result<Offload> parse_offload(const std::string& s);
 
@@ -240,6 +249,9 @@ int element_bytes(Precision p);
 // The dtype of the plan's gradient buffers, and the bytes of one element.
 DType gradient_dtype(const Plan& p);
 int gradient_bytes(const Plan& p);
+// The precision as the one-line summaries print it: its name, and under
+// precision fp8 with current scaling "fp8 (current scaling)".
+std::string precision_label(const Plan& p);
 // ", bf16 gradients" when the plan keeps them in something other than the
 // default fp32, else empty: for the one-line summaries of a plan.
 std::string grad_dtype_note(const Plan& p);

@@ -4,6 +4,22 @@
 
 namespace meshtrain {
 
+Status check_fp8_emulation(const ModelSpec& m, const Plan& p) {
+  if (p.precision != Precision::fp8 || p.fp8_recipe != Fp8Recipe::current || m.experts == 0 || p.ep == 1)
+    return ok_status();
+  // The expert mesh (engine/plan/mesh.h) numbers a stage's ranks tp fastest, then cp, then dp, and
+  // lays ETP·EP consecutive ones into an expert group's block.
+  const int etp = p.etp == 0 ? p.tp : p.etp;
+  const int shared = p.tp * p.cp;
+  if (etp * p.ep <= shared && shared % (etp * p.ep) == 0) return ok_status();
+  return make_error("fp8_recipe current with ep {} (etp {}) over tp {} and cp {}: an expert group then takes "
+                    "tokens from several data-parallel ranks' micro-batches into one grouped GEMM, whose one "
+                    "current scale the single-rank run cannot reproduce, so the cpu backend does not emulate it; "
+                    "train with --fp8-recipe delayed, or an ep·etp that divides tp·cp = {}, or time it with "
+                    "`meshtrain simulate`",
+                    p.ep, etp, p.tp, p.cp, shared);
+}
+
 Status fold_fp8_amax(Backend& b, std::span<Fp8Scaling* const> chunks, std::span<const Group* const> groups) {
   // A chunk without FP8 linears (an embedding-only stage) has no amax tensor.
   auto size = [](const Fp8Scaling* c) -> std::int64_t { return c->amax().defined() ? c->amax().numel() : 0; };
@@ -37,7 +53,7 @@ std::string fp8_state_name(const std::string& linear) { return "fp8/" + linear; 
 
 std::vector<std::pair<std::string, std::int64_t>> fp8_state_sizes(const ModelSpec& m, const Plan& p) {
   std::vector<std::pair<std::string, std::int64_t>> out;
-  if (p.precision != Precision::fp8) return out;
+  if (p.precision != Precision::fp8 || p.fp8_recipe != Fp8Recipe::delayed) return out;
   for (const ParamInfo& info : parameter_table(m))
     if (is_fp8_linear(info) && p.stage_split().holds(m, info.layer))
       out.push_back({fp8_state_name(fp8_linear_name(info)), kFp8Operands * (kDefaultAmaxHistory + 1)});
@@ -46,6 +62,7 @@ std::vector<std::pair<std::string, std::int64_t>> fp8_state_sizes(const ModelSpe
 
 Status export_fp8_state(Backend& b, const ModelSpec& m, const Plan& p, const Mesh& mesh,
                         std::span<Fp8Scaling* const> chunks, std::map<std::string, std::vector<float>>& out) {
+  if (p.fp8_recipe != Fp8Recipe::delayed) return ok_status();
   std::size_t size = 0;
   for (const Fp8Scaling* c : chunks) {
     size = c->state_size();
@@ -69,7 +86,8 @@ Status export_fp8_state(Backend& b, const ModelSpec& m, const Plan& p, const Mes
 }
 
 Status import_fp8_state(std::span<Fp8Scaling* const> chunks, const std::map<std::string, std::vector<float>>& state) {
-  for (Fp8Scaling* c : chunks)
+  for (Fp8Scaling* c : chunks) {
+    if (c->recipe() != Fp8Recipe::delayed) continue;
     for (const std::string& linear : c->linears()) {
       auto it = state.find(fp8_state_name(linear));
       if (it == state.end())
@@ -77,6 +95,7 @@ Status import_fp8_state(std::span<Fp8Scaling* const> chunks, const std::map<std:
                           fp8_state_name(linear));
       MT_TRY(c->restore(linear, it->second));
     }
+  }
   return ok_status();
 }
 

@@ -19,6 +19,10 @@
 //
 // Checkpoints keep each FP8 linear's state as tensor "fp8/<linear>" (3 x
 // [scale, amax history oldest first]), so a resumed run continues bit for bit.
+//
+// Current scaling (Fp8Recipe::current) reduces each cast's amax where it casts
+// (models/fp8_linear.h) and keeps no state: no step-end reduction, no
+// checkpoint tensors.
 #pragma once
 
 #include <map>
@@ -35,6 +39,14 @@
 #include "models/model_spec.h"
 
 namespace meshtrain {
+
+// Whether the cpu backend can train plan `p` of model `m` in fp8 as exact
+// emulation: under current scaling a routed experts' grouped GEMM casts the
+// rows its experts receive with one scale, so they must come from one
+// micro-batch, which holds when each expert group lies within the ranks that
+// share one (tensor and context parallel). An Error names the numbers and
+// the fixes otherwise.
+Status check_fp8_emulation(const ModelSpec& m, const Plan& p);
 
 // Reduces the step's amax of `chunks` (max over each of `groups` in turn) and
 // folds them into their histories. Collective over the groups; reads once.

@@ -106,6 +106,7 @@ StepEngine::StepEngine(Backend& b, const ModelSpec& m, const Plan& p, const Mesh
 
 Status StepEngine::check_and_build_pipeline() {
   MT_TRY(supports(plan_, options_));
+  if (emulates_fp8()) MT_TRY(check_fp8_emulation(m_, plan_));
   MT_ASSIGN(PipelineExecutor pipeline, PipelineExecutor::create(plan_, mesh_, b_.rank()));
   pipeline_ = std::make_unique<PipelineExecutor>(std::move(pipeline));
   return ok_status();
@@ -148,7 +149,7 @@ std::unique_ptr<StepEngine::Chunk> StepEngine::build_chunk(int c, const TensorPa
   if (emulates_fp8() || (plan_.precision == Precision::fp8 && !b_.holds_values())) {
     std::vector<ParamInfo> infos;
     for (const ParamSlot& slot : params.slots()) infos.push_back(slot.info);
-    chunk->fp8 = std::make_unique<Fp8Scaling>(b_, infos);
+    chunk->fp8 = std::make_unique<Fp8Scaling>(b_, infos, plan_.fp8_recipe);
     chunk->model->use_fp8(chunk->fp8.get());
   }
   add_buckets(*chunk, c);
@@ -473,10 +474,12 @@ Status StepEngine::reduce_statistics(std::int64_t step) {
   StreamScope on(b_, update_stream());
   reduce_grad_norm();
   reduce_loss();
-  // Step t's amax, over every rank holding part of each tensor, set step t+1's FP8 scales.
+  // Delayed scaling: step t's amax, over every rank holding part of each tensor, set step t+1's FP8
+  // scales. Current scaling keeps nothing across steps.
   const std::vector<Fp8Scaling*> fp8 = fp8_chunks();
   const Group* amax_groups[] = {mesh_.group_of(GroupKind::tensor, b_.rank()), &replicas()};
-  if (!fp8.empty()) MT_TRY(fold_fp8_amax(b_, fp8, amax_groups).context(fmt::format("step {}", step)));
+  if (!fp8.empty() && plan_.fp8_recipe == Fp8Recipe::delayed)
+    MT_TRY(fold_fp8_amax(b_, fp8, amax_groups).context(fmt::format("step {}", step)));
   return ok_status();
 }
 

@@ -86,6 +86,7 @@ std::string describe(const Plan& p) {
                    schedule_name(p.schedule));
   if (p.recompute != Recompute::none) s += " rc-" + recompute_name(p.recompute);
   if (p.grad_dtype != GradDtype::fp32) s += " " + grad_dtype_name(p.grad_dtype) + "-grads";
+  if (p.precision == Precision::fp8) s += " fp8-" + fp8_recipe_name(p.fp8_recipe);
   return s;
 }
 

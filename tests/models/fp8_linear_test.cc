@@ -4,6 +4,7 @@
 // then with the scales the first step's amax set (fp8_max / amax).
 #include <catch2/catch.hpp>
 
+#include <limits>
 #include <vector>
 
 #include "backends/cpu/cpu_backend.h"
@@ -66,20 +67,64 @@ TEST_CASE("an FP8 linear's GEMMs are the fp32 GEMMs of its FP8-rounded operands"
   CHECK(read(b, y)[0] == Approx(2.0 * 120 * 1.1 * 2.6 / 448).epsilon(1e-6));
 }
 
+TEST_CASE("FP8 current scaling takes each tensor's scale from its own amax, from the first cast", "[fp8]") {
+  CpuBackend b(CpuBackendOptions{1});
+  const ModelSpec m = *model_preset("tiny");
+  ParamTableBuilder table(0);
+  table.linear("lin", 2, 1, TpSplit::column, false);
+  const std::vector<ParamInfo> infos = table.take();
+  ParameterStore store(b, m, infos, ShardCoord{0, 1, 0, 1});
+  Tensor w = store["lin.weight"].value;
+  b.write(w, std::vector<float>{0.7f, -2.6f});
+  Fp8Scaling scaling(b, infos, Fp8Recipe::current);
+  BlockContext ctx(b, m, store, TensorParallel{Group{0, {0}}, 0, 1}, ChunkOptions{});
+  ctx.fp8 = &scaling;
+  Tensor x = b.empty(Shape{1, 2});
+  b.write(x, std::vector<float>{1.1f, -0.3f});
+  // sx = 448/1.1, sw = 448/2.6 already in the first step (delayed scaling starts at 1): the
+  // largest values come back exactly; -0.3·sx = -122.2 -> -120 and 0.7·sw = 120.6 -> 120.
+  const double sx = 448.0 / 1.1, sw = 448.0 / 2.6;
+  Tensor y;
+  ctx.linear("lin", x, y, LinearKind::column);
+  CHECK(read(b, y)[0] == Approx(2.0 * 120 * 1.1 * 2.6 / 448).epsilon(1e-6));
+  // dy = 0.3 is its own amax: 0.3 · 57344/0.3 lands on E5M2's largest value and comes back.
+  Tensor dy = b.empty(Shape{1, 1}), dx;
+  b.write(dy, std::vector<float>{0.3f});
+  ctx.linear_backward("lin", x, dy, &dx, LinearKind::column);
+  const std::vector<float> dxv = read(b, dx);
+  CHECK(dxv[0] == Approx(0.3 * 120 / sw).epsilon(1e-6));
+  CHECK(dxv[1] == Approx(0.3 * -2.6).epsilon(1e-6));
+  const std::vector<float> dw = read(b, store["lin.weight"].grad);
+  CHECK(dw[0] == Approx(1.1 * 0.3).epsilon(1e-6));
+  CHECK(dw[1] == Approx(-120 / sx * 0.3).epsilon(1e-6));
+  // Nothing is recorded for later steps, and a checkpoint keeps nothing.
+  CHECK_FALSE(scaling.amax().defined());
+}
+
+TEST_CASE("current_scale follows Transformer Engine's compute_scale_from_amax", "[fp8]") {
+  CHECK(current_scale(2.f, Fp8Format::e4m3) == 224.f);
+  CHECK(current_scale(-2.f, Fp8Format::e5m2) == 28672.f);
+  CHECK(current_scale(0.f, Fp8Format::e4m3) == 1.f);  // an all-zero tensor
+  CHECK(current_scale(std::numeric_limits<float>::infinity(), Fp8Format::e4m3) == 1.f);
+  CHECK(current_scale(std::numeric_limits<float>::quiet_NaN(), Fp8Format::e4m3) == 1.f);
+  // 448 / 2e-38 overflows fp32: the largest float instead.
+  CHECK(current_scale(2e-38f, Fp8Format::e4m3) == std::numeric_limits<float>::max());
+}
+
 TEST_CASE("FP8 scaling state round-trips and refuses what no history holds", "[fp8]") {
   ParamTableBuilder table(0);
   table.linear("a", 4, 4, TpSplit::row, true);
   table.linear("b", 4, 4, TpSplit::replicated, false);  // not FP8: a replicated linear stays fp32
   const std::vector<ParamInfo> infos = table.take();
   CpuBackend b(CpuBackendOptions{1});
-  Fp8Scaling s(b, infos, 4);
+  Fp8Scaling s(b, infos, Fp8Recipe::delayed, 4);
   CHECK(s.linears() == std::vector<std::string>{"a"});
   REQUIRE(s.end_step(std::vector<float>{2.f, 0.5f, 8.f}).ok());
   REQUIRE(s.end_step(std::vector<float>{1.f, 0.25f, 16.f}).ok());
   const std::vector<float> state = s.state("a");
   // Per tensor: the scale from the history's max, then the history oldest first (two steps, two empty).
   CHECK(state == std::vector<float>{224.f, 0, 0, 2.f, 1.f, 896.f, 0, 0, 0.5f, 0.25f, 3584.f, 0, 0, 8.f, 16.f});
-  Fp8Scaling t(b, infos, 4);
+  Fp8Scaling t(b, infos, Fp8Recipe::delayed, 4);
   REQUIRE(t.restore("a", state).ok());
   CHECK(t.state("a") == state);
   // Two more steps push the oldest out in the same order on both.

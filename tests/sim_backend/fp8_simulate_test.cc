@@ -89,6 +89,62 @@ TEST_CASE("fp8: the compute time changes by exactly the linear layers' GEMMs and
   }
 }
 
+TEST_CASE("fp8 current scaling costs delayed scaling's step plus an amax pass before every cast made",
+          "[sim_backend][fp8][current]") {
+  const ModelSpec m = small_gpt();
+  const sim::ClusterSpec c = h100();
+  const sim::CostModel cost(c.device, sim::CostConstants{});
+  const std::int64_t rows = 2 * 256, h = 768, layers = 12;
+  const std::int64_t shapes[4][2] = {{h, 3 * h}, {h, h}, {h, 4 * h}, {4 * h, h}};
+  auto seconds = [](sim::Time t) { return sim::to_seconds(t); };
+  // Before a cast of n bf16 elements: its amax zeroed (one f32 written), then the pass that reads
+  // the n elements and reads and writes the amax. One rank: no reduction to run.
+  auto pass = [&](std::int64_t n) {
+    return seconds(cost.memory_bound(4, "fill")) + seconds(cost.memory_bound(2.0 * static_cast<double>(n) + 8, "amax"));
+  };
+  for (const int microbatches : {1, 2}) {
+    Plan delayed = one_rank(Precision::fp8);
+    delayed.global_batch = 2 * microbatches;
+    Plan current = delayed;
+    current.fp8_recipe = Fp8Recipe::current;
+    const double t_delayed = simulated(m, delayed, c).stages.at(0).compute_s;
+    const double t_current = simulated(m, current, c).stages.at(0).compute_s;
+    // The casts made are delayed scaling's: per micro-batch a linear's input and output gradient,
+    // per step its weight. Delayed scaling's step amax (3 f32 per linear, zeroed as the step
+    // begins and once folded, copied into the reduction's buffer) is not kept.
+    double expected = 0;
+    for (const auto& s : shapes) {
+      const std::int64_t in = s[0], out = s[1];
+      expected += microbatches * (pass(rows * in) + pass(rows * out)) + pass(in * out);
+    }
+    expected *= layers;
+    const double amax_bytes = 4.0 * 3 * 4 * layers;
+    expected -= 2 * seconds(cost.memory_bound(amax_bytes, "fill")) + seconds(cost.memory_bound(2 * amax_bytes, "copy"));
+    INFO(microbatches << " micro-batches: delayed " << t_delayed << " s, current " << t_current << " s");
+    CHECK(expected > 0.01 * t_delayed);
+    CHECK(t_current - t_delayed == Approx(expected).epsilon(1e-6));
+  }
+}
+
+TEST_CASE("fp8 current scaling: the sim reduces the amax where Transformer Engine does, a sequence-parallel input's",
+          "[sim_backend][fp8][current]") {
+  // tp 2 with sequence parallelism, 2 micro-batches: per micro-batch and layer the two column-parallel
+  // inputs (qkv, MLP up) are cast before their gather, their amax all-reduced over tp. The weights,
+  // the row-parallel inputs and the column-parallel gradients, which the cpu emulation also reduces
+  // for the single-rank amax, keep their shard's amax in a Transformer Engine run: no collective.
+  const ModelSpec m = small_gpt();
+  Plan delayed = one_rank(Precision::fp8);
+  delayed.tp = 2, delayed.sequence_parallel = true, delayed.global_batch = 4;
+  Plan current = delayed;
+  current.fp8_recipe = Fp8Recipe::current;
+  const auto all_reduces = [&](const Plan& p) {
+    return simulated(m, p, h100()).collectives[static_cast<std::size_t>(sim::CollectiveKind::kAllReduce)].count;
+  };
+  // Delayed scaling's one step-end reduction of the step amax over tp is gone.
+  const std::uint64_t layers = 12, microbatches = 2;
+  CHECK(all_reduces(current) - all_reduces(delayed) == 2 * layers * microbatches - 1);
+}
+
 TEST_CASE("fp8: peak memory adds an FP8 weight copy and saves a byte per saved GEMM input",
           "[sim_backend][fp8][memory]") {
   const ModelSpec m = small_gpt();

@@ -138,6 +138,35 @@ TEST_CASE("fp8 on the cpu backend: emulated, checkpointed with its scaling state
   CHECK(a.front() == Approx(c.front()).epsilon(1e-2));
 }
 
+TEST_CASE("fp8 current scaling on the cpu backend: trains, resumes bit for bit with no scaling state, refuses what "
+          "it cannot emulate",
+          "[train][fp8]") {
+  fs::path delayed = scratch("fp8cs-delayed.jsonl"), once = scratch("fp8cs-once.jsonl"),
+           twice = scratch("fp8cs-twice.jsonl"), dir = scratch("fp8cs-ckpt");
+  const std::string args = "train --data " + corpus() + kBase + kLr + " --tp 2 --steps 6 --precision fp8";
+  REQUIRE(run_meshtrain(args + " --metrics " + delayed.string()).status == 0);
+  const std::string current = args + " --fp8-recipe current";
+  REQUIRE(run_meshtrain(current + " --metrics " + once.string()).status == 0);
+  run_stopped_at(current, 3, dir, twice);
+  run_resumed(current, dir, twice);
+  const auto a = check_same_step_losses(once, twice, 6), d = losses(delayed);
+  CHECK(a.front() != d.front());  // step 1 already casts with the tensors' own scales, not 1
+  CHECK(a.front() == Approx(d.front()).epsilon(1e-2));
+
+  const MeshtrainRun no_fp8 = run_meshtrain("train --data " + corpus() + kBase + " --steps 1 --fp8-recipe current");
+  CHECK(no_fp8.status != 0);
+  CHECK_THAT(no_fp8.out, Catch::Contains("fp8_recipe (--fp8-recipe) current scales FP8 tensors, but the plan's "
+                                         "precision is fp32: add --precision fp8"));
+  const MeshtrainRun unknown = run_meshtrain("train --data " + corpus() + kBase + " --steps 1 --precision fp8 "
+                                             "--fp8-recipe tensorwise");
+  CHECK(unknown.status != 0);
+  CHECK_THAT(unknown.out, Catch::Contains("tensorwise") && Catch::Contains("delayed") && Catch::Contains("current"));
+  const MeshtrainRun experts = run_meshtrain("train --data " + corpus() + " --model tiny-moe --seq-len 32 --micro-batch 2 "
+                                             "--steps 1 --dp 2 --ep 2 --precision fp8 --fp8-recipe current");
+  CHECK(experts.status != 0);
+  CHECK_THAT(experts.out, Catch::Contains("fp8_recipe current with ep 2 (etp 1) over tp 1 and cp 1"));
+}
+
 TEST_CASE("fp8 on the cuda backend is refused naming the missing FP8 GEMMs", "[train][fp8]") {
   MeshtrainRun r = run_meshtrain("train --data " + corpus() + kBase + " --steps 1 --backend cuda --precision fp8");
   CHECK(r.status != 0);

@@ -55,7 +55,11 @@ cudaError_t clip_coefficient(const float* sumsq, float max_norm, float* coef, cu
 
 // ---- fp8_cast.cu -----------------------------------------------------------
 // y = x on the FP8 grid of `scale` (E4M3, or E5M2), in x's storage type; *amax = max(*amax, max |x|).
-cudaError_t fp8_cast(const void* x, void* y, int dtype, i64 n, float scale, bool e5m2, float* amax, cudaStream_t s);
+// With `current`, the scale is current scaling's of *amax instead, and *amax is only read.
+cudaError_t fp8_cast(const void* x, void* y, int dtype, i64 n, float scale, bool e5m2, bool current, float* amax,
+                     cudaStream_t s);
+// *amax = max(*amax, max |x|).
+cudaError_t amax(const void* x, int dtype, i64 n, float* amax, cudaStream_t s);
 
 // ---- multi_tensor.cu: whole-tensor sums and AdamW, one tensor or many ------
 // A multi-tensor launch takes its table of tensors as a kernel parameter (up
