@@ -142,7 +142,8 @@ struct GemmOp {
 };
 
 // An FP8 cast as Transformer Engine makes one of a GEMM operand (models/fp8_linear.h):
-// y = round_to_fp8(x · scale) / scale, and amax (1) = max(amax, max |x|).
+// y = round_to_fp8(x · scale) / scale, and amax (1) = max(amax, max |x|); under
+// current scaling (`current`) the scale comes from amax instead.
 struct Fp8CastOp {
   float scale = 1.f;
   Fp8Format format = Fp8Format::e4m3;

@@ -122,12 +122,16 @@ void BlockContext::norm_backward(const std::string& prefix, const Tensor& dout, 
 // input of a row-parallel layer and the output gradient of a column-parallel
 // one (their columns), and a column-parallel input's rows under SP (a
 // row-parallel gradient is gathered before its cast, and otherwise whole).
-// Transformer Engine reduces only the last, the one it gathers in FP8.
+// Transformer Engine reduces over tp the two tensors it casts before an FP8
+// gather under SP: a column-parallel input, and a row-parallel output
+// gradient. The engine gathers the latter first (in bf16) and casts it
+// whole, the same values; its reduction, redundant here, stands for TE's
+// (the sim charges its cast and amax pass at the gathered size).
 Tensor BlockContext::fp8_operand(const std::string& name, LinearKind kind, Fp8Operand which, const Tensor& x,
                                  Fp8Cast cast) {
   if (fp8 == nullptr || kind == LinearKind::replicated) return x;
   const bool column = kind == LinearKind::column;
-  const bool gathered = which == Fp8Operand::input && column && sp;
+  const bool gathered = sp && ((which == Fp8Operand::input && column) || (which == Fp8Operand::grad && !column));
   const bool tp_split = which == Fp8Operand::weight || gathered || (which == Fp8Operand::input && !column) ||
                         (which == Fp8Operand::grad && column);
   Fp8Split split;

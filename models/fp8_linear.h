@@ -1,6 +1,7 @@
 // FP8 linear GEMMs as exact emulation (precision fp8 on the cpu backend,
-// engine/plan/fp8_recipe.h): Transformer Engine's recipe, DelayedScaling with
-// Format.HYBRID. A linear layer's GEMMs take their operands rounded to FP8:
+// engine/plan/fp8_recipe.h): Transformer Engine's recipes, DelayedScaling or
+// Float8CurrentScaling, with Format.HYBRID. A linear layer's GEMMs take their
+// operands rounded to FP8:
 // forward the input activation and the weight as E4M3, backward the output
 // gradient as E5M2, each tensor with its own per-tensor scale. Quantizing is
 // core/fp8's fp8_quantize: scale, round to the FP8 grid (ties to even,
@@ -36,7 +37,8 @@
 // all-reduce (max) over the groups the tensor is split over makes it the
 // whole tensor's, and the cast scales by current_scale of it: the
 // single-rank run's scale, bit for bit, since max is exact in any order.
-// TE reduces only where it casts before a gather (a sequence-parallel input,
+// TE reduces only where it casts before an FP8 gather (under sequence
+// parallelism, a column-parallel input and a row-parallel output gradient,
 // over tp); a weight shard, a column slice or a context rank's tokens keep
 // their own amax there, which would make a parallel plan's values differ
 // from the single rank's. So the emulation reduces over every group that
@@ -49,11 +51,13 @@
 // the scale is folded into the cast here (a kernel launch fewer per cast).
 //
 // Under full recomputation the recomputed forward quantizes its operands a
-// second time: the same values with the step's fixed scales, so the same FP8
-// operands, and the step's amax is a maximum, which the repeat leaves alone.
+// second time: the same values with the step's fixed scales (or, current
+// scaling, the same amax), so the same FP8 operands, and the step's amax is
+// a maximum, which the repeat leaves alone.
 //
-// Each cast is one Backend::fp8_cast, which also folds the operand's amax
-// into a device tensor, read once a step (end of step, fold_fp8_amax). Its
+// Each cast is one Backend::fp8_cast, which under delayed scaling also folds
+// the operand's amax into a device tensor, read once a step (end of step,
+// fold_fp8_amax). Its
 // cost is what a Transformer Engine run pays (Fp8CastOp::copies): a forward
 // input and an output gradient are cast with their transpose where they are
 // made; a weight once a step, at its first micro-batch (TE keeps the cast
@@ -97,8 +101,9 @@ struct Fp8Split {
   std::vector<const Group*> by_te;
 };
 
-// The delayed-scaling state of the FP8 linears of one model chunk (a
-// pipeline stage owns its layers' state) on backend `b`.
+// The scaling of the FP8 linears of one model chunk, and under delayed
+// scaling their state (a pipeline stage owns its layers' state), on backend
+// `b`.
 class Fp8Scaling {
  public:
   // The linears of `params` (those is_fp8_linear selects), each with a fresh

@@ -135,11 +135,10 @@ Tensor MoeMlp::fp8_operand(const char* linear, Fp8Operand which, const Tensor& x
   // micro-batch (tp and cp), which hold every expert's rows of it and its expert shards among
   // them (where the expert group spans data-parallel ranks, engine/step/fp8_training.h refuses
   // the emulation), a collective every rank joins. TE's grouped linears keep each rank's own
-  // amax: the sim issues no reduction.
-  if (ctx_.fp8->recipe() == Fp8Recipe::delayed) {
-    if (rows == 0) return x;
-    return ctx_.fp8_operand(name(linear), which, x, cast, Fp8Split{});
-  }
+  // amax: the sim issues no reduction, and, as under delayed scaling, no cast of no rows.
+  const bool current = ctx_.fp8->recipe() == Fp8Recipe::current;
+  if (rows == 0 && !(current && ctx_.b.holds_values())) return x;
+  if (!current) return ctx_.fp8_operand(name(linear), which, x, cast, Fp8Split{});
   return ctx_.fp8_operand(name(linear), which, x, cast, Fp8Split{{&ctx_.tp.group, &ctx_.options.context.group}, {}});
 }
 

@@ -32,7 +32,7 @@ struct PlanCommandFlags {
   SoftwareFlags software;  // the simulated software stack
   int gpus = 0;
   std::optional<int> global_batch, seq_len;
-  std::string precision = "bf16", grad_sync = "overlap", grad_dtype = "fp32";
+  std::string precision = "bf16", grad_sync = "overlap", grad_dtype = "fp32", fp8_recipe = "delayed";
   double grad_bucket_mb = Plan{}.grad_bucket_mb;
   int top = 10, simulate = 32, segments = planner::PlannerOptions{}.segments;
   std::string layouts;  // empty: all, or uniform when --fix/--allow pin the uniform dimensions
@@ -101,6 +101,7 @@ Status run_plan(const PlanCommandFlags& f) {
   MT_ASSIGN(ctx.base.precision, parse_precision(f.precision));
   MT_ASSIGN(ctx.base.grad_sync, parse_grad_sync(f.grad_sync));
   MT_ASSIGN(ctx.base.grad_dtype, parse_grad_dtype(f.grad_dtype));
+  MT_ASSIGN(ctx.base.fp8_recipe, parse_fp8_recipe(f.fp8_recipe));
   ctx.base.grad_bucket_mb = f.grad_bucket_mb;
 
   SimulateOptions options;
@@ -108,6 +109,10 @@ Status run_plan(const PlanCommandFlags& f) {
   ctx.gpus_per_node = options.cluster.gpus_per_node;
   // Before the search: otherwise every candidate would be refused one by one for the same reason.
   if (ctx.base.precision == Precision::fp8) MT_TRY(check_fp8_device(options.cluster.device));
+  if (ctx.base.fp8_recipe != Fp8Recipe::delayed && ctx.base.precision != Precision::fp8)
+    return make_error("--fp8-recipe {} scales FP8 tensors, but --precision is {}: add --precision fp8, or drop the "
+                      "recipe",
+                      fp8_recipe_name(ctx.base.fp8_recipe), precision_name(ctx.base.precision));
   sim::Calibration calibration;
   if (!f.calibration.empty())
     MT_TRY(apply_calibration(f.calibration, "threads", f.gpus, ctx.base.precision, calibration, options));
@@ -164,6 +169,9 @@ Command add_plan_command(CLI::App& app) {
   sub->add_option("--grad-sync", f->grad_sync, "overlap or after-backward (every candidate)")->capture_default_str();
   sub->add_option("--grad-dtype", f->grad_dtype,
                   "gradients in fp32 or bf16 (every candidate; bf16 needs precision bf16 or fp8)")
+      ->capture_default_str();
+  sub->add_option("--fp8-recipe", f->fp8_recipe,
+                  "with --precision fp8: delayed or current scaling (every candidate)")
       ->capture_default_str();
   sub->add_option("--top", f->top, "rows to print")->capture_default_str()->check(int_in({1, 1 << 20}));
   sub->add_option("--simulate", f->simulate, "candidates the full simulation re-times (the fast tier's best)")

@@ -10,7 +10,9 @@
 //     higher precision and writing bf16;
 //   - each tensor has one scale, fp8_max / amax, where amax is the largest
 //     of the last steps' amax history (delayed scaling: the scale a step
-//     uses is known before its GEMM runs);
+//     uses is known before its GEMM runs), or, with Plan::fp8_recipe
+//     current (recipe.Float8CurrentScaling), the tensor's own amax,
+//     measured by a pass over it just before its cast;
 //   - everything else (attention, norms, activations, the output layer) stays
 //     bf16, parameters are bf16 with an FP8 copy for the GEMMs, master weights
 //     and Adam state fp32;

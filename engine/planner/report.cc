@@ -112,6 +112,7 @@ nlohmann::json plan_file_json(const Candidate& c) {
     if (p.grad_bucket_mb != Plan{}.grad_bucket_mb) j["grad_bucket_mb"] = p.grad_bucket_mb;
     if (p.grad_sync != GradSync::overlap) j["grad_sync"] = grad_sync_name(p.grad_sync);
     if (p.grad_dtype != GradDtype::fp32) j["grad_dtype"] = grad_dtype_name(p.grad_dtype);
+    if (p.fp8_recipe != Fp8Recipe::delayed) j["fp8_recipe"] = fp8_recipe_name(p.fp8_recipe);
     return j;
   }
   nlohmann::json j = plan_to_json(p);
@@ -127,7 +128,7 @@ std::string text_report(const SearchResult& r, const ReportContext& c) {
   const Plan& base = c.ctx->base;
   std::string out = fmt::format(
       "plan for {} on {} x {} ({}): global batch {}, seq {}, {}{}\n", m.name, c.ctx->gpus, c.cluster->device.name,
-      c.cluster->name, base.effective_global_batch(), base.effective_seq_len(m), precision_name(base.precision),
+      c.cluster->name, base.effective_global_batch(), base.effective_seq_len(m), precision_label(base),
       grad_dtype_note(base));
   const std::int64_t estimated = r.valid - r.pruned - r.offload_unneeded;
   out += fmt::format(

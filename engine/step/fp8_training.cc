@@ -91,7 +91,9 @@ Status import_fp8_state(std::span<Fp8Scaling* const> chunks, const std::map<std:
     for (const std::string& linear : c->linears()) {
       auto it = state.find(fp8_state_name(linear));
       if (it == state.end())
-        return make_error("the checkpoint has no tensor '{}' (the FP8 scaling state of an fp8 run)",
+        return make_error("the checkpoint has no tensor '{}', the FP8 scaling state a run with delayed scaling "
+                          "keeps; one saved by another precision or by --fp8-recipe current (which keeps none) "
+                          "resumes with that precision and recipe",
                           fp8_state_name(linear));
       MT_TRY(c->restore(linear, it->second));
     }

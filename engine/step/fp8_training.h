@@ -2,7 +2,8 @@
 // models/fp8_linear.h, trained as exact emulation on the cpu backend
 // (StepOptions::emulate_fp8) and costed on the sim backend.
 //
-// Per step (Transformer Engine's and Megatron's amax reduction): each
+// Per step under delayed scaling (Transformer Engine's and Megatron's amax
+// reduction): each
 // chunk's FP8 tensors record their amax over the step's micro-batches; at the
 // end of the step the amax are all-reduced (max) over every rank that holds
 // part of a tensor, the tensor-parallel group (weight shards, the

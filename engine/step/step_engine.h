@@ -208,7 +208,8 @@ class StepEngine {
   void run(Phase phase);
   // Gradients complete (the tied embedding's two copies summed, every bucket
   // reduced), then step_stats reduced over the segment's ranks and, under
-  // precision fp8, step t's amax folded into step t+1's scales.
+  // precision fp8 with delayed scaling, step t's amax folded into step t+1's
+  // scales.
   Status reduce_statistics(std::int64_t step);
   // (2) [Σ of the step's losses (zero unless the segment holds the head),
   // Σ g² over the segment's parameters, each element once], the same on

@@ -23,7 +23,8 @@
 // gradient norm at the end of the iteration (the progress line needs them;
 // a NaN loss must stop the run before the update, so the parameters stay
 // those of the last good step), plus one for a mixture-of-experts model's
-// routing statistics and, under precision fp8, one for the amax. Errors of
+// routing statistics and, under precision fp8 with delayed scaling, one for
+// the amax. Errors of
 // any collective on the way (a timeout names op, group and peers) surface
 // there, as the Status of step(). The result is the single-rank run's up to
 // float reordering (tests/parallel/).

@@ -190,7 +190,7 @@ TEST_CASE("fp8 current scaling: tensor, sequence, context, data and pipeline par
   check_current_matches(tiny_gpt(), current_plan(1, 2, 1, 0, ScheduleKind::zb_h1));
 }
 
-TEST_CASE("fp8 current scaling: experts within the tensor-parallel ranks match single rank; across data-parallel "
+TEST_CASE("fp8 current scaling: experts within the tensor-parallel ranks match single rank, across data-parallel "
           "ranks the emulation is refused",
           "[parallel][fp8][current][moe]") {
   const ModelSpec m = *model_preset("tiny-moe");

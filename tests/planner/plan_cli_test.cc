@@ -292,3 +292,17 @@ TEST_CASE("plan keeps --grad-dtype bf16 in every candidate and writes it to the 
   check_plan_file("tiny", out, bf16["ranked"][0]);
   std::remove(out.c_str());
 }
+
+TEST_CASE("plan keeps --fp8-recipe current in every candidate, and refuses it without --precision fp8", "[planner]") {
+  const std::string job = "plan --model tiny --cluster dgx-h100 --gpus 4 --global-batch 8 --fix tp=2,pp=1 "
+                          "--simulate 2 --json --no-progress ";
+  const nlohmann::json current = json_output(job + "--precision fp8 --fp8-recipe current");
+  const nlohmann::json delayed = json_output(job + "--precision fp8");
+  REQUIRE(!current["ranked"].empty());
+  for (const auto& row : current["ranked"]) CHECK(row["plan"]["fp8_recipe"] == "current");
+  for (const auto& row : delayed["ranked"]) CHECK_FALSE(row["plan"].contains("fp8_recipe"));
+  const MeshtrainRun refused = run_meshtrain(job + "--fp8-recipe current");
+  CHECK(refused.status != 0);
+  CHECK_THAT(refused.out, Catch::Contains("--fp8-recipe current scales FP8 tensors, but --precision is bf16: add "
+                                          "--precision fp8"));
+}

@@ -126,12 +126,13 @@ TEST_CASE("fp8 current scaling costs delayed scaling's step plus an amax pass be
   }
 }
 
-TEST_CASE("fp8 current scaling: the sim reduces the amax where Transformer Engine does, a sequence-parallel input's",
+TEST_CASE("fp8 current scaling: the sim reduces the amax where Transformer Engine does, before its FP8 gathers",
           "[sim_backend][fp8][current]") {
-  // tp 2 with sequence parallelism, 2 micro-batches: per micro-batch and layer the two column-parallel
-  // inputs (qkv, MLP up) are cast before their gather, their amax all-reduced over tp. The weights,
-  // the row-parallel inputs and the column-parallel gradients, which the cpu emulation also reduces
-  // for the single-rank amax, keep their shard's amax in a Transformer Engine run: no collective.
+  // tp 2 with sequence parallelism, 2 micro-batches: per micro-batch and layer TE casts four tensors
+  // before an FP8 gather and all-reduces their amax over tp: the two column-parallel inputs (qkv, MLP
+  // up) and the two row-parallel output gradients (attention out, MLP down). The weights, the
+  // row-parallel inputs and the column-parallel gradients, which the cpu emulation also reduces for
+  // the single-rank amax, keep their shard's amax in a Transformer Engine run: no collective.
   const ModelSpec m = small_gpt();
   Plan delayed = one_rank(Precision::fp8);
   delayed.tp = 2, delayed.sequence_parallel = true, delayed.global_batch = 4;
@@ -142,7 +143,7 @@ TEST_CASE("fp8 current scaling: the sim reduces the amax where Transformer Engin
   };
   // Delayed scaling's one step-end reduction of the step amax over tp is gone.
   const std::uint64_t layers = 12, microbatches = 2;
-  CHECK(all_reduces(current) - all_reduces(delayed) == 2 * layers * microbatches - 1);
+  CHECK(all_reduces(current) - all_reduces(delayed) == 4 * layers * microbatches - 1);
 }
 
 TEST_CASE("fp8: peak memory adds an FP8 weight copy and saves a byte per saved GEMM input",

@@ -2,7 +2,9 @@
 // each element is scaled, rounded to the FP8 grid by the hardware conversion
 // (__nv_cvt_float_to_fp8, round to nearest even, saturating: the rounding
 // core/fp8.h emulates) and scaled back, in the operand's own storage type;
-// the amax is the largest |x| of the tensor, folded into the running one.
+// the amax is the largest |x| of the tensor, folded into the running one, or,
+// under current scaling, the tensor's amax the scale is computed from (and
+// the amax pass that measures it, Backend::amax).
 #include <cfloat>
 
 #include <cuda_fp8.h>
