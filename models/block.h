@@ -102,6 +102,7 @@ struct ChunkOptions {
   // How tokens spread over experts where the backend holds no data to route
   // them (the sim backend); null: the router decides on the data.
   std::shared_ptr<const MoeRouting> routing{};
+  RecomputeModules recompute_modules{};
 };
 
 // One micro-batch as the blocks read it.
@@ -154,6 +155,7 @@ struct ActivationQuery {
   int expert_tp = 0;  // expert tensor parallelism; 0: as tp
   bool sequence_parallel = false;
   Recompute recompute = Recompute::none;
+  RecomputeModules recompute_modules{};
   ActivationLayout layout;
 };
 

@@ -13,6 +13,22 @@ namespace meshtrain {
 
 enum class Recompute { none, selective, full };
 
+// Modules recomputed in backward beyond `recompute` (Megatron-Core's
+// --recompute-modules; engine/plan/plan.h): their outputs are freed after
+// forward and made again, from tensors the layer keeps anyway, just before
+// the backward that reads them.
+struct RecomputeModules {
+  // A transformer layer's norm whose only reader is a linear layer: the
+  // attention's input norm, and the MLP's where the MLP is dense (an MoE
+  // layer's keeps its input for the router and the shared experts).
+  bool layernorm = false;
+  // The routed experts' activation, the input of their down GEMM, from
+  // their up GEMM's output.
+  bool moe_act = false;
+  bool any() const { return layernorm || moe_act; }
+  bool operator==(const RecomputeModules&) const = default;
+};
+
 struct ForwardFlops {
   double embedding = 0;  // a patch embedding's projection (a token lookup costs none)
   double layers = 0;     // all body blocks (transformer layers' GEMMs and attention, patch mergings)

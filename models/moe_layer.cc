@@ -26,14 +26,15 @@ void add_moe_parameters(ParamTableBuilder& t, const std::string& prefix, int wid
 }
 
 double moe_activation_bytes(double rows, int width, int ffn, Activation activation, const MoeShape& s,
-                            double value_bytes, int tp, int etp) {
+                            double value_bytes, int tp, int etp, bool recompute_act) {
   const double glu = activation == Activation::swiglu ? 2.0 : 1.0, K = s.top_k, E = s.experts;
   // Router: probabilities (fp32), lse and the K weights and expert ids.
   double bytes = 4.0 * rows * (E + 1 + 2 * K);
   // Per assignment: its row grouped for the expert and after it (C each), the
-  // expert's up output and activation (F/etp each, twice for SwiGLU's up),
-  // and the index maps (4 i32).
-  bytes += rows * K * (value_bytes * (2.0 * width + (glu + 1.0) * ffn / etp) + 16.0);
+  // expert's up output and activation (F/etp each, twice for SwiGLU's up; the
+  // activation not under recompute module moe_act), and the index maps (4 i32).
+  const double act = recompute_act ? 0.0 : 1.0;
+  bytes += rows * K * (value_bytes * (2.0 * width + (glu + act) * ffn / etp) + 16.0);
   if (s.shared_experts > 0) bytes += value_bytes * rows * (glu + 1.0) * ffn * s.shared_experts / tp;
   return bytes;
 }
@@ -341,6 +342,8 @@ Tensor MoeMlp::forward(const MicroBatch& mb, std::int64_t tokens, const Tensor& 
   expert_gemm(grouped, w_up, s->up, GemmOp{}, s->expert_rows);
   if (M > 0) activation_forward(s->up, s->act);
   expert_gemm(fp8_operand("down", Fp8Operand::input, s->act, Fp8Cast::made, M), w_down, down, GemmOp{}, s->expert_rows);
+  // Recompute module moe_act: backward makes the activation again from the kept up output.
+  if (ctx_.options.recompute_modules.moe_act) s->act = Tensor();
 
   // Back (summed over the etp slices) to the tokens' ranks, in send order,
   // and the weighted sum per token: each tp rank holds its tokens' outputs whole.
@@ -384,7 +387,15 @@ Tensor MoeMlp::experts_backward(const Saved& s, Tensor ddown) {
   const Tensor ddown_q = fp8_operand("down", Fp8Operand::grad, ddown, Fp8Cast::made, M);
   const Tensor w_down = fp8_operand("down", Fp8Operand::weight, down.value, Fp8Cast::kept, M);
   expert_gemm(ddown_q, w_down, dact, dgrad, s.expert_rows);
-  const Tensor act = fp8_operand("down", Fp8Operand::input, s.act, Fp8Cast::kept, M);
+  // Recompute module moe_act: the activation made again from the up output, and its FP8 cast with
+  // it (a run that kept the cast would have kept what the recomputation frees).
+  Tensor act_in = s.act;
+  if (!act_in.defined()) {
+    act_in = b.empty(Shape{M, F}, ctx_.act);
+    if (M > 0) activation_forward(s.up, act_in);
+  }
+  const Tensor act =
+      fp8_operand("down", Fp8Operand::input, act_in, s.act.defined() ? Fp8Cast::kept : Fp8Cast::made, M);
   expert_gemm(act, ddown_q, down_grad, wgrad, s.expert_rows);
   if (M > 0) activation_backward(dact, s.up, dup);
   const Tensor dup_q = fp8_operand("up", Fp8Operand::grad, dup, Fp8Cast::made, M);

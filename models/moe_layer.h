@@ -69,9 +69,10 @@ void add_moe_parameters(ParamTableBuilder& t, const std::string& prefix, int wid
 
 // Bytes one MoE MLP saves for backward for `rows` tokens (uniform routing:
 // each EP rank receives rows·K assignments), at value size `value_bytes`, with
-// the expert matrices split over `etp` and the shared experts over `tp`.
+// the expert matrices split over `etp` and the shared experts over `tp`;
+// `recompute_act`: the experts' activation is not kept (recompute module moe_act).
 double moe_activation_bytes(double rows, int width, int ffn, Activation activation, const MoeShape& s,
-                            double value_bytes, int tp, int etp);
+                            double value_bytes, int tp, int etp, bool recompute_act = false);
 
 class MoeMlp {
  public:

@@ -155,12 +155,12 @@ void print_model_and_plan(const RankInfo& r) {
     fmt::print("           {} active per token ({} in experts, top {} of {})\n", r.params.active, r.params.expert,
                m.top_k, m.experts);
   fmt::print("FLOPs      {:.4g} per {}, {:.4g} per iteration (hardware {:.4g} with recompute {})\n",
-             r.flops.per_token, model_io(m).unit(), r.flops.model, r.flops.hardware, recompute_name(p.recompute));
+             r.flops.per_token, model_io(m).unit(), r.flops.model, r.flops.hardware, recompute_label(p));
   fmt::print("plan       tp {} pp {} dp {} cp {} ep {} etp {} vpp {} zero {}, {} ranks; micro-batch {} x {} = global "
              "batch {}, seq {}; schedule {}, recompute {}, {}{}{}{}\n",
              p.tp, p.pp, p.dp, p.cp, p.ep, p.expert_tp(), p.vpp, p.zero, p.world_size(), p.micro_batch,
              p.microbatches() * p.dp,
-             p.effective_global_batch(), r.seq, schedule_name(p.schedule), recompute_name(p.recompute),
+             p.effective_global_batch(), r.seq, schedule_name(p.schedule), recompute_label(p),
              precision_label(p), p.sequence_parallel ? ", sequence parallel" : "",
              p.tp_comm_overlap ? ", tp comm overlap" : "",
              grad_dtype_note(p));

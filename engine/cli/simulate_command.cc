@@ -151,7 +151,7 @@ void print_heading(const ModelSpec& m, const Plan& p, const sim::ClusterSpec& c)
     fmt::print("simulated {} on {} x {} ({}): tp {} pp {} dp {} vpp {} zero {}, micro-batch {}, global batch {}, "
                "schedule {}, recompute {}, {}\n",
                m.name, p.world_size(), c.device.name, c.name, p.tp, p.pp, p.dp, p.vpp, p.zero, p.micro_batch,
-               p.effective_global_batch(), schedule_name(p.schedule), recompute_name(p.recompute),
+               p.effective_global_batch(), schedule_name(p.schedule), recompute_label(p),
                precision_label(p));
   }
 }

@@ -25,7 +25,7 @@ const std::vector<std::string> kGradCompressions = {"none", "bf16", "fp16", "1bi
 const std::vector<std::string> kOffloads = {"none", "optimizer", "params"};
 const std::vector<std::string> kPlanFields = {"tp",        "pp",        "dp",           "cp",
                                               "ep",        "etp",       "vpp",       "zero",         "micro_batch",
-                                              "global_batch", "seq_len", "recompute",   "schedule",
+                                              "global_batch", "seq_len", "recompute", "recompute_modules", "schedule",
                                               "precision", "sequence_parallel",
                                               "first_stage_layers", "last_stage_layers",
                                               "microbatches", "grad_bucket_mb", "grad_sync", "grad_dtype", "fp8_recipe", "cp_comm",
@@ -50,6 +50,30 @@ std::string recompute_name(Recompute r) { return kRecomputes[static_cast<std::si
 std::string precision_name(Precision p) { return kPrecisions[static_cast<std::size_t>(p)]; }
 Result<ScheduleKind> parse_schedule(const std::string& s) { return schedule::parse_schedule_kind(s); }
 Result<Recompute> parse_recompute(const std::string& s) { return parse_enum<Recompute>("recompute mode", s, kRecomputes); }
+
+std::string recompute_modules_name(const RecomputeModules& r) {
+  std::string out;
+  if (r.layernorm) out = "layernorm";
+  if (r.moe_act) out += std::string(out.empty() ? "" : ",") + "moe_act";
+  return out;
+}
+
+Result<RecomputeModules> parse_recompute_modules(const std::vector<std::string>& names) {
+  RecomputeModules r;
+  for (const std::string& n : names) {
+    if (n == "layernorm") r.layernorm = true;
+    else if (n == "moe_act") r.moe_act = true;
+    else if (n == "core_attn")
+      return make_error("recompute module 'core_attn' is --recompute selective (the attention core); the modules "
+                        "list takes layernorm and moe_act");
+    else
+      return make_error("unknown recompute module '{}': meshtrain recomputes layernorm and moe_act (Megatron-Core's "
+                        "mla_up_proj, mlp, moe and shared_experts are not modelled; --recompute full recomputes "
+                        "whole layers)",
+                        n);
+  }
+  return r;
+}
 Result<Precision> parse_precision(const std::string& s) { return parse_enum<Precision>("precision", s, kPrecisions); }
 std::string grad_sync_name(GradSync g) { return kGradSyncs[static_cast<std::size_t>(g)]; }
 Result<GradSync> parse_grad_sync(const std::string& s) {
@@ -62,6 +86,10 @@ Result<GradDtype> parse_grad_dtype(const std::string& s) {
 }
 std::string fp8_recipe_name(Fp8Recipe r) { return kFp8Recipes[static_cast<std::size_t>(r)]; }
 Result<Fp8Recipe> parse_fp8_recipe(const std::string& s) { return parse_enum<Fp8Recipe>("FP8 recipe", s, kFp8Recipes); }
+std::string recompute_label(const Plan& p) {
+  const std::string modules = recompute_modules_name(p.recompute_modules);
+  return recompute_name(p.recompute) + (modules.empty() ? "" : "+" + modules);
+}
 std::string precision_label(const Plan& p) {
   if (p.precision == Precision::fp8 && p.fp8_recipe == Fp8Recipe::current) return "fp8 (current scaling)";
   return precision_name(p.precision);
@@ -138,6 +166,17 @@ Result<PlanOverrides> plan_overrides_from_json(const nlohmann::json& j) {
   MT_TRY(f.get_bool("sequence_parallel", o.sequence_parallel));
   MT_TRY(f.get_bool("account_for_embedding_in_pipeline_split", o.embedding_in_split));
   MT_TRY(f.get_bool("account_for_loss_in_pipeline_split", o.loss_in_split));
+  if (f.has("recompute_modules")) {
+    const nlohmann::json& list = f.at("recompute_modules");
+    std::vector<std::string> names;
+    if (list.is_array())
+      for (const nlohmann::json& v : list)
+        if (v.is_string()) names.push_back(v.get<std::string>());
+    if (!list.is_array() || names.size() != list.size())
+      return make_error("{} must be a list of module names such as [\"layernorm\", \"moe_act\"], got {}",
+                        f.name("recompute_modules"), json_excerpt(list));
+    o.recompute_modules = std::move(names);
+  }
   if (f.has("chunk_layers")) {
     const nlohmann::json& list = f.at("chunk_layers");
     if (!list.is_array() || list.size() > static_cast<std::size_t>(kMaxChunkLayers))
@@ -202,6 +241,9 @@ Result<Plan> apply_overrides(Plan p, const PlanOverrides& o) {
   MT_TRY(named(p.cp_comm, o.cp_comm, parse_context_comm));
   if (o.grad_bucket_mb) p.grad_bucket_mb = *o.grad_bucket_mb;
   if (o.chunk_layers) p.chunk_layers = *o.chunk_layers;
+  if (o.recompute_modules) {
+    MT_ASSIGN(p.recompute_modules, parse_recompute_modules(*o.recompute_modules));
+  }
   if (o.microbatches) {
     if (*o.microbatches <= 0) return make_error("microbatches must be positive, got {}", *o.microbatches);
     const std::int64_t global = std::int64_t{p.micro_batch} * p.dp * *o.microbatches;
@@ -244,6 +286,12 @@ nlohmann::json plan_to_json(const Plan& p) {
   if (p.fp8_recipe != Fp8Recipe::delayed) j["fp8_recipe"] = fp8_recipe_name(p.fp8_recipe);
   if (p.cp_comm != ContextComm::all_gather) j["cp_comm"] = context_comm_name(p.cp_comm);
   if (!p.chunk_layers.empty()) j["chunk_layers"] = p.chunk_layers;
+  if (p.recompute_modules.layernorm || p.recompute_modules.moe_act) {
+    std::vector<std::string> names;
+    if (p.recompute_modules.layernorm) names.push_back("layernorm");
+    if (p.recompute_modules.moe_act) names.push_back("moe_act");
+    j["recompute_modules"] = names;
+  }
   if (p.embedding_in_split) j["account_for_embedding_in_pipeline_split"] = true;
   if (p.loss_in_split) j["account_for_loss_in_pipeline_split"] = true;
   if (p.grad_compression != GradCompression::none) {

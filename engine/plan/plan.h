@@ -74,6 +74,10 @@ struct Plan {
   int global_batch = 0;  // 0: micro_batch · dp (one micro-batch per rank)
   int seq_len = 0;       // 0: the model's seq_len
   Recompute recompute = Recompute::none;
+  // Megatron-Core's --recompute-modules other than the attention core (which
+  // recompute selective stands for): recomputed in backward, their outputs
+  // freed after forward (models/block.h ChunkOptions).
+  RecomputeModules recompute_modules;
   ScheduleKind schedule = ScheduleKind::one_f_one_b;
   Precision precision = Precision::bf16;
   bool sequence_parallel = false;
@@ -190,6 +194,7 @@ struct PlanOverrides {
   std::optional<bool> sequence_parallel, embedding_in_split, loss_in_split, error_feedback, zero_reduce_once;
   std::optional<bool> prefetch_across_chunks, overlap_update, tp_comm_overlap, megatron_buckets;
   std::optional<std::vector<int>> chunk_layers;
+  std::optional<std::vector<std::string>> recompute_modules;
   // A plan file's "segments" list as written; the model resolves it
   // (engine/plan/segment_plan.h, segments_from_json).
   std::shared_ptr<const nlohmann::json> segments;
@@ -228,6 +233,9 @@ Status validate_plan(const Plan& p, const ModelSpec& m, int world_size = 0);
 // table of them; these keep the plan's name functions in one place.
 std::string schedule_name(ScheduleKind s);
 std::string recompute_name(Recompute r);
+// "layernorm,moe_act" (empty for none), and back from a list of names.
+std::string recompute_modules_name(const RecomputeModules& r);
+Result<RecomputeModules> parse_recompute_modules(const std::vector<std::string>& names);
 std::string precision_name(Precision p);
 std::string grad_sync_name(GradSync g);
 std::string grad_dtype_name(GradDtype g);
@@ -249,6 +257,9 @@ int element_bytes(Precision p);
 // The dtype of the plan's gradient buffers, and the bytes of one element.
 DType gradient_dtype(const Plan& p);
 int gradient_bytes(const Plan& p);
+// The recomputation as the one-line summaries print it: its name, and the
+// recompute modules after a '+' ("none+layernorm,moe_act").
+std::string recompute_label(const Plan& p);
 // The precision as the one-line summaries print it: its name, and under
 // precision fp8 with current scaling "fp8 (current scaling)".
 std::string precision_label(const Plan& p);

@@ -84,7 +84,7 @@ std::string describe(const Plan& p) {
   if (p.vpp > 1) s += fmt::format(" vpp{}", p.vpp);
   s += fmt::format(" mb{} gb{} {}", p.micro_batch, p.effective_global_batch(),
                    schedule_name(p.schedule));
-  if (p.recompute != Recompute::none) s += " rc-" + recompute_name(p.recompute);
+  if (p.recompute != Recompute::none || p.recompute_modules.any()) s += " rc-" + recompute_label(p);
   if (p.grad_dtype != GradDtype::fp32) s += " " + grad_dtype_name(p.grad_dtype) + "-grads";
   if (p.precision == Precision::fp8) s += " fp8-" + fp8_recipe_name(p.fp8_recipe);
   return s;

@@ -229,3 +229,50 @@ TEST_CASE("the gradient dtype is a plan field: fp32 by default, bf16 with a 16-b
   CHECK_THAT(rejection(compressed, tiny()),
              Catch::Contains("does not combine with grad_compression (--grad-compression) fp16"));
 }
+
+TEST_CASE("the FP8 recipe and the recompute modules are plan fields with checked values", "[plan]") {
+  CHECK(Plan{}.fp8_recipe == Fp8Recipe::delayed);
+  CHECK_FALSE(plan_to_json(Plan{}).contains("fp8_recipe"));
+  CHECK_FALSE(plan_to_json(Plan{}).contains("recompute_modules"));
+  auto file = plan_overrides_from_json(
+      {{"precision", "fp8"}, {"fp8_recipe", "current"}, {"recompute_modules", {"moe_act", "layernorm"}}});
+  REQUIRE(file.ok());
+  auto p = apply_overrides(Plan{}, *file);
+  REQUIRE(p.ok());
+  CHECK(p->fp8_recipe == Fp8Recipe::current);
+  CHECK(p->recompute_modules == RecomputeModules{true, true});
+  const nlohmann::json j = plan_to_json(*p);
+  CHECK(j["fp8_recipe"] == "current");
+  CHECK(j["recompute_modules"] == nlohmann::json({"layernorm", "moe_act"}));
+  CHECK(recompute_label(*p) == "none+layernorm,moe_act");
+  CHECK(precision_label(*p) == "fp8 (current scaling)");
+  // The written plan reads back the same (less the derived fields a plan file leaves out).
+  nlohmann::json file_fields = j;
+  file_fields.erase("world_size"), file_fields.erase("microbatches");
+  auto again = plan_overrides_from_json(file_fields);
+  REQUIRE(again.ok());
+  CHECK(apply_overrides(Plan{}, *again)->recompute_modules == p->recompute_modules);
+
+  CHECK_THAT(error_of(apply_overrides(Plan{}, *plan_overrides_from_json({{"fp8_recipe", "tensorwise"}}))),
+             Catch::Contains("unknown FP8 recipe 'tensorwise'"));
+  CHECK_THAT(error_of(plan_overrides_from_json({{"recompute_modules", "layernorm"}})),
+             Catch::Contains("must be a list of module names"));
+  CHECK_THAT(error_of(apply_overrides(Plan{}, *plan_overrides_from_json({{"recompute_modules", {"mlp"}}}))),
+             Catch::Contains("unknown recompute module 'mlp'"));
+  CHECK_THAT(error_of(apply_overrides(Plan{}, *plan_overrides_from_json({{"recompute_modules", {"core_attn"}}}))),
+             Catch::Contains("is --recompute selective"));
+
+  Plan bf16 = *p;
+  bf16.precision = Precision::bf16;
+  CHECK_THAT(rejection(bf16, tiny()), Catch::Contains("fp8_recipe (--fp8-recipe) current scales FP8 tensors, but the "
+                                                      "plan's precision is bf16"));
+  Plan dense = *p;  // tiny has no experts
+  CHECK_THAT(rejection(dense, tiny()), Catch::Contains("recompute module moe_act recomputes the routed experts' "
+                                                       "activation, and model 'tiny' has no experts"));
+  Plan full = *p;
+  full.recompute = Recompute::full;
+  full.recompute_modules.moe_act = false;
+  CHECK_THAT(rejection(full, tiny()), Catch::Contains("with recompute full: full recomputation already"));
+  full.recompute = Recompute::selective;
+  CHECK(validate_plan(full, tiny()).ok());
+}

@@ -170,3 +170,37 @@ TEST_CASE("plans the engine cannot run yet are rejected up front with the reason
   p.cp = 1, p.zero = 3, p.sequence_parallel = true;
   CHECK(StepEngine::supports(p, dropout).ok());
 }
+
+TEST_CASE("recompute modules (layernorm, moe_act) match the single-rank run, with the bits of the plan without them",
+          "[parallel][recompute]") {
+  // A recomputed norm or activation is the same kernel on the same kept input: the same bits.
+  auto with = [](Plan p, RecomputeModules r) {
+    p.recompute_modules = r;
+    return p;
+  };
+  auto same_bits = [](const ModelSpec& m, const Plan& p, const Plan& q, const StepOptions& o = step_options()) {
+    INFO("plan " << describe(p) << ", model " << m.name);
+    const PlanRun a = run_plan(m, p, 0, o), b = run_plan(m, q, 0, o);
+    CHECK(a.ranks[0].losses == b.ranks[0].losses);
+    CHECK(a.ranks[0].grad_norms == b.ranks[0].grad_norms);
+    CHECK(a.ranks[0].state == b.ranks[0].state);
+  };
+  Plan sp = make_plan(2, 2, 1, 1, ScheduleKind::one_f_one_b);
+  sp.sequence_parallel = true;
+  check_matches_reference(tiny_llama(), with(sp, {.layernorm = true}));
+  same_bits(tiny_llama(), sp, with(sp, {.layernorm = true}));
+  // Zero-bubble's weight pass keeps the recomputed norm output until it runs.
+  const Plan zb = make_plan(1, 2, 1, 0, ScheduleKind::zb_h1);
+  same_bits(tiny_gpt(), zb, with(zb, {.layernorm = true}));
+  const ModelSpec moe = *model_preset("tiny-moe");
+  Plan ep = make_plan(1, 1, 2, 1, ScheduleKind::one_f_one_b);
+  ep.ep = 2;
+  check_matches_reference(moe, with(ep, {true, true}));
+  same_bits(moe, ep, with(ep, {true, true}));
+  // FP8: the recomputed activation is cast again (the cast a run keeps is what the module frees).
+  StepOptions fp8 = step_options();
+  fp8.emulate_fp8 = true;
+  Plan fp8_ep = ep;
+  fp8_ep.precision = Precision::fp8;
+  same_bits(moe, fp8_ep, with(fp8_ep, {true, true}), fp8);
+}
