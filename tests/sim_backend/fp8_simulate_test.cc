@@ -6,6 +6,7 @@
 // from the code under test.
 #include <catch2/catch.hpp>
 
+#include <functional>
 #include <string>
 
 #include "engine/simulation/simulation.h"
@@ -29,6 +30,19 @@ Plan one_rank(Precision precision) {
 
 sim::ClusterSpec h100() { return preset("dgx-h100"); }
 
+// GPT-2 small (small_gpt) at 2 sequences of 256 per micro-batch: its 12 layers' four linear layers
+// (in -> out: qkv, attention projection, MLP up and down) and the rows each micro-batch feeds them.
+constexpr std::int64_t kRows = 2 * 256, kWidth = 768, kLayers = 12;
+constexpr std::int64_t kLinears[4][2] = {{kWidth, 3 * kWidth}, {kWidth, kWidth}, {kWidth, 4 * kWidth}, {4 * kWidth, kWidth}};
+
+// Σ over a step's FP8 casts of `cost`(elements): per micro-batch each linear's input (rows, in) and
+// output gradient (rows, out), per step its weight (in, out); the backward GEMMs read the forward's.
+double per_step_casts(int microbatches, const std::function<double(std::int64_t)>& cost) {
+  double total = 0;
+  for (const auto& [in, out] : kLinears) total += microbatches * (cost(kRows * in) + cost(kRows * out)) + cost(in * out);
+  return total * kLayers;
+}
+
 Result<SimulationResult> simulate(const ModelSpec& m, const Plan& p, const sim::ClusterSpec& c) {
   SimulateOptions o;
   o.cluster = c;
@@ -48,9 +62,7 @@ TEST_CASE("fp8: the compute time changes by exactly the linear layers' GEMMs and
   const ModelSpec m = small_gpt();
   const sim::ClusterSpec c = h100();
   const sim::CostModel cost(c.device, sim::CostConstants{});
-  // A GPT-2 layer's four linear layers (in -> out): qkv, attention projection, MLP up and down.
-  const std::int64_t rows = 2 * 256, h = 768, layers = 12;
-  const std::int64_t shapes[4][2] = {{h, 3 * h}, {h, h}, {h, 4 * h}, {4 * h, h}};
+  const std::int64_t rows = kRows, layers = kLayers;
   auto seconds = [](sim::Time t) { return sim::to_seconds(t); };
   // One cast of n bf16 elements: read 2 bytes, write the FP8 value and its transpose (1 + 1), and
   // read and write the f32 amax.
@@ -68,14 +80,11 @@ TEST_CASE("fp8: the compute time changes by exactly the linear layers' GEMMs and
     // linear's input (rows, in) and its output gradient (rows, out); the weight (in, out) is cast
     // once a step, and the backward GEMMs read the forward's casts.
     double expected = 0;
-    for (const auto& s : shapes) {
-      const std::int64_t in = s[0], out = s[1];
+    for (const auto& [in, out] : kLinears)
       for (const auto& [gm, gn, gk] : {std::array{rows, out, in}, std::array{rows, in, out}, std::array{in, out, rows}})
         expected += microbatches * (seconds(cost.gemm(gm, gn, gk, sim::DType::kBf16)) -
                                     seconds(cost.gemm(gm, gn, gk, sim::DType::kFp8)));
-      expected -= microbatches * (cast(rows * in) + cast(rows * out)) + cast(in * out);
-    }
-    expected *= layers;
+    expected = expected * layers - per_step_casts(microbatches, cast);
     // The step's amax, 3 f32 per linear: zeroed as the step begins and once folded, copied into
     // the buffer the reduction reads (one rank: no collective).
     const double amax_bytes = 4.0 * 3 * 4 * layers;
@@ -94,8 +103,6 @@ TEST_CASE("fp8 current scaling costs delayed scaling's step plus an amax pass be
   const ModelSpec m = small_gpt();
   const sim::ClusterSpec c = h100();
   const sim::CostModel cost(c.device, sim::CostConstants{});
-  const std::int64_t rows = 2 * 256, h = 768, layers = 12;
-  const std::int64_t shapes[4][2] = {{h, 3 * h}, {h, h}, {h, 4 * h}, {4 * h, h}};
   auto seconds = [](sim::Time t) { return sim::to_seconds(t); };
   // Before a cast of n bf16 elements: its amax zeroed (one f32 written), then the pass that reads
   // the n elements and reads and writes the amax. One rank: no reduction to run.
@@ -112,13 +119,8 @@ TEST_CASE("fp8 current scaling costs delayed scaling's step plus an amax pass be
     // The casts made are delayed scaling's: per micro-batch a linear's input and output gradient,
     // per step its weight. Delayed scaling's step amax (3 f32 per linear, zeroed as the step
     // begins and once folded, copied into the reduction's buffer) is not kept.
-    double expected = 0;
-    for (const auto& s : shapes) {
-      const std::int64_t in = s[0], out = s[1];
-      expected += microbatches * (pass(rows * in) + pass(rows * out)) + pass(in * out);
-    }
-    expected *= layers;
-    const double amax_bytes = 4.0 * 3 * 4 * layers;
+    double expected = per_step_casts(microbatches, pass);
+    const double amax_bytes = 4.0 * 3 * 4 * kLayers;
     expected -= 2 * seconds(cost.memory_bound(amax_bytes, "fill")) + seconds(cost.memory_bound(2 * amax_bytes, "copy"));
     INFO(microbatches << " micro-batches: delayed " << t_delayed << " s, current " << t_current << " s");
     CHECK(expected > 0.01 * t_delayed);
