@@ -209,7 +209,7 @@ void BlockContext::ring_gather_gemm(const Tensor& x, const Tensor& w, Tensor& y,
 }
 
 void BlockContext::linear_backward(const std::string& name, const Tensor& x_fp, const Tensor& dy_in, Tensor* dx,
-                                   LinearKind kind) {
+                                   LinearKind kind, Fp8Cast input_cast) {
   const ParamSlot& w = params[name + ".weight"];
   const std::int64_t in = w.value.shape()[0], out = w.value.shape()[1];
   const bool row = kind == LinearKind::row, column = kind == LinearKind::column;
@@ -222,7 +222,7 @@ void BlockContext::linear_backward(const std::string& name, const Tensor& x_fp, 
   // casts (the forward's, recomputed: same values, same scales); the bias gradient reads dy in fp32.
   const Tensor dy_q = fp8_operand(name, kind, Fp8Operand::grad, dy2, Fp8Cast::made);
   const Tensor weight = fp8_operand(name, kind, Fp8Operand::weight, w.value, Fp8Cast::kept);
-  const Tensor x_in = fp8_operand(name, kind, Fp8Operand::input, x_fp, Fp8Cast::kept);
+  const Tensor x_in = fp8_operand(name, kind, Fp8Operand::input, x_fp, input_cast);
   // tp_comm_overlap: the weight gradient's input is gathered on the side stream under the input
   // gradient's GEMM (a deferred pass gathers its own when it runs).
   Tensor gathered;

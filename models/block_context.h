@@ -65,7 +65,10 @@ class BlockContext {
   // y (N, out) = x · W [+ b] (b when `name`.bias exists).
   void linear(const std::string& name, const Tensor& x, Tensor& y, LinearKind kind);
   // dx = dy · Wᵀ, dW += xᵀ · dy, db += Σ dy; `dx` null: the input needs no gradient.
-  void linear_backward(const std::string& name, const Tensor& x, const Tensor& dy, Tensor* dx, LinearKind kind);
+  // `input_cast`: under fp8, whether the forward's cast of x is what the backward reads (kept) or x
+  // was made again since (a recomputed input: its cast is made again too).
+  void linear_backward(const std::string& name, const Tensor& x, const Tensor& dy, Tensor* dx, LinearKind kind,
+                       Fp8Cast input_cast = Fp8Cast::kept);
   void tp_all_reduce(Tensor& x);
   // Rows of a (N, ·) tensor on this rank: N, or N/tp under sequence parallelism.
   std::int64_t local_rows(std::int64_t n) const { return sp ? n / tp.size : n; }

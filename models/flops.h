@@ -18,9 +18,10 @@ enum class Recompute { none, selective, full };
 // forward and made again, from tensors the layer keeps anyway, just before
 // the backward that reads them.
 struct RecomputeModules {
-  // A transformer layer's norm whose only reader is a linear layer: the
-  // attention's input norm, and the MLP's where the MLP is dense (an MoE
-  // layer's keeps its input for the router and the shared experts).
+  // An MoE layer's pre-MLP norm, whose output the router, the dispatch and
+  // the shared experts read: the norms Megatron-Core with Transformer Engine
+  // keeps as modules of their own (TE fuses the others into the linear
+  // layers that read them: LayerNormLinear, LayerNormMLP).
   bool layernorm = false;
   // The routed experts' activation, the input of their down GEMM, from
   // their up GEMM's output.

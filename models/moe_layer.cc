@@ -42,6 +42,7 @@ double moe_activation_bytes(double rows, int width, int ffn, Activation activati
 struct MoeMlp::Saved : Block::Saved {
   Tensor x_in;                          // (R, C) for the shared experts
   Tensor x;                             // (N, C) the routed tokens (gathered under SP)
+  bool input_recomputed = false;        // x_in and x made again in backward (release_input)
   Tensor probs, lse, weights, experts;  // (N, E), (N), (N, K), (N, K)
   Tensor send_index, slot_index, group_index, ungroup_index;
   Tensor grouped, up, act;              // (M, C), (M, 2F or F), (M, F)
@@ -365,7 +366,8 @@ Tensor MoeMlp::shared_experts_backward(const Saved& s, const Tensor& dout) {
   Tensor dact, dup = ctx_.b.empty(s.shared_up.shape(), ctx_.act), dx;
   ctx_.linear_backward(name("shared.down"), s.shared_act, dout, &dact, LinearKind::row);
   activation_backward(dact, s.shared_up, dup);
-  ctx_.linear_backward(name("shared.up"), s.x_in, dup, &dx, LinearKind::column);
+  ctx_.linear_backward(name("shared.up"), s.x_in, dup, &dx, LinearKind::column,
+                       s.input_recomputed ? Fp8Cast::made : Fp8Cast::kept);
   return dx;
 }
 
@@ -454,6 +456,18 @@ Tensor MoeMlp::router_backward(const Saved& s, const Tensor& dweights, float los
   Tensor dx_router = b.empty(Shape{N, C}, ctx_.act);
   b.gemm(dlogits, router.value, dx_router, GemmOp{false, true});
   return dx_router;
+}
+
+void MoeMlp::release_input(Block::Saved& saved) {
+  Saved& s = static_cast<Saved&>(saved);
+  s.x_in = Tensor(), s.x = Tensor();
+}
+
+void MoeMlp::restore_input(Block::Saved& saved, const Tensor& x) {
+  Saved& s = static_cast<Saved&>(saved);
+  s.x_in = x.view(Shape{x.numel() / width_, width_});
+  s.x = ctx_.sp ? ctx_.sp_gather(s.x_in) : s.x_in;
+  s.input_recomputed = true;
 }
 
 Tensor MoeMlp::backward(const MicroBatch& mb, Block::Saved& saved, const Tensor& dout_in, float loss_scale) {

@@ -83,6 +83,12 @@ class MoeMlp {
   Tensor forward(const MicroBatch& mb, std::int64_t tokens, const Tensor& x, std::unique_ptr<Block::Saved>* saved);
   // d output (R, C) -> d x (R, C); accumulates the parameter gradients.
   Tensor backward(const MicroBatch& mb, Block::Saved& saved, const Tensor& dout, float loss_scale);
+  // Recompute module layernorm (the layer's pre-MLP norm, models/flops.h): forward's input, kept
+  // for the router's and the shared experts' backward, is let go, and given back (made again by
+  // the layer) before backward; under sequence parallelism the router's gathered copy is gathered
+  // again.
+  void release_input(Block::Saved& saved);
+  void restore_input(Block::Saved& saved, const Tensor& x);
 
  private:
   struct Saved;

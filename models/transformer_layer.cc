@@ -94,10 +94,11 @@ class TransformerLayer : public Block {
   // Context parallelism splits the micro-batch's sequences (models/context_parallel.h).
   bool context_parallel() const { return ctx_.options.context.size > 1; }
   float rope_theta() const { return s_.rope ? s_.rope_theta : 0.f; }
-  // Recompute module layernorm: the norms that feed only a linear layer free their output after
-  // forward, and backward makes it again from their kept input just before that linear's backward.
-  bool recompute_norms() const { return ctx_.options.recompute_modules.layernorm; }
-  Tensor recomputed_norm(const char* norm, const Tensor& x, const Tensor& kept);
+  // Recompute module layernorm: an MoE layer's pre-MLP norm frees its output after forward (with
+  // the experts' hold on it), and backward makes it again from the kept input x2 just before the
+  // experts' backward. Transformer Engine fuses the other norms into their linear layers.
+  bool recompute_norm() const { return moe_ != nullptr && ctx_.options.recompute_modules.layernorm; }
+  Tensor recomputed_norm(const Tensor& x2);
   AttentionOp attention_op() const;
   // Window order of the micro-batch's rows and its inverse (windowed only).
   const Tensor& order(const MicroBatch& mb, bool inverse);
@@ -111,10 +112,9 @@ class TransformerLayer : public Block {
   std::unique_ptr<MoeMlp> moe_;
 };
 
-Tensor TransformerLayer::recomputed_norm(const char* norm, const Tensor& x, const Tensor& kept) {
-  if (kept.defined()) return kept;
+Tensor TransformerLayer::recomputed_norm(const Tensor& x2) {
   Tensor out, mean, rstd;
-  ctx_.norm_forward(name(norm), x, out, mean, rstd);
+  ctx_.norm_forward(name("norm2"), x2, out, mean, rstd);
   return out;
 }
 
@@ -162,7 +162,6 @@ Tensor TransformerLayer::forward(const MicroBatch& mb, const Tensor& x_in, std::
   s->x = x_in.view(Shape{R, C});
   ctx_.norm_forward(name("norm1"), s->x, s->n1, s->mean1, s->rstd1);
   ctx_.linear(name("attn.qkv"), s->n1, s->qkv, LinearKind::column);
-  if (recompute_norms()) s->n1 = Tensor();  // made again in backward (recomputed_norm)
   // Attention batch entries: samples, or each sample's windows.
   std::int64_t entries = B, span = T;
   AttentionOp op = attention_op();
@@ -200,9 +199,12 @@ Tensor TransformerLayer::forward(const MicroBatch& mb, const Tensor& x_in, std::
   Tensor down;
   if (moe_) {
     down = moe_->forward(mb, N, s->n2, saved ? &s->moe : nullptr);
+    if (recompute_norm() && s->moe) {
+      s->n2 = Tensor();  // made again in backward (recomputed_norm)
+      moe_->release_input(*s->moe);
+    }
   } else {
     ctx_.linear(name("mlp.up"), s->n2, s->up, LinearKind::column);
-    if (recompute_norms()) s->n2 = Tensor();
     s->act = b.empty(Shape{N, ffn_}, ctx_.act);
     if (s_.activation == Activation::gelu) b.gelu_forward(s->up, s->act);
     else b.swiglu_forward(s->up, s->act);
@@ -230,6 +232,7 @@ Tensor TransformerLayer::backward(const MicroBatch& mb, Block::Saved& saved, con
   }
   Tensor dact, dn2, dx2_norm, dattn, dn1, dx_norm;
   if (moe_) {
+    if (!s.n2.defined()) moe_->restore_input(*s.moe, recomputed_norm(s.x2));
     dn2 = moe_->backward(mb, *s.moe, ddown, loss_scale);
     s.moe.reset();
   } else {
@@ -237,7 +240,7 @@ Tensor TransformerLayer::backward(const MicroBatch& mb, Block::Saved& saved, con
     Tensor dup = b.empty(s.up.shape(), ctx_.act);
     if (s_.activation == Activation::gelu) b.gelu_backward(dact, s.up, dup);
     else b.swiglu_backward(dact, s.up, dup);
-    ctx_.linear_backward(name("mlp.up"), recomputed_norm("norm2", s.x2, s.n2), dup, &dn2, LinearKind::column);
+    ctx_.linear_backward(name("mlp.up"), s.n2, dup, &dn2, LinearKind::column);
   }
   ctx_.norm_backward(name("norm2"), dn2, s.x2, s.mean2, s.rstd2, dx2_norm);
   Tensor dx2 = b.empty(Shape{R, C}, ctx_.act);
@@ -285,7 +288,7 @@ Tensor TransformerLayer::backward(const MicroBatch& mb, Block::Saved& saved, con
     b.gather_rows(dqkv, order(mb, true), natural);
     dqkv = natural;
   }
-  ctx_.linear_backward(name("attn.qkv"), recomputed_norm("norm1", s.x, s.n1), dqkv, &dn1, LinearKind::column);
+  ctx_.linear_backward(name("attn.qkv"), s.n1, dqkv, &dn1, LinearKind::column);
   ctx_.norm_backward(name("norm1"), dn1, s.x, s.mean1, s.rstd1, dx_norm);
   Tensor dx = b.empty(Shape{R, C}, ctx_.act);
   b.add(dx2, dx_norm, dx);
@@ -376,9 +379,8 @@ double TransformerLayerDef::activation_bytes(const ActivationQuery& q) const {
   const double mlp_in = s.moe.experts > 0 ? 0.0 : glu * s.ffn / h, mlp_out = s.moe.experts > 0 ? 0.0 : s.ffn / h;
   // GEMM inputs (the two norms' outputs, the attention output, the MLP's second input) may be kept narrower.
   const double gemm_in = a.gemm_input_bytes > 0 ? a.gemm_input_bytes : a.value_bytes;
-  // Recompute module layernorm frees the outputs of the norms that feed only a linear layer: the
-  // attention's, and the MLP's unless the experts keep it as their input.
-  const double norm_outputs = !q.recompute_modules.layernorm ? 2.0 : s.moe.experts > 0 ? 1.0 : 0.0;
+  // Recompute module layernorm frees an MoE layer's pre-MLP norm output (the experts' input).
+  const double norm_outputs = q.recompute_modules.layernorm && s.moe.experts > 0 ? 1.0 : 2.0;
   double bytes = a.value_bytes * (2.0 * sbh / rep + (qkv + mlp_in) * sbh / t) +
                  gemm_in * (norm_outputs * sbh / rep + (attention_out + mlp_out) * sbh / t);
   if (s.moe.experts > 0)
@@ -424,6 +426,10 @@ double TransformerLayerDef::backward_working_bytes(const ActivationQuery& q) con
     const double etp = q.expert_tp > 0 ? q.expert_tp : t, K = s.moe.top_k;
     width += K * ((glu + 1.0) * s.ffn / etp + 2.0 * s.width) - (glu + 1.0) * s.ffn / t;
     width += (glu + 1.0) * s.ffn * s.moe.shared_experts / t;
+    // The recompute modules' outputs, made again for this backward: the experts' activation, and the
+    // pre-MLP norm's (with the router's gathered copy under SP).
+    if (q.recompute_modules.moe_act) width += K * s.ffn / etp;
+    if (q.recompute_modules.layernorm) width += s.width * (q.sequence_parallel ? 1.0 + 1.0 / t : 1.0);
   }
   return q.layout.value_bytes * rows * width;
 }

@@ -41,7 +41,9 @@ struct Row {
 std::string layout_of(const Plan& p) {
   if (!p.segments.empty()) return fmt::format("{} segments", p.segments.size());
   return fmt::format("tp{} pp{} dp{} mb{} z{}{}", p.tp, p.pp, p.dp, p.micro_batch, p.zero,
-                     p.recompute == Recompute::none ? "" : fmt::format(" rc-{}", recompute_name(p.recompute)));
+                     p.recompute == Recompute::none && !p.recompute_modules.any()
+                         ? ""
+                         : fmt::format(" rc-{}", recompute_label(p)));
 }
 
 std::string rank_peaks(const SimulationResult& r) {

@@ -68,9 +68,9 @@ void add_plan_flags(CLI::App& app, PlanFlags& f, const std::string& default_mode
     shown(app.add_option(field.flag, o.*field.member, field.help), field.key)->check(int_in(field.range));
   shown(app.add_option("--recompute", o.recompute, "activation recomputation: none, selective, full"), "recompute");
   app.add_option("--recompute-modules", o.recompute_modules,
-                 "modules also recomputed in backward, comma-separated: layernorm (a transformer layer's norms that "
-                 "feed linear layers), moe_act (the routed experts' activation); Megatron-Core's --recompute-modules "
-                 "beyond core_attn, which --recompute selective is")
+                 "modules also recomputed in backward, comma-separated: layernorm (an MoE layer's pre-MLP norm), "
+                 "moe_act (the routed experts' activation); Megatron-Core's --recompute-modules beyond core_attn, "
+                 "which --recompute selective is")
       ->delimiter(',');
   shown(app.add_option("--schedule", o.schedule, "pipeline schedule: gpipe, 1f1b, interleaved, zb-h1"), "schedule");
   shown(app.add_option("--precision", o.precision, "fp32, bf16, fp16 or fp8 (fp8: simulated on H100/H200; trained on the cpu backend as exact emulation)"),

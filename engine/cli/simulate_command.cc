@@ -297,6 +297,7 @@ Error missing_model(const SimulateFlags& f) {
 Status check_default_plan_fits(const SimulateFlags& f, const ModelAndPlan& mp, const sim::ClusterSpec& c) {
   const PlanOverrides& o = f.plan.overrides;
   const bool chosen = !f.plan.plan_file.empty() || o.tp || o.pp || o.cp || o.ep || o.vpp || o.zero || o.recompute ||
+                      o.recompute_modules ||
                       o.offload || o.sequence_parallel || o.micro_batch || o.global_batch || o.microbatches ||
                       o.seq_len || o.precision;
   if (chosen || !mp.plan.segments.empty()) return ok_status();

@@ -33,7 +33,10 @@
 // With 2-byte values, 1-byte masks and h = ffn/4 that is the paper's
 // s·b·h·(34 + 5·a·s/h) without parallelism and s·b·h·(10 + 24/t + 5·a·s/(h·t))
 // with tensor parallelism. Full recomputation keeps only each layer's input.
-// Selective recomputation drops the materialised attention terms.
+// Selective recomputation drops the materialised attention terms. The
+// recompute modules (Plan::recompute_modules) drop what they make again: an
+// MoE layer's pre-MLP norm output (layernorm, 1 of the 4) and the routed
+// experts' activation (moe_act); the backward's working set holds them again.
 //
 // Each block states what it saves (BlockDef::activation_bytes, models/block.h)
 // under an ActivationLayout: the

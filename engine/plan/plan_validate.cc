@@ -231,9 +231,13 @@ Status check_experts(const Plan& p, const ModelSpec& m, const ModelIo& io) {
   if (io.routes_to_experts) return validate_expert_plan(p, m);
   if (p.ep != 1 || p.etp > 1)
     return make_error("ep {} (etp {}) given for a dense model '{}' (no experts); use ep 1", p.ep, p.etp, m.name);
-  if (p.recompute_modules.moe_act)
-    return make_error("recompute module moe_act recomputes the routed experts' activation, and model '{}' has no "
-                      "experts; drop moe_act from --recompute-modules",
+  if (p.recompute_modules.any())
+    return make_error("recompute module {} recomputes {}, and model '{}' has no experts; drop it from "
+                      "--recompute-modules",
+                      p.recompute_modules.moe_act ? "moe_act" : "layernorm",
+                      p.recompute_modules.moe_act ? "the routed experts' activation"
+                                                  : "an MoE layer's pre-MLP norm (Transformer Engine fuses a dense "
+                                                    "layer's norms into its linear layers, leaving none to recompute)",
                       m.name);
   return ok_status();
 }

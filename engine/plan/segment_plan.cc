@@ -274,7 +274,7 @@ std::string describe_segments(const Plan& p, const ModelSpec& m) {
                        "of {} per replica, zero {}, recompute {}, schedule {}{}\n",
                        k, s.segment_name, r.first, r.last, fmt::join(modules, ", "), s.first_rank,
                        s.first_rank + s.world_size() - 1, s.tp, s.pp, s.dp, s.vpp, s.microbatches(), s.micro_batch,
-                       s.zero, recompute_name(s.recompute), schedule_name(s.schedule),
+                       s.zero, recompute_label(s), schedule_name(s.schedule),
                        s.sequence_parallel ? ", sequence parallel" : "");
   }
   // Per rank: what each segment gives it (its coordinates and its blocks there).

@@ -68,7 +68,7 @@ std::string describe_plan(const Plan& p, const ModelSpec& m) {
   if (p.zero > 0) s += fmt::format(" zero {}", p.zero);
   if (p.zero_reduce_once) s += " reduce-once";
   if (p.zero == 3 && !p.prefetch_across_chunks) s += " no-prefetch-across";
-  if (p.recompute != Recompute::none) s += fmt::format(" rc {}", recompute_name(p.recompute));
+  if (p.recompute != Recompute::none || p.recompute_modules.any()) s += fmt::format(" rc {}", recompute_label(p));
   if (p.sequence_parallel) s += " sp";
   if (model_io(m).routes_to_experts) s += fmt::format(" ep {}", p.ep) + (p.etp == 1 && p.tp > 1 ? " etp 1" : "");
   if (p.first_stage_layers > 0 || p.last_stage_layers > 0)

@@ -274,5 +274,7 @@ TEST_CASE("the FP8 recipe and the recompute modules are plan fields with checked
   full.recompute_modules.moe_act = false;
   CHECK_THAT(rejection(full, tiny()), Catch::Contains("with recompute full: full recomputation already"));
   full.recompute = Recompute::selective;
-  CHECK(validate_plan(full, tiny()).ok());
+  CHECK_THAT(rejection(full, tiny()), Catch::Contains("recompute module layernorm recomputes an MoE layer's "
+                                                      "pre-MLP norm"));
+  CHECK(validate_plan(full, *model_preset("tiny-moe")).ok());
 }
