@@ -33,6 +33,7 @@ struct PlanCommandFlags {
   int gpus = 0;
   std::optional<int> global_batch, seq_len;
   std::string precision = "bf16", grad_sync = "overlap", grad_dtype = "fp32", fp8_recipe = "delayed";
+  std::vector<std::string> recompute_modules;
   double grad_bucket_mb = Plan{}.grad_bucket_mb;
   int top = 10, simulate = 32, segments = planner::PlannerOptions{}.segments;
   std::string layouts;  // empty: all, or uniform when --fix/--allow pin the uniform dimensions
@@ -102,6 +103,7 @@ Status run_plan(const PlanCommandFlags& f) {
   MT_ASSIGN(ctx.base.grad_sync, parse_grad_sync(f.grad_sync));
   MT_ASSIGN(ctx.base.grad_dtype, parse_grad_dtype(f.grad_dtype));
   MT_ASSIGN(ctx.base.fp8_recipe, parse_fp8_recipe(f.fp8_recipe));
+  MT_ASSIGN(ctx.base.recompute_modules, parse_recompute_modules(f.recompute_modules));
   ctx.base.grad_bucket_mb = f.grad_bucket_mb;
 
   SimulateOptions options;
@@ -170,6 +172,10 @@ Command add_plan_command(CLI::App& app) {
   sub->add_option("--grad-dtype", f->grad_dtype,
                   "gradients in fp32 or bf16 (every candidate; bf16 needs precision bf16 or fp8)")
       ->capture_default_str();
+  sub->add_option("--recompute-modules", f->recompute_modules,
+                  "layernorm and/or moe_act, comma-separated: recomputed in every candidate that does not recompute "
+                  "whole layers")
+      ->delimiter(',');
   sub->add_option("--fp8-recipe", f->fp8_recipe,
                   "with --precision fp8: delayed or current scaling (every candidate)")
       ->capture_default_str();

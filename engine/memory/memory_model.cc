@@ -29,7 +29,7 @@ ActivationQuery activation_query(const ModelSpec& m, const Plan& p, const Activa
   q.expert_tp = p.expert_tp();
   q.sequence_parallel = p.sequence_parallel;
   q.recompute = p.recompute;
-  q.recompute_modules = p.recompute_modules;
+  q.recompute_modules = effective_recompute_modules(p);
   q.layout = a;
   return q;
 }

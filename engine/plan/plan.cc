@@ -86,8 +86,12 @@ Result<GradDtype> parse_grad_dtype(const std::string& s) {
 }
 std::string fp8_recipe_name(Fp8Recipe r) { return kFp8Recipes[static_cast<std::size_t>(r)]; }
 Result<Fp8Recipe> parse_fp8_recipe(const std::string& s) { return parse_enum<Fp8Recipe>("FP8 recipe", s, kFp8Recipes); }
+RecomputeModules effective_recompute_modules(const Plan& p) {
+  return p.recompute == Recompute::full ? RecomputeModules{} : p.recompute_modules;
+}
+
 std::string recompute_label(const Plan& p) {
-  const std::string modules = recompute_modules_name(p.recompute_modules);
+  const std::string modules = recompute_modules_name(effective_recompute_modules(p));
   return recompute_name(p.recompute) + (modules.empty() ? "" : "+" + modules);
 }
 std::string precision_label(const Plan& p) {

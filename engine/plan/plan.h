@@ -257,8 +257,12 @@ int element_bytes(Precision p);
 // The dtype of the plan's gradient buffers, and the bytes of one element.
 DType gradient_dtype(const Plan& p);
 int gradient_bytes(const Plan& p);
+// The recompute modules the plan runs: none under full recomputation, which
+// makes every module of a layer again (as Megatron-Core reads its modules
+// only under selective granularity), else the plan's.
+RecomputeModules effective_recompute_modules(const Plan& p);
 // The recomputation as the one-line summaries print it: its name, and the
-// recompute modules after a '+' ("none+layernorm,moe_act").
+// recompute modules it runs after a '+' ("none+layernorm,moe_act").
 std::string recompute_label(const Plan& p);
 // The precision as the one-line summaries print it: its name, and under
 // precision fp8 with current scaling "fp8 (current scaling)".

@@ -84,10 +84,6 @@ Status check_feature_combinations(const Plan& p) {
     return make_error("grad_dtype (--grad-dtype) bf16 needs precision bf16 or fp8, got {}: the gradients are kept in "
                       "the 16-bit working dtype of the weights; use --precision bf16, or --grad-dtype fp32",
                       precision_name(p.precision));
-  if (p.recompute_modules.any() && p.recompute == Recompute::full)
-    return make_error("recompute_modules (--recompute-modules) {} with recompute full: full recomputation already "
-                      "recomputes every module of a layer; use --recompute none or selective with the modules",
-                      recompute_modules_name(p.recompute_modules));
   if (p.fp8_recipe != Fp8Recipe::delayed && p.precision != Precision::fp8)
     return make_error("fp8_recipe (--fp8-recipe) {} scales FP8 tensors, but the plan's precision is {}: add "
                       "--precision fp8, or drop the recipe",

@@ -114,7 +114,7 @@ Status StepEngine::check_and_build_pipeline() {
 
 ChunkOptions StepEngine::chunk_options() const {
   ChunkOptions o{plan_.recompute, options_.dropout, {}};
-  o.recompute_modules = plan_.recompute_modules;
+  o.recompute_modules = effective_recompute_modules(plan_);
   // ZeRO-2 frees gradients between uses, ZeRO-3 parameters too (gradient_buckets.h, parameter_gather.h).
   o.storage.persistent_grads = plan_.zero < 2;
   o.storage.persistent_values = plan_.zero < 3;

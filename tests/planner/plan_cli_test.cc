@@ -306,3 +306,20 @@ TEST_CASE("plan keeps --fp8-recipe current in every candidate, and refuses it wi
   CHECK_THAT(refused.out, Catch::Contains("--fp8-recipe current scales FP8 tensors, but --precision is bf16: add "
                                           "--precision fp8"));
 }
+
+TEST_CASE("plan runs --recompute-modules in every candidate and writes them to the plan file", "[planner]") {
+  const std::string out = "plan_cli_test_modules.json";
+  std::remove(out.c_str());
+  const std::string job = "plan --model tiny-moe --cluster local-cpu --gpus 4 --global-batch 8 --fix tp=1,pp=1 "
+                          "--allow recompute=none,full --simulate 2 --json --no-progress ";
+  const nlohmann::json with = json_output(job + "--recompute-modules layernorm,moe_act --out " + out);
+  REQUIRE(!with["ranked"].empty());
+  for (const auto& row : with["ranked"])
+    CHECK(row["plan"]["recompute_modules"] == nlohmann::json({"layernorm", "moe_act"}));
+  check_plan_file("tiny-moe", out, with["ranked"][0]);
+  std::remove(out.c_str());
+  const MeshtrainRun dense = run_meshtrain("plan --model tiny --cluster local-cpu --gpus 2 --simulate 1 --no-progress "
+                                           "--recompute-modules moe_act");
+  CHECK(dense.status != 0);
+  CHECK_THAT(dense.out, Catch::Contains("has no experts"));
+}
