@@ -111,10 +111,7 @@ Status run_plan(const PlanCommandFlags& f) {
   ctx.gpus_per_node = options.cluster.gpus_per_node;
   // Before the search: otherwise every candidate would be refused one by one for the same reason.
   if (ctx.base.precision == Precision::fp8) MT_TRY(check_fp8_device(options.cluster.device));
-  if (ctx.base.fp8_recipe != Fp8Recipe::delayed && ctx.base.precision != Precision::fp8)
-    return make_error("--fp8-recipe {} scales FP8 tensors, but --precision is {}: add --precision fp8, or drop the "
-                      "recipe",
-                      fp8_recipe_name(ctx.base.fp8_recipe), precision_name(ctx.base.precision));
+  MT_TRY(check_fp8_recipe(ctx.base));
   sim::Calibration calibration;
   if (!f.calibration.empty())
     MT_TRY(apply_calibration(f.calibration, "threads", f.gpus, ctx.base.precision, calibration, options));

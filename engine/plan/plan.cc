@@ -7,6 +7,8 @@
 #include "models/block.h"
 #include "models/model_tables.h"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "core/json_input.h"
@@ -51,10 +53,10 @@ std::string precision_name(Precision p) { return kPrecisions[static_cast<std::si
 Result<ScheduleKind> parse_schedule(const std::string& s) { return schedule::parse_schedule_kind(s); }
 Result<Recompute> parse_recompute(const std::string& s) { return parse_enum<Recompute>("recompute mode", s, kRecomputes); }
 
-std::string recompute_modules_name(const RecomputeModules& r) {
-  std::string out;
-  if (r.layernorm) out = "layernorm";
-  if (r.moe_act) out += std::string(out.empty() ? "" : ",") + "moe_act";
+std::vector<std::string> recompute_module_names(const RecomputeModules& r) {
+  std::vector<std::string> out;
+  if (r.layernorm) out.push_back("layernorm");
+  if (r.moe_act) out.push_back("moe_act");
   return out;
 }
 
@@ -91,8 +93,8 @@ RecomputeModules effective_recompute_modules(const Plan& p) {
 }
 
 std::string recompute_label(const Plan& p) {
-  const std::string modules = recompute_modules_name(effective_recompute_modules(p));
-  return recompute_name(p.recompute) + (modules.empty() ? "" : "+" + modules);
+  const std::vector<std::string> modules = recompute_module_names(effective_recompute_modules(p));
+  return recompute_name(p.recompute) + (modules.empty() ? "" : fmt::format("+{}", fmt::join(modules, ",")));
 }
 std::string precision_label(const Plan& p) {
   if (p.precision == Precision::fp8 && p.fp8_recipe == Fp8Recipe::current) return "fp8 (current scaling)";
@@ -290,12 +292,7 @@ nlohmann::json plan_to_json(const Plan& p) {
   if (p.fp8_recipe != Fp8Recipe::delayed) j["fp8_recipe"] = fp8_recipe_name(p.fp8_recipe);
   if (p.cp_comm != ContextComm::all_gather) j["cp_comm"] = context_comm_name(p.cp_comm);
   if (!p.chunk_layers.empty()) j["chunk_layers"] = p.chunk_layers;
-  if (p.recompute_modules.layernorm || p.recompute_modules.moe_act) {
-    std::vector<std::string> names;
-    if (p.recompute_modules.layernorm) names.push_back("layernorm");
-    if (p.recompute_modules.moe_act) names.push_back("moe_act");
-    j["recompute_modules"] = names;
-  }
+  if (p.recompute_modules.any()) j["recompute_modules"] = recompute_module_names(p.recompute_modules);
   if (p.embedding_in_split) j["account_for_embedding_in_pipeline_split"] = true;
   if (p.loss_in_split) j["account_for_loss_in_pipeline_split"] = true;
   if (p.grad_compression != GradCompression::none) {

@@ -228,13 +228,16 @@ Result<Plan> apply_overrides(Plan base, const PlanOverrides& o);
 
 // `world_size` 0 means "whatever the plan needs" (tp·pp·dp·cp).
 Status validate_plan(const Plan& p, const ModelSpec& m, int world_size = 0);
+// The part of it a planner checks on its base plan before the search: an FP8
+// recipe other than delayed needs precision fp8.
+Status check_fp8_recipe(const Plan& p);
 
 // Schedule names come from the schedule library (schedule_kind_name), the one
 // table of them; these keep the plan's name functions in one place.
 std::string schedule_name(ScheduleKind s);
 std::string recompute_name(Recompute r);
-// "layernorm,moe_act" (empty for none), and back from a list of names.
-std::string recompute_modules_name(const RecomputeModules& r);
+// ["layernorm", "moe_act"] (empty for none), and back from such a list.
+std::vector<std::string> recompute_module_names(const RecomputeModules& r);
 Result<RecomputeModules> parse_recompute_modules(const std::vector<std::string>& names);
 std::string precision_name(Precision p);
 std::string grad_sync_name(GradSync g);

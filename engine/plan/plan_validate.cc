@@ -54,6 +54,17 @@ Status check_degrees(const Plan& p) {
   return ok_status();
 }
 
+}  // namespace
+
+Status check_fp8_recipe(const Plan& p) {
+  if (p.fp8_recipe == Fp8Recipe::delayed || p.precision == Precision::fp8) return ok_status();
+  return make_error("fp8_recipe (--fp8-recipe) {} scales FP8 tensors, but the plan's precision is {}: add "
+                    "--precision fp8, or drop the recipe",
+                    fp8_recipe_name(p.fp8_recipe), precision_name(p.precision));
+}
+
+namespace {
+
 // Features that need another feature, or exclude one.
 Status check_feature_combinations(const Plan& p) {
   if (p.grad_compression == GradCompression::one_bit && p.zero >= 2)
@@ -84,10 +95,7 @@ Status check_feature_combinations(const Plan& p) {
     return make_error("grad_dtype (--grad-dtype) bf16 needs precision bf16 or fp8, got {}: the gradients are kept in "
                       "the 16-bit working dtype of the weights; use --precision bf16, or --grad-dtype fp32",
                       precision_name(p.precision));
-  if (p.fp8_recipe != Fp8Recipe::delayed && p.precision != Precision::fp8)
-    return make_error("fp8_recipe (--fp8-recipe) {} scales FP8 tensors, but the plan's precision is {}: add "
-                      "--precision fp8, or drop the recipe",
-                      fp8_recipe_name(p.fp8_recipe), precision_name(p.precision));
+  MT_TRY(check_fp8_recipe(p));
   if (p.grad_dtype == GradDtype::bf16 && p.grad_compression != GradCompression::none)
     return make_error("grad_dtype (--grad-dtype) bf16 does not combine with grad_compression (--grad-compression) {}: "
                       "the compressors read and write fp32 gradients; drop one of them",

@@ -114,7 +114,7 @@ nlohmann::json plan_file_json(const Candidate& c) {
     if (p.grad_dtype != GradDtype::fp32) j["grad_dtype"] = grad_dtype_name(p.grad_dtype);
     if (p.fp8_recipe != Fp8Recipe::delayed) j["fp8_recipe"] = fp8_recipe_name(p.fp8_recipe);
     // The segments inherit the job's modules (segments_from_json starts each from the job's fields).
-    if (p.recompute_modules.any()) j["recompute_modules"] = plan_to_json(p)["recompute_modules"];
+    if (p.recompute_modules.any()) j["recompute_modules"] = recompute_module_names(p.recompute_modules);
     return j;
   }
   nlohmann::json j = plan_to_json(p);

@@ -9,7 +9,7 @@ Status check_fp8_emulation(const ModelSpec& m, const Plan& p) {
     return ok_status();
   // The expert mesh (engine/plan/mesh.h) numbers a stage's ranks tp fastest, then cp, then dp, and
   // lays ETP·EP consecutive ones into an expert group's block.
-  const int etp = p.etp == 0 ? p.tp : p.etp;
+  const int etp = p.expert_tp();
   const int shared = p.tp * p.cp;
   if (etp * p.ep <= shared && shared % (etp * p.ep) == 0) return ok_status();
   return make_error("fp8_recipe current with ep {} (etp {}) over tp {} and cp {}: an expert group then takes "

@@ -303,8 +303,8 @@ TEST_CASE("plan keeps --fp8-recipe current in every candidate, and refuses it wi
   for (const auto& row : delayed["ranked"]) CHECK_FALSE(row["plan"].contains("fp8_recipe"));
   const MeshtrainRun refused = run_meshtrain(job + "--fp8-recipe current");
   CHECK(refused.status != 0);
-  CHECK_THAT(refused.out, Catch::Contains("--fp8-recipe current scales FP8 tensors, but --precision is bf16: add "
-                                          "--precision fp8"));
+  CHECK_THAT(refused.out, Catch::Contains("fp8_recipe (--fp8-recipe) current scales FP8 tensors, but the plan's "
+                                          "precision is bf16: add --precision fp8"));
 }
 
 TEST_CASE("plan runs --recompute-modules in every candidate and writes them to the plan file", "[planner]") {
