@@ -67,24 +67,27 @@ const Fp8Scaling::Linear& Fp8Scaling::find(const std::string& linear) const {
 Tensor Fp8Scaling::quantize(const std::string& linear, Fp8Operand which, const Tensor& x, Fp8Cast cast,
                             const Fp8Split& split) {
   Linear& l = find(linear);
-  if (recipe_ == Fp8Recipe::current) return quantize_current(l, which, x, cast, split);
+  // TE keeps a weight's cast over the step's micro-batches: only the first is made.
+  if (which == Fp8Operand::weight) {
+    if (l.weight_cast) cast = Fp8Cast::kept;
+    l.weight_cast = true;
+  }
   const auto k = static_cast<std::size_t>(which);
-  Fp8CastOp op{l.scaling[k].scale(), format_of(static_cast<int>(k)), 2};
-  if (cast == Fp8Cast::kept || (which == Fp8Operand::weight && l.weight_cast)) op.copies = 0;
-  if (which == Fp8Operand::weight) l.weight_cast = true;
+  const bool current = recipe_ == Fp8Recipe::current;
+  // Current scaling: what a real run kept is no kernel and no reduction there.
+  if (current && cast == Fp8Cast::kept && !b_.holds_values()) return x;
+  Fp8CastOp op{current ? 1.f : l.scaling[k].scale(), format_of(static_cast<int>(k)), cast == Fp8Cast::kept ? 0 : 2,
+               current};
   // A backend of shapes only (the sim) costs the cast and keeps x: the FP8 copies' memory is the
   // memory model's (engine/plan/fp8_recipe.h), not a second bf16 tensor.
   Tensor out = b_.holds_values() ? b_.empty(x.shape(), x.dtype()) : x;
-  Tensor amax = amax_.slice(l.index + static_cast<std::int64_t>(k), 1);
+  // Delayed scaling folds x's amax into the step's; current scaling measures it first and casts by it.
+  Tensor amax = current ? current_amax(x, split) : amax_.slice(l.index + static_cast<std::int64_t>(k), 1);
   b_.fp8_cast(x, op, out, amax);
   return out;
 }
 
-Tensor Fp8Scaling::quantize_current(Linear& l, Fp8Operand which, const Tensor& x, Fp8Cast cast,
-                                    const Fp8Split& split) {
-  if (which == Fp8Operand::weight && l.weight_cast) cast = Fp8Cast::kept;
-  if (which == Fp8Operand::weight) l.weight_cast = true;
-  if (cast == Fp8Cast::kept && !b_.holds_values()) return x;  // what a real run kept: no kernel, no reduction
+Tensor Fp8Scaling::current_amax(const Tensor& x, const Fp8Split& split) {
   // Zeroed as TE zeroes it before its amax kernel (a memset: a kernel's cost on the sim).
   Tensor amax = b_.empty(Shape{1});
   b_.fill(amax, 0.f);
@@ -93,10 +96,7 @@ Tensor Fp8Scaling::quantize_current(Linear& l, Fp8Operand which, const Tensor& x
     const bool by_te = std::find(split.by_te.begin(), split.by_te.end(), g) != split.by_te.end();
     if (g->size() > 1 && (by_te || b_.holds_values())) b_.all_reduce(amax, *g, ReduceOp::max);
   }
-  Fp8CastOp op{1.f, format_of(static_cast<int>(which)), cast == Fp8Cast::kept ? 0 : 2, true};
-  Tensor out = b_.holds_values() ? b_.empty(x.shape(), x.dtype()) : x;
-  b_.fp8_cast(x, op, out, amax);
-  return out;
+  return amax;
 }
 
 void Fp8Scaling::begin_step() {

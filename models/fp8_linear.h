@@ -147,7 +147,8 @@ class Fp8Scaling {
   };
   Linear& find(const std::string& linear);
   const Linear& find(const std::string& linear) const;
-  Tensor quantize_current(Linear& l, Fp8Operand which, const Tensor& x, Fp8Cast cast, const Fp8Split& split);
+  // Current scaling: x's amax, measured and reduced over split.over (the sim: over split.by_te).
+  Tensor current_amax(const Tensor& x, const Fp8Split& split);
   Backend& b_;
   Fp8Recipe recipe_;
   std::map<std::string, Linear> linears_;
