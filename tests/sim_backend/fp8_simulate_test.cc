@@ -43,6 +43,15 @@ double per_step_casts(int microbatches, const std::function<double(std::int64_t)
   return total * kLayers;
 }
 
+double seconds(sim::Time t) { return sim::to_seconds(t); }
+
+// Delayed scaling's step amax of `layers` layers, 3 f32 for each of their 4 linears: zeroed as the
+// step begins and once folded, copied into the buffer the reduction reads (one rank: no collective).
+double step_amax_s(const sim::CostModel& cost, std::int64_t layers = kLayers) {
+  const double bytes = 4.0 * 3 * 4 * static_cast<double>(layers);
+  return 2 * seconds(cost.memory_bound(bytes, "fill")) + seconds(cost.memory_bound(2 * bytes, "copy"));
+}
+
 Result<SimulationResult> simulate(const ModelSpec& m, const Plan& p, const sim::ClusterSpec& c) {
   SimulateOptions o;
   o.cluster = c;
@@ -63,7 +72,6 @@ TEST_CASE("fp8: the compute time changes by exactly the linear layers' GEMMs and
   const sim::ClusterSpec c = h100();
   const sim::CostModel cost(c.device, sim::CostConstants{});
   const std::int64_t rows = kRows, layers = kLayers;
-  auto seconds = [](sim::Time t) { return sim::to_seconds(t); };
   // One cast of n bf16 elements: read 2 bytes, write the FP8 value and its transpose (1 + 1), and
   // read and write the f32 amax.
   auto cast = [&](std::int64_t n) { return seconds(cost.memory_bound(4.0 * static_cast<double>(n) + 8, "fp8_cast")); };
@@ -84,11 +92,7 @@ TEST_CASE("fp8: the compute time changes by exactly the linear layers' GEMMs and
       for (const auto& [gm, gn, gk] : {std::array{rows, out, in}, std::array{rows, in, out}, std::array{in, out, rows}})
         expected += microbatches * (seconds(cost.gemm(gm, gn, gk, sim::DType::kBf16)) -
                                     seconds(cost.gemm(gm, gn, gk, sim::DType::kFp8)));
-    expected = expected * layers - per_step_casts(microbatches, cast);
-    // The step's amax, 3 f32 per linear: zeroed as the step begins and once folded, copied into
-    // the buffer the reduction reads (one rank: no collective).
-    const double amax_bytes = 4.0 * 3 * 4 * layers;
-    expected -= 2 * seconds(cost.memory_bound(amax_bytes, "fill")) + seconds(cost.memory_bound(2 * amax_bytes, "copy"));
+    expected = expected * layers - per_step_casts(microbatches, cast) - step_amax_s(cost);
     INFO(microbatches << " micro-batches: bf16 " << bf16 << " s, fp8 " << fp8 << " s, expected saving " << expected
                       << " s");
     // At 512 rows of width 768 the GEMMs are far from the FP8 peak and the casts cost more than
@@ -103,7 +107,6 @@ TEST_CASE("fp8 current scaling costs delayed scaling's step plus an amax pass be
   const ModelSpec m = small_gpt();
   const sim::ClusterSpec c = h100();
   const sim::CostModel cost(c.device, sim::CostConstants{});
-  auto seconds = [](sim::Time t) { return sim::to_seconds(t); };
   // Before a cast of n bf16 elements: its amax zeroed (one f32 written), then the pass that reads
   // the n elements and reads and writes the amax. One rank: no reduction to run.
   auto pass = [&](std::int64_t n) {
@@ -117,11 +120,8 @@ TEST_CASE("fp8 current scaling costs delayed scaling's step plus an amax pass be
     const double t_delayed = simulated(m, delayed, c).stages.at(0).compute_s;
     const double t_current = simulated(m, current, c).stages.at(0).compute_s;
     // The casts made are delayed scaling's: per micro-batch a linear's input and output gradient,
-    // per step its weight. Delayed scaling's step amax (3 f32 per linear, zeroed as the step
-    // begins and once folded, copied into the reduction's buffer) is not kept.
-    double expected = per_step_casts(microbatches, pass);
-    const double amax_bytes = 4.0 * 3 * 4 * kLayers;
-    expected -= 2 * seconds(cost.memory_bound(amax_bytes, "fill")) + seconds(cost.memory_bound(2 * amax_bytes, "copy"));
+    // per step its weight. Delayed scaling's step amax is not kept.
+    const double expected = per_step_casts(microbatches, pass) - step_amax_s(cost);
     INFO(microbatches << " micro-batches: delayed " << t_delayed << " s, current " << t_current << " s");
     CHECK(expected > 0.01 * t_delayed);
     CHECK(t_current - t_delayed == Approx(expected).epsilon(1e-6));
@@ -208,16 +208,10 @@ TEST_CASE("fp8: a plan made of segments changes compute and peak as the uniform 
   const SimulationResult split_bf16 = simulated(m, with_segments(Precision::bf16), c);
   const SimulationResult split_fp8 = simulated(m, with_segments(Precision::fp8), c);
   REQUIRE(split_fp8.stages.size() == 1);
-  // Zeroing the amax as the step begins and once folded, and copying it into the reduction's buffer:
-  // 3 f32 for each of 4 linears a layer, for the 12 layers at once or for 6 and 6.
-  auto amax_ops = [&](int layers) {
-    const double bytes = 4.0 * 3 * 4 * layers;
-    return 2 * sim::to_seconds(cost.memory_bound(bytes, "fill")) +
-           sim::to_seconds(cost.memory_bound(2 * bytes, "copy"));
-  };
+  // The step amax's bookkeeping for the 12 layers at once, or for 6 and 6.
   const double uniform_change = uniform_fp8.stages[0].compute_s - uniform_bf16.stages[0].compute_s;
   const double split_change = split_fp8.stages[0].compute_s - split_bf16.stages[0].compute_s;
-  CHECK(split_change == Approx(uniform_change + 2 * amax_ops(6) - amax_ops(12)).epsilon(1e-6));
+  CHECK(split_change == Approx(uniform_change + 2 * step_amax_s(cost, 6) - step_amax_s(cost, 12)).epsilon(1e-6));
   // Each segment's FP8 weight copies and 1-byte saved inputs: the whole model's, summed.
   CHECK(split_fp8.stages[0].peak_bytes - split_bf16.stages[0].peak_bytes ==
         uniform_fp8.stages[0].peak_bytes - uniform_bf16.stages[0].peak_bytes);
