@@ -25,10 +25,12 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "backends/backend.h"
+#include "core/phased.h"
 #include "core/status.h"
 #include "models/context_parallel.h"
 #include "models/flops.h"
@@ -103,6 +105,10 @@ struct ChunkOptions {
   // them (the sim backend); null: the router decides on the data.
   std::shared_ptr<const MoeRouting> routing{};
   RecomputeModules recompute_modules{};
+  // EP all-to-all overlap (engine/plan/plan.h moe_a2a_overlap): the MoE layers' token all-to-alls run
+  // on this stream, one per rank shared by its chunks as Megatron-Core's one communication stream,
+  // and the compute stream waits for each only where its rows are read.
+  std::optional<Stream> expert_stream{};
 };
 
 // One micro-batch as the blocks read it.
@@ -176,6 +182,16 @@ class Block {
   // respect to loss_sum is `loss_scale`. Accumulates parameter gradients and
   // returns the input gradient (undefined for the first block).
   virtual Tensor backward(const MicroBatch& mb, Saved& saved, const Tensor& dout, float loss_scale) = 0;
+  // The same passes as phases (core/phased.h) for a schedule that interleaves
+  // two micro-batches' passes (EP all-to-all overlap): a block with
+  // all-to-alls pauses after issuing each (models/moe_layer.h); any other
+  // block is one phase.
+  virtual Phased<Tensor> forward_phased(const MicroBatch& mb, Tensor x, std::unique_ptr<Saved>* saved) {
+    co_return forward(mb, x, saved);
+  }
+  virtual Phased<Tensor> backward_phased(const MicroBatch& mb, Saved& saved, Tensor dout, float loss_scale) {
+    co_return backward(mb, saved, dout, loss_scale);
+  }
 };
 
 class BlockContext;

@@ -150,7 +150,7 @@ Tensor CachedDecoder::layer_forward(Layer& layer, const Tensor& x, std::int64_t 
   if (layer.moe) {
     MicroBatch mb;
     mb.batch = 1, mb.seq = static_cast<int>(n);
-    down = layer.moe->forward(mb, n, n2, nullptr);
+    down = layer.moe->forward(mb, n, n2, nullptr).run();
   } else {
     Tensor up;
     ctx_.linear(layer.name("mlp.up"), n2, up, LinearKind::column);

@@ -67,6 +67,14 @@ Shape ModelChunk::boundary_shape(int batch, int seq, bool output) const {
 }
 
 Tensor ModelChunk::forward(const MicroBatch& mb, const Tensor& input, SavedActivations& saved) {
+  return forward_phased(mb, input, saved).run();
+}
+
+Tensor ModelChunk::backward(const MicroBatch& mb, SavedActivations& saved, const Tensor& dout, float loss_scale) {
+  return backward_phased(mb, saved, dout, loss_scale).run();
+}
+
+Phased<Tensor> ModelChunk::forward_phased(const MicroBatch& mb, Tensor input, SavedActivations& saved) {
   saved.reset(new ChunkActivations);
   saved->blocks.resize(blocks_.size());
   saved->inputs.resize(blocks_.size());
@@ -80,14 +88,17 @@ Tensor ModelChunk::forward(const MicroBatch& mb, const Tensor& input, SavedActiv
       saved->inputs[k] = h;  // only the block's input; backward runs its forward again
       h = blocks_[k]->forward(mb, h, nullptr);
     } else {
-      h = blocks_[k]->forward(mb, h, &saved->blocks[k]);
+      Phased<Tensor> block = blocks_[k]->forward_phased(mb, h, &saved->blocks[k]);
+      while (block.resume()) co_yield Pause{};
+      h = block.result();
     }
     if (hooks_.after_forward) hooks_.after_forward(def.layer());
   }
-  return h;
+  co_return h;
 }
 
-Tensor ModelChunk::backward(const MicroBatch& mb, SavedActivations& saved, const Tensor& dout, float loss_scale) {
+Phased<Tensor> ModelChunk::backward_phased(const MicroBatch& mb, SavedActivations& saved, Tensor dout,
+                                           float loss_scale) {
   Tensor g = dout;
   for (std::size_t k = blocks_.size(); k-- > 0;) {
     const BlockDef& def = *defs_[begin_ + k];
@@ -99,7 +110,9 @@ Tensor ModelChunk::backward(const MicroBatch& mb, SavedActivations& saved, const
     // inside autograd's backward (one block's activations alive at a time).
     if (saved->inputs[k].defined()) blocks_[k]->forward(mb, saved->inputs[k], &s);
     if (!s) s = std::make_unique<Block::Saved>();  // a block that keeps nothing
-    g = blocks_[k]->backward(mb, *s, g, loss_scale);
+    Phased<Tensor> block = blocks_[k]->backward_phased(mb, *s, g, loss_scale);
+    while (block.resume()) co_yield Pause{};
+    g = block.result();
     // A body block's activations go before its hook (which may reduce and free
     // gradients); the ends' after theirs.
     if (body) {
@@ -110,7 +123,7 @@ Tensor ModelChunk::backward(const MicroBatch& mb, SavedActivations& saved, const
     s.reset();
   }
   saved.reset();
-  return g;
+  co_return g;
 }
 
 }  // namespace meshtrain

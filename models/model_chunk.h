@@ -59,6 +59,10 @@ class ModelChunk {
   // Accumulates parameter gradients and consumes `saved`; returns d input
   // (undefined for the chunk with the embedding).
   Tensor backward(const MicroBatch& mb, SavedActivations& saved, const Tensor& dout, float loss_scale);
+  // The same passes as phases (core/phased.h), pausing where the blocks pause: what the EP
+  // all-to-all overlap interleaves, one micro-batch's forward with another's backward.
+  Phased<Tensor> forward_phased(const MicroBatch& mb, Tensor input, SavedActivations& saved);
+  Phased<Tensor> backward_phased(const MicroBatch& mb, SavedActivations& saved, Tensor dout, float loss_scale);
 
   // The shape of the chunk's input (or, `output`, of its output) for a
   // micro-batch of `batch` samples of `seq` tokens at the model's input.

@@ -73,17 +73,33 @@ Tensor MoeMlp::upload(const std::vector<std::int32_t>& host, Shape shape) {
 }
 
 Tensor MoeMlp::exchange(const Tensor& in, const std::vector<std::int64_t>& send,
-                        const std::vector<std::int64_t>& recv) {
+                        const std::vector<std::int64_t>& recv, Event& done) {
+  Backend& b = ctx_.b;
   const ExpertParallel& ep = ctx_.options.expert;
+  done = Event{};
   if (ep.size == 1) return in;
   const std::int64_t C = width_;
   std::int64_t rows = 0;
   std::vector<std::int64_t> send_counts, recv_counts;
   for (std::int64_t r : send) send_counts.push_back(r * C);
   for (std::int64_t r : recv) recv_counts.push_back(r * C), rows += r;
-  Tensor out = ctx_.b.empty(Shape{rows, C}, in.dtype());
-  ctx_.b.all_to_all(in.view(Shape{in.numel()}), send_counts, out, recv_counts, ep.group);
+  Tensor out = b.empty(Shape{rows, C}, in.dtype());
+  const std::optional<Stream>& side = ctx_.options.expert_stream;
+  if (!side) {
+    b.all_to_all(in.view(Shape{in.numel()}), send_counts, out, recv_counts, ep.group);
+    return out;
+  }
+  b.wait(*side, b.record(b.current_stream()));
+  {
+    StreamScope on(b, *side);
+    b.all_to_all(in.view(Shape{in.numel()}), send_counts, out, recv_counts, ep.group);
+  }
+  done = b.record(*side);
   return out;
+}
+
+void MoeMlp::arrive(const Event& done) {
+  if (done.valid()) ctx_.b.wait(ctx_.b.current_stream(), done);
 }
 
 Tensor MoeMlp::gather_blocks(const Tensor& rows, std::int64_t block) {
@@ -309,8 +325,8 @@ void MoeMlp::shared_experts(Saved& s, Tensor& out) {
   b.add(out, shared, out);
 }
 
-Tensor MoeMlp::forward(const MicroBatch& mb, std::int64_t tokens, const Tensor& x_in,
-                       std::unique_ptr<Block::Saved>* saved) {
+Phased<Tensor> MoeMlp::forward(const MicroBatch& mb, std::int64_t tokens, Tensor x_in,
+                               std::unique_ptr<Block::Saved>* saved) {
   Backend& b = ctx_.b;
   const std::int64_t N = tokens, C = width_, F = ffn_;
   const std::int64_t R = ctx_.local_rows(N);
@@ -329,8 +345,13 @@ Tensor MoeMlp::forward(const MicroBatch& mb, std::int64_t tokens, const Tensor& 
   // Dispatch: send order, the EP peers, the etp ranks' blocks, expert order.
   Tensor sent = b.empty(Shape{S, C}, ctx_.act);
   if (S > 0) b.gather_rows(s->x.rows(s->first, s->rows), s->send_index, sent);
-  s->grouped = to_experts(exchange(sent, d.send.peer_rows, d.receive.peer_rows), *s);
+  Event arrived;
+  Tensor received = exchange(sent, d.send.peer_rows, d.receive.peer_rows, arrived);
+  co_yield Pause{};
+  arrive(arrived);
   sent = Tensor();
+  s->grouped = to_experts(received, *s);
+  received = Tensor();
 
   // The experts: one GEMM per local expert over its rows (this rank's slice
   // of each expert's matrices under etp).
@@ -348,8 +369,12 @@ Tensor MoeMlp::forward(const MicroBatch& mb, std::int64_t tokens, const Tensor& 
 
   // Back (summed over the etp slices) to the tokens' ranks, in send order,
   // and the weighted sum per token: each tp rank holds its tokens' outputs whole.
-  s->back = exchange(from_experts(down, *s), d.receive.peer_rows, d.send.peer_rows);
+  Tensor outputs = from_experts(down, *s);
   down = Tensor();
+  s->back = exchange(outputs, d.receive.peer_rows, d.send.peer_rows, arrived);
+  co_yield Pause{};
+  arrive(arrived);
+  outputs = Tensor();
   Tensor combined = b.empty(Shape{s->rows, C}, ctx_.act);
   b.moe_combine(s->back, s->slot_index, s->weights.rows(s->first, s->rows), combined);
   Tensor out = split_rows_ && !ctx_.sp ? ctx_.sp_gather(combined) : combined;
@@ -359,7 +384,7 @@ Tensor MoeMlp::forward(const MicroBatch& mb, std::int64_t tokens, const Tensor& 
     *saved = std::move(s);
   }
   (void)mb;
-  return out;
+  co_return out;
 }
 
 Tensor MoeMlp::shared_experts_backward(const Saved& s, const Tensor& dout) {
@@ -408,17 +433,14 @@ Tensor MoeMlp::experts_backward(const Saved& s, Tensor ddown) {
   return dgrouped;
 }
 
-Tensor MoeMlp::token_gradients(const Saved& s, Tensor dgrouped) {
+// dsent (S, C): the input gradients of this rank's dispatched slots, in send order.
+Tensor MoeMlp::token_gradients(const Saved& s, const Tensor& dsent) {
   Backend& b = ctx_.b;
   const std::int64_t C = width_, S = s.send_index.numel();
-  // The input gradients summed over the etp slices, back to the tokens' ranks.
-  Tensor dsent = exchange(from_experts(dgrouped, s), s.recv_rows, s.send_rows);
-  dgrouped = Tensor();
   // Each token sums its slots' gradients in send order (by expert): the same order at every plan.
   Tensor dx_rows = b.empty(Shape{s.rows, C});
   b.fill(dx_rows, 0.f);
   if (S > 0) b.embedding_backward(dsent, s.send_index, dx_rows, 0);
-  dsent = Tensor();
   if (ctx_.act == DType::f32) return dx_rows;
   Tensor cast = b.empty(Shape{s.rows, C}, ctx_.act);
   b.cast(dx_rows, cast);
@@ -470,7 +492,7 @@ void MoeMlp::restore_input(Block::Saved& saved, const Tensor& x) {
   s.input_recomputed = true;
 }
 
-Tensor MoeMlp::backward(const MicroBatch& mb, Block::Saved& saved, const Tensor& dout_in, float loss_scale) {
+Phased<Tensor> MoeMlp::backward(const MicroBatch& mb, Block::Saved& saved, Tensor dout_in, float loss_scale) {
   Backend& b = ctx_.b;
   Saved& s = static_cast<Saved&>(saved);
   const std::int64_t C = width_, K = s_.top_k, S = s.send_index.numel();
@@ -483,11 +505,24 @@ Tensor MoeMlp::backward(const MicroBatch& mb, Block::Saved& saved, const Tensor&
   b.moe_combine_backward(dcombined, s.back, s.slot_index, s.weights.rows(s.first, s.rows), dback, dweights);
 
   // To the experts again (every etp rank needs every row's output gradient), and their backward.
-  Tensor ddown = to_experts(exchange(dback, s.send_rows, s.recv_rows), s);
+  Event arrived;
+  Tensor dreceived = exchange(dback, s.send_rows, s.recv_rows, arrived);
+  co_yield Pause{};
+  arrive(arrived);
   dback = Tensor();
+  Tensor ddown = to_experts(dreceived, s);
+  dreceived = Tensor();
   // Separate statements: each step's arguments are freed before the next step allocates.
   Tensor dgrouped = experts_backward(s, std::move(ddown));
-  Tensor dx_rows = token_gradients(s, std::move(dgrouped));
+  // The input gradients summed over the etp slices, back to the tokens' ranks.
+  Tensor dslots = from_experts(dgrouped, s);
+  dgrouped = Tensor();
+  Tensor dsent = exchange(dslots, s.recv_rows, s.send_rows, arrived);
+  co_yield Pause{};
+  arrive(arrived);
+  dslots = Tensor();
+  Tensor dx_rows = token_gradients(s, dsent);
+  dsent = Tensor();
   const Tensor dx_router = router_backward(s, dweights, loss_scale);
 
   // This rank's tokens' gradient from the experts, the whole router's (the
@@ -502,7 +537,7 @@ Tensor MoeMlp::backward(const MicroBatch& mb, Block::Saved& saved, const Tensor&
   }
   if (dx_shared.defined()) b.add(dx, dx_shared, dx);
   (void)mb;
-  return dx;
+  co_return dx;
 }
 
 }  // namespace meshtrain

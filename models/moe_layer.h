@@ -80,9 +80,16 @@ class MoeMlp {
   ~MoeMlp();
   // x (R, C): the layer's normalised input; returns the MLP output (R, C),
   // summed over tp. `saved` null: keep nothing (a recomputed forward).
-  Tensor forward(const MicroBatch& mb, std::int64_t tokens, const Tensor& x, std::unique_ptr<Block::Saved>* saved);
+  // Three phases (core/phased.h), as Megatron-Core's EP overlap cuts a layer,
+  // each issuing its all-to-all as it ends, before the other pass's work:
+  // routing, the send-order gather, the dispatch | the experts, the combine |
+  // the weighted sum and shared experts.
+  Phased<Tensor> forward(const MicroBatch& mb, std::int64_t tokens, Tensor x, std::unique_ptr<Block::Saved>* saved);
   // d output (R, C) -> d x (R, C); accumulates the parameter gradients.
-  Tensor backward(const MicroBatch& mb, Block::Saved& saved, const Tensor& dout, float loss_scale);
+  // Three phases likewise: the combine's gradient and its all-to-all | the
+  // experts' backward and the dispatch's all-to-all | the tokens' sums and
+  // the router.
+  Phased<Tensor> backward(const MicroBatch& mb, Block::Saved& saved, Tensor dout, float loss_scale);
   // Recompute module layernorm (the layer's pre-MLP norm, models/flops.h): forward's input, kept
   // for the router's and the shared experts' backward, is let go, and given back (made again by
   // the layer) before backward; under sequence parallelism the router's gathered copy is gathered
@@ -105,10 +112,15 @@ class MoeMlp {
   // gradients (rows, C); the router's input gradient (N, C).
   Tensor shared_experts_backward(const Saved& s, const Tensor& dout);
   Tensor experts_backward(const Saved& s, Tensor ddown);
-  Tensor token_gradients(const Saved& s, Tensor dgrouped);
+  Tensor token_gradients(const Saved& s, const Tensor& dsent);
   Tensor router_backward(const Saved& s, const Tensor& dweights, float loss_scale);
   // in (rows, C) to the EP peers by `send` rows each; `recv` rows arrive (ep 1: `in` itself).
-  Tensor exchange(const Tensor& in, const std::vector<std::int64_t>& send, const std::vector<std::int64_t>& recv);
+  // With an expert stream (ChunkOptions::expert_stream) the all-to-all runs there, after the
+  // compute stream's work so far, and `done` is its end, for arrive(); `in` must live until then.
+  Tensor exchange(const Tensor& in, const std::vector<std::int64_t>& send, const std::vector<std::int64_t>& recv,
+                  Event& done);
+  // The compute stream's later work waits for an exchange's `done` (no-op without one).
+  void arrive(const Event& done);
   // Received rows (rows, C) -> (etp · block, C): every etp rank's, each block padded with zero rows.
   Tensor gather_blocks(const Tensor& rows, std::int64_t block);
   // (etp · block, C) partial sums -> this rank's first `received` rows of its block, summed over etp.

@@ -78,8 +78,16 @@ class TransformerLayer : public Block {
       moe_ = std::make_unique<MoeMlp>(ctx, def.name() + ".moe", s_.width, s_.ffn, s_.activation, s_.moe);
   }
 
-  Tensor forward(const MicroBatch& mb, const Tensor& x, std::unique_ptr<Block::Saved>* saved) override;
-  Tensor backward(const MicroBatch& mb, Block::Saved& saved, const Tensor& dout, float loss_scale) override;
+  Tensor forward(const MicroBatch& mb, const Tensor& x, std::unique_ptr<Block::Saved>* saved) override {
+    return forward_phased(mb, x, saved).run();
+  }
+  Tensor backward(const MicroBatch& mb, Block::Saved& saved, const Tensor& dout, float loss_scale) override {
+    return backward_phased(mb, saved, dout, loss_scale).run();
+  }
+  // With experts, the phases are the MoE MLP's (MoeMlp::forward): the layer's attention joins the
+  // first, its residual add the last.
+  Phased<Tensor> forward_phased(const MicroBatch& mb, Tensor x, std::unique_ptr<Block::Saved>* saved) override;
+  Phased<Tensor> backward_phased(const MicroBatch& mb, Block::Saved& saved, Tensor dout, float loss_scale) override;
 
  private:
   struct Saved : Block::Saved {
@@ -153,7 +161,7 @@ Tensor TransformerLayer::relative_bias() {
   return bias;
 }
 
-Tensor TransformerLayer::forward(const MicroBatch& mb, const Tensor& x_in, std::unique_ptr<Block::Saved>* saved) {
+Phased<Tensor> TransformerLayer::forward_phased(const MicroBatch& mb, Tensor x_in, std::unique_ptr<Block::Saved>* saved) {
   Backend& b = ctx_.b;
   const std::int64_t B = mb.batch, T = tokens(mb), N = B * T, R = ctx_.local_rows(N), C = s_.width;
   const std::int64_t D = s_.dim();
@@ -198,7 +206,9 @@ Tensor TransformerLayer::forward(const MicroBatch& mb, const Tensor& x_in, std::
   ctx_.norm_forward(name("norm2"), s->x2, s->n2, s->mean2, s->rstd2);
   Tensor down;
   if (moe_) {
-    down = moe_->forward(mb, N, s->n2, saved ? &s->moe : nullptr);
+    Phased<Tensor> mlp = moe_->forward(mb, N, s->n2, saved ? &s->moe : nullptr);
+    while (mlp.resume()) co_yield Pause{};
+    down = mlp.result();
     if (recompute_norm() && s->moe) {
       s->n2 = Tensor();  // made again in backward (recomputed_norm)
       moe_->release_input(*s->moe);
@@ -214,11 +224,11 @@ Tensor TransformerLayer::forward(const MicroBatch& mb, const Tensor& x_in, std::
   Tensor out = b.empty(Shape{R, C}, ctx_.act);
   b.add(s->x2, down, out);
   if (saved) *saved = std::move(s);
-  return out;
+  co_return out;
 }
 
-Tensor TransformerLayer::backward(const MicroBatch& mb, Block::Saved& saved, const Tensor& dout_in,
-                                  float loss_scale) {
+Phased<Tensor> TransformerLayer::backward_phased(const MicroBatch& mb, Block::Saved& saved, Tensor dout_in,
+                                                 float loss_scale) {
   Backend& b = ctx_.b;
   Saved& s = static_cast<Saved&>(saved);
   const std::int64_t B = mb.batch, T = tokens(mb), N = B * T, R = ctx_.local_rows(N), C = s_.width;
@@ -233,7 +243,9 @@ Tensor TransformerLayer::backward(const MicroBatch& mb, Block::Saved& saved, con
   Tensor dact, dn2, dx2_norm, dattn, dn1, dx_norm;
   if (moe_) {
     if (!s.n2.defined()) moe_->restore_input(*s.moe, recomputed_norm(s.x2));
-    dn2 = moe_->backward(mb, *s.moe, ddown, loss_scale);
+    Phased<Tensor> mlp = moe_->backward(mb, *s.moe, ddown, loss_scale);
+    while (mlp.resume()) co_yield Pause{};
+    dn2 = mlp.result();
     s.moe.reset();
   } else {
     ctx_.linear_backward(name("mlp.down"), s.act, ddown, &dact, LinearKind::row);
@@ -292,7 +304,7 @@ Tensor TransformerLayer::backward(const MicroBatch& mb, Block::Saved& saved, con
   ctx_.norm_backward(name("norm1"), dn1, s.x, s.mean1, s.rstd1, dx_norm);
   Tensor dx = b.empty(Shape{R, C}, ctx_.act);
   b.add(dx2, dx_norm, dx);
-  return dx;
+  co_return dx;
 }
 
 }  // namespace

@@ -124,6 +124,10 @@ void add_plan_flags(CLI::App& app, PlanFlags& f, const std::string& default_mode
   on_switch("--tp-comm-overlap", o.tp_comm_overlap,
             "sequence parallelism: pipeline the all-gather before the column-parallel GEMMs with them (a ring of "
             "send/recv on a side stream, the GEMM row block by row block)");
+  on_switch("--moe-a2a-overlap", o.moe_a2a_overlap,
+            "expert parallelism: each steady-state forward runs interleaved with an earlier micro-batch's backward, "
+            "layer by layer, the token all-to-alls of one under the other's compute (Megatron-Core's "
+            "--overlap-moe-expert-parallel-comm; one warm-up forward more)");
   shown(app.add_option("--offload", o.offload,
                        "host memory for the optimizer: none, optimizer (fp32 master weights and AdamW state, updated "
                        "on the host) or params (ZeRO 3: the parameter shards too)"),

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "engine/plan/fp8_recipe.h"
+#include "engine/schedule/a2a_overlap.h"
 #include "engine/schedule/builders.h"
 #include "models/model_tables.h"
 #include "models/parameters.h"
@@ -50,12 +51,14 @@ int inflight_microbatches(const Plan& p, int stage) {
   const int m = p.microbatches();
   switch (p.schedule) {
     case ScheduleKind::gpipe: return m;
-    case ScheduleKind::one_f_one_b: return std::min(p.pp - stage, m);
+    case ScheduleKind::one_f_one_b: return std::min(p.pp - stage + (p.moe_a2a_overlap ? 1 : 0), m);
     // Between F and W: rank r holds p-r-1 warm-up micro-batches and r waiting for W (which keep only
     // what W reads: peak_activation_bytes).
     case ScheduleKind::zb_h1: return std::min(p.pp, m);
     case ScheduleKind::interleaved:
-      return std::min(schedule::interleaved_warmup({p.pp, p.vpp, m}, stage) + 1, m * p.vpp);
+      // EP all-to-all overlap runs one warm-up forward more (engine/schedule/a2a_overlap.h).
+      return std::min(schedule::interleaved_warmup({p.pp, p.vpp, m}, stage) + 1 + (p.moe_a2a_overlap ? 1 : 0),
+                      m * p.vpp);
   }
   return m;
 }
@@ -67,6 +70,7 @@ double peak_activation_bytes(const Plan& p, int stage, const std::vector<double>
   // inputs and output gradients), which stays until W.
   const schedule::PipelineLayout layout{p.pp, p.vpp, p.microbatches()};
   auto built = schedule::build_schedule(p.schedule, layout);
+  if (built && p.moe_a2a_overlap) *built = schedule::pair_forward_backward(*built).compute;
   const auto deferred = [&](int chunk) {
     return deferred_bytes.empty() ? 0.0 : deferred_bytes[static_cast<std::size_t>(chunk)];
   };

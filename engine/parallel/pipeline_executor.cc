@@ -10,15 +10,26 @@ namespace meshtrain {
 Result<PipelineExecutor> PipelineExecutor::create(const Plan& plan, const Mesh& mesh, int rank) {
   const schedule::PipelineLayout layout{plan.pp, plan.vpp, plan.microbatches()};
   MT_ASSIGN(schedule::Schedule compute, schedule::build_schedule(plan.schedule, layout));
+  std::vector<schedule::Pair> pairs;
+  if (plan.moe_a2a_overlap) {
+    schedule::PairedSchedule paired = schedule::pair_forward_backward(compute);
+    compute = std::move(paired.compute), pairs = std::move(paired.pairs);
+  }
   MT_ASSIGN(schedule::Schedule full, schedule::insert_communication(compute));
+  if (plan.moe_a2a_overlap) full = schedule::hoist_pair_communication(full, pairs);
   MT_TRY(schedule::check_invariants(full));
-  return PipelineExecutor(std::move(full), mesh, rank);
+  return PipelineExecutor(std::move(full), std::move(pairs), mesh, rank);
 }
 
-PipelineExecutor::PipelineExecutor(schedule::Schedule s, const Mesh& mesh, int rank) : schedule_(std::move(s)) {
+PipelineExecutor::PipelineExecutor(schedule::Schedule s, std::vector<schedule::Pair> pairs, const Mesh& mesh,
+                                   int rank)
+    : schedule_(std::move(s)) {
   const Coord c = mesh.coord_of(rank);
   stage_ = c.pp;
   for (int st = 0; st < mesh.pp(); ++st) stage_ranks_.push_back(mesh.rank_of({c.tp, c.cp, c.dp, st}));
+  for (const schedule::Pair& p : pairs)
+    if (p.forward.stage == stage_)
+      pairs_.insert({p.forward.chunk, p.forward.microbatch, p.backward.chunk, p.backward.microbatch});
 }
 
 int PipelineExecutor::peer(const schedule::Action& a) const {
@@ -64,9 +75,26 @@ void PipelineExecutor::run(Backend& b, const PipelineCompute& compute, DType dty
     };
     switch (a.kind) {
       case K::recv_act: inputs[key] = receive(false); break;
-      case K::forward:
+      case K::forward: {
+        // A pair of the EP all-to-all overlap's schedule: the forward, then at once its backward.
+        const auto next = std::next(it);
+        const bool paired = compute.forward_backward && next != end && next->kind == K::backward &&
+                            pairs_.count({a.chunk, a.microbatch, next->chunk, next->microbatch}) > 0;
+        if (paired) {
+          const std::pair<int, int> back{next->chunk, next->microbatch};
+          const int sb = schedule::virtual_stage(schedule_.layout, *next);
+          Tensor dout;
+          if (auto found = douts.find(back); found != douts.end()) dout = found->second, douts.erase(found);
+          auto [out, din] = compute.forward_backward(a.chunk, a.microbatch, take(inputs), next->chunk,
+                                                     next->microbatch, dout);
+          if (s < last) outputs[key] = out;
+          if (sb > 0) dinputs[back] = din;
+          ++it;
+          break;
+        }
         if (Tensor out = compute.forward(a.chunk, a.microbatch, take(inputs)); s < last) outputs[key] = out;
         break;
+      }
       case K::send_act: b.send(take(outputs), peer(a), tag(a, m)); break;
       case K::recv_grad: douts[key] = receive(true); break;
       case K::backward:

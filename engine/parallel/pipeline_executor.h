@@ -13,11 +13,14 @@
 
 #include <functional>
 #include <map>
+#include <set>
+#include <tuple>
 #include <utility>
 
 #include "backends/backend.h"
 #include "engine/plan/mesh.h"
 #include "engine/plan/plan.h"
+#include "engine/schedule/a2a_overlap.h"
 #include "engine/schedule/builders.h"
 #include "engine/schedule/schedule.h"
 
@@ -38,6 +41,11 @@ struct PipelineCompute {
   // micro-batch j: what arrives from, or leaves to, its neighbours (and the
   // gradients that go the other way).
   std::function<Shape(int chunk, int microbatch, bool output)> boundary;
+  // EP all-to-all overlap (Plan::moe_a2a_overlap): forward of (cf, jf) and backward of (cb, jb)
+  // as one interleaved pass, returning (forward output, d input). Empty: the executor runs each
+  // alone. The schedule then pairs them (engine/schedule/a2a_overlap.h).
+  std::function<std::pair<Tensor, Tensor>(int cf, int jf, const Tensor& input, int cb, int jb, const Tensor& dout)>
+      forward_backward;
 };
 
 class PipelineExecutor {
@@ -63,11 +71,13 @@ class PipelineExecutor {
   void run_forward(Backend& b, int microbatches, const PipelineCompute& compute, DType dtype = DType::f32);
 
  private:
-  PipelineExecutor(schedule::Schedule s, const Mesh& mesh, int rank);
+  PipelineExecutor(schedule::Schedule s, std::vector<schedule::Pair> pairs, const Mesh& mesh, int rank);
   int peer(const schedule::Action& a) const;
   int tag(const schedule::Action& a, int microbatches) const;
 
   schedule::Schedule schedule_;
+  // Plan::moe_a2a_overlap: this rank's pairs, (forward chunk, micro-batch, backward chunk, micro-batch).
+  std::set<std::tuple<int, int, int, int>> pairs_;
   std::vector<int> stage_ranks_;  // global rank of each pipeline stage of this rank's pipeline
   int stage_ = 0;
 };

@@ -36,7 +36,7 @@ const std::vector<std::string> kPlanFields = {"tp",        "pp",        "dp",   
                                               "account_for_loss_in_pipeline_split", "grad_compression",
                                               "grad_compression_warmup", "error_feedback", "zero_reduce_once",
                                               "prefetch_across_chunks", "overlap_update", "tp_comm_overlap", "megatron_buckets",
-                                              "offload"};
+                                              "moe_a2a_overlap", "offload"};
 
 template <class E>
 Result<E> parse_enum(const char* what, const std::string& s, const std::vector<std::string>& names) {
@@ -202,6 +202,7 @@ Result<PlanOverrides> plan_overrides_from_json(const nlohmann::json& j) {
   MT_TRY(f.get_bool("overlap_update", o.overlap_update));
   MT_TRY(f.get_bool("megatron_buckets", o.megatron_buckets));
   MT_TRY(f.get_bool("tp_comm_overlap", o.tp_comm_overlap));
+  MT_TRY(f.get_bool("moe_a2a_overlap", o.moe_a2a_overlap));
   MT_TRY(f.get_string("offload", o.offload));
   if (f.has("segments")) o.segments = std::make_shared<const nlohmann::json>(j["segments"]);
   return o;
@@ -225,6 +226,7 @@ Result<Plan> apply_overrides(Plan p, const PlanOverrides& o) {
       {&O::overlap_update, &Plan::overlap_update},
       {&O::megatron_buckets, &Plan::megatron_buckets},
       {&O::tp_comm_overlap, &Plan::tp_comm_overlap},
+      {&O::moe_a2a_overlap, &Plan::moe_a2a_overlap},
       {&O::sequence_parallel, &Plan::sequence_parallel},
       {&O::embedding_in_split, &Plan::embedding_in_split},
       {&O::loss_in_split, &Plan::loss_in_split}};
@@ -305,6 +307,7 @@ nlohmann::json plan_to_json(const Plan& p) {
   if (p.overlap_update) j["overlap_update"] = true;
   if (p.megatron_buckets) j["megatron_buckets"] = true;
   if (p.tp_comm_overlap) j["tp_comm_overlap"] = true;
+  if (p.moe_a2a_overlap) j["moe_a2a_overlap"] = true;
   if (p.offload != Offload::none) j["offload"] = offload_name(p.offload);
   if (!p.segments.empty()) {
     j["segments"] = nlohmann::json::array();

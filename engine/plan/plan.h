@@ -148,6 +148,13 @@ struct Plan {
   // the side stream under the input-gradient GEMM. Needs sequence_parallel
   // and tp > 1.
   bool tp_comm_overlap = false;
+  // EP all-to-all overlap, Megatron-Core's --overlap-moe-expert-parallel-comm (combined 1F1B,
+  // Megatron-Bridge's moe_a2a_overlap): one warm-up forward more, then each steady-state forward
+  // runs interleaved with the backward of an earlier micro-batch, layer by layer, the MoE layers'
+  // token all-to-alls on a stream of their own under the other pass's compute
+  // (engine/schedule/a2a_overlap.h). Needs a model with experts, ep > 1, the 1F1B schedule without
+  // pipelining or the interleaved one, and no full recomputation, as Megatron-Core asserts.
+  bool moe_a2a_overlap = false;
   Offload offload = Offload::none;
 
   // A plan made of segments (engine/plan/segment_plan.h): each element is
@@ -192,7 +199,7 @@ struct PlanOverrides {
   std::optional<std::string> recompute, schedule, precision, grad_sync, grad_dtype, fp8_recipe, cp_comm,
       grad_compression, offload;
   std::optional<bool> sequence_parallel, embedding_in_split, loss_in_split, error_feedback, zero_reduce_once;
-  std::optional<bool> prefetch_across_chunks, overlap_update, tp_comm_overlap, megatron_buckets;
+  std::optional<bool> prefetch_across_chunks, overlap_update, tp_comm_overlap, megatron_buckets, moe_a2a_overlap;
   std::optional<std::vector<int>> chunk_layers;
   std::optional<std::vector<std::string>> recompute_modules;
   // A plan file's "segments" list as written; the model resolves it

@@ -65,6 +65,36 @@ Status check_fp8_recipe(const Plan& p) {
 
 namespace {
 
+// What EP all-to-all overlap pairs: a steady state of forwards and backwards of
+// different micro-batches, each whole (Megatron-Core's asserts, and ours: ZeRO 3
+// gathers a layer's parameters for one pass at a time).
+Status check_a2a_overlap(const Plan& p) {
+  if (!p.moe_a2a_overlap) return ok_status();
+  if (p.ep == 1)
+    return make_error("moe_a2a_overlap (--moe-a2a-overlap) needs expert parallelism, got ep 1: it hides the "
+                      "experts' token all-to-alls; set --ep 2 or more, or drop the flag");
+  if (p.schedule == ScheduleKind::one_f_one_b && p.pp > 1)
+    return make_error("moe_a2a_overlap (--moe-a2a-overlap) with pp {} needs the interleaved schedule, as "
+                      "Megatron-Core requires virtual pipeline stages for it; use --schedule interleaved --vpp 2 "
+                      "or more, or pp 1",
+                      p.pp);
+  if (p.schedule != ScheduleKind::one_f_one_b && p.schedule != ScheduleKind::interleaved)
+    return make_error("moe_a2a_overlap (--moe-a2a-overlap) needs the 1f1b or interleaved schedule, got {}: it "
+                      "pairs each steady-state forward with a whole backward; use --schedule 1f1b (pp 1) or "
+                      "interleaved",
+                      schedule_kind_name(p.schedule));
+  if (p.recompute == Recompute::full)
+    return make_error("moe_a2a_overlap (--moe-a2a-overlap) does not combine with recompute full: a recomputed "
+                      "layer's forward would run inside the paired backward (Megatron-Core refuses it too); use "
+                      "--recompute selective or none");
+  if (p.zero >= 3)
+    return make_error("moe_a2a_overlap (--moe-a2a-overlap) needs zero 0, 1 or 2, got zero {}: ZeRO 3 gathers a "
+                      "layer's parameters for one pass at a time, and the paired passes run two layers at once; "
+                      "use --zero 1 (Megatron's distributed optimizer)",
+                      p.zero);
+  return ok_status();
+}
+
 // Features that need another feature, or exclude one.
 Status check_feature_combinations(const Plan& p) {
   if (p.grad_compression == GradCompression::one_bit && p.zero >= 2)
@@ -232,7 +262,14 @@ Status check_sequence_and_batch(const Plan& p, const ModelSpec& m, const ModelIo
 }
 
 Status check_experts(const Plan& p, const ModelSpec& m, const ModelIo& io) {
-  if (io.routes_to_experts) return validate_expert_plan(p, m);
+  if (io.routes_to_experts) {
+    MT_TRY(check_a2a_overlap(p));
+    return validate_expert_plan(p, m);
+  }
+  if (p.moe_a2a_overlap)
+    return make_error("moe_a2a_overlap (--moe-a2a-overlap) given for a dense model '{}' (no experts, so no "
+                      "all-to-alls to hide); drop the flag",
+                      m.name);
   if (p.ep != 1 || p.etp > 1)
     return make_error("ep {} (etp {}) given for a dense model '{}' (no experts); use ep 1", p.ep, p.etp, m.name);
   if (p.recompute_modules.any())

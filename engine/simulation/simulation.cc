@@ -102,7 +102,7 @@ MoeSimulation moe_simulation(const ModelSpec& m, const Plan& p, const MoeRouting
   const auto& a2a = r.collectives[static_cast<std::size_t>(sim::CollectiveKind::kAllToAll)];
   const double groups = r.fidelity == Fidelity::full ? static_cast<double>(p.world_size()) / (p.pp * p.ep) : 1.0;
   s.all_to_all_s = a2a.time_s / p.pp / groups;
-  s.all_to_all_exposed_s = s.all_to_all_s;
+  s.all_to_all_exposed_s = p.moe_a2a_overlap ? r.idle.expert_parallel_s : s.all_to_all_s;
   s.all_to_all_share = s.all_to_all_exposed_s / r.iteration_s;
   return s;
 }

@@ -105,9 +105,12 @@ struct MoeSimulation {
   // The busiest EP rank's share of its group's assignments over an even share (1: balanced).
   double busiest_rank_load = 0;
   // All-to-all time per iteration (per pipeline stage, mean over stages), and
-  // the share of the iteration that the compute stream waits for it: the
-  // engine issues the dispatch and combine all-to-alls on the compute stream
-  // (Megatron-Core without its all-to-all overlap), so all of it is exposed.
+  // the share of the iteration that the compute stream waits for it. Without
+  // EP all-to-all overlap the engine issues the dispatch and combine
+  // all-to-alls on the compute stream, so all of it is exposed; with it
+  // (Plan::moe_a2a_overlap) they run on the expert-parallel stream, and the
+  // exposed part is the compute stream's wait for them (IdleBreakdown::
+  // expert_parallel_s, mean over ranks).
   double all_to_all_s = 0, all_to_all_exposed_s = 0, all_to_all_share = 0;
 };
 

@@ -40,7 +40,9 @@ double& bucket_of(const sim::IdleCause& c, IdleBreakdown& b) {
     if (ends_with(c.task, kAcrossStages)) return b.pipeline_s;
     return c.communication || c.task == "copy" ? b.data_parallel_s : b.optimizer_s;
   }
-  if (starts_with(c.stream, "tensor-parallel") || starts_with(c.stream, "context-parallel")) return b.model_parallel_s;
+  if (starts_with(c.stream, "tensor-parallel") || starts_with(c.stream, "context-parallel") ||
+      starts_with(c.stream, "expert-parallel"))
+    return b.model_parallel_s;
   if (starts_with(c.stream, "offload")) return b.optimizer_s;
   return b.other_s;
 }
@@ -53,16 +55,21 @@ IdleBreakdown& IdleBreakdown::operator+=(const IdleBreakdown& o) {
   model_parallel_s += o.model_parallel_s;
   optimizer_s += o.optimizer_s;
   other_s += o.other_s;
+  expert_parallel_s += o.expert_parallel_s;
   return *this;
 }
 
 IdleBreakdown IdleBreakdown::scaled(double k) const {
-  return {pipeline_s * k, data_parallel_s * k, model_parallel_s * k, optimizer_s * k, other_s * k};
+  return {pipeline_s * k, data_parallel_s * k, model_parallel_s * k, optimizer_s * k, other_s * k, expert_parallel_s * k};
 }
 
 IdleBreakdown classify_idle(const std::vector<sim::IdleCause>& causes) {
   IdleBreakdown b;
-  for (const sim::IdleCause& c : causes) bucket_of(c, b) += sim::to_seconds(c.time);
+  for (const sim::IdleCause& c : causes) {
+    bucket_of(c, b) += sim::to_seconds(c.time);
+    if ((c.wait == Wait::kEvent || c.wait == Wait::kTail) && starts_with(c.stream, "expert-parallel"))
+      b.expert_parallel_s += sim::to_seconds(c.time);
+  }
   return b;
 }
 

@@ -28,6 +28,9 @@ namespace meshtrain {
 
 struct IdleBreakdown {
   double pipeline_s = 0, data_parallel_s = 0, model_parallel_s = 0, optimizer_s = 0, other_s = 0;
+  // Of model_parallel_s, the waits for the expert-parallel stream's token all-to-alls (EP all-to-all
+  // overlap, Plan::moe_a2a_overlap); not a cause of its own in total().
+  double expert_parallel_s = 0;
   double total() const { return pipeline_s + data_parallel_s + model_parallel_s + optimizer_s + other_s; }
   IdleBreakdown& operator+=(const IdleBreakdown& o);
   IdleBreakdown scaled(double k) const;
@@ -35,7 +38,7 @@ struct IdleBreakdown {
 
 // The causes the executor reported for a stream, classified as above by the
 // engine's stream names ("data-parallel", "tensor-parallel", "context-parallel",
-// "offload-*").
+// "expert-parallel", "offload-*").
 IdleBreakdown classify_idle(const std::vector<sim::IdleCause>& causes);
 
 // `two`'s causes minus `one`'s, cause by cause (steady state: the second of

@@ -90,6 +90,7 @@ StepEngine::StepEngine(Backend& b, const ModelSpec& m, const Plan& p, const Mesh
   }
   compute_ = b.current_stream();
   comm_ = b.create_stream("data-parallel");
+  if (p.moe_a2a_overlap) expert_ = b.create_stream("expert-parallel");
   if (p.offload != Offload::none)
     offload_ = {b.create_stream("offload-d2h"), b.create_stream("offload-host"), b.create_stream("offload-h2d")};
   const TensorParallel tp{*mesh.group_of(GroupKind::tensor, b.rank()), coord_.tp, p.tp};
@@ -130,6 +131,7 @@ ChunkOptions StepEngine::chunk_options() const {
   const Group& context = *mesh_.group_of(GroupKind::context, rank);
   o.context = ContextParallel{context, context.index_of(rank), context.size(), plan_.cp_comm};
   o.routing = options_.moe_routing;
+  o.expert_stream = expert_;
   return o;
 }
 
@@ -403,51 +405,69 @@ void StepEngine::name_next_pass(int c, int j, bool backward, bool training) {
   gather->set_next_pass(chunks_[static_cast<std::size_t>(it->second.first)]->gather.get(), it->second.second);
 }
 
-PipelineCompute StepEngine::compute(bool training) {
+Phased<Tensor> StepEngine::forward_pass(int c, int j, Tensor in, bool training) {
+  const int last = plan_.pp * plan_.vpp - 1;
+  Chunk& ch = *chunks_[static_cast<std::size_t>(c)];
+  const MicroBatch& mb = mbs_[static_cast<std::size_t>(j)];
+  Tensor input = in;
+  // A segment that does not start the model reads its input from the segment before.
+  if (boundary_ && ch.virtual_stage == 0 && !ch.model->layers().embedding)
+    input = boundary_->input(j, ch.model->boundary_shape(mb.batch, mb.seq, false), value_dtype());
+  name_next_pass(c, j, false, training);
+  SavedActivations scratch;  // evaluation keeps nothing
+  Phased<Tensor> pass = ch.model->forward_phased(mb, input, training ? ch.saved[static_cast<std::size_t>(j)] : scratch);
+  while (pass.resume()) co_yield Pause{};
+  Tensor out = pass.result();
+  if (ch.model->layers().head) {
+    b_.axpy(1.f, out, loss_total_);
+    co_return Tensor();
+  }
+  if (boundary_ && ch.virtual_stage == last) boundary_->output(j, out);
+  co_return out;
+}
+
+Phased<Tensor> StepEngine::backward_pass(int c, int j, Tensor dout) {
   const int last = plan_.pp * plan_.vpp - 1, m = static_cast<int>(mbs_.size());
-  const DType act = value_dtype();
-  auto forward = [this, training, last, act](int c, int j, const Tensor& in) {
-    Chunk& ch = *chunks_[static_cast<std::size_t>(c)];
-    const MicroBatch& mb = mbs_[static_cast<std::size_t>(j)];
-    Tensor input = in;
-    // A segment that does not start the model reads its input from the segment before.
-    if (boundary_ && ch.virtual_stage == 0 && !ch.model->layers().embedding)
-      input = boundary_->input(j, ch.model->boundary_shape(mb.batch, mb.seq, false), act);
-    name_next_pass(c, j, false, training);
-    SavedActivations scratch;  // evaluation keeps nothing
-    Tensor out = ch.model->forward(mb, input, training ? ch.saved[static_cast<std::size_t>(j)] : scratch);
-    if (ch.model->layers().head) {
-      b_.axpy(1.f, out, loss_total_);
-      return Tensor();
-    }
-    if (boundary_ && ch.virtual_stage == last) boundary_->output(j, out);
-    return out;
-  };
-  auto backward = [this, last, act, m](int c, int j, const Tensor& dout) {
-    Chunk& ch = *chunks_[static_cast<std::size_t>(c)];
-    const MicroBatch& mb = mbs_[static_cast<std::size_t>(j)];
-    // Micro-batches leave each chunk's backward in order: the last one completes its gradients.
-    // Unarmed, the buckets wait for finish(), after the schedule (GradSync::after_backward, and
-    // zero-bubble schedules, whose W passes complete the gradients after the backwards).
-    const bool split = plan_.schedule == ScheduleKind::zb_h1;
-    if (j == m - 1 && plan_.grad_sync == GradSync::overlap && !split) ch.buckets->arm();
-    ch.model->defer_weight_gradients(split ? &ch.weights[static_cast<std::size_t>(j)] : nullptr);
-    name_next_pass(c, j, true, true);
-    Tensor d = dout;
-    if (boundary_ && ch.virtual_stage == last && !ch.model->layers().head)
-      d = boundary_->output_grad(j, ch.model->boundary_shape(mb.batch, mb.seq, true), act);
-    Tensor din = ch.model->backward(mb, ch.saved[static_cast<std::size_t>(j)], d, loss_scale_);
-    ch.model->defer_weight_gradients(nullptr);
-    if (boundary_ && ch.virtual_stage == 0 && !ch.model->layers().embedding) boundary_->input_grad(j, din);
-    return din;
-  };
+  Chunk& ch = *chunks_[static_cast<std::size_t>(c)];
+  const MicroBatch& mb = mbs_[static_cast<std::size_t>(j)];
+  // Micro-batches leave each chunk's backward in order: the last one completes its gradients.
+  // Unarmed, the buckets wait for finish(), after the schedule (GradSync::after_backward, and
+  // zero-bubble schedules, whose W passes complete the gradients after the backwards).
+  const bool split = plan_.schedule == ScheduleKind::zb_h1;
+  if (j == m - 1 && plan_.grad_sync == GradSync::overlap && !split) ch.buckets->arm();
+  ch.model->defer_weight_gradients(split ? &ch.weights[static_cast<std::size_t>(j)] : nullptr);
+  name_next_pass(c, j, true, true);
+  Tensor d = dout;
+  if (boundary_ && ch.virtual_stage == last && !ch.model->layers().head)
+    d = boundary_->output_grad(j, ch.model->boundary_shape(mb.batch, mb.seq, true), value_dtype());
+  Phased<Tensor> pass = ch.model->backward_phased(mb, ch.saved[static_cast<std::size_t>(j)], d, loss_scale_);
+  while (pass.resume()) co_yield Pause{};
+  Tensor din = pass.result();
+  ch.model->defer_weight_gradients(nullptr);
+  if (boundary_ && ch.virtual_stage == 0 && !ch.model->layers().embedding) boundary_->input_grad(j, din);
+  co_return din;
+}
+
+PipelineCompute StepEngine::compute(bool training) {
+  auto forward = [this, training](int c, int j, const Tensor& in) { return forward_pass(c, j, in, training).run(); };
+  auto backward = [this](int c, int j, const Tensor& dout) { return backward_pass(c, j, dout).run(); };
   auto weight = [this](int c, int j) {
     auto& work = chunks_[static_cast<std::size_t>(c)]->weights[static_cast<std::size_t>(j)];
     for (auto& w : work) w();
     work.clear();  // frees the inputs and output gradients they kept
   };
-  PipelineCompute out{forward, {}, {}, boundaries(mbs_)};
+  PipelineCompute out{forward, {}, {}, boundaries(mbs_), {}};
   if (training) out.backward = backward, out.weight = weight;
+  // EP all-to-all overlap (Megatron-Core's combined 1F1B): the backward's phases first, then the
+  // forward's, alternately, so that each all-to-all on the expert stream runs under the other
+  // pass's compute.
+  if (training && plan_.moe_a2a_overlap)
+    out.forward_backward = [this](int cf, int jf, const Tensor& in, int cb, int jb, const Tensor& dout) {
+      Phased<Tensor> f = forward_pass(cf, jf, in, true);
+      Phased<Tensor> g = backward_pass(cb, jb, dout);
+      alternate(g, f);
+      return std::pair<Tensor, Tensor>{f.result(), g.result()};
+    };
   return out;
 }
 

@@ -296,6 +296,7 @@ class StepEngine {
   StepOptions options_;
   Coord coord_;
   Stream compute_, comm_;
+  std::optional<Stream> expert_;  // Plan::moe_a2a_overlap: the MoE layers' token all-to-alls
   OffloadStreams offload_;  // Plan::offload: the offloaded optimizer step's streams
   std::vector<std::unique_ptr<Chunk>> chunks_;  // local chunk c: virtual stage c·pp + stage
   std::unique_ptr<PipelineExecutor> pipeline_;
@@ -317,6 +318,10 @@ class StepEngine {
   std::map<std::tuple<bool, int, int>, std::pair<int, bool>> next_pass_;
   // What PipelineExecutor runs for mbs_: training (forward and backward) or evaluation (forward only).
   PipelineCompute compute(bool training);
+  // Its passes of chunk c on micro-batch j, as phases (core/phased.h): PipelineCompute runs them
+  // whole, or one forward's interleaved with one backward's under EP all-to-all overlap.
+  Phased<Tensor> forward_pass(int c, int j, Tensor in, bool training);
+  Phased<Tensor> backward_pass(int c, int j, Tensor dout);
   DType value_dtype() const { return activation_dtype(plan_.precision, options_); }
   // Each chunk's FP8 scaling state (precision fp8), else none.
   std::vector<Fp8Scaling*> fp8_chunks() const;

@@ -223,6 +223,24 @@ TEST_CASE("simulate --plan honours the file's switches as the flags would set th
   CHECK(from_file != iteration(run_meshtrain(run + " --tp 4 --sequence-parallel")));
 }
 
+// --moe-a2a-overlap reaches the simulation: the all-to-alls of qwen3-30b-a3b over two nodes hide in part.
+TEST_CASE("simulate --moe-a2a-overlap times the paired schedule and says where it cannot", "[cli]") {
+  const std::string run = "simulate --model qwen3-30b-a3b --cluster dgx-h100 --gpus 16 --dp 16 --ep 16 "
+                          "--precision bf16 --global-batch 64 --seq-len 1024";
+  const MeshtrainRun plain = run_meshtrain(run), overlapped = run_meshtrain(run + " --moe-a2a-overlap");
+  REQUIRE(plain.status == 0);
+  REQUIRE(overlapped.status == 0);
+  auto exposed = [](const std::string& out) {
+    const std::size_t at = out.find("exposed ", out.find("  all-to-all"));
+    REQUIRE(at != std::string::npos);
+    return std::stod(out.substr(at + 8));
+  };
+  CHECK(exposed(overlapped.out) < exposed(plain.out));
+  const MeshtrainRun dense = run_meshtrain("simulate --model gpt2-124m --gpus 8 --moe-a2a-overlap");
+  CHECK(dense.status != 0);
+  CHECK_THAT(dense.out, Catch::Contains("given for a dense model 'gpt2-124m'"));
+}
+
 TEST_CASE("train refuses a plan's bf16 gradients and says how to run it", "[cli]") {
   const MeshtrainRun r = run_meshtrain("train" + kTiny + kData + " --steps 1 --precision fp8 --grad-dtype bf16");
   CHECK(r.status != 0);

@@ -230,6 +230,18 @@ TEST_CASE("the gradient dtype is a plan field: fp32 by default, bf16 with a 16-b
              Catch::Contains("does not combine with grad_compression (--grad-compression) fp16"));
 }
 
+TEST_CASE("EP all-to-all overlap is a plan switch that a written plan keeps", "[plan]") {
+  CHECK_FALSE(Plan{}.moe_a2a_overlap);
+  CHECK_FALSE(plan_to_json(Plan{}).contains("moe_a2a_overlap"));
+  auto file = plan_overrides_from_json({{"moe_a2a_overlap", true}});
+  REQUIRE(file.ok());
+  auto p = apply_overrides(Plan{}, *file);
+  REQUIRE(p.ok());
+  CHECK(p->moe_a2a_overlap);
+  CHECK(plan_to_json(*p)["moe_a2a_overlap"] == true);
+  CHECK_THAT(error_of(plan_overrides_from_json({{"moe_a2a_overlap", "yes"}})), Catch::Contains("moe_a2a_overlap"));
+}
+
 TEST_CASE("the FP8 recipe and the recompute modules are plan fields with checked values", "[plan]") {
   CHECK(Plan{}.fp8_recipe == Fp8Recipe::delayed);
   CHECK_FALSE(plan_to_json(Plan{}).contains("fp8_recipe"));
