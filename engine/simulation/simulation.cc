@@ -452,8 +452,11 @@ void add_stage(const Plan& p, const StageResult& s, SimulationResult& out) {
   out.idle_fraction += s.idle_s / out.iteration_s * share;
   // With a pipeline, the compute stream's idle is its fill and drain plus what
   // they expose (the pipeline formula's bubble; `idle` breaks it down by cause);
-  // without one there is no bubble, whatever else the stream waited for.
-  const double bubble_s = p.pp > 1 || !p.segments.empty() ? s.idle_s : s.idle.pipeline_s;
+  // without one there is no bubble, whatever else the stream waited for. The
+  // waits of EP all-to-all overlap's pairs for the expert stream are the
+  // steady state's, not the fill's or drain's.
+  const double bubble_s =
+      p.pp > 1 || !p.segments.empty() ? s.idle_s - s.idle.expert_parallel_s : s.idle.pipeline_s;
   out.bubble_fraction += bubble_s / out.iteration_s * share;
   out.idle += s.idle.scaled(share);
   out.exposed_comm_s += s.exposed_comm_s * share;
