@@ -102,6 +102,28 @@ inline void check_matches_reference(const ModelSpec& m, const Plan& p) {
   check_matches(m, p, reference(m), step_options());
 }
 
+// Two runs that must hold the same bits (their plans differ only in what runs
+// when, or in what they keep and recompute): every rank's losses, gradient
+// norms and evaluation loss, and rank 0's final state, equal, not merely close.
+inline void check_same_bits(const PlanRun& a, const PlanRun& b) {
+  REQUIRE(a.ranks.size() == b.ranks.size());
+  for (std::size_t r = 0; r < a.ranks.size(); ++r) {
+    INFO("rank " << r);
+    CHECK(a.ranks[r].losses == b.ranks[r].losses);
+    CHECK(a.ranks[r].grad_norms == b.ranks[r].grad_norms);
+    CHECK(a.ranks[r].eval_loss == b.ranks[r].eval_loss);
+  }
+  CHECK(!a.ranks[0].state.empty());
+  CHECK(a.ranks[0].state == b.ranks[0].state);
+}
+
+// `p` and `q` run on `m` with `options`: the same bits.
+inline void check_same_bits(const ModelSpec& m, const Plan& p, const Plan& q,
+                            const StepOptions& options = step_options()) {
+  INFO("plan " << describe(p) << ", model " << m.name);
+  check_same_bits(run_plan(m, p, 0, options), run_plan(m, q, 0, options));
+}
+
 // A plan of the given "segments" (tests/segmented_plan.h) over the single-rank plan.
 inline Plan segmented(const ModelSpec& m, const char* segments) {
   return segmented(m, make_plan(1, 1, 1, 0, ScheduleKind::one_f_one_b), segments);

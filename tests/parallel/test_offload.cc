@@ -22,17 +22,10 @@ Plan offloaded(Plan p, Offload o) {
   return p;
 }
 
-void check_same_bits(const ModelSpec& m, const Plan& p, Offload o) {
-  INFO("plan " << describe(p) << " precision " << precision_name(p.precision) << ", offload " << offload_name(o));
-  const PlanRun base = run_plan(m, p), off = run_plan(m, offloaded(p, o));
-  for (std::size_t r = 0; r < base.ranks.size(); ++r) {
-    INFO("rank " << r);
-    CHECK(off.ranks[r].losses == base.ranks[r].losses);
-    CHECK(off.ranks[r].grad_norms == base.ranks[r].grad_norms);
-    CHECK(off.ranks[r].eval_loss == base.ranks[r].eval_loss);
-  }
-  // Values, moments and every other exported tensor, bit for bit.
-  CHECK(off.ranks[0].state == base.ranks[0].state);
+// Offloading moves memory, never values: the bits of the plan without it.
+void check_offload_keeps_bits(const ModelSpec& m, const Plan& p, Offload o) {
+  INFO("precision " << precision_name(p.precision) << ", offload " << offload_name(o));
+  check_same_bits(m, p, offloaded(p, o));
 }
 
 // Copies between host and device memory, in bytes, by direction; and the fp32 bytes that all-gathers send.
@@ -102,16 +95,16 @@ std::int64_t parameter_count(const ModelSpec& m) {
 
 TEST_CASE("offloaded optimizer state and parameters give the bits of the run on the device", "[parallel][offload]") {
   const ModelSpec m = tiny_gpt();
-  check_same_bits(m, make_plan(1, 1, 1, 0, ScheduleKind::one_f_one_b), Offload::optimizer);
-  for (int zero : {1, 2, 3}) check_same_bits(m, make_plan(1, 1, 2, zero, ScheduleKind::one_f_one_b), Offload::optimizer);
-  check_same_bits(m, make_plan(1, 1, 2, 3, ScheduleKind::one_f_one_b), Offload::params);
-  check_same_bits(m, make_plan(2, 2, 2, 1, ScheduleKind::interleaved, 2), Offload::optimizer);
-  check_same_bits(m, make_plan(1, 2, 2, 3, ScheduleKind::one_f_one_b), Offload::params);
+  check_offload_keeps_bits(m, make_plan(1, 1, 1, 0, ScheduleKind::one_f_one_b), Offload::optimizer);
+  for (int zero : {1, 2, 3}) check_offload_keeps_bits(m, make_plan(1, 1, 2, zero, ScheduleKind::one_f_one_b), Offload::optimizer);
+  check_offload_keeps_bits(m, make_plan(1, 1, 2, 3, ScheduleKind::one_f_one_b), Offload::params);
+  check_offload_keeps_bits(m, make_plan(2, 2, 2, 1, ScheduleKind::interleaved, 2), Offload::optimizer);
+  check_offload_keeps_bits(m, make_plan(1, 2, 2, 3, ScheduleKind::one_f_one_b), Offload::params);
   // 1-bit gradients (ZeRO 1) with a warm-up: the frozen variance is the host kernel's too.
   Plan one_bit = make_plan(1, 1, 2, 1, ScheduleKind::one_f_one_b);
   one_bit.grad_compression = GradCompression::one_bit;
   one_bit.grad_compression_warmup = 1;
-  check_same_bits(m, one_bit, Offload::optimizer);
+  check_offload_keeps_bits(m, one_bit, Offload::optimizer);
 }
 
 TEST_CASE("offload lowers the device peak by the offloaded bytes: measured, modelled and simulated",

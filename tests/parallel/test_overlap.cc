@@ -10,22 +10,6 @@
 using namespace meshtrain;
 using namespace meshtrain::testing;
 
-namespace {
-
-void check_same_bits(const PlanRun& a, const PlanRun& b) {
-  REQUIRE(a.ranks.size() == b.ranks.size());
-  for (std::size_t r = 0; r < a.ranks.size(); ++r) {
-    INFO("rank " << r);
-    CHECK(a.ranks[r].losses == b.ranks[r].losses);
-    CHECK(a.ranks[r].grad_norms == b.ranks[r].grad_norms);
-    CHECK(a.ranks[r].eval_loss == b.ranks[r].eval_loss);
-  }
-  CHECK(!a.ranks[0].state.empty());
-  CHECK(a.ranks[0].state == b.ranks[0].state);
-}
-
-}  // namespace
-
 TEST_CASE("ZeRO-3 prefetch across chunks gives the bits of the prefetch within a pass", "[parallel][overlap][zero3]") {
   for (const Plan& base : {make_plan(1, 2, 2, 3, ScheduleKind::interleaved, 2),
                            make_plan(2, 2, 2, 3, ScheduleKind::one_f_one_b),

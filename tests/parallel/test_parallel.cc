@@ -178,30 +178,23 @@ TEST_CASE("recompute modules (layernorm, moe_act) match the single-rank run, wit
     p.recompute_modules = r;
     return p;
   };
-  auto same_bits = [](const ModelSpec& m, const Plan& p, const Plan& q, const StepOptions& o = step_options()) {
-    INFO("plan " << describe(p) << ", model " << m.name);
-    const PlanRun a = run_plan(m, p, 0, o), b = run_plan(m, q, 0, o);
-    CHECK(a.ranks[0].losses == b.ranks[0].losses);
-    CHECK(a.ranks[0].grad_norms == b.ranks[0].grad_norms);
-    CHECK(a.ranks[0].state == b.ranks[0].state);
-  };
   const ModelSpec moe = *model_preset("tiny-moe");
   // Sequence parallel: the pre-MLP norm's recomputed shard is gathered again for the router.
   Plan sp = make_plan(2, 2, 1, 1, ScheduleKind::one_f_one_b);
   sp.sequence_parallel = true;
   check_matches_reference(moe, with(sp, {true, true}));
-  same_bits(moe, sp, with(sp, {true, true}));
+  check_same_bits(moe, sp, with(sp, {true, true}));
   Plan ep = make_plan(1, 1, 2, 1, ScheduleKind::one_f_one_b);
   ep.ep = 2;
   check_matches_reference(moe, with(ep, {true, true}));
-  same_bits(moe, ep, with(ep, {true, true}));
+  check_same_bits(moe, ep, with(ep, {true, true}));
   // Zero-bubble's weight pass reads the recomputed tensors after their backward.
   const Plan zb = make_plan(1, 2, 1, 0, ScheduleKind::zb_h1);
-  same_bits(moe, zb, with(zb, {true, true}));
+  check_same_bits(moe, zb, with(zb, {true, true}));
   // FP8: the recomputed tensors' casts are made again (the casts a run keeps are what the modules free).
   StepOptions fp8 = step_options();
   fp8.emulate_fp8 = true;
   Plan fp8_ep = ep;
   fp8_ep.precision = Precision::fp8;
-  same_bits(moe, fp8_ep, with(fp8_ep, {true, true}), fp8);
+  check_same_bits(moe, fp8_ep, with(fp8_ep, {true, true}), fp8);
 }

@@ -103,33 +103,26 @@ TEST_CASE("EP all-to-all overlap matches the single-rank run with the bits of th
     p.moe_a2a_overlap = true;
     return p;
   };
-  auto same_bits = [](const ModelSpec& m, const Plan& p, const Plan& q, const StepOptions& o = step_options()) {
-    INFO("plan " << describe(p) << ", model " << m.name);
-    const PlanRun a = run_plan(m, p, 0, o), b = run_plan(m, q, 0, o);
-    CHECK(a.ranks[0].losses == b.ranks[0].losses);
-    CHECK(a.ranks[0].grad_norms == b.ranks[0].grad_norms);
-    CHECK(a.ranks[0].state == b.ranks[0].state);
-  };
   // pp 1: four micro-batches, three pairs; tp 2 with whole experts makes the EP group of 2.
   const Plan tp_ep = with_ep(make_plan(2, 1, 1, 1, ScheduleKind::one_f_one_b), 2, 1);
   check_matches_reference(moe(), overlapped(tp_ep));
-  same_bits(moe(), tp_ep, overlapped(tp_ep));
+  check_same_bits(moe(), tp_ep, overlapped(tp_ep));
   // Three layers: a pair's forward of the middle layer runs beside its backward in the same layer.
   ModelSpec odd = moe();
   odd.name = "tiny-moe-3";
   odd.layers = 3;
-  same_bits(odd, tp_ep, overlapped(tp_ep));
+  check_same_bits(odd, tp_ep, overlapped(tp_ep));
   // Expert data parallelism under sequence parallelism, a shared expert and dense layers between.
   const Plan dp_ep = sp(with_ep(make_plan(2, 1, 2, 1, ScheduleKind::one_f_one_b), 2));
   check_matches_reference(llama_moe(), overlapped(dp_ep));
   // Interleaved pp 2: a pair's forward and backward are different model chunks.
   const Plan pp = with_ep(make_plan(2, 2, 1, 1, ScheduleKind::interleaved, 2), 2, 1);
   check_matches_reference(moe(), overlapped(pp));
-  same_bits(moe(), pp, overlapped(pp));
+  check_same_bits(moe(), pp, overlapped(pp));
   // FP8 emulation: the casts of both passes keep their scales.
   StepOptions fp8 = step_options();
   fp8.emulate_fp8 = true;
   Plan fp8_ep = tp_ep;
   fp8_ep.precision = Precision::fp8;
-  same_bits(moe(), fp8_ep, overlapped(fp8_ep), fp8);
+  check_same_bits(moe(), fp8_ep, overlapped(fp8_ep), fp8);
 }

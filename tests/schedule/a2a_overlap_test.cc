@@ -6,28 +6,15 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <string>
-#include <utility>
 
 #include "engine/schedule/builders.h"
 #include "engine/schedule/communication.h"
 #include "engine/schedule/dry_run.h"
 #include "engine/schedule/validate.h"
+#include "tests/schedule/schedule_testing.h"
 
 using namespace meshtrain;
 using namespace meshtrain::schedule;
-
-namespace {
-
-Schedule must(Result<Schedule> r) {
-  if (!r.ok()) FAIL(r.error().message());
-  return std::move(r).value();
-}
-
-void require_ok(const Status& st) {
-  if (!st.ok()) FAIL(st.error().message());
-}
-
-}  // namespace
 
 TEST_CASE("a2a overlap without pipelining: F0 runs alone, then each forward pairs with the previous backward",
           "[schedule][a2a_overlap]") {

@@ -15,16 +15,12 @@
 #include "engine/schedule/dry_run.h"
 #include "engine/schedule/timing.h"
 #include "engine/schedule/validate.h"
+#include "tests/schedule/schedule_testing.h"
 
 using namespace meshtrain;
 using namespace meshtrain::schedule;
 
 namespace {
-
-Schedule must(Result<Schedule> r) {
-  if (!r.ok()) FAIL(r.error().message());
-  return std::move(r).value();
-}
 
 // (kind letter, chunk, microbatch) of a rank's compute actions in order.
 using Step = std::tuple<char, int, int>;
@@ -33,10 +29,6 @@ std::vector<Step> steps(const Schedule& s, int rank) {
   for (const Action& a : s.ranks[static_cast<size_t>(rank)])
     out.emplace_back(a.kind == Action::forward ? 'F' : 'B', a.chunk, a.microbatch);
   return out;
-}
-
-void require_ok(const Status& st) {
-  if (!st.ok()) FAIL(st.error().message());
 }
 
 bool contains(const std::string& text, const std::string& part) {

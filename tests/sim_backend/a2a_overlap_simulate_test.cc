@@ -5,25 +5,19 @@
 //   expert stream:  B combine-bwd | F dispatch   | B dispatch-bwd | F combine
 //   compute stream: F attention   | B experts    | F experts      | B attention
 #include <catch2/catch.hpp>
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <map>
 #include <string>
 #include <vector>
 
 #include "engine/plan/segment_plan.h"
 #include "tests/sim_backend/sim_testing.h"
+#include "tests/sim_backend/trace_streams.h"
 
 using namespace meshtrain;
 using namespace meshtrain::sim_testing;
 
 namespace {
-
-struct TraceOp {
-  std::string name;
-  double ts = 0, end = 0;  // µs
-};
 
 // Rank 0's complete events on its compute and expert-parallel streams, each sorted by start.
 struct RankTrace {
@@ -31,27 +25,8 @@ struct RankTrace {
 };
 
 RankTrace rank0_trace(const std::string& json) {
-  const nlohmann::json t = nlohmann::json::parse(json);
-  int pid0 = -1;
-  std::map<int, std::string> names;
-  for (const auto& e : t.at("traceEvents"))
-    if (e.at("ph") == "M" && e.at("name") == "process_name" && pid0 < 0) pid0 = e.at("pid").get<int>();
-  for (const auto& e : t.at("traceEvents"))
-    if (e.at("ph") == "M" && e.at("name") == "thread_name" && e.at("pid").get<int>() == pid0)
-      names[e.at("tid").get<int>()] = e.at("args").at("name").get<std::string>();
-  RankTrace r;
-  for (const auto& e : t.at("traceEvents")) {
-    if (e.at("ph") != "X" || e.at("pid").get<int>() != pid0) continue;
-    const std::string& stream = names[e.at("tid").get<int>()];
-    const double ts = e.at("ts").get<double>();
-    const TraceOp op{e.at("name").get<std::string>(), ts, ts + e.at("dur").get<double>()};
-    if (stream.rfind("expert-parallel", 0) == 0) r.expert.push_back(op);
-    else if (stream == "compute") r.compute.push_back(op);
-  }
-  auto by_start = [](const TraceOp& a, const TraceOp& b) { return a.ts < b.ts; };
-  std::sort(r.compute.begin(), r.compute.end(), by_start);
-  std::sort(r.expert.begin(), r.expert.end(), by_start);
-  return r;
+  const auto streams = rank0_streams(json);
+  return {stream_ops(streams, "compute"), stream_ops(streams, "expert-parallel")};
 }
 
 // Whether an op named `name` runs on `ops` during part of `during`.

@@ -7,25 +7,19 @@
 // waits for. ZeRO-3's prefetch across chunks (Plan::prefetch_across_chunks)
 // must leave fewer gathers that start while the compute stream has nothing to run.
 #include <catch2/catch.hpp>
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <map>
 #include <string>
 #include <vector>
 
 #include "engine/simulation/simulation.h"
 #include "tests/sim_backend/sim_testing.h"
+#include "tests/sim_backend/trace_streams.h"
 
 using namespace meshtrain;
 using namespace meshtrain::sim_testing;
 
 namespace {
-
-struct TraceOp {
-  std::string name;
-  double ts = 0, end = 0;  // µs
-};
 
 // Rank 0's complete events by stream: "compute" and "data-parallel", each sorted by start.
 struct RankTrace {
@@ -33,27 +27,8 @@ struct RankTrace {
 };
 
 RankTrace rank0_trace(const std::string& json) {
-  const nlohmann::json t = nlohmann::json::parse(json);
-  int pid0 = -1;
-  std::map<int, std::string> names;  // tid -> stream name on pid0
-  for (const auto& e : t.at("traceEvents"))
-    if (e.at("ph") == "M" && e.at("name") == "process_name" && pid0 < 0) pid0 = e.at("pid").get<int>();
-  for (const auto& e : t.at("traceEvents"))
-    if (e.at("ph") == "M" && e.at("name") == "thread_name" && e.at("pid").get<int>() == pid0)
-      names[e.at("tid").get<int>()] = e.at("args").at("name").get<std::string>();
-  RankTrace r;
-  for (const auto& e : t.at("traceEvents")) {
-    if (e.at("ph") != "X" || e.at("pid").get<int>() != pid0) continue;
-    const std::string& stream = names[e.at("tid").get<int>()];
-    const double ts = e.at("ts").get<double>();
-    TraceOp op{e.at("name").get<std::string>(), ts, ts + e.at("dur").get<double>()};
-    if (stream.find("data-parallel") != std::string::npos) r.dp.push_back(op);
-    else if (stream.find("compute") != std::string::npos) r.compute.push_back(op);
-  }
-  auto by_start = [](const TraceOp& a, const TraceOp& b) { return a.ts < b.ts; };
-  std::sort(r.compute.begin(), r.compute.end(), by_start);
-  std::sort(r.dp.begin(), r.dp.end(), by_start);
-  return r;
+  const auto streams = rank0_streams(json);
+  return {stream_ops(streams, "compute"), stream_ops(streams, "data-parallel")};
 }
 
 // Σ durations (µs) and count of the ops named `name` in `ops`.
