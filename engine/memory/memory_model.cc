@@ -51,43 +51,59 @@ int inflight_microbatches(const Plan& p, int stage) {
   const int m = p.microbatches();
   switch (p.schedule) {
     case ScheduleKind::gpipe: return m;
-    case ScheduleKind::one_f_one_b: return std::min(p.pp - stage + (p.moe_a2a_overlap ? 1 : 0), m);
+    case ScheduleKind::one_f_one_b: return std::min(p.pp - stage, m);
     // Between F and W: rank r holds p-r-1 warm-up micro-batches and r waiting for W (which keep only
     // what W reads: peak_activation_bytes).
     case ScheduleKind::zb_h1: return std::min(p.pp, m);
     case ScheduleKind::interleaved:
-      // EP all-to-all overlap runs one warm-up forward more (engine/schedule/a2a_overlap.h).
-      return std::min(schedule::interleaved_warmup({p.pp, p.vpp, m}, stage) + 1 + (p.moe_a2a_overlap ? 1 : 0),
-                      m * p.vpp);
+      return std::min(schedule::interleaved_warmup({p.pp, p.vpp, m}, stage) + 1, m * p.vpp);
   }
   return m;
 }
 
 double peak_activation_bytes(const Plan& p, int stage, const std::vector<double>& chunk_bytes,
-                             const std::vector<double>& deferred_bytes) {
+                             const std::vector<double>& deferred_bytes, const std::vector<double>& layer_bytes) {
   // Walk the stage's schedule: a forward of chunk c keeps its bytes until that micro-batch's backward;
   // where the schedule has W passes, B frees them but for what the deferred dW reads (its GEMMs'
   // inputs and output gradients), which stays until W.
   const schedule::PipelineLayout layout{p.pp, p.vpp, p.microbatches()};
   auto built = schedule::build_schedule(p.schedule, layout);
-  if (built && p.moe_a2a_overlap) *built = schedule::pair_forward_backward(*built).compute;
-  const auto deferred = [&](int chunk) {
-    return deferred_bytes.empty() ? 0.0 : deferred_bytes[static_cast<std::size_t>(chunk)];
+  std::vector<schedule::Pair> pairs;
+  if (built && p.moe_a2a_overlap) {
+    schedule::PairedSchedule paired = schedule::pair_forward_backward(*built);
+    *built = std::move(paired.compute);
+    pairs = std::move(paired.pairs);
+  }
+  const auto per_chunk = [](const std::vector<double>& bytes, int chunk) {
+    return bytes.empty() ? 0.0 : bytes[static_cast<std::size_t>(chunk)];
   };
   if (!built) {
     // validate_plan refuses such plans; the even-chunk bound keeps this total.
     double all = 0;
     for (double b : chunk_bytes) all += b;
-    for (int c = 0; c < p.vpp; ++c) all += deferred(c);
+    for (int c = 0; c < p.vpp; ++c) all += per_chunk(deferred_bytes, c);
     return inflight_microbatches(p, stage) * all / p.vpp;
   }
   const bool weight_pass = p.schedule == ScheduleKind::zb_h1;
+  const std::vector<schedule::Action>& row = built->ranks[static_cast<std::size_t>(stage)];
   double live = 0, peak = 0;
-  for (const schedule::Action& a : built->ranks[static_cast<std::size_t>(stage)]) {
+  for (std::size_t i = 0; i < row.size(); ++i) {
+    const schedule::Action& a = row[i];
     const double bytes = chunk_bytes[static_cast<std::size_t>(a.chunk)];
+    if (a.kind == schedule::Action::forward && i + 1 < row.size() &&
+        std::find(pairs.begin(), pairs.end(), schedule::Pair{a, row[i + 1]}) != pairs.end()) {
+      // A pair runs its forward's layer i beside its backward's layer L-1-i (Megatron's combined 1F1B):
+      // the backward frees a layer as the forward keeps one, so the stage holds the larger of the two
+      // ends and, at most, one forward layer more, not both passes' chunks.
+      const double freed = chunk_bytes[static_cast<std::size_t>(row[i + 1].chunk)];
+      peak = std::max(peak, std::max(live, live + bytes - freed) + per_chunk(layer_bytes, a.chunk));
+      live += bytes - freed;
+      ++i;
+      continue;
+    }
     if (a.kind == schedule::Action::forward) live += bytes;
-    else if (a.kind == schedule::Action::backward) live += (weight_pass ? deferred(a.chunk) : 0.0) - bytes;
-    else if (a.kind == schedule::Action::weight) live -= deferred(a.chunk);
+    else if (a.kind == schedule::Action::backward) live += (weight_pass ? per_chunk(deferred_bytes, a.chunk) : 0.0) - bytes;
+    else if (a.kind == schedule::Action::weight) live -= per_chunk(deferred_bytes, a.chunk);
     else continue;
     peak = std::max(peak, live);
   }
@@ -194,17 +210,19 @@ void add_activations(MemoryBreakdown& r, const ModelSpec& m, const Plan& p, int 
   // with virtual stage 0), which may differ (StageSplit: uneven and flexible layouts).
   const ModelBlocks& blocks = tables.blocks;
   const ActivationQuery q = activation_query(m, p, a);
-  std::vector<double> chunk_bytes(static_cast<std::size_t>(p.vpp), 0.0), deferred_bytes = chunk_bytes;
+  std::vector<double> chunk_bytes(static_cast<std::size_t>(p.vpp), 0.0), deferred_bytes = chunk_bytes,
+                                                                          layer_bytes = chunk_bytes;
   for (int c = 0; c < p.vpp; ++c) {
     for (int l = chunk(c).begin; l < chunk(c).end; ++l) {
       const BlockDef& block = *blocks[static_cast<std::size_t>(l + 1)];
       chunk_bytes[static_cast<std::size_t>(c)] += block.activation_bytes(q);
+      layer_bytes[static_cast<std::size_t>(c)] = std::max(layer_bytes[static_cast<std::size_t>(c)], block.activation_bytes(q));
       if (p.schedule == ScheduleKind::zb_h1) deferred_bytes[static_cast<std::size_t>(c)] += block.deferred_weight_bytes(q);
       r.backward_working = std::max(r.backward_working, block.backward_working_bytes(q));
     }
   }
   if (stage == 0 && p.embedding) chunk_bytes.front() += blocks.front()->activation_bytes(q);
-  r.activations = peak_activation_bytes(p, stage, chunk_bytes, deferred_bytes);
+  r.activations = peak_activation_bytes(p, stage, chunk_bytes, deferred_bytes, layer_bytes);
   if (stage == p.pp - 1) {
     // The head's backward frees a micro-batch's logits before any layer's backward of that micro-batch
     // starts: the stage peaks with the one working set or the other (the head's: its saved tensors and

@@ -238,6 +238,11 @@ Status validate_plan(const Plan& p, const ModelSpec& m, int world_size = 0);
 // The part of it a planner checks on its base plan before the search: an FP8
 // recipe other than delayed needs precision fp8.
 Status check_fp8_recipe(const Plan& p);
+// The part of it the planner asks of a candidate before searching EP
+// all-to-all overlap on it: whether moe_a2a_overlap, if set, can pair the
+// plan's passes (ep > 1; pp 1 or interleaved; 1f1b or interleaved; no full
+// recomputation; ZeRO 0-2).
+Status check_a2a_overlap(const Plan& p);
 
 // Schedule names come from the schedule library (schedule_kind_name), the one
 // table of them; these keep the plan's name functions in one place.

@@ -63,8 +63,6 @@ Status check_fp8_recipe(const Plan& p) {
                     fp8_recipe_name(p.fp8_recipe), precision_name(p.precision));
 }
 
-namespace {
-
 // What EP all-to-all overlap pairs: a steady state of forwards and backwards of
 // different micro-batches, each whole (Megatron-Core's asserts, and ours: ZeRO 3
 // gathers a layer's parameters for one pass at a time).
@@ -94,6 +92,8 @@ Status check_a2a_overlap(const Plan& p) {
                       p.zero);
   return ok_status();
 }
+
+namespace {
 
 // Features that need another feature, or exclude one.
 Status check_feature_combinations(const Plan& p) {

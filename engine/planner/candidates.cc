@@ -71,6 +71,7 @@ std::string describe_plan(const Plan& p, const ModelSpec& m) {
   if (p.recompute != Recompute::none || p.recompute_modules.any()) s += fmt::format(" rc {}", recompute_label(p));
   if (p.sequence_parallel) s += " sp";
   if (model_io(m).routes_to_experts) s += fmt::format(" ep {}", p.ep) + (p.etp == 1 && p.tp > 1 ? " etp 1" : "");
+  if (p.moe_a2a_overlap) s += " a2a-overlap";
   if (p.first_stage_layers > 0 || p.last_stage_layers > 0)
     s += fmt::format(" ends {}/{}", p.first_stage_layers, p.last_stage_layers);
   if (p.grad_compression != GradCompression::none) s += " gc " + grad_compression_name(p.grad_compression);

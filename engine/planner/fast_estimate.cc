@@ -80,17 +80,26 @@ FastEstimator::FastEstimator(const SearchContext& ctx, const SimulateOptions& op
 }
 
 FastEstimator::Key FastEstimator::key_of(const Plan& p) {
-  // cp_comm only matters with cp > 1: one reference for cp 1.
-  const int comm = p.cp > 1 ? static_cast<int>(p.cp_comm) : 0;
-  return {p.tp, p.sequence_parallel, p.micro_batch, static_cast<int>(p.recompute), p.ep, p.etp, p.cp, comm};
+  return {p.tp,
+          p.sequence_parallel,
+          p.micro_batch,
+          p.recompute,
+          p.ep,
+          p.etp,
+          p.cp,
+          p.cp > 1 ? p.cp_comm : ContextComm::all_gather,
+          p.moe_a2a_overlap};
+}
+
+Plan FastEstimator::Key::reference_plan(Plan p) const {
+  p.tp = tp, p.sequence_parallel = sp, p.micro_batch = micro_batch, p.recompute = recompute;
+  p.ep = ep, p.etp = etp, p.cp = cp, p.cp_comm = cp_comm, p.moe_a2a_overlap = a2a_overlap;
+  p.pp = 1, p.vpp = 1, p.zero = 0, p.dp = p.ep;
+  return p;
 }
 
 Result<FastEstimator::Reference> FastEstimator::simulate_reference(const Key& k) const {
-  Plan p = ctx_.base;
-  std::tie(p.tp, p.sequence_parallel, p.micro_batch, std::ignore, p.ep, p.etp, p.cp, std::ignore) = k;
-  p.recompute = static_cast<Recompute>(std::get<3>(k));
-  p.cp_comm = static_cast<ContextComm>(std::get<7>(k));
-  p.pp = 1, p.vpp = 1, p.zero = 0, p.dp = p.ep;
+  Plan p = k.reference_plan(ctx_.base);
   // The optimizer on the device's critical path, gradients as they are: the closed forms add the plan's own.
   p.overlap_update = false, p.offload = Offload::none, p.grad_compression = GradCompression::none;
   p.zero_reduce_once = false;
@@ -133,7 +142,7 @@ Result<FastEstimator::Reference> FastEstimator::simulate_reference(const Key& k)
   MT_ASSIGN(const double t1, time(model, 1));
   MT_ASSIGN(const double t2, time(model, 2));
   const double microbatch = std::max(0.0, t2 - t1), step = std::max(0.0, t1 - microbatch);
-  const auto rc = static_cast<Recompute>(std::get<3>(k));
+  const Recompute rc = k.recompute;
   double work = 0, params = 0;
   for (std::size_t i = 0; i < blocks; ++i) {
     const bool body = i != 0 && i != last;
@@ -206,10 +215,10 @@ Status FastEstimator::prepare(const std::vector<const Plan*>& plans) {
   tbb::parallel_for(std::size_t{0}, keys.size(), [&](std::size_t i) { out[i] = simulate_reference(keys[i]); });
   for (std::size_t i = 0; i < keys.size(); ++i) {
     if (!*out[i]) {
-      const auto& [tp, sp, mb, rc, ep, etp, cp, comm] = keys[i];
+      const Key& k = keys[i];
       return std::move(*out[i]).error().context(fmt::format(
-          "fast tier: simulating one stage with tp {} sp {} micro-batch {} recompute {} ep {} cp {}", tp, sp, mb,
-          recompute_name(static_cast<Recompute>(rc)), ep, cp));
+          "fast tier: simulating one stage with tp {} sp {} micro-batch {} recompute {} ep {} cp {}{}", k.tp, k.sp,
+          k.micro_batch, recompute_name(k.recompute), k.ep, k.cp, k.a2a_overlap ? " a2a-overlap" : ""));
     }
     refs_[keys[i]] = std::move(*out[i]).value();
   }

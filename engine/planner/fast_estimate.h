@@ -69,7 +69,6 @@
 #pragma once
 
 #include <map>
-#include <tuple>
 #include <vector>
 
 #include "engine/planner/memory_fit.h"
@@ -104,7 +103,25 @@ class FastEstimator {
  private:
   // Segment layouts reuse the references and collective fits (plan_estimate.h).
   friend class PlanEstimator;
-  using Key = std::tuple<int, bool, int, int, int, int, int, int>;  // tp, sp, micro_batch, recompute, ep, etp, cp, cp_comm
+  // What one micro-batch costs inside a stage depends on (the reference simulations' cache key).
+  struct Key {
+    int tp = 1;
+    bool sp = false;
+    int micro_batch = 1;
+    Recompute recompute = Recompute::none;
+    int ep = 1, etp = 0, cp = 1;
+    ContextComm cp_comm = ContextComm::all_gather;  // all_gather whenever cp is 1: one reference
+    bool a2a_overlap = false;                       // Plan::moe_a2a_overlap: pairs change a micro-batch's cost
+    auto operator<=>(const Key&) const = default;
+    // `base` as the one-stage reference at this key: pp 1, ZeRO 0, dp = ep.
+    Plan reference_plan(Plan base) const;
+    // The tp 1 key a segment layout scales from where the whole model refuses this tp (plan_estimate.h).
+    Key without_tp() const {
+      Key k = *this;
+      k.tp = 1, k.sp = false;
+      return k;
+    }
+  };
   struct Reference {
     std::vector<double> microbatch_s;  // per block (embedding, layers, head): forward and backward of one micro-batch
     std::vector<double> step_s;        // per block: per-iteration work

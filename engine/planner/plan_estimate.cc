@@ -66,10 +66,9 @@ Status PlanEstimator::prepare_segments(const std::vector<const Plan*>& plans) {
     std::vector<FastEstimator::Key> keys;
     for (const auto& k : wanted) {
       if (fast_.refs_.count(k) || scaled_.count(k)) continue;
-      if (std::get<0>(k) > 1 && !whole_model_takes(k)) {
+      if (k.tp > 1 && !whole_model_takes(k)) {
         scaled_.insert(k);
-        auto [tp, sp, mb, rc, ep, etp, cp, comm] = k;
-        const FastEstimator::Key tp1{1, false, mb, rc, ep, etp, cp, comm};
+        const FastEstimator::Key tp1 = k.without_tp();
         if (!fast_.refs_.count(tp1)) keys.push_back(tp1);
       } else {
         keys.push_back(k);
@@ -80,13 +79,12 @@ Status PlanEstimator::prepare_segments(const std::vector<const Plan*>& plans) {
     std::vector<std::optional<Result<FastEstimator::Reference>>> out(keys.size());
     tbb::parallel_for(std::size_t{0}, keys.size(), [&](std::size_t i) { out[i] = fast_.simulate_reference(keys[i]); });
     for (std::size_t i = 0; i < keys.size(); ++i) {
-      auto [tp, sp, mb, rc, ep, etp, cp, comm] = keys[i];
       if (*out[i]) {
         fast_.refs_[keys[i]] = std::move(*out[i]).value();
       } else {
         return std::move(*out[i]).error().context(fmt::format(
-            "fast tier: simulating one segment's blocks with micro-batch {} recompute {}", mb,
-            recompute_name(static_cast<Recompute>(rc))));
+            "fast tier: simulating one segment's blocks with micro-batch {} recompute {}", keys[i].micro_batch,
+            recompute_name(keys[i].recompute)));
       }
     }
   }
@@ -96,12 +94,7 @@ Status PlanEstimator::prepare_segments(const std::vector<const Plan*>& plans) {
 // Whether the whole model runs one stage at `key` (the reference the uniform tier simulates): a segment's tp
 // need only divide its own modules' heads.
 bool PlanEstimator::whole_model_takes(const FastEstimator::Key& key) const {
-  Plan p = ctx_.base;
-  int rc = 0, comm = 0;
-  std::tie(p.tp, p.sequence_parallel, p.micro_batch, rc, p.ep, p.etp, p.cp, comm) = key;
-  p.recompute = static_cast<Recompute>(rc);
-  p.cp_comm = static_cast<ContextComm>(comm);
-  p.pp = p.vpp = 1, p.zero = 0, p.dp = p.ep;
+  Plan p = key.reference_plan(ctx_.base);
   p.global_batch = p.micro_batch * p.dp;
   return validate_plan(p, ctx_.model).ok() && StepEngine::supports(p, ctx_.step).ok();
 }
@@ -126,9 +119,7 @@ PlanEstimator::Terms PlanEstimator::segment_terms(const Plan& s) const {
   const ModelSpec& m = ctx_.model;
   const FastEstimator::Key key = FastEstimator::key_of(s);
   const bool scaled = scaled_.count(key) > 0;
-  auto [tp, sp, mb, rc, ep, etp, cp, comm] = key;
-  const FastEstimator::Reference& ref =
-      fast_.refs_.at(scaled ? FastEstimator::Key{1, false, mb, rc, ep, etp, cp, comm} : key);
+  const FastEstimator::Reference& ref = fast_.refs_.at(scaled ? key.without_tp() : key);
   const double divide = scaled ? s.tp : 1;
   const std::size_t last = io_.size() - 1;
   const double forward_share = s.recompute == Recompute::full ? 0.25 : 1.0 / 3.0;

@@ -130,6 +130,14 @@ std::vector<int> offload_defaults(const SearchContext&, const Plan& p) {
 }
 bool without_offload(const SearchContext&, const Plan& p) { return p.offload == Offload::none; }
 
+// EP all-to-all overlap where the plan can pair its passes (validate_plan's
+// own check) and has more than one micro-batch to pair.
+bool pairs_passes(const SearchContext&, const Plan& p) {
+  Plan overlapped = p;
+  overlapped.moe_a2a_overlap = true;
+  return p.microbatches() > 1 && check_a2a_overlap(overlapped).ok();
+}
+
 std::vector<int> dp_defaults(const SearchContext& c, const Plan& p) {
   const std::int64_t model_parallel = std::int64_t{p.tp} * p.pp * p.cp;
   if (c.gpus % model_parallel != 0) return {};
@@ -252,6 +260,10 @@ const std::vector<Dimension> kDimensions = {
     {"overlap_update", "optimizer step overlapped with the next forward, bucket by bucket (default: on without "
      "offload)", false, on_only, [](Plan& p, int v) { p.overlap_update = v != 0; },
      [](const Plan& p) { return p.overlap_update ? 1 : 0; }, parse_switch, format_switch, without_offload},
+    {"moe_a2a_overlap", "MoE: each forward's expert all-to-alls hidden under another micro-batch's backward "
+     "(default: off, on where ep > 1 and the schedule pairs passes)", false, off_and_on,
+     [](Plan& p, int v) { p.moe_a2a_overlap = v != 0; }, [](const Plan& p) { return p.moe_a2a_overlap ? 1 : 0; },
+     parse_switch, format_switch, pairs_passes},
 };
 
 // Two pinned values the engine cannot combine: when `a` is pinned to a value

@@ -32,7 +32,11 @@
 //     offload plan only where the same plan without offload does not fit
 //     (planner.h), since offload only adds PCIe and host time;
 //   overlap_update: on where it applies (no offload; exact, measured never
-//     slower in the DES), off under --allow.
+//     slower in the DES), off under --allow;
+//   moe_a2a_overlap: off and on where ep > 1, there are micro-batches to pair
+//     and the schedule pairs passes (check_a2a_overlap): exact, but it holds
+//     one micro-batch's activations more and slows the compute it runs
+//     beside, so the simulations decide.
 #pragma once
 
 #include <optional>

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/memory/memory_model.h"
 #include "engine/plan/segment_plan.h"
 #include "tests/sim_backend/sim_testing.h"
 #include "tests/sim_backend/trace_streams.h"
@@ -110,11 +111,41 @@ TEST_CASE("EP all-to-all overlap: a pair's all-to-alls run on the expert stream 
   CHECK(on.idle.other_s == 0);
 }
 
-TEST_CASE("EP all-to-all overlap keeps one micro-batch more in flight", "[sim_backend][moe][a2a_overlap]") {
-  // Without pipelining 1F1B holds one micro-batch's activations; the overlap's extra warm-up forward two.
+TEST_CASE("EP all-to-all overlap holds one layer more at most, not a micro-batch more",
+          "[sim_backend][moe][a2a_overlap]") {
+  // A pair runs its forward's layer i beside its backward's layer L-1-i: the backward frees a layer as the
+  // forward keeps one. Walked by hand with chunks of 1 and layers of 0.25, from the paired rows
+  // (tests/schedule/a2a_overlap_test.cc), pairs in parentheses:
+  //   1F1B p 1 m 4:  F0 (F1 B0) (F2 B1) (F3 B2) B3             holds 1, each pair 1 + 0.25; plain F0 B0 ...: 1
+  //   interleaved p 2 v 2 m 4, rank 0: F0 F1 F0.1 F1.1 F2 (F3 B0.1) (F2.1 B1.1) (F3.1 B0) B1 ...: 5.25
+  //     against plain's warm-up 4 + 1 = 5; rank 1: F0 F1 F0.1 (F1.1 B0.1) (F2 B1.1) ...: 3.25 against 3.
+  const std::vector<double> chunk = {1.0, 1.0}, layer = {0.25, 0.25};
+  auto walked = [&](Plan p, int stage, bool overlap) {
+    p.moe_a2a_overlap = overlap;
+    return peak_activation_bytes(p, stage, std::vector<double>(chunk.begin(), chunk.begin() + p.vpp), {},
+                                 std::vector<double>(layer.begin(), layer.begin() + p.vpp));
+  };
+  Plan flat = plan(4, false);
+  CHECK(walked(flat, 0, false) == Approx(1.0));
+  CHECK(walked(flat, 0, true) == Approx(1.25));
+  Plan interleaved = plan(8, false);
+  interleaved.pp = 2, interleaved.vpp = 2, interleaved.dp = 8, interleaved.ep = 8;
+  interleaved.schedule = ScheduleKind::interleaved;
+  REQUIRE(interleaved.microbatches() == 4);
+  CHECK(walked(interleaved, 0, false) == Approx(5.0));
+  CHECK(walked(interleaved, 0, true) == Approx(5.25));
+  CHECK(walked(interleaved, 1, false) == Approx(3.0));
+  CHECK(walked(interleaved, 1, true) == Approx(3.25));
+
+  // The memory model on a model: one layer's activations more. The engine's own allocations, as the sim
+  // backend runs it, grow by no more than that.
   const ModelSpec m = two_layer_moe();
-  const double one = rank_memory(m, plan(4, false), 0).activations;
-  CHECK(rank_memory(m, plan(4, true), 0).activations == Approx(2 * one));
+  const Plan off = plan(4, false), on = plan(4, true);
+  const double one_layer = layer_activation_bytes(m, on, meshtrain_layout(on));
+  CHECK(rank_memory(m, on, 0).activations == Approx(rank_memory(m, off, 0).activations + one_layer));
+  const SimulationResult a = run(m, off), b = run(m, on);
+  CHECK(b.peak_memory_bytes >= a.peak_memory_bytes);
+  CHECK(static_cast<double>(b.peak_memory_bytes) <= static_cast<double>(a.peak_memory_bytes) + one_layer);
 }
 
 TEST_CASE("EP all-to-all overlap is refused where Megatron-Core refuses it, naming the fix",
