@@ -128,8 +128,8 @@ TEST_CASE("EP all-to-all overlap holds one layer more at most, not a micro-batch
   Plan flat = plan(4, false);
   CHECK(walked(flat, 0, false) == Approx(1.0));
   CHECK(walked(flat, 0, true) == Approx(1.25));
-  Plan interleaved = plan(8, false);
-  interleaved.pp = 2, interleaved.vpp = 2, interleaved.dp = 8, interleaved.ep = 8;
+  Plan interleaved = plan(4, false);
+  interleaved.pp = 2, interleaved.vpp = 2, interleaved.dp = 8, interleaved.ep = 8, interleaved.global_batch = 32;
   interleaved.schedule = ScheduleKind::interleaved;
   REQUIRE(interleaved.microbatches() == 4);
   CHECK(walked(interleaved, 0, false) == Approx(5.0));
