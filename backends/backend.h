@@ -561,6 +561,16 @@ class Backend {
   virtual void all_to_all(const Tensor& in, std::span<const std::int64_t> send_counts,
                           Tensor& out, std::span<const std::int64_t> recv_counts,
                           const Group& g) = 0;
+  // The same two over a tensor of FP8 values (an fp8_cast's output,
+  // models/fp8_linear.h), which Transformer Engine moves at one byte an
+  // element. A backend without an 8-bit type moves the 16-bit values (the
+  // same values: the cast rounded them to the FP8 grid); one that times the
+  // wire (the sim) counts one byte an element.
+  virtual void all_gather_fp8(const Tensor& in, Tensor& out, const Group& g) { all_gather(in, out, g); }
+  virtual void all_to_all_fp8(const Tensor& in, std::span<const std::int64_t> send_counts, Tensor& out,
+                              std::span<const std::int64_t> recv_counts, const Group& g) {
+    all_to_all(in, send_counts, out, recv_counts, g);
+  }
   // Point to point; a send pairs with the recv of the same (peer, tag).
   virtual void send(const Tensor& x, int peer_global_rank, int tag) = 0;
   virtual void recv(Tensor& x, int peer_global_rank, int tag) = 0;

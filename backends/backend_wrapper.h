@@ -239,6 +239,11 @@ class BackendWrapper : public Backend {
                   std::span<const std::int64_t> recv_counts, const Group& g) override {
     target_.all_to_all(in, send_counts, out, recv_counts, g);
   }
+  void all_gather_fp8(const Tensor& in, Tensor& out, const Group& g) override { target_.all_gather_fp8(in, out, g); }
+  void all_to_all_fp8(const Tensor& in, std::span<const std::int64_t> send_counts, Tensor& out,
+                      std::span<const std::int64_t> recv_counts, const Group& g) override {
+    target_.all_to_all_fp8(in, send_counts, out, recv_counts, g);
+  }
   void send(const Tensor& x, int peer_global_rank, int tag) override {
     target_.send(x, peer_global_rank, tag);
   }

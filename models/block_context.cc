@@ -51,10 +51,11 @@ Tensor BlockContext::all_rows(const Tensor& x, std::int64_t width) {
   return sp ? sp_gather(rows) : rows;
 }
 
-Tensor BlockContext::sp_gather(const Tensor& x) {
+Tensor BlockContext::sp_gather(const Tensor& x, bool fp8_values) {
   const std::int64_t width = x.shape().back();
   Tensor full = b.empty(Shape{x.numel() / width * tp.size, width}, x.dtype());
-  b.all_gather(x, full, tp.group);
+  if (fp8_values) b.all_gather_fp8(x, full, tp.group);
+  else b.all_gather(x, full, tp.group);
   return full;
 }
 
@@ -123,10 +124,11 @@ void BlockContext::norm_backward(const std::string& prefix, const Tensor& dout, 
 // one (their columns), and a column-parallel input's rows under SP (a
 // row-parallel gradient is gathered before its cast, and otherwise whole).
 // Transformer Engine reduces over tp the two tensors it casts before an FP8
-// gather under SP: a column-parallel input, and a row-parallel output
-// gradient. The engine gathers the latter first (in bf16) and casts it
-// whole, the same values; its reduction, redundant here, stands for TE's
-// (the sim charges its cast and amax pass at the gathered size).
+// gather under SP, a column-parallel input and a row-parallel output
+// gradient, and gathers their FP8 bytes; so does the engine (linear,
+// linear_backward), but for the gradient of a layer with a bias, whose
+// bias gradient reads the 16-bit rows: it is gathered first and cast whole,
+// the same values, its reduction standing for TE's.
 Tensor BlockContext::fp8_operand(const std::string& name, LinearKind kind, Fp8Operand which, const Tensor& x,
                                  Fp8Cast cast) {
   if (fp8 == nullptr || kind == LinearKind::replicated) return x;
@@ -161,11 +163,11 @@ void BlockContext::linear(const std::string& name, const Tensor& x_fp, Tensor& y
   const bool gather = sp && kind == LinearKind::column;
   if (gather && options.tp_comm_overlap) {
     y = b.empty(Shape{x_in.numel() / in * tp.size, weight.shape()[1]}, act);
-    ring_gather_gemm(x_in.view(Shape{x_in.numel() / in, in}), weight, y, op);
+    ring_gather_gemm(x_in.view(Shape{x_in.numel() / in, in}), weight, y, op, fp8_linear(kind));
     return;
   }
   // Sequence parallelism: a column-parallel GEMM reads every row, gathered from the shards.
-  const Tensor x = gather ? sp_gather(x_in.view(Shape{x_in.numel() / in, in})) : x_in;
+  const Tensor x = gather ? sp_gather(x_in.view(Shape{x_in.numel() / in, in}), fp8_linear(kind)) : x_in;
   const std::int64_t rows = x.numel() / in;
   y = b.empty(Shape{rows, weight.shape()[1]}, act);
   b.gemm(x.view(Shape{rows, in}), weight, y, op);
@@ -182,7 +184,7 @@ void BlockContext::linear(const std::string& name, const Tensor& x_fp, Tensor& y
 // send and the receive then run together (NCCL groups them; a ring of plain
 // sends then receives on one stream would wait on itself there), and the
 // side stream orders the steps, so a shard is forwarded only after it arrived.
-void BlockContext::ring_gather_gemm(const Tensor& x, const Tensor& w, Tensor& y, const GemmOp& op) {
+void BlockContext::ring_gather_gemm(const Tensor& x, const Tensor& w, Tensor& y, const GemmOp& op, bool fp8_values) {
   const std::int64_t R = x.shape()[0], width = x.shape()[1];
   const auto next = static_cast<std::size_t>((tp.rank + 1) % tp.size);
   const auto prev = static_cast<std::size_t>((tp.rank + tp.size - 1) % tp.size);
@@ -199,7 +201,9 @@ void BlockContext::ring_gather_gemm(const Tensor& x, const Tensor& w, Tensor& y,
     if (s < tp.size - 1) {
       StreamScope on_comm(b, comm);
       Tensor in = full.rows(incoming * R, R).view(Shape{R * width});
-      b.all_to_all(full.rows(shard * R, R).view(Shape{R * width}), send_counts, in, recv_counts, tp.group);
+      const Tensor out = full.rows(shard * R, R).view(Shape{R * width});
+      if (fp8_values) b.all_to_all_fp8(out, send_counts, in, recv_counts, tp.group);
+      else b.all_to_all(out, send_counts, in, recv_counts, tp.group);
       arrived = b.record(comm);
     }
     Tensor out = y.rows(shard * R, R);
@@ -215,12 +219,22 @@ void BlockContext::linear_backward(const std::string& name, const Tensor& x_fp, 
   const bool row = kind == LinearKind::row, column = kind == LinearKind::column;
   // Sequence parallelism, the conjugates of forward: a row-parallel output's gradient arrives as
   // the sequence shard and is gathered; a column-parallel input was a shard and is gathered again.
-  const Tensor dy = sp && row ? sp_gather(dy_in.view(Shape{dy_in.numel() / out, out})) : dy_in;
-  const std::int64_t rows = dy.numel() / out;
-  const Tensor dy2 = dy.view(Shape{rows, out});
   // FP8: both GEMMs read the E5M2 output gradient, dgrad the weight's and wgrad the input's E4M3
   // casts (the forward's, recomputed: same values, same scales); the bias gradient reads dy in fp32.
-  const Tensor dy_q = fp8_operand(name, kind, Fp8Operand::grad, dy2, Fp8Cast::made);
+  // Under SP the shard is cast and its FP8 bytes gathered, as TE does, unless a bias gradient needs
+  // the 16-bit rows (fp8_operand's comment).
+  const bool dy_shard = sp && row;
+  const Tensor dy_local = dy_in.view(Shape{dy_in.numel() / out, out});
+  const bool cast_shard = dy_shard && fp8_linear(kind) && !params.contains(name + ".bias");
+  Tensor dy2, dy_q;
+  if (cast_shard) {
+    dy_q = sp_gather(fp8_operand(name, kind, Fp8Operand::grad, dy_local, Fp8Cast::made), true);
+    dy2 = dy_q;  // no bias reads it
+  } else {
+    dy2 = dy_shard ? sp_gather(dy_local) : dy_local;
+    dy_q = fp8_operand(name, kind, Fp8Operand::grad, dy2, Fp8Cast::made);
+  }
+  const std::int64_t rows = dy2.numel() / out;
   const Tensor weight = fp8_operand(name, kind, Fp8Operand::weight, w.value, Fp8Cast::kept);
   const Tensor x_in = fp8_operand(name, kind, Fp8Operand::input, x_fp, input_cast);
   // tp_comm_overlap: the weight gradient's input is gathered on the side stream under the input
@@ -233,7 +247,9 @@ void BlockContext::linear_backward(const std::string& name, const Tensor& x_fp, 
     gathered = b.empty(Shape{rows, in}, x_in.dtype());
     b.wait(comm, b.record(compute));  // after the compute stream's earlier tp collectives
     StreamScope on_comm(b, comm);
-    b.all_gather(x_in.view(Shape{x_in.numel() / in, in}), gathered, tp.group);
+    const Tensor shard = x_in.view(Shape{x_in.numel() / in, in});
+    if (fp8_linear(kind)) b.all_gather_fp8(shard, gathered, tp.group);
+    else b.all_gather(shard, gathered, tp.group);
     gathered_event = b.record(comm);
   }
   if (dx != nullptr) {
@@ -250,9 +266,9 @@ void BlockContext::linear_backward(const std::string& name, const Tensor& x_fp, 
     }
   }
   // A deferred pass keeps the input as this rank's sequence shard and gathers it when it runs.
-  auto weights = [this, name, x_in, gathered, dy2, dy_q, in, rows, column] {
+  auto weights = [this, name, x_in, gathered, dy2, dy_q, in, rows, column, fp8_values = fp8_linear(kind)] {
     const Tensor x = gathered.defined()              ? gathered
-                     : sp && column ? sp_gather(x_in.view(Shape{x_in.numel() / in, in}))
+                     : sp && column ? sp_gather(x_in.view(Shape{x_in.numel() / in, in}), fp8_values)
                                     : x_in;
     Tensor dw = params[name + ".weight"].grad;
     b.gemm(x.view(Shape{rows, in}), dy_q, dw, GemmOp{true, false, 1.f, 1.f});

@@ -73,7 +73,8 @@ class BlockContext {
   // Rows of a (N, ·) tensor on this rank: N, or N/tp under sequence parallelism.
   std::int64_t local_rows(std::int64_t n) const { return sp ? n / tp.size : n; }
   // (R, X) sequence shards -> (R·tp, X) every row, and (R·tp, X) partial sums -> this rank's (R, X).
-  Tensor sp_gather(const Tensor& x);
+  // `fp8`: x holds an FP8 cast's values, gathered as FP8 (Backend::all_gather_fp8).
+  Tensor sp_gather(const Tensor& x, bool fp8 = false);
   Tensor sp_scatter(const Tensor& x);
   // This rank's rows of a (N, X) tensor every tp rank holds in full, as a tensor of their own.
   Tensor local_part(const Tensor& x);
@@ -142,7 +143,10 @@ class BlockContext {
 
  private:
   // y (N, out) = gather(x) · W [+ op.bias] with the gather pipelined row block by row block.
-  void ring_gather_gemm(const Tensor& x, const Tensor& w, Tensor& y, const GemmOp& op);
+  // `fp8`: x holds an FP8 cast's values, whose ring steps move FP8 (Backend::all_to_all_fp8).
+  void ring_gather_gemm(const Tensor& x, const Tensor& w, Tensor& y, const GemmOp& op, bool fp8);
+  // Whether a linear of this kind reads FP8 operands (fp8_operand casts them).
+  bool fp8_linear(LinearKind kind) const { return fp8 != nullptr && kind != LinearKind::replicated; }
 
   std::optional<Stream> context_stream_, tp_stream_;
   std::map<std::string, Tensor> constants_;

@@ -55,6 +55,13 @@
 // scaling, the same amax), so the same FP8 operands, and the step's amax is
 // a maximum, which the repeat leaves alone.
 //
+// Under sequence parallelism the operands TE gathers over tp are gathered
+// after their cast, as FP8 (Backend::all_gather_fp8, all_to_all_fp8 in the
+// tp-comm-overlap ring): a column-parallel input, and a row-parallel output
+// gradient cast on its shard (but in a layer with a bias, whose gradient
+// reads the 16-bit rows: gathered, then cast). The cpu backend moves the
+// 16-bit values, the same values; the sim times one byte an element.
+//
 // Each cast is one Backend::fp8_cast, which under delayed scaling also folds
 // the operand's amax into a device tensor, read once a step (end of step,
 // fold_fp8_amax). Its

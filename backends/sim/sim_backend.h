@@ -94,6 +94,10 @@ class SimBackend final : public Backend {
   void attention_merge(Tensor& out, Tensor& lse, const Tensor& part_out, const Tensor& part_lse) override;
 
   #include "backends/collective_overrides.inc"
+  // One byte an element on the wire.
+  void all_gather_fp8(const Tensor& in, Tensor& out, const Group& g) override;
+  void all_to_all_fp8(const Tensor& in, std::span<const std::int64_t> send_counts, Tensor& out,
+                      std::span<const std::int64_t> recv_counts, const Group& g) override;
 
   double compute_seconds() const;  // sum of issued compute durations
   // The part of compute_seconds() issued on the default stream (the first
@@ -163,6 +167,9 @@ class SimBackend final : public Backend {
   sim::NameId op_name(std::string_view name);  // interned once per distinct name
   void collective(sim::CollectiveKind kind, double bytes, const Group& g, int root = 0);
   void collective(const Group& g, sim::CollectiveRequest request);
+  // all_to_all of `element` bytes an element (the tensor's, or one under FP8).
+  void exchange(const Tensor& in, std::span<const std::int64_t> send_counts, Tensor& out,
+                std::span<const std::int64_t> recv_counts, const Group& g, double element);
 
   SimCluster& cluster_;
   int job_, rank_, world_size_, device_;

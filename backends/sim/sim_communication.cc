@@ -195,8 +195,23 @@ void SimBackend::broadcast(Tensor& x, const Group& g, int root_global_rank) {
   if (root < 0) misuse("broadcast: root {} is not in group {}", root_global_rank, g.id);
   collective(sim::CollectiveKind::kBroadcast, op_cost(op_info("broadcast"), {&x}).bytes, g, root);
 }
+void SimBackend::all_gather_fp8(const Tensor& in, Tensor& out, const Group& g) {
+  check(in, "all_gather"), check(out, "all_gather");
+  if (out.numel() != in.numel() * g.size())
+    misuse("all_gather: out {} is not {} x in {}", out.shape().str(), g.size(), in.shape().str());
+  collective(sim::CollectiveKind::kAllGather,
+             op_cost(op_info("all_gather"), {&in, &out}).bytes / static_cast<double>(dtype_size(in.dtype())), g);
+}
 void SimBackend::all_to_all(const Tensor& in, std::span<const std::int64_t> send_counts,
                             Tensor& out, std::span<const std::int64_t> recv_counts, const Group& g) {
+  exchange(in, send_counts, out, recv_counts, g, static_cast<double>(dtype_size(in.dtype())));
+}
+void SimBackend::all_to_all_fp8(const Tensor& in, std::span<const std::int64_t> send_counts, Tensor& out,
+                                std::span<const std::int64_t> recv_counts, const Group& g) {
+  exchange(in, send_counts, out, recv_counts, g, 1.0);
+}
+void SimBackend::exchange(const Tensor& in, std::span<const std::int64_t> send_counts, Tensor& out,
+                          std::span<const std::int64_t> recv_counts, const Group& g, double element) {
   check(in, "all_to_all"), check(out, "all_to_all");
   const std::int64_t sent =
       std::accumulate(send_counts.begin(), send_counts.end(), std::int64_t{0});
@@ -205,7 +220,6 @@ void SimBackend::all_to_all(const Tensor& in, std::span<const std::int64_t> send
   // An uneven exchange ends when its busiest member has moved its bytes: a
   // rank that receives more than it sends (the one holding the hot experts)
   // is timed on what it receives.
-  const double element = static_cast<double>(dtype_size(in.dtype()));
   const std::int64_t to_self = send_counts[static_cast<std::size_t>(g.index_of(rank_))];
   region().sent_bytes += static_cast<double>(sent - to_self) * element;
   const Tensor* tensors[] = {&in, &out};
@@ -213,7 +227,7 @@ void SimBackend::all_to_all(const Tensor& in, std::span<const std::int64_t> send
   args.exchanged = std::max(sent, received);
   sim::CollectiveRequest request;
   request.kind = sim::CollectiveKind::kAllToAll;
-  request.bytes = op_cost(op_info("all_to_all"), args).bytes;
+  request.bytes = op_cost(op_info("all_to_all"), args).bytes * element / static_cast<double>(dtype_size(in.dtype()));
   if (g.id == expert_group_ && in.dtype() != DType::i32) {
     request.experts = experts_;
     request.top_k = top_k_;

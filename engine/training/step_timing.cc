@@ -91,12 +91,19 @@ void StepTimer::reduce_scatter(const Tensor& in, Tensor& out, const Group& g, Re
 void StepTimer::all_gather(const Tensor& in, Tensor& out, const Group& g) {
   communicate([&] { target().all_gather(in, out, g); });
 }
+void StepTimer::all_gather_fp8(const Tensor& in, Tensor& out, const Group& g) {
+  communicate([&] { target().all_gather_fp8(in, out, g); });
+}
 void StepTimer::broadcast(Tensor& x, const Group& g, int root) {
   communicate([&] { target().broadcast(x, g, root); });
 }
 void StepTimer::all_to_all(const Tensor& in, std::span<const std::int64_t> send_counts, Tensor& out,
                            std::span<const std::int64_t> recv_counts, const Group& g) {
   communicate([&] { target().all_to_all(in, send_counts, out, recv_counts, g); });
+}
+void StepTimer::all_to_all_fp8(const Tensor& in, std::span<const std::int64_t> send_counts, Tensor& out,
+                               std::span<const std::int64_t> recv_counts, const Group& g) {
+  communicate([&] { target().all_to_all_fp8(in, send_counts, out, recv_counts, g); });
 }
 void StepTimer::send(const Tensor& x, int peer, int tag) {
   communicate([&] { target().send(x, peer, tag); });

@@ -235,3 +235,32 @@ TEST_CASE("fp8: the precision's name parses and prints", "[sim_backend][fp8]") {
   CHECK(precision_name(Precision::fp8) == "fp8");
   CHECK(element_bytes(Precision::fp8) == 2);  // the working weights stay bf16
 }
+
+TEST_CASE("fp8: the FP8 operands Transformer Engine gathers under sequence parallelism cross tp at one byte",
+          "[sim_backend][fp8]") {
+  // tp 2 with SP, 2 micro-batches of 2 x 256 rows. Per layer and micro-batch TE gathers FP8 bytes: the two
+  // column-parallel inputs (qkv, MLP up) in forward and again for their weight gradients, and, where the
+  // layer has no bias (whose gradient reads the 16-bit rows), the two row-parallel output gradients
+  // (attention out, MLP down). Each gather's nccl-tests size is the whole (rows, 768): the fp8 run moves
+  // one byte of the bf16 run's two for each of them, everything else alike.
+  const std::uint64_t layers = 12, microbatches = 2;
+  const double gathered = static_cast<double>(kRows * kWidth);
+  auto gather_bytes = [&](const ModelSpec& m, Precision precision, bool overlap, sim::CollectiveKind kind) {
+    Plan p = one_rank(precision);
+    p.tp = 2, p.sequence_parallel = true, p.global_batch = 4, p.tp_comm_overlap = overlap;
+    return simulated(m, p, h100()).collectives[static_cast<std::size_t>(kind)].bytes;
+  };
+  using K = sim::CollectiveKind;
+  ModelSpec biased = small_gpt(), unbiased = small_gpt();
+  unbiased.bias = false;
+  CHECK(gather_bytes(biased, Precision::bf16, false, K::kAllGather) -
+            gather_bytes(biased, Precision::fp8, false, K::kAllGather) ==
+        Approx(4.0 * layers * microbatches * gathered));
+  CHECK(gather_bytes(unbiased, Precision::bf16, false, K::kAllGather) -
+            gather_bytes(unbiased, Precision::fp8, false, K::kAllGather) ==
+        Approx(6.0 * layers * microbatches * gathered));
+  // tp-comm-overlap's forward gathers are ring steps (all-to-alls) of the FP8 shards: half the bytes.
+  const double ring_bf16 = gather_bytes(unbiased, Precision::bf16, true, K::kAllToAll);
+  REQUIRE(ring_bf16 > 0);
+  CHECK(gather_bytes(unbiased, Precision::fp8, true, K::kAllToAll) == Approx(ring_bf16 / 2));
+}
