@@ -84,6 +84,8 @@ FastEstimator::Key FastEstimator::key_of(const Plan& p) {
           p.sequence_parallel,
           p.micro_batch,
           p.recompute,
+          p.recompute_modules.layernorm,
+          p.recompute_modules.moe_act,
           p.ep,
           p.etp,
           p.cp,
@@ -93,6 +95,7 @@ FastEstimator::Key FastEstimator::key_of(const Plan& p) {
 
 Plan FastEstimator::Key::reference_plan(Plan p) const {
   p.tp = tp, p.sequence_parallel = sp, p.micro_batch = micro_batch, p.recompute = recompute;
+  p.recompute_modules = {recompute_layernorm, recompute_moe_act};
   p.ep = ep, p.etp = etp, p.cp = cp, p.cp_comm = cp_comm, p.moe_a2a_overlap = a2a_overlap;
   p.pp = 1, p.vpp = 1, p.zero = 0, p.dp = p.ep;
   return p;

@@ -109,6 +109,7 @@ class FastEstimator {
     bool sp = false;
     int micro_batch = 1;
     Recompute recompute = Recompute::none;
+    bool recompute_layernorm = false, recompute_moe_act = false;  // Plan::recompute_modules
     int ep = 1, etp = 0, cp = 1;
     ContextComm cp_comm = ContextComm::all_gather;  // all_gather whenever cp is 1: one reference
     bool a2a_overlap = false;                       // Plan::moe_a2a_overlap: pairs change a micro-batch's cost

@@ -4,6 +4,9 @@
 #include <cstdint>
 #include <numeric>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include "core/bounded.h"
 #include "core/names.h"
 #include "models/model_io.h"
@@ -129,6 +132,35 @@ std::vector<int> offload_defaults(const SearchContext&, const Plan& p) {
   return out;
 }
 bool without_offload(const SearchContext&, const Plan& p) { return p.offload == Offload::none; }
+
+// Recompute modules as one value: bit 0 layernorm, bit 1 moe_act, written
+// "none" or the names joined by '+' (',' separates --allow's values).
+int modules_value(const RecomputeModules& r) { return (r.layernorm ? 1 : 0) | (r.moe_act ? 2 : 0); }
+RecomputeModules modules_of(int v) { return {(v & 1) != 0, (v & 2) != 0}; }
+Result<int> parse_modules_value(std::string_view text) {
+  if (text == "none") return 0;
+  std::vector<std::string> names;
+  for (std::size_t start = 0; start <= text.size();) {
+    const std::size_t plus = std::min(text.find('+', start), text.size());
+    names.emplace_back(text.substr(start, plus - start));
+    start = plus + 1;
+  }
+  MT_ASSIGN(RecomputeModules r, parse_recompute_modules(names));
+  return modules_value(r);
+}
+std::string format_modules(int v) {
+  const std::vector<std::string> names = recompute_module_names(modules_of(v));
+  return names.empty() ? "none" : fmt::format("{}", fmt::join(names, "+"));
+}
+// Only the base plan's (--recompute-modules): they trade time for memory a
+// plan that fits does not need, so other sets are searched when allowed.
+std::vector<int> modules_defaults(const SearchContext& c, const Plan&) {
+  return {modules_value(c.base.recompute_modules)};
+}
+// Where a module exists to recompute: MoE layers, not already recomputed whole.
+bool has_modules(const SearchContext& c, const Plan& p) {
+  return model_io(c.model).routes_to_experts && p.recompute != Recompute::full;
+}
 
 // EP all-to-all overlap where the plan can pair its passes (validate_plan's
 // own check) and has more than one micro-batch to pair.
@@ -260,6 +292,11 @@ const std::vector<Dimension> kDimensions = {
     {"overlap_update", "optimizer step overlapped with the next forward, bucket by bucket (default: on without "
      "offload)", false, on_only, [](Plan& p, int v) { p.overlap_update = v != 0; },
      [](const Plan& p) { return p.overlap_update ? 1 : 0; }, parse_switch, format_switch, without_offload},
+    {"recompute_modules", "MoE: modules recomputed in backward: none, layernorm, moe_act, layernorm+moe_act "
+     "(default: --recompute-modules' only; not with recompute full)", false, modules_defaults,
+     [](Plan& p, int v) { p.recompute_modules = modules_of(v); },
+     [](const Plan& p) { return modules_value(p.recompute_modules); }, parse_modules_value, format_modules,
+     has_modules},
     {"moe_a2a_overlap", "MoE: each forward's expert all-to-alls hidden under another micro-batch's backward "
      "(default: off, on where ep > 1 and the schedule pairs passes)", false, off_and_on,
      [](Plan& p, int v) { p.moe_a2a_overlap = v != 0; }, [](const Plan& p) { return p.moe_a2a_overlap ? 1 : 0; },

@@ -33,6 +33,9 @@
 //     (planner.h), since offload only adds PCIe and host time;
 //   overlap_update: on where it applies (no offload; exact, measured never
 //     slower in the DES), off under --allow;
+//   recompute_modules: the base plan's (--recompute-modules) on models with
+//     experts, unless recompute is full; other sets (they trade time for
+//     memory) under --allow recompute_modules=none,moe_act,...;
 //   moe_a2a_overlap: off and on where ep > 1, there are micro-batches to pair
 //     and the schedule pairs passes (check_a2a_overlap): exact, but it holds
 //     one micro-batch's activations more and slows the compute it runs

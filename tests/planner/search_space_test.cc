@@ -186,3 +186,29 @@ TEST_CASE("bf16 gradients refuse a search over gradient compression up front", "
   CHECK(parse_search_space({}, {"grad_compression=none"}, ctx).ok());
   CHECK(parse_search_space({}, {}, ctx).ok());
 }
+
+TEST_CASE("recompute modules are searched only when allowed, on models with experts, not under full recomputation",
+          "[planner]") {
+  SearchContext ctx = tiny_context(4, 8);
+  ctx.model = load_model("tiny-moe").value();
+  // By default every candidate keeps the base plan's modules (none here).
+  auto plain = parse_search_space({"offload=none"}, {}, ctx);
+  REQUIRE(plain.ok());
+  for (const Plan& p : enumerate_candidates(ctx, *plain).valid) CHECK_FALSE(p.recompute_modules.any());
+  // Allowed, each set is searched where no whole layer is recomputed; full recomputation keeps none.
+  auto allowed = parse_search_space({"offload=none"}, {"recompute_modules=none,moe_act,layernorm+moe_act"}, ctx);
+  REQUIRE(allowed.ok());
+  std::map<std::string, int> sets;
+  for (const Plan& p : enumerate_candidates(ctx, *allowed).valid) {
+    if (p.recompute == Recompute::full) CHECK_FALSE(p.recompute_modules.any());
+    else ++sets[recompute_label(p)];
+  }
+  CHECK(sets.size() == 3);
+  CHECK(sets["none+moe_act"] == sets["none"]);
+  CHECK(sets["none+layernorm,moe_act"] == sets["none"]);
+  // The values' text: '+' joins modules, as ',' separates --allow's values.
+  const Dimension& d = *find_dimension("recompute_modules").value();
+  CHECK(d.format(d.parse("layernorm+moe_act").value()) == "layernorm+moe_act");
+  CHECK(d.format(d.parse("none").value()) == "none");
+  CHECK_THAT(d.parse("core_attn").error().message(), Catch::Contains("--recompute selective"));
+}
