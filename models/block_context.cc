@@ -121,8 +121,9 @@ void BlockContext::norm_backward(const std::string& prefix, const Tensor& dout, 
 // hold other parts of the same micro-batch's tensor): context parallelism the
 // tokens of every activation and gradient; tensor parallelism a weight, the
 // input of a row-parallel layer and the output gradient of a column-parallel
-// one (their columns), and a column-parallel input's rows under SP (a
-// row-parallel gradient is gathered before its cast, and otherwise whole).
+// one (their columns), and under SP a column-parallel input's rows and a
+// row-parallel output gradient's (cast on its shard; whole where a bias makes
+// the engine gather it first).
 // Transformer Engine reduces over tp the two tensors it casts before an FP8
 // gather under SP, a column-parallel input and a row-parallel output
 // gradient, and gathers their FP8 bytes; so does the engine (linear,

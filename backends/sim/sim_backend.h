@@ -167,7 +167,8 @@ class SimBackend final : public Backend {
   sim::NameId op_name(std::string_view name);  // interned once per distinct name
   void collective(sim::CollectiveKind kind, double bytes, const Group& g, int root = 0);
   void collective(const Group& g, sim::CollectiveRequest request);
-  // all_to_all of `element` bytes an element (the tensor's, or one under FP8).
+  // all_gather and all_to_all of `element` bytes an element (the tensor's, or one under FP8).
+  void gather(const Tensor& in, Tensor& out, const Group& g, double element);
   void exchange(const Tensor& in, std::span<const std::int64_t> send_counts, Tensor& out,
                 std::span<const std::int64_t> recv_counts, const Group& g, double element);
 

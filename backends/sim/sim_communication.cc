@@ -184,10 +184,15 @@ void SimBackend::reduce_scatter(const Tensor& in, Tensor& out, const Group& g, R
   collective(sim::CollectiveKind::kReduceScatter, op_cost(op_info("reduce_scatter"), {&in, &out}).bytes, g);
 }
 void SimBackend::all_gather(const Tensor& in, Tensor& out, const Group& g) {
+  gather(in, out, g, static_cast<double>(dtype_size(in.dtype())));
+}
+void SimBackend::gather(const Tensor& in, Tensor& out, const Group& g, double element) {
   check(in, "all_gather"), check(out, "all_gather");
   if (out.numel() != in.numel() * g.size())
     misuse("all_gather: out {} is not {} x in {}", out.shape().str(), g.size(), in.shape().str());
-  collective(sim::CollectiveKind::kAllGather, op_cost(op_info("all_gather"), {&in, &out}).bytes, g);
+  collective(sim::CollectiveKind::kAllGather,
+             op_cost(op_info("all_gather"), {&in, &out}).bytes * element / static_cast<double>(dtype_size(in.dtype())),
+             g);
 }
 void SimBackend::broadcast(Tensor& x, const Group& g, int root_global_rank) {
   check(x, "broadcast");
@@ -195,13 +200,7 @@ void SimBackend::broadcast(Tensor& x, const Group& g, int root_global_rank) {
   if (root < 0) misuse("broadcast: root {} is not in group {}", root_global_rank, g.id);
   collective(sim::CollectiveKind::kBroadcast, op_cost(op_info("broadcast"), {&x}).bytes, g, root);
 }
-void SimBackend::all_gather_fp8(const Tensor& in, Tensor& out, const Group& g) {
-  check(in, "all_gather"), check(out, "all_gather");
-  if (out.numel() != in.numel() * g.size())
-    misuse("all_gather: out {} is not {} x in {}", out.shape().str(), g.size(), in.shape().str());
-  collective(sim::CollectiveKind::kAllGather,
-             op_cost(op_info("all_gather"), {&in, &out}).bytes / static_cast<double>(dtype_size(in.dtype())), g);
-}
+void SimBackend::all_gather_fp8(const Tensor& in, Tensor& out, const Group& g) { gather(in, out, g, 1.0); }
 void SimBackend::all_to_all(const Tensor& in, std::span<const std::int64_t> send_counts,
                             Tensor& out, std::span<const std::int64_t> recv_counts, const Group& g) {
   exchange(in, send_counts, out, recv_counts, g, static_cast<double>(dtype_size(in.dtype())));

@@ -171,7 +171,7 @@ Command add_plan_command(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--recompute-modules", f->recompute_modules,
                   "layernorm and/or moe_act, comma-separated: recomputed in every candidate that does not recompute "
-                  "whole layers")
+                  "whole layers (--allow recompute_modules=none,moe_act,layernorm+moe_act searches sets)")
       ->delimiter(',');
   sub->add_option("--fp8-recipe", f->fp8_recipe,
                   "with --precision fp8: delayed or current scaling (every candidate)")

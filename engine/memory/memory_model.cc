@@ -1,6 +1,7 @@
 #include "engine/memory/memory_model.h"
 
 #include <algorithm>
+#include <numeric>
 
 #include <fmt/format.h>
 
@@ -62,7 +63,8 @@ int inflight_microbatches(const Plan& p, int stage) {
 }
 
 double peak_activation_bytes(const Plan& p, int stage, const std::vector<double>& chunk_bytes,
-                             const std::vector<double>& deferred_bytes, const std::vector<double>& layer_bytes) {
+                             const std::vector<double>& deferred_bytes,
+                             const std::vector<std::vector<double>>& chunk_layers) {
   // Walk the stage's schedule: a forward of chunk c keeps its bytes until that micro-batch's backward;
   // where the schedule has W passes, B frees them but for what the deferred dW reads (its GEMMs'
   // inputs and output gradients), which stays until W.
@@ -92,12 +94,21 @@ double peak_activation_bytes(const Plan& p, int stage, const std::vector<double>
     const double bytes = chunk_bytes[static_cast<std::size_t>(a.chunk)];
     if (a.kind == schedule::Action::forward && i + 1 < row.size() &&
         std::find(pairs.begin(), pairs.end(), schedule::Pair{a, row[i + 1]}) != pairs.end()) {
-      // A pair runs its forward's layer i beside its backward's layer L-1-i (Megatron's combined 1F1B):
-      // the backward frees a layer as the forward keeps one, so the stage holds the larger of the two
-      // ends and, at most, one forward layer more, not both passes' chunks.
+      // A pair runs its forward's layer k beside its backward's layer L-1-k (Megatron's combined 1F1B;
+      // no zero-bubble W pass: check_a2a_overlap refuses it): the forward keeps its layer before the
+      // backward frees its own. What a chunk holds beyond its layers (the embedding's) comes first in
+      // forward and goes last in backward; without layers the chunks count whole.
+      static const std::vector<double> kNone;
+      const auto& fl = chunk_layers.empty() ? kNone : chunk_layers[static_cast<std::size_t>(a.chunk)];
+      const auto& bl = chunk_layers.empty() ? kNone : chunk_layers[static_cast<std::size_t>(row[i + 1].chunk)];
       const double freed = chunk_bytes[static_cast<std::size_t>(row[i + 1].chunk)];
-      peak = std::max(peak, std::max(live, live + bytes - freed) + per_chunk(layer_bytes, a.chunk));
-      live += bytes - freed;
+      live += bytes - std::accumulate(fl.begin(), fl.end(), 0.0);
+      peak = std::max(peak, live);
+      for (std::size_t k = 0; k < std::max(fl.size(), bl.size()); ++k) {
+        if (k < fl.size()) peak = std::max(peak, live += fl[k]);
+        if (k < bl.size()) live -= bl[bl.size() - 1 - k];
+      }
+      live -= freed - std::accumulate(bl.begin(), bl.end(), 0.0);
       ++i;
       continue;
     }
@@ -210,19 +221,19 @@ void add_activations(MemoryBreakdown& r, const ModelSpec& m, const Plan& p, int 
   // with virtual stage 0), which may differ (StageSplit: uneven and flexible layouts).
   const ModelBlocks& blocks = tables.blocks;
   const ActivationQuery q = activation_query(m, p, a);
-  std::vector<double> chunk_bytes(static_cast<std::size_t>(p.vpp), 0.0), deferred_bytes = chunk_bytes,
-                                                                          layer_bytes = chunk_bytes;
+  std::vector<double> chunk_bytes(static_cast<std::size_t>(p.vpp), 0.0), deferred_bytes = chunk_bytes;
+  std::vector<std::vector<double>> chunk_layers(static_cast<std::size_t>(p.vpp));
   for (int c = 0; c < p.vpp; ++c) {
     for (int l = chunk(c).begin; l < chunk(c).end; ++l) {
       const BlockDef& block = *blocks[static_cast<std::size_t>(l + 1)];
       chunk_bytes[static_cast<std::size_t>(c)] += block.activation_bytes(q);
-      layer_bytes[static_cast<std::size_t>(c)] = std::max(layer_bytes[static_cast<std::size_t>(c)], block.activation_bytes(q));
+      chunk_layers[static_cast<std::size_t>(c)].push_back(block.activation_bytes(q));
       if (p.schedule == ScheduleKind::zb_h1) deferred_bytes[static_cast<std::size_t>(c)] += block.deferred_weight_bytes(q);
       r.backward_working = std::max(r.backward_working, block.backward_working_bytes(q));
     }
   }
   if (stage == 0 && p.embedding) chunk_bytes.front() += blocks.front()->activation_bytes(q);
-  r.activations = peak_activation_bytes(p, stage, chunk_bytes, deferred_bytes, layer_bytes);
+  r.activations = peak_activation_bytes(p, stage, chunk_bytes, deferred_bytes, chunk_layers);
   if (stage == p.pp - 1) {
     // The head's backward frees a micro-batch's logits before any layer's backward of that micro-batch
     // starts: the stage peaks with the one working set or the other (the head's: its saved tensors and

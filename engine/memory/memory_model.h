@@ -81,21 +81,21 @@ double layer_backward_working_bytes(const ModelSpec& m, const Plan& p, const Act
 // Micro-batches (model chunks, for interleaving) whose activations a stage
 // holds at its peak: GPipe m; 1F1B min(p − stage, m); interleaved the
 // schedule builder's warm-up + 1, min((p − stage − 1)·2 + (v − 1)·p + 1, m·v)
-// chunks (Megatron's), and m·v when m = p (all forwards first). EP all-to-all
-// overlap's extra warm-up forward runs beside the first backward, layer for
-// layer, and adds no whole micro-batch (peak_activation_bytes).
+// chunks (Megatron's), and m·v when m = p (all forwards first). Under EP
+// all-to-all overlap each pair's forward trades layers with its backward and
+// adds no whole micro-batch (peak_activation_bytes).
 int inflight_microbatches(const Plan& p, int stage);
 // The most activation bytes a pipeline stage holds at once under the plan's
 // schedule, its chunk c keeping chunk_bytes[c] from a micro-batch's forward to
 // its backward (chunks of a flexible layout differ). Under a zero-bubble
 // schedule deferred_bytes[c] (empty: none) stay from B to the W pass
 // (BlockDef::deferred_weight_bytes). Under EP all-to-all overlap a pair's
-// forward and backward trade layers as they run side by side: the pair adds
-// at most layer_bytes[c] (the largest layer of the forward's chunk c; empty:
-// none) to the larger of the bytes held before and after it.
+// forward and backward trade layers as they run side by side, forward layer
+// k beside backward layer L-1-k: chunk_layers[c] lists chunk c's layers'
+// bytes in forward order (empty: a pair holds both chunks whole).
 double peak_activation_bytes(const Plan& p, int stage, const std::vector<double>& chunk_bytes,
                              const std::vector<double>& deferred_bytes = {},
-                             const std::vector<double>& layer_bytes = {});
+                             const std::vector<std::vector<double>>& chunk_layers = {});
 
 struct MemoryBreakdown {
   std::int64_t parameter_count = 0;  // parameters on this rank (tp/pp/ep shard)

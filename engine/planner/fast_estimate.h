@@ -2,8 +2,8 @@
 // from a few cached discrete-event simulations and closed forms.
 //
 // Cached DES. What a micro-batch costs inside a pipeline stage depends only
-// on (tp, sequence parallelism, micro-batch, recomputation, ep, etp, cp,
-// cp_comm): the GEMMs, attention, memory-bound kernels, tensor-parallel
+// on (tp, sequence parallelism, micro-batch, recomputation and its modules,
+// ep, etp, cp, cp_comm, EP all-to-all overlap; FastEstimator::Key): the GEMMs, attention, memory-bound kernels, tensor-parallel
 // collectives, expert all-to-alls and the context-parallel key/value
 // all-gathers or ring exchanges. For each such key the sim backend runs the
 // model on one pipeline stage (pp 1, dp = ep, ZeRO 0, tp·cp ranks: a
@@ -69,6 +69,7 @@
 #pragma once
 
 #include <map>
+#include <tuple>
 #include <vector>
 
 #include "engine/planner/memory_fit.h"

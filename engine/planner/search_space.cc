@@ -163,11 +163,12 @@ bool has_modules(const SearchContext& c, const Plan& p) {
 }
 
 // EP all-to-all overlap where the plan can pair its passes (validate_plan's
-// own check) and has more than one micro-batch to pair.
+// own check) and has a steady state: more micro-batches than stages (with as
+// many, interleaving runs every forward first; pp 1 needs two).
 bool pairs_passes(const SearchContext&, const Plan& p) {
   Plan overlapped = p;
   overlapped.moe_a2a_overlap = true;
-  return p.microbatches() > 1 && check_a2a_overlap(overlapped).ok();
+  return p.microbatches() > p.pp && check_a2a_overlap(overlapped).ok();
 }
 
 std::vector<int> dp_defaults(const SearchContext& c, const Plan& p) {

@@ -36,10 +36,10 @@
 //   recompute_modules: the base plan's (--recompute-modules) on models with
 //     experts, unless recompute is full; other sets (they trade time for
 //     memory) under --allow recompute_modules=none,moe_act,...;
-//   moe_a2a_overlap: off and on where ep > 1, there are micro-batches to pair
-//     and the schedule pairs passes (check_a2a_overlap): exact, but it holds
-//     one micro-batch's activations more and slows the compute it runs
-//     beside, so the simulations decide.
+//   moe_a2a_overlap: off and on where ep > 1, the schedule pairs passes
+//     (check_a2a_overlap) and has a steady state to pair (more micro-batches
+//     than stages): exact, but it holds up to one layer's activations more
+//     and slows the compute it runs beside, so the simulations decide.
 #pragma once
 
 #include <optional>

@@ -228,27 +228,28 @@ void TracingBackend::all_gather(const Tensor& in, Tensor& out, const Group& g) {
              [&] { target().all_gather(in, out, g); });
 }
 void TracingBackend::all_gather_fp8(const Tensor& in, Tensor& out, const Group& g) {
-  collective("all_gather", {&in, &out}, static_cast<double>(out.bytes()), g,
+  collective("all_gather", {&in, &out}, static_cast<double>(out.numel()), g,
              [&] { target().all_gather_fp8(in, out, g); });
 }
 void TracingBackend::broadcast(Tensor& x, const Group& g, int root_global_rank) {
   collective("broadcast", {&x}, static_cast<double>(x.bytes()), g,
              [&] { target().broadcast(x, g, root_global_rank); });
 }
+template <class F>
+void TracingBackend::exchange(const Tensor& in, std::span<const std::int64_t> send_counts, const Tensor& out,
+                              const Group& g, double element, F&& call) {
+  const std::int64_t sent = std::accumulate(send_counts.begin(), send_counts.end(), std::int64_t{0});
+  collective("all_to_all", {&in, &out}, static_cast<double>(sent) * element, g, std::forward<F>(call));
+}
 void TracingBackend::all_to_all(const Tensor& in, std::span<const std::int64_t> send_counts,
                                 Tensor& out, std::span<const std::int64_t> recv_counts,
                                 const Group& g) {
-  const std::int64_t sent =
-      std::accumulate(send_counts.begin(), send_counts.end(), std::int64_t{0});
-  collective("all_to_all", {&in, &out},
-             static_cast<double>(sent) * static_cast<double>(dtype_size(in.dtype())), g,
-             [&] { target().all_to_all(in, send_counts, out, recv_counts, g); });
+  exchange(in, send_counts, out, g, static_cast<double>(dtype_size(in.dtype())),
+           [&] { target().all_to_all(in, send_counts, out, recv_counts, g); });
 }
 void TracingBackend::all_to_all_fp8(const Tensor& in, std::span<const std::int64_t> send_counts, Tensor& out,
                                     std::span<const std::int64_t> recv_counts, const Group& g) {
-  const std::int64_t sent = std::accumulate(send_counts.begin(), send_counts.end(), std::int64_t{0});
-  collective("all_to_all", {&in, &out}, static_cast<double>(sent) * static_cast<double>(dtype_size(in.dtype())), g,
-             [&] { target().all_to_all_fp8(in, send_counts, out, recv_counts, g); });
+  exchange(in, send_counts, out, g, 1.0, [&] { target().all_to_all_fp8(in, send_counts, out, recv_counts, g); });
 }
 void TracingBackend::send(const Tensor& x, int peer_global_rank, int tag) {
   timed("send", "send",

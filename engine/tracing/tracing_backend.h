@@ -41,7 +41,8 @@
 // and "bytes": for compute and host ops the bytes of those
 // tensors, for collectives the nccl-tests size the simulator uses (all_reduce
 // and broadcast the buffer, reduce_scatter its input, all_gather its output,
-// all_to_all the bytes sent), for send/recv the message; collectives add
+// all_to_all the bytes sent; the FP8 variants at one byte an element, as
+// Transformer Engine moves them, whatever this backend moves), for send/recv the message; collectives add
 // "group" and "members", point to point "peer" and "tag".
 //
 // Threads: like any Backend, one host thread issues on it; its events stay in
@@ -91,6 +92,10 @@ class TracingBackend final : public BackendWrapper {
   template <class F>
   void collective(const char* name, std::initializer_list<const Tensor*> tensors, double bytes,
                   const Group& g, F&& call);
+  // An all_to_all: its bytes sent, at `element` bytes an element.
+  template <class F>
+  void exchange(const Tensor& in, std::span<const std::int64_t> send_counts, const Tensor& out, const Group& g,
+                double element, F&& call);
 
   // Device timing (see above). A base: a timing event of one stream and the
   // host time it was issued at.

@@ -95,6 +95,12 @@ TEST_CASE("fp8: hybrid plans (tp2 pp2 dp2, sequence and context parallel) match 
   Plan overlap = fp8_plan(2, 1, 1, 0, ScheduleKind::one_f_one_b);
   overlap.sequence_parallel = overlap.tp_comm_overlap = true;
   check_fp8_matches(tiny_gpt(), overlap);
+  // Without biases a row-parallel output gradient is cast on its shard and gathered as FP8: under the
+  // ring too, and with zero-bubble's weight pass, which gathers its column input's cast again.
+  check_fp8_matches(tiny_llama(), overlap);
+  Plan zb_sp = fp8_plan(2, 2, 1, 0, ScheduleKind::zb_h1);
+  zb_sp.sequence_parallel = true;
+  check_fp8_matches(tiny_llama(), zb_sp);
   // Zero-bubble: the weight gradients run in their own pass, on the casts made in backward.
   check_fp8_matches(tiny_gpt(), fp8_plan(1, 2, 1, 0, ScheduleKind::zb_h1));
   Plan cp = fp8_plan(2, 1, 1, 0, ScheduleKind::one_f_one_b);

@@ -119,23 +119,27 @@ TEST_CASE("EP all-to-all overlap holds one layer more at most, not a micro-batch
   //   1F1B p 1 m 4:  F0 (F1 B0) (F2 B1) (F3 B2) B3             holds 1, each pair 1 + 0.25; plain F0 B0 ...: 1
   //   interleaved p 2 v 2 m 4, rank 0: F0 F1 F0.1 F1.1 F2 (F3 B0.1) (F2.1 B1.1) (F3.1 B0) B1 ...: 5.25
   //     against plain's warm-up 4 + 1 = 5; rank 1: F0 F1 F0.1 (F1.1 B0.1) (F2 B1.1) ...: 3.25 against 3.
-  const std::vector<double> chunk = {1.0, 1.0}, layer = {0.25, 0.25};
-  auto walked = [&](Plan p, int stage, bool overlap) {
+  const std::vector<double> quarters = {0.25, 0.25, 0.25, 0.25};
+  auto walked = [&](Plan p, int stage, bool overlap, const std::vector<double>& layers) {
     p.moe_a2a_overlap = overlap;
-    return peak_activation_bytes(p, stage, std::vector<double>(chunk.begin(), chunk.begin() + p.vpp), {},
-                                 std::vector<double>(layer.begin(), layer.begin() + p.vpp));
+    const std::vector<std::vector<double>> chunk_layers(static_cast<std::size_t>(p.vpp), layers);
+    return peak_activation_bytes(p, stage, std::vector<double>(static_cast<std::size_t>(p.vpp), 1.0), {},
+                                 chunk_layers);
   };
   Plan flat = plan(4, false);
-  CHECK(walked(flat, 0, false) == Approx(1.0));
-  CHECK(walked(flat, 0, true) == Approx(1.25));
+  CHECK(walked(flat, 0, false, quarters) == Approx(1.0));
+  CHECK(walked(flat, 0, true, quarters) == Approx(1.25));
+  // Unlike layers (two dense of 0.4 before two MoE of 0.1): the forward's second dense layer arrives
+  // while the backward has freed only its two MoE layers' first: 1 + 0.4 - 0.1 + 0.4 = 1.7.
+  CHECK(walked(flat, 0, true, {0.4, 0.4, 0.1, 0.1}) == Approx(1.7));
   Plan interleaved = plan(4, false);
   interleaved.pp = 2, interleaved.vpp = 2, interleaved.dp = 8, interleaved.ep = 8, interleaved.global_batch = 32;
   interleaved.schedule = ScheduleKind::interleaved;
   REQUIRE(interleaved.microbatches() == 4);
-  CHECK(walked(interleaved, 0, false) == Approx(5.0));
-  CHECK(walked(interleaved, 0, true) == Approx(5.25));
-  CHECK(walked(interleaved, 1, false) == Approx(3.0));
-  CHECK(walked(interleaved, 1, true) == Approx(3.25));
+  CHECK(walked(interleaved, 0, false, quarters) == Approx(5.0));
+  CHECK(walked(interleaved, 0, true, quarters) == Approx(5.25));
+  CHECK(walked(interleaved, 1, false, quarters) == Approx(3.0));
+  CHECK(walked(interleaved, 1, true, quarters) == Approx(3.25));
 
   // The memory model on a model: one layer's activations more. The engine's own allocations, as the sim
   // backend runs it, grow by no more than that.
