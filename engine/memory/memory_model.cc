@@ -123,6 +123,7 @@ double peak_activation_bytes(const Plan& p, int stage, const std::vector<double>
 
 MemoryBreakdown& MemoryBreakdown::operator+=(const MemoryBreakdown& o) {
   parameter_count += o.parameter_count;
+  expert_parameter_count += o.expert_parameter_count;
   parameters += o.parameters;
   gradients += o.gradients;
   optimizer += o.optimizer;
@@ -252,6 +253,7 @@ MemoryBreakdown memory_per_rank(const ModelSpec& m, const Plan& p, int stage, co
   const std::shared_ptr<const ModelTables> tables = model_tables(m);
   const ShardCount shard = count_shard_parameters(m, p.tp, p.stage_split(), p.ep, stage, p.expert_tp());
   r.parameter_count = shard.total;
+  r.expert_parameter_count = shard.expert;
   StageShare share{p};
   share.n = static_cast<double>(shard.total);
   share.experts = static_cast<double>(shard.expert);

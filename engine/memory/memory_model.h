@@ -99,6 +99,7 @@ double peak_activation_bytes(const Plan& p, int stage, const std::vector<double>
 
 struct MemoryBreakdown {
   std::int64_t parameter_count = 0;  // parameters on this rank (tp/pp/ep shard)
+  std::int64_t expert_parameter_count = 0;  // of which routed experts' (replicated over the expert-data group)
   double parameters = 0;             // bytes
   double gradients = 0;
   double optimizer = 0;

@@ -204,11 +204,14 @@ Status FastEstimator::prepare(const std::vector<const Plan*>& plans) {
   using K = sim::CollectiveKind;
   for (const Plan* p : plans) {
     if (!refs_.count(key_of(*p))) wanted.insert(key_of(*p));
-    // The dp·cp ranks holding the same parameters, tp apart (engine/plan/mesh.h).
-    if (p->dp * p->cp > 1)
-      for (K k : {K::kAllReduce, K::kReduceScatter, K::kAllGather, K::kAllToAll})
-        if (k != K::kAllToAll || p->grad_compression == GradCompression::one_bit)
-          groups.insert({static_cast<int>(k), p->dp * p->cp, p->tp});
+    // The ranks holding the same parameters, and the same experts.
+    for (bool experts : {false, true}) {
+      const Replicas g = replicas_of(*p, experts);
+      if (g.members > 1 && (!experts || p->ep > 1))
+        for (K k : {K::kAllReduce, K::kReduceScatter, K::kAllGather, K::kAllToAll})
+          if (k != K::kAllToAll || p->grad_compression == GradCompression::one_bit)
+            groups.insert({static_cast<int>(k), g.members, g.stride});
+    }
     if (p->pp > 1) groups.insert({static_cast<int>(K::kSendRecv), 2, p->tp * p->dp * p->cp});
   }
   for (const CollectiveKey& g : groups)
@@ -249,24 +252,30 @@ bool reduces_per_microbatch(const Plan& p) { return p.zero >= 2 && !(p.zero_redu
 
 }  // namespace
 
-double FastEstimator::reduce_scatter_s(const Plan& p, double elements) const {
+FastEstimator::Replicas FastEstimator::replicas_of(const Plan& p, bool experts) {
+  if (!experts) return {p.dp * p.cp, p.tp};
+  const int etp = p.expert_tp();
+  return {p.tp * p.cp * p.dp / (etp * p.ep), etp * p.ep};
+}
+
+double FastEstimator::reduce_scatter_s(const Plan& p, double elements, Replicas g) const {
   using K = sim::CollectiveKind;
   const GradCompression compression = wire_compression(p);
   const double wire = elements * wire_bytes(p, compression);
   const double kernels = sim::to_seconds(cost_.memory_bound(elements * compression_kernel_bytes(compression)));
-  if (compression == GradCompression::one_bit) return collective_s(K::kAllToAll, replicas(p), p.tp, wire) + kernels;
-  return collective_s(K::kReduceScatter, replicas(p), p.tp, wire) + kernels;
+  if (compression == GradCompression::one_bit) return collective_s(K::kAllToAll, g.members, g.stride, wire) + kernels;
+  return collective_s(K::kReduceScatter, g.members, g.stride, wire) + kernels;
 }
 
-double FastEstimator::all_reduce_s(const Plan& p, double elements) const {
+double FastEstimator::all_reduce_s(const Plan& p, double elements, Replicas g) const {
   using K = sim::CollectiveKind;
   const GradCompression compression = wire_compression(p);
-  const int n = replicas(p);
   const double wire = elements * wire_bytes(p, compression);
   const double kernels = sim::to_seconds(cost_.memory_bound(elements * compression_kernel_bytes(compression)));
   if (compression == GradCompression::one_bit)
-    return collective_s(K::kAllToAll, n, p.tp, wire) + collective_s(K::kAllGather, n, p.tp, wire) + kernels;
-  return collective_s(K::kAllReduce, n, p.tp, wire) + kernels;
+    return collective_s(K::kAllToAll, g.members, g.stride, wire) + collective_s(K::kAllGather, g.members, g.stride, wire) +
+           kernels;
+  return collective_s(K::kAllReduce, g.members, g.stride, wire) + kernels;
 }
 
 double FastEstimator::gather_s(const Plan& p, double params) const {
@@ -296,7 +305,7 @@ double FastEstimator::block_s(const Plan& p, const Reference& ref, std::size_t i
   const double t = ref.microbatch_s[i];
   if (p.zero < 2 || replicas(p) == 1) return t;
   const double params = parameters_[i] * shard;
-  const double reduce = reduces_per_microbatch(p) ? reduce_scatter_s(p, params) : 0;
+  const double reduce = reduces_per_microbatch(p) ? reduce_scatter_s(p, params, replicas_of(p, false)) : 0;
   const double gather = p.zero == 3 ? gather_s(p, params) : 0;
   const double fwd = forward_share(p);
   return std::max(t * fwd, gather) + std::max(t * (1 - fwd), gather + reduce);
@@ -350,14 +359,13 @@ void FastEstimator::add_pipeline(const Plan& p, const std::vector<double>& stage
   b.p2p_s = 2 * hop * (p.pp - 1);
 }
 
-double FastEstimator::optimizer_s(const Plan& p, double params, double buckets,
+double FastEstimator::optimizer_s(const Plan& p, double params, double owned, double buckets,
                                   const std::vector<double>& stage_step_s) const {
-  const int n = replicas(p);
-  if (p.offload == Offload::none)
-    return *std::max_element(stage_step_s.begin(), stage_step_s.end()) / (p.zero >= 1 ? n : 1);
+  // The reference stage updates all its parameters (ZeRO 0); a rank updates `owned` of them.
+  const double share = params > 0 ? owned / params : 1.0;
+  if (p.offload == Offload::none) return *std::max_element(stage_step_s.begin(), stage_step_s.end()) * share;
   // Bucket by bucket: gradients down, the host's AdamW (28 bytes an fp32
   // parameter, the node's ranks sharing its CPUs), the master back up.
-  const double owned = params / (p.zero >= 1 ? n : 1);  // parameters this rank updates
   const double down = pcie_s(owned * 4), up = pcie_s(owned * 4);
   const double host = sim::to_seconds(cost_.host_adamw(owned * 28, std::min(ctx_.gpus_per_node, ctx_.gpus)));
   const double slowest = std::max({down, up, host});
@@ -365,25 +373,39 @@ double FastEstimator::optimizer_s(const Plan& p, double params, double buckets,
 }
 
 void FastEstimator::add_update(const Plan& p, const MemoryFit& fit, const StageTimes& stages, FastBreakdown& b) const {
-  const int n = replicas(p);
   const double params = static_cast<double>(fit.max_stage_parameters);
-  // Buckets of the flat gradient buffer (ZeRO 0, 1), else one per layer.
-  const double buckets = p.zero <= 1 ? std::max(1.0, params / grad_bucket_elements(p))
-                                     : std::max(1.0, static_cast<double>(ctx_.model.layers) / (p.pp * 1.0));
-  b.optimizer_s = optimizer_s(p, params, buckets, stages.step_s);
+  // Routed experts are reduced, updated and gathered over their expert-data group, the rest over dp·cp.
+  struct Part {
+    double params;
+    Replicas group;
+  };
+  const double experts = p.ep > 1 ? static_cast<double>(fit.max_stage_expert_parameters) : 0.0;
+  const Part parts[2] = {{params - experts, replicas_of(p, false)}, {experts, replicas_of(p, true)}};
+  // Buckets of the flat gradient buffer (ZeRO 0, 1; dense and expert gradients apart), else one per layer.
+  auto buckets_of = [&](double n) {
+    return p.zero <= 1 ? std::max(1.0, n / grad_bucket_elements(p))
+                       : std::max(1.0, static_cast<double>(ctx_.model.layers) / (p.pp * 1.0));
+  };
+  double buckets = 0, owned = 0, reduction = 0, gather = 0;
+  for (const Part& part : parts) {
+    if (part.params <= 0) continue;
+    const double n = buckets_of(part.params);
+    buckets += n;
+    owned += part.params / (p.zero >= 1 ? part.group.members : 1);
+    if (part.group.members == 1) continue;
+    if (p.zero <= 1 || !reduces_per_microbatch(p))
+      reduction += n * (p.zero == 0 ? all_reduce_s(p, part.params / n, part.group)
+                                    : reduce_scatter_s(p, part.params / n, part.group));
+    // ZeRO 1 and 2 all-gather the updated parameter shards after the optimizer step, bucket by bucket
+    // as the engine issues them: each pays the collective's latency.
+    if (p.zero == 1 || p.zero == 2)
+      gather += n * collective_s(sim::CollectiveKind::kAllGather, part.group.members, part.group.stride,
+                                 part.params / n * element_bytes(p.precision));
+  }
+  buckets = std::max(1.0, buckets);
+  b.optimizer_s = optimizer_s(p, params, owned, buckets, stages.step_s);
   const double t_max = *std::max_element(stages.microbatch_s.begin(), stages.microbatch_s.end());
   const double backward_last = t_max * (1 - forward_share(p));
-  double reduction = 0, gather = 0;
-  if (n > 1) {
-    const double param_bytes = params * element_bytes(p.precision);
-    if (p.zero <= 1 || !reduces_per_microbatch(p)) {
-      const double per_bucket =
-          p.zero == 0 ? all_reduce_s(p, params / buckets) : reduce_scatter_s(p, params / buckets);
-      reduction = buckets * per_bucket;
-    }
-    // ZeRO 1 and 2 all-gather the updated parameter shards after the optimizer step.
-    if (p.zero == 1 || p.zero == 2) gather = collective_s(sim::CollectiveKind::kAllGather, n, p.tp, param_bytes);
-  }
   if (p.overlap_update) {
     // Reductions, updates and all-gathers bucket by bucket on the data-parallel stream.
     const double stream = reduction + b.optimizer_s + gather;

@@ -40,11 +40,14 @@
 //   pipeline = m·t_max + (p-1)·(t_mean/v + 2·t_hop)
 //     (engine/schedule/timing.h: (m·v + p - 1)·(f + b) on uniform stages;
 //     the slowest stage paces the steady state)
-//   optimizer = the most loaded stage's per-iteration work / (dp under ZeRO >= 1)
+//   optimizer = the most loaded stage's per-iteration work, under ZeRO >= 1
+//     the share a rank owns (dense parameters / dp·cp, experts / their
+//     expert-data group)
 //   data parallel: an all-reduce of the stage's gradients (ZeRO 0; grad_dtype) in
 //     buckets, or a reduce-scatter of them and an all-gather of the updated
-//     parameters (ZeRO 1, 2), over the dp·cp ranks holding the same
-//     parameters (tp apart); exposed in full after
+//     parameters bucket by bucket (ZeRO 1, 2), over the dp·cp ranks holding
+//     the same parameters (tp apart), routed experts' over their expert-data
+//     group (etp·ep apart), each part in buckets of its own; exposed in full after
 //     backward (grad_sync after-backward, and the all-gather of updated
 //     parameters), otherwise beyond the last micro-batch's backward (at
 //     least one bucket's share). zero_reduce_once: ZeRO 2/3 reduce-scatter
@@ -140,12 +143,17 @@ class FastEstimator {
   // A copy between host and device of `bytes` (the sim backend's rate: PCIe shared by a switch's GPUs).
   double pcie_s(double bytes) const;
 
-  // estimate()'s terms. The plan's gradient collectives over the dp·cp ranks
-  // holding the same parameters, with its compression's kernels: a
-  // reduce-scatter or an all-reduce of `elements` gradients (grad_dtype); ZeRO 3's
-  // gather of `params` parameters.
-  double reduce_scatter_s(const Plan& p, double elements) const;
-  double all_reduce_s(const Plan& p, double elements) const;
+  // The ranks holding the same parameters (engine/plan/mesh.h): the dp·cp
+  // ranks tp apart, and for routed experts the expert-data group, etp·ep apart.
+  struct Replicas {
+    int members = 1, stride = 1;
+  };
+  static Replicas replicas_of(const Plan& p, bool experts);
+  // estimate()'s terms. The plan's gradient collectives over `g`, with its
+  // compression's kernels: a reduce-scatter or an all-reduce of `elements`
+  // gradients (grad_dtype); ZeRO 3's gather of `params` parameters.
+  double reduce_scatter_s(const Plan& p, double elements, Replicas g) const;
+  double all_reduce_s(const Plan& p, double elements, Replicas g) const;
   double gather_s(const Plan& p, double params) const;
   // The share of a block's parameters a rank holds (ZeRO and tp sharding), from the memory fit's peak stage.
   double shard(const Plan& p, const MemoryFit& fit, const std::vector<LayerRange>& ranges) const;
@@ -158,8 +166,10 @@ class FastEstimator {
   StageTimes stage_times(const Plan& p, const MemoryFit& fit, const Reference& ref) const;
   // pipeline_s, bubble_s and p2p_s of `b`.
   void add_pipeline(const Plan& p, const std::vector<double>& stage_s, FastBreakdown& b) const;
-  // The optimizer step of the most loaded rank, before any overlap.
-  double optimizer_s(const Plan& p, double params, double buckets, const std::vector<double>& stage_step_s) const;
+  // The optimizer step of the most loaded rank, before any overlap: `owned` of its stage's `params` (ZeRO
+  // shards dense parameters over dp·cp, experts over their expert-data group).
+  double optimizer_s(const Plan& p, double params, double owned, double buckets,
+                     const std::vector<double>& stage_step_s) const;
   // optimizer_s and data_parallel_s of `b`.
   void add_update(const Plan& p, const MemoryFit& fit, const StageTimes& stages, FastBreakdown& b) const;
 

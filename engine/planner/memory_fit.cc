@@ -13,6 +13,13 @@ namespace {
 
 bool layers_alike(const ModelSpec& m) { return model_io(m).layers_alike; }
 
+// The most parameters a stage holds, and that stage's expert share.
+void keep_parameters(MemoryFit& fit, const MemoryBreakdown& b) {
+  if (b.parameter_count <= fit.max_stage_parameters) return;
+  fit.max_stage_parameters = b.parameter_count;
+  fit.max_stage_expert_parameters = b.expert_parameter_count;
+}
+
 }  // namespace
 
 MemoryFit memory_fit(const ModelSpec& m, const Plan& p) {
@@ -27,7 +34,7 @@ MemoryFit memory_fit(const ModelSpec& m, const Plan& p) {
       auto it = seen.find(at);
       if (it == seen.end()) it = seen.emplace(at, rank_memory(m, p, rank)).first;
       const MemoryBreakdown& b = it->second;
-      fit.max_stage_parameters = std::max(fit.max_stage_parameters, b.parameter_count);
+      keep_parameters(fit, b);
       if (b.total() > fit.peak_bytes || rank == 0) fit.peak_bytes = b.total(), fit.peak_stage = rank, fit.peak = b;
     }
     return fit;
@@ -36,7 +43,7 @@ MemoryFit memory_fit(const ModelSpec& m, const Plan& p) {
   const bool shortcut = layers_alike(m) && p.pp > 3;
   auto visit = [&](int stage) {
     MemoryBreakdown b = memory_per_rank(m, p, stage, layout);
-    fit.max_stage_parameters = std::max(fit.max_stage_parameters, b.parameter_count);
+    keep_parameters(fit, b);
     if (b.total() > fit.peak_bytes || stage == 0) {
       fit.peak_bytes = b.total();
       fit.peak_stage = stage;

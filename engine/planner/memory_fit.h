@@ -17,6 +17,7 @@ struct MemoryFit {
   MemoryBreakdown peak;   // that stage's breakdown
   // Parameters of the stage holding the most (its optimizer step and gradient reduction bound the iteration).
   std::int64_t max_stage_parameters = 0;
+  std::int64_t max_stage_expert_parameters = 0;  // of which routed experts'
 };
 
 // The maximum over pipeline stages of memory_per_rank(meshtrain_layout). When
