@@ -70,9 +70,13 @@ FastEstimator::FastEstimator(const SearchContext& ctx, const SimulateOptions& op
     const ForwardFlops f = b->flops(1, seq);
     forward_flops_.push_back(f.total());
     attention_flops_.push_back(f.attention);
-    double n = 0;
-    for (const ParamInfo& info : b->parameters()) n += static_cast<double>(info.numel());
+    double n = 0, experts = 0;
+    for (const ParamInfo& info : b->parameters()) {
+      n += static_cast<double>(info.numel());
+      if (info.expert) experts += static_cast<double>(info.numel());
+    }
     parameters_.push_back(n);
+    expert_parameters_.push_back(experts);
   }
   const ModelSpec& m = ctx.model;
   if (auto c = sim::Cluster::build(effective_spec(options), ctx.gpus)) cluster_.emplace(std::move(c).value());
@@ -207,7 +211,7 @@ Status FastEstimator::prepare(const std::vector<const Plan*>& plans) {
     // The ranks holding the same parameters, and the same experts.
     for (bool experts : {false, true}) {
       const Replicas g = replicas_of(*p, experts);
-      if (g.members > 1 && (!experts || p->ep > 1))
+      if (g.members > 1 && (!experts || model_io(ctx_.model).routes_to_experts))
         for (K k : {K::kAllReduce, K::kReduceScatter, K::kAllGather, K::kAllToAll})
           if (k != K::kAllToAll || p->grad_compression == GradCompression::one_bit)
             groups.insert({static_cast<int>(k), g.members, g.stride});
@@ -278,10 +282,9 @@ double FastEstimator::all_reduce_s(const Plan& p, double elements, Replicas g) c
   return collective_s(K::kAllReduce, g.members, g.stride, wire) + kernels;
 }
 
-double FastEstimator::gather_s(const Plan& p, double params) const {
-  const int n = replicas(p);
-  double t = collective_s(sim::CollectiveKind::kAllGather, n, p.tp, params * element_bytes(p.precision));
-  if (p.offload == Offload::params) t += pcie_s(params / n * 4);
+double FastEstimator::gather_s(const Plan& p, double params, Replicas g) const {
+  double t = collective_s(sim::CollectiveKind::kAllGather, g.members, g.stride, params * element_bytes(p.precision));
+  if (p.offload == Offload::params) t += pcie_s(params / g.members * 4);
   return t;
 }
 
@@ -303,10 +306,18 @@ double FastEstimator::block_s(const Plan& p, const Reference& ref, std::size_t i
   // also gathers its parameters (prefetched one block ahead) before its forward
   // and backward. A block's pass then takes at least as long as its communication.
   const double t = ref.microbatch_s[i];
-  if (p.zero < 2 || replicas(p) == 1) return t;
-  const double params = parameters_[i] * shard;
-  const double reduce = reduces_per_microbatch(p) ? reduce_scatter_s(p, params, replicas_of(p, false)) : 0;
-  const double gather = p.zero == 3 ? gather_s(p, params) : 0;
+  if (p.zero < 2) return t;
+  // The block's parameters on this rank: routed experts split over ep·etp, reduced and gathered over their
+  // expert-data group; the rest (split over tp) over dp·cp. A block without experts: the stage's share.
+  const double e = expert_parameters_[i];
+  const double experts = e / (p.ep * p.expert_tp());
+  const double dense = e > 0 ? (parameters_[i] - e) / p.tp : parameters_[i] * shard;
+  double reduce = 0, gather = 0;
+  for (const auto& [params, group] : {std::pair{dense, replicas_of(p, false)}, std::pair{experts, replicas_of(p, true)}}) {
+    if (params <= 0 || group.members == 1) continue;
+    if (reduces_per_microbatch(p)) reduce += reduce_scatter_s(p, params, group);
+    if (p.zero == 3) gather += gather_s(p, params, group);
+  }
   const double fwd = forward_share(p);
   return std::max(t * fwd, gather) + std::max(t * (1 - fwd), gather + reduce);
 }
@@ -335,7 +346,7 @@ FastEstimator::StageTimes FastEstimator::stage_times(const Plan& p, const Memory
     // waits for its first block's gather. With it (the default) the gather
     // is issued at the end of the previous action and hides behind the bubble or the compute.
     if (p.zero == 3 && replicas(p) > 1 && !p.prefetch_across_chunks)
-      t += 2 * p.vpp * gather_s(p, parameters_[1] * share);
+      t += 2 * p.vpp * gather_s(p, parameters_[1] * share, replicas_of(p, false));
     out.microbatch_s[static_cast<std::size_t>(s)] = t;
     out.step_s[static_cast<std::size_t>(s)] = w;
   }
@@ -379,7 +390,7 @@ void FastEstimator::add_update(const Plan& p, const MemoryFit& fit, const StageT
     double params;
     Replicas group;
   };
-  const double experts = p.ep > 1 ? static_cast<double>(fit.max_stage_expert_parameters) : 0.0;
+  const double experts = static_cast<double>(fit.max_stage_expert_parameters);
   const Part parts[2] = {{params - experts, replicas_of(p, false)}, {experts, replicas_of(p, true)}};
   // Buckets of the flat gradient buffer (ZeRO 0, 1; dense and expert gradients apart), else one per layer.
   auto buckets_of = [&](double n) {

@@ -154,7 +154,7 @@ class FastEstimator {
   // gradients (grad_dtype); ZeRO 3's gather of `params` parameters.
   double reduce_scatter_s(const Plan& p, double elements, Replicas g) const;
   double all_reduce_s(const Plan& p, double elements, Replicas g) const;
-  double gather_s(const Plan& p, double params) const;
+  double gather_s(const Plan& p, double params, Replicas g) const;
   // The share of a block's parameters a rank holds (ZeRO and tp sharding), from the memory fit's peak stage.
   double shard(const Plan& p, const MemoryFit& fit, const std::vector<LayerRange>& ranges) const;
   // Block i's forward and backward of one micro-batch, stretched by ZeRO 2/3's communication.
@@ -179,6 +179,7 @@ class FastEstimator {
   std::vector<double> forward_flops_;    // per block, one sample
   std::vector<double> attention_flops_;  // per block, one sample
   std::vector<double> parameters_;       // per block, unsharded
+  std::vector<double> expert_parameters_;  // per block, unsharded: of which routed experts' (ParamInfo::expert)
   bool layers_alike_ = false;
   std::map<Key, Reference> refs_;  // filled by prepare() only
   std::optional<sim::Cluster> cluster_;  // ctx.gpus GPUs of the cluster, as the sim backend builds it
