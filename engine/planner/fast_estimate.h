@@ -37,7 +37,9 @@
 //     chunk's forward and backward pass also waits for its first block's
 //     gather (prefetch stays within a pass)
 //   stage time t_s: the sum over its blocks; t_max, t_mean over the stages
-//   pipeline = m·t_max + (p-1)·(t_mean/v + 2·t_hop)
+//   pipeline = m·t_max + (p-1)·(t_mean/v + 2·t_hop) + the stages' most
+//     once-an-iteration time (Reference::once_s: EP all-to-all overlap's
+//     unpaired first forward and last backward)
 //     (engine/schedule/timing.h: (m·v + p - 1)·(f + b) on uniform stages;
 //     the slowest stage paces the steady state)
 //   optimizer = the most loaded stage's per-iteration work, under ZeRO >= 1
@@ -129,10 +131,16 @@ class FastEstimator {
   };
   struct Reference {
     std::vector<double> microbatch_s;  // per block (embedding, layers, head): forward and backward of one micro-batch
-    std::vector<double> step_s;        // per block: per-iteration work
+    std::vector<double> step_s;        // per block: per-iteration work (the optimizer's)
+    // Per block: per-iteration time that is not the optimizer's. EP all-to-all overlap runs the first
+    // forward and the last backward unpaired: once an iteration, what a pair saves (the reference
+    // without the overlap's per-micro-batch term less the overlapped one's). Empty: none.
+    std::vector<double> once_s;
   };
   static Key key_of(const Plan& p);
   Result<Reference> simulate_reference(const Key& k) const;
+  // The one-stage simulations of simulate_reference, as they come (no once_s).
+  Result<Reference> simulate_one_stage(const Key& k) const;
 
   struct CollectiveFit {
     double latency = 0, per_byte = 0;  // seconds, seconds per byte (nccl-tests' size)
@@ -162,10 +170,11 @@ class FastEstimator {
   struct StageTimes {
     std::vector<double> microbatch_s;  // per pipeline stage: one micro-batch's forward and backward
     std::vector<double> step_s;        // per pipeline stage: per-iteration work (the optimizer's)
+    std::vector<double> once_s;        // per pipeline stage: Reference::once_s
   };
   StageTimes stage_times(const Plan& p, const MemoryFit& fit, const Reference& ref) const;
   // pipeline_s, bubble_s and p2p_s of `b`.
-  void add_pipeline(const Plan& p, const std::vector<double>& stage_s, FastBreakdown& b) const;
+  void add_pipeline(const Plan& p, const StageTimes& stages, FastBreakdown& b) const;
   // The optimizer step of the most loaded rank, before any overlap: `owned` of its stage's `params` (ZeRO
   // shards dense parameters over dp·cp, experts over their expert-data group).
   double optimizer_s(const Plan& p, double params, double owned, double buckets,

@@ -378,7 +378,7 @@ TEST_CASE("EP all-to-all overlap is searched off and on where a plan pairs its p
   }
   CHECK(overlapped > 100);
   // The fast tier's reference stage runs the pairs too (FastEstimator::Key::a2a_overlap); tiny-moe's
-  // latency-bound steps: measured 0.24 (the whole space of the first test: 0.42).
+  // latency-bound steps: measured 0.22 (the whole space of the first test: 0.42).
   INFO("worst relative error of the fast tier on the overlapped plans " << worst);
   CHECK(worst < 0.35);
 
@@ -391,28 +391,32 @@ TEST_CASE("EP all-to-all overlap is searched off and on where a plan pairs its p
   for (const Plan& p : e.valid) CHECK_FALSE(p.moe_a2a_overlap);
 }
 
-TEST_CASE("the fast tier's data-parallel term: per-bucket gathers, and experts over their expert-data group",
-          "[planner]") {
-  // 32 H100, pp 1, ZeRO 1, four micro-batches of 4096 tokens, 4 MiB buckets: thousands of buckets whose
+TEST_CASE("the fast tier's data-parallel and EP overlap terms follow the DES on 32 H100", "[planner]") {
+  // pp 1, ZeRO 1, four micro-batches of 4096 tokens, 4 MiB buckets: thousands of buckets whose
   // reduce-scatter and all-gather the engine issues one by one, and (Qwen3-30B-A3B, ep 8) routed experts
   // replicated over 4 ranks, not 32. Measured against the DES: -5% on both (the terms before: one
-  // all-gather of every parameter and every parameter over dp, -25% and -28%).
-  for (const char* model : {"llama3-8b", "qwen3-30b-a3b"}) {
+  // all-gather of every parameter and every parameter over dp, -25% and -28%). With EP all-to-all
+  // overlap at ep 16 the first forward and the last backward run unpaired once an iteration
+  // (Reference::once_s): -3% (-23% without that term).
+  struct Case {
+    const char* model;
+    std::string pins;
+  };
+  for (const Case& c : {Case{"llama3-8b", ""}, Case{"qwen3-30b-a3b", ",ep=8,moe_a2a_overlap=off"},
+                        Case{"qwen3-30b-a3b", ",ep=16,moe_a2a_overlap=on"}}) {
+    const char* model = c.model;
     SearchContext ctx = context(model, 32, 128);
     ctx.base.seq_len = 4096;
-    const std::string ep = std::string(model) == "llama3-8b" ? "" : ",ep=8";
-    auto space = parse_search_space(
-        {"tp=1,pp=1,micro_batch=1,zero=1,recompute=none,offload=none,moe_a2a_overlap=off" + ep}, {}, ctx);
+    auto space = parse_search_space({"tp=1,pp=1,micro_batch=1,zero=1,recompute=none,offload=none" + c.pins}, {}, ctx);
     REQUIRE(space.ok());
     SimulateOptions h100;
     h100.cluster = sim::cluster_preset("dgx-h100").value();
     auto r = search(ctx, *space, h100, PlannerOptions{});
     REQUIRE(r.ok());
     REQUIRE(r->ranked.size() == 1);
-    const Candidate& c = r->ranked.front();
-    REQUIRE(c.sim);
-    INFO(model << ": fast " << c.fast.iteration_s << " s, DES " << c.sim->iteration_s << " s");
-    CHECK(c.fast.data_parallel_s > 0.25 * c.sim->iteration_s);
-    CHECK(c.fast.iteration_s == Approx(c.sim->iteration_s).epsilon(0.1));
+    const Candidate& found = r->ranked.front();
+    REQUIRE(found.sim);
+    INFO(model << c.pins << ": fast " << found.fast.iteration_s << " s, DES " << found.sim->iteration_s << " s");
+    CHECK(found.fast.iteration_s == Approx(found.sim->iteration_s).epsilon(0.1));
   }
 }
