@@ -390,9 +390,13 @@ void FastEstimator::add_pipeline(const Plan& p, const StageTimes& stages, FastBr
     hop = collective_s(sim::CollectiveKind::kSendRecv, 2, p.tp * p.dp * p.cp, bytes);
   }
   const double v = p.vpp;
-  b.pipeline_s = p.microbatches() * t_max + (p.pp - 1) * (t_mean / v + 2 * hop) +
+  // EP all-to-all overlap: the fill and drain run unpaired passes, each what a pair saves slower
+  // (StageTimes::once_s is that saving over a stage's layers, per micro-batch).
+  double once_mean = 0;
+  for (double o : stages.once_s) once_mean += o / p.pp;
+  b.bubble_s = (p.pp - 1) * (t_mean + once_mean) / v;
+  b.pipeline_s = p.microbatches() * t_max + b.bubble_s + 2 * hop * (p.pp - 1) +
                  *std::max_element(stages.once_s.begin(), stages.once_s.end());
-  b.bubble_s = (p.pp - 1) * t_mean / v;
   b.p2p_s = 2 * hop * (p.pp - 1);
 }
 
