@@ -105,24 +105,47 @@ Plan FastEstimator::Key::reference_plan(Plan p) const {
   return p;
 }
 
-Result<FastEstimator::Reference> FastEstimator::simulate_reference(const Key& k) const {
-  if (k.a2a_overlap) {
-    // m micro-batches run F0, m-1 pairs and the last backward: m pairs' time and, once an iteration,
-    // what a pair saves (the first forward and the last backward run unpaired). The overlapped
-    // reference's per-micro-batch term is a pair; the same key without the overlap gives the unpaired
-    // passes and the optimizer step, which the two-layer fit's per-iteration term measures less well.
-    Key plain_key = k;
-    plain_key.a2a_overlap = false;
-    MT_ASSIGN(const Reference plain, simulate_one_stage(plain_key));
-    MT_ASSIGN(Reference ref, simulate_one_stage(k));
-    ref.once_s.assign(ref.step_s.size(), 0.0);
-    for (std::size_t i = 0; i < ref.step_s.size(); ++i) {
-      ref.once_s[i] = std::max(0.0, plain.microbatch_s[i] - ref.microbatch_s[i]);
-      ref.step_s[i] = plain.step_s[i];
+Status FastEstimator::add_references(std::vector<Key> keys, std::string_view what) {
+  // EP all-to-all overlap: m micro-batches run F0, m-1 pairs and the last backward, so m pairs' time
+  // and, once an iteration, what a pair saves (the first forward and the last backward run unpaired).
+  // The overlapped simulation's per-micro-batch term is a pair; the same key without the overlap
+  // (simulated first, and cached as a reference of its own) gives the unpaired passes and the optimizer
+  // step, which the two-layer fit's per-iteration term measures less well.
+  for (std::size_t i = 0, n = keys.size(); i < n; ++i)
+    if (keys[i].a2a_overlap) {
+      Key plain = keys[i];
+      plain.a2a_overlap = false;
+      keys.push_back(plain);
     }
-    return ref;
+  for (bool overlap : {false, true}) {
+    std::vector<Key> todo;
+    for (const Key& k : keys)
+      if (k.a2a_overlap == overlap && !refs_.count(k)) todo.push_back(k);
+    std::sort(todo.begin(), todo.end());
+    todo.erase(std::unique(todo.begin(), todo.end()), todo.end());
+    std::vector<std::optional<Result<Reference>>> out(todo.size());
+    tbb::parallel_for(std::size_t{0}, todo.size(), [&](std::size_t i) { out[i] = simulate_one_stage(todo[i]); });
+    for (std::size_t i = 0; i < todo.size(); ++i) {
+      const Key& k = todo[i];
+      if (!*out[i])
+        return std::move(*out[i]).error().context(fmt::format(
+            "fast tier: simulating {} with tp {} sp {} micro-batch {} recompute {} ep {} cp {}{}", what, k.tp, k.sp,
+            k.micro_batch, recompute_name(k.recompute), k.ep, k.cp, k.a2a_overlap ? " a2a-overlap" : ""));
+      Reference ref = std::move(*out[i]).value();
+      if (overlap) {
+        Key plain_key = k;
+        plain_key.a2a_overlap = false;
+        const Reference& plain = refs_.at(plain_key);
+        ref.once_s.assign(ref.step_s.size(), 0.0);
+        for (std::size_t b = 0; b < ref.step_s.size(); ++b) {
+          ref.once_s[b] = std::max(0.0, plain.microbatch_s[b] - ref.microbatch_s[b]);
+          ref.step_s[b] = plain.step_s[b];
+        }
+      }
+      refs_[k] = std::move(ref);
+    }
   }
-  return simulate_one_stage(k);
+  return {};
 }
 
 Result<FastEstimator::Reference> FastEstimator::simulate_one_stage(const Key& k) const {
@@ -227,7 +250,7 @@ Status FastEstimator::prepare(const std::vector<const Plan*>& plans) {
   std::set<CollectiveKey> groups;
   using K = sim::CollectiveKind;
   for (const Plan* p : plans) {
-    if (!refs_.count(key_of(*p))) wanted.insert(key_of(*p));
+    wanted.insert(key_of(*p));
     // The ranks holding the same parameters, and the same experts.
     for (bool experts : {false, true}) {
       const Replicas g = replicas_of(*p, experts);
@@ -240,19 +263,7 @@ Status FastEstimator::prepare(const std::vector<const Plan*>& plans) {
   }
   for (const CollectiveKey& g : groups)
     if (!collectives_.count(g)) MT_TRY(fit_collective(g).context("fast tier: timing a collective"));
-  const std::vector<Key> keys(wanted.begin(), wanted.end());
-  std::vector<std::optional<Result<Reference>>> out(keys.size());
-  tbb::parallel_for(std::size_t{0}, keys.size(), [&](std::size_t i) { out[i] = simulate_reference(keys[i]); });
-  for (std::size_t i = 0; i < keys.size(); ++i) {
-    if (!*out[i]) {
-      const Key& k = keys[i];
-      return std::move(*out[i]).error().context(fmt::format(
-          "fast tier: simulating one stage with tp {} sp {} micro-batch {} recompute {} ep {} cp {}{}", k.tp, k.sp,
-          k.micro_batch, recompute_name(k.recompute), k.ep, k.cp, k.a2a_overlap ? " a2a-overlap" : ""));
-    }
-    refs_[keys[i]] = std::move(*out[i]).value();
-  }
-  return {};
+  return add_references(std::vector<Key>(wanted.begin(), wanted.end()), "one stage");
 }
 
 std::size_t FastEstimator::reference_simulations() const { return refs_.size() * (layers_alike_ ? 4 : 2); }

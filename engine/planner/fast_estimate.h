@@ -74,6 +74,7 @@
 #pragma once
 
 #include <map>
+#include <string_view>
 #include <tuple>
 #include <vector>
 
@@ -138,8 +139,10 @@ class FastEstimator {
     std::vector<double> once_s;
   };
   static Key key_of(const Plan& p);
-  Result<Reference> simulate_reference(const Key& k) const;
-  // The one-stage simulations of simulate_reference, as they come (no once_s).
+  // Simulates the references `keys` name that are not cached yet, on all cores, and caches them
+  // (with an overlapped key, the same key without the overlap too); `what` names them in an error.
+  Status add_references(std::vector<Key> keys, std::string_view what);
+  // One key's one-stage simulations, as they come (no once_s).
   Result<Reference> simulate_one_stage(const Key& k) const;
 
   struct CollectiveFit {

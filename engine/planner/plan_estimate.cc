@@ -3,9 +3,6 @@
 #include <algorithm>
 #include <cstdlib>
 
-#include <fmt/format.h>
-#include <tbb/parallel_for.h>
-
 #include "engine/plan/segment_plan.h"
 #include "engine/step/step_engine.h"
 #include "models/model_tables.h"
@@ -74,19 +71,7 @@ Status PlanEstimator::prepare_segments(const std::vector<const Plan*>& plans) {
         keys.push_back(k);
       }
     }
-    std::sort(keys.begin(), keys.end());
-    keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
-    std::vector<std::optional<Result<FastEstimator::Reference>>> out(keys.size());
-    tbb::parallel_for(std::size_t{0}, keys.size(), [&](std::size_t i) { out[i] = fast_.simulate_reference(keys[i]); });
-    for (std::size_t i = 0; i < keys.size(); ++i) {
-      if (*out[i]) {
-        fast_.refs_[keys[i]] = std::move(*out[i]).value();
-      } else {
-        return std::move(*out[i]).error().context(fmt::format(
-            "fast tier: simulating one segment's blocks with micro-batch {} recompute {}", keys[i].micro_batch,
-            recompute_name(keys[i].recompute)));
-      }
-    }
+    MT_TRY(fast_.add_references(std::move(keys), "one segment's blocks"));
   }
   return {};
 }
