@@ -1,6 +1,7 @@
 #include "engine/memory/memory_model.h"
 
 #include <algorithm>
+#include <iterator>
 #include <numeric>
 
 #include <fmt/format.h>
@@ -70,11 +71,12 @@ double peak_activation_bytes(const Plan& p, int stage, const std::vector<double>
   // inputs and output gradients), which stays until W.
   const schedule::PipelineLayout layout{p.pp, p.vpp, p.microbatches()};
   auto built = schedule::build_schedule(p.schedule, layout);
-  std::vector<schedule::Pair> pairs;
+  std::vector<schedule::Pair> pairs;  // this stage's, in row order
   if (built && p.moe_a2a_overlap) {
     schedule::PairedSchedule paired = schedule::pair_forward_backward(*built);
     *built = std::move(paired.compute);
-    pairs = std::move(paired.pairs);
+    std::copy_if(paired.pairs.begin(), paired.pairs.end(), std::back_inserter(pairs),
+                 [&](const schedule::Pair& q) { return q.forward.stage == stage; });
   }
   const auto per_chunk = [](const std::vector<double>& bytes, int chunk) {
     return bytes.empty() ? 0.0 : bytes[static_cast<std::size_t>(chunk)];
@@ -89,11 +91,12 @@ double peak_activation_bytes(const Plan& p, int stage, const std::vector<double>
   const bool weight_pass = p.schedule == ScheduleKind::zb_h1;
   const std::vector<schedule::Action>& row = built->ranks[static_cast<std::size_t>(stage)];
   double live = 0, peak = 0;
+  std::size_t next_pair = 0;
   for (std::size_t i = 0; i < row.size(); ++i) {
     const schedule::Action& a = row[i];
     const double bytes = chunk_bytes[static_cast<std::size_t>(a.chunk)];
-    if (a.kind == schedule::Action::forward && i + 1 < row.size() &&
-        std::find(pairs.begin(), pairs.end(), schedule::Pair{a, row[i + 1]}) != pairs.end()) {
+    if (next_pair < pairs.size() && i + 1 < row.size() && pairs[next_pair] == schedule::Pair{a, row[i + 1]}) {
+      ++next_pair;
       // A pair runs its forward's layer k beside its backward's layer L-1-k (Megatron's combined 1F1B;
       // no zero-bubble W pass: check_a2a_overlap refuses it): the forward keeps its layer before the
       // backward frees its own. What a chunk holds beyond its layers (the embedding's) comes first in
