@@ -54,9 +54,13 @@ Tensor BlockContext::all_rows(const Tensor& x, std::int64_t width) {
 Tensor BlockContext::sp_gather(const Tensor& x, bool fp8_values) {
   const std::int64_t width = x.shape().back();
   Tensor full = b.empty(Shape{x.numel() / width * tp.size, width}, x.dtype());
-  if (fp8_values) b.all_gather_fp8(x, full, tp.group);
-  else b.all_gather(x, full, tp.group);
+  tp_gather(x, full, fp8_values);
   return full;
+}
+
+void BlockContext::tp_gather(const Tensor& shard, Tensor& full, bool fp8_values) {
+  if (fp8_values) b.all_gather_fp8(shard, full, tp.group);
+  else b.all_gather(shard, full, tp.group);
 }
 
 Tensor BlockContext::sp_scatter(const Tensor& x) {
@@ -132,7 +136,7 @@ void BlockContext::norm_backward(const std::string& prefix, const Tensor& dout, 
 // the same values, its reduction standing for TE's.
 Tensor BlockContext::fp8_operand(const std::string& name, LinearKind kind, Fp8Operand which, const Tensor& x,
                                  Fp8Cast cast) {
-  if (fp8 == nullptr || kind == LinearKind::replicated) return x;
+  if (!fp8_linear(kind)) return x;
   const bool column = kind == LinearKind::column;
   const bool gathered = sp && ((which == Fp8Operand::input && column) || (which == Fp8Operand::grad && !column));
   const bool tp_split = which == Fp8Operand::weight || gathered || (which == Fp8Operand::input && !column) ||
@@ -248,9 +252,7 @@ void BlockContext::linear_backward(const std::string& name, const Tensor& x_fp, 
     gathered = b.empty(Shape{rows, in}, x_in.dtype());
     b.wait(comm, b.record(compute));  // after the compute stream's earlier tp collectives
     StreamScope on_comm(b, comm);
-    const Tensor shard = x_in.view(Shape{x_in.numel() / in, in});
-    if (fp8_linear(kind)) b.all_gather_fp8(shard, gathered, tp.group);
-    else b.all_gather(shard, gathered, tp.group);
+    tp_gather(x_in.view(Shape{x_in.numel() / in, in}), gathered, fp8_linear(kind));
     gathered_event = b.record(comm);
   }
   if (dx != nullptr) {

@@ -145,6 +145,8 @@ class BlockContext {
   // y (N, out) = gather(x) · W [+ op.bias] with the gather pipelined row block by row block.
   // `fp8`: x holds an FP8 cast's values, whose ring steps move FP8 (Backend::all_to_all_fp8).
   void ring_gather_gemm(const Tensor& x, const Tensor& w, Tensor& y, const GemmOp& op, bool fp8);
+  // An all-gather over tp of `shard` into `full`, as FP8 where `fp8` (sp_gather's).
+  void tp_gather(const Tensor& shard, Tensor& full, bool fp8);
   // Whether a linear of this kind reads FP8 operands (fp8_operand casts them).
   bool fp8_linear(LinearKind kind) const { return fp8 != nullptr && kind != LinearKind::replicated; }
 
