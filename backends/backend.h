@@ -565,8 +565,14 @@ class Backend {
   // models/fp8_linear.h), which Transformer Engine moves at one byte an
   // element. A backend without an 8-bit type moves the 16-bit values (the
   // same values: the cast rounded them to the FP8 grid); one that times the
-  // wire (the sim) counts one byte an element.
-  virtual void all_gather_fp8(const Tensor& in, Tensor& out, const Group& g) { all_gather(in, out, g); }
+  // wire (the sim) counts one byte an element. The all-gather's
+  // `fp8_elements` of out's elements are FP8 values, the rest 16-bit (a
+  // parameter bucket of FP8 weights and others, Plan::fp8_param_gather;
+  // out.numel() for a cast).
+  virtual void all_gather_fp8(const Tensor& in, Tensor& out, const Group& g, std::int64_t fp8_elements) {
+    (void)fp8_elements;
+    all_gather(in, out, g);
+  }
   virtual void all_to_all_fp8(const Tensor& in, std::span<const std::int64_t> send_counts, Tensor& out,
                               std::span<const std::int64_t> recv_counts, const Group& g) {
     all_to_all(in, send_counts, out, recv_counts, g);

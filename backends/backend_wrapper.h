@@ -241,7 +241,9 @@ class BackendWrapper : public Backend {
   }
   // Straight to the target: a wrapper that times or counts FP8 gathers too
   // overrides these two as well as all_gather and all_to_all (tracing, step timing).
-  void all_gather_fp8(const Tensor& in, Tensor& out, const Group& g) override { target_.all_gather_fp8(in, out, g); }
+  void all_gather_fp8(const Tensor& in, Tensor& out, const Group& g, std::int64_t fp8_elements) override {
+    target_.all_gather_fp8(in, out, g, fp8_elements);
+  }
   void all_to_all_fp8(const Tensor& in, std::span<const std::int64_t> send_counts, Tensor& out,
                       std::span<const std::int64_t> recv_counts, const Group& g) override {
     target_.all_to_all_fp8(in, send_counts, out, recv_counts, g);

@@ -59,7 +59,7 @@ Tensor BlockContext::sp_gather(const Tensor& x, bool fp8_values) {
 }
 
 void BlockContext::tp_gather(const Tensor& shard, Tensor& full, bool fp8_values) {
-  if (fp8_values) b.all_gather_fp8(shard, full, tp.group);
+  if (fp8_values) b.all_gather_fp8(shard, full, tp.group, full.numel());
   else b.all_gather(shard, full, tp.group);
 }
 

@@ -12,8 +12,6 @@ namespace meshtrain {
 
 namespace {
 
-constexpr const char* kWeightSuffix = ".weight";
-
 // Forward operands are E4M3, the output gradient E5M2 (Format.HYBRID).
 Fp8Format format_of(int operand) {
   return operand == static_cast<int>(Fp8Operand::grad) ? Fp8Format::e5m2 : Fp8Format::e4m3;
@@ -21,15 +19,10 @@ Fp8Format format_of(int operand) {
 
 }  // namespace
 
-bool is_fp8_linear(const ParamInfo& p) {
-  if (!p.matmul || (p.split != TpSplit::column && p.split != TpSplit::row)) return false;
-  return p.expert || p.name.ends_with(kWeightSuffix);
-}
-
 std::string fp8_linear_name(const ParamInfo& p) {
   // A routed experts' grouped weight (E, in, out) has no ".weight": it is named as its linear.
   if (p.expert) return p.name;
-  return p.name.substr(0, p.name.size() - std::string_view(kWeightSuffix).size());
+  return p.name.substr(0, p.name.size() - kWeightSuffix.size());
 }
 
 Fp8Scaling::Fp8Scaling(Backend& b, std::span<const ParamInfo> params, Fp8Recipe recipe, int history)

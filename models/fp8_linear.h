@@ -91,8 +91,7 @@ namespace meshtrain {
 enum class Fp8Operand { input = 0, weight = 1, grad = 2 };
 inline constexpr int kFp8Operands = 3;
 
-// Whether `p` is the weight of a linear layer whose GEMMs run in FP8.
-bool is_fp8_linear(const ParamInfo& p);
+// is_fp8_linear (models/parameters.h) says which weights are such linears'.
 // The linear's name ("layers.0.attn.qkv"; a routed experts' weight's own name) of such a weight.
 std::string fp8_linear_name(const ParamInfo& p);
 

@@ -266,6 +266,11 @@ std::int64_t full_index(const ModelSpec& m, const ParamInfo& p, const ShardCoord
 
 ParamCount count_parameters(const ModelSpec& m) { return model_tables(m)->count; }
 
+bool is_fp8_linear(const ParamInfo& p) {
+  if (!p.matmul || (p.split != TpSplit::column && p.split != TpSplit::row)) return false;
+  return p.expert || p.name.ends_with(kWeightSuffix);
+}
+
 ShardCount count_shard_parameters(const ModelSpec& m, int tp, const StageSplit& split, int ep, int stage, int etp) {
   ShardCount c;
   // The split's stages once, not once per tensor (the memory model asks for every candidate plan).
@@ -291,6 +296,10 @@ ShardCount count_shard_parameters(const ModelSpec& m, int tp, const StageSplit& 
       c.total += n * layers;
       if (embedding) c.embedding += n * layers;
       if (p.expert) c.expert += n * layers;
+      if (is_fp8_linear(p)) {
+        c.fp8_linear += n * layers;
+        if (p.expert) c.fp8_linear_expert += n * layers;
+      }
       // The tied head reuses the token embedding: a separate stage needs a copy.
       if (p.name == "embed.tokens" && m.tied_embeddings && split.holds(m, p.layer) && split.head && split.pp > 1 &&
           head_stage == stage) {

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/status.h"
@@ -160,6 +161,13 @@ std::vector<std::int64_t> shard_shape(const ModelSpec& m, const ParamInfo& p, co
 // or by every rank if replicated: init, gather and checkpoints all use this.
 std::int64_t full_index(const ModelSpec& m, const ParamInfo& p, const ShardCoord& c, std::int64_t local);
 
+// The suffix of a linear layer's weight ("layers.0.attn.qkv.weight").
+inline constexpr std::string_view kWeightSuffix = ".weight";
+// Whether `p` is the weight of a linear layer whose GEMMs run in FP8 under
+// precision fp8 (models/fp8_linear.h): a tensor-parallel (column or row)
+// matrix; not a bias, a norm, an embedding, the head or a router.
+bool is_fp8_linear(const ParamInfo& p);
+
 struct ParamCount {
   std::int64_t total = 0;      // every parameter once (tied embeddings once)
   std::int64_t embedding = 0;  // token and position embeddings (and an untied head)
@@ -179,6 +187,10 @@ struct ShardCount {
   std::int64_t total = 0;
   std::int64_t embedding = 0;
   std::int64_t expert = 0;  // of which expert matrices (replicated over the expert-data group only)
+  // Of which weights of linears whose GEMMs run in FP8 under precision fp8
+  // (is_fp8_linear), and of those the experts'.
+  std::int64_t fp8_linear = 0;
+  std::int64_t fp8_linear_expert = 0;
 };
 ShardCount count_shard_parameters(const ModelSpec& m, int tp, const StageSplit& split, int ep, int stage,
                                   int etp = 0);

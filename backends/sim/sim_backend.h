@@ -95,7 +95,7 @@ class SimBackend final : public Backend {
 
   #include "backends/collective_overrides.inc"
   // One byte an element on the wire.
-  void all_gather_fp8(const Tensor& in, Tensor& out, const Group& g) override;
+  void all_gather_fp8(const Tensor& in, Tensor& out, const Group& g, std::int64_t fp8_elements) override;
   void all_to_all_fp8(const Tensor& in, std::span<const std::int64_t> send_counts, Tensor& out,
                       std::span<const std::int64_t> recv_counts, const Group& g) override;
 

@@ -124,6 +124,10 @@ void add_plan_flags(CLI::App& app, PlanFlags& f, const std::string& default_mode
   on_switch("--tp-comm-overlap", o.tp_comm_overlap,
             "sequence parallelism: pipeline the all-gather before the column-parallel GEMMs with them (a ring of "
             "send/recv on a side stream, the GEMM row block by row block)");
+  on_switch("--fp8-param-gather", o.fp8_param_gather,
+            "precision fp8 with ZeRO 1-3: keep the FP8 linears' weights as FP8 parameters, cast from the master "
+            "shards and all-gathered at one byte an element, with no 16-bit copy (Megatron-Core's "
+            "--fp8-param-gather; simulated only)");
   on_switch("--moe-a2a-overlap", o.moe_a2a_overlap,
             "expert parallelism: each steady-state forward runs interleaved with an earlier micro-batch's backward, "
             "layer by layer, the token all-to-alls of one under the other's compute (Megatron-Core's "

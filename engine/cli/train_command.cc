@@ -215,6 +215,12 @@ Result<ModelAndPlan> resolve_training(TrainFlags& f, TrainLaunch& launch_out) {
                       "--grad-dtype fp32 (the flag overrides the plan file), or time the plan with `meshtrain "
                       "simulate`",
                       grad_dtype_name(mp.plan.grad_dtype));
+  // The emulation keeps every parameter in the working dtype: an FP8 parameter's values (FP8 codes times
+  // a per-tensor fp32 scale) are not all representable there.
+  if (mp.plan.fp8_param_gather)
+    return make_error("the plan keeps the FP8 linears' weights as FP8 parameters (fp8_param_gather), which "
+                      "meshtrain does not train: train without --fp8-param-gather (drop it from the plan file), or "
+                      "time the plan with `meshtrain simulate`");
   MT_TRY(resolve_optimizer(f));
   set_peak(f, mp.plan, cuda, mpi);
   // The cuda flash kernels mask causally or not at all and normalise over the keys only.

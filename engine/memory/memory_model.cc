@@ -151,15 +151,19 @@ struct StageShare {
   double experts = 0;  // of which expert parameters
   double edp = 1;      // the expert-data group: tp·cp·dp / (etp·ep) ranks
   double param_bytes = 0, grad_bytes = 0;
+  // Precision fp8: of n, the weights of FP8 linears (is_fp8_linear), and of those the experts'.
+  double fp8_n = 0, fp8_experts = 0;
 
-  // `bytes` per parameter, or under ZeRO `stage_needed` and above the share
-  // of it a rank holds: dense parameters sharded over dp·cp (the ranks that
-  // hold the same parameters), expert ones over their expert-data group.
-  double sharded(int stage_needed, double bytes) const {
-    if (p.zero < stage_needed) return n * bytes;
-    if (experts == 0) return n * bytes / (static_cast<double>(p.dp) * p.cp);
-    return ((n - experts) / p.dp + experts / edp) * bytes;
+  // `bytes` per parameter of `count` (of which `expert_count` experts'), or
+  // under ZeRO `stage_needed` and above the share of it a rank holds: dense
+  // parameters sharded over dp·cp (the ranks that hold the same parameters),
+  // expert ones over their expert-data group.
+  double sharded_of(int stage_needed, double count, double expert_count, double bytes) const {
+    if (p.zero < stage_needed) return count * bytes;
+    if (expert_count == 0) return count * bytes / (static_cast<double>(p.dp) * p.cp);
+    return ((count - expert_count) / p.dp + expert_count / edp) * bytes;
   }
+  double sharded(int stage_needed, double bytes) const { return sharded_of(stage_needed, n, experts, bytes); }
 };
 
 // Parameters, gradients and optimizer state; what offload moves to the host;
@@ -168,6 +172,12 @@ void add_model_state(MemoryBreakdown& r, const StageShare& share) {
   const Plan& p = share.p;
   const double optimizer_bytes = p.precision != Precision::fp32 ? 12.0 : 8.0;
   r.parameters = share.sharded(3, share.param_bytes);
+  if (share.fp8_n > 0) {
+    // Transformer Engine's FP8 copy of each FP8 linear's weight (engine/plan/fp8_recipe.h); under
+    // fp8_param_gather it is the parameter, and the 16-bit copy is gone.
+    r.parameters += share.sharded_of(3, share.fp8_n, share.fp8_experts, kFp8WeightBytes);
+    if (p.fp8_param_gather) r.parameters -= share.sharded_of(3, share.fp8_n, share.fp8_experts, share.param_bytes);
+  }
   r.gradients = share.sharded(2, share.grad_bytes);
   r.optimizer = share.sharded(1, optimizer_bytes);
   if (p.offload != Offload::none) {
@@ -261,8 +271,11 @@ MemoryBreakdown memory_per_rank(const ModelSpec& m, const Plan& p, int stage, co
   share.n = static_cast<double>(shard.total);
   share.experts = static_cast<double>(shard.expert);
   share.edp = static_cast<double>(p.tp * p.cp * p.dp) / (p.expert_tp() * p.ep);
-  // FP8 keeps an FP8 copy of every weight next to the bf16 one (engine/plan/fp8_recipe.h).
-  share.param_bytes = element_bytes(p.precision) + (p.precision == Precision::fp8 ? kFp8WeightCopyBytes : 0);
+  share.param_bytes = element_bytes(p.precision);
+  if (p.precision == Precision::fp8) {
+    share.fp8_n = static_cast<double>(shard.fp8_linear);
+    share.fp8_experts = static_cast<double>(shard.fp8_linear_expert);
+  }
   share.grad_bytes = a.gradient_bytes > 0 ? a.gradient_bytes : element_bytes(p.precision);
   add_model_state(r, share);
   // Every virtual stage's layers at once (vpp grows with deep models), and the

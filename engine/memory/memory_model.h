@@ -4,8 +4,10 @@
 // Model states follow Rajbhandari et al. 2020 (ZeRO): with mixed precision a
 // parameter costs 2 bytes, its gradient 2, and fp32 master weight, momentum
 // and variance 12 (K = 12); in fp32 there is no master copy (4 + 4 + 8).
-// Precision fp8 adds an FP8 copy of each parameter (1 byte) and keeps the
-// saved inputs of linear layers' GEMMs at 1 byte (engine/plan/fp8_recipe.h).
+// Precision fp8 adds each FP8 linear's weight cast with its transpose (2
+// bytes; none more with fp8_param_gather, whose FP8 weights replace the
+// 16-bit ones) and keeps the saved inputs of linear layers' GEMMs at 1 byte
+// (engine/plan/fp8_recipe.h).
 // ZeRO stage 1 divides the optimizer state by dp, stage 2 the gradients too,
 // stage 3 the parameters too, and stage 3 then holds one gathered layer being
 // used and the next being prefetched (with the first one's full gradient).

@@ -26,7 +26,7 @@ std::vector<int> parameter_uses(const ModelSpec& m, const ParamInfo& info, bool 
 GradientBuckets::GradientBuckets(Backend& b, const ModelSpec& m, ParameterStore& params, bool chunk_has_head,
                                  Group dp, int zero, std::int64_t bucket_elements, bool defer_embedding,
                                  Stream compute, Stream comm, Group expert_data, BucketCompression compression,
-                                 UnitReduce unit_reduce)
+                                 UnitReduce unit_reduce, bool fp8_params)
     : b_(b),
       params_(params),
       dp_(std::move(dp)),
@@ -54,6 +54,8 @@ GradientBuckets::GradientBuckets(Backend& b, const ModelSpec& m, ParameterStore&
       const ParamSlot& s = slots[i];
       for (int u : parameter_uses(m, s.info, chunk_has_head)) k.uses.push_back(u);
       if (defer_embedding && s.info.name == "embed.tokens") k.deferred = true;
+      if (fp8_params && is_fp8_linear(s.info))
+        k.fp8_elements += std::min(s.offset + s.numel, begin + size) - std::max(s.offset, begin);
     }
     std::sort(k.uses.begin(), k.uses.end());
     k.uses.erase(std::unique(k.uses.begin(), k.uses.end()), k.uses.end());
@@ -172,6 +174,11 @@ void GradientBuckets::reduce_unit(std::size_t i, bool last) {
   params_.release_grads(k.begin, k.size);
   unit_grads_[i] = Tensor();
   if (last) reduced(i);
+}
+
+void GradientBuckets::gather(const Bucket& k, const Tensor& in, Tensor& out) const {
+  if (k.fp8_elements > 0) b_.all_gather_fp8(in, out, group_of(k), k.fp8_elements);
+  else b_.all_gather(in, out, group_of(k));
 }
 
 void GradientBuckets::issue(std::size_t i) {

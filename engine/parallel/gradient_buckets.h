@@ -87,6 +87,10 @@ struct Bucket {
   std::vector<int> uses;
   bool deferred = false;
   int group = 0;  // 0: the data-parallel group; 1: the expert-data-parallel group
+  // Under Plan::fp8_param_gather, how many of its elements are weights of FP8
+  // linears (is_fp8_linear), gathered at one byte an element as the FP8
+  // parameters Megatron-Core keeps in a buffer of their own; else 0.
+  std::int64_t fp8_elements = 0;
   std::int64_t owned_begin(int dp_rank) const;  // flat offset of the owned range
   std::int64_t owned_size(int dp_rank) const;   // its length, <= shard
 };
@@ -118,11 +122,15 @@ class GradientBuckets {
  public:
   // `zero` is the plan's ZeRO stage: it picks the layout and the reduction.
   // `expert_data` is the group that expert parameters reduce over (ignored
-  // when the chunk holds none).
+  // when the chunk holds none). `fp8_params`: Plan::fp8_param_gather (fills
+  // Bucket::fp8_elements).
   GradientBuckets(Backend& b, const ModelSpec& m, ParameterStore& params, bool chunk_has_head, Group dp, int zero,
                   std::int64_t bucket_elements, bool defer_embedding, Stream compute, Stream comm,
                   Group expert_data = {}, BucketCompression compression = {},
-                  UnitReduce unit_reduce = UnitReduce::per_microbatch);
+                  UnitReduce unit_reduce = UnitReduce::per_microbatch, bool fp8_params = false);
+  // All-gathers `in` into `out` over bucket k's group: its FP8 parameters at
+  // one byte an element (Backend::all_gather_fp8) where k has any.
+  void gather(const Bucket& k, const Tensor& in, Tensor& out) const;
 
   // Starts iteration `step` (1-based): nothing issued, nothing armed, shards
   // zeroed; compressed once step is past the warm-up.

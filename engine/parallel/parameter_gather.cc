@@ -48,7 +48,7 @@ void ParameterGather::issue(std::size_t i) {
     }
   }
   u.full = b_.empty(Shape{k.shard * buckets_.group_of(k).size()}, dt);
-  b_.all_gather(mine, u.full, buckets_.group_of(k));
+  buckets_.gather(k, mine, u.full);
   u.ready = b_.record(comm_);
 }
 

@@ -214,10 +214,10 @@ void ShardedAdamW::gather_bucket(std::size_t i) {
   }
   Tensor whole = params_.values().slice(k.begin, k.size);
   if (k.shard * G == k.size) {
-    b_.all_gather(mine, whole, group);
+    buckets_.gather(k, mine, whole);
   } else {
     Tensor staging = b_.empty(Shape{k.shard * G}, dt);
-    b_.all_gather(mine, staging, group);
+    buckets_.gather(k, mine, staging);
     b_.copy(staging.slice(0, k.size), whole);
   }
 }

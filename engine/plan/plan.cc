@@ -30,7 +30,8 @@ const std::vector<std::string> kPlanFields = {"tp",        "pp",        "dp",   
                                               "global_batch", "seq_len", "recompute", "recompute_modules", "schedule",
                                               "precision", "sequence_parallel",
                                               "first_stage_layers", "last_stage_layers",
-                                              "microbatches", "grad_bucket_mb", "grad_sync", "grad_dtype", "fp8_recipe", "cp_comm",
+                                              "microbatches", "grad_bucket_mb", "grad_sync", "grad_dtype", "fp8_recipe",
+                                              "fp8_param_gather", "cp_comm",
                                               "segments",
                                               "chunk_layers", "account_for_embedding_in_pipeline_split",
                                               "account_for_loss_in_pipeline_split", "grad_compression",
@@ -97,8 +98,11 @@ std::string recompute_label(const Plan& p) {
   return recompute_name(p.recompute) + (modules.empty() ? "" : fmt::format("+{}", fmt::join(modules, ",")));
 }
 std::string precision_label(const Plan& p) {
-  if (p.precision == Precision::fp8 && p.fp8_recipe == Fp8Recipe::current) return "fp8 (current scaling)";
-  return precision_name(p.precision);
+  if (p.precision != Precision::fp8) return precision_name(p.precision);
+  std::string s = "fp8";
+  if (p.fp8_recipe == Fp8Recipe::current) s += " (current scaling)";
+  if (p.fp8_param_gather) s += ", FP8 parameters";
+  return s;
 }
 DType gradient_dtype(const Plan& p) { return p.grad_dtype == GradDtype::bf16 ? DType::bf16 : DType::f32; }
 int gradient_bytes(const Plan& p) { return static_cast<int>(dtype_size(gradient_dtype(p))); }
@@ -203,6 +207,7 @@ Result<PlanOverrides> plan_overrides_from_json(const nlohmann::json& j) {
   MT_TRY(f.get_bool("megatron_buckets", o.megatron_buckets));
   MT_TRY(f.get_bool("tp_comm_overlap", o.tp_comm_overlap));
   MT_TRY(f.get_bool("moe_a2a_overlap", o.moe_a2a_overlap));
+  MT_TRY(f.get_bool("fp8_param_gather", o.fp8_param_gather));
   MT_TRY(f.get_string("offload", o.offload));
   if (f.has("segments")) o.segments = std::make_shared<const nlohmann::json>(j["segments"]);
   return o;
@@ -227,6 +232,7 @@ Result<Plan> apply_overrides(Plan p, const PlanOverrides& o) {
       {&O::megatron_buckets, &Plan::megatron_buckets},
       {&O::tp_comm_overlap, &Plan::tp_comm_overlap},
       {&O::moe_a2a_overlap, &Plan::moe_a2a_overlap},
+      {&O::fp8_param_gather, &Plan::fp8_param_gather},
       {&O::sequence_parallel, &Plan::sequence_parallel},
       {&O::embedding_in_split, &Plan::embedding_in_split},
       {&O::loss_in_split, &Plan::loss_in_split}};
@@ -308,6 +314,7 @@ nlohmann::json plan_to_json(const Plan& p) {
   if (p.megatron_buckets) j["megatron_buckets"] = true;
   if (p.tp_comm_overlap) j["tp_comm_overlap"] = true;
   if (p.moe_a2a_overlap) j["moe_a2a_overlap"] = true;
+  if (p.fp8_param_gather) j["fp8_param_gather"] = true;
   if (p.offload != Offload::none) j["offload"] = offload_name(p.offload);
   if (!p.segments.empty()) {
     j["segments"] = nlohmann::json::array();

@@ -113,6 +113,14 @@ struct Plan {
   // delayed) or current (Float8CurrentScaling, --fp8-recipe tensorwise,
   // NeMo's fp8_cs: an amax pass before every cast).
   Fp8Recipe fp8_recipe = Fp8Recipe::delayed;
+  // Under precision fp8 and ZeRO 1-3, the FP8 linears' weights are FP8
+  // parameters (Megatron-Core's --fp8-param-gather, Transformer Engine's
+  // fp8_model_init): the optimizer casts each rank's fp32 master shard
+  // straight to FP8, the data-parallel all-gather moves them at one byte an
+  // element, and no 16-bit copy of them is kept (engine/plan/fp8_recipe.h).
+  // Simulated only: the cpu emulation keeps every parameter in its working
+  // dtype, so train refuses it.
+  bool fp8_param_gather = false;
   GradCompression grad_compression = GradCompression::none;
   // Steps whose gradients are reduced uncompressed before compression starts
   // (1-bit Adam's warm-up: the first steps' large, fast-changing gradients
@@ -200,6 +208,7 @@ struct PlanOverrides {
       grad_compression, offload;
   std::optional<bool> sequence_parallel, embedding_in_split, loss_in_split, error_feedback, zero_reduce_once;
   std::optional<bool> prefetch_across_chunks, overlap_update, tp_comm_overlap, megatron_buckets, moe_a2a_overlap;
+  std::optional<bool> fp8_param_gather;
   std::optional<std::vector<int>> chunk_layers;
   std::optional<std::vector<std::string>> recompute_modules;
   // A plan file's "segments" list as written; the model resolves it

@@ -126,6 +126,14 @@ Status check_feature_combinations(const Plan& p) {
                       "the 16-bit working dtype of the weights; use --precision bf16, or --grad-dtype fp32",
                       precision_name(p.precision));
   MT_TRY(check_fp8_recipe(p));
+  if (p.fp8_param_gather && p.precision != Precision::fp8)
+    return make_error("fp8_param_gather (--fp8-param-gather) needs precision fp8, got {}: it keeps the weights of "
+                      "the FP8 linears as FP8 parameters; use --precision fp8, or drop the flag",
+                      precision_name(p.precision));
+  if (p.fp8_param_gather && p.zero == 0)
+    return make_error("fp8_param_gather (--fp8-param-gather) needs the distributed optimizer, zero 1, 2 or 3, got "
+                      "zero 0: each rank casts its master shard to FP8 and the shards are all-gathered "
+                      "(Megatron-Core asserts --use-distributed-optimizer with it); use --zero 1, or drop the flag");
   if (p.grad_dtype == GradDtype::bf16 && p.grad_compression != GradCompression::none)
     return make_error("grad_dtype (--grad-dtype) bf16 does not combine with grad_compression (--grad-compression) {}: "
                       "the compressors read and write fp32 gradients; drop one of them",

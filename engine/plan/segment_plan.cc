@@ -141,7 +141,8 @@ Result<std::vector<Plan>> segments_from_json(const nlohmann::json& list, const M
     for (const char* own : {"name", "module", "modules", "blocks", "ranks", "microbatches"}) layout.erase(own);
     // The gradients' dtype and the FP8 recipe go with the precision: the whole plan's, so that training
     // can refuse them once.
-    for (const char* whole : {"global_batch", "micro_batch", "seq_len", "precision", "grad_dtype", "fp8_recipe", "cp", "ep"})
+    for (const char* whole :
+         {"global_batch", "micro_batch", "seq_len", "precision", "grad_dtype", "fp8_recipe", "fp8_param_gather", "cp", "ep"})
       if (layout.contains(whole))
         return make_error("{}: '{}' is the whole plan's; give it outside \"segments\"", label, whole);
     auto overrides = plan_overrides_from_json(layout);

@@ -183,7 +183,7 @@ void StepEngine::add_buckets(Chunk& chunk, int c) {
       b_, m_, chunk.model->parameters(), chunk.model->layers().head, replicas(), plan_.zero, elements,
       defer_embedding, compute_, comm_, *mesh_.group_of(GroupKind::expert_data, b_.rank()),
       BucketCompression{plan_.grad_compression, plan_.grad_compression_warmup, plan_.error_feedback},
-      plan_.zero_reduce_once ? UnitReduce::once_per_step : UnitReduce::per_microbatch);
+      plan_.zero_reduce_once ? UnitReduce::once_per_step : UnitReduce::per_microbatch, plan_.fp8_param_gather);
 }
 
 void StepEngine::set_layer_hooks(Chunk& chunk) {

@@ -227,9 +227,12 @@ void TracingBackend::all_gather(const Tensor& in, Tensor& out, const Group& g) {
   collective("all_gather", {&in, &out}, static_cast<double>(out.bytes()), g,
              [&] { target().all_gather(in, out, g); });
 }
-void TracingBackend::all_gather_fp8(const Tensor& in, Tensor& out, const Group& g) {
-  collective("all_gather", {&in, &out}, static_cast<double>(out.numel()), g,
-             [&] { target().all_gather_fp8(in, out, g); });
+void TracingBackend::all_gather_fp8(const Tensor& in, Tensor& out, const Group& g, std::int64_t fp8_elements) {
+  // FP8 elements at one byte, the others at their dtype's size.
+  const double wide = static_cast<double>(dtype_size(out.dtype()));
+  collective("all_gather", {&in, &out},
+             static_cast<double>(fp8_elements) + static_cast<double>(out.numel() - fp8_elements) * wide, g,
+             [&] { target().all_gather_fp8(in, out, g, fp8_elements); });
 }
 void TracingBackend::broadcast(Tensor& x, const Group& g, int root_global_rank) {
   collective("broadcast", {&x}, static_cast<double>(x.bytes()), g,

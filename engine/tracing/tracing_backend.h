@@ -78,7 +78,7 @@ class TracingBackend final : public BackendWrapper {
 
   void init_normal(Tensor& x, const NormalInitOp& op) override;
   #include "backends/collective_overrides.inc"
-  void all_gather_fp8(const Tensor& in, Tensor& out, const Group& g) override;
+  void all_gather_fp8(const Tensor& in, Tensor& out, const Group& g, std::int64_t fp8_elements) override;
   void all_to_all_fp8(const Tensor& in, std::span<const std::int64_t> send_counts, Tensor& out,
                       std::span<const std::int64_t> recv_counts, const Group& g) override;
   void send_recv(const Tensor& out, int to, Tensor& in, int from, int tag) override;

@@ -91,8 +91,8 @@ void StepTimer::reduce_scatter(const Tensor& in, Tensor& out, const Group& g, Re
 void StepTimer::all_gather(const Tensor& in, Tensor& out, const Group& g) {
   communicate([&] { target().all_gather(in, out, g); });
 }
-void StepTimer::all_gather_fp8(const Tensor& in, Tensor& out, const Group& g) {
-  communicate([&] { target().all_gather_fp8(in, out, g); });
+void StepTimer::all_gather_fp8(const Tensor& in, Tensor& out, const Group& g, std::int64_t fp8_elements) {
+  communicate([&] { target().all_gather_fp8(in, out, g, fp8_elements); });
 }
 void StepTimer::broadcast(Tensor& x, const Group& g, int root) {
   communicate([&] { target().broadcast(x, g, root); });

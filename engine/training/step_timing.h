@@ -59,7 +59,7 @@ class StepTimer final : public BackendWrapper {
   void on_communication(std::function<void(double compute_s)> hook) { hook_ = std::move(hook); }
 
   #include "backends/collective_overrides.inc"
-  void all_gather_fp8(const Tensor& in, Tensor& out, const Group& g) override;
+  void all_gather_fp8(const Tensor& in, Tensor& out, const Group& g, std::int64_t fp8_elements) override;
   void all_to_all_fp8(const Tensor& in, std::span<const std::int64_t> send_counts, Tensor& out,
                       std::span<const std::int64_t> recv_counts, const Group& g) override;
   // Blocking calls: the communication issued before them is complete after.

@@ -241,6 +241,18 @@ TEST_CASE("simulate --moe-a2a-overlap times the paired schedule and says where i
   CHECK_THAT(dense.out, Catch::Contains("given for a dense model 'gpt2-124m'"));
 }
 
+TEST_CASE("train refuses FP8 parameters and says how to run the plan; simulate reports them", "[cli]") {
+  const MeshtrainRun r =
+      run_meshtrain("train" + kTiny + kData + " --steps 1 --precision fp8 --dp 2 --zero 1 --fp8-param-gather");
+  CHECK(r.status != 0);
+  CHECK_THAT(r.out, Catch::Contains("as FP8 parameters (fp8_param_gather)") &&
+                        Catch::Contains("without --fp8-param-gather") && Catch::Contains("meshtrain simulate"));
+  const MeshtrainRun sim = run_meshtrain(
+      "simulate --model gpt2-124m --cluster dgx-h100 --gpus 8 --dp 8 --zero 1 --precision fp8 --fp8-param-gather");
+  CHECK(sim.status == 0);
+  CHECK_THAT(sim.out, Catch::Contains("fp8, FP8 parameters"));
+}
+
 TEST_CASE("train refuses a plan's bf16 gradients and says how to run it", "[cli]") {
   const MeshtrainRun r = run_meshtrain("train" + kTiny + kData + " --steps 1 --precision fp8 --grad-dtype bf16");
   CHECK(r.status != 0);

@@ -230,6 +230,19 @@ TEST_CASE("the gradient dtype is a plan field: fp32 by default, bf16 with a 16-b
              Catch::Contains("does not combine with grad_compression (--grad-compression) fp16"));
 }
 
+TEST_CASE("FP8 parameters are a plan switch that a written plan keeps, and the whole plan's", "[plan]") {
+  CHECK_FALSE(Plan{}.fp8_param_gather);
+  CHECK_FALSE(plan_to_json(Plan{}).contains("fp8_param_gather"));
+  auto file = plan_overrides_from_json({{"fp8_param_gather", true}, {"precision", "fp8"}, {"zero", 1}, {"dp", 2}});
+  REQUIRE(file.ok());
+  auto p = apply_overrides(Plan{}, *file);
+  REQUIRE(p.ok());
+  CHECK(p->fp8_param_gather);
+  CHECK(plan_to_json(*p)["fp8_param_gather"] == true);
+  CHECK(precision_label(*p) == "fp8, FP8 parameters");
+  CHECK_THAT(error_of(plan_overrides_from_json({{"fp8_param_gather", 1}})), Catch::Contains("fp8_param_gather"));
+}
+
 TEST_CASE("EP all-to-all overlap is a plan switch that a written plan keeps", "[plan]") {
   CHECK_FALSE(Plan{}.moe_a2a_overlap);
   CHECK_FALSE(plan_to_json(Plan{}).contains("moe_a2a_overlap"));

@@ -41,6 +41,10 @@ class HostLinkCounter final : public BackendWrapper {
     gathered += static_cast<std::int64_t>(in.bytes());
     target().all_gather(in, out, g);
   }
+  void all_gather_fp8(const Tensor& in, Tensor& out, const Group& g, std::int64_t fp8_elements) override {
+    gathered += static_cast<std::int64_t>(in.bytes());
+    target().all_gather_fp8(in, out, g, fp8_elements);
+  }
   // The embedding's backward is the last op of each micro-batch's backward.
   void embedding_backward(const Tensor& dout, const Tensor& ids, Tensor& dtable, std::int64_t vocab_offset) override {
     to_host_at_embedding_backward = to_host;

@@ -85,11 +85,20 @@ class TrafficCounter final : public BackendWrapper {
     ++out_.gathers;
     target().all_gather(in, out, g);
   }
+  // An FP8 plan's gathers and ring steps count the same (BackendWrapper would pass them on uncounted).
+  void all_gather_fp8(const Tensor& in, Tensor& out, const Group& g, std::int64_t fp8_elements) override {
+    ++out_.gathers;
+    target().all_gather_fp8(in, out, g, fp8_elements);
+  }
   void all_to_all(const Tensor& in, std::span<const std::int64_t> send_counts, Tensor& out,
                   std::span<const std::int64_t> recv_counts, const Group& g) override {
-    ++out_.ring_steps;
-    out_.ring_streams.insert(current_stream().id);
+    ring_step();
     target().all_to_all(in, send_counts, out, recv_counts, g);
+  }
+  void all_to_all_fp8(const Tensor& in, std::span<const std::int64_t> send_counts, Tensor& out,
+                      std::span<const std::int64_t> recv_counts, const Group& g) override {
+    ring_step();
+    target().all_to_all_fp8(in, send_counts, out, recv_counts, g);
   }
   void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp& op) override {
     out_.gemm_streams.insert(current_stream().id);
@@ -97,6 +106,10 @@ class TrafficCounter final : public BackendWrapper {
   }
 
  private:
+  void ring_step() {
+    ++out_.ring_steps;
+    out_.ring_streams.insert(current_stream().id);
+  }
   TpTraffic& out_;
 };
 

@@ -1,7 +1,8 @@
 // Precision fp8 through StepEngine on sim backends: the linear layers' GEMMs
 // (and only they) cost at the device's FP8 peak, their operands' FP8 casts
 // cost what Transformer Engine's cast kernels move, and the peak memory adds
-// an FP8 copy of every parameter less one byte of each saved GEMM input. The
+// each FP8 linear's weight cast with its transpose less one byte of each
+// saved GEMM input (FP8 parameters: the bf16 run's weight bytes). The
 // expected figures are derived here from the model's shapes, not read back
 // from the code under test.
 #include <catch2/catch.hpp>
@@ -44,6 +45,14 @@ double per_step_casts(int microbatches, const std::function<double(std::int64_t)
 }
 
 double seconds(sim::Time t) { return sim::to_seconds(t); }
+
+// The FP8 linears' weights (is_fp8_linear): each layer's four matrices; not their biases, the norms,
+// the embeddings or the head. 12 · 12 · 768² = 84,934,656.
+double fp8_weights() {
+  double n = 0;
+  for (const auto& [in, out] : kLinears) n += static_cast<double>(in * out);
+  return n * kLayers;
+}
 
 // Delayed scaling's step amax of `layers` layers, 3 f32 for each of their 4 linears: zeroed as the
 // step begins and once folded, copied into the buffer the reduction reads (one rank: no collective).
@@ -148,20 +157,22 @@ TEST_CASE("fp8 current scaling: the sim reduces the amax where Transformer Engin
   CHECK(all_reduces(current) - all_reduces(delayed) == 4 * layers * microbatches - 1);
 }
 
-TEST_CASE("fp8: peak memory adds an FP8 weight copy and saves a byte per saved GEMM input",
+TEST_CASE("fp8: peak memory adds the FP8 linears' weight casts and saves a byte per saved GEMM input",
           "[sim_backend][fp8][memory]") {
   const ModelSpec m = small_gpt();
   const SimulationResult bf16 = simulated(m, one_rank(Precision::bf16), h100());
   const SimulationResult fp8 = simulated(m, one_rank(Precision::fp8), h100());
   const double params = static_cast<double>(bf16.stages.at(0).model.parameter_count);
+  REQUIRE(fp8_weights() == 84934656.0);
   // Saved GEMM inputs per layer, in units of rows·h: the two norms' outputs (2), the attention
   // output (1) and the MLP's second input (4); one micro-batch in flight, 12 layers.
   const double gemm_inputs = 12 * 7.0 * 2 * 256 * 768;
-  const double extra = params * 1 - gemm_inputs * 1;
+  // Each FP8 linear's weight is kept cast with its transpose (2 bytes) over the step.
+  const double extra = fp8_weights() * 2 - gemm_inputs * 1;
   CHECK(static_cast<double>(fp8.stages.at(0).peak_bytes - bf16.stages.at(0).peak_bytes) == Approx(extra).margin(1));
   CHECK(fp8.stages.at(0).model.total() - bf16.stages.at(0).model.total() == Approx(extra).margin(1));
-  // bf16 2 + FP8 copy 1 bytes of weights per parameter; fp32 gradients 4; master and AdamW moments 12.
-  CHECK(fp8.stages.at(0).model.parameters == Approx(3 * params));
+  // bf16 2 bytes per parameter and the casts' 2 per FP8 weight; fp32 gradients 4; master and AdamW moments 12.
+  CHECK(fp8.stages.at(0).model.parameters == Approx(2 * params + 2 * fp8_weights()));
   CHECK(fp8.stages.at(0).model.gradients == Approx(4 * params));
   CHECK(fp8.stages.at(0).model.optimizer == Approx(12 * params));
 }
@@ -263,4 +274,56 @@ TEST_CASE("fp8: the FP8 operands Transformer Engine gathers under sequence paral
   const double ring_bf16 = gather_bytes(unbiased, Precision::bf16, true, K::kAllToAll);
   REQUIRE(ring_bf16 > 0);
   CHECK(gather_bytes(unbiased, Precision::fp8, true, K::kAllToAll) == Approx(ring_bf16 / 2));
+}
+
+TEST_CASE("fp8 parameters (fp8_param_gather) hold the bf16 run's weight bytes and are all-gathered at one byte",
+          "[sim_backend][fp8][memory]") {
+  // dp 4 under ZeRO 1: each gradient bucket's parameters are all-gathered once a step. With FP8
+  // parameters the FP8 linears' weights cross at one byte of the bf16 run's two: the step's gathers
+  // (each counted once, at its nccl-tests size) move fp8_weights() bytes fewer; nothing else changes.
+  const ModelSpec m = small_gpt();
+  auto plan = [](bool fp8_params, int zero) {
+    Plan p = one_rank(Precision::fp8);
+    p.dp = 4, p.zero = zero, p.global_batch = 8, p.fp8_param_gather = fp8_params;
+    return p;
+  };
+  Plan bf16 = plan(false, 1);
+  bf16.precision = Precision::bf16;
+  const SimulationResult casts = simulated(m, plan(false, 1), h100());
+  const SimulationResult params = simulated(m, plan(true, 1), h100());
+  const SimulationResult sixteen = simulated(m, bf16, h100());
+  const auto gathered = [](const SimulationResult& r) {
+    return r.collectives[static_cast<std::size_t>(sim::CollectiveKind::kAllGather)].bytes;
+  };
+  REQUIRE(gathered(casts) > 0);
+  CHECK(gathered(casts) - gathered(params) == Approx(fp8_weights()));
+  CHECK(gathered(casts) == Approx(gathered(sixteen)));
+  // The FP8 weight (with its transpose) is the parameter: the bf16 run's bytes, 2 per FP8 weight fewer
+  // than the FP8 run that keeps both.
+  CHECK(params.stages.at(0).model.parameters == Approx(sixteen.stages.at(0).model.parameters));
+  CHECK(casts.stages.at(0).model.parameters - params.stages.at(0).model.parameters == Approx(2 * fp8_weights()));
+  // ZeRO 3 gathers a layer's unit before each use: FP8 parameters shrink those too, and the sharded
+  // parameter bytes are again the bf16 run's.
+  const SimulationResult casts3 = simulated(m, plan(false, 3), h100());
+  const SimulationResult params3 = simulated(m, plan(true, 3), h100());
+  CHECK(gathered(params3) < gathered(casts3));
+  bf16.zero = 3;
+  CHECK(params3.stages.at(0).model.parameters == Approx(simulated(m, bf16, h100()).stages.at(0).model.parameters));
+}
+
+TEST_CASE("fp8 parameters are refused without precision fp8 or the distributed optimizer, naming the fix",
+          "[sim_backend][fp8]") {
+  Plan p = one_rank(Precision::bf16);
+  p.dp = 2, p.zero = 1, p.global_batch = 4, p.fp8_param_gather = true;
+  auto refusal = [&](const Plan& q) {
+    const Status s = validate_plan(q, small_gpt());
+    REQUIRE_FALSE(s.ok());
+    return s.error().message();
+  };
+  CHECK_THAT(refusal(p), Catch::Contains("fp8_param_gather (--fp8-param-gather) needs precision fp8, got bf16") &&
+                             Catch::Contains("--precision fp8"));
+  p.precision = Precision::fp8, p.zero = 0;
+  CHECK_THAT(refusal(p), Catch::Contains("needs the distributed optimizer") && Catch::Contains("--zero 1"));
+  p.zero = 2;
+  CHECK(validate_plan(p, small_gpt()).ok());
 }

@@ -95,6 +95,8 @@ TEST_CASE("a segment layout that cannot run is refused naming the segment", "[tr
   // The gradients' dtype is the whole plan's, where train refuses bf16 (a segment's own once got past it).
   CHECK_THAT(refused(R"([{"blocks": [0, 2], "grad_dtype": "bf16"}, {"blocks": [3, 5]}])"),
              Catch::Contains("'grad_dtype' is the whole plan's"));
+  CHECK_THAT(refused(R"([{"blocks": [0, 2], "fp8_param_gather": true}, {"blocks": [3, 5]}])"),
+             Catch::Contains("'fp8_param_gather' is the whole plan's"));
   // Tied embeddings keep the embedding and the head together.
   const auto r = run_meshtrain("train --model tiny" + kData + " --steps 1 --plan " +
                                write("tied.json", R"({"segments": [{"blocks": [0, 2]}, {"blocks": [3, 5]}]})").string());
