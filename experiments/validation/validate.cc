@@ -87,6 +87,7 @@ std::string describe(const Plan& p) {
   if (p.recompute != Recompute::none || p.recompute_modules.any()) s += " rc-" + recompute_label(p);
   if (p.grad_dtype != GradDtype::fp32) s += " " + grad_dtype_name(p.grad_dtype) + "-grads";
   if (p.precision == Precision::fp8) s += " fp8-" + fp8_recipe_name(p.fp8_recipe);
+  if (p.fp8_param_gather) s += " fp8-params";
   if (p.moe_a2a_overlap) s += " a2a-overlap";
   return s;
 }
