@@ -77,6 +77,7 @@ std::string describe_plan(const Plan& p, const ModelSpec& m) {
   if (p.grad_compression != GradCompression::none) s += " gc " + grad_compression_name(p.grad_compression);
   if (p.offload != Offload::none) s += " offload " + offload_name(p.offload);
   if (p.overlap_update) s += " ou";
+  if (p.fp8_param_gather) s += " fp8-params";
   return s;
 }
 

@@ -1,6 +1,7 @@
 #include "engine/planner/fast_estimate.h"
 
 #include <algorithm>
+#include <numeric>
 #include <set>
 
 #include <fmt/format.h>
@@ -70,13 +71,17 @@ FastEstimator::FastEstimator(const SearchContext& ctx, const SimulateOptions& op
     const ForwardFlops f = b->flops(1, seq);
     forward_flops_.push_back(f.total());
     attention_flops_.push_back(f.attention);
-    double n = 0, experts = 0;
+    double n = 0, experts = 0, fp8 = 0, fp8_experts = 0;
     for (const ParamInfo& info : b->parameters()) {
-      n += static_cast<double>(info.numel());
-      if (info.expert) experts += static_cast<double>(info.numel());
+      const double k = static_cast<double>(info.numel());
+      n += k;
+      if (info.expert) experts += k;
+      if (is_fp8_linear(info)) fp8 += k, fp8_experts += info.expert ? k : 0;
     }
     parameters_.push_back(n);
     expert_parameters_.push_back(experts);
+    fp8_parameters_.push_back(fp8);
+    fp8_expert_parameters_.push_back(fp8_experts);
   }
   const ModelSpec& m = ctx.model;
   if (auto c = sim::Cluster::build(effective_spec(options), ctx.gpus)) cluster_.emplace(std::move(c).value());
@@ -313,8 +318,20 @@ double FastEstimator::all_reduce_s(const Plan& p, double elements, Replicas g) c
   return collective_s(K::kAllReduce, g.members, g.stride, wire) + kernels;
 }
 
-double FastEstimator::gather_s(const Plan& p, double params, Replicas g) const {
-  double t = collective_s(sim::CollectiveKind::kAllGather, g.members, g.stride, params * element_bytes(p.precision));
+double FastEstimator::fp8_share(std::ptrdiff_t block, bool experts) const {
+  auto sum = [&](const std::vector<double>& v) {
+    return block >= 0 ? v[static_cast<std::size_t>(block)] : std::accumulate(v.begin(), v.end(), 0.0);
+  };
+  const double fp8 = experts ? sum(fp8_expert_parameters_) : sum(fp8_parameters_) - sum(fp8_expert_parameters_);
+  const double all = experts ? sum(expert_parameters_) : sum(parameters_) - sum(expert_parameters_);
+  return all > 0 ? fp8 / all : 0.0;
+}
+
+double FastEstimator::gather_s(const Plan& p, double params, double fp8_share, Replicas g) const {
+  // Under fp8_param_gather the FP8 linears' weights cross at one byte (GradientBuckets::gather).
+  const double wide = element_bytes(p.precision);
+  const double bytes = p.fp8_param_gather ? fp8_share + (1 - fp8_share) * wide : wide;
+  double t = collective_s(sim::CollectiveKind::kAllGather, g.members, g.stride, params * bytes);
   if (p.offload == Offload::params) t += pcie_s(params / g.members * 4);
   return t;
 }
@@ -344,10 +361,12 @@ double FastEstimator::block_s(const Plan& p, const Reference& ref, std::size_t i
   const double experts = e / (p.ep * p.expert_tp());
   const double dense = e > 0 ? (parameters_[i] - e) / p.tp : parameters_[i] * shard;
   double reduce = 0, gather = 0;
-  for (const auto& [params, group] : {std::pair{dense, replicas_of(p, false)}, std::pair{experts, replicas_of(p, true)}}) {
+  for (const bool routed : {false, true}) {
+    const double params = routed ? experts : dense;
+    const Replicas group = replicas_of(p, routed);
     if (params <= 0 || group.members == 1) continue;
     if (reduces_per_microbatch(p)) reduce += reduce_scatter_s(p, params, group);
-    if (p.zero == 3) gather += gather_s(p, params, group);
+    if (p.zero == 3) gather += gather_s(p, params, fp8_share(static_cast<std::ptrdiff_t>(i), routed), group);
   }
   const double fwd = forward_share(p);
   return std::max(t * fwd, gather) + std::max(t * (1 - fwd), gather + reduce);
@@ -380,7 +399,7 @@ FastEstimator::StageTimes FastEstimator::stage_times(const Plan& p, const Memory
     // waits for its first block's gather. With it (the default) the gather
     // is issued at the end of the previous action and hides behind the bubble or the compute.
     if (p.zero == 3 && replicas(p) > 1 && !p.prefetch_across_chunks)
-      t += 2 * p.vpp * gather_s(p, parameters_[1] * share, replicas_of(p, false));
+      t += 2 * p.vpp * gather_s(p, parameters_[1] * share, fp8_share(1, false), replicas_of(p, false));
     out.microbatch_s[static_cast<std::size_t>(s)] = t;
     out.step_s[static_cast<std::size_t>(s)] = w;
     out.once_s[static_cast<std::size_t>(s)] = o;
@@ -430,9 +449,11 @@ void FastEstimator::add_update(const Plan& p, const MemoryFit& fit, const StageT
   struct Part {
     double params;
     Replicas group;
+    double fp8_share;  // of the FP8 linears' weights, the whole model's share
   };
   const double experts = static_cast<double>(fit.max_stage_expert_parameters);
-  const Part parts[2] = {{params - experts, replicas_of(p, false)}, {experts, replicas_of(p, true)}};
+  const Part parts[2] = {{params - experts, replicas_of(p, false), fp8_share(-1, false)},
+                         {experts, replicas_of(p, true), fp8_share(-1, true)}};
   // Buckets of the flat gradient buffer (ZeRO 0, 1; dense and expert gradients apart), else one per layer.
   auto buckets_of = [&](double n) {
     return p.zero <= 1 ? std::max(1.0, n / grad_bucket_elements(p))
@@ -450,9 +471,7 @@ void FastEstimator::add_update(const Plan& p, const MemoryFit& fit, const StageT
                                     : reduce_scatter_s(p, part.params / n, part.group));
     // ZeRO 1 and 2 all-gather the updated parameter shards after the optimizer step, bucket by bucket
     // as the engine issues them: each pays the collective's latency.
-    if (p.zero == 1 || p.zero == 2)
-      gather += n * collective_s(sim::CollectiveKind::kAllGather, part.group.members, part.group.stride,
-                                 part.params / n * element_bytes(p.precision));
+    if (p.zero == 1 || p.zero == 2) gather += n * gather_s(p, part.params / n, part.fp8_share, part.group);
   }
   buckets = std::max(1.0, buckets);
   b.optimizer_s = optimizer_s(p, params, owned, buckets, stages.step_s);

@@ -162,10 +162,14 @@ class FastEstimator {
   static Replicas replicas_of(const Plan& p, bool experts);
   // estimate()'s terms. The plan's gradient collectives over `g`, with its
   // compression's kernels: a reduce-scatter or an all-reduce of `elements`
-  // gradients (grad_dtype); ZeRO 3's gather of `params` parameters.
+  // gradients (grad_dtype); a gather of `params` parameters, `fp8_share` of them FP8 linears' weights
+  // (one byte each under fp8_param_gather).
   double reduce_scatter_s(const Plan& p, double elements, Replicas g) const;
   double all_reduce_s(const Plan& p, double elements, Replicas g) const;
-  double gather_s(const Plan& p, double params, Replicas g) const;
+  double gather_s(const Plan& p, double params, double fp8_share, Replicas g) const;
+  // The share of FP8 linears' weights (is_fp8_linear) among block i's dense (experts false) or routed
+  // experts' parameters; block -1: among the whole model's.
+  double fp8_share(std::ptrdiff_t block, bool experts) const;
   // The share of a block's parameters a rank holds (ZeRO and tp sharding), from the memory fit's peak stage.
   double shard(const Plan& p, const MemoryFit& fit, const std::vector<LayerRange>& ranges) const;
   // Block i's forward and backward of one micro-batch, stretched by ZeRO 2/3's communication.
@@ -192,6 +196,8 @@ class FastEstimator {
   std::vector<double> attention_flops_;  // per block, one sample
   std::vector<double> parameters_;       // per block, unsharded
   std::vector<double> expert_parameters_;  // per block, unsharded: of which routed experts' (ParamInfo::expert)
+  std::vector<double> fp8_parameters_;         // per block: of which FP8 linears' weights (is_fp8_linear)
+  std::vector<double> fp8_expert_parameters_;  // per block: of those, the routed experts'
   bool layers_alike_ = false;
   std::map<Key, Reference> refs_;  // filled by prepare() only
   std::optional<sim::Cluster> cluster_;  // ctx.gpus GPUs of the cluster, as the sim backend builds it

@@ -132,6 +132,7 @@ std::vector<int> offload_defaults(const SearchContext&, const Plan& p) {
   return out;
 }
 bool without_offload(const SearchContext&, const Plan& p) { return p.offload == Offload::none; }
+bool keeps_fp8_parameters(const SearchContext&, const Plan& p) { return p.precision == Precision::fp8 && p.zero >= 1; }
 
 // Recompute modules as one value: bit 0 layernorm, bit 1 moe_act, written
 // "none" or the names joined by '+' (',' separates --allow's values).
@@ -293,6 +294,10 @@ const std::vector<Dimension> kDimensions = {
     {"overlap_update", "optimizer step overlapped with the next forward, bucket by bucket (default: on without "
      "offload)", false, on_only, [](Plan& p, int v) { p.overlap_update = v != 0; },
      [](const Plan& p) { return p.overlap_update ? 1 : 0; }, parse_switch, format_switch, without_offload},
+    {"fp8_param_gather", "FP8 linears' weights kept and all-gathered as FP8 parameters (default: on with precision "
+     "fp8 and ZeRO 1-3, as Megatron-Bridge's FP8 recipes run; simulated only)", false, on_only,
+     [](Plan& p, int v) { p.fp8_param_gather = v != 0; }, [](const Plan& p) { return p.fp8_param_gather ? 1 : 0; },
+     parse_switch, format_switch, keeps_fp8_parameters},
     {"recompute_modules", "MoE: modules recomputed in backward: none, layernorm, moe_act, layernorm+moe_act "
      "(default: --recompute-modules' only; not with recompute full)", false, modules_defaults,
      [](Plan& p, int v) { p.recompute_modules = modules_of(v); },

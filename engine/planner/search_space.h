@@ -33,6 +33,10 @@
 //     (planner.h), since offload only adds PCIe and host time;
 //   overlap_update: on where it applies (no offload; exact, measured never
 //     slower in the DES), off under --allow;
+//   fp8_param_gather: on where it applies (precision fp8, ZeRO 1-3: less
+//     memory and fewer gathered bytes, never slower; Megatron-Bridge's FP8
+//     recipes set it), off under --fix or --allow; a plan with it is
+//     simulated only (train refuses it);
 //   recompute_modules: the base plan's (--recompute-modules) on models with
 //     experts, unless recompute is full; other sets (they trade time for
 //     memory) under --allow recompute_modules=none,moe_act,...;

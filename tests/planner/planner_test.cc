@@ -420,3 +420,35 @@ TEST_CASE("the fast tier's data-parallel and EP overlap terms follow the DES on 
     CHECK(found.fast.iteration_s == Approx(found.sim->iteration_s).epsilon(0.1));
   }
 }
+
+TEST_CASE("FP8 parameters are searched on where they apply, and the fast tier moves with the DES", "[planner]") {
+  // llama3-8b in fp8 on 32 H100 under ZeRO 3: every layer's unit is gathered before its forward and its
+  // backward. FP8 parameters gather the FP8 linears' weights at one byte, which the fast tier counts from
+  // the blocks' share of them; its change must be the DES's (both here: -0.127 s).
+  SearchContext ctx = context("llama3-8b", 32, 128);
+  ctx.base.seq_len = 4096;
+  ctx.base.precision = Precision::fp8;
+  SimulateOptions h100;
+  h100.cluster = sim::cluster_preset("dgx-h100").value();
+  auto timed = [&](const std::string& pins) {
+    auto space = parse_search_space({"tp=1,pp=1,micro_batch=1,zero=3,zero_reduce_once=off,recompute=none,offload=none" + pins},
+                                    {}, ctx);
+    REQUIRE(space.ok());
+    auto r = search(ctx, *space, h100, PlannerOptions{});
+    REQUIRE(r.ok());
+    REQUIRE(r->ranked.size() == 1);
+    REQUIRE(r->ranked.front().sim);
+    return r->ranked.front();
+  };
+  const Candidate on = timed(""), off = timed(",fp8_param_gather=off");
+  CHECK(on.plan.fp8_param_gather);  // the default under fp8 and ZeRO 1-3
+  CHECK_FALSE(off.plan.fp8_param_gather);
+  const double des = on.sim->iteration_s - off.sim->iteration_s, fast = on.fast.iteration_s - off.fast.iteration_s;
+  INFO("DES " << des << " s, fast tier " << fast << " s");
+  REQUIRE(des < 0);
+  CHECK(fast == Approx(des).epsilon(0.1));
+  // Under ZeRO 0 there are no FP8 parameters to keep: the planner leaves the switch off there.
+  auto zero0 = parse_search_space({"tp=1,pp=1,micro_batch=1,zero=0,recompute=none,offload=none"}, {}, ctx);
+  REQUIRE(zero0.ok());
+  for (const Plan& p : enumerate_candidates(ctx, *zero0).valid) CHECK_FALSE(p.fp8_param_gather);
+}
