@@ -409,16 +409,21 @@ FastEstimator::StageTimes FastEstimator::stage_times(const Plan& p, const Memory
 
 void FastEstimator::add_pipeline(const Plan& p, const StageTimes& stages, FastBreakdown& b) const {
   const ModelSpec& m = ctx_.model;
-  const std::vector<double>& stage_s = stages.microbatch_s;
-  const double t_max = *std::max_element(stage_s.begin(), stage_s.end());
-  double t_mean = 0;
-  for (double t : stage_s) t_mean += t / p.pp;
   double hop = 0;
   if (p.pp > 1) {
     const double bytes = static_cast<double>(p.micro_batch) * p.effective_seq_len(m) / p.cp * m.hidden *
                          element_bytes(p.precision);
     hop = collective_s(sim::CollectiveKind::kSendRecv, 2, p.tp * p.dp * p.cp, bytes);
   }
+  // A stage receives each micro-batch's activations before each chunk's forward and its gradients before
+  // each chunk's backward (not the model's first input, nor the loss's gradient), on its compute stream
+  // (PipelineExecutor): the transfer is the stage's, micro-batch by micro-batch.
+  std::vector<double> stage_s = stages.microbatch_s;
+  for (int s = 0; s < p.pp && p.pp > 1; ++s)
+    stage_s[static_cast<std::size_t>(s)] += (2.0 * p.vpp - (s == 0 ? 1 : 0) - (s == p.pp - 1 ? 1 : 0)) * hop;
+  const double t_max = *std::max_element(stage_s.begin(), stage_s.end());
+  double t_mean = 0;
+  for (double t : stage_s) t_mean += t / p.pp;
   const double v = p.vpp;
   // EP all-to-all overlap: the fill and drain run unpaired passes, each what a pair saves slower
   // (StageTimes::once_s is that saving over a stage's layers, per micro-batch).
