@@ -128,6 +128,9 @@ void add_plan_flags(CLI::App& app, PlanFlags& f, const std::string& default_mode
             "precision fp8 with ZeRO 1-3: keep the FP8 linears' weights as FP8 parameters, cast from the master "
             "shards and all-gathered at one byte an element, with no 16-bit copy (Megatron-Core's "
             "--fp8-param-gather; simulated only)");
+  on_switch("--overlap-p2p-comm", o.overlap_p2p_comm,
+            "interleaved schedule: post each pipeline receive ahead on a stream of its own, so the transfer runs "
+            "under compute (Megatron-Core's --overlap-p2p-communication)");
   on_switch("--moe-a2a-overlap", o.moe_a2a_overlap,
             "expert parallelism: each steady-state forward runs interleaved with an earlier micro-batch's backward, "
             "layer by layer, the token all-to-alls of one under the other's compute (Megatron-Core's "

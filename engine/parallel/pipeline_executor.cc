@@ -18,7 +18,9 @@ Result<PipelineExecutor> PipelineExecutor::create(const Plan& plan, const Mesh& 
   MT_ASSIGN(schedule::Schedule full, schedule::insert_communication(compute));
   if (plan.moe_a2a_overlap) full = schedule::hoist_pair_communication(full, pairs);
   MT_TRY(schedule::check_invariants(full));
-  return PipelineExecutor(std::move(full), std::move(pairs), mesh, rank);
+  PipelineExecutor e(std::move(full), std::move(pairs), mesh, rank);
+  e.overlap_p2p_ = plan.overlap_p2p_comm;
+  return e;
 }
 
 PipelineExecutor::PipelineExecutor(schedule::Schedule s, std::vector<schedule::Pair> pairs, const Mesh& mesh,
@@ -70,7 +72,18 @@ void PipelineExecutor::run(Backend& b, const PipelineCompute& compute, DType dty
     };
     auto receive = [&](bool grad) {
       Tensor x = b.empty(compute.boundary(a.chunk, a.microbatch, grad), dtype);
-      b.recv(x, peer(a), tag(a, m));
+      if (!overlap_p2p_ || b.holds_values()) {
+        b.recv(x, peer(a), tag(a, m));
+        return x;
+      }
+      std::optional<Stream>& side = recv_[grad ? 1 : 0];
+      if (!side) side = b.create_stream(grad ? "pipeline recv gradients" : "pipeline recv activations");
+      const Stream here = b.current_stream();
+      {
+        StreamScope ahead(b, *side);
+        b.recv(x, peer(a), tag(a, m));
+      }
+      b.wait(here, b.record(*side));
       return x;
     };
     switch (a.kind) {

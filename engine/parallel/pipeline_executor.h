@@ -11,8 +11,10 @@
 // Legend: R rows, X width at a chunk boundary; p stages, v chunks, m micro-batches.
 #pragma once
 
+#include <array>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <tuple>
 #include <utility>
@@ -59,7 +61,14 @@ class PipelineExecutor {
 
   // Runs this rank's actions in order. Activations and their gradients
   // between stages are shaped as compute.boundary says, of `dtype` (16-bit
-  // under mixed precision).
+  // under mixed precision). Under Plan::overlap_p2p_comm, on a backend that
+  // times values rather than holds them (the sim), each receive runs on a
+  // stream of its own (one for activations, one for gradients), not ordered
+  // after the compute before it: the transfer starts as soon as the peer
+  // sends, as Megatron's receive posted one step ahead lets it, and the
+  // compute waits only for its arrival. A backend that holds values receives
+  // on the compute stream (the same values; posting a blocking receive ahead
+  // of the compute its peer waits for would deadlock there).
   // The whole action list, or the part before its first backward action (a
   // GPipe schedule's forward half) or from it (the backward half).
   enum class Part { all, before_backward, from_backward };
@@ -80,6 +89,8 @@ class PipelineExecutor {
   std::set<std::tuple<int, int, int, int>> pairs_;
   std::vector<int> stage_ranks_;  // global rank of each pipeline stage of this rank's pipeline
   int stage_ = 0;
+  bool overlap_p2p_ = false;                   // Plan::overlap_p2p_comm
+  std::array<std::optional<Stream>, 2> recv_;  // its receive streams: activations, gradients
 };
 
 }  // namespace meshtrain

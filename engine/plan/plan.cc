@@ -37,7 +37,7 @@ const std::vector<std::string> kPlanFields = {"tp",        "pp",        "dp",   
                                               "account_for_loss_in_pipeline_split", "grad_compression",
                                               "grad_compression_warmup", "error_feedback", "zero_reduce_once",
                                               "prefetch_across_chunks", "overlap_update", "tp_comm_overlap", "megatron_buckets",
-                                              "moe_a2a_overlap", "offload"};
+                                              "moe_a2a_overlap", "overlap_p2p_comm", "offload"};
 
 template <class E>
 Result<E> parse_enum(const char* what, const std::string& s, const std::vector<std::string>& names) {
@@ -208,6 +208,7 @@ Result<PlanOverrides> plan_overrides_from_json(const nlohmann::json& j) {
   MT_TRY(f.get_bool("tp_comm_overlap", o.tp_comm_overlap));
   MT_TRY(f.get_bool("moe_a2a_overlap", o.moe_a2a_overlap));
   MT_TRY(f.get_bool("fp8_param_gather", o.fp8_param_gather));
+  MT_TRY(f.get_bool("overlap_p2p_comm", o.overlap_p2p_comm));
   MT_TRY(f.get_string("offload", o.offload));
   if (f.has("segments")) o.segments = std::make_shared<const nlohmann::json>(j["segments"]);
   return o;
@@ -233,6 +234,7 @@ Result<Plan> apply_overrides(Plan p, const PlanOverrides& o) {
       {&O::tp_comm_overlap, &Plan::tp_comm_overlap},
       {&O::moe_a2a_overlap, &Plan::moe_a2a_overlap},
       {&O::fp8_param_gather, &Plan::fp8_param_gather},
+      {&O::overlap_p2p_comm, &Plan::overlap_p2p_comm},
       {&O::sequence_parallel, &Plan::sequence_parallel},
       {&O::embedding_in_split, &Plan::embedding_in_split},
       {&O::loss_in_split, &Plan::loss_in_split}};
@@ -315,6 +317,7 @@ nlohmann::json plan_to_json(const Plan& p) {
   if (p.tp_comm_overlap) j["tp_comm_overlap"] = true;
   if (p.moe_a2a_overlap) j["moe_a2a_overlap"] = true;
   if (p.fp8_param_gather) j["fp8_param_gather"] = true;
+  if (p.overlap_p2p_comm) j["overlap_p2p_comm"] = true;
   if (p.offload != Offload::none) j["offload"] = offload_name(p.offload);
   if (!p.segments.empty()) {
     j["segments"] = nlohmann::json::array();

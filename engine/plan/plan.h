@@ -163,6 +163,14 @@ struct Plan {
   // (engine/schedule/a2a_overlap.h). Needs a model with experts, ep > 1, the 1F1B schedule without
   // pipelining or the interleaved one, and no full recomputation, as Megatron-Core asserts.
   bool moe_a2a_overlap = false;
+  // Megatron-Core's --overlap-p2p-communication (overlap_p2p_comm), which it
+  // runs with the interleaved schedule only: each pipeline receive is posted
+  // ahead on a stream of its own, so the transfer runs under the compute
+  // before it and the compute that reads it waits only for what is still on
+  // the wire (engine/parallel/pipeline_executor.h). Without it a stage
+  // receives on its compute stream, as Megatron's blocking batched p2p and
+  // the 2021 interleaved schedule do.
+  bool overlap_p2p_comm = false;
   Offload offload = Offload::none;
 
   // A plan made of segments (engine/plan/segment_plan.h): each element is
@@ -208,7 +216,7 @@ struct PlanOverrides {
       grad_compression, offload;
   std::optional<bool> sequence_parallel, embedding_in_split, loss_in_split, error_feedback, zero_reduce_once;
   std::optional<bool> prefetch_across_chunks, overlap_update, tp_comm_overlap, megatron_buckets, moe_a2a_overlap;
-  std::optional<bool> fp8_param_gather;
+  std::optional<bool> fp8_param_gather, overlap_p2p_comm;
   std::optional<std::vector<int>> chunk_layers;
   std::optional<std::vector<std::string>> recompute_modules;
   // A plan file's "segments" list as written; the model resolves it

@@ -126,6 +126,11 @@ Status check_feature_combinations(const Plan& p) {
                       "the 16-bit working dtype of the weights; use --precision bf16, or --grad-dtype fp32",
                       precision_name(p.precision));
   MT_TRY(check_fp8_recipe(p));
+  if (p.overlap_p2p_comm && (p.pp == 1 || p.schedule != ScheduleKind::interleaved))
+    return make_error("overlap_p2p_comm (--overlap-p2p-comm) needs the interleaved schedule with pp > 1, got {} with "
+                      "pp {}: Megatron-Core overlaps pipeline communication in that schedule only; use --schedule "
+                      "interleaved with --pp 2 or more, or drop the flag",
+                      schedule_name(p.schedule), p.pp);
   if (p.fp8_param_gather && p.precision != Precision::fp8)
     return make_error("fp8_param_gather (--fp8-param-gather) needs precision fp8, got {}: it keeps the weights of "
                       "the FP8 linears as FP8 parameters; use --precision fp8, or drop the flag",

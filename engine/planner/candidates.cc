@@ -78,6 +78,7 @@ std::string describe_plan(const Plan& p, const ModelSpec& m) {
   if (p.offload != Offload::none) s += " offload " + offload_name(p.offload);
   if (p.overlap_update) s += " ou";
   if (p.fp8_param_gather) s += " fp8-params";
+  if (p.overlap_p2p_comm) s += " p2p-overlap";
   return s;
 }
 

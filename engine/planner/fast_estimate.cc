@@ -417,9 +417,10 @@ void FastEstimator::add_pipeline(const Plan& p, const StageTimes& stages, FastBr
   }
   // A stage receives each micro-batch's activations before each chunk's forward and its gradients before
   // each chunk's backward (not the model's first input, nor the loss's gradient), on its compute stream
-  // (PipelineExecutor): the transfer is the stage's, micro-batch by micro-batch.
+  // (PipelineExecutor): the transfer is the stage's, micro-batch by micro-batch. Under overlap_p2p_comm
+  // they run under the compute before them.
   std::vector<double> stage_s = stages.microbatch_s;
-  for (int s = 0; s < p.pp && p.pp > 1; ++s)
+  for (int s = 0; s < p.pp && p.pp > 1 && !p.overlap_p2p_comm; ++s)
     stage_s[static_cast<std::size_t>(s)] += (2.0 * p.vpp - (s == 0 ? 1 : 0) - (s == p.pp - 1 ? 1 : 0)) * hop;
   const double t_max = *std::max_element(stage_s.begin(), stage_s.end());
   double t_mean = 0;
@@ -430,9 +431,12 @@ void FastEstimator::add_pipeline(const Plan& p, const StageTimes& stages, FastBr
   double once_mean = 0;
   for (double o : stages.once_s) once_mean += o / p.pp;
   b.bubble_s = (p.pp - 1) * (t_mean + once_mean) / v;
-  b.pipeline_s = p.microbatches() * t_max + b.bubble_s + 2 * hop * (p.pp - 1) +
+  // The fill and the drain each wait for one micro-batch's hops through every virtual stage: under the
+  // interleaved schedule a stage's first chunk round ends before the micro-batch it started has come
+  // back round the pipeline to its next chunk.
+  b.p2p_s = 2 * hop * (p.pp * p.vpp - 1);
+  b.pipeline_s = p.microbatches() * t_max + b.bubble_s + b.p2p_s +
                  *std::max_element(stages.once_s.begin(), stages.once_s.end());
-  b.p2p_s = 2 * hop * (p.pp - 1);
 }
 
 double FastEstimator::optimizer_s(const Plan& p, double params, double owned, double buckets,

@@ -133,6 +133,7 @@ std::vector<int> offload_defaults(const SearchContext&, const Plan& p) {
 }
 bool without_offload(const SearchContext&, const Plan& p) { return p.offload == Offload::none; }
 bool keeps_fp8_parameters(const SearchContext&, const Plan& p) { return p.precision == Precision::fp8 && p.zero >= 1; }
+bool interleaves(const SearchContext&, const Plan& p) { return p.pp > 1 && p.schedule == ScheduleKind::interleaved; }
 
 // Recompute modules as one value: bit 0 layernorm, bit 1 moe_act, written
 // "none" or the names joined by '+' (',' separates --allow's values).
@@ -298,6 +299,10 @@ const std::vector<Dimension> kDimensions = {
      "fp8 and ZeRO 1-3, as Megatron-Bridge's FP8 recipes run; simulated only)", false, on_only,
      [](Plan& p, int v) { p.fp8_param_gather = v != 0; }, [](const Plan& p) { return p.fp8_param_gather ? 1 : 0; },
      parse_switch, format_switch, keeps_fp8_parameters},
+    {"overlap_p2p_comm", "interleaved schedule: pipeline receives posted ahead, under compute (default: on where it "
+     "applies, as Megatron-Core and Megatron-Bridge run the interleaved schedule)", false, on_only,
+     [](Plan& p, int v) { p.overlap_p2p_comm = v != 0; }, [](const Plan& p) { return p.overlap_p2p_comm ? 1 : 0; },
+     parse_switch, format_switch, interleaves},
     {"recompute_modules", "MoE: modules recomputed in backward: none, layernorm, moe_act, layernorm+moe_act "
      "(default: --recompute-modules' only; not with recompute full)", false, modules_defaults,
      [](Plan& p, int v) { p.recompute_modules = modules_of(v); },

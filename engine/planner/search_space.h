@@ -33,6 +33,9 @@
 //     (planner.h), since offload only adds PCIe and host time;
 //   overlap_update: on where it applies (no offload; exact, measured never
 //     slower in the DES), off under --allow;
+//   overlap_p2p_comm: on where it applies (the interleaved schedule with
+//     pp > 1; exact, the receives only move off the compute stream), off
+//     under --fix or --allow;
 //   fp8_param_gather: on where it applies (precision fp8, ZeRO 1-3: less
 //     memory and fewer gathered bytes, never slower; Megatron-Bridge's FP8
 //     recipes set it), off under --fix or --allow; a plan with it is

@@ -44,6 +44,8 @@ double& bucket_of(const sim::IdleCause& c, IdleBreakdown& b) {
       starts_with(c.stream, "expert-parallel"))
     return b.model_parallel_s;
   if (starts_with(c.stream, "offload")) return b.optimizer_s;
+  // A receive posted ahead on its own stream (Plan::overlap_p2p_comm): waiting for the neighbour.
+  if (starts_with(c.stream, "pipeline")) return b.pipeline_s;
   return b.other_s;
 }
 

@@ -4,8 +4,10 @@
 // (simulator/executor.h, "Idle by cause"); here those waits become the
 // causes a user acts on:
 //   pipeline bubble   waiting for a pipeline neighbour (a send/recv on the
-//                     compute stream), or with nothing left to run while
-//                     other stages finish (fill and drain)
+//                     compute stream, or a receive posted ahead on a
+//                     "pipeline recv" stream under overlap_p2p_comm), or with
+//                     nothing left to run while other stages finish (fill
+//                     and drain)
 //   data-parallel     waiting for the data-parallel stream's collectives:
 //                     gradient reduce-scatter / all-reduce, parameter
 //                     all-gather (ZeRO), exposed because backward or the
@@ -38,7 +40,7 @@ struct IdleBreakdown {
 
 // The causes the executor reported for a stream, classified as above by the
 // engine's stream names ("data-parallel", "tensor-parallel", "context-parallel",
-// "expert-parallel", "offload-*").
+// "expert-parallel", "offload-*", "pipeline recv *").
 IdleBreakdown classify_idle(const std::vector<sim::IdleCause>& causes);
 
 // `two`'s causes minus `one`'s, cause by cause (steady state: the second of

@@ -89,6 +89,7 @@ std::string describe(const Plan& p) {
   if (p.precision == Precision::fp8) s += " fp8-" + fp8_recipe_name(p.fp8_recipe);
   if (p.fp8_param_gather) s += " fp8-params";
   if (p.moe_a2a_overlap) s += " a2a-overlap";
+  if (p.overlap_p2p_comm) s += " p2p-overlap";
   return s;
 }
 

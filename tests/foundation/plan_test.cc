@@ -243,6 +243,25 @@ TEST_CASE("FP8 parameters are a plan switch that a written plan keeps, and the w
   CHECK_THAT(error_of(plan_overrides_from_json({{"fp8_param_gather", 1}})), Catch::Contains("fp8_param_gather"));
 }
 
+TEST_CASE("pipeline communication overlap is a plan switch of the interleaved schedule", "[plan]") {
+  CHECK_FALSE(Plan{}.overlap_p2p_comm);
+  CHECK_FALSE(plan_to_json(Plan{}).contains("overlap_p2p_comm"));
+  auto file = plan_overrides_from_json(
+      {{"overlap_p2p_comm", true}, {"pp", 2}, {"vpp", 2}, {"schedule", "interleaved"}, {"global_batch", 4}});
+  REQUIRE(file.ok());
+  auto p = apply_overrides(Plan{}, *file);
+  REQUIRE(p.ok());
+  CHECK(p->overlap_p2p_comm);
+  CHECK(plan_to_json(*p)["overlap_p2p_comm"] == true);
+  CHECK(validate_plan(*p, tiny()).ok());
+  Plan one_f_one_b = *p;
+  one_f_one_b.schedule = ScheduleKind::one_f_one_b, one_f_one_b.vpp = 1;
+  CHECK_THAT(rejection(one_f_one_b, tiny()),
+             Catch::Contains("overlap_p2p_comm (--overlap-p2p-comm) needs the interleaved schedule with pp > 1, got "
+                             "1f1b with pp 2") &&
+                 Catch::Contains("--schedule interleaved"));
+}
+
 TEST_CASE("EP all-to-all overlap is a plan switch that a written plan keeps", "[plan]") {
   CHECK_FALSE(Plan{}.moe_a2a_overlap);
   CHECK_FALSE(plan_to_json(Plan{}).contains("moe_a2a_overlap"));

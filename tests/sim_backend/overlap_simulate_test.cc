@@ -138,3 +138,27 @@ TEST_CASE("simulated ZeRO-3 prefetch across chunks issues the next pass's first 
   CHECK(exposed_across < exposed_within);
   CHECK(b.iteration_s < a.iteration_s);
 }
+
+TEST_CASE("interleaved receives posted ahead (overlap_p2p_comm) leave the compute stream, and their waits stay the "
+          "pipeline's",
+          "[sim_backend][overlap][pp]") {
+  // gpt2-124m on 16 A100s, pp 4 with 3 chunks of one layer each, dp 4: stage 1's neighbours are on
+  // another node. Without the overlap every receive is a task of the compute stream; with it each runs on
+  // its "pipeline recv" stream, as many of them, and the compute stream only waits for what is still on
+  // the wire, which the idle report charges to the pipeline.
+  Plan p;
+  p.pp = 4, p.vpp = 3, p.dp = 4, p.schedule = ScheduleKind::interleaved, p.global_batch = 32;
+  Plan ahead = p;
+  ahead.overlap_p2p_comm = true;
+  const SimulationResult blocking = simulate(gpt2(), p, false, true), posted = simulate(gpt2(), ahead, false, true);
+  const auto before = rank0_streams(blocking.trace_json), after = rank0_streams(posted.trace_json);
+  const int received = total(stream_ops(before, "compute"), "recv").second;
+  // Rank 0 (stage 0): 8 micro-batches x (2 chunks' activations + 3 chunks' gradients).
+  CHECK(received == 8 * (2 + 3));
+  CHECK(total(stream_ops(after, "compute"), "recv").second == 0);
+  CHECK(total(stream_ops(after, "pipeline recv activations"), "recv").second == 8 * 2);
+  CHECK(total(stream_ops(after, "pipeline recv gradients"), "recv").second == 8 * 3);
+  CHECK(posted.iteration_s < blocking.iteration_s);
+  CHECK(posted.idle.other_s == 0);
+  CHECK(posted.idle.pipeline_s > 0);
+}
