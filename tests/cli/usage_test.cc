@@ -241,7 +241,7 @@ TEST_CASE("simulate --moe-a2a-overlap times the paired schedule and says where i
   CHECK_THAT(dense.out, Catch::Contains("given for a dense model 'gpt2-124m'"));
 }
 
-TEST_CASE("train refuses FP8 parameters and says how to run the plan; simulate reports them", "[cli]") {
+TEST_CASE("train refuses FP8 parameters and says how to run the plan, simulate reports them", "[cli]") {
   const MeshtrainRun r =
       run_meshtrain("train" + kTiny + kData + " --steps 1 --precision fp8 --dp 2 --zero 1 --fp8-param-gather");
   CHECK(r.status != 0);
