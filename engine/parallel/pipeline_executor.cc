@@ -59,6 +59,14 @@ void PipelineExecutor::run(Backend& b, const PipelineCompute& compute, DType dty
   // Tensors between a compute action and its communication, by (chunk, micro-batch); a
   // forward half leaves its outputs sent, so the halves share nothing.
   std::map<std::pair<int, int>, Tensor> inputs, outputs, douts, dinputs;
+  // Plan::overlap_p2p_comm on a backend that times values: where Megatron posts a receive, the start
+  // of the compute action before the one that reads it (it posts the next forward's input as the
+  // backward between them starts, and the next output gradient as the forward between starts).
+  const bool ahead = overlap_p2p_ && !b.holds_values();
+  std::optional<Event> posted;
+  auto computing = [&] {
+    if (ahead) posted = b.record(b.current_stream());
+  };
   for (auto it = first; it != end; ++it) {
     const K& a = *it;
     const std::pair<int, int> key{a.chunk, a.microbatch};
@@ -72,15 +80,16 @@ void PipelineExecutor::run(Backend& b, const PipelineCompute& compute, DType dty
     };
     auto receive = [&](bool grad) {
       Tensor x = b.empty(compute.boundary(a.chunk, a.microbatch, grad), dtype);
-      if (!overlap_p2p_ || b.holds_values()) {
+      if (!ahead) {
         b.recv(x, peer(a), tag(a, m));
         return x;
       }
       std::optional<Stream>& side = recv_[grad ? 1 : 0];
       if (!side) side = b.create_stream(grad ? "pipeline recv gradients" : "pipeline recv activations");
       const Stream here = b.current_stream();
+      if (posted) b.wait(*side, *posted);
       {
-        StreamScope ahead(b, *side);
+        StreamScope on_side(b, *side);
         b.recv(x, peer(a), tag(a, m));
       }
       b.wait(here, b.record(*side));
@@ -89,6 +98,7 @@ void PipelineExecutor::run(Backend& b, const PipelineCompute& compute, DType dty
     switch (a.kind) {
       case K::recv_act: inputs[key] = receive(false); break;
       case K::forward: {
+        computing();
         // A pair of the EP all-to-all overlap's schedule: the forward, then at once its backward.
         const auto next = std::next(it);
         const bool paired = compute.forward_backward && next != end && next->kind == K::backward &&
@@ -111,10 +121,12 @@ void PipelineExecutor::run(Backend& b, const PipelineCompute& compute, DType dty
       case K::send_act: b.send(take(outputs), peer(a), tag(a, m)); break;
       case K::recv_grad: douts[key] = receive(true); break;
       case K::backward:
+        computing();
         if (Tensor din = compute.backward(a.chunk, a.microbatch, take(douts)); s > 0) dinputs[key] = din;
         break;
       case K::send_grad: b.send(take(dinputs), peer(a), tag(a, m)); break;
       case K::weight:
+        computing();
         compute.weight(a.chunk, a.microbatch);
         break;
     }

@@ -63,10 +63,10 @@ class PipelineExecutor {
   // between stages are shaped as compute.boundary says, of `dtype` (16-bit
   // under mixed precision). Under Plan::overlap_p2p_comm, on a backend that
   // times values rather than holds them (the sim), each receive runs on a
-  // stream of its own (one for activations, one for gradients), not ordered
-  // after the compute before it: the transfer starts as soon as the peer
-  // sends, as Megatron's receive posted one step ahead lets it, and the
-  // compute waits only for its arrival. A backend that holds values receives
+  // stream of its own (one for activations, one for gradients), posted where
+  // Megatron posts it, as the compute action before the one that reads it
+  // starts: the transfer runs under that compute once the peer sends, and
+  // the reading compute waits only for its arrival. A backend that holds values receives
   // on the compute stream (the same values; posting a blocking receive ahead
   // of the compute its peer waits for would deadlock there).
   // The whole action list, or the part before its first backward action (a

@@ -461,7 +461,7 @@ TEST_CASE("the fast tier counts each stage's pipeline receives micro-batch by mi
   // receives run under the compute, and what stays is the fill's and the drain's wait for a micro-batch's
   // hops through every virtual stage. Before the fast tier counted either: -8.9% (interleaved pp 8 vpp 4),
   // -6.2% (pp 4 vpp 4), -2.3% (1F1B pp 4), and -4.4%, -3.0% with the overlap; now +0.4%, -0.8%, -1.5%,
-  // -2.8% and -2.1%.
+  // -2.4% and -1.8%.
   SearchContext ctx = context("llama3-8b", 64, 256);
   ctx.base.seq_len = 4096;
   SimulateOptions h100;
