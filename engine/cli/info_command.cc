@@ -157,13 +157,13 @@ void print_model_and_plan(const RankInfo& r) {
   fmt::print("FLOPs      {:.4g} per {}, {:.4g} per iteration (hardware {:.4g} with recompute {})\n",
              r.flops.per_token, model_io(m).unit(), r.flops.model, r.flops.hardware, recompute_label(p));
   fmt::print("plan       tp {} pp {} dp {} cp {} ep {} etp {} vpp {} zero {}, {} ranks; micro-batch {} x {} = global "
-             "batch {}, seq {}; schedule {}, recompute {}, {}{}{}{}{}\n",
+             "batch {}, seq {}; schedule {}, recompute {}, {}{}{}{}{}{}\n",
              p.tp, p.pp, p.dp, p.cp, p.ep, p.expert_tp(), p.vpp, p.zero, p.world_size(), p.micro_batch,
              p.microbatches() * p.dp,
              p.effective_global_batch(), r.seq, schedule_name(p.schedule), recompute_label(p),
              precision_label(p), p.sequence_parallel ? ", sequence parallel" : "",
              p.tp_comm_overlap ? ", tp comm overlap" : "", p.moe_a2a_overlap ? ", EP all-to-all overlap" : "",
-             grad_dtype_note(p));
+             p.overlap_p2p_comm ? ", pipeline p2p overlap" : "", grad_dtype_note(p));
 }
 
 // The rank's coordinates and groups, then its memory by kind.

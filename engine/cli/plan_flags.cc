@@ -50,8 +50,10 @@ Status apply_software_flags(const SoftwareFlags& f, SimulateOptions& o) {
 void add_plan_flags(CLI::App& app, PlanFlags& f, const std::string& default_model) {
   // A switch sets its field only when given: CLI11 (2.1) writes false into an
   // optional<bool> flag that is absent, which would override a plan file's true.
+  // `--x` sets a switch, `--x=false` clears it (over a plan file's true): CLI11 passes a disabled
+  // flag's count as negative.
   auto on_switch = [&app](const char* name, std::optional<bool>& field, const char* help) {
-    app.add_flag_callback(name, [&field] { field = true; }, help);
+    app.add_flag_function(name, [&field](std::int64_t count) { field = count > 0; }, help);
   };
   f.model = default_model;
   app.add_option("--model", f.model, "model preset name or JSON model file")->capture_default_str();

@@ -151,8 +151,8 @@ void print_heading(const ModelSpec& m, const Plan& p, const sim::ClusterSpec& c)
     fmt::print("simulated {} on {} x {} ({}): tp {} pp {} dp {} vpp {} zero {}, micro-batch {}, global batch {}, "
                "schedule {}, recompute {}, {}\n",
                m.name, p.world_size(), c.device.name, c.name, p.tp, p.pp, p.dp, p.vpp, p.zero, p.micro_batch,
-               p.effective_global_batch(), schedule_name(p.schedule), recompute_label(p),
-               precision_label(p));
+               p.effective_global_batch(), schedule_name(p.schedule) + (p.overlap_p2p_comm ? " (p2p overlapped)" : ""),
+               recompute_label(p), precision_label(p));
   }
 }
 

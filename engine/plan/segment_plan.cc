@@ -192,7 +192,15 @@ Result<std::vector<Plan>> segments_from_json(const nlohmann::json& list, const M
                           "it \"gpipe\"",
                           label, schedule_name(s.schedule));
       s.schedule = ScheduleKind::gpipe;
+      if (layout.contains("overlap_p2p_comm") && s.overlap_p2p_comm)
+        return make_error("{}: a segment before the last runs GPipe, whose receives overlap_p2p_comm does not "
+                          "post ahead (it is the interleaved schedule's); drop \"overlap_p2p_comm\" from this "
+                          "segment",
+                          label);
     }
+    // The whole plan's overlap_p2p_comm (a flag or a top-level field) is for the segments that interleave.
+    if (!layout.contains("overlap_p2p_comm"))
+      s.overlap_p2p_comm = base.overlap_p2p_comm && s.schedule == ScheduleKind::interleaved && s.pp > 1;
     out.push_back(std::move(s));
   }
   return out;
@@ -272,11 +280,11 @@ std::string describe_segments(const Plan& p, const ModelSpec& m) {
       if (modules.empty() || modules.back() != blocks[static_cast<std::size_t>(i)]->module())
         modules.push_back(blocks[static_cast<std::size_t>(i)]->module());
     out += fmt::format("segment {} '{}': blocks {}-{} ({}), ranks {}-{}: tp {} pp {} dp {} vpp {}, {} micro-batch(es) "
-                       "of {} per replica, zero {}, recompute {}, schedule {}{}\n",
+                       "of {} per replica, zero {}, recompute {}, schedule {}{}{}\n",
                        k, s.segment_name, r.first, r.last, fmt::join(modules, ", "), s.first_rank,
                        s.first_rank + s.world_size() - 1, s.tp, s.pp, s.dp, s.vpp, s.microbatches(), s.micro_batch,
                        s.zero, recompute_label(s), schedule_name(s.schedule),
-                       s.sequence_parallel ? ", sequence parallel" : "");
+                       s.overlap_p2p_comm ? " (p2p overlapped)" : "", s.sequence_parallel ? ", sequence parallel" : "");
   }
   // Per rank: what each segment gives it (its coordinates and its blocks there).
   for (int rank = 0; rank < p.world_size(); ++rank) {

@@ -335,6 +335,13 @@ const PinConflict kPinConflicts[] = {
      "overlap_update does not combine with offload (the offloaded update already runs off the compute stream)"},
     {"cp_comm", [](int v) { return v == static_cast<int>(ContextComm::ring); }, "cp", [](int c) { return c > 1; },
      "cp_comm ring exchanges keys and values between context ranks and needs cp > 1"},
+    {"overlap_p2p_comm", [](int v) { return v != 0; }, "schedule",
+     [](int s) { return s == static_cast<int>(ScheduleKind::interleaved); },
+     "overlap_p2p_comm posts the interleaved schedule's receives ahead and needs schedule interleaved"},
+    {"overlap_p2p_comm", [](int v) { return v != 0; }, "pp", [](int pp) { return pp > 1; },
+     "overlap_p2p_comm overlaps pipeline receives and needs pp > 1"},
+    {"fp8_param_gather", [](int v) { return v != 0; }, "zero", [](int z) { return z >= 1; },
+     "fp8_param_gather keeps FP8 parameters in the distributed optimizer and needs zero 1, 2 or 3"},
 };
 
 std::vector<std::string> dimension_names() {

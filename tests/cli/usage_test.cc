@@ -251,6 +251,14 @@ TEST_CASE("train refuses FP8 parameters and says how to run the plan, simulate r
       "simulate --model gpt2-124m --cluster dgx-h100 --gpus 8 --dp 8 --zero 1 --precision fp8 --fp8-param-gather");
   CHECK(sim.status == 0);
   CHECK_THAT(sim.out, Catch::Contains("fp8, FP8 parameters"));
+  // A switch given =false clears what a plan file set.
+  const fs::path dir = fresh_dir("fp8_params");
+  std::ofstream(dir / "plan.json") << R"({"precision": "fp8", "zero": 1, "dp": 2, "fp8_param_gather": true})";
+  const std::string plan = " --model tiny --cluster dgx-h100 --gpus 2 --plan " + (dir / "plan.json").string();
+  CHECK_THAT(run_meshtrain("simulate" + plan).out, Catch::Contains("FP8 parameters"));
+  const MeshtrainRun cleared = run_meshtrain("simulate" + plan + " --fp8-param-gather=false");
+  CHECK(cleared.status == 0);
+  CHECK_THAT(cleared.out, !Catch::Contains("FP8 parameters"));
 }
 
 TEST_CASE("train refuses a plan's bf16 gradients and says how to run it", "[cli]") {

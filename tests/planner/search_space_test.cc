@@ -176,6 +176,21 @@ TEST_CASE("gradient compression is searched only when allowed, and only where gr
   CHECK(kinds["bf16"] > kinds["1bit"]);
 }
 
+TEST_CASE("pins the pipeline and FP8 switches cannot take are refused up front, naming both", "[planner]") {
+  const SearchContext ctx = tiny_context(8, 16);
+  auto contradiction = [&](const std::string& fix) {
+    auto r = parse_search_space({fix}, {}, ctx);
+    REQUIRE_FALSE(r.ok());
+    return r.error().message();
+  };
+  CHECK_THAT(contradiction("overlap_p2p_comm=on,schedule=1f1b"),
+             Catch::Contains("--fix overlap_p2p_comm=on and --fix schedule=1f1b contradict") &&
+                 Catch::Contains("needs schedule interleaved"));
+  CHECK_THAT(contradiction("overlap_p2p_comm=on,pp=1"), Catch::Contains("needs pp > 1"));
+  CHECK_THAT(contradiction("fp8_param_gather=on,zero=0"), Catch::Contains("needs zero 1, 2 or 3"));
+  CHECK(parse_search_space({"overlap_p2p_comm=off,schedule=1f1b"}, {}, ctx).ok());
+}
+
 TEST_CASE("bf16 gradients refuse a search over gradient compression up front", "[planner]") {
   SearchContext ctx = tiny_context(8, 16);
   ctx.base.grad_dtype = GradDtype::bf16;

@@ -196,3 +196,26 @@ TEST_CASE("a plan made of segments on 1024 GPUs simulates no more ranks than on 
   CHECK(ranks == 1024);
   CHECK(region(r, "segment 2").ranks == 1024);
 }
+
+TEST_CASE("the whole plan's overlap_p2p_comm goes to the segments that interleave, one before the last is refused",
+          "[sim_backend][segments][overlap]") {
+  ModelSpec m = small_gpt();
+  m.tied_embeddings = false;
+  Plan base = fp32_plan(8, 1);
+  base.overlap_p2p_comm = true;
+  // The first segment runs GPipe (every segment before the last does), the second interleaves.
+  const Plan p = segmented(m, base,
+                           R"([{"blocks": [0, 0]}, {"blocks": [1, 13], "pp": 2, "vpp": 2, "schedule": "interleaved",
+                               "ranks": [1, 2]}])");
+  REQUIRE(p.segments.size() == 2);
+  CHECK_FALSE(p.segments[0].overlap_p2p_comm);
+  CHECK(p.segments[1].overlap_p2p_comm);
+  CHECK(simulate(m, p).iteration_s > 0);
+  // Given to a segment before the last, it is refused, naming the segment.
+  auto refused = segments_from_json(
+      nlohmann::json::parse(R"([{"blocks": [0, 6], "pp": 2, "overlap_p2p_comm": true}, {"blocks": [7, 13]}])"), m,
+      fp32_plan(8, 1));
+  REQUIRE_FALSE(refused.ok());
+  CHECK_THAT(refused.error().message(),
+             Catch::Contains("segment 0") && Catch::Contains("drop \"overlap_p2p_comm\" from this segment"));
+}
