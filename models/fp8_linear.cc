@@ -25,8 +25,9 @@ std::string fp8_linear_name(const ParamInfo& p) {
   return p.name.substr(0, p.name.size() - kWeightSuffix.size());
 }
 
-Fp8Scaling::Fp8Scaling(Backend& b, std::span<const ParamInfo> params, Fp8Recipe recipe, int history)
-    : b_(b), recipe_(recipe), history_(history) {
+Fp8Scaling::Fp8Scaling(Backend& b, std::span<const ParamInfo> params, Fp8Recipe recipe, int history,
+                       bool keep_weight_casts)
+    : b_(b), recipe_(recipe), keep_weight_casts_(keep_weight_casts), history_(history) {
   for (const ParamInfo& p : params) {
     if (!is_fp8_linear(p)) continue;
     Linear l;
@@ -60,9 +61,12 @@ const Fp8Scaling::Linear& Fp8Scaling::find(const std::string& linear) const {
 Tensor Fp8Scaling::quantize(const std::string& linear, Fp8Operand which, const Tensor& x, Fp8Cast cast,
                             const Fp8Split& split) {
   Linear& l = find(linear);
-  // TE keeps a weight's cast over the step's micro-batches: only the first is made.
+  // TE keeps a weight's cast over the step's micro-batches: only the first is made. Under ZeRO 3 the
+  // weight is gathered again for each use, and each use casts it (TE's linear.py re-quantizes a
+  // re-gathered weight for its backward too).
   if (which == Fp8Operand::weight) {
-    if (l.weight_cast) cast = Fp8Cast::kept;
+    if (!keep_weight_casts_) cast = Fp8Cast::made;
+    else if (l.weight_cast) cast = Fp8Cast::kept;
     l.weight_cast = true;
   }
   const auto k = static_cast<std::size_t>(which);

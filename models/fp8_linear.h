@@ -114,8 +114,10 @@ class Fp8Scaling {
  public:
   // The linears of `params` (those is_fp8_linear selects), each with a fresh
   // history of `history` steps under delayed scaling.
+  // `keep_weight_casts`: TE keeps a weight's cast over the step's micro-batches; false under ZeRO 3,
+  // which gathers the weight again for each use, and each use casts it again (forward and backward).
   Fp8Scaling(Backend& b, std::span<const ParamInfo> params, Fp8Recipe recipe = Fp8Recipe::delayed,
-             int history = kDefaultAmaxHistory);
+             int history = kDefaultAmaxHistory, bool keep_weight_casts = true);
 
   Fp8Recipe recipe() const { return recipe_; }
 
@@ -157,6 +159,7 @@ class Fp8Scaling {
   Tensor current_amax(const Tensor& x, const Fp8Split& split);
   Backend& b_;
   Fp8Recipe recipe_;
+  bool keep_weight_casts_;
   std::map<std::string, Linear> linears_;
   Tensor amax_;  // (linears · kFp8Operands) f32; delayed scaling only
   int history_;

@@ -161,7 +161,7 @@ struct StageShare {
   double sharded_of(int stage_needed, double count, double expert_count, double bytes) const {
     if (p.zero < stage_needed) return count * bytes;
     if (expert_count == 0) return count * bytes / (static_cast<double>(p.dp) * p.cp);
-    return ((count - expert_count) / p.dp + expert_count / edp) * bytes;
+    return ((count - expert_count) / (static_cast<double>(p.dp) * p.cp) + expert_count / edp) * bytes;
   }
   double sharded(int stage_needed, double bytes) const { return sharded_of(stage_needed, n, experts, bytes); }
 };
@@ -173,10 +173,14 @@ void add_model_state(MemoryBreakdown& r, const StageShare& share) {
   const double optimizer_bytes = p.precision != Precision::fp32 ? 12.0 : 8.0;
   r.parameters = share.sharded(3, share.param_bytes);
   if (share.fp8_n > 0) {
-    // Transformer Engine's FP8 copy of each FP8 linear's weight (engine/plan/fp8_recipe.h); under
-    // fp8_param_gather it is the parameter, and the 16-bit copy is gone.
-    r.parameters += share.sharded_of(3, share.fp8_n, share.fp8_experts, kFp8WeightBytes);
-    if (p.fp8_param_gather) r.parameters -= share.sharded_of(3, share.fp8_n, share.fp8_experts, share.param_bytes);
+    // Transformer Engine's FP8 copy of each FP8 linear's weight, the cast and its transpose
+    // (engine/plan/fp8_recipe.h), kept over the step below ZeRO 3; under fp8_param_gather it is the
+    // parameter, and the 16-bit copy is gone. ZeRO 3 casts each gathered layer as it uses it
+    // (add_zero_working), and with FP8 parameters its shards are FP8 values, a byte each.
+    if (p.zero < 3)
+      r.parameters += share.fp8_n * (p.fp8_param_gather ? kFp8WeightBytes - share.param_bytes : kFp8WeightBytes);
+    else if (p.fp8_param_gather)
+      r.parameters -= share.sharded_of(3, share.fp8_n, share.fp8_experts, share.param_bytes - 1);
   }
   r.gradients = share.sharded(2, share.grad_bytes);
   r.optimizer = share.sharded(1, optimizer_bytes);
@@ -205,15 +209,18 @@ void add_zero_working(MemoryBreakdown& r, const StageShare& share, const ModelSp
   if (p.zero == 1) r.gradient_shard = share.sharded(1, share.grad_bytes);
   if (p.zero < 2) return;
   // The largest body layer's shard, one layer of each run of alike layers (ModelTables::runs).
-  std::int64_t largest_layer = 0, tied_embedding = 0;
+  // Of the largest layer, the weights of FP8 linears (precision fp8).
+  std::int64_t largest_layer = 0, largest_fp8 = 0, tied_embedding = 0;
   for (const LayerRun& run : tables.runs) {
-    std::int64_t layer = 0;
+    std::int64_t layer = 0, fp8 = 0;
     for (std::size_t i : run.tensors) {
       const ParamInfo& info = tables.parameters[i];
-      layer += shard_numel(m, info, p.tp, p.ep, p.expert_tp());
+      const std::int64_t n = shard_numel(m, info, p.tp, p.ep, p.expert_tp());
+      layer += n;
+      if (share.fp8_n > 0 && is_fp8_linear(info)) fp8 += n;
       if (info.name == "embed.tokens" && m.tied_embeddings) tied_embedding = shard_numel(m, info, p.tp, p.ep);
     }
-    if (run.begin < m.layers && run.end > 0) largest_layer = std::max(largest_layer, layer);
+    if (run.begin < m.layers && run.end > 0 && layer > largest_layer) largest_layer = layer, largest_fp8 = fp8;
   }
   // A chunk of one layer has no next layer to prefetch within its pass.
   const double gathered = layers_per_chunk > 1 ? 2.0 : 1.0;
@@ -221,6 +228,9 @@ void add_zero_working(MemoryBreakdown& r, const StageShare& share, const ModelSp
   const bool whole = p.zero_reduce_once && p.microbatches() > 1;
   const double layer_grads = whole ? 0.0 : share.grad_bytes;
   if (p.zero >= 3) r.zero3_working = static_cast<double>(largest_layer) * (gathered * share.param_bytes + layer_grads);
+  // FP8 without FP8 parameters: the layer in use is cast with its transpose as it is used (with them the
+  // gathered FP8 values and their transpose take the 16-bit weights' place).
+  if (p.zero >= 3 && !p.fp8_param_gather) r.zero3_working += static_cast<double>(largest_fp8) * kFp8WeightBytes;
   else r.gradient_working = static_cast<double>(largest_layer) * layer_grads;
   if (whole) r.gradient_working = share.n * share.grad_bytes;
   else if (stage == 0 || stage == p.pp - 1) r.gradient_working += static_cast<double>(tied_embedding) * share.grad_bytes;

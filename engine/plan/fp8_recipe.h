@@ -16,13 +16,14 @@
 //   - everything else (attention, norms, activations, the output layer) stays
 //     bf16, parameters are bf16 with an FP8 copy of each FP8 linear's weight
 //     for the GEMMs (the cast and its transpose, made at a step's first
-//     micro-batch and kept over the others: TE's weight workspace), master
-//     weights and Adam state fp32;
+//     micro-batch and kept over the others: TE's weight workspace; under
+//     ZeRO 3, which gathers a layer for each use, made at each use and held
+//     with the gathered layer), master weights and Adam state fp32;
 //   - with Plan::fp8_param_gather (Megatron-Core's --fp8-param-gather) that
 //     FP8 copy is the parameter: no bf16 copy of the FP8 linears' weights,
 //     the optimizer casting each rank's master shard to FP8 and the
 //     distributed optimizer all-gathering the FP8 bytes (GradientBuckets::
-//     gather). The weight's cast at a step's first micro-batch is still
+//     gather); ZeRO 3's shards of them are FP8 values, a byte each. The weight's cast at a step's first micro-batch is still
 //     costed as a cast of the bf16 weight with its transpose, where TE makes
 //     only the transpose of the gathered FP8 data (a byte an element read
 //     instead of two), the master shard's cast is costed as the bf16

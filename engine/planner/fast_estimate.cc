@@ -353,7 +353,7 @@ double FastEstimator::block_s(const Plan& p, const Reference& ref, std::size_t i
   // ZeRO 2 and 3 reduce-scatter the block's gradients on the side stream; ZeRO 3
   // also gathers its parameters (prefetched one block ahead) before its forward
   // and backward. A block's pass then takes at least as long as its communication.
-  const double t = ref.microbatch_s[i];
+  double t = ref.microbatch_s[i];
   if (p.zero < 2) return t;
   // The block's parameters on this rank: routed experts split over ep·etp, reduced and gathered over their
   // expert-data group; the rest (split over tp) over dp·cp. A block without experts: the stage's share.
@@ -367,6 +367,20 @@ double FastEstimator::block_s(const Plan& p, const Reference& ref, std::size_t i
     if (params <= 0 || group.members == 1) continue;
     if (reduces_per_microbatch(p)) reduce += reduce_scatter_s(p, params, group);
     if (p.zero == 3) gather += gather_s(p, params, fp8_share(static_cast<std::ptrdiff_t>(i), routed), group);
+  }
+  // FP8 under ZeRO 3: the gathered weights are cast at each use, forward and backward (Fp8Scaling), where the
+  // reference (ZeRO 0) casts them once a step.
+  if (p.zero == 3 && p.precision == Precision::fp8) {
+    const double fp8_experts = fp8_expert_parameters_[i] / (p.ep * p.expert_tp());
+    const double fp8_dense = (fp8_parameters_[i] - fp8_expert_parameters_[i]) / p.tp;
+    for (const double n : {fp8_dense, fp8_experts}) {
+      if (n <= 0) continue;
+      // Read the bf16 weight, write its cast and transpose (and the f32 amax); current scaling's amax pass first.
+      double cast = sim::to_seconds(cost_.memory_bound(4.0 * n + 8, "fp8_cast"));
+      if (p.fp8_recipe == Fp8Recipe::current)
+        cast += sim::to_seconds(cost_.memory_bound(4, "fill")) + sim::to_seconds(cost_.memory_bound(2.0 * n + 8, "amax"));
+      t += 2 * cast;
+    }
   }
   const double fwd = forward_share(p);
   return std::max(t * fwd, gather) + std::max(t * (1 - fwd), gather + reduce);

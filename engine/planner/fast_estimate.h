@@ -90,8 +90,10 @@ namespace meshtrain::planner {
 // The fast tier's terms (closed forms above); --json prints them per candidate.
 struct FastBreakdown {
   double iteration_s = 0;
-  double pipeline_s = 0;  // the whole pipeline, its bubble and exposed sends included
-  double bubble_s = 0, p2p_s = 0;  // of which the fill and drain, and the exposed sends
+  double pipeline_s = 0;  // the whole pipeline, its bubble and exposed transfers included
+  // Of which the fill's and drain's compute, and their hops through every virtual stage (a stage's
+  // receives within each micro-batch, without overlap_p2p_comm, are in the micro-batches' time).
+  double bubble_s = 0, p2p_s = 0;
   double optimizer_s = 0, data_parallel_s = 0;
 };
 

@@ -124,6 +124,8 @@ PlanEstimator::Terms PlanEstimator::segment_terms(const Plan& s) const {
     const double gather = s.zero == 3 ? fast_.collective_s(K::kAllGather, n, s.tp, params(i) * act) : 0;
     return std::max(t * forward_share, gather) + std::max(t * (1 - forward_share), gather + reduce);
   };
+  const double hop =
+      s.pp > 1 ? fast_.collective_s(K::kSendRecv, 2, s.tp * s.dp, boundary_bytes(s, s.micro_batch)) : 0;
   double t_max = 0, t_sum = 0, step_max = 0, params_max = 0;
   const std::vector<LayerRange> ranges = virtual_stage_ranges(m, s.stage_split());
   for (int stage = 0; stage < s.pp; ++stage) {
@@ -136,18 +138,19 @@ PlanEstimator::Terms PlanEstimator::segment_terms(const Plan& s) const {
     if (stage == s.pp - 1 && s.head) blocks.push_back(last);
     double t = 0, step = 0, stage_params = 0;
     for (std::size_t i : blocks) t += block_time(i), step += ref.step_s[i] / divide, stage_params += params(i);
+    // As the uniform tier: the stage's receives in each micro-batch's time, unless posted ahead.
+    if (s.pp > 1 && !s.overlap_p2p_comm) t += (2.0 * s.vpp - (stage == 0 ? 1 : 0) - (stage == s.pp - 1 ? 1 : 0)) * hop;
     t_max = std::max(t_max, t), t_sum += t;
     step_max = std::max(step_max, step), params_max = std::max(params_max, stage_params);
   }
   Terms out;
   out.backward_share = 1 - forward_share;
-  const double hop =
-      s.pp > 1 ? fast_.collective_s(K::kSendRecv, 2, s.tp * s.dp, boundary_bytes(s, s.micro_batch)) : 0;
   const double t_mean = t_sum / s.pp;
-  out.pipeline = s.microbatches() * t_max + (s.pp - 1) * (t_mean + 2 * hop);
-  out.latency = t_sum + 2 * (s.pp - 1) * hop;
+  // The fill and the drain wait for a micro-batch's hops through every virtual stage (FastEstimator).
+  out.p2p = 2 * (s.pp * s.vpp - 1) * hop;
+  out.pipeline = s.microbatches() * t_max + (s.pp - 1) * t_mean + out.p2p;
+  out.latency = t_sum + out.p2p;
   out.bubble = (s.pp - 1) * t_mean;
-  out.p2p = 2 * (s.pp - 1) * hop;
   out.optimizer = step_max / (s.zero >= 1 ? n : 1);
   if (n > 1) {
     if (s.zero <= 1) {

@@ -152,7 +152,7 @@ std::unique_ptr<StepEngine::Chunk> StepEngine::build_chunk(int c, const TensorPa
   if (emulates_fp8() || (plan_.precision == Precision::fp8 && !b_.holds_values())) {
     std::vector<ParamInfo> infos;
     for (const ParamSlot& slot : params.slots()) infos.push_back(slot.info);
-    chunk->fp8 = std::make_unique<Fp8Scaling>(b_, infos, plan_.fp8_recipe);
+    chunk->fp8 = std::make_unique<Fp8Scaling>(b_, infos, plan_.fp8_recipe, kDefaultAmaxHistory, plan_.zero < 3);
     chunk->model->use_fp8(chunk->fp8.get());
   }
   add_buckets(*chunk, c);

@@ -106,3 +106,46 @@ TEST_CASE("interleaving holds L·(1 + (p−1)/(p·v)) layers of activations on s
   p.schedule = ScheduleKind::one_f_one_b, p.vpp = 1;
   CHECK(memory_per_rank(m, p, 0, a).activations == Approx(8 * per_layer));  // p micro-batches × L/p layers
 }
+
+TEST_CASE("ZeRO-3 in fp8 holds the cast of the layer in use, and FP8 parameters shard at a byte", "[memory][fp8]") {
+  // GPT-2 124M, dp 4: each layer's FP8 linears hold 12·768² weights (qkv, out, up, down), the largest
+  // layer's unit 12·768² + 13·768 elements. Below ZeRO 3 an FP8 run keeps every FP8 weight's cast with its
+  // transpose (2 bytes); under it each gathered layer is cast as it is used, so the working set holds
+  // one layer's cast, and the parameters none.
+  ModelSpec m = *model_preset("gpt2-124m");
+  const double fp8_layer = 12.0 * 768 * 768, fp8_all = 12 * fp8_layer;
+  Plan bf16;
+  bf16.dp = 4, bf16.zero = 3;
+  Plan fp8 = bf16;
+  fp8.precision = Precision::fp8;
+  const MemoryBreakdown a = memory_per_rank(m, bf16, 0, meshtrain_layout(bf16));
+  const MemoryBreakdown b = memory_per_rank(m, fp8, 0, meshtrain_layout(fp8));
+  CHECK(b.parameters == Approx(a.parameters));
+  CHECK(b.zero3_working - a.zero3_working == Approx(2 * fp8_layer));
+  // With FP8 parameters a rank's shard of each FP8 weight is one byte, and the gathered layer's FP8
+  // values and transpose take the 16-bit weights' place.
+  fp8.fp8_param_gather = true;
+  const MemoryBreakdown c = memory_per_rank(m, fp8, 0, meshtrain_layout(fp8));
+  CHECK(a.parameters - c.parameters == Approx(fp8_all / 4));
+  CHECK(c.zero3_working == Approx(a.zero3_working));
+  // ZeRO 1: every FP8 weight's cast and transpose, or, as FP8 parameters, none more than bf16.
+  fp8.zero = bf16.zero = 1, fp8.fp8_param_gather = false;
+  const double bf16_parameters = memory_per_rank(m, bf16, 0, meshtrain_layout(bf16)).parameters;
+  CHECK(memory_per_rank(m, fp8, 0, meshtrain_layout(fp8)).parameters - bf16_parameters == Approx(2 * fp8_all));
+  fp8.fp8_param_gather = true;
+  CHECK(memory_per_rank(m, fp8, 0, meshtrain_layout(fp8)).parameters == Approx(bf16_parameters));
+}
+
+TEST_CASE("with experts and context parallelism the dense states shard over dp·cp", "[memory][moe]") {
+  // The dense parameters' replicas are the data and context ranks (the engine's data_context group), the
+  // experts' their expert-data group: cp 2, dp 2, ep 2 on tp 1 gives dense states over 4 ranks and
+  // experts over tp·cp·dp / (etp·ep) = 2.
+  ModelSpec m = *model_preset("tiny-moe");
+  Plan p;
+  p.cp = 2, p.dp = 2, p.ep = 2, p.zero = 1;
+  const MemoryBreakdown b = memory_per_rank(m, p, 0, meshtrain_layout(p));
+  const double experts = static_cast<double>(b.expert_parameter_count);
+  const double dense = static_cast<double>(b.parameter_count) - experts;
+  REQUIRE(experts > 0);
+  CHECK(b.optimizer == Approx(12 * (dense / 4 + experts / 2)));
+}

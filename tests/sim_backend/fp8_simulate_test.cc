@@ -302,13 +302,15 @@ TEST_CASE("fp8 parameters (fp8_param_gather) hold the bf16 run's weight bytes an
   // than the FP8 run that keeps both.
   CHECK(params.stages.at(0).model.parameters == Approx(sixteen.stages.at(0).model.parameters));
   CHECK(casts.stages.at(0).model.parameters - params.stages.at(0).model.parameters == Approx(2 * fp8_weights()));
-  // ZeRO 3 gathers a layer's unit before each use: FP8 parameters shrink those too, and the sharded
-  // parameter bytes are again the bf16 run's.
+  // ZeRO 3 gathers a layer's unit before each use: FP8 parameters shrink those too, and a rank's shards
+  // of the FP8 weights are FP8 values, a byte each: the bf16 run's shard bytes less one per FP8 weight
+  // over dp 4.
   const SimulationResult casts3 = simulated(m, plan(false, 3), h100());
   const SimulationResult params3 = simulated(m, plan(true, 3), h100());
   CHECK(gathered(params3) < gathered(casts3));
   bf16.zero = 3;
-  CHECK(params3.stages.at(0).model.parameters == Approx(simulated(m, bf16, h100()).stages.at(0).model.parameters));
+  CHECK(params3.stages.at(0).model.parameters ==
+        Approx(simulated(m, bf16, h100()).stages.at(0).model.parameters - fp8_weights() / 4));
 }
 
 TEST_CASE("fp8 parameters are refused without precision fp8 or the distributed optimizer, naming the fix",
@@ -326,4 +328,23 @@ TEST_CASE("fp8 parameters are refused without precision fp8 or the distributed o
   CHECK_THAT(refusal(p), Catch::Contains("needs the distributed optimizer") && Catch::Contains("--zero 1"));
   p.zero = 2;
   CHECK(validate_plan(p, small_gpt()).ok());
+}
+
+TEST_CASE("fp8 under ZeRO 3 casts each gathered weight at each use, forward and backward", "[sim_backend][fp8]") {
+  // dp 2, 2 micro-batches: below ZeRO 3 a weight is cast once a step; under it twice a micro-batch (the
+  // weight is gathered again for each pass, and Transformer Engine casts a re-gathered weight for its
+  // backward too), so 2·2 - 1 = 3 more casts of each FP8 weight; everything else FP8 changes is alike.
+  const ModelSpec m = small_gpt();
+  const sim::ClusterSpec c = h100();
+  const sim::CostModel cost(c.device, sim::CostConstants{});
+  auto compute = [&](Precision precision, int zero) {
+    Plan p = one_rank(precision);
+    p.dp = 2, p.zero = zero, p.global_batch = 8;
+    return simulated(m, p, c).stages.at(0).compute_s;
+  };
+  const double change1 = compute(Precision::fp8, 1) - compute(Precision::bf16, 1);
+  const double change3 = compute(Precision::fp8, 3) - compute(Precision::bf16, 3);
+  double weights = 0;
+  for (const auto& [in, out] : kLinears) weights += seconds(cost.memory_bound(4.0 * static_cast<double>(in * out) + 8, "fp8_cast"));
+  CHECK(change3 - change1 == Approx(3 * weights * kLayers).epsilon(1e-6));
 }

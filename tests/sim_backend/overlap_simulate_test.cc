@@ -161,4 +161,16 @@ TEST_CASE("interleaved receives posted ahead (overlap_p2p_comm) leave the comput
   CHECK(posted.iteration_s < blocking.iteration_s);
   CHECK(posted.idle.other_s == 0);
   CHECK(posted.idle.pipeline_s > 0);
+  // pp 2: a stage's activations and gradients come from the same neighbour, on two streams, and pair
+  // with its sends by their order (simulator/executor.h): the run completes, no slower.
+  Plan two = p;
+  two.pp = 2, two.vpp = 2, two.dp = 8;
+  Plan two_ahead = two;
+  two_ahead.overlap_p2p_comm = true;
+  const SimulationResult blocking2 = simulate(gpt2(), two, false, false);
+  const SimulationResult posted2 = simulate(gpt2(), two_ahead, false, true);
+  const auto streams2 = rank0_streams(posted2.trace_json);
+  CHECK(total(stream_ops(streams2, "pipeline recv activations"), "recv").second == 4 * 1);
+  CHECK(total(stream_ops(streams2, "pipeline recv gradients"), "recv").second == 4 * 2);
+  CHECK(posted2.iteration_s <= blocking2.iteration_s);
 }
