@@ -62,6 +62,11 @@ Result<planner::PlannerOptions> planner_options(const PlanCommandFlags& f, const
     return make_error("--fix/--allow {} pin segment layouts, which --layouts uniform (or --segments 0) leaves out; "
                       "drop them or search segment layouts",
                       pins.segments.describe());
+  // The mirror case: a uniform plan's pins would be dropped without a word.
+  if (uniform_pins && !po.uniform)
+    return make_error("--fix/--allow {} pin uniform plans, which --layouts segments leaves out; pin a segment's "
+                      "dimension as <module>.<dimension> (vision.tp=2), or search --layouts all",
+                      fmt::format("{}", fmt::join(pins.uniform_fix.empty() ? pins.uniform_allow : pins.uniform_fix, ",")));
   po.progress = !f.no_progress && (f.progress || isatty(STDERR_FILENO));
   return po;
 }

@@ -244,6 +244,8 @@ TEST_CASE("plan honors pins on segment degrees and names contradictions", "[segm
       {"--fix stage1.zero=1 --allow stage1.zero=2,3", "outside --allow"},
       {"--fix segments.count=1", "2 or 3 segments"},
       {"--fix stage1.tp=2 --layouts uniform", "--layouts uniform"},
+      // The mirror: a uniform plan's pin under --layouts segments is refused, not dropped.
+      {"--fix tp=2 --layouts segments", "pin uniform plans, which --layouts segments leaves out"},
       // Two pins that no layout can meet: embed and head in one segment with different tp.
       {"--fix segments.count=2,embed.tp=2,stage1.tp=4,stage2.tp=1,stage3.tp=2,head.tp=4", "no valid segment layout"},
   };
