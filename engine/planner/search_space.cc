@@ -199,8 +199,7 @@ std::vector<int> micro_batch_defaults(const SearchContext& c, const Plan& p) {
 }
 
 std::vector<int> zero_defaults(const SearchContext&, const Plan& p) {
-  // With dp 1 ZeRO shards nothing, but under fp8 its ZeRO 1 keeps FP8 parameters (fp8_param_gather).
-  if (p.dp == 1) return p.precision == Precision::fp8 ? std::vector<int>{0, 1} : std::vector<int>{0};
+  if (p.dp == 1) return {0};
   return {0, 1, 2, 3};
 }
 
@@ -258,7 +257,7 @@ const std::vector<Dimension> kDimensions = {
     {"micro_batch", "sequences per micro-batch (default: divisors of global batch / dp up to 128)", false,
      micro_batch_defaults, [](Plan& p, int v) { p.micro_batch = v; }, [](const Plan& p) { return p.micro_batch; },
      parse_count, format_int},
-    {"zero", "ZeRO stage (default: 0 to 3; 0 when dp is 1, and 1 under fp8 for FP8 parameters)", false, zero_defaults, [](Plan& p, int v) { p.zero = v; },
+    {"zero", "ZeRO stage (default: 0 to 3; 0 when dp is 1)", false, zero_defaults, [](Plan& p, int v) { p.zero = v; },
      [](const Plan& p) { return p.zero; }, parse_zero, format_int},
     {"zero_reduce_once", "ZeRO 2/3: reduce gradients once per step, not per micro-batch (default: off, on)", false,
      off_and_on, [](Plan& p, int v) { p.zero_reduce_once = v != 0; },

@@ -11,7 +11,7 @@
 // plan field costs, fast_estimate.h).
 //
 // Defaults skip values that give the same plan as another value (ZeRO with
-// dp 1, but for ZeRO 1 under fp8, whose FP8 parameters save memory; sequence parallelism or split experts with tp 1, uneven stages with
+// dp 1, sequence parallelism or split experts with tp 1, uneven stages with
 // pp 1) and values that cannot divide (pp must divide gpus/(tp·cp));
 // everything else is left to validate_plan, the one judge of what the
 // engine runs. A row that only means something in some plans (cp_comm with
@@ -39,9 +39,9 @@
 //   fp8_param_gather: on where it applies (precision fp8, ZeRO 1-3: less
 //     memory and fewer gathered bytes, never slower; Megatron-Bridge's FP8
 //     recipes set it), off under --fix or --allow; a plan with it is
-//     simulated only (train refuses it). Plans of dp 1 get it at ZeRO 1; not
-//     segment layouts (their candidates keep the job's switches), which
-//     therefore hold the FP8 weights' 16-bit copies;
+//     simulated only (train refuses it). Not for plans of dp 1 (the search
+//     gives them ZeRO 0) nor for segment layouts (their candidates keep the
+//     job's switches), which therefore hold the FP8 weights' 16-bit copies;
 //   recompute_modules: the base plan's (--recompute-modules) on models with
 //     experts, unless recompute is full; other sets (they trade time for
 //     memory) under --allow recompute_modules=none,moe_act,...;
