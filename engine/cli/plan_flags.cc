@@ -50,10 +50,14 @@ Status apply_software_flags(const SoftwareFlags& f, SimulateOptions& o) {
 void add_plan_flags(CLI::App& app, PlanFlags& f, const std::string& default_model) {
   // A switch sets its field only when given: CLI11 (2.1) writes false into an
   // optional<bool> flag that is absent, which would override a plan file's true.
-  // `--x` sets a switch, `--x=false` clears it (over a plan file's true): CLI11 passes a disabled
-  // flag's count as negative.
+  // `--x` sets a switch, `--x=false` (or 0, off) clears it over a plan file's true, the last given
+  // wins, and a value that is no boolean is a usage error (add_flag_function's count would throw).
   auto on_switch = [&app](const char* name, std::optional<bool>& field, const char* help) {
-    app.add_flag_function(name, [&field](std::int64_t count) { field = count > 0; }, help);
+    app.add_flag(name)->description(help)->each([&field, name](const std::string& value) {
+      bool on = false;
+      if (!CLI::detail::lexical_cast(value, on)) throw CLI::ConversionError(value, name);
+      field = on;
+    });
   };
   f.model = default_model;
   app.add_option("--model", f.model, "model preset name or JSON model file")->capture_default_str();

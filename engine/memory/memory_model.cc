@@ -227,11 +227,14 @@ void add_zero_working(MemoryBreakdown& r, const StageShare& share, const ModelSp
   // Reduced once per step after several micro-batches, every layer's gradient stays until the last one.
   const bool whole = p.zero_reduce_once && p.microbatches() > 1;
   const double layer_grads = whole ? 0.0 : share.grad_bytes;
-  if (p.zero >= 3) r.zero3_working = static_cast<double>(largest_layer) * (gathered * share.param_bytes + layer_grads);
-  // FP8 without FP8 parameters: the layer in use is cast with its transpose as it is used (with them the
-  // gathered FP8 values and their transpose take the 16-bit weights' place).
-  if (p.zero >= 3 && !p.fp8_param_gather) r.zero3_working += static_cast<double>(largest_fp8) * kFp8WeightBytes;
-  else r.gradient_working = static_cast<double>(largest_layer) * layer_grads;
+  if (p.zero >= 3) {
+    r.zero3_working = static_cast<double>(largest_layer) * (gathered * share.param_bytes + layer_grads);
+    // FP8 without FP8 parameters: the layer in use is cast with its transpose as it is used (with them
+    // the gathered FP8 values and their transpose take the 16-bit weights' place).
+    if (!p.fp8_param_gather) r.zero3_working += static_cast<double>(largest_fp8) * kFp8WeightBytes;
+  } else {
+    r.gradient_working = static_cast<double>(largest_layer) * layer_grads;
+  }
   if (whole) r.gradient_working = share.n * share.grad_bytes;
   else if (stage == 0 || stage == p.pp - 1) r.gradient_working += static_cast<double>(tied_embedding) * share.grad_bytes;
 }

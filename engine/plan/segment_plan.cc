@@ -203,6 +203,10 @@ Result<std::vector<Plan>> segments_from_json(const nlohmann::json& list, const M
       s.overlap_p2p_comm = base.overlap_p2p_comm && s.schedule == ScheduleKind::interleaved && s.pp > 1;
     out.push_back(std::move(s));
   }
+  if (base.overlap_p2p_comm && std::none_of(out.begin(), out.end(), [](const Plan& s) { return s.overlap_p2p_comm; }))
+    return make_error("overlap_p2p_comm is the interleaved schedule's, and no segment interleaves (only the last "
+                      "segment may, with \"schedule\": \"interleaved\" and pp 2 or more); give it one, or drop "
+                      "overlap_p2p_comm");
   return out;
 }
 

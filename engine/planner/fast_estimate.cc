@@ -327,6 +327,25 @@ double FastEstimator::fp8_share(std::ptrdiff_t block, bool experts) const {
   return all > 0 ? fp8 / all : 0.0;
 }
 
+double FastEstimator::zero3_weight_casts_s(const Plan& p, std::size_t i) const {
+  if (p.zero != 3 || p.precision != Precision::fp8) return 0;
+  // Each use casts the gathered weights (Fp8Scaling): the forward, a full recomputation's forward and the
+  // backward, where the reference (ZeRO 0) casts them once a step.
+  const double uses = p.recompute == Recompute::full ? 3 : 2;
+  const double fp8_experts = fp8_expert_parameters_[i] / (p.ep * p.expert_tp());
+  const double fp8_dense = (fp8_parameters_[i] - fp8_expert_parameters_[i]) / p.tp;
+  double t = 0;
+  for (const double n : {fp8_dense, fp8_experts}) {
+    if (n <= 0) continue;
+    // Read the bf16 weight, write its cast and transpose (and the f32 amax); current scaling's amax pass first.
+    double cast = sim::to_seconds(cost_.memory_bound(4.0 * n + 8, "fp8_cast"));
+    if (p.fp8_recipe == Fp8Recipe::current)
+      cast += sim::to_seconds(cost_.memory_bound(4, "fill")) + sim::to_seconds(cost_.memory_bound(2.0 * n + 8, "amax"));
+    t += uses * cast;
+  }
+  return t;
+}
+
 double FastEstimator::gather_s(const Plan& p, double params, double fp8_share, Replicas g) const {
   // Under fp8_param_gather the FP8 linears' weights cross at one byte (GradientBuckets::gather).
   const double wide = element_bytes(p.precision);
@@ -368,20 +387,7 @@ double FastEstimator::block_s(const Plan& p, const Reference& ref, std::size_t i
     if (reduces_per_microbatch(p)) reduce += reduce_scatter_s(p, params, group);
     if (p.zero == 3) gather += gather_s(p, params, fp8_share(static_cast<std::ptrdiff_t>(i), routed), group);
   }
-  // FP8 under ZeRO 3: the gathered weights are cast at each use, forward and backward (Fp8Scaling), where the
-  // reference (ZeRO 0) casts them once a step.
-  if (p.zero == 3 && p.precision == Precision::fp8) {
-    const double fp8_experts = fp8_expert_parameters_[i] / (p.ep * p.expert_tp());
-    const double fp8_dense = (fp8_parameters_[i] - fp8_expert_parameters_[i]) / p.tp;
-    for (const double n : {fp8_dense, fp8_experts}) {
-      if (n <= 0) continue;
-      // Read the bf16 weight, write its cast and transpose (and the f32 amax); current scaling's amax pass first.
-      double cast = sim::to_seconds(cost_.memory_bound(4.0 * n + 8, "fp8_cast"));
-      if (p.fp8_recipe == Fp8Recipe::current)
-        cast += sim::to_seconds(cost_.memory_bound(4, "fill")) + sim::to_seconds(cost_.memory_bound(2.0 * n + 8, "amax"));
-      t += 2 * cast;
-    }
-  }
+  t += zero3_weight_casts_s(p, i);
   const double fwd = forward_share(p);
   return std::max(t * fwd, gather) + std::max(t * (1 - fwd), gather + reduce);
 }

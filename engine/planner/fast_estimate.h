@@ -169,6 +169,8 @@ class FastEstimator {
   double reduce_scatter_s(const Plan& p, double elements, Replicas g) const;
   double all_reduce_s(const Plan& p, double elements, Replicas g) const;
   double gather_s(const Plan& p, double params, double fp8_share, Replicas g) const;
+  // Under ZeRO 3 in fp8, one micro-batch's casts of block i's gathered FP8 weights on this rank.
+  double zero3_weight_casts_s(const Plan& p, std::size_t i) const;
   // The share of FP8 linears' weights (is_fp8_linear) among block i's dense (experts false) or routed
   // experts' parameters; block -1: among the whole model's.
   double fp8_share(std::ptrdiff_t block, bool experts) const;

@@ -117,6 +117,7 @@ PlanEstimator::Terms PlanEstimator::segment_terms(const Plan& s) const {
       const double bytes = static_cast<double>(s.micro_batch) * io_[i].tokens_out * io_[i].width_out * act;
       t += (s.recompute == Recompute::full ? 6 : 4) * fast_.collective_s(K::kAllReduce, s.tp, 1, bytes);
     }
+    t += fast_.zero3_weight_casts_s(s, i);  // this rank's own casts: not scaled from a tp 1 reference
     if (s.zero < 2 || n == 1) return t;
     // As the uniform tier: ZeRO 2 reduce-scatters every micro-batch's
     // gradients of the block, ZeRO 3 also gathers its parameters first.
@@ -149,7 +150,9 @@ PlanEstimator::Terms PlanEstimator::segment_terms(const Plan& s) const {
   // The fill and the drain wait for a micro-batch's hops through every virtual stage (FastEstimator).
   out.p2p = 2 * (s.pp * s.vpp - 1) * hop;
   out.pipeline = s.microbatches() * t_max + (s.pp - 1) * t_mean + out.p2p;
-  out.latency = t_sum + out.p2p;
+  // One micro-batch through the segment: its stages, and the hops between them (in t_sum already where
+  // the receives are on the compute stream).
+  out.latency = t_sum + (s.overlap_p2p_comm ? out.p2p : 0);
   out.bubble = (s.pp - 1) * t_mean;
   out.optimizer = step_max / (s.zero >= 1 ? n : 1);
   if (n > 1) {

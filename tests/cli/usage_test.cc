@@ -259,6 +259,13 @@ TEST_CASE("train refuses FP8 parameters and says how to run the plan, simulate r
   const MeshtrainRun cleared = run_meshtrain("simulate" + plan + " --fp8-param-gather=false");
   CHECK(cleared.status == 0);
   CHECK_THAT(cleared.out, !Catch::Contains("FP8 parameters"));
+  // The last given wins; a value that is no boolean is a usage error naming it (it had aborted the run).
+  CHECK_THAT(run_meshtrain("simulate" + plan + " --fp8-param-gather=false --fp8-param-gather").out,
+             Catch::Contains("FP8 parameters"));
+  const MeshtrainRun bad = run_meshtrain("simulate" + plan + " --fp8-param-gather=maybe");
+  CHECK(bad.status != 0);
+  CHECK_THAT(bad.out, Catch::Contains("maybe") && Catch::Contains("--fp8-param-gather"));
+  CHECK_THAT(bad.out, !Catch::Contains("terminate"));
 }
 
 TEST_CASE("train refuses a plan's bf16 gradients and says how to run it", "[cli]") {

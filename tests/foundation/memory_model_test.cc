@@ -128,6 +128,9 @@ TEST_CASE("ZeRO-3 in fp8 holds the cast of the layer in use, and FP8 parameters 
   const MemoryBreakdown c = memory_per_rank(m, fp8, 0, meshtrain_layout(fp8));
   CHECK(a.parameters - c.parameters == Approx(fp8_all / 4));
   CHECK(c.zero3_working == Approx(a.zero3_working));
+  // Nothing else moves: no second copy of the layer's gradient, the saved GEMM inputs as fp8's.
+  CHECK(c.gradient_working == Approx(a.gradient_working));
+  CHECK(c.total() - b.total() == Approx((c.parameters - b.parameters) + (c.zero3_working - b.zero3_working)));
   // ZeRO 1: every FP8 weight's cast and transpose, or, as FP8 parameters, none more than bf16.
   fp8.zero = bf16.zero = 1, fp8.fp8_param_gather = false;
   const double bf16_parameters = memory_per_rank(m, bf16, 0, meshtrain_layout(bf16)).parameters;

@@ -333,18 +333,24 @@ TEST_CASE("fp8 parameters are refused without precision fp8 or the distributed o
 TEST_CASE("fp8 under ZeRO 3 casts each gathered weight at each use, forward and backward", "[sim_backend][fp8]") {
   // dp 2, 2 micro-batches: below ZeRO 3 a weight is cast once a step; under it twice a micro-batch (the
   // weight is gathered again for each pass, and Transformer Engine casts a re-gathered weight for its
-  // backward too), so 2·2 - 1 = 3 more casts of each FP8 weight; everything else FP8 changes is alike.
+  // backward too: as FSDP runs Transformer Engine, a weight re-gathered for a pass is quantized for it), so
+  // 2·2 - 1 = 3 more casts of each FP8 weight; everything else FP8 changes is alike.
   const ModelSpec m = small_gpt();
   const sim::ClusterSpec c = h100();
   const sim::CostModel cost(c.device, sim::CostConstants{});
-  auto compute = [&](Precision precision, int zero) {
-    Plan p = one_rank(precision);
-    p.dp = 2, p.zero = zero, p.global_batch = 8;
-    return simulated(m, p, c).stages.at(0).compute_s;
-  };
-  const double change1 = compute(Precision::fp8, 1) - compute(Precision::bf16, 1);
-  const double change3 = compute(Precision::fp8, 3) - compute(Precision::bf16, 3);
   double weights = 0;
   for (const auto& [in, out] : kLinears) weights += seconds(cost.memory_bound(4.0 * static_cast<double>(in * out) + 8, "fp8_cast"));
-  CHECK(change3 - change1 == Approx(3 * weights * kLayers).epsilon(1e-6));
+  for (const Recompute r : {Recompute::none, Recompute::full}) {
+    auto compute = [&](Precision precision, int zero) {
+      Plan p = one_rank(precision);
+      p.dp = 2, p.zero = zero, p.global_batch = 8, p.recompute = r;
+      return simulated(m, p, c).stages.at(0).compute_s;
+    };
+    const double change1 = compute(Precision::fp8, 1) - compute(Precision::bf16, 1);
+    const double change3 = compute(Precision::fp8, 3) - compute(Precision::bf16, 3);
+    // A full recomputation's forward gathers and casts once more: 3·2 - 1 = 5 more casts.
+    const int more = r == Recompute::full ? 5 : 3;
+    INFO(recompute_name(r));
+    CHECK(change3 - change1 == Approx(more * weights * kLayers).epsilon(1e-6));
+  }
 }

@@ -218,4 +218,11 @@ TEST_CASE("the whole plan's overlap_p2p_comm goes to the segments that interleav
   REQUIRE_FALSE(refused.ok());
   CHECK_THAT(refused.error().message(),
              Catch::Contains("segment 0") && Catch::Contains("drop \"overlap_p2p_comm\" from this segment"));
+  // The whole plan's, with no segment that interleaves: refused, not dropped.
+  Plan overlapped = fp32_plan(8, 1);
+  overlapped.overlap_p2p_comm = true;
+  auto none = segments_from_json(
+      nlohmann::json::parse(R"([{"blocks": [0, 6], "pp": 2}, {"blocks": [7, 13]}])"), m, overlapped);
+  REQUIRE_FALSE(none.ok());
+  CHECK_THAT(none.error().message(), Catch::Contains("no segment interleaves"));
 }
