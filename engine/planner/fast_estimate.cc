@@ -275,12 +275,9 @@ std::size_t FastEstimator::reference_simulations() const { return refs_.size() *
 
 namespace {
 
-// The ranks holding the same parameters: dp·cp, tp apart (engine/plan/mesh.h).
-int replicas(const Plan& p) { return p.dp * p.cp; }
-
 // The gradients' compression on the wire: none without replicas to reduce over.
 GradCompression wire_compression(const Plan& p) {
-  return replicas(p) > 1 ? p.grad_compression : GradCompression::none;
+  return FastEstimator::replicas_of(p, false).members > 1 ? p.grad_compression : GradCompression::none;
 }
 
 // A block's forward share of its forward and backward.
@@ -291,6 +288,22 @@ double forward_share(const Plan& p) { return p.recompute == Recompute::full ? 0.
 bool reduces_per_microbatch(const Plan& p) { return p.zero >= 2 && !(p.zero_reduce_once && p.microbatches() > 1); }
 
 }  // namespace
+
+double FastEstimator::receive_hops(const Plan& p, int stage) {
+  // A stage receives each micro-batch's activations before each chunk's forward and its gradients before
+  // each chunk's backward (not the model's first input, nor the loss's gradient), on its compute stream
+  // (PipelineExecutor): the transfer is the stage's, micro-batch by micro-batch. Under overlap_p2p_comm
+  // they run under the compute before them.
+  if (p.pp == 1 || p.overlap_p2p_comm) return 0;
+  return 2.0 * p.vpp - (stage == 0 ? 1 : 0) - (stage == p.pp - 1 ? 1 : 0);
+}
+
+double FastEstimator::fill_drain_hops(const Plan& p) {
+  // The fill and the drain each wait for one micro-batch's hops through every virtual stage: under the
+  // interleaved schedule a stage's first chunk round ends before the micro-batch it started has come
+  // back round the pipeline to its next chunk.
+  return p.pp == 1 ? 0 : 2.0 * (p.pp * p.vpp - 1);
+}
 
 FastEstimator::Replicas FastEstimator::replicas_of(const Plan& p, bool experts) {
   if (!experts) return {p.dp * p.cp, p.tp};
@@ -418,7 +431,7 @@ FastEstimator::StageTimes FastEstimator::stage_times(const Plan& p, const Memory
     // only: each pass (a chunk's forward or backward of a micro-batch) first
     // waits for its first block's gather. With it (the default) the gather
     // is issued at the end of the previous action and hides behind the bubble or the compute.
-    if (p.zero == 3 && replicas(p) > 1 && !p.prefetch_across_chunks)
+    if (p.zero == 3 && replicas_of(p, false).members > 1 && !p.prefetch_across_chunks)
       t += 2 * p.vpp * gather_s(p, parameters_[1] * share, fp8_share(1, false), replicas_of(p, false));
     out.microbatch_s[static_cast<std::size_t>(s)] = t;
     out.step_s[static_cast<std::size_t>(s)] = w;
@@ -435,13 +448,8 @@ void FastEstimator::add_pipeline(const Plan& p, const StageTimes& stages, FastBr
                          element_bytes(p.precision);
     hop = collective_s(sim::CollectiveKind::kSendRecv, 2, p.tp * p.dp * p.cp, bytes);
   }
-  // A stage receives each micro-batch's activations before each chunk's forward and its gradients before
-  // each chunk's backward (not the model's first input, nor the loss's gradient), on its compute stream
-  // (PipelineExecutor): the transfer is the stage's, micro-batch by micro-batch. Under overlap_p2p_comm
-  // they run under the compute before them.
   std::vector<double> stage_s = stages.microbatch_s;
-  for (int s = 0; s < p.pp && p.pp > 1 && !p.overlap_p2p_comm; ++s)
-    stage_s[static_cast<std::size_t>(s)] += (2.0 * p.vpp - (s == 0 ? 1 : 0) - (s == p.pp - 1 ? 1 : 0)) * hop;
+  for (int s = 0; s < p.pp; ++s) stage_s[static_cast<std::size_t>(s)] += receive_hops(p, s) * hop;
   const double t_max = *std::max_element(stage_s.begin(), stage_s.end());
   double t_mean = 0;
   for (double t : stage_s) t_mean += t / p.pp;
@@ -451,10 +459,7 @@ void FastEstimator::add_pipeline(const Plan& p, const StageTimes& stages, FastBr
   double once_mean = 0;
   for (double o : stages.once_s) once_mean += o / p.pp;
   b.bubble_s = (p.pp - 1) * (t_mean + once_mean) / v;
-  // The fill and the drain each wait for one micro-batch's hops through every virtual stage: under the
-  // interleaved schedule a stage's first chunk round ends before the micro-batch it started has come
-  // back round the pipeline to its next chunk.
-  b.p2p_s = 2 * hop * (p.pp * p.vpp - 1);
+  b.p2p_s = fill_drain_hops(p) * hop;
   b.pipeline_s = p.microbatches() * t_max + b.bubble_s + b.p2p_s +
                  *std::max_element(stages.once_s.begin(), stages.once_s.end());
 }

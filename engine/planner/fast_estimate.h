@@ -109,6 +109,17 @@ class FastEstimator {
   FastBreakdown estimate(const Plan& p, const MemoryFit& fit) const;
   std::size_t reference_simulations() const;
 
+  // The ranks holding the same parameters (engine/plan/mesh.h): the dp·cp
+  // ranks tp apart, and for routed experts the expert-data group, etp·ep apart.
+  struct Replicas {
+    int members = 1, stride = 1;
+  };
+  static Replicas replicas_of(const Plan& p, bool experts);
+  // Pipeline hops a stage's micro-batch waits for on its compute stream (its receives), and the fill's
+  // and drain's hops (both tiers: the uniform one and PlanEstimator's segments).
+  static double receive_hops(const Plan& p, int stage);
+  static double fill_drain_hops(const Plan& p);
+
  private:
   // Segment layouts reuse the references and collective fits (plan_estimate.h).
   friend class PlanEstimator;
@@ -156,12 +167,6 @@ class FastEstimator {
   // A copy between host and device of `bytes` (the sim backend's rate: PCIe shared by a switch's GPUs).
   double pcie_s(double bytes) const;
 
-  // The ranks holding the same parameters (engine/plan/mesh.h): the dp·cp
-  // ranks tp apart, and for routed experts the expert-data group, etp·ep apart.
-  struct Replicas {
-    int members = 1, stride = 1;
-  };
-  static Replicas replicas_of(const Plan& p, bool experts);
   // estimate()'s terms. The plan's gradient collectives over `g`, with its
   // compression's kernels: a reduce-scatter or an all-reduce of `elements`
   // gradients (grad_dtype); a gather of `params` parameters, `fp8_share` of them FP8 linears' weights

@@ -139,16 +139,14 @@ PlanEstimator::Terms PlanEstimator::segment_terms(const Plan& s) const {
     if (stage == s.pp - 1 && s.head) blocks.push_back(last);
     double t = 0, step = 0, stage_params = 0;
     for (std::size_t i : blocks) t += block_time(i), step += ref.step_s[i] / divide, stage_params += params(i);
-    // As the uniform tier: the stage's receives in each micro-batch's time, unless posted ahead.
-    if (s.pp > 1 && !s.overlap_p2p_comm) t += (2.0 * s.vpp - (stage == 0 ? 1 : 0) - (stage == s.pp - 1 ? 1 : 0)) * hop;
+    t += FastEstimator::receive_hops(s, stage) * hop;  // as the uniform tier
     t_max = std::max(t_max, t), t_sum += t;
     step_max = std::max(step_max, step), params_max = std::max(params_max, stage_params);
   }
   Terms out;
   out.backward_share = 1 - forward_share;
   const double t_mean = t_sum / s.pp;
-  // The fill and the drain wait for a micro-batch's hops through every virtual stage (FastEstimator).
-  out.p2p = 2 * (s.pp * s.vpp - 1) * hop;
+  out.p2p = FastEstimator::fill_drain_hops(s) * hop;
   out.pipeline = s.microbatches() * t_max + (s.pp - 1) * t_mean + out.p2p;
   // One micro-batch through the segment: its stages, and the hops between them (in t_sum already where
   // the receives are on the compute stream).
