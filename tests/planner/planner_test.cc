@@ -28,11 +28,24 @@ SearchContext context(const std::string& model, int gpus, int global_batch) {
   return ctx;
 }
 
-SimulateOptions a100(double memory_bytes = 0) {
+SimulateOptions on_preset(const char* cluster, double memory_bytes = 0) {
   SimulateOptions o;
-  o.cluster = sim::cluster_preset("dgx-a100").value();
+  o.cluster = sim::cluster_preset(cluster).value();
   if (memory_bytes > 0) o.cluster.device.memory_bytes = memory_bytes;
   return o;
+}
+SimulateOptions a100(double memory_bytes = 0) { return on_preset("dgx-a100", memory_bytes); }
+SimulateOptions h100() { return on_preset("dgx-h100"); }
+
+// The one candidate `fix` leaves, timed by both tiers.
+Candidate only_candidate(const SearchContext& ctx, const std::string& fix, const SimulateOptions& options) {
+  auto space = parse_search_space({fix}, {}, ctx);
+  REQUIRE(space.ok());
+  auto r = search(ctx, *space, options, PlannerOptions{});
+  REQUIRE(r.ok());
+  REQUIRE(r->ranked.size() == 1);
+  REQUIRE(r->ranked.front().sim);
+  return r->ranked.front();
 }
 
 double all_stages_peak(const ModelSpec& m, const Plan& p) {
@@ -167,11 +180,9 @@ TEST_CASE("llama3-70b at 32K tokens on 512 H100s picks context parallelism over 
   ctx.base.seq_len = 32768;
   auto space = parse_search_space({"tp=8,pp=1,zero=3,sequence_parallel=on,micro_batch=1"}, {}, ctx);
   REQUIRE(space.ok());
-  SimulateOptions h100;
-  h100.cluster = sim::cluster_preset("dgx-h100").value();
   PlannerOptions options;
   options.simulate = 8;
-  auto r = search(ctx, *space, h100, options);
+  auto r = search(ctx, *space, h100(), options);
   REQUIRE(r.ok());
   // cp defaults for 32768 tokens over tp 8: 1, 2, 4, 8 (>= 4096 tokens a rank).
   std::set<int> cps;
@@ -407,15 +418,8 @@ TEST_CASE("the fast tier's data-parallel and EP overlap terms follow the DES on 
     const char* model = c.model;
     SearchContext ctx = context(model, 32, 128);
     ctx.base.seq_len = 4096;
-    auto space = parse_search_space({"tp=1,pp=1,micro_batch=1,zero=1,recompute=none,offload=none" + c.pins}, {}, ctx);
-    REQUIRE(space.ok());
-    SimulateOptions h100;
-    h100.cluster = sim::cluster_preset("dgx-h100").value();
-    auto r = search(ctx, *space, h100, PlannerOptions{});
-    REQUIRE(r.ok());
-    REQUIRE(r->ranked.size() == 1);
-    const Candidate& found = r->ranked.front();
-    REQUIRE(found.sim);
+    const Candidate found =
+        only_candidate(ctx, "tp=1,pp=1,micro_batch=1,zero=1,recompute=none,offload=none" + c.pins, h100());
     INFO(model << c.pins << ": fast " << found.fast.iteration_s << " s, DES " << found.sim->iteration_s << " s");
     CHECK(found.fast.iteration_s == Approx(found.sim->iteration_s).epsilon(0.1));
   }
@@ -430,17 +434,9 @@ TEST_CASE("FP8 parameters are searched on where they apply, and the fast tier mo
   SearchContext ctx = context("llama3-8b", 32, 128);
   ctx.base.seq_len = 4096;
   ctx.base.precision = Precision::fp8;
-  SimulateOptions h100;
-  h100.cluster = sim::cluster_preset("dgx-h100").value();
   auto timed = [&](const std::string& pins) {
-    auto space = parse_search_space({"tp=1,pp=1,micro_batch=1,zero=3,zero_reduce_once=off,recompute=none,offload=none" + pins},
-                                    {}, ctx);
-    REQUIRE(space.ok());
-    auto r = search(ctx, *space, h100, PlannerOptions{});
-    REQUIRE(r.ok());
-    REQUIRE(r->ranked.size() == 1);
-    REQUIRE(r->ranked.front().sim);
-    return r->ranked.front();
+    return only_candidate(ctx, "tp=1,pp=1,micro_batch=1,zero=3,zero_reduce_once=off,recompute=none,offload=none" + pins,
+                          h100());
   };
   const Candidate on = timed(""), off = timed(",fp8_param_gather=off");
   CHECK(on.plan.fp8_param_gather);  // the default under fp8 and ZeRO 1-3
@@ -468,21 +464,13 @@ TEST_CASE("the fast tier counts each stage's pipeline receives micro-batch by mi
   // -2.4% and -1.8%.
   SearchContext ctx = context("llama3-8b", 64, 256);
   ctx.base.seq_len = 4096;
-  SimulateOptions h100;
-  h100.cluster = sim::cluster_preset("dgx-h100").value();
   for (const std::string pins :
        {"pp=8,vpp=4,schedule=interleaved,overlap_p2p_comm=off", "pp=4,vpp=4,schedule=interleaved,overlap_p2p_comm=off",
         "pp=4,vpp=1,schedule=1f1b", "pp=8,vpp=4,schedule=interleaved,overlap_p2p_comm=on",
         "pp=4,vpp=4,schedule=interleaved,overlap_p2p_comm=on"}) {
-    auto space = parse_search_space(
-        {"tp=1,micro_batch=1,zero=1,recompute=none,offload=none,first_stage_layers=0,last_stage_layers=0," + pins}, {},
-        ctx);
-    REQUIRE(space.ok());
-    auto r = search(ctx, *space, h100, PlannerOptions{});
-    REQUIRE(r.ok());
-    REQUIRE(r->ranked.size() == 1);
-    const Candidate& found = r->ranked.front();
-    REQUIRE(found.sim);
+    const Candidate found = only_candidate(
+        ctx, "tp=1,micro_batch=1,zero=1,recompute=none,offload=none,first_stage_layers=0,last_stage_layers=0," + pins,
+        h100());
     INFO(pins << ": fast " << found.fast.iteration_s << " s, DES " << found.sim->iteration_s << " s");
     CHECK(found.fast.iteration_s == Approx(found.sim->iteration_s).epsilon(0.03));
   }
