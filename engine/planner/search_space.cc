@@ -445,8 +445,12 @@ Result<SearchSpace> parse_search_space(const std::vector<std::string>& fix, cons
       }
       if (space.allowed[item.dim] &&
           std::find(space.allowed[item.dim]->begin(), space.allowed[item.dim]->end(), v) == space.allowed[item.dim]->end())
+      {
+        std::vector<std::string> listed;  // as --allow spells them: "on", not 1
+        for (int a : *space.allowed[item.dim]) listed.push_back(d.format(a));
         return make_error("--fix {} is outside --allow's list for {} ({}); drop one of them", item.text, d.name,
-                          fmt::join(space.allowed[item.dim]->begin(), space.allowed[item.dim]->end(), ","));
+                          fmt::join(listed, ","));
+      }
       space.allowed[item.dim] = std::vector<int>{v};
       fixed_by[item.dim] = item.text;
     }

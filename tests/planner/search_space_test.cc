@@ -77,6 +77,9 @@ TEST_CASE("fix and allow errors name the item and the fix") {
   CHECK_THAT(error_of({"tp=2,4"}, {}), Catch::Contains("pins one value") && Catch::Contains("--allow tp=2,4"));
   CHECK_THAT(error_of({"tp=2", "tp=4"}, {}), Catch::Contains("--fix tp=2 and --fix tp=4 contradict"));
   CHECK_THAT(error_of({"zero=3"}, {"zero=0,1"}), Catch::Contains("--fix zero=3 is outside --allow's list for zero (0,1)"));
+  // A list of named values is printed as --allow spells them, not as their numbers.
+  CHECK_THAT(error_of({"recompute=full"}, {"recompute=none,selective"}),
+             Catch::Contains("outside --allow's list for recompute (none,selective)"));
   CHECK_THAT(error_of({"tp=4,pp=4"}, {}), Catch::Contains("--fix tp=4 and --fix pp=4 needs a multiple of 16 GPUs") &&
                                               Catch::Contains("--gpus is 8"));
   CHECK_THAT(error_of({"tp=2,pp=2,dp=1"}, {}), Catch::Contains("make tp·pp·dp = 4 ranks, but --gpus is 8"));
