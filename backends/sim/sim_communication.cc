@@ -9,6 +9,7 @@
 #include <numeric>
 
 #include "backends/collective_checks.h"
+#include "backends/fp8_wire.h"
 #include "backends/op_table.h"
 #include "backends/sim/sim_internal.h"
 
@@ -203,9 +204,9 @@ void SimBackend::broadcast(Tensor& x, const Group& g, int root_global_rank) {
 void SimBackend::all_gather_fp8(const Tensor& in, Tensor& out, const Group& g, std::int64_t fp8_elements) {
   if (fp8_elements < 0 || fp8_elements > out.numel())
     misuse("all_gather_fp8: {} FP8 elements of out {}", fp8_elements, out.shape().str());
-  // The mean bytes of out's elements: FP8 ones at 1, the others at their dtype's size.
-  const double wide = static_cast<double>(dtype_size(in.dtype())), n = static_cast<double>(out.numel());
-  gather(in, out, g, n > 0 ? (static_cast<double>(fp8_elements) + (n - static_cast<double>(fp8_elements)) * wide) / n : 1.0);
+  // The mean bytes of out's elements.
+  const double n = static_cast<double>(out.numel());
+  gather(in, out, g, n > 0 ? fp8_gather_bytes(out.numel(), fp8_elements, in.dtype()) / n : 1.0);
 }
 void SimBackend::all_to_all(const Tensor& in, std::span<const std::int64_t> send_counts,
                             Tensor& out, std::span<const std::int64_t> recv_counts, const Group& g) {

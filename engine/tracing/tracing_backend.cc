@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "backends/fp8_wire.h"
 namespace meshtrain {
 
 namespace {
@@ -228,10 +229,7 @@ void TracingBackend::all_gather(const Tensor& in, Tensor& out, const Group& g) {
              [&] { target().all_gather(in, out, g); });
 }
 void TracingBackend::all_gather_fp8(const Tensor& in, Tensor& out, const Group& g, std::int64_t fp8_elements) {
-  // FP8 elements at one byte, the others at their dtype's size.
-  const double wide = static_cast<double>(dtype_size(out.dtype()));
-  collective("all_gather", {&in, &out},
-             static_cast<double>(fp8_elements) + static_cast<double>(out.numel() - fp8_elements) * wide, g,
+  collective("all_gather", {&in, &out}, fp8_gather_bytes(out.numel(), fp8_elements, out.dtype()), g,
              [&] { target().all_gather_fp8(in, out, g, fp8_elements); });
 }
 void TracingBackend::broadcast(Tensor& x, const Group& g, int root_global_rank) {
