@@ -7,12 +7,16 @@
 // differences. Current scaling is more sensitive to those than delayed
 // scaling's first step (scale 1): a scale that moves by an ulp moves every
 // element of its tensor, so some land across an FP8 rounding boundary
-// (1/8 to 1/16 apart) from step 1 on. Measured against single rank (tiny
-// Llama and tiny MoE, tp 2): step 1's loss within 1e-6 and its gradient norm
-// within 2e-4, step 3's loss within 2e-3 and its gradient norm within 3e-2;
-// without the gradients' amax reduction over tp step 1's gradient norm moves
-// by 2e-3 (tiny GPT), which the rule test catches exactly. The bounds asked
-// are 1e-5, 1e-3, 5e-3 and 5e-2.
+// (1/8 to 1/16 apart) from step 1 on. Which elements land across depends on
+// the fp32 plans' last bits, so on the BLAS kernels the machine gets:
+// measured against single rank (tiny Llama and tiny MoE, tp 2), OpenBLAS's
+// AVX-512 kernels (Cooperlake) give step 1's loss within 1e-6 and its
+// gradient norm within 2e-4, its AVX2 ones (Haswell, Zen) within 2.7e-5 and
+// 2.4e-3; step 3's loss within 2e-3 and its gradient norm within 3e-2 on
+// both. Without the gradients' amax reduction over tp step 1's gradient norm
+// moves by 2e-3 (tiny GPT): the rule test below catches that exactly, cast
+// by cast, so the plan bounds need not. The bounds asked are 1e-4, 1e-2,
+// 5e-3 and 5e-2.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -44,7 +48,7 @@ const PlanRun& current_reference(const ModelSpec& m) {
 
 void check_current_matches(const ModelSpec& m, const Plan& p) {
   INFO("plan " << describe(p) << ", model " << m.name);
-  const RankRun got = check_fp8_run(m, p, current_reference(m).ranks[0], {1e-5, 1e-3, 5e-3, 5e-2});
+  const RankRun got = check_fp8_run(m, p, current_reference(m).ranks[0], {1e-4, 1e-2, 5e-3, 5e-2});
   // No scaling state crosses steps, so the exported state (a checkpoint's) has none.
   for (const auto& [name, values] : got.state) CHECK_FALSE(name.starts_with("fp8/"));
 }
