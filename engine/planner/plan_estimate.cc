@@ -109,6 +109,7 @@ PlanEstimator::Terms PlanEstimator::segment_terms(const Plan& s) const {
   const std::size_t last = io_.size() - 1;
   const double forward_share = s.recompute == Recompute::full ? 0.25 : 1.0 / 3.0;
   const int n = s.dp;
+  const FastEstimator::Replicas replicas{n, s.tp};  // as the reduce-scatters below: the dp ranks, tp apart
   const double act = element_bytes(s.precision);
   auto params = [&](std::size_t i) { return fast_.parameters_[i] / s.tp; };
   auto block_time = [&](std::size_t i) {
@@ -122,7 +123,8 @@ PlanEstimator::Terms PlanEstimator::segment_terms(const Plan& s) const {
     // As the uniform tier: ZeRO 2 reduce-scatters every micro-batch's
     // gradients of the block, ZeRO 3 also gathers its parameters first.
     const double reduce = fast_.collective_s(K::kReduceScatter, n, s.tp, params(i) * gradient_bytes(s));
-    const double gather = s.zero == 3 ? fast_.collective_s(K::kAllGather, n, s.tp, params(i) * act) : 0;
+    const double gather =
+        s.zero == 3 ? fast_.gather_s(s, params(i), fast_.fp8_share(static_cast<std::ptrdiff_t>(i), false), replicas) : 0;
     return std::max(t * forward_share, gather) + std::max(t * (1 - forward_share), gather + reduce);
   };
   const double hop =
@@ -163,7 +165,7 @@ PlanEstimator::Terms PlanEstimator::segment_terms(const Plan& s) const {
                               ? reduce
                               : std::max(reduce - t_max * out.backward_share, reduce / buckets);
     }
-    if (s.zero == 1 || s.zero == 2) out.data_parallel += fast_.collective_s(K::kAllGather, n, s.tp, params_max * act);
+    if (s.zero == 1 || s.zero == 2) out.data_parallel += fast_.gather_s(s, params_max, fast_.fp8_share(-1, false), replicas);
   }
   return out;
 }

@@ -113,6 +113,7 @@ nlohmann::json plan_file_json(const Candidate& c) {
     if (p.grad_sync != GradSync::overlap) j["grad_sync"] = grad_sync_name(p.grad_sync);
     if (p.grad_dtype != GradDtype::fp32) j["grad_dtype"] = grad_dtype_name(p.grad_dtype);
     if (p.fp8_recipe != Fp8Recipe::delayed) j["fp8_recipe"] = fp8_recipe_name(p.fp8_recipe);
+    if (p.fp8_param_gather) j["fp8_param_gather"] = true;
     // The segments inherit the job's modules (segments_from_json starts each from the job's fields).
     if (p.recompute_modules.any()) j["recompute_modules"] = recompute_module_names(p.recompute_modules);
     return j;

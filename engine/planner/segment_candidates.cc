@@ -213,11 +213,17 @@ struct LayoutChoices {
 // segment has no valid choice; `rejection` keeps the last reason.
 std::optional<LayoutChoices> layout_choices(const SearchContext& ctx, const SegmentSpace& space,
                                             const nlohmann::json& list,
-                                            const std::vector<std::vector<std::string>>& modules, std::int64_t& formed,
-                                            Status& rejection) {
+                                            const std::vector<std::vector<std::string>>& modules, bool fp8_params,
+                                            std::int64_t& formed, Status& rejection) {
   const ModelSpec& m = ctx.model;
   LayoutChoices out;
   out.base = ctx.base;
+  if (fp8_params) {
+    // FP8 parameters are the whole plan's and need the distributed optimizer in every segment: the
+    // segments start at ZeRO 1, and a segment's ZeRO 0 choices (all a dp 1 segment has) do not validate.
+    out.base.fp8_param_gather = true;
+    out.base.zero = std::max(out.base.zero, 1);
+  }
   auto parsed = segments_from_json(list, m, out.base);
   if (!parsed) {
     formed += 1, rejection = parsed.error();
@@ -272,9 +278,11 @@ struct Expanded {
 // Validates one layout of the family and expands it into its per-segment
 // choices that fit: each combination of roots, raised until it fits, is kept
 // once; of those that cannot fit, the one closest to fitting is remembered.
-Expanded expand(const SearchContext& ctx, const SegmentSpace& space, double device, const Layout& l) {
+// `fp8_params`: the whole plan keeps FP8 parameters (Plan::fp8_param_gather).
+Expanded expand(const SearchContext& ctx, const SegmentSpace& space, double device, const Layout& l, bool fp8_params) {
   Expanded x;
-  const std::optional<LayoutChoices> layout = layout_choices(ctx, space, l.list, l.modules, x.formed, x.rejection);
+  const std::optional<LayoutChoices> layout =
+      layout_choices(ctx, space, l.list, l.modules, fp8_params, x.formed, x.rejection);
   if (!layout) return x;
   const std::size_t n = layout->segments();
   const std::vector<std::vector<std::size_t>> roots = layout->roots();
@@ -394,15 +402,21 @@ SegmentEnumeration enumerate_segment_candidates(const SearchContext& ctx, const 
   const ModelSpec& m = ctx.model;
   if (ctx.gpus < 2 || !has_segment_layouts(m)) return e;
   const std::vector<Layout> layouts = layouts_of(ctx, space, modules_of(m));
-  std::vector<Expanded> expanded(layouts.size());
-  tbb::parallel_for(std::size_t{0}, layouts.size(),
-                    [&](std::size_t i) { expanded[i] = expand(ctx, space, device_bytes, layouts[i]); });
-  for (std::size_t i = 0; i < layouts.size(); ++i) {
-    Expanded& x = expanded[i];
+  // Under fp8 every layout is expanded without and with FP8 parameters, as the uniform search tries
+  // fp8_param_gather where it applies (search_space.cc); the base plan's setting otherwise.
+  std::vector<bool> fp8_settings{ctx.base.fp8_param_gather};
+  if (ctx.base.precision == Precision::fp8 && !ctx.base.fp8_param_gather) fp8_settings.push_back(true);
+  const std::size_t runs = layouts.size() * fp8_settings.size();
+  std::vector<Expanded> expanded(runs);
+  tbb::parallel_for(std::size_t{0}, runs, [&](std::size_t r) {
+    expanded[r] = expand(ctx, space, device_bytes, layouts[r % layouts.size()], fp8_settings[r / layouts.size()]);
+  });
+  for (std::size_t r = 0; r < runs; ++r) {
+    Expanded& x = expanded[r];
     e.combinations += x.formed;
     e.pruned += x.pruned;
     if (!x.rejection && !e.example_rejection)
-      e.example_rejection = fmt::format("{}: {}", layouts[i].list.dump(), x.rejection.error().message());
+      e.example_rejection = fmt::format("{}: {}", layouts[r % layouts.size()].list.dump(), x.rejection.error().message());
     if (x.closest && (!e.closest || x.closest_bytes < e.closest_bytes))
       e.closest = std::move(x.closest), e.closest_bytes = x.closest_bytes;
     for (SegmentCandidate& c : x.kept) e.valid.push_back(std::move(c));
@@ -421,7 +435,9 @@ std::string describe_segments_short(const Plan& p) {
     if (s.recompute != Recompute::none) out += s.recompute == Recompute::full ? " rc" : " rcs";
     if (s.sequence_parallel) out += " sp";
   }
-  return out + fmt::format(" m {}", p.segments.back().microbatches());
+  out += fmt::format(" m {}", p.segments.back().microbatches());
+  if (p.fp8_param_gather) out += " fp8-params";
+  return out;
 }
 
 }  // namespace meshtrain::planner

@@ -136,6 +136,26 @@ TEST_CASE("plan searches a Swin's segment layouts and the chosen one simulates a
   check_written_plan_runs("swin-micro", out, best, 12);
 }
 
+TEST_CASE("under fp8 plan writes a segment layout's FP8 parameters into its plan file, which simulate reads") {
+  const std::string out = "plan_cli_test_segments_fp8.json";
+  const auto report = json_output("plan --model swin-micro --cluster dgx-h100 --precision fp8 --gpus 4 --global-batch 8 "
+                                  "--layouts segments --segments 6 --json --no-progress --top 100");
+  int kept = 0;
+  for (const auto& row : report["ranked"]) {
+    const bool fp8_params = row["summary"].get<std::string>().find("fp8-params") != std::string::npos;
+    CHECK(row["plan"].value("fp8_param_gather", false) == fp8_params);  // the whole plan's field
+    if (!fp8_params || kept++ > 0) continue;
+    {
+      std::ofstream f(out);
+      f << row["plan"].dump();
+    }
+    const auto simulated = json_output("simulate --model swin-micro --cluster dgx-h100 --gpus 4 --json --plan " + out);
+    CHECK(simulated["iteration_time_s"].get<double>() > 0);
+    std::remove(out.c_str());
+  }
+  CHECK(kept > 0);
+}
+
 TEST_CASE("plan ranks segment layouts beside uniform plans and leaves them out under a pinned tp") {
   const std::string job = "plan --model swin-micro --cluster local-cpu --precision fp32 --gpus 4 --global-batch 8 "
                           "--simulate 4 --segments 3 --json --no-progress --top 1000";

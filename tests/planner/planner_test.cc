@@ -334,6 +334,33 @@ TEST_CASE("segment layouts of a Swin cover both kinds and every cut with each bl
   CHECK(e.combinations > static_cast<std::int64_t>(e.valid.size()));
 }
 
+TEST_CASE("under fp8 segment layouts are also expanded with FP8 parameters, every segment under ZeRO") {
+  SearchContext ctx = context("swin-micro", 4, 8);
+  ctx.base.seq_len = 0;
+  ctx.base.precision = Precision::fp8;
+  const SegmentEnumeration e = enumerate_segment_candidates(ctx, {}, 1e30);
+  int with = 0, without = 0;
+  for (const SegmentCandidate& c : e.valid) {
+    CHECK(validate_plan(c.plan, ctx.model, 4).ok());
+    if (!c.plan.fp8_param_gather) {
+      ++without;
+      continue;
+    }
+    ++with;
+    CHECK_FALSE(c.segments[0].contains("fp8_param_gather"));  // written once, outside "segments"
+    for (const Plan& s : c.plan.segments) {
+      CHECK(s.fp8_param_gather);  // the whole plan's, in each segment
+      CHECK(s.zero >= 1);         // FP8 parameters live in the distributed optimizer
+      CHECK(s.dp > 1);
+    }
+  }
+  CHECK(with > 0);
+  CHECK(without > with);  // layouts with a dp 1 segment have no FP8 parameters to keep
+  // Not under bf16: nothing to keep.
+  ctx.base.precision = Precision::bf16;
+  for (const SegmentCandidate& c : enumerate_segment_candidates(ctx, {}, 1e30).valid) CHECK_FALSE(c.plan.fp8_param_gather);
+}
+
 TEST_CASE("with dropout the search leaves context-parallel plans out, and a pinned cp is refused saying why") {
   // The step engine draws dropout masks per row block and cannot split them
   // over context ranks: such plans are not candidates (they once reached the
