@@ -208,6 +208,7 @@ const char* dtype_name(DType d) {
     case DType::kBf16: return "bf16";
     case DType::kFp32: return "fp32";
     case DType::kFp8: return "fp8";
+    case DType::kFp8Split: return "fp8_split";
   }
   return "fp32";
 }
@@ -363,9 +364,10 @@ Result<DType> gemm_dtype_of(const Entry& e) {
   const std::string s = dtype.is_string() ? dtype.get<std::string>() : "";
   if (s == "fp32") return DType::kFp32;
   if (s == "fp8") return DType::kFp8;
+  if (s == "fp8_split") return DType::kFp8Split;
   if (s != "bf16" && s != "fp16")
-    return make_error("{}[{}]: field 'dtype' must be \"bf16\", \"fp16\", \"fp8\" or \"fp32\", got {}", e.where, e.i,
-                      dtype.dump());
+    return make_error("{}[{}]: field 'dtype' must be \"bf16\", \"fp16\", \"fp8\", \"fp8_split\" or \"fp32\", got {}",
+                      e.where, e.i, dtype.dump());
   return DType::kBf16;
 }
 
@@ -684,13 +686,18 @@ Status check_calibration_precision(const Calibration& c, DType run) {
 CalibrationCoverage calibration_coverage(const Calibration& c, DType dtype) {
   CalibrationCoverage out;
   auto add = [&](bool measured, std::string what) { (measured ? out.measured : out.defaults).push_back(std::move(what)); };
-  std::size_t gemms = 0;
-  for (const auto& g : c.gemm) gemms += g.dtype == dtype;
-  add(gemms > 0, fmt::format("gemm {}{}", dtype_name(dtype), gemms ? fmt::format(" ({} shapes)", gemms) : ""));
-  std::size_t grouped = 0;
-  for (const auto& g : c.grouped_gemm) grouped += g.dtype == dtype;
-  add(grouped > 0, fmt::format("grouped gemm {}{}", dtype_name(dtype),
-                               grouped ? fmt::format(" ({} shapes)", grouped) : " (tile model)"));
+  // An fp8 run's backward GEMMs are the split accumulator's (DType::kFp8Split).
+  std::vector<DType> gemm_dtypes{dtype};
+  if (dtype == DType::kFp8) gemm_dtypes.push_back(DType::kFp8Split);
+  for (const DType d : gemm_dtypes) {
+    std::size_t gemms = 0;
+    for (const auto& g : c.gemm) gemms += g.dtype == d;
+    add(gemms > 0, fmt::format("gemm {}{}", dtype_name(d), gemms ? fmt::format(" ({} shapes)", gemms) : ""));
+    std::size_t grouped = 0;
+    for (const auto& g : c.grouped_gemm) grouped += g.dtype == d;
+    add(grouped > 0, fmt::format("grouped gemm {}{}", dtype_name(d),
+                                 grouped ? fmt::format(" ({} shapes)", grouped) : " (tile model)"));
+  }
   for (bool backward : {false, true}) {
     const bool any = std::any_of(c.attention.begin(), c.attention.end(),
                                  [&](const Calibration::Attention& a) { return a.backward == backward; });

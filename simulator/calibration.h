@@ -12,7 +12,8 @@
 //       {"m": 4096, "n": 4096, "k": 4096, "dtype": "bf16", "time_us": 510.2}],
 //                                         // dtype "fp8": FP8 operands, for a run at precision fp8
 //                                         // (its file's "precision" is "bf16": attention and the
-//                                         // other ops of such a run are bf16)
+//                                         // other ops of such a run are bf16); "fp8_split": the
+//                                         // same with the split accumulator (DType::kFp8Split)
 //     "attention": [                      // fused attention forward
 //       {"batch_heads": 256, "seq": 2048, "head_dim": 128, "causal": true, "time_us": 1830}],
 //     "memory": [                         // memory-bound kernels by bytes moved (read + write)
@@ -96,9 +97,17 @@
 namespace meshtrain::sim {
 
 // fp16 costs as bf16. kFp8: a GEMM with FP8 (E4M3/E5M2) operands and bf16
-// output, as a plan with precision fp8 runs its linear layers; only GEMMs
-// have it (attention and memory-bound ops of such a run are bf16).
-enum class DType : uint8_t { kBf16, kFp32, kFp8 };
+// output, as a plan with precision fp8 runs its linear layers' forward
+// GEMMs, accumulating in the tensor cores' fast (reduced-precision)
+// accumulator; kFp8Split: the same with the split accumulator, whose partial
+// sums are promoted to fp32 as K advances (cuBLASLt without
+// CUBLASLT_MATMUL_DESC_FAST_ACCUM), as Transformer Engine runs a linear's dgrad
+// and wgrad GEMMs (TE 1.x _2X_ACC_DGRAD/_2X_ACC_WGRAD; TE 2.x recipes'
+// fp8_gemm_dgrad/fp8_gemm_wgrad MMParams(use_split_accumulator=True)). Only
+// GEMMs have them (attention and memory-bound ops of such a run are bf16).
+// Without a measurement the two cost alike: no public H100 table gives the
+// split accumulator's cost, so `meshtrain calibrate` measures both.
+enum class DType : uint8_t { kBf16, kFp32, kFp8, kFp8Split };
 const char* dtype_name(DType d);
 
 struct Calibration {

@@ -33,7 +33,8 @@ double tiles_over(std::int64_t extent, double tile) { return std::ceil(static_ca
 double elem_bytes(DType d) {
   switch (d) {
     case DType::kBf16: return 2.0;
-    case DType::kFp8: return 1.0;  // operands; the bf16 output is counted as 1 too (a small share)
+    case DType::kFp8:
+    case DType::kFp8Split: return 1.0;  // operands; the bf16 output is counted as 1 too (a small share)
     case DType::kFp32: return 4.0;
   }
   return 4.0;
@@ -47,7 +48,8 @@ CostModel::CostModel(DeviceSpec device, CostConstants constants, const Calibrati
 double CostModel::peak_flops(DType dtype) const {
   switch (dtype) {
     case DType::kBf16: return device_.peak_bf16_flops;
-    case DType::kFp8: return device_.peak_fp8_flops;
+    case DType::kFp8:
+    case DType::kFp8Split: return device_.peak_fp8_flops;
     case DType::kFp32: return device_.peak_fp32_flops;
   }
   return device_.peak_fp32_flops;
@@ -108,6 +110,12 @@ template <class Lookup>
 std::optional<Time> CostModel::measured(DType dtype, Lookup lookup) const {
   if (!calibration_) return std::nullopt;
   if (auto t = lookup(dtype)) return from_seconds(*t);
+  // A split-accumulator FP8 kernel the file did not measure: its fast-accumulator twin's time (as the
+  // model without a measurement has it).
+  if (dtype == DType::kFp8Split) {
+    if (auto t = lookup(DType::kFp8)) return from_seconds(*t);
+    dtype = DType::kFp8;
+  }
   // An FP8 kernel the file did not measure: the measured bf16 curve's efficiency at FP8's peak.
   if (dtype == DType::kFp8 && device_.peak_fp8_flops > 0)
     if (auto t = lookup(DType::kBf16)) return from_seconds(*t * device_.peak_bf16_flops / device_.peak_fp8_flops);

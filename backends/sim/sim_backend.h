@@ -109,6 +109,7 @@ class SimBackend final : public Backend {
   // sim::DType::kFp8, except those with a dimension of `bf16_width` (the
   // output layer's vocabulary shard, kept in bf16 as Megatron's output layer
   // is not a Transformer Engine module); batched_gemm and attention stay bf16.
+  // The backward GEMMs (an operand transposed) cost as kFp8Split (gemm_dtype).
   void use_fp8_gemms(std::int64_t bf16_width) {
     fp8_gemms_ = true;
     fp8_exempt_width_ = bf16_width;
@@ -162,8 +163,10 @@ class SimBackend final : public Backend {
   void check_all(const char* op, std::initializer_list<const Tensor*> tensors) const;
   sim::StreamId executor_stream(Stream s) const;
   sim::DType compute_dtype(DType t) const;
-  // compute_dtype, or kFp8 for an (m, n, k) GEMM that use_fp8_gemms covers.
-  sim::DType gemm_dtype(DType t, std::int64_t m, std::int64_t n, std::int64_t k) const;
+  // compute_dtype, or for an (m, n, k) GEMM that use_fp8_gemms covers kFp8, and kFp8Split where `op`
+  // transposes an operand: the engine issues a linear's forward as x·W and its backward GEMMs as
+  // dy·Wᵀ (dgrad) and xᵀ·dy (wgrad), which Transformer Engine runs with the split accumulator.
+  sim::DType gemm_dtype(DType t, std::int64_t m, std::int64_t n, std::int64_t k, const GemmOp& op) const;
   sim::NameId op_name(std::string_view name);  // interned once per distinct name
   void collective(sim::CollectiveKind kind, double bytes, const Group& g, int root = 0);
   void collective(const Group& g, sim::CollectiveRequest request);

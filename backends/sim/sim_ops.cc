@@ -27,11 +27,12 @@ sim::DType SimBackend::compute_dtype(DType t) const {
   return t == DType::bf16 || t == DType::f16 ? sim::DType::kBf16 : sim::DType::kFp32;
 }
 
-sim::DType SimBackend::gemm_dtype(DType t, std::int64_t m, std::int64_t n, std::int64_t k) const {
+sim::DType SimBackend::gemm_dtype(DType t, std::int64_t m, std::int64_t n, std::int64_t k, const GemmOp& op) const {
   const sim::DType d = compute_dtype(t);
   if (!fp8_gemms_ || d != sim::DType::kBf16) return d;
   const std::int64_t w = fp8_exempt_width_;
-  return m == w || n == w || k == w ? d : sim::DType::kFp8;
+  if (m == w || n == w || k == w) return d;
+  return op.trans_a || op.trans_b ? sim::DType::kFp8Split : sim::DType::kFp8;
 }
 
 void SimBackend::compute(sim::NameId name, sim::Time duration) {
@@ -130,7 +131,7 @@ void SimBackend::gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp&
     misuse("gemm: a {} b {} c {} do not agree", a.shape().str(), b.shape().str(), c.shape().str());
   // The epilogue stores c in its own dtype, after reading it when the product is added (beta != 0).
   const sim::GemmOutput out{static_cast<double>(dtype_size(c.dtype())), op.beta != 0.f};
-  compute(op_name("gemm"), cluster_.cost_.gemm(d.m, d.n, d.k, gemm_dtype(a.dtype(), d.m, d.n, d.k), 1, out));
+  compute(op_name("gemm"), cluster_.cost_.gemm(d.m, d.n, d.k, gemm_dtype(a.dtype(), d.m, d.n, d.k, op), 1, out));
 }
 void SimBackend::grouped_gemm(const std::vector<Tensor>& a, const std::vector<Tensor>& b, std::vector<Tensor>& c,
                               const GemmOp& op) {
@@ -154,7 +155,7 @@ void SimBackend::grouped_gemm(const std::vector<Tensor>& a, const std::vector<Te
              b[g].shape().str(), c[g].shape().str(), n);
     ms.push_back(m), ks.push_back(k);
   }
-  const sim::DType t = gemm_dtype(a.front().dtype(), ms.front(), n, ks.front());
+  const sim::DType t = gemm_dtype(a.front().dtype(), ms.front(), n, ks.front(), op);
   const sim::GemmOutput out{static_cast<double>(dtype_size(c.front().dtype())), op.beta != 0.f};
   if (op.trans_a) {
     for (std::int64_t m : ms)

@@ -354,3 +354,35 @@ TEST_CASE("fp8 under ZeRO 3 casts each gathered weight at each use, forward and 
     CHECK(change3 - change1 == Approx(more * weights * kLayers).epsilon(1e-6));
   }
 }
+
+TEST_CASE("fp8: the backward GEMMs cost as the split accumulator's, which a calibration measures apart",
+          "[sim_backend][fp8]") {
+  // Transformer Engine runs a linear's forward GEMM with the fast accumulator and its dgrad and wgrad with
+  // the split one. Two calibrations with one FP8 GEMM each, so that every shape runs at that entry's
+  // throughput: `same` has only the fast one (the split GEMMs then cost as fast ones), `slower` adds a
+  // split entry at half the throughput. The step's compute differs by the backward GEMMs' FLOPs once
+  // more at the fast throughput: per micro-batch and linear, dgrad (rows, in, out) and wgrad (in, out,
+  // rows), 2·rows·in·out FLOPs each.
+  const ModelSpec m = small_gpt();
+  const sim::ClusterSpec c = h100();
+  constexpr double kFastFlops = 800e12;
+  const std::int64_t s = 4096;
+  const double entry_us = 2.0 * s * s * s / kFastFlops * 1e6;
+  sim::Calibration same;
+  same.precision = sim::DType::kBf16;
+  same.gemm = {{s, s, s, sim::DType::kFp8, entry_us}};
+  sim::Calibration slower = same;
+  slower.gemm.push_back({s, s, s, sim::DType::kFp8Split, 2 * entry_us});
+  Plan p = one_rank(Precision::fp8);
+  p.global_batch = 4;  // two micro-batches
+  auto compute = [&](const sim::Calibration& cal) {
+    SimulateOptions o;
+    o.cluster = c;
+    o.calibration = &cal;
+    return sim_testing::simulated(m, p, o).stages.at(0).compute_s;
+  };
+  double backward_flops = 0;
+  for (const auto& [in, out] : kLinears) backward_flops += 2 * (2.0 * kRows * in * out);
+  backward_flops *= 2 * kLayers;  // micro-batches, layers
+  CHECK(compute(slower) - compute(same) == Approx(backward_flops / kFastFlops).epsilon(1e-6));
+}

@@ -65,6 +65,34 @@ TEST_CASE("calibration files carry fp8 GEMM entries", "[simulator][fp8][calibrat
   CHECK_THAT(bad.error().message(), Catch::Contains("\"fp8\"") && Catch::Contains("gemm[0]"));
 }
 
+TEST_CASE("fp8_split GEMM entries: the split accumulator's, else the fast accumulator's time", "[simulator][fp8][calibration]") {
+  const std::string text = R"({"version": 1, "precision": "bf16", "gemm": [
+      {"m": 4096, "n": 4096, "k": 4096, "dtype": "bf16", "time_us": 200},
+      {"m": 4096, "n": 4096, "k": 4096, "dtype": "fp8", "time_us": 120},
+      {"m": 4096, "n": 4096, "k": 4096, "dtype": "fp8_split", "time_us": 135}]})";
+  auto c = calibration_from_json(text);
+  REQUIRE(c.ok());
+  REQUIRE(c->gemm.size() == 3);
+  CHECK(c->gemm[2].dtype == DType::kFp8Split);
+  CHECK(std::string(dtype_name(DType::kFp8Split)) == "fp8_split");
+  CHECK(calibration_to_json(*c).find("\"fp8_split\"") != std::string::npos);  // written back by name
+  const DeviceSpec h100 = cluster_preset("dgx-h100")->device;
+  auto split_s = [&](const Calibration& cal) {
+    return to_seconds(CostModel(h100, CostConstants{}, &cal).gemm(4096, 4096, 4096, DType::kFp8Split));
+  };
+  CHECK(split_s(*c) == Approx(135e-6));
+  c->gemm.pop_back();
+  CHECK(split_s(*c) == Approx(120e-6));  // no split entry: the fast accumulator's
+  c->gemm.pop_back();
+  CHECK(split_s(*c) == Approx(200e-6 * 989 / 1979));  // nor a fast one: the bf16 time at the FP8 peak
+  // Without a calibration the two accumulators cost alike (no public table to tell them apart).
+  const CostModel model(h100, CostConstants{});
+  CHECK(model.gemm(2048, 2048, 8192, DType::kFp8Split) == model.gemm(2048, 2048, 8192, DType::kFp8));
+  // The coverage of an fp8 run names both.
+  const CalibrationCoverage coverage = calibration_coverage(*calibration_from_json(text), DType::kFp8);
+  CHECK_THAT(coverage.measured, Catch::VectorContains(std::string("gemm fp8_split (1 shapes)")));
+}
+
 TEST_CASE("a cluster file gives or inherits the FP8 peak", "[simulator][fp8][cluster]") {
   auto inherit = cluster_spec_from_json(R"({"base": "dgx-h100", "device": {"name": "my-h100"}})");
   REQUIRE(inherit.ok());
