@@ -45,6 +45,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -135,6 +136,14 @@ class CudaBackend final : public Backend {
   // chain put on each link. Tests read it to check what a plan moves (gradient
   // compression) on a device as on the cpu. Issuing thread only.
   std::int64_t bytes_sent() const { return bytes_sent_; }
+
+  // For calibrate (cuda_fp8_gemm_call, cuda_factory.h): one cuBLASLt FP8 GEMM c (m, n) bf16 = a (m, k) ·
+  // b (n, k)ᵀ of E4M3 ones at unit scales (so every element of c is k), with the fast or the split
+  // accumulator (gemm.h), on the current stream at each call, over operands allocated here and held by
+  // the call; c this backend's (m, n) bf16 tensor, or (null) one of the call's own. Errors: a device
+  // without FP8 tensor cores (before compute capability 8.9), an empty shape, a c of another shape.
+  Result<std::function<void()>> fp8_gemm_call(std::int64_t m, std::int64_t n, std::int64_t k, bool split_accumulator,
+                                              Tensor* c = nullptr);
 
  private:
   CudaBackend(std::shared_ptr<DeviceState> state, int rank, int world);

@@ -18,6 +18,14 @@ std::string cuda_device_name() {
   return prop.name;
 }
 
+Result<std::function<void()>> cuda_fp8_gemm_call(Backend& backend, std::int64_t m, std::int64_t n, std::int64_t k,
+                                                 bool split_accumulator) {
+  auto* cuda = dynamic_cast<cuda::CudaBackend*>(&backend);
+  if (cuda == nullptr)
+    return make_error("FP8 GEMMs are measured on the cuda backend, not on '{}'", backend.name());
+  return cuda->fp8_gemm_call(m, n, k, split_accumulator);
+}
+
 Result<std::unique_ptr<Backend>> make_cuda_backend(const CudaBackendOptions& options) {
   if (cuda::device_count() == 0)
     return make_error(

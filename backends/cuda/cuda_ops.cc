@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <memory>
 #include <vector>
 
 #include "backends/cuda/cuda_backend.h"
@@ -70,6 +72,48 @@ void CudaBackend::gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp
   }
   Status s = gemm_->run(call, MT_STREAM);
   if (!s.ok()) fail(std::move(s).error().context(fmt::format("cuda rank {}: gemm", rank_)));
+}
+
+Result<std::function<void()>> CudaBackend::fp8_gemm_call(std::int64_t m, std::int64_t n, std::int64_t k,
+                                                          bool split_accumulator, Tensor* c) {
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, device()) != cudaSuccess)
+    return make_error("FP8 GEMM: cannot read device {}'s properties", device());
+  if (prop.major * 10 + prop.minor < 89)
+    return make_error("FP8 GEMM: {} (compute capability {}.{}) has no FP8 tensor cores; they start at 8.9 "
+                      "(Ada, Hopper)",
+                      prop.name, prop.major, prop.minor);
+  if (m <= 0 || n <= 0 || k <= 0) return make_error("FP8 GEMM: {}x{}x{} is empty", m, n, k);
+  if (c != nullptr && (c->dtype() != DType::bf16 || c->numel() != m * n))
+    return make_error("FP8 GEMM: c must be ({}, {}) bf16, got {} {}", m, n, c->shape().str(), dtype_name(c->dtype()));
+  // a (m, k) and b (n, k) of E4M3 ones (0x38), unit scales, c (m, n) bf16 unless given: held by the call.
+  const auto bytes = [](std::int64_t x, std::int64_t y, std::int64_t each) { return static_cast<std::size_t>(x * y * each); };
+  std::vector<CachingAllocator::Allocation> held = {scratch(bytes(m, k, 1), "fp8 gemm"), scratch(bytes(n, k, 1), "fp8 gemm"),
+                                                    scratch(2 * sizeof(float), "fp8 gemm")};
+  if (c == nullptr) held.push_back(scratch(bytes(m, n, 2), "fp8 gemm"));
+  auto buffers = std::shared_ptr<std::vector<CachingAllocator::Allocation>>(
+      new std::vector<CachingAllocator::Allocation>(std::move(held)), [this](auto* v) {
+        for (const auto& a : *v) release(a);
+        delete v;
+      });
+  const auto& buf = *buffers;
+  const float ones[2] = {1.f, 1.f};
+  check(cudaMemsetAsync(buf[0].ptr, 0x38, bytes(m, k, 1), MT_STREAM), "fp8 gemm");
+  check(cudaMemsetAsync(buf[1].ptr, 0x38, bytes(n, k, 1), MT_STREAM), "fp8 gemm");
+  check(cudaMemcpyAsync(buf[2].ptr, ones, sizeof ones, cudaMemcpyHostToDevice, MT_STREAM), "fp8 gemm");
+  check(cudaStreamSynchronize(MT_STREAM), "fp8 gemm");  // `ones` leaves with this frame
+  MT_TRY(sticky());
+  void* out = c != nullptr ? ptr(*c, "fp8 gemm") : buf[3].ptr;
+  GemmCall call{false, true, 1, m, n, k, 1.f, 0.f, buf[0].ptr, buf[1].ptr, out, nullptr, DType::bf16,
+                DType::bf16, current_.id};
+  call.fp8 = {true, Fp8Format::e4m3, Fp8Format::e4m3, static_cast<const float*>(buf[2].ptr),
+              static_cast<const float*>(buf[2].ptr) + 1, split_accumulator};
+  return std::function<void()>([this, call, buffers]() mutable {
+    if (failed()) return;
+    call.stream_id = current_.id;
+    Status s = gemm_->run(call, MT_STREAM);
+    if (!s.ok()) fail(std::move(s).error().context(fmt::format("cuda rank {}: fp8 gemm", rank_)));
+  });
 }
 
 void CudaBackend::batched_gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp& op) {

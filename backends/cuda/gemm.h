@@ -7,6 +7,13 @@
 // column-major cᵀ, which is what CUBLASLT_EPILOGUE_BIAS adds.
 //
 // Compute in fp32 (CUBLAS_COMPUTE_32F, never TF32) for every input dtype.
+// FP8 operands (GemmCall::fp8, sm_89 and later) as Transformer Engine's
+// linears run them: E4M3 or E5M2 bytes, each with a device f32 scale that
+// multiplies the product (its dequantization scale), a bf16 output, and the
+// tensor cores' fast accumulator or the split one (partial sums promoted to
+// fp32 as K advances; CUBLASLT_MATMUL_DESC_FAST_ACCUM off), which TE uses
+// for its dgrad and wgrad. cuBLASLt's FP8 kernels read both operands
+// K-major: a (m, k) and b stored (n, k), i.e. trans_b and not trans_a.
 // Plans (descriptors and the heuristic's algorithm) are cached by shape,
 // dtypes, bias and pointer alignment; each stream has its own workspace so
 // GEMMs on different streams never share one.
@@ -21,6 +28,7 @@
 
 #include "backends/backend.h"
 #include "backends/cuda/caching_allocator.h"
+#include "core/fp8.h"
 #include "core/status.h"
 
 namespace meshtrain::cuda {
@@ -36,6 +44,14 @@ struct GemmCall {
   DType in = DType::f32;       // a and b
   DType out = DType::f32;      // c and bias
   int stream_id = 0;
+  // FP8 operands (see above): a and b hold FP8 bytes and `in` is not read; `out` must be bf16.
+  struct Fp8 {
+    bool on = false;
+    Fp8Format a = Fp8Format::e4m3, b = Fp8Format::e4m3;
+    const float* a_scale = nullptr;  // device f32 (1): multiplies the product
+    const float* b_scale = nullptr;
+    bool split_accumulator = false;
+  } fp8{};
 };
 
 class GemmRunner {

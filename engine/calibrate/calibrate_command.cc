@@ -372,6 +372,13 @@ Status calibrate_cuda(const CalibrateFlags& f, Precision precision, const std::v
       return [&progress, what, total](std::size_t done) { progress.show(what, done, total); };
     };
     MT_ASSIGN(cal.gemm, calibrate::measure_gemm(*b, gemm, timing, {}, 1, show("gemm", gemm.size())));
+    // A bf16 calibration also stands for precision fp8 runs (their attention and memory-bound ops are
+    // bf16): their GEMMs' FP8 times, fast and split accumulator, where the device has FP8 tensor cores.
+    if (precision == Precision::bf16) {
+      auto fp8 = calibrate::measure_fp8_gemm(*b, gemm, timing, show("fp8 gemm", gemm.size()));
+      if (fp8) cal.gemm.insert(cal.gemm.end(), fp8->begin(), fp8->end());
+      else cal.machine.notes.push_back(fmt::format("fp8 gemm: not measured ({})", fp8.error().message()));
+    }
     MT_ASSIGN(cal.grouped_gemm,
               calibrate::measure_grouped_gemm(*b, grouped, timing, {}, 1, show("grouped gemm", grouped.size())));
     std::vector<sim::Calibration::Op> score_terms;

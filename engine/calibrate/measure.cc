@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <set>
 #include <tuple>
 
 #include <unistd.h>
@@ -10,6 +11,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "backends/cuda/cuda_factory.h"
 #include "backends/op_table.h"
 
 namespace meshtrain::calibrate {
@@ -190,6 +192,30 @@ Result<std::vector<sim::Calibration::Gemm>> measure_gemm(Backend& b,
     }
     MT_ASSIGN(auto r, time_op(b, rotating(std::move(calls)), t, sync, sharing));
     out.push_back({g.m, g.n, g.k, sim_dtype(g.in), r.first, r.second});
+    if (progress) progress(i + 1);
+  }
+  return out;
+}
+
+Result<std::vector<sim::Calibration::Gemm>> measure_fp8_gemm(Backend& b, const std::vector<GemmShape>& shapes,
+                                                             const Timing& t, const Progress& progress) {
+  std::vector<sim::Calibration::Gemm> out;
+  std::set<std::tuple<std::int64_t, std::int64_t, std::int64_t>> done;
+  for (std::size_t i = 0; i < shapes.size(); ++i) {
+    const GemmShape& g = shapes[i];
+    const bool sixteen = g.m % 16 == 0 && g.n % 16 == 0 && g.k % 16 == 0;
+    if (g.in == DType::f32 || !sixteen || !done.insert({g.m, g.n, g.k}).second) continue;
+    // Operands of one byte, the bf16 output.
+    const double set_bytes = static_cast<double>(g.m * g.k + g.n * g.k) + 2.0 * static_cast<double>(g.m * g.n);
+    for (const bool split : {false, true}) {
+      std::vector<std::function<void()>> calls;
+      for (int c = 0; c < cold_sets(set_bytes, Residency::kL3, t); ++c) {
+        MT_ASSIGN(std::function<void()> call, cuda_fp8_gemm_call(b, g.m, g.n, g.k, split));
+        calls.push_back(std::move(call));
+      }
+      MT_ASSIGN(auto r, time_op(b, rotating(std::move(calls)), t, {}, 1));
+      out.push_back({g.m, g.n, g.k, split ? sim::DType::kFp8Split : sim::DType::kFp8, r.first, r.second});
+    }
     if (progress) progress(i + 1);
   }
   return out;

@@ -3,9 +3,12 @@
 // emulation does, so casts of fp32 values match bit for bit, under delayed
 // scaling (a given scale, the amax folded) and current scaling (the scale
 // read from the amax tensor, left as it is), and the amax is a maximum,
-// exact in any order. Without a CUDA device each test prints "SKIPPED: no
-// CUDA device" (ctest: Skipped).
+// exact in any order. The FP8 GEMM that calibrate times runs through
+// cuBLASLt with either accumulator. Without a CUDA device each test prints
+// "SKIPPED: no CUDA device" (ctest: Skipped).
 #include <catch2/catch.hpp>
+
+#include <cuda_runtime_api.h>
 
 #include <limits>
 
@@ -61,5 +64,29 @@ TEST_CASE("cuda fp8_cast and amax give the cpu emulation's bits, delayed and cur
     }
     CHECK(amax_of(gpu, x, 0.f) == amax_of(cpu, x, 0.f));
     CHECK(amax_of(gpu, x, 100.f) == 100.f);  // folded into a larger running amax
+  }
+}
+
+TEST_CASE("cuda FP8 GEMMs through cuBLASLt, fast and split accumulator, give k for ones", "[cuda][gpu][fp8]") {
+  MT_GPU_OR_SKIP(gpu);
+  cudaDeviceProp prop{};
+  REQUIRE(cudaGetDeviceProperties(&prop, gpu.device()) == cudaSuccess);
+  const bool fp8_cores = prop.major * 10 + prop.minor >= 89;
+  for (const bool split : {false, true}) {
+    INFO((split ? "split" : "fast") << " accumulator");
+    // E4M3 ones times ones at unit scales: each output element is k, exact in bf16 for k = 256 or 4096.
+    for (const std::int64_t k : {std::int64_t{256}, std::int64_t{4096}}) {
+      Tensor c = gpu.empty(Shape{128, 64}, DType::bf16);
+      auto call = gpu.fp8_gemm_call(128, 64, k, split, &c);
+      if (!fp8_cores) {
+        REQUIRE_FALSE(call.ok());
+        CHECK_THAT(call.error().message(), Catch::Contains("no FP8 tensor cores"));
+        continue;
+      }
+      REQUIRE(call.ok());
+      (*call)();
+      REQUIRE(gpu.synchronize().ok());
+      CHECK(down(gpu, c) == Vec(128 * 64, static_cast<float>(k)));
+    }
   }
 }
