@@ -139,9 +139,10 @@ class CudaBackend final : public Backend {
 
   // For calibrate (cuda_fp8_gemm_call, cuda_factory.h): one cuBLASLt FP8 GEMM c (m, n) bf16 = a (m, k) ·
   // b (n, k)ᵀ of E4M3 ones at unit scales (so every element of c is k), with the fast or the split
-  // accumulator (gemm.h), on the current stream at each call, over operands allocated here and held by
-  // the call; c this backend's (m, n) bf16 tensor, or (null) one of the call's own. Errors: a device
-  // without FP8 tensor cores (before compute capability 8.9), an empty shape, a c of another shape.
+  // accumulator (gemm.h), on the stream current now, over operands allocated here and held by the call
+  // (which must not outlive this backend); c this backend's (m, n) bf16 tensor, or (null) one of the
+  // call's own. Run once here: errors are a device without FP8 tensor cores (before compute capability
+  // 8.9), an empty shape, a c of another shape, a shape cuBLASLt has no FP8 kernel for.
   Result<std::function<void()>> fp8_gemm_call(std::int64_t m, std::int64_t n, std::int64_t k, bool split_accumulator,
                                               Tensor* c = nullptr);
 

@@ -41,9 +41,11 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(const CudaBackendOptions& opt
 // What calibrate times as an FP8 GEMM (engine/calibrate/measure.h): one
 // cuBLASLt GEMM c (m, n) bf16 = a (m, k) · b (n, k)ᵀ of E4M3 operands, as
 // Transformer Engine runs a linear's, with the fast accumulator (its forward)
-// or the split one (`split_accumulator`: its dgrad and wgrad), on `backend`'s
-// current stream at each call. Errors: `backend` is not a cuda backend, its
-// device has no FP8 tensor cores, or the build has no CUDA.
+// or the split one (`split_accumulator`: its dgrad and wgrad), on the stream
+// current when it is made (CudaBackend::fp8_gemm_call; the call must not
+// outlive `backend`). Errors: `backend` is not a cuda backend, its device has
+// no FP8 tensor cores or cuBLASLt no FP8 kernel for the shape, or the build
+// has no CUDA.
 Result<std::function<void()>> cuda_fp8_gemm_call(Backend& backend, std::int64_t m, std::int64_t n, std::int64_t k,
                                                  bool split_accumulator);
 

@@ -76,13 +76,14 @@ void CudaBackend::gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmOp
 
 Result<std::function<void()>> CudaBackend::fp8_gemm_call(std::int64_t m, std::int64_t n, std::int64_t k,
                                                           bool split_accumulator, Tensor* c) {
-  cudaDeviceProp prop{};
-  if (cudaGetDeviceProperties(&prop, device()) != cudaSuccess)
-    return make_error("FP8 GEMM: cannot read device {}'s properties", device());
-  if (prop.major * 10 + prop.minor < 89)
-    return make_error("FP8 GEMM: {} (compute capability {}.{}) has no FP8 tensor cores; they start at 8.9 "
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device()) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device()) != cudaSuccess)
+    return make_error("FP8 GEMM: cannot read device {}'s compute capability", device());
+  if (major * 10 + minor < 89)
+    return make_error("FP8 GEMM: device {} (compute capability {}.{}) has no FP8 tensor cores; they start at 8.9 "
                       "(Ada, Hopper)",
-                      prop.name, prop.major, prop.minor);
+                      device(), major, minor);
   if (m <= 0 || n <= 0 || k <= 0) return make_error("FP8 GEMM: {}x{}x{} is empty", m, n, k);
   if (c != nullptr && (c->dtype() != DType::bf16 || c->numel() != m * n))
     return make_error("FP8 GEMM: c must be ({}, {}) bf16, got {} {}", m, n, c->shape().str(), dtype_name(c->dtype()));
@@ -108,10 +109,16 @@ Result<std::function<void()>> CudaBackend::fp8_gemm_call(std::int64_t m, std::in
                 DType::bf16, current_.id};
   call.fp8 = {true, Fp8Format::e4m3, Fp8Format::e4m3, static_cast<const float*>(buf[2].ptr),
               static_cast<const float*>(buf[2].ptr) + 1, split_accumulator};
-  return std::function<void()>([this, call, buffers]() mutable {
+  // One run first, its error returned rather than made sticky: a shape cuBLASLt has no FP8 kernel for is
+  // the caller's to note, and the backend stays usable. The calls then run on the stream the buffers
+  // were allocated on, so that the allocator cannot hand them out while a GEMM still reads them.
+  const auto stream = MT_STREAM;
+  MT_TRY(gemm_->run(call, stream));
+  if (const cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess)
+    return make_error("FP8 GEMM {}x{}x{}: {}", m, n, k, cudaGetErrorString(e));
+  return std::function<void()>([this, call, buffers, stream]() {
     if (failed()) return;
-    call.stream_id = current_.id;
-    Status s = gemm_->run(call, MT_STREAM);
+    Status s = gemm_->run(call, stream);
     if (!s.ok()) fail(std::move(s).error().context(fmt::format("cuda rank {}: fp8 gemm", rank_)));
   });
 }

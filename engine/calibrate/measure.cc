@@ -204,7 +204,10 @@ Result<std::vector<sim::Calibration::Gemm>> measure_fp8_gemm(Backend& b, const s
   for (std::size_t i = 0; i < shapes.size(); ++i) {
     const GemmShape& g = shapes[i];
     const bool sixteen = g.m % 16 == 0 && g.n % 16 == 0 && g.k % 16 == 0;
-    if (g.in == DType::f32 || !sixteen || !done.insert({g.m, g.n, g.k}).second) continue;
+    if (g.in == DType::f32 || !sixteen || !done.insert({g.m, g.n, g.k}).second) {
+      if (progress) progress(i + 1);
+      continue;
+    }
     // Operands of one byte, the bf16 output.
     const double set_bytes = static_cast<double>(g.m * g.k + g.n * g.k) + 2.0 * static_cast<double>(g.m * g.n);
     for (const bool split : {false, true}) {

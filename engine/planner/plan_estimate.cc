@@ -129,7 +129,9 @@ PlanEstimator::Terms PlanEstimator::segment_terms(const Plan& s) const {
   };
   const double hop =
       s.pp > 1 ? fast_.collective_s(K::kSendRecv, 2, s.tp * s.dp, boundary_bytes(s, s.micro_batch)) : 0;
-  double t_max = 0, t_sum = 0, step_max = 0, params_max = 0;
+  // The FP8 linears' weights of block i on this rank (a segment has no routed experts).
+  auto fp8_params = [&](std::size_t i) { return fast_.fp8_parameters_[i] / s.tp; };
+  double t_max = 0, t_sum = 0, step_max = 0, params_max = 0, fp8_of_max = 0;
   const std::vector<LayerRange> ranges = virtual_stage_ranges(m, s.stage_split());
   for (int stage = 0; stage < s.pp; ++stage) {
     std::vector<std::size_t> blocks;
@@ -139,11 +141,13 @@ PlanEstimator::Terms PlanEstimator::segment_terms(const Plan& s) const {
     }
     if (stage == 0 && s.embedding) blocks.push_back(0);
     if (stage == s.pp - 1 && s.head) blocks.push_back(last);
-    double t = 0, step = 0, stage_params = 0;
-    for (std::size_t i : blocks) t += block_time(i), step += ref.step_s[i] / divide, stage_params += params(i);
+    double t = 0, step = 0, stage_params = 0, stage_fp8 = 0;
+    for (std::size_t i : blocks)
+      t += block_time(i), step += ref.step_s[i] / divide, stage_params += params(i), stage_fp8 += fp8_params(i);
     t += FastEstimator::receive_hops(s, stage) * hop;  // as the uniform tier
     t_max = std::max(t_max, t), t_sum += t;
-    step_max = std::max(step_max, step), params_max = std::max(params_max, stage_params);
+    step_max = std::max(step_max, step);
+    if (stage_params > params_max) params_max = stage_params, fp8_of_max = stage_fp8;
   }
   Terms out;
   out.backward_share = 1 - forward_share;
@@ -165,7 +169,8 @@ PlanEstimator::Terms PlanEstimator::segment_terms(const Plan& s) const {
                               ? reduce
                               : std::max(reduce - t_max * out.backward_share, reduce / buckets);
     }
-    if (s.zero == 1 || s.zero == 2) out.data_parallel += fast_.gather_s(s, params_max, fast_.fp8_share(-1, false), replicas);
+    if (s.zero == 1 || s.zero == 2)
+      out.data_parallel += fast_.gather_s(s, params_max, params_max > 0 ? fp8_of_max / params_max : 0, replicas);
   }
   return out;
 }

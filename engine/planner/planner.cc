@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 
 #include <fmt/format.h>
 #include <tbb/parallel_for.h>
@@ -140,12 +141,13 @@ Status search_uniform(const SearchContext& ctx, const SearchSpace& space, PlanEs
 
 // Segment layouts: the family, its memory, its fast estimate, and the fast tier's best that the full tier will
 // time (`chosen`; their index follows every uniform candidate's, so a tie goes to the uniform plan).
-Status search_segments(const SearchContext& ctx, const SegmentSpace& space, PlanEstimator& fast,
+Status search_segments(const SearchContext& ctx, const SegmentSpace& space, std::optional<bool> fp8_params,
+                       PlanEstimator& fast,
                        const SimulateOptions& sim_options, const PlannerOptions& options, ProgressLine& progress,
                        SearchResult& out, std::vector<Candidate>& chosen, std::vector<Candidate>& rest) {
   progress.set_phase("segment layouts", 0);
   const double device = sim_options.cluster.device.memory_bytes;
-  SegmentEnumeration e = enumerate_segment_candidates(ctx, space, device);
+  SegmentEnumeration e = enumerate_segment_candidates(ctx, space, device, fp8_params);
   out.segment_combinations = e.combinations;
   out.segment_valid = static_cast<std::int64_t>(e.valid.size()) + e.pruned;
   out.segment_pruned = e.pruned;
@@ -198,8 +200,14 @@ Result<SearchResult> search(const SearchContext& ctx, const SearchSpace& space, 
 
   auto start = std::chrono::steady_clock::now();
   std::vector<Candidate> segment_layouts, segment_rest;  // the full tier's, and the rest in the fast tier's order
-  if (options.segments > 0)
-    MT_TRY(search_segments(ctx, segment_space, fast, sim_options, options, progress, out, segment_layouts, segment_rest));
+  if (options.segments > 0) {
+    // A uniform pin of the whole-plan switch fp8_param_gather binds the segment layouts too.
+    std::optional<bool> fp8_params;
+    const std::size_t fp8_dim = static_cast<std::size_t>(find_dimension("fp8_param_gather").value() - dimensions().data());
+    if (space.allowed[fp8_dim] && space.allowed[fp8_dim]->size() == 1) fp8_params = space.allowed[fp8_dim]->front() != 0;
+    MT_TRY(search_segments(ctx, segment_space, fp8_params, fast, sim_options, options, progress, out, segment_layouts,
+                           segment_rest));
+  }
   out.segments_s = seconds_since(start);
 
   // Tier 2: the full simulation of the fast tier's best and of the segment layouts.

@@ -40,8 +40,8 @@
 //     memory and fewer gathered bytes, never slower; Megatron-Bridge's FP8
 //     recipes set it), off under --fix or --allow; a plan with it is
 //     simulated only (train refuses it). Not for plans of dp 1 (the search
-//     gives them ZeRO 0) nor for segment layouts (their candidates keep the
-//     job's switches), which therefore hold the FP8 weights' 16-bit copies;
+//     gives them ZeRO 0); segment layouts are formed with and without it,
+//     or as a pin of it says (segment_candidates.h);
 //   recompute_modules: the base plan's (--recompute-modules) on models with
 //     experts, unless recompute is full; other sets (they trade time for
 //     memory) under --allow recompute_modules=none,moe_act,...;

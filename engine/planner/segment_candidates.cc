@@ -397,15 +397,18 @@ bool has_segment_layouts(const ModelSpec& m) {
 }
 
 SegmentEnumeration enumerate_segment_candidates(const SearchContext& ctx, const SegmentSpace& space,
-                                                double device_bytes) {
+                                                double device_bytes, std::optional<bool> fp8_params) {
   SegmentEnumeration e;
   const ModelSpec& m = ctx.model;
   if (ctx.gpus < 2 || !has_segment_layouts(m)) return e;
   const std::vector<Layout> layouts = layouts_of(ctx, space, modules_of(m));
   // Under fp8 every layout is expanded without and with FP8 parameters, as the uniform search tries
-  // fp8_param_gather where it applies (search_space.cc); the base plan's setting otherwise.
+  // fp8_param_gather where it applies (search_space.cc), unless pinned; the base plan's setting otherwise.
   std::vector<bool> fp8_settings{ctx.base.fp8_param_gather};
-  if (ctx.base.precision == Precision::fp8 && !ctx.base.fp8_param_gather) fp8_settings.push_back(true);
+  if (ctx.base.precision == Precision::fp8) {
+    if (fp8_params) fp8_settings = {*fp8_params};
+    else if (!ctx.base.fp8_param_gather) fp8_settings.push_back(true);
+  }
   const std::size_t runs = layouts.size() * fp8_settings.size();
   std::vector<Expanded> expanded(runs);
   tbb::parallel_for(std::size_t{0}, runs, [&](std::size_t r) {

@@ -69,9 +69,12 @@ struct SegmentEnumeration {
 // mixture-of-experts (one plan for the whole model).
 bool has_segment_layouts(const ModelSpec& m);
 // The family above for ctx within `space`, pruned by memory against
-// `device_bytes` (empty when !has_segment_layouts or one GPU).
+// `device_bytes` (empty when !has_segment_layouts or one GPU). Under
+// precision fp8 each layout is formed without and with FP8 parameters (the
+// whole plan's fp8_param_gather, every segment then under ZeRO 1-3), or only
+// as `fp8_params` says where the uniform search's pins fix it.
 SegmentEnumeration enumerate_segment_candidates(const SearchContext& ctx, const SegmentSpace& space,
-                                                double device_bytes);
+                                                double device_bytes, std::optional<bool> fp8_params = std::nullopt);
 
 // "embed..stage2 tp 2 dp 2 z1 | stage3..head tp 1 pp 2 dp 1 @2 rc sp m 4": each
 // segment's modules, degrees and choices (z ZeRO stage, rc full recomputation,

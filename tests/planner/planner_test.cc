@@ -356,6 +356,12 @@ TEST_CASE("under fp8 segment layouts are also expanded with FP8 parameters, ever
   }
   CHECK(with > 0);
   CHECK(without > with);  // layouts with a dp 1 segment have no FP8 parameters to keep
+  // A uniform pin of the switch (--fix fp8_param_gather=off or on) binds the layouts too.
+  for (const bool pinned : {false, true}) {
+    const SegmentEnumeration only = enumerate_segment_candidates(ctx, {}, 1e30, pinned);
+    REQUIRE_FALSE(only.valid.empty());
+    for (const SegmentCandidate& c : only.valid) CHECK(c.plan.fp8_param_gather == pinned);
+  }
   // Not under bf16: nothing to keep.
   ctx.base.precision = Precision::bf16;
   for (const SegmentCandidate& c : enumerate_segment_candidates(ctx, {}, 1e30).valid) CHECK_FALSE(c.plan.fp8_param_gather);
