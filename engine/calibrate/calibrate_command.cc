@@ -375,7 +375,10 @@ Status calibrate_cuda(const CalibrateFlags& f, Precision precision, const std::v
     // A bf16 calibration also stands for precision fp8 runs (their attention and memory-bound ops are
     // bf16): their GEMMs' FP8 times, fast and split accumulator, where the device has FP8 tensor cores.
     if (precision == Precision::bf16) {
-      auto fp8 = calibrate::measure_fp8_gemm(*b, gemm, timing, show("fp8 gemm", gemm.size()));
+      const calibrate::Fp8GemmCall make = [b](std::int64_t m, std::int64_t n, std::int64_t k, bool split) {
+        return backend_fp8_gemm_call(*b, m, n, k, split);
+      };
+      auto fp8 = calibrate::measure_fp8_gemm(*b, gemm, make, timing, show("fp8 gemm", gemm.size()));
       if (fp8) cal.gemm.insert(cal.gemm.end(), fp8->begin(), fp8->end());
       else cal.machine.notes.push_back(fmt::format("fp8 gemm: not measured ({})", fp8.error().message()));
     }

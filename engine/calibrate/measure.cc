@@ -11,7 +11,6 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "backends/cuda/cuda_factory.h"
 #include "backends/op_table.h"
 
 namespace meshtrain::calibrate {
@@ -198,7 +197,8 @@ Result<std::vector<sim::Calibration::Gemm>> measure_gemm(Backend& b,
 }
 
 Result<std::vector<sim::Calibration::Gemm>> measure_fp8_gemm(Backend& b, const std::vector<GemmShape>& shapes,
-                                                             const Timing& t, const Progress& progress) {
+                                                             const Fp8GemmCall& make, const Timing& t,
+                                                             const Progress& progress) {
   std::vector<sim::Calibration::Gemm> out;
   std::set<std::tuple<std::int64_t, std::int64_t, std::int64_t>> done;
   for (std::size_t i = 0; i < shapes.size(); ++i) {
@@ -213,7 +213,7 @@ Result<std::vector<sim::Calibration::Gemm>> measure_fp8_gemm(Backend& b, const s
     for (const bool split : {false, true}) {
       std::vector<std::function<void()>> calls;
       for (int c = 0; c < cold_sets(set_bytes, Residency::kL3, t); ++c) {
-        MT_ASSIGN(std::function<void()> call, cuda_fp8_gemm_call(b, g.m, g.n, g.k, split));
+        MT_ASSIGN(std::function<void()> call, make(g.m, g.n, g.k, split));
         calls.push_back(std::move(call));
       }
       MT_ASSIGN(auto r, time_op(b, rotating(std::move(calls)), t, {}, 1));

@@ -110,14 +110,19 @@ Result<std::vector<sim::Calibration::Gemm>> measure_gemm(Backend& b,
                                                          const std::vector<GemmShape>& shapes,
                                                          const Timing& t, const Sync& sync,
                                                          int sharing, const Progress& progress);
-// FP8 GEMMs as Transformer Engine runs a linear's (the cuda backend only,
-// cuda_fp8_gemm_call): per shape of 16-bit operands whose dimensions are
-// multiples of 16 (cuBLASLt's FP8 kernels need them), its (m, n, k) with
-// E4M3 operands, once with the fast accumulator (dtype fp8, TE's forward) and
-// once with the split one (fp8_split, its dgrad and wgrad). An error where
-// the device has none (the caller notes it and goes on without them).
+// One FP8 GEMM (m, n, k) on b's device with the fast or the split accumulator, as a call to time
+// (backend_fp8_gemm_call: the cuda backend's cuBLASLt GEMM).
+using Fp8GemmCall = std::function<Result<std::function<void()>>(std::int64_t m, std::int64_t n, std::int64_t k,
+                                                                 bool split_accumulator)>;
+// FP8 GEMMs as Transformer Engine runs a linear's: per shape of 16-bit
+// operands whose dimensions are multiples of 16 (cuBLASLt's FP8 kernels need
+// them), its (m, n, k) with E4M3 operands made by `make`, once with the fast
+// accumulator (dtype fp8, TE's forward) and once with the split one
+// (fp8_split, its dgrad and wgrad). An error where the device has none (the
+// caller notes it and goes on without them).
 Result<std::vector<sim::Calibration::Gemm>> measure_fp8_gemm(Backend& b, const std::vector<GemmShape>& shapes,
-                                                             const Timing& t, const Progress& progress);
+                                                             const Fp8GemmCall& make, const Timing& t,
+                                                             const Progress& progress);
 // One grouped_gemm entry per shape, the backend's grouped_gemm timed as a whole.
 Result<std::vector<sim::Calibration::GroupedGemm>> measure_grouped_gemm(
     Backend& b, const std::vector<GroupedGemmShape>& shapes, const Timing& t, const Sync& sync, int sharing,

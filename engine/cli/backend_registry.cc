@@ -69,6 +69,11 @@ Status run_thread_ranks(const BackendRequest& r, int world,
 
 std::string backend_device_name(std::string_view name) { return is_cpu(name) ? "" : cuda_device_name(); }
 
+Result<std::function<void()>> backend_fp8_gemm_call(Backend& backend, std::int64_t m, std::int64_t n, std::int64_t k,
+                                                    bool split_accumulator) {
+  return cuda_fp8_gemm_call(backend, m, n, k, split_accumulator);
+}
+
 int available_cpu_cores() { return cpu::available_cores(); }
 
 int max_cpu_threads_per_rank() { return cpu::kMaxRankThreads; }

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -70,6 +71,13 @@ Status run_thread_ranks(const BackendRequest& r, int world,
 // The name of the device `name` runs on here ("NVIDIA H200" for cuda), for
 // records such as a calibration's device; "" when there is none.
 std::string backend_device_name(std::string_view name);
+
+// One FP8 GEMM on `backend` as Transformer Engine runs a linear's, for
+// calibrate to time (cuda_fp8_gemm_call: the cuda backend's cuBLASLt FP8
+// GEMM, fast or split accumulator); an Error on a backend without FP8 GEMMs
+// (the cpu backend emulates FP8 in fp32).
+Result<std::function<void()>> backend_fp8_gemm_call(Backend& backend, std::int64_t m, std::int64_t n, std::int64_t k,
+                                                    bool split_accumulator);
 
 // CPUs this process may run on, and the most threads a --threads flag may
 // ask of one cpu rank.
