@@ -94,7 +94,7 @@ class SimBackend final : public Backend {
   void attention_merge(Tensor& out, Tensor& lse, const Tensor& part_out, const Tensor& part_lse) override;
 
   #include "backends/collective_overrides.inc"
-  // One byte an element on the wire.
+  // FP8 elements at one byte on the wire, the rest at their dtype's (fp8_wire.h).
   void all_gather_fp8(const Tensor& in, Tensor& out, const Group& g, std::int64_t fp8_elements) override;
   void all_to_all_fp8(const Tensor& in, std::span<const std::int64_t> send_counts, Tensor& out,
                       std::span<const std::int64_t> recv_counts, const Group& g) override;

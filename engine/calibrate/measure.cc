@@ -118,6 +118,19 @@ std::function<void()> rotating(std::vector<std::function<void()>> calls) {
   };
 }
 
+// A GEMM's time as a step finds its operands, in the L3: `make` builds one call on operands of its own,
+// for each of the cold_sets of `set_bytes`, and time_op cycles through them.
+Result<std::pair<double, sim::Calibration::Spread>> time_in_l3(Backend& b, double set_bytes,
+                                                               const std::function<Result<std::function<void()>>()>& make,
+                                                               const Timing& t, const Sync& sync, int sharing) {
+  std::vector<std::function<void()>> calls;
+  for (int c = 0; c < cold_sets(set_bytes, Residency::kL3, t); ++c) {
+    MT_ASSIGN(std::function<void()> call, make());
+    calls.push_back(std::move(call));
+  }
+  return time_op(b, rotating(std::move(calls)), t, sync, sharing);
+}
+
 // Members 0 and 1 of g exchange x once each way under `tag` (0 sends first):
 // the round trip that send/recv and link timing measure.
 // `count` samples of a communication op on group g: each after a barrier of
@@ -181,15 +194,14 @@ Result<std::vector<sim::Calibration::Gemm>> measure_gemm(Backend& b,
     const GemmShape& g = shapes[i];
     const auto in = static_cast<double>(dtype_size(g.in)), out_size = static_cast<double>(dtype_size(g.out));
     const double set_bytes = in * static_cast<double>(g.m * g.k + g.k * g.n) + out_size * static_cast<double>(g.m * g.n);
-    std::vector<std::function<void()>> calls;
-    for (int c = 0; c < cold_sets(set_bytes, Residency::kL3, t); ++c) {
+    auto call = [&]() -> Result<std::function<void()>> {
       Tensor x = filled(b, g.trans_a ? Shape{g.k, g.m} : Shape{g.m, g.k}, 0.01f, g.in);
       Tensor w = filled(b, g.trans_b ? Shape{g.n, g.k} : Shape{g.k, g.n}, 0.01f, g.in);
       Tensor y = filled(b, Shape{g.m, g.n}, 0.f, g.out);
       const GemmOp op{g.trans_a, g.trans_b, 1.f, 0.f, Tensor{}};
-      calls.push_back([=, &b]() mutable { b.gemm(x, w, y, op); });
-    }
-    MT_ASSIGN(auto r, time_op(b, rotating(std::move(calls)), t, sync, sharing));
+      return std::function<void()>([=, &b]() mutable { b.gemm(x, w, y, op); });
+    };
+    MT_ASSIGN(auto r, time_in_l3(b, set_bytes, call, t, sync, sharing));
     out.push_back({g.m, g.n, g.k, sim_dtype(g.in), r.first, r.second});
     if (progress) progress(i + 1);
   }
@@ -211,12 +223,7 @@ Result<std::vector<sim::Calibration::Gemm>> measure_fp8_gemm(Backend& b, const s
     // Operands of one byte, the bf16 output.
     const double set_bytes = static_cast<double>(g.m * g.k + g.n * g.k) + 2.0 * static_cast<double>(g.m * g.n);
     for (const bool split : {false, true}) {
-      std::vector<std::function<void()>> calls;
-      for (int c = 0; c < cold_sets(set_bytes, Residency::kL3, t); ++c) {
-        MT_ASSIGN(std::function<void()> call, make(g.m, g.n, g.k, split));
-        calls.push_back(std::move(call));
-      }
-      MT_ASSIGN(auto r, time_op(b, rotating(std::move(calls)), t, {}, 1));
+      MT_ASSIGN(auto r, time_in_l3(b, set_bytes, [&] { return make(g.m, g.n, g.k, split); }, t, {}, 1));
       out.push_back({g.m, g.n, g.k, split ? sim::DType::kFp8Split : sim::DType::kFp8, r.first, r.second});
     }
     if (progress) progress(i + 1);
@@ -252,9 +259,8 @@ Result<std::vector<sim::Calibration::GroupedGemm>> measure_grouped_gemm(
     const double b_bytes = in * static_cast<double>(g.wgrad ? g.rows * g.n : g.k * g.n);
     const double set_bytes =
         static_cast<double>(g.groups) * (in * static_cast<double>(g.rows * g.k) + b_bytes + c_bytes);
-    std::vector<std::function<void()>> calls;
-    for (int c = 0; c < cold_sets(set_bytes, Residency::kL3, t); ++c) calls.push_back(grouped_call(b, g));
-    MT_ASSIGN(auto r, time_op(b, rotating(std::move(calls)), t, sync, sharing));
+    MT_ASSIGN(auto r, time_in_l3(b, set_bytes, [&]() -> Result<std::function<void()>> { return grouped_call(b, g); },
+                                 t, sync, sharing));
     out.push_back({g.groups, g.rows, g.n, g.k, sim_dtype(g.in), r.first, g.wgrad, r.second});
     if (progress) progress(i + 1);
   }

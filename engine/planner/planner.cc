@@ -203,8 +203,7 @@ Result<SearchResult> search(const SearchContext& ctx, const SearchSpace& space, 
   if (options.segments > 0) {
     // A uniform pin of the whole-plan switch fp8_param_gather binds the segment layouts too.
     std::optional<bool> fp8_params;
-    const std::size_t fp8_dim = static_cast<std::size_t>(find_dimension("fp8_param_gather").value() - dimensions().data());
-    if (space.allowed[fp8_dim] && space.allowed[fp8_dim]->size() == 1) fp8_params = space.allowed[fp8_dim]->front() != 0;
+    if (const std::optional<int> pin = space.pinned("fp8_param_gather")) fp8_params = *pin != 0;
     MT_TRY(search_segments(ctx, segment_space, fp8_params, fast, sim_options, options, progress, out, segment_layouts,
                            segment_rest));
   }

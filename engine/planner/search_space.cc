@@ -393,6 +393,15 @@ Result<const Dimension*> find_dimension(std::string_view name) {
   return Error(unknown_name_message("plan dimension", name, dimension_names()));
 }
 
+namespace {
+
+// The index in kDimensions of a dimension the code names (a programming error if there is none).
+std::size_t dimension_index(std::string_view name) {
+  return static_cast<std::size_t>(find_dimension(name).value() - kDimensions.data());
+}
+
+}  // namespace
+
 std::vector<int> SearchSpace::values(std::size_t dim, const SearchContext& ctx, const Plan& partial) const {
   const Dimension& d = kDimensions[dim];
   // Where the field means nothing, one value: a pin as given (validate_plan
@@ -416,6 +425,12 @@ std::string SearchSpace::describe_fixed() const {
     if (allowed[i] && allowed[i]->size() == 1)
       out += fmt::format("{}{}={}", out.empty() ? "" : " ", kDimensions[i].name, kDimensions[i].format(allowed[i]->front()));
   return out;
+}
+
+std::optional<int> SearchSpace::pinned(std::string_view name) const {
+  const std::optional<std::vector<int>>& values = allowed[dimension_index(name)];
+  if (values && values->size() == 1) return values->front();
+  return std::nullopt;
 }
 
 Result<SearchSpace> parse_search_space(const std::vector<std::string>& fix, const std::vector<std::string>& allow,
@@ -455,15 +470,12 @@ Result<SearchSpace> parse_search_space(const std::vector<std::string>& fix, cons
       fixed_by[item.dim] = item.text;
     }
   }
-  auto index_of = [](const char* name) {
-    return static_cast<std::size_t>(find_dimension(name).value() - kDimensions.data());
-  };
   // The degrees that multiply into the world: caught here with their names
   // rather than as an empty search.
   std::int64_t product = 1;
   std::string named;
   for (const char* name : {"tp", "cp", "pp", "dp"}) {
-    const std::size_t i = index_of(name);
+    const std::size_t i = dimension_index(name);
     if (!fixed_by[i]) continue;
     product *= space.allowed[i]->front();
     named += fmt::format("{}{}", named.empty() ? "" : " and --fix ", *fixed_by[i]);
@@ -471,7 +483,8 @@ Result<SearchSpace> parse_search_space(const std::vector<std::string>& fix, cons
       return make_error("--fix {} needs a multiple of {} GPUs, but --gpus is {}; change the fixed degrees or --gpus",
                         named, product, ctx.gpus);
   }
-  const std::size_t tp = index_of("tp"), cp = index_of("cp"), pp = index_of("pp"), dp = index_of("dp");
+  const std::size_t tp = dimension_index("tp"), cp = dimension_index("cp"), pp = dimension_index("pp"),
+                    dp = dimension_index("dp");
   if (fixed_by[tp] && fixed_by[pp] && fixed_by[dp] && product != ctx.gpus) {
     // Unless the context-parallel degree left free can make up the rest.
     Plan partial = ctx.base;
@@ -483,13 +496,13 @@ Result<SearchSpace> parse_search_space(const std::vector<std::string>& fix, cons
   }
   // Pins of two fields the engine does not combine (validate_plan's rules), named before any search.
   for (const PinConflict& c : kPinConflicts) {
-    const std::size_t a = index_of(c.a), b = index_of(c.b);
+    const std::size_t a = dimension_index(c.a), b = dimension_index(c.b);
     if (fixed_by[a] && fixed_by[b] && c.a_is(space.allowed[a]->front()) && !c.b_allows(space.allowed[b]->front()))
       return make_error("--fix {} and --fix {} contradict: {}; drop or change one of them", *fixed_by[a],
                         *fixed_by[b], c.why);
   }
   // Every candidate keeps the job's gradient dtype, and the compressors read fp32 gradients.
-  const std::optional<std::vector<int>>& compression = space.allowed[index_of("grad_compression")];
+  const std::optional<std::vector<int>>& compression = space.allowed[dimension_index("grad_compression")];
   if (ctx.base.grad_dtype != GradDtype::fp32 && compression &&
       std::any_of(compression->begin(), compression->end(),
                   [](int v) { return v != static_cast<int>(GradCompression::none); }))

@@ -113,6 +113,8 @@ struct SearchSpace {
   std::vector<int> values(std::size_t dim, const SearchContext& ctx, const Plan& partial) const;
   // "tp=8 pp=4", the pinned dimensions; empty when none.
   std::string describe_fixed() const;
+  // The one value a --fix (or a one-value --allow) gives the dimension named `name`; none when unpinned.
+  std::optional<int> pinned(std::string_view name) const;
 };
 
 // Parses the --fix and --allow lists into a space. Each item is
